@@ -1,0 +1,489 @@
+/*
+ * alloc.c — host memory through the injectable host allocator, and the caching device
+ * allocator with per-category statistics.
+ *
+ * Host memory. Every core structure and every CPU tensor's bytes come from the current
+ * em_host_allocator (default: posix_memalign/free). Tests swap it between em_shutdown() and
+ * em_init() to fail the Nth allocation; em__malloc and friends turn a NULL into EM_ERR_NOMEM
+ * with a message naming what was being allocated.
+ *
+ * The caching device allocator (one per device, over the device type's em_device_ops).
+ *   Rounding: a request of n bytes gets a block of
+ *       n <= 1 MiB:  n rounded up to a multiple of 512 B, at least 512 B ("small");
+ *       n >  1 MiB:  n rounded up to a multiple of 2 MiB ("large").
+ *   Reuse: a released block is kept in the cache (it counts as EM_MEM_CACHED). A small
+ *       request is served only by a cached block of exactly its rounded size (one bucket per
+ *       size, 2048 buckets); a large request by the smallest cached large block whose size is
+ *       at least the rounded request and at most twice it. The block keeps its own size.
+ *   Statistics count BLOCK sizes (rounded, and for a reused large block its full size), so
+ *       current[] adds up with the cache to exactly what was taken from the device:
+ *       reserved == sum of current[all categories including EM_MEM_CACHED].
+ *   Out of memory: when the device's alloc fails with EM_ERR_NOMEM the cache is handed back
+ *       to the device and the alloc retried once; then EM_ERR_NOMEM names the device, the
+ *       request and the bytes in use by category.
+ *   Locking: one mutex per allocator; the device alloc/free run under it.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- host memory ---------------------------------------------------------------------------- */
+
+#define EM_HOST_MIN_ALIGN 16
+
+static void *default_host_alloc(size_t nbytes, size_t align, void *user) {
+    (void)user;
+    void *p = NULL;
+    if (posix_memalign(&p, align, nbytes) != 0)
+        return NULL;
+    return p;
+}
+
+static void default_host_free(void *ptr, void *user) {
+    (void)user;
+    free(ptr);
+}
+
+/* A copy of the installed allocator: the caller's struct need not outlive the call. */
+static struct {
+    em_host_allocator a;
+} g_host = {{default_host_alloc, default_host_free, NULL}};
+
+void em_host_allocator_set(const em_host_allocator *a) {
+    if (a && a->alloc && a->free)
+        g_host.a = *a;
+    else
+        g_host.a = (em_host_allocator){default_host_alloc, default_host_free, NULL};
+}
+
+/* The hook itself: no error set. nbytes 0 asks for 1 so that a non-NULL pointer means success. */
+static void *host_alloc_raw(size_t nbytes, size_t align) {
+    if (align < sizeof(void *))
+        align = sizeof(void *);
+    return g_host.a.alloc(nbytes ? nbytes : 1, align, g_host.a.user);
+}
+
+void *em_host_alloc(size_t nbytes, size_t align) {
+    if (align == 0 || (align & (align - 1)) != 0) {
+        em_set_error(EM_ERR_INVALID, "em_host_alloc: alignment %zu is not a power of two", align);
+        return NULL;
+    }
+    void *p = host_alloc_raw(nbytes, align);
+    if (!p)
+        em_set_error(EM_ERR_NOMEM, "out of memory allocating %zu bytes (host, aligned to %zu)",
+                     nbytes, align);
+    return p;
+}
+
+void em_host_free(void *ptr) {
+    if (ptr)
+        g_host.a.free(ptr, g_host.a.user);
+}
+
+static void *nomem(size_t n, const char *what) {
+    em_set_error(EM_ERR_NOMEM, "out of memory allocating %zu bytes for %s", n,
+                 what ? what : "(unnamed)");
+    return NULL;
+}
+
+void *em__malloc(size_t n, const char *what) {
+    void *p = host_alloc_raw(n, EM_HOST_MIN_ALIGN);
+    return p ? p : nomem(n, what);
+}
+
+void *em__calloc(size_t count, size_t size, const char *what) {
+    if (size && count > SIZE_MAX / size) {
+        em_set_error(EM_ERR_NOMEM, "out of memory allocating %zu x %zu bytes for %s "
+                     "(size overflows)", count, size, what ? what : "(unnamed)");
+        return NULL;
+    }
+    void *p = em__malloc(count * size, what);
+    if (p)
+        memset(p, 0, count * size);
+    return p;
+}
+
+/* The hook has no realloc: allocate, copy, free. On failure p is left untouched. */
+void *em__realloc(void *p, size_t old_n, size_t new_n, const char *what) {
+    void *q = em__malloc(new_n, what);
+    if (!q)
+        return NULL;
+    if (p) {
+        memcpy(q, p, EM_MIN(old_n, new_n));
+        em__free(p);
+    }
+    return q;
+}
+
+char *em__strdup(const char *s, const char *what) {
+    if (!s) {
+        em_set_error(EM_ERR_INVALID, "NULL string to copy for %s", what ? what : "(unnamed)");
+        return NULL;
+    }
+    size_t n = strlen(s) + 1;
+    char *d = em__malloc(n, what);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+void em__free(void *p) {
+    em_host_free(p);
+}
+
+/* ---- human-readable sizes ------------------------------------------------------------------ */
+
+/* "512 B", "1.5 KiB", "12.0 MiB" into buf; returns buf. */
+static const char *size_str(size_t n, char *buf, size_t cap) {
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (n < 1024) {
+        snprintf(buf, cap, "%zu B", n);
+        return buf;
+    }
+    double v = (double)n / 1024.0;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < EM_ARRAY_LEN(units)) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, cap, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+/* ---- caching device allocator -------------------------------------------------------------- */
+
+#define SMALL_GRAIN ((size_t)512)
+#define SMALL_MAX ((size_t)1 << 20)
+#define LARGE_GRAIN ((size_t)2 << 20)
+#define N_SMALL_BUCKETS (SMALL_MAX / SMALL_GRAIN) /* sizes 512, 1024, ..., 1 MiB */
+
+struct em__allocator {
+    em_device dev;
+    const em_device_ops *ops;
+    pthread_mutex_t lock;
+    em_memory_stats st;
+    em__block *small[N_SMALL_BUCKETS]; /* cached blocks of size (i + 1) * 512 */
+    em__block *large;                  /* cached large blocks, ascending size */
+};
+
+static const char *const g_cat_names[EM_MEM_CATEGORY_COUNT] = {
+    [EM_MEM_ACTIVATION] = "activation", [EM_MEM_PARAMETER] = "parameter",
+    [EM_MEM_GRADIENT] = "gradient",     [EM_MEM_OPTIMIZER] = "optimizer",
+    [EM_MEM_DATA] = "data",             [EM_MEM_WORKSPACE] = "workspace",
+    [EM_MEM_CACHED] = "cached",
+};
+
+const char *em_mem_category_name(em_mem_category c) {
+    if ((int)c < 0 || c >= EM_MEM_CATEGORY_COUNT)
+        return "unknown";
+    return g_cat_names[c];
+}
+
+/* The block size for a request, per the rule above; 0 when it overflows. */
+static size_t round_size(size_t n) {
+    size_t grain = n <= SMALL_MAX ? SMALL_GRAIN : LARGE_GRAIN;
+    if (n == 0)
+        return SMALL_GRAIN;
+    if (n > SIZE_MAX - (grain - 1))
+        return 0;
+    return (n + grain - 1) / grain * grain;
+}
+
+static void stat_add(em__allocator *a, em_mem_category c, size_t n) {
+    a->st.current[c] += n;
+    a->st.count[c]++;
+    if (a->st.current[c] > a->st.peak[c])
+        a->st.peak[c] = a->st.current[c];
+}
+
+static void stat_sub(em__allocator *a, em_mem_category c, size_t n) {
+    a->st.current[c] -= n;
+    a->st.count[c]--;
+}
+
+static void reserve_add(em__allocator *a, size_t n) {
+    a->st.reserved += n;
+    if (a->st.reserved > a->st.peak_reserved)
+        a->st.peak_reserved = a->st.reserved;
+}
+
+em__allocator *em__allocator_new(em_device dev, const em_device_ops *ops) {
+    em__allocator *a = em__calloc(1, sizeof *a, "device allocator");
+    if (!a)
+        return NULL;
+    if (pthread_mutex_init(&a->lock, NULL) != 0) {
+        em__free(a);
+        em_set_error(EM_ERR_NOMEM, "out of memory creating the device allocator's lock");
+        return NULL;
+    }
+    a->dev = dev;
+    a->ops = ops;
+    return a;
+}
+
+/* Hand one cached block back to the device. Called with the lock held. */
+static void drop_cached(em__allocator *a, em__block *b) {
+    stat_sub(a, EM_MEM_CACHED, b->size);
+    a->st.reserved -= b->size;
+    a->ops->free(a->dev.index, b->ptr);
+    em__free(b);
+}
+
+/* Called with the lock held. */
+static void empty_cache_locked(em__allocator *a) {
+    for (size_t i = 0; i < N_SMALL_BUCKETS; i++) {
+        while (a->small[i]) {
+            em__block *b = a->small[i];
+            a->small[i] = b->next;
+            drop_cached(a, b);
+        }
+    }
+    while (a->large) {
+        em__block *b = a->large;
+        a->large = b->next;
+        drop_cached(a, b);
+    }
+}
+
+void em__allocator_free(em__allocator *a) {
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->lock);
+    empty_cache_locked(a);
+    pthread_mutex_unlock(&a->lock);
+    pthread_mutex_destroy(&a->lock);
+    em__free(a);
+}
+
+/* Take a cached block for a request rounded to `size`, or NULL. Called with the lock held. */
+static em__block *take_cached(em__allocator *a, size_t size) {
+    em__block **link;
+    if (size <= SMALL_MAX) {
+        link = &a->small[size / SMALL_GRAIN - 1];
+    } else {
+        link = &a->large;
+        while (*link && (*link)->size < size)
+            link = &(*link)->next;
+        if (*link && (*link)->size / 2 > size) /* larger than twice the request */
+            return NULL;
+    }
+    em__block *b = *link;
+    if (b) {
+        *link = b->next;
+        b->next = NULL;
+        stat_sub(a, EM_MEM_CACHED, b->size);
+    }
+    return b;
+}
+
+/* Put a block into the cache. Called with the lock held. */
+static void put_cached(em__allocator *a, em__block *b) {
+    em__block **link;
+    if (b->size <= SMALL_MAX) {
+        link = &a->small[b->size / SMALL_GRAIN - 1];
+    } else {
+        link = &a->large;
+        while (*link && (*link)->size < b->size)
+            link = &(*link)->next;
+    }
+    b->next = *link;
+    *link = b;
+    stat_add(a, EM_MEM_CACHED, b->size);
+}
+
+/* EM_ERR_NOMEM naming the device, the request and what holds the memory. */
+static em_status oom_error(em__allocator *a, size_t size, size_t cached_before) {
+    char dev[32], req[32], used[32], cached[32], part[32];
+    char cats[256] = "";
+    size_t in_use = 0, len = 0;
+    for (int c = 0; c < EM_MEM_CACHED; c++) {
+        if (!a->st.current[c])
+            continue;
+        in_use += a->st.current[c];
+        int w = snprintf(cats + len, sizeof cats - len, "%s%s %s", len ? ", " : "",
+                         g_cat_names[c], size_str(a->st.current[c], part, sizeof part));
+        if (w > 0)
+            len = EM_MIN(len + (size_t)w, sizeof cats - 1);
+    }
+    return em_set_error(EM_ERR_NOMEM,
+                        "out of memory on %s: tried to allocate %s; %s in use (%s), %s cached "
+                        "(returned to the device before retrying)",
+                        em_device_str(a->dev, dev, sizeof dev), size_str(size, req, sizeof req),
+                        size_str(in_use, used, sizeof used), len ? cats : "nothing",
+                        size_str(cached_before, cached, sizeof cached));
+}
+
+/* Ask the device for `size` bytes; on EM_ERR_NOMEM empty the cache and retry once. Called
+ * with the lock held. */
+static em_status device_alloc(em__allocator *a, size_t size, void **ptr) {
+    em_status st = a->ops->alloc(a->dev.index, size, ptr);
+    if (st == EM_OK && !*ptr)
+        st = EM_ERR_NOMEM;
+    if (st == EM_ERR_NOMEM) {
+        size_t cached_before = a->st.current[EM_MEM_CACHED];
+        empty_cache_locked(a);
+        *ptr = NULL;
+        st = a->ops->alloc(a->dev.index, size, ptr);
+        if (st == EM_OK && !*ptr)
+            st = EM_ERR_NOMEM;
+        if (st == EM_ERR_NOMEM)
+            return oom_error(a, size, cached_before);
+    }
+    if (st != EM_OK && em_last_status() != st) {
+        char dev[32];
+        em_set_error(st, "allocating %zu bytes on %s failed: %s", size,
+                     em_device_str(a->dev, dev, sizeof dev), em_status_str(st));
+    }
+    if (st == EM_OK)
+        a->st.device_allocs++;
+    return st;
+}
+
+em_status em__allocator_alloc(em__allocator *a, size_t nbytes, em_mem_category cat,
+                              em__block **out) {
+    *out = NULL;
+    if ((int)cat < 0 || cat >= EM_MEM_CACHED)
+        return em_set_error(EM_ERR_INVALID, "device allocation: %d is not a memory category "
+                            "a block can be allocated in", (int)cat);
+    size_t size = round_size(nbytes);
+    if (!size) {
+        char dev[32];
+        return em_set_error(EM_ERR_NOMEM, "out of memory on %s: tried to allocate %zu bytes",
+                            em_device_str(a->dev, dev, sizeof dev), nbytes);
+    }
+    pthread_mutex_lock(&a->lock);
+    em__block *b = take_cached(a, size);
+    if (b) {
+        a->st.cache_hits++;
+    } else {
+        /* The bookkeeping first: if it fails nothing has been taken from the device. */
+        b = em__malloc(sizeof *b, "a device block record");
+        void *ptr = NULL;
+        em_status st = b ? device_alloc(a, size, &ptr) : EM_ERR_NOMEM;
+        if (st != EM_OK) {
+            em__free(b);
+            pthread_mutex_unlock(&a->lock);
+            return st;
+        }
+        *b = (em__block){.ptr = ptr, .size = size};
+        reserve_add(a, size);
+    }
+    b->cat = cat;
+    stat_add(a, cat, b->size);
+    pthread_mutex_unlock(&a->lock);
+    *out = b;
+    return EM_OK;
+}
+
+void em__allocator_release(em__allocator *a, em__block *b) {
+    if (!b)
+        return;
+    pthread_mutex_lock(&a->lock);
+    stat_sub(a, b->cat, b->size);
+    put_cached(a, b);
+    pthread_mutex_unlock(&a->lock);
+}
+
+void em__allocator_set_category(em__allocator *a, em__block *b, em_mem_category cat) {
+    if (!b || (int)cat < 0 || cat >= EM_MEM_CACHED)
+        return;
+    pthread_mutex_lock(&a->lock);
+    stat_sub(a, b->cat, b->size);
+    b->cat = cat;
+    stat_add(a, cat, b->size);
+    pthread_mutex_unlock(&a->lock);
+}
+
+void em__allocator_stats(em__allocator *a, em_memory_stats *out) {
+    pthread_mutex_lock(&a->lock);
+    *out = a->st;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void em__allocator_reset_peak(em__allocator *a) {
+    pthread_mutex_lock(&a->lock);
+    memcpy(a->st.peak, a->st.current, sizeof a->st.peak);
+    a->st.peak_reserved = a->st.reserved;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void em__allocator_empty_cache(em__allocator *a) {
+    pthread_mutex_lock(&a->lock);
+    empty_cache_locked(a);
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* ---- public memory functions ---------------------------------------------------------------- */
+
+em_status em_memory_stats_get(em_device dev, em_memory_stats *out /* out */) {
+    if (!out)
+        return em_set_error(EM_ERR_INVALID, "em_memory_stats_get: `out` is NULL");
+    memset(out, 0, sizeof *out);
+    em_status st = em__device_check(dev, "em_memory_stats_get");
+    if (st != EM_OK)
+        return st;
+    /* Read the slot directly: asking for stats must not create an allocator. */
+    em__device_type *t = &em__device_types[dev.type];
+    pthread_mutex_lock(&t->lock);
+    if (t->alloc[dev.index])
+        em__allocator_stats(t->alloc[dev.index], out);
+    pthread_mutex_unlock(&t->lock);
+    return EM_OK;
+}
+
+/* Call fn on every allocator of every registered device type, under the type's lock. */
+static void for_each_allocator(void (*fn)(em__allocator *a, void *user), void *user) {
+    for (int i = 0; i < EM_MAX_DEVICE_TYPES; i++) {
+        em__device_type *t = &em__device_types[i];
+        if (!t->used)
+            continue;
+        pthread_mutex_lock(&t->lock);
+        for (size_t k = 0; k < EM_ARRAY_LEN(t->alloc); k++)
+            if (t->alloc[k])
+                fn(t->alloc[k], user);
+        pthread_mutex_unlock(&t->lock);
+    }
+}
+
+static void summary_one(em__allocator *a, void *user) {
+    FILE *f = user;
+    em_memory_stats s;
+    char dev[32], cur[32], peak[32];
+    em__allocator_stats(a, &s);
+    fprintf(f, "%s: memory by category\n", em_device_str(a->dev, dev, sizeof dev));
+    fprintf(f, "  %-12s %12s %12s %8s\n", "category", "current", "peak", "blocks");
+    for (int c = 0; c < EM_MEM_CATEGORY_COUNT; c++)
+        fprintf(f, "  %-12s %12s %12s %8zu\n", g_cat_names[c],
+                size_str(s.current[c], cur, sizeof cur), size_str(s.peak[c], peak, sizeof peak),
+                s.count[c]);
+    fprintf(f, "  reserved %s (peak %s); %" PRIu64 " device allocations, %" PRIu64
+               " cache hits\n",
+            size_str(s.reserved, cur, sizeof cur), size_str(s.peak_reserved, peak, sizeof peak),
+            s.device_allocs, s.cache_hits);
+}
+
+void em_memory_summary(FILE *f) {
+    if (f)
+        for_each_allocator(summary_one, f);
+}
+
+static void reset_peak_one(em__allocator *a, void *user) {
+    (void)user;
+    em__allocator_reset_peak(a);
+}
+
+void em_memory_reset_peak(void) {
+    for_each_allocator(reset_peak_one, NULL);
+}
+
+static void empty_cache_one(em__allocator *a, void *user) {
+    (void)user;
+    em__allocator_empty_cache(a);
+}
+
+void em_empty_cache(void) {
+    for_each_allocator(empty_cache_one, NULL);
+}

@@ -1,0 +1,238 @@
+/*
+ * device.c — the device-type registry that backend plugins fill, device names, per-device
+ * allocators (created on first use), streams and events, and copies between any two devices.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+em__device_type em__device_types[EM_MAX_DEVICE_TYPES];
+static pthread_mutex_t types_lock = PTHREAD_MUTEX_INITIALIZER;
+
+em_device em_cpu(void) { return (em_device){EM_DEVICE_CPU_TYPE, 0}; }
+
+bool em_device_equal(em_device a, em_device b) { return a.type == b.type && a.index == b.index; }
+
+int em__device_type_find(const char *name) {
+    for (int i = 0; i < EM_MAX_DEVICE_TYPES; i++)
+        if (em__device_types[i].used && strcmp(em__device_types[i].name, name) == 0) return i;
+    return -1;
+}
+
+static bool valid_type_name(const char *s) {
+    if (!s || !(*s >= 'a' && *s <= 'z') || strlen(s) >= 32) return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_')) return false;
+    return true;
+}
+
+em_status em_device_type_register(em_registry *reg, const em_device_ops *ops) {
+    if (!reg || !ops) return em_set_error(EM_ERR_INVALID, "device_type_register: NULL argument");
+    if (ops->struct_size < offsetof(em_device_ops, host_alloc) || !valid_type_name(ops->name) ||
+        !ops->count || !ops->alloc || !ops->free || !ops->copy || !ops->synchronize)
+        return em_set_error(EM_ERR_INVALID,
+                            "device_type_register: '%s' needs a name ([a-z][a-z0-9_]*) and "
+                            "count, alloc, free, copy and synchronize",
+                            ops->name ? ops->name : "(null)");
+    pthread_mutex_lock(&types_lock);
+    em_status st = EM_OK;
+    int slot = -1;
+    if (em__device_type_find(ops->name) >= 0) {
+        st = em_set_error(EM_ERR_EXISTS, "device_type_register: device type '%s' is already "
+                          "registered", ops->name);
+    } else if (strcmp(ops->name, "cpu") == 0) {
+        slot = EM_DEVICE_CPU_TYPE;
+    } else {
+        for (int i = 1; i < EM_MAX_DEVICE_TYPES && slot < 0; i++)
+            if (!em__device_types[i].used) slot = i;
+        if (slot < 0)
+            st = em_set_error(EM_ERR_RANGE, "device_type_register: all %d device-type slots "
+                              "are taken", EM_MAX_DEVICE_TYPES);
+    }
+    if (st == EM_OK) st = em__registry_add_device_type(reg, slot);
+    if (st == EM_OK) {
+        em__device_type *t = &em__device_types[slot];
+        memset(t, 0, sizeof *t);
+        size_t n = EM_MIN(ops->struct_size, sizeof t->ops);
+        memcpy(&t->ops, ops, n);
+        t->ops.struct_size = sizeof t->ops;
+        snprintf(t->name, sizeof t->name, "%s", ops->name);
+        t->ops.name = t->name;
+        t->owner = reg;
+        pthread_mutex_init(&t->lock, NULL);
+        t->used = true;
+    }
+    pthread_mutex_unlock(&types_lock);
+    return st;
+}
+
+static void device_type_clear(em__device_type *t) {
+    for (size_t i = 0; i < EM_ARRAY_LEN(t->alloc); i++) em__allocator_free(t->alloc[i]);
+    pthread_mutex_destroy(&t->lock);
+    memset(t, 0, sizeof *t);
+}
+
+void em__device_types_remove_owner(em_registry *owner) {
+    pthread_mutex_lock(&types_lock);
+    for (int i = 0; i < EM_MAX_DEVICE_TYPES; i++)
+        if (em__device_types[i].used && em__device_types[i].owner == owner)
+            device_type_clear(&em__device_types[i]);
+    pthread_mutex_unlock(&types_lock);
+}
+
+void em__devices_shutdown(void) {
+    pthread_mutex_lock(&types_lock);
+    for (int i = 0; i < EM_MAX_DEVICE_TYPES; i++)
+        if (em__device_types[i].used) device_type_clear(&em__device_types[i]);
+    pthread_mutex_unlock(&types_lock);
+}
+
+const char *em_device_str(em_device dev, char *buf, size_t cap) {
+    const char *name = (dev.type >= 0 && dev.type < EM_MAX_DEVICE_TYPES &&
+                        em__device_types[dev.type].used)
+                           ? em__device_types[dev.type].name
+                           : "unknown";
+    if (dev.type == EM_DEVICE_CPU_TYPE)
+        snprintf(buf, cap, "cpu");
+    else
+        snprintf(buf, cap, "%s:%d", name, dev.index);
+    return buf;
+}
+
+em_status em__device_check(em_device dev, const char *who) {
+    if (dev.type < 0 || dev.type >= EM_MAX_DEVICE_TYPES || !em__device_types[dev.type].used) {
+        if (dev.type == EM_DEVICE_CPU_TYPE)
+            return em_set_error(EM_ERR_DEVICE, "%s: the CPU device is not registered (is the "
+                                "ember-cpu plugin installed and em_init() called?)", who);
+        return em_set_error(EM_ERR_DEVICE, "%s: device type %d is not registered", who,
+                            dev.type);
+    }
+    int count = em__device_types[dev.type].ops.count();
+    if (dev.index < 0 || dev.index >= count || dev.index >= 64) {
+        char buf[48];
+        return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist (%d %s device%s "
+                            "present)", who, em_device_str(dev, buf, sizeof buf), count,
+                            em__device_types[dev.type].name, count == 1 ? "" : "s");
+    }
+    return EM_OK;
+}
+
+const em_device_ops *em__device_ops(em_device dev) { return &em__device_types[dev.type].ops; }
+
+em__allocator *em__device_allocator(em_device dev) {
+    if (em__device_check(dev, "alloc") != EM_OK) return NULL;
+    em__device_type *t = &em__device_types[dev.type];
+    pthread_mutex_lock(&t->lock);
+    em__allocator *a = t->alloc[dev.index];
+    if (!a) a = t->alloc[dev.index] = em__allocator_new(dev, &t->ops);
+    pthread_mutex_unlock(&t->lock);
+    return a;
+}
+
+em_status em_device_parse(const char *s, em_device *out) {
+    if (!s || !out) return em_set_error(EM_ERR_INVALID, "device_parse: NULL argument");
+    char type[32];
+    const char *colon = strchr(s, ':');
+    size_t n = colon ? (size_t)(colon - s) : strlen(s);
+    if (n == 0 || n >= sizeof type)
+        return em_set_error(EM_ERR_DEVICE, "invalid device '%s': expected a type such as "
+                            "'cpu' or 'cuda', optionally with ':N'", s);
+    memcpy(type, s, n);
+    type[n] = '\0';
+    long index = 0;
+    if (colon) {
+        char *end;
+        index = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end || index < 0 || index > 63)
+            return em_set_error(EM_ERR_DEVICE, "invalid device '%s': the ordinal after ':' "
+                                "must be a number from 0 to 63", s);
+    }
+    int t = em__device_type_find(type);
+    if (t < 0)
+        return em_set_error(EM_ERR_DEVICE, "no backend for device type '%s' is loaded; "
+                            "installed plugins: %s", type, em__plugin_names());
+    em_device dev = {(int16_t)t, (int16_t)index};
+    em_status st = em__device_check(dev, "device_parse");
+    if (st != EM_OK) return st;
+    *out = dev;
+    return EM_OK;
+}
+
+int em_device_count(const char *type_name) {
+    int t = type_name ? em__device_type_find(type_name) : -1;
+    return t < 0 ? 0 : em__device_types[t].ops.count();
+}
+
+em_status em_device_synchronize(em_device dev) {
+    em_status st = em__device_check(dev, "synchronize");
+    return st != EM_OK ? st : em__device_ops(dev)->synchronize(dev.index);
+}
+
+em_status em__device_copy(em_device dst_dev, void *dst, em_device src_dev, const void *src,
+                          size_t nbytes) {
+    if (nbytes == 0) return EM_OK;
+    bool dst_cpu = dst_dev.type == EM_DEVICE_CPU_TYPE, src_cpu = src_dev.type == EM_DEVICE_CPU_TYPE;
+    if (dst_cpu && src_cpu) {
+        memmove(dst, src, nbytes);
+        return EM_OK;
+    }
+    if (!em_device_equal(dst_dev, src_dev)) em__placement_count_copy(dst_dev, src_dev, nbytes);
+    if (src_cpu || dst_cpu || em_device_equal(dst_dev, src_dev)) {
+        /* One backend can do it: the non-CPU side's. */
+        em_device owner = dst_cpu ? src_dev : dst_dev;
+        return em__device_ops(owner)->copy(dst_dev, dst, src_dev, src, nbytes, NULL);
+    }
+    /* Two different devices (or two ordinals of one type): stage through host memory. */
+    void *tmp = em__malloc(nbytes, "cross-device copy staging buffer");
+    if (!tmp) return EM_ERR_NOMEM;
+    em_status st = em__device_ops(src_dev)->copy(em_cpu(), tmp, src_dev, src, nbytes, NULL);
+    if (st == EM_OK) st = em__device_ops(src_dev)->synchronize(src_dev.index);
+    if (st == EM_OK) st = em__device_ops(dst_dev)->copy(dst_dev, dst, em_cpu(), tmp, nbytes, NULL);
+    if (st == EM_OK) st = em__device_ops(dst_dev)->synchronize(dst_dev.index);
+    em__free(tmp);
+    return st;
+}
+
+/* ---- streams and events: forwarded to the backend; no-ops where it has none ----------------- */
+
+#define STREAM_OP(who, slot, call, none)                                                       \
+    do {                                                                                       \
+        em_status st_ = em__device_check(dev, who);                                            \
+        if (st_ != EM_OK) return st_;                                                          \
+        const em_device_ops *o_ = em__device_ops(dev);                                         \
+        if (!o_->slot) { none; return EM_OK; }                                                 \
+        return call;                                                                           \
+    } while (0)
+
+em_status em_stream_create(em_device dev, em_stream **out) {
+    if (!out) return em_set_error(EM_ERR_INVALID, "stream_create: NULL out");
+    STREAM_OP("stream_create", stream_create, o_->stream_create(dev.index, out), *out = NULL);
+}
+void em_stream_free(em_device dev, em_stream *s) {
+    if (!s || em__device_check(dev, "stream_free") != EM_OK) return;
+    if (em__device_ops(dev)->stream_destroy) em__device_ops(dev)->stream_destroy(dev.index, s);
+}
+em_status em_stream_synchronize(em_device dev, em_stream *s) {
+    STREAM_OP("stream_synchronize", stream_synchronize, o_->stream_synchronize(dev.index, s),
+              (void)0);
+}
+em_status em_event_create(em_device dev, em_event **out) {
+    if (!out) return em_set_error(EM_ERR_INVALID, "event_create: NULL out");
+    STREAM_OP("event_create", event_create, o_->event_create(dev.index, out), *out = NULL);
+}
+void em_event_free(em_device dev, em_event *e) {
+    if (!e || em__device_check(dev, "event_free") != EM_OK) return;
+    if (em__device_ops(dev)->event_destroy) em__device_ops(dev)->event_destroy(dev.index, e);
+}
+em_status em_event_record(em_device dev, em_event *e, em_stream *s) {
+    STREAM_OP("event_record", event_record, o_->event_record(dev.index, e, s), (void)0);
+}
+em_status em_event_wait(em_device dev, em_stream *s, em_event *e) {
+    STREAM_OP("event_wait", event_wait, o_->event_wait(dev.index, s, e), (void)0);
+}
+em_status em_event_synchronize(em_device dev, em_event *e) {
+    STREAM_OP("event_synchronize", event_synchronize, o_->event_synchronize(dev.index, e),
+              (void)0);
+}

@@ -1,0 +1,648 @@
+/*
+ * dispatch.c — op declarations, kernel stacks, running ops, the CPU fallback, and the
+ * placement counters.
+ *
+ * Each op keeps, per (device type, dtype), a stack of kernels ordered by priority and then by
+ * registration order (newest first among equals). Dispatch reads the top of the stack: one
+ * table lookup and an indirect call. Registration and unregistration take a lock; they are
+ * meant for start-up (plugins) and program set-up, not to race with running ops.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+struct em_kernel {
+    em_kernel_def def;            /* copied; def.name owned */
+    struct em_op *op;
+    int devtype;
+    uint64_t seq;                 /* registration order */
+    struct em_kernel *below;      /* next kernel down the stack */
+    em_registry *owner;
+};
+
+struct em_op {
+    em_op_schema schema;          /* copied; strings owned */
+    em_registry *owner;
+    struct em_op *next;
+    em_kernel *top[EM_MAX_DEVICE_TYPES][EM_DTYPE_COUNT];
+    atomic_uint_fast64_t fallbacks[EM_MAX_DEVICE_TYPES];
+    atomic_bool warned[EM_MAX_DEVICE_TYPES];
+};
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct em_op *ops_head;
+static uint64_t kernel_seq;
+
+typedef struct placement {
+    atomic_uint_fast64_t ops, ns, bytes_in, bytes_out, fallbacks;
+} placement;
+static placement place[EM_MAX_DEVICE_TYPES];
+
+static struct {
+    atomic_int fallback;
+    atomic_bool profile;
+    atomic_bool deterministic;
+    atomic_int threads;
+} cfg = {EM_FALLBACK_ERROR, false, false, 1};
+
+uint64_t em__now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- settings -------------------------------------------------------------------------------- */
+
+void em_fallback_set(em_fallback_policy p) {
+    if (p >= EM_FALLBACK_ERROR && p <= EM_FALLBACK_ALLOW) cfg.fallback = p;
+}
+em_fallback_policy em_fallback_get(void) { return (em_fallback_policy)cfg.fallback; }
+void em_profile_enable(bool on) { cfg.profile = on; }
+bool em_profile_enabled(void) { return cfg.profile; }
+void em_set_deterministic(bool on) { cfg.deterministic = on; }
+bool em_deterministic(void) { return cfg.deterministic; }
+int em_num_threads(void) { return cfg.threads; }
+void em_set_num_threads(int n) { cfg.threads = n < 1 ? 1 : n; }
+
+void em__dispatch_init(void) {
+    const char *fb = getenv("EMBER_FALLBACK");
+    cfg.fallback = EM_FALLBACK_ERROR;
+    if (fb && *fb) {
+        if (strcmp(fb, "warn") == 0) cfg.fallback = EM_FALLBACK_WARN;
+        else if (strcmp(fb, "allow") == 0) cfg.fallback = EM_FALLBACK_ALLOW;
+        else if (strcmp(fb, "error") != 0)
+            em_log_write(EM_LOG_WARN, "EMBER_FALLBACK='%s' is not one of error, warn, allow; using "
+                   "error", fb);
+    }
+    cfg.threads = em__ncpu();
+    const char *nt = getenv("EMBER_NUM_THREADS");
+    if (nt && *nt) {
+        char *end;
+        long n = strtol(nt, &end, 10);
+        if (*end || n < 1 || n > 4096)
+            em_log_write(EM_LOG_WARN, "EMBER_NUM_THREADS='%s' is not a positive number; using %d",
+                   nt, cfg.threads);
+        else
+            cfg.threads = (int)n;
+    }
+    em_placement_reset();
+}
+
+/* ---- ops ------------------------------------------------------------------------------------ */
+
+static void op_free(struct em_op *op) {
+    for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++)
+        for (int t = 0; t < EM_DTYPE_COUNT; t++)
+            for (em_kernel *k = op->top[d][t], *n; k; k = n) {
+                n = k->below;
+                em__registry_forget_kernel(k->owner, k);
+                em__free((char *)k->def.name);
+                em__free(k);
+            }
+    for (int i = 0; i < op->schema.n_inputs && op->schema.input_names; i++)
+        em__free((char *)op->schema.input_names[i]);
+    for (int i = 0; i < op->schema.n_attrs; i++) em__free((char *)op->schema.attr_names[i]);
+    em__free((void *)op->schema.input_names);
+    em__free((void *)op->schema.attr_names);
+    em__free((void *)op->schema.attr_types);
+    em__free((char *)op->schema.name);
+    em__free(op);
+}
+
+static struct em_op *find_op_locked(const char *name) {
+    for (struct em_op *op = ops_head; op; op = op->next)
+        if (strcmp(op->schema.name, name) == 0) return op;
+    return NULL;
+}
+
+/* Deep-copies the schema's strings; false (NOMEM set) on failure, with nothing leaked. */
+static bool copy_schema(struct em_op *op, const em_op_schema *s) {
+    memcpy(&op->schema, s, EM_MIN(s->struct_size, sizeof op->schema));
+    op->schema.struct_size = sizeof op->schema;
+    op->schema.input_names = NULL;
+    op->schema.attr_names = NULL;
+    op->schema.attr_types = NULL;
+    op->schema.name = em__strdup(s->name, "op name");
+    if (!op->schema.name) return false;
+    if (s->input_names) {
+        const char **names = em__calloc((size_t)s->n_inputs + 1, sizeof *names, "op inputs");
+        op->schema.input_names = names;
+        if (!names) return false;
+        for (int i = 0; i < s->n_inputs; i++)
+            if (!(names[i] = em__strdup(s->input_names[i], "op input name"))) return false;
+    }
+    if (s->n_attrs > 0) {
+        const char **names = em__calloc((size_t)s->n_attrs, sizeof *names, "op attrs");
+        em_attr_type *types = em__calloc((size_t)s->n_attrs, sizeof *types, "op attrs");
+        op->schema.attr_names = names;
+        op->schema.attr_types = types;
+        if (!names || !types) return false;
+        for (int i = 0; i < s->n_attrs; i++) {
+            types[i] = s->attr_types[i];
+            if (!(names[i] = em__strdup(s->attr_names[i], "op attr name"))) return false;
+        }
+    }
+    return true;
+}
+
+em_status em_op_declare(em_registry *reg, const em_op_schema *s, const em_op **out) {
+    if (!reg || !s || !s->name || !*s->name)
+        return em_set_error(EM_ERR_INVALID, "op_declare: NULL registry, schema or name");
+    if (s->struct_size < offsetof(em_op_schema, ext) || s->n_inputs < 0 ||
+        s->n_inputs > 8 || s->n_outputs < 1 || s->n_outputs > 4 || s->n_attrs < 0 ||
+        s->n_attrs > 8 || (s->n_attrs > 0 && (!s->attr_names || !s->attr_types)) ||
+        s->dispatch_arg < -1 || s->dispatch_arg >= s->n_inputs ||
+        (!s->infer && s->n_inputs > 0))
+        return em_set_error(EM_ERR_INVALID, "op_declare: the schema of '%s' is malformed "
+                            "(1..4 outputs, 0..8 inputs and attributes, a dispatch_arg naming "
+                            "an input or -1, and an infer function are required)", s->name);
+    pthread_mutex_lock(&reg_lock);
+    em_status st = EM_OK;
+    struct em_op *op = NULL;
+    if (find_op_locked(s->name)) {
+        st = em_set_error(EM_ERR_EXISTS, "op_declare: an op named '%s' is already declared",
+                          s->name);
+    } else if (!(op = em__calloc(1, sizeof *op, "op"))) {
+        st = EM_ERR_NOMEM;
+    } else if (!copy_schema(op, s)) {
+        st = EM_ERR_NOMEM;
+    } else {
+        op->owner = reg;
+        st = em__registry_add_op(reg, op);
+    }
+    if (st == EM_OK) {
+        op->next = ops_head;
+        ops_head = op;
+        if (out) *out = op;
+    } else if (op) {
+        op_free(op);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return st;
+}
+
+/* Closest declared op name by edit distance, for "did you mean" hints. */
+static size_t edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 64;
+    size_t d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            size_t sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            d[i][j] = EM_MIN(EM_MIN(d[i - 1][j] + 1, d[i][j - 1] + 1), sub);
+        }
+    return d[la][lb];
+}
+
+const em_op *em_op_find(const char *name) {
+    if (!name) {
+        em_set_error(EM_ERR_INVALID, "op_find: NULL name");
+        return NULL;
+    }
+    pthread_mutex_lock(&reg_lock);
+    struct em_op *op = find_op_locked(name), *best = NULL;
+    size_t best_d = 4;
+    for (struct em_op *o = ops_head; o && !op; o = o->next) {
+        size_t d = edit_distance(name, o->schema.name);
+        if (d < best_d) best_d = d, best = o;
+    }
+    if (!op)
+        em_set_error(EM_ERR_NOTFOUND, "no op named '%s' is declared%s%s%s", name,
+                     best ? " (did you mean '" : "", best ? best->schema.name : "",
+                     best ? "'?)" : "");
+    pthread_mutex_unlock(&reg_lock);
+    return op;
+}
+
+const char *em_op_name(const em_op *op) { return op ? op->schema.name : "(null)"; }
+const em_op_schema *em_op_schema_of(const em_op *op) { return op ? &op->schema : NULL; }
+
+/* Remove every op (and every kernel) the registry owns, and every kernel it registered on
+ * other registries' ops. */
+void em__ops_remove_owner(em_registry *owner) {
+    pthread_mutex_lock(&reg_lock);
+    for (struct em_op *op = ops_head; op; op = op->next)
+        for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++)
+            for (int t = 0; t < EM_DTYPE_COUNT; t++)
+                for (em_kernel **pk = &op->top[d][t]; *pk;) {
+                    em_kernel *k = *pk;
+                    if (k->owner != owner) {
+                        pk = &k->below;
+                        continue;
+                    }
+                    *pk = k->below;
+                    em__registry_forget_kernel(k->owner, k);
+                    em__free((char *)k->def.name);
+                    em__free(k);
+                }
+    for (struct em_op **pop = &ops_head; *pop;) {
+        struct em_op *op = *pop;
+        if (op->owner != owner) {
+            pop = &op->next;
+            continue;
+        }
+        *pop = op->next;
+        op_free(op);
+    }
+    pthread_mutex_unlock(&reg_lock);
+}
+
+void em__dispatch_shutdown(void) {
+    pthread_mutex_lock(&reg_lock);
+    while (ops_head) {
+        struct em_op *op = ops_head;
+        ops_head = op->next;
+        op_free(op);
+    }
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* ---- kernels ---------------------------------------------------------------------------------- */
+
+em_status em_kernel_register(em_registry *reg, const em_kernel_def *def, em_kernel **out) {
+    if (!reg || !def || !def->op || !def->device_type || !def->fn)
+        return em_set_error(EM_ERR_INVALID, "kernel_register: NULL registry, op, device type "
+                            "or function");
+    if (def->struct_size < offsetof(em_kernel_def, ext))
+        return em_set_error(EM_ERR_INVALID, "kernel_register: struct_size %zu is too small",
+                            def->struct_size);
+    if (!em_dtype_is_valid(def->dtype))
+        return em_set_error(EM_ERR_DTYPE, "kernel_register: invalid dtype %d for op '%s'",
+                            (int)def->dtype, def->op);
+    int devtype = em__device_type_find(def->device_type);
+    if (devtype < 0)
+        return em_set_error(EM_ERR_NOTFOUND, "kernel_register: no device type '%s' is "
+                            "registered (kernel for op '%s')", def->device_type, def->op);
+    const em_op *found = em_op_find(def->op);
+    if (!found)
+        return em_set_error(EM_ERR_NOTFOUND, "kernel_register: %s", em_last_error());
+    struct em_op *op = (struct em_op *)found;
+    em_kernel *k = em__calloc(1, sizeof *k, "kernel");
+    if (!k) return EM_ERR_NOMEM;
+    memcpy(&k->def, def, EM_MIN(def->struct_size, sizeof k->def));
+    k->def.struct_size = sizeof k->def;
+    k->def.op = op->schema.name;
+    k->def.device_type = em__device_types[devtype].name;
+    char fallback_name[96];
+    snprintf(fallback_name, sizeof fallback_name, "%s_%s_%s", def->op, def->device_type,
+             em_dtype_name(def->dtype));
+    k->def.name = em__strdup(def->name ? def->name : fallback_name, "kernel name");
+    if (!k->def.name) {
+        em__free(k);
+        return EM_ERR_NOMEM;
+    }
+    k->op = op;
+    k->devtype = devtype;
+    k->owner = reg;
+    pthread_mutex_lock(&reg_lock);
+    em_status st = em__registry_add_kernel(reg, k);
+    if (st == EM_OK) {
+        k->seq = ++kernel_seq;
+        em_kernel **pk = &op->top[devtype][def->dtype];
+        while (*pk && (*pk)->def.priority > def->priority) pk = &(*pk)->below;
+        k->below = *pk;
+        *pk = k;
+        if (out) *out = k;
+    }
+    pthread_mutex_unlock(&reg_lock);
+    if (st != EM_OK) {
+        em__free((char *)k->def.name);
+        em__free(k);
+    }
+    return st;
+}
+
+em_status em_kernel_unregister(em_kernel *k) {
+    if (!k) return em_set_error(EM_ERR_INVALID, "kernel_unregister: NULL kernel");
+    pthread_mutex_lock(&reg_lock);
+    em_kernel **pk = &k->op->top[k->devtype][k->def.dtype];
+    while (*pk && *pk != k) pk = &(*pk)->below;
+    em_status st = EM_OK;
+    if (*pk) {
+        *pk = k->below;
+        em__registry_forget_kernel(k->owner, k);
+        em__free((char *)k->def.name);
+        em__free(k);
+    } else {
+        st = em_set_error(EM_ERR_NOTFOUND, "kernel_unregister: kernel is not registered");
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return st;
+}
+
+void em__kernel_info(const em_kernel *k, em_kernel_info *out) {
+    out->op = k->op->schema.name;
+    out->device_type = k->def.device_type;
+    out->dtype = k->def.dtype;
+    out->priority = k->def.priority;
+    out->name = k->def.name;
+}
+
+/* ---- running ----------------------------------------------------------------------------------- */
+
+bool em__check_inputs(const char *op, const em_tensor *const *in, int n) {
+    for (int i = 0; i < n; i++) {
+        if (in[i]) continue;
+        if (!em__error_pending())
+            em_set_error(EM_ERR_INVALID, "%s: input %d is NULL", op, i);
+        return false;
+    }
+    return true;
+}
+
+static em_status check_attrs(const struct em_op *op, const em_attr *attrs) {
+    for (int i = 0; i < op->schema.n_attrs; i++) {
+        em_attr_type got = attrs ? attrs[i].type : EM_ATTR_NONE;
+        if (got != EM_ATTR_NONE && got != op->schema.attr_types[i])
+            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' has type %d; the schema "
+                                "says %d", op->schema.name, op->schema.attr_names[i], (int)got,
+                                (int)op->schema.attr_types[i]);
+    }
+    return EM_OK;
+}
+
+/* Append to a fixed buffer, never overflowing; n tracks the length wanted. */
+static void append(char *buf, size_t cap, size_t *n, const char *s) {
+    if (*n < cap) snprintf(buf + *n, cap - *n, "%s", s);
+    *n += strlen(s);
+}
+
+static em_status no_kernel_error(const struct em_op *op, int devtype, em_dtype dt) {
+    char list[512] = "";
+    size_t n = 0;
+    for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++) {
+        if (!em__device_types[d].used) continue;
+        bool first = true;
+        for (int t = 0; t < EM_DTYPE_COUNT; t++) {
+            if (!op->top[d][t]) continue;
+            if (first) {
+                if (n) append(list, sizeof list, &n, "; ");
+                append(list, sizeof list, &n, em__device_types[d].name);
+                append(list, sizeof list, &n, " (");
+            } else {
+                append(list, sizeof list, &n, ", ");
+            }
+            append(list, sizeof list, &n, em_dtype_name((em_dtype)t));
+            first = false;
+        }
+        if (!first) append(list, sizeof list, &n, ")");
+    }
+    return em_set_error(EM_ERR_NOKERNEL, "%s: no kernel for device '%s' and dtype %s; "
+                        "registered: %s%s", op->schema.name, em__device_types[devtype].name,
+                        em_dtype_name(dt), n ? list : "none",
+                        devtype != EM_DEVICE_CPU_TYPE && op->top[EM_DEVICE_CPU_TYPE][dt]
+                            ? ". EMBER_FALLBACK=allow (or em_fallback_set) runs it on the CPU "
+                              "with the data copied over"
+                            : "");
+}
+
+static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_tensor *const *out, int n_out, int devtype);
+
+em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor *const *out, int n_out) {
+    struct em_op *op = (struct em_op *)cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (n_in != op->schema.n_inputs || n_out != op->schema.n_outputs)
+        return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs and %d outputs; it takes "
+                            "%d and %d", op->schema.name, n_in, n_out, op->schema.n_inputs,
+                            op->schema.n_outputs);
+    if (!em__check_inputs(op->schema.name, in, n_in) ||
+        !em__check_inputs(op->schema.name, (const em_tensor *const *)out, n_out))
+        return em_last_status();
+    if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    em_device dev = out[0]->storage->device;
+    if (!(op->schema.flags & EM_OP_CROSS_DEVICE)) {
+        for (int i = 0; i < n_in + n_out; i++) {
+            const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
+            if (em_device_equal(t->storage->device, dev)) continue;
+            char a[48], b[48];
+            return em_set_error(EM_ERR_DEVICE, "%s: expected all tensors on the same device, "
+                                "but %s %d is on %s and output 0 on %s", op->schema.name,
+                                i < n_in ? "input" : "output", i < n_in ? i : i - n_in,
+                                em_device_str(t->storage->device, a, sizeof a),
+                                em_device_str(dev, b, sizeof b));
+        }
+    }
+    em_dtype key = op->schema.dispatch_arg >= 0 ? in[op->schema.dispatch_arg]->dtype
+                                                : out[0]->dtype;
+    em_ktensor kin[8], kout[4];
+    for (int i = 0; i < n_in; i++) em__ktensor_fill(&kin[i], in[i]);
+    for (int i = 0; i < n_out; i++) em__ktensor_fill(&kout[i], out[i]);
+    em_kernel_ctx ctx = {.struct_size = sizeof ctx, .op = op, .device = dev, .n_in = n_in,
+                         .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
+    em_kernel *k = op->top[dev.type][key];
+    while (k && k->def.supports && !k->def.supports(&ctx)) k = k->below;
+    if (!k) {
+        if (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
+            !op->top[EM_DEVICE_CPU_TYPE][key])
+            return no_kernel_error(op, dev.type, key);
+        return run_on_cpu(op, in, n_in, attrs, out, n_out, dev.type);
+    }
+    ctx.user = k->def.user;
+    uint64_t t0 = cfg.profile ? em__now_ns() : 0;
+    em_status st = k->def.fn(&ctx);
+    if (cfg.profile) {
+        if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
+        atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&place[dev.type].ops, 1, memory_order_relaxed);
+    if (st != EM_OK) {
+        if (!em__error_pending() || em_last_status() != st)
+            em_set_error(st, "%s: kernel %s failed: %s", op->schema.name, k->def.name,
+                         em_status_str(st));
+        return st;
+    }
+    for (int i = 0; i < n_out; i++) atomic_fetch_add(&out[i]->storage->version, 1);
+    return EM_OK;
+}
+
+/* The fallback: copy inputs to the CPU, run there, copy the outputs back. */
+static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_tensor *const *out, int n_out, int devtype) {
+    if (cfg.fallback == EM_FALLBACK_WARN && !atomic_exchange(&((struct em_op *)op)->warned[devtype], true))
+        em_log_write(EM_LOG_WARN, "%s: no kernel on device type '%s'; running it on the CPU with its "
+               "data copied over (slow; shown once)", op->schema.name,
+               em__device_types[devtype].name);
+    em_tensor *cin[8] = {0}, *cout[4] = {0};
+    em_status st = EM_OK;
+    for (int i = 0; i < n_in && st == EM_OK; i++)
+        if (!(cin[i] = em__to_device(in[i], em_cpu()))) st = em_last_status();
+    for (int i = 0; i < n_out && st == EM_OK; i++) {
+        cout[i] = em__empty(out[i]->ndim, out[i]->shape, out[i]->dtype, em_cpu());
+        /* In-place ops read their output: start from its current contents. */
+        if (!cout[i] || em_copy_(cout[i], out[i]) != EM_OK) st = em_last_status();
+    }
+    if (st == EM_OK) st = em_op_call_out(op, (const em_tensor *const *)cin, n_in, attrs, cout, n_out);
+    for (int i = 0; i < n_out && st == EM_OK; i++) st = em_copy_(out[i], cout[i]);
+    for (int i = 0; i < n_in; i++) em_tensor_release(cin[i]);
+    for (int i = 0; i < n_out; i++) em_tensor_release(cout[i]);
+    if (st == EM_OK) {
+        atomic_fetch_add(&place[devtype].fallbacks, 1);
+        atomic_fetch_add(&((struct em_op *)op)->fallbacks[devtype], 1);
+    }
+    return st;
+}
+
+/* PyTorch's result_type: dimensioned tensors decide within a category; 0-dim tensors only
+ * raise the category (int tensor + 0-dim double -> double, float tensor + 0-dim double ->
+ * float). */
+static int category(em_dtype t) { return t == EM_BOOL ? 0 : em_dtype_is_floating(t) ? 2 : 1; }
+static em_dtype combine(int have_hi, em_dtype hi, int have_lo, em_dtype lo) {
+    if (!have_hi) return lo;
+    if (!have_lo) return hi;
+    if (category(hi) == 2) return hi;
+    if (hi == EM_BOOL || category(lo) == 2) return em_dtype_promote(hi, lo);
+    return hi;
+}
+em_dtype em__result_type(const em_tensor *const *in, int n) {
+    int have_dim = 0, have_zero = 0;
+    em_dtype dim = EM_BOOL, zero = EM_BOOL;
+    for (int i = 0; i < n; i++) {
+        if (in[i]->ndim > 0) {
+            dim = have_dim ? em_dtype_promote(dim, in[i]->dtype) : in[i]->dtype;
+            have_dim = 1;
+        } else {
+            zero = have_zero ? em_dtype_promote(zero, in[i]->dtype) : in[i]->dtype;
+            have_zero = 1;
+        }
+    }
+    return combine(have_dim, dim, have_zero, zero);
+}
+
+em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
+                      const em_attr *attrs, em_tensor **out) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
+    if (n_in != op->schema.n_inputs || n_in < 1)
+        return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs; it takes %d (ops "
+                            "without inputs run through em_op_call_out)", op->schema.name,
+                            n_in, op->schema.n_inputs);
+    if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
+    if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    em_device dev = in[0]->storage->device;
+    if (!(op->schema.flags & EM_OP_CROSS_DEVICE))
+        for (int i = 1; i < n_in; i++) {
+            if (em_device_equal(in[i]->storage->device, dev)) continue;
+            char a[48], b[48];
+            return em_set_error(EM_ERR_DEVICE, "%s: expected all tensors on the same device, "
+                                "but input 0 is on %s and input %d on %s", op->schema.name,
+                                em_device_str(dev, a, sizeof a), i,
+                                em_device_str(in[i]->storage->device, b, sizeof b));
+        }
+    em_tensor *held[8] = {0}, *bcast[8] = {0}, *res[4] = {0};
+    const em_tensor *args[8];
+    em_status st = EM_OK;
+    for (int i = 0; i < n_in; i++) args[i] = in[i];
+    if (op->schema.flags & EM_OP_PROMOTE) {
+        em_dtype dt = em__result_type(in, n_in);
+        for (int i = 0; i < n_in && st == EM_OK; i++)
+            if (in[i]->dtype != dt) {
+                if (!(held[i] = em__to_dtype(in[i], dt))) st = em_last_status();
+                args[i] = held[i];
+            }
+    }
+    em_tensor_meta meta[4];
+    memset(meta, 0, sizeof meta);
+    if (st == EM_OK) st = op->schema.infer(op, args, attrs, meta);
+    if (st == EM_OK && (op->schema.flags & EM_OP_BROADCAST))
+        for (int i = 0; i < n_in && st == EM_OK; i++) {
+            if (!(bcast[i] = em__expand(args[i], meta[0].ndim, meta[0].shape))) st = em_last_status();
+            args[i] = bcast[i];
+        }
+    for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++)
+        if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev)))
+            st = em_last_status();
+    if (st == EM_OK) st = em_op_call_out(op, args, n_in, attrs, res, op->schema.n_outputs);
+    for (int i = 0; i < n_in; i++) {
+        em_tensor_release(held[i]);
+        em_tensor_release(bcast[i]);
+    }
+    for (int i = 0; i < op->schema.n_outputs; i++) {
+        if (st == EM_OK) out[i] = res[i];
+        else em_tensor_release(res[i]);
+    }
+    return st;
+}
+
+em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
+                     const em_attr *attrs, em_tensor **out) {
+    em_status st = em__op_call(op, in, n_in, attrs, out);
+    if (st == EM_OK)
+        for (int i = 0; i < op->schema.n_outputs; i++) em__scope_track(out[i]);
+    return st;
+}
+
+em_tensor *em__op1(const em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs) {
+    em_tensor *out[4] = {0};
+    if (em__op_call(op, in, n_in, attrs, out) != EM_OK) return NULL;
+    for (int i = 1; i < 4; i++) em_tensor_release(out[i]);
+    return out[0];
+}
+
+/* ---- placement report ------------------------------------------------------------------------- */
+
+void em__placement_count_copy(em_device dst, em_device src, size_t nbytes) {
+    atomic_fetch_add(&place[dst.type].bytes_in, nbytes);
+    atomic_fetch_add(&place[src.type].bytes_out, nbytes);
+}
+
+void em_placement_reset(void) {
+    for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++) {
+        place[d].ops = place[d].ns = place[d].bytes_in = place[d].bytes_out = 0;
+        place[d].fallbacks = 0;
+    }
+    pthread_mutex_lock(&reg_lock);
+    for (struct em_op *op = ops_head; op; op = op->next)
+        for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++) op->fallbacks[d] = 0;
+    pthread_mutex_unlock(&reg_lock);
+}
+
+em_status em_placement_get(const char *device_type, em_placement_stats *out) {
+    int d = device_type ? em__device_type_find(device_type) : -1;
+    if (d < 0 || !out)
+        return em_set_error(EM_ERR_NOTFOUND, "placement_get: no device type '%s' is registered",
+                            device_type ? device_type : "(null)");
+    out->ops = place[d].ops;
+    out->ns = place[d].ns;
+    out->bytes_in = place[d].bytes_in;
+    out->bytes_out = place[d].bytes_out;
+    out->fallbacks = place[d].fallbacks;
+    return EM_OK;
+}
+
+void em_placement_report(FILE *f) {
+    fprintf(f, "%-12s %12s %12s %14s %14s %10s\n", "device", "ops", "time ms", "bytes in",
+            "bytes out", "fallbacks");
+    for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++) {
+        if (!em__device_types[d].used) continue;
+        char ms[32];
+        if (cfg.profile || place[d].ns)
+            snprintf(ms, sizeof ms, "%.3f", (double)place[d].ns / 1e6);
+        else
+            snprintf(ms, sizeof ms, "-");
+        fprintf(f, "%-12s %12llu %12s %14llu %14llu %10llu\n", em__device_types[d].name,
+                (unsigned long long)place[d].ops, ms, (unsigned long long)place[d].bytes_in,
+                (unsigned long long)place[d].bytes_out, (unsigned long long)place[d].fallbacks);
+    }
+    pthread_mutex_lock(&reg_lock);
+    bool header = false;
+    for (struct em_op *op = ops_head; op; op = op->next)
+        for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++) {
+            if (!op->fallbacks[d]) continue;
+            if (!header) fprintf(f, "ops that fell back to the CPU:\n");
+            header = true;
+            fprintf(f, "  %-24s from %-10s %llu time%s\n", op->schema.name,
+                    em__device_types[d].name, (unsigned long long)op->fallbacks[d],
+                    op->fallbacks[d] == 1 ? "" : "s");
+        }
+    pthread_mutex_unlock(&reg_lock);
+    if (!cfg.profile) fprintf(f, "(op times: enable profiling with em_profile_enable)\n");
+}

@@ -1,0 +1,242 @@
+/*
+ * ember/dispatch.h — op schemas, kernels, and how the core picks one to run.
+ *
+ * An op is declared once by a schema: its name, inputs, outputs, typed attributes and a
+ * shape/dtype inference function. The core declares the standard op set (ember/ops.h); a
+ * plugin or a program may declare more. Kernels are registered per (op, device type, dtype)
+ * with a priority and stack: the highest priority wins, a later registration at equal
+ * priority wins, and unregistering restores the one below. An optional supports() predicate
+ * lets a kernel decline a call (a shape or attribute it cannot handle); the next one down the
+ * stack is tried.
+ *
+ *     static em_status my_square(const em_kernel_ctx *k) {
+ *         const float *x = k->in[0].data; float *y = k->out[0].data;
+ *         for (int64_t i = 0; i < k->out[0].numel; i++) y[i] = x[i] * x[i];
+ *         return EM_OK;
+ *     }
+ *     em_kernel_def def = { .struct_size = sizeof def, .op = "square", .device_type = "cpu",
+ *                           .dtype = EM_F32, .fn = my_square, .name = "square_f32" };
+ *     em_kernel_register(em_registry_program(), &def, NULL);
+ *
+ * When the device of the inputs has no kernel for the op and dtype, the fallback policy
+ * decides: EM_FALLBACK_ERROR (default) fails naming the op, device, dtype and what is
+ * registered; EM_FALLBACK_WARN and EM_FALLBACK_ALLOW copy the inputs to the CPU, run the CPU
+ * kernel and copy the outputs back (WARN also logs once per op and device). EMBER_FALLBACK=
+ * error|warn|allow sets it at em_init().
+ */
+#ifndef EMBER_DISPATCH_H
+#define EMBER_DISPATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ember/device.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/export.h"
+#include "ember/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Who registers: a loaded plugin, or the program itself (em_registry_program()). Everything
+ * registered is attributed to its registry, listed by em_plugins()/ember-info, and removed
+ * when the plugin is unloaded or its registration fails. */
+typedef struct em_registry em_registry;
+/* The program's own registry (valid between em_init() and em_shutdown()). */
+EM_API em_registry *em_registry_program(void);
+
+/* ---- attributes -------------------------------------------------------------------------- */
+
+typedef enum em_attr_type {
+    EM_ATTR_NONE = 0, /* absent: the op uses its default */
+    EM_ATTR_INT = 1,
+    EM_ATTR_FLOAT = 2,
+    EM_ATTR_BOOL = 3,
+    EM_ATTR_INTS = 4, /* up to EM_MAX_DIMS integers */
+    EM_ATTR_STRING = 5,
+} em_attr_type;
+
+typedef struct em_attr {
+    em_attr_type type;
+    int n; /* number of entries of ints */
+    union {
+        int64_t i;
+        double f;
+        bool b;
+        const char *s; /* borrowed for the duration of the call */
+    } v;
+    int64_t ints[EM_MAX_DIMS];
+} em_attr;
+
+/* Shape and dtype of an output, filled by an op's inference function. */
+typedef struct em_tensor_meta {
+    em_dtype dtype;
+    int ndim;
+    int64_t shape[EM_MAX_DIMS];
+} em_tensor_meta;
+
+typedef struct em_op em_op; /* a declared op (owned by the core) */
+
+/* Schema flags. */
+enum {
+    /* Inputs 0..n_inputs-1 are converted to their promoted dtype (PyTorch's rules) before the
+     * kernel runs; kernels see one dtype. */
+    EM_OP_PROMOTE = 1u << 0,
+    /* Inputs are broadcast (as views) to output 0's shape before the kernel runs; kernels see
+     * inputs with the output's shape and stride 0 on broadcast dims. */
+    EM_OP_BROADCAST = 1u << 1,
+    /* Inputs may be on different devices (the op moves data itself, e.g. copy). */
+    EM_OP_CROSS_DEVICE = 1u << 2,
+};
+
+/* Infers output shapes and dtypes from the inputs and attributes, or rejects them: return
+ * an error set with em_set_error naming the op and the shapes (e.g. "matmul: shapes [2, 3]
+ * and [4, 5] cannot be multiplied (3 != 4)"). Inputs are the tensors as passed (after
+ * promotion when EM_OP_PROMOTE is set). */
+typedef em_status (*em_infer_fn)(const em_op *op, const em_tensor *const *in,
+                                 const em_attr *attrs, em_tensor_meta *out);
+
+typedef struct em_op_schema {
+    size_t struct_size;          /* sizeof(em_op_schema) */
+    const char *name;            /* unique: "add", "myplugin.fused_gelu" */
+    int n_inputs;                /* 0..8 */
+    const char *const *input_names;  /* (optional) n_inputs names; NULL: "input0", ... */
+    int n_outputs;               /* 1..4 */
+    int n_attrs;                 /* 0..8 */
+    const char *const *attr_names;   /* n_attrs names */
+    const em_attr_type *attr_types;  /* n_attrs types; a call passes exactly these (or NONE) */
+    /* Which input's dtype selects the kernel; -1: output 0's dtype. */
+    int dispatch_arg;
+    unsigned flags;              /* EM_OP_* */
+    em_infer_fn infer;
+    void *ext;                   /* reserved; NULL */
+} em_op_schema;
+
+/* Declare an op. The schema's strings are copied. EM_ERR_EXISTS when the name is taken. */
+EM_API em_status em_op_declare(em_registry *reg, const em_op_schema *schema,
+                               const em_op **out /* out, may be NULL */);
+/* Find a declared op by name; NULL (EM_ERR_NOTFOUND, with near names) if none. */
+EM_API const em_op *em_op_find(const char *name);
+EM_API const char *em_op_name(const em_op *op);
+EM_API const em_op_schema *em_op_schema_of(const em_op *op);
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+/* A tensor as a kernel sees it: plain data, nothing to call. */
+typedef struct em_ktensor {
+    void *data;                      /* first element, in device memory */
+    em_dtype dtype;
+    int ndim;
+    int64_t numel;
+    int64_t shape[EM_MAX_DIMS];      /* (ndim) */
+    int64_t strides[EM_MAX_DIMS];    /* (ndim) in elements; 0 on broadcast dims */
+    bool contiguous;                 /* C order without gaps */
+} em_ktensor;
+
+typedef struct em_kernel_ctx {
+    size_t struct_size;
+    const em_op *op;
+    em_device device;
+    em_stream *stream;   /* the stream to run on (NULL: default) */
+    int n_in, n_out;
+    const em_ktensor *in;   /* (n_in) inputs; a NULL-able input has data == NULL */
+    const em_ktensor *out;  /* (n_out) outputs, already allocated */
+    const em_attr *attrs;   /* (n_attrs of the schema) */
+    void *user;             /* the kernel's em_kernel_def.user */
+    void *ext;
+} em_kernel_ctx;
+
+typedef em_status (*em_kernel_fn)(const em_kernel_ctx *ctx);
+/* (optional) Return false to pass the call to the next kernel down the stack. */
+typedef bool (*em_kernel_supports_fn)(const em_kernel_ctx *ctx);
+
+typedef struct em_kernel_def {
+    size_t struct_size;      /* sizeof(em_kernel_def) */
+    const char *op;          /* op name */
+    const char *device_type; /* "cpu", "cuda" */
+    em_dtype dtype;          /* the dtype of the schema's dispatch_arg */
+    int priority;            /* higher wins; built-in backends use 0, oneDNN-style fast paths
+                                10, third parties anything */
+    em_kernel_fn fn;
+    em_kernel_supports_fn supports; /* (optional) NULL: supports every call */
+    const char *name;        /* for reports: "cpu_add_f32_avx512" */
+    void *user;              /* passed to fn as ctx->user */
+    void *ext;               /* reserved; NULL */
+} em_kernel_def;
+
+typedef struct em_kernel em_kernel;
+/* Register a kernel. EM_ERR_NOTFOUND for an undeclared op or unregistered device type. The
+ * optional handle unregisters it. */
+EM_API em_status em_kernel_register(em_registry *reg, const em_kernel_def *def,
+                                    em_kernel **out /* out, may be NULL */);
+/* Remove a kernel; the one below it in its stack runs again. */
+EM_API em_status em_kernel_unregister(em_kernel *k);
+
+/* ---- running ops ------------------------------------------------------------------------- */
+
+/* Run an op: check devices, promote and broadcast (per flags), infer, allocate outputs on the
+ * inputs' device, dispatch. `out` receives n_outputs new references. attrs has the schema's
+ * n_attrs entries (may be NULL when n_attrs is 0). NULL inputs fail without replacing the
+ * pending error. */
+EM_API em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_tensor **out /* out */);
+/* Run an op into caller-allocated outputs of the right shape and dtype (PyTorch's out=):
+ * no inference, no allocation, no promotion — the dispatch alone. Bumps the outputs'
+ * versions. */
+EM_API em_status em_op_call_out(const em_op *op, const em_tensor *const *in, int n_in,
+                                const em_attr *attrs, em_tensor *const *out, int n_out);
+
+/* ---- fallback, placement and profiling -------------------------------------------------- */
+
+typedef enum em_fallback_policy {
+    EM_FALLBACK_ERROR = 0,
+    EM_FALLBACK_WARN = 1,
+    EM_FALLBACK_ALLOW = 2,
+} em_fallback_policy;
+EM_API void em_fallback_set(em_fallback_policy p);
+EM_API em_fallback_policy em_fallback_get(void);
+
+/* Per device type the core counts the ops run, the bytes copied between devices and the ops
+ * that fell back to the CPU; with profiling on it also times each op (synchronising the
+ * device, so profiling slows asynchronous devices). */
+EM_API void em_profile_enable(bool on);
+EM_API bool em_profile_enabled(void);
+EM_API void em_placement_reset(void);
+/* Print where ops ran: per device type, ops run, time (when profiled), bytes copied, and the
+ * ops that fell back with their counts. */
+EM_API void em_placement_report(FILE *f);
+
+typedef struct em_placement_stats {
+    uint64_t ops;          /* ops run on this device type */
+    uint64_t ns;           /* total kernel time when profiling was on */
+    uint64_t bytes_in;     /* copied to this device type from another */
+    uint64_t bytes_out;    /* copied from this device type to another */
+    uint64_t fallbacks;    /* ops of this device type's tensors that ran on the CPU */
+} em_placement_stats;
+/* Counters for one device type by name ("cpu"). EM_ERR_NOTFOUND if not registered. */
+EM_API em_status em_placement_get(const char *device_type, em_placement_stats *out /* out */);
+
+/* ---- determinism ------------------------------------------------------------------------- */
+
+/* With deterministic mode on, every op gives bitwise-identical results for the same inputs
+ * regardless of thread count and scheduling. Ops whose behaviour changes under it:
+ *   - sum, mean (and every reduction built on them): the CPU backend splits a reduction into
+ *     a fixed number of blocks, summed in a fixed order, instead of one block per thread;
+ *   - index_add and scatter_add (once declared): run without racing updates.
+ * Off by default. */
+EM_API void em_set_deterministic(bool on);
+EM_API bool em_deterministic(void);
+
+/* Number of threads CPU kernels may use: EMBER_NUM_THREADS at em_init(), default the core
+ * count. */
+EM_API int em_num_threads(void);
+EM_API void em_set_num_threads(int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EMBER_DISPATCH_H */

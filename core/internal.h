@@ -1,0 +1,215 @@
+/*
+ * internal.h — structures and functions shared by the core's subsystems; never installed.
+ * Non-static functions shared between core files are prefixed em__.
+ */
+#ifndef EMBER_INTERNAL_H
+#define EMBER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ember/ember.h"
+
+/* ---- host memory (alloc.c) ---------------------------------------------------------------- */
+
+/* Through the injectable host allocator; these set EM_ERR_NOMEM naming `what` on failure. */
+void *em__malloc(size_t n, const char *what);
+void *em__calloc(size_t count, size_t size, const char *what);
+void *em__realloc(void *p, size_t old_n, size_t new_n, const char *what);
+char *em__strdup(const char *s, const char *what);
+void em__free(void *p);
+
+/* ---- caching device allocator (alloc.c) --------------------------------------------------- */
+
+typedef struct em__block {
+    void *ptr;
+    size_t size;            /* bytes obtained (rounded) */
+    em_mem_category cat;
+    struct em__block *next; /* free-list link while cached */
+} em__block;
+
+typedef struct em__allocator em__allocator;
+
+/* One allocator per device; the device's ops table must outlive it. */
+em__allocator *em__allocator_new(em_device dev, const em_device_ops *ops);
+void em__allocator_free(em__allocator *a); /* returns cached blocks; live blocks leak */
+/* A block of at least nbytes (nbytes may be 0: a valid block of the minimum size). On device
+ * out-of-memory empties the cache and retries once, then EM_ERR_NOMEM with a message naming
+ * the device, the request and what holds the memory. */
+em_status em__allocator_alloc(em__allocator *a, size_t nbytes, em_mem_category cat,
+                              em__block **out);
+void em__allocator_release(em__allocator *a, em__block *b);
+void em__allocator_set_category(em__allocator *a, em__block *b, em_mem_category cat);
+void em__allocator_stats(em__allocator *a, em_memory_stats *out);
+void em__allocator_reset_peak(em__allocator *a);
+void em__allocator_empty_cache(em__allocator *a);
+
+/* ---- devices (device.c) ------------------------------------------------------------------- */
+
+typedef struct em__device_type {
+    bool used;
+    em_device_ops ops;           /* copied, missing trailing slots zeroed */
+    char name[32];
+    em_registry *owner;
+    em__allocator *alloc[64];    /* per ordinal, created on first use */
+    pthread_mutex_t lock;
+} em__device_type;
+
+extern em__device_type em__device_types[EM_MAX_DEVICE_TYPES];
+
+/* Validates dev (type registered, ordinal in range); EM_ERR_DEVICE otherwise. */
+em_status em__device_check(em_device dev, const char *who);
+const em_device_ops *em__device_ops(em_device dev);
+em__allocator *em__device_allocator(em_device dev); /* NULL + error on failure */
+void em__devices_shutdown(void);
+void em__device_types_remove_owner(em_registry *owner);
+int em__device_type_find(const char *name); /* index or -1 */
+/* Copy between any two devices (through the host when neither is the CPU); counts bytes. */
+em_status em__device_copy(em_device dst_dev, void *dst, em_device src_dev, const void *src,
+                          size_t nbytes);
+
+/* ---- storage and tensors (tensor.c) ------------------------------------------------------- */
+
+typedef struct em__storage {
+    atomic_int refcount;
+    atomic_uint_fast64_t version;
+    void *data;
+    size_t nbytes;
+    em_device device;
+    em__block *block;          /* allocator block; NULL for wrapped memory */
+    em_release_fn release;     /* wrapped memory */
+    void *release_user;
+} em__storage;
+
+struct em_tensor {
+    atomic_int refcount;
+    em__storage *storage;
+    em_dtype dtype;
+    int ndim;
+    int64_t offset;            /* elements */
+    int64_t numel;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t strides[EM_MAX_DIMS];
+};
+
+/* Internal versions of the public tensor-returning functions: they return a reference the
+ * caller owns and never register it with the thread's scope. Core code calls these; the
+ * public em_X functions are em__scope_track(em__X(...)). */
+em_tensor *em__empty(int ndim, const int64_t *shape, em_dtype dt, em_device dev);
+em_tensor *em__full(int ndim, const int64_t *shape, double value, em_dtype dt, em_device dev);
+em_tensor *em__view(const em_tensor *t, int ndim, const int64_t *shape);
+em_tensor *em__reshape(const em_tensor *t, int ndim, const int64_t *shape);
+em_tensor *em__expand(const em_tensor *t, int ndim, const int64_t *shape);
+em_tensor *em__transpose(const em_tensor *t, int dim0, int dim1);
+em_tensor *em__permute(const em_tensor *t, int ndim, const int *dims);
+em_tensor *em__unsqueeze(const em_tensor *t, int dim);
+em_tensor *em__squeeze(const em_tensor *t, int dim);
+em_tensor *em__select(const em_tensor *t, int dim, int64_t index);
+em_tensor *em__contiguous(const em_tensor *t);
+em_tensor *em__clone(const em_tensor *t);
+em_tensor *em__to_device(const em_tensor *t, em_device dev);
+em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt);
+/* Run an op and return its first output as an owned reference (others released). */
+em_tensor *em__op1(const em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs);
+em_status em__op_call(const em_op *op, const em_tensor *const *in, int n_in,
+                      const em_attr *attrs, em_tensor **out);
+
+/* A fresh tensor over new storage in category cat. */
+em_tensor *em__tensor_new(int ndim, const int64_t *shape, em_dtype dt, em_device dev,
+                          em_mem_category cat);
+/* A new tensor object over t's storage (a view) with the given geometry. */
+em_tensor *em__tensor_view(const em_tensor *t, int ndim, const int64_t *shape,
+                           const int64_t *strides, int64_t offset);
+/* Normalise dim for a tensor of ndim dims (negative counts from the end). Returns -1 and
+ * sets EM_ERR_RANGE naming `who` when out of range. */
+int em__wrap_dim(int dim, int ndim, const char *who);
+bool em__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
+void em__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+int64_t em__numel(int ndim, const int64_t *shape);
+/* Fill a kernel view of t. */
+void em__ktensor_fill(em_ktensor *k, const em_tensor *t);
+/* Count of live tensor objects (for the shutdown leak warning and tests). */
+int64_t em__live_tensors(void);
+
+/* ---- dispatch (dispatch.c) ---------------------------------------------------------------- */
+
+void em__dispatch_init(void);
+void em__dispatch_shutdown(void);
+void em__ops_remove_owner(em_registry *owner);
+/* Checks that every input is non-NULL; when one is NULL sets an error only if none is
+ * pending. Returns false if any is NULL. */
+bool em__check_inputs(const char *op, const em_tensor *const *in, int n);
+/* Records bytes copied between device types (placement report). */
+void em__placement_count_copy(em_device dst, em_device src, size_t nbytes);
+/* Fill a report record for kernel k (registry listings). */
+void em__kernel_info(const em_kernel *k, em_kernel_info *out);
+/* PyTorch's result_type over the inputs (0-dim tensors only raise the category). */
+em_dtype em__result_type(const em_tensor *const *in, int n);
+
+/* ---- standard ops (ops.c) ----------------------------------------------------------------- */
+
+/* Declares the standard op set into the core registry at em_init(). */
+em_status em__ops_declare_standard(em_registry *core);
+/* Handles to the standard ops, valid after em_init(). */
+extern const em_op *em__op_copy, *em__op_fill;
+
+/* ---- registries and plugins (plugin.c) ----------------------------------------------------- */
+
+struct em_registry {
+    char *name;
+    /* What this registry registered, for reports and removal. */
+    em_kernel **kernels;
+    size_t n_kernels, cap_kernels;
+    const em_op **ops;
+    size_t n_ops, cap_ops;
+    int device_types[EM_MAX_DEVICE_TYPES];
+    size_t n_device_types;
+};
+em_registry *em__registry_new(const char *name);
+void em__registry_free(em_registry *r);
+em_status em__registry_add_kernel(em_registry *r, em_kernel *k);
+void em__registry_forget_kernel(em_registry *r, const em_kernel *k);
+em_status em__registry_add_op(em_registry *r, const em_op *op);
+em_status em__registry_add_device_type(em_registry *r, int type);
+/* The core's own registry (standard op schemas). */
+em_registry *em__registry_core(void);
+em_status em__registries_init(void);
+void em__registries_shutdown(void);
+void em__plugins_load_all(void);
+void em__plugins_unload_all(void);
+/* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
+const char *em__plugin_names(void);
+
+/* ---- scopes (scope.c) --------------------------------------------------------------------- */
+
+/* Give the user's new reference t to the thread's innermost scope (if any); returns t. */
+em_tensor *em__scope_track(em_tensor *t);
+void em__scope_shutdown(void);
+
+/* ---- random (random.c) -------------------------------------------------------------------- */
+
+void em__random_init(void);
+void em__random_shutdown(void);
+
+/* ---- errors, logging (error.c) ------------------------------------------------------------ */
+
+bool em__error_pending(void);
+void em__log_init(void);
+/* Formatting helper: writes "[2, 3]" etc. */
+const char *em__shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+/* ---- misc --------------------------------------------------------------------------------- */
+
+uint64_t em__now_ns(void);
+/* Number of online CPUs. */
+int em__ncpu(void);
+
+#define EM__XSTR(x) #x
+#define EM__STR(x) EM__XSTR(x)
+#define EM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define EM_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define EM_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif /* EMBER_INTERNAL_H */

@@ -1,0 +1,490 @@
+/*
+ * ops.c — the standard op set: schemas (name, inputs, attributes, shape/dtype inference)
+ * declared into the core's registry at em_init(), and the typed public functions of
+ * ember/ops.h that call them. Kernels live in backend plugins.
+ *
+ * Kernel contracts (what a backend may assume, per op):
+ *   copy(x) -> y          y has x's shape; dtypes may differ (convert); any strides.
+ *   fill() -> y           attrs: value (float). In place on y.
+ *   add/sub/mul/div(a, b) -> y, neg/exp/log/relu(x) -> y
+ *                         inputs already promoted to y's dtype and broadcast to y's shape
+ *                         (stride 0 on broadcast dims); y may alias an input (in place).
+ *   sum(x) -> y           attrs: dims (ints, already normalised, sorted, unique). y has x's
+ *                         ndim with size 1 on the reduced dims; same dtype (ints arrive as
+ *                         int64, bool is converted first).
+ *   bmm(a, b) -> y        a (B, M, K), b (B, K, N), y (B, M, N), one floating dtype; a and b
+ *                         may be strided (e.g. transposed).
+ *   index_select(x, idx) -> y   attrs: dim. idx is 1-D int64; the kernel checks its range.
+ *   arange() -> y         attrs: start, step (floats); y[i] = start + i * step.
+ *   uniform/normal/bernoulli() -> y   see ember/random.h for the attributes and streams.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+const em_op *em__op_copy, *em__op_fill;
+static const em_op *op_add, *op_sub, *op_mul, *op_div, *op_neg, *op_exp, *op_log, *op_relu,
+    *op_sum, *op_bmm, *op_index_select, *op_arange, *op_uniform, *op_normal, *op_bernoulli;
+
+/* ---- inference ------------------------------------------------------------------------------- */
+
+static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                            em_tensor_meta *out) {
+    (void)op, (void)attrs;
+    out->dtype = in[0]->dtype;
+    out->ndim = in[0]->ndim;
+    memcpy(out->shape, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
+    return EM_OK;
+}
+
+/* NumPy broadcasting of two shapes; names both shapes when they do not broadcast. */
+static em_status infer_broadcast(const em_op *op, const em_tensor *const *in,
+                                 const em_attr *attrs, em_tensor_meta *out) {
+    (void)attrs;
+    const em_tensor *a = in[0], *b = in[1];
+    int nd = EM_MAX(a->ndim, b->ndim);
+    for (int i = 0; i < nd; i++) {
+        int ia = a->ndim - nd + i, ib = b->ndim - nd + i;
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1) {
+            char x[160], y[160];
+            return em_set_error(EM_ERR_SHAPE, "%s: shapes %s and %s cannot be broadcast (dim "
+                                "%d: %lld vs %lld)", em_op_name(op),
+                                em__shape_str(a->ndim, a->shape, x, sizeof x),
+                                em__shape_str(b->ndim, b->shape, y, sizeof y), i - nd,
+                                (long long)sa, (long long)sb);
+        }
+        out->shape[i] = sa == 1 ? sb : sa;
+    }
+    out->ndim = nd;
+    out->dtype = a->dtype;
+    return EM_OK;
+}
+
+static em_status infer_sum(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                           em_tensor_meta *out) {
+    (void)op;
+    infer_same(op, in, attrs, out);
+    for (int i = 0; i < attrs[0].n; i++) out->shape[attrs[0].ints[i]] = 1;
+    return EM_OK;
+}
+
+static em_status infer_bmm(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                           em_tensor_meta *out) {
+    (void)attrs;
+    const em_tensor *a = in[0], *b = in[1];
+    char x[160], y[160];
+    if (a->ndim != 3 || b->ndim != 3 || a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1])
+        return em_set_error(EM_ERR_SHAPE, "%s: shapes %s and %s cannot be multiplied as "
+                            "batches (B, M, K) x (B, K, N)", em_op_name(op),
+                            em__shape_str(a->ndim, a->shape, x, sizeof x),
+                            em__shape_str(b->ndim, b->shape, y, sizeof y));
+    if (a->dtype != b->dtype)
+        return em_set_error(EM_ERR_DTYPE, "%s: operands have dtypes %s and %s; they must match",
+                            em_op_name(op), em_dtype_name(a->dtype), em_dtype_name(b->dtype));
+    *out = (em_tensor_meta){.dtype = a->dtype, .ndim = 3,
+                            .shape = {a->shape[0], a->shape[1], b->shape[2]}};
+    return EM_OK;
+}
+
+static em_status infer_index_select(const em_op *op, const em_tensor *const *in,
+                                    const em_attr *attrs, em_tensor_meta *out) {
+    const em_tensor *idx = in[1];
+    if (idx->ndim > 1 || idx->dtype != EM_I64)
+        return em_set_error(EM_ERR_INVALID, "%s: the index must be a 1-D int64 (or int32) "
+                            "tensor; got %d dims of %s", em_op_name(op), idx->ndim,
+                            em_dtype_name(idx->dtype));
+    infer_same(op, in, attrs, out);
+    out->shape[attrs[0].v.i] = idx->numel;
+    return EM_OK;
+}
+
+/* ---- declarations ---------------------------------------------------------------------------- */
+
+static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
+                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
+                         int dispatch_arg, unsigned flags, em_infer_fn infer) {
+    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
+                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
+                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer};
+    return em_op_declare(core, &s, out);
+}
+
+em_status em__ops_declare_standard(em_registry *core) {
+    static const char *const value[] = {"value"}, *const dims[] = {"dims"},
+                             *const dim[] = {"dim"}, *const arange[] = {"start", "step"},
+                             *const uniform[] = {"seed", "offset", "lo", "hi"},
+                             *const normal[] = {"seed", "offset", "mean", "std"},
+                             *const bernoulli[] = {"seed", "offset", "p"};
+    static const em_attr_type tf[] = {EM_ATTR_FLOAT}, ti[] = {EM_ATTR_INTS},
+                              tint[] = {EM_ATTR_INT}, tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT},
+                              tiiff[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT, EM_ATTR_FLOAT},
+                              tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT};
+    const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
+    em_status st = EM_OK;
+#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+    DECL(em__op_copy, "copy", 1, 0, NULL, NULL, -1, 0, infer_same);
+    DECL(em__op_fill, "fill", 0, 1, value, tf, -1, 0, NULL);
+    DECL(op_add, "add", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
+    DECL(op_sub, "sub", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
+    DECL(op_mul, "mul", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
+    DECL(op_div, "div", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
+    DECL(op_neg, "neg", 1, 0, NULL, NULL, 0, 0, infer_same);
+    DECL(op_exp, "exp", 1, 0, NULL, NULL, 0, 0, infer_same);
+    DECL(op_log, "log", 1, 0, NULL, NULL, 0, 0, infer_same);
+    DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, 0, infer_same);
+    DECL(op_sum, "sum", 1, 1, dims, ti, 0, 0, infer_sum);
+    DECL(op_bmm, "bmm", 2, 0, NULL, NULL, 0, 0, infer_bmm);
+    DECL(op_index_select, "index_select", 2, 1, dim, tint, 0, 0, infer_index_select);
+    DECL(op_arange, "arange", 0, 2, arange, tff, -1, 0, NULL);
+    DECL(op_uniform, "uniform", 0, 4, uniform, tiiff, -1, 0, NULL);
+    DECL(op_normal, "normal", 0, 4, normal, tiiff, -1, 0, NULL);
+    DECL(op_bernoulli, "bernoulli", 0, 3, bernoulli, tiif, -1, 0, NULL);
+#undef DECL
+    return st;
+}
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+
+static em_tensor *binary(const em_op *op, const em_tensor *a, const em_tensor *b) {
+    const em_tensor *in[2] = {a, b};
+    return em__scope_track(em__op1(op, in, 2, NULL));
+}
+
+em_tensor *em_add(const em_tensor *a, const em_tensor *b) { return binary(op_add, a, b); }
+em_tensor *em_sub(const em_tensor *a, const em_tensor *b) { return binary(op_sub, a, b); }
+em_tensor *em_mul(const em_tensor *a, const em_tensor *b) { return binary(op_mul, a, b); }
+
+/* Integer and bool inputs of ops that produce floats (div, exp, log) compute in float32. */
+static em_tensor *as_float(const em_tensor *t) {
+    return em_dtype_is_floating(t->dtype) ? em_tensor_retain((em_tensor *)t)
+                                          : em__to_dtype(t, EM_F32);
+}
+
+em_tensor *em_div(const em_tensor *a, const em_tensor *b) {
+    const em_tensor *in[2] = {a, b};
+    if (!em__check_inputs("div", in, 2)) return NULL;
+    if (em_dtype_is_floating(em__result_type(in, 2))) return binary(op_div, a, b);
+    em_tensor *fa = as_float(a), *fb = fa ? as_float(b) : NULL;
+    em_tensor *r = fb ? binary(op_div, fa, fb) : NULL;
+    em_tensor_release(fa);
+    em_tensor_release(fb);
+    return r;
+}
+
+/* a op= b: the result type must be castable to a's dtype (no float into int, no int into
+ * bool), as in PyTorch. */
+static em_status binary_(const em_op *op, em_tensor *a, const em_tensor *b) {
+    const em_tensor *in[2] = {a, b};
+    if (!em__check_inputs(em_op_name(op), in, 2)) return em_last_status();
+    em_dtype rt = em__result_type(in, 2);
+    bool ok = rt == a->dtype || em_dtype_is_floating(a->dtype) ||
+              (em_dtype_is_integral(a->dtype) && !em_dtype_is_floating(rt));
+    if (!ok || (op == op_div && !em_dtype_is_floating(a->dtype)))
+        return em_set_error(EM_ERR_DTYPE, "%s_: result type %s can't be cast to the desired "
+                            "output type %s", em_op_name(op),
+                            em_dtype_name(op == op_div ? EM_F32 : rt), em_dtype_name(a->dtype));
+    em_tensor *bc = em__to_dtype(b, a->dtype);
+    em_tensor *be = bc ? em__expand(bc, a->ndim, a->shape) : NULL;
+    em_status st = EM_OK;
+    if (!be) {
+        char x[160], y[160];
+        st = bc ? em_set_error(EM_ERR_SHAPE, "%s_: shape %s does not broadcast to the in-place "
+                               "output's shape %s", em_op_name(op),
+                               em__shape_str(b->ndim, b->shape, x, sizeof x),
+                               em__shape_str(a->ndim, a->shape, y, sizeof y))
+                : em_last_status();
+    } else {
+        const em_tensor *args[2] = {a, be};
+        st = em_op_call_out(op, args, 2, NULL, &a, 1);
+    }
+    em_tensor_release(be);
+    em_tensor_release(bc);
+    return st;
+}
+
+em_status em_add_(em_tensor *a, const em_tensor *b) { return binary_(op_add, a, b); }
+em_status em_sub_(em_tensor *a, const em_tensor *b) { return binary_(op_sub, a, b); }
+em_status em_mul_(em_tensor *a, const em_tensor *b) { return binary_(op_mul, a, b); }
+em_status em_div_(em_tensor *a, const em_tensor *b) { return binary_(op_div, a, b); }
+
+static em_tensor *unary(const em_op *op, const em_tensor *a) {
+    return em__scope_track(em__op1(op, &a, 1, NULL));
+}
+
+em_tensor *em_neg(const em_tensor *a) {
+    if (a && a->dtype == EM_BOOL) {
+        em_set_error(EM_ERR_DTYPE, "neg: negation of a bool tensor is not supported; use a "
+                     "logical not");
+        return NULL;
+    }
+    return unary(op_neg, a);
+}
+
+static em_tensor *unary_float(const em_op *op, const em_tensor *a) {
+    if (!em__check_inputs(em_op_name(op), &a, 1)) return NULL;
+    em_tensor *f = as_float(a);
+    em_tensor *r = f ? unary(op, f) : NULL;
+    em_tensor_release(f);
+    return r;
+}
+
+em_tensor *em_exp(const em_tensor *a) { return unary_float(op_exp, a); }
+em_tensor *em_log(const em_tensor *a) { return unary_float(op_log, a); }
+em_tensor *em_relu(const em_tensor *a) { return unary(op_relu, a); }
+em_status em_relu_(em_tensor *a) {
+    if (!em__check_inputs("relu_", (const em_tensor *const *)&a, 1)) return em_last_status();
+    return em_op_call_out(op_relu, (const em_tensor *const *)&a, 1, NULL, &a, 1);
+}
+
+/* ---- reductions --------------------------------------------------------------------------------- */
+
+/* Normalise, sort and de-duplicate dims into attr (all dims when ndims is 0). */
+static em_status reduce_dims(const char *who, const em_tensor *a, int ndims, const int *dims,
+                             em_attr *attr) {
+    bool mark[EM_MAX_DIMS] = {false};
+    if (ndims < 0 || ndims > EM_MAX_DIMS || (ndims > 0 && !dims))
+        return em_set_error(EM_ERR_INVALID, "%s: %d dims given", who, ndims);
+    for (int i = 0; i < ndims; i++) {
+        int d = em__wrap_dim(dims[i], a->ndim, who);
+        if (d < 0) return em_last_status();
+        if (mark[d] && a->ndim > 0)
+            return em_set_error(EM_ERR_INVALID, "%s: dim %d appears more than once", who, d);
+        mark[d] = true;
+    }
+    *attr = (em_attr){.type = EM_ATTR_INTS};
+    for (int d = 0; d < a->ndim; d++)
+        if (ndims == 0 || mark[d]) attr->ints[attr->n++] = d;
+    return EM_OK;
+}
+
+/* Sum with keepdim semantics applied afterwards (the op always keeps dims). */
+static em_tensor *sum_impl(const char *who, const em_tensor *a, int ndims, const int *dims,
+                           bool keepdim, int64_t *count) {
+    if (!em__check_inputs(who, &a, 1)) return NULL;
+    em_attr attr;
+    if (reduce_dims(who, a, ndims, dims, &attr) != EM_OK) return NULL;
+    *count = 1;
+    for (int i = 0; i < attr.n; i++) *count *= a->shape[attr.ints[i]];
+    em_tensor *x = em_dtype_is_floating(a->dtype) ? em_tensor_retain((em_tensor *)a)
+                                                  : em__to_dtype(a, EM_I64);
+    em_tensor *r = x ? em__op1(op_sum, (const em_tensor *const *)&x, 1, &attr) : NULL;
+    em_tensor_release(x);
+    if (!r || keepdim) return r;
+    int64_t shape[EM_MAX_DIMS];
+    int n = 0;
+    for (int d = 0, j = 0; d < a->ndim; d++) {
+        if (j < attr.n && attr.ints[j] == d) {
+            j++;
+            continue;
+        }
+        shape[n++] = a->shape[d];
+    }
+    em_tensor *v = em__view(r, n, shape);
+    em_tensor_release(r);
+    return v;
+}
+
+em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    int64_t count;
+    return em__scope_track(sum_impl("sum", a, ndims, dims, keepdim, &count));
+}
+
+em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    if (!em__check_inputs("mean", &a, 1)) return NULL;
+    if (!em_dtype_is_floating(a->dtype)) {
+        em_set_error(EM_ERR_DTYPE, "mean: could not infer output dtype: input dtype %s is not "
+                     "floating; convert it with em_to_dtype first", em_dtype_name(a->dtype));
+        return NULL;
+    }
+    int64_t count;
+    em_tensor *s = sum_impl("mean", a, ndims, dims, keepdim, &count);
+    em_tensor *k = s ? em__full(0, NULL, count ? 1.0 / (double)count : NAN, a->dtype, em_cpu())
+                     : NULL;
+    em_tensor *kd = k ? em__to_device(k, a->storage->device) : NULL;
+    em_status st = kd ? em_mul_(s, kd) : em_last_status();
+    em_tensor_release(k);
+    em_tensor_release(kd);
+    if (st != EM_OK) {
+        em_tensor_release(s);
+        return NULL;
+    }
+    return em__scope_track(s);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------------- */
+
+/* PyTorch's matmul on top of the bmm op: 1-D operands become matrices (and the added dim is
+ * removed afterwards); batch dims broadcast and are flattened into one. */
+static em_tensor *matmul_impl(const em_tensor *a, const em_tensor *b) {
+    const em_tensor *in[2] = {a, b};
+    if (!em__check_inputs("matmul", in, 2)) return NULL;
+    char x[160], y[160];
+    if (a->ndim == 0 || b->ndim == 0) {
+        em_set_error(EM_ERR_SHAPE, "matmul: both arguments need at least 1 dim, got shapes %s "
+                     "and %s", em__shape_str(a->ndim, a->shape, x, sizeof x),
+                     em__shape_str(b->ndim, b->shape, y, sizeof y));
+        return NULL;
+    }
+    int64_t k_a = a->shape[a->ndim - 1], k_b = b->shape[b->ndim >= 2 ? b->ndim - 2 : 0];
+    if (k_a != k_b) {
+        em_set_error(EM_ERR_SHAPE, "matmul: shapes %s and %s cannot be multiplied (%lld != %lld)",
+                     em__shape_str(a->ndim, a->shape, x, sizeof x),
+                     em__shape_str(b->ndim, b->shape, y, sizeof y), (long long)k_a,
+                     (long long)k_b);
+        return NULL;
+    }
+    if (a->dtype != b->dtype || !em_dtype_is_floating(a->dtype)) {
+        em_set_error(EM_ERR_DTYPE, "matmul: expected both operands to have the same floating "
+                     "dtype, got %s and %s", em_dtype_name(a->dtype), em_dtype_name(b->dtype));
+        return NULL;
+    }
+    /* Matrices: (..., M, K) and (..., K, N). */
+    int64_t m = a->ndim >= 2 ? a->shape[a->ndim - 2] : 1, n = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
+    int ba = a->ndim > 2 ? a->ndim - 2 : 0, bb = b->ndim > 2 ? b->ndim - 2 : 0;
+    int nb = EM_MAX(ba, bb);
+    int64_t batch[EM_MAX_DIMS], nbatch = 1;
+    for (int i = 0; i < nb; i++) {
+        int ia = ba - nb + i, ib = bb - nb + i;
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1) {
+            em_set_error(EM_ERR_SHAPE, "matmul: batch dims of shapes %s and %s cannot be "
+                         "broadcast (%lld vs %lld)", em__shape_str(a->ndim, a->shape, x, sizeof x),
+                         em__shape_str(b->ndim, b->shape, y, sizeof y), (long long)sa,
+                         (long long)sb);
+            return NULL;
+        }
+        batch[i] = sa == 1 ? sb : sa;
+        nbatch *= batch[i];
+    }
+    int64_t ea[EM_MAX_DIMS + 2], eb[EM_MAX_DIMS + 2];
+    memcpy(ea, batch, sizeof(int64_t) * (size_t)nb);
+    memcpy(eb, batch, sizeof(int64_t) * (size_t)nb);
+    ea[nb] = m, ea[nb + 1] = k_a;
+    eb[nb] = k_a, eb[nb + 1] = n;
+    int64_t a3[3] = {nbatch, m, k_a}, b3[3] = {nbatch, k_a, n};
+    int64_t am[2] = {m, k_a}, bm[2] = {k_a, n};
+    em_tensor *a2 = em__reshape(a, a->ndim >= 2 ? a->ndim : 2, a->ndim >= 2 ? a->shape : am);
+    em_tensor *b2 = b->ndim >= 2 ? em__reshape(b, b->ndim, b->shape) : em__reshape(b, 2, bm);
+    em_tensor *ae = a2 ? em__expand(a2, nb + 2, ea) : NULL;
+    em_tensor *be = b2 ? em__expand(b2, nb + 2, eb) : NULL;
+    em_tensor *av = ae ? em__reshape(ae, 3, a3) : NULL;
+    em_tensor *bv = be ? em__reshape(be, 3, b3) : NULL;
+    em_tensor *r = NULL;
+    if (av && bv) {
+        const em_tensor *args[2] = {av, bv};
+        em_tensor *r3 = em__op1(op_bmm, args, 2, NULL);
+        int64_t rs[EM_MAX_DIMS + 2];
+        int nr = 0;
+        for (int i = 0; i < nb; i++) rs[nr++] = batch[i];
+        if (a->ndim >= 2) rs[nr++] = m;
+        if (b->ndim >= 2) rs[nr++] = n;
+        r = r3 ? em__view(r3, nr, rs) : NULL;
+        em_tensor_release(r3);
+    }
+    em_tensor_release(a2);
+    em_tensor_release(b2);
+    em_tensor_release(ae);
+    em_tensor_release(be);
+    em_tensor_release(av);
+    em_tensor_release(bv);
+    return r;
+}
+
+em_tensor *em_matmul(const em_tensor *a, const em_tensor *b) {
+    return em__scope_track(matmul_impl(a, b));
+}
+
+/* ---- creation and data movement ------------------------------------------------------------------ */
+
+em_status em_fill_(em_tensor *t, double value) {
+    if (!em__check_inputs("fill_", (const em_tensor *const *)&t, 1)) return em_last_status();
+    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = value};
+    return em_op_call_out(em__op_fill, NULL, 0, &attr, &t, 1);
+}
+
+em_tensor *em_arange(double start, double end, double step, em_dtype dt, em_device dev) {
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step) ||
+        (step > 0 && end < start) || (step < 0 && end > start)) {
+        em_set_error(EM_ERR_INVALID, "arange: invalid range [%g, %g) with step %g (step must "
+                     "be non-zero and point from start to end)", start, end, step);
+        return NULL;
+    }
+    double len = ceil((end - start) / step);
+    if (len > 1e15) {
+        em_set_error(EM_ERR_INVALID, "arange: %g elements are too many", len);
+        return NULL;
+    }
+    int64_t n = (int64_t)len;
+    em_tensor *t = em__empty(1, &n, dt, dev);
+    em_attr attrs[2] = {{.type = EM_ATTR_FLOAT, .v.f = start}, {.type = EM_ATTR_FLOAT, .v.f = step}};
+    if (t && em_op_call_out(op_arange, NULL, 0, attrs, &t, 1) != EM_OK) {
+        em_tensor_release(t);
+        return NULL;
+    }
+    return em__scope_track(t);
+}
+
+em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index) {
+    const em_tensor *in[2] = {a, index};
+    if (!em__check_inputs("index_select", in, 2)) return NULL;
+    if (a->ndim == 0) {
+        em_set_error(EM_ERR_SHAPE, "index_select: cannot index a 0-dim tensor");
+        return NULL;
+    }
+    int d = em__wrap_dim(dim, a->ndim, "index_select");
+    if (d < 0) return NULL;
+    if (index->dtype != EM_I64 && index->dtype != EM_I32) {
+        em_set_error(EM_ERR_DTYPE, "index_select: the index must be int64 or int32, got %s",
+                     em_dtype_name(index->dtype));
+        return NULL;
+    }
+    em_tensor *idx = em__to_dtype(index, EM_I64);
+    if (!idx) return NULL;
+    em_attr attr = {.type = EM_ATTR_INT, .v.i = d};
+    const em_tensor *args[2] = {a, idx};
+    em_tensor *r = em__op1(op_index_select, args, 2, &attr);
+    em_tensor_release(idx);
+    return em__scope_track(r);
+}
+
+/* ---- random fills -------------------------------------------------------------------------------- */
+
+static em_status random_fill(const em_op *op, em_tensor *t, em_generator *gen, int per_block,
+                             double p0, double p1) {
+    if (!em__check_inputs(em_op_name(op), (const em_tensor *const *)&t, 1)) return em_last_status();
+    uint64_t blocks = ((uint64_t)t->numel + (uint64_t)per_block - 1) / (uint64_t)per_block;
+    em_rng_state s = em_generator_reserve(gen, blocks);
+    em_attr attrs[4] = {{.type = EM_ATTR_INT, .v.i = (int64_t)s.seed},
+                        {.type = EM_ATTR_INT, .v.i = (int64_t)s.offset},
+                        {.type = EM_ATTR_FLOAT, .v.f = p0},
+                        {.type = EM_ATTR_FLOAT, .v.f = p1}};
+    return em_op_call_out(op, NULL, 0, attrs, &t, 1);
+}
+
+em_status em_uniform_(em_tensor *t, double lo, double hi, em_generator *gen) {
+    if (t && !em_dtype_is_floating(t->dtype))
+        return em_set_error(EM_ERR_DTYPE, "uniform_: expected a floating tensor, got %s",
+                            em_dtype_name(t->dtype));
+    if (!(lo <= hi) || !isfinite(lo) || !isfinite(hi))
+        return em_set_error(EM_ERR_INVALID, "uniform_: expects lo <= hi, both finite; got "
+                            "[%g, %g)", lo, hi);
+    return random_fill(op_uniform, t, gen, t && t->dtype == EM_F64 ? 2 : 4, lo, hi);
+}
+
+em_status em_normal_(em_tensor *t, double mean, double std, em_generator *gen) {
+    if (t && !em_dtype_is_floating(t->dtype))
+        return em_set_error(EM_ERR_DTYPE, "normal_: expected a floating tensor, got %s",
+                            em_dtype_name(t->dtype));
+    if (!(std >= 0) || !isfinite(mean) || !isfinite(std))
+        return em_set_error(EM_ERR_INVALID, "normal_: expects std >= 0 and finite mean; got "
+                            "mean %g, std %g", mean, std);
+    return random_fill(op_normal, t, gen, 2, mean, std);
+}
+
+em_status em_bernoulli_(em_tensor *t, double p, em_generator *gen) {
+    if (!(p >= 0 && p <= 1))
+        return em_set_error(EM_ERR_INVALID, "bernoulli_: expects 0 <= p <= 1, got %g", p);
+    return random_fill(op_bernoulli, t, gen, 4, p, 0);
+}

@@ -1,0 +1,426 @@
+/*
+ * plugin.c — registries (what each plugin or the program registered) and the plugin loader:
+ * discovery, dlopen, validation, registration, quarantine of bad plugins, and unloading.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "internal.h"
+
+/* ---- registries -------------------------------------------------------------------------------- */
+
+em_registry *em__registry_new(const char *name) {
+    em_registry *r = em__calloc(1, sizeof *r, "registry");
+    if (!r) return NULL;
+    if (!(r->name = em__strdup(name, "registry name"))) {
+        em__free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void em__registry_free(em_registry *r) {
+    if (!r) return;
+    em__free(r->kernels);
+    em__free(r->ops);
+    em__free(r->name);
+    em__free(r);
+}
+
+/* Grow a pointer array to hold one more; false (NOMEM) on failure. */
+static bool grow(void *arrp, size_t n, size_t *cap, size_t elem) {
+    if (n < *cap) return true;
+    size_t nc = *cap ? *cap * 2 : 16;
+    void **arr = (void **)arrp;
+    void *p = em__realloc(*arr, *cap * elem, nc * elem, "registry list");
+    if (!p) return false;
+    *arr = p;
+    *cap = nc;
+    return true;
+}
+
+em_status em__registry_add_kernel(em_registry *r, em_kernel *k) {
+    if (!grow(&r->kernels, r->n_kernels, &r->cap_kernels, sizeof *r->kernels)) return EM_ERR_NOMEM;
+    r->kernels[r->n_kernels++] = k;
+    return EM_OK;
+}
+
+void em__registry_forget_kernel(em_registry *r, const em_kernel *k) {
+    for (size_t i = 0; r && i < r->n_kernels; i++)
+        if (r->kernels[i] == k) {
+            memmove(&r->kernels[i], &r->kernels[i + 1], (r->n_kernels - i - 1) * sizeof *r->kernels);
+            r->n_kernels--;
+            return;
+        }
+}
+
+em_status em__registry_add_op(em_registry *r, const em_op *op) {
+    if (!grow(&r->ops, r->n_ops, &r->cap_ops, sizeof *r->ops)) return EM_ERR_NOMEM;
+    r->ops[r->n_ops++] = op;
+    return EM_OK;
+}
+
+em_status em__registry_add_device_type(em_registry *r, int type) {
+    if (r->n_device_types >= EM_MAX_DEVICE_TYPES)
+        return em_set_error(EM_ERR_RANGE, "too many device types in one registry");
+    r->device_types[r->n_device_types++] = type;
+    return EM_OK;
+}
+
+/* Remove everything a registry registered: kernels, ops, device types. */
+static void registry_withdraw(em_registry *r) {
+    em__ops_remove_owner(r);
+    em__device_types_remove_owner(r);
+    r->n_ops = 0;
+    r->n_device_types = 0;
+}
+
+size_t em_registry_kernel_count(const em_registry *r) { return r ? r->n_kernels : 0; }
+em_status em_registry_kernel_get(const em_registry *r, size_t i, em_kernel_info *out) {
+    if (!r || !out || i >= r->n_kernels)
+        return em_set_error(EM_ERR_RANGE, "registry_kernel_get: index %zu out of range", i);
+    em__kernel_info(r->kernels[i], out);
+    return EM_OK;
+}
+size_t em_registry_op_count(const em_registry *r) { return r ? r->n_ops : 0; }
+const char *em_registry_op_name(const em_registry *r, size_t i) {
+    return r && i < r->n_ops ? em_op_name(r->ops[i]) : NULL;
+}
+size_t em_registry_device_type_count(const em_registry *r) { return r ? r->n_device_types : 0; }
+const char *em_registry_device_type_name(const em_registry *r, size_t i) {
+    return r && i < r->n_device_types ? em__device_types[r->device_types[i]].name : NULL;
+}
+
+/* ---- the loader -------------------------------------------------------------------------------- */
+
+typedef struct candidate {
+    char *path, *name, *version, *description, *reason;
+    em_plugin_status status;
+    em_registry *reg;
+    void *handle;
+    const em_plugin_descriptor *desc;
+} candidate;
+
+static struct {
+    candidate *c;
+    size_t n, cap;
+    char **queued; /* em_plugin_load() before em_init() */
+    size_t n_queued, cap_queued;
+    char *search_path;
+    em_registry *core, *program;
+    bool loading_done;
+} L;
+
+em_registry *em__registry_core(void) { return L.core; }
+em_registry *em_registry_program(void) { return L.program; }
+
+static void candidate_clear(candidate *c) {
+    em__free(c->path);
+    em__free(c->name);
+    em__free(c->version);
+    em__free(c->description);
+    em__free(c->reason);
+    memset(c, 0, sizeof *c);
+}
+
+static const char *disabled_list(void) {
+    const char *e = getenv("EMBER_DISABLE_PLUGINS");
+    return e ? e : "";
+}
+
+static bool name_in_list(const char *name, const char *list) {
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        if (!end) break;
+        p = end + 1;
+    }
+    return false;
+}
+
+/* Record the refusal reason (formatted) and log it. */
+static em_status refuse(candidate *c, em_plugin_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static em_status refuse(candidate *c, em_plugin_status status, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    c->status = status;
+    c->reason = em__strdup(buf, "plugin refusal reason");
+    if (c->handle) dlclose(c->handle);
+    c->handle = NULL;
+    c->desc = NULL;
+    if (status == EM_PLUGIN_DISABLED) {
+        em_log_write(EM_LOG_INFO, "plugin %s: %s", c->path, buf);
+        return EM_OK;
+    }
+    em_log_write(EM_LOG_WARN, "plugin %s refused: %s", c->path, buf);
+    return em_set_error(EM_ERR_PLUGIN, "plugin %s refused: %s", c->path, buf);
+}
+
+static candidate *find_loaded(const char *name) {
+    for (size_t i = 0; i < L.n; i++)
+        if (L.c[i].status == EM_PLUGIN_LOADED && L.c[i].name && strcmp(L.c[i].name, name) == 0)
+            return &L.c[i];
+    return NULL;
+}
+
+static bool already_seen(const char *real) {
+    for (size_t i = 0; i < L.n; i++)
+        if (strcmp(L.c[i].path, real) == 0) return true;
+    return false;
+}
+
+static em_status load_file(const char *path) {
+    char real[PATH_MAX];
+    if (!realpath(path, real)) snprintf(real, sizeof real, "%s", path);
+    if (already_seen(real)) return EM_OK;
+    if (!grow(&L.c, L.n, &L.cap, sizeof *L.c)) return EM_ERR_NOMEM;
+    candidate *c = &L.c[L.n];
+    memset(c, 0, sizeof *c);
+    c->status = EM_PLUGIN_REFUSED; /* until registration succeeds */
+    if (!(c->path = em__strdup(real, "plugin path"))) return EM_ERR_NOMEM;
+    L.n++;
+
+    dlerror();
+    /* RTLD_NODELETE: unloading removes everything a plugin registered and closes it, but its
+     * code stays mapped — runtimes it pulls in (libgomp's worker threads, CUDA) crash when
+     * unmapped under their own threads. */
+    c->handle = dlopen(real, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!c->handle) {
+        const char *e = dlerror();
+        return refuse(c, EM_PLUGIN_REFUSED, "cannot be loaded: %s", e ? e : "unknown error");
+    }
+    em_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(c->handle, EM_PLUGIN_ENTRY_SYMBOL);
+    if (!entry)
+        return refuse(c, EM_PLUGIN_REFUSED, "no entry symbol '%s' (not an Ember plugin?)",
+                      EM_PLUGIN_ENTRY_SYMBOL);
+    const em_plugin_descriptor *d = entry();
+    if (!d || d->struct_size < offsetof(em_plugin_descriptor, shutdown_fn))
+        return refuse(c, EM_PLUGIN_REFUSED, "its descriptor is %s",
+                      d ? "too small (struct_size)" : "NULL");
+    if (d->abi_major != EM_PLUGIN_ABI_MAJOR)
+        return refuse(c, EM_PLUGIN_REFUSED, "built for plugin ABI %d; this core (%s) "
+                      "implements ABI %d — rebuild the plugin against this Ember",
+                      d->abi_major, EM_VERSION_STRING, EM_PLUGIN_ABI_MAJOR);
+    if (!d->name || !*d->name || !d->register_fn)
+        return refuse(c, EM_PLUGIN_REFUSED, "its descriptor has no name or register function");
+    if (!(c->name = em__strdup(d->name, "plugin name")) ||
+        !(c->version = em__strdup(d->version ? d->version : "", "plugin version")) ||
+        !(c->description = em__strdup(d->description ? d->description : "", "plugin desc"))) {
+        dlclose(c->handle);
+        c->handle = NULL;
+        return EM_ERR_NOMEM;
+    }
+    if (name_in_list(c->name, disabled_list()))
+        return refuse(c, EM_PLUGIN_DISABLED, "disabled by EMBER_DISABLE_PLUGINS");
+    candidate *dup = find_loaded(c->name);
+    if (dup)
+        return refuse(c, EM_PLUGIN_REFUSED, "a plugin named '%s' is already loaded from %s",
+                      c->name, dup->path);
+    if (!(c->reg = em__registry_new(c->name))) {
+        dlclose(c->handle);
+        c->handle = NULL;
+        return EM_ERR_NOMEM;
+    }
+    em_clear_error();
+    em_status st = d->register_fn(c->reg);
+    if (st != EM_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", em__error_pending() ? em_last_error() : em_status_str(st));
+        registry_withdraw(c->reg);
+        if (d->shutdown_fn && (d->struct_size >= offsetof(em_plugin_descriptor, ext)))
+            d->shutdown_fn();
+        em__registry_free(c->reg);
+        c->reg = NULL;
+        return refuse(c, EM_PLUGIN_REFUSED, "registration failed: %s", why);
+    }
+    c->desc = d;
+    c->status = EM_PLUGIN_LOADED;
+    em_log_write(EM_LOG_INFO, "plugin %s %s loaded from %s", c->name, c->version, c->path);
+    return EM_OK;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Load every *.so in dir, in name order. */
+static void load_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char *names[512];
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < EM_ARRAY_LEN(names);) {
+        size_t len = strlen(e->d_name);
+        if (len > 3 && strcmp(e->d_name + len - 3, ".so") == 0) {
+            char *p = em__malloc(strlen(dir) + len + 2, "plugin path");
+            if (!p) break;
+            sprintf(p, "%s/%s", dir, e->d_name);
+            names[n++] = p;
+        }
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        load_file(names[i]);
+        em__free(names[i]);
+    }
+}
+
+static void load_entry(const char *entry) {
+    struct stat sb;
+    if (stat(entry, &sb) != 0) {
+        em_log_write(EM_LOG_WARN, "EMBER_PLUGIN_PATH entry %s does not exist", entry);
+        return;
+    }
+    if (S_ISDIR(sb.st_mode)) load_dir(entry);
+    else load_file(entry);
+}
+
+/* True when libember itself was loaded from inside its build tree. */
+static bool running_uninstalled(void) {
+    Dl_info info;
+    char lib[PATH_MAX], build[PATH_MAX];
+    if (!dladdr((void *)em_init, &info) || !info.dli_fname) return false;
+    if (!realpath(info.dli_fname, lib) || !realpath(EM_BUILD_DIR, build)) return false;
+    size_t n = strlen(build);
+    return strncmp(lib, build, n) == 0 && lib[n] == '/';
+}
+
+/* The build tree's plugin directories: plugins/<name>/.libs. */
+static void append_build_dirs(char *buf, size_t cap, size_t *n) {
+    char root[PATH_MAX];
+    snprintf(root, sizeof root, "%s/plugins", EM_BUILD_DIR);
+    DIR *d = opendir(root);
+    if (!d) return;
+    char *names[64];
+    size_t k = 0;
+    for (struct dirent *e; (e = readdir(d)) && k < EM_ARRAY_LEN(names);)
+        if (e->d_name[0] != '.' && (names[k] = em__strdup(e->d_name, "dir name"))) k++;
+    closedir(d);
+    qsort(names, k, sizeof *names, cmp_str);
+    for (size_t i = 0; i < k; i++) {
+        if (*n && *n < cap) buf[(*n)++] = ':';
+        if (*n < cap) *n += (size_t)snprintf(buf + *n, cap - *n, "%s/%s/.libs", root, names[i]);
+        em__free(names[i]);
+    }
+}
+
+void em__plugins_load_all(void) {
+    char path[8192];
+    size_t n = 0;
+    path[0] = '\0';
+    const char *env = getenv("EMBER_PLUGIN_PATH");
+    if (env && *env) n += (size_t)snprintf(path, sizeof path, "%s", env);
+    size_t before = n;
+    if (running_uninstalled()) append_build_dirs(path, sizeof path, &n);
+    if (n == before && !running_uninstalled()) {
+        if (n && n < sizeof path) path[n++] = ':';
+        if (n < sizeof path) n += (size_t)snprintf(path + n, sizeof path - n, "%s", EM_PLUGIN_DIR);
+    }
+    if (n >= sizeof path) n = sizeof path - 1;
+    path[n] = '\0';
+    L.search_path = em__strdup(path, "plugin search path");
+
+    for (size_t i = 0; i < L.n_queued; i++) load_file(L.queued[i]);
+    char *save = NULL;
+    for (char *tok = strtok_r(path, ":", &save); tok; tok = strtok_r(NULL, ":", &save))
+        if (*tok) load_entry(tok);
+    L.loading_done = true;
+    em_clear_error(); /* refusals are reported by em_plugins(), not as em_init's error */
+}
+
+void em__plugins_unload_all(void) {
+    for (size_t i = L.n; i-- > 0;) {
+        candidate *c = &L.c[i];
+        if (c->status == EM_PLUGIN_LOADED) {
+            registry_withdraw(c->reg);
+            if (c->desc->shutdown_fn) c->desc->shutdown_fn();
+            em__registry_free(c->reg);
+            dlclose(c->handle);
+        }
+        candidate_clear(c);
+    }
+    em__free(L.c);
+    for (size_t i = 0; i < L.n_queued; i++) em__free(L.queued[i]);
+    em__free(L.queued);
+    em__free(L.search_path);
+    memset(&L, 0, sizeof L);
+}
+
+em_status em__registries_init(void) {
+    L.core = em__registry_new("ember-core");
+    L.program = em__registry_new("<program>");
+    return L.core && L.program ? EM_OK : EM_ERR_NOMEM;
+}
+
+void em__registries_shutdown(void) {
+    if (L.program) registry_withdraw(L.program);
+    em__registry_free(L.program);
+    em__registry_free(L.core);
+    L.program = L.core = NULL;
+}
+
+em_status em_plugin_load(const char *path) {
+    if (!path || !*path) return em_set_error(EM_ERR_INVALID, "plugin_load: empty path");
+    if (!em_initialized() && !L.loading_done) {
+        if (!grow(&L.queued, L.n_queued, &L.cap_queued, sizeof *L.queued)) return EM_ERR_NOMEM;
+        if (!(L.queued[L.n_queued] = em__strdup(path, "plugin path"))) return EM_ERR_NOMEM;
+        L.n_queued++;
+        return EM_OK;
+    }
+    size_t before = L.n;
+    em_status st = load_file(path);
+    if (st == EM_OK && L.n > before && L.c[L.n - 1].status == EM_PLUGIN_REFUSED)
+        st = em_set_error(EM_ERR_PLUGIN, "plugin %s refused: %s", L.c[L.n - 1].path,
+                          L.c[L.n - 1].reason);
+    return st;
+}
+
+static bool program_listed(void) {
+    return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types);
+}
+
+size_t em_plugin_count(void) { return L.n + (program_listed() ? 1 : 0); }
+
+em_status em_plugin_get(size_t i, em_plugin_info *out) {
+    if (!out || i >= em_plugin_count())
+        return em_set_error(EM_ERR_RANGE, "plugin_get: index %zu is out of range (%zu "
+                            "plugins)", i, em_plugin_count());
+    if (i == L.n) {
+        *out = (em_plugin_info){.path = "(registered by the program)", .name = "<program>",
+                                .version = "", .description = "ops and kernels the program "
+                                "registered itself", .status = EM_PLUGIN_LOADED,
+                                .registry = L.program};
+        return EM_OK;
+    }
+    const candidate *c = &L.c[i];
+    *out = (em_plugin_info){.path = c->path, .name = c->name, .version = c->version,
+                            .description = c->description, .status = c->status,
+                            .reason = c->reason, .registry = c->reg};
+    return EM_OK;
+}
+
+const char *em_plugin_search_path(void) { return L.search_path ? L.search_path : ""; }
+
+const char *em__plugin_names(void) {
+    static _Thread_local char buf[512];
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < L.n; i++)
+        if (L.c[i].status == EM_PLUGIN_LOADED && n < sizeof buf)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s", n ? ", " : "", L.c[i].name);
+    return n ? buf : "none";
+}

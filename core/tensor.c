@@ -1,0 +1,782 @@
+/*
+ * tensor.c — storage, tensor objects, creation, views and copies.
+ *
+ * A tensor is a small object (dtype, shape, strides, offset) over a reference-counted storage
+ * (bytes on one device, a version counter, a memory category). Views are new tensor objects
+ * over the same storage. Internal em__X functions return owned references; the public em_X
+ * wrappers hand them to the thread's scope (scope.c).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+static atomic_llong live_tensors;
+
+int64_t em__live_tensors(void) { return atomic_load(&live_tensors); }
+
+int64_t em__numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+void em__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 1 ? shape[i] : 1;
+    }
+}
+
+bool em__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides) {
+    int64_t expect = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] == 0) return true;
+        if (shape[i] == 1) continue;
+        if (strides[i] != expect) return false;
+        expect *= shape[i];
+    }
+    return true;
+}
+
+int em__wrap_dim(int dim, int ndim, const char *who) {
+    int lo = ndim > 0 ? -ndim : -1, hi = ndim > 0 ? ndim - 1 : 0;
+    if (dim < lo || dim > hi) {
+        em_set_error(EM_ERR_RANGE, "%s: dim %d is out of range for a tensor with %d dim%s "
+                     "(expected %d..%d)", who, dim, ndim, ndim == 1 ? "" : "s", lo, hi);
+        return -1;
+    }
+    return dim < 0 ? dim + (ndim > 0 ? ndim : 1) : dim;
+}
+
+const char *em__shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "[");
+    for (int i = 0; i < ndim; i++)
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%lld", i ? ", " : "",
+                              (long long)shape[i]);
+    snprintf(buf + n, n < cap ? cap - n : 0, "]");
+    return buf;
+}
+
+const char *em_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+    return em__shape_str(ndim, shape, buf, cap);
+}
+
+/* ---- storage ------------------------------------------------------------------------------ */
+
+static void storage_release(em__storage *s) {
+    if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
+    if (s->block) {
+        em__allocator *a = em__device_allocator(s->device);
+        if (a) em__allocator_release(a, s->block);
+    } else if (s->release) {
+        s->release(s->data, s->release_user);
+    }
+    em__free(s);
+}
+
+static em__storage *storage_new(size_t nbytes, em_device dev, em_mem_category cat) {
+    em__allocator *a = em__device_allocator(dev);
+    if (!a) return NULL;
+    em__storage *s = em__calloc(1, sizeof *s, "tensor storage");
+    if (!s) return NULL;
+    if (em__allocator_alloc(a, nbytes, cat, &s->block) != EM_OK) {
+        em__free(s);
+        return NULL;
+    }
+    atomic_init(&s->refcount, 1);
+    atomic_init(&s->version, 0);
+    s->data = s->block->ptr;
+    s->nbytes = nbytes;
+    s->device = dev;
+    return s;
+}
+
+/* ---- tensor objects --------------------------------------------------------------------------- */
+
+static em_status check_shape(const char *who, int ndim, const int64_t *shape) {
+    if (ndim < 0 || ndim > EM_MAX_DIMS)
+        return em_set_error(EM_ERR_SHAPE, "%s: %d dims requested; tensors have 0 to %d", who,
+                            ndim, EM_MAX_DIMS);
+    if (ndim > 0 && !shape) return em_set_error(EM_ERR_INVALID, "%s: NULL shape", who);
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0) {
+            char buf[160];
+            return em_set_error(EM_ERR_SHAPE, "%s: negative size %lld in shape %s", who,
+                                (long long)shape[i], em__shape_str(ndim, shape, buf, sizeof buf));
+        }
+    return EM_OK;
+}
+
+static em_tensor *tensor_object(em__storage *s, em_dtype dt, int ndim, const int64_t *shape,
+                                const int64_t *strides, int64_t offset) {
+    em_tensor *t = em__malloc(sizeof *t, "tensor");
+    if (!t) return NULL;
+    atomic_init(&t->refcount, 1);
+    t->storage = s;
+    t->dtype = dt;
+    t->ndim = ndim;
+    t->offset = offset;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->strides[i] = strides[i];
+    }
+    t->numel = em__numel(ndim, shape);
+    atomic_fetch_add(&live_tensors, 1);
+    return t;
+}
+
+em_tensor *em__tensor_new(int ndim, const int64_t *shape, em_dtype dt, em_device dev,
+                          em_mem_category cat) {
+    if (check_shape("empty", ndim, shape) != EM_OK) return NULL;
+    if (!em_dtype_is_valid(dt)) {
+        em_set_error(EM_ERR_DTYPE, "empty: invalid dtype %d", (int)dt);
+        return NULL;
+    }
+    int64_t strides[EM_MAX_DIMS];
+    em__contiguous_strides(ndim, shape, strides);
+    int64_t numel = em__numel(ndim, shape);
+    if (numel > (int64_t)(SIZE_MAX / 16)) {
+        em_set_error(EM_ERR_NOMEM, "empty: %lld elements cannot be allocated", (long long)numel);
+        return NULL;
+    }
+    em__storage *s = storage_new((size_t)numel * em_dtype_size(dt), dev, cat);
+    if (!s) return NULL;
+    em_tensor *t = tensor_object(s, dt, ndim, shape, strides, 0);
+    if (!t) storage_release(s);
+    return t;
+}
+
+em_tensor *em__tensor_view(const em_tensor *t, int ndim, const int64_t *shape,
+                           const int64_t *strides, int64_t offset) {
+    atomic_fetch_add(&t->storage->refcount, 1);
+    em_tensor *v = tensor_object(t->storage, t->dtype, ndim, shape, strides, offset);
+    if (!v) storage_release(t->storage);
+    return v;
+}
+
+em_tensor *em_tensor_retain(em_tensor *t) {
+    if (t) atomic_fetch_add(&t->refcount, 1);
+    return t;
+}
+
+void em_tensor_release(em_tensor *t) {
+    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    storage_release(t->storage);
+    atomic_fetch_sub(&live_tensors, 1);
+    em__free(t);
+}
+
+/* ---- creation ------------------------------------------------------------------------------ */
+
+em_tensor *em__empty(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+    return em__tensor_new(ndim, shape, dt, dev, EM_MEM_ACTIVATION);
+}
+
+em_tensor *em__full(int ndim, const int64_t *shape, double value, em_dtype dt, em_device dev) {
+    em_tensor *t = em__empty(ndim, shape, dt, dev);
+    if (t && em_fill_(t, value) != EM_OK) {
+        em_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+em_tensor *em_empty(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+    return em__scope_track(em__empty(ndim, shape, dt, dev));
+}
+em_tensor *em_full(int ndim, const int64_t *shape, double value, em_dtype dt, em_device dev) {
+    return em__scope_track(em__full(ndim, shape, value, dt, dev));
+}
+em_tensor *em_zeros(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+    return em_full(ndim, shape, 0.0, dt, dev);
+}
+em_tensor *em_ones(int ndim, const int64_t *shape, em_dtype dt, em_device dev) {
+    return em_full(ndim, shape, 1.0, dt, dev);
+}
+em_tensor *em_scalar(double value, em_dtype dt) { return em_full(0, NULL, value, dt, em_cpu()); }
+
+em_tensor *em_empty_like(const em_tensor *t) {
+    if (!em__check_inputs("empty_like", &t, 1)) return NULL;
+    return em_empty(t->ndim, t->shape, t->dtype, t->storage->device);
+}
+em_tensor *em_zeros_like(const em_tensor *t) {
+    if (!em__check_inputs("zeros_like", &t, 1)) return NULL;
+    return em_zeros(t->ndim, t->shape, t->dtype, t->storage->device);
+}
+
+em_tensor *em_from_data(const void *data, int ndim, const int64_t *shape, em_dtype dt,
+                        em_device dev) {
+    if (!data) {
+        em_set_error(EM_ERR_INVALID, "from_data: NULL data");
+        return NULL;
+    }
+    em_tensor *t = em__empty(ndim, shape, dt, dev);
+    if (!t) return NULL;
+    if (em__device_copy(dev, em_tensor_data(t), em_cpu(), data, em_tensor_nbytes(t)) != EM_OK) {
+        em_tensor_release(t);
+        return NULL;
+    }
+    return em__scope_track(t);
+}
+
+em_tensor *em_tensor_wrap(void *data, int ndim, const int64_t *shape, const int64_t *strides,
+                          em_dtype dt, em_device dev, em_release_fn release, void *user) {
+    if (check_shape("tensor_wrap", ndim, shape) != EM_OK) return NULL;
+    if (!em_dtype_is_valid(dt)) {
+        em_set_error(EM_ERR_DTYPE, "tensor_wrap: invalid dtype %d", (int)dt);
+        return NULL;
+    }
+    if (!data && em__numel(ndim, shape) > 0) {
+        em_set_error(EM_ERR_INVALID, "tensor_wrap: NULL data for a non-empty tensor");
+        return NULL;
+    }
+    if (em__device_check(dev, "tensor_wrap") != EM_OK) return NULL;
+    int64_t st[EM_MAX_DIMS], span = 1;
+    if (strides) {
+        for (int i = 0; i < ndim; i++) {
+            if (strides[i] < 0) {
+                em_set_error(EM_ERR_INVALID, "tensor_wrap: negative stride %lld in dim %d",
+                             (long long)strides[i], i);
+                return NULL;
+            }
+            st[i] = strides[i];
+            if (shape[i] > 0) span += (shape[i] - 1) * strides[i];
+        }
+    } else {
+        em__contiguous_strides(ndim, shape, st);
+        span = em__numel(ndim, shape);
+    }
+    em__storage *s = em__calloc(1, sizeof *s, "tensor storage");
+    if (!s) return NULL;
+    atomic_init(&s->refcount, 1);
+    atomic_init(&s->version, 0);
+    s->data = data;
+    s->nbytes = (size_t)span * em_dtype_size(dt);
+    s->device = dev;
+    s->release = release;
+    s->release_user = user;
+    em_tensor *t = tensor_object(s, dt, ndim, shape, st, 0);
+    if (!t) {
+        em__free(s); /* the caller keeps its memory: release is not called on error */
+        return NULL;
+    }
+    return em__scope_track(t);
+}
+
+/* ---- properties ---------------------------------------------------------------------------- */
+
+em_dtype em_tensor_dtype(const em_tensor *t) { return t->dtype; }
+em_device em_tensor_device(const em_tensor *t) { return t->storage->device; }
+int em_tensor_ndim(const em_tensor *t) { return t->ndim; }
+const int64_t *em_tensor_shape(const em_tensor *t) { return t->shape; }
+const int64_t *em_tensor_strides(const em_tensor *t) { return t->strides; }
+int64_t em_tensor_offset(const em_tensor *t) { return t->offset; }
+int64_t em_tensor_numel(const em_tensor *t) { return t->numel; }
+size_t em_tensor_nbytes(const em_tensor *t) { return (size_t)t->numel * em_dtype_size(t->dtype); }
+bool em_tensor_is_contiguous(const em_tensor *t) {
+    return em__is_contiguous(t->ndim, t->shape, t->strides);
+}
+void *em_tensor_data(const em_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)em_dtype_size(t->dtype);
+}
+uint64_t em_tensor_version(const em_tensor *t) { return atomic_load(&t->storage->version); }
+void em_tensor_bump_version(em_tensor *t) {
+    if (t) atomic_fetch_add(&t->storage->version, 1);
+}
+bool em_tensor_shares_storage(const em_tensor *a, const em_tensor *b) {
+    return a && b && a->storage == b->storage;
+}
+
+int64_t em_tensor_size(const em_tensor *t, int dim) {
+    if (dim < -t->ndim || dim >= t->ndim) return -1;
+    return t->shape[dim < 0 ? dim + t->ndim : dim];
+}
+int64_t em_tensor_stride(const em_tensor *t, int dim) {
+    if (dim < -t->ndim || dim >= t->ndim) return -1;
+    return t->strides[dim < 0 ? dim + t->ndim : dim];
+}
+
+em_mem_category em_tensor_category(const em_tensor *t) {
+    return t->storage->block ? t->storage->block->cat : EM_MEM_ACTIVATION;
+}
+
+em_status em_tensor_set_category(em_tensor *t, em_mem_category c) {
+    if (!t) return em_set_error(EM_ERR_INVALID, "tensor_set_category: NULL tensor");
+    if (c < 0 || c >= EM_MEM_CACHED)
+        return em_set_error(EM_ERR_INVALID, "tensor_set_category: %d is not a category a "
+                            "tensor can have", (int)c);
+    if (!t->storage->block)
+        return em_set_error(EM_ERR_STATE, "tensor_set_category: the tensor wraps memory the "
+                            "caller owns; it is not counted by the allocator");
+    em__allocator *a = em__device_allocator(t->storage->device);
+    if (!a) return em_last_status();
+    em__allocator_set_category(a, t->storage->block, c);
+    return EM_OK;
+}
+
+void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {
+    k->data = em_tensor_data(t);
+    k->dtype = t->dtype;
+    k->ndim = t->ndim;
+    k->numel = t->numel;
+    memcpy(k->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    memcpy(k->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    k->contiguous = em__is_contiguous(t->ndim, t->shape, t->strides);
+}
+
+/* ---- views ---------------------------------------------------------------------------------- */
+
+/* Infer a -1 entry and check the element count. Writes the resolved shape to out. */
+static em_status resolve_shape(const char *who, const em_tensor *t, int ndim,
+                               const int64_t *shape, int64_t *out) {
+    if (ndim < 0 || ndim > EM_MAX_DIMS || (ndim > 0 && !shape))
+        return em_set_error(EM_ERR_SHAPE, "%s: %d dims requested; tensors have 0 to %d", who,
+                            ndim, EM_MAX_DIMS);
+    int infer = -1;
+    int64_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == -1) {
+            if (infer >= 0)
+                return em_set_error(EM_ERR_SHAPE, "%s: only one dim can be -1", who);
+            infer = i;
+        } else if (shape[i] < 0) {
+            return em_set_error(EM_ERR_SHAPE, "%s: invalid size %lld in dim %d", who,
+                                (long long)shape[i], i);
+        } else {
+            known *= shape[i];
+        }
+        out[i] = shape[i];
+    }
+    char a[160], b[160];
+    if (infer >= 0) {
+        if (known == 0 || t->numel % known != 0)
+            return em_set_error(EM_ERR_SHAPE, "%s: shape %s is invalid for input of size %lld",
+                                who, em__shape_str(ndim, shape, a, sizeof a),
+                                (long long)t->numel);
+        out[infer] = t->numel / known;
+    } else if (known != t->numel) {
+        return em_set_error(EM_ERR_SHAPE, "%s: shape %s is invalid for input of shape %s "
+                            "(%lld elements)", who, em__shape_str(ndim, shape, a, sizeof a),
+                            em__shape_str(t->ndim, t->shape, b, sizeof b), (long long)t->numel);
+    }
+    return EM_OK;
+}
+
+/* Strides for viewing (shape, strides) as new_shape without a copy, or false when the layout
+ * cannot express it (ATen's computeStride). */
+static bool view_strides(int ndim, const int64_t *shape, const int64_t *strides, int new_ndim,
+                         const int64_t *new_shape, int64_t *new_strides) {
+    if (ndim == 0 || em__numel(ndim, shape) == 0) {
+        em__contiguous_strides(new_ndim, new_shape, new_strides);
+        return true;
+    }
+    int view_d = new_ndim - 1;
+    int64_t chunk_base = strides[ndim - 1], tensor_numel = 1, view_numel = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        tensor_numel *= shape[d];
+        if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base)) {
+            while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+                new_strides[view_d] = view_numel * chunk_base;
+                view_numel *= new_shape[view_d];
+                view_d--;
+            }
+            if (view_numel != tensor_numel) return false;
+            if (d > 0) {
+                chunk_base = strides[d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    return view_d == -1;
+}
+
+em_tensor *em__view(const em_tensor *t, int ndim, const int64_t *shape) {
+    if (!em__check_inputs("view", &t, 1)) return NULL;
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    if (resolve_shape("view", t, ndim, shape, ns) != EM_OK) return NULL;
+    if (!view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) {
+        char a[160], b[160], c[160];
+        em_set_error(EM_ERR_SHAPE, "view: shape %s with strides %s is not compatible with a "
+                     "view of size %s (at least one dim spans across two contiguous "
+                     "subspaces); use em_reshape(), which copies when it must",
+                     em__shape_str(t->ndim, t->shape, a, sizeof a),
+                     em__shape_str(t->ndim, t->strides, b, sizeof b),
+                     em__shape_str(ndim, ns, c, sizeof c));
+        return NULL;
+    }
+    return em__tensor_view(t, ndim, ns, nst, t->offset);
+}
+
+em_tensor *em__reshape(const em_tensor *t, int ndim, const int64_t *shape) {
+    if (!em__check_inputs("reshape", &t, 1)) return NULL;
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    if (resolve_shape("reshape", t, ndim, shape, ns) != EM_OK) return NULL;
+    if (view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst))
+        return em__tensor_view(t, ndim, ns, nst, t->offset);
+    em_tensor *c = em__clone(t);
+    if (!c) return NULL;
+    em_tensor *v = em__view(c, ndim, ns);
+    em_tensor_release(c);
+    return v;
+}
+
+em_tensor *em__permute(const em_tensor *t, int ndim, const int *dims) {
+    if (!em__check_inputs("permute", &t, 1)) return NULL;
+    if (ndim != t->ndim || (ndim > 0 && !dims)) {
+        em_set_error(EM_ERR_SHAPE, "permute: %d dims given for a tensor with %d", ndim, t->ndim);
+        return NULL;
+    }
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    bool seen[EM_MAX_DIMS] = {false};
+    for (int i = 0; i < ndim; i++) {
+        int d = em__wrap_dim(dims[i], ndim, "permute");
+        if (d < 0) return NULL;
+        if (seen[d]) {
+            em_set_error(EM_ERR_INVALID, "permute: dim %d appears twice", d);
+            return NULL;
+        }
+        seen[d] = true;
+        ns[i] = t->shape[d];
+        nst[i] = t->strides[d];
+    }
+    return em__tensor_view(t, ndim, ns, nst, t->offset);
+}
+
+em_tensor *em__transpose(const em_tensor *t, int dim0, int dim1) {
+    if (!em__check_inputs("transpose", &t, 1)) return NULL;
+    int a = em__wrap_dim(dim0, t->ndim, "transpose"), b = a < 0 ? -1 : em__wrap_dim(dim1, t->ndim, "transpose");
+    if (a < 0 || b < 0) return NULL;
+    if (t->ndim == 0) return em__tensor_view(t, 0, t->shape, t->strides, t->offset);
+    int dims[EM_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++) dims[i] = i;
+    dims[a] = b;
+    dims[b] = a;
+    return em__permute(t, t->ndim, dims);
+}
+
+em_tensor *em_narrow(const em_tensor *t, int dim, int64_t start, int64_t length) {
+    if (!em__check_inputs("narrow", &t, 1)) return NULL;
+    if (t->ndim == 0) {
+        em_set_error(EM_ERR_SHAPE, "narrow: cannot narrow a 0-dim tensor");
+        return NULL;
+    }
+    int d = em__wrap_dim(dim, t->ndim, "narrow");
+    if (d < 0) return NULL;
+    int64_t size = t->shape[d];
+    if (start < 0) start += size;
+    if (start < 0 || length < 0 || start > size || start + length > size) {
+        em_set_error(EM_ERR_RANGE, "narrow: start %lld and length %lld are out of range for "
+                     "dim %d of size %lld", (long long)start, (long long)length, d,
+                     (long long)size);
+        return NULL;
+    }
+    int64_t ns[EM_MAX_DIMS];
+    memcpy(ns, t->shape, sizeof ns);
+    ns[d] = length;
+    return em__scope_track(
+        em__tensor_view(t, t->ndim, ns, t->strides, t->offset + start * t->strides[d]));
+}
+
+em_tensor *em_slice(const em_tensor *t, int dim, int64_t start, int64_t end, int64_t step) {
+    if (!em__check_inputs("slice", &t, 1)) return NULL;
+    if (t->ndim == 0) {
+        em_set_error(EM_ERR_SHAPE, "slice: cannot slice a 0-dim tensor");
+        return NULL;
+    }
+    int d = em__wrap_dim(dim, t->ndim, "slice");
+    if (d < 0) return NULL;
+    if (step < 1) {
+        em_set_error(EM_ERR_INVALID, "slice: step must be positive, got %lld", (long long)step);
+        return NULL;
+    }
+    int64_t size = t->shape[d];
+    if (start < 0) start += size;
+    if (end < 0) end += size;
+    start = EM_MIN(EM_MAX(start, 0), size);
+    end = EM_MIN(EM_MAX(end, start), size);
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    memcpy(ns, t->shape, sizeof ns);
+    memcpy(nst, t->strides, sizeof nst);
+    ns[d] = (end - start + step - 1) / step;
+    nst[d] = t->strides[d] * step;
+    return em__scope_track(em__tensor_view(t, t->ndim, ns, nst, t->offset + start * t->strides[d]));
+}
+
+em_tensor *em__select(const em_tensor *t, int dim, int64_t index) {
+    if (!em__check_inputs("select", &t, 1)) return NULL;
+    if (t->ndim == 0) {
+        em_set_error(EM_ERR_SHAPE, "select: cannot select from a 0-dim tensor");
+        return NULL;
+    }
+    int d = em__wrap_dim(dim, t->ndim, "select");
+    if (d < 0) return NULL;
+    int64_t size = t->shape[d];
+    if (index < -size || index >= size) {
+        em_set_error(EM_ERR_RANGE, "select: index %lld is out of range for dim %d of size %lld",
+                     (long long)index, d, (long long)size);
+        return NULL;
+    }
+    if (index < 0) index += size;
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    for (int i = 0, j = 0; i < t->ndim; i++) {
+        if (i == d) continue;
+        ns[j] = t->shape[i];
+        nst[j++] = t->strides[i];
+    }
+    return em__tensor_view(t, t->ndim - 1, ns, nst, t->offset + index * t->strides[d]);
+}
+
+em_tensor *em__expand(const em_tensor *t, int ndim, const int64_t *shape) {
+    if (!em__check_inputs("expand", &t, 1)) return NULL;
+    if (ndim < t->ndim || ndim > EM_MAX_DIMS || (ndim > 0 && !shape)) {
+        em_set_error(EM_ERR_SHAPE, "expand: cannot expand a tensor with %d dims to %d dims",
+                     t->ndim, ndim);
+        return NULL;
+    }
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    int lead = ndim - t->ndim;
+    for (int i = ndim - 1; i >= 0; i--) {
+        int j = i - lead;
+        int64_t want = shape[i];
+        if (j < 0) {
+            if (want < 0) {
+                em_set_error(EM_ERR_SHAPE, "expand: -1 is not allowed for a new leading dim "
+                             "(dim %d)", i);
+                return NULL;
+            }
+            ns[i] = want;
+            nst[i] = 0;
+        } else if (want == -1 || want == t->shape[j]) {
+            ns[i] = t->shape[j];
+            nst[i] = t->strides[j];
+        } else if (t->shape[j] == 1 && want >= 0) {
+            ns[i] = want;
+            nst[i] = 0;
+        } else {
+            char a[160], b[160];
+            em_set_error(EM_ERR_SHAPE, "expand: the size of dim %d (%lld) must match the "
+                         "target size %lld or be 1 (shape %s to %s)", j, (long long)t->shape[j],
+                         (long long)want, em__shape_str(t->ndim, t->shape, a, sizeof a),
+                         em__shape_str(ndim, shape, b, sizeof b));
+            return NULL;
+        }
+    }
+    return em__tensor_view(t, ndim, ns, nst, t->offset);
+}
+
+em_tensor *em__squeeze(const em_tensor *t, int dim) {
+    if (!em__check_inputs("squeeze", &t, 1)) return NULL;
+    int d = em__wrap_dim(dim, t->ndim, "squeeze");
+    if (d < 0) return NULL;
+    if (t->ndim == 0 || t->shape[d] != 1)
+        return em__tensor_view(t, t->ndim, t->shape, t->strides, t->offset);
+    return em__select(t, d, 0);
+}
+
+em_tensor *em__unsqueeze(const em_tensor *t, int dim) {
+    if (!em__check_inputs("unsqueeze", &t, 1)) return NULL;
+    if (t->ndim >= EM_MAX_DIMS) {
+        em_set_error(EM_ERR_SHAPE, "unsqueeze: a tensor with %d dims cannot grow", t->ndim);
+        return NULL;
+    }
+    int d = em__wrap_dim(dim, t->ndim + 1, "unsqueeze");
+    if (d < 0) return NULL;
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    for (int i = 0, j = 0; i <= t->ndim; i++) {
+        if (i == d) {
+            ns[i] = 1;
+            nst[i] = j < t->ndim ? t->strides[j] * t->shape[j] : 1;
+            continue;
+        }
+        ns[i] = t->shape[j];
+        nst[i] = t->strides[j++];
+    }
+    return em__tensor_view(t, t->ndim + 1, ns, nst, t->offset);
+}
+
+em_tensor *em_squeeze_all(const em_tensor *t) {
+    if (!em__check_inputs("squeeze_all", &t, 1)) return NULL;
+    int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
+    int n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 1) continue;
+        ns[n] = t->shape[i];
+        nst[n++] = t->strides[i];
+    }
+    return em__scope_track(em__tensor_view(t, n, ns, nst, t->offset));
+}
+
+em_tensor *em_flatten(const em_tensor *t, int start_dim, int end_dim) {
+    if (!em__check_inputs("flatten", &t, 1)) return NULL;
+    if (t->ndim == 0) return em_reshape(t, 1, (const int64_t[]){1});
+    int s = em__wrap_dim(start_dim, t->ndim, "flatten");
+    int e = s < 0 ? -1 : em__wrap_dim(end_dim, t->ndim, "flatten");
+    if (s < 0 || e < 0) return NULL;
+    if (s > e) {
+        em_set_error(EM_ERR_INVALID, "flatten: start_dim %d comes after end_dim %d", s, e);
+        return NULL;
+    }
+    int64_t ns[EM_MAX_DIMS];
+    int n = 0;
+    for (int i = 0; i < s; i++) ns[n++] = t->shape[i];
+    ns[n++] = em__numel(e - s + 1, t->shape + s);
+    for (int i = e + 1; i < t->ndim; i++) ns[n++] = t->shape[i];
+    return em_reshape(t, n, ns);
+}
+
+em_tensor *em_view(const em_tensor *t, int ndim, const int64_t *shape) {
+    return em__scope_track(em__view(t, ndim, shape));
+}
+em_tensor *em_reshape(const em_tensor *t, int ndim, const int64_t *shape) {
+    return em__scope_track(em__reshape(t, ndim, shape));
+}
+em_tensor *em_permute(const em_tensor *t, int ndim, const int *dims) {
+    return em__scope_track(em__permute(t, ndim, dims));
+}
+em_tensor *em_transpose(const em_tensor *t, int dim0, int dim1) {
+    return em__scope_track(em__transpose(t, dim0, dim1));
+}
+em_tensor *em_select(const em_tensor *t, int dim, int64_t index) {
+    return em__scope_track(em__select(t, dim, index));
+}
+em_tensor *em_expand(const em_tensor *t, int ndim, const int64_t *shape) {
+    return em__scope_track(em__expand(t, ndim, shape));
+}
+em_tensor *em_squeeze(const em_tensor *t, int dim) {
+    return em__scope_track(em__squeeze(t, dim));
+}
+em_tensor *em_unsqueeze(const em_tensor *t, int dim) {
+    return em__scope_track(em__unsqueeze(t, dim));
+}
+
+/* ---- copies ---------------------------------------------------------------------------------- */
+
+/* dst (any layout) = src (already dst's shape) on the same device, converting dtype. */
+static em_status copy_same_device(em_tensor *dst, const em_tensor *src) {
+    const em_tensor *in[1] = {src};
+    return em_op_call_out(em__op_copy, in, 1, NULL, &dst, 1);
+}
+
+em_status em_copy_(em_tensor *dst, const em_tensor *src) {
+    const em_tensor *args[2] = {dst, src};
+    if (!em__check_inputs("copy_", args, 2)) return em_last_status();
+    em_tensor *s = em__expand(src, dst->ndim, dst->shape);
+    if (!s) {
+        char a[160], b[160];
+        return em_set_error(EM_ERR_SHAPE, "copy_: source shape %s does not broadcast to the "
+                            "destination shape %s", em__shape_str(src->ndim, src->shape, a, sizeof a),
+                            em__shape_str(dst->ndim, dst->shape, b, sizeof b));
+    }
+    em_status st;
+    em_device dd = dst->storage->device, sd = src->storage->device;
+    if (em_device_equal(dd, sd)) {
+        st = copy_same_device(dst, s);
+    } else {
+        /* Across devices: make a contiguous block of dst's dtype on the source device, move the
+         * bytes, then lay them out into dst with a same-device copy when dst is strided. */
+        em_tensor *c = em__empty(dst->ndim, dst->shape, dst->dtype, sd);
+        st = c ? copy_same_device(c, s) : em_last_status();
+        if (st == EM_OK && em_tensor_is_contiguous(dst)) {
+            st = em__device_copy(dd, em_tensor_data(dst), sd, em_tensor_data(c),
+                                 em_tensor_nbytes(dst));
+            if (st == EM_OK) em_tensor_bump_version(dst);
+        } else if (st == EM_OK) {
+            em_tensor *m = em__empty(dst->ndim, dst->shape, dst->dtype, dd);
+            st = m ? em__device_copy(dd, em_tensor_data(m), sd, em_tensor_data(c),
+                                     em_tensor_nbytes(dst))
+                   : em_last_status();
+            if (st == EM_OK) st = copy_same_device(dst, m);
+            em_tensor_release(m);
+        }
+        em_tensor_release(c);
+    }
+    em_tensor_release(s);
+    return st;
+}
+
+static em_tensor *copy_as(const em_tensor *t, em_dtype dt, em_device dev) {
+    em_tensor *c = em__empty(t->ndim, t->shape, dt, dev);
+    if (c && em_copy_(c, t) != EM_OK) {
+        em_tensor_release(c);
+        return NULL;
+    }
+    return c;
+}
+
+em_tensor *em__clone(const em_tensor *t) {
+    if (!em__check_inputs("clone", &t, 1)) return NULL;
+    return copy_as(t, t->dtype, t->storage->device);
+}
+
+em_tensor *em__contiguous(const em_tensor *t) {
+    if (!em__check_inputs("contiguous", &t, 1)) return NULL;
+    if (em_tensor_is_contiguous(t)) return em_tensor_retain((em_tensor *)t);
+    return em__clone(t);
+}
+
+em_tensor *em__to_device(const em_tensor *t, em_device dev) {
+    if (!em__check_inputs("to_device", &t, 1)) return NULL;
+    if (em__device_check(dev, "to_device") != EM_OK) return NULL;
+    if (em_device_equal(dev, t->storage->device)) return em_tensor_retain((em_tensor *)t);
+    return copy_as(t, t->dtype, dev);
+}
+
+em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt) {
+    if (!em__check_inputs("to_dtype", &t, 1)) return NULL;
+    if (!em_dtype_is_valid(dt)) {
+        em_set_error(EM_ERR_DTYPE, "to_dtype: invalid dtype %d", (int)dt);
+        return NULL;
+    }
+    if (dt == t->dtype) return em_tensor_retain((em_tensor *)t);
+    return copy_as(t, dt, t->storage->device);
+}
+
+em_tensor *em_clone(const em_tensor *t) { return em__scope_track(em__clone(t)); }
+em_tensor *em_contiguous(const em_tensor *t) { return em__scope_track(em__contiguous(t)); }
+em_tensor *em_to_device(const em_tensor *t, em_device dev) {
+    return em__scope_track(em__to_device(t, dev));
+}
+em_tensor *em_to_dtype(const em_tensor *t, em_dtype dt) {
+    return em__scope_track(em__to_dtype(t, dt));
+}
+
+em_status em_tensor_to_host(const em_tensor *t, void *dst, size_t cap) {
+    if (!em__check_inputs("to_host", &t, 1)) return em_last_status();
+    size_t n = em_tensor_nbytes(t);
+    if (!dst && n) return em_set_error(EM_ERR_INVALID, "to_host: NULL destination");
+    if (cap < n)
+        return em_set_error(EM_ERR_RANGE, "to_host: the tensor has %zu bytes; the buffer "
+                            "holds %zu", n, cap);
+    em_tensor *c = em__contiguous(t);
+    if (!c) return em_last_status();
+    em_status st = em__device_copy(em_cpu(), dst, c->storage->device, em_tensor_data(c), n);
+    if (st == EM_OK && c->storage->device.type != EM_DEVICE_CPU_TYPE)
+        st = em_device_synchronize(c->storage->device);
+    em_tensor_release(c);
+    return st;
+}
+
+em_status em_tensor_item(const em_tensor *t, double *out) {
+    if (!em__check_inputs("item", &t, 1)) return em_last_status();
+    if (!out) return em_set_error(EM_ERR_INVALID, "item: NULL out");
+    if (t->numel != 1) {
+        char a[160];
+        return em_set_error(EM_ERR_SHAPE, "item: a tensor with %lld elements (shape %s) cannot "
+                            "be converted to a scalar; only one-element tensors can",
+                            (long long)t->numel, em__shape_str(t->ndim, t->shape, a, sizeof a));
+    }
+    unsigned char buf[8];
+    em_status st = em_tensor_to_host(t, buf, sizeof buf);
+    if (st == EM_OK) *out = em_dtype_load(t->dtype, buf, 0);
+    return st;
+}
+
+double em_item(const em_tensor *t) {
+    double v;
+    return em_tensor_item(t, &v) == EM_OK ? v : NAN;
+}

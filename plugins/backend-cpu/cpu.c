@@ -1,0 +1,170 @@
+/*
+ * cpu.c — the CPU backend plugin: the "cpu" device (host memory through the core's
+ * injectable host allocator, synchronous copies), the element-iteration engine shared by the
+ * kernels, and the plugin's entry point.
+ */
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+/* ---- the device ---------------------------------------------------------------------------------- */
+
+static int cpu_count(void) { return 1; }
+
+static em_status cpu_properties(int index, em_device_props *p) {
+    (void)index;
+    snprintf(p->name, sizeof p->name, "CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        const char *v = strchr(line, ':');
+        if (v) snprintf(p->name, sizeof p->name, "%s", v + 2);
+        p->name[strcspn(p->name, "\n")] = '\0';
+        break;
+    }
+    if (f) fclose(f);
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES),
+         psize = sysconf(_SC_PAGESIZE);
+    p->total_memory = pages > 0 && psize > 0 ? (size_t)pages * (size_t)psize : 0;
+    p->free_memory = avail > 0 && psize > 0 ? (size_t)avail * (size_t)psize : 0;
+    p->compute_units = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return EM_OK;
+}
+
+static em_status cpu_alloc(int index, size_t nbytes, void **out) {
+    (void)index;
+    *out = em_host_alloc(nbytes, 64);
+    return *out ? EM_OK : EM_ERR_NOMEM;
+}
+
+static void cpu_free(int index, void *ptr) {
+    (void)index;
+    em_host_free(ptr);
+}
+
+static em_status cpu_copy(em_device dd, void *dst, em_device sd, const void *src, size_t n,
+                          em_stream *s) {
+    (void)dd, (void)sd, (void)s;
+    memmove(dst, src, n);
+    return EM_OK;
+}
+
+static em_status cpu_synchronize(int index) {
+    (void)index;
+    return EM_OK;
+}
+
+static const em_device_ops cpu_device = {
+    .struct_size = sizeof(em_device_ops),
+    .name = "cpu",
+    .count = cpu_count,
+    .properties = cpu_properties,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+};
+
+/* ---- the iteration engine --------------------------------------------------------------------------- */
+
+#define CPU_MAX_OPS 8
+
+void cpu_foreach(int nops, const em_ktensor *const *ts, cpu_loop_fn fn, void *ctx, int64_t grain) {
+    const em_ktensor *t0 = ts[0];
+    if (t0->numel == 0) return;
+    /* Byte strides, size-1 dims dropped, then adjacent dims merged where every operand is
+     * contiguous across them. */
+    int64_t shape[EM_MAX_DIMS], st[CPU_MAX_OPS][EM_MAX_DIMS];
+    int nd = 0;
+    for (int d = 0; d < t0->ndim; d++) {
+        if (t0->shape[d] == 1) continue;
+        bool merge = nd > 0;
+        for (int k = 0; k < nops && merge; k++) {
+            int64_t s = ts[k]->strides[d] * (int64_t)em_dtype_size(ts[k]->dtype);
+            merge = st[k][nd - 1] == s * t0->shape[d];
+        }
+        if (merge) {
+            shape[nd - 1] *= t0->shape[d];
+            for (int k = 0; k < nops; k++)
+                st[k][nd - 1] = ts[k]->strides[d] * (int64_t)em_dtype_size(ts[k]->dtype);
+            continue;
+        }
+        shape[nd] = t0->shape[d];
+        for (int k = 0; k < nops; k++)
+            st[k][nd] = ts[k]->strides[d] * (int64_t)em_dtype_size(ts[k]->dtype);
+        nd++;
+    }
+    if (nd == 0) {
+        shape[0] = 1;
+        for (int k = 0; k < nops; k++) st[k][0] = (int64_t)em_dtype_size(ts[k]->dtype);
+        nd = 1;
+    }
+    int64_t inner = shape[nd - 1], outer = t0->numel / inner, istride[CPU_MAX_OPS];
+    for (int k = 0; k < nops; k++) istride[k] = st[k][nd - 1];
+    int nt = em_num_threads();
+    bool par = grain > 0 && t0->numel >= grain && nt > 1;
+    if (outer == 1) {
+        /* One long run: split it into per-thread chunks. */
+        int64_t chunks = par ? nt : 1, per = (inner + chunks - 1) / chunks;
+#pragma omp parallel for num_threads(nt) if (par) schedule(static)
+        for (int64_t c = 0; c < chunks; c++) {
+            int64_t lo = c * per, len = cpu_min_i64(per, inner - lo);
+            if (len <= 0) continue;
+            char *p[CPU_MAX_OPS];
+            for (int k = 0; k < nops; k++) p[k] = (char *)ts[k]->data + lo * istride[k];
+            fn(p, istride, len, ctx);
+        }
+        return;
+    }
+#pragma omp parallel for num_threads(nt) if (par) schedule(static)
+    for (int64_t o = 0; o < outer; o++) {
+        char *p[CPU_MAX_OPS];
+        for (int k = 0; k < nops; k++) p[k] = (char *)ts[k]->data;
+        int64_t rem = o;
+        for (int d = nd - 2; d >= 0; d--) {
+            int64_t i = rem % shape[d];
+            rem /= shape[d];
+            for (int k = 0; k < nops; k++) p[k] += i * st[k][d];
+        }
+        fn(p, istride, inner, ctx);
+    }
+}
+
+/* ---- registration ------------------------------------------------------------------------------------ */
+
+em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
+                               em_kernel_fn fn, const char *name) {
+    for (int i = 0; i < n; i++) {
+        char kname[96];
+        snprintf(kname, sizeof kname, "%s_%s", name, em_dtype_name(dts[i]));
+        em_kernel_def def = {.struct_size = sizeof def, .op = op, .device_type = "cpu",
+                             .dtype = dts[i], .fn = fn, .name = kname};
+        em_status st = em_kernel_register(r, &def, NULL);
+        if (st != EM_OK) return st;
+    }
+    return EM_OK;
+}
+
+static em_status cpu_register(em_registry *r) {
+    em_status st = em_device_type_register(r, &cpu_device);
+    if (st == EM_OK) st = cpu_register_elementwise(r);
+    if (st == EM_OK) st = cpu_register_reduce(r);
+    if (st == EM_OK) st = cpu_register_matmul(r);
+    if (st == EM_OK) st = cpu_register_random(r);
+    return st;
+}
+
+static const em_plugin_descriptor cpu_plugin = {
+    .struct_size = sizeof(em_plugin_descriptor),
+    .abi_major = EM_PLUGIN_ABI_MAJOR,
+    .name = "ember-cpu",
+    .version = EM_VERSION_STRING,
+    .description = "CPU device and kernels (OpenBLAS, oneDNN)",
+    .register_fn = cpu_register,
+};
+
+EM_PLUGIN_EXPORT const em_plugin_descriptor *ember_plugin_entry(void) { return &cpu_plugin; }

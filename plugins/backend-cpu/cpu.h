@@ -1,0 +1,56 @@
+/*
+ * cpu.h — shared declarations of the CPU backend plugin (ember-cpu.so).
+ *
+ * The plugin registers the "cpu" device type and the CPU kernels of the standard ops. Each
+ * op family lives in its own file and exposes one registration function called from cpu.c.
+ * Kernels receive em_ktensor views (ember/dispatch.h): data pointer, shape, strides in
+ * elements (0 on broadcast dims), so every kernel handles strided and broadcast inputs; a
+ * contiguous fast path is taken when all operands are contiguous.
+ */
+#ifndef EMBER_CPU_H
+#define EMBER_CPU_H
+
+#include <ember/ember.h>
+
+/* Registration of each op family (cpu_*.c). */
+em_status cpu_register_elementwise(em_registry *r);
+em_status cpu_register_reduce(em_registry *r);
+em_status cpu_register_matmul(em_registry *r);
+em_status cpu_register_random(em_registry *r);
+
+/* Register `fn` for op on the CPU for each dtype in dts (n of them). */
+em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
+                               em_kernel_fn fn, const char *name);
+
+/* Element offset of linear index `lin` (C order over shape) given strides. */
+static inline int64_t cpu_offset(int ndim, const int64_t *shape, const int64_t *strides,
+                                 int64_t lin) {
+    int64_t off = 0;
+    for (int d = ndim - 1; d >= 0; d--) {
+        int64_t s = shape[d];
+        off += (lin % s) * strides[d];
+        lin /= s;
+    }
+    return off;
+}
+
+/* The element-iteration engine. fn is called on runs of n elements along the innermost dim
+ * (after merging dims that are contiguous for every operand), with one byte pointer and one
+ * byte stride per operand. All operands have the shape of ts[0]. Work is split across
+ * em_num_threads() threads when there are at least `grain` elements (0: never split); the
+ * split never changes results because each element is computed independently. */
+typedef void (*cpu_loop_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
+void cpu_foreach(int nops, const em_ktensor *const *ts, cpu_loop_fn fn, void *ctx, int64_t grain);
+
+static inline int64_t cpu_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Elements below which an elementwise op stays on one thread. */
+#define CPU_GRAIN 32768
+
+/* Scalar conversions used by every kernel that touches f16/bf16. */
+static inline float cpu_h2f(uint16_t h) { return em_f16_to_f32(h); }
+static inline uint16_t cpu_f2h(float f) { return em_f32_to_f16(f); }
+static inline float cpu_b2f(uint16_t h) { return em_bf16_to_f32(h); }
+static inline uint16_t cpu_f2b(float f) { return em_f32_to_bf16(f); }
+
+#endif /* EMBER_CPU_H */

@@ -1,0 +1,327 @@
+/*
+ * cpu_elementwise.c — copy (with dtype conversion), fill, arange, the arithmetic binary ops,
+ * unary ops, and index_select on the CPU.
+ *
+ * Each op's inner loop is generated per dtype by a macro: a contiguous branch the compiler
+ * vectorises and a strided branch for views and broadcasts. f16 and bf16 compute in float.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+/* Per dtype: C type, compute type, load to compute type, store from compute type. */
+#define LD_ID(x) (x)
+#define ST_ID(x) (x)
+#define LD_H(x) cpu_h2f(x)
+#define ST_H(x) cpu_f2h(x)
+#define LD_B(x) cpu_b2f(x)
+#define ST_B(x) cpu_f2b(x)
+
+
+/* ---- binary ---------------------------------------------------------------------------------- */
+
+#define DEF_BINARY(opname, EXPR)                                                               \
+    DEF_BINARY_T(opname, EXPR, f32, float, float, LD_ID, ST_ID)                                \
+    DEF_BINARY_T(opname, EXPR, f64, double, double, LD_ID, ST_ID)                              \
+    DEF_BINARY_T(opname, EXPR, f16, uint16_t, float, LD_H, ST_H)                               \
+    DEF_BINARY_T(opname, EXPR, bf16, uint16_t, float, LD_B, ST_B)                              \
+    DEF_BINARY_T(opname, EXPR, i32, int32_t, int32_t, LD_ID, ST_ID)                            \
+    DEF_BINARY_T(opname, EXPR, i64, int64_t, int64_t, LD_ID, ST_ID)                            \
+    DEF_BINARY_T(opname, EXPR, u8, uint8_t, uint8_t, LD_ID, ST_ID)
+
+/* out = EXPR(x, y); p[0] is the output, p[1], p[2] the inputs. */
+#define DEF_BINARY_T(opname, EXPR, sfx, T, CT, LD, ST)                                         \
+    static void opname##_##sfx(char **p, const int64_t *s, int64_t n, void *ctx) {             \
+        (void)ctx;                                                                             \
+        const int64_t e = (int64_t)sizeof(T);                                                  \
+        if (s[0] == e && s[1] == e && s[2] == e) {                                             \
+            T *o = (T *)p[0];                                                                  \
+            const T *a = (const T *)p[1], *b = (const T *)p[2];                                \
+            for (int64_t i = 0; i < n; i++) {                                                  \
+                CT x = LD(a[i]), y = LD(b[i]);                                                 \
+                o[i] = ST((CT)(EXPR));                                                         \
+            }                                                                                  \
+        } else if (s[0] == e && s[1] == e && s[2] == 0) {                                      \
+            T *o = (T *)p[0];                                                                  \
+            const T *a = (const T *)p[1];                                                      \
+            CT y = LD(*(const T *)p[2]);                                                       \
+            for (int64_t i = 0; i < n; i++) {                                                  \
+                CT x = LD(a[i]);                                                               \
+                o[i] = ST((CT)(EXPR));                                                         \
+            }                                                                                  \
+        } else {                                                                               \
+            for (int64_t i = 0; i < n; i++) {                                                  \
+                CT x = LD(*(const T *)(p[1] + i * s[1])), y = LD(*(const T *)(p[2] + i * s[2])); \
+                *(T *)(p[0] + i * s[0]) = ST((CT)(EXPR));                                      \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+DEF_BINARY(add, x + y)
+DEF_BINARY(sub, x - y)
+DEF_BINARY(mul, x *y)
+DEF_BINARY_T(div, x / y, f32, float, float, LD_ID, ST_ID)
+DEF_BINARY_T(div, x / y, f64, double, double, LD_ID, ST_ID)
+DEF_BINARY_T(div, x / y, f16, uint16_t, float, LD_H, ST_H)
+DEF_BINARY_T(div, x / y, bf16, uint16_t, float, LD_B, ST_B)
+DEF_BINARY_T(add, x || y, bool, bool, bool, LD_ID, ST_ID)
+DEF_BINARY_T(mul, x &&y, bool, bool, bool, LD_ID, ST_ID)
+
+/* Pick the inner loop for the output dtype from a table indexed by dtype. */
+typedef struct loop_table {
+    cpu_loop_fn fn[EM_DTYPE_COUNT];
+} loop_table;
+
+static em_status run_table(const em_kernel_ctx *k, const loop_table *t) {
+    cpu_loop_fn fn = t->fn[k->out[0].dtype];
+    if (!fn)
+        return em_set_error(EM_ERR_DTYPE, "%s: the CPU kernel has no loop for %s",
+                            em_op_name(k->op), em_dtype_name(k->out[0].dtype));
+    const em_ktensor *ts[3] = {&k->out[0], &k->in[0], k->n_in > 1 ? &k->in[1] : &k->in[0]};
+    cpu_foreach(1 + k->n_in, ts, fn, NULL, CPU_GRAIN);
+    return EM_OK;
+}
+
+#define ARITH_TABLE(opname)                                                                    \
+    {{[EM_F32] = opname##_f32, [EM_F64] = opname##_f64, [EM_F16] = opname##_f16,             \
+      [EM_BF16] = opname##_bf16, [EM_I32] = opname##_i32, [EM_I64] = opname##_i64,           \
+      [EM_U8] = opname##_u8}}
+static const loop_table t_add = {{[EM_F32] = add_f32, [EM_F64] = add_f64, [EM_F16] = add_f16,
+                                  [EM_BF16] = add_bf16, [EM_I32] = add_i32, [EM_I64] = add_i64,
+                                  [EM_U8] = add_u8, [EM_BOOL] = add_bool}};
+static const loop_table t_sub = ARITH_TABLE(sub);
+static const loop_table t_mul = {{[EM_F32] = mul_f32, [EM_F64] = mul_f64, [EM_F16] = mul_f16,
+                                  [EM_BF16] = mul_bf16, [EM_I32] = mul_i32, [EM_I64] = mul_i64,
+                                  [EM_U8] = mul_u8, [EM_BOOL] = mul_bool}};
+static const loop_table t_div = {{[EM_F32] = div_f32, [EM_F64] = div_f64, [EM_F16] = div_f16,
+                                  [EM_BF16] = div_bf16}};
+
+static em_status k_add(const em_kernel_ctx *k) { return run_table(k, &t_add); }
+static em_status k_sub(const em_kernel_ctx *k) { return run_table(k, &t_sub); }
+static em_status k_mul(const em_kernel_ctx *k) { return run_table(k, &t_mul); }
+static em_status k_div(const em_kernel_ctx *k) { return run_table(k, &t_div); }
+
+/* ---- unary ------------------------------------------------------------------------------------ */
+
+#define DEF_UNARY_T(opname, EXPR, sfx, T, CT, LD, ST)                                          \
+    static void opname##_##sfx(char **p, const int64_t *s, int64_t n, void *ctx) {             \
+        (void)ctx;                                                                             \
+        const int64_t e = (int64_t)sizeof(T);                                                  \
+        if (s[0] == e && s[1] == e) {                                                          \
+            T *o = (T *)p[0];                                                                  \
+            const T *a = (const T *)p[1];                                                      \
+            for (int64_t i = 0; i < n; i++) {                                                  \
+                CT x = LD(a[i]);                                                               \
+                o[i] = ST((CT)(EXPR));                                                         \
+            }                                                                                  \
+        } else {                                                                               \
+            for (int64_t i = 0; i < n; i++) {                                                  \
+                CT x = LD(*(const T *)(p[1] + i * s[1]));                                      \
+                *(T *)(p[0] + i * s[0]) = ST((CT)(EXPR));                                      \
+            }                                                                                  \
+        }                                                                                      \
+    }
+#define DEF_UNARY_FLOAT(opname, EXPR_F, EXPR_D)                                                \
+    DEF_UNARY_T(opname, EXPR_F, f32, float, float, LD_ID, ST_ID)                               \
+    DEF_UNARY_T(opname, EXPR_D, f64, double, double, LD_ID, ST_ID)                             \
+    DEF_UNARY_T(opname, EXPR_F, f16, uint16_t, float, LD_H, ST_H)                              \
+    DEF_UNARY_T(opname, EXPR_F, bf16, uint16_t, float, LD_B, ST_B)
+
+DEF_UNARY_FLOAT(neg, -x, -x)
+/* Negating int32/int64 wraps at the minimum, as in PyTorch (done in unsigned arithmetic). */
+DEF_UNARY_T(neg, (int32_t)(0u - (uint32_t)x), i32, int32_t, int32_t, LD_ID, ST_ID)
+DEF_UNARY_T(neg, (int64_t)(0ull - (uint64_t)x), i64, int64_t, int64_t, LD_ID, ST_ID)
+DEF_UNARY_T(neg, (uint8_t)(0u - x), u8, uint8_t, uint8_t, LD_ID, ST_ID)
+DEF_UNARY_FLOAT(exp, expf(x), exp(x))
+DEF_UNARY_FLOAT(log, logf(x), log(x))
+/* relu keeps NaN (x > 0 is false for NaN, so x is returned when it is not <= 0). */
+DEF_UNARY_FLOAT(relu, x <= 0 ? 0 : x, x <= 0 ? 0 : x)
+DEF_UNARY_T(relu, x < 0 ? 0 : x, i32, int32_t, int32_t, LD_ID, ST_ID)
+DEF_UNARY_T(relu, x < 0 ? 0 : x, i64, int64_t, int64_t, LD_ID, ST_ID)
+DEF_UNARY_T(relu, x, u8, uint8_t, uint8_t, LD_ID, ST_ID) /* unsigned: nothing to clamp */
+
+#define FLOAT_TABLE(opname)                                                                    \
+    {{[EM_F32] = opname##_f32, [EM_F64] = opname##_f64, [EM_F16] = opname##_f16,             \
+      [EM_BF16] = opname##_bf16}}
+static const loop_table t_neg = ARITH_TABLE(neg);
+static const loop_table t_exp = FLOAT_TABLE(exp);
+static const loop_table t_log = FLOAT_TABLE(log);
+static const loop_table t_relu = ARITH_TABLE(relu);
+
+static em_status k_neg(const em_kernel_ctx *k) { return run_table(k, &t_neg); }
+static em_status k_exp(const em_kernel_ctx *k) { return run_table(k, &t_exp); }
+static em_status k_log(const em_kernel_ctx *k) { return run_table(k, &t_log); }
+static em_status k_relu(const em_kernel_ctx *k) { return run_table(k, &t_relu); }
+
+/* ---- copy with conversion ------------------------------------------------------------------------ */
+
+/* Every dtype read as double and written from double; float-to-integer conversions saturate
+ * (NaN becomes 0) so that no value is undefined behaviour; integer-to-integer conversions wrap
+ * as C casts do (as in PyTorch). */
+static inline double load_d(em_dtype dt, const char *p) {
+    switch (dt) {
+    case EM_F32: return *(const float *)p;
+    case EM_F64: return *(const double *)p;
+    case EM_F16: return cpu_h2f(*(const uint16_t *)p);
+    case EM_BF16: return cpu_b2f(*(const uint16_t *)p);
+    case EM_I32: return *(const int32_t *)p;
+    case EM_I64: return (double)*(const int64_t *)p;
+    case EM_U8: return *(const uint8_t *)p;
+    case EM_BOOL: return *(const bool *)p;
+    default: return 0;
+    }
+}
+
+static inline int64_t sat_i64(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return INT64_MAX;
+    if (v <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)v;
+}
+
+static inline void store_d(em_dtype dt, char *p, double v) {
+    switch (dt) {
+    case EM_F32: *(float *)p = (float)v; break;
+    case EM_F64: *(double *)p = v; break;
+    case EM_F16: *(uint16_t *)p = cpu_f2h((float)v); break;
+    case EM_BF16: *(uint16_t *)p = cpu_f2b((float)v); break;
+    case EM_I32: *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)sat_i64(v); break;
+    case EM_I64: *(int64_t *)p = sat_i64(v); break;
+    case EM_U8: *(uint8_t *)p = (uint8_t)(uint64_t)sat_i64(v); break;
+    case EM_BOOL: *(bool *)p = v != 0; break;
+    default: break;
+    }
+}
+
+typedef struct copy_ctx {
+    em_dtype to, from;
+} copy_ctx;
+
+static void copy_same(char **p, const int64_t *s, int64_t n, void *vctx) {
+    size_t e = em_dtype_size(((const copy_ctx *)vctx)->to);
+    if (s[0] == (int64_t)e && s[1] == (int64_t)e) {
+        memcpy(p[0], p[1], (size_t)n * e);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], p[1] + i * s[1], e);
+}
+
+static void copy_convert(char **p, const int64_t *s, int64_t n, void *vctx) {
+    const copy_ctx *c = vctx;
+    /* Integer sources keep all 64 bits when the destination is an integer too. */
+    bool ints = !em_dtype_is_floating(c->from) && !em_dtype_is_floating(c->to) && c->to != EM_BOOL;
+    for (int64_t i = 0; i < n; i++) {
+        const char *src = p[1] + i * s[1];
+        char *dst = p[0] + i * s[0];
+        if (ints) {
+            int64_t v = c->from == EM_I64 ? *(const int64_t *)src
+                        : c->from == EM_I32 ? *(const int32_t *)src
+                        : c->from == EM_U8 ? *(const uint8_t *)src : *(const bool *)src;
+            if (c->to == EM_I64) *(int64_t *)dst = v;
+            else if (c->to == EM_I32) *(int32_t *)dst = (int32_t)(uint32_t)(uint64_t)v;
+            else *(uint8_t *)dst = (uint8_t)(uint64_t)v;
+        } else {
+            store_d(c->to, dst, load_d(c->from, src));
+        }
+    }
+}
+
+static em_status k_copy(const em_kernel_ctx *k) {
+    copy_ctx c = {k->out[0].dtype, k->in[0].dtype};
+    const em_ktensor *ts[2] = {&k->out[0], &k->in[0]};
+    cpu_foreach(2, ts, c.to == c.from ? copy_same : copy_convert, &c, CPU_GRAIN);
+    return EM_OK;
+}
+
+/* ---- fill and arange --------------------------------------------------------------------------------- */
+
+typedef struct fill_ctx {
+    em_dtype dt;
+    char value[8];
+} fill_ctx;
+
+static void fill_loop(char **p, const int64_t *s, int64_t n, void *vctx) {
+    const fill_ctx *f = vctx;
+    size_t e = em_dtype_size(f->dt);
+    bool zero = true;
+    for (size_t i = 0; i < e; i++) zero = zero && f->value[i] == 0;
+    if (zero && s[0] == (int64_t)e) {
+        memset(p[0], 0, (size_t)n * e);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], f->value, e);
+}
+
+static em_status k_fill(const em_kernel_ctx *k) {
+    fill_ctx f = {.dt = k->out[0].dtype};
+    store_d(f.dt, f.value, k->attrs[0].v.f);
+    const em_ktensor *ts[1] = {&k->out[0]};
+    cpu_foreach(1, ts, fill_loop, &f, CPU_GRAIN);
+    return EM_OK;
+}
+
+static em_status k_arange(const em_kernel_ctx *k) {
+    const em_ktensor *o = &k->out[0];
+    double start = k->attrs[0].v.f, step = k->attrs[1].v.f;
+    size_t e = em_dtype_size(o->dtype);
+    int64_t stride = o->ndim ? o->strides[0] : 1;
+    for (int64_t i = 0; i < o->numel; i++)
+        store_d(o->dtype, (char *)o->data + i * stride * (int64_t)e, start + (double)i * step);
+    return EM_OK;
+}
+
+/* ---- index_select ------------------------------------------------------------------------------------- */
+
+static em_status k_index_select(const em_kernel_ctx *k) {
+    const em_ktensor *x = &k->in[0], *idx = &k->in[1], *y = &k->out[0];
+    int dim = (int)k->attrs[0].v.i;
+    int64_t size = x->shape[dim];
+    const int64_t *ip = idx->data;
+    int64_t istride = idx->ndim ? idx->strides[0] : 1;
+    for (int64_t j = 0; j < idx->numel; j++) {
+        int64_t v = ip[j * istride];
+        if (v < -size || v >= size)
+            return em_set_error(EM_ERR_RANGE, "index_select: index %lld is out of range for dim "
+                                "%d of size %lld", (long long)v, dim, (long long)size);
+    }
+    /* For each selected index j: y.select(dim, j) = x.select(dim, idx[j]). */
+    size_t e = em_dtype_size(x->dtype);
+    for (int64_t j = 0; j < idx->numel; j++) {
+        int64_t v = ip[j * istride];
+        if (v < 0) v += size;
+        em_ktensor xs = *x, ys = *y;
+        xs.data = (char *)x->data + v * x->strides[dim] * (int64_t)e;
+        ys.data = (char *)y->data + j * y->strides[dim] * (int64_t)e;
+        xs.shape[dim] = ys.shape[dim] = 1;
+        xs.numel = ys.numel = y->numel / (idx->numel ? idx->numel : 1);
+        const em_ktensor *ts[2] = {&ys, &xs};
+        copy_ctx c = {x->dtype, x->dtype};
+        cpu_foreach(2, ts, copy_same, &c, 0);
+    }
+    return EM_OK;
+}
+
+/* ---- registration --------------------------------------------------------------------------------------- */
+
+em_status cpu_register_elementwise(em_registry *r) {
+    static const em_dtype all[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32, EM_I64, EM_U8, EM_BOOL};
+    static const em_dtype num[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32, EM_I64, EM_U8};
+    static const em_dtype flt[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    em_status st = EM_OK;
+#define REG(op, set, fn) if (st == EM_OK) st = cpu_register_kernels(r, op, set, (int)(sizeof set / sizeof *set), fn, "cpu_" op)
+    REG("copy", all, k_copy);
+    REG("fill", all, k_fill);
+    REG("arange", num, k_arange);
+    REG("add", all, k_add);
+    REG("sub", num, k_sub);
+    REG("mul", all, k_mul);
+    REG("div", flt, k_div);
+    REG("neg", num, k_neg);
+    REG("exp", flt, k_exp);
+    REG("log", flt, k_log);
+    REG("relu", num, k_relu);
+    REG("index_select", all, k_index_select);
+#undef REG
+    return st;
+}
