@@ -183,10 +183,12 @@ Test(oom, init_reports_out_of_memory) {
     cr_assert_not_null(strstr(em_last_error(), "out of memory"), "%s", em_last_error());
     cr_assert_not(em_initialized());
     em_shutdown();
-    cr_assert_eq(atomic_load(&g_count.live), 0);
+    cr_assert_eq(atomic_load(&g_count.live), 0, "%ld allocations leaked after a failed em_init",
+                 atomic_load(&g_count.live));
     /* With memory back, the library starts. */
     arm(0, false);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     em_shutdown();
-    cr_assert_eq(atomic_load(&g_count.live), 0);
+    cr_assert_eq(atomic_load(&g_count.live), 0, "%ld allocations leaked by em_init/em_shutdown",
+                 atomic_load(&g_count.live));
 }

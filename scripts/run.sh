@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Ember's main job (README): installs the packages, builds, checks the install with
+# ember-info's self-test, then runs the example program. Safe to rerun.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/common.sh
+
+stage "install packages" install_packages
+stage "build" build build
+stage "ember-info (self-test)" build/tools/ember-info
+stage "example: tensor basics" build/examples/tensor_basics

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Ember's test command (README): installs the packages, builds, runs `make check`, runs it
+# again under AddressSanitizer + UndefinedBehaviorSanitizer, then a quick subset under valgrind.
+# Safe to rerun; builds live in build/ and build-asan/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/common.sh
+
+check() {
+    local dir=$1
+    shift
+    if ! make -C "$dir" -j"$(nproc)" check "$@" >"$dir/check.log" 2>&1; then
+        tail -60 "$dir/check.log"
+        for f in "$dir"/tests/*.log; do
+            grep -q -E "^(FAIL|ERROR)" "${f%.log}.trs" 2>/dev/null && { echo "--- $f"; tail -40 "$f"; }
+        done
+        return 1
+    fi
+    grep -E "^# (TOTAL|PASS|FAIL|SKIP|ERROR)" "$dir/check.log"
+}
+
+SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+
+t0=$(date +%s)
+stage "install packages" install_packages
+stage "build" build build
+stage "make check" check build
+stage "build with ASan+UBSan" build build-asan CFLAGS="-O1 -g $SAN" CXXFLAGS="-O1 -g $SAN" \
+    LDFLAGS="$SAN"
+stage "make check (ASan+UBSan)" check build-asan
+stage "make check-valgrind (quick subset)" make -C build check-valgrind
+echo "==> all stages: $(($(date +%s) - t0)) s"

@@ -1,0 +1,159 @@
+/* Op declaration and lookup, argument checking in the dispatcher, and the placement
+ * counters. Kernel stacking, fallback and cross-device errors are in test_plugin.c. */
+#include "common.h"
+
+TestSuite(dispatch, .init = em_test_setup, .fini = em_test_teardown);
+
+static em_status infer_first(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                             em_tensor_meta *out) {
+    (void)op, (void)attrs;
+    out->dtype = em_tensor_dtype(in[0]);
+    out->ndim = em_tensor_ndim(in[0]);
+    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
+    return EM_OK;
+}
+
+/* y = x * scale, for f32 contiguous inputs (declines others through supports()). */
+static em_status scale_kernel(const em_kernel_ctx *k) {
+    const float *x = k->in[0].data;
+    float *y = k->out[0].data;
+    for (int64_t i = 0; i < k->out[0].numel; i++) y[i] = x[i] * (float)k->attrs[0].v.f;
+    return EM_OK;
+}
+static bool scale_supports(const em_kernel_ctx *k) { return k->in[0].contiguous; }
+
+static const em_op *declare_scale(void) {
+    static const char *const names[] = {"scale"};
+    static const em_attr_type types[] = {EM_ATTR_FLOAT};
+    em_op_schema s = {.struct_size = sizeof s, .name = "test.scale", .n_inputs = 1,
+                      .n_outputs = 1, .n_attrs = 1, .attr_names = names, .attr_types = types,
+                      .dispatch_arg = 0, .infer = infer_first};
+    const em_op *op = NULL;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
+    em_kernel_def k = {.struct_size = sizeof k, .op = "test.scale", .device_type = "cpu",
+                       .dtype = EM_F32, .fn = scale_kernel, .supports = scale_supports,
+                       .name = "test_scale_f32"};
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_OK, "%s",
+                 em_last_error());
+    return op;
+}
+
+Test(dispatch, a_program_declares_and_runs_its_own_op) {
+    const em_op *op = declare_scale();
+    cr_assert_eq(em_op_find("test.scale"), op);
+    cr_assert_str_eq(em_op_name(op), "test.scale");
+    em_tensor *x = em_arange(0, 6, 1, EM_F32, em_cpu());
+    em_attr a = {.type = EM_ATTR_FLOAT, .v.f = 2.5};
+    em_tensor *y = NULL;
+    const em_tensor *in[1] = {x};
+    cr_assert_eq(em_op_call(op, in, 1, &a, &y), EM_OK, "%s", em_last_error());
+    for (int i = 0; i < 6; i++) cr_assert_float_eq(em_test_at(y, i), 2.5 * i, 0);
+    /* The program's registry is listed last by em_plugins(). */
+    em_plugin_info info;
+    cr_assert_eq(em_plugin_get(em_plugin_count() - 1, &info), EM_OK);
+    cr_assert_str_eq(info.name, "<program>");
+    cr_assert_eq(em_registry_op_count(info.registry), 1);
+    cr_assert_str_eq(em_registry_op_name(info.registry, 0), "test.scale");
+    em_tensor_release(x);
+    em_tensor_release(y);
+}
+
+Test(dispatch, supports_can_decline_and_then_no_kernel_is_an_error) {
+    const em_op *op = declare_scale();
+    em_tensor *x = em_ones(2, (int64_t[]){2, 3}, EM_F32, em_cpu());
+    em_tensor *xt = em_transpose(x, 0, 1);
+    em_attr a = {.type = EM_ATTR_FLOAT, .v.f = 2};
+    em_tensor *y = NULL;
+    const em_tensor *in[1] = {xt};
+    cr_assert_eq(em_op_call(op, in, 1, &a, &y), EM_ERR_NOKERNEL);
+    em_assert_error(EM_ERR_NOKERNEL, "test.scale: no kernel for device 'cpu' and dtype float32; "
+                    "registered: cpu (float32)");
+    em_tensor *x64 = em_ones(1, (int64_t[]){3}, EM_F64, em_cpu());
+    in[0] = x64;
+    cr_assert_eq(em_op_call(op, in, 1, &a, &y), EM_ERR_NOKERNEL);
+    em_assert_error(EM_ERR_NOKERNEL, "dtype float64");
+    em_tensor_release(x);
+    em_tensor_release(xt);
+    em_tensor_release(x64);
+}
+
+Test(dispatch, arguments_are_checked_against_the_schema) {
+    const em_op *op = declare_scale();
+    em_tensor *x = em_ones(1, (int64_t[]){3}, EM_F32, em_cpu());
+    const em_tensor *in[2] = {x, x};
+    em_tensor *y = NULL;
+    cr_assert_eq(em_op_call(op, in, 2, NULL, &y), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "test.scale: called with 2 inputs; it takes 1");
+    em_attr wrong = {.type = EM_ATTR_INT, .v.i = 2};
+    cr_assert_eq(em_op_call(op, in, 1, &wrong, &y), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "attribute 'scale'");
+    /* Declaring the same name twice, and malformed schemas, are refused. */
+    em_op_schema s = {.struct_size = sizeof s, .name = "test.scale", .n_inputs = 1,
+                      .n_outputs = 1, .dispatch_arg = 0, .infer = infer_first};
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, NULL), EM_ERR_EXISTS);
+    em_assert_error(EM_ERR_EXISTS, "'test.scale' is already declared");
+    s.name = "test.bad";
+    s.n_outputs = 0;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "the schema of 'test.bad' is malformed");
+    em_tensor_release(x);
+}
+
+Test(dispatch, unknown_ops_suggest_a_near_name) {
+    cr_assert_null(em_op_find("ad"));
+    em_assert_error(EM_ERR_NOTFOUND, "no op named 'ad' is declared (did you mean 'add'?)");
+    em_kernel_def k = {.struct_size = sizeof k, .op = "no.such.op", .device_type = "cpu",
+                       .dtype = EM_F32, .fn = scale_kernel};
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_ERR_NOTFOUND);
+    em_assert_error(EM_ERR_NOTFOUND, "no op named 'no.such.op'");
+    k.op = "add";
+    k.device_type = "tpu";
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_ERR_NOTFOUND);
+    em_assert_error(EM_ERR_NOTFOUND, "no device type 'tpu'");
+}
+
+Test(dispatch, placement_counts_ops_and_profiles_time) {
+    em_placement_reset();
+    em_profile_enable(true);
+    em_tensor *x = em_ones(1, (int64_t[]){100000}, EM_F32, em_cpu());
+    em_tensor *y = em_exp(x);
+    em_placement_stats s;
+    cr_assert_eq(em_placement_get("cpu", &s), EM_OK);
+    cr_assert_eq(s.ops, 2, "fill and exp ran on the CPU (got %llu)", (unsigned long long)s.ops);
+    cr_assert_gt(s.ns, 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    em_placement_report(f);
+    fclose(f);
+    cr_assert(strstr(text, "cpu"), "%s", text);
+    free(text);
+    em_profile_enable(false);
+    cr_assert_eq(em_placement_get("tpu", &s), EM_ERR_NOTFOUND);
+    em_tensor_release(x);
+    em_tensor_release(y);
+}
+
+Test(dispatch, settings_round_trip) {
+    em_set_num_threads(3);
+    cr_assert_eq(em_num_threads(), 3);
+    em_set_num_threads(0);
+    cr_assert_eq(em_num_threads(), 1, "thread counts below 1 become 1");
+    em_set_deterministic(true);
+    cr_assert(em_deterministic());
+    em_set_deterministic(false);
+    em_fallback_set(EM_FALLBACK_ALLOW);
+    cr_assert_eq(em_fallback_get(), EM_FALLBACK_ALLOW);
+    em_fallback_set(EM_FALLBACK_ERROR);
+}
+
+Test(dispatch, env_variables_set_the_policy_at_init) {
+    em_shutdown();
+    setenv("EMBER_FALLBACK", "warn", 1);
+    setenv("EMBER_NUM_THREADS", "1", 1);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_fallback_get(), EM_FALLBACK_WARN);
+    cr_assert_eq(em_num_threads(), 1);
+    unsetenv("EMBER_FALLBACK");
+    unsetenv("EMBER_NUM_THREADS");
+}
