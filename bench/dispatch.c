@@ -24,7 +24,7 @@
 
 #define REPEATS 5
 
-/* ---- the no-op op ----------------------------------------------------------------------------- */
+/* ---- the no-op op ---------------------------------------------------------------------------- */
 
 /* Output 0 has input 0's shape and dtype. */
 static em_status noop_infer(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
@@ -52,7 +52,7 @@ static const em_op *declare_noop(void) {
     return op;
 }
 
-/* ---- timing --------------------------------------------------------------------------------- */
+/* ---- timing ---------------------------------------------------------------------------------- */
 
 static double now_ns(void) {
     struct timespec ts;
@@ -117,7 +117,7 @@ static double measure(bench_fn fn, const bench_args *a, long iters) {
     return per_call[REPEATS / 2];
 }
 
-/* ---- report ------------------------------------------------------------------------------------ */
+/* ---- report ---------------------------------------------------------------------------------- */
 
 static void cpu_model(char *buf, size_t cap) {
     snprintf(buf, cap, "unknown");

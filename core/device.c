@@ -165,6 +165,27 @@ int em_device_count(const char *type_name) {
     return t < 0 ? 0 : em__device_types[t].ops.count();
 }
 
+em_status em_device_properties(em_device dev, em_device_props *out) {
+    if (!out || out->struct_size < sizeof *out)
+        return em_set_error(EM_ERR_INVALID, "device_properties: NULL out or struct_size %zu "
+                            "smaller than %zu", out ? out->struct_size : 0, sizeof *out);
+    em_status st = em__device_check(dev, "device_properties");
+    if (st != EM_OK) return st;
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    char buf[48];
+    snprintf(out->name, sizeof out->name, "%s", em_device_str(dev, buf, sizeof buf));
+    const em_device_ops *ops = em__device_ops(dev);
+    if (!ops->properties) return EM_OK;
+    st = ops->properties(dev.index, out);
+    out->struct_size = sizeof *out;
+    out->name[sizeof out->name - 1] = '\0';
+    if (st != EM_OK && !em__error_pending())
+        em_set_error(st, "device_properties: the backend of %s failed: %s", buf,
+                     em_status_str(st));
+    return st;
+}
+
 em_status em_device_synchronize(em_device dev) {
     em_status st = em__device_check(dev, "synchronize");
     return st != EM_OK ? st : em__device_ops(dev)->synchronize(dev.index);

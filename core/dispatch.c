@@ -103,7 +103,8 @@ static void op_free(struct em_op *op) {
             }
     for (int i = 0; i < op->schema.n_inputs && op->schema.input_names; i++)
         em__free((char *)op->schema.input_names[i]);
-    for (int i = 0; i < op->schema.n_attrs; i++) em__free((char *)op->schema.attr_names[i]);
+    for (int i = 0; i < op->schema.n_attrs && op->schema.attr_names; i++)
+        em__free((char *)op->schema.attr_names[i]);
     em__free((void *)op->schema.input_names);
     em__free((void *)op->schema.attr_names);
     em__free((void *)op->schema.attr_types);

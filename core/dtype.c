@@ -228,8 +228,16 @@ static float f64_to_f32_odd(double v) {
 }
 
 /* Floating stores round once, to nearest even, to the dtype. Integer stores truncate toward
- * zero like a C cast, saturating at the dtype's range (NaN stores 0; uint8 saturates negative
- * values to 0 rather than wrapping). bool stores v != 0 (so NaN is true). */
+ * zero to int64, saturating at int64's range (NaN stores 0), then wrap to the dtype's width
+ * like a C integer conversion (-1 stores 255 in uint8, as PyTorch does). bool stores v != 0
+ * (so NaN is true). */
+/* v truncated toward zero and saturated to int64 (NaN: 0). INT64_MAX is not a double, so
+ * everything >= 2^63 saturates to it by hand. */
+static int64_t store_i64(double v) {
+    if (!isnan(v) && v >= 0x1p63) return INT64_MAX;
+    return (int64_t)trunc_saturate(v, -0x1p63, 0x1p63 - 1024.0);
+}
+
 void em_dtype_store(em_dtype dt, void *base, int64_t i, double v) {
     switch (dt) {
     case EM_F32: ((float *)base)[i] = (float)v; break;
@@ -237,16 +245,10 @@ void em_dtype_store(em_dtype dt, void *base, int64_t i, double v) {
     case EM_F16: ((uint16_t *)base)[i] = em_f32_to_f16(f64_to_f32_odd(v)); break;
     case EM_BF16: ((uint16_t *)base)[i] = em_f32_to_bf16(f64_to_f32_odd(v)); break;
     case EM_I32:
-        ((int32_t *)base)[i] = (int32_t)trunc_saturate(v, -2147483648.0, 2147483647.0);
+        ((int32_t *)base)[i] = (int32_t)(uint32_t)(uint64_t)store_i64(v);
         break;
-    case EM_I64:
-        /* INT64_MAX is not a double: everything >= 2^63 saturates to it by hand. */
-        if (!isnan(v) && v >= 0x1p63)
-            ((int64_t *)base)[i] = INT64_MAX;
-        else
-            ((int64_t *)base)[i] = (int64_t)trunc_saturate(v, -0x1p63, 0x1p63 - 1024.0);
-        break;
-    case EM_U8: ((uint8_t *)base)[i] = (uint8_t)trunc_saturate(v, 0.0, 255.0); break;
+    case EM_I64: ((int64_t *)base)[i] = store_i64(v); break;
+    case EM_U8: ((uint8_t *)base)[i] = (uint8_t)(uint64_t)store_i64(v); break;
     case EM_BOOL: ((uint8_t *)base)[i] = v != 0; break;
     default: break;
     }

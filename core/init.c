@@ -66,7 +66,14 @@ em_status em_init(void) {
         return st;
     }
     initialized = true;
-    em__plugins_load_all();
+    if (em__plugins_load_all() == EM_ERR_NOMEM) {
+        snprintf(init_message, sizeof init_message, "%s", em_last_error());
+        teardown();
+        initialized = false;
+        em_set_error(EM_ERR_NOMEM, "%s", init_message);
+        pthread_mutex_unlock(&init_lock);
+        return EM_ERR_NOMEM;
+    }
     init_status = EM_OK;
     if (!em__device_types[EM_DEVICE_CPU_TYPE].used) {
         init_status = em_set_error(EM_ERR_PLUGIN, "em_init: no plugin registered the CPU device "

@@ -177,7 +177,8 @@ em_status em__registry_add_device_type(em_registry *r, int type);
 em_registry *em__registry_core(void);
 em_status em__registries_init(void);
 void em__registries_shutdown(void);
-void em__plugins_load_all(void);
+/* EM_ERR_NOMEM when memory ran out (refused plugins are not an error). */
+em_status em__plugins_load_all(void);
 void em__plugins_unload_all(void);
 /* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
 const char *em__plugin_names(void);

@@ -173,6 +173,28 @@ em_tensor *em_div(const em_tensor *a, const em_tensor *b) {
     return r;
 }
 
+static em_status inplace_shape_error(const em_op *op, const em_tensor *a, const em_tensor *b) {
+    char x[160], y[160];
+    return em_set_error(EM_ERR_SHAPE, "%s_: shape %s does not broadcast to the in-place "
+                        "output's shape %s", em_op_name(op),
+                        em__shape_str(b->ndim, b->shape, x, sizeof x),
+                        em__shape_str(a->ndim, a->shape, y, sizeof y));
+}
+
+/* a op= b when the result type rt is wider than a's dtype: compute in rt, then round once into
+ * a, as PyTorch does (converting b to a's dtype first would round twice, f32 += f64, or
+ * overflow, f16 += bf16). */
+static em_status binary_promoted_(const em_op *op, em_tensor *a, const em_tensor *b) {
+    const em_tensor *in[2] = {a, b};
+    em_tensor *r = em__op1(op, in, 2, NULL);
+    if (!r) return em_last_status();
+    bool fits = r->ndim == a->ndim &&
+                memcmp(r->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
+    em_status st = fits ? em_copy_(a, r) : inplace_shape_error(op, a, b);
+    em_tensor_release(r);
+    return st;
+}
+
 /* a op= b: the result type must be castable to a's dtype (no float into int, no int into
  * bool), as in PyTorch. */
 static em_status binary_(const em_op *op, em_tensor *a, const em_tensor *b) {
@@ -185,16 +207,12 @@ static em_status binary_(const em_op *op, em_tensor *a, const em_tensor *b) {
         return em_set_error(EM_ERR_DTYPE, "%s_: result type %s can't be cast to the desired "
                             "output type %s", em_op_name(op),
                             em_dtype_name(op == op_div ? EM_F32 : rt), em_dtype_name(a->dtype));
+    if (rt != a->dtype) return binary_promoted_(op, a, b);
     em_tensor *bc = em__to_dtype(b, a->dtype);
     em_tensor *be = bc ? em__expand(bc, a->ndim, a->shape) : NULL;
     em_status st = EM_OK;
     if (!be) {
-        char x[160], y[160];
-        st = bc ? em_set_error(EM_ERR_SHAPE, "%s_: shape %s does not broadcast to the in-place "
-                               "output's shape %s", em_op_name(op),
-                               em__shape_str(b->ndim, b->shape, x, sizeof x),
-                               em__shape_str(a->ndim, a->shape, y, sizeof y))
-                : em_last_status();
+        st = bc ? inplace_shape_error(op, a, b) : em_last_status();
     } else {
         const em_tensor *args[2] = {a, be};
         st = em_op_call_out(op, args, 2, NULL, &a, 1);
@@ -291,13 +309,8 @@ em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) 
     return em__scope_track(sum_impl("sum", a, ndims, dims, keepdim, &count));
 }
 
-em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    if (!em__check_inputs("mean", &a, 1)) return NULL;
-    if (!em_dtype_is_floating(a->dtype)) {
-        em_set_error(EM_ERR_DTYPE, "mean: could not infer output dtype: input dtype %s is not "
-                     "floating; convert it with em_to_dtype first", em_dtype_name(a->dtype));
-        return NULL;
-    }
+/* The mean in a's own floating dtype (f32 or f64). */
+static em_tensor *mean_impl(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
     int64_t count;
     em_tensor *s = sum_impl("mean", a, ndims, dims, keepdim, &count);
     em_tensor *k = s ? em__full(0, NULL, count ? 1.0 / (double)count : NAN, a->dtype, em_cpu())
@@ -310,7 +323,26 @@ em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim)
         em_tensor_release(s);
         return NULL;
     }
-    return em__scope_track(s);
+    return s;
+}
+
+em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    if (!em__check_inputs("mean", &a, 1)) return NULL;
+    if (!em_dtype_is_floating(a->dtype)) {
+        em_set_error(EM_ERR_DTYPE, "mean: could not infer output dtype: input dtype %s is not "
+                     "floating; convert it with em_to_dtype first", em_dtype_name(a->dtype));
+        return NULL;
+    }
+    if (a->dtype == EM_F32 || a->dtype == EM_F64)
+        return em__scope_track(mean_impl(a, ndims, dims, keepdim));
+    /* f16 and bf16 accumulate in f32 and round once, as in PyTorch: their sum alone may
+     * overflow (the mean of 1e5 float16 ones is 1, their sum inf). */
+    em_tensor *x = em__to_dtype(a, EM_F32);
+    em_tensor *m = x ? mean_impl(x, ndims, dims, keepdim) : NULL;
+    em_tensor *r = m ? em__to_dtype(m, a->dtype) : NULL;
+    em_tensor_release(m);
+    em_tensor_release(x);
+    return em__scope_track(r);
 }
 
 /* ---- matmul ------------------------------------------------------------------------------------- */

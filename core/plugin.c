@@ -105,6 +105,7 @@ typedef struct candidate {
     em_registry *reg;
     void *handle;
     const em_plugin_descriptor *desc;
+    bool pending; /* registration failed during the start-up pass: retried at its end */
 } candidate;
 
 static struct {
@@ -115,6 +116,7 @@ static struct {
     char *search_path;
     em_registry *core, *program;
     bool loading_done;
+    bool first_pass; /* em__plugins_load_all is walking the search path */
 } L;
 
 em_registry *em__registry_core(void) { return L.core; }
@@ -181,6 +183,64 @@ static bool already_seen(const char *real) {
     return false;
 }
 
+/* Run c's register function. A plugin may need what a plugin found after it provides (a
+ * third-party plugin on EMBER_PLUGIN_PATH that adds CPU kernels loads before ember-cpu), so a
+ * failure that is not final (during the start-up pass) leaves c pending, and
+ * register_pending() retries it once the whole search path is loaded. */
+static em_status register_candidate(candidate *c, bool final) {
+    const em_plugin_descriptor *d = c->desc;
+    if (!(c->reg = em__registry_new(c->name))) {
+        dlclose(c->handle);
+        c->handle = NULL;
+        c->desc = NULL;
+        c->pending = false;
+        return EM_ERR_NOMEM;
+    }
+    em_clear_error();
+    em_status st = d->register_fn(c->reg);
+    if (st != EM_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", em__error_pending() ? em_last_error() : em_status_str(st));
+        registry_withdraw(c->reg);
+        if (d->shutdown_fn && (d->struct_size >= offsetof(em_plugin_descriptor, ext)))
+            d->shutdown_fn();
+        em__registry_free(c->reg);
+        c->reg = NULL;
+        c->pending = !final && st != EM_ERR_NOMEM;
+        if (c->pending) return EM_OK;
+        em_status r = refuse(c, EM_PLUGIN_REFUSED, "registration failed: %s", why);
+        return st == EM_ERR_NOMEM ? em_set_error(EM_ERR_NOMEM, "%s", why) : r;
+    }
+    c->pending = false;
+    c->status = EM_PLUGIN_LOADED;
+    em_log_write(EM_LOG_INFO, "plugin %s %s loaded from %s", c->name, c->version, c->path);
+    return EM_OK;
+}
+
+/* Retry the pending plugins in discovery order while a pass loads one of them; then refuse
+ * the rest with their own registration error. */
+static em_status register_pending(void) {
+    bool progress = true, nomem = false;
+    while (progress) {
+        progress = false;
+        for (size_t i = 0; i < L.n; i++) {
+            if (!L.c[i].pending) continue;
+            candidate *dup = find_loaded(L.c[i].name);
+            if (dup) {
+                L.c[i].pending = false;
+                refuse(&L.c[i], EM_PLUGIN_REFUSED, "a plugin named '%s' is already loaded "
+                       "from %s", L.c[i].name, dup->path);
+                continue;
+            }
+            nomem |= register_candidate(&L.c[i], false) == EM_ERR_NOMEM;
+            progress |= L.c[i].status == EM_PLUGIN_LOADED;
+        }
+    }
+    for (size_t i = 0; i < L.n; i++)
+        if (L.c[i].pending) nomem |= register_candidate(&L.c[i], true) == EM_ERR_NOMEM;
+    return nomem ? EM_ERR_NOMEM : EM_OK;
+}
+
 static em_status load_file(const char *path) {
     char real[PATH_MAX];
     if (!realpath(path, real)) snprintf(real, sizeof real, "%s", path);
@@ -229,44 +289,29 @@ static em_status load_file(const char *path) {
     if (dup)
         return refuse(c, EM_PLUGIN_REFUSED, "a plugin named '%s' is already loaded from %s",
                       c->name, dup->path);
-    if (!(c->reg = em__registry_new(c->name))) {
-        dlclose(c->handle);
-        c->handle = NULL;
-        return EM_ERR_NOMEM;
-    }
-    em_clear_error();
-    em_status st = d->register_fn(c->reg);
-    if (st != EM_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", em__error_pending() ? em_last_error() : em_status_str(st));
-        registry_withdraw(c->reg);
-        if (d->shutdown_fn && (d->struct_size >= offsetof(em_plugin_descriptor, ext)))
-            d->shutdown_fn();
-        em__registry_free(c->reg);
-        c->reg = NULL;
-        return refuse(c, EM_PLUGIN_REFUSED, "registration failed: %s", why);
-    }
     c->desc = d;
-    c->status = EM_PLUGIN_LOADED;
-    em_log_write(EM_LOG_INFO, "plugin %s %s loaded from %s", c->name, c->version, c->path);
-    return EM_OK;
+    return register_candidate(c, !L.first_pass);
 }
 
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Load every *.so in dir, in name order. */
-static void load_dir(const char *dir) {
+/* Load every *.so in dir, in name order. EM_ERR_NOMEM if memory ran out on the way. */
+static em_status load_dir(const char *dir) {
+    em_status st = EM_OK;
     DIR *d = opendir(dir);
-    if (!d) return;
+    if (!d) return EM_OK;
     char *names[512];
     size_t n = 0;
     for (struct dirent *e; (e = readdir(d)) && n < EM_ARRAY_LEN(names);) {
         size_t len = strlen(e->d_name);
         if (len > 3 && strcmp(e->d_name + len - 3, ".so") == 0) {
             char *p = em__malloc(strlen(dir) + len + 2, "plugin path");
-            if (!p) break;
+            if (!p) {
+                st = EM_ERR_NOMEM;
+                break;
+            }
             sprintf(p, "%s/%s", dir, e->d_name);
             names[n++] = p;
         }
@@ -274,19 +319,19 @@ static void load_dir(const char *dir) {
     closedir(d);
     qsort(names, n, sizeof *names, cmp_str);
     for (size_t i = 0; i < n; i++) {
-        load_file(names[i]);
+        if (load_file(names[i]) == EM_ERR_NOMEM) st = EM_ERR_NOMEM;
         em__free(names[i]);
     }
+    return st;
 }
 
-static void load_entry(const char *entry) {
+static em_status load_entry(const char *entry) {
     struct stat sb;
     if (stat(entry, &sb) != 0) {
         em_log_write(EM_LOG_WARN, "EMBER_PLUGIN_PATH entry %s does not exist", entry);
-        return;
+        return EM_OK;
     }
-    if (S_ISDIR(sb.st_mode)) load_dir(entry);
-    else load_file(entry);
+    return S_ISDIR(sb.st_mode) ? load_dir(entry) : load_file(entry);
 }
 
 /* True when libember itself was loaded from inside its build tree. */
@@ -300,15 +345,17 @@ static bool running_uninstalled(void) {
 }
 
 /* The build tree's plugin directories: plugins/<name>/.libs. */
-static void append_build_dirs(char *buf, size_t cap, size_t *n) {
+static bool append_build_dirs(char *buf, size_t cap, size_t *n) {
     char root[PATH_MAX];
     snprintf(root, sizeof root, "%s/plugins", EM_BUILD_DIR);
     DIR *d = opendir(root);
-    if (!d) return;
+    if (!d) return true;
     char *names[64];
     size_t k = 0;
-    for (struct dirent *e; (e = readdir(d)) && k < EM_ARRAY_LEN(names);)
-        if (e->d_name[0] != '.' && (names[k] = em__strdup(e->d_name, "dir name"))) k++;
+    bool ok = true;
+    for (struct dirent *e; ok && (e = readdir(d)) && k < EM_ARRAY_LEN(names);)
+        if (e->d_name[0] != '.') ok = (names[k++] = em__strdup(e->d_name, "dir name")) != NULL;
+    if (!ok) k--;
     closedir(d);
     qsort(names, k, sizeof *names, cmp_str);
     for (size_t i = 0; i < k; i++) {
@@ -316,30 +363,37 @@ static void append_build_dirs(char *buf, size_t cap, size_t *n) {
         if (*n < cap) *n += (size_t)snprintf(buf + *n, cap - *n, "%s/%s/.libs", root, names[i]);
         em__free(names[i]);
     }
+    return ok;
 }
 
-void em__plugins_load_all(void) {
+em_status em__plugins_load_all(void) {
     char path[8192];
     size_t n = 0;
     path[0] = '\0';
     const char *env = getenv("EMBER_PLUGIN_PATH");
     if (env && *env) n += (size_t)snprintf(path, sizeof path, "%s", env);
     size_t before = n;
-    if (running_uninstalled()) append_build_dirs(path, sizeof path, &n);
+    if (running_uninstalled() && !append_build_dirs(path, sizeof path, &n)) return EM_ERR_NOMEM;
     if (n == before && !running_uninstalled()) {
         if (n && n < sizeof path) path[n++] = ':';
         if (n < sizeof path) n += (size_t)snprintf(path + n, sizeof path - n, "%s", EM_PLUGIN_DIR);
     }
     if (n >= sizeof path) n = sizeof path - 1;
     path[n] = '\0';
-    L.search_path = em__strdup(path, "plugin search path");
+    if (!(L.search_path = em__strdup(path, "plugin search path"))) return EM_ERR_NOMEM;
 
-    for (size_t i = 0; i < L.n_queued; i++) load_file(L.queued[i]);
+    bool nomem = false;
+    L.first_pass = true;
+    for (size_t i = 0; i < L.n_queued; i++) nomem |= load_file(L.queued[i]) == EM_ERR_NOMEM;
     char *save = NULL;
     for (char *tok = strtok_r(path, ":", &save); tok; tok = strtok_r(NULL, ":", &save))
-        if (*tok) load_entry(tok);
+        if (*tok) nomem |= load_entry(tok) == EM_ERR_NOMEM;
+    L.first_pass = false;
+    nomem |= register_pending() == EM_ERR_NOMEM;
     L.loading_done = true;
+    if (nomem) return em_set_error(EM_ERR_NOMEM, "em_init: out of memory while loading plugins");
     em_clear_error(); /* refusals are reported by em_plugins(), not as em_init's error */
+    return EM_OK;
 }
 
 void em__plugins_unload_all(void) {
@@ -357,7 +411,10 @@ void em__plugins_unload_all(void) {
     for (size_t i = 0; i < L.n_queued; i++) em__free(L.queued[i]);
     em__free(L.queued);
     em__free(L.search_path);
+    em_registry *core = L.core, *program = L.program; /* freed by em__registries_shutdown */
     memset(&L, 0, sizeof L);
+    L.core = core;
+    L.program = program;
 }
 
 em_status em__registries_init(void) {

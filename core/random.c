@@ -101,8 +101,8 @@ void em__random_init(void) {
     uint64_t seed = 0;
     const char *env = getenv("EMBER_SEED");
     if (env && !parse_seed(env, &seed)) {
-        em_log_write(EM_LOG_WARN, "EMBER_SEED='%.64s' is not an unsigned 64-bit integer; using 0",
-               env);
+        em_log_write(EM_LOG_WARN,
+                     "EMBER_SEED='%.64s' is not an unsigned 64-bit integer; using 0", env);
         seed = 0;
     }
     em_seed(seed);

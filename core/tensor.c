@@ -666,6 +666,7 @@ em_status em_copy_(em_tensor *dst, const em_tensor *src) {
     const em_tensor *args[2] = {dst, src};
     if (!em__check_inputs("copy_", args, 2)) return em_last_status();
     em_tensor *s = em__expand(src, dst->ndim, dst->shape);
+    if (!s && em_last_status() == EM_ERR_NOMEM) return EM_ERR_NOMEM;
     if (!s) {
         char a[160], b[160];
         return em_set_error(EM_ERR_SHAPE, "copy_: source shape %s does not broadcast to the "

@@ -420,7 +420,7 @@ Test(dtype, store_layout) {
     cr_expect_eq(em_dtype_load(EM_U8, b, 1), 7.0);
 }
 
-Test(dtype, store_integer_truncation_and_saturation) {
+Test(dtype, store_integer_truncation_saturation_and_wrapping) {
     int32_t i32[1];
     int64_t i64[1];
     uint8_t u8[1];
@@ -432,21 +432,23 @@ Test(dtype, store_integer_truncation_and_saturation) {
         uint8_t u8;
         uint8_t b;
     } cases[] = {
+        /* Truncate toward zero to int64 (saturating there), then wrap to the width. */
         {2.7, 2, 2, 2, 1},
-        {-2.7, -2, -2, 0, 1},    /* toward zero; u8 saturates at 0 */
+        {-2.7, -2, -2, 254, 1},  /* -2 wraps to 254 in uint8, as PyTorch gives */
         {0.5, 0, 0, 0, 1},       /* bool is v != 0 */
         {-0.0, 0, 0, 0, 0},
         {0.0, 0, 0, 0, 0},
         {255.9, 255, 255, 255, 1},
-        {300.0, 300, 300, 255, 1},
-        {1e20, INT32_MAX, INT64_MAX, 255, 1},
-        {-1e20, INT32_MIN, INT64_MIN, 0, 1},
-        {0x1p63, INT32_MAX, INT64_MAX, 255, 1},
-        {-0x1p63, INT32_MIN, INT64_MIN, 0, 1},
+        {300.0, 300, 300, 44, 1}, /* 300 mod 256 */
+        {1e20, -1, INT64_MAX, 255, 1},  /* INT64_MAX's low 32 and 8 bits */
+        {-1e20, 0, INT64_MIN, 0, 1},    /* INT64_MIN's low bits are all 0 */
+        {0x1p63, -1, INT64_MAX, 255, 1},
+        {-0x1p63, 0, INT64_MIN, 0, 1},
         {2147483647.9, INT32_MAX, 2147483647, 255, 1},
         {-2147483648.9, INT32_MIN, -2147483648LL, 0, 1},
-        {INFINITY, INT32_MAX, INT64_MAX, 255, 1},
-        {-INFINITY, INT32_MIN, INT64_MIN, 0, 1},
+        {4294967296.0 + 5, 5, 4294967301LL, 5, 1},
+        {INFINITY, -1, INT64_MAX, 255, 1},
+        {-INFINITY, 0, INT64_MIN, 0, 1},
         {NAN, 0, 0, 0, 1},       /* NaN stores 0 in integers; NaN != 0 is true */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {

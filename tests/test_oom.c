@@ -34,7 +34,8 @@ static struct {
 static void *counting_alloc(size_t n, size_t align, void *user) {
     (void)user;
     long call = atomic_fetch_add(&g_count.calls, 1) + 1;
-    if (g_count.fail_at && (call == g_count.fail_at || (g_count.sticky && call > g_count.fail_at))) {
+    long at = g_count.fail_at;
+    if (at && (call == at || (g_count.sticky && call > at))) {
         atomic_fetch_add(&g_count.failures, 1);
         return NULL;
     }

@@ -481,6 +481,36 @@ Test(print, threshold_1d) {
     expect_text(make(v, EM_F32, 1, SHAPE(11)), "tensor([ 0.,  1.,  ...,  9., 10.], shape=[11])");
 }
 
+/* ---- devices ------------------------------------------------------------------------------ */
+
+/* A suite with the test plugin "testdev" (tests/plugins/testdev.c, device memory that the
+ * core can reach only through the device's copy) loaded before em_init(). */
+static void testdev_setup(void) {
+    const char *dir = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert_not_null(dir, "EMBER_TEST_PLUGIN_DIR is not set (make check sets it)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/testdev.so", dir);
+    cr_assert_eq(em_plugin_load(path), EM_OK, "%s", em_last_error());
+    setup();
+}
+
+/* torch.tensor([[1.5, -2.], [0.25, 8.]]) on a second device: the device suffix comes after
+ * the dtype and before the shape. The values travel through em_tensor_to_host. */
+Test(print_device, device_suffix, .init = testdev_setup, .fini = teardown) {
+    em_device dev;
+    cr_assert_eq(em_device_parse("testdev:1", &dev), EM_OK, "%s", em_last_error());
+    float v[] = {1.5f, -2.f, 0.25f, 8.f};
+    em_tensor *t = em_from_data(v, 2, SHAPE(2, 2), EM_F32, dev);
+    cr_assert_not_null(t, "%s", em_last_error());
+    expect_text(t,
+        "tensor([[ 1.5000, -2.0000],\n"
+        "        [ 0.2500,  8.0000]], device=testdev:1, shape=[2, 2])");
+    double w[] = {3., 4.};
+    t = em_from_data(w, 1, SHAPE(2), EM_F64, dev);
+    cr_assert_not_null(t, "%s", em_last_error());
+    expect_text(t, "tensor([3., 4.], dtype=float64, device=testdev:1, shape=[2])");
+}
+
 /* ---- the buffer API and errors ------------------------------------------------------------ */
 
 Test(print, format_truncates_like_snprintf) {

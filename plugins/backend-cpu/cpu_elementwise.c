@@ -26,11 +26,12 @@
     DEF_BINARY_T(opname, EXPR, f64, double, double, LD_ID, ST_ID)                              \
     DEF_BINARY_T(opname, EXPR, f16, uint16_t, float, LD_H, ST_H)                               \
     DEF_BINARY_T(opname, EXPR, bf16, uint16_t, float, LD_B, ST_B)                              \
-    DEF_BINARY_T(opname, EXPR, i32, int32_t, int32_t, LD_ID, ST_ID)                            \
-    DEF_BINARY_T(opname, EXPR, i64, int64_t, int64_t, LD_ID, ST_ID)                            \
+    DEF_BINARY_T(opname, EXPR, i32, int32_t, uint32_t, LD_ID, ST_ID)                           \
+    DEF_BINARY_T(opname, EXPR, i64, int64_t, uint64_t, LD_ID, ST_ID)                           \
     DEF_BINARY_T(opname, EXPR, u8, uint8_t, uint8_t, LD_ID, ST_ID)
 
-/* out = EXPR(x, y); p[0] is the output, p[1], p[2] the inputs. */
+/* out = EXPR(x, y); p[0] is the output, p[1], p[2] the inputs. int32 and int64 compute in
+ * unsigned arithmetic so that overflow wraps, as in PyTorch, instead of being undefined. */
 #define DEF_BINARY_T(opname, EXPR, sfx, T, CT, LD, ST)                                         \
     static void opname##_##sfx(char **p, const int64_t *s, int64_t n, void *ctx) {             \
         (void)ctx;                                                                             \
@@ -156,43 +157,10 @@ static em_status k_relu(const em_kernel_ctx *k) { return run_table(k, &t_relu); 
 
 /* ---- copy with conversion ------------------------------------------------------------------------ */
 
-/* Every dtype read as double and written from double; float-to-integer conversions saturate
- * (NaN becomes 0) so that no value is undefined behaviour; integer-to-integer conversions wrap
- * as C casts do (as in PyTorch). */
-static inline double load_d(em_dtype dt, const char *p) {
-    switch (dt) {
-    case EM_F32: return *(const float *)p;
-    case EM_F64: return *(const double *)p;
-    case EM_F16: return cpu_h2f(*(const uint16_t *)p);
-    case EM_BF16: return cpu_b2f(*(const uint16_t *)p);
-    case EM_I32: return *(const int32_t *)p;
-    case EM_I64: return (double)*(const int64_t *)p;
-    case EM_U8: return *(const uint8_t *)p;
-    case EM_BOOL: return *(const bool *)p;
-    default: return 0;
-    }
-}
-
-static inline int64_t sat_i64(double v) {
-    if (v != v) return 0;
-    if (v >= 9223372036854775807.0) return INT64_MAX;
-    if (v <= -9223372036854775808.0) return INT64_MIN;
-    return (int64_t)v;
-}
-
-static inline void store_d(em_dtype dt, char *p, double v) {
-    switch (dt) {
-    case EM_F32: *(float *)p = (float)v; break;
-    case EM_F64: *(double *)p = v; break;
-    case EM_F16: *(uint16_t *)p = cpu_f2h((float)v); break;
-    case EM_BF16: *(uint16_t *)p = cpu_f2b((float)v); break;
-    case EM_I32: *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)sat_i64(v); break;
-    case EM_I64: *(int64_t *)p = sat_i64(v); break;
-    case EM_U8: *(uint8_t *)p = (uint8_t)(uint64_t)sat_i64(v); break;
-    case EM_BOOL: *(bool *)p = v != 0; break;
-    default: break;
-    }
-}
+/* Converting copies go through em_dtype_load/em_dtype_store, which define Ember's scalar
+ * conversions (ember/dtype.h); integer-to-integer copies keep all 64 bits. */
+static inline double load_d(em_dtype dt, const char *p) { return em_dtype_load(dt, p, 0); }
+static inline void store_d(em_dtype dt, char *p, double v) { em_dtype_store(dt, p, 0, v); }
 
 typedef struct copy_ctx {
     em_dtype to, from;
@@ -281,7 +249,7 @@ static em_status k_index_select(const em_kernel_ctx *k) {
     int64_t istride = idx->ndim ? idx->strides[0] : 1;
     for (int64_t j = 0; j < idx->numel; j++) {
         int64_t v = ip[j * istride];
-        if (v < -size || v >= size)
+        if (v < 0 || v >= size) /* PyTorch's index_select takes no negative indices */
             return em_set_error(EM_ERR_RANGE, "index_select: index %lld is out of range for dim "
                                 "%d of size %lld", (long long)v, dim, (long long)size);
     }
@@ -289,7 +257,6 @@ static em_status k_index_select(const em_kernel_ctx *k) {
     size_t e = em_dtype_size(x->dtype);
     for (int64_t j = 0; j < idx->numel; j++) {
         int64_t v = ip[j * istride];
-        if (v < 0) v += size;
         em_ktensor xs = *x, ys = *y;
         xs.data = (char *)x->data + v * x->strides[dim] * (int64_t)e;
         ys.data = (char *)y->data + j * y->strides[dim] * (int64_t)e;

@@ -83,6 +83,12 @@ typedef struct em_device_props {
     int compute_units;    /* cores or SMs */
 } em_device_props;
 
+/* Fill *out with the device's properties (the caller sets out->struct_size). Uses the
+ * backend's properties slot; when the backend has none, only the name "<type>:<index>" is
+ * filled and the rest is zero (unknown). EM_ERR_DEVICE for an unknown device, EM_ERR_INVALID
+ * for a NULL out or a struct_size smaller than this header's em_device_props. */
+EM_API em_status em_device_properties(em_device dev, em_device_props *out /* out */);
+
 /* Opaque backend stream and event handles. NULL is the device's default stream, on which work
  * is ordered with everything else on that device. */
 typedef struct em_stream em_stream;

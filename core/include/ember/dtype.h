@@ -56,12 +56,12 @@ EM_API float em_f16_to_f32(uint16_t h);
 EM_API uint16_t em_f32_to_bf16(float f);
 EM_API float em_bf16_to_f32(uint16_t h);
 
-/* Read element `i` of a contiguous buffer of dtype `dt` as a double, and write one. Slow
- * paths for printing, item() and tests; kernels use typed loops.
+/* Read element `i` of a contiguous buffer of dtype `dt` as a double, and write one. These
+ * define Ember's scalar conversions: every backend's copy kernel converts the same way.
  * Storing rounds once to nearest even for floating dtypes (f16/bf16 included); integer
- * dtypes truncate toward zero like a C cast but saturate at their range (NaN stores 0,
- * negative values store 0 in uint8); bool stores v != 0 (NaN is true). Loading a bool reads
- * any non-zero byte as 1. */
+ * dtypes truncate toward zero to int64 (saturating there; NaN stores 0), then wrap to their
+ * width like a C integer conversion (-1 stores 255 in uint8, as PyTorch does); bool stores
+ * v != 0 (NaN is true). Loading a bool reads any non-zero byte as 1. */
 EM_API double em_dtype_load(em_dtype dt, const void *base, int64_t i);
 EM_API void em_dtype_store(em_dtype dt, void *base, int64_t i, double v);
 

@@ -70,8 +70,9 @@ EM_API em_tensor *em_matmul(const em_tensor *a, const em_tensor *b);
 EM_API em_status em_fill_(em_tensor *t, double value);
 /* [start, end) in steps of step, as a 1-D tensor of dtype dt on dev. */
 EM_API em_tensor *em_arange(double start, double end, double step, em_dtype dt, em_device dev);
-/* A COPY of the entries of a along dim picked by a 1-D int64 (or int32) index; unlike basic
- * indexing (em_select, em_slice) the result does not share storage with a. */
+/* A COPY of the entries of a along dim picked by a 1-D int64 (or int32) index with values in
+ * [0, size) (as in PyTorch, negative indices are an error, not counted from the end); unlike
+ * basic indexing (em_select, em_slice) the result does not share storage with a. */
 EM_API em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index);
 
 /* ---- random fills (ember/random.h defines the streams) ----------------------------------- */

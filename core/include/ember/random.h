@@ -41,6 +41,10 @@
 extern "C" {
 #endif
 
+/* The scale factors below are 2^-24 and 2^-53 written as exact decimal literals: hexadecimal
+ * floating literals (0x1p-24) are not valid C++ before C++17, and this header is included
+ * from C++. */
+
 /* Philox 4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
  * SC'11), matching Random123's philox4x32_10. */
 static inline void em_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2],
@@ -72,7 +76,7 @@ static inline void em_philox_block(uint64_t seed, uint64_t block, uint32_t out[4
 static inline float em_philox_uniform_f32(uint64_t seed, uint64_t offset, uint64_t i) {
     uint32_t w[4];
     em_philox_block(seed, offset + i / 4, w);
-    return (float)(w[i % 4] >> 8) * 0x1p-24f;
+    return (float)(w[i % 4] >> 8) * 5.9604644775390625e-08f;
 }
 
 /* Element i of the 2-per-block f64 uniform stream: [0, 1) with 53 random bits. */
@@ -80,7 +84,8 @@ static inline double em_philox_uniform_f64(uint64_t seed, uint64_t offset, uint6
     uint32_t w[4];
     em_philox_block(seed, offset + i / 2, w);
     unsigned j = (unsigned)(i % 2) * 2;
-    return ((double)(w[j] >> 5) * 67108864.0 + (double)(w[j + 1] >> 6)) * 0x1p-53;
+    return ((double)(w[j] >> 5) * 67108864.0 + (double)(w[j + 1] >> 6)) *
+           1.1102230246251565404236316680908203125e-16;
 }
 
 /* Element i of the 2-per-block normal stream (mean 0, std 1). */
@@ -88,8 +93,8 @@ static inline double em_philox_normal(uint64_t seed, uint64_t offset, uint64_t i
     uint32_t w[4];
     em_philox_block(seed, offset + i / 2, w);
     unsigned j = (unsigned)(i % 2) * 2;
-    double u1 = ((double)(w[j] >> 8) + 1.0) * 0x1p-24;
-    double u2 = (double)(w[j + 1] >> 8) * 0x1p-24;
+    double u1 = ((double)(w[j] >> 8) + 1.0) * 5.9604644775390625e-08;
+    double u2 = (double)(w[j + 1] >> 8) * 5.9604644775390625e-08;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
 }
 

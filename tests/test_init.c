@@ -1,0 +1,142 @@
+/*
+ * test_init.c — starting and stopping the library: em_init() is idempotent and thread-safe,
+ * init/shutdown cycles leave nothing behind (the suite runs under ASan), em_shutdown()
+ * without em_init() does nothing, and a missing CPU plugin makes em_init() fail with a
+ * message that says what is missing and where to look.
+ */
+#define _GNU_SOURCE /* setenv */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ember/ember.h>
+
+static void no_setup(void) {}
+static void teardown(void) {
+    em_shutdown();
+    unsetenv("EMBER_DISABLE_PLUGINS");
+}
+
+TestSuite(init, .init = no_setup, .fini = teardown);
+
+/* sum(arange(n)) on the CPU, as a check that the library works. */
+static double arange_sum(int n) {
+    em_tensor *a = em_arange(0, n, 1, EM_F64, em_cpu());
+    cr_assert_not_null(a, "%s", em_last_error());
+    em_tensor *s = em_sum(a, 0, NULL, false);
+    cr_assert_not_null(s, "%s", em_last_error());
+    double v = em_item(s);
+    em_tensor_release(a);
+    em_tensor_release(s);
+    return v;
+}
+
+Test(init, twice_is_idempotent) {
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert(em_initialized());
+    size_t plugins = em_plugin_count();
+    cr_assert_geq(plugins, 1);
+    const char *path = em_plugin_search_path();
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert(em_initialized());
+    cr_assert_eq(em_plugin_count(), plugins, "the second em_init loaded plugins again");
+    cr_assert_str_eq(em_plugin_search_path(), path);
+    cr_assert_eq(em_device_count("cpu"), 1);
+    cr_assert_float_eq(arange_sum(10), 45.0, 0);
+}
+
+Test(init, cycles_leave_nothing_behind) {
+    for (int round = 0; round < 2; round++) {
+        cr_assert_eq(em_init(), EM_OK, "round %d: %s", round, em_last_error());
+        cr_assert(em_initialized());
+        cr_assert_float_eq(arange_sum(100), 4950.0, 0, "round %d", round);
+        cr_assert_not_null(em_op_find("add"));
+        em_shutdown();
+        cr_assert(!em_initialized(), "round %d", round);
+        cr_assert_eq(em_device_count("cpu"), 0, "the CPU device outlived em_shutdown");
+    }
+}
+
+static pthread_barrier_t start;
+
+static void *init_thread(void *arg) {
+    em_status *out = arg;
+    pthread_barrier_wait(&start);
+    *out = em_init();
+    return NULL;
+}
+
+Test(init, concurrent_init) {
+    enum { N = 4 };
+    pthread_t th[N];
+    em_status st[N];
+    cr_assert_eq(pthread_barrier_init(&start, NULL, N), 0);
+    for (int i = 0; i < N; i++) cr_assert_eq(pthread_create(&th[i], NULL, init_thread, &st[i]), 0);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&start);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(st[i], EM_OK, "thread %d: %s", i, em_status_name(st[i]));
+    cr_assert(em_initialized());
+    size_t concurrent = em_plugin_count();
+    cr_assert_float_eq(arange_sum(5), 10.0, 0);
+    em_shutdown();
+    /* The same plugins as one plain em_init() sees: none were loaded twice. */
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_plugin_count(), concurrent);
+}
+
+Test(init, shutdown_without_init_does_nothing) {
+    cr_assert(!em_initialized());
+    em_shutdown();
+    em_shutdown();
+    cr_assert(!em_initialized());
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_float_eq(arange_sum(3), 3.0, 0);
+}
+
+Test(init, version_and_build_info) {
+    cr_assert_str_eq(em_version(), EM_VERSION_STRING);
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", EM_VERSION_MAJOR, EM_VERSION_MINOR, EM_VERSION_PATCH);
+    cr_assert_str_eq(em_version(), want);
+    const char *bi = em_build_info();
+    cr_assert_not_null(bi);
+    cr_assert(strstr(bi, em_version()), "build info '%s' lacks the version", bi);
+    char abi[32];
+    snprintf(abi, sizeof abi, "plugin ABI %d", EM_PLUGIN_ABI_MAJOR);
+    cr_assert(strstr(bi, abi), "build info '%s' lacks '%s'", bi, abi);
+}
+
+Test(init, without_the_cpu_plugin_init_fails) {
+    setenv("EMBER_DISABLE_PLUGINS", "ember-cpu", 1);
+    cr_assert_eq(em_init(), EM_ERR_PLUGIN);
+    cr_assert_eq(em_last_status(), EM_ERR_PLUGIN);
+    cr_assert(strstr(em_last_error(), "CPU device"), "message: %s", em_last_error());
+    cr_assert(strstr(em_last_error(), "ember-info"), "message: %s", em_last_error());
+    /* The plugin list is still there, saying why. */
+    bool listed = false;
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info p;
+        cr_assert_eq(em_plugin_get(i, &p), EM_OK);
+        if (p.name && strcmp(p.name, "ember-cpu") == 0) {
+            cr_assert_eq(p.status, EM_PLUGIN_DISABLED);
+            cr_assert(p.reason && strstr(p.reason, "EMBER_DISABLE_PLUGINS"));
+            listed = true;
+        }
+    }
+    cr_assert(listed, "ember-cpu is not listed");
+    /* A second call gives the same answer. */
+    em_clear_error();
+    cr_assert_eq(em_init(), EM_ERR_PLUGIN);
+    cr_assert(strstr(em_last_error(), "CPU device"), "message: %s", em_last_error());
+    em_tensor *t = em_zeros(1, (int64_t[]){2}, EM_F32, em_cpu());
+    cr_assert_null(t);
+    cr_assert_eq(em_last_status(), EM_ERR_DEVICE, "%s", em_last_error());
+
+    /* Shut down, re-enable, and the library starts. */
+    em_shutdown();
+    unsetenv("EMBER_DISABLE_PLUGINS");
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_float_eq(arange_sum(4), 6.0, 0);
+}
