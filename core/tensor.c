@@ -235,6 +235,11 @@ em_tensor *em_tensor_wrap(void *data, int ndim, const int64_t *shape, const int6
         return NULL;
     }
     if (em__device_check(dev, "tensor_wrap") != EM_OK) return NULL;
+    if ((uintptr_t)data % em_dtype_size(dt) != 0) {
+        em_set_error(EM_ERR_INVALID, "tensor_wrap: data %p is not aligned to the %zu bytes of "
+                     "a %s element", data, em_dtype_size(dt), em_dtype_name(dt));
+        return NULL;
+    }
     int64_t st[EM_MAX_DIMS], span = 1;
     if (strides) {
         for (int i = 0; i < ndim; i++) {

@@ -23,6 +23,8 @@ static inline em_tensor *em_test_tensor(em_dtype dt, int ndim, const int64_t *sh
                                         const double *values) {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
+    /* Its own scope, so it works whether or not the caller has one open. */
+    cr_assert_eq(em_scope_begin(), EM_OK);
     em_tensor *t = em_empty(ndim, shape, dt, em_cpu());
     cr_assert(t, "em_empty: %s", em_last_error());
     double *buf = malloc(sizeof(double) * (size_t)(n ? n : 1));
@@ -30,13 +32,15 @@ static inline em_tensor *em_test_tensor(em_dtype dt, int ndim, const int64_t *sh
     em_tensor *d = em_from_data(buf, ndim, shape, EM_F64, em_cpu());
     cr_assert(d, "em_from_data: %s", em_last_error());
     cr_assert_eq(em_copy_(t, d), EM_OK, "copy_: %s", em_last_error());
-    em_tensor_release(d);
     free(buf);
+    em_keep(t);
+    cr_assert_eq(em_scope_end(), EM_OK);
     return t;
 }
 
 /* Element i (C order) of t as a double. */
 static inline double em_test_at(const em_tensor *t, int64_t i) {
+    cr_assert_eq(em_scope_begin(), EM_OK);
     em_tensor *c = em_to_dtype(t, EM_F64);
     cr_assert(c, "to_dtype: %s", em_last_error());
     int64_t n = em_tensor_numel(c);
@@ -45,7 +49,7 @@ static inline double em_test_at(const em_tensor *t, int64_t i) {
                  em_last_error());
     double v = buf[i];
     free(buf);
-    em_tensor_release(c);
+    cr_assert_eq(em_scope_end(), EM_OK);
     return v;
 }
 

@@ -844,5 +844,9 @@ Test(wrap, errors_do_not_call_release) {
     cr_expect_null(em_tensor_wrap(buf, 1, (const int64_t[]){2}, (const int64_t[]){-1}, EM_F32,
                                   em_cpu(), on_release, &log));
     em_assert_error(EM_ERR_INVALID, "stride -1");
+    /* Misaligned memory would be undefined behaviour in every kernel: refused up front. */
+    cr_expect_null(em_tensor_wrap((char *)buf + 2, 1, (const int64_t[]){1}, NULL, EM_F32,
+                                  em_cpu(), on_release, &log));
+    em_assert_error(EM_ERR_INVALID, "not aligned to the 4 bytes of a float32 element");
     cr_expect_eq(log.calls, 0);
 }

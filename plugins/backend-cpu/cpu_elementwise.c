@@ -206,7 +206,7 @@ static em_status k_copy(const em_kernel_ctx *k) {
 
 typedef struct fill_ctx {
     em_dtype dt;
-    char value[8];
+    _Alignas(8) char value[8]; /* one element of dt */
 } fill_ctx;
 
 static void fill_loop(char **p, const int64_t *s, int64_t n, void *vctx) {

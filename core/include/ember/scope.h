@@ -20,7 +20,9 @@
  *
  * Rules: do not em_tensor_release() a reference that a scope owns (em_keep it first, or
  * em_tensor_retain it to get a reference of your own). Scopes nest, and are per thread: a
- * tensor created on one thread belongs to that thread's scope.
+ * tensor created on one thread belongs to that thread's scope. A helper function that releases
+ * the tensors it creates should open a scope of its own around them (and em_keep what it
+ * returns): it then works the same whether or not its caller has a scope open.
  */
 #ifndef EMBER_SCOPE_H
 #define EMBER_SCOPE_H

@@ -76,7 +76,8 @@ EM_API em_tensor *em_from_data(const void *data, int ndim, const int64_t *shape,
 
 /* Called when the last tensor over wrapped memory goes away. */
 typedef void (*em_release_fn)(void *data, void *user);
-/* Wrap memory the caller owns, without a copy. strides (in elements) may be NULL for C order.
+/* Wrap memory the caller owns, without a copy. data must be aligned to the element size
+ * (EM_ERR_INVALID otherwise). strides (in elements) may be NULL for C order.
  * `release` (may be NULL) is called once with (data, user) when no tensor uses the memory any
  * more. The memory counts in no allocator statistic. On error `release` is not called. */
 EM_API em_tensor *em_tensor_wrap(void *data, int ndim, const int64_t *shape,
