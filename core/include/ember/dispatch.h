@@ -224,10 +224,12 @@ EM_API em_status em_placement_get(const char *device_type, em_placement_stats *o
 
 /* With deterministic mode on, every op gives bitwise-identical results for the same inputs
  * regardless of thread count and scheduling. Ops whose behaviour changes under it:
- *   - sum, mean (and every reduction built on them): the CPU backend splits a reduction into
- *     a fixed number of blocks, summed in a fixed order, instead of one block per thread;
- *   - index_add and scatter_add (once declared): run without racing updates.
- * Off by default. */
+ *   - sum and mean over all elements of a long run: the CPU backend sums fixed-size blocks
+ *     (16384 elements) combined in block order, instead of one block per thread (which is
+ *     faster, and repeatable only at the same thread count).
+ * The elementwise, copy, index and random-fill kernels compute each element independently and
+ * are deterministic in both modes; matmul is whatever OpenBLAS gives (repeatable at a fixed
+ * thread count). Off by default. */
 EM_API void em_set_deterministic(bool on);
 EM_API bool em_deterministic(void);
 
