@@ -152,6 +152,14 @@ em_dtype em__result_type(const em_tensor *const *in, int n);
 
 /* Declares the standard op set into the core registry at em_init(). */
 em_status em__ops_declare_standard(em_registry *core);
+/* Each op family declares its schemas (core/ops_<family>.c). */
+em_status em__ops_declare_math(em_registry *core);
+em_status em__ops_declare_reduce(em_registry *core);
+em_status em__ops_declare_nn(em_registry *core);
+em_status em__ops_declare_loss(em_registry *core);
+em_status em__ops_declare_data(em_registry *core);
+em_status em__ops_declare_linalg(em_registry *core);
+
 /* Handles to the standard ops, valid after em_init(). */
 extern const em_op *em__op_copy, *em__op_fill;
 

@@ -142,6 +142,12 @@ em_status em__ops_declare_standard(em_registry *core) {
     DECL(op_normal, "normal", 0, 4, normal, tiiff, -1, 0, NULL);
     DECL(op_bernoulli, "bernoulli", 0, 3, bernoulli, tiif, -1, 0, NULL);
 #undef DECL
+    if (st == EM_OK) st = em__ops_declare_math(core);
+    if (st == EM_OK) st = em__ops_declare_reduce(core);
+    if (st == EM_OK) st = em__ops_declare_nn(core);
+    if (st == EM_OK) st = em__ops_declare_loss(core);
+    if (st == EM_OK) st = em__ops_declare_data(core);
+    if (st == EM_OK) st = em__ops_declare_linalg(core);
     return st;
 }
 

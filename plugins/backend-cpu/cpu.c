@@ -169,6 +169,12 @@ static em_status cpu_register(em_registry *r) {
     if (st == EM_OK) st = cpu_register_reduce(r);
     if (st == EM_OK) st = cpu_register_matmul(r);
     if (st == EM_OK) st = cpu_register_random(r);
+    if (st == EM_OK) st = cpu_register_math(r);
+    if (st == EM_OK) st = cpu_register_nn(r);
+    if (st == EM_OK) st = cpu_register_loss(r);
+    if (st == EM_OK) st = cpu_register_data(r);
+    if (st == EM_OK) st = cpu_register_linalg(r);
+
     return st;
 }
 

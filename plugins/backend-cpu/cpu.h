@@ -17,6 +17,12 @@ em_status cpu_register_elementwise(em_registry *r);
 em_status cpu_register_reduce(em_registry *r);
 em_status cpu_register_matmul(em_registry *r);
 em_status cpu_register_random(em_registry *r);
+em_status cpu_register_math(em_registry *r);
+em_status cpu_register_nn(em_registry *r);
+em_status cpu_register_loss(em_registry *r);
+em_status cpu_register_data(em_registry *r);
+em_status cpu_register_linalg(em_registry *r);
+
 
 /* Register `fn` for op on the CPU for each dtype in dts (n of them). */
 em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,

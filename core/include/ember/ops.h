@@ -83,6 +83,36 @@ EM_API em_status em_normal_(em_tensor *t, double mean, double std, em_generator 
 /* 1 with probability p, else 0 (any dtype). */
 EM_API em_status em_bernoulli_(em_tensor *t, double p, em_generator *gen);
 
+
+/* ---- elementwise math: more unary and binary ops, comparisons, logical ops, where, clamp, scalar variants ---- */
+
+/* (end of math) */
+
+
+/* ---- reductions: max, min, argmax, argmin, var, std, logsumexp, norm, prod ---- */
+
+/* (end of reduce) */
+
+
+/* ---- neural-network ops: conv2d, pooling, batch_norm, layer_norm, softmax, log_softmax ---- */
+
+/* (end of nn) */
+
+
+/* ---- losses: cross_entropy, nll_loss, mse, l1, smooth_l1, bce_with_logits ---- */
+
+/* (end of loss) */
+
+
+/* ---- data movement: cat, stack, split, chunk, pad, gather, scatter, index_add, embedding, masked_fill, one_hot, tril, triu, flip, linspace ---- */
+
+/* (end of data) */
+
+
+/* ---- linear algebra: addmm, linear, bmm, low-precision matmul ---- */
+
+/* (end of linalg) */
+
 #ifdef __cplusplus
 }
 #endif
