@@ -439,28 +439,38 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
     em_kernel *k = op->top[dev.type][key];
     while (k && k->def.supports && !k->def.supports(&ctx)) k = k->below;
+    if (!k && (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
+               !op->top[EM_DEVICE_CPU_TYPE][key]))
+        return no_kernel_error(op, dev.type, key);
+    em__node *node = NULL;
+    em_status st = em__autograd_pre(op, in, n_in, attrs, out, n_out, &node);
+    if (st != EM_OK) return st;
     if (!k) {
-        if (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
-            !op->top[EM_DEVICE_CPU_TYPE][key])
-            return no_kernel_error(op, dev.type, key);
-        return run_on_cpu(op, in, n_in, attrs, out, n_out, dev.type);
-    }
-    ctx.user = k->def.user;
-    uint64_t t0 = cfg.profile ? em__now_ns() : 0;
-    em_status st = k->def.fn(&ctx);
-    if (cfg.profile) {
-        if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
-        atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0, memory_order_relaxed);
-    }
-    atomic_fetch_add_explicit(&place[dev.type].ops, 1, memory_order_relaxed);
-    if (st != EM_OK) {
-        if (!em__error_pending() || em_last_status() != st)
+        st = run_on_cpu(op, in, n_in, attrs, out, n_out, dev.type);
+    } else {
+        ctx.user = k->def.user;
+        uint64_t t0 = cfg.profile ? em__now_ns() : 0;
+        st = k->def.fn(&ctx);
+        if (cfg.profile) {
+            if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
+            atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0, memory_order_relaxed);
+        }
+        atomic_fetch_add_explicit(&place[dev.type].ops, 1, memory_order_relaxed);
+        if (st != EM_OK && (!em__error_pending() || em_last_status() != st))
             em_set_error(st, "%s: kernel %s failed: %s", op->schema.name, k->def.name,
                          em_status_str(st));
+        if (st == EM_OK)
+            for (int i = 0; i < n_out; i++) atomic_fetch_add(&out[i]->storage->version, 1);
+    }
+    if (st != EM_OK) {
+        em__autograd_post(node, out, n_out, false);
         return st;
     }
-    for (int i = 0; i < n_out; i++) atomic_fetch_add(&out[i]->storage->version, 1);
-    return EM_OK;
+    if (em_grad_mode_get() == EM_GRAD_INFERENCE)
+        for (int i = 0; i < n_out; i++) out[i]->inference = true;
+    st = em__autograd_post(node, out, n_out, true);
+    if (st == EM_OK && em__anomaly_on()) st = em__anomaly_check_forward(op, in, n_in, out, n_out);
+    return st;
 }
 
 /* The fallback: copy inputs to the CPU, run there, copy the outputs back. */
@@ -472,6 +482,7 @@ static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, 
                em__device_types[devtype].name);
     em_tensor *cin[8] = {0}, *cout[4] = {0};
     em_status st = EM_OK;
+    em_grad_mode_push(EM_GRAD_DISABLED); /* the caller records the op itself */
     for (int i = 0; i < n_in && st == EM_OK; i++)
         if (!(cin[i] = em__to_device(in[i], em_cpu()))) st = em_last_status();
     for (int i = 0; i < n_out && st == EM_OK; i++) {
@@ -483,6 +494,7 @@ static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, 
     for (int i = 0; i < n_out && st == EM_OK; i++) st = em_copy_(out[i], cout[i]);
     for (int i = 0; i < n_in; i++) em_tensor_release(cin[i]);
     for (int i = 0; i < n_out; i++) em_tensor_release(cout[i]);
+    em_grad_mode_pop();
     if (st == EM_OK) {
         atomic_fetch_add(&place[devtype].fallbacks, 1);
         atomic_fetch_add(&((struct em_op *)op)->fallbacks[devtype], 1);

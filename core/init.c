@@ -56,6 +56,7 @@ em_status em_init(void) {
     em__log_init();
     em__dispatch_init();
     em__random_init();
+    em__autograd_init();
     em_status st = em__registries_init();
     if (st == EM_OK) st = em__ops_declare_standard(em__registry_core());
     if (st != EM_OK) {

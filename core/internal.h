@@ -83,6 +83,9 @@ typedef struct em__storage {
     void *release_user;
 } em__storage;
 
+typedef struct em__node em__node;
+typedef struct em__hook em__hook;
+
 struct em_tensor {
     atomic_int refcount;
     em__storage *storage;
@@ -92,6 +95,16 @@ struct em_tensor {
     int64_t numel;
     int64_t shape[EM_MAX_DIMS];
     int64_t strides[EM_MAX_DIMS];
+    /* autograd (autograd.c) */
+    bool requires_grad;        /* a leaf that requires grad, or a tensor with a grad_fn */
+    bool retains_grad;         /* em_retain_grad on a non-leaf */
+    bool is_view;              /* made by a view function: shares a base's storage */
+    bool inference;            /* made under EM_GRAD_INFERENCE */
+    bool view_base_requires_grad; /* is_view, and the base required grad when it was made */
+    int output_nr;             /* which output of grad_fn this is */
+    em__node *grad_fn;         /* owned reference; NULL for leaves */
+    em_tensor *grad;           /* owned reference; NULL when none */
+    em__hook *hooks;           /* leaf hooks (non-leaf hooks live on grad_fn) */
 };
 
 /* Internal versions of the public tensor-returning functions: they return a reference the
@@ -191,11 +204,52 @@ void em__plugins_unload_all(void);
 /* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
 const char *em__plugin_names(void);
 
+/* ---- autograd (autograd.c) ------------------------------------------------------------------ */
+
+/* Before a kernel runs: if grad mode is on and an input requires grad, build the node (edges,
+ * saved inputs) into *node; check in-place rules on the outputs. *node stays NULL when nothing
+ * is to be recorded. */
+em_status em__autograd_pre(const em_op *op, const em_tensor *const *in, int n_in,
+                           const em_attr *attrs, em_tensor *const *out, int n_out,
+                           em__node **node);
+/* After the kernel ran: attach the node to the outputs and save the outputs it needs. On
+ * failure of the kernel call with ok = false: drop the node. */
+em_status em__autograd_post(em__node *node, em_tensor *const *out, int n_out, bool ok);
+/* Anomaly mode: check the floating outputs of op for NaN/Inf (forward). */
+em_status em__anomaly_check_forward(const em_op *op, const em_tensor *const *in, int n_in,
+                                    em_tensor *const *out, int n_out);
+bool em__anomaly_on(void);
+/* Record that `view` is a view of `base`: kind and parameters let backward map the view's
+ * grad back to the base's shape. */
+typedef enum em__view_kind {
+    EM__VIEW_RESHAPE,  /* view, reshape, squeeze, unsqueeze, flatten: grad reshaped back */
+    EM__VIEW_PERMUTE,  /* permute, transpose: inverse permutation; p = dims */
+    EM__VIEW_EXPAND,   /* expand: grad summed over the expanded dims */
+    EM__VIEW_NARROW,   /* narrow, slice, select: grad copied into zeros; dim, start, step,
+                          and `squeezed` for select */
+} em__view_kind;
+typedef struct em__view_info {
+    em__view_kind kind;
+    int dim;
+    int64_t start, step;
+    bool squeezed;
+    int perm[EM_MAX_DIMS];
+} em__view_info;
+/* Returns view, or NULL (view released) on failure. */
+em_tensor *em__autograd_view(em_tensor *view, const em_tensor *base, const em__view_info *info);
+/* Record a cross-device copy (out = in moved to another device) for backward. */
+em_status em__autograd_to_device(em_tensor *out, const em_tensor *in);
+/* Free t's autograd state (grad, grad_fn, hooks) when t dies. */
+void em__autograd_tensor_free(em_tensor *t);
+void em__autograd_init(void);
+
 /* ---- scopes (scope.c) --------------------------------------------------------------------- */
 
 /* Give the user's new reference t to the thread's innermost scope (if any); returns t. */
 em_tensor *em__scope_track(em_tensor *t);
 void em__scope_shutdown(void);
+/* Take t out of the innermost scope without moving it anywhere (the caller owns it). */
+void em__scope_untrack(em_tensor *t);
 
 /* ---- random (random.c) -------------------------------------------------------------------- */
 

@@ -25,7 +25,7 @@
 
 const em_op *em__op_copy, *em__op_fill;
 static const em_op *op_add, *op_sub, *op_mul, *op_div, *op_neg, *op_exp, *op_log, *op_relu,
-    *op_sum, *op_bmm, *op_index_select, *op_arange, *op_uniform, *op_normal, *op_bernoulli;
+    *op_sum, *op_index_select, *op_arange, *op_uniform, *op_normal, *op_bernoulli;
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
@@ -104,12 +104,87 @@ static em_status infer_index_select(const em_op *op, const em_tensor *const *in,
 
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         int dispatch_arg, unsigned flags, em_infer_fn infer) {
+                         int dispatch_arg, unsigned flags, em_infer_fn infer,
+                         em_backward_fn backward, unsigned saves) {
     em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
                       .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer};
+                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer,
+                      .backward = backward, .saves = saves};
     return em_op_declare(core, &s, out);
 }
+
+/* ---- derivatives ------------------------------------------------------------------------------
+ * Written with the public ops; they run with grad mode off inside a scope of their own, so
+ * temporaries need no release. A grad passed through unchanged is returned as a new reference
+ * (em_tensor_retain). */
+
+#define G (c->grad_out[0])
+#define NEED(i) (c->needs_grad[i])
+
+static em_status d_copy(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_to_dtype(G, c->in_meta[0].dtype);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_add(const em_backward_ctx *c, em_tensor **gi) {
+    if (NEED(0)) gi[0] = em_tensor_retain(G);
+    if (NEED(1)) gi[1] = em_tensor_retain(G);
+    return EM_OK;
+}
+static em_status d_sub(const em_backward_ctx *c, em_tensor **gi) {
+    if (NEED(0)) gi[0] = em_tensor_retain(G);
+    if (NEED(1) && !(gi[1] = em_neg(G))) return em_last_status();
+    return EM_OK;
+}
+static em_status d_mul(const em_backward_ctx *c, em_tensor **gi) {
+    if (NEED(0) && !(gi[0] = em_mul(G, c->in[1]))) return em_last_status();
+    if (NEED(1) && !(gi[1] = em_mul(G, c->in[0]))) return em_last_status();
+    return EM_OK;
+}
+static em_status d_div(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *a = c->in[0], *b = c->in[1];
+    if (NEED(0) && !(gi[0] = em_div(G, b))) return em_last_status();
+    /* d(a/b)/db = -a / b^2 */
+    if (NEED(1) && !(gi[1] = em_neg(em_div(em_mul(G, a), em_mul(b, b))))) return em_last_status();
+    return EM_OK;
+}
+static em_status d_neg(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_neg(G);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_exp(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_mul(G, c->out[0]);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_log(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_div(G, c->in[0]);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static const em_op *op_relu_backward;
+static em_status d_relu(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *in[2] = {G, c->out[0]};
+    gi[0] = em__scope_track(em__op1(op_relu_backward, in, 2, NULL));
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_sum(const em_backward_ctx *c, em_tensor **gi) {
+    /* The grad has the input's ndim with 1 on the reduced dims: broadcast it back. */
+    gi[0] = em_expand(G, c->in_meta[0].ndim, c->in_meta[0].shape);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static const em_op *op_bmm;
+static em_status d_bmm(const em_backward_ctx *c, em_tensor **gi) {
+    /* (B,M,K) x (B,K,N): dA = G x B^T, dB = A^T x G */
+    if (NEED(0)) {
+        const em_tensor *in[2] = {G, em_transpose(c->in[1], 1, 2)};
+        if (!(gi[0] = em__scope_track(em__op1(op_bmm, in, 2, NULL)))) return em_last_status();
+    }
+    if (NEED(1)) {
+        const em_tensor *in[2] = {em_transpose(c->in[0], 1, 2), G};
+        if (!(gi[1] = em__scope_track(em__op1(op_bmm, in, 2, NULL)))) return em_last_status();
+    }
+    return EM_OK;
+}
+#undef G
+#undef NEED
 
 em_status em__ops_declare_standard(em_registry *core) {
     static const char *const value[] = {"value"}, *const dims[] = {"dims"},
@@ -124,23 +199,28 @@ em_status em__ops_declare_standard(em_registry *core) {
     const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
-    DECL(em__op_copy, "copy", 1, 0, NULL, NULL, -1, 0, infer_same);
-    DECL(em__op_fill, "fill", 0, 1, value, tf, -1, 0, NULL);
-    DECL(op_add, "add", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
-    DECL(op_sub, "sub", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
-    DECL(op_mul, "mul", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
-    DECL(op_div, "div", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
-    DECL(op_neg, "neg", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_exp, "exp", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_log, "log", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_sum, "sum", 1, 1, dims, ti, 0, 0, infer_sum);
-    DECL(op_bmm, "bmm", 2, 0, NULL, NULL, 0, 0, infer_bmm);
-    DECL(op_index_select, "index_select", 2, 1, dim, tint, 0, 0, infer_index_select);
-    DECL(op_arange, "arange", 0, 2, arange, tff, -1, 0, NULL);
-    DECL(op_uniform, "uniform", 0, 4, uniform, tiiff, -1, 0, NULL);
-    DECL(op_normal, "normal", 0, 4, normal, tiiff, -1, 0, NULL);
-    DECL(op_bernoulli, "bernoulli", 0, 3, bernoulli, tiif, -1, 0, NULL);
+    const unsigned nd = EM_OP_NONDIFF, in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
+                   out0 = EM_SAVE_OUTPUT(0);
+    DECL(em__op_copy, "copy", 1, 0, NULL, NULL, -1, 0, infer_same, d_copy, 0);
+    DECL(em__op_fill, "fill", 0, 1, value, tf, -1, nd, NULL, NULL, 0);
+    DECL(op_add, "add", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_add, 0);
+    DECL(op_sub, "sub", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_sub, 0);
+    DECL(op_mul, "mul", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_mul, in01);
+    DECL(op_div, "div", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_div, in01);
+    DECL(op_neg, "neg", 1, 0, NULL, NULL, 0, 0, infer_same, d_neg, 0);
+    DECL(op_exp, "exp", 1, 0, NULL, NULL, 0, 0, infer_same, d_exp, out0);
+    DECL(op_log, "log", 1, 0, NULL, NULL, 0, 0, infer_same, d_log, in0);
+    DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, 0, infer_same, d_relu, out0);
+    /* relu_backward(grad, y) = grad where y > 0, else 0 (its own derivative is not needed). */
+    DECL(op_relu_backward, "relu_backward", 2, 0, NULL, NULL, 0, nd, infer_same, NULL, 0);
+    DECL(op_sum, "sum", 1, 1, dims, ti, 0, 0, infer_sum, d_sum, 0);
+    DECL(op_bmm, "bmm", 2, 0, NULL, NULL, 0, 0, infer_bmm, d_bmm, in01);
+    /* index_select's derivative needs index_add (the data-movement family). */
+    DECL(op_index_select, "index_select", 2, 1, dim, tint, 0, 0, infer_index_select, NULL, 0);
+    DECL(op_arange, "arange", 0, 2, arange, tff, -1, nd, NULL, NULL, 0);
+    DECL(op_uniform, "uniform", 0, 4, uniform, tiiff, -1, nd, NULL, NULL, 0);
+    DECL(op_normal, "normal", 0, 4, normal, tiiff, -1, nd, NULL, NULL, 0);
+    DECL(op_bernoulli, "bernoulli", 0, 3, bernoulli, tiif, -1, nd, NULL, NULL, 0);
 #undef DECL
     if (st == EM_OK) st = em__ops_declare_math(core);
     if (st == EM_OK) st = em__ops_declare_reduce(core);
@@ -322,14 +402,13 @@ static em_tensor *mean_impl(const em_tensor *a, int ndims, const int *dims, bool
     em_tensor *k = s ? em__full(0, NULL, count ? 1.0 / (double)count : NAN, a->dtype, em_cpu())
                      : NULL;
     em_tensor *kd = k ? em__to_device(k, a->storage->device) : NULL;
-    em_status st = kd ? em_mul_(s, kd) : em_last_status();
+    /* Out of place: s may be a view of the sum, which autograd cannot rewrite in place. */
+    const em_tensor *in[2] = {s, kd};
+    em_tensor *r = kd ? em__op1(op_mul, in, 2, NULL) : NULL;
     em_tensor_release(k);
     em_tensor_release(kd);
-    if (st != EM_OK) {
-        em_tensor_release(s);
-        return NULL;
-    }
-    return s;
+    em_tensor_release(s);
+    return r;
 }
 
 em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {

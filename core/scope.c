@@ -83,6 +83,17 @@ em_tensor *em_keep(em_tensor *t) {
     return t;
 }
 
+void em__scope_untrack(em_tensor *t) {
+    if (!t || S.depth == 0) return;
+    scope *sc = &S.s[S.depth - 1];
+    for (size_t i = sc->n; i-- > 0;)
+        if (sc->refs[i] == t) {
+            memmove(&sc->refs[i], &sc->refs[i + 1], (sc->n - i - 1) * sizeof *sc->refs);
+            sc->n--;
+            return;
+        }
+}
+
 /* Free this thread's scope arrays once no scope is open (at the outermost em_scope_end and at
  * em_shutdown), so nothing stays allocated between training runs. */
 void em__scope_shutdown(void) {

@@ -125,6 +125,12 @@ static em_tensor *tensor_object(em__storage *s, em_dtype dt, int ndim, const int
         t->strides[i] = strides[i];
     }
     t->numel = em__numel(ndim, shape);
+    t->requires_grad = t->retains_grad = t->is_view = t->inference = false;
+    t->view_base_requires_grad = false;
+    t->output_nr = 0;
+    t->grad_fn = NULL;
+    t->grad = NULL;
+    t->hooks = NULL;
     atomic_fetch_add(&live_tensors, 1);
     return t;
 }
@@ -165,6 +171,7 @@ em_tensor *em_tensor_retain(em_tensor *t) {
 
 void em_tensor_release(em_tensor *t) {
     if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    em__autograd_tensor_free(t);
     storage_release(t->storage);
     atomic_fetch_sub(&live_tensors, 1);
     em__free(t);
@@ -414,7 +421,7 @@ em_tensor *em__view(const em_tensor *t, int ndim, const int64_t *shape) {
                      em__shape_str(ndim, ns, c, sizeof c));
         return NULL;
     }
-    return em__tensor_view(t, ndim, ns, nst, t->offset);
+    return em__autograd_view(em__tensor_view(t, ndim, ns, nst, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE});
 }
 
 em_tensor *em__reshape(const em_tensor *t, int ndim, const int64_t *shape) {
@@ -422,7 +429,7 @@ em_tensor *em__reshape(const em_tensor *t, int ndim, const int64_t *shape) {
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
     if (resolve_shape("reshape", t, ndim, shape, ns) != EM_OK) return NULL;
     if (view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst))
-        return em__tensor_view(t, ndim, ns, nst, t->offset);
+        return em__autograd_view(em__tensor_view(t, ndim, ns, nst, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE});
     em_tensor *c = em__clone(t);
     if (!c) return NULL;
     em_tensor *v = em__view(c, ndim, ns);
@@ -438,6 +445,7 @@ em_tensor *em__permute(const em_tensor *t, int ndim, const int *dims) {
     }
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
     bool seen[EM_MAX_DIMS] = {false};
+    em__view_info info = {.kind = EM__VIEW_PERMUTE};
     for (int i = 0; i < ndim; i++) {
         int d = em__wrap_dim(dims[i], ndim, "permute");
         if (d < 0) return NULL;
@@ -448,15 +456,17 @@ em_tensor *em__permute(const em_tensor *t, int ndim, const int *dims) {
         seen[d] = true;
         ns[i] = t->shape[d];
         nst[i] = t->strides[d];
+        info.perm[i] = d;
     }
-    return em__tensor_view(t, ndim, ns, nst, t->offset);
+    return em__autograd_view(em__tensor_view(t, ndim, ns, nst, t->offset), t, &info);
 }
 
 em_tensor *em__transpose(const em_tensor *t, int dim0, int dim1) {
     if (!em__check_inputs("transpose", &t, 1)) return NULL;
     int a = em__wrap_dim(dim0, t->ndim, "transpose"), b = a < 0 ? -1 : em__wrap_dim(dim1, t->ndim, "transpose");
     if (a < 0 || b < 0) return NULL;
-    if (t->ndim == 0) return em__tensor_view(t, 0, t->shape, t->strides, t->offset);
+    if (t->ndim == 0)
+        return em__autograd_view(em__tensor_view(t, 0, t->shape, t->strides, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE});
     int dims[EM_MAX_DIMS];
     for (int i = 0; i < t->ndim; i++) dims[i] = i;
     dims[a] = b;
@@ -483,8 +493,9 @@ em_tensor *em_narrow(const em_tensor *t, int dim, int64_t start, int64_t length)
     int64_t ns[EM_MAX_DIMS];
     memcpy(ns, t->shape, sizeof ns);
     ns[d] = length;
-    return em__scope_track(
-        em__tensor_view(t, t->ndim, ns, t->strides, t->offset + start * t->strides[d]));
+    em__view_info info = {.kind = EM__VIEW_NARROW, .dim = d, .start = start, .step = 1};
+    return em__scope_track(em__autograd_view(
+        em__tensor_view(t, t->ndim, ns, t->strides, t->offset + start * t->strides[d]), t, &info));
 }
 
 em_tensor *em_slice(const em_tensor *t, int dim, int64_t start, int64_t end, int64_t step) {
@@ -509,7 +520,9 @@ em_tensor *em_slice(const em_tensor *t, int dim, int64_t start, int64_t end, int
     memcpy(nst, t->strides, sizeof nst);
     ns[d] = (end - start + step - 1) / step;
     nst[d] = t->strides[d] * step;
-    return em__scope_track(em__tensor_view(t, t->ndim, ns, nst, t->offset + start * t->strides[d]));
+    em__view_info info = {.kind = EM__VIEW_NARROW, .dim = d, .start = start, .step = step};
+    return em__scope_track(em__autograd_view(
+        em__tensor_view(t, t->ndim, ns, nst, t->offset + start * t->strides[d]), t, &info));
 }
 
 em_tensor *em__select(const em_tensor *t, int dim, int64_t index) {
@@ -533,7 +546,10 @@ em_tensor *em__select(const em_tensor *t, int dim, int64_t index) {
         ns[j] = t->shape[i];
         nst[j++] = t->strides[i];
     }
-    return em__tensor_view(t, t->ndim - 1, ns, nst, t->offset + index * t->strides[d]);
+    em__view_info info = {.kind = EM__VIEW_NARROW, .dim = d, .start = index, .step = 1,
+                          .squeezed = true};
+    return em__autograd_view(em__tensor_view(t, t->ndim - 1, ns, nst,
+                                             t->offset + index * t->strides[d]), t, &info);
 }
 
 em_tensor *em__expand(const em_tensor *t, int ndim, const int64_t *shape) {
@@ -571,7 +587,8 @@ em_tensor *em__expand(const em_tensor *t, int ndim, const int64_t *shape) {
             return NULL;
         }
     }
-    return em__tensor_view(t, ndim, ns, nst, t->offset);
+    return em__autograd_view(em__tensor_view(t, ndim, ns, nst, t->offset), t,
+                             &(em__view_info){.kind = EM__VIEW_EXPAND});
 }
 
 em_tensor *em__squeeze(const em_tensor *t, int dim) {
@@ -579,7 +596,8 @@ em_tensor *em__squeeze(const em_tensor *t, int dim) {
     int d = em__wrap_dim(dim, t->ndim, "squeeze");
     if (d < 0) return NULL;
     if (t->ndim == 0 || t->shape[d] != 1)
-        return em__tensor_view(t, t->ndim, t->shape, t->strides, t->offset);
+        return em__autograd_view(em__tensor_view(t, t->ndim, t->shape, t->strides, t->offset), t,
+                                 &(em__view_info){.kind = EM__VIEW_RESHAPE});
     return em__select(t, d, 0);
 }
 
@@ -601,7 +619,7 @@ em_tensor *em__unsqueeze(const em_tensor *t, int dim) {
         ns[i] = t->shape[j];
         nst[i] = t->strides[j++];
     }
-    return em__tensor_view(t, t->ndim + 1, ns, nst, t->offset);
+    return em__autograd_view(em__tensor_view(t, t->ndim + 1, ns, nst, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE});
 }
 
 em_tensor *em_squeeze_all(const em_tensor *t) {
@@ -613,7 +631,7 @@ em_tensor *em_squeeze_all(const em_tensor *t) {
         ns[n] = t->shape[i];
         nst[n++] = t->strides[i];
     }
-    return em__scope_track(em__tensor_view(t, n, ns, nst, t->offset));
+    return em__scope_track(em__autograd_view(em__tensor_view(t, n, ns, nst, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE}));
 }
 
 em_tensor *em_flatten(const em_tensor *t, int start_dim, int end_dim) {
@@ -729,7 +747,12 @@ em_tensor *em__to_device(const em_tensor *t, em_device dev) {
     if (!em__check_inputs("to_device", &t, 1)) return NULL;
     if (em__device_check(dev, "to_device") != EM_OK) return NULL;
     if (em_device_equal(dev, t->storage->device)) return em_tensor_retain((em_tensor *)t);
-    return copy_as(t, t->dtype, dev);
+    em_tensor *c = copy_as(t, t->dtype, dev);
+    if (c && em__autograd_to_device(c, t) != EM_OK) {
+        em_tensor_release(c);
+        return NULL;
+    }
+    return c;
 }
 
 em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt) {

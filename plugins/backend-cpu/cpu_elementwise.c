@@ -67,6 +67,11 @@ DEF_BINARY_T(div, x / y, f64, double, double, LD_ID, ST_ID)
 DEF_BINARY_T(div, x / y, f16, uint16_t, float, LD_H, ST_H)
 DEF_BINARY_T(div, x / y, bf16, uint16_t, float, LD_B, ST_B)
 DEF_BINARY_T(add, x || y, bool, bool, bool, LD_ID, ST_ID)
+/* relu_backward(grad, y): grad where y > 0 */
+DEF_BINARY_T(relu_bw, y > 0 ? x : 0, f32, float, float, LD_ID, ST_ID)
+DEF_BINARY_T(relu_bw, y > 0 ? x : 0, f64, double, double, LD_ID, ST_ID)
+DEF_BINARY_T(relu_bw, y > 0 ? x : 0, f16, uint16_t, float, LD_H, ST_H)
+DEF_BINARY_T(relu_bw, y > 0 ? x : 0, bf16, uint16_t, float, LD_B, ST_B)
 DEF_BINARY_T(mul, x &&y, bool, bool, bool, LD_ID, ST_ID)
 
 /* Pick the inner loop for the output dtype from a table indexed by dtype. */
@@ -98,6 +103,9 @@ static const loop_table t_mul = {{[EM_F32] = mul_f32, [EM_F64] = mul_f64, [EM_F1
 static const loop_table t_div = {{[EM_F32] = div_f32, [EM_F64] = div_f64, [EM_F16] = div_f16,
                                   [EM_BF16] = div_bf16}};
 
+static const loop_table t_relu_bw = {{[EM_F32] = relu_bw_f32, [EM_F64] = relu_bw_f64,
+                                      [EM_F16] = relu_bw_f16, [EM_BF16] = relu_bw_bf16}};
+static em_status k_relu_bw(const em_kernel_ctx *k) { return run_table(k, &t_relu_bw); }
 static em_status k_add(const em_kernel_ctx *k) { return run_table(k, &t_add); }
 static em_status k_sub(const em_kernel_ctx *k) { return run_table(k, &t_sub); }
 static em_status k_mul(const em_kernel_ctx *k) { return run_table(k, &t_mul); }
@@ -288,6 +296,7 @@ em_status cpu_register_elementwise(em_registry *r) {
     REG("exp", flt, k_exp);
     REG("log", flt, k_log);
     REG("relu", num, k_relu);
+    REG("relu_backward", flt, k_relu_bw);
     REG("index_select", all, k_index_select);
 #undef REG
     return st;

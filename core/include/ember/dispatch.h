@@ -91,7 +91,38 @@ enum {
     EM_OP_BROADCAST = 1u << 1,
     /* Inputs may be on different devices (the op moves data itself, e.g. copy). */
     EM_OP_CROSS_DEVICE = 1u << 2,
+    /* The outputs are not differentiable (comparisons, argmax, index outputs): they never
+     * require grad and no history is recorded. */
+    EM_OP_NONDIFF = 1u << 3,
 };
+
+/* What a backward function receives: the saved tensors (see em_op_schema.saves), the
+ * attributes, and the gradient of each output. Inputs not saved are NULL in `in`, outputs
+ * not saved are NULL in `out`. grad_out[j] is NULL when no gradient flows into output j
+ * (treat it as zeros). Backward functions are written with ops (em_mul, em_matmul, ...) so
+ * they run on every device; they run with grad mode disabled, inside a scope of their own:
+ * temporaries need no release. */
+typedef struct em_backward_ctx {
+    size_t struct_size;
+    const em_op *op;
+    int n_in, n_out;
+    em_tensor *const *in;        /* (n_in) saved inputs, or NULL */
+    em_tensor *const *out;       /* (n_out) saved outputs, or NULL */
+    const em_attr *attrs;        /* the schema's n_attrs attributes, as the forward saw them */
+    em_tensor *const *grad_out;  /* (n_out) gradient of each output, or NULL */
+    const bool *needs_grad;      /* (n_in) whether input i needs a gradient */
+    const em_tensor_meta *in_meta; /* (n_in) shape and dtype of every input */
+    void *ext;
+} em_backward_ctx;
+
+/* Fill grad_in[i] (for each input with needs_grad[i]) with a tensor of input i's shape and
+ * dtype, or leave it NULL for "no gradient". Returned tensors are kept by the engine. Return
+ * EM_OK or an error set with em_set_error. */
+typedef em_status (*em_backward_fn)(const em_backward_ctx *ctx, em_tensor **grad_in);
+
+/* em_op_schema.saves: which inputs and outputs the backward needs. */
+#define EM_SAVE_INPUT(i) (1u << (i))
+#define EM_SAVE_OUTPUT(j) (1u << (8 + (j)))
 
 /* Infers output shapes and dtypes from the inputs and attributes, or rejects them: return
  * an error set with em_set_error naming the op and the shapes (e.g. "matmul: shapes [2, 3]
@@ -114,6 +145,11 @@ typedef struct em_op_schema {
     unsigned flags;              /* EM_OP_* */
     em_infer_fn infer;
     void *ext;                   /* reserved; NULL */
+    /* ---- autograd (a schema shorter than this has no derivative) ---- */
+    /* The derivative, written with ops; NULL with EM_OP_NONDIFF: not differentiable; NULL
+     * without it: backpropagating into the op is an error naming it. */
+    em_backward_fn backward;
+    unsigned saves;              /* EM_SAVE_INPUT(i) | EM_SAVE_OUTPUT(j) ... */
 } em_op_schema;
 
 /* Declare an op. The schema's strings are copied. EM_ERR_EXISTS when the name is taken. */

@@ -25,6 +25,7 @@
 #include "ember/ops.h"
 #include "ember/random.h"
 #include "ember/scope.h"
+#include "ember/autograd.h"
 #include "ember/dict.h"
 #include "ember/plugin.h"
 #include "ember/version.h"

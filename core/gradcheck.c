@@ -1,0 +1,109 @@
+/*
+ * gradcheck.c — em_gradcheck: analytical gradients against central finite differences.
+ *
+ * For a fixed random direction v (Philox, seed 0), the analytical side is the gradient of
+ * sum(v * f(x)) with respect to each input (one backward); the numerical side perturbs one
+ * input element at a time by +-eps and differentiates the same projection. One backward and
+ * two forwards per input element: cheap enough for the small shapes tests use.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* sum(v * f(inputs)) as a double, with f's output kept in *out when out is non-NULL. */
+static em_status projected(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void *user,
+                           em_tensor **v, double *value, em_tensor **out) {
+    em_tensor *y = fn(inputs, n, user);
+    if (!y) return em__error_pending() ? em_last_status()
+                                       : em_set_error(EM_ERR_INVALID, "gradcheck: the function "
+                                                      "returned NULL");
+    if (!*v) { /* the direction: fixed random values in [-1, 1) of y's shape */
+        em_generator *g = em_generator_new(0);
+        em_tensor *d = g ? em_empty(em_tensor_ndim(y), em_tensor_shape(y), em_tensor_dtype(y),
+                                    em_tensor_device(y)) : NULL;
+        if (!d || em_uniform_(d, -1, 1, g) != EM_OK) {
+            em_generator_free(g);
+            return em_last_status();
+        }
+        em_generator_free(g);
+        *v = d; /* first call: made in em_gradcheck's own scope */
+    }
+    em_tensor *p = em_sum(em_mul(y, *v), 0, NULL, false);
+    if (!p) return em_last_status();
+    if (out) *out = p;
+    return em_tensor_item(p, value);
+}
+
+em_status em_gradcheck(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void *user,
+                       double eps, double atol, double rtol) {
+    if (!fn || n < 1 || !inputs)
+        return em_set_error(EM_ERR_INVALID, "gradcheck: a function and at least one input are "
+                            "required");
+    if (eps <= 0) eps = 1e-6;
+    if (atol <= 0) atol = 1e-5;
+    if (rtol <= 0) rtol = 1e-3;
+    em_status st = em_scope_begin();
+    if (st != EM_OK) return st;
+    em_tensor *v = NULL, *p = NULL;
+    double base;
+    em_tensor *grads[16] = {0};
+    em_tensor *wrt[16];
+    int n_wrt = 0;
+    for (int i = 0; i < n && n_wrt < 16; i++)
+        if (inputs[i] && em_tensor_requires_grad(inputs[i])) wrt[n_wrt++] = inputs[i];
+    if (n_wrt == 0) st = em_set_error(EM_ERR_INVALID, "gradcheck: no input requires grad");
+    if (st == EM_OK) st = projected(fn, n, inputs, user, &v, &base, &p);
+    if (st == EM_OK) st = em_grad(1, &p, NULL, n_wrt, wrt, grads, NULL);
+    /* Numerical side, element by element, with recording off. */
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    for (int w = 0; w < n_wrt && st == EM_OK; w++) {
+        em_tensor *x = wrt[w];
+        int64_t numel = em_tensor_numel(x);
+        em_dtype dt = em_tensor_dtype(x);
+        if (!em_tensor_is_contiguous(x)) { /* x itself is perturbed: it must be dense */
+            st = em_set_error(EM_ERR_INVALID, "gradcheck: input %d is not contiguous; pass "
+                              "contiguous inputs and make non-contiguous views inside the "
+                              "function", w);
+            break;
+        }
+        em_tensor *g64 = grads[w] ? em_to_dtype(grads[w], EM_F64) : NULL;
+        double *ga = em__malloc(sizeof(double) * (size_t)(numel ? numel : 1), "gradcheck");
+        if (!ga) st = EM_ERR_NOMEM;
+        if (st == EM_OK && g64) st = em_tensor_to_host(g64, ga, sizeof(double) * (size_t)numel);
+        else if (st == EM_OK) memset(ga, 0, sizeof(double) * (size_t)numel);
+        for (int64_t e = 0; e < numel && st == EM_OK; e++) {
+            char *ptr = (char *)em_tensor_data(x) + (size_t)e * em_dtype_size(dt);
+            if (em_tensor_device(x).type != EM_DEVICE_CPU_TYPE) {
+                st = em_set_error(EM_ERR_DEVICE, "gradcheck: inputs must be on the CPU");
+                break;
+            }
+            double x0 = em_dtype_load(dt, ptr, 0), fp, fm;
+            em_dtype_store(dt, ptr, 0, x0 + eps);
+            em_tensor_bump_version(x);
+            em_scope_begin();
+            st = projected(fn, n, inputs, user, &v, &fp, NULL);
+            em_scope_end();
+            em_dtype_store(dt, ptr, 0, x0 - eps);
+            em_tensor_bump_version(x);
+            if (st == EM_OK) {
+                em_scope_begin();
+                st = projected(fn, n, inputs, user, &v, &fm, NULL);
+                em_scope_end();
+            }
+            em_dtype_store(dt, ptr, 0, x0);
+            em_tensor_bump_version(x);
+            if (st != EM_OK) break;
+            double num = (fp - fm) / (2 * eps);
+            if (!(fabs(ga[e] - num) <= atol + rtol * fabs(num)))
+                st = em_set_error(EM_ERR_INVALID, "gradcheck: input %d, element %lld: analytical "
+                                  "%.10g vs numerical %.10g (|difference| %.3g > atol %g + rtol "
+                                  "%g * |numerical|)", w, (long long)e, ga[e], num,
+                                  fabs(ga[e] - num), atol, rtol);
+        }
+        em__free(ga);
+    }
+    em_grad_mode_pop();
+    em_scope_end();
+    return st;
+}

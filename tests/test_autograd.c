@@ -1,0 +1,470 @@
+/* Autograd: PyTorch's semantics (accumulation, retain_grad, freed graphs, version counters,
+ * grad modes, detach, hooks, em_grad), gradients checked against finite differences in f64,
+ * f32 backward against f64 backward, anomaly mode, the graph dump, and a long training-like
+ * loop that must hold memory flat. */
+#include "common.h"
+
+TestSuite(autograd, .init = em_test_setup, .fini = em_test_teardown);
+TestSuite(gradcheck, .init = em_test_setup, .fini = em_test_teardown);
+
+/* A leaf of the given shape with values from a fixed Philox stream, requiring grad. */
+static em_tensor *leaf(em_dtype dt, int ndim, const int64_t *shape, uint64_t seed, double lo,
+                       double hi) {
+    em_tensor *t = em_empty(ndim, shape, dt, em_cpu());
+    em_generator *g = em_generator_new(seed);
+    cr_assert_eq(em_uniform_(t, lo, hi, g), EM_OK, "%s", em_last_error());
+    em_generator_free(g);
+    cr_assert_eq(em_requires_grad_(t, true), EM_OK, "%s", em_last_error());
+    return t;
+}
+
+static double grad_at(const em_tensor *t, int64_t i) {
+    em_tensor *g = em_tensor_grad(t);
+    cr_assert_not_null(g, "no .grad");
+    return em_test_at(g, i);
+}
+
+Test(autograd, gradients_of_a_small_expression) {
+    /* y = sum((a * b + a) / b), d/da = (b + 1) / b, d/db = -a / b^2 */
+    em_tensor *a = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){1, 2, 3});
+    em_tensor *b = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){4, 5, 6});
+    em_requires_grad_(a, true);
+    em_requires_grad_(b, true);
+    em_scope_begin();
+    em_tensor *y = em_sum(em_div(em_add(em_mul(a, b), a), b), 0, NULL, false);
+    cr_assert_not_null(y, "%s", em_last_error());
+    cr_assert_str_eq(em_tensor_grad_fn_name(em_mul(a, b)), "mul");
+    cr_assert_null(em_tensor_grad_fn_name(a), "a leaf has no grad_fn");
+    cr_assert_eq(em_backward(y), EM_OK, "%s", em_last_error());
+    em_scope_end();
+    double av[3] = {1, 2, 3}, bv[3] = {4, 5, 6};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_float_eq(grad_at(a, i), (bv[i] + 1) / bv[i], 1e-12);
+        cr_assert_float_eq(grad_at(b, i), -av[i] / (bv[i] * bv[i]), 1e-12);
+    }
+    em_tensor_release(a);
+    em_tensor_release(b);
+}
+
+Test(autograd, grads_accumulate_over_backward_calls_until_cleared) {
+    em_tensor *w = em_test_tensor(EM_F32, 1, (int64_t[]){2}, (double[]){1, -2});
+    em_requires_grad_(w, true);
+    for (int k = 0; k < 2; k++) { /* the seeds' accumulation recipe: loss / 2, two micro-batches */
+        em_scope_begin();
+        em_tensor *loss = em_div(em_sum(em_mul(w, w), 0, NULL, false), em_scalar(2, EM_F32));
+        cr_assert_eq(em_backward(loss), EM_OK, "%s", em_last_error());
+        em_scope_end();
+    }
+    cr_assert_float_eq(grad_at(w, 0), 2.0, 1e-6, "2 * (w / 2 * 2) over two calls");
+    cr_assert_float_eq(grad_at(w, 1), -4.0, 1e-6);
+    cr_assert_eq(em_tensor_set_grad(w, NULL), EM_OK);
+    cr_assert_null(em_tensor_grad(w), "set_grad(NULL) is zero_grad(set_to_none)");
+    em_tensor_release(w);
+}
+
+Test(autograd, broadcasting_reduces_grads_to_each_input_shape) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){4, 3}, 1, -1, 1);
+    em_tensor *b = leaf(EM_F64, 1, (int64_t[]){3}, 2, -1, 1);
+    em_tensor *s = leaf(EM_F64, 0, NULL, 3, 1, 2);
+    em_scope_begin();
+    cr_assert_eq(em_backward(em_sum(em_mul(em_add(x, b), s), 0, NULL, false)), EM_OK, "%s",
+                 em_last_error());
+    em_scope_end();
+    cr_assert_eq(em_tensor_ndim(em_tensor_grad(b)), 1);
+    cr_assert_eq(em_tensor_ndim(em_tensor_grad(s)), 0);
+    double sv = em_item(s);
+    for (int j = 0; j < 3; j++) cr_assert_float_eq(grad_at(b, j), 4 * sv, 1e-12);
+    double expect = 0; /* d/ds sum((x + b) * s) = sum(x + b) */
+    for (int i = 0; i < 12; i++) expect += em_test_at(x, i) + em_test_at(b, i % 3);
+    cr_assert_float_eq(grad_at(s, 0), expect, 1e-10);
+    em_tensor *all[] = {x, b, s};
+    for (int i = 0; i < 3; i++) em_tensor_release(all[i]);
+}
+
+Test(autograd, grads_flow_through_views_into_their_base) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 4}, 4, -1, 1);
+    em_scope_begin();
+    /* sum of x^T[1:3, ::2] * 3 + x.select(0, 2).sum() */
+    em_tensor *v = em_slice(em_narrow(em_transpose(x, 0, 1), 0, 1, 2), 1, 0, 3, 2);
+    em_tensor *y = em_add(em_sum(em_mul(v, em_scalar(3, EM_F64)), 0, NULL, false),
+                          em_sum(em_select(x, 0, 2), 0, NULL, false));
+    cr_assert_eq(em_backward(y), EM_OK, "%s", em_last_error());
+    em_scope_end();
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++) {
+            double e = (j >= 1 && j < 3 && (i == 0 || i == 2) ? 3 : 0) + (i == 2 ? 1 : 0);
+            cr_assert_float_eq(grad_at(x, i * 4 + j), e, 0, "x[%d][%d]", i, j);
+        }
+    em_tensor_release(x);
+}
+
+Test(autograd, retain_grad_keeps_a_non_leaf_grad) {
+    em_tensor *x = leaf(EM_F64, 1, (int64_t[]){3}, 5, 0, 1);
+    em_scope_begin();
+    em_tensor *h = em_mul(x, em_scalar(2, EM_F64));
+    em_tensor *h2 = em_exp(x);
+    cr_assert_eq(em_retain_grad(h), EM_OK);
+    cr_assert_eq(em_backward(em_sum(em_mul(h, h2), 0, NULL, false)), EM_OK, "%s", em_last_error());
+    cr_assert_not_null(em_tensor_grad(h), "retained");
+    cr_assert_null(em_tensor_grad(h2), "non-leaf grads are not kept unless asked");
+    for (int i = 0; i < 3; i++)
+        cr_assert_float_eq(em_test_at(em_tensor_grad(h), i), exp(em_test_at(x, i)), 1e-12);
+    em_scope_end();
+    em_tensor_release(x);
+}
+
+Test(autograd, a_second_backward_through_a_freed_graph_is_an_error) {
+    em_tensor *x = leaf(EM_F64, 1, (int64_t[]){3}, 6, 0, 1);
+    em_scope_begin();
+    em_tensor *y = em_sum(em_mul(x, x), 0, NULL, false);
+    cr_assert_eq(em_backward(y), EM_OK);
+    cr_assert_eq(em_backward(y), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "backward through the graph a second time");
+    cr_assert(strstr(em_last_error(), "'mul'"), "%s", em_last_error());
+    /* With retain_graph the second one works and accumulates. */
+    em_tensor_set_grad(x, NULL);
+    em_tensor *y2 = em_sum(em_mul(x, x), 0, NULL, false);
+    em_backward_options keep = {.struct_size = sizeof keep, .retain_graph = true};
+    cr_assert_eq(em_backward_with(y2, NULL, &keep), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_backward_with(y2, NULL, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_float_eq(grad_at(x, 1), 4 * em_test_at(x, 1), 1e-12);
+    em_backward_options hi = {.struct_size = sizeof hi, .create_graph = true};
+    cr_assert_eq(em_backward_with(em_sum(x, 0, NULL, false), NULL, &hi), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "create_graph");
+    em_scope_end();
+    em_tensor_release(x);
+}
+
+Test(autograd, modifying_a_saved_tensor_in_place_fails_backward) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){2, 3}, 7, 0, 1);
+    em_scope_begin();
+    em_tensor *h = em_add(x, x);                  /* a non-leaf */
+    em_tensor *y = em_sum(em_mul(h, h), 0, NULL, false); /* mul saves h */
+    cr_assert_eq(em_add_(h, em_scalar(1, EM_F64)), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_backward(y), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "modified by an in-place operation");
+    cr_assert(strstr(em_last_error(), "'mul'") && strstr(em_last_error(), "shape [2, 3]") &&
+              strstr(em_last_error(), "version 2") && strstr(em_last_error(), "saved version 1"),
+              "%s", em_last_error());
+    em_scope_end();
+    em_tensor_release(x);
+}
+
+Test(autograd, in_place_ops_on_non_leaves_rewrite_history) {
+    /* h = x * 2; h.mul_(w); h.relu_(); y = sum(h): with w > 0, dy/dx = 2w (x > 0),
+     * dy/dw = 2x (x > 0). (relu_ then mul_ would fail, as in PyTorch: relu saves its output.) */
+    em_tensor *x = em_test_tensor(EM_F64, 1, (int64_t[]){4}, (double[]){-1, 2, -3, 4});
+    em_tensor *w = em_test_tensor(EM_F64, 1, (int64_t[]){4}, (double[]){5, 6, 7, 8});
+    em_requires_grad_(x, true);
+    em_requires_grad_(w, true);
+    em_scope_begin();
+    em_tensor *h = em_mul(x, em_scalar(2, EM_F64));
+    cr_assert_eq(em_mul_(h, w), EM_OK, "%s", em_last_error());
+    cr_assert_str_eq(em_tensor_grad_fn_name(h), "mul");
+    cr_assert_eq(em_relu_(h), EM_OK, "%s", em_last_error());
+    cr_assert_str_eq(em_tensor_grad_fn_name(h), "relu");
+    cr_assert_eq(em_backward(em_sum(h, 0, NULL, false)), EM_OK, "%s", em_last_error());
+    em_scope_end();
+    double xv[4] = {-1, 2, -3, 4}, wv[4] = {5, 6, 7, 8};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_float_eq(grad_at(x, i), xv[i] > 0 ? 2 * wv[i] : 0, 0);
+        cr_assert_float_eq(grad_at(w, i), xv[i] > 0 ? 2 * xv[i] : 0, 0);
+    }
+    /* In place on a leaf that requires grad, or on a view of one: clear errors. */
+    cr_assert_eq(em_add_(x, em_scalar(1, EM_F64)), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "leaf tensor that requires grad");
+    em_scope_begin();
+    cr_assert_eq(em_relu_(em_narrow(x, 0, 0, 2)), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "view of a tensor that requires grad");
+    em_scope_end();
+    em_tensor_release(x);
+    em_tensor_release(w);
+}
+
+Test(autograd, no_grad_detach_and_requires_grad_rules) {
+    em_tensor *x = leaf(EM_F32, 1, (int64_t[]){3}, 8, 0, 1);
+    em_scope_begin();
+    cr_assert_eq(em_grad_mode_push(EM_GRAD_DISABLED), EM_OK);
+    em_tensor *y = em_mul(x, x);
+    cr_assert(!em_tensor_requires_grad(y) && em_tensor_is_leaf(y), "nothing recorded under no_grad");
+    cr_assert_eq(em_grad_mode_push(EM_GRAD_ENABLED), EM_OK);
+    cr_assert(em_tensor_requires_grad(em_mul(x, x)), "enable_grad nests inside no_grad");
+    cr_assert_eq(em_grad_mode_pop(), EM_OK);
+    cr_assert_eq(em_grad_mode_pop(), EM_OK);
+    cr_assert_eq(em_grad_mode_pop(), EM_ERR_STATE);
+    cr_assert_eq(em_backward(y), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "does not require grad");
+    em_tensor *z = em_mul(x, x);
+    em_tensor *d = em_detach(z);
+    cr_assert(!em_tensor_requires_grad(d) && em_tensor_shares_storage(d, z));
+    cr_assert_eq(em_requires_grad_(z, false), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "only leaf tensors can change requires_grad");
+    cr_assert_eq(em_requires_grad_(em_arange(0, 3, 1, EM_I64, em_cpu()), true), EM_ERR_DTYPE);
+    cr_assert_eq(em_backward(z), EM_ERR_SHAPE);
+    em_assert_error(EM_ERR_SHAPE, "only for a one-element tensor, this one has shape [3]");
+    /* em_backward_with a grad for the non-scalar */
+    cr_assert_eq(em_backward_with(z, em_ones(1, (int64_t[]){3}, EM_F32, em_cpu()), NULL), EM_OK,
+                 "%s", em_last_error());
+    cr_assert_float_eq(grad_at(x, 0), 2 * em_test_at(x, 0), 1e-6);
+    /* Inference mode: results can never be saved for backward. */
+    em_grad_mode_push(EM_GRAD_INFERENCE);
+    em_tensor *inf = em_mul(x, x);
+    em_grad_mode_pop();
+    cr_assert_null(em_mul(inf, x));
+    em_assert_error(EM_ERR_STATE, "EM_GRAD_INFERENCE");
+    em_scope_end();
+    em_tensor_release(x);
+}
+
+Test(autograd, em_grad_returns_grads_without_touching_dot_grad) {
+    em_tensor *x = leaf(EM_F64, 1, (int64_t[]){3}, 9, 0, 1);
+    em_tensor *w = leaf(EM_F64, 1, (int64_t[]){3}, 10, 0, 1);
+    em_scope_begin();
+    em_tensor *h = em_mul(x, w);
+    em_tensor *y = em_sum(em_mul(h, h), 0, NULL, false);
+    em_tensor *ins[2] = {x, h}, *gs[2];
+    cr_assert_eq(em_grad(1, &y, NULL, 2, ins, gs, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_null(em_tensor_grad(x));
+    cr_assert_null(em_tensor_grad(w));
+    for (int i = 0; i < 3; i++) {
+        double hv = em_test_at(h, i), wv = em_test_at(w, i);
+        cr_assert_float_eq(em_test_at(gs[0], i), 2 * hv * wv, 1e-12);
+        cr_assert_float_eq(em_test_at(gs[1], i), 2 * hv, 1e-12);
+    }
+    em_scope_end();
+    em_tensor_release(x);
+    em_tensor_release(w);
+}
+
+static em_tensor *halve(const em_tensor *g, void *user, bool *failed) {
+    (void)failed;
+    (*(int *)user)++;
+    return em_mul(g, em_scalar(0.5, em_tensor_dtype(g)));
+}
+
+Test(autograd, hooks_inspect_and_replace_grads) {
+    em_tensor *x = leaf(EM_F64, 1, (int64_t[]){2}, 11, 1, 2);
+    int calls = 0;
+    cr_assert_eq(em_tensor_register_hook(x, halve, &calls), EM_OK);
+    em_scope_begin();
+    em_tensor *h = em_mul(x, em_scalar(4, EM_F64));
+    cr_assert_eq(em_tensor_register_hook(h, halve, &calls), EM_OK);
+    cr_assert_eq(em_backward(em_sum(h, 0, NULL, false)), EM_OK, "%s", em_last_error());
+    em_scope_end();
+    cr_assert_eq(calls, 2);
+    cr_assert_float_eq(grad_at(x, 0), 4 * 0.5 * 0.5, 0, "both hooks halved the grad");
+    em_tensor_release(x);
+}
+
+Test(autograd, an_op_without_a_derivative_is_a_hard_error) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 2}, 12, 0, 1);
+    em_scope_begin();
+    em_tensor *idx = em_arange(0, 2, 1, EM_I64, em_cpu());
+    em_tensor *y = em_sum(em_index_select(x, 0, idx), 0, NULL, false);
+    cr_assert_eq(em_backward(y), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "op 'index_select' declares no derivative");
+    em_scope_end();
+    em_tensor_release(x);
+}
+
+Test(autograd, anomaly_mode_names_the_op_that_made_the_nan) {
+    em_set_anomaly(true);
+    em_tensor *x = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){1, -1, 2});
+    em_requires_grad_(x, true);
+    em_scope_begin();
+    em_tensor *y = em_log(em_mul(x, em_scalar(2, EM_F64)));
+    cr_assert_null(y);
+    em_assert_error(EM_ERR_RANGE, "anomaly: log produced NaN at element 1");
+    cr_assert(strstr(em_last_error(), "forward") && strstr(em_last_error(), "mul"), "%s",
+              em_last_error());
+    /* Backward: sqrt-free way to a NaN gradient: d/dx log(x) at x = 0 is inf. */
+    em_tensor *z = em_test_tensor(EM_F64, 1, (int64_t[]){2}, (double[]){0.5, 0});
+    em_requires_grad_(z, true);
+    em_set_anomaly(false);
+    em_tensor *l = em_sum(em_mul(em_log(z), em_scalar(0, EM_F64)), 0, NULL, false);
+    em_set_anomaly(true);
+    cr_assert_eq(em_backward(l), EM_ERR_RANGE);
+    em_assert_error(EM_ERR_RANGE, "the backward of 'log' produced");
+    em_scope_end();
+    em_set_anomaly(false);
+    em_tensor_release(x);
+    em_tensor_release(z);
+}
+
+Test(autograd, graph_dump_writes_dot) {
+    em_tensor *x = leaf(EM_F32, 2, (int64_t[]){2, 3}, 13, 0, 1);
+    em_scope_begin();
+    em_tensor *y = em_sum(em_exp(em_matmul(x, em_transpose(x, 0, 1))), 0, NULL, false);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_eq(em_graph_dump(y, f), EM_OK, "%s", em_last_error());
+    fclose(f);
+    cr_assert(strstr(text, "digraph") && strstr(text, "bmm") && strstr(text, "exp") &&
+              strstr(text, "permute") && strstr(text, "leaf [2, 3] float32"), "%s", text);
+    cr_assert(strstr(text, "saved 16 bytes"), "exp saves its [2, 2] f32 output: %s", text);
+    free(text);
+    em_scope_end();
+    em_tensor_release(x);
+}
+
+/* ---- finite differences ---------------------------------------------------------------------- */
+
+typedef em_tensor *(*fn2)(em_tensor *const *in, int n, void *user);
+
+static em_tensor *f_arith(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* broadcast (3,1) with (4); non-contiguous via transpose */
+    em_tensor *a = in[0], *b = in[1];
+    em_tensor *t = em_add(em_mul(a, b), em_div(a, em_add(b, em_scalar(3, EM_F64))));
+    return em_sub(em_exp(em_neg(t)), em_log(em_add(em_mul(b, b), em_scalar(1, EM_F64))));
+}
+static em_tensor *f_matmul(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    em_tensor *a = in[0], *b = in[1]; /* (2,3,4) x (4,5)^T-ish via transpose of (5,4) */
+    return em_relu(em_matmul(a, em_transpose(b, 0, 1)));
+}
+static em_tensor *f_reduce(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    return em_mean(em_sum(em_mul(in[0], in[0]), 1, (int[]){1}, true), 1, (int[]){0}, false);
+}
+static em_tensor *f_views(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    em_tensor *x = in[0]; /* (3, 4, 2) */
+    em_tensor *v = em_reshape(em_permute(x, 3, (int[]){2, 0, 1}), 2, (int64_t[]){2, 12});
+    em_tensor *s = em_slice(em_select(x, 1, 1), 0, 0, 3, 2); /* (2, 2) */
+    em_tensor *e = em_expand(em_unsqueeze(em_squeeze_all(em_narrow(x, 0, 1, 1)), 0),
+                             3, (int64_t[]){2, 4, 2});
+    return em_add(em_sum(em_mul(v, v), 0, NULL, false),
+                  em_add(em_sum(s, 0, NULL, false), em_sum(em_mul(e, e), 0, NULL, false)));
+}
+static em_tensor *f_dtype(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* through f32 and back: gradients convert too */
+    return em_to_dtype(em_mul(em_to_dtype(in[0], EM_F32), em_scalar(2, EM_F32)), EM_F64);
+}
+
+Test(gradcheck, elementwise_with_broadcasting) {
+    em_tensor *a = leaf(EM_F64, 2, (int64_t[]){3, 1}, 20, -1, 1);
+    em_tensor *b = leaf(EM_F64, 1, (int64_t[]){4}, 21, 0.5, 1.5);
+    em_tensor *in[2] = {a, b};
+    cr_assert_eq(em_gradcheck(f_arith, 2, in, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_tensor_release(a);
+    em_tensor_release(b);
+}
+
+Test(gradcheck, batched_matmul_with_a_transposed_operand) {
+    em_tensor *a = leaf(EM_F64, 3, (int64_t[]){2, 3, 4}, 22, -1, 1);
+    em_tensor *b = leaf(EM_F64, 2, (int64_t[]){5, 4}, 23, -1, 1);
+    em_tensor *in[2] = {a, b};
+    cr_assert_eq(em_gradcheck(f_matmul, 2, in, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_tensor_release(a);
+    em_tensor_release(b);
+}
+
+Test(gradcheck, reductions_views_and_dtype_conversion) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 4}, 24, -1, 1);
+    cr_assert_eq(em_gradcheck(f_reduce, 1, &x, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_tensor *y = leaf(EM_F64, 3, (int64_t[]){3, 4, 2}, 25, -1, 1);
+    cr_assert_eq(em_gradcheck(f_views, 1, &y, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_gradcheck(f_dtype, 1, &x, NULL, 1e-3, 1e-4, 1e-3), EM_OK, "%s",
+                 em_last_error());
+    em_tensor_release(x);
+    em_tensor_release(y);
+}
+
+static em_tensor *f_relu(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    return em_relu(in[0]);
+}
+
+Test(gradcheck, a_wrong_gradient_is_reported) {
+    /* At x = 0 relu's backward gives 0 while the central difference gives 0.5: the check must
+     * fail and say where. */
+    em_tensor *z = em_zeros(1, (int64_t[]){2}, EM_F64, em_cpu());
+    em_requires_grad_(z, true);
+    cr_assert_eq(em_gradcheck(f_relu, 1, &z, NULL, 0, 0, 0), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "gradcheck: input 0, element 0: analytical 0 vs numerical");
+    em_tensor_release(z);
+}
+
+/* ---- f32 backward agrees with f64 backward --------------------------------------------------- */
+
+static void grads_of(em_dtype dt, em_tensor **ga, em_tensor **gb) {
+    em_tensor *a = leaf(EM_F64, 2, (int64_t[]){3, 1}, 30, -1, 1);
+    em_tensor *b = leaf(EM_F64, 1, (int64_t[]){4}, 31, 0.5, 1.5);
+    em_tensor *m1 = leaf(EM_F64, 3, (int64_t[]){2, 3, 4}, 32, -1, 1);
+    em_tensor *m2 = leaf(EM_F64, 2, (int64_t[]){5, 4}, 33, -1, 1);
+    em_scope_begin();
+    em_tensor *ca = em_detach(em_to_dtype(a, dt)), *cb = em_detach(em_to_dtype(b, dt));
+    em_tensor *c1 = em_detach(em_to_dtype(m1, dt)), *c2 = em_detach(em_to_dtype(m2, dt));
+    em_tensor *all[4] = {ca, cb, c1, c2};
+    for (int i = 0; i < 4; i++) em_requires_grad_(all[i], true);
+    em_tensor *in[2] = {ca, cb}, *min[2] = {c1, c2};
+    em_tensor *y = em_add(em_sum(f_arith(in, 2, NULL), 0, NULL, false),
+                          em_sum(f_matmul(min, 2, NULL), 0, NULL, false));
+    cr_assert_eq(em_backward(y), EM_OK, "%s", em_last_error());
+    *ga = em_keep(em_to_dtype(em_tensor_grad(ca), EM_F64));
+    *gb = em_keep(em_to_dtype(em_tensor_grad(c1), EM_F64));
+    em_scope_end();
+    em_tensor *l[4] = {a, b, m1, m2};
+    for (int i = 0; i < 4; i++) em_tensor_release(l[i]);
+}
+
+Test(gradcheck, f32_backward_matches_f64_backward) {
+    em_tensor *a32, *m32, *a64, *m64;
+    grads_of(EM_F32, &a32, &m32);
+    grads_of(EM_F64, &a64, &m64);
+    for (int64_t i = 0; i < em_tensor_numel(a64); i++) {
+        double x = em_test_at(a32, i), r = em_test_at(a64, i);
+        cr_assert(fabs(x - r) <= 1e-5 + 1e-4 * fabs(r), "a[%lld]: %g vs %g", (long long)i, x, r);
+    }
+    for (int64_t i = 0; i < em_tensor_numel(m64); i++) {
+        double x = em_test_at(m32, i), r = em_test_at(m64, i);
+        cr_assert(fabs(x - r) <= 1e-5 + 1e-4 * fabs(r), "m[%lld]: %g vs %g", (long long)i, x, r);
+    }
+    em_tensor *l[4] = {a32, m32, a64, m64};
+    for (int i = 0; i < 4; i++) em_tensor_release(l[i]);
+}
+
+/* ---- a long loop holds memory flat ------------------------------------------------------------- */
+
+Test(autograd, ten_thousand_steps_of_an_mlp_hold_memory_flat) {
+    /* 64-32-10, batch 16, squared error, plain SGD; allocator stats after step 10 and 10,000
+     * must be equal. */
+    em_tensor *w1 = leaf(EM_F32, 2, (int64_t[]){64, 32}, 40, -0.1, 0.1);
+    em_tensor *b1 = leaf(EM_F32, 1, (int64_t[]){32}, 41, -0.1, 0.1);
+    em_tensor *w2 = leaf(EM_F32, 2, (int64_t[]){32, 10}, 42, -0.1, 0.1);
+    em_tensor *x = leaf(EM_F32, 2, (int64_t[]){16, 64}, 43, -1, 1);
+    em_requires_grad_(x, false);
+    em_tensor *t = leaf(EM_F32, 2, (int64_t[]){16, 10}, 44, -1, 1);
+    em_requires_grad_(t, false);
+    em_tensor *params[3] = {w1, b1, w2};
+    em_tensor *lr = em_scalar(0.01, EM_F32);
+    em_memory_stats at10 = {0}, end;
+    double first = 0, last = 0;
+    for (int step = 1; step <= 10000; step++) {
+        em_scope_begin();
+        em_tensor *h = em_relu(em_add(em_matmul(x, w1), b1));
+        em_tensor *d = em_sub(em_matmul(h, w2), t);
+        em_tensor *loss = em_mean(em_mul(d, d), 0, NULL, false);
+        cr_assert_eq(em_backward(loss), EM_OK, "step %d: %s", step, em_last_error());
+        double v = em_item(loss);
+        if (step == 1) first = v;
+        last = v;
+        em_grad_mode_push(EM_GRAD_DISABLED);
+        for (int p = 0; p < 3; p++) {
+            cr_assert_eq(em_sub_(params[p], em_mul(em_tensor_grad(params[p]), lr)), EM_OK);
+            em_tensor_set_grad(params[p], NULL);
+        }
+        em_grad_mode_pop();
+        em_scope_end();
+        if (step == 10) em_memory_stats_get(em_cpu(), &at10);
+    }
+    em_memory_stats_get(em_cpu(), &end);
+    for (int c = 0; c < EM_MEM_CATEGORY_COUNT; c++)
+        cr_assert_eq(end.current[c], at10.current[c], "category %s: %zu at step 10, %zu at the end",
+                     em_mem_category_name(c), at10.current[c], end.current[c]);
+    cr_assert_eq(end.reserved, at10.reserved);
+    cr_assert_lt(last, first * 0.5, "the loss went down: %g -> %g", first, last);
+    em_tensor *l[6] = {w1, b1, w2, x, t, lr};
+    for (int i = 0; i < 6; i++) em_tensor_release(l[i]);
+}
