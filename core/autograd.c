@@ -761,9 +761,14 @@ static em_status collect(em__node *const *roots, int n_roots, uint64_t run, heap
 static em_status run_backward(int n_roots, em_tensor *const *roots, em_tensor **root_grads,
                               const em_backward_options *opt, capture *cap) {
     bool retain = opt && opt->retain_graph;
-    if (opt && opt->create_graph)
+    if (opt && opt->create_graph) { /* the root grads are consumed on every path */
+        for (int r = 0; r < n_roots; r++) {
+            em_tensor_release(root_grads[r]);
+            root_grads[r] = NULL;
+        }
         return em_set_error(EM_ERR_INVALID, "backward: create_graph (higher-order gradients) "
                             "is not supported");
+    }
     uint64_t run = atomic_fetch_add(&run_seq, 1) + 1;
     em__node *root_nodes[16];
     for (int r = 0; r < n_roots; r++) root_nodes[r] = roots[r]->grad_fn;
@@ -895,7 +900,9 @@ em_status em_backward_with(em_tensor *t, const em_tensor *grad, const em_backwar
     if (st != EM_OK) return st;
     em_tensor *g = root_grad("backward", t, grad);
     if (!g) return em_last_status();
-    return run_backward(1, &t, &g, opt, NULL);
+    st = run_backward(1, &t, &g, opt, NULL);
+    em_tensor_release(g); /* NULL once the run consumed it */
+    return st;
 }
 
 em_status em_backward(em_tensor *loss) { return em_backward_with(loss, NULL, NULL); }

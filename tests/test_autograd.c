@@ -270,7 +270,9 @@ Test(autograd, an_op_without_a_derivative_is_a_hard_error) {
 Test(autograd, anomaly_mode_names_the_op_that_made_the_nan) {
     em_set_anomaly(true);
     em_tensor *x = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){1, -1, 2});
+    em_tensor *z = em_test_tensor(EM_F64, 1, (int64_t[]){2}, (double[]){0.5, 0});
     em_requires_grad_(x, true);
+    em_requires_grad_(z, true);
     em_scope_begin();
     em_tensor *y = em_log(em_mul(x, em_scalar(2, EM_F64)));
     cr_assert_null(y);
@@ -278,8 +280,6 @@ Test(autograd, anomaly_mode_names_the_op_that_made_the_nan) {
     cr_assert(strstr(em_last_error(), "forward") && strstr(em_last_error(), "mul"), "%s",
               em_last_error());
     /* Backward: sqrt-free way to a NaN gradient: d/dx log(x) at x = 0 is inf. */
-    em_tensor *z = em_test_tensor(EM_F64, 1, (int64_t[]){2}, (double[]){0.5, 0});
-    em_requires_grad_(z, true);
     em_set_anomaly(false);
     em_tensor *l = em_sum(em_mul(em_log(z), em_scalar(0, EM_F64)), 0, NULL, false);
     em_set_anomaly(true);
