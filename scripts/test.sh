@@ -17,6 +17,18 @@ check() {
         return 1
     fi
     grep -E "^# (TOTAL|PASS|FAIL|SKIP|ERROR)" "$dir/check.log"
+    # Criterion reports a test as passed before its worker process exits, so a leak found by
+    # LeakSanitizer at exit (or a sanitizer report in a passing test) does not fail it: the
+    # logs are the evidence.
+    local bad
+    bad=$(grep -l -E "ERROR: (Leak|Address)Sanitizer|runtime error:" "$dir"/tests/*.log || true)
+    if [ -n "$bad" ]; then
+        for f in $bad; do
+            echo "--- sanitizer report in $f"
+            grep -m1 -A30 -E "ERROR: (Leak|Address)Sanitizer|runtime error:" "$f"
+        done
+        return 1
+    fi
 }
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
