@@ -86,6 +86,128 @@ EM_API em_status em_bernoulli_(em_tensor *t, double p, em_generator *gen);
 
 /* ---- elementwise math: more unary and binary ops, comparisons, logical ops, where, clamp, scalar variants ---- */
 
+/*
+ * Scalars. The *_scalar functions take the number as a double and treat it as PyTorch treats
+ * a Python number: a value with no fractional part (|v| < 2^63) counts as an int, any other
+ * (a fraction, an infinity, NaN) as a float. A number never widens a tensor of its own
+ * category: an f16 tensor times 2.5 stays f16 (computed in float, the number rounded to float
+ * once), an int32 tensor plus 3 stays int32 (integers wrap, the number truncated to the
+ * tensor's width like a C cast: int32 * 2^40 is 0). A float number makes an integer or bool
+ * tensor float32; an int number makes a bool tensor int64. int64 numbers beyond 2^53 are not
+ * exact (they pass through a double).
+ *
+ * In-place variants (ending in '_') write into their argument, bump its version and return
+ * EM_OK; when the result dtype differs from the argument's (sigmoid_ of an int64 tensor,
+ * add_scalar_(int_tensor, 2.5)) they fail with EM_ERR_DTYPE "result type float32 can't be
+ * cast to the desired output type int64", as in PyTorch.
+ */
+
+/* |x|, sign(x) in {-1, 0, 1} (sign(NaN) is 0, as in PyTorch). Same dtype as a; abs of a bool
+ * tensor is EM_ERR_DTYPE; abs of the most negative int32/int64 wraps to itself; sign of a
+ * bool tensor is the tensor itself. */
+EM_API em_tensor *em_abs(const em_tensor *a);
+EM_API em_status em_abs_(em_tensor *a);
+EM_API em_tensor *em_sign(const em_tensor *a);
+EM_API em_status em_sign_(em_tensor *a);
+/* sqrt(x), 1/sqrt(x), 1/x, 1/(1+exp(-x)), tanh(x), log(1+x), exp(x)-1, elementwise, same
+ * shape. Integer and bool inputs give float32 (1/0 is inf); f16/bf16 compute in float. */
+EM_API em_tensor *em_sqrt(const em_tensor *a);
+EM_API em_tensor *em_rsqrt(const em_tensor *a);
+EM_API em_tensor *em_reciprocal(const em_tensor *a);
+EM_API em_tensor *em_sigmoid(const em_tensor *a);
+EM_API em_tensor *em_tanh(const em_tensor *a);
+EM_API em_tensor *em_log1p(const em_tensor *a);
+EM_API em_tensor *em_expm1(const em_tensor *a);
+EM_API em_status em_sqrt_(em_tensor *a);
+EM_API em_status em_rsqrt_(em_tensor *a);
+EM_API em_status em_reciprocal_(em_tensor *a);
+EM_API em_status em_sigmoid_(em_tensor *a);
+EM_API em_status em_tanh_(em_tensor *a);
+EM_API em_status em_log1p_(em_tensor *a);
+EM_API em_status em_expm1_(em_tensor *a);
+
+/* Activations of floating tensors (other dtypes: EM_ERR_DTYPE, as in PyTorch).
+ * gelu: x * Phi(x) with approximate NULL or "none" (erf), or "tanh":
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); any other string is EM_ERR_INVALID.
+ * silu: x * sigmoid(x). leaky_relu: x > 0 ? x : x * negative_slope (PyTorch's default slope
+ * is 0.01). */
+EM_API em_tensor *em_gelu(const em_tensor *a, const char *approximate);
+EM_API em_tensor *em_silu(const em_tensor *a);
+EM_API em_status em_silu_(em_tensor *a);
+EM_API em_tensor *em_leaky_relu(const em_tensor *a, double negative_slope);
+EM_API em_status em_leaky_relu_(em_tensor *a, double negative_slope);
+
+/* Clamp into [*min, *max]; either bound may be NULL (absent), not both (EM_ERR_INVALID).
+ * Bounds are numbers (see Scalars): clamp of an int tensor to 1.5 gives float32. min > max
+ * gives max everywhere; a NaN element stays NaN; a single NaN bound is ignored; two bounds of
+ * which one is NaN give NaN everywhere (PyTorch's behaviour). */
+EM_API em_tensor *em_clamp(const em_tensor *a, const double *min, const double *max);
+EM_API em_status em_clamp_(em_tensor *a, const double *min, const double *max);
+
+/* a + v, a - v, a * v, a / v for a number v (see Scalars). div_scalar is true division:
+ * integer and bool tensors give float32. */
+EM_API em_tensor *em_add_scalar(const em_tensor *a, double v);
+EM_API em_tensor *em_sub_scalar(const em_tensor *a, double v);
+EM_API em_tensor *em_mul_scalar(const em_tensor *a, double v);
+EM_API em_tensor *em_div_scalar(const em_tensor *a, double v);
+EM_API em_status em_add_scalar_(em_tensor *a, double v);
+EM_API em_status em_sub_scalar_(em_tensor *a, double v);
+EM_API em_status em_mul_scalar_(em_tensor *a, double v);
+EM_API em_status em_div_scalar_(em_tensor *a, double v);
+
+/* a ** exponent for a number exponent (see Scalars): an integer tensor to an int power stays
+ * integer (wrapping), to a float power gives float32; an integer tensor to a negative int
+ * power is EM_ERR_INVALID, as in PyTorch. Exponents 0.5 and -0.5 are sqrt and rsqrt
+ * (pow(-0, 0.5) is -0, pow(-inf, 0.5) NaN, as in PyTorch). */
+EM_API em_tensor *em_pow_scalar(const em_tensor *a, double exponent);
+/* a ** b, max(a, b), min(a, b) elementwise with broadcasting and promotion, like em_add.
+ * maximum and minimum propagate NaN. Integer pow with a negative exponent gives 0 unless the
+ * base is 1 or -1; pow of two bool tensors is EM_ERR_DTYPE. Shapes that do not broadcast are
+ * EM_ERR_SHAPE naming both shapes. */
+EM_API em_tensor *em_pow(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_maximum(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_minimum(const em_tensor *a, const em_tensor *b);
+
+/* Comparisons a == b, a != b, a < b, a <= b, a > b, a >= b: bool results, operands promoted
+ * (int64 vs float32 compares in float32, as in PyTorch) and broadcast. NaN compares unequal
+ * to everything. For a number, compare with em_scalar(v, dt) (a 0-dim tensor). */
+EM_API em_tensor *em_eq(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_ne(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_lt(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_le(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_gt(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_ge(const em_tensor *a, const em_tensor *b);
+
+/* Logical ops on the truth of each element (non-zero is true, NaN is true), any dtypes, with
+ * broadcasting; bool results. */
+EM_API em_tensor *em_logical_and(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_logical_or(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_logical_xor(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_logical_not(const em_tensor *a);
+
+/* cond ? a : b elementwise. cond must be bool (EM_ERR_DTYPE otherwise); a and b are promoted
+ * like em_add's operands; all three broadcast together (EM_ERR_SHAPE names the three
+ * shapes). */
+EM_API em_tensor *em_where(const em_tensor *cond, const em_tensor *a, const em_tensor *b);
+
+/* Backward helpers (the gradients autograd needs), all with promotion and broadcasting of
+ * the two operands, floating only (EM_ERR_DTYPE otherwise):
+ *   threshold_backward(grad, x, t) = x <= t ? 0 : grad      (relu's: t = 0)
+ *   sigmoid_backward(grad, y)      = grad * (1 - y) * y     (y = sigmoid(x), the output)
+ *   tanh_backward(grad, y)         = grad * (1 - y * y)     (y = tanh(x), the output)
+ *   gelu_backward(grad, x, approximate)  = grad * gelu'(x)  (approximate as in em_gelu)
+ *   silu_backward(grad, x)         = grad * s * (1 + x * (1 - s)), s = sigmoid(x)
+ *   leaky_relu_backward(grad, x, slope) = x > 0 ? grad : grad * slope */
+EM_API em_tensor *em_threshold_backward(const em_tensor *grad, const em_tensor *x,
+                                        double threshold);
+EM_API em_tensor *em_sigmoid_backward(const em_tensor *grad, const em_tensor *y);
+EM_API em_tensor *em_tanh_backward(const em_tensor *grad, const em_tensor *y);
+EM_API em_tensor *em_gelu_backward(const em_tensor *grad, const em_tensor *x,
+                                   const char *approximate);
+EM_API em_tensor *em_silu_backward(const em_tensor *grad, const em_tensor *x);
+EM_API em_tensor *em_leaky_relu_backward(const em_tensor *grad, const em_tensor *x,
+                                         double negative_slope);
+
 /* (end of math) */
 
 
