@@ -1,10 +1,959 @@
 /*
- * ops_nn.c — the standard op set, neural-network ops: conv2d, pooling, batch_norm, layer_norm, softmax, log_softmax: schemas, shape/dtype inference and the typed public
- * functions of ember/ops.h. Kernel contracts are written next to each schema.
+ * ops_nn.c — the standard op set, neural-network ops: conv2d, pooling, batch_norm,
+ * layer_norm, softmax, log_softmax and their backward helpers: schemas, shape/dtype inference
+ * and the typed public functions of ember/ops.h.
+ *
+ * The public functions make every input contiguous and convert f16/bf16 to f32 (the ops
+ * compute in f32 and round the main result back once; saved statistics stay f32), so the
+ * kernels see dense row-major (NCHW) f32 or f64 tensors of one dtype. Optional inputs
+ * (bias, weight, running statistics) are passed as 0-element tensors of the compute dtype
+ * when absent ("none"): the dispatcher requires non-NULL inputs and one op per function is
+ * simpler than a variant per combination.
+ *
+ * Kernel contracts (every input contiguous and of the output's floating dtype unless stated;
+ * every attribute present — the infer functions reject missing ones; INTS attrs hold 2 values
+ * (H, W)):
+ *   conv2d(x (N,C,H,W), w (O,C/g,kH,kW), b (O) or (0)) -> y (N,O,OH,OW)
+ *       attrs: stride, padding, dilation (ints), groups (int). OH = (H + 2pH - dH(kH-1) - 1)
+ *       / sH + 1. Zero padding, cross-correlation (PyTorch's conv2d).
+ *   conv2d_backward_data(gy (N,O,OH,OW), w (O,C/g,kH,kW)) -> gx (N,C,H,W)
+ *       attrs: stride, padding, dilation, groups, input_size (ints: H, W).
+ *   conv2d_backward_weight(x (N,C,H,W), gy (N,O,OH,OW)) -> gw (O,C/g,kH,kW), gb (O)
+ *       attrs: stride, padding, dilation, groups, kernel_size (ints: kH, kW).
+ *   max_pool2d(x (N,C,H,W)) -> y (N,C,OH,OW), idx (N,C,OH,OW) int64
+ *       attrs: kernel_size, stride, padding, dilation (ints), ceil_mode (bool). idx is
+ *       PyTorch's flat h*W+w position in the input plane; NaN wins the max.
+ *   max_pool2d_backward(gy (N,C,OH,OW), idx int64) -> gx (N,C,H,W)
+ *       attrs: input_size (ints). gx[idx] += gy (zero elsewhere).
+ *   avg_pool2d(x) -> y    attrs: kernel_size, stride, padding (ints), ceil_mode,
+ *       count_include_pad (bools). Divisors as PyTorch (windows clipped to the padded input).
+ *   avg_pool2d_backward(gy) -> gx   same attrs + input_size.
+ *   adaptive_avg_pool2d(x) -> y     attrs: output_size (ints). Window o of n over size s:
+ *       [floor(o*s/n), ceil((o+1)*s/n)).
+ *   adaptive_avg_pool2d_backward(gy) -> gx   attrs: input_size.
+ *   batch_norm(x (N,C,*), w (C)|(0), b (C)|(0), running_mean (C)|(0), running_var (C)|(0))
+ *       -> y (N,C,*), save_mean (C), save_invstd (C)
+ *       attrs: training (bool), momentum, eps (floats). Training: batch statistics (biased
+ *       variance for y), running stats (when given) updated IN PLACE: r = (1-m) r + m s with
+ *       the unbiased variance. Eval: running stats used (required); save_mean/save_invstd
+ *       are then running_mean and 1/sqrt(running_var + eps).
+ *   batch_norm_backward(gy (N,C,*), x, w (C)|(0), save_mean (C), save_invstd (C))
+ *       -> gx (N,C,*), gw (C), gb (C)      attrs: training (bool).
+ *   layer_norm(x (..., D...), w (D...)|(0), b (D...)|(0)) -> y, mean, rstd
+ *       attrs: normalized_ndim (int k >= 1), eps. mean/rstd have x's shape with 1 on the
+ *       last k dims.
+ *   layer_norm_backward(gy, x, mean, rstd, w (D...)|(0)) -> gx, gw (D...), gb (D...)
+ *       attrs: normalized_ndim.
+ *   softmax / log_softmax(x) -> y          attrs: dim (int, normalised). Max-subtracted.
+ *   softmax_backward(gy, y) -> gx          gx = y * (gy - sum(gy * y))      attrs: dim.
+ *   log_softmax_backward(gy, y) -> gx      gx = gy - exp(y) * sum(gy)       attrs: dim.
  */
+#include <math.h>
+#include <string.h>
+
 #include "internal.h"
 
-em_status em__ops_declare_nn(em_registry *core) {
-    (void)core;
+static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_max_pool2d,
+    *op_max_pool2d_bwd, *op_avg_pool2d, *op_avg_pool2d_bwd, *op_adaptive_avg_pool2d,
+    *op_adaptive_avg_pool2d_bwd, *op_batch_norm, *op_batch_norm_bwd, *op_layer_norm,
+    *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd;
+
+/* ---- shared checks ---------------------------------------------------------------------------- */
+
+#define SHAPE(t, buf) em__shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
+
+/* Every attribute of the schema is present (INTS with 2 values): kernels read them as is. */
+static em_status check_attrs_present(const em_op *op, const em_attr *attrs) {
+    const em_op_schema *s = em_op_schema_of(op);
+    for (int i = 0; i < s->n_attrs; i++) {
+        if (!attrs || attrs[i].type != s->attr_types[i] ||
+            (s->attr_types[i] == EM_ATTR_INTS && attrs[i].n != 2))
+            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' is required%s",
+                                em_op_name(op), s->attr_names[i],
+                                s->attr_types[i] == EM_ATTR_INTS ? " (2 ints: H, W)" : "");
+    }
     return EM_OK;
+}
+
+/* All of in[0..n) share in[0]'s floating dtype. */
+static em_status check_same_float(const em_op *op, const em_tensor *const *in, int n) {
+    for (int i = 0; i < n; i++)
+        if (!em_dtype_is_floating(in[i]->dtype) || in[i]->dtype != in[0]->dtype)
+            return em_set_error(EM_ERR_DTYPE, "%s: input %d has dtype %s; expected %s like "
+                                "input 0 (a floating dtype)", em_op_name(op), i,
+                                em_dtype_name(in[i]->dtype), em_dtype_name(in[0]->dtype));
+    return EM_OK;
+}
+
+static em_status check_4d(const em_op *op, const char *what, const em_tensor *t) {
+    char b[160];
+    if (t->ndim != 4)
+        return em_set_error(EM_ERR_SHAPE, "%s: expected a 4-D (N, C, H, W) %s, got shape %s",
+                            em_op_name(op), what, SHAPE(t, b));
+    return EM_OK;
+}
+
+static void meta4(em_tensor_meta *m, em_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d) {
+    *m = (em_tensor_meta){.dtype = dt, .ndim = 4, .shape = {a, b, c, d}};
+}
+
+static void meta_like(em_tensor_meta *m, const em_tensor *t, em_dtype dt) {
+    m->dtype = dt;
+    m->ndim = t->ndim;
+    memcpy(m->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+}
+
+/* ---- convolution ------------------------------------------------------------------------------ */
+
+/* Output size of a convolution along one dim; < 1 when the kernel does not fit. */
+static int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+    return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+/* stride > 0, padding >= 0, dilation > 0, groups > 0, and the (dilated) kernel fits in the
+ * padded input. x and w give the shapes for messages. */
+static em_status conv_check(const em_op *op, const em_attr *a, int64_t H, int64_t W, int64_t kh,
+                            int64_t kw, const em_tensor *x, const em_tensor *w) {
+    char b1[160], b2[160];
+    for (int i = 0; i < 2; i++)
+        if (a[0].ints[i] <= 0 || a[1].ints[i] < 0 || a[2].ints[i] <= 0)
+            return em_set_error(EM_ERR_INVALID, "%s: stride (%lld, %lld) and dilation (%lld, "
+                                "%lld) must be positive and padding (%lld, %lld) non-negative",
+                                em_op_name(op), (long long)a[0].ints[0], (long long)a[0].ints[1],
+                                (long long)a[2].ints[0], (long long)a[2].ints[1],
+                                (long long)a[1].ints[0], (long long)a[1].ints[1]);
+    if (a[3].v.i <= 0)
+        return em_set_error(EM_ERR_INVALID, "%s: groups must be positive, got %lld",
+                            em_op_name(op), (long long)a[3].v.i);
+    int64_t ph = H + 2 * a[1].ints[0], pw = W + 2 * a[1].ints[1];
+    int64_t eh = a[2].ints[0] * (kh - 1) + 1, ew = a[2].ints[1] * (kw - 1) + 1;
+    if (ph < eh || pw < ew)
+        return em_set_error(EM_ERR_SHAPE, "%s: the kernel (%lld x %lld, dilated %lld x %lld) of "
+                            "weight %s is larger than the padded input (%lld x %lld) of input %s",
+                            em_op_name(op), (long long)kh, (long long)kw, (long long)eh,
+                            (long long)ew, SHAPE(w, b2), (long long)ph, (long long)pw,
+                            SHAPE(x, b1));
+    return EM_OK;
+}
+
+/* Channel agreement of input channels C, weight w (O, C/g, kH, kW) and groups g. */
+static em_status conv_channels(const em_op *op, int64_t C, const em_tensor *w, int64_t g,
+                               const em_tensor *x) {
+    char b1[160], b2[160];
+    if (w->shape[1] * g != C || w->shape[0] % g != 0)
+        return em_set_error(EM_ERR_SHAPE, "%s: input %s has %lld channels but weight %s with "
+                            "%lld groups expects %lld (weight.shape[1] * groups), and %lld "
+                            "output channels must divide into the groups", em_op_name(op),
+                            SHAPE(x, b1), (long long)C, SHAPE(w, b2), (long long)g,
+                            (long long)(w->shape[1] * g), (long long)w->shape[0]);
+    return EM_OK;
+}
+
+static em_status infer_conv2d(const em_op *op, const em_tensor *const *in, const em_attr *a,
+                              em_tensor_meta *out) {
+    const em_tensor *x = in[0], *w = in[1], *b = in[2];
+    char b1[160], b2[160];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK) st = check_4d(op, "input", x);
+    if (st == EM_OK && w->ndim != 4)
+        st = em_set_error(EM_ERR_SHAPE, "%s: expected a 4-D (O, C/groups, kH, kW) weight, got "
+                          "shape %s", em_op_name(op), SHAPE(w, b1));
+    if (st == EM_OK) st = check_same_float(op, in, 3);
+    if (st == EM_OK) st = conv_channels(op, x->shape[1], w, a[3].v.i, x);
+    if (st == EM_OK && !(b->numel == 0 || (b->ndim == 1 && b->shape[0] == w->shape[0])))
+        st = em_set_error(EM_ERR_SHAPE, "%s: bias %s does not match weight %s (expected [%lld])",
+                          em_op_name(op), SHAPE(b, b1), SHAPE(w, b2), (long long)w->shape[0]);
+    if (st == EM_OK) st = conv_check(op, a, x->shape[2], x->shape[3], w->shape[2], w->shape[3], x, w);
+    if (st != EM_OK) return st;
+    meta4(out, x->dtype, x->shape[0], w->shape[0],
+          conv_out(x->shape[2], w->shape[2], a[0].ints[0], a[1].ints[0], a[2].ints[0]),
+          conv_out(x->shape[3], w->shape[3], a[0].ints[1], a[1].ints[1], a[2].ints[1]));
+    return EM_OK;
+}
+
+/* grad_output's spatial size matches the convolution of an (H, W) input. */
+static em_status conv_grad_shape(const em_op *op, const em_attr *a, int64_t H, int64_t W,
+                                 int64_t kh, int64_t kw, int64_t O, const em_tensor *gy) {
+    int64_t oh = conv_out(H, kh, a[0].ints[0], a[1].ints[0], a[2].ints[0]);
+    int64_t ow = conv_out(W, kw, a[0].ints[1], a[1].ints[1], a[2].ints[1]);
+    char b1[160];
+    if (gy->shape[1] != O || gy->shape[2] != oh || gy->shape[3] != ow)
+        return em_set_error(EM_ERR_SHAPE, "%s: grad_output %s does not match the convolution's "
+                            "output [%lld, %lld, %lld, %lld] for an input of %lld x %lld",
+                            em_op_name(op), SHAPE(gy, b1), (long long)gy->shape[0],
+                            (long long)O, (long long)oh, (long long)ow, (long long)H,
+                            (long long)W);
+    return EM_OK;
+}
+
+static em_status infer_conv2d_bwd_data(const em_op *op, const em_tensor *const *in,
+                                       const em_attr *a, em_tensor_meta *out) {
+    const em_tensor *gy = in[0], *w = in[1];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK) st = check_4d(op, "grad_output", gy);
+    if (st == EM_OK) st = check_4d(op, "weight", w);
+    if (st == EM_OK) st = check_same_float(op, in, 2);
+    if (st != EM_OK) return st;
+    int64_t g = a[3].v.i, H = a[4].ints[0], W = a[4].ints[1];
+    if (g <= 0 || w->shape[0] % g != 0 || H < 0 || W < 0)
+        return em_set_error(EM_ERR_INVALID, "%s: groups %lld must divide the %lld output "
+                            "channels; input_size (%lld, %lld) must be non-negative",
+                            em_op_name(op), (long long)g, (long long)w->shape[0], (long long)H,
+                            (long long)W);
+    st = conv_check(op, a, H, W, w->shape[2], w->shape[3], gy, w);
+    if (st == EM_OK) st = conv_grad_shape(op, a, H, W, w->shape[2], w->shape[3], w->shape[0], gy);
+    if (st != EM_OK) return st;
+    meta4(out, gy->dtype, gy->shape[0], w->shape[1] * g, H, W);
+    return EM_OK;
+}
+
+static em_status infer_conv2d_bwd_weight(const em_op *op, const em_tensor *const *in,
+                                         const em_attr *a, em_tensor_meta *out) {
+    const em_tensor *x = in[0], *gy = in[1];
+    char b1[160], b2[160];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK) st = check_4d(op, "input", x);
+    if (st == EM_OK) st = check_4d(op, "grad_output", gy);
+    if (st == EM_OK) st = check_same_float(op, in, 2);
+    if (st != EM_OK) return st;
+    int64_t g = a[3].v.i, kh = a[4].ints[0], kw = a[4].ints[1], C = x->shape[1], O = gy->shape[1];
+    if (g <= 0 || C % g != 0 || O % g != 0 || kh <= 0 || kw <= 0 || x->shape[0] != gy->shape[0])
+        return em_set_error(EM_ERR_SHAPE, "%s: input %s and grad_output %s do not fit groups %lld "
+                            "and kernel (%lld, %lld) (channels must divide into the groups, "
+                            "batch sizes must match)", em_op_name(op), SHAPE(x, b1),
+                            SHAPE(gy, b2), (long long)g, (long long)kh, (long long)kw);
+    st = conv_check(op, a, x->shape[2], x->shape[3], kh, kw, x, gy);
+    if (st == EM_OK) st = conv_grad_shape(op, a, x->shape[2], x->shape[3], kh, kw, O, gy);
+    if (st != EM_OK) return st;
+    meta4(&out[0], x->dtype, O, C / g, kh, kw);
+    out[1] = (em_tensor_meta){.dtype = x->dtype, .ndim = 1, .shape = {O}};
+    return EM_OK;
+}
+
+/* ---- pooling ---------------------------------------------------------------------------------- */
+
+/* PyTorch's pooling_output_shape: with ceil_mode the last window must start inside the input
+ * or the left padding. */
+static int64_t pool_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+    int64_t num = in + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0);
+    int64_t o = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+    if (ceil_mode && (o - 1) * s >= in + p) o--;
+    return o;
+}
+
+/* attrs: kernel_size, stride, padding, then dilation at index dil (or -1: 1). */
+static em_status infer_pool_common(const em_op *op, const em_tensor *x, const int64_t *hw,
+                                   const em_attr *a, int dil, bool ceil_mode, em_tensor_meta *out) {
+    char b1[160];
+    if (!hw) hw = x->shape + 2;
+    em_status st = check_4d(op, "input", x);
+    if (st == EM_OK && !em_dtype_is_floating(x->dtype))
+        st = em_set_error(EM_ERR_DTYPE, "%s: expected a floating input, got %s", em_op_name(op),
+                          em_dtype_name(x->dtype));
+    if (st != EM_OK) return st;
+    int64_t o[2];
+    for (int i = 0; i < 2; i++) {
+        int64_t k = a[0].ints[i], s = a[1].ints[i], p = a[2].ints[i], d = dil >= 0 ? a[dil].ints[i] : 1;
+        if (k <= 0 || s <= 0 || d <= 0 || p < 0)
+            return em_set_error(EM_ERR_INVALID, "%s: kernel_size, stride and dilation must be "
+                                "positive and padding non-negative; got kernel %lld, stride "
+                                "%lld, padding %lld, dilation %lld", em_op_name(op),
+                                (long long)k, (long long)s, (long long)p, (long long)d);
+        if (p > k / 2)
+            return em_set_error(EM_ERR_INVALID, "%s: padding %lld should be at most half of the "
+                                "kernel size %lld", em_op_name(op), (long long)p, (long long)k);
+        o[i] = pool_out(hw[i], k, s, p, d, ceil_mode);
+        if (o[i] < 1)
+            return em_set_error(EM_ERR_SHAPE, "%s: input %s is too small for kernel (%lld, %lld) "
+                                "with padding (%lld, %lld) and dilation (%lld, %lld): output "
+                                "size would be %lld", em_op_name(op),
+                                hw == x->shape + 2 ? SHAPE(x, b1)
+                                                   : em__shape_str(2, hw, b1, sizeof b1),
+                                (long long)a[0].ints[0], (long long)a[0].ints[1],
+                                (long long)a[2].ints[0], (long long)a[2].ints[1],
+                                (long long)(dil >= 0 ? a[dil].ints[0] : 1),
+                                (long long)(dil >= 0 ? a[dil].ints[1] : 1), (long long)o[i]);
+    }
+    meta4(out, x->dtype, x->shape[0], x->shape[1], o[0], o[1]);
+    return EM_OK;
+}
+
+static em_status infer_max_pool2d(const em_op *op, const em_tensor *const *in, const em_attr *a,
+                                  em_tensor_meta *out) {
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK) st = infer_pool_common(op, in[0], NULL, a, 3, a[4].v.b, &out[0]);
+    if (st != EM_OK) return st;
+    out[1] = out[0];
+    out[1].dtype = EM_I64;
+    return EM_OK;
+}
+
+/* A pooling backward: grad_output (N, C, OH, OW) matches the forward's output for an input of
+ * input_size (attr ia); fwd_out is that output (from the forward's infer). */
+static em_status pool_grad_check(const em_op *op, const em_tensor *gy, const em_tensor_meta *fwd) {
+    char b1[160], b2[160];
+    if (gy->ndim != 4 || memcmp(gy->shape, fwd->shape, sizeof(int64_t) * 4) != 0)
+        return em_set_error(EM_ERR_SHAPE, "%s: grad_output %s does not match the forward's "
+                            "output %s", em_op_name(op), SHAPE(gy, b1),
+                            em__shape_str(4, fwd->shape, b2, sizeof b2));
+    return EM_OK;
+}
+
+static em_status infer_max_pool2d_bwd(const em_op *op, const em_tensor *const *in,
+                                      const em_attr *a, em_tensor_meta *out) {
+    const em_tensor *gy = in[0], *idx = in[1];
+    char b1[160], b2[160];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK) st = check_4d(op, "grad_output", gy);
+    if (st != EM_OK) return st;
+    if (!em_dtype_is_floating(gy->dtype) || idx->dtype != EM_I64 || idx->ndim != 4 ||
+        memcmp(idx->shape, gy->shape, sizeof(int64_t) * 4) != 0)
+        return em_set_error(EM_ERR_SHAPE, "%s: expected a floating grad_output and int64 indices "
+                            "of the same shape; got %s %s and %s %s", em_op_name(op),
+                            em_dtype_name(gy->dtype), SHAPE(gy, b1), em_dtype_name(idx->dtype),
+                            SHAPE(idx, b2));
+    if (a[0].ints[0] < 0 || a[0].ints[1] < 0)
+        return em_set_error(EM_ERR_INVALID, "%s: negative input_size", em_op_name(op));
+    meta4(out, gy->dtype, gy->shape[0], gy->shape[1], a[0].ints[0], a[0].ints[1]);
+    return EM_OK;
+}
+
+static em_status infer_avg_pool2d(const em_op *op, const em_tensor *const *in, const em_attr *a,
+                                  em_tensor_meta *out) {
+    em_status st = check_attrs_present(op, a);
+    return st == EM_OK ? infer_pool_common(op, in[0], NULL, a, -1, a[3].v.b, out) : st;
+}
+
+static em_status infer_avg_pool2d_bwd(const em_op *op, const em_tensor *const *in,
+                                      const em_attr *a, em_tensor_meta *out) {
+    const em_tensor *gy = in[0];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK) st = check_4d(op, "grad_output", gy);
+    if (st != EM_OK) return st;
+    /* The forward's output for an input of input_size. */
+    em_tensor_meta fwd;
+    st = infer_pool_common(op, gy, a[5].ints, a, -1, a[3].v.b, &fwd);
+    if (st == EM_OK) st = pool_grad_check(op, gy, &fwd);
+    if (st != EM_OK) return st;
+    meta4(out, gy->dtype, gy->shape[0], gy->shape[1], a[5].ints[0], a[5].ints[1]);
+    return EM_OK;
+}
+
+static em_status infer_adaptive(const em_op *op, const em_tensor *const *in, const em_attr *a,
+                                em_tensor_meta *out) {
+    const em_tensor *x = in[0];
+    char b1[160];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK) st = check_4d(op, "input", x);
+    if (st != EM_OK) return st;
+    if (!em_dtype_is_floating(x->dtype))
+        return em_set_error(EM_ERR_DTYPE, "%s: expected a floating input, got %s",
+                            em_op_name(op), em_dtype_name(x->dtype));
+    bool bwd = op == op_adaptive_avg_pool2d_bwd;
+    if (a[0].ints[0] < 0 || a[0].ints[1] < 0 ||
+        (!bwd && (x->shape[1] == 0 || x->shape[2] == 0 || x->shape[3] == 0)))
+        return em_set_error(EM_ERR_SHAPE, "%s: input %s and size (%lld, %lld): sizes must be "
+                            "non-negative and the input's C, H and W non-zero", em_op_name(op),
+                            SHAPE(x, b1), (long long)a[0].ints[0], (long long)a[0].ints[1]);
+    meta4(out, x->dtype, x->shape[0], x->shape[1], a[0].ints[0], a[0].ints[1]);
+    return EM_OK;
+}
+
+/* ---- normalisation ---------------------------------------------------------------------------- */
+
+/* p is none (0 elements) or a 1-D (C) tensor. */
+static em_status check_param(const em_op *op, const char *name, const em_tensor *p, int64_t C,
+                             const em_tensor *x) {
+    char b1[160], b2[160];
+    if (p->numel == 0 && (C != 0 || p->ndim != 1)) return EM_OK;
+    if (p->ndim != 1 || p->shape[0] != C)
+        return em_set_error(EM_ERR_SHAPE, "%s: %s %s does not match the %lld channels of input "
+                            "%s (expected [%lld])", em_op_name(op), name, SHAPE(p, b1),
+                            (long long)C, SHAPE(x, b2), (long long)C);
+    return EM_OK;
+}
+
+static em_status infer_batch_norm(const em_op *op, const em_tensor *const *in, const em_attr *a,
+                                  em_tensor_meta *out) {
+    static const char *const names[] = {"input", "weight", "bias", "running_mean", "running_var"};
+    const em_tensor *x = in[0];
+    char b1[160];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK && x->ndim < 2)
+        st = em_set_error(EM_ERR_SHAPE, "%s: expected an input of at least 2 dims (N, C, ...), "
+                          "got shape %s", em_op_name(op), SHAPE(x, b1));
+    if (st == EM_OK) st = check_same_float(op, in, 5);
+    for (int i = 1; i < 5 && st == EM_OK; i++) st = check_param(op, names[i], in[i], x->shape[1], x);
+    if (st == EM_OK && !a[0].v.b && (in[3]->numel != x->shape[1] || in[4]->numel != x->shape[1]))
+        st = em_set_error(EM_ERR_INVALID, "%s: evaluation mode (training = false) needs "
+                          "running_mean and running_var", em_op_name(op));
+    if (st != EM_OK) return st;
+    meta_like(&out[0], x, x->dtype);
+    out[1] = out[2] = (em_tensor_meta){.dtype = x->dtype, .ndim = 1, .shape = {x->shape[1]}};
+    return EM_OK;
+}
+
+static em_status infer_batch_norm_bwd(const em_op *op, const em_tensor *const *in,
+                                      const em_attr *a, em_tensor_meta *out) {
+    const em_tensor *gy = in[0], *x = in[1];
+    char b1[160], b2[160];
+    em_status st = check_attrs_present(op, a);
+    if (st == EM_OK && (x->ndim < 2 || gy->ndim != x->ndim ||
+                        memcmp(gy->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0))
+        st = em_set_error(EM_ERR_SHAPE, "%s: grad_output %s and input %s must have the same "
+                          "shape of at least 2 dims", em_op_name(op), SHAPE(gy, b1), SHAPE(x, b2));
+    if (st == EM_OK) st = check_same_float(op, in, 5);
+    if (st == EM_OK) st = check_param(op, "weight", in[2], x->shape[1], x);
+    if (st == EM_OK && (in[3]->numel != x->shape[1] || in[4]->numel != x->shape[1] ||
+                        in[3]->ndim != 1 || in[4]->ndim != 1))
+        st = em_set_error(EM_ERR_SHAPE, "%s: save_mean %s and save_invstd %s must be [%lld]",
+                          em_op_name(op), SHAPE(in[3], b1), SHAPE(in[4], b2),
+                          (long long)x->shape[1]);
+    if (st != EM_OK) return st;
+    meta_like(&out[0], x, x->dtype);
+    out[1] = out[2] = (em_tensor_meta){.dtype = x->dtype, .ndim = 1, .shape = {x->shape[1]}};
+    return EM_OK;
+}
+
+/* w is none or has the last k dims of x. */
+static em_status check_ln_param(const em_op *op, const char *name, const em_tensor *w, int k,
+                                const em_tensor *x) {
+    char b1[160], b2[160];
+    if (w->numel == 0 && w->ndim == 1 && w->shape[0] == 0 &&
+        em__numel(k, x->shape + x->ndim - k) != 0)
+        return EM_OK;
+    if (w->ndim != k || memcmp(w->shape, x->shape + x->ndim - k, sizeof(int64_t) * (size_t)k) != 0)
+        return em_set_error(EM_ERR_SHAPE, "%s: %s %s does not match the last %d dims of input %s",
+                            em_op_name(op), name, SHAPE(w, b1), k, SHAPE(x, b2));
+    return EM_OK;
+}
+
+static em_status infer_layer_norm(const em_op *op, const em_tensor *const *in, const em_attr *a,
+                                  em_tensor_meta *out) {
+    const em_tensor *x = in[0];
+    char b1[160];
+    em_status st = check_attrs_present(op, a);
+    if (st != EM_OK) return st;
+    int k = (int)a[0].v.i;
+    if (k < 1 || k > x->ndim)
+        return em_set_error(EM_ERR_SHAPE, "%s: normalized_ndim %d is out of range for input %s",
+                            em_op_name(op), k, SHAPE(x, b1));
+    st = check_same_float(op, in, 3);
+    if (st == EM_OK) st = check_ln_param(op, "weight", in[1], k, x);
+    if (st == EM_OK) st = check_ln_param(op, "bias", in[2], k, x);
+    if (st != EM_OK) return st;
+    meta_like(&out[0], x, x->dtype);
+    meta_like(&out[1], x, x->dtype);
+    for (int d = x->ndim - k; d < x->ndim; d++) out[1].shape[d] = 1;
+    out[2] = out[1];
+    return EM_OK;
+}
+
+static em_status infer_layer_norm_bwd(const em_op *op, const em_tensor *const *in,
+                                      const em_attr *a, em_tensor_meta *out) {
+    const em_tensor *gy = in[0], *x = in[1];
+    char b1[160], b2[160];
+    em_status st = check_attrs_present(op, a);
+    if (st != EM_OK) return st;
+    int k = (int)a[0].v.i;
+    if (k < 1 || k > x->ndim || gy->ndim != x->ndim ||
+        memcmp(gy->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0)
+        return em_set_error(EM_ERR_SHAPE, "%s: grad_output %s and input %s must have the same "
+                            "shape with at least normalized_ndim %d dims", em_op_name(op),
+                            SHAPE(gy, b1), SHAPE(x, b2), k);
+    st = check_same_float(op, in, 5);
+    int64_t rows = em__numel(x->ndim - k, x->shape);
+    if (st == EM_OK && (in[2]->numel != rows || in[3]->numel != rows))
+        st = em_set_error(EM_ERR_SHAPE, "%s: mean %s and rstd %s must have %lld elements",
+                          em_op_name(op), SHAPE(in[2], b1), SHAPE(in[3], b2), (long long)rows);
+    if (st == EM_OK) st = check_ln_param(op, "weight", in[4], k, x);
+    if (st != EM_OK) return st;
+    meta_like(&out[0], x, x->dtype);
+    out[1] = (em_tensor_meta){.dtype = x->dtype, .ndim = k};
+    memcpy(out[1].shape, x->shape + x->ndim - k, sizeof(int64_t) * (size_t)k);
+    out[2] = out[1];
+    return EM_OK;
+}
+
+/* ---- softmax ---------------------------------------------------------------------------------- */
+
+static em_status infer_softmax(const em_op *op, const em_tensor *const *in, const em_attr *a,
+                               em_tensor_meta *out) {
+    const em_tensor *x = in[0];
+    char b1[160], b2[160];
+    em_status st = check_attrs_present(op, a);
+    int n = op == op_softmax || op == op_log_softmax ? 1 : 2;
+    if (st == EM_OK) st = check_same_float(op, in, n);
+    if (st == EM_OK && n == 2 && (in[1]->ndim != x->ndim ||
+                                  memcmp(in[1]->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim)))
+        st = em_set_error(EM_ERR_SHAPE, "%s: grad_output %s and output %s must have the same "
+                          "shape", em_op_name(op), SHAPE(x, b1), SHAPE(in[1], b2));
+    if (st == EM_OK && (a[0].v.i < 0 || a[0].v.i >= (x->ndim ? x->ndim : 1)))
+        st = em_set_error(EM_ERR_RANGE, "%s: dim %lld is out of range for shape %s",
+                          em_op_name(op), (long long)a[0].v.i, SHAPE(x, b1));
+    if (st != EM_OK) return st;
+    meta_like(out, x, x->dtype);
+    return EM_OK;
+}
+
+/* ---- declarations ----------------------------------------------------------------------------- */
+
+static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
+                         const char *const *in_names, int n_out, int n_attrs,
+                         const char *const *attr_names, const em_attr_type *types,
+                         em_infer_fn infer) {
+    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in,
+                      .input_names = in_names, .n_outputs = n_out, .n_attrs = n_attrs,
+                      .attr_names = attr_names, .attr_types = types, .dispatch_arg = 0,
+                      .infer = infer};
+    return em_op_declare(core, &s, out);
+}
+
+em_status em__ops_declare_nn(em_registry *core) {
+#define I EM_ATTR_INTS
+#define N EM_ATTR_INT
+#define B EM_ATTR_BOOL
+#define F EM_ATTR_FLOAT
+    static const char *const conv_a[] = {"stride", "padding", "dilation", "groups", "input_size"},
+                             *const convw_a[] = {"stride", "padding", "dilation", "groups",
+                                                 "kernel_size"},
+                             *const maxp_a[] = {"kernel_size", "stride", "padding", "dilation",
+                                                "ceil_mode"},
+                             *const avgp_a[] = {"kernel_size", "stride", "padding", "ceil_mode",
+                                                "count_include_pad", "input_size"},
+                             *const in_size[] = {"input_size"}, *const out_size[] = {"output_size"},
+                             *const bn_a[] = {"training", "momentum", "eps"},
+                             *const ln_a[] = {"normalized_ndim", "eps"}, *const dim[] = {"dim"};
+    static const char *const conv_i[] = {"input", "weight", "bias"},
+                             *const convd_i[] = {"grad_output", "weight"},
+                             *const convw_i[] = {"input", "grad_output"},
+                             *const x_i[] = {"input"}, *const gy_i[] = {"grad_output"},
+                             *const maxpb_i[] = {"grad_output", "indices"},
+                             *const bn_i[] = {"input", "weight", "bias", "running_mean",
+                                              "running_var"},
+                             *const bnb_i[] = {"grad_output", "input", "weight", "save_mean",
+                                               "save_invstd"},
+                             *const ln_i[] = {"input", "weight", "bias"},
+                             *const lnb_i[] = {"grad_output", "input", "mean", "rstd", "weight"},
+                             *const smb_i[] = {"grad_output", "output"};
+    static const em_attr_type conv_t[] = {I, I, I, N, I}, maxp_t[] = {I, I, I, I, B},
+                              avgp_t[] = {I, I, I, B, B, I}, ints_t[] = {I},
+                              bn_t[] = {B, F, F}, ln_t[] = {N, F}, int_t[] = {N}, b_t[] = {B};
+#undef I
+#undef N
+#undef B
+#undef F
+    em_status st = EM_OK;
+#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+    DECL(op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d);
+    DECL(op_conv2d_bwd_data, "conv2d_backward_data", 2, convd_i, 1, 5, conv_a, conv_t,
+         infer_conv2d_bwd_data);
+    DECL(op_conv2d_bwd_weight, "conv2d_backward_weight", 2, convw_i, 2, 5, convw_a, conv_t,
+         infer_conv2d_bwd_weight);
+    DECL(op_max_pool2d, "max_pool2d", 1, x_i, 2, 5, maxp_a, maxp_t, infer_max_pool2d);
+    DECL(op_max_pool2d_bwd, "max_pool2d_backward", 2, maxpb_i, 1, 1, in_size, ints_t,
+         infer_max_pool2d_bwd);
+    DECL(op_avg_pool2d, "avg_pool2d", 1, x_i, 1, 5, avgp_a, avgp_t, infer_avg_pool2d);
+    DECL(op_avg_pool2d_bwd, "avg_pool2d_backward", 1, gy_i, 1, 6, avgp_a, avgp_t,
+         infer_avg_pool2d_bwd);
+    DECL(op_adaptive_avg_pool2d, "adaptive_avg_pool2d", 1, x_i, 1, 1, out_size, ints_t,
+         infer_adaptive);
+    DECL(op_adaptive_avg_pool2d_bwd, "adaptive_avg_pool2d_backward", 1, gy_i, 1, 1, in_size,
+         ints_t, infer_adaptive);
+    DECL(op_batch_norm, "batch_norm", 5, bn_i, 3, 3, bn_a, bn_t, infer_batch_norm);
+    DECL(op_batch_norm_bwd, "batch_norm_backward", 5, bnb_i, 3, 1, bn_a, b_t,
+         infer_batch_norm_bwd);
+    DECL(op_layer_norm, "layer_norm", 3, ln_i, 3, 2, ln_a, ln_t, infer_layer_norm);
+    DECL(op_layer_norm_bwd, "layer_norm_backward", 5, lnb_i, 3, 1, ln_a, int_t,
+         infer_layer_norm_bwd);
+    DECL(op_softmax, "softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax);
+    DECL(op_log_softmax, "log_softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax);
+    DECL(op_softmax_bwd, "softmax_backward", 2, smb_i, 1, 1, dim, int_t, infer_softmax);
+    DECL(op_log_softmax_bwd, "log_softmax_backward", 2, smb_i, 1, 1, dim, int_t, infer_softmax);
+#undef DECL
+    return st;
+}
+
+/* ---- public functions: argument preparation --------------------------------------------------- */
+
+/* f16 and bf16 compute in f32. */
+static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
+
+static bool check_float(const char *who, const char *name, const em_tensor *t) {
+    if (em_dtype_is_floating(t->dtype)) return true;
+    em_set_error(EM_ERR_DTYPE, "%s: expected a floating %s, got %s", who, name,
+                 em_dtype_name(t->dtype));
+    return false;
+}
+
+/* An owned, contiguous reference to t in dtype dt; a 0-element "none" tensor for NULL t. */
+static em_tensor *prep(const em_tensor *t, em_dtype dt, em_device dev) {
+    if (!t) return em__empty(1, (const int64_t[]){0}, dt, dev);
+    em_tensor *c = em__to_dtype(t, dt);
+    em_tensor *r = c ? em__contiguous(c) : NULL;
+    em_tensor_release(c);
+    return r;
+}
+
+/* Converts an owned result to dtype dt (releasing the original). */
+static em_tensor *finish(em_tensor *r, em_dtype dt) {
+    if (!r || r->dtype == dt) return r;
+    em_tensor *c = em__to_dtype(r, dt);
+    em_tensor_release(r);
+    return c;
+}
+
+/* Run op on n prepared inputs (released here); n_out results into out (owned). */
+static em_status run(const em_op *op, em_tensor **in, int n, const em_attr *attrs,
+                     em_tensor **out) {
+    em_status st = EM_OK;
+    for (int i = 0; i < n; i++)
+        if (!in[i]) st = em_last_status();
+    if (st == EM_OK) st = em__op_call(op, (const em_tensor *const *)in, n, attrs, out);
+    for (int i = 0; i < n; i++) em_tensor_release(in[i]);
+    return st;
+}
+
+static em_attr ints2(const int64_t *v, int64_t def) {
+    em_attr a = {.type = EM_ATTR_INTS, .n = 2};
+    a.ints[0] = v ? v[0] : def;
+    a.ints[1] = v ? v[1] : def;
+    return a;
+}
+static em_attr aint(int64_t v) { return (em_attr){.type = EM_ATTR_INT, .v.i = v}; }
+static em_attr abool(bool v) { return (em_attr){.type = EM_ATTR_BOOL, .v.b = v}; }
+static em_attr afloat(double v) { return (em_attr){.type = EM_ATTR_FLOAT, .v.f = v}; }
+
+/* Hands owned results to the caller's out-pointers (tracked by the scope) or releases them. */
+static em_status deliver(em_status st, int n, em_tensor **res, em_tensor **const *outs) {
+    for (int i = 0; i < n; i++) {
+        if (st == EM_OK && outs[i]) *outs[i] = em__scope_track(res[i]);
+        else em_tensor_release(res[i]);
+    }
+    return st;
+}
+
+/* ---- public functions: convolution ------------------------------------------------------------ */
+
+em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
+                     const int64_t stride[2], const int64_t padding[2],
+                     const int64_t dilation[2], int64_t groups) {
+    const em_tensor *chk[2] = {input, weight};
+    if (!em__check_inputs("conv2d", chk, 2)) return NULL;
+    if (!check_float("conv2d", "input", input) || !check_float("conv2d", "weight", weight) ||
+        (bias && !check_float("conv2d", "bias", bias)))
+        return NULL;
+    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype)) {
+        em_set_error(EM_ERR_DTYPE, "conv2d: input (%s), weight (%s) and bias (%s) must have "
+                     "the same dtype", em_dtype_name(input->dtype), em_dtype_name(weight->dtype),
+                     bias ? em_dtype_name(bias->dtype) : "none");
+        return NULL;
+    }
+    em_dtype cd = compute_dtype(input->dtype);
+    em_device dev = input->storage->device;
+    em_attr a[4] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups)};
+    em_tensor *in[3] = {prep(input, cd, dev), prep(weight, cd, dev), prep(bias, cd, dev)};
+    em_tensor *y = NULL;
+    if (run(op_conv2d, in, 3, a, &y) != EM_OK) return NULL;
+    return em__scope_track(finish(y, input->dtype));
+}
+
+em_tensor *em_conv2d_backward_data(const em_tensor *grad_output, const em_tensor *weight,
+                                   const int64_t input_size[2], const int64_t stride[2],
+                                   const int64_t padding[2], const int64_t dilation[2],
+                                   int64_t groups) {
+    const em_tensor *chk[2] = {grad_output, weight};
+    if (!em__check_inputs("conv2d_backward_data", chk, 2)) return NULL;
+    if (!check_float("conv2d_backward_data", "grad_output", grad_output) ||
+        !check_float("conv2d_backward_data", "weight", weight))
+        return NULL;
+    if (!input_size) {
+        em_set_error(EM_ERR_INVALID, "conv2d_backward_data: input_size is required");
+        return NULL;
+    }
+    em_dtype cd = compute_dtype(grad_output->dtype);
+    em_device dev = grad_output->storage->device;
+    em_attr a[5] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups),
+                    ints2(input_size, 0)};
+    em_tensor *in[2] = {prep(grad_output, cd, dev), prep(weight, cd, dev)};
+    em_tensor *gx = NULL;
+    if (run(op_conv2d_bwd_data, in, 2, a, &gx) != EM_OK) return NULL;
+    return em__scope_track(finish(gx, grad_output->dtype));
+}
+
+em_status em_conv2d_backward_weight(const em_tensor *input, const em_tensor *grad_output,
+                                    const int64_t kernel_size[2], const int64_t stride[2],
+                                    const int64_t padding[2], const int64_t dilation[2],
+                                    int64_t groups, em_tensor **grad_weight,
+                                    em_tensor **grad_bias) {
+    const em_tensor *chk[2] = {input, grad_output};
+    if (!em__check_inputs("conv2d_backward_weight", chk, 2)) return em_last_status();
+    if (!check_float("conv2d_backward_weight", "input", input) ||
+        !check_float("conv2d_backward_weight", "grad_output", grad_output))
+        return em_last_status();
+    if (!kernel_size)
+        return em_set_error(EM_ERR_INVALID, "conv2d_backward_weight: kernel_size is required");
+    em_dtype cd = compute_dtype(input->dtype);
+    em_device dev = input->storage->device;
+    em_attr a[5] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups),
+                    ints2(kernel_size, 0)};
+    em_tensor *in[2] = {prep(input, cd, dev), prep(grad_output, cd, dev)};
+    em_tensor *res[2] = {NULL, NULL};
+    em_status st = run(op_conv2d_bwd_weight, in, 2, a, res);
+    for (int i = 0; i < 2 && st == EM_OK; i++)
+        if (!(res[i] = finish(res[i], input->dtype))) st = em_last_status();
+    return deliver(st, 2, res, (em_tensor **const[]){grad_weight, grad_bias});
+}
+
+/* ---- public functions: pooling ---------------------------------------------------------------- */
+
+em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size[2],
+                        const int64_t stride[2], const int64_t padding[2],
+                        const int64_t dilation[2], bool ceil_mode, em_tensor **out,
+                        em_tensor **indices) {
+    if (!em__check_inputs("max_pool2d", &input, 1)) return em_last_status();
+    if (!check_float("max_pool2d", "input", input)) return em_last_status();
+    if (!kernel_size) return em_set_error(EM_ERR_INVALID, "max_pool2d: kernel_size is required");
+    em_attr a[5] = {ints2(kernel_size, 1), ints2(stride ? stride : kernel_size, 1),
+                    ints2(padding, 0), ints2(dilation, 1), abool(ceil_mode)};
+    em_tensor *in[1] = {prep(input, compute_dtype(input->dtype), input->storage->device)};
+    em_tensor *res[2] = {NULL, NULL};
+    em_status st = run(op_max_pool2d, in, 1, a, res);
+    if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+    return deliver(st, 2, res, (em_tensor **const[]){out, indices});
+}
+
+em_tensor *em_max_pool2d_backward(const em_tensor *grad_output, const em_tensor *indices,
+                                  const int64_t input_size[2]) {
+    const em_tensor *chk[2] = {grad_output, indices};
+    if (!em__check_inputs("max_pool2d_backward", chk, 2)) return NULL;
+    if (!check_float("max_pool2d_backward", "grad_output", grad_output)) return NULL;
+    if (!input_size) {
+        em_set_error(EM_ERR_INVALID, "max_pool2d_backward: input_size is required");
+        return NULL;
+    }
+    em_device dev = grad_output->storage->device;
+    em_attr a[1] = {ints2(input_size, 0)};
+    em_tensor *in[2] = {prep(grad_output, compute_dtype(grad_output->dtype), dev),
+                        prep(indices, indices->dtype, dev)};
+    em_tensor *gx = NULL;
+    if (run(op_max_pool2d_bwd, in, 2, a, &gx) != EM_OK) return NULL;
+    return em__scope_track(finish(gx, grad_output->dtype));
+}
+
+static em_tensor *avg_pool_call(const em_op *op, const char *who, const em_tensor *t,
+                                const int64_t kernel_size[2], const int64_t stride[2],
+                                const int64_t padding[2], bool ceil_mode, bool count_include_pad,
+                                const int64_t *input_size) {
+    if (!em__check_inputs(who, &t, 1)) return NULL;
+    if (!check_float(who, "input", t)) return NULL;
+    if (!kernel_size || (op == op_avg_pool2d_bwd && !input_size)) {
+        em_set_error(EM_ERR_INVALID, "%s: kernel_size%s required", who,
+                     op == op_avg_pool2d_bwd ? " and input_size are" : " is");
+        return NULL;
+    }
+    em_attr a[6] = {ints2(kernel_size, 1), ints2(stride ? stride : kernel_size, 1),
+                    ints2(padding, 0), abool(ceil_mode), abool(count_include_pad),
+                    ints2(input_size, 0)};
+    em_tensor *in[1] = {prep(t, compute_dtype(t->dtype), t->storage->device)};
+    em_tensor *y = NULL;
+    if (run(op, in, 1, a, &y) != EM_OK) return NULL;
+    return em__scope_track(finish(y, t->dtype));
+}
+
+em_tensor *em_avg_pool2d(const em_tensor *input, const int64_t kernel_size[2],
+                         const int64_t stride[2], const int64_t padding[2], bool ceil_mode,
+                         bool count_include_pad) {
+    return avg_pool_call(op_avg_pool2d, "avg_pool2d", input, kernel_size, stride, padding,
+                         ceil_mode, count_include_pad, NULL);
+}
+
+em_tensor *em_avg_pool2d_backward(const em_tensor *grad_output, const int64_t input_size[2],
+                                  const int64_t kernel_size[2], const int64_t stride[2],
+                                  const int64_t padding[2], bool ceil_mode,
+                                  bool count_include_pad) {
+    return avg_pool_call(op_avg_pool2d_bwd, "avg_pool2d_backward", grad_output, kernel_size,
+                         stride, padding, ceil_mode, count_include_pad, input_size);
+}
+
+static em_tensor *adaptive_call(const em_op *op, const char *who, const em_tensor *t,
+                                const int64_t size[2]) {
+    if (!em__check_inputs(who, &t, 1)) return NULL;
+    if (!check_float(who, "input", t)) return NULL;
+    if (!size) {
+        em_set_error(EM_ERR_INVALID, "%s: the size is required", who);
+        return NULL;
+    }
+    em_attr a[1] = {ints2(size, 0)};
+    em_tensor *in[1] = {prep(t, compute_dtype(t->dtype), t->storage->device)};
+    em_tensor *y = NULL;
+    if (run(op, in, 1, a, &y) != EM_OK) return NULL;
+    return em__scope_track(finish(y, t->dtype));
+}
+
+em_tensor *em_adaptive_avg_pool2d(const em_tensor *input, const int64_t output_size[2]) {
+    return adaptive_call(op_adaptive_avg_pool2d, "adaptive_avg_pool2d", input, output_size);
+}
+
+em_tensor *em_adaptive_avg_pool2d_backward(const em_tensor *grad_output,
+                                           const int64_t input_size[2]) {
+    return adaptive_call(op_adaptive_avg_pool2d_bwd, "adaptive_avg_pool2d_backward",
+                         grad_output, input_size);
+}
+
+/* ---- public functions: normalisation ---------------------------------------------------------- */
+
+em_status em_batch_norm(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
+                        em_tensor *running_mean, em_tensor *running_var, bool training,
+                        double momentum, double eps, em_tensor **out, em_tensor **save_mean,
+                        em_tensor **save_invstd) {
+    if (!em__check_inputs("batch_norm", &input, 1)) return em_last_status();
+    const em_tensor *opt[4] = {weight, bias, running_mean, running_var};
+    static const char *const names[4] = {"weight", "bias", "running_mean", "running_var"};
+    if (!check_float("batch_norm", "input", input)) return em_last_status();
+    for (int i = 0; i < 4; i++)
+        if (opt[i] && !check_float("batch_norm", names[i], opt[i])) return em_last_status();
+    if (!training && (!running_mean || !running_var))
+        return em_set_error(EM_ERR_INVALID, "batch_norm: evaluation mode (training = false) "
+                            "needs running_mean and running_var");
+    if (input->ndim >= 2 && training) {
+        int64_t per = input->numel / (input->shape[1] ? input->shape[1] : 1);
+        if (per == 1) {
+            char b[160];
+            return em_set_error(EM_ERR_INVALID, "batch_norm: expected more than 1 value per "
+                                "channel when training, got input %s", SHAPE(input, b));
+        }
+    }
+    em_dtype cd = compute_dtype(input->dtype);
+    em_device dev = input->storage->device;
+    em_tensor *in[5] = {prep(input, cd, dev), prep(weight, cd, dev), prep(bias, cd, dev),
+                        prep(running_mean, cd, dev), prep(running_var, cd, dev)};
+    /* The running stats the kernel updates: the caller's own when usable as they are,
+     * otherwise copies written back afterwards. */
+    em_tensor *rs[2] = {in[3], in[4]}, *user[2] = {running_mean, running_var};
+    for (int i = 0; i < 2; i++) em_tensor_retain(rs[i]);
+    em_attr a[3] = {abool(training), afloat(momentum), afloat(eps)};
+    em_tensor *res[3] = {NULL, NULL, NULL};
+    em_status st = run(op_batch_norm, in, 5, a, res);
+    for (int i = 0; i < 2; i++) {
+        if (st == EM_OK && training && user[i]) {
+            if (rs[i] != user[i]) st = em_copy_(user[i], rs[i]);
+            else em_tensor_bump_version(user[i]);
+        }
+        em_tensor_release(rs[i]);
+    }
+    if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+    return deliver(st, 3, res, (em_tensor **const[]){out, save_mean, save_invstd});
+}
+
+em_status em_batch_norm_backward(const em_tensor *grad_output, const em_tensor *input,
+                                 const em_tensor *weight, const em_tensor *save_mean,
+                                 const em_tensor *save_invstd, bool training,
+                                 em_tensor **grad_input, em_tensor **grad_weight,
+                                 em_tensor **grad_bias) {
+    const em_tensor *chk[4] = {grad_output, input, save_mean, save_invstd};
+    if (!em__check_inputs("batch_norm_backward", chk, 4)) return em_last_status();
+    for (int i = 0; i < 4; i++)
+        if (!check_float("batch_norm_backward", "tensor", chk[i])) return em_last_status();
+    if (weight && !check_float("batch_norm_backward", "weight", weight)) return em_last_status();
+    em_dtype cd = compute_dtype(input->dtype);
+    em_device dev = input->storage->device;
+    em_tensor *in[5] = {prep(grad_output, cd, dev), prep(input, cd, dev), prep(weight, cd, dev),
+                        prep(save_mean, cd, dev), prep(save_invstd, cd, dev)};
+    em_attr a[1] = {abool(training)};
+    em_tensor *res[3] = {NULL, NULL, NULL};
+    em_status st = run(op_batch_norm_bwd, in, 5, a, res);
+    if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+    for (int i = 1; i < 3 && st == EM_OK; i++)
+        if (!(res[i] = finish(res[i], weight ? weight->dtype : input->dtype))) st = em_last_status();
+    return deliver(st, 3, res, (em_tensor **const[]){grad_input, grad_weight, grad_bias});
+}
+
+/* The normalized_shape given must be the last dims of x. */
+static em_status ln_shape(const char *who, const em_tensor *x, int k, const int64_t *shape) {
+    char b1[160], b2[160];
+    if (k < 1 || k > x->ndim || !shape ||
+        memcmp(shape, x->shape + x->ndim - k, sizeof(int64_t) * (size_t)k) != 0)
+        return em_set_error(EM_ERR_SHAPE, "%s: normalized_shape %s is not the last dims of "
+                            "input %s", who, shape ? em__shape_str(k, shape, b1, sizeof b1) : "NULL",
+                            SHAPE(x, b2));
+    return EM_OK;
+}
+
+em_status em_layer_norm(const em_tensor *input, int normalized_ndim,
+                        const int64_t *normalized_shape, const em_tensor *weight,
+                        const em_tensor *bias, double eps, em_tensor **out, em_tensor **mean,
+                        em_tensor **rstd) {
+    if (!em__check_inputs("layer_norm", &input, 1)) return em_last_status();
+    if (!check_float("layer_norm", "input", input) ||
+        (weight && !check_float("layer_norm", "weight", weight)) ||
+        (bias && !check_float("layer_norm", "bias", bias)))
+        return em_last_status();
+    if (ln_shape("layer_norm", input, normalized_ndim, normalized_shape) != EM_OK)
+        return em_last_status();
+    em_dtype cd = compute_dtype(input->dtype);
+    em_device dev = input->storage->device;
+    em_tensor *in[3] = {prep(input, cd, dev), prep(weight, cd, dev), prep(bias, cd, dev)};
+    em_attr a[2] = {aint(normalized_ndim), afloat(eps)};
+    em_tensor *res[3] = {NULL, NULL, NULL};
+    em_status st = run(op_layer_norm, in, 3, a, res);
+    if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+    return deliver(st, 3, res, (em_tensor **const[]){out, mean, rstd});
+}
+
+em_status em_layer_norm_backward(const em_tensor *grad_output, const em_tensor *input,
+                                 const em_tensor *mean, const em_tensor *rstd,
+                                 const em_tensor *weight, int normalized_ndim,
+                                 em_tensor **grad_input, em_tensor **grad_weight,
+                                 em_tensor **grad_bias) {
+    const em_tensor *chk[4] = {grad_output, input, mean, rstd};
+    if (!em__check_inputs("layer_norm_backward", chk, 4)) return em_last_status();
+    for (int i = 0; i < 4; i++)
+        if (!check_float("layer_norm_backward", "tensor", chk[i])) return em_last_status();
+    if (weight && !check_float("layer_norm_backward", "weight", weight)) return em_last_status();
+    em_dtype cd = compute_dtype(input->dtype);
+    em_device dev = input->storage->device;
+    em_tensor *in[5] = {prep(grad_output, cd, dev), prep(input, cd, dev), prep(mean, cd, dev),
+                        prep(rstd, cd, dev), prep(weight, cd, dev)};
+    em_attr a[1] = {aint(normalized_ndim)};
+    em_tensor *res[3] = {NULL, NULL, NULL};
+    em_status st = run(op_layer_norm_bwd, in, 5, a, res);
+    if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+    for (int i = 1; i < 3 && st == EM_OK; i++)
+        if (!(res[i] = finish(res[i], weight ? weight->dtype : input->dtype))) st = em_last_status();
+    return deliver(st, 3, res, (em_tensor **const[]){grad_input, grad_weight, grad_bias});
+}
+
+/* ---- public functions: softmax ---------------------------------------------------------------- */
+
+static em_tensor *softmax_call(const em_op *op, const em_tensor *gy, const em_tensor *y, int dim) {
+    const char *who = em_op_name(op);
+    const em_tensor *chk[2] = {gy, y};
+    int n = y ? 2 : 1;
+    if (!em__check_inputs(who, chk, n)) return NULL;
+    for (int i = 0; i < n; i++)
+        if (!check_float(who, i ? "output" : "input", chk[i])) return NULL;
+    int d = em__wrap_dim(dim, gy->ndim ? gy->ndim : 1, who);
+    if (d < 0) return NULL;
+    em_dtype cd = compute_dtype(gy->dtype);
+    em_device dev = gy->storage->device;
+    em_tensor *in[2] = {prep(gy, cd, dev), y ? prep(y, cd, dev) : NULL};
+    em_attr a[1] = {aint(d)};
+    em_tensor *r = NULL;
+    if (run(op, in, n, a, &r) != EM_OK) return NULL;
+    return em__scope_track(finish(r, gy->dtype));
+}
+
+em_tensor *em_softmax(const em_tensor *input, int dim) {
+    return softmax_call(op_softmax, input, NULL, dim);
+}
+em_tensor *em_log_softmax(const em_tensor *input, int dim) {
+    return softmax_call(op_log_softmax, input, NULL, dim);
+}
+em_tensor *em_softmax_backward(const em_tensor *grad_output, const em_tensor *output, int dim) {
+    return softmax_call(op_softmax_bwd, grad_output, output, dim);
+}
+em_tensor *em_log_softmax_backward(const em_tensor *grad_output, const em_tensor *output,
+                                   int dim) {
+    return softmax_call(op_log_softmax_bwd, grad_output, output, dim);
 }

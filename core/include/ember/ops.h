@@ -218,6 +218,121 @@ EM_API em_tensor *em_leaky_relu_backward(const em_tensor *grad, const em_tensor 
 
 /* ---- neural-network ops: conv2d, pooling, batch_norm, layer_norm, softmax, log_softmax ---- */
 
+/* Common rules of the neural-network ops. Tensors are NCHW like PyTorch; inputs may have any
+ * strides (they are made contiguous first). Floating dtypes only (EM_ERR_DTYPE otherwise):
+ * f32 and f64 compute natively, f16 and bf16 compute in f32 and round the main result back
+ * (saved statistics stay f32). The inputs of one call share one dtype. Pair arguments
+ * (stride, padding, ...) are (H, W) arrays; NULL means the default stated. Shape errors
+ * (EM_ERR_SHAPE) name the shapes at fault. Multi-output functions return EM_OK or an error
+ * and store new references into the non-NULL out-pointers (NULL ones are skipped); like every
+ * result they go to the innermost scope. The *_backward functions are the gradients autograd
+ * uses; they are ordinary ops too. */
+
+/* 2-D cross-correlation (PyTorch's conv2d). input (N, C, H, W), weight (O, C/groups, kH, kW),
+ * bias (O) or NULL. stride NULL: 1, padding NULL: 0 (zero padding on both sides), dilation
+ * NULL: 1, groups >= 1 dividing C and O. Result (N, O, OH, OW) with
+ * OH = (H + 2 padding - dilation (kH - 1) - 1) / stride + 1. Errors: channel mismatch and a
+ * kernel larger than the padded input (EM_ERR_SHAPE, naming both shapes). */
+EM_API em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight,
+                            const em_tensor *bias, const int64_t stride[2],
+                            const int64_t padding[2], const int64_t dilation[2], int64_t groups);
+/* Gradient of conv2d with respect to its input: grad_output (N, O, OH, OW), weight
+ * (O, C/groups, kH, kW), input_size (H, W) of the forward's input (required: with stride > 1
+ * several sizes give the same output). Result (N, C, H, W). */
+EM_API em_tensor *em_conv2d_backward_data(const em_tensor *grad_output, const em_tensor *weight,
+                                          const int64_t input_size[2], const int64_t stride[2],
+                                          const int64_t padding[2], const int64_t dilation[2],
+                                          int64_t groups);
+/* Gradients of conv2d with respect to weight and bias: input (N, C, H, W), grad_output
+ * (N, O, OH, OW), kernel_size (kH, kW) required. grad_weight (O, C/groups, kH, kW), grad_bias
+ * (O) = grad_output summed over N, OH, OW (either out-pointer may be NULL). */
+EM_API em_status em_conv2d_backward_weight(const em_tensor *input, const em_tensor *grad_output,
+                                           const int64_t kernel_size[2], const int64_t stride[2],
+                                           const int64_t padding[2], const int64_t dilation[2],
+                                           int64_t groups, em_tensor **grad_weight /* out */,
+                                           em_tensor **grad_bias /* out */);
+
+/* 2-D max pooling of input (N, C, H, W): out (N, C, OH, OW) and indices (same shape, int64,
+ * PyTorch's flat h * W + w position of the maximum in its input plane; a NaN is the maximum).
+ * kernel_size required; stride NULL: kernel_size; padding NULL: 0 (at most half the kernel;
+ * padded positions never win); dilation NULL: 1. ceil_mode rounds the output size up (the
+ * last window must start inside the input or the left padding). */
+EM_API em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size[2],
+                               const int64_t stride[2], const int64_t padding[2],
+                               const int64_t dilation[2], bool ceil_mode,
+                               em_tensor **out /* out */, em_tensor **indices /* out */);
+/* Gradient of max_pool2d: grad_output scattered (summed) to the positions in indices of an
+ * input of input_size (H, W); result (N, C, H, W). */
+EM_API em_tensor *em_max_pool2d_backward(const em_tensor *grad_output, const em_tensor *indices,
+                                         const int64_t input_size[2]);
+/* 2-D average pooling, arguments as em_max_pool2d (no dilation). count_include_pad counts the
+ * zero padding in the divisor (windows clipped to the padded input, as PyTorch). */
+EM_API em_tensor *em_avg_pool2d(const em_tensor *input, const int64_t kernel_size[2],
+                                const int64_t stride[2], const int64_t padding[2],
+                                bool ceil_mode, bool count_include_pad);
+/* Gradient of avg_pool2d for an input of input_size (H, W); the other arguments are the
+ * forward's. Result (N, C, H, W). */
+EM_API em_tensor *em_avg_pool2d_backward(const em_tensor *grad_output,
+                                         const int64_t input_size[2],
+                                         const int64_t kernel_size[2], const int64_t stride[2],
+                                         const int64_t padding[2], bool ceil_mode,
+                                         bool count_include_pad);
+/* Adaptive average pooling of input (N, C, H, W) to output_size (OH, OW): output cell o of n
+ * over an input size s averages [floor(o s / n), ceil((o + 1) s / n)). C, H, W must be
+ * non-zero. */
+EM_API em_tensor *em_adaptive_avg_pool2d(const em_tensor *input, const int64_t output_size[2]);
+/* Gradient of adaptive_avg_pool2d for an input of input_size (H, W). */
+EM_API em_tensor *em_adaptive_avg_pool2d_backward(const em_tensor *grad_output,
+                                                  const int64_t input_size[2]);
+
+/* Batch normalisation over dims 0, 2, 3, ... of input (N, C, ...). weight, bias (C) or NULL
+ * (1 and 0). training: normalise by the batch's mean and biased variance; running_mean and
+ * running_var (C) (may be NULL) are updated IN PLACE: r = (1 - momentum) r + momentum s, with
+ * the unbiased variance, as PyTorch; more than one value per channel is required. Not
+ * training: normalise by the running statistics (required). save_mean and save_invstd (C) are
+ * what em_batch_norm_backward needs: the batch's mean and 1/sqrt(var + eps), or in
+ * evaluation the running mean and 1/sqrt(running_var + eps). */
+EM_API em_status em_batch_norm(const em_tensor *input, const em_tensor *weight,
+                               const em_tensor *bias, em_tensor *running_mean,
+                               em_tensor *running_var, bool training, double momentum,
+                               double eps, em_tensor **out /* out */,
+                               em_tensor **save_mean /* out */, em_tensor **save_invstd /* out */);
+/* Gradients of batch_norm: grad_output and input (N, C, ...), weight (C) or NULL, and the
+ * forward's save_mean, save_invstd; training as in the forward (evaluation treats the
+ * statistics as constants). grad_input (N, C, ...), grad_weight and grad_bias (C). */
+EM_API em_status em_batch_norm_backward(const em_tensor *grad_output, const em_tensor *input,
+                                        const em_tensor *weight, const em_tensor *save_mean,
+                                        const em_tensor *save_invstd, bool training,
+                                        em_tensor **grad_input /* out */,
+                                        em_tensor **grad_weight /* out */,
+                                        em_tensor **grad_bias /* out */);
+/* Layer normalisation over the last normalized_ndim dims of input, which must equal
+ * normalized_shape. weight, bias of normalized_shape or NULL. mean and rstd (1/sqrt(biased
+ * var + eps)) have input's shape with 1 on the normalised dims. */
+EM_API em_status em_layer_norm(const em_tensor *input, int normalized_ndim,
+                               const int64_t *normalized_shape, const em_tensor *weight,
+                               const em_tensor *bias, double eps, em_tensor **out /* out */,
+                               em_tensor **mean /* out */, em_tensor **rstd /* out */);
+/* Gradients of layer_norm from the forward's mean and rstd; grad_weight and grad_bias have
+ * normalized_shape (computed even when weight is NULL). */
+EM_API em_status em_layer_norm_backward(const em_tensor *grad_output, const em_tensor *input,
+                                        const em_tensor *mean, const em_tensor *rstd,
+                                        const em_tensor *weight, int normalized_ndim,
+                                        em_tensor **grad_input /* out */,
+                                        em_tensor **grad_weight /* out */,
+                                        em_tensor **grad_bias /* out */);
+
+/* Softmax and log-softmax along dim (negative counts from the end), computed with the maximum
+ * subtracted (no overflow). A 0-dim input is a 1-element row. */
+EM_API em_tensor *em_softmax(const em_tensor *input, int dim);
+EM_API em_tensor *em_log_softmax(const em_tensor *input, int dim);
+/* Gradients from the forward's output y: softmax: y (g - sum(g y)); log_softmax:
+ * g - exp(y) sum(g), sums along dim. */
+EM_API em_tensor *em_softmax_backward(const em_tensor *grad_output, const em_tensor *output,
+                                      int dim);
+EM_API em_tensor *em_log_softmax_backward(const em_tensor *grad_output, const em_tensor *output,
+                                          int dim);
+
 /* (end of nn) */
 
 

@@ -1,0 +1,533 @@
+/*
+ * cpu_nn_loops.h — the plain-loop kernels of the neural-network ops, written once and
+ * included by cpu_nn.c for each floating type: T is the element type, S(name) the
+ * type-suffixed name, GEMM the BLAS routine (cblas_sgemm / cblas_dgemm). They are the f64
+ * kernels (oneDNN has no f64), the f32 fallbacks oneDNN declines, and the reference the f32
+ * oneDNN kernels are tested against. Sums accumulate in double.
+ *
+ * Every kernel sees contiguous NCHW operands (the contract in core/ops_nn.c) and splits its
+ * work over planes, rows or channels with nn_parallel (no OpenMP region for small work).
+ */
+
+/* ---- convolution: im2col + GEMM -------------------------------------------------------------- */
+
+/* col (C*kh*kw, OH*OW) from one image x (C, H, W), zeros where the window reads padding. */
+static void S(im2col)(const nn_conv *g, const T *x, T *col) {
+    int64_t P = g->OH * g->OW;
+    for (int64_t c = 0; c < g->C; c++)
+        for (int64_t i = 0; i < g->kh; i++)
+            for (int64_t j = 0; j < g->kw; j++) {
+                T *row = col + ((c * g->kh + i) * g->kw + j) * P;
+                for (int64_t oh = 0; oh < g->OH; oh++) {
+                    int64_t ih = oh * g->sh - g->ph + i * g->dh;
+                    T *dst = row + oh * g->OW;
+                    if (ih < 0 || ih >= g->H) {
+                        for (int64_t ow = 0; ow < g->OW; ow++) dst[ow] = 0;
+                        continue;
+                    }
+                    const T *src = x + (c * g->H + ih) * g->W;
+                    for (int64_t ow = 0; ow < g->OW; ow++) {
+                        int64_t iw = ow * g->sw - g->pw + j * g->dw;
+                        dst[ow] = iw >= 0 && iw < g->W ? src[iw] : 0;
+                    }
+                }
+            }
+}
+
+/* x (C, H, W) += col scattered back (the adjoint of im2col). */
+static void S(col2im)(const nn_conv *g, const T *col, T *x) {
+    int64_t P = g->OH * g->OW;
+    for (int64_t c = 0; c < g->C; c++)
+        for (int64_t i = 0; i < g->kh; i++)
+            for (int64_t j = 0; j < g->kw; j++) {
+                const T *row = col + ((c * g->kh + i) * g->kw + j) * P;
+                for (int64_t oh = 0; oh < g->OH; oh++) {
+                    int64_t ih = oh * g->sh - g->ph + i * g->dh;
+                    if (ih < 0 || ih >= g->H) continue;
+                    T *dst = x + (c * g->H + ih) * g->W;
+                    for (int64_t ow = 0; ow < g->OW; ow++) {
+                        int64_t iw = ow * g->sw - g->pw + j * g->dw;
+                        if (iw >= 0 && iw < g->W) dst[iw] += row[oh * g->OW + ow];
+                    }
+                }
+            }
+}
+
+static em_status S(conv2d_gemm)(const em_kernel_ctx *k) {
+    nn_conv g = nn_conv_geom(&k->in[0], &k->in[1], &k->out[0], k->attrs);
+    const T *x = k->in[0].data, *w = k->in[1].data, *b = k->in[2].data;
+    T *y = k->out[0].data;
+    int64_t P = g.OH * g.OW, Og = g.O / g.g, Kc = g.C / g.g * g.kh * g.kw;
+    if (k->out[0].numel == 0) return EM_OK;
+    T *col = Kc > 0 && P > 0 ? em_host_alloc(sizeof(T) * (size_t)(Kc * g.g * P), 64) : NULL;
+    if (Kc > 0 && P > 0 && !col)
+        return em_set_error(EM_ERR_NOMEM, "conv2d: out of memory for a %lld x %lld im2col buffer",
+                            (long long)(Kc * g.g), (long long)P);
+    for (int64_t n = 0; n < g.N; n++) {
+        T *yn = y + n * g.O * P;
+        if (Kc == 0) {
+            for (int64_t i = 0; i < g.O * P; i++) yn[i] = 0;
+        } else {
+            S(im2col)(&g, x + n * g.C * g.H * g.W, col);
+            for (int64_t q = 0; q < g.g; q++)
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Og, (int)P, (int)Kc, 1,
+                     w + q * Og * Kc, (int)Kc, col + q * Kc * P, (int)P, 0, yn + q * Og * P,
+                     (int)P);
+        }
+        if (k->in[2].numel)
+            for (int64_t o = 0; o < g.O; o++)
+                for (int64_t p = 0; p < P; p++) yn[o * P + p] += b[o];
+    }
+    em_host_free(col);
+    return EM_OK;
+}
+
+static em_status S(conv2d_bwd_data_gemm)(const em_kernel_ctx *k) {
+    nn_conv g = nn_conv_geom(&k->out[0], &k->in[1], &k->in[0], k->attrs);
+    const T *gy = k->in[0].data, *w = k->in[1].data;
+    T *gx = k->out[0].data;
+    int64_t P = g.OH * g.OW, Og = g.O / g.g, Kc = g.C / g.g * g.kh * g.kw;
+    for (int64_t i = 0; i < k->out[0].numel; i++) gx[i] = 0;
+    if (k->out[0].numel == 0 || P == 0 || Og == 0) return EM_OK;
+    T *col = em_host_alloc(sizeof(T) * (size_t)(Kc * g.g * P), 64);
+    if (!col)
+        return em_set_error(EM_ERR_NOMEM, "conv2d_backward_data: out of memory for a %lld x "
+                            "%lld col buffer", (long long)(Kc * g.g), (long long)P);
+    for (int64_t n = 0; n < g.N; n++) {
+        for (int64_t q = 0; q < g.g; q++)
+            GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)Kc, (int)P, (int)Og, 1,
+                 w + q * Og * Kc, (int)Kc, gy + (n * g.O + q * Og) * P, (int)P, 0,
+                 col + q * Kc * P, (int)P);
+        S(col2im)(&g, col, gx + n * g.C * g.H * g.W);
+    }
+    em_host_free(col);
+    return EM_OK;
+}
+
+static em_status S(conv2d_bwd_weight_gemm)(const em_kernel_ctx *k) {
+    nn_conv g = nn_conv_geom(&k->in[0], &k->out[0], &k->in[1], k->attrs);
+    const T *x = k->in[0].data, *gy = k->in[1].data;
+    T *gw = k->out[0].data, *gb = k->out[1].data;
+    int64_t P = g.OH * g.OW, Og = g.O / g.g, Kc = g.C / g.g * g.kh * g.kw;
+    for (int64_t i = 0; i < k->out[0].numel; i++) gw[i] = 0;
+    for (int64_t o = 0; o < g.O; o++) {
+        double s = 0;
+        for (int64_t n = 0; n < g.N; n++)
+            for (int64_t p = 0; p < P; p++) s += gy[(n * g.O + o) * P + p];
+        gb[o] = (T)s;
+    }
+    if (k->out[0].numel == 0 || P == 0 || g.N == 0) return EM_OK;
+    T *col = em_host_alloc(sizeof(T) * (size_t)(Kc * g.g * P), 64);
+    if (!col)
+        return em_set_error(EM_ERR_NOMEM, "conv2d_backward_weight: out of memory for a %lld x "
+                            "%lld im2col buffer", (long long)(Kc * g.g), (long long)P);
+    for (int64_t n = 0; n < g.N; n++) {
+        S(im2col)(&g, x + n * g.C * g.H * g.W, col);
+        for (int64_t q = 0; q < g.g; q++)
+            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Og, (int)Kc, (int)P, 1,
+                 gy + (n * g.O + q * Og) * P, (int)P, col + q * Kc * P, (int)P, 1,
+                 gw + q * Og * Kc, (int)Kc);
+    }
+    em_host_free(col);
+    return EM_OK;
+}
+
+/* ---- pooling (parallel over the N*C planes) ----------------------------------------------------- */
+
+static void S(max_pool_planes)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const T *x = (const T *)k->in[0].data + pl * p.H * p.W;
+        T *y = (T *)k->out[0].data + pl * p.OH * p.OW;
+        int64_t *idx = (int64_t *)k->out[1].data + pl * p.OH * p.OW;
+        for (int64_t oh = 0; oh < p.OH; oh++) {
+            int64_t hs = oh * p.sh - p.ph, he = EM_CPU_MIN(hs + (p.kh - 1) * p.dh + 1, p.H);
+            while (hs < 0) hs += p.dh;
+            for (int64_t ow = 0; ow < p.OW; ow++) {
+                int64_t ws = ow * p.sw - p.pw, we = EM_CPU_MIN(ws + (p.kw - 1) * p.dw + 1, p.W);
+                while (ws < 0) ws += p.dw;
+                int64_t best = hs * p.W + ws;
+                T m = -INFINITY;
+                for (int64_t h = hs; h < he; h += p.dh)
+                    for (int64_t w = ws; w < we; w += p.dw) {
+                        T v = x[h * p.W + w];
+                        if (v > m || isnan(v)) {
+                            m = v;
+                            best = h * p.W + w;
+                        }
+                    }
+                y[oh * p.OW + ow] = m;
+                idx[oh * p.OW + ow] = best;
+            }
+        }
+    }
+}
+
+static em_status S(max_pool2d)(const em_kernel_ctx *k) {
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
+    nn_parallel(p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(max_pool_planes), (void *)k);
+    return EM_OK;
+}
+
+/* The input plane size (H*W) is the bound of every index; a bad one fails the call. */
+typedef struct S(scatter_ctx) {
+    const em_kernel_ctx *k;
+    int64_t HW, P;
+    atomic_int bad;
+} S(scatter_ctx);
+
+static void S(max_pool_bwd_planes)(void *ctx, int64_t lo, int64_t hi) {
+    S(scatter_ctx) *c = ctx;
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const T *gy = (const T *)c->k->in[0].data + pl * c->P;
+        const int64_t *idx = (const int64_t *)c->k->in[1].data + pl * c->P;
+        T *gx = (T *)c->k->out[0].data + pl * c->HW;
+        for (int64_t i = 0; i < c->HW; i++) gx[i] = 0;
+        for (int64_t i = 0; i < c->P; i++) {
+            if (idx[i] < 0 || idx[i] >= c->HW) {
+                atomic_store(&c->bad, 1);
+                continue;
+            }
+            gx[idx[i]] += gy[i];
+        }
+    }
+}
+
+static em_status S(max_pool2d_bwd)(const em_kernel_ctx *k) {
+    const em_ktensor *gx = &k->out[0], *gy = &k->in[0];
+    S(scatter_ctx) c = {.k = k, .HW = gx->shape[2] * gx->shape[3],
+                        .P = gy->shape[2] * gy->shape[3]};
+    atomic_init(&c.bad, 0);
+    nn_parallel(gx->shape[0] * gx->shape[1], c.HW + c.P, S(max_pool_bwd_planes), &c);
+    if (atomic_load(&c.bad))
+        return em_set_error(EM_ERR_RANGE, "max_pool2d_backward: an index is outside the input "
+                            "plane of %lld x %lld", (long long)gx->shape[2],
+                            (long long)gx->shape[3]);
+    return EM_OK;
+}
+
+/* avg_pool2d's window (oh, ow): its clipped bounds and PyTorch's divisor; false when empty. */
+static inline bool S(avg_window)(const nn_pool *p, int64_t oh, int64_t ow, int64_t *hs,
+                                 int64_t *he, int64_t *ws, int64_t *we, double *div) {
+    *hs = oh * p->sh - p->ph;
+    *ws = ow * p->sw - p->pw;
+    *he = EM_CPU_MIN(*hs + p->kh, p->H + p->ph);
+    *we = EM_CPU_MIN(*ws + p->kw, p->W + p->pw);
+    int64_t pool = (*he - *hs) * (*we - *ws);
+    if (*hs < 0) *hs = 0;
+    if (*ws < 0) *ws = 0;
+    if (*he > p->H) *he = p->H;
+    if (*we > p->W) *we = p->W;
+    if (*hs >= *he || *ws >= *we) return false;
+    *div = (double)(p->cip ? pool : (*he - *hs) * (*we - *ws));
+    return true;
+}
+
+static void S(avg_pool_planes)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, false);
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const T *x = (const T *)k->in[0].data + pl * p.H * p.W;
+        T *y = (T *)k->out[0].data + pl * p.OH * p.OW;
+        for (int64_t oh = 0; oh < p.OH; oh++)
+            for (int64_t ow = 0; ow < p.OW; ow++) {
+                int64_t hs, he, ws, we;
+                double div, s = 0;
+                if (!S(avg_window)(&p, oh, ow, &hs, &he, &ws, &we, &div)) {
+                    y[oh * p.OW + ow] = 0;
+                    continue;
+                }
+                for (int64_t h = hs; h < he; h++)
+                    for (int64_t w = ws; w < we; w++) s += x[h * p.W + w];
+                y[oh * p.OW + ow] = (T)(s / div);
+            }
+    }
+}
+
+static em_status S(avg_pool2d)(const em_kernel_ctx *k) {
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, false);
+    nn_parallel(p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(avg_pool_planes), (void *)k);
+    return EM_OK;
+}
+
+static void S(avg_pool_bwd_planes)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    nn_pool p = nn_pool_geom(&k->out[0], &k->in[0], k->attrs, false);
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const T *gy = (const T *)k->in[0].data + pl * p.OH * p.OW;
+        T *gx = (T *)k->out[0].data + pl * p.H * p.W;
+        for (int64_t i = 0; i < p.H * p.W; i++) gx[i] = 0;
+        for (int64_t oh = 0; oh < p.OH; oh++)
+            for (int64_t ow = 0; ow < p.OW; ow++) {
+                int64_t hs, he, ws, we;
+                double div;
+                if (!S(avg_window)(&p, oh, ow, &hs, &he, &ws, &we, &div)) continue;
+                T v = (T)(gy[oh * p.OW + ow] / div);
+                for (int64_t h = hs; h < he; h++)
+                    for (int64_t w = ws; w < we; w++) gx[h * p.W + w] += v;
+            }
+    }
+}
+
+static em_status S(avg_pool2d_bwd)(const em_kernel_ctx *k) {
+    nn_pool p = nn_pool_geom(&k->out[0], &k->in[0], k->attrs, false);
+    nn_parallel(p.N * p.C, p.OH * p.OW * p.kh * p.kw + p.H * p.W, S(avg_pool_bwd_planes),
+                (void *)k);
+    return EM_OK;
+}
+
+/* Adaptive pooling: x (planes, H, W) <-> y (planes, OH, OW); forward when fwd. */
+static void S(adaptive_planes)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    bool fwd = strcmp(em_op_name(k->op), "adaptive_avg_pool2d") == 0;
+    const em_ktensor *xt = fwd ? &k->in[0] : &k->out[0], *yt = fwd ? &k->out[0] : &k->in[0];
+    int64_t H = xt->shape[2], W = xt->shape[3], OH = yt->shape[2], OW = yt->shape[3];
+    for (int64_t pl = lo; pl < hi; pl++) {
+        T *x = (T *)xt->data + pl * H * W, *y = (T *)yt->data + pl * OH * OW;
+        if (!fwd)
+            for (int64_t i = 0; i < H * W; i++) x[i] = 0;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t hs = oh * H / OH, he = ((oh + 1) * H + OH - 1) / OH;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t ws = ow * W / OW, we = ((ow + 1) * W + OW - 1) / OW;
+                double div = (double)((he - hs) * (we - ws));
+                if (fwd) {
+                    double s = 0;
+                    for (int64_t h = hs; h < he; h++)
+                        for (int64_t w = ws; w < we; w++) s += x[h * W + w];
+                    y[oh * OW + ow] = (T)(s / div);
+                } else {
+                    T v = (T)(y[oh * OW + ow] / div);
+                    for (int64_t h = hs; h < he; h++)
+                        for (int64_t w = ws; w < we; w++) x[h * W + w] += v;
+                }
+            }
+        }
+    }
+}
+
+static em_status S(adaptive_avg_pool2d)(const em_kernel_ctx *k) {
+    const em_ktensor *x = &k->in[0], *y = &k->out[0];
+    int64_t per = EM_CPU_MAX(x->shape[2] * x->shape[3], y->shape[2] * y->shape[3]);
+    nn_parallel(x->shape[0] * x->shape[1], per, S(adaptive_planes), (void *)k);
+    return EM_OK;
+}
+
+/* ---- batch_norm (parallel over channels) -------------------------------------------------------- */
+
+static void S(bn_channels)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    const em_ktensor *xt = &k->in[0];
+    int64_t N = xt->shape[0], C = xt->shape[1], HW = xt->numel / (N * C > 0 ? N * C : 1);
+    const T *x = xt->data, *w = k->in[1].data, *b = k->in[2].data;
+    T *rm = k->in[3].data, *rv = k->in[4].data;
+    T *y = k->out[0].data, *sm = k->out[1].data, *si = k->out[2].data;
+    bool training = k->attrs[0].v.b, has_w = k->in[1].numel > 0, has_b = k->in[2].numel > 0;
+    double mom = k->attrs[1].v.f, eps = k->attrs[2].v.f, M = (double)(N * HW);
+    for (int64_t c = lo; c < hi; c++) {
+        double mean, invstd;
+        if (training) {
+            double s = 0, q = 0;
+            for (int64_t n = 0; n < N; n++) {
+                const T *xp = x + (n * C + c) * HW;
+                for (int64_t i = 0; i < HW; i++) s += xp[i];
+            }
+            mean = M > 0 ? s / M : 0;
+            for (int64_t n = 0; n < N; n++) {
+                const T *xp = x + (n * C + c) * HW;
+                for (int64_t i = 0; i < HW; i++) q += (xp[i] - mean) * (xp[i] - mean);
+            }
+            double var = M > 0 ? q / M : 0;
+            invstd = 1.0 / sqrt(var + eps);
+            if (k->in[3].numel && M > 0) rm[c] = (T)((1 - mom) * rm[c] + mom * mean);
+            if (k->in[4].numel && M > 1) rv[c] = (T)((1 - mom) * rv[c] + mom * q / (M - 1));
+        } else {
+            mean = rm[c];
+            invstd = 1.0 / sqrt((double)rv[c] + eps);
+        }
+        sm[c] = (T)mean;
+        si[c] = (T)invstd;
+        /* y = x * a + s with a = w * invstd, s = b - mean * a. */
+        T a = (T)((has_w ? w[c] : 1) * invstd), s = (T)((has_b ? b[c] : 0) - mean * (double)a);
+        for (int64_t n = 0; n < N; n++) {
+            const T *xp = x + (n * C + c) * HW;
+            T *yp = y + (n * C + c) * HW;
+            for (int64_t i = 0; i < HW; i++) yp[i] = xp[i] * a + s;
+        }
+    }
+}
+
+static em_status S(batch_norm)(const em_kernel_ctx *k) {
+    const em_ktensor *x = &k->in[0];
+    nn_parallel(x->shape[1], x->numel / (x->shape[1] ? x->shape[1] : 1) * 3, S(bn_channels),
+                (void *)k);
+    return EM_OK;
+}
+
+static void S(bn_bwd_channels)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    const em_ktensor *xt = &k->in[1];
+    int64_t N = xt->shape[0], C = xt->shape[1], HW = xt->numel / (N * C > 0 ? N * C : 1);
+    const T *gy = k->in[0].data, *x = xt->data, *w = k->in[2].data, *sm = k->in[3].data,
+            *si = k->in[4].data;
+    T *gx = k->out[0].data, *gw = k->out[1].data, *gb = k->out[2].data;
+    bool training = k->attrs[0].v.b;
+    double M = (double)(N * HW);
+    for (int64_t c = lo; c < hi; c++) {
+        double mean = sm[c], invstd = si[c], sdy = 0, sdyx = 0;
+        for (int64_t n = 0; n < N; n++) {
+            const T *xp = x + (n * C + c) * HW, *gp = gy + (n * C + c) * HW;
+            for (int64_t i = 0; i < HW; i++) {
+                sdy += gp[i];
+                sdyx += gp[i] * (xp[i] - mean);
+            }
+        }
+        gw[c] = (T)(sdyx * invstd);
+        gb[c] = (T)sdy;
+        double wc = k->in[2].numel ? w[c] : 1;
+        /* gx = a * gy + b * x + d (training) or a * gy (eval). */
+        double a = wc * invstd, bx = 0, d = 0;
+        if (training && M > 0) {
+            bx = -a * invstd * invstd * sdyx / M;
+            d = -a * sdy / M - bx * mean;
+        }
+        for (int64_t n = 0; n < N; n++) {
+            const T *xp = x + (n * C + c) * HW, *gp = gy + (n * C + c) * HW;
+            T *op = gx + (n * C + c) * HW;
+            for (int64_t i = 0; i < HW; i++) op[i] = (T)(a * gp[i] + bx * xp[i] + d);
+        }
+    }
+}
+
+static em_status S(batch_norm_bwd)(const em_kernel_ctx *k) {
+    const em_ktensor *x = &k->in[1];
+    nn_parallel(x->shape[1], x->numel / (x->shape[1] ? x->shape[1] : 1) * 3, S(bn_bwd_channels),
+                (void *)k);
+    return EM_OK;
+}
+
+/* ---- layer_norm (parallel over rows) ------------------------------------------------------------ */
+
+static void S(ln_rows)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    int64_t D = nn_ln_d(&k->in[0], (int)k->attrs[0].v.i);
+    const T *w = k->in[1].data, *b = k->in[2].data;
+    bool has_w = k->in[1].numel > 0, has_b = k->in[2].numel > 0;
+    double eps = k->attrs[1].v.f;
+    for (int64_t r = lo; r < hi; r++) {
+        const T *x = (const T *)k->in[0].data + r * D;
+        T *y = (T *)k->out[0].data + r * D;
+        double s = 0, q = 0;
+        for (int64_t i = 0; i < D; i++) s += x[i];
+        double mean = D ? s / (double)D : 0;
+        for (int64_t i = 0; i < D; i++) q += (x[i] - mean) * (x[i] - mean);
+        double rstd = 1.0 / sqrt((D ? q / (double)D : 0) + eps);
+        ((T *)k->out[1].data)[r] = (T)mean;
+        ((T *)k->out[2].data)[r] = (T)rstd;
+        T tm = (T)mean, tr = (T)rstd;
+        if (has_w && has_b) {
+            for (int64_t i = 0; i < D; i++) y[i] = (x[i] - tm) * tr * w[i] + b[i];
+        } else {
+            for (int64_t i = 0; i < D; i++)
+                y[i] = (x[i] - tm) * tr * (has_w ? w[i] : 1) + (has_b ? b[i] : 0);
+        }
+    }
+}
+
+static em_status S(layer_norm)(const em_kernel_ctx *k) {
+    int64_t D = nn_ln_d(&k->in[0], (int)k->attrs[0].v.i);
+    nn_parallel(D ? k->in[0].numel / D : 0, D * 3, S(ln_rows), (void *)k);
+    return EM_OK;
+}
+
+static void S(ln_bwd_rows)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    int64_t D = nn_ln_d(&k->in[1], (int)k->attrs[0].v.i);
+    const T *w = k->in[4].data;
+    bool has_w = k->in[4].numel > 0;
+    for (int64_t r = lo; r < hi; r++) {
+        const T *gy = (const T *)k->in[0].data + r * D, *x = (const T *)k->in[1].data + r * D;
+        T *gx = (T *)k->out[0].data + r * D;
+        double mean = ((const T *)k->in[2].data)[r], rstd = ((const T *)k->in[3].data)[r];
+        double s1 = 0, s2 = 0; /* sums of gy*w and gy*w*xhat */
+        for (int64_t i = 0; i < D; i++) {
+            double g = gy[i] * (has_w ? (double)w[i] : 1.0);
+            s1 += g;
+            s2 += g * (x[i] - mean) * rstd;
+        }
+        s1 /= (double)D;
+        s2 /= (double)D;
+        for (int64_t i = 0; i < D; i++) {
+            double g = gy[i] * (has_w ? (double)w[i] : 1.0), xh = (x[i] - mean) * rstd;
+            gx[i] = (T)(rstd * (g - s1 - xh * s2));
+        }
+    }
+}
+
+static em_status S(layer_norm_bwd)(const em_kernel_ctx *k) {
+    int64_t D = nn_ln_d(&k->in[1], (int)k->attrs[0].v.i), rows = D ? k->in[1].numel / D : 0;
+    nn_parallel(rows, D * 4, S(ln_bwd_rows), (void *)k);
+    /* grad_weight and grad_bias: column sums over the rows, in double. */
+    const T *gy = k->in[0].data, *x = k->in[1].data, *mean = k->in[2].data, *rstd = k->in[3].data;
+    T *gw = k->out[1].data, *gb = k->out[2].data;
+    double *acc = D ? em_host_alloc(sizeof(double) * (size_t)(2 * D), 64) : NULL;
+    if (D && !acc)
+        return em_set_error(EM_ERR_NOMEM, "layer_norm_backward: out of memory for %lld sums",
+                            (long long)(2 * D));
+    for (int64_t i = 0; i < 2 * D; i++) acc[i] = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double m = mean[r], s = rstd[r];
+        const T *g = gy + r * D, *xr = x + r * D;
+        for (int64_t i = 0; i < D; i++) {
+            acc[i] += g[i] * (xr[i] - m) * s;
+            acc[D + i] += g[i];
+        }
+    }
+    for (int64_t i = 0; i < D; i++) {
+        gw[i] = (T)acc[i];
+        gb[i] = (T)acc[D + i];
+    }
+    em_host_free(acc);
+    return EM_OK;
+}
+
+/* ---- softmax (rows of `outer x inner` lanes of length D along dim) ------------------------------ */
+
+static void S(softmax_rows)(void *ctx, int64_t lo, int64_t hi) {
+    const nn_sm *c = ctx;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t o = r / c->inner, in = r % c->inner, base = o * c->D * c->inner + in, st = c->inner;
+        const T *x = (const T *)c->k->in[0].data + base;
+        const T *y2 = c->n_in == 2 ? (const T *)c->k->in[1].data + base : NULL;
+        T *y = (T *)c->k->out[0].data + base;
+        if (c->kind == NN_SOFTMAX || c->kind == NN_LOG_SOFTMAX) {
+            T m = -INFINITY;
+            for (int64_t i = 0; i < c->D; i++)
+                if (x[i * st] > m || isnan(x[i * st])) m = x[i * st];
+            double s = 0;
+            for (int64_t i = 0; i < c->D; i++) s += exp((double)(x[i * st] - m));
+            if (c->kind == NN_SOFTMAX) {
+                double inv = 1.0 / s;
+                for (int64_t i = 0; i < c->D; i++) y[i * st] = (T)(exp((double)(x[i * st] - m)) * inv);
+            } else {
+                T ls = (T)log(s);
+                for (int64_t i = 0; i < c->D; i++) y[i * st] = x[i * st] - m - ls;
+            }
+        } else if (c->kind == NN_SOFTMAX_BWD) { /* x = grad, y2 = output */
+            double s = 0;
+            for (int64_t i = 0; i < c->D; i++) s += (double)x[i * st] * y2[i * st];
+            for (int64_t i = 0; i < c->D; i++) y[i * st] = (T)(y2[i * st] * (x[i * st] - s));
+        } else {
+            double s = 0;
+            for (int64_t i = 0; i < c->D; i++) s += x[i * st];
+            for (int64_t i = 0; i < c->D; i++) y[i * st] = (T)(x[i * st] - exp((double)y2[i * st]) * s);
+        }
+    }
+}
+
+static em_status S(softmax_any)(const em_kernel_ctx *k) {
+    nn_sm c = nn_sm_geom(k);
+    nn_parallel(c.outer * c.inner, c.D * 3, S(softmax_rows), &c);
+    return EM_OK;
+}

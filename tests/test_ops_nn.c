@@ -1,0 +1,699 @@
+/*
+ * test_ops_nn.c — the neural-network ops (conv2d, pooling, batch_norm, layer_norm, softmax,
+ * log_softmax and their backward helpers) against PyTorch.
+ *
+ * Reference values come from tests/fixtures/nn.txt, written by tests/fixtures/gen_nn.py
+ * (PyTorch 1.13 in float64; regenerate with /usr/bin/python3 tests/fixtures/gen_nn.py). Each
+ * case runs in f64 and f32, with inputs contiguous, transposed (stored with H and W swapped,
+ * then viewed back) and sliced (every other element of a wider tensor).
+ *
+ * Tolerances (allclose: |got - want| <= atol + rtol |want|): f64 rtol = atol = 1e-10; f32
+ * rtol 1e-4, atol 1e-5 (the f32 results are compared with the f64 reference). bf16 results
+ * are compared with the f32 op on the same bf16-rounded inputs: rtol 2^-7, atol 1e-2
+ * (one rounding of the result, plus f32 accumulation-order differences).
+ *
+ * The oneDNN f32 convolution is compared with the im2col loops (EMBER_CPU_DISABLE_DNNL=1 and a
+ * re-init) and with the f64 loops on random data: rtol 1e-4, atol 1e-4 (sums of 288 products
+ * of N(0, 1) values).
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/common.h"
+
+TestSuite(conv, .init = em_test_setup, .fini = em_test_teardown);
+TestSuite(pool, .init = em_test_setup, .fini = em_test_teardown);
+TestSuite(norm, .init = em_test_setup, .fini = em_test_teardown);
+TestSuite(softmax, .init = em_test_setup, .fini = em_test_teardown);
+
+/* ---- fixtures --------------------------------------------------------------------------------- */
+
+typedef struct fx_tensor {
+    char name[32];
+    int ndim;
+    int64_t shape[8];
+    int64_t n;
+    double *v;
+} fx_tensor;
+
+typedef struct fx_case {
+    int nt;
+    fx_tensor t[20];
+} fx_case;
+
+/* Loads case `name` from nn.txt (the test fails if absent); free with fx_free. */
+static fx_case *fx_load(const char *name) {
+    FILE *f = fopen(EM_TEST_FIXTURES "/nn.txt", "r");
+    cr_assert(f, "cannot open %s/nn.txt", EM_TEST_FIXTURES);
+    char word[64];
+    fx_case *c = NULL;
+    while (fscanf(f, "%63s", word) == 1) {
+        if (strcmp(word, "end") == 0) break;
+        if (strcmp(word, "case") == 0) {
+            cr_assert_eq(fscanf(f, "%63s", word), 1);
+            if (c) break; /* the next case: ours is complete */
+            if (strcmp(word, name) == 0) c = calloc(1, sizeof *c);
+            continue;
+        }
+        cr_assert_str_eq(word, "t", "malformed fixture file");
+        fx_tensor tmp = {0}, *t = c ? &c->t[c->nt++] : &tmp;
+        cr_assert(!c || c->nt <= 20);
+        cr_assert_eq(fscanf(f, "%31s %d", t->name, &t->ndim), 2);
+        t->n = 1;
+        for (int i = 0; i < t->ndim; i++) {
+            long long s;
+            cr_assert_eq(fscanf(f, "%lld", &s), 1);
+            t->shape[i] = s;
+            t->n *= s;
+        }
+        double *v = malloc(sizeof(double) * (size_t)(t->n ? t->n : 1));
+        for (int64_t i = 0; i < t->n; i++) cr_assert_eq(fscanf(f, "%lf", &v[i]), 1);
+        if (c) t->v = v;
+        else free(v);
+    }
+    fclose(f);
+    cr_assert(c, "fixture case %s not found", name);
+    return c;
+}
+
+static void fx_free(fx_case *c) {
+    for (int i = 0; i < c->nt; i++) free(c->t[i].v);
+    free(c);
+}
+
+static const fx_tensor *fx_get(const fx_case *c, const char *name) {
+    for (int i = 0; i < c->nt; i++)
+        if (strcmp(c->t[i].name, name) == 0) return &c->t[i];
+    return NULL;
+}
+
+static const fx_tensor *fx_need(const fx_case *c, const char *name) {
+    const fx_tensor *t = fx_get(c, name);
+    cr_assert(t, "fixture lacks tensor %s", name);
+    return t;
+}
+
+static int64_t fx_int(const fx_case *c, const char *name, int i) {
+    return (int64_t)fx_need(c, name)->v[i];
+}
+
+/* ---- tensors in three layouts ------------------------------------------------------------------ */
+
+enum { CONTIG, TRANSPOSED, SLICED, N_LAYOUTS };
+static const char *const layout_name[] = {"contiguous", "transposed", "sliced"};
+
+/* t (values in C order of `shape`) as dtype dt in the given layout (a tensor owned by the
+ * caller's scope). */
+static em_tensor *make(em_dtype dt, int ndim, const int64_t *shape, const double *v, int layout) {
+    em_tensor *c = em_test_tensor(dt, ndim, shape, v);
+    em_tensor *r = c;
+    if (layout == TRANSPOSED && ndim >= 2) {
+        em_tensor *s = em_contiguous(em_transpose(c, ndim - 2, ndim - 1));
+        r = em_transpose(s, ndim - 2, ndim - 1);
+        cr_assert(!em_tensor_is_contiguous(r) || shape[ndim - 1] == 1 || shape[ndim - 2] == 1);
+    } else if (layout == SLICED && ndim >= 1) {
+        int64_t wide[8];
+        memcpy(wide, shape, sizeof(int64_t) * (size_t)ndim);
+        wide[ndim - 1] *= 2;
+        em_tensor *w = em_zeros(ndim, wide, dt, em_cpu());
+        em_tensor *view = em_slice(w, ndim - 1, 0, wide[ndim - 1], 2);
+        cr_assert_eq(em_copy_(view, c), EM_OK, "%s", em_last_error());
+        r = view;
+    }
+    cr_assert(r, "%s", em_last_error());
+    return r;
+}
+
+static em_tensor *fx_make(const fx_tensor *t, em_dtype dt, int layout) {
+    return make(dt, t->ndim, t->shape, t->v, layout);
+}
+
+static double rtol_of(em_dtype dt) { return dt == EM_F64 ? 1e-10 : 1e-4; }
+static double atol_of(em_dtype dt) { return dt == EM_F64 ? 1e-10 : 1e-5; }
+
+/* got (any dtype) allclose to want (n values in C order of got's shape). */
+static void check_close(const em_tensor *got, const double *want, int64_t n, double rtol,
+                        double atol, const char *what) {
+    cr_assert(got, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
+                 (long long)em_tensor_numel(got), (long long)n);
+    double *g = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    em_tensor *d = em_to_dtype(got, EM_F64);
+    cr_assert_eq(em_tensor_to_host(d, g, sizeof(double) * (size_t)n), EM_OK, "%s", em_last_error());
+    for (int64_t i = 0; i < n; i++) {
+        bool ok = fabs(g[i] - want[i]) <= atol + rtol * fabs(want[i]) ||
+                  (isnan(g[i]) && isnan(want[i]));
+        if (!ok) {
+            double gi = g[i];
+            free(g);
+            cr_assert_fail("%s: element %lld is %.10g, want %.10g (rtol %g, atol %g)", what,
+                           (long long)i, gi, want[i], rtol, atol);
+        }
+    }
+    free(g);
+}
+
+static void check_fx(const em_tensor *got, const fx_tensor *want, em_dtype dt, const char *what) {
+    cr_assert(got, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_ndim(got), want->ndim, "%s: ndim", what);
+    for (int i = 0; i < want->ndim; i++)
+        cr_assert_eq(em_tensor_shape(got)[i], want->shape[i], "%s: dim %d is %lld, want %lld",
+                     what, i, (long long)em_tensor_shape(got)[i], (long long)want->shape[i]);
+    cr_assert_eq(em_tensor_dtype(got), dt, "%s: dtype %s", what,
+                 em_dtype_name(em_tensor_dtype(got)));
+    check_close(got, want->v, want->n, rtol_of(dt), atol_of(dt), what);
+}
+
+static const em_dtype float_dtypes[] = {EM_F64, EM_F32};
+
+/* ---- conv2d ------------------------------------------------------------------------------------ */
+
+static const char *const conv_cases[] = {"basic",    "strided",   "dilated", "groups",
+                                         "depthwise", "pointwise", "stride3"};
+
+static void conv_params(const fx_case *c, int64_t s[2], int64_t p[2], int64_t d[2], int64_t *g) {
+    for (int i = 0; i < 2; i++) {
+        s[i] = fx_int(c, "stride", i);
+        p[i] = fx_int(c, "padding", i);
+        d[i] = fx_int(c, "dilation", i);
+    }
+    *g = fx_int(c, "groups", 0);
+}
+
+static void conv_case(const char *name) {
+    char full[64], what[160];
+    snprintf(full, sizeof full, "conv2d_%s", name);
+    fx_case *c = fx_load(full);
+    int64_t s[2], p[2], d[2], g;
+    conv_params(c, s, p, d, &g);
+    const fx_tensor *x = fx_need(c, "x"), *w = fx_need(c, "w"), *b = fx_get(c, "b");
+    for (int di = 0; di < 2; di++)
+        for (int l = 0; l < N_LAYOUTS; l++) {
+            em_dtype dt = float_dtypes[di];
+            cr_assert_eq(em_scope_begin(), EM_OK);
+            em_tensor *tx = fx_make(x, dt, l), *tw = fx_make(w, dt, l);
+            em_tensor *tb = b ? fx_make(b, dt, l) : NULL, *tgy = fx_make(fx_need(c, "gy"), dt, l);
+            snprintf(what, sizeof what, "%s %s %s forward", full, em_dtype_name(dt), layout_name[l]);
+            check_fx(em_conv2d(tx, tw, tb, s, p, d, g), fx_need(c, "y"), dt, what);
+            int64_t hw[2] = {x->shape[2], x->shape[3]}, k[2] = {w->shape[2], w->shape[3]};
+            snprintf(what, sizeof what, "%s %s %s backward_data", full, em_dtype_name(dt),
+                     layout_name[l]);
+            check_fx(em_conv2d_backward_data(tgy, tw, hw, s, p, d, g), fx_need(c, "gx"), dt, what);
+            em_tensor *gw = NULL, *gb = NULL;
+            snprintf(what, sizeof what, "%s %s %s backward_weight", full, em_dtype_name(dt),
+                     layout_name[l]);
+            cr_assert_eq(em_conv2d_backward_weight(tx, tgy, k, s, p, d, g, &gw, &gb), EM_OK,
+                         "%s: %s", what, em_last_error());
+            check_fx(gw, fx_need(c, "gw"), dt, what);
+            check_fx(gb, fx_need(c, "gb"), dt, what);
+            cr_assert_eq(em_scope_end(), EM_OK);
+        }
+    fx_free(c);
+}
+
+Test(conv, against_pytorch) {
+    for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) conv_case(conv_cases[i]);
+}
+
+/* Random N(0,1)-ish values from a fixed LCG (no dependence on Ember's own generator). */
+static void fill_random(double *v, int64_t n, uint64_t seed) {
+    uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    for (int64_t i = 0; i < n; i++) {
+        double acc = 0;
+        for (int k = 0; k < 4; k++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            acc += (double)(s >> 11) / 9007199254740992.0;
+        }
+        v[i] = (acc - 2.0) * 1.7;
+    }
+}
+
+/* Whether a kernel named `name` is registered by any loaded plugin. */
+static bool kernel_registered(const char *name) {
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info info;
+        cr_assert_eq(em_plugin_get(i, &info), EM_OK);
+        if (!info.registry) continue;
+        for (size_t j = 0; j < em_registry_kernel_count(info.registry); j++) {
+            em_kernel_info ki;
+            cr_assert_eq(em_registry_kernel_get(info.registry, j, &ki), EM_OK);
+            if (strcmp(ki.name, name) == 0) return true;
+        }
+    }
+    return false;
+}
+
+/* conv forward, backward data, backward weight of random data in dtype dt: 4 result arrays. */
+typedef struct conv_run {
+    double *y, *gx, *gw, *gb;
+    int64_t ny, nx, nw, no;
+} conv_run;
+
+static double *host(const em_tensor *t, int64_t *n) {
+    cr_assert(t, "%s", em_last_error());
+    *n = em_tensor_numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(*n ? *n : 1));
+    cr_assert_eq(em_tensor_to_host(em_to_dtype(t, EM_F64), v, sizeof(double) * (size_t)*n), EM_OK);
+    return v;
+}
+
+static conv_run run_conv(em_dtype dt, const int64_t xs[4], const int64_t ws[4], int64_t s,
+                         int64_t p, int64_t g) {
+    conv_run r;
+    int64_t nx = xs[0] * xs[1] * xs[2] * xs[3], nw = ws[0] * ws[1] * ws[2] * ws[3];
+    int64_t oh = (xs[2] + 2 * p - ws[2]) / s + 1, ow = (xs[3] + 2 * p - ws[3]) / s + 1;
+    int64_t ys[4] = {xs[0], ws[0], oh, ow}, ny = ys[0] * ys[1] * ys[2] * ys[3];
+    double *vx = malloc(sizeof(double) * (size_t)nx), *vw = malloc(sizeof(double) * (size_t)nw),
+           *vb = malloc(sizeof(double) * (size_t)ws[0]), *vg = malloc(sizeof(double) * (size_t)ny);
+    fill_random(vx, nx, 1), fill_random(vw, nw, 2), fill_random(vb, ws[0], 3);
+    fill_random(vg, ny, 4);
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *x = make(dt, 4, xs, vx, CONTIG), *w = make(dt, 4, ws, vw, CONTIG),
+              *b = make(dt, 1, ws, vb, CONTIG), *gy = make(dt, 4, ys, vg, CONTIG);
+    int64_t st[2] = {s, s}, pd[2] = {p, p}, hw[2] = {xs[2], xs[3]}, k[2] = {ws[2], ws[3]};
+    r.y = host(em_conv2d(x, w, b, st, pd, NULL, g), &r.ny);
+    r.gx = host(em_conv2d_backward_data(gy, w, hw, st, pd, NULL, g), &r.nx);
+    em_tensor *gw, *gb;
+    cr_assert_eq(em_conv2d_backward_weight(x, gy, k, st, pd, NULL, g, &gw, &gb), EM_OK, "%s",
+                 em_last_error());
+    r.gw = host(gw, &r.nw);
+    r.gb = host(gb, &r.no);
+    cr_assert_eq(em_scope_end(), EM_OK);
+    free(vx), free(vw), free(vb), free(vg);
+    return r;
+}
+
+static void conv_run_free(conv_run *r) { free(r->y), free(r->gx), free(r->gw), free(r->gb); }
+
+static void conv_run_close(const conv_run *a, const conv_run *b, double tol, const char *what) {
+    const double *got[4] = {a->y, a->gx, a->gw, a->gb}, *want[4] = {b->y, b->gx, b->gw, b->gb};
+    const int64_t n[4] = {a->ny, a->nx, a->nw, a->no};
+    static const char *const part[4] = {"forward", "backward_data", "backward_weight", "bias"};
+    for (int i = 0; i < 4; i++)
+        for (int64_t j = 0; j < n[i]; j++)
+            cr_assert(fabs(got[i][j] - want[i][j]) <= tol + tol * fabs(want[i][j]),
+                      "%s %s: element %lld is %.9g, want %.9g", what, part[i], (long long)j,
+                      got[i][j], want[i][j]);
+}
+
+/* The CNN's shapes (1 -> 32 on 28x28, 32 -> 64 on 14x14, 3x3, padding 1) at a small batch,
+ * plus a strided grouped case: oneDNN f32 vs the im2col f32 loops vs the f64 loops. */
+Test(conv, dnnl_matches_loops) {
+    static const struct {
+        int64_t xs[4], ws[4], s, p, g;
+    } cs[] = {
+        {{2, 1, 28, 28}, {32, 1, 3, 3}, 1, 1, 1},
+        {{2, 32, 14, 14}, {64, 32, 3, 3}, 1, 1, 1},
+        {{2, 8, 11, 9}, {12, 4, 3, 3}, 2, 1, 2},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        cr_assert(kernel_registered("cpu_conv2d_dnnl_f32"), "the oneDNN kernel is not registered");
+        conv_run dn = run_conv(EM_F32, cs[i].xs, cs[i].ws, cs[i].s, cs[i].p, cs[i].g);
+        conv_run ref = run_conv(EM_F64, cs[i].xs, cs[i].ws, cs[i].s, cs[i].p, cs[i].g);
+        em_shutdown();
+        setenv("EMBER_CPU_DISABLE_DNNL", "1", 1);
+        cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+        cr_assert(!kernel_registered("cpu_conv2d_dnnl_f32"),
+                  "EMBER_CPU_DISABLE_DNNL=1 left the oneDNN kernel registered");
+        conv_run loops = run_conv(EM_F32, cs[i].xs, cs[i].ws, cs[i].s, cs[i].p, cs[i].g);
+        em_shutdown();
+        unsetenv("EMBER_CPU_DISABLE_DNNL");
+        cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+        conv_run_close(&dn, &ref, 1e-4, "oneDNN f32 vs f64 loops");
+        conv_run_close(&loops, &ref, 1e-4, "im2col f32 vs f64 loops");
+        conv_run_close(&dn, &loops, 1e-4, "oneDNN f32 vs im2col f32");
+        conv_run_free(&dn), conv_run_free(&ref), conv_run_free(&loops);
+    }
+}
+
+/* A weight broadcast from (1, C, kH, kW) (stride 0 on dim 0) gives what its copy gives. */
+Test(conv, broadcast_weight) {
+    em_scope_begin();
+    double vx[2 * 3 * 5 * 5], vw[3 * 3 * 3];
+    fill_random(vx, 150, 7), fill_random(vw, 27, 8);
+    int64_t xs[4] = {2, 3, 5, 5}, w1[4] = {1, 3, 3, 3}, ws[4] = {4, 3, 3, 3};
+    em_tensor *x = make(EM_F64, 4, xs, vx, CONTIG), *w = make(EM_F64, 4, w1, vw, CONTIG);
+    em_tensor *we = em_expand(w, 4, ws), *wc = em_contiguous(we);
+    cr_assert_eq(em_tensor_stride(we, 0), 0);
+    em_tensor *a = em_conv2d(x, we, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+    em_tensor *b = em_conv2d(x, wc, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+    int64_t n;
+    double *vb = host(b, &n);
+    check_close(a, vb, n, 0, 0, "conv2d with an expanded weight");
+    free(vb);
+    em_scope_end();
+}
+
+Test(conv, empty_batch_and_bf16) {
+    em_scope_begin();
+    int64_t xs[4] = {0, 3, 5, 5}, ws[4] = {4, 3, 3, 3};
+    em_tensor *x = em_zeros(4, xs, EM_F32, em_cpu()), *w = em_ones(4, ws, EM_F32, em_cpu());
+    em_tensor *y = em_conv2d(x, w, NULL, NULL, NULL, NULL, 1);
+    cr_assert(y, "%s", em_last_error());
+    cr_assert_eq(em_tensor_shape(y)[0], 0);
+    cr_assert_eq(em_tensor_shape(y)[1], 4);
+    cr_assert_eq(em_tensor_shape(y)[2], 3);
+    em_tensor *gx = em_conv2d_backward_data(y, w, (int64_t[]){5, 5}, NULL, NULL, NULL, 1);
+    cr_assert(gx && em_tensor_numel(gx) == 0, "%s", em_last_error());
+    em_tensor *gw, *gb;
+    cr_assert_eq(em_conv2d_backward_weight(x, y, (int64_t[]){3, 3}, NULL, NULL, NULL, 1, &gw,
+                                           &gb), EM_OK, "%s", em_last_error());
+    check_close(gw, (double[108]){0}, 108, 0, 0, "grad_weight of an empty batch");
+    /* bf16 computes in f32 and rounds once: compare with the f32 op on the same values. */
+    int64_t xs2[4] = {2, 3, 6, 6};
+    double vx[216], vw[108];
+    fill_random(vx, 216, 11), fill_random(vw, 108, 12);
+    em_tensor *xb = make(EM_BF16, 4, xs2, vx, CONTIG), *wb = make(EM_BF16, 4, ws, vw, CONTIG);
+    em_tensor *yb = em_conv2d(xb, wb, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+    cr_assert(yb && em_tensor_dtype(yb) == EM_BF16, "%s", em_last_error());
+    em_tensor *yf = em_conv2d(em_to_dtype(xb, EM_F32), em_to_dtype(wb, EM_F32), NULL, NULL,
+                              (int64_t[]){1, 1}, NULL, 1);
+    int64_t n;
+    double *vf = host(yf, &n);
+    check_close(yb, vf, n, 0x1p-7, 1e-2, "bf16 conv2d vs f32");
+    free(vf);
+    em_scope_end();
+}
+
+Test(conv, errors_name_shapes) {
+    em_scope_begin();
+    em_tensor *x = em_zeros(4, (int64_t[]){1, 3, 5, 5}, EM_F32, em_cpu());
+    em_tensor *w = em_zeros(4, (int64_t[]){4, 2, 3, 3}, EM_F32, em_cpu());
+    cr_assert_null(em_conv2d(x, w, NULL, NULL, NULL, NULL, 1));
+    em_assert_error(EM_ERR_SHAPE, "input [1, 3, 5, 5] has 3 channels but weight [4, 2, 3, 3]");
+    em_tensor *w7 = em_zeros(4, (int64_t[]){4, 3, 7, 7}, EM_F32, em_cpu());
+    cr_assert_null(em_conv2d(x, w7, NULL, NULL, (int64_t[]){0, 0}, NULL, 1));
+    em_assert_error(EM_ERR_SHAPE, "is larger than the padded input (5 x 5) of input [1, 3, 5, 5]");
+    em_tensor *w3 = em_zeros(4, (int64_t[]){4, 3, 3, 3}, EM_F32, em_cpu());
+    em_tensor *b = em_zeros(1, (int64_t[]){5}, EM_F32, em_cpu());
+    cr_assert_null(em_conv2d(x, w3, b, NULL, NULL, NULL, 1));
+    em_assert_error(EM_ERR_SHAPE, "bias [5] does not match weight [4, 3, 3, 3]");
+    em_tensor *xi = em_zeros(4, (int64_t[]){1, 3, 5, 5}, EM_I64, em_cpu());
+    cr_assert_null(em_conv2d(xi, w3, NULL, NULL, NULL, NULL, 1));
+    em_assert_error(EM_ERR_DTYPE, "conv2d: expected a floating input, got int64");
+    em_tensor *x3 = em_zeros(3, (int64_t[]){3, 5, 5}, EM_F32, em_cpu());
+    cr_assert_null(em_conv2d(x3, w3, NULL, NULL, NULL, NULL, 1));
+    em_assert_error(EM_ERR_SHAPE, "expected a 4-D (N, C, H, W) input, got shape [3, 5, 5]");
+    cr_assert_null(em_conv2d(x, w3, NULL, (int64_t[]){0, 1}, NULL, NULL, 1));
+    em_assert_error(EM_ERR_INVALID, "must be positive");
+    em_tensor *gy = em_zeros(4, (int64_t[]){1, 4, 2, 2}, EM_F32, em_cpu());
+    cr_assert_null(em_conv2d_backward_data(gy, w3, (int64_t[]){5, 5}, NULL, NULL, NULL, 1));
+    em_assert_error(EM_ERR_SHAPE, "grad_output [1, 4, 2, 2] does not match the convolution's "
+                    "output [1, 4, 3, 3]");
+    /* NULL inputs keep the pending error. */
+    em_set_error(EM_ERR_IO, "earlier");
+    cr_assert_null(em_conv2d(NULL, w3, NULL, NULL, NULL, NULL, 1));
+    em_assert_error(EM_ERR_IO, "earlier");
+    em_scope_end();
+}
+
+/* ---- pooling ----------------------------------------------------------------------------------- */
+
+Test(pool, max_pool2d_against_pytorch) {
+    static const char *const cases[] = {"k2", "k3s2p1", "ceil", "ceil_edge", "dilated", "rect"};
+    char full[64], what[160];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(full, sizeof full, "max_pool2d_%s", cases[i]);
+        fx_case *c = fx_load(full);
+        int64_t k[2], s[2], p[2], d[2], hw[2];
+        for (int j = 0; j < 2; j++) {
+            k[j] = fx_int(c, "kernel", j), s[j] = fx_int(c, "stride", j);
+            p[j] = fx_int(c, "padding", j), d[j] = fx_int(c, "dilation", j);
+            hw[j] = fx_need(c, "x")->shape[2 + j];
+        }
+        bool ceil = fx_int(c, "ceil", 0);
+        for (int di = 0; di < 2; di++)
+            for (int l = 0; l < N_LAYOUTS; l++) {
+                em_dtype dt = float_dtypes[di];
+                em_scope_begin();
+                snprintf(what, sizeof what, "%s %s %s", full, em_dtype_name(dt), layout_name[l]);
+                em_tensor *y, *idx;
+                cr_assert_eq(em_max_pool2d(fx_make(fx_need(c, "x"), dt, l), k, s, p, d, ceil, &y,
+                                           &idx), EM_OK, "%s: %s", what, em_last_error());
+                check_fx(y, fx_need(c, "y"), dt, what);
+                check_fx(idx, fx_need(c, "idx"), EM_I64, what);
+                em_tensor *gx = em_max_pool2d_backward(fx_make(fx_need(c, "gy"), dt, l), idx, hw);
+                check_fx(gx, fx_need(c, "gx"), dt, what);
+                em_scope_end();
+            }
+        fx_free(c);
+    }
+}
+
+Test(pool, avg_pool2d_against_pytorch) {
+    static const char *const cases[] = {"k2",        "pad_incl",  "pad_excl", "ceil_incl",
+                                        "ceil_excl", "ceil_nopad", "rect"};
+    char full[64], what[160];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(full, sizeof full, "avg_pool2d_%s", cases[i]);
+        fx_case *c = fx_load(full);
+        int64_t k[2], s[2], p[2], hw[2];
+        for (int j = 0; j < 2; j++) {
+            k[j] = fx_int(c, "kernel", j), s[j] = fx_int(c, "stride", j);
+            p[j] = fx_int(c, "padding", j), hw[j] = fx_need(c, "x")->shape[2 + j];
+        }
+        bool ceil = fx_int(c, "ceil", 0), cip = fx_int(c, "cip", 0);
+        for (int di = 0; di < 2; di++)
+            for (int l = 0; l < N_LAYOUTS; l++) {
+                em_dtype dt = float_dtypes[di];
+                em_scope_begin();
+                snprintf(what, sizeof what, "%s %s %s", full, em_dtype_name(dt), layout_name[l]);
+                check_fx(em_avg_pool2d(fx_make(fx_need(c, "x"), dt, l), k, s, p, ceil, cip),
+                         fx_need(c, "y"), dt, what);
+                check_fx(em_avg_pool2d_backward(fx_make(fx_need(c, "gy"), dt, l), hw, k, s, p,
+                                                ceil, cip),
+                         fx_need(c, "gx"), dt, what);
+                em_scope_end();
+            }
+        fx_free(c);
+    }
+}
+
+Test(pool, adaptive_against_pytorch) {
+    static const char *const cases[] = {"down", "global", "up"};
+    char full[64], what[160];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(full, sizeof full, "adaptive_%s", cases[i]);
+        fx_case *c = fx_load(full);
+        int64_t os[2] = {fx_int(c, "size", 0), fx_int(c, "size", 1)};
+        int64_t hw[2] = {fx_need(c, "x")->shape[2], fx_need(c, "x")->shape[3]};
+        for (int di = 0; di < 2; di++)
+            for (int l = 0; l < N_LAYOUTS; l++) {
+                em_dtype dt = float_dtypes[di];
+                em_scope_begin();
+                snprintf(what, sizeof what, "%s %s %s", full, em_dtype_name(dt), layout_name[l]);
+                check_fx(em_adaptive_avg_pool2d(fx_make(fx_need(c, "x"), dt, l), os),
+                         fx_need(c, "y"), dt, what);
+                check_fx(em_adaptive_avg_pool2d_backward(fx_make(fx_need(c, "gy"), dt, l), hw),
+                         fx_need(c, "gx"), dt, what);
+                em_scope_end();
+            }
+        fx_free(c);
+    }
+}
+
+Test(pool, errors_and_empty) {
+    em_scope_begin();
+    em_tensor *x = em_zeros(4, (int64_t[]){1, 2, 3, 3}, EM_F32, em_cpu()), *y, *idx;
+    cr_assert_neq(em_max_pool2d(x, (int64_t[]){4, 4}, NULL, NULL, NULL, false, &y, &idx), EM_OK);
+    em_assert_error(EM_ERR_SHAPE, "max_pool2d: input [1, 2, 3, 3] is too small for kernel (4, 4)");
+    cr_assert_neq(em_max_pool2d(x, (int64_t[]){2, 2}, NULL, (int64_t[]){2, 2}, NULL, false, &y,
+                                &idx), EM_OK);
+    em_assert_error(EM_ERR_INVALID, "padding 2 should be at most half of the kernel size 2");
+    cr_assert_null(em_avg_pool2d(em_zeros(2, (int64_t[]){3, 3}, EM_F32, em_cpu()),
+                                 (int64_t[]){2, 2}, NULL, NULL, false, true));
+    em_assert_error(EM_ERR_SHAPE, "expected a 4-D (N, C, H, W) input, got shape [3, 3]");
+    cr_assert_null(em_adaptive_avg_pool2d(em_zeros(4, (int64_t[]){1, 2, 0, 3}, EM_F32, em_cpu()),
+                                          (int64_t[]){1, 1}));
+    em_assert_error(EM_ERR_SHAPE, "input [1, 2, 0, 3]");
+    /* An empty batch pools to an empty batch. */
+    em_tensor *e = em_zeros(4, (int64_t[]){0, 2, 4, 4}, EM_F64, em_cpu());
+    cr_assert_eq(em_max_pool2d(e, (int64_t[]){2, 2}, NULL, NULL, NULL, false, &y, &idx), EM_OK,
+                 "%s", em_last_error());
+    cr_assert_eq(em_tensor_numel(y), 0);
+    cr_assert_eq(em_tensor_shape(y)[2], 2);
+    em_tensor *a = em_avg_pool2d(e, (int64_t[]){2, 2}, NULL, NULL, false, true);
+    cr_assert(a && em_tensor_numel(a) == 0, "%s", em_last_error());
+    /* A bad index is an error, not a stray write. */
+    em_tensor *gy = em_ones(4, (int64_t[]){1, 1, 1, 1}, EM_F32, em_cpu());
+    em_tensor *bad = em_full(4, (int64_t[]){1, 1, 1, 1}, 9, EM_I64, em_cpu());
+    cr_assert_null(em_max_pool2d_backward(gy, bad, (int64_t[]){3, 3}));
+    em_assert_error(EM_ERR_RANGE, "outside the input plane of 3 x 3");
+    em_scope_end();
+}
+
+/* ---- normalisation ----------------------------------------------------------------------------- */
+
+Test(norm, batch_norm_against_pytorch) {
+    static const char *const cases[] = {"train", "train2d", "eval"};
+    char full[64], what[160];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(full, sizeof full, "batch_norm_%s", cases[i]);
+        fx_case *c = fx_load(full);
+        bool training = i < 2;
+        for (int di = 0; di < 2; di++)
+            for (int l = 0; l < N_LAYOUTS; l++) {
+                em_dtype dt = float_dtypes[di];
+                em_scope_begin();
+                snprintf(what, sizeof what, "%s %s %s", full, em_dtype_name(dt), layout_name[l]);
+                em_tensor *x = fx_make(fx_need(c, "x"), dt, l), *w = fx_make(fx_need(c, "w"), dt, l),
+                          *b = fx_make(fx_need(c, "b"), dt, l);
+                /* The running stats are updated in place, whatever their layout. */
+                em_tensor *rm = fx_make(fx_need(c, "rm0"), dt, l),
+                          *rv = fx_make(fx_need(c, "rv0"), dt, l);
+                uint64_t v0 = em_tensor_version(rm);
+                em_tensor *y, *sm, *si;
+                cr_assert_eq(em_batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5, &y, &sm, &si),
+                             EM_OK, "%s: %s", what, em_last_error());
+                check_fx(y, fx_need(c, "y"), dt, what);
+                check_fx(sm, fx_need(c, "sm"), dt, what);
+                check_fx(si, fx_need(c, "si"), dt, what);
+                check_fx(rm, fx_need(c, "rm"), dt, what);
+                check_fx(rv, fx_need(c, "rv"), dt, what);
+                cr_assert(!training || em_tensor_version(rm) > v0, "%s: version not bumped", what);
+                em_tensor *gx, *gw, *gb;
+                cr_assert_eq(em_batch_norm_backward(fx_make(fx_need(c, "gy"), dt, l), x, w, sm, si,
+                                                    training, &gx, &gw, &gb),
+                             EM_OK, "%s: %s", what, em_last_error());
+                check_fx(gx, fx_need(c, "gx"), dt, what);
+                check_fx(gw, fx_need(c, "gw"), dt, what);
+                check_fx(gb, fx_need(c, "gb"), dt, what);
+                em_scope_end();
+            }
+        fx_free(c);
+    }
+}
+
+Test(norm, batch_norm_options_and_errors) {
+    em_scope_begin();
+    fx_case *c = fx_load("batch_norm_train");
+    /* No weight, bias or running stats: y is the plain normalisation (w = 1, b = 0). */
+    const fx_tensor *fy = fx_need(c, "y"), *fw = fx_need(c, "w"), *fb = fx_need(c, "b");
+    em_tensor *x = fx_make(fx_need(c, "x"), EM_F64, CONTIG), *y;
+    cr_assert_eq(em_batch_norm(x, NULL, NULL, NULL, NULL, true, 0.1, 1e-5, &y, NULL, NULL), EM_OK,
+                 "%s", em_last_error());
+    double *want = malloc(sizeof(double) * (size_t)fy->n);
+    int64_t C = fy->shape[1], HW = fy->shape[2] * fy->shape[3];
+    for (int64_t i = 0; i < fy->n; i++) {
+        int64_t ch = i / HW % C;
+        want[i] = (fy->v[i] - fb->v[ch]) / fw->v[ch];
+    }
+    check_close(y, want, fy->n, 1e-9, 1e-9, "batch_norm without affine parameters");
+    free(want);
+    fx_free(c);
+    em_tensor *x1 = em_zeros(4, (int64_t[]){1, 3, 1, 1}, EM_F32, em_cpu());
+    cr_assert_neq(em_batch_norm(x1, NULL, NULL, NULL, NULL, true, 0.1, 1e-5, &y, NULL, NULL), EM_OK);
+    em_assert_error(EM_ERR_INVALID, "expected more than 1 value per channel when training, got "
+                    "input [1, 3, 1, 1]");
+    em_tensor *x2 = em_zeros(4, (int64_t[]){2, 3, 2, 2}, EM_F32, em_cpu());
+    cr_assert_neq(em_batch_norm(x2, NULL, NULL, NULL, NULL, false, 0.1, 1e-5, &y, NULL, NULL), EM_OK);
+    em_assert_error(EM_ERR_INVALID, "needs running_mean and running_var");
+    em_tensor *w4 = em_ones(1, (int64_t[]){4}, EM_F32, em_cpu());
+    cr_assert_neq(em_batch_norm(x2, w4, NULL, NULL, NULL, true, 0.1, 1e-5, &y, NULL, NULL), EM_OK);
+    em_assert_error(EM_ERR_SHAPE, "weight [4] does not match the 3 channels of input [2, 3, 2, 2]");
+    em_scope_end();
+}
+
+Test(norm, layer_norm_against_pytorch) {
+    static const char *const cases[] = {"last", "last2"};
+    char full[64], what[160];
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(full, sizeof full, "layer_norm_%s", cases[i]);
+        fx_case *c = fx_load(full);
+        int k = (int)fx_int(c, "k", 0);
+        const fx_tensor *fx = fx_need(c, "x");
+        for (int di = 0; di < 2; di++)
+            for (int l = 0; l < N_LAYOUTS; l++) {
+                em_dtype dt = float_dtypes[di];
+                em_scope_begin();
+                snprintf(what, sizeof what, "%s %s %s", full, em_dtype_name(dt), layout_name[l]);
+                em_tensor *x = fx_make(fx, dt, l), *w = fx_make(fx_need(c, "w"), dt, l);
+                em_tensor *y, *mean, *rstd, *gx, *gw, *gb;
+                cr_assert_eq(em_layer_norm(x, k, fx->shape + fx->ndim - k, w,
+                                           fx_make(fx_need(c, "b"), dt, l), 1e-5, &y, &mean, &rstd),
+                             EM_OK, "%s: %s", what, em_last_error());
+                check_fx(y, fx_need(c, "y"), dt, what);
+                check_fx(mean, fx_need(c, "mean"), dt, what);
+                check_fx(rstd, fx_need(c, "rstd"), dt, what);
+                cr_assert_eq(em_layer_norm_backward(fx_make(fx_need(c, "gy"), dt, l), x, mean, rstd,
+                                                    w, k, &gx, &gw, &gb),
+                             EM_OK, "%s: %s", what, em_last_error());
+                check_fx(gx, fx_need(c, "gx"), dt, what);
+                check_fx(gw, fx_need(c, "gw"), dt, what);
+                check_fx(gb, fx_need(c, "gb"), dt, what);
+                em_scope_end();
+            }
+        fx_free(c);
+    }
+}
+
+Test(norm, layer_norm_errors) {
+    em_scope_begin();
+    em_tensor *x = em_zeros(3, (int64_t[]){2, 3, 4}, EM_F32, em_cpu()), *y;
+    cr_assert_neq(em_layer_norm(x, 1, (int64_t[]){3}, NULL, NULL, 1e-5, &y, NULL, NULL), EM_OK);
+    em_assert_error(EM_ERR_SHAPE, "normalized_shape [3] is not the last dims of input [2, 3, 4]");
+    em_tensor *w = em_ones(1, (int64_t[]){3}, EM_F32, em_cpu());
+    cr_assert_neq(em_layer_norm(x, 1, (int64_t[]){4}, w, NULL, 1e-5, &y, NULL, NULL), EM_OK);
+    em_assert_error(EM_ERR_SHAPE, "weight [3] does not match the last 1 dims of input [2, 3, 4]");
+    em_scope_end();
+}
+
+/* ---- softmax ----------------------------------------------------------------------------------- */
+
+Test(softmax, against_pytorch) {
+    static const char *const cases[] = {"d1", "dlast", "d0"};
+    char full[64], what[160];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(full, sizeof full, "softmax_%s", cases[i]);
+        fx_case *c = fx_load(full);
+        int dim = (int)fx_int(c, "dim", 0);
+        for (int di = 0; di < 2; di++)
+            for (int l = 0; l < N_LAYOUTS; l++) {
+                em_dtype dt = float_dtypes[di];
+                em_scope_begin();
+                snprintf(what, sizeof what, "%s %s %s", full, em_dtype_name(dt), layout_name[l]);
+                em_tensor *x = fx_make(fx_need(c, "x"), dt, l), *gy = fx_make(fx_need(c, "gy"), dt, l);
+                em_tensor *y = em_softmax(x, dim), *ly = em_log_softmax(x, dim);
+                check_fx(y, fx_need(c, "y"), dt, what);
+                check_fx(ly, fx_need(c, "ly"), dt, what);
+                check_fx(em_softmax_backward(gy, y, dim), fx_need(c, "gx"), dt, what);
+                check_fx(em_log_softmax_backward(gy, ly, dim), fx_need(c, "lgx"), dt, what);
+                em_scope_end();
+            }
+        fx_free(c);
+    }
+}
+
+/* Large logits do not overflow; an empty tensor gives an empty result; bf16 rounds the f32
+ * result once; dims are checked. */
+Test(softmax, stable_empty_bf16_errors) {
+    em_scope_begin();
+    double v[4] = {1000, 1001, -1000, 0};
+    em_tensor *x = make(EM_F32, 2, (int64_t[]){2, 2}, v, CONTIG);
+    double e = exp(-1.0), want[4] = {e / (1 + e), 1 / (1 + e), 0, 1};
+    check_close(em_softmax(x, 1), want, 4, 1e-6, 1e-7, "softmax of large logits");
+    double lwant[4] = {-1 - log1p(e), -log1p(e), -1000, 0};
+    check_close(em_log_softmax(x, -1), lwant, 4, 1e-6, 1e-5, "log_softmax of large logits");
+    em_tensor *z = em_zeros(2, (int64_t[]){0, 3}, EM_F64, em_cpu());
+    em_tensor *zs = em_softmax(z, 1);
+    cr_assert(zs && em_tensor_numel(zs) == 0, "%s", em_last_error());
+    double vb[12];
+    fill_random(vb, 12, 5);
+    em_tensor *xb = make(EM_BF16, 2, (int64_t[]){3, 4}, vb, TRANSPOSED);
+    em_tensor *yb = em_softmax(xb, 1);
+    cr_assert(yb && em_tensor_dtype(yb) == EM_BF16, "%s", em_last_error());
+    int64_t n;
+    double *vf = host(em_softmax(em_to_dtype(xb, EM_F32), 1), &n);
+    check_close(yb, vf, n, 0x1p-7, 1e-3, "bf16 softmax vs f32");
+    free(vf);
+    cr_assert_null(em_softmax(x, 2));
+    em_assert_error(EM_ERR_RANGE, "softmax");
+    em_tensor *xi = em_zeros(1, (int64_t[]){3}, EM_I32, em_cpu());
+    cr_assert_null(em_log_softmax(xi, 0));
+    em_assert_error(EM_ERR_DTYPE, "log_softmax: expected a floating input, got int32");
+    em_scope_end();
+}
