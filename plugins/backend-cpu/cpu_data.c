@@ -653,7 +653,8 @@ static em_status k_flip(const em_kernel_ctx *k) {
  * each value truncated (PyTorch's CPU kernel). Symmetric halves keep both ends exact. */
 static em_status k_linspace(const em_kernel_ctx *k) {
     const em_ktensor *y = &k->out[0];
-    int64_t n = y->numel, s = y->ndim ? y->strides[0] : 1, half = n / 2;
+    /* steps == 1 gives [start]: the first half must then hold the only element */
+    int64_t n = y->numel, s = y->ndim ? y->strides[0] : 1, half = n == 1 ? 1 : n / 2;
     double start = k->attrs[0].v.f, end = k->attrs[1].v.f;
     em_dtype dt = y->dtype;
     if (n == 0) return EM_OK;
