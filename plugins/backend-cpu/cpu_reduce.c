@@ -263,16 +263,14 @@ static void chunk_f(const rplan *P, acc *s, const double *x, int64_t n, int64_t 
         break;
     }
     case K_PROD: for (int64_t i = 0; i < n; i++) s->a *= x[i]; break;
-    case K_MAX: {
+    case K_MAX: case K_MIN: { /* max ignoring NaN (maxpd) and a NaN flag: both vectorise */
         double m = s->a;
-        for (int64_t i = 0; i < n; i++) m = (x[i] > m || x[i] != x[i]) ? x[i] : m;
-        s->a = m;
-        break;
-    }
-    case K_MIN: {
-        double m = s->a;
-        for (int64_t i = 0; i < n; i++) m = (x[i] < m || x[i] != x[i]) ? x[i] : m;
-        s->a = m;
+        int nan = 0;
+        if (P->kind == K_MAX)
+            for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m, nan |= x[i] != x[i];
+        else
+            for (int64_t i = 0; i < n; i++) m = x[i] < m ? x[i] : m, nan |= x[i] != x[i];
+        s->a = nan ? NAN : m;
         break;
     }
     case K_ARGMAX:
@@ -503,12 +501,21 @@ typedef struct cols {
     int64_t i[CH], j[CH];
 } cols;
 
+/* The bias-gradient loop: a row of float32 added into K double accumulators. Cloned for
+ * AVX-512 and AVX2 (picked at load time by the CPU's features): -O2 alone gives SSE2. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void cols_sum_f32(double *restrict a, const float *restrict x, int64_t K) {
+#pragma omp simd
+    for (int64_t k = 0; k < K; k++) a[k] += x[k];
+}
+
 static void cols_update(const rplan *P, cols *S, const char *p, int64_t K, int64_t r) {
     double x[CH];
     int64_t xi[CH];
-    if (P->kind == K_SUM && P->map == M_NONE && P->dt == EM_F32) { /* the bias-gradient loop */
-        const float *f = (const float *)p;
-        for (int64_t k = 0; k < K; k++) S->a[k] += f[k];
+    if (P->kind == K_SUM && P->map == M_NONE && P->dt == EM_F32) {
+        cols_sum_f32(S->a, (const float *)p, K);
         return;
     }
     if (P->ints) {
