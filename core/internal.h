@@ -175,6 +175,12 @@ em_status em__ops_declare_linalg(em_registry *core);
 
 /* Handles to the standard ops, valid after em_init(). */
 extern const em_op *em__op_copy, *em__op_fill;
+/* Reduction dims (ops_reduce.c): normalise, sort and de-duplicate dims of a into an INTS
+ * attr (all dims when ndims is 0), errors naming `who`; and drop the reduced dims of a
+ * keepdim result r (consumed) unless keepdim. */
+em_status em__reduce_dims(const char *who, const em_tensor *a, int ndims, const int *dims,
+                          em_attr *attr);
+em_tensor *em__reduce_drop(em_tensor *r, const em_attr *dims, bool keepdim);
 
 /* ---- registries and plugins (plugin.c) ----------------------------------------------------- */
 

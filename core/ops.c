@@ -344,50 +344,19 @@ em_status em_relu_(em_tensor *a) {
 
 /* ---- reductions --------------------------------------------------------------------------------- */
 
-/* Normalise, sort and de-duplicate dims into attr (all dims when ndims is 0). */
-static em_status reduce_dims(const char *who, const em_tensor *a, int ndims, const int *dims,
-                             em_attr *attr) {
-    bool mark[EM_MAX_DIMS] = {false};
-    if (ndims < 0 || ndims > EM_MAX_DIMS || (ndims > 0 && !dims))
-        return em_set_error(EM_ERR_INVALID, "%s: %d dims given", who, ndims);
-    for (int i = 0; i < ndims; i++) {
-        int d = em__wrap_dim(dims[i], a->ndim, who);
-        if (d < 0) return em_last_status();
-        if (mark[d] && a->ndim > 0)
-            return em_set_error(EM_ERR_INVALID, "%s: dim %d appears more than once", who, d);
-        mark[d] = true;
-    }
-    *attr = (em_attr){.type = EM_ATTR_INTS};
-    for (int d = 0; d < a->ndim; d++)
-        if (ndims == 0 || mark[d]) attr->ints[attr->n++] = d;
-    return EM_OK;
-}
-
 /* Sum with keepdim semantics applied afterwards (the op always keeps dims). */
 static em_tensor *sum_impl(const char *who, const em_tensor *a, int ndims, const int *dims,
                            bool keepdim, int64_t *count) {
     if (!em__check_inputs(who, &a, 1)) return NULL;
     em_attr attr;
-    if (reduce_dims(who, a, ndims, dims, &attr) != EM_OK) return NULL;
+    if (em__reduce_dims(who, a, ndims, dims, &attr) != EM_OK) return NULL;
     *count = 1;
     for (int i = 0; i < attr.n; i++) *count *= a->shape[attr.ints[i]];
     em_tensor *x = em_dtype_is_floating(a->dtype) ? em_tensor_retain((em_tensor *)a)
                                                   : em__to_dtype(a, EM_I64);
     em_tensor *r = x ? em__op1(op_sum, (const em_tensor *const *)&x, 1, &attr) : NULL;
     em_tensor_release(x);
-    if (!r || keepdim) return r;
-    int64_t shape[EM_MAX_DIMS];
-    int n = 0;
-    for (int d = 0, j = 0; d < a->ndim; d++) {
-        if (j < attr.n && attr.ints[j] == d) {
-            j++;
-            continue;
-        }
-        shape[n++] = a->shape[d];
-    }
-    em_tensor *v = em__view(r, n, shape);
-    em_tensor_release(r);
-    return v;
+    return em__reduce_drop(r, &attr, keepdim);
 }
 
 em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) {

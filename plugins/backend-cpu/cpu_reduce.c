@@ -1,16 +1,36 @@
 /*
- * cpu_reduce.c — sum over any set of dims on the CPU.
+ * cpu_reduce.c — reductions on the CPU: sum, amax/amin, max_dim/min_dim (values and
+ * indices), argmax/argmin, var/std, logsumexp, norm, prod, all/any, over any set of dims.
  *
  * Floating inputs accumulate in double (f32, f16 and bf16 included), with eight independent
  * partial sums per run and pairwise combination for f64, so f32 sums of millions of elements
- * keep full f32 accuracy. int64 sums wrap on overflow, as in PyTorch.
+ * keep full f32 accuracy. int64 sums and products wrap on overflow, as in PyTorch.
  *
- * A full reduction of a long run is split into blocks summed in parallel and combined in
- * block order. Normally there is one block per thread; in deterministic mode
+ * One engine serves every op. The reduced dims are merged where contiguous into a few
+ * (shape, stride) pairs; each output element then reduces its elements in C order, in one
+ * of two layouts:
+ *   - rows ("scalar" path): each output walks its own runs along the innermost reduced
+ *     dim (sum over dim 1 of (N, C), or over (0, 2, 3) of (N, C, H, W)); outputs are split
+ *     across threads.
+ *   - columns ("vector" path): when x's last dim is kept and contiguous (sum over dim 0 of
+ *     (N, C): the bias gradient), a block of up to 256 neighbouring outputs is updated row
+ *     after row from contiguous memory, instead of striding by C for every element; blocks
+ *     of columns are split across threads.
+ * A single output over many elements (a full reduction) is cut into fixed 16384-element
+ * blocks reduced in parallel and combined in block order. Every output is thus computed in
+ * an order fixed by the shapes alone: results never depend on the thread count. (sum over
+ * one contiguous run keeps its own path, full_sum, described below.)
+ *
+ * sum: a full reduction of one long run is split into blocks summed in parallel and
+ * combined in block order. Normally there is one block per thread; in deterministic mode
  * (em_set_deterministic) the blocks have a fixed size, so the result is bitwise identical
  * whatever the thread count.
  */
+#include <math.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "cpu.h"
 
@@ -101,66 +121,614 @@ static void full_sum(em_dtype dt, const char *p, int64_t s, int64_t n, char *dst
     em_host_free(ipart);
 }
 
-static em_status k_sum(const em_kernel_ctx *k) {
-    const em_ktensor *x = &k->in[0], *y = &k->out[0];
-    em_dtype dt = x->dtype;
-    int64_t e = (int64_t)em_dtype_size(dt);
-    bool red[EM_MAX_DIMS] = {false};
-    for (int i = 0; i < k->attrs[0].n; i++) red[k->attrs[0].ints[i]] = true;
-    /* Reduced dims (size > 1) in order, merged where contiguous with each other. */
+
+/* ---- the reduction engine -------------------------------------------------------------------- */
+
+#define CH 256        /* elements loaded (converted to double or int64) at a time */
+#define BLOCK 16384   /* elements per block of a full reduction */
+
+typedef enum rkind {
+    K_SUM, K_PROD, K_MAX, K_MIN, K_ARGMAX, K_ARGMIN, K_VAR, K_LSE, K_ALL, K_ANY
+} rkind;
+/* Applied to each element before the reduction (norms). */
+typedef enum rmap { M_NONE, M_ABS, M_SQ, M_POW, M_NZ } rmap;
+/* Applied to each result (norms, std). */
+typedef enum rfin { F_NONE, F_SQRT, F_ROOT } rfin;
+
+typedef struct rplan {
+    rkind kind;
+    rmap map;
+    rfin fin;
+    double p;          /* M_POW / F_ROOT exponent */
+    double correction; /* K_VAR */
+    bool ints;         /* integer accumulation: x is an integer or bool tensor */
+    em_dtype dt;       /* x's dtype */
+    const em_ktensor *x;
+    const em_ktensor *yv, *yi; /* values and indices outputs (either may be NULL) */
+    const em_ktensor *y;       /* the one giving the output shape */
+    bool red[EM_MAX_DIMS];
+    /* Reduced dims of size > 1, merged where contiguous: (shape, byte stride), C order. */
+    int nr;
     int64_t rshape[EM_MAX_DIMS], rstride[EM_MAX_DIMS];
-    int nr = 0;
+    int64_t run, runs, total; /* innermost reduced length, runs of it per output, product */
+} rplan;
+
+/* The state of one output. a: float accumulator (sum, product, extreme, mean, lse shift);
+ * b: second moment (var) or exp-sum (lse); c: count (var); i: integer accumulator; j: index. */
+typedef struct acc {
+    double a, b, c;
+    int64_t i, j;
+} acc;
+
+static acc acc_init(const rplan *P) {
+    acc s = {0, 0, 0, 0, 0};
+    switch (P->kind) {
+    case K_PROD: s.a = 1, s.i = 1; break;
+    case K_MAX: case K_ARGMAX: s.a = -INFINITY, s.i = INT64_MIN; break;
+    case K_MIN: case K_ARGMIN: s.a = INFINITY, s.i = INT64_MAX; break;
+    case K_LSE: s.a = -INFINITY; break;
+    case K_ALL: s.i = 1; break;
+    default: break;
+    }
+    return s;
+}
+
+/* n elements at p (byte stride s) as doubles / int64s. */
+static void load_d(em_dtype dt, const char *p, int64_t s, int64_t n, double *o) {
+    switch (dt) {
+    case EM_F32:
+        if (s == 4)
+            for (int64_t i = 0; i < n; i++) o[i] = ((const float *)p)[i];
+        else
+            for (int64_t i = 0; i < n; i++) o[i] = *(const float *)(p + i * s);
+        break;
+    case EM_F64:
+        for (int64_t i = 0; i < n; i++) o[i] = *(const double *)(p + i * s);
+        break;
+    case EM_F16:
+        for (int64_t i = 0; i < n; i++) o[i] = cpu_h2f(*(const uint16_t *)(p + i * s));
+        break;
+    case EM_BF16:
+        for (int64_t i = 0; i < n; i++) o[i] = cpu_b2f(*(const uint16_t *)(p + i * s));
+        break;
+    default:
+        break;
+    }
+}
+
+static void load_i(em_dtype dt, const char *p, int64_t s, int64_t n, int64_t *o) {
+    switch (dt) {
+    case EM_I64: for (int64_t i = 0; i < n; i++) o[i] = *(const int64_t *)(p + i * s); break;
+    case EM_I32: for (int64_t i = 0; i < n; i++) o[i] = *(const int32_t *)(p + i * s); break;
+    case EM_U8: for (int64_t i = 0; i < n; i++) o[i] = *(const uint8_t *)(p + i * s); break;
+    case EM_BOOL: for (int64_t i = 0; i < n; i++) o[i] = *(const bool *)(p + i * s); break;
+    default: break;
+    }
+}
+
+static void apply_map(const rplan *P, double *x, int64_t n) {
+    switch (P->map) {
+    case M_ABS: for (int64_t i = 0; i < n; i++) x[i] = fabs(x[i]); break;
+    case M_SQ: for (int64_t i = 0; i < n; i++) x[i] = x[i] * x[i]; break;
+    case M_POW: for (int64_t i = 0; i < n; i++) x[i] = pow(fabs(x[i]), P->p); break;
+    case M_NZ: for (int64_t i = 0; i < n; i++) x[i] = x[i] != 0; break;
+    default: break;
+    }
+}
+
+/* Merge the (mean, M2, count) of two parts (Chan et al.). */
+static void var_merge(acc *s, double mean, double m2, double n) {
+    if (n == 0) return;
+    double tot = s->c + n, d = mean - s->a;
+    s->a += d * (n / tot);
+    s->b += m2 + d * d * (s->c * n / tot);
+    s->c = tot;
+}
+
+/* Merge a logsumexp part: result = shift + log(sum). */
+static void lse_merge(acc *s, double shift, double sum) {
+    double m = s->a > shift ? s->a : shift;
+    s->b = s->b * exp(s->a - m) + sum * exp(shift - m);
+    s->a = m;
+}
+
+/* Combine the state of a later part t into s (block order = element order). */
+static void acc_merge(const rplan *P, acc *s, const acc *t) {
+    switch (P->kind) {
+    case K_SUM: s->a += t->a, s->i = (int64_t)((uint64_t)s->i + (uint64_t)t->i); break;
+    case K_PROD: s->a *= t->a, s->i = (int64_t)((uint64_t)s->i * (uint64_t)t->i); break;
+    case K_MAX: case K_ARGMAX:
+        if (P->ints ? t->i > s->i : (t->a > s->a || (isnan(t->a) && !isnan(s->a)))) *s = *t;
+        break;
+    case K_MIN: case K_ARGMIN:
+        if (P->ints ? t->i < s->i : (t->a < s->a || (isnan(t->a) && !isnan(s->a)))) *s = *t;
+        break;
+    case K_VAR: var_merge(s, t->a, t->b, t->c); break;
+    case K_LSE: if (t->a != -INFINITY) lse_merge(s, t->a, t->b); break;
+    case K_ALL: s->i = s->i && t->i; break;
+    case K_ANY: s->i = s->i || t->i; break;
+    }
+}
+
+/* Update state s with n (<= CH) loaded elements; idx0 is the first one's index. */
+static void chunk_f(const rplan *P, acc *s, const double *x, int64_t n, int64_t idx0) {
+    switch (P->kind) {
+    case K_SUM: {
+        double t[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) t[j] += x[i + j];
+        for (; i < n; i++) t[i & 7] += x[i];
+        s->a += ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+        break;
+    }
+    case K_PROD: for (int64_t i = 0; i < n; i++) s->a *= x[i]; break;
+    case K_MAX: case K_MIN: { /* max ignoring NaN (maxpd) and a NaN flag: both vectorise */
+        double m = s->a;
+        int nan = 0;
+        if (P->kind == K_MAX)
+            for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m, nan |= x[i] != x[i];
+        else
+            for (int64_t i = 0; i < n; i++) m = x[i] < m ? x[i] : m, nan |= x[i] != x[i];
+        s->a = nan ? NAN : m;
+        break;
+    }
+    case K_ARGMAX:
+        for (int64_t i = 0; i < n; i++)
+            if (x[i] > s->a || (x[i] != x[i] && s->a == s->a)) s->a = x[i], s->j = idx0 + i;
+        break;
+    case K_ARGMIN:
+        for (int64_t i = 0; i < n; i++)
+            if (x[i] < s->a || (x[i] != x[i] && s->a == s->a)) s->a = x[i], s->j = idx0 + i;
+        break;
+    case K_VAR: { /* two passes over the chunk, then merged */
+        double sum = 0, m2 = 0;
+        for (int64_t i = 0; i < n; i++) sum += x[i];
+        double mean = sum / (double)n;
+        for (int64_t i = 0; i < n; i++) m2 += (x[i] - mean) * (x[i] - mean);
+        var_merge(s, mean, m2, (double)n);
+        break;
+    }
+    case K_LSE: {
+        double m = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+        double shift = isfinite(m) ? m : 0; /* an infinite max shifts by 0, as in PyTorch */
+        for (int64_t i = 0; i < n; i++) sum += exp(x[i] - shift);
+        lse_merge(s, shift, sum);
+        break;
+    }
+    case K_ALL: for (int64_t i = 0; i < n; i++) s->i = s->i && x[i] != 0; break;
+    case K_ANY: for (int64_t i = 0; i < n; i++) s->i = s->i || x[i] != 0; break;
+    }
+}
+
+static void chunk_i(const rplan *P, acc *s, const int64_t *x, int64_t n, int64_t idx0) {
+    switch (P->kind) {
+    case K_SUM: for (int64_t i = 0; i < n; i++) s->i = (int64_t)((uint64_t)s->i + (uint64_t)x[i]); break;
+    case K_PROD: for (int64_t i = 0; i < n; i++) s->i = (int64_t)((uint64_t)s->i * (uint64_t)x[i]); break;
+    case K_MAX: for (int64_t i = 0; i < n; i++) s->i = x[i] > s->i ? x[i] : s->i; break;
+    case K_MIN: for (int64_t i = 0; i < n; i++) s->i = x[i] < s->i ? x[i] : s->i; break;
+    case K_ARGMAX:
+        for (int64_t i = 0; i < n; i++)
+            if (x[i] > s->i) s->i = x[i], s->j = idx0 + i;
+        break;
+    case K_ARGMIN:
+        for (int64_t i = 0; i < n; i++)
+            if (x[i] < s->i) s->i = x[i], s->j = idx0 + i;
+        break;
+    case K_ALL: for (int64_t i = 0; i < n; i++) s->i = s->i && x[i] != 0; break;
+    case K_ANY: for (int64_t i = 0; i < n; i++) s->i = s->i || x[i] != 0; break;
+    default: break;
+    }
+}
+
+/* Reduce n elements at p (byte stride st) into s; idx0 is the first one's index. */
+static void reduce_run(const rplan *P, acc *s, const char *p, int64_t st, int64_t n,
+                       int64_t idx0) {
+    if (P->kind == K_SUM && P->map == M_NONE) { /* sum's own accurate loops */
+        if (P->ints) s->i = (int64_t)((uint64_t)s->i + run_sum_i(p, st, n));
+        else s->a += run_sum_f(P->dt, p, st, n);
+        return;
+    }
+    double xd[CH];
+    int64_t xi[CH];
+    for (int64_t o = 0; o < n; o += CH) {
+        int64_t m = cpu_min_i64(CH, n - o);
+        if (P->ints) {
+            load_i(P->dt, p + o * st, st, m, xi);
+            chunk_i(P, s, xi, m, idx0 + o);
+        } else {
+            load_d(P->dt, p + o * st, st, m, xd);
+            apply_map(P, xd, m);
+            chunk_f(P, s, xd, m, idx0 + o);
+        }
+    }
+}
+
+/* Byte offset of the reduced-space run number ro (over rshape[0..nr-2]). */
+static int64_t run_offset(const rplan *P, int64_t ro) {
+    int64_t off = 0;
+    for (int i = P->nr - 2; i >= 0; i--) {
+        off += (ro % P->rshape[i]) * P->rstride[i];
+        ro /= P->rshape[i];
+    }
+    return off;
+}
+
+/* Reduce the elements [lo, hi) (C order over the reduced dims) of the output based at x
+ * byte address base into s. */
+static void reduce_range(const rplan *P, acc *s, const char *base, int64_t lo, int64_t hi) {
+    if (P->run == 0) return;
+    int64_t ro = lo / P->run, e = lo % P->run;
+    int64_t st = P->rstride[P->nr - 1];
+    while (lo < hi) {
+        int64_t n = cpu_min_i64(P->run - e, hi - lo);
+        reduce_run(P, s, base + run_offset(P, ro) + e * st, st, n, lo);
+        lo += n, ro++, e = 0;
+    }
+}
+
+/* The result of a state, for floating outputs. */
+static double acc_value(const rplan *P, const acc *s) {
+    double v = s->a;
+    if (P->kind == K_VAR) {
+        double d = s->c - P->correction;
+        v = s->b / (d > 0 ? d : 0);
+    } else if (P->kind == K_LSE) {
+        v = s->a + log(s->b);
+    }
+    if (P->fin == F_SQRT) v = sqrt(v);
+    else if (P->fin == F_ROOT) v = pow(v, 1.0 / P->p);
+    return v;
+}
+
+static void store_f(em_dtype dt, char *dst, double v) {
+    switch (dt) {
+    case EM_F32: *(float *)dst = (float)v; break;
+    case EM_F64: *(double *)dst = v; break;
+    case EM_F16: *(uint16_t *)dst = cpu_f2h((float)v); break;
+    case EM_BF16: *(uint16_t *)dst = cpu_f2b((float)v); break;
+    default: break;
+    }
+}
+
+static void store_i(em_dtype dt, char *dst, int64_t v) {
+    switch (dt) {
+    case EM_I64: *(int64_t *)dst = v; break;
+    case EM_I32: *(int32_t *)dst = (int32_t)v; break;
+    case EM_U8: *(uint8_t *)dst = (uint8_t)v; break;
+    case EM_BOOL: *(bool *)dst = v != 0; break;
+    default: break;
+    }
+}
+
+/* Write a state's value (and index) to its output element(s). */
+static void acc_store(const rplan *P, const acc *s, char *dv, char *di) {
+    if (di) *(int64_t *)di = s->j;
+    if (!dv) return;
+    if (P->ints || P->kind == K_ALL || P->kind == K_ANY) store_i(P->yv->dtype, dv, s->i);
+    else store_f(P->yv->dtype, dv, acc_value(P, s));
+}
+
+/* x's byte offset of output element o (C order over y's shape) and its addresses in the
+ * outputs. */
+static const char *out_base(const rplan *P, int64_t o, char **dv, char **di) {
+    const em_ktensor *x = P->x, *y = P->y;
+    const char *base = x->data;
+    int64_t ov = 0, oi = 0, e = (int64_t)em_dtype_size(x->dtype);
+    for (int d = x->ndim - 1; d >= 0; d--) {
+        int64_t i = o % y->shape[d];
+        o /= y->shape[d];
+        if (!P->red[d]) base += i * x->strides[d] * e;
+        if (P->yv) ov += i * P->yv->strides[d];
+        if (P->yi) oi += i * P->yi->strides[d];
+    }
+    *dv = P->yv ? (char *)P->yv->data + ov * (int64_t)em_dtype_size(P->yv->dtype) : NULL;
+    *di = P->yi ? (char *)P->yi->data + oi * 8 : NULL;
+    return base;
+}
+
+/* Fill the geometry of P from x and the reduced-dims mask P->red. */
+static void plan_geometry(rplan *P) {
+    const em_ktensor *x = P->x;
+    int64_t e = (int64_t)em_dtype_size(x->dtype);
+    P->nr = 0;
+    P->total = 1;
     for (int d = 0; d < x->ndim; d++) {
-        if (!red[d] || x->shape[d] == 1) continue;
+        if (!P->red[d]) continue;
+        P->total *= x->shape[d];
+        if (x->shape[d] == 1) continue;
         int64_t sb = x->strides[d] * e;
-        if (nr > 0 && red[d - 1] && rstride[nr - 1] == sb * x->shape[d]) {
-            rshape[nr - 1] *= x->shape[d];
-            rstride[nr - 1] = sb;
+        if (P->nr > 0 && P->red[d - 1] && P->rstride[P->nr - 1] == sb * x->shape[d]) {
+            P->rshape[P->nr - 1] *= x->shape[d];
+            P->rstride[P->nr - 1] = sb;
             continue;
         }
-        rshape[nr] = x->shape[d];
-        rstride[nr++] = sb;
+        P->rshape[P->nr] = x->shape[d];
+        P->rstride[P->nr++] = sb;
     }
-    if (nr == 0) rshape[0] = 1, rstride[0] = e, nr = 1;
-    int64_t run = rshape[nr - 1], runs = 1;
-    for (int i = 0; i < nr - 1; i++) runs *= rshape[i];
-    if (x->numel == 0) run = 0, runs = 1;
-    int64_t ye = (int64_t)em_dtype_size(y->dtype);
-    if (y->numel == 1 && runs == 1) {
-        full_sum(dt, x->data, rstride[nr - 1], run, y->data);
+    if (P->nr == 0) P->rshape[0] = 1, P->rstride[0] = e, P->nr = 1;
+    P->run = P->rshape[P->nr - 1];
+    P->runs = 1;
+    for (int i = 0; i < P->nr - 1; i++) P->runs *= P->rshape[i];
+    if (P->total == 0) P->run = 0;
+}
+
+/* One output over many elements: fixed blocks in parallel, merged in block order. */
+static em_status reduce_full(const rplan *P) {
+    char *dv, *di;
+    const char *base = out_base(P, 0, &dv, &di);
+    int64_t nb = (P->total + BLOCK - 1) / BLOCK;
+    acc *part = nb > 1 ? em_host_alloc(sizeof(acc) * (size_t)nb, 64) : NULL;
+    acc s = acc_init(P);
+    if (!part) { /* one block, or no scratch: one pass (the same blocks, merged as we go) */
+        for (int64_t b = 0; b < nb; b++) {
+            acc t = acc_init(P);
+            reduce_range(P, &t, base, b * BLOCK, cpu_min_i64(P->total, (b + 1) * BLOCK));
+            acc_merge(P, &s, &t);
+        }
+        acc_store(P, &s, dv, di);
         return EM_OK;
     }
-    int nt = em_num_threads();
-#pragma omp parallel for num_threads(nt) if (x->numel >= CPU_GRAIN && y->numel > 1) schedule(static)
-    for (int64_t o = 0; o < y->numel; o++) {
-        /* Base of output element o in x (kept dims), and its address in y. */
-        const char *base = x->data;
-        char *dst = y->data;
-        int64_t rem = o;
-        for (int d = x->ndim - 1; d >= 0; d--) {
-            int64_t i = rem % y->shape[d];
-            rem /= y->shape[d];
-            if (!red[d]) base += i * x->strides[d] * e;
-            dst += i * y->strides[d] * ye;
-        }
-        double v = 0;
-        uint64_t iv = 0;
-        for (int64_t r = 0; r < runs; r++) {
-            const char *p = base;
-            int64_t rr = r;
-            for (int i = nr - 2; i >= 0; i--) {
-                p += (rr % rshape[i]) * rstride[i];
-                rr /= rshape[i];
-            }
-            if (dt == EM_I64) iv += run_sum_i(p, rstride[nr - 1], run);
-            else v += run_sum_f(dt, p, rstride[nr - 1], run);
-        }
-        store_sum(dt, dst, v, iv);
+#pragma omp parallel for num_threads(em_num_threads()) if (P->total >= CPU_GRAIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        part[b] = acc_init(P);
+        reduce_range(P, &part[b], base, b * BLOCK, cpu_min_i64(P->total, (b + 1) * BLOCK));
     }
+    for (int64_t b = 0; b < nb; b++) acc_merge(P, &s, &part[b]);
+    acc_store(P, &s, dv, di);
+    em_host_free(part);
     return EM_OK;
 }
 
+/* Rows: each output reduces its own elements. */
+static void reduce_rows(const rplan *P) {
+    int64_t n = P->y->numel;
+#pragma omp parallel for num_threads(em_num_threads()) if (P->x->numel >= CPU_GRAIN && n > 1) schedule(static)
+    for (int64_t o = 0; o < n; o++) {
+        char *dv, *di;
+        const char *base = out_base(P, o, &dv, &di);
+        acc s = acc_init(P);
+        reduce_range(P, &s, base, 0, P->total);
+        acc_store(P, &s, dv, di);
+    }
+}
+
+/* Columns: K (<= CH) neighbouring outputs along x's contiguous last dim, updated from one
+ * reduced position r at a time (p: that position's first column). */
+typedef struct cols {
+    double a[CH], b[CH], c[CH];
+    int64_t i[CH], j[CH];
+} cols;
+
+/* The bias-gradient loop: a row of float32 added into K double accumulators. Cloned for
+ * AVX-512 and AVX2 (picked at load time by the CPU's features): -O2 alone gives SSE2. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void cols_sum_f32(double *restrict a, const float *restrict x, int64_t K) {
+#pragma omp simd
+    for (int64_t k = 0; k < K; k++) a[k] += x[k];
+}
+
+static void cols_update(const rplan *P, cols *S, const char *p, int64_t K, int64_t r) {
+    double x[CH];
+    int64_t xi[CH];
+    if (P->kind == K_SUM && P->map == M_NONE && P->dt == EM_F32) {
+        cols_sum_f32(S->a, (const float *)p, K);
+        return;
+    }
+    if (P->ints) {
+        load_i(P->dt, p, (int64_t)em_dtype_size(P->dt), K, xi);
+        switch (P->kind) {
+        case K_SUM: for (int64_t k = 0; k < K; k++) S->i[k] = (int64_t)((uint64_t)S->i[k] + (uint64_t)xi[k]); break;
+        case K_PROD: for (int64_t k = 0; k < K; k++) S->i[k] = (int64_t)((uint64_t)S->i[k] * (uint64_t)xi[k]); break;
+        case K_MAX: for (int64_t k = 0; k < K; k++) S->i[k] = xi[k] > S->i[k] ? xi[k] : S->i[k]; break;
+        case K_MIN: for (int64_t k = 0; k < K; k++) S->i[k] = xi[k] < S->i[k] ? xi[k] : S->i[k]; break;
+        case K_ARGMAX:
+            for (int64_t k = 0; k < K; k++)
+                if (xi[k] > S->i[k]) S->i[k] = xi[k], S->j[k] = r;
+            break;
+        case K_ARGMIN:
+            for (int64_t k = 0; k < K; k++)
+                if (xi[k] < S->i[k]) S->i[k] = xi[k], S->j[k] = r;
+            break;
+        case K_ALL: for (int64_t k = 0; k < K; k++) S->i[k] = S->i[k] && xi[k] != 0; break;
+        case K_ANY: for (int64_t k = 0; k < K; k++) S->i[k] = S->i[k] || xi[k] != 0; break;
+        default: break;
+        }
+        return;
+    }
+    load_d(P->dt, p, (int64_t)em_dtype_size(P->dt), K, x);
+    apply_map(P, x, K);
+    switch (P->kind) {
+    case K_SUM: for (int64_t k = 0; k < K; k++) S->a[k] += x[k]; break;
+    case K_PROD: for (int64_t k = 0; k < K; k++) S->a[k] *= x[k]; break;
+    case K_MAX:
+        for (int64_t k = 0; k < K; k++) S->a[k] = (x[k] > S->a[k] || x[k] != x[k]) ? x[k] : S->a[k];
+        break;
+    case K_MIN:
+        for (int64_t k = 0; k < K; k++) S->a[k] = (x[k] < S->a[k] || x[k] != x[k]) ? x[k] : S->a[k];
+        break;
+    case K_ARGMAX:
+        for (int64_t k = 0; k < K; k++)
+            if (x[k] > S->a[k] || (x[k] != x[k] && S->a[k] == S->a[k])) S->a[k] = x[k], S->j[k] = r;
+        break;
+    case K_ARGMIN:
+        for (int64_t k = 0; k < K; k++)
+            if (x[k] < S->a[k] || (x[k] != x[k] && S->a[k] == S->a[k])) S->a[k] = x[k], S->j[k] = r;
+        break;
+    case K_VAR: { /* Welford; every column has seen r elements */
+        double inv = 1.0 / (double)(r + 1);
+        for (int64_t k = 0; k < K; k++) {
+            double d = x[k] - S->a[k];
+            S->a[k] += d * inv;
+            S->b[k] += d * (x[k] - S->a[k]);
+            S->c[k] = (double)(r + 1);
+        }
+        break;
+    }
+    case K_LSE: /* online: (max so far, sum of exp(x - max)) */
+        for (int64_t k = 0; k < K; k++) {
+            double m = S->a[k];
+            if (x[k] > m) S->b[k] = S->b[k] * exp(m - x[k]) + 1, S->a[k] = x[k];
+            else S->b[k] += x[k] == m ? 1 : exp(x[k] - m);
+        }
+        break;
+    case K_ALL: for (int64_t k = 0; k < K; k++) S->i[k] = S->i[k] && x[k] != 0; break;
+    case K_ANY: for (int64_t k = 0; k < K; k++) S->i[k] = S->i[k] || x[k] != 0; break;
+    }
+}
+
+static void reduce_cols(const rplan *P) {
+    const em_ktensor *x = P->x;
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last], groups = P->y->numel / C, nt = em_num_threads();
+    /* Column blocks: at most CH wide, enough of them to share among the threads (the split
+     * never changes a result: columns are independent). */
+    int64_t kb = cpu_min_i64(CH, ((C + nt - 1) / nt + 15) & ~(int64_t)15);
+    int64_t nblk = (C + kb - 1) / kb, items = groups * nblk;
+    int64_t ysv = P->yv ? P->yv->strides[last] * (int64_t)em_dtype_size(P->yv->dtype) : 0;
+    int64_t ysi = P->yi ? P->yi->strides[last] * 8 : 0;
+    cols *all = em_host_alloc(sizeof(cols) * (size_t)nt, 64);
+    if (!all) { /* no scratch: the rows path gives the same values */
+        reduce_rows(P);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) if (x->numel >= CPU_GRAIN && items > 1) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        cols *S = &all[tid];
+        int64_t g = it / nblk, c0 = (it % nblk) * kb, K = cpu_min_i64(kb, C - c0);
+        char *dv, *di;
+        const char *base = out_base(P, g * C + c0, &dv, &di);
+        acc s0 = acc_init(P);
+        for (int64_t k = 0; k < K; k++) {
+            S->a[k] = s0.a, S->b[k] = s0.b, S->c[k] = s0.c, S->i[k] = s0.i, S->j[k] = s0.j;
+        }
+        int64_t st = P->rstride[P->nr - 1];
+        for (int64_t ro = 0, r = 0; ro < P->runs && P->run > 0; ro++) {
+            const char *p = base + run_offset(P, ro);
+            for (int64_t q = 0; q < P->run; q++, r++) cols_update(P, S, p + q * st, K, r);
+        }
+        for (int64_t k = 0; k < K; k++) {
+            acc s = {S->a[k], S->b[k], S->c[k], S->i[k], S->j[k]};
+            acc_store(P, &s, dv ? dv + k * ysv : NULL, di ? di + k * ysi : NULL);
+        }
+    }
+    em_host_free(all);
+}
+
+static em_status run_plan(rplan *P) {
+    plan_geometry(P);
+    const em_ktensor *x = P->x;
+    if (P->y->numel == 0) return EM_OK;
+    int last = x->ndim - 1;
+    if (P->y->numel == 1 && P->total > BLOCK) return reduce_full(P);
+    if (x->ndim > 0 && !P->red[last] && x->shape[last] >= 16 && x->strides[last] == 1 &&
+        P->total > 1)
+        reduce_cols(P);
+    else
+        reduce_rows(P);
+    return EM_OK;
+}
+
+/* A plan for kernel call k: kind, reduced dims from attrs[0] (ints) unless dim >= 0. */
+static rplan plan_for(const em_kernel_ctx *k, rkind kind) {
+    rplan P = {.kind = kind, .x = &k->in[0], .dt = k->in[0].dtype,
+               .ints = !em_dtype_is_floating(k->in[0].dtype)};
+    P.yv = &k->out[0];
+    P.y = &k->out[0];
+    if (k->attrs[0].type == EM_ATTR_INTS)
+        for (int i = 0; i < k->attrs[0].n; i++) P.red[k->attrs[0].ints[i]] = true;
+    return P;
+}
+
+/* ---- kernels ---------------------------------------------------------------------------------- */
+
+static em_status k_sum(const em_kernel_ctx *k) {
+    rplan P = plan_for(k, K_SUM);
+    plan_geometry(&P);
+    if (P.y->numel == 1 && P.runs == 1) { /* one run: sum's own blocked path */
+        full_sum(P.dt, P.x->data, P.rstride[P.nr - 1], P.run, P.y->data);
+        return EM_OK;
+    }
+    return run_plan(&P);
+}
+
+static em_status k_amax(const em_kernel_ctx *k) { rplan P = plan_for(k, K_MAX); return run_plan(&P); }
+static em_status k_amin(const em_kernel_ctx *k) { rplan P = plan_for(k, K_MIN); return run_plan(&P); }
+static em_status k_prod(const em_kernel_ctx *k) { rplan P = plan_for(k, K_PROD); return run_plan(&P); }
+static em_status k_all(const em_kernel_ctx *k) { rplan P = plan_for(k, K_ALL); return run_plan(&P); }
+static em_status k_any(const em_kernel_ctx *k) { rplan P = plan_for(k, K_ANY); return run_plan(&P); }
+static em_status k_logsumexp(const em_kernel_ctx *k) {
+    rplan P = plan_for(k, K_LSE);
+    return run_plan(&P);
+}
+
+static em_status arg(const em_kernel_ctx *k, rkind kind) {
+    rplan P = plan_for(k, kind);
+    P.yv = NULL;
+    P.yi = &k->out[0];
+    return run_plan(&P);
+}
+static em_status k_argmax(const em_kernel_ctx *k) { return arg(k, K_ARGMAX); }
+static em_status k_argmin(const em_kernel_ctx *k) { return arg(k, K_ARGMIN); }
+
+static em_status extreme_dim(const em_kernel_ctx *k, rkind kind) {
+    rplan P = plan_for(k, kind);
+    if (P.x->ndim > 0) P.red[k->attrs[0].v.i] = true;
+    P.yi = &k->out[1];
+    return run_plan(&P);
+}
+static em_status k_max_dim(const em_kernel_ctx *k) { return extreme_dim(k, K_ARGMAX); }
+static em_status k_min_dim(const em_kernel_ctx *k) { return extreme_dim(k, K_ARGMIN); }
+
+static em_status var_std(const em_kernel_ctx *k, bool sd) {
+    rplan P = plan_for(k, K_VAR);
+    P.correction = k->attrs[1].v.f;
+    P.fin = sd ? F_SQRT : F_NONE;
+    return run_plan(&P);
+}
+static em_status k_var(const em_kernel_ctx *k) { return var_std(k, false); }
+static em_status k_std(const em_kernel_ctx *k) { return var_std(k, true); }
+
+static em_status k_norm(const em_kernel_ctx *k) {
+    double p = k->attrs[1].v.f;
+    rplan P = plan_for(k, K_SUM);
+    P.p = p;
+    if (p == 2) P.map = M_SQ, P.fin = F_SQRT;
+    else if (p == 1) P.map = M_ABS;
+    else if (p == 0) P.map = M_NZ;
+    else if (isinf(p)) P.map = M_ABS, P.kind = p > 0 ? K_MAX : K_MIN;
+    else P.map = M_POW, P.fin = F_ROOT;
+    return run_plan(&P);
+}
+
 em_status cpu_register_reduce(em_registry *r) {
-    static const em_dtype dts[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I64};
-    return cpu_register_kernels(r, "sum", dts, 5, k_sum, "cpu_sum");
+    static const em_dtype sum[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I64};
+    static const em_dtype all[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32, EM_I64, EM_U8, EM_BOOL};
+    static const em_dtype num[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32, EM_I64, EM_U8};
+    static const em_dtype flt[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    em_status st = EM_OK;
+#define REG(op, set, fn) if (st == EM_OK) st = cpu_register_kernels(r, op, set, (int)(sizeof set / sizeof *set), fn, "cpu_" op)
+    REG("sum", sum, k_sum);
+    REG("prod", sum, k_prod);
+    REG("amax", all, k_amax);
+    REG("amin", all, k_amin);
+    REG("max_dim", all, k_max_dim);
+    REG("min_dim", all, k_min_dim);
+    REG("argmax", num, k_argmax);
+    REG("argmin", num, k_argmin);
+    REG("var", flt, k_var);
+    REG("std", flt, k_std);
+    REG("logsumexp", flt, k_logsumexp);
+    REG("norm", flt, k_norm);
+    REG("all", all, k_all);
+    REG("any", all, k_any);
+#undef REG
+    return st;
 }

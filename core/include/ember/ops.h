@@ -213,6 +213,72 @@ EM_API em_tensor *em_leaky_relu_backward(const em_tensor *grad, const em_tensor 
 
 /* ---- reductions: max, min, argmax, argmin, var, std, logsumexp, norm, prod ---- */
 
+/* Every reduction below takes dims as em_sum does: ndims dims (negative counts from the end;
+ * each at most once), ndims == 0 meaning every dim; keepdim keeps the reduced dims as size 1.
+ * Bad dims are EM_ERR_RANGE / EM_ERR_INVALID naming the op and the dim. The CPU backend
+ * computes each output element on one thread in a fixed order, so results do not depend on
+ * the thread count; f32, f16 and bf16 accumulate in double.
+ *
+ *     em_tensor *v, *i;
+ *     em_max_dim(x, 1, false, &v, &i);                  // (N, C) -> values (N), indices (N)
+ *     em_tensor *sd = em_std(x, 1, (const int[]){0}, 1.0, true);   // (N, C) -> (1, C)
+ */
+
+/* Largest / smallest element over dims; same dtype as a (every dtype, bool included). NaN
+ * propagates: a NaN among the reduced elements gives NaN. A reduced dim of size 0 is
+ * EM_ERR_SHAPE ("amax: expected reduction dim 0 to have non-zero size"), as is ndims == 0 on
+ * an empty tensor: these ops have no identity. */
+EM_API em_tensor *em_amax(const em_tensor *a, int ndims, const int *dims, bool keepdim);
+EM_API em_tensor *em_amin(const em_tensor *a, int ndims, const int *dims, bool keepdim);
+/* torch.max(a) / torch.min(a): amax / amin over every element, a 0-dim tensor; EM_ERR_SHAPE
+ * for an empty a. */
+EM_API em_tensor *em_max(const em_tensor *a);
+EM_API em_tensor *em_min(const em_tensor *a);
+/* torch.max(a, dim) / torch.min(a, dim): *values (a's dtype) and *indices (int64), both new
+ * references with dim removed (size 1 when keepdim). The index is the first occurrence of
+ * the extreme value; NaN counts as the extreme (the first NaN's index). indices may be NULL
+ * (values only). A 0-dim a takes dim 0 or -1. EM_ERR_SHAPE when a's dim has size 0; on any
+ * error *values and *indices are set to NULL. */
+EM_API em_status em_max_dim(const em_tensor *a, int dim, bool keepdim,
+                            em_tensor **values /* out */, em_tensor **indices /* out */);
+EM_API em_status em_min_dim(const em_tensor *a, int dim, bool keepdim,
+                            em_tensor **values /* out */, em_tensor **indices /* out */);
+/* Index (int64) of the first largest / smallest element along *dim, or, when dim is NULL,
+ * in the flattened a (a 0-dim result; with keepdim every dim has size 1). NaN counts as the
+ * extreme. Every dtype but bool (EM_ERR_DTYPE); EM_ERR_SHAPE on an empty reduction. */
+EM_API em_tensor *em_argmax(const em_tensor *a, const int *dim, bool keepdim);
+EM_API em_tensor *em_argmin(const em_tensor *a, const int *dim, bool keepdim);
+
+/* Variance over dims: sum (x - mean)^2 / max(0, N - correction), N the number of reduced
+ * elements; correction 1 is the unbiased (Bessel) estimate, 0 the population variance. As in
+ * PyTorch, N <= correction divides by zero (inf, or NaN when every element is equal, e.g. a
+ * single element with correction 1) and N == 0 gives NaN. Floating a only (EM_ERR_DTYPE
+ * otherwise); the result has a's dtype. correction must be finite and >= 0 (EM_ERR_INVALID).
+ * em_std is its square root. */
+EM_API em_tensor *em_var(const em_tensor *a, int ndims, const int *dims, double correction,
+                         bool keepdim);
+EM_API em_tensor *em_std(const em_tensor *a, int ndims, const int *dims, double correction,
+                         bool keepdim);
+/* log(sum(exp(x))) over dims, computed as m + log(sum(exp(x - m))) with m the maximum (an
+ * infinite m shifts by 0, so all -inf gives -inf and any +inf gives +inf). Integer and bool
+ * inputs compute in float32 (as PyTorch does); the sum of zero elements gives -inf. */
+EM_API em_tensor *em_logsumexp(const em_tensor *a, int ndims, const int *dims, bool keepdim);
+/* Vector p-norm over dims (torch.linalg.vector_norm): p = 2 (Euclidean), 1, INFINITY (max
+ * |x|), -INFINITY (min |x|), 0 (count of non-zero elements), or any other p: (sum
+ * |x|^p)^(1/p). Floating a only (EM_ERR_DTYPE); the result has a's dtype. The norm of zero
+ * elements is 0, except for p = +-inf, which is EM_ERR_SHAPE (no identity). NaN p is
+ * EM_ERR_INVALID. */
+EM_API em_tensor *em_norm(const em_tensor *a, double p, int ndims, const int *dims,
+                          bool keepdim);
+/* Product over dims. bool and integer inputs give int64 (wrapping on overflow), as in
+ * PyTorch; floating inputs keep their dtype. The product of zero elements is 1. */
+EM_API em_tensor *em_prod(const em_tensor *a, int ndims, const int *dims, bool keepdim);
+/* Whether every / any element over dims is non-zero (NaN counts as non-zero). Any dtype; the
+ * result is bool, except for a uint8 input, which gives uint8 0/1 as in PyTorch. Over zero
+ * elements all is true and any false. */
+EM_API em_tensor *em_all(const em_tensor *a, int ndims, const int *dims, bool keepdim);
+EM_API em_tensor *em_any(const em_tensor *a, int ndims, const int *dims, bool keepdim);
+
 /* (end of reduce) */
 
 
