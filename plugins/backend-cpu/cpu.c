@@ -178,6 +178,8 @@ static em_status cpu_register(em_registry *r) {
     return st;
 }
 
+static void cpu_shutdown(void) { cpu_gemm_shutdown(); }
+
 static const em_plugin_descriptor cpu_plugin = {
     .struct_size = sizeof(em_plugin_descriptor),
     .abi_major = EM_PLUGIN_ABI_MAJOR,
@@ -185,6 +187,7 @@ static const em_plugin_descriptor cpu_plugin = {
     .version = EM_VERSION_STRING,
     .description = "CPU device and kernels (OpenBLAS, oneDNN)",
     .register_fn = cpu_register,
+    .shutdown_fn = cpu_shutdown,
 };
 
 EM_PLUGIN_EXPORT const em_plugin_descriptor *ember_plugin_entry(void) { return &cpu_plugin; }
