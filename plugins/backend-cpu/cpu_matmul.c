@@ -4,7 +4,8 @@
  *
  * Which library runs a GEMM is decided once, when the plugin registers, and logged at info
  * level (cpu_gemm_describe() gives the same text):
- *   - f32: oneDNN's matmul primitive when oneDNN's JIT has at least AVX2 here, else OpenBLAS.
+ *   - f32: oneDNN's matmul primitive when oneDNN's JIT has at least AVX2 here, else OpenBLAS
+ *     (tiny products, up to 64^3 multiply-adds, always go to OpenBLAS: see SMALL_GEMM).
  *     oneDNN picks its kernels from CPUID at run time; Debian's OpenBLAS 0.3.21 picks from a
  *     table of CPUs it knows and falls back to SSE3 kernels on newer ones (the Xeons of
  *     issue 3: ~25 GFLOP/s instead of ~170), and OPENBLAS_CORETYPE is read when libopenblas
@@ -58,6 +59,14 @@ typedef struct mm_entry {
     dnnl_memory_desc_t md[3];
     struct mm_entry *next;
 } mm_entry;
+
+/* Up to this many multiply-adds (B M N K) an f32 GEMM goes to OpenBLAS whatever the choice:
+ * oneDNN's fixed cost per call (~2 us: memory objects, stream, an OpenMP region) is more than
+ * the work, and below this size OpenBLAS 0.3.21 computes on the calling thread alone (its
+ * multithreading threshold is 65536 * 4), so its thread pool never wakes. Measured here:
+ * 64^3 takes 6.8 us in OpenBLAS, 12 us in oneDNN; 96^3 takes 41 us in oneDNN, 60-85 in
+ * OpenBLAS. */
+#define SMALL_GEMM (64.0 * 64.0 * 64.0)
 
 #define MM_BUCKETS 256
 #define MM_MAX_ENTRIES 4096
@@ -116,7 +125,7 @@ em_status cpu_gemm_init(void) {
     if (env && strcmp(env, "openblas") == 0) G.f32 = LIB_OPENBLAS, how = "EMBER_GEMM=openblas";
     if (env && strcmp(env, "onednn") == 0) G.f32 = LIB_ONEDNN, how = "EMBER_GEMM=onednn";
     snprintf(G.why, sizeof G.why,
-             "f32 GEMM: %s (%s); f64: OpenBLAS; bf16: %s; f16: through f32. oneDNN %d.%d.%d "
+             "f32 GEMM: %s (%s; up to 64^3 OpenBLAS on one thread); f64: OpenBLAS; bf16: %s; f16: through f32. oneDNN %d.%d.%d "
              "isa %s, OpenBLAS core %s",
              G.f32 == LIB_ONEDNN ? "oneDNN matmul" : "OpenBLAS sgemm", how,
              G.bf16_native ? "oneDNN matmul, native (f32 accumulation)"
@@ -407,7 +416,9 @@ static em_status gemm_mat3(em_dtype dt, const mat3 *a, const mat3 *b, const mat3
         if (onednn_gemm(dnnl_bf16, a, b, y, alpha, beta)) return EM_OK;
         return gemm_f32_path(dt, a, b, y, alpha, beta);
     }
-    if (dt == EM_F32 && G.f32 == LIB_ONEDNN && onednn_gemm(dnnl_f32, a, b, y, alpha, beta))
+    double work = (double)y->B * (double)y->R * (double)y->C * (double)a->C;
+    if (dt == EM_F32 && G.f32 == LIB_ONEDNN && work > SMALL_GEMM &&
+        onednn_gemm(dnnl_f32, a, b, y, alpha, beta))
         return EM_OK;
     blas_gemm(dt, a, b, y, alpha, beta);
     return EM_OK;
