@@ -1,10 +1,205 @@
 /*
- * ops_linalg.c — the standard op set, linear algebra: addmm, linear, bmm, low-precision matmul: schemas, shape/dtype inference and the typed public
- * functions of ember/ops.h. Kernel contracts are written next to each schema.
+ * ops_linalg.c — the standard op set, linear algebra: addmm, linear, bmm: schemas, shape/dtype
+ * inference and the typed public functions of ember/ops.h (em_matmul itself is in ops.c).
+ *
+ * Kernel contracts (what a backend may assume, per op):
+ *   addmm(bias, a, b) -> y   attrs: beta, alpha (floats). y (M, N) = beta * bias + alpha *
+ *                         a @ b, with a (M, K), b (K, N) and bias already broadcast to (M, N)
+ *                         (stride 0 on broadcast dims); one floating dtype for all (bf16 and
+ *                         f16 accumulate in f32). a and b may be strided (a transposed operand
+ *                         is a view with swapped strides: pass it to GEMM as transposed, do not
+ *                         copy). beta == 0: bias is not read (NaN and inf in it do not
+ *                         propagate, as in PyTorch). K == 0: y = beta * bias.
+ *   bmm (declared in ops.c): a (B, M, K), b (B, K, N) -> y (B, M, N), same rules for strides.
+ *
+ * em_linear is composite: x (..., in) is flattened to (R, in) and multiplied by the weight
+ * (out, in) as a transposed view, through addmm (with a bias) or bmm (without): one GEMM for
+ * all leading dims, the weight never copied.
  */
+#include <string.h>
+
 #include "internal.h"
 
-em_status em__ops_declare_linalg(em_registry *core) {
-    (void)core;
+static const em_op *op_addmm, *op_bmm;
+
+static em_status infer_addmm(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                             em_tensor_meta *out) {
+    (void)op, (void)attrs;
+    /* em_addmm checked shapes and dtypes and broadcast the bias; op callers (em_op_call)
+     * get the same checks here. */
+    const em_tensor *bias = in[0], *a = in[1], *b = in[2];
+    char x[160], y[160];
+    if (a->ndim != 2 || b->ndim != 2 || a->shape[1] != b->shape[0])
+        return em_set_error(EM_ERR_SHAPE, "addmm: shapes %s and %s cannot be multiplied as "
+                            "matrices (M, K) x (K, N)",
+                            em__shape_str(a->ndim, a->shape, x, sizeof x),
+                            em__shape_str(b->ndim, b->shape, y, sizeof y));
+    int64_t mn[2] = {a->shape[0], b->shape[1]};
+    if (bias->ndim != 2 || bias->shape[0] != mn[0] || bias->shape[1] != mn[1])
+        return em_set_error(EM_ERR_SHAPE, "addmm: the op expects the bias broadcast to the "
+                            "product's shape %s, got %s", em__shape_str(2, mn, x, sizeof x),
+                            em__shape_str(bias->ndim, bias->shape, y, sizeof y));
+    if (a->dtype != b->dtype || bias->dtype != a->dtype)
+        return em_set_error(EM_ERR_DTYPE, "addmm: bias, mat1 and mat2 have dtypes %s, %s and "
+                            "%s; they must match", em_dtype_name(bias->dtype),
+                            em_dtype_name(a->dtype), em_dtype_name(b->dtype));
+    *out = (em_tensor_meta){.dtype = a->dtype, .ndim = 2, .shape = {mn[0], mn[1]}};
     return EM_OK;
+}
+
+em_status em__ops_declare_linalg(em_registry *core) {
+    static const char *const addmm_in[] = {"bias", "mat1", "mat2"},
+                             *const addmm_attrs[] = {"beta", "alpha"};
+    static const em_attr_type tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
+    em_op_schema s = {.struct_size = sizeof s, .name = "addmm", .n_inputs = 3,
+                      .input_names = addmm_in, .n_outputs = 1, .n_attrs = 2,
+                      .attr_names = addmm_attrs, .attr_types = tff, .dispatch_arg = 1,
+                      .infer = infer_addmm};
+    em_status st = em_op_declare(core, &s, &op_addmm);
+    if (st != EM_OK) return st;
+    op_bmm = em_op_find("bmm"); /* declared by ops.c before this runs */
+    return op_bmm ? EM_OK : em_last_status();
+}
+
+/* ---- checks ---------------------------------------------------------------------------------- */
+
+static bool same_floating(const char *who, const em_tensor *a, const char *na,
+                          const em_tensor *b, const char *nb) {
+    if (a->dtype == b->dtype && em_dtype_is_floating(a->dtype)) return true;
+    if (a->dtype != b->dtype)
+        em_set_error(EM_ERR_DTYPE, "%s: expected %s and %s to have the same dtype, got %s and "
+                     "%s", who, na, nb, em_dtype_name(a->dtype), em_dtype_name(b->dtype));
+    else
+        em_set_error(EM_ERR_DTYPE, "%s: expected floating operands (f32, f64, bf16, f16), got "
+                     "%s", who, em_dtype_name(a->dtype));
+    return false;
+}
+
+/* ---- bmm ------------------------------------------------------------------------------------- */
+
+em_tensor *em_bmm(const em_tensor *a, const em_tensor *b) {
+    const em_tensor *in[2] = {a, b};
+    if (!em__check_inputs("bmm", in, 2)) return NULL;
+    char x[160], y[160];
+    if (a->ndim != 3 || b->ndim != 3) {
+        em_set_error(EM_ERR_SHAPE, "bmm: expected 3-D operands (B, M, K) and (B, K, N), got "
+                     "shapes %s and %s", em__shape_str(a->ndim, a->shape, x, sizeof x),
+                     em__shape_str(b->ndim, b->shape, y, sizeof y));
+        return NULL;
+    }
+    if (a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1]) {
+        em_set_error(EM_ERR_SHAPE, "bmm: shapes %s and %s cannot be multiplied as batches "
+                     "(B, M, K) x (B, K, N) (%s)", em__shape_str(3, a->shape, x, sizeof x),
+                     em__shape_str(3, b->shape, y, sizeof y),
+                     a->shape[0] != b->shape[0] ? "batch sizes differ" : "K differs");
+        return NULL;
+    }
+    if (!same_floating("bmm", a, "input", b, "mat2")) return NULL;
+    return em__scope_track(em__op1(op_bmm, in, 2, NULL));
+}
+
+/* ---- addmm ----------------------------------------------------------------------------------- */
+
+/* beta * bias + alpha * a @ b with a (M, K), b (K, N), bias broadcastable to (M, N); no scope
+ * tracking. */
+static em_tensor *addmm_impl(const char *who, const em_tensor *bias, const em_tensor *a,
+                             const em_tensor *b, double beta, double alpha) {
+    int64_t mn[2] = {a->shape[0], b->shape[1]};
+    em_tensor *be = em__expand(bias, 2, mn);
+    if (!be) {
+        char x[160], y[160];
+        em_set_error(EM_ERR_SHAPE, "%s: bias of shape %s does not broadcast to the product's "
+                     "shape %s", who, em__shape_str(bias->ndim, bias->shape, x, sizeof x),
+                     em__shape_str(2, mn, y, sizeof y));
+        return NULL;
+    }
+    em_attr attrs[2] = {{.type = EM_ATTR_FLOAT, .v.f = beta}, {.type = EM_ATTR_FLOAT, .v.f = alpha}};
+    const em_tensor *args[3] = {be, a, b};
+    em_tensor *r = em__op1(op_addmm, args, 3, attrs);
+    em_tensor_release(be);
+    return r;
+}
+
+em_tensor *em_addmm(const em_tensor *bias, const em_tensor *a, const em_tensor *b, double beta,
+                    double alpha) {
+    const em_tensor *in[3] = {bias, a, b};
+    if (!em__check_inputs("addmm", in, 3)) return NULL;
+    char x[160], y[160];
+    if (a->ndim != 2 || b->ndim != 2) {
+        em_set_error(EM_ERR_SHAPE, "addmm: expected 2-D matrices, got shapes %s and %s",
+                     em__shape_str(a->ndim, a->shape, x, sizeof x),
+                     em__shape_str(b->ndim, b->shape, y, sizeof y));
+        return NULL;
+    }
+    if (a->shape[1] != b->shape[0]) {
+        em_set_error(EM_ERR_SHAPE, "addmm: shapes %s and %s cannot be multiplied (%lld != %lld)",
+                     em__shape_str(2, a->shape, x, sizeof x), em__shape_str(2, b->shape, y, sizeof y),
+                     (long long)a->shape[1], (long long)b->shape[0]);
+        return NULL;
+    }
+    if (!same_floating("addmm", a, "mat1", b, "mat2") ||
+        !same_floating("addmm", bias, "bias", a, "mat1"))
+        return NULL;
+    return em__scope_track(addmm_impl("addmm", bias, a, b, beta, alpha));
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+
+em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tensor *bias) {
+    const em_tensor *in[2] = {x, weight};
+    if (!em__check_inputs("linear", in, 2)) return NULL;
+    char s1[160], s2[160];
+    if (weight->ndim != 2 || x->ndim == 0 || x->shape[x->ndim - 1] != weight->shape[1]) {
+        em_set_error(EM_ERR_SHAPE, "linear: input of shape %s and weight of shape %s do not "
+                     "fit: the weight must be (out_features, in_features) with in_features "
+                     "equal to the input's last dim",
+                     em__shape_str(x->ndim, x->shape, s1, sizeof s1),
+                     em__shape_str(weight->ndim, weight->shape, s2, sizeof s2));
+        return NULL;
+    }
+    if (!same_floating("linear", x, "input", weight, "weight")) return NULL;
+    int64_t out_f = weight->shape[0], in_f = weight->shape[1];
+    if (bias) {
+        if (bias->ndim > 1 || (bias->ndim == 1 && bias->shape[0] != out_f && bias->shape[0] != 1)) {
+            em_set_error(EM_ERR_SHAPE, "linear: bias of shape %s does not fit weight of shape "
+                         "%s: expected (%lld,)", em__shape_str(bias->ndim, bias->shape, s1, sizeof s1),
+                         em__shape_str(2, weight->shape, s2, sizeof s2), (long long)out_f);
+            return NULL;
+        }
+        if (!same_floating("linear", bias, "bias", weight, "weight")) return NULL;
+    }
+    /* (..., in) -> (R, in): a view when x's leading dims allow it (reshape copies otherwise). */
+    int64_t rows = 1;
+    for (int i = 0; i < x->ndim - 1; i++) rows *= x->shape[i];
+    int64_t x2s[2] = {rows, in_f};
+    em_tensor *x2 = em__reshape(x, 2, x2s);
+    em_tensor *wt = em__transpose(weight, 0, 1); /* (in, out), strides swapped: no copy */
+    em_tensor *r2 = NULL;
+    if (x2 && wt) {
+        if (bias) {
+            r2 = addmm_impl("linear", bias, x2, wt, 1.0, 1.0);
+        } else {
+            int64_t a3[3] = {1, rows, in_f}, b3[3] = {1, in_f, out_f};
+            em_tensor *x3 = em__reshape(x2, 3, a3), *w3 = em__reshape(wt, 3, b3);
+            const em_tensor *args[2] = {x3, w3};
+            em_tensor *r3 = x3 && w3 ? em__op1(op_bmm, args, 2, NULL) : NULL;
+            int64_t rs[2] = {rows, out_f};
+            r2 = r3 ? em__view(r3, 2, rs) : NULL;
+            em_tensor_release(x3);
+            em_tensor_release(w3);
+            em_tensor_release(r3);
+        }
+    }
+    /* (R, out) -> (..., out) */
+    em_tensor *r = NULL;
+    if (r2) {
+        int64_t shape[EM_MAX_DIMS];
+        memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+        shape[x->ndim - 1] = out_f;
+        r = em__view(r2, x->ndim, shape);
+    }
+    em_tensor_release(x2);
+    em_tensor_release(wt);
+    em_tensor_release(r2);
+    return em__scope_track(r);
 }

@@ -179,7 +179,10 @@ static em_status cpu_register(em_registry *r) {
 }
 
 /* Frees what the op families cached (oneDNN primitives); the plugin may be registered again. */
-static void cpu_shutdown(void) { cpu_shutdown_nn(); }
+static void cpu_shutdown(void) {
+    cpu_shutdown_nn();
+    cpu_gemm_shutdown();
+}
 
 static const em_plugin_descriptor cpu_plugin = {
     .struct_size = sizeof(em_plugin_descriptor),

@@ -26,6 +26,19 @@ em_status cpu_register_linalg(em_registry *r);
 void cpu_shutdown_nn(void);
 
 
+/* GEMM (cpu_matmul.c): y = alpha a b + beta y for a (M, K) / (B, M, K), b (K, N) / (B, K, N)
+ * and y (M, N) / (B, M, N), all of y's dtype (f32, f64, bf16, f16; bf16 and f16 accumulate
+ * in f32). a and b may have any strides (transposed ones go to GEMM as they are, other
+ * layouts are copied); y needs a unit column stride (cpu_gemm_supports checks a kernel's
+ * output 0). beta == 0: y is not read. The library that runs it is chosen once, at
+ * registration; cpu_gemm_describe() says which and why. */
+em_status cpu_gemm(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y, double alpha,
+                   double beta);
+bool cpu_gemm_supports(const em_kernel_ctx *k);
+const char *cpu_gemm_describe(void);
+em_status cpu_gemm_init(void);
+void cpu_gemm_shutdown(void); /* frees the oneDNN primitive cache (plugin shutdown) */
+
 /* Register `fn` for op on the CPU for each dtype in dts (n of them). */
 em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
                                em_kernel_fn fn, const char *name);

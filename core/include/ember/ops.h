@@ -544,6 +544,34 @@ EM_API em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype 
 
 /* ---- linear algebra: addmm, linear, bmm, low-precision matmul ---- */
 
+/* Linear algebra runs in the operands' dtype: f32, f64, bf16 or f16, all operands the same
+ * (EM_ERR_DTYPE names the dtypes otherwise, and integer operands). bf16 and f16 accumulate in
+ * f32 and round the result once (the CPU backend runs bf16 natively through oneDNN where the
+ * CPU has bf16 instructions, f16 through f32). Transposed operands (em_tensor_transpose views)
+ * are multiplied as they are, without copies. em_matmul (above) takes bf16 and f16 as well. */
+
+/* Batched matrix product: a (B, M, K) x b (B, K, N) -> (B, M, N), as PyTorch's bmm (no
+ * broadcasting of B: use em_matmul for that). EM_ERR_SHAPE names both shapes when they are
+ * not 3-D or B or K differ. */
+EM_API em_tensor *em_bmm(const em_tensor *a, const em_tensor *b);
+
+/* beta * bias + alpha * (a @ b), as PyTorch's addmm(bias, a, b, beta=beta, alpha=alpha):
+ * a (M, K), b (K, N), bias broadcastable to (M, N) (typically (N,) or (M, N)) -> (M, N).
+ * beta == 0 ignores bias (its NaN and inf do not propagate). K == 0 gives beta * bias.
+ * EM_ERR_SHAPE names both shapes when a and b do not multiply, and the bias and product
+ * shapes when the bias does not broadcast. */
+EM_API em_tensor *em_addmm(const em_tensor *bias, const em_tensor *a, const em_tensor *b,
+                           double beta, double alpha);
+
+/* A fully connected layer, as PyTorch's linear: x (..., in) times weight (out, in)
+ * transposed, plus bias (out) -> (..., out). bias may be NULL: no bias (a NULL from an earlier
+ * failed call is taken as "no bias" too, so check such a bias first). The leading dims of x
+ * are flattened into one GEMM (a view when x's layout allows; a copy otherwise) and the
+ * weight is multiplied transposed in place, never copied. EM_ERR_SHAPE names the input and
+ * weight shapes when in differs or the weight is not 2-D, and the bias shape when it is not
+ * (out). */
+EM_API em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tensor *bias);
+
 /* (end of linalg) */
 
 #ifdef __cplusplus
