@@ -19,6 +19,8 @@ enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
 
 #define EXP(v) _Generic((v), float: expf, default: exp)(v)
 #define LOG(v) _Generic((v), float: logf, default: log)(v)
+#define LOG1P(v) _Generic((v), float: log1pf, default: log1p)(v)
+#define ABS(v) _Generic((v), float: fabsf, default: fabs)(v)
 
 /* Per dtype: element type, compute type, load to compute type, store from it. */
 #define LD_ID(v) (v)
@@ -423,24 +425,35 @@ typedef struct pw_ctx {
         }                                                                                      \
     }
 
-/* smooth_l1: PyTorch's forms, including its gradient -1 at d == 0 when beta == 0. */
-#define SL1_FWD                                                                                \
-    ((x - y) < 0 ? -(x - y) : (x - y)) < beta                                                  \
-        ? (CT)0.5 * (x - y) * (x - y) / beta                                                   \
-        : ((x - y) < 0 ? -(x - y) : (x - y)) - (CT)0.5 * beta
-#define SL1_BWD ((x - y) <= -beta ? (CT)-1 : (x - y) >= beta ? (CT)1 : (x - y) / beta)
-/* bce_with_logits, m = max(-x, 0): w ((1 - y) x + lw (log(e^-m + e^(-x-m)) + m)), with
- * lw = 1 + (pw - 1) y; gradient w ((pw y + 1 - y) sigmoid(x) - pw y), (sigmoid(x) - y) w
- * without pos_weight. */
-#define BCE_M (-x > 0 ? -x : (CT)0)
+/* smooth_l1: |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta, written as 0.5 c^2 / beta + |d| - c
+ * with c = min(|d|, beta), which has no branch, so the loop vectorises (the compiler does not
+ * if-convert arms that may trap, such as a division). beta == 0 runs l1's forward loop.
+ * The gradient follows PyTorch, including its -1 at d == 0 when beta == 0. */
+#define DEF_SL1(CT, sfx)                                                                       \
+    static inline CT sl1_fwd_##sfx(CT d, CT beta) { /* beta > 0 (beta == 0 runs l1) */         \
+        CT a = ABS(d), c = a < beta ? a : beta;                                                \
+        return (CT)0.5 * c * c / beta + (a - c);                                               \
+    }                                                                                          \
+    static inline CT sl1_bwd_##sfx(CT d, CT beta) {                                            \
+        CT r = d / beta;                                                                       \
+        r = d >= beta ? (CT)1 : r;                                                             \
+        return d <= -beta ? (CT)-1 : r;                                                        \
+    }
+DEF_SL1(float, f)
+DEF_SL1(double, d)
+#define SL1_FWD _Generic((x), float: sl1_fwd_f, default: sl1_fwd_d)(x - y, beta)
+#define SL1_BWD _Generic((x), float: sl1_bwd_f, default: sl1_bwd_d)(x - y, beta)
+/* bce_with_logits: w ((1 - y) x + lw (log1p(e^-|x|) + max(-x, 0))), lw = 1 + (pw - 1) y (1
+ * without pos_weight) — PyTorch's log(e^-m + e^(-x-m)) + m, m = max(-x, 0), with one exp;
+ * gradient w ((pw y + 1 - y) sigmoid(x) - pw y), w (sigmoid(x) - y) without pos_weight. */
 #define BCE_FWD                                                                                \
     w * ((1 - y) * x + (hp ? 1 + (pw - 1) * y : (CT)1) *                                       \
-                           (LOG((CT)(EXP((CT)-BCE_M) + EXP((CT)(-x - BCE_M)))) + BCE_M))
+                           (LOG1P(EXP(-ABS(x))) + (-x > 0 ? -x : (CT)0)))
 #define BCE_SIG ((CT)1 / (1 + EXP((CT)-x)))
 #define BCE_BWD w * (hp ? (pw * y + 1 - y) * BCE_SIG - pw * y : BCE_SIG - y)
 
 FOR_EACH_FLOAT(DEF_PW, mse, (x - y) * (x - y), (CT)2 * (x - y))
-FOR_EACH_FLOAT(DEF_PW, l1, (x - y) < 0 ? y - x : x - y, (CT)(((x - y) > 0) - ((x - y) < 0)))
+FOR_EACH_FLOAT(DEF_PW, l1, ABS(x - y), (x - y) > 0 ? (CT)1 : (x - y) < 0 ? (CT)-1 : (CT)0)
 FOR_EACH_FLOAT(DEF_PW, sl1, SL1_FWD, SL1_BWD)
 FOR_EACH_FLOAT(DEF_PW, bce, BCE_FWD, BCE_BWD)
 
@@ -480,7 +493,8 @@ static em_status pw_forward(const em_kernel_ctx *k, int kind) {
     }
     const em_ktensor *ts[5] = {c.red ? x : o, x, &k->in[1], c.has_w ? &k->in[2] : x,
                                c.has_pw ? &k->in[3] : x};
-    cpu_foreach(5, ts, pw_fwd[kind][x->dtype], &c, c.red && em_deterministic() ? 0 : CPU_GRAIN);
+    int loop = kind == PW_SL1 && c.beta == 0 ? PW_L1 : kind;
+    cpu_foreach(5, ts, pw_fwd[loop][x->dtype], &c, c.red && em_deterministic() ? 0 : CPU_GRAIN);
     if (c.red) {
         double s = partials_sum(&p);
         int64_t red = attr_i(k, 0, RED_MEAN);
