@@ -468,3 +468,47 @@ Test(autograd, ten_thousand_steps_of_an_mlp_hold_memory_flat) {
     em_tensor *l[6] = {w1, b1, w2, x, t, lr};
     for (int i = 0; i < 6; i++) em_tensor_release(l[i]);
 }
+
+/* ---- losses ----------------------------------------------------------------------------------- */
+
+typedef struct loss_case {
+    em_tensor *target, *weight, *pos_weight;
+    int which;
+} loss_case;
+
+static em_tensor *f_loss(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    const loss_case *c = user;
+    em_tensor *x = em_transpose(in[0], 0, 1); /* a non-contiguous input: (4, 3) */
+    switch (c->which) {
+    case 0: return em_cross_entropy(x, c->target, c->weight, EM_REDUCTION_MEAN, 2, 0.1);
+    case 1: return em_cross_entropy(x, c->target, NULL, EM_REDUCTION_SUM, -100, 0);
+    case 2: return em_nll_loss(em_neg(em_exp(x)), c->target, c->weight, EM_REDUCTION_MEAN, -100);
+    case 3: return em_mse_loss(x, c->target, EM_REDUCTION_MEAN);
+    case 4: return em_l1_loss(x, c->target, EM_REDUCTION_SUM);
+    case 5: return em_smooth_l1_loss(x, c->target, EM_REDUCTION_MEAN, 0.5);
+    default: return em_binary_cross_entropy_with_logits(x, c->target, c->weight, c->pos_weight,
+                                                        EM_REDUCTION_MEAN);
+    }
+}
+
+Test(gradcheck, every_loss_through_its_backward_op) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 4}, 50, -2, 2); /* used as (4, 3) */
+    em_tensor *idx = em_test_tensor(EM_I64, 1, (int64_t[]){4}, (double[]){0, 2, 1, 2});
+    em_tensor *w = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){0.5, 2, 1});
+    em_tensor *probs = em_test_tensor(EM_F64, 2, (int64_t[]){4, 3},
+                                      (double[]){0.2, 0.3, 0.5, 1, 0, 0, 0.1, 0.1, 0.8, 0, 0.5, 0.5});
+    em_tensor *real = leaf(EM_F64, 2, (int64_t[]){4, 3}, 51, -2, 2);
+    em_requires_grad_(real, false);
+    em_tensor *bin = em_test_tensor(EM_F64, 2, (int64_t[]){4, 3},
+                                    (double[]){1, 0, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0});
+    em_tensor *pw = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){1.5, 0.5, 3});
+    loss_case cases[] = {{idx, w, NULL, 0},  {probs, NULL, NULL, 1}, {idx, w, NULL, 2},
+                         {real, NULL, NULL, 3}, {real, NULL, NULL, 4}, {real, NULL, NULL, 5},
+                         {bin, NULL, pw, 6}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        cr_assert_eq(em_gradcheck(f_loss, 1, &x, &cases[k], 0, 0, 0), EM_OK, "loss case %zu: %s",
+                     k, em_last_error());
+    em_tensor *all[] = {x, idx, w, probs, real, bin, pw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
+}
