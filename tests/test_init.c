@@ -141,7 +141,9 @@ Test(init, without_the_cpu_plugin_init_fails) {
     cr_assert_float_eq(arange_sum(4), 6.0, 0);
 }
 
-Test(init, plugins_describe_their_choices, .init = em_test_setup, .fini = em_test_teardown) {
+static void setup(void) { cr_assert_eq(em_init(), EM_OK, "%s", em_last_error()); }
+
+Test(init, plugins_describe_their_choices, .init = setup, .fini = em_shutdown) {
     bool found = false;
     for (size_t i = 0; i < em_plugin_count(); i++) {
         em_plugin_info info;
