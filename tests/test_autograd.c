@@ -512,3 +512,21 @@ Test(gradcheck, every_loss_through_its_backward_op) {
     em_tensor *all[] = {x, idx, w, probs, real, bin, pw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
 }
+
+static em_tensor *f_linear(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    /* y = linear(x (2, 3, 4), w (5, 4), b (5)) -> (2, 3, 5);
+     * z = addmm(c (4), y[1] (3, 5), w (5, 4), beta 0.5, alpha 2) -> (3, 4) */
+    em_tensor *y = em_linear(in[0], in[1], in[2]);
+    return em_addmm(in[3], em_select(y, 0, 1), in[1], 0.5, 2.0);
+}
+
+Test(gradcheck, linear_and_addmm) {
+    em_tensor *x = leaf(EM_F64, 3, (int64_t[]){2, 3, 4}, 60, -1, 1);
+    em_tensor *w = leaf(EM_F64, 2, (int64_t[]){5, 4}, 61, -1, 1);
+    em_tensor *b = leaf(EM_F64, 1, (int64_t[]){5}, 62, -1, 1);
+    em_tensor *c = leaf(EM_F64, 1, (int64_t[]){4}, 63, -1, 1);
+    em_tensor *in[4] = {x, w, b, c};
+    cr_assert_eq(em_gradcheck(f_linear, 4, in, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    for (int i = 0; i < 4; i++) em_tensor_release(in[i]);
+}
