@@ -1,0 +1,330 @@
+/* Derivatives of the op families (math, nn, data): every differentiable op against central
+ * finite differences in f64 (em_gradcheck), on non-contiguous and broadcast inputs where the op
+ * allows and away from kinks; for ops whose f32 kernel differs from the f64 one (the
+ * vectorised math loops, the oneDNN nn primitives), the f32 backward against the f64 backward
+ * on the same inputs (allclose, rtol 1e-4, atol 1e-5); the non-differentiable ops record no
+ * history. */
+#include "common.h"
+
+TestSuite(derivs, .init = em_test_setup, .fini = em_test_teardown);
+
+/* ---- helpers ------------------------------------------------------------------------------------ */
+
+/* A leaf of f64 values in [lo, hi) (a fixed LCG stream per seed), negated at every third
+ * element when `alternate` (so |x| stays in [lo, hi): away from a kink at 0). */
+static em_tensor *leaf(int ndim, const int64_t *shape, uint64_t seed, double lo, double hi,
+                       bool alternate) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(s >> 11) / 9007199254740992.0;
+        v[i] = (lo + (hi - lo) * u) * (alternate && i % 3 == 1 ? -1 : 1);
+    }
+    em_tensor *t = em_test_tensor(EM_F64, ndim, shape, v);
+    free(v);
+    cr_assert_eq(em_requires_grad_(t, true), EM_OK, "%s", em_last_error());
+    return t;
+}
+
+/* A leaf of the given literal values (f64), requiring grad. */
+static em_tensor *leaf_of(int ndim, const int64_t *shape, const double *v) {
+    em_tensor *t = em_test_tensor(EM_F64, ndim, shape, v);
+    cr_assert_eq(em_requires_grad_(t, true), EM_OK, "%s", em_last_error());
+    return t;
+}
+
+static void release_all(int n, em_tensor *const *ts) {
+    for (int i = 0; i < n; i++) em_tensor_release(ts[i]);
+}
+
+/* em_gradcheck with the default tolerances, failing the test with its message. */
+#define GRADCHECK(fn, n, in, user)                                                                \
+    cr_assert_eq(em_gradcheck(fn, n, in, user, 0, 0, 0), EM_OK, "%s: %s", #fn, em_last_error())
+
+/* The gradients of sum(v * fn(inputs)) for the inputs that require grad, with every floating
+ * input converted to dt (the others pass as they are) and v a fixed direction; grads[i] gets
+ * the grad of input i as a new f64 tensor (NULL for inputs that do not require grad). */
+static void grads_at(em_dtype dt, em_gradcheck_fn fn, int n, em_tensor *const *in64, void *user,
+                     em_tensor **grads) {
+    em_tensor *in[8], *wrt[8], *g[8] = {0};
+    int idx[8], nw = 0;
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    for (int i = 0; i < n; i++) {
+        grads[i] = NULL;
+        in[i] = in64[i];
+        if (!em_dtype_is_floating(em_tensor_dtype(in64[i]))) continue;
+        in[i] = em_detach(em_to_dtype(in64[i], dt));
+        if (em_tensor_requires_grad(in64[i])) {
+            cr_assert_eq(em_requires_grad_(in[i], true), EM_OK, "%s", em_last_error());
+            idx[nw] = i;
+            wrt[nw++] = in[i];
+        }
+    }
+    em_tensor *y = fn(in, n, user);
+    cr_assert_not_null(y, "%s", em_last_error());
+    em_tensor *v = em_empty(em_tensor_ndim(y), em_tensor_shape(y), EM_F64, em_cpu());
+    em_generator *gen = em_generator_new(99);
+    cr_assert_eq(em_uniform_(v, -1, 1, gen), EM_OK);
+    em_generator_free(gen);
+    em_tensor *p = em_sum(em_mul(y, em_to_dtype(v, em_tensor_dtype(y))), 0, NULL, false);
+    cr_assert_eq(em_grad(1, &p, NULL, nw, wrt, g, NULL), EM_OK, "%s", em_last_error());
+    for (int k = 0; k < nw; k++) {
+        cr_assert_not_null(g[k], "no grad for input %d", idx[k]);
+        cr_assert_eq(em_tensor_dtype(g[k]), dt);
+        grads[idx[k]] = em_keep(em_to_dtype(g[k], EM_F64));
+    }
+    cr_assert_eq(em_scope_end(), EM_OK);
+}
+
+/* The f32 backward agrees with the f64 backward on the same inputs. */
+static void f32_matches_f64(const char *name, em_gradcheck_fn fn, int n, em_tensor *const *in,
+                            void *user) {
+    em_tensor *g32[8], *g64[8];
+    grads_at(EM_F32, fn, n, in, user, g32);
+    grads_at(EM_F64, fn, n, in, user, g64);
+    for (int i = 0; i < n; i++) {
+        if (!g64[i]) continue;
+        for (int64_t e = 0; e < em_tensor_numel(g64[i]); e++) {
+            double x = em_test_at(g32[i], e), r = em_test_at(g64[i], e);
+            cr_assert(fabs(x - r) <= 1e-5 + 1e-4 * fabs(r),
+                      "%s: input %d, element %lld: f32 %.8g vs f64 %.8g", name, i, (long long)e,
+                      x, r);
+        }
+        em_tensor_release(g32[i]);
+        em_tensor_release(g64[i]);
+    }
+}
+
+#define BOTH(fn, n, in, user)                                                                     \
+    do {                                                                                          \
+        GRADCHECK(fn, n, in, user);                                                               \
+        f32_matches_f64(#fn, fn, n, in, user);                                                    \
+    } while (0)
+
+/* ---- math: unary -------------------------------------------------------------------------------- */
+
+/* Unary ops on the transpose of a (3, 4) input: a strided view. */
+#define UNARY(name, expr)                                                                         \
+    static em_tensor *f_##name(em_tensor *const *in, int n, void *user) {                         \
+        (void)n, (void)user;                                                                      \
+        em_tensor *x = em_transpose(in[0], 0, 1);                                                 \
+        return expr;                                                                              \
+    }
+UNARY(abs, em_abs(x))
+UNARY(sign, em_mul(em_sign(x), x))
+UNARY(sqrt, em_sqrt(x))
+UNARY(rsqrt, em_rsqrt(x))
+UNARY(reciprocal, em_reciprocal(x))
+UNARY(sigmoid, em_sigmoid(x))
+UNARY(tanh, em_tanh(x))
+UNARY(gelu, em_gelu(x, NULL))
+UNARY(gelu_tanh, em_gelu(x, "tanh"))
+UNARY(silu, em_silu(x))
+UNARY(leaky_relu, em_leaky_relu(x, 0.1))
+UNARY(log1p, em_log1p(x))
+UNARY(expm1, em_expm1(x))
+UNARY(pow_scalar, em_pow_scalar(x, 2.5))
+UNARY(pow_scalar_int, em_pow_scalar(x, 3))
+UNARY(pow_scalar_zero, em_add(em_pow_scalar(x, 0), x))
+UNARY(add_scalar, em_mul(em_add_scalar(x, 2), x))
+UNARY(sub_scalar, em_mul(em_sub_scalar(x, 2), x))
+UNARY(mul_scalar, em_mul_scalar(x, -1.5))
+UNARY(div_scalar, em_div_scalar(x, 4))
+
+Test(derivs, unary_math_on_strided_inputs) {
+    static const int64_t s[2] = {3, 4};
+    struct {
+        const char *name;
+        em_gradcheck_fn fn;
+        double lo, hi;
+        bool alternate;
+    } cases[] = {
+        {"abs", f_abs, 0.2, 1.5, true},          {"sign", f_sign, 0.2, 1.5, true},
+        {"sqrt", f_sqrt, 0.5, 2, false},         {"rsqrt", f_rsqrt, 0.5, 2, false},
+        {"reciprocal", f_reciprocal, 0.5, 2, true}, {"sigmoid", f_sigmoid, -3, 3, false},
+        {"tanh", f_tanh, -2, 2, false},          {"gelu", f_gelu, -3, 3, false},
+        {"gelu_tanh", f_gelu_tanh, -3, 3, false}, {"silu", f_silu, -3, 3, false},
+        {"leaky_relu", f_leaky_relu, 0.2, 2, true}, {"log1p", f_log1p, -0.5, 2, false},
+        {"expm1", f_expm1, -2, 2, false},        {"pow_scalar", f_pow_scalar, 0.5, 2, false},
+        {"pow_scalar_int", f_pow_scalar_int, 0.2, 2, true},
+        {"pow_scalar_zero", f_pow_scalar_zero, 0.2, 2, true},
+        {"add_scalar", f_add_scalar, -2, 2, false}, {"sub_scalar", f_sub_scalar, -2, 2, false},
+        {"mul_scalar", f_mul_scalar, -2, 2, false}, {"div_scalar", f_div_scalar, -2, 2, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        em_tensor *x = leaf(2, s, 100 + k, cases[k].lo, cases[k].hi, cases[k].alternate);
+        cr_assert_eq(em_gradcheck(cases[k].fn, 1, &x, NULL, 0, 0, 0), EM_OK, "%s: %s",
+                     cases[k].name, em_last_error());
+        f32_matches_f64(cases[k].name, cases[k].fn, 1, &x, NULL);
+        em_tensor_release(x);
+    }
+}
+
+Test(derivs, sign_gives_a_zero_gradient) {
+    em_tensor *x = leaf(1, (int64_t[]){4}, 1, 0.5, 1, true);
+    em_scope_begin();
+    cr_assert_eq(em_backward(em_sum(em_sign(x), 0, NULL, false)), EM_OK, "%s", em_last_error());
+    for (int i = 0; i < 4; i++) cr_assert_eq(em_test_at(em_tensor_grad(x), i), 0.0);
+    em_scope_end();
+    em_tensor_release(x);
+}
+
+/* ---- math: binary, clamp, where ------------------------------------------------------------------ */
+
+static em_tensor *f_pow(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* (3, 1) ^ (4): broadcast */
+    return em_pow(in[0], in[1]);
+}
+static em_tensor *f_maximum(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    return em_maximum(in[0], em_transpose(in[1], 0, 1));
+}
+static em_tensor *f_minimum(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    return em_minimum(in[0], em_transpose(in[1], 0, 1));
+}
+static em_tensor *f_maximum_bc(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    return em_maximum(in[0], in[1]);
+}
+static em_tensor *f_minimum_bc(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    return em_minimum(in[0], in[1]);
+}
+
+Test(derivs, pow_of_both_inputs_with_broadcasting) {
+    em_tensor *a = leaf(2, (int64_t[]){3, 1}, 1, 0.5, 2, false);
+    em_tensor *b = leaf(1, (int64_t[]){4}, 2, -1.5, 1.5, false);
+    em_tensor *in[2] = {a, b};
+    BOTH(f_pow, 2, in, NULL);
+    release_all(2, in);
+}
+
+Test(derivs, pow_at_a_zero_base_gives_zero_exponent_grad) {
+    /* PyTorch: d(0^b)/db = 0 for b >= 0 (not 0 * log 0 = NaN); d(a^0)/da = 0. */
+    em_tensor *a = leaf_of(1, (int64_t[]){3}, (double[]){0, 0, 2});
+    em_tensor *b = leaf_of(1, (int64_t[]){3}, (double[]){2, 0, 0});
+    em_scope_begin();
+    cr_assert_eq(em_backward(em_sum(em_pow(a, b), 0, NULL, false)), EM_OK, "%s", em_last_error());
+    double ga[3] = {0, 0, 0}, gb[3] = {0, 0, log(2)};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_float_eq(em_test_at(em_tensor_grad(a), i), ga[i], 1e-12, "da[%d]", i);
+        cr_assert_float_eq(em_test_at(em_tensor_grad(b), i), gb[i], 1e-12, "db[%d]", i);
+    }
+    em_scope_end();
+    em_tensor_release(a);
+    em_tensor_release(b);
+}
+
+Test(derivs, maximum_and_minimum_strided_broadcast_and_ties) {
+    em_tensor *a = leaf(2, (int64_t[]){3, 4}, 3, -2, 2, false);
+    em_tensor *b = leaf(2, (int64_t[]){4, 3}, 4, -2, 2, false);
+    em_tensor *in[2] = {a, b};
+    BOTH(f_maximum, 2, in, NULL);
+    BOTH(f_minimum, 2, in, NULL);
+    em_tensor *c = leaf(2, (int64_t[]){3, 1}, 5, -2, 2, false);
+    em_tensor *d = leaf(1, (int64_t[]){4}, 6, -2, 2, false);
+    em_tensor *bc[2] = {c, d};
+    BOTH(f_maximum_bc, 2, bc, NULL);
+    BOTH(f_minimum_bc, 2, bc, NULL);
+    /* Ties: the grad is split equally (the central difference sees the same 1/2). */
+    em_tensor *e = leaf_of(1, (int64_t[]){3}, (double[]){1, -2, 3});
+    em_tensor *f = leaf_of(1, (int64_t[]){3}, (double[]){1, -2, 3});
+    em_tensor *tie[2] = {e, f};
+    GRADCHECK(f_maximum_bc, 2, tie, NULL);
+    GRADCHECK(f_minimum_bc, 2, tie, NULL);
+    em_scope_begin();
+    cr_assert_eq(em_backward(em_sum(em_maximum(e, f), 0, NULL, false)), EM_OK);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(em_test_at(em_tensor_grad(e), i), 0.5);
+        cr_assert_eq(em_test_at(em_tensor_grad(f), i), 0.5);
+    }
+    em_scope_end();
+    release_all(2, in);
+    release_all(2, bc);
+    release_all(2, tie);
+}
+
+/* clamp bounds at +-0.5; the inputs are k/10 + 0.05, never within 0.05 of a bound. */
+static em_tensor *f_clamp(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    int which = *(const int *)user;
+    double lo = -0.5, hi = 0.5;
+    em_tensor *x = em_transpose(in[0], 0, 1);
+    return em_clamp(x, which != 2 ? &lo : NULL, which != 1 ? &hi : NULL);
+}
+
+static em_tensor *grid_leaf(void) {
+    double v[12];
+    for (int i = 0; i < 12; i++) v[i] = -1.15 + 0.2 * ((i * 5) % 12); /* -1.15 .. 1.05 */
+    return leaf_of(2, (int64_t[]){3, 4}, v);
+}
+
+Test(derivs, clamp_passes_the_grad_inside_the_bounds) {
+    em_tensor *x = grid_leaf();
+    for (int which = 0; which < 3; which++) { /* both bounds, min only, max only */
+        GRADCHECK(f_clamp, 1, &x, &which);
+        f32_matches_f64("clamp", f_clamp, 1, &x, &which);
+    }
+    em_tensor_release(x);
+}
+
+static em_tensor *f_where(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* cond (3, 4), a (3, 1), b (4) */
+    return em_where(in[2], in[0], in[1]);
+}
+
+Test(derivs, where_routes_the_grad_by_the_condition) {
+    em_tensor *a = leaf(2, (int64_t[]){3, 1}, 7, -2, 2, false);
+    em_tensor *b = leaf(1, (int64_t[]){4}, 8, -2, 2, false);
+    double cv[12];
+    for (int i = 0; i < 12; i++) cv[i] = (i * 7) % 3 == 0;
+    em_tensor *cd = em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, cv);
+    em_scope_begin();
+    em_tensor *cond = em_keep(em_to_dtype(cd, EM_BOOL));
+    em_scope_end();
+    em_tensor *in[3] = {a, b, cond};
+    BOTH(f_where, 3, in, NULL);
+    release_all(3, in);
+    em_tensor_release(cd);
+}
+
+/* In place variants record the same ops: clamp_, leaky_relu_ (they save their input, copied
+ * before it is overwritten) and then tanh_ (it saves its output) on a non-leaf. */
+static em_tensor *f_inplace(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    double lo = -0.5;
+    em_tensor *h = em_mul_scalar(in[0], 1);
+    cr_assert_eq(em_clamp_(h, &lo, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_leaky_relu_(h, 0.1), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_tanh_(h), EM_OK, "%s", em_last_error());
+    return h;
+}
+
+Test(derivs, in_place_math_is_differentiable) {
+    em_tensor *x = grid_leaf();
+    GRADCHECK(f_inplace, 1, &x, NULL);
+    em_tensor_release(x);
+}
+
+Test(derivs, comparisons_and_logical_ops_record_no_history) {
+    em_tensor *a = leaf(1, (int64_t[]){3}, 10, -1, 1, false);
+    em_tensor *b = leaf(1, (int64_t[]){3}, 11, -1, 1, false);
+    em_scope_begin();
+    em_tensor *r[] = {em_eq(a, b), em_ne(a, b), em_lt(a, b), em_le(a, b), em_gt(a, b),
+                      em_ge(a, b), em_logical_and(a, b), em_logical_or(a, b),
+                      em_logical_xor(a, b), em_logical_not(a),
+                      em_sigmoid_backward(a, b), em_tanh_backward(a, b),
+                      em_gelu_backward(a, b, NULL), em_silu_backward(a, b),
+                      em_leaky_relu_backward(a, b, 0.1), em_threshold_backward(a, b, 0)};
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+        cr_assert_not_null(r[i], "%zu: %s", i, em_last_error());
+        cr_assert(!em_tensor_requires_grad(r[i]), "op %zu recorded history", i);
+    }
+    em_scope_end();
+    em_tensor_release(a);
+    em_tensor_release(b);
+}
