@@ -506,3 +506,203 @@ Test(derivs, nn_auxiliary_outputs_carry_no_gradient) {
     em_scope_end();
     em_tensor_release(x);
 }
+
+/* ---- data movement ------------------------------------------------------------------------------- */
+
+/* An int64 tensor of literal values. */
+static em_tensor *ints(int ndim, const int64_t *shape, const double *v) {
+    return em_test_tensor(EM_I64, ndim, shape, v);
+}
+
+/* cat of a transposed (2, 3) view, an expanded (stride 0) (2, 3) view and a plain (1, 3)
+ * input (not requiring grad) along dim 0; and along dim 1. */
+static em_tensor *f_cat(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    int dim = *(const int *)user;
+    em_tensor *a = em_transpose(in[0], 0, 1), *b = em_expand(in[1], 2, (int64_t[]){2, 3});
+    if (dim == 0) return em_cat(3, (const em_tensor *[]){a, b, in[2]}, 0);
+    return em_cat(2, (const em_tensor *[]){em_mul(a, a), b}, 1);
+}
+static em_tensor *f_stack(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    em_tensor *a = em_transpose(in[0], 0, 1), *b = em_expand(in[1], 2, (int64_t[]){2, 3});
+    return em_stack(2, (const em_tensor *[]){em_mul(a, b), a}, 1);
+}
+
+Test(derivs, cat_and_stack) {
+    em_tensor *x = leaf(2, (int64_t[]){3, 2}, 40, -1, 1, false);
+    em_tensor *y = leaf(2, (int64_t[]){1, 3}, 41, -1, 1, false);
+    em_tensor *z = leaf(2, (int64_t[]){1, 3}, 42, -1, 1, false);
+    em_requires_grad_(z, false);
+    em_tensor *in[3] = {x, y, z};
+    int d0 = 0, d1 = 1;
+    GRADCHECK(f_cat, 3, in, &d0);
+    GRADCHECK(f_cat, 3, in, &d1);
+    GRADCHECK(f_stack, 2, in, NULL);
+    /* The recorded path gives the same values as the plain one, signed zeros included. */
+    em_tensor *s = leaf_of(1, (int64_t[]){2}, (double[]){-0.0, 1});
+    em_scope_begin();
+    em_tensor *c = em_cat(2, (const em_tensor *[]){s, s}, 0);
+    cr_assert(em_tensor_requires_grad(c));
+    cr_assert(signbit(em_test_at(c, 0)) && signbit(em_test_at(c, 2)), "-0.0 kept");
+    em_scope_end();
+    em_tensor_release(s);
+    release_all(3, in);
+}
+
+static em_tensor *f_pad(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    const int64_t *pad = user; /* 4 entries: last dim (left, right), then dim 0 */
+    return em_pad(em_transpose(in[0], 0, 1), 4, pad, 0.5);
+}
+
+Test(derivs, pad_grows_and_crops) {
+    em_tensor *x = leaf(2, (int64_t[]){4, 3}, 43, -1, 1, false); /* transposed: (3, 4) */
+    int64_t grow[4] = {1, 2, 2, 0}, mixed[4] = {-1, 2, 1, -1}, crop[4] = {0, -1, -1, 0};
+    GRADCHECK(f_pad, 1, &x, grow);
+    GRADCHECK(f_pad, 1, &x, mixed);
+    GRADCHECK(f_pad, 1, &x, crop);
+    em_tensor_release(x);
+}
+
+static em_tensor *f_split(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    bool use_chunk = *(const bool *)user;
+    em_tensor *p[4];
+    int np = 0;
+    em_tensor *x = em_transpose(in[0], 0, 1); /* (5, 3) */
+    if (use_chunk) cr_assert_eq(em_chunk(x, 3, 0, 4, p, &np), EM_OK, "%s", em_last_error());
+    else cr_assert_eq(em_split(x, 2, 0, 4, p, &np), EM_OK, "%s", em_last_error());
+    cr_assert_eq(np, 3);
+    /* Each piece transformed differently, so a mixed-up grad shows. */
+    return em_cat(3, (const em_tensor *[]){em_mul_scalar(p[0], 2), em_mul(p[1], p[1]), p[2]}, 0);
+}
+
+Test(derivs, split_and_chunk) {
+    em_tensor *x = leaf(2, (int64_t[]){3, 5}, 44, -1, 1, false);
+    bool chunk = true, split = false;
+    GRADCHECK(f_split, 1, &x, &split);
+    GRADCHECK(f_split, 1, &x, &chunk);
+    em_tensor_release(x);
+}
+
+static em_tensor *f_gather(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* x^T (4, 3), index (4, 2) along dim 1 with repeats */
+    return em_gather(em_transpose(in[0], 0, 1), 1, in[1]);
+}
+static em_tensor *f_scatter(em_tensor *const *in, int n, void *user) {
+    (void)n; /* self^T (3, 5), index (2, 3) along dim 1, src (3, 4) */
+    bool add = *(const bool *)user;
+    em_tensor *self = em_transpose(in[0], 0, 1);
+    em_tensor *r = add ? em_scatter_add(self, 1, in[1], in[2]) : em_scatter(self, 1, in[1], in[2]);
+    return em_mul(r, r);
+}
+static em_tensor *f_index_add(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* self (5, 3), index (4) along dim 0, source^T (4, 3) */
+    return em_index_add(in[0], 0, in[1], em_transpose(in[2], 0, 1), 0.5);
+}
+static em_tensor *f_index_select(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* x^T (3, 5), index (4) along dim 1 with repeats */
+    return em_index_select(em_transpose(in[0], 0, 1), 1, in[1]);
+}
+
+Test(derivs, gather_scatter_index_add_index_select) {
+    em_tensor *x = leaf(2, (int64_t[]){3, 4}, 45, -1, 1, false);
+    em_tensor *gi = ints(2, (int64_t[]){4, 2}, (double[]){0, 2, 1, 1, 2, 0, 0, 0});
+    em_tensor *in_g[2] = {x, gi};
+    GRADCHECK(f_gather, 2, in_g, NULL);
+    em_tensor *self = leaf(2, (int64_t[]){5, 3}, 46, -1, 1, false);
+    em_tensor *src = leaf(2, (int64_t[]){3, 4}, 47, -1, 1, false);
+    /* Unique positions per row for scatter (its src grad is exact only then). */
+    em_tensor *si = ints(2, (int64_t[]){2, 3}, (double[]){4, 0, 2, 1, 3, 0});
+    em_tensor *in_s[3] = {self, si, src};
+    bool set = false, add = true;
+    GRADCHECK(f_scatter, 3, in_s, &set);
+    GRADCHECK(f_scatter, 3, in_s, &add);
+    em_tensor *ai = ints(1, (int64_t[]){4}, (double[]){0, 2, 2, 4});
+    em_tensor *source = leaf(2, (int64_t[]){3, 4}, 48, -1, 1, false);
+    em_tensor *in_a[3] = {self, ai, source};
+    GRADCHECK(f_index_add, 3, in_a, NULL);
+    em_tensor *xi = ints(1, (int64_t[]){4}, (double[]){4, 0, 4, 1});
+    em_tensor *in_i[2] = {self, xi};
+    GRADCHECK(f_index_select, 2, in_i, NULL);
+    em_tensor *all[] = {x, gi, self, src, si, ai, source, xi};
+    release_all(8, all);
+}
+
+static em_tensor *f_embedding(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    return em_embedding(in[0], in[1], EM_PADDING_IDX_NONE);
+}
+
+Test(derivs, embedding_with_repeats_and_padding_idx) {
+    em_tensor *w = leaf(2, (int64_t[]){6, 3}, 49, -1, 1, false);
+    em_tensor *idx = ints(2, (int64_t[]){2, 3}, (double[]){1, 5, 1, 2, 0, 2});
+    em_tensor *in[2] = {w, idx};
+    GRADCHECK(f_embedding, 2, in, NULL);
+    /* padding_idx rows get no gradient (so gradcheck does not apply: they are used). */
+    em_scope_begin();
+    cr_assert_eq(em_backward(em_sum(em_embedding(w, idx, -4), 0, NULL, false)), EM_OK, "%s",
+                 em_last_error());
+    double count[6] = {1, 2, 0, 0, 0, 1}; /* row 2 (-4 + 6) is padding */
+    for (int r = 0; r < 6; r++)
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(em_test_at(em_tensor_grad(w), r * 3 + k), count[r], "row %d", r);
+    em_scope_end();
+    release_all(2, in);
+}
+
+static em_tensor *f_masked_fill(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user; /* x^T (3, 4) with a (4) mask; a (3, 1) input broadcast by a mask */
+    em_tensor *a = em_masked_fill(em_transpose(in[0], 0, 1), in[2], 7);
+    em_tensor *b = em_masked_fill(in[1], in[3], -1);
+    return em_mul(a, b);
+}
+
+Test(derivs, masked_fill_broadcast_both_ways) {
+    em_tensor *x = leaf(2, (int64_t[]){4, 3}, 50, -1, 1, false);
+    em_tensor *y = leaf(2, (int64_t[]){3, 1}, 51, -1, 1, false);
+    em_scope_begin();
+    em_tensor *m1 = em_keep(em_to_dtype(em_test_tensor(EM_F64, 1, (int64_t[]){4},
+                                                       (double[]){1, 0, 0, 1}), EM_BOOL));
+    em_tensor *m2 = em_keep(em_to_dtype(
+        em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, (double[]){0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0}),
+        EM_BOOL));
+    em_scope_end();
+    em_tensor *in[4] = {x, y, m1, m2};
+    GRADCHECK(f_masked_fill, 4, in, NULL);
+    release_all(4, in);
+}
+
+static em_tensor *f_tri(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    int64_t k = *(const int64_t *)user;
+    em_tensor *x = em_transpose(in[0], 1, 2); /* (2, 4, 3) */
+    return em_add(em_tril(x, k), em_mul(em_triu(x, k + 1), x));
+}
+static em_tensor *f_flip(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    em_tensor *x = em_permute(in[0], 3, (int[]){2, 0, 1});
+    return em_mul(em_flip(x, 2, (int[]){0, -1}), x);
+}
+
+Test(derivs, tril_triu_flip) {
+    em_tensor *x = leaf(3, (int64_t[]){2, 3, 4}, 52, -1, 1, false);
+    for (int64_t k = -1; k <= 1; k++) GRADCHECK(f_tri, 1, &x, &k);
+    GRADCHECK(f_flip, 1, &x, NULL);
+    em_tensor_release(x);
+}
+
+Test(derivs, data_ops_without_a_derivative_record_no_history) {
+    em_tensor *w = leaf(2, (int64_t[]){4, 3}, 53, -1, 1, false);
+    em_tensor *idx = ints(1, (int64_t[]){4}, (double[]){0, 3, 3, 1});
+    em_scope_begin();
+    em_tensor *oh = em_one_hot(idx, 4);
+    em_tensor *eb = em_embedding_backward(w, idx, 5, EM_PADDING_IDX_NONE);
+    cr_assert(oh && eb, "%s", em_last_error());
+    cr_assert(!em_tensor_requires_grad(eb), "embedding_backward recorded history");
+    cr_assert(!em_tensor_requires_grad(oh));
+    em_scope_end();
+    em_tensor_release(w);
+    em_tensor_release(idx);
+}
