@@ -1,8 +1,8 @@
 /*
  * ops_data.c — the standard op set, data movement: cat, stack, split, chunk, pad, gather,
  * scatter, scatter_add, index_add, embedding and its backward, masked_fill, one_hot, tril,
- * triu, flip, linspace: schemas, shape/dtype inference and the typed public functions of
- * ember/ops.h.
+ * triu, flip, linspace: schemas, shape/dtype inference, derivatives and the typed public
+ * functions of ember/ops.h.
  *
  * cat, stack, split, chunk and pad declare no op: they are views plus em_copy_/em_fill_ into
  * views of a freshly allocated output, which works on every device that has copy and fill

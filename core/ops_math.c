@@ -1,7 +1,7 @@
 /*
  * ops_math.c — the standard op set, elementwise math: more unary and binary ops, comparisons,
  * logical ops, where, clamp, scalar variants, and the backward helpers of the activations:
- * schemas, shape/dtype inference and the typed public functions of ember/ops.h.
+ * schemas, shape/dtype inference, derivatives and the typed public functions of ember/ops.h.
  *
  * Kernel contracts (what a backend may assume, per op):
  *   abs/sign(x) -> y                 y has x's shape and dtype (abs: no bool; sign: any).

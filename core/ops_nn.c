@@ -1,7 +1,7 @@
 /*
  * ops_nn.c — the standard op set, neural-network ops: conv2d, pooling, batch_norm,
- * layer_norm, softmax, log_softmax and their backward helpers: schemas, shape/dtype inference
- * and the typed public functions of ember/ops.h.
+ * layer_norm, softmax, log_softmax and their backward helpers: schemas, shape/dtype inference,
+ * derivatives (through the backward helpers) and the typed public functions of ember/ops.h.
  *
  * The public functions make every input contiguous and convert f16/bf16 to f32 (the ops
  * compute in f32 and round the main result back once; saved statistics stay f32), so the

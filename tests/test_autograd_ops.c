@@ -8,7 +8,7 @@
 
 TestSuite(derivs, .init = em_test_setup, .fini = em_test_teardown);
 
-/* ---- helpers ------------------------------------------------------------------------------------ */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 /* A leaf of f64 values in [lo, hi) (a fixed LCG stream per seed), negated at every third
  * element when `alternate` (so |x| stays in [lo, hi): away from a kink at 0). */
@@ -105,7 +105,7 @@ static void f32_matches_f64(const char *name, em_gradcheck_fn fn, int n, em_tens
         f32_matches_f64(#fn, fn, n, in, user);                                                    \
     } while (0)
 
-/* ---- math: unary -------------------------------------------------------------------------------- */
+/* ---- math: unary ----------------------------------------------------------------------------- */
 
 /* Unary ops on the transpose of a (3, 4) input: a strided view. */
 #define UNARY(name, expr)                                                                         \
@@ -173,7 +173,7 @@ Test(derivs, sign_gives_a_zero_gradient) {
     em_tensor_release(x);
 }
 
-/* ---- math: binary, clamp, where ------------------------------------------------------------------ */
+/* ---- math: binary, clamp, where -------------------------------------------------------------- */
 
 static em_tensor *f_pow(em_tensor *const *in, int n, void *user) {
     (void)n, (void)user; /* (3, 1) ^ (4): broadcast */
@@ -330,7 +330,7 @@ Test(derivs, comparisons_and_logical_ops_record_no_history) {
     em_tensor_release(b);
 }
 
-/* ---- nn ----------------------------------------------------------------------------------------- */
+/* ---- nn -------------------------------------------------------------------------------------- */
 
 /* A (N, C, H, W) strided input: the leaf is (N, H, W, C), permuted. */
 static em_tensor *nchw(em_tensor *leaf_nhwc) {
@@ -357,7 +357,8 @@ Test(derivs, conv2d_input_weight_and_bias) {
     em_tensor *b1 = leaf(1, (int64_t[]){3}, 24, -1, 1, false);
     /* Grouped, strided, padded, dilated, with bias; plain (oneDNN's f32 path) with and
      * without bias. */
-    conv_case grouped = {{2, 1}, {1, 2}, {1, 2}, 2, true}, plain = {{1, 1}, {1, 1}, {1, 1}, 1, true},
+    conv_case grouped = {{2, 1}, {1, 2}, {1, 2}, 2, true},
+              plain = {{1, 1}, {1, 1}, {1, 1}, 1, true},
               nobias = {{1, 1}, {0, 0}, {1, 1}, 1, false};
     em_tensor *in_g[3] = {x, w, b}, *in_p[3] = {x, w1, b1};
     BOTH(f_conv2d, 3, in_g, &grouped);
@@ -507,7 +508,7 @@ Test(derivs, nn_auxiliary_outputs_carry_no_gradient) {
     em_tensor_release(x);
 }
 
-/* ---- data movement ------------------------------------------------------------------------------- */
+/* ---- data movement --------------------------------------------------------------------------- */
 
 /* An int64 tensor of literal values. */
 static em_tensor *ints(int ndim, const int64_t *shape, const double *v) {
@@ -665,9 +666,9 @@ Test(derivs, masked_fill_broadcast_both_ways) {
     em_scope_begin();
     em_tensor *m1 = em_keep(em_to_dtype(em_test_tensor(EM_F64, 1, (int64_t[]){4},
                                                        (double[]){1, 0, 0, 1}), EM_BOOL));
-    em_tensor *m2 = em_keep(em_to_dtype(
-        em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, (double[]){0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0}),
-        EM_BOOL));
+    double mv[12] = {0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0};
+    em_tensor *m2 = em_keep(em_to_dtype(em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, mv),
+                                        EM_BOOL));
     em_scope_end();
     em_tensor *in[4] = {x, y, m1, m2};
     GRADCHECK(f_masked_fill, 4, in, NULL);
