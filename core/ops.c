@@ -102,7 +102,7 @@ static em_status infer_index_select(const em_op *op, const em_tensor *const *in,
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
+em_status em__declare_op(em_registry *core, const em_op **out, const char *name, int n_in,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
                          int dispatch_arg, unsigned flags, em_infer_fn infer,
                          em_backward_fn backward, unsigned saves) {
@@ -205,7 +205,7 @@ em_status em__ops_declare_standard(em_registry *core) {
                               tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT};
     const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
     const unsigned nd = EM_OP_NONDIFF, in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
                    out0 = EM_SAVE_OUTPUT(0);
     DECL(em__op_copy, "copy", 1, 0, NULL, NULL, -1, 0, infer_same, d_copy, 0);

@@ -288,17 +288,6 @@ static em_status infer_same(const em_op *op, const em_tensor *const *in, const e
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
-                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         int dispatch_arg, unsigned flags, em_infer_fn infer,
-                         em_backward_fn backward, unsigned saves) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
-                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer,
-                      .backward = backward, .saves = saves};
-    return em_op_declare(core, &s, out);
-}
-
 /* ---- derivatives ------------------------------------------------------------------------------
  * Written with the public ops; they run with grad mode off inside a scope of their own, so
  * temporaries need no release. A grad passed through unchanged is returned as a new reference
@@ -409,7 +398,7 @@ em_status em__ops_declare_data(em_registry *core) {
                               tii[] = {EM_ATTR_INT, EM_ATTR_INT}, tf[] = {EM_ATTR_FLOAT},
                               tis[] = {EM_ATTR_INTS}, tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
     const unsigned nd = EM_OP_NONDIFF, idx = EM_SAVE_INPUT(1);
     DECL(op_gather, "gather", 2, 1, dim, ti, 0, 0, infer_gather, d_gather, idx);
     DECL(op_scatter, "scatter", 3, 1, dim, ti, 0, 0, infer_scatter, d_scatter, idx);

@@ -271,17 +271,13 @@ static em_status infer_pointwise_bw(const em_op *op, const em_tensor *const *in,
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
+/* The *_backward ops are helpers of these derivatives, not differentiated themselves. */
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
                          int dispatch_arg, em_infer_fn infer, em_backward_fn backward,
                          unsigned saves) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
-                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .infer = infer, .backward = backward,
-                      .saves = saves,
-                      /* the *_backward ops are helpers of these derivatives, not differentiated */
-                      .flags = backward ? 0 : EM_OP_NONDIFF};
-    return em_op_declare(core, &s, out);
+    return em__declare_op(core, out, name, n_in, n_attrs, attr_names, types, dispatch_arg,
+                          backward ? 0 : EM_OP_NONDIFF, infer, backward, saves);
 }
 
 /* ---- derivatives: each loss's backward op gives the input's gradient ------------------------- */

@@ -166,17 +166,6 @@ static em_status infer_backward(const em_op *op, const em_tensor *const *in,
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
-                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         int dispatch_arg, unsigned flags, em_infer_fn infer,
-                         em_backward_fn backward, unsigned saves) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
-                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer,
-                      .backward = backward, .saves = saves};
-    return em_op_declare(core, &s, out);
-}
-
 /* ---- derivatives ------------------------------------------------------------------------------
  * Written with the public ops; they run with grad mode off inside a scope of their own, so
  * temporaries need no release. A grad passed through unchanged is returned as a new reference
@@ -336,7 +325,7 @@ em_status em__ops_declare_math(em_registry *core) {
                    in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
                    out0 = EM_SAVE_OUTPUT(0);
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
     DECL(op_abs, "abs", 1, 0, NULL, NULL, 0, 0, infer_same, d_abs, in0);
     DECL(op_sqrt, "sqrt", 1, 0, NULL, NULL, 0, 0, infer_same, d_sqrt, out0);
     DECL(op_rsqrt, "rsqrt", 1, 0, NULL, NULL, 0, 0, infer_same, d_rsqrt, out0);
