@@ -558,3 +558,57 @@ Test(gradcheck, linear_and_addmm) {
     cr_assert_eq(em_gradcheck(f_linear, 4, in, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
     for (int i = 0; i < 4; i++) em_tensor_release(in[i]);
 }
+
+/* ---- reductions -------------------------------------------------------------------------------- */
+
+static em_tensor *f_reductions(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    int which = *(const int *)user;
+    em_tensor *x = em_transpose(in[0], 0, 1); /* (4, 3), non-contiguous */
+    int d1[1] = {1}, d0[1] = {0};
+    em_tensor *v = NULL, *i = NULL;
+    switch (which) {
+    case 0: return em_amax(x, 1, d1, false);
+    case 1: return em_amin(x, 0, NULL, true);
+    case 2: em_max_dim(x, 0, false, &v, &i); return v;
+    case 3: em_min_dim(x, 1, true, &v, &i); return v;
+    case 4: return em_var(x, 1, d0, 1, false);
+    case 5: return em_std(x, 0, NULL, 0, true);
+    case 6: return em_logsumexp(x, 1, d1, false);
+    case 7: return em_norm(x, 2, 1, d1, false);
+    case 8: return em_norm(x, 1, 0, NULL, false);
+    case 9: return em_norm(x, 3, 1, d0, true);
+    case 10: return em_norm(x, INFINITY, 1, d1, false);
+    default: return em_prod(x, 1, d1, false);
+    }
+}
+
+Test(gradcheck, reductions_with_indices_norms_and_products) {
+    /* Distinct values (no ties), away from 0 except where zeros are the point. */
+    double vals[12] = {0.3, -1.2, 0.7, 1.9, -0.4, 1.1, -1.6, 0.5, 1.4, -0.9, 0.2, -1.3};
+    em_tensor *x = em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, vals);
+    em_requires_grad_(x, true);
+    for (int k = 0; k <= 11; k++)
+        cr_assert_eq(em_gradcheck(f_reductions, 1, &x, &k, 0, 0, 0), EM_OK, "reduction %d: %s", k,
+                     em_last_error());
+    em_tensor_release(x);
+    /* prod with one zero and with two zeros in a row: the exact subgradients. */
+    double z[12] = {0.3, 0, 0.7, 1.9, -0.4, 0, 1.1, 0, 1.4, -0.9, 0.2, -1.3};
+    em_tensor *xz = em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, z);
+    em_requires_grad_(xz, true);
+    int k = 11;
+    cr_assert_eq(em_gradcheck(f_reductions, 1, &xz, &k, 0, 0, 0), EM_OK, "prod with zeros: %s",
+                 em_last_error());
+    em_tensor_release(xz);
+}
+
+Test(autograd, amax_shares_the_grad_among_ties_like_pytorch) {
+    em_tensor *x = em_test_tensor(EM_F64, 1, (int64_t[]){4}, (double[]){2, 5, 5, 1});
+    em_requires_grad_(x, true);
+    em_scope_begin();
+    cr_assert_eq(em_backward(em_amax(x, 0, NULL, false)), EM_OK, "%s", em_last_error());
+    em_scope_end();
+    double want[4] = {0, 0.5, 0.5, 0};
+    for (int i = 0; i < 4; i++) cr_assert_float_eq(grad_at(x, i), want[i], 0);
+    em_tensor_release(x);
+}
