@@ -75,6 +75,7 @@ em_status em__registry_add_device_type(em_registry *r, int type) {
 
 /* Remove everything a registry registered: kernels, ops, device types. */
 static void registry_withdraw(em_registry *r) {
+    em__optim_remove_owner(r);
     em__ops_remove_owner(r);
     em__device_types_remove_owner(r);
     r->n_ops = 0;
@@ -447,7 +448,9 @@ em_status em_plugin_load(const char *path) {
 }
 
 static bool program_listed(void) {
-    return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types);
+    return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types ||
+                         em_registry_optim_class_count(L.program) ||
+                         em_registry_sched_class_count(L.program));
 }
 
 size_t em_plugin_count(void) { return L.n + (program_listed() ? 1 : 0); }
