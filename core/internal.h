@@ -269,6 +269,13 @@ void em__log_init(void);
 /* Formatting helper: writes "[2, 3]" etc. */
 const char *em__shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 
+/* ---- options and modules (options.c, module.c) -------------------------------------------- */
+
+/* Levenshtein distance (case-insensitive) for did-you-mean hints; 1000 for names over 64. */
+int em__edit_distance(const char *a, const char *b);
+/* Remove the module classes a registry registered (registry_withdraw). */
+void em__module_classes_remove_owner(em_registry *owner);
+
 /* ---- misc --------------------------------------------------------------------------------- */
 
 uint64_t em__now_ns(void);

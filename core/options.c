@@ -636,8 +636,9 @@ static const char *check_value(const em_option_spec *sp, const opt_entry *e) {
     return NULL;
 }
 
-/* Levenshtein distance, capped at 64-character names (longer ones compare as far apart). */
-static int edit_distance(const char *a, const char *b) {
+/* Levenshtein distance ignoring case, capped at 64-character names (longer ones compare as far
+ * apart). Shared with module.c's did-you-mean. */
+int em__edit_distance(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 64 || lb > 64)
         return 1000;
@@ -666,7 +667,7 @@ static em_status unknown_key(const char *owner, const opt_entry *e, const em_opt
     int best = 1000, bi = -1;
     for (int i = 0; i < n; i++) {
         cat(list, sizeof list, "%s%s", i ? ", " : "", specs[i].name);
-        int d = edit_distance(e->name, specs[i].name);
+        int d = em__edit_distance(e->name, specs[i].name);
         if (d < best) {
             best = d;
             bi = i;

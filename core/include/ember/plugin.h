@@ -120,6 +120,10 @@ EM_API size_t em_registry_op_count(const em_registry *reg);
 EM_API const char *em_registry_op_name(const em_registry *reg, size_t i);
 EM_API size_t em_registry_device_type_count(const em_registry *reg);
 EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i);
+/* Module classes (ember/module.h) the registry registered, in registration order; the name is
+ * NULL past the end. */
+EM_API size_t em_registry_module_class_count(const em_registry *reg);
+EM_API const char *em_registry_module_class_name(const em_registry *reg, size_t i);
 
 #ifdef __cplusplus
 }
