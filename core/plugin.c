@@ -472,6 +472,15 @@ em_status em_plugin_get(size_t i, em_plugin_info *out) {
     return EM_OK;
 }
 
+const char *em_plugin_describe(size_t i) {
+    if (i >= L.n || L.c[i].status != EM_PLUGIN_LOADED) return NULL;
+    const em_plugin_descriptor *d = L.c[i].desc;
+    if (d->struct_size < offsetof(em_plugin_descriptor, describe) + sizeof d->describe ||
+        !d->describe)
+        return NULL;
+    return d->describe();
+}
+
 const char *em_plugin_search_path(void) { return L.search_path ? L.search_path : ""; }
 
 const char *em__plugin_names(void) {
