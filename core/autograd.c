@@ -272,8 +272,13 @@ static em__node *node_new(node_kind kind, const char *name, const em_tensor *con
     return n;
 }
 
-/* Make node n the history of output j of t. */
+/* Make node n the history of output j of t. Non-floating outputs (indices) never require
+ * grad, as in PyTorch: they only record their metadata. */
 static void set_history(em_tensor *t, em__node *n, int j) {
+    if (!em_dtype_is_floating(t->dtype)) {
+        meta_of(t, &n->out_meta[j]);
+        return;
+    }
     em__node *old = t->grad_fn;
     t->grad_fn = node_ref(n);
     t->output_nr = j;

@@ -165,6 +165,11 @@ em_dtype em__result_type(const em_tensor *const *in, int n);
 
 /* Declares the standard op set into the core registry at em_init(). */
 em_status em__ops_declare_standard(em_registry *core);
+/* Declare a single-output op of the standard set into the core registry. */
+em_status em__declare_op(em_registry *core, const em_op **out, const char *name, int n_in,
+                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
+                         int dispatch_arg, unsigned flags, em_infer_fn infer,
+                         em_backward_fn backward, unsigned saves);
 /* Each op family declares its schemas (core/ops_<family>.c). */
 em_status em__ops_declare_math(em_registry *core);
 em_status em__ops_declare_reduce(em_registry *core);
@@ -273,6 +278,13 @@ bool em__error_pending(void);
 void em__log_init(void);
 /* Formatting helper: writes "[2, 3]" etc. */
 const char *em__shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+/* ---- options and modules (options.c, module.c) -------------------------------------------- */
+
+/* Levenshtein distance (case-insensitive) for did-you-mean hints; 1000 for names over 64. */
+int em__edit_distance(const char *a, const char *b);
+/* Remove the module classes a registry registered (registry_withdraw). */
+void em__module_classes_remove_owner(em_registry *owner);
 
 /* ---- misc --------------------------------------------------------------------------------- */
 

@@ -102,7 +102,7 @@ static em_status infer_index_select(const em_op *op, const em_tensor *const *in,
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
+em_status em__declare_op(em_registry *core, const em_op **out, const char *name, int n_in,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
                          int dispatch_arg, unsigned flags, em_infer_fn infer,
                          em_backward_fn backward, unsigned saves) {
@@ -183,6 +183,13 @@ static em_status d_bmm(const em_backward_ctx *c, em_tensor **gi) {
     }
     return EM_OK;
 }
+static em_status d_index_select(const em_backward_ctx *c, em_tensor **gi) {
+    /* The selected slices' grads added back at their index (repeats accumulate). */
+    const em_tensor_meta *m = &c->in_meta[0];
+    em_tensor *z = em_zeros(m->ndim, m->shape, m->dtype, em_tensor_device(G));
+    gi[0] = z ? em_index_add(z, (int)c->attrs[0].v.i, c->in[1], G, 1) : NULL;
+    return gi[0] ? EM_OK : em_last_status();
+}
 #undef G
 #undef NEED
 
@@ -198,7 +205,7 @@ em_status em__ops_declare_standard(em_registry *core) {
                               tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT};
     const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
     const unsigned nd = EM_OP_NONDIFF, in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
                    out0 = EM_SAVE_OUTPUT(0);
     DECL(em__op_copy, "copy", 1, 0, NULL, NULL, -1, 0, infer_same, d_copy, 0);
@@ -215,8 +222,9 @@ em_status em__ops_declare_standard(em_registry *core) {
     DECL(op_relu_backward, "relu_backward", 2, 0, NULL, NULL, 0, nd, infer_same, NULL, 0);
     DECL(op_sum, "sum", 1, 1, dims, ti, 0, 0, infer_sum, d_sum, 0);
     DECL(op_bmm, "bmm", 2, 0, NULL, NULL, 0, 0, infer_bmm, d_bmm, in01);
-    /* index_select's derivative needs index_add (the data-movement family). */
-    DECL(op_index_select, "index_select", 2, 1, dim, tint, 0, 0, infer_index_select, NULL, 0);
+    /* index_select's derivative is index_add (ops_data.c) of the grad into zeros. */
+    DECL(op_index_select, "index_select", 2, 1, dim, tint, 0, 0, infer_index_select,
+         d_index_select, EM_SAVE_INPUT(1));
     DECL(op_arange, "arange", 0, 2, arange, tff, -1, nd, NULL, NULL, 0);
     DECL(op_uniform, "uniform", 0, 4, uniform, tiiff, -1, nd, NULL, NULL, 0);
     DECL(op_normal, "normal", 0, 4, normal, tiiff, -1, nd, NULL, NULL, 0);

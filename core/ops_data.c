@@ -1,12 +1,16 @@
 /*
  * ops_data.c — the standard op set, data movement: cat, stack, split, chunk, pad, gather,
  * scatter, scatter_add, index_add, embedding and its backward, masked_fill, one_hot, tril,
- * triu, flip, linspace: schemas, shape/dtype inference and the typed public functions of
- * ember/ops.h.
+ * triu, flip, linspace: schemas, shape/dtype inference, derivatives and the typed public
+ * functions of ember/ops.h.
  *
  * cat, stack, split, chunk and pad declare no op: they are views plus em_copy_/em_fill_ into
  * views of a freshly allocated output, which works on every device that has copy and fill
- * kernels (and keeps a list of any length out of the 8-input schema limit).
+ * kernels (and keeps a list of any length out of the 8-input schema limit). A copy into a
+ * view of the output would record history on that view only, so when an input requires grad
+ * (and grad mode is on) cat adds each input into the output with index_add instead (one node
+ * per input, whose backward selects the input's part of the grad), and pad is built from
+ * narrow and cat. split and chunk return autograd views.
  *
  * Kernel contracts (what a backend may assume, per op). "index" inputs are int64 (the public
  * functions convert int32 where PyTorch accepts it) and may be strided; kernels check index
@@ -36,7 +40,9 @@
  *                              ordering and no-partial-write rules as scatter_add.
  *   embedding(weight, indices) -> y     weight (V, D), indices any shape (int64), y
  *                              (*indices.shape, D) of weight's dtype: y[..., :] =
- *                              weight[indices[...], :]. Range [0, V) checked.
+ *                              weight[indices[...], :]. Range [0, V) checked. attrs:
+ *                              padding_idx (normalised, -1: none); only the derivative
+ *                              reads it (those rows get no gradient).
  *   embedding_backward(grad, indices) -> y   attrs: num_weights V, padding_idx (-1: none,
  *                              else in [0, V)). grad (N, D) floating, indices (N), y (V, D)
  *                              of grad's dtype: zeros, then y[indices[i]] += grad[i] in
@@ -282,39 +288,134 @@ static em_status infer_same(const em_op *op, const em_tensor *const *in, const e
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
-                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         int dispatch_arg, unsigned flags, em_infer_fn infer) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
-                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer};
-    return em_op_declare(core, &s, out);
+/* ---- derivatives ------------------------------------------------------------------------------
+ * Written with the public ops; they run with grad mode off inside a scope of their own, so
+ * temporaries need no release. A grad passed through unchanged is returned as a new reference
+ * (em_tensor_retain). Index inputs are integers: they never get a grad. */
+
+#define G (c->grad_out[0])
+#define NEED(i) (c->needs_grad[i])
+#define DIM ((int)c->attrs[0].v.i)
+
+static em_status done(em_tensor *g, em_tensor **slot) {
+    *slot = g;
+    return g ? EM_OK : em_last_status();
 }
+
+static em_tensor *zeros_of(const em_backward_ctx *c, int i) {
+    return em_zeros(c->in_meta[i].ndim, c->in_meta[i].shape, c->in_meta[i].dtype,
+                    em_tensor_device(G));
+}
+
+/* The grad of scatter's src: G gathered at the index (index's shape), placed into zeros of
+ * src's shape when src is larger than the index (its other elements were not used). */
+static em_tensor *src_grad(const em_backward_ctx *c) {
+    const em_tensor *idx = c->in[1];
+    const em_tensor_meta *m = &c->in_meta[2];
+    em_tensor *g = em_gather(G, DIM, idx);
+    if (!g || (m->ndim == em_tensor_ndim(g) &&
+               memcmp(m->shape, em_tensor_shape(g), sizeof(int64_t) * (size_t)m->ndim) == 0))
+        return g;
+    if (m->ndim != em_tensor_ndim(g)) return em_reshape(g, m->ndim, m->shape); /* 0-dim */
+    em_tensor *z = zeros_of(c, 2), *part = z;
+    for (int d = 0; d < m->ndim && part; d++) part = em_narrow(part, d, 0, em_tensor_shape(g)[d]);
+    return part && em_copy_(part, g) == EM_OK ? z : NULL;
+}
+
+static em_status d_gather(const em_backward_ctx *c, em_tensor **gi) {
+    em_tensor *z = zeros_of(c, 0);
+    return done(z ? em_scatter_add(z, DIM, c->in[1], G) : NULL, &gi[0]);
+}
+
+/* self: the grad with the overwritten positions zeroed; src: the grad gathered (as PyTorch,
+ * exact when the index has no duplicates). */
+static em_status d_scatter(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *idx = c->in[1];
+    if (NEED(0)) {
+        em_tensor *z = em_zeros(em_tensor_ndim(idx), em_tensor_shape(idx), em_tensor_dtype(G),
+                                em_tensor_device(G));
+        if (done(z ? em_scatter(G, DIM, idx, z) : NULL, &gi[0]) != EM_OK) return em_last_status();
+    }
+    if (NEED(2) && done(src_grad(c), &gi[2]) != EM_OK) return em_last_status();
+    return EM_OK;
+}
+
+static em_status d_scatter_add(const em_backward_ctx *c, em_tensor **gi) {
+    if (NEED(0)) gi[0] = em_tensor_retain(G);
+    if (NEED(2) && done(src_grad(c), &gi[2]) != EM_OK) return em_last_status();
+    return EM_OK;
+}
+
+/* self: the grad; source: the grad's slices at the index, times alpha. */
+static em_status d_index_add(const em_backward_ctx *c, em_tensor **gi) {
+    double alpha = c->attrs[1].v.f;
+    if (NEED(0)) gi[0] = em_tensor_retain(G);
+    if (NEED(2)) {
+        const em_tensor_meta *m = &c->in_meta[2];
+        em_tensor *g = em_index_select(G, DIM, c->in[1]);
+        if (g && alpha != 1) g = em_mul_scalar(g, alpha);
+        if (done(g ? em_reshape(g, m->ndim, m->shape) : NULL, &gi[2]) != EM_OK)
+            return em_last_status();
+    }
+    return EM_OK;
+}
+
+static em_status d_embedding(const em_backward_ctx *c, em_tensor **gi) {
+    int64_t pad = c->attrs[0].type == EM_ATTR_INT && c->attrs[0].v.i >= 0 ? c->attrs[0].v.i
+                                                                          : EM_PADDING_IDX_NONE;
+    return done(em_embedding_backward(G, c->in[1], c->in_meta[0].shape[0], pad), &gi[0]);
+}
+
+static em_status d_masked_fill(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_masked_fill(G, c->in[1], 0), &gi[0]);
+}
+
+static em_status d_tril(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_tril(G, c->attrs[0].v.i), &gi[0]);
+}
+
+static em_status d_triu(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_triu(G, c->attrs[0].v.i), &gi[0]);
+}
+
+static em_status d_flip(const em_backward_ctx *c, em_tensor **gi) {
+    int dims[EM_MAX_DIMS];
+    for (int i = 0; i < c->attrs[0].n; i++) dims[i] = (int)c->attrs[0].ints[i];
+    return done(em_flip(G, c->attrs[0].n, dims), &gi[0]);
+}
+#undef G
+#undef NEED
+#undef DIM
 
 em_status em__ops_declare_data(em_registry *core) {
     static const char *const dim[] = {"dim"}, *const dim_alpha[] = {"dim", "alpha"},
                              *const emb_bw[] = {"num_weights", "padding_idx"},
                              *const value[] = {"value"}, *const classes[] = {"num_classes"},
                              *const diagonal[] = {"diagonal"}, *const dims[] = {"dims"},
-                             *const linspace[] = {"start", "end"};
+                             *const linspace[] = {"start", "end"},
+                             *const padding[] = {"padding_idx"};
     static const em_attr_type ti[] = {EM_ATTR_INT}, tif[] = {EM_ATTR_INT, EM_ATTR_FLOAT},
                               tii[] = {EM_ATTR_INT, EM_ATTR_INT}, tf[] = {EM_ATTR_FLOAT},
                               tis[] = {EM_ATTR_INTS}, tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
-    DECL(op_gather, "gather", 2, 1, dim, ti, 0, 0, infer_gather);
-    DECL(op_scatter, "scatter", 3, 1, dim, ti, 0, 0, infer_scatter);
-    DECL(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, 0, infer_scatter);
-    DECL(op_index_add, "index_add", 3, 2, dim_alpha, tif, 0, 0, infer_index_add);
-    DECL(op_embedding, "embedding", 2, 0, NULL, NULL, 0, 0, infer_embedding);
-    DECL(op_embedding_backward, "embedding_backward", 2, 2, emb_bw, tii, 0, 0,
-         infer_embedding_backward);
-    DECL(op_masked_fill, "masked_fill", 2, 1, value, tf, 0, EM_OP_BROADCAST, infer_masked_fill);
-    DECL(op_one_hot, "one_hot", 1, 1, classes, ti, 0, 0, infer_one_hot);
-    DECL(op_tril, "tril", 1, 1, diagonal, ti, 0, 0, infer_tri);
-    DECL(op_triu, "triu", 1, 1, diagonal, ti, 0, 0, infer_tri);
-    DECL(op_flip, "flip", 1, 1, dims, tis, 0, 0, infer_same);
-    DECL(op_linspace, "linspace", 0, 2, linspace, tff, -1, 0, NULL);
+#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
+    const unsigned nd = EM_OP_NONDIFF, idx = EM_SAVE_INPUT(1);
+    DECL(op_gather, "gather", 2, 1, dim, ti, 0, 0, infer_gather, d_gather, idx);
+    DECL(op_scatter, "scatter", 3, 1, dim, ti, 0, 0, infer_scatter, d_scatter, idx);
+    DECL(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, 0, infer_scatter, d_scatter_add, idx);
+    DECL(op_index_add, "index_add", 3, 2, dim_alpha, tif, 0, 0, infer_index_add, d_index_add,
+         idx);
+    /* padding_idx (normalised, -1: none) only matters to the derivative. */
+    DECL(op_embedding, "embedding", 2, 1, padding, ti, 0, 0, infer_embedding, d_embedding, idx);
+    DECL(op_embedding_backward, "embedding_backward", 2, 2, emb_bw, tii, 0, nd,
+         infer_embedding_backward, NULL, 0);
+    DECL(op_masked_fill, "masked_fill", 2, 1, value, tf, 0, EM_OP_BROADCAST, infer_masked_fill,
+         d_masked_fill, idx);
+    DECL(op_one_hot, "one_hot", 1, 1, classes, ti, 0, nd, infer_one_hot, NULL, 0);
+    DECL(op_tril, "tril", 1, 1, diagonal, ti, 0, 0, infer_tri, d_tril, 0);
+    DECL(op_triu, "triu", 1, 1, diagonal, ti, 0, 0, infer_tri, d_triu, 0);
+    DECL(op_flip, "flip", 1, 1, dims, tis, 0, 0, infer_same, d_flip, 0);
+    DECL(op_linspace, "linspace", 0, 2, linspace, tff, -1, nd, NULL, NULL, 0);
 #undef DECL
     return st;
 }
@@ -342,6 +443,30 @@ static em_tensor *index_i64(const char *who, const em_tensor *index, bool allow_
 
 /* PyTorch's legacy rule: 1-D tensors of size 0 take no part in cat's shape checks. */
 static bool cat_skipped(const em_tensor *t) { return t->ndim == 1 && t->shape[0] == 0; }
+
+/* cat with history: each input (in the result dtype) is index_add-ed into its slice of an
+ * output filled with -0.0 (x + -0.0 is x exactly, signed zeros and NaN included). shape is the
+ * output's; ref the input whose shape the others were checked against. */
+static em_tensor *cat_recorded(int n, const em_tensor *const *ts, int d, int ndim,
+                               const int64_t *shape, int ref) {
+    if (em_scope_begin() != EM_OK) return NULL;
+    em_device dev = ts[0]->storage->device;
+    em_dtype rt = em__result_type(ts, n);
+    em_tensor *out = em_full(ndim, shape, -0.0, rt, dev);
+    em_status st = out ? EM_OK : em_last_status();
+    int64_t at = 0;
+    for (int i = 0; i < n && st == EM_OK; i++) {
+        const em_tensor *t = ts[i];
+        if ((cat_skipped(t) && i != ref) || t->shape[d] == 0) continue;
+        em_tensor *idx = em_arange((double)at, (double)(at + t->shape[d]), 1, EM_I64, dev);
+        em_tensor *src = idx ? em_to_dtype(t, rt) : NULL;
+        st = src ? em_index_add_(out, d, idx, src, 1) : em_last_status();
+        at += t->shape[d];
+    }
+    if (st == EM_OK) em__scope_untrack(out);
+    em_scope_end();
+    return st == EM_OK ? out : NULL;
+}
 
 static em_tensor *cat_impl(const char *who, int n, const em_tensor *const *ts, int dim) {
     if (n <= 0 || !ts) {
@@ -391,6 +516,9 @@ static em_tensor *cat_impl(const char *who, int n, const em_tensor *const *ts, i
             }
         shape[d] += t->shape[d];
     }
+    if (em_grad_enabled())
+        for (int i = 0; i < n; i++)
+            if (ts[i]->requires_grad) return cat_recorded(n, ts, d, r->ndim, shape, ref);
     em_tensor *out = em__empty(r->ndim, shape, em__result_type(ts, n), r->storage->device);
     if (!out) return NULL;
     int64_t at = 0;
@@ -459,7 +587,8 @@ static em_status make_pieces(const em_tensor *t, int d, int64_t count, const int
     int64_t at = 0;
     for (int64_t i = 0; i < count; i++) {
         int64_t len = sizes ? sizes[i] : EM_MAX(EM_MIN(uniform, t->shape[d] - at), 0);
-        if (!(out[i] = narrow_view(t, d, at, len))) {
+        em__view_info info = {.kind = EM__VIEW_NARROW, .dim = d, .start = at, .step = 1};
+        if (!(out[i] = em__autograd_view(narrow_view(t, d, at, len), t, &info))) {
             for (int64_t j = 0; j < i; j++) {
                 em_tensor_release(out[j]);
                 out[j] = NULL;
@@ -546,6 +675,43 @@ em_status em_chunk(const em_tensor *t, int chunks, int dim, int cap, em_tensor *
 
 /* ---- pad ----------------------------------------------------------------------------------------- */
 
+/* pad with history, one dim at a time: narrow away the negative padding, then cat the
+ * padding blocks (filled with value) on both sides. */
+static em_tensor *pad_recorded(const em_tensor *t, const int64_t *src_at, const int64_t *len,
+                               const int64_t *dst_at, const int64_t *shape, double value) {
+    if (em_scope_begin() != EM_OK) return NULL;
+    em_device dev = t->storage->device;
+    em_tensor *cur = (em_tensor *)t;
+    bool fresh = false; /* cur is a new tensor, not a view of t */
+    for (int d = 0; d < t->ndim && cur; d++) {
+        if (len[d] != t->shape[d]) cur = em_narrow(cur, d, src_at[d], len[d]);
+        int64_t after = shape[d] - dst_at[d] - len[d];
+        if (!cur || (dst_at[d] == 0 && after == 0)) continue;
+        const em_tensor *parts[3];
+        int np = 0;
+        int64_t bs[EM_MAX_DIMS];
+        memcpy(bs, cur->shape, sizeof(int64_t) * (size_t)cur->ndim);
+        if (dst_at[d] > 0) {
+            bs[d] = dst_at[d];
+            parts[np++] = em_full(cur->ndim, bs, value, t->dtype, dev);
+        }
+        parts[np++] = cur;
+        if (after > 0) {
+            bs[d] = after;
+            parts[np++] = em_full(cur->ndim, bs, value, t->dtype, dev);
+        }
+        bool ok = true;
+        for (int i = 0; i < np; i++) ok &= parts[i] != NULL;
+        cur = ok ? em_cat(np, parts, d) : NULL;
+        fresh = true;
+    }
+    /* A pad that only crops (or does nothing) is still a new tensor. */
+    if (cur && !fresh) cur = em_clone(cur);
+    em__scope_untrack(cur);
+    em_scope_end();
+    return cur;
+}
+
 em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value) {
     if (!em__check_inputs("pad", &t, 1)) return NULL;
     if (npad < 0 || npad % 2 || (npad > 0 && !pad)) {
@@ -577,6 +743,8 @@ em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value
         len[d] = t->shape[d] + EM_MIN(l, 0) + EM_MIN(r, 0);
         if (len[d] <= 0) copy = false;
     }
+    if (t->requires_grad && em_grad_enabled() && copy)
+        return em__scope_track(pad_recorded(t, src_at, len, dst_at, shape, value));
     em_tensor *out = em__full(t->ndim, shape, value, t->dtype, t->storage->device);
     if (!out || !copy) return em__scope_track(out);
     int64_t so = t->offset, doff = out->offset;
@@ -695,7 +863,8 @@ em_tensor *em_embedding(const em_tensor *weight, const em_tensor *indices, int64
     em_tensor *idx = index_i64("embedding", indices, true);
     if (!idx) return NULL;
     const em_tensor *args[2] = {weight, idx};
-    em_tensor *r = em__op1(op_embedding, args, 2, NULL);
+    em_attr attr = {.type = EM_ATTR_INT, .v.i = weight->ndim == 2 ? pad : -1};
+    em_tensor *r = em__op1(op_embedding, args, 2, &attr);
     em_tensor_release(idx);
     return em__scope_track(r);
 }

@@ -47,6 +47,25 @@ static em_status infer_addmm(const em_op *op, const em_tensor *const *in, const 
     return EM_OK;
 }
 
+/* y = beta * bias + alpha * a @ b: d bias = beta * g, d a = alpha * g @ b^T,
+ * d b = alpha * a^T @ g (bias arrives broadcast: its expand node sums the grad back). */
+static em_tensor *scaled(em_tensor *t, double k) {
+    return k == 1 ? t : em_mul_scalar(t, k);
+}
+static em_status d_addmm(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *g = c->grad_out[0];
+    double beta = c->attrs[0].type == EM_ATTR_FLOAT ? c->attrs[0].v.f : 1;
+    double alpha = c->attrs[1].type == EM_ATTR_FLOAT ? c->attrs[1].v.f : 1;
+    if (c->needs_grad[0] && !(gi[0] = beta == 1 ? em_tensor_retain((em_tensor *)g)
+                                                : em_mul_scalar(g, beta)))
+        return em_last_status();
+    if (c->needs_grad[1] && !(gi[1] = scaled(em_matmul(g, em_transpose(c->in[2], 0, 1)), alpha)))
+        return em_last_status();
+    if (c->needs_grad[2] && !(gi[2] = scaled(em_matmul(em_transpose(c->in[1], 0, 1), g), alpha)))
+        return em_last_status();
+    return EM_OK;
+}
+
 em_status em__ops_declare_linalg(em_registry *core) {
     static const char *const addmm_in[] = {"bias", "mat1", "mat2"},
                              *const addmm_attrs[] = {"beta", "alpha"};
@@ -54,7 +73,8 @@ em_status em__ops_declare_linalg(em_registry *core) {
     em_op_schema s = {.struct_size = sizeof s, .name = "addmm", .n_inputs = 3,
                       .input_names = addmm_in, .n_outputs = 1, .n_attrs = 2,
                       .attr_names = addmm_attrs, .attr_types = tff, .dispatch_arg = 1,
-                      .infer = infer_addmm};
+                      .infer = infer_addmm, .backward = d_addmm,
+                      .saves = EM_SAVE_INPUT(1) | EM_SAVE_INPUT(2)};
     em_status st = em_op_declare(core, &s, &op_addmm);
     if (st != EM_OK) return st;
     op_bmm = em_op_find("bmm"); /* declared by ops.c before this runs */

@@ -271,13 +271,54 @@ static em_status infer_pointwise_bw(const em_op *op, const em_tensor *const *in,
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
+/* The *_backward ops are helpers of these derivatives, not differentiated themselves. */
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         int dispatch_arg, em_infer_fn infer) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
-                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .infer = infer};
-    return em_op_declare(core, &s, out);
+                         int dispatch_arg, em_infer_fn infer, em_backward_fn backward,
+                         unsigned saves) {
+    return em__declare_op(core, out, name, n_in, n_attrs, attr_names, types, dispatch_arg,
+                          backward ? 0 : EM_OP_NONDIFF, infer, backward, saves);
+}
+
+/* ---- derivatives: each loss's backward op gives the input's gradient ------------------------- */
+
+/* grad_x = op_bw(grad, saved inputs...) with the forward's attributes. */
+static em_tensor *loss_grad(const em_op *op_bw, const em_backward_ctx *c) {
+    const em_tensor *in[5] = {c->grad_out[0]};
+    for (int i = 0; i < c->n_in; i++) in[i + 1] = c->in[i];
+    return em__scope_track(em__op1(op_bw, in, c->n_in + 1, c->attrs));
+}
+
+/* Class losses: the gradient of the input only (class indices and weights have none; a
+ * gradient for probability targets is not provided). */
+static em_status d_class(const em_backward_ctx *c, em_tensor **gi, const em_op *op_bw) {
+    if (c->needs_grad[1] || c->needs_grad[2])
+        return em_set_error(EM_ERR_STATE, "backward: %s gives no gradient for its target or "
+                            "weight; detach them (em_detach)", em_op_name(c->op));
+    gi[0] = loss_grad(op_bw, c);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_ce(const em_backward_ctx *c, em_tensor **gi) { return d_class(c, gi, op_ce_bw); }
+static em_status d_nll(const em_backward_ctx *c, em_tensor **gi) { return d_class(c, gi, op_nll_bw); }
+
+/* Pointwise losses: the target's gradient is the input's negated. */
+static em_status d_pointwise(const em_backward_ctx *c, em_tensor **gi, const em_op *op_bw) {
+    em_tensor *g = loss_grad(op_bw, c);
+    if (!g) return em_last_status();
+    if (c->needs_grad[0]) gi[0] = g;
+    if (c->needs_grad[1] && !(gi[1] = em_neg(g))) return em_last_status();
+    return EM_OK;
+}
+static em_status d_mse(const em_backward_ctx *c, em_tensor **gi) { return d_pointwise(c, gi, op_mse_bw); }
+static em_status d_l1(const em_backward_ctx *c, em_tensor **gi) { return d_pointwise(c, gi, op_l1_bw); }
+static em_status d_sl1(const em_backward_ctx *c, em_tensor **gi) { return d_pointwise(c, gi, op_sl1_bw); }
+
+static em_status d_bce(const em_backward_ctx *c, em_tensor **gi) {
+    if (c->needs_grad[1] || c->needs_grad[2] || c->needs_grad[3])
+        return em_set_error(EM_ERR_STATE, "backward: binary_cross_entropy_with_logits gives no "
+                            "gradient for its target, weight or pos_weight; detach them");
+    gi[0] = loss_grad(op_bce_bw, c);
+    return gi[0] ? EM_OK : em_last_status();
 }
 
 em_status em__ops_declare_loss(em_registry *core) {
@@ -289,19 +330,22 @@ em_status em__ops_declare_loss(em_registry *core) {
                               tsl1[] = {EM_ATTR_INT, EM_ATTR_FLOAT};
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
-    DECL(op_ce, "cross_entropy", 3, 3, ce, tce, 0, infer_class);
-    DECL(op_ce_bw, "cross_entropy_backward", 4, 3, ce, tce, 1, infer_class_bw);
-    DECL(op_nll, "nll_loss", 3, 2, nll, tnll, 0, infer_class);
-    DECL(op_nll_bw, "nll_loss_backward", 4, 2, nll, tnll, 1, infer_class_bw);
-    DECL(op_mse, "mse_loss", 2, 1, red, tred, 0, infer_pointwise);
-    DECL(op_mse_bw, "mse_loss_backward", 3, 1, red, tred, 1, infer_pointwise_bw);
-    DECL(op_l1, "l1_loss", 2, 1, red, tred, 0, infer_pointwise);
-    DECL(op_l1_bw, "l1_loss_backward", 3, 1, red, tred, 1, infer_pointwise_bw);
-    DECL(op_sl1, "smooth_l1_loss", 2, 2, sl1, tsl1, 0, infer_pointwise);
-    DECL(op_sl1_bw, "smooth_l1_loss_backward", 3, 2, sl1, tsl1, 1, infer_pointwise_bw);
-    DECL(op_bce, "binary_cross_entropy_with_logits", 4, 1, red, tred, 0, infer_pointwise);
+    const unsigned all3 = EM_SAVE_INPUT(0) | EM_SAVE_INPUT(1) | EM_SAVE_INPUT(2),
+                   all2 = EM_SAVE_INPUT(0) | EM_SAVE_INPUT(1), all4 = all3 | EM_SAVE_INPUT(3);
+    DECL(op_ce, "cross_entropy", 3, 3, ce, tce, 0, infer_class, d_ce, all3);
+    DECL(op_ce_bw, "cross_entropy_backward", 4, 3, ce, tce, 1, infer_class_bw, NULL, 0);
+    DECL(op_nll, "nll_loss", 3, 2, nll, tnll, 0, infer_class, d_nll, all3);
+    DECL(op_nll_bw, "nll_loss_backward", 4, 2, nll, tnll, 1, infer_class_bw, NULL, 0);
+    DECL(op_mse, "mse_loss", 2, 1, red, tred, 0, infer_pointwise, d_mse, all2);
+    DECL(op_mse_bw, "mse_loss_backward", 3, 1, red, tred, 1, infer_pointwise_bw, NULL, 0);
+    DECL(op_l1, "l1_loss", 2, 1, red, tred, 0, infer_pointwise, d_l1, all2);
+    DECL(op_l1_bw, "l1_loss_backward", 3, 1, red, tred, 1, infer_pointwise_bw, NULL, 0);
+    DECL(op_sl1, "smooth_l1_loss", 2, 2, sl1, tsl1, 0, infer_pointwise, d_sl1, all2);
+    DECL(op_sl1_bw, "smooth_l1_loss_backward", 3, 2, sl1, tsl1, 1, infer_pointwise_bw, NULL, 0);
+    DECL(op_bce, "binary_cross_entropy_with_logits", 4, 1, red, tred, 0, infer_pointwise, d_bce,
+         all4);
     DECL(op_bce_bw, "binary_cross_entropy_with_logits_backward", 5, 1, red, tred, 1,
-         infer_pointwise_bw);
+         infer_pointwise_bw, NULL, 0);
 #undef DECL
     return st;
 }

@@ -1,7 +1,7 @@
 /*
  * ops_math.c — the standard op set, elementwise math: more unary and binary ops, comparisons,
  * logical ops, where, clamp, scalar variants, and the backward helpers of the activations:
- * schemas, shape/dtype inference and the typed public functions of ember/ops.h.
+ * schemas, shape/dtype inference, derivatives and the typed public functions of ember/ops.h.
  *
  * Kernel contracts (what a backend may assume, per op):
  *   abs/sign(x) -> y                 y has x's shape and dtype (abs: no bool; sign: any).
@@ -166,14 +166,153 @@ static em_status infer_backward(const em_op *op, const em_tensor *const *in,
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
-                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         int dispatch_arg, unsigned flags, em_infer_fn infer) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
-                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer};
-    return em_op_declare(core, &s, out);
+/* ---- derivatives ------------------------------------------------------------------------------
+ * Written with the public ops; they run with grad mode off inside a scope of their own, so
+ * temporaries need no release. A grad passed through unchanged is returned as a new reference
+ * (em_tensor_retain). Inputs arrive promoted and broadcast (the dispatcher's views and copies
+ * carry those parts of the derivative), so every grad here has the output's shape. */
+
+#define G (c->grad_out[0])
+#define NEED(i) (c->needs_grad[i])
+#define X (c->in[0])
+#define Y (c->out[0])
+
+static em_status done(em_tensor *g, em_tensor **slot) {
+    *slot = g;
+    return g ? EM_OK : em_last_status();
 }
+
+/* A 0-dim tensor of value v in t's dtype and device (to broadcast against t). */
+static em_tensor *scalar_like(const em_tensor *t, double v) {
+    return em_full(0, NULL, v, em_tensor_dtype(t), em_tensor_device(t));
+}
+
+static em_tensor *zeros_of(const em_backward_ctx *c, int i) {
+    return em_zeros(c->in_meta[i].ndim, c->in_meta[i].shape, c->in_meta[i].dtype,
+                    em_tensor_device(G));
+}
+
+/* g where keep is true, else 0. */
+static em_tensor *keep_where(const em_tensor *keep, const em_tensor *g) {
+    return em_where(keep, g, scalar_like(g, 0));
+}
+
+static em_status d_abs(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_mul(G, em_sign(X)), &gi[0]);
+}
+static em_status d_sign(const em_backward_ctx *c, em_tensor **gi) {
+    return done(zeros_of(c, 0), &gi[0]);
+}
+static em_status d_sqrt(const em_backward_ctx *c, em_tensor **gi) { /* 1 / (2 sqrt(x)) */
+    return done(em_div(G, em_mul_scalar(Y, 2)), &gi[0]);
+}
+static em_status d_rsqrt(const em_backward_ctx *c, em_tensor **gi) { /* -x^(-3/2) / 2 */
+    return done(em_mul(G, em_mul_scalar(em_mul(em_mul(Y, Y), Y), -0.5)), &gi[0]);
+}
+static em_status d_reciprocal(const em_backward_ctx *c, em_tensor **gi) { /* -1 / x^2 */
+    return done(em_mul(G, em_neg(em_mul(Y, Y))), &gi[0]);
+}
+static em_status d_sigmoid(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_sigmoid_backward(G, Y), &gi[0]);
+}
+static em_status d_tanh(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_tanh_backward(G, Y), &gi[0]);
+}
+static em_status d_gelu(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *in[2] = {G, X};
+    return done(em__scope_track(em__op1(op_gelu_backward, in, 2, c->attrs)), &gi[0]);
+}
+static em_status d_silu(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_silu_backward(G, X), &gi[0]);
+}
+static em_status d_leaky_relu(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_leaky_relu_backward(G, X, c->attrs[0].v.f), &gi[0]);
+}
+static em_status d_log1p(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_div(G, em_add_scalar(X, 1)), &gi[0]);
+}
+static em_status d_expm1(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_mul(G, em_add_scalar(Y, 1)), &gi[0]);
+}
+
+/* d(a^b)/da = b a^(b-1) (0 where b == 0); d(a^b)/db = a^b log a (0 where a == 0 and b >= 0),
+ * as PyTorch's pow_backward_self / pow_backward_exponent. */
+static em_status d_pow(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *a = c->in[0], *b = c->in[1];
+    if (NEED(0)) {
+        em_tensor *d = em_mul(b, em_pow(a, em_sub_scalar(b, 1)));
+        em_tensor *z = d ? em_eq(b, scalar_like(b, 0)) : NULL;
+        if (!z || done(em_mul(G, em_where(z, scalar_like(d, 0), d)), &gi[0]) != EM_OK)
+            return em_last_status();
+    }
+    if (NEED(1)) {
+        em_tensor *z = em_logical_and(em_eq(a, scalar_like(a, 0)), em_ge(b, scalar_like(b, 0)));
+        em_tensor *d = z ? em_mul(Y, em_log(a)) : NULL;
+        if (!d || done(em_mul(G, em_where(z, scalar_like(d, 0), d)), &gi[1]) != EM_OK)
+            return em_last_status();
+    }
+    return EM_OK;
+}
+static em_status d_pow_scalar(const em_backward_ctx *c, em_tensor **gi) {
+    double p = c->attrs[0].v.f;
+    if (p == 0) return done(zeros_of(c, 0), &gi[0]);
+    return done(em_mul(G, em_mul_scalar(em_pow_scalar(X, p - 1), p)), &gi[0]);
+}
+
+/* maximum/minimum: the grad goes to the operand that won, split equally on ties (PyTorch).
+ * Input 0 gets nothing where it lost (a < b for maximum), input 1 where a won. */
+static em_status minmax(const em_backward_ctx *c, em_tensor **gi, bool is_max) {
+    const em_tensor *a = c->in[0], *b = c->in[1];
+    em_tensor *tie = em_eq(a, b);
+    em_tensor *half = tie ? em_where(tie, em_mul_scalar(G, 0.5), G) : NULL;
+    if (!half) return em_last_status();
+    if (NEED(0) && !(gi[0] = em_masked_fill(half, is_max ? em_lt(a, b) : em_gt(a, b), 0)))
+        return em_last_status();
+    if (NEED(1) && !(gi[1] = em_masked_fill(half, is_max ? em_gt(a, b) : em_lt(a, b), 0)))
+        return em_last_status();
+    return EM_OK;
+}
+static em_status d_maximum(const em_backward_ctx *c, em_tensor **gi) {
+    return minmax(c, gi, true);
+}
+static em_status d_minimum(const em_backward_ctx *c, em_tensor **gi) {
+    return minmax(c, gi, false);
+}
+
+/* The grad passes where min <= x <= max (a bound that is absent does not limit). */
+static em_status d_clamp(const em_backward_ctx *c, em_tensor **gi) {
+    const em_attr *lo = &c->attrs[0], *hi = &c->attrs[1];
+    em_tensor *keep = NULL;
+    if (lo->type == EM_ATTR_FLOAT) keep = em_ge(X, scalar_like(X, lo->v.f));
+    if (hi->type == EM_ATTR_FLOAT) {
+        em_tensor *k = em_le(X, scalar_like(X, hi->v.f));
+        keep = keep && k ? em_logical_and(keep, k) : k;
+    }
+    if (!keep) return em_last_status();
+    return done(keep_where(keep, G), &gi[0]);
+}
+
+static em_status d_where(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *cond = c->in[0];
+    if (NEED(1) && !(gi[1] = keep_where(cond, G))) return em_last_status();
+    if (NEED(2) && !(gi[2] = em_where(cond, scalar_like(G, 0), G))) return em_last_status();
+    return EM_OK;
+}
+
+static em_status d_pass(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_tensor_retain(G);
+    return EM_OK;
+}
+static em_status d_mul_scalar(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_mul_scalar(G, c->attrs[0].v.f), &gi[0]);
+}
+static em_status d_div_scalar(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_div_scalar(G, c->attrs[0].v.f), &gi[0]);
+}
+#undef G
+#undef NEED
+#undef X
+#undef Y
 
 em_status em__ops_declare_math(em_registry *core) {
     static const char *const value[] = {"value"}, *const approx[] = {"approximate"},
@@ -182,47 +321,62 @@ em_status em__ops_declare_math(em_registry *core) {
                              *const thresh[] = {"threshold"};
     static const em_attr_type tf[] = {EM_ATTR_FLOAT}, ts[] = {EM_ATTR_STRING},
                               tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
-    const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
+    const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST, nd = EM_OP_NONDIFF,
+                   in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
+                   out0 = EM_SAVE_OUTPUT(0);
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
-    DECL(op_abs, "abs", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_sqrt, "sqrt", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_rsqrt, "rsqrt", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_reciprocal, "reciprocal", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_sigmoid, "sigmoid", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_tanh, "tanh", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_log1p, "log1p", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_expm1, "expm1", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_sign, "sign", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_gelu, "gelu", 1, 1, approx, ts, 0, 0, infer_gelu);
-    DECL(op_silu, "silu", 1, 0, NULL, NULL, 0, 0, infer_same);
-    DECL(op_leaky_relu, "leaky_relu", 1, 1, slope, tf, 0, 0, infer_same);
-    DECL(op_clamp, "clamp", 1, 2, bounds, tff, 0, 0, infer_same);
-    DECL(op_add_scalar, "add_scalar", 1, 1, value, tf, 0, 0, infer_same);
-    DECL(op_sub_scalar, "sub_scalar", 1, 1, value, tf, 0, 0, infer_same);
-    DECL(op_mul_scalar, "mul_scalar", 1, 1, value, tf, 0, 0, infer_same);
-    DECL(op_div_scalar, "div_scalar", 1, 1, value, tf, 0, 0, infer_same);
-    DECL(op_pow_scalar, "pow_scalar", 1, 1, value, tf, 0, 0, infer_same);
-    DECL(op_pow, "pow", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
-    DECL(op_maximum, "maximum", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
-    DECL(op_minimum, "minimum", 2, 0, NULL, NULL, 0, ew, infer_broadcast);
-    DECL(op_eq, "eq", 2, 0, NULL, NULL, 0, ew, infer_compare);
-    DECL(op_ne, "ne", 2, 0, NULL, NULL, 0, ew, infer_compare);
-    DECL(op_lt, "lt", 2, 0, NULL, NULL, 0, ew, infer_compare);
-    DECL(op_le, "le", 2, 0, NULL, NULL, 0, ew, infer_compare);
-    DECL(op_gt, "gt", 2, 0, NULL, NULL, 0, ew, infer_compare);
-    DECL(op_ge, "ge", 2, 0, NULL, NULL, 0, ew, infer_compare);
-    DECL(op_logical_and, "logical_and", 2, 0, NULL, NULL, 0, EM_OP_BROADCAST, infer_compare);
-    DECL(op_logical_or, "logical_or", 2, 0, NULL, NULL, 0, EM_OP_BROADCAST, infer_compare);
-    DECL(op_logical_xor, "logical_xor", 2, 0, NULL, NULL, 0, EM_OP_BROADCAST, infer_compare);
-    DECL(op_logical_not, "logical_not", 1, 0, NULL, NULL, 0, 0, infer_bool);
-    DECL(op_where, "where", 3, 0, NULL, NULL, 1, EM_OP_BROADCAST, infer_where);
-    DECL(op_threshold_backward, "threshold_backward", 2, 1, thresh, tf, 0, ew, infer_backward);
-    DECL(op_sigmoid_backward, "sigmoid_backward", 2, 0, NULL, NULL, 0, ew, infer_backward);
-    DECL(op_tanh_backward, "tanh_backward", 2, 0, NULL, NULL, 0, ew, infer_backward);
-    DECL(op_gelu_backward, "gelu_backward", 2, 1, approx, ts, 0, ew, infer_backward);
-    DECL(op_silu_backward, "silu_backward", 2, 0, NULL, NULL, 0, ew, infer_backward);
-    DECL(op_leaky_relu_backward, "leaky_relu_backward", 2, 1, slope, tf, 0, ew, infer_backward);
+#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
+    DECL(op_abs, "abs", 1, 0, NULL, NULL, 0, 0, infer_same, d_abs, in0);
+    DECL(op_sqrt, "sqrt", 1, 0, NULL, NULL, 0, 0, infer_same, d_sqrt, out0);
+    DECL(op_rsqrt, "rsqrt", 1, 0, NULL, NULL, 0, 0, infer_same, d_rsqrt, out0);
+    DECL(op_reciprocal, "reciprocal", 1, 0, NULL, NULL, 0, 0, infer_same, d_reciprocal,
+         out0);
+    DECL(op_sigmoid, "sigmoid", 1, 0, NULL, NULL, 0, 0, infer_same, d_sigmoid, out0);
+    DECL(op_tanh, "tanh", 1, 0, NULL, NULL, 0, 0, infer_same, d_tanh, out0);
+    DECL(op_log1p, "log1p", 1, 0, NULL, NULL, 0, 0, infer_same, d_log1p, in0);
+    DECL(op_expm1, "expm1", 1, 0, NULL, NULL, 0, 0, infer_same, d_expm1, out0);
+    DECL(op_sign, "sign", 1, 0, NULL, NULL, 0, 0, infer_same, d_sign, 0);
+    DECL(op_gelu, "gelu", 1, 1, approx, ts, 0, 0, infer_gelu, d_gelu, in0);
+    DECL(op_silu, "silu", 1, 0, NULL, NULL, 0, 0, infer_same, d_silu, in0);
+    DECL(op_leaky_relu, "leaky_relu", 1, 1, slope, tf, 0, 0, infer_same, d_leaky_relu,
+         in0);
+    DECL(op_clamp, "clamp", 1, 2, bounds, tff, 0, 0, infer_same, d_clamp, in0);
+    DECL(op_add_scalar, "add_scalar", 1, 1, value, tf, 0, 0, infer_same, d_pass, 0);
+    DECL(op_sub_scalar, "sub_scalar", 1, 1, value, tf, 0, 0, infer_same, d_pass, 0);
+    DECL(op_mul_scalar, "mul_scalar", 1, 1, value, tf, 0, 0, infer_same, d_mul_scalar, 0);
+    DECL(op_div_scalar, "div_scalar", 1, 1, value, tf, 0, 0, infer_same, d_div_scalar, 0);
+    DECL(op_pow_scalar, "pow_scalar", 1, 1, value, tf, 0, 0, infer_same, d_pow_scalar,
+         in0);
+    DECL(op_pow, "pow", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_pow, in01 | out0);
+    DECL(op_maximum, "maximum", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_maximum, in01);
+    DECL(op_minimum, "minimum", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_minimum, in01);
+    /* Not differentiable: bool outputs, and the backward helpers (their own derivatives are
+     * not needed: no higher-order gradients). */
+    const unsigned cmp = ew | nd, lgc = EM_OP_BROADCAST | nd;
+    DECL(op_eq, "eq", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
+    DECL(op_ne, "ne", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
+    DECL(op_lt, "lt", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
+    DECL(op_le, "le", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
+    DECL(op_gt, "gt", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
+    DECL(op_ge, "ge", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
+    DECL(op_logical_and, "logical_and", 2, 0, NULL, NULL, 0, lgc, infer_compare, NULL, 0);
+    DECL(op_logical_or, "logical_or", 2, 0, NULL, NULL, 0, lgc, infer_compare, NULL, 0);
+    DECL(op_logical_xor, "logical_xor", 2, 0, NULL, NULL, 0, lgc, infer_compare, NULL, 0);
+    DECL(op_logical_not, "logical_not", 1, 0, NULL, NULL, 0, nd, infer_bool, NULL, 0);
+    /* The condition is bool: it never requires grad. */
+    DECL(op_where, "where", 3, 0, NULL, NULL, 1, EM_OP_BROADCAST, infer_where, d_where, in0);
+    DECL(op_threshold_backward, "threshold_backward", 2, 1, thresh, tf, 0, ew | nd,
+         infer_backward, NULL, 0);
+    DECL(op_sigmoid_backward, "sigmoid_backward", 2, 0, NULL, NULL, 0, ew | nd, infer_backward,
+         NULL, 0);
+    DECL(op_tanh_backward, "tanh_backward", 2, 0, NULL, NULL, 0, ew | nd, infer_backward, NULL,
+         0);
+    DECL(op_gelu_backward, "gelu_backward", 2, 1, approx, ts, 0, ew | nd, infer_backward, NULL,
+         0);
+    DECL(op_silu_backward, "silu_backward", 2, 0, NULL, NULL, 0, ew | nd, infer_backward, NULL,
+         0);
+    DECL(op_leaky_relu_backward, "leaky_relu_backward", 2, 1, slope, tf, 0, ew | nd,
+         infer_backward, NULL, 0);
 #undef DECL
     return st;
 }

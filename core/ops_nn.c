@@ -1,7 +1,7 @@
 /*
  * ops_nn.c — the standard op set, neural-network ops: conv2d, pooling, batch_norm,
- * layer_norm, softmax, log_softmax and their backward helpers: schemas, shape/dtype inference
- * and the typed public functions of ember/ops.h.
+ * layer_norm, softmax, log_softmax and their backward helpers: schemas, shape/dtype inference,
+ * derivatives (through the backward helpers) and the typed public functions of ember/ops.h.
  *
  * The public functions make every input contiguous and convert f16/bf16 to f32 (the ops
  * compute in f32 and round the main result back once; saved statistics stay f32), so the
@@ -501,13 +501,114 @@ static em_status infer_softmax(const em_op *op, const em_tensor *const *in, cons
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          const char *const *in_names, int n_out, int n_attrs,
                          const char *const *attr_names, const em_attr_type *types,
-                         em_infer_fn infer) {
+                         em_infer_fn infer, em_backward_fn backward, unsigned saves) {
     em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in,
                       .input_names = in_names, .n_outputs = n_out, .n_attrs = n_attrs,
                       .attr_names = attr_names, .attr_types = types, .dispatch_arg = 0,
-                      .infer = infer};
+                      .flags = backward ? 0 : EM_OP_NONDIFF, .infer = infer,
+                      .backward = backward, .saves = saves};
     return em_op_declare(core, &s, out);
 }
+
+/* ---- derivatives ------------------------------------------------------------------------------
+ * Written with the public backward functions below (they make the grad contiguous and of the
+ * compute dtype); run with grad mode off inside a scope of their own. The ops' inputs are the
+ * prepared (contiguous, f32/f64) tensors, so grads have their shapes and dtypes. Optional
+ * inputs passed as 0-element "none" tensors get no grad. The auxiliary outputs (max_pool2d's
+ * indices, the saved statistics of the norms) carry no gradient: indices are integers, and
+ * a gradient flowing into a statistic is refused rather than dropped. */
+
+#define G (c->grad_out[0])
+#define NEED(i) (c->needs_grad[i] && c->in_meta[i].ndim > 0 && \
+                 em__numel(c->in_meta[i].ndim, c->in_meta[i].shape) > 0)
+
+static em_status done(em_tensor *g, em_tensor **slot) {
+    *slot = g;
+    return g ? EM_OK : em_last_status();
+}
+
+static em_status stats_have_no_grad(const em_backward_ctx *c) {
+    for (int j = 1; j < c->n_out; j++)
+        if (c->grad_out[j])
+            return em_set_error(EM_ERR_STATE, "backward: %s: gradients through its output %d "
+                                "(a saved statistic) are not supported; compute the statistic "
+                                "with differentiable ops", em_op_name(c->op), j);
+    return EM_OK;
+}
+
+static em_status d_conv2d(const em_backward_ctx *c, em_tensor **gi) {
+    const em_attr *a = c->attrs; /* stride, padding, dilation, groups */
+    const int64_t *xs = c->in_meta[0].shape, *ws = c->in_meta[1].shape;
+    if (NEED(0) && !(gi[0] = em_conv2d_backward_data(G, c->in[1], xs + 2, a[0].ints, a[1].ints,
+                                                     a[2].ints, a[3].v.i)))
+        return em_last_status();
+    if (!NEED(1) && !NEED(2)) return EM_OK;
+    em_tensor *gw = NULL, *gb = NULL;
+    em_status st = em_conv2d_backward_weight(c->in[0], G, ws + 2, a[0].ints, a[1].ints,
+                                             a[2].ints, a[3].v.i, &gw, &gb);
+    if (st != EM_OK) return st;
+    if (NEED(1)) gi[1] = gw;
+    if (NEED(2)) gi[2] = gb;
+    return EM_OK;
+}
+
+static em_status d_max_pool2d(const em_backward_ctx *c, em_tensor **gi) {
+    if (!G) return EM_OK; /* only the indices were used */
+    return done(em_max_pool2d_backward(G, c->out[1], c->in_meta[0].shape + 2), &gi[0]);
+}
+
+static em_status d_avg_pool2d(const em_backward_ctx *c, em_tensor **gi) {
+    const em_attr *a = c->attrs; /* kernel_size, stride, padding, ceil_mode, count_include_pad */
+    return done(em_avg_pool2d_backward(G, c->in_meta[0].shape + 2, a[0].ints, a[1].ints,
+                                       a[2].ints, a[3].v.b, a[4].v.b), &gi[0]);
+}
+
+static em_status d_adaptive_avg_pool2d(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_adaptive_avg_pool2d_backward(G, c->in_meta[0].shape + 2), &gi[0]);
+}
+
+/* Training: through the batch statistics (saved mean and invstd); evaluation: the running
+ * statistics are constants (save_mean/save_invstd hold them). The running statistics get no
+ * grad, as in PyTorch. */
+static em_status d_batch_norm(const em_backward_ctx *c, em_tensor **gi) {
+    em_status st = stats_have_no_grad(c);
+    if (st != EM_OK || !G) return st;
+    em_tensor *gx = NULL, *gw = NULL, *gb = NULL;
+    const em_tensor *w = c->in_meta[1].shape[0] > 0 ? c->in[1] : NULL;
+    st = em_batch_norm_backward(G, c->in[0], w, c->out[1], c->out[2], c->attrs[0].v.b, &gx,
+                                &gw, &gb);
+    if (st != EM_OK) return st;
+    if (NEED(0)) gi[0] = gx;
+    if (NEED(1)) gi[1] = gw;
+    if (NEED(2)) gi[2] = gb;
+    return EM_OK;
+}
+
+static em_status d_layer_norm(const em_backward_ctx *c, em_tensor **gi) {
+    em_status st = stats_have_no_grad(c);
+    if (st != EM_OK || !G) return st;
+    em_tensor *gx = NULL, *gw = NULL, *gb = NULL;
+    int k = (int)c->attrs[0].v.i;
+    bool has_w = em__numel(c->in_meta[1].ndim, c->in_meta[1].shape) > 0;
+    st = em_layer_norm_backward(G, c->in[0], c->out[1], c->out[2], has_w ? c->in[1] : NULL, k,
+                                &gx, &gw, &gb);
+    if (st != EM_OK) return st;
+    /* The grads of weight and bias have the normalized shape (the params' own). */
+    if (NEED(0)) gi[0] = gx;
+    if (NEED(1)) gi[1] = gw;
+    if (NEED(2)) gi[2] = gb;
+    return EM_OK;
+}
+
+static em_status d_softmax(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_softmax_backward(G, c->out[0], (int)c->attrs[0].v.i), &gi[0]);
+}
+
+static em_status d_log_softmax(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_log_softmax_backward(G, c->out[0], (int)c->attrs[0].v.i), &gi[0]);
+}
+#undef G
+#undef NEED
 
 em_status em__ops_declare_nn(em_registry *core) {
 #define I EM_ATTR_INTS
@@ -545,31 +646,42 @@ em_status em__ops_declare_nn(em_registry *core) {
 #undef F
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
-    DECL(op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d);
+    /* The *_backward helpers are not differentiable (declared with no backward: NONDIFF). */
+    const unsigned in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
+                   out0 = EM_SAVE_OUTPUT(0), out1 = EM_SAVE_OUTPUT(1),
+                   stats = EM_SAVE_OUTPUT(1) | EM_SAVE_OUTPUT(2);
+    DECL(op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d, d_conv2d, in01);
     DECL(op_conv2d_bwd_data, "conv2d_backward_data", 2, convd_i, 1, 5, conv_a, conv_t,
-         infer_conv2d_bwd_data);
+         infer_conv2d_bwd_data, NULL, 0);
     DECL(op_conv2d_bwd_weight, "conv2d_backward_weight", 2, convw_i, 2, 5, convw_a, conv_t,
-         infer_conv2d_bwd_weight);
-    DECL(op_max_pool2d, "max_pool2d", 1, x_i, 2, 5, maxp_a, maxp_t, infer_max_pool2d);
+         infer_conv2d_bwd_weight, NULL, 0);
+    DECL(op_max_pool2d, "max_pool2d", 1, x_i, 2, 5, maxp_a, maxp_t, infer_max_pool2d,
+         d_max_pool2d, out1);
     DECL(op_max_pool2d_bwd, "max_pool2d_backward", 2, maxpb_i, 1, 1, in_size, ints_t,
-         infer_max_pool2d_bwd);
-    DECL(op_avg_pool2d, "avg_pool2d", 1, x_i, 1, 5, avgp_a, avgp_t, infer_avg_pool2d);
+         infer_max_pool2d_bwd, NULL, 0);
+    DECL(op_avg_pool2d, "avg_pool2d", 1, x_i, 1, 5, avgp_a, avgp_t, infer_avg_pool2d,
+         d_avg_pool2d, 0);
     DECL(op_avg_pool2d_bwd, "avg_pool2d_backward", 1, gy_i, 1, 6, avgp_a, avgp_t,
-         infer_avg_pool2d_bwd);
+         infer_avg_pool2d_bwd, NULL, 0);
     DECL(op_adaptive_avg_pool2d, "adaptive_avg_pool2d", 1, x_i, 1, 1, out_size, ints_t,
-         infer_adaptive);
+         infer_adaptive, d_adaptive_avg_pool2d, 0);
     DECL(op_adaptive_avg_pool2d_bwd, "adaptive_avg_pool2d_backward", 1, gy_i, 1, 1, in_size,
-         ints_t, infer_adaptive);
-    DECL(op_batch_norm, "batch_norm", 5, bn_i, 3, 3, bn_a, bn_t, infer_batch_norm);
+         ints_t, infer_adaptive, NULL, 0);
+    DECL(op_batch_norm, "batch_norm", 5, bn_i, 3, 3, bn_a, bn_t, infer_batch_norm,
+         d_batch_norm, in01 | stats);
     DECL(op_batch_norm_bwd, "batch_norm_backward", 5, bnb_i, 3, 1, bn_a, b_t,
-         infer_batch_norm_bwd);
-    DECL(op_layer_norm, "layer_norm", 3, ln_i, 3, 2, ln_a, ln_t, infer_layer_norm);
+         infer_batch_norm_bwd, NULL, 0);
+    DECL(op_layer_norm, "layer_norm", 3, ln_i, 3, 2, ln_a, ln_t, infer_layer_norm,
+         d_layer_norm, in01 | stats);
     DECL(op_layer_norm_bwd, "layer_norm_backward", 5, lnb_i, 3, 1, ln_a, int_t,
-         infer_layer_norm_bwd);
-    DECL(op_softmax, "softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax);
-    DECL(op_log_softmax, "log_softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax);
-    DECL(op_softmax_bwd, "softmax_backward", 2, smb_i, 1, 1, dim, int_t, infer_softmax);
-    DECL(op_log_softmax_bwd, "log_softmax_backward", 2, smb_i, 1, 1, dim, int_t, infer_softmax);
+         infer_layer_norm_bwd, NULL, 0);
+    DECL(op_softmax, "softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax, d_softmax, out0);
+    DECL(op_log_softmax, "log_softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax,
+         d_log_softmax, out0);
+    DECL(op_softmax_bwd, "softmax_backward", 2, smb_i, 1, 1, dim, int_t, infer_softmax, NULL,
+         0);
+    DECL(op_log_softmax_bwd, "log_softmax_backward", 2, smb_i, 1, 1, dim, int_t,
+         infer_softmax, NULL, 0);
 #undef DECL
     return st;
 }

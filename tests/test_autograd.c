@@ -256,13 +256,41 @@ Test(autograd, hooks_inspect_and_replace_grads) {
     em_tensor_release(x);
 }
 
+/* A program's op declared without a derivative (and without EM_OP_NONDIFF): y = 2x, f64. */
+static em_status infer_like_input(const em_op *op, const em_tensor *const *in,
+                                  const em_attr *attrs, em_tensor_meta *out) {
+    (void)op, (void)attrs;
+    out->dtype = em_tensor_dtype(in[0]);
+    out->ndim = em_tensor_ndim(in[0]);
+    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
+    return EM_OK;
+}
+static em_status twice_kernel(const em_kernel_ctx *k) {
+    const double *x = k->in[0].data;
+    double *y = k->out[0].data;
+    for (int64_t i = 0; i < k->out[0].numel; i++) y[i] = 2 * x[i];
+    return EM_OK;
+}
+static bool twice_supports(const em_kernel_ctx *k) { return k->in[0].contiguous; }
+
 Test(autograd, an_op_without_a_derivative_is_a_hard_error) {
+    em_op_schema s = {.struct_size = sizeof s, .name = "test.twice", .n_inputs = 1,
+                      .n_outputs = 1, .dispatch_arg = 0, .infer = infer_like_input};
+    const em_op *op = NULL;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
+    em_kernel_def k = {.struct_size = sizeof k, .op = "test.twice", .device_type = "cpu",
+                       .dtype = EM_F64, .fn = twice_kernel, .supports = twice_supports,
+                       .name = "test_twice_f64"};
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_OK, "%s",
+                 em_last_error());
     em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 2}, 12, 0, 1);
     em_scope_begin();
-    em_tensor *idx = em_arange(0, 2, 1, EM_I64, em_cpu());
-    em_tensor *y = em_sum(em_index_select(x, 0, idx), 0, NULL, false);
-    cr_assert_eq(em_backward(y), EM_ERR_STATE);
-    em_assert_error(EM_ERR_STATE, "op 'index_select' declares no derivative");
+    em_tensor *y = NULL;
+    const em_tensor *in[1] = {x};
+    cr_assert_eq(em_op_call(op, in, 1, NULL, &y), EM_OK, "%s", em_last_error());
+    cr_assert_str_eq(em_tensor_grad_fn_name(y), "test.twice", "it runs forward and records");
+    cr_assert_eq(em_backward(em_sum(y, 0, NULL, false)), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "op 'test.twice' declares no derivative");
     em_scope_end();
     em_tensor_release(x);
 }
@@ -467,4 +495,66 @@ Test(autograd, ten_thousand_steps_of_an_mlp_hold_memory_flat) {
     cr_assert_lt(last, first * 0.5, "the loss went down: %g -> %g", first, last);
     em_tensor *l[6] = {w1, b1, w2, x, t, lr};
     for (int i = 0; i < 6; i++) em_tensor_release(l[i]);
+}
+
+/* ---- losses ----------------------------------------------------------------------------------- */
+
+typedef struct loss_case {
+    em_tensor *target, *weight, *pos_weight;
+    int which;
+} loss_case;
+
+static em_tensor *f_loss(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    const loss_case *c = user;
+    em_tensor *x = em_transpose(in[0], 0, 1); /* a non-contiguous input: (4, 3) */
+    switch (c->which) {
+    case 0: return em_cross_entropy(x, c->target, c->weight, EM_REDUCTION_MEAN, 2, 0.1);
+    case 1: return em_cross_entropy(x, c->target, NULL, EM_REDUCTION_SUM, -100, 0);
+    case 2: return em_nll_loss(em_neg(em_exp(x)), c->target, c->weight, EM_REDUCTION_MEAN, -100);
+    case 3: return em_mse_loss(x, c->target, EM_REDUCTION_MEAN);
+    case 4: return em_l1_loss(x, c->target, EM_REDUCTION_SUM);
+    case 5: return em_smooth_l1_loss(x, c->target, EM_REDUCTION_MEAN, 0.5);
+    default: return em_binary_cross_entropy_with_logits(x, c->target, c->weight, c->pos_weight,
+                                                        EM_REDUCTION_MEAN);
+    }
+}
+
+Test(gradcheck, every_loss_through_its_backward_op) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 4}, 50, -2, 2); /* used as (4, 3) */
+    em_tensor *idx = em_test_tensor(EM_I64, 1, (int64_t[]){4}, (double[]){0, 2, 1, 2});
+    em_tensor *w = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){0.5, 2, 1});
+    em_tensor *probs = em_test_tensor(EM_F64, 2, (int64_t[]){4, 3},
+                                      (double[]){0.2, 0.3, 0.5, 1, 0, 0, 0.1, 0.1, 0.8, 0, 0.5, 0.5});
+    em_tensor *real = leaf(EM_F64, 2, (int64_t[]){4, 3}, 51, -2, 2);
+    em_requires_grad_(real, false);
+    em_tensor *bin = em_test_tensor(EM_F64, 2, (int64_t[]){4, 3},
+                                    (double[]){1, 0, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0});
+    em_tensor *pw = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){1.5, 0.5, 3});
+    loss_case cases[] = {{idx, w, NULL, 0},  {probs, NULL, NULL, 1}, {idx, w, NULL, 2},
+                         {real, NULL, NULL, 3}, {real, NULL, NULL, 4}, {real, NULL, NULL, 5},
+                         {bin, NULL, pw, 6}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        cr_assert_eq(em_gradcheck(f_loss, 1, &x, &cases[k], 0, 0, 0), EM_OK, "loss case %zu: %s",
+                     k, em_last_error());
+    em_tensor *all[] = {x, idx, w, probs, real, bin, pw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
+}
+
+static em_tensor *f_linear(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    /* y = linear(x (2, 3, 4), w (5, 4), b (5)) -> (2, 3, 5);
+     * z = addmm(c (4), y[1] (3, 5), w (5, 4), beta 0.5, alpha 2) -> (3, 4) */
+    em_tensor *y = em_linear(in[0], in[1], in[2]);
+    return em_addmm(in[3], em_select(y, 0, 1), in[1], 0.5, 2.0);
+}
+
+Test(gradcheck, linear_and_addmm) {
+    em_tensor *x = leaf(EM_F64, 3, (int64_t[]){2, 3, 4}, 60, -1, 1);
+    em_tensor *w = leaf(EM_F64, 2, (int64_t[]){5, 4}, 61, -1, 1);
+    em_tensor *b = leaf(EM_F64, 1, (int64_t[]){5}, 62, -1, 1);
+    em_tensor *c = leaf(EM_F64, 1, (int64_t[]){4}, 63, -1, 1);
+    em_tensor *in[4] = {x, w, b, c};
+    cr_assert_eq(em_gradcheck(f_linear, 4, in, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    for (int i = 0; i < 4; i++) em_tensor_release(in[i]);
 }

@@ -140,3 +140,20 @@ Test(init, without_the_cpu_plugin_init_fails) {
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_float_eq(arange_sum(4), 6.0, 0);
 }
+
+static void setup(void) { cr_assert_eq(em_init(), EM_OK, "%s", em_last_error()); }
+
+Test(init, plugins_describe_their_choices, .init = setup, .fini = em_shutdown) {
+    bool found = false;
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info info;
+        cr_assert_eq(em_plugin_get(i, &info), EM_OK);
+        if (!info.name || strcmp(info.name, "ember-cpu") != 0) continue;
+        const char *notes = em_plugin_describe(i);
+        cr_assert(notes && strstr(notes, "f32 GEMM: "), "ember-cpu says which GEMM it uses: %s",
+                  notes ? notes : "(null)");
+        found = true;
+    }
+    cr_assert(found);
+    cr_assert_null(em_plugin_describe(em_plugin_count() + 5));
+}

@@ -114,6 +114,7 @@ static json_t *plugins_json(const options *o) {
         json_object_set_new(p, "description", str_or_null(info.description));
         json_object_set_new(p, "status", json_string(status_name(info.status)));
         json_object_set_new(p, "reason", str_or_null(info.reason));
+        json_object_set_new(p, "notes", str_or_null(em_plugin_describe(i)));
         if (info.status == EM_PLUGIN_LOADED && info.registry)
             registry_json(p, info.registry, o);
         json_array_append_new(arr, p);
@@ -363,6 +364,7 @@ static void print_plugins(const json_t *plugins) {
         printf("  %-8s  %s%s%s  %s\n", status, *name ? name : "(unnamed)",
                *get_s(p, "version") ? " " : "", get_s(p, "version"), get_s(p, "path"));
         if (*get_s(p, "description")) printf("    %s\n", get_s(p, "description"));
+        if (*get_s(p, "notes")) printf("    notes: %s\n", get_s(p, "notes"));
         if (strcmp(status, "loaded") != 0) {
             printf("    reason: %s\n", get_s(p, "reason"));
             continue;

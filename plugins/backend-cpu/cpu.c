@@ -191,6 +191,7 @@ static const em_plugin_descriptor cpu_plugin = {
     .version = EM_VERSION_STRING,
     .description = "CPU device and kernels (OpenBLAS, oneDNN)",
     .register_fn = cpu_register,
+    .describe = cpu_gemm_describe,
     .shutdown_fn = cpu_shutdown,
 };
 

@@ -63,6 +63,9 @@ typedef struct em_plugin_descriptor {
      * frees what register_fn allocated. NULL: nothing to free. */
     void (*shutdown_fn)(void);
     void *ext;                /* reserved; NULL */
+    /* (optional) Decisions the plugin made at registration that a user should see, e.g.
+     * which GEMM library it routes f32 to and why; shown by ember-info. NULL: none. */
+    const char *(*describe)(void);
 } em_plugin_descriptor;
 
 typedef const em_plugin_descriptor *(*em_plugin_entry_fn)(void);
@@ -101,6 +104,8 @@ typedef struct em_plugin_info {
 EM_API size_t em_plugin_count(void);
 /* Info for candidate i (in discovery order); EM_ERR_RANGE past the end. */
 EM_API em_status em_plugin_get(size_t i, em_plugin_info *out /* out */);
+/* Plugin i's own description of the choices it made (its descriptor's describe()), or NULL. */
+EM_API const char *em_plugin_describe(size_t i);
 /* The directories searched, in order, as one colon-separated string (valid until
  * em_shutdown()). */
 EM_API const char *em_plugin_search_path(void);
@@ -120,6 +125,10 @@ EM_API size_t em_registry_op_count(const em_registry *reg);
 EM_API const char *em_registry_op_name(const em_registry *reg, size_t i);
 EM_API size_t em_registry_device_type_count(const em_registry *reg);
 EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i);
+/* Module classes (ember/module.h) the registry registered, in registration order; the name is
+ * NULL past the end. */
+EM_API size_t em_registry_module_class_count(const em_registry *reg);
+EM_API const char *em_registry_module_class_name(const em_registry *reg, size_t i);
 /* Optimizer and scheduler classes a registry registered (ember/optim.h), in registration
  * order; names are NULL past the end. */
 EM_API size_t em_registry_optim_class_count(const em_registry *reg);
