@@ -405,6 +405,14 @@ static em_optimizer *optimizer_build(const char *class_name, const em_param_grou
         snprintf(where, sizeof where, "%s (param group %d)", cls->name, g);
         if (!(G->opts = options_merge(defaults, groups[g].options))) goto fail;
         if (em_options_resolve(G->opts, where, cls->options, cls->n_options) != EM_OK) goto fail;
+        if (em_options_has(G->opts, "lr") &&
+            !(em_options_float(G->opts, "lr") >= 0)) {
+            /* Checked here, not by the spec's range: schedulers may drive lr below 0
+             * (OneCycleLR's last step overshoots, as in PyTorch) and such a state must load. */
+            em_set_error(EM_ERR_INVALID, "%s: invalid learning rate %g (must be >= 0)", where,
+                         em_options_float(G->opts, "lr"));
+            goto fail;
+        }
         if (cls->validate && cls->validate(G->opts, where) != EM_OK) goto fail;
         G->first = o->n_params;
         for (size_t i = 0; i < em_dict_len(groups[g].params); i++) {
@@ -502,9 +510,9 @@ em_options *em_optimizer_group_options_mutable(em_optimizer *o, int g) {
 
 em_status em_optimizer_set_lr(em_optimizer *o, int g, double lr) {
     if (!group_ok(o, g, "optimizer_set_lr")) return EM_ERR_RANGE;
-    if (isnan(lr) || lr < 0)
-        return em_set_error(EM_ERR_INVALID, "optimizer_set_lr: %s group %d: invalid learning "
-                            "rate %g (must be >= 0)", o->cls->name, g, lr);
+    if (isnan(lr))
+        return em_set_error(EM_ERR_INVALID, "optimizer_set_lr: %s group %d: the learning rate "
+                            "is NaN", o->cls->name, g);
     return em_options_set_float(o->groups[g].opts, "lr", lr);
 }
 

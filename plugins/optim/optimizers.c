@@ -122,8 +122,8 @@ static em_status sgd_step(em_optimizer *o) {
 }
 
 static const em_option_spec sgd_options[] = {
-    {.name = "lr", .types = EM_OPT_FLOAT, .required = true, .has_range = true, .min = 0,
-     .max = INFINITY, .help = "learning rate"},
+    {.name = "lr", .types = EM_OPT_FLOAT, .required = true,
+     .help = "learning rate"},
     {.name = "momentum", .types = EM_OPT_FLOAT, .def = {.f = 0}, .has_range = true, .min = 0,
      .max = INFINITY, .help = "momentum factor"},
     {.name = "dampening", .types = EM_OPT_FLOAT, .def = {.f = 0},
@@ -198,8 +198,8 @@ static em_status adam_step(em_optimizer *o) { return adam_like_step(o, false); }
 static em_status adamw_step(em_optimizer *o) { return adam_like_step(o, true); }
 
 #define ADAM_OPTIONS(default_wd)                                                                  \
-    {.name = "lr", .types = EM_OPT_FLOAT, .def = {.f = 1e-3}, .has_range = true, .min = 0,      \
-     .max = INFINITY, .help = "learning rate"},                                                  \
+    {.name = "lr", .types = EM_OPT_FLOAT, .def = {.f = 1e-3},      \
+     .help = "learning rate"},                                                  \
     {.name = "betas", .types = EM_OPT_FLOATS, .def = {.n = 2, .floats = {0.9, 0.999}},           \
      .has_range = true, .min = 0, .max = BELOW_ONE,                                              \
      .help = "coefficients of the running averages of the gradient and its square"},            \
@@ -275,8 +275,8 @@ static em_status rmsprop_step(em_optimizer *o) {
 }
 
 static const em_option_spec rmsprop_options[] = {
-    {.name = "lr", .types = EM_OPT_FLOAT, .def = {.f = 1e-2}, .has_range = true, .min = 0,
-     .max = INFINITY, .help = "learning rate"},
+    {.name = "lr", .types = EM_OPT_FLOAT, .def = {.f = 1e-2},
+     .help = "learning rate"},
     {.name = "alpha", .types = EM_OPT_FLOAT, .def = {.f = 0.99}, .has_range = true, .min = 0,
      .max = INFINITY, .help = "smoothing constant of the squared-gradient average"},
     {.name = "eps", .types = EM_OPT_FLOAT, .def = {.f = 1e-8}, .has_range = true, .min = 0,
@@ -329,8 +329,8 @@ static em_status adagrad_step(em_optimizer *o) {
 }
 
 static const em_option_spec adagrad_options[] = {
-    {.name = "lr", .types = EM_OPT_FLOAT, .def = {.f = 1e-2}, .has_range = true, .min = 0,
-     .max = INFINITY, .help = "learning rate"},
+    {.name = "lr", .types = EM_OPT_FLOAT, .def = {.f = 1e-2},
+     .help = "learning rate"},
     {.name = "lr_decay", .types = EM_OPT_FLOAT, .def = {.f = 0}, .has_range = true, .min = 0,
      .max = INFINITY, .help = "learning rate decay"},
     {.name = "weight_decay", .types = EM_OPT_FLOAT, .def = {.f = 0}, .has_range = true, .min = 0,

@@ -93,7 +93,9 @@ EM_API void em_optimizer_zero_grad(em_optimizer *o);
 EM_API const em_optim_class *em_optimizer_class(const em_optimizer *o);
 EM_API int em_optimizer_group_count(const em_optimizer *o);
 /* A group's options (resolved): read with em_options_float(...); schedulers change "lr"
- * through em_optimizer_set_lr. */
+ * through em_optimizer_set_lr. An optimizer's "lr" must be >= 0 when it is created (checked
+ * by the core, EM_ERR_INVALID); em_optimizer_set_lr refuses only NaN, because schedulers may
+ * drive it lower, as PyTorch's do (OneCycleLR's step past its last phase). */
 EM_API const em_options *em_optimizer_group_options(const em_optimizer *o, int group);
 /* The same options, writable: schedulers that cycle other hyper-parameters (OneCycleLR's
  * "momentum" or "betas") set them here. Values written must stay valid for the class. NULL
