@@ -20,6 +20,31 @@
  * options. em_optimizer_state_dict() returns both: tensors under "state.<index>.<name>" and the
  * groups as JSON text (the checkpoint stores it in the file's metadata) — the layout of
  * PyTorch's optimizer.state_dict() flattened.
+ *
+ * Built-in classes (ember-optim.so), each step for step as PyTorch 1.13 (foreach=False):
+ *   SGD      lr (required), momentum, dampening, weight_decay, nesterov, maximize
+ *   Adam     lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0, amsgrad, maximize
+ *   AdamW    as Adam, weight_decay 1e-2 (decoupled)
+ *   RMSprop  lr 1e-2, alpha 0.99, eps 1e-8, weight_decay, momentum, centered, maximize
+ *   Adagrad  lr 1e-2, lr_decay, weight_decay, initial_accumulator_value, eps 1e-10, maximize
+ * Schedulers, with the interval each is meant to be stepped at (em_sched_class.interval):
+ *   StepLR (step_size, gamma)                         per epoch
+ *   MultiStepLR (milestones: up to 8, gamma)           per epoch
+ *   ExponentialLR (gamma)                              per epoch
+ *   CosineAnnealingLR (T_max, eta_min)                 per epoch (or per batch, T_max in batches)
+ *   LinearLR (start_factor, end_factor, total_iters)   per epoch (or per batch)
+ *   SequentialLR (schedulers, milestones)              per epoch
+ *   OneCycleLR (max_lr, total_steps | epochs + steps_per_epoch, pct_start, anneal_strategy,
+ *               cycle_momentum, base_momentum, max_momentum, div_factor, final_div_factor,
+ *               three_phase)                           per batch
+ *   ReduceLROnPlateau (mode, factor, patience, threshold, threshold_mode, cooldown, min_lr,
+ *               eps)                                   per epoch, with the metric
+ * SequentialLR's sub-schedulers are text, as a config file writes them, created in order on
+ * the same optimizer:
+ *     schedulers = "LinearLR(start_factor=0.1, total_iters=5), CosineAnnealingLR(T_max=95)"
+ *     milestones = [5]
+ * Per-group values (OneCycleLR's max_lr and momenta, ReduceLROnPlateau's min_lr) take one
+ * number or a list with one per group.
  */
 #ifndef EMBER_OPTIM_H
 #define EMBER_OPTIM_H
