@@ -215,6 +215,11 @@ void em__plugins_unload_all(void);
 /* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
 const char *em__plugin_names(void);
 
+/* ---- optimizer and scheduler classes (optim.c) ---------------------------------------------- */
+
+/* Remove the optimizer and scheduler classes a registry registered (plugin unload). */
+void em__optim_remove_owner(em_registry *owner);
+
 /* ---- autograd (autograd.c) ------------------------------------------------------------------ */
 
 /* Before a kernel runs: if grad mode is on and an input requires grad, build the node (edges,
@@ -273,6 +278,13 @@ bool em__error_pending(void);
 void em__log_init(void);
 /* Formatting helper: writes "[2, 3]" etc. */
 const char *em__shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+/* ---- options and modules (options.c, module.c) -------------------------------------------- */
+
+/* Levenshtein distance (case-insensitive) for did-you-mean hints; 1000 for names over 64. */
+int em__edit_distance(const char *a, const char *b);
+/* Remove the module classes a registry registered (registry_withdraw). */
+void em__module_classes_remove_owner(em_registry *owner);
 
 /* ---- misc --------------------------------------------------------------------------------- */
 

@@ -73,10 +73,13 @@ em_status em__registry_add_device_type(em_registry *r, int type) {
     return EM_OK;
 }
 
-/* Remove everything a registry registered: kernels, ops, device types. */
+/* Remove everything a registry registered: kernels, ops, device types, module, optimizer
+ * and scheduler classes. */
 static void registry_withdraw(em_registry *r) {
+    em__optim_remove_owner(r);
     em__ops_remove_owner(r);
     em__device_types_remove_owner(r);
+    em__module_classes_remove_owner(r);
     r->n_ops = 0;
     r->n_device_types = 0;
 }
@@ -447,7 +450,10 @@ em_status em_plugin_load(const char *path) {
 }
 
 static bool program_listed(void) {
-    return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types);
+    return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types ||
+                         em_registry_module_class_count(L.program) ||
+                         em_registry_optim_class_count(L.program) ||
+                         em_registry_sched_class_count(L.program));
 }
 
 size_t em_plugin_count(void) { return L.n + (program_listed() ? 1 : 0); }
@@ -458,7 +464,7 @@ em_status em_plugin_get(size_t i, em_plugin_info *out) {
                             "plugins)", i, em_plugin_count());
     if (i == L.n) {
         *out = (em_plugin_info){.path = "(registered by the program)", .name = "<program>",
-                                .version = "", .description = "ops and kernels the program "
+                                .version = "", .description = "ops, kernels and classes the program "
                                 "registered itself", .status = EM_PLUGIN_LOADED,
                                 .registry = L.program};
         return EM_OK;

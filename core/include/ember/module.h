@@ -56,18 +56,19 @@ typedef struct em_module_class {
     /* Bytes of class-private state allocated (zeroed) with every instance: em_module_state(). */
     size_t state_size;
     /* Set the instance up from its resolved options: add parameters, buffers and children,
-     * initialise them (with em_default_generator() unless told otherwise). NULL: nothing. */
+     * initialise them (with em_default_generator() unless told otherwise). Runs inside a scope
+     * of its own: tensors it creates are released when it returns unless the module holds
+     * them (add_parameter/add_buffer retain). A failure's message is prefixed with the class
+     * name. NULL: nothing. */
     em_status (*init)(em_module *m, const em_options *opts);
-    /* Compute the outputs from n_in inputs. Return a new reference (the op results are fine).
-     * Most modules take one input; losses take (input, target). */
+    /* Compute the output from n_in inputs. Return a new reference: an op result, or
+     * em_tensor_retain() of an input. Runs inside a scope of its own (its intermediates are
+     * released on return; the result goes to the caller's scope). Errors are prefixed with
+     * the class name. Most modules take one input; losses take (input, target). */
     em_tensor *(*forward)(em_module *m, em_tensor *const *in, int n_in);
     /* (optional) Free what init allocated beyond the state block, parameters and children.
-     * NULL: nothing. */
+     * Also called when init fails part-way. NULL: nothing. */
     void (*free)(em_module *m);
-    /* (optional) Output shape for a given input shape, without computing (for summaries).
-     * NULL: the summary runs forward on zeros under EM_GRAD_DISABLED instead. */
-    em_status (*out_shape)(const em_module *m, int ndim, const int64_t *shape, int *out_ndim,
-                           int64_t *out_shape);
     /* Number of inputs forward takes: 1 for layers, 2 for losses (0: any). */
     int n_inputs;
     void *ext;                   /* reserved; NULL */
@@ -129,14 +130,20 @@ EM_API em_dict *em_module_named_parameters(const em_module *m, bool trainable_on
 EM_API int64_t em_module_parameter_count(const em_module *m, bool trainable_only);
 /* Parameters and persistent buffers with PyTorch's key names (a new dict of live tensors). */
 EM_API em_dict *em_module_state_dict(const em_module *m);
+/* Copy sd's tensors into the module's parameters and persistent buffers of the same key
+ * (converting dtype and device as needed; not recorded by autograd). A shape difference is
+ * EM_ERR_SHAPE with PyTorch's "size mismatch for 0.weight: copying a param with shape ... from
+ * checkpoint, the shape in current model is ..."; strict: missing or unexpected keys are
+ * EM_ERR_NOTFOUND listing both (nothing is copied then); not strict: absent keys are skipped. */
+EM_API em_status em_module_load_state_dict(em_module *m, const em_dict *sd, bool strict);
 
 /* Train/eval mode for the whole subtree (Dropout, BatchNorm behave differently). */
 EM_API void em_module_train(em_module *m, bool on);
 EM_API bool em_module_training(const em_module *m);
 /* Clear every parameter's .grad (set to none). */
 EM_API void em_module_zero_grad(em_module *m);
-/* Freeze (requires_grad off) or unfreeze every parameter whose dotted name starts with
- * prefix ("" for all). Returns how many parameters changed via *count (may be NULL);
+/* Freeze (requires_grad off) or unfreeze every parameter named prefix or lying under the
+ * module path prefix ("0" matches "0.weight" but not "01.weight"; "" matches all). Returns how many parameters changed via *count (may be NULL);
  * EM_ERR_NOTFOUND when nothing matches (the message lists the parameter names). */
 EM_API em_status em_module_freeze(em_module *m, const char *prefix, bool frozen, int *count);
 /* Move every parameter and buffer (grads too) to a device / dtype (floating ones only for
@@ -157,15 +164,24 @@ EM_API em_status em_module_add_forward_pre_hook(em_module *m, em_forward_pre_hoo
 EM_API em_status em_module_add_forward_hook(em_module *m, em_forward_hook fn, void *user);
 
 /* A torchinfo-like summary for an input shape: per layer name, class, output shape, parameter
- * and trainable counts; totals; estimated parameter, gradient and activation memory. */
+ * and trainable counts (the module's own parameters; "--" for none); totals; estimated input,
+ * parameter (with buffers), gradient (trainable parameters) and forward-activation (outputs of
+ * the leaf modules) memory. The output shapes come from a forward pass on zeros of the
+ * model's parameter dtype and device under EM_GRAD_DISABLED (int64 zeros when the model
+ * rejects a floating input, as an Embedding does); its failure is the summary's error. Writes
+ * to f only. */
 EM_API em_status em_module_summary(em_module *m, int ndim, const int64_t *input_shape,
                                    FILE *f);
 
 /* ---- initialisation ----------------------------------------------------------------------------------- */
 
-/* PyTorch's init functions, drawn from gen (NULL: the default generator). fan_in/fan_out
- * follow torch.nn.init._calculate_fan_in_and_fan_out. mode "fan_in"/"fan_out";
- * nonlinearity "relu", "leaky_relu", "linear", "tanh", "sigmoid". */
+/* PyTorch's init functions, drawn from gen (NULL: the default generator) with grad recording
+ * off (so they apply to parameters). fan_in/fan_out follow
+ * torch.nn.init._calculate_fan_in_and_fan_out. kaiming: bound/std = gain(nonlinearity, a) /
+ * sqrt(fan); mode "fan_in" (NULL) or "fan_out"; nonlinearity as em_init_calculate_gain (NULL:
+ * "leaky_relu"); a zero-element tensor is left alone. Linear and Conv2d weights use
+ * kaiming_uniform(a = sqrt(5)), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)). xavier: std =
+ * gain sqrt(2 / (fan_in + fan_out)). */
 EM_API em_status em_init_uniform_(em_tensor *t, double lo, double hi, em_generator *gen);
 EM_API em_status em_init_normal_(em_tensor *t, double mean, double std, em_generator *gen);
 EM_API em_status em_init_zeros_(em_tensor *t);
@@ -176,6 +192,15 @@ EM_API em_status em_init_kaiming_uniform_(em_tensor *t, double a, const char *mo
                                           const char *nonlinearity, em_generator *gen);
 EM_API em_status em_init_kaiming_normal_(em_tensor *t, double a, const char *mode,
                                          const char *nonlinearity, em_generator *gen);
+/* torch.nn.init._calculate_fan_in_and_fan_out: fan_in = size(1) * receptive field,
+ * fan_out = size(0) * receptive field (the product of dims 2..). EM_ERR_SHAPE for fewer than
+ * 2 dims. Either out-pointer may be NULL. */
+EM_API em_status em_init_calculate_fans(const em_tensor *t, int64_t *fan_in /* out */,
+                                        int64_t *fan_out /* out */);
+/* torch.nn.init.calculate_gain: 1 for linear/conv/sigmoid, 5/3 tanh, sqrt(2) relu,
+ * sqrt(2 / (1 + param^2)) leaky_relu (param NaN: 0.01), 3/4 selu; EM_ERR_INVALID otherwise. */
+EM_API em_status em_init_calculate_gain(const char *nonlinearity, double param,
+                                        double *gain /* out */);
 
 #ifdef __cplusplus
 }

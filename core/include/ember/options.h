@@ -97,7 +97,13 @@ EM_API em_status em_options_resolve(em_options *o, const char *owner, const em_o
                                     int n);
 
 /* Read a resolved option (the class's own code, after em_options_resolve; a name the spec
- * does not have, or a type that does not match, is an Ember bug: 0/false/NULL). */
+ * does not have, or a type that does not match, is an Ember bug: 0/false/NULL). Readers
+ * widen where it is lossless: em_options_float reads an INT, em_options_int the first entry
+ * of INTS, em_options_ints an INT as one entry, em_options_floats an INT/FLOAT/INTS.
+ * Text values are typed by resolve in this order: a list "[a, b]" (INTS when all entries are
+ * integers and INTS is allowed, else FLOATS), an integer (INT, FLOAT, INTS [v], FLOATS [v],
+ * then BOOL for 0/1), a number (FLOAT, FLOATS [v]), true/false/yes/no/on/off (BOOL), and
+ * otherwise a string (surrounding quotes removed). A failed resolve leaves the bag as it was. */
 EM_API bool em_options_has(const em_options *o, const char *name);
 /* The type the value has after resolve (one EM_OPT_* bit), 0 when absent. */
 EM_API unsigned em_options_type(const em_options *o, const char *name);

@@ -125,6 +125,16 @@ EM_API size_t em_registry_op_count(const em_registry *reg);
 EM_API const char *em_registry_op_name(const em_registry *reg, size_t i);
 EM_API size_t em_registry_device_type_count(const em_registry *reg);
 EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i);
+/* Module classes (ember/module.h) the registry registered, in registration order; the name is
+ * NULL past the end. */
+EM_API size_t em_registry_module_class_count(const em_registry *reg);
+EM_API const char *em_registry_module_class_name(const em_registry *reg, size_t i);
+/* Optimizer and scheduler classes a registry registered (ember/optim.h), in registration
+ * order; names are NULL past the end. */
+EM_API size_t em_registry_optim_class_count(const em_registry *reg);
+EM_API const char *em_registry_optim_class_name(const em_registry *reg, size_t i);
+EM_API size_t em_registry_sched_class_count(const em_registry *reg);
+EM_API const char *em_registry_sched_class_name(const em_registry *reg, size_t i);
 
 #ifdef __cplusplus
 }
