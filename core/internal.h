@@ -210,6 +210,12 @@ void em__plugins_unload_all(void);
 /* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
 const char *em__plugin_names(void);
 
+/* ---- dataset classes (data.c) ------------------------------------------------------------ */
+
+/* Withdraw / count the dataset classes a registry registered. */
+void em__datasets_remove_owner(em_registry *owner);
+size_t em__datasets_count_owner(const em_registry *owner);
+
 /* ---- autograd (autograd.c) ------------------------------------------------------------------ */
 
 /* Before a kernel runs: if grad mode is on and an input requires grad, build the node (edges,

@@ -77,6 +77,7 @@ em_status em__registry_add_device_type(em_registry *r, int type) {
 static void registry_withdraw(em_registry *r) {
     em__ops_remove_owner(r);
     em__device_types_remove_owner(r);
+    em__datasets_remove_owner(r);
     r->n_ops = 0;
     r->n_device_types = 0;
 }
@@ -447,7 +448,8 @@ em_status em_plugin_load(const char *path) {
 }
 
 static bool program_listed(void) {
-    return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types);
+    return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types ||
+                         em__datasets_count_owner(L.program));
 }
 
 size_t em_plugin_count(void) { return L.n + (program_listed() ? 1 : 0); }

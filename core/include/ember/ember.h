@@ -28,6 +28,7 @@
 #include "ember/autograd.h"
 #include "ember/dict.h"
 #include "ember/plugin.h"
+#include "ember/data.h"
 #include "ember/version.h"
 
 #ifdef __cplusplus
