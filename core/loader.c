@@ -157,7 +157,7 @@ static void transform_item(const em_loader *l, const void *raw, void *out, int64
     const em_transforms *t = &l->o.transforms;
     em_dtype rd = l->ds->info.input_dtype;
     size_t es = em_dtype_size(rd);
-    bool tofloat = l->out_dtype == EM_F32;
+    bool tofloat = l->fa != NULL; /* the affine part (to-float, normalize) is on */
     int64_t p = t->crop_padding, dy = 0, dx = 0;
     bool flip = false;
     if (p > 0 || t->hflip) {
@@ -190,6 +190,31 @@ static void transform_item(const em_loader *l, const void *raw, void *out, int64
         return;
     }
     int64_t C = l->shape[0], H = l->shape[1], W = l->shape[2];
+    if (tofloat && rd == EM_U8) {
+        /* The common case (images of bytes to floats), row by row: the columns that come
+         * from inside the image form one range [x0, x1). */
+        int64_t x0 = flip ? EM_MAX(0, dx) : EM_MAX(0, -dx);
+        int64_t x1 = flip ? EM_MIN(W, W + dx) : EM_MIN(W, W - dx);
+        for (int64_t c = 0; c < C; c++) {
+            float a = l->fa[l->nch == 1 ? 0 : c], b = l->fb[l->nch == 1 ? 0 : c];
+            for (int64_t y = 0; y < H; y++) {
+                float *o = (float *)out + (c * H + y) * W;
+                int64_t sy = y + dy;
+                if (sy < 0 || sy >= H || x0 >= x1) {
+                    for (int64_t x = 0; x < W; x++) o[x] = b;
+                    continue;
+                }
+                const uint8_t *r = (const uint8_t *)raw + (c * H + sy) * W;
+                for (int64_t x = 0; x < x0; x++) o[x] = b;
+                if (flip)
+                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[W - 1 - x + dx] * a + b;
+                else
+                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[x + dx] * a + b;
+                for (int64_t x = x1; x < W; x++) o[x] = b;
+            }
+        }
+        return;
+    }
     for (int64_t c = 0; c < C; c++) {
         float a = tofloat ? l->fa[l->nch == 1 ? 0 : c] : 0.f;
         float b = tofloat ? l->fb[l->nch == 1 ? 0 : c] : 0.f;

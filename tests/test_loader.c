@@ -226,6 +226,63 @@ Test(loader, transforms_are_correct_and_independent_of_workers) {
     em_dataset_free(ds);
 }
 
+/* Crop and flip on the raw bytes (no to-float): the generic path. Float inputs take it too. */
+Test(loader, crop_and_flip_without_float) {
+    em_dataset *ds = images();
+    for (int asfloat = 0; asfloat <= 1; asfloat++) {
+        em_dataset *src = ds;
+        em_tensor *fx = NULL, *fy = NULL;
+        if (asfloat) { /* the same images as float32 tensors */
+            fx = em_empty(4, (int64_t[]){40, 3, 4, 4}, EM_F32, em_cpu());
+            fy = em_empty(1, (int64_t[]){40}, EM_I64, em_cpu());
+            for (int64_t i = 0; i < 40; i++) {
+                uint8_t raw[48];
+                image_item(NULL, i, raw, (int64_t *)em_tensor_data(fy) + i);
+                for (int k = 0; k < 48; k++) ((float *)em_tensor_data(fx))[i * 48 + k] = raw[k];
+            }
+            src = em_dataset_from_tensors(fx, fy, 40);
+            cr_assert(src, "%s", em_last_error());
+        }
+        em_loader_options o = {.struct_size = sizeof o, .batch_size = 40, .seed = 4,
+                               .transforms = {.crop_padding = 1, .hflip = true}};
+        em_loader *l = em_loader_new(src, &o);
+        cr_assert(l, "%s", em_last_error());
+        em_tensor *x, *y;
+        cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_tensor_dtype(x), asfloat ? EM_F32 : EM_U8);
+        int flips = 0;
+        for (int64_t j = 0; j < 40; j++) {
+            uint8_t raw[48];
+            int64_t lab;
+            image_item(NULL, j, raw, &lab);
+            bool found = false;
+            for (int f = 0; f < 2 && !found; f++)
+                for (int dy = -1; dy <= 1 && !found; dy++)
+                    for (int dx = -1; dx <= 1 && !found; dx++) {
+                        bool ok = true;
+                        for (int k = 0; k < 48 && ok; k++) {
+                            int c = k / 16, yy = (k / 4) % 4, xx = k % 4;
+                            int sy = yy + dy, sx = (f ? 3 - xx : xx) + dx;
+                            int want = sy >= 0 && sy < 4 && sx >= 0 && sx < 4 ? raw[c * 16 + sy * 4 + sx] : 0;
+                            double got = asfloat ? ((float *)em_tensor_data(x))[j * 48 + k]
+                                                 : ((uint8_t *)em_tensor_data(x))[j * 48 + k];
+                            ok = got == want;
+                        }
+                        if (ok) found = true, flips += f;
+                    }
+            cr_assert(found, "item %lld (float %d)", (long long)j, asfloat);
+        }
+        cr_assert(flips > 5 && flips < 35, "flips %d", flips);
+        em_loader_free(l);
+        if (asfloat) {
+            em_dataset_free(src);
+            em_tensor_release(fx);
+            em_tensor_release(fy);
+        }
+    }
+    em_dataset_free(ds);
+}
+
 Test(loader, to_float_scaling) {
     em_dataset *ds = images();
     em_loader_options o = {.struct_size = sizeof o, .batch_size = 40,
