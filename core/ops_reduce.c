@@ -224,11 +224,9 @@ static em_status d_norm(const em_backward_ctx *c, em_tensor **gi) {
         em_tensor *share = em_div(mask, em_sum(mask, nd, dims, true));
         RET(em_mul(em_mul(G, share), em_sign(X)));
     }
-    em_tensor *num = p == 1 ? em_sign(X)
-                   : p == 2 ? em_tensor_retain((em_tensor *)X)
-                            : em_mul(em_sign(X), em_pow_scalar(ax, p - 1));
-    em_tensor *den = p == 1 ? NULL : p == 2 ? em_tensor_retain((em_tensor *)Y)
-                                            : em_pow_scalar(Y, p - 1);
+    /* X and Y are borrowed; everything else here belongs to the backward's scope. */
+    em_tensor *num = p == 1 ? em_sign(X) : p == 2 ? X : em_mul(em_sign(X), em_pow_scalar(ax, p - 1));
+    em_tensor *den = p == 1 ? NULL : p == 2 ? Y : em_pow_scalar(Y, p - 1);
     em_tensor *r = den ? em_where(em_eq(den, zero), zero, em_div(num, den)) : num;
     RET(em_mul(G, r));
 }
