@@ -511,6 +511,12 @@ em_status em_module_add_child(em_module *m, const char *name, em_module *child) 
     return st;
 }
 
+em_status em_module_append_child(em_module *m, em_module *child) {
+    char name[32];
+    snprintf(name, sizeof name, "%zu", m ? m->children.n : 0);
+    return em_module_add_child(m, name, child);
+}
+
 em_tensor *em_module_parameter(const em_module *m, const char *name) {
     member *e = m ? list_find(&m->params, name) : NULL;
     return e ? e->t : NULL;

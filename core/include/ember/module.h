@@ -112,6 +112,9 @@ EM_API em_status em_module_add_buffer(em_module *m, const char *name, em_tensor 
                                       bool persistent);
 /* Add a child module; m takes ownership (also on failure). */
 EM_API em_status em_module_add_child(em_module *m, const char *name, em_module *child);
+/* Add a child named by its position ("0", "1", ..., the child count before the call), as
+ * torch.nn.Sequential names its children. m takes ownership (also on failure). */
+EM_API em_status em_module_append_child(em_module *m, em_module *child);
 /* Borrowed lookups by local name; NULL when absent. */
 EM_API em_tensor *em_module_parameter(const em_module *m, const char *name);
 EM_API em_tensor *em_module_buffer(const em_module *m, const char *name);
