@@ -170,7 +170,8 @@ EM_API em_status em_module_add_forward_hook(em_module *m, em_forward_hook fn, vo
  * and trainable counts (the module's own parameters; "--" for none); totals; estimated input,
  * parameter (with buffers), gradient (trainable parameters) and forward-activation (outputs of
  * the leaf modules) memory. The output shapes come from a forward pass on zeros of the
- * model's parameter dtype and device under EM_GRAD_DISABLED (int64 zeros when the model
+ * model's parameter dtype and device, in eval mode (restored after: nothing is updated) under
+ * EM_GRAD_DISABLED (int64 zeros when the model
  * rejects a floating input, as an Embedding does); its failure is the summary's error. Writes
  * to f only. */
 EM_API em_status em_module_summary(em_module *m, int ndim, const int64_t *input_shape,
