@@ -94,8 +94,12 @@ static json_t *registry_json(json_t *p, const em_registry *r, const options *o) 
                                                   em_dtype_name(k.dtype), "priority",
                                                   k.priority, "name", k.name));
     }
+    json_t *classes = json_array();
+    for (size_t i = 0; i < em_registry_module_class_count(r); i++)
+        json_array_append_new(classes, json_string(em_registry_module_class_name(r, i)));
     json_object_set_new(p, "device_types", types);
     json_object_set_new(p, "ops", ops);
+    json_object_set_new(p, "module_classes", classes);
     json_object_set_new(p, "kernel_count", json_integer((json_int_t)em_registry_kernel_count(r)));
     json_object_set_new(p, "kernels", kernels);
     if (list) json_object_set_new(p, "kernel_list", list);
@@ -371,6 +375,8 @@ static void print_plugins(const json_t *plugins) {
         }
         print_string_list("device types", json_object_get(p, "device_types"));
         print_string_list("ops declared", json_object_get(p, "ops"));
+        if (json_array_size(json_object_get(p, "module_classes")))
+            print_string_list("module classes", json_object_get(p, "module_classes"));
         print_kernels(p);
     }
 }
