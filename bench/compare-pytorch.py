@@ -1,13 +1,21 @@
 #!/usr/bin/python3
 """Ember against PyTorch on the same workloads, in one invocation, interleaved.
 
-Run from the build tree after `make`:   bench/compare-pytorch.py [repetitions]
-(in a separate build directory: cd build && ../bench/compare-pytorch.py)
+Run from the build tree after `make`:   bench/compare-pytorch.py [repetitions] [workload...]
+(in a separate build directory: cd build && ../bench/compare-pytorch.py); naming workloads
+runs only those (e.g. `bench/compare-pytorch.py 7 train_mlp_b128 train_cnn_b64`).
 
 Workers stay alive and are driven line by line, so every repetition runs each workload once
 in each, back to back:
   ember        bench/compare (EMBER_NUM_THREADS=2)
   ember-sx     bench/compare with OPENBLAS_CORETYPE=SkylakeX, for raw OpenBLAS's best kernels
+  ember-train  bench/train_step (EMBER_NUM_THREADS=2, OMP_WAIT_POLICY=passive like PyTorch's
+               best configuration: both run on GNU OpenMP): issue 3's training steps, forward
+               + backward + SGD update of an MLP 784-512-256-10 (batch 128) and the CNN
+               (batch 64); PyTorch runs the same networks with torch.optim.SGD
+  ember-train-as-is  the same with OMP_WAIT_POLICY as it is (printed after the table: on a
+               machine whose cores other processes keep busy, libgomp's default spinning at
+               every parallel region's barrier costs Ember many times its compute)
   torch        PyTorch in its best configuration here: torch.set_num_threads(2),
                OPENBLAS_CORETYPE=SkylakeX, OMP_WAIT_POLICY=passive
   torch-as-is  PyTorch with the environment as it is (for reference)
@@ -21,11 +29,14 @@ import subprocess
 import sys
 
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
+TRAIN = ["train_mlp_b128", "train_cnn_b64"]
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
 
 TORCH_WORKER = r'''
 import sys, time, os
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 if os.environ.get("EMBER_BENCH_TORCH_THREADS"):
     torch.set_num_threads(int(os.environ["EMBER_BENCH_TORCH_THREADS"]))
 torch.manual_seed(0)
@@ -38,12 +49,31 @@ def add(n):
 def cp(n):
     a = torch.rand(n); b = torch.empty(n)
     return lambda: b.copy_(a)
+def train(cnn, batch):
+    if cnn:
+        net = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+        x = torch.rand(batch, 1, 28, 28)
+    else:
+        net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                            nn.Linear(256, 10))
+        x = torch.rand(batch, 784)
+    y = torch.randint(0, 10, (batch,))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    return step
 make = {"sgemm_1024": (lambda: mm(1024, torch.float32), 10),
         "sgemm_2048": (lambda: mm(2048, torch.float32), 2),
         "bf16_mm_2048": (lambda: mm(2048, torch.bfloat16), 4),
         "add_16M": (lambda: add(1 << 24), 10),
         "memcpy_64MB": (lambda: cp(1 << 24), 10),
-        "add_1elem": (lambda: add(1), 200000)}
+        "add_1elem": (lambda: add(1), 200000),
+        "train_mlp_b128": (lambda: train(False, 128), 10),
+        "train_cnn_b64": (lambda: train(True, 64), 3)}
 ready = {}
 print("ready torch %s threads %d" % (torch.__version__, torch.get_num_threads()), flush=True)
 for line in sys.stdin:
@@ -79,17 +109,25 @@ class Worker:
         self.p.wait()
 
 
-def find_compare():
+def find_program(name):
     here = os.path.dirname(os.path.abspath(__file__))
-    for c in ("bench/compare", os.path.join(here, "compare")):
+    for c in ("bench/" + name, os.path.join(here, name)):
         if os.access(c, os.X_OK):
             return c
-    sys.exit("compare-pytorch: bench/compare not found; run `make` and start from the build tree")
+    sys.exit("compare-pytorch: bench/%s not found; run `make` and start from the build tree"
+             % name)
 
 
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    compare = find_compare()
+    chosen = sys.argv[2:] or WORKLOADS + TRAIN
+    unknown = [n for n in chosen if n not in WORKLOADS + TRAIN]
+    if unknown:
+        sys.exit("compare-pytorch: unknown workload %s; the workloads: %s"
+                 % (", ".join(unknown), " ".join(WORKLOADS + TRAIN)))
+    names = [n for n in WORKLOADS + TRAIN if n in chosen]
+    raw = RAW if "sgemm_1024" in names else []
+    compare = find_program("compare")
     base = dict(os.environ)
     base.setdefault("EMBER_NUM_THREADS", "2")
     describe = subprocess.run([compare, "--describe"], env=base, capture_output=True, text=True)
@@ -97,6 +135,11 @@ def main():
     workers = {"ember": Worker("ember", [compare], base)}
     sx = dict(base, OPENBLAS_CORETYPE="SkylakeX")
     workers["ember-sx"] = Worker("ember-sx", [compare], sx)
+    if any(n in TRAIN for n in names):
+        train_step = find_program("train_step")
+        workers["ember-train"] = Worker("ember-train", [train_step],
+                                        dict(base, OMP_WAIT_POLICY="passive"))
+        workers["ember-train-as-is"] = Worker("ember-train-as-is", [train_step], base)
     python = os.environ.get("PYTHON", "/usr/bin/python3")
     have_torch = subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
     if have_torch:
@@ -110,17 +153,20 @@ def main():
     else:
         print("(PyTorch is not installed for %s: Ember's figures only)" % python)
 
-    times = {}  # (worker, workload) -> [ms]
+    times = {}  # (worker, workload) -> [ms]; the training worker's figures count as ember's
     for _ in range(reps):
-        for name in WORKLOADS + RAW:
+        for name in names + raw:
             for label, w in workers.items():
                 if name in RAW and not label.startswith("ember"):
                     continue
                 if label == "ember-sx" and name != "raw_openblas_1024":
                     continue
+                if label.startswith("ember") and label.startswith("ember-train") != (name in TRAIN):
+                    continue
                 t = w.ask(name)
                 if t is not None:
-                    times.setdefault((label, name), []).append(t)
+                    key = "ember" if label == "ember-train" else label
+                    times.setdefault((key, name), []).append(t)
     for w in workers.values():
         w.close()
 
@@ -129,11 +175,21 @@ def main():
     print("\n%d repetitions, interleaved; ms per op; ratio = ember / torch (best config)" % reps)
     print("%-14s %10s %10s %7s   %10s %10s %7s   %12s" % ("name", "ember_ms", "torch_ms", "ratio",
           "ember_mean", "torch_mean", "ratio", "torch_as_is"))
-    for n in WORKLOADS:
+    for n in names:
         e, t = med("ember", n), med("torch", n)
         em, tm = mean("ember", n), mean("torch", n)
         print("%-14s %10.4f %10.4f %7.2f   %10.4f %10.4f %7.2f   %12.4f" % (
             n, e, t, e / t, em, tm, em / tm, med("torch-as-is", n)))
+    steps = [n for n in names if n in TRAIN]
+    for n in steps:
+        r = [e / t for e, t in zip(times.get(("ember", n), []), times.get(("torch", n), []))]
+        if r:
+            print("%s: Ember / PyTorch per repetition: median %.2f, mean %.2f, range %.2f-%.2f"
+                  % (n, statistics.median(r), statistics.fmean(r), min(r), max(r)))
+        print("%s: Ember with OMP_WAIT_POLICY as it is: median %.4f ms (%.2fx PyTorch's best)"
+              % (n, med("ember-train-as-is", n), med("ember-train-as-is", n) / med("torch", n)))
+    if not all(n in names for n in WORKLOADS):
+        return
     print("\nraw libraries, 1024^3 f32 (medians): oneDNN %.3f ms, OpenBLAS default %.3f ms, "
           "OpenBLAS SkylakeX %.3f ms" % (med("ember", "raw_onednn_1024"),
                                          med("ember", "raw_openblas_1024"),

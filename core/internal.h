@@ -215,6 +215,11 @@ void em__plugins_unload_all(void);
 /* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
 const char *em__plugin_names(void);
 
+/* ---- optimizer and scheduler classes (optim.c) ---------------------------------------------- */
+
+/* Remove the optimizer and scheduler classes a registry registered (plugin unload). */
+void em__optim_remove_owner(em_registry *owner);
+
 /* ---- autograd (autograd.c) ------------------------------------------------------------------ */
 
 /* Before a kernel runs: if grad mode is on and an input requires grad, build the node (edges,

@@ -145,12 +145,115 @@ static em_status infer_max_dim(const em_op *op, const em_tensor *const *in,
 
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_out,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         em_infer_fn infer) {
+                         em_infer_fn infer, em_backward_fn backward, unsigned saves) {
     em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = 1, .n_outputs = n_out,
                       .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = 0, .infer = infer};
+                      .dispatch_arg = 0, .infer = infer, .backward = backward, .saves = saves,
+                      .flags = backward ? 0 : EM_OP_NONDIFF};
     return em_op_declare(core, &s, out);
 }
+
+/* ---- derivatives -------------------------------------------------------------------------------
+ * Every reduction op keeps its reduced dims (size 1), so the output and its grad broadcast
+ * against the input directly. */
+
+#define G (c->grad_out[0])
+#define X (c->in[0])
+#define Y (c->out[0])
+#define RET(expr) return (gi[0] = (expr)) ? EM_OK : em_last_status()
+
+/* The reduced dims (attribute 0) as an int list for em_sum/em_mean. */
+static int attr_dims(const em_backward_ctx *c, int *dims) {
+    for (int i = 0; i < c->attrs[0].n; i++) dims[i] = (int)c->attrs[0].ints[i];
+    return c->attrs[0].n;
+}
+
+/* amax/amin: the grad is shared evenly among the elements equal to the extreme (PyTorch). */
+static em_status d_amax(const em_backward_ctx *c, em_tensor **gi) {
+    int dims[EM_MAX_DIMS], nd = attr_dims(c, dims);
+    em_tensor *mask = em_to_dtype(em_eq(X, Y), X->dtype);
+    em_tensor *count = em_sum(mask, nd, dims, true);
+    RET(em_div(em_mul(G, mask), count));
+}
+
+/* max_dim/min_dim: the grad of the values goes to the index that was picked. */
+static em_status d_max_dim(const em_backward_ctx *c, em_tensor **gi) {
+    if (!G) return EM_OK;
+    int dim = c->in_meta[0].ndim ? (int)c->attrs[0].v.i : 0;
+    if (c->in_meta[0].ndim == 0) RET(em_tensor_retain(G));
+    em_tensor *z = em_zeros(X->ndim, X->shape, X->dtype, em_tensor_device(X));
+    RET(em_scatter_add(z, dim, c->out[1], G));
+}
+
+/* var = sum (x - mean)^2 / (N - correction): d/dx = 2 (x - mean) / (N - correction). */
+static em_status var_grad(const em_backward_ctx *c, em_tensor **scaled_diff) {
+    int dims[EM_MAX_DIMS], nd = attr_dims(c, dims);
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= X->shape[dims[i]];
+    double dof = (double)n - c->attrs[1].v.f;
+    em_tensor *diff = em_sub(X, em_mean(X, nd, dims, true));
+    *scaled_diff = em_mul_scalar(diff, dof > 0 ? 2.0 / dof : NAN);
+    return *scaled_diff ? EM_OK : em_last_status();
+}
+static em_status d_var(const em_backward_ctx *c, em_tensor **gi) {
+    em_tensor *d;
+    if (var_grad(c, &d) != EM_OK) return em_last_status();
+    RET(em_mul(G, d));
+}
+/* std = sqrt(var): d/dx = d var / (2 std). */
+static em_status d_std(const em_backward_ctx *c, em_tensor **gi) {
+    em_tensor *d;
+    if (var_grad(c, &d) != EM_OK) return em_last_status();
+    RET(em_div(em_mul(G, d), em_mul_scalar(Y, 2.0)));
+}
+
+static em_status d_logsumexp(const em_backward_ctx *c, em_tensor **gi) {
+    RET(em_mul(G, em_exp(em_sub(X, Y))));
+}
+
+/* norm: p = 0 has zero grad; inf/-inf like amax of |x|; otherwise
+ * g * sign(x) |x|^(p-1) / y^(p-1) (p = 2: g x / y), 0 where y == 0 (PyTorch's subgradient). */
+static em_status d_norm(const em_backward_ctx *c, em_tensor **gi) {
+    double p = c->attrs[1].v.f;
+    int dims[EM_MAX_DIMS], nd = attr_dims(c, dims);
+    em_tensor *zero = em_scalar(0, X->dtype);
+    if (p == 0) RET(em_zeros(X->ndim, X->shape, X->dtype, em_tensor_device(X)));
+    em_tensor *ax = em_abs(X);
+    if (isinf(p)) {
+        em_tensor *mask = em_to_dtype(em_eq(ax, Y), X->dtype);
+        em_tensor *share = em_div(mask, em_sum(mask, nd, dims, true));
+        RET(em_mul(em_mul(G, share), em_sign(X)));
+    }
+    em_tensor *num = p == 1 ? em_sign(X)
+                   : p == 2 ? em_tensor_retain((em_tensor *)X)
+                            : em_mul(em_sign(X), em_pow_scalar(ax, p - 1));
+    em_tensor *den = p == 1 ? NULL : p == 2 ? em_tensor_retain((em_tensor *)Y)
+                                            : em_pow_scalar(Y, p - 1);
+    em_tensor *r = den ? em_where(em_eq(den, zero), zero, em_div(num, den)) : num;
+    RET(em_mul(G, r));
+}
+
+/* prod: d/dx_i = prod of the others. Without zeros that is y / x_i; with exactly one zero in
+ * a reduction only the zero gets the product of the rest; with two or more, all get 0. */
+static em_status d_prod(const em_backward_ctx *c, em_tensor **gi) {
+    int dims[EM_MAX_DIMS], nd = attr_dims(c, dims);
+    if (!em_dtype_is_floating(X->dtype))
+        return em_set_error(EM_ERR_DTYPE, "backward: prod of %s has no gradient",
+                            em_dtype_name(X->dtype));
+    em_tensor *zero = em_scalar(0, X->dtype), *one = em_scalar(1, X->dtype);
+    em_tensor *is0 = em_eq(X, zero);
+    em_tensor *nzeros = em_sum(is0, nd, dims, true); /* int64 */
+    em_tensor *rest = em_prod(em_where(is0, one, X), nd, dims, true);
+    em_tensor *no_zero = em_eq(nzeros, em_scalar(0, EM_I64));
+    em_tensor *one_zero = em_logical_and(is0, em_eq(nzeros, em_scalar(1, EM_I64)));
+    em_tensor *r = em_where(no_zero, em_div(Y, em_where(is0, one, X)),
+                            em_where(one_zero, rest, zero));
+    RET(em_mul(G, r));
+}
+#undef G
+#undef X
+#undef Y
+#undef RET
 
 em_status em__ops_declare_reduce(em_registry *core) {
     static const char *const dims[] = {"dims"}, *const dim[] = {"dim"},
@@ -159,19 +262,21 @@ em_status em__ops_declare_reduce(em_registry *core) {
                               tif[] = {EM_ATTR_INTS, EM_ATTR_FLOAT};
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
-    DECL(op_amax, "amax", 1, 1, dims, ti, infer_same);
-    DECL(op_amin, "amin", 1, 1, dims, ti, infer_same);
-    DECL(op_max_dim, "max_dim", 2, 1, dim, tint, infer_max_dim);
-    DECL(op_min_dim, "min_dim", 2, 1, dim, tint, infer_max_dim);
-    DECL(op_argmax, "argmax", 1, 1, dims, ti, infer_index);
-    DECL(op_argmin, "argmin", 1, 1, dims, ti, infer_index);
-    DECL(op_var, "var", 1, 2, var, tif, infer_same);
-    DECL(op_std, "std", 1, 2, var, tif, infer_same);
-    DECL(op_logsumexp, "logsumexp", 1, 1, dims, ti, infer_same);
-    DECL(op_norm, "norm", 1, 2, norm, tif, infer_same);
-    DECL(op_prod, "prod", 1, 1, dims, ti, infer_same);
-    DECL(op_all, "all", 1, 1, dims, ti, infer_bool);
-    DECL(op_any, "any", 1, 1, dims, ti, infer_bool);
+    const unsigned x = EM_SAVE_INPUT(0), xy = x | EM_SAVE_OUTPUT(0),
+                   xi = x | EM_SAVE_OUTPUT(1); /* max_dim: the input and the indices */
+    DECL(op_amax, "amax", 1, 1, dims, ti, infer_same, d_amax, xy);
+    DECL(op_amin, "amin", 1, 1, dims, ti, infer_same, d_amax, xy);
+    DECL(op_max_dim, "max_dim", 2, 1, dim, tint, infer_max_dim, d_max_dim, xi);
+    DECL(op_min_dim, "min_dim", 2, 1, dim, tint, infer_max_dim, d_max_dim, xi);
+    DECL(op_argmax, "argmax", 1, 1, dims, ti, infer_index, NULL, 0);
+    DECL(op_argmin, "argmin", 1, 1, dims, ti, infer_index, NULL, 0);
+    DECL(op_var, "var", 1, 2, var, tif, infer_same, d_var, x);
+    DECL(op_std, "std", 1, 2, var, tif, infer_same, d_std, xy);
+    DECL(op_logsumexp, "logsumexp", 1, 1, dims, ti, infer_same, d_logsumexp, xy);
+    DECL(op_norm, "norm", 1, 2, norm, tif, infer_same, d_norm, xy);
+    DECL(op_prod, "prod", 1, 1, dims, ti, infer_same, d_prod, xy);
+    DECL(op_all, "all", 1, 1, dims, ti, infer_bool, NULL, 0);
+    DECL(op_any, "any", 1, 1, dims, ti, infer_bool, NULL, 0);
 #undef DECL
     return st;
 }

@@ -73,8 +73,10 @@ em_status em__registry_add_device_type(em_registry *r, int type) {
     return EM_OK;
 }
 
-/* Remove everything a registry registered: kernels, ops, device types, module classes. */
+/* Remove everything a registry registered: kernels, ops, device types, module, optimizer
+ * and scheduler classes. */
 static void registry_withdraw(em_registry *r) {
+    em__optim_remove_owner(r);
     em__ops_remove_owner(r);
     em__device_types_remove_owner(r);
     em__module_classes_remove_owner(r);
@@ -449,7 +451,9 @@ em_status em_plugin_load(const char *path) {
 
 static bool program_listed(void) {
     return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types ||
-                         em_registry_module_class_count(L.program));
+                         em_registry_module_class_count(L.program) ||
+                         em_registry_optim_class_count(L.program) ||
+                         em_registry_sched_class_count(L.program));
 }
 
 size_t em_plugin_count(void) { return L.n + (program_listed() ? 1 : 0); }

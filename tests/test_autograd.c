@@ -497,6 +497,51 @@ Test(autograd, ten_thousand_steps_of_an_mlp_hold_memory_flat) {
     for (int i = 0; i < 6; i++) em_tensor_release(l[i]);
 }
 
+Test(autograd, ten_thousand_steps_with_cross_entropy_hold_memory_flat) {
+    /* The same loop as a classifier is trained: linear 64->32, ReLU, linear 32->10,
+     * cross_entropy (mean) against int64 labels, plain SGD; allocator stats after step 10 and
+     * 10,000 must be equal. */
+    em_tensor *w1 = leaf(EM_F32, 2, (int64_t[]){32, 64}, 60, -0.125, 0.125);
+    em_tensor *b1 = leaf(EM_F32, 1, (int64_t[]){32}, 61, -0.125, 0.125);
+    em_tensor *w2 = leaf(EM_F32, 2, (int64_t[]){10, 32}, 62, -0.18, 0.18);
+    em_tensor *b2 = leaf(EM_F32, 1, (int64_t[]){10}, 63, -0.18, 0.18);
+    em_tensor *x = leaf(EM_F32, 2, (int64_t[]){16, 64}, 64, -1, 1);
+    em_requires_grad_(x, false);
+    em_tensor *y = em_test_tensor(EM_I64, 1, (int64_t[]){16},
+                                  (double[]){3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3});
+    em_tensor *params[4] = {w1, b1, w2, b2};
+    em_tensor *lr = em_scalar(0.05, EM_F32);
+    em_memory_stats at10 = {0}, end;
+    double first = 0, last = 0;
+    for (int step = 1; step <= 10000; step++) {
+        em_scope_begin();
+        em_tensor *h = em_relu(em_linear(x, w1, b1));
+        em_tensor *loss = em_cross_entropy(em_linear(h, w2, b2), y, NULL, EM_REDUCTION_MEAN, -100,
+                                           0);
+        cr_assert_eq(em_backward(loss), EM_OK, "step %d: %s", step, em_last_error());
+        double v = em_item(loss);
+        if (step == 1) first = v;
+        last = v;
+        em_grad_mode_push(EM_GRAD_DISABLED);
+        for (int p = 0; p < 4; p++) {
+            cr_assert_eq(em_sub_(params[p], em_mul(em_tensor_grad(params[p]), lr)), EM_OK);
+            em_tensor_set_grad(params[p], NULL);
+        }
+        em_grad_mode_pop();
+        em_scope_end();
+        if (step == 10) em_memory_stats_get(em_cpu(), &at10);
+    }
+    em_memory_stats_get(em_cpu(), &end);
+    for (int c = 0; c < EM_MEM_CATEGORY_COUNT; c++)
+        cr_assert_eq(end.current[c], at10.current[c], "category %s: %zu at step 10, %zu at the end",
+                     em_mem_category_name(c), at10.current[c], end.current[c]);
+    cr_assert_eq(end.reserved, at10.reserved);
+    /* 16 samples and 2,000+ parameters: the net memorises the batch. */
+    cr_assert_lt(last, 0.01, "the loss went down: %g -> %g", first, last);
+    em_tensor *l[7] = {w1, b1, w2, b2, x, y, lr};
+    for (int i = 0; i < 7; i++) em_tensor_release(l[i]);
+}
+
 /* ---- losses ----------------------------------------------------------------------------------- */
 
 typedef struct loss_case {
@@ -557,4 +602,58 @@ Test(gradcheck, linear_and_addmm) {
     em_tensor *in[4] = {x, w, b, c};
     cr_assert_eq(em_gradcheck(f_linear, 4, in, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
     for (int i = 0; i < 4; i++) em_tensor_release(in[i]);
+}
+
+/* ---- reductions -------------------------------------------------------------------------------- */
+
+static em_tensor *f_reductions(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    int which = *(const int *)user;
+    em_tensor *x = em_transpose(in[0], 0, 1); /* (4, 3), non-contiguous */
+    int d1[1] = {1}, d0[1] = {0};
+    em_tensor *v = NULL, *i = NULL;
+    switch (which) {
+    case 0: return em_amax(x, 1, d1, false);
+    case 1: return em_amin(x, 0, NULL, true);
+    case 2: em_max_dim(x, 0, false, &v, &i); return v;
+    case 3: em_min_dim(x, 1, true, &v, &i); return v;
+    case 4: return em_var(x, 1, d0, 1, false);
+    case 5: return em_std(x, 0, NULL, 0, true);
+    case 6: return em_logsumexp(x, 1, d1, false);
+    case 7: return em_norm(x, 2, 1, d1, false);
+    case 8: return em_norm(x, 1, 0, NULL, false);
+    case 9: return em_norm(x, 3, 1, d0, true);
+    case 10: return em_norm(x, INFINITY, 1, d1, false);
+    default: return em_prod(x, 1, d1, false);
+    }
+}
+
+Test(gradcheck, reductions_with_indices_norms_and_products) {
+    /* Distinct values (no ties), away from 0 except where zeros are the point. */
+    double vals[12] = {0.3, -1.2, 0.7, 1.9, -0.4, 1.1, -1.6, 0.5, 1.4, -0.9, 0.2, -1.3};
+    em_tensor *x = em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, vals);
+    em_requires_grad_(x, true);
+    for (int k = 0; k <= 11; k++)
+        cr_assert_eq(em_gradcheck(f_reductions, 1, &x, &k, 0, 0, 0), EM_OK, "reduction %d: %s", k,
+                     em_last_error());
+    em_tensor_release(x);
+    /* prod with one zero and with two zeros in a row: the exact subgradients. */
+    double z[12] = {0.3, 0, 0.7, 1.9, -0.4, 0, 1.1, 0, 1.4, -0.9, 0.2, -1.3};
+    em_tensor *xz = em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, z);
+    em_requires_grad_(xz, true);
+    int k = 11;
+    cr_assert_eq(em_gradcheck(f_reductions, 1, &xz, &k, 0, 0, 0), EM_OK, "prod with zeros: %s",
+                 em_last_error());
+    em_tensor_release(xz);
+}
+
+Test(autograd, amax_shares_the_grad_among_ties_like_pytorch) {
+    em_tensor *x = em_test_tensor(EM_F64, 1, (int64_t[]){4}, (double[]){2, 5, 5, 1});
+    em_requires_grad_(x, true);
+    em_scope_begin();
+    cr_assert_eq(em_backward(em_amax(x, 0, NULL, false)), EM_OK, "%s", em_last_error());
+    em_scope_end();
+    double want[4] = {0, 0.5, 0.5, 0};
+    for (int i = 0; i < 4; i++) cr_assert_float_eq(grad_at(x, i), want[i], 0);
+    em_tensor_release(x);
 }

@@ -157,3 +157,15 @@ Test(init, plugins_describe_their_choices, .init = setup, .fini = em_shutdown) {
     cr_assert(found);
     cr_assert_null(em_plugin_describe(em_plugin_count() + 5));
 }
+
+Test(init, openmp_waits_passively_unless_the_user_chose) {
+    unsetenv("OMP_WAIT_POLICY");
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_str_eq(getenv("OMP_WAIT_POLICY"), "PASSIVE");
+    em_shutdown();
+    setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_str_eq(getenv("OMP_WAIT_POLICY"), "ACTIVE", "the user's choice stands");
+    em_shutdown();
+    unsetenv("OMP_WAIT_POLICY");
+}

@@ -100,6 +100,13 @@ static json_t *registry_json(json_t *p, const em_registry *r, const options *o) 
     json_object_set_new(p, "device_types", types);
     json_object_set_new(p, "ops", ops);
     json_object_set_new(p, "module_classes", classes);
+    json_t *optims = json_array(), *scheds = json_array();
+    for (size_t i = 0; i < em_registry_optim_class_count(r); i++)
+        json_array_append_new(optims, json_string(em_registry_optim_class_name(r, i)));
+    for (size_t i = 0; i < em_registry_sched_class_count(r); i++)
+        json_array_append_new(scheds, json_string(em_registry_sched_class_name(r, i)));
+    json_object_set_new(p, "optimizer_classes", optims);
+    json_object_set_new(p, "scheduler_classes", scheds);
     json_object_set_new(p, "kernel_count", json_integer((json_int_t)em_registry_kernel_count(r)));
     json_object_set_new(p, "kernels", kernels);
     if (list) json_object_set_new(p, "kernel_list", list);
@@ -377,6 +384,10 @@ static void print_plugins(const json_t *plugins) {
         print_string_list("ops declared", json_object_get(p, "ops"));
         if (json_array_size(json_object_get(p, "module_classes")))
             print_string_list("module classes", json_object_get(p, "module_classes"));
+        if (json_array_size(json_object_get(p, "optimizer_classes")))
+            print_string_list("optimizers", json_object_get(p, "optimizer_classes"));
+        if (json_array_size(json_object_get(p, "scheduler_classes")))
+            print_string_list("schedulers", json_object_get(p, "scheduler_classes"));
         print_kernels(p);
     }
 }

@@ -129,6 +129,12 @@ EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i
  * NULL past the end. */
 EM_API size_t em_registry_module_class_count(const em_registry *reg);
 EM_API const char *em_registry_module_class_name(const em_registry *reg, size_t i);
+/* Optimizer and scheduler classes a registry registered (ember/optim.h), in registration
+ * order; names are NULL past the end. */
+EM_API size_t em_registry_optim_class_count(const em_registry *reg);
+EM_API const char *em_registry_optim_class_name(const em_registry *reg, size_t i);
+EM_API size_t em_registry_sched_class_count(const em_registry *reg);
+EM_API const char *em_registry_sched_class_name(const em_registry *reg, size_t i);
 
 #ifdef __cplusplus
 }

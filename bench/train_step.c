@@ -1,0 +1,155 @@
+/*
+ * train_step.c — Ember's side of the training-step rows of bench/compare-pytorch.py (issue
+ * 3's workloads): a worker that reads workload names on stdin, one a line, runs one timed
+ * batch of training steps and prints "name ms_per_step" (the driver interleaves these calls
+ * with PyTorch's). `bench/train_step --list` prints the workloads.
+ *
+ *   train_mlp_b128  MLP 784-512-256-10 (linear, ReLU, linear, ReLU, linear), batch 128
+ *   train_cnn_b64   conv(1->32, 3x3, pad 1), ReLU, max_pool 2, conv(32->64, 3x3, pad 1), ReLU,
+ *                   max_pool 2, flatten, linear(3136->128), ReLU, linear(128->10); batch 64
+ *                   of 1x28x28
+ *
+ * One step is what a training loop does: forward, cross_entropy (mean), em_backward, then a
+ * plain SGD update w -= lr * grad of every parameter under EM_GRAD_DISABLED and the grads set
+ * to none (zero_grad). The batch stays the same (data loading is not measured). Parameters
+ * are initialised like PyTorch's defaults (uniform on +-1/sqrt(fan_in)); inputs uniform on
+ * [0, 1), labels uniform in [0, 10). The first request of a workload builds it and runs one
+ * untimed step (oneDNN primitive creation, allocator cache, page faults).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <ember/ember.h>
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "train_step: %s: %s\n", what, em_last_error());
+    exit(1);
+}
+
+/* A parameter of the given shape, uniform on +-1/sqrt(fan_in), requiring grad. */
+static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
+    em_tensor *t = em_empty(ndim, shape, EM_F32, em_cpu());
+    double b = 1.0 / sqrt((double)fan_in);
+    if (!t || em_uniform_(t, -b, b, NULL) != EM_OK || em_requires_grad_(t, true) != EM_OK)
+        die("parameter");
+    return t;
+}
+
+typedef struct workload {
+    const char *name;
+    int iters; /* steps per timed batch */
+    bool cnn;
+    int64_t batch;
+    int np;
+    em_tensor *p[8], *x, *y, *lr;
+    bool ready;
+} workload;
+
+static void setup(workload *w) {
+    if (w->cnn) {
+        w->p[0] = param(4, (int64_t[]){32, 1, 3, 3}, 9);
+        w->p[1] = param(1, (int64_t[]){32}, 9);
+        w->p[2] = param(4, (int64_t[]){64, 32, 3, 3}, 288);
+        w->p[3] = param(1, (int64_t[]){64}, 288);
+        w->p[4] = param(2, (int64_t[]){128, 3136}, 3136);
+        w->p[5] = param(1, (int64_t[]){128}, 3136);
+        w->p[6] = param(2, (int64_t[]){10, 128}, 128);
+        w->p[7] = param(1, (int64_t[]){10}, 128);
+        w->np = 8;
+        w->x = em_empty(4, (int64_t[]){w->batch, 1, 28, 28}, EM_F32, em_cpu());
+    } else {
+        w->p[0] = param(2, (int64_t[]){512, 784}, 784);
+        w->p[1] = param(1, (int64_t[]){512}, 784);
+        w->p[2] = param(2, (int64_t[]){256, 512}, 512);
+        w->p[3] = param(1, (int64_t[]){256}, 512);
+        w->p[4] = param(2, (int64_t[]){10, 256}, 256);
+        w->p[5] = param(1, (int64_t[]){10}, 256);
+        w->np = 6;
+        w->x = em_empty(2, (int64_t[]){w->batch, 784}, EM_F32, em_cpu());
+    }
+    if (!w->x || em_uniform_(w->x, 0, 1, NULL) != EM_OK) die("input");
+    em_tensor *u = em_empty(1, (int64_t[]){w->batch}, EM_F32, em_cpu());
+    if (!u || em_uniform_(u, 0, 10, NULL) != EM_OK) die("labels");
+    w->y = em_to_dtype(u, EM_I64); /* truncation: uniform in 0..9 */
+    em_tensor_release(u);
+    w->lr = em_scalar(0.01, EM_F32);
+    if (!w->y || !w->lr) die("labels");
+}
+
+static void step(workload *w) {
+    em_tensor *const *p = w->p;
+    if (em_scope_begin() != EM_OK) die("scope");
+    em_tensor *h;
+    if (w->cnn) {
+        const int64_t pad[2] = {1, 1}, k2[2] = {2, 2};
+        em_tensor *a = em_relu(em_conv2d(w->x, p[0], p[1], NULL, pad, NULL, 1));
+        if (!a || em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL) != EM_OK) die("pool1");
+        a = em_relu(em_conv2d(a, p[2], p[3], NULL, pad, NULL, 1));
+        if (!a || em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL) != EM_OK) die("pool2");
+        h = em_linear(em_relu(em_linear(em_flatten(a, 1, 3), p[4], p[5])), p[6], p[7]);
+    } else {
+        h = em_relu(em_linear(em_relu(em_linear(w->x, p[0], p[1])), p[2], p[3]));
+        h = em_linear(h, p[4], p[5]);
+    }
+    em_tensor *loss = em_cross_entropy(h, w->y, NULL, EM_REDUCTION_MEAN, -100, 0);
+    if (!loss) die("forward");
+    if (em_backward(loss) != EM_OK) die("backward");
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    for (int i = 0; i < w->np; i++) {
+        if (em_sub_(w->p[i], em_mul(em_tensor_grad(w->p[i]), w->lr)) != EM_OK) die("update");
+        em_tensor_set_grad(w->p[i], NULL);
+    }
+    em_grad_mode_pop();
+    if (em_scope_end() != EM_OK) die("scope");
+}
+
+static workload W[] = {
+    {.name = "train_mlp_b128", .iters = 10, .cnn = false, .batch = 128},
+    {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
+};
+#define N_WORKLOADS ((int)(sizeof W / sizeof W[0]))
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--list") == 0) {
+        for (int i = 0; i < N_WORKLOADS; i++) printf("%s\n", W[i].name);
+        return 0;
+    }
+    if (em_init() != EM_OK) die("em_init");
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        workload *w = NULL;
+        for (int i = 0; i < N_WORKLOADS; i++)
+            if (strcmp(W[i].name, line) == 0) w = &W[i];
+        if (!w) {
+            printf("%s unknown\n", line);
+            fflush(stdout);
+            continue;
+        }
+        if (!w->ready) {
+            setup(w);
+            step(w); /* warm-up */
+            w->ready = true;
+        }
+        double t0 = now_ms();
+        for (int i = 0; i < w->iters; i++) step(w);
+        printf("%s %.6f\n", w->name, (now_ms() - t0) / w->iters);
+        fflush(stdout);
+    }
+    for (int i = 0; i < N_WORKLOADS; i++) {
+        if (!W[i].ready) continue;
+        for (int k = 0; k < W[i].np; k++) em_tensor_release(W[i].p[k]);
+        em_tensor_release(W[i].x), em_tensor_release(W[i].y), em_tensor_release(W[i].lr);
+    }
+    em_shutdown();
+    return 0;
+}

@@ -1,0 +1,1113 @@
+/*
+ * optim.c — optimizer and scheduler class registries, the optimizer object (parameter groups,
+ * per-parameter state, state dicts), gradient clipping, and the scheduler object
+ * (ember/optim.h). The classes themselves (SGD, Adam, StepLR, ...) live in plugins/optim.
+ *
+ * Registries. Each registered class is copied (missing trailing slots of an older, smaller
+ * struct zeroed) and attributed to the registry that registered it; unloading a plugin
+ * removes its classes (em__optim_remove_owner, from plugin.c's registry_withdraw).
+ * Optimizers and schedulers must be freed before the plugin that made their class unloads.
+ *
+ * Parameters are numbered globally, group by group, as in PyTorch's state_dict; state is kept
+ * per parameter index as (name, tensor) pairs, tensors tagged EM_MEM_OPTIMIZER.
+ *
+ * The state dict's JSON ("groups_json"):
+ *   {"class": "Adam", "steps": 50,
+ *    "param_groups": [{"lr": 0.001, "betas": [0.9, 0.999], ..., "initial_lr": 0.001,
+ *                      "params": [0, 1], "param_names": ["0.weight", "0.bias"]}, ...]}
+ * A scheduler's: {"class": "StepLR", "last_epoch": 3, "step_count": 4, "base_lrs": [...],
+ *                 "last_lr": [...], "state": <class-private JSON or null>}.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- registries ------------------------------------------------------------------------------ */
+
+typedef struct class_entry {
+    void *cls; /* an owned copy: em_optim_class or em_sched_class */
+    em_registry *owner;
+} class_entry;
+
+static struct {
+    class_entry *optim, *sched;
+    size_t n_optim, cap_optim, n_sched, cap_sched;
+} R;
+
+static em_status entry_add(class_entry **arr, size_t *n, size_t *cap, void *cls, em_registry *owner) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        class_entry *p = em__realloc(*arr, *cap * sizeof **arr, nc * sizeof **arr, "class registry");
+        if (!p) return EM_ERR_NOMEM;
+        *arr = p;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = (class_entry){.cls = cls, .owner = owner};
+    return EM_OK;
+}
+
+static void entries_remove_owner(class_entry *arr, size_t *n, const em_registry *owner) {
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (arr[i].owner == owner) em__free(arr[i].cls);
+        else arr[k++] = arr[i];
+    }
+    *n = k;
+}
+
+void em__optim_remove_owner(em_registry *owner) {
+    entries_remove_owner(R.optim, &R.n_optim, owner);
+    entries_remove_owner(R.sched, &R.n_sched, owner);
+    if (R.n_optim == 0) {
+        em__free(R.optim);
+        R.optim = NULL;
+        R.cap_optim = 0;
+    }
+    if (R.n_sched == 0) {
+        em__free(R.sched);
+        R.sched = NULL;
+        R.cap_sched = 0;
+    }
+}
+
+static const char *owner_name(const em_registry *r) { return r && r->name ? r->name : "?"; }
+
+/* Checks an option table: names present, unique. */
+static em_status check_specs(const char *kind, const char *name, const em_option_spec *specs,
+                             int n) {
+    if (n < 0 || (n > 0 && !specs))
+        return em_set_error(EM_ERR_INVALID, "%s_class_register: class '%s' has %d options but "
+                            "no option table", kind, name, n);
+    for (int i = 0; i < n; i++) {
+        if (!specs[i].name || !*specs[i].name)
+            return em_set_error(EM_ERR_INVALID, "%s_class_register: class '%s': option %d has "
+                                "no name", kind, name, i);
+        for (int j = 0; j < i; j++)
+            if (strcmp(specs[i].name, specs[j].name) == 0)
+                return em_set_error(EM_ERR_INVALID, "%s_class_register: class '%s' declares "
+                                    "option '%s' twice", kind, name, specs[i].name);
+    }
+    return EM_OK;
+}
+
+em_status em_optim_class_register(em_registry *reg, const em_optim_class *cls) {
+    if (!reg) return em_set_error(EM_ERR_INVALID, "optim_class_register: NULL registry");
+    if (!cls || cls->struct_size < offsetof(em_optim_class, validate))
+        return em_set_error(EM_ERR_INVALID, "optim_class_register: %s", cls ? "struct_size is "
+                            "too small (set it to sizeof(em_optim_class))" : "NULL class");
+    if (!cls->name || !*cls->name || !cls->step)
+        return em_set_error(EM_ERR_INVALID, "optim_class_register: class '%s' needs a name and "
+                            "a step function", cls->name ? cls->name : "(null)");
+    const em_optim_class *dup = em_optim_class_find(cls->name);
+    if (dup) {
+        const char *who = "?";
+        for (size_t i = 0; i < R.n_optim; i++)
+            if (R.optim[i].cls == dup) who = owner_name(R.optim[i].owner);
+        return em_set_error(EM_ERR_INVALID, "optim_class_register: an optimizer class named "
+                            "'%s' is already registered (by %s)", cls->name, who);
+    }
+    em_status st = check_specs("optim", cls->name, cls->options, cls->n_options);
+    if (st != EM_OK) return st;
+    em_optim_class *copy = em__calloc(1, sizeof *copy, "optimizer class");
+    if (!copy) return EM_ERR_NOMEM;
+    memcpy(copy, cls, EM_MIN(cls->struct_size, sizeof *copy));
+    copy->struct_size = sizeof *copy;
+    if ((st = entry_add(&R.optim, &R.n_optim, &R.cap_optim, copy, reg)) != EM_OK) em__free(copy);
+    return st;
+}
+
+const em_optim_class *em_optim_class_find(const char *name) {
+    for (size_t i = 0; name && i < R.n_optim; i++) {
+        const em_optim_class *c = R.optim[i].cls;
+        if (strcmp(c->name, name) == 0) return c;
+    }
+    return NULL;
+}
+size_t em_optim_class_count(void) { return R.n_optim; }
+const em_optim_class *em_optim_class_get(size_t i) { return i < R.n_optim ? R.optim[i].cls : NULL; }
+
+em_status em_sched_class_register(em_registry *reg, const em_sched_class *cls) {
+    if (!reg) return em_set_error(EM_ERR_INVALID, "sched_class_register: NULL registry");
+    if (!cls || cls->struct_size < offsetof(em_sched_class, closed_form))
+        return em_set_error(EM_ERR_INVALID, "sched_class_register: %s", cls ? "struct_size is "
+                            "too small (set it to sizeof(em_sched_class))" : "NULL class");
+    if (!cls->name || !*cls->name || !cls->step)
+        return em_set_error(EM_ERR_INVALID, "sched_class_register: class '%s' needs a name and "
+                            "a step function", cls->name ? cls->name : "(null)");
+    if (!cls->interval || (strcmp(cls->interval, "step") != 0 && strcmp(cls->interval, "epoch") != 0))
+        return em_set_error(EM_ERR_INVALID, "sched_class_register: class '%s': interval must be "
+                            "\"step\" (per batch) or \"epoch\", not '%s'", cls->name,
+                            cls->interval ? cls->interval : "(null)");
+    const em_sched_class *dup = em_sched_class_find(cls->name);
+    if (dup) {
+        const char *who = "?";
+        for (size_t i = 0; i < R.n_sched; i++)
+            if (R.sched[i].cls == dup) who = owner_name(R.sched[i].owner);
+        return em_set_error(EM_ERR_INVALID, "sched_class_register: a scheduler class named "
+                            "'%s' is already registered (by %s)", cls->name, who);
+    }
+    em_status st = check_specs("sched", cls->name, cls->options, cls->n_options);
+    if (st != EM_OK) return st;
+    em_sched_class *copy = em__calloc(1, sizeof *copy, "scheduler class");
+    if (!copy) return EM_ERR_NOMEM;
+    memcpy(copy, cls, EM_MIN(cls->struct_size, sizeof *copy));
+    copy->struct_size = sizeof *copy;
+    if ((st = entry_add(&R.sched, &R.n_sched, &R.cap_sched, copy, reg)) != EM_OK) em__free(copy);
+    return st;
+}
+
+const em_sched_class *em_sched_class_find(const char *name) {
+    for (size_t i = 0; name && i < R.n_sched; i++) {
+        const em_sched_class *c = R.sched[i].cls;
+        if (strcmp(c->name, name) == 0) return c;
+    }
+    return NULL;
+}
+size_t em_sched_class_count(void) { return R.n_sched; }
+const em_sched_class *em_sched_class_get(size_t i) { return i < R.n_sched ? R.sched[i].cls : NULL; }
+
+static size_t owned_count(const class_entry *arr, size_t n, const em_registry *reg) {
+    size_t k = 0;
+    for (size_t i = 0; reg && i < n; i++) k += arr[i].owner == reg;
+    return k;
+}
+static const void *owned_get(const class_entry *arr, size_t n, const em_registry *reg, size_t idx) {
+    for (size_t i = 0; reg && i < n; i++)
+        if (arr[i].owner == reg && idx-- == 0) return arr[i].cls;
+    return NULL;
+}
+size_t em_registry_optim_class_count(const em_registry *reg) {
+    return owned_count(R.optim, R.n_optim, reg);
+}
+const char *em_registry_optim_class_name(const em_registry *reg, size_t i) {
+    const em_optim_class *c = owned_get(R.optim, R.n_optim, reg, i);
+    return c ? c->name : NULL;
+}
+size_t em_registry_sched_class_count(const em_registry *reg) {
+    return owned_count(R.sched, R.n_sched, reg);
+}
+const char *em_registry_sched_class_name(const em_registry *reg, size_t i) {
+    const em_sched_class *c = owned_get(R.sched, R.n_sched, reg, i);
+    return c ? c->name : NULL;
+}
+
+/* ---- options helpers ------------------------------------------------------------------------- */
+
+/* Copy option `name` of src (typed when src knows its type, else as text) into dst. */
+static em_status option_copy(em_options *dst, const em_options *src, size_t i) {
+    const char *name = em_options_name(src, i);
+    int64_t iv[EM_OPT_MAX_LIST];
+    double fv[EM_OPT_MAX_LIST];
+    int n;
+    switch (em_options_type(src, name)) {
+    case EM_OPT_INT: return em_options_set_int(dst, name, em_options_int(src, name));
+    case EM_OPT_FLOAT: return em_options_set_float(dst, name, em_options_float(src, name));
+    case EM_OPT_BOOL: return em_options_set_bool(dst, name, em_options_bool(src, name));
+    case EM_OPT_STRING: return em_options_set_string(dst, name, em_options_string(src, name));
+    case EM_OPT_INTS:
+        n = em_options_ints(src, name, iv, EM_OPT_MAX_LIST);
+        return em_options_set_ints(dst, name, n, iv);
+    case EM_OPT_FLOATS:
+        n = em_options_floats(src, name, fv, EM_OPT_MAX_LIST);
+        return em_options_set_floats(dst, name, n, fv);
+    default: {
+        char buf[512];
+        return em_options_set_text(dst, name, em_options_text(src, i, buf, sizeof buf), NULL);
+    }
+    }
+}
+
+/* A new bag: defaults (may be NULL) overlaid with over (may be NULL). */
+static em_options *options_merge(const em_options *defaults, const em_options *over) {
+    em_options *o = defaults ? em_options_copy(defaults) : em_options_new();
+    if (!o) return NULL;
+    for (size_t i = 0; over && i < em_options_count(over); i++)
+        if (option_copy(o, over, i) != EM_OK) {
+            em_options_free(o);
+            return NULL;
+        }
+    return o;
+}
+
+/* An option's value as JSON (NULL on out of memory). */
+static json_t *option_json(const em_options *o, size_t i) {
+    const char *name = em_options_name(o, i);
+    int64_t iv[EM_OPT_MAX_LIST];
+    double fv[EM_OPT_MAX_LIST];
+    json_t *a;
+    int n;
+    switch (em_options_type(o, name)) {
+    case EM_OPT_INT: return json_integer(em_options_int(o, name));
+    case EM_OPT_FLOAT: return json_real(em_options_float(o, name));
+    case EM_OPT_BOOL: return json_boolean(em_options_bool(o, name));
+    case EM_OPT_STRING: return json_string(em_options_string(o, name));
+    case EM_OPT_INTS:
+        n = em_options_ints(o, name, iv, EM_OPT_MAX_LIST);
+        if (!(a = json_array())) return NULL;
+        for (int k = 0; k < n; k++) json_array_append_new(a, json_integer(iv[k]));
+        return a;
+    case EM_OPT_FLOATS:
+        n = em_options_floats(o, name, fv, EM_OPT_MAX_LIST);
+        if (!(a = json_array())) return NULL;
+        for (int k = 0; k < n; k++) json_array_append_new(a, json_real(fv[k]));
+        return a;
+    default: {
+        char buf[512];
+        return json_string(em_options_text(o, i, buf, sizeof buf));
+    }
+    }
+}
+
+/* Set option `name` from a JSON value; `where` names it in errors. */
+static em_status option_from_json(em_options *o, const char *name, const json_t *v,
+                                  const char *where) {
+    if (json_is_integer(v)) return em_options_set_int(o, name, json_integer_value(v));
+    if (json_is_real(v)) return em_options_set_float(o, name, json_real_value(v));
+    if (json_is_boolean(v)) return em_options_set_bool(o, name, json_is_true(v));
+    if (json_is_string(v)) return em_options_set_string(o, name, json_string_value(v));
+    if (json_is_array(v)) {
+        size_t n = json_array_size(v);
+        if (n > EM_OPT_MAX_LIST)
+            return em_set_error(EM_ERR_INVALID, "%s: option '%s' has %zu values (at most %d)",
+                                where, name, n, EM_OPT_MAX_LIST);
+        bool any_real = false;
+        int64_t iv[EM_OPT_MAX_LIST];
+        double fv[EM_OPT_MAX_LIST];
+        for (size_t k = 0; k < n; k++) {
+            const json_t *e = json_array_get(v, k);
+            if (!json_is_number(e))
+                return em_set_error(EM_ERR_INVALID, "%s: option '%s' entry %zu is not a number",
+                                    where, name, k);
+            any_real |= json_is_real(e);
+            fv[k] = json_number_value(e);
+            iv[k] = json_is_integer(e) ? json_integer_value(e) : 0;
+        }
+        return any_real ? em_options_set_floats(o, name, (int)n, fv)
+                        : em_options_set_ints(o, name, (int)n, iv);
+    }
+    return em_set_error(EM_ERR_INVALID, "%s: option '%s' has a value of an unsupported JSON "
+                        "type", where, name);
+}
+
+/* json_dumps into a string from em__malloc (NULL on failure, error set). */
+static char *json_text(json_t *root) {
+    char *s = root ? json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+    if (!s) {
+        em_set_error(EM_ERR_NOMEM, "out of memory writing JSON");
+        return NULL;
+    }
+    char *r = em__strdup(s, "state dict JSON");
+    free(s);
+    return r;
+}
+
+/* ---- the optimizer --------------------------------------------------------------------------- */
+
+typedef struct state_entry {
+    char *name;
+    em_tensor *t; /* one reference held */
+} state_entry;
+
+typedef struct param_state {
+    state_entry *e;
+    int n, cap;
+} param_state;
+
+typedef struct opt_group {
+    em_options *opts; /* resolved */
+    int first, n;     /* global indices first..first+n-1 */
+    bool has_initial_lr;
+    double initial_lr;
+} opt_group;
+
+struct em_optimizer {
+    const em_optim_class *cls;
+    opt_group *groups;
+    int n_groups;
+    em_tensor **params; /* [n_params], one reference each */
+    char **names;       /* [n_params] */
+    param_state *state; /* [n_params] */
+    int n_params;
+    int64_t steps;
+};
+
+static void state_clear(param_state *ps) {
+    for (int k = 0; k < ps->n; k++) {
+        em__free(ps->e[k].name);
+        em_tensor_release(ps->e[k].t);
+    }
+    em__free(ps->e);
+    memset(ps, 0, sizeof *ps);
+}
+
+void em_optimizer_free(em_optimizer *o) {
+    if (!o) return;
+    for (int g = 0; g < o->n_groups; g++) em_options_free(o->groups[g].opts);
+    em__free(o->groups);
+    for (int i = 0; i < o->n_params; i++) {
+        em_tensor_release(o->params[i]);
+        em__free(o->names ? o->names[i] : NULL);
+        if (o->state) state_clear(&o->state[i]);
+    }
+    em__free(o->params);
+    em__free(o->names);
+    em__free(o->state);
+    em__free(o);
+}
+
+static em_optimizer *optimizer_build(const char *class_name, const em_param_group *groups,
+                                     int n_groups, const em_options *defaults) {
+    if (!class_name)
+        return em_set_error(EM_ERR_INVALID, "optimizer_new: NULL class name"), NULL;
+    const em_optim_class *cls = em_optim_class_find(class_name);
+    if (!cls) {
+        char list[512];
+        size_t n = 0;
+        list[0] = '\0';
+        for (size_t i = 0; i < R.n_optim && n < sizeof list; i++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
+                                  ((const em_optim_class *)R.optim[i].cls)->name);
+        em_set_error(EM_ERR_NOTFOUND, "optimizer_new: no optimizer class named '%s' (registered: "
+                     "%s; plugins loaded: %s)", class_name, n ? list : "none",
+                     em__plugin_names());
+        return NULL;
+    }
+    if (n_groups < 1 || !groups)
+        return em_set_error(EM_ERR_INVALID, "optimizer_new(%s): no parameter groups", cls->name),
+               NULL;
+    int total = 0;
+    for (int g = 0; g < n_groups; g++) {
+        if (!groups[g].params)
+            return em_set_error(EM_ERR_INVALID, "%s: param group %d has no params dict",
+                                cls->name, g), NULL;
+        size_t len = em_dict_len(groups[g].params);
+        if (len == 0)
+            return em_set_error(EM_ERR_INVALID, "%s: param group %d is empty (optimizer got an "
+                                "empty parameter list)", cls->name, g), NULL;
+        total += (int)len;
+    }
+    em_optimizer *o = em__calloc(1, sizeof *o, "optimizer");
+    if (!o) return NULL;
+    o->cls = cls;
+    if (!(o->groups = em__calloc((size_t)n_groups, sizeof *o->groups, "optimizer groups")) ||
+        !(o->params = em__calloc((size_t)total, sizeof *o->params, "optimizer params")) ||
+        !(o->names = em__calloc((size_t)total, sizeof *o->names, "optimizer params")) ||
+        !(o->state = em__calloc((size_t)total, sizeof *o->state, "optimizer state")))
+        goto fail;
+    o->n_groups = n_groups;
+    for (int g = 0; g < n_groups; g++) {
+        opt_group *G = &o->groups[g];
+        char where[160];
+        snprintf(where, sizeof where, "%s (param group %d)", cls->name, g);
+        if (!(G->opts = options_merge(defaults, groups[g].options))) goto fail;
+        if (em_options_resolve(G->opts, where, cls->options, cls->n_options) != EM_OK) goto fail;
+        if (em_options_has(G->opts, "lr") &&
+            !(em_options_float(G->opts, "lr") >= 0)) {
+            /* Checked here, not by the spec's range: schedulers may drive lr below 0
+             * (OneCycleLR's last step overshoots, as in PyTorch) and such a state must load. */
+            em_set_error(EM_ERR_INVALID, "%s: invalid learning rate %g (must be >= 0)", where,
+                         em_options_float(G->opts, "lr"));
+            goto fail;
+        }
+        if (cls->validate && cls->validate(G->opts, where) != EM_OK) goto fail;
+        G->first = o->n_params;
+        for (size_t i = 0; i < em_dict_len(groups[g].params); i++) {
+            const char *name = em_dict_key(groups[g].params, i);
+            em_tensor *p = em_dict_value(groups[g].params, i);
+            if (!em_dtype_is_floating(em_tensor_dtype(p))) {
+                em_set_error(EM_ERR_DTYPE, "%s: parameter '%s' (group %d) has dtype %s; only "
+                             "floating tensors can be optimized", cls->name, name, g,
+                             em_dtype_name(em_tensor_dtype(p)));
+                goto fail;
+            }
+            if (!em_tensor_is_leaf(p)) {
+                em_set_error(EM_ERR_INVALID, "%s: can't optimize a non-leaf tensor: parameter "
+                             "'%s' (group %d) was made by %s", cls->name, name, g,
+                             em_tensor_grad_fn_name(p));
+                goto fail;
+            }
+            for (int j = 0; j < o->n_params; j++)
+                if (o->params[j] == p) {
+                    int gj = 0;
+                    while (gj < g && j >= o->groups[gj].first + o->groups[gj].n) gj++;
+                    em_set_error(EM_ERR_INVALID, "%s: parameter '%s' of group %d is also in "
+                                 "group %d (as '%s'); a parameter may appear once only",
+                                 cls->name, name, g, gj, o->names[j]);
+                    goto fail;
+                }
+            if (!(o->names[o->n_params] = em__strdup(name, "parameter name"))) goto fail;
+            o->params[o->n_params++] = em_tensor_retain(p);
+            G->n++;
+        }
+    }
+    return o;
+fail:
+    em_optimizer_free(o);
+    return NULL;
+}
+
+em_optimizer *em_optimizer_new(const char *class_name, const em_dict *params,
+                               const em_options *opts) {
+    em_param_group g = {.params = params, .options = opts};
+    return optimizer_build(class_name, &g, 1, NULL);
+}
+
+em_optimizer *em_optimizer_new_groups(const char *class_name, const em_param_group *groups,
+                                      int n_groups) {
+    return optimizer_build(class_name, groups, n_groups, NULL);
+}
+
+em_optimizer *em_optimizer_new_groups_defaults(const char *class_name,
+                                               const em_param_group *groups, int n_groups,
+                                               const em_options *defaults) {
+    return optimizer_build(class_name, groups, n_groups, defaults);
+}
+
+em_status em_optimizer_step(em_optimizer *o) {
+    if (!o) return em_set_error(EM_ERR_INVALID, "optimizer_step: NULL optimizer");
+    em_status st = em_grad_mode_push(EM_GRAD_DISABLED);
+    if (st != EM_OK) return st;
+    if ((st = em_scope_begin()) != EM_OK) {
+        em_grad_mode_pop();
+        return st;
+    }
+    em_clear_error();
+    st = o->cls->step(o);
+    if (st != EM_OK && !em__error_pending())
+        em_set_error(st, "%s.step failed: %s", o->cls->name, em_status_str(st));
+    em_scope_end();
+    em_grad_mode_pop();
+    if (st == EM_OK) o->steps++;
+    return st;
+}
+
+void em_optimizer_zero_grad(em_optimizer *o) {
+    for (int i = 0; o && i < o->n_params; i++) em_tensor_set_grad(o->params[i], NULL);
+}
+
+const em_optim_class *em_optimizer_class(const em_optimizer *o) { return o ? o->cls : NULL; }
+int em_optimizer_group_count(const em_optimizer *o) { return o ? o->n_groups : 0; }
+int em_optimizer_param_total(const em_optimizer *o) { return o ? o->n_params : 0; }
+int64_t em_optimizer_steps(const em_optimizer *o) { return o ? o->steps : 0; }
+
+static bool group_ok(const em_optimizer *o, int g, const char *who) {
+    if (o && g >= 0 && g < o->n_groups) return true;
+    em_set_error(EM_ERR_RANGE, "%s: param group %d is out of range (%d groups)", who, g,
+                 o ? o->n_groups : 0);
+    return false;
+}
+
+const em_options *em_optimizer_group_options(const em_optimizer *o, int g) {
+    return group_ok(o, g, "optimizer_group_options") ? o->groups[g].opts : NULL;
+}
+em_options *em_optimizer_group_options_mutable(em_optimizer *o, int g) {
+    return group_ok(o, g, "optimizer_group_options_mutable") ? o->groups[g].opts : NULL;
+}
+
+em_status em_optimizer_set_lr(em_optimizer *o, int g, double lr) {
+    if (!group_ok(o, g, "optimizer_set_lr")) return EM_ERR_RANGE;
+    if (isnan(lr))
+        return em_set_error(EM_ERR_INVALID, "optimizer_set_lr: %s group %d: the learning rate "
+                            "is NaN", o->cls->name, g);
+    return em_options_set_float(o->groups[g].opts, "lr", lr);
+}
+
+double em_optimizer_lr(const em_optimizer *o, int g) {
+    if (!group_ok(o, g, "optimizer_lr")) return NAN;
+    return em_options_float(o->groups[g].opts, "lr");
+}
+
+int em_optimizer_param_count(const em_optimizer *o, int g) {
+    return group_ok(o, g, "optimizer_param_count") ? o->groups[g].n : 0;
+}
+
+em_tensor *em_optimizer_param(const em_optimizer *o, int g, int i, int *index, const char **name) {
+    if (!group_ok(o, g, "optimizer_param")) return NULL;
+    if (i < 0 || i >= o->groups[g].n) {
+        em_set_error(EM_ERR_RANGE, "optimizer_param: parameter %d of group %d is out of range "
+                     "(%d parameters)", i, g, o->groups[g].n);
+        return NULL;
+    }
+    int k = o->groups[g].first + i;
+    if (index) *index = k;
+    if (name) *name = o->names[k];
+    return o->params[k];
+}
+
+em_tensor *em_optimizer_state(const em_optimizer *o, int index, const char *name) {
+    if (!o || !name || index < 0 || index >= o->n_params) return NULL;
+    const param_state *ps = &o->state[index];
+    for (int k = 0; k < ps->n; k++)
+        if (strcmp(ps->e[k].name, name) == 0) return ps->e[k].t;
+    return NULL;
+}
+
+/* Put t (retained) under name in ps, replacing. */
+static em_status state_put(param_state *ps, const char *name, em_tensor *t) {
+    for (int k = 0; k < ps->n; k++)
+        if (strcmp(ps->e[k].name, name) == 0) {
+            em_tensor_retain(t);
+            em_tensor_release(ps->e[k].t);
+            ps->e[k].t = t;
+            return EM_OK;
+        }
+    if (ps->n == ps->cap) {
+        int nc = ps->cap ? ps->cap * 2 : 4;
+        state_entry *e = em__realloc(ps->e, (size_t)ps->cap * sizeof *e, (size_t)nc * sizeof *e,
+                                     "optimizer state");
+        if (!e) return EM_ERR_NOMEM;
+        ps->e = e;
+        ps->cap = nc;
+    }
+    char *n = em__strdup(name, "optimizer state name");
+    if (!n) return EM_ERR_NOMEM;
+    ps->e[ps->n++] = (state_entry){.name = n, .t = em_tensor_retain(t)};
+    return EM_OK;
+}
+
+/* Tag t's storage as optimizer state (wrapped memory has no category: left as it is). */
+static void tag_optimizer(em_tensor *t) {
+    if (t->storage->block) em_tensor_set_category(t, EM_MEM_OPTIMIZER);
+}
+
+em_status em_optimizer_set_state(em_optimizer *o, int index, const char *name, em_tensor *t) {
+    if (!o || !name || !*name || !t)
+        return em_set_error(EM_ERR_INVALID, "optimizer_set_state: NULL optimizer, name or tensor");
+    if (index < 0 || index >= o->n_params)
+        return em_set_error(EM_ERR_RANGE, "optimizer_set_state: parameter index %d is out of "
+                            "range (%d parameters)", index, o->n_params);
+    if (strchr(name, '.'))
+        return em_set_error(EM_ERR_INVALID, "optimizer_set_state: state name '%s' must not "
+                            "contain '.' (state dict keys are state.<index>.<name>)", name);
+    tag_optimizer(t);
+    return state_put(&o->state[index], name, t);
+}
+
+/* ---- optimizer state dict -------------------------------------------------------------------- */
+
+em_status em_optimizer_state_dict(const em_optimizer *o, em_dict **tensors, char **groups_json) {
+    if (!o || !tensors || !groups_json)
+        return em_set_error(EM_ERR_INVALID, "optimizer_state_dict: NULL argument");
+    *tensors = NULL;
+    *groups_json = NULL;
+    em_dict *d = em_dict_new();
+    json_t *root = json_object(), *groups = json_array();
+    if (!d || !root || !groups) goto nomem;
+    json_object_set_new(root, "class", json_string(o->cls->name));
+    json_object_set_new(root, "steps", json_integer(o->steps));
+    json_object_set_new(root, "param_groups", groups);
+    for (int g = 0; g < o->n_groups; g++) {
+        const opt_group *G = &o->groups[g];
+        json_t *jg = json_object(), *ids = json_array(), *names = json_array();
+        if (!jg || !ids || !names) {
+            json_decref(jg), json_decref(ids), json_decref(names);
+            goto nomem;
+        }
+        json_array_append_new(groups, jg);
+        for (size_t i = 0; i < em_options_count(G->opts); i++)
+            json_object_set_new(jg, em_options_name(G->opts, i), option_json(G->opts, i));
+        if (G->has_initial_lr) json_object_set_new(jg, "initial_lr", json_real(G->initial_lr));
+        for (int i = 0; i < G->n; i++) {
+            json_array_append_new(ids, json_integer(G->first + i));
+            json_array_append_new(names, json_string(o->names[G->first + i]));
+        }
+        json_object_set_new(jg, "params", ids);
+        json_object_set_new(jg, "param_names", names);
+    }
+    for (int i = 0; i < o->n_params; i++)
+        for (int k = 0; k < o->state[i].n; k++) {
+            char key[256];
+            snprintf(key, sizeof key, "state.%d.%s", i, o->state[i].e[k].name);
+            if (em_dict_set(d, key, o->state[i].e[k].t) != EM_OK) goto fail;
+        }
+    if (!(*groups_json = json_text(root))) goto fail;
+    json_decref(root);
+    *tensors = d;
+    return EM_OK;
+nomem:
+    em_set_error(EM_ERR_NOMEM, "optimizer_state_dict: out of memory");
+fail:
+    json_decref(root);
+    em_dict_free(d);
+    return em_last_status();
+}
+
+/* Parse "state.<index>.<name>": index and a pointer to name; false when malformed. */
+static bool parse_state_key(const char *key, long *index, const char **name) {
+    if (strncmp(key, "state.", 6) != 0) return false;
+    char *end;
+    const char *p = key + 6;
+    if (*p < '0' || *p > '9') return false;
+    *index = strtol(p, &end, 10);
+    if (*end != '.' || !end[1]) return false;
+    *name = end + 1;
+    return strchr(*name, '.') == NULL;
+}
+
+em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
+                                       const char *groups_json) {
+    if (!o || !tensors || !groups_json)
+        return em_set_error(EM_ERR_INVALID, "optimizer_load_state_dict: NULL argument");
+    const char *who = o->cls->name;
+    json_error_t jerr;
+    json_t *root = json_loads(groups_json, 0, &jerr);
+    em_options **new_opts = NULL;
+    param_state *new_state = NULL;
+    double *init_lr = NULL;
+    bool *has_init = NULL;
+    em_status st = EM_OK;
+    if (!root)
+        return em_set_error(EM_ERR_INVALID, "%s.load_state_dict: the groups JSON is malformed "
+                            "(line %d column %d: %s)", who, jerr.line, jerr.column, jerr.text);
+    const json_t *jcls = json_object_get(root, "class"), *jsteps = json_object_get(root, "steps");
+    const json_t *groups = json_object_get(root, "param_groups");
+    if (!json_is_string(jcls) || !json_is_integer(jsteps) || !json_is_array(groups)) {
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: the groups JSON lacks \"class\", "
+                          "\"steps\" or \"param_groups\"", who);
+        goto done;
+    }
+    if (strcmp(json_string_value(jcls), who) != 0) {
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: the state dict is from a %s "
+                          "optimizer, not %s", who, json_string_value(jcls), who);
+        goto done;
+    }
+    if ((int)json_array_size(groups) != o->n_groups) {
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: loaded state dict has %zu "
+                          "parameter groups, this optimizer has %d", who,
+                          json_array_size(groups), o->n_groups);
+        goto done;
+    }
+    if (!(new_opts = em__calloc((size_t)o->n_groups, sizeof *new_opts, "load_state_dict")) ||
+        !(init_lr = em__calloc((size_t)o->n_groups, sizeof *init_lr, "load_state_dict")) ||
+        !(has_init = em__calloc((size_t)o->n_groups, sizeof *has_init, "load_state_dict")) ||
+        !(new_state = em__calloc((size_t)o->n_params, sizeof *new_state, "load_state_dict"))) {
+        st = EM_ERR_NOMEM;
+        goto done;
+    }
+    for (int g = 0; g < o->n_groups; g++) {
+        const json_t *jg = json_array_get(groups, (size_t)g);
+        const json_t *ids = json_object_get(jg, "params");
+        char where[160];
+        snprintf(where, sizeof where, "%s.load_state_dict (param group %d)", who, g);
+        if (!json_is_object(jg) || !json_is_array(ids)) {
+            st = em_set_error(EM_ERR_INVALID, "%s: the group is not an object with \"params\"",
+                              where);
+            goto done;
+        }
+        if ((int)json_array_size(ids) != o->groups[g].n) {
+            st = em_set_error(EM_ERR_INVALID, "%s: the loaded group has %zu parameters, this "
+                              "optimizer's group has %d (a different model?)", where,
+                              json_array_size(ids), o->groups[g].n);
+            goto done;
+        }
+        if (!(new_opts[g] = em_options_new())) {
+            st = EM_ERR_NOMEM;
+            goto done;
+        }
+        const char *key;
+        json_t *v;
+        json_object_foreach((json_t *)jg, key, v) {
+            if (!strcmp(key, "params") || !strcmp(key, "param_names")) continue;
+            if (!strcmp(key, "initial_lr")) {
+                if (!json_is_number(v)) {
+                    st = em_set_error(EM_ERR_INVALID, "%s: initial_lr is not a number", where);
+                    goto done;
+                }
+                has_init[g] = true;
+                init_lr[g] = json_number_value(v);
+                continue;
+            }
+            if ((st = option_from_json(new_opts[g], key, v, where)) != EM_OK) goto done;
+        }
+        if ((st = em_options_resolve(new_opts[g], where, o->cls->options, o->cls->n_options)) != EM_OK)
+            goto done;
+        if (o->cls->validate && (st = o->cls->validate(new_opts[g], where)) != EM_OK) goto done;
+    }
+    for (size_t i = 0; i < em_dict_len(tensors); i++) {
+        const char *key = em_dict_key(tensors, i), *name;
+        long idx;
+        if (!parse_state_key(key, &idx, &name)) {
+            st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: key '%s' is not of the form "
+                              "state.<index>.<name>", who, key);
+            goto done;
+        }
+        if (idx < 0 || idx >= o->n_params) {
+            st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: key '%s' names parameter %ld "
+                              "but the optimizer has %d parameters", who, key, idx, o->n_params);
+            goto done;
+        }
+        const em_tensor *src = em_dict_value(tensors, i), *p = o->params[idx];
+        if (em_tensor_ndim(src) > 0 &&
+            (em_tensor_ndim(src) != em_tensor_ndim(p) ||
+             memcmp(em_tensor_shape(src), em_tensor_shape(p),
+                    sizeof(int64_t) * (size_t)em_tensor_ndim(p)) != 0)) {
+            char a[128], b[128];
+            st = em_set_error(EM_ERR_SHAPE, "%s.load_state_dict: '%s' has shape %s but "
+                              "parameter %ld ('%s') has shape %s", who, key,
+                              em__shape_str(em_tensor_ndim(src), em_tensor_shape(src), a, sizeof a),
+                              idx, o->names[idx],
+                              em__shape_str(em_tensor_ndim(p), em_tensor_shape(p), b, sizeof b));
+            goto done;
+        }
+        /* PyTorch's rule: floating state follows the parameter's dtype, except 0-dim counters
+         * (step) which keep theirs; everything moves to the parameter's device. */
+        em_tensor *t = em__to_device(src, em_tensor_device(p));
+        em_tensor *u = t && em_tensor_ndim(src) > 0 && em_dtype_is_floating(em_tensor_dtype(src))
+                           ? em__to_dtype(t, em_tensor_dtype(p)) : em_tensor_retain(t);
+        em_tensor *c = u ? em__clone(u) : NULL;
+        em_tensor_release(t);
+        em_tensor_release(u);
+        if (!c) {
+            st = em_last_status();
+            goto done;
+        }
+        tag_optimizer(c);
+        st = state_put(&new_state[idx], name, c);
+        em_tensor_release(c);
+        if (st != EM_OK) goto done;
+    }
+    /* Everything checked: swap in. */
+    for (int g = 0; g < o->n_groups; g++) {
+        em_options_free(o->groups[g].opts);
+        o->groups[g].opts = new_opts[g];
+        new_opts[g] = NULL;
+        o->groups[g].has_initial_lr = has_init[g];
+        o->groups[g].initial_lr = init_lr[g];
+    }
+    for (int i = 0; i < o->n_params; i++) {
+        state_clear(&o->state[i]);
+        o->state[i] = new_state[i];
+        memset(&new_state[i], 0, sizeof new_state[i]);
+    }
+    o->steps = json_integer_value(jsteps);
+done:
+    for (int g = 0; new_opts && g < o->n_groups; g++) em_options_free(new_opts[g]);
+    for (int i = 0; new_state && i < o->n_params; i++) state_clear(&new_state[i]);
+    em__free(new_opts);
+    em__free(new_state);
+    em__free(init_lr);
+    em__free(has_init);
+    json_decref(root);
+    return st;
+}
+
+/* ---- gradient clipping ------------------------------------------------------------------------ */
+
+em_status em_clip_grad_norm_(const em_dict *params, double max_norm, double norm_type,
+                             bool error_if_nonfinite, double *total_norm) {
+    if (total_norm) *total_norm = 0;
+    if (!params) return em_set_error(EM_ERR_INVALID, "clip_grad_norm_: NULL params");
+    if (isnan(max_norm))
+        return em_set_error(EM_ERR_INVALID, "clip_grad_norm_: max_norm is NaN");
+    if (isnan(norm_type) || norm_type <= 0)
+        return em_set_error(EM_ERR_INVALID, "clip_grad_norm_: norm_type %g is not supported (use "
+                            "2, 1, any p > 0, or INFINITY)", norm_type);
+    em_status st = em_grad_mode_push(EM_GRAD_DISABLED);
+    if (st != EM_OK) return st;
+    double acc = 0;
+    float total = 0;
+    size_t n_grads = 0;
+    /* Per-grad norms in the grad's dtype (as torch.norm), combined like torch.norm of their
+     * stack in float32. */
+    for (size_t i = 0; i < em_dict_len(params); i++) {
+        em_tensor *g = em_tensor_grad(em_dict_value(params, i));
+        if (!g) continue;
+        n_grads++;
+        em_scope_begin();
+        double v = NAN;
+        em_status s2 = em_tensor_item(em_norm(g, norm_type, 0, NULL, false), &v);
+        em_scope_end();
+        if (s2 != EM_OK) {
+            em_grad_mode_pop();
+            return em_set_error(s2, "clip_grad_norm_: the norm of the grad of '%s' failed: %s",
+                                em_dict_key(params, i), em_last_error());
+        }
+        float fv = (float)v;
+        if (isinf(norm_type)) acc = n_grads == 1 ? fv : (fv > acc || isnan(fv) ? fv : acc);
+        else if (norm_type == 2) acc += (double)fv * fv;
+        else if (norm_type == 1) acc += fv;
+        else acc += pow(fabs(fv), norm_type);
+    }
+    if (n_grads == 0) {
+        em_grad_mode_pop();
+        return EM_OK;
+    }
+    if (isinf(norm_type)) total = (float)acc;
+    else if (norm_type == 2) total = (float)sqrt(acc);
+    else if (norm_type == 1) total = (float)acc;
+    else total = (float)pow(acc, 1.0 / norm_type);
+    if (total_norm) *total_norm = total;
+    if (error_if_nonfinite && !isfinite(total)) {
+        em_grad_mode_pop();
+        return em_set_error(EM_ERR_RANGE, "clip_grad_norm_: the total norm of order %g for "
+                            "gradients is non-finite (%g), so it cannot be clipped; to scale the "
+                            "gradients by the non-finite norm anyway, pass error_if_nonfinite = "
+                            "false", norm_type, (double)total);
+    }
+    /* clip_coef = max_norm / (total + 1e-6), clamped to 1, in float32 as PyTorch computes. */
+    float coef = (float)max_norm / (total + 1e-6f);
+    if (coef > 1.0f) coef = 1.0f;
+    for (size_t i = 0; i < em_dict_len(params); i++) {
+        em_tensor *g = em_tensor_grad(em_dict_value(params, i));
+        if (g && (st = em_mul_scalar_(g, (double)coef)) != EM_OK) break;
+    }
+    em_grad_mode_pop();
+    return st;
+}
+
+em_status em_clip_grad_value_(const em_dict *params, double clip) {
+    if (!params) return em_set_error(EM_ERR_INVALID, "clip_grad_value_: NULL params");
+    if (isnan(clip) || clip < 0)
+        return em_set_error(EM_ERR_INVALID, "clip_grad_value_: clip value %g must be >= 0", clip);
+    em_status st = em_grad_mode_push(EM_GRAD_DISABLED);
+    if (st != EM_OK) return st;
+    double lo = -clip, hi = clip;
+    for (size_t i = 0; i < em_dict_len(params); i++) {
+        em_tensor *g = em_tensor_grad(em_dict_value(params, i));
+        if (g && (st = em_clamp_(g, &lo, &hi)) != EM_OK) break;
+    }
+    em_grad_mode_pop();
+    return st;
+}
+
+/* ---- schedulers ------------------------------------------------------------------------------- */
+
+struct em_scheduler {
+    const em_sched_class *cls;
+    em_optimizer *opt;
+    em_options *opts;
+    void *state;
+    int64_t last_epoch, step_count;
+    double *base_lrs, *last_lrs; /* [n_groups] */
+    int n_groups;
+    bool inited;
+};
+
+void em_scheduler_free(em_scheduler *s) {
+    if (!s) return;
+    if (s->inited && s->cls->free) s->cls->free(s);
+    em_options_free(s->opts);
+    em__free(s->state);
+    em__free(s->base_lrs);
+    em__free(s->last_lrs);
+    em__free(s);
+}
+
+static void record_last_lr(em_scheduler *s) {
+    for (int g = 0; g < s->n_groups; g++) s->last_lrs[g] = em_optimizer_lr(s->opt, g);
+}
+
+/* One step with grad mode off and a scope around the class's code. */
+static em_status sched_run(em_scheduler *s, double metric, bool closed) {
+    s->step_count++;
+    em_clear_error();
+    em_status st = closed && s->cls->closed_form ? s->cls->closed_form(s) : s->cls->step(s, metric);
+    if (st != EM_OK && !em__error_pending())
+        em_set_error(st, "%s.step failed: %s", s->cls->name, em_status_str(st));
+    if (st == EM_OK) record_last_lr(s);
+    return st;
+}
+
+em_scheduler *em_scheduler_new(const char *class_name, em_optimizer *o, const em_options *opts) {
+    if (!class_name || !o)
+        return em_set_error(EM_ERR_INVALID, "scheduler_new: NULL class name or optimizer"), NULL;
+    const em_sched_class *cls = em_sched_class_find(class_name);
+    if (!cls) {
+        char list[512];
+        size_t n = 0;
+        list[0] = '\0';
+        for (size_t i = 0; i < R.n_sched && n < sizeof list; i++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
+                                  ((const em_sched_class *)R.sched[i].cls)->name);
+        em_set_error(EM_ERR_NOTFOUND, "scheduler_new: no scheduler class named '%s' (registered: "
+                     "%s; plugins loaded: %s)", class_name, n ? list : "none",
+                     em__plugin_names());
+        return NULL;
+    }
+    em_scheduler *s = em__calloc(1, sizeof *s, "scheduler");
+    if (!s) return NULL;
+    s->cls = cls;
+    s->opt = o;
+    s->n_groups = o->n_groups;
+    s->last_epoch = -1;
+    if (!(s->opts = opts ? em_options_copy(opts) : em_options_new()) ||
+        !(s->base_lrs = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs")) ||
+        !(s->last_lrs = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs")) ||
+        (cls->state_size && !(s->state = em__calloc(1, cls->state_size, "scheduler state"))))
+        goto fail;
+    if (em_options_resolve(s->opts, cls->name, cls->options, cls->n_options) != EM_OK) goto fail;
+    /* PyTorch: group.setdefault('initial_lr', group['lr']); base_lrs = initial_lr. */
+    for (int g = 0; g < s->n_groups; g++) {
+        opt_group *G = &o->groups[g];
+        if (!G->has_initial_lr) {
+            G->initial_lr = em_options_float(G->opts, "lr");
+            G->has_initial_lr = true;
+        }
+        s->base_lrs[g] = G->initial_lr;
+    }
+    s->inited = true; /* free runs even when init fails half-way */
+    if (cls->init && cls->init(s, s->opts) != EM_OK) goto fail;
+    if (em_scheduler_initial_step(s) != EM_OK) goto fail;
+    return s;
+fail:
+    em_scheduler_free(s);
+    return NULL;
+}
+
+em_status em_scheduler_initial_step(em_scheduler *s) {
+    if (!s) return em_set_error(EM_ERR_INVALID, "scheduler_initial_step: NULL scheduler");
+    s->step_count = 0;
+    return em_scheduler_step(s, NAN);
+}
+
+em_status em_scheduler_step(em_scheduler *s, double metric) {
+    if (!s) return em_set_error(EM_ERR_INVALID, "scheduler_step: NULL scheduler");
+    s->last_epoch++;
+    em_status st = sched_run(s, metric, false);
+    if (st != EM_OK) s->last_epoch--;
+    return st;
+}
+
+em_status em_scheduler_step_epoch(em_scheduler *s, int64_t epoch) {
+    if (!s) return em_set_error(EM_ERR_INVALID, "scheduler_step_epoch: NULL scheduler");
+    int64_t before = s->last_epoch;
+    s->last_epoch = epoch;
+    em_status st = sched_run(s, NAN, true);
+    if (st != EM_OK) s->last_epoch = before;
+    return st;
+}
+
+void em_scheduler_set_last_epoch(em_scheduler *s, int64_t epoch) {
+    if (s) s->last_epoch = epoch;
+}
+
+double em_scheduler_last_lr(const em_scheduler *s, int g) {
+    if (!s || g < 0 || g >= s->n_groups) {
+        em_set_error(EM_ERR_RANGE, "scheduler_last_lr: group %d is out of range (%d groups)", g,
+                     s ? s->n_groups : 0);
+        return NAN;
+    }
+    return s->last_lrs[g];
+}
+
+double em_scheduler_base_lr(const em_scheduler *s, int g) {
+    if (!s || g < 0 || g >= s->n_groups) {
+        em_set_error(EM_ERR_RANGE, "scheduler_base_lr: group %d is out of range (%d groups)", g,
+                     s ? s->n_groups : 0);
+        return NAN;
+    }
+    return s->base_lrs[g];
+}
+
+em_status em_scheduler_set_base_lr(em_scheduler *s, int g, double lr) {
+    if (!s || g < 0 || g >= s->n_groups)
+        return em_set_error(EM_ERR_RANGE, "scheduler_set_base_lr: group %d is out of range (%d "
+                            "groups)", g, s ? s->n_groups : 0);
+    s->base_lrs[g] = lr;
+    s->opt->groups[g].initial_lr = lr;
+    s->opt->groups[g].has_initial_lr = true;
+    return EM_OK;
+}
+
+const em_sched_class *em_scheduler_class(const em_scheduler *s) { return s ? s->cls : NULL; }
+em_optimizer *em_scheduler_optimizer(const em_scheduler *s) { return s ? s->opt : NULL; }
+const em_options *em_scheduler_options(const em_scheduler *s) { return s ? s->opts : NULL; }
+void *em_scheduler_state(em_scheduler *s) { return s ? s->state : NULL; }
+int64_t em_scheduler_last_epoch(const em_scheduler *s) { return s ? s->last_epoch : 0; }
+int64_t em_scheduler_step_count(const em_scheduler *s) { return s ? s->step_count : 0; }
+
+static json_t *doubles_json(const double *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+em_status em_scheduler_state_dict(const em_scheduler *s, char **json) {
+    if (!s || !json) return em_set_error(EM_ERR_INVALID, "scheduler_state_dict: NULL argument");
+    *json = NULL;
+    json_t *root = json_object();
+    if (!root) return em_set_error(EM_ERR_NOMEM, "scheduler_state_dict: out of memory");
+    json_object_set_new(root, "class", json_string(s->cls->name));
+    json_object_set_new(root, "last_epoch", json_integer(s->last_epoch));
+    json_object_set_new(root, "step_count", json_integer(s->step_count));
+    json_object_set_new(root, "base_lrs", doubles_json(s->base_lrs, s->n_groups));
+    json_object_set_new(root, "last_lr", doubles_json(s->last_lrs, s->n_groups));
+    json_t *state = json_null();
+    if (s->cls->save) {
+        char *text = NULL;
+        if (s->cls->save(s, &text) != EM_OK) {
+            json_decref(root);
+            return em_last_status();
+        }
+        json_error_t jerr;
+        state = json_loads(text, 0, &jerr);
+        em_host_free(text);
+        if (!state) {
+            json_decref(root);
+            return em_set_error(EM_ERR_INVALID, "%s.state_dict: the class saved malformed JSON "
+                                "(%s)", s->cls->name, jerr.text);
+        }
+    }
+    json_object_set_new(root, "state", state);
+    *json = json_text(root);
+    json_decref(root);
+    return *json ? EM_OK : em_last_status();
+}
+
+/* n doubles from a JSON array into out; false when it is not that. */
+static bool json_doubles(const json_t *a, double *out, int n) {
+    if (!json_is_array(a) || (int)json_array_size(a) != n) return false;
+    for (int i = 0; i < n; i++) {
+        const json_t *e = json_array_get(a, (size_t)i);
+        if (!json_is_number(e)) return false;
+        out[i] = json_number_value(e);
+    }
+    return true;
+}
+
+em_status em_scheduler_load_state_dict(em_scheduler *s, const char *json) {
+    if (!s || !json)
+        return em_set_error(EM_ERR_INVALID, "scheduler_load_state_dict: NULL argument");
+    const char *who = s->cls->name;
+    json_error_t jerr;
+    json_t *root = json_loads(json, 0, &jerr);
+    if (!root)
+        return em_set_error(EM_ERR_INVALID, "%s.load_state_dict: malformed JSON (line %d column "
+                            "%d: %s)", who, jerr.line, jerr.column, jerr.text);
+    em_status st = EM_OK;
+    double *base = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs");
+    double *last = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs");
+    const json_t *jc = json_object_get(root, "class"), *je = json_object_get(root, "last_epoch");
+    const json_t *js = json_object_get(root, "step_count"), *jst = json_object_get(root, "state");
+    if (!base || !last) {
+        st = EM_ERR_NOMEM;
+    } else if (!json_is_string(jc) || strcmp(json_string_value(jc), who) != 0) {
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: the state is from a %s scheduler",
+                          who, json_is_string(jc) ? json_string_value(jc) : "(unnamed)");
+    } else if (!json_is_integer(je) || !json_is_integer(js)) {
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: \"last_epoch\" or \"step_count\" "
+                          "is missing or not an integer", who);
+    } else if (!json_doubles(json_object_get(root, "base_lrs"), base, s->n_groups) ||
+               !json_doubles(json_object_get(root, "last_lr"), last, s->n_groups)) {
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: \"base_lrs\" and \"last_lr\" must "
+                          "be arrays of %d numbers (one per param group)", who, s->n_groups);
+    } else if (s->cls->load && jst && !json_is_null(jst)) {
+        char *text = json_text((json_t *)jst);
+        st = text ? s->cls->load(s, text) : em_last_status();
+        em__free(text);
+    }
+    if (st == EM_OK) {
+        s->last_epoch = json_integer_value(je);
+        s->step_count = json_integer_value(js);
+        memcpy(s->base_lrs, base, sizeof(double) * (size_t)s->n_groups);
+        memcpy(s->last_lrs, last, sizeof(double) * (size_t)s->n_groups);
+    }
+    em__free(base);
+    em__free(last);
+    json_decref(root);
+    return st;
+}
