@@ -47,7 +47,8 @@ stage "build with ASan+UBSan" build build-asan CFLAGS="-O1 -g $SAN" CXXFLAGS="-O
 # silently turned leak checking off. Preloaded, their TLS is static and the scan works.
 preload=""
 for lib in libgomp.so.1 libdnnl.so.2; do
-    p=$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')
+    # (awk reads all input: an early exit would SIGPIPE ldconfig and fail under pipefail)
+    p=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found { print $NF; found = 1 }')
     [ -n "$p" ] && preload="$preload $p"
 done
 export LD_PRELOAD="$preload"
