@@ -27,6 +27,7 @@
 #include "ember/scope.h"
 #include "ember/autograd.h"
 #include "ember/dict.h"
+#include "ember/serialize.h"
 #include "ember/plugin.h"
 #include "ember/version.h"
 
