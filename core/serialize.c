@@ -550,7 +550,8 @@ static em_status parse_entry(const char *name, const char *key, const json_t *v,
         return FMT("load: '%s': tensor '%s' has %zu dims; Ember supports at most %d", name, key,
                    nd, EM_MAX_DIMS);
     e->ndim = (int)nd;
-    uint64_t numel = 1;
+    uint64_t numel = 1, nonzero = 1; /* nonzero: the product of the dims > 0, which the
+                                      * strides reach even when a zero dim makes numel 0 */
     bool overflow = false;
     for (size_t i = 0; i < nd; i++) {
         uint64_t s;
@@ -559,6 +560,8 @@ static em_status parse_entry(const char *name, const char *key, const json_t *v,
                        i, key);
         e->shape[i] = (int64_t)s;
         overflow |= __builtin_mul_overflow(numel, s, &numel);
+        if (s)
+            overflow |= __builtin_mul_overflow(nonzero, s, &nonzero) || nonzero > INT64_MAX;
     }
     size_t esize = em_dtype_size(e->dt);
     uint64_t nbytes = 0;

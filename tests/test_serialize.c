@@ -375,6 +375,8 @@ Test(serialize, malformed_files) {
         NULL, 0, EM_ERR_FORMAT, "is too large");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,0]}}",
         NULL, 0, EM_ERR_FORMAT, "is too large");
+    BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[0,4611686018427387904,4611686018427387904],"
+        "\"data_offsets\":[0,0]}}", NULL, 0, EM_ERR_FORMAT, "is too large");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", d16, 8,
         EM_ERR_FORMAT, "not an array");
 
