@@ -7,6 +7,7 @@
  * Crash safety is in test_serialize_crash.c, Python interop in test_serialize_interop.c.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "serialize_common.h"
@@ -720,5 +721,126 @@ Test(serialize, checkpoint_rotation) {
     em_assert_error(EM_ERR_NOTFOUND, "no file in");
     em_dict_free(d);
     em_scope_end();
+    st_rmdir(g_dir);
+}
+
+/* ---- out of memory --------------------------------------------------------------------------- */
+
+/* A host allocator that fails the Nth call, installed before em_init() (tests/test_oom.c does
+ * the same for the core). CPU tensor bytes come from it too. */
+static struct {
+    atomic_long calls, live;
+    long fail_at;
+} g_oom;
+
+static void *oom_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    long call = atomic_fetch_add(&g_oom.calls, 1) + 1;
+    if (g_oom.fail_at && call == g_oom.fail_at) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, align, n ? n : 1) != 0) return NULL;
+    atomic_fetch_add(&g_oom.live, 1);
+    return p;
+}
+
+static void oom_free(void *p, void *user) {
+    (void)user;
+    if (!p) return;
+    atomic_fetch_sub(&g_oom.live, 1);
+    free(p);
+}
+
+static void oom_arm(long at) {
+    atomic_store(&g_oom.calls, 0);
+    g_oom.fail_at = at;
+}
+
+static void oom_setup(void) {
+    atomic_store(&g_oom.live, 0);
+    oom_arm(0);
+    em_host_allocator_set(&(em_host_allocator){oom_alloc, oom_free, NULL});
+    em_test_setup();
+}
+
+static void oom_teardown(void) {
+    em_shutdown();
+    em_host_allocator_set(NULL);
+}
+
+static long live_now(void) {
+    em_empty_cache(); /* freed tensor blocks stay cached otherwise */
+    return atomic_load(&g_oom.live);
+}
+
+/* For N = 1, 2, ...: the Nth host allocation of em_load, em_save and em_dict_load_into fails.
+ * Each returns EM_ERR_NOMEM (or succeeds when nothing failed), leaks nothing, and a failed
+ * save leaves the previous file and no temporary file. */
+Test(serialize_oom, every_allocation_failure_is_clean, .init = oom_setup, .fini = oom_teardown) {
+    scratch();
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_dict *d = every_dtype(), *target = em_dict_new();
+    for (size_t i = 0; i < em_dict_len(d); i++)
+        em_dict_set(target, em_dict_key(d, i), em_zeros_like(em_dict_value(d, i)));
+    cr_assert_eq(em_scope_end(), EM_OK); /* the dicts hold the tensors */
+    em_metadata *m = em_metadata_new();
+    em_metadata_set(m, "k", "v");
+    cr_assert_eq(em_save(d, g_path, m, NULL), EM_OK, "%s", em_last_error());
+    char other[4300];
+    snprintf(other, sizeof other, "%s/other.safetensors", g_dir);
+    cr_assert_eq(em_save(target, other, NULL, NULL), EM_OK, "%s", em_last_error());
+    long base = live_now();
+
+    int phases_done = 0;
+    for (int phase = 0; phase < 3; phase++) {
+        for (long n = 1;; n++) {
+            oom_arm(n);
+            em_status st;
+            em_dict *out = NULL;
+            em_metadata *mo = NULL;
+            if (phase == 0) {
+                st = em_load(g_path, NULL, &out, &mo);
+            } else if (phase == 1) {
+                st = em_save(d, other, m, NULL); /* over a file holding `target` */
+            } else {
+                em_load_report *r = NULL;
+                st = em_dict_load_into(target, d, true, &r);
+                em_load_report_free(r);
+            }
+            long calls = atomic_load(&g_oom.calls);
+            oom_arm(0);
+            if (st != EM_OK) {
+                cr_assert_eq(st, EM_ERR_NOMEM, "phase %d, failing allocation %ld: %s: %s", phase,
+                             n, em_status_name(st), em_last_error());
+                cr_assert_null(out);
+                cr_assert_null(mo);
+                if (phase == 1) {
+                    em_dict *prev;
+                    cr_assert_eq(em_load(other, NULL, &prev, NULL), EM_OK);
+                    st_assert_dicts_equal(prev, target);
+                    em_dict_free(prev);
+                    cr_assert_eq(st_count_files(g_dir, ".tmp-"), 0);
+                }
+            } else if (phase == 0) {
+                st_assert_dicts_equal(d, out);
+                cr_assert_str_eq(em_metadata_get(mo, "k"), "v");
+            }
+            em_dict_free(out);
+            em_metadata_free(mo);
+            cr_assert_eq(live_now(), base, "phase %d, failing allocation %ld: %ld allocations "
+                         "leaked", phase, n, live_now() - base);
+            if (phase == 1 && st == EM_OK) /* put `target` back for the next failure */
+                cr_assert_eq(em_save(target, other, NULL, NULL), EM_OK);
+            if (calls < n) { /* nothing failed: every allocation point has been tried */
+                cr_assert_eq(st, EM_OK, "%s", em_last_error());
+                cr_assert_gt(n, 1, "phase %d made no allocation", phase);
+                break;
+            }
+        }
+        phases_done++;
+    }
+    cr_assert_eq(phases_done, 3);
+    em_metadata_free(m);
+    em_dict_free(target);
+    em_dict_free(d);
     st_rmdir(g_dir);
 }
