@@ -102,12 +102,16 @@ static em_status check_shape(const char *who, int ndim, const int64_t *shape) {
         return em_set_error(EM_ERR_SHAPE, "%s: %d dims requested; tensors have 0 to %d", who,
                             ndim, EM_MAX_DIMS);
     if (ndim > 0 && !shape) return em_set_error(EM_ERR_INVALID, "%s: NULL shape", who);
-    for (int i = 0; i < ndim; i++)
-        if (shape[i] < 0) {
-            char buf[160];
+    int64_t span = 1; /* the product of the non-zero sizes: strides must fit in int64 */
+    for (int i = 0; i < ndim; i++) {
+        char buf[160];
+        if (shape[i] < 0)
             return em_set_error(EM_ERR_SHAPE, "%s: negative size %lld in shape %s", who,
                                 (long long)shape[i], em__shape_str(ndim, shape, buf, sizeof buf));
-        }
+        if (shape[i] > 0 && __builtin_mul_overflow(span, shape[i], &span))
+            return em_set_error(EM_ERR_SHAPE, "%s: shape %s has more than 2^63 elements", who,
+                                em__shape_str(ndim, shape, buf, sizeof buf));
+    }
     return EM_OK;
 }
 

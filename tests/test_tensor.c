@@ -850,3 +850,11 @@ Test(wrap, errors_do_not_call_release) {
     em_assert_error(EM_ERR_INVALID, "not aligned to the 4 bytes of a float32 element");
     cr_expect_eq(log.calls, 0);
 }
+
+Test(create, shapes_too_large_for_int64_strides_are_refused, .init = em_test_setup,
+     .fini = em_test_teardown) {
+    /* Zero elements, but the strides of the non-zero dims would overflow int64. */
+    int64_t shape[3] = {0, (int64_t)1 << 62, (int64_t)1 << 62};
+    cr_assert_null(em_empty(3, shape, EM_F32, em_cpu()));
+    em_assert_error(EM_ERR_SHAPE, "more than 2^63 elements");
+}
