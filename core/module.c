@@ -313,6 +313,7 @@ typedef struct summary_rec {
     int64_t shape[EM_MAX_DIMS];
     size_t nbytes;
     bool seen;
+    bool training; /* the mode to restore after the summary's eval-mode forward */
 } summary_rec;
 static _Thread_local struct {
     summary_rec *r;
@@ -509,6 +510,12 @@ em_status em_module_add_child(em_module *m, const char *name, em_module *child) 
     if (st != EM_OK)
         em_module_free(child);
     return st;
+}
+
+em_status em_module_append_child(em_module *m, em_module *child) {
+    char name[32];
+    snprintf(name, sizeof name, "%zu", m ? m->children.n : 0);
+    return em_module_add_child(m, name, child);
 }
 
 em_tensor *em_module_parameter(const em_module *m, const char *name) {
@@ -990,8 +997,13 @@ em_status em_module_summary(em_module *m, int ndim, const int64_t *input_shape, 
         em__free(c.rows);
         return EM_ERR_NOMEM;
     }
-    for (size_t i = 0; i < c.n; i++)
+    /* The forward runs in eval mode so that it changes nothing (BatchNorm's running
+     * statistics, Dropout's generator draws); each module's mode is restored after. */
+    for (size_t i = 0; i < c.n; i++) {
         rec[i].m = c.rows[i].m;
+        rec[i].training = c.rows[i].m->training;
+        ((em_module *)c.rows[i].m)->training = false;
+    }
     em_dtype dt = EM_F32;
     em_device dev = em_cpu();
     bool found = false;
@@ -1025,6 +1037,8 @@ em_status em_module_summary(em_module *m, int ndim, const int64_t *input_shape, 
     REC.r = NULL;
     REC.n = 0;
     em_grad_mode_pop();
+    for (size_t i = 0; i < c.n; i++)
+        ((em_module *)c.rows[i].m)->training = rec[i].training;
     if (st != EM_OK) {
         em__free(rec);
         em__free(c.rows);

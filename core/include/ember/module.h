@@ -112,6 +112,9 @@ EM_API em_status em_module_add_buffer(em_module *m, const char *name, em_tensor 
                                       bool persistent);
 /* Add a child module; m takes ownership (also on failure). */
 EM_API em_status em_module_add_child(em_module *m, const char *name, em_module *child);
+/* Add a child named by its position ("0", "1", ..., the child count before the call), as
+ * torch.nn.Sequential names its children. m takes ownership (also on failure). */
+EM_API em_status em_module_append_child(em_module *m, em_module *child);
 /* Borrowed lookups by local name; NULL when absent. */
 EM_API em_tensor *em_module_parameter(const em_module *m, const char *name);
 EM_API em_tensor *em_module_buffer(const em_module *m, const char *name);
@@ -167,7 +170,8 @@ EM_API em_status em_module_add_forward_hook(em_module *m, em_forward_hook fn, vo
  * and trainable counts (the module's own parameters; "--" for none); totals; estimated input,
  * parameter (with buffers), gradient (trainable parameters) and forward-activation (outputs of
  * the leaf modules) memory. The output shapes come from a forward pass on zeros of the
- * model's parameter dtype and device under EM_GRAD_DISABLED (int64 zeros when the model
+ * model's parameter dtype and device, in eval mode (restored after: nothing is updated) under
+ * EM_GRAD_DISABLED (int64 zeros when the model
  * rejects a floating input, as an Embedding does); its failure is the summary's error. Writes
  * to f only. */
 EM_API em_status em_module_summary(em_module *m, int ndim, const int64_t *input_shape,

@@ -1,0 +1,213 @@
+/*
+ * layers_norm.c — layers whose behaviour depends on train/eval mode or that normalise:
+ * BatchNorm1d, BatchNorm2d, LayerNorm and Dropout.
+ *
+ * BatchNorm follows torch.nn.BatchNorm*d: parameters weight (ones) and bias (zeros) when
+ * affine; buffers running_mean (zeros), running_var (ones) and num_batches_tracked (int64,
+ * 0-dim) when track_running_stats. In training the batch statistics normalise and the running
+ * ones are updated in place (momentum, or with momentum 'none' the cumulative average
+ * 1/num_batches_tracked); in eval the running statistics normalise — or the batch's, when
+ * they are not tracked. A training batch with one value per channel cannot be normalised and
+ * is an error that points at its usual cause, a last batch of one sample (drop_last).
+ */
+#include "layers.h"
+
+/* ---- BatchNorm ---------------------------------------------------------------------------------- */
+
+static const char *const none_choice[] = {"none", NULL};
+
+static const em_option_spec bn_opts[] = {
+    OPT_INT_REQ("num_features", 1, 1e9, "C of an input (N, C, ...)"),
+    OPT_FLOAT("eps", 1e-5, 0, 1, "added to the variance for stability"),
+    {.name = "momentum", .types = EM_OPT_FLOAT | EM_OPT_STRING, .def_type = EM_OPT_FLOAT,
+     .def = {.f = 0.1}, .has_range = true, .min = 0, .max = 1, .choices = none_choice,
+     .help = "running-stat update factor, or 'none' for a cumulative average"},
+    OPT_BOOL("affine", true, "learn a per-channel scale and shift"),
+    OPT_BOOL("track_running_stats", true, "keep running mean and variance for eval"),
+};
+
+typedef struct bn_state {
+    int min_ndim, max_ndim; /* 2..3 for 1d, 4..4 for 2d */
+    int64_t c;
+    double eps, momentum;   /* momentum < 0: cumulative average */
+    bool track;
+} bn_state;
+
+static em_status bn_init_common(em_module *m, const em_options *o, int lo, int hi) {
+    bn_state *s = em_module_state(m);
+    s->min_ndim = lo;
+    s->max_ndim = hi;
+    s->c = em_options_int(o, "num_features");
+    s->eps = em_options_float(o, "eps");
+    s->momentum = em_options_type(o, "momentum") == EM_OPT_STRING ? -1.0
+                                                                  : em_options_float(o, "momentum");
+    s->track = em_options_bool(o, "track_running_stats");
+    int64_t shape[1] = {s->c};
+    em_status st = EM_OK;
+    if (em_options_bool(o, "affine")) {
+        em_tensor *w = em_ones(1, shape, EM_F32, em_cpu());
+        em_tensor *b = em_zeros(1, shape, EM_F32, em_cpu());
+        if ((st = em_module_add_parameter(m, "weight", w)) != EM_OK ||
+            (st = em_module_add_parameter(m, "bias", b)) != EM_OK)
+            return st;
+    }
+    if (s->track) {
+        em_tensor *rm = em_zeros(1, shape, EM_F32, em_cpu());
+        em_tensor *rv = em_ones(1, shape, EM_F32, em_cpu());
+        em_tensor *nb = em_zeros(0, NULL, EM_I64, em_cpu());
+        if ((st = em_module_add_buffer(m, "running_mean", rm, true)) != EM_OK ||
+            (st = em_module_add_buffer(m, "running_var", rv, true)) != EM_OK ||
+            (st = em_module_add_buffer(m, "num_batches_tracked", nb, true)) != EM_OK)
+            return st;
+    }
+    return EM_OK;
+}
+
+static em_status bn1d_init(em_module *m, const em_options *o) { return bn_init_common(m, o, 2, 3); }
+static em_status bn2d_init(em_module *m, const em_options *o) { return bn_init_common(m, o, 4, 4); }
+
+static em_tensor *bn_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    bn_state *s = em_module_state(m);
+    const char *cls = em_module_class_of(m)->name;
+    const em_tensor *x = in[0];
+    int nd = em_tensor_ndim(x);
+    char shape[128];
+    em_shape_str(nd, em_tensor_shape(x), shape, sizeof shape);
+    if (nd < s->min_ndim || nd > s->max_ndim) {
+        em_set_error(EM_ERR_SHAPE, "expected %s input (got %dD input of shape %s)",
+                     s->min_ndim == s->max_ndim ? "4D" : "2D or 3D", nd, shape);
+        return NULL;
+    }
+    if (em_tensor_size(x, 1) != s->c) {
+        em_set_error(EM_ERR_SHAPE, "expected %lld channels (num_features) but the input %s has "
+                     "%lld in dim 1", (long long)s->c, shape, (long long)em_tensor_size(x, 1));
+        return NULL;
+    }
+    bool training = em_module_training(m);
+    bool use_batch = training || !s->track;
+    if (training && em_tensor_numel(x) / (s->c ? s->c : 1) <= 1) {
+        em_set_error(EM_ERR_SHAPE, "expected more than 1 value per channel when training, got "
+                     "input size %s; %s cannot normalise a batch of one sample by its own "
+                     "statistics: drop the incomplete last batch (drop_last) or use a batch "
+                     "size above 1, or call eval()", shape, cls);
+        return NULL;
+    }
+    em_tensor *rm = s->track ? em_module_buffer(m, "running_mean") : NULL;
+    em_tensor *rv = s->track ? em_module_buffer(m, "running_var") : NULL;
+    double factor = 0.0;
+    if (training && s->track) {
+        em_tensor *nb = em_module_buffer(m, "num_batches_tracked");
+        em_grad_mode_push(EM_GRAD_DISABLED);
+        em_status st = em_add_scalar_(nb, 1.0);
+        em_grad_mode_pop();
+        if (st != EM_OK)
+            return NULL;
+        factor = s->momentum >= 0 ? s->momentum : 1.0 / em_item(nb);
+    }
+    em_tensor *out = NULL;
+    /* In training the batch statistics are used and, when tracked, the running ones updated;
+     * in eval without tracking the batch statistics are used and nothing is updated. */
+    if (em_batch_norm(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"),
+                      training ? rm : (use_batch ? NULL : rm),
+                      training ? rv : (use_batch ? NULL : rv), use_batch, factor, s->eps, &out,
+                      NULL, NULL) != EM_OK)
+        return NULL;
+    return out;
+}
+
+static const em_module_class bn1d_class = {
+    .struct_size = sizeof(em_module_class), .name = "BatchNorm1d",
+    .description = "batch normalisation of (N, C) or (N, C, L) (torch.nn.BatchNorm1d)",
+    .options = bn_opts, .n_options = NOPTS(bn_opts), .state_size = sizeof(bn_state),
+    .init = bn1d_init, .forward = bn_forward, .n_inputs = 1,
+};
+
+static const em_module_class bn2d_class = {
+    .struct_size = sizeof(em_module_class), .name = "BatchNorm2d",
+    .description = "batch normalisation of (N, C, H, W) (torch.nn.BatchNorm2d)",
+    .options = bn_opts, .n_options = NOPTS(bn_opts), .state_size = sizeof(bn_state),
+    .init = bn2d_init, .forward = bn_forward, .n_inputs = 1,
+};
+
+/* ---- LayerNorm --------------------------------------------------------------------------------- */
+
+static const em_option_spec ln_opts[] = {
+    {.name = "normalized_shape", .types = EM_OPT_INTS, .required = true, .has_range = true,
+     .min = 1, .max = 1e9, .help = "the trailing dims to normalise: d or [d1, d2, ...]"},
+    OPT_FLOAT("eps", 1e-5, 0, 1, "added to the variance for stability"),
+    OPT_BOOL("elementwise_affine", true, "learn a per-element scale (and shift)"),
+    OPT_BOOL("bias", true, "learn the shift (with elementwise_affine)"),
+};
+
+typedef struct ln_state {
+    int nd;
+    int64_t shape[EM_OPT_MAX_LIST];
+    double eps;
+} ln_state;
+
+static em_status ln_init(em_module *m, const em_options *o) {
+    ln_state *s = em_module_state(m);
+    s->nd = em_options_ints(o, "normalized_shape", s->shape, EM_OPT_MAX_LIST);
+    s->eps = em_options_float(o, "eps");
+    if (s->nd < 1)
+        return em_set_error(EM_ERR_INVALID, "LayerNorm: normalized_shape needs at least one dim");
+    if (!em_options_bool(o, "elementwise_affine"))
+        return EM_OK;
+    em_status st = em_module_add_parameter(m, "weight", em_ones(s->nd, s->shape, EM_F32,
+                                                                em_cpu()));
+    if (st == EM_OK && em_options_bool(o, "bias"))
+        st = em_module_add_parameter(m, "bias", em_zeros(s->nd, s->shape, EM_F32, em_cpu()));
+    return st;
+}
+
+static em_tensor *ln_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    ln_state *s = em_module_state(m);
+    em_tensor *out = NULL;
+    if (em_layer_norm(in[0], s->nd, s->shape, em_module_parameter(m, "weight"),
+                      em_module_parameter(m, "bias"), s->eps, &out, NULL, NULL) != EM_OK)
+        return NULL;
+    return out;
+}
+
+static const em_module_class ln_class = {
+    .struct_size = sizeof(em_module_class), .name = "LayerNorm",
+    .description = "layer normalisation over the trailing dims (torch.nn.LayerNorm)",
+    .options = ln_opts, .n_options = NOPTS(ln_opts), .state_size = sizeof(ln_state),
+    .init = ln_init, .forward = ln_forward, .n_inputs = 1,
+};
+
+/* ---- Dropout ----------------------------------------------------------------------------------- */
+
+static const em_option_spec dropout_opts[] = {
+    OPT_FLOAT("p", 0.5, 0, 1, "probability of an element being zeroed"),
+    OPT_BOOL("inplace", false, "accepted for PyTorch configs; the result is always a new tensor"),
+};
+
+/* Training: x * mask / (1 - p) with mask ~ Bernoulli(1 - p) from the default generator;
+ * eval (or p = 0): x itself. */
+static em_tensor *dropout_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    double p = em_options_float(em_module_options(m), "p");
+    em_tensor *x = in[0];
+    if (!em_module_training(m) || p == 0.0)
+        return em_tensor_retain(x);
+    if (p == 1.0)
+        return em_mul_scalar(x, 0.0);
+    em_tensor *mask = em_empty_like(x);
+    if (!mask || em_bernoulli_(mask, 1.0 - p, NULL) != EM_OK)
+        return NULL;
+    return em_mul_scalar(em_mul(x, mask), 1.0 / (1.0 - p));
+}
+
+static const em_module_class dropout_class = {
+    .struct_size = sizeof(em_module_class), .name = "Dropout",
+    .description = "zeroes elements with probability p in training (torch.nn.Dropout)",
+    .options = dropout_opts, .n_options = NOPTS(dropout_opts), .forward = dropout_forward,
+    .n_inputs = 1,
+};
+
+const em_module_class *const em_layers_norm[] = {
+    &bn1d_class, &bn2d_class, &ln_class, &dropout_class, NULL,
+};

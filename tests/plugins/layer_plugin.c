@@ -1,0 +1,41 @@
+/*
+ * layer_plugin.c — a test plugin ("ember-test-layers") registering one module class,
+ * "testplug.Affine": y = x * scale + shift with a learnable scale (ones) and shift (zeros) of
+ * `features` entries. test_layers.c loads it through EMBER_PLUGIN_PATH and uses it by name,
+ * inside a Sequential, exactly as a built-in layer.
+ */
+#include <ember/ember.h>
+
+static const em_option_spec affine_opts[] = {
+    {.name = "features", .types = EM_OPT_INT, .required = true, .has_range = true, .min = 1,
+     .max = 1e9, .help = "size of the last dim"},
+};
+
+static em_status affine_init(em_module *m, const em_options *o) {
+    int64_t n = em_options_int(o, "features");
+    em_status st = em_module_add_parameter(m, "scale", em_ones(1, &n, EM_F32, em_cpu()));
+    if (st == EM_OK)
+        st = em_module_add_parameter(m, "shift", em_zeros(1, &n, EM_F32, em_cpu()));
+    return st;
+}
+
+static em_tensor *affine_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    return em_add(em_mul(in[0], em_module_parameter(m, "scale")),
+                  em_module_parameter(m, "shift"));
+}
+
+static const em_module_class affine_class = {
+    .struct_size = sizeof(em_module_class), .name = "testplug.Affine",
+    .description = "x * scale + shift (a test plugin's layer)", .options = affine_opts,
+    .n_options = 1, .init = affine_init, .forward = affine_forward, .n_inputs = 1,
+};
+
+static em_status reg(em_registry *r) { return em_module_class_register(r, &affine_class); }
+
+static const em_plugin_descriptor desc = {
+    .struct_size = sizeof desc, .abi_major = EM_PLUGIN_ABI_MAJOR, .name = "ember-test-layers",
+    .version = "1.0", .description = "a module class from a test plugin", .register_fn = reg,
+};
+
+EM_PLUGIN_EXPORT const em_plugin_descriptor *ember_plugin_entry(void) { return &desc; }
