@@ -220,6 +220,12 @@ const char *em__plugin_names(void);
 /* Remove the optimizer and scheduler classes a registry registered (plugin unload). */
 void em__optim_remove_owner(em_registry *owner);
 
+/* ---- dataset classes (data.c) ------------------------------------------------------------ */
+
+/* Withdraw / count the dataset classes a registry registered. */
+void em__datasets_remove_owner(em_registry *owner);
+size_t em__datasets_count_owner(const em_registry *owner);
+
 /* ---- autograd (autograd.c) ------------------------------------------------------------------ */
 
 /* Before a kernel runs: if grad mode is on and an input requires grad, build the node (edges,

@@ -80,6 +80,7 @@ static void registry_withdraw(em_registry *r) {
     em__ops_remove_owner(r);
     em__device_types_remove_owner(r);
     em__module_classes_remove_owner(r);
+    em__datasets_remove_owner(r);
     r->n_ops = 0;
     r->n_device_types = 0;
 }
@@ -453,7 +454,8 @@ static bool program_listed(void) {
     return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types ||
                          em_registry_module_class_count(L.program) ||
                          em_registry_optim_class_count(L.program) ||
-                         em_registry_sched_class_count(L.program));
+                         em_registry_sched_class_count(L.program) ||
+                         em__datasets_count_owner(L.program));
 }
 
 size_t em_plugin_count(void) { return L.n + (program_listed() ? 1 : 0); }

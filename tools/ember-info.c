@@ -94,6 +94,10 @@ static json_t *registry_json(json_t *p, const em_registry *r, const options *o) 
                                                   em_dtype_name(k.dtype), "priority",
                                                   k.priority, "name", k.name));
     }
+    json_t *datasets = json_array();
+    for (size_t i = 0; i < em_registry_dataset_count(r); i++)
+        json_array_append_new(datasets, json_string(em_registry_dataset_name(r, i)));
+    json_object_set_new(p, "dataset_classes", datasets);
     json_object_set_new(p, "device_types", types);
     json_object_set_new(p, "ops", ops);
     json_t *optims = json_array(), *scheds = json_array();
@@ -382,6 +386,8 @@ static void print_plugins(const json_t *plugins) {
             print_string_list("optimizers", json_object_get(p, "optimizer_classes"));
         if (json_array_size(json_object_get(p, "scheduler_classes")))
             print_string_list("schedulers", json_object_get(p, "scheduler_classes"));
+        if (json_array_size(json_object_get(p, "dataset_classes")))
+            print_string_list("dataset classes", json_object_get(p, "dataset_classes"));
         print_kernels(p);
     }
 }

@@ -14,6 +14,9 @@
  *     Ember bug, never user input);
  *   - streams count the work queued on them, events record a stream's count, and every
  *     stream and event call checks that its handles belong to the device they are used on;
+ *   - page-locked host memory (host_alloc) is plain host memory with a header; the live
+ *     pinned blocks and bytes are counted, and ember_testdev_pinned() reports them (tests
+ *     find it with dlsym) so pin_memory can be checked;
  *   - kernels exist only for copy and fill (every dtype) and add (float32), so every other op
  *     exercises the fallback policy.
  */
@@ -56,6 +59,7 @@ static struct {
     uint64_t default_work[TD_COUNT]; /* work queued on each device's default stream */
     uint64_t next_stream_id;
     int type; /* our device-type index, learned at registration */
+    size_t pinned_blocks, pinned_bytes; /* live host_alloc blocks */
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .type = -1};
 
 static void *td_tag(void *host, int index) {
@@ -290,6 +294,49 @@ static em_status td_event_synchronize(int index, em_event *e) {
     return EM_OK;
 }
 
+/* ---- page-locked host memory ------------------------------------------------------------ */
+
+#define TD_PINNED_MAGIC 0x70696e6e65643031ull /* "pinned01" */
+
+static em_status td_host_alloc(size_t nbytes, void **out) {
+    *out = NULL;
+    void *base = NULL;
+    if (posix_memalign(&base, 64, TD_HDR + nbytes) != 0)
+        return em_set_error(EM_ERR_NOMEM, "testdev: host_alloc of %zu bytes failed", nbytes);
+    uint64_t hdr[2] = {TD_PINNED_MAGIC, nbytes};
+    memcpy(base, hdr, sizeof hdr);
+    pthread_mutex_lock(&G.lock);
+    G.pinned_blocks++;
+    G.pinned_bytes += nbytes;
+    pthread_mutex_unlock(&G.lock);
+    *out = (char *)base + TD_HDR;
+    return EM_OK;
+}
+
+static void td_host_free(void *ptr) {
+    if (!ptr) return;
+    char *base = (char *)ptr - TD_HDR;
+    uint64_t hdr[2];
+    memcpy(hdr, base, sizeof hdr);
+    if (hdr[0] != TD_PINNED_MAGIC) td_fatal("host_free of memory host_alloc did not make", ptr, -1);
+    hdr[0] = TD_DEAD;
+    memcpy(base, hdr, sizeof hdr[0]);
+    pthread_mutex_lock(&G.lock);
+    G.pinned_blocks--;
+    G.pinned_bytes -= hdr[1];
+    pthread_mutex_unlock(&G.lock);
+    free(base);
+}
+
+/* For tests (dlsym): the live page-locked blocks and their bytes. */
+EM_PLUGIN_EXPORT void ember_testdev_pinned(size_t *blocks, size_t *bytes);
+EM_PLUGIN_EXPORT void ember_testdev_pinned(size_t *blocks, size_t *bytes) {
+    pthread_mutex_lock(&G.lock);
+    *blocks = G.pinned_blocks;
+    *bytes = G.pinned_bytes;
+    pthread_mutex_unlock(&G.lock);
+}
+
 /* ---- copies ------------------------------------------------------------------------------- */
 
 static bool td_is_ours(em_device d) { return d.type == G.type; }
@@ -328,6 +375,8 @@ static const em_device_ops td_device = {
     .properties = td_properties,
     .alloc = td_alloc,
     .free = td_free,
+    .host_alloc = td_host_alloc,
+    .host_free = td_host_free,
     .copy = td_copy,
     .synchronize = td_synchronize,
     .stream_create = td_stream_create,
@@ -458,6 +507,10 @@ static void td_shutdown(void) {
                          "testdev:%d at shutdown", n, n == 1 ? "" : "s", G.used[i], i);
         G.default_work[i] = 0;
     }
+    if (G.pinned_blocks)
+        em_log_write(EM_LOG_WARN, "testdev: %zu page-locked host block%s (%zu bytes) still "
+                     "allocated at shutdown", G.pinned_blocks, G.pinned_blocks == 1 ? "" : "s",
+                     G.pinned_bytes);
     G.type = -1;
     pthread_mutex_unlock(&G.lock);
 }

@@ -31,6 +31,7 @@
 #include "ember/optim.h"
 #include "ember/dict.h"
 #include "ember/plugin.h"
+#include "ember/data.h"
 #include "ember/version.h"
 
 #ifdef __cplusplus

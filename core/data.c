@@ -1,0 +1,741 @@
+/*
+ * data.c — datasets: the registry of dataset classes (with typed, validated options), the
+ * em_dataset handle every loader reads through, the in-memory datasets a program makes
+ * without a plugin (over tensors, over a callback), subsets and random_split.
+ *
+ * The class table is process-global (like the op registry): entries remember the registry
+ * that added them, so unloading a plugin withdraws its classes (em__datasets_remove_owner).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "data_internal.h"
+
+/* ---- the class table ---------------------------------------------------------------------- */
+
+typedef struct class_entry {
+    em_dataset_class_def def; /* copied; def.name points at `name` */
+    char *name;
+    em_registry *owner;
+} class_entry;
+
+static struct {
+    pthread_mutex_t lock;
+    class_entry *e;
+    size_t n, cap;
+} C = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool valid_class_name(const char *s) {
+    if (!s || !(*s >= 'a' && *s <= 'z')) return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-'))
+            return false;
+    return true;
+}
+
+static const class_entry *find_locked(const char *name) {
+    for (size_t i = 0; i < C.n; i++)
+        if (strcmp(C.e[i].name, name) == 0) return &C.e[i];
+    return NULL;
+}
+
+/* "mnist, csv" into buf. */
+static const char *class_list_locked(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < C.n && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", C.e[i].name);
+    if (!C.n) snprintf(buf, cap, "none (is the ember-data plugin installed? ember-info lists "
+                       "the plugins)");
+    return buf;
+}
+
+static em_status parse_value(const char *cls, const em_option_def *d, const char *text,
+                             int64_t *iv, double *fv, bool *bv);
+
+em_status em_dataset_class_register(em_registry *reg, const em_dataset_class_def *def) {
+    if (!reg || !def || def->struct_size < offsetof(em_dataset_class_def, ext))
+        return em_set_error(EM_ERR_INVALID, "dataset_class_register: NULL registry or record, "
+                            "or a record older than this core understands");
+    if (!valid_class_name(def->name))
+        return em_set_error(EM_ERR_INVALID, "dataset_class_register: name '%s' is not "
+                            "[a-z][a-z0-9_-]*", def->name ? def->name : "(null)");
+    if (!def->open || !def->read)
+        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' lacks an %s "
+                            "function", def->name, !def->open ? "open" : "read");
+    if (def->n_options && !def->options)
+        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' declares %zu "
+                            "options but no array", def->name, def->n_options);
+    for (size_t i = 0; i < def->n_options; i++) {
+        const em_option_def *o = &def->options[i];
+        if (!o->name || !*o->name || o->type > EM_OPTION_CHOICE ||
+            (o->type == EM_OPTION_CHOICE && (!o->choices || !*o->choices)))
+            return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s': option "
+                                "%zu is malformed (a name, a type, and choices for a choice)",
+                                def->name, i);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(def->options[j].name, o->name) == 0)
+                return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' "
+                                    "declares option '%s' twice", def->name, o->name);
+        int64_t iv;
+        double fv;
+        bool bv;
+        if (o->default_value && parse_value(def->name, o, o->default_value, &iv, &fv, &bv) != EM_OK)
+            return em_set_error(EM_ERR_INVALID, "dataset_class_register: the default of an "
+                                "option is invalid: %s", em_last_error());
+    }
+    pthread_mutex_lock(&C.lock);
+    em_status st = EM_OK;
+    if (find_locked(def->name)) {
+        st = em_set_error(EM_ERR_EXISTS, "dataset_class_register: a dataset class named '%s' "
+                          "is already registered", def->name);
+    } else if (C.n == C.cap) {
+        size_t nc = C.cap ? C.cap * 2 : 16;
+        class_entry *p = em__realloc(C.e, C.cap * sizeof *p, nc * sizeof *p, "dataset classes");
+        if (!p) st = EM_ERR_NOMEM;
+        else C.e = p, C.cap = nc;
+    }
+    if (st == EM_OK) {
+        class_entry *e = &C.e[C.n];
+        memset(e, 0, sizeof *e);
+        memcpy(&e->def, def, EM_MIN(def->struct_size, sizeof e->def));
+        e->def.struct_size = sizeof e->def;
+        if (!(e->name = em__strdup(def->name, "dataset class name"))) {
+            st = EM_ERR_NOMEM;
+            if (C.n == 0) { /* keep nothing allocated while no class is registered */
+                em__free(C.e);
+                C.e = NULL;
+                C.cap = 0;
+            }
+        } else {
+            e->def.name = e->name;
+            e->owner = reg;
+            C.n++;
+        }
+    }
+    pthread_mutex_unlock(&C.lock);
+    return st;
+}
+
+static void remove_at_locked(size_t i) {
+    em__free(C.e[i].name);
+    memmove(&C.e[i], &C.e[i + 1], (C.n - i - 1) * sizeof *C.e);
+    C.n--;
+    if (C.n == 0) {
+        em__free(C.e);
+        C.e = NULL;
+        C.cap = 0;
+    }
+}
+
+em_status em_dataset_class_unregister(em_registry *reg, const char *name) {
+    pthread_mutex_lock(&C.lock);
+    for (size_t i = 0; name && i < C.n; i++)
+        if (C.e[i].owner == reg && strcmp(C.e[i].name, name) == 0) {
+            remove_at_locked(i);
+            pthread_mutex_unlock(&C.lock);
+            return EM_OK;
+        }
+    pthread_mutex_unlock(&C.lock);
+    return em_set_error(EM_ERR_NOTFOUND, "dataset_class_unregister: this registry registered "
+                        "no dataset class named '%s'", name ? name : "(null)");
+}
+
+void em__datasets_remove_owner(em_registry *owner) {
+    pthread_mutex_lock(&C.lock);
+    for (size_t i = C.n; i-- > 0;)
+        if (C.e[i].owner == owner) remove_at_locked(i);
+    pthread_mutex_unlock(&C.lock);
+}
+
+size_t em__datasets_count_owner(const em_registry *owner) {
+    pthread_mutex_lock(&C.lock);
+    size_t n = 0;
+    for (size_t i = 0; i < C.n; i++) n += C.e[i].owner == owner;
+    pthread_mutex_unlock(&C.lock);
+    return n;
+}
+
+size_t em_dataset_class_count(void) {
+    pthread_mutex_lock(&C.lock);
+    size_t n = C.n;
+    pthread_mutex_unlock(&C.lock);
+    return n;
+}
+
+const char *em_dataset_class_name(size_t i) {
+    pthread_mutex_lock(&C.lock);
+    const char *s = i < C.n ? C.e[i].name : NULL;
+    pthread_mutex_unlock(&C.lock);
+    return s;
+}
+
+size_t em_registry_dataset_count(const em_registry *reg) {
+    return reg ? em__datasets_count_owner(reg) : 0;
+}
+
+const char *em_registry_dataset_name(const em_registry *reg, size_t i) {
+    pthread_mutex_lock(&C.lock);
+    const char *s = NULL;
+    for (size_t k = 0, seen = 0; reg && k < C.n; k++)
+        if (C.e[k].owner == reg && seen++ == i) {
+            s = C.e[k].name;
+            break;
+        }
+    pthread_mutex_unlock(&C.lock);
+    return s;
+}
+
+const em_dataset_class_def *em_dataset_class_find(const char *name) {
+    pthread_mutex_lock(&C.lock);
+    const class_entry *e = name ? find_locked(name) : NULL;
+    char list[512];
+    if (!e) class_list_locked(list, sizeof list);
+    pthread_mutex_unlock(&C.lock);
+    if (!e) {
+        em_set_error(EM_ERR_NOTFOUND, "no dataset class named '%s' is registered; registered: %s",
+                     name ? name : "(null)", list);
+        return NULL;
+    }
+    return &e->def;
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+struct em_options {
+    const em_option_def *defs;
+    size_t n;
+    const char **text; /* borrowed: the caller's value or the default */
+    int64_t *ints;
+    double *floats;
+    bool *bools;
+    bool *given;
+};
+
+static const char *type_name(em_option_type t) {
+    switch (t) {
+    case EM_OPTION_STRING: return "a string";
+    case EM_OPTION_INT: return "an integer";
+    case EM_OPTION_FLOAT: return "a number";
+    case EM_OPTION_BOOL: return "true or false";
+    case EM_OPTION_CHOICE: return "a choice";
+    }
+    return "?";
+}
+
+/* Whether `text` equals one of the '|'-separated choices. */
+static bool in_choices(const char *choices, const char *text) {
+    size_t n = strlen(text);
+    for (const char *p = choices; *p;) {
+        const char *end = strchr(p, '|');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, text, n) == 0) return true;
+        if (!end) break;
+        p = end + 1;
+    }
+    return false;
+}
+
+static em_status parse_value(const char *cls, const em_option_def *d, const char *text,
+                             int64_t *iv, double *fv, bool *bv) {
+    char *end;
+    bool ranged = d->min < d->max;
+    switch (d->type) {
+    case EM_OPTION_STRING: return EM_OK;
+    case EM_OPTION_INT: {
+        errno = 0;
+        long long v = strtoll(text, &end, 10);
+        if (!*text || *end || errno)
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not an "
+                                "integer (%s)", cls, d->name, text, d->help ? d->help : "");
+        if (ranged && ((double)v < d->min || (double)v > d->max))
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = %lld is outside "
+                                "the allowed range [%.17g, %.17g]", cls, d->name, v, d->min, d->max);
+        *iv = v;
+        *fv = (double)v;
+        return EM_OK;
+    }
+    case EM_OPTION_FLOAT: {
+        errno = 0;
+        double v = strtod(text, &end);
+        if (!*text || *end || errno || !isfinite(v))
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not a "
+                                "finite number (%s)", cls, d->name, text, d->help ? d->help : "");
+        if (ranged && (v < d->min || v > d->max))
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = %g is outside the "
+                                "allowed range [%.17g, %.17g]", cls, d->name, v, d->min, d->max);
+        *fv = v;
+        *iv = (int64_t)v;
+        return EM_OK;
+    }
+    case EM_OPTION_BOOL:
+        if (!strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcmp(text, "1")) *bv = true;
+        else if (!strcasecmp(text, "false") || !strcasecmp(text, "no") || !strcmp(text, "0")) *bv = false;
+        else
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not a "
+                                "boolean; allowed values: true, false, yes, no, 1, 0", cls,
+                                d->name, text);
+        *iv = *bv;
+        return EM_OK;
+    case EM_OPTION_CHOICE: {
+        if (in_choices(d->choices, text)) return EM_OK;
+        char allowed[256];
+        snprintf(allowed, sizeof allowed, "%s", d->choices);
+        for (char *p = allowed; *p; p++)
+            if (*p == '|') *p = ',';
+        return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not allowed; "
+                            "allowed values: %s", cls, d->name, text, allowed);
+    }
+    }
+    return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' has an unknown type", cls,
+                        d->name);
+}
+
+static void options_free(em_options *o) {
+    if (!o) return;
+    em__free(o->text);
+    em__free(o->ints);
+    em__free(o->floats);
+    em__free(o->bools);
+    em__free(o->given);
+    em__free(o);
+}
+
+/* Validate the caller's options against the class's definitions. */
+static em_options *options_parse(const em_dataset_class_def *def, const em_option *given) {
+    em_options *o = em__calloc(1, sizeof *o, "dataset options");
+    if (!o) return NULL;
+    size_t n = def->n_options;
+    o->defs = def->options;
+    o->n = n;
+    size_t k = n ? n : 1;
+    o->text = em__calloc(k, sizeof *o->text, "dataset options");
+    o->ints = em__calloc(k, sizeof *o->ints, "dataset options");
+    o->floats = em__calloc(k, sizeof *o->floats, "dataset options");
+    o->bools = em__calloc(k, sizeof *o->bools, "dataset options");
+    o->given = em__calloc(k, sizeof *o->given, "dataset options");
+    if (!o->text || !o->ints || !o->floats || !o->bools || !o->given) goto fail;
+    for (const em_option *g = given; g && g->key; g++) {
+        size_t i = 0;
+        while (i < n && strcmp(def->options[i].name, g->key) != 0) i++;
+        if (i == n) {
+            char list[512];
+            size_t m = 0;
+            list[0] = '\0';
+            for (size_t j = 0; j < n && m < sizeof list; j++)
+                m += (size_t)snprintf(list + m, sizeof list - m, "%s%s", j ? ", " : "",
+                                      def->options[j].name);
+            em_set_error(EM_ERR_INVALID, "dataset '%s': unknown option '%s'; its options are: %s",
+                         def->name, g->key, n ? list : "(none)");
+            goto fail;
+        }
+        if (o->given[i]) {
+            em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' is given twice", def->name,
+                         g->key);
+            goto fail;
+        }
+        if (!g->value) {
+            em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' has no value", def->name,
+                         g->key);
+            goto fail;
+        }
+        o->given[i] = true;
+        o->text[i] = g->value;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const em_option_def *d = &def->options[i];
+        if (!o->given[i]) o->text[i] = d->default_value;
+        if (!o->text[i]) {
+            em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' is required (%s, %s)",
+                         def->name, d->name, type_name(d->type), d->help ? d->help : "no help");
+            goto fail;
+        }
+        if (parse_value(def->name, d, o->text[i], &o->ints[i], &o->floats[i], &o->bools[i]) != EM_OK)
+            goto fail;
+    }
+    return o;
+fail:
+    options_free(o);
+    return NULL;
+}
+
+static int option_index(const em_options *o, const char *name) {
+    for (size_t i = 0; o && name && i < o->n; i++)
+        if (strcmp(o->defs[i].name, name) == 0) return (int)i;
+    return -1;
+}
+
+const char *em_options_get_string(const em_options *o, const char *name) {
+    int i = option_index(o, name);
+    return i < 0 ? NULL : o->text[i];
+}
+int64_t em_options_get_int(const em_options *o, const char *name) {
+    int i = option_index(o, name);
+    return i < 0 ? 0 : o->ints[i];
+}
+double em_options_get_float(const em_options *o, const char *name) {
+    int i = option_index(o, name);
+    return i < 0 ? 0.0 : o->floats[i];
+}
+bool em_options_get_bool(const em_options *o, const char *name) {
+    int i = option_index(o, name);
+    return i < 0 ? false : o->bools[i];
+}
+bool em_options_given(const em_options *o, const char *name) {
+    int i = option_index(o, name);
+    return i < 0 ? false : o->given[i];
+}
+
+/* ---- datasets ----------------------------------------------------------------------------- */
+
+size_t em__data_item_bytes(int ndim, const int64_t *shape, em_dtype dt) {
+    return (size_t)em__numel(ndim, shape) * em_dtype_size(dt);
+}
+
+/* Check what a class's open (or a program) said about its items. */
+static em_status info_check(const char *who, const em_dataset_info *in) {
+    char s[96];
+    if (in->length < 0)
+        return em_set_error(EM_ERR_INTERNAL, "dataset '%s': negative length %lld", who,
+                            (long long)in->length);
+    if (in->input_ndim < 0 || in->input_ndim > EM_MAX_DIMS - 1 || in->target_ndim < 0 ||
+        in->target_ndim > EM_MAX_DIMS - 1)
+        return em_set_error(EM_ERR_INVALID, "dataset '%s': item inputs have %d dims and "
+                            "targets %d (each must be in [0, %d])", who, in->input_ndim,
+                            in->target_ndim, EM_MAX_DIMS - 1);
+    for (int d = 0; d < in->input_ndim; d++)
+        if (in->input_shape[d] <= 0)
+            return em_set_error(EM_ERR_SHAPE, "dataset '%s': item input shape %s has a "
+                                "non-positive size", who,
+                                em__shape_str(in->input_ndim, in->input_shape, s, sizeof s));
+    if (!em_dtype_is_valid(in->input_dtype))
+        return em_set_error(EM_ERR_DTYPE, "dataset '%s': invalid input dtype %d", who,
+                            (int)in->input_dtype);
+    if (in->target_dtype == EM_I64) {
+        if (in->target_ndim != 0 || in->num_classes <= 0)
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': class-label targets are one "
+                                "int64 per item with num_classes > 0 (got %d dims, %lld "
+                                "classes)", who, in->target_ndim, (long long)in->num_classes);
+    } else if (in->target_dtype == EM_F32) {
+        if (in->target_ndim != 1 || in->target_shape[0] <= 0)
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': regression targets are (k) "
+                                "float32 per item, k >= 1 (got %s)", who,
+                                em__shape_str(in->target_ndim, in->target_shape, s, sizeof s));
+    } else {
+        return em_set_error(EM_ERR_DTYPE, "dataset '%s': targets must be int64 labels or "
+                            "float32 values, not %s", who, em_dtype_name(in->target_dtype));
+    }
+    return EM_OK;
+}
+
+/* A new dataset handle (refcount 1) over state with the given functions. */
+static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
+                               em_status (*read)(void *, const int64_t *, int64_t, void *, void *),
+                               void (*close)(void *), void *state) {
+    if (info_check(name, info) != EM_OK) return NULL;
+    em_dataset *ds = em__calloc(1, sizeof *ds, "dataset");
+    if (!ds) return NULL;
+    if (!(ds->name = em__strdup(name, "dataset name"))) {
+        em__free(ds);
+        return NULL;
+    }
+    atomic_init(&ds->refcount, 1);
+    ds->info = *info;
+    ds->info.struct_size = sizeof ds->info;
+    ds->info.ext = NULL;
+    ds->read = read;
+    ds->close = close;
+    ds->state = state;
+    ds->input_bytes = em__data_item_bytes(info->input_ndim, info->input_shape, info->input_dtype);
+    ds->target_bytes = em__data_item_bytes(info->target_ndim, info->target_shape,
+                                           info->target_dtype);
+    return ds;
+}
+
+em_dataset *em_dataset_open(const char *name, const em_option *options) {
+    const em_dataset_class_def *def = em_dataset_class_find(name);
+    if (!def) return NULL;
+    em_options *o = options_parse(def, options);
+    if (!o) return NULL;
+    em_dataset_info info = {.struct_size = sizeof info};
+    void *state = NULL;
+    em_status st = def->open(o, &info, &state);
+    options_free(o);
+    if (st != EM_OK) {
+        if (!em__error_pending())
+            em_set_error(st, "dataset '%s': open failed without saying why", name);
+        return NULL;
+    }
+    em_dataset *ds = dataset_new(name, &info, def->read, def->close, state);
+    if (!ds && def->close) def->close(state);
+    return ds;
+}
+
+const em_dataset_info *em_dataset_get_info(const em_dataset *ds) { return &ds->info; }
+int64_t em_dataset_length(const em_dataset *ds) { return ds->info.length; }
+const char *em_dataset_name(const em_dataset *ds) { return ds->name; }
+
+em_status em_dataset_read(em_dataset *ds, const int64_t *indices, int64_t n, void *inputs,
+                          void *targets) {
+    if (!ds || (n > 0 && (!indices || !inputs || !targets)))
+        return em_set_error(EM_ERR_INVALID, "dataset_read: NULL dataset or buffer");
+    for (int64_t j = 0; j < n; j++)
+        if (indices[j] < 0 || indices[j] >= ds->info.length)
+            return em_set_error(EM_ERR_RANGE, "dataset '%s': item index %lld is out of range "
+                                "(length %lld)", ds->name, (long long)indices[j],
+                                (long long)ds->info.length);
+    if (n <= 0) return EM_OK;
+    em_status st = ds->read(ds->state, indices, n, inputs, targets);
+    if (st != EM_OK && !em__error_pending())
+        em_set_error(st, "dataset '%s': read of %lld items failed without saying why", ds->name,
+                     (long long)n);
+    return st;
+}
+
+void em_dataset_free(em_dataset *ds) {
+    if (!ds || atomic_fetch_sub(&ds->refcount, 1) != 1) return;
+    if (ds->close) ds->close(ds->state);
+    em__free(ds->name);
+    em__free(ds);
+}
+
+/* ---- tensor datasets ---------------------------------------------------------------------- */
+
+typedef struct tensors_state {
+    em_tensor *inputs, *targets; /* contiguous CPU tensors, owned references */
+    size_t ib, tb;
+} tensors_state;
+
+static em_status tensors_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    const tensors_state *s = state;
+    const char *pi = em_tensor_data(s->inputs), *pt = em_tensor_data(s->targets);
+    for (int64_t j = 0; j < n; j++) {
+        memcpy((char *)in + (size_t)j * s->ib, pi + (size_t)idx[j] * s->ib, s->ib);
+        memcpy((char *)tg + (size_t)j * s->tb, pt + (size_t)idx[j] * s->tb, s->tb);
+    }
+    return EM_OK;
+}
+
+static void tensors_close(void *state) {
+    tensors_state *s = state;
+    if (!s) return;
+    em_tensor_release(s->inputs);
+    em_tensor_release(s->targets);
+    em__free(s);
+}
+
+em_dataset *em_dataset_from_tensors(em_tensor *inputs, em_tensor *targets, int64_t num_classes) {
+    if (!inputs || !targets) {
+        if (!em__error_pending())
+            em_set_error(EM_ERR_INVALID, "dataset_from_tensors: NULL inputs or targets");
+        return NULL;
+    }
+    char a[96], b[96];
+    int ni = em_tensor_ndim(inputs), nt = em_tensor_ndim(targets);
+    const int64_t *si = em_tensor_shape(inputs), *stt = em_tensor_shape(targets);
+    if (em_tensor_device(inputs).type != EM_DEVICE_CPU_TYPE ||
+        em_tensor_device(targets).type != EM_DEVICE_CPU_TYPE) {
+        em_set_error(EM_ERR_DEVICE, "dataset_from_tensors: inputs and targets must be CPU "
+                     "tensors (the loader moves batches to the device)");
+        return NULL;
+    }
+    if (ni < 1 || nt < 1 || nt > 2 || si[0] != stt[0]) {
+        em_set_error(EM_ERR_SHAPE, "dataset_from_tensors: inputs %s and targets %s must share "
+                     "their first dim (N, ...) and (N) or (N, k)",
+                     em__shape_str(ni, si, a, sizeof a), em__shape_str(nt, stt, b, sizeof b));
+        return NULL;
+    }
+    em_dtype tdt = em_tensor_dtype(targets);
+    bool labels = em_dtype_is_integral(tdt) || tdt == EM_BOOL;
+    if (labels && nt != 1) {
+        em_set_error(EM_ERR_SHAPE, "dataset_from_tensors: class-label targets must have shape "
+                     "(N), not %s", em__shape_str(nt, stt, b, sizeof b));
+        return NULL;
+    }
+    tensors_state *s = em__calloc(1, sizeof *s, "tensor dataset");
+    if (!s) return NULL;
+    s->inputs = em__contiguous(inputs);
+    em_tensor *t = labels ? em__to_dtype(targets, EM_I64) : em__to_dtype(targets, EM_F32);
+    s->targets = t ? em__contiguous(t) : NULL;
+    em_tensor_release(t);
+    if (!s->inputs || !s->targets) goto fail;
+    em_dataset_info info = {.struct_size = sizeof info, .length = si[0], .input_ndim = ni - 1,
+                            .input_dtype = em_tensor_dtype(inputs)};
+    memcpy(info.input_shape, si + 1, sizeof(int64_t) * (size_t)(ni - 1));
+    if (labels) {
+        const int64_t *lab = em_tensor_data(s->targets);
+        int64_t mx = -1;
+        for (int64_t i = 0; i < si[0]; i++) {
+            if (lab[i] < 0 || (num_classes > 0 && lab[i] >= num_classes)) {
+                em_set_error(EM_ERR_RANGE, "dataset_from_tensors: item %lld has label %lld, "
+                             "outside [0, %lld)", (long long)i, (long long)lab[i],
+                             (long long)(num_classes > 0 ? num_classes : INT64_MAX));
+                goto fail;
+            }
+            mx = EM_MAX(mx, lab[i]);
+        }
+        info.target_dtype = EM_I64;
+        info.num_classes = num_classes > 0 ? num_classes : mx + 1;
+        if (info.num_classes <= 0) info.num_classes = 1;
+    } else {
+        info.target_dtype = EM_F32;
+        info.target_ndim = 1;
+        info.target_shape[0] = nt == 2 ? stt[1] : 1;
+    }
+    s->ib = em__data_item_bytes(info.input_ndim, info.input_shape, info.input_dtype);
+    s->tb = em__data_item_bytes(info.target_ndim, info.target_shape, info.target_dtype);
+    em_dataset *ds = dataset_new("tensors", &info, tensors_read, tensors_close, s);
+    if (ds) return ds;
+fail:
+    tensors_close(s);
+    return NULL;
+}
+
+/* ---- callback datasets -------------------------------------------------------------------- */
+
+typedef struct callback_state {
+    em_item_fn fn;
+    void *user;
+    size_t ib, tb;
+} callback_state;
+
+static em_status callback_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    const callback_state *s = state;
+    for (int64_t j = 0; j < n; j++) {
+        em_clear_error();
+        em_status st = s->fn(s->user, idx[j], (char *)in + (size_t)j * s->ib,
+                             (char *)tg + (size_t)j * s->tb);
+        if (st != EM_OK)
+            return em_set_error(st, "callback dataset: item %lld: %s", (long long)idx[j],
+                                *em_last_error() ? em_last_error() : em_status_str(st));
+    }
+    return EM_OK;
+}
+
+static void callback_close(void *state) { em__free(state); }
+
+em_dataset *em_dataset_from_callback(const em_dataset_info *info, em_item_fn fn, void *user) {
+    if (!info || !fn || info->struct_size < offsetof(em_dataset_info, ext)) {
+        em_set_error(EM_ERR_INVALID, "dataset_from_callback: NULL info or function, or an info "
+                     "record without struct_size");
+        return NULL;
+    }
+    callback_state *s = em__calloc(1, sizeof *s, "callback dataset");
+    if (!s) return NULL;
+    s->fn = fn;
+    s->user = user;
+    s->ib = em__data_item_bytes(info->input_ndim, info->input_shape, info->input_dtype);
+    s->tb = em__data_item_bytes(info->target_ndim, info->target_shape, info->target_dtype);
+    em_dataset *ds = dataset_new("callback", info, callback_read, callback_close, s);
+    if (!ds) em__free(s);
+    return ds;
+}
+
+/* ---- subsets and random_split ------------------------------------------------------------- */
+
+typedef struct subset_state {
+    em_dataset *parent; /* owned reference */
+    int64_t *idx;
+    int64_t n;
+} subset_state;
+
+static em_status subset_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    const subset_state *s = state;
+    int64_t map[256]; /* no allocation per read: map the indices in chunks */
+    for (int64_t j = 0; j < n; j += 256) {
+        int64_t m = EM_MIN(256, n - j);
+        for (int64_t k = 0; k < m; k++) map[k] = s->idx[idx[j + k]];
+        em_status st = s->parent->read(s->parent->state, map, m,
+                                       (char *)in + (size_t)j * s->parent->input_bytes,
+                                       (char *)tg + (size_t)j * s->parent->target_bytes);
+        if (st != EM_OK) return st;
+    }
+    return EM_OK;
+}
+
+static void subset_close(void *state) {
+    subset_state *s = state;
+    if (!s) return;
+    em_dataset_free(s->parent);
+    em__free(s->idx);
+    em__free(s);
+}
+
+em_dataset *em_dataset_subset(em_dataset *ds, const int64_t *indices, int64_t n) {
+    if (!ds || n < 0 || (n > 0 && !indices)) {
+        em_set_error(EM_ERR_INVALID, "dataset_subset: NULL dataset or indices, or n < 0");
+        return NULL;
+    }
+    for (int64_t j = 0; j < n; j++)
+        if (indices[j] < 0 || indices[j] >= ds->info.length) {
+            em_set_error(EM_ERR_RANGE, "dataset_subset: index %lld (entry %lld) is out of range "
+                         "for dataset '%s' of length %lld", (long long)indices[j], (long long)j,
+                         ds->name, (long long)ds->info.length);
+            return NULL;
+        }
+    subset_state *s = em__calloc(1, sizeof *s, "subset dataset");
+    if (!s) return NULL;
+    s->idx = em__malloc(sizeof(int64_t) * (size_t)(n ? n : 1), "subset indices");
+    if (!s->idx) {
+        em__free(s);
+        return NULL;
+    }
+    if (n) memcpy(s->idx, indices, sizeof(int64_t) * (size_t)n);
+    s->n = n;
+    atomic_fetch_add(&ds->refcount, 1);
+    s->parent = ds;
+    em_dataset_info info = ds->info;
+    info.length = n;
+    em_dataset *sub = dataset_new("subset", &info, subset_read, subset_close, s);
+    if (!sub) subset_close(s);
+    return sub;
+}
+
+void em__data_permute(int64_t *perm, int64_t n, uint64_t seed, uint64_t epoch, uint32_t stream) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        uint64_t k = (uint64_t)(n - 1 - i); /* the k-th draw */
+        uint32_t w = em__data_word(seed, epoch, stream, k / 4, (unsigned)(k % 4));
+        int64_t j = (int64_t)em__data_below(w, (uint64_t)i + 1);
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+em_status em_random_split(em_dataset *ds, const int64_t *lengths, int n, uint64_t seed,
+                          em_dataset **out) {
+    if (!ds || !lengths || n <= 0 || !out)
+        return em_set_error(EM_ERR_INVALID, "random_split: NULL dataset, lengths or out, or "
+                            "n <= 0");
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (lengths[i] < 0)
+            return em_set_error(EM_ERR_INVALID, "random_split: length %d is negative (%lld)", i,
+                                (long long)lengths[i]);
+        total += lengths[i];
+    }
+    if (total != ds->info.length)
+        return em_set_error(EM_ERR_INVALID, "random_split: the lengths add up to %lld but "
+                            "dataset '%s' has %lld items", (long long)total, ds->name,
+                            (long long)ds->info.length);
+    int64_t *perm = em__malloc(sizeof(int64_t) * (size_t)(total ? total : 1), "random_split");
+    if (!perm) return EM_ERR_NOMEM;
+    for (int64_t i = 0; i < total; i++) perm[i] = i;
+    em__data_permute(perm, total, seed, 0, EM__DATA_STREAM_SPLIT);
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = em_dataset_subset(ds, perm + at, lengths[i]);
+        if (!out[i]) {
+            for (int k = 0; k < i; k++) em_dataset_free(out[k]), out[k] = NULL;
+            em__free(perm);
+            return em_last_status() != EM_OK ? em_last_status() : EM_ERR_NOMEM;
+        }
+        at += lengths[i];
+    }
+    em__free(perm);
+    return EM_OK;
+}

@@ -1,0 +1,54 @@
+/*
+ * data_internal.h — what data.c (dataset classes, datasets) and loader.c (the DataLoader)
+ * share; never installed.
+ */
+#ifndef EMBER_DATA_INTERNAL_H
+#define EMBER_DATA_INTERNAL_H
+
+#include "internal.h"
+
+/* Philox streams of the data subsystem: word 3 of the counter, so that no two uses of one
+ * seed ever draw the same numbers. */
+enum {
+    EM__DATA_STREAM_SHUFFLE = 0x53485546u,   /* "SHUF": per-epoch permutations */
+    EM__DATA_STREAM_WEIGHTED = 0x57474854u,  /* "WGHT": weighted draws */
+    EM__DATA_STREAM_TRANSFORM = 0x5846524du, /* "XFRM": per-item transforms */
+    EM__DATA_STREAM_SPLIT = 0x53504c54u,     /* "SPLT": random_split */
+};
+
+/* Word w (0..3) of the block `block` of (seed, epoch, stream). */
+static inline uint32_t em__data_word(uint64_t seed, uint64_t epoch, uint32_t stream,
+                                     uint64_t block, unsigned w) {
+    uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)epoch, stream};
+    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    uint32_t out[4];
+    key[1] ^= (uint32_t)(epoch >> 32);
+    em_philox4x32_10(ctr, key, out);
+    return out[w & 3];
+}
+
+/* A uniform integer in [0, n) from a 32-bit word (n <= 2^32; multiply-shift). */
+static inline uint64_t em__data_below(uint32_t w, uint64_t n) {
+    return ((uint64_t)w * n) >> 32;
+}
+
+/* Fill perm[0..n) with a Fisher-Yates permutation of v[0..n) (v may be perm itself) drawn
+ * from (seed, epoch, stream): element i (from the top) uses word i % 4 of block i / 4. */
+void em__data_permute(int64_t *perm, int64_t n, uint64_t seed, uint64_t epoch,
+                      uint32_t stream);
+
+struct em_dataset {
+    atomic_int refcount;
+    em_dataset_info info;
+    char *name;
+    em_status (*read)(void *state, const int64_t *indices, int64_t n, void *inputs,
+                      void *targets);
+    void (*close)(void *state);
+    void *state;
+    size_t input_bytes, target_bytes; /* per item */
+};
+
+/* Bytes of one item's inputs / targets. */
+size_t em__data_item_bytes(int ndim, const int64_t *shape, em_dtype dt);
+
+#endif /* EMBER_DATA_INTERNAL_H */

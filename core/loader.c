@@ -1,0 +1,759 @@
+/*
+ * loader.c — the DataLoader: samplers, per-epoch Philox permutations, batching, worker
+ * threads filling a bounded ring of batch buffers, per-item transforms, pinned host buffers
+ * and async copies to the target device, errors reported at their batch, and a position that
+ * can be saved and restored.
+ *
+ * The ring. Batch b of an epoch always goes to slot b % K. A worker claims the lowest batch
+ * not yet claimed once its slot is FREE (the consumer has moved past batch b - K), fills it
+ * outside the lock, and marks it READY (or READY with an error). The consumer hands out the
+ * slots in batch order and frees the previous one at its next call. Everything waits on
+ * condition variables; nothing spins. A restart (a new epoch, em_loader_set_state) bumps a
+ * generation number, waits until no worker is filling, and resets the ring; a batch made
+ * under an old generation is thrown away.
+ *
+ * Memory: every buffer (K host slots, the workers' staging buffers for transforms, the
+ * device buffers, the epoch's index list) is allocated in em_loader_new. em_loader_next
+ * allocates only the views of a short last batch, once per epoch.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "data_internal.h"
+
+enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
+
+typedef struct slot {
+    void *in, *tg;          /* host buffers of batch_size items */
+    em_tensor *tin, *ttg;   /* CPU target: tensors over in/tg (batch_size, ...) */
+    int64_t batch;
+    int state;
+    em_status status;
+    char msg[1024];
+} slot;
+
+typedef struct worker {
+    struct em_loader *l;
+    pthread_t thread;
+    bool started;
+    void *raw;              /* staging for transforms: batch_size raw items */
+} worker;
+
+struct em_loader {
+    em_dataset *ds;
+    em_loader_options o;
+    int64_t bs;
+    /* items */
+    size_t raw_ib, out_ib, tb;     /* bytes per item: dataset inputs, delivered inputs, targets */
+    em_dtype out_dtype;
+    int ndim;                      /* item input dims */
+    int64_t shape[EM_MAX_DIMS];
+    bool transform;                /* any per-item transform */
+    float *fa, *fb;                /* per channel: out = raw * fa[c] + fb[c] (to-float) */
+    int64_t nch, per_channel;      /* channels of the affine part, elements per channel */
+    /* sampler */
+    int64_t *subset;
+    double *cdf;                   /* weighted: cumulative weights */
+    int64_t *scratch;              /* sharded: the padded permutation */
+    int64_t *idx;                  /* this epoch's item order */
+    bool idx_valid;
+    int64_t epoch_len, nb;
+    /* ring */
+    int K;
+    slot *slots;
+    worker *w;
+    int nw;                        /* threads (0: the caller fills) */
+    worker w0;                     /* the caller's staging when nw == 0 */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_ready;
+    int64_t epoch, next_fill, next_out;
+    uint64_t gen;
+    int busy;
+    bool stop, paused, failed;
+    /* consumer side */
+    int handed;                    /* slot handed out last; -1 none */
+    em_tensor *view_in, *view_tg;  /* short-batch views handed out last */
+    char err[1280];
+    em_status err_status;
+    bool stopped;                  /* after an error: until set_state */
+    em_loader_stats stats;
+    /* target device */
+    bool on_device, pinned;
+    em_device dev;
+    em_tensor *din, *dtg;          /* device buffers (batch_size, ...) */
+    em_stream *stream;
+    em_event *ev_default, *ev_copy;
+    bool copy_pending;
+};
+
+/* ---- samplers ------------------------------------------------------------------------------ */
+
+/* A uniform double in [0, 1) for draw k of the weighted stream. */
+static double weighted_u(uint64_t seed, uint64_t epoch, uint64_t k) {
+    uint32_t w0 = em__data_word(seed, epoch, EM__DATA_STREAM_WEIGHTED, k / 2, (unsigned)(k % 2) * 2);
+    uint32_t w1 = em__data_word(seed, epoch, EM__DATA_STREAM_WEIGHTED, k / 2, (unsigned)(k % 2) * 2 + 1);
+    return ((double)(w0 >> 5) * 67108864.0 + (double)(w1 >> 6)) * (1.0 / 9007199254740992.0);
+}
+
+/* The item order of `epoch` into l->idx. */
+static void epoch_order(em_loader *l, int64_t epoch) {
+    const em_loader_options *o = &l->o;
+    int64_t N = l->ds->info.length;
+    uint64_t seed = o->seed;
+    switch (o->sampler) {
+    case EM_SAMPLER_DEFAULT:
+    case EM_SAMPLER_SEQUENTIAL:
+    case EM_SAMPLER_RANDOM:
+        for (int64_t i = 0; i < N; i++) l->idx[i] = i;
+        if (o->shuffle || o->sampler == EM_SAMPLER_RANDOM)
+            em__data_permute(l->idx, N, seed, (uint64_t)epoch, EM__DATA_STREAM_SHUFFLE);
+        break;
+    case EM_SAMPLER_SUBSET:
+        memcpy(l->idx, l->subset, sizeof(int64_t) * (size_t)l->epoch_len);
+        if (o->shuffle)
+            em__data_permute(l->idx, l->epoch_len, seed, (uint64_t)epoch, EM__DATA_STREAM_SHUFFLE);
+        break;
+    case EM_SAMPLER_WEIGHTED: {
+        double total = l->cdf[N - 1];
+        for (int64_t k = 0; k < l->epoch_len; k++) {
+            double u = weighted_u(seed, (uint64_t)epoch, (uint64_t)k) * total;
+            int64_t lo = 0, hi = N - 1; /* the first i with cdf[i] > u */
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (l->cdf[mid] > u) hi = mid;
+                else lo = mid + 1;
+            }
+            l->idx[k] = lo;
+        }
+        break;
+    }
+    case EM_SAMPLER_SHARDED: {
+        int64_t W = o->world_size, total = l->epoch_len * W;
+        for (int64_t i = 0; i < N; i++) l->scratch[i] = i;
+        if (o->shuffle)
+            em__data_permute(l->scratch, N, seed, (uint64_t)epoch, EM__DATA_STREAM_SHUFFLE);
+        for (int64_t i = N; i < total; i++) l->scratch[i] = l->scratch[(i - N) % N];
+        for (int64_t j = 0; j < l->epoch_len; j++) l->idx[j] = l->scratch[o->rank + j * W];
+        break;
+    }
+    }
+}
+
+/* ---- filling a batch ----------------------------------------------------------------------- */
+
+static inline double load_raw(em_dtype dt, const void *p, int64_t i) {
+    switch (dt) {
+    case EM_U8: return ((const uint8_t *)p)[i];
+    case EM_F32: return ((const float *)p)[i];
+    default: return em_dtype_load(dt, p, i);
+    }
+}
+
+/* One item: raw -> out. Geometry (crop, flip) needs (C, H, W) items; the affine part
+ * (to-float, normalize) is out = raw * fa[ch] + fb[ch] with ch = the channel when
+ * normalizing, else 0. */
+static void transform_item(const em_loader *l, const void *raw, void *out, int64_t item,
+                           int64_t epoch) {
+    const em_transforms *t = &l->o.transforms;
+    em_dtype rd = l->ds->info.input_dtype;
+    size_t es = em_dtype_size(rd);
+    bool tofloat = l->fa != NULL; /* the affine part (to-float, normalize) is on */
+    int64_t p = t->crop_padding, dy = 0, dx = 0;
+    bool flip = false;
+    if (p > 0 || t->hflip) {
+        uint32_t w[4];
+        uint32_t ctr[4] = {(uint32_t)item, (uint32_t)((uint64_t)item >> 32), (uint32_t)epoch,
+                           EM__DATA_STREAM_TRANSFORM};
+        uint32_t key[2] = {(uint32_t)l->o.seed,
+                           (uint32_t)(l->o.seed >> 32) ^ (uint32_t)((uint64_t)epoch >> 32)};
+        em_philox4x32_10(ctr, key, w);
+        if (p > 0) {
+            dy = (int64_t)em__data_below(w[0], (uint64_t)(2 * p + 1)) - p;
+            dx = (int64_t)em__data_below(w[1], (uint64_t)(2 * p + 1)) - p;
+        }
+        flip = t->hflip && (w[2] >> 31);
+    }
+    if (p == 0 && !t->hflip) {
+        /* No geometry: a straight conversion, channel by channel. */
+        int64_t per = l->per_channel;
+        float *o = out;
+        for (int64_t c = 0; c < l->nch; c++) {
+            float a = l->fa[c], b = l->fb[c];
+            if (rd == EM_U8) {
+                const uint8_t *r = (const uint8_t *)raw + c * per;
+                for (int64_t i = 0; i < per; i++) o[c * per + i] = (float)r[i] * a + b;
+            } else {
+                for (int64_t i = 0; i < per; i++)
+                    o[c * per + i] = (float)load_raw(rd, raw, c * per + i) * a + b;
+            }
+        }
+        return;
+    }
+    int64_t C = l->shape[0], H = l->shape[1], W = l->shape[2];
+    if (tofloat && rd == EM_U8) {
+        /* The common case (images of bytes to floats), row by row: the columns that come
+         * from inside the image form one range [x0, x1). */
+        int64_t x0 = flip ? EM_MAX(0, dx) : EM_MAX(0, -dx);
+        int64_t x1 = flip ? EM_MIN(W, W + dx) : EM_MIN(W, W - dx);
+        for (int64_t c = 0; c < C; c++) {
+            float a = l->fa[l->nch == 1 ? 0 : c], b = l->fb[l->nch == 1 ? 0 : c];
+            for (int64_t y = 0; y < H; y++) {
+                float *o = (float *)out + (c * H + y) * W;
+                int64_t sy = y + dy;
+                if (sy < 0 || sy >= H || x0 >= x1) {
+                    for (int64_t x = 0; x < W; x++) o[x] = b;
+                    continue;
+                }
+                const uint8_t *r = (const uint8_t *)raw + (c * H + sy) * W;
+                for (int64_t x = 0; x < x0; x++) o[x] = b;
+                if (flip)
+                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[W - 1 - x + dx] * a + b;
+                else
+                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[x + dx] * a + b;
+                for (int64_t x = x1; x < W; x++) o[x] = b;
+            }
+        }
+        return;
+    }
+    for (int64_t c = 0; c < C; c++) {
+        float a = tofloat ? l->fa[l->nch == 1 ? 0 : c] : 0.f;
+        float b = tofloat ? l->fb[l->nch == 1 ? 0 : c] : 0.f;
+        for (int64_t y = 0; y < H; y++) {
+            int64_t sy = y + dy;
+            for (int64_t x = 0; x < W; x++) {
+                int64_t sx = (flip ? W - 1 - x : x) + dx;
+                int64_t o = (c * H + y) * W + x;
+                bool in = sy >= 0 && sy < H && sx >= 0 && sx < W;
+                int64_t s = (c * H + sy) * W + sx;
+                if (tofloat) {
+                    float v = in ? (float)load_raw(rd, raw, s) : 0.f;
+                    ((float *)out)[o] = v * a + b;
+                } else if (in) {
+                    memcpy((char *)out + (size_t)o * es, (const char *)raw + (size_t)s * es, es);
+                } else {
+                    memset((char *)out + (size_t)o * es, 0, es);
+                }
+            }
+        }
+    }
+}
+
+/* Make batch b of `epoch` into slot s with staging `raw`. Sets s->status and s->msg. */
+static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
+    int64_t start = b * l->bs, n = EM_MIN(l->bs, l->epoch_len - start);
+    const int64_t *ids = l->idx + start;
+    em_clear_error();
+    em_status st;
+    if (!l->transform) {
+        st = em_dataset_read(l->ds, ids, n, s->in, s->tg);
+    } else {
+        st = em_dataset_read(l->ds, ids, n, wk->raw, s->tg);
+        for (int64_t j = 0; st == EM_OK && j < n; j++)
+            transform_item(l, (const char *)wk->raw + (size_t)j * l->raw_ib,
+                           (char *)s->in + (size_t)j * l->out_ib, ids[j], epoch);
+    }
+    s->status = st;
+    if (st != EM_OK) snprintf(s->msg, sizeof s->msg, "%s", em_last_error());
+}
+
+static void *worker_main(void *arg) {
+    worker *wk = arg;
+    em_loader *l = wk->l;
+    pthread_mutex_lock(&l->mu);
+    while (!l->stop) {
+        if (l->paused || l->failed || l->next_fill >= l->nb ||
+            l->slots[l->next_fill % l->K].state != SLOT_FREE) {
+            pthread_cond_wait(&l->cv_work, &l->mu);
+            continue;
+        }
+        int64_t b = l->next_fill++, epoch = l->epoch;
+        uint64_t gen = l->gen;
+        slot *s = &l->slots[b % l->K];
+        s->state = SLOT_FILLING;
+        s->batch = b;
+        l->busy++;
+        pthread_mutex_unlock(&l->mu);
+        fill(l, wk, s, b, epoch);
+        pthread_mutex_lock(&l->mu);
+        l->busy--;
+        if (gen != l->gen) {
+            s->state = SLOT_FREE; /* made for a position that no longer exists */
+        } else {
+            s->state = SLOT_READY;
+            if (s->status != EM_OK) l->failed = true;
+        }
+        pthread_cond_broadcast(&l->cv_ready);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Move the ring to (epoch, batch): drop what was made ahead, compute the epoch's order. */
+static void restart(em_loader *l, int64_t epoch, int64_t batch) {
+    pthread_mutex_lock(&l->mu);
+    l->paused = true;
+    l->gen++;
+    while (l->busy > 0) pthread_cond_wait(&l->cv_ready, &l->mu);
+    for (int k = 0; k < l->K; k++) l->slots[k].state = SLOT_FREE;
+    if (epoch != l->epoch || !l->idx_valid) epoch_order(l, epoch);
+    l->idx_valid = true;
+    l->epoch = epoch;
+    l->next_fill = l->next_out = batch;
+    l->failed = false;
+    l->paused = false;
+    l->handed = -1;
+    pthread_cond_broadcast(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* ---- creation ------------------------------------------------------------------------------ */
+
+static em_status check_options(em_loader *l) {
+    const em_loader_options *o = &l->o;
+    const em_dataset_info *in = &l->ds->info;
+    const em_transforms *t = &o->transforms;
+    int64_t N = in->length;
+    char s[96];
+    if (o->batch_size < 0)
+        return em_set_error(EM_ERR_INVALID, "loader: batch_size %lld is negative",
+                            (long long)o->batch_size);
+    if (o->num_workers < 0 || o->num_workers > 256 || o->prefetch < 0 || o->prefetch > 4096)
+        return em_set_error(EM_ERR_INVALID, "loader: num_workers %d must be in [0, 256] and "
+                            "prefetch %d in [0, 4096]", o->num_workers, o->prefetch);
+    if ((unsigned)o->sampler > EM_SAMPLER_SHARDED)
+        return em_set_error(EM_ERR_INVALID, "loader: unknown sampler %d", (int)o->sampler);
+    if (o->sampler == EM_SAMPLER_SEQUENTIAL && o->shuffle)
+        return em_set_error(EM_ERR_INVALID, "loader: the sequential sampler cannot shuffle "
+                            "(set shuffle = false, or use EM_SAMPLER_RANDOM)");
+    if (o->sampler == EM_SAMPLER_WEIGHTED && o->shuffle)
+        return em_set_error(EM_ERR_INVALID, "loader: the weighted sampler draws at random "
+                            "already; shuffle must be false");
+    if (o->sampler == EM_SAMPLER_SUBSET) {
+        if (o->subset_len <= 0 || !o->subset)
+            return em_set_error(EM_ERR_INVALID, "loader: the subset sampler needs subset and "
+                                "subset_len > 0");
+        for (int64_t j = 0; j < o->subset_len; j++)
+            if (o->subset[j] < 0 || o->subset[j] >= N)
+                return em_set_error(EM_ERR_RANGE, "loader: subset[%lld] = %lld is out of range "
+                                    "for dataset '%s' of length %lld", (long long)j,
+                                    (long long)o->subset[j], l->ds->name, (long long)N);
+    }
+    if (o->sampler == EM_SAMPLER_WEIGHTED) {
+        if (!o->weights || N == 0)
+            return em_set_error(EM_ERR_INVALID, "loader: the weighted sampler needs one weight "
+                                "per item (and a non-empty dataset)");
+        if (o->num_samples < 0)
+            return em_set_error(EM_ERR_INVALID, "loader: num_samples %lld is negative",
+                                (long long)o->num_samples);
+        double total = 0;
+        for (int64_t i = 0; i < N; i++) {
+            if (!(o->weights[i] >= 0) || !isfinite(o->weights[i]))
+                return em_set_error(EM_ERR_INVALID, "loader: weights[%lld] = %g; weights must "
+                                    "be finite and >= 0", (long long)i, o->weights[i]);
+            total += o->weights[i];
+        }
+        if (!(total > 0))
+            return em_set_error(EM_ERR_INVALID, "loader: the weights sum to 0; at least one "
+                                "item must have a positive weight");
+    }
+    if (o->sampler == EM_SAMPLER_SHARDED &&
+        (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size || N == 0))
+        return em_set_error(EM_ERR_INVALID, "loader: the sharded sampler needs 0 <= rank < "
+                            "world_size (rank %d, world_size %d) and a non-empty dataset",
+                            o->rank, o->world_size);
+    bool geometry = t->crop_padding != 0 || t->hflip;
+    if (t->crop_padding < 0)
+        return em_set_error(EM_ERR_INVALID, "loader: crop_padding %d is negative",
+                            t->crop_padding);
+    if (geometry && in->input_ndim != 3)
+        return em_set_error(EM_ERR_SHAPE, "loader: random crop and flip need items of shape "
+                            "(C, H, W); dataset '%s' items are %s", l->ds->name,
+                            em__shape_str(in->input_ndim, in->input_shape, s, sizeof s));
+    if (t->mean || t->std) {
+        if (!t->mean || !t->std || in->input_ndim < 1 || t->n_channels != in->input_shape[0])
+            return em_set_error(EM_ERR_SHAPE, "loader: normalize needs mean and std with one "
+                                "value per channel (item dim 0); dataset '%s' items are %s and "
+                                "n_channels is %d", l->ds->name,
+                                em__shape_str(in->input_ndim, in->input_shape, s, sizeof s),
+                                t->n_channels);
+        for (int c = 0; c < t->n_channels; c++)
+            if (!(t->std[c] > 0) || !isfinite(t->mean[c]))
+                return em_set_error(EM_ERR_INVALID, "loader: normalize channel %d: std %g must "
+                                    "be > 0 and mean %g finite", c, t->std[c], t->mean[c]);
+    }
+    if (t->scale < 0 || !isfinite(t->scale))
+        return em_set_error(EM_ERR_INVALID, "loader: scale %g must be finite and >= 0", t->scale);
+    return EM_OK;
+}
+
+/* Host buffer of nbytes for a slot: pinned from the device when asked, else core memory. */
+static void *host_buffer(em_loader *l, size_t nbytes) {
+    if (l->pinned) {
+        void *p = NULL;
+        em_status st = em__device_ops(l->dev)->host_alloc(nbytes ? nbytes : 1, &p);
+        if (st != EM_OK || !p) {
+            if (!em__error_pending()) em_set_error(EM_ERR_NOMEM, "loader: page-locked host "
+                                                   "allocation of %zu bytes failed", nbytes);
+            return NULL;
+        }
+        return p;
+    }
+    return em__malloc(nbytes, "loader batch buffer");
+}
+
+static void host_buffer_free(em_loader *l, void *p) {
+    if (!p) return;
+    if (l->pinned) em__device_ops(l->dev)->host_free(p);
+    else em__free(p);
+}
+
+em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
+    if (!ds) {
+        if (!em__error_pending()) em_set_error(EM_ERR_INVALID, "loader_new: NULL dataset");
+        return NULL;
+    }
+    if (opts && opts->struct_size < offsetof(em_loader_options, ext)) {
+        em_set_error(EM_ERR_INVALID, "loader_new: options without struct_size (set it to "
+                     "sizeof(em_loader_options))");
+        return NULL;
+    }
+    em_loader *l = em__calloc(1, sizeof *l, "loader");
+    if (!l) return NULL;
+    if (opts) memcpy(&l->o, opts, EM_MIN(opts->struct_size, sizeof l->o));
+    l->o.struct_size = sizeof l->o;
+    l->ds = ds;
+    l->handed = -1;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv_work, NULL);
+    pthread_cond_init(&l->cv_ready, NULL);
+    if (check_options(l) != EM_OK) goto fail;
+    em_loader_options *o = &l->o;
+    const em_dataset_info *in = &ds->info;
+    int64_t N = in->length;
+    l->bs = o->batch_size ? o->batch_size : 1;
+    /* The caller's arrays are copied below; the copy of the options keeps no pointer. */
+    const em_transforms tr = l->o.transforms, *t = &tr;
+    const int64_t *subset = l->o.subset;
+    const double *weights = l->o.weights;
+    l->o.transforms.mean = l->o.transforms.std = NULL;
+    l->o.subset = NULL;
+    l->o.weights = NULL;
+
+    /* items and transforms */
+    l->ndim = in->input_ndim;
+    memcpy(l->shape, in->input_shape, sizeof l->shape);
+    bool normalize = t->mean != NULL;
+    bool tofloat = t->to_float || normalize;
+    l->out_dtype = tofloat ? EM_F32 : in->input_dtype;
+    l->transform = tofloat || t->crop_padding > 0 || t->hflip;
+    if (tofloat && in->input_dtype == EM_F32 && !normalize && t->crop_padding == 0 && !t->hflip &&
+        (t->scale == 0 || t->scale == 1))
+        l->transform = false; /* float to float at scale 1: nothing to do */
+    l->raw_ib = ds->input_bytes;
+    l->out_ib = em__data_item_bytes(l->ndim, l->shape, l->out_dtype);
+    l->tb = ds->target_bytes;
+    if (tofloat) {
+        double scale = t->scale != 0 ? t->scale : in->input_dtype == EM_U8 ? 1.0 / 255.0 : 1.0;
+        l->nch = normalize ? t->n_channels : 1;
+        l->per_channel = em__numel(l->ndim, l->shape) / l->nch;
+        l->fa = em__malloc(sizeof(float) * (size_t)l->nch, "loader transforms");
+        l->fb = em__malloc(sizeof(float) * (size_t)l->nch, "loader transforms");
+        if (!l->fa || !l->fb) goto fail;
+        for (int64_t c = 0; c < l->nch; c++) {
+            double m = normalize ? t->mean[c] : 0.0, sd = normalize ? t->std[c] : 1.0;
+            l->fa[c] = (float)(scale / sd);
+            l->fb[c] = (float)(-m / sd);
+        }
+    }
+
+    /* sampler */
+    switch (o->sampler) {
+    case EM_SAMPLER_SUBSET:
+        l->epoch_len = o->subset_len;
+        l->subset = em__malloc(sizeof(int64_t) * (size_t)l->epoch_len, "loader subset");
+        if (!l->subset) goto fail;
+        memcpy(l->subset, subset, sizeof(int64_t) * (size_t)l->epoch_len);
+        break;
+    case EM_SAMPLER_WEIGHTED:
+        l->epoch_len = o->num_samples ? o->num_samples : N;
+        l->cdf = em__malloc(sizeof(double) * (size_t)N, "loader weights");
+        if (!l->cdf) goto fail;
+        for (int64_t i = 0; i < N; i++) l->cdf[i] = (i ? l->cdf[i - 1] : 0.0) + weights[i];
+        break;
+    case EM_SAMPLER_SHARDED: {
+        int64_t W = o->world_size;
+        l->epoch_len = (N + W - 1) / W;
+        l->scratch = em__malloc(sizeof(int64_t) * (size_t)(l->epoch_len * W), "loader shard");
+        if (!l->scratch) goto fail;
+        break;
+    }
+    default:
+        l->epoch_len = N;
+    }
+    l->nb = o->drop_last ? l->epoch_len / l->bs : (l->epoch_len + l->bs - 1) / l->bs;
+    l->idx = em__malloc(sizeof(int64_t) * (size_t)(l->epoch_len ? l->epoch_len : 1), "loader order");
+    if (!l->idx) goto fail;
+
+    /* target device */
+    l->dev = o->device;
+    if (em__device_check(l->dev, "loader") != EM_OK) goto fail;
+    l->on_device = l->dev.type != EM_DEVICE_CPU_TYPE;
+    l->pinned = l->on_device && o->pin_memory && em__device_ops(l->dev)->host_alloc &&
+                em__device_ops(l->dev)->host_free;
+
+    /* ring */
+    l->nw = o->num_workers;
+    l->K = l->nw == 0 ? 1 : o->prefetch ? o->prefetch : EM_MAX(2, 2 * l->nw);
+    l->slots = em__calloc((size_t)l->K, sizeof *l->slots, "loader ring");
+    if (!l->slots) goto fail;
+    int64_t bshape[EM_MAX_DIMS + 1];
+    bshape[0] = l->bs;
+    memcpy(bshape + 1, l->shape, sizeof(int64_t) * (size_t)l->ndim);
+    int64_t tshape[EM_MAX_DIMS + 1];
+    tshape[0] = l->bs;
+    memcpy(tshape + 1, in->target_shape, sizeof(int64_t) * (size_t)in->target_ndim);
+    for (int k = 0; k < l->K; k++) {
+        slot *s = &l->slots[k];
+        if (!l->on_device) {
+            s->tin = em__tensor_new(l->ndim + 1, bshape, l->out_dtype, l->dev, EM_MEM_DATA);
+            s->ttg = em__tensor_new(in->target_ndim + 1, tshape, in->target_dtype, l->dev,
+                                    EM_MEM_DATA);
+            if (!s->tin || !s->ttg) goto fail;
+            s->in = em_tensor_data(s->tin);
+            s->tg = em_tensor_data(s->ttg);
+        } else {
+            s->in = host_buffer(l, (size_t)l->bs * l->out_ib);
+            s->tg = host_buffer(l, (size_t)l->bs * l->tb);
+            if (!s->in || !s->tg) goto fail;
+        }
+    }
+    if (l->on_device) {
+        l->din = em__tensor_new(l->ndim + 1, bshape, l->out_dtype, l->dev, EM_MEM_DATA);
+        l->dtg = em__tensor_new(in->target_ndim + 1, tshape, in->target_dtype, l->dev, EM_MEM_DATA);
+        if (!l->din || !l->dtg) goto fail;
+        if (em_stream_create(l->dev, &l->stream) != EM_OK ||
+            em_event_create(l->dev, &l->ev_default) != EM_OK ||
+            em_event_create(l->dev, &l->ev_copy) != EM_OK)
+            goto fail;
+    }
+    int nctx = l->nw ? l->nw : 1;
+    l->w = em__calloc((size_t)nctx, sizeof *l->w, "loader workers");
+    if (!l->w) goto fail;
+    for (int i = 0; i < nctx; i++) {
+        l->w[i].l = l;
+        if (l->transform && !(l->w[i].raw = em__malloc((size_t)l->bs * l->raw_ib, "loader staging")))
+            goto fail;
+    }
+    restart(l, 0, 0);
+    for (int i = 0; i < l->nw; i++) {
+        if (pthread_create(&l->w[i].thread, NULL, worker_main, &l->w[i]) != 0) {
+            em_set_error(EM_ERR_NOMEM, "loader: cannot start worker thread %d of %d", i, l->nw);
+            goto fail;
+        }
+        l->w[i].started = true;
+    }
+    return l;
+fail:
+    em_loader_free(l);
+    return NULL;
+}
+
+/* ---- consuming ----------------------------------------------------------------------------- */
+
+static void release_views(em_loader *l) {
+    em_tensor_release(l->view_in);
+    em_tensor_release(l->view_tg);
+    l->view_in = l->view_tg = NULL;
+}
+
+/* The first n rows of a batch buffer, as a tensor to hand out (t itself when full). */
+static em_tensor *rows(em_loader *l, em_tensor *t, int64_t n, em_tensor **view) {
+    if (n == l->bs) return t;
+    int64_t shape[EM_MAX_DIMS];
+    memcpy(shape, em_tensor_shape(t), sizeof(int64_t) * (size_t)em_tensor_ndim(t));
+    shape[0] = n;
+    *view = em__tensor_view(t, em_tensor_ndim(t), shape, em_tensor_strides(t), 0);
+    return *view;
+}
+
+/* Copy slot s (n items) to the device buffers, asynchronously on the loader's stream, ordered
+ * after the default stream's work so far and before the default stream's work from now on. */
+static em_status to_device(em_loader *l, slot *s, int64_t n) {
+    const em_device_ops *ops = em__device_ops(l->dev);
+    em_device cpu = em_cpu();
+    em_status st = em_event_record(l->dev, l->ev_default, NULL);
+    if (st == EM_OK) st = em_event_wait(l->dev, l->stream, l->ev_default);
+    size_t ni = (size_t)n * l->out_ib, nt = (size_t)n * l->tb;
+    if (st == EM_OK && ni)
+        st = ops->copy(l->dev, em_tensor_data(l->din), cpu, s->in, ni, l->stream);
+    if (st == EM_OK && nt)
+        st = ops->copy(l->dev, em_tensor_data(l->dtg), cpu, s->tg, nt, l->stream);
+    if (st == EM_OK) st = em_event_record(l->dev, l->ev_copy, l->stream);
+    if (st == EM_OK) st = em_event_wait(l->dev, NULL, l->ev_copy);
+    if (st == EM_OK) {
+        em__placement_count_copy(l->dev, cpu, ni + nt);
+        l->copy_pending = true;
+    }
+    return st;
+}
+
+em_status em_loader_next(em_loader *l, em_tensor **inputs, em_tensor **targets) {
+    if (inputs) *inputs = NULL;
+    if (targets) *targets = NULL;
+    if (!l || !inputs || !targets)
+        return em_set_error(EM_ERR_INVALID, "loader_next: NULL loader or output");
+    uint64_t t0 = em__now_ns();
+    release_views(l);
+    if (l->copy_pending) {
+        /* The host slot may be refilled only once the copy out of it has finished. */
+        l->copy_pending = false;
+        em_status st = em_event_synchronize(l->dev, l->ev_copy);
+        if (st != EM_OK) return st;
+    }
+    if (l->handed >= 0) {
+        pthread_mutex_lock(&l->mu);
+        l->slots[l->handed].state = SLOT_FREE;
+        l->handed = -1;
+        pthread_cond_broadcast(&l->cv_work);
+        pthread_mutex_unlock(&l->mu);
+    }
+    if (l->stopped)
+        return em_set_error(EM_ERR_STATE,
+                            "loader: stopped after an error (em_loader_set_state restarts it): %s",
+                            l->err);
+    int64_t b = l->next_out;
+    if (b >= l->nb) {
+        restart(l, l->epoch + 1, 0); /* the workers begin the next epoch now */
+        return EM_OK;
+    }
+    slot *s = &l->slots[b % l->K];
+    if (l->nw == 0) {
+        s->batch = b;
+        fill(l, &l->w[0], s, b, l->epoch);
+    } else {
+        pthread_mutex_lock(&l->mu);
+        while (!(s->state == SLOT_READY && s->batch == b)) pthread_cond_wait(&l->cv_ready, &l->mu);
+        pthread_mutex_unlock(&l->mu);
+    }
+    l->handed = (int)(b % l->K);
+    uint64_t wait = em__now_ns() - t0;
+    l->stats.wait_ns += wait;
+    l->stats.last_wait_ns = wait;
+    l->stats.max_wait_ns = EM_MAX(l->stats.max_wait_ns, wait);
+    if (s->status != EM_OK) {
+        l->stopped = true;
+        l->err_status = s->status;
+        snprintf(l->err, sizeof l->err, "batch %lld of epoch %lld: %s", (long long)b,
+                 (long long)l->epoch, s->msg);
+        return em_set_error(s->status, "loader: %s", l->err);
+    }
+    int64_t n = EM_MIN(l->bs, l->epoch_len - b * l->bs);
+    em_tensor *bin, *btg;
+    if (l->on_device) {
+        em_status st = to_device(l, s, n);
+        if (st != EM_OK) {
+            l->stopped = true;
+            l->err_status = st;
+            snprintf(l->err, sizeof l->err, "batch %lld of epoch %lld: copy to the device: %s",
+                     (long long)b, (long long)l->epoch, em_last_error());
+            return em_set_error(st, "loader: %s", l->err);
+        }
+        bin = l->din;
+        btg = l->dtg;
+    } else {
+        bin = s->tin;
+        btg = s->ttg;
+    }
+    em_tensor_bump_version(bin);
+    em_tensor_bump_version(btg);
+    *inputs = rows(l, bin, n, &l->view_in);
+    *targets = rows(l, btg, n, &l->view_tg);
+    if (!*inputs || !*targets) {
+        *inputs = *targets = NULL;
+        release_views(l);
+        return em_last_status() != EM_OK ? em_last_status() : EM_ERR_NOMEM;
+    }
+    l->next_out = b + 1;
+    l->stats.batches++;
+    return EM_OK;
+}
+
+int64_t em_loader_num_batches(const em_loader *l) { return l ? l->nb : 0; }
+
+em_loader_state em_loader_get_state(const em_loader *l) {
+    em_loader_state s = {0, 0, 0};
+    if (!l) return s;
+    s.seed = l->o.seed;
+    s.epoch = l->epoch;
+    s.batch = l->next_out;
+    return s;
+}
+
+em_status em_loader_set_state(em_loader *l, em_loader_state s) {
+    if (!l) return em_set_error(EM_ERR_INVALID, "loader_set_state: NULL loader");
+    if (s.epoch < 0 || s.batch < 0 || s.batch > l->nb)
+        return em_set_error(EM_ERR_RANGE, "loader_set_state: epoch %lld, batch %lld is not a "
+                            "position of this loader (%lld batches per epoch)", (long long)s.epoch,
+                            (long long)s.batch, (long long)l->nb);
+    release_views(l);
+    if (l->copy_pending) {
+        l->copy_pending = false;
+        em_event_synchronize(l->dev, l->ev_copy);
+    }
+    l->o.seed = s.seed;
+    l->idx_valid = false; /* the seed may have changed */
+    l->stopped = false;
+    l->err[0] = '\0';
+    restart(l, s.epoch, s.batch);
+    return EM_OK;
+}
+
+em_loader_stats em_loader_get_stats(const em_loader *l) {
+    em_loader_stats s = {0, 0, 0, 0};
+    return l ? l->stats : s;
+}
+
+void em_loader_reset_stats(em_loader *l) {
+    if (l) memset(&l->stats, 0, sizeof l->stats);
+}
+
+void em_loader_free(em_loader *l) {
+    if (!l) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_broadcast(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
+    int nctx = l->nw ? l->nw : 1;
+    for (int i = 0; l->w && i < l->nw; i++)
+        if (l->w[i].started) pthread_join(l->w[i].thread, NULL);
+    release_views(l);
+    if (l->copy_pending) em_event_synchronize(l->dev, l->ev_copy);
+    for (int i = 0; l->w && i < nctx; i++) em__free(l->w[i].raw);
+    em__free(l->w);
+    for (int k = 0; l->slots && k < l->K; k++) {
+        slot *s = &l->slots[k];
+        if (s->tin || s->ttg) {
+            em_tensor_release(s->tin);
+            em_tensor_release(s->ttg);
+        } else {
+            host_buffer_free(l, s->in);
+            host_buffer_free(l, s->tg);
+        }
+    }
+    em__free(l->slots);
+    em_tensor_release(l->din);
+    em_tensor_release(l->dtg);
+    if (l->ev_copy) em_event_free(l->dev, l->ev_copy);
+    if (l->ev_default) em_event_free(l->dev, l->ev_default);
+    if (l->stream) em_stream_free(l->dev, l->stream);
+    em__free(l->fa);
+    em__free(l->fb);
+    em__free(l->subset);
+    em__free(l->cdf);
+    em__free(l->scratch);
+    em__free(l->idx);
+    pthread_cond_destroy(&l->cv_work);
+    pthread_cond_destroy(&l->cv_ready);
+    pthread_mutex_destroy(&l->mu);
+    em__free(l);
+}

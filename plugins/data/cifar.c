@@ -1,0 +1,148 @@
+/*
+ * cifar.c — dataset class "cifar10": the CIFAR-10 binary version. Each file is a run of
+ * 3073-byte records: one label byte (0..9) then a 32x32 image as 1024 red, 1024 green and
+ * 1024 blue bytes (so items are (3, 32, 32) u8, C order, as the file stores them). The train
+ * split is every data_batch_*.bin in the directory (sorted by name), the test split
+ * test_batch.bin. Files may be gzip-compressed (zlib reads both). Everything is read and
+ * checked at open (whole records, labels in [0, 10)).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+
+#define REC 3073
+#define IMG 3072
+
+typedef struct cifar_state {
+    uint8_t *images; /* n * 3072 */
+    int64_t *labels;
+    int64_t n;
+} cifar_state;
+
+static const em_option_def cifar_options[] = {
+    {.name = "path", .type = EM_OPTION_STRING,
+     .help = "directory holding data_batch_*.bin and test_batch.bin"},
+    {.name = "split", .type = EM_OPTION_CHOICE, .default_value = "train", .choices = "train|test",
+     .help = "train (data_batch_*.bin) or test (test_batch.bin)"},
+};
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Append file `path` to s: whole records only, labels checked. */
+static em_status load_file(cifar_state *s, const char *path, int64_t *cap) {
+    dt_file *f = dt_open("cifar10", path);
+    if (!f) return em_last_status();
+    uint8_t rec[REC];
+    em_status st = EM_OK;
+    for (int64_t r = 0;; r++) {
+        size_t got;
+        if ((st = dt_read_upto(f, rec, REC, &got)) != EM_OK || got == 0) break;
+        if (got < REC) {
+            st = em_set_error(EM_ERR_FORMAT, "cifar10: %s: truncated: record %lld has %zu of "
+                              "its %d bytes (the file is not a whole number of 3073-byte "
+                              "records)", path, (long long)r, got, REC);
+            break;
+        }
+        if (rec[0] >= 10) {
+            st = em_set_error(EM_ERR_FORMAT, "cifar10: %s: record %lld (item %lld) has label "
+                              "%u, outside [0, 10)", path, (long long)r, (long long)s->n, rec[0]);
+            break;
+        }
+        if (s->n == *cap) {
+            int64_t nc = *cap ? *cap * 2 : 10000;
+            uint8_t *im = realloc(s->images, (size_t)nc * IMG);
+            if (im) s->images = im;
+            int64_t *lb = im ? realloc(s->labels, sizeof(int64_t) * (size_t)nc) : NULL;
+            if (lb) s->labels = lb;
+            if (!im || !lb) {
+                st = em_set_error(EM_ERR_NOMEM, "cifar10: out of memory reading %s", path);
+                break;
+            }
+            *cap = nc;
+        }
+        s->labels[s->n] = rec[0];
+        memcpy(s->images + (size_t)s->n * IMG, rec + 1, IMG);
+        s->n++;
+    }
+    dt_close(f);
+    return st;
+}
+
+static void cifar_close(void *state) {
+    cifar_state *s = state;
+    if (!s) return;
+    free(s->images);
+    free(s->labels);
+    free(s);
+}
+
+static em_status cifar_open(const em_options *o, em_dataset_info *info, void **out) {
+    const char *dir = em_options_get_string(o, "path");
+    bool train = strcmp(em_options_get_string(o, "split"), "train") == 0;
+    char *names[64];
+    size_t k = 0;
+    DIR *d = opendir(dir);
+    if (!d) return em_set_error(EM_ERR_IO, "cifar10: cannot open directory %s: %s", dir,
+                                strerror(errno));
+    for (struct dirent *e; (e = readdir(d)) && k < 64;) {
+        const char *n = e->d_name;
+        size_t len = strlen(n);
+        bool match = train ? strncmp(n, "data_batch_", 11) == 0 &&
+                                 ((len > 4 && strcmp(n + len - 4, ".bin") == 0) ||
+                                  (len > 7 && strcmp(n + len - 7, ".bin.gz") == 0))
+                           : strcmp(n, "test_batch.bin") == 0 || strcmp(n, "test_batch.bin.gz") == 0;
+        if (match && !(names[k++] = strdup(n))) {
+            k--;
+            break;
+        }
+    }
+    closedir(d);
+    if (k == 0)
+        return em_set_error(EM_ERR_IO, "cifar10: no %s in %s", train ? "data_batch_*.bin files"
+                            : "test_batch.bin", dir);
+    qsort(names, k, sizeof *names, cmp_str);
+    cifar_state *s = calloc(1, sizeof *s);
+    em_status st = s ? EM_OK : em_set_error(EM_ERR_NOMEM, "cifar10: out of memory");
+    int64_t cap = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (st == EM_OK) {
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+            st = load_file(s, path, &cap);
+        }
+        free(names[i]);
+    }
+    if (st != EM_OK) {
+        cifar_close(s);
+        return st;
+    }
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = s->n, .input_ndim = 3,
+                              .input_shape = {3, 32, 32}, .input_dtype = EM_U8,
+                              .target_dtype = EM_I64, .num_classes = 10};
+    *out = s;
+    return EM_OK;
+}
+
+static em_status cifar_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    const cifar_state *s = state;
+    for (int64_t j = 0; j < n; j++) {
+        memcpy((uint8_t *)in + (size_t)j * IMG, s->images + (size_t)idx[j] * IMG, IMG);
+        ((int64_t *)tg)[j] = s->labels[idx[j]];
+    }
+    return EM_OK;
+}
+
+em_status dt_register_cifar(em_registry *r) {
+    em_dataset_class_def d = {
+        .struct_size = sizeof d, .name = "cifar10",
+        .description = "CIFAR-10 binary batches (data_batch_*.bin, test_batch.bin)",
+        .options = cifar_options, .n_options = sizeof cifar_options / sizeof cifar_options[0],
+        .open = cifar_open, .read = cifar_read, .close = cifar_close};
+    return em_dataset_class_register(r, &d);
+}

@@ -1,0 +1,342 @@
+/*
+ * csv.c — dataset class "csv": a table of numbers, one item per row, parsed with libcsv
+ * (RFC 4180 quoting). Either one column holds a class label (a non-negative integer; the
+ * default is the last column) and the rest are float32 features, or `target_columns` names
+ * float32 regression targets. A header row is optional (auto: a first row with a
+ * non-numeric field is a header). Every row must have as many fields as the first; every
+ * field must be a number. Errors name the file, the line, the column and the reason. The
+ * whole table is parsed at open; reads are memcpy.
+ */
+#include <csv.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+
+static const em_option_def csv_options[] = {
+    {.name = "path", .type = EM_OPTION_STRING, .help = "the CSV file"},
+    {.name = "delimiter", .type = EM_OPTION_STRING, .default_value = ",",
+     .help = "one character, or 'tab'"},
+    {.name = "header", .type = EM_OPTION_CHOICE, .default_value = "auto",
+     .choices = "auto|true|false",
+     .help = "whether the first row names the columns (auto: when it is not all numbers)"},
+    {.name = "label_column", .type = EM_OPTION_INT, .default_value = "-1", .min = -1e9, .max = 1e9,
+     .help = "0-based column of the class label; negative counts from the end (-1: last)"},
+    {.name = "target_columns", .type = EM_OPTION_STRING, .default_value = "",
+     .help = "comma-separated 0-based columns of float regression targets (instead of a label)"},
+    {.name = "classes", .type = EM_OPTION_INT, .default_value = "0", .min = 0, .max = 1e9,
+     .help = "labels must lie in [0, classes); 0: the largest label + 1"},
+};
+
+/* Parsing state, shared by libcsv's callbacks. */
+typedef struct parse {
+    const char *path;
+    int64_t line;          /* line being fed */
+    int64_t row_line;      /* line where the current row's first field ended */
+    double *cells;         /* rows * ncols */
+    int64_t *lines;        /* the line of each stored row */
+    int64_t rows, cap;     /* rows stored, capacity (rows) */
+    int64_t ncols;         /* fields per row (from the first row); -1 before it */
+    int64_t first_line;    /* line of the row that fixed ncols */
+    double *row;           /* the current row's values */
+    int64_t nfields, row_cap;
+    bool row_ok;           /* every field of the current row parsed as a number */
+    char bad_field[64];    /* the first non-numeric field of the current row */
+    int64_t bad_col;
+    int header;            /* -1 auto, 0 no, 1 yes */
+    bool header_done;
+    bool failed;
+} parse;
+
+static bool parse_number(const char *s, size_t len, double *out) {
+    char buf[128];
+    if (len == 0 || len >= sizeof buf) return false;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    char *end;
+    errno = 0;
+    double v = strtod(buf, &end);
+    while (*end == ' ' || *end == '\t') end++;
+    if (end == buf || *end || errno == ERANGE || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+static void on_field(void *s, size_t len, void *data) {
+    parse *p = data;
+    if (p->failed) return;
+    if (p->nfields == 0) p->row_line = p->line;
+    if (p->nfields == p->row_cap) {
+        int64_t nc = p->row_cap ? p->row_cap * 2 : 64;
+        double *r = realloc(p->row, sizeof(double) * (size_t)nc);
+        if (!r) {
+            p->failed = true;
+            em_set_error(EM_ERR_NOMEM, "csv: out of memory reading %s", p->path);
+            return;
+        }
+        p->row = r;
+        p->row_cap = nc;
+    }
+    double v = 0;
+    if (!parse_number(s ? s : "", s ? len : 0, &v) && p->row_ok) {
+        p->row_ok = false;
+        p->bad_col = p->nfields;
+        size_t n = len < sizeof p->bad_field - 1 ? len : sizeof p->bad_field - 1;
+        if (s) memcpy(p->bad_field, s, n);
+        p->bad_field[n] = '\0';
+    }
+    p->row[p->nfields++] = v;
+}
+
+static void on_row(int c, void *data) {
+    (void)c;
+    parse *p = data;
+    if (p->failed) return;
+    int64_t nf = p->nfields;
+    p->nfields = 0;
+    bool ok = p->row_ok;
+    p->row_ok = true;
+    if (!p->header_done) {
+        p->header_done = true;
+        if (p->header == 1 || (p->header == -1 && !ok)) {
+            p->ncols = nf; /* the header fixes the field count too */
+            p->first_line = p->row_line;
+            return;
+        }
+    }
+    if (p->ncols < 0) {
+        p->ncols = nf;
+        p->first_line = p->row_line;
+    }
+    if (nf != p->ncols) {
+        p->failed = true;
+        em_set_error(EM_ERR_FORMAT, "csv: %s line %lld: %lld field%s, expected %lld (as in "
+                     "line %lld)", p->path, (long long)p->row_line, (long long)nf,
+                     nf == 1 ? "" : "s", (long long)p->ncols, (long long)p->first_line);
+        return;
+    }
+    if (!ok) {
+        p->failed = true;
+        em_set_error(EM_ERR_FORMAT, "csv: %s line %lld, column %lld: '%s' is not a number",
+                     p->path, (long long)p->row_line, (long long)p->bad_col + 1, p->bad_field);
+        return;
+    }
+    if (p->rows == p->cap) {
+        int64_t nc = p->cap ? p->cap * 2 : 1024;
+        double *cells = realloc(p->cells, sizeof(double) * (size_t)(nc * nf));
+        if (cells) p->cells = cells;
+        int64_t *lines = cells ? realloc(p->lines, sizeof(int64_t) * (size_t)nc) : NULL;
+        if (lines) p->lines = lines;
+        if (!cells || !lines) {
+            p->failed = true;
+            em_set_error(EM_ERR_NOMEM, "csv: out of memory reading %s", p->path);
+            return;
+        }
+        p->cap = nc;
+    }
+    p->lines[p->rows] = p->row_line;
+    memcpy(p->cells + p->rows * nf, p->row, sizeof(double) * (size_t)nf);
+    p->rows++;
+}
+
+typedef struct csv_state {
+    float *features; /* rows * nfeat */
+    void *targets;   /* rows * (int64 label | k floats) */
+    int64_t n, nfeat, ntarget;
+    bool labels;
+} csv_state;
+
+static void csv_close(void *state) {
+    csv_state *s = state;
+    if (!s) return;
+    free(s->features);
+    free(s->targets);
+    free(s);
+}
+
+/* Columns listed in spec ("3,4") into cols (at most cap), with checks against ncols. */
+static em_status parse_columns(const char *path, const char *spec, int64_t ncols, int64_t *cols,
+                               int64_t *n, int64_t cap) {
+    *n = 0;
+    for (const char *q = spec; *q;) {
+        char *end;
+        long long c = strtoll(q, &end, 10);
+        if (end == q || (*end && *end != ','))
+            return em_set_error(EM_ERR_INVALID, "dataset 'csv': option 'target_columns' = '%s' "
+                                "is not a comma-separated list of column numbers", spec);
+        if (c < 0) c += ncols;
+        if (c < 0 || c >= ncols || *n >= cap)
+            return em_set_error(EM_ERR_INVALID, "dataset 'csv': target column %s is outside "
+                                "the %lld columns of %s", q, (long long)ncols, path);
+        for (int64_t i = 0; i < *n; i++)
+            if (cols[i] == c)
+                return em_set_error(EM_ERR_INVALID, "dataset 'csv': target column %lld is "
+                                    "listed twice", c);
+        cols[(*n)++] = c;
+        q = *end ? end + 1 : end;
+    }
+    return EM_OK;
+}
+
+static em_status csv_open(const em_options *o, em_dataset_info *info, void **out) {
+    const char *path = em_options_get_string(o, "path");
+    const char *delim = em_options_get_string(o, "delimiter");
+    const char *hdr = em_options_get_string(o, "header");
+    char dc;
+    if (strcmp(delim, "tab") == 0 || strcmp(delim, "\\t") == 0) dc = '\t';
+    else if (strlen(delim) == 1 && delim[0] != '"' && delim[0] != '\n' && delim[0] != '\r') dc = delim[0];
+    else
+        return em_set_error(EM_ERR_INVALID, "dataset 'csv': option 'delimiter' = '%s' must be "
+                            "one character (not a quote or newline) or 'tab'", delim);
+    FILE *f = fopen(path, "r");
+    if (!f) return em_set_error(EM_ERR_IO, "csv: cannot open %s: %s", path, strerror(errno));
+    parse p = {.path = path, .ncols = -1, .row_ok = true,
+               .header = strcmp(hdr, "auto") == 0 ? -1 : strcmp(hdr, "true") == 0};
+    struct csv_parser cp;
+    csv_init(&cp, CSV_STRICT | CSV_STRICT_FINI | CSV_APPEND_NULL);
+    csv_set_delim(&cp, (unsigned char)dc);
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    em_status st = EM_OK;
+    while (!p.failed && (len = getline(&line, &lcap, f)) > 0) {
+        p.line++;
+        if (csv_parse(&cp, line, (size_t)len, on_field, on_row, &p) != (size_t)len) {
+            st = em_set_error(EM_ERR_FORMAT, "csv: %s line %lld: %s (a stray or unclosed "
+                              "quote?)", path, (long long)p.line, csv_strerror(csv_error(&cp)));
+            break;
+        }
+    }
+    if (st == EM_OK && !p.failed && ferror(f))
+        st = em_set_error(EM_ERR_IO, "csv: %s: read error: %s", path, strerror(errno));
+    if (st == EM_OK && !p.failed && csv_fini(&cp, on_field, on_row, &p) != 0)
+        st = em_set_error(EM_ERR_FORMAT, "csv: %s line %lld: %s (an unclosed quote at the end "
+                          "of the file?)", path, (long long)p.line, csv_strerror(csv_error(&cp)));
+    if (st == EM_OK && p.failed) st = em_last_status();
+    csv_free(&cp);
+    free(line);
+    free(p.row);
+    fclose(f);
+    if (st == EM_OK && p.rows == 0)
+        st = em_set_error(EM_ERR_FORMAT, "csv: %s holds no data rows", path);
+    if (st != EM_OK) {
+        free(p.cells);
+        free(p.lines);
+        return st;
+    }
+
+    int64_t nc = p.ncols, tcols[64], nt = 0;
+    const char *spec = em_options_get_string(o, "target_columns");
+    bool labels = !*spec;
+    if (labels) {
+        int64_t lc = em_options_get_int(o, "label_column");
+        if (lc < 0) lc += nc;
+        if (lc < 0 || lc >= nc) {
+            free(p.cells);
+            free(p.lines);
+            return em_set_error(EM_ERR_INVALID, "dataset 'csv': label_column %lld is outside the "
+                                "%lld columns of %s", (long long)em_options_get_int(o, "label_column"),
+                                (long long)nc, path);
+        }
+        tcols[0] = lc;
+        nt = 1;
+    } else if ((st = parse_columns(path, spec, nc, tcols, &nt, 64)) != EM_OK) {
+        free(p.cells);
+        free(p.lines);
+        return st;
+    }
+    if (nt >= nc) {
+        free(p.cells);
+        free(p.lines);
+        return em_set_error(EM_ERR_INVALID, "dataset 'csv': %s has %lld columns and all are "
+                            "targets; no feature is left", path, (long long)nc);
+    }
+    csv_state *s = calloc(1, sizeof *s);
+    if (s) {
+        s->n = p.rows;
+        s->nfeat = nc - nt;
+        s->ntarget = labels ? 1 : nt;
+        s->labels = labels;
+        s->features = malloc(sizeof(float) * (size_t)(s->n * s->nfeat));
+        s->targets = malloc((labels ? sizeof(int64_t) : sizeof(float) * (size_t)nt) * (size_t)s->n);
+    }
+    if (!s || !s->features || !s->targets) {
+        free(p.cells);
+        free(p.lines);
+        csv_close(s);
+        return em_set_error(EM_ERR_NOMEM, "csv: out of memory for %lld rows of %s",
+                            (long long)p.rows, path);
+    }
+    int64_t classes = em_options_get_int(o, "classes"), maxlab = 0;
+    for (int64_t r = 0; r < s->n; r++) {
+        const double *row = p.cells + r * nc;
+        int64_t k = 0;
+        for (int64_t c = 0; c < nc; c++) {
+            bool is_t = false;
+            for (int64_t t = 0; t < nt; t++) is_t |= tcols[t] == c;
+            if (!is_t) s->features[r * s->nfeat + k++] = (float)row[c];
+        }
+        if (labels) {
+            double v = row[tcols[0]];
+            if (v != floor(v) || v < 0 || (classes > 0 && v >= (double)classes) || v > 1e9) {
+                if (classes > 0)
+                    st = em_set_error(EM_ERR_FORMAT, "csv: %s line %lld (item %lld), column "
+                                      "%lld: label %g is outside [0, %lld)", path,
+                                      (long long)p.lines[r], (long long)r,
+                                      (long long)tcols[0] + 1, v, (long long)classes);
+                else
+                    st = em_set_error(EM_ERR_FORMAT, "csv: %s line %lld (item %lld), column "
+                                      "%lld: label %g is not a non-negative integer", path,
+                                      (long long)p.lines[r], (long long)r,
+                                      (long long)tcols[0] + 1, v);
+                break;
+            }
+            ((int64_t *)s->targets)[r] = (int64_t)v;
+            if ((int64_t)v > maxlab) maxlab = (int64_t)v;
+        } else {
+            for (int64_t t = 0; t < nt; t++) ((float *)s->targets)[r * nt + t] = (float)row[tcols[t]];
+        }
+    }
+    free(p.cells);
+    free(p.lines);
+    if (st != EM_OK) {
+        csv_close(s);
+        return st;
+    }
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = s->n, .input_ndim = 1,
+                              .input_shape = {s->nfeat}, .input_dtype = EM_F32};
+    if (labels) {
+        info->target_dtype = EM_I64;
+        info->num_classes = classes > 0 ? classes : maxlab + 1;
+    } else {
+        info->target_dtype = EM_F32;
+        info->target_ndim = 1;
+        info->target_shape[0] = nt;
+    }
+    *out = s;
+    return EM_OK;
+}
+
+static em_status csv_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    const csv_state *s = state;
+    size_t fb = sizeof(float) * (size_t)s->nfeat;
+    size_t tb = s->labels ? sizeof(int64_t) : sizeof(float) * (size_t)s->ntarget;
+    for (int64_t j = 0; j < n; j++) {
+        memcpy((char *)in + (size_t)j * fb, (const char *)s->features + (size_t)idx[j] * fb, fb);
+        memcpy((char *)tg + (size_t)j * tb, (const char *)s->targets + (size_t)idx[j] * tb, tb);
+    }
+    return EM_OK;
+}
+
+em_status dt_register_csv(em_registry *r) {
+    em_dataset_class_def d = {
+        .struct_size = sizeof d, .name = "csv",
+        .description = "CSV of numeric features with a class-label column or float target "
+                       "columns (libcsv)",
+        .options = csv_options, .n_options = sizeof csv_options / sizeof csv_options[0],
+        .open = csv_open, .read = csv_read, .close = csv_close};
+    return em_dataset_class_register(r, &d);
+}

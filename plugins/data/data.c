@@ -1,0 +1,132 @@
+/*
+ * data.c — the ember-data plugin: dataset classes for MNIST/Fashion-MNIST IDX files (raw or
+ * gzip), CIFAR-10 binary batches, CSV tables, and a synthetic dataset for benchmarks; and the
+ * file reading they share (through zlib, which reads plain files too).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "data.h"
+
+struct dt_file {
+    gzFile gz;
+    char *path;
+    const char *who;
+    uint64_t off;
+};
+
+dt_file *dt_open(const char *who, const char *path) {
+    FILE *probe = fopen(path, "rb"); /* for a precise errno: gzopen's is not always set */
+    if (!probe) {
+        em_set_error(EM_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno));
+        return NULL;
+    }
+    fclose(probe);
+    dt_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        em_set_error(EM_ERR_NOMEM, "%s: out of memory opening %s", who, path);
+        return NULL;
+    }
+    f->who = who;
+    if (!(f->gz = gzopen(path, "rb"))) {
+        em_set_error(EM_ERR_IO, "%s: cannot open %s: %s", who, path,
+                     errno ? strerror(errno) : "zlib could not open it");
+        free(f->path);
+        free(f);
+        return NULL;
+    }
+    gzbuffer(f->gz, 1 << 17);
+    return f;
+}
+
+em_status dt_read(dt_file *f, void *buf, size_t n, const char *what) {
+    char *p = buf;
+    size_t left = n;
+    while (left > 0) {
+        unsigned chunk = left > (1u << 30) ? (1u << 30) : (unsigned)left;
+        int got = gzread(f->gz, p, chunk);
+        if (got < 0) {
+            int err;
+            const char *msg = gzerror(f->gz, &err);
+            return em_set_error(EM_ERR_IO, "%s: %s: read error at byte %llu (%s): %s", f->who,
+                                f->path, (unsigned long long)f->off, what, msg);
+        }
+        if (got == 0) {
+            int err;
+            const char *msg = gzerror(f->gz, &err);
+            if (err != Z_OK && err != Z_BUF_ERROR)
+                return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip data at byte %llu "
+                                    "(%s): %s", f->who, f->path, (unsigned long long)f->off,
+                                    what, msg);
+            return em_set_error(EM_ERR_FORMAT, "%s: %s: truncated: %s needs %zu more bytes "
+                                "but the file ends at byte %llu", f->who, f->path, what, left,
+                                (unsigned long long)f->off);
+        }
+        p += got;
+        left -= (size_t)got;
+        f->off += (uint64_t)got;
+    }
+    return EM_OK;
+}
+
+em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got) {
+    *got = 0;
+    while (*got < n) {
+        unsigned chunk = n - *got > (1u << 30) ? (1u << 30) : (unsigned)(n - *got);
+        int k = gzread(f->gz, (char *)buf + *got, chunk);
+        if (k < 0) {
+            int err;
+            return em_set_error(EM_ERR_IO, "%s: %s: read error at byte %llu: %s", f->who,
+                                f->path, (unsigned long long)f->off, gzerror(f->gz, &err));
+        }
+        if (k == 0) {
+            int err;
+            const char *msg = gzerror(f->gz, &err);
+            if (err != Z_OK && err != Z_BUF_ERROR)
+                return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip data at byte %llu: %s",
+                                    f->who, f->path, (unsigned long long)f->off, msg);
+            break;
+        }
+        *got += (size_t)k;
+        f->off += (uint64_t)k;
+    }
+    return EM_OK;
+}
+
+bool dt_at_end(dt_file *f) {
+    char c;
+    return gzread(f->gz, &c, 1) <= 0;
+}
+
+uint64_t dt_offset(const dt_file *f) { return f->off; }
+const char *dt_path(const dt_file *f) { return f->path; }
+
+void dt_close(dt_file *f) {
+    if (!f) return;
+    gzclose(f->gz);
+    free(f->path);
+    free(f);
+}
+
+static em_status data_register(em_registry *r) {
+    em_status st = dt_register_idx(r);
+    if (st == EM_OK) st = dt_register_cifar(r);
+    if (st == EM_OK) st = dt_register_csv(r);
+    if (st == EM_OK) st = dt_register_synthetic(r);
+    return st;
+}
+
+static const em_plugin_descriptor data_plugin = {
+    .struct_size = sizeof(em_plugin_descriptor),
+    .abi_major = EM_PLUGIN_ABI_MAJOR,
+    .name = "ember-data",
+    .version = EM_VERSION_STRING,
+    .description = "dataset classes: mnist (IDX, raw or gzip), cifar10, csv, synthetic",
+    .register_fn = data_register,
+};
+
+EM_PLUGIN_EXPORT const em_plugin_descriptor *ember_plugin_entry(void) { return &data_plugin; }

@@ -1,0 +1,101 @@
+/*
+ * synthetic.c — dataset class "synthetic": random inputs of a given shape and random class
+ * labels, for benchmarks and smoke tests. Item i is a pure function of (seed, i), so any read
+ * order and any number of threads give the same data:
+ *     input element j (float32): em_philox_uniform_f32(seed, i * B, j), B = ceil(numel / 4)
+ *     input element j (uint8):   the top 8 bits of the same stream's word j
+ *     label: word 0 of em_philox_block(~seed, i), multiplied by classes, high 32 bits
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+
+static const em_option_def syn_options[] = {
+    {.name = "length", .type = EM_OPTION_INT, .default_value = "1024", .min = 0, .max = 1e12,
+     .help = "number of items"},
+    {.name = "shape", .type = EM_OPTION_STRING, .default_value = "1x28x28",
+     .help = "item input shape as dims joined by 'x', e.g. 3x32x32 or 64"},
+    {.name = "classes", .type = EM_OPTION_INT, .default_value = "10", .min = 1, .max = 1e9,
+     .help = "labels lie in [0, classes)"},
+    {.name = "seed", .type = EM_OPTION_INT, .default_value = "0", .min = 0, .max = 9.2e18,
+     .help = "Philox seed of the data"},
+    {.name = "dtype", .type = EM_OPTION_CHOICE, .default_value = "float32",
+     .choices = "float32|uint8", .help = "input dtype (uniform [0, 1) or [0, 255])"},
+};
+
+typedef struct syn_state {
+    uint64_t seed;
+    int64_t numel, classes;
+    bool u8;
+} syn_state;
+
+static em_status syn_open(const em_options *o, em_dataset_info *info, void **out) {
+    const char *shape = em_options_get_string(o, "shape");
+    int64_t dims[EM_MAX_DIMS];
+    int nd = 0;
+    for (const char *q = shape; *q;) {
+        char *end;
+        long long d = strtoll(q, &end, 10);
+        if (end == q || d <= 0 || (*end && *end != 'x') || nd == EM_MAX_DIMS - 1)
+            return em_set_error(EM_ERR_INVALID, "dataset 'synthetic': option 'shape' = '%s' is "
+                                "not positive dims joined by 'x' (at most %d), e.g. 1x28x28",
+                                shape, EM_MAX_DIMS - 1);
+        dims[nd++] = d;
+        q = *end ? end + 1 : end;
+    }
+    if (nd == 0)
+        return em_set_error(EM_ERR_INVALID, "dataset 'synthetic': option 'shape' is empty");
+    syn_state *s = calloc(1, sizeof *s);
+    if (!s) return em_set_error(EM_ERR_NOMEM, "synthetic: out of memory");
+    s->seed = (uint64_t)em_options_get_int(o, "seed");
+    s->classes = em_options_get_int(o, "classes");
+    s->u8 = strcmp(em_options_get_string(o, "dtype"), "uint8") == 0;
+    s->numel = 1;
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_options_get_int(o, "length"),
+                              .input_ndim = nd, .input_dtype = s->u8 ? EM_U8 : EM_F32,
+                              .target_dtype = EM_I64, .num_classes = s->classes};
+    for (int d = 0; d < nd; d++) {
+        info->input_shape[d] = dims[d];
+        s->numel *= dims[d];
+    }
+    *out = s;
+    return EM_OK;
+}
+
+static em_status syn_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    const syn_state *s = state;
+    uint64_t blocks = (uint64_t)(s->numel + 3) / 4;
+    for (int64_t j = 0; j < n; j++) {
+        uint64_t off = (uint64_t)idx[j] * blocks;
+        if (s->u8) {
+            uint8_t *p = (uint8_t *)in + (size_t)j * (size_t)s->numel;
+            for (int64_t b = 0; b < (int64_t)blocks; b++) {
+                uint32_t w[4];
+                em_philox_block(s->seed, off + (uint64_t)b, w);
+                for (int k = 0; k < 4 && b * 4 + k < s->numel; k++) p[b * 4 + k] = (uint8_t)(w[k] >> 24);
+            }
+        } else {
+            float *p = (float *)in + (size_t)j * (size_t)s->numel;
+            for (int64_t e = 0; e < s->numel; e++)
+                p[e] = em_philox_uniform_f32(s->seed, off, (uint64_t)e);
+        }
+        uint32_t w[4];
+        em_philox_block(~s->seed, (uint64_t)idx[j], w);
+        ((int64_t *)tg)[j] = (int64_t)(((uint64_t)w[0] * (uint64_t)s->classes) >> 32);
+    }
+    return EM_OK;
+}
+
+static void syn_close(void *state) { free(state); }
+
+em_status dt_register_synthetic(em_registry *r) {
+    em_dataset_class_def d = {
+        .struct_size = sizeof d, .name = "synthetic",
+        .description = "random inputs of a given shape and random labels (Philox), for "
+                       "benchmarks",
+        .options = syn_options, .n_options = sizeof syn_options / sizeof syn_options[0],
+        .open = syn_open, .read = syn_read, .close = syn_close};
+    return em_dataset_class_register(r, &d);
+}

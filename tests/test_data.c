@@ -1,0 +1,628 @@
+/*
+ * test_data.c — datasets: the class registry and its option validation, the ember-data
+ * formats (MNIST IDX raw and gzip, CIFAR-10, CSV, synthetic) on files generated here, the
+ * bundled digits, bad input of every kind, in-memory datasets, subsets and random_split.
+ */
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common.h"
+
+TestSuite(data, .init = em_test_setup, .fini = em_test_teardown);
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+/* A fresh temporary directory for one test (removed by rm -rf in cleanup). */
+static char tmpdir[256];
+static const char *fresh_dir(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ember-test-data-XXXXXX");
+    cr_assert(mkdtemp(tmpdir), "mkdtemp");
+    return tmpdir;
+}
+static void cleanup(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static const char *path_in(const char *dir, const char *name) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+    return buf[k];
+}
+
+static void write_file(const char *path, const void *data, size_t n, bool gz) {
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        cr_assert(f);
+        cr_assert_eq(gzwrite(f, data, (unsigned)n), (int)n);
+        cr_assert_eq(gzclose(f), Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        cr_assert(f);
+        cr_assert_eq(fwrite(data, 1, n, f), n);
+        fclose(f);
+    }
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* IDX images (n, h, w) with pixel (i, k) = (i * 7 + k) % 256, and labels i % 10. */
+static void write_idx(const char *dir, const char *prefix, uint32_t n, uint32_t h, uint32_t w,
+                      bool gz) {
+    size_t isz = 16 + (size_t)n * h * w;
+    uint8_t *img = malloc(isz), *lab = malloc(8 + n);
+    put32(img, 0x803);
+    put32(img + 4, n);
+    put32(img + 8, h);
+    put32(img + 12, w);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < (size_t)h * w; k++) img[16 + i * h * w + k] = (uint8_t)((i * 7 + k) % 256);
+    put32(lab, 0x801);
+    put32(lab + 4, n);
+    for (uint32_t i = 0; i < n; i++) lab[8 + i] = (uint8_t)(i % 10);
+    char name[128];
+    snprintf(name, sizeof name, "%s-images-idx3-ubyte%s", prefix, gz ? ".gz" : "");
+    write_file(path_in(dir, name), img, isz, gz);
+    snprintf(name, sizeof name, "%s-labels-idx1-ubyte%s", prefix, gz ? ".gz" : "");
+    write_file(path_in(dir, name), lab, 8 + n, gz);
+    free(img);
+    free(lab);
+}
+
+static em_dataset *open_mnist(const char *dir, const char *split) {
+    return em_dataset_open("mnist", (const em_option[]){{"path", dir}, {"split", split},
+                                                        {NULL, NULL}});
+}
+
+/* Read items of ds into fresh buffers (caller frees). */
+static void read_items(em_dataset *ds, const int64_t *idx, int64_t n, void **in, void **tg) {
+    const em_dataset_info *info = em_dataset_get_info(ds);
+    size_t ib = em_dtype_size(info->input_dtype), tb = em_dtype_size(info->target_dtype);
+    for (int d = 0; d < info->input_ndim; d++) ib *= (size_t)info->input_shape[d];
+    for (int d = 0; d < info->target_ndim; d++) tb *= (size_t)info->target_shape[d];
+    *in = malloc(ib * (size_t)n);
+    *tg = malloc(tb * (size_t)n);
+    cr_assert_eq(em_dataset_read(ds, idx, n, *in, *tg), EM_OK, "%s", em_last_error());
+}
+
+/* ---- the registry and options ------------------------------------------------------------- */
+
+static em_status toy_open(const em_options *o, em_dataset_info *info, void **state) {
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_options_get_int(o, "n"),
+                              .input_ndim = 1, .input_shape = {1}, .input_dtype = EM_F32,
+                              .target_dtype = EM_I64, .num_classes = 2};
+    double *s = malloc(sizeof(double));
+    *s = em_options_get_float(o, "value") * (em_options_get_bool(o, "negate") ? -1 : 1);
+    if (strcmp(em_options_get_string(o, "mode"), "b") == 0) *s += 100;
+    *state = s;
+    return EM_OK;
+}
+static em_status toy_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    for (int64_t j = 0; j < n; j++) {
+        ((float *)in)[j] = (float)(*(double *)state + (double)idx[j]);
+        ((int64_t *)tg)[j] = idx[j] % 2;
+    }
+    return EM_OK;
+}
+static const em_option_def toy_opts[] = {
+    {.name = "n", .type = EM_OPTION_INT, .default_value = "4", .min = 1, .max = 100, .help = "items"},
+    {.name = "value", .type = EM_OPTION_FLOAT, .help = "base value"},
+    {.name = "negate", .type = EM_OPTION_BOOL, .default_value = "false"},
+    {.name = "mode", .type = EM_OPTION_CHOICE, .default_value = "a", .choices = "a|b"},
+};
+
+Test(data, program_registers_a_class_with_typed_options) {
+    em_dataset_class_def d = {.struct_size = sizeof d, .name = "toy", .description = "a toy",
+                              .options = toy_opts, .n_options = 4, .open = toy_open,
+                              .read = toy_read, .close = free};
+    em_registry *prog = em_registry_program();
+    cr_assert_eq(em_dataset_class_register(prog, &d), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_dataset_class_register(prog, &d), EM_ERR_EXISTS);
+    cr_assert_eq(em_registry_dataset_count(prog), 1);
+    cr_assert_str_eq(em_registry_dataset_name(prog, 0), "toy");
+    bool listed = false;
+    for (size_t i = 0; i < em_dataset_class_count(); i++)
+        listed |= strcmp(em_dataset_class_name(i), "toy") == 0;
+    cr_assert(listed);
+
+    em_dataset *ds = em_dataset_open("toy", (const em_option[]){
+        {"value", "2.5"}, {"negate", "yes"}, {"mode", "b"}, {"n", "7"}, {NULL, NULL}});
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 7);
+    cr_assert_str_eq(em_dataset_name(ds), "toy");
+    float in;
+    int64_t tg, i3 = 3;
+    cr_assert_eq(em_dataset_read(ds, &i3, 1, &in, &tg), EM_OK);
+    cr_assert_float_eq(in, 100.5f, 1e-6);
+    cr_assert_eq(tg, 1);
+    int64_t i9 = 9;
+    cr_assert_eq(em_dataset_read(ds, &i9, 1, &in, &tg), EM_ERR_RANGE);
+    em_assert_error(EM_ERR_RANGE, "item index 9 is out of range (length 7)");
+    em_dataset_free(ds);
+
+#define BAD(status, needle, ...)                                                               \
+    do {                                                                                       \
+        cr_assert_null(em_dataset_open("toy", (const em_option[]){__VA_ARGS__, {NULL, NULL}})); \
+        em_assert_error(status, needle);                                                       \
+    } while (0)
+    BAD(EM_ERR_INVALID, "dataset 'toy': option 'value' is required", {"n", "3"});
+    BAD(EM_ERR_INVALID, "unknown option 'valeu'; its options are: n, value, negate, mode",
+        {"valeu", "1"});
+    BAD(EM_ERR_INVALID, "option 'n' = 'x3' is not an integer", {"value", "1"}, {"n", "x3"});
+    BAD(EM_ERR_INVALID, "option 'n' = 101 is outside the allowed range [1, 100]", {"value", "1"},
+        {"n", "101"});
+    BAD(EM_ERR_INVALID, "option 'value' = 'nan' is not a finite number", {"value", "nan"});
+    BAD(EM_ERR_INVALID, "option 'negate' = 'maybe' is not a boolean", {"value", "1"},
+        {"negate", "maybe"});
+    BAD(EM_ERR_INVALID, "option 'mode' = 'c' is not allowed; allowed values: a,b", {"value", "1"},
+        {"mode", "c"});
+    BAD(EM_ERR_INVALID, "option 'value' is given twice", {"value", "1"}, {"value", "2"});
+#undef BAD
+    cr_assert_null(em_dataset_open("nope", NULL));
+    em_assert_error(EM_ERR_NOTFOUND, "no dataset class named 'nope' is registered; registered: ");
+    em_assert_error(EM_ERR_NOTFOUND, "mnist");
+    cr_assert_eq(em_dataset_class_unregister(prog, "toy"), EM_OK);
+    cr_assert_null(em_dataset_class_find("toy"));
+    /* malformed records */
+    em_dataset_class_def bad = d;
+    bad.name = "Bad Name";
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    bad = d;
+    bad.read = NULL;
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "lacks an read function");
+}
+
+Test(data, the_data_plugin_registers_its_classes) {
+    const char *want[] = {"mnist", "cifar10", "csv", "synthetic"};
+    for (int i = 0; i < 4; i++) cr_assert(em_dataset_class_find(want[i]), "%s", want[i]);
+    bool found = false;
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info p;
+        cr_assert_eq(em_plugin_get(i, &p), EM_OK);
+        if (p.name && strcmp(p.name, "ember-data") == 0) {
+            found = true;
+            cr_assert_eq(em_registry_dataset_count(p.registry), 4);
+        }
+    }
+    cr_assert(found);
+}
+
+/* ---- MNIST IDX ---------------------------------------------------------------------------- */
+
+static void check_idx(em_dataset *ds, uint32_t n, uint32_t h, uint32_t w) {
+    cr_assert(ds, "%s", em_last_error());
+    const em_dataset_info *info = em_dataset_get_info(ds);
+    cr_assert_eq(info->length, n);
+    cr_assert_eq(info->input_ndim, 3);
+    cr_assert_eq(info->input_shape[0], 1);
+    cr_assert_eq(info->input_shape[1], h);
+    cr_assert_eq(info->input_shape[2], w);
+    cr_assert_eq(info->input_dtype, EM_U8);
+    cr_assert_eq(info->target_dtype, EM_I64);
+    cr_assert_eq(info->num_classes, 10);
+    int64_t idx[3] = {n - 1, 0, n / 2};
+    void *in, *tg;
+    read_items(ds, idx, 3, &in, &tg);
+    for (int j = 0; j < 3; j++) {
+        cr_assert_eq(((int64_t *)tg)[j], idx[j] % 10);
+        for (size_t k = 0; k < (size_t)h * w; k++)
+            cr_assert_eq(((uint8_t *)in)[j * h * w + k], (uint8_t)((idx[j] * 7 + (int64_t)k) % 256));
+    }
+    free(in);
+    free(tg);
+}
+
+Test(data, mnist_raw_and_gzip_and_splits) {
+    const char *dir = fresh_dir();
+    write_idx(dir, "train", 50, 5, 6, false);
+    write_idx(dir, "t10k", 20, 5, 6, true);
+    em_dataset *tr = open_mnist(dir, "train"), *te = open_mnist(dir, "test");
+    check_idx(tr, 50, 5, 6);
+    check_idx(te, 20, 5, 6);
+    em_dataset_free(tr);
+    em_dataset_free(te);
+    /* both raw and gzip present: the raw one wins (it is the uncompressed copy) */
+    write_idx(dir, "train", 30, 5, 6, true);
+    tr = open_mnist(dir, "train");
+    check_idx(tr, 50, 5, 6);
+    em_dataset_free(tr);
+    cleanup();
+}
+
+Test(data, bundled_digits) {
+    em_dataset *tr = open_mnist(EM_TEST_SRCDIR "/data/digits", "train");
+    em_dataset *te = open_mnist(EM_TEST_SRCDIR "/data/digits", "test");
+    cr_assert(tr && te, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(tr), 1500);
+    cr_assert_eq(em_dataset_length(te), 297);
+    cr_assert_eq(em_dataset_get_info(tr)->input_shape[1], 8);
+    /* the first two rows of scikit-learn's digits.csv, scaled by 255/16 */
+    static const int row0[8] = {0, 0, 5, 13, 9, 1, 0, 0}, row1[8] = {0, 0, 0, 12, 13, 5, 0, 0};
+    int64_t idx[2] = {0, 1};
+    void *in, *tg;
+    read_items(tr, idx, 2, &in, &tg);
+    for (int k = 0; k < 8; k++) {
+        cr_assert_eq(((uint8_t *)in)[k], (int)floor(row0[k] * 255.0 / 16 + 0.5));
+        cr_assert_eq(((uint8_t *)in)[64 + k], (int)floor(row1[k] * 255.0 / 16 + 0.5));
+    }
+    cr_assert_eq(((int64_t *)tg)[0], 0);
+    cr_assert_eq(((int64_t *)tg)[1], 1);
+    free(in);
+    free(tg);
+    int64_t counts[10] = {0}, all[297];
+    for (int i = 0; i < 297; i++) all[i] = i;
+    read_items(te, all, 297, &in, &tg);
+    for (int i = 0; i < 297; i++) counts[((int64_t *)tg)[i]]++;
+    for (int c = 0; c < 10; c++) cr_assert_gt(counts[c], 20, "class %d in the test split", c);
+    free(in);
+    free(tg);
+    em_dataset_free(tr);
+    em_dataset_free(te);
+}
+
+Test(data, mnist_bad_input) {
+    const char *dir = fresh_dir();
+    /* missing directory, missing files */
+    cr_assert_null(open_mnist("/nonexistent/ember", "train"));
+    em_assert_error(EM_ERR_IO, "cannot open directory /nonexistent/ember");
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_IO, "no train-images* file in");
+    cr_assert_null(open_mnist(dir, "validation"));
+    em_assert_error(EM_ERR_INVALID, "option 'split' = 'validation' is not allowed; allowed "
+                    "values: train,test");
+
+    uint8_t img[16 + 4 * 4], lab[8 + 4];
+    put32(img, 0x803), put32(img + 4, 4), put32(img + 8, 2), put32(img + 12, 2);
+    memset(img + 16, 9, 16);
+    put32(lab, 0x801), put32(lab + 4, 4);
+    memset(lab + 8, 3, 4);
+    char ip[512], lp[512];
+    snprintf(ip, sizeof ip, "%s/train-images-idx3-ubyte", dir);
+    snprintf(lp, sizeof lp, "%s/train-labels-idx1-ubyte", dir);
+    write_file(ip, img, sizeof img, false);
+    write_file(lp, lab, sizeof lab, false);
+    em_dataset *ok = open_mnist(dir, "train");
+    cr_assert(ok, "%s", em_last_error());
+    em_dataset_free(ok);
+
+    /* wrong magic */
+    uint8_t bad[sizeof img];
+    memcpy(bad, img, sizeof img);
+    put32(bad, 0x801);
+    write_file(ip, bad, sizeof bad, false);
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_FORMAT, "train-images-idx3-ubyte: bad magic number 0x00000801, "
+                    "expected 0x00000803");
+    /* truncated data, raw and gzip */
+    write_file(ip, img, sizeof img - 3, false);
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_FORMAT, "truncated: 4 images of 2 x 2 needs 3 more bytes");
+    unlink(ip);
+    write_file(path_in(dir, "train-images-idx3-ubyte.gz"), img, sizeof img - 5, true);
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_FORMAT, "train-images-idx3-ubyte.gz: truncated");
+    /* a gzip file cut short (damaged compressed stream) */
+    {
+        gzFile f = gzopen(path_in(dir, "whole.gz"), "wb");
+        static uint8_t big[16 + 4 * 4];
+        memcpy(big, img, sizeof big);
+        gzwrite(f, big, sizeof big);
+        gzclose(f);
+        FILE *src = fopen(path_in(dir, "whole.gz"), "rb");
+        uint8_t buf[256];
+        size_t n = fread(buf, 1, sizeof buf, src);
+        fclose(src);
+        write_file(path_in(dir, "train-images-idx3-ubyte.gz"), buf, n - 12, false);
+        cr_assert_null(open_mnist(dir, "train"));
+        cr_assert_eq(em_last_status(), EM_ERR_FORMAT, "%s", em_last_error());
+        cr_assert(strstr(em_last_error(), "train-images-idx3-ubyte.gz"), "%s", em_last_error());
+        unlink(path_in(dir, "train-images-idx3-ubyte.gz"));
+        unlink(path_in(dir, "whole.gz"));
+    }
+    /* trailing bytes */
+    uint8_t longer[sizeof img + 2] = {0};
+    memcpy(longer, img, sizeof img);
+    write_file(ip, longer, sizeof longer, false);
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_FORMAT, "unexpected bytes after the 32");
+    /* image/label count mismatch */
+    write_file(ip, img, sizeof img, false);
+    uint8_t lab3[8 + 3];
+    put32(lab3, 0x801), put32(lab3 + 4, 3);
+    memset(lab3 + 8, 1, 3);
+    write_file(lp, lab3, sizeof lab3, false);
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_FORMAT, "image/label count mismatch");
+    em_assert_error(EM_ERR_FORMAT, "holds 4 images but");
+    em_assert_error(EM_ERR_FORMAT, "holds 3 labels");
+    /* label out of range */
+    lab[8 + 2] = 10;
+    write_file(lp, lab, sizeof lab, false);
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_FORMAT, "train-labels-idx1-ubyte: item 2 has label 10, outside [0, 10)");
+    em_dataset *more = em_dataset_open("mnist", (const em_option[]){
+        {"path", dir}, {"classes", "11"}, {NULL, NULL}});
+    cr_assert(more, "%s", em_last_error());
+    em_dataset_free(more);
+    cleanup();
+}
+
+/* ---- CIFAR-10 ----------------------------------------------------------------------------- */
+
+static void write_cifar(const char *path, int n, int first, bool gz, int bad_label_at) {
+    uint8_t *b = malloc((size_t)n * 3073);
+    for (int r = 0; r < n; r++) {
+        b[r * 3073] = (uint8_t)(r == bad_label_at ? 10 : (first + r) % 10);
+        for (int k = 0; k < 3072; k++) b[r * 3073 + 1 + k] = (uint8_t)((first + r) * 3 + k);
+    }
+    write_file(path, b, (size_t)n * 3073, gz);
+    free(b);
+}
+
+Test(data, cifar10_batches) {
+    const char *dir = fresh_dir();
+    write_cifar(path_in(dir, "data_batch_1.bin"), 3, 0, false, -1);
+    write_cifar(path_in(dir, "data_batch_2.bin"), 4, 3, true, -1);
+    write_cifar(path_in(dir, "test_batch.bin"), 2, 100, false, -1);
+    em_dataset *tr = em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}});
+    cr_assert(tr, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(tr), 7);
+    const em_dataset_info *info = em_dataset_get_info(tr);
+    cr_assert_eq(info->input_shape[0], 3);
+    cr_assert_eq(info->input_shape[1], 32);
+    int64_t idx[2] = {6, 2};
+    void *in, *tg;
+    read_items(tr, idx, 2, &in, &tg);
+    for (int j = 0; j < 2; j++) {
+        cr_assert_eq(((int64_t *)tg)[j], idx[j] % 10);
+        for (int k = 0; k < 3072; k++)
+            cr_assert_eq(((uint8_t *)in)[j * 3072 + k], (uint8_t)(idx[j] * 3 + k));
+    }
+    free(in);
+    free(tg);
+    em_dataset_free(tr);
+    em_dataset *te = em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {"split", "test"},
+                                                                     {NULL, NULL}});
+    cr_assert(te, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(te), 2);
+    em_dataset_free(te);
+    /* truncated record, bad label */
+    FILE *f = fopen(path_in(dir, "data_batch_2.bin"), "wb");
+    uint8_t junk[3073 + 100] = {1};
+    fwrite(junk, 1, sizeof junk, f);
+    fclose(f);
+    cr_assert_null(em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}}));
+    em_assert_error(EM_ERR_FORMAT, "data_batch_2.bin: truncated: record 1 has 100 of its 3073 bytes");
+    write_cifar(path_in(dir, "data_batch_2.bin"), 4, 3, false, 2);
+    cr_assert_null(em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}}));
+    em_assert_error(EM_ERR_FORMAT, "data_batch_2.bin: record 2 (item 5) has label 10, outside [0, 10)");
+    cleanup();
+    cr_assert_null(em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}}));
+    em_assert_error(EM_ERR_IO, "cannot open directory");
+}
+
+/* ---- CSV ---------------------------------------------------------------------------------- */
+
+static em_dataset *open_csv(const char *path, const em_option *extra) {
+    em_option o[8] = {{"path", path}};
+    int n = 1;
+    for (; extra && extra->key; extra++) o[n++] = *extra;
+    o[n] = (em_option){NULL, NULL};
+    return em_dataset_open("csv", o);
+}
+
+static void write_text(const char *path, const char *text) {
+    write_file(path, text, strlen(text), false);
+}
+
+Test(data, csv_labels_header_delimiters_quotes) {
+    const char *dir = fresh_dir();
+    const char *p = path_in(dir, "a.csv");
+    write_text(p, "x1,x2,\"class\"\n1.5,-2,0\n\n3,\"4e1\",2\n  5 ,6,1\n");
+    em_dataset *ds = open_csv(p, NULL);
+    cr_assert(ds, "%s", em_last_error());
+    const em_dataset_info *info = em_dataset_get_info(ds);
+    cr_assert_eq(info->length, 3);
+    cr_assert_eq(info->input_shape[0], 2);
+    cr_assert_eq(info->num_classes, 3);
+    int64_t idx[3] = {0, 1, 2};
+    void *in, *tg;
+    read_items(ds, idx, 3, &in, &tg);
+    const float want[6] = {1.5f, -2, 3, 40, 5, 6};
+    for (int k = 0; k < 6; k++) cr_assert_float_eq(((float *)in)[k], want[k], 1e-6);
+    cr_assert_eq(((int64_t *)tg)[1], 2);
+    free(in);
+    free(tg);
+    em_dataset_free(ds);
+    /* semicolons, no header, label first, explicit classes */
+    write_text(p, "1;0.5;0.25\n0;1;2\n");
+    ds = open_csv(p, (const em_option[]){{"delimiter", ";"}, {"label_column", "0"},
+                                          {"header", "false"}, {"classes", "4"}, {NULL, NULL}});
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_get_info(ds)->num_classes, 4);
+    read_items(ds, idx, 2, &in, &tg);
+    cr_assert_float_eq(((float *)in)[1], 0.25f, 1e-7);
+    cr_assert_eq(((int64_t *)tg)[0], 1);
+    free(in);
+    free(tg);
+    em_dataset_free(ds);
+    /* tabs, regression targets */
+    write_text(p, "a\tb\tc\td\n1\t2\t3\t4\n5\t6\t7\t8\n");
+    ds = open_csv(p, (const em_option[]){{"delimiter", "tab"}, {"target_columns", "3,1"},
+                                          {NULL, NULL}});
+    cr_assert(ds, "%s", em_last_error());
+    info = em_dataset_get_info(ds);
+    cr_assert_eq(info->target_dtype, EM_F32);
+    cr_assert_eq(info->target_shape[0], 2);
+    cr_assert_eq(info->input_shape[0], 2);
+    read_items(ds, idx, 2, &in, &tg);
+    cr_assert_float_eq(((float *)in)[2], 5.0f, 0);
+    cr_assert_float_eq(((float *)in)[3], 7.0f, 0);
+    cr_assert_float_eq(((float *)tg)[2], 8.0f, 0);
+    cr_assert_float_eq(((float *)tg)[3], 6.0f, 0);
+    free(in);
+    free(tg);
+    em_dataset_free(ds);
+    cleanup();
+}
+
+Test(data, csv_bad_input) {
+    const char *dir = fresh_dir();
+    const char *p = path_in(dir, "bad.csv");
+    cr_assert_null(open_csv(path_in(dir, "missing.csv"), NULL));
+    em_assert_error(EM_ERR_IO, "missing.csv: No such file");
+    write_text(p, "f1,f2,label\n1,2,0\n3,4\n");
+    cr_assert_null(open_csv(p, NULL));
+    em_assert_error(EM_ERR_FORMAT, "bad.csv line 3: 2 fields, expected 3 (as in line 1)");
+    write_text(p, "1,2,0\n3,4,1\n5,abc,1\n");
+    cr_assert_null(open_csv(p, NULL));
+    em_assert_error(EM_ERR_FORMAT, "bad.csv line 3, column 2: 'abc' is not a number");
+    write_text(p, "1,2,0\n3,,1\n");
+    cr_assert_null(open_csv(p, NULL));
+    em_assert_error(EM_ERR_FORMAT, "bad.csv line 2, column 2: '' is not a number");
+    write_text(p, "1,2,0.5\n");
+    cr_assert_null(open_csv(p, NULL));
+    em_assert_error(EM_ERR_FORMAT, "bad.csv line 1 (item 0), column 3: label 0.5 is not a "
+                    "non-negative integer");
+    write_text(p, "h1,h2,h3\n1,2,0\n3,4,7\n");
+    cr_assert_null(open_csv(p, (const em_option[]){{"classes", "5"}, {NULL, NULL}}));
+    em_assert_error(EM_ERR_FORMAT, "bad.csv line 3 (item 1), column 3: label 7 is outside [0, 5)");
+    write_text(p, "1,2,\"0\n");
+    cr_assert_null(open_csv(p, NULL));
+    em_assert_error(EM_ERR_FORMAT, "bad.csv line 1");
+    write_text(p, "x,y\n");
+    cr_assert_null(open_csv(p, NULL));
+    em_assert_error(EM_ERR_FORMAT, "holds no data rows");
+    write_text(p, "1,2\n");
+    cr_assert_null(open_csv(p, (const em_option[]){{"delimiter", "::"}, {NULL, NULL}}));
+    em_assert_error(EM_ERR_INVALID, "option 'delimiter' = '::' must be one character");
+    cr_assert_null(open_csv(p, (const em_option[]){{"label_column", "5"}, {NULL, NULL}}));
+    em_assert_error(EM_ERR_INVALID, "label_column 5 is outside the 2 columns");
+    cleanup();
+}
+
+/* ---- synthetic ---------------------------------------------------------------------------- */
+
+Test(data, synthetic_is_a_function_of_seed_and_item) {
+    em_dataset *ds = em_dataset_open("synthetic", (const em_option[]){
+        {"length", "100"}, {"shape", "2x3"}, {"classes", "5"}, {"seed", "9"}, {NULL, NULL}});
+    cr_assert(ds, "%s", em_last_error());
+    int64_t idx[2] = {42, 7};
+    void *in, *tg;
+    read_items(ds, idx, 2, &in, &tg);
+    for (int j = 0; j < 2; j++) {
+        for (int e = 0; e < 6; e++)
+            cr_assert_eq(((float *)in)[j * 6 + e], em_philox_uniform_f32(9, (uint64_t)idx[j] * 2, e));
+        uint32_t w[4];
+        em_philox_block(~(uint64_t)9, (uint64_t)idx[j], w);
+        cr_assert_eq(((int64_t *)tg)[j], (int64_t)(((uint64_t)w[0] * 5) >> 32));
+    }
+    free(in);
+    free(tg);
+    em_dataset_free(ds);
+    cr_assert_null(em_dataset_open("synthetic", (const em_option[]){{"shape", "3x0"}, {NULL, NULL}}));
+    em_assert_error(EM_ERR_INVALID, "option 'shape' = '3x0'");
+}
+
+/* ---- in-memory datasets, subsets, random_split -------------------------------------------- */
+
+Test(data, tensors_subset_and_random_split) {
+    em_tensor *x = em_test_tensor(EM_F64, 2, (int64_t[]){5, 2},
+                                  (double[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+    em_tensor *y = em_test_tensor(EM_I32, 1, (int64_t[]){5}, (double[]){1, 0, 2, 1, 0});
+    em_dataset *ds = em_dataset_from_tensors(x, y, 0);
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_get_info(ds)->num_classes, 3);
+    cr_assert_eq(em_dataset_get_info(ds)->input_dtype, EM_F64);
+    int64_t idx[2] = {3, 1};
+    double in[4];
+    int64_t tg[2];
+    cr_assert_eq(em_dataset_read(ds, idx, 2, in, tg), EM_OK);
+    cr_assert_eq(in[0], 6);
+    cr_assert_eq(in[3], 3);
+    cr_assert_eq(tg[0], 1);
+    cr_assert_eq(tg[1], 0);
+    /* labels outside [0, classes) */
+    cr_assert_null(em_dataset_from_tensors(x, y, 2));
+    em_assert_error(EM_ERR_RANGE, "item 2 has label 2, outside [0, 2)");
+    /* a transposed (non-contiguous) input is copied */
+    em_tensor *xt = em_transpose(x, 0, 1);
+    em_tensor *y2 = em_test_tensor(EM_I64, 1, (int64_t[]){2}, (double[]){0, 1});
+    em_dataset *dt = em_dataset_from_tensors(xt, y2, 0);
+    cr_assert(dt, "%s", em_last_error());
+    int64_t one = 1;
+    double row[5];
+    int64_t lab;
+    cr_assert_eq(em_dataset_read(dt, &one, 1, row, &lab), EM_OK);
+    for (int k = 0; k < 5; k++) cr_assert_eq(row[k], 2 * k + 1);
+    em_dataset_free(dt);
+    /* shapes that do not match */
+    cr_assert_null(em_dataset_from_tensors(x, y2, 0));
+    em_assert_error(EM_ERR_SHAPE, "inputs [5, 2] and targets [2] must share their first dim");
+    /* random_split: disjoint, covering, reproducible */
+    em_dataset *parts[2], *again[2];
+    cr_assert_eq(em_random_split(ds, (int64_t[]){3, 2}, 2, 77, parts), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_random_split(ds, (int64_t[]){3, 2}, 2, 77, again), EM_OK);
+    em_dataset_free(ds); /* the parts keep it alive */
+    int seen[5] = {0};
+    for (int p = 0; p < 2; p++) {
+        int64_t n = em_dataset_length(parts[p]);
+        cr_assert_eq(n, p ? 2 : 3);
+        for (int64_t i = 0; i < n; i++) {
+            double a[2], b[2];
+            int64_t ta, tb;
+            cr_assert_eq(em_dataset_read(parts[p], &i, 1, a, &ta), EM_OK);
+            cr_assert_eq(em_dataset_read(again[p], &i, 1, b, &tb), EM_OK);
+            cr_assert_eq(a[0], b[0]);
+            seen[(int)a[0] / 2]++;
+        }
+    }
+    for (int i = 0; i < 5; i++) cr_assert_eq(seen[i], 1, "item %d", i);
+    cr_assert_eq(em_random_split(parts[0], (int64_t[]){1, 1}, 2, 0, again), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "the lengths add up to 2 but dataset 'subset' has 3 items");
+    for (int p = 0; p < 2; p++) {
+        em_dataset_free(parts[p]);
+        em_dataset_free(again[p]);
+    }
+    em_tensor_release(xt);
+    em_tensor_release(x);
+    em_tensor_release(y);
+    em_tensor_release(y2);
+}
+
+/* The loader over the real formats: digits through mnist with every option of a run. */
+Test(data, loader_over_the_bundled_digits) {
+    em_dataset *ds = open_mnist(EM_TEST_SRCDIR "/data/digits", "train");
+    cr_assert(ds, "%s", em_last_error());
+    em_loader_options o = {.struct_size = sizeof o, .batch_size = 128, .shuffle = true,
+                           .seed = 1, .num_workers = 2, .transforms = {.to_float = true}};
+    em_loader *l = em_loader_new(ds, &o);
+    cr_assert(l, "%s", em_last_error());
+    int64_t n = 0, nb = 0;
+    em_tensor *x, *y;
+    while (em_loader_next(l, &x, &y) == EM_OK && x) {
+        cr_assert_eq(em_tensor_ndim(x), 4);
+        cr_assert_eq(em_tensor_size(x, 1), 1);
+        cr_assert_eq(em_tensor_size(x, 2), 8);
+        const float *p = em_tensor_data(x);
+        for (int64_t i = 0; i < em_tensor_numel(x); i++) cr_assert(p[i] >= 0 && p[i] <= 1);
+        n += em_tensor_size(x, 0);
+        nb++;
+    }
+    cr_assert_eq(em_last_status(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(n, 1500);
+    cr_assert_eq(nb, 12);
+    em_loader_free(l);
+    em_dataset_free(ds);
+}
