@@ -30,6 +30,7 @@
 #include "ember/module.h"
 #include "ember/optim.h"
 #include "ember/dict.h"
+#include "ember/serialize.h"
 #include "ember/plugin.h"
 #include "ember/data.h"
 #include "ember/version.h"
