@@ -35,10 +35,10 @@ static void teardown(void) {
 TestSuite(trainer, .init = setup, .fini = teardown, .timeout = 300);
 
 /* Run ember-train with args (NULL-terminated); its stdout+stderr into *out (malloc'd). */
-static int train(char **out, const char *const *args) {
+static int spawn(const char *prog, char **out, const char *const *args) {
     char log[512];
     snprintf(log, sizeof log, "%s/out.txt", tmpdir);
-    const char *argv[64] = {EM_TRAINER};
+    const char *argv[64] = {prog};
     int n = 1;
     for (; args[n - 1]; n++) argv[n] = args[n - 1];
     argv[n] = NULL;
@@ -47,7 +47,7 @@ static int train(char **out, const char *const *args) {
     posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     pid_t pid;
-    cr_assert_eq(posix_spawn(&pid, EM_TRAINER, &fa, NULL, (char *const *)argv, environ), 0);
+    cr_assert_eq(posix_spawn(&pid, prog, &fa, NULL, (char *const *)argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
@@ -61,6 +61,8 @@ static int train(char **out, const char *const *args) {
     fclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+static int train(char **out, const char *const *args) { return spawn(EM_TRAINER, out, args); }
 
 static const char *path(const char *name) {
     static char bufs[8][512];
@@ -368,4 +370,41 @@ Test(trainer, config_nodes_know_where_they_are) {
     cr_assert(strstr(em_last_error(), "s.yaml:"), "%s", em_last_error());
     cr_assert_null(em_config_load("/nonexistent.yaml"));
     cr_assert_eq(em_last_status(), EM_ERR_NOTFOUND);
+}
+
+Test(trainer, the_hand_written_loop_example_runs) {
+    char *out;
+    int rc = spawn(EM_TRAIN_LOOP, &out, (const char *[]){EM_TEST_SRCDIR "/data/digits",
+                                                         path("loop.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "epoch 5:") && strstr(out, "saved"), "%s", out);
+    free(out);
+    em_dict *d;
+    cr_assert_eq(em_load(path("loop.safetensors"), NULL, &d, NULL), EM_OK, "%s", em_last_error());
+    cr_assert(em_dict_get(d, "3.weight"));
+    em_dict_free(d);
+}
+
+/* The CIFAR-10 example config on generated files of the binary format (label byte + 3072). */
+Test(trainer, cifar10_config_dry_runs_on_generated_files) {
+    const char *files[] = {"data_batch_1.bin", "test_batch.bin"};
+    mkdir(path("cifar"), 0755);
+    for (int k = 0; k < 2; k++) {
+        char name[128];
+        snprintf(name, sizeof name, "cifar/%s", files[k]);
+        FILE *f = fopen(path(name), "wb");
+        cr_assert(f);
+        for (int i = 0; i < 40; i++) {
+            fputc(i % 10, f);
+            for (int j = 0; j < 3072; j++) fputc((i * 7 + j) & 255, f);
+        }
+        fclose(f);
+    }
+    char *out;
+    int rc = train(&out, (const char *[]){EM_TEST_SRCDIR "/examples/cifar10-cnn.yaml", "--data",
+                                          path("cifar"), "--dry-run", "--batch-size", "8", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "input [8, 3, 32, 32] -> output [8, 10]") &&
+              strstr(out, "3 groups"), "%s", out);
+    free(out);
 }
