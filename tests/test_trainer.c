@@ -271,6 +271,14 @@ Test(trainer, config_errors_exit_2_naming_the_problem) {
     /* outputs that do not match the classes */
     expect_usage_error("model: [Flatten, {Linear: {in_features: 64, out_features: 7}}]\n" GOOD_DATA,
                        (const char *[]){"7 outputs", "10 classes", NULL});
+    /* an option typo in the scheduler: one location, the class and the suggestion */
+    expect_usage_error("model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n" GOOD_DATA
+                       "scheduler: {class: StepLR, step_siz: 3}\n",
+                       (const char *[]){"bad.yaml:3:", "step_siz", "did you mean 'step_size'", NULL});
+    /* an unknown scheduler lists the registered ones */
+    expect_usage_error("model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n" GOOD_DATA
+                       "scheduler: {class: CosineLR}\n",
+                       (const char *[]){"CosineLR", "CosineAnnealingLR", NULL});
     /* YAML syntax */
     expect_usage_error("model: [Flatten\n" GOOD_DATA, (const char *[]){"bad.yaml:", "YAML", NULL});
     /* a parameter group that selects nothing */

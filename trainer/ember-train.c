@@ -126,6 +126,21 @@ static int cfg_int(const em_config_node *n, int64_t lo, int64_t *out) {
     return 0;
 }
 
+/* "<where>: <what>: <error>", without a second location when the error already has one. */
+static void located_error(const em_config_node *n, const char *what) {
+    const char *e = em_last_error();
+    const char *file = n ? em_config_node_where(n) : NULL;
+    size_t flen = 0;
+    if (file) {
+        const char *c = strchr(file, ':');
+        flen = c ? (size_t)(c - file) : strlen(file);
+    }
+    if (!n || (flen && !strncmp(e, file, flen)))
+        fprintf(stderr, "ember-train: %s: %s\n", what, e);
+    else
+        fprintf(stderr, "ember-train: %s: %s: %s\n", em_config_node_where(n), what, e);
+}
+
 /* ---- device ------------------------------------------------------------------------------- */
 
 static int pick_device(run *r) {
@@ -442,8 +457,13 @@ static int build_optimizer(run *r, const em_config_node *o) {
     }
     if (cli_optimizer) cls = cli_optimizer;
     if (!em_optim_class_find(cls)) {
-        fprintf(stderr, "ember-train: %s%soptimizer: %s\n", o ? em_config_node_where(o) : "",
-                o ? ": " : "", em_last_error());
+        char names[512] = "";
+        size_t used = 0;
+        for (size_t i = 0; i < em_optim_class_count() && used < sizeof names; i++)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     em_optim_class_get(i)->name);
+        em_set_error(EM_ERR_NOTFOUND, "no optimizer class named '%s'; registered: %s", cls, names);
+        located_error(o, "optimizer");
         return EXIT_USAGE;
     }
     em_options *defaults = em_options_new();
@@ -523,8 +543,7 @@ static int build_optimizer(run *r, const em_config_node *o) {
         rc = EXIT_USAGE;
     }
     if (!rc && !(r->opt = em_optimizer_new_groups_defaults(cls, pg, n_pg, defaults))) {
-        fprintf(stderr, "ember-train: %s%soptimizer: %s\n", o ? em_config_node_where(o) : "",
-                o ? ": " : "", em_last_error());
+        located_error(o, "optimizer");
         rc = EXIT_USAGE;
     }
     r->params = all;
@@ -560,8 +579,13 @@ static int build_scheduler(run *r, const em_config_node *sc) {
     if (!cls) return 0;
     const em_sched_class *k = em_sched_class_find(cls);
     if (!k) {
-        fprintf(stderr, "ember-train: %s%sscheduler: %s\n", sc ? em_config_node_where(sc) : "",
-                sc ? ": " : "", em_last_error());
+        char names[512] = "";
+        size_t used = 0;
+        for (size_t i = 0; i < em_sched_class_count() && used < sizeof names; i++)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     em_sched_class_get(i)->name);
+        em_set_error(EM_ERR_NOTFOUND, "no scheduler class named '%s'; registered: %s", cls, names);
+        located_error(sc, "scheduler");
         return EXIT_USAGE;
     }
     em_options *o = em_options_new();
@@ -573,8 +597,7 @@ static int build_scheduler(run *r, const em_config_node *sc) {
     r->sched = em_scheduler_new(cls, r->opt, o);
     em_options_free(o);
     if (!r->sched) {
-        fprintf(stderr, "ember-train: %s%sscheduler: %s\n", sc ? em_config_node_where(sc) : "",
-                sc ? ": " : "", em_last_error());
+        located_error(sc, "scheduler");
         return EXIT_USAGE;
     }
     r->sched_per_step = !strcmp(interval ? interval : (k->interval ? k->interval : "epoch"), "step");
