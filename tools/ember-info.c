@@ -98,8 +98,12 @@ static json_t *registry_json(json_t *p, const em_registry *r, const options *o) 
     for (size_t i = 0; i < em_registry_dataset_count(r); i++)
         json_array_append_new(datasets, json_string(em_registry_dataset_name(r, i)));
     json_object_set_new(p, "dataset_classes", datasets);
+    json_t *classes = json_array();
+    for (size_t i = 0; i < em_registry_module_class_count(r); i++)
+        json_array_append_new(classes, json_string(em_registry_module_class_name(r, i)));
     json_object_set_new(p, "device_types", types);
     json_object_set_new(p, "ops", ops);
+    json_object_set_new(p, "module_classes", classes);
     json_t *optims = json_array(), *scheds = json_array();
     for (size_t i = 0; i < em_registry_optim_class_count(r); i++)
         json_array_append_new(optims, json_string(em_registry_optim_class_name(r, i)));
@@ -382,6 +386,8 @@ static void print_plugins(const json_t *plugins) {
         }
         print_string_list("device types", json_object_get(p, "device_types"));
         print_string_list("ops declared", json_object_get(p, "ops"));
+        if (json_array_size(json_object_get(p, "module_classes")))
+            print_string_list("module classes", json_object_get(p, "module_classes"));
         if (json_array_size(json_object_get(p, "optimizer_classes")))
             print_string_list("optimizers", json_object_get(p, "optimizer_classes"));
         if (json_array_size(json_object_get(p, "scheduler_classes")))

@@ -106,12 +106,11 @@ static em_tensor *bn_forward(em_module *m, em_tensor *const *in, int n) {
         factor = s->momentum >= 0 ? s->momentum : 1.0 / em_item(nb);
     }
     em_tensor *out = NULL;
-    /* In training the batch statistics are used and, when tracked, the running ones updated;
-     * in eval without tracking the batch statistics are used and nothing is updated. */
-    if (em_batch_norm(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"),
-                      training ? rm : (use_batch ? NULL : rm),
-                      training ? rv : (use_batch ? NULL : rv), use_batch, factor, s->eps, &out,
-                      NULL, NULL) != EM_OK)
+    /* Training: the batch statistics normalise and the running ones (when tracked) are
+     * updated in place; eval: the running ones normalise, or without tracking (rm, rv NULL)
+     * the batch's, and nothing is updated. */
+    if (em_batch_norm(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"), rm,
+                      rv, use_batch, factor, s->eps, &out, NULL, NULL) != EM_OK)
         return NULL;
     return out;
 }
