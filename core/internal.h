@@ -219,6 +219,7 @@ const char *em__plugin_names(void);
 
 /* Remove the optimizer and scheduler classes a registry registered (plugin unload). */
 void em__optim_remove_owner(em_registry *owner);
+
 /* ---- dataset classes (data.c) ------------------------------------------------------------ */
 
 /* Withdraw / count the dataset classes a registry registered. */

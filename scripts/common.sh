@@ -2,7 +2,7 @@
 # Sourced, not run.
 
 EMBER_PACKAGES="build-essential g++ autoconf automake libtool pkg-config libopenblas-dev \
-libdnnl-dev libcriterion-dev zlib1g-dev libjansson-dev libcsv-dev valgrind"
+libdnnl-dev libcriterion-dev zlib1g-dev libjansson-dev libcsv-dev libyaml-dev valgrind"
 
 # stage NAME CMD...: run a step and print how long it took.
 stage() {

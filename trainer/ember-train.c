@@ -1,0 +1,984 @@
+/*
+ * ember-train.c — the reference trainer: `ember-train [CONFIG] [options]`.
+ *
+ * This half reads the command line and the config file (ember/config.h), and builds what the
+ * run needs — device, model, datasets and loaders' transforms, loss, optimizer with parameter
+ * groups, scheduler — checking everything it can before the first step, so that a typo, an
+ * unknown layer, a missing data file or a model that does not fit the data is exit code 2 with
+ * a message naming the place, never a crash mid-run. loop.c runs the training.
+ *
+ * Without CONFIG it trains examples/digits.yaml (the bundled digits set): from the source tree
+ * when run uninstalled, else from the installed data directory.
+ */
+#include "trainer.h"
+
+#include <errno.h>
+#include <fnmatch.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Options that override the optimizer/scheduler sections. */
+static const char *cli_optimizer, *cli_scheduler, *cli_data;
+static double cli_lr = NAN, cli_momentum = NAN, cli_wd = NAN;
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig) { stop_flag = sig; }
+
+void report_error(const char *what) {
+    fprintf(stderr, "ember-train: %s%s%s\n", what ? what : "", what ? ": " : "", em_last_error());
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+"usage: ember-train [CONFIG] [options]\n"
+"Train the model a YAML config describes (default: examples/digits.yaml, the bundled digits).\n"
+"Options override the config file.\n"
+"\n"
+"  --data PATH              dataset location (the data class's 'path' option)\n"
+"  --device DEV             cpu, cuda, cuda:N (default: a GPU when a backend finds one, else\n"
+"                           cpu); a device asked for and absent is an error, never a fall back\n"
+"  --epochs N               epochs to train\n"
+"  --max-steps N            stop after N optimizer steps (0: no limit)\n"
+"  --batch-size N           samples per batch (per micro-batch with --accum-steps)\n"
+"  --lr X                   learning rate (every parameter group)\n"
+"  --optimizer NAME         optimizer class (SGD, Adam, AdamW, ...)\n"
+"  --momentum X             the optimizer's momentum option\n"
+"  --weight-decay X         the optimizer's weight_decay (groups that set their own keep it)\n"
+"  --scheduler NAME         lr scheduler class (its options come from the config)\n"
+"  --accum-steps N          accumulate gradients over N micro-batches per step; the last\n"
+"                           group of an epoch steps with what it has\n"
+"  --clip-grad-norm X       clip the gradients' total 2-norm to X\n"
+"  --seed N                 seed of initialisation, shuffling, splits and dropout\n"
+"  --deterministic          deterministic kernels only\n"
+"  --workers N              data loader threads\n"
+"  --no-shuffle             keep the training set in order\n"
+"  --init-weights FILE      start from a safetensors state dict (strict: every key and shape)\n"
+"  --init-weights-nonstrict load what matches from --init-weights and list what was skipped\n"
+"  --save-weights FILE      write the final model state dict (safetensors)\n"
+"  --checkpoint PATH        save a checkpoint each epoch, at --max-steps and on Ctrl-C; a\n"
+"                           '{step}' in PATH numbers the files (see --keep)\n"
+"  --keep N                 checkpoints to keep when PATH has '{step}' (default 3)\n"
+"  --resume PATH            continue from a checkpoint (a '{step}' pattern: the latest)\n"
+"  --metrics FILE           per-epoch metrics, CSV or JSON lines (by the .jsonl extension)\n"
+"  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
+"  --predict OUT.csv        write predictions for the test set (else validation) and exit\n"
+"  --limit-batches N        at most N batches per epoch and per evaluation\n"
+"  --overfit-batches N      train and validate on the first N batches only\n"
+"  --summary                print the model summary and exit\n"
+"  --memory-summary         memory by category after the first step and at the end\n"
+"  --profile                where ops ran, time per device, bytes copied (at the end)\n"
+"  --anomaly                anomaly mode: the op that first makes a NaN/Inf is named\n"
+"  --dry-run                check the config, build everything, one forward+backward, exit\n"
+"  --list-plugins           plugins and the classes they registered\n"
+"  --help, --version\n"
+"\n"
+"Exit codes: 0 ok; 1 training failure (NaN/Inf loss, runtime error); 2 usage, config, data\n"
+"or model error; 130 interrupted by SIGINT/SIGTERM (after saving --checkpoint).\n");
+}
+
+/* ---- numbers from the command line and the config ----------------------------------------- */
+
+static bool parse_i64(const char *t, int64_t lo, int64_t hi, int64_t *out) {
+    if (!t || !*t) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(t, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_f64(const char *t, double *out) {
+    if (!t || !*t) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(t, &end);
+    if (errno || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_bool(const char *t, bool *out) {
+    static const char *yes[] = {"true", "yes", "on", "1"}, *no[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcmp(t, yes[i])) return *out = true, true;
+        if (!strcmp(t, no[i])) return *out = false, true;
+    }
+    return false;
+}
+
+static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
+    fprintf(stderr, "ember-train: %s: %s: ", em_config_node_where(n), em_config_node_path(n));
+    fprintf(stderr, fmt, a);
+    fputc('\n', stderr);
+    return EXIT_USAGE;
+}
+
+static int cfg_int(const em_config_node *n, int64_t lo, int64_t *out) {
+    const char *t = em_config_node_text(n);
+    if (!parse_i64(t, lo, INT64_MAX, out))
+        return cfg_error(n, "expected an integer >= %s", lo == 0 ? "0" : "1");
+    return 0;
+}
+
+/* "<where>: <what>: <error>", without a second location when the error already has one. */
+static void located_error(const em_config_node *n, const char *what) {
+    const char *e = em_last_error();
+    const char *file = n ? em_config_node_where(n) : NULL;
+    size_t flen = 0;
+    if (file) {
+        const char *c = strchr(file, ':');
+        flen = c ? (size_t)(c - file) : strlen(file);
+    }
+    if (!n || (flen && !strncmp(e, file, flen)))
+        fprintf(stderr, "ember-train: %s: %s\n", what, e);
+    else
+        fprintf(stderr, "ember-train: %s: %s: %s\n", em_config_node_where(n), what, e);
+}
+
+/* ---- device ------------------------------------------------------------------------------- */
+
+static int pick_device(run *r) {
+    if (!r->s.device[0]) {
+        snprintf(r->s.device, sizeof r->s.device, "%s", em_device_count("cuda") > 0 ? "cuda" : "cpu");
+    }
+    if (em_device_parse(r->s.device, &r->dev) != EM_OK) {
+        report_error("--device");
+        return EXIT_USAGE;
+    }
+    char type[32];
+    snprintf(type, sizeof type, "%s", r->s.device);
+    char *colon = strchr(type, ':');
+    if (colon) *colon = '\0';
+    int count = em_device_count(type);
+    char buf[64];
+    em_device_str(r->dev, buf, sizeof buf);
+    if (count <= 0) {
+        fprintf(stderr, "ember-train: device '%s' asked for, but no %s device is present; "
+                "loaded plugins: see --list-plugins\n", r->s.device, type);
+        return EXIT_USAGE;
+    }
+    if ((int)r->dev.index >= count) {
+        fprintf(stderr, "ember-train: device '%s' asked for, but only %d %s device%s present\n",
+                buf, count, type, count == 1 ? " is" : "s are");
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* ---- the loop section ------------------------------------------------------------------- */
+
+static int read_loop(run *r, const em_config_node *loop) {
+    static const char *const keys[] = {"epochs", "max_steps", "batch_size", "accum_steps",
+        "clip_grad_norm", "seed", "deterministic", "workers", "shuffle", "device",
+        "limit_batches", "overfit_batches", NULL};
+    if (!loop) return 0;
+    if (em_config_check_keys(loop, keys) != EM_OK) {
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    for (size_t i = 0; i < em_config_node_len(loop); i++) {
+        const char *k;
+        const em_config_node *v = em_config_node_at(loop, i, &k);
+        const char *t = em_config_node_text(v);
+        int rc = 0;
+        int64_t iv;
+        if (!t) return cfg_error(v, "expected a value%s", "");
+        if (!strcmp(k, "epochs")) rc = cfg_int(v, 0, &r->s.epochs);
+        else if (!strcmp(k, "max_steps")) rc = cfg_int(v, 0, &r->s.max_steps);
+        else if (!strcmp(k, "batch_size")) rc = cfg_int(v, 1, &r->s.batch_size);
+        else if (!strcmp(k, "accum_steps")) rc = cfg_int(v, 1, &r->s.accum_steps);
+        else if (!strcmp(k, "workers")) rc = cfg_int(v, 0, &r->s.workers);
+        else if (!strcmp(k, "limit_batches")) rc = cfg_int(v, 0, &r->s.limit_batches);
+        else if (!strcmp(k, "overfit_batches")) rc = cfg_int(v, 0, &r->s.overfit_batches);
+        else if (!strcmp(k, "seed")) {
+            if (!(rc = cfg_int(v, 0, &iv))) r->s.seed = (uint64_t)iv;
+        } else if (!strcmp(k, "clip_grad_norm")) {
+            if (!parse_f64(t, &r->s.clip_grad_norm) || r->s.clip_grad_norm < 0)
+                rc = cfg_error(v, "expected a number >= 0, found '%s'", t);
+        } else if (!strcmp(k, "deterministic")) {
+            if (!parse_bool(t, &r->s.deterministic)) rc = cfg_error(v, "expected true or false, found '%s'", t);
+        } else if (!strcmp(k, "shuffle")) {
+            if (!parse_bool(t, &r->s.shuffle)) rc = cfg_error(v, "expected true or false, found '%s'", t);
+        } else if (!strcmp(k, "device") && !r->s.device_given) {
+            snprintf(r->s.device, sizeof r->s.device, "%s", t);
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---- data ------------------------------------------------------------------------------- */
+
+static char cfg_dir[PATH_MAX];
+
+/* Collect "options" merged with a split's map into kv (pairs of strings, NULL-terminated).
+ * Relative paths are relative to the config file; --data replaces "path". */
+static int gather_options(const em_config_node *base, const em_config_node *split,
+                          em_option *kv, char (*store)[PATH_MAX], int cap) {
+    int n = 0;
+    const em_config_node *maps[2] = {base, split};
+    for (int m = 0; m < 2; m++) {
+        if (!maps[m]) continue;
+        if (em_config_node_kind(maps[m]) != EM_CONFIG_MAP)
+            return cfg_error(maps[m], "expected a map of dataset options%s", "");
+        for (size_t i = 0; i < em_config_node_len(maps[m]); i++) {
+            const char *k;
+            const em_config_node *v = em_config_node_at(maps[m], i, &k);
+            const char *t = em_config_node_text(v);
+            if (!t) return cfg_error(v, "expected a value%s", "");
+            int slot = n;
+            for (int j = 0; j < n; j++)
+                if (!strcmp(kv[j].key, k)) slot = j;
+            if (slot == n && n + 1 >= cap) return cfg_error(v, "too many options%s", "");
+            if (!strcmp(k, "path") && cli_data) {
+                snprintf(store[slot], PATH_MAX, "%s", cli_data);
+            } else if (!strcmp(k, "path") && t[0] != '/' && cfg_dir[0]) {
+                if ((size_t)snprintf(store[slot], PATH_MAX, "%.2047s/%.2047s", cfg_dir, t) >= PATH_MAX)
+                    return cfg_error(v, "path too long%s", "");
+            } else {
+                snprintf(store[slot], PATH_MAX, "%s", t);
+            }
+            kv[slot].key = k;
+            kv[slot].value = store[slot];
+            if (slot == n) n++;
+        }
+    }
+    if (cli_data) {
+        bool have = false;
+        for (int j = 0; j < n; j++) have |= !strcmp(kv[j].key, "path");
+        if (!have && n + 1 < cap) {
+            snprintf(store[n], PATH_MAX, "%s", cli_data);
+            kv[n].key = "path";
+            kv[n].value = store[n];
+            n++;
+        }
+    }
+    kv[n].key = kv[n].value = NULL;
+    return 0;
+}
+
+static int open_set(const char *cls, const em_config_node *base, const em_config_node *split,
+                    const em_config_node *at, em_dataset **out) {
+    em_option kv[33];
+    static char store[32][PATH_MAX];
+    int rc = gather_options(base, split, kv, store, 33);
+    if (rc) return rc;
+    if (!(*out = em_dataset_open(cls, kv))) {
+        fprintf(stderr, "ember-train: %s: %s: %s\n", em_config_node_where(at),
+                em_config_node_path(at), em_last_error());
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static int read_floats(const em_config_node *v, float *out, int cap, int *n) {
+    if (em_config_node_kind(v) != EM_CONFIG_LIST || (int)em_config_node_len(v) > cap)
+        return cfg_error(v, "expected a list of up to 8 numbers (one per channel)%s", "");
+    *n = (int)em_config_node_len(v);
+    for (int i = 0; i < *n; i++) {
+        double d;
+        const em_config_node *e = em_config_node_at(v, (size_t)i, NULL);
+        if (!parse_f64(em_config_node_text(e), &d)) return cfg_error(e, "expected a number%s", "");
+        out[i] = (float)d;
+    }
+    return 0;
+}
+
+static int read_transforms(run *r, const em_config_node *t) {
+    static const char *const keys[] = {"to_float", "scale", "mean", "std", "crop_padding", "hflip",
+                                       NULL};
+    if (em_config_check_keys(t, keys) != EM_OK) {
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    int nm = 0, ns = 0, rc;
+    for (size_t i = 0; i < em_config_node_len(t); i++) {
+        const char *k;
+        const em_config_node *v = em_config_node_at(t, i, &k);
+        const char *s = em_config_node_text(v);
+        int64_t iv;
+        if (!strcmp(k, "mean")) {
+            if ((rc = read_floats(v, r->tf_mean, 8, &nm))) return rc;
+        } else if (!strcmp(k, "std")) {
+            if ((rc = read_floats(v, r->tf_std, 8, &ns))) return rc;
+        } else if (!s) {
+            return cfg_error(v, "expected a value%s", "");
+        } else if (!strcmp(k, "to_float") || !strcmp(k, "hflip")) {
+            bool b;
+            if (!parse_bool(s, &b)) return cfg_error(v, "expected true or false, found '%s'", s);
+            if (k[0] == 't') r->tf.to_float = b;
+            else r->tf.hflip = b;
+        } else if (!strcmp(k, "scale")) {
+            if (!parse_f64(s, &r->tf.scale)) return cfg_error(v, "expected a number, found '%s'", s);
+        } else if (!strcmp(k, "crop_padding")) {
+            if ((rc = cfg_int(v, 0, &iv))) return rc;
+            r->tf.crop_padding = (int)iv;
+        }
+    }
+    if (nm != ns) return cfg_error(t, "mean and std need one value per channel each%s", "");
+    if (nm) {
+        r->tf.mean = r->tf_mean;
+        r->tf.std = r->tf_std;
+        r->tf.n_channels = nm;
+    }
+    return 0;
+}
+
+static int read_data(run *r, const em_config_node *d) {
+    static const char *const keys[] = {"class", "options", "train", "validation", "test",
+                                       "transforms", NULL};
+    const em_config_node *root = em_config_root(r->cfg);
+    if (!d) return cfg_error(root, "no 'data' section (dataset class, options, splits)%s", "");
+    if (em_config_check_keys(d, keys) != EM_OK) {
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    const em_config_node *cls = em_config_node_get(d, "class");
+    if (!cls || !em_config_node_text(cls))
+        return cfg_error(d, "'class' (the dataset class, e.g. mnist) is required%s", "");
+    const char *cname = em_config_node_text(cls);
+    const em_config_node *base = em_config_node_get(d, "options");
+    const em_config_node *val = em_config_node_get(d, "validation");
+    const em_config_node *test = em_config_node_get(d, "test");
+    const em_config_node *tf = em_config_node_get(d, "transforms");
+    int rc;
+    if ((rc = open_set(cname, base, em_config_node_get(d, "train"), d, &r->train_full))) return rc;
+    r->train = r->train_full;
+    if (val && em_config_node_kind(val) == EM_CONFIG_SCALAR) {
+        double f;
+        int64_t count, len = em_dataset_length(r->train_full);
+        const char *t = em_config_node_text(val);
+        if (parse_i64(t, 1, len - 1, &count)) {
+        } else if (parse_f64(t, &f) && f > 0 && f < 1) {
+            count = (int64_t)llround(f * (double)len);
+            if (count < 1) count = 1;
+        } else {
+            fprintf(stderr, "ember-train: %s: data.validation: expected a fraction in (0, 1), a "
+                    "count in [1, %lld], or a map of dataset options; found '%s'\n",
+                    em_config_node_where(val), (long long)len - 1, t);
+            return EXIT_USAGE;
+        }
+        em_dataset *parts[2];
+        int64_t lens[2] = {len - count, count};
+        if (em_random_split(r->train_full, lens, 2, r->s.seed, parts) != EM_OK) {
+            report_error("data.validation");
+            return EXIT_USAGE;
+        }
+        r->train = parts[0];
+        r->val = parts[1];
+    } else if (val) {
+        if ((rc = open_set(cname, base, val, val, &r->val))) return rc;
+    }
+    if (test && (rc = open_set(cname, base, test, test, &r->test))) return rc;
+    r->info = em_dataset_get_info(r->train);
+    if (r->info->input_dtype == EM_U8) r->tf.to_float = true;
+    if (tf && (rc = read_transforms(r, tf))) return rc;
+    return 0;
+}
+
+/* ---- optimizer, frozen parameters, scheduler -------------------------------------------- */
+
+typedef struct owner_map {
+    char paths[512][128];
+    const char *classes[512];
+    int n;
+} owner_map;
+
+static em_status collect_owner(em_module *m, const char *path, void *user) {
+    owner_map *om = user;
+    if (om->n < 512) {
+        snprintf(om->paths[om->n], sizeof om->paths[0], "%s", path);
+        om->classes[om->n++] = em_module_class_of(m)->name;
+    }
+    return EM_OK;
+}
+
+static const char *owner_class(const owner_map *om, const char *param) {
+    char p[128];
+    snprintf(p, sizeof p, "%s", param);
+    char *dot = strrchr(p, '.');
+    if (dot) *dot = '\0';
+    else p[0] = '\0';
+    for (int i = 0; i < om->n; i++)
+        if (!strcmp(om->paths[i], p)) return om->classes[i];
+    return "";
+}
+
+static bool list_has(const em_config_node *l, const char *s, bool glob) {
+    if (!l) return false;
+    if (em_config_node_kind(l) == EM_CONFIG_SCALAR) {
+        const char *t = em_config_node_text(l);
+        return glob ? fnmatch(t, s, 0) == 0 : strcmp(t, s) == 0;
+    }
+    for (size_t i = 0; i < em_config_node_len(l); i++) {
+        const char *t = em_config_node_text(em_config_node_at(l, i, NULL));
+        if (t && (glob ? fnmatch(t, s, 0) == 0 : strcmp(t, s) == 0)) return true;
+    }
+    return false;
+}
+
+static int read_frozen(run *r, const em_config_node *fz) {
+    if (!fz) return 0;
+    if (em_config_node_kind(fz) == EM_CONFIG_MAP)
+        return cfg_error(fz, "expected a list of parameter-name prefixes%s", "");
+    size_t n = em_config_node_kind(fz) == EM_CONFIG_LIST ? em_config_node_len(fz) : 1;
+    for (size_t i = 0; i < n; i++) {
+        const em_config_node *e = em_config_node_kind(fz) == EM_CONFIG_LIST
+                                      ? em_config_node_at(fz, i, NULL) : fz;
+        const char *t = em_config_node_text(e);
+        if (!t) return cfg_error(e, "expected a prefix%s", "");
+        int count = 0;
+        if (em_module_freeze(r->model, t, true, &count) != EM_OK) {
+            fprintf(stderr, "ember-train: %s: frozen: %s\n", em_config_node_where(e),
+                    em_last_error());
+            return EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+static int build_optimizer(run *r, const em_config_node *o) {
+    static const char *const group_skip[] = {"params", "classes", NULL};
+    static const char *const top_skip[] = {"class", "groups", NULL};
+    const char *cls = "SGD";
+    const em_config_node *groups = NULL;
+    if (o) {
+        if (em_config_node_kind(o) != EM_CONFIG_MAP)
+            return cfg_error(o, "expected a map: class, groups and the optimizer's options%s", "");
+        const em_config_node *c = em_config_node_get(o, "class");
+        if (c && em_config_node_text(c)) cls = em_config_node_text(c);
+        groups = em_config_node_get(o, "groups");
+    }
+    if (cli_optimizer) cls = cli_optimizer;
+    if (!em_optim_class_find(cls)) {
+        char names[512] = "";
+        size_t used = 0;
+        for (size_t i = 0; i < em_optim_class_count() && used < sizeof names; i++)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     em_optim_class_get(i)->name);
+        em_set_error(EM_ERR_NOTFOUND, "no optimizer class named '%s'; registered: %s", cls, names);
+        located_error(o, "optimizer");
+        return EXIT_USAGE;
+    }
+    em_options *defaults = em_options_new();
+    if (o && em_config_to_options(o, top_skip, defaults) != EM_OK) {
+        em_options_free(defaults);
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    if (!o && !em_options_has(defaults, "lr")) em_options_set_float(defaults, "lr", 0.01);
+    if (!isnan(cli_lr)) em_options_set_float(defaults, "lr", cli_lr);
+    if (!isnan(cli_momentum)) em_options_set_float(defaults, "momentum", cli_momentum);
+    if (!isnan(cli_wd)) em_options_set_float(defaults, "weight_decay", cli_wd);
+
+    owner_map *om = calloc(1, sizeof *om);
+    em_module_apply(r->model, collect_owner, om);
+    em_dict *all = em_module_named_parameters(r->model, true);
+    size_t ng = groups ? em_config_node_len(groups) : 0;
+    if (groups && em_config_node_kind(groups) != EM_CONFIG_LIST) {
+        free(om);
+        em_options_free(defaults);
+        em_dict_free(all);
+        return cfg_error(groups, "expected a list of groups, each with params (name patterns) "
+                         "and/or classes (module classes) and options%s", "");
+    }
+    em_dict **gd = calloc(ng + 1, sizeof *gd);
+    em_options **go = calloc(ng + 1, sizeof *go);
+    em_param_group *pg = calloc(ng + 1, sizeof *pg);
+    int rc = 0;
+    for (size_t g = 0; g <= ng; g++) gd[g] = em_dict_new();
+    for (size_t g = 0; g < ng && !rc; g++) {
+        const em_config_node *gn = em_config_node_at(groups, g, NULL);
+        if (em_config_node_kind(gn) != EM_CONFIG_MAP ||
+            (!em_config_node_get(gn, "params") && !em_config_node_get(gn, "classes"))) {
+            rc = cfg_error(gn, "a group needs 'params' (parameter-name patterns such as "
+                           "'*.bias') or 'classes' (module classes such as BatchNorm2d)%s", "");
+            break;
+        }
+        go[g] = em_options_new();
+        if (em_config_to_options(gn, group_skip, go[g]) != EM_OK) {
+            report_error(NULL);
+            rc = EXIT_USAGE;
+        }
+    }
+    /* Each parameter goes to the first group that selects it; the rest to the last group
+     * (the optimizer's defaults). */
+    for (size_t i = 0; i < em_dict_len(all) && !rc; i++) {
+        const char *name = em_dict_key(all, i);
+        size_t g = 0;
+        for (; g < ng; g++) {
+            const em_config_node *gn = em_config_node_at(groups, g, NULL);
+            if (list_has(em_config_node_get(gn, "params"), name, true) ||
+                list_has(em_config_node_get(gn, "classes"), owner_class(om, name), false))
+                break;
+        }
+        em_dict_set(gd[g], name, em_dict_value(all, i));
+    }
+    int n_pg = 0;
+    for (size_t g = 0; g < ng && !rc; g++) {
+        if (em_dict_len(gd[g]) == 0) {
+            const em_config_node *gn = em_config_node_at(groups, g, NULL);
+            char names[512] = "";
+            size_t used = 0;
+            for (size_t i = 0; i < em_dict_len(all) && used < sizeof names; i++)
+                used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+                                         i ? ", " : "", em_dict_key(all, i));
+            fprintf(stderr, "ember-train: %s: %s selects no parameter; the trainable "
+                    "parameters are: %s\n", em_config_node_where(gn), em_config_node_path(gn),
+                    names);
+            rc = EXIT_USAGE;
+            break;
+        }
+        pg[n_pg++] = (em_param_group){gd[g], go[g]};
+    }
+    if (!rc && em_dict_len(gd[ng])) pg[n_pg++] = (em_param_group){gd[ng], NULL};
+    if (!rc && n_pg == 0) {
+        fprintf(stderr, "ember-train: the model has no trainable parameters\n");
+        rc = EXIT_USAGE;
+    }
+    if (!rc && !(r->opt = em_optimizer_new_groups_defaults(cls, pg, n_pg, defaults))) {
+        located_error(o, "optimizer");
+        rc = EXIT_USAGE;
+    }
+    r->params = all;
+    for (size_t g = 0; g <= ng; g++) {
+        em_dict_free(gd[g]);
+        em_options_free(go[g]);
+    }
+    free(gd);
+    free(go);
+    free(pg);
+    free(om);
+    em_options_free(defaults);
+    return rc;
+}
+
+static int build_scheduler(run *r, const em_config_node *sc) {
+    static const char *const skip[] = {"class", "interval", NULL};
+    const char *cls = NULL, *interval = NULL;
+    if (sc) {
+        if (em_config_node_kind(sc) != EM_CONFIG_MAP)
+            return cfg_error(sc, "expected a map: class, interval (step|epoch) and options%s", "");
+        const em_config_node *c = em_config_node_get(sc, "class");
+        const em_config_node *iv = em_config_node_get(sc, "interval");
+        cls = c ? em_config_node_text(c) : NULL;
+        if (iv) {
+            interval = em_config_node_text(iv);
+            if (!interval || (strcmp(interval, "step") && strcmp(interval, "epoch")))
+                return cfg_error(iv, "interval: expected 'step' or 'epoch'%s", "");
+        }
+        if (!cls && !cli_scheduler) return cfg_error(sc, "'class' is required%s", "");
+    }
+    if (cli_scheduler) cls = cli_scheduler;
+    if (!cls) return 0;
+    const em_sched_class *k = em_sched_class_find(cls);
+    if (!k) {
+        char names[512] = "";
+        size_t used = 0;
+        for (size_t i = 0; i < em_sched_class_count() && used < sizeof names; i++)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     em_sched_class_get(i)->name);
+        em_set_error(EM_ERR_NOTFOUND, "no scheduler class named '%s'; registered: %s", cls, names);
+        located_error(sc, "scheduler");
+        return EXIT_USAGE;
+    }
+    em_options *o = em_options_new();
+    if (sc && em_config_to_options(sc, skip, o) != EM_OK) {
+        em_options_free(o);
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    r->sched = em_scheduler_new(cls, r->opt, o);
+    em_options_free(o);
+    if (!r->sched) {
+        located_error(sc, "scheduler");
+        return EXIT_USAGE;
+    }
+    r->sched_per_step = !strcmp(interval ? interval : (k->interval ? k->interval : "epoch"), "step");
+    return 0;
+}
+
+/* ---- the model fits the data: one eval-mode forward of zeros, and the loss ------------- */
+
+static const char *last_leaf_class(em_module *m) {
+    size_t n = em_module_child_count(m);
+    if (n == 0) return em_module_class_of(m)->name;
+    if (strcmp(em_module_class_of(m)->name, "Sequential")) return em_module_class_of(m)->name;
+    return last_leaf_class(em_module_child_at(m, n - 1, NULL));
+}
+
+static int check_fit(run *r) {
+    const em_dataset_info *in = r->info;
+    int64_t shape[EM_MAX_DIMS + 1] = {2};
+    for (int i = 0; i < in->input_ndim; i++) shape[i + 1] = in->input_shape[i];
+    int rc = 0;
+    em_scope_begin();
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    em_module_train(r->model, false);
+    em_tensor *x = em_zeros(in->input_ndim + 1, shape,
+                            r->tf.to_float || in->input_dtype != EM_U8 ? EM_F32 : EM_U8, r->dev);
+    em_tensor *y;
+    if (in->target_ndim == 0) {
+        y = em_zeros(1, shape, EM_I64, r->dev);
+    } else {
+        int64_t ts[EM_MAX_DIMS + 1] = {2};
+        for (int i = 0; i < in->target_ndim; i++) ts[i + 1] = in->target_shape[i];
+        y = em_zeros(in->target_ndim + 1, ts, EM_F32, r->dev);
+    }
+    em_tensor *out = em_module_forward(r->model, x);
+    char xs[128];
+    em_shape_str(in->input_ndim + 1, shape, xs, sizeof xs);
+    if (!out) {
+        fprintf(stderr, "ember-train: the model does not fit the data (input %s from %s): %s\n",
+                xs, em_dataset_name(r->train), em_last_error());
+        rc = EXIT_USAGE;
+    } else {
+        em_tensor *pair[2] = {out, y};
+        if (!em_module_forward_n(r->loss, pair, 2)) {
+            char os[128];
+            em_shape_str(em_tensor_ndim(out), em_tensor_shape(out), os, sizeof os);
+            fprintf(stderr, "ember-train: the model's output %s does not fit the loss %s and "
+                    "the targets (%s, %lld classes): %s\n", os, r->loss_class,
+                    in->target_ndim == 0 ? "class indices" : "float values",
+                    (long long)in->num_classes, em_last_error());
+            rc = EXIT_USAGE;
+        } else if (in->num_classes > 0 && em_tensor_ndim(out) == 2 &&
+                   em_tensor_shape(out)[1] != in->num_classes &&
+                   !strcmp(r->loss_class, "CrossEntropyLoss")) {
+            fprintf(stderr, "ember-train: the model gives %lld outputs per sample but the data "
+                    "has %lld classes\n", (long long)em_tensor_shape(out)[1],
+                    (long long)in->num_classes);
+            rc = EXIT_USAGE;
+        }
+    }
+    em_module_train(r->model, true);
+    em_grad_mode_pop();
+    em_scope_end();
+    if (rc) return rc;
+    const char *last = last_leaf_class(r->model);
+    if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
+        !strcmp(r->loss_class, "CrossEntropyLoss"))
+        fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
+                "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
+                "NLLLoss after LogSoftmax)\n", last, last);
+    if (in->num_classes > 0 && in->target_ndim == 0 &&
+        (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
+         !strcmp(r->loss_class, "SmoothL1Loss")))
+        fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
+                "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
+    return 0;
+}
+
+/* ---- --list-plugins ----------------------------------------------------------------------- */
+
+static void list_plugins(void) {
+    printf("plugin search path: %s\n", em_plugin_search_path());
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info pi;
+        if (em_plugin_get(i, &pi) != EM_OK) continue;
+        printf("  %-14s %-8s %s%s%s\n", pi.name ? pi.name : "?",
+               pi.status == EM_PLUGIN_LOADED ? "loaded" : "refused", pi.path,
+               pi.reason ? ": " : "", pi.reason ? pi.reason : "");
+    }
+    printf("module classes:");
+    for (size_t i = 0; i < em_module_class_count(); i++)
+        printf(" %s", em_module_class_get(i)->name);
+    printf("\noptimizers:");
+    for (size_t i = 0; i < em_optim_class_count(); i++) printf(" %s", em_optim_class_get(i)->name);
+    printf("\nschedulers:");
+    for (size_t i = 0; i < em_sched_class_count(); i++) printf(" %s", em_sched_class_get(i)->name);
+    printf("\ndataset classes:");
+    for (size_t i = 0; i < em_dataset_class_count(); i++) printf(" %s", em_dataset_class_name(i));
+    printf("\n");
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static const char *default_config(void) {
+    static char buf[PATH_MAX];
+    const char *env = getenv("EMBER_EXAMPLES_DIR");
+    const char *dirs[] = {env, "examples", EM_SRCDIR "/examples", EM_DATADIR "/examples"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        if (!dirs[i]) continue;
+        snprintf(buf, sizeof buf, "%s/digits.yaml", dirs[i]);
+        if (access(buf, R_OK) == 0) return buf;
+    }
+    return NULL;
+}
+
+static void free_run(run *r) {
+    em_scheduler_free(r->sched);
+    em_optimizer_free(r->opt);
+    em_dict_free(r->params);
+    em_module_free(r->loss);
+    em_module_free(r->model);
+    if (r->train != r->train_full) em_dataset_free(r->train);
+    em_dataset_free(r->val);
+    em_dataset_free(r->test);
+    em_dataset_free(r->train_full);
+    em_config_free(r->cfg);
+}
+
+static int setup(run *r) {
+    if (!(r->cfg = em_config_load(r->s.config_path))) {
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", r->s.config_path);
+    snprintf(cfg_dir, sizeof cfg_dir, "%s", dirname(tmp));
+    static const char *const top[] = {"model", "data", "loss", "optimizer", "scheduler", "frozen",
+                                      "loop", NULL};
+    const em_config_node *root = em_config_root(r->cfg);
+    if (em_config_check_keys(root, top) != EM_OK) {
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    return read_loop(r, em_config_node_get(root, "loop"));
+}
+
+int main(int argc, char **argv) {
+    enum { O_DATA = 256, O_DEVICE, O_EPOCHS, O_MAX_STEPS, O_BATCH, O_LR, O_OPTIM, O_MOMENTUM,
+           O_WD, O_SCHED, O_ACCUM, O_CLIP, O_SEED, O_DETERM, O_WORKERS, O_NOSHUF, O_INIT,
+           O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
+           O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
+           O_VERSION };
+    static const struct option longopts[] = {
+        {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
+        {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
+        {"optimizer", 1, 0, O_OPTIM}, {"momentum", 1, 0, O_MOMENTUM},
+        {"weight-decay", 1, 0, O_WD}, {"scheduler", 1, 0, O_SCHED},
+        {"accum-steps", 1, 0, O_ACCUM}, {"clip-grad-norm", 1, 0, O_CLIP}, {"seed", 1, 0, O_SEED},
+        {"deterministic", 0, 0, O_DETERM}, {"workers", 1, 0, O_WORKERS},
+        {"no-shuffle", 0, 0, O_NOSHUF}, {"init-weights", 1, 0, O_INIT},
+        {"init-weights-nonstrict", 0, 0, O_INIT_NS}, {"save-weights", 1, 0, O_SAVE},
+        {"checkpoint", 1, 0, O_CKPT}, {"keep", 1, 0, O_KEEP}, {"resume", 1, 0, O_RESUME},
+        {"metrics", 1, 0, O_METRICS}, {"eval-only", 0, 0, O_EVAL}, {"predict", 1, 0, O_PREDICT},
+        {"limit-batches", 1, 0, O_LIMIT}, {"overfit-batches", 1, 0, O_OVERFIT},
+        {"summary", 0, 0, O_SUMMARY}, {"memory-summary", 0, 0, O_MEMSUM},
+        {"profile", 0, 0, O_PROFILE}, {"anomaly", 0, 0, O_ANOMALY}, {"dry-run", 0, 0, O_DRY},
+        {"list-plugins", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {"version", 0, 0, O_VERSION},
+        {0, 0, 0, 0}};
+    /* -1: not given on the command line (the config or the default decides). */
+    int64_t c_epochs = -1, c_max = -1, c_batch = -1, c_accum = -1, c_workers = -1, c_limit = -1,
+            c_overfit = -1, c_seed = -1, c_keep = -1;
+    double c_clip = -1;
+    bool c_determ = false, c_noshuf = false, list = false;
+    run r;
+    memset(&r, 0, sizeof r);
+    r.s.epochs = 10;
+    r.s.batch_size = 64;
+    r.s.accum_steps = 1;
+    r.s.shuffle = true;
+    r.s.keep = EM_CHECKPOINT_KEEP_DEFAULT;
+    r.best_metric = NAN;
+    r.best_epoch = -1;
+    r.stop = &stop_flag;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        bool ok = true;
+        switch (ch) {
+        case O_DATA: cli_data = optarg; break;
+        case O_DEVICE:
+            snprintf(r.s.device, sizeof r.s.device, "%s", optarg);
+            r.s.device_given = true;
+            break;
+        case O_EPOCHS: ok = parse_i64(optarg, 0, INT32_MAX, &c_epochs); break;
+        case O_MAX_STEPS: ok = parse_i64(optarg, 0, INT64_MAX, &c_max); break;
+        case O_BATCH: ok = parse_i64(optarg, 1, INT32_MAX, &c_batch); break;
+        case O_LR: ok = parse_f64(optarg, &cli_lr) && cli_lr >= 0; break;
+        case O_OPTIM: cli_optimizer = optarg; break;
+        case O_MOMENTUM: ok = parse_f64(optarg, &cli_momentum); break;
+        case O_WD: ok = parse_f64(optarg, &cli_wd); break;
+        case O_SCHED: cli_scheduler = optarg; break;
+        case O_ACCUM: ok = parse_i64(optarg, 1, INT32_MAX, &c_accum); break;
+        case O_CLIP: ok = parse_f64(optarg, &c_clip) && c_clip > 0; break;
+        case O_SEED: ok = parse_i64(optarg, 0, INT64_MAX, &c_seed); break;
+        case O_DETERM: c_determ = true; break;
+        case O_WORKERS: ok = parse_i64(optarg, 0, 256, &c_workers); break;
+        case O_NOSHUF: c_noshuf = true; break;
+        case O_INIT: r.s.init_weights = optarg; break;
+        case O_INIT_NS: r.s.init_nonstrict = true; break;
+        case O_SAVE: r.s.save_weights = optarg; break;
+        case O_CKPT: r.s.checkpoint = optarg; break;
+        case O_KEEP: ok = parse_i64(optarg, 1, 1000000, &c_keep); break;
+        case O_RESUME: r.s.resume = optarg; break;
+        case O_METRICS: r.s.metrics = optarg; break;
+        case O_EVAL: r.s.eval_only = true; break;
+        case O_PREDICT: r.s.predict = optarg; break;
+        case O_LIMIT: ok = parse_i64(optarg, 1, INT64_MAX, &c_limit); break;
+        case O_OVERFIT: ok = parse_i64(optarg, 1, INT64_MAX, &c_overfit); break;
+        case O_SUMMARY: r.s.summary = true; break;
+        case O_MEMSUM: r.s.memory_summary = true; break;
+        case O_PROFILE: r.s.profile = true; break;
+        case O_ANOMALY: r.s.anomaly = true; break;
+        case O_DRY: r.s.dry_run = true; break;
+        case O_LIST: list = true; break;
+        case O_HELP: usage(stdout); return EXIT_OK;
+        case O_VERSION: printf("ember-train %s\n", em_version()); return EXIT_OK;
+        case ':':
+            fprintf(stderr, "ember-train: %s needs a value (see --help)\n", argv[optind - 1]);
+            return EXIT_USAGE;
+        default:
+            fprintf(stderr, "ember-train: unknown option '%s' (see --help)\n", argv[optind - 1]);
+            return EXIT_USAGE;
+        }
+        if (!ok) {
+            fprintf(stderr, "ember-train: %s: bad value '%s' (see --help)\n", argv[optind - 2 >= 0 ? optind - 2 : 0], optarg);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) r.s.config_path = argv[optind++];
+    if (optind < argc) {
+        fprintf(stderr, "ember-train: one config file expected, found also '%s'\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (r.s.init_nonstrict && !r.s.init_weights) {
+        fprintf(stderr, "ember-train: --init-weights-nonstrict needs --init-weights\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.eval_only && !r.s.init_weights && !r.s.resume) {
+        fprintf(stderr, "ember-train: --eval-only needs --init-weights or --resume\n");
+        return EXIT_USAGE;
+    }
+    if (em_init() != EM_OK) {
+        report_error("start-up");
+        return EXIT_TRAIN;
+    }
+    int rc = EXIT_OK;
+    if (list) {
+        list_plugins();
+        goto done;
+    }
+    if (!r.s.config_path && !(r.s.config_path = default_config())) {
+        fprintf(stderr, "ember-train: no CONFIG given and examples/digits.yaml not found (set "
+                "EMBER_EXAMPLES_DIR)\n");
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    if ((rc = setup(&r))) goto done;
+    /* The command line overrides the loop section. */
+    if (c_epochs >= 0) r.s.epochs = c_epochs;
+    if (c_max >= 0) r.s.max_steps = c_max;
+    if (c_batch >= 0) r.s.batch_size = c_batch;
+    if (c_accum >= 0) r.s.accum_steps = c_accum;
+    if (c_workers >= 0) r.s.workers = c_workers;
+    if (c_limit >= 0) r.s.limit_batches = c_limit;
+    if (c_overfit >= 0) r.s.overfit_batches = c_overfit;
+    if (c_seed >= 0) r.s.seed = (uint64_t)c_seed;
+    if (c_keep >= 0) r.s.keep = c_keep;
+    if (c_clip > 0) r.s.clip_grad_norm = c_clip;
+    if (c_determ) r.s.deterministic = true;
+    if (c_noshuf) r.s.shuffle = false;
+    if ((rc = pick_device(&r))) goto done;
+    char devname[64];
+    fprintf(stderr, "ember-train: config %s, device %s\n", r.s.config_path,
+            em_device_str(r.dev, devname, sizeof devname));
+    em_seed(r.s.seed);
+    em_set_deterministic(r.s.deterministic);
+    if (r.s.anomaly) em_set_anomaly(true);
+    if (r.s.profile) {
+        em_profile_enable(true);
+        em_placement_reset();
+    }
+    const em_config_node *root = em_config_root(r.cfg);
+    const em_config_node *mnode = em_config_node_get(root, "model");
+    if (!mnode) {
+        fprintf(stderr, "ember-train: %s: no 'model' section\n", r.s.config_path);
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    if (!(r.model = em_model_build(mnode))) {
+        report_error(NULL);
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    if ((rc = read_data(&r, em_config_node_get(root, "data")))) goto done;
+    if (em_module_to_device(r.model, r.dev) != EM_OK) {
+        report_error("model to device");
+        rc = EXIT_TRAIN;
+        goto done;
+    }
+    if (r.s.summary) {
+        int64_t shape[EM_MAX_DIMS + 1] = {1};
+        for (int i = 0; i < r.info->input_ndim; i++) shape[i + 1] = r.info->input_shape[i];
+        if (em_module_summary(r.model, r.info->input_ndim + 1, shape, stdout) != EM_OK) {
+            report_error("summary");
+            rc = EXIT_USAGE;
+        }
+        goto done;
+    }
+    const em_config_node *lnode = em_config_node_get(root, "loss");
+    if (lnode) r.loss = em_model_build(lnode);
+    else r.loss = em_module_new(r.info->num_classes > 0 ? "CrossEntropyLoss" : "MSELoss", NULL);
+    if (!r.loss) {
+        report_error(NULL);
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    r.loss_class = em_module_class_of(r.loss)->name;
+    if (em_module_class_of(r.loss)->n_inputs != 2) {
+        fprintf(stderr, "ember-train: %s: loss: %s is not a loss (it takes %d input%s, a loss "
+                "takes the output and the target)\n", em_config_node_where(lnode), r.loss_class,
+                em_module_class_of(r.loss)->n_inputs, em_module_class_of(r.loss)->n_inputs == 1 ? "" : "s");
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    if ((rc = check_fit(&r))) goto done;
+    if ((rc = read_frozen(&r, em_config_node_get(root, "frozen")))) goto done;
+    if ((rc = build_optimizer(&r, em_config_node_get(root, "optimizer")))) goto done;
+    if ((rc = build_scheduler(&r, em_config_node_get(root, "scheduler")))) goto done;
+    if (r.s.init_weights) {
+        em_dict *loaded = NULL, *sd = em_module_state_dict(r.model);
+        em_load_report *rep = NULL;
+        em_load_options lo = EM_LOAD_OPTIONS_INIT;
+        lo.device = r.dev;
+        em_status s = em_load(r.s.init_weights, &lo, &loaded, NULL);
+        if (s == EM_OK) s = em_dict_load_into(sd, loaded, !r.s.init_nonstrict, &rep);
+        if (s != EM_OK) {
+            fprintf(stderr, "ember-train: --init-weights %s: %s\n", r.s.init_weights, em_last_error());
+            rc = EXIT_USAGE;
+        } else if (r.s.init_nonstrict) {
+            char text[2048];
+            em_load_report_format(rep, text, sizeof text);
+            fprintf(stderr, "ember-train: --init-weights %s: loaded %zu tensors; %s\n",
+                    r.s.init_weights, em_load_report_loaded(rep), text);
+        }
+        em_load_report_free(rep);
+        em_dict_free(loaded);
+        em_dict_free(sd);
+        if (rc) goto done;
+    }
+    if (r.s.resume) {
+        if (checkpoint_load(&r, r.s.resume) != EM_OK) {
+            fprintf(stderr, "ember-train: --resume %s: %s\n", r.s.resume, em_last_error());
+            rc = EXIT_USAGE;
+            goto done;
+        }
+    }
+    if (r.s.dry_run) {
+        rc = dry_run(&r);
+        goto done;
+    }
+    if (r.s.eval_only || r.s.predict) {
+        rc = evaluate_only(&r);
+        goto done;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rc = train_loop(&r);
+done:
+    free_run(&r);
+    em_shutdown();
+    return rc;
+}

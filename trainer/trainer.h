@@ -1,0 +1,69 @@
+/*
+ * trainer.h — what ember-train's two halves share: the run's settings (config file merged
+ * with the command line), the objects built from them, and the loop's entry points.
+ *
+ *   ember-train.c  command line, config sections -> settings, building the model, data,
+ *                  loss, optimizer and scheduler; --help, --list-plugins, --summary, exit codes
+ *   loop.c         the training loop, evaluation, checkpoints, metrics, predictions, progress
+ */
+#ifndef EMBER_TRAINER_H
+#define EMBER_TRAINER_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <ember/ember.h>
+
+/* Exit codes (documented in --help and the README). */
+enum {
+    EXIT_OK = 0,
+    EXIT_TRAIN = 1,       /* a training failure: NaN/Inf loss, an op error mid-run */
+    EXIT_USAGE = 2,       /* command line, config file, data or model that does not fit */
+    EXIT_INTERRUPTED = 130, /* SIGINT/SIGTERM: stopped after the step (checkpoint saved) */
+};
+
+typedef struct settings {
+    const char *config_path;
+    char device[32];
+    bool device_given;
+    int64_t epochs, max_steps, batch_size, accum_steps, workers, limit_batches, overfit_batches;
+    int64_t keep;
+    uint64_t seed;
+    double clip_grad_norm;
+    bool deterministic, shuffle;
+    const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
+    bool init_nonstrict, eval_only, summary, memory_summary, profile, anomaly, dry_run;
+} settings;
+
+typedef struct run {
+    settings s;
+    em_device dev;
+    em_config *cfg;
+    em_module *model, *loss;
+    const char *loss_class;
+    em_dataset *train_full, *train, *val, *test;
+    em_transforms tf;
+    float tf_mean[8], tf_std[8];
+    em_optimizer *opt;
+    em_scheduler *sched;
+    bool sched_per_step;
+    em_dict *params;               /* trainable parameters (for clipping) */
+    const em_dataset_info *info;   /* of the training set */
+    /* loop state (checkpointed) */
+    int64_t epoch, batch, step;
+    double best_metric;
+    int64_t best_epoch;
+    /* set by the signal handler */
+    volatile sig_atomic_t *stop;
+} run;
+
+/* loop.c */
+int train_loop(run *r);
+int evaluate_only(run *r);
+int dry_run(run *r);
+em_status checkpoint_load(run *r, const char *path);
+void report_error(const char *what);
+
+#endif /* EMBER_TRAINER_H */
