@@ -206,7 +206,7 @@ const em_dataset_class_def *em_dataset_class_find(const char *name) {
 
 /* ---- options ------------------------------------------------------------------------------ */
 
-struct em_options {
+struct em_dataset_options {
     const em_option_def *defs;
     size_t n;
     const char **text; /* borrowed: the caller's value or the default */
@@ -295,7 +295,7 @@ static em_status parse_value(const char *cls, const em_option_def *d, const char
                         d->name);
 }
 
-static void options_free(em_options *o) {
+static void options_free(em_dataset_options *o) {
     if (!o) return;
     em__free(o->text);
     em__free(o->ints);
@@ -306,8 +306,8 @@ static void options_free(em_options *o) {
 }
 
 /* Validate the caller's options against the class's definitions. */
-static em_options *options_parse(const em_dataset_class_def *def, const em_option *given) {
-    em_options *o = em__calloc(1, sizeof *o, "dataset options");
+static em_dataset_options *options_parse(const em_dataset_class_def *def, const em_option *given) {
+    em_dataset_options *o = em__calloc(1, sizeof *o, "dataset options");
     if (!o) return NULL;
     size_t n = def->n_options;
     o->defs = def->options;
@@ -363,29 +363,29 @@ fail:
     return NULL;
 }
 
-static int option_index(const em_options *o, const char *name) {
+static int option_index(const em_dataset_options *o, const char *name) {
     for (size_t i = 0; o && name && i < o->n; i++)
         if (strcmp(o->defs[i].name, name) == 0) return (int)i;
     return -1;
 }
 
-const char *em_options_get_string(const em_options *o, const char *name) {
+const char *em_dataset_option_string(const em_dataset_options *o, const char *name) {
     int i = option_index(o, name);
     return i < 0 ? NULL : o->text[i];
 }
-int64_t em_options_get_int(const em_options *o, const char *name) {
+int64_t em_dataset_option_int(const em_dataset_options *o, const char *name) {
     int i = option_index(o, name);
     return i < 0 ? 0 : o->ints[i];
 }
-double em_options_get_float(const em_options *o, const char *name) {
+double em_dataset_option_float(const em_dataset_options *o, const char *name) {
     int i = option_index(o, name);
     return i < 0 ? 0.0 : o->floats[i];
 }
-bool em_options_get_bool(const em_options *o, const char *name) {
+bool em_dataset_option_bool(const em_dataset_options *o, const char *name) {
     int i = option_index(o, name);
     return i < 0 ? false : o->bools[i];
 }
-bool em_options_given(const em_options *o, const char *name) {
+bool em_dataset_option_given(const em_dataset_options *o, const char *name) {
     int i = option_index(o, name);
     return i < 0 ? false : o->given[i];
 }
@@ -459,7 +459,7 @@ static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
 em_dataset *em_dataset_open(const char *name, const em_option *options) {
     const em_dataset_class_def *def = em_dataset_class_find(name);
     if (!def) return NULL;
-    em_options *o = options_parse(def, options);
+    em_dataset_options *o = options_parse(def, options);
     if (!o) return NULL;
     em_dataset_info info = {.struct_size = sizeof info};
     void *state = NULL;

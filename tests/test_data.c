@@ -97,13 +97,13 @@ static void read_items(em_dataset *ds, const int64_t *idx, int64_t n, void **in,
 
 /* ---- the registry and options ------------------------------------------------------------- */
 
-static em_status toy_open(const em_options *o, em_dataset_info *info, void **state) {
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_options_get_int(o, "n"),
+static em_status toy_open(const em_dataset_options *o, em_dataset_info *info, void **state) {
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_dataset_option_int(o, "n"),
                               .input_ndim = 1, .input_shape = {1}, .input_dtype = EM_F32,
                               .target_dtype = EM_I64, .num_classes = 2};
     double *s = malloc(sizeof(double));
-    *s = em_options_get_float(o, "value") * (em_options_get_bool(o, "negate") ? -1 : 1);
-    if (strcmp(em_options_get_string(o, "mode"), "b") == 0) *s += 100;
+    *s = em_dataset_option_float(o, "value") * (em_dataset_option_bool(o, "negate") ? -1 : 1);
+    if (strcmp(em_dataset_option_string(o, "mode"), "b") == 0) *s += 100;
     *state = s;
     return EM_OK;
 }

@@ -82,9 +82,9 @@ static void cifar_close(void *state) {
     free(s);
 }
 
-static em_status cifar_open(const em_options *o, em_dataset_info *info, void **out) {
-    const char *dir = em_options_get_string(o, "path");
-    bool train = strcmp(em_options_get_string(o, "split"), "train") == 0;
+static em_status cifar_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
+    const char *dir = em_dataset_option_string(o, "path");
+    bool train = strcmp(em_dataset_option_string(o, "split"), "train") == 0;
     char *names[64];
     size_t k = 0;
     DIR *d = opendir(dir);

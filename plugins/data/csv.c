@@ -181,10 +181,10 @@ static em_status parse_columns(const char *path, const char *spec, int64_t ncols
     return EM_OK;
 }
 
-static em_status csv_open(const em_options *o, em_dataset_info *info, void **out) {
-    const char *path = em_options_get_string(o, "path");
-    const char *delim = em_options_get_string(o, "delimiter");
-    const char *hdr = em_options_get_string(o, "header");
+static em_status csv_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
+    const char *path = em_dataset_option_string(o, "path");
+    const char *delim = em_dataset_option_string(o, "delimiter");
+    const char *hdr = em_dataset_option_string(o, "header");
     char dc;
     if (strcmp(delim, "tab") == 0 || strcmp(delim, "\\t") == 0) dc = '\t';
     else if (strlen(delim) == 1 && delim[0] != '"' && delim[0] != '\n' && delim[0] != '\r') dc = delim[0];
@@ -229,16 +229,16 @@ static em_status csv_open(const em_options *o, em_dataset_info *info, void **out
     }
 
     int64_t nc = p.ncols, tcols[64], nt = 0;
-    const char *spec = em_options_get_string(o, "target_columns");
+    const char *spec = em_dataset_option_string(o, "target_columns");
     bool labels = !*spec;
     if (labels) {
-        int64_t lc = em_options_get_int(o, "label_column");
+        int64_t lc = em_dataset_option_int(o, "label_column");
         if (lc < 0) lc += nc;
         if (lc < 0 || lc >= nc) {
             free(p.cells);
             free(p.lines);
             return em_set_error(EM_ERR_INVALID, "dataset 'csv': label_column %lld is outside the "
-                                "%lld columns of %s", (long long)em_options_get_int(o, "label_column"),
+                                "%lld columns of %s", (long long)em_dataset_option_int(o, "label_column"),
                                 (long long)nc, path);
         }
         tcols[0] = lc;
@@ -270,7 +270,7 @@ static em_status csv_open(const em_options *o, em_dataset_info *info, void **out
         return em_set_error(EM_ERR_NOMEM, "csv: out of memory for %lld rows of %s",
                             (long long)p.rows, path);
     }
-    int64_t classes = em_options_get_int(o, "classes"), maxlab = 0;
+    int64_t classes = em_dataset_option_int(o, "classes"), maxlab = 0;
     for (int64_t r = 0; r < s->n; r++) {
         const double *row = p.cells + r * nc;
         int64_t k = 0;

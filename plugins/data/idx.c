@@ -81,11 +81,11 @@ static em_status idx_header(dt_file *f, int ndims, uint32_t *dims) {
     return st;
 }
 
-static em_status idx_open(const em_options *o, em_dataset_info *info, void **out) {
-    const char *dir = em_options_get_string(o, "path");
-    bool train = strcmp(em_options_get_string(o, "split"), "train") == 0;
+static em_status idx_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
+    const char *dir = em_dataset_option_string(o, "path");
+    bool train = strcmp(em_dataset_option_string(o, "split"), "train") == 0;
     const char *prefix = train ? "train-" : "t10k-";
-    int64_t classes = em_options_get_int(o, "classes");
+    int64_t classes = em_dataset_option_int(o, "classes");
     char ipath[1024], lpath[1024];
     em_status st = find_file(dir, prefix, "images", ipath, sizeof ipath);
     if (st == EM_OK) st = find_file(dir, prefix, "labels", lpath, sizeof lpath);

@@ -31,8 +31,8 @@ typedef struct syn_state {
     bool u8;
 } syn_state;
 
-static em_status syn_open(const em_options *o, em_dataset_info *info, void **out) {
-    const char *shape = em_options_get_string(o, "shape");
+static em_status syn_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
+    const char *shape = em_dataset_option_string(o, "shape");
     int64_t dims[EM_MAX_DIMS];
     int nd = 0;
     for (const char *q = shape; *q;) {
@@ -49,11 +49,11 @@ static em_status syn_open(const em_options *o, em_dataset_info *info, void **out
         return em_set_error(EM_ERR_INVALID, "dataset 'synthetic': option 'shape' is empty");
     syn_state *s = calloc(1, sizeof *s);
     if (!s) return em_set_error(EM_ERR_NOMEM, "synthetic: out of memory");
-    s->seed = (uint64_t)em_options_get_int(o, "seed");
-    s->classes = em_options_get_int(o, "classes");
-    s->u8 = strcmp(em_options_get_string(o, "dtype"), "uint8") == 0;
+    s->seed = (uint64_t)em_dataset_option_int(o, "seed");
+    s->classes = em_dataset_option_int(o, "classes");
+    s->u8 = strcmp(em_dataset_option_string(o, "dtype"), "uint8") == 0;
     s->numel = 1;
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_options_get_int(o, "length"),
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_dataset_option_int(o, "length"),
                               .input_ndim = nd, .input_dtype = s->u8 ? EM_U8 : EM_F32,
                               .target_dtype = EM_I64, .num_classes = s->classes};
     for (int d = 0; d < nd; d++) {

@@ -103,16 +103,16 @@ typedef struct em_option_def {
 
 /* The validated options handed to a class's open function (opaque; read with the getters
  * below, by option name; every option of the class has a value or its default). */
-typedef struct em_options em_options;
+typedef struct em_dataset_options em_dataset_options;
 /* The value of option `name`; NULL for a string option left unset without a default is
  * impossible (required options are checked before open is called). Getters on a name the
  * class did not declare return 0 / NULL / false. Strings stay valid during open only. */
-EM_API const char *em_options_get_string(const em_options *o, const char *name);
-EM_API int64_t em_options_get_int(const em_options *o, const char *name);
-EM_API double em_options_get_float(const em_options *o, const char *name);
-EM_API bool em_options_get_bool(const em_options *o, const char *name);
+EM_API const char *em_dataset_option_string(const em_dataset_options *o, const char *name);
+EM_API int64_t em_dataset_option_int(const em_dataset_options *o, const char *name);
+EM_API double em_dataset_option_float(const em_dataset_options *o, const char *name);
+EM_API bool em_dataset_option_bool(const em_dataset_options *o, const char *name);
 /* Whether the caller gave the option (rather than its default). */
-EM_API bool em_options_given(const em_options *o, const char *name);
+EM_API bool em_dataset_option_given(const em_dataset_options *o, const char *name);
 
 /* ---- the item layout -------------------------------------------------------------------- */
 
@@ -145,7 +145,7 @@ typedef struct em_dataset_class_def {
     /* Open an instance: validate the files, fill *info, and return the class's state in
      * *state. Errors (EM_ERR_IO, EM_ERR_FORMAT, ...) set a message naming the file, the item
      * or line and the reason. */
-    em_status (*open)(const em_options *opts, em_dataset_info *info /* out */,
+    em_status (*open)(const em_dataset_options *opts, em_dataset_info *info /* out */,
                       void **state /* out */);
     /* Read items indices[0..n) into `inputs` (n * input item bytes, item j at offset
      * j * item bytes, C order) and `targets` (likewise). Called from several threads at once
