@@ -33,6 +33,7 @@
 #include "ember/serialize.h"
 #include "ember/plugin.h"
 #include "ember/data.h"
+#include "ember/checkpoint.h"
 #include "ember/version.h"
 
 #ifdef __cplusplus
