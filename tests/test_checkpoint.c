@@ -15,6 +15,8 @@
  *   - Errors: model keys missing, unexpected and mismatched (all named, nothing copied);
  *     corrupt or missing metadata entries (named); not a checkpoint; another format version;
  *     a part the file lacks; a stray tensor; a reserved metadata key; another optimizer class.
+ *   - map_location: a checkpoint written from the CPU loads into a model and optimizer on
+ *     another device ("testdev"), everything landing on that device with the same bytes.
  *   - Keep-last-N rotation of checkpoints named by step.
  *
  * Children never call Criterion: they report through a pipe and their exit status. The
@@ -27,8 +29,11 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "serialize_common.h"
 
 TestSuite(checkpoint, .init = em_test_setup, .fini = em_test_teardown);
+/* With the testdev plugin: a second device type with its own address space (map_location). */
+TestSuite(checkpoint_dev, .init = st_setup_testdev, .fini = em_test_teardown);
 
 /* ---- a temporary directory per test --------------------------------------------------------- */
 
@@ -731,5 +736,60 @@ Test(checkpoint, rotation_keeps_last_n) {
     cr_assert_eq(em_checkpoint_load(p, &ck, NULL), EM_OK, "%s", em_last_error());
     cr_assert_eq(ck.step, 5);
     em_module_free(m);
+    remove_dir();
+}
+
+/* ---- map_location ------------------------------------------------------------------------------ */
+
+Test(checkpoint_dev, map_location_onto_the_models_device) {
+    make_dir();
+    char p[128];
+    file_path(p, sizeof p, "ck.safetensors");
+    run r;
+    build(&r, "SGD", 1, 2, 0);
+    train(&r, 1, 2); /* momentum buffers exist */
+    em_checkpoint ck = ck_of(&r);
+    cr_assert_eq(em_checkpoint_save(p, &ck, NULL), EM_OK, "%s", em_last_error());
+
+    em_device td;
+    cr_assert_eq(em_device_parse("testdev:1", &td), EM_OK, "%s", em_last_error());
+    em_module *m = make_net(5, N_HIDDEN, true);
+    cr_assert_eq(em_module_to_device(m, td), EM_OK, "%s", em_last_error());
+    em_dict *params = em_module_named_parameters(m, true);
+    em_options *o = em_options_new();
+    em_options_set_float(o, "lr", 0.2);
+    em_options_set_float(o, "momentum", 0.9);
+    em_options_set_float(o, "weight_decay", 1e-3);
+    em_optimizer *opt = em_optimizer_new("SGD", params, o);
+    em_options_free(o);
+    em_dict_free(params);
+    cr_assert(opt, "%s", em_last_error());
+
+    em_checkpoint lk = EM_CHECKPOINT_INIT;
+    lk.model = m;
+    lk.optimizer = opt;
+    cr_assert_eq(em_checkpoint_load(p, &lk, NULL), EM_OK, "%s", em_last_error());
+    em_dict *src = em_module_state_dict(r.net), *dst = em_module_state_dict(m);
+    for (size_t i = 0; i < em_dict_len(dst); i++)
+        cr_assert(em_device_equal(em_tensor_device(em_dict_value(dst, i)), td), "%s",
+                  em_dict_key(dst, i));
+    cr_assert(st_dicts_equal(src, dst), "the model on testdev:1 differs from the saved one");
+    em_dict_free(src);
+    em_dict_free(dst);
+    for (int i = 0; i < em_optimizer_param_total(opt); i++) {
+        em_tensor *a = em_optimizer_state(r.opt, i, "momentum_buffer");
+        em_tensor *b = em_optimizer_state(opt, i, "momentum_buffer");
+        cr_assert(a && b, "parameter %d has no momentum buffer", i);
+        cr_assert(em_device_equal(em_tensor_device(b), td));
+        size_t na, nb;
+        unsigned char *x = st_bytes(a, &na), *y = st_bytes(b, &nb);
+        cr_assert(na == nb && memcmp(x, y, na) == 0, "momentum buffer %d differs", i);
+        free(x);
+        free(y);
+    }
+    cr_assert_eq(em_optimizer_steps(opt), em_optimizer_steps(r.opt));
+    em_optimizer_free(opt);
+    em_module_free(m);
+    teardown(&r);
     remove_dir();
 }
