@@ -305,6 +305,7 @@ static char *slurp(const char *name, size_t *len) {
 typedef struct resume_case {
     const char *optim;
     int num_workers;
+    int resume_workers;   /* the resumed run's loader threads (batches do not depend on them) */
     int64_t stop_step;    /* where the first run saves: a step count (N_BATCHES: one epoch) */
     bool reseed_control;  /* child D: reseed the default generator after loading */
 } resume_case;
@@ -339,7 +340,7 @@ static void child_first(const void *arg) {
 static void child_resume(const void *arg) {
     const resume_case *c = arg;
     run r;
-    build(&r, c->optim, 999, 4321, c->num_workers);
+    build(&r, c->optim, 999, 4321, c->resume_workers);
     em_seed(5555); /* the default generator somewhere else entirely */
     em_checkpoint ck = ck_of(&r);
     ck.epoch = ck.step = -1;
@@ -392,12 +393,15 @@ Test(checkpoint, exact_resume_mid_epoch) {
 }
 
 Test(checkpoint, exact_resume_mid_epoch_workers_adam) {
-    exact_resume((resume_case){.optim = "Adam", .num_workers = 2, .stop_step = 4});
+    exact_resume((resume_case){.optim = "Adam", .num_workers = 2, .resume_workers = 2,
+                               .stop_step = 4});
 }
 
-/* Mid-epoch of the second epoch: the resumed loader must continue epoch 1's permutation. */
+/* Mid-epoch of the second epoch: the resumed loader must continue epoch 1's permutation;
+ * saved with one worker thread, resumed with three. */
 Test(checkpoint, exact_resume_mid_second_epoch) {
-    exact_resume((resume_case){.optim = "SGD", .num_workers = 1, .stop_step = N_BATCHES + 2});
+    exact_resume((resume_case){.optim = "SGD", .num_workers = 1, .resume_workers = 3,
+                               .stop_step = N_BATCHES + 2});
 }
 
 /* ---- round trip of every part, in one process ------------------------------------------------ */
