@@ -34,6 +34,7 @@
 #include "ember/plugin.h"
 #include "ember/data.h"
 #include "ember/config.h"
+#include "ember/checkpoint.h"
 #include "ember/version.h"
 
 #ifdef __cplusplus

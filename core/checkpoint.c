@@ -1,0 +1,472 @@
+/*
+ * checkpoint.c — em_checkpoint_save / em_checkpoint_load: a model, an optimizer, a scheduler,
+ * a DataLoader's position, the default generator and the loop state in one safetensors file
+ * (the layout is documented in ember/checkpoint.h).
+ *
+ * Saving gathers the tensors (model.*, optim.*) into one dict of live tensors and the rest into
+ * metadata, then hands both to em_save, which writes crash-safely. Loading reads the whole
+ * file with em_load onto the model's device, checks the format version, the parts asked for
+ * and every metadata entry it will need before restoring anything, then restores the parts in
+ * order (model first: em_dict_load_into checks every key and shape before copying).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "ember/checkpoint.h"
+
+#define CK_FORMAT_VERSION "1"
+
+/* Metadata keys (documented in checkpoint.h). */
+#define K_FORMAT "ember.checkpoint"
+#define K_VERSION "ember.version"
+#define K_PARTS "ember.parts"
+#define K_OPTIM "optim.param_groups"
+#define K_SCHED "sched.state"
+#define K_LOADER "loader.state"
+#define K_RNG "rng.default"
+#define K_LOOP "loop"
+#define K_CONFIG "config"
+
+static const char *const reserved_prefixes[] = {"ember.", "model.", "optim.", "sched.",
+                                                "loader.", "rng."};
+
+static bool reserved_key(const char *k) {
+    if (!strcmp(k, K_LOOP) || !strcmp(k, K_CONFIG)) return true;
+    for (size_t i = 0; i < sizeof reserved_prefixes / sizeof *reserved_prefixes; i++)
+        if (!strncmp(k, reserved_prefixes[i], strlen(reserved_prefixes[i]))) return true;
+    return false;
+}
+
+/* Re-set the current error with "checkpoint 'PATH': WHAT: " before its message (WHAT may be
+ * NULL). Returns the status. */
+static em_status prefix_error(const char *path, const char *what) {
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", em_last_error());
+    em_status st = em_last_status();
+    if (st == EM_OK) st = EM_ERR_INVALID;
+    if (what)
+        return em_set_error(st, "checkpoint '%s': %s: %s", path, what, msg);
+    return em_set_error(st, "checkpoint '%s': %s", path, msg);
+}
+
+/* Compact JSON text of root (a new string, em__free), consuming root. NULL + EM_ERR_NOMEM. */
+static char *json_take_text(json_t *root) {
+    char *s = root ? json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(root);
+    if (!s) {
+        em_set_error(EM_ERR_NOMEM, "checkpoint: out of memory writing JSON");
+        return NULL;
+    }
+    char *r = em__strdup(s, "checkpoint JSON");
+    free(s);
+    return r;
+}
+
+/* Set key to the JSON text of root (consumed). */
+static em_status meta_set_json(em_metadata *m, const char *key, json_t *root) {
+    char *text = json_take_text(root);
+    if (!text) return em_last_status();
+    em_status st = em_metadata_set(m, key, text);
+    em__free(text);
+    return st;
+}
+
+static json_t *u64_json(uint64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRIu64, v);
+    return json_string(buf);
+}
+
+static json_t *metric_json(double v) {
+    if (isnan(v)) return json_string("nan");
+    if (isinf(v)) return json_string(v > 0 ? "inf" : "-inf");
+    return json_real(v);
+}
+
+/* Add every tensor of src to dst under prefix + key. */
+static em_status add_prefixed(em_dict *dst, const em_dict *src, const char *prefix) {
+    for (size_t i = 0; i < em_dict_len(src); i++) {
+        const char *k = em_dict_key(src, i);
+        size_t n = strlen(prefix) + strlen(k) + 1;
+        char *key = em__malloc(n, "checkpoint key");
+        if (!key) return EM_ERR_NOMEM;
+        snprintf(key, n, "%s%s", prefix, k);
+        em_status st = em_dict_set(dst, key, em_dict_value(src, i));
+        em__free(key);
+        if (st != EM_OK) return st;
+    }
+    return EM_OK;
+}
+
+em_status em_checkpoint_save(const char *path, const em_checkpoint *ck,
+                             const em_metadata *metadata) {
+    if (!path || !ck)
+        return em_set_error(EM_ERR_INVALID, "checkpoint_save: NULL %s", path ? "checkpoint" : "path");
+    if (ck->struct_size != sizeof(em_checkpoint))
+        return em_set_error(EM_ERR_INVALID, "checkpoint_save: struct_size %zu is not "
+                            "sizeof(em_checkpoint) (%zu); initialise with EM_CHECKPOINT_INIT",
+                            ck->struct_size, sizeof(em_checkpoint));
+    for (size_t i = 0; metadata && i < em_metadata_len(metadata); i++)
+        if (reserved_key(em_metadata_key(metadata, i)))
+            return em_set_error(EM_ERR_INVALID, "checkpoint_save: '%s': metadata key '%s' is "
+                                "reserved for the checkpoint's own entries (\"loop\", \"config\", "
+                                "\"ember.*\", \"model.*\", \"optim.*\", \"sched.*\", \"loader.*\", "
+                                "\"rng.*\"); rename it", path, em_metadata_key(metadata, i));
+
+    em_status st = EM_OK;
+    em_dict *all = em_dict_new(), *sd = NULL, *ot = NULL;
+    em_metadata *m = em_metadata_new();
+    char *groups = NULL, *sched = NULL;
+    char parts[64] = "";
+    if (!all || !m) {
+        st = em_set_error(EM_ERR_NOMEM, "checkpoint_save: out of memory");
+        goto done;
+    }
+    if (ck->model) {
+        if (!(sd = em_module_state_dict(ck->model)) ||
+            (st = add_prefixed(all, sd, "model.")) != EM_OK) {
+            st = prefix_error(path, "model");
+            goto done;
+        }
+        strcat(parts, "model");
+    }
+    if (ck->optimizer) {
+        if ((st = em_optimizer_state_dict(ck->optimizer, &ot, &groups)) != EM_OK ||
+            (st = add_prefixed(all, ot, "optim.")) != EM_OK) {
+            st = prefix_error(path, "optimizer");
+            goto done;
+        }
+        strcat(parts, *parts ? ",optimizer" : "optimizer");
+    }
+    if (ck->scheduler) {
+        if ((st = em_scheduler_state_dict(ck->scheduler, &sched)) != EM_OK) {
+            st = prefix_error(path, "scheduler");
+            goto done;
+        }
+        strcat(parts, *parts ? ",scheduler" : "scheduler");
+    }
+    if (ck->loader) strcat(parts, *parts ? ",loader" : "loader");
+
+    if ((st = em_metadata_set(m, K_FORMAT, CK_FORMAT_VERSION)) != EM_OK ||
+        (st = em_metadata_set(m, K_VERSION, em_version())) != EM_OK ||
+        (st = em_metadata_set(m, K_PARTS, parts)) != EM_OK)
+        goto done;
+    if (groups && (st = em_metadata_set(m, K_OPTIM, groups)) != EM_OK) goto done;
+    if (sched && (st = em_metadata_set(m, K_SCHED, sched)) != EM_OK) goto done;
+    if (ck->loader) {
+        em_loader_state ls = em_loader_get_state(ck->loader);
+        json_t *j = json_object();
+        if (j) {
+            json_object_set_new(j, "seed", u64_json(ls.seed));
+            json_object_set_new(j, "epoch", json_integer(ls.epoch));
+            json_object_set_new(j, "batch", json_integer(ls.batch));
+        }
+        if ((st = meta_set_json(m, K_LOADER, j)) != EM_OK) goto done;
+    }
+    em_rng_state rs = em_generator_get_state(NULL);
+    json_t *jr = json_object();
+    if (jr) {
+        json_object_set_new(jr, "seed", u64_json(rs.seed));
+        json_object_set_new(jr, "offset", u64_json(rs.offset));
+    }
+    if ((st = meta_set_json(m, K_RNG, jr)) != EM_OK) goto done;
+    json_t *jl = json_object();
+    if (jl) {
+        json_object_set_new(jl, "epoch", json_integer(ck->epoch));
+        json_object_set_new(jl, "step", json_integer(ck->step));
+        json_object_set_new(jl, "best_metric", metric_json(ck->best_metric));
+    }
+    if ((st = meta_set_json(m, K_LOOP, jl)) != EM_OK) goto done;
+    if (ck->config && (st = em_metadata_set(m, K_CONFIG, ck->config)) != EM_OK) {
+        st = prefix_error(path, "config");
+        goto done;
+    }
+    for (size_t i = 0; metadata && i < em_metadata_len(metadata); i++)
+        if ((st = em_metadata_set(m, em_metadata_key(metadata, i),
+                                  em_metadata_value(metadata, i))) != EM_OK)
+            goto done;
+    st = em_save(all, path, m, NULL);
+done:
+    em_dict_free(all);
+    em_dict_free(sd);
+    em_dict_free(ot);
+    em_metadata_free(m);
+    em__free(groups);
+    em__free(sched);
+    return st;
+}
+
+/* ---- loading ------------------------------------------------------------------------------- */
+
+/* Whether the comma-separated list holds name. */
+static bool list_has(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
+/* A required metadata entry parsed as a JSON object; NULL with EM_ERR_FORMAT naming the key. */
+static json_t *meta_json(const em_metadata *m, const char *key, const char *path) {
+    const char *v = em_metadata_get(m, key);
+    if (!v) {
+        em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is missing", path, key);
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *j = json_loads(v, 0, &jerr);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        if (!j)
+            em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is not valid JSON "
+                         "(column %d: %s)", path, key, jerr.column, jerr.text);
+        else
+            em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is not a JSON "
+                         "object", path, key);
+        return NULL;
+    }
+    return j;
+}
+
+/* Field `name` of j (from metadata `key`) as an unsigned 64-bit decimal string. */
+static bool field_u64(const json_t *j, const char *name, uint64_t *out, const char *path,
+                      const char *key) {
+    const json_t *v = json_object_get(j, name);
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    char *end = NULL;
+    errno = 0;
+    if (s && *s >= '0' && *s <= '9') *out = strtoull(s, &end, 10);
+    if (!s || !end || *end || errno) {
+        em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s': \"%s\" is %s; "
+                     "expected an unsigned 64-bit integer as a decimal string", path, key, name,
+                     v ? "malformed" : "missing");
+        return false;
+    }
+    return true;
+}
+
+/* Field `name` of j as an integer >= 0. */
+static bool field_i64(const json_t *j, const char *name, int64_t *out, const char *path,
+                      const char *key) {
+    const json_t *v = json_object_get(j, name);
+    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+        em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s': \"%s\" is %s; "
+                     "expected an integer >= 0", path, key, name, v ? "malformed" : "missing");
+        return false;
+    }
+    *out = (int64_t)json_integer_value(v);
+    return true;
+}
+
+/* What the file holds, for the "lacks" message. */
+static void describe_parts(const char *parts, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%sthe default generator, the loop state", parts, *parts ? ", " : "");
+}
+
+em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
+                             const em_checkpoint_load_options *opt) {
+    if (!path || !ck)
+        return em_set_error(EM_ERR_INVALID, "checkpoint_load: NULL %s", path ? "checkpoint" : "path");
+    if (ck->struct_size != sizeof(em_checkpoint))
+        return em_set_error(EM_ERR_INVALID, "checkpoint_load: struct_size %zu is not "
+                            "sizeof(em_checkpoint) (%zu); initialise with EM_CHECKPOINT_INIT",
+                            ck->struct_size, sizeof(em_checkpoint));
+    if (opt && opt->struct_size != sizeof(em_checkpoint_load_options))
+        return em_set_error(EM_ERR_INVALID, "checkpoint_load: options struct_size %zu is not "
+                            "sizeof(em_checkpoint_load_options) (%zu)", opt->struct_size,
+                            sizeof(em_checkpoint_load_options));
+    ck->config_out = NULL;
+    if (opt && opt->metadata_out) *opt->metadata_out = NULL;
+
+    em_status st = EM_OK;
+    em_dict *file = NULL, *target = NULL, *model_sd = NULL, *optim_sd = NULL;
+    em_metadata *meta = NULL;
+    em_load_report *rep = NULL;
+    json_t *jloader = NULL, *jrng = NULL, *jloop = NULL;
+    char *config = NULL;
+
+    /* map_location: read onto the model's device. */
+    em_load_options lo = EM_LOAD_OPTIONS_INIT;
+    lo.device = em_cpu();
+    if (ck->model) {
+        if (!(target = em_module_state_dict(ck->model))) return prefix_error(path, "model");
+        if (em_dict_len(target)) lo.device = em_tensor_device(em_dict_value(target, 0));
+    }
+    if ((st = em_load(path, &lo, &file, &meta)) != EM_OK) {
+        st = prefix_error(path, NULL);
+        goto done;
+    }
+
+    /* The kind and version. */
+    const char *fmt = em_metadata_get(meta, K_FORMAT);
+    if (!fmt) {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': not an Ember checkpoint: its metadata "
+                          "has no '%s' entry (a plain safetensors file: read it with em_load, "
+                          "or a model's weights with em_module_load_state_dict)", path, K_FORMAT);
+        goto done;
+    }
+    if (strcmp(fmt, CK_FORMAT_VERSION) != 0) {
+        const char *by = em_metadata_get(meta, K_VERSION);
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': format version '%s' (written by Ember "
+                          "%s) is not one this Ember (%s) reads (%s)", path, fmt,
+                          by ? by : "of an unknown version", em_version(), CK_FORMAT_VERSION);
+        goto done;
+    }
+    const char *parts = em_metadata_get(meta, K_PARTS);
+    if (!parts) {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is missing", path,
+                          K_PARTS);
+        goto done;
+    }
+
+    /* The parts asked for must all be there. */
+    char lacks[160] = "";
+    const struct { const void *obj; const char *name; } want[] = {
+        {ck->model, "model"}, {ck->optimizer, "optimizer"}, {ck->scheduler, "scheduler"},
+        {ck->loader, "loader"}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        if (want[i].obj && !list_has(parts, want[i].name)) {
+            size_t len = strlen(lacks);
+            snprintf(lacks + len, sizeof lacks - len, "%s%s", len ? ", " : "", want[i].name);
+        }
+    if (*lacks) {
+        char holds[200];
+        describe_parts(parts, holds, sizeof holds);
+        st = em_set_error(EM_ERR_NOTFOUND, "checkpoint '%s' lacks the state asked for: %s (it "
+                          "holds: %s)", path, lacks, holds);
+        goto done;
+    }
+
+    /* Split the tensors; anything else is not ours. */
+    if (!(model_sd = em_dict_new()) || !(optim_sd = em_dict_new())) {
+        st = em_set_error(EM_ERR_NOMEM, "checkpoint_load: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < em_dict_len(file); i++) {
+        const char *k = em_dict_key(file, i);
+        if (!strncmp(k, "model.", 6) && k[6]) {
+            st = em_dict_set(model_sd, k + 6, em_dict_value(file, i));
+        } else if (!strncmp(k, "optim.", 6) && k[6]) {
+            st = em_dict_set(optim_sd, k + 6, em_dict_value(file, i));
+        } else {
+            st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': tensor '%s' is not part of a "
+                              "checkpoint (its tensors are model.* and optim.*)", path, k);
+        }
+        if (st != EM_OK) goto done;
+    }
+
+    /* Parse every metadata entry about to be used. */
+    em_loader_state ls = {0, 0, 0};
+    em_rng_state rs = {0, 0};
+    int64_t epoch = 0, step = 0;
+    double best = NAN;
+    if (ck->optimizer && !em_metadata_get(meta, K_OPTIM)) {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is missing", path,
+                          K_OPTIM);
+        goto done;
+    }
+    if (ck->scheduler && !em_metadata_get(meta, K_SCHED)) {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is missing", path,
+                          K_SCHED);
+        goto done;
+    }
+    if (ck->loader) {
+        if (!(jloader = meta_json(meta, K_LOADER, path)) ||
+            !field_u64(jloader, "seed", &ls.seed, path, K_LOADER) ||
+            !field_i64(jloader, "epoch", &ls.epoch, path, K_LOADER) ||
+            !field_i64(jloader, "batch", &ls.batch, path, K_LOADER)) {
+            st = em_last_status();
+            goto done;
+        }
+    }
+    if (!(jrng = meta_json(meta, K_RNG, path)) ||
+        !field_u64(jrng, "seed", &rs.seed, path, K_RNG) ||
+        !field_u64(jrng, "offset", &rs.offset, path, K_RNG) ||
+        !(jloop = meta_json(meta, K_LOOP, path)) ||
+        !field_i64(jloop, "epoch", &epoch, path, K_LOOP) ||
+        !field_i64(jloop, "step", &step, path, K_LOOP)) {
+        st = em_last_status();
+        goto done;
+    }
+    const json_t *jb = json_object_get(jloop, "best_metric");
+    if (json_is_number(jb)) {
+        best = json_number_value(jb);
+    } else if (json_is_string(jb) && (!strcmp(json_string_value(jb), "nan") ||
+                                      !strcmp(json_string_value(jb), "inf") ||
+                                      !strcmp(json_string_value(jb), "-inf"))) {
+        best = strtod(json_string_value(jb), NULL);
+    } else {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s': \"best_metric\" is "
+                          "%s; expected a number, \"inf\", \"-inf\" or \"nan\"", path, K_LOOP,
+                          jb ? "malformed" : "missing");
+        goto done;
+    }
+    const char *cfg = em_metadata_get(meta, K_CONFIG);
+    if (cfg && !(config = em__strdup(cfg, "checkpoint config"))) {
+        st = EM_ERR_NOMEM;
+        goto done;
+    }
+
+    /* Restore, model first (checked whole before any copy). */
+    if (ck->model) {
+        st = em_dict_load_into(target, model_sd, true, &rep);
+        if (st != EM_OK) {
+            if (rep) {
+                char text[900];
+                em_load_report_format(rep, text, sizeof text);
+                st = em_set_error(EM_ERR_INVALID, "checkpoint '%s': model: %s", path, text);
+            } else {
+                st = prefix_error(path, "model");
+            }
+            goto done;
+        }
+    }
+    if (ck->optimizer &&
+        (st = em_optimizer_load_state_dict(ck->optimizer, optim_sd,
+                                           em_metadata_get(meta, K_OPTIM))) != EM_OK) {
+        st = prefix_error(path, "optimizer ('" K_OPTIM "')");
+        goto done;
+    }
+    if (ck->scheduler &&
+        (st = em_scheduler_load_state_dict(ck->scheduler, em_metadata_get(meta, K_SCHED))) != EM_OK) {
+        st = prefix_error(path, "scheduler ('" K_SCHED "')");
+        goto done;
+    }
+    if (ck->loader && (st = em_loader_set_state(ck->loader, ls)) != EM_OK) {
+        st = prefix_error(path, "loader ('" K_LOADER "')");
+        goto done;
+    }
+    em_generator_set_state(NULL, rs);
+    ck->epoch = epoch;
+    ck->step = step;
+    ck->best_metric = best;
+    ck->config_out = config;
+    config = NULL;
+    if (opt && opt->metadata_out) {
+        *opt->metadata_out = meta;
+        meta = NULL;
+    }
+done:
+    em_load_report_free(rep);
+    json_decref(jloader);
+    json_decref(jrng);
+    json_decref(jloop);
+    em__free(config);
+    em_dict_free(model_sd);
+    em_dict_free(optim_sd);
+    em_dict_free(target);
+    em_dict_free(file);
+    em_metadata_free(meta);
+    return st;
+}
