@@ -175,7 +175,10 @@ int evaluate_only(run *r) {
     return EXIT_OK;
 }
 
-/* ---- checkpoints ---------------------------------------------------------------------------- */
+/* ---- checkpoints ----------------------------------------------------------------------------
+ * em_checkpoint_save/load keep the model, optimizer, scheduler, the default generator and the
+ * loop's epoch, step and best metric; the trainer adds its batch position within the epoch,
+ * its best epoch and its seed as metadata of its own ("train.*"). */
 
 static em_status meta_i64(em_metadata *m, const char *k, int64_t v) {
     char buf[32];
@@ -190,46 +193,26 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap) {
     } else {
         snprintf(path_out, cap, "%s", pattern);
     }
-    em_dict *d = em_dict_new(), *sd = em_module_state_dict(r->model), *os = NULL;
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    ck.model = r->model;
+    ck.optimizer = r->opt;
+    ck.scheduler = r->sched;
+    ck.epoch = r->epoch;
+    ck.step = r->step;
+    ck.best_metric = r->best_metric;
     em_metadata *m = em_metadata_new();
-    char *groups = NULL, *sched = NULL, key[512];
-    em_status s = d && sd && m ? EM_OK : em_last_status();
-    for (size_t i = 0; s == EM_OK && i < em_dict_len(sd); i++) {
-        snprintf(key, sizeof key, "model.%s", em_dict_key(sd, i));
-        s = em_dict_set(d, key, em_dict_value(sd, i));
-    }
-    if (s == EM_OK) s = em_optimizer_state_dict(r->opt, &os, &groups);
-    for (size_t i = 0; s == EM_OK && i < em_dict_len(os); i++) {
-        snprintf(key, sizeof key, "optim.%s", em_dict_key(os, i));
-        s = em_dict_set(d, key, em_dict_value(os, i));
-    }
-    if (s == EM_OK) s = em_metadata_set(m, "ember.optimizer", groups);
-    if (s == EM_OK && r->sched && (s = em_scheduler_state_dict(r->sched, &sched)) == EM_OK)
-        s = em_metadata_set(m, "ember.scheduler", sched);
-    em_rng_state rng = em_generator_get_state(NULL);
-    if (s == EM_OK) s = meta_i64(m, "ember.epoch", r->epoch);
-    if (s == EM_OK) s = meta_i64(m, "ember.batch", r->batch);
-    if (s == EM_OK) s = meta_i64(m, "ember.step", r->step);
-    if (s == EM_OK) s = meta_i64(m, "ember.rng_seed", (int64_t)rng.seed);
-    if (s == EM_OK) s = meta_i64(m, "ember.rng_offset", (int64_t)rng.offset);
-    if (s == EM_OK) s = meta_i64(m, "ember.seed", (int64_t)r->s.seed);
-    if (s == EM_OK) s = meta_i64(m, "ember.best_epoch", r->best_epoch);
-    char buf[64];
-    snprintf(buf, sizeof buf, "%.17g", r->best_metric);
-    if (s == EM_OK) s = em_metadata_set(m, "ember.best_metric", buf);
-    if (s == EM_OK) s = em_save(d, path_out, m, NULL);
+    em_status s = m ? EM_OK : em_last_status();
+    if (s == EM_OK) s = meta_i64(m, "train.batch", r->batch);
+    if (s == EM_OK) s = meta_i64(m, "train.best_epoch", r->best_epoch);
+    if (s == EM_OK) s = meta_i64(m, "train.seed", (int64_t)r->s.seed);
+    if (s == EM_OK) s = em_checkpoint_save(path_out, &ck, m);
     if (s == EM_OK && strstr(pattern, "{step}")) s = em_checkpoint_rotate(pattern, (int)r->s.keep, NULL);
-    em_host_free(groups);
-    em_host_free(sched);
     em_metadata_free(m);
-    em_dict_free(os);
-    em_dict_free(sd);
-    em_dict_free(d);
     return s;
 }
 
 static bool meta_get_i64(const em_metadata *m, const char *k, int64_t *v) {
-    const char *t = em_metadata_get(m, k);
+    const char *t = m ? em_metadata_get(m, k) : NULL;
     if (!t) return false;
     char *end;
     long long x = strtoll(t, &end, 10);
@@ -245,48 +228,29 @@ em_status checkpoint_load(run *r, const char *path) {
         if (em_checkpoint_latest(path, &st, latest, sizeof latest) != EM_OK) return em_last_status();
         path = latest;
     }
-    em_load_options lo = EM_LOAD_OPTIONS_INIT;
-    lo.device = r->dev;
-    em_dict *d = NULL, *model = em_dict_new(), *optim = em_dict_new(), *sd = NULL;
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    ck.model = r->model;
+    ck.optimizer = r->opt;
+    ck.scheduler = r->sched;
     em_metadata *m = NULL;
-    em_status s = em_load(path, &lo, &d, &m);
-    for (size_t i = 0; s == EM_OK && i < em_dict_len(d); i++) {
-        const char *k = em_dict_key(d, i);
-        if (!strncmp(k, "model.", 6)) s = em_dict_set(model, k + 6, em_dict_value(d, i));
-        else if (!strncmp(k, "optim.", 6)) s = em_dict_set(optim, k + 6, em_dict_value(d, i));
-        else s = em_set_error(EM_ERR_FORMAT, "not an ember-train checkpoint: unexpected key '%s'", k);
-    }
-    int64_t epoch = 0, batch = 0, step = 0, rs = 0, ro = 0, be = -1;
-    if (s == EM_OK && (!em_metadata_get(m, "ember.optimizer") || !meta_get_i64(m, "ember.epoch", &epoch) ||
-                       !meta_get_i64(m, "ember.batch", &batch) || !meta_get_i64(m, "ember.step", &step) ||
-                       !meta_get_i64(m, "ember.rng_seed", &rs) || !meta_get_i64(m, "ember.rng_offset", &ro) ||
-                       !meta_get_i64(m, "ember.best_epoch", &be)))
-        s = em_set_error(EM_ERR_FORMAT, "not an ember-train checkpoint (its metadata lacks "
-                         "ember.epoch/batch/step/optimizer/rng)");
-    if (s == EM_OK && (sd = em_module_state_dict(r->model)) == NULL) s = em_last_status();
-    if (s == EM_OK) s = em_dict_load_into(sd, model, true, NULL);
-    if (s == EM_OK) s = em_optimizer_load_state_dict(r->opt, optim, em_metadata_get(m, "ember.optimizer"));
-    if (s == EM_OK && r->sched != NULL) {
-        const char *js = em_metadata_get(m, "ember.scheduler");
-        s = js ? em_scheduler_load_state_dict(r->sched, js)
-               : em_set_error(EM_ERR_FORMAT, "the checkpoint has no scheduler state but the "
-                              "config has a scheduler");
-    }
+    em_checkpoint_load_options lo = EM_CHECKPOINT_LOAD_OPTIONS_INIT;
+    lo.metadata_out = &m;
+    em_status s = em_checkpoint_load(path, &ck, &lo);
+    em_host_free(ck.config_out);
+    int64_t batch = 0, be = -1;
+    if (s == EM_OK && (!meta_get_i64(m, "train.batch", &batch) ||
+                       !meta_get_i64(m, "train.best_epoch", &be)))
+        s = em_set_error(EM_ERR_FORMAT, "%s: not an ember-train checkpoint (its metadata lacks "
+                         "train.batch or train.best_epoch)", path);
     if (s == EM_OK) {
-        r->epoch = epoch;
+        r->epoch = ck.epoch;
         r->batch = batch;
-        r->step = step;
+        r->step = ck.step;
         r->best_epoch = be;
-        const char *bm = em_metadata_get(m, "ember.best_metric");
-        r->best_metric = bm ? strtod(bm, NULL) : NAN;
-        em_generator_set_state(NULL, (em_rng_state){(uint64_t)rs, (uint64_t)ro});
+        r->best_metric = ck.best_metric;
         fprintf(stderr, "ember-train: resumed from %s at epoch %" PRId64 ", batch %" PRId64
-                ", step %" PRId64 "\n", path, epoch + 1, batch, step);
+                ", step %" PRId64 "\n", path, ck.epoch + 1, batch, ck.step);
     }
-    em_dict_free(sd);
-    em_dict_free(model);
-    em_dict_free(optim);
-    em_dict_free(d);
     em_metadata_free(m);
     return s;
 }
