@@ -635,75 +635,22 @@ int64_t em_module_parameter_count(const em_module *m, bool trainable_only) {
     return c.count;
 }
 
-typedef struct load_ctx {
-    const em_dict *sd;
-    bool strict;
-    size_t matched;
-    char missing[512];
-} load_ctx;
-
-static em_status load_visit(int kind, const char *name, member *e, void *user) {
-    load_ctx *c = user;
-    if (kind == 1 && !e->persistent)
-        return EM_OK;
-    em_tensor *src = em_dict_get(c->sd, name);
-    if (!src) {
-        size_t len = strlen(c->missing);
-        if (len + 1 < sizeof c->missing)
-            snprintf(c->missing + len, sizeof c->missing - len, "%s\"%s\"", len ? ", " : "",
-                     name);
-        return EM_OK;
-    }
-    c->matched++;
-    if (src->ndim != e->t->ndim ||
-        memcmp(src->shape, e->t->shape, sizeof(int64_t) * (size_t)src->ndim) != 0) {
-        char a[128], b[128];
-        em_shape_str(src->ndim, src->shape, a, sizeof a);
-        em_shape_str(e->t->ndim, e->t->shape, b, sizeof b);
-        return em_set_error(EM_ERR_SHAPE, "load_state_dict: size mismatch for %s: copying a "
-                            "param with shape %s from checkpoint, the shape in current model is "
-                            "%s", name, a, b);
-    }
-    return EM_OK;
-}
-
-static em_status copy_visit(int kind, const char *name, member *e, void *user) {
-    load_ctx *c = user;
-    if (kind == 1 && !e->persistent)
-        return EM_OK;
-    em_tensor *src = em_dict_get(c->sd, name);
-    return src ? em_copy_(e->t, src) : EM_OK;
-}
-
-em_status em_module_load_state_dict(em_module *m, const em_dict *sd, bool strict) {
+em_status em_module_load_state_dict(em_module *m, const em_dict *sd, bool strict,
+                                    em_load_report **report) {
+    if (report) *report = NULL;
     if (!m || !sd)
         return em_set_error(EM_ERR_INVALID, "load_state_dict: NULL %s", m ? "dict" : "module");
-    load_ctx c = {.sd = sd, .strict = strict};
-    em_status st = walk(m, "", load_visit, &c);
-    if (st != EM_OK)
-        return st;
-    if (strict) {
-        char unexpected[512] = "";
-        size_t len = 0;
-        em_dict *own_sd = em_module_state_dict(m);
-        if (!own_sd)
-            return em_last_status();
-        for (size_t i = 0; i < em_dict_len(sd); i++) {
-            const char *k = em_dict_key(sd, i);
-            if (!em_dict_has(own_sd, k) && len + 1 < sizeof unexpected)
-                len += (size_t)snprintf(unexpected + len, sizeof unexpected - len, "%s\"%s\"",
-                                        len ? ", " : "", k);
-        }
-        em_dict_free(own_sd);
-        if (c.missing[0] || unexpected[0])
-            return em_set_error(EM_ERR_NOTFOUND, "load_state_dict: error(s) in loading state_dict "
-                                "for %s: missing key(s): %s; unexpected key(s): %s", m->cls->name,
-                                c.missing[0] ? c.missing : "none",
-                                unexpected[0] ? unexpected : "none");
+    /* The module's state dict holds its live tensors: em_dict_load_into copies into them in
+     * place, after checking every key, shape and dtype at once. */
+    em_dict *own = em_module_state_dict(m);
+    if (!own) return em_last_status();
+    em_status st = em_dict_load_into(own, sd, strict, report);
+    if (st != EM_OK && !strstr(em_last_error(), m->cls->name)) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em_set_error(st, "%s (loading the state dict of a %s)", msg, m->cls->name);
     }
-    em_grad_mode_push(EM_GRAD_DISABLED);
-    st = walk(m, "", copy_visit, &c);
-    em_grad_mode_pop();
+    em_dict_free(own);
     return st;
 }
 

@@ -37,6 +37,7 @@
 #include "ember/error.h"
 #include "ember/export.h"
 #include "ember/options.h"
+#include "ember/serialize.h"
 #include "ember/tensor.h"
 
 #ifdef __cplusplus
@@ -134,11 +135,14 @@ EM_API int64_t em_module_parameter_count(const em_module *m, bool trainable_only
 /* Parameters and persistent buffers with PyTorch's key names (a new dict of live tensors). */
 EM_API em_dict *em_module_state_dict(const em_module *m);
 /* Copy sd's tensors into the module's parameters and persistent buffers of the same key
- * (converting dtype and device as needed; not recorded by autograd). A shape difference is
- * EM_ERR_SHAPE with PyTorch's "size mismatch for 0.weight: copying a param with shape ... from
- * checkpoint, the shape in current model is ..."; strict: missing or unexpected keys are
- * EM_ERR_NOTFOUND listing both (nothing is copied then); not strict: absent keys are skipped. */
-EM_API em_status em_module_load_state_dict(em_module *m, const em_dict *sd, bool strict);
+ * (converting dtype and device as needed; not recorded by autograd) through
+ * em_dict_load_into (ember/serialize.h). Every problem is found before anything is copied:
+ * missing keys, unexpected keys, shape mismatches (and dtype conversions, which are allowed)
+ * go into *report (may be NULL; free it with em_load_report_free). strict: any missing or
+ * unexpected key or shape mismatch fails (EM_ERR_INVALID) naming all of them and copies
+ * nothing; not strict: the matching tensors load and the rest is only reported. */
+EM_API em_status em_module_load_state_dict(em_module *m, const em_dict *sd, bool strict,
+                                           em_load_report **report /* out, may be NULL */);
 
 /* Train/eval mode for the whole subtree (Dropout, BatchNorm behave differently). */
 EM_API void em_module_train(em_module *m, bool on);
