@@ -657,3 +657,71 @@ Test(autograd, amax_shares_the_grad_among_ties_like_pytorch) {
     for (int i = 0; i < 4; i++) cr_assert_float_eq(grad_at(x, i), want[i], 0);
     em_tensor_release(x);
 }
+
+/* ---- f32 backward agrees with f64 backward: losses and reductions ------------------------------- */
+
+/* Gradient of sum(fn(x)) for x converted to dt, returned as f64 (kept out of any scope). */
+static em_tensor *grad_in_dtype(em_gradcheck_fn fn, void *user, const em_tensor *x64, em_dtype dt) {
+    em_scope_begin();
+    em_tensor *x = em_detach(em_to_dtype(x64, dt));
+    em_requires_grad_(x, true);
+    em_tensor *y = fn(&x, 1, user);
+    cr_assert_not_null(y, "%s", em_last_error());
+    cr_assert_eq(em_backward(em_sum(em_to_dtype(y, EM_F64), 0, NULL, false)), EM_OK, "%s",
+                 em_last_error());
+    em_tensor *g = em_keep(em_to_dtype(em_tensor_grad(x), EM_F64));
+    em_scope_end();
+    return g;
+}
+
+static void expect_f32_matches_f64(em_gradcheck_fn fn, void *user, const em_tensor *x64,
+                                   const char *what) {
+    em_tensor *g32 = grad_in_dtype(fn, user, x64, EM_F32), *g64 = grad_in_dtype(fn, user, x64, EM_F64);
+    for (int64_t i = 0; i < em_tensor_numel(g64); i++) {
+        double a = em_test_at(g32, i), b = em_test_at(g64, i);
+        cr_assert(fabs(a - b) <= 1e-5 + 1e-4 * fabs(b), "%s: element %lld: f32 %g vs f64 %g", what,
+                  (long long)i, a, b);
+    }
+    em_tensor_release(g32);
+    em_tensor_release(g64);
+}
+
+Test(gradcheck, f32_backward_matches_f64_for_losses_and_reductions) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 4}, 70, -2, 2);
+    em_tensor *idx = em_test_tensor(EM_I64, 1, (int64_t[]){4}, (double[]){0, 2, 1, 2});
+    em_tensor *w = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){0.5, 2, 1});
+    em_tensor *real = leaf(EM_F64, 2, (int64_t[]){4, 3}, 71, -2, 2);
+    em_requires_grad_(real, false);
+    em_tensor *bin = em_test_tensor(EM_F64, 2, (int64_t[]){4, 3},
+                                    (double[]){1, 0, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0});
+    em_tensor *pw = em_test_tensor(EM_F64, 1, (int64_t[]){3}, (double[]){1.5, 0.5, 3});
+    /* The f32 run needs f32 weights and targets: one case set per dtype. */
+    for (int k = 0; k <= 6; k++) {
+        if (k == 1) continue; /* probability targets: covered by gradcheck above */
+        char what[32];
+        snprintf(what, sizeof what, "loss case %d", k);
+        em_scope_begin();
+        loss_case c32 = {k == 6 ? em_to_dtype(bin, EM_F32) : k >= 3 ? em_to_dtype(real, EM_F32) : idx,
+                         k == 0 || k == 2 ? em_to_dtype(w, EM_F32) : NULL,
+                         k == 6 ? em_to_dtype(pw, EM_F32) : NULL, k};
+        loss_case c64 = {k == 6 ? bin : k >= 3 ? real : idx, k == 0 || k == 2 ? w : NULL,
+                         k == 6 ? pw : NULL, k};
+        em_tensor *g32 = grad_in_dtype(f_loss, &c32, x, EM_F32);
+        em_tensor *g64 = grad_in_dtype(f_loss, &c64, x, EM_F64);
+        for (int64_t i = 0; i < em_tensor_numel(g64); i++) {
+            double a = em_test_at(g32, i), b = em_test_at(g64, i);
+            cr_assert(fabs(a - b) <= 1e-5 + 1e-4 * fabs(b), "%s: element %lld: f32 %g vs f64 %g",
+                      what, (long long)i, a, b);
+        }
+        em_scope_end(); /* g32, g64 were kept into this scope */
+    }
+    double vals[12] = {0.3, -1.2, 0.7, 1.9, -0.4, 1.1, -1.6, 0.5, 1.4, -0.9, 0.2, -1.3};
+    em_tensor *xr = em_test_tensor(EM_F64, 2, (int64_t[]){3, 4}, vals);
+    for (int k = 0; k <= 11; k++) {
+        char what[32];
+        snprintf(what, sizeof what, "reduction %d", k);
+        expect_f32_matches_f64(f_reductions, &k, xr, what);
+    }
+    em_tensor *all[] = {x, idx, w, real, bin, pw, xr};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
+}
