@@ -725,3 +725,53 @@ Test(gradcheck, f32_backward_matches_f64_for_losses_and_reductions) {
     em_tensor *all[] = {x, idx, w, real, bin, pw, xr};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
 }
+
+typedef struct data_case {
+    em_tensor *idx2, *idx1, *mask, *emb_idx;
+    int which;
+} data_case;
+
+/* Data-movement ops on x (3, 4), weighted by a fixed non-uniform factor so every position's
+ * grad differs. */
+static em_tensor *f_data(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    const data_case *c = user;
+    em_tensor *x = in[0];
+    em_dtype dt = em_tensor_dtype(x);
+    em_tensor *y = NULL;
+    switch (c->which) {
+    case 0: y = em_gather(x, 1, c->idx2); break;
+    case 1: y = em_scatter_add(x, 1, c->idx2, em_mul_scalar(em_gather(x, 1, c->idx2), 2)); break;
+    case 2: y = em_index_add(x, 0, c->idx1, em_narrow(x, 0, 0, 2), 1.5); break;
+    case 3: y = em_embedding(x, c->emb_idx, EM_PADDING_IDX_NONE); break; /* a padding row gets no grad by design */
+    case 4: y = em_masked_fill(x, c->mask, 0.25); break;
+    case 5: y = em_tril(x, 1); break;
+    case 6: y = em_flip(x, 2, (int[]){0, 1}); break;
+    case 7: y = em_cat(2, (const em_tensor *const[]){x, em_transpose(em_narrow(x, 1, 0, 3), 0, 1)}, 1); break;
+    case 8: y = em_pad(x, 2, (int64_t[]){1, 2}, 0.5); break;
+    default: y = em_index_select(x, 1, c->idx1); break;
+    }
+    if (!y) return NULL;
+    em_tensor *wgt = em_arange(1, 1 + (double)em_tensor_numel(y), 1, dt, em_cpu());
+    return em_mul(y, em_reshape(em_sqrt(wgt), em_tensor_ndim(y), em_tensor_shape(y)));
+}
+
+Test(gradcheck, data_movement_in_f64_and_f32_agrees_with_f64) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){3, 4}, 80, -1, 1);
+    data_case c = {
+        .idx2 = em_test_tensor(EM_I64, 2, (int64_t[]){3, 2}, (double[]){0, 3, 1, 1, 2, 0}),
+        .idx1 = em_test_tensor(EM_I64, 1, (int64_t[]){2}, (double[]){2, 0}),
+        .mask = em_test_tensor(EM_BOOL, 2, (int64_t[]){3, 4},
+                               (double[]){1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0}),
+        .emb_idx = em_test_tensor(EM_I64, 2, (int64_t[]){2, 2}, (double[]){0, 2, 1, 2}),
+    };
+    for (c.which = 0; c.which <= 9; c.which++) {
+        cr_assert_eq(em_gradcheck(f_data, 1, &x, &c, 0, 0, 0), EM_OK, "data op %d: %s", c.which,
+                     em_last_error());
+        char what[32];
+        snprintf(what, sizeof what, "data op %d", c.which);
+        expect_f32_matches_f64(f_data, &c, x, what);
+    }
+    em_tensor *all[] = {x, c.idx2, c.idx1, c.mask, c.emb_idx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
+}
