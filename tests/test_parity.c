@@ -13,176 +13,16 @@
  * the worst element and both values. The CNN runs through oneDNN's convolution (the default)
  * and through the im2col loops (EMBER_CPU_DISABLE_DNNL=1).
  */
-#include "common.h"
-
-#include <errno.h>
-#include <stdio.h>
-
-#ifndef EM_TEST_FIXTURES
-#error "EM_TEST_FIXTURES must name the tests/fixtures directory"
-#endif
+#include "fixture_bin.h"
 
 #define RTOL 1e-4
 #define ATOL 1e-6
 
-/* ---- fixture files -------------------------------------------------------------------------- */
+static fixtures *open_fixtures(void) { return fx_open("autograd", "gen_autograd.py"); }
 
-typedef struct fx_entry {
-    char name[96], file[32];
-    bool i64;
-    long offset;
-    int ndim;
-    int64_t shape[EM_MAX_DIMS];
-    int64_t numel;
-} fx_entry;
-
-typedef struct fx_file {
-    char name[32];
-    unsigned char *bytes;
-    size_t len;
-} fx_file;
-
-typedef struct fixtures {
-    fx_entry e[64];
-    int n;
-    fx_file f[4];
-    int nf;
-} fixtures;
-
-static const fx_file *fx_bytes(fixtures *fx, const char file[32]) {
-    for (int i = 0; i < fx->nf; i++)
-        if (strcmp(fx->f[i].name, file) == 0) return &fx->f[i];
-    cr_assert_lt(fx->nf, 4, "too many fixture files");
-    fx_file *b = &fx->f[fx->nf++];
-    memcpy(b->name, file, sizeof b->name); /* fx_entry.file: the same size, NUL-terminated */
-    char path[512];
-    snprintf(path, sizeof path, "%s/autograd/%s", EM_TEST_FIXTURES, file);
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s: %s (run tests/fixtures/gen_autograd.py)", path, strerror(errno));
-    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-    long len = ftell(f);
-    cr_assert_gt(len, 0, "%s is empty", path);
-    rewind(f);
-    b->bytes = malloc((size_t)len);
-    b->len = (size_t)len;
-    cr_assert_eq(fread(b->bytes, 1, b->len, f), b->len, "short read of %s", path);
-    fclose(f);
-    return b;
-}
-
-/* Reads index.txt (the binary files are read when first used). */
-static fixtures *fx_open(void) {
-    fixtures *fx = calloc(1, sizeof *fx);
-    char path[512], line[512];
-    snprintf(path, sizeof path, "%s/autograd/index.txt", EM_TEST_FIXTURES);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "cannot open %s: %s (run tests/fixtures/gen_autograd.py)", path, strerror(errno));
-    int lineno = 0;
-    while (fgets(line, sizeof line, f)) {
-        lineno++;
-        if (line[0] == '#' || line[0] == '\n') continue;
-        cr_assert_lt(fx->n, 64, "%s: too many entries", path);
-        fx_entry *e = &fx->e[fx->n++];
-        char dt[8];
-        int used = 0;
-        cr_assert_eq(sscanf(line, "%95s %31s %7s %ld %d%n", e->name, e->file, dt, &e->offset,
-                            &e->ndim, &used),
-                     5, "%s:%d: malformed line", path, lineno);
-        cr_assert(strcmp(dt, "f32") == 0 || strcmp(dt, "i64") == 0, "%s:%d: dtype %s", path,
-                  lineno, dt);
-        e->i64 = dt[0] == 'i';
-        cr_assert(e->ndim >= 0 && e->ndim <= EM_MAX_DIMS, "%s:%d: ndim %d", path, lineno,
-                  e->ndim);
-        e->numel = 1;
-        const char *p = line + used;
-        for (int i = 0; i < e->ndim; i++) {
-            int k = 0;
-            long long s;
-            cr_assert_eq(sscanf(p, "%lld%n", &s, &k), 1, "%s:%d: dim %d", path, lineno, i);
-            p += k;
-            e->shape[i] = s;
-            e->numel *= s;
-        }
-    }
-    fclose(f);
-    cr_assert_gt(fx->n, 0, "%s has no entries", path);
-    return fx;
-}
-
-static void fx_close(fixtures *fx) {
-    for (int i = 0; i < fx->nf; i++) free(fx->f[i].bytes);
-    free(fx);
-}
-
-static const fx_entry *fx_find(const fixtures *fx, const char *name) {
-    for (int i = 0; i < fx->n; i++)
-        if (strcmp(fx->e[i].name, name) == 0) return &fx->e[i];
-    cr_assert_fail("fixture %s is not in index.txt", name);
-    return NULL;
-}
-
-/* Tensor `name` as a new reference (in the innermost scope, if one is open), decoded from
- * little-endian bytes whatever the host's order. */
-static em_tensor *fx_tensor(fixtures *fx, const char *name) {
-    const fx_entry *e = fx_find(fx, name);
-    const fx_file *b = fx_bytes(fx, e->file);
-    size_t w = e->i64 ? 8 : 4;
-    cr_assert_leq((size_t)e->offset + w * (size_t)e->numel, b->len, "%s overruns %s", name,
-                  e->file);
-    const unsigned char *src = b->bytes + e->offset;
-    void *buf = malloc(w * (size_t)(e->numel ? e->numel : 1));
-    for (int64_t i = 0; i < e->numel; i++) {
-        uint64_t u = 0;
-        for (size_t k = 0; k < w; k++) u |= (uint64_t)src[i * (int64_t)w + (int64_t)k] << (8 * k);
-        if (e->i64) {
-            ((int64_t *)buf)[i] = (int64_t)u;
-        } else {
-            uint32_t u32 = (uint32_t)u;
-            memcpy((float *)buf + i, &u32, 4);
-        }
-    }
-    em_tensor *t = em_from_data(buf, e->ndim, e->shape, e->i64 ? EM_I64 : EM_F32, em_cpu());
-    free(buf);
-    cr_assert(t, "em_from_data(%s): %s", name, em_last_error());
-    return t;
-}
-
-/* ---- comparison ----------------------------------------------------------------------------- */
-
-static double *host_f64(const em_tensor *t) {
-    int64_t n = em_tensor_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    em_scope_begin();
-    em_tensor *c = em_to_dtype(t, EM_F64);
-    cr_assert(c, "%s", em_last_error());
-    cr_assert_eq(em_tensor_to_host(c, v, sizeof(double) * (size_t)n), EM_OK, "%s",
-                 em_last_error());
-    em_scope_end();
-    return v;
-}
-
-/* allclose(got, want): |got - want| <= atol + rtol |want| for every element of n (NaN never
- * passes). On failure writes the worst element (the largest excess over its tolerance) into
- * msg and returns false. */
 static bool close_all(const char *what, const double *got, const double *want, int64_t n,
                       char *msg, size_t cap) {
-    int64_t worst = -1;
-    double excess = 0, maxabs = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs(got[i] - want[i]), tol = ATOL + RTOL * fabs(want[i]);
-        if (!(d <= tol)) {
-            double x = isnan(d) ? INFINITY : d - tol;
-            if (worst < 0 || x > excess) worst = i, excess = x;
-        }
-        if (d > maxabs || isnan(d)) maxabs = d;
-    }
-    if (worst < 0) return true;
-    snprintf(msg, cap,
-             "%s: element %lld of %lld: Ember %.9g, PyTorch %.9g, |diff| %.3g > atol %g + rtol "
-             "%g * |PyTorch| (largest |diff| %.3g)",
-             what, (long long)worst, (long long)n, got[worst], want[worst],
-             fabs(got[worst] - want[worst]), ATOL, RTOL, maxabs);
-    return false;
+    return fx_close_all(what, got, want, n, RTOL, ATOL, msg, cap, NULL);
 }
 
 /* Compares Ember's tensor got with fixture `name` (same shape), or with every `stride`-th
@@ -199,7 +39,7 @@ static void expect_close(fixtures *fx, const char *name, const em_tensor *got, i
     } else {
         cr_assert_eq((em_tensor_numel(got) + stride - 1) / stride, n, "%s: sample size", name);
     }
-    double *g = host_f64(got), *w = host_f64(want);
+    double *g = fx_host_f64(got), *w = fx_host_f64(want);
     if (stride > 1)
         for (int64_t i = 0; i < n; i++) g[i] = g[i * stride];
     char msg[512];
@@ -272,7 +112,7 @@ static em_tensor *net_loss(const net *n) {
 
 /* One forward and backward; compares the loss and every parameter's grad with PyTorch's. */
 static void check_grads(const char *name) {
-    fixtures *fx = fx_open();
+    fixtures *fx = open_fixtures();
     net n = net_load(fx, name);
     em_scope_begin();
     em_tensor *loss = net_loss(&n);
@@ -292,7 +132,7 @@ static void check_grads(const char *name) {
 /* Three SGD steps (w = w - lr * grad, same batch); compares each step's loss and the
  * parameters after the last step with PyTorch's. */
 static void check_sgd(const char *name) {
-    fixtures *fx = fx_open();
+    fixtures *fx = open_fixtures();
     net n = net_load(fx, name);
     char key[128];
     snprintf(key, sizeof key, "%s.sgd.lr", name);
@@ -385,11 +225,11 @@ Test(parity, cnn_three_sgd_steps_im2col) {
 /* The comparison can fail: a grad off by 2e-4 relative in one element, or a NaN, is reported
  * with its index and both values. */
 Test(parity, comparison_rejects_a_perturbed_element) {
-    fixtures *fx = fx_open();
+    fixtures *fx = open_fixtures();
     em_scope_begin();
     em_tensor *g = fx_tensor(fx, "mlp.grad.fc2.weight");
     int64_t n = em_tensor_numel(g);
-    double *want = host_f64(g), *got = host_f64(g);
+    double *want = fx_host_f64(g), *got = fx_host_f64(g);
     char msg[512] = "";
     cr_assert(close_all("same", got, want, n, msg, sizeof msg), "%s", msg);
     int64_t k = 0;
