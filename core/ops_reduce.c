@@ -349,7 +349,7 @@ static em_tensor *arg_extreme(const em_op *op, const char *who, const em_tensor 
                               const int *dim, bool keepdim) {
     if (!em__check_inputs(who, &a, 1)) return NULL;
     if (a->dtype == EM_BOOL) {
-        em_set_error(EM_ERR_DTYPE, "%s: not implemented for bool tensors; convert to an "
+        em_set_error(EM_ERR_DTYPE, "%s: bool tensors have no order (as in PyTorch); convert to an "
                      "integer dtype first", who);
         return NULL;
     }
