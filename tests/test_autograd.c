@@ -775,3 +775,23 @@ Test(gradcheck, data_movement_in_f64_and_f32_agrees_with_f64) {
     em_tensor *all[] = {x, c.idx2, c.idx1, c.mask, c.emb_idx};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
 }
+
+/* linear and addmm with fixed weights: the input's f32 grad against its f64 grad. */
+static em_tensor *f_linear_x(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    em_tensor *const *p = user; /* w, b, c in f64; converted to the input's dtype */
+    em_dtype dt = em_tensor_dtype(in[0]);
+    em_tensor *all[4] = {in[0], em_to_dtype(p[0], dt), em_to_dtype(p[1], dt), em_to_dtype(p[2], dt)};
+    return f_linear(all, 4, NULL);
+}
+
+Test(gradcheck, f32_backward_matches_f64_for_linear_and_addmm) {
+    em_tensor *x = leaf(EM_F64, 3, (int64_t[]){2, 3, 4}, 90, -1, 1);
+    em_tensor *p[3] = {leaf(EM_F64, 2, (int64_t[]){5, 4}, 91, -1, 1),
+                       leaf(EM_F64, 1, (int64_t[]){5}, 92, -1, 1),
+                       leaf(EM_F64, 1, (int64_t[]){4}, 93, -1, 1)};
+    for (int i = 0; i < 3; i++) em_requires_grad_(p[i], false);
+    expect_f32_matches_f64(f_linear_x, p, x, "linear + addmm");
+    em_tensor_release(x);
+    for (int i = 0; i < 3; i++) em_tensor_release(p[i]);
+}
