@@ -53,6 +53,52 @@ static inline double em_test_at(const em_tensor *t, int64_t i) {
     return v;
 }
 
+/* Every dtype, for tests that loop over them. */
+static const em_dtype em_test_all_dtypes[] = {EM_F32, EM_F64, EM_F16, EM_BF16,
+                                              EM_I32, EM_I64, EM_U8,  EM_BOOL};
+#define EM_TEST_N_DTYPES ((int)(sizeof em_test_all_dtypes / sizeof em_test_all_dtypes[0]))
+
+/* v rounded once to dtype dt, as a double (integers wrap like C casts, bool is v != 0): the
+ * reference for a value stored in dt. */
+static inline double em_test_round_to(em_dtype dt, double v) {
+    switch (dt) {
+    case EM_F32: return (float)v;
+    case EM_F64: return v;
+    case EM_F16: return em_f16_to_f32(em_f32_to_f16((float)v));
+    case EM_BF16: return em_bf16_to_f32(em_f32_to_bf16((float)v));
+    case EM_I32: return (int32_t)(uint32_t)(int64_t)v;
+    case EM_I64: return (double)(int64_t)v;
+    case EM_U8: return (uint8_t)(int64_t)v;
+    case EM_BOOL: return v != 0;
+    default: cr_assert_fail("bad dtype");
+    }
+    return 0;
+}
+
+/* Test value number i of stream `seed` for dtype dt: small dyadic floats (exact in f16 and
+ * bf16, never 0), small integers (negative too), or bools. */
+static inline double em_test_gen(em_dtype dt, int64_t i, int seed) {
+    int64_t k = (i * 37 + seed * 11 + 5) % 23;
+    if (em_dtype_is_floating(dt)) return (double)(k - 11) * 0.25 + 0.125;
+    if (dt == EM_BOOL) return k % 3 == 0;
+    if (dt == EM_U8) return (double)k;
+    return (double)(k - 11);
+}
+
+/* All of t's elements (C order) as a new malloc'ed array of doubles (free it). Works inside
+ * or outside a scope. */
+static inline double *em_test_values(const em_tensor *t) {
+    int64_t n = em_tensor_numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *d = em_to_dtype(t, EM_F64);
+    cr_assert(d, "to_dtype: %s", em_last_error());
+    cr_assert_eq(em_tensor_to_host(d, v, sizeof(double) * (size_t)n), EM_OK, "%s",
+                 em_last_error());
+    cr_assert_eq(em_scope_end(), EM_OK);
+    return v;
+}
+
 /* The last error contains `needle`. */
 #define em_assert_error(status, needle)                                                        \
     do {                                                                                       \

@@ -28,37 +28,10 @@ TestSuite(matmul, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(create, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(deterministic, .init = em_test_setup, .fini = em_test_teardown);
 
-static const em_dtype all_dtypes[] = {EM_F32, EM_F64, EM_F16, EM_BF16,
-                                      EM_I32, EM_I64, EM_U8,  EM_BOOL};
-#define N_DTYPES ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
 
 /* ---- references ------------------------------------------------------------------------------ */
 
-/* v rounded once to dtype dt, as a double (integers wrap like C casts, bool is v != 0). */
-static double round_to(em_dtype dt, double v) {
-    switch (dt) {
-    case EM_F32: return (float)v;
-    case EM_F64: return v;
-    case EM_F16: return em_f16_to_f32(em_f32_to_f16((float)v));
-    case EM_BF16: return em_bf16_to_f32(em_f32_to_bf16((float)v));
-    case EM_I32: return (int32_t)(int64_t)v;
-    case EM_I64: return (double)(int64_t)v;
-    case EM_U8: return (uint8_t)(int64_t)v;
-    case EM_BOOL: return v != 0;
-    default: cr_assert_fail("bad dtype");
-    }
-    return 0;
-}
 
-/* Test value number i of stream `seed` for dtype dt: small dyadic floats (exact in f16 and
- * bf16, never 0), small integers, or bools. */
-static double gen(em_dtype dt, int64_t i, int seed) {
-    int64_t k = (i * 37 + seed * 11 + 5) % 23;
-    if (em_dtype_is_floating(dt)) return (double)(k - 11) * 0.25 + 0.125;
-    if (dt == EM_BOOL) return k % 3 == 0;
-    if (dt == EM_U8) return (double)k;
-    return (double)(k - 11);
-}
 
 /* Relative tolerance of a transcendental result in dtype dt. */
 static double ulp_tol(em_dtype dt) {
@@ -71,17 +44,6 @@ static double ulp_tol(em_dtype dt) {
     }
 }
 
-/* All elements of t in C order as doubles (through to_dtype + to_host); free it. */
-static double *values(const em_tensor *t) {
-    int64_t n = em_tensor_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    em_tensor *d = em_to_dtype(t, EM_F64);
-    cr_assert(d, "to_dtype: %s", em_last_error());
-    cr_assert_eq(em_tensor_to_host(d, v, sizeof(double) * (size_t)n), EM_OK, "%s",
-                 em_last_error());
-    em_tensor_release(d);
-    return v;
-}
 
 /* got (a tensor) equals want (n values in C order) within rtol; NaN matches NaN. */
 static void expect_values(const em_tensor *got, const double *want, int64_t n, double rtol,
@@ -89,7 +51,7 @@ static void expect_values(const em_tensor *got, const double *want, int64_t n, d
     cr_assert(got, "%s: %s", what, em_last_error());
     cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
                  (long long)em_tensor_numel(got), (long long)n);
-    double *g = values(got);
+    double *g = em_test_values(got);
     for (int64_t i = 0; i < n; i++) {
         bool ok = g[i] == want[i] || (isnan(g[i]) && isnan(want[i])) ||
                   fabs(g[i] - want[i]) <= rtol * fabs(want[i]);
@@ -192,7 +154,7 @@ static double ref_binop(binop op, em_dtype rt, double x, double y) {
     case MUL: v = rt == EM_BOOL ? (x != 0 && y != 0) : x * y; break;
     default: v = x / y; break;
     }
-    return round_to(rt, v);
+    return em_test_round_to(rt, v);
 }
 
 /* The dtype of a op b for two tensors of dtype dt: div of integers and bools is float32. */
@@ -204,8 +166,8 @@ static void check_binop_layouts(binop op, em_dtype dt, layout la, layout lb) {
     enum { R = 3, C = 5 };
     double A[R * C], Bv[R * C], want[R * C];
     for (int i = 0; i < R * C; i++) {
-        A[i] = gen(dt, la == EXPANDED ? i % C : i, 1);
-        Bv[i] = gen(dt, lb == EXPANDED ? i % C : i, 2);
+        A[i] = em_test_gen(dt, la == EXPANDED ? i % C : i, 1);
+        Bv[i] = em_test_gen(dt, lb == EXPANDED ? i % C : i, 2);
         if (op == DIV && Bv[i] == 0) Bv[i] = 1; /* gen's integers may be 0 */
     }
     em_dtype rt = binop_dtype(op, dt);
@@ -229,8 +191,8 @@ static const layout layout_pairs[][2] = {{CONTIG, CONTIG},     {TRANSPOSED, CONT
                                          {TRANSPOSED, TRANSPOSED}};
 
 static void check_binop_all(binop op) {
-    for (int k = 0; k < N_DTYPES; k++) {
-        em_dtype dt = all_dtypes[k];
+    for (int k = 0; k < EM_TEST_N_DTYPES; k++) {
+        em_dtype dt = em_test_all_dtypes[k];
         if (dt == EM_BOOL && (op == SUB || op == DIV)) continue; /* see bool_sub_is_an_error */
         for (size_t p = 0; p < sizeof layout_pairs / sizeof layout_pairs[0]; p++)
             check_binop_layouts(op, dt, layout_pairs[p][0], layout_pairs[p][1]);
@@ -252,8 +214,8 @@ Test(binary, bool_sub_is_an_error) {
 }
 
 Test(binary, zero_size) {
-    for (int k = 0; k < N_DTYPES; k++) {
-        em_dtype dt = all_dtypes[k];
+    for (int k = 0; k < EM_TEST_N_DTYPES; k++) {
+        em_dtype dt = em_test_all_dtypes[k];
         em_tensor *a = em_ones(2, (const int64_t[]){0, 5}, dt, em_cpu());
         em_tensor *b = em_ones(1, (const int64_t[]){5}, dt, em_cpu());
         em_tensor *c = em_ones(2, (const int64_t[]){3, 1}, dt, em_cpu());
@@ -375,7 +337,7 @@ Test(binary, type_promotion_like_pytorch) {
         cr_expect_eq(em_tensor_dtype(y), c->want, "%s is %s, want %s", what,
                      em_dtype_name(em_tensor_dtype(y)), em_dtype_name(c->want));
         double want[3];
-        for (int i = 0; i < 3; i++) want[i] = round_to(c->want, c->y[i]);
+        for (int i = 0; i < 3; i++) want[i] = em_test_round_to(c->want, c->y[i]);
         expect_values(y, want, c->a_dims || c->b_dims ? 3 : 1, 0, what);
         RELEASE(y, b, a);
     }
@@ -401,8 +363,8 @@ Test(binary, bool_add_is_logical_or_in_bytes) {
 static void check_inplace(binop op, em_dtype dt, layout la) {
     enum { R = 3, C = 4 };
     double A[R * C], Bv[C], want[R * C];
-    for (int i = 0; i < R * C; i++) A[i] = gen(dt, i, 3);
-    for (int j = 0; j < C; j++) Bv[j] = gen(dt, j, 4) == 0 ? 1 : gen(dt, j, 4);
+    for (int i = 0; i < R * C; i++) A[i] = em_test_gen(dt, i, 3);
+    for (int j = 0; j < C; j++) Bv[j] = em_test_gen(dt, j, 4) == 0 ? 1 : em_test_gen(dt, j, 4);
     for (int i = 0; i < R * C; i++) want[i] = ref_binop(op, dt, A[i], Bv[i % C]);
     em_tensor *a = logical(dt, la, R, C, A);
     em_tensor *b = em_test_tensor(dt, 1, (const int64_t[]){C}, Bv);
@@ -417,9 +379,9 @@ static void check_inplace(binop op, em_dtype dt, layout la) {
 }
 
 Test(binary, in_place_every_dtype_and_layout) {
-    for (int k = 0; k < N_DTYPES; k++)
+    for (int k = 0; k < EM_TEST_N_DTYPES; k++)
         for (int op = ADD; op <= DIV; op++) {
-            em_dtype dt = all_dtypes[k];
+            em_dtype dt = em_test_all_dtypes[k];
             if ((op == DIV && !em_dtype_is_floating(dt)) || (op == SUB && dt == EM_BOOL))
                 continue; /* errors: see in_place_dtype_errors */
             for (layout la = CONTIG; la < EXPANDED; la++) check_inplace((binop)op, dt, la);
@@ -467,7 +429,7 @@ Test(binary, in_place_computes_in_the_promoted_dtype) {
     em_tensor *h = em_full(1, (const int64_t[]){2}, -60000, EM_F16, em_cpu());
     em_tensor *bf = em_full(1, (const int64_t[]){2}, 70144, EM_BF16, em_cpu());
     cr_assert_eq(em_add_(h, bf), EM_OK, "%s", em_last_error());
-    expect_values(h, (const double[]){round_to(EM_F16, -60000.0 + 70144), 10144}, 2, 0,
+    expect_values(h, (const double[]){em_test_round_to(EM_F16, -60000.0 + 70144), 10144}, 2, 0,
                   "f16 += bf16");
     /* f32 += f64: 1 + (2^-24 + 2^-50) is just above a tie in f32; rounding b to f32 first
      * would land on the tie and round to even (1.0) */
@@ -534,10 +496,10 @@ static em_dtype unop_dtype(unop op, em_dtype dt) {
 
 static double ref_unop(unop op, em_dtype rt, double x) {
     switch (op) {
-    case NEG: return round_to(rt, -x);
-    case EXP: return round_to(rt, exp(x));
-    case LOG: return round_to(rt, log(x)); /* NaN below 0, -inf at 0 */
-    default: return round_to(rt, x > 0 ? x : 0);
+    case NEG: return em_test_round_to(rt, -x);
+    case EXP: return em_test_round_to(rt, exp(x));
+    case LOG: return em_test_round_to(rt, log(x)); /* NaN below 0, -inf at 0 */
+    default: return em_test_round_to(rt, x > 0 ? x : 0);
     }
 }
 
@@ -546,7 +508,7 @@ static void check_unop(unop op, em_dtype dt, layout la) {
     double A[R * C], want[R * C];
     em_dtype rt = unop_dtype(op, dt);
     for (int i = 0; i < R * C; i++) {
-        A[i] = gen(dt, la == EXPANDED ? i % C : i, 5);
+        A[i] = em_test_gen(dt, la == EXPANDED ? i % C : i, 5);
         want[i] = ref_unop(op, rt, A[i]);
     }
     em_tensor *a = logical(dt, la, R, C, A), *y = call_unop(op, a);
@@ -559,9 +521,9 @@ static void check_unop(unop op, em_dtype dt, layout la) {
 }
 
 static void check_unop_all(unop op) {
-    for (int k = 0; k < N_DTYPES; k++) {
-        if (all_dtypes[k] == EM_BOOL && (op == NEG || op == RELU)) continue;
-        for (layout la = CONTIG; la < N_LAYOUTS; la++) check_unop(op, all_dtypes[k], la);
+    for (int k = 0; k < EM_TEST_N_DTYPES; k++) {
+        if (em_test_all_dtypes[k] == EM_BOOL && (op == NEG || op == RELU)) continue;
+        for (layout la = CONTIG; la < N_LAYOUTS; la++) check_unop(op, em_test_all_dtypes[k], la);
     }
 }
 
@@ -675,11 +637,11 @@ static int sum_shape(const sum_case *c, bool keepdim, int64_t *shape) {
 
 static void check_sum(em_dtype dt, layout la, const sum_case *c, bool keepdim, bool mean) {
     double L[60], want[60];
-    for (int i = 0; i < 60; i++) L[i] = gen(dt, i, 6);
+    for (int i = 0; i < 60; i++) L[i] = em_test_gen(dt, i, 6);
     int64_t n = ref_sum(L, c->red, want), count = 60 / n;
     em_dtype rt = em_dtype_is_floating(dt) ? dt : EM_I64;
     for (int64_t o = 0; o < n; o++)
-        want[o] = round_to(rt, mean ? want[o] / (double)count : want[o]);
+        want[o] = em_test_round_to(rt, mean ? want[o] / (double)count : want[o]);
     em_tensor *a = logical3(dt, la, L);
     em_tensor *y = mean ? em_mean(a, c->ndims, c->dims, keepdim)
                         : em_sum(a, c->ndims, c->dims, keepdim);
@@ -696,11 +658,11 @@ static void check_sum(em_dtype dt, layout la, const sum_case *c, bool keepdim, b
 }
 
 Test(reduce, sum_every_dtype_layout_and_dims) {
-    for (int k = 0; k < N_DTYPES; k++)
+    for (int k = 0; k < EM_TEST_N_DTYPES; k++)
         for (layout la = CONTIG; la <= SLICED; la++)
             for (size_t c = 0; c < sizeof sum_cases / sizeof sum_cases[0]; c++) {
-                check_sum(all_dtypes[k], la, &sum_cases[c], false, false);
-                check_sum(all_dtypes[k], la, &sum_cases[c], true, false);
+                check_sum(em_test_all_dtypes[k], la, &sum_cases[c], false, false);
+                check_sum(em_test_all_dtypes[k], la, &sum_cases[c], true, false);
             }
 }
 
@@ -800,7 +762,7 @@ Test(reduce, f32_sum_of_a_million_is_accurate) {
     /* strided: every other element of 2e6 */
     double want2 = 0;
     em_tensor *u = random_f32(2000000, 8, NULL), *v = em_slice(u, 0, 0, 2000000, 2);
-    double *uv = values(v);
+    double *uv = em_test_values(v);
     for (int64_t i = 0; i < 1000000; i++) want2 += uv[i];
     free(uv);
     em_tensor *sv = em_sum(v, 0, NULL, false);
@@ -812,10 +774,10 @@ Test(reduce, f32_sum_of_a_million_is_accurate) {
     em_tensor *rs = em_sum(r, 1, (const int[]){1}, false);
     em_tensor *cs = em_sum(c, 1, (const int[]){0}, false);
     cr_assert(rs && cs, "%s", em_last_error());
-    double *uu = values(u), wr[2] = {0, 0}, wc[2] = {0, 0};
+    double *uu = em_test_values(u), wr[2] = {0, 0}, wc[2] = {0, 0};
     for (int64_t i = 0; i < 2000000; i++) wr[i / 1000000] += uu[i], wc[i % 2] += uu[i];
     free(uu);
-    double *gr = values(rs), *gc = values(cs);
+    double *gr = em_test_values(rs), *gc = em_test_values(cs);
     for (int k = 0; k < 2; k++) {
         expect_rel(gr[k], wr[k], 1e-6, "row sum of 1e6");
         expect_rel(gc[k], wc[k], 1e-6, "column sum of 1e6");
@@ -926,7 +888,7 @@ Test(matmul, random_values_f32) {
     em_tensor *a = logical(EM_F32, TRANSPOSED, M, K, A), *b = logical(EM_F32, SLICED, K, N, Bv);
     em_tensor *y = em_matmul(a, b);
     cr_assert(y, "%s", em_last_error());
-    double *g = values(y);
+    double *g = em_test_values(y);
     for (int i = 0; i < M * N; i++)
         cr_expect(fabs(g[i] - want[i]) <= 1e-5 * mag[i], "element %d: %.9g, want %.9g", i, g[i],
                   want[i]);
@@ -1035,18 +997,18 @@ Test(matmul_copies, transposed_operands_are_not_copied_sliced_ones_are) {
 /* ---- fill_ and arange ------------------------------------------------------------------------ */
 
 Test(create, fill_every_dtype_through_a_strided_view) {
-    for (int k = 0; k < N_DTYPES; k++) {
-        em_dtype dt = all_dtypes[k];
+    for (int k = 0; k < EM_TEST_N_DTYPES; k++) {
+        em_dtype dt = em_test_all_dtypes[k];
         em_tensor *base = em_zeros(2, (const int64_t[]){3, 8}, dt, em_cpu());
         em_tensor *v = em_slice(base, 1, 1, 8, 3); /* columns 1, 4, 7 */
         uint64_t ver = em_tensor_version(base);
         cr_assert_eq(em_fill_(v, -3.7), EM_OK, "%s", em_last_error());
         cr_expect_gt(em_tensor_version(base), ver);
-        double fillv = em_dtype_is_floating(dt) ? round_to(dt, -3.7)
+        double fillv = em_dtype_is_floating(dt) ? em_test_round_to(dt, -3.7)
                        : dt == EM_BOOL        ? 1
                        : dt == EM_U8          ? -1 /* not specified: skipped below */
                                               : -3; /* truncation toward zero */
-        double *g = values(base);
+        double *g = em_test_values(base);
         for (int i = 0; i < 24; i++) {
             bool in = i % 8 % 3 == 1;
             if (in && dt == EM_U8) continue;
@@ -1054,7 +1016,7 @@ Test(create, fill_every_dtype_through_a_strided_view) {
         }
         free(g);
         cr_assert_eq(em_fill_(base, 2.5), EM_OK);
-        g = values(base);
+        g = em_test_values(base);
         for (int i = 0; i < 24; i++)
             cr_expect_eq(g[i], em_dtype_is_floating(dt) ? 2.5 : dt == EM_BOOL ? 1 : 2);
         free(g);
@@ -1072,7 +1034,7 @@ static void check_arange(double start, double end, double step, em_dtype dt) {
     int64_t n = (int64_t)ceil((end - start) / step);
     double want[64];
     cr_assert_leq(n, 64);
-    for (int64_t i = 0; i < n; i++) want[i] = round_to(dt, start + (double)i * step);
+    for (int64_t i = 0; i < n; i++) want[i] = em_test_round_to(dt, start + (double)i * step);
     expect_shape(t, 1, &n, what);
     cr_expect_eq(em_tensor_dtype(t), dt);
     expect_values(t, want, n, 0, what);

@@ -38,37 +38,10 @@ TestSuite(tri, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(flip, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(linspace, .init = em_test_setup, .fini = em_test_teardown);
 
-static const em_dtype all_dtypes[] = {EM_F32, EM_F64, EM_F16, EM_BF16,
-                                      EM_I32, EM_I64, EM_U8,  EM_BOOL};
-#define N_DTYPES ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
 
 /* ---- references and helpers ------------------------------------------------------------------ */
 
-/* v rounded once to dtype dt, as a double (integers wrap like C casts, bool is v != 0). */
-static double round_to(em_dtype dt, double v) {
-    switch (dt) {
-    case EM_F32: return (float)v;
-    case EM_F64: return v;
-    case EM_F16: return em_f16_to_f32(em_f32_to_f16((float)v));
-    case EM_BF16: return em_bf16_to_f32(em_f32_to_bf16((float)v));
-    case EM_I32: return (int32_t)(int64_t)v;
-    case EM_I64: return (double)(int64_t)v;
-    case EM_U8: return (uint8_t)(int64_t)v;
-    case EM_BOOL: return v != 0;
-    default: cr_assert_fail("bad dtype");
-    }
-    return 0;
-}
 
-/* Test value number i of stream `seed` for dtype dt: small dyadic floats (exact in f16 and
- * bf16, never 0), small integers (negative too), or bools. */
-static double gen(em_dtype dt, int64_t i, int seed) {
-    int64_t k = (i * 37 + seed * 11 + 5) % 23;
-    if (em_dtype_is_floating(dt)) return (double)(k - 11) * 0.25 + 0.125;
-    if (dt == EM_BOOL) return k % 3 == 0;
-    if (dt == EM_U8) return (double)k;
-    return (double)(k - 11);
-}
 
 static int64_t numel_of(int nd, const int64_t *shape) {
     int64_t n = 1;
@@ -92,13 +65,13 @@ static int64_t lin_of(int nd, const int64_t *shape, const int64_t *c) {
 typedef enum layout { CONTIG, TRANSPOSED, SLICED, N_LAYOUTS } layout;
 static const char *const layout_name[] = {"contiguous", "transposed", "sliced"};
 
-/* A tensor of `shape` whose elements in C order are gen(dt, i, seed), laid out as `lay`:
+/* A tensor of `shape` whose elements in C order are em_test_gen(dt, i, seed), laid out as `lay`:
  * contiguous, every dim reversed in memory (a permuted view), or every other element of a
  * wider last dim (a step-2 slice). Owned by the caller's scope. */
 static em_tensor *make(em_dtype dt, int nd, const int64_t *shape, int seed, layout lay) {
     int64_t n = numel_of(nd, shape);
     double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; i < n; i++) v[i] = gen(dt, i, seed);
+    for (int64_t i = 0; i < n; i++) v[i] = em_test_gen(dt, i, seed);
     em_tensor *c = em_test_tensor(dt, nd, shape, v);
     free(v);
     if (lay == CONTIG || nd == 0) return c;
@@ -183,7 +156,7 @@ static void expect_shape(const em_tensor *t, int nd, const int64_t *shape, const
 
 /* ---- cat ---------------------------------------------------------------------------------------- */
 
-/* Expected cat of n tensors (C-order values gen(dts[i], ., seeds[i])) along dim d. */
+/* Expected cat of n tensors (C-order values em_test_gen(dts[i], ., seeds[i])) along dim d. */
 static double *cat_ref(int n, int nd, int64_t (*shapes)[EM_MAX_DIMS], const em_dtype *dts,
                        const int *seeds, int d, em_dtype out_dt, int64_t *out_shape) {
     memcpy(out_shape, shapes[0], sizeof(int64_t) * (size_t)nd);
@@ -196,7 +169,7 @@ static double *cat_ref(int n, int nd, int64_t (*shapes)[EM_MAX_DIMS], const em_d
         coords_of(nd, out_shape, o, c);
         int i = 0;
         while (c[d] >= shapes[i][d]) c[d] -= shapes[i++][d];
-        w[o] = round_to(out_dt, gen(dts[i], lin_of(nd, shapes[i], c), seeds[i]));
+        w[o] = em_test_round_to(out_dt, em_test_gen(dts[i], lin_of(nd, shapes[i], c), seeds[i]));
     }
     return w;
 }
@@ -204,10 +177,10 @@ static double *cat_ref(int n, int nd, int64_t (*shapes)[EM_MAX_DIMS], const em_d
 Test(cat, every_dtype_layout_and_dim) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (int dim = -1; dim < 3; dim++) {
-                em_dtype dt = all_dtypes[di];
+                em_dtype dt = em_test_all_dtypes[di];
                 int d = dim < 0 ? dim + 3 : dim;
                 int64_t shapes[3][EM_MAX_DIMS] = {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}};
                 shapes[0][d] = 2, shapes[1][d] = 1, shapes[2][d] = 3;
@@ -238,8 +211,8 @@ Test(cat, expanded_input_and_many_tensors) {
     em_tensor *r = em_cat(2, (const em_tensor *[]){ex, b}, 0);
     double w[18];
     for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 3; j++) w[i * 3 + j] = gen(EM_F32, j, 4);
-    for (int i = 0; i < 6; i++) w[12 + i] = gen(EM_F32, i, 5);
+        for (int j = 0; j < 3; j++) w[i * 3 + j] = em_test_gen(EM_F32, j, 4);
+    for (int i = 0; i < 6; i++) w[12 + i] = em_test_gen(EM_F32, i, 5);
     expect_shape(r, 2, (int64_t[]){6, 3}, "cat expanded");
     expect_vals(r, w, 18, "cat expanded");
     /* more tensors than an op schema could take (8) */
@@ -288,7 +261,7 @@ Test(cat, legacy_empty_1d_and_zero_size) {
     expect_shape(r, 2, (int64_t[]){2, 3}, "legacy skip");
     cr_assert_eq(em_tensor_dtype(r), EM_F64);
     double w[6];
-    for (int i = 0; i < 6; i++) w[i] = gen(EM_F32, i, 1);
+    for (int i = 0; i < 6; i++) w[i] = em_test_gen(EM_F32, i, 1);
     expect_vals(r, w, 6, "legacy skip");
     /* all skipped: a 1-D empty result */
     em_tensor *ei = em_empty(1, (int64_t[]){0}, EM_I32, em_cpu());
@@ -350,10 +323,10 @@ Test(cat, errors) {
 Test(stack, every_dtype_layout_and_dim) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (int dim = -3; dim < 3; dim++) {
-                em_dtype dt = all_dtypes[di];
+                em_dtype dt = em_test_all_dtypes[di];
                 int d = dim < 0 ? dim + 3 : dim;
                 int64_t in_shape[2] = {2, 3};
                 const em_tensor *ts[3];
@@ -366,7 +339,7 @@ Test(stack, every_dtype_layout_and_dim) {
                     coords_of(3, os, o, c);
                     for (int k = 0, j = 0; k < 3; k++)
                         if (k != d) ic[j++] = c[k];
-                    w[o] = gen(dt, lin_of(2, in_shape, ic), (int)c[d] + 1);
+                    w[o] = em_test_gen(dt, lin_of(2, in_shape, ic), (int)c[d] + 1);
                 }
                 em_tensor *r = em_stack(3, ts, dim);
                 WHAT("stack %s %s dim %d", em_dtype_name(dt), layout_name[lay], dim);
@@ -409,7 +382,7 @@ static void expect_piece(const em_tensor *piece, em_dtype dt, int64_t R, int64_t
     double *w = malloc(sizeof(double) * (size_t)(shape[0] * shape[1] + 1));
     for (int64_t i = 0; i < shape[0]; i++)
         for (int64_t j = 0; j < shape[1]; j++)
-            w[i * shape[1] + j] = gen(dt, (i + (dim == 0) * start) * C + j + (dim == 1) * start, seed);
+            w[i * shape[1] + j] = em_test_gen(dt, (i + (dim == 0) * start) * C + j + (dim == 1) * start, seed);
     expect_vals(piece, w, shape[0] * shape[1], what);
     free(w);
 }
@@ -417,10 +390,10 @@ static void expect_piece(const em_tensor *piece, em_dtype dt, int64_t R, int64_t
 Test(split, views_of_every_dtype_and_layout) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (int dim = 0; dim < 2; dim++) {
-                em_dtype dt = all_dtypes[di];
+                em_dtype dt = em_test_all_dtypes[di];
                 em_tensor *x = make(dt, 2, (int64_t[]){7, 5}, 3, (layout)lay);
                 int64_t size = dim ? 5 : 7;
                 em_tensor *out[4] = {NULL};
@@ -519,7 +492,7 @@ Test(split, errors) {
 
 /* ---- pad ---------------------------------------------------------------------------------------- */
 
-/* Expected F.pad(x, pad, value) for x of `shape` with values gen(dt, ., seed). */
+/* Expected F.pad(x, pad, value) for x of `shape` with values em_test_gen(dt, ., seed). */
 static double *pad_ref(em_dtype dt, int nd, const int64_t *shape, int seed, int npad,
                        const int64_t *pad, double value, int64_t *os) {
     int64_t lo[EM_MAX_DIMS] = {0};
@@ -539,7 +512,7 @@ static double *pad_ref(em_dtype dt, int nd, const int64_t *shape, int seed, int 
             c[d] -= lo[d];
             inside = inside && c[d] >= 0 && c[d] < shape[d];
         }
-        w[o] = inside ? gen(dt, lin_of(nd, shape, c), seed) : round_to(dt, value);
+        w[o] = inside ? em_test_gen(dt, lin_of(nd, shape, c), seed) : em_test_round_to(dt, value);
     }
     return w;
 }
@@ -552,10 +525,10 @@ Test(pad, every_dtype_layout_and_pad_list) {
                 {6, {0, 1, 1, 0, 2, 0}}, {4, {0, 0, 0, 0}}, {2, {-3, -1}}, {2, {3, -4}}};
     char what[200];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (size_t k = 0; k < sizeof pads / sizeof pads[0]; k++) {
-                em_dtype dt = all_dtypes[di];
+                em_dtype dt = em_test_all_dtypes[di];
                 int64_t shape[3] = {2, 3, 4};
                 em_tensor *x = make(dt, 3, shape, 2, (layout)lay);
                 int64_t os[3];
@@ -583,7 +556,7 @@ Test(pad, zero_size_copy_and_errors) {
     r = em_pad(x, 0, NULL, 0); /* no pads: a copy */
     cr_assert(r && !em_tensor_shares_storage(r, x));
     double w[6];
-    for (int i = 0; i < 6; i++) w[i] = gen(EM_F32, i, 1);
+    for (int i = 0; i < 6; i++) w[i] = em_test_gen(EM_F32, i, 1);
     expect_vals(r, w, 6, "pad nothing");
     EXPECT_FAIL(em_pad(x, 3, (int64_t[]){1, 1, 1}, 0), EM_ERR_INVALID,
                 "pad: the pad list needs (left, right) pairs, last dim first; got 3 entries");
@@ -614,10 +587,10 @@ static em_tensor *rand_index(int nd, const int64_t *shape, int64_t m, uint64_t s
 Test(gather, every_dtype_layout_and_dim) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (int dim = 0; dim < 3; dim++) {
-                em_dtype dt = all_dtypes[di];
+                em_dtype dt = em_test_all_dtypes[di];
                 int64_t xs[3] = {3, 4, 5}, is[3] = {2, 3, 4}; /* smaller than x off dim */
                 is[dim] = 6;                                   /* longer than x along dim */
                 em_tensor *x = make(dt, 3, xs, 4, (layout)lay);
@@ -628,7 +601,7 @@ Test(gather, every_dtype_layout_and_dim) {
                     int64_t c[3];
                     coords_of(3, is, o, c);
                     c[dim] = iv[o];
-                    w[o] = gen(dt, lin_of(3, xs, c), 4);
+                    w[o] = em_test_gen(dt, lin_of(3, xs, c), 4);
                 }
                 WHAT("gather %s %s dim %d", em_dtype_name(dt), layout_name[lay], dim);
                 em_tensor *r = em_gather(x, dim - 3, idx);
@@ -652,7 +625,7 @@ Test(gather, broadcast_index_scalars_empty) {
     em_tensor *row = make_i64(2, (int64_t[]){1, 2}, (int64_t[]){3, 1});
     em_tensor *idx = em_expand(row, 2, (int64_t[]){3, 2});
     double w[6];
-    for (int i = 0; i < 3; i++) w[2 * i] = gen(EM_F64, i * 4 + 3, 1), w[2 * i + 1] = gen(EM_F64, i * 4 + 1, 1);
+    for (int i = 0; i < 3; i++) w[2 * i] = em_test_gen(EM_F64, i * 4 + 3, 1), w[2 * i + 1] = em_test_gen(EM_F64, i * 4 + 1, 1);
     expect_vals(em_gather(x, 1, idx), w, 6, "gather with a broadcast index");
     /* 0-dim input and index */
     em_tensor *s = em_scalar(3.5, EM_F32);
@@ -706,14 +679,14 @@ static double *scatter_ref(em_dtype dt, int nd, const int64_t *xs, const int64_t
                            const int64_t *ss, const int64_t *iv, int dim, bool add) {
     int64_t n = numel_of(nd, xs);
     double *y = malloc(sizeof(double) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) y[i] = gen(dt, i, 5);
+    for (int64_t i = 0; i < n; i++) y[i] = em_test_gen(dt, i, 5);
     for (int64_t p = 0; p < numel_of(nd, is); p++) {
         int64_t c[EM_MAX_DIMS];
         coords_of(nd, is, p, c);
-        double s = gen(dt, lin_of(nd, ss, c), 6);
+        double s = em_test_gen(dt, lin_of(nd, ss, c), 6);
         c[dim] = iv[p];
         int64_t t = lin_of(nd, xs, c);
-        y[t] = add ? round_to(dt, y[t] + s) : s;
+        y[t] = add ? em_test_round_to(dt, y[t] + s) : s;
     }
     return y;
 }
@@ -721,11 +694,11 @@ static double *scatter_ref(em_dtype dt, int nd, const int64_t *xs, const int64_t
 Test(scatter, every_dtype_layout_dim_with_duplicates) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (int dim = 0; dim < 2; dim++)
                 for (int add = 0; add < 2; add++) {
-                    em_dtype dt = all_dtypes[di];
+                    em_dtype dt = em_test_all_dtypes[di];
                     int64_t xs[2] = {3, 5}, is[2] = {2, 4}, ss[2] = {3, 6};
                     is[dim] = 7; /* more entries than targets: duplicates for sure */
                     ss[dim] = 8;
@@ -742,7 +715,7 @@ Test(scatter, every_dtype_layout_dim_with_duplicates) {
                     /* x untouched by the out-of-place form; the in-place form writes into x
                      * (a strided view of a larger buffer for the non-contiguous layouts) */
                     double *x0 = scatter_ref(dt, 2, xs, is, ss, iv, dim, add);
-                    for (int i = 0; i < 15; i++) x0[i] = gen(dt, i, 5);
+                    for (int i = 0; i < 15; i++) x0[i] = em_test_gen(dt, i, 5);
                     expect_vals(x, x0, 15, what);
                     uint64_t v0 = em_tensor_version(x);
                     em_status st = add ? em_scatter_add_(x, dim - 2, idx, src) : em_scatter_(x, dim - 2, idx, src);
@@ -766,7 +739,7 @@ Test(scatter, scalars_empty_and_bool_or) {
     em_tensor *e = em_empty(1, (int64_t[]){0}, EM_I32, em_cpu());
     em_tensor *r = em_scatter(x, 1, e, em_zeros(1, (int64_t[]){1}, EM_F64, em_cpu()));
     double w[6];
-    for (int i = 0; i < 6; i++) w[i] = gen(EM_F32, i, 1);
+    for (int i = 0; i < 6; i++) w[i] = em_test_gen(EM_F32, i, 1);
     expect_vals(r, w, 6, "empty index");
     cr_assert(!em_tensor_shares_storage(r, x));
     /* scatter_add on bool is a logical or */
@@ -788,7 +761,7 @@ Test(scatter, errors_leave_the_input_unchanged) {
     em_tensor *src = em_ones(2, (int64_t[]){3, 2}, EM_F32, em_cpu());
     em_tensor *idx = em_zeros(2, (int64_t[]){3, 2}, EM_I64, em_cpu());
     double w[12];
-    for (int i = 0; i < 12; i++) w[i] = gen(EM_F32, i, 1);
+    for (int i = 0; i < 12; i++) w[i] = em_test_gen(EM_F32, i, 1);
     EXPECT_FAIL(em_scatter(x, 1, idx, em_ones(2, (int64_t[]){3, 2}, EM_F64, em_cpu())), EM_ERR_DTYPE,
                 "scatter: src has dtype float64 but the input has float32; they must match");
     EXPECT_FAIL(em_scatter(x, 1, em_zeros(2, (int64_t[]){3, 2}, EM_I32, em_cpu()), src), EM_ERR_DTYPE,
@@ -877,10 +850,10 @@ Test(scatter, scatter_add_is_sequential_for_every_thread_count) {
 Test(index_add, every_dtype_layout_dim_alpha) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (int dim = 0; dim < 3; dim++) {
-                em_dtype dt = all_dtypes[di];
+                em_dtype dt = em_test_all_dtypes[di];
                 double alpha = dt == EM_BOOL ? 1 : em_dtype_is_floating(dt) ? -0.5 : 2.9;
                 double a = em_dtype_is_floating(dt) ? alpha : (double)(int64_t)alpha;
                 int64_t xs[3] = {3, 4, 2}, ss[3] = {3, 4, 2};
@@ -890,16 +863,16 @@ Test(index_add, every_dtype_layout_dim_alpha) {
                 em_tensor *x = make(dt, 3, xs, 1, (layout)lay);
                 em_tensor *src = make(dt, 3, ss, 2, (layout)((lay + 2) % N_LAYOUTS));
                 double w[24];
-                for (int i = 0; i < 24; i++) w[i] = gen(dt, i, 1);
+                for (int i = 0; i < 24; i++) w[i] = em_test_gen(dt, i, 1);
                 for (int64_t i = 0; i < 5; i++)
                     for (int64_t p = 0; p < numel_of(3, ss); p++) {
                         int64_t c[3];
                         coords_of(3, ss, p, c);
                         if (c[dim] != i) continue;
-                        double s = gen(dt, p, 2);
+                        double s = em_test_gen(dt, p, 2);
                         c[dim] = iv[i];
                         int64_t t = lin_of(3, xs, c);
-                        w[t] = round_to(dt, w[t] + a * s);
+                        w[t] = em_test_round_to(dt, w[t] + a * s);
                     }
                 WHAT("index_add %s %s dim %d", em_dtype_name(dt), layout_name[lay], dim);
                 expect_vals(em_index_add(x, dim, idx, src, alpha), w, 24, what);
@@ -919,7 +892,7 @@ Test(index_add, scalars_empty_and_errors) {
     expect_vals(s, (double[]){7}, 1, "0-dim index_add, alpha 2.5 truncated to 2 for int64");
     em_tensor *x = make(EM_F32, 2, (int64_t[]){3, 4}, 1, CONTIG);
     double w[12];
-    for (int i = 0; i < 12; i++) w[i] = gen(EM_F32, i, 1);
+    for (int i = 0; i < 12; i++) w[i] = em_test_gen(EM_F32, i, 1);
     expect_vals(em_index_add(x, 0, em_empty(1, (int64_t[]){0}, EM_I64, em_cpu()),
                              em_zeros(2, (int64_t[]){0, 4}, EM_F32, em_cpu()), 1),
                 w, 12, "empty index");
@@ -998,15 +971,15 @@ Test(index_add, sequential_for_every_thread_count) {
 Test(embedding, every_dtype_layout_and_index_type) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++) {
-            em_dtype dt = all_dtypes[di];
+            em_dtype dt = em_test_all_dtypes[di];
             em_tensor *w = make(dt, 2, (int64_t[]){5, 3}, 1, (layout)lay);
             int64_t iv[6] = {4, 0, 2, 2, 1, 4};
             em_tensor *idx = make_i64(2, (int64_t[]){2, 3}, iv);
             double want[18];
             for (int i = 0; i < 6; i++)
-                for (int j = 0; j < 3; j++) want[i * 3 + j] = gen(dt, iv[i] * 3 + j, 1);
+                for (int j = 0; j < 3; j++) want[i * 3 + j] = em_test_gen(dt, iv[i] * 3 + j, 1);
             WHAT("embedding %s %s", em_dtype_name(dt), layout_name[lay]);
             em_tensor *r = em_embedding(w, idx, EM_PADDING_IDX_NONE);
             expect_shape(r, 3, (int64_t[]){2, 3, 3}, what);
@@ -1024,7 +997,7 @@ Test(embedding, scalars_empty_large_and_errors) {
     em_tensor *w = make(EM_F32, 2, (int64_t[]){5, 3}, 1, CONTIG);
     em_tensor *r = em_embedding(w, make_i64(0, NULL, (int64_t[]){2}), EM_PADDING_IDX_NONE);
     expect_shape(r, 1, (int64_t[]){3}, "0-dim index");
-    expect_vals(r, (double[]){gen(EM_F32, 6, 1), gen(EM_F32, 7, 1), gen(EM_F32, 8, 1)}, 3, "0-dim index");
+    expect_vals(r, (double[]){em_test_gen(EM_F32, 6, 1), em_test_gen(EM_F32, 7, 1), em_test_gen(EM_F32, 8, 1)}, 3, "0-dim index");
     expect_shape(em_embedding(w, em_empty(1, (int64_t[]){0}, EM_I64, em_cpu()), 0), 2,
                  (int64_t[]){0, 3}, "empty indices");
     /* large: the parallel path */
@@ -1034,7 +1007,7 @@ Test(embedding, scalars_empty_large_and_errors) {
     em_tensor *wb = make(EM_F32, 2, (int64_t[]){V, D}, 3, CONTIG);
     double *want = malloc(sizeof(double) * (size_t)(n * D));
     for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < D; j++) want[i * D + j] = gen(EM_F32, iv[i] * D + j, 3);
+        for (int64_t j = 0; j < D; j++) want[i * D + j] = em_test_gen(EM_F32, iv[i] * D + j, 3);
     expect_vals(em_embedding(wb, idx, EM_PADDING_IDX_NONE), want, n * D, "large embedding");
     free(iv);
     free(want);
@@ -1072,7 +1045,7 @@ Test(embedding, backward_every_float_dtype_and_padding) {
                 for (int i = 0; i < 6; i++)
                     for (int j = 0; j < 4; j++)
                         if (iv[i] != pad)
-                            want[iv[i] * 4 + j] = round_to(dt, want[iv[i] * 4 + j] + gen(dt, i * 4 + j, 7));
+                            want[iv[i] * 4 + j] = em_test_round_to(dt, want[iv[i] * 4 + j] + em_test_gen(dt, i * 4 + j, 7));
                 WHAT("embedding_backward %s %s padding %lld", em_dtype_name(dt), layout_name[lay],
                      (long long)pad);
                 em_tensor *r = em_embedding_backward(g, idx, 6, pad_arg);
@@ -1105,10 +1078,10 @@ Test(embedding, backward_every_float_dtype_and_padding) {
 Test(masked_fill, every_dtype_layout_and_broadcast) {
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++) {
-            em_dtype dt = all_dtypes[di];
-            double value = dt == EM_BOOL ? 0 : 2.75, v = round_to(dt, value);
+            em_dtype dt = em_test_all_dtypes[di];
+            double value = dt == EM_BOOL ? 0 : 2.75, v = em_test_round_to(dt, value);
             em_tensor *x = make(dt, 2, (int64_t[]){3, 4}, 1, (layout)lay);
             em_tensor *m = make(EM_BOOL, 2, (int64_t[]){3, 4}, 2, (layout)((lay + 1) % N_LAYOUTS));
             em_tensor *mrow = make(EM_BOOL, 1, (int64_t[]){4}, 3, CONTIG);   /* broadcast rows */
@@ -1116,10 +1089,10 @@ Test(masked_fill, every_dtype_layout_and_broadcast) {
             double w[12], wr[12], wc[12];
             for (int i = 0; i < 3; i++)
                 for (int j = 0; j < 4; j++) {
-                    double xv = gen(dt, i * 4 + j, 1);
-                    w[i * 4 + j] = gen(EM_BOOL, i * 4 + j, 2) ? v : xv;
-                    wr[i * 4 + j] = gen(EM_BOOL, j, 3) ? v : xv;
-                    wc[i * 4 + j] = gen(EM_BOOL, i, 4) ? v : xv;
+                    double xv = em_test_gen(dt, i * 4 + j, 1);
+                    w[i * 4 + j] = em_test_gen(EM_BOOL, i * 4 + j, 2) ? v : xv;
+                    wr[i * 4 + j] = em_test_gen(EM_BOOL, j, 3) ? v : xv;
+                    wc[i * 4 + j] = em_test_gen(EM_BOOL, i, 4) ? v : xv;
                 }
             WHAT("masked_fill %s %s", em_dtype_name(dt), layout_name[lay]);
             expect_vals(em_masked_fill(x, m, value), w, 12, what);
@@ -1134,7 +1107,7 @@ Test(masked_fill, every_dtype_layout_and_broadcast) {
     em_tensor *r = em_masked_fill(x, m, NAN);
     expect_shape(r, 2, (int64_t[]){3, 4}, "broadcast input");
     double w[12];
-    for (int i = 0; i < 12; i++) w[i] = (i / 4) != 1 ? NAN : gen(EM_F32, i % 4, 1);
+    for (int i = 0; i < 12; i++) w[i] = (i / 4) != 1 ? NAN : em_test_gen(EM_F32, i % 4, 1);
     expect_vals(r, w, 12, "NaN fill, broadcast input");
     expect_shape(em_masked_fill(em_zeros(2, (int64_t[]){0, 4}, EM_F32, em_cpu()),
                                 em_zeros(1, (int64_t[]){4}, EM_BOOL, em_cpu()), 1),
@@ -1208,18 +1181,18 @@ Test(tri, every_dtype_layout_and_diagonal) {
     static const int64_t diags[] = {-5, -1, 0, 1, 2, 7};
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (size_t k = 0; k < sizeof diags / sizeof diags[0]; k++)
                 for (int up = 0; up < 2; up++) {
-                    em_dtype dt = all_dtypes[di];
+                    em_dtype dt = em_test_all_dtypes[di];
                     int64_t shape[3] = {2, 3, 4}, kd = diags[k];
                     em_tensor *x = make(dt, 3, shape, 1, (layout)lay);
                     double w[24];
                     for (int64_t o = 0; o < 24; o++) {
                         int64_t i = (o / 4) % 3, j = o % 4;
                         bool keep = up ? j - i >= kd : j - i <= kd;
-                        w[o] = keep ? gen(dt, o, 1) : 0;
+                        w[o] = keep ? em_test_gen(dt, o, 1) : 0;
                     }
                     WHAT("%s %s %s diagonal %lld", up ? "triu" : "tril", em_dtype_name(dt),
                          layout_name[lay], (long long)kd);
@@ -1261,10 +1234,10 @@ Test(flip, every_dtype_layout_and_dims) {
     } cases[] = {{0, {0}}, {1, {0}}, {1, {2}}, {2, {0, 2}}, {2, {-1, 1}}, {3, {2, 0, 1}}};
     char what[160];
     em_scope_begin();
-    for (int di = 0; di < N_DTYPES; di++)
+    for (int di = 0; di < EM_TEST_N_DTYPES; di++)
         for (int lay = 0; lay < N_LAYOUTS; lay++)
             for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-                em_dtype dt = all_dtypes[di];
+                em_dtype dt = em_test_all_dtypes[di];
                 int64_t shape[3] = {2, 3, 4};
                 bool fl[3] = {false, false, false};
                 for (int i = 0; i < cases[k].n; i++) fl[(cases[k].dims[i] + 3) % 3] = true;
@@ -1275,7 +1248,7 @@ Test(flip, every_dtype_layout_and_dims) {
                     coords_of(3, shape, o, c);
                     for (int d = 0; d < 3; d++)
                         if (fl[d]) c[d] = shape[d] - 1 - c[d];
-                    w[o] = gen(dt, lin_of(3, shape, c), 1);
+                    w[o] = em_test_gen(dt, lin_of(3, shape, c), 1);
                 }
                 WHAT("flip %s %s case %zu", em_dtype_name(dt), layout_name[lay], k);
                 em_tensor *r = em_flip(x, cases[k].n, cases[k].dims);
@@ -1294,7 +1267,7 @@ Test(flip, scalars_broadcast_large_and_errors) {
     /* a broadcast input: rows are equal, flipping dim 1 reverses each */
     em_tensor *row = make(EM_F64, 2, (int64_t[]){1, 3}, 1, CONTIG);
     double w[6];
-    for (int i = 0; i < 6; i++) w[i] = gen(EM_F64, 2 - i % 3, 1);
+    for (int i = 0; i < 6; i++) w[i] = em_test_gen(EM_F64, 2 - i % 3, 1);
     expect_vals(em_flip(em_expand(row, 2, (int64_t[]){2, 3}), 2, (int[]){0, 1}), w, 6, "expanded");
     /* large: the parallel path */
     int64_t n = 1 << 18;
@@ -1338,8 +1311,8 @@ Test(linspace, floating_dtypes_against_a_double_reference) {
             double scale = fmax(fabs(a), fabs(b));
             expect_close(r, w, n, tol[di], tol[di] * scale, what);
             /* both ends exact (rounded once to the dtype) */
-            cr_assert_eq(em_test_at(r, 0), round_to(flt[di], a), "%s: start", what);
-            cr_assert_eq(em_test_at(r, n - 1), round_to(flt[di], n == 1 ? a : b), "%s: end", what);
+            cr_assert_eq(em_test_at(r, 0), em_test_round_to(flt[di], a), "%s: start", what);
+            cr_assert_eq(em_test_at(r, n - 1), em_test_round_to(flt[di], n == 1 ? a : b), "%s: end", what);
             free(w);
         }
     em_scope_end();

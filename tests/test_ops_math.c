@@ -35,26 +35,10 @@ TestSuite(math_backward, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(math_ulp, .init = em_test_setup, .fini = em_test_teardown);
 
 static const em_dtype float_dtypes[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
-static const em_dtype all_dtypes[] = {EM_F32, EM_F64, EM_F16, EM_BF16,
-                                      EM_I32, EM_I64, EM_U8,  EM_BOOL};
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-static double round_to(em_dtype dt, double v) {
-    switch (dt) {
-    case EM_F32: return (float)v;
-    case EM_F64: return v;
-    case EM_F16: return em_f16_to_f32(em_f32_to_f16((float)v));
-    case EM_BF16: return em_bf16_to_f32(em_f32_to_bf16((float)v));
-    case EM_I32: return (int32_t)(uint32_t)(int64_t)v;
-    case EM_I64: return (double)(int64_t)v;
-    case EM_U8: return (uint8_t)(int64_t)v;
-    case EM_BOOL: return v != 0;
-    default: cr_assert_fail("bad dtype");
-    }
-    return 0;
-}
 
 typedef struct tol {
     double rtol, atol;
@@ -70,16 +54,6 @@ static tol tol_of(em_dtype dt) {
 }
 static const tol exact = {0, 0};
 
-static double *values(const em_tensor *t) {
-    int64_t n = em_tensor_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    em_tensor *d = em_to_dtype(t, EM_F64);
-    cr_assert(d, "to_dtype: %s", em_last_error());
-    cr_assert_eq(em_tensor_to_host(d, v, sizeof(double) * (size_t)n), EM_OK, "%s",
-                 em_last_error());
-    em_tensor_release(d);
-    return v;
-}
 
 /* got matches want (n values, C order) within tolerance; NaN matches NaN, inf its own sign.
  * Returns the number of mismatches (each reported). */
@@ -88,7 +62,7 @@ static int expect_values(const em_tensor *got, const double *want, int64_t n, to
     cr_assert(got, "%s: %s", what, em_last_error());
     cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
                  (long long)em_tensor_numel(got), (long long)n);
-    double *g = values(got);
+    double *g = em_test_values(got);
     int bad = 0;
     for (int64_t i = 0; i < n; i++) {
         bool ok = g[i] == want[i] || (isnan(g[i]) && isnan(want[i])) ||
@@ -226,8 +200,8 @@ static void check_unary(const unary_case *c, em_dtype dt, layout how) {
     enum { R = 4, C = 9 };
     double in[R * C], want[R * C];
     for (int i = 0; i < R * C; i++)
-        in[i] = round_to(dt, spread(how == EXPANDED ? i % C : i, c->lo, c->hi));
-    for (int i = 0; i < R * C; i++) want[i] = round_to(dt, c->ref(in[i]));
+        in[i] = em_test_round_to(dt, spread(how == EXPANDED ? i % C : i, c->lo, c->hi));
+    for (int i = 0; i < R * C; i++) want[i] = em_test_round_to(dt, c->ref(in[i]));
     em_tensor *x = logical(dt, how, R, C, in);
     em_tensor *y = c->fn(x);
     char what[96];
@@ -289,9 +263,9 @@ Test(math_unary, abs_and_sign_of_integers) {
         em_dtype dt = dts[d];
         double in[6], wa[6], ws[6];
         for (int i = 0; i < 6; i++) {
-            in[i] = round_to(dt, v[i]);
+            in[i] = em_test_round_to(dt, v[i]);
             /* abs(INT32_MIN) wraps to itself in int32, as in PyTorch */
-            wa[i] = round_to(dt, fabs(in[i]));
+            wa[i] = em_test_round_to(dt, fabs(in[i]));
             ws[i] = r_sign(in[i]);
         }
         em_tensor *x = vec(dt, 6, in), *a = em_abs(x), *s = em_sign(x);
@@ -332,7 +306,7 @@ Test(math_unary, special_values) {
         snprintf(what, sizeof what, "special values #%d", k);
         expect_values(c[k].y, c[k].want, 6, tol_of(EM_F32), what);
         /* signed zeros */
-        double *g = values(c[k].y);
+        double *g = em_test_values(c[k].y);
         for (int i = 0; i < 6; i++)
             if (c[k].want[i] == 0)
                 cr_expect_eq(signbit(g[i]), signbit(c[k].want[i]), "%s: sign of zero %d",
@@ -379,9 +353,9 @@ Test(math_unary, in_place) {
                 em_dtype dt = float_dtypes[d];
                 double in[R * C], want[R * C];
                 for (int i = 0; i < R * C; i++) {
-                    in[i] = round_to(dt, spread(i, -3, 3));
+                    in[i] = em_test_round_to(dt, spread(i, -3, 3));
                     if (in[i] == 0) in[i] = 0.5;
-                    want[i] = round_to(dt, inplace_cases[k].ref(in[i]));
+                    want[i] = em_test_round_to(dt, inplace_cases[k].ref(in[i]));
                 }
                 em_tensor *x = logical(dt, l ? TRANSPOSED : CONTIG, R, C, in);
                 uint64_t v0 = em_tensor_version(x);
@@ -425,19 +399,19 @@ Test(math_unary, gelu_bad_approximate_and_nulls) {
 Test(math_unary, clamp_values_dtypes_and_layouts) {
     enum { R = 3, C = 7 };
     const double lo = -1.25, hi = 2.5;
-    for (int d = 0; d < LEN(all_dtypes) - 1; d++) {
-        em_dtype dt = all_dtypes[d];
+    for (int d = 0; d < LEN(em_test_all_dtypes) - 1; d++) {
+        em_dtype dt = em_test_all_dtypes[d];
         for (int l = 0; l < N_LAYOUTS; l++) {
             double in[R * C], w[R * C], wlo[R * C], whi[R * C];
             bool fl = em_dtype_is_floating(dt);
             /* integer tensors: integer bounds keep the dtype */
             double blo = fl ? lo : (dt == EM_U8 ? 3 : -2), bhi = fl ? hi : 7;
             for (int i = 0; i < R * C; i++) {
-                in[i] = round_to(dt, spread(l == EXPANDED ? i % C : i, -5, 10));
-                double cl = in[i] < round_to(dt, blo) ? round_to(dt, blo) : in[i];
-                w[i] = cl > round_to(dt, bhi) ? round_to(dt, bhi) : cl;
-                wlo[i] = in[i] < round_to(dt, blo) ? round_to(dt, blo) : in[i];
-                whi[i] = in[i] > round_to(dt, bhi) ? round_to(dt, bhi) : in[i];
+                in[i] = em_test_round_to(dt, spread(l == EXPANDED ? i % C : i, -5, 10));
+                double cl = in[i] < em_test_round_to(dt, blo) ? em_test_round_to(dt, blo) : in[i];
+                w[i] = cl > em_test_round_to(dt, bhi) ? em_test_round_to(dt, bhi) : cl;
+                wlo[i] = in[i] < em_test_round_to(dt, blo) ? em_test_round_to(dt, blo) : in[i];
+                whi[i] = in[i] > em_test_round_to(dt, bhi) ? em_test_round_to(dt, bhi) : in[i];
             }
             em_tensor *x = logical(dt, l, R, C, in);
             em_tensor *y = em_clamp(x, &blo, &bhi), *ylo = em_clamp(x, &blo, NULL),
@@ -514,18 +488,18 @@ Test(math_scalar, every_dtype_layout_and_kind_of_number) {
     enum { R = 3, C = 6 };
     const double numbers[] = {3, -2, 2.5, 0.1};
     for (int op = SADD; op <= SDIV; op++)
-        for (int d = 0; d < LEN(all_dtypes); d++)
+        for (int d = 0; d < LEN(em_test_all_dtypes); d++)
             for (int k = 0; k < LEN(numbers); k++)
                 for (int l = 0; l < N_LAYOUTS; l++) {
-                    em_dtype dt = all_dtypes[d];
+                    em_dtype dt = em_test_all_dtypes[d];
                     double v = numbers[k], in[R * C], want[R * C];
                     em_dtype rt = sop_dtype(op, dt, v);
                     for (int i = 0; i < R * C; i++) {
-                        in[i] = round_to(dt, spread(l == EXPANDED ? i % C : i, -4, 4));
+                        in[i] = em_test_round_to(dt, spread(l == EXPANDED ? i % C : i, -4, 4));
                         /* f16/bf16 compute in float with the number rounded to float once */
                         double vv = rt == EM_F16 || rt == EM_BF16 || rt == EM_F32 ? (float)v : v;
                         double r = ref_sop(op, in[i], vv);
-                        want[i] = round_to(rt, rt == EM_F16 || rt == EM_BF16 ? (float)r : r);
+                        want[i] = em_test_round_to(rt, rt == EM_F16 || rt == EM_BF16 ? (float)r : r);
                     }
                     em_tensor *x = logical(dt, l, R, C, in), *y = call_sop(op, x, v);
                     char what[96];
@@ -546,7 +520,7 @@ Test(math_scalar, pytorch_examples) {
     expect_values(b, (const double[]){101, 44}, 2, exact, "uint8 + 100 wraps");
     em_tensor *h = vec(EM_F16, 1, (const double[]){1}), *c = em_mul_scalar(h, 0.1);
     expect_dtype(c, EM_F16, "f16 * 0.1");
-    expect_values(c, (const double[]){round_to(EM_F16, 0.1)}, 1, exact, "f16 * 0.1");
+    expect_values(c, (const double[]){em_test_round_to(EM_F16, 0.1)}, 1, exact, "f16 * 0.1");
     em_tensor *i = vec(EM_I32, 1, (const double[]){5}), *d = em_mul_scalar(i, 0x1p40);
     expect_dtype(d, EM_I32, "int32 * 2^40");
     expect_values(d, (const double[]){0}, 1, exact, "int32 * 2^40 wraps to 0");
@@ -591,8 +565,8 @@ Test(math_scalar, pow_scalar) {
                 em_dtype dt = float_dtypes[d];
                 double in[12], want[12];
                 for (int i = 0; i < 12; i++) {
-                    in[i] = round_to(dt, spread(i, 0.25, 4));
-                    want[i] = round_to(dt, pow(in[i], exps[k]));
+                    in[i] = em_test_round_to(dt, spread(i, 0.25, 4));
+                    want[i] = em_test_round_to(dt, pow(in[i], exps[k]));
                 }
                 em_tensor *x = logical(dt, l ? TRANSPOSED : CONTIG, 3, 4, in);
                 em_tensor *y = em_pow_scalar(x, exps[k]);
@@ -604,7 +578,7 @@ Test(math_scalar, pow_scalar) {
             }
     /* sqrt semantics for 0.5: pow(-0, 0.5) = -0, pow(-inf, 0.5) = NaN */
     em_tensor *s = vec(EM_F32, 2, (const double[]){-0.0, -INFINITY}), *r = em_pow_scalar(s, 0.5);
-    double *g = values(r);
+    double *g = em_test_values(r);
     cr_expect(g[0] == 0 && signbit(g[0]) && isnan(g[1]), "pow(-0, 0.5) = %g, pow(-inf, 0.5) = %g",
               g[0], g[1]);
     free(g);
@@ -642,22 +616,22 @@ static const layout pairs[][2] = {{CONTIG, CONTIG},   {TRANSPOSED, CONTIG}, {CON
 Test(math_binary, every_dtype_and_layout) {
     enum { R = 3, C = 5 };
     for (int op = BPOW; op <= BMIN; op++)
-        for (int d = 0; d < LEN(all_dtypes); d++)
+        for (int d = 0; d < LEN(em_test_all_dtypes); d++)
             for (int p = 0; p < LEN(pairs); p++) {
-                em_dtype dt = all_dtypes[d];
+                em_dtype dt = em_test_all_dtypes[d];
                 if (op == BPOW && dt == EM_BOOL) continue;
                 double A[R * C], B[R * C], want[R * C];
                 for (int i = 0; i < R * C; i++) {
                     int ia = pairs[p][0] == EXPANDED ? i % C : i;
                     int ib = pairs[p][1] == EXPANDED ? i % C : i;
                     bool fl = em_dtype_is_floating(dt);
-                    A[i] = round_to(dt, op == BPOW ? (fl ? spread(ia, 0.5, 3) : spread(ia, -3, 4))
+                    A[i] = em_test_round_to(dt, op == BPOW ? (fl ? spread(ia, 0.5, 3) : spread(ia, -3, 4))
                                                    : spread(ia, -4, 4));
-                    B[i] = round_to(dt, op == BPOW ? (fl ? spread(ib, -2, 3)
+                    B[i] = em_test_round_to(dt, op == BPOW ? (fl ? spread(ib, -2, 3)
                                                      : dt == EM_U8 ? spread(ib, 0, 3)
                                                                    : spread(ib, -2, 3))
                                                    : spread(ib + 7, -4, 4));
-                    want[i] = round_to(dt, ref_bop(op, dt, A[i], B[i]));
+                    want[i] = em_test_round_to(dt, ref_bop(op, dt, A[i], B[i]));
                 }
                 em_tensor *a = logical(dt, pairs[p][0], R, C, A);
                 em_tensor *b = logical(dt, pairs[p][1], R, C, B);
@@ -733,16 +707,16 @@ static double ref_cop(cop op, double x, double y) {
 Test(math_logic, comparisons_and_logical_every_dtype_and_layout) {
     enum { R = 3, C = 6 };
     for (int op = EQ; op <= LXOR; op++)
-        for (int d = 0; d < LEN(all_dtypes); d++)
+        for (int d = 0; d < LEN(em_test_all_dtypes); d++)
             for (int p = 0; p < LEN(pairs); p++) {
-                em_dtype dt = all_dtypes[d];
+                em_dtype dt = em_test_all_dtypes[d];
                 double A[R * C], B[R * C], want[R * C];
                 for (int i = 0; i < R * C; i++) {
                     int ia = pairs[p][0] == EXPANDED ? i % C : i;
                     int ib = pairs[p][1] == EXPANDED ? i % C : i;
                     /* few distinct values, so equality happens; NaN in floats */
-                    A[i] = round_to(dt, (double)(ia % 4) - 1);
-                    B[i] = round_to(dt, (double)(ib % 3) - 1);
+                    A[i] = em_test_round_to(dt, (double)(ia % 4) - 1);
+                    B[i] = em_test_round_to(dt, (double)(ib % 3) - 1);
                     if (em_dtype_is_floating(dt) && ia % 7 == 3) A[i] = NAN;
                     want[i] = ref_cop(op, A[i], B[i]);
                 }
@@ -782,12 +756,12 @@ Test(math_logic, promotion_and_mixed_dtypes) {
 }
 
 Test(math_logic, logical_not_layouts) {
-    for (int d = 0; d < LEN(all_dtypes); d++)
+    for (int d = 0; d < LEN(em_test_all_dtypes); d++)
         for (int l = 0; l < N_LAYOUTS; l++) {
-            em_dtype dt = all_dtypes[d];
+            em_dtype dt = em_test_all_dtypes[d];
             double in[12], want[12];
             for (int i = 0; i < 12; i++) {
-                in[i] = round_to(dt, (double)((l == EXPANDED ? i % 4 : i) % 3) - 1);
+                in[i] = em_test_round_to(dt, (double)((l == EXPANDED ? i % 4 : i) % 3) - 1);
                 want[i] = in[i] == 0;
             }
             em_tensor *x = logical(dt, l, 3, 4, in), *y = em_logical_not(x);
@@ -798,17 +772,17 @@ Test(math_logic, logical_not_layouts) {
 
 Test(math_logic, where_every_dtype_broadcast_and_errors) {
     enum { R = 3, C = 4 };
-    for (int d = 0; d < LEN(all_dtypes); d++)
+    for (int d = 0; d < LEN(em_test_all_dtypes); d++)
         for (int p = 0; p < LEN(pairs); p++) {
-            em_dtype dt = all_dtypes[d];
+            em_dtype dt = em_test_all_dtypes[d];
             double cond[R * C], A[R * C], B[C], want[R * C];
             for (int i = 0; i < R * C; i++) {
                 int ia = pairs[p][0] == EXPANDED ? i % C : i;
                 int ic = pairs[p][1] == EXPANDED ? i % C : i;
                 cond[i] = (ic * 5 + 1) % 3 == 0;
-                A[i] = round_to(dt, spread(ia, -4, 4));
+                A[i] = em_test_round_to(dt, spread(ia, -4, 4));
             }
-            for (int j = 0; j < C; j++) B[j] = round_to(dt, spread(j + 50, -4, 4));
+            for (int j = 0; j < C; j++) B[j] = em_test_round_to(dt, spread(j + 50, -4, 4));
             for (int i = 0; i < R * C; i++) want[i] = cond[i] ? A[i] : B[i % C];
             em_tensor *c = logical(EM_BOOL, pairs[p][1], R, C, cond);
             em_tensor *a = logical(dt, pairs[p][0], R, C, A);
@@ -900,9 +874,9 @@ Test(math_backward, analytic_every_float_dtype_and_layout) {
                 em_dtype dt = float_dtypes[d];
                 double G[R * C], X[R * C], want[R * C];
                 for (int i = 0; i < R * C; i++) {
-                    G[i] = round_to(dt, spread((pairs[p][0] == EXPANDED ? i % C : i) + 3, -2, 2));
-                    X[i] = round_to(dt, spread(pairs[p][1] == EXPANDED ? i % C : i, c->lo, c->hi));
-                    want[i] = round_to(dt, c->ref(G[i], X[i]));
+                    G[i] = em_test_round_to(dt, spread((pairs[p][0] == EXPANDED ? i % C : i) + 3, -2, 2));
+                    X[i] = em_test_round_to(dt, spread(pairs[p][1] == EXPANDED ? i % C : i, c->lo, c->hi));
+                    want[i] = em_test_round_to(dt, c->ref(G[i], X[i]));
                 }
                 em_tensor *g = logical(dt, pairs[p][0], R, C, G);
                 em_tensor *x = logical(dt, pairs[p][1], R, C, X);
@@ -944,7 +918,7 @@ Test(math_backward, central_differences_f64) {
         {"tanh", em_tanh(xp), em_tanh(xm), em_tanh_backward(g, tx)},
     };
     for (int k = 0; k < LEN(c); k++) {
-        double *p = values(c[k].fp), *m = values(c[k].fm), want[N];
+        double *p = em_test_values(c[k].fp), *m = em_test_values(c[k].fm), want[N];
         for (int i = 0; i < N; i++) want[i] = (p[i] - m[i]) / (2 * h);
         expect_values(c[k].bw, want, N, (tol){1e-7, 1e-8}, c[k].name);
         free(p);

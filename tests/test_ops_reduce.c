@@ -26,26 +26,9 @@ TestSuite(reduce_ops, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(reduce_edge, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(reduce_big, .init = em_test_setup, .fini = em_test_teardown, .timeout = 120);
 
-static const em_dtype all_dtypes[] = {EM_F32, EM_F64, EM_F16, EM_BF16,
-                                      EM_I32, EM_I64, EM_U8,  EM_BOOL};
-#define N_DTYPES 8
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
-static double round_to(em_dtype dt, double v) {
-    switch (dt) {
-    case EM_F32: return (float)v;
-    case EM_F64: return v;
-    case EM_F16: return em_f16_to_f32(em_f32_to_f16((float)v));
-    case EM_BF16: return em_bf16_to_f32(em_f32_to_bf16((float)v));
-    case EM_I32: return (int32_t)(int64_t)v;
-    case EM_I64: return (double)(int64_t)v;
-    case EM_U8: return (uint8_t)(int64_t)v;
-    case EM_BOOL: return v != 0;
-    default: cr_assert_fail("bad dtype");
-    }
-    return 0;
-}
 
 static double tol(em_dtype dt) {
     switch (dt) {
@@ -67,16 +50,6 @@ static double gen(em_dtype dt, int64_t i, int seed) {
     return (double)(k - 11);
 }
 
-static double *values(const em_tensor *t) {
-    int64_t n = em_tensor_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    em_tensor *d = em_to_dtype(t, EM_F64);
-    cr_assert(d, "to_dtype: %s", em_last_error());
-    cr_assert_eq(em_tensor_to_host(d, v, sizeof(double) * (size_t)n), EM_OK, "%s",
-                 em_last_error());
-    em_tensor_release(d);
-    return v;
-}
 
 /* The raw int64 elements of an int64 tensor. */
 static int64_t *ivalues(const em_tensor *t) {
@@ -102,7 +75,7 @@ static void expect_values(const em_tensor *got, const double *want, int64_t n, d
     cr_assert(got, "%s: %s", what, em_last_error());
     cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
                  (long long)em_tensor_numel(got), (long long)n);
-    double *g = values(got);
+    double *g = em_test_values(got);
     for (int64_t i = 0; i < n; i++)
         cr_expect(close_to(g[i], want[i], t), "%s: element %lld is %.17g, want %.17g", what,
                   (long long)i, g[i], want[i]);
@@ -358,7 +331,7 @@ static void check(rop op, em_dtype dt, layout la, const dims_case *c, bool keepd
                     if ((c->red[0] || i == oi) && (c->red[1] || j == oj) && (c->red[2] || k == ok))
                         x[n++] = L[(i * D1 + j) * D2 + k];
         cr_assert_eq(n, n_red);
-        want[o] = round_to(rt, ref(op, dt, x, n, prm, &widx[o], &wint[o]));
+        want[o] = em_test_round_to(rt, ref(op, dt, x, n, prm, &widx[o], &wint[o]));
     }
     em_tensor *a = logical3(dt, la, L), *idx = NULL;
     em_tensor *y = call(op, a, c->ndims, c->dims, keepdim, prm, &idx);
@@ -380,15 +353,15 @@ static void check(rop op, em_dtype dt, layout la, const dims_case *c, bool keepd
 
 /* Every dims case (single-dim ops: the single-dim cases), layout and keepdim. */
 static void check_all(rop op, rparam prm) {
-    for (int k = 0; k < N_DTYPES; k++) {
-        if (!takes(op, all_dtypes[k])) continue;
+    for (int k = 0; k < EM_TEST_N_DTYPES; k++) {
+        if (!takes(op, em_test_all_dtypes[k])) continue;
         for (layout la = CONTIG; la < N_LAYOUTS; la++)
             for (int c = 0; c < N_CASES; c++) {
                 if (one_dim(op) && cases[c].ndims != 1 &&
                     !((op == ARGMAX || op == ARGMIN) && cases[c].ndims == 0))
                     continue;
-                check(op, all_dtypes[k], la, &cases[c], false, prm);
-                check(op, all_dtypes[k], la, &cases[c], true, prm);
+                check(op, em_test_all_dtypes[k], la, &cases[c], false, prm);
+                check(op, em_test_all_dtypes[k], la, &cases[c], true, prm);
             }
     }
 }
@@ -436,7 +409,7 @@ Test(reduce_edge, nan_propagates_and_first_nan_wins) {
         expect_values(n2, (const double[]){NAN, 5}, 2, 0, "inf-norm with NaN");
         em_tensor *l = em_logsumexp(a, 1, (const int[]){1}, false);
         em_tensor *va = em_var(a, 1, (const int[]){1}, 1, false);
-        double *lv = values(l), *vv = values(va);
+        double *lv = em_test_values(l), *vv = em_test_values(va);
         cr_expect(isnan(lv[0]) && !isnan(lv[1]), "logsumexp with NaN: %g %g", lv[0], lv[1]);
         cr_expect(isnan(vv[0]) && !isnan(vv[1]), "var with NaN: %g %g", vv[0], vv[1]);
         free(lv);
@@ -622,7 +595,7 @@ static em_tensor *random_tensor(em_dtype dt, int ndim, const int64_t *shape, uin
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     double *x = malloc(sizeof(double) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) x[i] = round_to(dt, 4 * lcg(&seed));
+    for (int64_t i = 0; i < n; i++) x[i] = em_test_round_to(dt, 4 * lcg(&seed));
     em_tensor *t = em_test_tensor(dt, ndim, shape, x);
     *host = x;
     return t;
@@ -645,7 +618,7 @@ static void check_big(rop op, em_dtype dt, int64_t N, int64_t C, int dim, rparam
     snprintf(what, sizeof what, "%s %s (%lld, %lld) dim %d", rop_names[op], em_dtype_name(dt),
              (long long)N, (long long)C, dim);
     int64_t n_out = em_tensor_numel(y[0]), n_red = N * C / n_out;
-    double *g1 = values(y[0]), *g2 = values(y[1]);
+    double *g1 = em_test_values(y[0]), *g2 = em_test_values(y[1]);
     cr_expect(memcmp(g1, g2, sizeof(double) * (size_t)n_out) == 0 ||
               (isnan(g1[0]) && isnan(g2[0])), "%s: 1 and 2 threads differ", what);
     double *xs = malloc(sizeof(double) * (size_t)n_red);
@@ -654,7 +627,7 @@ static void check_big(rop op, em_dtype dt, int64_t N, int64_t C, int dim, rparam
         for (int64_t r = 0; r < n_red; r++)
             xs[r] = dim == 0 ? h[r * C + o] : dim == 1 ? h[o * C + r] : h[r];
         int64_t wi, wv;
-        double w = round_to(rt, ref(op, dt, xs, n_red, prm, &wi, &wv));
+        double w = em_test_round_to(rt, ref(op, dt, xs, n_red, prm, &wi, &wv));
         if (op == ARGMAX || op == ARGMIN) cr_expect_eq((int64_t)g1[o], wi, "%s: output %lld", what, (long long)o);
         else cr_expect(close_to(g1[o], w, tol(rt)), "%s: output %lld is %.17g, want %.17g", what,
                        (long long)o, g1[o], w);
@@ -697,7 +670,7 @@ Test(reduce_big, sum_dim0_columns_is_accurate) {
     em_tensor *x = random_tensor(EM_F32, 2, (const int64_t[]){4096, 1024}, 5, &h);
     em_tensor *s = em_sum(x, 1, (const int[]){0}, false);
     cr_assert(s, "%s", em_last_error());
-    double *g = values(s);
+    double *g = em_test_values(s);
     for (int64_t c = 0; c < 1024; c++) {
         double w = 0;
         for (int64_t r = 0; r < 4096; r++) w += h[r * 1024 + c];
