@@ -823,6 +823,12 @@ static em_status run_backward(int n_roots, em_tensor *const *roots, em_tensor **
         bool any = false;
         for (int j = 0; j < n->n_out; j++) any |= n->buf[j] != NULL;
         if (st == EM_OK && any) st = apply_node(n, grads);
+        /* The node's grads are spent: releasing them first lets a leaf take a grad that is a
+         * view of one (a transposed weight's) without a copy. */
+        for (int j = 0; j < n->n_out; j++) {
+            em_tensor_release(n->buf[j]);
+            n->buf[j] = NULL;
+        }
         for (int i = 0; i < n->n_in; i++) {
             edge *e = &n->next[i];
             em_tensor *g = grads[i];
@@ -841,10 +847,6 @@ static em_status run_backward(int n_roots, em_tensor *const *roots, em_tensor **
             }
             if (e->node && --e->node->deps == 0 && st == EM_OK && !heap_push(&ready, e->node))
                 st = EM_ERR_NOMEM;
-        }
-        for (int j = 0; j < n->n_out; j++) {
-            em_tensor_release(n->buf[j]);
-            n->buf[j] = NULL;
         }
         if (!retain && st == EM_OK) {
             free_saved(n);

@@ -139,6 +139,10 @@ em_tensor *em__tensor_view(const em_tensor *t, int ndim, const int64_t *shape,
  * sets EM_ERR_RANGE naming `who` when out of range. */
 int em__wrap_dim(int dim, int ndim, const char *who);
 bool em__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
+/* True when t's last two dims are a transposed view of a dense matrix (strides 1 and rows):
+ * matmul backward then produces the grad in that layout, so a weight used through a transposed
+ * view (linear) gets a contiguous grad the engine can keep without a copy. */
+bool em__is_transposed_dense(const em_tensor *t);
 void em__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 int64_t em__numel(int ndim, const int64_t *shape);
 /* Fill a kernel view of t. */

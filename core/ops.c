@@ -171,16 +171,20 @@ static em_status d_sum(const em_backward_ctx *c, em_tensor **gi) {
     return gi[0] ? EM_OK : em_last_status();
 }
 static const em_op *op_bmm;
+/* x @ y batched, laid out like `like`: when like is a transposed dense view, computed as
+ * (y^T @ x^T)^T so the result has like's strides. */
+static em_tensor *bmm_like(const em_tensor *like, const em_tensor *x, const em_tensor *y) {
+    bool t = em__is_transposed_dense(like);
+    const em_tensor *in[2] = {t ? em_transpose(y, 1, 2) : x, t ? em_transpose(x, 1, 2) : y};
+    em_tensor *r = em__scope_track(em__op1(op_bmm, in, 2, NULL));
+    return t && r ? em_transpose(r, 1, 2) : r;
+}
 static em_status d_bmm(const em_backward_ctx *c, em_tensor **gi) {
-    /* (B,M,K) x (B,K,N): dA = G x B^T, dB = A^T x G */
-    if (NEED(0)) {
-        const em_tensor *in[2] = {G, em_transpose(c->in[1], 1, 2)};
-        if (!(gi[0] = em__scope_track(em__op1(op_bmm, in, 2, NULL)))) return em_last_status();
-    }
-    if (NEED(1)) {
-        const em_tensor *in[2] = {em_transpose(c->in[0], 1, 2), G};
-        if (!(gi[1] = em__scope_track(em__op1(op_bmm, in, 2, NULL)))) return em_last_status();
-    }
+    /* (B,M,K) x (B,K,N): dA = G x B^T, dB = A^T x G, each in its input's layout */
+    if (NEED(0) && !(gi[0] = bmm_like(c->in[0], G, em_transpose(c->in[1], 1, 2))))
+        return em_last_status();
+    if (NEED(1) && !(gi[1] = bmm_like(c->in[1], em_transpose(c->in[0], 1, 2), G)))
+        return em_last_status();
     return EM_OK;
 }
 static em_status d_index_select(const em_backward_ctx *c, em_tensor **gi) {

@@ -52,6 +52,13 @@ static em_status infer_addmm(const em_op *op, const em_tensor *const *in, const 
 static em_tensor *scaled(em_tensor *t, double k) {
     return k == 1 ? t : em_mul_scalar(t, k);
 }
+/* x @ y laid out like `like` (see em__is_transposed_dense): linear's weight enters addmm as a
+ * transposed view, and its grad then arrives contiguous, as the weight is. */
+static em_tensor *mm_like(const em_tensor *like, const em_tensor *x, const em_tensor *y) {
+    if (!em__is_transposed_dense(like)) return em_matmul(x, y);
+    em_tensor *r = em_matmul(em_transpose(y, 0, 1), em_transpose(x, 0, 1));
+    return r ? em_transpose(r, 0, 1) : NULL;
+}
 static em_status d_addmm(const em_backward_ctx *c, em_tensor **gi) {
     const em_tensor *g = c->grad_out[0];
     double beta = c->attrs[0].type == EM_ATTR_FLOAT ? c->attrs[0].v.f : 1;
@@ -59,9 +66,11 @@ static em_status d_addmm(const em_backward_ctx *c, em_tensor **gi) {
     if (c->needs_grad[0] && !(gi[0] = beta == 1 ? em_tensor_retain((em_tensor *)g)
                                                 : em_mul_scalar(g, beta)))
         return em_last_status();
-    if (c->needs_grad[1] && !(gi[1] = scaled(em_matmul(g, em_transpose(c->in[2], 0, 1)), alpha)))
+    if (c->needs_grad[1] && !(gi[1] = scaled(mm_like(c->in[1], g, em_transpose(c->in[2], 0, 1)),
+                                             alpha)))
         return em_last_status();
-    if (c->needs_grad[2] && !(gi[2] = scaled(em_matmul(em_transpose(c->in[1], 0, 1), g), alpha)))
+    if (c->needs_grad[2] && !(gi[2] = scaled(mm_like(c->in[2], em_transpose(c->in[1], 0, 1), g),
+                                             alpha)))
         return em_last_status();
     return EM_OK;
 }

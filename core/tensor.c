@@ -41,6 +41,17 @@ bool em__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides) {
     return true;
 }
 
+bool em__is_transposed_dense(const em_tensor *t) {
+    int n = t->ndim;
+    if (n < 2 || t->shape[n - 1] < 2 || t->shape[n - 2] < 2) return false;
+    int64_t shape[EM_MAX_DIMS], strides[EM_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof(int64_t) * (size_t)n);
+    memcpy(strides, t->strides, sizeof(int64_t) * (size_t)n);
+    shape[n - 1] = t->shape[n - 2], shape[n - 2] = t->shape[n - 1];
+    strides[n - 1] = t->strides[n - 2], strides[n - 2] = t->strides[n - 1];
+    return em__is_contiguous(n, shape, strides);
+}
+
 int em__wrap_dim(int dim, int ndim, const char *who) {
     int lo = ndim > 0 ? -ndim : -1, hi = ndim > 0 ? ndim - 1 : 0;
     if (dim < lo || dim > hi) {
