@@ -404,6 +404,21 @@ static em_status no_kernel_error(const struct em_op *op, int devtype, em_dtype d
 static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, int n_in,
                             const em_attr *attrs, em_tensor *const *out, int n_out, int devtype);
 
+/* An output in which several elements share one memory location (a dim of size > 1 with stride
+ * 0: an expanded view) would be written in an order-dependent way, a silent wrong answer:
+ * refused, as PyTorch does. */
+static em_status overlapping_output(const struct em_op *op, const em_tensor *t, int i) {
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->strides[d] != 0 || t->shape[d] < 2) continue;
+        char s[160];
+        return em_set_error(EM_ERR_INVALID, "%s: output %d (shape %s) has stride 0 in dim %d: "
+                            "more than one of its elements refers to the same memory location "
+                            "(an expanded view); write into a clone() of it instead",
+                            op->schema.name, i, em__shape_str(t->ndim, t->shape, s, sizeof s), d);
+    }
+    return EM_OK;
+}
+
 em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
                          const em_attr *attrs, em_tensor *const *out, int n_out) {
     struct em_op *op = (struct em_op *)cop;
@@ -417,6 +432,8 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
         !em__check_inputs(op->schema.name, (const em_tensor *const *)out, n_out))
         return em_last_status();
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    for (int i = 0; i < n_out; i++)
+        if (overlapping_output(op, out[i], i) != EM_OK) return em_last_status();
     em_device dev = out[0]->storage->device;
     if (!(op->schema.flags & EM_OP_CROSS_DEVICE)) {
         for (int i = 0; i < n_in + n_out; i++) {

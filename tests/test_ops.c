@@ -400,6 +400,27 @@ Test(binary, in_place_leaves_the_rest_of_the_base_alone) {
     RELEASE(two, s, base);
 }
 
+/* Writing into an expanded view (several elements on one memory location) is an error that
+ * names the op, the shape and the dim, and leaves the memory as it was; PyTorch refuses too. */
+Test(binary, in_place_into_an_expanded_view_is_refused) {
+    double P[3] = {1, 2, 3};
+    em_tensor *row = em_test_tensor(EM_F32, 2, (const int64_t[]){1, 3}, P);
+    em_tensor *e = em_expand(row, 2, (const int64_t[]){4, 3}), *one = em_scalar(1, EM_F32);
+    cr_assert(e, "%s", em_last_error());
+    cr_assert_eq(em_add_(e, one), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "add: output 0 (shape [4, 3]) has stride 0 in dim 0");
+    em_tensor *src = em_zeros(2, (const int64_t[]){4, 3}, EM_F32, em_cpu());
+    cr_assert_eq(em_copy_(e, src), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "same memory location");
+    cr_assert_eq(em_fill_(e, 7), EM_ERR_INVALID);
+    expect_values(row, P, 3, 0, "the expanded tensor's memory after refused writes");
+    /* A size-1 dim with stride 0 is not an overlap: writing is fine. */
+    em_tensor *single = em_test_tensor(EM_F32, 1, (const int64_t[]){1}, P);
+    em_tensor *one_row = em_expand(single, 2, (const int64_t[]){1, 1});
+    cr_assert_eq(em_add_(one_row, one), EM_OK, "%s", em_last_error());
+    RELEASE(src, one, e, row, one_row, single);
+}
+
 Test(binary, in_place_dtype_errors) {
     em_tensor *i = em_zeros(1, (const int64_t[]){3}, EM_I64, em_cpu());
     em_tensor *f = em_ones(1, (const int64_t[]){3}, EM_F32, em_cpu());
