@@ -76,7 +76,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     double t0 = now();
-    em_dataset *ds = em_dataset_open("mnist", (const em_option[]){{"path", dir}, {NULL, NULL}});
+    em_options *dso = em_options_new();
+    if (!dso || em_options_set_string(dso, "path", dir) != EM_OK) return 1;
+    em_dataset *ds = em_dataset_open("mnist", dso);
+    em_options_free(dso);
     if (!ds) {
         fprintf(stderr, "bench/loader: %s\n", em_last_error());
         return 1;
