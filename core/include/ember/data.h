@@ -299,7 +299,16 @@ typedef struct em_loader_stats {
     uint64_t max_wait_ns;
 } em_loader_stats;
 EM_API em_loader_stats em_loader_get_stats(const em_loader *l);
+/* Zero the stats and the per-batch wait record: what follows covers the batches from now on
+ * (e.g. reset after a warm-up of 10 batches to measure batches 10..N). */
 EM_API void em_loader_reset_stats(em_loader *l);
+/* A quantile of the per-batch waits since the loader was made or its stats reset: q = 0.5
+ * the median (the lower one for an even count), 0.9 the 90th percentile, in ns. Every wait is
+ * recorded (no sampling, nothing allocated per batch) in a log-scale histogram, so the value
+ * is within 0.8% of the exact quantile (exact below 64 ns). 0 when no batch was handed out
+ * or q is outside [0, 1]. With num_workers >= 1 the wait is the time the consumer found no
+ * batch ready: a median near 0 means the workers keep ahead of the training step. */
+EM_API uint64_t em_loader_wait_quantile(const em_loader *l, double q);
 
 /* Stop the workers (mid-epoch is fine: they are joined), free every buffer. The borrowed
  * batch tensors are released with it. NULL is a no-op. */
