@@ -57,11 +57,6 @@ static const char *generate(void) {
     return dir;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
     int epochs = argc > 2 ? atoi(argv[2]) : 3;
@@ -76,19 +71,21 @@ int main(int argc, char **argv) {
         return 1;
     }
     double t0 = now();
-    em_dataset *ds = em_dataset_open("mnist", (const em_option[]){{"path", dir}, {NULL, NULL}});
+    em_options *dso = em_options_new();
+    if (!dso || em_options_set_string(dso, "path", dir) != EM_OK) return 1;
+    em_dataset *ds = em_dataset_open("mnist", dso);
+    em_options_free(dso);
     if (!ds) {
         fprintf(stderr, "bench/loader: %s\n", em_last_error());
         return 1;
     }
     printf("data: %s in %s: %lld items, opened in %.2f s\n", source, dir,
            (long long)em_dataset_length(ds), now() - t0);
-    printf("batch 128, %d epochs per row (the first batch's wait excluded from the median)\n\n",
-           epochs);
+    printf("batch 128, %d epochs per row; median wait per batch from the loader's wait record "
+           "(em_loader_wait_quantile), the first batch excluded\n\n", epochs);
     printf("%-8s %-8s %-28s %14s %16s\n", "workers", "shuffle", "transforms", "samples/s",
            "median wait us");
     static const float mean[1] = {0.2860f}, std[1] = {0.3530f};
-    uint64_t *waits = malloc(sizeof(uint64_t) * 470 * (size_t)epochs);
     for (int tr = 0; tr < 2; tr++)
         for (int sh = 0; sh < 2; sh++)
             for (int w = 0; w <= 2; w++) {
@@ -104,15 +101,14 @@ int main(int argc, char **argv) {
                     return 1;
                 }
                 em_tensor *x, *y;
-                int64_t items = 0, nw = 0;
+                int64_t items = 0;
                 volatile unsigned sink = 0;
                 double start = now();
                 for (int e = 0; e < epochs; e++) {
-                    int b = 0;
                     while (em_loader_next(l, &x, &y) == EM_OK && x) {
                         items += em_tensor_size(x, 0);
                         sink += *(const unsigned char *)em_tensor_data(x);
-                        if (b++ > 0) waits[nw++] = em_loader_get_stats(l).last_wait_ns;
+                        if (items == em_tensor_size(x, 0)) em_loader_reset_stats(l); /* first */
                     }
                     if (em_last_status() != EM_OK) {
                         fprintf(stderr, "bench/loader: %s\n", em_last_error());
@@ -120,13 +116,11 @@ int main(int argc, char **argv) {
                     }
                 }
                 double secs = now() - start;
-                qsort(waits, (size_t)nw, sizeof *waits, cmp_u64);
                 printf("%-8d %-8s %-28s %14.0f %16.1f\n", w, sh ? "yes" : "no",
                        tr ? "float+normalize+crop+flip" : "none", (double)items / secs,
-                       nw ? (double)waits[nw / 2] / 1e3 : 0.0);
+                       (double)em_loader_wait_quantile(l, 0.5) / 1e3);
                 em_loader_free(l);
             }
-    free(waits);
     em_dataset_free(ds);
     em_shutdown();
     return 0;

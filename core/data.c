@@ -54,8 +54,33 @@ static const char *class_list_locked(char *buf, size_t cap) {
     return buf;
 }
 
-static em_status parse_value(const char *cls, const em_option_def *d, const char *text,
-                             int64_t *iv, double *fv, bool *bv);
+/* A spec's default must pass the spec's own checks (type, range, choices): resolve a bag
+ * holding just the default against that one spec. */
+static em_status check_default(const char *cls, const em_option_spec *sp) {
+    if (sp->required) return EM_OK;
+    unsigned t = sp->def_type ? sp->def_type : (sp->types & (~sp->types + 1u));
+    if (!(t & sp->types) || (t & (t - 1u)))
+        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s': the default "
+                            "of option '%s' has a type the option does not allow", cls, sp->name);
+    em_options *o = em_options_new();
+    if (!o) return EM_ERR_NOMEM;
+    em_status st;
+    switch (t) {
+    case EM_OPT_INT: st = em_options_set_int(o, sp->name, sp->def.i); break;
+    case EM_OPT_FLOAT: st = em_options_set_float(o, sp->name, sp->def.f); break;
+    case EM_OPT_BOOL: st = em_options_set_bool(o, sp->name, sp->def.b); break;
+    case EM_OPT_STRING: st = em_options_set_string(o, sp->name, sp->def.s ? sp->def.s : ""); break;
+    case EM_OPT_INTS: st = em_options_set_ints(o, sp->name, sp->def.n, sp->def.ints); break;
+    case EM_OPT_FLOATS: st = em_options_set_floats(o, sp->name, sp->def.n, sp->def.floats); break;
+    default: st = em_set_error(EM_ERR_INVALID, "unknown type bits %#x", t); break;
+    }
+    if (st == EM_OK) st = em_options_resolve(o, cls, sp, 1);
+    em_options_free(o);
+    if (st != EM_OK && st != EM_ERR_NOMEM)
+        st = em_set_error(EM_ERR_INVALID, "dataset_class_register: the default of an option is "
+                          "invalid: %s", em_last_error());
+    return st;
+}
 
 em_status em_dataset_class_register(em_registry *reg, const em_dataset_class_def *def) {
     if (!reg || !def || def->struct_size < offsetof(em_dataset_class_def, ext))
@@ -67,26 +92,20 @@ em_status em_dataset_class_register(em_registry *reg, const em_dataset_class_def
     if (!def->open || !def->read)
         return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' lacks an %s "
                             "function", def->name, !def->open ? "open" : "read");
-    if (def->n_options && !def->options)
-        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' declares %zu "
-                            "options but no array", def->name, def->n_options);
-    for (size_t i = 0; i < def->n_options; i++) {
-        const em_option_def *o = &def->options[i];
-        if (!o->name || !*o->name || o->type > EM_OPTION_CHOICE ||
-            (o->type == EM_OPTION_CHOICE && (!o->choices || !*o->choices)))
-            return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s': option "
-                                "%zu is malformed (a name, a type, and choices for a choice)",
-                                def->name, i);
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(def->options[j].name, o->name) == 0)
+    if (def->n_options < 0 || (def->n_options > 0 && !def->options))
+        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' declares %d "
+                            "options without a table", def->name, def->n_options);
+    for (int i = 0; i < def->n_options; i++) {
+        const em_option_spec *sp = &def->options[i];
+        if (!sp->name || !*sp->name || !sp->types)
+            return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s': option %d "
+                                "has no name or no types", def->name, i);
+        for (int j = 0; j < i; j++)
+            if (strcmp(def->options[j].name, sp->name) == 0)
                 return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' "
-                                    "declares option '%s' twice", def->name, o->name);
-        int64_t iv;
-        double fv;
-        bool bv;
-        if (o->default_value && parse_value(def->name, o, o->default_value, &iv, &fv, &bv) != EM_OK)
-            return em_set_error(EM_ERR_INVALID, "dataset_class_register: the default of an "
-                                "option is invalid: %s", em_last_error());
+                                    "declares option '%s' twice", def->name, sp->name);
+        em_status st = check_default(def->name, sp);
+        if (st != EM_OK) return st;
     }
     pthread_mutex_lock(&C.lock);
     em_status st = EM_OK;
@@ -204,192 +223,6 @@ const em_dataset_class_def *em_dataset_class_find(const char *name) {
     return &e->def;
 }
 
-/* ---- options ------------------------------------------------------------------------------ */
-
-struct em_dataset_options {
-    const em_option_def *defs;
-    size_t n;
-    const char **text; /* borrowed: the caller's value or the default */
-    int64_t *ints;
-    double *floats;
-    bool *bools;
-    bool *given;
-};
-
-static const char *type_name(em_option_type t) {
-    switch (t) {
-    case EM_OPTION_STRING: return "a string";
-    case EM_OPTION_INT: return "an integer";
-    case EM_OPTION_FLOAT: return "a number";
-    case EM_OPTION_BOOL: return "true or false";
-    case EM_OPTION_CHOICE: return "a choice";
-    }
-    return "?";
-}
-
-/* Whether `text` equals one of the '|'-separated choices. */
-static bool in_choices(const char *choices, const char *text) {
-    size_t n = strlen(text);
-    for (const char *p = choices; *p;) {
-        const char *end = strchr(p, '|');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, text, n) == 0) return true;
-        if (!end) break;
-        p = end + 1;
-    }
-    return false;
-}
-
-static em_status parse_value(const char *cls, const em_option_def *d, const char *text,
-                             int64_t *iv, double *fv, bool *bv) {
-    char *end;
-    bool ranged = d->min < d->max;
-    switch (d->type) {
-    case EM_OPTION_STRING: return EM_OK;
-    case EM_OPTION_INT: {
-        errno = 0;
-        long long v = strtoll(text, &end, 10);
-        if (!*text || *end || errno)
-            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not an "
-                                "integer (%s)", cls, d->name, text, d->help ? d->help : "");
-        if (ranged && ((double)v < d->min || (double)v > d->max))
-            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = %lld is outside "
-                                "the allowed range [%.17g, %.17g]", cls, d->name, v, d->min, d->max);
-        *iv = v;
-        *fv = (double)v;
-        return EM_OK;
-    }
-    case EM_OPTION_FLOAT: {
-        errno = 0;
-        double v = strtod(text, &end);
-        if (!*text || *end || errno || !isfinite(v))
-            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not a "
-                                "finite number (%s)", cls, d->name, text, d->help ? d->help : "");
-        if (ranged && (v < d->min || v > d->max))
-            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = %g is outside the "
-                                "allowed range [%.17g, %.17g]", cls, d->name, v, d->min, d->max);
-        *fv = v;
-        *iv = (int64_t)v;
-        return EM_OK;
-    }
-    case EM_OPTION_BOOL:
-        if (!strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcmp(text, "1")) *bv = true;
-        else if (!strcasecmp(text, "false") || !strcasecmp(text, "no") || !strcmp(text, "0")) *bv = false;
-        else
-            return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not a "
-                                "boolean; allowed values: true, false, yes, no, 1, 0", cls,
-                                d->name, text);
-        *iv = *bv;
-        return EM_OK;
-    case EM_OPTION_CHOICE: {
-        if (in_choices(d->choices, text)) return EM_OK;
-        char allowed[256];
-        snprintf(allowed, sizeof allowed, "%s", d->choices);
-        for (char *p = allowed; *p; p++)
-            if (*p == '|') *p = ',';
-        return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' = '%s' is not allowed; "
-                            "allowed values: %s", cls, d->name, text, allowed);
-    }
-    }
-    return em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' has an unknown type", cls,
-                        d->name);
-}
-
-static void options_free(em_dataset_options *o) {
-    if (!o) return;
-    em__free(o->text);
-    em__free(o->ints);
-    em__free(o->floats);
-    em__free(o->bools);
-    em__free(o->given);
-    em__free(o);
-}
-
-/* Validate the caller's options against the class's definitions. */
-static em_dataset_options *options_parse(const em_dataset_class_def *def, const em_option *given) {
-    em_dataset_options *o = em__calloc(1, sizeof *o, "dataset options");
-    if (!o) return NULL;
-    size_t n = def->n_options;
-    o->defs = def->options;
-    o->n = n;
-    size_t k = n ? n : 1;
-    o->text = em__calloc(k, sizeof *o->text, "dataset options");
-    o->ints = em__calloc(k, sizeof *o->ints, "dataset options");
-    o->floats = em__calloc(k, sizeof *o->floats, "dataset options");
-    o->bools = em__calloc(k, sizeof *o->bools, "dataset options");
-    o->given = em__calloc(k, sizeof *o->given, "dataset options");
-    if (!o->text || !o->ints || !o->floats || !o->bools || !o->given) goto fail;
-    for (const em_option *g = given; g && g->key; g++) {
-        size_t i = 0;
-        while (i < n && strcmp(def->options[i].name, g->key) != 0) i++;
-        if (i == n) {
-            char list[512];
-            size_t m = 0;
-            list[0] = '\0';
-            for (size_t j = 0; j < n && m < sizeof list; j++)
-                m += (size_t)snprintf(list + m, sizeof list - m, "%s%s", j ? ", " : "",
-                                      def->options[j].name);
-            em_set_error(EM_ERR_INVALID, "dataset '%s': unknown option '%s'; its options are: %s",
-                         def->name, g->key, n ? list : "(none)");
-            goto fail;
-        }
-        if (o->given[i]) {
-            em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' is given twice", def->name,
-                         g->key);
-            goto fail;
-        }
-        if (!g->value) {
-            em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' has no value", def->name,
-                         g->key);
-            goto fail;
-        }
-        o->given[i] = true;
-        o->text[i] = g->value;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const em_option_def *d = &def->options[i];
-        if (!o->given[i]) o->text[i] = d->default_value;
-        if (!o->text[i]) {
-            em_set_error(EM_ERR_INVALID, "dataset '%s': option '%s' is required (%s, %s)",
-                         def->name, d->name, type_name(d->type), d->help ? d->help : "no help");
-            goto fail;
-        }
-        if (parse_value(def->name, d, o->text[i], &o->ints[i], &o->floats[i], &o->bools[i]) != EM_OK)
-            goto fail;
-    }
-    return o;
-fail:
-    options_free(o);
-    return NULL;
-}
-
-static int option_index(const em_dataset_options *o, const char *name) {
-    for (size_t i = 0; o && name && i < o->n; i++)
-        if (strcmp(o->defs[i].name, name) == 0) return (int)i;
-    return -1;
-}
-
-const char *em_dataset_option_string(const em_dataset_options *o, const char *name) {
-    int i = option_index(o, name);
-    return i < 0 ? NULL : o->text[i];
-}
-int64_t em_dataset_option_int(const em_dataset_options *o, const char *name) {
-    int i = option_index(o, name);
-    return i < 0 ? 0 : o->ints[i];
-}
-double em_dataset_option_float(const em_dataset_options *o, const char *name) {
-    int i = option_index(o, name);
-    return i < 0 ? 0.0 : o->floats[i];
-}
-bool em_dataset_option_bool(const em_dataset_options *o, const char *name) {
-    int i = option_index(o, name);
-    return i < 0 ? false : o->bools[i];
-}
-bool em_dataset_option_given(const em_dataset_options *o, const char *name) {
-    int i = option_index(o, name);
-    return i < 0 ? false : o->given[i];
-}
-
 /* ---- datasets ----------------------------------------------------------------------------- */
 
 size_t em__data_item_bytes(int ndim, const int64_t *shape, em_dtype dt) {
@@ -456,15 +289,21 @@ static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
     return ds;
 }
 
-em_dataset *em_dataset_open(const char *name, const em_option *options) {
+em_dataset *em_dataset_open(const char *name, const em_options *opts) {
     const em_dataset_class_def *def = em_dataset_class_find(name);
     if (!def) return NULL;
-    em_dataset_options *o = options_parse(def, options);
+    em_options *o = opts ? em_options_copy(opts) : em_options_new();
     if (!o) return NULL;
+    char owner[128]; /* errors read "dataset 'csv': unknown option 'delimeter' ..." */
+    snprintf(owner, sizeof owner, "dataset '%s'", def->name);
+    if (em_options_resolve(o, owner, def->options, def->n_options) != EM_OK) {
+        em_options_free(o);
+        return NULL;
+    }
     em_dataset_info info = {.struct_size = sizeof info};
     void *state = NULL;
     em_status st = def->open(o, &info, &state);
-    options_free(o);
+    em_options_free(o);
     if (st != EM_OK) {
         if (!em__error_pending())
             em_set_error(st, "dataset '%s': open failed without saying why", name);

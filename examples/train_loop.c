@@ -54,7 +54,10 @@ int main(int argc, char **argv) {
     em_module *loss_fn = layer("CrossEntropyLoss", NULL, 0, NULL, 0);
 
     /* Data: the train split, 10% held out for validation; uint8 pixels become floats. */
-    em_dataset *all = em_dataset_open("mnist", (const em_option[]){{"path", dir}, {NULL, NULL}});
+    em_options *dso = em_options_new();
+    CHECK(dso && em_options_set_string(dso, "path", dir) == EM_OK);
+    em_dataset *all = em_dataset_open("mnist", dso); /* checks the options against the class */
+    em_options_free(dso);
     CHECK(all);
     int64_t n = em_dataset_length(all), n_val = n / 10;
     em_dataset *parts[2];

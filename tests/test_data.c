@@ -3,6 +3,7 @@
  * formats (MNIST IDX raw and gzip, CIFAR-10, CSV, synthetic) on files generated here, the
  * bundled digits, bad input of every kind, in-memory datasets, subsets and random_split.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -79,9 +80,38 @@ static void write_idx(const char *dir, const char *prefix, uint32_t n, uint32_t 
     free(lab);
 }
 
+/* Open class cls with options given as text, the way a config file gives them: key, value,
+ * ..., NULL. */
+static em_dataset *open_text(const char *cls, ...) {
+    em_options *o = em_options_new();
+    cr_assert(o);
+    va_list ap;
+    va_start(ap, cls);
+    for (const char *k; (k = va_arg(ap, const char *));)
+        cr_assert_eq(em_options_set_text(o, k, va_arg(ap, const char *), NULL), EM_OK);
+    va_end(ap);
+    em_dataset *ds = em_dataset_open(cls, o);
+    em_options_free(o);
+    return ds;
+}
+
+/* Open a CSV file with more text options: key, value, ..., NULL. */
+static em_dataset *open_csv(const char *path, ...) {
+    em_options *o = em_options_new();
+    cr_assert(o);
+    cr_assert_eq(em_options_set_string(o, "path", path), EM_OK);
+    va_list ap;
+    va_start(ap, path);
+    for (const char *k; (k = va_arg(ap, const char *));)
+        cr_assert_eq(em_options_set_text(o, k, va_arg(ap, const char *), NULL), EM_OK);
+    va_end(ap);
+    em_dataset *ds = em_dataset_open("csv", o);
+    em_options_free(o);
+    return ds;
+}
+
 static em_dataset *open_mnist(const char *dir, const char *split) {
-    return em_dataset_open("mnist", (const em_option[]){{"path", dir}, {"split", split},
-                                                        {NULL, NULL}});
+    return open_text("mnist", "path", dir, "split", split, NULL);
 }
 
 /* Read items of ds into fresh buffers (caller frees). */
@@ -97,13 +127,13 @@ static void read_items(em_dataset *ds, const int64_t *idx, int64_t n, void **in,
 
 /* ---- the registry and options ------------------------------------------------------------- */
 
-static em_status toy_open(const em_dataset_options *o, em_dataset_info *info, void **state) {
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_dataset_option_int(o, "n"),
+static em_status toy_open(const em_options *o, em_dataset_info *info, void **state) {
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_options_int(o, "n"),
                               .input_ndim = 1, .input_shape = {1}, .input_dtype = EM_F32,
                               .target_dtype = EM_I64, .num_classes = 2};
     double *s = malloc(sizeof(double));
-    *s = em_dataset_option_float(o, "value") * (em_dataset_option_bool(o, "negate") ? -1 : 1);
-    if (strcmp(em_dataset_option_string(o, "mode"), "b") == 0) *s += 100;
+    *s = em_options_float(o, "value") * (em_options_bool(o, "negate") ? -1 : 1);
+    if (strcmp(em_options_string(o, "mode"), "b") == 0) *s += 100;
     *state = s;
     return EM_OK;
 }
@@ -114,11 +144,14 @@ static em_status toy_read(void *state, const int64_t *idx, int64_t n, void *in, 
     }
     return EM_OK;
 }
-static const em_option_def toy_opts[] = {
-    {.name = "n", .type = EM_OPTION_INT, .default_value = "4", .min = 1, .max = 100, .help = "items"},
-    {.name = "value", .type = EM_OPTION_FLOAT, .help = "base value"},
-    {.name = "negate", .type = EM_OPTION_BOOL, .default_value = "false"},
-    {.name = "mode", .type = EM_OPTION_CHOICE, .default_value = "a", .choices = "a|b"},
+static const char *const toy_modes[] = {"a", "b", NULL};
+static const em_option_spec toy_opts[] = {
+    {.name = "n", .types = EM_OPT_INT, .def = {.i = 4}, .has_range = true, .min = 1, .max = 100,
+     .help = "items"},
+    {.name = "value", .types = EM_OPT_FLOAT, .required = true, .has_range = true, .min = -1e6,
+     .max = 1e6, .help = "base value"},
+    {.name = "negate", .types = EM_OPT_BOOL, .def = {.b = false}},
+    {.name = "mode", .types = EM_OPT_STRING, .def = {.s = "a"}, .choices = toy_modes},
 };
 
 Test(data, program_registers_a_class_with_typed_options) {
@@ -135,8 +168,8 @@ Test(data, program_registers_a_class_with_typed_options) {
         listed |= strcmp(em_dataset_class_name(i), "toy") == 0;
     cr_assert(listed);
 
-    em_dataset *ds = em_dataset_open("toy", (const em_option[]){
-        {"value", "2.5"}, {"negate", "yes"}, {"mode", "b"}, {"n", "7"}, {NULL, NULL}});
+    em_dataset *ds = open_text("toy", "value", "2.5", "negate", "yes", "mode", "b", "n", "7",
+                               NULL);
     cr_assert(ds, "%s", em_last_error());
     cr_assert_eq(em_dataset_length(ds), 7);
     cr_assert_str_eq(em_dataset_name(ds), "toy");
@@ -149,24 +182,49 @@ Test(data, program_registers_a_class_with_typed_options) {
     cr_assert_eq(em_dataset_read(ds, &i9, 1, &in, &tg), EM_ERR_RANGE);
     em_assert_error(EM_ERR_RANGE, "item index 9 is out of range (length 7)");
     em_dataset_free(ds);
+    /* typed setters from C give the same dataset; an int is accepted for a float option */
+    em_options *o = em_options_new();
+    cr_assert_eq(em_options_set_int(o, "value", 2), EM_OK);
+    cr_assert_eq(em_options_set_bool(o, "negate", true), EM_OK);
+    ds = em_dataset_open("toy", o);
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 4); /* the default */
+    cr_assert_eq(em_dataset_read(ds, &i3, 1, &in, &tg), EM_OK);
+    cr_assert_float_eq(in, 1.0f, 1e-6); /* -2 + 3 */
+    em_dataset_free(ds);
+    /* the caller's bag is borrowed, not changed: still two entries, no defaults added */
+    cr_assert_eq(em_options_count(o), 2);
+    /* a wrong type from C */
+    cr_assert_eq(em_options_set_string(o, "n", "seven"), EM_OK);
+    cr_assert_null(em_dataset_open("toy", o));
+    em_assert_error(EM_ERR_INVALID, "dataset 'toy': option 'n' = 'seven': wrong type; expected "
+                    "an int in [1, 100] (items)");
+    em_options_free(o);
 
-#define BAD(status, needle, ...)                                                               \
+#define BAD(needle, ...)                                                                       \
     do {                                                                                       \
-        cr_assert_null(em_dataset_open("toy", (const em_option[]){__VA_ARGS__, {NULL, NULL}})); \
-        em_assert_error(status, needle);                                                       \
+        cr_assert_null(open_text("toy", __VA_ARGS__, NULL));                                   \
+        em_assert_error(EM_ERR_INVALID, needle);                                               \
     } while (0)
-    BAD(EM_ERR_INVALID, "dataset 'toy': option 'value' is required", {"n", "3"});
-    BAD(EM_ERR_INVALID, "unknown option 'valeu'; its options are: n, value, negate, mode",
-        {"valeu", "1"});
-    BAD(EM_ERR_INVALID, "option 'n' = 'x3' is not an integer", {"value", "1"}, {"n", "x3"});
-    BAD(EM_ERR_INVALID, "option 'n' = 101 is outside the allowed range [1, 100]", {"value", "1"},
-        {"n", "101"});
-    BAD(EM_ERR_INVALID, "option 'value' = 'nan' is not a finite number", {"value", "nan"});
-    BAD(EM_ERR_INVALID, "option 'negate' = 'maybe' is not a boolean", {"value", "1"},
-        {"negate", "maybe"});
-    BAD(EM_ERR_INVALID, "option 'mode' = 'c' is not allowed; allowed values: a,b", {"value", "1"},
-        {"mode", "c"});
-    BAD(EM_ERR_INVALID, "option 'value' is given twice", {"value", "1"}, {"value", "2"});
+    BAD("dataset 'toy': option 'value' is required: a number in [-1e+06, 1e+06] (base value)",
+        "n", "3");
+    BAD("dataset 'toy': unknown option 'valeu' (did you mean 'value'?); dataset 'toy' takes: "
+        "n, value, negate, mode", "valeu", "1");
+    BAD("dataset 'toy': unknown option 'colour'; dataset 'toy' takes: n, value, negate, mode",
+        "colour", "red");
+    BAD("dataset 'toy': option 'n' = 'x3': wrong type; expected an int in [1, 100] (items)",
+        "value", "1", "n", "x3");
+    BAD("dataset 'toy': option 'n' = '2.5': not an integer; expected an int in [1, 100]",
+        "value", "1", "n", "2.5");
+    BAD("dataset 'toy': option 'n' = 101: out of range; expected an int in [1, 100] (items)",
+        "value", "1", "n", "101");
+    BAD("dataset 'toy': option 'n' = 0: out of range", "value", "1", "n", "0");
+    BAD("dataset 'toy': option 'value' = nan: out of range; expected a number in [-1e+06, "
+        "1e+06]", "value", "nan");
+    BAD("dataset 'toy': option 'negate' = 'maybe': wrong type; expected true or false",
+        "value", "1", "negate", "maybe");
+    BAD("dataset 'toy': option 'mode' = 'c': not one of the choices; expected one of 'a', 'b'",
+        "value", "1", "mode", "c");
 #undef BAD
     cr_assert_null(em_dataset_open("nope", NULL));
     em_assert_error(EM_ERR_NOTFOUND, "no dataset class named 'nope' is registered; registered: ");
@@ -181,6 +239,72 @@ Test(data, program_registers_a_class_with_typed_options) {
     bad.read = NULL;
     cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
     em_assert_error(EM_ERR_INVALID, "lacks an read function");
+    /* malformed option tables: a duplicate, no types, defaults that fail their own checks */
+    em_option_spec specs[2] = {toy_opts[0], toy_opts[0]};
+    bad = d;
+    bad.options = specs;
+    bad.n_options = 2;
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "class 'toy' declares option 'n' twice");
+    bad.n_options = 1;
+    specs[0].types = 0;
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "class 'toy': option 0 has no name or no types");
+    specs[0] = toy_opts[0];
+    specs[0].def.i = 0; /* outside [1, 100] */
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "the default of an option is invalid: toy: option 'n' = 0: "
+                    "out of range");
+    specs[0] = toy_opts[3];
+    specs[0].def.s = "c"; /* not a choice */
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "option 'mode' = 'c': not one of the choices");
+    specs[0].def_type = EM_OPT_INT; /* a default of a type the option does not take */
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "the default of option 'mode' has a type the option does "
+                    "not allow");
+    bad.n_options = -1;
+    cr_assert_eq(em_dataset_class_register(prog, &bad), EM_ERR_INVALID);
+    cr_assert_null(em_dataset_class_find("toy"));
+}
+
+Test(data, the_plugin_classes_check_their_options) {
+    /* each of ember-data's classes, through the one options mechanism: unknown option with
+     * a did-you-mean, wrong type, out of range, not a choice, missing */
+    cr_assert_null(open_text("mnist", "pth", "/tmp", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'mnist': unknown option 'pth' (did you mean "
+                    "'path'?); dataset 'mnist' takes: path, split, classes");
+    cr_assert_null(open_text("mnist", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'mnist': option 'path' is required: a string");
+    cr_assert_null(open_text("mnist", "path", "/tmp", "split", "tran", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'mnist': option 'split' = 'tran': not one of the "
+                    "choices; expected one of 'train', 'test'");
+    cr_assert_null(open_text("mnist", "path", "/tmp", "classes", "300", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'mnist': option 'classes' = 300: out of range; "
+                    "expected an int in [1, 256]");
+    cr_assert_null(open_text("mnist", "path", "/tmp", "classes", "ten", NULL));
+    em_assert_error(EM_ERR_INVALID, "option 'classes' = 'ten': wrong type");
+    cr_assert_null(open_text("cifar10", "path", "/tmp", "split", "valid", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'cifar10': option 'split' = 'valid': not one of");
+    cr_assert_null(open_csv("/tmp/x.csv", "delimeter", ";", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'csv': unknown option 'delimeter' (did you mean "
+                    "'delimiter'?)");
+    cr_assert_null(open_csv("/tmp/x.csv", "header", "maybe", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'csv': option 'header' = 'maybe': not one of the "
+                    "choices; expected one of 'auto', or true or false");
+    cr_assert_null(open_csv("/tmp/x.csv", "classes", "-1", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'csv': option 'classes' = -1: out of range");
+    cr_assert_null(open_csv("/tmp/x.csv", "target_columns", "[1, 2.5]", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'csv': option 'target_columns' = '[1, 2.5]'");
+    cr_assert_null(open_text("synthetic", "length", "-5", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'synthetic': option 'length' = -5: out of range");
+    cr_assert_null(open_text("synthetic", "shape", "[3, 0]", NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'synthetic': option 'shape' = [3, 0]: a list entry "
+                    "is out of range");
+    cr_assert_null(open_text("synthetic", "dtype", "float16", NULL));
+    em_assert_error(EM_ERR_INVALID, "expected one of 'float32', 'uint8'");
+    cr_assert_null(open_text("synthetic", "seed", "1.5", NULL));
+    em_assert_error(EM_ERR_INVALID, "option 'seed' = '1.5': not an integer");
 }
 
 Test(data, the_data_plugin_registers_its_classes) {
@@ -279,8 +403,8 @@ Test(data, mnist_bad_input) {
     cr_assert_null(open_mnist(dir, "train"));
     em_assert_error(EM_ERR_IO, "no train-images* file in");
     cr_assert_null(open_mnist(dir, "validation"));
-    em_assert_error(EM_ERR_INVALID, "option 'split' = 'validation' is not allowed; allowed "
-                    "values: train,test");
+    em_assert_error(EM_ERR_INVALID, "dataset 'mnist': option 'split' = 'validation': not one of "
+                    "the choices; expected one of 'train', 'test'");
 
     uint8_t img[16 + 4 * 4], lab[8 + 4];
     put32(img, 0x803), put32(img + 4, 4), put32(img + 8, 2), put32(img + 12, 2);
@@ -351,8 +475,7 @@ Test(data, mnist_bad_input) {
     write_file(lp, lab, sizeof lab, false);
     cr_assert_null(open_mnist(dir, "train"));
     em_assert_error(EM_ERR_FORMAT, "train-labels-idx1-ubyte: item 2 has label 10, outside [0, 10)");
-    em_dataset *more = em_dataset_open("mnist", (const em_option[]){
-        {"path", dir}, {"classes", "11"}, {NULL, NULL}});
+    em_dataset *more = open_text("mnist", "path", dir, "classes", "11", NULL);
     cr_assert(more, "%s", em_last_error());
     em_dataset_free(more);
     cleanup();
@@ -375,7 +498,7 @@ Test(data, cifar10_batches) {
     write_cifar(path_in(dir, "data_batch_1.bin"), 3, 0, false, -1);
     write_cifar(path_in(dir, "data_batch_2.bin"), 4, 3, true, -1);
     write_cifar(path_in(dir, "test_batch.bin"), 2, 100, false, -1);
-    em_dataset *tr = em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}});
+    em_dataset *tr = open_text("cifar10", "path", dir, NULL);
     cr_assert(tr, "%s", em_last_error());
     cr_assert_eq(em_dataset_length(tr), 7);
     const em_dataset_info *info = em_dataset_get_info(tr);
@@ -392,8 +515,7 @@ Test(data, cifar10_batches) {
     free(in);
     free(tg);
     em_dataset_free(tr);
-    em_dataset *te = em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {"split", "test"},
-                                                                     {NULL, NULL}});
+    em_dataset *te = open_text("cifar10", "path", dir, "split", "test", NULL);
     cr_assert(te, "%s", em_last_error());
     cr_assert_eq(em_dataset_length(te), 2);
     em_dataset_free(te);
@@ -402,25 +524,17 @@ Test(data, cifar10_batches) {
     uint8_t junk[3073 + 100] = {1};
     fwrite(junk, 1, sizeof junk, f);
     fclose(f);
-    cr_assert_null(em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}}));
+    cr_assert_null(open_text("cifar10", "path", dir, NULL));
     em_assert_error(EM_ERR_FORMAT, "data_batch_2.bin: truncated: record 1 has 100 of its 3073 bytes");
     write_cifar(path_in(dir, "data_batch_2.bin"), 4, 3, false, 2);
-    cr_assert_null(em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}}));
+    cr_assert_null(open_text("cifar10", "path", dir, NULL));
     em_assert_error(EM_ERR_FORMAT, "data_batch_2.bin: record 2 (item 5) has label 10, outside [0, 10)");
     cleanup();
-    cr_assert_null(em_dataset_open("cifar10", (const em_option[]){{"path", dir}, {NULL, NULL}}));
+    cr_assert_null(open_text("cifar10", "path", dir, NULL));
     em_assert_error(EM_ERR_IO, "cannot open directory");
 }
 
 /* ---- CSV ---------------------------------------------------------------------------------- */
-
-static em_dataset *open_csv(const char *path, const em_option *extra) {
-    em_option o[8] = {{"path", path}};
-    int n = 1;
-    for (; extra && extra->key; extra++) o[n++] = *extra;
-    o[n] = (em_option){NULL, NULL};
-    return em_dataset_open("csv", o);
-}
 
 static void write_text(const char *path, const char *text) {
     write_file(path, text, strlen(text), false);
@@ -447,8 +561,8 @@ Test(data, csv_labels_header_delimiters_quotes) {
     em_dataset_free(ds);
     /* semicolons, no header, label first, explicit classes */
     write_text(p, "1;0.5;0.25\n0;1;2\n");
-    ds = open_csv(p, (const em_option[]){{"delimiter", ";"}, {"label_column", "0"},
-                                          {"header", "false"}, {"classes", "4"}, {NULL, NULL}});
+    ds = open_csv(p, "delimiter", ";", "label_column", "0", "header", "false", "classes", "4",
+                  NULL);
     cr_assert(ds, "%s", em_last_error());
     cr_assert_eq(em_dataset_get_info(ds)->num_classes, 4);
     read_items(ds, idx, 2, &in, &tg);
@@ -457,23 +571,24 @@ Test(data, csv_labels_header_delimiters_quotes) {
     free(in);
     free(tg);
     em_dataset_free(ds);
-    /* tabs, regression targets */
-    write_text(p, "a\tb\tc\td\n1\t2\t3\t4\n5\t6\t7\t8\n");
-    ds = open_csv(p, (const em_option[]){{"delimiter", "tab"}, {"target_columns", "3,1"},
-                                          {NULL, NULL}});
-    cr_assert(ds, "%s", em_last_error());
-    info = em_dataset_get_info(ds);
-    cr_assert_eq(info->target_dtype, EM_F32);
-    cr_assert_eq(info->target_shape[0], 2);
-    cr_assert_eq(info->input_shape[0], 2);
-    read_items(ds, idx, 2, &in, &tg);
-    cr_assert_float_eq(((float *)in)[2], 5.0f, 0);
-    cr_assert_float_eq(((float *)in)[3], 7.0f, 0);
-    cr_assert_float_eq(((float *)tg)[2], 8.0f, 0);
-    cr_assert_float_eq(((float *)tg)[3], 6.0f, 0);
-    free(in);
-    free(tg);
-    em_dataset_free(ds);
+    /* tabs, regression targets (as text "3,1" and as a list [3, 1]) */
+    for (int i = 0; i < 2; i++) {
+        write_text(p, "a\tb\tc\td\n1\t2\t3\t4\n5\t6\t7\t8\n");
+        ds = open_csv(p, "delimiter", "tab", "target_columns", i ? "[3, 1]" : "3,1", NULL);
+        cr_assert(ds, "%s", em_last_error());
+        info = em_dataset_get_info(ds);
+        cr_assert_eq(info->target_dtype, EM_F32);
+        cr_assert_eq(info->target_shape[0], 2);
+        cr_assert_eq(info->input_shape[0], 2);
+        read_items(ds, idx, 2, &in, &tg);
+        cr_assert_float_eq(((float *)in)[2], 5.0f, 0);
+        cr_assert_float_eq(((float *)in)[3], 7.0f, 0);
+        cr_assert_float_eq(((float *)tg)[2], 8.0f, 0);
+        cr_assert_float_eq(((float *)tg)[3], 6.0f, 0);
+        free(in);
+        free(tg);
+        em_dataset_free(ds);
+    }
     cleanup();
 }
 
@@ -496,7 +611,7 @@ Test(data, csv_bad_input) {
     em_assert_error(EM_ERR_FORMAT, "bad.csv line 1 (item 0), column 3: label 0.5 is not a "
                     "non-negative integer");
     write_text(p, "h1,h2,h3\n1,2,0\n3,4,7\n");
-    cr_assert_null(open_csv(p, (const em_option[]){{"classes", "5"}, {NULL, NULL}}));
+    cr_assert_null(open_csv(p, "classes", "5", NULL));
     em_assert_error(EM_ERR_FORMAT, "bad.csv line 3 (item 1), column 3: label 7 is outside [0, 5)");
     write_text(p, "1,2,\"0\n");
     cr_assert_null(open_csv(p, NULL));
@@ -505,9 +620,9 @@ Test(data, csv_bad_input) {
     cr_assert_null(open_csv(p, NULL));
     em_assert_error(EM_ERR_FORMAT, "holds no data rows");
     write_text(p, "1,2\n");
-    cr_assert_null(open_csv(p, (const em_option[]){{"delimiter", "::"}, {NULL, NULL}}));
+    cr_assert_null(open_csv(p, "delimiter", "::", NULL));
     em_assert_error(EM_ERR_INVALID, "option 'delimiter' = '::' must be one character");
-    cr_assert_null(open_csv(p, (const em_option[]){{"label_column", "5"}, {NULL, NULL}}));
+    cr_assert_null(open_csv(p, "label_column", "5", NULL));
     em_assert_error(EM_ERR_INVALID, "label_column 5 is outside the 2 columns");
     cleanup();
 }
@@ -515,8 +630,8 @@ Test(data, csv_bad_input) {
 /* ---- synthetic ---------------------------------------------------------------------------- */
 
 Test(data, synthetic_is_a_function_of_seed_and_item) {
-    em_dataset *ds = em_dataset_open("synthetic", (const em_option[]){
-        {"length", "100"}, {"shape", "2x3"}, {"classes", "5"}, {"seed", "9"}, {NULL, NULL}});
+    em_dataset *ds = open_text("synthetic", "length", "100", "shape", "2x3", "classes", "5",
+                               "seed", "9", NULL);
     cr_assert(ds, "%s", em_last_error());
     int64_t idx[2] = {42, 7};
     void *in, *tg;
@@ -531,8 +646,34 @@ Test(data, synthetic_is_a_function_of_seed_and_item) {
     free(in);
     free(tg);
     em_dataset_free(ds);
-    cr_assert_null(em_dataset_open("synthetic", (const em_option[]){{"shape", "3x0"}, {NULL, NULL}}));
+    cr_assert_null(open_text("synthetic", "shape", "3x0", NULL));
     em_assert_error(EM_ERR_INVALID, "option 'shape' = '3x0'");
+    /* the shape as a list (a config file's [2, 3]) or set from C is the same dataset */
+    em_options *o = em_options_new();
+    cr_assert_eq(em_options_set_ints(o, "shape", 2, (const int64_t[]){2, 3}), EM_OK);
+    cr_assert_eq(em_options_set_int(o, "seed", 9), EM_OK);
+    cr_assert_eq(em_options_set_int(o, "classes", 5), EM_OK);
+    em_dataset *a = em_dataset_open("synthetic", o);
+    em_options_free(o);
+    em_dataset *b = open_text("synthetic", "shape", "[2, 3]", "seed", "9", "classes", "5", NULL);
+    cr_assert(a && b, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(a), 1024); /* the default */
+    cr_assert_eq(em_dataset_get_info(b)->input_ndim, 2);
+    cr_assert_eq(em_dataset_get_info(b)->input_shape[1], 3);
+    void *ia, *ta, *ib, *tb;
+    read_items(a, idx, 2, &ia, &ta);
+    read_items(b, idx, 2, &ib, &tb);
+    cr_assert_arr_eq(ia, ib, 12 * sizeof(float));
+    cr_assert_arr_eq(ta, tb, 2 * sizeof(int64_t));
+    free(ia), free(ta), free(ib), free(tb);
+    em_dataset_free(a);
+    em_dataset_free(b);
+    /* the default shape: (1, 28, 28) */
+    a = open_text("synthetic", NULL);
+    cr_assert(a, "%s", em_last_error());
+    cr_assert_eq(em_dataset_get_info(a)->input_ndim, 3);
+    cr_assert_eq(em_dataset_get_info(a)->input_shape[2], 28);
+    em_dataset_free(a);
 }
 
 /* ---- in-memory datasets, subsets, random_split -------------------------------------------- */

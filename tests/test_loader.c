@@ -2,13 +2,15 @@
  * test_loader.c — the DataLoader: batching, drop_last, shuffling (against the documented
  * Philox permutation, reimplemented here), samplers, transforms, independence from the
  * worker count, saving and restoring the position, worker errors at their batch, stopping
- * mid-epoch, no allocation in steady state, pinned buffers and copies to the test device.
+ * mid-epoch, the per-batch wait record, no allocation in steady state, pinned buffers and
+ * copies to the test device.
  */
 #define _GNU_SOURCE /* setenv */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "common.h"
 
@@ -516,6 +518,83 @@ Test(loader, wait_time_is_reported) {
     em_loader_reset_stats(l);
     cr_assert_eq(em_loader_get_stats(l).batches, 0);
     em_loader_free(l);
+    em_dataset_free(ds);
+}
+
+/* The wait record. Timing bounds are one-sided and generous: a sleep lasts at least as long
+ * as asked (the only exact fact about time here), and a worker given 10x the time it needs
+ * is ahead of the consumer. */
+#define ITEM_SLEEP_NS 1000000L /* 1 ms per item */
+static void sleep_ns(long ns) {
+    struct timespec t = {ns / 1000000000L, ns % 1000000000L};
+    while (nanosleep(&t, &t) != 0) {}
+}
+static em_status slow_item(void *user, int64_t i, void *input, void *target) {
+    (void)user;
+    sleep_ns(ITEM_SLEEP_NS);
+    *(float *)input = (float)i;
+    *(int64_t *)target = 0;
+    return EM_OK;
+}
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+Test(loader, wait_record_gives_the_median_wait) {
+    em_dataset_info info = {.struct_size = sizeof info, .length = 12, .input_ndim = 1,
+                            .input_shape = {1}, .input_dtype = EM_F32, .target_dtype = EM_I64,
+                            .num_classes = 1};
+    em_dataset *ds = em_dataset_from_callback(&info, slow_item, NULL);
+    cr_assert(ds, "%s", em_last_error());
+    for (int w = 0; w <= 1; w++) {
+        em_loader_options o = {.struct_size = sizeof o, .batch_size = 1, .num_workers = w};
+        em_loader *l = em_loader_new(ds, &o);
+        cr_assert(l, "%s", em_last_error());
+        cr_assert_eq(em_loader_wait_quantile(l, 0.5), 0, "no batch yet");
+        uint64_t waits[12];
+        em_tensor *x, *y;
+        for (int b = 0; b < 12; b++) {
+            cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+            cr_assert_not_null(x);
+            waits[b] = em_loader_get_stats(l).last_wait_ns;
+            if (w == 1) sleep_ns(10 * ITEM_SLEEP_NS); /* a slow training step */
+        }
+        /* every wait is recorded: the quantiles match the exact ones from the per-batch
+         * waits to within the histogram's 1/128 (this part does not depend on timing) */
+        qsort(waits, 12, sizeof *waits, cmp_u64);
+        uint64_t med = em_loader_wait_quantile(l, 0.5);
+        cr_assert(fabs((double)med - (double)waits[5]) <= (double)waits[5] / 128 + 1,
+                  "median %llu, exact (lower) median %llu", (unsigned long long)med,
+                  (unsigned long long)waits[5]);
+        cr_assert(fabs((double)em_loader_wait_quantile(l, 1.0) - (double)waits[11]) <=
+                  (double)waits[11] / 128 + 1);
+        cr_assert(fabs((double)em_loader_wait_quantile(l, 0.0) - (double)waits[0]) <=
+                  (double)waits[0] / 128 + 1);
+        cr_assert_eq(em_loader_wait_quantile(l, 1.5), 0);
+        cr_assert_eq(em_loader_wait_quantile(l, NAN), 0);
+        if (w == 0) {
+            /* the caller makes each batch: every wait includes the item's sleep */
+            cr_assert_geq(waits[0], (uint64_t)ITEM_SLEEP_NS);
+            cr_assert_geq(med, (uint64_t)(0.99 * ITEM_SLEEP_NS));
+        } else {
+            /* the worker had the next batch ready while the consumer slept */
+            cr_assert_lt(med, (uint64_t)(ITEM_SLEEP_NS / 2), "median wait %llu ns with a worker",
+                         (unsigned long long)med);
+        }
+        /* a reset starts a new interval */
+        em_loader_reset_stats(l);
+        cr_assert_eq(em_loader_wait_quantile(l, 0.5), 0);
+        cr_assert_eq(em_loader_next(l, &x, &y), EM_OK); /* the end-of-epoch mark: no wait */
+        cr_assert_null(x);
+        cr_assert_eq(em_loader_next(l, &x, &y), EM_OK);
+        cr_assert_not_null(x);
+        cr_assert_eq(em_loader_get_stats(l).batches, 1);
+        uint64_t one = em_loader_get_stats(l).last_wait_ns;
+        cr_assert(fabs((double)em_loader_wait_quantile(l, 0.5) - (double)one) <= one / 128.0 + 1);
+        em_loader_free(l);
+    }
+    cr_assert_eq(em_loader_wait_quantile(NULL, 0.5), 0);
     em_dataset_free(ds);
 }
 

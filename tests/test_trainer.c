@@ -265,6 +265,17 @@ Test(trainer, config_errors_exit_2_naming_the_problem) {
     expect_usage_error("model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
                        "data: {class: mnist, options: {path: /nonexistent/digits}}\n",
                        (const char *[]){"/nonexistent/digits", NULL});
+    /* dataset options are checked by the class, at their line: a typo, a value out of range */
+    expect_usage_error("model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+                       "data:\n  class: mnist\n  options: {path: " EM_TEST_SRCDIR "/data/digits}\n"
+                       "  test: {splt: test}\n",
+                       (const char *[]){"bad.yaml:5:", "dataset 'mnist': unknown option 'splt'",
+                                        "did you mean 'split'", NULL});
+    expect_usage_error("model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+                       "data: {class: mnist, options: {path: " EM_TEST_SRCDIR "/data/digits, "
+                       "classes: 0}}\n",
+                       (const char *[]){"bad.yaml:2:", "option 'classes' = 0: out of range",
+                                        "[1, 256]", NULL});
     /* a shape that does not fit: 8x8 images into a 63-input layer */
     expect_usage_error("model: [Flatten, {Linear: {in_features: 63, out_features: 10}}]\n" GOOD_DATA,
                        (const char *[]){"does not fit", "63", "64", NULL});

@@ -217,64 +217,60 @@ static int read_loop(run *r, const em_config_node *loop) {
 
 static char cfg_dir[PATH_MAX];
 
-/* Collect "options" merged with a split's map into kv (pairs of strings, NULL-terminated).
- * Relative paths are relative to the config file; --data replaces "path". */
+/* Collect "options" merged with a split's map into o, as text with its location, so a bad
+ * option is reported at its line by the dataset class's own checks. Relative paths are
+ * relative to the config file; --data replaces "path". */
 static int gather_options(const em_config_node *base, const em_config_node *split,
-                          em_option *kv, char (*store)[PATH_MAX], int cap) {
-    int n = 0;
-    const em_config_node *maps[2] = {base, split};
+                          em_options *o) {
+    const em_config_node *maps[2] = {base, split}, *pathv = NULL;
     for (int m = 0; m < 2; m++) {
         if (!maps[m]) continue;
-        if (em_config_node_kind(maps[m]) != EM_CONFIG_MAP)
-            return cfg_error(maps[m], "expected a map of dataset options%s", "");
-        for (size_t i = 0; i < em_config_node_len(maps[m]); i++) {
-            const char *k;
-            const em_config_node *v = em_config_node_at(maps[m], i, &k);
-            const char *t = em_config_node_text(v);
-            if (!t) return cfg_error(v, "expected a value%s", "");
-            int slot = n;
-            for (int j = 0; j < n; j++)
-                if (!strcmp(kv[j].key, k)) slot = j;
-            if (slot == n && n + 1 >= cap) return cfg_error(v, "too many options%s", "");
-            if (!strcmp(k, "path") && cli_data) {
-                snprintf(store[slot], PATH_MAX, "%s", cli_data);
-            } else if (!strcmp(k, "path") && t[0] != '/' && cfg_dir[0]) {
-                if ((size_t)snprintf(store[slot], PATH_MAX, "%.2047s/%.2047s", cfg_dir, t) >= PATH_MAX)
-                    return cfg_error(v, "path too long%s", "");
-            } else {
-                snprintf(store[slot], PATH_MAX, "%s", t);
-            }
-            kv[slot].key = k;
-            kv[slot].value = store[slot];
-            if (slot == n) n++;
+        if (em_config_to_options(maps[m], NULL, o) != EM_OK) {
+            report_error(NULL);
+            return EXIT_USAGE;
         }
+        if (em_config_node_kind(maps[m]) == EM_CONFIG_MAP && em_config_node_get(maps[m], "path"))
+            pathv = em_config_node_get(maps[m], "path");
     }
+    em_status st = EM_OK;
     if (cli_data) {
-        bool have = false;
-        for (int j = 0; j < n; j++) have |= !strcmp(kv[j].key, "path");
-        if (!have && n + 1 < cap) {
-            snprintf(store[n], PATH_MAX, "%s", cli_data);
-            kv[n].key = "path";
-            kv[n].value = store[n];
-            n++;
-        }
+        st = em_options_set_string(o, "path", cli_data);
+    } else if (pathv && em_config_node_text(pathv) && em_config_node_text(pathv)[0] != '/' &&
+               cfg_dir[0]) {
+        char full[PATH_MAX];
+        if ((size_t)snprintf(full, sizeof full, "%.2047s/%.2047s", cfg_dir,
+                             em_config_node_text(pathv)) >= sizeof full)
+            return cfg_error(pathv, "path too long%s", "");
+        st = em_options_set_text(o, "path", full, em_config_node_where(pathv));
     }
-    kv[n].key = kv[n].value = NULL;
+    if (st != EM_OK) {
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
     return 0;
 }
 
 static int open_set(const char *cls, const em_config_node *base, const em_config_node *split,
                     const em_config_node *at, em_dataset **out) {
-    em_option kv[33];
-    static char store[32][PATH_MAX];
-    int rc = gather_options(base, split, kv, store, 33);
-    if (rc) return rc;
-    if (!(*out = em_dataset_open(cls, kv))) {
-        fprintf(stderr, "ember-train: %s: %s: %s\n", em_config_node_where(at),
-                em_config_node_path(at), em_last_error());
+    em_options *o = em_options_new();
+    if (!o) {
+        report_error(NULL);
         return EXIT_USAGE;
     }
-    return 0;
+    int rc = gather_options(base, split, o);
+    if (!rc && !(*out = em_dataset_open(cls, o))) {
+        /* option errors already start with the file and line of the value */
+        const char *where = em_config_node_where(at), *colon = strchr(where, ':');
+        size_t flen = colon ? (size_t)(colon - where) : strlen(where);
+        if (strncmp(em_last_error(), where, flen) == 0)
+            fprintf(stderr, "ember-train: %s\n", em_last_error());
+        else
+            fprintf(stderr, "ember-train: %s: %s: %s\n", where, em_config_node_path(at),
+                    em_last_error());
+        rc = EXIT_USAGE;
+    }
+    em_options_free(o);
+    return rc;
 }
 
 static int read_floats(const em_config_node *v, float *out, int cap, int *n) {

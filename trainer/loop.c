@@ -2,7 +2,8 @@
  * loop.c — ember-train's training loop: the seeds' skeleton (train/eval switching, zero_grad /
  * backward / step, gradient accumulation and clipping, lr schedule per step or per epoch,
  * no_grad validation) with the trainer's care around it: progress, NaN/Inf stops with a hint,
- * the data-wait hint, metrics files, checkpoints each epoch / at --max-steps / on a signal
+ * the data-wait hint and the median loader wait per step, metrics files, checkpoints each
+ * epoch / at --max-steps / on a signal
  * (resumable exactly: model, optimizer, scheduler, RNG and the loader's position), the final
  * summary, --eval-only and --predict.
  *
@@ -305,6 +306,40 @@ static void interrupted_message(const run *r, const char *ckpt) {
                 "--checkpoint PATH to be able to resume\n");
 }
 
+/* ---- the loader's wait per step ---------------------------------------------------------- */
+
+/* Issue 6's figure: the median time a step waited for data (the sum of its batches'
+ * em_loader_next waits), over this run's steps after a warm-up, against the median step time
+ * (from one step's end to the next's). Both are recorded in arrays allocated once. */
+enum { WAIT_WARMUP_STEPS = 10 };
+typedef struct step_waits {
+    double *wait, *time; /* seconds, per recorded step */
+    int64_t n, cap;
+} step_waits;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int64_t n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void print_step_waits(const run *r, step_waits *sw) {
+    if (sw->n == 0) {
+        fprintf(stderr, "  loader wait per step: no median (only the first %d steps, the "
+                "warm-up, ran)\n", WAIT_WARMUP_STEPS);
+        return;
+    }
+    double w = median(sw->wait, sw->n), t = median(sw->time, sw->n);
+    fprintf(stderr, "  loader wait per step (median over steps %d..%" PRId64 " of this run, %"
+            PRId64 " worker%s): %.1f us = %.2f%% of the median step time (%.3f ms)\n",
+            WAIT_WARMUP_STEPS + 1, WAIT_WARMUP_STEPS + sw->n, r->s.workers,
+            r->s.workers == 1 ? "" : "s", w * 1e6, t > 0 ? 100.0 * w / t : 0.0, t * 1e3);
+}
+
 int train_loop(run *r) {
     const int64_t A = r->s.accum_steps, B = r->s.batch_size;
     int64_t *subset = NULL, n_subset = 0;
@@ -324,6 +359,17 @@ int train_loop(run *r) {
     if (r->s.limit_batches && r->s.limit_batches < nb) nb = r->s.limit_batches;
     bool tty = isatty(2), metrics_json = false;
     FILE *mf = NULL;
+    step_waits sw = {0};
+    int64_t steps_run = 0;
+    {
+        int64_t cap = (r->s.epochs - r->epoch) * ((nb + A - 1) / A);
+        if (r->s.max_steps && r->s.max_steps - r->step < cap) cap = r->s.max_steps - r->step;
+        if (cap > WAIT_WARMUP_STEPS) {
+            sw.wait = malloc((size_t)cap * sizeof *sw.wait);
+            sw.time = malloc((size_t)cap * sizeof *sw.time);
+            sw.cap = sw.wait && sw.time ? cap : 0; /* out of memory: the figure is left out */
+        }
+    }
     if (r->s.metrics) {
         size_t len = strlen(r->s.metrics);
         metrics_json = len > 6 && !strcmp(r->s.metrics + len - 6, ".jsonl");
@@ -356,6 +402,8 @@ int train_loop(run *r) {
         int64_t seen = 0, n_loss = 0, n_gn = 0;
         em_module_train(r->model, true);
         em_optimizer_zero_grad(r->opt);
+        double t_step = now_s();
+        uint64_t step_wait_ns = 0;
         while (r->batch < nb) {
             em_tensor *x, *y;
             em_status s = em_loader_next(l, &x, &y);
@@ -366,6 +414,7 @@ int train_loop(run *r) {
                 stop_run = true;
                 break;
             }
+            step_wait_ns += em_loader_get_stats(l).last_wait_ns;
             int64_t group_first = (r->batch / A) * A;
             int64_t group_len = nb - group_first < A ? nb - group_first : A;
             em_scope_begin();
@@ -419,6 +468,14 @@ int train_loop(run *r) {
                 stop_run = true;
                 break;
             }
+            double t_end = now_s();
+            if (++steps_run > WAIT_WARMUP_STEPS && sw.n < sw.cap) {
+                sw.wait[sw.n] = (double)step_wait_ns * 1e-9;
+                sw.time[sw.n] = t_end - t_step;
+                sw.n++;
+            }
+            t_step = t_end;
+            step_wait_ns = 0;
             if (mem_after_first && first_step) {
                 fprintf(stderr, "ember-train: memory after the first step:\n");
                 em_memory_summary(stderr);
@@ -553,6 +610,7 @@ int train_loop(run *r) {
                             (double)st.peak[c] / 1024.0);
             fprintf(stderr, "\n");
         }
+        if (sw.cap) print_step_waits(r, &sw);
     }
     if (r->s.memory_summary) {
         fprintf(stderr, "ember-train: memory at the end:\n");
@@ -562,6 +620,8 @@ int train_loop(run *r) {
     if (mf) fclose(mf);
     em_loader_free(l);
     free(subset);
+    free(sw.wait);
+    free(sw.time);
     return rc;
 }
 

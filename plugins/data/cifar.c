@@ -23,10 +23,11 @@ typedef struct cifar_state {
     int64_t n;
 } cifar_state;
 
-static const em_option_def cifar_options[] = {
-    {.name = "path", .type = EM_OPTION_STRING,
+static const char *const cifar_splits[] = {"train", "test", NULL};
+static const em_option_spec cifar_options[] = {
+    {.name = "path", .types = EM_OPT_STRING, .required = true,
      .help = "directory holding data_batch_*.bin and test_batch.bin"},
-    {.name = "split", .type = EM_OPTION_CHOICE, .default_value = "train", .choices = "train|test",
+    {.name = "split", .types = EM_OPT_STRING, .def = {.s = "train"}, .choices = cifar_splits,
      .help = "train (data_batch_*.bin) or test (test_batch.bin)"},
 };
 
@@ -82,9 +83,9 @@ static void cifar_close(void *state) {
     free(s);
 }
 
-static em_status cifar_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
-    const char *dir = em_dataset_option_string(o, "path");
-    bool train = strcmp(em_dataset_option_string(o, "split"), "train") == 0;
+static em_status cifar_open(const em_options *o, em_dataset_info *info, void **out) {
+    const char *dir = em_options_string(o, "path");
+    bool train = strcmp(em_options_string(o, "split"), "train") == 0;
     char *names[64];
     size_t k = 0;
     DIR *d = opendir(dir);
@@ -142,7 +143,7 @@ em_status dt_register_cifar(em_registry *r) {
     em_dataset_class_def d = {
         .struct_size = sizeof d, .name = "cifar10",
         .description = "CIFAR-10 binary batches (data_batch_*.bin, test_batch.bin)",
-        .options = cifar_options, .n_options = sizeof cifar_options / sizeof cifar_options[0],
+        .options = cifar_options, .n_options = (int)(sizeof cifar_options / sizeof cifar_options[0]),
         .open = cifar_open, .read = cifar_read, .close = cifar_close};
     return em_dataset_class_register(r, &d);
 }

@@ -16,19 +16,23 @@
 
 #include "data.h"
 
-static const em_option_def csv_options[] = {
-    {.name = "path", .type = EM_OPTION_STRING, .help = "the CSV file"},
-    {.name = "delimiter", .type = EM_OPTION_STRING, .default_value = ",",
+static const char *const csv_header_auto[] = {"auto", NULL};
+static const em_option_spec csv_options[] = {
+    {.name = "path", .types = EM_OPT_STRING, .required = true, .help = "the CSV file"},
+    {.name = "delimiter", .types = EM_OPT_STRING, .def = {.s = ","},
      .help = "one character, or 'tab'"},
-    {.name = "header", .type = EM_OPTION_CHOICE, .default_value = "auto",
-     .choices = "auto|true|false",
+    {.name = "header", .types = EM_OPT_BOOL | EM_OPT_STRING, .def_type = EM_OPT_STRING,
+     .def = {.s = "auto"}, .choices = csv_header_auto,
      .help = "whether the first row names the columns (auto: when it is not all numbers)"},
-    {.name = "label_column", .type = EM_OPTION_INT, .default_value = "-1", .min = -1e9, .max = 1e9,
+    {.name = "label_column", .types = EM_OPT_INT, .def = {.i = -1}, .has_range = true,
+     .min = -1e9, .max = 1e9,
      .help = "0-based column of the class label; negative counts from the end (-1: last)"},
-    {.name = "target_columns", .type = EM_OPTION_STRING, .default_value = "",
-     .help = "comma-separated 0-based columns of float regression targets (instead of a label)"},
-    {.name = "classes", .type = EM_OPTION_INT, .default_value = "0", .min = 0, .max = 1e9,
-     .help = "labels must lie in [0, classes); 0: the largest label + 1"},
+    {.name = "target_columns", .types = EM_OPT_INTS | EM_OPT_STRING, .def_type = EM_OPT_STRING,
+     .def = {.s = ""}, .has_range = true, .min = -1e9, .max = 1e9,
+     .help = "0-based columns of float regression targets (instead of a label): a list of up "
+             "to 8, or comma-separated text for more"},
+    {.name = "classes", .types = EM_OPT_INT, .def = {.i = 0}, .has_range = true, .min = 0,
+     .max = 1e9, .help = "labels must lie in [0, classes); 0: the largest label + 1"},
 };
 
 /* Parsing state, shared by libcsv's callbacks. */
@@ -157,34 +161,55 @@ static void csv_close(void *state) {
     free(s);
 }
 
-/* Columns listed in spec ("3,4") into cols (at most cap), with checks against ncols. */
-static em_status parse_columns(const char *path, const char *spec, int64_t ncols, int64_t *cols,
-                               int64_t *n, int64_t cap) {
+/* Append target column c (negative: from the end) to cols (at most cap), with checks against
+ * ncols. */
+static em_status add_column(const char *path, long long c, int64_t ncols, int64_t *cols,
+                            int64_t *n, int64_t cap) {
+    long long given = c;
+    if (c < 0) c += ncols;
+    if (c < 0 || c >= ncols || *n >= cap)
+        return em_set_error(EM_ERR_INVALID, "dataset 'csv': target column %lld is outside the "
+                            "%lld columns of %s", given, (long long)ncols, path);
+    for (int64_t i = 0; i < *n; i++)
+        if (cols[i] == c)
+            return em_set_error(EM_ERR_INVALID, "dataset 'csv': target column %lld is listed "
+                                "twice", c);
+    cols[(*n)++] = c;
+    return EM_OK;
+}
+
+/* The target columns of option 'target_columns' (a list, or text "3,4") into cols. */
+static em_status target_columns(const em_options *o, const char *path, int64_t ncols,
+                                int64_t *cols, int64_t *n, int64_t cap) {
     *n = 0;
+    if (em_options_type(o, "target_columns") == EM_OPT_INTS) {
+        int64_t v[EM_OPT_MAX_LIST];
+        int k = em_options_ints(o, "target_columns", v, EM_OPT_MAX_LIST);
+        for (int i = 0; i < k; i++) {
+            em_status st = add_column(path, (long long)v[i], ncols, cols, n, cap);
+            if (st != EM_OK) return st;
+        }
+        return EM_OK;
+    }
+    const char *spec = em_options_string(o, "target_columns");
     for (const char *q = spec; *q;) {
         char *end;
         long long c = strtoll(q, &end, 10);
         if (end == q || (*end && *end != ','))
             return em_set_error(EM_ERR_INVALID, "dataset 'csv': option 'target_columns' = '%s' "
                                 "is not a comma-separated list of column numbers", spec);
-        if (c < 0) c += ncols;
-        if (c < 0 || c >= ncols || *n >= cap)
-            return em_set_error(EM_ERR_INVALID, "dataset 'csv': target column %s is outside "
-                                "the %lld columns of %s", q, (long long)ncols, path);
-        for (int64_t i = 0; i < *n; i++)
-            if (cols[i] == c)
-                return em_set_error(EM_ERR_INVALID, "dataset 'csv': target column %lld is "
-                                    "listed twice", c);
-        cols[(*n)++] = c;
+        em_status st = add_column(path, c, ncols, cols, n, cap);
+        if (st != EM_OK) return st;
         q = *end ? end + 1 : end;
     }
     return EM_OK;
 }
 
-static em_status csv_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
-    const char *path = em_dataset_option_string(o, "path");
-    const char *delim = em_dataset_option_string(o, "delimiter");
-    const char *hdr = em_dataset_option_string(o, "header");
+static em_status csv_open(const em_options *o, em_dataset_info *info, void **out) {
+    const char *path = em_options_string(o, "path");
+    const char *delim = em_options_string(o, "delimiter");
+    /* header: true/false, or the string "auto" */
+    int header = em_options_type(o, "header") == EM_OPT_BOOL ? em_options_bool(o, "header") : -1;
     char dc;
     if (strcmp(delim, "tab") == 0 || strcmp(delim, "\\t") == 0) dc = '\t';
     else if (strlen(delim) == 1 && delim[0] != '"' && delim[0] != '\n' && delim[0] != '\r') dc = delim[0];
@@ -194,7 +219,7 @@ static em_status csv_open(const em_dataset_options *o, em_dataset_info *info, vo
     FILE *f = fopen(path, "r");
     if (!f) return em_set_error(EM_ERR_IO, "csv: cannot open %s: %s", path, strerror(errno));
     parse p = {.path = path, .ncols = -1, .row_ok = true,
-               .header = strcmp(hdr, "auto") == 0 ? -1 : strcmp(hdr, "true") == 0};
+               .header = header};
     struct csv_parser cp;
     csv_init(&cp, CSV_STRICT | CSV_STRICT_FINI | CSV_APPEND_NULL);
     csv_set_delim(&cp, (unsigned char)dc);
@@ -229,21 +254,21 @@ static em_status csv_open(const em_dataset_options *o, em_dataset_info *info, vo
     }
 
     int64_t nc = p.ncols, tcols[64], nt = 0;
-    const char *spec = em_dataset_option_string(o, "target_columns");
-    bool labels = !*spec;
+    bool labels = em_options_type(o, "target_columns") == EM_OPT_STRING &&
+                  !*em_options_string(o, "target_columns");
     if (labels) {
-        int64_t lc = em_dataset_option_int(o, "label_column");
+        int64_t lc = em_options_int(o, "label_column");
         if (lc < 0) lc += nc;
         if (lc < 0 || lc >= nc) {
             free(p.cells);
             free(p.lines);
             return em_set_error(EM_ERR_INVALID, "dataset 'csv': label_column %lld is outside the "
-                                "%lld columns of %s", (long long)em_dataset_option_int(o, "label_column"),
+                                "%lld columns of %s", (long long)em_options_int(o, "label_column"),
                                 (long long)nc, path);
         }
         tcols[0] = lc;
         nt = 1;
-    } else if ((st = parse_columns(path, spec, nc, tcols, &nt, 64)) != EM_OK) {
+    } else if ((st = target_columns(o, path, nc, tcols, &nt, 64)) != EM_OK) {
         free(p.cells);
         free(p.lines);
         return st;
@@ -270,7 +295,7 @@ static em_status csv_open(const em_dataset_options *o, em_dataset_info *info, vo
         return em_set_error(EM_ERR_NOMEM, "csv: out of memory for %lld rows of %s",
                             (long long)p.rows, path);
     }
-    int64_t classes = em_dataset_option_int(o, "classes"), maxlab = 0;
+    int64_t classes = em_options_int(o, "classes"), maxlab = 0;
     for (int64_t r = 0; r < s->n; r++) {
         const double *row = p.cells + r * nc;
         int64_t k = 0;
@@ -336,7 +361,7 @@ em_status dt_register_csv(em_registry *r) {
         .struct_size = sizeof d, .name = "csv",
         .description = "CSV of numeric features with a class-label column or float target "
                        "columns (libcsv)",
-        .options = csv_options, .n_options = sizeof csv_options / sizeof csv_options[0],
+        .options = csv_options, .n_options = (int)(sizeof csv_options / sizeof csv_options[0]),
         .open = csv_open, .read = csv_read, .close = csv_close};
     return em_dataset_class_register(r, &d);
 }

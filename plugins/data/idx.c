@@ -24,13 +24,14 @@ typedef struct idx_state {
     size_t item;     /* H * W */
 } idx_state;
 
-static const em_option_def idx_options[] = {
-    {.name = "path", .type = EM_OPTION_STRING,
+static const char *const idx_splits[] = {"train", "test", NULL};
+static const em_option_spec idx_options[] = {
+    {.name = "path", .types = EM_OPT_STRING, .required = true,
      .help = "directory holding train-* and t10k-* IDX files (raw or .gz)"},
-    {.name = "split", .type = EM_OPTION_CHOICE, .default_value = "train", .choices = "train|test",
+    {.name = "split", .types = EM_OPT_STRING, .def = {.s = "train"}, .choices = idx_splits,
      .help = "train (train-* files) or test (t10k-* files)"},
-    {.name = "classes", .type = EM_OPTION_INT, .default_value = "10", .min = 1, .max = 256,
-     .help = "labels must lie in [0, classes)"},
+    {.name = "classes", .types = EM_OPT_INT, .def = {.i = 10}, .has_range = true, .min = 1,
+     .max = 256, .help = "labels must lie in [0, classes)"},
 };
 
 /* In dir, the file whose name starts with prefix and contains kind ("images"/"labels");
@@ -81,11 +82,11 @@ static em_status idx_header(dt_file *f, int ndims, uint32_t *dims) {
     return st;
 }
 
-static em_status idx_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
-    const char *dir = em_dataset_option_string(o, "path");
-    bool train = strcmp(em_dataset_option_string(o, "split"), "train") == 0;
+static em_status idx_open(const em_options *o, em_dataset_info *info, void **out) {
+    const char *dir = em_options_string(o, "path");
+    bool train = strcmp(em_options_string(o, "split"), "train") == 0;
     const char *prefix = train ? "train-" : "t10k-";
-    int64_t classes = em_dataset_option_int(o, "classes");
+    int64_t classes = em_options_int(o, "classes");
     char ipath[1024], lpath[1024];
     em_status st = find_file(dir, prefix, "images", ipath, sizeof ipath);
     if (st == EM_OK) st = find_file(dir, prefix, "labels", lpath, sizeof lpath);
@@ -184,7 +185,7 @@ em_status dt_register_idx(em_registry *r) {
         .struct_size = sizeof d, .name = "mnist",
         .description = "MNIST / Fashion-MNIST IDX files (raw or gzip) in a directory; split "
                        "train (train-*) or test (t10k-*)",
-        .options = idx_options, .n_options = sizeof idx_options / sizeof idx_options[0],
+        .options = idx_options, .n_options = (int)(sizeof idx_options / sizeof idx_options[0]),
         .open = idx_open, .read = idx_read, .close = idx_close};
     return em_dataset_class_register(r, &d);
 }

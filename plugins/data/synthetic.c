@@ -12,17 +12,19 @@
 
 #include "data.h"
 
-static const em_option_def syn_options[] = {
-    {.name = "length", .type = EM_OPTION_INT, .default_value = "1024", .min = 0, .max = 1e12,
-     .help = "number of items"},
-    {.name = "shape", .type = EM_OPTION_STRING, .default_value = "1x28x28",
-     .help = "item input shape as dims joined by 'x', e.g. 3x32x32 or 64"},
-    {.name = "classes", .type = EM_OPTION_INT, .default_value = "10", .min = 1, .max = 1e9,
-     .help = "labels lie in [0, classes)"},
-    {.name = "seed", .type = EM_OPTION_INT, .default_value = "0", .min = 0, .max = 9.2e18,
-     .help = "Philox seed of the data"},
-    {.name = "dtype", .type = EM_OPTION_CHOICE, .default_value = "float32",
-     .choices = "float32|uint8", .help = "input dtype (uniform [0, 1) or [0, 255])"},
+static const char *const syn_dtypes[] = {"float32", "uint8", NULL};
+static const em_option_spec syn_options[] = {
+    {.name = "length", .types = EM_OPT_INT, .def = {.i = 1024}, .has_range = true, .min = 0,
+     .max = 1e12, .help = "number of items"},
+    {.name = "shape", .types = EM_OPT_INTS | EM_OPT_STRING, .def_type = EM_OPT_INTS,
+     .def = {.n = 3, .ints = {1, 28, 28}}, .has_range = true, .min = 1, .max = 1e12,
+     .help = "item input shape: a list of dims, e.g. [3, 32, 32] or 64, or text 3x32x32"},
+    {.name = "classes", .types = EM_OPT_INT, .def = {.i = 10}, .has_range = true, .min = 1,
+     .max = 1e9, .help = "labels lie in [0, classes)"},
+    {.name = "seed", .types = EM_OPT_INT, .def = {.i = 0}, .has_range = true, .min = 0,
+     .max = 9.2e18, .help = "Philox seed of the data"},
+    {.name = "dtype", .types = EM_OPT_STRING, .def = {.s = "float32"}, .choices = syn_dtypes,
+     .help = "input dtype (uniform [0, 1) or [0, 255])"},
 };
 
 typedef struct syn_state {
@@ -31,10 +33,16 @@ typedef struct syn_state {
     bool u8;
 } syn_state;
 
-static em_status syn_open(const em_dataset_options *o, em_dataset_info *info, void **out) {
-    const char *shape = em_dataset_option_string(o, "shape");
-    int64_t dims[EM_MAX_DIMS];
+static em_status syn_open(const em_options *o, em_dataset_info *info, void **out) {
+    int64_t dims[EM_OPT_MAX_LIST > EM_MAX_DIMS ? EM_OPT_MAX_LIST : EM_MAX_DIMS];
     int nd = 0;
+    if (em_options_type(o, "shape") == EM_OPT_INTS) {
+        nd = em_options_ints(o, "shape", dims, EM_OPT_MAX_LIST); /* each >= 1 (the range) */
+        if (nd > EM_MAX_DIMS - 1)
+            return em_set_error(EM_ERR_INVALID, "dataset 'synthetic': option 'shape' has %d "
+                                "dims (at most %d)", nd, EM_MAX_DIMS - 1);
+    }
+    const char *shape = nd ? "" : em_options_string(o, "shape");
     for (const char *q = shape; *q;) {
         char *end;
         long long d = strtoll(q, &end, 10);
@@ -49,11 +57,11 @@ static em_status syn_open(const em_dataset_options *o, em_dataset_info *info, vo
         return em_set_error(EM_ERR_INVALID, "dataset 'synthetic': option 'shape' is empty");
     syn_state *s = calloc(1, sizeof *s);
     if (!s) return em_set_error(EM_ERR_NOMEM, "synthetic: out of memory");
-    s->seed = (uint64_t)em_dataset_option_int(o, "seed");
-    s->classes = em_dataset_option_int(o, "classes");
-    s->u8 = strcmp(em_dataset_option_string(o, "dtype"), "uint8") == 0;
+    s->seed = (uint64_t)em_options_int(o, "seed");
+    s->classes = em_options_int(o, "classes");
+    s->u8 = strcmp(em_options_string(o, "dtype"), "uint8") == 0;
     s->numel = 1;
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_dataset_option_int(o, "length"),
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_options_int(o, "length"),
                               .input_ndim = nd, .input_dtype = s->u8 ? EM_U8 : EM_F32,
                               .target_dtype = EM_I64, .num_classes = s->classes};
     for (int d = 0; d < nd; d++) {
@@ -95,7 +103,7 @@ em_status dt_register_synthetic(em_registry *r) {
         .struct_size = sizeof d, .name = "synthetic",
         .description = "random inputs of a given shape and random labels (Philox), for "
                        "benchmarks",
-        .options = syn_options, .n_options = sizeof syn_options / sizeof syn_options[0],
+        .options = syn_options, .n_options = (int)(sizeof syn_options / sizeof syn_options[0]),
         .open = syn_open, .read = syn_read, .close = syn_close};
     return em_dataset_class_register(r, &d);
 }
