@@ -3,9 +3,10 @@
  * softmax and their backward helpers; contracts in core/ops_nn.c).
  *
  * Two layers: plain loops for f32 and f64 (cpu_nn_loops.h, instantiated here per type; conv
- * is im2col + OpenBLAS GEMM), registered at priority 0; and oneDNN primitives for f32
- * (below) at priority 10, which decline (supports()) what oneDNN cannot do exactly
- * as PyTorch, falling through to the loops. EMBER_CPU_DISABLE_DNNL=1 in the environment when
+ * is im2col + OpenBLAS GEMM; max_pool2d's f32 2x2 / stride 2 case has an AVX-512 path in
+ * cpu_nn_simd.c), registered at priority 0; and oneDNN primitives for f32 (cpu_nn_dnnl.c)
+ * at priority 10, which decline (supports()) what oneDNN cannot do exactly as PyTorch,
+ * falling through to the loops. EMBER_CPU_DISABLE_DNNL=1 in the environment when
  * the plugin registers (em_init) leaves the loops alone, so tests can compare both paths.
  */
 #include <cblas.h>

@@ -12,8 +12,10 @@
  * The primitive cache maps a key (kind, every size, stride, padding, flag and epsilon of the
  * call) to an entry: the primitive, for each argument the layout the kernel passes (plain
  * nchw / row-major) and the layout the primitive prefers, with a cached reorder between them
- * when they differ (convolutions use oneDNN's blocked layouts: its direct JIT kernels are 2-40
- * times faster here than the gemm ones it picks for nchw), and one execution state: a stream,
+ * when they differ (convolutions use oneDNN's blocked layouts: its direct JIT kernels were
+ * 1.4-4 times faster here than the gemm ones it picks for nchw, one thread, reorders
+ * included; backward data into fewer than 16 channels stays plain), and one execution state:
+ * a stream,
  * memory objects (re-pointed at each call's tensors with dnnl_memory_set_data_handle) and one
  * buffer holding the blocked copies and the scratchpad. A call that finds that state in use
  * (another thread on the same shape) builds a temporary one, so concurrent calls are safe.
@@ -22,6 +24,7 @@
  * temporary state or a temporary primitive), and is emptied at plugin shutdown.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,11 +181,19 @@ static dnnl_status_t build_conv(dn_prim *p) {
         s = g > 1 ? dnnl_memory_desc_init_by_tag(&w, 5, wd5, dnnl_f32, dnnl_goihw)
                   : dnnl_memory_desc_init_by_tag(&w, 4, wd4, dnnl_f32, dnnl_oihw);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dnnl_f32, dnnl_format_tag_any);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&adst, 4, dd, dnnl_f32, dnnl_format_tag_any);
-    if (s == dnnl_success)
-        s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dnnl_f32, dnnl_format_tag_any)
-                  : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dnnl_f32, dnnl_format_tag_any);
+    /* Backward data into fewer than 16 channels per group: the blocked diff_src would be
+     * mostly padding; oneDNN's gemm kernel on plain layouts was 8x faster here (C = 1). */
+    dnnl_format_tag_t any = p->key.kind == DN_CONV_BWD_DATA && C / g < 16 ? dnnl_format_tag_undef
+                                                                         : dnnl_format_tag_any;
+    if (any == dnnl_format_tag_undef) {
+        asrc = src, adst = dst, aw = w;
+    } else {
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dnnl_f32, any);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&adst, 4, dd, dnnl_f32, any);
+        if (s == dnnl_success)
+            s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dnnl_f32, any)
+                      : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dnnl_f32, any);
+    }
     if (s != dnnl_success) return s;
     dnnl_convolution_desc_t fd, bdsc;
     s = dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
@@ -528,6 +539,9 @@ static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
     if (!st)
         return em_set_error(EM_ERR_NOMEM, "%s: out of memory for the oneDNN buffers (%zu bytes)",
                             who, p->buf_bytes);
+    /* oneDNN's OpenMP regions take the calling thread's max-threads setting. */
+    int nt = em_num_threads();
+    if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
     dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
     int n = 0;
     dnnl_status_t s = dnnl_success;
@@ -812,12 +826,16 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
         em_kernel_supports_fn supports;
     } ks[] = {
         {"conv2d", "cpu_conv2d_dnnl_f32", DN_CONV_FWD, supports_CONV_FWD},
-        {"conv2d_backward_data", "cpu_conv2d_backward_data_dnnl_f32", DN_CONV_BWD_DATA, supports_CONV_BWD_DATA},
-        {"conv2d_backward_weight", "cpu_conv2d_backward_weight_dnnl_f32", DN_CONV_BWD_WEIGHT, supports_CONV_BWD_WEIGHT},
+        {"conv2d_backward_data", "cpu_conv2d_backward_data_dnnl_f32",
+         DN_CONV_BWD_DATA, supports_CONV_BWD_DATA},
+        {"conv2d_backward_weight", "cpu_conv2d_backward_weight_dnnl_f32",
+         DN_CONV_BWD_WEIGHT, supports_CONV_BWD_WEIGHT},
         {"avg_pool2d", "cpu_avg_pool2d_dnnl_f32", DN_AVG_FWD, supports_AVG_FWD},
         {"avg_pool2d_backward", "cpu_avg_pool2d_backward_dnnl_f32", DN_AVG_BWD, supports_AVG_BWD},
-        {"adaptive_avg_pool2d", "cpu_adaptive_avg_pool2d_dnnl_f32", DN_ADAPTIVE_FWD, supports_ADAPTIVE_FWD},
-        {"adaptive_avg_pool2d_backward", "cpu_adaptive_avg_pool2d_backward_dnnl_f32", DN_ADAPTIVE_BWD, supports_ADAPTIVE_BWD},
+        {"adaptive_avg_pool2d", "cpu_adaptive_avg_pool2d_dnnl_f32",
+         DN_ADAPTIVE_FWD, supports_ADAPTIVE_FWD},
+        {"adaptive_avg_pool2d_backward", "cpu_adaptive_avg_pool2d_backward_dnnl_f32",
+         DN_ADAPTIVE_BWD, supports_ADAPTIVE_BWD},
         {"batch_norm", "cpu_batch_norm_dnnl_f32", DN_BN_FWD, supports_BN_FWD},
         {"batch_norm_backward", "cpu_batch_norm_backward_dnnl_f32", DN_BN_BWD, supports_BN_BWD},
         {"layer_norm", "cpu_layer_norm_dnnl_f32", DN_LN_FWD, supports_LN_FWD},
@@ -825,7 +843,8 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
         {"softmax", "cpu_softmax_dnnl_f32", DN_SOFTMAX, supports_SOFTMAX},
         {"log_softmax", "cpu_log_softmax_dnnl_f32", DN_LOG_SOFTMAX, supports_LOG_SOFTMAX},
         {"softmax_backward", "cpu_softmax_backward_dnnl_f32", DN_SOFTMAX_BWD, supports_SOFTMAX_BWD},
-        {"log_softmax_backward", "cpu_log_softmax_backward_dnnl_f32", DN_LOG_SOFTMAX_BWD, supports_LOG_SOFTMAX_BWD},
+        {"log_softmax_backward", "cpu_log_softmax_backward_dnnl_f32",
+         DN_LOG_SOFTMAX_BWD, supports_LOG_SOFTMAX_BWD},
     };
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
         em_kernel_def def = {.struct_size = sizeof def, .op = ks[i].op, .device_type = "cpu",
