@@ -14,9 +14,11 @@
  *
  * The oneDNN f32 convolution is compared with the im2col loops (EMBER_CPU_DISABLE_DNNL=1 and a
  * re-init) and with the f64 loops on random data: rtol 1e-4, atol 1e-4 (sums of 288 products
- * of N(0, 1) values).
+ * of N(0, 1) values); likewise oneDNN's pooling, norms and softmax (suite dnnl, rtol = atol =
+ * 2e-4). max_pool2d's 2x2 path is checked exactly against a plain loop in this file.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +31,7 @@ TestSuite(conv, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(pool, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(norm, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(softmax, .init = em_test_setup, .fini = em_test_teardown);
+TestSuite(dnnl, .init = em_test_setup, .fini = em_test_teardown);
 
 /* ---- fixtures --------------------------------------------------------------------------------- */
 
@@ -696,4 +699,267 @@ Test(softmax, stable_empty_bf16_errors) {
     cr_assert_null(em_log_softmax(xi, 0));
     em_assert_error(EM_ERR_DTYPE, "log_softmax: expected a floating input, got int32");
     em_scope_end();
+}
+
+/* ---- oneDNN pooling, normalisation and softmax vs the loops ---------------------------------- */
+
+/*
+ * Each case runs every forward and backward op of one family on random data and returns all
+ * results concatenated: in f32 with the oneDNN kernels, in f32 with the loops
+ * (EMBER_CPU_DISABLE_DNNL=1 and a re-init) and in f64 (the loops). The f32 runs must match f64
+ * (rtol = atol = 2e-4: f32 sums of up to 600 values) and, as the oneDNN kernels accumulate in
+ * f32 and the loops in double, the two f32 runs must differ somewhere: had oneDNN declined
+ * the call, they would be the same numbers.
+ */
+typedef struct nn_out {
+    double *v;
+    int64_t n, cap;
+} nn_out;
+
+static void out_add(nn_out *o, const em_tensor *t) {
+    int64_t n;
+    double *v = host(t, &n);
+    if (o->n + n > o->cap) {
+        o->cap = (o->n + n) * 2;
+        o->v = realloc(o->v, sizeof(double) * (size_t)o->cap);
+    }
+    memcpy(o->v + o->n, v, sizeof(double) * (size_t)n);
+    o->n += n;
+    free(v);
+}
+
+static em_tensor *rnd(em_dtype dt, int ndim, const int64_t *shape, uint64_t seed) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    double *v = malloc(sizeof(double) * (size_t)n);
+    fill_random(v, n, seed);
+    em_tensor *t = make(dt, ndim, shape, v, CONTIG);
+    free(v);
+    return t;
+}
+
+static void case_avg_pool(em_dtype dt, nn_out *o) {
+    int64_t xs[4] = {2, 3, 11, 13}, k[2] = {3, 3}, s[2] = {2, 2}, p[2] = {1, 1}, hw[2] = {11, 13};
+    em_tensor *x = rnd(dt, 4, xs, 21);
+    for (int cip = 0; cip < 2; cip++) {
+        em_tensor *y = em_avg_pool2d(x, k, s, p, false, cip);
+        out_add(o, y);
+        out_add(o, em_avg_pool2d_backward(rnd(dt, 4, em_tensor_shape(y), 22), hw, k, s, p, false,
+                                          cip));
+    }
+}
+
+static void case_adaptive(em_dtype dt, nn_out *o) {
+    int64_t xs[4] = {2, 3, 12, 9}, os[2] = {4, 3}, gs[4] = {2, 3, 4, 3}, hw[2] = {12, 9};
+    out_add(o, em_adaptive_avg_pool2d(rnd(dt, 4, xs, 23), os));
+    out_add(o, em_adaptive_avg_pool2d_backward(rnd(dt, 4, gs, 24), hw));
+}
+
+static void case_batch_norm(em_dtype dt, nn_out *o) {
+    int64_t xs[4] = {4, 5, 6, 7}, cs[1] = {5};
+    em_tensor *x = rnd(dt, 4, xs, 25), *w = rnd(dt, 1, cs, 26), *b = rnd(dt, 1, cs, 27);
+    em_tensor *gy = rnd(dt, 4, xs, 28);
+    for (int mode = 0; mode < 3; mode++) { /* training; training without affine; evaluation */
+        bool training = mode < 2;
+        em_tensor *rm = rnd(dt, 1, cs, 29), *rv = em_abs(rnd(dt, 1, cs, 30));
+        const em_tensor *ww = mode == 1 ? NULL : w, *bb = mode == 1 ? NULL : b;
+        em_tensor *y, *sm, *si, *gx, *gw, *gb;
+        cr_assert_eq(em_batch_norm(x, ww, bb, rm, rv, training, 0.1, 1e-5, &y, &sm, &si), EM_OK,
+                     "%s", em_last_error());
+        out_add(o, y), out_add(o, sm), out_add(o, si), out_add(o, rm), out_add(o, rv);
+        cr_assert_eq(em_batch_norm_backward(gy, x, ww, sm, si, training, &gx, &gw, &gb), EM_OK,
+                     "%s", em_last_error());
+        out_add(o, gx), out_add(o, gw), out_add(o, gb);
+    }
+}
+
+static void case_layer_norm(em_dtype dt, nn_out *o) {
+    int64_t xs[3] = {6, 10, 12};
+    em_tensor *x = rnd(dt, 3, xs, 31), *gy = rnd(dt, 3, xs, 32);
+    for (int k = 1; k <= 2; k++)
+        for (int affine = 0; affine < 2; affine++) {
+            const int64_t *ns = xs + 3 - k;
+            em_tensor *w = affine ? rnd(dt, k, ns, 33) : NULL, *b = affine ? rnd(dt, k, ns, 34) : NULL;
+            em_tensor *y, *mean, *rstd, *gx, *gw, *gb;
+            cr_assert_eq(em_layer_norm(x, k, ns, w, b, 1e-5, &y, &mean, &rstd), EM_OK, "%s",
+                         em_last_error());
+            out_add(o, y), out_add(o, mean), out_add(o, rstd);
+            cr_assert_eq(em_layer_norm_backward(gy, x, mean, rstd, w, k, &gx, &gw, &gb), EM_OK,
+                         "%s", em_last_error());
+            out_add(o, gx), out_add(o, gw), out_add(o, gb);
+        }
+}
+
+static void case_softmax(em_dtype dt, nn_out *o) {
+    int64_t xs[3] = {4, 50, 3};
+    em_tensor *x = rnd(dt, 3, xs, 35), *gy = rnd(dt, 3, xs, 36);
+    for (int dim = 1; dim <= 2; dim++) {
+        em_tensor *y = em_softmax(x, dim), *ly = em_log_softmax(x, dim);
+        out_add(o, y), out_add(o, ly);
+        out_add(o, em_softmax_backward(gy, y, dim));
+        out_add(o, em_log_softmax_backward(gy, ly, dim));
+    }
+}
+
+static nn_out run_case(void (*fn)(em_dtype, nn_out *), em_dtype dt) {
+    nn_out o = {0};
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    fn(dt, &o);
+    cr_assert_eq(em_scope_end(), EM_OK);
+    return o;
+}
+
+Test(dnnl, pool_norm_softmax_match_loops) {
+    static const struct {
+        const char *name, *kernel;
+        void (*fn)(em_dtype, nn_out *);
+    } cs[] = {
+        {"avg_pool2d", "cpu_avg_pool2d_dnnl_f32", case_avg_pool},
+        {"adaptive_avg_pool2d", "cpu_adaptive_avg_pool2d_dnnl_f32", case_adaptive},
+        {"batch_norm", "cpu_batch_norm_dnnl_f32", case_batch_norm},
+        {"layer_norm", "cpu_layer_norm_dnnl_f32", case_layer_norm},
+        {"softmax", "cpu_softmax_dnnl_f32", case_softmax},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        cr_assert(kernel_registered(cs[i].kernel), "%s is not registered", cs[i].kernel);
+        nn_out dn = run_case(cs[i].fn, EM_F32), ref = run_case(cs[i].fn, EM_F64);
+        em_shutdown();
+        setenv("EMBER_CPU_DISABLE_DNNL", "1", 1);
+        cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+        cr_assert(!kernel_registered(cs[i].kernel));
+        nn_out loops = run_case(cs[i].fn, EM_F32);
+        em_shutdown();
+        unsetenv("EMBER_CPU_DISABLE_DNNL");
+        cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+        cr_assert_eq(dn.n, ref.n);
+        cr_assert_eq(loops.n, ref.n);
+        int64_t differ = 0;
+        for (int64_t j = 0; j < ref.n; j++) {
+            double tol = 2e-4 + 2e-4 * fabs(ref.v[j]);
+            cr_assert(fabs(dn.v[j] - ref.v[j]) <= tol, "%s: oneDNN f32 result %lld is %.9g, "
+                      "f64 loops %.9g", cs[i].name, (long long)j, dn.v[j], ref.v[j]);
+            cr_assert(fabs(loops.v[j] - ref.v[j]) <= tol, "%s: f32 loops result %lld is %.9g, "
+                      "f64 loops %.9g", cs[i].name, (long long)j, loops.v[j], ref.v[j]);
+            differ += dn.v[j] != loops.v[j];
+        }
+        cr_assert(differ > 0, "%s: the oneDNN f32 results equal the loops' bit for bit: the "
+                  "oneDNN kernel did not run", cs[i].name);
+        free(dn.v), free(ref.v), free(loops.v);
+    }
+}
+
+/* The same primitive from several threads at once: each call gets its own execution state
+ * when the cached one is in use, so the results equal a single-threaded run's. */
+typedef struct conc_arg {
+    const em_tensor *x, *w;
+    double *y;
+    int64_t n;
+    int rounds;
+} conc_arg;
+
+static void *conc_conv(void *p) {
+    conc_arg *a = p;
+    for (int r = 0; r < a->rounds; r++) {
+        em_scope_begin();
+        em_tensor *y = em_conv2d(a->x, a->w, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+        if (y && em_tensor_to_host(em_to_dtype(y, EM_F64), a->y + (int64_t)r * a->n,
+                                   sizeof(double) * (size_t)a->n) != EM_OK)
+            a->y[(int64_t)r * a->n] = NAN;
+        if (!y) a->y[(int64_t)r * a->n] = NAN;
+        em_scope_end();
+    }
+    return NULL;
+}
+
+Test(dnnl, concurrent_calls_on_one_primitive) {
+    em_scope_begin();
+    int64_t xs[4] = {2, 8, 10, 10}, ws[4] = {16, 8, 3, 3};
+    em_tensor *x = rnd(EM_F32, 4, xs, 41), *w = rnd(EM_F32, 4, ws, 42);
+    int64_t n;
+    double *want = host(em_conv2d(x, w, NULL, NULL, (int64_t[]){1, 1}, NULL, 1), &n);
+    enum { THREADS = 4, ROUNDS = 20 };
+    pthread_t th[THREADS];
+    conc_arg a[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        a[t] = (conc_arg){.x = x, .w = w, .n = n, .rounds = ROUNDS,
+                          .y = malloc(sizeof(double) * (size_t)(n * ROUNDS))};
+        cr_assert_eq(pthread_create(&th[t], NULL, conc_conv, &a[t]), 0);
+    }
+    for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < THREADS; t++) {
+        for (int64_t j = 0; j < n * ROUNDS; j++)
+            cr_assert(a[t].y[j] == want[j % n], "thread %d, round %lld, element %lld: %.9g, "
+                      "want %.9g", t, (long long)(j / n), (long long)(j % n), a[t].y[j],
+                      want[j % n]);
+        free(a[t].y);
+    }
+    free(want);
+    em_scope_end();
+}
+
+/* ---- max_pool2d's 2x2 stride-2 path (AVX-512 where the CPU has it) ------------------------------ */
+
+/* PyTorch's rule in a plain loop: window scanned row-major, a greater value or a NaN takes
+ * over. x (planes, H, W) -> y, idx (planes, OH, OW), 2x2 window, stride 2, no padding. */
+static void ref_pool2(const double *x, int64_t planes, int64_t H, int64_t W, int64_t OH,
+                      int64_t OW, double *y, int64_t *idx) {
+    for (int64_t pl = 0; pl < planes; pl++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                double m = -INFINITY;
+                int64_t best = 2 * oh * W + 2 * ow;
+                for (int64_t h = 2 * oh; h < 2 * oh + 2 && h < H; h++)
+                    for (int64_t w = 2 * ow; w < 2 * ow + 2 && w < W; w++) {
+                        double v = x[pl * H * W + h * W + w];
+                        if (v > m || isnan(v)) m = v, best = h * W + w;
+                    }
+                y[pl * OH * OW + oh * OW + ow] = m;
+                idx[pl * OH * OW + oh * OW + ow] = best;
+            }
+}
+
+Test(pool, max_pool2x2_fast_path) {
+    static const struct {
+        int64_t n, c, h, w;
+        bool ceil;
+    } cs[] = {{3, 2, 28, 28, false}, {2, 3, 14, 14, false}, {1, 2, 9, 70, true},
+              {1, 2, 9, 70, false},  {2, 1, 5, 33, true},   {1, 1, 1, 1, true}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        em_scope_begin();
+        int64_t xs[4] = {cs[i].n, cs[i].c, cs[i].h, cs[i].w}, nx = xs[0] * xs[1] * xs[2] * xs[3];
+        double *v = malloc(sizeof(double) * (size_t)nx);
+        fill_random(v, nx, 50 + i);
+        /* Ties (few distinct values), -inf, and NaNs (some windows with two). */
+        for (int64_t j = 0; j < nx; j++) {
+            v[j] = floor(v[j]);
+            if (j % 37 == 5 || j % 41 == 6) v[j] = NAN;
+            if (j % 43 == 7) v[j] = -INFINITY;
+        }
+        int64_t OH = cs[i].ceil ? (xs[2] + 1) / 2 : xs[2] / 2, OW = cs[i].ceil ? (xs[3] + 1) / 2 : xs[3] / 2;
+        int64_t ny = xs[0] * xs[1] * OH * OW;
+        double *wy = malloc(sizeof(double) * (size_t)ny), *wi = malloc(sizeof(double) * (size_t)ny);
+        int64_t *ri = malloc(sizeof(int64_t) * (size_t)ny);
+        ref_pool2(v, xs[0] * xs[1], xs[2], xs[3], OH, OW, wy, ri);
+        for (int64_t j = 0; j < ny; j++) wi[j] = (double)ri[j];
+        char what[96];
+        snprintf(what, sizeof what, "max_pool2d 2x2 of [%lld, %lld, %lld, %lld]%s",
+                 (long long)xs[0], (long long)xs[1], (long long)xs[2], (long long)xs[3],
+                 cs[i].ceil ? " ceil_mode" : "");
+        em_tensor *y, *idx;
+        cr_assert_eq(em_max_pool2d(make(EM_F32, 4, xs, v, CONTIG), (int64_t[]){2, 2}, NULL, NULL,
+                                   NULL, cs[i].ceil, &y, &idx), EM_OK, "%s: %s", what,
+                     em_last_error());
+        check_close(y, wy, ny, 0, 0, what);
+        check_close(idx, wi, ny, 0, 0, what);
+        /* The backward scatters to those indices: a plain-loop reference. */
+        double *g = malloc(sizeof(double) * (size_t)ny), *wg = calloc((size_t)nx, sizeof(double));
+        fill_random(g, ny, 70 + i);
+        int64_t HW = xs[2] * xs[3];
+        for (int64_t j = 0; j < ny; j++) wg[j / (OH * OW) * HW + ri[j]] += (double)(float)g[j];
+        em_tensor *gx = em_max_pool2d_backward(make(EM_F32, 4, em_tensor_shape(y), g, CONTIG), idx,
+                                               xs + 2);
+        check_close(gx, wg, nx, 1e-6, 1e-6, what);
+        free(v), free(wy), free(wi), free(ri), free(g), free(wg);
+        em_scope_end();
+    }
 }

@@ -134,34 +134,39 @@ static em_status S(conv2d_bwd_weight_gemm)(const em_kernel_ctx *k) {
 
 /* ---- pooling (parallel over the N*C planes) ----------------------------------------------------- */
 
+/* One plane's rows [oh0, oh1) of max pooling (x (H, W) -> y, idx (OH, OW)). NaN wins, the
+ * later of two NaNs too, as in PyTorch; the updates are selects, not branches (random data
+ * would mispredict half of them). */
+static void S(max_pool_rows)(const nn_pool *p, const T *x, T *y, int64_t *idx, int64_t oh0,
+                             int64_t oh1) {
+    for (int64_t oh = oh0; oh < oh1; oh++) {
+        int64_t hs = oh * p->sh - p->ph, he = EM_CPU_MIN(hs + (p->kh - 1) * p->dh + 1, p->H);
+        if (hs < 0) hs += (-hs + p->dh - 1) / p->dh * p->dh;
+        for (int64_t ow = 0; ow < p->OW; ow++) {
+            int64_t ws = ow * p->sw - p->pw, we = EM_CPU_MIN(ws + (p->kw - 1) * p->dw + 1, p->W);
+            if (ws < 0) ws += (-ws + p->dw - 1) / p->dw * p->dw;
+            int64_t best = hs * p->W + ws;
+            T m = -INFINITY;
+            for (int64_t h = hs; h < he; h += p->dh)
+                for (int64_t w = ws; w < we; w += p->dw) {
+                    T v = x[h * p->W + w];
+                    bool take = (v > m) | (v != v);
+                    m = take ? v : m;
+                    best = take ? h * p->W + w : best;
+                }
+            y[oh * p->OW + ow] = m;
+            idx[oh * p->OW + ow] = best;
+        }
+    }
+}
+
 static void S(max_pool_planes)(void *ctx, int64_t lo, int64_t hi) {
     const em_kernel_ctx *k = ctx;
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
-    for (int64_t pl = lo; pl < hi; pl++) {
-        const T *x = (const T *)k->in[0].data + pl * p.H * p.W;
-        T *y = (T *)k->out[0].data + pl * p.OH * p.OW;
-        int64_t *idx = (int64_t *)k->out[1].data + pl * p.OH * p.OW;
-        for (int64_t oh = 0; oh < p.OH; oh++) {
-            int64_t hs = oh * p.sh - p.ph, he = EM_CPU_MIN(hs + (p.kh - 1) * p.dh + 1, p.H);
-            while (hs < 0) hs += p.dh;
-            for (int64_t ow = 0; ow < p.OW; ow++) {
-                int64_t ws = ow * p.sw - p.pw, we = EM_CPU_MIN(ws + (p.kw - 1) * p.dw + 1, p.W);
-                while (ws < 0) ws += p.dw;
-                int64_t best = hs * p.W + ws;
-                T m = -INFINITY;
-                for (int64_t h = hs; h < he; h += p.dh)
-                    for (int64_t w = ws; w < we; w += p.dw) {
-                        T v = x[h * p.W + w];
-                        if (v > m || isnan(v)) {
-                            m = v;
-                            best = h * p.W + w;
-                        }
-                    }
-                y[oh * p.OW + ow] = m;
-                idx[oh * p.OW + ow] = best;
-            }
-        }
-    }
+    for (int64_t pl = lo; pl < hi; pl++)
+        S(max_pool_rows)(&p, (const T *)k->in[0].data + pl * p.H * p.W,
+                         (T *)k->out[0].data + pl * p.OH * p.OW,
+                         (int64_t *)k->out[1].data + pl * p.OH * p.OW, 0, p.OH);
 }
 
 static em_status S(max_pool2d)(const em_kernel_ctx *k) {

@@ -1,0 +1,91 @@
+/*
+ * cpu_nn.h — private to the CPU backend's nn family (cpu_nn.c, cpu_nn_dnnl.c): the geometry
+ * of a convolution, pooling, layer_norm or softmax call read from its kernel context (the
+ * contracts are in core/ops_nn.c), shared by the plain loops and the oneDNN kernels.
+ */
+#ifndef EMBER_CPU_NN_H
+#define EMBER_CPU_NN_H
+
+#include <string.h>
+
+#include "cpu.h"
+
+#define EM_CPU_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define EM_CPU_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* A convolution's geometry, from x (N, C, H, W), w (O, C/g, kH, kW), y (N, O, OH, OW) and the
+ * attributes stride, padding, dilation, groups. */
+typedef struct nn_conv {
+    int64_t N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g;
+} nn_conv;
+
+static inline nn_conv nn_conv_geom(const em_ktensor *x, const em_ktensor *w, const em_ktensor *y,
+                                   const em_attr *a) {
+    return (nn_conv){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
+                     .O = w->shape[0], .kh = w->shape[2], .kw = w->shape[3],
+                     .OH = y->shape[2], .OW = y->shape[3], .sh = a[0].ints[0],
+                     .sw = a[0].ints[1], .ph = a[1].ints[0], .pw = a[1].ints[1],
+                     .dh = a[2].ints[0], .dw = a[2].ints[1], .g = a[3].v.i};
+}
+
+/* A pooling's geometry from x (N, C, H, W) and y (N, C, OH, OW); max pooling's attributes
+ * are kernel, stride, padding, dilation, ceil_mode; average pooling's kernel, stride,
+ * padding, ceil_mode, count_include_pad. */
+typedef struct nn_pool {
+    int64_t N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw;
+    bool cip;
+} nn_pool;
+
+static inline nn_pool nn_pool_geom(const em_ktensor *x, const em_ktensor *y, const em_attr *a,
+                                   bool max) {
+    return (nn_pool){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
+                     .OH = y->shape[2], .OW = y->shape[3], .kh = a[0].ints[0],
+                     .kw = a[0].ints[1], .sh = a[1].ints[0], .sw = a[1].ints[1],
+                     .ph = a[2].ints[0], .pw = a[2].ints[1], .dh = max ? a[3].ints[0] : 1,
+                     .dw = max ? a[3].ints[1] : 1, .cip = !max && a[4].v.b};
+}
+
+/* Elements per normalised row of layer_norm: the product of the last k dims. */
+static inline int64_t nn_ln_d(const em_ktensor *x, int k) {
+    int64_t d = 1;
+    for (int i = x->ndim - k; i < x->ndim; i++) d *= x->shape[i];
+    return d;
+}
+
+enum { NN_SOFTMAX, NN_LOG_SOFTMAX, NN_SOFTMAX_BWD, NN_LOG_SOFTMAX_BWD };
+typedef struct nn_sm {
+    const em_kernel_ctx *k;
+    int kind, n_in;
+    int64_t outer, D, inner;
+} nn_sm;
+
+static inline nn_sm nn_sm_geom(const em_kernel_ctx *k) {
+    const char *name = em_op_name(k->op);
+    nn_sm c = {.k = k, .n_in = k->n_in, .outer = 1, .D = 1, .inner = 1};
+    c.kind = strcmp(name, "softmax") == 0            ? NN_SOFTMAX
+             : strcmp(name, "log_softmax") == 0      ? NN_LOG_SOFTMAX
+             : strcmp(name, "softmax_backward") == 0 ? NN_SOFTMAX_BWD
+                                                     : NN_LOG_SOFTMAX_BWD;
+    const em_ktensor *x = &k->in[0];
+    int d = (int)k->attrs[0].v.i;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i < d) c.outer *= x->shape[i];
+        else if (i == d) c.D = x->shape[i];
+        else c.inner *= x->shape[i];
+    }
+    if (x->numel == 0) c.outer = 0;
+    return c;
+}
+
+/* AVX-512 paths (cpu_nn_simd.c); call them only when cpu_nn_has_avx512(). */
+bool cpu_nn_has_avx512(void);
+/* max_pool2d of one plane x (H, W) -> y, idx (OH, OW) with a 2x2 window, stride 2, no padding,
+ * dilation 1 (OH, OW as ceil_mode or not made them). */
+void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
+                            int64_t OH, int64_t OW);
+
+/* The oneDNN kernels of the nn family (cpu_nn_dnnl.c), registered above the loops. */
+em_status cpu_nn_dnnl_register(em_registry *r);
+void cpu_nn_dnnl_shutdown(void);
+
+#endif /* EMBER_CPU_NN_H */

@@ -1,0 +1,868 @@
+/*
+ * cpu_nn_dnnl.c — the f32 kernels of the nn family through oneDNN primitives: conv2d (forward,
+ * backward data, backward weight), avg_pool2d and adaptive_avg_pool2d (forward, backward;
+ * the adaptive op when its windows are a plain pooling), batch_norm and layer_norm (forward,
+ * backward), softmax and log_softmax (forward, backward). Registered at priority 10 above the
+ * plain loops of cpu_nn.c; each kernel's supports() declines what oneDNN cannot do exactly as
+ * PyTorch (strided or empty operands, avg_pool2d divisors oneDNN does not have, a descriptor
+ * oneDNN refuses), and the loops run instead. max_pool2d stays on the loops: oneDNN's
+ * workspace holds a window offset per output, not PyTorch's i64 plane index, and its max
+ * does not let NaN win as PyTorch's does.
+ *
+ * The primitive cache maps a key (kind, every size, stride, padding, flag and epsilon of the
+ * call) to an entry: the primitive, for each argument the layout the kernel passes (plain
+ * nchw / row-major) and the layout the primitive prefers, with a cached reorder between them
+ * when they differ (convolutions use oneDNN's blocked layouts: its direct JIT kernels were
+ * 1.4-4 times faster here than the gemm ones it picks for nchw, one thread, reorders
+ * included; backward data into fewer than 16 channels stays plain), and one execution state:
+ * a stream,
+ * memory objects (re-pointed at each call's tensors with dnnl_memory_set_data_handle) and one
+ * buffer holding the blocked copies and the scratchpad. A call that finds that state in use
+ * (another thread on the same shape) builds a temporary one, so concurrent calls are safe.
+ * The cache is shared by all threads behind a mutex held for look-up and creation, holds at
+ * most DN_CACHE_CAP entries and DN_BUF_CAP bytes of buffers (beyond that, calls use
+ * temporary state or a temporary primitive), and is emptied at plugin shutdown.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dnnl.h>
+#include <pthread.h>
+
+#include "cpu_nn.h"
+
+#define DN_CACHE_CAP 256
+#define DN_BUF_CAP ((size_t)512 << 20)
+#define DN_MAX_ARGS 10
+#define DN_KEY_N 20
+
+enum {
+    DN_CONV_FWD = 1,
+    DN_CONV_BWD_DATA,
+    DN_CONV_BWD_WEIGHT,
+    DN_AVG_FWD,
+    DN_AVG_BWD,
+    DN_ADAPTIVE_FWD,
+    DN_ADAPTIVE_BWD,
+    DN_BN_FWD,
+    DN_BN_BWD,
+    DN_LN_FWD,
+    DN_LN_BWD,
+    DN_SOFTMAX,
+    DN_LOG_SOFTMAX,
+    DN_SOFTMAX_BWD,
+    DN_LOG_SOFTMAX_BWD,
+};
+
+/* The identity of a primitive: its kind and DN_KEY_N numbers (zero-filled), compared bytewise. */
+typedef struct dn_key {
+    int64_t kind;
+    int64_t v[DN_KEY_N];
+} dn_key;
+
+/* One argument of a primitive. The kernel passes its tensor in `user` layout; the primitive
+ * reads or writes `prim`; reorder converts (user -> prim before an input is read, prim ->
+ * user after an output is written) and is NULL when the two are the same. */
+typedef struct dn_arg {
+    int arg; /* DNNL_ARG_* */
+    bool out;
+    dnnl_memory_desc_t user, prim;
+    dnnl_primitive_t reorder;
+    size_t off; /* of the prim-layout copy in the state's buffer (when reorder) */
+} dn_arg;
+
+/* What one execution needs besides the primitive. */
+typedef struct dn_state {
+    dnnl_stream_t stream;
+    dnnl_memory_t user[DN_MAX_ARGS], prim[DN_MAX_ARGS], scratch;
+    void *buf;
+} dn_state;
+
+typedef struct dn_prim {
+    dn_key key;
+    dnnl_primitive_t prim;
+    int nargs;
+    dn_arg a[DN_MAX_ARGS];
+    size_t scratch, scratch_off, buf_bytes;
+    atomic_flag busy; /* `st` is in use by a call */
+    bool st_ready, cached;
+    dn_state st;
+} dn_prim;
+
+static pthread_mutex_t dn_lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t dn_engine;
+static dn_prim *dn_cache[DN_CACHE_CAP];
+static int dn_count;
+static size_t dn_buf_total; /* bytes of buffers held by cached states */
+
+/* ---- building ---------------------------------------------------------------------------------- */
+
+static dnnl_status_t md_plain(dnnl_memory_desc_t *md, int nd, const int64_t *dims) {
+    static const dnnl_format_tag_t tags[] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc,
+                                             dnnl_abcd, dnnl_abcde};
+    dnnl_dims_t d;
+    for (int i = 0; i < nd; i++) d[i] = dims[i];
+    return dnnl_memory_desc_init_by_tag(md, nd, d, dnnl_f32, tags[nd]);
+}
+
+/* Appends an argument whose primitive layout is queried from pd (what) and user layout is
+ * given. */
+static void arg_add(dn_prim *p, int arg, bool out, const dnnl_memory_desc_t *user,
+                    const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
+    dn_arg *a = &p->a[p->nargs++];
+    a->arg = arg;
+    a->out = out;
+    a->user = *user;
+    const dnnl_memory_desc_t *q = pd ? dnnl_primitive_desc_query_md(pd, what, 0) : NULL;
+    a->prim = q && q->ndims ? *q : *user;
+}
+
+/* Creates p->prim from pd and the reorders its arguments need; sizes the state's buffer. */
+static dnnl_status_t finish(dn_prim *p, const_dnnl_primitive_desc_t pd) {
+    dnnl_status_t s = dnnl_success;
+    size_t off = 0;
+    for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
+        dn_arg *a = &p->a[i];
+        if (dnnl_memory_desc_equal(&a->user, &a->prim)) continue;
+        dnnl_primitive_desc_t rpd = NULL;
+        s = a->out ? dnnl_reorder_primitive_desc_create(&rpd, &a->prim, dn_engine, &a->user,
+                                                        dn_engine, NULL)
+                   : dnnl_reorder_primitive_desc_create(&rpd, &a->user, dn_engine, &a->prim,
+                                                        dn_engine, NULL);
+        if (s == dnnl_success) s = dnnl_primitive_create(&a->reorder, rpd);
+        if (rpd) dnnl_primitive_desc_destroy(rpd);
+        a->off = off;
+        off += (dnnl_memory_desc_get_size(&a->prim) + 63) & ~(size_t)63;
+    }
+    if (s != dnnl_success) return s;
+    p->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+    p->scratch_off = off;
+    p->buf_bytes = off + p->scratch;
+    return dnnl_primitive_create(&p->prim, pd);
+}
+
+static dnnl_primitive_attr_t attr_user_scratch(void) {
+    dnnl_primitive_attr_t attr = NULL;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return NULL;
+    }
+    return attr;
+}
+
+/* Creates a primitive descriptor (fwd_hint may be NULL) with a user scratchpad. */
+static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
+                               const_dnnl_primitive_desc_t hint) {
+    dnnl_primitive_attr_t attr = attr_user_scratch();
+    if (!attr) return dnnl_out_of_memory;
+    dnnl_status_t s = dnnl_primitive_desc_create(pd, desc, attr, dn_engine, hint);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
+/* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias.
+ * Activations and weights in whatever layout oneDNN prefers (format any). */
+static dnnl_status_t build_conv(dn_prim *p) {
+    const int64_t *v = p->key.v;
+    int64_t N = v[0], C = v[1], H = v[2], W = v[3], O = v[4], kh = v[5], kw = v[6], OH = v[7],
+            OW = v[8], g = v[15];
+    bool bias = v[16] || p->key.kind == DN_CONV_BWD_WEIGHT;
+    dnnl_memory_desc_t src, dst, w, b, asrc, adst, aw;
+    dnnl_dims_t sd = {N, C, H, W}, dd = {N, O, OH, OW}, bd = {O};
+    dnnl_dims_t wd5 = {g, O / g, C / g, kh, kw}, wd4 = {O, C, kh, kw};
+    dnnl_dims_t strides = {v[9], v[10]}, pl = {v[11], v[12]}, dil = {v[13] - 1, v[14] - 1};
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32, dnnl_nchw);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_nchw);
+    if (s == dnnl_success)
+        s = g > 1 ? dnnl_memory_desc_init_by_tag(&w, 5, wd5, dnnl_f32, dnnl_goihw)
+                  : dnnl_memory_desc_init_by_tag(&w, 4, wd4, dnnl_f32, dnnl_oihw);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x);
+    /* Backward data into fewer than 16 channels per group: the blocked diff_src would be
+     * mostly padding; oneDNN's gemm kernel on plain layouts was 8x faster here (C = 1). */
+    dnnl_format_tag_t any = p->key.kind == DN_CONV_BWD_DATA && C / g < 16 ? dnnl_format_tag_undef
+                                                                         : dnnl_format_tag_any;
+    if (any == dnnl_format_tag_undef) {
+        asrc = src, adst = dst, aw = w;
+    } else {
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dnnl_f32, any);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&adst, 4, dd, dnnl_f32, any);
+        if (s == dnnl_success)
+            s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dnnl_f32, any)
+                      : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dnnl_f32, any);
+    }
+    if (s != dnnl_success) return s;
+    dnnl_convolution_desc_t fd, bdsc;
+    s = dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
+                                                   dnnl_convolution_direct, &asrc, &aw,
+                                                   bias ? &b : NULL, &adst, strides, dil, pl, pl);
+    if (s != dnnl_success) return s;
+    dnnl_primitive_desc_t fpd = NULL, pd = NULL;
+    s = pd_create(&fpd, &fd, NULL);
+    if (s == dnnl_success) {
+        switch (p->key.kind) {
+        case DN_CONV_FWD: /* src, weights, dst, bias */
+            pd = fpd, fpd = NULL;
+            arg_add(p, DNNL_ARG_SRC, false, &src, pd, dnnl_query_src_md);
+            arg_add(p, DNNL_ARG_WEIGHTS, false, &w, pd, dnnl_query_weights_md);
+            arg_add(p, DNNL_ARG_DST, true, &dst, pd, dnnl_query_dst_md);
+            if (bias) arg_add(p, DNNL_ARG_BIAS, false, &b, NULL, 0);
+            break;
+        case DN_CONV_BWD_DATA: /* diff_dst, weights, diff_src */
+            s = dnnl_dilated_convolution_backward_data_desc_init(
+                &bdsc, dnnl_convolution_direct, &asrc, &aw, &adst, strides, dil, pl, pl);
+            if (s == dnnl_success) s = pd_create(&pd, &bdsc, fpd);
+            if (s != dnnl_success) break;
+            arg_add(p, DNNL_ARG_DIFF_DST, false, &dst, pd, dnnl_query_diff_dst_md);
+            arg_add(p, DNNL_ARG_WEIGHTS, false, &w, pd, dnnl_query_weights_md);
+            arg_add(p, DNNL_ARG_DIFF_SRC, true, &src, pd, dnnl_query_diff_src_md);
+            break;
+        default: /* src, diff_dst, diff_weights, diff_bias */
+            s = dnnl_dilated_convolution_backward_weights_desc_init(
+                &bdsc, dnnl_convolution_direct, &asrc, &aw, &b, &adst, strides, dil, pl, pl);
+            if (s == dnnl_success) s = pd_create(&pd, &bdsc, fpd);
+            if (s != dnnl_success) break;
+            arg_add(p, DNNL_ARG_SRC, false, &src, pd, dnnl_query_src_md);
+            arg_add(p, DNNL_ARG_DIFF_DST, false, &dst, pd, dnnl_query_diff_dst_md);
+            arg_add(p, DNNL_ARG_DIFF_WEIGHTS, true, &w, pd, dnnl_query_diff_weights_md);
+            arg_add(p, DNNL_ARG_DIFF_BIAS, true, &b, NULL, 0);
+            break;
+        }
+    }
+    if (s == dnnl_success) s = finish(p, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    return s;
+}
+
+/* Average pooling (plain nchw): key v = N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, pr_h, pr_w,
+ * include_pad. Forward: src, dst; backward: diff_dst, diff_src. */
+static dnnl_status_t build_avg(dn_prim *p) {
+    const int64_t *v = p->key.v;
+    bool fwd = p->key.kind == DN_AVG_FWD || p->key.kind == DN_ADAPTIVE_FWD;
+    dnnl_memory_desc_t x, y;
+    dnnl_status_t s = md_plain(&x, 4, (int64_t[]){v[0], v[1], v[2], v[3]});
+    if (s == dnnl_success) s = md_plain(&y, 4, (int64_t[]){v[0], v[1], v[4], v[5]});
+    if (s != dnnl_success) return s;
+    dnnl_dims_t k = {v[6], v[7]}, st = {v[8], v[9]}, pl = {v[10], v[11]}, pr = {v[12], v[13]},
+                dil = {0, 0};
+    dnnl_alg_kind_t alg = v[14] ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
+    dnnl_pooling_v2_desc_t fd, bd;
+    dnnl_primitive_desc_t fpd = NULL, pd = NULL;
+    s = dnnl_pooling_v2_forward_desc_init(&fd, dnnl_forward_training, alg, &x, &y, st, k, dil,
+                                          pl, pr);
+    if (s == dnnl_success) s = pd_create(&fpd, &fd, NULL);
+    if (s == dnnl_success && fwd) {
+        pd = fpd, fpd = NULL;
+        arg_add(p, DNNL_ARG_SRC, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DST, true, &y, NULL, 0);
+    } else if (s == dnnl_success) {
+        s = dnnl_pooling_v2_backward_desc_init(&bd, alg, &x, &y, st, k, dil, pl, pr);
+        if (s == dnnl_success) s = pd_create(&pd, &bd, fpd);
+        arg_add(p, DNNL_ARG_DIFF_DST, false, &y, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_SRC, true, &x, NULL, 0);
+    }
+    if (s == dnnl_success) s = finish(p, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    return s;
+}
+
+/* batch_norm over x viewed as (N, C, S, 1): key v = N, C, S, flags, eps bits, training.
+ * Forward: src, dst, mean, variance[, scale][, shift]; backward (always with scale and
+ * shift, their grads being outputs of the op): src, diff_dst, mean, variance, scale, shift,
+ * diff_src, diff_scale, diff_shift. */
+static dnnl_status_t build_bn(dn_prim *p) {
+    const int64_t *v = p->key.v;
+    unsigned flags = (unsigned)v[3];
+    float eps;
+    double e;
+    memcpy(&e, &v[4], sizeof e);
+    eps = (float)e;
+    bool training = v[5];
+    dnnl_memory_desc_t x, c;
+    dnnl_status_t s = md_plain(&x, 4, (int64_t[]){v[0], v[1], v[2], 1});
+    if (s == dnnl_success) s = md_plain(&c, 1, (int64_t[]){v[1]});
+    if (s != dnnl_success) return s;
+    dnnl_batch_normalization_desc_t fd, bd;
+    dnnl_primitive_desc_t fpd = NULL, pd = NULL;
+    unsigned gs = training ? 0u : (unsigned)dnnl_use_global_stats;
+    if (p->key.kind == DN_BN_FWD) {
+        s = dnnl_batch_normalization_forward_desc_init(
+            &fd, training ? dnnl_forward_training : dnnl_forward_inference, &x, eps, flags | gs);
+        if (s == dnnl_success) s = pd_create(&pd, &fd, NULL);
+        arg_add(p, DNNL_ARG_SRC, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DST, true, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_MEAN, training, &c, NULL, 0); /* outputs when training */
+        arg_add(p, DNNL_ARG_VARIANCE, training, &c, NULL, 0);
+        if (flags & dnnl_use_scale) arg_add(p, DNNL_ARG_SCALE, false, &c, NULL, 0);
+        if (flags & dnnl_use_shift) arg_add(p, DNNL_ARG_SHIFT, false, &c, NULL, 0);
+    } else {
+        unsigned f = (unsigned)dnnl_use_scale | (unsigned)dnnl_use_shift | gs;
+        s = dnnl_batch_normalization_forward_desc_init(&fd, dnnl_forward_training, &x, eps, f);
+        if (s == dnnl_success) s = pd_create(&fpd, &fd, NULL);
+        if (s == dnnl_success)
+            s = dnnl_batch_normalization_backward_desc_init(&bd, dnnl_backward, &x, &x, eps, f);
+        if (s == dnnl_success) s = pd_create(&pd, &bd, fpd);
+        arg_add(p, DNNL_ARG_SRC, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_DST, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_MEAN, false, &c, NULL, 0);
+        arg_add(p, DNNL_ARG_VARIANCE, false, &c, NULL, 0);
+        arg_add(p, DNNL_ARG_SCALE, false, &c, NULL, 0);
+        arg_add(p, DNNL_ARG_SHIFT, false, &c, NULL, 0); /* not read; execute wants it */
+        arg_add(p, DNNL_ARG_DIFF_SRC, true, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_SCALE, true, &c, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_SHIFT, true, &c, NULL, 0);
+    }
+    if (s == dnnl_success) s = finish(p, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    return s;
+}
+
+/* layer_norm over x viewed as (rows, D): key v = rows, D, flags, eps bits. Forward: src, dst,
+ * mean, variance[, scale][, shift]; backward (always with scale and shift): src, diff_dst,
+ * mean, variance, scale, shift, diff_src, diff_scale, diff_shift. */
+static dnnl_status_t build_ln(dn_prim *p) {
+    const int64_t *v = p->key.v;
+    unsigned flags = (unsigned)v[2];
+    double e;
+    memcpy(&e, &v[3], sizeof e);
+    float eps = (float)e;
+    dnnl_memory_desc_t x, st, d;
+    dnnl_status_t s = md_plain(&x, 2, (int64_t[]){v[0], v[1]});
+    if (s == dnnl_success) s = md_plain(&st, 1, (int64_t[]){v[0]});
+    if (s == dnnl_success) s = md_plain(&d, 1, (int64_t[]){v[1]});
+    if (s != dnnl_success) return s;
+    dnnl_layer_normalization_desc_t fd, bd;
+    dnnl_primitive_desc_t fpd = NULL, pd = NULL;
+    if (p->key.kind == DN_LN_FWD) {
+        s = dnnl_layer_normalization_forward_desc_init(&fd, dnnl_forward_training, &x, &st, eps,
+                                                       flags);
+        if (s == dnnl_success) s = pd_create(&pd, &fd, NULL);
+        arg_add(p, DNNL_ARG_SRC, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DST, true, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_MEAN, true, &st, NULL, 0);
+        arg_add(p, DNNL_ARG_VARIANCE, true, &st, NULL, 0);
+        if (flags & dnnl_use_scale) arg_add(p, DNNL_ARG_SCALE, false, &d, NULL, 0);
+        if (flags & dnnl_use_shift) arg_add(p, DNNL_ARG_SHIFT, false, &d, NULL, 0);
+    } else {
+        unsigned f = (unsigned)dnnl_use_scale | (unsigned)dnnl_use_shift;
+        s = dnnl_layer_normalization_forward_desc_init(&fd, dnnl_forward_training, &x, &st, eps, f);
+        if (s == dnnl_success) s = pd_create(&fpd, &fd, NULL);
+        if (s == dnnl_success)
+            s = dnnl_layer_normalization_backward_desc_init(&bd, dnnl_backward, &x, &x, &st, eps, f);
+        if (s == dnnl_success) s = pd_create(&pd, &bd, fpd);
+        arg_add(p, DNNL_ARG_SRC, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_DST, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_MEAN, false, &st, NULL, 0);
+        arg_add(p, DNNL_ARG_VARIANCE, false, &st, NULL, 0);
+        arg_add(p, DNNL_ARG_SCALE, false, &d, NULL, 0);
+        arg_add(p, DNNL_ARG_SHIFT, false, &d, NULL, 0); /* not read; execute wants it */
+        arg_add(p, DNNL_ARG_DIFF_SRC, true, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_SCALE, true, &d, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_SHIFT, true, &d, NULL, 0);
+    }
+    if (s == dnnl_success) s = finish(p, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    return s;
+}
+
+/* softmax / log_softmax over axis 1 of x viewed as (outer, D, inner): key v = outer, D, inner.
+ * Forward: src, dst; backward: diff_dst, dst, diff_src. */
+static dnnl_status_t build_softmax(dn_prim *p) {
+    const int64_t *v = p->key.v;
+    int kind = (int)p->key.kind;
+    dnnl_alg_kind_t alg = kind == DN_LOG_SOFTMAX || kind == DN_LOG_SOFTMAX_BWD ? dnnl_softmax_log
+                                                                              : dnnl_softmax_accurate;
+    dnnl_memory_desc_t x;
+    dnnl_status_t s = md_plain(&x, 3, (int64_t[]){v[0], v[1], v[2]});
+    if (s != dnnl_success) return s;
+    dnnl_softmax_v2_desc_t fd, bd;
+    dnnl_primitive_desc_t fpd = NULL, pd = NULL;
+    s = dnnl_softmax_v2_forward_desc_init(&fd, dnnl_forward_training, alg, &x, &x, 1);
+    if (s == dnnl_success) s = pd_create(&fpd, &fd, NULL);
+    if (s == dnnl_success && (kind == DN_SOFTMAX || kind == DN_LOG_SOFTMAX)) {
+        pd = fpd, fpd = NULL;
+        arg_add(p, DNNL_ARG_SRC, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DST, true, &x, NULL, 0);
+    } else if (s == dnnl_success) {
+        s = dnnl_softmax_v2_backward_desc_init(&bd, alg, &x, &x, &x, 1);
+        if (s == dnnl_success) s = pd_create(&pd, &bd, fpd);
+        arg_add(p, DNNL_ARG_DIFF_DST, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DST, false, &x, NULL, 0);
+        arg_add(p, DNNL_ARG_DIFF_SRC, true, &x, NULL, 0);
+    }
+    if (s == dnnl_success) s = finish(p, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    return s;
+}
+
+static dnnl_status_t build(dn_prim *p) {
+    switch (p->key.kind) {
+    case DN_CONV_FWD:
+    case DN_CONV_BWD_DATA:
+    case DN_CONV_BWD_WEIGHT: return build_conv(p);
+    case DN_AVG_FWD:
+    case DN_AVG_BWD:
+    case DN_ADAPTIVE_FWD:
+    case DN_ADAPTIVE_BWD: return build_avg(p);
+    case DN_BN_FWD:
+    case DN_BN_BWD: return build_bn(p);
+    case DN_LN_FWD:
+    case DN_LN_BWD: return build_ln(p);
+    default: return build_softmax(p);
+    }
+}
+
+/* ---- execution state --------------------------------------------------------------------------- */
+
+static void state_free(dn_state *st) {
+    for (int i = 0; i < DN_MAX_ARGS; i++) {
+        if (st->user[i]) dnnl_memory_destroy(st->user[i]);
+        if (st->prim[i]) dnnl_memory_destroy(st->prim[i]);
+    }
+    if (st->scratch) dnnl_memory_destroy(st->scratch);
+    if (st->stream) dnnl_stream_destroy(st->stream);
+    em_host_free(st->buf);
+    memset(st, 0, sizeof *st);
+}
+
+static dnnl_status_t state_init(const dn_prim *p, dn_state *st) {
+    memset(st, 0, sizeof *st);
+    if (p->buf_bytes && !(st->buf = em_host_alloc(p->buf_bytes, 64))) return dnnl_out_of_memory;
+    char *buf = st->buf;
+    dnnl_status_t s = dnnl_stream_create(&st->stream, dn_engine, dnnl_stream_default_flags);
+    for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
+        const dn_arg *a = &p->a[i];
+        s = dnnl_memory_create(&st->user[i], &a->user, dn_engine, DNNL_MEMORY_NONE);
+        if (s == dnnl_success && a->reorder)
+            s = dnnl_memory_create(&st->prim[i], &a->prim, dn_engine, buf + a->off);
+    }
+    if (s == dnnl_success && p->scratch) {
+        const dnnl_dims_t d = {(dnnl_dim_t)p->scratch};
+        dnnl_memory_desc_t md;
+        s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_x);
+        if (s == dnnl_success) s = dnnl_memory_create(&st->scratch, &md, dn_engine, buf + p->scratch_off);
+    }
+    if (s != dnnl_success) state_free(st);
+    return s;
+}
+
+static void prim_free(dn_prim *p) {
+    if (!p) return;
+    if (p->st_ready) state_free(&p->st);
+    for (int i = 0; i < p->nargs; i++)
+        if (p->a[i].reorder) dnnl_primitive_destroy(p->a[i].reorder);
+    if (p->prim) dnnl_primitive_destroy(p->prim);
+    free(p);
+}
+
+/* The entry for key, from the cache or built now (not cached when the cache is full: the
+ * caller frees it, *owned). NULL when oneDNN refuses the descriptor. */
+static dn_prim *dn_get(const dn_key *key, bool *owned) {
+    *owned = false;
+    pthread_mutex_lock(&dn_lock);
+    if (!dn_engine && dnnl_engine_create(&dn_engine, dnnl_cpu, 0) != dnnl_success) {
+        dn_engine = NULL;
+        pthread_mutex_unlock(&dn_lock);
+        return NULL;
+    }
+    for (int i = 0; i < dn_count; i++)
+        if (memcmp(&dn_cache[i]->key, key, sizeof *key) == 0) {
+            dn_prim *p = dn_cache[i];
+            /* Most recently used first: a training step's dozen entries stay at the front. */
+            if (i > 0) {
+                memmove(&dn_cache[1], &dn_cache[0], sizeof dn_cache[0] * (size_t)i);
+                dn_cache[0] = p;
+            }
+            pthread_mutex_unlock(&dn_lock);
+            return p;
+        }
+    dn_prim *p = calloc(1, sizeof *p);
+    if (p) {
+        p->key = *key;
+        atomic_flag_clear(&p->busy);
+        if (build(p) != dnnl_success) {
+            prim_free(p);
+            p = NULL;
+        } else if (dn_count < DN_CACHE_CAP) {
+            memmove(&dn_cache[1], &dn_cache[0], sizeof dn_cache[0] * (size_t)dn_count);
+            dn_cache[0] = p;
+            dn_count++;
+            p->cached = true;
+        } else {
+            *owned = true;
+        }
+    }
+    pthread_mutex_unlock(&dn_lock);
+    return p;
+}
+
+/* The state a call runs with: the entry's own (created on first use, when the cache's buffer
+ * budget allows) unless another call holds it, else *tmp, built now. NULL on failure. */
+static dn_state *state_acquire(dn_prim *p, dn_state *tmp) {
+    if (p->cached && !atomic_flag_test_and_set_explicit(&p->busy, memory_order_acquire)) {
+        if (p->st_ready) return &p->st;
+        bool fits;
+        pthread_mutex_lock(&dn_lock);
+        fits = dn_buf_total + p->buf_bytes <= DN_BUF_CAP;
+        if (fits) dn_buf_total += p->buf_bytes;
+        pthread_mutex_unlock(&dn_lock);
+        if (fits && state_init(p, &p->st) == dnnl_success) {
+            p->st_ready = true;
+            return &p->st;
+        }
+        if (fits) {
+            pthread_mutex_lock(&dn_lock);
+            dn_buf_total -= p->buf_bytes;
+            pthread_mutex_unlock(&dn_lock);
+        }
+        atomic_flag_clear_explicit(&p->busy, memory_order_release);
+    }
+    return state_init(p, tmp) == dnnl_success ? tmp : NULL;
+}
+
+static void state_release(dn_prim *p, dn_state *st) {
+    if (st == &p->st) atomic_flag_clear_explicit(&p->busy, memory_order_release);
+    else state_free(st);
+}
+
+/* Runs p on ptrs (one per argument, in the order the builder added them). */
+static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
+    dn_state tmp, *st = state_acquire(p, &tmp);
+    if (!st)
+        return em_set_error(EM_ERR_NOMEM, "%s: out of memory for the oneDNN buffers (%zu bytes)",
+                            who, p->buf_bytes);
+    /* oneDNN's OpenMP regions take the calling thread's max-threads setting. */
+    int nt = em_num_threads();
+    if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
+    dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
+    int n = 0;
+    dnnl_status_t s = dnnl_success;
+    for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
+        const dn_arg *a = &p->a[i];
+        s = dnnl_memory_set_data_handle(st->user[i], ptrs[i]);
+        if (s == dnnl_success && a->reorder && !a->out) {
+            dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->user[i]}, {DNNL_ARG_TO, st->prim[i]}};
+            s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
+        }
+        args[n++] = (dnnl_exec_arg_t){a->arg, a->reorder ? st->prim[i] : st->user[i]};
+    }
+    if (p->scratch) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, st->scratch};
+    if (s == dnnl_success) s = dnnl_primitive_execute(p->prim, st->stream, n, args);
+    for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
+        const dn_arg *a = &p->a[i];
+        if (!a->reorder || !a->out) continue;
+        dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->prim[i]}, {DNNL_ARG_TO, st->user[i]}};
+        s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
+    }
+    if (s == dnnl_success) s = dnnl_stream_wait(st->stream);
+    state_release(p, st);
+    if (s != dnnl_success)
+        return em_set_error(EM_ERR_DEVICE, "%s: oneDNN failed with status %d", who, (int)s);
+    return EM_OK;
+}
+
+/* ---- keys -------------------------------------------------------------------------------------- */
+
+/* Every operand f32 (max_pool's i64 indices aside) and contiguous; the first input and the
+ * first output not empty (oneDNN has no zero-size primitives; the loops handle those). */
+static bool operands_ok(const em_kernel_ctx *k) {
+    for (int i = 0; i < k->n_in + k->n_out; i++) {
+        const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
+        if (t->dtype != EM_F32 || !t->contiguous) return false;
+    }
+    return k->in[0].numel > 0 && k->out[0].numel > 0;
+}
+
+static void put_double(int64_t *slot, double d) { memcpy(slot, &d, sizeof d); }
+
+/* The key of a call; false when oneDNN should not be asked. */
+static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
+    if (!operands_ok(k)) return false;
+    memset(key, 0, sizeof *key);
+    key->kind = kind;
+    int64_t *v = key->v;
+    switch (kind) {
+    case DN_CONV_FWD:
+    case DN_CONV_BWD_DATA:
+    case DN_CONV_BWD_WEIGHT: {
+        nn_conv g = kind == DN_CONV_FWD        ? nn_conv_geom(&k->in[0], &k->in[1], &k->out[0], k->attrs)
+                    : kind == DN_CONV_BWD_DATA ? nn_conv_geom(&k->out[0], &k->in[1], &k->in[0], k->attrs)
+                                               : nn_conv_geom(&k->in[0], &k->out[0], &k->in[1], k->attrs);
+        const int64_t gv[] = {g.N,  g.C,  g.H,  g.W,  g.O,  g.kh, g.kw, g.OH,
+                              g.OW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.g};
+        memcpy(v, gv, sizeof gv);
+        v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
+        return true;
+    }
+    case DN_AVG_FWD:
+    case DN_AVG_BWD:
+    case DN_ADAPTIVE_FWD:
+    case DN_ADAPTIVE_BWD: {
+        bool fwd = kind == DN_AVG_FWD || kind == DN_ADAPTIVE_FWD;
+        const em_ktensor *x = fwd ? &k->in[0] : &k->out[0], *y = fwd ? &k->out[0] : &k->in[0];
+        nn_pool p;
+        if (kind == DN_AVG_FWD || kind == DN_AVG_BWD) {
+            p = nn_pool_geom(x, y, k->attrs, false);
+        } else {
+            /* Adaptive windows are a plain pooling when the sizes divide. */
+            p = (nn_pool){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
+                          .OH = y->shape[2], .OW = y->shape[3]};
+            if (p.H % p.OH || p.W % p.OW) return false;
+            p.kh = p.sh = p.H / p.OH, p.kw = p.sw = p.W / p.OW;
+        }
+        /* Right padding that makes oneDNN's output size ours; with count_include_pad
+         * PyTorch's divisor only counts padding up to `padding` on the right. */
+        int64_t prh = (p.OH - 1) * p.sh + p.kh - p.H - p.ph, prw = (p.OW - 1) * p.sw + p.kw - p.W - p.pw;
+        if (prh < 0) prh = 0;
+        if (prw < 0) prw = 0;
+        if ((p.H + p.ph + prh - p.kh) / p.sh + 1 != p.OH || (p.W + p.pw + prw - p.kw) / p.sw + 1 != p.OW)
+            return false;
+        if (p.cip && (prh > p.ph || prw > p.pw)) return false;
+        /* A window wholly in padding: PyTorch gives 0, oneDNN's divisor would be 0. */
+        if (!p.cip && (prh >= p.kh || prw >= p.kw || p.ph >= p.kh || p.pw >= p.kw)) return false;
+        const int64_t pv[] = {p.N, p.C, p.H, p.W, p.OH, p.OW, p.kh, p.kw,
+                              p.sh, p.sw, p.ph, p.pw, prh, prw, p.cip};
+        memcpy(v, pv, sizeof pv);
+        return true;
+    }
+    case DN_BN_FWD:
+    case DN_BN_BWD: {
+        const em_ktensor *x = kind == DN_BN_FWD ? &k->in[0] : &k->in[1];
+        if (x->ndim < 2) return false;
+        v[0] = x->shape[0], v[1] = x->shape[1], v[2] = x->numel / (v[0] * v[1]);
+        unsigned flags = 0;
+        if (kind == DN_BN_FWD) {
+            if (k->in[1].numel) flags |= dnnl_use_scale;
+            if (k->in[2].numel) flags |= dnnl_use_shift;
+            put_double(&v[4], k->attrs[2].v.f);
+        } else {
+            put_double(&v[4], 0); /* the variance passed in is invstd^-2: no epsilon to add */
+        }
+        v[3] = flags;
+        v[5] = k->attrs[0].v.b;
+        if (kind == DN_BN_FWD && !v[5] && (!k->in[3].numel || !k->in[4].numel)) return false;
+        return true;
+    }
+    case DN_LN_FWD:
+    case DN_LN_BWD: {
+        const em_ktensor *x = kind == DN_LN_FWD ? &k->in[0] : &k->in[1];
+        int64_t D = nn_ln_d(x, (int)k->attrs[0].v.i);
+        v[0] = x->numel / D, v[1] = D;
+        unsigned flags = 0;
+        if (kind == DN_LN_FWD) {
+            if (k->in[1].numel) flags |= dnnl_use_scale;
+            if (k->in[2].numel) flags |= dnnl_use_shift;
+            put_double(&v[3], k->attrs[1].v.f);
+        } else {
+            put_double(&v[3], 0);
+        }
+        v[2] = flags;
+        return true;
+    }
+    default: {
+        nn_sm c = nn_sm_geom(k);
+        v[0] = c.outer, v[1] = c.D, v[2] = c.inner;
+        return true;
+    }
+    }
+}
+
+/* ---- kernels ----------------------------------------------------------------------------------- */
+
+/* A scratch vector of n floats for statistics conversions (C or rows of them). */
+static float *fbuf(int64_t n, const char *who) {
+    float *b = em_host_alloc(sizeof(float) * (size_t)(n > 0 ? n : 1), 64);
+    if (!b) em_set_error(EM_ERR_NOMEM, "%s: out of memory for %lld statistics", who, (long long)n);
+    return b;
+}
+
+static em_status run_bn_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who) {
+    const em_ktensor *x = &k->in[0];
+    int64_t C = x->shape[1], M = x->numel / C;
+    bool training = k->attrs[0].v.b;
+    double mom = k->attrs[1].v.f, eps = k->attrs[2].v.f;
+    float *var = fbuf(C, who), *sm = k->out[1].data, *si = k->out[2].data;
+    float *rm = k->in[3].data, *rv = k->in[4].data;
+    if (!var) return EM_ERR_NOMEM;
+    void *ptrs[DN_MAX_ARGS];
+    int n = 0;
+    ptrs[n++] = x->data, ptrs[n++] = k->out[0].data;
+    ptrs[n++] = training ? (void *)sm : (void *)rm;
+    ptrs[n++] = training ? (void *)var : (void *)rv;
+    if (k->in[1].numel) ptrs[n++] = k->in[1].data;
+    if (k->in[2].numel) ptrs[n++] = k->in[2].data;
+    em_status st = dn_exec(p, ptrs, who);
+    for (int64_t c = 0; c < C && st == EM_OK; c++) {
+        if (training) {
+            si[c] = (float)(1.0 / sqrt((double)var[c] + eps));
+            if (k->in[3].numel) rm[c] = (float)((1 - mom) * rm[c] + mom * sm[c]);
+            if (k->in[4].numel && M > 1)
+                rv[c] = (float)((1 - mom) * rv[c] + mom * (double)var[c] * (double)M / (double)(M - 1));
+        } else {
+            sm[c] = rm[c];
+            si[c] = (float)(1.0 / sqrt((double)rv[c] + eps));
+        }
+    }
+    em_host_free(var);
+    return st;
+}
+
+/* Backward of batch_norm / layer_norm: variance = invstd^-2 (epsilon 0 in the primitive), the
+ * scale w or ones. Inputs gy (0), x (1) and mean, invstd, w at the given positions; outputs
+ * gx, gw, gb. */
+static em_status run_norm_bwd(const em_kernel_ctx *k, dn_prim *p, int64_t nstat, int64_t nscale,
+                              int mean_in, int w_in, const char *who) {
+    float *buf = fbuf(nstat + nscale, who);
+    if (!buf) return EM_ERR_NOMEM;
+    const float *si = k->in[mean_in + 1].data, *w = k->in[w_in].data;
+    float *var = buf, *ones = buf + nstat;
+    for (int64_t i = 0; i < nstat; i++) var[i] = (float)(1.0 / ((double)si[i] * si[i]));
+    if (!k->in[w_in].numel)
+        for (int64_t i = 0; i < nscale; i++) ones[i] = 1;
+    void *scale = k->in[w_in].numel ? (void *)w : (void *)ones;
+    void *ptrs[DN_MAX_ARGS] = {k->in[1].data,  k->in[0].data,  k->in[mean_in].data, var,
+                               scale,          scale,          k->out[0].data,
+                               k->out[1].data, k->out[2].data};
+    em_status st = dn_exec(p, ptrs, who);
+    em_host_free(buf);
+    return st;
+}
+
+static em_status run_ln_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who) {
+    int64_t rows = p->key.v[0];
+    double eps = k->attrs[1].v.f;
+    float *rstd = k->out[2].data;
+    void *ptrs[DN_MAX_ARGS];
+    int n = 0;
+    /* The variance lands in rstd's memory and is turned into rstd in place. */
+    ptrs[n++] = k->in[0].data, ptrs[n++] = k->out[0].data, ptrs[n++] = k->out[1].data;
+    ptrs[n++] = rstd;
+    if (k->in[1].numel) ptrs[n++] = k->in[1].data;
+    if (k->in[2].numel) ptrs[n++] = k->in[2].data;
+    em_status st = dn_exec(p, ptrs, who);
+    if (st == EM_OK)
+        for (int64_t r = 0; r < rows; r++) rstd[r] = (float)(1.0 / sqrt((double)rstd[r] + eps));
+    return st;
+}
+
+static em_status k_dnnl(const em_kernel_ctx *k) {
+    int kind = (int)(intptr_t)k->user;
+    const char *who = em_op_name(k->op);
+    dn_key key;
+    bool owned;
+    if (!key_of(k, kind, &key))
+        return em_set_error(EM_ERR_INVALID, "%s: the oneDNN kernel was called on operands it "
+                            "declined", who);
+    dn_prim *p = dn_get(&key, &owned);
+    if (!p) return em_set_error(EM_ERR_DEVICE, "%s: oneDNN refused the primitive", who);
+    em_status st;
+    switch (kind) {
+    case DN_CONV_FWD: /* src, weights, dst[, bias] */
+        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data}, who);
+        break;
+    case DN_CONV_BWD_WEIGHT: /* src, diff_dst, diff_weights, diff_bias */
+        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data}, who);
+        break;
+    case DN_CONV_BWD_DATA: /* diff_dst, weights, diff_src */
+        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data}, who);
+        break;
+    case DN_SOFTMAX_BWD:
+    case DN_LOG_SOFTMAX_BWD: /* diff_dst, dst, diff_src */
+        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data}, who);
+        break;
+    case DN_BN_FWD: st = run_bn_fwd(k, p, who); break;
+    case DN_BN_BWD: st = run_norm_bwd(k, p, key.v[1], key.v[1], 3, 2, who); break;
+    case DN_LN_FWD: st = run_ln_fwd(k, p, who); break;
+    case DN_LN_BWD: st = run_norm_bwd(k, p, key.v[0], key.v[1], 2, 4, who); break;
+    default: /* pooling and softmax forward: x, y; pooling backward: gy, gx */
+        st = dn_exec(p, (void *[]){k->in[0].data, k->out[0].data}, who);
+        break;
+    }
+    if (owned) prim_free(p);
+    return st;
+}
+
+/* supports() is called before the dispatcher sets ctx->user: one function per kind. */
+static bool supports_kind(const em_kernel_ctx *k, int kind) {
+    dn_key key;
+    bool owned;
+    if (!key_of(k, kind, &key)) return false;
+    dn_prim *p = dn_get(&key, &owned);
+    if (owned) prim_free(p);
+    return p != NULL;
+}
+
+#define DN_SUPPORTS(K) \
+    static bool supports_##K(const em_kernel_ctx *k) { return supports_kind(k, DN_##K); }
+DN_SUPPORTS(CONV_FWD)
+DN_SUPPORTS(CONV_BWD_DATA)
+DN_SUPPORTS(CONV_BWD_WEIGHT)
+DN_SUPPORTS(AVG_FWD)
+DN_SUPPORTS(AVG_BWD)
+DN_SUPPORTS(ADAPTIVE_FWD)
+DN_SUPPORTS(ADAPTIVE_BWD)
+DN_SUPPORTS(BN_FWD)
+DN_SUPPORTS(BN_BWD)
+DN_SUPPORTS(LN_FWD)
+DN_SUPPORTS(LN_BWD)
+DN_SUPPORTS(SOFTMAX)
+DN_SUPPORTS(LOG_SOFTMAX)
+DN_SUPPORTS(SOFTMAX_BWD)
+DN_SUPPORTS(LOG_SOFTMAX_BWD)
+#undef DN_SUPPORTS
+
+em_status cpu_nn_dnnl_register(em_registry *r) {
+    static const struct {
+        const char *op, *name;
+        int kind;
+        em_kernel_supports_fn supports;
+    } ks[] = {
+        {"conv2d", "cpu_conv2d_dnnl_f32", DN_CONV_FWD, supports_CONV_FWD},
+        {"conv2d_backward_data", "cpu_conv2d_backward_data_dnnl_f32",
+         DN_CONV_BWD_DATA, supports_CONV_BWD_DATA},
+        {"conv2d_backward_weight", "cpu_conv2d_backward_weight_dnnl_f32",
+         DN_CONV_BWD_WEIGHT, supports_CONV_BWD_WEIGHT},
+        {"avg_pool2d", "cpu_avg_pool2d_dnnl_f32", DN_AVG_FWD, supports_AVG_FWD},
+        {"avg_pool2d_backward", "cpu_avg_pool2d_backward_dnnl_f32", DN_AVG_BWD, supports_AVG_BWD},
+        {"adaptive_avg_pool2d", "cpu_adaptive_avg_pool2d_dnnl_f32",
+         DN_ADAPTIVE_FWD, supports_ADAPTIVE_FWD},
+        {"adaptive_avg_pool2d_backward", "cpu_adaptive_avg_pool2d_backward_dnnl_f32",
+         DN_ADAPTIVE_BWD, supports_ADAPTIVE_BWD},
+        {"batch_norm", "cpu_batch_norm_dnnl_f32", DN_BN_FWD, supports_BN_FWD},
+        {"batch_norm_backward", "cpu_batch_norm_backward_dnnl_f32", DN_BN_BWD, supports_BN_BWD},
+        {"layer_norm", "cpu_layer_norm_dnnl_f32", DN_LN_FWD, supports_LN_FWD},
+        {"layer_norm_backward", "cpu_layer_norm_backward_dnnl_f32", DN_LN_BWD, supports_LN_BWD},
+        {"softmax", "cpu_softmax_dnnl_f32", DN_SOFTMAX, supports_SOFTMAX},
+        {"log_softmax", "cpu_log_softmax_dnnl_f32", DN_LOG_SOFTMAX, supports_LOG_SOFTMAX},
+        {"softmax_backward", "cpu_softmax_backward_dnnl_f32", DN_SOFTMAX_BWD, supports_SOFTMAX_BWD},
+        {"log_softmax_backward", "cpu_log_softmax_backward_dnnl_f32",
+         DN_LOG_SOFTMAX_BWD, supports_LOG_SOFTMAX_BWD},
+    };
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        em_kernel_def def = {.struct_size = sizeof def, .op = ks[i].op, .device_type = "cpu",
+                             .dtype = EM_F32, .priority = 10, .fn = k_dnnl,
+                             .supports = ks[i].supports, .name = ks[i].name,
+                             .user = (void *)(intptr_t)ks[i].kind};
+        em_status st = em_kernel_register(r, &def, NULL);
+        if (st != EM_OK) return st;
+    }
+    return EM_OK;
+}
+
+void cpu_nn_dnnl_shutdown(void) {
+    pthread_mutex_lock(&dn_lock);
+    for (int i = 0; i < dn_count; i++) prim_free(dn_cache[i]);
+    dn_count = 0;
+    dn_buf_total = 0;
+    if (dn_engine) dnnl_engine_destroy(dn_engine);
+    dn_engine = NULL;
+    pthread_mutex_unlock(&dn_lock);
+}
