@@ -455,7 +455,8 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     em_kernel_ctx ctx = {.struct_size = sizeof ctx, .op = op, .device = dev, .n_in = n_in,
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
     em_kernel *k = op->top[dev.type][key];
-    while (k && k->def.supports && !k->def.supports(&ctx)) k = k->below;
+    /* supports() sees the kernel's own user pointer, as its fn does. */
+    while (k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx))) k = k->below;
     if (!k && (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
                !op->top[EM_DEVICE_CPU_TYPE][key]))
         return no_kernel_error(op, dev.type, key);

@@ -77,6 +77,39 @@ Test(dispatch, supports_can_decline_and_then_no_kernel_is_an_error) {
     em_tensor_release(x64);
 }
 
+/* supports() gets the kernel's user pointer, as the kernel does: a plugin that registers one
+ * function for several variants tells them apart there (it used to see the previous value). */
+static int variant_a, variant_b;
+static bool variant_supports(const em_kernel_ctx *k) { return k->user == &variant_a; }
+static em_status variant_kernel(const em_kernel_ctx *k) {
+    cr_assert_eq(k->user, &variant_a);
+    return scale_kernel(k);
+}
+Test(dispatch, supports_sees_the_kernels_user_pointer) {
+    static const char *const names[] = {"scale"};
+    static const em_attr_type types[] = {EM_ATTR_FLOAT};
+    em_op_schema s = {.struct_size = sizeof s, .name = "test.variant", .n_inputs = 1,
+                      .n_outputs = 1, .n_attrs = 1, .attr_names = names, .attr_types = types,
+                      .dispatch_arg = 0, .infer = infer_first};
+    const em_op *op = NULL;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
+    em_kernel_def k = {.struct_size = sizeof k, .op = "test.variant", .device_type = "cpu",
+                       .dtype = EM_F32, .fn = variant_kernel, .supports = variant_supports,
+                       .user = &variant_a, .name = "variant_a", .priority = 0};
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_OK, "%s",
+                 em_last_error());
+    k.user = &variant_b, k.name = "variant_b", k.priority = 10; /* on top; declines */
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_OK, "%s",
+                 em_last_error());
+    em_tensor *x = em_arange(0, 4, 1, EM_F32, em_cpu()), *y = NULL;
+    em_attr a = {.type = EM_ATTR_FLOAT, .v.f = 3};
+    const em_tensor *in[1] = {x};
+    cr_assert_eq(em_op_call(op, in, 1, &a, &y), EM_OK, "%s", em_last_error());
+    for (int i = 0; i < 4; i++) cr_assert_float_eq(em_test_at(y, i), 3.0 * i, 0);
+    em_tensor_release(x);
+    em_tensor_release(y);
+}
+
 Test(dispatch, arguments_are_checked_against_the_schema) {
     const em_op *op = declare_scale();
     em_tensor *x = em_ones(1, (int64_t[]){3}, EM_F32, em_cpu());
