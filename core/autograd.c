@@ -23,7 +23,13 @@ struct em__hook {
     em__hook *next;
 };
 
-typedef enum node_kind { NODE_OP, NODE_VIEW, NODE_TO_DEVICE } node_kind;
+/* NODE_CONST: the history of a tensor overwritten in place by a value that needs no grad
+ * (fill_, or copy_ from a constant): the grad stops there. NODE_COPY_SLICES: the history of a
+ * base after an in-place op on one of its views: inputs the base's old history and the view's
+ * new value (view geometry in `view`, EM__VIEW_STRIDED). */
+typedef enum node_kind {
+    NODE_OP, NODE_VIEW, NODE_TO_DEVICE, NODE_CONST, NODE_COPY_SLICES
+} node_kind;
 
 typedef struct edge {
     em__node *node;   /* owned reference, or NULL */
@@ -245,6 +251,9 @@ static em_tensor *alias(const em_tensor *t) {
 }
 
 /* A node with edges to the given inputs. */
+static void set_history(em_tensor *t, em__node *n, int j);
+static em_status refresh_view(em_tensor *t);
+
 static em__node *node_new(node_kind kind, const char *name, const em_tensor *const *in, int n_in,
                           int n_out) {
     em__node *n = em__calloc(1, sizeof *n, "autograd node");
@@ -256,6 +265,11 @@ static em__node *node_new(node_kind kind, const char *name, const em_tensor *con
     n->n_out = n_out;
     n->seq = atomic_fetch_add(&node_seq, 1) + 1;
     for (int i = 0; i < n_in; i++) {
+        if (refresh_view((em_tensor *)in[i]) != EM_OK) {
+            n->n_in = i;
+            node_release(n);
+            return NULL;
+        }
         meta_of(in[i], &n->in_meta[i]);
         n->in_device[i] = in[i]->storage->device;
         if (in[i]->grad_fn) {
@@ -283,6 +297,7 @@ static void set_history(em_tensor *t, em__node *n, int j) {
     t->grad_fn = node_ref(n);
     t->output_nr = j;
     t->requires_grad = true;
+    if (t->is_view) t->view_version = em_tensor_version(t); /* its history is current */
     meta_of(t, &n->out_meta[j]);
     if (t->retains_grad) n->retain[j] = t;
     if (old) {
@@ -292,30 +307,124 @@ static void set_history(em_tensor *t, em__node *n, int j) {
     }
 }
 
+/* The root tensor a view's storage belongs to is dense: views of it are described by strides
+ * and an offset from it (EM__VIEW_STRIDED). */
+static bool base_dense(const em_tensor *b) {
+    return em__is_contiguous(b->ndim, b->shape, b->strides);
+}
+
+static bool overlapping(const em_tensor *t) {
+    for (int d = 0; d < t->ndim; d++)
+        if (t->strides[d] == 0 && t->shape[d] > 1) return true;
+    return false;
+}
+
+/* Make t's history a strided view of its base's current history. */
+static em_status view_of_base(em_tensor *t) {
+    const em_tensor *b = t->view_base;
+    em__node *v = node_new(NODE_VIEW, "as_strided", &b, 1, 1);
+    if (!v) return em__error_pending() ? em_last_status() : EM_ERR_NOMEM;
+    v->view.kind = EM__VIEW_STRIDED;
+    memcpy(v->view.strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    v->view.offset = t->offset - b->offset;
+    set_history(t, v, 0);
+    node_release(v);
+    return EM_OK;
+}
+
+/* A view whose base was changed in place since its history was recorded (the base has a new
+ * history) gets a history from the base's current one before it is used, as in PyTorch. */
+static em_status refresh_view(em_tensor *t) {
+    if (!t->is_view || !t->view_base || !t->view_base->requires_grad || !t->view_base_requires_grad ||
+        t->view_version == em_tensor_version(t) || !em_grad_enabled())
+        return EM_OK;
+    if (!base_dense(t->view_base) || overlapping(t)) {
+        char a[160];
+        return em_set_error(EM_ERR_STATE, "a view (shape %s) of a tensor that requires grad "
+                            "was made before an in-place change of its storage, and its kind "
+                            "(%s) cannot be brought up to date; make the view again after the "
+                            "change", em__shape_str(t->ndim, t->shape, a, sizeof a),
+                            overlapping(t) ? "an expanded view" : "a view of a strided base");
+    }
+    return view_of_base(t);
+}
+
+/* Whether an in-place op writing t must change a history: t has one (a non-leaf), or t is a
+ * view of a tensor that requires grad. */
+static bool history_touched(const em_tensor *o) {
+    return o->grad_fn || (o->is_view && o->view_base && o->view_base->requires_grad);
+}
+
+/* The checks PyTorch makes before an in-place op on o records history. */
+static em_status check_inplace(const em_op *op, const em_tensor *o, bool any) {
+    char a[160];
+    if (any && o->requires_grad && !o->grad_fn && !o->is_view)
+        return em_set_error(EM_ERR_STATE, "%s: a leaf tensor that requires grad (shape "
+                            "%s) is used in an in-place operation; update parameters under "
+                            "em_grad_mode_push(EM_GRAD_DISABLED)", em_op_name(op),
+                            em__shape_str(o->ndim, o->shape, a, sizeof a));
+    if (!o->is_view || !o->view_base) return EM_OK;
+    const em_tensor *b = o->view_base;
+    if (!b->requires_grad && !any) return EM_OK;
+    if (b->requires_grad && !b->grad_fn)
+        return em_set_error(EM_ERR_STATE, "%s: a view (shape %s) of a leaf tensor that requires "
+                            "grad is used in an in-place operation; change parameters under "
+                            "em_grad_mode_push(EM_GRAD_DISABLED)", em_op_name(op),
+                            em__shape_str(o->ndim, o->shape, a, sizeof a));
+    if (b->requires_grad && !o->view_base_requires_grad)
+        return em_set_error(EM_ERR_STATE, "%s: the view (shape %s) was made with gradients off "
+                            "from a tensor that requires grad, and is changed in place with "
+                            "gradients on; make the view with gradients on, or change it with "
+                            "them off", em_op_name(op),
+                            em__shape_str(o->ndim, o->shape, a, sizeof a));
+    if (!base_dense(b))
+        return em_set_error(EM_ERR_STATE, "%s: in-place operation with gradients on a view "
+                            "(shape %s) of a strided tensor; make the tensor contiguous first",
+                            em_op_name(op), em__shape_str(o->ndim, o->shape, a, sizeof a));
+    return EM_OK;
+}
+
+/* After an in-place op on the view o wrote its new value (history o_new set on o): the base's
+ * history becomes copy_slices(old base, o_new), and o's a view of that. */
+static em_status rebase(em_tensor *o) {
+    em_tensor *b = o->view_base;
+    const em_tensor *in[2] = {b, o};
+    em__node *c = node_new(NODE_COPY_SLICES, "copy_slices", in, 2, 1);
+    if (!c) return em__error_pending() ? em_last_status() : EM_ERR_NOMEM;
+    c->view.kind = EM__VIEW_STRIDED;
+    memcpy(c->view.strides, o->strides, sizeof(int64_t) * (size_t)o->ndim);
+    c->view.offset = o->offset - b->offset;
+    set_history(b, c, 0);
+    node_release(c);
+    return view_of_base(o);
+}
+
 em_status em__autograd_pre(const em_op *op, const em_tensor *const *in, int n_in,
                            const em_attr *attrs, em_tensor *const *out, int n_out,
                            em__node **node) {
     *node = NULL;
     if (anomaly) trace_push(em_op_name(op), in, n_in);
     if (!em_grad_enabled()) return EM_OK;
-    bool any = false;
-    for (int i = 0; i < n_in; i++) any |= in[i]->requires_grad;
+    bool any = false, touched = false;
     const em_op_schema *s = em_op_schema_of(op);
-    if (!any || (s->flags & EM_OP_NONDIFF)) return EM_OK;
+    if (!(s->flags & EM_OP_NONDIFF))
+        for (int i = 0; i < n_in; i++) any |= in[i]->requires_grad;
+    /* An op writing into a tensor with a history (in place, or an out= call) replaces that
+     * history even when its inputs need no grad: the old one no longer produced the values. */
+    for (int j = 0; j < n_out; j++) touched |= history_touched(out[j]);
+    if (!any && !touched) return EM_OK;
     for (int j = 0; j < n_out; j++) {
-        const em_tensor *o = out[j];
-        if (o->requires_grad && !o->grad_fn)
-            return em_set_error(EM_ERR_STATE, "%s: a leaf tensor that requires grad (shape "
-                                "%s) is used in an in-place operation; update parameters under "
-                                "em_grad_mode_push(EM_GRAD_DISABLED)", em_op_name(op),
-                                em__shape_str(o->ndim, o->shape, (char[160]){0}, 160));
-        if (o->is_view && o->view_base_requires_grad)
-            return em_set_error(EM_ERR_STATE, "%s: in-place operation on a view of a tensor that "
-                                "requires grad is not supported; use the out-of-place op",
-                                em_op_name(op));
+        em_status st = check_inplace(op, out[j], any);
+        if (st != EM_OK) return st;
+    }
+    if (!any) {
+        *node = node_new(NODE_CONST, em_op_name(op), NULL, 0, n_out);
+        if (!*node) return EM_ERR_NOMEM;
+        (*node)->op = op;
+        return EM_OK;
     }
     em__node *n = node_new(NODE_OP, em_op_name(op), in, n_in, n_out);
-    if (!n) return EM_ERR_NOMEM;
+    if (!n) return em__error_pending() ? em_last_status() : EM_ERR_NOMEM;
     n->op = op;
     for (int i = 0; i < s->n_attrs && attrs; i++) {
         n->attrs[i] = attrs[i];
@@ -356,7 +465,7 @@ em_status em__autograd_post(em__node *n, em_tensor *const *out, int n_out, bool 
         return EM_OK;
     }
     const em_op_schema *s = em_op_schema_of(n->op);
-    for (int j = 0; j < n_out; j++) {
+    for (int j = 0; j < n_out && n->kind == NODE_OP; j++) {
         if (!(s->saves & EM_SAVE_OUTPUT(j))) continue;
         if (!(n->saved_out[j] = alias(out[j]))) {
             node_release(n);
@@ -365,13 +474,20 @@ em_status em__autograd_post(em__node *n, em_tensor *const *out, int n_out, bool 
         n->ver_out[j] = em_tensor_version(out[j]);
         n->had_saved = true;
     }
-    for (int j = 0; j < n_out; j++) set_history(out[j], n, j);
+    em_status st = EM_OK;
+    for (int j = 0; j < n_out; j++) {
+        em_tensor *o = out[j];
+        bool view = o->is_view && o->view_base && em_dtype_is_floating(o->dtype);
+        set_history(o, n, j);
+        if (view && st == EM_OK) st = rebase(o);
+    }
     node_release(n);
-    return EM_OK;
+    return st;
 }
 
 static const char *view_name(em__view_kind k) {
     switch (k) {
+    case EM__VIEW_STRIDED: return "as_strided";
     case EM__VIEW_RESHAPE: return "view";
     case EM__VIEW_PERMUTE: return "permute";
     case EM__VIEW_EXPAND: return "expand";
@@ -384,6 +500,9 @@ em_tensor *em__autograd_view(em_tensor *view, const em_tensor *base, const em__v
     if (!view) return NULL;
     view->is_view = true;
     view->inference = base->inference;
+    const em_tensor *root = base->is_view && base->view_base ? base->view_base : base;
+    view->view_base = em_tensor_retain((em_tensor *)root);
+    view->view_version = em_tensor_version(view);
     if (!base->requires_grad || !em_grad_enabled()) return view;
     em__node *n = node_new(NODE_VIEW, view_name(info->kind), &base, 1, 1);
     if (!n) {
@@ -415,6 +534,7 @@ void em__autograd_tensor_free(em_tensor *t) {
     }
     em_tensor_release(t->grad);
     hooks_free(t->hooks);
+    em_tensor_release(t->view_base);
 }
 
 /* ---- the tensor-side API --------------------------------------------------------------------- */
@@ -537,6 +657,13 @@ static em_status apply_view(const em__node *n, em_tensor *g, em_tensor **grads) 
                : em_reshape(g, m->ndim, m->shape);
         break;
     }
+    case EM__VIEW_STRIDED: {
+        em_tensor *z = em_zeros(m->ndim, m->shape, m->dtype, n->in_device[0]);
+        em_tensor *part = z ? em__scope_track(em__tensor_view(z, g->ndim, g->shape, v->strides,
+                                                              v->offset)) : NULL;
+        if (part && em_copy_(part, g) == EM_OK) r = z;
+        break;
+    }
     case EM__VIEW_NARROW: {
         em_tensor *z = em_zeros(m->ndim, m->shape, m->dtype, n->in_device[0]);
         int64_t len = v->squeezed ? 1 : g->shape[v->dim];
@@ -548,6 +675,25 @@ static em_status apply_view(const em__node *n, em_tensor *g, em_tensor **grads) 
     }
     grads[0] = r;
     return r ? EM_OK : em_last_status();
+}
+
+/* copy_slices: the base's grad g outside the view's region goes to the old base, the region's
+ * to the view's new value. */
+static em_status apply_copy_slices(const em__node *n, em_tensor *g, em_tensor **grads) {
+    const em_tensor_meta *vm = &n->in_meta[1];
+    em_tensor *gc = em_clone(g);
+    em_tensor *region = gc ? em__scope_track(em__tensor_view(gc, vm->ndim, vm->shape,
+                                                             n->view.strides, n->view.offset))
+                           : NULL;
+    if (!region) return em_last_status();
+    if (n->next[1].node || n->next[1].leaf) {
+        if (!(grads[1] = em_clone(region))) return em_last_status();
+    }
+    if (n->next[0].node || n->next[0].leaf) {
+        if (em_fill_(region, 0) != EM_OK) return em_last_status();
+        grads[0] = gc;
+    }
+    return EM_OK;
 }
 
 static em_status apply_op(const em__node *n, em_tensor **grads) {
@@ -579,8 +725,12 @@ static em_status apply_node(em__node *n, em_tensor **grads) {
         st = apply_op(n, grads);
     } else if (!g0) {
         st = EM_OK;
+    } else if (n->kind == NODE_CONST) {
+        st = EM_OK;
     } else if (n->kind == NODE_VIEW) {
         st = apply_view(n, g0, grads);
+    } else if (n->kind == NODE_COPY_SLICES) {
+        st = apply_copy_slices(n, g0, grads);
     } else { /* NODE_TO_DEVICE */
         grads[0] = em_to_device(g0, n->in_device[0]);
         st = grads[0] ? EM_OK : em_last_status();

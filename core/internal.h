@@ -105,6 +105,9 @@ struct em_tensor {
     em__node *grad_fn;         /* owned reference; NULL for leaves */
     em_tensor *grad;           /* owned reference; NULL when none */
     em__hook *hooks;           /* leaf hooks (non-leaf hooks live on grad_fn) */
+    em_tensor *view_base;      /* is_view: owned reference to the tensor (not a view) whose
+                                  storage this views; NULL otherwise */
+    uint64_t view_version;     /* the storage's version when this view's history was set */
 };
 
 /* Internal versions of the public tensor-returning functions: they return a reference the
@@ -253,6 +256,8 @@ typedef enum em__view_kind {
     EM__VIEW_EXPAND,   /* expand: grad summed over the expanded dims */
     EM__VIEW_NARROW,   /* narrow, slice, select: grad copied into zeros; dim, start, step,
                           and `squeezed` for select */
+    EM__VIEW_STRIDED,  /* any view of a dense base, by its strides and offset in the base:
+                          the history of a view whose base was changed in place */
 } em__view_kind;
 typedef struct em__view_info {
     em__view_kind kind;
@@ -260,6 +265,7 @@ typedef struct em__view_info {
     int64_t start, step;
     bool squeezed;
     int perm[EM_MAX_DIMS];
+    int64_t strides[EM_MAX_DIMS], offset; /* EM__VIEW_STRIDED; offset from the base's */
 } em__view_info;
 /* Returns view, or NULL (view released) on failure. */
 em_tensor *em__autograd_view(em_tensor *view, const em_tensor *base, const em__view_info *info);

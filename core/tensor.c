@@ -146,6 +146,8 @@ static em_tensor *tensor_object(em__storage *s, em_dtype dt, int ndim, const int
     t->grad_fn = NULL;
     t->grad = NULL;
     t->hooks = NULL;
+    t->view_base = NULL;
+    t->view_version = 0;
     atomic_fetch_add(&live_tensors, 1);
     return t;
 }

@@ -175,10 +175,104 @@ Test(autograd, in_place_ops_on_non_leaves_rewrite_history) {
     cr_assert_eq(em_add_(x, em_scalar(1, EM_F64)), EM_ERR_STATE);
     em_assert_error(EM_ERR_STATE, "leaf tensor that requires grad");
     cr_assert_eq(em_relu_(em_narrow(x, 0, 0, 2)), EM_ERR_STATE);
-    em_assert_error(EM_ERR_STATE, "view of a tensor that requires grad");
+    em_assert_error(EM_ERR_STATE, "relu: a view (shape [2]) of a leaf tensor that requires grad");
     em_scope_end();
     em_tensor_release(x);
     em_tensor_release(w);
+}
+
+/* ---- in-place ops on views (PyTorch's CopySlices) ------------------------------------------ */
+
+#define OK_(call) cr_assert_eq((call), EM_OK, "%s", em_last_error())
+
+/* h = 1.5 x (2, 4); a = h[:, 1:3] taken first; h[:, 2] *= w; h[0, :] += 1; h[1, 0:2] = 0;
+ * returns h * h + sum(a * a) (a sees the change: it is brought up to date). */
+static em_tensor *f_view_inplace(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    em_tensor *h = em_mul_scalar(in[0], 1.5);
+    em_tensor *a = em_narrow(h, 1, 1, 2);
+    OK_(em_mul_(em_select(h, 1, 2), in[1]));
+    OK_(em_add_scalar_(em_select(h, 0, 0), 1));
+    OK_(em_fill_(em_narrow(em_select(h, 0, 1), 0, 0, 2), 0));
+    return em_add(em_mul(h, h), em_sum(em_mul(a, a), 0, NULL, false));
+}
+
+/* A buffer that needs no grad gets rows written from x (3) in place: buf[1] = x,
+ * buf[0] = 2 x; buf (2, 3) then requires grad. Returns buf * buf. */
+static em_tensor *f_copy_into_buffer(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    em_tensor *buf = em_zeros(2, (int64_t[]){2, 3}, EM_F64, em_cpu());
+    OK_(em_copy_(em_select(buf, 0, 1), in[0]));
+    em_tensor *row0 = em_select(buf, 0, 0);
+    OK_(em_copy_(row0, in[0]));
+    OK_(em_mul_scalar_(row0, 2));
+    return em_mul(buf, buf);
+}
+
+Test(autograd, in_place_ops_on_views_update_the_base_history) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){2, 4}, 11, -1, 1);
+    em_tensor *w = leaf(EM_F64, 1, (int64_t[]){2}, 12, 0.5, 2);
+    em_tensor *in[2] = {x, w};
+    cr_assert_eq(em_gradcheck(f_view_inplace, 2, in, NULL, 0, 0, 0), EM_OK, "%s",
+                 em_last_error());
+    /* A hand-computed case: y = sum(h) with h = 1.5 x, h[:, 2] *= w: dy/dx = 1.5 (1.5 w in
+     * column 2), dy/dw = 1.5 x[:, 2]. */
+    em_scope_begin();
+    em_tensor *h = em_mul_scalar(x, 1.5);
+    OK_(em_mul_(em_select(h, 1, 2), w));
+    cr_assert_str_eq(em_tensor_grad_fn_name(h), "copy_slices");
+    OK_(em_backward(em_sum(h, 0, NULL, false)));
+    em_scope_end();
+    for (int i = 0; i < 8; i++)
+        cr_assert_float_eq(grad_at(x, i), i % 4 == 2 ? 1.5 * em_test_at(w, i / 4) : 1.5, 1e-15);
+    for (int i = 0; i < 2; i++)
+        cr_assert_float_eq(grad_at(w, i), 1.5 * em_test_at(x, 4 * i + 2), 1e-15);
+    em_tensor *v = leaf(EM_F64, 1, (int64_t[]){3}, 13, -1, 1);
+    cr_assert_eq(em_gradcheck(f_copy_into_buffer, 1, &v, NULL, 0, 0, 0), EM_OK, "%s",
+                 em_last_error());
+    em_scope_begin();
+    em_tensor *buf = em_zeros(1, (int64_t[]){6}, EM_F64, em_cpu());
+    OK_(em_copy_(em_narrow(buf, 0, 1, 3), v));
+    cr_assert(em_tensor_requires_grad(buf), "a buffer written from v in place requires grad");
+    cr_assert_str_eq(em_tensor_grad_fn_name(buf), "copy_slices");
+    em_scope_end();
+    em_tensor_release(x);
+    em_tensor_release(w);
+    em_tensor_release(v);
+}
+
+/* Overwriting a non-leaf with a constant (fill_, copy_ of a tensor that needs no grad) cuts its
+ * history: no gradient flows to what it was computed from. */
+Test(autograd, overwriting_a_non_leaf_with_a_constant_cuts_its_history) {
+    em_tensor *x = leaf(EM_F64, 1, (int64_t[]){3}, 14, -1, 1);
+    em_scope_begin();
+    em_tensor *h = em_mul_scalar(x, 3), *k = em_mul_scalar(x, 2);
+    OK_(em_fill_(h, 5));
+    OK_(em_copy_(k, em_ones(1, (int64_t[]){3}, EM_F64, em_cpu())));
+    em_tensor *y = em_add(em_sum(em_mul(h, x), 0, NULL, false), em_sum(k, 0, NULL, false));
+    OK_(em_backward(y));
+    em_scope_end();
+    for (int i = 0; i < 3; i++) cr_assert_float_eq(grad_at(x, i), 5.0, 1e-15); /* d(h x)/dx = h */
+    em_tensor_release(x);
+}
+
+Test(autograd, in_place_on_views_errors) {
+    em_tensor *x = leaf(EM_F64, 2, (int64_t[]){2, 3}, 15, -1, 1);
+    em_scope_begin();
+    em_tensor *h = em_mul_scalar(x, 2);
+    /* A view made with gradients off, changed in place with them on. */
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    em_tensor *row = em_select(h, 0, 0);
+    em_grad_mode_pop();
+    cr_assert_eq(em_mul_scalar_(row, 2), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "mul_scalar: the view (shape [3]) was made with gradients off");
+    /* An expanded view cannot be brought up to date after its base changed in place. */
+    em_tensor *col = em_narrow(h, 1, 0, 1), *e = em_expand(col, 2, (int64_t[]){2, 4});
+    OK_(em_add_scalar_(em_select(h, 0, 0), 1));
+    cr_assert_null(em_mul(e, e));
+    em_assert_error(EM_ERR_STATE, "an expanded view");
+    em_scope_end();
+    em_tensor_release(x);
 }
 
 Test(autograd, no_grad_detach_and_requires_grad_rules) {

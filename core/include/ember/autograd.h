@@ -33,10 +33,14 @@
  *     tensor's shape and both versions.
  *   - An op that declared no derivative (schema.backward NULL, without EM_OP_NONDIFF) can be
  *     run forward; backpropagating into it is an error naming the op — never a silent zero.
- *   - In place ops: on a leaf that requires grad they are an error (do the update under
- *     EM_GRAD_DISABLED); on a non-leaf they rewrite its history. In place ops on a VIEW of a
- *     tensor that requires grad are not supported: they fail with a message suggesting the
- *     out-of-place op.
+ *   - In place ops: on a leaf that requires grad, or on a view of one, they are an error (do
+ *     the update under EM_GRAD_DISABLED); on a non-leaf they rewrite its history, and a value
+ *     that needs no grad (fill_, copy_ of a constant) cuts it. On a VIEW, as in PyTorch, the
+ *     base's history is rewritten too (its grad_fn becomes "copy_slices"): writing x into
+ *     a slice of a buffer that needs no grad makes the buffer require grad, and gradients
+ *     reach x. Other views of that base made before the change are brought up to date when
+ *     next used (an expanded one cannot be: an error says to make it again). A view made with
+ *     gradients off from a tensor that requires grad cannot be changed in place with them on.
  *   - Grad mode is per thread. Higher-order gradients (create_graph) are not supported: asking
  *     for them is an error.
  *   - One backward at a time per graph: two threads must not run backward through shared
