@@ -215,7 +215,7 @@ static void run_case(const cfg *c, em_dtype pdt, em_dtype sdt, bool master, cons
             check_equal("param", params[j], a.p[j], j, at);
             if (master) check_equal("master", masters[j], a.w[j], j, at);
             for (int k = 0; k < ns; k++) {
-                char what[16];
+                char what[32];
                 snprintf(what, sizeof what, "state %d", k);
                 if (states[k][j]) check_equal(what, states[k][j], a.s[k][j], j, at);
             }
@@ -348,7 +348,7 @@ static void class_vs_manual(const cfg *c, const char *cls, const char *opts_text
     em_tensor *p[NP], *q[NP], *st[NP][3] = {{0}};
     em_dict *d = em_dict_new();
     for (int j = 0; j < NP; j++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "p%d", j);
         p[j] = init_param(j);
         q[j] = init_param(j);
