@@ -11,8 +11,10 @@ in each, back to back:
   ember-sx     bench/compare with OPENBLAS_CORETYPE=SkylakeX, for raw OpenBLAS's best kernels
   ember-train  bench/train_step (EMBER_NUM_THREADS=2, OMP_WAIT_POLICY=passive like PyTorch's
                best configuration: both run on GNU OpenMP): issue 3's training steps, forward
-               + backward + SGD update of an MLP 784-512-256-10 (batch 128) and the CNN
-               (batch 64); PyTorch runs the same networks with torch.optim.SGD
+               + backward + Adam update of an MLP 784-512-256-10 (batch 128) and the CNN
+               (batch 64), Ember's "Adam" optimizer from the registry (its fused kernel);
+               PyTorch runs the same networks with torch.optim.Adam (default arguments:
+               foreach, lr 1e-3)
   ember-train-as-is  the same with OMP_WAIT_POLICY as it is (printed after the table: on a
                machine whose cores other processes keep busy, libgomp's default spinning at
                every parallel region's barrier costs Ember many times its compute)
@@ -21,7 +23,9 @@ in each, back to back:
   torch-as-is  PyTorch with the environment as it is (for reference)
 PYTHON=/path/to/python3 picks the interpreter with torch (default /usr/bin/python3); without
 torch only Ember's columns are printed. Prints `name ember_ms torch_ms ratio` (medians,
-ratio = ember / torch), then the means, then derived figures (GFLOP/s, bandwidth).
+ratio = ember / torch), then the means, then derived figures (GFLOP/s, bandwidth). For the
+training steps every single step is timed too: the mean step against the median step (issue
+3: mean <= 1.2x median) and the slowest step, for Ember and PyTorch.
 """
 import os
 import statistics
@@ -60,7 +64,7 @@ def train(cnn, batch):
                             nn.Linear(256, 10))
         x = torch.rand(batch, 784)
     y = torch.randint(0, 10, (batch,))
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    opt = torch.optim.Adam(net.parameters())
     def step():
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(x), y).backward()
@@ -83,9 +87,13 @@ for line in sys.stdin:
     if name not in ready:
         f = make[name][0](); f(); ready[name] = f
     f, iters = ready[name], make[name][1]
+    each = []
     t0 = time.perf_counter()
-    for _ in range(iters): f()
-    print(name, "%.6f" % ((time.perf_counter() - t0) * 1e3 / iters), flush=True)
+    for _ in range(iters):
+        t = time.perf_counter(); f(); each.append((time.perf_counter() - t) * 1e3)
+    total = (time.perf_counter() - t0) * 1e3 / iters
+    steps = " ".join("%.6f" % e for e in each) if name.startswith("train") else ""
+    print(name, "%.6f" % total, steps, flush=True)
 '''
 
 
@@ -97,12 +105,13 @@ class Worker:
         self.banner = None
 
     def ask(self, name):
+        """ms per op (or step), and the single steps' times when the worker gives them."""
         self.p.stdin.write(name + "\n")
         self.p.stdin.flush()
         out = self.p.stdout.readline().split()
-        if len(out) != 2 or out[1] == "unknown":
-            return None
-        return float(out[1])
+        if len(out) < 2 or out[1] == "unknown":
+            return None, []
+        return float(out[1]), [float(x) for x in out[2:]]
 
     def close(self):
         self.p.stdin.close()
@@ -154,6 +163,7 @@ def main():
         print("(PyTorch is not installed for %s: Ember's figures only)" % python)
 
     times = {}  # (worker, workload) -> [ms]; the training worker's figures count as ember's
+    single = {}  # (worker, workload) -> [ms of each single training step]
     for _ in range(reps):
         for name in names + raw:
             for label, w in workers.items():
@@ -163,10 +173,11 @@ def main():
                     continue
                 if label.startswith("ember") and label.startswith("ember-train") != (name in TRAIN):
                     continue
-                t = w.ask(name)
+                t, each = w.ask(name)
                 if t is not None:
                     key = "ember" if label == "ember-train" else label
                     times.setdefault((key, name), []).append(t)
+                    single.setdefault((key, name), []).extend(each)
     for w in workers.values():
         w.close()
 
@@ -188,6 +199,12 @@ def main():
                   % (n, statistics.median(r), statistics.fmean(r), min(r), max(r)))
         print("%s: Ember with OMP_WAIT_POLICY as it is: median %.4f ms (%.2fx PyTorch's best)"
               % (n, med("ember-train-as-is", n), med("ember-train-as-is", n) / med("torch", n)))
+        for label in ("ember", "torch"):
+            s = single.get((label, n), [])
+            if s:
+                m, md = statistics.fmean(s), statistics.median(s)
+                print("%s: %s single steps (%d): median %.4f ms, mean %.4f ms = %.2fx the "
+                      "median, slowest %.4f ms" % (n, label, len(s), md, m, m / md, max(s)))
     if not all(n in names for n in WORKLOADS):
         return
     print("\nraw libraries, 1024^3 f32 (medians): oneDNN %.3f ms, OpenBLAS default %.3f ms, "

@@ -1,17 +1,20 @@
 /*
  * train_step.c — Ember's side of the training-step rows of bench/compare-pytorch.py (issue
  * 3's workloads): a worker that reads workload names on stdin, one a line, runs one timed
- * batch of training steps and prints "name ms_per_step" (the driver interleaves these calls
- * with PyTorch's). `bench/train_step --list` prints the workloads.
+ * batch of training steps and prints "name ms_per_step" followed by the time of each step of
+ * the batch in ms (the driver interleaves these calls with PyTorch's and reports the spread of
+ * single steps). `bench/train_step --list` prints the workloads.
  *
  *   train_mlp_b128  MLP 784-512-256-10 (linear, ReLU, linear, ReLU, linear), batch 128
  *   train_cnn_b64   conv(1->32, 3x3, pad 1), ReLU, max_pool 2, conv(32->64, 3x3, pad 1), ReLU,
  *                   max_pool 2, flatten, linear(3136->128), ReLU, linear(128->10); batch 64
  *                   of 1x28x28
  *
- * One step is what a training loop does: forward, cross_entropy (mean), em_backward, then a
- * plain SGD update w -= lr * grad of every parameter under EM_GRAD_DISABLED and the grads set
- * to none (zero_grad). The batch stays the same (data loading is not measured). Parameters
+ * One step is what a training loop does: forward, cross_entropy (mean), em_backward, then
+ * em_optimizer_step of an "Adam" optimizer made by name from the registry with its default
+ * options (lr 1e-3, betas 0.9/0.999, eps 1e-8: torch.optim.Adam's defaults) over every
+ * parameter, and em_optimizer_zero_grad (grads set to none). The batch stays the same (data
+ * loading is not measured). Parameters
  * are initialised like PyTorch's defaults (uniform on +-1/sqrt(fan_in)); inputs uniform on
  * [0, 1), labels uniform in [0, 10). The first request of a workload builds it and runs one
  * untimed step (oneDNN primitive creation, allocator cache, page faults).
@@ -50,7 +53,8 @@ typedef struct workload {
     bool cnn;
     int64_t batch;
     int np;
-    em_tensor *p[8], *x, *y, *lr;
+    em_tensor *p[8], *x, *y;
+    em_optimizer *opt;
     bool ready;
 } workload;
 
@@ -81,8 +85,16 @@ static void setup(workload *w) {
     if (!u || em_uniform_(u, 0, 10, NULL) != EM_OK) die("labels");
     w->y = em_to_dtype(u, EM_I64); /* truncation: uniform in 0..9 */
     em_tensor_release(u);
-    w->lr = em_scalar(0.01, EM_F32);
-    if (!w->y || !w->lr) die("labels");
+    if (!w->y) die("labels");
+    em_dict *params = em_dict_new();
+    for (int i = 0; i < w->np; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "%d", i);
+        if (!params || em_dict_set(params, name, w->p[i]) != EM_OK) die("parameters");
+    }
+    w->opt = em_optimizer_new("Adam", params, NULL); /* torch.optim.Adam's defaults */
+    if (!w->opt) die("optimizer");
+    em_dict_free(params);
 }
 
 static void step(workload *w) {
@@ -103,12 +115,8 @@ static void step(workload *w) {
     em_tensor *loss = em_cross_entropy(h, w->y, NULL, EM_REDUCTION_MEAN, -100, 0);
     if (!loss) die("forward");
     if (em_backward(loss) != EM_OK) die("backward");
-    em_grad_mode_push(EM_GRAD_DISABLED);
-    for (int i = 0; i < w->np; i++) {
-        if (em_sub_(w->p[i], em_mul(em_tensor_grad(w->p[i]), w->lr)) != EM_OK) die("update");
-        em_tensor_set_grad(w->p[i], NULL);
-    }
-    em_grad_mode_pop();
+    if (em_optimizer_step(w->opt) != EM_OK) die("optimizer step");
+    em_optimizer_zero_grad(w->opt);
     if (em_scope_end() != EM_OK) die("scope");
 }
 
@@ -140,15 +148,22 @@ int main(int argc, char **argv) {
             step(w); /* warm-up */
             w->ready = true;
         }
-        double t0 = now_ms();
-        for (int i = 0; i < w->iters; i++) step(w);
-        printf("%s %.6f\n", w->name, (now_ms() - t0) / w->iters);
+        double t0 = now_ms(), each[64];
+        for (int i = 0; i < w->iters; i++) {
+            double t = now_ms();
+            step(w);
+            each[i] = now_ms() - t;
+        }
+        printf("%s %.6f", w->name, (now_ms() - t0) / w->iters);
+        for (int i = 0; i < w->iters; i++) printf(" %.6f", each[i]);
+        printf("\n");
         fflush(stdout);
     }
     for (int i = 0; i < N_WORKLOADS; i++) {
         if (!W[i].ready) continue;
+        em_optimizer_free(W[i].opt);
         for (int k = 0; k < W[i].np; k++) em_tensor_release(W[i].p[k]);
-        em_tensor_release(W[i].x), em_tensor_release(W[i].y), em_tensor_release(W[i].lr);
+        em_tensor_release(W[i].x), em_tensor_release(W[i].y);
     }
     em_shutdown();
     return 0;

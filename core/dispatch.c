@@ -152,13 +152,15 @@ em_status em_op_declare(em_registry *reg, const em_op_schema *s, const em_op **o
     if (!reg || !s || !s->name || !*s->name)
         return em_set_error(EM_ERR_INVALID, "op_declare: NULL registry, schema or name");
     if (s->struct_size < offsetof(em_op_schema, ext) || s->n_inputs < 0 ||
-        s->n_inputs > 8 || s->n_outputs < 1 || s->n_outputs > 4 || s->n_attrs < 0 ||
+        s->n_inputs > 8 || s->n_outputs < 1 ||
+        s->n_outputs > ((s->flags & EM_OP_LISTS) ? 8 : 4) || s->n_attrs < 0 ||
         s->n_attrs > 8 || (s->n_attrs > 0 && (!s->attr_names || !s->attr_types)) ||
         s->dispatch_arg < -1 || s->dispatch_arg >= s->n_inputs ||
-        (!s->infer && s->n_inputs > 0))
+        (!s->infer && s->n_inputs > 0 && !(s->flags & EM_OP_LISTS)))
         return em_set_error(EM_ERR_INVALID, "op_declare: the schema of '%s' is malformed "
-                            "(1..4 outputs, 0..8 inputs and attributes, a dispatch_arg naming "
-                            "an input or -1, and an infer function are required)", s->name);
+                            "(1..4 outputs (a list op 1..8), 0..8 inputs and attributes, a "
+                            "dispatch_arg naming an input or -1, and an infer function unless it "
+                            "is a list op are required)", s->name);
     pthread_mutex_lock(&reg_lock);
     em_status st = EM_OK;
     struct em_op *op = NULL;
@@ -419,11 +421,17 @@ static em_status overlapping_output(const struct em_op *op, const em_tensor *t, 
     return EM_OK;
 }
 
+static em_status list_op_error(const struct em_op *op) {
+    return em_set_error(EM_ERR_INVALID, "%s: a list op (it updates lists of tensors); run it "
+                        "with em_op_call_lists", op->schema.name);
+}
+
 em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
                          const em_attr *attrs, em_tensor *const *out, int n_out) {
     struct em_op *op = (struct em_op *)cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
     if (n_in != op->schema.n_inputs || n_out != op->schema.n_outputs)
         return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs and %d outputs; it takes "
                             "%d and %d", op->schema.name, n_in, n_out, op->schema.n_inputs,
@@ -520,6 +528,130 @@ static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, 
     return st;
 }
 
+/* ---- list ops -------------------------------------------------------------------------------- */
+
+bool em_op_has_kernel(const em_op *op, em_device dev, em_dtype dtype) {
+    return op && dev.type >= 0 && dev.type < EM_MAX_DEVICE_TYPES && em_dtype_is_valid(dtype) &&
+           op->top[dev.type][dtype] != NULL;
+}
+
+/* "input list 'grads'" / "output list 1" for messages. */
+static const char *list_name(const struct em_op *op, int list, char *buf, size_t cap) {
+    int n_in = op->schema.n_inputs;
+    if (list < n_in && op->schema.input_names)
+        snprintf(buf, cap, "input list '%s'", op->schema.input_names[list]);
+    else if (list < n_in)
+        snprintf(buf, cap, "input list %d", list);
+    else
+        snprintf(buf, cap, "output list %d", list - n_in);
+    return buf;
+}
+
+/* Checks one list of a list call (see em_op_call_lists); the references are tensors j of
+ * output list 0 (ref). */
+static em_status check_list(const struct em_op *op, int l, const em_tensor *const *ts,
+                            const em_tensor *const *ref, int count, em_device dev, bool key) {
+    const char *name = op->schema.name;
+    char lb[64], a[160], b[160], d0[48], d1[48];
+    bool absent = ts[0] == NULL;
+    if (absent && key)
+        return em_set_error(EM_ERR_INVALID, "%s: %s picks the kernel and cannot be NULL",
+                            name, list_name(op, l, lb, sizeof lb));
+    for (int j = 0; j < count; j++) {
+        const em_tensor *t = ts[j];
+        if (absent != (t == NULL))
+            return em_set_error(EM_ERR_INVALID, "%s: tensor %d of %s is %s; a list is all "
+                                "tensors, or all NULL where the op allows it", name, j,
+                                list_name(op, l, lb, sizeof lb), t ? "given" : "NULL");
+        if (!t) continue;
+        if (!em_device_equal(t->storage->device, dev))
+            return em_set_error(EM_ERR_DEVICE, "%s: expected all tensors on one device, but "
+                                "tensor %d of %s is on %s and tensor 0 of output list 0 on %s",
+                                name, j, list_name(op, l, lb, sizeof lb),
+                                em_device_str(t->storage->device, d0, sizeof d0),
+                                em_device_str(dev, d1, sizeof d1));
+        if (t->ndim != ref[j]->ndim ||
+            memcmp(t->shape, ref[j]->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)
+            return em_set_error(EM_ERR_SHAPE, "%s: tensor %d of %s has shape %s but tensor %d "
+                                "of output list 0 has shape %s", name, j,
+                                list_name(op, l, lb, sizeof lb),
+                                em__shape_str(t->ndim, t->shape, a, sizeof a), j,
+                                em__shape_str(ref[j]->ndim, ref[j]->shape, b, sizeof b));
+        if (key && t->dtype != ts[0]->dtype)
+            return em_set_error(EM_ERR_DTYPE, "%s: the tensors of %s must share one dtype (it "
+                                "picks the kernel): tensor 0 is %s, tensor %d %s", name,
+                                list_name(op, l, lb, sizeof lb), em_dtype_name(ts[0]->dtype), j,
+                                em_dtype_name(t->dtype));
+    }
+    return EM_OK;
+}
+
+/* Kernel views of the tensors live on the stack for calls up to this many tensors. */
+#define LIST_STACK_TENSORS 48
+
+em_status em_op_call_lists(const em_op *cop, int count, const em_tensor *const *in,
+                           const em_attr *attrs, em_tensor *const *out) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call_lists: NULL op");
+    const char *name = op->schema.name;
+    if (!(op->schema.flags & EM_OP_LISTS))
+        return em_set_error(EM_ERR_INVALID, "%s: not a list op; run it with em_op_call", name);
+    int n_in = op->schema.n_inputs, n_out = op->schema.n_outputs, n_lists = n_in + n_out;
+    if (count < 0 || (count > 0 && (!out || (n_in > 0 && !in))))
+        return em_set_error(EM_ERR_INVALID, "%s: bad list call (count %d, inputs %s, outputs "
+                            "%s)", name, count, in ? "given" : "NULL", out ? "given" : "NULL");
+    if (count == 0) return EM_OK;
+    if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    /* Output list 0 gives the shapes and the device: every entry must be there. */
+    if (!em__check_inputs(name, (const em_tensor *const *)out, count)) return em_last_status();
+    em_device dev = out[0]->storage->device;
+    int key_list = op->schema.dispatch_arg >= 0 ? op->schema.dispatch_arg : n_in;
+    const em_tensor *const *ref = (const em_tensor *const *)out;
+    for (int l = 0; l < n_lists; l++) {
+        const em_tensor *const *ts = l < n_in ? in + (size_t)l * (size_t)count
+                                              : ref + (size_t)(l - n_in) * (size_t)count;
+        if (check_list(op, l, ts, ref, count, dev, l == key_list) != EM_OK)
+            return em_last_status();
+    }
+    em_dtype key = (key_list < n_in ? in[(size_t)key_list * (size_t)count] : out[0])->dtype;
+    em_kernel *k = op->top[dev.type][key];
+    size_t nk = (size_t)n_lists * (size_t)count;
+    em_ktensor stack[LIST_STACK_TENSORS], *kt = stack;
+    if (nk > LIST_STACK_TENSORS && !(kt = em__malloc(nk * sizeof *kt, "list op tensors")))
+        return EM_ERR_NOMEM;
+    for (size_t i = 0; i < nk; i++) {
+        size_t n_in_all = (size_t)n_in * (size_t)count;
+        const em_tensor *t = i < n_in_all ? in[i] : out[i - n_in_all];
+        if (t) em__ktensor_fill(&kt[i], t);
+        else memset(&kt[i], 0, sizeof kt[i]);
+    }
+    em_kernel_ctx ctx = {.struct_size = sizeof ctx, .op = op, .device = dev,
+                         .n_in = n_in * count, .n_out = n_out * count, .in = kt,
+                         .out = kt + (size_t)n_in * (size_t)count, .attrs = attrs};
+    while (k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx))) k = k->below;
+    em_status st;
+    if (!k) {
+        st = no_kernel_error(op, dev.type, key);
+    } else {
+        ctx.user = k->def.user;
+        uint64_t t0 = cfg.profile ? em__now_ns() : 0;
+        st = k->def.fn(&ctx);
+        if (cfg.profile) {
+            if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
+            atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0,
+                                      memory_order_relaxed);
+        }
+        atomic_fetch_add_explicit(&place[dev.type].ops, 1, memory_order_relaxed);
+        if (st != EM_OK && (!em__error_pending() || em_last_status() != st))
+            em_set_error(st, "%s: kernel %s failed: %s", name, k->def.name, em_status_str(st));
+        for (size_t i = 0; st == EM_OK && i < (size_t)n_out * (size_t)count; i++)
+            if (out[i]) atomic_fetch_add(&out[i]->storage->version, 1);
+    }
+    if (kt != stack) em__free(kt);
+    return st;
+}
+
 /* PyTorch's result_type: dimensioned tensors decide within a category; 0-dim tensors only
  * raise the category (int tensor + 0-dim double -> double, float tensor + 0-dim double ->
  * float). */
@@ -552,6 +684,7 @@ em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
     if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
     if (n_in != op->schema.n_inputs || n_in < 1)
         return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs; it takes %d (ops "
                             "without inputs run through em_op_call_out)", op->schema.name,

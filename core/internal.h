@@ -184,6 +184,7 @@ em_status em__ops_declare_nn(em_registry *core);
 em_status em__ops_declare_loss(em_registry *core);
 em_status em__ops_declare_data(em_registry *core);
 em_status em__ops_declare_linalg(em_registry *core);
+em_status em__ops_declare_optim(em_registry *core);
 
 /* Handles to the standard ops, valid after em_init(). */
 extern const em_op *em__op_copy, *em__op_fill;

@@ -240,6 +240,7 @@ em_status em__ops_declare_standard(em_registry *core) {
     if (st == EM_OK) st = em__ops_declare_loss(core);
     if (st == EM_OK) st = em__ops_declare_data(core);
     if (st == EM_OK) st = em__ops_declare_linalg(core);
+    if (st == EM_OK) st = em__ops_declare_optim(core);
     return st;
 }
 

@@ -754,10 +754,14 @@ em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
             goto done;
         }
         /* PyTorch's rule: floating state follows the parameter's dtype, except 0-dim counters
-         * (step) which keep theirs; everything moves to the parameter's device. */
+         * (step) which keep theirs, and f32 state of an f16/bf16 parameter, which stays f32
+         * (the master weights and moments the fused optimizers keep); everything moves to the
+         * parameter's device. */
+        em_dtype sdt = em_tensor_dtype(src), pdt = em_tensor_dtype(p);
+        bool keep = em_tensor_ndim(src) == 0 || !em_dtype_is_floating(sdt) ||
+                    (sdt == EM_F32 && (pdt == EM_F16 || pdt == EM_BF16));
         em_tensor *t = em__to_device(src, em_tensor_device(p));
-        em_tensor *u = t && em_tensor_ndim(src) > 0 && em_dtype_is_floating(em_tensor_dtype(src))
-                           ? em__to_dtype(t, em_tensor_dtype(p)) : em_tensor_retain(t);
+        em_tensor *u = t && !keep ? em__to_dtype(t, pdt) : em_tensor_retain(t);
         em_tensor *c = u ? em__clone(u) : NULL;
         em_tensor_release(t);
         em_tensor_release(u);

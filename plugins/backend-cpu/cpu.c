@@ -174,6 +174,7 @@ static em_status cpu_register(em_registry *r) {
     if (st == EM_OK) st = cpu_register_loss(r);
     if (st == EM_OK) st = cpu_register_data(r);
     if (st == EM_OK) st = cpu_register_linalg(r);
+    if (st == EM_OK) st = cpu_register_optim(r);
 
     return st;
 }

@@ -22,6 +22,7 @@ em_status cpu_register_nn(em_registry *r);
 em_status cpu_register_loss(em_registry *r);
 em_status cpu_register_data(em_registry *r);
 em_status cpu_register_linalg(em_registry *r);
+em_status cpu_register_optim(em_registry *r);
 /* Plugin shutdown of the nn family (cpu_nn.c): frees the oneDNN primitive cache. */
 void cpu_shutdown_nn(void);
 

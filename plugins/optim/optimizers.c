@@ -11,12 +11,25 @@
  * count on the CPU (PyTorch keeps a float32 tensor, which stops counting at 2^24).
  * PyTorch's fused forms (add with alpha, addcmul, addcdiv) are written as two or three ops;
  * the results differ from PyTorch's in the last bits only.
+ *
+ * SGD, Adam and AdamW run through the core's fused list ops (fused_sgd, fused_adam,
+ * fused_adamw: core/ops_optim.c) wherever the parameter's device has a kernel for its dtype:
+ * one call updates every parameter of a bucket (same device and dtype, and the same step
+ * count for Adam / the same momentum-buffer state for SGD), with the arithmetic of the
+ * op-by-op form, in the same order; the other parameters take the op-by-op form. On the fused
+ * path an f16 or bf16 parameter gets f32 state (under PyTorch's names) and an f32 copy of its
+ * weights, "master_param", on which the update is made; the parameter receives it rounded. A
+ * parameter changed outside the optimizer since its last step (its value no longer the
+ * master rounded) is taken as it is.
  */
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
 #include "optim_plugin.h"
+
+/* A fused call updates at most this many parameters (larger buckets take several calls). */
+#define FUSED_MAX 64
 
 /* Largest double below 1: the upper end of [0, 1) ranges. */
 #define BELOW_ONE 0.99999999999999989
@@ -85,41 +98,177 @@ static em_status sgd_validate(const em_options *opts, const char *where) {
     return EM_OK;
 }
 
-/* ---- SGD ------------------------------------------------------------------------------------- */
+/* ---- the fused path (SGD, Adam, AdamW) ------------------------------------------------------ */
 
-static em_status sgd_step(em_optimizer *o) {
-    for (int g = 0; g < em_optimizer_group_count(o); g++) {
-        const em_options *op = em_optimizer_group_options(o, g);
-        double lr = em_options_float(op, "lr"), momentum = em_options_float(op, "momentum");
-        double dampening = em_options_float(op, "dampening");
-        double wd = em_options_float(op, "weight_decay");
-        bool nesterov = em_options_bool(op, "nesterov"), maximize = em_options_bool(op, "maximize");
-        for (int i = 0; i < em_optimizer_param_count(o, g); i++) {
-            int idx;
-            em_tensor *p = em_optimizer_param(o, g, i, &idx, NULL);
-            const em_tensor *grad = em_tensor_grad(p);
-            if (!grad) continue;
-            em_scope_begin();
-            em_status st = EM_OK;
-            const em_tensor *d_p = effective_grad(p, grad, maximize, wd);
-            if (d_p && momentum != 0) {
-                em_tensor *buf = em_optimizer_state(o, idx, "momentum_buffer");
-                if (!buf) {
-                    buf = em_clone(d_p);
-                    st = buf ? em_optimizer_set_state(o, idx, "momentum_buffer", buf)
-                             : em_last_status();
-                } else if ((st = em_mul_scalar_(buf, momentum)) == EM_OK) {
-                    st = add_scaled_(buf, d_p, 1 - dampening);
-                }
-                if (st == EM_OK) d_p = nesterov ? em_add(d_p, em_mul_scalar(buf, momentum)) : buf;
-            }
-            if (st == EM_OK) st = d_p ? add_scaled_(p, d_p, -lr) : em_last_status();
-            em_scope_end();
+static bool low_precision(em_dtype dt) { return dt == EM_F16 || dt == EM_BF16; }
+
+/* Whether p takes the fused path: its device has a kernel of op for its dtype and the grad
+ * has the parameter's dtype and device. */
+static bool fusable(const em_op *op, const em_tensor *p, const em_tensor *grad) {
+    return op && em_op_has_kernel(op, em_tensor_device(p), em_tensor_dtype(p)) &&
+           em_tensor_dtype(grad) == em_tensor_dtype(p) &&
+           em_device_equal(em_tensor_device(grad), em_tensor_device(p));
+}
+
+/* State `name` of the fused path: f32 for f16/bf16 parameters (one of another dtype, e.g.
+ * from a PyTorch state dict, is converted once), the parameter's dtype otherwise; zeros when
+ * absent (*fresh set). Borrowed; NULL on error. */
+static em_tensor *fused_state(em_optimizer *o, int idx, const char *name, const em_tensor *p,
+                              bool *fresh) {
+    em_dtype want = low_precision(em_tensor_dtype(p)) ? EM_F32 : em_tensor_dtype(p);
+    em_tensor *t = em_optimizer_state(o, idx, name);
+    if (fresh) *fresh = t == NULL;
+    if (t && em_tensor_dtype(t) == want) return t;
+    em_tensor *u = t ? em_to_dtype(t, want)
+                     : em_zeros(em_tensor_ndim(p), em_tensor_shape(p), want, em_tensor_device(p));
+    if (!u || em_optimizer_set_state(o, idx, name, u) != EM_OK) return NULL;
+    return u;
+}
+
+/* The f32 master weights of an f16/bf16 parameter (a copy of it when absent). Borrowed. */
+static em_tensor *master_weights(em_optimizer *o, int idx, const em_tensor *p) {
+    em_tensor *t = em_optimizer_state(o, idx, "master_param");
+    if (t && em_tensor_dtype(t) == EM_F32) return t;
+    em_tensor *u = em_to_dtype(t ? t : p, EM_F32);
+    if (!u || em_optimizer_set_state(o, idx, "master_param", u) != EM_OK) return NULL;
+    return u;
+}
+
+/* A parameter waiting for its fused call: its output lists after the params (states, then
+ * the master weights; NULL where a list is absent) and its bucket key (SGD: whether its
+ * momentum buffer is new; Adam: its step count). */
+typedef struct pending {
+    em_tensor *p;
+    const em_tensor *grad;
+    em_tensor *outs[4];
+    double key;
+    bool taken;
+} pending;
+
+static bool same_bucket(const pending *a, const pending *b) {
+    return a->key == b->key && em_tensor_dtype(a->p) == em_tensor_dtype(b->p) &&
+           em_device_equal(em_tensor_device(a->p), em_tensor_device(b->p));
+}
+
+static em_status fused_call(const em_op *op, pending *const *batch, int n, int n_outs,
+                            const em_attr *attrs) {
+    const em_tensor *grads[FUSED_MAX];
+    em_tensor *out[5 * FUSED_MAX];
+    for (int j = 0; j < n; j++) {
+        grads[j] = batch[j]->grad;
+        out[j] = batch[j]->p;
+        for (int l = 1; l < n_outs; l++) out[l * n + j] = batch[j]->outs[l - 1];
+    }
+    return em_op_call_lists(op, n, grads, attrs, out);
+}
+
+/* Run op over the pending parameters, one call per bucket (at most FUSED_MAX each); the
+ * bucket's key goes into attribute key_attr (a bool for SGD, a float for Adam). */
+static em_status fused_run(const em_op *op, pending *pend, int np, int n_outs, em_attr *attrs,
+                           int key_attr) {
+    pending *batch[FUSED_MAX];
+    for (int i = 0; i < np; i++) {
+        if (pend[i].taken) continue;
+        if (attrs[key_attr].type == EM_ATTR_BOOL) attrs[key_attr].v.b = pend[i].key != 0;
+        else attrs[key_attr].v.f = pend[i].key;
+        int n = 0;
+        for (int j = i; j < np; j++) {
+            if (pend[j].taken || !same_bucket(&pend[i], &pend[j])) continue;
+            pend[j].taken = true;
+            batch[n++] = &pend[j];
+            em_status st = n == FUSED_MAX ? fused_call(op, batch, n, n_outs, attrs) : EM_OK;
             if (st != EM_OK) return st;
+            if (n == FUSED_MAX) n = 0;
         }
+        em_status st = n ? fused_call(op, batch, n, n_outs, attrs) : EM_OK;
+        if (st != EM_OK) return st;
     }
     return EM_OK;
 }
+
+#define F(x) {.type = EM_ATTR_FLOAT, .v.f = (x)}
+#define B(x) {.type = EM_ATTR_BOOL, .v.b = (x)}
+
+/* ---- SGD ------------------------------------------------------------------------------------- */
+
+typedef struct sgd_hp {
+    double lr, momentum, dampening, wd;
+    bool nesterov, maximize;
+} sgd_hp;
+
+/* One parameter, op by op (devices or dtypes without a fused kernel). */
+static em_status sgd_one(em_optimizer *o, int idx, em_tensor *p, const em_tensor *grad,
+                         const sgd_hp *h) {
+    em_scope_begin();
+    em_status st = EM_OK;
+    const em_tensor *d_p = effective_grad(p, grad, h->maximize, h->wd);
+    if (d_p && h->momentum != 0) {
+        em_tensor *buf = em_optimizer_state(o, idx, "momentum_buffer");
+        if (!buf) {
+            buf = em_clone(d_p);
+            st = buf ? em_optimizer_set_state(o, idx, "momentum_buffer", buf) : em_last_status();
+        } else if ((st = em_mul_scalar_(buf, h->momentum)) == EM_OK) {
+            st = add_scaled_(buf, d_p, 1 - h->dampening);
+        }
+        if (st == EM_OK) d_p = h->nesterov ? em_add(d_p, em_mul_scalar(buf, h->momentum)) : buf;
+    }
+    if (st == EM_OK) st = d_p ? add_scaled_(p, d_p, -h->lr) : em_last_status();
+    em_scope_end();
+    return st;
+}
+
+static em_status sgd_group(em_optimizer *o, int g, const em_op *op, pending *pend) {
+    const em_options *opts = em_optimizer_group_options(o, g);
+    sgd_hp h = {em_options_float(opts, "lr"), em_options_float(opts, "momentum"),
+                em_options_float(opts, "dampening"), em_options_float(opts, "weight_decay"),
+                em_options_bool(opts, "nesterov"), em_options_bool(opts, "maximize")};
+    int np = 0;
+    em_status st = EM_OK;
+    for (int i = 0; i < em_optimizer_param_count(o, g) && st == EM_OK; i++) {
+        int idx;
+        em_tensor *p = em_optimizer_param(o, g, i, &idx, NULL);
+        const em_tensor *grad = em_tensor_grad(p);
+        if (!grad) continue;
+        if (!fusable(op, p, grad)) {
+            st = sgd_one(o, idx, p, grad, &h);
+            continue;
+        }
+        pending *q = &pend[np++];
+        *q = (pending){.p = p, .grad = grad};
+        bool fresh = false;
+        if (h.momentum != 0 &&
+            !(q->outs[0] = fused_state(o, idx, "momentum_buffer", p, &fresh)))
+            st = em_last_status();
+        if (low_precision(em_tensor_dtype(p)) && !(q->outs[1] = master_weights(o, idx, p)))
+            st = em_last_status();
+        q->key = fresh;
+    }
+    em_attr attrs[7] = {F(h.lr), F(h.momentum), F(h.dampening), F(h.wd), B(h.nesterov),
+                        B(h.maximize), B(false)};
+    return st == EM_OK ? fused_run(op, pend, np, 3, attrs, 6) : st;
+}
+
+/* Each group: the fused kernel where there is one, op by op elsewhere. */
+static em_status step_groups(em_optimizer *o, const char *op_name,
+                             em_status (*group)(em_optimizer *, int, const em_op *, pending *)) {
+    const em_op *op = em_op_find(op_name);
+    if (!op) return em_last_status();
+    int most = 0;
+    for (int g = 0; g < em_optimizer_group_count(o); g++)
+        if (em_optimizer_param_count(o, g) > most) most = em_optimizer_param_count(o, g);
+    pending *pend = em_host_alloc((size_t)(most ? most : 1) * sizeof *pend, 64);
+    if (!pend)
+        return em_set_error(EM_ERR_NOMEM, "%s.step: out of memory for %d parameters",
+                            em_optimizer_class(o)->name, most);
+    em_status st = EM_OK;
+    em_scope_begin();
+    for (int g = 0; g < em_optimizer_group_count(o) && st == EM_OK; g++) st = group(o, g, op, pend);
+    em_scope_end();
+    em_host_free(pend);
+    return st;
+}
+
+static em_status sgd_step(em_optimizer *o) { return step_groups(o, "fused_sgd", sgd_group); }
 
 static const em_option_spec sgd_options[] = {
     {.name = "lr", .types = EM_OPT_FLOAT, .required = true,
@@ -138,64 +287,102 @@ static const em_option_spec sgd_options[] = {
 
 /* ---- Adam and AdamW --------------------------------------------------------------------------- */
 
-static em_status adam_like_step(em_optimizer *o, bool decoupled) {
-    for (int g = 0; g < em_optimizer_group_count(o); g++) {
-        const em_options *op = em_optimizer_group_options(o, g);
-        double betas[EM_OPT_MAX_LIST];
-        em_options_floats(op, "betas", betas, EM_OPT_MAX_LIST);
-        double lr = em_options_float(op, "lr"), eps = em_options_float(op, "eps");
-        double wd = em_options_float(op, "weight_decay"), b1 = betas[0], b2 = betas[1];
-        bool amsgrad = em_options_bool(op, "amsgrad"), maximize = em_options_bool(op, "maximize");
-        for (int i = 0; i < em_optimizer_param_count(o, g); i++) {
-            int idx;
-            em_tensor *p = em_optimizer_param(o, g, i, &idx, NULL);
-            const em_tensor *grad = em_tensor_grad(p);
-            if (!grad) continue;
-            em_scope_begin();
-            em_status st = EM_OK;
-            em_tensor *exp_avg = state_like(o, idx, "exp_avg", p, 0);
-            em_tensor *exp_avg_sq = state_like(o, idx, "exp_avg_sq", p, 0);
-            em_tensor *max_sq = amsgrad ? state_like(o, idx, "max_exp_avg_sq", p, 0) : NULL;
-            double step = step_count(o, idx);
-            const em_tensor *gr;
-            if (!exp_avg || !exp_avg_sq || (amsgrad && !max_sq) || isnan(step)) {
-                st = em_last_status();
-                goto next;
-            }
-            if (decoupled) {
-                gr = maximize ? em_neg(grad) : grad;
-                if ((st = em_mul_scalar_(p, 1 - lr * wd)) != EM_OK) goto next;
-            } else {
-                gr = effective_grad(p, grad, maximize, wd);
-            }
-            if ((st = em_mul_scalar_(exp_avg, b1)) != EM_OK ||
-                (st = add_scaled_(exp_avg, gr, 1 - b1)) != EM_OK ||
-                (st = em_mul_scalar_(exp_avg_sq, b2)) != EM_OK ||
-                (st = add_scaled_(exp_avg_sq, em_mul(gr, gr), 1 - b2)) != EM_OK)
-                goto next;
-            double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
-            double step_size = lr / bc1, bc2_sqrt = sqrt(bc2);
-            const em_tensor *sq = exp_avg_sq;
-            if (amsgrad) {
-                if ((st = em_copy_(max_sq, em_maximum(max_sq, exp_avg_sq))) != EM_OK) goto next;
-                sq = max_sq;
-            }
-            em_tensor *denom = em_div_scalar(em_sqrt(sq), bc2_sqrt);
-            if (!denom || (st = em_add_scalar_(denom, eps)) != EM_OK) {
-                st = em_last_status();
-                goto next;
-            }
-            st = add_scaled_(p, em_div(exp_avg, denom), -step_size);
-        next:
-            em_scope_end();
-            if (st != EM_OK) return st;
-        }
+typedef struct adam_hp {
+    double lr, b1, b2, eps, wd;
+    bool amsgrad, maximize, decoupled;
+} adam_hp;
+
+/* One parameter, op by op (devices or dtypes without a fused kernel). */
+static em_status adam_one(em_optimizer *o, int idx, em_tensor *p, const em_tensor *grad,
+                          const adam_hp *h) {
+    em_scope_begin();
+    em_status st = EM_OK;
+    double lr = h->lr, eps = h->eps, wd = h->wd, b1 = h->b1, b2 = h->b2;
+    em_tensor *exp_avg = state_like(o, idx, "exp_avg", p, 0);
+    em_tensor *exp_avg_sq = state_like(o, idx, "exp_avg_sq", p, 0);
+    em_tensor *max_sq = h->amsgrad ? state_like(o, idx, "max_exp_avg_sq", p, 0) : NULL;
+    double step = step_count(o, idx);
+    const em_tensor *gr;
+    if (!exp_avg || !exp_avg_sq || (h->amsgrad && !max_sq) || isnan(step)) {
+        st = em_last_status();
+        goto done;
     }
-    return EM_OK;
+    if (h->decoupled) {
+        gr = h->maximize ? em_neg(grad) : grad;
+        if ((st = em_mul_scalar_(p, 1 - lr * wd)) != EM_OK) goto done;
+    } else {
+        gr = effective_grad(p, grad, h->maximize, wd);
+    }
+    if ((st = em_mul_scalar_(exp_avg, b1)) != EM_OK ||
+        (st = add_scaled_(exp_avg, gr, 1 - b1)) != EM_OK ||
+        (st = em_mul_scalar_(exp_avg_sq, b2)) != EM_OK ||
+        (st = add_scaled_(exp_avg_sq, em_mul(gr, gr), 1 - b2)) != EM_OK)
+        goto done;
+    double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
+    double step_size = lr / bc1, bc2_sqrt = sqrt(bc2);
+    const em_tensor *sq = exp_avg_sq;
+    if (h->amsgrad) {
+        if ((st = em_copy_(max_sq, em_maximum(max_sq, exp_avg_sq))) != EM_OK) goto done;
+        sq = max_sq;
+    }
+    em_tensor *denom = em_div_scalar(em_sqrt(sq), bc2_sqrt);
+    if (!denom || (st = em_add_scalar_(denom, eps)) != EM_OK) {
+        st = em_last_status();
+        goto done;
+    }
+    st = add_scaled_(p, em_div(exp_avg, denom), -step_size);
+done:
+    em_scope_end();
+    return st;
 }
 
-static em_status adam_step(em_optimizer *o) { return adam_like_step(o, false); }
-static em_status adamw_step(em_optimizer *o) { return adam_like_step(o, true); }
+static em_status adam_like_group(em_optimizer *o, int g, const em_op *op, pending *pend,
+                                 bool decoupled) {
+    const em_options *opts = em_optimizer_group_options(o, g);
+    double betas[EM_OPT_MAX_LIST];
+    em_options_floats(opts, "betas", betas, EM_OPT_MAX_LIST);
+    adam_hp h = {em_options_float(opts, "lr"), betas[0], betas[1], em_options_float(opts, "eps"),
+                 em_options_float(opts, "weight_decay"), em_options_bool(opts, "amsgrad"),
+                 em_options_bool(opts, "maximize"), decoupled};
+    int np = 0;
+    em_status st = EM_OK;
+    for (int i = 0; i < em_optimizer_param_count(o, g) && st == EM_OK; i++) {
+        int idx;
+        em_tensor *p = em_optimizer_param(o, g, i, &idx, NULL);
+        const em_tensor *grad = em_tensor_grad(p);
+        if (!grad) continue;
+        if (!fusable(op, p, grad)) {
+            st = adam_one(o, idx, p, grad, &h);
+            continue;
+        }
+        pending *q = &pend[np++];
+        *q = (pending){.p = p, .grad = grad};
+        if (!(q->outs[0] = fused_state(o, idx, "exp_avg", p, NULL)) ||
+            !(q->outs[1] = fused_state(o, idx, "exp_avg_sq", p, NULL)) ||
+            (h.amsgrad && !(q->outs[2] = fused_state(o, idx, "max_exp_avg_sq", p, NULL))) ||
+            (low_precision(em_tensor_dtype(p)) && !(q->outs[3] = master_weights(o, idx, p))) ||
+            isnan(q->key = step_count(o, idx)))
+            st = em_last_status();
+    }
+    em_attr attrs[8] = {F(h.lr), F(h.b1), F(h.b2), F(h.eps), F(h.wd), F(0), B(h.amsgrad),
+                        B(h.maximize)};
+    return st == EM_OK ? fused_run(op, pend, np, 5, attrs, 5) : st;
+}
+
+static em_status adam_group(em_optimizer *o, int g, const em_op *op, pending *pend) {
+    return adam_like_group(o, g, op, pend, false);
+}
+static em_status adamw_group(em_optimizer *o, int g, const em_op *op, pending *pend) {
+    return adam_like_group(o, g, op, pend, true);
+}
+
+#undef F
+#undef B
+
+static em_status adam_step(em_optimizer *o) { return step_groups(o, "fused_adam", adam_group); }
+static em_status adamw_step(em_optimizer *o) {
+    return step_groups(o, "fused_adamw", adamw_group);
+}
 
 #define ADAM_OPTIONS(default_wd)                                                                  \
     {.name = "lr", .types = EM_OPT_FLOAT, .def = {.f = 1e-3},      \

@@ -94,6 +94,10 @@ enum {
     /* The outputs are not differentiable (comparisons, argmax, index outputs): they never
      * require grad and no history is recorded. */
     EM_OP_NONDIFF = 1u << 3,
+    /* A list op: each input and output is a list of tensors and one call updates many
+     * tensors (the fused optimizer steps). Run with em_op_call_lists only; infer may be NULL;
+     * dispatch_arg names an input list (-1: output list 0). */
+    EM_OP_LISTS = 1u << 4,
 };
 
 /* What a backward function receives: the saved tensors (see em_op_schema.saves), the
@@ -136,7 +140,7 @@ typedef struct em_op_schema {
     const char *name;            /* unique: "add", "myplugin.fused_gelu" */
     int n_inputs;                /* 0..8 */
     const char *const *input_names;  /* (optional) n_inputs names; NULL: "input0", ... */
-    int n_outputs;               /* 1..4 */
+    int n_outputs;               /* 1..4; a list op (EM_OP_LISTS) 1..8 */
     int n_attrs;                 /* 0..8 */
     const char *const *attr_names;   /* n_attrs names */
     const em_attr_type *attr_types;  /* n_attrs types; a call passes exactly these (or NONE) */
@@ -225,6 +229,22 @@ EM_API em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_i
  * versions. */
 EM_API em_status em_op_call_out(const em_op *op, const em_tensor *const *in, int n_in,
                                 const em_attr *attrs, em_tensor *const *out, int n_out);
+
+/* Run a list op (EM_OP_LISTS) over `count` tensors per list. `in` holds the schema's
+ * n_inputs lists one after the other (in[i * count + j] is tensor j of input list i), `out`
+ * the n_outputs lists, which the kernel updates in place (their versions are bumped). A list
+ * may be all NULL where the op's contract says it is optional (its kernel sees data == NULL);
+ * otherwise tensor j of every list has the shape of out[j] (tensor j of output list 0), every
+ * tensor is on one device, and the tensors of the dispatch list share one dtype, which picks
+ * the kernel. The kernel context has n_in = n_inputs * count and n_out = n_outputs * count.
+ * No autograd history is recorded (list ops are updates, like an optimizer step) and there is
+ * no CPU fallback: EM_ERR_NOKERNEL when the device has no kernel (em_op_has_kernel asks
+ * first). Errors name the op, the list and the tensor. */
+EM_API em_status em_op_call_lists(const em_op *op, int count, const em_tensor *const *in,
+                                  const em_attr *attrs, em_tensor *const *out);
+/* Whether a kernel for op is registered for dev's device type and dtype (a kernel's
+ * supports() predicate may still decline a call). */
+EM_API bool em_op_has_kernel(const em_op *op, em_device dev, em_dtype dtype);
 
 /* ---- fallback, placement and profiling -------------------------------------------------- */
 

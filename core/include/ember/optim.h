@@ -21,7 +21,11 @@
  * groups as JSON text (the checkpoint stores it in the file's metadata) — the layout of
  * PyTorch's optimizer.state_dict() flattened.
  *
- * Built-in classes (ember-optim.so), each step for step as PyTorch 1.13 (foreach=False):
+ * Built-in classes (ember-optim.so), each step for step as PyTorch 1.13 (foreach=False).
+ * SGD, Adam and AdamW update all the parameters of a device and dtype in one call of a fused
+ * kernel (the list ops fused_sgd, fused_adam, fused_adamw) where the device has one, with the
+ * same arithmetic; there, f16 and bf16 parameters get f32 state and f32 master weights (state
+ * "master_param"), which state dicts keep in f32:
  *   SGD      lr (required), momentum, dampening, weight_decay, nesterov, maximize
  *   Adam     lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0, amsgrad, maximize
  *   AdamW    as Adam, weight_decay 1e-2 (decoupled)
