@@ -421,6 +421,46 @@ static em_status overlapping_output(const struct em_op *op, const em_tensor *t, 
     return EM_OK;
 }
 
+/* The elements t can reach, as a byte range of its storage. */
+static void byte_range(const em_tensor *t, int64_t *lo, int64_t *hi) {
+    int64_t a = t->offset, b = t->offset;
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t span = (t->shape[d] - 1) * t->strides[d];
+        if (span < 0) a += span;
+        else b += span;
+    }
+    int64_t size = (int64_t)em_dtype_size(t->dtype);
+    *lo = a * size;
+    *hi = (b + 1) * size;
+}
+
+static bool same_geometry(const em_tensor *a, const em_tensor *b) {
+    if (a->offset != b->offset || a->ndim != b->ndim || a->dtype != b->dtype) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->strides[d] != b->strides[d]))
+            return false;
+    return true;
+}
+
+/* An input that shares memory with an output without being exactly it (x[1:] += x[:-1],
+ * x += x[0]) would be read after it was partly written: refused, as PyTorch does. */
+static em_status partial_overlap(const struct em_op *op, const em_tensor *const *in, int n_in,
+                                 const em_tensor *o, int j) {
+    if (o->numel == 0) return EM_OK;
+    for (int i = 0; i < n_in; i++) {
+        const em_tensor *t = in[i];
+        if (t->storage != o->storage || t->numel == 0 || same_geometry(t, o)) continue;
+        int64_t a0, a1, b0, b1;
+        byte_range(t, &a0, &a1);
+        byte_range(o, &b0, &b1);
+        if (a1 <= b0 || b1 <= a0) continue;
+        return em_set_error(EM_ERR_INVALID, "%s: input %d and output %d share memory without "
+                            "being the same elements (an in-place op reading another view of "
+                            "what it writes); clone() the input first", op->schema.name, i, j);
+    }
+    return EM_OK;
+}
+
 static em_status list_op_error(const struct em_op *op) {
     return em_set_error(EM_ERR_INVALID, "%s: a list op (it updates lists of tensors); run it "
                         "with em_op_call_lists", op->schema.name);
@@ -441,7 +481,9 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
         return em_last_status();
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     for (int i = 0; i < n_out; i++)
-        if (overlapping_output(op, out[i], i) != EM_OK) return em_last_status();
+        if (overlapping_output(op, out[i], i) != EM_OK ||
+            partial_overlap(op, in, n_in, out[i], i) != EM_OK)
+            return em_last_status();
     em_device dev = out[0]->storage->device;
     if (!(op->schema.flags & EM_OP_CROSS_DEVICE)) {
         for (int i = 0; i < n_in + n_out; i++) {

@@ -421,6 +421,32 @@ Test(binary, in_place_into_an_expanded_view_is_refused) {
     RELEASE(src, one, e, row, one_row, single);
 }
 
+/* An input that overlaps the output without being exactly it is refused (PyTorch's three
+ * cases below); the same elements (x += x) are fine. */
+Test(binary, in_place_with_a_partly_overlapping_input_is_refused) {
+    double P[12];
+    for (int i = 0; i < 12; i++) P[i] = i;
+    em_tensor *x = em_test_tensor(EM_F32, 2, (const int64_t[]){3, 4}, P);
+    em_tensor *row = em_select(x, 0, 0);
+    cr_assert_eq(em_add_(x, row), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "add: input 1 and output 0 share memory without being the "
+                    "same elements");
+    em_tensor *flat = em_reshape(x, 1, (const int64_t[]){12});
+    em_tensor *hi = em_narrow(flat, 0, 1, 11), *lo = em_narrow(flat, 0, 0, 11);
+    cr_assert_eq(em_add_(hi, lo), EM_ERR_INVALID);
+    cr_assert_eq(em_copy_(hi, lo), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "clone() the input first");
+    expect_values(x, P, 12, 0, "x after refused overlapping writes");
+    /* Disjoint parts of one tensor, and the same elements, are fine. */
+    em_tensor *a = em_narrow(flat, 0, 0, 6), *b = em_narrow(flat, 0, 6, 6);
+    cr_assert_eq(em_add_(a, b), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_mul_(x, x), EM_OK, "%s", em_last_error());
+    double want[12];
+    for (int i = 0; i < 12; i++) want[i] = i < 6 ? (2.0 * i + 6) * (2.0 * i + 6) : (double)i * i;
+    expect_values(x, want, 12, 0, "a += b on disjoint halves, then x *= x");
+    RELEASE(b, a, lo, hi, flat, row, x);
+}
+
 Test(binary, in_place_dtype_errors) {
     em_tensor *i = em_zeros(1, (const int64_t[]){3}, EM_I64, em_cpu());
     em_tensor *f = em_ones(1, (const int64_t[]){3}, EM_F32, em_cpu());

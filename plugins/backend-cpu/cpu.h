@@ -12,6 +12,14 @@
 
 #include <ember/ember.h>
 
+/* Loops the compiler vectorises (`omp simd`) are built for AVX-512, AVX2 and baseline x86-64
+ * and picked at load time by the CPU (glibc's ifunc): the default -O2 build targets SSE2. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SIMD_CLONES
+#endif
+
 /* Registration of each op family (cpu_*.c). */
 em_status cpu_register_elementwise(em_registry *r);
 em_status cpu_register_reduce(em_registry *r);

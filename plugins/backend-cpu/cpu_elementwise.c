@@ -2,8 +2,10 @@
  * cpu_elementwise.c — copy (with dtype conversion), fill, arange, the arithmetic binary ops,
  * unary ops, and index_select on the CPU.
  *
- * Each op's inner loop is generated per dtype by a macro: a contiguous branch the compiler
- * vectorises and a strided branch for views and broadcasts. f16 and bf16 compute in float.
+ * Each op's inner loop is generated per dtype by a macro: contiguous branches the compiler
+ * vectorises (`omp simd`, built per CPU with SIMD_CLONES; a plain -O2 loop stayed scalar and
+ * branched on every value) and a strided branch for views and broadcasts. f16 and bf16
+ * compute in float.
  */
 #include <math.h>
 #include <string.h>
@@ -19,6 +21,12 @@
 #define ST_B(x) cpu_f2b(x)
 
 
+/* The vectorised loops may read ahead of what they wrote: an output that overlaps an input
+ * other than exactly (in place) takes the element-by-element loop. */
+#define DISJOINT(o, a, n) ((const char *)(o) == (const char *)(a) ||                                 \
+                           (const char *)(o) + (n) <= (const char *)(a) ||                         \
+                           (const char *)(a) + (n) <= (const char *)(o))
+
 /* ---- binary ---------------------------------------------------------------------------------- */
 
 #define DEF_BINARY(opname, EXPR)                                                               \
@@ -33,21 +41,23 @@
 /* out = EXPR(x, y); p[0] is the output, p[1], p[2] the inputs. int32 and int64 compute in
  * unsigned arithmetic so that overflow wraps, as in PyTorch, instead of being undefined. */
 #define DEF_BINARY_T(opname, EXPR, sfx, T, CT, LD, ST)                                         \
-    static void opname##_##sfx(char **p, const int64_t *s, int64_t n, void *ctx) {             \
+    SIMD_CLONES static void opname##_##sfx(char **p, const int64_t *s, int64_t n, void *ctx) { \
         (void)ctx;                                                                             \
         const int64_t e = (int64_t)sizeof(T);                                                  \
-        if (s[0] == e && s[1] == e && s[2] == e) {                                             \
+        const int64_t bytes = n * e;                                                           \
+        bool apart = DISJOINT(p[0], p[1], bytes) && DISJOINT(p[0], p[2], bytes);               \
+        if (s[0] == e && s[1] == e && s[2] == e && apart) {                                    \
             T *o = (T *)p[0];                                                                  \
             const T *a = (const T *)p[1], *b = (const T *)p[2];                                \
-            for (int64_t i = 0; i < n; i++) {                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                              \
                 CT x = LD(a[i]), y = LD(b[i]);                                                 \
                 o[i] = ST((CT)(EXPR));                                                         \
             }                                                                                  \
-        } else if (s[0] == e && s[1] == e && s[2] == 0) {                                      \
+        } else if (s[0] == e && s[1] == e && s[2] == 0 && apart) {                             \
             T *o = (T *)p[0];                                                                  \
             const T *a = (const T *)p[1];                                                      \
             CT y = LD(*(const T *)p[2]);                                                       \
-            for (int64_t i = 0; i < n; i++) {                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                              \
                 CT x = LD(a[i]);                                                               \
                 o[i] = ST((CT)(EXPR));                                                         \
             }                                                                                  \
@@ -114,13 +124,13 @@ static em_status k_div(const em_kernel_ctx *k) { return run_table(k, &t_div); }
 /* ---- unary ------------------------------------------------------------------------------------ */
 
 #define DEF_UNARY_T(opname, EXPR, sfx, T, CT, LD, ST)                                          \
-    static void opname##_##sfx(char **p, const int64_t *s, int64_t n, void *ctx) {             \
+    SIMD_CLONES static void opname##_##sfx(char **p, const int64_t *s, int64_t n, void *ctx) { \
         (void)ctx;                                                                             \
         const int64_t e = (int64_t)sizeof(T);                                                  \
-        if (s[0] == e && s[1] == e) {                                                          \
+        if (s[0] == e && s[1] == e && DISJOINT(p[0], p[1], n * e)) {                           \
             T *o = (T *)p[0];                                                                  \
             const T *a = (const T *)p[1];                                                      \
-            for (int64_t i = 0; i < n; i++) {                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                              \
                 CT x = LD(a[i]);                                                               \
                 o[i] = ST((CT)(EXPR));                                                         \
             }                                                                                  \

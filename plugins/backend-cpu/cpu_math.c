@@ -51,11 +51,6 @@ float powf(float, float);
 #endif
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SIMD_CLONES
-#endif
 
 /* Per-call parameters of a loop: attributes as floats (d) and as saturated integers (i). */
 typedef struct mctx {
