@@ -819,8 +819,18 @@ static em_status accumulate_leaf(em_tensor *leaf, em_tensor *g) {
     }
     /* Take g as the .grad when nothing else can see it; otherwise a contiguous copy, so the
      * .grad never aliases another tensor (the optimizer updates it in place). */
-    bool exclusive = atomic_load(&g->refcount) == 1 && atomic_load(&g->storage->refcount) == 1 &&
-                     em_tensor_is_contiguous(g) && !g->requires_grad;
+    bool exclusive = atomic_load(&g->refcount) == 1 && em_tensor_is_contiguous(g) &&
+                     !g->requires_grad;
+    if (exclusive && g->view_base) /* a view that alone holds its base (a transposed result) */
+        exclusive = atomic_load(&g->view_base->refcount) == 1 &&
+                    atomic_load(&g->storage->refcount) == 2;
+    else if (exclusive)
+        exclusive = atomic_load(&g->storage->refcount) == 1;
+    if (exclusive && g->view_base) {
+        em_tensor_release(g->view_base);
+        g->view_base = NULL;
+        g->is_view = false;
+    }
     em_tensor *own = exclusive ? g : em__clone(g);
     if (!exclusive) em_tensor_release(g);
     if (!own) return em_last_status();

@@ -181,9 +181,35 @@ Test(autograd, in_place_ops_on_non_leaves_rewrite_history) {
     em_tensor_release(w);
 }
 
-/* ---- in-place ops on views (PyTorch's CopySlices) ------------------------------------------ */
-
 #define OK_(call) cr_assert_eq((call), EM_OK, "%s", em_last_error())
+
+/* The gradient a leaf receives becomes its .grad without a copy when nothing else holds it:
+ * linear's weight (used as a transposed view) and bias included. A hook records where the
+ * incoming grad's data lives. */
+static em_tensor *note_data(const em_tensor *grad, void *user, bool *failed) {
+    (void)failed;
+    *(void **)user = em_tensor_data(grad);
+    return NULL;
+}
+Test(autograd, a_leaf_takes_its_gradient_without_a_copy) {
+    em_tensor *x = leaf(EM_F32, 2, (int64_t[]){16, 32}, 21, -1, 1);
+    em_tensor *w = leaf(EM_F32, 2, (int64_t[]){8, 32}, 22, -1, 1);
+    em_tensor *b = leaf(EM_F32, 1, (int64_t[]){8}, 23, -1, 1);
+    void *seen[3] = {0};
+    em_tensor *ps[3] = {x, w, b};
+    for (int i = 0; i < 3; i++) OK_(em_tensor_register_hook(ps[i], note_data, &seen[i]));
+    em_scope_begin();
+    OK_(em_backward(em_sum(em_relu(em_linear(x, w, b)), 0, NULL, false)));
+    em_scope_end();
+    for (int i = 0; i < 3; i++) {
+        em_tensor *g = em_tensor_grad(ps[i]);
+        cr_assert(g && em_tensor_is_contiguous(g), "input %d: a contiguous .grad", i);
+        cr_assert_eq(em_tensor_data(g), seen[i], "input %d: the .grad is a copy", i);
+    }
+    for (int i = 0; i < 3; i++) em_tensor_release(ps[i]);
+}
+
+/* ---- in-place ops on views (PyTorch's CopySlices) ------------------------------------------ */
 
 /* h = 1.5 x (2, 4); a = h[:, 1:3] taken first; h[:, 2] *= w; h[0, :] += 1; h[1, 0:2] = 0;
  * returns h * h + sum(a * a) (a sees the change: it is brought up to date). */
