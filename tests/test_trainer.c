@@ -351,6 +351,42 @@ Test(trainer, nan_loss_stops_with_the_hint) {
     int rc = train(&out, (const char *[]){path("mlp.yaml"), "--lr", "1e30", NULL});
     cr_assert_eq(rc, 1, "%s", out);
     cr_assert(strstr(out, "--anomaly") && strstr(out, "--clip-grad-norm"), "%s", out);
+    cr_assert(!strstr(out, "anomaly: "), "%s", out);
+    free(out);
+    /* with --anomaly the report of the forward pass that made it follows, with its ops */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--lr", "1e30", "--anomaly", NULL});
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, "anomaly: ") && strstr(out, "cross_entropy"), "%s", out);
+    free(out);
+}
+
+/* The seeds' troubleshooting table's config mistakes get a warning at start. */
+Test(trainer, softmax_before_cross_entropy_and_mse_on_classes_warn) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}, LogSoftmax]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n", EM_TEST_SRCDIR);
+    write_file("sm.yaml", text);
+    char *out;
+    int rc = train(&out, (const char *[]){path("sm.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "warning: the model ends in LogSoftmax and the loss is CrossEntropyLoss"),
+              "%s", out);
+    free(out);
+    /* MSE on class indices: the warning says why, before the shapes refuse it */
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 1}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n"
+             "loss: MSELoss\n", EM_TEST_SRCDIR);
+    write_file("mse.yaml", text);
+    rc = train(&out, (const char *[]){path("mse.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "warning: MSELoss on class-index targets"), "%s", out);
+    free(out);
+    /* and neither warns on a right config */
+    rc = train(&out, (const char *[]){"--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strstr(out, "warning"), "%s", out);
     free(out);
 }
 

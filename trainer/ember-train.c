@@ -725,6 +725,18 @@ static const char *last_leaf_class(em_module *m) {
 
 static int check_fit(run *r) {
     const em_dataset_info *in = r->info;
+    /* the warnings first: they also explain a loss that does not fit */
+    const char *last = last_leaf_class(r->model);
+    if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
+        !strcmp(r->loss_class, "CrossEntropyLoss"))
+        fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
+                "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
+                "NLLLoss after LogSoftmax)\n", last, last);
+    if (in->num_classes > 0 && in->target_ndim == 0 &&
+        (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
+         !strcmp(r->loss_class, "SmoothL1Loss")))
+        fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
+                "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
     int64_t shape[EM_MAX_DIMS + 1] = {2};
     for (int i = 0; i < in->input_ndim; i++) shape[i + 1] = in->input_shape[i];
     int rc = 0;
@@ -770,19 +782,7 @@ static int check_fit(run *r) {
     em_module_train(r->model, true);
     em_grad_mode_pop();
     em_scope_end();
-    if (rc) return rc;
-    const char *last = last_leaf_class(r->model);
-    if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
-        !strcmp(r->loss_class, "CrossEntropyLoss"))
-        fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
-                "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
-                "NLLLoss after LogSoftmax)\n", last, last);
-    if (in->num_classes > 0 && in->target_ndim == 0 &&
-        (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
-         !strcmp(r->loss_class, "SmoothL1Loss")))
-        fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
-                "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
-    return 0;
+    return rc;
 }
 
 /* ---- --list-plugins ----------------------------------------------------------------------- */

@@ -293,6 +293,8 @@ static void nan_hint(const run *r, double loss) {
             PRId64 "): training stopped.\n  Try a lower learning rate (--lr), gradient clipping "
             "(--clip-grad-norm 1.0), and --anomaly to name the op that first makes a NaN/Inf.\n",
             isnan(loss) ? "NaN" : "infinite", r->epoch + 1, r->step, r->batch);
+    if (r->s.anomaly && !strncmp(em_last_error(), "anomaly:", 8))
+        fprintf(stderr, "  %s\n", em_last_error());
 }
 
 /* One argument for a POSIX shell: as it is when it is plain, else in single quotes. */
