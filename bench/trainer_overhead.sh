@@ -7,11 +7,16 @@
 # /usr/share/datasets/fashion-mnist is installed), RUNS times, alternating which goes first:
 #   bench/trainer_overhead CONFIG STEPS W1      the seeds' loop by hand (bench/trainer_overhead.c)
 #   trainer/ember-train CONFIG --max-steps STEPS --save-weights W2
-# both with bench/.libs/steptimes.so preloaded, which timestamps every em_optimizer_step. Per
-# run: the median of the step-to-step intervals of steps 10..STEPS (the first steps warm caches
-# and allocators up). Overhead = trainer median / by-hand median - 1, per pair of runs; the
-# script prints each pair, then the median, min and max, and checks that W1 and W2 are
-# byte-identical (the two trained the same model on the same batches).
+# both with bench/.libs/steptimes.so preloaded, which timestamps the end of every
+# em_optimizer_step with two clocks: wall time and the main thread's CPU time. Per run and per
+# clock: the median of the step-to-step intervals of steps 10..STEPS (the first steps warm
+# caches and allocators up). Overhead = trainer median / by-hand median - 1, per pair of runs;
+# the script prints each pair, then the median, min and max over the pairs, and checks that W1
+# and W2 are byte-identical (the two trained the same model on the same batches).
+#
+# Wall time is what a user waits for, but other processes on the machine inflate it at random;
+# the main thread's CPU time is not inflated by them and, with EMBER_NUM_THREADS=1 and a config
+# without loader workers, counts all of a step's work. The environment is passed on as it is.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(dirname "$here")
@@ -27,11 +32,17 @@ shim=$(pwd)/bench/.libs/steptimes.so
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# median step interval in microseconds, steps 10..N, from a file of step-end nanoseconds
+# median step interval in microseconds, steps 10..N, of column $2 of the shim's file $1
 median_us() {
-    awk 'NR >= 10 { print $1 - prev } { prev = $1 }' "$1" | sort -n |
+    awk -v c="$2" 'NR >= 10 { print $c - prev } { prev = $c }' "$1" | sort -n |
         awk '{ a[NR] = $1 } END { if (!NR) exit 1;
               m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; printf "%.1f", m / 1000 }'
+}
+pct() { awk -v b="$1" -v t="$2" 'BEGIN { printf "%.2f", 100 * (t / b - 1) }'; }
+summary() {
+    sort -n "$1" | awk -v what="$2" '{ a[NR] = $1 } END {
+        m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+        printf "overhead, %s: median %+.2f%%, min %+.2f%%, max %+.2f%%\n", what, m, a[1], a[NR] }'
 }
 
 run_bare() {
@@ -45,31 +56,34 @@ run_trainer() {
 }
 
 echo "ember-train over the loop by hand: median step time of steps 10..$steps, $runs runs each"
-echo "cpu: $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo), $(nproc) cores;" \
-     "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "cpu: $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo), $(nproc) cores," \
+     "EMBER_NUM_THREADS=${EMBER_NUM_THREADS:-(unset)}; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for config in "$@"; do
     echo
     echo "config: $config"
-    printf '%-5s %12s %12s %10s\n' run by_hand_us trainer_us overhead
-    : >"$tmp/overheads"
+    printf '%-4s %13s %13s %9s   %13s %13s %9s\n' run wall_hand_us wall_train_us overhead \
+        cpu_hand_us cpu_train_us overhead
+    : >"$tmp/wall"
+    : >"$tmp/cpu"
     i=1
     while [ "$i" -le "$runs" ]; do
         if [ $((i % 2)) -eq 1 ]; then run_bare "$config"; run_trainer "$config"
         else run_trainer "$config"; run_bare "$config"; fi
-        b=$(median_us "$tmp/bare")
-        t=$(median_us "$tmp/trainer")
-        o=$(awk -v b="$b" -v t="$t" 'BEGIN { printf "%+.2f", 100 * (t / b - 1) }')
-        echo "$o" >>"$tmp/overheads"
-        printf '%-5s %12s %12s %9s%%\n' "$i" "$b" "$t" "$o"
+        bw=$(median_us "$tmp/bare" 1); tw=$(median_us "$tmp/trainer" 1)
+        bc=$(median_us "$tmp/bare" 2); tc=$(median_us "$tmp/trainer" 2)
+        ow=$(pct "$bw" "$tw"); oc=$(pct "$bc" "$tc")
+        echo "$ow" >>"$tmp/wall"
+        echo "$oc" >>"$tmp/cpu"
+        printf '%-4s %13s %13s %+8.2f%%   %13s %13s %+8.2f%%\n' "$i" "$bw" "$tw" "$ow" "$bc" "$tc" "$oc"
         if ! cmp -s "$tmp/bare.safetensors" "$tmp/trainer.safetensors"; then
             echo "the weights after $steps steps differ: the two did not train the same thing" >&2
             exit 1
         fi
         i=$((i + 1))
     done
-    sort -n "$tmp/overheads" | awk '{ a[NR] = $1 } END {
-        m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-        printf "overhead: median %+.2f%%, min %+.2f%%, max %+.2f%%; weights after the steps: identical\n", m, a[1], a[NR] }'
+    summary "$tmp/wall" "wall time"
+    summary "$tmp/cpu" "main thread's CPU time"
+    echo "weights after $steps steps: byte-identical in every run"
 done
 echo
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
