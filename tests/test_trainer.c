@@ -6,6 +6,7 @@
  * and the safetensors files it writes. Small and quick: an MLP, one or two epochs, except the
  * bundled example itself (8 of its 20 epochs).
  */
+#define _GNU_SOURCE /* posix_openpt, ptsname (the progress-bar test) */
 #include "common.h"
 
 #include <fcntl.h>
@@ -161,6 +162,7 @@ Test(trainer, bundled_example_reaches_95_percent) {
     cr_assert_geq(acc, 95.0, "test accuracy %.2f%%\n%s", acc, out);
     cr_assert(strstr(out, "best epoch"), "%s", out);
     cr_assert(strstr(out, "peak memory: "), "%s", out);
+    cr_assert(!strchr(out, '\r'), "a progress bar without a terminal:\n%s", out);
     free(out);
     /* the metrics file: a header and 8 rows */
     FILE *f = fopen(path("m.csv"), "r");
@@ -762,4 +764,41 @@ Test(trainer, sigint_saves_a_checkpoint_that_resumes_exactly) {
     cr_assert(at && !strstr(at, ", batch 0,"), "%s", out);
     free(out);
     assert_weights_close(path("resumed.safetensors"), path("full.safetensors"), 0, 0, true);
+}
+
+/* On a terminal, stderr gets a progress bar redrawn after each step (batches done of the
+ * epoch's, running loss, samples/s, ETA); elsewhere one line per epoch (the other tests). */
+Test(trainer, progress_bar_on_a_terminal) {
+    write_mlp("mlp.yaml", "", "0.1");
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    cr_assert(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0);
+    const char *slave = ptsname(m);
+    cr_assert(slave);
+    const char *argv[] = {EM_TRAINER, path("mlp.yaml"), NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, path("stdout.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, slave, O_RDWR | O_NOCTTY, 0);
+    pid_t pid;
+    cr_assert_eq(posix_spawn(&pid, EM_TRAINER, &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    for (;;) { /* until the child has closed the terminal (EIO) */
+        if (len + 4096 > cap) text = realloc(text, cap *= 2);
+        ssize_t k = read(m, text + len, 4096);
+        if (k <= 0) break;
+        len += (size_t)k;
+    }
+    text[len] = '\0';
+    close(m);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", text);
+    /* 1500 - 150 validation = 1350 items: 43 batches of 32 */
+    cr_assert(strstr(text, "\repoch 1/1 [1/43] loss ") && strstr(text, "\repoch 1/1 [43/43] loss "),
+              "%s", text);
+    cr_assert(strstr(text, "samples/s  ETA "), "%s", text);
+    cr_assert(strstr(text, "epoch 1/1: train loss"), "%s", text); /* then the epoch's line */
+    free(text);
 }
