@@ -6,6 +6,7 @@
  * and the safetensors files it writes. Small and quick: an MLP, one or two epochs, except the
  * bundled example itself (8 of its 20 epochs).
  */
+#define _GNU_SOURCE /* posix_openpt, ptsname (the progress-bar test) */
 #include "common.h"
 
 #include <fcntl.h>
@@ -34,10 +35,8 @@ static void teardown(void) {
 
 TestSuite(trainer, .init = setup, .fini = teardown, .timeout = 300);
 
-/* Run ember-train with args (NULL-terminated); its stdout+stderr into *out (malloc'd). */
-static int spawn(const char *prog, char **out, const char *const *args) {
-    char log[512];
-    snprintf(log, sizeof log, "%s/out.txt", tmpdir);
+/* Start prog with args (NULL-terminated), its stdout and stderr into the file `log`. */
+static pid_t start(const char *prog, const char *log, const char *const *args) {
     const char *argv[64] = {prog};
     int n = 1;
     for (; args[n - 1]; n++) argv[n] = args[n - 1];
@@ -49,17 +48,34 @@ static int spawn(const char *prog, char **out, const char *const *args) {
     pid_t pid;
     cr_assert_eq(posix_spawn(&pid, prog, &fa, NULL, (char *const *)argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    FILE *f = fopen(log, "rb");
+    return pid;
+}
+
+static char *read_text(const char *name) {
+    FILE *f = fopen(name, "rb");
     cr_assert(f);
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
-    *out = calloc(1, (size_t)len + 1);
-    cr_assert_eq(fread(*out, 1, (size_t)len, f), (size_t)len);
+    char *text = calloc(1, (size_t)len + 1);
+    cr_assert_eq(fread(text, 1, (size_t)len, f), (size_t)len);
     fclose(f);
+    return text;
+}
+
+/* Wait for pid; its output (from `log`) into *out (malloc'd); the exit code, or 128 + signal. */
+static int finish(pid_t pid, const char *log, char **out) {
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    *out = read_text(log);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Run prog with args (NULL-terminated); its stdout+stderr into *out (malloc'd). */
+static int spawn(const char *prog, char **out, const char *const *args) {
+    char log[512];
+    snprintf(log, sizeof log, "%s/out.txt", tmpdir);
+    return finish(start(prog, log, args), log, out);
 }
 
 static int train(char **out, const char *const *args) { return spawn(EM_TRAINER, out, args); }
@@ -146,6 +162,7 @@ Test(trainer, bundled_example_reaches_95_percent) {
     cr_assert_geq(acc, 95.0, "test accuracy %.2f%%\n%s", acc, out);
     cr_assert(strstr(out, "best epoch"), "%s", out);
     cr_assert(strstr(out, "peak memory: "), "%s", out);
+    cr_assert(!strchr(out, '\r'), "a progress bar without a terminal:\n%s", out);
     free(out);
     /* the metrics file: a header and 8 rows */
     FILE *f = fopen(path("m.csv"), "r");
@@ -183,8 +200,9 @@ Test(trainer, accumulation_matches_the_big_batch) {
     assert_weights_close(path("small.safetensors"), path("big.safetensors"), 1e-5, 1e-6, false);
 }
 
+/* With a Dropout of 0.5 the figures agree only if every evaluation runs in eval mode. */
 Test(trainer, eval_only_and_predict_match_training) {
-    write_mlp("mlp.yaml", "", "0.1");
+    write_mlp("mlp.yaml", "  - Dropout: {p: 0.5}\n", "0.1");
     char *out;
     int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--save-weights",
                                           path("w.safetensors"), NULL});
@@ -303,7 +321,7 @@ Test(trainer, command_line) {
     int rc = train(&out, (const char *[]){"--help", NULL});
     cr_assert_eq(rc, 0);
     cr_assert(strstr(out, "--accum-steps") && strstr(out, "Exit codes"), "%s", out);
-    cr_assert(!strstr(out, "--early-stop") && !strstr(out, "--warmup-epochs"), "%s", out);
+    cr_assert(strstr(out, "--early-stop PATIENCE") && strstr(out, "--warmup-epochs N"), "%s", out);
     free(out);
     rc = train(&out, (const char *[]){"--bogus", NULL});
     cr_assert_eq(rc, 2, "%s", out);
@@ -336,6 +354,42 @@ Test(trainer, nan_loss_stops_with_the_hint) {
     int rc = train(&out, (const char *[]){path("mlp.yaml"), "--lr", "1e30", NULL});
     cr_assert_eq(rc, 1, "%s", out);
     cr_assert(strstr(out, "--anomaly") && strstr(out, "--clip-grad-norm"), "%s", out);
+    cr_assert(!strstr(out, "anomaly: "), "%s", out);
+    free(out);
+    /* with --anomaly the report of the forward pass that made it follows, with its ops */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--lr", "1e30", "--anomaly", NULL});
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, "anomaly: ") && strstr(out, "cross_entropy"), "%s", out);
+    free(out);
+}
+
+/* The seeds' troubleshooting table's config mistakes get a warning at start. */
+Test(trainer, softmax_before_cross_entropy_and_mse_on_classes_warn) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}, LogSoftmax]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n", EM_TEST_SRCDIR);
+    write_file("sm.yaml", text);
+    char *out;
+    int rc = train(&out, (const char *[]){path("sm.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "warning: the model ends in LogSoftmax and the loss is CrossEntropyLoss"),
+              "%s", out);
+    free(out);
+    /* MSE on class indices: the warning says why, before the shapes refuse it */
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 1}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n"
+             "loss: MSELoss\n", EM_TEST_SRCDIR);
+    write_file("mse.yaml", text);
+    rc = train(&out, (const char *[]){path("mse.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "warning: MSELoss on class-index targets"), "%s", out);
+    free(out);
+    /* and neither warns on a right config */
+    rc = train(&out, (const char *[]){"--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strstr(out, "warning"), "%s", out);
     free(out);
 }
 
@@ -426,4 +480,326 @@ Test(trainer, cifar10_config_dry_runs_on_generated_files) {
     cr_assert(strstr(out, "input [8, 3, 32, 32] -> output [8, 10]") &&
               strstr(out, "3 groups"), "%s", out);
     free(out);
+}
+
+/* Column `col` (0-based) of a --metrics CSV file, one value per epoch row; the row count. */
+static int metrics_column(const char *file, int col, double *out, int cap) {
+    FILE *f = fopen(file, "r");
+    cr_assert(f, "%s", file);
+    char line[1024];
+    cr_assert(fgets(line, sizeof line, f)); /* the header */
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        cr_assert_lt(n, cap);
+        const char *p = line;
+        for (int c = 0; c < col; c++) {
+            p = strchr(p, ',');
+            cr_assert(p, "%s", line);
+            p++;
+        }
+        out[n++] = strtod(p, NULL);
+    }
+    fclose(f);
+    return n;
+}
+
+static void assert_lr_sequence(const double *got, const double *want, int n) {
+    for (int i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= 1e-8 * fabs(want[i]) + 1e-15,
+                  "lr of row %d: %.12g, expected %.12g", i + 1, got[i], want[i]);
+}
+
+/* --warmup-epochs W: the lr of epoch k (0-based) is lr * (k + 1) / (W + 1) for k < W, then the
+ * scheduler's from its own epoch 0 (here the cosine of CosineAnnealingLR, T_max 3). The metrics
+ * file logs the lr each epoch trained with. */
+Test(trainer, warmup_then_the_scheduler) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char text[4096];
+    FILE *f = fopen(path("mlp.yaml"), "a");
+    cr_assert(f);
+    fputs("scheduler: {class: CosineAnnealingLR, T_max: 3}\n", f);
+    fclose(f);
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "6", "--warmup-epochs",
+                                          "2", "--metrics", path("m.csv"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "warm-up over 2 epochs, then CosineAnnealingLR"), "%s", out);
+    free(out);
+    const double base = 0.05, W = 2, T = 3;
+    double got[16], want[6];
+    cr_assert_eq(metrics_column(path("m.csv"), 2, got, 16), 6);
+    for (int k = 0; k < 6; k++)
+        want[k] = k < W ? base * (k + 1) / (W + 1) : base * (1 + cos(M_PI * (k - W) / T)) / 2;
+    assert_lr_sequence(got, want, 6);
+
+    /* per step (interval: step), from the config: 10 steps an epoch (--limit-batches), so the
+     * warm-up is 10 steps; each row's lr is the one after its epoch's last step */
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}, validation: 0.1}\n"
+             "optimizer: {class: SGD, lr: 0.1}\n"
+             "scheduler: {class: CosineAnnealingLR, T_max: 50, interval: step, warmup_epochs: 1}\n"
+             "loop: {epochs: 3, batch_size: 16, limit_batches: 10}\n", EM_TEST_SRCDIR);
+    write_file("step.yaml", text);
+    rc = train(&out, (const char *[]){path("step.yaml"), "--metrics", path("s.csv"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    cr_assert_eq(metrics_column(path("s.csv"), 2, got, 16), 3);
+    for (int k = 0; k < 3; k++) {
+        int t = 10 * (k + 1); /* scheduler steps taken */
+        want[k] = t < 10 ? 0.1 * (t + 1) / 11 : 0.1 * (1 + cos(M_PI * (t - 10) / 50)) / 2;
+    }
+    assert_lr_sequence(got, want, 3);
+    /* the step counts' steps: row 1 is the warm-up's end, so an lr below the base would show a
+     * warm-up of the wrong length */
+    cr_assert_float_eq(got[0], 0.1, 1e-12);
+
+    /* without a scheduler: the warm-up, then the lr stays */
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n"
+             "optimizer: {class: SGD, lr: 0.1}\n"
+             "loop: {epochs: 5, batch_size: 64, limit_batches: 2}\n", EM_TEST_SRCDIR);
+    write_file("const.yaml", text);
+    rc = train(&out, (const char *[]){path("const.yaml"), "--warmup-epochs", "3", "--metrics",
+                                      path("c.csv"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    cr_assert_eq(metrics_column(path("c.csv"), 2, got, 16), 5);
+    for (int k = 0; k < 5; k++) want[k] = k < 3 ? 0.1 * (k + 1) / 4 : 0.1;
+    assert_lr_sequence(got, want, 5);
+
+    /* a scheduler that has its own warm-up is refused, naming it */
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n"
+             "scheduler: {class: OneCycleLR, max_lr: 0.1, total_steps: 100}\n", EM_TEST_SRCDIR);
+    write_file("one.yaml", text);
+    rc = train(&out, (const char *[]){path("one.yaml"), "--warmup-epochs", "1", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "OneCycleLR") && strstr(out, "pct_start"), "%s", out);
+    free(out);
+    /* an option typo in the scheduler behind a warm-up still names its place */
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n"
+             "scheduler: {class: StepLR, step_siz: 3, warmup_epochs: 2}\n", EM_TEST_SRCDIR);
+    write_file("typo.yaml", text);
+    rc = train(&out, (const char *[]){path("typo.yaml"), NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "typo.yaml:3:") && strstr(out, "did you mean 'step_size'"), "%s", out);
+    free(out);
+}
+
+/* --early-stop P stops after the first epoch that is P epochs past the best one. The reference
+ * is the validation accuracy of a run without it (same seed, so the same trajectory). */
+Test(trainer, early_stop) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "8", "--metrics",
+                                          path("full.csv"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    double acc[16];
+    cr_assert_eq(metrics_column(path("full.csv"), 6, acc, 16), 8);
+    for (int P = 1; P <= 2; P++) {
+        int best = 0, stop = 8;
+        for (int e = 1; e < 8; e++) {
+            if (acc[e] > acc[best]) best = e;
+            if (e - best >= P) {
+                stop = e + 1;
+                break;
+            }
+        }
+        char p[8], m[32];
+        snprintf(p, sizeof p, "%d", P);
+        snprintf(m, sizeof m, "p%d.csv", P);
+        rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "8", "--early-stop", p,
+                                          "--metrics", path(m), NULL});
+        cr_assert_eq(rc, 0, "%s", out);
+        double got[16];
+        int rows = metrics_column(path(m), 6, got, 16);
+        cr_assert_eq(rows, stop, "--early-stop %d: %d epochs, expected %d\n%s", P, rows, stop, out);
+        cr_assert_eq(strstr(out, "stopped early") != NULL, stop < 8, "%s", out);
+        if (P == 1) cr_assert_lt(stop, 8, "the reference run never stalls: the test cannot tell");
+        free(out);
+    }
+    /* with lr 0 nothing changes: the best epoch is the first, the stop is after 1 + P */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "10", "--lr", "0",
+                                      "--early-stop", "3", "--metrics", path("z.csv"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "stopped early after epoch 4") &&
+              strstr(out, "has not improved for 3 epochs") && strstr(out, "best epoch 1"),
+              "%s", out);
+    free(out);
+    double z[16];
+    cr_assert_eq(metrics_column(path("z.csv"), 6, z, 16), 4);
+    /* without a validation set there is nothing to watch */
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n", EM_TEST_SRCDIR);
+    write_file("noval.yaml", text);
+    rc = train(&out, (const char *[]){path("noval.yaml"), "--early-stop", "2", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--early-stop needs a validation set"), "%s", out);
+    free(out);
+}
+
+/* --init-weights-nonstrict loads what matches and lists the rest: a file with one key that
+ * fits (1.weight), one of the wrong shape (1.bias), one the model lacks (extra.weight), and
+ * none for the last layer (3.weight, 3.bias: missing). */
+Test(trainer, init_weights_nonstrict_reports_what_it_skipped) {
+    write_mlp("mlp.yaml", "", "0.1");
+    em_dict *d = em_dict_new();
+    em_tensor *w = em_full(2, (int64_t[]){32, 64}, 0.25, EM_F32, em_cpu());
+    em_tensor *b = em_full(1, (int64_t[]){7}, 1.0, EM_F32, em_cpu());
+    em_tensor *x = em_full(1, (int64_t[]){3}, 2.0, EM_F32, em_cpu());
+    cr_assert(w && b && x, "%s", em_last_error());
+    em_dict_set(d, "1.weight", w);
+    em_dict_set(d, "1.bias", b);
+    em_dict_set(d, "extra.weight", x);
+    em_tensor_release(w);
+    em_tensor_release(b);
+    em_tensor_release(x);
+    cr_assert_eq(em_save(d, path("part.safetensors"), NULL, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(d);
+    char *out;
+    /* strict (the default): exit 2 naming the problem */
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "0", "--init-weights",
+                                          path("part.safetensors"), NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--init-weights") && strstr(out, "part.safetensors"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "0", "--init-weights",
+                                      path("part.safetensors"), "--init-weights-nonstrict",
+                                      "--save-weights", path("out.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "loaded 1 tensors"), "%s", out);
+    cr_assert(strstr(out, "2 missing keys (3.weight, 3.bias)"), "%s", out);
+    cr_assert(strstr(out, "1 unexpected key (extra.weight)"), "%s", out);
+    cr_assert(strstr(out, "1 shape mismatch (1.bias: [32] in the target, [7] in the source)"),
+              "%s", out);
+    free(out);
+    /* what was loaded is in the model, what was skipped is not */
+    em_dict *got;
+    cr_assert_eq(em_load(path("out.safetensors"), NULL, &got, NULL), EM_OK, "%s", em_last_error());
+    const float *pw = em_tensor_data(em_dict_get(got, "1.weight"));
+    for (int i = 0; i < 32 * 64; i++) cr_assert_eq(pw[i], 0.25f);
+    const float *pb = em_tensor_data(em_dict_get(got, "1.bias"));
+    bool all_one = true;
+    for (int i = 0; i < 32; i++) all_one &= pb[i] == 1.0f;
+    cr_assert(!all_one);
+    em_dict_free(got);
+}
+
+/* Poll `log` until it contains `needle` (the child still running); false if the child ended. */
+static bool wait_for_output(pid_t pid, const char *log, const char *needle) {
+    for (int i = 0; i < 60000; i++) {
+        char *t = read_text(log);
+        bool found = strstr(t, needle) != NULL;
+        free(t);
+        if (found) return true;
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) return false;
+        usleep(2000);
+    }
+    return false;
+}
+
+/* SIGINT for real: the built binary (the libtool wrapper execs it, so the pid is the trainer's)
+ * gets the signal once its first epoch is done; it must finish the step, save a mid-epoch
+ * checkpoint, print the command that resumes and exit 130; resuming gives bit-identical final
+ * weights to a run that was never interrupted — with Dropout (the generator's state), a
+ * warm-up and a StepLR (SequentialLR's state) and momentum (the optimizer's state). */
+Test(trainer, sigint_saves_a_checkpoint_that_resumes_exactly) {
+    char text[4096];
+    snprintf(text, sizeof text,
+             "model:\n"
+             "  - Flatten\n"
+             "  - Linear: {in_features: 64, out_features: 512}\n"
+             "  - ReLU\n"
+             "  - Dropout: {p: 0.2}\n"
+             "  - Linear: {in_features: 512, out_features: 10}\n"
+             "data: {class: mnist, options: {path: %s/data/digits}, validation: 0.1}\n"
+             "optimizer: {class: SGD, lr: 0.01, momentum: 0.9}\n"
+             "scheduler: {class: StepLR, step_size: 1, gamma: 0.5, warmup_epochs: 1}\n"
+             "loop: {epochs: 3, batch_size: 1}\n", EM_TEST_SRCDIR);
+    write_file("big.yaml", text);
+    char *out;
+    int rc = train(&out, (const char *[]){path("big.yaml"), "--save-weights",
+                                          path("full.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    const char *log = path("sig.txt");
+    for (int k = 0; k < 2; k++) {
+        int sig = k == 0 ? SIGTERM : SIGINT; /* SIGINT's checkpoint is the one resumed */
+        pid_t pid = start(EM_TRAINER, log, (const char *[]){path("big.yaml"), "--checkpoint",
+                                                            path("ck.safetensors"), NULL});
+        cr_assert(wait_for_output(pid, log, "epoch 1/3"), "the trainer ended before its first "
+                  "epoch line:\n%s", (out = read_text(log)));
+        cr_assert_eq(kill(pid, sig), 0);
+        rc = finish(pid, log, &out);
+        cr_assert_eq(rc, 130, "exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, k == 0 ? "interrupted by SIGTERM" : "interrupted by SIGINT"), "%s", out);
+        cr_assert(strstr(out, "resume with:") && strstr(out, "--resume"), "%s", out);
+        free(out);
+        struct stat sb;
+        cr_assert_eq(stat(path("ck.safetensors"), &sb), 0);
+    }
+    /* the command it printed, run as it is */
+    char *cmd = strstr((out = read_text(log)), "resume with:\n    ");
+    cr_assert(cmd, "%s", out);
+    cmd += strlen("resume with:\n    ");
+    *strchr(cmd, '\n') = '\0';
+    cr_assert(strstr(cmd, EM_TRAINER) == cmd, "%s", cmd); /* the wrapper, not .libs/ */
+    char line[8192];
+    snprintf(line, sizeof line, "%s --save-weights '%s' > '%s' 2>&1", cmd, path("resumed.safetensors"),
+             path("resume.txt"));
+    free(out);
+    rc = system(line);
+    out = read_text(path("resume.txt"));
+    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "%s\n%s", line, out);
+    /* a mid-epoch checkpoint: the resumed run starts part-way into an epoch */
+    const char *at = strstr(out, "resumed from");
+    cr_assert(at && !strstr(at, ", batch 0,"), "%s", out);
+    free(out);
+    assert_weights_close(path("resumed.safetensors"), path("full.safetensors"), 0, 0, true);
+}
+
+/* On a terminal, stderr gets a progress bar redrawn after each step (batches done of the
+ * epoch's, running loss, samples/s, ETA); elsewhere one line per epoch (the other tests). */
+Test(trainer, progress_bar_on_a_terminal) {
+    write_mlp("mlp.yaml", "", "0.1");
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    cr_assert(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0);
+    const char *slave = ptsname(m);
+    cr_assert(slave);
+    const char *argv[] = {EM_TRAINER, path("mlp.yaml"), NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, path("stdout.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, slave, O_RDWR | O_NOCTTY, 0);
+    pid_t pid;
+    cr_assert_eq(posix_spawn(&pid, EM_TRAINER, &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    for (;;) { /* until the child has closed the terminal (EIO) */
+        if (len + 4096 > cap) text = realloc(text, cap *= 2);
+        ssize_t k = read(m, text + len, 4096);
+        if (k <= 0) break;
+        len += (size_t)k;
+    }
+    text[len] = '\0';
+    close(m);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", text);
+    /* 1500 - 150 validation = 1350 items: 43 batches of 32 */
+    cr_assert(strstr(text, "\repoch 1/1 [1/43] loss ") && strstr(text, "\repoch 1/1 [43/43] loss "),
+              "%s", text);
+    cr_assert(strstr(text, "samples/s  ETA "), "%s", text);
+    cr_assert(strstr(text, "epoch 1/1: train loss"), "%s", text); /* then the epoch's line */
+    free(text);
 }

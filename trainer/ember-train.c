@@ -25,6 +25,7 @@
 /* Options that override the optimizer/scheduler sections. */
 static const char *cli_optimizer, *cli_scheduler, *cli_data;
 static double cli_lr = NAN, cli_momentum = NAN, cli_wd = NAN;
+static int64_t cli_warmup = -1; /* -1: not given */
 static volatile sig_atomic_t stop_flag;
 
 static void on_signal(int sig) { stop_flag = sig; }
@@ -50,6 +51,10 @@ static void usage(FILE *f) {
 "  --momentum X             the optimizer's momentum option\n"
 "  --weight-decay X         the optimizer's weight_decay (groups that set their own keep it)\n"
 "  --scheduler NAME         lr scheduler class (its options come from the config)\n"
+"  --warmup-epochs N        linear lr warm-up over the first N epochs (from lr/(N+1) up to\n"
+"                           lr), then the scheduler, whose epoch 0 is epoch N+1 (as PyTorch's\n"
+"                           SequentialLR(LinearLR, scheduler, milestones=[N])); per step with\n"
+"                           a per-step scheduler; without one the lr stays constant after it\n"
 "  --accum-steps N          accumulate gradients over N micro-batches per step; the last\n"
 "                           group of an epoch steps with what it has\n"
 "  --clip-grad-norm X       clip the gradients' total 2-norm to X\n"
@@ -62,9 +67,13 @@ static void usage(FILE *f) {
 "  --save-weights FILE      write the final model state dict (safetensors)\n"
 "  --checkpoint PATH        save a checkpoint each epoch, at --max-steps and on Ctrl-C; a\n"
 "                           '{step}' in PATH numbers the files (see --keep)\n"
+"                           (SIGINT/SIGTERM finish the current step, save, print the command\n"
+"                           that resumes, exit 130; a second Ctrl-C stops at once)\n"
 "  --keep N                 checkpoints to keep when PATH has '{step}' (default 3)\n"
 "  --resume PATH            continue from a checkpoint (a '{step}' pattern: the latest)\n"
 "  --metrics FILE           per-epoch metrics, CSV or JSON lines (by the .jsonl extension)\n"
+"  --early-stop PATIENCE    stop when the validation metric (accuracy, or MAE for regression)\n"
+"                           has not improved for PATIENCE epochs\n"
 "  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
 "  --predict OUT.csv        write predictions for the test set (else validation) and exit\n"
 "  --limit-batches N        at most N batches per epoch and per evaluation\n"
@@ -176,7 +185,7 @@ static int pick_device(run *r) {
 static int read_loop(run *r, const em_config_node *loop) {
     static const char *const keys[] = {"epochs", "max_steps", "batch_size", "accum_steps",
         "clip_grad_norm", "seed", "deterministic", "workers", "shuffle", "device",
-        "limit_batches", "overfit_batches", NULL};
+        "limit_batches", "overfit_batches", "early_stop", NULL};
     if (!loop) return 0;
     if (em_config_check_keys(loop, keys) != EM_OK) {
         report_error(NULL);
@@ -196,6 +205,7 @@ static int read_loop(run *r, const em_config_node *loop) {
         else if (!strcmp(k, "workers")) rc = cfg_int(v, 0, &r->s.workers);
         else if (!strcmp(k, "limit_batches")) rc = cfg_int(v, 0, &r->s.limit_batches);
         else if (!strcmp(k, "overfit_batches")) rc = cfg_int(v, 0, &r->s.overfit_batches);
+        else if (!strcmp(k, "early_stop")) rc = cfg_int(v, 0, &r->s.early_stop);
         else if (!strcmp(k, "seed")) {
             if (!(rc = cfg_int(v, 0, &iv))) r->s.seed = (uint64_t)iv;
         } else if (!strcmp(k, "clip_grad_norm")) {
@@ -555,12 +565,73 @@ static int build_optimizer(run *r, const em_config_node *o) {
     return rc;
 }
 
+/* Optimizer steps per epoch as the loop will run them (the warm-up of a per-step schedule). */
+static int64_t steps_per_epoch(const run *r) {
+    int64_t len = em_dataset_length(r->train), B = r->s.batch_size;
+    if (r->s.overfit_batches && r->s.overfit_batches <= len / B) len = r->s.overfit_batches * B;
+    int64_t nb = len / B + (len % B != 0);
+    if (r->s.limit_batches && r->s.limit_batches < nb) nb = r->s.limit_batches;
+    return nb / r->s.accum_steps + (nb % r->s.accum_steps != 0);
+}
+
+/* The warm-up: LinearLR from lr/(W+1) to lr over W epochs (or W epochs' steps), then the
+ * configured scheduler — PyTorch's SequentialLR([LinearLR, sched], milestones=[W]), built
+ * through the registry so checkpoints keep its state like any scheduler's. `o` holds the
+ * configured scheduler's options (already checked by creating it once). */
+static em_scheduler *warmup_scheduler(run *r, const em_sched_class *k, const em_options *o,
+                                      int64_t W) {
+    char text[2048];
+    size_t used = (size_t)snprintf(text, sizeof text, "LinearLR(start_factor=%.17g, "
+                                   "end_factor=1, total_iters=%lld)", 1.0 / (double)(W + 1),
+                                   (long long)W);
+    em_options *so = em_options_new();
+    if (!so) return NULL;
+    em_scheduler *s = NULL;
+    if (!k) {
+        /* a warm-up, then the lr stays where it ends: LinearLR alone */
+        em_options_set_float(so, "start_factor", 1.0 / (double)(W + 1));
+        em_options_set_float(so, "end_factor", 1.0);
+        em_options_set_int(so, "total_iters", W);
+        s = em_scheduler_new("LinearLR", r->opt, so);
+        em_options_free(so);
+        return s;
+    }
+    used += (size_t)snprintf(text + used, sizeof text - used, ", %s(", k->name);
+    for (size_t i = 0; i < em_options_count(o) && used < sizeof text; i++) {
+        char v[512];
+        em_options_text(o, i, v, sizeof v);
+        if (strpbrk(v, ",()") && !(v[0] == '[' && !strpbrk(v, "()"))) {
+            em_set_error(EM_ERR_INVALID, "warm-up: %s's option %s='%s' cannot be passed on to "
+                         "SequentialLR (a ',' or parenthesis in a value)", k->name,
+                         em_options_name(o, i), v);
+            em_options_free(so);
+            return NULL;
+        }
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s%s=%s", i ? ", " : "",
+                                 em_options_name(o, i), v);
+    }
+    if (used < sizeof text) used += (size_t)snprintf(text + used, sizeof text - used, ")");
+    if (used >= sizeof text) {
+        em_set_error(EM_ERR_INVALID, "warm-up: %s's options are too long", k->name);
+        em_options_free(so);
+        return NULL;
+    }
+    if (em_options_set_string(so, "schedulers", text) == EM_OK &&
+        em_options_set_ints(so, "milestones", 1, &W) == EM_OK)
+        s = em_scheduler_new("SequentialLR", r->opt, so);
+    em_options_free(so);
+    return s;
+}
+
 static int build_scheduler(run *r, const em_config_node *sc) {
-    static const char *const skip[] = {"class", "interval", NULL};
+    static const char *const skip[] = {"class", "interval", "warmup_epochs", NULL};
     const char *cls = NULL, *interval = NULL;
+    int64_t warmup = 0;
+    const em_config_node *wnode = NULL;
     if (sc) {
         if (em_config_node_kind(sc) != EM_CONFIG_MAP)
-            return cfg_error(sc, "expected a map: class, interval (step|epoch) and options%s", "");
+            return cfg_error(sc, "expected a map: class, interval (step|epoch), warmup_epochs "
+                             "and options%s", "");
         const em_config_node *c = em_config_node_get(sc, "class");
         const em_config_node *iv = em_config_node_get(sc, "interval");
         cls = c ? em_config_node_text(c) : NULL;
@@ -569,12 +640,19 @@ static int build_scheduler(run *r, const em_config_node *sc) {
             if (!interval || (strcmp(interval, "step") && strcmp(interval, "epoch")))
                 return cfg_error(iv, "interval: expected 'step' or 'epoch'%s", "");
         }
-        if (!cls && !cli_scheduler) return cfg_error(sc, "'class' is required%s", "");
+        if ((wnode = em_config_node_get(sc, "warmup_epochs"))) {
+            int rc = cfg_int(wnode, 0, &warmup);
+            if (rc) return rc;
+        }
+        if (!cls && !cli_scheduler && !wnode)
+            return cfg_error(sc, "'class' is required (or warmup_epochs alone: a warm-up, then "
+                             "a constant lr)%s", "");
     }
     if (cli_scheduler) cls = cli_scheduler;
-    if (!cls) return 0;
-    const em_sched_class *k = em_sched_class_find(cls);
-    if (!k) {
+    if (cli_warmup >= 0) warmup = cli_warmup;
+    if (!cls && !warmup) return 0;
+    const em_sched_class *k = cls ? em_sched_class_find(cls) : NULL;
+    if (cls && !k) {
         char names[512] = "";
         size_t used = 0;
         for (size_t i = 0; i < em_sched_class_count() && used < sizeof names; i++)
@@ -584,19 +662,55 @@ static int build_scheduler(run *r, const em_config_node *sc) {
         located_error(sc, "scheduler");
         return EXIT_USAGE;
     }
+    if (warmup && k && (!strcmp(k->name, "SequentialLR") || !strcmp(k->name, "OneCycleLR") ||
+                        !strcmp(k->name, "ReduceLROnPlateau"))) {
+        fprintf(stderr, "ember-train: %s%sa warm-up (--warmup-epochs / warmup_epochs) does not "
+                "combine with %s: %s\n", sc ? em_config_node_where(sc) : "", sc ? ": " : "",
+                k->name,
+                !strcmp(k->name, "SequentialLR") ? "make the warm-up its first sub-scheduler"
+                : !strcmp(k->name, "OneCycleLR") ? "it warms up itself (pct_start)"
+                : "it steps on a metric, which SequentialLR does not pass on (as in PyTorch)");
+        return EXIT_USAGE;
+    }
     em_options *o = em_options_new();
     if (sc && em_config_to_options(sc, skip, o) != EM_OK) {
         em_options_free(o);
         report_error(NULL);
         return EXIT_USAGE;
     }
-    r->sched = em_scheduler_new(cls, r->opt, o);
+    bool per_step = !strcmp(interval ? interval : (k && k->interval ? k->interval : "epoch"), "step");
+    if (warmup && k) {
+        /* Create the configured scheduler once on its own, so that a bad option is reported at
+         * its place in the config; then give the optimizer its lrs back. */
+        int ng = em_optimizer_group_count(r->opt);
+        double *lrs = calloc((size_t)ng, sizeof *lrs);
+        for (int g = 0; lrs && g < ng; g++) lrs[g] = em_optimizer_lr(r->opt, g);
+        em_scheduler *probe = lrs ? em_scheduler_new(cls, r->opt, o) : NULL;
+        for (int g = 0; lrs && g < ng; g++) em_optimizer_set_lr(r->opt, g, lrs[g]);
+        free(lrs);
+        if (!probe) {
+            em_options_free(o);
+            located_error(sc, "scheduler");
+            return EXIT_USAGE;
+        }
+        em_scheduler_free(probe);
+    }
+    if (warmup) {
+        int64_t W = per_step ? warmup * steps_per_epoch(r) : warmup;
+        r->sched = warmup_scheduler(r, k, o, W);
+        if (r->sched)
+            fprintf(stderr, "ember-train: linear lr warm-up over %lld epoch%s%s, then %s\n",
+                    (long long)warmup, warmup == 1 ? "" : "s",
+                    per_step ? " (per step)" : "", k ? k->name : "a constant lr");
+    } else {
+        r->sched = em_scheduler_new(cls, r->opt, o);
+    }
     em_options_free(o);
     if (!r->sched) {
         located_error(sc, "scheduler");
         return EXIT_USAGE;
     }
-    r->sched_per_step = !strcmp(interval ? interval : (k->interval ? k->interval : "epoch"), "step");
+    r->sched_per_step = per_step;
     return 0;
 }
 
@@ -611,6 +725,18 @@ static const char *last_leaf_class(em_module *m) {
 
 static int check_fit(run *r) {
     const em_dataset_info *in = r->info;
+    /* the warnings first: they also explain a loss that does not fit */
+    const char *last = last_leaf_class(r->model);
+    if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
+        !strcmp(r->loss_class, "CrossEntropyLoss"))
+        fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
+                "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
+                "NLLLoss after LogSoftmax)\n", last, last);
+    if (in->num_classes > 0 && in->target_ndim == 0 &&
+        (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
+         !strcmp(r->loss_class, "SmoothL1Loss")))
+        fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
+                "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
     int64_t shape[EM_MAX_DIMS + 1] = {2};
     for (int i = 0; i < in->input_ndim; i++) shape[i + 1] = in->input_shape[i];
     int rc = 0;
@@ -656,19 +782,7 @@ static int check_fit(run *r) {
     em_module_train(r->model, true);
     em_grad_mode_pop();
     em_scope_end();
-    if (rc) return rc;
-    const char *last = last_leaf_class(r->model);
-    if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
-        !strcmp(r->loss_class, "CrossEntropyLoss"))
-        fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
-                "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
-                "NLLLoss after LogSoftmax)\n", last, last);
-    if (in->num_classes > 0 && in->target_ndim == 0 &&
-        (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
-         !strcmp(r->loss_class, "SmoothL1Loss")))
-        fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
-                "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
-    return 0;
+    return rc;
 }
 
 /* ---- --list-plugins ----------------------------------------------------------------------- */
@@ -744,7 +858,7 @@ int main(int argc, char **argv) {
            O_WD, O_SCHED, O_ACCUM, O_CLIP, O_SEED, O_DETERM, O_WORKERS, O_NOSHUF, O_INIT,
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
-           O_VERSION };
+           O_VERSION, O_WARMUP, O_EARLY };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -760,10 +874,10 @@ int main(int argc, char **argv) {
         {"summary", 0, 0, O_SUMMARY}, {"memory-summary", 0, 0, O_MEMSUM},
         {"profile", 0, 0, O_PROFILE}, {"anomaly", 0, 0, O_ANOMALY}, {"dry-run", 0, 0, O_DRY},
         {"list-plugins", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {"version", 0, 0, O_VERSION},
-        {0, 0, 0, 0}};
+        {"warmup-epochs", 1, 0, O_WARMUP}, {"early-stop", 1, 0, O_EARLY}, {0, 0, 0, 0}};
     /* -1: not given on the command line (the config or the default decides). */
     int64_t c_epochs = -1, c_max = -1, c_batch = -1, c_accum = -1, c_workers = -1, c_limit = -1,
-            c_overfit = -1, c_seed = -1, c_keep = -1;
+            c_overfit = -1, c_seed = -1, c_keep = -1, c_early = -1;
     double c_clip = -1;
     bool c_determ = false, c_noshuf = false, list = false;
     run r;
@@ -776,6 +890,8 @@ int main(int argc, char **argv) {
     r.best_metric = NAN;
     r.best_epoch = -1;
     r.stop = &stop_flag;
+    r.s.argc = argc;
+    r.s.argv = argv;
     opterr = 0;
     int ch;
     while ((ch = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
@@ -805,6 +921,8 @@ int main(int argc, char **argv) {
         case O_SAVE: r.s.save_weights = optarg; break;
         case O_CKPT: r.s.checkpoint = optarg; break;
         case O_KEEP: ok = parse_i64(optarg, 1, 1000000, &c_keep); break;
+        case O_WARMUP: ok = parse_i64(optarg, 0, INT32_MAX, &cli_warmup); break;
+        case O_EARLY: ok = parse_i64(optarg, 0, INT64_MAX, &c_early); break;
         case O_RESUME: r.s.resume = optarg; break;
         case O_METRICS: r.s.metrics = optarg; break;
         case O_EVAL: r.s.eval_only = true; break;
@@ -870,6 +988,7 @@ int main(int argc, char **argv) {
     if (c_overfit >= 0) r.s.overfit_batches = c_overfit;
     if (c_seed >= 0) r.s.seed = (uint64_t)c_seed;
     if (c_keep >= 0) r.s.keep = c_keep;
+    if (c_early >= 0) r.s.early_stop = c_early;
     if (c_clip > 0) r.s.clip_grad_norm = c_clip;
     if (c_determ) r.s.deterministic = true;
     if (c_noshuf) r.s.shuffle = false;
@@ -897,6 +1016,12 @@ int main(int argc, char **argv) {
         goto done;
     }
     if ((rc = read_data(&r, em_config_node_get(root, "data")))) goto done;
+    if (r.s.early_stop && !r.val && !r.s.overfit_batches) {
+        fprintf(stderr, "ember-train: --early-stop needs a validation set: add data.validation "
+                "(a fraction, a count, or a map of dataset options) to %s\n", r.s.config_path);
+        rc = EXIT_USAGE;
+        goto done;
+    }
     if (em_module_to_device(r.model, r.dev) != EM_OK) {
         report_error("model to device");
         rc = EXIT_TRAIN;
@@ -970,6 +1095,7 @@ int main(int argc, char **argv) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C stops at once */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     rc = train_loop(&r);

@@ -293,15 +293,60 @@ static void nan_hint(const run *r, double loss) {
             PRId64 "): training stopped.\n  Try a lower learning rate (--lr), gradient clipping "
             "(--clip-grad-norm 1.0), and --anomaly to name the op that first makes a NaN/Inf.\n",
             isnan(loss) ? "NaN" : "infinite", r->epoch + 1, r->step, r->batch);
+    if (r->s.anomaly && !strncmp(em_last_error(), "anomaly:", 8))
+        fprintf(stderr, "  %s\n", em_last_error());
+}
+
+/* One argument for a POSIX shell: as it is when it is plain, else in single quotes. */
+static void put_shell_word(FILE *f, const char *w) {
+    if (*w && strspn(w, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:=@%+,-")
+                  == strlen(w)) {
+        fputs(w, f);
+        return;
+    }
+    fputc('\'', f);
+    for (; *w; w++) {
+        if (*w == '\'') fputs("'\\''", f);
+        else fputc(*w, f);
+    }
+    fputc('\'', f);
+}
+
+/* The command line as it was, without --resume, then --resume CHECKPOINT. */
+static void put_resume_command(FILE *f, const run *r) {
+    for (int i = 0; i < r->s.argc; i++) {
+        const char *a = r->s.argv[i];
+        if (i > 0 && !strcmp(a, "--resume")) {
+            i++;
+            continue;
+        }
+        if (i > 0 && !strncmp(a, "--resume=", 9)) continue;
+        if (i > 0) fputc(' ', f);
+        const char *libs = i == 0 ? strstr(a, "/.libs/") : NULL;
+        if (libs && !strchr(libs + 7, '/')) {
+            /* uninstalled: the libtool wrapper one directory up, which finds libember */
+            char w[4096];
+            const char *base = libs + 7;
+            if (!strncmp(base, "lt-", 3)) base += 3;
+            snprintf(w, sizeof w, "%.*s/%s", (int)(libs - a), a, base);
+            put_shell_word(f, w);
+            continue;
+        }
+        put_shell_word(f, a);
+    }
+    fputs(" --resume ", f);
+    put_shell_word(f, r->s.checkpoint);
+    fputc('\n', f);
 }
 
 static void interrupted_message(const run *r, const char *ckpt) {
-    fprintf(stderr, "ember-train: interrupted by %s after step %" PRId64 ".\n",
-            *r->stop == SIGTERM ? "SIGTERM" : "SIGINT", r->step);
-    if (ckpt)
-        fprintf(stderr, "  checkpoint saved to %s; resume with:\n    ember-train %s --resume %s "
-                "(and the same options)\n", ckpt, r->s.config_path, r->s.checkpoint);
-    else
+    fprintf(stderr, "ember-train: interrupted by %s after step %" PRId64 " (epoch %" PRId64
+            ", batch %" PRId64 ").\n", *r->stop == SIGTERM ? "SIGTERM" : "SIGINT", r->step,
+            r->epoch + 1, r->batch);
+    if (ckpt) {
+        fprintf(stderr, "  checkpoint saved to %s; resume with:\n    ", ckpt);
+        put_resume_command(stderr, r);
+    } else
         fprintf(stderr, "  no --checkpoint was given, so nothing was saved; next time add "
                 "--checkpoint PATH to be able to resume\n");
 }
@@ -393,6 +438,12 @@ int train_loop(run *r) {
     if (r->epoch > 0 || r->batch > 0)
         em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch});
     bool loader_aligned = true;
+    /* --early-stop: the epochs since the best one are r->epoch - r->best_epoch, so a resumed run
+     * needs no state of its own; a checkpoint of a run that already stopped early stays stopped */
+    bool stopped_early = false;
+    if (r->s.early_stop && val && r->best_epoch >= 0 && r->batch == 0 &&
+        r->epoch - 1 - r->best_epoch >= r->s.early_stop)
+        stopped_early = stop_run = true;
     em_module_train(r->model, true);
     for (; r->epoch < r->s.epochs && !stop_run; r->epoch++) {
         if (!loader_aligned) em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch});
@@ -573,8 +624,19 @@ int train_loop(run *r) {
             r->epoch = e;
         }
         if (!epoch_done) break;
+        if (r->s.early_stop && val && r->epoch + 1 < r->s.epochs &&
+            r->epoch - r->best_epoch >= r->s.early_stop) {
+            stopped_early = true;
+            r->epoch++; /* the epochs done, for the summary */
+            break;
+        }
     }
     double wall = now_s() - t_start;
+    if (stopped_early)
+        fprintf(stderr, "ember-train: stopped early after epoch %" PRId64 ": the validation %s "
+                "has not improved for %" PRId64 " epoch%s (--early-stop %" PRId64 ")\n", r->epoch,
+                mn, r->epoch - 1 - r->best_epoch, r->epoch - 1 - r->best_epoch == 1 ? "" : "s",
+                r->s.early_stop);
     if (rc == EXIT_OK && r->test) {
         eval_result et;
         if (evaluate(r, r->test, NULL, 0, NULL, &et) != EM_OK) {
@@ -595,7 +657,8 @@ int train_loop(run *r) {
         em_dict_free(sd);
     }
     if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) {
-        fprintf(stderr, "ember-train: %" PRId64 " steps in %.1fs", r->step, wall);
+        fprintf(stderr, "ember-train: %" PRId64 " steps in %.1fs%s", r->step, wall,
+                stopped_early ? " (stopped early)" : "");
         if (r->best_epoch >= 0)
             fprintf(stderr, "; best epoch %" PRId64 " with validation %s %.4f%s", r->best_epoch + 1,
                     mn, classification(r) ? 100 * r->best_metric : r->best_metric,

@@ -30,11 +30,14 @@ typedef struct settings {
     bool device_given;
     int64_t epochs, max_steps, batch_size, accum_steps, workers, limit_batches, overfit_batches;
     int64_t keep;
+    int64_t early_stop;            /* epochs without a better validation metric; 0: off */
     uint64_t seed;
     double clip_grad_norm;
     bool deterministic, shuffle;
     const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
     bool init_nonstrict, eval_only, summary, memory_summary, profile, anomaly, dry_run;
+    int argc;                      /* the command line, for the resume command on a signal */
+    char **argv;
 } settings;
 
 typedef struct run {
