@@ -230,7 +230,8 @@ Test(bf16, max_pool2d_exact) {
         bool ceil;
     } cs[] = {
         {{2, 3, 28, 28}, 2, 2, 0, 1, false}, /* the AVX-512 2x2 path */
-        {{1, 2, 9, 70}, 2, 2, 0, 1, true},
+        {{1, 2, 9, 70}, 2, 2, 0, 1, true},  /* masked chunks, a last row cut by ceil_mode */
+        {{2, 1, 5, 33}, 2, 2, 0, 1, true},  /* a last column cut by ceil_mode */
         {{2, 2, 11, 13}, 3, 2, 1, 1, false}, /* overlapping windows, padding */
         {{1, 3, 10, 9}, 3, 1, 1, 2, true},
     };

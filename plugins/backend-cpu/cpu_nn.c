@@ -10,9 +10,10 @@
  * the plugin registers (em_init) leaves the loops alone, so tests can compare both paths.
  *
  * bf16: max_pool2d and its backward are ours (oneDNN's max pooling lacks PyTorch's indices),
- * computed per plane in f32 — the input plane widened to f32, pooled by the f32 code (the
- * AVX-512 2x2 path included), the maxima narrowed back exactly (each is an input value);
- * the backward accumulates a plane in f32 and rounds each element once. Every other bf16 op
+ * compared in f32: the 2x2 / stride 2 case by the AVX-512 kernel with bf16 loads widened in
+ * registers, others by widening the plane to f32 for the f32 loop; the maxima are stored
+ * exactly (each is an input value). The backward accumulates a plane in f32 and rounds each
+ * element once (AVX-512 rounding, same bits as em_f32_to_bf16). Every other bf16 op
  * has only the oneDNN kernel: where it declines, the dispatcher finds no bf16 kernel and the
  * core reruns the op in f32 (core/ops_nn.c).
  */
@@ -121,19 +122,24 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
     const em_kernel_ctx *k = c->k;
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     int64_t HW = p.H * p.W, P = p.OH * p.OW;
+    if (is_pool2x2(&p) && cpu_nn_has_avx512bw()) {
+        for (int64_t pl = lo; pl < hi; pl++)
+            cpu_nn_max_pool2x2_bf16((const uint16_t *)k->in[0].data + pl * HW, p.H, p.W,
+                                    (uint16_t *)k->out[0].data + pl * P,
+                                    (int64_t *)k->out[1].data + pl * P, p.OH, p.OW);
+        return;
+    }
     float *x = em_host_alloc(sizeof(float) * (size_t)(HW + P), 64), *y = x + HW;
     if (!x) {
         atomic_store(&c->bad, 1);
         return;
     }
-    bool two = is_pool2x2(&p);
     for (int64_t pl = lo; pl < hi; pl++) {
         const uint16_t *xb = (const uint16_t *)k->in[0].data + pl * HW;
         uint16_t *yb = (uint16_t *)k->out[0].data + pl * P;
         int64_t *idx = (int64_t *)k->out[1].data + pl * P;
         for (int64_t i = 0; i < HW; i++) x[i] = cpu_b2f(xb[i]);
-        if (two) cpu_nn_max_pool2x2_f32(x, p.H, p.W, y, idx, p.OH, p.OW);
-        else max_pool_rows_f32(&p, x, y, idx, 0, p.OH);
+        max_pool_rows_f32(&p, x, y, idx, 0, p.OH);
         for (int64_t i = 0; i < P; i++) yb[i] = xb[idx[i]]; /* the winner's own bits (NaN too) */
     }
     em_host_free(x);
@@ -177,7 +183,7 @@ static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
         const uint16_t *gy = (const uint16_t *)c->k->in[0].data + pl * c->P;
         const int64_t *idx = (const int64_t *)c->k->in[1].data + pl * c->P;
         uint16_t *gx = (uint16_t *)c->k->out[0].data + pl * c->HW;
-        for (int64_t i = 0; i < c->HW; i++) acc[i] = 0;
+        memset(acc, 0, sizeof(float) * (size_t)c->HW);
         for (int64_t i = 0; i < c->P; i++) {
             if (idx[i] < 0 || idx[i] >= c->HW) {
                 atomic_store(&c->bad, 1);
@@ -185,7 +191,9 @@ static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
             }
             acc[idx[i]] += cpu_b2f(gy[i]);
         }
-        for (int64_t i = 0; i < c->HW; i++) gx[i] = cpu_f2b(acc[i]);
+        if (cpu_nn_has_avx512()) cpu_nn_f32_to_bf16(acc, gx, c->HW);
+        else
+            for (int64_t i = 0; i < c->HW; i++) gx[i] = cpu_f2b(acc[i]);
     }
     em_host_free(acc);
 }
