@@ -345,6 +345,11 @@ void em__kernel_info(const em_kernel *k, em_kernel_info *out) {
     out->name = k->def.name;
 }
 
+bool em__op_has_kernel(const em_op *op, int device_type, em_dtype dt) {
+    return op && device_type >= 0 && device_type < EM_MAX_DEVICE_TYPES && em_dtype_is_valid(dt) &&
+           op->top[device_type][dt] != NULL;
+}
+
 /* ---- running ----------------------------------------------------------------------------------- */
 
 bool em__check_inputs(const char *op, const em_tensor *const *in, int n) {

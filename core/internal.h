@@ -167,6 +167,10 @@ void em__placement_count_copy(em_device dst, em_device src, size_t nbytes);
 void em__kernel_info(const em_kernel *k, em_kernel_info *out);
 /* PyTorch's result_type over the inputs (0-dim tensors only raise the category). */
 em_dtype em__result_type(const em_tensor *const *in, int n);
+/* Whether any kernel of op is registered for (device type, dtype); a kernel's supports() may
+ * still decline a call, which em_op_call_out then reports as EM_ERR_NOKERNEL before it runs
+ * or records anything. No lock, no error set: a read of the stack's top, as dispatch does. */
+bool em__op_has_kernel(const em_op *op, int device_type, em_dtype dt);
 
 /* ---- standard ops (ops.c) ----------------------------------------------------------------- */
 

@@ -3,16 +3,29 @@
  * layer_norm, softmax, log_softmax and their backward helpers: schemas, shape/dtype inference,
  * derivatives (through the backward helpers) and the typed public functions of ember/ops.h.
  *
- * The public functions make every input contiguous and convert f16/bf16 to f32 (the ops
- * compute in f32 and round the main result back once; saved statistics stay f32), so the
- * kernels see dense row-major (NCHW) f32 or f64 tensors of one dtype. Optional inputs
- * (bias, weight, running statistics) are passed as 0-element tensors of the compute dtype
- * when absent ("none"): the dispatcher requires non-NULL inputs and one op per function is
- * simpler than a variant per combination.
+ * The public functions make every input contiguous, so the kernels see dense row-major
+ * (NCHW) tensors. f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
+ * when the device's backend registers a kernel of the op for that dtype and the kernel
+ * accepts the call; otherwise — no kernel for the dtype, or every kernel's supports()
+ * declined (the dispatcher reports that as EM_ERR_NOKERNEL before it runs or records
+ * anything, and the call is then retried) — the inputs are converted to f32, the op computes
+ * in f32 and the main result is rounded back once. One mechanism, so a backend without
+ * reduced-precision kernels keeps working unchanged. On the CPU, bf16 runs natively (oneDNN
+ * for conv2d, average pooling, the norms and softmax, accumulating in f32; our own loop for
+ * max_pool2d) except on operands oneDNN declines (empty ones, average-pooling divisors it
+ * lacks), which take the f32 path; f16 always takes the f32 path (oneDNN 2.6 has no f16
+ * primitives on CPUs without AVX512-FP16). The norms' per-channel and per-row tensors
+ * (weight, bias, running and saved statistics, and the grads of weight and bias) are in the
+ * statistics dtype S: f64 for f64 inputs, f32 for every other dtype — oneDNN's interface,
+ * PyTorch's mixed-precision practice, and the statistics keep their precision; the public
+ * functions convert a caller's weight and running statistics to S and the grads back.
+ * Optional inputs (bias, weight, running statistics) are passed as 0-element tensors of the
+ * kernel dtype (S for the norms) when absent ("none"): the dispatcher requires non-NULL
+ * inputs and one op per function is simpler than a variant per combination.
  *
  * Kernel contracts (every input contiguous and of the output's floating dtype unless stated;
- * every attribute present — the infer functions reject missing ones; INTS attrs hold 2 values
- * (H, W)):
+ * S as above; every attribute present — the infer functions reject missing ones; INTS attrs
+ * hold 2 values (H, W)):
  *   conv2d(x (N,C,H,W), w (O,C/g,kH,kW), b (O) or (0)) -> y (N,O,OH,OW)
  *       attrs: stride, padding, dilation (ints), groups (int). OH = (H + 2pH - dH(kH-1) - 1)
  *       / sH + 1. Zero padding, cross-correlation (PyTorch's conv2d).
@@ -32,18 +45,19 @@
  *       [floor(o*s/n), ceil((o+1)*s/n)).
  *   adaptive_avg_pool2d_backward(gy) -> gx   attrs: input_size.
  *   batch_norm(x (N,C,*), w (C)|(0), b (C)|(0), running_mean (C)|(0), running_var (C)|(0))
- *       -> y (N,C,*), save_mean (C), save_invstd (C)
+ *       -> y (N,C,*), save_mean (C), save_invstd (C)     w, b, running and saved stats in S.
  *       attrs: training (bool), momentum, eps (floats). Training: batch statistics (biased
  *       variance for y), running stats (when given) updated IN PLACE: r = (1-m) r + m s with
  *       the unbiased variance. Eval: running stats used (required); save_mean/save_invstd
  *       are then running_mean and 1/sqrt(running_var + eps).
  *   batch_norm_backward(gy (N,C,*), x, w (C)|(0), save_mean (C), save_invstd (C))
- *       -> gx (N,C,*), gw (C), gb (C)      attrs: training (bool).
- *   layer_norm(x (..., D...), w (D...)|(0), b (D...)|(0)) -> y, mean, rstd
+ *       -> gx (N,C,*), gw (C), gb (C)      attrs: training (bool). w, stats, gw, gb in S.
+ *   layer_norm(x (..., D...), w (D...)|(0), b (D...)|(0)) -> y, mean, rstd   w, b, mean,
+ *       rstd in S.
  *       attrs: normalized_ndim (int k >= 1), eps. mean/rstd have x's shape with 1 on the
  *       last k dims.
  *   layer_norm_backward(gy, x, mean, rstd, w (D...)|(0)) -> gx, gw (D...), gb (D...)
- *       attrs: normalized_ndim.
+ *       attrs: normalized_ndim. mean, rstd, w, gw, gb in S.
  *   softmax / log_softmax(x) -> y          attrs: dim (int, normalised). Max-subtracted.
  *   softmax_backward(gy, y) -> gx          gx = y * (gy - sum(gy * y))      attrs: dim.
  *   log_softmax_backward(gy, y) -> gx      gx = gy - exp(y) * sum(gy)       attrs: dim.
@@ -82,6 +96,22 @@ static em_status check_same_float(const em_op *op, const em_tensor *const *in, i
             return em_set_error(EM_ERR_DTYPE, "%s: input %d has dtype %s; expected %s like "
                                 "input 0 (a floating dtype)", em_op_name(op), i,
                                 em_dtype_name(in[i]->dtype), em_dtype_name(in[0]->dtype));
+    return EM_OK;
+}
+
+/* The dtype the ops compute in when a call is converted, and the norms' statistics dtype S:
+ * f64 for f64, f32 for every other floating dtype. */
+static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
+
+/* in[first..first+n) have the statistics dtype S of in[0]'s (floating) dtype. */
+static em_status check_stats(const em_op *op, const em_tensor *const *in, int first, int n) {
+    em_dtype sd = compute_dtype(in[0]->dtype);
+    for (int i = first; i < first + n; i++)
+        if (in[i]->dtype != sd)
+            return em_set_error(EM_ERR_DTYPE, "%s: input %d (%s) has dtype %s; expected %s, the "
+                                "statistics dtype of a %s input", em_op_name(op), i,
+                                em_op_schema_of(op)->input_names[i], em_dtype_name(in[i]->dtype),
+                                em_dtype_name(sd), em_dtype_name(in[0]->dtype));
     return EM_OK;
 }
 
@@ -382,14 +412,16 @@ static em_status infer_batch_norm(const em_op *op, const em_tensor *const *in, c
     if (st == EM_OK && x->ndim < 2)
         st = em_set_error(EM_ERR_SHAPE, "%s: expected an input of at least 2 dims (N, C, ...), "
                           "got shape %s", em_op_name(op), SHAPE(x, b1));
-    if (st == EM_OK) st = check_same_float(op, in, 5);
+    if (st == EM_OK) st = check_same_float(op, in, 1);
+    if (st == EM_OK) st = check_stats(op, in, 1, 4);
     for (int i = 1; i < 5 && st == EM_OK; i++) st = check_param(op, names[i], in[i], x->shape[1], x);
     if (st == EM_OK && !a[0].v.b && (in[3]->numel != x->shape[1] || in[4]->numel != x->shape[1]))
         st = em_set_error(EM_ERR_INVALID, "%s: evaluation mode (training = false) needs "
                           "running_mean and running_var", em_op_name(op));
     if (st != EM_OK) return st;
     meta_like(&out[0], x, x->dtype);
-    out[1] = out[2] = (em_tensor_meta){.dtype = x->dtype, .ndim = 1, .shape = {x->shape[1]}};
+    out[1] = out[2] = (em_tensor_meta){.dtype = compute_dtype(x->dtype), .ndim = 1,
+                                       .shape = {x->shape[1]}};
     return EM_OK;
 }
 
@@ -402,7 +434,8 @@ static em_status infer_batch_norm_bwd(const em_op *op, const em_tensor *const *i
                         memcmp(gy->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0))
         st = em_set_error(EM_ERR_SHAPE, "%s: grad_output %s and input %s must have the same "
                           "shape of at least 2 dims", em_op_name(op), SHAPE(gy, b1), SHAPE(x, b2));
-    if (st == EM_OK) st = check_same_float(op, in, 5);
+    if (st == EM_OK) st = check_same_float(op, in, 2);
+    if (st == EM_OK) st = check_stats(op, in, 2, 3);
     if (st == EM_OK) st = check_param(op, "weight", in[2], x->shape[1], x);
     if (st == EM_OK && (in[3]->numel != x->shape[1] || in[4]->numel != x->shape[1] ||
                         in[3]->ndim != 1 || in[4]->ndim != 1))
@@ -411,7 +444,8 @@ static em_status infer_batch_norm_bwd(const em_op *op, const em_tensor *const *i
                           (long long)x->shape[1]);
     if (st != EM_OK) return st;
     meta_like(&out[0], x, x->dtype);
-    out[1] = out[2] = (em_tensor_meta){.dtype = x->dtype, .ndim = 1, .shape = {x->shape[1]}};
+    out[1] = out[2] = (em_tensor_meta){.dtype = compute_dtype(x->dtype), .ndim = 1,
+                                       .shape = {x->shape[1]}};
     return EM_OK;
 }
 
@@ -438,12 +472,13 @@ static em_status infer_layer_norm(const em_op *op, const em_tensor *const *in, c
     if (k < 1 || k > x->ndim)
         return em_set_error(EM_ERR_SHAPE, "%s: normalized_ndim %d is out of range for input %s",
                             em_op_name(op), k, SHAPE(x, b1));
-    st = check_same_float(op, in, 3);
+    st = check_same_float(op, in, 1);
+    if (st == EM_OK) st = check_stats(op, in, 1, 2);
     if (st == EM_OK) st = check_ln_param(op, "weight", in[1], k, x);
     if (st == EM_OK) st = check_ln_param(op, "bias", in[2], k, x);
     if (st != EM_OK) return st;
     meta_like(&out[0], x, x->dtype);
-    meta_like(&out[1], x, x->dtype);
+    meta_like(&out[1], x, compute_dtype(x->dtype));
     for (int d = x->ndim - k; d < x->ndim; d++) out[1].shape[d] = 1;
     out[2] = out[1];
     return EM_OK;
@@ -461,7 +496,8 @@ static em_status infer_layer_norm_bwd(const em_op *op, const em_tensor *const *i
         return em_set_error(EM_ERR_SHAPE, "%s: grad_output %s and input %s must have the same "
                             "shape with at least normalized_ndim %d dims", em_op_name(op),
                             SHAPE(gy, b1), SHAPE(x, b2), k);
-    st = check_same_float(op, in, 5);
+    st = check_same_float(op, in, 2);
+    if (st == EM_OK) st = check_stats(op, in, 2, 3);
     int64_t rows = em__numel(x->ndim - k, x->shape);
     if (st == EM_OK && (in[2]->numel != rows || in[3]->numel != rows))
         st = em_set_error(EM_ERR_SHAPE, "%s: mean %s and rstd %s must have %lld elements",
@@ -469,7 +505,7 @@ static em_status infer_layer_norm_bwd(const em_op *op, const em_tensor *const *i
     if (st == EM_OK) st = check_ln_param(op, "weight", in[4], k, x);
     if (st != EM_OK) return st;
     meta_like(&out[0], x, x->dtype);
-    out[1] = (em_tensor_meta){.dtype = x->dtype, .ndim = k};
+    out[1] = (em_tensor_meta){.dtype = compute_dtype(x->dtype), .ndim = k};
     memcpy(out[1].shape, x->shape + x->ndim - k, sizeof(int64_t) * (size_t)k);
     out[2] = out[1];
     return EM_OK;
@@ -512,8 +548,9 @@ static em_status declare(em_registry *core, const em_op **out, const char *name,
 
 /* ---- derivatives ------------------------------------------------------------------------------
  * Written with the public backward functions below (they make the grad contiguous and of the
- * compute dtype); run with grad mode off inside a scope of their own. The ops' inputs are the
- * prepared (contiguous, f32/f64) tensors, so grads have their shapes and dtypes. Optional
+ * kernel dtype); run with grad mode off inside a scope of their own. The ops' inputs are the
+ * prepared (contiguous, kernel- or statistics-dtype) tensors, so grads have their shapes and
+ * dtypes: a bf16 op that ran natively is differentiated by bf16 backward calls. Optional
  * inputs passed as 0-element "none" tensors get no grad. The auxiliary outputs (max_pool2d's
  * indices, the saved statistics of the norms) carry no gradient: indices are integers, and
  * a gradient flowing into a statistic is refused rather than dropped. */
@@ -688,9 +725,6 @@ em_status em__ops_declare_nn(em_registry *core) {
 
 /* ---- public functions: argument preparation --------------------------------------------------- */
 
-/* f16 and bf16 compute in f32. */
-static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
-
 static bool check_float(const char *who, const char *name, const em_tensor *t) {
     if (em_dtype_is_floating(t->dtype)) return true;
     em_set_error(EM_ERR_DTYPE, "%s: expected a floating %s, got %s", who, name,
@@ -724,6 +758,35 @@ static em_status run(const em_op *op, em_tensor **in, int n, const em_attr *attr
     if (st == EM_OK) st = em__op_call(op, (const em_tensor *const *)in, n, attrs, out);
     for (int i = 0; i < n; i++) em_tensor_release(in[i]);
     return st;
+}
+
+/* How call() prepares an input: in the kernel dtype (activations, their grads, conv weights),
+ * in the statistics dtype S (the norms' per-channel and per-row tensors), or as it is
+ * (max_pool2d's indices). */
+enum { AS_X = 'x', AS_S = 's', AS_IS = 'i' };
+
+/* Runs op on the caller's inputs t[0..n) (NULL: an absent optional input, passed as "none"),
+ * each prepared as roles[i] says; n_out results into res (owned). dt is the call's dtype
+ * (input 0's, usually): an f16/bf16 call first runs in dt when the device's backend
+ * registers a kernel of op for dt; when there is none, or its supports() declined the call
+ * (the dispatcher then says EM_ERR_NOKERNEL having run and recorded nothing), it runs in f32.
+ * Results are in the kernel dtype; the caller rounds them back (finish). */
+static em_status call(const em_op *op, em_dtype dt, const em_tensor *const *t, const char *roles,
+                      int n, const em_attr *attrs, em_tensor **res) {
+    em_device dev = t[0]->storage->device;
+    em_dtype cd = compute_dtype(dt);
+    bool native = dt != cd && em__op_has_kernel(op, dev.type, dt);
+    for (;;) {
+        em_dtype kd = native ? dt : cd;
+        em_tensor *in[8];
+        for (int i = 0; i < n; i++)
+            in[i] = prep(t[i], roles[i] == AS_X ? kd : roles[i] == AS_S || !t[i] ? cd : t[i]->dtype,
+                         dev);
+        em_status st = run(op, in, n, attrs, res);
+        if (st != EM_ERR_NOKERNEL || !native) return st;
+        em_clear_error();
+        native = false;
+    }
 }
 
 static em_attr ints2(const int64_t *v, int64_t def) {
@@ -761,12 +824,11 @@ em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight, const em_t
                      bias ? em_dtype_name(bias->dtype) : "none");
         return NULL;
     }
-    em_dtype cd = compute_dtype(input->dtype);
-    em_device dev = input->storage->device;
     em_attr a[4] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups)};
-    em_tensor *in[3] = {prep(input, cd, dev), prep(weight, cd, dev), prep(bias, cd, dev)};
     em_tensor *y = NULL;
-    if (run(op_conv2d, in, 3, a, &y) != EM_OK) return NULL;
+    if (call(op_conv2d, input->dtype, (const em_tensor *[]){input, weight, bias}, "xxx", 3, a,
+             &y) != EM_OK)
+        return NULL;
     return em__scope_track(finish(y, input->dtype));
 }
 
@@ -783,13 +845,12 @@ em_tensor *em_conv2d_backward_data(const em_tensor *grad_output, const em_tensor
         em_set_error(EM_ERR_INVALID, "conv2d_backward_data: input_size is required");
         return NULL;
     }
-    em_dtype cd = compute_dtype(grad_output->dtype);
-    em_device dev = grad_output->storage->device;
     em_attr a[5] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups),
                     ints2(input_size, 0)};
-    em_tensor *in[2] = {prep(grad_output, cd, dev), prep(weight, cd, dev)};
     em_tensor *gx = NULL;
-    if (run(op_conv2d_bwd_data, in, 2, a, &gx) != EM_OK) return NULL;
+    if (call(op_conv2d_bwd_data, grad_output->dtype, (const em_tensor *[]){grad_output, weight},
+             "xx", 2, a, &gx) != EM_OK)
+        return NULL;
     return em__scope_track(finish(gx, grad_output->dtype));
 }
 
@@ -805,13 +866,11 @@ em_status em_conv2d_backward_weight(const em_tensor *input, const em_tensor *gra
         return em_last_status();
     if (!kernel_size)
         return em_set_error(EM_ERR_INVALID, "conv2d_backward_weight: kernel_size is required");
-    em_dtype cd = compute_dtype(input->dtype);
-    em_device dev = input->storage->device;
     em_attr a[5] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups),
                     ints2(kernel_size, 0)};
-    em_tensor *in[2] = {prep(input, cd, dev), prep(grad_output, cd, dev)};
     em_tensor *res[2] = {NULL, NULL};
-    em_status st = run(op_conv2d_bwd_weight, in, 2, a, res);
+    em_status st = call(op_conv2d_bwd_weight, input->dtype,
+                        (const em_tensor *[]){input, grad_output}, "xx", 2, a, res);
     for (int i = 0; i < 2 && st == EM_OK; i++)
         if (!(res[i] = finish(res[i], input->dtype))) st = em_last_status();
     return deliver(st, 2, res, (em_tensor **const[]){grad_weight, grad_bias});
@@ -828,9 +887,8 @@ em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size[2],
     if (!kernel_size) return em_set_error(EM_ERR_INVALID, "max_pool2d: kernel_size is required");
     em_attr a[5] = {ints2(kernel_size, 1), ints2(stride ? stride : kernel_size, 1),
                     ints2(padding, 0), ints2(dilation, 1), abool(ceil_mode)};
-    em_tensor *in[1] = {prep(input, compute_dtype(input->dtype), input->storage->device)};
     em_tensor *res[2] = {NULL, NULL};
-    em_status st = run(op_max_pool2d, in, 1, a, res);
+    em_status st = call(op_max_pool2d, input->dtype, &input, "x", 1, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
     return deliver(st, 2, res, (em_tensor **const[]){out, indices});
 }
@@ -844,12 +902,9 @@ em_tensor *em_max_pool2d_backward(const em_tensor *grad_output, const em_tensor 
         em_set_error(EM_ERR_INVALID, "max_pool2d_backward: input_size is required");
         return NULL;
     }
-    em_device dev = grad_output->storage->device;
     em_attr a[1] = {ints2(input_size, 0)};
-    em_tensor *in[2] = {prep(grad_output, compute_dtype(grad_output->dtype), dev),
-                        prep(indices, indices->dtype, dev)};
     em_tensor *gx = NULL;
-    if (run(op_max_pool2d_bwd, in, 2, a, &gx) != EM_OK) return NULL;
+    if (call(op_max_pool2d_bwd, grad_output->dtype, chk, "xi", 2, a, &gx) != EM_OK) return NULL;
     return em__scope_track(finish(gx, grad_output->dtype));
 }
 
@@ -867,9 +922,8 @@ static em_tensor *avg_pool_call(const em_op *op, const char *who, const em_tenso
     em_attr a[6] = {ints2(kernel_size, 1), ints2(stride ? stride : kernel_size, 1),
                     ints2(padding, 0), abool(ceil_mode), abool(count_include_pad),
                     ints2(input_size, 0)};
-    em_tensor *in[1] = {prep(t, compute_dtype(t->dtype), t->storage->device)};
     em_tensor *y = NULL;
-    if (run(op, in, 1, a, &y) != EM_OK) return NULL;
+    if (call(op, t->dtype, &t, "x", 1, a, &y) != EM_OK) return NULL;
     return em__scope_track(finish(y, t->dtype));
 }
 
@@ -897,9 +951,8 @@ static em_tensor *adaptive_call(const em_op *op, const char *who, const em_tenso
         return NULL;
     }
     em_attr a[1] = {ints2(size, 0)};
-    em_tensor *in[1] = {prep(t, compute_dtype(t->dtype), t->storage->device)};
     em_tensor *y = NULL;
-    if (run(op, in, 1, a, &y) != EM_OK) return NULL;
+    if (call(op, t->dtype, &t, "x", 1, a, &y) != EM_OK) return NULL;
     return em__scope_track(finish(y, t->dtype));
 }
 
@@ -938,15 +991,16 @@ em_status em_batch_norm(const em_tensor *input, const em_tensor *weight, const e
     }
     em_dtype cd = compute_dtype(input->dtype);
     em_device dev = input->storage->device;
-    em_tensor *in[5] = {prep(input, cd, dev), prep(weight, cd, dev), prep(bias, cd, dev),
-                        prep(running_mean, cd, dev), prep(running_var, cd, dev)};
-    /* The running stats the kernel updates: the caller's own when usable as they are,
-     * otherwise copies written back afterwards. */
-    em_tensor *rs[2] = {in[3], in[4]}, *user[2] = {running_mean, running_var};
-    for (int i = 0; i < 2; i++) em_tensor_retain(rs[i]);
+    /* The running stats the kernel updates: the caller's own when usable as they are (S,
+     * contiguous), otherwise copies written back afterwards. */
+    em_tensor *rs[2] = {prep(running_mean, cd, dev), prep(running_var, cd, dev)},
+              *user[2] = {running_mean, running_var};
     em_attr a[3] = {abool(training), afloat(momentum), afloat(eps)};
     em_tensor *res[3] = {NULL, NULL, NULL};
-    em_status st = run(op_batch_norm, in, 5, a, res);
+    em_status st = !rs[0] || !rs[1] ? em_last_status()
+                                    : call(op_batch_norm, input->dtype,
+                                           (const em_tensor *[]){input, weight, bias, rs[0], rs[1]},
+                                           "xssss", 5, a, res);
     for (int i = 0; i < 2; i++) {
         if (st == EM_OK && training && user[i]) {
             if (rs[i] != user[i]) st = em_copy_(user[i], rs[i]);
@@ -968,16 +1022,14 @@ em_status em_batch_norm_backward(const em_tensor *grad_output, const em_tensor *
     for (int i = 0; i < 4; i++)
         if (!check_float("batch_norm_backward", "tensor", chk[i])) return em_last_status();
     if (weight && !check_float("batch_norm_backward", "weight", weight)) return em_last_status();
-    em_dtype cd = compute_dtype(input->dtype);
-    em_device dev = input->storage->device;
-    em_tensor *in[5] = {prep(grad_output, cd, dev), prep(input, cd, dev), prep(weight, cd, dev),
-                        prep(save_mean, cd, dev), prep(save_invstd, cd, dev)};
     em_attr a[1] = {abool(training)};
     em_tensor *res[3] = {NULL, NULL, NULL};
-    em_status st = run(op_batch_norm_bwd, in, 5, a, res);
+    em_status st = call(op_batch_norm_bwd, input->dtype,
+                        (const em_tensor *[]){grad_output, input, weight, save_mean, save_invstd},
+                        "xxsss", 5, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
     for (int i = 1; i < 3 && st == EM_OK; i++)
-        if (!(res[i] = finish(res[i], weight ? weight->dtype : input->dtype))) st = em_last_status();
+        if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype)))) st = em_last_status();
     return deliver(st, 3, res, (em_tensor **const[]){grad_input, grad_weight, grad_bias});
 }
 
@@ -1003,12 +1055,10 @@ em_status em_layer_norm(const em_tensor *input, int normalized_ndim,
         return em_last_status();
     if (ln_shape("layer_norm", input, normalized_ndim, normalized_shape) != EM_OK)
         return em_last_status();
-    em_dtype cd = compute_dtype(input->dtype);
-    em_device dev = input->storage->device;
-    em_tensor *in[3] = {prep(input, cd, dev), prep(weight, cd, dev), prep(bias, cd, dev)};
     em_attr a[2] = {aint(normalized_ndim), afloat(eps)};
     em_tensor *res[3] = {NULL, NULL, NULL};
-    em_status st = run(op_layer_norm, in, 3, a, res);
+    em_status st = call(op_layer_norm, input->dtype, (const em_tensor *[]){input, weight, bias},
+                        "xss", 3, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
     return deliver(st, 3, res, (em_tensor **const[]){out, mean, rstd});
 }
@@ -1023,16 +1073,14 @@ em_status em_layer_norm_backward(const em_tensor *grad_output, const em_tensor *
     for (int i = 0; i < 4; i++)
         if (!check_float("layer_norm_backward", "tensor", chk[i])) return em_last_status();
     if (weight && !check_float("layer_norm_backward", "weight", weight)) return em_last_status();
-    em_dtype cd = compute_dtype(input->dtype);
-    em_device dev = input->storage->device;
-    em_tensor *in[5] = {prep(grad_output, cd, dev), prep(input, cd, dev), prep(mean, cd, dev),
-                        prep(rstd, cd, dev), prep(weight, cd, dev)};
     em_attr a[1] = {aint(normalized_ndim)};
     em_tensor *res[3] = {NULL, NULL, NULL};
-    em_status st = run(op_layer_norm_bwd, in, 5, a, res);
+    em_status st = call(op_layer_norm_bwd, input->dtype,
+                        (const em_tensor *[]){grad_output, input, mean, rstd, weight}, "xxsss",
+                        5, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
     for (int i = 1; i < 3 && st == EM_OK; i++)
-        if (!(res[i] = finish(res[i], weight ? weight->dtype : input->dtype))) st = em_last_status();
+        if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype)))) st = em_last_status();
     return deliver(st, 3, res, (em_tensor **const[]){grad_input, grad_weight, grad_bias});
 }
 
@@ -1047,12 +1095,9 @@ static em_tensor *softmax_call(const em_op *op, const em_tensor *gy, const em_te
         if (!check_float(who, i ? "output" : "input", chk[i])) return NULL;
     int d = em__wrap_dim(dim, gy->ndim ? gy->ndim : 1, who);
     if (d < 0) return NULL;
-    em_dtype cd = compute_dtype(gy->dtype);
-    em_device dev = gy->storage->device;
-    em_tensor *in[2] = {prep(gy, cd, dev), y ? prep(y, cd, dev) : NULL};
     em_attr a[1] = {aint(d)};
     em_tensor *r = NULL;
-    if (run(op, in, n, a, &r) != EM_OK) return NULL;
+    if (call(op, gy->dtype, chk, "xx", n, a, &r) != EM_OK) return NULL;
     return em__scope_track(finish(r, gy->dtype));
 }
 

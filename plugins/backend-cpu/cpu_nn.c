@@ -4,10 +4,18 @@
  *
  * Two layers: plain loops for f32 and f64 (cpu_nn_loops.h, instantiated here per type; conv
  * is im2col + OpenBLAS GEMM; max_pool2d's f32 2x2 / stride 2 case has an AVX-512 path in
- * cpu_nn_simd.c), registered at priority 0; and oneDNN primitives for f32 (cpu_nn_dnnl.c)
- * at priority 10, which decline (supports()) what oneDNN cannot do exactly as PyTorch,
- * falling through to the loops. EMBER_CPU_DISABLE_DNNL=1 in the environment when
+ * cpu_nn_simd.c), registered at priority 0; and oneDNN primitives for f32 and bf16
+ * (cpu_nn_dnnl.c) at priority 10, which decline (supports()) what oneDNN cannot do exactly as
+ * PyTorch, falling through to the loops. EMBER_CPU_DISABLE_DNNL=1 in the environment when
  * the plugin registers (em_init) leaves the loops alone, so tests can compare both paths.
+ *
+ * bf16: max_pool2d and its backward are ours (oneDNN's max pooling lacks PyTorch's indices),
+ * compared in f32: the 2x2 / stride 2 case by the AVX-512 kernel with bf16 loads widened in
+ * registers, others by widening the plane to f32 for the f32 loop; the maxima are stored
+ * exactly (each is an input value). The backward accumulates a plane in f32 and rounds each
+ * element once (AVX-512 rounding, same bits as em_f32_to_bf16). Every other bf16 op
+ * has only the oneDNN kernel: where it declines, the dispatcher finds no bf16 kernel and the
+ * core reruns the op in f32 (core/ops_nn.c).
  */
 #include <cblas.h>
 #include <math.h>
@@ -76,7 +84,6 @@ static em_status nn_check_dense(const em_kernel_ctx *k) {
 NN_KERNEL(conv2d_gemm)
 NN_KERNEL(conv2d_bwd_data_gemm)
 NN_KERNEL(conv2d_bwd_weight_gemm)
-NN_KERNEL(max_pool2d_bwd)
 NN_KERNEL(avg_pool2d)
 NN_KERNEL(avg_pool2d_bwd)
 NN_KERNEL(adaptive_avg_pool2d)
@@ -97,17 +104,118 @@ static void max_pool2x2_planes(void *ctx, int64_t lo, int64_t hi) {
                                (int64_t *)k->out[1].data + pl * p.OH * p.OW, p.OH, p.OW);
 }
 
+static bool is_pool2x2(const nn_pool *p) {
+    return p->kh == 2 && p->kw == 2 && p->sh == 2 && p->sw == 2 && p->ph == 0 && p->pw == 0 &&
+           p->dh == 1 && p->dw == 1 && cpu_nn_has_avx512();
+}
+
+/* bf16 max_pool2d over planes [lo, hi): each plane widened to f32 and pooled by the f32 code;
+ * the maxima are input values, so narrowing them back is exact. A failed allocation marks
+ * the call (bad). */
+typedef struct bf16_pool_ctx {
+    const em_kernel_ctx *k;
+    atomic_int bad;
+} bf16_pool_ctx;
+
+static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
+    bf16_pool_ctx *c = ctx;
+    const em_kernel_ctx *k = c->k;
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
+    int64_t HW = p.H * p.W, P = p.OH * p.OW;
+    if (is_pool2x2(&p) && cpu_nn_has_avx512bw()) {
+        for (int64_t pl = lo; pl < hi; pl++)
+            cpu_nn_max_pool2x2_bf16((const uint16_t *)k->in[0].data + pl * HW, p.H, p.W,
+                                    (uint16_t *)k->out[0].data + pl * P,
+                                    (int64_t *)k->out[1].data + pl * P, p.OH, p.OW);
+        return;
+    }
+    float *x = em_host_alloc(sizeof(float) * (size_t)(HW + P), 64), *y = x + HW;
+    if (!x) {
+        atomic_store(&c->bad, 1);
+        return;
+    }
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const uint16_t *xb = (const uint16_t *)k->in[0].data + pl * HW;
+        uint16_t *yb = (uint16_t *)k->out[0].data + pl * P;
+        int64_t *idx = (int64_t *)k->out[1].data + pl * P;
+        for (int64_t i = 0; i < HW; i++) x[i] = cpu_b2f(xb[i]);
+        max_pool_rows_f32(&p, x, y, idx, 0, p.OH);
+        for (int64_t i = 0; i < P; i++) yb[i] = xb[idx[i]]; /* the winner's own bits (NaN too) */
+    }
+    em_host_free(x);
+}
+
 static em_status k_max_pool2d(const em_kernel_ctx *k) {
     em_status st = nn_check_dense(k);
     if (st != EM_OK) return st;
     if (k->out[0].dtype == EM_F64) return max_pool2d_f64(k);
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
-    if (p.kh == 2 && p.kw == 2 && p.sh == 2 && p.sw == 2 && p.ph == 0 && p.pw == 0 &&
-        p.dh == 1 && p.dw == 1 && cpu_nn_has_avx512()) {
+    if (k->out[0].dtype == EM_BF16) {
+        bf16_pool_ctx c = {.k = k};
+        atomic_init(&c.bad, 0);
+        nn_parallel(p.N * p.C, p.H * p.W + p.OH * p.OW * p.kh * p.kw, max_pool_bf16_planes, &c);
+        return atomic_load(&c.bad) ? em_set_error(EM_ERR_NOMEM, "max_pool2d: out of memory for "
+                                                  "an f32 plane") : EM_OK;
+    }
+    if (is_pool2x2(&p)) {
         nn_parallel(p.N * p.C, p.OH * p.OW * 4, max_pool2x2_planes, (void *)k);
         return EM_OK;
     }
     return max_pool2d_f32(k);
+}
+
+/* bf16 max_pool2d_backward: each plane of gx accumulated in f32 (windows may overlap) and
+ * rounded once. bad: 1 for an index outside the plane, 2 for a failed allocation. */
+typedef struct bf16_scatter_ctx {
+    const em_kernel_ctx *k;
+    int64_t HW, P;
+    atomic_int bad;
+} bf16_scatter_ctx;
+
+static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
+    bf16_scatter_ctx *c = ctx;
+    float *acc = em_host_alloc(sizeof(float) * (size_t)(c->HW > 0 ? c->HW : 1), 64);
+    if (!acc) {
+        atomic_store(&c->bad, 2);
+        return;
+    }
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const uint16_t *gy = (const uint16_t *)c->k->in[0].data + pl * c->P;
+        const int64_t *idx = (const int64_t *)c->k->in[1].data + pl * c->P;
+        uint16_t *gx = (uint16_t *)c->k->out[0].data + pl * c->HW;
+        memset(acc, 0, sizeof(float) * (size_t)c->HW);
+        for (int64_t i = 0; i < c->P; i++) {
+            if (idx[i] < 0 || idx[i] >= c->HW) {
+                atomic_store(&c->bad, 1);
+                continue;
+            }
+            acc[idx[i]] += cpu_b2f(gy[i]);
+        }
+        if (cpu_nn_has_avx512()) cpu_nn_f32_to_bf16(acc, gx, c->HW);
+        else
+            for (int64_t i = 0; i < c->HW; i++) gx[i] = cpu_f2b(acc[i]);
+    }
+    em_host_free(acc);
+}
+
+static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
+    em_status st = nn_check_dense(k);
+    if (st != EM_OK) return st;
+    if (k->out[0].dtype == EM_F64) return max_pool2d_bwd_f64(k);
+    if (k->out[0].dtype == EM_F32) return max_pool2d_bwd_f32(k);
+    const em_ktensor *gx = &k->out[0], *gy = &k->in[0];
+    bf16_scatter_ctx c = {.k = k, .HW = gx->shape[2] * gx->shape[3],
+                          .P = gy->shape[2] * gy->shape[3]};
+    atomic_init(&c.bad, 0);
+    nn_parallel(gx->shape[0] * gx->shape[1], c.HW + c.P, max_pool_bwd_bf16_planes, &c);
+    int bad = atomic_load(&c.bad);
+    if (bad == 2)
+        return em_set_error(EM_ERR_NOMEM, "max_pool2d_backward: out of memory for an f32 plane");
+    if (bad)
+        return em_set_error(EM_ERR_RANGE, "max_pool2d_backward: an index is outside the input "
+                            "plane of %lld x %lld", (long long)gx->shape[2],
+                            (long long)gx->shape[3]);
+    return EM_OK;
 }
 
 /* ---- registration ------------------------------------------------------------------------------ */
@@ -140,6 +248,13 @@ em_status cpu_register_nn(em_registry *r) {
     em_status st = EM_OK;
     for (size_t i = 0; i < sizeof loops / sizeof loops[0] && st == EM_OK; i++)
         st = cpu_register_kernels(r, loops[i].op, dts, 2, loops[i].fn, loops[i].name);
+    /* bf16 max pooling: ours (the other bf16 nn kernels are oneDNN's). */
+    static const em_dtype bf16[] = {EM_BF16};
+    if (st == EM_OK)
+        st = cpu_register_kernels(r, "max_pool2d", bf16, 1, k_max_pool2d, "cpu_max_pool2d");
+    if (st == EM_OK)
+        st = cpu_register_kernels(r, "max_pool2d_backward", bf16, 1, k_max_pool2d_bwd,
+                                  "cpu_max_pool2d_backward");
     const char *off = getenv("EMBER_CPU_DISABLE_DNNL");
     if (st == EM_OK && !(off && strcmp(off, "1") == 0)) st = cpu_nn_dnnl_register(r);
     return st;

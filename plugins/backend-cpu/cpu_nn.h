@@ -83,6 +83,12 @@ bool cpu_nn_has_avx512(void);
  * dilation 1 (OH, OW as ceil_mode or not made them). */
 void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
                             int64_t OH, int64_t OW);
+/* The same for a bf16 plane (maxima stored exactly); call only when cpu_nn_has_avx512bw(). */
+bool cpu_nn_has_avx512bw(void);
+void cpu_nn_max_pool2x2_bf16(const uint16_t *x, int64_t H, int64_t W, uint16_t *y,
+                             int64_t *idx, int64_t OH, int64_t OW);
+/* y[i] = x[i] rounded to bf16 as cpu_f2b does, for n elements (AVX-512F). */
+void cpu_nn_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
 
 /* The oneDNN kernels of the nn family (cpu_nn_dnnl.c), registered above the loops. */
 em_status cpu_nn_dnnl_register(em_registry *r);

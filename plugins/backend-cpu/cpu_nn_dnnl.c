@@ -1,5 +1,5 @@
 /*
- * cpu_nn_dnnl.c — the f32 kernels of the nn family through oneDNN primitives: conv2d (forward,
+ * cpu_nn_dnnl.c — the f32 and bf16 kernels of the nn family through oneDNN primitives: conv2d (forward,
  * backward data, backward weight), avg_pool2d and adaptive_avg_pool2d (forward, backward;
  * the adaptive op when its windows are a plain pooling), batch_norm and layer_norm (forward,
  * backward), softmax and log_softmax (forward, backward). Registered at priority 10 above the
@@ -8,6 +8,15 @@
  * oneDNN refuses), and the loops run instead. max_pool2d stays on the loops: oneDNN's
  * workspace holds a window offset per output, not PyTorch's i64 plane index, and its max
  * does not let NaN win as PyTorch's does.
+ *
+ * bf16 (registered for EM_BF16 with the same functions): activations, conv weights and bias,
+ * and their grads are bf16; the norms' scale, shift and statistics are f32 (oneDNN's
+ * interface; core/ops_nn.c makes them so). oneDNN accumulates in f32 and rounds each result
+ * once (jit_bf16 convolutions on AVX512_BF16, f32 reduction buffers for backward weights). A
+ * bf16 primitive for which oneDNN only has a reference implementation (a CPU without
+ * AVX-512) is declined: the core then computes in f32, which is faster there. f16 is not
+ * registered: oneDNN 2.6 has no f16 convolution, pooling, normalisation or softmax on CPUs
+ * without AVX512-FP16 (it refuses the descriptors), so f16 takes the core's f32 path.
  *
  * The primitive cache maps a key (kind, every size, stride, padding, flag and epsilon of the
  * call) to an entry: the primitive, for each argument the layout the kernel passes (plain
@@ -26,6 +35,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,9 +67,10 @@ enum {
     DN_LOG_SOFTMAX_BWD,
 };
 
-/* The identity of a primitive: its kind and DN_KEY_N numbers (zero-filled), compared bytewise. */
+/* The identity of a primitive: its kind, the activations' data type (dnnl_f32 or dnnl_bf16)
+ * and DN_KEY_N numbers (zero-filled), compared bytewise. */
 typedef struct dn_key {
-    int64_t kind;
+    int64_t kind, dt;
     int64_t v[DN_KEY_N];
 } dn_key;
 
@@ -100,12 +111,13 @@ static size_t dn_buf_total; /* bytes of buffers held by cached states */
 
 /* ---- building ---------------------------------------------------------------------------------- */
 
-static dnnl_status_t md_plain(dnnl_memory_desc_t *md, int nd, const int64_t *dims) {
+static dnnl_status_t md_plain(dnnl_memory_desc_t *md, int nd, const int64_t *dims,
+                              dnnl_data_type_t dt) {
     static const dnnl_format_tag_t tags[] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc,
                                              dnnl_abcd, dnnl_abcde};
     dnnl_dims_t d;
     for (int i = 0; i < nd; i++) d[i] = dims[i];
-    return dnnl_memory_desc_init_by_tag(md, nd, d, dnnl_f32, tags[nd]);
+    return dnnl_memory_desc_init_by_tag(md, nd, d, dt, tags[nd]);
 }
 
 /* Appends an argument whose primitive layout is queried from pd (what) and user layout is
@@ -124,6 +136,11 @@ static void arg_add(dn_prim *p, int arg, bool out, const dnnl_memory_desc_t *use
 static dnnl_status_t finish(dn_prim *p, const_dnnl_primitive_desc_t pd) {
     dnnl_status_t s = dnnl_success;
     size_t off = 0;
+    const char *impl = NULL;
+    if (p->key.dt == dnnl_bf16 &&
+        (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+         !impl || strncmp(impl, "ref", 3) == 0))
+        return dnnl_unimplemented; /* bf16 by reference loops: the f32 path is faster */
     for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
         dn_arg *a = &p->a[i];
         if (dnnl_memory_desc_equal(&a->user, &a->prim)) continue;
@@ -170,29 +187,31 @@ static dnnl_status_t build_conv(dn_prim *p) {
     const int64_t *v = p->key.v;
     int64_t N = v[0], C = v[1], H = v[2], W = v[3], O = v[4], kh = v[5], kw = v[6], OH = v[7],
             OW = v[8], g = v[15];
+    dnnl_data_type_t dt = (dnnl_data_type_t)p->key.dt;
     bool bias = v[16] || p->key.kind == DN_CONV_BWD_WEIGHT;
     dnnl_memory_desc_t src, dst, w, b, asrc, adst, aw;
     dnnl_dims_t sd = {N, C, H, W}, dd = {N, O, OH, OW}, bd = {O};
     dnnl_dims_t wd5 = {g, O / g, C / g, kh, kw}, wd4 = {O, C, kh, kw};
     dnnl_dims_t strides = {v[9], v[10]}, pl = {v[11], v[12]}, dil = {v[13] - 1, v[14] - 1};
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32, dnnl_nchw);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_nchw);
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, dnnl_nchw);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, dnnl_nchw);
     if (s == dnnl_success)
-        s = g > 1 ? dnnl_memory_desc_init_by_tag(&w, 5, wd5, dnnl_f32, dnnl_goihw)
-                  : dnnl_memory_desc_init_by_tag(&w, 4, wd4, dnnl_f32, dnnl_oihw);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x);
+        s = g > 1 ? dnnl_memory_desc_init_by_tag(&w, 5, wd5, dt, dnnl_goihw)
+                  : dnnl_memory_desc_init_by_tag(&w, 4, wd4, dt, dnnl_oihw);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dt, dnnl_x);
     /* Backward data into fewer than 16 channels per group: the blocked diff_src would be
-     * mostly padding; oneDNN's gemm kernel on plain layouts was 8x faster here (C = 1). */
+     * mostly padding; oneDNN's gemm kernel on plain layouts was 8x faster here (C = 1), and
+     * in bf16 3.7x (0.64 vs 2.4 ms CPU, bench/nn's conv1). */
     dnnl_format_tag_t any = p->key.kind == DN_CONV_BWD_DATA && C / g < 16 ? dnnl_format_tag_undef
                                                                          : dnnl_format_tag_any;
     if (any == dnnl_format_tag_undef) {
         asrc = src, adst = dst, aw = w;
     } else {
-        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dnnl_f32, any);
-        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&adst, 4, dd, dnnl_f32, any);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dt, any);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&adst, 4, dd, dt, any);
         if (s == dnnl_success)
-            s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dnnl_f32, any)
-                      : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dnnl_f32, any);
+            s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dt, any)
+                      : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dt, any);
     }
     if (s != dnnl_success) return s;
     dnnl_convolution_desc_t fd, bdsc;
@@ -244,8 +263,9 @@ static dnnl_status_t build_avg(dn_prim *p) {
     const int64_t *v = p->key.v;
     bool fwd = p->key.kind == DN_AVG_FWD || p->key.kind == DN_ADAPTIVE_FWD;
     dnnl_memory_desc_t x, y;
-    dnnl_status_t s = md_plain(&x, 4, (int64_t[]){v[0], v[1], v[2], v[3]});
-    if (s == dnnl_success) s = md_plain(&y, 4, (int64_t[]){v[0], v[1], v[4], v[5]});
+    dnnl_data_type_t dt = (dnnl_data_type_t)p->key.dt;
+    dnnl_status_t s = md_plain(&x, 4, (int64_t[]){v[0], v[1], v[2], v[3]}, dt);
+    if (s == dnnl_success) s = md_plain(&y, 4, (int64_t[]){v[0], v[1], v[4], v[5]}, dt);
     if (s != dnnl_success) return s;
     dnnl_dims_t k = {v[6], v[7]}, st = {v[8], v[9]}, pl = {v[10], v[11]}, pr = {v[12], v[13]},
                 dil = {0, 0};
@@ -284,8 +304,8 @@ static dnnl_status_t build_bn(dn_prim *p) {
     eps = (float)e;
     bool training = v[5];
     dnnl_memory_desc_t x, c;
-    dnnl_status_t s = md_plain(&x, 4, (int64_t[]){v[0], v[1], v[2], 1});
-    if (s == dnnl_success) s = md_plain(&c, 1, (int64_t[]){v[1]});
+    dnnl_status_t s = md_plain(&x, 4, (int64_t[]){v[0], v[1], v[2], 1}, (dnnl_data_type_t)p->key.dt);
+    if (s == dnnl_success) s = md_plain(&c, 1, (int64_t[]){v[1]}, dnnl_f32);
     if (s != dnnl_success) return s;
     dnnl_batch_normalization_desc_t fd, bd;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
@@ -333,9 +353,9 @@ static dnnl_status_t build_ln(dn_prim *p) {
     memcpy(&e, &v[3], sizeof e);
     float eps = (float)e;
     dnnl_memory_desc_t x, st, d;
-    dnnl_status_t s = md_plain(&x, 2, (int64_t[]){v[0], v[1]});
-    if (s == dnnl_success) s = md_plain(&st, 1, (int64_t[]){v[0]});
-    if (s == dnnl_success) s = md_plain(&d, 1, (int64_t[]){v[1]});
+    dnnl_status_t s = md_plain(&x, 2, (int64_t[]){v[0], v[1]}, (dnnl_data_type_t)p->key.dt);
+    if (s == dnnl_success) s = md_plain(&st, 1, (int64_t[]){v[0]}, dnnl_f32);
+    if (s == dnnl_success) s = md_plain(&d, 1, (int64_t[]){v[1]}, dnnl_f32);
     if (s != dnnl_success) return s;
     dnnl_layer_normalization_desc_t fd, bd;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
@@ -380,7 +400,7 @@ static dnnl_status_t build_softmax(dn_prim *p) {
     dnnl_alg_kind_t alg = kind == DN_LOG_SOFTMAX || kind == DN_LOG_SOFTMAX_BWD ? dnnl_softmax_log
                                                                               : dnnl_softmax_accurate;
     dnnl_memory_desc_t x;
-    dnnl_status_t s = md_plain(&x, 3, (int64_t[]){v[0], v[1], v[2]});
+    dnnl_status_t s = md_plain(&x, 3, (int64_t[]){v[0], v[1], v[2]}, (dnnl_data_type_t)p->key.dt);
     if (s != dnnl_success) return s;
     dnnl_softmax_v2_desc_t fd, bd;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
@@ -571,13 +591,31 @@ static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
 
 /* ---- keys -------------------------------------------------------------------------------------- */
 
-/* Every operand f32 (max_pool's i64 indices aside) and contiguous; the first input and the
- * first output not empty (oneDNN has no zero-size primitives; the loops handle those). */
-static bool operands_ok(const em_kernel_ctx *k) {
+/* The operands (inputs, then outputs: bit i for operand i) that are f32 whatever the
+ * activations' dtype: the norms' scale, shift and statistics (the contracts in
+ * core/ops_nn.c). */
+static unsigned stat_operands(int kind) {
+    switch (kind) {
+    case DN_BN_FWD: return 0xDE;  /* in w, b, running mean, var (1-4); out save_mean, invstd (6, 7) */
+    case DN_LN_FWD: return 0x36;  /* in w, b (1, 2); out mean, rstd (4, 5) */
+    case DN_BN_BWD:               /* in w, save_mean, save_invstd (2-4); out gw, gb (6, 7) */
+    case DN_LN_BWD: return 0xDC;  /* in mean, rstd, w (2-4); out gw, gb (6, 7) */
+    default: return 0;
+    }
+}
+
+/* The activations f32 or bf16 (input 0's dtype, into *dt), the statistics f32, every
+ * operand contiguous; the first input and the first output not empty (oneDNN has no
+ * zero-size primitives; the loops, or the core's f32 path, handle those). */
+static bool operands_ok(const em_kernel_ctx *k, int kind, dnnl_data_type_t *dt) {
+    em_dtype x = k->in[0].dtype;
+    if (x != EM_F32 && x != EM_BF16) return false;
+    unsigned stats = stat_operands(kind);
     for (int i = 0; i < k->n_in + k->n_out; i++) {
         const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
-        if (t->dtype != EM_F32 || !t->contiguous) return false;
+        if (t->dtype != ((stats >> i) & 1 ? EM_F32 : x) || !t->contiguous) return false;
     }
+    *dt = x == EM_BF16 ? dnnl_bf16 : dnnl_f32;
     return k->in[0].numel > 0 && k->out[0].numel > 0;
 }
 
@@ -585,9 +623,11 @@ static void put_double(int64_t *slot, double d) { memcpy(slot, &d, sizeof d); }
 
 /* The key of a call; false when oneDNN should not be asked. */
 static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
-    if (!operands_ok(k)) return false;
+    dnnl_data_type_t dt;
+    if (!operands_ok(k, kind, &dt)) return false;
     memset(key, 0, sizeof *key);
     key->kind = kind;
+    key->dt = dt;
     int64_t *v = key->v;
     switch (kind) {
     case DN_CONV_FWD:
@@ -825,35 +865,39 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
         int kind;
         em_kernel_supports_fn supports;
     } ks[] = {
-        {"conv2d", "cpu_conv2d_dnnl_f32", DN_CONV_FWD, supports_CONV_FWD},
-        {"conv2d_backward_data", "cpu_conv2d_backward_data_dnnl_f32",
+        {"conv2d", "cpu_conv2d", DN_CONV_FWD, supports_CONV_FWD},
+        {"conv2d_backward_data", "cpu_conv2d_backward_data",
          DN_CONV_BWD_DATA, supports_CONV_BWD_DATA},
-        {"conv2d_backward_weight", "cpu_conv2d_backward_weight_dnnl_f32",
+        {"conv2d_backward_weight", "cpu_conv2d_backward_weight",
          DN_CONV_BWD_WEIGHT, supports_CONV_BWD_WEIGHT},
-        {"avg_pool2d", "cpu_avg_pool2d_dnnl_f32", DN_AVG_FWD, supports_AVG_FWD},
-        {"avg_pool2d_backward", "cpu_avg_pool2d_backward_dnnl_f32", DN_AVG_BWD, supports_AVG_BWD},
-        {"adaptive_avg_pool2d", "cpu_adaptive_avg_pool2d_dnnl_f32",
+        {"avg_pool2d", "cpu_avg_pool2d", DN_AVG_FWD, supports_AVG_FWD},
+        {"avg_pool2d_backward", "cpu_avg_pool2d_backward", DN_AVG_BWD, supports_AVG_BWD},
+        {"adaptive_avg_pool2d", "cpu_adaptive_avg_pool2d",
          DN_ADAPTIVE_FWD, supports_ADAPTIVE_FWD},
-        {"adaptive_avg_pool2d_backward", "cpu_adaptive_avg_pool2d_backward_dnnl_f32",
+        {"adaptive_avg_pool2d_backward", "cpu_adaptive_avg_pool2d_backward",
          DN_ADAPTIVE_BWD, supports_ADAPTIVE_BWD},
-        {"batch_norm", "cpu_batch_norm_dnnl_f32", DN_BN_FWD, supports_BN_FWD},
-        {"batch_norm_backward", "cpu_batch_norm_backward_dnnl_f32", DN_BN_BWD, supports_BN_BWD},
-        {"layer_norm", "cpu_layer_norm_dnnl_f32", DN_LN_FWD, supports_LN_FWD},
-        {"layer_norm_backward", "cpu_layer_norm_backward_dnnl_f32", DN_LN_BWD, supports_LN_BWD},
-        {"softmax", "cpu_softmax_dnnl_f32", DN_SOFTMAX, supports_SOFTMAX},
-        {"log_softmax", "cpu_log_softmax_dnnl_f32", DN_LOG_SOFTMAX, supports_LOG_SOFTMAX},
-        {"softmax_backward", "cpu_softmax_backward_dnnl_f32", DN_SOFTMAX_BWD, supports_SOFTMAX_BWD},
-        {"log_softmax_backward", "cpu_log_softmax_backward_dnnl_f32",
+        {"batch_norm", "cpu_batch_norm", DN_BN_FWD, supports_BN_FWD},
+        {"batch_norm_backward", "cpu_batch_norm_backward", DN_BN_BWD, supports_BN_BWD},
+        {"layer_norm", "cpu_layer_norm", DN_LN_FWD, supports_LN_FWD},
+        {"layer_norm_backward", "cpu_layer_norm_backward", DN_LN_BWD, supports_LN_BWD},
+        {"softmax", "cpu_softmax", DN_SOFTMAX, supports_SOFTMAX},
+        {"log_softmax", "cpu_log_softmax", DN_LOG_SOFTMAX, supports_LOG_SOFTMAX},
+        {"softmax_backward", "cpu_softmax_backward", DN_SOFTMAX_BWD, supports_SOFTMAX_BWD},
+        {"log_softmax_backward", "cpu_log_softmax_backward",
          DN_LOG_SOFTMAX_BWD, supports_LOG_SOFTMAX_BWD},
     };
-    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
-        em_kernel_def def = {.struct_size = sizeof def, .op = ks[i].op, .device_type = "cpu",
-                             .dtype = EM_F32, .priority = 10, .fn = k_dnnl,
-                             .supports = ks[i].supports, .name = ks[i].name,
-                             .user = (void *)(intptr_t)ks[i].kind};
-        em_status st = em_kernel_register(r, &def, NULL);
-        if (st != EM_OK) return st;
-    }
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        for (int b = 0; b < 2; b++) {
+            /* "cpu_<op>_dnnl_f32" and "cpu_<op>_dnnl_bf16" */
+            char name[96];
+            snprintf(name, sizeof name, "%s_dnnl_%s", ks[i].name, b ? "bf16" : "f32");
+            em_kernel_def def = {.struct_size = sizeof def, .op = ks[i].op, .device_type = "cpu",
+                                 .dtype = b ? EM_BF16 : EM_F32, .priority = 10, .fn = k_dnnl,
+                                 .supports = ks[i].supports, .name = name,
+                                 .user = (void *)(intptr_t)ks[i].kind};
+            em_status st = em_kernel_register(r, &def, NULL);
+            if (st != EM_OK) return st;
+        }
     return EM_OK;
 }
 

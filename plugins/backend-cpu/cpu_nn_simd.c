@@ -9,6 +9,11 @@
  * value replaces the running maximum) and the winner's flat index h * W + w is kept in two
  * vectors of 8 i64; a row's last chunk uses masked loads and stores (CNN planes are 28 or 14
  * wide). Edges (a last column or row cut by ceil_mode) use the same rule in scalar code.
+ *
+ * The bf16 variant is the same kernel with bf16 loads widened to f32 in registers (a shift:
+ * exact, NaN stays NaN) and the maxima stored as their upper halves (exact: each is an input
+ * value); it needs AVX512BW/VL for masked 16-bit loads. cpu_nn_f32_to_bf16 rounds an f32
+ * buffer to bf16 as em_f32_to_bf16 does (nearest even; NaN quieted), 16 at a time.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -24,21 +29,39 @@ bool cpu_nn_has_avx512(void) {
     return has == 1;
 }
 
-/* Output (oh, ow) of the 2x2 pooling of x (H, W), window clipped to the plane. */
-static inline void pool2_scalar(const float *x, int64_t H, int64_t W, int64_t oh, int64_t ow,
-                                float *y, int64_t *idx) {
+bool cpu_nn_has_avx512bw(void) {
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl")
+                  ? 1
+                  : 0;
+    }
+    return has == 1;
+}
+
+/* The index of output (oh, ow) of the 2x2 pooling of x (H, W), window clipped to the plane;
+ * x is f32, or bf16 when bf. */
+static inline int64_t pool2_best(const void *x, bool bf, int64_t H, int64_t W, int64_t oh,
+                                 int64_t ow) {
     int64_t hs = 2 * oh, ws = 2 * ow, he = hs + 2 < H ? hs + 2 : H, we = ws + 2 < W ? ws + 2 : W;
     float m = -INFINITY;
     int64_t best = hs * W + ws;
     for (int64_t h = hs; h < he; h++)
         for (int64_t w = ws; w < we; w++) {
-            float v = x[h * W + w];
+            float v = bf ? cpu_b2f(((const uint16_t *)x)[h * W + w]) : ((const float *)x)[h * W + w];
             bool take = (v > m) | (v != v);
             m = take ? v : m;
             best = take ? h * W + w : best;
         }
-    *y = m;
-    *idx = best;
+    return best;
+}
+
+static inline void pool2_scalar(const float *x, int64_t H, int64_t W, int64_t oh, int64_t ow,
+                                float *y, int64_t *idx) {
+    *idx = pool2_best(x, false, H, W, oh, ow);
+    *y = x[*idx];
 }
 
 __attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, int64_t H,
@@ -90,5 +113,82 @@ __attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, i
             ow = owf;
         }
         for (; ow < OW; ow++) pool2_scalar(x, H, W, oh, ow, yr + ow, ir + ow);
+    }
+}
+
+/* 16 bf16 values (masked) widened to f32. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512
+ld_bf16(__mmask16 m, const uint16_t *p) {
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void cpu_nn_max_pool2x2_bf16(
+    const uint16_t *x, int64_t H, int64_t W, uint16_t *y, int64_t *idx, int64_t OH, int64_t OW) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i one = _mm512_set1_epi64(1), wv = _mm512_set1_epi64(W),
+                  w1 = _mm512_set1_epi64(W + 1), sixteen = _mm512_set1_epi64(16);
+    int64_t owf = W / 2 < OW ? W / 2 : OW;
+    for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t h0 = 2 * oh;
+        uint16_t *yr = y + oh * OW;
+        int64_t *ir = idx + oh * OW, ow = 0;
+        if (h0 + 1 < H) {
+            const uint16_t *r0 = x + h0 * W, *r1 = r0 + W;
+            for (; ow < owf; ow += 16) {
+                int64_t n = owf - ow < 16 ? owf - ow : 16;
+                __mmask16 mo = (__mmask16)((1u << n) - 1);
+                __mmask16 m0 = (__mmask16)(n >= 8 ? 0xFFFFu : (1u << 2 * n) - 1);
+                __mmask16 m1 = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1 : 0);
+                const uint16_t *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
+                __m512 a0 = ld_bf16(m0, p0), a1 = ld_bf16(m1, p0 + 16);
+                __m512 b0 = ld_bf16(m0, p1), b1 = ld_bf16(m1, p1 + 16);
+                __m512 cand[3] = {_mm512_permutex2var_ps(a0, odd, a1),
+                                  _mm512_permutex2var_ps(b0, even, b1),
+                                  _mm512_permutex2var_ps(b0, odd, b1)};
+                __m512 m = _mm512_permutex2var_ps(a0, even, a1);
+                __m512i lo = _mm512_add_epi64(_mm512_set1_epi64(h0 * W + 2 * ow), lane2);
+                __m512i hi = _mm512_add_epi64(lo, sixteen);
+                __m512i base_lo = lo, base_hi = hi;
+                const __m512i off[3] = {one, wv, w1};
+                for (int c = 0; c < 3; c++) {
+                    __mmask16 t = _mm512_cmp_ps_mask(cand[c], m, _CMP_GT_OQ) |
+                                  _mm512_cmp_ps_mask(cand[c], cand[c], _CMP_UNORD_Q);
+                    m = _mm512_mask_blend_ps(t, m, cand[c]);
+                    lo = _mm512_mask_blend_epi64((__mmask8)t, lo, _mm512_add_epi64(base_lo, off[c]));
+                    hi = _mm512_mask_blend_epi64((__mmask8)(t >> 8), hi,
+                                                 _mm512_add_epi64(base_hi, off[c]));
+                }
+                _mm512_mask_cvtepi32_storeu_epi16(yr + ow, mo,
+                                                  _mm512_srli_epi32(_mm512_castps_si512(m), 16));
+                _mm512_mask_storeu_epi64(ir + ow, (__mmask8)mo, lo);
+                _mm512_mask_storeu_epi64(ir + ow + 8, (__mmask8)(mo >> 8), hi);
+            }
+            ow = owf;
+        }
+        for (; ow < OW; ow++) {
+            ir[ow] = pool2_best(x, true, H, W, oh, ow);
+            yr[ow] = x[ir[ow]];
+        }
+    }
+}
+
+__attribute__((target("avx512f"))) void cpu_nn_f32_to_bf16(const float *x, uint16_t *y,
+                                                           int64_t n) {
+    const __m512i lsb = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  quiet = _mm512_set1_epi32(0x40);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = (__mmask16)(n - i >= 16 ? 0xFFFFu : (1u << (n - i)) - 1);
+        __m512i v = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i));
+        __m512i hi = _mm512_srli_epi32(v, 16);
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(v, _mm512_add_epi32(half, _mm512_and_si512(hi, lsb))), 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(v, abs), inf);
+        r = _mm512_mask_or_epi32(r, nan, hi, quiet);
+        _mm512_mask_cvtepi32_storeu_epi16(y + i, m, r);
     }
 }

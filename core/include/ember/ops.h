@@ -286,8 +286,13 @@ EM_API em_tensor *em_any(const em_tensor *a, int ndims, const int *dims, bool ke
 
 /* Common rules of the neural-network ops. Tensors are NCHW like PyTorch; inputs may have any
  * strides (they are made contiguous first). Floating dtypes only (EM_ERR_DTYPE otherwise):
- * f32 and f64 compute natively, f16 and bf16 compute in f32 and round the main result back
- * (saved statistics stay f32). The inputs of one call share one dtype. Pair arguments
+ * f32 and f64 compute natively. bf16 runs in bf16 where the backend has a kernel for it (the
+ * CPU: oneDNN, accumulating in f32, and its own max_pool2d; empty inputs and the few shapes
+ * oneDNN lacks fall back to f32); otherwise, and always for f16, the op computes in f32 and
+ * rounds the main result back once. The norms compute their per-channel tensors in f32 for
+ * f16/bf16 inputs: saved statistics (and grad_weight, grad_bias when weight is NULL) are f32;
+ * weight, bias and running statistics may have any floating dtype and are updated in f32 and
+ * stored back in their own. The other inputs of one call share one dtype. Pair arguments
  * (stride, padding, ...) are (H, W) arrays; NULL means the default stated. Shape errors
  * (EM_ERR_SHAPE) name the shapes at fault. Multi-output functions return EM_OK or an error
  * and store new references into the non-NULL out-pointers (NULL ones are skipped); like every
