@@ -104,8 +104,8 @@ void em_set_anomaly(bool on) { anomaly = on; }
 bool em_anomaly_enabled(void) { return anomaly; }
 /* Inside a backward function the engine checks the gradients it returns (naming the op whose
  * backward failed), so the forward check of the ops it uses is skipped. */
-static _Thread_local int in_backward;
-bool em__anomaly_on(void) { return anomaly && !in_backward; }
+static _Thread_local int in_backward, in_check; /* in_check: first_bad converting */
+bool em__anomaly_on(void) { return anomaly && !in_backward && !in_check; }
 
 void em__autograd_init(void) {
     const char *e = getenv("EMBER_ANOMALY");
@@ -134,15 +134,20 @@ static const char *trace_str(char *buf, size_t cap) {
 }
 
 /* Index of the first NaN/Inf in a floating tensor, or -1. */
-static int64_t first_nonfinite(const em_tensor *t, double *value) {
+/* The first element of t that is NaN (nan_only) or not finite, or -1. */
+static int64_t first_bad(const em_tensor *t, double *value, bool nan_only) {
     if (!em_dtype_is_floating(t->dtype) || t->numel == 0) return -1;
+    /* The conversion is an op itself: it must not be checked (it would fail on the very NaN
+     * being looked for, and the op that made it would go unnamed) nor traced. */
+    in_check++;
     em_tensor *d = em__to_dtype(t, EM_F64);
+    in_check--;
     if (!d) return -1;
     int64_t n = t->numel, found = -1;
     double *v = em__malloc(sizeof(double) * (size_t)n, "anomaly check");
     if (v && em_tensor_to_host(d, v, sizeof(double) * (size_t)n) == EM_OK)
         for (int64_t i = 0; i < n && found < 0; i++)
-            if (!isfinite(v[i])) found = i, *value = v[i];
+            if (nan_only ? isnan(v[i]) : !isfinite(v[i])) found = i, *value = v[i];
     em__free(v);
     em_tensor_release(d);
     return found;
@@ -151,14 +156,16 @@ static int64_t first_nonfinite(const em_tensor *t, double *value) {
 em_status em__anomaly_check_forward(const em_op *op, const em_tensor *const *in, int n_in,
                                     em_tensor *const *out, int n_out) {
     (void)in; /* described by the trace entry em__autograd_pre pushed */
+    /* NaN only: an infinity in the forward pass is often meant (a -inf attention mask, log 0
+     * then masked); its NaN or Inf gradient is caught in backward. */
     for (int j = 0; j < n_out; j++) {
         double v = 0;
-        int64_t at = first_nonfinite(out[j], &v);
+        int64_t at = first_bad(out[j], &v, true);
         if (at < 0) continue;
         char tr[TRACE_LEN * 100], s[160];
-        return em_set_error(EM_ERR_RANGE, "anomaly: %s produced %s at element %lld of output %d "
+        return em_set_error(EM_ERR_RANGE, "anomaly: %s produced NaN at element %lld of output %d "
                             "(shape %s) in the forward pass; inputs: %s; ops leading to it: %s",
-                            em_op_name(op), isnan(v) ? "NaN" : "Inf", (long long)at, j,
+                            em_op_name(op), (long long)at, j,
                             em__shape_str(out[j]->ndim, out[j]->shape, s, sizeof s),
                             n_in ? T.entry[(T.next - 1) % TRACE_LEN] : "none",
                             trace_str(tr, sizeof tr));
@@ -403,7 +410,7 @@ em_status em__autograd_pre(const em_op *op, const em_tensor *const *in, int n_in
                            const em_attr *attrs, em_tensor *const *out, int n_out,
                            em__node **node) {
     *node = NULL;
-    if (anomaly) trace_push(em_op_name(op), in, n_in);
+    if (anomaly && !in_check) trace_push(em_op_name(op), in, n_in);
     if (!em_grad_enabled()) return EM_OK;
     bool any = false, touched = false;
     const em_op_schema *s = em_op_schema_of(op);
@@ -756,7 +763,7 @@ static em_status apply_node(em__node *n, em_tensor **grads) {
                                 em_dtype_name(m->dtype));
         if (anomaly) {
             double v = 0;
-            int64_t at = first_nonfinite(g, &v);
+            int64_t at = first_bad(g, &v, false);
             if (at >= 0)
                 return em_set_error(EM_ERR_RANGE, "anomaly: the backward of '%s' produced %s at "
                                     "element %lld of the gradient of its input %d (shape %s); "

@@ -427,6 +427,16 @@ Test(autograd, anomaly_mode_names_the_op_that_made_the_nan) {
     em_assert_error(EM_ERR_RANGE, "anomaly: log produced NaN at element 1");
     cr_assert(strstr(em_last_error(), "forward") && strstr(em_last_error(), "mul"), "%s",
               em_last_error());
+    /* float32 too (the check converts to f64 through an op, which must not be the one
+     * blamed), and an infinity in the forward pass is no anomaly (a -inf mask). */
+    em_tensor *inf = em_full(1, (int64_t[]){2}, INFINITY, EM_F32, em_cpu());
+    cr_assert_not_null(inf, "%s", em_last_error());
+    em_tensor *mask = em_test_tensor(EM_BOOL, 1, (int64_t[]){2}, (double[]){1, 0});
+    em_tensor *masked = em_masked_fill(em_ones(1, (int64_t[]){2}, EM_F32, em_cpu()), mask,
+                                       -INFINITY);
+    cr_assert_not_null(masked, "%s", em_last_error());
+    cr_assert_null(em_sub(inf, inf));
+    em_assert_error(EM_ERR_RANGE, "anomaly: sub produced NaN at element 0");
     /* Backward: sqrt-free way to a NaN gradient: d/dx log(x) at x = 0 is inf. */
     em_set_anomaly(false);
     em_tensor *l = em_sum(em_mul(em_log(z), em_scalar(0, EM_F64)), 0, NULL, false);

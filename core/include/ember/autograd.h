@@ -131,10 +131,10 @@ EM_API em_status em_tensor_register_hook(em_tensor *t, em_grad_hook_fn fn, void 
 
 /* ---- diagnostics ------------------------------------------------------------------------------ */
 
-/* Anomaly mode (also EMBER_ANOMALY=1 at em_init): every floating output of every op, forward
- * and backward, is checked for NaN/Inf; the error names the first op that produced one,
- * forward or backward, the input shapes, and the sequence of ops that led to it. Slow: for
- * debugging. */
+/* Anomaly mode (also EMBER_ANOMALY=1 at em_init): every floating output of every op is
+ * checked, for NaN in the forward pass (an infinity there is often meant: a -inf mask) and for
+ * NaN or Inf in backward; the error names the first op that produced one, forward or
+ * backward, the input shapes, and the sequence of ops that led to it. Slow: for debugging. */
 EM_API void em_set_anomaly(bool on);
 EM_API bool em_anomaly_enabled(void);
 
