@@ -164,9 +164,14 @@ def main():
 
     times = {}  # (worker, workload) -> [ms]; the training worker's figures count as ember's
     single = {}  # (worker, workload) -> [ms of each single training step]
-    for _ in range(reps):
+    order = list(workers.items())
+    for rep in range(reps):
+        # Each repetition starts with the next worker: a worker that runs right after another
+        # can pay for what that one left behind (threads still winding down, caches), and a
+        # fixed order would always charge it to the same one.
+        turn = order[rep % len(order):] + order[:rep % len(order)]
         for name in names + raw:
-            for label, w in workers.items():
+            for label, w in turn:
                 if name in RAW and not label.startswith("ember"):
                     continue
                 if label == "ember-sx" and name != "raw_openblas_1024":
