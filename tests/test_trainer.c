@@ -234,6 +234,31 @@ Test(trainer, eval_only_and_predict_match_training) {
     cr_assert_float_eq(100.0 * (double)right / (double)n, trained, 1e-3);
 }
 
+/* Validation, test, --eval-only and --predict run under no_grad, training with gradients: a
+ * test plugin's layer fails its forward when the module's mode and the grad mode disagree. */
+Test(trainer, evaluation_runs_without_gradients) {
+    const char *d = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(d && *d, "EMBER_TEST_PLUGIN_DIR is not set (run through `make check`)");
+    char plugin[4096];
+    snprintf(plugin, sizeof plugin, "%s/layer_plugin.so", d);
+    setenv("EMBER_PLUGIN_PATH", plugin, 1);
+    write_mlp("probe.yaml", "  - testplug.GradModeProbe\n", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("probe.yaml"), "--epochs", "1", "--save-weights",
+                                          path("probe.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("probe.yaml"), "--eval-only", "--init-weights",
+                                      path("probe.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("probe.yaml"), "--predict", path("probe.csv"),
+                                      "--init-weights", path("probe.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    unsetenv("EMBER_PLUGIN_PATH");
+}
+
 Test(trainer, resume_is_bit_exact) {
     /* Dropout draws from the default generator: its state must be restored too. */
     write_mlp("mlp.yaml", "  - Dropout: {p: 0.2}\n", "0.1");

@@ -2,7 +2,10 @@
  * layer_plugin.c — a test plugin ("ember-test-layers") registering one module class,
  * "testplug.Affine": y = x * scale + shift with a learnable scale (ones) and shift (zeros) of
  * `features` entries. test_layers.c loads it through EMBER_PLUGIN_PATH and uses it by name,
- * inside a Sequential, exactly as a built-in layer.
+ * inside a Sequential, exactly as a built-in layer. And "testplug.GradModeProbe", the identity,
+ * whose forward fails when the module's mode and the grad mode disagree (training with
+ * gradients off, or evaluating with them on): test_trainer.c puts it in a model to check that
+ * ember-train validates, tests and predicts under no_grad.
  */
 #include <ember/ember.h>
 
@@ -31,7 +34,27 @@ static const em_module_class affine_class = {
     .n_options = 1, .init = affine_init, .forward = affine_forward, .n_inputs = 1,
 };
 
-static em_status reg(em_registry *r) { return em_module_class_register(r, &affine_class); }
+static em_tensor *probe_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    bool training = em_module_training(m), grad = em_grad_enabled();
+    if (training != grad) {
+        em_set_error(EM_ERR_STATE, "testplug.GradModeProbe: forward in %s mode with gradients "
+                     "%s", training ? "train" : "eval", grad ? "on" : "off");
+        return NULL;
+    }
+    return em_tensor_retain(in[0]);
+}
+
+static const em_module_class probe_class = {
+    .struct_size = sizeof(em_module_class), .name = "testplug.GradModeProbe",
+    .description = "the identity; fails when train/eval mode and grad mode disagree",
+    .forward = probe_forward, .n_inputs = 1,
+};
+
+static em_status reg(em_registry *r) {
+    em_status st = em_module_class_register(r, &affine_class);
+    return st == EM_OK ? em_module_class_register(r, &probe_class) : st;
+}
 
 static const em_plugin_descriptor desc = {
     .struct_size = sizeof desc, .abi_major = EM_PLUGIN_ABI_MAJOR, .name = "ember-test-layers",
