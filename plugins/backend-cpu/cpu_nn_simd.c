@@ -64,16 +64,46 @@ static inline void pool2_scalar(const float *x, int64_t H, int64_t W, int64_t oh
     *y = x[*idx];
 }
 
-__attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, int64_t H,
-                                                                int64_t W, float *y,
-                                                                int64_t *idx, int64_t OH,
-                                                                int64_t OW) {
+/* The maxima of 16 2x2 windows whose rows are a0:a1 (row h0) and b0:b1 (row h0 + 1), 32
+ * consecutive values each, and their flat indices (lo: windows 0-7, hi: 8-15; base: the index
+ * of the first value of a0). NaN wins, and the first of equal values, as in the loops. */
+__attribute__((target("avx512f"))) static inline __m512
+pool2_windows(__m512 a0, __m512 a1, __m512 b0, __m512 b1, int64_t base, int64_t W,
+              __m512i *lo_out, __m512i *hi_out) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
                                            28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m512i one = _mm512_set1_epi64(1), wv = _mm512_set1_epi64(W),
-                  w1 = _mm512_set1_epi64(W + 1), sixteen = _mm512_set1_epi64(16);
+    const __m512i off[3] = {_mm512_set1_epi64(1), _mm512_set1_epi64(W),
+                            _mm512_set1_epi64(W + 1)};
+    __m512 cand[3] = {_mm512_permutex2var_ps(a0, odd, a1), _mm512_permutex2var_ps(b0, even, b1),
+                      _mm512_permutex2var_ps(b0, odd, b1)};
+    __m512 m = _mm512_permutex2var_ps(a0, even, a1);
+    __m512i lo = _mm512_add_epi64(_mm512_set1_epi64(base), lane2);
+    __m512i hi = _mm512_add_epi64(lo, _mm512_set1_epi64(16)); /* windows 8.. start 16 later */
+    const __m512i base_lo = lo, base_hi = hi;
+    for (int c = 0; c < 3; c++) {
+        __mmask16 t = _mm512_cmp_ps_mask(cand[c], m, _CMP_GT_OQ) |
+                      _mm512_cmp_ps_mask(cand[c], cand[c], _CMP_UNORD_Q);
+        m = _mm512_mask_blend_ps(t, m, cand[c]);
+        lo = _mm512_mask_blend_epi64((__mmask8)t, lo, _mm512_add_epi64(base_lo, off[c]));
+        hi = _mm512_mask_blend_epi64((__mmask8)(t >> 8), hi, _mm512_add_epi64(base_hi, off[c]));
+    }
+    *lo_out = lo, *hi_out = hi;
+    return m;
+}
+
+/* The masks of a block of n (<= 16) windows: outputs, then the two 16-value loads of a row. */
+static inline void pool2_masks(int64_t n, __mmask16 *mo, __mmask16 *m0, __mmask16 *m1) {
+    *mo = (__mmask16)((1u << n) - 1);
+    *m0 = (__mmask16)(n >= 8 ? 0xFFFFu : (1u << 2 * n) - 1);
+    *m1 = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1 : 0);
+}
+
+__attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, int64_t H,
+                                                                int64_t W, float *y,
+                                                                int64_t *idx, int64_t OH,
+                                                                int64_t OW) {
     /* Outputs whose window has both columns, done 16 at a time (masked at the row's end). */
     int64_t owf = W / 2 < OW ? W / 2 : OW;
     for (int64_t oh = 0; oh < OH; oh++) {
@@ -83,29 +113,15 @@ __attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, i
         if (h0 + 1 < H) {
             const float *r0 = x + h0 * W, *r1 = r0 + W;
             for (; ow < owf; ow += 16) {
-                int64_t n = owf - ow < 16 ? owf - ow : 16;
-                __mmask16 mo = (__mmask16)((1u << n) - 1);
-                __mmask16 m0 = (__mmask16)(n >= 8 ? 0xFFFFu : (1u << 2 * n) - 1);
-                __mmask16 m1 = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1 : 0);
+                __mmask16 mo, m0, m1;
+                pool2_masks(owf - ow < 16 ? owf - ow : 16, &mo, &m0, &m1);
                 const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
-                __m512 a0 = _mm512_maskz_loadu_ps(m0, p0), a1 = _mm512_maskz_loadu_ps(m1, p0 + 16);
-                __m512 b0 = _mm512_maskz_loadu_ps(m0, p1), b1 = _mm512_maskz_loadu_ps(m1, p1 + 16);
-                __m512 cand[3] = {_mm512_permutex2var_ps(a0, odd, a1),
-                                  _mm512_permutex2var_ps(b0, even, b1),
-                                  _mm512_permutex2var_ps(b0, odd, b1)};
-                __m512 m = _mm512_permutex2var_ps(a0, even, a1);
-                __m512i lo = _mm512_add_epi64(_mm512_set1_epi64(h0 * W + 2 * ow), lane2);
-                __m512i hi = _mm512_add_epi64(lo, sixteen); /* outputs ow+8.. read from 2ow+16 */
-                __m512i base_lo = lo, base_hi = hi;
-                const __m512i off[3] = {one, wv, w1};
-                for (int c = 0; c < 3; c++) {
-                    __mmask16 t = _mm512_cmp_ps_mask(cand[c], m, _CMP_GT_OQ) |
-                                  _mm512_cmp_ps_mask(cand[c], cand[c], _CMP_UNORD_Q);
-                    m = _mm512_mask_blend_ps(t, m, cand[c]);
-                    lo = _mm512_mask_blend_epi64((__mmask8)t, lo, _mm512_add_epi64(base_lo, off[c]));
-                    hi = _mm512_mask_blend_epi64((__mmask8)(t >> 8), hi,
-                                                 _mm512_add_epi64(base_hi, off[c]));
-                }
+                __m512i lo, hi;
+                __m512 m = pool2_windows(_mm512_maskz_loadu_ps(m0, p0),
+                                         _mm512_maskz_loadu_ps(m1, p0 + 16),
+                                         _mm512_maskz_loadu_ps(m0, p1),
+                                         _mm512_maskz_loadu_ps(m1, p1 + 16), h0 * W + 2 * ow, W,
+                                         &lo, &hi);
                 _mm512_mask_storeu_ps(yr + ow, mo, m);
                 _mm512_mask_storeu_epi64(ir + ow, (__mmask8)mo, lo);
                 _mm512_mask_storeu_epi64(ir + ow + 8, (__mmask8)(mo >> 8), hi);
@@ -125,12 +141,6 @@ ld_bf16(__mmask16 m, const uint16_t *p) {
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void cpu_nn_max_pool2x2_bf16(
     const uint16_t *x, int64_t H, int64_t W, uint16_t *y, int64_t *idx, int64_t OH, int64_t OW) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
-                                           28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m512i one = _mm512_set1_epi64(1), wv = _mm512_set1_epi64(W),
-                  w1 = _mm512_set1_epi64(W + 1), sixteen = _mm512_set1_epi64(16);
     int64_t owf = W / 2 < OW ? W / 2 : OW;
     for (int64_t oh = 0; oh < OH; oh++) {
         int64_t h0 = 2 * oh;
@@ -139,29 +149,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void cpu_nn_max_pool2x2_bf1
         if (h0 + 1 < H) {
             const uint16_t *r0 = x + h0 * W, *r1 = r0 + W;
             for (; ow < owf; ow += 16) {
-                int64_t n = owf - ow < 16 ? owf - ow : 16;
-                __mmask16 mo = (__mmask16)((1u << n) - 1);
-                __mmask16 m0 = (__mmask16)(n >= 8 ? 0xFFFFu : (1u << 2 * n) - 1);
-                __mmask16 m1 = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1 : 0);
+                __mmask16 mo, m0, m1;
+                pool2_masks(owf - ow < 16 ? owf - ow : 16, &mo, &m0, &m1);
                 const uint16_t *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
-                __m512 a0 = ld_bf16(m0, p0), a1 = ld_bf16(m1, p0 + 16);
-                __m512 b0 = ld_bf16(m0, p1), b1 = ld_bf16(m1, p1 + 16);
-                __m512 cand[3] = {_mm512_permutex2var_ps(a0, odd, a1),
-                                  _mm512_permutex2var_ps(b0, even, b1),
-                                  _mm512_permutex2var_ps(b0, odd, b1)};
-                __m512 m = _mm512_permutex2var_ps(a0, even, a1);
-                __m512i lo = _mm512_add_epi64(_mm512_set1_epi64(h0 * W + 2 * ow), lane2);
-                __m512i hi = _mm512_add_epi64(lo, sixteen);
-                __m512i base_lo = lo, base_hi = hi;
-                const __m512i off[3] = {one, wv, w1};
-                for (int c = 0; c < 3; c++) {
-                    __mmask16 t = _mm512_cmp_ps_mask(cand[c], m, _CMP_GT_OQ) |
-                                  _mm512_cmp_ps_mask(cand[c], cand[c], _CMP_UNORD_Q);
-                    m = _mm512_mask_blend_ps(t, m, cand[c]);
-                    lo = _mm512_mask_blend_epi64((__mmask8)t, lo, _mm512_add_epi64(base_lo, off[c]));
-                    hi = _mm512_mask_blend_epi64((__mmask8)(t >> 8), hi,
-                                                 _mm512_add_epi64(base_hi, off[c]));
-                }
+                __m512i lo, hi;
+                __m512 m = pool2_windows(ld_bf16(m0, p0), ld_bf16(m1, p0 + 16), ld_bf16(m0, p1),
+                                         ld_bf16(m1, p1 + 16), h0 * W + 2 * ow, W, &lo, &hi);
                 _mm512_mask_cvtepi32_storeu_epi16(yr + ow, mo,
                                                   _mm512_srli_epi32(_mm512_castps_si512(m), 16));
                 _mm512_mask_storeu_epi64(ir + ow, (__mmask8)mo, lo);
