@@ -108,4 +108,19 @@ static inline double *em_test_values(const em_tensor *t) {
                   em_last_error(), (needle));                                                  \
     } while (0)
 
+/* Whether a kernel named `name` is registered by any loaded plugin. */
+static inline bool kernel_registered(const char *name) {
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info info;
+        cr_assert_eq(em_plugin_get(i, &info), EM_OK);
+        if (!info.registry) continue;
+        for (size_t j = 0; j < em_registry_kernel_count(info.registry); j++) {
+            em_kernel_info ki;
+            cr_assert_eq(em_registry_kernel_get(info.registry, j, &ki), EM_OK);
+            if (strcmp(ki.name, name) == 0) return true;
+        }
+    }
+    return false;
+}
+
 #endif /* EMBER_TESTS_COMMON_H */

@@ -137,19 +137,6 @@ static uint64_t cpu_ops(void) {
         cr_assert_eq(em_last_status(), EM_OK, "%s left an error: %s", what, em_last_error());  \
     } while (0)
 
-static bool kernel_registered(const char *name) {
-    for (size_t i = 0; i < em_plugin_count(); i++) {
-        em_plugin_info info;
-        cr_assert_eq(em_plugin_get(i, &info), EM_OK);
-        if (!info.registry) continue;
-        for (size_t j = 0; j < em_registry_kernel_count(info.registry); j++) {
-            em_kernel_info ki;
-            cr_assert_eq(em_registry_kernel_get(info.registry, j, &ki), EM_OK);
-            if (strcmp(ki.name, name) == 0) return true;
-        }
-    }
-    return false;
-}
 
 /* ---- convolution ------------------------------------------------------------------------------- */
 
