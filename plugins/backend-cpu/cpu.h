@@ -42,9 +42,15 @@ void cpu_shutdown_nn(void);
  * in f32). a and b may have any strides (transposed ones go to GEMM as they are, other
  * layouts are copied); y needs a unit column stride (cpu_gemm_supports checks a kernel's
  * output 0). beta == 0: y is not read. The library that runs it is chosen once, at
- * registration; cpu_gemm_describe() says which and why. */
+ * registration, and per shape at its first call (autotuning, see cpu_matmul.c);
+ * cpu_gemm_describe() says which and why. */
 em_status cpu_gemm(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y, double alpha,
                    double beta);
+/* addmm: y (M, N) = beta bias + alpha a b, bias broadcast to (M, N) (stride 0 on broadcast
+ * dims) and not overlapping y. A bias broadcast down the rows with alpha = beta = 1 (linear's)
+ * goes to oneDNN as its bias argument for f32 and bf16; otherwise it is copied into y first. */
+em_status cpu_gemm_addmm(const em_ktensor *bias, const em_ktensor *a, const em_ktensor *b,
+                         const em_ktensor *y, double alpha, double beta);
 bool cpu_gemm_supports(const em_kernel_ctx *k);
 const char *cpu_gemm_describe(void);
 em_status cpu_gemm_init(void);
