@@ -57,6 +57,9 @@
 
 #include "cpu.h"
 
+/* OpenBLAS's own: stops its worker threads (the next multithreaded call starts them again). */
+int blas_thread_shutdown_(void);
+
 /* ---- the decision ------------------------------------------------------------------------------- */
 
 typedef enum gemm_lib { LIB_OPENBLAS = 0, LIB_ONEDNN = 1 } gemm_lib;
@@ -114,6 +117,7 @@ typedef struct mm_entry {
  * bigger ones keep every thread busy long enough that oneDNN on all threads wins. */
 #define TUNE_MAX_WORK (512.0 * 512.0 * 512.0)
 #define TUNE_ROUNDS 5 /* timed calls per candidate (after one untimed), interleaved */
+#define TUNE_WARMUP_US 100000.0 /* see tune() */
 #define TUNE_MARGIN 0.8 /* a way on 1 thread is chosen when it takes < 0.8x all threads' time */
 
 #define MM_BUCKETS 256
@@ -139,6 +143,7 @@ static struct {
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *path_name(gemm_path p);
+static void blas_threads(int nt);
 
 static __thread dnnl_stream_t tls_stream;
 static __thread unsigned tls_generation;
@@ -214,7 +219,18 @@ em_status cpu_gemm_init(void) {
              v->major, v->minor, v->patch, isa_name(isa), core ? core : "?");
     G.why_len = n > 0 ? (size_t)n < sizeof G.why ? (size_t)n : sizeof G.why - 1 : 0;
     G.n_tuned = G.n_unlisted = 0;
+    /* OpenBLAS 0.3.21's pthread workers start when the library loads, and again whenever
+     * openblas_set_num_threads() finds them stopped, and then spin (sched_yield) ~0.1 s before
+     * they sleep: measured 100 ms of CPU right after em_init, competing with OpenMP's workers
+     * and skewing the autotuner's first measurements. When f32 goes to oneDNN, OpenBLAS runs
+     * f32 on the calling thread only (small products, the autotuner's 1-thread path) and f64,
+     * which is on no training path: set it to 1 thread, then stop its workers; an f64 product
+     * sets its thread count back, which starts them again. */
     G.blas_threads = 0;
+    if (G.f32 == LIB_ONEDNN) {
+        blas_threads(1);
+        blas_thread_shutdown_();
+    }
     G.ready = true;
     em_log_write(EM_LOG_INFO, "ember-cpu: %s", G.why);
     return EM_OK;
@@ -621,6 +637,20 @@ static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, 
     ys.data = scratch;
     double t[3][TUNE_ROUNDS] = {{0}}, med[3];
     bool failed[3] = {false, false, false};
+    /* Before the process's first measurement, run all threads and 1 thread in turn until all
+     * threads win by TUNE_MARGIN, for at most TUNE_WARMUP_US: right after the process was idle
+     * the second core here takes tens of ms to pull its weight (measured: after a 300 ms
+     * sleep, 2 threads ran 128x512x784 at 1-thread speed in 3 of 3 runs of a 20 ms warm-up,
+     * and at full speed after 100 ms). */
+    static int warmed;
+    if (nc > 2 && __atomic_exchange_n(&warmed, 1, __ATOMIC_ACQ_REL) == 0)
+        for (double t0 = now_us(); now_us() - t0 < TUNE_WARMUP_US;) {
+            double t1 = now_us();
+            if (!run_path(PATH_DNNL, e, a, b, &ys, alpha, beta, rb)) break;
+            double t2 = now_us();
+            if (!run_path(PATH_DNNL_1, e, a, b, &ys, alpha, beta, rb)) break;
+            if (t2 - t1 < TUNE_MARGIN * (now_us() - t2)) break;
+        }
     for (int r = -1; r < TUNE_ROUNDS; r++)
         for (int i = 0; i < nc; i++) {
             int c = (i + (r < 0 ? 0 : r)) % nc; /* rotate the order: none always runs first */
