@@ -506,3 +506,139 @@ Test(gemm_paths, onednn_and_openblas_agree) {
     cr_assert(s > 1.0);
     free(x), free(y);
 }
+
+/* ---- per-shape autotuning (cpu_matmul.c) ------------------------------------------------------- */
+
+/* Products of more than 64^3 and at most 512^3 multiply-adds (the ones the CPU backend tunes)
+ * in the layouts it takes: linear's (a row-major, b transposed, a bias row: oneDNN's bias
+ * argument), a bias row with beta and alpha, biases that are copied ((M, 1), a step-2 view),
+ * transposed, row-sliced and step-2 (copied) operands, a row vector times a matrix, a
+ * batch-broadcast bmm and linear with leading dims; f32 (tuned) and bf16 (bias argument), each
+ * against its plain-loop reference. */
+static void tunable_products(void) {
+    static const em_dtype dts[2] = {EM_F32, EM_BF16};
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = dts[d];
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        int64_t M = 70, K = 130, N = 96;
+        int64_t mk[2] = {M, K}, nk[2] = {N, K}, km[2] = {K, M}, kn[2] = {K, N}, n1[1] = {N},
+                m1[2] = {M, 1}, n2[1] = {2 * N}, mk5[2] = {M, K + 5}, k2n[2] = {K, 2 * N},
+                row[2] = {1, 600}, big[2] = {600, 500}, b500[1] = {500};
+        em_tensor *x = rnd(dt, 2, mk, 80), *wt = em_transpose(rnd(dt, 2, nk, 81), 0, 1);
+        em_tensor *bias = rnd(dt, 1, n1, 82), *bias_m1 = rnd(dt, 2, m1, 83);
+        em_tensor *bias_s2 = em_slice(rnd(dt, 1, n2, 84), 0, 0, 2 * N, 2);
+        em_tensor *at = em_transpose(rnd(dt, 2, km, 85), 0, 1), *b = rnd(dt, 2, kn, 86);
+        em_tensor *an = em_narrow(rnd(dt, 2, mk5, 87), 1, 3, K);
+        em_tensor *bs2 = em_slice(rnd(dt, 2, k2n, 88), 1, 0, 2 * N, 2);
+        cr_assert(x && wt && bias && bias_m1 && bias_s2 && at && b && an && bs2, "%s",
+                  em_last_error());
+        double *bn = broadcast_mn(bias, M, N), *bm = broadcast_mn(bias_m1, M, N),
+               *bs = broadcast_mn(bias_s2, M, N);
+        run_addmm("tuned: linear (bias argument)", dt, bias, bn, x, wt, 1.0, 1.0);
+        run_addmm("tuned: bias row, beta and alpha", dt, bias, bn, x, wt, 0.5, -1.5);
+        run_addmm("tuned: (M, 1) bias", dt, bias_m1, bm, x, wt, 1.0, 1.0);
+        run_addmm("tuned: step-2 bias", dt, bias_s2, bs, x, b, 1.0, 1.0);
+        run_addmm("tuned: a^T b, beta 0", dt, bias, NULL, at, b, 0.0, 1.0);
+        run_addmm("tuned: a^T b^T", dt, bias, bn, at, wt, 1.0, 1.0);
+        run_addmm("tuned: narrowed a, step-2-column b", dt, bias, bn, an, bs2, 1.0, 1.0);
+        em_tensor *bias500 = rnd(dt, 1, b500, 89);
+        double *b5 = broadcast_mn(bias500, 1, 500);
+        run_addmm("tuned: one row (M = 1), bias argument", dt, bias500, b5, rnd(dt, 2, row, 90),
+                  rnd(dt, 2, big, 91), 1.0, 1.0);
+        int64_t ba[3] = {1, 40, 64}, bas[3] = {3, 40, 64}, bb[3] = {3, 48, 64},
+                x3[3] = {2, 35, 130};
+        run_bmm("tuned: batch-broadcast a, b^T", dt, em_expand(rnd(dt, 3, ba, 92), 3, bas),
+                em_transpose(rnd(dt, 3, bb, 93), 1, 2), false);
+        run_linear("tuned: linear with leading dims", dt, rnd(dt, 3, x3, 94), rnd(dt, 2, nk, 95),
+                   bias);
+        free(bn), free(bm), free(bs), free(b5);
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
+}
+
+/* The CPU plugin's describe() text. */
+static const char *cpu_describe(void) {
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info info;
+        cr_assert_eq(em_plugin_get(i, &info), EM_OK);
+        if (info.name && strcmp(info.name, "ember-cpu") == 0) return em_plugin_describe(i);
+    }
+    cr_assert_fail("no ember-cpu plugin");
+    return NULL;
+}
+
+Test(gemm_paths, every_autotune_path_matches_the_reference) {
+    /* 0: no tuning (oneDNN on all threads); the three paths forced; 1: measured */
+    static const char *const modes[] = {"0", "onednn", "onednn-1", "openblas-1", "1"};
+    static const char *const said[] = {"autotuning off", "oneDNN on all threads, forced",
+                                       "oneDNN on 1 thread, forced",
+                                       "OpenBLAS on 1 thread, forced", "measured at its first call"};
+    for (int m = 0; m < 5; m++) {
+        setenv("EMBER_GEMM_AUTOTUNE", modes[m], 1);
+        cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+        const char *d = cpu_describe();
+        cr_assert(d && strstr(d, said[m]), "EMBER_GEMM_AUTOTUNE=%s: describe() says '%s'",
+                  modes[m], d ? d : "(null)");
+        int nt0 = em_num_threads();
+        for (int nt = 1; nt <= 2; nt++) {
+            em_set_num_threads(nt);
+            tunable_products();
+        }
+        em_set_num_threads(nt0);
+        if (m == 4) { /* measured: describe() lists what it chose for linear's shape */
+            d = cpu_describe();
+            cr_assert(strstr(d, "Autotuned: ") &&
+                      strstr(d, "70x96x130 (a row-major, b transposed, bias): "),
+                      "describe() after tuning: '%s'", d);
+        } else {
+            cr_assert_null(strstr(cpu_describe(), "Autotuned: "), "EMBER_GEMM_AUTOTUNE=%s tuned",
+                           modes[m]);
+        }
+        em_shutdown();
+    }
+    unsetenv("EMBER_GEMM_AUTOTUNE");
+}
+
+/* The f32 results of linear's product and a^T b with a long K (the libraries block K
+ * differently, so their last bits differ), as bits. */
+#define TB_M 70
+#define TB_N 96
+#define TB_K 1000
+static void tuned_bits(uint32_t *out, int64_t n) {
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    int64_t mk[2] = {TB_M, TB_K}, nk[2] = {TB_N, TB_K}, n1[1] = {TB_N}, km[2] = {TB_K, TB_M};
+    em_tensor *y = em_addmm(rnd(EM_F32, 1, n1, 60), rnd(EM_F32, 2, mk, 61),
+                            em_transpose(rnd(EM_F32, 2, nk, 62), 0, 1), 1.0, 1.0);
+    em_tensor *z = em_matmul(em_transpose(rnd(EM_F32, 2, km, 63), 0, 1), rnd(EM_F32, 2, km, 64));
+    cr_assert(y && z, "%s", em_last_error());
+    cr_assert_eq(em_tensor_numel(y) + em_tensor_numel(z), n);
+    cr_assert_eq(em_tensor_to_host(y, out, sizeof(float) * TB_M * TB_N), EM_OK);
+    cr_assert_eq(em_tensor_to_host(z, out + TB_M * TB_N, sizeof(float) * TB_M * TB_M), EM_OK);
+    cr_assert_eq(em_scope_end(), EM_OK);
+}
+
+Test(gemm_paths, deterministic_mode_ignores_the_tuned_choice) {
+    /* The same products without tuning, then with every tunable product forced onto OpenBLAS
+     * on 1 thread but deterministic mode on: bitwise the same (oneDNN on all threads). */
+    enum { n = TB_M * TB_N + TB_M * TB_M };
+    static uint32_t off[n], det[n], forced[n];
+    setenv("EMBER_GEMM_AUTOTUNE", "0", 1);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    tuned_bits(off, n);
+    em_shutdown();
+    setenv("EMBER_GEMM_AUTOTUNE", "openblas-1", 1);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    em_set_deterministic(true);
+    tuned_bits(det, n);
+    em_set_deterministic(false);
+    tuned_bits(forced, n);
+    em_shutdown();
+    unsetenv("EMBER_GEMM_AUTOTUNE");
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(det[i], off[i], "element %lld: 0x%08x in deterministic mode, 0x%08x "
+                     "without tuning", (long long)i, det[i], off[i]);
+    /* and the forced path did run something else (otherwise this test proves nothing) */
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; i++) differ += forced[i] != off[i];
+    cr_assert_gt(differ, 0, "OpenBLAS and oneDNN gave bitwise identical results");
+}

@@ -650,11 +650,12 @@ Test(reduce_big, every_op_threads_and_blocks) {
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         rparam prm = {1, ops[k] == NORM ? 2 : 0};
         if (ops[k] == PROD) { /* products of 4e4 values in [-4, 4) overflow; use short runs */
-            check_big(PROD, EM_F64, 20, 3000, 0, prm);
+            check_big(PROD, EM_F64, 20, 14000, 0, prm); /* columns: above CPU_GRAIN_MEM */
             check_big(PROD, EM_F64, 3000, 20, 1, prm);
             continue;
         }
-        check_big(ops[k], EM_F32, 300, 257, 0, prm);  /* columns */
+        /* columns (the column path splits from CPU_GRAIN_MEM = 2^18 elements on) */
+        check_big(ops[k], EM_F32, 1100, 257, 0, prm);
         check_big(ops[k], EM_F32, 257, 300, 1, prm);  /* rows */
         check_big(ops[k], EM_F64, 40000, 3, 0, prm);  /* narrow columns: rows path, strided */
         if (!one_dim(ops[k]) || ops[k] == ARGMAX)

@@ -42,9 +42,15 @@ void cpu_shutdown_nn(void);
  * in f32). a and b may have any strides (transposed ones go to GEMM as they are, other
  * layouts are copied); y needs a unit column stride (cpu_gemm_supports checks a kernel's
  * output 0). beta == 0: y is not read. The library that runs it is chosen once, at
- * registration; cpu_gemm_describe() says which and why. */
+ * registration, and per shape at its first call (autotuning, see cpu_matmul.c);
+ * cpu_gemm_describe() says which and why. */
 em_status cpu_gemm(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y, double alpha,
                    double beta);
+/* addmm: y (M, N) = beta bias + alpha a b, bias broadcast to (M, N) (stride 0 on broadcast
+ * dims) and not overlapping y. A bias broadcast down the rows with alpha = beta = 1 (linear's)
+ * goes to oneDNN as its bias argument for f32 and bf16; otherwise it is copied into y first. */
+em_status cpu_gemm_addmm(const em_ktensor *bias, const em_ktensor *a, const em_ktensor *b,
+                         const em_ktensor *y, double alpha, double beta);
 bool cpu_gemm_supports(const em_kernel_ctx *k);
 const char *cpu_gemm_describe(void);
 em_status cpu_gemm_init(void);
@@ -78,6 +84,13 @@ static inline int64_t cpu_min_i64(int64_t a, int64_t b) { return a < b ? a : b; 
 
 /* Elements below which an elementwise op stays on one thread. */
 #define CPU_GRAIN 32768
+/* The same for the cheapest, memory-bound loops (a load or two and a store per element: add,
+ * sub, mul, div, neg, relu and its backward; column sums). A parallel region whose worker
+ * sleeps (OMP_WAIT_POLICY=passive, Ember's default) costs the wake-ups, which on the 2-core
+ * VM of bench/README.md measured 40-80 us per region, while one thread does relu on 65536
+ * floats in 6 us and on 1M in 87 us (2 threads: 20 and 75-113 us), and sums the columns of a
+ * (128, 512) f32 matrix in 9 us (2 threads: 31-37 us; at (2048, 512) 133 against 99 us). */
+#define CPU_GRAIN_MEM (1 << 18)
 
 /* Scalar conversions used by every kernel that touches f16/bf16. The bf16 pair repeats
  * em_bf16_to_f32 / em_f32_to_bf16 (core/dtype.c: NaN quieted, round to nearest even) inline:

@@ -89,13 +89,13 @@ typedef struct loop_table {
     cpu_loop_fn fn[EM_DTYPE_COUNT];
 } loop_table;
 
-static em_status run_table(const em_kernel_ctx *k, const loop_table *t) {
+static em_status run_table(const em_kernel_ctx *k, const loop_table *t, int64_t grain) {
     cpu_loop_fn fn = t->fn[k->out[0].dtype];
     if (!fn)
         return em_set_error(EM_ERR_DTYPE, "%s: the CPU kernel has no loop for %s",
                             em_op_name(k->op), em_dtype_name(k->out[0].dtype));
     const em_ktensor *ts[3] = {&k->out[0], &k->in[0], k->n_in > 1 ? &k->in[1] : &k->in[0]};
-    cpu_foreach(1 + k->n_in, ts, fn, NULL, CPU_GRAIN);
+    cpu_foreach(1 + k->n_in, ts, fn, NULL, grain);
     return EM_OK;
 }
 
@@ -115,11 +115,11 @@ static const loop_table t_div = {{[EM_F32] = div_f32, [EM_F64] = div_f64, [EM_F1
 
 static const loop_table t_relu_bw = {{[EM_F32] = relu_bw_f32, [EM_F64] = relu_bw_f64,
                                       [EM_F16] = relu_bw_f16, [EM_BF16] = relu_bw_bf16}};
-static em_status k_relu_bw(const em_kernel_ctx *k) { return run_table(k, &t_relu_bw); }
-static em_status k_add(const em_kernel_ctx *k) { return run_table(k, &t_add); }
-static em_status k_sub(const em_kernel_ctx *k) { return run_table(k, &t_sub); }
-static em_status k_mul(const em_kernel_ctx *k) { return run_table(k, &t_mul); }
-static em_status k_div(const em_kernel_ctx *k) { return run_table(k, &t_div); }
+static em_status k_relu_bw(const em_kernel_ctx *k) { return run_table(k, &t_relu_bw, CPU_GRAIN_MEM); }
+static em_status k_add(const em_kernel_ctx *k) { return run_table(k, &t_add, CPU_GRAIN_MEM); }
+static em_status k_sub(const em_kernel_ctx *k) { return run_table(k, &t_sub, CPU_GRAIN_MEM); }
+static em_status k_mul(const em_kernel_ctx *k) { return run_table(k, &t_mul, CPU_GRAIN_MEM); }
+static em_status k_div(const em_kernel_ctx *k) { return run_table(k, &t_div, CPU_GRAIN_MEM); }
 
 /* ---- unary ------------------------------------------------------------------------------------ */
 
@@ -168,10 +168,10 @@ static const loop_table t_exp = FLOAT_TABLE(exp);
 static const loop_table t_log = FLOAT_TABLE(log);
 static const loop_table t_relu = ARITH_TABLE(relu);
 
-static em_status k_neg(const em_kernel_ctx *k) { return run_table(k, &t_neg); }
-static em_status k_exp(const em_kernel_ctx *k) { return run_table(k, &t_exp); }
-static em_status k_log(const em_kernel_ctx *k) { return run_table(k, &t_log); }
-static em_status k_relu(const em_kernel_ctx *k) { return run_table(k, &t_relu); }
+static em_status k_neg(const em_kernel_ctx *k) { return run_table(k, &t_neg, CPU_GRAIN_MEM); }
+static em_status k_exp(const em_kernel_ctx *k) { return run_table(k, &t_exp, CPU_GRAIN); }
+static em_status k_log(const em_kernel_ctx *k) { return run_table(k, &t_log, CPU_GRAIN); }
+static em_status k_relu(const em_kernel_ctx *k) { return run_table(k, &t_relu, CPU_GRAIN_MEM); }
 
 /* ---- copy with conversion ------------------------------------------------------------------------ */
 

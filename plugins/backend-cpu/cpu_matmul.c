@@ -17,13 +17,34 @@
  *     CPU (AVX512_BF16 or AMX); otherwise through f32.
  *   - f16: through f32 (oneDNN 2.6 has no f16 matmul on CPUs without AVX512_FP16).
  *
+ * Per-shape autotuning (f32 on oneDNN, products of more than 64^3 and at most TUNE_MAX_WORK
+ * multiply-adds): the first call of a shape/layout/alpha/beta/bias times three ways of running
+ * it on the caller's operands (into a scratch output) — oneDNN on em_num_threads() threads,
+ * oneDNN on the calling thread alone, OpenBLAS on the calling thread alone — and every later
+ * call of that key runs the fastest (like cuDNN's benchmark mode). What it buys depends on
+ * how long a sleeping OpenMP worker takes to wake, which the machine and OMP_WAIT_POLICY /
+ * GOMP_SPINCOUNT decide: on this VM with passive workers a parallel region costs ~40-80 us of
+ * wake-ups, more than a 128x256x10 product takes on one thread. OpenBLAS with several threads
+ * is not a candidate: its own pthread pool would spin next to OpenMP's workers. The decision
+ * is made once per key and process (the libraries' results may differ in the last bits, so a
+ * run is repeatable given the same decisions, which cpu_gemm_describe() lists and the info log
+ * records). EMBER_GEMM_AUTOTUNE=0 turns it off, and so do EMBER_GEMM and em_deterministic()
+ * mode: then every such product runs on oneDNN with all threads.
+ *
+ * addmm with a bias broadcast along rows (linear's), alpha 1 and beta 1 passes the bias to
+ * oneDNN's matmul as its bias argument (added to the accumulator; the output is not read)
+ * instead of copying it into the output and accumulating onto it.
+ *
  * oneDNN primitives are created once per shape/layout and cached (keyed by dtype, dims,
- * strides, alpha and beta), under a mutex; each thread executes on its own stream. Everything
- * is freed by cpu_gemm_shutdown() when the plugin unloads.
+ * strides, alpha, beta, bias and thread count: oneDNN's matmul fixes its work split for the
+ * OpenMP thread count current when the primitive is created, so the count is set then), under
+ * a mutex; each thread executes on its own stream. Everything is freed by
+ * cpu_gemm_shutdown() when the plugin unloads.
  *
  * Threads: oneDNN runs on GNU OpenMP, like the rest of the plugin; it is given
- * em_num_threads() threads. OpenBLAS (its pthread build, Debian's default) only runs f64 and
- * is set to em_num_threads() before each call, so the two pools never both compute at once.
+ * em_num_threads() threads (or 1, where the autotuner chose so). OpenBLAS (its pthread
+ * build, Debian's default) runs f64 on em_num_threads() threads, and f32 only on the calling
+ * thread, so the two pools never both compute at once.
  */
 #include <cblas.h>
 #include <dnnl.h>
@@ -32,8 +53,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu.h"
+
+/* OpenBLAS's own: stops its worker threads (the next multithreaded call starts them again). */
+int blas_thread_shutdown_(void);
 
 /* ---- the decision ------------------------------------------------------------------------------- */
 
@@ -46,17 +71,36 @@ typedef struct mat3 {
     int64_t s0, rs, cs;
 } mat3;
 
+/* A row of N bias values (column stride cs, elements) added to every row of y. */
+typedef struct row_bias {
+    const char *data;
+    int64_t cs;
+} row_bias;
+
 typedef struct mm_key {
     int dt;
     int64_t dims[3][3];    /* a, b, y: (B, R, C) (B is 1 for a batch-broadcast operand) */
     int64_t strides[3][3];
-    double alpha, beta;
+    double alpha, beta;    /* beta is 0 with a bias argument */
+    int bias;              /* 1: y = a b + bias (oneDNN's bias argument, a dense row of C) */
+    int nt;                /* OpenMP threads the primitive is made for and run on */
 } mm_key;
+
+/* How a tuned f32 GEMM runs (mm_entry.choice). */
+typedef enum gemm_path {
+    PATH_UNDECIDED = 0,
+    PATH_DNNL = 1,   /* oneDNN on the key's thread count */
+    PATH_DNNL_1 = 2, /* oneDNN on the calling thread (its own primitive, made for 1 thread) */
+    PATH_BLAS_1 = 3, /* OpenBLAS on the calling thread */
+} gemm_path;
 
 typedef struct mm_entry {
     mm_key key;
     dnnl_primitive_t prim; /* NULL: oneDNN has only a reference kernel here; use the fallback */
-    dnnl_memory_desc_t md[3];
+    dnnl_memory_desc_t md[4]; /* src, weights, dst, bias */
+    int choice;               /* gemm_path; read and written atomically */
+    int tuning;               /* 1 while a thread measures this key */
+    struct mm_entry *one;     /* the same key made for 1 thread (PATH_DNNL_1), once looked up */
     struct mm_entry *next;
 } mm_entry;
 
@@ -68,6 +112,14 @@ typedef struct mm_entry {
  * OpenBLAS. */
 #define SMALL_GEMM (64.0 * 64.0 * 64.0)
 
+/* Autotuning covers f32 products of more than SMALL_GEMM and at most this many multiply-adds
+ * (512 x 512 x 512: ~1.3 ms on one core here, so tuning one key costs at most ~30 ms once);
+ * bigger ones keep every thread busy long enough that oneDNN on all threads wins. */
+#define TUNE_MAX_WORK (512.0 * 512.0 * 512.0)
+#define TUNE_ROUNDS 5 /* timed calls per candidate (after one untimed), interleaved */
+#define TUNE_WARMUP_US 100000.0 /* see tune() */
+#define TUNE_MARGIN 0.8 /* a way on 1 thread is chosen when it takes < 0.8x all threads' time */
+
 #define MM_BUCKETS 256
 #define MM_MAX_ENTRIES 4096
 
@@ -75,7 +127,11 @@ static struct {
     bool ready;
     gemm_lib f32;
     bool bf16_native;
-    char why[640];
+    bool autotune;
+    gemm_path forced_path; /* EMBER_GEMM_AUTOTUNE=<path>: run every tunable product that way */
+    char why[4096];    /* the rule, then each tuned key's measurements and decision */
+    size_t why_len;
+    int n_tuned, n_unlisted;
     pthread_mutex_t lock;
     dnnl_engine_t engine;
     mm_entry *buckets[MM_BUCKETS];
@@ -85,6 +141,9 @@ static struct {
     unsigned generation;    /* bumped at shutdown: threads re-create their streams */
     int blas_threads;
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static const char *path_name(gemm_path p);
+static void blas_threads(int nt);
 
 static __thread dnnl_stream_t tls_stream;
 static __thread unsigned tls_generation;
@@ -122,16 +181,56 @@ em_status cpu_gemm_init(void) {
                                   "depend on whether it knows this CPU)"
                                 : "oneDNN's JIT lacks AVX2 here";
     const char *env = getenv("EMBER_GEMM");
-    if (env && strcmp(env, "openblas") == 0) G.f32 = LIB_OPENBLAS, how = "EMBER_GEMM=openblas";
-    if (env && strcmp(env, "onednn") == 0) G.f32 = LIB_ONEDNN, how = "EMBER_GEMM=onednn";
-    snprintf(G.why, sizeof G.why,
-             "f32 GEMM: %s (%s; up to 64^3 OpenBLAS on one thread); f64: OpenBLAS; bf16: %s; f16: through f32. oneDNN %d.%d.%d "
+    bool forced = false;
+    if (env && strcmp(env, "openblas") == 0)
+        G.f32 = LIB_OPENBLAS, how = "EMBER_GEMM=openblas", forced = true;
+    if (env && strcmp(env, "onednn") == 0) G.f32 = LIB_ONEDNN, how = "EMBER_GEMM=onednn", forced = true;
+    /* EMBER_GEMM_AUTOTUNE: unset or 1: on; 0: off; a path name: that path for every product
+     * autotuning covers (to test and compare the paths). */
+    const char *tune_env = getenv("EMBER_GEMM_AUTOTUNE");
+    static const struct { const char *name; gemm_path path; } forced_paths[] = {
+        {"onednn", PATH_DNNL}, {"onednn-1", PATH_DNNL_1}, {"openblas-1", PATH_BLAS_1}};
+    bool tune_off = tune_env && strcmp(tune_env, "0") == 0;
+    G.forced_path = PATH_UNDECIDED;
+    for (size_t i = 0; tune_env && i < sizeof forced_paths / sizeof forced_paths[0]; i++)
+        if (strcmp(tune_env, forced_paths[i].name) == 0) G.forced_path = forced_paths[i].path;
+    if (tune_env && !tune_off && G.forced_path == PATH_UNDECIDED && strcmp(tune_env, "1") != 0)
+        em_log_write(EM_LOG_WARN, "ember-cpu: EMBER_GEMM_AUTOTUNE=%s is not one of 1, 0, onednn, "
+                     "onednn-1, openblas-1; autotuning stays on", tune_env);
+    G.autotune = G.f32 == LIB_ONEDNN && !forced && !tune_off;
+    char forced_text[160];
+    snprintf(forced_text, sizeof forced_text, "; per shape from 64^3 to 512^3 multiply-adds: "
+             "%s, forced by EMBER_GEMM_AUTOTUNE=%s (not in deterministic mode)",
+             path_name(G.forced_path), tune_env ? tune_env : "");
+    const char *tune = G.autotune && G.forced_path != PATH_UNDECIDED ? forced_text
+        : G.autotune
+        ? "; per shape from 64^3 to 512^3 multiply-adds the fastest of oneDNN on all threads, "
+          "oneDNN on 1 thread and OpenBLAS on 1 thread, measured at its first call "
+          "(EMBER_GEMM_AUTOTUNE=0 turns this off; deterministic mode does not use it)"
+        : tune_off ? "; per-shape autotuning off (EMBER_GEMM_AUTOTUNE=0)"
+        : forced   ? "; no per-shape autotuning (EMBER_GEMM is set)" : "";
+    int n = snprintf(G.why, sizeof G.why,
+             "f32 GEMM: %s (%s; up to 64^3 OpenBLAS on one thread%s); linear's bias through "
+             "oneDNN's bias argument; f64: OpenBLAS; bf16: %s; f16: through f32. oneDNN %d.%d.%d "
              "isa %s, OpenBLAS core %s",
-             G.f32 == LIB_ONEDNN ? "oneDNN matmul" : "OpenBLAS sgemm", how,
+             G.f32 == LIB_ONEDNN ? "oneDNN matmul" : "OpenBLAS sgemm", how, tune,
              G.bf16_native ? "oneDNN matmul, native (f32 accumulation)"
                            : "through f32 (no bf16 instructions for oneDNN here)",
              v->major, v->minor, v->patch, isa_name(isa), core ? core : "?");
+    G.why_len = n > 0 ? (size_t)n < sizeof G.why ? (size_t)n : sizeof G.why - 1 : 0;
+    G.n_tuned = G.n_unlisted = 0;
+    /* OpenBLAS 0.3.21's pthread workers start when the library loads, and again whenever
+     * openblas_set_num_threads() finds them stopped, and then spin (sched_yield) ~0.1 s before
+     * they sleep: measured 100 ms of CPU right after em_init, competing with OpenMP's workers
+     * and skewing the autotuner's first measurements. When f32 goes to oneDNN, OpenBLAS runs
+     * f32 on the calling thread only (small products, the autotuner's 1-thread path) and f64,
+     * which is on no training path: set it to 1 thread, then stop its workers; an f64 product
+     * sets its thread count back, which starts them again. */
     G.blas_threads = 0;
+    if (G.f32 == LIB_ONEDNN) {
+        blas_threads(1);
+        blas_thread_shutdown_();
+    }
     G.ready = true;
     em_log_write(EM_LOG_INFO, "ember-cpu: %s", G.why);
     return EM_OK;
@@ -196,7 +295,8 @@ static void md_of(const mat3 *m, int64_t *dims, int64_t *strides) {
 }
 
 /* Create the primitive for key k; entry->prim stays NULL when only a reference kernel exists
- * (or oneDNN refuses the layout), which sends the call to the fallback. */
+ * (or oneDNN refuses the layout), which sends the call to the fallback. Called with the lock
+ * held, on the calling thread, whose OpenMP thread count is set to the key's meanwhile. */
 static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
     const mm_key *k = &e->key;
     for (int i = 0; i < 3; i++) {
@@ -205,8 +305,14 @@ static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
         memcpy(st, k->strides[i], sizeof k->strides[i]);
         if (dnnl_memory_desc_init_by_strides(&e->md[i], 3, d, dt, st) != dnnl_success) return;
     }
+    if (k->bias) {
+        int64_t n = k->dims[2][2];
+        dnnl_dims_t d = {1, 1, n}, st = {n, n, 1};
+        if (dnnl_memory_desc_init_by_strides(&e->md[3], 3, d, dt, st) != dnnl_success) return;
+    }
     dnnl_matmul_desc_t mmd;
-    if (dnnl_matmul_desc_init(&mmd, &e->md[0], &e->md[1], NULL, &e->md[2]) != dnnl_success)
+    if (dnnl_matmul_desc_init(&mmd, &e->md[0], &e->md[1], k->bias ? &e->md[3] : NULL,
+                              &e->md[2]) != dnnl_success)
         return;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -220,6 +326,8 @@ static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
              dnnl_post_ops_append_sum(po, (float)k->beta) == dnnl_success &&
              dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
     }
+    int prev = omp_get_max_threads();
+    if (prev != k->nt) omp_set_num_threads(k->nt);
     dnnl_primitive_desc_t pd = NULL;
     if (ok && dnnl_primitive_desc_create(&pd, &mmd, attr, G.engine, NULL) == dnnl_success) {
         const char *impl = NULL;
@@ -228,80 +336,106 @@ static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
             e->prim = NULL;
         dnnl_primitive_desc_destroy(pd);
     }
+    if (prev != k->nt) omp_set_num_threads(prev);
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
 }
 
-/* Run y = alpha a b + beta y through oneDNN. Returns false when oneDNN has no fast kernel for
- * this call (nothing was written). */
-static bool onednn_gemm(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const mat3 *y,
-                      double alpha, double beta) {
+/* The cache entry of key k, made on first use. *owned: a one-off entry (the cache is full)
+ * that the caller frees with entry_free_owned. NULL: out of memory. */
+static mm_entry *entry_get(const mm_key *k, bool *owned) {
+    uint64_t h = key_hash(k) % MM_BUCKETS;
+    *owned = false;
+    pthread_mutex_lock(&G.lock);
+    mm_entry *e = G.buckets[h];
+    while (e && memcmp(&e->key, k, sizeof *k) != 0) e = e->next;
+    if (!e && (e = calloc(1, sizeof *e)) != NULL) {
+        e->key = *k;
+        entry_create(e, (dnnl_data_type_t)k->dt);
+        if (G.n_entries < MM_MAX_ENTRIES) {
+            e->next = G.buckets[h];
+            G.buckets[h] = e;
+            G.n_entries++;
+        } else {
+            *owned = true;
+        }
+    }
+    pthread_mutex_unlock(&G.lock);
+    return e;
+}
+
+static void entry_free_owned(mm_entry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    free(e);
+}
+
+/* The key of y = alpha a b + beta y (bias: y = a b + bias) on nt threads. */
+static mm_key make_key(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const mat3 *y,
+                       double alpha, double beta, bool bias, int nt) {
     mm_key k;
     memset(&k, 0, sizeof k); /* padding too: the key is hashed and compared as bytes */
     k.dt = (int)dt;
     md_of(a, k.dims[0], k.strides[0]);
     md_of(b, k.dims[1], k.strides[1]);
     md_of(y, k.dims[2], k.strides[2]);
-    k.alpha = alpha, k.beta = beta;
-    uint64_t h = key_hash(&k) % MM_BUCKETS;
-    pthread_mutex_lock(&G.lock);
-    mm_entry *e = G.buckets[h];
-    while (e && memcmp(&e->key, &k, sizeof k) != 0) e = e->next;
-    bool owned = false; /* a one-off entry when the cache is full */
-    if (!e) {
-        e = calloc(1, sizeof *e);
-        if (!e) {
-            pthread_mutex_unlock(&G.lock);
-            return false;
-        }
-        e->key = k;
-        entry_create(e, dt);
-        if (G.n_entries < MM_MAX_ENTRIES) {
-            e->next = G.buckets[h];
-            G.buckets[h] = e;
-            G.n_entries++;
-        } else {
-            owned = true;
-        }
-    }
-    pthread_mutex_unlock(&G.lock);
-    bool done = false;
+    k.alpha = alpha, k.beta = bias ? 0.0 : beta;
+    k.bias = bias;
+    k.nt = nt;
+    return k;
+}
+
+/* Run entry e's primitive on these operands (bias: a dense row of y->C values, for a key made
+ * with a bias). Returns false when it could not run (nothing was written). */
+static bool dnnl_exec(const mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y,
+                      const void *bias) {
     dnnl_stream_t s = e->prim ? thread_stream() : NULL;
-    dnnl_memory_t m[3] = {NULL, NULL, NULL};
-    const mat3 *ops[3] = {a, b, y};
-    bool ok = s != NULL;
-    for (int i = 0; i < 3 && ok; i++)
-        ok = dnnl_memory_create(&m[i], &e->md[i], G.engine, ops[i]->data) == dnnl_success;
+    if (!s) return false;
+    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+    void *ptrs[4] = {a->data, b->data, y->data, (void *)bias};
+    int n = e->key.bias ? 4 : 3;
+    bool ok = true, done = false;
+    for (int i = 0; i < n && ok; i++)
+        ok = dnnl_memory_create(&m[i], &e->md[i], G.engine, ptrs[i]) == dnnl_success;
     if (ok) {
-        int nt = em_num_threads();
-        if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
-        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]},
-                                   {DNNL_ARG_DST, m[2]}};
-        done = dnnl_primitive_execute(e->prim, s, 3, args) == dnnl_success &&
+        int prev = omp_get_max_threads();
+        if (prev != e->key.nt) omp_set_num_threads(e->key.nt);
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]},
+                                   {DNNL_ARG_DST, m[2]}, {DNNL_ARG_BIAS, m[3]}};
+        done = dnnl_primitive_execute(e->prim, s, n, args) == dnnl_success &&
                dnnl_stream_wait(s) == dnnl_success;
+        if (prev != e->key.nt) omp_set_num_threads(prev);
     }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n; i++)
         if (m[i]) dnnl_memory_destroy(m[i]);
-    if (owned) {
-        if (e->prim) dnnl_primitive_destroy(e->prim);
-        free(e);
-    }
+    return done;
+}
+
+/* Run y = alpha a b + beta y through oneDNN on all threads. Returns false when oneDNN has no
+ * fast kernel for this call (nothing was written). */
+static bool onednn_gemm(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const mat3 *y,
+                        double alpha, double beta, const void *bias) {
+    mm_key k = make_key(dt, a, b, y, alpha, beta, bias != NULL, em_num_threads());
+    bool owned;
+    mm_entry *e = entry_get(&k, &owned);
+    if (!e) return false;
+    bool done = dnnl_exec(e, a, b, y, bias);
+    if (owned) entry_free_owned(e);
     return done;
 }
 
 /* ---- OpenBLAS ---------------------------------------------------------------------------------- */
 
-static void blas_threads(void) {
-    int nt = em_num_threads();
+static void blas_threads(int nt) {
     if (G.blas_threads != nt) {
         openblas_set_num_threads(nt);
         G.blas_threads = nt;
     }
 }
 
+/* y = alpha a b + beta y on nt OpenBLAS threads. */
 static void blas_gemm(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
-                      double beta) {
-    blas_threads();
+                      double beta, int nt) {
+    blas_threads(nt);
     CBLAS_TRANSPOSE ta = a->cs == 1 ? CblasNoTrans : CblasTrans;
     CBLAS_TRANSPOSE tb = b->cs == 1 ? CblasNoTrans : CblasTrans;
     int lda = (int)(a->cs == 1 ? a->rs : a->cs), ldb = (int)(b->cs == 1 ? b->rs : b->cs);
@@ -403,24 +537,211 @@ static void scale_y(em_dtype dt, const mat3 *y, double beta) {
             }
 }
 
+/* Every row of y = the bias row. */
+static void fill_rows(em_dtype dt, const mat3 *y, const row_bias *rb) {
+    size_t e = em_dtype_size(dt);
+    for (int64_t bi = 0; bi < y->B; bi++)
+        for (int64_t i = 0; i < y->R; i++) {
+            char *dst = y->data + (bi * y->s0 + i * y->rs) * (int64_t)e;
+            if (rb->cs == 1 || y->C == 1) {
+                memcpy(dst, rb->data, (size_t)y->C * e);
+                continue;
+            }
+            for (int64_t j = 0; j < y->C; j++)
+                memcpy(dst + j * (int64_t)e, rb->data + j * rb->cs * (int64_t)e, e);
+        }
+}
+
+/* ---- autotuning --------------------------------------------------------------------------------- */
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* The 1-thread twin of entry e (same key, nt 1), looked up once. */
+static mm_entry *entry_one(mm_entry *e) {
+    mm_entry *one = __atomic_load_n(&e->one, __ATOMIC_ACQUIRE);
+    if (one) return one;
+    mm_key k = e->key;
+    k.nt = 1;
+    bool owned;
+    one = entry_get(&k, &owned);
+    if (one && owned) { /* the cache is full: no 1-thread path for this key */
+        entry_free_owned(one);
+        return NULL;
+    }
+    if (one) __atomic_store_n(&e->one, one, __ATOMIC_RELEASE);
+    return one;
+}
+
+/* Run f32 y = alpha a b + beta y (rb: y = a b + bias, alpha 1) the way `path` says; e is the
+ * key's entry (made with the bias argument when rb is given). False: that way cannot run this
+ * call (nothing was written). */
+static bool run_path(gemm_path path, mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y,
+                     double alpha, double beta, const row_bias *rb) {
+    switch (path) {
+    case PATH_DNNL: return dnnl_exec(e, a, b, y, rb ? rb->data : NULL);
+    case PATH_DNNL_1: {
+        mm_entry *one = entry_one(e);
+        return one && dnnl_exec(one, a, b, y, rb ? rb->data : NULL);
+    }
+    case PATH_BLAS_1:
+        if (rb) fill_rows(EM_F32, y, rb), beta = 1.0;
+        blas_gemm(EM_F32, a, b, y, alpha, beta, 1);
+        return true;
+    default: return false;
+    }
+}
+
+static const char *path_name(gemm_path p) {
+    switch (p) {
+    case PATH_DNNL: return "oneDNN on all threads";
+    case PATH_DNNL_1: return "oneDNN on 1 thread";
+    case PATH_BLAS_1: return "OpenBLAS on 1 thread";
+    default: return "?";
+    }
+}
+
+/* "128x512x784 (a row-major, b transposed, bias)" */
+static void key_text(const mm_entry *e, const mat3 *a, const mat3 *b, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%lldx%lldx%lld (a %s, b %s%s%s)",
+             e->key.dims[2][0] > 1 ? "batched " : "", (long long)e->key.dims[2][1],
+             (long long)e->key.dims[2][2], (long long)a->C,
+             a->cs == 1 ? "row-major" : "transposed", b->cs == 1 ? "row-major" : "transposed",
+             e->key.bias ? ", bias" : e->key.beta != 0 ? ", beta" : "",
+             e->key.alpha != 1 ? ", alpha" : "");
+}
+
+/* Time each way of running this key on these operands, into a scratch output, and keep the
+ * fastest in e->choice (the median of TUNE_ROUNDS calls each, interleaved; oneDNN on all
+ * threads unless a 1-thread way is clearly faster). Returns the choice. */
+static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
+                      double beta, const row_bias *rb) {
+    gemm_path cand[3];
+    int nc = 0;
+    cand[nc++] = PATH_DNNL;
+    if (e->key.nt > 1) cand[nc++] = PATH_DNNL_1;
+    cand[nc++] = PATH_BLAS_1;
+    int64_t span = (y->B - 1) * y->s0 + (y->R - 1) * y->rs + (y->C - 1) * y->cs + 1;
+    char *scratch = em_host_alloc((size_t)span * 4, 64);
+    if (!scratch) return PATH_DNNL; /* decide at a later call */
+    memset(scratch, 0, (size_t)span * 4); /* beta != 0 reads it: no NaN, no denormals */
+    mat3 ys = *y;
+    ys.data = scratch;
+    double t[3][TUNE_ROUNDS] = {{0}}, med[3];
+    bool failed[3] = {false, false, false};
+    /* Before the process's first measurement, run all threads and 1 thread in turn until all
+     * threads win by TUNE_MARGIN, for at most TUNE_WARMUP_US: right after the process was idle
+     * the second core here takes tens of ms to pull its weight (measured: after a 300 ms
+     * sleep, 2 threads ran 128x512x784 at 1-thread speed in 3 of 3 runs of a 20 ms warm-up,
+     * and at full speed after 100 ms). */
+    static int warmed;
+    if (nc > 2 && __atomic_exchange_n(&warmed, 1, __ATOMIC_ACQ_REL) == 0)
+        for (double t0 = now_us(); now_us() - t0 < TUNE_WARMUP_US;) {
+            double t1 = now_us();
+            if (!run_path(PATH_DNNL, e, a, b, &ys, alpha, beta, rb)) break;
+            double t2 = now_us();
+            if (!run_path(PATH_DNNL_1, e, a, b, &ys, alpha, beta, rb)) break;
+            if (t2 - t1 < TUNE_MARGIN * (now_us() - t2)) break;
+        }
+    for (int r = -1; r < TUNE_ROUNDS; r++)
+        for (int i = 0; i < nc; i++) {
+            int c = (i + (r < 0 ? 0 : r)) % nc; /* rotate the order: none always runs first */
+            if (failed[c]) continue;
+            double t0 = now_us();
+            if (!run_path(cand[c], e, a, b, &ys, alpha, beta, rb)) failed[c] = true;
+            if (r >= 0) t[c][r] = now_us() - t0;
+        }
+    em_host_free(scratch);
+    /* A 1-thread way must beat all threads by TUNE_MARGIN: a machine busy while this measures
+     * makes all threads look no better than one, and the choice lasts the whole process. */
+    int best = 0;
+    for (int c = 0; c < nc; c++) {
+        qsort(t[c], TUNE_ROUNDS, sizeof t[c][0], cmp_double);
+        med[c] = failed[c] ? 1e300 : t[c][TUNE_ROUNDS / 2];
+    }
+    for (int c = 1; c < nc; c++)
+        if (med[c] < TUNE_MARGIN * med[0] && (best == 0 || med[c] < med[best])) best = c;
+    char what[160], line[512];
+    key_text(e, a, b, what, sizeof what);
+    int n = snprintf(line, sizeof line, "%s: %s (", what, path_name(cand[best]));
+    for (int c = 0; c < nc && n > 0 && (size_t)n < sizeof line; c++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.1f us", c ? ", " : "",
+                      cand[c] == PATH_DNNL ? "oneDNN" : cand[c] == PATH_DNNL_1 ? "oneDNN 1t"
+                                                                                : "OpenBLAS 1t",
+                      failed[c] ? -1.0 : med[c]);
+    if (n > 0 && (size_t)n < sizeof line) snprintf(line + n, sizeof line - (size_t)n, ")");
+    em_log_write(EM_LOG_INFO, "ember-cpu: GEMM autotune, %d threads: %s", e->key.nt, line);
+    pthread_mutex_lock(&G.lock);
+    size_t len = strlen(line), room = sizeof G.why - 1 - G.why_len;
+    const char *sep = G.n_tuned == 0 ? ". Autotuned: " : "; ";
+    if (len + strlen(sep) + 32 <= room) { /* appended whole (the text read so far stays valid) */
+        memcpy(G.why + G.why_len + strlen(sep), line, len + 1);
+        memcpy(G.why + G.why_len, sep, strlen(sep));
+        G.why_len += strlen(sep) + len;
+    } else {
+        G.n_unlisted++;
+    }
+    G.n_tuned++;
+    pthread_mutex_unlock(&G.lock);
+    __atomic_store_n(&e->choice, (int)cand[best], __ATOMIC_RELEASE);
+    return cand[best];
+}
+
 /* ---- the engine -------------------------------------------------------------------------------- */
 
 static em_status gemm_f32_path(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y,
                                double alpha, double beta);
 
+/* y = alpha a b + beta y, f32, where oneDNN is the f32 library: tuned per key (see the top). */
+static bool gemm_f32_onednn(const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
+                            double beta, const row_bias *rb, double work) {
+    mm_key k = make_key(dnnl_f32, a, b, y, alpha, beta, rb != NULL, em_num_threads());
+    bool owned;
+    mm_entry *e = entry_get(&k, &owned);
+    if (!e) return false;
+    gemm_path path = PATH_DNNL;
+    if (G.autotune && !owned && e->prim && work <= TUNE_MAX_WORK && !em_deterministic()) {
+        path = G.forced_path ? G.forced_path
+                             : (gemm_path)__atomic_load_n(&e->choice, __ATOMIC_ACQUIRE);
+        if (path == PATH_UNDECIDED)
+            path = __atomic_exchange_n(&e->tuning, 1, __ATOMIC_ACQ_REL) == 0
+                       ? tune(e, a, b, y, alpha, beta, rb)
+                       : PATH_DNNL; /* another thread is measuring this key */
+    }
+    bool done = run_path(path, e, a, b, y, alpha, beta, rb);
+    if (owned) entry_free_owned(e);
+    return done;
+}
+
+/* y = alpha a b + beta y; with rb (f32 and native bf16 only; alpha 1, beta 1): y = a b + the
+ * bias row, y not read. */
 static em_status gemm_mat3(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y,
-                           double alpha, double beta) {
-    if (dt == EM_F16 || (dt == EM_BF16 && !G.bf16_native))
+                           double alpha, double beta, const row_bias *rb) {
+    if (dt == EM_F16 || (dt == EM_BF16 && !G.bf16_native)) {
+        if (rb) fill_rows(dt, y, rb);
         return gemm_f32_path(dt, a, b, y, alpha, beta);
+    }
     if (dt == EM_BF16) {
-        if (onednn_gemm(dnnl_bf16, a, b, y, alpha, beta)) return EM_OK;
+        if (onednn_gemm(dnnl_bf16, a, b, y, alpha, beta, rb ? rb->data : NULL)) return EM_OK;
+        if (rb) fill_rows(dt, y, rb);
         return gemm_f32_path(dt, a, b, y, alpha, beta);
     }
     double work = (double)y->B * (double)y->R * (double)y->C * (double)a->C;
     if (dt == EM_F32 && G.f32 == LIB_ONEDNN && work > SMALL_GEMM &&
-        onednn_gemm(dnnl_f32, a, b, y, alpha, beta))
+        gemm_f32_onednn(a, b, y, alpha, beta, rb, work))
         return EM_OK;
-    blas_gemm(dt, a, b, y, alpha, beta);
+    if (rb) fill_rows(dt, y, rb), beta = 1.0;
+    /* Small f32 products run on the calling thread (they are below OpenBLAS's own threading
+     * threshold anyway); the rest (f64, f32 where oneDNN declined) on every thread. */
+    blas_gemm(dt, a, b, y, alpha, beta, dt == EM_F32 && work <= SMALL_GEMM ? 1 : em_num_threads());
     return EM_OK;
 }
 
@@ -441,7 +762,7 @@ static em_status gemm_f32_path(em_dtype dt, const mat3 *a, const mat3 *b, const 
                         .rs = y->C > 1 ? y->C : 1, .cs = 1};
         }
     }
-    if (st == EM_OK) st = gemm_mat3(EM_F32, &fa, &fb, &fy, alpha, beta);
+    if (st == EM_OK) st = gemm_mat3(EM_F32, &fa, &fb, &fy, alpha, beta, NULL);
     if (st == EM_OK) {
         const float *src = (const float *)sy;
         size_t e = em_dtype_size(dt);
@@ -456,23 +777,65 @@ static em_status gemm_f32_path(em_dtype dt, const mat3 *a, const mat3 *b, const 
     return st;
 }
 
-em_status cpu_gemm(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y, double alpha,
-                   double beta) {
+/* The GEMM of a, b into y, after copying operands GEMM cannot take as they are. */
+static em_status gemm_ktensors(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y,
+                               double alpha, double beta, const row_bias *rb) {
     em_dtype dt = y->dtype;
     mat3 ma = mat3_of(a), mb = mat3_of(b), my = mat3_of(y);
     if (my.B == 0 || my.R == 0 || my.C == 0) return EM_OK;
     if (ma.C == 0) {
-        scale_y(dt, &my, beta);
+        if (rb) fill_rows(dt, &my, rb);
+        else scale_y(dt, &my, beta);
         return EM_OK;
     }
     void *sa = NULL, *sb = NULL;
     em_status st = EM_OK;
     if (!gemm_layout(&ma)) st = dense_copy(&ma, dt, dt, &ma, &sa);
     if (st == EM_OK && !gemm_layout(&mb)) st = dense_copy(&mb, dt, dt, &mb, &sb);
-    if (st == EM_OK) st = gemm_mat3(dt, &ma, &mb, &my, alpha, beta);
+    if (st == EM_OK) st = gemm_mat3(dt, &ma, &mb, &my, alpha, beta, rb);
     em_host_free(sa);
     em_host_free(sb);
     return st;
+}
+
+em_status cpu_gemm(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y, double alpha,
+                   double beta) {
+    return gemm_ktensors(a, b, y, alpha, beta, NULL);
+}
+
+/* y (M, N) = bias (M, N, stride 0 on broadcast dims), element by element. */
+static void copy_bias(const em_ktensor *bias, const em_ktensor *y) {
+    size_t e = em_dtype_size(y->dtype);
+    int64_t M = y->shape[0], N = y->shape[1];
+    for (int64_t i = 0; i < M; i++) {
+        const char *src = (const char *)bias->data + i * bias->strides[0] * (int64_t)e;
+        char *dst = (char *)y->data + i * y->strides[0] * (int64_t)e;
+        int64_t cs = bias->strides[1];
+        if (cs == 1) {
+            memcpy(dst, src, (size_t)N * e);
+        } else if (e == 4) {
+            for (int64_t j = 0; j < N; j++) ((uint32_t *)dst)[j] = *(const uint32_t *)(src + j * cs * 4);
+        } else if (e == 8) {
+            for (int64_t j = 0; j < N; j++) ((uint64_t *)dst)[j] = *(const uint64_t *)(src + j * cs * 8);
+        } else {
+            for (int64_t j = 0; j < N; j++) ((uint16_t *)dst)[j] = *(const uint16_t *)(src + j * cs * 2);
+        }
+    }
+}
+
+em_status cpu_gemm_addmm(const em_ktensor *bias, const em_ktensor *a, const em_ktensor *b,
+                         const em_ktensor *y, double alpha, double beta) {
+    if (beta == 0) return cpu_gemm(a, b, y, alpha, 0.0);
+    /* linear's bias: one row broadcast down the rows, added once (oneDNN's bias argument). A
+     * bias with a column stride other than 1 is copied (rarely: a strided view). */
+    int64_t M = y->shape[0], N = y->shape[1];
+    bool row = (bias->strides[0] == 0 || M <= 1) && (bias->strides[1] == 1 || N <= 1);
+    if (row && alpha == 1.0 && beta == 1.0 && (y->dtype == EM_F32 || y->dtype == EM_BF16)) {
+        row_bias rb = {.data = bias->data, .cs = 1};
+        return gemm_ktensors(a, b, y, 1.0, 1.0, &rb);
+    }
+    copy_bias(bias, y);
+    return cpu_gemm(a, b, y, alpha, beta);
 }
 
 /* ---- bmm ------------------------------------------------------------------------------------------ */

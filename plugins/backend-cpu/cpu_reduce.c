@@ -595,7 +595,7 @@ static void reduce_cols(const rplan *P) {
         reduce_rows(P);
         return;
     }
-#pragma omp parallel for num_threads(nt) if (x->numel >= CPU_GRAIN && items > 1) schedule(static)
+#pragma omp parallel for num_threads(nt) if (x->numel >= CPU_GRAIN_MEM && items > 1) schedule(static)
     for (int64_t it = 0; it < items; it++) {
         int tid = 0;
 #ifdef _OPENMP

@@ -284,8 +284,10 @@ EM_API em_status em_placement_get(const char *device_type, em_placement_stats *o
  *     (16384 elements) combined in block order, instead of one block per thread (which is
  *     faster, and repeatable only at the same thread count).
  * The elementwise, copy, index and random-fill kernels compute each element independently and
- * are deterministic in both modes; matmul is whatever OpenBLAS gives (repeatable at a fixed
- * thread count). Off by default. */
+ * are deterministic in both modes; matmul is whatever its GEMM library gives (repeatable at a
+ * fixed thread count), and under deterministic mode the CPU backend does not use the per-shape
+ * library choices it measured (EMBER_GEMM_AUTOTUNE), which vary between processes. Off by
+ * default. */
 EM_API void em_set_deterministic(bool on);
 EM_API bool em_deterministic(void);
 
