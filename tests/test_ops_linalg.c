@@ -617,6 +617,48 @@ static void tuned_bits(uint32_t *out, int64_t n) {
     cr_assert_eq(em_scope_end(), EM_OK);
 }
 
+/* The autotuner chooses between oneDNN on all threads and on one by timing, which differs
+ * from run to run: the two must give the same bits, or a resumed run would not end
+ * bit-identical. Checked on the long-K products above and the MLP's linear products (forward,
+ * grad of the input, grad of the weight). */
+static void mlp_bits(uint32_t *out, int64_t n) {
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    int64_t xs[2] = {128, 784}, ws[2] = {512, 784}, gs[2] = {128, 512}, b[1] = {512};
+    em_tensor *x = rnd(EM_F32, 2, xs, 70), *w = rnd(EM_F32, 2, ws, 71), *g = rnd(EM_F32, 2, gs, 72);
+    em_tensor *y = em_linear(x, w, rnd(EM_F32, 1, b, 73));
+    em_tensor *dx = em_matmul(g, w), *dw = em_matmul(em_transpose(g, 0, 1), x);
+    cr_assert(y && dx && dw, "%s", em_last_error());
+    int64_t ny = em_tensor_numel(y), nx = em_tensor_numel(dx), nw = em_tensor_numel(dw);
+    cr_assert_eq(ny + nx + nw, n);
+    cr_assert_eq(em_tensor_to_host(y, out, sizeof(float) * (size_t)ny), EM_OK);
+    cr_assert_eq(em_tensor_to_host(dx, out + ny, sizeof(float) * (size_t)nx), EM_OK);
+    cr_assert_eq(em_tensor_to_host(dw, out + ny + nx, sizeof(float) * (size_t)nw), EM_OK);
+    cr_assert_eq(em_scope_end(), EM_OK);
+}
+
+Test(gemm_paths, one_thread_and_all_threads_give_the_same_bits) {
+    enum { n = TB_M * TB_N + TB_M * TB_M, nm = 128 * 512 + 128 * 784 + 512 * 784 };
+    static uint32_t bits[2][n], mbits[2][nm];
+    static const char *const modes[2] = {"onednn", "onednn-1"};
+    for (int m = 0; m < 2; m++) {
+        setenv("EMBER_GEMM_AUTOTUNE", modes[m], 1);
+        cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+        int nt0 = em_num_threads();
+        em_set_num_threads(2);
+        tuned_bits(bits[m], n);
+        mlp_bits(mbits[m], nm);
+        em_set_num_threads(nt0);
+        em_shutdown();
+    }
+    unsetenv("EMBER_GEMM_AUTOTUNE");
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(bits[0][i], bits[1][i], "long-K element %lld: 0x%08x on all threads, "
+                     "0x%08x on one", (long long)i, bits[0][i], bits[1][i]);
+    for (int64_t i = 0; i < nm; i++)
+        cr_assert_eq(mbits[0][i], mbits[1][i], "MLP product element %lld: 0x%08x on all "
+                     "threads, 0x%08x on one", (long long)i, mbits[0][i], mbits[1][i]);
+}
+
 Test(gemm_paths, deterministic_mode_ignores_the_tuned_choice) {
     /* The same products without tuning, then with every tunable product forced onto OpenBLAS
      * on 1 thread but deterministic mode on: bitwise the same (oneDNN on all threads). */

@@ -18,17 +18,20 @@
  *   - f16: through f32 (oneDNN 2.6 has no f16 matmul on CPUs without AVX512_FP16).
  *
  * Per-shape autotuning (f32 on oneDNN, products of more than 64^3 and at most TUNE_MAX_WORK
- * multiply-adds): the first call of a shape/layout/alpha/beta/bias times three ways of running
- * it on the caller's operands (into a scratch output) — oneDNN on em_num_threads() threads,
- * oneDNN on the calling thread alone, OpenBLAS on the calling thread alone — and every later
- * call of that key runs the fastest (like cuDNN's benchmark mode). What it buys depends on
+ * multiply-adds): the first call of a shape/layout/alpha/beta/bias times two ways of running
+ * it on the caller's operands (into a scratch output) — oneDNN on em_num_threads() threads and
+ * oneDNN on the calling thread alone — and every later call of that key runs the faster (like
+ * cuDNN's benchmark mode). Both give the same bits (oneDNN splits rows and columns among its
+ * threads, not the sum; tests/test_ops_linalg.c checks it), so a decision that depends on
+ * timing does not make two runs differ: a run resumed in another process still ends
+ * bit-identical. OpenBLAS is not a candidate for that reason (its sums round differently; on
+ * the MLP's small products it was 1-2 us faster than oneDNN on one thread). What it buys depends on
  * how long a sleeping OpenMP worker takes to wake, which the machine and OMP_WAIT_POLICY /
  * GOMP_SPINCOUNT decide: on this VM with passive workers a parallel region costs ~40-80 us of
  * wake-ups, more than a 128x256x10 product takes on one thread. OpenBLAS with several threads
  * is not a candidate: its own pthread pool would spin next to OpenMP's workers. The decision
- * is made once per key and process (the libraries' results may differ in the last bits, so a
- * run is repeatable given the same decisions, which cpu_gemm_describe() lists and the info log
- * records). EMBER_GEMM_AUTOTUNE=0 turns it off, and so do EMBER_GEMM and em_deterministic()
+ * is made once per key and process; cpu_gemm_describe() lists the decisions and the info log
+ * records them. EMBER_GEMM_AUTOTUNE=0 turns it off, and so do EMBER_GEMM and em_deterministic()
  * mode: then every such product runs on oneDNN with all threads.
  *
  * addmm with a bias broadcast along rows (linear's), alpha 1 and beta 1 passes the bias to
@@ -624,26 +627,29 @@ static void key_text(const mm_entry *e, const mat3 *a, const mat3 *b, char *buf,
  * threads unless a 1-thread way is clearly faster). Returns the choice. */
 static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
                       double beta, const row_bias *rb) {
-    gemm_path cand[3];
+    gemm_path cand[2];
     int nc = 0;
     cand[nc++] = PATH_DNNL;
     if (e->key.nt > 1) cand[nc++] = PATH_DNNL_1;
-    cand[nc++] = PATH_BLAS_1;
+    if (nc == 1) { /* one thread: nothing to choose */
+        __atomic_store_n(&e->choice, (int)PATH_DNNL, __ATOMIC_RELEASE);
+        return PATH_DNNL;
+    }
     int64_t span = (y->B - 1) * y->s0 + (y->R - 1) * y->rs + (y->C - 1) * y->cs + 1;
     char *scratch = em_host_alloc((size_t)span * 4, 64);
     if (!scratch) return PATH_DNNL; /* decide at a later call */
     memset(scratch, 0, (size_t)span * 4); /* beta != 0 reads it: no NaN, no denormals */
     mat3 ys = *y;
     ys.data = scratch;
-    double t[3][TUNE_ROUNDS] = {{0}}, med[3];
-    bool failed[3] = {false, false, false};
+    double t[2][TUNE_ROUNDS] = {{0}}, med[2];
+    bool failed[2] = {false, false};
     /* Before the process's first measurement, run all threads and 1 thread in turn until all
      * threads win by TUNE_MARGIN, for at most TUNE_WARMUP_US: right after the process was idle
      * the second core here takes tens of ms to pull its weight (measured: after a 300 ms
      * sleep, 2 threads ran 128x512x784 at 1-thread speed in 3 of 3 runs of a 20 ms warm-up,
      * and at full speed after 100 ms). */
     static int warmed;
-    if (nc > 2 && __atomic_exchange_n(&warmed, 1, __ATOMIC_ACQ_REL) == 0)
+    if (__atomic_exchange_n(&warmed, 1, __ATOMIC_ACQ_REL) == 0)
         for (double t0 = now_us(); now_us() - t0 < TUNE_WARMUP_US;) {
             double t1 = now_us();
             if (!run_path(PATH_DNNL, e, a, b, &ys, alpha, beta, rb)) break;
