@@ -29,11 +29,13 @@ training steps every single step is timed too: the mean step against the median 
 """
 import os
 import statistics
+import time
 import subprocess
 import sys
 
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
 TRAIN = ["train_mlp_b128", "train_cnn_b64"]
+SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
 
 TORCH_WORKER = r'''
@@ -178,6 +180,12 @@ def main():
                     continue
                 if label.startswith("ember") and label.startswith("ember-train") != (name in TRAIN):
                     continue
+                # Let the previous worker's threads go quiet first: PyTorch's OpenBLAS workers
+                # spin ~0.1 s after a call and libgomp's default ~3 ms after a region, and on 2
+                # cores they would take the next worker's turn.
+                time.sleep(SETTLE_S)
+                if name in TRAIN:
+                    w.ask(name)  # untimed: on this VM a core idle for a while runs slow at first
                 t, each = w.ask(name)
                 if t is not None:
                     key = "ember" if label == "ember-train" else label
