@@ -207,8 +207,8 @@ em_status cpu_gemm_init(void) {
              path_name(G.forced_path), tune_env ? tune_env : "");
     const char *tune = G.autotune && G.forced_path != PATH_UNDECIDED ? forced_text
         : G.autotune
-        ? "; per shape from 64^3 to 512^3 multiply-adds the fastest of oneDNN on all threads, "
-          "oneDNN on 1 thread and OpenBLAS on 1 thread, measured at its first call "
+        ? "; per shape from 64^3 to 512^3 multiply-adds the faster of oneDNN on all threads "
+          "and oneDNN on 1 thread (the same bits), measured at its first call "
           "(EMBER_GEMM_AUTOTUNE=0 turns this off; deterministic mode does not use it)"
         : tune_off ? "; per-shape autotuning off (EMBER_GEMM_AUTOTUNE=0)"
         : forced   ? "; no per-shape autotuning (EMBER_GEMM is set)" : "";
