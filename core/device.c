@@ -124,11 +124,26 @@ const em_device_ops *em__device_ops(em_device dev) { return &em__device_types[de
 em__allocator *em__device_allocator(em_device dev) {
     if (em__device_check(dev, "alloc") != EM_OK) return NULL;
     em__device_type *t = &em__device_types[dev.type];
+    /* Every tensor allocation and release comes here: once created, the allocator is read
+     * without the lock (it lives until its device type is removed, which is set-up time, like
+     * registration). The store below publishes a fully built allocator. */
+    em__allocator *a = __atomic_load_n(&t->alloc[dev.index], __ATOMIC_ACQUIRE);
+    if (a) return a;
     pthread_mutex_lock(&t->lock);
-    em__allocator *a = t->alloc[dev.index];
-    if (!a) a = t->alloc[dev.index] = em__allocator_new(dev, &t->ops);
+    a = t->alloc[dev.index];
+    if (!a) {
+        a = em__allocator_new(dev, &t->ops);
+        __atomic_store_n(&t->alloc[dev.index], a, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&t->lock);
     return a;
+}
+
+em__allocator *em__device_allocator_existing(em_device dev) {
+    if (dev.type < 0 || dev.type >= EM_MAX_DEVICE_TYPES || dev.index < 0 || dev.index >= 64)
+        return NULL;
+    em__device_type *t = &em__device_types[dev.type];
+    return t->used ? __atomic_load_n(&t->alloc[dev.index], __ATOMIC_ACQUIRE) : NULL;
 }
 
 em_status em_device_parse(const char *s, em_device *out) {

@@ -725,6 +725,13 @@ em_dtype em__result_type(const em_tensor *const *in, int n) {
     return combine(have_dim, dim, have_zero, zero);
 }
 
+static bool same_shape(const em_tensor *t, int ndim, const int64_t *shape) {
+    if (t->ndim != ndim) return false;
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] != shape[d]) return false;
+    return true;
+}
+
 em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
                       const em_attr *attrs, em_tensor **out) {
     const struct em_op *op = cop;
@@ -752,7 +759,9 @@ em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
     const em_tensor *args[8];
     em_status st = EM_OK;
     for (int i = 0; i < n_in; i++) args[i] = in[i];
-    if (op->schema.flags & EM_OP_PROMOTE) {
+    bool mixed = false; /* all inputs of one dtype: the result type is that dtype */
+    for (int i = 1; i < n_in; i++) mixed |= in[i]->dtype != in[0]->dtype;
+    if ((op->schema.flags & EM_OP_PROMOTE) && mixed) {
         em_dtype dt = em__result_type(in, n_in);
         for (int i = 0; i < n_in && st == EM_OK; i++)
             if (in[i]->dtype != dt) {
@@ -760,11 +769,15 @@ em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
                 args[i] = held[i];
             }
     }
-    em_tensor_meta meta[4];
-    memset(meta, 0, sizeof meta);
+    em_tensor_meta meta[4]; /* zeroed for the outputs infer fills (one memset of all four
+                               showed up in profiles of tiny ops) */
+    for (int i = 0; i < op->schema.n_outputs; i++) meta[i] = (em_tensor_meta){0};
     if (st == EM_OK) st = op->schema.infer(op, args, attrs, meta);
     if (st == EM_OK && (op->schema.flags & EM_OP_BROADCAST))
         for (int i = 0; i < n_in && st == EM_OK; i++) {
+            /* An input that already has the result's shape is used as it is: expanding it
+             * would make a view with the same geometry. */
+            if (same_shape(args[i], meta[0].ndim, meta[0].shape)) continue;
             if (!(bcast[i] = em__expand(args[i], meta[0].ndim, meta[0].shape))) st = em_last_status();
             args[i] = bcast[i];
         }

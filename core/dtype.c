@@ -16,7 +16,7 @@
 
 /* ---- sizes and names ---------------------------------------------------------------------- */
 
-static const size_t dtype_sizes[EM_DTYPE_COUNT] = {
+const size_t em__dtype_sizes[EM_DTYPE_COUNT] = {
     [EM_F32] = 4, [EM_F64] = 8, [EM_F16] = 2, [EM_BF16] = 2,
     [EM_I32] = 4, [EM_I64] = 8, [EM_U8] = 1,  [EM_BOOL] = 1,
 };
@@ -50,7 +50,7 @@ bool em_dtype_is_valid(em_dtype dt) {
 }
 
 size_t em_dtype_size(em_dtype dt) {
-    return em_dtype_is_valid(dt) ? dtype_sizes[dt] : 0;
+    return em_dtype_is_valid(dt) ? em__dtype_sizes[dt] : 0;
 }
 
 const char *em_dtype_name(em_dtype dt) {

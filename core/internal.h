@@ -63,12 +63,19 @@ extern em__device_type em__device_types[EM_MAX_DEVICE_TYPES];
 em_status em__device_check(em_device dev, const char *who);
 const em_device_ops *em__device_ops(em_device dev);
 em__allocator *em__device_allocator(em_device dev); /* NULL + error on failure */
+/* The allocator dev already has, or NULL (its device type was removed): no checks, no error;
+ * for handing back a block that allocator gave out. */
+em__allocator *em__device_allocator_existing(em_device dev);
 void em__devices_shutdown(void);
 void em__device_types_remove_owner(em_registry *owner);
 int em__device_type_find(const char *name); /* index or -1 */
 /* Copy between any two devices (through the host when neither is the CPU); counts bytes. */
 em_status em__device_copy(em_device dst_dev, void *dst, em_device src_dev, const void *src,
                           size_t nbytes);
+
+/* em_dtype_size for a dtype known to be valid (a tensor's), inlined on the op hot path. */
+extern const size_t em__dtype_sizes[EM_DTYPE_COUNT];
+static inline size_t em__dtype_size(em_dtype dt) { return em__dtype_sizes[dt]; }
 
 /* ---- storage and tensors (tensor.c) ------------------------------------------------------- */
 

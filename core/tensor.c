@@ -81,7 +81,7 @@ const char *em_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) 
 static void storage_release(em__storage *s) {
     if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
     if (s->block) {
-        em__allocator *a = em__device_allocator(s->device);
+        em__allocator *a = em__device_allocator_existing(s->device);
         if (a) em__allocator_release(a, s->block);
     } else if (s->release) {
         s->release(s->data, s->release_user);
@@ -166,7 +166,7 @@ em_tensor *em__tensor_new(int ndim, const int64_t *shape, em_dtype dt, em_device
         em_set_error(EM_ERR_NOMEM, "empty: %lld elements cannot be allocated", (long long)numel);
         return NULL;
     }
-    em__storage *s = storage_new((size_t)numel * em_dtype_size(dt), dev, cat);
+    em__storage *s = storage_new((size_t)numel * em__dtype_size(dt), dev, cat);
     if (!s) return NULL;
     em_tensor *t = tensor_object(s, dt, ndim, shape, strides, 0);
     if (!t) storage_release(s);
@@ -305,12 +305,12 @@ const int64_t *em_tensor_shape(const em_tensor *t) { return t->shape; }
 const int64_t *em_tensor_strides(const em_tensor *t) { return t->strides; }
 int64_t em_tensor_offset(const em_tensor *t) { return t->offset; }
 int64_t em_tensor_numel(const em_tensor *t) { return t->numel; }
-size_t em_tensor_nbytes(const em_tensor *t) { return (size_t)t->numel * em_dtype_size(t->dtype); }
+size_t em_tensor_nbytes(const em_tensor *t) { return (size_t)t->numel * em__dtype_size(t->dtype); }
 bool em_tensor_is_contiguous(const em_tensor *t) {
     return em__is_contiguous(t->ndim, t->shape, t->strides);
 }
 void *em_tensor_data(const em_tensor *t) {
-    return (char *)t->storage->data + t->offset * (int64_t)em_dtype_size(t->dtype);
+    return (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
 }
 uint64_t em_tensor_version(const em_tensor *t) { return atomic_load(&t->storage->version); }
 void em_tensor_bump_version(em_tensor *t) {
@@ -348,12 +348,14 @@ em_status em_tensor_set_category(em_tensor *t, em_mem_category c) {
 }
 
 void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {
-    k->data = em_tensor_data(t);
+    k->data = (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
     k->dtype = t->dtype;
     k->ndim = t->ndim;
     k->numel = t->numel;
-    memcpy(k->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-    memcpy(k->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    for (int i = 0; i < t->ndim; i++) { /* a few dims: a loop, not two memcpy calls */
+        k->shape[i] = t->shape[i];
+        k->strides[i] = t->strides[i];
+    }
     k->contiguous = em__is_contiguous(t->ndim, t->shape, t->strides);
 }
 
