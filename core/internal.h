@@ -88,6 +88,7 @@ typedef struct em__storage {
     em__block *block;          /* allocator block; NULL for wrapped memory */
     em_release_fn release;     /* wrapped memory */
     void *release_user;
+    atomic_uint_fast64_t id;   /* em_ktensor.storage_id: 0 until a kernel first sees it */
 } em__storage;
 
 typedef struct em__node em__node;

@@ -357,6 +357,23 @@ void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {
         k->strides[i] = t->strides[i];
     }
     k->contiguous = em__is_contiguous(t->ndim, t->shape, t->strides);
+    /* The id is taken lazily (storages are calloc'ed: 0 means none yet) from this thread's
+     * block of a counter that never repeats: no locked instruction per new storage. Threads
+     * meeting a new storage at once may each store one: its id then changes, which makes a
+     * kernel miss what it kept, never find another storage's. */
+    static atomic_uint_fast64_t next_block = 1;
+    static _Thread_local uint_fast64_t id_next, id_end;
+    uint_fast64_t id = atomic_load_explicit(&t->storage->id, memory_order_relaxed);
+    if (!id) {
+        if (id_next == id_end) {
+            id_next = atomic_fetch_add_explicit(&next_block, 1u << 16, memory_order_relaxed);
+            id_end = id_next + (1u << 16);
+        }
+        id = id_next++;
+        atomic_store_explicit(&t->storage->id, id, memory_order_relaxed);
+    }
+    k->storage_id = id;
+    k->version = atomic_load(&t->storage->version);
 }
 
 /* ---- views ---------------------------------------------------------------------------------- */

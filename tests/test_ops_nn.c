@@ -319,6 +319,101 @@ Test(conv, dnnl_matches_loops) {
     }
 }
 
+/* grad of a 3x3 convolution's weight, stride 1, padding 1, one group, as a plain loop:
+ * gw[o][c][i][j] = sum over n, h, w of x[n][c][h + i - 1][w + j - 1] gy[n][o][h][w]. */
+static void ref_gw_3x3(const double *x, const double *gy, int64_t N, int64_t C, int64_t H,
+                       int64_t W, int64_t O, double *gw) {
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t i = 0; i < 3; i++)
+                for (int64_t j = 0; j < 3; j++) {
+                    double acc = 0;
+                    for (int64_t n = 0; n < N; n++)
+                        for (int64_t h = 0; h < H; h++)
+                            for (int64_t w = 0; w < W; w++) {
+                                int64_t ih = h + i - 1, iw = w + j - 1;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                acc += x[((n * C + c) * H + ih) * W + iw] *
+                                       gy[((n * O + o) * H + h) * W + w];
+                            }
+                    gw[((o * C + c) * 3 + i) * 3 + j] = acc;
+                }
+}
+
+/* conv2d_backward_weight(x, gy) (3x3, padding 1) against ref_gw_3x3 on the values vx, vg. */
+static void check_gw(em_tensor *x, em_tensor *gy, const double *vx, const double *vg,
+                     const int64_t xs[4], int64_t O, const char *what) {
+    em_tensor *gw, *gb;
+    cr_assert_eq(em_conv2d_backward_weight(x, gy, (int64_t[]){3, 3}, NULL, (int64_t[]){1, 1},
+                                           NULL, 1, &gw, &gb),
+                 EM_OK, "%s: %s", what, em_last_error());
+    int64_t n = O * xs[1] * 9;
+    double *want = malloc(sizeof(double) * (size_t)n);
+    ref_gw_3x3(vx, vg, xs[0], xs[1], xs[2], xs[3], O, want);
+    check_close(gw, want, n, 1e-4, 1e-4, what);
+    free(want);
+}
+
+/* The oneDNN kernels share the blocked copy of x between conv2d and conv2d_backward_weight,
+ * and of gy between conv2d_backward_data and conv2d_backward_weight, named by the storage and
+ * its version. A tensor written in between — by an op, or through its data pointer followed
+ * by em_tensor_bump_version — and a new tensor in a freed one's memory must be reordered
+ * afresh, never served the old copy (which gives a different grad). */
+Test(conv, shared_reorder_not_stale) {
+    enum { N = 2, C = 32, H = 7, W = 6, O = 64 };
+    int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, H, W}, pd[2] = {1, 1};
+    int64_t nx = N * C * H * W, ny = N * O * H * W, nw = O * C * 9;
+    double *vx = malloc(sizeof(double) * nx), *vg = malloc(sizeof(double) * ny),
+           *vw = malloc(sizeof(double) * nw);
+    fill_random(vx, nx, 11), fill_random(vg, ny, 12), fill_random(vw, nw, 13);
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *x = make(EM_F32, 4, xs, vx, CONTIG), *gy = make(EM_F32, 4, ys, vg, CONTIG),
+              *w = make(EM_F32, 4, ws, vw, CONTIG), *two = em_scalar(2, EM_F32),
+              *neg = em_scalar(-0.5, EM_F32);
+    /* Unchanged: the shared copies serve backward-weight. */
+    cr_assert(em_conv2d(x, w, NULL, NULL, pd, NULL, 1), "%s", em_last_error());
+    cr_assert(em_conv2d_backward_data(gy, w, (int64_t[]){H, W}, NULL, pd, NULL, 1), "%s",
+              em_last_error());
+    check_gw(x, gy, vx, vg, xs, O, "x and gy unchanged");
+    /* x written by an op between the forward and backward-weight. */
+    cr_assert(em_conv2d(x, w, NULL, NULL, pd, NULL, 1), "%s", em_last_error());
+    cr_assert_eq(em_mul_(x, two), EM_OK, "%s", em_last_error());
+    for (int64_t i = 0; i < nx; i++) vx[i] *= 2;
+    check_gw(x, gy, vx, vg, xs, O, "x doubled in place by mul_ after the forward");
+    /* x written through its data pointer, the version bumped. */
+    cr_assert(em_conv2d(x, w, NULL, NULL, pd, NULL, 1), "%s", em_last_error());
+    float *px = em_tensor_data(x);
+    fill_random(vx, nx, 14);
+    for (int64_t i = 0; i < nx; i++) px[i] = (float)vx[i], vx[i] = px[i];
+    em_tensor_bump_version(x);
+    check_gw(x, gy, vx, vg, xs, O, "x rewritten through em_tensor_data after the forward");
+    /* gy written by an op between backward-data and backward-weight (x's copy is current). */
+    cr_assert(em_conv2d(x, w, NULL, NULL, pd, NULL, 1), "%s", em_last_error());
+    cr_assert(em_conv2d_backward_data(gy, w, (int64_t[]){H, W}, NULL, pd, NULL, 1), "%s",
+              em_last_error());
+    cr_assert_eq(em_mul_(gy, neg), EM_OK, "%s", em_last_error());
+    for (int64_t i = 0; i < ny; i++) vg[i] *= -0.5;
+    check_gw(x, gy, vx, vg, xs, O, "gy scaled in place after backward-data");
+    /* A new tensor in the memory of a freed one, both at version 0. */
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *old = em_empty(4, xs, EM_F32, em_cpu());
+    void *where = em_tensor_data(old);
+    float *po = where;
+    for (int64_t i = 0; i < nx; i++) po[i] = (float)(i % 7);
+    cr_assert(em_conv2d(old, w, NULL, NULL, pd, NULL, 1), "%s", em_last_error());
+    cr_assert_eq(em_scope_end(), EM_OK);
+    em_tensor *fresh = em_empty(4, xs, EM_F32, em_cpu());
+    cr_assert_eq(em_tensor_data(fresh), where,
+                 "the allocator did not reuse the freed memory: the case is not exercised");
+    float *pf = em_tensor_data(fresh);
+    fill_random(vx, nx, 15);
+    for (int64_t i = 0; i < nx; i++) pf[i] = (float)vx[i], vx[i] = pf[i];
+    cr_assert_eq(em_tensor_version(fresh), 0);
+    check_gw(fresh, gy, vx, vg, xs, O, "a new tensor at a freed tensor's address");
+    cr_assert_eq(em_scope_end(), EM_OK);
+    free(vx), free(vg), free(vw);
+}
+
 /* A weight broadcast from (1, C, kH, kW) (stride 0 on dim 0) gives what its copy gives. */
 Test(conv, broadcast_weight) {
     em_scope_begin();

@@ -32,6 +32,11 @@
  * The cache is shared by all threads behind a mutex held for look-up and creation, holds at
  * most DN_CACHE_CAP entries and DN_BUF_CAP bytes of buffers (beyond that, calls use
  * temporary state or a temporary primitive), and is emptied at plugin shutdown.
+ *
+ * A convolution input's blocked copy made by the forward (x) or by backward-data (gy) is kept
+ * (dn_copy, at most DN_COPY_CAP copies and DN_COPY_BYTES) and used by backward-weight instead
+ * of a second reorder when the tensor is provably the same: same storage id, storage version,
+ * data pointer and layout (em_ktensor.storage_id and .version).
  */
 #include <math.h>
 #include <omp.h>
@@ -84,7 +89,32 @@ typedef struct dn_arg {
     dnnl_memory_desc_t user, prim;
     dnnl_primitive_t reorder;
     size_t off; /* of the prim-layout copy in the state's buffer (when reorder) */
+    int share;  /* DN_SHARE_*: an input's reordered copy kept for, or taken from, another call */
 } dn_arg;
+
+/* Shared reordered inputs. A convolution's input x is reordered to the blocked layout by the
+ * forward and again by backward-weight, and its grad gy by backward-data and again by
+ * backward-weight, the same layouts each time. The first call (DN_SHARE_PUT) reorders into a
+ * dn_copy named by the tensor's contents — storage id (never reused), storage version (every
+ * write bumps it), data pointer and the blocked descriptor — and backward-weight
+ * (DN_SHARE_TAKE) uses a copy with the same name instead of reordering, then drops it. A
+ * name that differs in anything (x written in place between the calls, a new storage at the
+ * same address) is a miss: the call reorders as before. Only backward-weight takes, so a
+ * copy made by a forward is never served to a later forward. */
+enum { DN_SHARE_NONE, DN_SHARE_PUT, DN_SHARE_TAKE };
+#define DN_COPY_CAP 8
+#define DN_COPY_BYTES ((size_t)128 << 20)
+typedef struct dn_copy {
+    uint64_t id, version; /* 0, 0: empty */
+    const void *data;
+    dnnl_memory_desc_t md; /* the blocked layout */
+    dnnl_memory_t mem;     /* md on buf */
+    void *buf;
+    size_t bytes;
+    int refs;   /* calls using it (one writer, or readers) */
+    bool valid; /* filled by a call that succeeded */
+    uint64_t used;
+} dn_copy;
 
 /* What one execution needs besides the primitive. */
 typedef struct dn_state {
@@ -114,6 +144,9 @@ static dn_key dn_refused[DN_REFUSED_CAP];
 static int dn_nrefused, dn_refused_next;
 static int dn_count;
 static size_t dn_buf_total; /* bytes of buffers held by cached states */
+static dn_copy dn_copies[DN_COPY_CAP]; /* behind dn_lock */
+static size_t dn_copy_total;
+static uint64_t dn_copy_tick;
 
 /* ---- building ---------------------------------------------------------------------------------- */
 
@@ -234,6 +267,7 @@ static dnnl_status_t build_conv(dn_prim *p) {
         case DN_CONV_FWD: /* src, weights, dst, bias */
             pd = fpd, fpd = NULL;
             arg_add(p, DNNL_ARG_SRC, false, &src, pd, dnnl_query_src_md);
+            p->a[p->nargs - 1].share = DN_SHARE_PUT;
             arg_add(p, DNNL_ARG_WEIGHTS, false, &w, pd, dnnl_query_weights_md);
             arg_add(p, DNNL_ARG_DST, true, &dst, pd, dnnl_query_dst_md);
             if (bias) arg_add(p, DNNL_ARG_BIAS, false, &b, NULL, 0);
@@ -244,6 +278,7 @@ static dnnl_status_t build_conv(dn_prim *p) {
             if (s == dnnl_success) s = pd_create(&pd, &bdsc, fpd);
             if (s != dnnl_success) break;
             arg_add(p, DNNL_ARG_DIFF_DST, false, &dst, pd, dnnl_query_diff_dst_md);
+            p->a[p->nargs - 1].share = DN_SHARE_PUT;
             arg_add(p, DNNL_ARG_WEIGHTS, false, &w, pd, dnnl_query_weights_md);
             arg_add(p, DNNL_ARG_DIFF_SRC, true, &src, pd, dnnl_query_diff_src_md);
             break;
@@ -253,7 +288,9 @@ static dnnl_status_t build_conv(dn_prim *p) {
             if (s == dnnl_success) s = pd_create(&pd, &bdsc, fpd);
             if (s != dnnl_success) break;
             arg_add(p, DNNL_ARG_SRC, false, &src, pd, dnnl_query_src_md);
+            p->a[p->nargs - 1].share = DN_SHARE_TAKE;
             arg_add(p, DNNL_ARG_DIFF_DST, false, &dst, pd, dnnl_query_diff_dst_md);
+            p->a[p->nargs - 1].share = DN_SHARE_TAKE;
             arg_add(p, DNNL_ARG_DIFF_WEIGHTS, true, &w, pd, dnnl_query_diff_weights_md);
             arg_add(p, DNNL_ARG_DIFF_BIAS, true, &b, NULL, 0);
             break;
@@ -572,8 +609,81 @@ static void state_release(dn_prim *p, dn_state *st) {
     else state_free(st);
 }
 
-/* Runs p on ptrs (one per argument, in the order the builder added them). */
-static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
+static bool copy_names(const dn_copy *c, const em_ktensor *t, const dnnl_memory_desc_t *md) {
+    return c->id == t->storage_id && c->version == t->version && c->data == t->data &&
+           dnnl_memory_desc_equal(&c->md, md);
+}
+
+static void copy_clear(dn_copy *c) {
+    if (c->mem) dnnl_memory_destroy(c->mem);
+    em_host_free(c->buf);
+    dn_copy_total -= c->bytes;
+    memset(c, 0, sizeof *c);
+}
+
+/* The copy argument a of a call on t uses (*filled: it holds t's contents already), or NULL:
+ * reorder into the state's buffer as without sharing. */
+static dn_copy *copy_acquire(const dn_arg *a, const em_ktensor *t, bool *filled) {
+    *filled = false;
+    if (!a->reorder || a->share == DN_SHARE_NONE || !t || !t->storage_id) return NULL;
+    /* A forward without grad (inference, no_grad) has no backward-weight to come. */
+    if (a->share == DN_SHARE_PUT && a->arg == DNNL_ARG_SRC && !em_grad_enabled()) return NULL;
+    dn_copy *c = NULL;
+    pthread_mutex_lock(&dn_lock);
+    if (a->share == DN_SHARE_TAKE) {
+        for (int i = 0; i < DN_COPY_CAP && !c; i++)
+            if (dn_copies[i].valid && copy_names(&dn_copies[i], t, &a->prim)) c = &dn_copies[i];
+        if (c) c->refs++, *filled = true;
+    } else {
+        /* A slot no call uses: one of the right size (no new buffer), else an empty one, else
+         * the least recently used; among equals, an invalid one, then the oldest. */
+        size_t bytes = dnnl_memory_desc_get_size(&a->prim);
+        int best = 0;
+        for (int i = 0; i < DN_COPY_CAP; i++) {
+            dn_copy *d = &dn_copies[i];
+            if (d->refs) continue;
+            int rank = (d->bytes == bytes ? 4 : !d->bytes ? 2 : 0) + !d->valid;
+            if (!c || rank > best || (rank == best && d->used < c->used)) c = d, best = rank;
+        }
+        if (c && c->bytes != bytes) {
+            copy_clear(c);
+            if (dn_copy_total + bytes > DN_COPY_BYTES || !(c->buf = em_host_alloc(bytes, 64))) c = NULL;
+            else c->bytes = bytes, dn_copy_total += bytes;
+        }
+        if (c) {
+            if (c->mem) dnnl_memory_destroy(c->mem);
+            c->mem = NULL;
+            if (dnnl_memory_create(&c->mem, &a->prim, dn_engine, c->buf) != dnnl_success) {
+                copy_clear(c);
+                c = NULL;
+            }
+        }
+        if (c) {
+            c->id = t->storage_id, c->version = t->version, c->data = t->data, c->md = a->prim;
+            c->valid = false, c->refs = 1;
+        }
+    }
+    if (c) c->used = ++dn_copy_tick;
+    pthread_mutex_unlock(&dn_lock);
+    return c;
+}
+
+/* Ends a call's use of c: a copy it filled becomes valid when the call succeeded; one it
+ * took is dropped (its one reader is done). */
+static void copy_release(dn_copy *c, int share, bool ok) {
+    pthread_mutex_lock(&dn_lock);
+    c->refs--;
+    if (share == DN_SHARE_PUT) c->valid = ok;
+    else c->valid = false;
+    if (!c->valid && !c->refs) c->id = c->version = 0, c->data = NULL;
+    pthread_mutex_unlock(&dn_lock);
+}
+
+/* Runs p on ptrs (one per argument, in the order the builder added them); kt (NULL, or one
+ * per argument, NULL entries allowed) names the tensors whose reordered copies may be shared
+ * (DN_SHARE_*). */
+static em_status dn_exec_shared(dn_prim *p, void *const *ptrs, const em_ktensor *const *kt,
+                                const char *who) {
     dn_state tmp, *st = state_acquire(p, &tmp);
     if (!st)
         return em_set_error(EM_ERR_NOMEM, "%s: out of memory for the oneDNN buffers (%zu bytes)",
@@ -582,16 +692,20 @@ static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
     int nt = em_num_threads();
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
     dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
+    dn_copy *copy[DN_MAX_ARGS] = {0};
     int n = 0;
     dnnl_status_t s = dnnl_success;
     for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
         const dn_arg *a = &p->a[i];
+        bool filled = false;
+        copy[i] = kt ? copy_acquire(a, kt[i], &filled) : NULL;
+        dnnl_memory_t pm = copy[i] ? copy[i]->mem : st->prim[i];
         s = dnnl_memory_set_data_handle(st->user[i], ptrs[i]);
-        if (s == dnnl_success && a->reorder && !a->out) {
-            dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->user[i]}, {DNNL_ARG_TO, st->prim[i]}};
+        if (s == dnnl_success && a->reorder && !a->out && !filled) {
+            dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->user[i]}, {DNNL_ARG_TO, pm}};
             s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
         }
-        args[n++] = (dnnl_exec_arg_t){a->arg, a->reorder ? st->prim[i] : st->user[i]};
+        args[n++] = (dnnl_exec_arg_t){a->arg, a->reorder ? pm : st->user[i]};
     }
     if (p->scratch) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, st->scratch};
     if (s == dnnl_success) s = dnnl_primitive_execute(p->prim, st->stream, n, args);
@@ -602,10 +716,18 @@ static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
         s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
     }
     if (s == dnnl_success) s = dnnl_stream_wait(st->stream);
+    else dnnl_stream_wait(st->stream); /* nothing of ours still running on a copy */
+    for (int i = 0; i < p->nargs; i++)
+        if (copy[i]) copy_release(copy[i], p->a[i].share, s == dnnl_success);
     state_release(p, st);
     if (s != dnnl_success)
         return em_set_error(EM_ERR_DEVICE, "%s: oneDNN failed with status %d", who, (int)s);
     return EM_OK;
+}
+
+/* Runs p on ptrs (one per argument, in the order the builder added them). */
+static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
+    return dn_exec_shared(p, ptrs, NULL, who);
 }
 
 /* ---- keys -------------------------------------------------------------------------------------- */
@@ -825,13 +947,16 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
     em_status st;
     switch (kind) {
     case DN_CONV_FWD: /* src, weights, dst[, bias] */
-        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data}, who);
+        st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
+                            (const em_ktensor *[]){&k->in[0], NULL, NULL, NULL}, who);
         break;
     case DN_CONV_BWD_WEIGHT: /* src, diff_dst, diff_weights, diff_bias */
-        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data}, who);
+        st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},
+                            (const em_ktensor *[]){&k->in[0], &k->in[1], NULL, NULL}, who);
         break;
     case DN_CONV_BWD_DATA: /* diff_dst, weights, diff_src */
-        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data}, who);
+        st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data},
+                            (const em_ktensor *[]){&k->in[0], NULL, NULL}, who);
         break;
     case DN_SOFTMAX_BWD:
     case DN_LOG_SOFTMAX_BWD: /* diff_dst, dst, diff_src */
@@ -926,6 +1051,8 @@ void cpu_nn_dnnl_shutdown(void) {
     dn_count = 0;
     dn_nrefused = dn_refused_next = 0;
     dn_buf_total = 0;
+    for (int i = 0; i < DN_COPY_CAP; i++) copy_clear(&dn_copies[i]);
+    dn_copy_tick = 0;
     if (dn_engine) dnnl_engine_destroy(dn_engine);
     dn_engine = NULL;
     pthread_mutex_unlock(&dn_lock);

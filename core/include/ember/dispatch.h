@@ -175,6 +175,11 @@ typedef struct em_ktensor {
     int64_t shape[EM_MAX_DIMS];      /* (ndim) */
     int64_t strides[EM_MAX_DIMS];    /* (ndim) in elements; 0 on broadcast dims */
     bool contiguous;                 /* C order without gaps */
+    /* The storage's identity (never reused in the process; 0 when unknown, e.g. a NULL input)
+     * and its version counter at the call: (storage_id, version) names the contents, so a
+     * kernel may reuse something it derived from them earlier (a reordered copy). Writes
+     * through em_tensor_data() must call em_tensor_bump_version() (ember/tensor.h). */
+    uint64_t storage_id, version;
 } em_ktensor;
 
 typedef struct em_kernel_ctx {
