@@ -505,9 +505,15 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     em_dtype key = op->schema.dispatch_arg >= 0 ? in[op->schema.dispatch_arg]->dtype
                                                 : out[0]->dtype;
     em_ktensor kin[8], kout[4];
-    for (int i = 0; i < n_in; i++) em__ktensor_fill(&kin[i], in[i]);
-    for (int i = 0; i < n_out; i++) em__ktensor_fill(&kout[i], out[i]);
+    uint64_t ids[12], vers[12];
+    for (int i = 0; i < n_in + n_out; i++) {
+        const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
+        em__ktensor_fill(i < n_in ? &kin[i] : &kout[i - n_in], t);
+        ids[i] = em__storage_id(t);
+        vers[i] = atomic_load_explicit(&t->storage->version, memory_order_acquire);
+    }
     em_kernel_ctx ctx = {.struct_size = sizeof ctx, .op = op, .device = dev, .n_in = n_in,
+                         .storage_ids = ids, .versions = vers,
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
     em_kernel *k = op->top[dev.type][key];
     /* supports() sees the kernel's own user pointer, as its fn does. */

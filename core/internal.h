@@ -158,6 +158,8 @@ void em__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 int64_t em__numel(int ndim, const int64_t *shape);
 /* Fill a kernel view of t. */
 void em__ktensor_fill(em_ktensor *k, const em_tensor *t);
+/* t's storage's identity for em_kernel_ctx.storage_ids (taken at first use, never reused). */
+uint64_t em__storage_id(const em_tensor *t);
 /* Count of live tensor objects (for the shutdown leak warning and tests). */
 int64_t em__live_tensors(void);
 

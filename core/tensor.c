@@ -357,6 +357,9 @@ void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {
         k->strides[i] = t->strides[i];
     }
     k->contiguous = em__is_contiguous(t->ndim, t->shape, t->strides);
+}
+
+uint64_t em__storage_id(const em_tensor *t) {
     /* The id is taken lazily (storages are calloc'ed: 0 means none yet) from this thread's
      * block of a counter that never repeats: no locked instruction per new storage. Threads
      * meeting a new storage at once may each store one: its id then changes, which makes a
@@ -372,8 +375,7 @@ void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {
         id = id_next++;
         atomic_store_explicit(&t->storage->id, id, memory_order_relaxed);
     }
-    k->storage_id = id;
-    k->version = atomic_load(&t->storage->version);
+    return id;
 }
 
 /* ---- views ---------------------------------------------------------------------------------- */

@@ -36,7 +36,7 @@
  * A convolution input's blocked copy made by the forward (x) or by backward-data (gy) is kept
  * (dn_copy, at most DN_COPY_CAP copies and DN_COPY_BYTES) and used by backward-weight instead
  * of a second reorder when the tensor is provably the same: same storage id, storage version,
- * data pointer and layout (em_ktensor.storage_id and .version).
+ * data pointer and layout (em_kernel_ctx.storage_ids and .versions).
  */
 #include <math.h>
 #include <omp.h>
@@ -609,8 +609,20 @@ static void state_release(dn_prim *p, dn_state *st) {
     else state_free(st);
 }
 
-static bool copy_names(const dn_copy *c, const em_ktensor *t, const dnnl_memory_desc_t *md) {
-    return c->id == t->storage_id && c->version == t->version && c->data == t->data &&
+/* What names a tensor's contents at a call: its data, storage id and version. */
+typedef struct dn_name {
+    const void *data;
+    uint64_t id, version;
+} dn_name;
+
+/* The name of input i of the call k (id 0: none, when the core passes no ids). */
+static dn_name input_name(const em_kernel_ctx *k, int i) {
+    if (!EM_KCTX_HAS_IDS(k)) return (dn_name){0};
+    return (dn_name){k->in[i].data, k->storage_ids[i], k->versions[i]};
+}
+
+static bool copy_names(const dn_copy *c, const dn_name *t, const dnnl_memory_desc_t *md) {
+    return c->id == t->id && c->version == t->version && c->data == t->data &&
            dnnl_memory_desc_equal(&c->md, md);
 }
 
@@ -623,9 +635,9 @@ static void copy_clear(dn_copy *c) {
 
 /* The copy argument a of a call on t uses (*filled: it holds t's contents already), or NULL:
  * reorder into the state's buffer as without sharing. */
-static dn_copy *copy_acquire(const dn_arg *a, const em_ktensor *t, bool *filled) {
+static dn_copy *copy_acquire(const dn_arg *a, const dn_name *t, bool *filled) {
     *filled = false;
-    if (!a->reorder || a->share == DN_SHARE_NONE || !t || !t->storage_id) return NULL;
+    if (!a->reorder || a->share == DN_SHARE_NONE || !t || !t->id) return NULL;
     /* A forward without grad (inference, no_grad) has no backward-weight to come. */
     if (a->share == DN_SHARE_PUT && a->arg == DNNL_ARG_SRC && !em_grad_enabled()) return NULL;
     dn_copy *c = NULL;
@@ -659,7 +671,7 @@ static dn_copy *copy_acquire(const dn_arg *a, const em_ktensor *t, bool *filled)
             }
         }
         if (c) {
-            c->id = t->storage_id, c->version = t->version, c->data = t->data, c->md = a->prim;
+            c->id = t->id, c->version = t->version, c->data = t->data, c->md = a->prim;
             c->valid = false, c->refs = 1;
         }
     }
@@ -682,7 +694,7 @@ static void copy_release(dn_copy *c, int share, bool ok) {
 /* Runs p on ptrs (one per argument, in the order the builder added them); kt (NULL, or one
  * per argument, NULL entries allowed) names the tensors whose reordered copies may be shared
  * (DN_SHARE_*). */
-static em_status dn_exec_shared(dn_prim *p, void *const *ptrs, const em_ktensor *const *kt,
+static em_status dn_exec_shared(dn_prim *p, void *const *ptrs, const dn_name *const *kt,
                                 const char *who) {
     dn_state tmp, *st = state_acquire(p, &tmp);
     if (!st)
@@ -945,18 +957,19 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
     dn_prim *p = dn_get(&key, &owned);
     if (!p) return em_set_error(EM_ERR_DEVICE, "%s: oneDNN refused the primitive", who);
     em_status st;
+    const dn_name n0 = input_name(k, 0), n1 = k->n_in > 1 ? input_name(k, 1) : (dn_name){0};
     switch (kind) {
     case DN_CONV_FWD: /* src, weights, dst[, bias] */
         st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
-                            (const em_ktensor *[]){&k->in[0], NULL, NULL, NULL}, who);
+                            (const dn_name *[]){&n0, NULL, NULL, NULL}, who);
         break;
     case DN_CONV_BWD_WEIGHT: /* src, diff_dst, diff_weights, diff_bias */
         st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},
-                            (const em_ktensor *[]){&k->in[0], &k->in[1], NULL, NULL}, who);
+                            (const dn_name *[]){&n0, &n1, NULL, NULL}, who);
         break;
     case DN_CONV_BWD_DATA: /* diff_dst, weights, diff_src */
         st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data},
-                            (const em_ktensor *[]){&k->in[0], NULL, NULL}, who);
+                            (const dn_name *[]){&n0, NULL, NULL}, who);
         break;
     case DN_SOFTMAX_BWD:
     case DN_LOG_SOFTMAX_BWD: /* diff_dst, dst, diff_src */

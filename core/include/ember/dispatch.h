@@ -175,11 +175,6 @@ typedef struct em_ktensor {
     int64_t shape[EM_MAX_DIMS];      /* (ndim) */
     int64_t strides[EM_MAX_DIMS];    /* (ndim) in elements; 0 on broadcast dims */
     bool contiguous;                 /* C order without gaps */
-    /* The storage's identity (never reused in the process; 0 when unknown, e.g. a NULL input)
-     * and its version counter at the call: (storage_id, version) names the contents, so a
-     * kernel may reuse something it derived from them earlier (a reordered copy). Writes
-     * through em_tensor_data() must call em_tensor_bump_version() (ember/tensor.h). */
-    uint64_t storage_id, version;
 } em_ktensor;
 
 typedef struct em_kernel_ctx {
@@ -193,7 +188,21 @@ typedef struct em_kernel_ctx {
     const em_attr *attrs;   /* (n_attrs of the schema) */
     void *user;             /* the kernel's em_kernel_def.user */
     void *ext;
+    /* ---- added later: read only when struct_size covers them (EM_KCTX_HAS_IDS) ---- */
+    /* Per tensor, the inputs then the outputs (n_in + n_out entries), or NULL: the storage's
+     * identity (never reused while the process runs; 0 for a missing input) and its version
+     * counter at the call. Equal (id, version) pairs mean equal contents, so a kernel may
+     * reuse what it derived from them earlier (a reordered copy). Code that writes through
+     * em_tensor_data() must call em_tensor_bump_version() (ember/tensor.h). */
+    const uint64_t *storage_ids;
+    const uint64_t *versions;
 } em_kernel_ctx;
+
+/* Whether ctx carries storage ids and versions (a core older than the plugin's headers does
+ * not). */
+#define EM_KCTX_HAS_IDS(ctx)                                                                    \
+    ((ctx)->struct_size >= offsetof(em_kernel_ctx, versions) + sizeof(void *) &&               \
+     (ctx)->storage_ids && (ctx)->versions)
 
 typedef em_status (*em_kernel_fn)(const em_kernel_ctx *ctx);
 /* (optional) Return false to pass the call to the next kernel down the stack. */
