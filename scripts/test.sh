@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Ember's test command (README): installs the packages, builds, runs `make check`, runs it
 # again under AddressSanitizer + UndefinedBehaviorSanitizer, then a quick subset under valgrind.
-# Safe to rerun; builds live in build/ and build-asan/.
+# Safe to rerun; builds live in build/, build-nodnnl/ and build-asan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -40,6 +40,10 @@ t0=$(date +%s)
 stage "install packages" install_packages
 stage "build" build build
 stage "make check" check build
+# The CPU backend without oneDNN (configure --without-onednn): OpenBLAS GEMM and the plain nn
+# loops only; the tests of oneDNN's kernels skip themselves there.
+stage "build without oneDNN" build build-nodnnl --without-onednn
+stage "make check (without oneDNN)" check build-nodnnl
 stage "build with ASan+UBSan" build build-asan CFLAGS="-O1 -g $SAN" CXXFLAGS="-O1 -g $SAN" \
     LDFLAGS="$SAN"
 # LeakSanitizer's exit-time scan crashes ("Tracer caught signal 11") on the dynamic TLS of

@@ -5,6 +5,8 @@
 #ifndef EMBER_TESTS_COMMON_H
 #define EMBER_TESTS_COMMON_H
 
+#include "config.h" /* EM_HAVE_DNNL: the CPU backend was built with oneDNN */
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -107,6 +109,14 @@ static inline double *em_test_values(const em_tensor *t) {
         cr_assert(strstr(em_last_error(), (needle)), "message '%s' lacks '%s'",                \
                   em_last_error(), (needle));                                                  \
     } while (0)
+
+/* Skips the calling test in a build without oneDNN (configure --without-onednn): for tests of
+ * oneDNN's kernels and GEMM paths, which stay strict in the default build. */
+#ifdef EM_HAVE_DNNL
+#define em_test_needs_onednn() ((void)0)
+#else
+#define em_test_needs_onednn() cr_skip_test("built without oneDNN (configure --without-onednn)")
+#endif
 
 /* Whether a kernel named `name` is registered by any loaded plugin. */
 static inline bool kernel_registered(const char *name) {

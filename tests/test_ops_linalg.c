@@ -493,6 +493,7 @@ static double *run_with(const char *lib, const char *expect, int64_t *n) {
 }
 
 Test(gemm_paths, onednn_and_openblas_agree) {
+    em_test_needs_onednn();
     int64_t n1, n2;
     double *x = run_with("onednn", "f32 GEMM: oneDNN matmul", &n1);
     double *y = run_with("openblas", "f32 GEMM: OpenBLAS sgemm", &n2);
@@ -567,7 +568,25 @@ static const char *cpu_describe(void) {
     return NULL;
 }
 
+/* describe() names the libraries this build has: with oneDNN, its matmul for f32 (on this
+ * CPU with AVX2) and its version; without, OpenBLAS alone and no autotuning. */
+Test(gemm_paths, describe_names_the_build) {
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    const char *d = cpu_describe();
+    cr_assert(d && strstr(d, "f64: OpenBLAS"), "describe() says '%s'", d ? d : "(null)");
+#ifdef EM_HAVE_DNNL
+    cr_assert(strstr(d, "oneDNN ") && !strstr(d, "without oneDNN"), "describe() says '%s'", d);
+#else
+    cr_assert(strstr(d, "f32 GEMM: OpenBLAS sgemm (built without oneDNN") &&
+                  strstr(d, "no per-shape autotuning") && strstr(d, "bf16: through f32") &&
+                  !strstr(d, "oneDNN matmul"),
+              "describe() says '%s'", d);
+#endif
+    em_shutdown();
+}
+
 Test(gemm_paths, every_autotune_path_matches_the_reference) {
+    em_test_needs_onednn();
     /* 0: no tuning (oneDNN on all threads); the three paths forced; 1: measured */
     static const char *const modes[] = {"0", "onednn", "onednn-1", "openblas-1", "1"};
     static const char *const said[] = {"autotuning off", "oneDNN on all threads, forced",
@@ -637,6 +656,7 @@ static void mlp_bits(uint32_t *out, int64_t n) {
 }
 
 Test(gemm_paths, one_thread_and_all_threads_give_the_same_bits) {
+    em_test_needs_onednn();
     enum { n = TB_M * TB_N + TB_M * TB_M, nm = 128 * 512 + 128 * 784 + 512 * 784 };
     static uint32_t bits[2][n], mbits[2][nm];
     static const char *const modes[2] = {"onednn", "onednn-1"};
@@ -660,6 +680,7 @@ Test(gemm_paths, one_thread_and_all_threads_give_the_same_bits) {
 }
 
 Test(gemm_paths, deterministic_mode_ignores_the_tuned_choice) {
+    em_test_needs_onednn();
     /* The same products without tuning, then with every tunable product forced onto OpenBLAS
      * on 1 thread but deterministic mode on: bitwise the same (oneDNN on all threads). */
     enum { n = TB_M * TB_N + TB_M * TB_M };

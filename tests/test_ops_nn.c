@@ -292,6 +292,7 @@ static void conv_run_close(const conv_run *a, const conv_run *b, double tol, con
 /* The CNN's shapes (1 -> 32 on 28x28, 32 -> 64 on 14x14, 3x3, padding 1) at a small batch,
  * plus a strided grouped case: oneDNN f32 vs the im2col f32 loops vs the f64 loops. */
 Test(conv, dnnl_matches_loops) {
+    em_test_needs_onednn();
     static const struct {
         int64_t xs[4], ws[4], s, p, g;
     } cs[] = {
@@ -891,6 +892,7 @@ static nn_out run_case(void (*fn)(em_dtype, nn_out *), em_dtype dt) {
 }
 
 Test(dnnl, pool_norm_softmax_match_loops) {
+    em_test_needs_onednn();
     static const struct {
         const char *name, *kernel;
         void (*fn)(em_dtype, nn_out *);

@@ -3,6 +3,8 @@
  * injectable host allocator, synchronous copies), the element-iteration engine shared by the
  * kernels, and the plugin's entry point.
  */
+#include "config.h" /* EM_HAVE_DNNL */
+
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
@@ -190,7 +192,11 @@ static const em_plugin_descriptor cpu_plugin = {
     .abi_major = EM_PLUGIN_ABI_MAJOR,
     .name = "ember-cpu",
     .version = EM_VERSION_STRING,
+#ifdef EM_HAVE_DNNL
     .description = "CPU device and kernels (OpenBLAS, oneDNN)",
+#else
+    .description = "CPU device and kernels (OpenBLAS; built without oneDNN)",
+#endif
     .register_fn = cpu_register,
     .describe = cpu_gemm_describe,
     .shutdown_fn = cpu_shutdown,

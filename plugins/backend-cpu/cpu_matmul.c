@@ -44,13 +44,22 @@
  * a mutex; each thread executes on its own stream. Everything is freed by
  * cpu_gemm_shutdown() when the plugin unloads.
  *
+ * Built with configure --without-onednn (EM_HAVE_DNNL undefined) only OpenBLAS exists: f32
+ * and f64 GEMMs run in OpenBLAS (f32 products up to 64^3 on the calling thread, the rest on
+ * em_num_threads()), bf16 and f16 through f32, no per-shape autotuning; EMBER_GEMM and
+ * EMBER_GEMM_AUTOTUNE have nothing to choose from there (a warning says so).
+ *
  * Threads: oneDNN runs on GNU OpenMP, like the rest of the plugin; it is given
  * em_num_threads() threads (or 1, where the autotuner chose so). OpenBLAS (its pthread
  * build, Debian's default) runs f64 on em_num_threads() threads, and f32 only on the calling
  * thread, so the two pools never both compute at once.
  */
+#include "config.h" /* EM_HAVE_DNNL */
+
 #include <cblas.h>
+#ifdef EM_HAVE_DNNL
 #include <dnnl.h>
+#endif
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -80,6 +89,7 @@ typedef struct row_bias {
     int64_t cs;
 } row_bias;
 
+#ifdef EM_HAVE_DNNL
 typedef struct mm_key {
     int dt;
     int64_t dims[3][3];    /* a, b, y: (B, R, C) (B is 1 for a batch-broadcast operand) */
@@ -107,6 +117,8 @@ typedef struct mm_entry {
     struct mm_entry *next;
 } mm_entry;
 
+#endif /* EM_HAVE_DNNL: key, paths, cache entries */
+
 /* Up to this many multiply-adds (B M N K) an f32 GEMM goes to OpenBLAS whatever the choice:
  * oneDNN's fixed cost per call (~2 us: memory objects, stream, an OpenMP region) is more than
  * the work, and below this size OpenBLAS 0.3.21 computes on the calling thread alone (its
@@ -115,6 +127,7 @@ typedef struct mm_entry {
  * OpenBLAS. */
 #define SMALL_GEMM (64.0 * 64.0 * 64.0)
 
+#ifdef EM_HAVE_DNNL
 /* Autotuning covers f32 products of more than SMALL_GEMM and at most this many multiply-adds
  * (512 x 512 x 512: ~1.3 ms on one core here, so tuning one key costs at most ~30 ms once);
  * bigger ones keep every thread busy long enough that oneDNN on all threads wins. */
@@ -126,27 +139,33 @@ typedef struct mm_entry {
 #define MM_BUCKETS 256
 #define MM_MAX_ENTRIES 4096
 
+#endif /* EM_HAVE_DNNL: tuning constants */
+
 static struct {
     bool ready;
     gemm_lib f32;
     bool bf16_native;
-    bool autotune;
-    gemm_path forced_path; /* EMBER_GEMM_AUTOTUNE=<path>: run every tunable product that way */
     char why[4096];    /* the rule, then each tuned key's measurements and decision */
     size_t why_len;
-    int n_tuned, n_unlisted;
     pthread_mutex_t lock;
+    int blas_threads;
+#ifdef EM_HAVE_DNNL
+    bool autotune;
+    gemm_path forced_path; /* EMBER_GEMM_AUTOTUNE=<path>: run every tunable product that way */
+    int n_tuned, n_unlisted;
     dnnl_engine_t engine;
     mm_entry *buckets[MM_BUCKETS];
     int n_entries;
     dnnl_stream_t *streams; /* every thread's stream, to destroy at shutdown */
     int n_streams, cap_streams;
     unsigned generation;    /* bumped at shutdown: threads re-create their streams */
-    int blas_threads;
+#endif
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static const char *path_name(gemm_path p);
 static void blas_threads(int nt);
+
+#ifdef EM_HAVE_DNNL
+static const char *path_name(gemm_path p);
 
 static __thread dnnl_stream_t tls_stream;
 static __thread unsigned tls_generation;
@@ -167,8 +186,11 @@ static const char *isa_name(dnnl_cpu_isa_t isa) {
     }
 }
 
+#endif /* EM_HAVE_DNNL: streams, ISA names */
+
 const char *cpu_gemm_describe(void) { return G.ready ? G.why : "GEMM engine not initialised"; }
 
+#ifdef EM_HAVE_DNNL
 em_status cpu_gemm_init(void) {
     if (dnnl_engine_create(&G.engine, dnnl_cpu, 0) != dnnl_success)
         return em_set_error(EM_ERR_DEVICE, "ember-cpu: oneDNN could not create a CPU engine");
@@ -238,9 +260,33 @@ em_status cpu_gemm_init(void) {
     em_log_write(EM_LOG_INFO, "ember-cpu: %s", G.why);
     return EM_OK;
 }
+#else
+em_status cpu_gemm_init(void) {
+    const char *core = openblas_get_corename();
+    const char *env = getenv("EMBER_GEMM"), *tune_env = getenv("EMBER_GEMM_AUTOTUNE");
+    if (env && strcmp(env, "openblas") != 0)
+        em_log_write(EM_LOG_WARN, "ember-cpu: EMBER_GEMM=%s: this build has no oneDNN "
+                     "(configure --without-onednn); GEMM stays on OpenBLAS", env);
+    if (tune_env && strcmp(tune_env, "0") != 0)
+        em_log_write(EM_LOG_WARN, "ember-cpu: EMBER_GEMM_AUTOTUNE=%s: this build has no oneDNN "
+                     "(configure --without-onednn), so no per-shape autotuning", tune_env);
+    G.f32 = LIB_OPENBLAS;
+    G.bf16_native = false;
+    int n = snprintf(G.why, sizeof G.why,
+             "f32 GEMM: OpenBLAS sgemm (built without oneDNN; up to 64^3 OpenBLAS on one "
+             "thread; no per-shape autotuning); f64: OpenBLAS; bf16: through f32; f16: through "
+             "f32. OpenBLAS core %s", core ? core : "?");
+    G.why_len = n > 0 ? (size_t)n < sizeof G.why ? (size_t)n : sizeof G.why - 1 : 0;
+    G.blas_threads = 0;
+    G.ready = true;
+    em_log_write(EM_LOG_INFO, "ember-cpu: %s", G.why);
+    return EM_OK;
+}
+#endif
 
 void cpu_gemm_shutdown(void) {
     pthread_mutex_lock(&G.lock);
+#ifdef EM_HAVE_DNNL
     for (int i = 0; i < MM_BUCKETS; i++) {
         for (mm_entry *e = G.buckets[i], *nx; e; e = nx) {
             nx = e->next;
@@ -257,10 +303,12 @@ void cpu_gemm_shutdown(void) {
     G.generation++;
     if (G.engine) dnnl_engine_destroy(G.engine);
     G.engine = NULL;
+#endif
     G.ready = false;
     pthread_mutex_unlock(&G.lock);
 }
 
+#ifdef EM_HAVE_DNNL
 /* ---- oneDNN ----------------------------------------------------------------------------------- */
 
 static dnnl_stream_t thread_stream(void) {
@@ -426,6 +474,8 @@ static bool onednn_gemm(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const
     return done;
 }
 
+#endif /* EM_HAVE_DNNL: primitives */
+
 /* ---- OpenBLAS ---------------------------------------------------------------------------------- */
 
 static void blas_threads(int nt) {
@@ -555,6 +605,7 @@ static void fill_rows(em_dtype dt, const mat3 *y, const row_bias *rb) {
         }
 }
 
+#ifdef EM_HAVE_DNNL
 /* ---- autotuning --------------------------------------------------------------------------------- */
 
 static double now_us(void) {
@@ -701,11 +752,14 @@ static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, 
     return cand[best];
 }
 
+#endif /* EM_HAVE_DNNL: autotuning */
+
 /* ---- the engine -------------------------------------------------------------------------------- */
 
 static em_status gemm_f32_path(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y,
                                double alpha, double beta);
 
+#ifdef EM_HAVE_DNNL
 /* y = alpha a b + beta y, f32, where oneDNN is the f32 library: tuned per key (see the top). */
 static bool gemm_f32_onednn(const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
                             double beta, const row_bias *rb, double work) {
@@ -727,6 +781,8 @@ static bool gemm_f32_onednn(const mat3 *a, const mat3 *b, const mat3 *y, double 
     return done;
 }
 
+#endif /* EM_HAVE_DNNL: f32 on oneDNN */
+
 /* y = alpha a b + beta y; with rb (f32 and native bf16 only; alpha 1, beta 1): y = a b + the
  * bias row, y not read. */
 static em_status gemm_mat3(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y,
@@ -735,15 +791,17 @@ static em_status gemm_mat3(em_dtype dt, const mat3 *a, const mat3 *b, const mat3
         if (rb) fill_rows(dt, y, rb);
         return gemm_f32_path(dt, a, b, y, alpha, beta);
     }
+    double work = (double)y->B * (double)y->R * (double)y->C * (double)a->C;
+#ifdef EM_HAVE_DNNL
     if (dt == EM_BF16) {
         if (onednn_gemm(dnnl_bf16, a, b, y, alpha, beta, rb ? rb->data : NULL)) return EM_OK;
         if (rb) fill_rows(dt, y, rb);
         return gemm_f32_path(dt, a, b, y, alpha, beta);
     }
-    double work = (double)y->B * (double)y->R * (double)y->C * (double)a->C;
     if (dt == EM_F32 && G.f32 == LIB_ONEDNN && work > SMALL_GEMM &&
         gemm_f32_onednn(a, b, y, alpha, beta, rb, work))
         return EM_OK;
+#endif
     if (rb) fill_rows(dt, y, rb), beta = 1.0;
     /* Small f32 products run on the calling thread (they are below OpenBLAS's own threading
      * threshold anyway); the rest (f64, f32 where oneDNN declined) on every thread. */

@@ -8,6 +8,8 @@
  * (cpu_nn_dnnl.c) at priority 10, which decline (supports()) what oneDNN cannot do exactly as
  * PyTorch, falling through to the loops. EMBER_CPU_DISABLE_DNNL=1 in the environment when
  * the plugin registers (em_init) leaves the loops alone, so tests can compare both paths.
+ * Built with configure --without-onednn, only the loops exist (and bf16 max pooling): every
+ * other bf16 nn op takes the core's f32 path.
  *
  * bf16: max_pool2d and its backward are ours (oneDNN's max pooling lacks PyTorch's indices),
  * compared in f32: the 2x2 / stride 2 case by the AVX-512 kernel with bf16 loads widened in
@@ -17,6 +19,8 @@
  * has only the oneDNN kernel: where it declines, the dispatcher finds no bf16 kernel and the
  * core reruns the op in f32 (core/ops_nn.c).
  */
+#include "config.h" /* EM_HAVE_DNNL */
+
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -255,9 +259,15 @@ em_status cpu_register_nn(em_registry *r) {
     if (st == EM_OK)
         st = cpu_register_kernels(r, "max_pool2d_backward", bf16, 1, k_max_pool2d_bwd,
                                   "cpu_max_pool2d_backward");
+#ifdef EM_HAVE_DNNL
     const char *off = getenv("EMBER_CPU_DISABLE_DNNL");
     if (st == EM_OK && !(off && strcmp(off, "1") == 0)) st = cpu_nn_dnnl_register(r);
+#endif
     return st;
 }
 
-void cpu_shutdown_nn(void) { cpu_nn_dnnl_shutdown(); }
+void cpu_shutdown_nn(void) {
+#ifdef EM_HAVE_DNNL
+    cpu_nn_dnnl_shutdown();
+#endif
+}
