@@ -320,12 +320,6 @@ static bool base_dense(const em_tensor *b) {
     return em__is_contiguous(b->ndim, b->shape, b->strides);
 }
 
-static bool overlapping(const em_tensor *t) {
-    for (int d = 0; d < t->ndim; d++)
-        if (t->strides[d] == 0 && t->shape[d] > 1) return true;
-    return false;
-}
-
 /* Make t's history a strided view of its base's current history. */
 static em_status view_of_base(em_tensor *t) {
     const em_tensor *b = t->view_base;
@@ -345,13 +339,13 @@ static em_status refresh_view(em_tensor *t) {
     if (!t->is_view || !t->view_base || !t->view_base->requires_grad || !t->view_base_requires_grad ||
         t->view_version == em_tensor_version(t) || !em_grad_enabled())
         return EM_OK;
-    if (!base_dense(t->view_base) || overlapping(t)) {
+    if (!base_dense(t->view_base) || em__expanded_dim(t) >= 0) {
         char a[160];
         return em_set_error(EM_ERR_STATE, "a view (shape %s) of a tensor that requires grad "
                             "was made before an in-place change of its storage, and its kind "
                             "(%s) cannot be brought up to date; make the view again after the "
                             "change", em__shape_str(t->ndim, t->shape, a, sizeof a),
-                            overlapping(t) ? "an expanded view" : "a view of a strided base");
+                            em__expanded_dim(t) >= 0 ? "an expanded view" : "a view of a strided base");
     }
     return view_of_base(t);
 }

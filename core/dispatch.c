@@ -415,15 +415,13 @@ static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, 
  * 0: an expanded view) would be written in an order-dependent way, a silent wrong answer:
  * refused, as PyTorch does. */
 static em_status overlapping_output(const struct em_op *op, const em_tensor *t, int i) {
-    for (int d = 0; d < t->ndim; d++) {
-        if (t->strides[d] != 0 || t->shape[d] < 2) continue;
-        char s[160];
-        return em_set_error(EM_ERR_INVALID, "%s: output %d (shape %s) has stride 0 in dim %d: "
-                            "more than one of its elements refers to the same memory location "
-                            "(an expanded view); write into a clone() of it instead",
-                            op->schema.name, i, em__shape_str(t->ndim, t->shape, s, sizeof s), d);
-    }
-    return EM_OK;
+    int d = em__expanded_dim(t);
+    if (d < 0) return EM_OK;
+    char s[160];
+    return em_set_error(EM_ERR_INVALID, "%s: output %d (shape %s) has stride 0 in dim %d: "
+                        "more than one of its elements refers to the same memory location "
+                        "(an expanded view); write into a clone() of it instead",
+                        op->schema.name, i, em__shape_str(t->ndim, t->shape, s, sizeof s), d);
 }
 
 /* The elements t can reach, as a byte range of its storage. */

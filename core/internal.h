@@ -154,6 +154,9 @@ bool em__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
  * matmul backward then produces the grad in that layout, so a weight used through a transposed
  * view (linear) gets a contiguous grad the engine can keep without a copy. */
 bool em__is_transposed_dense(const em_tensor *t);
+/* The first dim of size > 1 with stride 0 (several elements on one memory location: an
+ * expanded view), or -1. */
+int em__expanded_dim(const em_tensor *t);
 void em__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 int64_t em__numel(int ndim, const int64_t *shape);
 /* Fill a kernel view of t. */

@@ -41,6 +41,12 @@ bool em__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides) {
     return true;
 }
 
+int em__expanded_dim(const em_tensor *t) {
+    for (int d = 0; d < t->ndim; d++)
+        if (t->strides[d] == 0 && t->shape[d] > 1) return d;
+    return -1;
+}
+
 bool em__is_transposed_dense(const em_tensor *t) {
     int n = t->ndim;
     if (n < 2 || t->shape[n - 1] < 2 || t->shape[n - 2] < 2) return false;
