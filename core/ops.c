@@ -17,6 +17,8 @@
  *   index_select(x, idx) -> y   attrs: dim. idx is 1-D int64; the kernel checks its range.
  *   arange() -> y         attrs: start, step (floats); y[i] = start + i * step.
  *   uniform/normal/bernoulli() -> y   see ember/random.h for the attributes and streams.
+ *   randperm() -> y                   attrs: seed, offset. y (n) i64 or i32, any strides: the
+ *                                     permutation ember/random.h defines.
  */
 #include <math.h>
 #include <string.h>
@@ -25,7 +27,8 @@
 
 const em_op *em__op_copy, *em__op_fill;
 static const em_op *op_add, *op_sub, *op_mul, *op_div, *op_neg, *op_exp, *op_log, *op_relu,
-    *op_sum, *op_index_select, *op_arange, *op_uniform, *op_normal, *op_bernoulli;
+    *op_sum, *op_index_select, *op_arange, *op_uniform, *op_normal, *op_bernoulli,
+    *op_randperm;
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
@@ -202,11 +205,13 @@ em_status em__ops_declare_standard(em_registry *core) {
                              *const dim[] = {"dim"}, *const arange[] = {"start", "step"},
                              *const uniform[] = {"seed", "offset", "lo", "hi"},
                              *const normal[] = {"seed", "offset", "mean", "std"},
-                             *const bernoulli[] = {"seed", "offset", "p"};
+                             *const bernoulli[] = {"seed", "offset", "p"},
+                             *const randperm[] = {"seed", "offset"};
     static const em_attr_type tf[] = {EM_ATTR_FLOAT}, ti[] = {EM_ATTR_INTS},
                               tint[] = {EM_ATTR_INT}, tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT},
                               tiiff[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT, EM_ATTR_FLOAT},
-                              tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT};
+                              tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT},
+                              tii[] = {EM_ATTR_INT, EM_ATTR_INT};
     const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
@@ -233,6 +238,7 @@ em_status em__ops_declare_standard(em_registry *core) {
     DECL(op_uniform, "uniform", 0, 4, uniform, tiiff, -1, nd, NULL, NULL, 0);
     DECL(op_normal, "normal", 0, 4, normal, tiiff, -1, nd, NULL, NULL, 0);
     DECL(op_bernoulli, "bernoulli", 0, 3, bernoulli, tiif, -1, nd, NULL, NULL, 0);
+    DECL(op_randperm, "randperm", 0, 2, randperm, tii, -1, nd, NULL, NULL, 0);
 #undef DECL
     if (st == EM_OK) st = em__ops_declare_math(core);
     if (st == EM_OK) st = em__ops_declare_reduce(core);
@@ -586,4 +592,29 @@ em_status em_bernoulli_(em_tensor *t, double p, em_generator *gen) {
     if (!(p >= 0 && p <= 1))
         return em_set_error(EM_ERR_INVALID, "bernoulli_: expects 0 <= p <= 1, got %g", p);
     return random_fill(op_bernoulli, t, gen, 4, p, 0);
+}
+
+em_tensor *em_randperm(int64_t n, em_dtype dt, em_device dev, em_generator *gen) {
+    if (dt != EM_I64 && dt != EM_I32) {
+        em_set_error(EM_ERR_DTYPE, "randperm: dtype %s is not supported; it gives int64 (the "
+                     "index dtype) or int32", em_dtype_name(dt));
+        return NULL;
+    }
+    int64_t max = dt == EM_I32 ? INT64_C(1) << 31 : INT64_C(1) << 32;
+    if (n < 0 || n > max) {
+        em_set_error(EM_ERR_INVALID, "randperm: n must be between 0 and %lld for %s, got %lld",
+                     (long long)max, em_dtype_name(dt), (long long)n);
+        return NULL;
+    }
+    em_tensor *t = em__empty(1, &n, dt, dev);
+    if (!t) return NULL;
+    /* k = 0 .. n-2 draws word k: ceil((n - 1) / 4) blocks (ember/random.h). */
+    em_rng_state s = em_generator_reserve(gen, n > 1 ? ((uint64_t)n + 2) / 4 : 0);
+    em_attr attrs[2] = {{.type = EM_ATTR_INT, .v.i = (int64_t)s.seed},
+                        {.type = EM_ATTR_INT, .v.i = (int64_t)s.offset}};
+    if (em_op_call_out(op_randperm, NULL, 0, attrs, &t, 1) != EM_OK) {
+        em_tensor_release(t);
+        return NULL;
+    }
+    return em__scope_track(t);
 }

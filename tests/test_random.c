@@ -1,8 +1,8 @@
 /*
  * test_random.c — Philox 4x32-10 against Random123's known answers, the generator's state
  * semantics (seed, get/set, reserve, threads), and the fill ops (uniform, normal, bernoulli)
- * element by element against the stream definition of ember/random.h, recomputed here from
- * the raw Philox words.
+ * and randperm element by element against the stream definitions of ember/random.h,
+ * recomputed here from the raw Philox words.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -581,4 +581,147 @@ Test(fill, bad_input_is_reported) {
     cr_expect_neq(em_uniform_(f, 2, 1, NULL), EM_OK, "lo > hi");
     cr_expect(strstr(em_last_error(), "uniform") != NULL, "%s", em_last_error());
     em_tensor_release(f);
+}
+
+/* ---- randperm ----------------------------------------------------------------------------- */
+
+/* ember/random.h's shuffle, written again here from the raw Philox words. */
+static void ref_randperm(int64_t n, em_rng_state s, int64_t *v) {
+    for (int64_t i = 0; i < n; i++) v[i] = i;
+    for (int64_t k = 0; k < n - 1; k++) {
+        uint32_t w[4];
+        em_philox_block(s.seed, s.offset + (uint64_t)k / 4, w);
+        int64_t i = n - 1 - k;
+        uint64_t j = ((uint64_t)w[k % 4] * (uint64_t)(i + 1)) >> 32;
+        cr_assert_leq(j, (uint64_t)i);
+        int64_t x = v[i];
+        v[i] = v[j];
+        v[j] = x;
+    }
+}
+
+static void check_randperm(int64_t n, em_dtype dt, em_generator *g) {
+    em_rng_state s = em_generator_get_state(g);
+    em_tensor *t = em_randperm(n, dt, em_cpu(), g);
+    cr_assert_not_null(t, "randperm(%lld, %s): %s", (long long)n, em_dtype_name(dt),
+                       em_last_error());
+    cr_assert_eq(em_tensor_dtype(t), dt);
+    cr_assert_eq(em_tensor_ndim(t), 1);
+    cr_assert_eq(em_tensor_numel(t), n);
+    int64_t *want = malloc((size_t)(n + 1) * sizeof *want);
+    char *seen = calloc((size_t)n + 1, 1);
+    cr_assert(want && seen);
+    ref_randperm(n, s, want);
+    for (int64_t i = 0; i < n; i++) {
+        double got = elem(t, i);
+        cr_assert_eq(got, (double)want[i], "randperm(%lld, %s)[%lld] = %g, want %lld",
+                     (long long)n, em_dtype_name(dt), (long long)i, got, (long long)want[i]);
+        cr_assert(!seen[want[i]], "value %lld twice", (long long)want[i]);
+        seen[want[i]] = 1;
+    }
+    cr_expect_eq(em_generator_get_state(g).offset,
+                 s.offset + (n > 1 ? ceil_div((uint64_t)n - 1, 4) : 0), "randperm(%lld) offset",
+                 (long long)n);
+    free(want);
+    free(seen);
+    em_tensor_release(t);
+}
+
+Test(fill, randperm_matches_definition) {
+    em_seed(99);
+    em_generator *g = em_generator_new(UINT64_C(0x0123456789abcdef));
+    cr_assert_not_null(g);
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_I32 : EM_I64;
+        for (int64_t n = 0; n <= 10; n++) { /* empty, one element, every remainder mod 4 */
+            check_randperm(n, dt, NULL);
+            check_randperm(n, dt, g);
+        }
+        check_randperm(1000, dt, g);
+        check_randperm(100003, dt, NULL);
+    }
+    em_generator_free(g);
+}
+
+/* Replaying a generator state replays the permutation; a new state gives another one. */
+Test(fill, randperm_replays_from_state) {
+    em_seed(5);
+    em_tensor *x = new_tensor(1, (int64_t[]){7}, EM_F32);
+    cr_assert_eq(em_uniform_(x, 0, 1, NULL), EM_OK); /* randperm continues the stream */
+    em_rng_state s = em_generator_get_state(NULL);
+    em_tensor *a = em_randperm(50, EM_I64, em_cpu(), NULL);
+    em_tensor *b = em_randperm(50, EM_I64, em_cpu(), NULL);
+    em_generator_set_state(NULL, s);
+    em_tensor *c = em_randperm(50, EM_I64, em_cpu(), NULL);
+    cr_assert(a && b && c, "%s", em_last_error());
+    int same_ab = 1;
+    for (int64_t i = 0; i < 50; i++) {
+        cr_expect_eq(elem(c, i), elem(a, i), "replayed element %lld", (long long)i);
+        same_ab &= elem(a, i) == elem(b, i);
+    }
+    cr_expect(!same_ab, "two draws in a row gave the same permutation");
+    em_tensor_release(x);
+    em_tensor_release(a);
+    em_tensor_release(b);
+    em_tensor_release(c);
+}
+
+/* The op writes through any strides: a column of a (4, 3) i64 tensor, and an i32 slice. */
+Test(fill, randperm_op_into_strided_output) {
+    const em_op *op = em_op_find("randperm");
+    cr_assert_not_null(op, "%s", em_last_error());
+    em_attr attrs[2] = {{.type = EM_ATTR_INT, .v.i = 77}, {.type = EM_ATTR_INT, .v.i = 3}};
+    int64_t want[4];
+    ref_randperm(4, (em_rng_state){77, 3}, want);
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_I32 : EM_I64;
+        em_tensor *base = new_tensor(2, (int64_t[]){4, 3}, dt);
+        cr_assert_eq(em_fill_(base, -1), EM_OK);
+        em_tensor *col = em_select(base, 1, 1);
+        cr_assert_not_null(col, "%s", em_last_error());
+        cr_assert_not(em_tensor_is_contiguous(col));
+        cr_assert_eq(em_op_call_out(op, NULL, 0, attrs, &col, 1), EM_OK, "%s", em_last_error());
+        for (int64_t r = 0; r < 4; r++)
+            for (int64_t c = 0; c < 3; c++)
+                cr_expect_eq(elem(base, r * 3 + c), c == 1 ? (double)want[r] : -1.0,
+                             "%s (%lld, %lld)", em_dtype_name(dt), (long long)r, (long long)c);
+        em_tensor_release(col);
+        em_tensor_release(base);
+    }
+}
+
+/* Every one of the 3! permutations of n = 3 comes up about equally often. */
+Test(fill, randperm_is_uniform) {
+    em_seed(2025);
+    int count[6] = {0};
+    const int draws = 6000;
+    for (int k = 0; k < draws; k++) {
+        em_tensor *t = em_randperm(3, EM_I64, em_cpu(), NULL);
+        cr_assert_not_null(t, "%s", em_last_error());
+        int a = (int)elem(t, 0), b = (int)elem(t, 1);
+        count[a * 2 + (b > (a == 0 ? 1 : 0) ? 1 : 0)]++; /* (first, order of the other two) */
+        em_tensor_release(t);
+    }
+    /* binomial(6000, 1/6): sd 28.9; 5 sd either side of 1000 */
+    for (int i = 0; i < 6; i++)
+        cr_expect(abs(count[i] - draws / 6) < 145, "permutation %d drawn %d times of %d", i,
+                  count[i], draws);
+}
+
+Test(fill, randperm_bad_input_is_reported) {
+    em_rng_state s = em_generator_get_state(NULL);
+    cr_expect_null(em_randperm(5, EM_F32, em_cpu(), NULL));
+    cr_expect_eq(em_last_status(), EM_ERR_DTYPE);
+    cr_expect(strstr(em_last_error(), "randperm: dtype float32") != NULL, "%s", em_last_error());
+    cr_expect_null(em_randperm(-1, EM_I64, em_cpu(), NULL));
+    cr_expect_eq(em_last_status(), EM_ERR_INVALID);
+    cr_expect(strstr(em_last_error(), "got -1") != NULL, "%s", em_last_error());
+    cr_expect_null(em_randperm((INT64_C(1) << 31) + 1, EM_I32, em_cpu(), NULL));
+    cr_expect(strstr(em_last_error(), "for int32") != NULL, "%s", em_last_error());
+    cr_expect_null(em_randperm((INT64_C(1) << 32) + 1, EM_I64, em_cpu(), NULL));
+    cr_expect(strstr(em_last_error(), "between 0 and 4294967296") != NULL, "%s",
+              em_last_error());
+    em_rng_state after = em_generator_get_state(NULL);
+    cr_expect(after.seed == s.seed && after.offset == s.offset,
+              "a refused randperm must not take numbers from the generator");
 }

@@ -1,5 +1,6 @@
 /*
- * cpu_random.c — the CPU kernels of the in-place random fills: uniform, normal, bernoulli.
+ * cpu_random.c — the CPU kernels of the in-place random fills: uniform, normal, bernoulli, and
+ * of randperm.
  *
  * Each op has no inputs and one output, the tensor to fill (any strides), and the attributes
  *     uniform:   seed (int), offset (int), lo (float), hi (float)
@@ -16,6 +17,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cpu.h"
 
@@ -184,6 +186,41 @@ static em_status cpu_bernoulli(const em_kernel_ctx *ctx) {
     return EM_OK;
 }
 
+/* ---- randperm ----------------------------------------------------------------------------- */
+
+/* The Fisher-Yates shuffle of ember/random.h, one draw after the other (each swap depends on
+ * the ones before it). A strided output is shuffled in a scratch vector and then stored. */
+static em_status cpu_randperm(const em_kernel_ctx *ctx) {
+    const em_ktensor *t = &ctx->out[0];
+    rng_params p = read_params(ctx, 0.0, 0.0, false);
+    int64_t n = t->numel;
+    bool direct = t->contiguous && t->dtype == EM_I64;
+    int64_t *v = direct ? (int64_t *)t->data : malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (!v) return em_set_error(EM_ERR_NOMEM, "randperm: no memory for %lld indices",
+                                (long long)n);
+    for (int64_t i = 0; i < n; i++) v[i] = i;
+    uint32_t w[4];
+    for (int64_t k = 0; k + 1 < n; k++) {
+        if (k % 4 == 0) em_philox_block(p.seed, p.offset + (uint64_t)(k / 4), w);
+        int64_t i = n - 1 - k;
+        int64_t j = (int64_t)(((uint64_t)w[k % 4] * (uint64_t)(i + 1)) >> 32);
+        int64_t x = v[i];
+        v[i] = v[j];
+        v[j] = x;
+    }
+    if (!direct) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t off = t->contiguous ? i : cpu_offset(t->ndim, t->shape, t->strides, i);
+            if (t->dtype == EM_I64)
+                ((int64_t *)t->data)[off] = v[i];
+            else
+                ((int32_t *)t->data)[off] = (int32_t)v[i];
+        }
+        free(v);
+    }
+    return EM_OK;
+}
+
 /* ---- registration ------------------------------------------------------------------------- */
 
 em_status cpu_register_random(em_registry *r) {
@@ -195,5 +232,8 @@ em_status cpu_register_random(em_registry *r) {
         s = cpu_register_kernels(r, "normal", floating, 4, cpu_normal, "cpu_normal");
     if (s == EM_OK)
         s = cpu_register_kernels(r, "bernoulli", all, 8, cpu_bernoulli, "cpu_bernoulli");
+    if (s == EM_OK)
+        s = cpu_register_kernels(r, "randperm", (const em_dtype[]){EM_I64, EM_I32}, 2,
+                                 cpu_randperm, "cpu_randperm");
     return s;
 }

@@ -82,6 +82,12 @@ EM_API em_status em_uniform_(em_tensor *t, double lo, double hi, em_generator *g
 EM_API em_status em_normal_(em_tensor *t, double mean, double std, em_generator *gen);
 /* 1 with probability p, else 0 (any dtype). */
 EM_API em_status em_bernoulli_(em_tensor *t, double p, em_generator *gen);
+/* A random permutation of 0 .. n-1 (PyTorch's randperm): a new 1-D tensor of dtype dt (EM_I64,
+ * the index dtype, or EM_I32) on dev, drawn from gen (NULL: the default generator) by the
+ * shuffle ember/random.h defines, so every backend gives the same permutation for the same
+ * generator state. EM_ERR_INVALID for n < 0 or n > 2^32 (or above 2^31 for i32), EM_ERR_DTYPE
+ * for other dtypes. */
+EM_API em_tensor *em_randperm(int64_t n, em_dtype dt, em_device dev, em_generator *gen);
 
 
 /* ---- elementwise math: more unary and binary ops, comparisons, logical ops, where, clamp, scalar variants ---- */

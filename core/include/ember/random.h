@@ -27,6 +27,14 @@
  *     uniform on [lo, hi): lo + u * (hi - lo); bernoulli(p): 1 if u < p else 0.
  * and then advances the offset by ceil(n / 4) blocks (4-per-block streams) or ceil(n / 2)
  * (2-per-block streams).
+ *
+ * randperm(n) (em_randperm; n <= 2^32) is a Fisher-Yates shuffle of v = 0, 1, ..., n-1 that
+ * draws from the 4-per-block stream at offset o:
+ *     for k = 0 .. n-2:  i = n-1-k;  w = word (k % 4) of block o + k / 4;
+ *                        j = (w * (i + 1)) >> 32  (a 64-bit product, so 0 <= j <= i);
+ *                        swap v[i] and v[j]
+ * and advances the offset by ceil((n - 1) / 4) blocks (none for n <= 1). The map from w to j
+ * favours some j by at most n / 2^32 in probability, as PyTorch's modulo draw does.
  */
 #ifndef EMBER_RANDOM_H
 #define EMBER_RANDOM_H
