@@ -517,6 +517,10 @@ em_tensor *em__autograd_view(em_tensor *view, const em_tensor *base, const em__v
     return view;
 }
 
+void em__autograd_name_view(em_tensor *t, const char *name) {
+    if (t && t->grad_fn && t->grad_fn->kind == NODE_VIEW && name) t->grad_fn->name = name;
+}
+
 /* to_device is a copy across devices done outside the op dispatcher: recorded here. */
 em_status em__autograd_to_device(em_tensor *out, const em_tensor *in) {
     if (!in->requires_grad || !em_grad_enabled()) return EM_OK;

@@ -287,6 +287,9 @@ typedef struct em__view_info {
 } em__view_info;
 /* Returns view, or NULL (view released) on failure. */
 em_tensor *em__autograd_view(em_tensor *view, const em_tensor *base, const em__view_info *info);
+/* Give the view node that made t (its grad_fn) the name of the op it belongs to: the dims a
+ * reduction drops are part of that reduction (PyTorch's SumBackward), not a "view". */
+void em__autograd_name_view(em_tensor *t, const char *name);
 /* Record a cross-device copy (out = in moved to another device) for backward. */
 em_status em__autograd_to_device(em_tensor *out, const em_tensor *in);
 /* Free t's autograd state (grad, grad_fn, hooks) when t dies. */

@@ -71,6 +71,7 @@ em_tensor *em__reduce_drop(em_tensor *r, const em_attr *dims, bool keepdim) {
         shape[n++] = r->shape[d];
     }
     em_tensor *v = em__view(r, n, shape);
+    if (v) em__autograd_name_view(v, em_tensor_grad_fn_name(r));
     em_tensor_release(r);
     return v;
 }

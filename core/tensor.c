@@ -347,8 +347,14 @@ em_status em_tensor_set_category(em_tensor *t, em_mem_category c) {
     if (!t->storage->block)
         return em_set_error(EM_ERR_STATE, "tensor_set_category: the tensor wraps memory the "
                             "caller owns; it is not counted by the allocator");
-    em__allocator *a = em__device_allocator(t->storage->device);
-    if (!a) return em_last_status();
+    /* The allocator that made the block exists: read it without a check that could fail on
+     * the hot path (autograd sets the category of every .grad it creates). */
+    em__allocator *a = em__device_allocator_existing(t->storage->device);
+    if (!a) {
+        char d[48];
+        return em_set_error(EM_ERR_DEVICE, "tensor_set_category: the tensor's device %s has no "
+                            "allocator any more", em_device_str(t->storage->device, d, sizeof d));
+    }
     em__allocator_set_category(a, t->storage->block, c);
     return EM_OK;
 }

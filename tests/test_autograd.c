@@ -46,6 +46,30 @@ Test(autograd, gradients_of_a_small_expression) {
     em_tensor_release(b);
 }
 
+/* A reduction that drops its dims is one node named after the op (PyTorch's SumBackward),
+ * keepdim or not, and its grad still lands with the input's shape (mean is composite: its
+ * node is the scaling). */
+Test(autograd, reductions_name_their_node_with_or_without_keepdim) {
+    em_tensor *x = em_test_tensor(EM_F64, 2, (int64_t[]){2, 3}, (double[]){1, 2, 3, 4, 5, 9});
+    em_requires_grad_(x, true);
+    em_scope_begin();
+    for (int keep = 0; keep < 2; keep++) {
+        cr_expect_str_eq(em_tensor_grad_fn_name(em_sum(x, 1, (int[]){1}, keep)), "sum");
+        cr_expect_str_eq(em_tensor_grad_fn_name(em_sum(x, 0, NULL, keep)), "sum");
+        cr_expect_str_eq(em_tensor_grad_fn_name(em_amax(x, 1, (int[]){1}, keep)), "amax");
+        cr_expect_str_eq(em_tensor_grad_fn_name(em_var(x, 1, (int[]){1}, 1, keep)), "var");
+    }
+    /* d/dx sum(mean(x, dim 1) * [1, 2]) = [1/3, 1/3, 1/3, 2/3, 2/3, 2/3] */
+    em_tensor *m = em_mean(x, 1, (int[]){1}, false);
+    em_tensor *w = em_test_tensor(EM_F64, 1, (int64_t[]){2}, (double[]){1, 2});
+    cr_assert_eq(em_backward(em_sum(em_mul(m, w), 0, NULL, false)), EM_OK, "%s", em_last_error());
+    em_scope_end();
+    for (int i = 0; i < 6; i++)
+        cr_expect_float_eq(grad_at(x, i), (i < 3 ? 1.0 : 2.0) / 3, 1e-12, "element %d", i);
+    em_tensor_release(w);
+    em_tensor_release(x);
+}
+
 Test(autograd, grads_accumulate_over_backward_calls_until_cleared) {
     em_tensor *w = em_test_tensor(EM_F32, 1, (int64_t[]){2}, (double[]){1, -2});
     em_requires_grad_(w, true);
