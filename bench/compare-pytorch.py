@@ -36,6 +36,7 @@ import sys
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
 TRAIN = ["train_mlp_b128", "train_cnn_b64"]
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
+WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
 
 TORCH_WORKER = r'''
@@ -184,8 +185,15 @@ def main():
                 # spin ~0.1 s after a call and libgomp's default ~3 ms after a region, and on 2
                 # cores they would take the next worker's turn.
                 time.sleep(SETTLE_S)
-                if name in TRAIN:
-                    w.ask(name)  # untimed: on this VM a core idle for a while runs slow at first
+                # Then untimed batches of the same workload for at least WARM_S (one at least):
+                # on this VM a core that was idle runs slow for the next 50-100 ms, and a fixed
+                # number of untimed batches would leave more of that in the faster worker's
+                # timed batch than in the slower one's.
+                t0 = time.perf_counter()
+                while True:
+                    w.ask(name)
+                    if time.perf_counter() - t0 >= WARM_S:
+                        break
                 t, each = w.ask(name)
                 if t is not None:
                     key = "ember" if label == "ember-train" else label
