@@ -11,6 +11,9 @@
  *     contiguous and transposed empties, and mean of expanded (stride 0) inputs per float dtype;
  *   - index_select for every dtype on contiguous, transposed, sliced and expanded inputs with
  *     int64 and int32 indices that are themselves contiguous, sliced or expanded, and empty;
+ *   - the data ops (pad, tril, triu, flip, gather, scatter, scatter_add, masked_fill,
+ *     embedding, index_add, cat, stack) on expanded inputs for every dtype (test_ops_data
+ *     covers their contiguous, transposed and sliced inputs);
  *   - em_to_dtype and em_copy_ between every pair of dtypes on transposed, sliced and expanded
  *     sources and into transposed and sliced destinations, and empty;
  *   - the nn ops (conv2d and its two gradients, max/avg/adaptive pooling and their gradients,
@@ -20,6 +23,8 @@
  *
  * Tolerances (|got - want| <= atol + rtol |want|, NaN matching NaN):
  *   - data movement, conversions and reduction identities: exact;
+ *   - shape errors of the binary, loss, join and linalg ops: the message starts with the op
+ *     and names both shapes;
  *   - nn ops: the reference is computed in double from the inputs as stored (f16/bf16 inputs
  *     are the rounded values the kernel sees); with M = max(1, max |want|) over the result,
  *       f64: rtol 1e-10, atol 1e-10 M     f32: rtol 1e-5, atol 1e-5 M
@@ -1164,4 +1169,95 @@ Test(cover_elementwise, shape_errors_name_both_shapes) {
                   "both shapes", ops[k].name, m);
     }
     cr_assert_eq(em_scope_end(), EM_OK);
+}
+
+/* ======================================================================================= */
+/* ---- data movement on expanded (stride 0) inputs --------------------------------------------- */
+
+/* test_ops_data covers contiguous, transposed and sliced inputs of every data op; here the
+ * broadcast layout, per dtype, against 2-D plain loops. x is (R, C) = a (1, C) row expanded. */
+Test(cover_index, data_ops_on_expanded_inputs_every_dtype) {
+    char what[160];
+    enum { R = 3, C = 4 };
+    const int64_t shape[2] = {R, C};
+    for (int d = 0; d < EM_TEST_N_DTYPES; d++) {
+        em_dtype dt = em_test_all_dtypes[d];
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        double v[R * C], want[64];
+        for (int i = 0; i < R * C; i++) v[i] = em_test_round_to(dt, em_test_gen(dt, i % C, 5));
+        em_tensor *x = make(dt, 2, shape, v, EXPANDED);
+        /* pad: 1 before and 2 after the last dim, 1 after the first, value 1 */
+        WHAT("pad of an expanded %s", em_dtype_name(dt));
+        for (int i = 0; i < R + 1; i++)
+            for (int j = 0; j < C + 3; j++)
+                want[i * (C + 3) + j] = i < R && j >= 1 && j <= C ? v[i * C + j - 1]
+                                                                 : em_test_round_to(dt, 1);
+        em_tensor *p = em_pad(x, 4, (const int64_t[]){1, 2, 0, 1}, 1);
+        expect_shape(p, 2, (const int64_t[]){R + 1, C + 3}, what);
+        expect_exact(p, want, (R + 1) * (C + 3), what);
+        /* tril, triu */
+        WHAT("tril/triu of an expanded %s", em_dtype_name(dt));
+        for (int i = 0; i < R * C; i++) want[i] = i % C - i / C <= 0 ? v[i] : 0;
+        expect_exact(em_tril(x, 0), want, R * C, what);
+        for (int i = 0; i < R * C; i++) want[i] = i % C - i / C >= 1 ? v[i] : 0;
+        expect_exact(em_triu(x, 1), want, R * C, what);
+        /* flip both dims */
+        WHAT("flip of an expanded %s", em_dtype_name(dt));
+        for (int i = 0; i < R * C; i++) want[i] = v[(R - 1 - i / C) * C + (C - 1 - i % C)];
+        expect_exact(em_flip(x, 2, (const int[]){0, 1}), want, R * C, what);
+        /* gather along dim 1 */
+        WHAT("gather of an expanded %s", em_dtype_name(dt));
+        double gi[R * 2] = {3, 0, 1, 1, 2, 3};
+        em_tensor *idx = em_test_tensor(EM_I64, 2, (const int64_t[]){R, 2}, gi);
+        for (int i = 0; i < R * 2; i++) want[i] = v[(i / 2) * C + (int64_t)gi[i]];
+        expect_exact(em_gather(x, 1, idx), want, R * 2, what);
+        /* scatter and scatter_add of an expanded src into a contiguous tensor, dim 0 */
+        WHAT("scatter/scatter_add of an expanded %s source", em_dtype_name(dt));
+        double si[2 * C] = {2, 0, 1, 2, 0, 0, 1, 1}, base[R * C];
+        for (int i = 0; i < R * C; i++) base[i] = em_test_round_to(dt, em_test_gen(dt, i, 8));
+        em_tensor *t = em_test_tensor(dt, 2, shape, base);
+        em_tensor *sidx = em_test_tensor(EM_I64, 2, (const int64_t[]){2, C}, si);
+        double ws[R * C], wa[R * C];
+        memcpy(ws, base, sizeof ws), memcpy(wa, base, sizeof wa);
+        for (int i = 0; i < 2 * C; i++) {
+            int64_t o = (int64_t)si[i] * C + i % C;
+            ws[o] = v[i];
+            wa[o] = dt == EM_BOOL ? (wa[o] != 0 || v[i] != 0) : em_test_round_to(dt, wa[o] + v[i]);
+        }
+        expect_exact(em_scatter(t, 0, sidx, x), ws, R * C, what);
+        expect_exact(em_scatter_add(t, 0, sidx, x), wa, R * C, what);
+        /* masked_fill with an expanded mask too */
+        WHAT("masked_fill of an expanded %s", em_dtype_name(dt));
+        double mrow[C] = {1, 0, 0, 1};
+        em_tensor *mask = em_expand(em_test_tensor(EM_BOOL, 2, (const int64_t[]){1, C}, mrow), 2,
+                                    shape);
+        for (int i = 0; i < R * C; i++) want[i] = mrow[i % C] ? em_test_round_to(dt, 2) : v[i];
+        expect_exact(em_masked_fill(x, mask, 2), want, R * C, what);
+        /* embedding with an expanded weight, index_select-like */
+        WHAT("embedding of an expanded %s weight", em_dtype_name(dt));
+        double ei[3] = {2, 0, 2};
+        em_tensor *eidx = em_test_tensor(EM_I64, 1, (const int64_t[]){3}, ei);
+        for (int i = 0; i < 3 * C; i++) want[i] = v[(int64_t)ei[i / C] * C + i % C];
+        expect_exact(em_embedding(x, eidx, EM_PADDING_IDX_NONE), want, 3 * C, what);
+        /* index_add of an expanded source */
+        WHAT("index_add of an expanded %s source", em_dtype_name(dt));
+        double ia[R] = {1, 1, 0};
+        em_tensor *iidx = em_test_tensor(EM_I64, 1, (const int64_t[]){R}, ia);
+        memcpy(wa, base, sizeof wa);
+        for (int i = 0; i < R * C; i++) {
+            int64_t o = (int64_t)ia[i / C] * C + i % C;
+            wa[o] = dt == EM_BOOL ? (wa[o] != 0 || v[i] != 0) : em_test_round_to(dt, wa[o] + v[i]);
+        }
+        expect_exact(em_index_add(t, 0, iidx, x, 1), wa, R * C, what);
+        /* cat and stack of an expanded and a contiguous tensor */
+        WHAT("cat/stack of an expanded %s", em_dtype_name(dt));
+        em_tensor *c = em_cat(2, (const em_tensor *const[]){x, t}, 0);
+        memcpy(want, v, sizeof v), memcpy(want + R * C, base, sizeof base);
+        expect_shape(c, 2, (const int64_t[]){2 * R, C}, what);
+        expect_exact(c, want, 2 * R * C, what);
+        em_tensor *st = em_stack(2, (const em_tensor *const[]){x, t}, 0);
+        expect_shape(st, 3, (const int64_t[]){2, R, C}, what);
+        expect_exact(st, want, 2 * R * C, what);
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
 }
