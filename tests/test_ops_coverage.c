@@ -19,12 +19,12 @@
  *   - the nn ops (conv2d and its two gradients, max/avg/adaptive pooling and their gradients,
  *     batch_norm, layer_norm, softmax, log_softmax and their gradients) in f32, f64, f16 and
  *     bf16 on contiguous, transposed, sliced and expanded inputs, against plain loops in
- *     double, and on empty inputs in every floating dtype.
+ *     double, and on empty inputs in every floating dtype;
+ *   - shape errors of the binary, loss, join and linalg ops: the message starts with the op
+ *     and names both shapes.
  *
  * Tolerances (|got - want| <= atol + rtol |want|, NaN matching NaN):
  *   - data movement, conversions and reduction identities: exact;
- *   - shape errors of the binary, loss, join and linalg ops: the message starts with the op
- *     and names both shapes;
  *   - nn ops: the reference is computed in double from the inputs as stored (f16/bf16 inputs
  *     are the rounded values the kernel sees); with M = max(1, max |want|) over the result,
  *       f64: rtol 1e-10, atol 1e-10 M     f32: rtol 1e-5, atol 1e-5 M
