@@ -9,7 +9,8 @@
  * Ember documents); add/sub/mul/div/sum of the small dyadic values used here are then exact
  * in every floating dtype, so they are compared exactly. exp, log (libm may differ by an ulp)
  * and mean (a sum times 1/count) use rtol 1e-6 for f32, 1e-12 for f64 and one ulp of the
- * dtype for f16 (2^-10) and bf16 (2^-7). matmul of integer-valued operands is exact; of random operands, the error is
+ * dtype for f16 (2^-10) and bf16 (2^-7). matmul of integer-valued operands is exact (in f16
+ * and bf16 too: |products and sums| <= 100); of random operands, the error is
  * bounded by 1e-5 * sum_k |a_ik b_kj|. Large f32 sums have relative error < 1e-6 against a
  * double-precision loop.
  */
@@ -869,9 +870,11 @@ static void check_mm_layouts(em_dtype dt, layout la, layout lb) {
     RELEASE(y, b, a);
 }
 
-Test(matmul, two_d_every_layout_f32_f64) {
-    const em_dtype dts[2] = {EM_F32, EM_F64};
-    for (int d = 0; d < 2; d++)
+/* f16 and bf16 too: the small integers, their products and sums (|y| <= 100) are exact in
+ * both, so every dtype compares exactly. */
+Test(matmul, two_d_every_layout_every_float_dtype) {
+    const em_dtype dts[4] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    for (int d = 0; d < 4; d++)
         for (layout la = CONTIG; la < N_LAYOUTS; la++)
             for (layout lb = CONTIG; lb < N_LAYOUTS; lb++) check_mm_layouts(dts[d], la, lb);
 }
@@ -941,6 +944,44 @@ Test(matmul, random_values_f32) {
                   want[i]);
     free(g), free(A), free(Bv);
     RELEASE(y, b, a);
+}
+
+/* 1-D operands and K == 0 in f16 and bf16 (the f32 cases above and in test_ops_linalg). */
+Test(matmul, one_d_and_empty_half_dtypes) {
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    double a[4], B2[20], w[5];
+    int_values(a, 4, 3);
+    int_values(B2, 20, 4);
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = dts[d];
+        em_tensor *v = em_test_tensor(dt, 1, (const int64_t[]){4}, a);
+        em_tensor *m = logical(dt, TRANSPOSED, 4, 5, B2);
+        em_tensor *dot = em_matmul(v, v), *vm = em_matmul(v, m);
+        double dd = 0;
+        for (int k = 0; k < 4; k++) dd += a[k] * a[k];
+        expect_shape(dot, 0, NULL, em_dtype_name(dt));
+        cr_expect_eq(em_tensor_dtype(dot), dt);
+        expect_values(dot, &dd, 1, 0, "half 1-D x 1-D");
+        ref_mm(a, B2, 1, 4, 5, w);
+        expect_shape(vm, 1, (const int64_t[]){5}, "half 1-D x transposed 2-D");
+        expect_values(vm, w, 5, 0, "half 1-D x transposed 2-D");
+        em_tensor *e0 = em_ones(2, (const int64_t[]){3, 0}, dt, em_cpu());
+        em_tensor *e1 = em_ones(2, (const int64_t[]){0, 5}, dt, em_cpu());
+        em_tensor *y = em_matmul(e0, e1);
+        double zeros[15] = {0};
+        expect_shape(y, 2, (const int64_t[]){3, 5}, "half K = 0");
+        expect_values(y, zeros, 15, 0, "half K = 0");
+        em_tensor *ym = em_matmul(e1, m);
+        cr_assert_null(ym, "[0, 5] x [4, 5] must not multiply");
+        em_assert_error(EM_ERR_SHAPE, "[0, 5] and [4, 5]");
+        em_tensor *e1t = em_transpose(e1, 0, 1);
+        em_tensor *e2 = em_ones(2, (const int64_t[]){0, 2}, dt, em_cpu());
+        em_tensor *m0 = em_matmul(e1t, e2);
+        expect_shape(m0, 2, (const int64_t[]){5, 2}, "half transposed K = 0");
+        double z10[10] = {0};
+        expect_values(m0, z10, 10, 0, "half transposed K = 0");
+        RELEASE(m0, e2, e1t, y, e1, e0, vm, dot, m, v);
+    }
 }
 
 Test(matmul, empty_inner_dim_gives_zeros) {

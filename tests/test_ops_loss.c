@@ -8,7 +8,8 @@
  *     case run with contiguous, sliced (every other element of the last dim) and permuted
  *     (storage in reversed dim order, so the class dim is strided) operands.
  *   - A plain-loop reference in double written here (ref_loss), itself checked against the
- *     PyTorch fixtures, for f16/bf16 (from the same inputs rounded to the dtype), for large
+ *     PyTorch fixtures, for f16/bf16 (from the same inputs rounded to the dtype, in all three
+ *     layouts), for large
  *     inputs that take the multi-threaded paths, and for broadcast (stride 0) operands.
  *
  * Tolerances (|got - want| <= atol + rtol |want|; NaN matches NaN):
@@ -301,18 +302,21 @@ Test(loss, reference_matches_pytorch) {
 /* Values of t read back (rounded to its dtype), or NULL for NULL. */
 static double *rounded(const em_tensor *t) { return t ? values(t) : NULL; }
 
-/* f16 and bf16 against the reference computed from the same rounded inputs. */
+/* f16 and bf16 against the reference computed from the same rounded inputs, in every
+ * layout. */
 Test(loss, half_and_bfloat16) {
     const em_dtype dts[2] = {EM_F16, EM_BF16};
     for (int i = 0; i < N_LOSS_FIXTURES; i++) {
         const loss_fixture *f = &loss_fixtures[i];
         if (f->dtype != EM_F32) continue;
-        for (int k = 0; k < 2; k++) {
-            em_dtype dt = dts[k];
+        for (int kl = 0; kl < 2 * N_LAYOUTS; kl++) {
+            em_dtype dt = dts[kl % 2];
+            layout lay = (layout)(kl / 2);
             cr_assert_eq(em_scope_begin(), EM_OK);
             char what[160];
-            snprintf(what, sizeof what, "%s (%s)", f->name, em_dtype_name(dt));
-            operands o = make_operands(f, dt, k ? PERMUTED : CONTIG);
+            snprintf(what, sizeof what, "%s (%s, %s)", f->name, em_dtype_name(dt),
+                     layout_names[lay]);
+            operands o = make_operands(f, dt, lay);
             double *x = rounded(o.x), *t = rounded(o.t), *w = rounded(o.w), *pw = rounded(o.pw),
                    *gy = rounded(o.gy);
             int64_t nx = numel_of(f->x_ndim, f->x_shape), ny = numel_of(f->y_ndim, f->y_shape);
@@ -470,6 +474,57 @@ Test(loss, extreme_logits_finite) {
 }
 
 /* ---- empty tensors --------------------------------------------------------------------------- */
+
+/* Every loss and its backward on empty operands in every floating dtype (the f32/f64 values
+ * are checked above): the reduced losses are NaN (mean) or 0 (sum) of the input's dtype. */
+Test(loss, empty_tensors_every_float_dtype) {
+    const em_dtype dts[4] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    int64_t s04[2] = {0, 4}, s40[2] = {4, 0}, s0[1] = {0};
+    double nan = NAN, zero = 0;
+    for (int k = 0; k < 4; k++) {
+        em_dtype dt = dts[k];
+        const char *name = em_dtype_name(dt);
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        /* a transposed empty input: non-contiguous too */
+        em_tensor *x = em_transpose(em_zeros(2, s40, dt, em_cpu()), 0, 1);
+        em_tensor *t = em_zeros(1, s0, EM_I64, em_cpu()), *g1 = em_scalar(1, dt);
+        em_tensor *w = em_ones(1, (int64_t[]){4}, dt, em_cpu());
+        em_tensor *ce = em_cross_entropy(x, t, w, EM_REDUCTION_MEAN, -100, 0.1);
+        expect_close(ce, 0, NULL, &nan, 0, 0, "mean", name);
+        cr_assert_eq(em_tensor_dtype(ce), dt);
+        expect_close(em_cross_entropy(x, x, NULL, EM_REDUCTION_SUM, -100, 0), 0, NULL, &zero, 0, 0,
+                     "ce probs sum", name);
+        expect_close(em_cross_entropy_backward(g1, x, t, w, EM_REDUCTION_MEAN, -100, 0.1), 2, s04,
+                     NULL, 0, 0, "ce grad", name);
+        expect_close(em_nll_loss(x, t, w, EM_REDUCTION_NONE, -100), 1, s0, NULL, 0, 0, "nll none",
+                     name);
+        expect_close(em_nll_loss_backward(g1, x, t, NULL, EM_REDUCTION_MEAN, -100), 2, s04, NULL,
+                     0, 0, "nll grad", name);
+        em_tensor *(*pointwise[2])(const em_tensor *, const em_tensor *, em_reduction) = {
+            em_mse_loss, em_l1_loss};
+        for (int p = 0; p < 2; p++) {
+            em_tensor *m = pointwise[p](x, x, EM_REDUCTION_MEAN);
+            expect_close(m, 0, NULL, &nan, 0, 0, "pointwise mean", name);
+            cr_assert_eq(em_tensor_dtype(m), dt);
+            expect_close(pointwise[p](x, x, EM_REDUCTION_SUM), 0, NULL, &zero, 0, 0,
+                         "pointwise sum", name);
+        }
+        expect_close(em_mse_loss_backward(g1, x, x, EM_REDUCTION_MEAN), 2, s04, NULL, 0, 0,
+                     "mse grad", name);
+        expect_close(em_l1_loss_backward(g1, x, x, EM_REDUCTION_SUM), 2, s04, NULL, 0, 0,
+                     "l1 grad", name);
+        expect_close(em_smooth_l1_loss(x, x, EM_REDUCTION_SUM, 0.5), 0, NULL, &zero, 0, 0,
+                     "smooth_l1 sum", name);
+        expect_close(em_smooth_l1_loss_backward(g1, x, x, EM_REDUCTION_MEAN, 0.5), 2, s04, NULL,
+                     0, 0, "smooth_l1 grad", name);
+        expect_close(em_binary_cross_entropy_with_logits(x, x, NULL, w, EM_REDUCTION_MEAN), 0,
+                     NULL, &nan, 0, 0, "bce mean", name);
+        expect_close(em_binary_cross_entropy_with_logits_backward(g1, x, x, NULL, w,
+                                                                  EM_REDUCTION_SUM),
+                     2, s04, NULL, 0, 0, "bce grad", name);
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
+}
 
 Test(loss, empty_tensors) {
     cr_assert_eq(em_scope_begin(), EM_OK);
