@@ -51,6 +51,7 @@ Test(autograd, gradients_of_a_small_expression) {
  * node is the scaling). */
 Test(autograd, reductions_name_their_node_with_or_without_keepdim) {
     em_tensor *x = em_test_tensor(EM_F64, 2, (int64_t[]){2, 3}, (double[]){1, 2, 3, 4, 5, 9});
+    em_tensor *w = em_test_tensor(EM_F64, 1, (int64_t[]){2}, (double[]){1, 2});
     em_requires_grad_(x, true);
     em_scope_begin();
     for (int keep = 0; keep < 2; keep++) {
@@ -61,7 +62,6 @@ Test(autograd, reductions_name_their_node_with_or_without_keepdim) {
     }
     /* d/dx sum(mean(x, dim 1) * [1, 2]) = [1/3, 1/3, 1/3, 2/3, 2/3, 2/3] */
     em_tensor *m = em_mean(x, 1, (int[]){1}, false);
-    em_tensor *w = em_test_tensor(EM_F64, 1, (int64_t[]){2}, (double[]){1, 2});
     cr_assert_eq(em_backward(em_sum(em_mul(m, w), 0, NULL, false)), EM_OK, "%s", em_last_error());
     em_scope_end();
     for (int i = 0; i < 6; i++)
