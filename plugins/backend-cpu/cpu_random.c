@@ -192,7 +192,8 @@ static em_status cpu_bernoulli(const em_kernel_ctx *ctx) {
  * the ones before it). A strided output is shuffled in a scratch vector and then stored. */
 static em_status cpu_randperm(const em_kernel_ctx *ctx) {
     const em_ktensor *t = &ctx->out[0];
-    rng_params p = read_params(ctx, 0.0, 0.0, false);
+    /* randperm has only the two attributes seed and offset. */
+    uint64_t seed = (uint64_t)attr_int(ctx, 0, 0), offset = (uint64_t)attr_int(ctx, 1, 0);
     int64_t n = t->numel;
     bool direct = t->contiguous && t->dtype == EM_I64;
     int64_t *v = direct ? (int64_t *)t->data : malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
@@ -201,7 +202,7 @@ static em_status cpu_randperm(const em_kernel_ctx *ctx) {
     for (int64_t i = 0; i < n; i++) v[i] = i;
     uint32_t w[4];
     for (int64_t k = 0; k + 1 < n; k++) {
-        if (k % 4 == 0) em_philox_block(p.seed, p.offset + (uint64_t)(k / 4), w);
+        if (k % 4 == 0) em_philox_block(seed, offset + (uint64_t)(k / 4), w);
         int64_t i = n - 1 - k;
         int64_t j = (int64_t)(((uint64_t)w[k % 4] * (uint64_t)(i + 1)) >> 32);
         int64_t x = v[i];
