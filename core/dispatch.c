@@ -63,8 +63,13 @@ void em_profile_enable(bool on) { cfg.profile = on; }
 bool em_profile_enabled(void) { return cfg.profile; }
 void em_set_deterministic(bool on) { cfg.deterministic = on; }
 bool em_deterministic(void) { return cfg.deterministic; }
+static char threads_why[160];
 int em_num_threads(void) { return cfg.threads; }
-void em_set_num_threads(int n) { cfg.threads = n < 1 ? 1 : n; }
+void em_set_num_threads(int n) {
+    cfg.threads = n < 1 ? 1 : n;
+    snprintf(threads_why, sizeof threads_why, "em_set_num_threads");
+}
+const char *em_num_threads_reason(void) { return threads_why; }
 
 void em__dispatch_init(void) {
     const char *fb = getenv("EMBER_FALLBACK");
@@ -76,17 +81,19 @@ void em__dispatch_init(void) {
             em_log_write(EM_LOG_WARN, "EMBER_FALLBACK='%s' is not one of error, warn, allow; using "
                    "error", fb);
     }
-    cfg.threads = em__ncpu();
+    char *why = threads_why;
+    cfg.threads = em__ncpu_explain(why, sizeof threads_why);
     const char *nt = getenv("EMBER_NUM_THREADS");
     if (nt && *nt) {
         char *end;
         long n = strtol(nt, &end, 10);
         if (*end || n < 1 || n > 4096)
-            em_log_write(EM_LOG_WARN, "EMBER_NUM_THREADS='%s' is not a positive number; using %d",
-                   nt, cfg.threads);
+            em_log_write(EM_LOG_WARN, "EMBER_NUM_THREADS='%s' is not a positive number; using %d "
+                         "(%s)", nt, cfg.threads, why);
         else
-            cfg.threads = (int)n;
+            snprintf(why, sizeof threads_why, "EMBER_NUM_THREADS"), cfg.threads = (int)n;
     }
+    em_log_write(EM_LOG_INFO, "CPU threads: %d (%s)", cfg.threads, why);
     em_placement_reset();
 }
 

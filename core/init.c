@@ -32,11 +32,6 @@ const char *em_build_info(void) {
            ", plugin dir " EM_PLUGIN_DIR;
 }
 
-int em__ncpu(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 static void teardown(void) {
     em__scope_shutdown();
     em__plugins_unload_all();

@@ -326,8 +326,8 @@ void em__module_classes_remove_owner(em_registry *owner);
 /* ---- misc --------------------------------------------------------------------------------- */
 
 uint64_t em__now_ns(void);
-/* Number of online CPUs. */
-int em__ncpu(void);
+/* The CPUs this process may use (em__ncpu and friends). */
+#include "cpus.h"
 
 #define EM__XSTR(x) #x
 #define EM__STR(x) EM__XSTR(x)

@@ -857,6 +857,10 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     assert_line(out, "self-test cpu:", "ok");
     assert_line(out, "self-test testdev:0:", "ok");
     assert_line(out, "self-test testdev:1:", "ok");
+    char threads[64];
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error()); /* the same count in this process */
+    snprintf(threads, sizeof threads, "CPU threads: %d (", em_num_threads());
+    assert_line(out, threads, "affinity mask"); /* how many, and why */
     free(out);
 }
 
@@ -883,6 +887,10 @@ Test(plugin_env, ember_info_json_parses) {
     cr_assert_not_null(root, "JSON error at line %d: %s\n%s", err.line, err.text, out);
     cr_assert_str_eq(json_string_value(json_object_get(root, "version")), em_version());
     cr_assert(json_is_true(json_object_get(root, "ok")));
+    json_t *th = json_object_get(root, "threads");
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(json_integer_value(json_object_get(th, "count")), em_num_threads());
+    cr_assert_str_eq(json_string_value(json_object_get(th, "reason")), em_num_threads_reason());
     json_t *cpu = json_plugin(root, "ember-cpu.so");
     cr_assert_str_eq(json_string_value(json_object_get(cpu, "status")), "loaded");
     cr_assert_str_eq(json_string_value(json_object_get(cpu, "name")), "ember-cpu");

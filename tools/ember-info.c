@@ -296,6 +296,8 @@ static json_t *gather(const options *o, em_status init, const char *init_error) 
     json_object_set_new(root, "build_info", json_string(em_build_info()));
     json_object_set_new(root, "init", json_pack("{s:b, s:s?}", "ok", init == EM_OK, "error",
                                                 init == EM_OK ? NULL : init_error));
+    json_object_set_new(root, "threads", json_pack("{s:i, s:s}", "count", em_num_threads(),
+                                                   "reason", em_num_threads_reason()));
     json_object_set_new(root, "search_path", json_string(em_plugin_search_path()));
     json_object_set_new(root, "plugins", plugins_json(o));
     bool ok = init == EM_OK;
@@ -446,6 +448,9 @@ static void print_text(const json_t *r) {
     const json_t *init = json_object_get(r, "init");
     if (json_is_true(json_object_get(init, "ok"))) printf("init: ok\n");
     else printf("init: FAILED: %s\n", get_s(init, "error"));
+    const json_t *th = json_object_get(r, "threads");
+    printf("CPU threads: %lld (%s)\n", (long long)json_integer_value(json_object_get(th, "count")),
+           get_s(th, "reason"));
     printf("plugin search path: %s\n", get_s(r, "search_path"));
     print_plugins(json_object_get(r, "plugins"));
     if (!json_is_true(json_object_get(init, "ok"))) return;

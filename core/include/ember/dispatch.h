@@ -305,10 +305,15 @@ EM_API em_status em_placement_get(const char *device_type, em_placement_stats *o
 EM_API void em_set_deterministic(bool on);
 EM_API bool em_deterministic(void);
 
-/* Number of threads CPU kernels may use: EMBER_NUM_THREADS at em_init(), default the core
- * count. */
+/* Number of threads CPU kernels may use: EMBER_NUM_THREADS at em_init(), default the CPUs
+ * this process may use — its affinity mask (taskset, cpusets, a batch system's binding),
+ * capped by its cgroup CPU quota (docker --cpus) rounded up — not the machine's core count. */
 EM_API int em_num_threads(void);
 EM_API void em_set_num_threads(int n);
+/* Where em_num_threads() came from, in words: "EMBER_NUM_THREADS", "em_set_num_threads", or
+ * the affinity mask and quota it was computed from (e.g. "4 of 64 online CPUs in this
+ * process's affinity mask"). */
+EM_API const char *em_num_threads_reason(void);
 
 #ifdef __cplusplus
 }
