@@ -177,6 +177,24 @@ Test(trainer, bundled_example_reaches_95_percent) {
     cr_assert_eq(rows, 8);
 }
 
+/* The start line says how many CPU threads and why (a job bound to a few cores of a big node
+ * must not run one thread per core of the node). */
+Test(trainer, start_line_names_the_cpu_threads) {
+    write_mlp("t.yaml", "", "0.1");
+    char *out;
+    setenv("EMBER_NUM_THREADS", "1", 1);
+    int rc = train(&out, (const char *[]){path("t.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "device cpu (1 thread: EMBER_NUM_THREADS)\n"), "%s", out);
+    free(out);
+    unsetenv("EMBER_NUM_THREADS");
+    rc = train(&out, (const char *[]){path("t.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "threads: ") || strstr(out, "thread: "), "%s", out);
+    cr_assert(strstr(out, "online CPUs in this process's affinity mask"), "%s", out);
+    free(out);
+}
+
 /* Batch 32 x 4 accumulated equals batch 128: 1344 training items = 10 batches of 128 and one
  * of 64 — so the last accumulation group has 2 micro-batches (divided by 2, not 4). */
 Test(trainer, accumulation_matches_the_big_batch) {

@@ -994,8 +994,12 @@ int main(int argc, char **argv) {
     if (c_noshuf) r.s.shuffle = false;
     if ((rc = pick_device(&r))) goto done;
     char devname[64];
-    fprintf(stderr, "ember-train: config %s, device %s\n", r.s.config_path,
+    fprintf(stderr, "ember-train: config %s, device %s", r.s.config_path,
             em_device_str(r.dev, devname, sizeof devname));
+    if (r.dev.type == EM_DEVICE_CPU_TYPE) /* the thread count, and why: 64 on a 4-core slot hurts */
+        fprintf(stderr, " (%d thread%s: %s)", em_num_threads(), em_num_threads() == 1 ? "" : "s",
+                em_num_threads_reason());
+    fputc('\n', stderr);
     em_seed(r.s.seed);
     em_set_deterministic(r.s.deterministic);
     if (r.s.anomaly) em_set_anomaly(true);
