@@ -90,8 +90,10 @@ void em__dispatch_init(void) {
         if (*end || n < 1 || n > 4096)
             em_log_write(EM_LOG_WARN, "EMBER_NUM_THREADS='%s' is not a positive number; using %d "
                          "(%s)", nt, cfg.threads, why);
-        else
-            snprintf(why, sizeof threads_why, "EMBER_NUM_THREADS"), cfg.threads = (int)n;
+        else {
+            cfg.threads = (int)n;
+            snprintf(why, sizeof threads_why, "EMBER_NUM_THREADS");
+        }
     }
     em_log_write(EM_LOG_INFO, "CPU threads: %d (%s)", cfg.threads, why);
     em_placement_reset();
