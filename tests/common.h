@@ -101,6 +101,36 @@ static inline double *em_test_values(const em_tensor *t) {
     return v;
 }
 
+/* got holds want (n values, C order): |got - want| <= atol + rtol |want|, NaN matching NaN and
+ * infinities exactly. The first mismatches are reported one by one, then the test fails. */
+static inline void em_test_expect_close(const em_tensor *got, const double *want, int64_t n,
+                                        double rtol, double atol, const char *what) {
+    cr_assert(got, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
+                 (long long)em_tensor_numel(got), (long long)n);
+    double *g = em_test_values(got);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool ok = g[i] == want[i] || (isnan(g[i]) && isnan(want[i])) ||
+                  (isfinite(want[i]) && fabs(g[i] - want[i]) <= atol + rtol * fabs(want[i]));
+        if (!ok && bad++ < 5)
+            cr_expect(ok, "%s: element %lld is %.10g, want %.10g", what, (long long)i, g[i],
+                      want[i]);
+    }
+    free(g);
+    cr_assert_eq(bad, 0, "%s: %d mismatches", what, bad);
+}
+
+/* t has shape (nd dims). */
+static inline void em_test_expect_shape(const em_tensor *t, int nd, const int64_t *shape,
+                                        const char *what) {
+    cr_assert(t, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_ndim(t), nd, "%s: %d dims, want %d", what, em_tensor_ndim(t), nd);
+    for (int d = 0; d < nd; d++)
+        cr_assert_eq(em_tensor_shape(t)[d], shape[d], "%s: dim %d is %lld, want %lld", what, d,
+                     (long long)em_tensor_shape(t)[d], (long long)shape[d]);
+}
+
 /* The last error contains `needle`. */
 #define em_assert_error(status, needle)                                                        \
     do {                                                                                       \

@@ -61,35 +61,9 @@ static int64_t numel_of(int nd, const int64_t *shape) {
     return n;
 }
 
-static void expect_shape(const em_tensor *t, int nd, const int64_t *shape, const char *what) {
-    cr_assert(t, "%s: %s", what, em_last_error());
-    cr_assert_eq(em_tensor_ndim(t), nd, "%s: %d dims, want %d", what, em_tensor_ndim(t), nd);
-    for (int d = 0; d < nd; d++)
-        cr_assert_eq(em_tensor_shape(t)[d], shape[d], "%s: dim %d is %lld, want %lld", what, d,
-                     (long long)em_tensor_shape(t)[d], (long long)shape[d]);
-}
 
-/* got holds want (n values, C order) within |got - want| <= atol + rtol |want|; NaN == NaN,
- * infinities exactly. */
-static void expect_close(const em_tensor *got, const double *want, int64_t n, double rtol,
-                         double atol, const char *what) {
-    cr_assert(got, "%s: %s", what, em_last_error());
-    cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
-                 (long long)em_tensor_numel(got), (long long)n);
-    double *g = em_test_values(got);
-    int bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        bool ok = g[i] == want[i] || (isnan(g[i]) && isnan(want[i])) ||
-                  (isfinite(want[i]) && fabs(g[i] - want[i]) <= atol + rtol * fabs(want[i]));
-        if (!ok && bad++ < 5)
-            cr_expect(ok, "%s: element %lld is %.10g, want %.10g", what, (long long)i, g[i],
-                      want[i]);
-    }
-    free(g);
-    cr_assert_eq(bad, 0, "%s: %d mismatches", what, bad);
-}
 static void expect_exact(const em_tensor *got, const double *want, int64_t n, const char *what) {
-    expect_close(got, want, n, 0, 0, what);
+    em_test_expect_close(got, want, n, 0, 0, what);
 }
 
 /* ---- layouts of an N-D tensor ---------------------------------------------------------------- */
@@ -228,7 +202,7 @@ static void agree(const em_tensor *empty_result, const em_tensor *full_result, e
         return;
     }
     cr_assert(empty_result, "%s: %s (the non-empty call succeeds)", what, em_last_error());
-    expect_shape(empty_result, nd, shape, what);
+    em_test_expect_shape(empty_result, nd, shape, what);
     cr_assert_eq(em_tensor_dtype(empty_result), em_tensor_dtype(full_result),
                  "%s: dtype %s, the non-empty call's %s", what,
                  em_dtype_name(em_tensor_dtype(empty_result)),
@@ -353,15 +327,15 @@ Test(cover_reduce, empty_every_dtype) {
             for (int k = 0; k < LEN(c); k++) {
                 if (!fl && k >= 5) continue; /* floating-only ops */
                 WHAT("%s of an empty %s %s", c[k].name, lay, em_dtype_name(dt));
-                expect_shape(c[k].all, 0, NULL, what);
+                em_test_expect_shape(c[k].all, 0, NULL, what);
                 cr_assert_eq(em_tensor_dtype(c[k].all), c[k].dt, "%s: dtype %s", what,
                              em_dtype_name(em_tensor_dtype(c[k].all)));
                 expect_exact(c[k].all, &c[k].v, 1, what);
                 double v3[3] = {c[k].v, c[k].v, c[k].v};
-                expect_shape(c[k].d0, 2, s13, what);
+                em_test_expect_shape(c[k].d0, 2, s13, what);
                 cr_assert_eq(em_tensor_dtype(c[k].d0), c[k].dt, "%s", what);
                 expect_exact(c[k].d0, v3, 3, what);
-                expect_shape(c[k].d1, 1, s0, what);
+                em_test_expect_shape(c[k].d1, 1, s0, what);
                 cr_assert_eq(em_tensor_dtype(c[k].d1), c[k].dt, "%s", what);
             }
             /* no identity: over the empty dim an error, over the other an empty result */
@@ -370,15 +344,15 @@ Test(cover_reduce, empty_every_dtype) {
             em_assert_error(EM_ERR_SHAPE, "amax: expected reduction dim 0 to have non-zero size");
             cr_assert_null(em_amin(z, 0, NULL, false), "%s", what);
             em_assert_error(EM_ERR_SHAPE, "amin");
-            expect_shape(em_amin(z, 1, (const int[]){1}, true), 2, (const int64_t[]){0, 1}, what);
+            em_test_expect_shape(em_amin(z, 1, (const int[]){1}, true), 2, (const int64_t[]){0, 1}, what);
             em_tensor *v, *i;
             cr_assert_eq(em_min_dim(z, 1, false, &v, &i), EM_OK, "%s: %s", what, em_last_error());
-            expect_shape(v, 1, s0, what);
-            expect_shape(i, 1, s0, what);
+            em_test_expect_shape(v, 1, s0, what);
+            em_test_expect_shape(i, 1, s0, what);
             cr_assert_eq(em_tensor_dtype(i), EM_I64);
             cr_assert_eq(em_max_dim(z, 0, true, &v, &i), EM_ERR_SHAPE, "%s", what);
             if (dt != EM_BOOL) {
-                expect_shape(em_argmax(z, (const int[]){1}, false), 1, s0, what);
+                em_test_expect_shape(em_argmax(z, (const int[]){1}, false), 1, s0, what);
                 cr_assert_null(em_argmin(z, (const int[]){0}, false), "%s", what);
                 em_assert_error(EM_ERR_SHAPE, "argmin");
             }
@@ -390,7 +364,7 @@ Test(cover_reduce, empty_every_dtype) {
         /* [3, 0] reduced over its empty dim 1 gives [3] identities */
         em_tensor *z30 = em_zeros(2, s30, dt, em_cpu());
         WHAT("sum over the empty dim of [3, 0] %s", em_dtype_name(dt));
-        expect_shape(em_sum(z30, 1, (const int[]){1}, false), 1, s3, what);
+        em_test_expect_shape(em_sum(z30, 1, (const int[]){1}, false), 1, s3, what);
         expect_exact(em_sum(z30, 1, (const int[]){1}, false), (const double[]){0, 0, 0}, 3, what);
         expect_exact(em_prod(z30, 1, (const int[]){-1}, false), (const double[]){1, 1, 1}, 3,
                      what);
@@ -421,12 +395,12 @@ Test(cover_reduce, mean_var_norm_of_expanded_inputs) {
             wn1[i] = em_test_round_to(dt, sqrt(nrow));
         double rt = dt == EM_F64 ? 1e-12 : dt == EM_F32 ? 1e-6 : dt == EM_F16 ? 0x1p-9 : 0x1p-6;
         WHAT("mean/var/norm of an expanded %s", em_dtype_name(dt));
-        expect_close(em_mean(x, 1, (const int[]){0}, false), w0, C, rt, 0, what);
-        expect_close(em_var(x, 1, (const int[]){0}, 1, false), wv0, C, rt, 0, what);
-        expect_close(em_norm(x, 2, 1, (const int[]){0}, false), wn0, C, rt, 0, what);
-        expect_close(em_mean(x, 1, (const int[]){1}, false), w1, R, rt, 0, what);
-        expect_close(em_var(x, 1, (const int[]){1}, 1, false), wv1, R, rt, 0, what);
-        expect_close(em_norm(x, 2, 1, (const int[]){-1}, false), wn1, R, rt, 0, what);
+        em_test_expect_close(em_mean(x, 1, (const int[]){0}, false), w0, C, rt, 0, what);
+        em_test_expect_close(em_var(x, 1, (const int[]){0}, 1, false), wv0, C, rt, 0, what);
+        em_test_expect_close(em_norm(x, 2, 1, (const int[]){0}, false), wn0, C, rt, 0, what);
+        em_test_expect_close(em_mean(x, 1, (const int[]){1}, false), w1, R, rt, 0, what);
+        em_test_expect_close(em_var(x, 1, (const int[]){1}, 1, false), wv1, R, rt, 0, what);
+        em_test_expect_close(em_norm(x, 2, 1, (const int[]){-1}, false), wn1, R, rt, 0, what);
         cr_assert_eq(em_scope_end(), EM_OK);
     }
 }
@@ -481,16 +455,16 @@ Test(cover_index, index_select_every_dtype_layout_and_index) {
                             int64_t i = o / ys[1], j = o % ys[1];
                             want[o] = dim ? v[i * C + iv[k][j]] : v[iv[k][i] * C + j];
                         }
-                        expect_shape(y, 2, ys, what);
+                        em_test_expect_shape(y, 2, ys, what);
                         cr_assert_eq(em_tensor_dtype(y), dt, "%s", what);
                         expect_exact(y, want, n, what);
                     }
             /* an empty index, and an empty input along the other dim */
             em_tensor *e = em_zeros(1, (const int64_t[]){0}, EM_I64, em_cpu());
             WHAT("index_select %s %s with an empty index", em_dtype_name(dt), layout_names[l]);
-            expect_shape(em_index_select(x, 1, e), 2, (const int64_t[]){R, 0}, what);
+            em_test_expect_shape(em_index_select(x, 1, e), 2, (const int64_t[]){R, 0}, what);
             em_tensor *x0 = em_narrow(x, 1, 2, 0);
-            expect_shape(em_index_select(x0, 0, make_index(EM_I64, 2, (const int64_t[]){3, 1},
+            em_test_expect_shape(em_index_select(x0, 0, make_index(EM_I64, 2, (const int64_t[]){3, 1},
                                                            CONTIG)),
                          2, (const int64_t[]){2, 0}, what);
             cr_assert_eq(em_scope_end(), EM_OK);
@@ -525,7 +499,7 @@ Test(cover_convert, to_dtype_and_copy_every_pair_and_layout) {
                 WHAT("to_dtype %s -> %s, %s source", em_dtype_name(from), em_dtype_name(to),
                      layout_names[l]);
                 em_tensor *y = em_to_dtype(x, to);
-                expect_shape(y, 2, shape, what);
+                em_test_expect_shape(y, 2, shape, what);
                 cr_assert_eq(em_tensor_dtype(y), to, "%s", what);
                 expect_exact(y, want, R * C, what);
                 /* into a transposed and into a sliced destination */
@@ -553,7 +527,7 @@ Test(cover_convert, to_dtype_and_copy_every_pair_and_layout) {
             em_tensor *e = em_transpose(em_zeros(2, (const int64_t[]){0, 3}, from, em_cpu()), 0, 1);
             WHAT("to_dtype of an empty %s -> %s", em_dtype_name(from), em_dtype_name(to));
             em_tensor *ye = em_to_dtype(e, to);
-            expect_shape(ye, 2, (const int64_t[]){3, 0}, what);
+            em_test_expect_shape(ye, 2, (const int64_t[]){3, 0}, what);
             cr_assert_eq(em_tensor_dtype(ye), to, "%s", what);
             cr_assert_eq(em_copy_(em_zeros(2, (const int64_t[]){3, 0}, to, em_cpu()), e), EM_OK,
                          "%s: %s", what, em_last_error());
@@ -585,7 +559,7 @@ static void expect_nn(const em_tensor *got, em_dtype dt, const double *want, int
     cr_assert(got, "%s: %s", what, em_last_error());
     cr_assert_eq(em_tensor_dtype(got), dt, "%s: dtype %s", what,
                  em_dtype_name(em_tensor_dtype(got)));
-    expect_close(got, want, n, rtol, atol * m, what);
+    em_test_expect_close(got, want, n, rtol, atol * m, what);
 }
 
 /* n distinct values (a permutation of -n/2 .. n/2 - 1, times `scale`, a power of two so that
@@ -652,13 +626,13 @@ static void check_conv(em_dtype dt, layout lay, const conv_cfg *cf) {
     em_tensor *tb = em_test_tensor(dt, 1, &cf->O, b);
     WHAT("conv2d %s %s groups %lld", em_dtype_name(dt), layout_names[lay], (long long)cf->groups);
     em_tensor *ty = em_conv2d(tx, tw, tb, cf->stride, cf->padding, cf->dilation, cf->groups);
-    expect_shape(ty, 4, ys, what);
+    em_test_expect_shape(ty, 4, ys, what);
     expect_nn(ty, dt, y, ny, what);
     WHAT("conv2d_backward_data %s %s groups %lld", em_dtype_name(dt), layout_names[lay],
          (long long)cf->groups);
     em_tensor *tgx = em_conv2d_backward_data(tgy, tw, (const int64_t[]){H_, W_}, cf->stride,
                                              cf->padding, cf->dilation, cf->groups);
-    expect_shape(tgx, 4, xshape, what);
+    em_test_expect_shape(tgx, 4, xshape, what);
     expect_nn(tgx, dt, gx, X_N, what);
     WHAT("conv2d_backward_weight %s %s groups %lld", em_dtype_name(dt), layout_names[lay],
          (long long)cf->groups);
@@ -666,7 +640,7 @@ static void check_conv(em_dtype dt, layout lay, const conv_cfg *cf) {
     cr_assert_eq(em_conv2d_backward_weight(tx, tgy, (const int64_t[]){cf->kh, cf->kw}, cf->stride,
                                            cf->padding, cf->dilation, cf->groups, &tgw, &tgb),
                  EM_OK, "%s: %s", what, em_last_error());
-    expect_shape(tgw, 4, ws, what);
+    em_test_expect_shape(tgw, 4, ws, what);
     expect_nn(tgw, dt, gw, nw, what);
     expect_nn(tgb, dt, gb, cf->O, what);
     free(x), free(w), free(gy), free(y), free(gx), free(gw);
@@ -732,14 +706,14 @@ static void check_max_pool(em_dtype dt, layout lay, const pool_cfg *pc) {
          (long long)pc->k[0], (long long)pc->k[1], pc->ceil_mode);
     cr_assert_eq(em_max_pool2d(tx, pc->k, pc->s, pc->p, pc->d, pc->ceil_mode, &ty, &ti), EM_OK,
                  "%s: %s", what, em_last_error());
-    expect_shape(ty, 4, ys, what);
+    em_test_expect_shape(ty, 4, ys, what);
     cr_assert_eq(em_tensor_dtype(ty), dt, "%s", what);
     expect_exact(ty, y, ny, what); /* the maximum is one of the inputs */
     cr_assert_eq(em_tensor_dtype(ti), EM_I64, "%s", what);
     expect_exact(ti, idx, ny, what);
     WHAT("max_pool2d_backward %s %s", em_dtype_name(dt), layout_names[lay]);
     em_tensor *tgx = em_max_pool2d_backward(tgy, ti, (const int64_t[]){H_, W_});
-    expect_shape(tgx, 4, xshape, what);
+    em_test_expect_shape(tgx, 4, xshape, what);
     expect_nn(tgx, dt, gx, X_N, what);
     free(x), free(gy), free(y), free(idx), free(gx);
 }
@@ -773,13 +747,13 @@ static void check_avg_pool(em_dtype dt, layout lay, const pool_cfg *pc) {
     WHAT("avg_pool2d %s %s ceil %d count_include_pad %d", em_dtype_name(dt), layout_names[lay],
          pc->ceil_mode, pc->count_include_pad);
     em_tensor *ty = em_avg_pool2d(tx, pc->k, pc->s, pc->p, pc->ceil_mode, pc->count_include_pad);
-    expect_shape(ty, 4, ys, what);
+    em_test_expect_shape(ty, 4, ys, what);
     expect_nn(ty, dt, y, ny, what);
     WHAT("avg_pool2d_backward %s %s ceil %d count_include_pad %d", em_dtype_name(dt),
          layout_names[lay], pc->ceil_mode, pc->count_include_pad);
     em_tensor *tgx = em_avg_pool2d_backward(tgy, (const int64_t[]){H_, W_}, pc->k, pc->s, pc->p,
                                             pc->ceil_mode, pc->count_include_pad);
-    expect_shape(tgx, 4, xshape, what);
+    em_test_expect_shape(tgx, 4, xshape, what);
     expect_nn(tgx, dt, gx, X_N, what);
     free(x), free(gy), free(y), free(gx);
 }
@@ -807,12 +781,12 @@ static void check_adaptive(em_dtype dt, layout lay, int64_t OH, int64_t OW) {
     WHAT("adaptive_avg_pool2d %s %s to (%lld, %lld)", em_dtype_name(dt), layout_names[lay],
          (long long)OH, (long long)OW);
     em_tensor *ty = em_adaptive_avg_pool2d(tx, (const int64_t[]){OH, OW});
-    expect_shape(ty, 4, ys, what);
+    em_test_expect_shape(ty, 4, ys, what);
     expect_nn(ty, dt, y, ny, what);
     WHAT("adaptive_avg_pool2d_backward %s %s to (%lld, %lld)", em_dtype_name(dt),
          layout_names[lay], (long long)OH, (long long)OW);
     em_tensor *tgx = em_adaptive_avg_pool2d_backward(tgy, (const int64_t[]){H_, W_});
-    expect_shape(tgx, 4, xshape, what);
+    em_test_expect_shape(tgx, 4, xshape, what);
     expect_nn(tgx, dt, gx, X_N, what);
     free(x), free(gy), free(y), free(gx);
 }
@@ -886,7 +860,7 @@ static void check_batch_norm(em_dtype dt, layout lay, bool training) {
     WHAT("batch_norm %s %s training %d", em_dtype_name(dt), layout_names[lay], training);
     cr_assert_eq(em_batch_norm(tx, tw, tb, trm, trv, training, mom, eps, &ty, &tsm, &tsi), EM_OK,
                  "%s: %s", what, em_last_error());
-    expect_shape(ty, 4, xshape, what);
+    em_test_expect_shape(ty, 4, xshape, what);
     expect_nn(ty, dt, y, X_N, what);
     expect_nn(tsm, stat_dtype(dt), mean, C_, what);
     expect_nn(tsi, stat_dtype(dt), invstd, C_, what);
@@ -938,9 +912,9 @@ static void check_layer_norm(em_dtype dt, layout lay) {
     WHAT("layer_norm %s %s", em_dtype_name(dt), layout_names[lay]);
     cr_assert_eq(em_layer_norm(tx, 2, ns, tw, tb, eps, &ty, &tm, &tr), EM_OK, "%s: %s", what,
                  em_last_error());
-    expect_shape(ty, 4, xshape, what);
+    em_test_expect_shape(ty, 4, xshape, what);
     expect_nn(ty, dt, y, X_N, what);
-    expect_shape(tm, 4, ms, what);
+    em_test_expect_shape(tm, 4, ms, what);
     expect_nn(tm, stat_dtype(dt), mean, R, what);
     expect_nn(tr, stat_dtype(dt), rstd, R, what);
     WHAT("layer_norm_backward %s %s", em_dtype_name(dt), layout_names[lay]);
@@ -948,7 +922,7 @@ static void check_layer_norm(em_dtype dt, layout lay) {
     cr_assert_eq(em_layer_norm_backward(tgy, tx, tm, tr, tw, 2, &tgx, &tgw, &tgb), EM_OK,
                  "%s: %s", what, em_last_error());
     expect_nn(tgx, dt, gx, X_N, what);
-    expect_shape(tgw, 2, ns, what);
+    em_test_expect_shape(tgw, 2, ns, what);
     expect_nn(tgw, dt, gw, D, what);
     expect_nn(tgb, dt, gb, D, what);
     free(x), free(gy), free(w), free(b), free(y), free(gx);
@@ -976,7 +950,7 @@ static void check_softmax(em_dtype dt, layout lay, int dim, bool log_) {
     WHAT("%s %s %s dim %d", log_ ? "log_softmax" : "softmax", em_dtype_name(dt),
          layout_names[lay], d);
     em_tensor *ty = log_ ? em_log_softmax(tx, d) : em_softmax(tx, d);
-    expect_shape(ty, 4, xshape, what);
+    em_test_expect_shape(ty, 4, xshape, what);
     expect_nn(ty, dt, y, X_N, what);
     /* the backward from the output as stored */
     double *ys = em_test_values(ty), *gx = malloc(sizeof(double) * X_N);
@@ -993,7 +967,7 @@ static void check_softmax(em_dtype dt, layout lay, int dim, bool log_) {
     WHAT("%s_backward %s %s dim %d", log_ ? "log_softmax" : "softmax", em_dtype_name(dt),
          layout_names[lay], d);
     em_tensor *tgx = log_ ? em_log_softmax_backward(tg, ty, d) : em_softmax_backward(tg, ty, d);
-    expect_shape(tgx, 4, xshape, what);
+    em_test_expect_shape(tgx, 4, xshape, what);
     expect_nn(tgx, dt, gx, X_N, what);
     free(x), free(g), free(y), free(ys), free(gx);
 }
@@ -1026,9 +1000,9 @@ Test(cover_nn, empty_batch_every_dtype) {
         em_tensor *w = em_ones(4, ws, dt, em_cpu()), *b = em_ones(1, (const int64_t[]){4}, dt, em_cpu());
         WHAT("conv2d of an empty %s batch", em_dtype_name(dt));
         em_tensor *y = em_conv2d(x, w, b, NULL, pad, NULL, 1);
-        expect_shape(y, 4, (const int64_t[]){0, 4, 5, 6}, what);
+        em_test_expect_shape(y, 4, (const int64_t[]){0, 4, 5, 6}, what);
         cr_assert_eq(em_tensor_dtype(y), dt, "%s", what);
-        expect_shape(em_conv2d_backward_data(y, w, (const int64_t[]){5, 6}, NULL, pad, NULL, 1), 4,
+        em_test_expect_shape(em_conv2d_backward_data(y, w, (const int64_t[]){5, 6}, NULL, pad, NULL, 1), 4,
                      xs, what);
         em_tensor *gw, *gb;
         cr_assert_eq(em_conv2d_backward_weight(x, y, (const int64_t[]){3, 3}, NULL, pad, NULL, 1,
@@ -1041,57 +1015,57 @@ Test(cover_nn, empty_batch_every_dtype) {
         em_tensor *m, *i;
         cr_assert_eq(em_max_pool2d(x, k2, NULL, NULL, NULL, false, &m, &i), EM_OK, "%s: %s", what,
                      em_last_error());
-        expect_shape(m, 4, (const int64_t[]){0, 3, 2, 3}, what);
+        em_test_expect_shape(m, 4, (const int64_t[]){0, 3, 2, 3}, what);
         cr_assert_eq(em_tensor_dtype(m), dt, "%s", what);
-        expect_shape(em_max_pool2d_backward(m, i, (const int64_t[]){5, 6}), 4, xs, what);
+        em_test_expect_shape(em_max_pool2d_backward(m, i, (const int64_t[]){5, 6}), 4, xs, what);
         em_tensor *a = em_avg_pool2d(x, k2, NULL, NULL, true, false);
-        expect_shape(a, 4, (const int64_t[]){0, 3, 3, 3}, what);
-        expect_shape(em_avg_pool2d_backward(a, (const int64_t[]){5, 6}, k2, NULL, NULL, true, false),
+        em_test_expect_shape(a, 4, (const int64_t[]){0, 3, 3, 3}, what);
+        em_test_expect_shape(em_avg_pool2d_backward(a, (const int64_t[]){5, 6}, k2, NULL, NULL, true, false),
                      4, xs, what);
         em_tensor *ad = em_adaptive_avg_pool2d(x, (const int64_t[]){2, 2});
-        expect_shape(ad, 4, (const int64_t[]){0, 3, 2, 2}, what);
-        expect_shape(em_adaptive_avg_pool2d_backward(ad, (const int64_t[]){5, 6}), 4, xs, what);
+        em_test_expect_shape(ad, 4, (const int64_t[]){0, 3, 2, 2}, what);
+        em_test_expect_shape(em_adaptive_avg_pool2d_backward(ad, (const int64_t[]){5, 6}), 4, xs, what);
         WHAT("layer_norm of an empty %s batch", em_dtype_name(dt));
         em_tensor *ly, *lm, *lr, *gx, *lgw, *lgb;
         cr_assert_eq(em_layer_norm(x, 2, (const int64_t[]){5, 6}, NULL, NULL, 1e-5, &ly, &lm, &lr),
                      EM_OK, "%s: %s", what, em_last_error());
-        expect_shape(ly, 4, xs, what);
-        expect_shape(lm, 4, (const int64_t[]){0, 3, 1, 1}, what);
+        em_test_expect_shape(ly, 4, xs, what);
+        em_test_expect_shape(lm, 4, (const int64_t[]){0, 3, 1, 1}, what);
         cr_assert_eq(em_layer_norm_backward(ly, x, lm, lr, NULL, 2, &gx, &lgw, &lgb), EM_OK,
                      "%s: %s", what, em_last_error());
-        expect_shape(gx, 4, xs, what);
+        em_test_expect_shape(gx, 4, xs, what);
         expect_exact(lgw, z108, 30, what);
         WHAT("batch_norm of an empty %s batch", em_dtype_name(dt));
         em_tensor *rm = em_zeros(1, (const int64_t[]){3}, dt, em_cpu());
         em_tensor *rv = em_ones(1, (const int64_t[]){3}, dt, em_cpu()), *by, *bm, *bi;
         cr_assert_eq(em_batch_norm(x, NULL, NULL, rm, rv, false, 0.1, 1e-5, &by, &bm, &bi), EM_OK,
                      "%s: %s", what, em_last_error());
-        expect_shape(by, 4, xs, what);
+        em_test_expect_shape(by, 4, xs, what);
         cr_assert_eq(em_batch_norm_backward(by, x, NULL, bm, bi, false, &gx, &lgw, &lgb), EM_OK,
                      "%s: %s", what, em_last_error());
-        expect_shape(gx, 4, xs, what);
+        em_test_expect_shape(gx, 4, xs, what);
         expect_exact(lgb, z108, 3, what);
         /* training on an empty batch: an empty result, the running statistics unchanged and
          * zero weight gradients (PyTorch 1.13's behaviour) */
         em_tensor *bw = em_ones(1, (const int64_t[]){3}, dt, em_cpu());
         cr_assert_eq(em_batch_norm(x, bw, NULL, rm, rv, true, 0.1, 1e-5, &by, &bm, &bi), EM_OK,
                      "%s (training): %s", what, em_last_error());
-        expect_shape(by, 4, xs, what);
+        em_test_expect_shape(by, 4, xs, what);
         expect_exact(rm, (const double[]){0, 0, 0}, 3, "running_mean after an empty batch");
         expect_exact(rv, (const double[]){1, 1, 1}, 3, "running_var after an empty batch");
         cr_assert_eq(em_batch_norm_backward(by, x, bw, bm, bi, true, &gx, &lgw, &lgb), EM_OK,
                      "%s (training): %s", what, em_last_error());
-        expect_shape(gx, 4, xs, what);
+        em_test_expect_shape(gx, 4, xs, what);
         expect_exact(lgw, z108, 3, what);
         expect_exact(lgb, z108, 3, what);
         WHAT("softmax of an empty %s batch", em_dtype_name(dt));
         for (int dim = 0; dim < 4; dim++) {
             em_tensor *s = em_softmax(x, dim), *ls = em_log_softmax(x, dim);
-            expect_shape(s, 4, xs, what);
-            expect_shape(ls, 4, xs, what);
+            em_test_expect_shape(s, 4, xs, what);
+            em_test_expect_shape(ls, 4, xs, what);
             cr_assert_eq(em_tensor_dtype(ls), dt, "%s", what);
-            expect_shape(em_softmax_backward(s, s, dim), 4, xs, what);
-            expect_shape(em_log_softmax_backward(ls, ls, dim), 4, xs, what);
+            em_test_expect_shape(em_softmax_backward(s, s, dim), 4, xs, what);
+            em_test_expect_shape(em_log_softmax_backward(ls, ls, dim), 4, xs, what);
         }
         cr_assert_eq(em_scope_end(), EM_OK);
     }
@@ -1193,7 +1167,7 @@ Test(cover_index, data_ops_on_expanded_inputs_every_dtype) {
                 want[i * (C + 3) + j] = i < R && j >= 1 && j <= C ? v[i * C + j - 1]
                                                                  : em_test_round_to(dt, 1);
         em_tensor *p = em_pad(x, 4, (const int64_t[]){1, 2, 0, 1}, 1);
-        expect_shape(p, 2, (const int64_t[]){R + 1, C + 3}, what);
+        em_test_expect_shape(p, 2, (const int64_t[]){R + 1, C + 3}, what);
         expect_exact(p, want, (R + 1) * (C + 3), what);
         /* tril, triu */
         WHAT("tril/triu of an expanded %s", em_dtype_name(dt));
@@ -1253,10 +1227,10 @@ Test(cover_index, data_ops_on_expanded_inputs_every_dtype) {
         WHAT("cat/stack of an expanded %s", em_dtype_name(dt));
         em_tensor *c = em_cat(2, (const em_tensor *const[]){x, t}, 0);
         memcpy(want, v, sizeof v), memcpy(want + R * C, base, sizeof base);
-        expect_shape(c, 2, (const int64_t[]){2 * R, C}, what);
+        em_test_expect_shape(c, 2, (const int64_t[]){2 * R, C}, what);
         expect_exact(c, want, 2 * R * C, what);
         em_tensor *st = em_stack(2, (const em_tensor *const[]){x, t}, 0);
-        expect_shape(st, 3, (const int64_t[]){2, R, C}, what);
+        em_test_expect_shape(st, 3, (const int64_t[]){2, R, C}, what);
         expect_exact(st, want, 2 * R * C, what);
         cr_assert_eq(em_scope_end(), EM_OK);
     }

@@ -98,43 +98,10 @@ static em_tensor *make_i64(int nd, const int64_t *shape, const int64_t *v) {
     return t;
 }
 
-/* All elements of t in C order as doubles; free() it. */
-static double *vals(const em_tensor *t) {
-    cr_assert(t, "%s", em_last_error());
-    int64_t n = em_tensor_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    em_tensor *d = em_to_dtype(t, EM_F64);
-    cr_assert(d, "to_dtype: %s", em_last_error());
-    cr_assert_eq(em_tensor_to_host(d, v, sizeof(double) * (size_t)n), EM_OK, "%s",
-                 em_last_error());
-    return v;
-}
-
-/* got equals want (n values, C order) within |got - want| <= atol + rtol |want|; NaN == NaN. */
-static void expect_close(const em_tensor *got, const double *want, int64_t n, double rtol,
-                         double atol, const char *what) {
-    cr_assert(got, "%s: %s", what, em_last_error());
-    cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
-                 (long long)em_tensor_numel(got), (long long)n);
-    double *g = vals(got);
-    for (int64_t i = 0; i < n; i++) {
-        bool ok = g[i] == want[i] || (isnan(g[i]) && isnan(want[i])) ||
-                  fabs(g[i] - want[i]) <= atol + rtol * fabs(want[i]);
-        cr_assert(ok, "%s: element %lld is %.10g, want %.10g", what, (long long)i, g[i], want[i]);
-    }
-    free(g);
-}
 static void expect_vals(const em_tensor *got, const double *want, int64_t n, const char *what) {
-    expect_close(got, want, n, 0, 0, what);
+    em_test_expect_close(got, want, n, 0, 0, what);
 }
 
-static void expect_shape(const em_tensor *t, int nd, const int64_t *shape, const char *what) {
-    cr_assert(t, "%s: %s", what, em_last_error());
-    cr_assert_eq(em_tensor_ndim(t), nd, "%s: %d dims, want %d", what, em_tensor_ndim(t), nd);
-    for (int d = 0; d < nd; d++)
-        cr_assert_eq(em_tensor_shape(t)[d], shape[d], "%s: dim %d is %lld, want %lld", what, d,
-                     (long long)em_tensor_shape(t)[d], (long long)shape[d]);
-}
 
 /* The call returned NULL / the status, with this status and message fragment. */
 #define EXPECT_FAIL(expr, status, needle)                                                      \
@@ -193,7 +160,7 @@ Test(cat, every_dtype_layout_and_dim) {
                 double *w = cat_ref(3, 3, shapes, dts, seeds, d, dt, os);
                 em_tensor *r = em_cat(3, ts, dim);
                 WHAT("cat %s %s dim %d", em_dtype_name(dt), layout_name[lay], dim);
-                expect_shape(r, 3, os, what);
+                em_test_expect_shape(r, 3, os, what);
                 cr_assert_eq(em_tensor_dtype(r), dt);
                 cr_assert(em_tensor_is_contiguous(r));
                 expect_vals(r, w, numel_of(3, os), what);
@@ -213,7 +180,7 @@ Test(cat, expanded_input_and_many_tensors) {
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 3; j++) w[i * 3 + j] = em_test_gen(EM_F32, j, 4);
     for (int i = 0; i < 6; i++) w[12 + i] = em_test_gen(EM_F32, i, 5);
-    expect_shape(r, 2, (int64_t[]){6, 3}, "cat expanded");
+    em_test_expect_shape(r, 2, (int64_t[]){6, 3}, "cat expanded");
     expect_vals(r, w, 18, "cat expanded");
     /* more tensors than an op schema could take (8) */
     const em_tensor *many[20];
@@ -258,7 +225,7 @@ Test(cat, legacy_empty_1d_and_zero_size) {
     em_tensor *x = make(EM_F32, 2, (int64_t[]){2, 3}, 1, CONTIG);
     /* the 1-D empty tensor is skipped by the shape checks but promotes the dtype */
     em_tensor *r = em_cat(3, (const em_tensor *[]){e64, x, e64}, 1);
-    expect_shape(r, 2, (int64_t[]){2, 3}, "legacy skip");
+    em_test_expect_shape(r, 2, (int64_t[]){2, 3}, "legacy skip");
     cr_assert_eq(em_tensor_dtype(r), EM_F64);
     double w[6];
     for (int i = 0; i < 6; i++) w[i] = em_test_gen(EM_F32, i, 1);
@@ -266,19 +233,19 @@ Test(cat, legacy_empty_1d_and_zero_size) {
     /* all skipped: a 1-D empty result */
     em_tensor *ei = em_empty(1, (int64_t[]){0}, EM_I32, em_cpu());
     r = em_cat(2, (const em_tensor *[]){ei, e64}, 0);
-    expect_shape(r, 1, (int64_t[]){0}, "all empty");
+    em_test_expect_shape(r, 1, (int64_t[]){0}, "all empty");
     cr_assert_eq(em_tensor_dtype(r), EM_F64);
     /* zero-size pieces of other shapes take part normally */
     em_tensor *z03 = em_empty(2, (int64_t[]){0, 3}, EM_F32, em_cpu());
     em_tensor *z20 = em_empty(2, (int64_t[]){2, 0}, EM_F32, em_cpu());
     r = em_cat(2, (const em_tensor *[]){z03, x}, 0);
-    expect_shape(r, 2, (int64_t[]){2, 3}, "(0,3)+(2,3)");
+    em_test_expect_shape(r, 2, (int64_t[]){2, 3}, "(0,3)+(2,3)");
     expect_vals(r, w, 6, "(0,3)+(2,3)");
     r = em_cat(3, (const em_tensor *[]){z20, x, z20}, 1);
-    expect_shape(r, 2, (int64_t[]){2, 3}, "(2,0)+(2,3)");
+    em_test_expect_shape(r, 2, (int64_t[]){2, 3}, "(2,0)+(2,3)");
     expect_vals(r, w, 6, "(2,0)+(2,3)");
-    expect_shape(em_cat(2, (const em_tensor *[]){z03, z03}, 0), 2, (int64_t[]){0, 3}, "0+0");
-    expect_shape(em_cat(2, (const em_tensor *[]){z20, z20}, 1), 2, (int64_t[]){2, 0}, "0+0 d1");
+    em_test_expect_shape(em_cat(2, (const em_tensor *[]){z03, z03}, 0), 2, (int64_t[]){0, 3}, "0+0");
+    em_test_expect_shape(em_cat(2, (const em_tensor *[]){z20, z20}, 1), 2, (int64_t[]){2, 0}, "0+0 d1");
     /* but a (2, 0) tensor is not skipped: its dim 0 must match */
     EXPECT_FAIL(em_cat(2, (const em_tensor *[]){z03, x}, 1), EM_ERR_SHAPE,
                 "cat: tensor 1 has shape [2, 3] but tensor 0 has [0, 3]; all dims except dim 1 "
@@ -343,7 +310,7 @@ Test(stack, every_dtype_layout_and_dim) {
                 }
                 em_tensor *r = em_stack(3, ts, dim);
                 WHAT("stack %s %s dim %d", em_dtype_name(dt), layout_name[lay], dim);
-                expect_shape(r, 3, os, what);
+                em_test_expect_shape(r, 3, os, what);
                 expect_vals(r, w, 18, what);
             }
     em_scope_end();
@@ -353,11 +320,11 @@ Test(stack, scalars_promotion_empty_and_errors) {
     em_scope_begin();
     em_tensor *s1 = em_scalar(1.5, EM_F32), *s2 = em_scalar(-2, EM_I64);
     em_tensor *r = em_stack(2, (const em_tensor *[]){s1, s2}, 0);
-    expect_shape(r, 1, (int64_t[]){2}, "stack scalars");
+    em_test_expect_shape(r, 1, (int64_t[]){2}, "stack scalars");
     cr_assert_eq(em_tensor_dtype(r), EM_F32);
     expect_vals(r, (double[]){1.5, -2}, 2, "stack scalars");
     em_tensor *e = em_empty(1, (int64_t[]){0}, EM_F32, em_cpu());
-    expect_shape(em_stack(2, (const em_tensor *[]){e, e}, 1), 2, (int64_t[]){0, 2}, "empty");
+    em_test_expect_shape(em_stack(2, (const em_tensor *[]){e, e}, 1), 2, (int64_t[]){0, 2}, "empty");
     em_tensor *a = em_zeros(2, (int64_t[]){2, 3}, EM_F32, em_cpu());
     em_tensor *b = em_zeros(2, (int64_t[]){2, 4}, EM_F32, em_cpu());
     EXPECT_FAIL(em_stack(3, (const em_tensor *[]){a, a, b}, 0), EM_ERR_SHAPE,
@@ -378,7 +345,7 @@ Test(stack, scalars_promotion_empty_and_errors) {
 static void expect_piece(const em_tensor *piece, em_dtype dt, int64_t R, int64_t C, int dim,
                          int64_t start, int64_t len, int seed, const char *what) {
     int64_t shape[2] = {dim == 0 ? len : R, dim == 1 ? len : C};
-    expect_shape(piece, 2, shape, what);
+    em_test_expect_shape(piece, 2, shape, what);
     double *w = malloc(sizeof(double) * (size_t)(shape[0] * shape[1] + 1));
     for (int64_t i = 0; i < shape[0]; i++)
         for (int64_t j = 0; j < shape[1]; j++)
@@ -447,13 +414,13 @@ Test(split, writes_go_through_and_counts) {
     em_tensor *z = em_zeros(2, (int64_t[]){0, 2}, EM_F32, em_cpu());
     cr_assert_eq(em_split(z, 0, 0, 3, out, &n), EM_OK, "%s", em_last_error());
     cr_assert_eq(n, 1);
-    expect_shape(out[0], 2, (int64_t[]){0, 2}, "split 0 of 0");
+    em_test_expect_shape(out[0], 2, (int64_t[]){0, 2}, "split 0 of 0");
     cr_assert_eq(em_split(z, 3, 0, 3, out, &n), EM_OK);
     cr_assert_eq(n, 1);
-    expect_shape(out[0], 2, (int64_t[]){0, 2}, "split 3 of 0");
+    em_test_expect_shape(out[0], 2, (int64_t[]){0, 2}, "split 3 of 0");
     cr_assert_eq(em_chunk(z, 3, 0, 3, out, &n), EM_OK);
     cr_assert_eq(n, 3);
-    for (int i = 0; i < 3; i++) expect_shape(out[i], 2, (int64_t[]){0, 2}, "chunk of 0");
+    for (int i = 0; i < 3; i++) em_test_expect_shape(out[i], 2, (int64_t[]){0, 2}, "chunk of 0");
     em_scope_end();
 }
 
@@ -535,7 +502,7 @@ Test(pad, every_dtype_layout_and_pad_list) {
                 double *w = pad_ref(dt, 3, shape, 2, pads[k].n, pads[k].p, 2.75, os);
                 em_tensor *r = em_pad(x, pads[k].n, pads[k].p, 2.75);
                 WHAT("pad %s %s case %zu", em_dtype_name(dt), layout_name[lay], k);
-                expect_shape(r, 3, os, what);
+                em_test_expect_shape(r, 3, os, what);
                 cr_assert_eq(em_tensor_dtype(r), dt);
                 expect_vals(r, w, numel_of(3, os), what);
                 free(w);
@@ -546,12 +513,12 @@ Test(pad, every_dtype_layout_and_pad_list) {
 Test(pad, zero_size_copy_and_errors) {
     em_scope_begin();
     em_tensor *x = make(EM_F32, 2, (int64_t[]){2, 3}, 1, CONTIG);
-    expect_shape(em_pad(x, 2, (int64_t[]){-2, -1}, 0), 2, (int64_t[]){2, 0}, "crop to 0");
+    em_test_expect_shape(em_pad(x, 2, (int64_t[]){-2, -1}, 0), 2, (int64_t[]){2, 0}, "crop to 0");
     em_tensor *z = em_zeros(2, (int64_t[]){2, 0}, EM_F32, em_cpu());
     em_tensor *r = em_pad(z, 2, (int64_t[]){1, 1}, 7);
     expect_vals(r, (double[]){7, 7, 7, 7}, 4, "pad an empty dim");
-    expect_shape(r, 2, (int64_t[]){2, 2}, "pad an empty dim");
-    expect_shape(em_pad(em_zeros(2, (int64_t[]){0, 3}, EM_F32, em_cpu()), 2, (int64_t[]){1, 1}, 7),
+    em_test_expect_shape(r, 2, (int64_t[]){2, 2}, "pad an empty dim");
+    em_test_expect_shape(em_pad(em_zeros(2, (int64_t[]){0, 3}, EM_F32, em_cpu()), 2, (int64_t[]){1, 1}, 7),
                  2, (int64_t[]){0, 5}, "pad (0, 3)");
     r = em_pad(x, 0, NULL, 0); /* no pads: a copy */
     cr_assert(r && !em_tensor_shares_storage(r, x));
@@ -605,7 +572,7 @@ Test(gather, every_dtype_layout_and_dim) {
                 }
                 WHAT("gather %s %s dim %d", em_dtype_name(dt), layout_name[lay], dim);
                 em_tensor *r = em_gather(x, dim - 3, idx);
-                expect_shape(r, 3, is, what);
+                em_test_expect_shape(r, 3, is, what);
                 cr_assert_eq(em_tensor_dtype(r), dt);
                 expect_vals(r, w, numel_of(3, is), what);
                 /* the same index, transposed in memory */
@@ -630,12 +597,12 @@ Test(gather, broadcast_index_scalars_empty) {
     /* 0-dim input and index */
     em_tensor *s = em_scalar(3.5, EM_F32);
     em_tensor *r = em_gather(s, 0, make_i64(0, NULL, (int64_t[]){0}));
-    expect_shape(r, 0, NULL, "0-dim gather");
+    em_test_expect_shape(r, 0, NULL, "0-dim gather");
     expect_vals(r, (double[]){3.5}, 1, "0-dim gather");
     /* an empty index checks nothing (even its dtype), as in PyTorch */
     em_tensor *e = em_empty(1, (int64_t[]){0}, EM_I32, em_cpu());
     r = em_gather(x, 1, e);
-    expect_shape(r, 1, (int64_t[]){0}, "empty index");
+    em_test_expect_shape(r, 1, (int64_t[]){0}, "empty index");
     cr_assert_eq(em_tensor_dtype(r), EM_F64);
     /* a large gather (parallel path) */
     int64_t n = 1 << 17;
@@ -710,7 +677,7 @@ Test(scatter, every_dtype_layout_dim_with_duplicates) {
                     WHAT("%s %s %s dim %d", add ? "scatter_add" : "scatter", em_dtype_name(dt),
                          layout_name[lay], dim);
                     em_tensor *r = add ? em_scatter_add(x, dim, idx, src) : em_scatter(x, dim, idx, src);
-                    expect_shape(r, 2, xs, what);
+                    em_test_expect_shape(r, 2, xs, what);
                     expect_vals(r, w, 15, what);
                     /* x untouched by the out-of-place form; the in-place form writes into x
                      * (a strided view of a larger buffer for the non-contiguous layouts) */
@@ -982,7 +949,7 @@ Test(embedding, every_dtype_layout_and_index_type) {
                 for (int j = 0; j < 3; j++) want[i * 3 + j] = em_test_gen(dt, iv[i] * 3 + j, 1);
             WHAT("embedding %s %s", em_dtype_name(dt), layout_name[lay]);
             em_tensor *r = em_embedding(w, idx, EM_PADDING_IDX_NONE);
-            expect_shape(r, 3, (int64_t[]){2, 3, 3}, what);
+            em_test_expect_shape(r, 3, (int64_t[]){2, 3, 3}, what);
             cr_assert_eq(em_tensor_dtype(r), dt);
             expect_vals(r, want, 18, what);
             /* int32 indices, transposed in memory; a padding_idx does not change the forward */
@@ -996,9 +963,9 @@ Test(embedding, scalars_empty_large_and_errors) {
     em_scope_begin();
     em_tensor *w = make(EM_F32, 2, (int64_t[]){5, 3}, 1, CONTIG);
     em_tensor *r = em_embedding(w, make_i64(0, NULL, (int64_t[]){2}), EM_PADDING_IDX_NONE);
-    expect_shape(r, 1, (int64_t[]){3}, "0-dim index");
+    em_test_expect_shape(r, 1, (int64_t[]){3}, "0-dim index");
     expect_vals(r, (double[]){em_test_gen(EM_F32, 6, 1), em_test_gen(EM_F32, 7, 1), em_test_gen(EM_F32, 8, 1)}, 3, "0-dim index");
-    expect_shape(em_embedding(w, em_empty(1, (int64_t[]){0}, EM_I64, em_cpu()), 0), 2,
+    em_test_expect_shape(em_embedding(w, em_empty(1, (int64_t[]){0}, EM_I64, em_cpu()), 0), 2,
                  (int64_t[]){0, 3}, "empty indices");
     /* large: the parallel path */
     int64_t n = 50000, V = 100, D = 16;
@@ -1049,7 +1016,7 @@ Test(embedding, backward_every_float_dtype_and_padding) {
                 WHAT("embedding_backward %s %s padding %lld", em_dtype_name(dt), layout_name[lay],
                      (long long)pad);
                 em_tensor *r = em_embedding_backward(g, idx, 6, pad_arg);
-                expect_shape(r, 2, (int64_t[]){6, 4}, what);
+                em_test_expect_shape(r, 2, (int64_t[]){6, 4}, what);
                 cr_assert_eq(em_tensor_dtype(r), dt);
                 expect_vals(r, want, 24, what);
             }
@@ -1105,11 +1072,11 @@ Test(masked_fill, every_dtype_layout_and_broadcast) {
     em_tensor *x = make(EM_F32, 1, (int64_t[]){4}, 1, CONTIG);
     em_tensor *m = em_test_tensor(EM_BOOL, 2, (int64_t[]){3, 1}, (double[]){1, 0, 1});
     em_tensor *r = em_masked_fill(x, m, NAN);
-    expect_shape(r, 2, (int64_t[]){3, 4}, "broadcast input");
+    em_test_expect_shape(r, 2, (int64_t[]){3, 4}, "broadcast input");
     double w[12];
     for (int i = 0; i < 12; i++) w[i] = (i / 4) != 1 ? NAN : em_test_gen(EM_F32, i % 4, 1);
     expect_vals(r, w, 12, "NaN fill, broadcast input");
-    expect_shape(em_masked_fill(em_zeros(2, (int64_t[]){0, 4}, EM_F32, em_cpu()),
+    em_test_expect_shape(em_masked_fill(em_zeros(2, (int64_t[]){0, 4}, EM_F32, em_cpu()),
                                 em_zeros(1, (int64_t[]){4}, EM_BOOL, em_cpu()), 1),
                  2, (int64_t[]){0, 4}, "empty");
     /* large: the parallel path */
@@ -1148,17 +1115,17 @@ Test(one_hot, values_inference_layouts_and_errors) {
         int64_t C = k ? 5 : -1, c = k ? 5 : 4;
         em_tensor *src = k ? em_transpose(em_contiguous(em_transpose(x, 0, 1)), 0, 1) : x;
         em_tensor *r = em_one_hot(src, C);
-        expect_shape(r, 3, (int64_t[]){2, 2, c}, "one_hot");
+        em_test_expect_shape(r, 3, (int64_t[]){2, 2, c}, "one_hot");
         cr_assert_eq(em_tensor_dtype(r), EM_I64);
         double w[20] = {0};
         for (int i = 0; i < 4; i++) w[i * c + iv[i]] = 1;
         expect_vals(r, w, 4 * c, "one_hot");
     }
     em_tensor *r = em_one_hot(make_i64(0, NULL, (int64_t[]){2}), 4);
-    expect_shape(r, 1, (int64_t[]){4}, "0-dim");
+    em_test_expect_shape(r, 1, (int64_t[]){4}, "0-dim");
     expect_vals(r, (double[]){0, 0, 1, 0}, 4, "0-dim");
     em_tensor *e = em_empty(1, (int64_t[]){0}, EM_I64, em_cpu());
-    expect_shape(em_one_hot(e, 4), 2, (int64_t[]){0, 4}, "empty");
+    em_test_expect_shape(em_one_hot(e, 4), 2, (int64_t[]){0, 4}, "empty");
     EXPECT_FAIL(em_one_hot(e, -1), EM_ERR_INVALID,
                 "one_hot: cannot infer num_classes from an empty tensor; pass it");
     EXPECT_FAIL(em_one_hot(em_zeros(1, (int64_t[]){2}, EM_F32, em_cpu()), 3), EM_ERR_DTYPE,
@@ -1197,7 +1164,7 @@ Test(tri, every_dtype_layout_and_diagonal) {
                     WHAT("%s %s %s diagonal %lld", up ? "triu" : "tril", em_dtype_name(dt),
                          layout_name[lay], (long long)kd);
                     em_tensor *r = up ? em_triu(x, kd) : em_tril(x, kd);
-                    expect_shape(r, 3, shape, what);
+                    em_test_expect_shape(r, 3, shape, what);
                     expect_vals(r, w, 24, what);
                     cr_assert_eq(up ? em_triu_(x, kd) : em_tril_(x, kd), EM_OK, "%s", em_last_error());
                     expect_vals(x, w, 24, what);
@@ -1214,8 +1181,8 @@ Test(tri, large_empty_and_errors) {
     for (int i = 0; i < 300; i++) want += i + 1 < 200 ? i + 1 : 200;
     cr_assert_eq(em_item(em_sum(em_tril(x, 0), 0, NULL, false)), want);
     cr_assert_eq(em_item(em_sum(em_triu(x, 1), 0, NULL, false)), 60000 - want);
-    expect_shape(em_tril(em_zeros(2, (int64_t[]){0, 3}, EM_F32, em_cpu()), 0), 2, (int64_t[]){0, 3}, "empty");
-    expect_shape(em_triu(em_zeros(3, (int64_t[]){2, 3, 0}, EM_F32, em_cpu()), 0), 3, (int64_t[]){2, 3, 0}, "empty");
+    em_test_expect_shape(em_tril(em_zeros(2, (int64_t[]){0, 3}, EM_F32, em_cpu()), 0), 2, (int64_t[]){0, 3}, "empty");
+    em_test_expect_shape(em_triu(em_zeros(3, (int64_t[]){2, 3, 0}, EM_F32, em_cpu()), 0), 3, (int64_t[]){2, 3, 0}, "empty");
     em_tensor *v = em_zeros(1, (int64_t[]){3}, EM_F32, em_cpu());
     EXPECT_FAIL(em_tril(v, 0), EM_ERR_SHAPE, "tril: expects a tensor with at least 2 dims, got shape [3]");
     EXPECT_FAIL(em_triu(em_scalar(1, EM_F32), 0), EM_ERR_SHAPE,
@@ -1252,7 +1219,7 @@ Test(flip, every_dtype_layout_and_dims) {
                 }
                 WHAT("flip %s %s case %zu", em_dtype_name(dt), layout_name[lay], k);
                 em_tensor *r = em_flip(x, cases[k].n, cases[k].dims);
-                expect_shape(r, 3, shape, what);
+                em_test_expect_shape(r, 3, shape, what);
                 cr_assert(!em_tensor_shares_storage(r, x));
                 expect_vals(r, w, 24, what);
             }
@@ -1262,7 +1229,7 @@ Test(flip, every_dtype_layout_and_dims) {
 Test(flip, scalars_broadcast_large_and_errors) {
     em_scope_begin();
     expect_vals(em_flip(em_scalar(3, EM_I32), 1, (int[]){0}), (double[]){3}, 1, "0-dim");
-    expect_shape(em_flip(em_zeros(2, (int64_t[]){0, 3}, EM_F32, em_cpu()), 1, (int[]){0}), 2,
+    em_test_expect_shape(em_flip(em_zeros(2, (int64_t[]){0, 3}, EM_F32, em_cpu()), 1, (int[]){0}), 2,
                  (int64_t[]){0, 3}, "empty");
     /* a broadcast input: rows are equal, flipping dim 1 reverses each */
     em_tensor *row = make(EM_F64, 2, (int64_t[]){1, 3}, 1, CONTIG);
@@ -1274,7 +1241,7 @@ Test(flip, scalars_broadcast_large_and_errors) {
     em_tensor *big = em_arange(0, (double)n, 1, EM_F32, em_cpu());
     em_tensor *r = em_flip(em_view(big, 2, (int64_t[]){512, 512}), 2, (int[]){0, 1});
     em_tensor *back = em_sub(em_full(1, &n, (double)(n - 1), EM_F32, em_cpu()), big);
-    double *g = vals(r), *b = vals(back);
+    double *g = em_test_values(r), *b = em_test_values(back);
     cr_assert(memcmp(g, b, sizeof(double) * (size_t)n) == 0, "large flip");
     free(g);
     free(b);
@@ -1306,10 +1273,10 @@ Test(linspace, floating_dtypes_against_a_double_reference) {
             for (int64_t i = 0; i < n; i++) w[i] = n == 1 ? a : a + (b - a) * (double)i / (double)(n - 1);
             em_tensor *r = em_linspace(a, b, n, flt[di], em_cpu());
             WHAT("linspace(%g, %g, %lld) %s", a, b, (long long)n, em_dtype_name(flt[di]));
-            expect_shape(r, 1, &n, what);
+            em_test_expect_shape(r, 1, &n, what);
             cr_assert_eq(em_tensor_dtype(r), flt[di]);
             double scale = fmax(fabs(a), fabs(b));
-            expect_close(r, w, n, tol[di], tol[di] * scale, what);
+            em_test_expect_close(r, w, n, tol[di], tol[di] * scale, what);
             /* both ends exact (rounded once to the dtype) */
             cr_assert_eq(em_test_at(r, 0), em_test_round_to(flt[di], a), "%s: start", what);
             cr_assert_eq(em_test_at(r, n - 1), em_test_round_to(flt[di], n == 1 ? a : b), "%s: end", what);
@@ -1326,7 +1293,7 @@ Test(linspace, integer_dtypes_like_pytorch_and_errors) {
     expect_vals(em_linspace(0, -5, 3, EM_U8, em_cpu()), (double[]){0, 125, 251}, 3, "u8 wraps");
     expect_vals(em_linspace(0, 1, 3, EM_I32, em_cpu()), (double[]){0, 0, 1}, 3, "i32");
     expect_vals(em_linspace(-3.7, 3.7, 5, EM_I32, em_cpu()), (double[]){-3, -1, 0, 1, 3}, 5, "i32 trunc");
-    expect_shape(em_linspace(0, 1, 0, EM_F32, em_cpu()), 1, (int64_t[]){0}, "no steps");
+    em_test_expect_shape(em_linspace(0, 1, 0, EM_F32, em_cpu()), 1, (int64_t[]){0}, "no steps");
     EXPECT_FAIL(em_linspace(0, 1, -1, EM_F32, em_cpu()), EM_ERR_INVALID,
                 "linspace: steps must be non-negative, got -1");
     EXPECT_FAIL(em_linspace(0, 1, 3, EM_BOOL, em_cpu()), EM_ERR_DTYPE,
