@@ -1,6 +1,8 @@
 /*
  * init.c — starting and stopping the library, version and build information.
  */
+#include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -67,6 +69,23 @@ em_status em_init(void) {
      * it loads). Its default spin-waiting workers fight data-loader threads and other
      * processes for the cores: measured 11-27x slower training steps on a busy 2-core machine.
      * Passive waiting is the default unless the user chose otherwise. */
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+        /* ...but only when libgomp is not loaded yet: a program that uses OpenMP itself (or
+         * preloads it) has libgomp read its environment already, and setting it now would
+         * change nothing. Say so, once per process. */
+        void *gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+        static bool told;
+        if (gomp && !told) {
+            told = true;
+            em_log_write(EM_LOG_WARN, "OpenMP (libgomp) was loaded before em_init, so its "
+                         "worker threads keep their default of spinning ~3 ms after each "
+                         "parallel region instead of waiting passively; that slows training "
+                         "when other threads or processes share the cores. Set "
+                         "OMP_WAIT_POLICY=PASSIVE in the environment before the program starts "
+                         "(or OMP_WAIT_POLICY=ACTIVE to keep spinning and silence this)");
+        }
+        if (gomp) dlclose(gomp);
+    }
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     if (em__plugins_load_all() == EM_ERR_NOMEM) {
         snprintf(init_message, sizeof init_message, "%s", em_last_error());

@@ -57,7 +57,10 @@ for lib in libgomp.so.1 libdnnl.so.2; do
 done
 export LD_PRELOAD="$preload"
 export ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
+# A preloaded libgomp has read its environment before em_init could ask for passive workers
+# (em_init warns about exactly that): give it the policy the other stages get from Ember.
+export OMP_WAIT_POLICY=PASSIVE
 stage "make check (ASan+UBSan)" check build-asan
-unset LD_PRELOAD
+unset LD_PRELOAD OMP_WAIT_POLICY
 stage "make check-valgrind (quick subset)" make -C build check-valgrind
 echo "==> all stages: $(($(date +%s) - t0)) s"

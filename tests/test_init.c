@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE /* setenv */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,4 +169,45 @@ Test(init, openmp_waits_passively_unless_the_user_chose) {
     cr_assert_str_eq(getenv("OMP_WAIT_POLICY"), "ACTIVE", "the user's choice stands");
     em_shutdown();
     unsetenv("OMP_WAIT_POLICY");
+}
+
+/* A program that loaded libgomp before em_init (it uses OpenMP itself) cannot get passive
+ * workers from Ember: em_init says so once, and stays quiet when the user chose a policy. */
+static char logged[2048];
+static void keep_log(em_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level <= EM_LOG_WARN) strncat(logged, msg, sizeof logged - strlen(logged) - 1);
+}
+
+Test(init, warns_when_openmp_was_loaded_first) {
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("GOMP_SPINCOUNT");
+    void *gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL);
+    cr_assert_not_null(gomp, "%s", dlerror());
+    em_log_set(keep_log, NULL);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_expect(strstr(logged, "OpenMP (libgomp) was loaded before em_init") != NULL, "log: %s",
+              logged);
+    cr_expect(strstr(logged, "OMP_WAIT_POLICY=PASSIVE") != NULL, "the fix is named: %s", logged);
+    em_shutdown();
+    logged[0] = 0;
+    setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_expect(strstr(logged, "libgomp") == NULL, "the user chose: no warning, got %s", logged);
+    em_shutdown();
+    em_log_set(NULL, NULL);
+    unsetenv("OMP_WAIT_POLICY");
+    dlclose(gomp);
+}
+
+Test(init, no_openmp_warning_in_a_plain_program) {
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("GOMP_SPINCOUNT");
+    if (dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD))
+        cr_skip_test("libgomp is preloaded into this test (the sanitizer build does so)");
+    em_log_set(keep_log, NULL);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_expect(strstr(logged, "libgomp") == NULL, "log: %s", logged);
+    em_shutdown();
+    em_log_set(NULL, NULL);
 }
