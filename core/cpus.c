@@ -133,5 +133,3 @@ int em__ncpu_explain(char *why, size_t cap) {
     }
     return used;
 }
-
-int em__ncpu(void) { return em__ncpu_explain(NULL, 0); }

@@ -16,6 +16,5 @@ int em__cpu_quota(const char *proc_cgroup, const char *root);
 /* The default thread count: the affinity mask's CPUs, capped by the quota; why (may be NULL)
  * receives the reason in words. */
 int em__ncpu_explain(char *why, size_t cap);
-int em__ncpu(void);
 
 #endif

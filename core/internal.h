@@ -326,7 +326,7 @@ void em__module_classes_remove_owner(em_registry *owner);
 /* ---- misc --------------------------------------------------------------------------------- */
 
 uint64_t em__now_ns(void);
-/* The CPUs this process may use (em__ncpu and friends). */
+/* The CPUs this process may use (the default thread count). */
 #include "cpus.h"
 
 #define EM__XSTR(x) #x
