@@ -55,25 +55,10 @@ static tol tol_of(em_dtype dt) {
 static const tol exact = {0, 0};
 
 
-/* got matches want (n values, C order) within tolerance; NaN matches NaN, inf its own sign.
- * Returns the number of mismatches (each reported). */
-static int expect_values(const em_tensor *got, const double *want, int64_t n, tol t,
-                         const char *what) {
-    cr_assert(got, "%s: %s", what, em_last_error());
-    cr_assert_eq(em_tensor_numel(got), n, "%s: %lld elements, want %lld", what,
-                 (long long)em_tensor_numel(got), (long long)n);
-    double *g = em_test_values(got);
-    int bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        bool ok = g[i] == want[i] || (isnan(g[i]) && isnan(want[i])) ||
-                  (isfinite(want[i]) && fabs(g[i] - want[i]) <= t.atol + t.rtol * fabs(want[i]));
-        if (!ok && bad++ < 5)
-            cr_expect(ok, "%s: element %lld is %.9g, want %.9g", what, (long long)i, g[i],
-                      want[i]);
-    }
-    cr_expect_eq(bad, 0, "%s: %d mismatches", what, bad);
-    free(g);
-    return bad;
+/* got matches want (n values, C order) within tolerance (tests/common.h). */
+static void expect_values(const em_tensor *got, const double *want, int64_t n, tol t,
+                          const char *what) {
+    em_test_expect_close(got, want, n, t.rtol, t.atol, what);
 }
 
 static void expect_dtype(const em_tensor *t, em_dtype dt, const char *what) {
