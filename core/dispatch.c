@@ -417,6 +417,27 @@ static em_status no_kernel_error(const struct em_op *op, int devtype, em_dtype d
                             : "");
 }
 
+/* Run kernel k on ctx: the placement counters (and its time when profiling), a failure
+ * message naming the op and kernel when the kernel set none, and on success a version bump of
+ * each output (absent list entries are NULL). Both call paths end here. */
+static em_status run_kernel(const struct em_op *op, const em_kernel *k, em_kernel_ctx *ctx,
+                            em_device dev, em_tensor *const *out, int n_out) {
+    ctx->user = k->def.user;
+    uint64_t t0 = cfg.profile ? em__now_ns() : 0;
+    em_status st = k->def.fn(ctx);
+    if (cfg.profile) {
+        if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
+        atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&place[dev.type].ops, 1, memory_order_relaxed);
+    if (st != EM_OK && (!em__error_pending() || em_last_status() != st))
+        em_set_error(st, "%s: kernel %s failed: %s", op->schema.name, k->def.name,
+                     em_status_str(st));
+    for (int i = 0; st == EM_OK && i < n_out; i++)
+        if (out[i]) atomic_fetch_add(&out[i]->storage->version, 1);
+    return st;
+}
+
 static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, int n_in,
                             const em_attr *attrs, em_tensor *const *out, int n_out, int devtype);
 
@@ -534,19 +555,7 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     if (!k) {
         st = run_on_cpu(op, in, n_in, attrs, out, n_out, dev.type);
     } else {
-        ctx.user = k->def.user;
-        uint64_t t0 = cfg.profile ? em__now_ns() : 0;
-        st = k->def.fn(&ctx);
-        if (cfg.profile) {
-            if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
-            atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0, memory_order_relaxed);
-        }
-        atomic_fetch_add_explicit(&place[dev.type].ops, 1, memory_order_relaxed);
-        if (st != EM_OK && (!em__error_pending() || em_last_status() != st))
-            em_set_error(st, "%s: kernel %s failed: %s", op->schema.name, k->def.name,
-                         em_status_str(st));
-        if (st == EM_OK)
-            for (int i = 0; i < n_out; i++) atomic_fetch_add(&out[i]->storage->version, 1);
+        st = run_kernel(op, k, &ctx, dev, out, n_out);
     }
     if (st != EM_OK) {
         em__autograd_post(node, out, n_out, false);
@@ -694,19 +703,7 @@ em_status em_op_call_lists(const em_op *cop, int count, const em_tensor *const *
     if (!k) {
         st = no_kernel_error(op, dev.type, key);
     } else {
-        ctx.user = k->def.user;
-        uint64_t t0 = cfg.profile ? em__now_ns() : 0;
-        st = k->def.fn(&ctx);
-        if (cfg.profile) {
-            if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
-            atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0,
-                                      memory_order_relaxed);
-        }
-        atomic_fetch_add_explicit(&place[dev.type].ops, 1, memory_order_relaxed);
-        if (st != EM_OK && (!em__error_pending() || em_last_status() != st))
-            em_set_error(st, "%s: kernel %s failed: %s", name, k->def.name, em_status_str(st));
-        for (size_t i = 0; st == EM_OK && i < (size_t)n_out * (size_t)count; i++)
-            if (out[i]) atomic_fetch_add(&out[i]->storage->version, 1);
+        st = run_kernel(op, k, &ctx, dev, out, n_out * count);
     }
     if (kt != stack) em__free(kt);
     return st;
