@@ -222,19 +222,6 @@ Test(conv, against_pytorch) {
     for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) conv_case(conv_cases[i]);
 }
 
-/* Random N(0,1)-ish values from a fixed LCG (no dependence on Ember's own generator). */
-static void fill_random(double *v, int64_t n, uint64_t seed) {
-    uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-    for (int64_t i = 0; i < n; i++) {
-        double acc = 0;
-        for (int k = 0; k < 4; k++) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            acc += (double)(s >> 11) / 9007199254740992.0;
-        }
-        v[i] = (acc - 2.0) * 1.7;
-    }
-}
-
 
 /* conv forward, backward data, backward weight of random data in dtype dt: 4 result arrays. */
 typedef struct conv_run {
@@ -258,8 +245,8 @@ static conv_run run_conv(em_dtype dt, const int64_t xs[4], const int64_t ws[4], 
     int64_t ys[4] = {xs[0], ws[0], oh, ow}, ny = ys[0] * ys[1] * ys[2] * ys[3];
     double *vx = malloc(sizeof(double) * (size_t)nx), *vw = malloc(sizeof(double) * (size_t)nw),
            *vb = malloc(sizeof(double) * (size_t)ws[0]), *vg = malloc(sizeof(double) * (size_t)ny);
-    fill_random(vx, nx, 1), fill_random(vw, nw, 2), fill_random(vb, ws[0], 3);
-    fill_random(vg, ny, 4);
+    em_test_fill_random(vx, nx, 1), em_test_fill_random(vw, nw, 2), em_test_fill_random(vb, ws[0], 3);
+    em_test_fill_random(vg, ny, 4);
     cr_assert_eq(em_scope_begin(), EM_OK);
     em_tensor *x = make(dt, 4, xs, vx, CONTIG), *w = make(dt, 4, ws, vw, CONTIG),
               *b = make(dt, 1, ws, vb, CONTIG), *gy = make(dt, 4, ys, vg, CONTIG);
@@ -366,7 +353,7 @@ Test(conv, shared_reorder_not_stale) {
     int64_t nx = N * C * H * W, ny = N * O * H * W, nw = O * C * 9;
     double *vx = malloc(sizeof(double) * nx), *vg = malloc(sizeof(double) * ny),
            *vw = malloc(sizeof(double) * nw);
-    fill_random(vx, nx, 11), fill_random(vg, ny, 12), fill_random(vw, nw, 13);
+    em_test_fill_random(vx, nx, 11), em_test_fill_random(vg, ny, 12), em_test_fill_random(vw, nw, 13);
     cr_assert_eq(em_scope_begin(), EM_OK);
     em_tensor *x = make(EM_F32, 4, xs, vx, CONTIG), *gy = make(EM_F32, 4, ys, vg, CONTIG),
               *w = make(EM_F32, 4, ws, vw, CONTIG), *two = em_scalar(2, EM_F32),
@@ -384,7 +371,7 @@ Test(conv, shared_reorder_not_stale) {
     /* x written through its data pointer, the version bumped. */
     cr_assert(em_conv2d(x, w, NULL, NULL, pd, NULL, 1), "%s", em_last_error());
     float *px = em_tensor_data(x);
-    fill_random(vx, nx, 14);
+    em_test_fill_random(vx, nx, 14);
     for (int64_t i = 0; i < nx; i++) px[i] = (float)vx[i], vx[i] = px[i];
     em_tensor_bump_version(x);
     check_gw(x, gy, vx, vg, xs, O, "x rewritten through em_tensor_data after the forward");
@@ -407,7 +394,7 @@ Test(conv, shared_reorder_not_stale) {
     cr_assert_eq(em_tensor_data(fresh), where,
                  "the allocator did not reuse the freed memory: the case is not exercised");
     float *pf = em_tensor_data(fresh);
-    fill_random(vx, nx, 15);
+    em_test_fill_random(vx, nx, 15);
     for (int64_t i = 0; i < nx; i++) pf[i] = (float)vx[i], vx[i] = pf[i];
     cr_assert_eq(em_tensor_version(fresh), 0);
     check_gw(fresh, gy, vx, vg, xs, O, "a new tensor at a freed tensor's address");
@@ -419,7 +406,7 @@ Test(conv, shared_reorder_not_stale) {
 Test(conv, broadcast_weight) {
     em_scope_begin();
     double vx[2 * 3 * 5 * 5], vw[3 * 3 * 3];
-    fill_random(vx, 150, 7), fill_random(vw, 27, 8);
+    em_test_fill_random(vx, 150, 7), em_test_fill_random(vw, 27, 8);
     int64_t xs[4] = {2, 3, 5, 5}, w1[4] = {1, 3, 3, 3}, ws[4] = {4, 3, 3, 3};
     em_tensor *x = make(EM_F64, 4, xs, vx, CONTIG), *w = make(EM_F64, 4, w1, vw, CONTIG);
     em_tensor *we = em_expand(w, 4, ws), *wc = em_contiguous(we);
@@ -451,7 +438,7 @@ Test(conv, empty_batch_and_bf16) {
     /* bf16 computes in f32 and rounds once: compare with the f32 op on the same values. */
     int64_t xs2[4] = {2, 3, 6, 6};
     double vx[216], vw[108];
-    fill_random(vx, 216, 11), fill_random(vw, 108, 12);
+    em_test_fill_random(vx, 216, 11), em_test_fill_random(vw, 108, 12);
     em_tensor *xb = make(EM_BF16, 4, xs2, vx, CONTIG), *wb = make(EM_BF16, 4, ws, vw, CONTIG);
     em_tensor *yb = em_conv2d(xb, wb, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
     cr_assert(yb && em_tensor_dtype(yb) == EM_BF16, "%s", em_last_error());
@@ -767,7 +754,7 @@ Test(softmax, stable_empty_bf16_errors) {
     em_tensor *zs = em_softmax(z, 1);
     cr_assert(zs && em_tensor_numel(zs) == 0, "%s", em_last_error());
     double vb[12];
-    fill_random(vb, 12, 5);
+    em_test_fill_random(vb, 12, 5);
     em_tensor *xb = make(EM_BF16, 2, (int64_t[]){3, 4}, vb, TRANSPOSED);
     em_tensor *yb = em_softmax(xb, 1);
     cr_assert(yb && em_tensor_dtype(yb) == EM_BF16, "%s", em_last_error());
@@ -814,7 +801,7 @@ static em_tensor *rnd(em_dtype dt, int ndim, const int64_t *shape, uint64_t seed
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
     double *v = malloc(sizeof(double) * (size_t)n);
-    fill_random(v, n, seed);
+    em_test_fill_random(v, n, seed);
     em_tensor *t = make(dt, ndim, shape, v, CONTIG);
     free(v);
     return t;
@@ -1011,7 +998,7 @@ Test(pool, max_pool2x2_fast_path) {
         em_scope_begin();
         int64_t xs[4] = {cs[i].n, cs[i].c, cs[i].h, cs[i].w}, nx = xs[0] * xs[1] * xs[2] * xs[3];
         double *v = malloc(sizeof(double) * (size_t)nx);
-        fill_random(v, nx, 50 + i);
+        em_test_fill_random(v, nx, 50 + i);
         /* Ties (few distinct values), -inf, and NaNs (some windows with two). */
         for (int64_t j = 0; j < nx; j++) {
             v[j] = floor(v[j]);
@@ -1036,7 +1023,7 @@ Test(pool, max_pool2x2_fast_path) {
         check_close(idx, wi, ny, 0, 0, what);
         /* The backward scatters to those indices: a plain-loop reference. */
         double *g = malloc(sizeof(double) * (size_t)ny), *wg = calloc((size_t)nx, sizeof(double));
-        fill_random(g, ny, 70 + i);
+        em_test_fill_random(g, ny, 70 + i);
         int64_t HW = xs[2] * xs[3];
         for (int64_t j = 0; j < ny; j++) wg[j / (OH * OW) * HW + ri[j]] += (double)(float)g[j];
         em_tensor *gx = em_max_pool2d_backward(make(EM_F32, 4, em_tensor_shape(y), g, CONTIG), idx,

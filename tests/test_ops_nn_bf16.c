@@ -32,25 +32,12 @@ TestSuite(bf16, .init = em_test_setup, .fini = em_test_teardown);
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-/* Random N(0,1)-ish values from a fixed LCG (independent of Ember's generator). */
-static void fill_random(double *v, int64_t n, uint64_t seed) {
-    uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-    for (int64_t i = 0; i < n; i++) {
-        double acc = 0;
-        for (int k = 0; k < 4; k++) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            acc += (double)(s >> 11) / 9007199254740992.0;
-        }
-        v[i] = (acc - 2.0) * 1.7;
-    }
-}
-
 /* A random contiguous tensor of dtype dt (values rounded to dt once), in the caller's scope. */
 static em_tensor *rnd(em_dtype dt, int ndim, const int64_t *shape, uint64_t seed) {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
     double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    fill_random(v, n, seed);
+    em_test_fill_random(v, n, seed);
     em_tensor *t = em_test_tensor(dt, ndim, shape, v);
     free(v);
     cr_assert(t, "%s", em_last_error());
@@ -242,7 +229,7 @@ Test(bf16, max_pool2d_exact) {
         em_scope_begin();
         int64_t n = cs[i].xs[0] * cs[i].xs[1] * cs[i].xs[2] * cs[i].xs[3];
         double *v = malloc(sizeof(double) * (size_t)n);
-        fill_random(v, n, 60 + i);
+        em_test_fill_random(v, n, 60 + i);
         for (int64_t j = 0; j < n; j++) {
             v[j] = floor(v[j] * 2) / 2; /* ties */
             if (j % 37 == 5 || j % 41 == 6) v[j] = NAN;
