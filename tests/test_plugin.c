@@ -853,7 +853,9 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     cr_assert(strstr(out, "registration failed"), "%s", out);
     assert_line(out, "dup_cpu.so", "refused");
     cr_assert(strstr(out, "already loaded"), "%s", out);
-    assert_line(out, "add:", "cpu[float32");
+    /* the kernels as a count; the per-op listing is --verbose's (below) */
+    cr_assert(!strstr(out, "add: cpu["), "per-op kernel lines without --verbose:\n%s", out);
+    assert_line(out, "kernels:", "--verbose lists them");
     assert_line(out, "self-test cpu:", "ok");
     assert_line(out, "self-test testdev:0:", "ok");
     assert_line(out, "self-test testdev:1:", "ok");
@@ -861,6 +863,16 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error()); /* the same count in this process */
     snprintf(threads, sizeof threads, "CPU threads: %d (", em_num_threads());
     assert_line(out, threads, "affinity mask"); /* how many, and why */
+    free(out);
+}
+
+Test(plugin_env, ember_info_verbose_lists_every_kernel) {
+    set_plugin_path();
+    int code = -1;
+    char *out = run_ember_info("--verbose", &code);
+    cr_assert_eq(code, 0, "exit %d; output:\n%s", code, out);
+    assert_line(out, "add:", "cpu[float32");
+    cr_assert(strstr(out, ", priority "), "no kernel lines with priorities in:\n%s", out);
     free(out);
 }
 

@@ -4,7 +4,8 @@
  *
  *     ember-info             a report for people
  *     ember-info --json      the same report as one JSON document
- *     ember-info --verbose   also every kernel with its priority (and the library's log)
+ *     ember-info --verbose   also every op with its kernels by device and dtype, their names
+ *                            and priorities (and the library's log)
  *
  * Exit status: 0 when em_init() succeeded and every self-test passed, 1 otherwise, 2 for a
  * bad command line. When em_init() fails (no CPU plugin) the plugin list is still reported,
@@ -32,12 +33,12 @@ static void usage(FILE *f) {
             "\n"
             "Report Ember's version and build, the plugin search path, every candidate plugin\n"
             "with its status (loaded, refused, disabled) and reason, what each loaded plugin\n"
-            "registered (device types, ops, kernels by op, device and dtype), the devices with\n"
+            "registered (device types, ops, how many kernels), the devices with\n"
             "their properties and memory, and a self-test on every device.\n"
             "\n"
             "  --json       print the report as one JSON document\n"
-            "  --verbose    list every kernel with its name and priority, and show the\n"
-            "               library's log on stderr\n"
+            "  --verbose    list every op's kernels by device and dtype, each with its name\n"
+            "               and priority, and show the library's log on stderr\n"
             "  --help       show this help\n"
             "\n"
             "Environment: EMBER_PLUGIN_PATH, EMBER_DISABLE_PLUGINS, EMBER_LOG (see ember.h).\n"
@@ -340,13 +341,31 @@ static void print_string_list(const char *label, const json_t *arr) {
     printf("\n");
 }
 
-/* "add: cpu[float32 float64] testdev[float32]", then with --verbose each kernel. */
-static void print_kernels(const json_t *p) {
+/* Without --verbose one line: how many kernels for how many ops, and on which device types.
+ * With --verbose one line per op, "add: cpu[float32 float64] testdev[float32]", each followed
+ * by its kernels with their names and priorities. */
+static void print_kernels(const json_t *p, bool verbose) {
     const json_t *kernels = json_object_get(p, "kernels");
     const json_t *list = json_object_get(p, "kernel_list");
-    printf("    kernels (%lld):%s\n",
-           (long long)json_integer_value(json_object_get(p, "kernel_count")),
-           json_object_size(kernels) ? "" : " (none)");
+    long long count = (long long)json_integer_value(json_object_get(p, "kernel_count"));
+    if (!verbose) {
+        if (!json_object_size(kernels)) {
+            printf("    kernels: (none)\n");
+            return;
+        }
+        json_t *devs = json_object();
+        const char *op, *dev;
+        json_t *by_dev, *dts;
+        json_object_foreach((json_t *)kernels, op, by_dev)
+            json_object_foreach(by_dev, dev, dts) json_object_set_new(devs, dev, json_true());
+        printf("    kernels: %lld for %zu ops on", count, json_object_size(kernels));
+        size_t i = 0;
+        json_object_foreach(devs, dev, dts) printf("%s %s", i++ ? "," : "", dev);
+        printf(" (--verbose lists them)\n");
+        json_decref(devs);
+        return;
+    }
+    printf("    kernels (%lld):%s\n", count, json_object_size(kernels) ? "" : " (none)");
     const char *op;
     json_t *by_dev;
     json_object_foreach((json_t *)kernels, op, by_dev) {
@@ -371,7 +390,7 @@ static void print_kernels(const json_t *p) {
     }
 }
 
-static void print_plugins(const json_t *plugins) {
+static void print_plugins(const json_t *plugins, bool verbose) {
     size_t n = json_array_size(plugins);
     printf("\nplugins (%zu candidate%s):\n", n, n == 1 ? "" : "s");
     size_t i;
@@ -396,7 +415,7 @@ static void print_plugins(const json_t *plugins) {
             print_string_list("schedulers", json_object_get(p, "scheduler_classes"));
         if (json_array_size(json_object_get(p, "dataset_classes")))
             print_string_list("dataset classes", json_object_get(p, "dataset_classes"));
-        print_kernels(p);
+        print_kernels(p, verbose);
     }
 }
 
@@ -442,7 +461,7 @@ static void print_self_tests(const json_t *tests) {
     }
 }
 
-static void print_text(const json_t *r) {
+static void print_text(const json_t *r, bool verbose) {
     printf("Ember %s\n", get_s(r, "version"));
     printf("build: %s\n", get_s(r, "build_info"));
     const json_t *init = json_object_get(r, "init");
@@ -452,7 +471,7 @@ static void print_text(const json_t *r) {
     printf("CPU threads: %lld (%s)\n", (long long)json_integer_value(json_object_get(th, "count")),
            get_s(th, "reason"));
     printf("plugin search path: %s\n", get_s(r, "search_path"));
-    print_plugins(json_object_get(r, "plugins"));
+    print_plugins(json_object_get(r, "plugins"), verbose);
     if (!json_is_true(json_object_get(init, "ok"))) return;
     print_devices(json_object_get(r, "devices"));
     print_self_tests(json_object_get(r, "self_test"));
@@ -492,7 +511,7 @@ int main(int argc, char **argv) {
         json_dumpf(report, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         printf("\n");
     } else {
-        print_text(report);
+        print_text(report, o.verbose);
     }
     json_decref(report);
     em_shutdown();
