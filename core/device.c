@@ -94,7 +94,7 @@ const char *em_device_str(em_device dev, char *buf, size_t cap) {
                         em__device_types[dev.type].used)
                            ? em__device_types[dev.type].name
                            : "unknown";
-    if (dev.type == EM_DEVICE_CPU_TYPE)
+    if (dev.type == EM_DEVICE_CPU_TYPE && dev.index == 0)
         snprintf(buf, cap, "cpu");
     else
         snprintf(buf, cap, "%s:%d", name, dev.index);
@@ -112,9 +112,17 @@ em_status em__device_check(em_device dev, const char *who) {
     int count = em__device_types[dev.type].ops.count();
     if (dev.index < 0 || dev.index >= count || dev.index >= 64) {
         char buf[48];
-        return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist (%d %s device%s "
-                            "present)", who, em_device_str(dev, buf, sizeof buf), count,
-                            em__device_types[dev.type].name, count == 1 ? "" : "s");
+        const char *tn = em__device_types[dev.type].name;
+        em_device_str(dev, buf, sizeof buf);
+        if (count == 0)
+            return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist (no %s device is "
+                                "present)", who, buf, tn);
+        if (count == 1)
+            return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist: there is one %s "
+                                "device, '%s' or '%s:0'", who, buf, tn, tn, tn);
+        return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist: there are %d %s "
+                            "devices, '%s:0' to '%s:%d'", who, buf, count, tn, tn, tn,
+                            count - 1);
     }
     return EM_OK;
 }

@@ -55,7 +55,8 @@ EM_API em_device em_cpu(void);
  * EM_ERR_DEVICE naming the type and the installed plugins; an ordinal past the device count
  * is EM_ERR_DEVICE naming how many there are. */
 EM_API em_status em_device_parse(const char *s, em_device *out /* out */);
-/* "cpu", "cuda:1" into buf (at least 32 bytes recommended); returns buf. */
+/* "cpu" (the CPU device, index 0), "cuda:1" into buf (at least 32 bytes recommended); returns
+ * buf. */
 EM_API const char *em_device_str(em_device dev, char *buf, size_t cap);
 EM_API bool em_device_equal(em_device a, em_device b);
 /* Number of devices of a registered type name (0 when the type is not loaded). */
