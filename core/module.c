@@ -22,6 +22,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
@@ -252,7 +253,9 @@ void em_module_free(em_module *m) {
     em__free(m);
 }
 
-/* Prefix the pending error with "<Class>: " unless it already starts so. */
+/* Prefix the pending error with "<Class>: " unless it already starts so. An op of the same
+ * name in another case (Linear's "linear: ...") gives its place to the class name: "Linear:
+ * linear: ..." tells the reader nothing more, and the class is what the config names. */
 static em_status blame(const em_module *m, em_status st) {
     if (st == EM_OK)
         st = EM_ERR_INTERNAL;
@@ -265,6 +268,8 @@ static em_status blame(const em_module *m, em_status st) {
     }
     if (strncmp(msg, name, len) == 0 && msg[len] == ':')
         return st;
+    if (strncasecmp(msg, name, len) == 0 && msg[len] == ':')
+        msg += len + 1 + (msg[len + 1] == ' ');
     char copy[1024];
     snprintf(copy, sizeof copy, "%s", msg);
     return em_set_error(st, "%s: %s", name, copy);

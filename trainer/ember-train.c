@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 /* Options that override the optimizer/scheduler sections. */
@@ -30,8 +31,13 @@ static volatile sig_atomic_t stop_flag;
 
 static void on_signal(int sig) { stop_flag = sig; }
 
+/* "ember-train: WHAT: MESSAGE", without WHAT when the message already starts with it (a failed
+ * backward says "backward: ..." itself; "backward: backward: ..." says nothing more). */
 void report_error(const char *what) {
-    fprintf(stderr, "ember-train: %s%s%s\n", what ? what : "", what ? ": " : "", em_last_error());
+    const char *msg = em_last_error();
+    size_t n = what ? strlen(what) : 0;
+    if (what && strncasecmp(msg, what, n) == 0 && msg[n] == ':') what = NULL;
+    fprintf(stderr, "ember-train: %s%s%s\n", what ? what : "", what ? ": " : "", msg);
 }
 
 static void usage(FILE *f) {

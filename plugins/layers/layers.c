@@ -54,6 +54,17 @@ em_tensor *em_layers_floats_tensor(const em_options *o, const char *name, bool *
     return t ? em_to_dtype(t, EM_F32) : NULL;
 }
 
+em_status layers_check_float_input(const em_tensor *x, const em_tensor *w) {
+    if (!x || !w) return EM_OK; /* the op reports a NULL input */
+    em_dtype xd = em_tensor_dtype(x), wd = em_tensor_dtype(w);
+    if (em_dtype_is_floating(xd) || !em_dtype_is_floating(wd)) return EM_OK;
+    return em_set_error(EM_ERR_DTYPE, "the input is %s but the layer's weight is %s: convert the "
+                        "batch to floating point first (the DataLoader's to_float transform, "
+                        "em_loader_options.transforms.to_float = true, scales uint8 images "
+                        "to [0, 1]; or em_to_dtype(x, %s))", em_dtype_name(xd), em_dtype_name(wd),
+                        wd == EM_F32 ? "EM_F32" : em_dtype_name(wd));
+}
+
 em_status em_layers_default_init(em_tensor *weight, em_tensor *bias) {
     em_status st = em_init_kaiming_uniform_(weight, sqrt(5.0), "fan_in", "leaky_relu", NULL);
     if (st != EM_OK || !bias)
@@ -91,6 +102,7 @@ static em_status linear_init(em_module *m, const em_options *o) {
 
 static em_tensor *linear_forward(em_module *m, em_tensor *const *in, int n) {
     (void)n;
+    if (layers_check_float_input(in[0], em_module_parameter(m, "weight")) != EM_OK) return NULL;
     return em_linear(in[0], em_module_parameter(m, "weight"), em_module_parameter(m, "bias"));
 }
 
@@ -167,6 +179,7 @@ static em_tensor *conv_forward(em_module *m, em_tensor *const *in, int n) {
     (void)n;
     conv_state *s = em_module_state(m);
     const em_tensor *x = in[0];
+    if (layers_check_float_input(x, em_module_parameter(m, "weight")) != EM_OK) return NULL;
     if (s->extra[0] || s->extra[1]) /* PyTorch pads the extra element at the end */
         x = em_pad(x, 4, (int64_t[]){0, s->extra[1], 0, s->extra[0]}, 0.0);
     return em_conv2d(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"),

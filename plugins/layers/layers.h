@@ -50,6 +50,11 @@ em_tensor *em_layers_floats_tensor(const em_options *o, const char *name, bool *
 /* Linear/Conv2d defaults: weight kaiming_uniform(a = sqrt 5), bias U(-1/sqrt(fan_in), +). */
 em_status em_layers_default_init(em_tensor *weight, em_tensor *bias);
 
+/* EM_OK when x can meet the layer's floating-point parameter w (NULL: none); otherwise
+ * EM_ERR_DTYPE saying that the batch is integer (uint8 images, say) and how to make it float:
+ * the loader's to_float transform, or em_to_dtype. */
+em_status layers_check_float_input(const em_tensor *x, const em_tensor *w);
+
 /* Tables of class records, NULL-terminated. */
 extern const em_module_class *const em_layers_basic[];      /* layers.c */
 extern const em_module_class *const em_layers_norm[];       /* layers_norm.c */
