@@ -43,17 +43,6 @@ static const class_entry *find_locked(const char *name) {
     return NULL;
 }
 
-/* "mnist, csv" into buf. */
-static const char *class_list_locked(char *buf, size_t cap) {
-    size_t n = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < C.n && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", C.e[i].name);
-    if (!C.n) snprintf(buf, cap, "none (is the ember-data plugin installed? ember-info lists "
-                       "the plugins)");
-    return buf;
-}
-
 /* A spec's default must pass the spec's own checks (type, range, choices): resolve a bag
  * holding just the default against that one spec. */
 static em_status check_default(const char *cls, const em_option_spec *sp) {
@@ -212,15 +201,15 @@ const char *em_registry_dataset_name(const em_registry *reg, size_t i) {
 const em_dataset_class_def *em_dataset_class_find(const char *name) {
     pthread_mutex_lock(&C.lock);
     const class_entry *e = name ? find_locked(name) : NULL;
-    char list[512];
-    if (!e) class_list_locked(list, sizeof list);
-    pthread_mutex_unlock(&C.lock);
     if (!e) {
-        em_set_error(EM_ERR_NOTFOUND, "no dataset class named '%s' is registered; registered: %s",
-                     name ? name : "(null)", list);
-        return NULL;
+        const char *names[256];
+        size_t n = 0;
+        for (size_t i = 0; i < C.n && n < sizeof names / sizeof *names; i++)
+            names[n++] = C.e[i].name;
+        em__class_not_found(NULL, "dataset", name, names, n); /* under the lock, as names */
     }
-    return &e->def;
+    pthread_mutex_unlock(&C.lock);
+    return e ? &e->def : NULL;
 }
 
 /* ---- datasets ----------------------------------------------------------------------------- */

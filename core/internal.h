@@ -239,6 +239,12 @@ em_status em__plugins_load_all(void);
 void em__plugins_unload_all(void);
 /* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
 const char *em__plugin_names(void);
+/* Sets and returns EM_ERR_NOTFOUND for a class lookup by name that failed: "WHO: no KIND class
+ * named 'NAME' (did you mean 'X'?) is registered; registered: ...; loaded plugins: ...", and
+ * the hint that a class of a plugin not loaded needs EMBER_PLUGIN_PATH. `who` may be NULL;
+ * names: the n registered names of that kind. One message for every class kind. */
+em_status em__class_not_found(const char *who, const char *kind, const char *name,
+                              const char *const *names, size_t n);
 
 /* ---- optimizer and scheduler classes (optim.c) ---------------------------------------------- */
 

@@ -131,36 +131,18 @@ const em_module_class *em_module_class_find(const char *name) {
         return NULL;
     }
     pthread_mutex_lock(&C.lock);
-    const em_module_class *found = NULL;
-    char list[1024] = "";
-    size_t len = 0;
-    int best = 1000;
-    const char *near = NULL;
-    for (size_t i = 0; i < C.n && !found; i++) {
-        const char *cn = C.e[i]->cls.name;
-        if (strcmp(cn, name) == 0) {
-            found = &C.e[i]->cls;
-            break;
+    const char *names[256];
+    size_t n = 0;
+    for (size_t i = 0; i < C.n; i++) {
+        if (strcmp(C.e[i]->cls.name, name) == 0) {
+            const em_module_class *found = &C.e[i]->cls;
+            pthread_mutex_unlock(&C.lock);
+            return found;
         }
-        if (len < sizeof list)
-            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", cn);
-        int d = em__edit_distance(name, cn);
-        if (d < best) {
-            best = d;
-            near = cn;
-        }
+        if (n < sizeof names / sizeof *names) names[n++] = C.e[i]->cls.name;
     }
-    size_t n = C.n;
+    em__class_not_found(NULL, "module", name, names, n); /* under the lock: names stay valid */
     pthread_mutex_unlock(&C.lock);
-    if (found)
-        return found;
-    int limit = strlen(name) <= 3 ? 1 : (strlen(name) <= 8 ? 2 : 3);
-    char hint[160] = "";
-    if (near && best <= limit)
-        snprintf(hint, sizeof hint, " (did you mean '%s'?)", near);
-    em_set_error(EM_ERR_NOTFOUND, "no module class named '%s'%s; registered: %s (loaded "
-                 "plugins: %s; layers come from ember-layers)", name, hint,
-                 n ? list : "none", em__plugin_names());
     return NULL;
 }
 

@@ -365,15 +365,11 @@ static em_optimizer *optimizer_build(const char *class_name, const em_param_grou
         return em_set_error(EM_ERR_INVALID, "optimizer_new: NULL class name"), NULL;
     const em_optim_class *cls = em_optim_class_find(class_name);
     if (!cls) {
-        char list[512];
+        const char *names[256];
         size_t n = 0;
-        list[0] = '\0';
-        for (size_t i = 0; i < R.n_optim && n < sizeof list; i++)
-            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
-                                  ((const em_optim_class *)R.optim[i].cls)->name);
-        em_set_error(EM_ERR_NOTFOUND, "optimizer_new: no optimizer class named '%s' (registered: "
-                     "%s; plugins loaded: %s)", class_name, n ? list : "none",
-                     em__plugin_names());
+        for (size_t i = 0; i < R.n_optim && n < sizeof names / sizeof *names; i++)
+            names[n++] = ((const em_optim_class *)R.optim[i].cls)->name;
+        em__class_not_found("optimizer_new", "optimizer", class_name, names, n);
         return NULL;
     }
     if (n_groups < 1 || !groups)
@@ -921,15 +917,11 @@ em_scheduler *em_scheduler_new(const char *class_name, em_optimizer *o, const em
         return em_set_error(EM_ERR_INVALID, "scheduler_new: NULL class name or optimizer"), NULL;
     const em_sched_class *cls = em_sched_class_find(class_name);
     if (!cls) {
-        char list[512];
+        const char *names[256];
         size_t n = 0;
-        list[0] = '\0';
-        for (size_t i = 0; i < R.n_sched && n < sizeof list; i++)
-            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
-                                  ((const em_sched_class *)R.sched[i].cls)->name);
-        em_set_error(EM_ERR_NOTFOUND, "scheduler_new: no scheduler class named '%s' (registered: "
-                     "%s; plugins loaded: %s)", class_name, n ? list : "none",
-                     em__plugin_names());
+        for (size_t i = 0; i < R.n_sched && n < sizeof names / sizeof *names; i++)
+            names[n++] = ((const em_sched_class *)R.sched[i].cls)->name;
+        em__class_not_found("scheduler_new", "scheduler", class_name, names, n);
         return NULL;
     }
     em_scheduler *s = em__calloc(1, sizeof *s, "scheduler");

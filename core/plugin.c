@@ -489,6 +489,35 @@ const char *em_plugin_describe(size_t i) {
 
 const char *em_plugin_search_path(void) { return L.search_path ? L.search_path : ""; }
 
+em_status em__class_not_found(const char *who, const char *kind, const char *name,
+                              const char *const *names, size_t n) {
+    const char *near = NULL;
+    int best = 1 << 30;
+    char list[512];
+    size_t len = 0;
+    list[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "",
+                                    names[i]);
+        int d = name ? em__edit_distance(name, names[i]) : best;
+        if (d < best) {
+            best = d;
+            near = names[i];
+        }
+    }
+    size_t nl = name ? strlen(name) : 0;
+    int limit = nl <= 3 ? 1 : (nl <= 8 ? 2 : 3);
+    char hint[160] = "";
+    if (near && best <= limit) snprintf(hint, sizeof hint, " (did you mean '%s'?)", near);
+    return em_set_error(EM_ERR_NOTFOUND, "%s%sno %s class named '%s'%s is registered; registered: "
+                        "%s; loaded plugins: %s. A class from a plugin that is not loaded needs "
+                        "that plugin: add its file or directory to EMBER_PLUGIN_PATH (ember-info "
+                        "lists every plugin found and why any was refused)",
+                        who ? who : "", who ? ": " : "", kind, name ? name : "(null)", hint,
+                        n ? list : "none", em__plugin_names());
+}
+
 const char *em__plugin_names(void) {
     static _Thread_local char buf[512];
     size_t n = 0;

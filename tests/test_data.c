@@ -228,6 +228,7 @@ Test(data, program_registers_a_class_with_typed_options) {
 #undef BAD
     cr_assert_null(em_dataset_open("nope", NULL));
     em_assert_error(EM_ERR_NOTFOUND, "no dataset class named 'nope' is registered; registered: ");
+    em_assert_error(EM_ERR_NOTFOUND, "EMBER_PLUGIN_PATH");
     em_assert_error(EM_ERR_NOTFOUND, "mnist");
     cr_assert_eq(em_dataset_class_unregister(prog, "toy"), EM_OK);
     cr_assert_null(em_dataset_class_find("toy"));

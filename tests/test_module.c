@@ -119,6 +119,8 @@ Test(module, register_find_and_errors) {
                     "'test.Scale'?)");
     cr_assert_null(em_module_new("test.Nothing", NULL));
     em_assert_error(EM_ERR_NOTFOUND, "no module class named 'test.Nothing'");
+    /* a class that may live in a plugin not loaded: the message says where plugins come from */
+    em_assert_error(EM_ERR_NOTFOUND, "add its file or directory to EMBER_PLUGIN_PATH");
 
     /* the program's registry lists them, and em_plugins lists the program */
     const em_registry *r = em_registry_program();

@@ -378,7 +378,7 @@ Test(optim_errors, bad_options_name_class_group_and_option) {
     cr_assert_null(try_new("Adagrad", "lr_decay=true"));
     em_assert_error(EM_ERR_INVALID, "lr_decay");
     cr_assert_null(try_new("Adamm", NULL));
-    em_assert_error(EM_ERR_NOTFOUND, "no optimizer class named 'Adamm'");
+    em_assert_error(EM_ERR_NOTFOUND, "no optimizer class named 'Adamm' (did you mean 'Adam'?)");
     cr_assert(strstr(em_last_error(), "AdamW"), "registered list missing: %s", em_last_error());
     em_scope_end();
 }

@@ -244,6 +244,10 @@ Test(sched_errors, options_are_validated) {
     EXPECT_FAIL("Adam", "SequentialLR", "schedulers=LinearLR(total_iters 3)|milestones=[3]",
                 EM_ERR_INVALID, "expected key=value");
     EXPECT_FAIL("Adam", "NoSuchLR", NULL, EM_ERR_NOTFOUND, "no scheduler class named 'NoSuchLR'");
+    /* a typo gets the did-you-mean every class kind gives, and the plugin hint (issue 13) */
+    EXPECT_FAIL("Adam", "CosineAnealingLR", NULL, EM_ERR_NOTFOUND,
+                "no scheduler class named 'CosineAnealingLR' (did you mean 'CosineAnnealingLR'?)");
+    EXPECT_FAIL("Adam", "CosineAnealingLR", NULL, EM_ERR_NOTFOUND, "EMBER_PLUGIN_PATH");
 }
 
 Test(sched_errors, onecycle_past_total_steps) {
