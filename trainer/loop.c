@@ -207,7 +207,8 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap) {
     if (s == EM_OK) s = meta_i64(m, "train.best_epoch", r->best_epoch);
     if (s == EM_OK) s = meta_i64(m, "train.seed", (int64_t)r->s.seed);
     if (s == EM_OK) s = em_checkpoint_save(path_out, &ck, m);
-    if (s == EM_OK && strstr(pattern, "{step}")) s = em_checkpoint_rotate(pattern, (int)r->s.keep, NULL);
+    if (s == EM_OK && strstr(pattern, "{step}"))
+        s = em_checkpoint_rotate(pattern, path_out, (int)r->s.keep, NULL);
     em_metadata_free(m);
     return s;
 }
