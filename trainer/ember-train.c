@@ -4,8 +4,10 @@
  * This half reads the command line and the config file (ember/config.h), and builds what the
  * run needs — device, model, datasets and loaders' transforms, loss, optimizer with parameter
  * groups, scheduler — checking everything it can before the first step, so that a typo, an
- * unknown layer, a missing data file or a model that does not fit the data is exit code 2 with
- * a message naming the place, never a crash mid-run. loop.c runs the training.
+ * unknown layer, a missing data file, a model that does not fit the data or an output that
+ * cannot be written (--checkpoint, --save-weights) is exit code 2 with a message naming the
+ * place, never a crash mid-run. loop.c runs the training; this half also handles SIGINT and
+ * SIGTERM during it (see "signals" below).
  *
  * Without CONFIG it trains examples/digits.yaml (the bundled digits set): from the source tree
  * when run uninstalled, else from the installed data directory.

@@ -3,7 +3,8 @@
  * with the command line), the objects built from them, and the loop's entry points.
  *
  *   ember-train.c  command line, config sections -> settings, building the model, data,
- *                  loss, optimizer and scheduler; --help, --list-plugins, --summary, exit codes
+ *                  loss, optimizer and scheduler; output checks; signals; --help,
+ *                  --list-plugins, --summary, exit codes
  *   loop.c         the training loop, evaluation, checkpoints, metrics, predictions, progress
  */
 #ifndef EMBER_TRAINER_H
