@@ -21,7 +21,8 @@
 /* Exit codes (documented in --help and the README). */
 enum {
     EXIT_OK = 0,
-    EXIT_TRAIN = 1,       /* a training failure: NaN/Inf loss, an op error mid-run */
+    EXIT_TRAIN = 1,       /* a training failure: NaN/Inf loss, an op error mid-run, a file
+                           * (checkpoint, weights, metrics, predictions) not written */
     EXIT_USAGE = 2,       /* command line, config file, data or model that does not fit */
     EXIT_INTERRUPTED = 130, /* SIGINT/SIGTERM: stopped after the step (checkpoint saved) */
 };
