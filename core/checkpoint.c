@@ -1,7 +1,7 @@
 /*
  * checkpoint.c — em_checkpoint_save / em_checkpoint_load: a model, an optimizer, a scheduler,
- * a DataLoader's position, the default generator and the loop state in one safetensors file
- * (the layout is documented in ember/checkpoint.h).
+ * a DataLoader's position, the default generator, the loop state and the run's identity in one
+ * safetensors file (the layout is documented in ember/checkpoint.h).
  *
  * Saving gathers the tensors (model.*, optim.*) into one dict of live tensors and the rest into
  * metadata, then hands both to em_save, which writes crash-safely. Loading reads the whole
@@ -16,6 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "ember/checkpoint.h"
@@ -32,6 +35,7 @@
 #define K_RNG "rng.default"
 #define K_LOOP "loop"
 #define K_CONFIG "config"
+#define K_RUN EM_CHECKPOINT_RUN_KEY
 
 static const char *const reserved_prefixes[] = {"ember.", "model.", "optim.", "sched.",
                                                 "loader.", "rng."};
@@ -104,6 +108,38 @@ static em_status add_prefixed(em_dict *dst, const em_dict *src, const char *pref
     return EM_OK;
 }
 
+/* ---- run identity ---------------------------------------------------------------------------- */
+
+em_status em_checkpoint_run_id_new(char *buf, size_t cap) {
+    if (!buf || cap < EM_CHECKPOINT_RUN_ID_MAX)
+        return em_set_error(buf ? EM_ERR_RANGE : EM_ERR_INVALID, "checkpoint_run_id_new: %s",
+                            buf ? "the buffer is smaller than EM_CHECKPOINT_RUN_ID_MAX"
+                                : "buf is NULL");
+    char host[40], when[32] = "00000000T000000";
+    em__host_tag(host, sizeof host);
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm))
+        strftime(when, sizeof when, "%Y%m%dT%H%M%S", &tm);
+    uint32_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+        struct timespec ts; /* no entropy yet (early boot): the clock, mixed with the pid */
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = (uint32_t)ts.tv_nsec * 2654435761u ^ (uint32_t)getpid();
+    }
+    snprintf(buf, cap, "%s-%s-%ld-%08x", host, when, (long)getpid(), (unsigned)r);
+    return EM_OK;
+}
+
+/* This process's run: the identity of saves whose em_checkpoint.run_id is empty. */
+static char process_run[EM_CHECKPOINT_RUN_ID_MAX];
+static pthread_once_t process_run_once = PTHREAD_ONCE_INIT;
+static void process_run_make(void) {
+    em_checkpoint_run_id_new(process_run, sizeof process_run);
+}
+
+/* ---- saving ------------------------------------------------------------------------------------ */
+
 em_status em_checkpoint_save(const char *path, const em_checkpoint *ck,
                              const em_metadata *metadata) {
     if (!path || !ck)
@@ -112,6 +148,18 @@ em_status em_checkpoint_save(const char *path, const em_checkpoint *ck,
         return em_set_error(EM_ERR_INVALID, "checkpoint_save: struct_size %zu is not "
                             "sizeof(em_checkpoint) (%zu); initialise with EM_CHECKPOINT_INIT",
                             ck->struct_size, sizeof(em_checkpoint));
+    const char *run = ck->run_id;
+    if (!memchr(ck->run_id, '\0', sizeof ck->run_id))
+        return em_set_error(EM_ERR_INVALID, "checkpoint_save: '%s': run_id is not terminated "
+                            "within its %d bytes", path, EM_CHECKPOINT_RUN_ID_MAX);
+    if (!run[0]) {
+        pthread_once(&process_run_once, process_run_make);
+        run = process_run;
+    } else if (!em__checkpoint_run_id_valid(run)) {
+        return em_set_error(EM_ERR_INVALID, "checkpoint_save: '%s': run_id '%s' is not a run "
+                            "identity (1 to %d characters of A-Z a-z 0-9 . _ : + @ -)", path,
+                            run, EM_CHECKPOINT_RUN_ID_MAX - 1);
+    }
     for (size_t i = 0; metadata && i < em_metadata_len(metadata); i++)
         if (reserved_key(em_metadata_key(metadata, i)))
             return em_set_error(EM_ERR_INVALID, "checkpoint_save: '%s': metadata key '%s' is "
@@ -155,7 +203,8 @@ em_status em_checkpoint_save(const char *path, const em_checkpoint *ck,
 
     if ((st = em_metadata_set(m, K_FORMAT, CK_FORMAT_VERSION)) != EM_OK ||
         (st = em_metadata_set(m, K_VERSION, em_version())) != EM_OK ||
-        (st = em_metadata_set(m, K_PARTS, parts)) != EM_OK)
+        (st = em_metadata_set(m, K_PARTS, parts)) != EM_OK ||
+        (st = em_metadata_set(m, K_RUN, run)) != EM_OK)
         goto done;
     if (groups && (st = em_metadata_set(m, K_OPTIM, groups)) != EM_OK) goto done;
     if (sched && (st = em_metadata_set(m, K_SCHED, sched)) != EM_OK) goto done;
@@ -412,6 +461,13 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
                           jb ? "malformed" : "missing");
         goto done;
     }
+    const char *run = em_metadata_get(meta, K_RUN);
+    if (run && !em__checkpoint_run_id_valid(run)) {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is not a run "
+                          "identity (1 to %d characters of A-Z a-z 0-9 . _ : + @ -)", path, K_RUN,
+                          EM_CHECKPOINT_RUN_ID_MAX - 1);
+        goto done;
+    }
     const char *cfg = em_metadata_get(meta, K_CONFIG);
     if (cfg && !(config = em__strdup(cfg, "checkpoint config"))) {
         st = EM_ERR_NOMEM;
@@ -451,6 +507,7 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
     ck->epoch = epoch;
     ck->step = step;
     ck->best_metric = best;
+    snprintf(ck->run_id, sizeof ck->run_id, "%s", run ? run : "");
     ck->config_out = config;
     config = NULL;
     if (opt && opt->metadata_out) {

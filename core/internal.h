@@ -329,6 +329,13 @@ int em__edit_distance(const char *a, const char *b);
 /* Remove the module classes a registry registered (registry_withdraw). */
 void em__module_classes_remove_owner(em_registry *owner);
 
+/* ---- checkpoint files (serialize.c) ------------------------------------------------------- */
+
+/* Whether s is a run identity: 1 to EM_CHECKPOINT_RUN_ID_MAX - 1 of A-Z a-z 0-9 . _ : + @ -. */
+bool em__checkpoint_run_id_valid(const char *s);
+/* This host's name as temporary file names carry it: <= 32 of [A-Za-z0-9_-] (cap >= 33). */
+void em__host_tag(char *buf, size_t cap);
+
 /* ---- misc --------------------------------------------------------------------------------- */
 
 uint64_t em__now_ns(void);

@@ -7,9 +7,15 @@
  * __metadata__, then per tensor dtype/shape/data_offsets), padded with spaces to a multiple of
  * 8 bytes, then each tensor's bytes are written straight from its memory (CPU) or through a
  * bounded staging buffer (other devices). Everything goes to a temporary file beside the
- * target, which is fsync'd, renamed over the target, and the directory fsync'd. The
+ * target (a symbolic link's target: saves write through links), which is fsync'd, renamed over
+ * the target, and the directory fsync'd; the temporary name carries the host and pid, so the
+ * files killed saves leave can be told from a live writer's and removed. The
  * EMBER_TEST_SAVE_KILL hook (test-only, see the header) raises SIGKILL at a chosen byte or
  * step so the tests can prove a killed save never damages the previous file.
+ *
+ * Checkpoint files. A pattern's "{step}" numbers the files; each file's header names the run
+ * that wrote it (ember.run), which rotation reads so that it deletes only the writing run's
+ * files, never the one just written, and never another run's.
  *
  * Reading. The file is mapped; the header is validated completely — length, JSON (jansson,
  * duplicates rejected), every entry's dtype, shape and offsets, and that the offsets tile the
@@ -179,7 +185,7 @@ typedef enum kill_step {
 
 typedef struct writer {
     int fd;
-    const char *path;   /* the target, for messages */
+    const char *path;   /* how messages name the target (quoted: shown_name) */
     uint64_t written;   /* bytes of the file written so far */
     uint64_t total;     /* bytes the file will have */
     kill_step kill;
@@ -216,7 +222,7 @@ static void kill_point(const writer *w, kill_step step) {
 }
 
 static em_status write_error(const writer *w, int err) {
-    return em_set_error(EM_ERR_IO, "save: writing '%s' failed after %llu of %llu bytes: %s",
+    return em_set_error(EM_ERR_IO, "save: writing %s failed after %llu of %llu bytes: %s",
                         w->path, (unsigned long long)w->written,
                         (unsigned long long)w->total, strerror(err));
 }
@@ -259,7 +265,7 @@ static em_status write_tensor(writer *w, const em_tensor *t, const char *key) {
         return EM_OK;
     em_tensor *c = em__contiguous(t);
     if (!c)
-        return em_set_error(em_last_status(), "save: '%s': making '%s' contiguous failed: %s",
+        return em_set_error(em_last_status(), "save: %s: making '%s' contiguous failed: %s",
                             w->path, key, em_last_error());
     em_device dev = em_tensor_device(c);
     const char *data = em_tensor_data(c);
@@ -276,7 +282,7 @@ static em_status write_tensor(writer *w, const em_tensor *t, const char *key) {
             st = em__device_copy(em_cpu(), buf, dev, data + off, n);
             if (st != EM_OK) {
                 char d[48];
-                em_set_error(st, "save: '%s': copying '%s' from %s failed: %s", w->path, key,
+                em_set_error(st, "save: %s: copying '%s' from %s failed: %s", w->path, key,
                              em_device_str(dev, d, sizeof d), em_last_error());
             } else {
                 st = w_write(w, buf, n);
@@ -376,6 +382,157 @@ static const char *path_base(const char *path, char *dir, size_t cap) {
     return slash + 1;
 }
 
+/* ---- the target, temporary names, the file-size limit --------------------------------------- */
+
+/* This host's name as it appears in temporary file names (and run identities): at most 32
+ * bytes of [A-Za-z0-9_-], anything else written '_', so the name holds no '.' and splits
+ * unambiguously. */
+void em__host_tag(char *buf, size_t cap) {
+    char h[256] = "";
+    if (gethostname(h, sizeof h - 1) != 0 || !h[0])
+        snprintf(h, sizeof h, "localhost");
+    h[sizeof h - 1] = '\0';
+    size_t n = 0;
+    for (const char *c = h; *c && n + 1 < cap && n < 32; c++) {
+        bool ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                  (*c >= '0' && *c <= '9') || *c == '_' || *c == '-';
+        buf[n++] = ok ? *c : '_';
+    }
+    buf[n] = '\0';
+}
+
+/* The file a save to `path` replaces: path itself, or — when path is a symbolic link, or a
+ * chain of them — the file the last one names (which may not exist yet), like open() would
+ * write. Into out (cap bytes). */
+static em_status resolve_target(const char *path, char *out, size_t cap) {
+    if (strlen(path) >= cap)
+        return em_set_error(EM_ERR_INVALID, "save: path '%.64s...' is too long", path);
+    snprintf(out, cap, "%s", path);
+    for (int hops = 0;; hops++) {
+        struct stat sb;
+        if (lstat(out, &sb) != 0 || !S_ISLNK(sb.st_mode))
+            return EM_OK; /* absent (a new file) or not a link; other errors surface later */
+        if (hops == 40)
+            return em_set_error(EM_ERR_IO, "save: '%s': too many levels of symbolic links", path);
+        char link[PATH_MAX], next[PATH_MAX], dir[PATH_MAX];
+        ssize_t n = readlink(out, link, sizeof link - 1);
+        if (n < 0)
+            return em_set_error(EM_ERR_IO, "save: '%s': cannot read the symbolic link '%s': %s",
+                                path, out, strerror(errno));
+        link[n] = '\0';
+        int len;
+        if (link[0] == '/') {
+            len = snprintf(next, sizeof next, "%s", link);
+        } else {
+            path_base(out, dir, sizeof dir);
+            len = snprintf(next, sizeof next, "%s/%s", dir, link);
+        }
+        if (len < 0 || (size_t)len >= cap)
+            return em_set_error(EM_ERR_INVALID, "save: '%s': the file its symbolic link names "
+                                "has too long a path", path);
+        memcpy(out, next, (size_t)len + 1);
+    }
+}
+
+/* How messages name the file: 'PATH', or 'PATH' (a symbolic link to 'TARGET'). */
+static void shown_name(char *buf, size_t cap, const char *path, const char *target) {
+    if (strcmp(path, target) == 0)
+        snprintf(buf, cap, "'%s'", path);
+    else
+        snprintf(buf, cap, "'%s' (a symbolic link to '%s')", path, target);
+}
+
+/* A target that exists must be a regular file: a save renames a new file over it, which would
+ * turn a device or a FIFO into a file (and a directory cannot be replaced). */
+static em_status check_target_kind(const char *target, const char *shown, bool *exists,
+                                   struct stat *sb) {
+    *exists = stat(target, sb) == 0;
+    if (*exists && S_ISDIR(sb->st_mode))
+        return em_set_error(EM_ERR_INVALID, "save: %s is a directory", shown);
+    if (*exists && !S_ISREG(sb->st_mode))
+        return em_set_error(EM_ERR_INVALID, "save: %s is not a regular file (a device, FIFO "
+                            "or socket); a save replaces the file, so it refuses", shown);
+    return EM_OK;
+}
+
+/* Create a new temporary file ".BASE.tmp-HOST-PID-N" in dir; its path into tmp. The fd, or -1
+ * with errno. */
+static int create_temp(const char *dir, const char *base, char *tmp, size_t cap) {
+    char host[40];
+    em__host_tag(host, sizeof host);
+    for (int attempt = 0;; attempt++) {
+        snprintf(tmp, cap, "%s/.%s.tmp-%s-%ld-%u", dir, base, host, (long)getpid(),
+                 atomic_fetch_add(&tmp_counter, 1));
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST || attempt == 100)
+            return fd;
+    }
+}
+
+static em_status create_error(const char *dir, const char *shown, int err, const char *tail) {
+    return em_set_error(EM_ERR_IO, "save: cannot create a file in '%s' for %s: %s%s%s", dir,
+                        shown, strerror(err),
+                        err == ENOENT    ? " (the directory does not exist)"
+                        : err == ENOTDIR ? " (a part of the path is not a directory)"
+                                         : "",
+                        tail);
+}
+
+/* The file-size limit (RLIMIT_FSIZE, `ulimit -f`) makes write() fail with EFBIG and raise
+ * SIGXFSZ, whose default action kills the process. While it writes, em_save blocks SIGXFSZ in
+ * the calling thread and then discards the one its own writes raised, so the limit is an error
+ * naming the file whatever the program's disposition for the signal. */
+typedef struct xfsz_guard {
+    sigset_t old;
+    bool was_pending;
+} xfsz_guard;
+
+static void xfsz_block(xfsz_guard *g) {
+    sigset_t s, pending;
+    sigemptyset(&s);
+    sigaddset(&s, SIGXFSZ);
+    pthread_sigmask(SIG_BLOCK, &s, &g->old);
+    g->was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ) == 1;
+}
+
+static void xfsz_restore(const xfsz_guard *g) {
+    sigset_t s, pending;
+    sigemptyset(&s);
+    sigaddset(&s, SIGXFSZ);
+    if (!g->was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ) == 1) {
+        const struct timespec zero = {0, 0};
+        while (sigtimedwait(&s, NULL, &zero) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+em_status em_save_check(const char *path) {
+    if (!path || !*path)
+        return em_set_error(EM_ERR_INVALID, "save: path is %s", path ? "empty" : "NULL");
+    char target[PATH_MAX], dir[PATH_MAX], shown[2 * PATH_MAX + 64];
+    em_status st = resolve_target(path, target, sizeof target);
+    if (st != EM_OK)
+        return st;
+    const char *base = path_base(target, dir, sizeof dir);
+    if (!*base)
+        return em_set_error(EM_ERR_INVALID, "save: '%s' names a directory, not a file", path);
+    if (strlen(target) + 64 >= PATH_MAX)
+        return em_set_error(EM_ERR_INVALID, "save: path '%.64s...' is too long", path);
+    shown_name(shown, sizeof shown, path, target);
+    bool exists;
+    struct stat sb;
+    if ((st = check_target_kind(target, shown, &exists, &sb)) != EM_OK)
+        return st;
+    char tmp[2 * PATH_MAX + 64];
+    int fd = create_temp(dir, base, tmp, sizeof tmp);
+    if (fd < 0)
+        return create_error(dir, shown, errno, "");
+    close(fd);
+    unlink(tmp);
+    return EM_OK;
+}
+
 em_status em_save(const em_dict *d, const char *path, const em_metadata *metadata,
                   const em_save_options *opt) {
     if (!d || !path || !*path)
@@ -390,12 +547,16 @@ em_status em_save(const em_dict *d, const char *path, const em_metadata *metadat
         if (o.order != EM_SAVE_ORDER_DICT && o.order != EM_SAVE_ORDER_PYTHON)
             return em_set_error(EM_ERR_INVALID, "save: '%s': unknown order %d", path, o.order);
     }
-    char dir[PATH_MAX];
-    const char *base = path_base(path, dir, sizeof dir);
+    char target[PATH_MAX], dir[PATH_MAX], shown[2 * PATH_MAX + 64];
+    em_status st = resolve_target(path, target, sizeof target);
+    if (st != EM_OK)
+        return st;
+    const char *base = path_base(target, dir, sizeof dir);
     if (!*base)
         return em_set_error(EM_ERR_INVALID, "save: '%s' names a directory, not a file", path);
-    if (strlen(path) + 64 >= PATH_MAX)
+    if (strlen(target) + 64 >= PATH_MAX)
         return em_set_error(EM_ERR_INVALID, "save: path '%.64s...' is too long", path);
+    shown_name(shown, sizeof shown, path, target);
 
     /* Check every key before touching the disk. */
     for (size_t i = 0; metadata && i < metadata->len; i++)
@@ -406,7 +567,6 @@ em_status em_save(const em_dict *d, const char *path, const em_metadata *metadat
     save_entry *e = em__calloc(n ? n : 1, sizeof *e, "save entries");
     if (!e)
         return EM_ERR_NOMEM;
-    em_status st = EM_OK;
     uint64_t data_bytes = 0;
     for (size_t i = 0; i < n; i++) {
         e[i].key = em_dict_key(d, i);
@@ -434,33 +594,25 @@ em_status em_save(const em_dict *d, const char *path, const em_metadata *metadat
         goto out_entries;
 
     struct stat prev;
-    bool had_prev = stat(path, &prev) == 0;
-    if (had_prev && S_ISDIR(prev.st_mode)) {
-        st = em_set_error(EM_ERR_INVALID, "save: '%s' is a directory", path);
+    bool had_prev;
+    if ((st = check_target_kind(target, shown, &had_prev, &prev)) != EM_OK)
         goto out_header;
-    }
     const char *untouched = had_prev ? "; the previous file is untouched" : "";
 
-    writer w = {.fd = -1, .path = path, .total = 8 + header_len + data_bytes};
+    writer w = {.fd = -1, .path = shown, .total = 8 + header_len + data_bytes};
     kill_parse(&w);
     char tmp[2 * PATH_MAX + 64]; /* dir and base are each shorter than PATH_MAX - 64 */
-    for (int attempt = 0;; attempt++) {
-        snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld-%u", dir, base, (long)getpid(),
-                 atomic_fetch_add(&tmp_counter, 1));
-        w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (w.fd >= 0 || errno != EEXIST || attempt == 100)
-            break;
-    }
+    w.fd = create_temp(dir, base, tmp, sizeof tmp);
     if (w.fd < 0) {
-        int err = errno;
-        st = em_set_error(EM_ERR_IO, "save: cannot create a file in '%s' for '%s': %s%s", dir, path,
-                          strerror(err), untouched);
+        st = create_error(dir, shown, errno, untouched);
         goto out_header;
     }
     if (had_prev)
         (void)fchmod(w.fd, prev.st_mode & 07777); /* keep the file's permissions */
     kill_point(&w, KILL_CREATED);
 
+    xfsz_guard xg;
+    xfsz_block(&xg);
     bool pushed = em_grad_mode_push(EM_GRAD_DISABLED) == EM_OK; /* copies need no history */
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
@@ -472,17 +624,18 @@ em_status em_save(const em_dict *d, const char *path, const em_metadata *metadat
         st = write_tensor(&w, e[i].t, e[i].key);
     if (pushed)
         em_grad_mode_pop();
+    xfsz_restore(&xg);
     if (st == EM_OK) {
         kill_point(&w, KILL_WRITTEN);
         if (fsync(w.fd) != 0)
-            st = em_set_error(EM_ERR_IO, "save: syncing '%s' failed: %s", path, strerror(errno));
+            st = em_set_error(EM_ERR_IO, "save: syncing %s failed: %s", shown, strerror(errno));
     }
     if (close(w.fd) != 0 && st == EM_OK)
-        st = em_set_error(EM_ERR_IO, "save: closing '%s' failed: %s", path, strerror(errno));
+        st = em_set_error(EM_ERR_IO, "save: closing %s failed: %s", shown, strerror(errno));
     if (st == EM_OK) {
         kill_point(&w, KILL_SYNCED);
-        if (rename(tmp, path) != 0)
-            st = em_set_error(EM_ERR_IO, "save: renaming '%s' to '%s' failed: %s", tmp, path,
+        if (rename(tmp, target) != 0)
+            st = em_set_error(EM_ERR_IO, "save: renaming '%s' to '%s' failed: %s", tmp, target,
                               strerror(errno));
     }
     if (st != EM_OK) {
@@ -496,8 +649,8 @@ em_status em_save(const em_dict *d, const char *path, const em_metadata *metadat
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         if (fsync(dfd) != 0 && errno != EINVAL && errno != EROFS)
-            st = em_set_error(EM_ERR_IO, "save: '%s' was written but syncing its directory "
-                              "'%s' failed (%s): the file may not survive a power loss", path,
+            st = em_set_error(EM_ERR_IO, "save: %s was written but syncing its directory "
+                              "'%s' failed (%s): the file may not survive a power loss", shown,
                               dir, strerror(errno));
         close(dfd);
     }
@@ -1040,12 +1193,13 @@ em_status em_dict_load_into(em_dict *target, const em_dict *source, bool strict,
     return EM_OK;
 }
 
-/* ---- checkpoint rotation ---------------------------------------------------------------------- */
+/* ---- checkpoint files: naming, listing by run, rotation ---------------------------------------- */
 
 #define STEP_TOKEN "{step}"
 
 typedef struct pattern_parts {
     char dir[PATH_MAX];
+    bool dir_given; /* the pattern names a directory (else dir is ".", left out of paths) */
     char prefix[NAME_MAX + 1], suffix[NAME_MAX + 1];
 } pattern_parts;
 
@@ -1062,6 +1216,7 @@ static em_status pattern_split(const char *who, const char *pattern, pattern_par
         return em_set_error(EM_ERR_INVALID, "%s: pattern '%s' has " STEP_TOKEN " in a "
                             "directory name; it must be in the file name", who, pattern);
     const char *base = path_base(pattern, p->dir, sizeof p->dir);
+    p->dir_given = base != pattern;
     size_t pre = (size_t)(tok - base), suf = strlen(tok + strlen(STEP_TOKEN));
     if (pre > NAME_MAX || suf > NAME_MAX)
         return em_set_error(EM_ERR_INVALID, "%s: pattern '%s' is too long", who, pattern);
@@ -1109,74 +1264,264 @@ static int64_t match_step(const pattern_parts *p, const char *name) {
     return v;
 }
 
-typedef struct step_file {
-    int64_t step;
-    char *name;
-} step_file;
+bool em__checkpoint_run_id_valid(const char *s) {
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == ':' || c == '+' || c == '@' || c == '-';
+        if (!ok || n + 1 >= EM_CHECKPOINT_RUN_ID_MAX)
+            return false;
+    }
+    return n > 0;
+}
 
-static int step_desc_cmp(const void *a, const void *b) {
-    const step_file *x = a, *y = b;
+struct em_checkpoint_files {
+    em_checkpoint_file *f; /* [n], highest step first */
+    size_t n, cap;
+};
+
+size_t em_checkpoint_files_len(const em_checkpoint_files *l) {
+    return l ? l->n : 0;
+}
+
+const em_checkpoint_file *em_checkpoint_files_get(const em_checkpoint_files *l, size_t i) {
+    return l && i < l->n ? &l->f[i] : NULL;
+}
+
+void em_checkpoint_files_free(em_checkpoint_files *l) {
+    if (!l)
+        return;
+    for (size_t i = 0; i < l->n; i++) {
+        em__free((void *)l->f[i].path);
+        em__free((void *)l->f[i].error);
+    }
+    em__free(l->f);
+    em__free(l);
+}
+
+static bool read_full(int fd, void *buf, size_t n, off_t off) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        p += r;
+        off += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+/* Fill f's run_id, is_checkpoint and mtime from the file's header (only the header is read:
+ * its length is bounded by the file's size and EM_SAFETENSORS_MAX_HEADER). On failure the
+ * status and a message naming the file, into err. Non-blocking open: a FIFO never hangs. */
+static em_status read_run_of(em_checkpoint_file *f, char *err, size_t cap) {
+    int fd = open(f->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, cap, "'%s': cannot open it: %s", f->path, strerror(errno));
+        return errno == ENOENT ? EM_ERR_NOTFOUND : EM_ERR_IO;
+    }
+    em_status st = EM_OK;
+    char *h = NULL;
+    json_t *root = NULL;
+    struct stat sb;
+    unsigned char len8[8];
+    uint64_t hlen = 0;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, cap, "'%s' is not a regular file", f->path);
+        st = EM_ERR_IO;
+        goto done;
+    }
+    f->mtime = (int64_t)sb.st_mtime;
+    if (sb.st_size < 8 || !read_full(fd, len8, 8, 0)) {
+        snprintf(err, cap, "'%s': the file is %lld bytes, too short for a safetensors header "
+                 "(truncated?)", f->path, (long long)sb.st_size);
+        st = EM_ERR_FORMAT;
+        goto done;
+    }
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)len8[i] << (8 * i);
+    if (hlen > EM_SAFETENSORS_MAX_HEADER || hlen > (uint64_t)sb.st_size - 8) {
+        snprintf(err, cap, "'%s': header length %llu runs past the end of the file (%lld "
+                 "bytes; truncated?)", f->path, (unsigned long long)hlen, (long long)sb.st_size);
+        st = EM_ERR_FORMAT;
+        goto done;
+    }
+    if (!(h = em__malloc(hlen ? (size_t)hlen : 1, "checkpoint header"))) {
+        snprintf(err, cap, "'%s': out of memory reading its header", f->path);
+        st = EM_ERR_NOMEM;
+        goto done;
+    }
+    if (!read_full(fd, h, (size_t)hlen, 8)) {
+        snprintf(err, cap, "'%s': reading its header failed: %s", f->path, strerror(errno));
+        st = EM_ERR_IO;
+        goto done;
+    }
+    json_error_t jerr;
+    root = json_loadb(h, (size_t)hlen, 0, &jerr);
+    const json_t *meta = json_is_object(root) ? json_object_get(root, "__metadata__") : NULL;
+    if (!json_is_object(root) || (meta && !json_is_object(meta))) {
+        snprintf(err, cap, "'%s': the header is not a safetensors JSON object%s%s", f->path,
+                 root ? "" : ": ", root ? "" : jerr.text);
+        st = EM_ERR_FORMAT;
+        goto done;
+    }
+    const json_t *run = meta ? json_object_get(meta, EM_CHECKPOINT_RUN_KEY) : NULL;
+    f->is_checkpoint = meta && json_is_string(json_object_get(meta, "ember.checkpoint"));
+    if (run && (!json_is_string(run) || !em__checkpoint_run_id_valid(json_string_value(run)))) {
+        snprintf(err, cap, "'%s': metadata entry '" EM_CHECKPOINT_RUN_KEY "' is not a run "
+                 "identity (1 to %d characters of A-Z a-z 0-9 . _ : + @ -)", f->path,
+                 EM_CHECKPOINT_RUN_ID_MAX - 1);
+        st = EM_ERR_FORMAT;
+        goto done;
+    }
+    if (run)
+        snprintf(f->run_id, sizeof f->run_id, "%s", json_string_value(run));
+done:
+    json_decref(root);
+    em__free(h);
+    close(fd);
+    return st;
+}
+
+static int file_desc_cmp(const void *a, const void *b) {
+    const em_checkpoint_file *x = a, *y = b;
     if (x->step != y->step)
         return x->step > y->step ? -1 : 1;
-    return strcmp(x->name, y->name);
+    return strcmp(x->path, y->path);
 }
 
-static void step_files_free(step_file *f, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        em__free(f[i].name);
-    em__free(f);
+static void join(char *buf, size_t cap, const pattern_parts *p, const char *name) {
+    if (!p->dir_given)
+        snprintf(buf, cap, "%s", name);
+    else if (strcmp(p->dir, "/") == 0)
+        snprintf(buf, cap, "/%s", name);
+    else
+        snprintf(buf, cap, "%s/%s", p->dir, name);
 }
 
-/* Every file of the pattern's directory that matches it, highest step first. */
-static em_status list_steps(const char *who, const pattern_parts *p, step_file **out,
-                            size_t *out_n) {
+/* Every file of the pattern's directory that matches it, highest step first, each with the
+ * run its header names. */
+static em_status list_files(const char *who, const pattern_parts *p, em_checkpoint_files **out) {
     *out = NULL;
-    *out_n = 0;
     DIR *dir = opendir(p->dir);
     if (!dir)
         return em_set_error(errno == ENOENT ? EM_ERR_NOTFOUND : EM_ERR_IO,
                             "%s: cannot read the directory '%s': %s", who, p->dir,
                             strerror(errno));
-    step_file *f = NULL;
-    size_t n = 0, cap = 0;
-    em_status st = EM_OK;
+    em_checkpoint_files *l = em__calloc(1, sizeof *l, "checkpoint list");
+    em_status st = l ? EM_OK : EM_ERR_NOMEM;
     struct dirent *de;
-    while ((de = readdir(dir)) != NULL) {
+    while (st == EM_OK && (de = readdir(dir)) != NULL) {
         int64_t step = match_step(p, de->d_name);
         if (step < 0)
             continue;
-        if (n == cap) {
-            size_t nc = cap ? cap * 2 : 16;
-            step_file *nf = em__realloc(f, cap * sizeof *f, nc * sizeof *f, "checkpoint list");
+        if (l->n == l->cap) {
+            size_t nc = l->cap ? l->cap * 2 : 16;
+            em_checkpoint_file *nf = em__realloc(l->f, l->cap * sizeof *nf, nc * sizeof *nf,
+                                                 "checkpoint list");
             if (!nf) {
                 st = EM_ERR_NOMEM;
                 break;
             }
-            f = nf;
-            cap = nc;
+            l->f = nf;
+            l->cap = nc;
         }
-        f[n].step = step;
-        f[n].name = em__strdup(de->d_name, "checkpoint name");
-        if (!f[n].name) {
+        em_checkpoint_file *f = &l->f[l->n];
+        memset(f, 0, sizeof *f);
+        f->step = step;
+        char path[PATH_MAX + NAME_MAX + 2];
+        join(path, sizeof path, p, de->d_name);
+        if (!(f->path = em__strdup(path, "checkpoint name"))) {
             st = EM_ERR_NOMEM;
             break;
         }
-        n++;
+        l->n++;
+        char err[1024];
+        if ((f->status = read_run_of(f, err, sizeof err)) != EM_OK &&
+            !(f->error = em__strdup(err, "checkpoint error")))
+            st = EM_ERR_NOMEM;
     }
     closedir(dir);
     if (st != EM_OK) {
-        step_files_free(f, n);
+        em_checkpoint_files_free(l);
         return st;
     }
-    if (n > 1)
-        qsort(f, n, sizeof *f, step_desc_cmp);
-    *out = f;
-    *out_n = n;
+    if (l->n > 1)
+        qsort(l->f, l->n, sizeof *l->f, file_desc_cmp);
+    *out = l;
     return EM_OK;
 }
 
-static void join(char *buf, size_t cap, const pattern_parts *p, const char *name) {
-    snprintf(buf, cap, "%s/%s", p->dir, name);
+em_status em_checkpoint_list(const char *pattern, em_checkpoint_files **out) {
+    if (!out)
+        return em_set_error(EM_ERR_INVALID, "checkpoint_list: out is NULL");
+    *out = NULL;
+    if (pattern && !strstr(pattern, STEP_TOKEN)) { /* one file: itself, when it exists */
+        em_checkpoint_files *l = em__calloc(1, sizeof *l, "checkpoint list");
+        struct stat sb;
+        if (!l)
+            return EM_ERR_NOMEM;
+        if (stat(pattern, &sb) == 0) {
+            em_checkpoint_file *f = l->f = em__calloc(1, sizeof *f, "checkpoint list");
+            char err[1024];
+            if (f && (f->path = em__strdup(pattern, "checkpoint name"))) {
+                l->n = l->cap = 1;
+                f->step = -1;
+                if ((f->status = read_run_of(f, err, sizeof err)) != EM_OK)
+                    f->error = em__strdup(err, "checkpoint error");
+            }
+            if (!f || !f->path || (f->status != EM_OK && !f->error)) {
+                em_checkpoint_files_free(l);
+                return EM_ERR_NOMEM;
+            }
+        }
+        *out = l;
+        return EM_OK;
+    }
+    pattern_parts p;
+    em_status st = pattern_split("checkpoint_list", pattern, &p);
+    if (st != EM_OK)
+        return st;
+    return list_files("checkpoint_list", &p, out);
+}
+
+/* "run 'A' (3 files, steps 100 to 300, the newest 'ck/run-300.safetensors'); run 'B' (...)":
+ * the runs of l's readable files, each once, in the order of their newest files. */
+static void describe_runs(const em_checkpoint_files *l, char *buf, size_t cap) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < l->n; i++) {
+        const em_checkpoint_file *f = &l->f[i];
+        bool seen = f->status != EM_OK;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = l->f[j].status == EM_OK && strcmp(l->f[j].run_id, f->run_id) == 0;
+        if (seen)
+            continue;
+        size_t count = 0;
+        int64_t lowest = f->step;
+        for (size_t j = i; j < l->n; j++)
+            if (l->f[j].status == EM_OK && strcmp(l->f[j].run_id, f->run_id) == 0) {
+                count++;
+                lowest = l->f[j].step;
+            }
+        char who[EM_CHECKPOINT_RUN_ID_MAX + 16];
+        if (f->run_id[0])
+            snprintf(who, sizeof who, "run '%s'", f->run_id);
+        else
+            snprintf(who, sizeof who, "no recorded run");
+        char steps[64];
+        if (count == 1)
+            snprintf(steps, sizeof steps, "step %lld", (long long)f->step);
+        else
+            snprintf(steps, sizeof steps, "steps %lld to %lld", (long long)lowest,
+                     (long long)f->step);
+        cat(buf, cap, &pos, "%s%s (%zu file%s, %s, the newest '%s')", pos ? "; " : "", who,
+            count, count == 1 ? "" : "s", steps, f->path);
+    }
 }
 
 em_status em_checkpoint_latest(const char *pattern, int64_t *step, char *buf, size_t cap) {
@@ -1186,32 +1531,59 @@ em_status em_checkpoint_latest(const char *pattern, int64_t *step, char *buf, si
         return st;
     if (!step)
         return em_set_error(EM_ERR_INVALID, "checkpoint_latest: step is NULL");
-    step_file *f;
-    size_t n;
-    if ((st = list_steps("checkpoint_latest", &p, &f, &n)) != EM_OK)
+    em_checkpoint_files *l;
+    if ((st = list_files("checkpoint_latest", &p, &l)) != EM_OK)
         return st;
-    if (n == 0) {
-        step_files_free(f, n);
-        return em_set_error(EM_ERR_NOTFOUND, "checkpoint_latest: no file in '%s' matches '%s'",
-                            p.dir, pattern);
+    const em_checkpoint_file *best = NULL, *unreadable = NULL;
+    size_t runs = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const em_checkpoint_file *f = &l->f[i];
+        if (f->status != EM_OK) {
+            if (!unreadable)
+                unreadable = f;
+            continue;
+        }
+        if (!best) {
+            best = f;
+            runs = 1;
+        } else if (strcmp(f->run_id, best->run_id) != 0) {
+            runs++;
+        }
     }
-    *step = f[0].step;
-    if (buf) {
-        char path[PATH_MAX + NAME_MAX + 2];
-        join(path, sizeof path, &p, f[0].name);
-        if (strlen(path) >= cap)
+    if (l->n == 0) {
+        st = em_set_error(EM_ERR_NOTFOUND, "checkpoint_latest: no file in '%s' matches '%s'",
+                          p.dir, pattern);
+    } else if (!best) {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint_latest: none of the %zu file%s matching "
+                          "'%s' can be read; the newest: %s", l->n, l->n == 1 ? "" : "s",
+                          pattern, unreadable->error);
+    } else if (runs > 1) {
+        char text[900];
+        describe_runs(l, text, sizeof text);
+        st = em_set_error(EM_ERR_STATE, "checkpoint_latest: the files matching '%s' belong to "
+                          "different runs, so which is the latest is not clear: %s", pattern,
+                          text);
+    } else {
+        *step = best->step;
+        if (buf && strlen(best->path) >= cap)
             st = em_set_error(EM_ERR_RANGE, "checkpoint_latest: the path '%s' needs %zu bytes, "
-                              "the buffer has %zu", path, strlen(path) + 1, cap);
-        else
-            memcpy(buf, path, strlen(path) + 1);
+                              "the buffer has %zu", best->path, strlen(best->path) + 1, cap);
+        else if (buf)
+            memcpy(buf, best->path, strlen(best->path) + 1);
     }
-    step_files_free(f, n);
+    em_checkpoint_files_free(l);
     return st;
 }
 
-em_status em_checkpoint_rotate(const char *pattern, int keep, size_t *removed) {
-    if (removed)
-        *removed = 0;
+static bool same_file(const struct stat *a, const char *path) {
+    struct stat b;
+    return stat(path, &b) == 0 && a->st_dev == b.st_dev && a->st_ino == b.st_ino;
+}
+
+em_status em_checkpoint_rotate(const char *pattern, const char *written, int keep,
+                               em_checkpoint_rotation *out) {
+    if (out)
+        *out = (em_checkpoint_rotation){0, 0, -1};
     pattern_parts p;
     em_status st = pattern_split("checkpoint_rotate", pattern, &p);
     if (st != EM_OK)
@@ -1221,19 +1593,132 @@ em_status em_checkpoint_rotate(const char *pattern, int keep, size_t *removed) {
                             "(0: the default, %d)", keep, EM_CHECKPOINT_KEEP_DEFAULT);
     if (keep == 0)
         keep = EM_CHECKPOINT_KEEP_DEFAULT;
-    step_file *f;
-    size_t n;
-    if ((st = list_steps("checkpoint_rotate", &p, &f, &n)) != EM_OK)
+    if (!written)
+        return em_set_error(EM_ERR_INVALID, "checkpoint_rotate: written is NULL (the file just "
+                            "saved, whose run's older files are rotated)");
+    struct stat ws;
+    if (stat(written, &ws) != 0)
+        return em_set_error(errno == ENOENT ? EM_ERR_NOTFOUND : EM_ERR_IO, "checkpoint_rotate: "
+                            "the file just written, '%s': %s", written, strerror(errno));
+    em_checkpoint_files *l;
+    if ((st = list_files("checkpoint_rotate", &p, &l)) != EM_OK)
         return st;
-    for (size_t i = (size_t)keep; i < n && st == EM_OK; i++) {
-        char path[PATH_MAX + NAME_MAX + 2];
-        join(path, sizeof path, &p, f[i].name);
-        if (unlink(path) != 0 && errno != ENOENT)
-            st = em_set_error(EM_ERR_IO, "checkpoint_rotate: cannot delete '%s': %s", path,
+    const em_checkpoint_file *me = NULL;
+    for (size_t i = 0; i < l->n && !me; i++)
+        if (same_file(&ws, l->f[i].path))
+            me = &l->f[i];
+    if (!me) {
+        st = em_set_error(EM_ERR_INVALID, "checkpoint_rotate: '%s' is not one of the files of "
+                          "the pattern '%s'", written, pattern);
+    } else if (me->status != EM_OK) {
+        st = em_set_error(me->status, "checkpoint_rotate: %s", me->error);
+    } else if (!me->run_id[0]) {
+        st = em_set_error(EM_ERR_INVALID, "checkpoint_rotate: '%s' records no run (metadata "
+                          "'" EM_CHECKPOINT_RUN_KEY "'), so there is no run whose files to "
+                          "rotate; write it with em_checkpoint_save", written);
+    }
+    int kept = 0;
+    for (size_t i = 0; st == EM_OK && i < l->n; i++) {
+        const em_checkpoint_file *f = &l->f[i];
+        if (f->status != EM_OK || strcmp(f->run_id, me->run_id) != 0) {
+            if (out) {
+                out->others++;
+                if (f->step > out->others_newest_step)
+                    out->others_newest_step = f->step;
+            }
+            continue;
+        }
+        if (kept < keep) {
+            kept++;
+            continue;
+        }
+        if (f == me || same_file(&ws, f->path))
+            continue; /* never the file just written, under any of its names */
+        if (unlink(f->path) != 0 && errno != ENOENT)
+            st = em_set_error(EM_ERR_IO, "checkpoint_rotate: cannot delete '%s': %s", f->path,
+                              strerror(errno));
+        else if (out)
+            out->removed++;
+    }
+    em_checkpoint_files_free(l);
+    return st;
+}
+
+/* ---- temporary files of killed saves --------------------------------------------------------- */
+
+/* Whether `rest` is "HOST-PID-N" with this host's tag and the pid of a process that no longer
+ * exists (kill(pid, 0) fails with ESRCH; EPERM means it lives under another user). */
+static bool stale_tail(const char *rest, const char *host) {
+    const char *d2 = strrchr(rest, '-');
+    if (!d2 || !d2[1] || strspn(d2 + 1, "0123456789") != strlen(d2 + 1))
+        return false;
+    const char *d1 = d2;
+    while (d1 > rest && d1[-1] != '-')
+        d1--;
+    if (d1 - 1 <= rest || d1 == d2)
+        return false; /* no host, or no pid */
+    size_t hl = (size_t)(d1 - 1 - rest), pl = (size_t)(d2 - d1);
+    if (hl != strlen(host) || strncmp(rest, host, hl) != 0 || pl > 9 ||
+        strspn(d1, "0123456789") < pl)
+        return false;
+    long pid = strtol(d1, NULL, 10);
+    if (pid <= 0 || pid == (long)getpid())
+        return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+em_status em_save_remove_stale(const char *path, size_t *removed) {
+    if (removed)
+        *removed = 0;
+    if (!path || !*path)
+        return em_set_error(EM_ERR_INVALID, "save_remove_stale: path is %s",
+                            path ? "empty" : "NULL");
+    pattern_parts p;
+    bool is_pattern = strstr(path, STEP_TOKEN) != NULL;
+    char target[PATH_MAX], dirbuf[PATH_MAX];
+    const char *dname = NULL, *base = NULL;
+    em_status st;
+    if (is_pattern) {
+        if ((st = pattern_split("save_remove_stale", path, &p)) != EM_OK)
+            return st;
+        dname = p.dir;
+    } else {
+        if ((st = resolve_target(path, target, sizeof target)) != EM_OK)
+            return st;
+        base = path_base(target, dirbuf, sizeof dirbuf);
+        dname = dirbuf;
+    }
+    DIR *dir = opendir(dname);
+    if (!dir)
+        return errno == ENOENT ? EM_OK /* no directory, no files */
+                               : em_set_error(EM_ERR_IO, "save_remove_stale: cannot read the "
+                                              "directory '%s': %s", dname, strerror(errno));
+    char host[40];
+    em__host_tag(host, sizeof host);
+    struct dirent *de;
+    while (st == EM_OK && (de = readdir(dir)) != NULL) {
+        const char *name = de->d_name, *tmp = NULL;
+        for (const char *q = strstr(name, ".tmp-"); q; q = strstr(q + 1, ".tmp-"))
+            tmp = q; /* the last: the tail after it holds no '.' */
+        if (name[0] != '.' || !tmp || tmp == name)
+            continue;
+        char target_name[NAME_MAX + 1];
+        size_t tl = (size_t)(tmp - name - 1);
+        if (tl > NAME_MAX)
+            continue;
+        memcpy(target_name, name + 1, tl);
+        target_name[tl] = '\0';
+        bool ours = is_pattern ? match_step(&p, target_name) >= 0 : strcmp(target_name, base) == 0;
+        if (!ours || !stale_tail(tmp + 5, host))
+            continue;
+        char full[PATH_MAX + NAME_MAX + 2];
+        snprintf(full, sizeof full, "%s/%s", dname, name);
+        if (unlink(full) != 0 && errno != ENOENT)
+            st = em_set_error(EM_ERR_IO, "save_remove_stale: cannot delete '%s': %s", full,
                               strerror(errno));
         else if (removed)
             (*removed)++;
     }
-    step_files_free(f, n);
+    closedir(dir);
     return st;
 }

@@ -723,10 +723,11 @@ Test(checkpoint, rotation_keeps_last_n) {
         ck.step = step;
         cr_assert_eq(em_checkpoint_path(pattern, step, p, sizeof p), EM_OK, "%s", em_last_error());
         cr_assert_eq(em_checkpoint_save(p, &ck, NULL), EM_OK, "%s", em_last_error());
-        size_t removed = 99;
-        cr_assert_eq(em_checkpoint_rotate(pattern, 2, &removed), EM_OK, "%s", em_last_error());
-        cr_assert_eq(removed, step > 2 ? 1u : 0u, "step %lld removed %zu", (long long)step,
-                     removed);
+        em_checkpoint_rotation rot;
+        cr_assert_eq(em_checkpoint_rotate(pattern, p, 2, &rot), EM_OK, "%s", em_last_error());
+        cr_assert_eq(rot.removed, step > 2 ? 1u : 0u, "step %lld removed %zu", (long long)step,
+                     rot.removed);
+        cr_assert_eq(rot.others, 0);
     }
     for (int64_t step = 1; step <= 5; step++) {
         cr_assert_eq(em_checkpoint_path(pattern, step, p, sizeof p), EM_OK);
@@ -796,4 +797,157 @@ Test(checkpoint_dev, map_location_onto_the_models_device) {
     em_module_free(m);
     teardown(&r);
     remove_dir();
+}
+
+/* ---- run identity: rotation deletes only the writing run's files (issue 13, item 1) ---------- */
+
+static void save_step(em_module *m, const char *pattern, const char *run_id, int64_t step,
+                      char *p, size_t cap) {
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    ck.model = m;
+    ck.step = step;
+    snprintf(ck.run_id, sizeof ck.run_id, "%s", run_id);
+    cr_assert_eq(em_checkpoint_path(pattern, step, p, cap), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_checkpoint_save(p, &ck, NULL), EM_OK, "%s", em_last_error());
+}
+
+static bool step_exists(const char *pattern, int64_t step) {
+    char p[256];
+    cr_assert_eq(em_checkpoint_path(pattern, step, p, sizeof p), EM_OK);
+    return access(p, F_OK) == 0;
+}
+
+/* An older run left higher-numbered checkpoints in the directory; a new run's own files must
+ * survive its rotation (the old rotation kept the highest steps whoever wrote them, so each new
+ * file was deleted right after it was written), the older run's must survive too, and
+ * em_checkpoint_latest must refuse to pick between the two runs. */
+Test(checkpoint, rotation_deletes_only_the_writing_runs_files) {
+    char dir[4096], pattern[4200], p[256];
+    st_mkdtemp(dir, sizeof dir);
+    snprintf(pattern, sizeof pattern, "%s/run-{step}.safetensors", dir);
+    em_module *m = make_net(1, 4, false);
+    em_checkpoint_rotation rot;
+    for (int64_t step = 100; step <= 300; step += 100) {
+        save_step(m, pattern, "old-run", step, p, sizeof p);
+        cr_assert_eq(em_checkpoint_rotate(pattern, p, 3, &rot), EM_OK, "%s", em_last_error());
+    }
+    /* a plain safetensors file that happens to match: no run, never deleted */
+    em_dict *sd = em_module_state_dict(m);
+    cr_assert_eq(em_checkpoint_path(pattern, 5, p, sizeof p), EM_OK);
+    cr_assert_eq(em_save(sd, p, NULL, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(sd);
+    for (int64_t step = 10; step <= 40; step += 10) {
+        save_step(m, pattern, "new-run", step, p, sizeof p);
+        cr_assert_eq(em_checkpoint_rotate(pattern, p, 2, &rot), EM_OK, "%s", em_last_error());
+        cr_assert(access(p, F_OK) == 0, "step %lld: the file just written was deleted",
+                  (long long)step);
+        cr_assert_eq(rot.removed, step > 20 ? 1u : 0u, "step %lld", (long long)step);
+        cr_assert_eq(rot.others, 4u); /* the old run's three and the plain file */
+        cr_assert_eq(rot.others_newest_step, 300);
+    }
+    const int64_t alive[] = {5, 30, 40, 100, 200, 300}, gone[] = {10, 20};
+    for (size_t i = 0; i < ST_ARRAY_LEN(alive); i++)
+        cr_assert(step_exists(pattern, alive[i]), "step %lld was deleted", (long long)alive[i]);
+    for (size_t i = 0; i < ST_ARRAY_LEN(gone); i++)
+        cr_assert(!step_exists(pattern, gone[i]), "step %lld survived", (long long)gone[i]);
+
+    /* Two runs: which one is "the latest" is refused, naming both. */
+    int64_t latest = -1;
+    cr_assert_eq(em_checkpoint_latest(pattern, &latest, p, sizeof p), EM_ERR_STATE);
+    cr_assert(strstr(em_last_error(), "run 'old-run' (3 files, steps 100 to 300") &&
+              strstr(em_last_error(), "run 'new-run' (2 files, steps 30 to 40") &&
+              strstr(em_last_error(), "run-40.safetensors") &&
+              strstr(em_last_error(), "no recorded run (1 file, step 5"), "%s", em_last_error());
+
+    /* The listing: highest step first, each file's run. */
+    em_checkpoint_files *l;
+    cr_assert_eq(em_checkpoint_list(pattern, &l), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_checkpoint_files_len(l), 6u);
+    const em_checkpoint_file *f = em_checkpoint_files_get(l, 0);
+    cr_assert(f->step == 300 && !strcmp(f->run_id, "old-run") && f->is_checkpoint &&
+              f->status == EM_OK && !f->error && strstr(f->path, "/run-300.safetensors"));
+    f = em_checkpoint_files_get(l, 5);
+    cr_assert(f->step == 5 && !f->run_id[0] && !f->is_checkpoint && f->status == EM_OK);
+    cr_assert_null(em_checkpoint_files_get(l, 6));
+    em_checkpoint_files_free(l);
+
+    /* A run resumed from an older checkpoint of its own: keep 1 keeps its highest step (300)
+     * and never the file just written (150), whatever the keep count says. */
+    save_step(m, pattern, "old-run", 150, p, sizeof p);
+    cr_assert_eq(em_checkpoint_rotate(pattern, p, 1, &rot), EM_OK, "%s", em_last_error());
+    cr_assert_eq(rot.removed, 2u);
+    cr_assert(step_exists(pattern, 150) && step_exists(pattern, 300));
+    cr_assert(!step_exists(pattern, 100) && !step_exists(pattern, 200));
+    cr_assert(step_exists(pattern, 30) && step_exists(pattern, 40) && step_exists(pattern, 5));
+
+    /* Arguments: a written file outside the pattern, one recording no run, one missing. */
+    char other[4200];
+    snprintf(other, sizeof other, "%s/other.safetensors", dir);
+    save_step(m, pattern, "x", 1, p, sizeof p);
+    cr_assert_eq(rename(p, other), 0);
+    cr_assert_eq(em_checkpoint_rotate(pattern, other, 1, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "is not one of the files of the pattern");
+    cr_assert_eq(em_checkpoint_path(pattern, 5, p, sizeof p), EM_OK);
+    cr_assert_eq(em_checkpoint_rotate(pattern, p, 1, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "records no run");
+    cr_assert_eq(em_checkpoint_path(pattern, 7, p, sizeof p), EM_OK);
+    cr_assert_eq(em_checkpoint_rotate(pattern, p, 1, NULL), EM_ERR_NOTFOUND);
+    cr_assert_eq(em_checkpoint_rotate(pattern, NULL, 1, NULL), EM_ERR_INVALID);
+    cr_assert(step_exists(pattern, 5), "a refused rotation deleted something");
+    em_module_free(m);
+    st_rmdir(dir);
+}
+
+/* The identity goes into the file and comes back on load; an empty one is this process's. */
+Test(checkpoint, run_identity_round_trip) {
+    char dir[4096], a[4200], b[4200];
+    st_mkdtemp(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/a.safetensors", dir);
+    snprintf(b, sizeof b, "%s/b.safetensors", dir);
+    em_module *m = make_net(1, 4, false);
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    ck.model = m;
+    cr_assert_eq(em_checkpoint_save(a, &ck, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_checkpoint_save(b, &ck, NULL), EM_OK, "%s", em_last_error());
+    em_checkpoint la = EM_CHECKPOINT_INIT, lb = EM_CHECKPOINT_INIT;
+    la.model = lb.model = m;
+    cr_assert_eq(em_checkpoint_load(a, &la, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_checkpoint_load(b, &lb, NULL), EM_OK, "%s", em_last_error());
+    cr_assert(la.run_id[0] && !strcmp(la.run_id, lb.run_id), "'%s' '%s'", la.run_id, lb.run_id);
+    char pid[32];
+    snprintf(pid, sizeof pid, "-%ld-", (long)getpid());
+    cr_assert(strstr(la.run_id, pid), "the process's run '%s' lacks its pid", la.run_id);
+    /* a new identity differs; saving with it records it */
+    char fresh[EM_CHECKPOINT_RUN_ID_MAX];
+    cr_assert_eq(em_checkpoint_run_id_new(fresh, sizeof fresh), EM_OK);
+    cr_assert_str_neq(fresh, la.run_id);
+    cr_assert_eq(em_checkpoint_run_id_new(fresh, 8), EM_ERR_RANGE);
+    cr_assert_eq(em_checkpoint_run_id_new(fresh, sizeof fresh), EM_OK);
+    snprintf(ck.run_id, sizeof ck.run_id, "%s", fresh);
+    cr_assert_eq(em_checkpoint_save(a, &ck, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_checkpoint_load(a, &la, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_str_eq(la.run_id, fresh);
+    /* not an identity: refused on save, and on load when a file carries one */
+    snprintf(ck.run_id, sizeof ck.run_id, "two words");
+    cr_assert_eq(em_checkpoint_save(a, &ck, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "is not a run identity");
+    memset(ck.run_id, 'x', sizeof ck.run_id);
+    cr_assert_eq(em_checkpoint_save(a, &ck, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "not terminated");
+    em_dict *d;
+    em_metadata *meta;
+    cr_assert_eq(em_load(a, NULL, &d, &meta), EM_OK, "%s", em_last_error());
+    em_metadata_set(meta, EM_CHECKPOINT_RUN_KEY, "a/b");
+    cr_assert_eq(em_save(d, b, meta, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_checkpoint_load(b, &lb, NULL), EM_ERR_FORMAT);
+    em_assert_error(EM_ERR_FORMAT, "'ember.run' is not a run identity");
+    em_checkpoint_files *l;
+    snprintf(a, sizeof a, "%s/{step}b.safetensors", dir); /* matches nothing: "b" has no step */
+    cr_assert_eq(em_checkpoint_list(a, &l), EM_OK);
+    cr_assert_eq(em_checkpoint_files_len(l), 0u);
+    em_checkpoint_files_free(l);
+    em_dict_free(d);
+    em_metadata_free(meta);
+    em_module_free(m);
+    st_rmdir(dir);
 }

@@ -659,11 +659,16 @@ Test(serialize, checkpoint_rotation) {
     snprintf(pattern, sizeof pattern, "%s/model-{step}.safetensors", g_dir);
     em_dict *d = em_dict_new();
     em_dict_set(d, "x", em_ones(1, (int64_t[]){2}, EM_F32, em_cpu()));
+    em_metadata *run = em_metadata_new(); /* rotation deletes only the writing run's files */
+    em_metadata_set(run, EM_CHECKPOINT_RUN_KEY, "run-1");
     const int64_t steps[] = {1, 2, 9, 10, 100, 3, 7};
     for (size_t i = 0; i < ST_ARRAY_LEN(steps); i++) {
         cr_assert_eq(em_checkpoint_path(pattern, steps[i], path, sizeof path), EM_OK);
-        cr_assert_eq(em_save(d, path, NULL, NULL), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_save(d, path, run, NULL), EM_OK, "%s", em_last_error());
     }
+    em_metadata_free(run);
+    char written[4400];
+    cr_assert_eq(em_checkpoint_path(pattern, 100, written, sizeof written), EM_OK);
     /* Bystanders that must survive: other names, a temporary file, a non-number step. */
     const char *others[] = {"model-abc.safetensors", "other-3.safetensors",
                             ".model-5.safetensors.tmp-1-2", "model-5.safetensors.bak",
@@ -677,9 +682,10 @@ Test(serialize, checkpoint_rotation) {
     cr_assert_eq(latest, 100); /* numerically, not as text */
     cr_assert(strstr(path, "/model-100.safetensors"), "%s", path);
 
-    size_t removed = 99;
-    cr_assert_eq(em_checkpoint_rotate(pattern, 0, &removed), EM_OK, "%s", em_last_error());
-    cr_assert_eq(removed, 4); /* keep the default 3: 100, 10, 9 */
+    em_checkpoint_rotation rot;
+    cr_assert_eq(em_checkpoint_rotate(pattern, written, 0, &rot), EM_OK, "%s", em_last_error());
+    cr_assert_eq(rot.removed, 4); /* keep the default 3: 100, 10, 9 */
+    cr_assert_eq(rot.others, 0);
     const int64_t kept[] = {100, 10, 9}, gone[] = {1, 2, 3, 7};
     for (int i = 0; i < 3; i++) {
         em_checkpoint_path(pattern, kept[i], path, sizeof path);
@@ -693,18 +699,18 @@ Test(serialize, checkpoint_rotation) {
         snprintf(path, sizeof path, "%s/%s", g_dir, others[i]);
         cr_assert_eq(access(path, F_OK), 0, "bystander %s was deleted", path);
     }
-    cr_assert_eq(em_checkpoint_rotate(pattern, 1, &removed), EM_OK);
-    cr_assert_eq(removed, 2);
-    cr_assert_eq(em_checkpoint_rotate(pattern, 5, &removed), EM_OK);
-    cr_assert_eq(removed, 0);
+    cr_assert_eq(em_checkpoint_rotate(pattern, written, 1, &rot), EM_OK);
+    cr_assert_eq(rot.removed, 2);
+    cr_assert_eq(em_checkpoint_rotate(pattern, written, 5, &rot), EM_OK);
+    cr_assert_eq(rot.removed, 0);
     cr_assert_eq(em_checkpoint_latest(pattern, &latest, NULL, 0), EM_OK);
     cr_assert_eq(latest, 100);
     char tiny[4];
     cr_assert_eq(em_checkpoint_latest(pattern, &latest, tiny, sizeof tiny), EM_ERR_RANGE);
 
     /* Bad patterns and arguments. */
-    cr_assert_eq(em_checkpoint_rotate(pattern, -1, NULL), EM_ERR_INVALID);
-    cr_assert_eq(em_checkpoint_rotate("no-token.safetensors", 3, NULL), EM_ERR_INVALID);
+    cr_assert_eq(em_checkpoint_rotate(pattern, written, -1, NULL), EM_ERR_INVALID);
+    cr_assert_eq(em_checkpoint_rotate("no-token.safetensors", written, 3, NULL), EM_ERR_INVALID);
     em_assert_error(EM_ERR_INVALID, "has no {step}");
     cr_assert_eq(em_checkpoint_path("a{step}b{step}", 1, path, sizeof path), EM_ERR_INVALID);
     cr_assert_eq(em_checkpoint_path("run{step}/m.st", 1, path, sizeof path), EM_ERR_INVALID);

@@ -13,9 +13,14 @@
  *     (EACCES, as an unprivileged user): a clear EM_ERR_IO naming the file and the reason, no
  *     temporary file left, the previous file untouched.
  *   - The previous file's permissions are kept.
+ *   - The file-size limit with SIGXFSZ at its default action (which kills): still an error.
+ *   - A symbolic link is written through; a FIFO, a device or a directory is refused.
+ *   - em_save_check finds an unwritable place before anything is saved; em_save_remove_stale
+ *     deletes killed saves' temporary files, and never a live writer's or another host's.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -339,6 +344,177 @@ Test(serialize_crash, keeps_permissions) {
     struct stat sb;
     cr_assert_eq(stat(g_path, &sb), 0);
     cr_assert_eq(sb.st_mode & 07777, 0600, "mode %o", sb.st_mode & 07777);
+    em_dict_free(a);
+    st_rmdir(g_dir);
+}
+
+/* ---- issue 13: the file-size limit without ignoring SIGXFSZ, what a save replaces, killed
+ * saves' temporary files ---------------------------------------------------------------------- */
+
+static int fsize_default_child(char *msg, size_t cap, void *arg) {
+    signal(SIGXFSZ, SIG_DFL); /* a program that never heard of SIGXFSZ: its default kills */
+    sigset_t before, after, pending;
+    pthread_sigmask(SIG_SETMASK, NULL, &before);
+    struct rlimit rl;
+    getrlimit(RLIMIT_FSIZE, &rl);
+    rl.rlim_cur = 64 * 1024;
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) {
+        snprintf(msg, cap, "setrlimit: %s", strerror(errno));
+        return 1;
+    }
+    int rc = check_failed_save(msg, cap, arg);
+    pthread_sigmask(SIG_SETMASK, NULL, &after);
+    sigpending(&pending);
+    if (rc == 0 && (sigismember(&after, SIGXFSZ) != sigismember(&before, SIGXFSZ) ||
+                    sigismember(&pending, SIGXFSZ))) {
+        snprintf(msg, cap, "the save left SIGXFSZ %s", sigismember(&pending, SIGXFSZ)
+                                                             ? "pending" : "blocked");
+        return 1;
+    }
+    return rc;
+}
+
+/* Past the file-size limit, with SIGXFSZ at its default action: an error naming the file, not
+ * a process killed by the signal (the trainer died of it, exit 153, in the middle of a save). */
+Test(serialize_crash, file_size_limit_is_an_error_whatever_the_signal_does) {
+    st_mkdtemp(g_dir, sizeof g_dir);
+    snprintf(g_path, sizeof g_path, "%s/ckpt.safetensors", g_dir);
+    em_dict *a = make_dict(1, 0), *b = make_dict(2, 20000);
+    cr_assert_eq(em_save(a, g_path, NULL, NULL), EM_OK, "%s", em_last_error());
+    fail_case c = {g_dir, g_path, a, b, "File too large"};
+    char msg[2048];
+    int rc = run_child(fsize_default_child, &c, msg, sizeof msg);
+    cr_assert_eq(rc, 0, "exit %d (%s): %s", rc, rc == 128 + SIGXFSZ ? "killed by SIGXFSZ" : "",
+                 msg);
+    cr_assert(strstr(msg, "failed after 65536 of"), "%s", msg);
+    em_dict_free(a);
+    em_dict_free(b);
+    st_rmdir(g_dir);
+}
+
+/* A path that is a symbolic link is written through to the file it names (the link stays a
+ * link), through a chain and when the target does not exist yet; a path that names a FIFO,
+ * a device or a directory is refused and left as it is. */
+Test(serialize_crash, symlinks_are_written_through_and_special_files_refused) {
+    st_mkdtemp(g_dir, sizeof g_dir);
+    char real[4300], link1[4300], link2[4300], fifo[4300], dangling[4300], made[4300];
+    snprintf(real, sizeof real, "%s/real.safetensors", g_dir);
+    snprintf(link1, sizeof link1, "%s/link1.safetensors", g_dir);
+    snprintf(link2, sizeof link2, "%s/link2.safetensors", g_dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo.safetensors", g_dir);
+    snprintf(dangling, sizeof dangling, "%s/dangling.safetensors", g_dir);
+    snprintf(made, sizeof made, "%s/made.safetensors", g_dir);
+    em_dict *a = make_dict(1, 0), *b = make_dict(2, 0);
+    cr_assert_eq(em_save(a, real, NULL, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(symlink("real.safetensors", link1), 0); /* relative to the link's directory */
+    cr_assert_eq(symlink(link1, link2), 0);              /* a chain, absolute */
+    cr_assert_eq(em_save(b, link2, NULL, NULL), EM_OK, "%s", em_last_error());
+    struct stat sb;
+    cr_assert(lstat(link1, &sb) == 0 && S_ISLNK(sb.st_mode), "link1 was replaced");
+    cr_assert(lstat(link2, &sb) == 0 && S_ISLNK(sb.st_mode), "link2 was replaced");
+    snprintf(g_path, sizeof g_path, "%s/real.safetensors", g_dir);
+    expect_file_equals(b, "the link's target");
+    cr_assert_eq(st_count_files(g_dir, ".tmp-"), 0);
+    /* a link to a file that does not exist yet: the file is made, the link kept */
+    cr_assert_eq(symlink("made.safetensors", dangling), 0);
+    cr_assert_eq(em_save(a, dangling, NULL, NULL), EM_OK, "%s", em_last_error());
+    cr_assert(lstat(dangling, &sb) == 0 && S_ISLNK(sb.st_mode));
+    snprintf(g_path, sizeof g_path, "%s/made.safetensors", g_dir);
+    expect_file_equals(a, "the dangling link's new target");
+    /* special files */
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    cr_assert_eq(em_save(a, fifo, NULL, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "is not a regular file");
+    cr_assert(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced");
+    cr_assert_eq(em_save_check(fifo), EM_ERR_INVALID);
+    cr_assert_eq(unlink(link1), 0);
+    cr_assert_eq(symlink("fifo.safetensors", link1), 0);
+    cr_assert_eq(em_save(a, link2, NULL, NULL), EM_ERR_INVALID); /* through the links */
+    cr_assert(strstr(em_last_error(), "a symbolic link to") && strstr(em_last_error(), fifo),
+              "%s", em_last_error());
+    cr_assert_eq(em_save(a, "/dev/null", NULL, NULL), EM_ERR_INVALID);
+    cr_assert_eq(em_save(a, g_dir, NULL, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "is a directory");
+    cr_assert_eq(st_count_files(g_dir, ".tmp-"), 0);
+    em_dict_free(a);
+    em_dict_free(b);
+    st_rmdir(g_dir);
+}
+
+/* em_save_check finds what the first save would: a missing directory, a path through a file. */
+Test(serialize_crash, save_check_finds_an_unwritable_place_before_anything_is_saved) {
+    st_mkdtemp(g_dir, sizeof g_dir);
+    char p[4300], file[4300];
+    snprintf(p, sizeof p, "%s/ok.safetensors", g_dir);
+    cr_assert_eq(em_save_check(p), EM_OK, "%s", em_last_error());
+    cr_assert_eq(st_count_files(g_dir, ""), 0, "the check left a file");
+    snprintf(p, sizeof p, "%s/missing/ck.safetensors", g_dir);
+    cr_assert_eq(em_save_check(p), EM_ERR_IO);
+    cr_assert(strstr(em_last_error(), "missing'") &&
+              strstr(em_last_error(), "the directory does not exist"), "%s", em_last_error());
+    snprintf(file, sizeof file, "%s/plain", g_dir);
+    st_write_file(file, "x", 1);
+    snprintf(p, sizeof p, "%s/plain/ck.safetensors", g_dir);
+    cr_assert_eq(em_save_check(p), EM_ERR_IO);
+    em_assert_error(EM_ERR_IO, "Not a directory");
+    cr_assert_eq(em_save_check(g_dir), EM_ERR_INVALID);
+    cr_assert_eq(em_save_check(""), EM_ERR_INVALID);
+    st_rmdir(g_dir);
+}
+
+/* A killed save leaves ".NAME.tmp-HOST-PID-N"; em_save_remove_stale deletes it once its writer
+ * is gone, and never a live process's file, another host's, another name's or an older
+ * scheme's. */
+Test(serialize_crash, temporary_files_of_killed_saves_are_removed) {
+    st_mkdtemp(g_dir, sizeof g_dir);
+    snprintf(g_path, sizeof g_path, "%s/ck-12.safetensors", g_dir);
+    em_dict *a = make_dict(1, 0);
+    cr_assert_eq(em_save(a, g_path, NULL, NULL), EM_OK, "%s", em_last_error());
+    int ws = killed_save(a, "written");
+    cr_assert(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
+    DIR *dd = opendir(g_dir);
+    struct dirent *de;
+    char dead[256] = "";
+    while ((de = readdir(dd)) != NULL)
+        if (strstr(de->d_name, ".tmp-")) snprintf(dead, sizeof dead, "%.200s", de->d_name);
+    closedir(dd);
+    /* ".ck-12.safetensors.tmp-" HOST "-" PID "-" N */
+    const char *pre = ".ck-12.safetensors.tmp-";
+    cr_assert(!strncmp(dead, pre, strlen(pre)), "temporary name '%s'", dead);
+    char host[256];
+    snprintf(host, sizeof host, "%.200s", dead + strlen(pre));
+    *strrchr(host, '-') = '\0';
+    *strrchr(host, '-') = '\0'; /* HOST */
+    cr_assert(host[0] && !strchr(host, '.'), "'%s'", dead);
+    /* bystanders: a live writer (this process), another host, another pattern, the old scheme */
+    const char *keep_fmt[] = {".ck-12.safetensors.tmp-%s-%ld-7", ".ck-12.safetensors.tmp-other%s-1-0",
+                              ".other-3.safetensors.tmp-%s-1-0", ".ck-12.safetensors.tmp-1-2"};
+    char p[4096 + 1024], name[512];
+    for (size_t i = 0; i < ST_ARRAY_LEN(keep_fmt); i++) {
+        snprintf(name, sizeof name, keep_fmt[i], host, (long)getpid());
+        snprintf(p, sizeof p, "%s/%s", g_dir, name);
+        st_write_file(p, "x", 1);
+    }
+    /* the pattern form: any step's killed save */
+    snprintf(name, sizeof name, ".ck-99.safetensors.tmp-%s-1-0", host); /* pid 1 lives */
+    snprintf(p, sizeof p, "%s/%s", g_dir, name);
+    st_write_file(p, "x", 1);
+    size_t removed = 99;
+    cr_assert_eq(em_save_remove_stale(g_path, &removed), EM_OK, "%s", em_last_error());
+    cr_assert_eq(removed, 1u);
+    snprintf(p, sizeof p, "%s/%s", g_dir, dead);
+    cr_assert_neq(access(p, F_OK), 0, "%s survived", dead);
+    cr_assert_eq(st_count_files(g_dir, ".tmp-"), 5);
+    /* a second killed save, found by the pattern */
+    ws = killed_save(a, "created");
+    cr_assert(WIFSIGNALED(ws));
+    char pattern[4300];
+    snprintf(pattern, sizeof pattern, "%s/ck-{step}.safetensors", g_dir);
+    cr_assert_eq(em_save_remove_stale(pattern, &removed), EM_OK, "%s", em_last_error());
+    cr_assert_eq(removed, 1u);
+    cr_assert_eq(st_count_files(g_dir, ".tmp-"), 5);
+    snprintf(pattern, sizeof pattern, "%s/none/ck-{step}.safetensors", g_dir);
+    cr_assert_eq(em_save_remove_stale(pattern, &removed), EM_OK); /* no directory: nothing */
     em_dict_free(a);
     st_rmdir(g_dir);
 }

@@ -9,11 +9,16 @@
 #define _GNU_SOURCE /* posix_openpt, ptsname (the progress-bar test) */
 #include "common.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -847,4 +852,414 @@ Test(trainer, progress_bar_on_a_terminal) {
     cr_assert(strstr(text, "samples/s  ETA "), "%s", text);
     cr_assert(strstr(text, "epoch 1/1: train loss"), "%s", text); /* then the epoch's line */
     free(text);
+}
+
+/* ==== issue 13: saves, signals and start-up checks (items 1, 3, 4, 12) ======================
+ * The trainer runs with stdout and stderr on a pipe (or a terminal) the test reads. To hold it
+ * still the test fills the pipe (through a second, non-blocking open file description, so the
+ * trainer's own stays blocking): its next message then blocks until the test drains the pipe.
+ * Every save is preceded by a message (an epoch's line, the interruption's notice), so signals
+ * sent while the pipe is full reach a trainer that has not started the save they are about;
+ * and the trainer decides about a signal in its handler, before the interrupted write resumes,
+ * so the drain that follows cannot overtake it — no sleep decides the order, however loaded
+ * the machine. On a terminal the trainer writes after every step (its progress bar), so a
+ * terminal the test stops reading holds it within the epoch it is in. */
+
+typedef struct piped {
+    pid_t pid;
+    int rd, wr;          /* the pipe (wr kept until piped_fill or piped_finish); or the
+                          * terminal's master (wr -1) */
+    char slave[128];     /* the terminal's other side, "" for a pipe */
+    char *text;          /* everything read so far, NUL-terminated */
+    size_t len, cap;
+} piped;
+
+/* Start argv (argv[0]: a path) with both streams on a pipe of one page, or on a new terminal
+ * when `tty`; `fsize` > 0 sets the child's file-size limit (RLIMIT_FSIZE, bytes) first. */
+static void piped_start_on(piped *p, const char *const *argv, rlim_t fsize, bool tty) {
+    int fds[2] = {-1, -1};
+    memset(p, 0, sizeof *p);
+    if (tty) {
+        p->rd = posix_openpt(O_RDWR | O_NOCTTY);
+        cr_assert(p->rd >= 0 && grantpt(p->rd) == 0 && unlockpt(p->rd) == 0);
+        cr_assert(ptsname(p->rd));
+        snprintf(p->slave, sizeof p->slave, "%s", ptsname(p->rd));
+        p->wr = -1;
+    } else {
+        cr_assert_eq(pipe(fds), 0);
+        fcntl(fds[0], F_SETPIPE_SZ, 4096);
+        p->rd = fds[0];
+        p->wr = fds[1];
+    }
+    p->cap = 1 << 16;
+    p->text = calloc(1, p->cap);
+    p->pid = fork();
+    cr_assert_neq(p->pid, -1);
+    if (p->pid == 0) {
+        int out = tty ? open(p->slave, O_RDWR | O_NOCTTY) : fds[1];
+        if (out < 0) _exit(97);
+        dup2(out, 1);
+        dup2(out, 2);
+        close(p->rd);
+        if (out > 2) close(out);
+        if (fsize) {
+            struct rlimit rl = {fsize, fsize};
+            if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(99);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(98);
+    }
+}
+
+static void piped_start(piped *p, const char *const *argv, rlim_t fsize) {
+    piped_start_on(p, argv, fsize, false);
+}
+
+/* Read until `needle` appears; false when the pipe ends first. */
+static bool piped_wait_for(piped *p, const char *needle) {
+    while (!strstr(p->text, needle)) {
+        if (p->len + 4096 + 1 > p->cap) p->text = realloc(p->text, p->cap *= 2);
+        ssize_t k = read(p->rd, p->text + p->len, 4096);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return false;
+        p->len += (size_t)k;
+        p->text[p->len] = '\0';
+    }
+    return true;
+}
+
+/* Fill the pipe (or the terminal) to the last byte, so that the trainer's next write blocks. */
+static void piped_fill(piped *p) {
+    char path[160], x[512];
+    memset(x, '~', sizeof x);
+    if (p->slave[0]) snprintf(path, sizeof path, "%s", p->slave);
+    else snprintf(path, sizeof path, "/proc/self/fd/%d", p->wr);
+    /* its own open file description: O_NONBLOCK stays ours */
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY);
+    cr_assert(fd >= 0, "open %s: %s", path, strerror(errno));
+    while (write(fd, x, sizeof x) > 0) {
+    }
+    while (write(fd, x, 1) > 0) {
+    }
+    cr_assert_eq(errno, EAGAIN);
+    close(fd);
+}
+
+/* Drain the pipe to its end and wait for the child: the exit code (128 + signal when killed);
+ * the text (without the filler) into *out. */
+static int piped_finish(piped *p, char **out) {
+    if (p->wr >= 0) close(p->wr);
+    p->wr = -1;
+    while (piped_wait_for(p, "\x01never\x01")) {
+    }
+    close(p->rd);
+    int st;
+    cr_assert_eq(waitpid(p->pid, &st, 0), p->pid);
+    size_t j = 0;
+    for (size_t i = 0; i < p->len; i++)
+        if (p->text[i] != '~') p->text[j++] = p->text[i];
+    p->text[j] = '\0';
+    *out = p->text;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The loop state "step" of a checkpoint file. */
+static int64_t checkpoint_step(const char *file) {
+    em_dict *d;
+    em_metadata *m;
+    cr_assert_eq(em_load(file, NULL, &d, &m), EM_OK, "%s", em_last_error());
+    const char *loop = em_metadata_get(m, "loop"), *s = loop ? strstr(loop, "\"step\":") : NULL;
+    cr_assert(s, "%s has no loop step", file);
+    int64_t step = strtoll(s + 7, NULL, 10);
+    em_dict_free(d);
+    em_metadata_free(m);
+    return step;
+}
+
+#define LONG_RUN "--epochs", "100000" /* stopped by a signal long before its end */
+
+/* timeout(1) signals the trainer and then its process group: two SIGINTs from one sender in a
+ * few microseconds, which the trainer took as "stop at once" and lost the checkpoint. The
+ * test makes timeout fire at once with SIGALRM (its own timer's signal) once the first epoch
+ * is done, while the trainer runs (not held: a held process may get the two as one). */
+Test(trainer, timeout_s_int_saves_the_checkpoint) {
+    const char *timeout = access("/usr/bin/timeout", X_OK) == 0 ? "/usr/bin/timeout" : "/bin/timeout";
+    cr_assert_eq(access(timeout, X_OK), 0, "coreutils' timeout is not installed");
+    write_mlp("mlp.yaml", "", "0.1");
+    piped p;
+    piped_start(&p, (const char *[]){timeout, "--preserve-status", "-s", "INT", "600", EM_TRAINER,
+                                     path("mlp.yaml"), LONG_RUN, "--checkpoint",
+                                     path("ck.safetensors"), NULL}, 0);
+    cr_assert(piped_wait_for(&p, "epoch 1/"), "%s", p.text);
+    cr_assert_eq(kill(p.pid, SIGALRM), 0);
+    char *out;
+    int rc = piped_finish(&p, &out);
+    cr_assert_eq(rc, 130, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "interrupted by SIGINT") && strstr(out, "checkpoint saved to"), "%s", out);
+    cr_assert(!strstr(out, "stopping at once"), "%s", out);
+    cr_assert_gt(checkpoint_step(path("ck.safetensors")), 0);
+    free(out);
+}
+
+/* Two kills 1 ms apart from one process are one signal: the checkpoint is saved, exit 130. */
+Test(trainer, two_sigints_1ms_apart_are_one) {
+    write_mlp("mlp.yaml", "", "0.1");
+    piped p;
+    piped_start(&p, (const char *[]){EM_TRAINER, path("mlp.yaml"), LONG_RUN, "--checkpoint",
+                                     path("ck.safetensors"), NULL}, 0);
+    cr_assert(piped_wait_for(&p, "epoch 1/"), "%s", p.text);
+    piped_fill(&p);
+    cr_assert_eq(kill(p.pid, SIGINT), 0);
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+    cr_assert_eq(kill(p.pid, SIGINT), 0);
+    char *out;
+    int rc = piped_finish(&p, &out);
+    cr_assert_eq(rc, 130, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "checkpoint saved to") && strstr(out, "resume with:"), "%s", out);
+    cr_assert(!strstr(out, "stopping at once"), "%s", out);
+    free(out);
+}
+
+/* A second SIGINT 1 s after the first stops at once, saying what was and was not saved. The
+ * first one arrives once the epoch-1 checkpoint exists and the pipe is full, so the trainer is
+ * held before the interruption's own save: the message must name the epoch's checkpoint as the
+ * one saved, and that file must hold the step it names. */
+Test(trainer, second_sigint_1s_later_stops_at_once_saying_what_was_saved) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char ck[512]; /* path()'s buffers are reused */
+    snprintf(ck, sizeof ck, "%s", path("ck.safetensors"));
+    piped p;
+    piped_start(&p, (const char *[]){EM_TRAINER, path("mlp.yaml"), LONG_RUN, "--checkpoint", ck,
+                                     NULL}, 0);
+    cr_assert(piped_wait_for(&p, "epoch 1/"), "%s", p.text);
+    while (access(ck, F_OK) != 0) { /* the rename of epoch 1's save */
+        int st;
+        cr_assert_eq(waitpid(p.pid, &st, WNOHANG), 0, "the trainer ended:\n%s", p.text);
+        nanosleep(&(struct timespec){0, 1000000}, NULL); /* a poll, not a wait for time */
+    }
+    piped_fill(&p);
+    cr_assert_eq(kill(p.pid, SIGINT), 0);
+    nanosleep(&(struct timespec){1, 0}, NULL);
+    cr_assert_eq(kill(p.pid, SIGINT), 0);
+    char *out;
+    int rc = piped_finish(&p, &out);
+    cr_assert_eq(rc, 128 + SIGINT, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "a second SIGINT from pid") && strstr(out, "stopping at once"), "%s", out);
+    const char *saved = strstr(out, "  saved: the checkpoint ");
+    cr_assert(saved, "%s", out);
+    char file[512];
+    long long step = -1;
+    cr_assert_eq(sscanf(saved, "  saved: the checkpoint %511s (step %lld)", file, &step), 2, "%s", out);
+    cr_assert_str_eq(file, ck);
+    cr_assert_eq(checkpoint_step(ck), step, "%s", out);
+    cr_assert(strstr(out, "the steps after it are not saved"), "%s", out);
+    cr_assert(!strstr(out, "checkpoint saved to"), "%s", out);
+    free(out);
+}
+
+/* An older run left higher-numbered checkpoints: a new run keeps its own (rotation used to
+ * delete each right after it was written, exit 0), is warned about the older run's, and
+ * resuming by the pattern refuses to guess which run to continue, naming both; resuming the
+ * new run by its file continues it, and its rotation removes only its own older file. */
+Test(trainer, a_new_run_keeps_its_checkpoints_beside_an_older_runs) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char pattern[512]; /* path()'s buffers are reused */
+    snprintf(pattern, sizeof pattern, "%s", path("ck-{step}.safetensors"));
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--checkpoint",
+                                          pattern, NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--max-steps", "20",
+                                      "--keep", "1", "--checkpoint", pattern, NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "2 checkpoints matching --checkpoint") &&
+              strstr(out, "not this run's (steps 43 to 86"), "%s", out);
+    free(out);
+    struct stat sb;
+    cr_assert_eq(stat(path("ck-20.safetensors"), &sb), 0, "the new run's checkpoint was deleted");
+    cr_assert_eq(stat(path("ck-43.safetensors"), &sb), 0);
+    cr_assert_eq(stat(path("ck-86.safetensors"), &sb), 0);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--resume", pattern, NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "belong to different runs") && strstr(out, "ck-86.safetensors") &&
+              strstr(out, "ck-20.safetensors") && strstr(out, "--resume FILE"), "%s", out);
+    cr_assert(!strstr(out, "resumed from"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--max-steps", "25",
+                                      "--keep", "1", "--checkpoint", pattern, "--resume",
+                                      path("ck-20.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "resumed from") && strstr(out, "step 20"), "%s", out);
+    free(out);
+    cr_assert_eq(stat(path("ck-25.safetensors"), &sb), 0);
+    cr_assert_neq(stat(path("ck-20.safetensors"), &sb), 0, "the run's older file was kept");
+    cr_assert_eq(stat(path("ck-43.safetensors"), &sb), 0, "another run's file was deleted");
+    cr_assert_eq(stat(path("ck-86.safetensors"), &sb), 0, "another run's file was deleted");
+}
+
+/* The newest checkpoint damaged (its data cut short, or its header): --resume PATTERN warns
+ * and continues from the next newest of the run. */
+Test(trainer, resume_pattern_passes_over_a_damaged_newest_checkpoint) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char pattern[512]; /* path()'s buffers are reused */
+    snprintf(pattern, sizeof pattern, "%s", path("ck-{step}.safetensors"));
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "3", "--checkpoint",
+                                          pattern, NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    struct stat sb;
+    cr_assert_eq(stat(path("ck-129.safetensors"), &sb), 0);
+    cr_assert_eq(truncate(path("ck-129.safetensors"), sb.st_size / 2), 0);
+    cr_assert_eq(truncate(path("ck-86.safetensors"), 5), 0);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "3", "--resume", pattern, NULL});
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "ck-129.safetensors is damaged") &&
+              strstr(out, "trying the next newest"), "%s", out);
+    cr_assert(strstr(out, "passing over") && strstr(out, "ck-86.safetensors"), "%s", out);
+    cr_assert(strstr(out, "resumed from") && strstr(out, "ck-43.safetensors at epoch 2"), "%s", out);
+    free(out);
+}
+
+/* A missing or unwritable place for --checkpoint or --save-weights, or a bad {step}, is found
+ * before the first step — in --dry-run too — with exit 2, not after an epoch of training. */
+Test(trainer, unwritable_outputs_and_bad_patterns_are_found_before_the_first_step) {
+    write_mlp("mlp.yaml", "", "0.1");
+    write_file("plain", "x");
+    struct {
+        const char *option, *value, *needle;
+    } cases[] = {
+        {"--checkpoint", path("missing/ck-{step}.safetensors"), "the directory does not exist"},
+        {"--checkpoint", path("plain/ck.safetensors"), "Not a directory"},
+        {"--checkpoint", path("ck-{steps}.safetensors"), "'{steps}' is not a placeholder"},
+        {"--checkpoint", path("ck-{step}-{step}.safetensors"), "more than one {step}"},
+        {"--checkpoint", path("{step}/ck.safetensors"), "in a directory name"},
+        {"--checkpoint", path("ck-{step"), "'{' is not a placeholder"},
+        {"--checkpoint", tmpdir, "is a directory"},
+        {"--save-weights", path("missing/w.safetensors"), "the directory does not exist"},
+        {"--save-weights", path("w-{step}.safetensors"), "only --checkpoint takes {step}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        cases[i].value = strdup(cases[i].value); /* path()'s buffers are reused */
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int dry = 0; dry < (i < 3 ? 2 : 1); dry++) { /* --dry-run: the first three */
+            char *out;
+            int rc = train(&out, (const char *[]){path("mlp.yaml"), cases[i].option,
+                                                  cases[i].value, dry ? "--dry-run" : NULL, NULL});
+            cr_assert_eq(rc, 2, "%s %s%s: exit %d\n%s", cases[i].option, cases[i].value,
+                         dry ? " --dry-run" : "", rc, out);
+            cr_assert(strstr(out, cases[i].option) && strstr(out, cases[i].needle), "%s", out);
+            cr_assert(!strstr(out, "epoch 1/") && !strstr(out, "dry run ok"), "%s", out);
+            free(out);
+        }
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) free((char *)cases[i].value);
+}
+
+/* Temporary files of killed saves are removed at start when their writer is gone; a live
+ * writer's file (this test process's pid) and another host's are left alone. */
+Test(trainer, temporary_files_of_killed_saves_are_removed_at_start) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char ck[512]; /* path()'s buffers are reused */
+    snprintf(ck, sizeof ck, "%s", path("ck.safetensors"));
+    char *out;
+    setenv("EMBER_TEST_SAVE_KILL", "written", 1); /* the trainer dies inside its first save */
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--checkpoint", ck, NULL});
+    unsetenv("EMBER_TEST_SAVE_KILL");
+    cr_assert_eq(rc, 128 + SIGKILL, "exit %d:\n%s", rc, out);
+    free(out);
+    DIR *dd = opendir(tmpdir);
+    struct dirent *de;
+    char dead[224] = "";
+    while ((de = readdir(dd)) != NULL)
+        if (strstr(de->d_name, ".tmp-")) snprintf(dead, sizeof dead, "%.200s", de->d_name);
+    closedir(dd);
+    const char *pre = ".ck.safetensors.tmp-";
+    cr_assert(!strncmp(dead, pre, strlen(pre)), "'%s'", dead);
+    char host[160], live[224], other[224];
+    snprintf(host, sizeof host, "%.150s", dead + strlen(pre));
+    for (int k = 0; k < 2; k++) { /* HOST-PID-N: strip -N, then -PID */
+        char *dash = strrchr(host, '-');
+        cr_assert(dash && dash > host, "'%s' is not .NAME.tmp-HOST-PID-N", dead);
+        *dash = '\0';
+    }
+    snprintf(live, sizeof live, "%s%.150s-%ld-0", pre, host, (long)getpid());
+    snprintf(other, sizeof other, "%sX%.150s-%ld-0", pre, host, (long)getpid() + 1000000);
+    write_file(live, "x");
+    write_file(other, "x");
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--checkpoint", ck, NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "removed 1 temporary file that killed saves to"), "%s", out);
+    free(out);
+    cr_assert_neq(access(path(dead), F_OK), 0, "%s survived", dead);
+    cr_assert_eq(access(path(live), F_OK), 0, "a live writer's file was removed");
+    cr_assert_eq(access(path(other), F_OK), 0, "another host's file was removed");
+}
+
+/* Every file ember-train writes: a failure is an error naming the file and the reason, and the
+ * exit code says so. The file-size limit used to kill the trainer with SIGXFSZ (exit 153);
+ * /dev/full stands for a full disk (--metrics used to exit 0 with an empty file). */
+Test(trainer, write_failures_name_the_file_and_set_the_exit_code) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--max-steps", "1", "--save-weights",
+                                          path("w0.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    cr_assert_eq(symlink("/dev/full", path("m.jsonl")), 0); /* JSON lines: no header to fail */
+    struct {
+        const char *option, *file;
+        int rc;
+        const char *reason;
+    } cases[] = {
+        {"--checkpoint", path("ck.safetensors"), 1, "File too large"},
+        {"--save-weights", path("w.safetensors"), 1, "File too large"},
+        {"--metrics", "/dev/full", 2, "No space left on device"},     /* its header, at start */
+        {"--metrics", path("m.jsonl"), 1, "No space left on device"}, /* a row, after epoch 1 */
+        {"--predict", "/dev/full", 1, "No space left on device"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        cases[i].file = strdup(cases[i].file); /* path()'s buffers are reused */
+    char w0[512];
+    snprintf(w0, sizeof w0, "%s", path("w0.safetensors"));
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bool fsize = !strcmp(cases[i].reason, "File too large");
+        bool predict = !strcmp(cases[i].option, "--predict");
+        piped p;
+        piped_start(&p, (const char *[]){EM_TRAINER, path("mlp.yaml"), cases[i].option,
+                                         cases[i].file, predict ? "--init-weights" : NULL,
+                                         w0, NULL},
+                    fsize ? 8192 : 0); /* the files are ~20 KB; the pipe is not a file */
+        rc = piped_finish(&p, &out);
+        cr_assert_eq(rc, cases[i].rc, "%s %s: exit %d\n%s", cases[i].option, cases[i].file, rc,
+                     out);
+        cr_assert(strstr(out, cases[i].option) && strstr(out, cases[i].file) &&
+                  strstr(out, cases[i].reason), "%s", out);
+        cr_assert(!strstr(out, "weights saved to") && !strstr(out, "wrote "), "%s", out);
+        free(out);
+    }
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) free((char *)cases[i].file);
+}
+
+/* SIGINT when the checkpoint cannot be written: the message says the save failed and why (it
+ * used to say "no --checkpoint was given"), and the exit code is 1, not 130. The trainer runs
+ * on a terminal with batches of 1 (1,350 steps an epoch, a progress line each): the signal
+ * comes after its first progress line, with the terminal full, so it is taken before the
+ * epoch's own save. */
+Test(trainer, sigint_with_a_failing_save_says_so) {
+    write_mlp("mlp.yaml", "", "0.1");
+    piped p;
+    piped_start_on(&p, (const char *[]){EM_TRAINER, path("mlp.yaml"), "--batch-size", "1",
+                                        "--checkpoint", path("ck.safetensors"), NULL}, 8192, true);
+    cr_assert(piped_wait_for(&p, "\repoch 1/1 ["), "%s", p.text);
+    piped_fill(&p);
+    cr_assert_eq(kill(p.pid, SIGINT), 0);
+    char *out;
+    int rc = piped_finish(&p, &out);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "interrupted by SIGINT") && strstr(out, "saving the checkpoint failed") &&
+              strstr(out, path("ck.safetensors")) && strstr(out, "File too large") &&
+              strstr(out, "nothing of this run was saved"), "%s", out);
+    cr_assert(!strstr(out, "no --checkpoint was given"), "%s", out);
+    free(out);
 }

@@ -4,8 +4,10 @@
  * This half reads the command line and the config file (ember/config.h), and builds what the
  * run needs — device, model, datasets and loaders' transforms, loss, optimizer with parameter
  * groups, scheduler — checking everything it can before the first step, so that a typo, an
- * unknown layer, a missing data file or a model that does not fit the data is exit code 2 with
- * a message naming the place, never a crash mid-run. loop.c runs the training.
+ * unknown layer, a missing data file, a model that does not fit the data or an output that
+ * cannot be written (--checkpoint, --save-weights) is exit code 2 with a message naming the
+ * place, never a crash mid-run. loop.c runs the training; this half also handles SIGINT and
+ * SIGTERM during it (see "signals" below).
  *
  * Without CONFIG it trains examples/digits.yaml (the bundled digits set): from the source tree
  * when run uninstalled, else from the installed data directory.
@@ -13,23 +15,231 @@
 #include "trainer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Options that override the optimizer/scheduler sections. */
 static const char *cli_optimizer, *cli_scheduler, *cli_data;
 static double cli_lr = NAN, cli_momentum = NAN, cli_wd = NAN;
 static int64_t cli_warmup = -1; /* -1: not given */
-static volatile sig_atomic_t stop_flag;
 
-static void on_signal(int sig) { stop_flag = sig; }
+/* ---- signals ------------------------------------------------------------------------------
+ * During training the first SIGINT or SIGTERM asks the loop to stop after the current step
+ * and save (stop_flag). A second one from the same sender (siginfo's si_pid and si_code)
+ * within 250 ms of the first is the same signal — timeout(1) signals the process and then its
+ * process group, a kill may reach it twice — and is only counted. Any other second signal, and
+ * any signal once the loop is done, stops at once, after printing what was and was not saved.
+ *
+ * The handler decides (it knows the first signal, under a spin lock that only handlers take)
+ * and marks a stop at once in `dying` before the interrupted thread resumes; a thread then
+ * formats the message and ends the process, so that part may take a lock and call snprintf.
+ * stop_save_begin refuses to start a save once `dying` is set, and the thread reads what was
+ * saved under the same lock, so the message never calls saved what was cut short, nor cut
+ * short what it never started. Before training (and in --dry-run, --eval-only, --predict)
+ * the signals keep their default action: stop at once. */
+
+enum { SAME_SIGNAL_NS = 250000000 };
+
+typedef enum sig_verdict { SIG_STOP_AFTER_STEP, SIG_REPEAT, SIG_STOP_NOW } sig_verdict;
+
+typedef struct sig_rec {
+    int sig, code;
+    pid_t pid;
+    int64_t ns;        /* CLOCK_MONOTONIC when it was delivered */
+    sig_verdict verdict;
+    int64_t first_ns;  /* the first signal's ns; 0: this is the first */
+} sig_rec;
+
+static atomic_int stop_flag;
+static struct {
+    /* the handlers' */
+    atomic_flag lock;
+    bool have_first;
+    sig_rec first;
+    atomic_bool training, dying;
+    atomic_int repeats;
+    int pipe[2];
+    /* the thread's, and the loop's under mu */
+    pthread_mutex_t mu;
+    pthread_t thread;
+    bool started, in_save, any_saved;
+    const char *checkpoint_option;       /* --checkpoint, or NULL */
+    char saving_what[32], saving[4096];  /* the save in progress */
+    char saved[4096];                    /* the last checkpoint written */
+    int64_t saved_step;
+} sigs = {.lock = ATOMIC_FLAG_INIT, .pipe = {-1, -1}, .mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void on_signal(int sig, siginfo_t *si, void *uc) {
+    (void)uc;
+    int saved_errno = errno;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    sig_rec rec = {sig, si ? si->si_code : 0, si ? si->si_pid : 0,
+                   (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec, SIG_STOP_NOW, 0};
+    while (atomic_flag_test_and_set(&sigs.lock)) {
+    } /* another thread's handler, a few instructions long (sa_mask: never this thread's) */
+    if (!sigs.have_first) {
+        sigs.have_first = true;
+        sigs.first = rec;
+        rec.verdict = atomic_load(&sigs.training) ? SIG_STOP_AFTER_STEP : SIG_STOP_NOW;
+    } else {
+        rec.first_ns = sigs.first.ns;
+        if (rec.pid == sigs.first.pid && rec.code == sigs.first.code &&
+            rec.ns - sigs.first.ns < SAME_SIGNAL_NS)
+            rec.verdict = SIG_REPEAT;
+    }
+    atomic_flag_clear(&sigs.lock);
+    if (rec.verdict == SIG_STOP_AFTER_STEP) {
+        atomic_store(&stop_flag, sig);
+    } else if (rec.verdict == SIG_REPEAT) {
+        atomic_fetch_add(&sigs.repeats, 1);
+    } else {
+        atomic_store(&sigs.dying, true);
+        ssize_t w = write(sigs.pipe[1], &rec, sizeof rec); /* atomic: smaller than PIPE_BUF */
+        (void)w;
+    }
+    errno = saved_errno;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Print what was and was not saved, then die of the signal (as its default action would). */
+static void stop_at_once(const sig_rec *rec) {
+    pthread_mutex_lock(&sigs.mu); /* kept: no save starts after this */
+    char msg[12288], from[64] = "";
+    size_t pos = 0;
+#define MSG(...) \
+    (pos += (size_t)snprintf(msg + pos, pos < sizeof msg ? sizeof msg - pos : 0, __VA_ARGS__), \
+     pos = pos < sizeof msg ? pos : sizeof msg - 1)
+    const char *name = rec->sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    bool training = atomic_load(&sigs.training);
+    if (rec->code == SI_USER && rec->pid > 0) snprintf(from, sizeof from, " from pid %ld", (long)rec->pid);
+    else if (rec->code == SI_KERNEL) snprintf(from, sizeof from, " from the terminal");
+    if (rec->first_ns)
+        MSG("ember-train: a second %s%s, %.0f ms after the first: stopping at once.\n", name,
+            from, (double)(rec->ns - rec->first_ns) * 1e-6);
+    else
+        MSG("ember-train: %s%s after the training: stopping at once.\n", name, from);
+    if (sigs.in_save)
+        MSG("  not saved: the %s being written to %s is abandoned; the file holds what it held "
+            "before (or the new one, if the save had just finished: saves are atomic), and the "
+            "next start removes its temporary file\n", sigs.saving_what, sigs.saving);
+    if (sigs.any_saved)
+        MSG("  saved: the checkpoint %s (step %" PRId64 ")%s\n", sigs.saved, sigs.saved_step,
+            training ? "; the steps after it are not saved" : "");
+    else if (!sigs.checkpoint_option)
+        MSG("  not saved: anything (no --checkpoint was given)\n");
+    else
+        MSG("  not saved: anything (no checkpoint of this run had been written yet)\n");
+#undef MSG
+    write_all(2, msg, pos);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(rec->sig, &sa, NULL);
+    raise(rec->sig);
+    _exit(128 + rec->sig);
+}
+
+static void *signal_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        sig_rec rec;
+        ssize_t n = read(sigs.pipe[0], &rec, sizeof rec);
+        if (n < 0 && errno == EINTR) continue;
+        if (n != (ssize_t)sizeof rec) return NULL; /* the write end is closed: the run is over */
+        stop_at_once(&rec);
+    }
+}
+
+/* Install the handlers and start the thread, for the training loop. */
+static bool signals_start(const run *r) {
+    if (pipe(sigs.pipe) != 0 || fcntl(sigs.pipe[0], F_SETFD, FD_CLOEXEC) != 0 ||
+        fcntl(sigs.pipe[1], F_SETFD, FD_CLOEXEC) != 0 ||
+        fcntl(sigs.pipe[1], F_SETFL, O_NONBLOCK) != 0) {
+        fprintf(stderr, "ember-train: cannot set up the signal handling: %s\n", strerror(errno));
+        return false;
+    }
+    sigs.checkpoint_option = r->s.checkpoint;
+    atomic_store(&sigs.training, true);
+    if (pthread_create(&sigs.thread, NULL, signal_thread, NULL) != 0) {
+        fprintf(stderr, "ember-train: cannot start the signal thread\n");
+        return false;
+    }
+    sigs.started = true;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT); /* one handler at a time per thread: the spin lock's rule */
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    return true;
+}
+
+/* Back to the default actions; the thread ends. */
+static void signals_stop(void) {
+    if (!sigs.started) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (atomic_load(&sigs.dying)) /* the thread is ending the process */
+        for (;;) pause();
+    close(sigs.pipe[1]);
+    pthread_join(sigs.thread, NULL);
+    close(sigs.pipe[0]);
+    sigs.started = false;
+}
+
+void stop_save_begin(const char *what, const char *path) {
+    pthread_mutex_lock(&sigs.mu);
+    if (atomic_load(&sigs.dying)) { /* a second signal: the thread is ending the process */
+        pthread_mutex_unlock(&sigs.mu);
+        for (;;) pause();
+    }
+    sigs.in_save = true;
+    snprintf(sigs.saving_what, sizeof sigs.saving_what, "%s", what);
+    snprintf(sigs.saving, sizeof sigs.saving, "%s", path);
+    pthread_mutex_unlock(&sigs.mu);
+}
+
+void stop_save_end(bool checkpoint, int64_t step) {
+    pthread_mutex_lock(&sigs.mu);
+    sigs.in_save = false;
+    if (checkpoint) {
+        sigs.any_saved = true;
+        memcpy(sigs.saved, sigs.saving, sizeof sigs.saved);
+        sigs.saved_step = step;
+    }
+    pthread_mutex_unlock(&sigs.mu);
+}
+
+void stop_training_over(void) { atomic_store(&sigs.training, false); }
+
+int stop_repeats(void) { return atomic_load(&sigs.repeats); }
 
 /* "ember-train: WHAT: MESSAGE", without WHAT when the message already starts with it (a failed
  * backward says "backward: ..." itself; "backward: backward: ..." says nothing more). */
@@ -72,11 +282,18 @@ static void usage(FILE *f) {
 "  --init-weights-nonstrict load what matches from --init-weights and list what was skipped\n"
 "  --save-weights FILE      write the final model state dict (safetensors)\n"
 "  --checkpoint PATH        save a checkpoint each epoch, at --max-steps and on Ctrl-C; a\n"
-"                           '{step}' in PATH numbers the files (see --keep)\n"
+"                           '{step}' in the file name numbers the files (see --keep); its\n"
+"                           directory must exist (checked before the first step); a symbolic\n"
+"                           link is written through to the file it names\n"
 "                           (SIGINT/SIGTERM finish the current step, save, print the command\n"
-"                           that resumes, exit 130; a second Ctrl-C stops at once)\n"
-"  --keep N                 checkpoints to keep when PATH has '{step}' (default 3)\n"
-"  --resume PATH            continue from a checkpoint (a '{step}' pattern: the latest)\n"
+"                           that resumes, exit 130; a second one from the same sender within\n"
+"                           250 ms counts as the first, as timeout(1) sends two; any other\n"
+"                           second signal stops at once, saying what was and was not saved)\n"
+"  --keep N                 this run's checkpoints to keep when PATH has '{step}' (default 3);\n"
+"                           other runs' files are left alone (a warning names them)\n"
+"  --resume PATH            continue from a checkpoint; a '{step}' pattern: the newest of the\n"
+"                           run its files belong to (several runs: refused, name the file),\n"
+"                           or, that one damaged, the next newest, with a warning\n"
 "  --metrics FILE           per-epoch metrics, CSV or JSON lines (by the .jsonl extension)\n"
 "  --early-stop PATIENCE    stop when the validation metric (accuracy, or MAE for regression)\n"
 "                           has not improved for PATIENCE epochs\n"
@@ -92,8 +309,11 @@ static void usage(FILE *f) {
 "  --list-plugins           plugins and the classes they registered\n"
 "  --help, --version\n"
 "\n"
-"Exit codes: 0 ok; 1 training failure (NaN/Inf loss, runtime error); 2 usage, config, data\n"
-"or model error; 130 interrupted by SIGINT/SIGTERM (after saving --checkpoint).\n");
+"Exit codes: 0 ok; 1 training failure (NaN/Inf loss, runtime error) or a file that could not\n"
+"be written (checkpoint, weights, metrics, predictions: the message names it and why); 2 usage,\n"
+"config, data or model error, or an output place found unwritable before the first step; 130\n"
+"interrupted by SIGINT/SIGTERM (after saving --checkpoint); 128+N: stopped at once by a second\n"
+"signal N.\n");
 }
 
 /* ---- numbers from the command line and the config ----------------------------------------- */
@@ -828,6 +1048,48 @@ static const char *default_config(void) {
     return NULL;
 }
 
+/* The files the run will write, checked before anything is built (so a typo costs no epoch):
+ * --checkpoint's pattern (one "{step}", in the file name, and no other "{...}") and that its
+ * directory takes a new file; the same for --save-weights. --metrics and --predict are opened
+ * before the first step. */
+static int check_outputs(const run *r) {
+    const struct { const char *option, *path; } out[] = {{"--checkpoint", r->s.checkpoint},
+                                                        {"--save-weights", r->s.save_weights}};
+    for (size_t i = 0; i < sizeof out / sizeof *out; i++) {
+        const char *p = out[i].path;
+        if (!p) continue;
+        char first[4096];
+        const char *tok = strstr(p, "{step}");
+        if (i == 0 && tok) {
+            if (em_checkpoint_path(p, 0, first, sizeof first) != EM_OK) {
+                fprintf(stderr, "ember-train: --checkpoint %s: %s\n", p, em_last_error());
+                return EXIT_USAGE;
+            }
+        } else {
+            snprintf(first, sizeof first, "%s", p);
+            tok = NULL;
+        }
+        for (const char *b = p; *b; b++) {
+            if (b == tok) {
+                b += strlen("{step}") - 1;
+                continue;
+            }
+            if (*b != '{' && *b != '}') continue;
+            const char *e = *b == '{' ? strchr(b, '}') : NULL;
+            fprintf(stderr, "ember-train: %s %s: '%.*s' is not a placeholder ember-train fills%s\n",
+                    out[i].option, p, e ? (int)(e - b + 1) : 1, b,
+                    i == 0 ? "; the only one is {step}, the step number, in the file name"
+                           : " (only --checkpoint takes {step})");
+            return EXIT_USAGE;
+        }
+        if (em_save_check(first) != EM_OK) {
+            fprintf(stderr, "ember-train: %s %s: %s\n", out[i].option, p, em_last_error());
+            return EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
 static void free_run(run *r) {
     em_scheduler_free(r->sched);
     em_optimizer_free(r->opt);
@@ -968,6 +1230,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ember-train: --eval-only needs --init-weights or --resume\n");
         return EXIT_USAGE;
     }
+    /* Past the file-size limit (ulimit -f) a write fails with EFBIG instead of killing the
+     * process, so --metrics and --predict say which file and why (em_save guards itself). */
+    signal(SIGXFSZ, SIG_IGN);
     if (em_init() != EM_OK) {
         report_error("start-up");
         return EXIT_TRAIN;
@@ -998,6 +1263,7 @@ int main(int argc, char **argv) {
     if (c_clip > 0) r.s.clip_grad_norm = c_clip;
     if (c_determ) r.s.deterministic = true;
     if (c_noshuf) r.s.shuffle = false;
+    if ((rc = check_outputs(&r))) goto done;
     if ((rc = pick_device(&r))) goto done;
     char devname[64];
     fprintf(stderr, "ember-train: config %s, device %s", r.s.config_path,
@@ -1095,6 +1361,7 @@ int main(int argc, char **argv) {
         }
     }
     if (r.s.dry_run) {
+        checkpoint_prepare(&r, true);
         rc = dry_run(&r);
         goto done;
     }
@@ -1102,13 +1369,13 @@ int main(int argc, char **argv) {
         rc = evaluate_only(&r);
         goto done;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C stops at once */
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    checkpoint_prepare(&r, false);
+    if (!signals_start(&r)) {
+        rc = EXIT_TRAIN;
+        goto done;
+    }
     rc = train_loop(&r);
+    signals_stop();
 done:
     free_run(&r);
     em_shutdown();

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,51 @@ static em_loader *make_loader(run *r, em_dataset *ds, bool train, const int64_t 
     return em_loader_new(ds, &o);
 }
 
+/* ---- text files the trainer writes (--metrics, --predict) -----------------------------------
+ * stdio reports a failed write (a full disk; the file-size limit, since ember-train ignores
+ * SIGXFSZ) as a negative return from whichever call flushed the buffer. The first failure's
+ * errno is kept, so the message names the reason however many calls came after it. */
+
+typedef struct out_file {
+    FILE *f;
+    const char *option, *path; /* "--metrics", the file */
+    int err;                   /* the first failure's errno; 0: none */
+} out_file;
+
+static void out_note(out_file *o, bool ok) {
+    if (!ok && !o->err) o->err = errno ? errno : EIO;
+}
+#define OUT_PRINTF(o, ...) out_note((o), fprintf((o)->f, __VA_ARGS__) >= 0)
+
+static bool out_open(out_file *o, const char *option, const char *path, const char *mode) {
+    *o = (out_file){fopen(path, mode), option, path, 0};
+    if (!o->f) {
+        fprintf(stderr, "ember-train: %s %s: cannot write: %s\n", option, path, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+static bool out_flush(out_file *o) {
+    out_note(o, fflush(o->f) == 0);
+    return !o->err;
+}
+
+/* Close o (when open); false when any write or the close failed. */
+static bool out_close(out_file *o) {
+    if (!o->f) return !o->err;
+    errno = 0;
+    out_note(o, fclose(o->f) == 0);
+    o->f = NULL;
+    return !o->err;
+}
+
+/* The failure as the thread's error, for report_error. */
+static em_status out_error(const out_file *o) {
+    return em_set_error(EM_ERR_IO, "%s %s: writing failed: %s", o->option, o->path,
+                        strerror(o->err));
+}
+
 /* ---- evaluation ---------------------------------------------------------------------------- */
 
 typedef struct eval_result {
@@ -57,9 +103,10 @@ typedef struct eval_result {
     int64_t n;
 } eval_result;
 
-/* Evaluate on ds in eval mode under no_grad; predictions to `pred` (CSV) when not NULL. */
+/* Evaluate on ds in eval mode under no_grad; predictions to `pred` (CSV) when not NULL (a
+ * failed write stops the evaluation with EM_ERR_IO naming the file and the reason). */
 static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t n_subset,
-                          FILE *pred, eval_result *out) {
+                          out_file *pred, eval_result *out) {
     em_loader *l = make_loader(r, ds, false, subset, n_subset);
     if (!l) return em_last_status();
     bool was = em_module_training(r->model);
@@ -99,16 +146,21 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
             em_tensor *yc = em_to_device(em_to_dtype(y, classification(r) ? EM_I64 : EM_F32), em_cpu());
             int64_t per = em_tensor_numel(pc) / bs;
             for (int64_t i = 0; i < bs; i++) {
-                fprintf(pred, "%" PRId64, n + i);
+                OUT_PRINTF(pred, "%" PRId64, n + i);
                 for (int64_t j = 0; j < per; j++) {
                     if (classification(r))
-                        fprintf(pred, ",%" PRId64 ",%" PRId64, ((int64_t *)em_tensor_data(pc))[i],
-                                ((int64_t *)em_tensor_data(yc))[i]);
+                        OUT_PRINTF(pred, ",%" PRId64 ",%" PRId64, ((int64_t *)em_tensor_data(pc))[i],
+                                   ((int64_t *)em_tensor_data(yc))[i]);
                     else
-                        fprintf(pred, ",%.9g,%.9g", ((float *)em_tensor_data(pc))[i * per + j],
-                                ((float *)em_tensor_data(yc))[i * per + j]);
+                        OUT_PRINTF(pred, ",%.9g,%.9g", ((float *)em_tensor_data(pc))[i * per + j],
+                                   ((float *)em_tensor_data(yc))[i * per + j]);
                 }
-                fputc('\n', pred);
+                OUT_PRINTF(pred, "\n");
+            }
+            if (pred->err) {
+                s = out_error(pred);
+                em_scope_end();
+                break;
             }
         }
         n += bs;
@@ -139,18 +191,11 @@ int evaluate_only(run *r) {
     eval_result e;
     if (r->s.predict) {
         em_dataset *ds = r->test ? r->test : r->val ? r->val : r->train;
-        FILE *f = fopen(r->s.predict, "w");
-        if (!f) {
-            fprintf(stderr, "ember-train: --predict %s: cannot write: %s\n", r->s.predict,
-                    strerror(errno));
-            return EXIT_USAGE;
-        }
-        fprintf(f, classification(r) ? "index,predicted,target\n" : "index,predicted,target\n");
-        em_status s = evaluate(r, ds, NULL, 0, f, &e);
-        if (fclose(f) != 0 && s == EM_OK) {
-            fprintf(stderr, "ember-train: --predict %s: write failed\n", r->s.predict);
-            return EXIT_TRAIN;
-        }
+        out_file f;
+        if (!out_open(&f, "--predict", r->s.predict, "w")) return EXIT_USAGE;
+        OUT_PRINTF(&f, "index,predicted,target\n");
+        em_status s = evaluate(r, ds, NULL, 0, &f, &e);
+        if (!out_close(&f) && s == EM_OK) s = out_error(&f);
         if (s != EM_OK) {
             report_error("predict");
             return EXIT_TRAIN;
@@ -177,9 +222,11 @@ int evaluate_only(run *r) {
 }
 
 /* ---- checkpoints ----------------------------------------------------------------------------
- * em_checkpoint_save/load keep the model, optimizer, scheduler, the default generator and the
- * loop's epoch, step and best metric; the trainer adds its batch position within the epoch,
- * its best epoch and its seed as metadata of its own ("train.*"). */
+ * em_checkpoint_save/load keep the model, optimizer, scheduler, the default generator, the
+ * loop's epoch, step and best metric, and the run's identity; the trainer adds its batch
+ * position within the epoch, its best epoch and its seed as metadata of its own ("train.*").
+ * Every save is announced to the signal thread (stop_save_begin/end in ember-train.c), which
+ * says what was saved when a second signal stops the run at once. */
 
 static em_status meta_i64(em_metadata *m, const char *k, int64_t v) {
     char buf[32];
@@ -187,9 +234,65 @@ static em_status meta_i64(em_metadata *m, const char *k, int64_t v) {
     return em_metadata_set(m, k, buf);
 }
 
-static em_status checkpoint_save(run *r, char *path_out, size_t cap) {
+/* A file matching --checkpoint that is not this run's (another run's, none's, unreadable):
+ * said once per count, since rotation leaves them alone and resuming by the pattern will ask
+ * which run to continue. `when`: "" at start, else where they were seen. */
+static void warn_other_files(run *r, const em_checkpoint_files *l, const char *when) {
+    size_t others = 0, unreadable = 0;
+    const em_checkpoint_file *newest = NULL, *bad = NULL;
+    int64_t lowest = 0;
+    for (size_t i = 0; i < em_checkpoint_files_len(l); i++) {
+        const em_checkpoint_file *f = em_checkpoint_files_get(l, i);
+        if (f->status != EM_OK) {
+            unreadable++;
+            if (!bad) bad = f;
+        } else if (strcmp(f->run_id, r->run_id) != 0) {
+            others++;
+            if (!newest) newest = f;
+            lowest = f->step;
+        }
+    }
+    if (others + unreadable <= r->others_seen) return;
+    r->others_seen = others + unreadable;
+    bool pattern = strstr(r->s.checkpoint, "{step}") != NULL;
+    if (others && pattern) {
+        char steps[64];
+        if (others == 1) snprintf(steps, sizeof steps, "step %" PRId64, newest->step);
+        else snprintf(steps, sizeof steps, "steps %" PRId64 " to %" PRId64, lowest, newest->step);
+        char whose[EM_CHECKPOINT_RUN_ID_MAX + 16];
+        if (newest->run_id[0]) snprintf(whose, sizeof whose, "run %s", newest->run_id);
+        else snprintf(whose, sizeof whose, "no recorded run");
+        fprintf(stderr, "ember-train: warning%s: %zu checkpoint%s matching --checkpoint %s %s not "
+                "this run's (%s, the newest %s, %s). Rotation (--keep) deletes only this run's "
+                "files and leaves them alone, but a file of a step this run also saves is "
+                "replaced, and --resume with the pattern will ask which run to continue: give "
+                "each run its own directory or pattern.\n", when, others,
+                others == 1 ? "" : "s", r->s.checkpoint, others == 1 ? "is" : "are", steps,
+                newest->path, whose);
+    } else if (others) {
+        char what[EM_CHECKPOINT_RUN_ID_MAX + 64];
+        if (!newest->is_checkpoint)
+            snprintf(what, sizeof what, "a file that is not a checkpoint");
+        else if (newest->run_id[0])
+            snprintf(what, sizeof what, "a checkpoint of another run (%s)", newest->run_id);
+        else
+            snprintf(what, sizeof what, "a checkpoint that records no run");
+        fprintf(stderr, "ember-train: warning: --checkpoint %s holds %s; this run replaces it at "
+                "its first save\n", r->s.checkpoint, what);
+    }
+    if (unreadable)
+        fprintf(stderr, "ember-train: warning%s: %zu file%s matching --checkpoint %s cannot be "
+                "read and %s left alone (%s)\n", when, unreadable, unreadable == 1 ? "" : "s",
+                r->s.checkpoint, unreadable == 1 ? "is" : "are", bad->error);
+}
+
+/* Save the checkpoint of r's position to path_out, then rotate. *saved: whether the file was
+ * written (an error with *saved true is the rotation's). */
+static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved) {
     const char *pattern = r->s.checkpoint;
-    if (strstr(pattern, "{step}")) {
+    *saved = false;
+    bool numbered = strstr(pattern, "{step}") != NULL;
+    if (numbered) {
         if (em_checkpoint_path(pattern, r->step, path_out, cap) != EM_OK) return em_last_status();
     } else {
         snprintf(path_out, cap, "%s", pattern);
@@ -201,15 +304,57 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap) {
     ck.epoch = r->epoch;
     ck.step = r->step;
     ck.best_metric = r->best_metric;
+    snprintf(ck.run_id, sizeof ck.run_id, "%s", r->run_id);
     em_metadata *m = em_metadata_new();
     em_status s = m ? EM_OK : em_last_status();
     if (s == EM_OK) s = meta_i64(m, "train.batch", r->batch);
     if (s == EM_OK) s = meta_i64(m, "train.best_epoch", r->best_epoch);
     if (s == EM_OK) s = meta_i64(m, "train.seed", (int64_t)r->s.seed);
-    if (s == EM_OK) s = em_checkpoint_save(path_out, &ck, m);
-    if (s == EM_OK && strstr(pattern, "{step}")) s = em_checkpoint_rotate(pattern, (int)r->s.keep, NULL);
+    if (s == EM_OK) {
+        stop_save_begin("checkpoint", path_out);
+        s = em_checkpoint_save(path_out, &ck, m);
+        stop_save_end(s == EM_OK, r->step);
+    }
     em_metadata_free(m);
-    return s;
+    if (s != EM_OK) return s;
+    *saved = true;
+    snprintf(r->last_saved, sizeof r->last_saved, "%s", path_out);
+    r->last_saved_step = r->step;
+    if (numbered) {
+        em_checkpoint_rotation rot;
+        if (em_checkpoint_rotate(pattern, path_out, (int)r->s.keep, &rot) != EM_OK)
+            return em_last_status();
+        if (rot.others > r->others_seen) { /* another run writing here now */
+            em_checkpoint_files *l;
+            if (em_checkpoint_list(pattern, &l) == EM_OK)
+                warn_other_files(r, l, " (seen at rotation)");
+            em_checkpoint_files_free(l);
+        }
+    }
+    return EM_OK;
+}
+
+/* Before the first step (and in --dry-run): make the run's identity, say which files matching
+ * --checkpoint are not this run's, and (unless `dry`) remove the temporary files that killed
+ * saves of --checkpoint and --save-weights left. */
+void checkpoint_prepare(run *r, bool dry) {
+    if (!r->run_id[0] && em_checkpoint_run_id_new(r->run_id, sizeof r->run_id) != EM_OK)
+        report_error("run identity");
+    if (r->s.checkpoint) {
+        em_checkpoint_files *l;
+        if (em_checkpoint_list(r->s.checkpoint, &l) == EM_OK) warn_other_files(r, l, "");
+        em_checkpoint_files_free(l);
+    }
+    const char *paths[2] = {r->s.checkpoint, r->s.save_weights};
+    for (int i = 0; i < 2 && !dry; i++) {
+        size_t n = 0;
+        if (!paths[i]) continue;
+        if (em_save_remove_stale(paths[i], &n) != EM_OK)
+            fprintf(stderr, "ember-train: warning: %s\n", em_last_error());
+        else if (n)
+            fprintf(stderr, "ember-train: removed %zu temporary file%s that killed saves to %s "
+                    "left behind\n", n, n == 1 ? "" : "s", paths[i]);
+    }
 }
 
 static bool meta_get_i64(const em_metadata *m, const char *k, int64_t *v) {
@@ -222,13 +367,8 @@ static bool meta_get_i64(const em_metadata *m, const char *k, int64_t *v) {
     return true;
 }
 
-em_status checkpoint_load(run *r, const char *path) {
-    char latest[4096];
-    if (strstr(path, "{step}")) {
-        int64_t st;
-        if (em_checkpoint_latest(path, &st, latest, sizeof latest) != EM_OK) return em_last_status();
-        path = latest;
-    }
+/* Restore r from one checkpoint file. */
+static em_status load_file(run *r, const char *path) {
     em_checkpoint ck = EM_CHECKPOINT_INIT;
     ck.model = r->model;
     ck.optimizer = r->opt;
@@ -249,10 +389,54 @@ em_status checkpoint_load(run *r, const char *path) {
         r->step = ck.step;
         r->best_epoch = be;
         r->best_metric = ck.best_metric;
+        snprintf(r->run_id, sizeof r->run_id, "%s", ck.run_id);
         fprintf(stderr, "ember-train: resumed from %s at epoch %" PRId64 ", batch %" PRId64
                 ", step %" PRId64 "\n", path, ck.epoch + 1, batch, ck.step);
     }
     em_metadata_free(m);
+    return s;
+}
+
+/* --resume FILE, or --resume PATTERN: the newest checkpoint of the one run the pattern's files
+ * belong to (em_checkpoint_latest refuses to choose between runs, naming them); when that file
+ * is damaged, the next newest of the same run, with a warning for each one passed over. */
+em_status checkpoint_load(run *r, const char *path) {
+    if (!strstr(path, "{step}")) return load_file(r, path);
+    int64_t step;
+    char latest[4096];
+    if (em_checkpoint_latest(path, &step, latest, sizeof latest) != EM_OK) {
+        if (em_last_status() != EM_ERR_STATE) return em_last_status();
+        char msg[1100];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        return em_set_error(EM_ERR_STATE, "%s. Name the checkpoint to continue from (--resume "
+                            "FILE), or move the other run's files away", msg);
+    }
+    em_checkpoint_files *l;
+    if (em_checkpoint_list(path, &l) != EM_OK) return em_last_status();
+    char run_id[EM_CHECKPOINT_RUN_ID_MAX] = "", why[1100] = "";
+    for (size_t i = 0; i < em_checkpoint_files_len(l); i++)
+        if (!strcmp(em_checkpoint_files_get(l, i)->path, latest))
+            snprintf(run_id, sizeof run_id, "%s", em_checkpoint_files_get(l, i)->run_id);
+    em_status s = EM_ERR_NOTFOUND;
+    size_t passed = 0;
+    for (size_t i = 0; i < em_checkpoint_files_len(l); i++) {
+        const em_checkpoint_file *f = em_checkpoint_files_get(l, i);
+        if (f->status != EM_OK) {
+            fprintf(stderr, "ember-train: warning: --resume %s: passing over %s\n", path, f->error);
+            continue;
+        }
+        if (strcmp(f->run_id, run_id) != 0) continue;
+        if ((s = load_file(r, f->path)) == EM_OK) break;
+        if (s != EM_ERR_FORMAT && s != EM_ERR_IO) break; /* not damage: every file would fail */
+        snprintf(why, sizeof why, "%s", em_last_error());
+        fprintf(stderr, "ember-train: warning: --resume %s: %s is damaged (%s); trying the next "
+                "newest checkpoint of its run\n", path, f->path, why);
+        passed++;
+    }
+    if (s != EM_OK && passed && (s == EM_ERR_FORMAT || s == EM_ERR_IO))
+        s = em_set_error(s, "none of the %zu checkpoints of the run loads (the oldest: %s)",
+                         passed, why);
+    em_checkpoint_files_free(l);
     return s;
 }
 
@@ -264,20 +448,21 @@ typedef struct epoch_row {
     size_t peak;
 } epoch_row;
 
-static void metrics_write(run *r, FILE *f, bool jsonl, const epoch_row *e) {
+/* One row, flushed; false when the file could not be written (o->err says why). */
+static bool metrics_write(run *r, out_file *o, bool jsonl, const epoch_row *e) {
     const char *mn = classification(r) ? "val_accuracy" : "val_mae";
     if (jsonl) {
-        fprintf(f, "{\"epoch\": %" PRId64 ", \"step\": %" PRId64 ", \"lr\": %.9g, "
+        OUT_PRINTF(o, "{\"epoch\": %" PRId64 ", \"step\": %" PRId64 ", \"lr\": %.9g, "
                 "\"train_loss\": %.9g, \"grad_norm\": %.9g, \"val_loss\": %.9g, \"%s\": %.9g, "
                 "\"samples_per_s\": %.6g, \"data_wait_pct\": %.4g, \"peak_memory\": %zu}\n",
                 e->epoch, e->step, e->lr, e->train_loss, e->grad_norm, e->val_loss, mn,
                 e->val_metric, e->samples_s, e->wait_pct, e->peak);
     } else {
-        fprintf(f, "%" PRId64 ",%" PRId64 ",%.9g,%.9g,%.9g,%.9g,%.9g,%.6g,%.4g,%zu\n", e->epoch,
-                e->step, e->lr, e->train_loss, e->grad_norm, e->val_loss, e->val_metric,
-                e->samples_s, e->wait_pct, e->peak);
+        OUT_PRINTF(o, "%" PRId64 ",%" PRId64 ",%.9g,%.9g,%.9g,%.9g,%.9g,%.6g,%.4g,%zu\n", e->epoch,
+                   e->step, e->lr, e->train_loss, e->grad_norm, e->val_loss, e->val_metric,
+                   e->samples_s, e->wait_pct, e->peak);
     }
-    fflush(f);
+    return out_flush(o);
 }
 
 static size_t peak_total(const run *r) {
@@ -312,8 +497,8 @@ static void put_shell_word(FILE *f, const char *w) {
     fputc('\'', f);
 }
 
-/* The command line as it was, without --resume, then --resume CHECKPOINT. */
-static void put_resume_command(FILE *f, const run *r) {
+/* The command line as it was, without --resume, then --resume `from`. */
+static void put_resume_command(FILE *f, const run *r, const char *from) {
     for (int i = 0; i < r->s.argc; i++) {
         const char *a = r->s.argv[i];
         if (i > 0 && !strcmp(a, "--resume")) {
@@ -335,20 +520,48 @@ static void put_resume_command(FILE *f, const run *r) {
         put_shell_word(f, a);
     }
     fputs(" --resume ", f);
-    put_shell_word(f, r->s.checkpoint);
+    put_shell_word(f, from);
     fputc('\n', f);
 }
 
-static void interrupted_message(const run *r, const char *ckpt) {
+/* SIGINT/SIGTERM asked the loop to stop (seen at a step boundary or at the end of an epoch):
+ * save the checkpoint, then say what was saved and how to resume. EXIT_INTERRUPTED, or
+ * EXIT_TRAIN when the checkpoint could not be written. */
+static int interrupted(run *r) {
+    int sig = atomic_load(r->stop);
     fprintf(stderr, "ember-train: interrupted by %s after step %" PRId64 " (epoch %" PRId64
-            ", batch %" PRId64 ").\n", *r->stop == SIGTERM ? "SIGTERM" : "SIGINT", r->step,
-            r->epoch + 1, r->batch);
-    if (ckpt) {
-        fprintf(stderr, "  checkpoint saved to %s; resume with:\n    ", ckpt);
-        put_resume_command(stderr, r);
-    } else
+            ", batch %" PRId64 ")%s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", r->step,
+            r->epoch + 1, r->batch,
+            r->s.checkpoint ? "; saving a checkpoint (a second signal stops at once)" : ".");
+    int repeats = stop_repeats();
+    if (repeats)
+        fprintf(stderr, "  (%d more signal%s from the same sender within 250 ms: taken as the "
+                "same one)\n", repeats, repeats == 1 ? "" : "s");
+    if (!r->s.checkpoint) {
         fprintf(stderr, "  no --checkpoint was given, so nothing was saved; next time add "
                 "--checkpoint PATH to be able to resume\n");
+        return EXIT_INTERRUPTED;
+    }
+    char path[4096];
+    bool saved = false;
+    if (checkpoint_save(r, path, sizeof path, &saved) != EM_OK) {
+        if (saved) {
+            fprintf(stderr, "  checkpoint saved to %s, but removing the older ones failed: %s\n",
+                    path, em_last_error());
+        } else {
+            fprintf(stderr, "  saving the checkpoint failed: %s\n", em_last_error());
+            if (r->last_saved[0])
+                fprintf(stderr, "  the last checkpoint saved is %s (step %" PRId64 "); the steps "
+                        "after it are lost\n", r->last_saved, r->last_saved_step);
+            else
+                fprintf(stderr, "  nothing of this run was saved\n");
+        }
+        return EXIT_TRAIN;
+    }
+    fprintf(stderr, "  checkpoint saved to %s; resume with:\n    ", path);
+    /* by the pattern, unless other runs' files would make it ask which run */
+    put_resume_command(stderr, r, r->others_seen ? path : r->s.checkpoint);
+    return EXIT_INTERRUPTED;
 }
 
 /* ---- the loader's wait per step ---------------------------------------------------------- */
@@ -403,7 +616,7 @@ int train_loop(run *r) {
     int64_t nb = em_loader_num_batches(l);
     if (r->s.limit_batches && r->s.limit_batches < nb) nb = r->s.limit_batches;
     bool tty = isatty(2), metrics_json = false;
-    FILE *mf = NULL;
+    out_file mo = {0};
     step_waits sw = {0};
     int64_t steps_run = 0;
     {
@@ -419,16 +632,23 @@ int train_loop(run *r) {
         size_t len = strlen(r->s.metrics);
         metrics_json = len > 6 && !strcmp(r->s.metrics + len - 6, ".jsonl");
         bool exists = r->s.resume && access(r->s.metrics, F_OK) == 0;
-        if (!(mf = fopen(r->s.metrics, exists ? "a" : "w"))) {
-            fprintf(stderr, "ember-train: --metrics %s: cannot write: %s\n", r->s.metrics,
-                    strerror(errno));
+        bool ok = out_open(&mo, "--metrics", r->s.metrics, exists ? "a" : "w");
+        if (ok && !metrics_json && !exists)
+            OUT_PRINTF(&mo, "epoch,step,lr,train_loss,grad_norm,val_loss,%s,samples_per_s,"
+                       "data_wait_pct,peak_memory\n", classification(r) ? "val_accuracy" : "val_mae");
+        if (ok && !out_flush(&mo)) { /* a full disk, found before the first step */
+            out_error(&mo);
+            report_error(NULL);
+            out_close(&mo);
+            ok = false;
+        }
+        if (!ok) {
             em_loader_free(l);
             free(subset);
+            free(sw.wait);
+            free(sw.time);
             return EXIT_USAGE;
         }
-        if (!metrics_json && !exists)
-            fprintf(mf, "epoch,step,lr,train_loss,grad_norm,val_loss,%s,samples_per_s,"
-                    "data_wait_pct,peak_memory\n", classification(r) ? "val_accuracy" : "val_mae");
     }
     em_dataset *val = r->s.overfit_batches ? r->train : r->val;
     const char *mn = metric_name(r);
@@ -495,7 +715,7 @@ int train_loop(run *r) {
             if (r->batch - group_first < group_len) continue;
             /* a step boundary */
             double gn = NAN;
-            if (r->s.clip_grad_norm > 0 || mf) {
+            if (r->s.clip_grad_norm > 0 || mo.f) {
                 double maxn = r->s.clip_grad_norm > 0 ? r->s.clip_grad_norm : INFINITY;
                 if (em_clip_grad_norm_(r->params, maxn, 2.0, false, &gn) != EM_OK) {
                     report_error("clip_grad_norm");
@@ -540,16 +760,9 @@ int train_loop(run *r) {
                         r->batch, nb, loss_sum / (double)(seen ? seen : 1),
                         el > 0 ? (double)seen / el : 0.0, eta);
             }
-            if (*r->stop) {
+            if (atomic_load(r->stop)) {
                 if (tty) fputc('\n', stderr);
-                char path[4096];
-                const char *saved = NULL;
-                if (r->s.checkpoint) {
-                    if (checkpoint_save(r, path, sizeof path) != EM_OK) report_error("checkpoint");
-                    else saved = path;
-                }
-                interrupted_message(r, saved);
-                rc = EXIT_INTERRUPTED;
+                rc = interrupted(r);
                 stop_run = true;
                 break;
             }
@@ -590,11 +803,15 @@ int train_loop(run *r) {
         fprintf(stderr, "epoch %" PRId64 "/%" PRId64 "%s: train loss %.4f%s  lr %.3g  %.1fs  %.0f "
                 "samples/s\n", r->epoch + 1, r->s.epochs, epoch_done ? "" : " (partial)",
                 seen ? loss_sum / (double)seen : NAN, vbuf, lr, dt, dt > 0 ? (double)seen / dt : 0);
-        if (mf) {
+        bool metrics_failed = false;
+        if (mo.f) {
             epoch_row row = {r->epoch + 1, r->step, lr, seen ? loss_sum / (double)seen : NAN,
                              n_gn ? gn_sum / (double)n_gn : NAN, ev.loss, ev.metric,
                              dt > 0 ? (double)seen / dt : 0, wait_pct, peak_total(r)};
-            metrics_write(r, mf, metrics_json, &row);
+            if ((metrics_failed = !metrics_write(r, &mo, metrics_json, &row)))
+                fprintf(stderr, "ember-train: --metrics %s: writing failed: %s; training stops "
+                        "after epoch %" PRId64 "%s\n", mo.path, strerror(mo.err), r->epoch + 1,
+                        r->s.checkpoint ? " and its checkpoint" : "");
         }
         (void)n_loss;
         if (epoch_done) {
@@ -610,19 +827,28 @@ int train_loop(run *r) {
             else if (em_loader_next(l, &x, &y) != EM_OK || x) /* the end-of-epoch mark */
                 loader_aligned = false;
         }
-        if (r->s.checkpoint) {
+        if (r->s.checkpoint || atomic_load(r->stop)) {
             /* a finished epoch is saved as the start of the next one */
             int64_t e = r->epoch;
             if (epoch_done) r->epoch++;
             char path[4096];
-            if (checkpoint_save(r, path, sizeof path) != EM_OK) {
-                report_error("checkpoint");
+            bool saved = false;
+            if (atomic_load(r->stop)) { /* a signal during the epoch's end: stop here */
+                rc = interrupted(r);
+            } else if (checkpoint_save(r, path, sizeof path, &saved) != EM_OK) {
+                report_error(saved ? "--checkpoint (saved; removing the older ones)"
+                                   : "--checkpoint");
                 rc = EXIT_TRAIN;
-                r->epoch = e;
-                break;
             }
             r->epoch = e;
         }
+        if (metrics_failed) { /* the exit code says a file was not written */
+            if (rc == EXIT_OK && r->s.checkpoint && r->last_saved[0])
+                fprintf(stderr, "  the checkpoint %s was saved: once --metrics can be written, "
+                        "continue with --resume %s\n", r->last_saved, r->last_saved);
+            rc = EXIT_TRAIN;
+        }
+        if (rc) break;
         if (!epoch_done) break;
         if (r->s.early_stop && val && r->epoch + 1 < r->s.epochs &&
             r->epoch - r->best_epoch >= r->s.early_stop) {
@@ -631,6 +857,7 @@ int train_loop(run *r) {
             break;
         }
     }
+    stop_training_over(); /* from here a signal stops at once */
     double wall = now_s() - t_start;
     if (stopped_early)
         fprintf(stderr, "ember-train: stopped early after epoch %" PRId64 ": the validation %s "
@@ -648,7 +875,13 @@ int train_loop(run *r) {
     }
     if (rc == EXIT_OK && r->s.save_weights) {
         em_dict *sd = em_module_state_dict(r->model);
-        if (!sd || em_save(sd, r->s.save_weights, NULL, NULL) != EM_OK) {
+        em_status ws = EM_ERR_NOMEM;
+        if (sd) {
+            stop_save_begin("--save-weights file", r->s.save_weights);
+            ws = em_save(sd, r->s.save_weights, NULL, NULL);
+            stop_save_end(false, r->step);
+        }
+        if (ws != EM_OK) {
             report_error("--save-weights");
             rc = EXIT_TRAIN;
         } else {
@@ -680,7 +913,12 @@ int train_loop(run *r) {
         em_memory_summary(stderr);
     }
     if (r->s.profile) em_placement_report(stderr);
-    if (mf) fclose(mf);
+    bool reported = mo.err != 0; /* a row that failed was reported at its epoch */
+    if (mo.f && !out_close(&mo) && !reported) {
+        out_error(&mo);
+        report_error(NULL);
+        if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) rc = EXIT_TRAIN;
+    }
     em_loader_free(l);
     free(subset);
     free(sw.wait);

@@ -3,13 +3,15 @@
  * with the command line), the objects built from them, and the loop's entry points.
  *
  *   ember-train.c  command line, config sections -> settings, building the model, data,
- *                  loss, optimizer and scheduler; --help, --list-plugins, --summary, exit codes
+ *                  loss, optimizer and scheduler; output checks; signals; --help,
+ *                  --list-plugins, --summary, exit codes
  *   loop.c         the training loop, evaluation, checkpoints, metrics, predictions, progress
  */
 #ifndef EMBER_TRAINER_H
 #define EMBER_TRAINER_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,7 +21,8 @@
 /* Exit codes (documented in --help and the README). */
 enum {
     EXIT_OK = 0,
-    EXIT_TRAIN = 1,       /* a training failure: NaN/Inf loss, an op error mid-run */
+    EXIT_TRAIN = 1,       /* a training failure: NaN/Inf loss, an op error mid-run, a file
+                           * (checkpoint, weights, metrics, predictions) not written */
     EXIT_USAGE = 2,       /* command line, config file, data or model that does not fit */
     EXIT_INTERRUPTED = 130, /* SIGINT/SIGTERM: stopped after the step (checkpoint saved) */
 };
@@ -58,8 +61,12 @@ typedef struct run {
     int64_t epoch, batch, step;
     double best_metric;
     int64_t best_epoch;
-    /* set by the signal handler */
-    volatile sig_atomic_t *stop;
+    char run_id[EM_CHECKPOINT_RUN_ID_MAX]; /* new, or the resumed checkpoint's (checkpointed) */
+    char last_saved[4096];         /* this run's last checkpoint saved ("" when none) */
+    int64_t last_saved_step;
+    size_t others_seen;            /* files matching --checkpoint not this run's, last warned */
+    /* SIGINT or SIGTERM once a signal asked the loop to stop; 0 until then */
+    atomic_int *stop;
 } run;
 
 /* loop.c */
@@ -67,6 +74,16 @@ int train_loop(run *r);
 int evaluate_only(run *r);
 int dry_run(run *r);
 em_status checkpoint_load(run *r, const char *path);
+void checkpoint_prepare(run *r, bool dry);
+
+/* ember-train.c: the signal thread's side of the saves (see "signals" there). A save is
+ * announced before it starts — stop_save_begin never returns once a second signal is stopping
+ * the process, so no save is cut short that the message would call saved — and after it ends
+ * (`checkpoint`: it was a checkpoint and it was written, at `step`). */
 void report_error(const char *what);
+void stop_save_begin(const char *what, const char *path);
+void stop_save_end(bool checkpoint, int64_t step);
+void stop_training_over(void); /* the loop is done: any signal now stops at once */
+int stop_repeats(void);        /* repeated signals taken as the first */
 
 #endif /* EMBER_TRAINER_H */

@@ -9,7 +9,7 @@
  *     char path[256];
  *     em_checkpoint_path("ckpt/run-{step}.safetensors", step, path, sizeof path);
  *     if (em_checkpoint_save(path, &ck, NULL) != EM_OK ||
- *         em_checkpoint_rotate("ckpt/run-{step}.safetensors", 3, NULL) != EM_OK)  // keep 3
+ *         em_checkpoint_rotate("ckpt/run-{step}.safetensors", path, 3, NULL) != EM_OK) // keep 3
  *         fprintf(stderr, "%s\n", em_last_error());
  *
  *     // later, in a new process: build the same model, optimizer, scheduler and loader from
@@ -20,7 +20,7 @@
  *         fprintf(stderr, "%s\n", em_last_error());
  *         // checkpoint 'ckpt/run-1200.safetensors': model: 1 missing key (fc2.bias), ...
  *     // ck.epoch, ck.step, ck.best_metric hold the saved loop state; ck.config_out the
- *     // config (em_host_free it)
+ *     // config (em_host_free it); ck.run_id the run, which later saves from ck continue
  *
  * Resume is exact: training N steps, saving, loading the file into freshly made objects (in
  * a new process) and training on gives bit-for-bit the parameters of the uninterrupted run on
@@ -38,6 +38,7 @@
  *   ember.version       the Ember version that wrote it (em_version())
  *   ember.parts         the parts present, comma-separated: model, optimizer, scheduler,
  *                       loader (the default generator and the loop state are always saved)
+ *   ember.run           the run that wrote it (em_checkpoint.run_id; rotation keys on it)
  *   optim.param_groups  the optimizer's groups JSON (em_optimizer_state_dict)
  *   sched.state         the scheduler's JSON (em_scheduler_state_dict)
  *   loader.state        {"seed":"<u64>","epoch":E,"batch":B} (em_loader_get_state)
@@ -50,10 +51,11 @@
  * "rng.".
  *
  * Keep-last-N: name the files by step with em_checkpoint_path and, after each save, call
- * em_checkpoint_rotate(pattern, N, NULL) (ember/serialize.h; N = 0 keeps
- * EM_CHECKPOINT_KEEP_DEFAULT, 3); em_checkpoint_latest finds the newest file to resume from.
- * Since every save is atomic, a crash during a save or a rotation never leaves fewer than the
- * previous good files.
+ * em_checkpoint_rotate(pattern, path, N, NULL) (ember/serialize.h; N = 0 keeps
+ * EM_CHECKPOINT_KEEP_DEFAULT, 3): it deletes only the older files of the run that wrote path.
+ * em_checkpoint_latest finds the newest file to resume from, and refuses when the directory
+ * holds several runs' files (em_checkpoint_list tells them apart). Since every save is atomic,
+ * a crash during a save or a rotation never leaves fewer than the previous good files.
  */
 #ifndef EMBER_CHECKPOINT_H
 #define EMBER_CHECKPOINT_H
@@ -89,6 +91,12 @@ typedef struct em_checkpoint {
     /* Load: the stored config as a new string (free with em_host_free), or NULL when the
      * file has none. Overwritten without being read or freed. */
     char *config_out;
+    /* The run this checkpoint belongs to ("Run identity" in ember/serialize.h), saved as
+     * "ember.run". Save: empty means this process's run, an identity em_checkpoint_save makes
+     * once per process (as em_checkpoint_run_id_new does). Load: set from the file ("" when it
+     * records none). A resumed run keeps what the load set, so that its saves are the same
+     * run's and em_checkpoint_rotate deletes its older files, and no other run's. */
+    char run_id[EM_CHECKPOINT_RUN_ID_MAX];
     void *ext;                /* reserved; NULL */
 } em_checkpoint;
 #define EM_CHECKPOINT_INIT { .struct_size = sizeof(em_checkpoint), .best_metric = NAN }
@@ -100,11 +108,18 @@ typedef struct em_checkpoint {
  * metadata (may be NULL) adds the caller's own string entries.
  *
  * Errors: EM_ERR_INVALID for a NULL path or ck, a bad struct_size, a reserved metadata key
- * (named), a config that is not valid UTF-8; the state-dict functions' errors; em_save's
+ * (named), a config that is not valid UTF-8, a run_id that is not a run identity (not
+ * terminated within the array, or a character outside A-Z a-z 0-9 . _ : + @ -); the
+ * state-dict functions' errors; em_save's
  * errors (EM_ERR_IO naming the file and the reason, ...).
  */
 EM_API em_status em_checkpoint_save(const char *path, const em_checkpoint *ck,
                                     const em_metadata *metadata /* may be NULL */);
+
+/* A new run identity into buf (cap >= EM_CHECKPOINT_RUN_ID_MAX): "HOST-YYYYMMDDTHHMMSS-PID-R"
+ * with this host's name (as in temporary file names), the local time, the pid and 8 random hex
+ * digits. EM_ERR_RANGE when cap is too small. */
+EM_API em_status em_checkpoint_run_id_new(char *buf, size_t cap);
 
 typedef struct em_checkpoint_load_options {
     size_t struct_size;             /* sizeof(em_checkpoint_load_options) */
@@ -121,8 +136,8 @@ typedef struct em_checkpoint_load_options {
  * model.* tensor of the file must belong to the model, with equal shapes; dtypes convert),
  * the optimizer (its groups' hyper-parameters, step count and state tensors), the scheduler,
  * the loader's seed and position (em_loader_set_state), the default generator, and the loop
- * state into ck->epoch, ck->step, ck->best_metric and ck->config_out. Parts ck leaves NULL
- * are not restored (a model alone loads from a full checkpoint). opt may be NULL.
+ * state into ck->epoch, ck->step, ck->best_metric, ck->run_id and ck->config_out. Parts ck
+ * leaves NULL are not restored (a model alone loads from a full checkpoint). opt may be NULL.
  *
  * map_location: the file holds nothing device-specific; the tensors are read onto the
  * model's device (the device of its first state-dict tensor; the CPU without a model) and

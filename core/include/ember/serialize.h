@@ -1,7 +1,7 @@
 /*
  * ember/serialize.h — saving and loading tensor dicts as safetensors files, crash-safely;
- * string metadata; copying a loaded dict into existing tensors with a report; keep-last-N
- * checkpoint rotation.
+ * string metadata; copying a loaded dict into existing tensors with a report; checkpoint files
+ * numbered by step, listed by the run that wrote them, and rotated per run.
  *
  *     em_metadata *meta = em_metadata_new();
  *     em_metadata_set(meta, "epoch", "3");
@@ -41,11 +41,22 @@
  * name, whatever machine wrote the file.
  *
  * Crash safety. em_save writes to a temporary file in the target's directory
- * (".NAME.tmp-PID-N"), fsyncs it, renames it over the target and fsyncs the directory. A
- * process killed at any moment leaves either the previous file or the new one, never a mix;
- * a failed save (disk full, permission denied) removes its temporary file and leaves the
- * previous file untouched. A process killed mid-save leaves its temporary file behind; such
- * files (".NAME.tmp-*") can be deleted.
+ * (".NAME.tmp-HOST-PID-N": this host's name, at most 32 characters of [A-Za-z0-9_-] with any
+ * other written '_', and the writer's pid), fsyncs it, renames it over the target and fsyncs
+ * the directory. A process killed at any moment leaves either the previous file or the new
+ * one, never a mix; a failed save (disk full, the file-size limit, permission denied) removes
+ * its temporary file and leaves the previous file untouched. A process killed mid-save leaves
+ * its temporary file behind: em_save_remove_stale deletes those whose writer is gone.
+ *
+ * What a save replaces. A path that is a symbolic link is written through: the file the link
+ * (or the chain of links) names is replaced, and the link stays a link — as open() for writing,
+ * Python's safetensors and torch.save would. A path naming a directory, a device, a FIFO or a
+ * socket is refused (EM_ERR_INVALID), since a rename would replace it by a regular file.
+ *
+ * The file-size limit (RLIMIT_FSIZE, `ulimit -f`) fails the write with EFBIG and raises
+ * SIGXFSZ, which kills a process by default; em_save blocks SIGXFSZ in the calling thread
+ * while it writes and discards the signal its own writes raised, so a save past the limit is
+ * an EM_ERR_IO naming the file ("File too large"), whatever the program does with the signal.
  *
  * Test-only: when the environment variable EMBER_TEST_SAVE_KILL is set, em_save sends itself
  * SIGKILL at the point it names — a decimal byte count ("1234": after exactly that many bytes
@@ -121,12 +132,32 @@ typedef struct em_save_options {
  * contiguous copy of that tensor.
  *
  * Errors: EM_ERR_INVALID for a NULL d or path, a key "__metadata__", a key or metadata string
- * that is not valid UTF-8, or bad options; EM_ERR_IO naming the file and the system's reason
- * (no space left, permission denied, no such directory); EM_ERR_NOMEM; a device copy's error.
- * On any error the previous file at path, if any, is untouched.
+ * that is not valid UTF-8, bad options, or a path that names a directory, a device, a FIFO or
+ * a socket; EM_ERR_IO naming the file and the system's reason (no space left, file too large,
+ * permission denied, no such directory); EM_ERR_NOMEM; a device copy's error. On any error
+ * the previous file at path, if any, is untouched.
  */
 EM_API em_status em_save(const em_dict *d, const char *path, const em_metadata *metadata,
                          const em_save_options *opt);
+
+/* Check, before there is anything to save, that em_save to path would get past creating its
+ * temporary file: path is not a directory or a non-regular file, and a file can be created in
+ * its directory (symbolic links followed, as em_save does). Creates and removes an empty
+ * temporary file; writes nothing else. Errors as em_save's (EM_ERR_IO naming the directory
+ * and the reason: it does not exist, permission denied, a read-only file system, ...). A
+ * full disk is only found by writing. */
+EM_API em_status em_save_check(const char *path);
+
+/* Delete the temporary files that saves to path killed before they finished left behind:
+ * ".NAME.tmp-HOST-PID-N" in path's directory (a symbolic link's target's) whose HOST is this
+ * host and whose PID no longer exists. A file of a live process, of another host (a shared
+ * file system), or of another naming scheme is never touched. path may be a checkpoint
+ * pattern: its "{step}" then matches any step. *removed (may be NULL) receives how many were
+ * deleted. A missing directory is not an error (nothing to delete); EM_ERR_IO when the
+ * directory cannot be read or a file cannot be deleted (naming it). Processes in another pid
+ * namespace sharing this host name and directory look dead: do not share a checkpoint
+ * directory between containers that have the same host name. */
+EM_API em_status em_save_remove_stale(const char *path, size_t *removed /* out, may be NULL */);
 
 /* ---- loading ------------------------------------------------------------------------------ */
 
@@ -227,10 +258,19 @@ EM_API void em_load_report_free(em_load_report *r);
 EM_API em_status em_dict_load_into(em_dict *target, const em_dict *source, bool strict,
                                    em_load_report **report_out /* out, may be NULL */);
 
-/* ---- checkpoint files: numbered by step, keep the last N ----------------------------------- */
+/* ---- checkpoint files: numbered by step, one run's files rotated --------------------------- */
 
 /* The default of em_checkpoint_rotate's keep. */
 #define EM_CHECKPOINT_KEEP_DEFAULT 3
+
+/* Run identity. Every checkpoint em_checkpoint_save writes names the run that wrote it in its
+ * metadata entry "ember.run" (ember/checkpoint.h: em_checkpoint.run_id): 1 to 63 characters of
+ * A-Z a-z 0-9 . _ : + @ -. A resumed run keeps its identity, a new run gets a new one. Rotation
+ * deletes only the writing run's files, and em_checkpoint_latest refuses to choose between
+ * runs, so a new run in a directory where an older run left higher-numbered files neither
+ * loses its checkpoints nor gets resumed as the older run. */
+#define EM_CHECKPOINT_RUN_KEY "ember.run"
+#define EM_CHECKPOINT_RUN_ID_MAX 64 /* bytes, with the terminating NUL */
 
 /* The file name for a step: pattern with its one "{step}" replaced by the decimal step
  * (>= 0), e.g. "ckpt/model-{step}.safetensors" -> "ckpt/model-1200.safetensors". Into buf of
@@ -238,17 +278,66 @@ EM_API em_status em_dict_load_into(em_dict *target, const em_dict *source, bool 
  * directory part, or the step is negative; EM_ERR_RANGE when buf is too small. */
 EM_API em_status em_checkpoint_path(const char *pattern, int64_t step, char *buf, size_t cap);
 
-/* The highest step among the files of the pattern's directory that match it ("{step}" = one
- * or more decimal digits) into *step (and its path into buf when buf is not NULL).
- * EM_ERR_NOTFOUND when none matches; EM_ERR_IO when the directory cannot be read. */
+/* One file of a pattern's directory that matches it ("{step}" = 1 to 18 decimal digits). */
+typedef struct em_checkpoint_file {
+    int64_t step;
+    const char *path;        /* the pattern's directory, '/', the file's name */
+    char run_id[EM_CHECKPOINT_RUN_ID_MAX]; /* its "ember.run"; "" when it records none */
+    bool is_checkpoint;      /* its metadata has "ember.checkpoint" (em_checkpoint_save's) */
+    int64_t mtime;           /* last modified, seconds since 1970 */
+    em_status status;        /* EM_OK when its header was read; else why not (EM_ERR_FORMAT: a
+                              * damaged header, EM_ERR_IO: unreadable or not a regular file) */
+    const char *error;       /* when status is not EM_OK: the reason, naming the file; else NULL */
+} em_checkpoint_file;
+
+typedef struct em_checkpoint_files em_checkpoint_files;
+
+/* Every file matching pattern, highest step first (then by name), each with the run its
+ * header names — only headers are read; a FIFO is never opened for long. A pattern without
+ * "{step}" names one file: the list holds it (step -1) when it exists. *out is a new list
+ * (em_checkpoint_files_free), empty when nothing matches. EM_ERR_INVALID for a bad pattern;
+ * EM_ERR_NOTFOUND when the directory does not exist, EM_ERR_IO when it cannot be read. */
+EM_API em_status em_checkpoint_list(const char *pattern, em_checkpoint_files **out /* out */);
+EM_API size_t em_checkpoint_files_len(const em_checkpoint_files *l);
+/* The i-th file (borrowed, valid until the list is freed); NULL when out of range. */
+EM_API const em_checkpoint_file *em_checkpoint_files_get(const em_checkpoint_files *l, size_t i);
+/* NULL is a no-op. */
+EM_API void em_checkpoint_files_free(em_checkpoint_files *l);
+
+/* The highest step among the matching files whose header reads, into *step (and its path into
+ * buf when buf is not NULL). Those files must all belong to one run (or all record none):
+ * EM_ERR_STATE otherwise, naming each run with its steps and newest file — which run to
+ * continue is then the caller's choice (em_checkpoint_list, or a file name). EM_ERR_NOTFOUND
+ * when nothing matches (or the directory does not exist); EM_ERR_FORMAT when no matching
+ * file's header reads; EM_ERR_IO when the directory cannot be read; EM_ERR_RANGE when buf is
+ * too small. It does not load the file: a damaged data section is em_checkpoint_load's to
+ * find (ember-train then tries the next newest). */
 EM_API em_status em_checkpoint_latest(const char *pattern, int64_t *step /* out */, char *buf,
                                       size_t cap);
 
-/* Delete the matching files of all but the `keep` highest steps (keep 0 means
- * EM_CHECKPOINT_KEEP_DEFAULT; negative is EM_ERR_INVALID). Other files, temporary files of
- * saves in progress included, are left alone. *removed (may be NULL) receives how many files
- * were deleted. EM_ERR_IO naming the file when one cannot be deleted. */
-EM_API em_status em_checkpoint_rotate(const char *pattern, int keep, size_t *removed /* out */);
+typedef struct em_checkpoint_rotation {
+    size_t removed;             /* the run's files deleted */
+    size_t others;              /* matching files left alone as not the run's: another run's,
+                                 * no recorded run's, or unreadable */
+    int64_t others_newest_step; /* the highest step among those; -1 when there are none */
+} em_checkpoint_rotation;
+
+/*
+ * After a save: delete the older files of the run that wrote `written` (the file just saved,
+ * which must match the pattern and name its run in "ember.run"), keeping the `keep` highest
+ * steps of that run (keep 0 means EM_CHECKPOINT_KEEP_DEFAULT; negative is EM_ERR_INVALID).
+ * `written` itself is never deleted, even when that run has `keep` higher steps (a run
+ * resumed from an older checkpoint). Files of other runs, files recording no run, files
+ * whose header cannot be read and other names (temporary files included) are left alone and
+ * counted in out->others (out may be NULL), so a caller can warn about them.
+ * Errors: EM_ERR_INVALID for a bad pattern or keep, a NULL written, a written file that does
+ * not match the pattern or records no run; EM_ERR_NOTFOUND when written does not exist; its
+ * header's error when it cannot be read; EM_ERR_IO naming the file that cannot be deleted.
+ * Since every save is atomic, a crash during a save or a rotation never leaves fewer than the
+ * previous good files.
+ */
+EM_API em_status em_checkpoint_rotate(const char *pattern, const char *written, int keep,
+                                      em_checkpoint_rotation *out /* out, may be NULL */);
 
 #ifdef __cplusplus
 }
