@@ -205,6 +205,22 @@ em_config *em_config_parse(const char *text, size_t len, const char *name) {
         c->root = copy_node(&doc, 1, name, "", 0);
     }
     yaml_document_delete(&doc);
+    /* A config is one document: a second one ("---") would be silently ignored. */
+    if (c->root && yaml_parser_load(&parser, &doc)) {
+        yaml_node_t *more = yaml_document_get_root_node(&doc);
+        if (more)
+            em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: a second YAML document; a config file "
+                         "holds one", name, (size_t)more->start_mark.line + 1,
+                         (size_t)more->start_mark.column + 1);
+        yaml_document_delete(&doc);
+        if (more) node_free(c->root), c->root = NULL;
+    } else if (c->root) {
+        em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error after the document: %s", name,
+                     (size_t)parser.problem_mark.line + 1, (size_t)parser.problem_mark.column + 1,
+                     parser.problem ? parser.problem : "unknown problem");
+        node_free(c->root);
+        c->root = NULL;
+    }
     yaml_parser_delete(&parser);
     if (!c->root) {
         em_config_free(c);
@@ -323,6 +339,11 @@ em_status em_config_to_options(const em_config_node *n, const char *const *skip,
                                 n->items[i]->path,
                                 n->items[i]->kind == EM_CONFIG_MAP ? "map" : "nested list");
         em_status s = em_options_set_text(o, n->keys[i], text, n->items[i]->where);
+        if (s != EM_OK && !strstr(em_last_error(), n->items[i]->where)) {
+            char msg[1024]; /* e.g. a key that is no option name: say where it is */
+            snprintf(msg, sizeof msg, "%s", em_last_error());
+            return em_set_error(s, "%s: %s", n->items[i]->key_where, msg);
+        }
         if (s != EM_OK) return s;
     }
     return EM_OK;

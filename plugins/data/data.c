@@ -121,7 +121,11 @@ em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got) {
         if (k == 0) {
             int err;
             const char *msg = gzerror(f->gz, &err);
-            if (err != Z_OK && err != Z_BUF_ERROR)
+            if (err == Z_BUF_ERROR) /* zlib's "unexpected end of file": no end marker */
+                return em_set_error(EM_ERR_FORMAT, "%s: %s: truncated: the gzip data ends after "
+                                    "%llu bytes without its end marker and checksum", f->who,
+                                    f->path, (unsigned long long)f->off);
+            if (err != Z_OK)
                 return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip data at byte %llu: %s",
                                     f->who, f->path, (unsigned long long)f->off, msg);
             break;
@@ -165,12 +169,18 @@ em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out) {
     return EM_OK;
 }
 
-bool dt_at_end(dt_file *f) {
+em_status dt_expect_end(dt_file *f) {
     char c;
-    return gzread(f->gz, &c, 1) <= 0;
+    size_t got;
+    uint64_t at = f->off;
+    em_status st = dt_read_upto(f, &c, 1, &got);
+    if (st == EM_OK && got)
+        st = em_set_error(EM_ERR_FORMAT, "%s: %s: unexpected bytes after the %llu the header "
+                          "accounts for (a damaged file, or a header for fewer items)", f->who,
+                          f->path, (unsigned long long)at);
+    return st;
 }
 
-uint64_t dt_offset(const dt_file *f) { return f->off; }
 const char *dt_path(const dt_file *f) { return f->path; }
 
 void dt_close(dt_file *f) {

@@ -30,12 +30,13 @@ em_status dt_read(dt_file *f, void *buf, size_t n, const char *what);
  * the file (or its decompression) actually delivers, so a header that claims more than the
  * file holds costs at most twice what is there, never the claim. dt_read's errors. */
 em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out /* out */);
-/* Read up to n bytes (fewer only at the end of the file); *got says how many. */
+/* Read up to n bytes (fewer only at the clean end of the file); *got says how many. A gzip
+ * stream that ends without its end marker (a cut file) is EM_ERR_FORMAT "truncated", corrupt
+ * gzip data EM_ERR_FORMAT, a read error EM_ERR_IO. */
 em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got /* out */);
-/* True when the file has no more bytes (reads one byte to find out). */
-bool dt_at_end(dt_file *f);
-/* Bytes consumed so far (uncompressed). */
-uint64_t dt_offset(const dt_file *f);
+/* EM_OK when the file has no more bytes (it reads one to find out); EM_ERR_FORMAT
+ * "unexpected bytes after the N the header accounts for" or dt_read_upto's errors. */
+em_status dt_expect_end(dt_file *f);
 const char *dt_path(const dt_file *f);
 void dt_close(dt_file *f);
 

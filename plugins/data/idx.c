@@ -128,13 +128,7 @@ static em_status idx_open(const em_options *o, em_dataset_info *info, void **out
         em_set_error(EM_ERR_NOMEM, "mnist: out of memory for %lld labels", (long long)s->n);
         goto fail;
     }
-    if (!dt_at_end(fi) || !dt_at_end(fl)) {
-        const dt_file *f = !dt_at_end(fi) ? fi : fl;
-        em_set_error(EM_ERR_FORMAT, "mnist: %s: unexpected bytes after the %llu the header "
-                     "accounts for (a damaged file, or a header for fewer items)", dt_path(f),
-                     (unsigned long long)dt_offset(f));
-        goto fail;
-    }
+    if (dt_expect_end(fi) != EM_OK || dt_expect_end(fl) != EM_OK) goto fail;
     for (int64_t i = 0; i < s->n; i++) {
         if (lab[i] >= classes) {
             em_set_error(EM_ERR_FORMAT, "mnist: %s: item %lld has label %u, outside [0, %lld) "
