@@ -715,8 +715,8 @@ static void arm_change(const char *path, bool rewrite) {
 
 /* Before, em_load mapped the file and the process died of SIGBUS copying out of the mapping.
  * Now every load path (em_load, em_load_into for --init-weights, em_checkpoint_load for
- * --resume, which goes through em_load's reader) reads the file, and a file that shrinks or
- * is rewritten meanwhile is an EM_ERR_IO naming it. */
+ * --resume) reads the file, and a file that shrinks or is rewritten meanwhile is an EM_ERR_IO
+ * naming it. */
 Test(serialize, file_changed_while_loading_is_an_error) {
     scratch();
     em_host_allocator_set(&(em_host_allocator){change_alloc, change_free, NULL});
@@ -753,6 +753,25 @@ Test(serialize, file_changed_while_loading_is_an_error) {
     arm_change(g_path, true);
     cr_assert_eq(em_load_into(g_path, target, true, NULL, NULL), EM_ERR_IO);
     em_assert_error(EM_ERR_IO, "changed while it was being read");
+
+    /* The checkpoint reader (--resume): a model whose weight is 3 MB. */
+    em_options *o = em_options_new();
+    em_options_set_text(o, "in_features", "786433", NULL);
+    em_options_set_text(o, "out_features", "1", NULL);
+    em_module *lin = em_module_new("Linear", o);
+    em_options_free(o);
+    cr_assert_not_null(lin, "%s", em_last_error());
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    ck.model = lin;
+    char ckpath[4300];
+    snprintf(ckpath, sizeof ckpath, "%s/ck.safetensors", g_dir);
+    cr_assert_eq(em_checkpoint_save(ckpath, &ck, NULL), EM_OK, "%s", em_last_error());
+    arm_change(ckpath, false);
+    cr_assert_eq(em_checkpoint_load(ckpath, &ck, NULL), EM_ERR_IO);
+    cr_assert_eq(atomic_load(&g_change.fired), 1);
+    em_assert_error(EM_ERR_IO, "truncated or rewritten while being read");
+    em_assert_error(EM_ERR_IO, ckpath);
+    em_module_free(lin);
 
     /* Unchanged, both load. */
     g_change.path = NULL;
