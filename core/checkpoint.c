@@ -5,9 +5,11 @@
  *
  * Saving gathers the tensors (model.*, optim.*) into one dict of live tensors and the rest into
  * metadata, then hands both to em_save, which writes crash-safely. Loading reads the whole
- * file with em_load onto the model's device, checks the format version, the parts asked for
- * and every metadata entry it will need before restoring anything, then restores the parts in
- * order (model first: em_dict_load_into checks every key and shape before copying).
+ * file with em_load onto the model's device — through a plan that checks the model's keys and
+ * shapes and the optimizer's tensors from the header before any tensor data is read (ck_plan)
+ * — checks the format version, the parts asked for and every metadata entry it will need
+ * before restoring anything, then restores the parts in order (model first:
+ * em_dict_load_into checks every key and shape before copying).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -323,6 +325,79 @@ static void describe_parts(const char *parts, char *buf, size_t cap) {
     snprintf(buf, cap, "%s%sthe default generator, the loop state", parts, *parts ? ", " : "");
 }
 
+/* What em_checkpoint_load reads, decided from the file's header before any tensor data is
+ * read (em__load_planned): the parts not asked for are not read; the model's keys and shapes
+ * must match the model (the strict rule, every problem listed) and each optimizer tensor must
+ * name a parameter and have its shape (or be a 0-dim counter), so a file cannot make the
+ * process commit memory that the model and the optimizer do not justify. A file that is not
+ * a checkpoint of this format, or lacks a part asked for, is read no further: the checks
+ * after the header say what is wrong. */
+typedef struct ck_plan {
+    const char *path;
+    const em_dict *target;      /* the model's state dict, or NULL */
+    const em_tensor **params;   /* the optimizer's parameters by global index, or NULL */
+    int n_params;
+} ck_plan;
+
+static em_status ck_plan_optim(const ck_plan *p, const em__st_entry *e) {
+    const char *k = e->key + 6; /* state.<index>.<name> */
+    char *end = NULL;
+    long idx = -1;
+    if (!strncmp(k, "state.", 6) && k[6] >= '0' && k[6] <= '9') idx = strtol(k + 6, &end, 10);
+    if (idx < 0 || *end != '.' || !end[1] || strchr(end + 1, '.'))
+        return em_set_error(EM_ERR_FORMAT, "checkpoint '%s': optimizer tensor '%s' is not of the "
+                            "form optim.state.<index>.<name>", p->path, e->key);
+    if (idx >= p->n_params || !p->params[idx])
+        return em_set_error(EM_ERR_FORMAT, "checkpoint '%s': optimizer tensor '%s' names "
+                            "parameter %ld but the optimizer has %d", p->path, e->key, idx,
+                            p->n_params);
+    const em_tensor *w = p->params[idx];
+    int nd = em_tensor_ndim(w);
+    if (e->ndim > 0 && (e->ndim != nd || memcmp(e->shape, em_tensor_shape(w),
+                                                sizeof(int64_t) * (size_t)nd) != 0)) {
+        char a[128], b[128];
+        return em_set_error(EM_ERR_SHAPE, "checkpoint '%s': optimizer tensor '%s' has shape %s "
+                            "but parameter %ld has shape %s", p->path, e->key,
+                            em__shape_str(e->ndim, e->shape, a, sizeof a), idx,
+                            em__shape_str(nd, em_tensor_shape(w), b, sizeof b));
+    }
+    return EM_OK;
+}
+
+static em_status ck_plan_check(void *user, const em__st_entry *e, size_t n,
+                               const em_metadata *meta, bool *load) {
+    const ck_plan *p = user;
+    const char *fmt = em_metadata_get(meta, K_FORMAT), *parts = em_metadata_get(meta, K_PARTS);
+    if (!fmt || strcmp(fmt, CK_FORMAT_VERSION) != 0 || !parts ||
+        (p->target && !list_has(parts, "model")) || (p->params && !list_has(parts, "optimizer"))) {
+        for (size_t i = 0; i < n; i++) load[i] = false;
+        return EM_OK;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bool model = !strncmp(e[i].key, "model.", 6) && e[i].key[6];
+        bool optim = !strncmp(e[i].key, "optim.", 6) && e[i].key[6];
+        if (!model && !optim)
+            return em_set_error(EM_ERR_FORMAT, "checkpoint '%s': tensor '%s' is not part of a "
+                                "checkpoint (its tensors are model.* and optim.*)", p->path,
+                                e[i].key);
+        load[i] = model ? p->target != NULL : p->params != NULL;
+        em_status st = optim && p->params ? ck_plan_optim(p, &e[i]) : EM_OK;
+        if (st != EM_OK) return st;
+    }
+    if (!p->target) return EM_OK;
+    em_load_report *rep = NULL;
+    em_status st = em__load_report_entries(p->target, e, n, "model.", &rep);
+    if (st == EM_OK && (em_load_report_count(rep, EM_LOAD_MISSING) ||
+                        em_load_report_count(rep, EM_LOAD_UNEXPECTED) ||
+                        em_load_report_count(rep, EM_LOAD_SHAPE_MISMATCH))) {
+        char text[900];
+        em_load_report_format(rep, text, sizeof text);
+        st = em_set_error(EM_ERR_INVALID, "checkpoint '%s': model: %s", p->path, text);
+    }
+    em_load_report_free(rep);
+    return st;
+}
+
 em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
                              const em_checkpoint_load_options *opt) {
     if (!path || !ck)
@@ -352,8 +427,24 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
         if (!(target = em_module_state_dict(ck->model))) return prefix_error(path, "model");
         if (em_dict_len(target)) lo.device = em_tensor_device(em_dict_value(target, 0));
     }
-    if ((st = em_load(path, &lo, &file, &meta)) != EM_OK) {
-        st = prefix_error(path, NULL);
+    ck_plan plan = {.path = path, .target = target};
+    if (ck->optimizer) {
+        plan.n_params = em_optimizer_param_total(ck->optimizer);
+        if (!(plan.params = em__calloc((size_t)plan.n_params + 1, sizeof *plan.params,
+                                       "checkpoint"))) {
+            st = em_set_error(EM_ERR_NOMEM, "checkpoint_load: out of memory");
+            goto done;
+        }
+        for (int g = 0; g < em_optimizer_group_count(ck->optimizer); g++)
+            for (int i = 0, idx; i < em_optimizer_param_count(ck->optimizer, g); i++) {
+                const em_tensor *w = em_optimizer_param(ck->optimizer, g, i, &idx, NULL);
+                if (idx >= 0 && idx < plan.n_params) plan.params[idx] = w;
+            }
+    }
+    st = em__load_planned(path, &lo, ck_plan_check, &plan, &file, &meta);
+    em__free(plan.params);
+    if (st != EM_OK) {
+        if (!strstr(em_last_error(), "checkpoint '")) st = prefix_error(path, NULL);
         goto done;
     }
 

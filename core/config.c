@@ -205,6 +205,22 @@ em_config *em_config_parse(const char *text, size_t len, const char *name) {
         c->root = copy_node(&doc, 1, name, "", 0);
     }
     yaml_document_delete(&doc);
+    /* A config is one document: a second one ("---") would be silently ignored. */
+    if (c->root && yaml_parser_load(&parser, &doc)) {
+        yaml_node_t *more = yaml_document_get_root_node(&doc);
+        if (more)
+            em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: a second YAML document; a config file "
+                         "holds one", name, (size_t)more->start_mark.line + 1,
+                         (size_t)more->start_mark.column + 1);
+        yaml_document_delete(&doc);
+        if (more) node_free(c->root), c->root = NULL;
+    } else if (c->root) {
+        em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error after the document: %s", name,
+                     (size_t)parser.problem_mark.line + 1, (size_t)parser.problem_mark.column + 1,
+                     parser.problem ? parser.problem : "unknown problem");
+        node_free(c->root);
+        c->root = NULL;
+    }
     yaml_parser_delete(&parser);
     if (!c->root) {
         em_config_free(c);
@@ -218,35 +234,10 @@ em_config *em_config_load(const char *path) {
         em_set_error(EM_ERR_INVALID, "config: NULL path");
         return NULL;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        em_set_error(errno == ENOENT ? EM_ERR_NOTFOUND : EM_ERR_IO, "config: cannot open %s: %s",
-                     path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = em__malloc(cap, "config");
-    while (buf) {
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (len < cap) break;
-        char *nb = em__realloc(buf, cap, cap * 2, "config");
-        if (!nb) {
-            em__free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    bool bad = buf && ferror(f);
-    fclose(f);
-    if (!buf) return NULL;
-    if (bad) {
-        em__free(buf);
-        em_set_error(EM_ERR_IO, "config: cannot read %s", path);
-        return NULL;
-    }
+    /* Regular files only (a FIFO or /dev/zero would block or never end), read whole. */
+    char *buf;
+    size_t len;
+    if (em__input_read_all("config", path, &buf, &len) != EM_OK) return NULL;
     em_config *c = em_config_parse(buf, len, path);
     em__free(buf);
     return c;
@@ -348,6 +339,11 @@ em_status em_config_to_options(const em_config_node *n, const char *const *skip,
                                 n->items[i]->path,
                                 n->items[i]->kind == EM_CONFIG_MAP ? "map" : "nested list");
         em_status s = em_options_set_text(o, n->keys[i], text, n->items[i]->where);
+        if (s != EM_OK && !strstr(em_last_error(), n->items[i]->where)) {
+            char msg[1024]; /* e.g. a key that is no option name: say where it is */
+            snprintf(msg, sizeof msg, "%s", em_last_error());
+            return em_set_error(s, "%s: %s", n->items[i]->key_where, msg);
+        }
         if (s != EM_OK) return s;
     }
     return EM_OK;
@@ -482,11 +478,10 @@ em_module *em_model_from_config(const char *path, const char *weights, bool stri
     em_module *m = em_model_build(spec);
     em_config_free(c);
     if (!m || !weights) return m;
-    em_dict *loaded = NULL, *sd = NULL;
+    em_dict *sd = NULL;
     em_load_report *rep = NULL;
-    em_status s = em_load(weights, NULL, &loaded, NULL);
-    if (s == EM_OK && !(sd = em_module_state_dict(m))) s = em_last_status();
-    if (s == EM_OK) s = em_dict_load_into(sd, loaded, strict, &rep);
+    em_status s = (sd = em_module_state_dict(m)) ? em_load_into(weights, sd, strict, &rep, NULL)
+                                                 : em_last_status();
     if (s == EM_OK && rep) {
         char text[1024];
         em_load_report_format(rep, text, sizeof text);
@@ -502,7 +497,6 @@ em_module *em_model_from_config(const char *path, const char *weights, bool stri
     }
     em_load_report_free(rep);
     em_dict_free(sd);
-    em_dict_free(loaded);
     if (s != EM_OK) {
         em_module_free(m);
         return NULL;

@@ -292,12 +292,23 @@ em_dataset *em_dataset_open(const char *name, const em_options *opts) {
     em_dataset_info info = {.struct_size = sizeof info};
     void *state = NULL;
     em_status st = def->open(o, &info, &state);
-    em_options_free(o);
     if (st != EM_OK) {
+        em_options_free(o);
         if (!em__error_pending())
             em_set_error(st, "dataset '%s': open failed without saying why", name);
         return NULL;
     }
+    if (info.length == 0) {
+        /* Training on it would run no step and report success. */
+        bool has_path = em_options_type(o, "path") == EM_OPT_STRING;
+        em_set_error(EM_ERR_FORMAT, "dataset '%s'%s%s%s holds no items (an empty file or "
+                     "split?)", name, has_path ? " (path '" : "",
+                     has_path ? em_options_string(o, "path") : "", has_path ? "')" : "");
+        em_options_free(o);
+        if (def->close) def->close(state);
+        return NULL;
+    }
+    em_options_free(o);
     em_dataset *ds = dataset_new(name, &info, def->read, def->close, state);
     if (!ds && def->close) def->close(state);
     return ds;

@@ -322,6 +322,45 @@ void em__log_init(void);
 /* Formatting helper: writes "[2, 3]" etc. */
 const char *em__shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 
+/* ---- input files and safetensors reading (serialize.c) ------------------------------------ */
+
+/* Open a file the user named, for reading, the one way every reader of the core does (a
+ * plugin cannot call em__ functions; ember-data's dt_open_input does the same): anything but
+ * a regular file (a FIFO, /dev/zero or another device, a socket, a directory) is refused
+ * without blocking and without reading, since reading one can block forever or never end.
+ * Returns the descriptor (O_RDONLY | O_CLOEXEC, blocking) and its size into *size (may be
+ * NULL), or -1 with an error "<who>: cannot open '<path>': <reason>" (EM_ERR_NOTFOUND,
+ * EM_ERR_IO) or "<who>: '<path>' is a FIFO (named pipe), not a regular file ..." (EM_ERR_IO). */
+int em__input_open(const char *who, const char *path, uint64_t *size /* out, may be NULL */);
+/* Exactly n bytes at file offset off into buf; EM_ERR_IO naming who, path and `what` for a
+ * read error or a file that ends early (truncated while being read). */
+em_status em__input_pread(int fd, const char *who, const char *path, void *buf, size_t n,
+                          uint64_t off, const char *what);
+/* A whole input file (em__input_open) into a new buffer (em__free), NUL-terminated; *len
+ * excludes the NUL. Reads only the size the file had when opened. */
+em_status em__input_read_all(const char *who, const char *path, char **out /* out */,
+                             size_t *len /* out */);
+
+/* A tensor of a safetensors header, as the reader validated it (borrowed from the reader). */
+typedef struct em__st_entry {
+    const char *key;
+    em_dtype dtype;
+    int ndim;
+    const int64_t *shape; /* [ndim] */
+} em__st_entry;
+/* A load plan: sees every tensor of a file's header once the whole header is valid, and its
+ * metadata, before any tensor data is read. It clears load[i] (all true on entry) for the
+ * tensors not to read, or returns an error (set, naming the file) to refuse the file. */
+typedef em_status (*em__load_plan_fn)(void *user, const em__st_entry *e, size_t n,
+                                      const em_metadata *meta, bool *load);
+/* em_load through a plan (NULL: read everything, which is em_load). */
+em_status em__load_planned(const char *path, const em_load_options *opt, em__load_plan_fn plan,
+                           void *user, em_dict **out, em_metadata **metadata_out);
+/* The report of loading the entries whose keys start with prefix (NULL: all), prefix
+ * stripped, into target: what em_dict_load_into would find, from a header alone. */
+em_status em__load_report_entries(const em_dict *target, const em__st_entry *e, size_t n,
+                                  const char *prefix, em_load_report **out /* out */);
+
 /* ---- options and modules (options.c, module.c) -------------------------------------------- */
 
 /* Levenshtein distance (case-insensitive) for did-you-mean hints; 1000 for names over 64. */

@@ -13,7 +13,8 @@
  * under an old generation is thrown away.
  *
  * Memory: every buffer (K host slots, the workers' staging buffers for transforms, the
- * device buffers, the epoch's index list) is allocated in em_loader_new. em_loader_next
+ * device buffers, the epoch's index list) is allocated in em_loader_new, each for
+ * min(batch_size, items per epoch) items: a dataset smaller than a batch costs its size. em_loader_next
  * allocates only the views of a short last batch, once per epoch.
  *
  * Waits. Every batch's wait (the time em_loader_next blocked) goes into a log-linear
@@ -73,6 +74,7 @@ struct em_loader {
     em_dataset *ds;
     em_loader_options o;
     int64_t bs;
+    int64_t cap;                   /* items per buffer: min(bs, epoch_len) */
     /* items */
     size_t raw_ib, out_ib, tb;     /* bytes per item: dataset inputs, delivered inputs, targets */
     em_dtype out_dtype;
@@ -522,6 +524,21 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
         l->epoch_len = N;
     }
     l->nb = o->drop_last ? l->epoch_len / l->bs : (l->epoch_len + l->bs - 1) / l->bs;
+    if (l->nb == 0) {
+        /* An epoch without a batch would train nothing and report success. */
+        if (l->epoch_len == 0)
+            em_set_error(EM_ERR_INVALID, "loader: dataset '%s' has no items%s: an epoch would "
+                         "have no batch", ds->name,
+                         o->sampler == EM_SAMPLER_WEIGHTED ? " to draw (num_samples)" : "");
+        else
+            em_set_error(EM_ERR_INVALID, "loader: dataset '%s' gives %lld items per epoch, "
+                         "fewer than batch_size %lld, and drop_last drops them: an epoch would "
+                         "have no batch (lower batch_size or turn drop_last off)", ds->name,
+                         (long long)l->epoch_len, (long long)l->bs);
+        goto fail;
+    }
+    /* Buffers hold a batch, or the whole epoch when that is smaller. */
+    l->cap = EM_MIN(l->bs, l->epoch_len);
     l->idx = em__malloc(sizeof(int64_t) * (size_t)(l->epoch_len ? l->epoch_len : 1), "loader order");
     if (!l->idx) goto fail;
 
@@ -538,10 +555,10 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
     l->slots = em__calloc((size_t)l->K, sizeof *l->slots, "loader ring");
     if (!l->slots) goto fail;
     int64_t bshape[EM_MAX_DIMS + 1];
-    bshape[0] = l->bs;
+    bshape[0] = l->cap;
     memcpy(bshape + 1, l->shape, sizeof(int64_t) * (size_t)l->ndim);
     int64_t tshape[EM_MAX_DIMS + 1];
-    tshape[0] = l->bs;
+    tshape[0] = l->cap;
     memcpy(tshape + 1, in->target_shape, sizeof(int64_t) * (size_t)in->target_ndim);
     for (int k = 0; k < l->K; k++) {
         slot *s = &l->slots[k];
@@ -553,8 +570,8 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
             s->in = em_tensor_data(s->tin);
             s->tg = em_tensor_data(s->ttg);
         } else {
-            s->in = host_buffer(l, (size_t)l->bs * l->out_ib);
-            s->tg = host_buffer(l, (size_t)l->bs * l->tb);
+            s->in = host_buffer(l, (size_t)l->cap * l->out_ib);
+            s->tg = host_buffer(l, (size_t)l->cap * l->tb);
             if (!s->in || !s->tg) goto fail;
         }
     }
@@ -572,7 +589,7 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
     if (!l->w) goto fail;
     for (int i = 0; i < nctx; i++) {
         l->w[i].l = l;
-        if (l->transform && !(l->w[i].raw = em__malloc((size_t)l->bs * l->raw_ib, "loader staging")))
+        if (l->transform && !(l->w[i].raw = em__malloc((size_t)l->cap * l->raw_ib, "loader staging")))
             goto fail;
     }
     restart(l, 0, 0);
@@ -599,7 +616,7 @@ static void release_views(em_loader *l) {
 
 /* The first n rows of a batch buffer, as a tensor to hand out (t itself when full). */
 static em_tensor *rows(em_loader *l, em_tensor *t, int64_t n, em_tensor **view) {
-    if (n == l->bs) return t;
+    if (n == l->cap) return t;
     int64_t shape[EM_MAX_DIMS];
     memcpy(shape, em_tensor_shape(t), sizeof(int64_t) * (size_t)em_tensor_ndim(t));
     shape[0] = n;

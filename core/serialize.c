@@ -17,11 +17,18 @@
  * that wrote it (ember.run), which rotation reads so that it deletes only the writing run's
  * files, never the one just written, and never another run's.
  *
- * Reading. The file is mapped; the header is validated completely — length, JSON (jansson,
- * duplicates rejected), every entry's dtype, shape and offsets, and that the offsets tile the
- * data section exactly (no overlap, no hole, nothing past the end: the same rules as Python's
- * safetensors) — before any tensor is created, so a malformed file fails cleanly and no read
- * ever leaves the mapping. Then each tensor's bytes are copied onto the target device.
+ * Reading. Every input file is opened through em__input_open (regular files only: a FIFO or
+ * /dev/zero would block or never end). The header is read and validated completely — length,
+ * JSON (jansson, duplicates rejected), every entry's dtype, shape and offsets, and that the
+ * offsets tile the data section exactly (no overlap, no hole, nothing past the end: the same
+ * rules as Python's safetensors) — before any tensor is created, so a malformed file fails
+ * cleanly and no read ever leaves the data section. Then each tensor's bytes are read with
+ * pread straight into its memory (through a bounded staging buffer for another device). The
+ * file is not mapped: another process truncating a mapped file kills the reader with SIGBUS,
+ * while a read returns short, an error naming the file (a whole-file check at the end catches
+ * a rewrite of the same size). A load plan (em__load_planned, em_load_into) sees the header
+ * before any data is read and picks the tensors to read, so a tensor nobody asked for costs
+ * no memory.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -33,7 +40,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -661,6 +667,100 @@ out_entries:
     return st;
 }
 
+/* ---- input files ------------------------------------------------------------------------------ */
+
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+int em__input_open(const char *who, const char *path, uint64_t *size) {
+    if (size)
+        *size = 0;
+    if (!path || !*path) {
+        em_set_error(EM_ERR_INVALID, "%s: the path is %s", who, path ? "empty" : "NULL");
+        return -1;
+    }
+    /* O_NONBLOCK: opening a FIFO without a writer would block in open() itself. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        em_set_error(errno == ENOENT ? EM_ERR_NOTFOUND : EM_ERR_IO, "%s: cannot open '%s': %s",
+                     who, path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int err = errno;
+        close(fd);
+        em_set_error(EM_ERR_IO, "%s: cannot stat '%s': %s", who, path, strerror(err));
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        em_set_error(EM_ERR_IO, "%s: '%s' is %s, not a regular file (Ember reads its inputs "
+                     "only from regular files: reading this could block or never end)", who,
+                     path, file_kind(sb.st_mode));
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (size)
+        *size = (uint64_t)sb.st_size;
+    return fd;
+}
+
+em_status em__input_pread(int fd, const char *who, const char *path, void *buf, size_t n,
+                          uint64_t off, const char *what) {
+    char *p = buf;
+    uint64_t pos = off;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, EM_MIN(n, (size_t)1 << 30), (off_t)pos);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return em_set_error(EM_ERR_IO, "%s: '%s': reading %s at byte %llu failed: %s", who,
+                                path, what, (unsigned long long)pos, strerror(errno));
+        if (r == 0)
+            return em_set_error(EM_ERR_IO, "%s: '%s': the file ends at byte %llu, inside %s "
+                                "(%zu more bytes expected): it was truncated or rewritten while "
+                                "being read", who, path, (unsigned long long)pos, what, n);
+        p += r;
+        n -= (size_t)r;
+        pos += (uint64_t)r;
+    }
+    return EM_OK;
+}
+
+em_status em__input_read_all(const char *who, const char *path, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    uint64_t size;
+    int fd = em__input_open(who, path, &size);
+    if (fd < 0)
+        return em_last_status();
+    em_status st = EM_OK;
+    char *buf = NULL;
+    if (size >= SIZE_MAX)
+        st = em_set_error(EM_ERR_RANGE, "%s: '%s' is too large (%llu bytes)", who, path,
+                          (unsigned long long)size);
+    else if ((buf = em__malloc((size_t)size + 1, "input file")) == NULL)
+        st = em_set_error(EM_ERR_NOMEM, "%s: out of memory reading '%s' (%llu bytes)", who,
+                          path, (unsigned long long)size);
+    else
+        st = em__input_pread(fd, who, path, buf, (size_t)size, 0, "the file");
+    close(fd);
+    if (st != EM_OK) {
+        em__free(buf);
+        return st;
+    }
+    buf[size] = '\0';
+    *out = buf;
+    *len = (size_t)size;
+    return EM_OK;
+}
+
 /* ---- the reader ------------------------------------------------------------------------------ */
 
 typedef struct load_entry {
@@ -785,98 +885,65 @@ static em_status check_tiling(const char *name, load_entry *e, size_t n, uint64_
     return st;
 }
 
-/* One tensor from its bytes in host memory, on the options' device and dtype. */
-static em_tensor *make_tensor(const load_entry *e, const unsigned char *bytes,
-                              const em_load_options *o) {
-    em_dtype want = e->dt;
-    if (o->convert_floats && em_dtype_is_floating(e->dt))
-        want = o->float_dtype;
-    bool direct = want == e->dt;
-    em_device where = direct ? o->device : em_cpu();
-    em_tensor *t = em__empty(e->ndim, e->shape, e->dt, where);
-    if (!t)
-        return NULL;
-    em_status st = em__device_copy(where, em_tensor_data(t), em_cpu(), bytes,
-                                   (size_t)(e->end - e->begin));
-    if (st != EM_OK) {
-        em_tensor_release(t);
-        return NULL;
-    }
-    if (direct)
-        return t;
-    em_tensor *c = em__to_dtype(t, want);
-    em_tensor_release(t);
-    if (!c)
-        return NULL;
-    em_tensor *m = em__to_device(c, o->device);
-    em_tensor_release(c);
-    return m;
+/* A validated header: its tensor entries (keys borrowed from root) and its metadata. */
+typedef struct st_header {
+    json_t *root;
+    load_entry *e;
+    size_t n;
+    em_metadata *meta;
+} st_header;
+
+static void header_free(st_header *h) {
+    em__free(h->e);
+    em_metadata_free(h->meta);
+    json_decref(h->root);
+    memset(h, 0, sizeof *h);
 }
 
-static em_status options_check(const char *who, const em_load_options *opt,
-                               em_load_options *o) {
-    *o = (em_load_options)EM_LOAD_OPTIONS_INIT;
-    if (!opt)
-        return EM_OK;
-    if (opt->struct_size < sizeof(em_load_options))
-        return em_set_error(EM_ERR_INVALID, "%s: options.struct_size is %zu, expected "
-                            "sizeof(em_load_options) = %zu (use EM_LOAD_OPTIONS_INIT)", who,
-                            opt->struct_size, sizeof(em_load_options));
-    *o = *opt;
-    if (o->convert_floats && !em_dtype_is_floating(o->float_dtype))
-        return em_set_error(EM_ERR_INVALID, "%s: options.float_dtype is %s; converting floats "
-                            "needs a floating dtype", who, em_dtype_name(o->float_dtype));
-    return em__device_check(o->device, who);
-}
-
-em_status em_load_buffer(const void *buf, size_t len, const char *name,
-                         const em_load_options *opt, em_dict **out, em_metadata **metadata_out) {
-    if (out)
-        *out = NULL;
-    if (metadata_out)
-        *metadata_out = NULL;
-    if (!name)
-        name = "<buffer>";
-    if (!out || (!buf && len))
-        return em_set_error(EM_ERR_INVALID, "load: '%s': %s is NULL", name,
-                            !out ? "out" : "buffer");
-    em_load_options o;
-    em_status st = options_check("load", opt, &o);
-    if (st != EM_OK)
-        return st;
-    const unsigned char *b = buf;
-    if (len < 8)
-        return FMT("load: '%s': the file is %zu bytes, too short for the 8-byte header length "
-                   "(truncated?)", name, len);
-    uint64_t hlen = 0;
+/* The header length from the first 8 bytes of a file of len bytes, checked against the
+ * format's limit and the file's size. */
+static em_status header_len(const char *name, const unsigned char *b8, uint64_t len,
+                            uint64_t *hlen) {
+    uint64_t h = 0;
     for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)b[i] << (8 * i);
-    if (hlen > EM_SAFETENSORS_MAX_HEADER)
+        h |= (uint64_t)b8[i] << (8 * i);
+    if (h > EM_SAFETENSORS_MAX_HEADER)
         return FMT("load: '%s': header length %llu exceeds the limit of %llu bytes (not a "
-                   "safetensors file?)", name, (unsigned long long)hlen,
+                   "safetensors file?)", name, (unsigned long long)h,
                    EM_SAFETENSORS_MAX_HEADER);
-    if (hlen > len - 8)
-        return FMT("load: '%s': header length %llu runs past the end of the file (%zu bytes; "
-                   "truncated?)", name, (unsigned long long)hlen, len);
-    uint64_t data_len = len - 8 - hlen;
-    const unsigned char *data = b + 8 + hlen;
+    if (h > len - 8)
+        return FMT("load: '%s': header length %llu runs past the end of the file (%llu bytes; "
+                   "truncated?)", name, (unsigned long long)h, (unsigned long long)len);
+    *hlen = h;
+    return EM_OK;
+}
 
+static em_status too_short(const char *name, uint64_t len) {
+    return FMT("load: '%s': the file is %llu bytes, too short for the 8-byte header length "
+               "(truncated?)", name, (unsigned long long)len);
+}
+
+/* Parse and validate the JSON header (hlen bytes at text) of a file whose data section holds
+ * data_len bytes, completely: nothing after this reads outside the data section. */
+static em_status header_parse(const char *name, const char *text, size_t hlen,
+                              uint64_t data_len, st_header *h) {
+    memset(h, 0, sizeof *h);
     json_error_t jerr;
-    json_t *root = json_loadb((const char *)b + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return FMT("load: '%s': invalid JSON header at byte %d: %s", name, jerr.position,
                    jerr.text);
+    h->root = root;
     if (!json_is_object(root)) {
-        json_decref(root);
+        header_free(h);
         return FMT("load: '%s': the header is not a JSON object", name);
     }
-
+    em_status st = EM_OK;
     size_t cap = json_object_size(root);
-    load_entry *e = em__calloc(cap ? cap : 1, sizeof *e, "load entries");
-    em_metadata *meta = em_metadata_new();
-    em_dict *d = em_dict_new();
+    load_entry *e = h->e = em__calloc(cap ? cap : 1, sizeof *e, "load entries");
+    em_metadata *meta = h->meta = em_metadata_new();
     size_t n = 0;
-    if (!e || !meta || !d) {
+    if (!e || !meta) {
         st = EM_ERR_NOMEM;
         goto fail;
     }
@@ -914,76 +981,311 @@ em_status em_load_buffer(const void *buf, size_t len, const char *name,
             goto fail;
         n++;
     }
+    h->n = n;
     if ((st = check_tiling(name, e, n, data_len)) != EM_OK)
         goto fail;
-
-    for (size_t i = 0; i < n; i++) {
-        em_tensor *t = make_tensor(&e[i], data + e[i].begin, &o);
-        if (!t) {
-            st = em_set_error(em_last_status(), "load: '%s': tensor '%s': %s", name, e[i].key,
-                              em_last_error());
-            goto fail;
-        }
-        st = em_dict_set(d, e[i].key, t);
-        em_tensor_release(t);
-        if (st != EM_OK)
-            goto fail;
-    }
-    em__free(e);
-    json_decref(root);
-    *out = d;
-    if (metadata_out)
-        *metadata_out = meta;
-    else
-        em_metadata_free(meta);
     return EM_OK;
 fail:
-    em__free(e);
-    em_metadata_free(meta);
-    em_dict_free(d);
-    json_decref(root);
+    header_free(h);
     return st;
 }
 
-em_status em_load(const char *path, const em_load_options *opt, em_dict **out,
-                  em_metadata **metadata_out) {
+/* Where a file's tensor bytes come from: a buffer already in memory, or the file itself,
+ * read with pread. Files are never mapped: a mapped file that another process truncates
+ * while it is copied (cp over it, rsync --inplace) kills the reader with SIGBUS; a read of
+ * the same file returns fewer bytes, which is an error naming the file. */
+typedef struct st_source {
+    const char *name;
+    const unsigned char *data; /* buffer: the data section; NULL for a file */
+    int fd;                    /* file: its descriptor; -1 for a buffer */
+    uint64_t data_off;         /* file: where the data section starts */
+} st_source;
+
+/* n bytes of entry e's data, from byte off of its bytes, into dst (host memory). */
+static em_status source_read(const st_source *s, const load_entry *e, uint64_t off, void *dst,
+                             size_t n) {
+    if (!s->data) {
+        char what[96];
+        snprintf(what, sizeof what, "tensor '%.64s'", e->key);
+        return em__input_pread(s->fd, "load", s->name, dst, n, s->data_off + e->begin + off,
+                               what);
+    }
+    if (n)
+        memcpy(dst, s->data + e->begin + off, n);
+    return EM_OK;
+}
+
+#define LOAD_STAGING_BYTES ((size_t)4 << 20)
+
+/* Entry e's bytes into the tensor memory dst on device dev (a bounded staging buffer for a
+ * file read onto another device). */
+static em_status source_to_device(const st_source *s, const load_entry *e, em_device dev,
+                                  void *dst) {
+    size_t n = (size_t)(e->end - e->begin);
+    if (dev.type == EM_DEVICE_CPU_TYPE)
+        return source_read(s, e, 0, dst, n);
+    if (s->data)
+        return em__device_copy(dev, dst, em_cpu(), s->data + e->begin, n);
+    size_t cap = EM_MIN(n, LOAD_STAGING_BYTES);
+    char *buf = em__malloc(cap ? cap : 1, "load staging buffer");
+    if (!buf)
+        return EM_ERR_NOMEM;
+    em_status st = EM_OK;
+    for (size_t off = 0; st == EM_OK && off < n; off += cap) {
+        size_t k = EM_MIN(cap, n - off);
+        st = source_read(s, e, off, buf, k);
+        if (st == EM_OK)
+            st = em__device_copy(dev, (char *)dst + off, em_cpu(), buf, k);
+    }
+    em__free(buf);
+    return st;
+}
+
+/* One tensor from its bytes, on the options' device and dtype. */
+static em_tensor *make_tensor(const st_source *s, const load_entry *e,
+                              const em_load_options *o) {
+    em_dtype want = e->dt;
+    if (o->convert_floats && em_dtype_is_floating(e->dt))
+        want = o->float_dtype;
+    bool direct = want == e->dt;
+    em_device where = direct ? o->device : em_cpu();
+    em_tensor *t = em__empty(e->ndim, e->shape, e->dt, where);
+    if (!t)
+        return NULL;
+    if (source_to_device(s, e, where, em_tensor_data(t)) != EM_OK) {
+        em_tensor_release(t);
+        return NULL;
+    }
+    if (direct)
+        return t;
+    em_tensor *c = em__to_dtype(t, want);
+    em_tensor_release(t);
+    if (!c)
+        return NULL;
+    em_tensor *m = em__to_device(c, o->device);
+    em_tensor_release(c);
+    return m;
+}
+
+static em_status options_check(const char *who, const em_load_options *opt,
+                               em_load_options *o) {
+    *o = (em_load_options)EM_LOAD_OPTIONS_INIT;
+    if (!opt)
+        return EM_OK;
+    if (opt->struct_size < sizeof(em_load_options))
+        return em_set_error(EM_ERR_INVALID, "%s: options.struct_size is %zu, expected "
+                            "sizeof(em_load_options) = %zu (use EM_LOAD_OPTIONS_INIT)", who,
+                            opt->struct_size, sizeof(em_load_options));
+    *o = *opt;
+    if (o->convert_floats && !em_dtype_is_floating(o->float_dtype))
+        return em_set_error(EM_ERR_INVALID, "%s: options.float_dtype is %s; converting floats "
+                            "needs a floating dtype", who, em_dtype_name(o->float_dtype));
+    return em__device_check(o->device, who);
+}
+
+/* The header's entries as a plan sees them (em__st_entry borrows from h). */
+static em__st_entry *plan_entries(const st_header *h) {
+    em__st_entry *p = em__calloc(h->n ? h->n : 1, sizeof *p, "load plan");
+    for (size_t i = 0; p && i < h->n; i++)
+        p[i] = (em__st_entry){.key = h->e[i].key, .dtype = h->e[i].dt, .ndim = h->e[i].ndim,
+                              .shape = h->e[i].shape};
+    return p;
+}
+
+/* Run the plan (may be NULL: load everything) into *load (a new array, em__free). */
+static em_status plan_run(const st_header *h, em__load_plan_fn plan, void *user, bool **load) {
+    *load = em__malloc((h->n ? h->n : 1) * sizeof **load, "load plan");
+    if (!*load)
+        return EM_ERR_NOMEM;
+    for (size_t i = 0; i < h->n; i++)
+        (*load)[i] = true;
+    if (!plan)
+        return EM_OK;
+    em__st_entry *p = plan_entries(h);
+    if (!p)
+        return EM_ERR_NOMEM;
+    em_status st = plan(user, p, h->n, h->meta, *load);
+    em__free(p);
+    if (st != EM_OK && !em__error_pending())
+        st = em_set_error(st, "load: the file was refused without a reason");
+    return st;
+}
+
+/* Every entry the plan kept, as tensors into a new dict. */
+static em_status make_dict(const st_source *s, const st_header *h, const bool *load,
+                           const em_load_options *o, em_dict **out) {
+    em_dict *d = em_dict_new();
+    if (!d)
+        return EM_ERR_NOMEM;
+    em_status st = EM_OK;
+    for (size_t i = 0; i < h->n && st == EM_OK; i++) {
+        if (!load[i])
+            continue;
+        em_tensor *t = make_tensor(s, &h->e[i], o);
+        if (!t) {
+            st = em_last_status();
+            if (!strstr(em_last_error(), s->name))
+                st = em_set_error(st, "load: '%s': tensor '%s': %s", s->name, h->e[i].key,
+                                  em_last_error());
+            break;
+        }
+        st = em_dict_set(d, h->e[i].key, t);
+        em_tensor_release(t);
+    }
+    if (st != EM_OK) {
+        em_dict_free(d);
+        return st;
+    }
+    *out = d;
+    return EM_OK;
+}
+
+/* Hand the header's metadata to the caller (or free it). */
+static void give_metadata(st_header *h, em_metadata **metadata_out) {
+    if (metadata_out)
+        *metadata_out = h->meta;
+    else
+        em_metadata_free(h->meta);
+    h->meta = NULL;
+}
+
+em_status em_load_buffer(const void *buf, size_t len, const char *name,
+                         const em_load_options *opt, em_dict **out, em_metadata **metadata_out) {
+    if (out)
+        *out = NULL;
+    if (metadata_out)
+        *metadata_out = NULL;
+    if (!name)
+        name = "<buffer>";
+    if (!out || (!buf && len))
+        return em_set_error(EM_ERR_INVALID, "load: '%s': %s is NULL", name,
+                            !out ? "out" : "buffer");
+    em_load_options o;
+    em_status st = options_check("load", opt, &o);
+    if (st != EM_OK)
+        return st;
+    const unsigned char *b = buf;
+    uint64_t hlen;
+    if (len < 8)
+        return too_short(name, len);
+    if ((st = header_len(name, b, len, &hlen)) != EM_OK)
+        return st;
+    st_header h;
+    if ((st = header_parse(name, (const char *)b + 8, (size_t)hlen, len - 8 - hlen, &h)) != EM_OK)
+        return st;
+    st_source src = {.name = name, .data = b + 8 + hlen, .fd = -1};
+    bool *load = NULL;
+    st = plan_run(&h, NULL, NULL, &load);
+    if (st == EM_OK)
+        st = make_dict(&src, &h, load, &o, out);
+    em__free(load);
+    if (st == EM_OK)
+        give_metadata(&h, metadata_out);
+    header_free(&h);
+    return st;
+}
+
+/* An open file with its validated header. */
+typedef struct st_file {
+    st_source src;
+    st_header h;
+    struct stat sb; /* when opened: a change by the end is an error */
+} st_file;
+
+static void file_close(st_file *f) {
+    if (f->src.fd >= 0)
+        close(f->src.fd);
+    f->src.fd = -1;
+    header_free(&f->h);
+}
+
+static em_status file_open(const char *path, st_file *f) {
+    memset(f, 0, sizeof *f);
+    f->src = (st_source){.name = path, .fd = -1};
+    uint64_t len;
+    int fd = em__input_open("load", path, &len);
+    if (fd < 0)
+        return em_last_status();
+    f->src.fd = fd;
+    em_status st = EM_OK;
+    unsigned char b8[8];
+    uint64_t hlen = 0;
+    char *text = NULL;
+    if (fstat(fd, &f->sb) != 0)
+        st = em_set_error(EM_ERR_IO, "load: cannot stat '%s': %s", path, strerror(errno));
+    else if (len < 8)
+        st = too_short(path, len);
+    else if ((st = em__input_pread(fd, "load", path, b8, 8, 0, "the header length")) == EM_OK &&
+             (st = header_len(path, b8, len, &hlen)) == EM_OK) {
+        /* hlen is at most EM_SAFETENSORS_MAX_HEADER and within the file. */
+        if (!(text = em__malloc(hlen ? (size_t)hlen : 1, "load header")))
+            st = EM_ERR_NOMEM;
+        else if ((st = em__input_pread(fd, "load", path, text, (size_t)hlen, 8,
+                                       "the header")) == EM_OK)
+            st = header_parse(path, text, (size_t)hlen, len - 8 - hlen, &f->h);
+    }
+    em__free(text);
+    if (st != EM_OK) {
+        close(fd);
+        f->src.fd = -1;
+        return st;
+    }
+    f->src.data_off = 8 + hlen;
+    return EM_OK;
+}
+
+/* After the reads: the file must be the one that was opened, unchanged (a rewrite of the same
+ * size would otherwise give a mix of two files). */
+static em_status file_check_unchanged(const st_file *f) {
+    struct stat now;
+    if (fstat(f->src.fd, &now) != 0)
+        return em_set_error(EM_ERR_IO, "load: cannot stat '%s': %s", f->src.name,
+                            strerror(errno));
+    if (now.st_size != f->sb.st_size || now.st_mtim.tv_sec != f->sb.st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != f->sb.st_mtim.tv_nsec)
+        return em_set_error(EM_ERR_IO, "load: '%s' changed while it was being read (%s); "
+                            "nothing was loaded", f->src.name,
+                            now.st_size != f->sb.st_size ? "its size changed"
+                                                         : "it was written to");
+    return EM_OK;
+}
+
+em_status em__load_planned(const char *path, const em_load_options *opt, em__load_plan_fn plan,
+                           void *user, em_dict **out, em_metadata **metadata_out) {
     if (out)
         *out = NULL;
     if (metadata_out)
         *metadata_out = NULL;
     if (!path || !out)
         return em_set_error(EM_ERR_INVALID, "load: %s is NULL", !path ? "path" : "out");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return em_set_error(errno == ENOENT ? EM_ERR_NOTFOUND : EM_ERR_IO,
-                            "load: cannot open '%s': %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int err = errno;
-        close(fd);
-        return em_set_error(EM_ERR_IO, "load: cannot stat '%s': %s", path, strerror(err));
+    em_load_options o;
+    em_status st = options_check("load", opt, &o);
+    if (st != EM_OK)
+        return st;
+    st_file f;
+    if ((st = file_open(path, &f)) != EM_OK)
+        return st;
+    bool *load = NULL;
+    em_dict *d = NULL;
+    st = plan_run(&f.h, plan, user, &load);
+    if (st == EM_OK)
+        st = make_dict(&f.src, &f.h, load, &o, &d);
+    if (st == EM_OK && (st = file_check_unchanged(&f)) != EM_OK) {
+        em_dict_free(d);
+        d = NULL;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return em_set_error(EM_ERR_IO, "load: '%s' %s", path,
-                            S_ISDIR(sb.st_mode) ? "is a directory" : "is not a regular file");
+    em__free(load);
+    if (st == EM_OK) {
+        *out = d;
+        give_metadata(&f.h, metadata_out);
     }
-    size_t len = (size_t)sb.st_size;
-    void *map = NULL;
-    if (len > 0) {
-        map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
-            int err = errno;
-            close(fd);
-            return em_set_error(EM_ERR_IO, "load: cannot map '%s' (%zu bytes): %s", path, len,
-                                strerror(err));
-        }
-    }
-    close(fd);
-    em_status st = em_load_buffer(map, len, path, opt, out, metadata_out);
-    if (map)
-        munmap(map, len);
+    file_close(&f);
     return st;
+}
+
+em_status em_load(const char *path, const em_load_options *opt, em_dict **out,
+                  em_metadata **metadata_out) {
+    return em__load_planned(path, opt, NULL, NULL, out, metadata_out);
 }
 
 /* ---- load_into and its report ---------------------------------------------------------------- */
@@ -1025,7 +1327,7 @@ void em_load_report_free(em_load_report *r) {
 }
 
 static em_status report_add(em_load_report *r, em_load_issue_kind kind, const char *key,
-                            const em_tensor *target, const em_tensor *source) {
+                            const em_tensor *target, const em__st_entry *source) {
     if (r->n[kind] == r->cap[kind]) {
         size_t cap = r->cap[kind] ? r->cap[kind] * 2 : 8;
         em_load_issue *p = em__realloc(r->items[kind], r->cap[kind] * sizeof *p,
@@ -1058,9 +1360,9 @@ static em_status report_add(em_load_report *r, em_load_issue_kind kind, const ch
         it->target_dtype = em_tensor_dtype(target);
     }
     if (source) {
-        it->source_ndim = em_tensor_ndim(source);
-        memcpy(it->source_shape, em_tensor_shape(source), sizeof(int64_t) * (size_t)it->source_ndim);
-        it->source_dtype = em_tensor_dtype(source);
+        it->source_ndim = source->ndim;
+        memcpy(it->source_shape, source->shape, sizeof(int64_t) * (size_t)it->source_ndim);
+        it->source_dtype = source->dtype;
     }
     return EM_OK;
 }
@@ -1117,10 +1419,122 @@ size_t em_load_report_format(const em_load_report *r, char *buf, size_t cap) {
     return report_format(r, ~0u, buf, cap);
 }
 
-static bool same_shape(const em_tensor *a, const em_tensor *b) {
-    int n = em_tensor_ndim(a);
-    return n == em_tensor_ndim(b) &&
-           memcmp(em_tensor_shape(a), em_tensor_shape(b), sizeof(int64_t) * (size_t)n) == 0;
+static bool same_shape(const em_tensor *t, const em__st_entry *s) {
+    int n = em_tensor_ndim(t);
+    return n == s->ndim && memcmp(em_tensor_shape(t), s->shape, sizeof(int64_t) * (size_t)n) == 0;
+}
+
+/* The tensors a report compares with a target: a dict's, or a file header's entries (sorted
+ * by key for the lookups, each key once: the reader refuses duplicates). */
+typedef struct src_set {
+    const em_dict *dict;
+    const em__st_entry *e;      /* entries, in file order */
+    const em__st_entry **by;    /* the same, by key */
+    size_t n;
+} src_set;
+
+static em__st_entry entry_of(const char *key, const em_tensor *t) {
+    return (em__st_entry){.key = key, .dtype = em_tensor_dtype(t), .ndim = em_tensor_ndim(t),
+                          .shape = em_tensor_shape(t)};
+}
+
+static int entry_key_cmp(const void *a, const void *b) {
+    return strcmp((*(const em__st_entry *const *)a)->key, (*(const em__st_entry *const *)b)->key);
+}
+
+static em_status src_set_entries(src_set *s, const em__st_entry *e, size_t n) {
+    *s = (src_set){.e = e, .n = n};
+    s->by = em__malloc((n ? n : 1) * sizeof *s->by, "load report");
+    if (!s->by)
+        return EM_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        s->by[i] = &e[i];
+    qsort(s->by, n, sizeof *s->by, entry_key_cmp);
+    return EM_OK;
+}
+
+static size_t src_len(const src_set *s) {
+    return s->dict ? em_dict_len(s->dict) : s->n;
+}
+
+static em__st_entry src_at(const src_set *s, size_t i) {
+    return s->dict ? entry_of(em_dict_key(s->dict, i), em_dict_value(s->dict, i)) : s->e[i];
+}
+
+/* The source tensor of key into *out; false when there is none. */
+static bool src_find(const src_set *s, const char *key, em__st_entry *out) {
+    if (s->dict) {
+        const em_tensor *t = em_dict_get(s->dict, key);
+        if (t)
+            *out = entry_of(key, t);
+        return t != NULL;
+    }
+    em__st_entry k = {.key = key};
+    const em__st_entry *kp = &k, **hit = bsearch(&kp, s->by, s->n, sizeof *s->by, entry_key_cmp);
+    if (hit)
+        *out = **hit;
+    return hit != NULL;
+}
+
+/* Every finding of loading s into target, into a new report. */
+static em_status report_check(const em_dict *target, const src_set *s, em_load_report **out) {
+    *out = NULL;
+    em_load_report *r = em__calloc(1, sizeof *r, "load report");
+    if (!r)
+        return EM_ERR_NOMEM;
+    em_status st = EM_OK;
+    size_t nt = em_dict_len(target), ns = src_len(s);
+    for (size_t i = 0; i < nt && st == EM_OK; i++) {
+        const char *key = em_dict_key(target, i);
+        const em_tensor *t = em_dict_value(target, i);
+        em__st_entry e;
+        if (!src_find(s, key, &e))
+            st = report_add(r, EM_LOAD_MISSING, key, t, NULL);
+        else if (!same_shape(t, &e))
+            st = report_add(r, EM_LOAD_SHAPE_MISMATCH, key, t, &e);
+        else if (em_tensor_dtype(t) != e.dtype)
+            st = report_add(r, EM_LOAD_DTYPE_CONVERTED, key, t, &e);
+    }
+    for (size_t i = 0; i < ns && st == EM_OK; i++) {
+        em__st_entry e = src_at(s, i);
+        if (!em_dict_has(target, e.key))
+            st = report_add(r, EM_LOAD_UNEXPECTED, e.key, NULL, &e);
+    }
+    if (st != EM_OK) {
+        em_load_report_free(r);
+        return st;
+    }
+    *out = r;
+    return EM_OK;
+}
+
+#define REPORT_PROBLEMS (1u << EM_LOAD_MISSING | 1u << EM_LOAD_UNEXPECTED | \
+                         1u << EM_LOAD_SHAPE_MISMATCH)
+
+static bool report_has_problems(const em_load_report *r) {
+    return r->n[EM_LOAD_MISSING] || r->n[EM_LOAD_UNEXPECTED] || r->n[EM_LOAD_SHAPE_MISMATCH];
+}
+
+/* A strict load's refusal: the error "load: [<'name'>: ]<problems>", the report to the caller
+ * (or freed). */
+static em_status report_refuse(em_load_report *r, const char *name,
+                               em_load_report **report_out) {
+    char msg[1024];
+    report_format(r, REPORT_PROBLEMS, msg, sizeof msg);
+    em_status st = name ? em_set_error(EM_ERR_INVALID, "load: '%s': %s", name, msg)
+                        : em_set_error(EM_ERR_INVALID, "load: %s", msg);
+    if (report_out)
+        *report_out = r;
+    else
+        em_load_report_free(r);
+    return st;
+}
+
+static void report_give(em_load_report *r, em_load_report **report_out) {
+    if (report_out)
+        *report_out = r;
+    else
+        em_load_report_free(r);
 }
 
 em_status em_dict_load_into(em_dict *target, const em_dict *source, bool strict,
@@ -1129,51 +1543,25 @@ em_status em_dict_load_into(em_dict *target, const em_dict *source, bool strict,
         *report_out = NULL;
     if (!target || !source)
         return em_set_error(EM_ERR_INVALID, "load: %s dict is NULL", !target ? "target" : "source");
-    em_load_report *r = em__calloc(1, sizeof *r, "load report");
-    if (!r)
-        return EM_ERR_NOMEM;
-    em_status st = EM_OK;
-    size_t nt = em_dict_len(target), ns = em_dict_len(source);
-    for (size_t i = 0; i < nt && st == EM_OK; i++) {
-        const char *key = em_dict_key(target, i);
-        const em_tensor *t = em_dict_value(target, i), *s = em_dict_get(source, key);
-        if (!s)
-            st = report_add(r, EM_LOAD_MISSING, key, t, NULL);
-        else if (!same_shape(t, s))
-            st = report_add(r, EM_LOAD_SHAPE_MISMATCH, key, t, s);
-        else if (em_tensor_dtype(t) != em_tensor_dtype(s))
-            st = report_add(r, EM_LOAD_DTYPE_CONVERTED, key, t, s);
-    }
-    for (size_t i = 0; i < ns && st == EM_OK; i++) {
-        const char *key = em_dict_key(source, i);
-        if (!em_dict_has(target, key))
-            st = report_add(r, EM_LOAD_UNEXPECTED, key, NULL, em_dict_value(source, i));
-    }
-    if (st != EM_OK) {
-        em_load_report_free(r);
+    src_set s = {.dict = source};
+    em_load_report *r;
+    em_status st = report_check(target, &s, &r);
+    if (st != EM_OK)
         return st;
-    }
-    unsigned problems = 1u << EM_LOAD_MISSING | 1u << EM_LOAD_UNEXPECTED |
-                        1u << EM_LOAD_SHAPE_MISMATCH;
-    if (strict && (r->n[EM_LOAD_MISSING] || r->n[EM_LOAD_UNEXPECTED] ||
-                   r->n[EM_LOAD_SHAPE_MISMATCH])) {
-        char msg[1024];
-        report_format(r, problems, msg, sizeof msg);
-        st = em_set_error(EM_ERR_INVALID, "load: %s", msg);
-        if (report_out)
-            *report_out = r;
-        else
-            em_load_report_free(r);
-        return st;
-    }
+    if (strict && report_has_problems(r))
+        return report_refuse(r, NULL, report_out);
+    size_t nt = em_dict_len(target);
     bool pushed = em_grad_mode_push(EM_GRAD_DISABLED) == EM_OK; /* like torch.no_grad() */
     for (size_t i = 0; i < nt; i++) {
         const char *key = em_dict_key(target, i);
         em_tensor *t = em_dict_value(target, i);
-        const em_tensor *s = em_dict_get(source, key);
-        if (!s || !same_shape(t, s))
+        const em_tensor *src = em_dict_get(source, key);
+        if (!src)
             continue;
-        if (em_copy_(t, s) != EM_OK) {
+        em__st_entry e = entry_of(key, src);
+        if (!same_shape(t, &e))
+            continue;
+        if (em_copy_(t, src) != EM_OK) {
             st = em_set_error(em_last_status(), "load: copying '%s' failed: %s", key,
                               em_last_error());
             break;
@@ -1186,11 +1574,89 @@ em_status em_dict_load_into(em_dict *target, const em_dict *source, bool strict,
         em_load_report_free(r);
         return st;
     }
-    if (report_out)
-        *report_out = r;
-    else
-        em_load_report_free(r);
+    report_give(r, report_out);
     return EM_OK;
+}
+
+em_status em__load_report_entries(const em_dict *target, const em__st_entry *e, size_t n,
+                                  const char *prefix, em_load_report **out) {
+    *out = NULL;
+    size_t plen = prefix ? strlen(prefix) : 0, k = 0;
+    em__st_entry *sel = em__calloc(n ? n : 1, sizeof *sel, "load report");
+    if (!sel)
+        return EM_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (!plen || strncmp(e[i].key, prefix, plen) == 0) {
+            sel[k] = e[i];
+            sel[k++].key += plen;
+        }
+    src_set s;
+    em_status st = src_set_entries(&s, sel, k);
+    if (st == EM_OK)
+        st = report_check(target, &s, out);
+    em__free(s.by);
+    em__free(sel);
+    return st;
+}
+
+em_status em_load_into(const char *path, em_dict *target, bool strict,
+                       em_load_report **report_out, em_metadata **metadata_out) {
+    if (report_out)
+        *report_out = NULL;
+    if (metadata_out)
+        *metadata_out = NULL;
+    if (!path || !target)
+        return em_set_error(EM_ERR_INVALID, "load_into: %s is NULL", !path ? "path" : "target");
+    st_file f;
+    em_status st = file_open(path, &f);
+    if (st != EM_OK)
+        return st;
+    /* Every key and shape is checked from the header: no byte of a tensor the target does not
+     * take is ever read. */
+    em_load_report *r = NULL;
+    em__st_entry *e = plan_entries(&f.h);
+    st = e ? em__load_report_entries(target, e, f.h.n, NULL, &r) : EM_ERR_NOMEM;
+    em__free(e);
+    if (st != EM_OK)
+        goto done;
+    if (strict && report_has_problems(r)) {
+        st = report_refuse(r, path, report_out);
+        r = NULL;
+        goto done;
+    }
+    bool pushed = em_grad_mode_push(EM_GRAD_DISABLED) == EM_OK; /* like torch.no_grad() */
+    for (size_t i = 0; i < f.h.n && st == EM_OK; i++) {
+        const load_entry *le = &f.h.e[i];
+        em_tensor *t = em_dict_get(target, le->key);
+        em__st_entry se = {.key = le->key, .dtype = le->dt, .ndim = le->ndim, .shape = le->shape};
+        if (!t || !same_shape(t, &se))
+            continue;
+        em_load_options o = EM_LOAD_OPTIONS_INIT;
+        o.device = em_tensor_device(t); /* each tensor straight onto its target's device */
+        em_tensor *src = make_tensor(&f.src, le, &o);
+        if (!src || em_copy_(t, src) != EM_OK) {
+            st = em_last_status();
+            if (!strstr(em_last_error(), path))
+                st = em_set_error(st, "load: '%s': tensor '%s': %s", path, le->key,
+                                  em_last_error());
+        } else {
+            r->loaded++;
+        }
+        em_tensor_release(src);
+    }
+    if (pushed)
+        em_grad_mode_pop();
+    if (st == EM_OK)
+        st = file_check_unchanged(&f);
+    if (st == EM_OK) {
+        report_give(r, report_out);
+        r = NULL;
+        give_metadata(&f.h, metadata_out);
+    }
+done:
+    em_load_report_free(r);
+    file_close(&f);
+    return st;
 }
 
 /* ---- checkpoint files: naming, listing by run, rotation ---------------------------------------- */

@@ -1,10 +1,13 @@
 /*
  * test_data.c — datasets: the class registry and its option validation, the ember-data
  * formats (MNIST IDX raw and gzip, CIFAR-10, CSV, synthetic) on files generated here, the
- * bundled digits, bad input of every kind, in-memory datasets, subsets and random_split.
+ * bundled digits, bad input of every kind (inputs that are not regular files, headers that
+ * claim more than the file holds, empty datasets, NUL bytes, byte-order marks, more than 64
+ * CIFAR batches), in-memory datasets, subsets and random_split.
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -625,6 +628,177 @@ Test(data, csv_bad_input) {
     em_assert_error(EM_ERR_INVALID, "option 'delimiter' = '::' must be one character");
     cr_assert_null(open_csv(p, "label_column", "5", NULL));
     em_assert_error(EM_ERR_INVALID, "label_column 5 is outside the 2 columns");
+    cleanup();
+}
+
+/* ---- inputs that are not files, memory before validation, silent misreads (issue 13) --- */
+
+/* A FIFO (no writer) as a dataset file blocked in open() forever; /dev/zero as a CSV was read
+ * until memory ran out. Every reader refuses anything but a regular file, naming it.
+ * .timeout: a regression hangs instead of failing. */
+Test(data, inputs_that_are_not_regular_files, .timeout = 30) {
+    const char *dir = fresh_dir();
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s/pipe.csv", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    cr_assert_null(open_csv(fifo, NULL));
+    em_assert_error(EM_ERR_IO, "pipe.csv is a FIFO (named pipe), not a regular file");
+    cr_assert_null(open_csv("/dev/zero", NULL));
+    em_assert_error(EM_ERR_IO, "csv: /dev/zero is a character device, not a regular file");
+    cr_assert_null(open_csv(dir, NULL));
+    em_assert_error(EM_ERR_IO, "is a directory");
+    cr_assert_null(open_mnist("/dev/zero", "train"));
+    em_assert_error(EM_ERR_IO, "cannot open directory /dev/zero");
+    /* a FIFO where an IDX file or a CIFAR batch should be */
+    write_idx(dir, "train", 2, 2, 2, false);
+    unlink(path_in(dir, "train-images-idx3-ubyte"));
+    cr_assert_eq(mkfifo(path_in(dir, "train-images-idx3-ubyte"), 0600), 0);
+    cr_assert_null(open_mnist(dir, "train"));
+    em_assert_error(EM_ERR_IO, "train-images-idx3-ubyte is a FIFO");
+    cr_assert_eq(mkfifo(path_in(dir, "data_batch_1.bin"), 0600), 0);
+    cr_assert_null(open_text("cifar10", "path", dir, NULL));
+    em_assert_error(EM_ERR_IO, "data_batch_1.bin is a FIFO");
+    cleanup();
+}
+
+/* Cap the address space at what the process uses now plus `extra` bytes: an allocation the
+ * input does not justify then fails instead of succeeding on an overcommitting machine. */
+static struct rlimit saved_as;
+static void limit_address_space(size_t extra) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    cr_assert(f);
+    unsigned long pages = 0;
+    cr_assert_eq(fscanf(f, "%lu", &pages), 1);
+    fclose(f);
+    cr_assert_eq(getrlimit(RLIMIT_AS, &saved_as), 0);
+    struct rlimit r = saved_as;
+    r.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + extra;
+    cr_assert_eq(setrlimit(RLIMIT_AS, &r), 0);
+}
+static void unlimit_address_space(void) { cr_assert_eq(setrlimit(RLIMIT_AS, &saved_as), 0); }
+
+/* Memory is committed only after the input justifies it. An IDX header (16 bytes) claiming
+ * 2^20 images of 256 x 256 (64 GiB) was allocated before the file was found to hold 10 bytes.
+ * With the address space capped at 512 MiB more than in use, that allocation failed as
+ * EM_ERR_NOMEM; now memory grows with what the file (raw or gzip) delivers and the file is
+ * reported truncated. */
+Test(data, idx_header_claims_are_not_allocated) {
+    const char *dir = fresh_dir();
+    uint8_t img[16 + 10] = {0}, lab[8 + 4] = {0};
+    put32(img, 0x803), put32(img + 4, 1u << 20), put32(img + 8, 256), put32(img + 12, 256);
+    put32(lab, 0x801), put32(lab + 4, 1u << 20);
+    for (int gz = 0; gz < 2; gz++) {
+        write_file(path_in(dir, gz ? "train-images-idx3-ubyte.gz" : "train-images-idx3-ubyte"),
+                   img, sizeof img, gz);
+        write_file(path_in(dir, gz ? "train-labels-idx1-ubyte.gz" : "train-labels-idx1-ubyte"),
+                   lab, sizeof lab, gz);
+        if (gz) {
+            unlink(path_in(dir, "train-images-idx3-ubyte"));
+            unlink(path_in(dir, "train-labels-idx1-ubyte"));
+        }
+        limit_address_space((size_t)512 << 20);
+        em_dataset *ds = open_mnist(dir, "train");
+        unlimit_address_space();
+        cr_assert_null(ds);
+        em_assert_error(EM_ERR_FORMAT, "truncated: 1048576 images of 256 x 256 needs");
+    }
+    cleanup();
+}
+
+/* A CSV whose first row has 2^19 fields (1 MiB of text) reserved 1,024 rows of them (4 GiB)
+ * up front; with the address space capped as above that failed as EM_ERR_NOMEM. Rows are now
+ * stored as they are read. */
+Test(data, csv_rows_are_not_reserved_ahead) {
+    const char *dir = fresh_dir();
+    size_t row = (size_t)1 << 19;
+    char *text = malloc(2 * row + 1);
+    for (size_t i = 0; i < row; i++) text[2 * i] = '1', text[2 * i + 1] = ',';
+    text[2 * row - 1] = '\n';
+    text[2 * row] = '\0';
+    write_text(path_in(dir, "wide.csv"), text);
+    free(text);
+    limit_address_space((size_t)512 << 20);
+    em_dataset *ds = open_csv(path_in(dir, "wide.csv"), "header", "false", NULL);
+    unlimit_address_space();
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 1);
+    cr_assert_eq(em_dataset_get_info(ds)->input_shape[0], (int64_t)row - 1);
+    em_dataset_free(ds);
+    cleanup();
+}
+
+/* CIFAR directories with more than 64 batch files dropped the rest (which ones depended on
+ * the directory order). Now every one is read, in natural order (data_batch_2 before
+ * data_batch_10). */
+Test(data, cifar10_more_than_64_batches) {
+    const char *dir = fresh_dir();
+    char name[64];
+    for (int i = 1; i <= 70; i++) {
+        snprintf(name, sizeof name, "data_batch_%d.bin", i);
+        write_cifar(path_in(dir, name), 1, i - 1, i % 2 == 0, -1);
+    }
+    em_dataset *ds = open_text("cifar10", "path", dir, NULL);
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 70);
+    int64_t idx[3] = {1, 9, 69}; /* data_batch_2, _10, _70 */
+    void *in, *tg;
+    read_items(ds, idx, 3, &in, &tg);
+    for (int j = 0; j < 3; j++) {
+        cr_assert_eq(((int64_t *)tg)[j], idx[j] % 10);
+        cr_assert_eq(((uint8_t *)in)[j * 3072 + 5], (uint8_t)(idx[j] * 3 + 5));
+    }
+    free(in);
+    free(tg);
+    em_dataset_free(ds);
+    cleanup();
+}
+
+/* An empty dataset opened with 0 items, and a run on it trained nothing and exited 0. */
+Test(data, an_empty_dataset_is_an_error) {
+    const char *dir = fresh_dir();
+    write_file(path_in(dir, "test_batch.bin"), "", 0, false);
+    cr_assert_null(open_text("cifar10", "path", dir, "split", "test", NULL));
+    em_assert_error(EM_ERR_FORMAT, "dataset 'cifar10' (path '");
+    em_assert_error(EM_ERR_FORMAT, "') holds no items");
+    write_idx(dir, "t10k", 0, 2, 2, true);
+    cr_assert_null(open_mnist(dir, "test"));
+    em_assert_error(EM_ERR_FORMAT, "dataset 'mnist' (path '");
+    em_assert_error(EM_ERR_FORMAT, dir);
+    cleanup();
+}
+
+/* A CSV field "1<NUL>garbage" parsed as 1 (strtod stops at the NUL). */
+Test(data, csv_nul_in_a_field) {
+    const char *dir = fresh_dir();
+    const char *p = path_in(dir, "nul.csv");
+    static const char nul[] = "1,2,0\n1\0garbage,2,0\n";
+    write_file(p, nul, sizeof nul - 1, false);
+    cr_assert_null(open_csv(p, NULL));
+    em_assert_error(EM_ERR_FORMAT, "nul.csv line 2, column 1: '1?garbage' is not a number (it "
+                    "holds a NUL byte");
+    cleanup();
+}
+
+/* A UTF-8 byte-order mark made the first row of numbers a "header" and dropped it. */
+Test(data, csv_byte_order_mark) {
+    const char *dir = fresh_dir();
+    const char *p = path_in(dir, "bom.csv");
+    write_text(p, "\xEF\xBB\xBF" "1.5,2,0\n3,4,1\n");
+    em_dataset *ds = open_csv(p, NULL);
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 2);
+    int64_t first = 0;
+    void *in, *tg;
+    read_items(ds, &first, 1, &in, &tg);
+    cr_assert_float_eq(((float *)in)[0], 1.5f, 0);
+    free(in);
+    free(tg);
+    em_dataset_free(ds);
+    write_text(p, "\xEF\xBB\xBF" "x,y,label\n3,4,1\n"); /* before a header: still a header */
+    ds = open_csv(p, NULL);
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 1);
+    em_dataset_free(ds);
     cleanup();
 }
 

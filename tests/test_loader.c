@@ -2,8 +2,9 @@
  * test_loader.c — the DataLoader: batching, drop_last, shuffling (against the documented
  * Philox permutation, reimplemented here), samplers, transforms, independence from the
  * worker count, saving and restoring the position, worker errors at their batch, stopping
- * mid-epoch, the per-batch wait record, no allocation in steady state, pinned buffers and
- * copies to the test device.
+ * mid-epoch, the per-batch wait record, no allocation in steady state, an epoch without a
+ * batch refused, buffers no larger than the epoch, pinned buffers and copies to the test
+ * device.
  */
 #define _GNU_SOURCE /* setenv */
 #include <dlfcn.h>
@@ -684,6 +685,89 @@ Test(loader_alloc, no_allocation_per_batch, .init = counting_setup, .fini = coun
         }
         em_loader_free(l);
     }
+    em_dataset_free(ds);
+}
+
+/* ---- an epoch with no batch is an error; buffers are sized by the epoch ---------------- */
+
+/* Before, a loader over an empty dataset (or with drop_last over fewer items than a batch)
+ * had 0 batches: a training run did nothing and exited 0. */
+Test(loader, an_epoch_without_a_batch_is_an_error) {
+    em_dataset *empty = counting(0, 2);
+    em_loader_options o = {.struct_size = sizeof o, .batch_size = 4, .shuffle = true};
+    cr_assert_null(em_loader_new(empty, &o));
+    em_assert_error(EM_ERR_INVALID, "loader: dataset 'tensors' has no items");
+    cr_assert_null(em_loader_new(empty, NULL));
+    em_assert_error(EM_ERR_INVALID, "an epoch would have no batch");
+    em_dataset *sub = em_dataset_subset(empty, NULL, 0);
+    cr_assert(sub, "%s", em_last_error());
+    cr_assert_null(em_loader_new(sub, NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset 'subset' has no items");
+    em_dataset_free(sub);
+    em_dataset_free(empty);
+    em_dataset *three = counting(3, 2);
+    o = (em_loader_options){.struct_size = sizeof o, .batch_size = 4, .drop_last = true};
+    cr_assert_null(em_loader_new(three, &o));
+    em_assert_error(EM_ERR_INVALID, "dataset 'tensors' gives 3 items per epoch, fewer than "
+                    "batch_size 4, and drop_last drops them");
+    /* sharded: 3 items over 4 ranks with drop_last is 1 item per rank, no batch of 2 */
+    o = (em_loader_options){.struct_size = sizeof o, .batch_size = 2, .drop_last = true,
+                            .sampler = EM_SAMPLER_SHARDED, .world_size = 4, .rank = 1};
+    cr_assert_null(em_loader_new(three, &o));
+    em_assert_error(EM_ERR_INVALID, "gives 1 items per epoch");
+    o.drop_last = false;
+    em_loader *l = em_loader_new(three, &o);
+    cr_assert(l, "%s", em_last_error());
+    cr_assert_eq(em_loader_num_batches(l), 1);
+    em_loader_free(l);
+    em_dataset_free(three);
+}
+
+/* The largest host block asked for. */
+static atomic_size_t biggest;
+static void *biggest_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    size_t b = atomic_load(&biggest);
+    while (n > b && !atomic_compare_exchange_weak(&biggest, &b, n)) {
+    }
+    void *p = NULL;
+    return posix_memalign(&p, align, n) == 0 ? p : NULL;
+}
+static void biggest_setup(void) {
+    em_host_allocator a = {biggest_alloc, count_free, NULL};
+    em_host_allocator_set(&a);
+    em_test_setup();
+}
+
+/* Before, every buffer held batch_size items whatever the dataset's size: batch_size 2^24
+ * over 10 items of 8 bytes asked for 128 MiB per slot (and 4 slots). */
+Test(loader_alloc, buffers_hold_at_most_the_epoch, .init = biggest_setup,
+     .fini = counting_teardown) {
+    em_dataset *ds = counting(10, 3);
+    em_loader_options o = {.struct_size = sizeof o, .batch_size = (int64_t)1 << 24,
+                           .num_workers = 2, .transforms = {.to_float = true, .scale = 2}};
+    atomic_store(&biggest, 0);
+    em_loader *l = em_loader_new(ds, &o);
+    cr_assert(l, "%s", em_last_error());
+    cr_assert_lt(atomic_load(&biggest), (size_t)1 << 20, "%zu bytes asked for",
+                 atomic_load(&biggest));
+    cr_assert_eq(em_loader_num_batches(l), 1);
+    em_tensor *x, *y;
+    int64_t items[10];
+    for (int e = 0; e < 2; e++) {
+        cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_tensor_size(x, 0), 10);
+        const float *px = em_tensor_data(x);
+        const int64_t *py = em_tensor_data(y);
+        for (int j = 0; j < 10; j++) {
+            items[j] = (int64_t)(px[2 * j] / 2);
+            cr_assert_eq(py[j], items[j] % 3);
+        }
+        for (int j = 0; j < 10; j++) cr_assert_eq(items[j], j);
+        cr_assert_eq(em_loader_next(l, &x, &y), EM_OK);
+        cr_assert_null(x);
+    }
+    em_loader_free(l);
     em_dataset_free(ds);
 }
 

@@ -3,12 +3,17 @@
  * shape, the exact byte layout the specification requires, Python's tensor order, devices
  * (map_location through the strict "testdev" device) and dtype conversion on load, every kind
  * of malformed file (each must fail with EM_ERR_FORMAT naming the file and the reason), save
- * errors, the metadata map, em_dict_load_into and its report, and checkpoint rotation.
+ * errors, the metadata map, em_dict_load_into and its report, em_load_into (and the
+ * checkpoint reader) checking the header before reading any data, files truncated or rewritten
+ * while they are read, inputs that are not regular files (every core reader), and checkpoint
+ * rotation.
  * Crash safety is in test_serialize_crash.c, Python interop in test_serialize_interop.c.
  */
+#include <fcntl.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "serialize_common.h"
 
@@ -650,6 +655,338 @@ Test(serialize, save_load_load_into) {
     st_rmdir(g_dir);
 }
 
+/* ---- files that change while they are read, and inputs that are not files ------------------ */
+
+/* A host allocator that, once, when a block of at least `trigger` bytes is asked for (a
+ * tensor's bytes, allocated after the file was opened and its header read), truncates the
+ * file or rewrites part of it in place: what cp over the file or rsync --inplace do to a
+ * reader. */
+static struct {
+    const char *path;
+    size_t trigger;
+    bool rewrite;
+    atomic_int fired;
+} g_change;
+
+static void *change_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    if (g_change.path && n >= g_change.trigger && atomic_exchange(&g_change.fired, 1) == 0) {
+        if (!g_change.rewrite) {
+            cr_assert_eq(truncate(g_change.path, 4096), 0);
+        } else {
+            int fd = open(g_change.path, O_WRONLY);
+            cr_assert_geq(fd, 0);
+            cr_assert_eq(pwrite(fd, "changed!", 8, 8192), 8);
+            close(fd);
+        }
+    }
+    void *p = NULL;
+    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, n) ? NULL : p;
+}
+
+static void change_free(void *p, void *user) {
+    (void)user;
+    free(p);
+}
+
+/* Write the file: one 3 MB tensor "w" (a block no cache holds), its mtime an hour ago. */
+static void write_big(const char *path) {
+    em_scope_begin();
+    em_dict *d = em_dict_new();
+    cr_assert_eq(em_dict_set(d, "w", em_full(1, (int64_t[]){786433}, 1.5, EM_F32, em_cpu())),
+                 EM_OK);
+    cr_assert_eq(em_save(d, path, NULL, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(d);
+    em_scope_end();
+    struct timespec old[2];
+    clock_gettime(CLOCK_REALTIME, &old[0]);
+    old[0].tv_sec -= 3600;
+    old[1] = old[0];
+    cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+}
+
+static void arm_change(const char *path, bool rewrite) {
+    em_empty_cache();
+    g_change.path = path;
+    g_change.trigger = (size_t)3 << 20;
+    g_change.rewrite = rewrite;
+    atomic_store(&g_change.fired, 0);
+}
+
+/* Before, em_load mapped the file and the process died of SIGBUS copying out of the mapping.
+ * Now every load path (em_load, em_load_into for --init-weights, em_checkpoint_load for
+ * --resume) reads the file, and a file that shrinks or is rewritten meanwhile is an EM_ERR_IO
+ * naming it. */
+Test(serialize, file_changed_while_loading_is_an_error) {
+    scratch();
+    em_host_allocator_set(&(em_host_allocator){change_alloc, change_free, NULL});
+    em_dict *out = NULL, *target = em_dict_new();
+    em_scope_begin();
+    cr_assert_eq(em_dict_set(target, "w", em_zeros(1, (int64_t[]){786433}, EM_F32, em_cpu())),
+                 EM_OK);
+    em_scope_end();
+
+    write_big(g_path);
+    arm_change(g_path, false);
+    cr_assert_eq(em_load(g_path, NULL, &out, NULL), EM_ERR_IO);
+    cr_assert_eq(atomic_load(&g_change.fired), 1);
+    em_assert_error(EM_ERR_IO, g_path);
+    em_assert_error(EM_ERR_IO, "truncated or rewritten while being read");
+    cr_assert_null(out);
+
+    write_big(g_path);
+    arm_change(g_path, false);
+    cr_assert_eq(em_load_into(g_path, target, true, NULL, NULL), EM_ERR_IO);
+    cr_assert_eq(atomic_load(&g_change.fired), 1);
+    em_assert_error(EM_ERR_IO, "truncated or rewritten while being read");
+    em_assert_error(EM_ERR_IO, g_path);
+
+    /* The same size, other bytes: a mix of two files is refused too. */
+    write_big(g_path);
+    arm_change(g_path, true);
+    cr_assert_eq(em_load(g_path, NULL, &out, NULL), EM_ERR_IO);
+    cr_assert_eq(atomic_load(&g_change.fired), 1);
+    em_assert_error(EM_ERR_IO, "changed while it was being read");
+    em_assert_error(EM_ERR_IO, g_path);
+    cr_assert_null(out);
+    write_big(g_path);
+    arm_change(g_path, true);
+    cr_assert_eq(em_load_into(g_path, target, true, NULL, NULL), EM_ERR_IO);
+    em_assert_error(EM_ERR_IO, "changed while it was being read");
+
+    /* The checkpoint reader (--resume): a model whose weight is 3 MB. */
+    em_options *o = em_options_new();
+    em_options_set_text(o, "in_features", "786433", NULL);
+    em_options_set_text(o, "out_features", "1", NULL);
+    em_module *lin = em_module_new("Linear", o);
+    em_options_free(o);
+    cr_assert_not_null(lin, "%s", em_last_error());
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    ck.model = lin;
+    char ckpath[4300];
+    snprintf(ckpath, sizeof ckpath, "%s/ck.safetensors", g_dir);
+    cr_assert_eq(em_checkpoint_save(ckpath, &ck, NULL), EM_OK, "%s", em_last_error());
+    arm_change(ckpath, false);
+    cr_assert_eq(em_checkpoint_load(ckpath, &ck, NULL), EM_ERR_IO);
+    cr_assert_eq(atomic_load(&g_change.fired), 1);
+    em_assert_error(EM_ERR_IO, "truncated or rewritten while being read");
+    em_assert_error(EM_ERR_IO, ckpath);
+    em_module_free(lin);
+
+    /* Unchanged, both load. */
+    g_change.path = NULL;
+    cr_assert_eq(em_load(g_path, NULL, &out, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_test_at(em_dict_get(out, "w"), 786432), 1.5);
+    cr_assert_eq(em_load_into(g_path, target, true, NULL, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_test_at(em_dict_get(target, "w"), 786432), 1.5);
+    em_dict_free(out);
+    em_dict_free(target);
+    em_shutdown();
+    em_host_allocator_set(NULL);
+    st_rmdir(g_dir);
+}
+
+/* A FIFO (no writer) or a device given as an input used to block in open() or read until
+ * memory ran out; every core reader refuses it, without reading, naming it. .timeout: a
+ * regression hangs instead of failing. */
+Test(serialize, inputs_that_are_not_regular_files, .timeout = 30) {
+    scratch();
+    char fifo[4300];
+    snprintf(fifo, sizeof fifo, "%s/pipe.safetensors", g_dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    em_dict *out = (em_dict *)1, *target = em_dict_new();
+    cr_assert_eq(em_load(fifo, NULL, &out, NULL), EM_ERR_IO);
+    em_assert_error(EM_ERR_IO, "is a FIFO (named pipe), not a regular file");
+    em_assert_error(EM_ERR_IO, fifo);
+    cr_assert_null(out);
+    cr_assert_eq(em_load("/dev/zero", NULL, &out, NULL), EM_ERR_IO);
+    em_assert_error(EM_ERR_IO, "'/dev/zero' is a character device, not a regular file");
+    cr_assert_eq(em_load_into(fifo, target, false, NULL, NULL), EM_ERR_IO);
+    em_assert_error(EM_ERR_IO, "is a FIFO");
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    cr_assert_neq(em_checkpoint_load(fifo, &ck, NULL), EM_OK);
+    em_assert_error(EM_ERR_IO, "is a FIFO");
+    em_assert_error(EM_ERR_IO, fifo);
+    /* Config files (core/config.c reads through the same helper). */
+    cr_assert_null(em_config_load(fifo));
+    em_assert_error(EM_ERR_IO, "is a FIFO");
+    cr_assert_null(em_config_load("/dev/zero"));
+    em_assert_error(EM_ERR_IO, "'/dev/zero' is a character device");
+    cr_assert_null(em_config_load(g_dir));
+    em_assert_error(EM_ERR_IO, "is a directory");
+    cr_assert_null(em_model_from_config(fifo, NULL, true));
+    em_assert_error(EM_ERR_IO, "is a FIFO");
+    em_dict_free(target);
+    st_rmdir(g_dir);
+}
+
+/* Counts the largest host block asked for. */
+static atomic_size_t g_biggest;
+
+static void *biggest_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    size_t b = atomic_load(&g_biggest);
+    while (n > b && !atomic_compare_exchange_weak(&g_biggest, &b, n)) {
+    }
+    void *p = NULL;
+    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, n) ? NULL : p;
+}
+
+/* A sparse file of 1 GiB and a few KB on disk: the tensors of `d` (and metadata m) and, after
+ * them, a tensor `extra` of 2^28 float32 (1 GiB) of zeros that the header declares and no disk
+ * block holds. */
+static void write_with_huge_extra(const char *path, const em_dict *d, const em_metadata *m,
+                                  const char *extra) {
+    cr_assert_eq(em_save(d, path, m, NULL), EM_OK, "%s", em_last_error());
+    size_t len;
+    unsigned char *b = st_read_file(path, &len);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
+    uint64_t data = len - 8 - hlen;
+    char *h = malloc(hlen + 256);
+    memcpy(h, b + 8, hlen);
+    size_t end = hlen;
+    while (end > 0 && h[end - 1] == ' ') end--;
+    cr_assert_eq(h[end - 1], '}');
+    int k = snprintf(h + end - 1, 256, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[268435456],"
+                     "\"data_offsets\":[%llu,%llu]}}", extra, (unsigned long long)data,
+                     (unsigned long long)(data + ((uint64_t)1 << 30)));
+    uint64_t nh = end - 1 + (uint64_t)k;
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)(nh >> (8 * i));
+    cr_assert_eq(fwrite(n8, 1, 8, f), 8);
+    cr_assert_eq(fwrite(h, 1, nh, f), nh);
+    cr_assert_eq(fwrite(b + 8 + hlen, 1, data, f), data);
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(truncate(path, (off_t)(8 + nh + data + ((uint64_t)1 << 30))), 0);
+    free(h);
+    free(b);
+}
+
+/* Loading into a model validates names and shapes from the header before reading any data:
+ * a tensor the model has no place for is never read, so the 1 GiB it claims is never
+ * allocated (before, em_load copied every tensor first and the check came after). Strict
+ * refuses without reading; non-strict reads only what fits; the same holds for a
+ * checkpoint's model and optimizer tensors. */
+Test(serialize, load_into_checks_the_header_before_reading) {
+    scratch();
+    em_host_allocator_set(&(em_host_allocator){biggest_alloc, change_free, NULL});
+    em_scope_begin();
+    em_dict *model = em_dict_new();
+    cr_assert_eq(em_dict_set(model, "fc.weight", em_full(2, (int64_t[]){4, 3}, 0.5, EM_F32,
+                                                         em_cpu())), EM_OK);
+    cr_assert_eq(em_dict_set(model, "fc.bias", em_full(1, (int64_t[]){4}, 0.25, EM_F32,
+                                                       em_cpu())), EM_OK);
+    write_with_huge_extra(g_path, model, NULL, "head.weight");
+    em_dict *target = em_dict_new();
+    for (size_t i = 0; i < em_dict_len(model); i++)
+        em_dict_set(target, em_dict_key(model, i), em_zeros_like(em_dict_value(model, i)));
+    em_scope_end();
+
+    atomic_store(&g_biggest, 0);
+    em_load_report *r = NULL;
+    cr_assert_eq(em_load_into(g_path, target, true, &r, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "1 unexpected key (head.weight)");
+    em_assert_error(EM_ERR_INVALID, g_path);
+    cr_assert_eq(em_load_report_count(r, EM_LOAD_UNEXPECTED), 1);
+    cr_assert_eq(em_load_report_get(r, EM_LOAD_UNEXPECTED, 0)->source_shape[0], 268435456);
+    cr_assert_eq(em_load_report_loaded(r), 0);
+    em_load_report_free(r);
+    cr_assert_eq(em_test_at(em_dict_get(target, "fc.bias"), 0), 0.0); /* nothing written */
+    cr_assert_lt(atomic_load(&g_biggest), (size_t)16 << 20, "%zu bytes asked for",
+                 atomic_load(&g_biggest));
+
+    em_metadata *m = NULL;
+    cr_assert_eq(em_load_into(g_path, target, false, &r, &m), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_load_report_loaded(r), 2);
+    cr_assert_eq(em_load_report_count(r, EM_LOAD_UNEXPECTED), 1);
+    cr_assert_eq(em_test_at(em_dict_get(target, "fc.bias"), 3), 0.25);
+    cr_assert_eq(em_test_at(em_dict_get(target, "fc.weight"), 11), 0.5);
+    cr_assert_not_null(m);
+    em_metadata_free(m);
+    em_load_report_free(r);
+    cr_assert_lt(atomic_load(&g_biggest), (size_t)16 << 20, "%zu bytes asked for",
+                 atomic_load(&g_biggest));
+
+    /* A shape mismatch is not read either: a target "fc.bias" of another shape. */
+    em_scope_begin();
+    em_dict *other = em_dict_new();
+    em_dict_set(other, "head.weight", em_zeros(1, (int64_t[]){5}, EM_F32, em_cpu()));
+    em_scope_end();
+    cr_assert_eq(em_load_into(g_path, other, true, NULL, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "head.weight: [5] in the target, [268435456] in the source");
+    cr_assert_eq(em_load_into(g_path, other, false, &r, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_load_report_loaded(r), 0);
+    em_load_report_free(r);
+    cr_assert_lt(atomic_load(&g_biggest), (size_t)16 << 20);
+    cr_assert_eq(em_load_into(NULL, other, true, NULL, NULL), EM_ERR_INVALID);
+    em_dict_free(other);
+    em_dict_free(target);
+    em_dict_free(model);
+    em_shutdown();
+    em_host_allocator_set(NULL);
+    st_rmdir(g_dir);
+}
+
+/* The checkpoint reader (--resume) plans the same way. */
+Test(serialize, checkpoint_load_checks_the_header_before_reading) {
+    scratch();
+    em_host_allocator_set(&(em_host_allocator){biggest_alloc, change_free, NULL});
+    em_options *o = em_options_new();
+    em_options_set_text(o, "in_features", "3", NULL);
+    em_options_set_text(o, "out_features", "4", NULL);
+    em_module *lin = em_module_new("Linear", o);
+    em_options_free(o);
+    cr_assert_not_null(lin, "%s", em_last_error());
+    em_dict *params = em_module_named_parameters(lin, true);
+    em_options *so = em_options_new();
+    em_options_set_float(so, "lr", 0.1);
+    em_optimizer *opt = em_optimizer_new("SGD", params, so);
+    em_options_free(so);
+    cr_assert_not_null(opt, "%s", em_last_error());
+    em_checkpoint ck = EM_CHECKPOINT_INIT;
+    ck.model = lin;
+    ck.optimizer = opt;
+    cr_assert_eq(em_checkpoint_save(g_path, &ck, NULL), EM_OK, "%s", em_last_error());
+    char path2[4300], path3[4300];
+    snprintf(path2, sizeof path2, "%s/ck2.safetensors", g_dir);
+    snprintf(path3, sizeof path3, "%s/ck3.safetensors", g_dir);
+    em_dict *file;
+    em_metadata *meta;
+    cr_assert_eq(em_load(g_path, NULL, &file, &meta), EM_OK, "%s", em_last_error());
+    write_with_huge_extra(path2, file, meta, "model.head.weight");
+    write_with_huge_extra(path3, file, meta, "optim.state.0.momentum_buffer");
+
+    atomic_store(&g_biggest, 0);
+    cr_assert_eq(em_checkpoint_load(path2, &ck, NULL), EM_ERR_INVALID, "%s", em_last_error());
+    em_assert_error(EM_ERR_INVALID, "model: 1 unexpected key (head.weight)");
+    em_assert_error(EM_ERR_INVALID, path2);
+    cr_assert_eq(em_checkpoint_load(path3, &ck, NULL), EM_ERR_SHAPE, "%s", em_last_error());
+    em_assert_error(EM_ERR_SHAPE, "optimizer tensor 'optim.state.0.momentum_buffer' has shape "
+                    "[268435456] but parameter 0 has shape");
+    em_assert_error(EM_ERR_SHAPE, path3);
+    /* The model alone: the optimizer's tensors are not read at all. */
+    em_checkpoint mo = EM_CHECKPOINT_INIT;
+    mo.model = lin;
+    cr_assert_eq(em_checkpoint_load(path3, &mo, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_lt(atomic_load(&g_biggest), (size_t)16 << 20, "%zu bytes asked for",
+                 atomic_load(&g_biggest));
+    em_host_free(mo.config_out);
+    /* The untouched checkpoint still loads whole. */
+    cr_assert_eq(em_checkpoint_load(g_path, &ck, NULL), EM_OK, "%s", em_last_error());
+    em_host_free(ck.config_out);
+    em_dict_free(file);
+    em_metadata_free(meta);
+    em_optimizer_free(opt);
+    em_dict_free(params);
+    em_module_free(lin);
+    em_shutdown();
+    em_host_allocator_set(NULL);
+    st_rmdir(g_dir);
+}
+
 /* ---- rotation ------------------------------------------------------------------------------ */
 
 Test(serialize, checkpoint_rotation) {
@@ -778,9 +1115,9 @@ static long live_now(void) {
     return atomic_load(&g_oom.live);
 }
 
-/* For N = 1, 2, ...: the Nth host allocation of em_load, em_save and em_dict_load_into fails.
- * Each returns EM_ERR_NOMEM (or succeeds when nothing failed), leaks nothing, and a failed
- * save leaves the previous file and no temporary file. */
+/* For N = 1, 2, ...: the Nth host allocation of em_load, em_save, em_dict_load_into and
+ * em_load_into fails. Each returns EM_ERR_NOMEM (or succeeds when nothing failed), leaks
+ * nothing, and a failed save leaves the previous file and no temporary file. */
 Test(serialize_oom, every_allocation_failure_is_clean, .init = oom_setup, .fini = oom_teardown) {
     scratch();
     cr_assert_eq(em_scope_begin(), EM_OK);
@@ -797,7 +1134,7 @@ Test(serialize_oom, every_allocation_failure_is_clean, .init = oom_setup, .fini 
     long base = live_now();
 
     int phases_done = 0;
-    for (int phase = 0; phase < 3; phase++) {
+    for (int phase = 0; phase < 4; phase++) {
         for (long n = 1;; n++) {
             oom_arm(n);
             em_status st;
@@ -807,10 +1144,15 @@ Test(serialize_oom, every_allocation_failure_is_clean, .init = oom_setup, .fini 
                 st = em_load(g_path, NULL, &out, &mo);
             } else if (phase == 1) {
                 st = em_save(d, other, m, NULL); /* over a file holding `target` */
-            } else {
+            } else if (phase == 2) {
                 em_load_report *r = NULL;
                 st = em_dict_load_into(target, d, true, &r);
                 em_load_report_free(r);
+            } else {
+                em_load_report *r = NULL;
+                st = em_load_into(g_path, target, true, &r, &mo);
+                em_load_report_free(r);
+                if (st == EM_OK) cr_assert_str_eq(em_metadata_get(mo, "k"), "v");
             }
             long calls = atomic_load(&g_oom.calls);
             oom_arm(0);
@@ -844,7 +1186,7 @@ Test(serialize_oom, every_allocation_failure_is_clean, .init = oom_setup, .fini 
         }
         phases_done++;
     }
-    cr_assert_eq(phases_done, 3);
+    cr_assert_eq(phases_done, 4);
     em_metadata_free(m);
     em_dict_free(target);
     em_dict_free(d);

@@ -357,7 +357,7 @@ static int replay_dir(const char *dir) {
 }
 
 Test(serialize_interop, fuzz_corpus_replays) {
-    int n = replay_dir(EM_TEST_SRCDIR "/tests/fuzz/corpus");
+    int n = replay_dir(EM_TEST_SRCDIR "/tests/fuzz/corpus/safetensors");
     cr_assert_geq(n, 10, "only %d corpus files", n);
-    replay_dir(EM_TEST_SRCDIR "/tests/fuzz/crashes");
+    replay_dir(EM_TEST_SRCDIR "/tests/fuzz/crashes/safetensors");
 }

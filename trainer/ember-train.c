@@ -1333,12 +1333,12 @@ int main(int argc, char **argv) {
     if ((rc = build_optimizer(&r, em_config_node_get(root, "optimizer")))) goto done;
     if ((rc = build_scheduler(&r, em_config_node_get(root, "scheduler")))) goto done;
     if (r.s.init_weights) {
-        em_dict *loaded = NULL, *sd = em_module_state_dict(r.model);
+        /* Keys and shapes are checked from the file's header: what the model does not take
+         * is never read. */
+        em_dict *sd = em_module_state_dict(r.model);
         em_load_report *rep = NULL;
-        em_load_options lo = EM_LOAD_OPTIONS_INIT;
-        lo.device = r.dev;
-        em_status s = em_load(r.s.init_weights, &lo, &loaded, NULL);
-        if (s == EM_OK) s = em_dict_load_into(sd, loaded, !r.s.init_nonstrict, &rep);
+        em_status s = sd ? em_load_into(r.s.init_weights, sd, !r.s.init_nonstrict, &rep, NULL)
+                         : em_last_status();
         if (s != EM_OK) {
             fprintf(stderr, "ember-train: --init-weights %s: %s\n", r.s.init_weights, em_last_error());
             rc = EXIT_USAGE;
@@ -1349,7 +1349,6 @@ int main(int argc, char **argv) {
                     r.s.init_weights, em_load_report_loaded(rep), text);
         }
         em_load_report_free(rep);
-        em_dict_free(loaded);
         em_dict_free(sd);
         if (rc) goto done;
     }

@@ -2,7 +2,8 @@
  * cifar.c — dataset class "cifar10": the CIFAR-10 binary version. Each file is a run of
  * 3073-byte records: one label byte (0..9) then a 32x32 image as 1024 red, 1024 green and
  * 1024 blue bytes (so items are (3, 32, 32) u8, C order, as the file stores them). The train
- * split is every data_batch_*.bin in the directory (sorted by name), the test split
+ * split is every data_batch_*.bin in the directory (however many, in natural order:
+ * data_batch_2 before data_batch_10), the test split
  * test_batch.bin. Files may be gzip-compressed (zlib reads both). Everything is read and
  * checked at open (whole records, labels in [0, 10)).
  */
@@ -31,8 +32,27 @@ static const em_option_spec cifar_options[] = {
      .help = "train (data_batch_*.bin) or test (test_batch.bin)"},
 };
 
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
+/* Names in natural order: runs of digits compare as numbers, so data_batch_10.bin comes after
+ * data_batch_9.bin. */
+static int cmp_natural(const void *pa, const void *pb) {
+    const char *a = *(const char *const *)pa, *b = *(const char *const *)pb;
+    while (*a && *b) {
+        if (*a >= '0' && *a <= '9' && *b >= '0' && *b <= '9') {
+            while (*a == '0') a++;
+            while (*b == '0') b++;
+            size_t la = strspn(a, "0123456789"), lb = strspn(b, "0123456789");
+            if (la != lb) return la < lb ? -1 : 1;
+            int c = strncmp(a, b, la);
+            if (c) return c;
+            a += la;
+            b += lb;
+        } else {
+            if (*a != *b) return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
+            a++;
+            b++;
+        }
+    }
+    return *a ? 1 : *b ? -1 : strcmp(*(const char *const *)pa, *(const char *const *)pb);
 }
 
 /* Append file `path` to s: whole records only, labels checked. */
@@ -56,7 +76,7 @@ static em_status load_file(cifar_state *s, const char *path, int64_t *cap) {
             break;
         }
         if (s->n == *cap) {
-            int64_t nc = *cap ? *cap * 2 : 10000;
+            int64_t nc = *cap ? *cap * 2 : 64; /* grows with the records read */
             uint8_t *im = realloc(s->images, (size_t)nc * IMG);
             if (im) s->images = im;
             int64_t *lb = im ? realloc(s->labels, sizeof(int64_t) * (size_t)nc) : NULL;
@@ -86,39 +106,53 @@ static void cifar_close(void *state) {
 static em_status cifar_open(const em_options *o, em_dataset_info *info, void **out) {
     const char *dir = em_options_string(o, "path");
     bool train = strcmp(em_options_string(o, "split"), "train") == 0;
-    char *names[64];
-    size_t k = 0;
+    char **names = NULL; /* every matching file, however many */
+    size_t k = 0, kcap = 0;
+    em_status st = EM_OK;
     DIR *d = opendir(dir);
     if (!d) return em_set_error(EM_ERR_IO, "cifar10: cannot open directory %s: %s", dir,
                                 strerror(errno));
-    for (struct dirent *e; (e = readdir(d)) && k < 64;) {
+    for (struct dirent *e; st == EM_OK && (e = readdir(d));) {
         const char *n = e->d_name;
         size_t len = strlen(n);
         bool match = train ? strncmp(n, "data_batch_", 11) == 0 &&
                                  ((len > 4 && strcmp(n + len - 4, ".bin") == 0) ||
                                   (len > 7 && strcmp(n + len - 7, ".bin.gz") == 0))
                            : strcmp(n, "test_batch.bin") == 0 || strcmp(n, "test_batch.bin.gz") == 0;
-        if (match && !(names[k++] = strdup(n))) {
-            k--;
-            break;
+        if (!match) continue;
+        if (k == kcap) {
+            size_t nc = kcap ? kcap * 2 : 16;
+            char **nn = realloc(names, nc * sizeof *nn);
+            if (!nn) {
+                st = em_set_error(EM_ERR_NOMEM, "cifar10: out of memory listing %s", dir);
+                break;
+            }
+            names = nn;
+            kcap = nc;
         }
+        if (!(names[k] = strdup(n)))
+            st = em_set_error(EM_ERR_NOMEM, "cifar10: out of memory listing %s", dir);
+        else
+            k++;
     }
     closedir(d);
-    if (k == 0)
-        return em_set_error(EM_ERR_IO, "cifar10: no %s in %s", train ? "data_batch_*.bin files"
-                            : "test_batch.bin", dir);
-    qsort(names, k, sizeof *names, cmp_str);
-    cifar_state *s = calloc(1, sizeof *s);
-    em_status st = s ? EM_OK : em_set_error(EM_ERR_NOMEM, "cifar10: out of memory");
+    if (st == EM_OK && k == 0)
+        st = em_set_error(EM_ERR_IO, "cifar10: no %s in %s", train ? "data_batch_*.bin files"
+                          : "test_batch.bin", dir);
+    if (k > 1) qsort(names, k, sizeof *names, cmp_natural);
+    cifar_state *s = NULL;
+    if (st == EM_OK && !(s = calloc(1, sizeof *s)))
+        st = em_set_error(EM_ERR_NOMEM, "cifar10: out of memory");
     int64_t cap = 0;
     for (size_t i = 0; i < k; i++) {
         if (st == EM_OK) {
-            char path[1024];
+            char path[4096];
             snprintf(path, sizeof path, "%s/%s", dir, names[i]);
             st = load_file(s, path, &cap);
         }
         free(names[i]);
     }
+    free(names);
     if (st != EM_OK) {
         cifar_close(s);
         return st;

@@ -4,8 +4,10 @@
  * default is the last column) and the rest are float32 features, or `target_columns` names
  * float32 regression targets. A header row is optional (auto: a first row with a
  * non-numeric field is a header). Every row must have as many fields as the first; every
- * field must be a number. Errors name the file, the line, the column and the reason. The
- * whole table is parsed at open; reads are memcpy.
+ * field must be a number (a NUL byte inside one is an error, not the end of it). A UTF-8
+ * byte-order mark at the start is skipped. Errors name the file, the line, the column and
+ * the reason. The whole table is parsed at open, its memory growing with the rows read;
+ * reads are memcpy.
  */
 #include <csv.h>
 #include <errno.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "data.h"
 
@@ -49,6 +52,7 @@ typedef struct parse {
     int64_t nfields, row_cap;
     bool row_ok;           /* every field of the current row parsed as a number */
     char bad_field[64];    /* the first non-numeric field of the current row */
+    bool bad_nul;          /* it holds a NUL byte */
     int64_t bad_col;
     int header;            /* -1 auto, 0 no, 1 yes */
     bool header_done;
@@ -57,7 +61,8 @@ typedef struct parse {
 
 static bool parse_number(const char *s, size_t len, double *out) {
     char buf[128];
-    if (len == 0 || len >= sizeof buf) return false;
+    /* strtod would stop at a NUL byte and read "1<NUL>garbage" as 1. */
+    if (len == 0 || len >= sizeof buf || memchr(s, '\0', len)) return false;
     memcpy(buf, s, len);
     buf[len] = '\0';
     char *end;
@@ -91,6 +96,9 @@ static void on_field(void *s, size_t len, void *data) {
         size_t n = len < sizeof p->bad_field - 1 ? len : sizeof p->bad_field - 1;
         if (s) memcpy(p->bad_field, s, n);
         p->bad_field[n] = '\0';
+        for (size_t i = 0; i < n; i++) /* the message shows a NUL, not a cut-off field */
+            if (p->bad_field[i] == '\0') p->bad_field[i] = '?';
+        p->bad_nul = s && memchr(s, '\0', len) != NULL;
     }
     p->row[p->nfields++] = v;
 }
@@ -124,12 +132,13 @@ static void on_row(int c, void *data) {
     }
     if (!ok) {
         p->failed = true;
-        em_set_error(EM_ERR_FORMAT, "csv: %s line %lld, column %lld: '%s' is not a number",
-                     p->path, (long long)p->row_line, (long long)p->bad_col + 1, p->bad_field);
+        em_set_error(EM_ERR_FORMAT, "csv: %s line %lld, column %lld: '%s' is not a number%s",
+                     p->path, (long long)p->row_line, (long long)p->bad_col + 1, p->bad_field,
+                     p->bad_nul ? " (it holds a NUL byte, shown as '?': a binary file?)" : "");
         return;
     }
     if (p->rows == p->cap) {
-        int64_t nc = p->cap ? p->cap * 2 : 1024;
+        int64_t nc = p->cap ? p->cap * 2 : 1; /* grows with the rows read, never ahead */
         double *cells = realloc(p->cells, sizeof(double) * (size_t)(nc * nf));
         if (cells) p->cells = cells;
         int64_t *lines = cells ? realloc(p->lines, sizeof(int64_t) * (size_t)nc) : NULL;
@@ -216,8 +225,15 @@ static em_status csv_open(const em_options *o, em_dataset_info *info, void **out
     else
         return em_set_error(EM_ERR_INVALID, "dataset 'csv': option 'delimiter' = '%s' must be "
                             "one character (not a quote or newline) or 'tab'", delim);
-    FILE *f = fopen(path, "r");
-    if (!f) return em_set_error(EM_ERR_IO, "csv: cannot open %s: %s", path, strerror(errno));
+    int fd = dt_open_input("csv", path); /* regular files only: a FIFO would block */
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) {
+            close(fd);
+            em_set_error(EM_ERR_IO, "csv: cannot open %s: %s", path, strerror(errno));
+        }
+        return em_last_status();
+    }
     parse p = {.path = path, .ncols = -1, .row_ok = true,
                .header = header};
     struct csv_parser cp;
@@ -229,7 +245,12 @@ static em_status csv_open(const em_options *o, em_dataset_info *info, void **out
     em_status st = EM_OK;
     while (!p.failed && (len = getline(&line, &lcap, f)) > 0) {
         p.line++;
-        if (csv_parse(&cp, line, (size_t)len, on_field, on_row, &p) != (size_t)len) {
+        char *text = line;
+        if (p.line == 1 && len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) {
+            text += 3; /* a UTF-8 byte-order mark is not part of the first field */
+            len -= 3;
+        }
+        if (csv_parse(&cp, text, (size_t)len, on_field, on_row, &p) != (size_t)len) {
             st = em_set_error(EM_ERR_FORMAT, "csv: %s line %lld: %s (a stray or unclosed "
                               "quote?)", path, (long long)p.line, csv_strerror(csv_error(&cp)));
             break;

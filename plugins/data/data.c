@@ -1,12 +1,16 @@
 /*
  * data.c — the ember-data plugin: dataset classes for MNIST/Fashion-MNIST IDX files (raw or
  * gzip), CIFAR-10 binary batches, CSV tables, and a synthetic dataset for benchmarks; and the
- * file reading they share (through zlib, which reads plain files too).
+ * file reading they share: regular files only (dt_open_input), through zlib (which reads plain
+ * files too), into memory that grows with what the file delivers (dt_read_alloc).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "data.h"
@@ -18,23 +22,54 @@ struct dt_file {
     uint64_t off;
 };
 
-dt_file *dt_open(const char *who, const char *path) {
-    FILE *probe = fopen(path, "rb"); /* for a precise errno: gzopen's is not always set */
-    if (!probe) {
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+int dt_open_input(const char *who, const char *path) {
+    /* O_NONBLOCK: opening a FIFO without a writer would block in open() itself. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
         em_set_error(EM_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno));
-        return NULL;
+        return -1;
     }
-    fclose(probe);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int err = errno;
+        close(fd);
+        em_set_error(EM_ERR_IO, "%s: cannot stat %s: %s", who, path, strerror(err));
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        em_set_error(EM_ERR_IO, "%s: %s is %s, not a regular file (datasets are read only from "
+                     "regular files: reading this could block or never end)", who, path,
+                     file_kind(sb.st_mode));
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+dt_file *dt_open(const char *who, const char *path) {
+    int fd = dt_open_input(who, path);
+    if (fd < 0) return NULL;
     dt_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
+        close(fd);
         em_set_error(EM_ERR_NOMEM, "%s: out of memory opening %s", who, path);
         return NULL;
     }
     f->who = who;
-    if (!(f->gz = gzopen(path, "rb"))) {
+    errno = 0;
+    if (!(f->gz = gzdopen(fd, "rb"))) { /* the checked descriptor: no second open by name */
         em_set_error(EM_ERR_IO, "%s: cannot open %s: %s", who, path,
                      errno ? strerror(errno) : "zlib could not open it");
+        close(fd);
         free(f->path);
         free(f);
         return NULL;
@@ -86,7 +121,11 @@ em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got) {
         if (k == 0) {
             int err;
             const char *msg = gzerror(f->gz, &err);
-            if (err != Z_OK && err != Z_BUF_ERROR)
+            if (err == Z_BUF_ERROR) /* zlib's "unexpected end of file": no end marker */
+                return em_set_error(EM_ERR_FORMAT, "%s: %s: truncated: the gzip data ends after "
+                                    "%llu bytes without its end marker and checksum", f->who,
+                                    f->path, (unsigned long long)f->off);
+            if (err != Z_OK)
                 return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip data at byte %llu: %s",
                                     f->who, f->path, (unsigned long long)f->off, msg);
             break;
@@ -97,12 +136,51 @@ em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got) {
     return EM_OK;
 }
 
-bool dt_at_end(dt_file *f) {
-    char c;
-    return gzread(f->gz, &c, 1) <= 0;
+em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out) {
+    *out = NULL;
+    size_t cap = n < ((size_t)1 << 20) ? n : (size_t)1 << 20, got = 0;
+    unsigned char *buf = malloc(cap ? cap : 1);
+    if (!buf) return em_set_error(EM_ERR_NOMEM, "%s: out of memory reading %s", f->who, f->path);
+    while (got < n) {
+        if (got == cap) { /* the file has delivered cap bytes: it justifies twice as many */
+            size_t nc = cap > n / 2 ? n : cap * 2;
+            unsigned char *nb = realloc(buf, nc);
+            if (!nb) {
+                free(buf);
+                return em_set_error(EM_ERR_NOMEM, "%s: out of memory reading %s (%zu bytes of "
+                                    "%s)", f->who, f->path, nc, what);
+            }
+            buf = nb;
+            cap = nc;
+        }
+        size_t k;
+        em_status st = dt_read_upto(f, buf + got, cap - got, &k);
+        if (st == EM_OK && k < cap - got)
+            st = em_set_error(EM_ERR_FORMAT, "%s: %s: truncated: %s needs %zu more bytes but "
+                              "the file ends at byte %llu", f->who, f->path, what,
+                              n - got - k, (unsigned long long)f->off);
+        if (st != EM_OK) {
+            free(buf);
+            return st;
+        }
+        got += k;
+    }
+    *out = buf;
+    return EM_OK;
 }
 
-uint64_t dt_offset(const dt_file *f) { return f->off; }
+em_status dt_expect_end(dt_file *f) {
+    char c;
+    size_t got;
+    uint64_t at = f->off;
+    em_status st = dt_read_upto(f, &c, 1, &got);
+    if (st == EM_OK && got)
+        st = em_set_error(EM_ERR_FORMAT, "%s: %s: unexpected bytes after the %llu the header "
+                          "accounts for (a damaged file, or a header for fewer items)", f->who,
+                          f->path, (unsigned long long)at);
+    return st;
+}
+
 const char *dt_path(const dt_file *f) { return f->path; }
 
 void dt_close(dt_file *f) {

@@ -155,7 +155,9 @@ typedef struct em_dataset em_dataset;
  * listing the registered ones. An unknown option (with a did-you-mean), a value of the wrong
  * type, out of range or not among the choices, or a missing required option:
  * EM_ERR_INVALID naming the class, the option and what is allowed (em_options_resolve).
- * Then the class's own errors. Returns a new dataset (free with em_dataset_free) or NULL. */
+ * Then the class's own errors; and EM_ERR_FORMAT naming the class and its 'path' option when
+ * the class opens with no items (an empty file or split would train nothing). Returns a new
+ * dataset (free with em_dataset_free) or NULL. */
 EM_API em_dataset *em_dataset_open(const char *name, const em_options *opts);
 
 /* A dataset over tensors the program already has: item i is inputs[i] (any CPU tensor of
@@ -256,9 +258,11 @@ typedef struct em_loader em_loader;
 
 /* A loader over ds (which must outlive the loader) with options o (copied; NULL: defaults).
  * Starts its workers, which begin on epoch 0 at once. EM_ERR_INVALID naming the option at
- * fault (bad sampler arguments, transforms that do not fit the items, ...), EM_ERR_DEVICE,
- * EM_ERR_NOMEM. Every buffer is allocated here: em_loader_next allocates nothing except
- * the view of a short last batch (once per epoch). */
+ * fault (bad sampler arguments, transforms that do not fit the items, ...) or naming the
+ * dataset when an epoch would have no batch (no items, or drop_last with fewer items than
+ * batch_size), EM_ERR_DEVICE, EM_ERR_NOMEM. Every buffer is allocated here, each for
+ * min(batch_size, items per epoch) items: em_loader_next allocates nothing except the view
+ * of a short last batch (once per epoch). */
 EM_API em_loader *em_loader_new(em_dataset *ds, const em_loader_options *o);
 
 /* The next batch of the current epoch.

@@ -174,15 +174,19 @@ typedef struct em_load_options {
 #define EM_LOAD_OPTIONS_INIT { .struct_size = sizeof(em_load_options) }
 
 /*
- * Read a safetensors file: maps it (mmap), validates the whole header before creating any
- * tensor, then copies each tensor onto opt->device (converting as opt says). opt may be NULL
+ * Read a safetensors file: reads and validates the whole header before creating any tensor,
+ * then reads each tensor's bytes onto opt->device (converting as opt says). The file is read
+ * (never mapped), so a file that another process truncates or rewrites meanwhile (cp over it,
+ * rsync --inplace) is an EM_ERR_IO naming it, never a crash. opt may be NULL
  * (defaults: the CPU, the file's dtypes). On success *out is a new dict the caller frees with
  * em_dict_free (its tensors are held by the dict only, never by a scope), in the header's
  * order; *metadata_out (when metadata_out is not NULL) is a new em_metadata (empty when the
  * file has none) that the caller frees.
  *
  * Errors, each naming the file and the reason: EM_ERR_NOTFOUND (no such file), EM_ERR_IO
- * (cannot open or map it); EM_ERR_FORMAT for a malformed file: shorter than 8 bytes, a header
+ * (cannot open or read it; not a regular file: a FIFO, a device such as /dev/zero or a
+ * directory is refused without reading it; it was truncated or changed while being read);
+ * EM_ERR_FORMAT for a malformed file: shorter than 8 bytes, a header
  * length past the end of the file or over EM_SAFETENSORS_MAX_HEADER, invalid JSON or UTF-8, a
  * duplicate key, an entry without a valid dtype/shape/data_offsets, data_offsets out of range,
  * overlapping, leaving holes or not covering the data section, a shape whose byte size
@@ -257,6 +261,23 @@ EM_API void em_load_report_free(em_load_report *r);
  */
 EM_API em_status em_dict_load_into(em_dict *target, const em_dict *source, bool strict,
                                    em_load_report **report_out /* out, may be NULL */);
+
+/*
+ * em_load and em_dict_load_into in one, for loading weights into a model (load_state_dict
+ * from a file): reads path's header and checks its keys and shapes against target first,
+ * then reads only the tensors target takes, each straight onto its target tensor's device and
+ * copied in. The report and the strict / non-strict rules are em_dict_load_into's; a strict
+ * refusal reads no tensor data at all, and a tensor the target has no place for (an
+ * unexpected key, a shape mismatch) is never read, so a file cannot make the process commit
+ * memory the model does not justify. Memory: target plus the largest tensor read.
+ *
+ * Errors: em_load's (naming the file); em_dict_load_into's, naming the file too. When a
+ * read or copy fails after some tensors were written, those keep their new values.
+ * *metadata_out (may be NULL) receives the file's metadata on success.
+ */
+EM_API em_status em_load_into(const char *path, em_dict *target, bool strict,
+                              em_load_report **report_out /* out, may be NULL */,
+                              em_metadata **metadata_out /* out, may be NULL */);
 
 /* ---- checkpoint files: numbered by step, one run's files rotated --------------------------- */
 
