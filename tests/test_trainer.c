@@ -848,3 +848,152 @@ Test(trainer, progress_bar_on_a_terminal) {
     cr_assert(strstr(text, "epoch 1/1: train loss"), "%s", text); /* then the epoch's line */
     free(text);
 }
+
+/* ---- config parsing: bounded aliases, linear cost (issue 13, items 6 and 7) ---------------- */
+
+/* A host allocator that counts the bytes asked for (the copying realloc of a list grown one
+ * item at a time shows up here as quadratic). It allocates as the default one does, so memory
+ * may be freed after it is uninstalled. No em_init: parsing needs none. */
+static size_t g_alloc_bytes;
+
+static void *counting_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    g_alloc_bytes += n;
+    void *p = NULL;
+    return posix_memalign(&p, align, n ? n : 1) == 0 ? p : NULL;
+}
+
+static void counting_free(void *p, void *user) {
+    (void)user;
+    free(p);
+}
+
+/* Parse text; the bytes allocated and the key comparisons it cost. NULL config: the error. */
+static em_config *parse_counted(const char *text, size_t *bytes, uint64_t *compares) {
+    g_alloc_bytes = 0;
+    em_host_allocator_set(&(em_host_allocator){counting_alloc, counting_free, NULL});
+    em_config *c = em_config_parse(text, strlen(text), "big.yaml");
+    em_host_allocator_set(NULL);
+    *bytes = g_alloc_bytes;
+    *compares = em_config_get_stats(c).key_compares;
+    return c;
+}
+
+/* A config with n list items, n map keys, n anchors and n aliases to them. */
+static char *big_config(int n) {
+    size_t cap = (size_t)n * 64 + 64, used = 0;
+    char *t = malloc(cap);
+    used += (size_t)snprintf(t + used, cap - used, "list:\n");
+    for (int i = 0; i < n; i++) used += (size_t)snprintf(t + used, cap - used, "  - %d\n", i);
+    used += (size_t)snprintf(t + used, cap - used, "map:\n");
+    for (int i = 0; i < n; i++)
+        used += (size_t)snprintf(t + used, cap - used, "  k%d: &a%d %d\n", i, i, i);
+    used += (size_t)snprintf(t + used, cap - used, "aliases:\n");
+    for (int i = 0; i < n; i++) used += (size_t)snprintf(t + used, cap - used, "  - *a%d\n", i);
+    cr_assert_lt(used, cap);
+    return t;
+}
+
+TestSuite(config_parse, .timeout = 60);
+
+/* Parsing 4n items costs about 4 times the bytes and the key comparisons of n items; the
+ * quadratic parser (a copying realloc per item, a scan of the earlier keys per key) cost 16
+ * times. Counted, not timed. */
+Test(config_parse, cost_grows_linearly) {
+    const int n = 4000;
+    size_t b1, b4;
+    uint64_t k1, k4;
+    char *t1 = big_config(n), *t4 = big_config(4 * n);
+    em_config *c1 = parse_counted(t1, &b1, &k1), *c4 = parse_counted(t4, &b4, &k4);
+    cr_assert(c1 && c4, "%s", em_last_error());
+    const em_config_node *r = em_config_root(c4);
+    cr_assert_eq(em_config_node_len(em_config_node_get(r, "list")), (size_t)(4 * n));
+    cr_assert_eq(em_config_node_len(em_config_node_get(r, "map")), (size_t)(4 * n));
+    cr_assert_str_eq(em_config_node_text(em_config_node_get(em_config_node_get(r, "map"), "k12345")),
+                     "12345");
+    cr_assert_str_eq(em_config_node_text(em_config_node_at(em_config_node_get(r, "aliases"), 777,
+                                                           NULL)), "777");
+    cr_assert_eq(em_config_get_stats(c4).alias_nodes, (size_t)(4 * n));
+    double rb = (double)b4 / (double)b1, rk = (double)k4 / (double)(k1 ? k1 : 1);
+    cr_assert(k1 >= (uint64_t)n, "%llu comparisons for %d keys: the count is not counting",
+              (unsigned long long)k1, n);
+    cr_assert(rb < 4.5, "bytes: %zu for n = %d, %zu for 4n (x%.2f; linear is x4)", b1, n, b4, rb);
+    cr_assert(rk < 4.5, "key comparisons: %llu for n = %d, %llu for 4n (x%.2f; linear is x4)",
+              (unsigned long long)k1, n, (unsigned long long)k4, rk);
+    em_config_free(c1);
+    em_config_free(c4);
+    free(t1);
+    free(t4);
+}
+
+/* "Billion laughs": nine levels of nine aliases each would be 9^9 nodes. The parse stops at
+ * the alias limit, names the file, line and alias, and allocates a bounded amount. */
+Test(config_parse, nested_aliases_are_bounded) {
+    char text[2048];
+    size_t used = (size_t)snprintf(text, sizeof text, "a: &a [lol, lol, lol, lol, lol, lol, lol, "
+                                   "lol, lol]\n");
+    for (char c = 'b'; c <= 'i'; c++)
+        used += (size_t)snprintf(text + used, sizeof text - used,
+                                 "%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n", c, c,
+                                 c - 1, c - 1, c - 1, c - 1, c - 1, c - 1, c - 1, c - 1, c - 1);
+    cr_assert_lt(used, 600); /* the size of the attack */
+    size_t bytes;
+    uint64_t k;
+    cr_assert_null(parse_counted(text, &bytes, &k));
+    cr_assert_eq(em_last_status(), EM_ERR_FORMAT);
+    cr_assert(strstr(em_last_error(), "big.yaml:6:") && strstr(em_last_error(), "alias *e") &&
+              strstr(em_last_error(), "limit of 100000 nodes"), "%s", em_last_error());
+    cr_assert_lt(bytes, (size_t)256 << 20, "the refused parse allocated %zu bytes", bytes);
+
+    /* few nodes but large: a 64 KiB text aliased 2000 times (128 MiB) meets the byte limit */
+    size_t big = 64 << 10, cap = big + 2000 * 8 + 64;
+    char *t = malloc(cap);
+    used = (size_t)snprintf(t, cap, "s: &s \"");
+    memset(t + used, 'x', big);
+    used += big;
+    used += (size_t)snprintf(t + used, cap - used, "\"\nl:\n");
+    for (int i = 0; i < 2000; i++) used += (size_t)snprintf(t + used, cap - used, "- *s\n");
+    cr_assert_null(parse_counted(t, &bytes, &k));
+    cr_assert(strstr(em_last_error(), "alias *s") && strstr(em_last_error(), "64 MiB"), "%s",
+              em_last_error());
+    cr_assert_lt(bytes, (size_t)256 << 20, "the refused parse allocated %zu bytes", bytes);
+    free(t);
+
+    /* a few aliases within the limits work, and are copies at their own place */
+    const char *ok = "base: &b {lr: 0.1, betas: [0.9, 0.99]}\nfirst: *b\nsecond: *b\n";
+    em_config *c = parse_counted(ok, &bytes, &k);
+    cr_assert(c, "%s", em_last_error());
+    const em_config_node *s = em_config_node_get(em_config_root(c), "second");
+    cr_assert_str_eq(em_config_node_path(em_config_node_get(s, "betas")), "second.betas");
+    cr_assert_str_eq(em_config_node_text(em_config_node_at(em_config_node_get(s, "betas"), 1, NULL)),
+                     "0.99");
+    cr_assert_eq(em_config_get_stats(c).alias_nodes, 2 * 5);
+    em_config_free(c);
+}
+
+/* Aliases that go nowhere, keys and values that cannot be read, more than one document. */
+Test(config_parse, bad_aliases_and_values_are_named) {
+    static const struct { const char *text, *needle; } cases[] = {
+        {"a: 1\nb: *nope\n", "t.yaml:2:4: alias *nope: no anchor &nope before it"},
+        {"a: &s [1, *s]\n", "t.yaml:1:11: alias *s refers to the node that contains it"},
+        {"a: &m {x: 1}\n*m : 2\n", "t.yaml:2:1: the top level: a key must be plain text; alias *m"},
+        {"a: \"x\\0y\"\n", "t.yaml:1:4: a: the value holds a NUL character"},
+        {"\"x\\0y\": 1\n", "t.yaml:1:1: the top level: a key holds a NUL character"},
+        {"a: 1\n---\nb: 2\n", "t.yaml:2:1: a second YAML document"},
+        {"&k a: 1\n*k : 2\n", "t.yaml:2:1: duplicate key 'a' in the top level (first at t.yaml:1:1)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cr_assert_null(em_config_parse(cases[i].text, strlen(cases[i].text), "t.yaml"), "case %zu", i);
+        cr_assert_eq(em_last_status(), EM_ERR_FORMAT, "case %zu", i);
+        cr_assert(strstr(em_last_error(), cases[i].needle), "case %zu: '%s' lacks '%s'", i,
+                  em_last_error(), cases[i].needle);
+    }
+    /* an anchored key's text serves aliases as a value or another map's key */
+    const char *ok = "&k name: 1\nother: {*k : 2}\nv: *k\n";
+    em_config *c = em_config_parse(ok, strlen(ok), "t.yaml");
+    cr_assert(c, "%s", em_last_error());
+    const em_config_node *r = em_config_root(c);
+    cr_assert_str_eq(em_config_node_text(em_config_node_get(r, "v")), "name");
+    cr_assert_str_eq(em_config_node_text(em_config_node_get(em_config_node_get(r, "other"), "name")), "2");
+    em_config_free(c);
+}
