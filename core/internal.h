@@ -40,6 +40,22 @@ em_status em__strindex_add(em__strindex *x, const char *const *keys, size_t pos,
                            uint64_t *compares);
 void em__strindex_free(em__strindex *x);
 
+/* ---- loading optimizer and scheduler state in two steps (optim.c) -------------------------- */
+
+/* em_checkpoint_load checks every part of a file before it restores any: prepare checks a
+ * state dict whole and builds what it will put in place (a scheduler's class state is loaded
+ * already, with what it replaced kept); commit swaps it in and cannot fail; discard drops it
+ * (putting a scheduler's class state back). Both consume p. */
+typedef struct em__optim_load em__optim_load;
+em_status em__optimizer_load_prepare(const em_optimizer *o, const em_dict *tensors,
+                                     const char *groups_json, em__optim_load **out);
+void em__optimizer_load_commit(em_optimizer *o, em__optim_load *p);
+void em__optimizer_load_discard(const em_optimizer *o, em__optim_load *p);
+typedef struct em__sched_load em__sched_load;
+em_status em__scheduler_load_prepare(em_scheduler *s, const char *json, em__sched_load **out);
+void em__scheduler_load_commit(em_scheduler *s, em__sched_load *p);
+void em__scheduler_load_discard(em_scheduler *s, em__sched_load *p);
+
 /* ---- caching device allocator (alloc.c) --------------------------------------------------- */
 
 typedef struct em__block {
