@@ -408,11 +408,27 @@ static bool parse_float(const char *p, const char *end, double *out) {
         return false;
     }
     char *stop;
+    errno = 0;
     double v = strtod(buf, &stop);
-    if (*stop)
+    /* "1e400" is not "inf": a number beyond a double's range is refused, not rounded to one */
+    if (*stop || (errno == ERANGE && isinf(v)))
         return false;
     *out = v;
     return true;
+}
+
+/* Whether the text between p and end is a decimal number too large for a double. */
+static bool float_overflows(const char *p, const char *end) {
+    char buf[64];
+    size_t len = (size_t)(end - p);
+    if (len == 0 || len >= sizeof buf)
+        return false;
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    char *stop;
+    errno = 0;
+    double v = strtod(buf, &stop);
+    return !*stop && errno == ERANGE && isinf(v);
 }
 
 static bool parse_bool(const char *s, bool *out) {
@@ -544,7 +560,7 @@ static const char *type_text(const char *text, unsigned types, opt_entry *out, c
         return NULL;
     }
     em__free(s);
-    return "wrong type";
+    return float_overflows(p, end) ? "beyond the range of a double" : "wrong type";
 }
 
 /* Convert a typed value to a type the spec allows (losslessly); NULL on success. */

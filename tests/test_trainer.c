@@ -997,3 +997,164 @@ Test(config_parse, bad_aliases_and_values_are_named) {
     cr_assert_str_eq(em_config_node_text(em_config_node_get(em_config_node_get(r, "other"), "name")), "2");
     em_config_free(c);
 }
+
+/* ---- numbers from configs and checkpoints get the command line's ranges (issue 13, items 9
+ * and 10). Each case is its own run, so that the ASan+UBSan stage sees every field: before,
+ * these overflowed (signed overflow), were truncated by casts, or trained nothing and exited
+ * 0. --max-steps 1 keeps a run that wrongly starts short. */
+
+#define SMALL_MODEL "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n" GOOD_DATA
+
+Test(trainer, config_numbers_are_range_checked_like_the_command_line) {
+    static const struct { const char *yaml, *needle; } cases[] = {
+        {"loop: {epochs: 9223372036854775807}\n",
+         "bad.yaml:4:16: loop.epochs: '9223372036854775807' is not an integer in [0, 2147483647] "
+         "(as for --epochs)"},
+        {"loop: {epochs: 1, accum_steps: 9223372036854775807}\n",
+         "loop.accum_steps: '9223372036854775807' is not an integer in [1, 2147483647]"},
+        {"loop: {epochs: 1, batch_size: 2147483648}\n",
+         "loop.batch_size: '2147483648' is not an integer in [1, 2147483647]"},
+        {"loop: {epochs: 1, overfit_batches: 9223372036854775807}\n",
+         "loop.overfit_batches: '9223372036854775807' is not an integer in [0, 2147483647]"},
+        {"loop: {epochs: 1, workers: 4294967297}\n",
+         "loop.workers: '4294967297' is not an integer in [0, 256] (as for --workers)"},
+        {"loop: {epochs: 1, clip_grad_norm: 1e400}\n",
+         "loop.clip_grad_norm: '1e400' is not a finite number >= 0"},
+        {"scheduler: {warmup_epochs: 9223372036854775807}\n",
+         "scheduler.warmup_epochs: '9223372036854775807' is not an integer in [0, 2147483647] "
+         "(as for --warmup-epochs)"},
+        {"data: {class: mnist, options: {path: " EM_TEST_SRCDIR "/data/digits}, transforms: "
+         "{crop_padding: 4294967297}}\n",
+         "data.transforms.crop_padding: '4294967297' is not an integer in [0, 2147483647]"},
+        {"optimizer: {class: SGD, lr: inf}\n",
+         "bad.yaml:4:12: optimizer: SGD (param group 0): invalid learning rate inf (must be a "
+         "finite number >= 0)"},
+        {"optimizer: {class: SGD, lr: 1e400}\n",
+         "bad.yaml:4:29: SGD (param group 0): option 'lr' = '1e400': beyond the range of a double"},
+        {"optimizer: {class: SGD, lr: 0.1, momentum: 1e400}\n", "option 'momentum' = '1e400'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[1024];
+        /* the data line comes first so that a case may replace it (a later key would be a
+         * duplicate) */
+        const char *data = strncmp(cases[i].yaml, "data:", 5) ? GOOD_DATA : "";
+        snprintf(text, sizeof text, "%smodel: [Flatten, {Linear: {in_features: 64, "
+                 "out_features: 10}}]\n# (a comment keeps the case on line 4)\n%s", data,
+                 cases[i].yaml);
+        if (!*data) /* keep line 4 for the case */
+            snprintf(text, sizeof text, "model: [Flatten, {Linear: {in_features: 64, "
+                     "out_features: 10}}]\n#\n#\n%s", cases[i].yaml);
+        write_file("bad.yaml", text);
+        char *out;
+        int rc = train(&out, (const char *[]){path("bad.yaml"), "--max-steps", "1", NULL});
+        cr_assert_eq(rc, 2, "case %zu: exit %d:\n%s", i, rc, out);
+        cr_assert(strstr(out, cases[i].needle), "case %zu: '%s' not in:\n%s", i, cases[i].needle,
+                  out);
+        free(out);
+    }
+    /* the command line says the range too */
+    char *out;
+    int rc = train(&out, (const char *[]){"--epochs", "-1", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--epochs: '-1' is not an integer in [0, 2147483647]"), "%s", out);
+    free(out);
+}
+
+/* The checkpoint at path with metadata `key` set to value (NULL: left as it is) and, when
+ * tensor is not NULL, that tensor replaced by a 0-dim zero, written to "bad.safetensors". */
+static void bad_checkpoint(const char *src, const char *key, const char *value, const char *tensor) {
+    em_dict *d;
+    em_metadata *m;
+    cr_assert_eq(em_load(src, NULL, &d, &m), EM_OK, "%s", em_last_error());
+    if (value) cr_assert_eq(em_metadata_set(m, key, value), EM_OK, "%s", em_last_error());
+    if (tensor) {
+        cr_assert(em_dict_has(d, tensor), "%s", tensor);
+        em_tensor *z = em_zeros(0, NULL, EM_F32, em_cpu());
+        em_dict_set(d, tensor, z);
+        em_tensor_release(z);
+    }
+    cr_assert_eq(em_save(d, path("bad.safetensors"), m, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(d);
+    em_metadata_free(m);
+}
+
+/* A JSON metadata entry of src with "field": set to value. */
+static char *json_with(const char *src, const char *key, const char *field, const char *value) {
+    em_dict *d;
+    em_metadata *m;
+    cr_assert_eq(em_load(src, NULL, &d, &m), EM_OK, "%s", em_last_error());
+    const char *json = em_metadata_get(m, key);
+    cr_assert(json, "%s", key);
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", field);
+    const char *at = strstr(json, pat);
+    cr_assert(at, "%s in %s", pat, json);
+    const char *rest = at + strlen(pat);
+    while (*rest == '-' || (*rest >= '0' && *rest <= '9')) rest++;
+    size_t cap = strlen(json) + strlen(value) + 1;
+    char *s = malloc(cap);
+    snprintf(s, cap, "%.*s%s%s", (int)(at + strlen(pat) - json), json, value, rest);
+    em_dict_free(d);
+    em_metadata_free(m);
+    return s;
+}
+
+/* A checkpoint's loader position, loop counts, scheduler counts and optimizer state are
+ * checked at --resume, the message naming the file and the entry, before any step. */
+Test(trainer, resume_checks_every_field_of_the_checkpoint) {
+    write_file("ck.yaml", SMALL_MODEL "optimizer: {class: SGD, lr: 0.1, momentum: 0.9}\n"
+               "scheduler: {class: StepLR, step_size: 1}\nloop: {epochs: 1, batch_size: 32}\n");
+    char *out, ck[512];
+    snprintf(ck, sizeof ck, "%s", path("ck.safetensors"));
+    int rc = train(&out, (const char *[]){path("ck.yaml"), "--max-steps", "3", "--checkpoint", ck,
+                                          NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    char *step = json_with(ck, "loop", "step", "9223372036854775807");
+    char *epoch = json_with(ck, "loop", "epoch", "9223372036854775807");
+    char *last = json_with(ck, "sched.state", "last_epoch", "9223372036854775807");
+    char *count = json_with(ck, "sched.state", "step_count", "9223372036854775807");
+    const struct { const char *key, *value, *tensor, *needle; } cases[] = {
+        {"train.batch", "-5", NULL,
+         "bad.safetensors': metadata 'train.batch' is '-5'; expected an integer in [0, "
+         "9007199254740992]"},
+        {"train.batch", "1000", NULL,
+         "bad.safetensors': metadata 'train.batch' is 1000, past the end of an epoch of this run "
+         "(47 batches)"},
+        {"train.batch", "100000000000000000000", NULL,
+         "metadata 'train.batch' is '100000000000000000000'; expected an integer"},
+        {"train.batch", "", NULL, "metadata 'train.batch' is ''; expected an integer"},
+        {"train.best_epoch", "-9223372036854775808", NULL,
+         "metadata 'train.best_epoch' is '-9223372036854775808'; expected an integer in [-1, 0]"},
+        {"loop", step, NULL,
+         "bad.safetensors': metadata entry 'loop': \"step\" is 9223372036854775807; expected an "
+         "integer in [0, 9007199254740992]"},
+        {"loop", epoch, NULL, "'loop': \"epoch\" is 9223372036854775807"},
+        {"sched.state", last, NULL,
+         "bad.safetensors': scheduler ('sched.state'): StepLR.load_state_dict: \"last_epoch\" "
+         "9223372036854775807"},
+        {"sched.state", count, NULL, "\"step_count\" 9223372036854775807 is out of range"},
+        {NULL, NULL, "optim.state.0.momentum_buffer",
+         "bad.safetensors': optimizer ('optim.param_groups'): SGD.load_state_dict: "
+         "'state.0.momentum_buffer' has shape [] but parameter 0 ('1.weight') has shape [10, 64]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bad_checkpoint(ck, cases[i].key, cases[i].value, cases[i].tensor);
+        rc = train(&out, (const char *[]){path("ck.yaml"), "--resume", path("bad.safetensors"),
+                                          "--max-steps", "4", NULL});
+        cr_assert_eq(rc, 2, "case %zu: exit %d:\n%s", i, rc, out);
+        cr_assert(strstr(out, cases[i].needle), "case %zu: '%s' not in:\n%s", i, cases[i].needle,
+                  out);
+        cr_assert(!strstr(out, "steps in"), "case %zu trained:\n%s", i, out);
+        free(out);
+    }
+    free(step);
+    free(epoch);
+    free(last);
+    free(count);
+    /* the good checkpoint resumes */
+    rc = train(&out, (const char *[]){path("ck.yaml"), "--resume", ck, "--max-steps", "4", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "resumed from") && strstr(out, "batch 3, step 3"), "%s", out);
+    free(out);
+}
