@@ -99,7 +99,7 @@ static em_status node_push(em_config_node *n, em_config_node *item, const char *
     }
     if (n->kind == EM_CONFIG_MAP) {
         if (!(n->keys[n->n] = em__strdup(key, "config"))) return EM_ERR_NOMEM;
-        if (em__strindex_add(&n->index, (const char *const *)n->keys, n->n, compares) != EM_OK) {
+        if (em__strindex_add(&n->index, n->keys, sizeof(char *), n->n, compares) != EM_OK) {
             em__free(n->keys[n->n]);
             return EM_ERR_NOMEM;
         }
@@ -165,7 +165,7 @@ static bool room_for_one(void **arr, size_t n, size_t *cap, size_t elem) {
 }
 
 static em_status anchor_register(builder *b, const char *name, em_config_node *n) {
-    ptrdiff_t at = em__strindex_find(&b->anchor_index, (const char *const *)b->anchor_names, name,
+    ptrdiff_t at = em__strindex_find(&b->anchor_index, b->anchor_names, sizeof(char *), name,
                                      &b->stats->key_compares);
     if (at >= 0) { /* redefined: an alias refers to the latest node with that anchor */
         b->anchor_nodes[at] = n;
@@ -184,7 +184,7 @@ static em_status anchor_register(builder *b, const char *name, em_config_node *n
         b->cap_anchors = cap;
     }
     if (!(b->anchor_names[b->n_anchors] = em__strdup(name, "config"))) return EM_ERR_NOMEM;
-    if (em__strindex_add(&b->anchor_index, (const char *const *)b->anchor_names, b->n_anchors,
+    if (em__strindex_add(&b->anchor_index, b->anchor_names, sizeof(char *), b->n_anchors,
                          &b->stats->key_compares) != EM_OK) {
         em__free(b->anchor_names[b->n_anchors]);
         return EM_ERR_NOMEM;
@@ -240,7 +240,7 @@ static em_status take_key(builder *b, const char *key, size_t len, const char *w
     if (strlen(key) != len)
         return em_set_error(EM_ERR_FORMAT, "%s: %s: a key holds a NUL character", where,
                             top_path(f->n->path));
-    ptrdiff_t j = em__strindex_find(&f->n->index, (const char *const *)f->n->keys, key,
+    ptrdiff_t j = em__strindex_find(&f->n->index, f->n->keys, sizeof(char *), key,
                                     &b->stats->key_compares);
     if (j >= 0)
         return em_set_error(EM_ERR_FORMAT, "%s: duplicate key '%s' in %s (first at %s)", where, key,
@@ -381,7 +381,7 @@ static em_status on_alias(builder *b, const yaml_event_t *ev) {
     char where[160];
     mark_where(b, ev->start_mark, where, sizeof where);
     const char *name = (const char *)ev->data.alias.anchor;
-    ptrdiff_t at = em__strindex_find(&b->anchor_index, (const char *const *)b->anchor_names, name,
+    ptrdiff_t at = em__strindex_find(&b->anchor_index, b->anchor_names, sizeof(char *), name,
                                      &b->stats->key_compares);
     if (at < 0) {
         for (int i = 0; i < b->depth; i++)
@@ -542,7 +542,7 @@ const em_config_node *em_config_node_at(const em_config_node *n, size_t i, const
 
 const em_config_node *em_config_node_get(const em_config_node *n, const char *key) {
     if (!n || n->kind != EM_CONFIG_MAP || !key) return NULL;
-    ptrdiff_t i = em__strindex_find(&n->index, (const char *const *)n->keys, key, NULL);
+    ptrdiff_t i = em__strindex_find(&n->index, n->keys, sizeof(char *), key, NULL);
     return i >= 0 ? n->items[i] : NULL;
 }
 

@@ -23,20 +23,22 @@ void em__free(void *p);
 
 /* ---- hashed string index (strindex.c) ----------------------------------------------------- */
 
-/* An index over an array of strings the caller owns (config maps and anchors, safetensors
- * metadata): slots hold position + 1. Zero-initialise; em__strindex_free. Lookups and adds
- * add their key comparisons to *compares (may be NULL). */
+/* An index over an array of keys the caller owns (config maps and anchors, safetensors
+ * metadata, option bags): slots hold position + 1. Key i is the string pointer at
+ * (char *)keys + i * stride (an array of strings: stride sizeof(char *); an array of structs:
+ * the first struct's name field and the struct's size). Zero-initialise; em__strindex_free.
+ * Lookups and adds add their key comparisons to *compares (may be NULL). */
 typedef struct em__strindex {
     size_t *slots;
     size_t cap, count;
 } em__strindex;
 uint64_t em__strhash(const char *s); /* seeded once per process */
-/* Position of key among keys[], or -1. */
-ptrdiff_t em__strindex_find(const em__strindex *x, const char *const *keys, const char *key,
-                            uint64_t *compares);
-/* File keys[pos] (an equal key already filed is replaced by pos). EM_ERR_NOMEM, leaving the
+/* Position of key among the keys, or -1. */
+ptrdiff_t em__strindex_find(const em__strindex *x, const void *keys, size_t stride,
+                            const char *key, uint64_t *compares);
+/* File key pos (an equal key already filed is replaced by pos). EM_ERR_NOMEM, leaving the
  * index as it was. */
-em_status em__strindex_add(em__strindex *x, const char *const *keys, size_t pos,
+em_status em__strindex_add(em__strindex *x, const void *keys, size_t stride, size_t pos,
                            uint64_t *compares);
 void em__strindex_free(em__strindex *x);
 

@@ -98,7 +98,7 @@ void em_metadata_free(em_metadata *m) {
 static ptrdiff_t meta_find(const em_metadata *m, const char *key, uint64_t *compares) {
     if (!m || !key)
         return -1;
-    return em__strindex_find(&m->index, (const char *const *)m->keys, key, compares);
+    return em__strindex_find(&m->index, m->keys, sizeof(char *), key, compares);
 }
 
 em_status em_metadata_set(em_metadata *m, const char *key, const char *value) {
@@ -145,7 +145,7 @@ em_status em_metadata_set(em_metadata *m, const char *key, const char *value) {
         m->cap = cap;
     }
     m->keys[m->len] = k;
-    if (em__strindex_add(&m->index, (const char *const *)m->keys, m->len, &m->compares) != EM_OK) {
+    if (em__strindex_add(&m->index, m->keys, sizeof(char *), m->len, &m->compares) != EM_OK) {
         em__free(k);
         em__free(v);
         return EM_ERR_NOMEM;

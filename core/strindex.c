@@ -7,7 +7,9 @@
  * Layout. Open addressing with linear probing over a power-of-two table of slots, each the
  * key's position in the caller's array + 1 (0 marks an empty slot), at most half full; the
  * table doubles when it would pass that. Keys are not copied: the caller passes its array to
- * every call, and must keep the positions it added stable (the arrays only ever grow).
+ * every call — the address of the first key pointer and the stride between key pointers, so
+ * that an array of structs with a name field works as well as an array of strings — and must
+ * keep the positions it added stable.
  *
  * Hash. Keys come from files, so the hash is seeded once per process from the kernel's
  * random source: an attacker cannot precompute keys that all land in one slot. FNV-1a over
@@ -63,26 +65,31 @@ uint64_t em__strhash(const char *s) {
     return fmix64(h);
 }
 
+/* Key i of the caller's array. */
+static const char *key_at(const void *keys, size_t stride, size_t i) {
+    return *(const char *const *)((const char *)keys + i * stride);
+}
+
 /* The slot holding key, or the empty slot where it would go. cap > 0. */
-static size_t slot_of(const em__strindex *x, const char *const *keys, const char *key,
+static size_t slot_of(const em__strindex *x, const void *keys, size_t stride, const char *key,
                       uint64_t h, uint64_t *compares) {
     size_t mask = x->cap - 1, s = (size_t)h & mask;
     while (x->slots[s]) {
         if (compares) (*compares)++;
-        if (!strcmp(keys[x->slots[s] - 1], key)) return s;
+        if (!strcmp(key_at(keys, stride, x->slots[s] - 1), key)) return s;
         s = (s + 1) & mask;
     }
     return s;
 }
 
-ptrdiff_t em__strindex_find(const em__strindex *x, const char *const *keys, const char *key,
-                            uint64_t *compares) {
+ptrdiff_t em__strindex_find(const em__strindex *x, const void *keys, size_t stride,
+                            const char *key, uint64_t *compares) {
     if (!x || !x->cap || !key) return -1;
-    size_t s = slot_of(x, keys, key, em__strhash(key), compares);
+    size_t s = slot_of(x, keys, stride, key, em__strhash(key), compares);
     return x->slots[s] ? (ptrdiff_t)(x->slots[s] - 1) : -1;
 }
 
-em_status em__strindex_add(em__strindex *x, const char *const *keys, size_t pos,
+em_status em__strindex_add(em__strindex *x, const void *keys, size_t stride, size_t pos,
                            uint64_t *compares) {
     if (2 * (x->count + 1) > x->cap) {
         size_t cap = x->cap ? 2 * x->cap : STRINDEX_MIN_SLOTS;
@@ -93,7 +100,7 @@ em_status em__strindex_add(em__strindex *x, const char *const *keys, size_t pos,
          * table doubles) */
         for (size_t i = 0; i < x->cap; i++) {
             if (!x->slots[i]) continue;
-            size_t s = (size_t)em__strhash(keys[x->slots[i] - 1]) & (cap - 1);
+            size_t s = (size_t)em__strhash(key_at(keys, stride, x->slots[i] - 1)) & (cap - 1);
             while (slots[s]) s = (s + 1) & (cap - 1);
             slots[s] = x->slots[i];
         }
@@ -101,7 +108,8 @@ em_status em__strindex_add(em__strindex *x, const char *const *keys, size_t pos,
         x->slots = slots;
         x->cap = cap;
     }
-    size_t s = slot_of(x, keys, keys[pos], em__strhash(keys[pos]), compares);
+    const char *key = key_at(keys, stride, pos);
+    size_t s = slot_of(x, keys, stride, key, em__strhash(key), compares);
     if (!x->slots[s]) x->count++;
     x->slots[s] = pos + 1; /* an equal key already in: this position replaces it */
     return EM_OK;

@@ -926,6 +926,36 @@ Test(config_parse, cost_grows_linearly) {
     free(t4);
 }
 
+/* A config map handed to a class as options (em_config_to_options) fills an option bag: n
+ * keys cost about a quarter of the name comparisons of 4n (a scan per key cost 16 times). */
+Test(config_parse, options_from_a_large_map_cost_linearly) {
+    uint64_t k[2];
+    const int n = 4000;
+    for (int j = 0; j < 2; j++) {
+        int m = j ? 4 * n : n;
+        size_t cap = (size_t)m * 24 + 16, used = 0;
+        char *t = malloc(cap);
+        used += (size_t)snprintf(t, cap, "opts:\n");
+        for (int i = 0; i < m; i++) used += (size_t)snprintf(t + used, cap - used, "  o%d: %d\n", i, i);
+        em_config *c = em_config_parse(t, used, "opts.yaml");
+        cr_assert(c, "%s", em_last_error());
+        em_options *o = em_options_new();
+        cr_assert_eq(em_config_to_options(em_config_node_get(em_config_root(c), "opts"), NULL, o),
+                     EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_options_count(o), (size_t)m);
+        cr_assert(em_options_has(o, "o3999") && !em_options_has(o, "o-1"));
+        k[j] = em_options_key_compares(o);
+        em_options_free(o);
+        em_config_free(c);
+        free(t);
+    }
+    double r = (double)k[1] / (double)(k[0] ? k[0] : 1);
+    cr_assert(k[0] >= (uint64_t)n / 2, "%llu comparisons for %d options: not counting",
+              (unsigned long long)k[0], n);
+    cr_assert(r < 4.5, "option names compared: %llu for %d, %llu for %d (x%.2f; linear is x4)",
+              (unsigned long long)k[0], n, (unsigned long long)k[1], 4 * n, r);
+}
+
 /* "Billion laughs": nine levels of nine aliases each would be 9^9 nodes. The parse stops at
  * the alias limit, names the file, line and alias, and allocates a bounded amount. */
 Test(config_parse, nested_aliases_are_bounded) {
