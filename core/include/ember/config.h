@@ -20,8 +20,8 @@
  *     filling the memory;
  *   - a key or a value holding a NUL character ("\0") is refused (it would read as shorter).
  * Parsing is linear in the file: lists and maps grow geometrically and keys (duplicates,
- * anchors, em_config_node_get) are found through a hashed index; em_config_stats counts the
- * work so that tests can check it.
+ * anchors, em_config_node_get) are found through a hashed index; em_config_get_stats counts
+ * the work so that tests can check it.
  *
  * The model grammar (the value of the top-level key `model`):
  *   - a list                         a Sequential of its items (children "0", "1", ...)
