@@ -7,9 +7,11 @@
  * metadata, then hands both to em_save, which writes crash-safely. Loading reads the whole
  * file with em_load onto the model's device — through a plan that checks the model's keys and
  * shapes and the optimizer's tensors from the header before any tensor data is read (ck_plan)
- * — checks the format version, the parts asked for and every metadata entry it will need
- * before restoring anything, then restores the parts in order (model first:
- * em_dict_load_into checks every key and shape before copying).
+ * — checks the format version, the parts asked for, every metadata entry it will need
+ * (counts within EM_STEP_MAX, the loader's position within its epoch), the optimizer's and
+ * scheduler's state whole (optim.c's load_prepare) and the model's keys and shapes before
+ * restoring anything; then puts the parts in place. A file that fails any check changes
+ * nothing.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -307,13 +309,19 @@ static bool field_u64(const json_t *j, const char *name, uint64_t *out, const ch
     return true;
 }
 
-/* Field `name` of j as an integer >= 0. */
-static bool field_i64(const json_t *j, const char *name, int64_t *out, const char *path,
-                      const char *key) {
+/* Field `name` of j (from metadata `key`) as an integer in [lo, hi]. */
+static bool field_i64(const json_t *j, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                      const char *path, const char *key) {
     const json_t *v = json_object_get(j, name);
-    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        char what[40];
+        if (json_is_integer(v))
+            snprintf(what, sizeof what, "%lld", (long long)json_integer_value(v));
+        else
+            snprintf(what, sizeof what, "%s", v ? "malformed" : "missing");
         em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s': \"%s\" is %s; "
-                     "expected an integer >= 0", path, key, name, v ? "malformed" : "missing");
+                     "expected an integer in [%lld, %lld]", path, key, name, what, (long long)lo,
+                     (long long)hi);
         return false;
     }
     *out = (int64_t)json_integer_value(v);
@@ -419,6 +427,8 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
     em_load_report *rep = NULL;
     json_t *jloader = NULL, *jrng = NULL, *jloop = NULL;
     char *config = NULL;
+    em__optim_load *optim_load = NULL;
+    em__sched_load *sched_load = NULL;
 
     /* map_location: read onto the model's device. */
     em_load_options lo = EM_LOAD_OPTIONS_INIT;
@@ -522,20 +532,24 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
         goto done;
     }
     if (ck->loader) {
+        /* the position must be one of this loader's: a batch past the end would train
+         * nothing, a negative one fail mid-epoch */
         if (!(jloader = meta_json(meta, K_LOADER, path)) ||
             !field_u64(jloader, "seed", &ls.seed, path, K_LOADER) ||
-            !field_i64(jloader, "epoch", &ls.epoch, path, K_LOADER) ||
-            !field_i64(jloader, "batch", &ls.batch, path, K_LOADER)) {
+            !field_i64(jloader, "epoch", 0, EM_STEP_MAX, &ls.epoch, path, K_LOADER) ||
+            !field_i64(jloader, "batch", 0, em_loader_num_batches(ck->loader), &ls.batch, path,
+                       K_LOADER)) {
             st = em_last_status();
             goto done;
         }
     }
+    /* counts the caller goes on counting from: bounded far below INT64_MAX */
     if (!(jrng = meta_json(meta, K_RNG, path)) ||
         !field_u64(jrng, "seed", &rs.seed, path, K_RNG) ||
         !field_u64(jrng, "offset", &rs.offset, path, K_RNG) ||
         !(jloop = meta_json(meta, K_LOOP, path)) ||
-        !field_i64(jloop, "epoch", &epoch, path, K_LOOP) ||
-        !field_i64(jloop, "step", &step, path, K_LOOP)) {
+        !field_i64(jloop, "epoch", 0, EM_STEP_MAX, &epoch, path, K_LOOP) ||
+        !field_i64(jloop, "step", 0, EM_STEP_MAX, &step, path, K_LOOP)) {
         st = em_last_status();
         goto done;
     }
@@ -565,7 +579,21 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
         goto done;
     }
 
-    /* Restore, model first (checked whole before any copy). */
+    /* Check the optimizer's and the scheduler's state whole, then the model's (checked whole
+     * before its copy), and only then put anything in place: a bad part leaves every object
+     * as it was. */
+    if (ck->optimizer &&
+        (st = em__optimizer_load_prepare(ck->optimizer, optim_sd, em_metadata_get(meta, K_OPTIM),
+                                         &optim_load)) != EM_OK) {
+        st = prefix_error(path, "optimizer ('" K_OPTIM "')");
+        goto done;
+    }
+    if (ck->scheduler &&
+        (st = em__scheduler_load_prepare(ck->scheduler, em_metadata_get(meta, K_SCHED),
+                                         &sched_load)) != EM_OK) {
+        st = prefix_error(path, "scheduler ('" K_SCHED "')");
+        goto done;
+    }
     if (ck->model) {
         st = em_dict_load_into(target, model_sd, true, &rep);
         if (st != EM_OK) {
@@ -579,18 +607,12 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
             goto done;
         }
     }
-    if (ck->optimizer &&
-        (st = em_optimizer_load_state_dict(ck->optimizer, optim_sd,
-                                           em_metadata_get(meta, K_OPTIM))) != EM_OK) {
-        st = prefix_error(path, "optimizer ('" K_OPTIM "')");
-        goto done;
-    }
-    if (ck->scheduler &&
-        (st = em_scheduler_load_state_dict(ck->scheduler, em_metadata_get(meta, K_SCHED))) != EM_OK) {
-        st = prefix_error(path, "scheduler ('" K_SCHED "')");
-        goto done;
-    }
+    if (optim_load) em__optimizer_load_commit(ck->optimizer, optim_load);
+    if (sched_load) em__scheduler_load_commit(ck->scheduler, sched_load);
+    optim_load = NULL;
+    sched_load = NULL;
     if (ck->loader && (st = em_loader_set_state(ck->loader, ls)) != EM_OK) {
+        /* checked above: only the loader's own failure can bring this */
         st = prefix_error(path, "loader ('" K_LOADER "')");
         goto done;
     }
@@ -606,6 +628,8 @@ em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
         meta = NULL;
     }
 done:
+    if (ck->optimizer) em__optimizer_load_discard(ck->optimizer, optim_load);
+    if (ck->scheduler) em__scheduler_load_discard(ck->scheduler, sched_load);
     em_load_report_free(rep);
     json_decref(jloader);
     json_decref(jrng);

@@ -2,9 +2,18 @@
  * config.c — YAML configuration files (libyaml) as a small tree that remembers where each node
  * came from, and the model builder (config -> module tree, optionally with weights).
  *
- * libyaml's document API parses the file (anchors and aliases resolved); the tree is copied
- * into one arena-like set of nodes owned by the em_config, each with its "file:line:column"
- * and its path from the root ("optimizer.groups[1].params") for messages. Nothing here prints.
+ * Parsing. libyaml's event parser drives a builder with an explicit stack of open lists and
+ * maps (no recursion on the file's nesting). Each node carries its "file:line:column" and
+ * its path from the root ("optimizer.groups[1].params") for messages. The work is linear in
+ * the file: entry arrays grow geometrically, and every map keeps a hashed index of its keys
+ * (strindex.c), so a duplicate key is found without scanning the keys before it; anchors are
+ * found the same way. (libyaml's own document loader scans every anchor for each new anchor
+ * and alias, which is why the events are used instead.)
+ *
+ * Aliases. An alias becomes a copy of its anchored node (with the paths of where the alias
+ * is), and every node and byte those copies make, nested aliases included, counts against
+ * EM_CONFIG_MAX_ALIAS_NODES and EM_CONFIG_MAX_ALIAS_BYTES, so a few hundred bytes of nested
+ * aliases cannot expand into gigabytes. Nothing here prints.
  */
 #include "internal.h"
 
@@ -20,9 +29,10 @@
 struct em_config_node {
     em_config_kind kind;
     char *text;                    /* scalars */
-    size_t n;                      /* entries */
+    size_t n, cap;                 /* entries, room */
     struct em_config_node **items; /* entries */
     char **keys;                   /* maps: entry keys */
+    em__strindex index;            /* maps: keys -> position */
     char where[160];
     char key_where[160];
     char *path;
@@ -31,6 +41,7 @@ struct em_config_node {
 struct em_config {
     char *name;
     em_config_node *root;
+    em_config_stats stats;
 };
 
 static void node_free(em_config_node *n) {
@@ -41,6 +52,7 @@ static void node_free(em_config_node *n) {
     }
     em__free(n->items);
     em__free(n->keys);
+    em__strindex_free(&n->index);
     em__free(n->text);
     em__free(n->path);
     em__free(n);
@@ -53,13 +65,12 @@ void em_config_free(em_config *c) {
     em__free(c);
 }
 
-static em_config_node *node_new(em_config_kind kind, const char *name, yaml_mark_t mark,
-                                const char *path) {
+/* A node at `where` ("file:line:col") with its path. */
+static em_config_node *node_new(em_config_kind kind, const char *where, const char *path) {
     em_config_node *n = em__calloc(1, sizeof *n, "config");
     if (!n) return NULL;
     n->kind = kind;
-    snprintf(n->where, sizeof n->where, "%s:%zu:%zu", name, (size_t)mark.line + 1,
-             (size_t)mark.column + 1);
+    snprintf(n->where, sizeof n->where, "%s", where);
     memcpy(n->key_where, n->where, sizeof n->where);
     n->path = em__strdup(path, "config");
     if (!n->path) {
@@ -69,103 +80,330 @@ static em_config_node *node_new(em_config_kind kind, const char *name, yaml_mark
     return n;
 }
 
-static em_status node_push(em_config_node *n, em_config_node *item, const char *key) {
-    em_config_node **items = em__realloc(n->items, n->n * sizeof *items,
-                                         (n->n + 1) * sizeof *items, "config");
-    if (!items) return EM_ERR_NOMEM;
-    n->items = items;
+/* Append item (and its key, copied, for a map), growing the arrays geometrically. The key
+ * must not be in the map yet (the caller checked). */
+static em_status node_push(em_config_node *n, em_config_node *item, const char *key,
+                           uint64_t *compares) {
+    if (n->n == n->cap) {
+        size_t cap = n->cap ? 2 * n->cap : 4;
+        em_config_node **items = em__realloc(n->items, n->n * sizeof *items, cap * sizeof *items,
+                                             "config");
+        if (!items) return EM_ERR_NOMEM;
+        n->items = items;
+        if (n->kind == EM_CONFIG_MAP) {
+            char **keys = em__realloc(n->keys, n->n * sizeof *keys, cap * sizeof *keys, "config");
+            if (!keys) return EM_ERR_NOMEM;
+            n->keys = keys;
+        }
+        n->cap = cap;
+    }
     if (n->kind == EM_CONFIG_MAP) {
-        char **keys = em__realloc(n->keys, n->n * sizeof *keys, (n->n + 1) * sizeof *keys,
-                                  "config");
-        if (!keys) return EM_ERR_NOMEM;
-        n->keys = keys;
         if (!(n->keys[n->n] = em__strdup(key, "config"))) return EM_ERR_NOMEM;
+        if (em__strindex_add(&n->index, n->keys, sizeof(char *), n->n, compares) != EM_OK) {
+            em__free(n->keys[n->n]);
+            return EM_ERR_NOMEM;
+        }
     }
     n->items[n->n++] = item;
     return EM_OK;
 }
 
-/* Copy yaml node `id` (depth guards alias cycles, which YAML cannot express but a
- * hand-made document could). */
-static em_config_node *copy_node(yaml_document_t *doc, int id, const char *name,
-                                 const char *path, int depth) {
-    yaml_node_t *y = yaml_document_get_node(doc, id);
-    if (!y) {
-        em_set_error(EM_ERR_FORMAT, "%s: %s: dangling node", name, path);
+/* ---- the builder: libyaml events -> nodes ---------------------------------------------------- */
+
+typedef struct frame {
+    em_config_node *n; /* the list or map being filled */
+    char *anchor;      /* its anchor (owned), registered when it is complete */
+    char *key;         /* maps: the key waiting for its value (owned), or NULL */
+    char key_where[160];
+} frame;
+
+typedef struct builder {
+    const char *name; /* the file */
+    em_config_stats *stats;
+    frame stack[EM_CONFIG_MAX_DEPTH + 1];
+    int depth;                 /* open frames */
+    em_config_node *root;
+    /* anchors: names -> nodes (borrowed from the tree, or from `orphans` for anchored keys) */
+    char **anchor_names;
+    em_config_node **anchor_nodes;
+    size_t n_anchors, cap_anchors;
+    em__strindex anchor_index;
+    em_config_node **orphans;
+    size_t n_orphans, cap_orphans;
+} builder;
+
+static void builder_free(builder *b) {
+    for (int i = 0; i < b->depth; i++) {
+        node_free(b->stack[i].n);
+        em__free(b->stack[i].anchor);
+        em__free(b->stack[i].key);
+    }
+    node_free(b->root);
+    for (size_t i = 0; i < b->n_anchors; i++) em__free(b->anchor_names[i]);
+    em__free(b->anchor_names);
+    em__free(b->anchor_nodes);
+    em__strindex_free(&b->anchor_index);
+    for (size_t i = 0; i < b->n_orphans; i++) node_free(b->orphans[i]);
+    em__free(b->orphans);
+}
+
+static void mark_where(const builder *b, yaml_mark_t m, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s:%zu:%zu", b->name, (size_t)m.line + 1, (size_t)m.column + 1);
+}
+
+static const char *top_path(const char *path) { return *path ? path : "the top level"; }
+
+/* Grow a pointer array (geometrically) so that it has room for one more. */
+static bool room_for_one(void **arr, size_t n, size_t *cap, size_t elem) {
+    if (n < *cap) return true;
+    size_t c = *cap ? 2 * *cap : 8;
+    void *a = em__realloc(*arr, n * elem, c * elem, "config");
+    if (!a) return false;
+    *arr = a;
+    *cap = c;
+    return true;
+}
+
+static em_status anchor_register(builder *b, const char *name, em_config_node *n) {
+    ptrdiff_t at = em__strindex_find(&b->anchor_index, b->anchor_names, sizeof(char *), name,
+                                     &b->stats->key_compares);
+    if (at >= 0) { /* redefined: an alias refers to the latest node with that anchor */
+        b->anchor_nodes[at] = n;
+        return EM_OK;
+    }
+    if (b->n_anchors == b->cap_anchors) { /* both arrays grow together, geometrically */
+        size_t cap = b->cap_anchors ? 2 * b->cap_anchors : 8;
+        char **names = em__realloc(b->anchor_names, b->n_anchors * sizeof *names,
+                                   cap * sizeof *names, "config");
+        if (!names) return EM_ERR_NOMEM;
+        b->anchor_names = names;
+        em_config_node **nodes = em__realloc(b->anchor_nodes, b->n_anchors * sizeof *nodes,
+                                             cap * sizeof *nodes, "config");
+        if (!nodes) return EM_ERR_NOMEM;
+        b->anchor_nodes = nodes;
+        b->cap_anchors = cap;
+    }
+    if (!(b->anchor_names[b->n_anchors] = em__strdup(name, "config"))) return EM_ERR_NOMEM;
+    if (em__strindex_add(&b->anchor_index, b->anchor_names, sizeof(char *), b->n_anchors,
+                         &b->stats->key_compares) != EM_OK) {
+        em__free(b->anchor_names[b->n_anchors]);
+        return EM_ERR_NOMEM;
+    }
+    b->anchor_nodes[b->n_anchors++] = n;
+    return EM_OK;
+}
+
+/* The path of the next entry of the innermost open frame (or "" for the root). */
+static void child_path(const builder *b, char *buf, size_t cap) {
+    if (!b->depth) {
+        buf[0] = '\0';
+        return;
+    }
+    const frame *f = &b->stack[b->depth - 1];
+    if (f->n->kind == EM_CONFIG_LIST)
+        snprintf(buf, cap, "%s[%zu]", f->n->path, f->n->n);
+    else
+        snprintf(buf, cap, "%s%s%s", f->n->path, *f->n->path ? "." : "", f->key ? f->key : "");
+}
+
+/* Attach a complete node to the innermost open frame, or make it the root. Takes n. */
+static em_status attach(builder *b, em_config_node *n) {
+    if (!b->depth) {
+        b->root = n;
+        return EM_OK;
+    }
+    frame *f = &b->stack[b->depth - 1];
+    if (f->n->kind == EM_CONFIG_MAP) {
+        memcpy(n->key_where, f->key_where, sizeof n->key_where);
+        em_status st = node_push(f->n, n, f->key, &b->stats->key_compares);
+        if (st != EM_OK) {
+            node_free(n);
+            return st;
+        }
+        em__free(f->key);
+        f->key = NULL;
+        return EM_OK;
+    }
+    em_status st = node_push(f->n, n, NULL, NULL);
+    if (st != EM_OK) node_free(n);
+    return st;
+}
+
+/* Whether the innermost open frame is a map waiting for a key. */
+static bool wants_key(const builder *b) {
+    return b->depth && b->stack[b->depth - 1].n->kind == EM_CONFIG_MAP && !b->stack[b->depth - 1].key;
+}
+
+/* Take `key` (at `where`) as the innermost map's next key: a duplicate is refused. */
+static em_status take_key(builder *b, const char *key, size_t len, const char *where) {
+    frame *f = &b->stack[b->depth - 1];
+    if (strlen(key) != len)
+        return em_set_error(EM_ERR_FORMAT, "%s: %s: a key holds a NUL character", where,
+                            top_path(f->n->path));
+    ptrdiff_t j = em__strindex_find(&f->n->index, f->n->keys, sizeof(char *), key,
+                                    &b->stats->key_compares);
+    if (j >= 0)
+        return em_set_error(EM_ERR_FORMAT, "%s: duplicate key '%s' in %s (first at %s)", where, key,
+                            top_path(f->n->path), f->n->items[j]->key_where);
+    if (!(f->key = em__strdup(key, "config"))) return EM_ERR_NOMEM;
+    snprintf(f->key_where, sizeof f->key_where, "%s", where);
+    return EM_OK;
+}
+
+static em_status on_scalar(builder *b, const yaml_event_t *ev) {
+    char where[160];
+    mark_where(b, ev->start_mark, where, sizeof where);
+    const char *v = (const char *)ev->data.scalar.value;
+    size_t len = ev->data.scalar.length;
+    const char *anchor = (const char *)ev->data.scalar.anchor;
+    if (wants_key(b)) {
+        em_status st = take_key(b, v, len, where);
+        if (st != EM_OK || !anchor) return st;
+        /* an anchored key: its text stays available to aliases */
+        em_config_node *k = node_new(EM_CONFIG_SCALAR, where, "");
+        if (!k || !(k->text = em__strdup(v, "config")) ||
+            !room_for_one((void **)&b->orphans, b->n_orphans, &b->cap_orphans, sizeof *b->orphans)) {
+            node_free(k);
+            return EM_ERR_NOMEM;
+        }
+        b->orphans[b->n_orphans++] = k;
+        b->stats->nodes++;
+        return anchor_register(b, anchor, k);
+    }
+    char path[512];
+    child_path(b, path, sizeof path);
+    if (strlen(v) != len)
+        return em_set_error(EM_ERR_FORMAT, "%s: %s: the value holds a NUL character", where,
+                            top_path(path));
+    em_config_node *n = node_new(EM_CONFIG_SCALAR, where, path);
+    if (!n) return EM_ERR_NOMEM;
+    if (!(n->text = em__malloc(len + 1, "config"))) {
+        node_free(n);
+        return EM_ERR_NOMEM;
+    }
+    memcpy(n->text, v, len + 1);
+    /* A plain "~" or "null" or an empty plain scalar is YAML's null: an empty value. */
+    if (ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+        (!strcmp(n->text, "~") || !strcmp(n->text, "null") || !strcmp(n->text, "Null") ||
+         !strcmp(n->text, "NULL")))
+        n->text[0] = '\0';
+    b->stats->nodes++;
+    em_status st = anchor ? anchor_register(b, anchor, n) : EM_OK;
+    if (st != EM_OK) {
+        node_free(n);
+        return st;
+    }
+    return attach(b, n);
+}
+
+static em_status on_start(builder *b, const yaml_event_t *ev, em_config_kind kind,
+                          const yaml_char_t *anchor) {
+    char where[160], path[512];
+    mark_where(b, ev->start_mark, where, sizeof where);
+    if (wants_key(b))
+        return em_set_error(EM_ERR_FORMAT, "%s: %s: a key must be plain text, not a %s", where,
+                            top_path(b->stack[b->depth - 1].n->path),
+                            kind == EM_CONFIG_MAP ? "map" : "list");
+    child_path(b, path, sizeof path);
+    if (b->depth >= EM_CONFIG_MAX_DEPTH)
+        return em_set_error(EM_ERR_FORMAT, "%s: %s: nested more than %d levels deep", where,
+                            top_path(path), EM_CONFIG_MAX_DEPTH);
+    em_config_node *n = node_new(kind, where, path);
+    if (!n) return EM_ERR_NOMEM;
+    char *a = anchor ? em__strdup((const char *)anchor, "config") : NULL;
+    if (anchor && !a) {
+        node_free(n);
+        return EM_ERR_NOMEM;
+    }
+    b->stats->nodes++;
+    b->stack[b->depth++] = (frame){.n = n, .anchor = a};
+    return EM_OK;
+}
+
+static em_status on_end(builder *b) {
+    frame f = b->stack[--b->depth];
+    em__free(f.key); /* none: libyaml ends a map only after a value */
+    em_status st = f.anchor ? anchor_register(b, f.anchor, f.n) : EM_OK;
+    em__free(f.anchor);
+    if (st != EM_OK) {
+        node_free(f.n);
+        return st;
+    }
+    return attach(b, f.n);
+}
+
+/* A copy of src at `path`, `depth` levels down; counted against the alias limits. */
+static em_config_node *copy_tree(builder *b, const em_config_node *src, const char *path,
+                                 int depth, const char *at, const char *alias) {
+    if (depth > EM_CONFIG_MAX_DEPTH) {
+        em_set_error(EM_ERR_FORMAT, "%s: %s: alias *%s nests the config more than %d levels "
+                     "deep", at, top_path(path), alias, EM_CONFIG_MAX_DEPTH);
         return NULL;
     }
-    if (depth > 64) {
-        em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: %s: nested more than 64 levels deep", name,
-                     (size_t)y->start_mark.line + 1, (size_t)y->start_mark.column + 1, path);
+    size_t bytes = sizeof *src + strlen(path) + 1 + (src->text ? strlen(src->text) + 1 : 0) +
+                   src->n * (sizeof *src->items + (src->keys ? sizeof *src->keys : 0));
+    b->stats->alias_nodes++;
+    b->stats->alias_bytes += bytes;
+    if (b->stats->alias_nodes > EM_CONFIG_MAX_ALIAS_NODES ||
+        b->stats->alias_bytes > EM_CONFIG_MAX_ALIAS_BYTES) {
+        em_set_error(EM_ERR_FORMAT, "%s: %s: alias *%s expands the config past the limit of %d "
+                     "nodes and %u MiB that aliases may add (each alias copies its anchored "
+                     "node, and nested aliases multiply)", at, top_path(path), alias,
+                     EM_CONFIG_MAX_ALIAS_NODES, EM_CONFIG_MAX_ALIAS_BYTES >> 20);
         return NULL;
     }
-    em_config_node *n = NULL;
+    em_config_node *n = node_new(src->kind, src->where, path);
+    if (!n) return NULL;
+    b->stats->nodes++;
+    memcpy(n->key_where, src->key_where, sizeof n->key_where);
+    if (src->text && !(n->text = em__strdup(src->text, "config"))) goto fail;
     char sub[512];
-    switch (y->type) {
-    case YAML_SCALAR_NODE:
-        if (!(n = node_new(EM_CONFIG_SCALAR, name, y->start_mark, path))) return NULL;
-        if (!(n->text = em__malloc(y->data.scalar.length + 1, "config"))) goto fail;
-        memcpy(n->text, y->data.scalar.value, y->data.scalar.length);
-        n->text[y->data.scalar.length] = '\0';
-        /* A plain "~" or "null" or an empty plain scalar is YAML's null: an empty value. */
-        if (y->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
-            (!strcmp(n->text, "~") || !strcmp(n->text, "null") || !strcmp(n->text, "Null") ||
-             !strcmp(n->text, "NULL")))
-            n->text[0] = '\0';
-        return n;
-    case YAML_SEQUENCE_NODE: {
-        if (!(n = node_new(EM_CONFIG_LIST, name, y->start_mark, path))) return NULL;
-        size_t i = 0;
-        for (yaml_node_item_t *it = y->data.sequence.items.start;
-             it < y->data.sequence.items.top; it++, i++) {
+    for (size_t i = 0; i < src->n; i++) {
+        if (src->kind == EM_CONFIG_LIST)
             snprintf(sub, sizeof sub, "%s[%zu]", path, i);
-            em_config_node *c = copy_node(doc, *it, name, sub, depth + 1);
-            if (!c || node_push(n, c, NULL) != EM_OK) {
-                node_free(c);
-                goto fail;
-            }
+        else
+            snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", src->keys[i]);
+        if (src->keys) b->stats->alias_bytes += strlen(src->keys[i]) + 1;
+        em_config_node *c = copy_tree(b, src->items[i], sub, depth + 1, at, alias);
+        if (!c) goto fail;
+        if (node_push(n, c, src->keys ? src->keys[i] : NULL, &b->stats->key_compares) != EM_OK) {
+            node_free(c);
+            goto fail;
         }
-        return n;
     }
-    case YAML_MAPPING_NODE: {
-        if (!(n = node_new(EM_CONFIG_MAP, name, y->start_mark, path))) return NULL;
-        for (yaml_node_pair_t *p = y->data.mapping.pairs.start; p < y->data.mapping.pairs.top;
-             p++) {
-            yaml_node_t *k = yaml_document_get_node(doc, p->key);
-            if (!k || k->type != YAML_SCALAR_NODE) {
-                em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: %s: a key must be plain text", name,
-                             k ? (size_t)k->start_mark.line + 1 : 0,
-                             k ? (size_t)k->start_mark.column + 1 : 0, path);
-                goto fail;
-            }
-            const char *key = (const char *)k->data.scalar.value;
-            for (size_t j = 0; j < n->n; j++)
-                if (!strcmp(n->keys[j], key)) {
-                    em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: duplicate key '%s' in %s (first at %s)",
-                                 name, (size_t)k->start_mark.line + 1,
-                                 (size_t)k->start_mark.column + 1, key,
-                                 *path ? path : "the top level", n->items[j]->key_where);
-                    goto fail;
-                }
-            snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", key);
-            em_config_node *c = copy_node(doc, p->value, name, sub, depth + 1);
-            if (!c) goto fail;
-            snprintf(c->key_where, sizeof c->key_where, "%s:%zu:%zu", name,
-                     (size_t)k->start_mark.line + 1, (size_t)k->start_mark.column + 1);
-            if (node_push(n, c, key) != EM_OK) {
-                node_free(c);
-                goto fail;
-            }
-        }
-        return n;
-    }
-    default:
-        em_set_error(EM_ERR_FORMAT, "%s: %s: empty node", name, path);
-        return NULL;
-    }
+    return n;
 fail:
     node_free(n);
     return NULL;
+}
+
+static em_status on_alias(builder *b, const yaml_event_t *ev) {
+    char where[160];
+    mark_where(b, ev->start_mark, where, sizeof where);
+    const char *name = (const char *)ev->data.alias.anchor;
+    ptrdiff_t at = em__strindex_find(&b->anchor_index, b->anchor_names, sizeof(char *), name,
+                                     &b->stats->key_compares);
+    if (at < 0) {
+        for (int i = 0; i < b->depth; i++)
+            if (b->stack[i].anchor && !strcmp(b->stack[i].anchor, name))
+                return em_set_error(EM_ERR_FORMAT, "%s: alias *%s refers to the node that "
+                                    "contains it (&%s at %s): a config cannot hold itself",
+                                    where, name, name, b->stack[i].n->where);
+        return em_set_error(EM_ERR_FORMAT, "%s: alias *%s: no anchor &%s before it", where, name,
+                            name);
+    }
+    const em_config_node *src = b->anchor_nodes[at];
+    if (wants_key(b)) {
+        if (src->kind != EM_CONFIG_SCALAR)
+            return em_set_error(EM_ERR_FORMAT, "%s: %s: a key must be plain text; alias *%s is "
+                                "a %s", where, top_path(b->stack[b->depth - 1].n->path), name,
+                                src->kind == EM_CONFIG_MAP ? "map" : "list");
+        return take_key(b, src->text, strlen(src->text), where);
+    }
+    char path[512];
+    child_path(b, path, sizeof path);
+    em_config_node *n = copy_tree(b, src, path, b->depth, where, name);
+    return n ? attach(b, n) : em_last_status();
 }
 
 em_config *em_config_parse(const char *text, size_t len, const char *name) {
@@ -181,51 +419,63 @@ em_config *em_config_parse(const char *text, size_t len, const char *name) {
         return NULL;
     }
     yaml_parser_t parser;
-    yaml_document_t doc;
     if (!yaml_parser_initialize(&parser)) {
         em_config_free(c);
         em_set_error(EM_ERR_NOMEM, "config: out of memory initialising the YAML parser");
         return NULL;
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    if (!yaml_parser_load(&parser, &doc)) {
-        size_t line = parser.problem_mark.line + 1, col = parser.problem_mark.column + 1;
-        em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", name, line, col,
-                     parser.problem ? parser.problem : "unknown problem",
-                     parser.context ? " " : "", parser.context ? parser.context : "");
-        yaml_parser_delete(&parser);
-        em_config_free(c);
-        return NULL;
-    }
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (!root) {
-        yaml_mark_t m = {0, 0, 0};
-        c->root = node_new(EM_CONFIG_MAP, name, m, "");
-    } else {
-        c->root = copy_node(&doc, 1, name, "", 0);
-    }
-    yaml_document_delete(&doc);
-    /* A config is one document: a second one ("---") would be silently ignored. */
-    if (c->root && yaml_parser_load(&parser, &doc)) {
-        yaml_node_t *more = yaml_document_get_root_node(&doc);
-        if (more)
-            em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: a second YAML document; a config file "
-                         "holds one", name, (size_t)more->start_mark.line + 1,
-                         (size_t)more->start_mark.column + 1);
-        yaml_document_delete(&doc);
-        if (more) node_free(c->root), c->root = NULL;
-    } else if (c->root) {
-        em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error after the document: %s", name,
-                     (size_t)parser.problem_mark.line + 1, (size_t)parser.problem_mark.column + 1,
-                     parser.problem ? parser.problem : "unknown problem");
-        node_free(c->root);
-        c->root = NULL;
+    builder b = {.name = c->name, .stats = &c->stats};
+    em_status st = EM_OK;
+    int documents = 0;
+    for (bool done = false; !done && st == EM_OK;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            size_t line = parser.problem_mark.line + 1, col = parser.problem_mark.column + 1;
+            st = em_set_error(EM_ERR_FORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", name, line,
+                              col, parser.problem ? parser.problem : "unknown problem",
+                              parser.context ? " " : "", parser.context ? parser.context : "");
+            break;
+        }
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT: done = true; break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (documents++) {
+                char where[160];
+                mark_where(&b, ev.start_mark, where, sizeof where);
+                st = em_set_error(EM_ERR_FORMAT, "%s: a second YAML document: a config file "
+                                  "holds one", where);
+            }
+            break;
+        case YAML_SCALAR_EVENT: st = on_scalar(&b, &ev); break;
+        case YAML_SEQUENCE_START_EVENT:
+            st = on_start(&b, &ev, EM_CONFIG_LIST, ev.data.sequence_start.anchor);
+            break;
+        case YAML_MAPPING_START_EVENT:
+            st = on_start(&b, &ev, EM_CONFIG_MAP, ev.data.mapping_start.anchor);
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT: st = on_end(&b); break;
+        case YAML_ALIAS_EVENT: st = on_alias(&b, &ev); break;
+        default: break;
+        }
+        yaml_event_delete(&ev);
     }
     yaml_parser_delete(&parser);
-    if (!c->root) {
+    if (st == EM_OK && !b.root) { /* an empty file: an empty map */
+        char where[200];
+        snprintf(where, sizeof where, "%s:1:1", name);
+        if ((b.root = node_new(EM_CONFIG_MAP, where, ""))) c->stats.nodes++;
+        else st = EM_ERR_NOMEM;
+    }
+    if (st != EM_OK) {
+        builder_free(&b);
         em_config_free(c);
         return NULL;
     }
+    c->root = b.root;
+    b.root = NULL;
+    builder_free(&b);
     return c;
 }
 
@@ -241,6 +491,11 @@ em_config *em_config_load(const char *path) {
     em_config *c = em_config_parse(buf, len, path);
     em__free(buf);
     return c;
+}
+
+em_config_stats em_config_get_stats(const em_config *c) {
+    em_config_stats s = {0, 0, 0, 0};
+    return c ? c->stats : s;
 }
 
 const char *em_config_name(const em_config *c) { return c ? c->name : NULL; }
@@ -262,13 +517,18 @@ const em_config_node *em_config_node_at(const em_config_node *n, size_t i, const
 
 const em_config_node *em_config_node_get(const em_config_node *n, const char *key) {
     if (!n || n->kind != EM_CONFIG_MAP || !key) return NULL;
-    for (size_t i = 0; i < n->n; i++)
-        if (!strcmp(n->keys[i], key)) return n->items[i];
-    return NULL;
+    ptrdiff_t i = em__strindex_find(&n->index, n->keys, sizeof(char *), key, NULL);
+    return i >= 0 ? n->items[i] : NULL;
 }
 
 static const char *path_or_top(const em_config_node *n) {
     return *n->path ? n->path : "the top level";
+}
+
+static bool in_list(const char *const *list, const char *s) {
+    for (; list && *list; list++)
+        if (!strcmp(*list, s)) return true;
+    return false;
 }
 
 em_status em_config_check_keys(const em_config_node *n, const char *const *allowed) {
@@ -282,15 +542,13 @@ em_status em_config_check_keys(const em_config_node *n, const char *const *allow
         return em_set_error(EM_ERR_INVALID, "%s: %s: expected a map (keys: %s)", n->where,
                             path_or_top(n), list);
     for (size_t i = 0; i < n->n; i++) {
-        bool ok = false;
+        if (in_list(allowed, n->keys[i])) continue;
         const char *best = NULL;
         int bd = 1000;
-        for (const char *const *a = allowed; *a; a++) {
-            if (!strcmp(*a, n->keys[i])) ok = true;
+        for (const char *const *a = allowed; *a; a++) { /* the suggestion: only for a misfit */
             int d = em__edit_distance(*a, n->keys[i]);
             if (d < bd) bd = d, best = *a;
         }
-        if (ok) continue;
         char hint[128] = "";
         size_t kl = strlen(n->keys[i]);
         if (best && bd <= (kl > 5 ? 3 : 2)) snprintf(hint, sizeof hint, " (did you mean '%s'?)", best);
@@ -298,12 +556,6 @@ em_status em_config_check_keys(const em_config_node *n, const char *const *allow
                             n->items[i]->key_where, n->keys[i], path_or_top(n), hint, list);
     }
     return EM_OK;
-}
-
-static bool in_list(const char *const *list, const char *s) {
-    for (; list && *list; list++)
-        if (!strcmp(*list, s)) return true;
-    return false;
 }
 
 /* A scalar or a list of scalars as option text; false when it is neither. */

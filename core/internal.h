@@ -21,6 +21,43 @@ void *em__realloc(void *p, size_t old_n, size_t new_n, const char *what);
 char *em__strdup(const char *s, const char *what);
 void em__free(void *p);
 
+/* ---- hashed string index (strindex.c) ----------------------------------------------------- */
+
+/* An index over an array of keys the caller owns (config maps and anchors, safetensors
+ * metadata, option bags): slots hold position + 1. Key i is the string pointer at
+ * (char *)keys + i * stride (an array of strings: stride sizeof(char *); an array of structs:
+ * the first struct's name field and the struct's size). Zero-initialise; em__strindex_free.
+ * Lookups and adds add their key comparisons to *compares (may be NULL). */
+typedef struct em__strindex {
+    size_t *slots;
+    size_t cap, count;
+} em__strindex;
+uint64_t em__strhash(const char *s); /* seeded once per process */
+/* Position of key among the keys, or -1. */
+ptrdiff_t em__strindex_find(const em__strindex *x, const void *keys, size_t stride,
+                            const char *key, uint64_t *compares);
+/* File key pos (an equal key already filed is replaced by pos). EM_ERR_NOMEM, leaving the
+ * index as it was. */
+em_status em__strindex_add(em__strindex *x, const void *keys, size_t stride, size_t pos,
+                           uint64_t *compares);
+void em__strindex_free(em__strindex *x);
+
+/* ---- loading optimizer and scheduler state in two steps (optim.c) -------------------------- */
+
+/* em_checkpoint_load checks every part of a file before it restores any: prepare checks a
+ * state dict whole and builds what it will put in place (a scheduler's class state is loaded
+ * already, with what it replaced kept); commit swaps it in and cannot fail; discard drops it
+ * (putting a scheduler's class state back). Both consume p. */
+typedef struct em__optim_load em__optim_load;
+em_status em__optimizer_load_prepare(const em_optimizer *o, const em_dict *tensors,
+                                     const char *groups_json, em__optim_load **out);
+void em__optimizer_load_commit(em_optimizer *o, em__optim_load *p);
+void em__optimizer_load_discard(const em_optimizer *o, em__optim_load *p);
+typedef struct em__sched_load em__sched_load;
+em_status em__scheduler_load_prepare(em_scheduler *s, const char *json, em__sched_load **out);
+void em__scheduler_load_commit(em_scheduler *s, em__sched_load *p);
+void em__scheduler_load_discard(em_scheduler *s, em__sched_load *p);
+
 /* ---- caching device allocator (alloc.c) --------------------------------------------------- */
 
 typedef struct em__block {

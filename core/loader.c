@@ -751,10 +751,12 @@ em_loader_state em_loader_get_state(const em_loader *l) {
 
 em_status em_loader_set_state(em_loader *l, em_loader_state s) {
     if (!l) return em_set_error(EM_ERR_INVALID, "loader_set_state: NULL loader");
-    if (s.epoch < 0 || s.batch < 0 || s.batch > l->nb)
+    /* epoch <= EM_STEP_MAX: the loader counts epochs on from it */
+    if (s.epoch < 0 || s.epoch > EM_STEP_MAX || s.batch < 0 || s.batch > l->nb)
         return em_set_error(EM_ERR_RANGE, "loader_set_state: epoch %lld, batch %lld is not a "
-                            "position of this loader (%lld batches per epoch)", (long long)s.epoch,
-                            (long long)s.batch, (long long)l->nb);
+                            "position of this loader (epoch in [0, %lld], batch in [0, %lld]: "
+                            "%lld batches per epoch)", (long long)s.epoch, (long long)s.batch,
+                            (long long)EM_STEP_MAX, (long long)l->nb, (long long)l->nb);
     release_views(l);
     if (l->copy_pending) {
         l->copy_pending = false;

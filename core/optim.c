@@ -402,11 +402,11 @@ static em_optimizer *optimizer_build(const char *class_name, const em_param_grou
         if (!(G->opts = options_merge(defaults, groups[g].options))) goto fail;
         if (em_options_resolve(G->opts, where, cls->options, cls->n_options) != EM_OK) goto fail;
         if (em_options_has(G->opts, "lr") &&
-            !(em_options_float(G->opts, "lr") >= 0)) {
+            !(em_options_float(G->opts, "lr") >= 0 && isfinite(em_options_float(G->opts, "lr")))) {
             /* Checked here, not by the spec's range: schedulers may drive lr below 0
              * (OneCycleLR's last step overshoots, as in PyTorch) and such a state must load. */
-            em_set_error(EM_ERR_INVALID, "%s: invalid learning rate %g (must be >= 0)", where,
-                         em_options_float(G->opts, "lr"));
+            em_set_error(EM_ERR_INVALID, "%s: invalid learning rate %g (must be a finite number "
+                         ">= 0)", where, em_options_float(G->opts, "lr"));
             goto fail;
         }
         if (cls->validate && cls->validate(G->opts, where) != EM_OK) goto fail;
@@ -644,17 +644,57 @@ static bool parse_state_key(const char *key, long *index, const char **name) {
     return strchr(*name, '.') == NULL;
 }
 
-em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
-                                       const char *groups_json) {
+/* What a loaded state dict will put in place, checked whole (em__optimizer_load_prepare). */
+struct em__optim_load {
+    em_options **opts;  /* [n_groups] */
+    double *init_lr;    /* [n_groups] */
+    bool *has_init;     /* [n_groups] */
+    param_state *state; /* [n_params] */
+    int64_t steps;
+};
+
+void em__optimizer_load_discard(const em_optimizer *o, em__optim_load *p) {
+    if (!p) return;
+    for (int g = 0; p->opts && g < o->n_groups; g++) em_options_free(p->opts[g]);
+    for (int i = 0; p->state && i < o->n_params; i++) state_clear(&p->state[i]);
+    em__free(p->opts);
+    em__free(p->state);
+    em__free(p->init_lr);
+    em__free(p->has_init);
+    em__free(p);
+}
+
+/* A "step" count: 0-dim, a whole number in [0, EM_STEP_MAX]. */
+static em_status check_step_state(const char *who, const char *key, const em_tensor *src) {
+    char sb[128];
+    if (em_tensor_ndim(src) != 0)
+        return em_set_error(EM_ERR_SHAPE, "%s.load_state_dict: '%s' has shape %s; a step count "
+                            "is 0-dim", who, key,
+                            em__shape_str(em_tensor_ndim(src), em_tensor_shape(src), sb, sizeof sb));
+    double v = NAN;
+    if (em_dtype_is_floating(em_tensor_dtype(src)) || em_tensor_dtype(src) == EM_I64 ||
+        em_tensor_dtype(src) == EM_I32) {
+        em_tensor *c = em__to_device(src, em_cpu());
+        em_status st = c ? em_tensor_item(c, &v) : em_last_status();
+        em_tensor_release(c);
+        if (st != EM_OK) return st;
+    }
+    if (!(v >= 0 && v <= (double)EM_STEP_MAX && v == floor(v)))
+        return em_set_error(EM_ERR_INVALID, "%s.load_state_dict: '%s' is %g (%s); a step count "
+                            "is a whole number in [0, %lld]", who, key, v,
+                            em_dtype_name(em_tensor_dtype(src)), (long long)EM_STEP_MAX);
+    return EM_OK;
+}
+
+em_status em__optimizer_load_prepare(const em_optimizer *o, const em_dict *tensors,
+                                     const char *groups_json, em__optim_load **out) {
+    *out = NULL;
     if (!o || !tensors || !groups_json)
         return em_set_error(EM_ERR_INVALID, "optimizer_load_state_dict: NULL argument");
     const char *who = o->cls->name;
     json_error_t jerr;
     json_t *root = json_loads(groups_json, 0, &jerr);
-    em_options **new_opts = NULL;
-    param_state *new_state = NULL;
-    double *init_lr = NULL;
-    bool *has_init = NULL;
+    em__optim_load *p = NULL;
     em_status st = EM_OK;
     if (!root)
         return em_set_error(EM_ERR_INVALID, "%s.load_state_dict: the groups JSON is malformed "
@@ -671,19 +711,27 @@ em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
                           "optimizer, not %s", who, json_string_value(jcls), who);
         goto done;
     }
-    if ((int)json_array_size(groups) != o->n_groups) {
+    if (json_integer_value(jsteps) < 0 || json_integer_value(jsteps) > EM_STEP_MAX) {
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: \"steps\" is %lld; expected an "
+                          "integer in [0, %lld]", who, (long long)json_integer_value(jsteps),
+                          (long long)EM_STEP_MAX);
+        goto done;
+    }
+    if (json_array_size(groups) != (size_t)o->n_groups) {
         st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: loaded state dict has %zu "
                           "parameter groups, this optimizer has %d", who,
                           json_array_size(groups), o->n_groups);
         goto done;
     }
-    if (!(new_opts = em__calloc((size_t)o->n_groups, sizeof *new_opts, "load_state_dict")) ||
-        !(init_lr = em__calloc((size_t)o->n_groups, sizeof *init_lr, "load_state_dict")) ||
-        !(has_init = em__calloc((size_t)o->n_groups, sizeof *has_init, "load_state_dict")) ||
-        !(new_state = em__calloc((size_t)o->n_params, sizeof *new_state, "load_state_dict"))) {
+    if (!(p = em__calloc(1, sizeof *p, "load_state_dict")) ||
+        !(p->opts = em__calloc((size_t)o->n_groups, sizeof *p->opts, "load_state_dict")) ||
+        !(p->init_lr = em__calloc((size_t)o->n_groups, sizeof *p->init_lr, "load_state_dict")) ||
+        !(p->has_init = em__calloc((size_t)o->n_groups, sizeof *p->has_init, "load_state_dict")) ||
+        !(p->state = em__calloc((size_t)o->n_params, sizeof *p->state, "load_state_dict"))) {
         st = EM_ERR_NOMEM;
         goto done;
     }
+    p->steps = json_integer_value(jsteps);
     for (int g = 0; g < o->n_groups; g++) {
         const json_t *jg = json_array_get(groups, (size_t)g);
         const json_t *ids = json_object_get(jg, "params");
@@ -694,13 +742,13 @@ em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
                               where);
             goto done;
         }
-        if ((int)json_array_size(ids) != o->groups[g].n) {
+        if (json_array_size(ids) != (size_t)o->groups[g].n) {
             st = em_set_error(EM_ERR_INVALID, "%s: the loaded group has %zu parameters, this "
                               "optimizer's group has %d (a different model?)", where,
                               json_array_size(ids), o->groups[g].n);
             goto done;
         }
-        if (!(new_opts[g] = em_options_new())) {
+        if (!(p->opts[g] = em_options_new())) {
             st = EM_ERR_NOMEM;
             goto done;
         }
@@ -713,15 +761,15 @@ em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
                     st = em_set_error(EM_ERR_INVALID, "%s: initial_lr is not a number", where);
                     goto done;
                 }
-                has_init[g] = true;
-                init_lr[g] = json_number_value(v);
+                p->has_init[g] = true;
+                p->init_lr[g] = json_number_value(v);
                 continue;
             }
-            if ((st = option_from_json(new_opts[g], key, v, where)) != EM_OK) goto done;
+            if ((st = option_from_json(p->opts[g], key, v, where)) != EM_OK) goto done;
         }
-        if ((st = em_options_resolve(new_opts[g], where, o->cls->options, o->cls->n_options)) != EM_OK)
+        if ((st = em_options_resolve(p->opts[g], where, o->cls->options, o->cls->n_options)) != EM_OK)
             goto done;
-        if (o->cls->validate && (st = o->cls->validate(new_opts[g], where)) != EM_OK) goto done;
+        if (o->cls->validate && (st = o->cls->validate(p->opts[g], where)) != EM_OK) goto done;
     }
     for (size_t i = 0; i < em_dict_len(tensors); i++) {
         const char *key = em_dict_key(tensors, i), *name;
@@ -736,27 +784,35 @@ em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
                               "but the optimizer has %d parameters", who, key, idx, o->n_params);
             goto done;
         }
-        const em_tensor *src = em_dict_value(tensors, i), *p = o->params[idx];
-        if (em_tensor_ndim(src) > 0 &&
-            (em_tensor_ndim(src) != em_tensor_ndim(p) ||
-             memcmp(em_tensor_shape(src), em_tensor_shape(p),
-                    sizeof(int64_t) * (size_t)em_tensor_ndim(p)) != 0)) {
+        const em_tensor *src = em_dict_value(tensors, i), *par = o->params[idx];
+        em_dtype sdt = em_tensor_dtype(src), pdt = em_tensor_dtype(par);
+        bool step = !strcmp(name, "step");
+        if (step) {
+            if ((st = check_step_state(who, key, src)) != EM_OK) goto done;
+        } else if (em_tensor_ndim(src) != em_tensor_ndim(par) ||
+                   memcmp(em_tensor_shape(src), em_tensor_shape(par),
+                          sizeof(int64_t) * (size_t)em_tensor_ndim(par)) != 0) {
+            /* every state but the step count has its parameter's shape: a 0-dim one would
+             * load and fail the first step, far from the file */
             char a[128], b[128];
             st = em_set_error(EM_ERR_SHAPE, "%s.load_state_dict: '%s' has shape %s but "
                               "parameter %ld ('%s') has shape %s", who, key,
                               em__shape_str(em_tensor_ndim(src), em_tensor_shape(src), a, sizeof a),
                               idx, o->names[idx],
-                              em__shape_str(em_tensor_ndim(p), em_tensor_shape(p), b, sizeof b));
+                              em__shape_str(em_tensor_ndim(par), em_tensor_shape(par), b, sizeof b));
+            goto done;
+        } else if (!em_dtype_is_floating(sdt)) {
+            st = em_set_error(EM_ERR_DTYPE, "%s.load_state_dict: '%s' has dtype %s; the state of "
+                              "parameter %ld ('%s', %s) must be floating", who, key,
+                              em_dtype_name(sdt), idx, o->names[idx], em_dtype_name(pdt));
             goto done;
         }
-        /* PyTorch's rule: floating state follows the parameter's dtype, except 0-dim counters
-         * (step) which keep theirs, and f32 state of an f16/bf16 parameter, which stays f32
+        /* PyTorch's rule: floating state follows the parameter's dtype, except the step
+         * count, which keeps its own, and f32 state of an f16/bf16 parameter, which stays f32
          * (the master weights and moments the fused optimizers keep); everything moves to the
          * parameter's device. */
-        em_dtype sdt = em_tensor_dtype(src), pdt = em_tensor_dtype(p);
-        bool keep = em_tensor_ndim(src) == 0 || !em_dtype_is_floating(sdt) ||
-                    (sdt == EM_F32 && (pdt == EM_F16 || pdt == EM_BF16));
-        em_tensor *t = em__to_device(src, em_tensor_device(p));
+        bool keep = step || (sdt == EM_F32 && (pdt == EM_F16 || pdt == EM_BF16));
+        em_tensor *t = em__to_device(src, em_tensor_device(par));
         em_tensor *u = t && !keep ? em__to_dtype(t, pdt) : em_tensor_retain(t);
         em_tensor *c = u ? em__clone(u) : NULL;
         em_tensor_release(t);
@@ -766,32 +822,40 @@ em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
             goto done;
         }
         tag_optimizer(c);
-        st = state_put(&new_state[idx], name, c);
+        st = state_put(&p->state[idx], name, c);
         em_tensor_release(c);
         if (st != EM_OK) goto done;
     }
-    /* Everything checked: swap in. */
+    *out = p;
+    p = NULL;
+done:
+    em__optimizer_load_discard(o, p);
+    json_decref(root);
+    return st;
+}
+
+void em__optimizer_load_commit(em_optimizer *o, em__optim_load *p) {
     for (int g = 0; g < o->n_groups; g++) {
         em_options_free(o->groups[g].opts);
-        o->groups[g].opts = new_opts[g];
-        new_opts[g] = NULL;
-        o->groups[g].has_initial_lr = has_init[g];
-        o->groups[g].initial_lr = init_lr[g];
+        o->groups[g].opts = p->opts[g];
+        p->opts[g] = NULL;
+        o->groups[g].has_initial_lr = p->has_init[g];
+        o->groups[g].initial_lr = p->init_lr[g];
     }
     for (int i = 0; i < o->n_params; i++) {
         state_clear(&o->state[i]);
-        o->state[i] = new_state[i];
-        memset(&new_state[i], 0, sizeof new_state[i]);
+        o->state[i] = p->state[i];
+        memset(&p->state[i], 0, sizeof p->state[i]);
     }
-    o->steps = json_integer_value(jsteps);
-done:
-    for (int g = 0; new_opts && g < o->n_groups; g++) em_options_free(new_opts[g]);
-    for (int i = 0; new_state && i < o->n_params; i++) state_clear(&new_state[i]);
-    em__free(new_opts);
-    em__free(new_state);
-    em__free(init_lr);
-    em__free(has_init);
-    json_decref(root);
+    o->steps = p->steps;
+    em__optimizer_load_discard(o, p);
+}
+
+em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
+                                       const char *groups_json) {
+    em__optim_load *p;
+    em_status st = em__optimizer_load_prepare(o, tensors, groups_json, &p);
+    if (st == EM_OK) em__optimizer_load_commit(o, p);
     return st;
 }
 
@@ -1065,7 +1129,30 @@ static bool json_doubles(const json_t *a, double *out, int n) {
     return true;
 }
 
-em_status em_scheduler_load_state_dict(em_scheduler *s, const char *json) {
+/* A loaded scheduler state, checked, with the class's state already loaded and the state it
+ * replaced kept to put back (em__scheduler_load_discard). */
+struct em__sched_load {
+    int64_t last_epoch, step_count;
+    double *base, *last; /* [n_groups] */
+    char *backup;        /* the class's state before (em_host_free), or NULL */
+    bool class_loaded;
+};
+
+void em__scheduler_load_discard(em_scheduler *s, em__sched_load *p) {
+    if (!p) return;
+    if (p->class_loaded && p->backup) {
+        /* what the class's own save wrote: it loads back (out of memory aside) */
+        em_status st = s->cls->load(s, p->backup);
+        (void)st;
+    }
+    em_host_free(p->backup);
+    em__free(p->base);
+    em__free(p->last);
+    em__free(p);
+}
+
+em_status em__scheduler_load_prepare(em_scheduler *s, const char *json, em__sched_load **out) {
+    *out = NULL;
     if (!s || !json)
         return em_set_error(EM_ERR_INVALID, "scheduler_load_state_dict: NULL argument");
     const char *who = s->cls->name;
@@ -1075,11 +1162,12 @@ em_status em_scheduler_load_state_dict(em_scheduler *s, const char *json) {
         return em_set_error(EM_ERR_INVALID, "%s.load_state_dict: malformed JSON (line %d column "
                             "%d: %s)", who, jerr.line, jerr.column, jerr.text);
     em_status st = EM_OK;
-    double *base = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs");
-    double *last = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs");
+    em__sched_load *p = em__calloc(1, sizeof *p, "scheduler state");
+    if (p) p->base = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs");
+    if (p && p->base) p->last = em__calloc((size_t)s->n_groups, sizeof(double), "scheduler lrs");
     const json_t *jc = json_object_get(root, "class"), *je = json_object_get(root, "last_epoch");
     const json_t *js = json_object_get(root, "step_count"), *jst = json_object_get(root, "state");
-    if (!base || !last) {
+    if (!p || !p->last) {
         st = EM_ERR_NOMEM;
     } else if (!json_is_string(jc) || strcmp(json_string_value(jc), who) != 0) {
         st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: the state is from a %s scheduler",
@@ -1087,23 +1175,56 @@ em_status em_scheduler_load_state_dict(em_scheduler *s, const char *json) {
     } else if (!json_is_integer(je) || !json_is_integer(js)) {
         st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: \"last_epoch\" or \"step_count\" "
                           "is missing or not an integer", who);
-    } else if (!json_doubles(json_object_get(root, "base_lrs"), base, s->n_groups) ||
-               !json_doubles(json_object_get(root, "last_lr"), last, s->n_groups)) {
+    } else if (json_integer_value(je) < -1 || json_integer_value(je) > EM_STEP_MAX ||
+               json_integer_value(js) < 0 || json_integer_value(js) > EM_STEP_MAX) {
+        /* stepping adds 1 to both: a count near INT64_MAX would overflow */
+        st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: \"last_epoch\" %lld or "
+                          "\"step_count\" %lld is out of range (last_epoch in [-1, %lld], "
+                          "step_count in [0, %lld])", who, (long long)json_integer_value(je),
+                          (long long)json_integer_value(js), (long long)EM_STEP_MAX,
+                          (long long)EM_STEP_MAX);
+    } else if (!json_doubles(json_object_get(root, "base_lrs"), p->base, s->n_groups) ||
+               !json_doubles(json_object_get(root, "last_lr"), p->last, s->n_groups)) {
         st = em_set_error(EM_ERR_INVALID, "%s.load_state_dict: \"base_lrs\" and \"last_lr\" must "
                           "be arrays of %d numbers (one per param group)", who, s->n_groups);
     } else if (s->cls->load && jst && !json_is_null(jst)) {
-        char *text = json_text((json_t *)jst);
-        st = text ? s->cls->load(s, text) : em_last_status();
+        /* the class loads its own state; what it had is kept to put back if a later part of
+         * a checkpoint fails (or this load fails half-way: SequentialLR's sub-schedulers) */
+        if (s->cls->save && (st = s->cls->save(s, &p->backup)) != EM_OK) p->backup = NULL;
+        char *text = st == EM_OK ? json_text((json_t *)jst) : NULL;
+        if (st == EM_OK) {
+            p->class_loaded = true;
+            st = text ? s->cls->load(s, text) : em_last_status();
+        }
         em__free(text);
     }
     if (st == EM_OK) {
-        s->last_epoch = json_integer_value(je);
-        s->step_count = json_integer_value(js);
-        memcpy(s->base_lrs, base, sizeof(double) * (size_t)s->n_groups);
-        memcpy(s->last_lrs, last, sizeof(double) * (size_t)s->n_groups);
+        p->last_epoch = json_integer_value(je);
+        p->step_count = json_integer_value(js);
+        *out = p;
+        p = NULL;
+    } else if (p) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em__scheduler_load_discard(s, p);
+        em_set_error(st, "%s", msg);
     }
-    em__free(base);
-    em__free(last);
     json_decref(root);
+    return st;
+}
+
+void em__scheduler_load_commit(em_scheduler *s, em__sched_load *p) {
+    s->last_epoch = p->last_epoch;
+    s->step_count = p->step_count;
+    memcpy(s->base_lrs, p->base, sizeof(double) * (size_t)s->n_groups);
+    memcpy(s->last_lrs, p->last, sizeof(double) * (size_t)s->n_groups);
+    p->class_loaded = false; /* keep what was loaded */
+    em__scheduler_load_discard(s, p);
+}
+
+em_status em_scheduler_load_state_dict(em_scheduler *s, const char *json) {
+    em__sched_load *p;
+    em_status st = em__scheduler_load_prepare(s, json, &p);
+    if (st == EM_OK) em__scheduler_load_commit(s, p);
     return st;
 }

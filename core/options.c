@@ -12,6 +12,8 @@
  *
  * Resolving changes the bag only when everything is valid: values are converted into a
  * scratch array first and swapped in at the end, so a failed resolve leaves the bag as given.
+ * A large bag (a config map of many options) finds names through a hashed index, so filling
+ * it stays linear.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -36,7 +38,14 @@ typedef struct opt_entry {
 struct em_options {
     opt_entry *e;
     size_t n, cap;
+    /* names -> position once a bag is large (a config map of n options costs O(n), not
+     * O(n^2)); an accelerator only: when it does not cover all n entries (small bags, or an
+     * allocation failed) lookups scan */
+    em__strindex index;
+    uint64_t compares; /* name comparisons made by put */
 };
+
+#define OPT_INDEX_FROM 16 /* entries: below, a scan is as quick */
 
 /* ---- the bag ------------------------------------------------------------------------------- */
 
@@ -55,16 +64,40 @@ void em_options_free(em_options *o) {
     for (size_t i = 0; i < o->n; i++)
         entry_clear(&o->e[i]);
     em__free(o->e);
+    em__strindex_free(&o->index);
     em__free(o);
 }
 
-static ptrdiff_t find(const em_options *o, const char *name) {
+/* The position of name, or -1; the comparisons made are added to *compares (may be NULL). */
+static ptrdiff_t find_counted(const em_options *o, const char *name, uint64_t *compares) {
     if (!o || !name)
         return -1;
-    for (size_t i = 0; i < o->n; i++)
+    if (o->n > OPT_INDEX_FROM && o->index.count == o->n)
+        return em__strindex_find(&o->index, &o->e[0].name, sizeof(opt_entry), name, compares);
+    for (size_t i = 0; i < o->n; i++) {
+        if (compares)
+            (*compares)++;
         if (strcmp(o->e[i].name, name) == 0)
             return (ptrdiff_t)i;
+    }
     return -1;
+}
+
+static ptrdiff_t find(const em_options *o, const char *name) {
+    return find_counted(o, name, NULL);
+}
+
+/* Bring the index up to date after entries were appended (or rebuild it after o->e was
+ * replaced: the caller freed it). Out of memory drops it: lookups scan. */
+static void index_sync(em_options *o) {
+    if (o->n <= OPT_INDEX_FROM)
+        return;
+    for (size_t i = o->index.count; i < o->n; i++)
+        if (em__strindex_add(&o->index, &o->e[0].name, sizeof(opt_entry), i, &o->compares) !=
+            EM_OK) {
+            em__strindex_free(&o->index);
+            return;
+        }
 }
 
 /* Deep copy of one entry into dst (zeroed); false on out of memory (dst cleared). */
@@ -94,6 +127,7 @@ em_options *em_options_copy(const em_options *o) {
         for (; c->n < o->n; c->n++)
             if (!entry_copy(&c->e[c->n], &o->e[c->n]))
                 goto fail;
+        index_sync(c);
     }
     return c;
 fail:
@@ -117,7 +151,7 @@ static em_status put(em_options *o, opt_entry *e) {
         entry_clear(e);
         return em_set_error(EM_ERR_INVALID, "options: NULL bag");
     }
-    ptrdiff_t k = find(o, e->name);
+    ptrdiff_t k = find_counted(o, e->name, &o->compares);
     if (k >= 0) {
         entry_clear(&o->e[k]);
         o->e[k] = *e;
@@ -140,6 +174,7 @@ static em_status put(em_options *o, opt_entry *e) {
     if (e->type == EM_OPT_STRING)
         o->e[o->n].v.s = o->e[o->n].s;
     o->n++;
+    index_sync(o);
     return EM_OK;
 }
 
@@ -408,11 +443,27 @@ static bool parse_float(const char *p, const char *end, double *out) {
         return false;
     }
     char *stop;
+    errno = 0;
     double v = strtod(buf, &stop);
-    if (*stop)
+    /* "1e400" is not "inf": a number beyond a double's range is refused, not rounded to one */
+    if (*stop || (errno == ERANGE && isinf(v)))
         return false;
     *out = v;
     return true;
+}
+
+/* Whether the text between p and end is a decimal number too large for a double. */
+static bool float_overflows(const char *p, const char *end) {
+    char buf[64];
+    size_t len = (size_t)(end - p);
+    if (len == 0 || len >= sizeof buf)
+        return false;
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    char *stop;
+    errno = 0;
+    double v = strtod(buf, &stop);
+    return !*stop && errno == ERANGE && isinf(v);
 }
 
 static bool parse_bool(const char *s, bool *out) {
@@ -544,7 +595,7 @@ static const char *type_text(const char *text, unsigned types, opt_entry *out, c
         return NULL;
     }
     em__free(s);
-    return "wrong type";
+    return float_overflows(p, end) ? "beyond the range of a double" : "wrong type";
 }
 
 /* Convert a typed value to a type the spec allows (losslessly); NULL on success. */
@@ -787,10 +838,16 @@ em_status em_options_resolve(em_options *o, const char *owner, const em_option_s
     o->e = ne;
     o->n = nn;
     o->cap = cap ? cap : 1;
+    em__strindex_free(&o->index); /* the positions changed */
+    index_sync(o);
     return EM_OK;
 }
 
 /* ---- reading ------------------------------------------------------------------------------- */
+
+uint64_t em_options_key_compares(const em_options *o) {
+    return o ? o->compares : 0;
+}
 
 static const opt_entry *get(const em_options *o, const char *name) {
     ptrdiff_t k = find(o, name);

@@ -86,6 +86,8 @@ static bool utf8_valid(const char *s) {
 struct em_metadata {
     char **keys, **values; /* [len], insertion order, owned */
     size_t len, cap;
+    em__strindex index;    /* keys -> position: a header's n entries cost O(n) */
+    uint64_t compares;     /* key comparisons made by em_metadata_set */
 };
 
 em_metadata *em_metadata_new(void) {
@@ -101,14 +103,14 @@ void em_metadata_free(em_metadata *m) {
     }
     em__free(m->keys);
     em__free(m->values);
+    em__strindex_free(&m->index);
     em__free(m);
 }
 
-static ptrdiff_t meta_find(const em_metadata *m, const char *key) {
-    for (size_t i = 0; m && key && i < m->len; i++)
-        if (strcmp(m->keys[i], key) == 0)
-            return (ptrdiff_t)i;
-    return -1;
+static ptrdiff_t meta_find(const em_metadata *m, const char *key, uint64_t *compares) {
+    if (!m || !key)
+        return -1;
+    return em__strindex_find(&m->index, m->keys, sizeof(char *), key, compares);
 }
 
 em_status em_metadata_set(em_metadata *m, const char *key, const char *value) {
@@ -125,7 +127,7 @@ em_status em_metadata_set(em_metadata *m, const char *key, const char *value) {
     char *v = em__strdup(value, "metadata value");
     if (!v)
         return EM_ERR_NOMEM;
-    ptrdiff_t pos = meta_find(m, key);
+    ptrdiff_t pos = meta_find(m, key, &m->compares);
     if (pos >= 0) {
         em__free(m->values[pos]);
         m->values[pos] = v;
@@ -155,14 +157,23 @@ em_status em_metadata_set(em_metadata *m, const char *key, const char *value) {
         m->cap = cap;
     }
     m->keys[m->len] = k;
+    if (em__strindex_add(&m->index, m->keys, sizeof(char *), m->len, &m->compares) != EM_OK) {
+        em__free(k);
+        em__free(v);
+        return EM_ERR_NOMEM;
+    }
     m->values[m->len] = v;
     m->len++;
     return EM_OK;
 }
 
 const char *em_metadata_get(const em_metadata *m, const char *key) {
-    ptrdiff_t pos = meta_find(m, key);
+    ptrdiff_t pos = meta_find(m, key, NULL);
     return pos >= 0 ? m->values[pos] : NULL;
+}
+
+uint64_t em_metadata_key_compares(const em_metadata *m) {
+    return m ? m->compares : 0;
 }
 
 size_t em_metadata_len(const em_metadata *m) {

@@ -616,7 +616,10 @@ Test(checkpoint, corrupt_metadata_named) {
     static const struct { const char *key, *value, *extra; em_status st; const char *needle; }
     cases[] = {
         {"loader.state", "{\"seed\":\"2\",\"epoch\":-1,\"batch\":0}", NULL, EM_ERR_FORMAT,
-         "metadata entry 'loader.state': \"epoch\" is malformed"},
+         "metadata entry 'loader.state': \"epoch\" is -1; expected an integer in [0, "
+         "9007199254740992]"},
+        {"loader.state", "{\"seed\":\"2\",\"epoch\":0,\"batch\":\"\"}", NULL, EM_ERR_FORMAT,
+         "metadata entry 'loader.state': \"batch\" is malformed"},
         {"loader.state", "{\"epoch\":0,\"batch\":0}", NULL, EM_ERR_FORMAT,
          "metadata entry 'loader.state': \"seed\" is missing"},
         {"rng.default", "not json", NULL, EM_ERR_FORMAT,
@@ -707,6 +710,126 @@ Test(checkpoint, other_errors) {
               strstr(em_last_error(), "SGD"), "%s", em_last_error());
     teardown(&a);
     teardown(&r);
+    remove_dir();
+}
+
+/* The metadata entry `key` of the checkpoint at p with the integer after "field": replaced by
+ * value (the first such field), written to bad as rewrite() does. */
+static void rewrite_field(const char *p, const char *key, const char *field, const char *value,
+                          char *bad, size_t cap) {
+    em_dict *d;
+    em_metadata *m;
+    cr_assert_eq(em_load(p, NULL, &d, &m), EM_OK, "%s", em_last_error());
+    const char *json = em_metadata_get(m, key);
+    cr_assert(json, "no %s", key);
+    char pat[64], text[4096];
+    snprintf(pat, sizeof pat, "\"%s\":", field);
+    const char *at = strstr(json, pat);
+    cr_assert(at, "%s lacks %s", json, pat);
+    const char *rest = at + strlen(pat);
+    while (*rest == '-' || (*rest >= '0' && *rest <= '9')) rest++;
+    snprintf(text, sizeof text, "%.*s%s%s%s", (int)(at - json), json, pat, value, rest);
+    em_dict_free(d);
+    em_metadata_free(m);
+    rewrite(p, key, text, NULL, bad, cap);
+}
+
+/* Whether two snapshots are the same, part by part. */
+static void assert_same(const snap *a, const snap *b, const char *what) {
+    cr_assert(a->model_n == b->model_n && !memcmp(a->model, b->model, a->model_n),
+              "%s: the model changed", what);
+    cr_assert(a->optim_n == b->optim_n && !memcmp(a->optim, b->optim, a->optim_n),
+              "%s: the optimizer's state changed", what);
+    cr_assert_str_eq(a->groups, b->groups, "%s: the optimizer's groups changed", what);
+    cr_assert_str_eq(a->sched, b->sched, "%s: the scheduler changed", what);
+    cr_assert(a->ls.seed == b->ls.seed && a->ls.epoch == b->ls.epoch && a->ls.batch == b->ls.batch,
+              "%s: the loader moved", what);
+    cr_assert(a->rs.seed == b->rs.seed && a->rs.offset == b->rs.offset,
+              "%s: the default generator changed", what);
+}
+
+/* Counts near INT64_MAX overflowed when training went on; a loader batch past the epoch's
+ * end trained nothing and a negative one failed mid-epoch; a 0-dim optimizer state failed the
+ * first step; and a bad scheduler or optimizer state was found only after the model had been
+ * restored. Every field is checked first: the error names the file, the entry and the range,
+ * and nothing — model, optimizer, scheduler, loader, generator — changes. */
+Test(checkpoint, every_field_is_checked_before_anything_is_restored) {
+    make_dir();
+    char p[128], bad[128];
+    file_path(p, sizeof p, "ck.safetensors");
+    run r;
+    build(&r, "SGD", 1, 2, 0);
+    train(&r, 1, 2);
+    em_checkpoint ck = ck_of(&r);
+    cr_assert_eq(em_checkpoint_save(p, &ck, NULL), EM_OK, "%s", em_last_error());
+    run b; /* other weights and seeds: any restore would show */
+    build(&b, "SGD", 5, 6, 0);
+    em_seed(4242);
+    snap before = take(&b);
+
+    static const struct { const char *key, *field, *value; em_status st; const char *needle; }
+    cases[] = {
+        {"loop", "step", "9223372036854775807", EM_ERR_FORMAT,
+         "metadata entry 'loop': \"step\" is 9223372036854775807; expected an integer in [0, "
+         "9007199254740992]"},
+        {"loop", "epoch", "-3", EM_ERR_FORMAT, "'loop': \"epoch\" is -3"},
+        {"loop", "epoch", "9007199254740993", EM_ERR_FORMAT, "'loop': \"epoch\" is 9007199254740993"},
+        {"loader.state", "batch", "-5", EM_ERR_FORMAT,
+         "'loader.state': \"batch\" is -5; expected an integer in [0, 6]"},
+        {"loader.state", "batch", "1000", EM_ERR_FORMAT, "'loader.state': \"batch\" is 1000"},
+        {"loader.state", "epoch", "9223372036854775807", EM_ERR_FORMAT,
+         "'loader.state': \"epoch\" is 9223372036854775807"},
+        {"sched.state", "last_epoch", "9223372036854775807", EM_ERR_INVALID,
+         "scheduler ('sched.state'): StepLR.load_state_dict: \"last_epoch\" 9223372036854775807"},
+        {"sched.state", "step_count", "-1", EM_ERR_INVALID, "scheduler ('sched.state'): "},
+        {"optim.param_groups", "steps", "9223372036854775807", EM_ERR_INVALID,
+         "optimizer ('optim.param_groups'): SGD.load_state_dict: \"steps\" is 9223372036854775807"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        rewrite_field(p, cases[i].key, cases[i].field, cases[i].value, bad, sizeof bad);
+        em_checkpoint lk = ck_of(&b);
+        cr_assert_eq(em_checkpoint_load(bad, &lk, NULL), cases[i].st, "case %zu: %s", i,
+                     em_last_error());
+        cr_assert(strstr(em_last_error(), cases[i].needle), "case %zu: '%s' lacks '%s'", i,
+                  em_last_error(), cases[i].needle);
+        cr_assert(strstr(em_last_error(), "checkpoint '") &&
+                  strstr(em_last_error(), "bad.safetensors'"), "case %zu: %s", i, em_last_error());
+        snap now = take(&b);
+        char what[32];
+        snprintf(what, sizeof what, "case %zu", i);
+        assert_same(&before, &now, what);
+        snap_free(&now);
+    }
+
+    /* a 0-dim optimizer state where the parameter's shape belongs */
+    em_dict *d;
+    em_metadata *m;
+    cr_assert_eq(em_load(p, NULL, &d, &m), EM_OK, "%s", em_last_error());
+    cr_assert(em_dict_has(d, "optim.state.0.momentum_buffer"));
+    em_tensor *z = em_zeros(0, NULL, EM_F32, em_cpu());
+    em_dict_set(d, "optim.state.0.momentum_buffer", z);
+    em_tensor_release(z);
+    file_path(bad, sizeof bad, "bad.safetensors");
+    cr_assert_eq(em_save(d, bad, m, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(d);
+    em_metadata_free(m);
+    em_checkpoint lk = ck_of(&b);
+    cr_assert_eq(em_checkpoint_load(bad, &lk, NULL), EM_ERR_SHAPE, "%s", em_last_error());
+    cr_assert(strstr(em_last_error(), "bad.safetensors': optimizer ('optim.param_groups'): "
+                     "SGD.load_state_dict: 'state.0.momentum_buffer' has shape [] but parameter "
+                     "0 ('0.weight') has shape [16, 6]"), "%s", em_last_error());
+    snap now = take(&b);
+    assert_same(&before, &now, "0-dim state");
+    snap_free(&now);
+
+    /* the good file restores everything */
+    lk = ck_of(&b);
+    cr_assert_eq(em_checkpoint_load(p, &lk, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(lk.step, 2);
+    cr_assert_eq(em_loader_get_state(b.dl).batch, 2);
+    snap_free(&before);
+    teardown(&r);
+    teardown(&b);
     remove_dir();
 }
 

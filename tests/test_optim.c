@@ -593,3 +593,90 @@ Test(clip, grad_value) {
     em_dict_free(d);
     em_scope_end();
 }
+
+/* ---- state dicts from files: every count and state checked (issue 13, items 9 and 10) ---- */
+
+/* A 0-dim state where the parameter's shape belongs loaded and failed the first step, far
+ * from the file; a step count of any int64 overflowed when counted on. Each is refused at
+ * load, naming the key, and the optimizer stays as it was. */
+Test(optim_errors, loaded_state_and_counts_are_checked) {
+    em_scope_begin();
+    em_optimizer *a = try_new("Adam", "lr=0.01");
+    em_tensor *p[OPT_N_PARAMS];
+    for (int i = 0; i < OPT_N_PARAMS; i++) p[i] = em_optimizer_param(a, 0, i, NULL, NULL);
+    set_grads(p, 0);
+    cr_assert_eq(em_optimizer_step(a), EM_OK);
+    em_dict *t = NULL;
+    char *json = NULL;
+    cr_assert_eq(em_optimizer_state_dict(a, &t, &json), EM_OK, "%s", em_last_error());
+    em_optimizer *b = try_new("Adam", "lr=0.01");
+    static const struct { const char *key; double value; int ndim; em_dtype dt; em_status st;
+                          const char *needle; } cases[] = {
+        {"state.0.exp_avg", 0.5, 0, EM_F32, EM_ERR_SHAPE,
+         "Adam.load_state_dict: 'state.0.exp_avg' has shape [] but parameter 0 ('w') has shape [4, 3]"},
+        {"state.1.exp_avg_sq", 0, 1, EM_I64, EM_ERR_DTYPE,
+         "'state.1.exp_avg_sq' has dtype int64; the state of parameter 1 ('b', float32) must be floating"},
+        {"state.0.step", 1, 1, EM_F64, EM_ERR_SHAPE, "'state.0.step' has shape [3]; a step count is 0-dim"},
+        {"state.0.step", -1, 0, EM_F64, EM_ERR_INVALID, "'state.0.step' is -1 (float64); a step count is a whole number in [0, 9007199254740992]"},
+        {"state.0.step", 1e300, 0, EM_F64, EM_ERR_INVALID, "'state.0.step' is 1e+300"},
+        {"state.0.step", 2.5, 0, EM_F32, EM_ERR_INVALID, "'state.0.step' is 2.5 (float32)"},
+        {"state.0.step", NAN, 0, EM_F64, EM_ERR_INVALID, "'state.0.step' is nan"},
+        {"state.0.step", 1, 0, EM_BOOL, EM_ERR_INVALID, "'state.0.step' is nan (bool)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        em_dict *t2 = em_dict_new();
+        for (size_t j = 0; j < em_dict_len(t); j++)
+            em_dict_set(t2, em_dict_key(t, j), em_dict_value(t, j));
+        int64_t shape[1] = {3};
+        em_tensor *v = em_full(cases[i].ndim, shape, cases[i].value, cases[i].dt, em_cpu());
+        cr_assert(v, "%s", em_last_error());
+        em_dict_set(t2, cases[i].key, v);
+        cr_assert_eq(em_optimizer_load_state_dict(b, t2, json), cases[i].st, "case %zu: %s", i,
+                     em_last_error());
+        cr_assert(strstr(em_last_error(), cases[i].needle), "case %zu: '%s' lacks '%s'", i,
+                  em_last_error(), cases[i].needle);
+        cr_assert_null(em_optimizer_state(b, 0, "exp_avg"), "case %zu changed the optimizer", i);
+        em_dict_free(t2);
+    }
+    /* the optimizer's own count of steps */
+    static const char *const steps[] = {"9223372036854775807", "-1", "9007199254740993"};
+    for (size_t i = 0; i < 3; i++) {
+        char *bad = malloc(strlen(json) + 32), *at = strstr(json, "\"steps\":");
+        cr_assert(at, "%s", json);
+        const char *rest = strchr(at, ',');
+        snprintf(bad, strlen(json) + 32, "%.*s\"steps\":%s%s", (int)(at - json), json, steps[i], rest);
+        cr_assert_eq(em_optimizer_load_state_dict(b, t, bad), EM_ERR_INVALID, "%s", bad);
+        em_assert_error(EM_ERR_INVALID, "\"steps\" is ");
+        cr_assert(strstr(em_last_error(), "expected an integer in [0, 9007199254740992]"), "%s",
+                  em_last_error());
+        free(bad);
+    }
+    cr_assert_eq(em_optimizer_steps(b), 0);
+    /* the good state dict still loads */
+    cr_assert_eq(em_optimizer_load_state_dict(b, t, json), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_optimizer_steps(b), 1);
+    em_dict_free(t);
+    em_host_free(json);
+    em_optimizer_free(a);
+    em_optimizer_free(b);
+    em_scope_end();
+}
+
+/* The command line refused an infinite lr; the same from a config or a program was taken. */
+Test(optim_errors, learning_rate_must_be_finite) {
+    em_scope_begin();
+    cr_assert_null(try_new("SGD", "lr=inf"));
+    em_assert_error(EM_ERR_INVALID, "SGD (param group 0): invalid learning rate inf (must be a "
+                    "finite number >= 0)");
+    em_options *o = em_options_new();
+    em_options_set_float(o, "lr", INFINITY);
+    em_tensor *w = em_zeros(1, (int64_t[]){2}, EM_F32, em_cpu());
+    em_requires_grad_(w, true);
+    em_dict *d = em_dict_new();
+    em_dict_set(d, "w", w);
+    cr_assert_null(em_optimizer_new("Adam", d, o));
+    em_assert_error(EM_ERR_INVALID, "invalid learning rate inf");
+    em_options_free(o);
+    em_dict_free(d);
+    em_scope_end();
+}

@@ -286,3 +286,104 @@ Test(sched_errors, load_state_dict_mismatches) {
     free_fixture(&f);
     free_fixture(&g);
 }
+
+/* ---- counts from files (issue 13, item 9) ---------------------------------------------------- */
+
+/* Replace the integer after "field": in json (the first one) with value; a new string. */
+static char *with_int(const char *json, const char *field, const char *value) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", field);
+    const char *at = strstr(json, pat);
+    cr_assert(at, "%s lacks %s", json, pat);
+    const char *rest = at + strlen(pat);
+    while (*rest == '-' || (*rest >= '0' && *rest <= '9')) rest++;
+    size_t cap = strlen(json) + strlen(value) + 8;
+    char *s = malloc(cap);
+    snprintf(s, cap, "%.*s%s%s%s", (int)(at - json), json, pat, value, rest);
+    return s;
+}
+
+/* last_epoch and step_count (and ReduceLROnPlateau's counters) of any int64 overflowed when
+ * the scheduler stepped on: refused at load, naming them, with the scheduler unchanged. A
+ * SequentialLR whose second sub-scheduler's state is bad leaves the first as it was. */
+Test(sched_errors, loaded_counts_are_bounded) {
+    fixture f;
+    em_scheduler *s = try_sched(&f, "SGD", "StepLR", "step_size=3");
+    cr_assert(s, "%s", em_last_error());
+    cr_assert_eq(em_scheduler_step(s, NAN), EM_OK);
+    char *json;
+    cr_assert_eq(em_scheduler_state_dict(s, &json), EM_OK);
+    static const struct { const char *field, *value; } bad[] = {
+        {"last_epoch", "9223372036854775807"}, {"last_epoch", "-2"},
+        {"step_count", "-1"}, {"step_count", "9007199254740993"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *b = with_int(json, bad[i].field, bad[i].value);
+        cr_assert_eq(em_scheduler_load_state_dict(s, b), EM_ERR_INVALID, "%s", b);
+        em_assert_error(EM_ERR_INVALID, "StepLR.load_state_dict: \"last_epoch\" ");
+        cr_assert(strstr(em_last_error(), bad[i].value) &&
+                  strstr(em_last_error(), "last_epoch in [-1, 9007199254740992], step_count in "
+                         "[0, 9007199254740992]"), "%s", em_last_error());
+        cr_assert_eq(em_scheduler_last_epoch(s), 1);
+        free(b);
+    }
+    em_host_free(json);
+    em_scheduler_free(s);
+    free_fixture(&f);
+
+    em_scheduler *p = try_sched(&f, "SGD", "ReduceLROnPlateau", NULL);
+    cr_assert(p, "%s", em_last_error());
+    cr_assert_eq(em_scheduler_step(p, 1.0), EM_OK);
+    cr_assert_eq(em_scheduler_state_dict(p, &json), EM_OK);
+    static const char *const fields[] = {"num_bad_epochs", "cooldown_counter"};
+    for (int i = 0; i < 2; i++) {
+        char *b = with_int(json, fields[i], i ? "-9223372036854775807" : "9223372036854775807");
+        cr_assert_eq(em_scheduler_load_state_dict(p, b), EM_ERR_INVALID, "%s", b);
+        em_assert_error(EM_ERR_INVALID, "ReduceLROnPlateau.load_state_dict: num_bad_epochs");
+        cr_assert(strstr(em_last_error(), "is out of range [0, 9007199254740992]"), "%s",
+                  em_last_error());
+        free(b);
+    }
+    em_host_free(json);
+    em_scheduler_free(p);
+    free_fixture(&f);
+
+    em_scheduler *q = try_sched(&f, "SGD", "SequentialLR",
+                                "schedulers=StepLR(step_size=2), ExponentialLR(gamma=0.9)|"
+                                "milestones=[3]");
+    cr_assert(q, "%s", em_last_error());
+    cr_assert_eq(em_scheduler_step(q, NAN), EM_OK);
+    char *before;
+    cr_assert_eq(em_scheduler_state_dict(q, &json), EM_OK);
+    cr_assert_eq(em_scheduler_state_dict(q, &before), EM_OK);
+    /* the second sub-scheduler's last_epoch: the third "last_epoch" of the text */
+    char *third = strstr(strstr(strstr(json, "\"last_epoch\":") + 1, "\"last_epoch\":") + 1,
+                         "\"last_epoch\":");
+    cr_assert(third, "%s", json);
+    char *b = with_int(third, "last_epoch", "9223372036854775807");
+    size_t cap = strlen(json) + strlen(b) + 1;
+    char *whole = malloc(cap);
+    snprintf(whole, cap, "%.*s%s", (int)(third - json), json, b);
+    /* move the first sub-scheduler (the second "last_epoch") on, so that a load that left
+     * it changed shows */
+    char *second = strstr(strstr(whole, "\"last_epoch\":") + 1, "\"last_epoch\":");
+    char *moved = with_int(second, "last_epoch", "2");
+    cap = strlen(whole) + strlen(moved) + 1;
+    char *first = malloc(cap);
+    snprintf(first, cap, "%.*s%s", (int)(second - whole), whole, moved);
+    free(moved);
+    cr_assert_eq(em_scheduler_load_state_dict(q, first), EM_ERR_INVALID, "%s", first);
+    em_assert_error(EM_ERR_INVALID, "ExponentialLR.load_state_dict: \"last_epoch\" "
+                    "9223372036854775807");
+    char *after;
+    cr_assert_eq(em_scheduler_state_dict(q, &after), EM_OK);
+    cr_assert_str_eq(after, before);
+    free(b);
+    free(whole);
+    free(first);
+    em_host_free(json);
+    em_host_free(before);
+    em_host_free(after);
+    em_scheduler_free(q);
+    free_fixture(&f);
+}

@@ -1192,3 +1192,50 @@ Test(serialize_oom, every_allocation_failure_is_clean, .init = oom_setup, .fini 
     em_dict_free(d);
     st_rmdir(g_dir);
 }
+
+/* A header with n metadata entries (and no tensors), as bytes em_load_buffer reads. */
+static char *meta_file(int n, size_t *len) {
+    size_t cap = (size_t)n * 40 + 64;
+    char *b = malloc(cap + 8);
+    size_t h = (size_t)snprintf(b + 8, cap, "{\"__metadata__\":{");
+    for (int i = 0; i < n; i++)
+        h += (size_t)snprintf(b + 8 + h, cap - h, "%s\"key%d\":\"v%d\"", i ? "," : "", i, i);
+    h += (size_t)snprintf(b + 8 + h, cap - h, "}}");
+    for (int i = 0; i < 8; i++) b[i] = (char)((uint64_t)h >> (8 * i));
+    *len = 8 + h;
+    return b;
+}
+
+/* Reading 4n metadata entries costs about 4 times the key comparisons of n (a linear lookup
+ * per entry cost 16 times: 80,000 entries took seconds). Counted, not timed. */
+Test(serialize, metadata_parse_cost_grows_linearly) {
+    const int n = 5000;
+    uint64_t k[2];
+    for (int j = 0; j < 2; j++) {
+        size_t len;
+        char *b = meta_file(j ? 4 * n : n, &len);
+        em_dict *d;
+        em_metadata *m;
+        cr_assert_eq(em_load_buffer(b, len, "meta.safetensors", NULL, &d, &m), EM_OK, "%s",
+                     em_last_error());
+        cr_assert_eq(em_metadata_len(m), (size_t)(j ? 4 * n : n));
+        cr_assert_str_eq(em_metadata_get(m, "key4321"), "v4321");
+        k[j] = em_metadata_key_compares(m);
+        em_metadata_free(m);
+        em_dict_free(d);
+        free(b);
+    }
+    double r = (double)k[1] / (double)(k[0] ? k[0] : 1);
+    cr_assert(r < 4.5, "key comparisons: %llu for %d entries, %llu for %d (x%.2f; linear is x4)",
+              (unsigned long long)k[0], n, (unsigned long long)k[1], 4 * n, r);
+    /* replacing keeps the position and the count of entries */
+    em_metadata *m = em_metadata_new();
+    cr_assert_eq(em_metadata_set(m, "a", "1"), EM_OK);
+    cr_assert_eq(em_metadata_set(m, "b", "2"), EM_OK);
+    cr_assert_eq(em_metadata_set(m, "a", "3"), EM_OK);
+    cr_assert_eq(em_metadata_len(m), 2);
+    cr_assert_str_eq(em_metadata_key(m, 0), "a");
+    cr_assert_str_eq(em_metadata_get(m, "a"), "3");
+    cr_assert_null(em_metadata_get(m, "c"));
+    em_metadata_free(m);
+}

@@ -1263,3 +1263,338 @@ Test(trainer, sigint_with_a_failing_save_says_so) {
     cr_assert(!strstr(out, "no --checkpoint was given"), "%s", out);
     free(out);
 }
+
+/* ---- config parsing: bounded aliases, linear cost (issue 13, items 6 and 7) ---------------- */
+
+/* A host allocator that counts the bytes asked for (the copying realloc of a list grown one
+ * item at a time shows up here as quadratic). It allocates as the default one does, so memory
+ * may be freed after it is uninstalled. No em_init: parsing needs none. */
+static size_t g_alloc_bytes;
+
+static void *counting_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    g_alloc_bytes += n;
+    void *p = NULL;
+    return posix_memalign(&p, align, n ? n : 1) == 0 ? p : NULL;
+}
+
+static void counting_free(void *p, void *user) {
+    (void)user;
+    free(p);
+}
+
+/* Parse text; the bytes allocated and the key comparisons it cost. NULL config: the error. */
+static em_config *parse_counted(const char *text, size_t *bytes, uint64_t *compares) {
+    g_alloc_bytes = 0;
+    em_host_allocator_set(&(em_host_allocator){counting_alloc, counting_free, NULL});
+    em_config *c = em_config_parse(text, strlen(text), "big.yaml");
+    em_host_allocator_set(NULL);
+    *bytes = g_alloc_bytes;
+    *compares = em_config_get_stats(c).key_compares;
+    return c;
+}
+
+/* A config with n list items, n map keys, n anchors and n aliases to them. */
+static char *big_config(int n) {
+    size_t cap = (size_t)n * 64 + 64, used = 0;
+    char *t = malloc(cap);
+    used += (size_t)snprintf(t + used, cap - used, "list:\n");
+    for (int i = 0; i < n; i++) used += (size_t)snprintf(t + used, cap - used, "  - %d\n", i);
+    used += (size_t)snprintf(t + used, cap - used, "map:\n");
+    for (int i = 0; i < n; i++)
+        used += (size_t)snprintf(t + used, cap - used, "  k%d: &a%d %d\n", i, i, i);
+    used += (size_t)snprintf(t + used, cap - used, "aliases:\n");
+    for (int i = 0; i < n; i++) used += (size_t)snprintf(t + used, cap - used, "  - *a%d\n", i);
+    cr_assert_lt(used, cap);
+    return t;
+}
+
+TestSuite(config_parse, .timeout = 60);
+
+/* Parsing 4n items costs about 4 times the bytes and the key comparisons of n items; the
+ * quadratic parser (a copying realloc per item, a scan of the earlier keys per key) cost 16
+ * times. Counted, not timed. */
+Test(config_parse, cost_grows_linearly) {
+    const int n = 4000;
+    size_t b1, b4;
+    uint64_t k1, k4;
+    char *t1 = big_config(n), *t4 = big_config(4 * n);
+    em_config *c1 = parse_counted(t1, &b1, &k1), *c4 = parse_counted(t4, &b4, &k4);
+    cr_assert(c1 && c4, "%s", em_last_error());
+    const em_config_node *r = em_config_root(c4);
+    cr_assert_eq(em_config_node_len(em_config_node_get(r, "list")), (size_t)(4 * n));
+    cr_assert_eq(em_config_node_len(em_config_node_get(r, "map")), (size_t)(4 * n));
+    cr_assert_str_eq(em_config_node_text(em_config_node_get(em_config_node_get(r, "map"), "k12345")),
+                     "12345");
+    cr_assert_str_eq(em_config_node_text(em_config_node_at(em_config_node_get(r, "aliases"), 777,
+                                                           NULL)), "777");
+    cr_assert_eq(em_config_get_stats(c4).alias_nodes, (size_t)(4 * n));
+    double rb = (double)b4 / (double)b1, rk = (double)k4 / (double)(k1 ? k1 : 1);
+    cr_assert(k1 >= (uint64_t)n, "%llu comparisons for %d keys: the count is not counting",
+              (unsigned long long)k1, n);
+    cr_assert(rb < 4.5, "bytes: %zu for n = %d, %zu for 4n (x%.2f; linear is x4)", b1, n, b4, rb);
+    cr_assert(rk < 4.5, "key comparisons: %llu for n = %d, %llu for 4n (x%.2f; linear is x4)",
+              (unsigned long long)k1, n, (unsigned long long)k4, rk);
+    em_config_free(c1);
+    em_config_free(c4);
+    free(t1);
+    free(t4);
+}
+
+/* A config map handed to a class as options (em_config_to_options) fills an option bag: n
+ * keys cost about a quarter of the name comparisons of 4n (a scan per key cost 16 times). */
+Test(config_parse, options_from_a_large_map_cost_linearly) {
+    uint64_t k[2];
+    const int n = 4000;
+    for (int j = 0; j < 2; j++) {
+        int m = j ? 4 * n : n;
+        size_t cap = (size_t)m * 24 + 16, used = 0;
+        char *t = malloc(cap);
+        used += (size_t)snprintf(t, cap, "opts:\n");
+        for (int i = 0; i < m; i++) used += (size_t)snprintf(t + used, cap - used, "  o%d: %d\n", i, i);
+        em_config *c = em_config_parse(t, used, "opts.yaml");
+        cr_assert(c, "%s", em_last_error());
+        em_options *o = em_options_new();
+        cr_assert_eq(em_config_to_options(em_config_node_get(em_config_root(c), "opts"), NULL, o),
+                     EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_options_count(o), (size_t)m);
+        cr_assert(em_options_has(o, "o3999") && !em_options_has(o, "o-1"));
+        k[j] = em_options_key_compares(o);
+        em_options_free(o);
+        em_config_free(c);
+        free(t);
+    }
+    double r = (double)k[1] / (double)(k[0] ? k[0] : 1);
+    cr_assert(k[0] >= (uint64_t)n / 2, "%llu comparisons for %d options: not counting",
+              (unsigned long long)k[0], n);
+    cr_assert(r < 4.5, "option names compared: %llu for %d, %llu for %d (x%.2f; linear is x4)",
+              (unsigned long long)k[0], n, (unsigned long long)k[1], 4 * n, r);
+}
+
+/* "Billion laughs": nine levels of nine aliases each would be 9^9 nodes. The parse stops at
+ * the alias limit, names the file, line and alias, and allocates a bounded amount. */
+Test(config_parse, nested_aliases_are_bounded) {
+    char text[2048];
+    size_t used = (size_t)snprintf(text, sizeof text, "a: &a [lol, lol, lol, lol, lol, lol, lol, "
+                                   "lol, lol]\n");
+    for (char c = 'b'; c <= 'i'; c++)
+        used += (size_t)snprintf(text + used, sizeof text - used,
+                                 "%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n", c, c,
+                                 c - 1, c - 1, c - 1, c - 1, c - 1, c - 1, c - 1, c - 1, c - 1);
+    cr_assert_lt(used, 600); /* the size of the attack */
+    size_t bytes;
+    uint64_t k;
+    cr_assert_null(parse_counted(text, &bytes, &k));
+    cr_assert_eq(em_last_status(), EM_ERR_FORMAT);
+    cr_assert(strstr(em_last_error(), "big.yaml:6:") && strstr(em_last_error(), "alias *e") &&
+              strstr(em_last_error(), "limit of 100000 nodes"), "%s", em_last_error());
+    cr_assert_lt(bytes, (size_t)256 << 20, "the refused parse allocated %zu bytes", bytes);
+
+    /* few nodes but large: a 64 KiB text aliased 2000 times (128 MiB) meets the byte limit */
+    size_t big = 64 << 10, cap = big + 2000 * 8 + 64;
+    char *t = malloc(cap);
+    used = (size_t)snprintf(t, cap, "s: &s \"");
+    memset(t + used, 'x', big);
+    used += big;
+    used += (size_t)snprintf(t + used, cap - used, "\"\nl:\n");
+    for (int i = 0; i < 2000; i++) used += (size_t)snprintf(t + used, cap - used, "- *s\n");
+    cr_assert_null(parse_counted(t, &bytes, &k));
+    cr_assert(strstr(em_last_error(), "alias *s") && strstr(em_last_error(), "64 MiB"), "%s",
+              em_last_error());
+    cr_assert_lt(bytes, (size_t)256 << 20, "the refused parse allocated %zu bytes", bytes);
+    free(t);
+
+    /* a few aliases within the limits work, and are copies at their own place */
+    const char *ok = "base: &b {lr: 0.1, betas: [0.9, 0.99]}\nfirst: *b\nsecond: *b\n";
+    em_config *c = parse_counted(ok, &bytes, &k);
+    cr_assert(c, "%s", em_last_error());
+    const em_config_node *s = em_config_node_get(em_config_root(c), "second");
+    cr_assert_str_eq(em_config_node_path(em_config_node_get(s, "betas")), "second.betas");
+    cr_assert_str_eq(em_config_node_text(em_config_node_at(em_config_node_get(s, "betas"), 1, NULL)),
+                     "0.99");
+    cr_assert_eq(em_config_get_stats(c).alias_nodes, 2 * 5);
+    em_config_free(c);
+}
+
+/* Aliases that go nowhere, keys and values that cannot be read, more than one document. */
+Test(config_parse, bad_aliases_and_values_are_named) {
+    static const struct { const char *text, *needle; } cases[] = {
+        {"a: 1\nb: *nope\n", "t.yaml:2:4: alias *nope: no anchor &nope before it"},
+        {"a: &s [1, *s]\n", "t.yaml:1:11: alias *s refers to the node that contains it"},
+        {"a: &m {x: 1}\n*m : 2\n", "t.yaml:2:1: the top level: a key must be plain text; alias *m"},
+        {"a: \"x\\0y\"\n", "t.yaml:1:4: a: the value holds a NUL character"},
+        {"\"x\\0y\": 1\n", "t.yaml:1:1: the top level: a key holds a NUL character"},
+        {"a: 1\n---\nb: 2\n", "t.yaml:2:1: a second YAML document"},
+        {"&k a: 1\n*k : 2\n", "t.yaml:2:1: duplicate key 'a' in the top level (first at t.yaml:1:1)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cr_assert_null(em_config_parse(cases[i].text, strlen(cases[i].text), "t.yaml"), "case %zu", i);
+        cr_assert_eq(em_last_status(), EM_ERR_FORMAT, "case %zu", i);
+        cr_assert(strstr(em_last_error(), cases[i].needle), "case %zu: '%s' lacks '%s'", i,
+                  em_last_error(), cases[i].needle);
+    }
+    /* an anchored key's text serves aliases as a value or another map's key */
+    const char *ok = "&k name: 1\nother: {*k : 2}\nv: *k\n";
+    em_config *c = em_config_parse(ok, strlen(ok), "t.yaml");
+    cr_assert(c, "%s", em_last_error());
+    const em_config_node *r = em_config_root(c);
+    cr_assert_str_eq(em_config_node_text(em_config_node_get(r, "v")), "name");
+    cr_assert_str_eq(em_config_node_text(em_config_node_get(em_config_node_get(r, "other"), "name")), "2");
+    em_config_free(c);
+}
+
+/* ---- numbers from configs and checkpoints get the command line's ranges (issue 13, items 9
+ * and 10). Each case is its own run, so that the ASan+UBSan stage sees every field: before,
+ * these overflowed (signed overflow), were truncated by casts, or trained nothing and exited
+ * 0. --max-steps 1 keeps a run that wrongly starts short. */
+
+#define SMALL_MODEL "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n" GOOD_DATA
+
+Test(trainer, config_numbers_are_range_checked_like_the_command_line) {
+    static const struct { const char *yaml, *needle; } cases[] = {
+        {"loop: {epochs: 9223372036854775807}\n",
+         "bad.yaml:4:16: loop.epochs: '9223372036854775807' is not an integer in [0, 2147483647] "
+         "(as for --epochs)"},
+        {"loop: {epochs: 1, accum_steps: 9223372036854775807}\n",
+         "loop.accum_steps: '9223372036854775807' is not an integer in [1, 2147483647]"},
+        {"loop: {epochs: 1, batch_size: 2147483648}\n",
+         "loop.batch_size: '2147483648' is not an integer in [1, 2147483647]"},
+        {"loop: {epochs: 1, overfit_batches: 9223372036854775807}\n",
+         "loop.overfit_batches: '9223372036854775807' is not an integer in [0, 2147483647]"},
+        {"loop: {epochs: 1, workers: 4294967297}\n",
+         "loop.workers: '4294967297' is not an integer in [0, 256] (as for --workers)"},
+        {"loop: {epochs: 1, clip_grad_norm: 1e400}\n",
+         "loop.clip_grad_norm: '1e400' is not a finite number >= 0"},
+        {"scheduler: {warmup_epochs: 9223372036854775807}\n",
+         "scheduler.warmup_epochs: '9223372036854775807' is not an integer in [0, 2147483647] "
+         "(as for --warmup-epochs)"},
+        {"data: {class: mnist, options: {path: " EM_TEST_SRCDIR "/data/digits}, transforms: "
+         "{crop_padding: 4294967297}}\n",
+         "data.transforms.crop_padding: '4294967297' is not an integer in [0, 2147483647]"},
+        {"optimizer: {class: SGD, lr: inf}\n",
+         "bad.yaml:4:12: optimizer: SGD (param group 0): invalid learning rate inf (must be a "
+         "finite number >= 0)"},
+        {"optimizer: {class: SGD, lr: 1e400}\n",
+         "bad.yaml:4:29: SGD (param group 0): option 'lr' = '1e400': beyond the range of a double"},
+        {"optimizer: {class: SGD, lr: 0.1, momentum: 1e400}\n", "option 'momentum' = '1e400'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        /* the case is on line 4; a case with its own data section replaces the good one */
+        char text[1024];
+        snprintf(text, sizeof text, "model: [Flatten, {Linear: {in_features: 64, out_features: "
+                 "10}}]\n%s#\n%s", strncmp(cases[i].yaml, "data:", 5) ? GOOD_DATA : "#\n",
+                 cases[i].yaml);
+        write_file("bad.yaml", text);
+        char *out;
+        int rc = train(&out, (const char *[]){path("bad.yaml"), "--max-steps", "1", NULL});
+        cr_assert_eq(rc, 2, "case %zu: exit %d:\n%s", i, rc, out);
+        cr_assert(strstr(out, cases[i].needle), "case %zu: '%s' not in:\n%s", i, cases[i].needle,
+                  out);
+        free(out);
+    }
+    /* the command line says the range too */
+    char *out;
+    int rc = train(&out, (const char *[]){"--epochs", "-1", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--epochs: '-1' is not an integer in [0, 2147483647]"), "%s", out);
+    free(out);
+}
+
+/* The checkpoint at path with metadata `key` set to value (NULL: left as it is) and, when
+ * tensor is not NULL, that tensor replaced by a 0-dim zero, written to "bad.safetensors". */
+static void bad_checkpoint(const char *src, const char *key, const char *value, const char *tensor) {
+    em_dict *d;
+    em_metadata *m;
+    cr_assert_eq(em_load(src, NULL, &d, &m), EM_OK, "%s", em_last_error());
+    if (value) cr_assert_eq(em_metadata_set(m, key, value), EM_OK, "%s", em_last_error());
+    if (tensor) {
+        cr_assert(em_dict_has(d, tensor), "%s", tensor);
+        em_tensor *z = em_zeros(0, NULL, EM_F32, em_cpu());
+        em_dict_set(d, tensor, z);
+        em_tensor_release(z);
+    }
+    cr_assert_eq(em_save(d, path("bad.safetensors"), m, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(d);
+    em_metadata_free(m);
+}
+
+/* A JSON metadata entry of src with "field": set to value. */
+static char *json_with(const char *src, const char *key, const char *field, const char *value) {
+    em_dict *d;
+    em_metadata *m;
+    cr_assert_eq(em_load(src, NULL, &d, &m), EM_OK, "%s", em_last_error());
+    const char *json = em_metadata_get(m, key);
+    cr_assert(json, "%s", key);
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", field);
+    const char *at = strstr(json, pat);
+    cr_assert(at, "%s in %s", pat, json);
+    const char *rest = at + strlen(pat);
+    while (*rest == '-' || (*rest >= '0' && *rest <= '9')) rest++;
+    size_t cap = strlen(json) + strlen(value) + 1;
+    char *s = malloc(cap);
+    snprintf(s, cap, "%.*s%s%s", (int)(at + strlen(pat) - json), json, value, rest);
+    em_dict_free(d);
+    em_metadata_free(m);
+    return s;
+}
+
+/* A checkpoint's loader position, loop counts, scheduler counts and optimizer state are
+ * checked at --resume, the message naming the file and the entry, before any step. */
+Test(trainer, resume_checks_every_field_of_the_checkpoint) {
+    write_file("ck.yaml", SMALL_MODEL "optimizer: {class: SGD, lr: 0.1, momentum: 0.9}\n"
+               "scheduler: {class: StepLR, step_size: 1}\nloop: {epochs: 1, batch_size: 32}\n");
+    char *out, ck[512];
+    snprintf(ck, sizeof ck, "%s", path("ck.safetensors"));
+    int rc = train(&out, (const char *[]){path("ck.yaml"), "--max-steps", "3", "--checkpoint", ck,
+                                          NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    char *step = json_with(ck, "loop", "step", "9223372036854775807");
+    char *epoch = json_with(ck, "loop", "epoch", "9223372036854775807");
+    char *last = json_with(ck, "sched.state", "last_epoch", "9223372036854775807");
+    char *count = json_with(ck, "sched.state", "step_count", "9223372036854775807");
+    const struct { const char *key, *value, *tensor, *needle; } cases[] = {
+        {"train.batch", "-5", NULL,
+         "bad.safetensors': metadata 'train.batch' is '-5'; expected an integer in [0, "
+         "9007199254740992]"},
+        {"train.batch", "1000", NULL,
+         "bad.safetensors': metadata 'train.batch' is 1000, past the end of an epoch of this run "
+         "(47 batches)"},
+        {"train.batch", "100000000000000000000", NULL,
+         "metadata 'train.batch' is '100000000000000000000'; expected an integer"},
+        {"train.batch", "", NULL, "metadata 'train.batch' is ''; expected an integer"},
+        {"train.best_epoch", "-9223372036854775808", NULL,
+         "metadata 'train.best_epoch' is '-9223372036854775808'; expected an integer in [-1, 0]"},
+        {"loop", step, NULL,
+         "bad.safetensors': metadata entry 'loop': \"step\" is 9223372036854775807; expected an "
+         "integer in [0, 9007199254740992]"},
+        {"loop", epoch, NULL, "'loop': \"epoch\" is 9223372036854775807"},
+        {"sched.state", last, NULL,
+         "bad.safetensors': scheduler ('sched.state'): StepLR.load_state_dict: \"last_epoch\" "
+         "9223372036854775807"},
+        {"sched.state", count, NULL, "\"step_count\" 9223372036854775807 is out of range"},
+        {NULL, NULL, "optim.state.0.momentum_buffer",
+         "bad.safetensors': optimizer ('optim.param_groups'): SGD.load_state_dict: "
+         "'state.0.momentum_buffer' has shape [] but parameter 0 ('1.weight') has shape [10, 64]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bad_checkpoint(ck, cases[i].key, cases[i].value, cases[i].tensor);
+        rc = train(&out, (const char *[]){path("ck.yaml"), "--resume", path("bad.safetensors"),
+                                          "--max-steps", "4", NULL});
+        cr_assert_eq(rc, 2, "case %zu: exit %d:\n%s", i, rc, out);
+        cr_assert(strstr(out, cases[i].needle), "case %zu: '%s' not in:\n%s", i, cases[i].needle,
+                  out);
+        cr_assert(!strstr(out, "steps in"), "case %zu trained:\n%s", i, out);
+        free(out);
+    }
+    free(step);
+    free(epoch);
+    free(last);
+    free(count);
+    /* the good checkpoint resumes */
+    rc = train(&out, (const char *[]){path("ck.yaml"), "--resume", ck, "--max-steps", "4", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "resumed from") && strstr(out, "batch 3, step 3"), "%s", out);
+    free(out);
+}

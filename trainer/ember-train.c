@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <fnmatch.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -254,7 +255,8 @@ static void usage(FILE *f) {
     fprintf(f,
 "usage: ember-train [CONFIG] [options]\n"
 "Train the model a YAML config describes (default: examples/digits.yaml, the bundled digits).\n"
-"Options override the config file.\n"
+"Options override the config file; a number is checked against the same range whether it\n"
+"comes from an option or the config (the message names the key or option and the range).\n"
 "\n"
 "  --data PATH              dataset location (the data class's 'path' option)\n"
 "  --device DEV             cpu, cuda, cuda:N (default: a GPU when a backend finds one, else\n"
@@ -273,7 +275,7 @@ static void usage(FILE *f) {
 "                           a per-step scheduler; without one the lr stays constant after it\n"
 "  --accum-steps N          accumulate gradients over N micro-batches per step; the last\n"
 "                           group of an epoch steps with what it has\n"
-"  --clip-grad-norm X       clip the gradients' total 2-norm to X\n"
+"  --clip-grad-norm X       clip the gradients' total 2-norm to X (0: no clipping)\n"
 "  --seed N                 seed of initialisation, shuffling, splits and dropout\n"
 "  --deterministic          deterministic kernels only\n"
 "  --workers N              data loader threads\n"
@@ -299,8 +301,8 @@ static void usage(FILE *f) {
 "                           has not improved for PATIENCE epochs\n"
 "  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
 "  --predict OUT.csv        write predictions for the test set (else validation) and exit\n"
-"  --limit-batches N        at most N batches per epoch and per evaluation\n"
-"  --overfit-batches N      train and validate on the first N batches only\n"
+"  --limit-batches N        at most N batches per epoch and per evaluation (0: no limit)\n"
+"  --overfit-batches N      train and validate on the first N batches only (0: off)\n"
 "  --summary                print the model summary and exit\n"
 "  --memory-summary         memory by category after the first step and at the end\n"
 "  --profile                where ops ran, time per device, bytes copied (at the end)\n"
@@ -354,11 +356,87 @@ static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
     return EXIT_USAGE;
 }
 
-static int cfg_int(const em_config_node *n, int64_t lo, int64_t *out) {
+/* Every number ember-train reads, with the config key and the command-line option that set
+ * it, and the one range both are checked against: a value from a file gets exactly the
+ * checks of one typed on the command line, and the message names the key (or option) and
+ * the range. (The optimizer's and scheduler's own options, lr in a config among them, are
+ * checked by their class's option specs and the core, which refuses an lr that is not a
+ * finite number >= 0, as --lr does.) */
+typedef enum num_id {
+    N_EPOCHS, N_MAX_STEPS, N_BATCH, N_ACCUM, N_WORKERS, N_LIMIT, N_OVERFIT, N_EARLY, N_SEED,
+    N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_COUNT
+} num_id;
+
+typedef struct num_range {
+    const char *key;  /* where a config sets it, as a path ("loop.epochs"); NULL: nowhere */
+    const char *flag; /* the command-line option; NULL: none */
+    bool real;        /* a finite number in [lo, hi]; else an integer in [ilo, ihi] */
+    double lo, hi;
+    int64_t ilo, ihi;
+} num_range;
+
+#define INT_RANGE(k, f, a, b) {k, f, false, 0, 0, a, b}
+#define REAL_RANGE(k, f, a, b) {k, f, true, a, b, 0, 0}
+/* Counts are int32 where the loop multiplies them (epochs x batches, batches x batch size):
+ * the products stay far from overflowing int64. */
+static const num_range ranges[N_COUNT] = {
+    [N_EPOCHS] = INT_RANGE("loop.epochs", "--epochs", 0, INT32_MAX),
+    [N_MAX_STEPS] = INT_RANGE("loop.max_steps", "--max-steps", 0, EM_STEP_MAX), /* 0: none */
+    [N_BATCH] = INT_RANGE("loop.batch_size", "--batch-size", 1, INT32_MAX),
+    [N_ACCUM] = INT_RANGE("loop.accum_steps", "--accum-steps", 1, INT32_MAX),
+    [N_WORKERS] = INT_RANGE("loop.workers", "--workers", 0, 256), /* the loader's limit */
+    [N_LIMIT] = INT_RANGE("loop.limit_batches", "--limit-batches", 0, INT64_MAX), /* 0: none */
+    [N_OVERFIT] = INT_RANGE("loop.overfit_batches", "--overfit-batches", 0, INT32_MAX),
+    [N_EARLY] = INT_RANGE("loop.early_stop", "--early-stop", 0, INT32_MAX),
+    [N_SEED] = INT_RANGE("loop.seed", "--seed", 0, INT64_MAX),
+    [N_KEEP] = INT_RANGE(NULL, "--keep", 1, 1000000),
+    [N_WARMUP] = INT_RANGE("scheduler.warmup_epochs", "--warmup-epochs", 0, INT32_MAX),
+    [N_CROP] = INT_RANGE("data.transforms.crop_padding", NULL, 0, INT32_MAX), /* an int */
+    [N_CLIP] = REAL_RANGE("loop.clip_grad_norm", "--clip-grad-norm", 0, DBL_MAX), /* 0: off */
+    [N_LR] = REAL_RANGE(NULL, "--lr", 0, DBL_MAX),
+    [N_MOMENTUM] = REAL_RANGE(NULL, "--momentum", -DBL_MAX, DBL_MAX),
+    [N_WD] = REAL_RANGE(NULL, "--weight-decay", -DBL_MAX, DBL_MAX),
+    [N_SCALE] = REAL_RANGE("data.transforms.scale", NULL, -DBL_MAX, DBL_MAX),
+};
+
+/* "an integer in [0, 2147483647]", "a finite number >= 0" */
+static const char *range_text(const num_range *nr, char *buf, size_t cap) {
+    if (!nr->real)
+        snprintf(buf, cap, "an integer in [%lld, %lld]", (long long)nr->ilo, (long long)nr->ihi);
+    else if (nr->lo == -DBL_MAX)
+        snprintf(buf, cap, "a finite number");
+    else
+        snprintf(buf, cap, "a finite number >= %g", nr->lo);
+    return buf;
+}
+
+/* Text t as number id into *iv or *fv (by the range's kind); false when it is not one. */
+static bool num_parse(num_id id, const char *t, int64_t *iv, double *fv) {
+    const num_range *nr = &ranges[id];
+    if (nr->real) return parse_f64(t, fv) && *fv >= nr->lo && *fv <= nr->hi;
+    return parse_i64(t, nr->ilo, nr->ihi, iv);
+}
+
+/* A command-line value: false after a message naming the option and the range. */
+static bool cli_num(num_id id, const char *t, int64_t *iv, double *fv) {
+    if (num_parse(id, t, iv, fv)) return true;
+    char r[96];
+    fprintf(stderr, "ember-train: %s: '%s' is not %s (see --help)\n", ranges[id].flag, t,
+            range_text(&ranges[id], r, sizeof r));
+    return false;
+}
+
+/* A config value: 0, or EXIT_USAGE after a message naming the file, line, key and range (and
+ * the command-line option that sets the same). */
+static int cfg_num(num_id id, const em_config_node *n, int64_t *iv, double *fv) {
     const char *t = em_config_node_text(n);
-    if (!parse_i64(t, lo, INT64_MAX, out))
-        return cfg_error(n, "expected an integer >= %s", lo == 0 ? "0" : "1");
-    return 0;
+    if (t && num_parse(id, t, iv, fv)) return 0;
+    char r[96], as[64] = "";
+    if (ranges[id].flag) snprintf(as, sizeof as, " (as for %s)", ranges[id].flag);
+    fprintf(stderr, "ember-train: %s: %s: %s%s%s is not %s%s\n", em_config_node_where(n),
+            ranges[id].key, t ? "'" : "", t ? t : "a list or map", t ? "'" : "",
+            range_text(&ranges[id], r, sizeof r), as);
+    return EXIT_USAGE;
 }
 
 /* "<where>: <what>: <error>", without a second location when the error already has one. */
@@ -424,19 +502,19 @@ static int read_loop(run *r, const em_config_node *loop) {
         int rc = 0;
         int64_t iv;
         if (!t) return cfg_error(v, "expected a value%s", "");
-        if (!strcmp(k, "epochs")) rc = cfg_int(v, 0, &r->s.epochs);
-        else if (!strcmp(k, "max_steps")) rc = cfg_int(v, 0, &r->s.max_steps);
-        else if (!strcmp(k, "batch_size")) rc = cfg_int(v, 1, &r->s.batch_size);
-        else if (!strcmp(k, "accum_steps")) rc = cfg_int(v, 1, &r->s.accum_steps);
-        else if (!strcmp(k, "workers")) rc = cfg_int(v, 0, &r->s.workers);
-        else if (!strcmp(k, "limit_batches")) rc = cfg_int(v, 0, &r->s.limit_batches);
-        else if (!strcmp(k, "overfit_batches")) rc = cfg_int(v, 0, &r->s.overfit_batches);
-        else if (!strcmp(k, "early_stop")) rc = cfg_int(v, 0, &r->s.early_stop);
+        double fv;
+        if (!strcmp(k, "epochs")) rc = cfg_num(N_EPOCHS, v, &r->s.epochs, &fv);
+        else if (!strcmp(k, "max_steps")) rc = cfg_num(N_MAX_STEPS, v, &r->s.max_steps, &fv);
+        else if (!strcmp(k, "batch_size")) rc = cfg_num(N_BATCH, v, &r->s.batch_size, &fv);
+        else if (!strcmp(k, "accum_steps")) rc = cfg_num(N_ACCUM, v, &r->s.accum_steps, &fv);
+        else if (!strcmp(k, "workers")) rc = cfg_num(N_WORKERS, v, &r->s.workers, &fv);
+        else if (!strcmp(k, "limit_batches")) rc = cfg_num(N_LIMIT, v, &r->s.limit_batches, &fv);
+        else if (!strcmp(k, "overfit_batches")) rc = cfg_num(N_OVERFIT, v, &r->s.overfit_batches, &fv);
+        else if (!strcmp(k, "early_stop")) rc = cfg_num(N_EARLY, v, &r->s.early_stop, &fv);
         else if (!strcmp(k, "seed")) {
-            if (!(rc = cfg_int(v, 0, &iv))) r->s.seed = (uint64_t)iv;
+            if (!(rc = cfg_num(N_SEED, v, &iv, &fv))) r->s.seed = (uint64_t)iv;
         } else if (!strcmp(k, "clip_grad_norm")) {
-            if (!parse_f64(t, &r->s.clip_grad_norm) || r->s.clip_grad_norm < 0)
-                rc = cfg_error(v, "expected a number >= 0, found '%s'", t);
+            rc = cfg_num(N_CLIP, v, &iv, &r->s.clip_grad_norm);
         } else if (!strcmp(k, "deterministic")) {
             if (!parse_bool(t, &r->s.deterministic)) rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "shuffle")) {
@@ -547,10 +625,11 @@ static int read_transforms(run *r, const em_config_node *t) {
             if (k[0] == 't') r->tf.to_float = b;
             else r->tf.hflip = b;
         } else if (!strcmp(k, "scale")) {
-            if (!parse_f64(s, &r->tf.scale)) return cfg_error(v, "expected a number, found '%s'", s);
+            if ((rc = cfg_num(N_SCALE, v, &iv, &r->tf.scale))) return rc;
         } else if (!strcmp(k, "crop_padding")) {
-            if ((rc = cfg_int(v, 0, &iv))) return rc;
-            r->tf.crop_padding = (int)iv;
+            double fv;
+            if ((rc = cfg_num(N_CROP, v, &iv, &fv))) return rc;
+            r->tf.crop_padding = (int)iv; /* in int's range: the table says so */
         }
     }
     if (nm != ns) return cfg_error(t, "mean and std need one value per channel each%s", "");
@@ -867,7 +946,8 @@ static int build_scheduler(run *r, const em_config_node *sc) {
                 return cfg_error(iv, "interval: expected 'step' or 'epoch'%s", "");
         }
         if ((wnode = em_config_node_get(sc, "warmup_epochs"))) {
-            int rc = cfg_int(wnode, 0, &warmup);
+            double fv;
+            int rc = cfg_num(N_WARMUP, wnode, &warmup, &fv);
             if (rc) return rc;
         }
         if (!cls && !cli_scheduler && !wnode)
@@ -922,7 +1002,14 @@ static int build_scheduler(run *r, const em_config_node *sc) {
         em_scheduler_free(probe);
     }
     if (warmup) {
-        int64_t W = per_step ? warmup * steps_per_epoch(r) : warmup;
+        int64_t W = warmup;
+        if (per_step && __builtin_mul_overflow(warmup, steps_per_epoch(r), &W)) {
+            fprintf(stderr, "ember-train: %s%sa warm-up of %lld epochs of %lld steps is more "
+                    "steps than can be counted\n", wnode ? em_config_node_where(wnode) : "",
+                    wnode ? ": " : "", (long long)warmup, (long long)steps_per_epoch(r));
+            em_options_free(o);
+            return EXIT_USAGE;
+        }
         r->sched = warmup_scheduler(r, k, o, W);
         if (r->sched)
             fprintf(stderr, "ember-train: linear lr warm-up over %lld epoch%s%s, then %s\n",
@@ -1164,39 +1251,41 @@ int main(int argc, char **argv) {
     int ch;
     while ((ch = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
         bool ok = true;
+        int64_t iv; /* the unused half of cli_num's outputs */
+        double fv;
         switch (ch) {
         case O_DATA: cli_data = optarg; break;
         case O_DEVICE:
             snprintf(r.s.device, sizeof r.s.device, "%s", optarg);
             r.s.device_given = true;
             break;
-        case O_EPOCHS: ok = parse_i64(optarg, 0, INT32_MAX, &c_epochs); break;
-        case O_MAX_STEPS: ok = parse_i64(optarg, 0, INT64_MAX, &c_max); break;
-        case O_BATCH: ok = parse_i64(optarg, 1, INT32_MAX, &c_batch); break;
-        case O_LR: ok = parse_f64(optarg, &cli_lr) && cli_lr >= 0; break;
+        case O_EPOCHS: ok = cli_num(N_EPOCHS, optarg, &c_epochs, &fv); break;
+        case O_MAX_STEPS: ok = cli_num(N_MAX_STEPS, optarg, &c_max, &fv); break;
+        case O_BATCH: ok = cli_num(N_BATCH, optarg, &c_batch, &fv); break;
+        case O_LR: ok = cli_num(N_LR, optarg, &iv, &cli_lr); break;
         case O_OPTIM: cli_optimizer = optarg; break;
-        case O_MOMENTUM: ok = parse_f64(optarg, &cli_momentum); break;
-        case O_WD: ok = parse_f64(optarg, &cli_wd); break;
+        case O_MOMENTUM: ok = cli_num(N_MOMENTUM, optarg, &iv, &cli_momentum); break;
+        case O_WD: ok = cli_num(N_WD, optarg, &iv, &cli_wd); break;
         case O_SCHED: cli_scheduler = optarg; break;
-        case O_ACCUM: ok = parse_i64(optarg, 1, INT32_MAX, &c_accum); break;
-        case O_CLIP: ok = parse_f64(optarg, &c_clip) && c_clip > 0; break;
-        case O_SEED: ok = parse_i64(optarg, 0, INT64_MAX, &c_seed); break;
+        case O_ACCUM: ok = cli_num(N_ACCUM, optarg, &c_accum, &fv); break;
+        case O_CLIP: ok = cli_num(N_CLIP, optarg, &iv, &c_clip); break;
+        case O_SEED: ok = cli_num(N_SEED, optarg, &c_seed, &fv); break;
         case O_DETERM: c_determ = true; break;
-        case O_WORKERS: ok = parse_i64(optarg, 0, 256, &c_workers); break;
+        case O_WORKERS: ok = cli_num(N_WORKERS, optarg, &c_workers, &fv); break;
         case O_NOSHUF: c_noshuf = true; break;
         case O_INIT: r.s.init_weights = optarg; break;
         case O_INIT_NS: r.s.init_nonstrict = true; break;
         case O_SAVE: r.s.save_weights = optarg; break;
         case O_CKPT: r.s.checkpoint = optarg; break;
-        case O_KEEP: ok = parse_i64(optarg, 1, 1000000, &c_keep); break;
-        case O_WARMUP: ok = parse_i64(optarg, 0, INT32_MAX, &cli_warmup); break;
-        case O_EARLY: ok = parse_i64(optarg, 0, INT64_MAX, &c_early); break;
+        case O_KEEP: ok = cli_num(N_KEEP, optarg, &c_keep, &fv); break;
+        case O_WARMUP: ok = cli_num(N_WARMUP, optarg, &cli_warmup, &fv); break;
+        case O_EARLY: ok = cli_num(N_EARLY, optarg, &c_early, &fv); break;
         case O_RESUME: r.s.resume = optarg; break;
         case O_METRICS: r.s.metrics = optarg; break;
         case O_EVAL: r.s.eval_only = true; break;
         case O_PREDICT: r.s.predict = optarg; break;
-        case O_LIMIT: ok = parse_i64(optarg, 1, INT64_MAX, &c_limit); break;
-        case O_OVERFIT: ok = parse_i64(optarg, 1, INT64_MAX, &c_overfit); break;
+        case O_LIMIT: ok = cli_num(N_LIMIT, optarg, &c_limit, &fv); break;
+        case O_OVERFIT: ok = cli_num(N_OVERFIT, optarg, &c_overfit, &fv); break;
         case O_SUMMARY: r.s.summary = true; break;
         case O_MEMSUM: r.s.memory_summary = true; break;
         case O_PROFILE: r.s.profile = true; break;
@@ -1212,10 +1301,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "ember-train: unknown option '%s' (see --help)\n", argv[optind - 1]);
             return EXIT_USAGE;
         }
-        if (!ok) {
-            fprintf(stderr, "ember-train: %s: bad value '%s' (see --help)\n", argv[optind - 2 >= 0 ? optind - 2 : 0], optarg);
-            return EXIT_USAGE;
-        }
+        if (!ok) return EXIT_USAGE; /* cli_num named the option and its range */
     }
     if (optind < argc) r.s.config_path = argv[optind++];
     if (optind < argc) {
@@ -1260,7 +1346,7 @@ int main(int argc, char **argv) {
     if (c_seed >= 0) r.s.seed = (uint64_t)c_seed;
     if (c_keep >= 0) r.s.keep = c_keep;
     if (c_early >= 0) r.s.early_stop = c_early;
-    if (c_clip > 0) r.s.clip_grad_norm = c_clip;
+    if (c_clip >= 0) r.s.clip_grad_norm = c_clip;
     if (c_determ) r.s.deterministic = true;
     if (c_noshuf) r.s.shuffle = false;
     if ((rc = check_outputs(&r))) goto done;

@@ -357,14 +357,24 @@ void checkpoint_prepare(run *r, bool dry) {
     }
 }
 
-static bool meta_get_i64(const em_metadata *m, const char *k, int64_t *v) {
+/* The checkpoint --resume read (the pattern's newest file), for messages after the load. */
+static char resumed_from[4096];
+
+/* Metadata entry k of the checkpoint at path as an integer in [lo, hi]; EM_ERR_FORMAT naming
+ * the file, the entry and the range otherwise (an empty or overflowing text included). */
+static em_status meta_get_i64(const em_metadata *m, const char *path, const char *k, int64_t lo,
+                              int64_t hi, int64_t *v) {
     const char *t = m ? em_metadata_get(m, k) : NULL;
-    if (!t) return false;
-    char *end;
-    long long x = strtoll(t, &end, 10);
-    if (*end) return false;
+    char *end = NULL;
+    errno = 0;
+    long long x = t && *t ? strtoll(t, &end, 10) : 0;
+    if (!t || !*t || *end || errno || x < lo || x > hi)
+        return em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata '%s' is %s%s%s; expected an "
+                            "integer in [%lld, %lld]%s", path, k, t ? "'" : "", t ? t : "missing",
+                            t ? "'" : "", (long long)lo, (long long)hi,
+                            t ? "" : " (not an ember-train checkpoint?)");
     *v = x;
-    return true;
+    return EM_OK;
 }
 
 /* Restore r from one checkpoint file. */
@@ -379,11 +389,11 @@ static em_status load_file(run *r, const char *path) {
     em_status s = em_checkpoint_load(path, &ck, &lo);
     em_host_free(ck.config_out);
     int64_t batch = 0, be = -1;
-    if (s == EM_OK && (!meta_get_i64(m, "train.batch", &batch) ||
-                       !meta_get_i64(m, "train.best_epoch", &be)))
-        s = em_set_error(EM_ERR_FORMAT, "%s: not an ember-train checkpoint (its metadata lacks "
-                         "train.batch or train.best_epoch)", path);
+    /* the batch is checked against the epoch's batches when the loader exists (train_loop) */
+    if (s == EM_OK) s = meta_get_i64(m, path, "train.batch", 0, EM_STEP_MAX, &batch);
+    if (s == EM_OK) s = meta_get_i64(m, path, "train.best_epoch", -1, ck.epoch, &be);
     if (s == EM_OK) {
+        snprintf(resumed_from, sizeof resumed_from, "%s", path);
         r->epoch = ck.epoch;
         r->batch = batch;
         r->step = ck.step;
@@ -615,14 +625,26 @@ int train_loop(run *r) {
     }
     int64_t nb = em_loader_num_batches(l);
     if (r->s.limit_batches && r->s.limit_batches < nb) nb = r->s.limit_batches;
+    if (r->batch > nb) {
+        /* past the end of an epoch it would train nothing and exit 0 */
+        fprintf(stderr, "ember-train: --resume: checkpoint '%s': metadata 'train.batch' is %" PRId64
+                ", past the end of an epoch of this run (%" PRId64 " batches): a different "
+                "dataset, --batch-size or --limit-batches?\n", resumed_from, r->batch, nb);
+        em_loader_free(l);
+        free(subset);
+        return EXIT_USAGE;
+    }
     bool tty = isatty(2), metrics_json = false;
     out_file mo = {0};
     step_waits sw = {0};
     int64_t steps_run = 0;
     {
-        int64_t cap = (r->s.epochs - r->epoch) * ((nb + A - 1) / A);
+        int64_t cap = 0; /* a product too large to count leaves the figure out */
+        if (r->s.epochs > r->epoch &&
+            __builtin_mul_overflow(r->s.epochs - r->epoch, (nb + A - 1) / A, &cap))
+            cap = INT64_MAX;
         if (r->s.max_steps && r->s.max_steps - r->step < cap) cap = r->s.max_steps - r->step;
-        if (cap > WAIT_WARMUP_STEPS) {
+        if (cap > WAIT_WARMUP_STEPS && (uint64_t)cap <= SIZE_MAX / 2 / sizeof *sw.wait) {
             sw.wait = malloc((size_t)cap * sizeof *sw.wait);
             sw.time = malloc((size_t)cap * sizeof *sw.time);
             sw.cap = sw.wait && sw.time ? cap : 0; /* out of memory: the figure is left out */
@@ -655,8 +677,13 @@ int train_loop(run *r) {
     double t_start = now_s();
     int rc = EXIT_OK;
     bool stop_run = false, wait_hinted = false, first_step = true, mem_after_first = r->s.memory_summary;
-    if (r->epoch > 0 || r->batch > 0)
-        em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch});
+    if ((r->epoch > 0 || r->batch > 0) &&
+        em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch}) != EM_OK) {
+        fprintf(stderr, "ember-train: --resume: checkpoint '%s': %s\n", resumed_from,
+                em_last_error());
+        rc = EXIT_USAGE;
+        stop_run = true;
+    }
     bool loader_aligned = true;
     /* --early-stop: the epochs since the best one are r->epoch - r->best_epoch, so a resumed run
      * needs no state of its own; a checkpoint of a run that already stopped early stays stopped */

@@ -676,6 +676,13 @@ static em_status plateau_load(em_scheduler *s, const char *json) {
     if (!json_is_integer(nb) || !json_is_integer(cc) || !(json_is_null(b) || json_is_number(b)))
         r = em_set_error(EM_ERR_INVALID, "ReduceLROnPlateau.load_state_dict: expected best, "
                          "num_bad_epochs and cooldown_counter");
+    else if (json_integer_value(nb) < 0 || json_integer_value(nb) > EM_STEP_MAX ||
+             json_integer_value(cc) < 0 || json_integer_value(cc) > EM_STEP_MAX)
+        /* each step counts them on by one: near INT64_MAX (or MIN) they would overflow */
+        r = em_set_error(EM_ERR_INVALID, "ReduceLROnPlateau.load_state_dict: num_bad_epochs %lld "
+                         "or cooldown_counter %lld is out of range [0, %lld]",
+                         (long long)json_integer_value(nb), (long long)json_integer_value(cc),
+                         (long long)EM_STEP_MAX);
     else {
         st->best = json_is_null(b) ? (st->max_mode ? -INFINITY : INFINITY) : json_number_value(b);
         st->num_bad_epochs = json_integer_value(nb);

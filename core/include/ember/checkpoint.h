@@ -143,19 +143,21 @@ typedef struct em_checkpoint_load_options {
  * model's device (the device of its first state-dict tensor; the CPU without a model) and
  * copied into each target on its own device, whatever machine wrote the file.
  *
- * Everything that can be checked before restoring is checked first, and every problem of a
- * kind is named at once; each message starts "checkpoint 'PATH': ":
+ * Every field is checked before anything is restored, and every problem of a kind is named
+ * at once; each message starts "checkpoint 'PATH': ":
  *   em_load's errors (EM_ERR_NOTFOUND, EM_ERR_IO, EM_ERR_FORMAT naming the file);
  *   EM_ERR_FORMAT: not a checkpoint (no ember.checkpoint), a format version this Ember does
  *     not read, a tensor outside model.* and optim.*, a metadata entry that is missing or
- *     malformed (naming the key and what is wrong);
+ *     malformed (naming the key, the field and what is wrong) — loop.epoch, loop.step and
+ *     the loader's epoch must be integers in [0, EM_STEP_MAX] (ember/optim.h), the loader's
+ *     batch in [0, em_loader_num_batches(ck->loader)];
  *   EM_ERR_NOTFOUND: parts ck asks for that the file lacks (all named, with what it holds);
- *   EM_ERR_INVALID: the model's missing keys, unexpected keys and shape mismatches, all
- *     listed (nothing is restored then); the optimizer's, scheduler's or loader's own refusal
- *     (a different class, group or parameter count), prefixed with the part's name.
- * A failure after the checks (the optimizer refusing the saved groups, say) leaves the parts
- * restored before it (model, then optimizer, scheduler, loader, generator) with their new
- * values. On error ck->config_out is NULL.
+ *   EM_ERR_INVALID (or EM_ERR_SHAPE, EM_ERR_DTYPE): the model's missing keys, unexpected keys
+ *     and shape mismatches, all listed; the optimizer's or scheduler's own refusal (a
+ *     different class, group or parameter count, a state of the wrong shape or dtype, a count
+ *     out of range), prefixed with the part's name and its metadata key.
+ * On any error nothing is restored: the model, optimizer, scheduler, loader and default
+ * generator are as they were, and ck->config_out is NULL.
  */
 EM_API em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
                                     const em_checkpoint_load_options *opt /* may be NULL */);

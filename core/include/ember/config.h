@@ -11,6 +11,18 @@
  * Files are YAML (parsed by libyaml; comments, anchors and aliases work). Every node keeps the
  * line and column it came from, and every error names them: "digits.yaml:7:9: ...".
  *
+ * Limits, each an EM_ERR_FORMAT naming the file, line and column where it was passed:
+ *   - one document per file; nesting at most EM_CONFIG_MAX_DEPTH (64) levels;
+ *   - an alias (*name) is a copy of its anchored node, and the copies that aliases make —
+ *     nested ones included — may add at most EM_CONFIG_MAX_ALIAS_NODES (100,000) nodes and
+ *     EM_CONFIG_MAX_ALIAS_BYTES (64 MiB: node records, text, keys and paths) to the config,
+ *     however the file nests them: a 550-byte "billion laughs" file stops there instead of
+ *     filling the memory;
+ *   - a key or a value holding a NUL character ("\0") is refused (it would read as shorter).
+ * Parsing is linear in the file: lists and maps grow geometrically and keys (duplicates,
+ * anchors, em_config_node_get) are found through a hashed index; em_config_get_stats counts
+ * the work so that tests can check it.
+ *
  * The model grammar (the value of the top-level key `model`):
  *   - a list                         a Sequential of its items (children "0", "1", ...)
  *   - a plain name                   a layer with its default options: `ReLU`
@@ -31,6 +43,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ember/error.h"
 #include "ember/export.h"
@@ -50,9 +63,14 @@ typedef enum em_config_kind {
     EM_CONFIG_MAP = 3,    /* keys are scalars, unique, kept in file order */
 } em_config_kind;
 
+#define EM_CONFIG_MAX_DEPTH 64
+#define EM_CONFIG_MAX_ALIAS_NODES 100000
+#define EM_CONFIG_MAX_ALIAS_BYTES (64u << 20)
+
 /* Parse a YAML file (one document). A new config (free with em_config_free) or NULL with
  * EM_ERR_NOTFOUND / EM_ERR_IO naming the file, or EM_ERR_FORMAT naming file:line:column and
- * libyaml's reason (also for a duplicate key or a non-scalar key). */
+ * libyaml's reason (also for a duplicate key, a non-scalar key, an unknown alias, or a limit
+ * above passed). */
 EM_API em_config *em_config_load(const char *path);
 /* The same from len bytes of text; `name` (may be NULL: "<config>") stands for the file. */
 EM_API em_config *em_config_parse(const char *text, size_t len, const char *name);
@@ -60,6 +78,17 @@ EM_API em_config *em_config_parse(const char *text, size_t len, const char *name
 EM_API void em_config_free(em_config *c);
 /* The file name given to load/parse (borrowed). */
 EM_API const char *em_config_name(const em_config *c);
+
+/* What parsing the config cost: for tests and bench/, which check that it grows linearly
+ * with the file. */
+typedef struct em_config_stats {
+    size_t nodes;          /* nodes in the tree, alias copies included */
+    size_t alias_nodes;    /* of which copies made for aliases */
+    size_t alias_bytes;    /* bytes those copies take (counted against the limit above) */
+    uint64_t key_compares; /* key comparisons made finding duplicate keys and anchors */
+} em_config_stats;
+/* The counts of c (all zero for NULL). */
+EM_API em_config_stats em_config_get_stats(const em_config *c);
 
 /* The document's root node (borrowed; an empty document is an empty map). */
 EM_API const em_config_node *em_config_root(const em_config *c);

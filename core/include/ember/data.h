@@ -291,7 +291,8 @@ typedef struct em_loader_state {
 } em_loader_state;
 EM_API em_loader_state em_loader_get_state(const em_loader *l);
 /* Continue from a saved position (drops whatever the workers made ahead, clears a stopped
- * loader's error). EM_ERR_RANGE when batch > num_batches or epoch < 0. */
+ * loader's error). EM_ERR_RANGE, changing nothing, unless 0 <= batch <= num_batches and
+ * 0 <= epoch <= EM_STEP_MAX (ember/optim.h). */
 EM_API em_status em_loader_set_state(em_loader *l, em_loader_state s);
 
 /* Where the consumer's time went: time spent blocked in em_loader_next waiting for a batch

@@ -55,6 +55,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ember/dict.h"
 #include "ember/dispatch.h"
@@ -68,6 +69,11 @@ extern "C" {
 #endif
 
 typedef struct em_optimizer em_optimizer;
+
+/* The largest step or epoch count a state dict or checkpoint may hold: 2^53, the last count a
+ * double (the "step" state) holds exactly, and far enough below INT64_MAX that counting on
+ * from it cannot overflow. Loading refuses larger counts, naming them. */
+#define EM_STEP_MAX INT64_C(9007199254740992)
 
 typedef struct em_optim_class {
     size_t struct_size;
@@ -122,9 +128,9 @@ EM_API void em_optimizer_zero_grad(em_optimizer *o);
 EM_API const em_optim_class *em_optimizer_class(const em_optimizer *o);
 EM_API int em_optimizer_group_count(const em_optimizer *o);
 /* A group's options (resolved): read with em_options_float(...); schedulers change "lr"
- * through em_optimizer_set_lr. An optimizer's "lr" must be >= 0 when it is created (checked
- * by the core, EM_ERR_INVALID); em_optimizer_set_lr refuses only NaN, because schedulers may
- * drive it lower, as PyTorch's do (OneCycleLR's step past its last phase). */
+ * through em_optimizer_set_lr. An optimizer's "lr" must be finite and >= 0 when it is created
+ * (checked by the core, EM_ERR_INVALID); em_optimizer_set_lr refuses only NaN, because
+ * schedulers may drive it lower, as PyTorch's do (OneCycleLR's step past its last phase). */
 EM_API const em_options *em_optimizer_group_options(const em_optimizer *o, int group);
 /* The same options, writable: schedulers that cycle other hyper-parameters (OneCycleLR's
  * "momentum" or "betas") set them here. Values written must stay valid for the class. NULL
@@ -139,8 +145,8 @@ EM_API em_tensor *em_optimizer_param(const em_optimizer *o, int group, int i, in
 /* Total parameters over all groups; global indices are 0..count-1, group by group. */
 EM_API int em_optimizer_param_total(const em_optimizer *o);
 /* Per-parameter state by global parameter index and name (borrowed; NULL when absent).
- * State tensors are 0-dim (a step count) or have their parameter's shape; the state dict
- * loader checks that. */
+ * The state named "step" is a 0-dim count (PyTorch's convention); every other state has its
+ * parameter's shape and a floating dtype. The state dict loader checks that. */
 EM_API em_tensor *em_optimizer_state(const em_optimizer *o, int index, const char *name);
 /* Set (retain t, tag it EM_MEM_OPTIMIZER; replaces an existing one). */
 EM_API em_status em_optimizer_set_state(em_optimizer *o, int index, const char *name,
@@ -150,8 +156,10 @@ EM_API int64_t em_optimizer_steps(const em_optimizer *o);
 
 /* State dict: tensors into *tensors (a new dict, keys "state.<index>.<name>") and the groups'
  * hyper-parameters, the step count and each group's parameter indices as JSON into *groups_json
- * (a new string, free with em_host_free). Loading checks that the groups and parameter counts
- * match and names what differs. */
+ * (a new string, free with em_host_free). Loading checks everything before it changes
+ * anything — the groups and parameter counts, every state's shape and dtype (above), the step
+ * counts ("steps" and each "step" state: whole numbers in [0, EM_STEP_MAX]) — and names the
+ * key of what differs; on an error the optimizer is as it was. */
 EM_API em_status em_optimizer_state_dict(const em_optimizer *o, em_dict **tensors,
                                          char **groups_json);
 EM_API em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
@@ -233,7 +241,10 @@ EM_API int64_t em_scheduler_step_count(const em_scheduler *s);
 EM_API void em_scheduler_set_last_epoch(em_scheduler *s, int64_t epoch);
 EM_API em_status em_scheduler_initial_step(em_scheduler *s);
 EM_API em_status em_scheduler_step_epoch(em_scheduler *s, int64_t epoch);
-/* Its state as JSON (step count, class-private numbers) and back, for checkpoints. */
+/* Its state as JSON (step count, class-private numbers) and back, for checkpoints. Loading
+ * checks last_epoch (in [-1, EM_STEP_MAX]), step_count (in [0, EM_STEP_MAX]) and the lrs, and
+ * the class checks its own state; on an error the scheduler is as it was (its class state is
+ * saved first and put back). */
 EM_API em_status em_scheduler_state_dict(const em_scheduler *s, char **json);
 EM_API em_status em_scheduler_load_state_dict(em_scheduler *s, const char *json);
 

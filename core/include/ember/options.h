@@ -121,6 +121,10 @@ EM_API size_t em_options_count(const em_options *o);
 EM_API const char *em_options_name(const em_options *o, size_t i);
 /* The value of option i as text ("784", "0.1", "[3, 3]", "true", "same") into buf; returns buf. */
 EM_API const char *em_options_text(const em_options *o, size_t i, char *buf, size_t cap);
+/* A large bag finds names through a hashed index, so setting n options (a config map of n
+ * keys) costs O(n). This counts the name comparisons the em_options_set_* calls on o have
+ * made (0 for NULL): tests check that it grows linearly. */
+EM_API uint64_t em_options_key_compares(const em_options *o);
 
 #ifdef __cplusplus
 }
