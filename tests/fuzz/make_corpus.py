@@ -232,9 +232,7 @@ def checkpoint(build):
                                            "\"batch\":100000000000000000000}"),
         "bad_rng": edit_meta(trained, rng__default="{\"seed\":\"x\"}"),
         "bad_loop": edit_meta(trained, loop="{\"epoch\":1}"),
-        # accepted today: issue 13 items 9 and 10 (range checks of checkpoint fields) will
-        # refuse these two; rename them bad_* then
-        "loop_huge_step": edit_meta(trained, loop="{\"epoch\":1,\"step\":9223372036854775807,"
+        "bad_loop_huge_step": edit_meta(trained, loop="{\"epoch\":1,\"step\":9223372036854775807,"
                                         "\"best_metric\":\"nan\"}"),
         "bad_best_metric": edit_meta(trained, loop="{\"epoch\":1,\"step\":2,\"best_metric\":[]}"),
         "bad_unexpected_model_key": add_tensor(trained, "model.extra", "F32", [2], 8),
@@ -245,7 +243,7 @@ def checkpoint(build):
         "bad_optim_key": add_tensor(trained, "optim.state.x", "F32", [], 4),
         "bad_optim_index": add_tensor(trained, "optim.state.9.exp_avg", "F32", [2], 8),
         "bad_optim_shape": add_tensor(drop_tensor(trained, state[0]), state[0], "F32", [7], 28),
-        "optim_zero_dim_state": add_tensor(drop_tensor(trained, state[0]), state[0], "F32",
+        "bad_optim_zero_dim_state": add_tensor(drop_tensor(trained, state[0]), state[0], "F32",
                                                [], 4),
         "bad_truncated": trained[:len(trained) - 5],
     }
