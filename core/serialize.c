@@ -911,6 +911,22 @@ static void header_free(st_header *h) {
     memset(h, 0, sizeof *h);
 }
 
+/* When the first 8 bytes of a file that is not safetensors are those of torch.save's formats
+ * (a zip archive since PyTorch 1.6, a bare pickle before or with
+ * _use_new_zipfile_serialization=False), say so and how to convert it: a .pt/.pth file is the
+ * first thing a PyTorch user hands over. Ember never unpickles (a pickle can run code). */
+static em_status not_pytorch_pickle(const char *name, const unsigned char *b8) {
+    bool zip = b8[0] == 'P' && b8[1] == 'K' && b8[2] == 3 && b8[3] == 4;
+    bool pickle = b8[0] == 0x80 && b8[1] >= 2 && b8[1] <= 5;
+    if (!zip && !pickle) return EM_OK;
+    return FMT("load: '%s' is a PyTorch file written by torch.save (%s), not safetensors; Ember "
+               "does not read pickles (loading one can run code). Convert it once in Python: "
+               "import torch; from safetensors.torch import save_file; sd = torch.load('%s', "
+               "map_location='cpu'); save_file({k: v.contiguous() for k, v in sd.items()}, "
+               "'model.safetensors') (for a checkpoint dict, pass its state_dict part)", name,
+               zip ? "a zip archive holding a pickle" : "a pickle", name);
+}
+
 /* The header length from the first 8 bytes of a file of len bytes, checked against the
  * format's limit and the file's size. */
 static em_status header_len(const char *name, const unsigned char *b8, uint64_t len,
@@ -918,6 +934,8 @@ static em_status header_len(const char *name, const unsigned char *b8, uint64_t 
     uint64_t h = 0;
     for (int i = 0; i < 8; i++)
         h |= (uint64_t)b8[i] << (8 * i);
+    if ((h > EM_SAFETENSORS_MAX_HEADER || h > len - 8) && not_pytorch_pickle(name, b8) != EM_OK)
+        return em_last_status();
     if (h > EM_SAFETENSORS_MAX_HEADER)
         return FMT("load: '%s': header length %llu exceeds the limit of %llu bytes (not a "
                    "safetensors file?)", name, (unsigned long long)h,

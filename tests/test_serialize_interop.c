@@ -190,6 +190,27 @@ Test(serialize_interop, unsupported_dtype_named) {
     em_assert_error(EM_ERR_DTYPE, "py_int8.safetensors");
 }
 
+/* A .pt/.pth file from torch.save (tests/fixtures/gen_torch_pickles.py), in both of its
+ * formats: recognised, refused without unpickling, and the conversion named (issue 13). The
+ * weights path of ember-train (--init-weights) and em_load_into read headers the same way. */
+Test(serialize_interop, torch_save_files_are_recognised) {
+    static const char *const files[] = {EM_TEST_SRCDIR "/tests/fixtures/torch/state_dict.pt",
+                                        EM_TEST_SRCDIR "/tests/fixtures/torch/state_dict_legacy.pt"};
+    static const char *const kinds[] = {"a zip archive holding a pickle", "(a pickle)"};
+    for (size_t i = 0; i < ST_ARRAY_LEN(files); i++) {
+        em_dict *d = (em_dict *)1;
+        cr_assert_eq(em_load(files[i], NULL, &d, NULL), EM_ERR_FORMAT, "%s", files[i]);
+        cr_assert_null(d);
+        em_assert_error(EM_ERR_FORMAT, "is a PyTorch file written by torch.save");
+        em_assert_error(EM_ERR_FORMAT, kinds[i]);
+        em_assert_error(EM_ERR_FORMAT, "from safetensors.torch import save_file");
+        em_dict *target = em_dict_new();
+        cr_assert_eq(em_load_into(files[i], target, true, NULL, NULL), EM_ERR_FORMAT);
+        em_assert_error(EM_ERR_FORMAT, "written by torch.save");
+        em_dict_free(target);
+    }
+}
+
 /* ---- a round trip through Python ---------------------------------------------------------- */
 
 static const char *find_python(char *tried, size_t cap) {
