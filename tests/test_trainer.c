@@ -1598,3 +1598,52 @@ Test(trainer, resume_checks_every_field_of_the_checkpoint) {
     cr_assert(strstr(out, "resumed from") && strstr(out, "batch 3, step 3"), "%s", out);
     free(out);
 }
+
+/* ---- plugins named on the command line or in the config (issue 13, item 14) ---------------- */
+
+/* A class from a plugin that is not loaded: the message says where plugins come from, and
+ * --plugin or the config's plugins: list loads it for the run; a plugin that cannot be loaded
+ * is an error naming the file (and, from the config, its line). */
+Test(trainer, plugins_from_the_command_line_and_the_config) {
+    const char *d = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(d && *d, "EMBER_TEST_PLUGIN_DIR is not set (run through `make check`)");
+    char plugin[4096], text[8192];
+    snprintf(plugin, sizeof plugin, "%s/layer_plugin.so", d);
+    unsetenv("EMBER_PLUGIN_PATH");
+    write_mlp("affine.yaml", "  - testplug.Affine: {features: 32}\n", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("affine.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "no module class named 'testplug.Affine'") &&
+              strstr(out, "EMBER_PLUGIN_PATH") && strstr(out, "--plugin PATH"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("affine.yaml"), "--dry-run", "--plugin", plugin, NULL});
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "dry run ok"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("affine.yaml"), "--dry-run", "--plugin",
+                                      path("missing.so"), NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "--plugin ") && strstr(out, "missing.so") &&
+              strstr(out, "cannot open shared object file"), "%s", out);
+    free(out);
+    /* the config names it: an absolute path, then one relative to the config's directory */
+    FILE *f = fopen(path("affine.yaml"), "r");
+    cr_assert(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char cfg[sizeof plugin + sizeof text + 64];
+    snprintf(cfg, sizeof cfg, "plugins: [%s]\n%s", plugin, text);
+    write_file("with_plugin.yaml", cfg);
+    rc = train(&out, (const char *[]){path("with_plugin.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    free(out);
+    snprintf(cfg, sizeof cfg, "plugins:\n  - not_here.so\n%s", text);
+    write_file("bad_plugin.yaml", cfg);
+    rc = train(&out, (const char *[]){path("bad_plugin.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "bad_plugin.yaml:2:") && strstr(out, "plugins[0]") &&
+              strstr(out, "not_here.so"), "%s", out);
+    free(out);
+}

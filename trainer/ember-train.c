@@ -308,6 +308,8 @@ static void usage(FILE *f) {
 "  --profile                where ops ran, time per device, bytes copied (at the end)\n"
 "  --anomaly                anomaly mode: the op that first makes a NaN/Inf is named\n"
 "  --dry-run                check the config, build everything, one forward+backward, exit\n"
+"  --plugin PATH            load this plugin file (.so) too (repeatable); a config's top-level\n"
+"                           'plugins: [PATH, ...]' does the same, paths relative to the config\n"
 "  --list-plugins           plugins and the classes they registered\n"
 "  --help, --version\n"
 "\n"
@@ -1190,6 +1192,26 @@ static void free_run(run *r) {
     em_config_free(r->cfg);
 }
 
+/* The config's "plugins: [PATH, ...]": plugin files the model or data need, loaded before
+ * anything is built; a relative path is the config file's directory's. NULL: none. */
+static int load_config_plugins(const em_config_node *list) {
+    if (!list) return 0;
+    if (em_config_node_kind(list) != EM_CONFIG_LIST)
+        return cfg_error(list, "expected a list of plugin files (plugins: [path/to/plugin.so])%s",
+                         "");
+    for (size_t i = 0; i < em_config_node_len(list); i++) {
+        const em_config_node *e = em_config_node_at(list, i, NULL);
+        const char *p = em_config_node_text(e);
+        if (!p || !*p) return cfg_error(e, "expected a plugin file's path%s", "");
+        char full[PATH_MAX];
+        int n = p[0] == '/' || !*cfg_dir ? snprintf(full, sizeof full, "%s", p)
+                                         : snprintf(full, sizeof full, "%s/%s", cfg_dir, p);
+        if (n < 0 || (size_t)n >= sizeof full) return cfg_error(e, "the path is too long%s", "");
+        if (em_plugin_load(full) != EM_OK) return cfg_error(e, "%s", em_last_error());
+    }
+    return 0;
+}
+
 static int setup(run *r) {
     if (!(r->cfg = em_config_load(r->s.config_path))) {
         report_error(NULL);
@@ -1199,13 +1221,14 @@ static int setup(run *r) {
     snprintf(tmp, sizeof tmp, "%s", r->s.config_path);
     snprintf(cfg_dir, sizeof cfg_dir, "%s", dirname(tmp));
     static const char *const top[] = {"model", "data", "loss", "optimizer", "scheduler", "frozen",
-                                      "loop", NULL};
+                                      "loop", "plugins", NULL};
     const em_config_node *root = em_config_root(r->cfg);
     if (em_config_check_keys(root, top) != EM_OK) {
         report_error(NULL);
         return EXIT_USAGE;
     }
-    return read_loop(r, em_config_node_get(root, "loop"));
+    int rc = load_config_plugins(em_config_node_get(root, "plugins"));
+    return rc ? rc : read_loop(r, em_config_node_get(root, "loop"));
 }
 
 int main(int argc, char **argv) {
@@ -1213,7 +1236,7 @@ int main(int argc, char **argv) {
            O_WD, O_SCHED, O_ACCUM, O_CLIP, O_SEED, O_DETERM, O_WORKERS, O_NOSHUF, O_INIT,
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
-           O_VERSION, O_WARMUP, O_EARLY };
+           O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1229,7 +1252,10 @@ int main(int argc, char **argv) {
         {"summary", 0, 0, O_SUMMARY}, {"memory-summary", 0, 0, O_MEMSUM},
         {"profile", 0, 0, O_PROFILE}, {"anomaly", 0, 0, O_ANOMALY}, {"dry-run", 0, 0, O_DRY},
         {"list-plugins", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {"version", 0, 0, O_VERSION},
-        {"warmup-epochs", 1, 0, O_WARMUP}, {"early-stop", 1, 0, O_EARLY}, {0, 0, 0, 0}};
+        {"warmup-epochs", 1, 0, O_WARMUP}, {"early-stop", 1, 0, O_EARLY},
+        {"plugin", 1, 0, O_PLUGIN}, {0, 0, 0, 0}};
+    const char *plugins[64];
+    int n_plugins = 0;
     /* -1: not given on the command line (the config or the default decides). */
     int64_t c_epochs = -1, c_max = -1, c_batch = -1, c_accum = -1, c_workers = -1, c_limit = -1,
             c_overfit = -1, c_seed = -1, c_keep = -1, c_early = -1;
@@ -1292,6 +1318,14 @@ int main(int argc, char **argv) {
         case O_ANOMALY: r.s.anomaly = true; break;
         case O_DRY: r.s.dry_run = true; break;
         case O_LIST: list = true; break;
+        case O_PLUGIN:
+            if (n_plugins == (int)(sizeof plugins / sizeof *plugins)) {
+                fprintf(stderr, "ember-train: --plugin: at most %zu plugins\n",
+                        sizeof plugins / sizeof *plugins);
+                return EXIT_USAGE;
+            }
+            plugins[n_plugins++] = optarg;
+            break;
         case O_HELP: usage(stdout); return EXIT_OK;
         case O_VERSION: printf("ember-train %s\n", em_version()); return EXIT_OK;
         case ':':
@@ -1324,6 +1358,13 @@ int main(int argc, char **argv) {
         return EXIT_TRAIN;
     }
     int rc = EXIT_OK;
+    /* After em_init, so that a refused plugin is an error with its reason, not a warning. */
+    for (int i = 0; i < n_plugins; i++)
+        if (em_plugin_load(plugins[i]) != EM_OK) {
+            fprintf(stderr, "ember-train: --plugin %s: %s\n", plugins[i], em_last_error());
+            rc = EXIT_USAGE;
+            goto done;
+        }
     if (list) {
         list_plugins();
         goto done;
@@ -1373,7 +1414,11 @@ int main(int argc, char **argv) {
         goto done;
     }
     if (!(r.model = em_model_build(mnode))) {
+        bool missing_class = em_last_status() == EM_ERR_NOTFOUND;
         report_error(NULL);
+        if (missing_class)
+            fprintf(stderr, "ember-train: a plugin for this run alone: --plugin PATH, or "
+                    "'plugins: [PATH]' at the top of the config\n");
         rc = EXIT_USAGE;
         goto done;
     }
