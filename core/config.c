@@ -703,6 +703,10 @@ static em_module *build(const em_config_node *spec, int depth) {
         locate_error(at, file);
         return NULL;
     }
+    if (em__module_set_where(m, spec->where) != EM_OK) {
+        em_module_free(m);
+        return NULL;
+    }
     if (kids && add_children(m, kids, depth) != EM_OK) {
         em_module_free(m);
         return NULL;

@@ -276,6 +276,9 @@ em_status em__plugins_load_all(void);
 void em__plugins_unload_all(void);
 /* "ember-cpu, ember-layers" (loaded plugins) for messages; static buffer per thread. */
 const char *em__plugin_names(void);
+/* Record where in a config file a module was built ("file:line:col"; NULL clears): its forward
+ * errors then name that place (module.c's blame). EM_ERR_NOMEM. */
+em_status em__module_set_where(em_module *m, const char *where);
 /* Sets and returns EM_ERR_NOTFOUND for a class lookup by name that failed: "WHO: no KIND class
  * named 'NAME' (did you mean 'X'?) is registered; registered: ...; loaded plugins: ...", and
  * the hint that a class of a plugin not loaded needs EMBER_PLUGIN_PATH. `who` may be NULL;

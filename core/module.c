@@ -207,6 +207,7 @@ struct em_module {
     member_list params, buffers, children;
     hook *hooks;
     size_t n_hooks, cap_hooks;
+    char *where; /* "file:line:col" of the config entry that built it (em_model_build), or NULL */
 };
 
 static void list_free(member_list *l, bool modules) {
@@ -232,12 +233,24 @@ void em_module_free(em_module *m) {
     em__free(m->hooks);
     em__free(m->state);
     em_options_free(m->opts);
+    em__free(m->where);
     em__free(m);
+}
+
+em_status em__module_set_where(em_module *m, const char *where) {
+    char *w = where ? em__strdup(where, "module location") : NULL;
+    if (where && !w) return EM_ERR_NOMEM;
+    em__free(m->where);
+    m->where = w;
+    return EM_OK;
 }
 
 /* Prefix the pending error with "<Class>: " unless it already starts so. An op of the same
  * name in another case (Linear's "linear: ...") gives its place to the class name: "Linear:
- * linear: ..." tells the reader nothing more, and the class is what the config names. */
+ * linear: ..." tells the reader nothing more, and the class is what the config names. A layer
+ * built from a config (no children: a container's message already carries its failing
+ * child's) puts the config entry's file:line:col first, so a model that does not fit its data
+ * names the line to change. */
 static em_status blame(const em_module *m, em_status st) {
     if (st == EM_OK)
         st = EM_ERR_INTERNAL;
@@ -248,12 +261,18 @@ static em_status blame(const em_module *m, em_status st) {
         return em_set_error(st, "%s: failed without saying why (%s)", name,
                             em_status_str(st));
     }
-    if (strncmp(msg, name, len) == 0 && msg[len] == ':')
-        return st;
+    const char *body = msg; /* the message after a leading "<Class>: ", in any case */
     if (strncasecmp(msg, name, len) == 0 && msg[len] == ':')
-        msg += len + 1 + (msg[len + 1] == ' ');
+        body = msg + len + 1 + (msg[len + 1] == ' ');
+    bool has_class = body != msg && strncmp(msg, name, len) == 0;
+    const char *where = m->where && m->children.n == 0 && !strstr(msg, m->where) ? m->where
+                                                                                : NULL;
+    if (has_class && !where)
+        return st;
     char copy[1024];
-    snprintf(copy, sizeof copy, "%s", msg);
+    snprintf(copy, sizeof copy, "%s", body);
+    if (where)
+        return em_set_error(st, "%s: %s: %s", where, name, copy);
     return em_set_error(st, "%s: %s", name, copy);
 }
 

@@ -1647,3 +1647,23 @@ Test(trainer, plugins_from_the_command_line_and_the_config) {
               strstr(out, "not_here.so"), "%s", out);
     free(out);
 }
+
+/* A model that does not fit its data names the config line of the layer that refused the
+ * input, not only its index in the Sequential (issue 13, item 14). */
+Test(trainer, a_model_that_does_not_fit_names_the_layer_line) {
+    write_file("nofit.yaml",
+               "model:\n"
+               "  - Flatten\n"
+               "  - Linear: {in_features: 60, out_features: 10}\n"
+               "data:\n"
+               "  class: mnist\n"
+               "  options: {path: " EM_TEST_SRCDIR "/data/digits}\n"
+               "loop: {epochs: 1, batch_size: 32}\n");
+    char *out;
+    int rc = train(&out, (const char *[]){path("nofit.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "the model does not fit the data") &&
+              strstr(out, "layer 1 (Linear): ") && strstr(out, "nofit.yaml:3:5: Linear: input of "
+              "shape [2, 64] and weight of shape [10, 60]"), "%s", out);
+    free(out);
+}
