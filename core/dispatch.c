@@ -117,6 +117,7 @@ static void op_free(struct em_op *op) {
     em__free((void *)op->schema.input_names);
     em__free((void *)op->schema.attr_names);
     em__free((void *)op->schema.attr_types);
+    em__free((char *)op->schema.category);
     em__free((char *)op->schema.name);
     em__free(op);
 }
@@ -134,8 +135,12 @@ static bool copy_schema(struct em_op *op, const em_op_schema *s) {
     op->schema.input_names = NULL;
     op->schema.attr_names = NULL;
     op->schema.attr_types = NULL;
+    op->schema.category = NULL;
     op->schema.name = em__strdup(s->name, "op name");
     if (!op->schema.name) return false;
+    if (EM_SCHEMA_HAS(s, category) && s->category &&
+        !(op->schema.category = em__strdup(s->category, "op category")))
+        return false;
     if (s->input_names) {
         const char **names = em__calloc((size_t)s->n_inputs + 1, sizeof *names, "op inputs");
         op->schema.input_names = names;
@@ -165,11 +170,14 @@ em_status em_op_declare(em_registry *reg, const em_op_schema *s, const em_op **o
         s->n_outputs > ((s->flags & EM_OP_LISTS) ? 8 : 4) || s->n_attrs < 0 ||
         s->n_attrs > 8 || (s->n_attrs > 0 && (!s->attr_names || !s->attr_types)) ||
         s->dispatch_arg < -1 || s->dispatch_arg >= s->n_inputs ||
-        (!s->infer && s->n_inputs > 0 && !(s->flags & EM_OP_LISTS)))
+        (!s->infer && s->n_inputs > 0 && !(s->flags & EM_OP_LISTS) &&
+         !(EM_SCHEMA_HAS(s, composite) && s->composite)) ||
+        ((s->flags & EM_OP_VARIADIC_OUTPUTS) && !(EM_SCHEMA_HAS(s, composite) && s->composite)))
         return em_set_error(EM_ERR_INVALID, "op_declare: the schema of '%s' is malformed "
                             "(1..4 outputs (a list op 1..8), 0..8 inputs and attributes, a "
                             "dispatch_arg naming an input or -1, and an infer function unless it "
-                            "is a list op are required)", s->name);
+                            "is a list op or a composite are required; variadic outputs need a "
+                            "composite)", s->name);
     pthread_mutex_lock(&reg_lock);
     em_status st = EM_OK;
     struct em_op *op = NULL;
@@ -378,6 +386,14 @@ static em_status check_attrs(const struct em_op *op, const em_attr *attrs) {
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' has type %d; the schema "
                                 "says %d", op->schema.name, op->schema.attr_names[i], (int)got,
                                 (int)op->schema.attr_types[i]);
+        if (got == EM_ATTR_INTS && (attrs[i].n < 0 || attrs[i].n > EM_MAX_DIMS))
+            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' lists %d values (0 to %d "
+                                "allowed%s)", op->schema.name, op->schema.attr_names[i],
+                                attrs[i].n, EM_MAX_DIMS,
+                                attrs[i].n == -1 ? "; -1: a NULL list with a non-zero count" : "");
+        if (got == EM_ATTR_STRING && !attrs[i].v.s)
+            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' is a NULL string",
+                                op->schema.name, op->schema.attr_names[i]);
     }
     return EM_OK;
 }
@@ -513,6 +529,10 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
         !em__check_inputs(op->schema.name, (const em_tensor *const *)out, n_out))
         return em_last_status();
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    /* A fill (no inputs) checks its attributes against the output it writes. */
+    if (n_in == 0 && op->schema.prepare &&
+        op->schema.prepare(op, (const em_tensor *const *)out, n_out, attrs, NULL) != EM_OK)
+        return em_last_status();
     for (int i = 0; i < n_out; i++)
         if (overlapping_output(op, out[i], i) != EM_OK ||
             partial_overlap(op, in, n_in, out[i], i) != EM_OK)
@@ -742,17 +762,47 @@ static bool same_shape(const em_tensor *t, int ndim, const int64_t *shape) {
     return true;
 }
 
-em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
-                      const em_attr *attrs, em_tensor **out) {
-    const struct em_op *op = cop;
-    if (!op) return em__error_pending() ? em_last_status()
-                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
-    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
-    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
-    if (n_in != op->schema.n_inputs || n_in < 1)
-        return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs; it takes %d (ops "
-                            "without inputs run through em_op_call_out)", op->schema.name,
-                            n_in, op->schema.n_inputs);
+/* The dtypes the inputs are converted to under op's policy (flags) and prepare hook. */
+static em_status apply_policy(const struct em_op *op, const em_tensor *const *in, int n_in,
+                              const em_attr *attrs, em_dtype *dts) {
+    unsigned f = op->schema.flags;
+    for (int i = 0; i < n_in; i++) dts[i] = in[i]->dtype;
+    if (f & EM_OP_PROMOTE) {
+        em_dtype rt = em__result_type(in, n_in);
+        for (int i = 0; i < n_in; i++) dts[i] = rt;
+    }
+    if (f & EM_OP_FLOAT_RESULT)
+        for (int i = 0; i < n_in; i++)
+            if (!em_dtype_is_floating(dts[i])) dts[i] = EM_F32;
+    if (f & EM_OP_FLOATING)
+        for (int i = 0; i < n_in; i++)
+            if (!em_dtype_is_floating(dts[i]))
+                return em_set_error(EM_ERR_DTYPE, "%s: expected a floating tensor, got %s",
+                                    op->schema.name, em_dtype_name(dts[i]));
+    return op->schema.prepare ? op->schema.prepare(op, in, n_in, attrs, dts) : EM_OK;
+}
+
+static bool needs_policy(const struct em_op *op, const em_tensor *const *in, int n_in) {
+    unsigned f = op->schema.flags;
+    if (op->schema.prepare || (f & (EM_OP_FLOAT_RESULT | EM_OP_FLOATING))) return true;
+    if (!(f & EM_OP_PROMOTE)) return false;
+    for (int i = 1; i < n_in; i++)
+        if (in[i]->dtype != in[0]->dtype) return true; /* one dtype: the result type is it */
+    return false;
+}
+
+static em_status count_error(const struct em_op *op, int n_in) {
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs; it takes %s%d%s",
+                        op->schema.name, n_in, var ? "at least " : "", op->schema.n_inputs,
+                        op->schema.n_inputs || op->schema.composite
+                            ? "" : " (ops without inputs run through em_op_call_out)");
+}
+
+/* Inference, policy and kernel of op (no composite): em_op_call's path for kernel ops. */
+static em_status op_run(const struct em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out) {
+    if (n_in != op->schema.n_inputs || n_in < 1 || n_in > 8) return count_error(op, n_in);
     if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     em_device dev = in[0]->storage->device;
@@ -769,13 +819,12 @@ em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
     const em_tensor *args[8];
     em_status st = EM_OK;
     for (int i = 0; i < n_in; i++) args[i] = in[i];
-    bool mixed = false; /* all inputs of one dtype: the result type is that dtype */
-    for (int i = 1; i < n_in; i++) mixed |= in[i]->dtype != in[0]->dtype;
-    if ((op->schema.flags & EM_OP_PROMOTE) && mixed) {
-        em_dtype dt = em__result_type(in, n_in);
+    if (needs_policy(op, in, n_in)) {
+        em_dtype dts[8];
+        st = apply_policy(op, in, n_in, attrs, dts);
         for (int i = 0; i < n_in && st == EM_OK; i++)
-            if (in[i]->dtype != dt) {
-                if (!(held[i] = em__to_dtype(in[i], dt))) st = em_last_status();
+            if (in[i]->dtype != dts[i]) {
+                if (!(held[i] = em__to_dtype(in[i], dts[i]))) st = em_last_status();
                 args[i] = held[i];
             }
     }
@@ -806,6 +855,45 @@ em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
     return st;
 }
 
+/* A composite's call: the checks every call gets, then its hook. */
+static em_status composite_run(const struct em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap_out,
+                               int *n_out) {
+    *n_out = 0;
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if (n_in < 0 || (var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) ||
+        (n_in > 0 && !in))
+        return count_error(op, n_in);
+    for (int i = 0; i < n_in; i++) {
+        if (in[i] || (i < 32 && (op->schema.optional_inputs >> i & 1u))) continue;
+        if (!em__error_pending())
+            em_set_error(EM_ERR_INVALID, "%s: input %d is NULL", op->schema.name, i);
+        return em_last_status();
+    }
+    if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    int n = 0;
+    em_status st = op->schema.composite(op, in, n_in, attrs, out, cap_out, &n);
+    if (st == EM_OK) *n_out = n;
+    return st;
+}
+
+em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
+                      const em_attr *attrs, em_tensor **out) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    if (op->schema.composite) {
+        if (op->schema.flags & EM_OP_VARIADIC_OUTPUTS)
+            return em_set_error(EM_ERR_INVALID, "%s: its number of outputs depends on the "
+                                "call; run it with em_op_call_n", op->schema.name);
+        int n;
+        return composite_run(op, in, n_in, attrs, out, op->schema.n_outputs, &n);
+    }
+    return op_run(op, in, n_in, attrs, out);
+}
+
 em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
                      const em_attr *attrs, em_tensor **out) {
     em_status st = em__op_call(op, in, n_in, attrs, out);
@@ -814,11 +902,158 @@ em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
     return st;
 }
 
+em_status em__op_call_n(const em_op *cop, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+    const struct em_op *op = cop;
+    if (n_out) *n_out = 0;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (!out || !n_out || cap_out < 0)
+        return em_set_error(EM_ERR_INVALID, "%s: NULL out or n_out, or a negative capacity",
+                            op->schema.name);
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    if (op->schema.composite) return composite_run(op, in, n_in, attrs, out, cap_out, n_out);
+    if (cap_out < op->schema.n_outputs)
+        return em_set_error(EM_ERR_RANGE, "%s: it has %d outputs; out has room for %d",
+                            op->schema.name, op->schema.n_outputs, cap_out);
+    em_status st = op_run(op, in, n_in, attrs, out);
+    if (st == EM_OK) *n_out = op->schema.n_outputs;
+    return st;
+}
+
+em_status em_op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+    em_status st = em__op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
+    if (st == EM_OK)
+        for (int i = 0; i < *n_out; i++) em__scope_track(out[i]);
+    return st;
+}
+
+em_status em_op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_tensor **out) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    if (!op->schema.infer)
+        return em_set_error(EM_ERR_INVALID, "%s: a composite without a kernel of its own",
+                            op->schema.name);
+    return op_run(op, in, n_in, attrs, out);
+}
+
 em_tensor *em__op1(const em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs) {
     em_tensor *out[4] = {0};
     if (em__op_call(op, in, n_in, attrs, out) != EM_OK) return NULL;
     for (int i = 1; i < 4; i++) em_tensor_release(out[i]);
     return out[0];
+}
+
+em_tensor *em__kernel1(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs) {
+    em_tensor *out[4] = {0};
+    if (em_op_call_kernel(op, in, n_in, attrs, out) != EM_OK) return NULL;
+    for (int i = 1; i < 4; i++) em_tensor_release(out[i]);
+    return out[0];
+}
+
+em_attr em__attr_ints(int n, const int *v) {
+    em_attr a = {.type = EM_ATTR_INTS, .n = n};
+    for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
+    if (n > 0 && !v) a.n = -1;
+    return a;
+}
+
+em_attr em__attr_ints64(int n, const int64_t *v) {
+    em_attr a = {.type = EM_ATTR_INTS, .n = n};
+    for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
+    if (n > 0 && !v) a.n = -1;
+    return a;
+}
+
+em_status em__callv(const em_op *op, int n_in, const em_tensor *const *in, const em_attr *attrs,
+                    em_tensor **const *outs, int n_out) {
+    em_tensor *r[8] = {0};
+    for (int i = 0; i < n_out; i++)
+        if (outs[i]) *outs[i] = NULL;
+    em_status st = em__op_call(op, in, n_in, attrs, r);
+    for (int i = 0; i < n_out && i < 8; i++) {
+        if (st == EM_OK && outs[i]) *outs[i] = em__scope_track(r[i]);
+        else em_tensor_release(r[i]);
+    }
+    return st;
+}
+
+/* In place: self = op(self, in[1..]) (in[0] is self). The result dtype under the op's policy
+ * must be castable to self's (no float into int, no int into bool, as in PyTorch); a wider
+ * result of the same kind (f32 += f64) is computed out of place and rounded once into self. */
+em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *const *in,
+                         int n_in, const em_attr *attrs) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    const char *name = op->schema.name;
+    if (!em__check_inputs(name, in, n_in)) return em_last_status();
+    if (n_in != op->schema.n_inputs || n_in > 8 || op->schema.composite || !op->schema.infer ||
+        op->schema.n_outputs != 1)
+        return em_set_error(EM_ERR_INVALID, "%s_: no in-place form", name);
+    if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    em_dtype dts[8];
+    if (apply_policy(op, in, n_in, attrs, dts) != EM_OK) return em_last_status();
+    em_dtype rt = dts[0], st_dt = self->dtype;
+    bool ok = rt == st_dt || em_dtype_is_floating(st_dt) ||
+              (em_dtype_is_integral(st_dt) && !em_dtype_is_floating(rt));
+    if (!ok)
+        return em_set_error(EM_ERR_DTYPE, "%s_: result type %s can't be cast to the desired "
+                            "output type %s", name, em_dtype_name(rt), em_dtype_name(st_dt));
+    char x[160], y[160];
+    if (rt != st_dt) {
+        em_tensor *r = em__op1(op, in, n_in, attrs);
+        if (!r) return em_last_status();
+        bool fits = same_shape(r, self->ndim, self->shape);
+        em_status st = fits ? em_copy_(self, r)
+                            : em_set_error(EM_ERR_SHAPE, "%s_: the result's shape %s is not the "
+                                           "in-place output's shape %s", name,
+                                           em__shape_str(r->ndim, r->shape, x, sizeof x),
+                                           em__shape_str(self->ndim, self->shape, y, sizeof y));
+        em_tensor_release(r);
+        return st;
+    }
+    em_tensor *held[8] = {0};
+    const em_tensor *args[8];
+    em_status st = EM_OK;
+    for (int i = 0; i < n_in; i++) args[i] = in[i];
+    for (int i = 1; i < n_in && st == EM_OK; i++)
+        if (in[i]->dtype != dts[i]) {
+            if (!(held[i] = em__to_dtype(in[i], dts[i]))) st = em_last_status();
+            args[i] = held[i];
+        }
+    em_tensor_meta meta = {0};
+    if (st == EM_OK) st = op->schema.infer(op, args, attrs, &meta);
+    if (st == EM_OK && !same_shape(self, meta.ndim, meta.shape)) {
+        int j = n_in > 1 ? 1 : 0;
+        st = em_set_error(EM_ERR_SHAPE, "%s_: shape %s does not broadcast to the in-place "
+                          "output's shape %s", name,
+                          em__shape_str(in[j]->ndim, in[j]->shape, x, sizeof x),
+                          em__shape_str(self->ndim, self->shape, y, sizeof y));
+    }
+    if (st == EM_OK && meta.dtype != st_dt)
+        st = em_set_error(EM_ERR_DTYPE, "%s_: result type %s can't be cast to the desired "
+                          "output type %s", name, em_dtype_name(meta.dtype),
+                          em_dtype_name(st_dt));
+    em_tensor *bcast[8] = {0};
+    if (op->schema.flags & EM_OP_BROADCAST)
+        for (int i = 1; i < n_in && st == EM_OK; i++) {
+            if (same_shape(args[i], self->ndim, self->shape)) continue;
+            if (!(bcast[i] = em__expand(args[i], self->ndim, self->shape))) st = em_last_status();
+            args[i] = bcast[i];
+        }
+    if (st == EM_OK) st = em_op_call_out(op, args, n_in, attrs, &self, 1);
+    for (int i = 0; i < n_in; i++) {
+        em_tensor_release(held[i]);
+        em_tensor_release(bcast[i]);
+    }
+    return st;
 }
 
 /* ---- placement report ------------------------------------------------------------------------- */

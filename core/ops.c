@@ -27,8 +27,8 @@
 
 const em_op *em__op_copy, *em__op_fill;
 static const em_op *op_add, *op_sub, *op_mul, *op_div, *op_neg, *op_exp, *op_log, *op_relu,
-    *op_sum, *op_index_select, *op_arange, *op_uniform, *op_normal, *op_bernoulli,
-    *op_randperm;
+    *op_sum, *op_mean, *op_matmul, *op_index_select, *op_arange, *op_uniform, *op_normal,
+    *op_bernoulli, *op_randperm, *op_bmm;
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
@@ -103,290 +103,125 @@ static em_status infer_index_select(const em_op *op, const em_tensor *const *in,
     return EM_OK;
 }
 
-/* ---- declarations ---------------------------------------------------------------------------- */
+/* ---- checks and dtype rules (prepare hooks) ------------------------------------------------------ */
 
-em_status em__declare_op(em_registry *core, const em_op **out, const char *name, int n_in,
-                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         int dispatch_arg, unsigned flags, em_infer_fn infer,
-                         em_backward_fn backward, unsigned saves) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
-                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
-                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer,
-                      .backward = backward, .saves = saves};
-    return em_op_declare(core, &s, out);
+static em_status prep_neg(const em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_dtype *dts) {
+    (void)op, (void)n_in, (void)attrs, (void)dts;
+    if (in[0]->dtype != EM_BOOL) return EM_OK;
+    return em_set_error(EM_ERR_DTYPE, "neg: negation of a bool tensor is not supported; use a "
+                        "logical not");
 }
 
-/* ---- derivatives ------------------------------------------------------------------------------
- * Written with the public ops; they run with grad mode off inside a scope of their own, so
- * temporaries need no release. A grad passed through unchanged is returned as a new reference
- * (em_tensor_retain). */
-
-#define G (c->grad_out[0])
-#define NEED(i) (c->needs_grad[i])
-
-static em_status d_copy(const em_backward_ctx *c, em_tensor **gi) {
-    gi[0] = em_to_dtype(G, c->in_meta[0].dtype);
-    return gi[0] ? EM_OK : em_last_status();
-}
-static em_status d_add(const em_backward_ctx *c, em_tensor **gi) {
-    if (NEED(0)) gi[0] = em_tensor_retain(G);
-    if (NEED(1)) gi[1] = em_tensor_retain(G);
-    return EM_OK;
-}
-static em_status d_sub(const em_backward_ctx *c, em_tensor **gi) {
-    if (NEED(0)) gi[0] = em_tensor_retain(G);
-    if (NEED(1) && !(gi[1] = em_neg(G))) return em_last_status();
-    return EM_OK;
-}
-static em_status d_mul(const em_backward_ctx *c, em_tensor **gi) {
-    if (NEED(0) && !(gi[0] = em_mul(G, c->in[1]))) return em_last_status();
-    if (NEED(1) && !(gi[1] = em_mul(G, c->in[0]))) return em_last_status();
-    return EM_OK;
-}
-static em_status d_div(const em_backward_ctx *c, em_tensor **gi) {
-    const em_tensor *a = c->in[0], *b = c->in[1];
-    if (NEED(0) && !(gi[0] = em_div(G, b))) return em_last_status();
-    /* d(a/b)/db = -a / b^2 */
-    if (NEED(1) && !(gi[1] = em_neg(em_div(em_mul(G, a), em_mul(b, b))))) return em_last_status();
-    return EM_OK;
-}
-static em_status d_neg(const em_backward_ctx *c, em_tensor **gi) {
-    gi[0] = em_neg(G);
-    return gi[0] ? EM_OK : em_last_status();
-}
-static em_status d_exp(const em_backward_ctx *c, em_tensor **gi) {
-    gi[0] = em_mul(G, c->out[0]);
-    return gi[0] ? EM_OK : em_last_status();
-}
-static em_status d_log(const em_backward_ctx *c, em_tensor **gi) {
-    gi[0] = em_div(G, c->in[0]);
-    return gi[0] ? EM_OK : em_last_status();
-}
-static const em_op *op_relu_backward;
-static em_status d_relu(const em_backward_ctx *c, em_tensor **gi) {
-    const em_tensor *in[2] = {G, c->out[0]};
-    gi[0] = em__scope_track(em__op1(op_relu_backward, in, 2, NULL));
-    return gi[0] ? EM_OK : em_last_status();
-}
-static em_status d_sum(const em_backward_ctx *c, em_tensor **gi) {
-    /* The grad has the input's ndim with 1 on the reduced dims: broadcast it back. */
-    gi[0] = em_expand(G, c->in_meta[0].ndim, c->in_meta[0].shape);
-    return gi[0] ? EM_OK : em_last_status();
-}
-static const em_op *op_bmm;
-/* x @ y batched, laid out like `like`: when like is a transposed dense view, computed as
- * (y^T @ x^T)^T so the result has like's strides. */
-static em_tensor *bmm_like(const em_tensor *like, const em_tensor *x, const em_tensor *y) {
-    bool t = em__is_transposed_dense(like);
-    const em_tensor *in[2] = {t ? em_transpose(y, 1, 2) : x, t ? em_transpose(x, 1, 2) : y};
-    em_tensor *r = em__scope_track(em__op1(op_bmm, in, 2, NULL));
-    return t && r ? em_transpose(r, 1, 2) : r;
-}
-static em_status d_bmm(const em_backward_ctx *c, em_tensor **gi) {
-    /* (B,M,K) x (B,K,N): dA = G x B^T, dB = A^T x G, each in its input's layout */
-    if (NEED(0) && !(gi[0] = bmm_like(c->in[0], G, em_transpose(c->in[1], 1, 2))))
-        return em_last_status();
-    if (NEED(1) && !(gi[1] = bmm_like(c->in[1], em_transpose(c->in[0], 1, 2), G)))
-        return em_last_status();
-    return EM_OK;
-}
-static em_status d_index_select(const em_backward_ctx *c, em_tensor **gi) {
-    /* The selected slices' grads added back at their index (repeats accumulate). */
-    const em_tensor_meta *m = &c->in_meta[0];
-    em_tensor *z = em_zeros(m->ndim, m->shape, m->dtype, em_tensor_device(G));
-    gi[0] = z ? em_index_add(z, (int)c->attrs[0].v.i, c->in[1], G, 1) : NULL;
-    return gi[0] ? EM_OK : em_last_status();
-}
-#undef G
-#undef NEED
-
-em_status em__ops_declare_standard(em_registry *core) {
-    static const char *const value[] = {"value"}, *const dims[] = {"dims"},
-                             *const dim[] = {"dim"}, *const arange[] = {"start", "step"},
-                             *const uniform[] = {"seed", "offset", "lo", "hi"},
-                             *const normal[] = {"seed", "offset", "mean", "std"},
-                             *const bernoulli[] = {"seed", "offset", "p"},
-                             *const randperm[] = {"seed", "offset"};
-    static const em_attr_type tf[] = {EM_ATTR_FLOAT}, ti[] = {EM_ATTR_INTS},
-                              tint[] = {EM_ATTR_INT}, tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT},
-                              tiiff[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT, EM_ATTR_FLOAT},
-                              tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT},
-                              tii[] = {EM_ATTR_INT, EM_ATTR_INT};
-    const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
-    em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
-    const unsigned nd = EM_OP_NONDIFF, in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
-                   out0 = EM_SAVE_OUTPUT(0);
-    DECL(em__op_copy, "copy", 1, 0, NULL, NULL, -1, 0, infer_same, d_copy, 0);
-    DECL(em__op_fill, "fill", 0, 1, value, tf, -1, nd, NULL, NULL, 0);
-    DECL(op_add, "add", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_add, 0);
-    DECL(op_sub, "sub", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_sub, 0);
-    DECL(op_mul, "mul", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_mul, in01);
-    DECL(op_div, "div", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_div, in01);
-    DECL(op_neg, "neg", 1, 0, NULL, NULL, 0, 0, infer_same, d_neg, 0);
-    DECL(op_exp, "exp", 1, 0, NULL, NULL, 0, 0, infer_same, d_exp, out0);
-    DECL(op_log, "log", 1, 0, NULL, NULL, 0, 0, infer_same, d_log, in0);
-    DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, 0, infer_same, d_relu, out0);
-    /* relu_backward(grad, y) = grad where y > 0, else 0 (its own derivative is not needed). */
-    DECL(op_relu_backward, "relu_backward", 2, 0, NULL, NULL, 0, nd, infer_same, NULL, 0);
-    DECL(op_sum, "sum", 1, 1, dims, ti, 0, 0, infer_sum, d_sum, 0);
-    DECL(op_bmm, "bmm", 2, 0, NULL, NULL, 0, 0, infer_bmm, d_bmm, in01);
-    /* index_select's derivative is index_add (ops_data.c) of the grad into zeros. */
-    DECL(op_index_select, "index_select", 2, 1, dim, tint, 0, 0, infer_index_select,
-         d_index_select, EM_SAVE_INPUT(1));
-    DECL(op_arange, "arange", 0, 2, arange, tff, -1, nd, NULL, NULL, 0);
-    DECL(op_uniform, "uniform", 0, 4, uniform, tiiff, -1, nd, NULL, NULL, 0);
-    DECL(op_normal, "normal", 0, 4, normal, tiiff, -1, nd, NULL, NULL, 0);
-    DECL(op_bernoulli, "bernoulli", 0, 3, bernoulli, tiif, -1, nd, NULL, NULL, 0);
-    DECL(op_randperm, "randperm", 0, 2, randperm, tii, -1, nd, NULL, NULL, 0);
-#undef DECL
-    if (st == EM_OK) st = em__ops_declare_math(core);
-    if (st == EM_OK) st = em__ops_declare_reduce(core);
-    if (st == EM_OK) st = em__ops_declare_nn(core);
-    if (st == EM_OK) st = em__ops_declare_loss(core);
-    if (st == EM_OK) st = em__ops_declare_data(core);
-    if (st == EM_OK) st = em__ops_declare_linalg(core);
-    if (st == EM_OK) st = em__ops_declare_optim(core);
-    return st;
-}
-
-/* ---- elementwise ------------------------------------------------------------------------------ */
-
-static em_tensor *binary(const em_op *op, const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    return em__scope_track(em__op1(op, in, 2, NULL));
-}
-
-em_tensor *em_add(const em_tensor *a, const em_tensor *b) { return binary(op_add, a, b); }
-em_tensor *em_sub(const em_tensor *a, const em_tensor *b) { return binary(op_sub, a, b); }
-em_tensor *em_mul(const em_tensor *a, const em_tensor *b) { return binary(op_mul, a, b); }
-
-/* Integer and bool inputs of ops that produce floats (div, exp, log) compute in float32. */
-static em_tensor *as_float(const em_tensor *t) {
-    return em_dtype_is_floating(t->dtype) ? em_tensor_retain((em_tensor *)t)
-                                          : em__to_dtype(t, EM_F32);
-}
-
-em_tensor *em_div(const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    if (!em__check_inputs("div", in, 2)) return NULL;
-    if (em_dtype_is_floating(em__result_type(in, 2))) return binary(op_div, a, b);
-    em_tensor *fa = as_float(a), *fb = fa ? as_float(b) : NULL;
-    em_tensor *r = fb ? binary(op_div, fa, fb) : NULL;
-    em_tensor_release(fa);
-    em_tensor_release(fb);
-    return r;
-}
-
-static em_status inplace_shape_error(const em_op *op, const em_tensor *a, const em_tensor *b) {
-    char x[160], y[160];
-    return em_set_error(EM_ERR_SHAPE, "%s_: shape %s does not broadcast to the in-place "
-                        "output's shape %s", em_op_name(op),
-                        em__shape_str(b->ndim, b->shape, x, sizeof x),
-                        em__shape_str(a->ndim, a->shape, y, sizeof y));
-}
-
-/* a op= b when the result type rt is wider than a's dtype: compute in rt, then round once into
- * a, as PyTorch does (converting b to a's dtype first would round twice, f32 += f64, or
- * overflow, f16 += bf16). */
-static em_status binary_promoted_(const em_op *op, em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    em_tensor *r = em__op1(op, in, 2, NULL);
-    if (!r) return em_last_status();
-    bool fits = r->ndim == a->ndim &&
-                memcmp(r->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
-    em_status st = fits ? em_copy_(a, r) : inplace_shape_error(op, a, b);
-    em_tensor_release(r);
-    return st;
-}
-
-/* a op= b: the result type must be castable to a's dtype (no float into int, no int into
- * bool), as in PyTorch. */
-static em_status binary_(const em_op *op, em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    if (!em__check_inputs(em_op_name(op), in, 2)) return em_last_status();
-    em_dtype rt = em__result_type(in, 2);
-    bool ok = rt == a->dtype || em_dtype_is_floating(a->dtype) ||
-              (em_dtype_is_integral(a->dtype) && !em_dtype_is_floating(rt));
-    if (!ok || (op == op_div && !em_dtype_is_floating(a->dtype)))
-        return em_set_error(EM_ERR_DTYPE, "%s_: result type %s can't be cast to the desired "
-                            "output type %s", em_op_name(op),
-                            em_dtype_name(op == op_div ? EM_F32 : rt), em_dtype_name(a->dtype));
-    if (rt != a->dtype) return binary_promoted_(op, a, b);
-    em_tensor *bc = em__to_dtype(b, a->dtype);
-    em_tensor *be = bc ? em__expand(bc, a->ndim, a->shape) : NULL;
-    em_status st = EM_OK;
-    if (!be) {
-        st = bc ? inplace_shape_error(op, a, b) : em_last_status();
-    } else {
-        const em_tensor *args[2] = {a, be};
-        st = em_op_call_out(op, args, 2, NULL, &a, 1);
+/* The elements of arange(start, end, step), or -1 with an error. */
+static int64_t arange_len(double start, double end, double step) {
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step) ||
+        (step > 0 && end < start) || (step < 0 && end > start)) {
+        em_set_error(EM_ERR_INVALID, "arange: invalid range [%g, %g) with step %g (step must "
+                     "be non-zero and point from start to end)", start, end, step);
+        return -1;
     }
-    em_tensor_release(be);
-    em_tensor_release(bc);
-    return st;
-}
-
-em_status em_add_(em_tensor *a, const em_tensor *b) { return binary_(op_add, a, b); }
-em_status em_sub_(em_tensor *a, const em_tensor *b) { return binary_(op_sub, a, b); }
-em_status em_mul_(em_tensor *a, const em_tensor *b) { return binary_(op_mul, a, b); }
-em_status em_div_(em_tensor *a, const em_tensor *b) { return binary_(op_div, a, b); }
-
-static em_tensor *unary(const em_op *op, const em_tensor *a) {
-    return em__scope_track(em__op1(op, &a, 1, NULL));
-}
-
-em_tensor *em_neg(const em_tensor *a) {
-    if (a && a->dtype == EM_BOOL) {
-        em_set_error(EM_ERR_DTYPE, "neg: negation of a bool tensor is not supported; use a "
-                     "logical not");
-        return NULL;
+    double len = ceil((end - start) / step);
+    if (len > 1e15) {
+        em_set_error(EM_ERR_INVALID, "arange: %g elements are too many", len);
+        return -1;
     }
-    return unary(op_neg, a);
+    return (int64_t)len;
 }
 
-static em_tensor *unary_float(const em_op *op, const em_tensor *a) {
-    if (!em__check_inputs(em_op_name(op), &a, 1)) return NULL;
-    em_tensor *f = as_float(a);
-    em_tensor *r = f ? unary(op, f) : NULL;
-    em_tensor_release(f);
-    return r;
+static em_status randperm_check(int64_t n, em_dtype dt) {
+    if (dt != EM_I64 && dt != EM_I32)
+        return em_set_error(EM_ERR_DTYPE, "randperm: dtype %s is not supported; it gives int64 "
+                            "(the index dtype) or int32", em_dtype_name(dt));
+    int64_t max = dt == EM_I32 ? INT64_C(1) << 31 : INT64_C(1) << 32;
+    if (n < 0 || n > max)
+        return em_set_error(EM_ERR_INVALID, "randperm: n must be between 0 and %lld for %s, got "
+                            "%lld", (long long)max, em_dtype_name(dt), (long long)n);
+    return EM_OK;
 }
 
-em_tensor *em_exp(const em_tensor *a) { return unary_float(op_exp, a); }
-em_tensor *em_log(const em_tensor *a) { return unary_float(op_log, a); }
-em_tensor *em_relu(const em_tensor *a) { return unary(op_relu, a); }
-em_status em_relu_(em_tensor *a) {
-    if (!em__check_inputs("relu_", (const em_tensor *const *)&a, 1)) return em_last_status();
-    return em_op_call_out(op_relu, (const em_tensor *const *)&a, 1, NULL, &a, 1);
+/* The fills (no inputs): em_op_call_out runs these on the output (dts is NULL). */
+static em_status prep_fill(const em_op *op, const em_tensor *const *out, int n_out,
+                           const em_attr *a, em_dtype *dts) {
+    (void)n_out, (void)dts;
+    const em_tensor *t = out[0];
+    if (op == op_arange) {
+        if (a[2].type == EM_ATTR_NONE) return EM_OK; /* no end: any length */
+        int64_t n = arange_len(a[0].v.f, a[2].v.f, a[1].v.f);
+        if (n < 0) return em_last_status();
+        if (t->ndim != 1 || t->numel != n)
+            return em_set_error(EM_ERR_SHAPE, "arange: [%g, %g) in steps of %g has %lld "
+                                "elements; the output has %lld", a[0].v.f, a[2].v.f, a[1].v.f,
+                                (long long)n, (long long)t->numel);
+        return EM_OK;
+    }
+    if (op == op_randperm) return t->ndim == 1 ? randperm_check(t->numel, t->dtype)
+                                               : em_set_error(EM_ERR_SHAPE, "randperm: the "
+                                                              "output must be 1-D");
+    if ((op == op_uniform || op == op_normal) && !em_dtype_is_floating(t->dtype))
+        return em_set_error(EM_ERR_DTYPE, "%s_: expected a floating tensor, got %s",
+                            em_op_name(op), em_dtype_name(t->dtype));
+    double p0 = a[2].v.f, p1 = a[3].v.f;
+    if (op == op_uniform && (!(p0 <= p1) || !isfinite(p0) || !isfinite(p1)))
+        return em_set_error(EM_ERR_INVALID, "uniform_: expects lo <= hi, both finite; got "
+                            "[%g, %g)", p0, p1);
+    if (op == op_normal && (!(p1 >= 0) || !isfinite(p0) || !isfinite(p1)))
+        return em_set_error(EM_ERR_INVALID, "normal_: expects std >= 0 and finite mean; got "
+                            "mean %g, std %g", p0, p1);
+    if (op == op_bernoulli && !(p0 >= 0 && p0 <= 1))
+        return em_set_error(EM_ERR_INVALID, "bernoulli_: expects 0 <= p <= 1, got %g", p0);
+    return EM_OK;
 }
 
-/* ---- reductions --------------------------------------------------------------------------------- */
+static em_status op_check_fill(const em_op *op, em_tensor *const *t, int n, const em_attr *a) {
+    return prep_fill(op, (const em_tensor *const *)t, n, a, NULL);
+}
 
-/* Sum with keepdim semantics applied afterwards (the op always keeps dims). */
-static em_tensor *sum_impl(const char *who, const em_tensor *a, int ndims, const int *dims,
-                           bool keepdim, int64_t *count) {
-    if (!em__check_inputs(who, &a, 1)) return NULL;
-    em_attr attr;
-    if (em__reduce_dims(who, a, ndims, dims, &attr) != EM_OK) return NULL;
+/* ---- composites ------------------------------------------------------------------------------------ */
+
+/* Reduction attributes as the public ops take them (dims: INTS, absent or empty for all;
+ * keepdim) normalised into `norm` (dims sorted and unique, the rest copied). */
+em_status em__reduce_attrs(const em_op *op, const char *who, const em_tensor *a,
+                           const em_attr *attrs, int n_attrs, em_attr *norm) {
+    int dims[EM_MAX_DIMS], n = 0;
+    if (attrs[0].type == EM_ATTR_INTS) {
+        n = attrs[0].n;
+        for (int i = 0; i < n; i++) dims[i] = (int)attrs[0].ints[i];
+    }
+    (void)op;
+    for (int i = 1; i < n_attrs; i++) norm[i] = attrs[i];
+    return em__reduce_dims(who, a, n, dims, &norm[0]);
+}
+
+static bool keepdim_of(const em_attr *a) { return a->type == EM_ATTR_BOOL && a->v.b; }
+
+/* sum(x; dims, keepdim): bool and integer inputs sum in int64. */
+static em_tensor *sum_run(const em_op *op, const char *who, const em_tensor *a,
+                          const em_attr *attrs, int64_t *count) {
+    em_attr at[2];
+    if (em__reduce_attrs(op, who, a, attrs, 2, at) != EM_OK) return NULL;
     *count = 1;
-    for (int i = 0; i < attr.n; i++) *count *= a->shape[attr.ints[i]];
+    for (int i = 0; i < at[0].n; i++) *count *= a->shape[at[0].ints[i]];
     em_tensor *x = em_dtype_is_floating(a->dtype) ? em_tensor_retain((em_tensor *)a)
                                                   : em__to_dtype(a, EM_I64);
-    em_tensor *r = x ? em__op1(op_sum, (const em_tensor *const *)&x, 1, &attr) : NULL;
+    em_tensor *r = x ? em__kernel1(op_sum, (const em_tensor *const *)&x, 1, at) : NULL;
     em_tensor_release(x);
-    return em__reduce_drop(r, &attr, keepdim);
+    return em__reduce_drop(r, &at[0], keepdim_of(&at[1]));
 }
 
-em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+static em_status c_sum(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
     int64_t count;
-    return em__scope_track(sum_impl("sum", a, ndims, dims, keepdim, &count));
+    em_attr at[2] = {attrs ? attrs[0] : (em_attr){0}, attrs ? attrs[1] : (em_attr){0}};
+    *n_out = (out[0] = sum_run(op, "sum", in[0], at, &count)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
 }
 
 /* The mean in a's own floating dtype (f32 or f64). */
-static em_tensor *mean_impl(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+static em_tensor *mean_run(const em_tensor *a, const em_attr *attrs) {
     int64_t count;
-    em_tensor *s = sum_impl("mean", a, ndims, dims, keepdim, &count);
+    em_tensor *s = sum_run(op_sum, "mean", a, attrs, &count);
     em_tensor *k = s ? em__full(0, NULL, count ? 1.0 / (double)count : NAN, a->dtype, em_cpu())
                      : NULL;
     em_tensor *kd = k ? em__to_device(k, a->storage->device) : NULL;
@@ -399,32 +234,35 @@ static em_tensor *mean_impl(const em_tensor *a, int ndims, const int *dims, bool
     return r;
 }
 
-em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    if (!em__check_inputs("mean", &a, 1)) return NULL;
-    if (!em_dtype_is_floating(a->dtype)) {
-        em_set_error(EM_ERR_DTYPE, "mean: could not infer output dtype: input dtype %s is not "
-                     "floating; convert it with em_to_dtype first", em_dtype_name(a->dtype));
-        return NULL;
+/* mean(x; dims, keepdim): floating inputs only; f16 and bf16 accumulate in f32 and round
+ * once, as in PyTorch (their sum alone may overflow: the mean of 1e5 float16 ones is 1, their
+ * sum inf). */
+static em_status c_mean(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)cap;
+    const em_tensor *a = in[0];
+    em_attr at[2] = {attrs ? attrs[0] : (em_attr){0}, attrs ? attrs[1] : (em_attr){0}};
+    if (!em_dtype_is_floating(a->dtype))
+        return em_set_error(EM_ERR_DTYPE, "mean: could not infer output dtype: input dtype %s "
+                            "is not floating; convert it with em_to_dtype first",
+                            em_dtype_name(a->dtype));
+    em_tensor *r;
+    if (a->dtype == EM_F32 || a->dtype == EM_F64) {
+        r = mean_run(a, at);
+    } else {
+        em_tensor *x = em__to_dtype(a, EM_F32);
+        em_tensor *m = x ? mean_run(x, at) : NULL;
+        r = m ? em__to_dtype(m, a->dtype) : NULL;
+        em_tensor_release(m);
+        em_tensor_release(x);
     }
-    if (a->dtype == EM_F32 || a->dtype == EM_F64)
-        return em__scope_track(mean_impl(a, ndims, dims, keepdim));
-    /* f16 and bf16 accumulate in f32 and round once, as in PyTorch: their sum alone may
-     * overflow (the mean of 1e5 float16 ones is 1, their sum inf). */
-    em_tensor *x = em__to_dtype(a, EM_F32);
-    em_tensor *m = x ? mean_impl(x, ndims, dims, keepdim) : NULL;
-    em_tensor *r = m ? em__to_dtype(m, a->dtype) : NULL;
-    em_tensor_release(m);
-    em_tensor_release(x);
-    return em__scope_track(r);
+    *n_out = (out[0] = r) != NULL;
+    return r ? EM_OK : em_last_status();
 }
-
-/* ---- matmul ------------------------------------------------------------------------------------- */
 
 /* PyTorch's matmul on top of the bmm op: 1-D operands become matrices (and the added dim is
  * removed afterwards); batch dims broadcast and are flattened into one. */
-static em_tensor *matmul_impl(const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    if (!em__check_inputs("matmul", in, 2)) return NULL;
+static em_tensor *matmul_run(const em_tensor *a, const em_tensor *b) {
     char x[160], y[160];
     if (a->ndim == 0 || b->ndim == 0) {
         em_set_error(EM_ERR_SHAPE, "matmul: both arguments need at least 1 dim, got shapes %s "
@@ -497,34 +335,253 @@ static em_tensor *matmul_impl(const em_tensor *a, const em_tensor *b) {
     return r;
 }
 
-em_tensor *em_matmul(const em_tensor *a, const em_tensor *b) {
-    return em__scope_track(matmul_impl(a, b));
+static em_status c_matmul(const em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)attrs, (void)cap;
+    *n_out = (out[0] = matmul_run(in[0], in[1])) != NULL;
+    return *n_out ? EM_OK : em_last_status();
 }
 
-/* ---- creation and data movement ------------------------------------------------------------------ */
+/* index_select(x, index; dim): dim counted from the end when negative, an int32 index
+ * widened to int64 (the kernel's). */
+static em_status c_index_select(const em_op *op, const em_tensor *const *in, int n_in,
+                                const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const em_tensor *a = in[0], *index = in[1];
+    if (a->ndim == 0)
+        return em_set_error(EM_ERR_SHAPE, "index_select: cannot index a 0-dim tensor");
+    int d = em__wrap_dim(attrs && attrs[0].type == EM_ATTR_INT ? (int)attrs[0].v.i : 0,
+                         a->ndim, "index_select");
+    if (d < 0) return em_last_status();
+    if (!attrs || attrs[0].type != EM_ATTR_INT)
+        return em_set_error(EM_ERR_INVALID, "index_select: attribute 'dim' is required");
+    if (index->dtype != EM_I64 && index->dtype != EM_I32)
+        return em_set_error(EM_ERR_DTYPE, "index_select: the index must be int64 or int32, got %s",
+                            em_dtype_name(index->dtype));
+    em_tensor *idx = em__to_dtype(index, EM_I64);
+    if (!idx) return em_last_status();
+    em_attr attr = EM__A_INT(d);
+    const em_tensor *args[2] = {a, idx};
+    em_tensor *r = em__kernel1(op, args, 2, &attr);
+    em_tensor_release(idx);
+    *n_out = r != NULL;
+    out[0] = r;
+    return r ? EM_OK : em_last_status();
+}
+
+/* ---- declarations ---------------------------------------------------------------------------- */
+
+em_status em__declare(em_registry *core, const em_op **out, em_op_schema s) {
+    s.struct_size = sizeof s;
+    if (!s.n_outputs) s.n_outputs = 1;
+    return em_op_declare(core, &s, out);
+}
+
+em_status em__declare_op(em_registry *core, const em_op **out, const char *name, int n_in,
+                         int n_attrs, const char *const *attr_names, const em_attr_type *types,
+                         int dispatch_arg, unsigned flags, em_infer_fn infer,
+                         em_backward_fn backward, unsigned saves) {
+    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in, .n_outputs = 1,
+                      .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
+                      .dispatch_arg = dispatch_arg, .flags = flags, .infer = infer,
+                      .backward = backward, .saves = saves};
+    return em_op_declare(core, &s, out);
+}
+
+/* ---- derivatives ------------------------------------------------------------------------------
+ * Written with the public ops; they run with grad mode off inside a scope of their own, so
+ * temporaries need no release. A grad passed through unchanged is returned as a new reference
+ * (em_tensor_retain). */
+
+#define G (c->grad_out[0])
+#define NEED(i) (c->needs_grad[i])
+
+static em_status d_copy(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_to_dtype(G, c->in_meta[0].dtype);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_add(const em_backward_ctx *c, em_tensor **gi) {
+    if (NEED(0)) gi[0] = em_tensor_retain(G);
+    if (NEED(1)) gi[1] = em_tensor_retain(G);
+    return EM_OK;
+}
+static em_status d_sub(const em_backward_ctx *c, em_tensor **gi) {
+    if (NEED(0)) gi[0] = em_tensor_retain(G);
+    if (NEED(1) && !(gi[1] = em_neg(G))) return em_last_status();
+    return EM_OK;
+}
+static em_status d_mul(const em_backward_ctx *c, em_tensor **gi) {
+    if (NEED(0) && !(gi[0] = em_mul(G, c->in[1]))) return em_last_status();
+    if (NEED(1) && !(gi[1] = em_mul(G, c->in[0]))) return em_last_status();
+    return EM_OK;
+}
+static em_status d_div(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *a = c->in[0], *b = c->in[1];
+    if (NEED(0) && !(gi[0] = em_div(G, b))) return em_last_status();
+    /* d(a/b)/db = -a / b^2 */
+    if (NEED(1) && !(gi[1] = em_neg(em_div(em_mul(G, a), em_mul(b, b))))) return em_last_status();
+    return EM_OK;
+}
+static em_status d_neg(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_neg(G);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_exp(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_mul(G, c->out[0]);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_log(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_div(G, c->in[0]);
+    return gi[0] ? EM_OK : em_last_status();
+}
+static const em_op *op_relu_backward;
+static em_status d_relu(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *in[2] = {G, c->out[0]};
+    gi[0] = em__scope_track(em__op1(op_relu_backward, in, 2, NULL));
+    return gi[0] ? EM_OK : em_last_status();
+}
+static em_status d_sum(const em_backward_ctx *c, em_tensor **gi) {
+    /* The grad has the input's ndim with 1 on the reduced dims: broadcast it back. */
+    gi[0] = em_expand(G, c->in_meta[0].ndim, c->in_meta[0].shape);
+    return gi[0] ? EM_OK : em_last_status();
+}
+/* x @ y batched, laid out like `like`: when like is a transposed dense view, computed as
+ * (y^T @ x^T)^T so the result has like's strides. */
+static em_tensor *bmm_like(const em_tensor *like, const em_tensor *x, const em_tensor *y) {
+    bool t = em__is_transposed_dense(like);
+    const em_tensor *in[2] = {t ? em_transpose(y, 1, 2) : x, t ? em_transpose(x, 1, 2) : y};
+    em_tensor *r = em__scope_track(em__op1(op_bmm, in, 2, NULL));
+    return t && r ? em_transpose(r, 1, 2) : r;
+}
+static em_status d_bmm(const em_backward_ctx *c, em_tensor **gi) {
+    /* (B,M,K) x (B,K,N): dA = G x B^T, dB = A^T x G, each in its input's layout */
+    if (NEED(0) && !(gi[0] = bmm_like(c->in[0], G, em_transpose(c->in[1], 1, 2))))
+        return em_last_status();
+    if (NEED(1) && !(gi[1] = bmm_like(c->in[1], em_transpose(c->in[0], 1, 2), G)))
+        return em_last_status();
+    return EM_OK;
+}
+static em_status d_index_select(const em_backward_ctx *c, em_tensor **gi) {
+    /* The selected slices' grads added back at their index (repeats accumulate). */
+    const em_tensor_meta *m = &c->in_meta[0];
+    em_tensor *z = em_zeros(m->ndim, m->shape, m->dtype, em_tensor_device(G));
+    gi[0] = z ? em_index_add(z, (int)c->attrs[0].v.i, c->in[1], G, 1) : NULL;
+    return gi[0] ? EM_OK : em_last_status();
+}
+#undef G
+#undef NEED
+
+em_status em__ops_declare_standard(em_registry *core) {
+    static const char *const value[] = {"value"},
+                             *const dim[] = {"dim"},
+                             *const arange[] = {"start", "step", "end"},
+                             *const dims_keep[] = {"dims", "keepdim"},
+                             *const uniform[] = {"seed", "offset", "lo", "hi"},
+                             *const normal[] = {"seed", "offset", "mean", "std"},
+                             *const bernoulli[] = {"seed", "offset", "p"},
+                             *const randperm[] = {"seed", "offset"};
+    static const em_attr_type tf[] = {EM_ATTR_FLOAT},
+                              tint[] = {EM_ATTR_INT},
+                              tfff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT, EM_ATTR_FLOAT},
+                              tib[] = {EM_ATTR_INTS, EM_ATTR_BOOL},
+                              tiiff[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT, EM_ATTR_FLOAT},
+                              tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT},
+                              tii[] = {EM_ATTR_INT, EM_ATTR_INT};
+    const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST;
+    em_status st = EM_OK;
+#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
+#define DECLS(var, ...) if (st == EM_OK) st = em__declare(core, &var, (em_op_schema){__VA_ARGS__})
+    const unsigned nd = EM_OP_NONDIFF, in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
+                   out0 = EM_SAVE_OUTPUT(0);
+    DECL(em__op_copy, "copy", 1, 0, NULL, NULL, -1, 0, infer_same, d_copy, 0);
+    DECL(em__op_fill, "fill", 0, 1, value, tf, -1, nd, NULL, NULL, 0);
+    DECL(op_add, "add", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_add, 0);
+    DECL(op_sub, "sub", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_sub, 0);
+    DECL(op_mul, "mul", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_mul, in01);
+    const unsigned fr = EM_OP_FLOAT_RESULT;
+    DECL(op_div, "div", 2, 0, NULL, NULL, 0, ew | fr, infer_broadcast, d_div, in01);
+    DECLS(op_neg, .name = "neg", .n_inputs = 1, .infer = infer_same, .backward = d_neg,
+          .prepare = prep_neg);
+    DECL(op_exp, "exp", 1, 0, NULL, NULL, 0, fr, infer_same, d_exp, out0);
+    DECL(op_log, "log", 1, 0, NULL, NULL, 0, fr, infer_same, d_log, in0);
+    DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, 0, infer_same, d_relu, out0);
+    /* relu_backward(grad, y) = grad where y > 0, else 0 (its own derivative is not needed). */
+    DECL(op_relu_backward, "relu_backward", 2, 0, NULL, NULL, 0, nd, infer_same, NULL, 0);
+    /* sum and mean: the kernel sees dims normalised (sorted, unique) and keeps them. */
+    DECLS(op_sum, .name = "sum", .n_inputs = 1, .n_attrs = 2, .attr_names = dims_keep,
+          .attr_types = tib, .infer = infer_sum, .backward = d_sum, .composite = c_sum);
+    DECLS(op_mean, .name = "mean", .n_inputs = 1, .n_attrs = 2, .attr_names = dims_keep,
+          .attr_types = tib, .composite = c_mean, .category = "reduce");
+    DECL(op_bmm, "bmm", 2, 0, NULL, NULL, 0, 0, infer_bmm, d_bmm, in01);
+    DECLS(op_matmul, .name = "matmul", .n_inputs = 2, .composite = c_matmul,
+          .category = "linalg");
+    /* index_select's derivative is index_add (ops_data.c) of the grad into zeros. */
+    DECLS(op_index_select, .name = "index_select", .n_inputs = 2, .n_attrs = 1,
+          .attr_names = dim, .attr_types = tint, .infer = infer_index_select,
+          .backward = d_index_select, .saves = EM_SAVE_INPUT(1), .composite = c_index_select);
+    /* The fills have no inputs: em_op_call_out checks their attributes on the output. */
+    DECLS(op_arange, .name = "arange", .n_attrs = 3, .attr_names = arange, .attr_types = tfff,
+          .dispatch_arg = -1, .flags = nd, .prepare = prep_fill);
+    DECLS(op_uniform, .name = "uniform", .n_attrs = 4, .attr_names = uniform,
+          .attr_types = tiiff, .dispatch_arg = -1, .flags = nd, .prepare = prep_fill);
+    DECLS(op_normal, .name = "normal", .n_attrs = 4, .attr_names = normal, .attr_types = tiiff,
+          .dispatch_arg = -1, .flags = nd, .prepare = prep_fill);
+    DECLS(op_bernoulli, .name = "bernoulli", .n_attrs = 3, .attr_names = bernoulli,
+          .attr_types = tiif, .dispatch_arg = -1, .flags = nd, .prepare = prep_fill);
+    DECLS(op_randperm, .name = "randperm", .n_attrs = 2, .attr_names = randperm,
+          .attr_types = tii, .dispatch_arg = -1, .flags = nd, .prepare = prep_fill);
+#undef DECL
+#undef DECLS
+    if (st == EM_OK) st = em__ops_declare_math(core);
+    if (st == EM_OK) st = em__ops_declare_reduce(core);
+    if (st == EM_OK) st = em__ops_declare_nn(core);
+    if (st == EM_OK) st = em__ops_declare_loss(core);
+    if (st == EM_OK) st = em__ops_declare_data(core);
+    if (st == EM_OK) st = em__ops_declare_linalg(core);
+    if (st == EM_OK) st = em__ops_declare_optim(core);
+    return st;
+}
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+
+em_tensor *em_add(const em_tensor *a, const em_tensor *b) { return em__call1(op_add, 2, EM__IN(a, b), NULL); }
+em_tensor *em_sub(const em_tensor *a, const em_tensor *b) { return em__call1(op_sub, 2, EM__IN(a, b), NULL); }
+em_tensor *em_mul(const em_tensor *a, const em_tensor *b) { return em__call1(op_mul, 2, EM__IN(a, b), NULL); }
+em_tensor *em_div(const em_tensor *a, const em_tensor *b) { return em__call1(op_div, 2, EM__IN(a, b), NULL); }
+em_status em_add_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_add, a, EM__IN(a, b), 2, NULL); }
+em_status em_sub_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_sub, a, EM__IN(a, b), 2, NULL); }
+em_status em_mul_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_mul, a, EM__IN(a, b), 2, NULL); }
+em_status em_div_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_div, a, EM__IN(a, b), 2, NULL); }
+em_tensor *em_neg(const em_tensor *a) { return em__call1(op_neg, 1, &a, NULL); }
+em_tensor *em_exp(const em_tensor *a) { return em__call1(op_exp, 1, &a, NULL); }
+em_tensor *em_log(const em_tensor *a) { return em__call1(op_log, 1, &a, NULL); }
+em_tensor *em_relu(const em_tensor *a) { return em__call1(op_relu, 1, &a, NULL); }
+em_status em_relu_(em_tensor *a) { return em__op_inplace(op_relu, a, EM__IN(a), 1, NULL); }
+
+/* ---- reductions and matmul ----------------------------------------------------------------------- */
+
+em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    return em__call1(op_sum, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
+}
+em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    return em__call1(op_mean, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
+}
+em_tensor *em_matmul(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_matmul, 2, EM__IN(a, b), NULL);
+}
+
+/* ---- creation, data movement, random fills ------------------------------------------------------- */
 
 em_status em_fill_(em_tensor *t, double value) {
     if (!em__check_inputs("fill_", (const em_tensor *const *)&t, 1)) return em_last_status();
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = value};
-    return em_op_call_out(em__op_fill, NULL, 0, &attr, &t, 1);
+    return em_op_call_out(em__op_fill, NULL, 0, EM__ATTRS(EM__A_FLOAT(value)), &t, 1);
 }
 
 em_tensor *em_arange(double start, double end, double step, em_dtype dt, em_device dev) {
-    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step) ||
-        (step > 0 && end < start) || (step < 0 && end > start)) {
-        em_set_error(EM_ERR_INVALID, "arange: invalid range [%g, %g) with step %g (step must "
-                     "be non-zero and point from start to end)", start, end, step);
-        return NULL;
-    }
-    double len = ceil((end - start) / step);
-    if (len > 1e15) {
-        em_set_error(EM_ERR_INVALID, "arange: %g elements are too many", len);
-        return NULL;
-    }
-    int64_t n = (int64_t)len;
-    em_tensor *t = em__empty(1, &n, dt, dev);
-    em_attr attrs[2] = {{.type = EM_ATTR_FLOAT, .v.f = start}, {.type = EM_ATTR_FLOAT, .v.f = step}};
-    if (t && em_op_call_out(op_arange, NULL, 0, attrs, &t, 1) != EM_OK) {
+    int64_t n = arange_len(start, end, step);
+    em_tensor *t = n >= 0 ? em__empty(1, &n, dt, dev) : NULL;
+    if (t && em_op_call_out(op_arange, NULL, 0, EM__ATTRS(EM__A_FLOAT(start), EM__A_FLOAT(step),
+                                                          EM__A_FLOAT(end)), &t, 1) != EM_OK) {
         em_tensor_release(t);
         return NULL;
     }
@@ -532,87 +589,42 @@ em_tensor *em_arange(double start, double end, double step, em_dtype dt, em_devi
 }
 
 em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index) {
-    const em_tensor *in[2] = {a, index};
-    if (!em__check_inputs("index_select", in, 2)) return NULL;
-    if (a->ndim == 0) {
-        em_set_error(EM_ERR_SHAPE, "index_select: cannot index a 0-dim tensor");
-        return NULL;
-    }
-    int d = em__wrap_dim(dim, a->ndim, "index_select");
-    if (d < 0) return NULL;
-    if (index->dtype != EM_I64 && index->dtype != EM_I32) {
-        em_set_error(EM_ERR_DTYPE, "index_select: the index must be int64 or int32, got %s",
-                     em_dtype_name(index->dtype));
-        return NULL;
-    }
-    em_tensor *idx = em__to_dtype(index, EM_I64);
-    if (!idx) return NULL;
-    em_attr attr = {.type = EM_ATTR_INT, .v.i = d};
-    const em_tensor *args[2] = {a, idx};
-    em_tensor *r = em__op1(op_index_select, args, 2, &attr);
-    em_tensor_release(idx);
-    return em__scope_track(r);
+    return em__call1(op_index_select, 2, EM__IN(a, index), EM__ATTRS(EM__A_INT(dim)));
 }
 
-/* ---- random fills -------------------------------------------------------------------------------- */
-
+/* A fill op's attributes from gen: seed and offset of the blocks reserved for t. */
 static em_status random_fill(const em_op *op, em_tensor *t, em_generator *gen, int per_block,
                              double p0, double p1) {
     if (!em__check_inputs(em_op_name(op), (const em_tensor *const *)&t, 1)) return em_last_status();
+    em_attr attrs[4] = {{0}, {0}, EM__A_FLOAT(p0), EM__A_FLOAT(p1)};
+    /* Checked before the generator advances: a refused call draws nothing. */
+    if (op_check_fill(op, &t, 1, attrs) != EM_OK) return em_last_status();
     uint64_t blocks = ((uint64_t)t->numel + (uint64_t)per_block - 1) / (uint64_t)per_block;
     em_rng_state s = em_generator_reserve(gen, blocks);
-    em_attr attrs[4] = {{.type = EM_ATTR_INT, .v.i = (int64_t)s.seed},
-                        {.type = EM_ATTR_INT, .v.i = (int64_t)s.offset},
-                        {.type = EM_ATTR_FLOAT, .v.f = p0},
-                        {.type = EM_ATTR_FLOAT, .v.f = p1}};
+    attrs[0] = EM__A_INT((int64_t)s.seed);
+    attrs[1] = EM__A_INT((int64_t)s.offset);
     return em_op_call_out(op, NULL, 0, attrs, &t, 1);
 }
 
 em_status em_uniform_(em_tensor *t, double lo, double hi, em_generator *gen) {
-    if (t && !em_dtype_is_floating(t->dtype))
-        return em_set_error(EM_ERR_DTYPE, "uniform_: expected a floating tensor, got %s",
-                            em_dtype_name(t->dtype));
-    if (!(lo <= hi) || !isfinite(lo) || !isfinite(hi))
-        return em_set_error(EM_ERR_INVALID, "uniform_: expects lo <= hi, both finite; got "
-                            "[%g, %g)", lo, hi);
     return random_fill(op_uniform, t, gen, t && t->dtype == EM_F64 ? 2 : 4, lo, hi);
 }
-
 em_status em_normal_(em_tensor *t, double mean, double std, em_generator *gen) {
-    if (t && !em_dtype_is_floating(t->dtype))
-        return em_set_error(EM_ERR_DTYPE, "normal_: expected a floating tensor, got %s",
-                            em_dtype_name(t->dtype));
-    if (!(std >= 0) || !isfinite(mean) || !isfinite(std))
-        return em_set_error(EM_ERR_INVALID, "normal_: expects std >= 0 and finite mean; got "
-                            "mean %g, std %g", mean, std);
     return random_fill(op_normal, t, gen, 2, mean, std);
 }
-
 em_status em_bernoulli_(em_tensor *t, double p, em_generator *gen) {
-    if (!(p >= 0 && p <= 1))
-        return em_set_error(EM_ERR_INVALID, "bernoulli_: expects 0 <= p <= 1, got %g", p);
     return random_fill(op_bernoulli, t, gen, 4, p, 0);
 }
 
 em_tensor *em_randperm(int64_t n, em_dtype dt, em_device dev, em_generator *gen) {
-    if (dt != EM_I64 && dt != EM_I32) {
-        em_set_error(EM_ERR_DTYPE, "randperm: dtype %s is not supported; it gives int64 (the "
-                     "index dtype) or int32", em_dtype_name(dt));
-        return NULL;
-    }
-    int64_t max = dt == EM_I32 ? INT64_C(1) << 31 : INT64_C(1) << 32;
-    if (n < 0 || n > max) {
-        em_set_error(EM_ERR_INVALID, "randperm: n must be between 0 and %lld for %s, got %lld",
-                     (long long)max, em_dtype_name(dt), (long long)n);
-        return NULL;
-    }
+    if (randperm_check(n, dt) != EM_OK) return NULL;
     em_tensor *t = em__empty(1, &n, dt, dev);
     if (!t) return NULL;
     /* k = 0 .. n-2 draws word k: ceil((n - 1) / 4) blocks (ember/random.h). */
     em_rng_state s = em_generator_reserve(gen, n > 1 ? ((uint64_t)n + 2) / 4 : 0);
-    em_attr attrs[2] = {{.type = EM_ATTR_INT, .v.i = (int64_t)s.seed},
-                        {.type = EM_ATTR_INT, .v.i = (int64_t)s.offset}};
-    if (em_op_call_out(op_randperm, NULL, 0, attrs, &t, 1) != EM_OK) {
+    if (em_op_call_out(op_randperm, NULL, 0, EM__ATTRS(EM__A_INT((int64_t)s.seed),
+                                                       EM__A_INT((int64_t)s.offset)),
+                       &t, 1) != EM_OK) {
         em_tensor_release(t);
         return NULL;
     }
