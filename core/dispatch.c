@@ -992,11 +992,12 @@ em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *con
     const struct em_op *op = cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
-    const char *name = op->schema.name;
+    char name[72]; /* errors name the in-place form: "add_" */
+    snprintf(name, sizeof name, "%s_", op->schema.name);
     if (!em__check_inputs(name, in, n_in)) return em_last_status();
     if (n_in != op->schema.n_inputs || n_in > 8 || op->schema.composite || !op->schema.infer ||
         op->schema.n_outputs != 1)
-        return em_set_error(EM_ERR_INVALID, "%s_: no in-place form", name);
+        return em_set_error(EM_ERR_INVALID, "%s: no in-place form", name);
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     em_dtype dts[8];
     if (apply_policy(op, in, n_in, attrs, dts) != EM_OK) return em_last_status();
@@ -1004,7 +1005,7 @@ em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *con
     bool ok = rt == st_dt || em_dtype_is_floating(st_dt) ||
               (em_dtype_is_integral(st_dt) && !em_dtype_is_floating(rt));
     if (!ok)
-        return em_set_error(EM_ERR_DTYPE, "%s_: result type %s can't be cast to the desired "
+        return em_set_error(EM_ERR_DTYPE, "%s: result type %s can't be cast to the desired "
                             "output type %s", name, em_dtype_name(rt), em_dtype_name(st_dt));
     char x[160], y[160];
     if (rt != st_dt) {
@@ -1012,7 +1013,7 @@ em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *con
         if (!r) return em_last_status();
         bool fits = same_shape(r, self->ndim, self->shape);
         em_status st = fits ? em_copy_(self, r)
-                            : em_set_error(EM_ERR_SHAPE, "%s_: the result's shape %s is not the "
+                            : em_set_error(EM_ERR_SHAPE, "%s: the result's shape %s is not the "
                                            "in-place output's shape %s", name,
                                            em__shape_str(r->ndim, r->shape, x, sizeof x),
                                            em__shape_str(self->ndim, self->shape, y, sizeof y));
@@ -1032,13 +1033,13 @@ em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *con
     if (st == EM_OK) st = op->schema.infer(op, args, attrs, &meta);
     if (st == EM_OK && !same_shape(self, meta.ndim, meta.shape)) {
         int j = n_in > 1 ? 1 : 0;
-        st = em_set_error(EM_ERR_SHAPE, "%s_: shape %s does not broadcast to the in-place "
+        st = em_set_error(EM_ERR_SHAPE, "%s: shape %s does not broadcast to the in-place "
                           "output's shape %s", name,
                           em__shape_str(in[j]->ndim, in[j]->shape, x, sizeof x),
                           em__shape_str(self->ndim, self->shape, y, sizeof y));
     }
     if (st == EM_OK && meta.dtype != st_dt)
-        st = em_set_error(EM_ERR_DTYPE, "%s_: result type %s can't be cast to the desired "
+        st = em_set_error(EM_ERR_DTYPE, "%s: result type %s can't be cast to the desired "
                           "output type %s", name, em_dtype_name(meta.dtype),
                           em_dtype_name(st_dt));
     em_tensor *bcast[8] = {0};
