@@ -391,6 +391,10 @@ static em_status check_attrs(const struct em_op *op, const em_attr *attrs) {
                                 "allowed%s)", op->schema.name, op->schema.attr_names[i],
                                 attrs[i].n, EM_MAX_DIMS,
                                 attrs[i].n == -1 ? "; -1: a NULL list with a non-zero count" : "");
+        if (got == EM_ATTR_INT_LIST && (attrs[i].n < 0 || (attrs[i].n > 0 && !attrs[i].v.list)))
+            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' lists %d values at %s",
+                                op->schema.name, op->schema.attr_names[i], attrs[i].n,
+                                attrs[i].v.list ? "a valid address" : "NULL");
         if (got == EM_ATTR_STRING && !attrs[i].v.s)
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' is a NULL string",
                                 op->schema.name, op->schema.attr_names[i]);
@@ -861,8 +865,13 @@ static em_status composite_run(const struct em_op *op, const em_tensor *const *i
                                int *n_out) {
     *n_out = 0;
     bool var = op->schema.flags & EM_OP_VARIADIC;
-    if (n_in < 0 || (var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) ||
-        (n_in > 0 && !in))
+    if (var && (n_in < op->schema.n_inputs || (n_in > 0 && !in)))
+        return op->schema.n_inputs == 1
+                   ? em_set_error(EM_ERR_INVALID, "%s: expected a non-empty list of tensors, "
+                                  "got %d", op->schema.name, n_in)
+                   : em_set_error(EM_ERR_INVALID, "%s: expected a list of at least %d "
+                                  "tensors, got %d", op->schema.name, op->schema.n_inputs, n_in);
+    if (n_in < 0 || (!var && n_in != op->schema.n_inputs) || (n_in > 0 && !in))
         return count_error(op, n_in);
     for (int i = 0; i < n_in; i++) {
         if (in[i] || (i < 32 && (op->schema.optional_inputs >> i & 1u))) continue;
@@ -873,7 +882,9 @@ static em_status composite_run(const struct em_op *op, const em_tensor *const *i
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     int n = 0;
     em_status st = op->schema.composite(op, in, n_in, attrs, out, cap_out, &n);
-    if (st == EM_OK) *n_out = n;
+    /* On EM_ERR_RANGE (out too small) a variadic-output composite reports the count needed. */
+    if (st == EM_OK || (st == EM_ERR_RANGE && (op->schema.flags & EM_OP_VARIADIC_OUTPUTS)))
+        *n_out = n;
     return st;
 }
 
@@ -908,7 +919,8 @@ em_status em__op_call_n(const em_op *cop, const em_tensor *const *in, int n_in,
     if (n_out) *n_out = 0;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
-    if (!out || !n_out || cap_out < 0)
+    bool query = !out && cap_out == 0 && (op->schema.flags & EM_OP_VARIADIC_OUTPUTS);
+    if ((!out && !query) || !n_out || cap_out < 0)
         return em_set_error(EM_ERR_INVALID, "%s: NULL out or n_out, or a negative capacity",
                             op->schema.name);
     if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
@@ -924,7 +936,7 @@ em_status em__op_call_n(const em_op *cop, const em_tensor *const *in, int n_in,
 em_status em_op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
                        const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
     em_status st = em__op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
-    if (st == EM_OK)
+    if (st == EM_OK && out)
         for (int i = 0; i < *n_out; i++) em__scope_track(out[i]);
     return st;
 }

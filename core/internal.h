@@ -166,6 +166,8 @@ em_status em__op_inplace(const em_op *op, em_tensor *self, const em_tensor *cons
 /* An int attribute from a possibly-NULL pointer (absent for NULL). */
 #define EM__A_OPTI(p)                                                                           \
     ((p) ? (em_attr){.type = EM_ATTR_INT, .v.i = *(p)} : (em_attr){.type = EM_ATTR_NONE})
+/* An INT_LIST attribute over n int64s (borrowed). */
+#define EM__A_LIST(cnt, ptr) ((em_attr){.type = EM_ATTR_INT_LIST, .n = (cnt), .v.list = (ptr)})
 /* An INTS attribute from n ints (more than EM_MAX_DIMS: n kept, for the op to reject). */
 em_attr em__attr_ints(int n, const int *v);
 em_attr em__attr_ints64(int n, const int64_t *v);

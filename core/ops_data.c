@@ -4,9 +4,11 @@
  * triu, flip, linspace: schemas, shape/dtype inference, derivatives and the typed public
  * functions of ember/ops.h.
  *
- * cat, stack, split, chunk and pad declare no op: they are views plus em_copy_/em_fill_ into
- * views of a freshly allocated output, which works on every device that has copy and fill
- * kernels (and keeps a list of any length out of the 8-input schema limit). A copy into a
+ * cat, stack, split, split_sizes, chunk and pad are composite ops (em_op_schema.composite, no
+ * kernel of their own): views plus em_copy_/em_fill_ into views of a freshly allocated output,
+ * which works on every device that has copy and fill kernels. cat and stack take any number
+ * of inputs (EM_OP_VARIADIC); split, split_sizes and chunk make any number of outputs
+ * (EM_OP_VARIADIC_OUTPUTS, run by name with em_op_call_n). A copy into a
  * view of the output would record history on that view only, so when an input requires grad
  * (and grad mode is on) cat adds each input into the output with index_add instead (one node
  * per input, whose backward selects the input's part of the grad), and pad is built from
@@ -67,6 +69,7 @@
 
 #include "internal.h"
 
+static const em_op *op_cat, *op_stack, *op_split, *op_split_sizes, *op_chunk, *op_pad;
 static const em_op *op_gather, *op_scatter, *op_scatter_add, *op_index_add, *op_embedding,
     *op_embedding_backward, *op_masked_fill, *op_one_hot, *op_tril, *op_triu, *op_flip,
     *op_linspace;
@@ -387,6 +390,18 @@ static em_status d_flip(const em_backward_ctx *c, em_tensor **gi) {
 #undef NEED
 #undef DIM
 
+/* The composites (below): views, copies and fills, on every device. */
+#define COMPOSITE(fn)                                                                           \
+    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
+COMPOSITE(c_cat);
+COMPOSITE(c_stack);
+COMPOSITE(c_split);
+COMPOSITE(c_split_sizes);
+COMPOSITE(c_chunk);
+COMPOSITE(c_pad);
+#undef COMPOSITE
+
 em_status em__ops_declare_data(em_registry *core) {
     static const char *const dim[] = {"dim"}, *const dim_alpha[] = {"dim", "alpha"},
                              *const emb_bw[] = {"num_weights", "padding_idx"},
@@ -417,6 +432,26 @@ em_status em__ops_declare_data(em_registry *core) {
     DECL(op_flip, "flip", 1, 1, dims, tis, 0, 0, infer_same, d_flip, 0);
     DECL(op_linspace, "linspace", 0, 2, linspace, tff, -1, nd, NULL, NULL, 0);
 #undef DECL
+    static const char *const split[] = {"split_size", "dim"}, *const sizes[] = {"sizes", "dim"},
+                             *const chunk[] = {"chunks", "dim"}, *const pad[] = {"pad", "value"};
+    static const em_attr_type tl_i[] = {EM_ATTR_INT_LIST, EM_ATTR_INT},
+                              tl_f[] = {EM_ATTR_INT_LIST, EM_ATTR_FLOAT};
+    const unsigned vin = EM_OP_VARIADIC, vout = EM_OP_VARIADIC_OUTPUTS;
+#define DECLS(var, ...) if (st == EM_OK) st = em__declare(core, &var, (em_op_schema){__VA_ARGS__, \
+                                                          .n_inputs = 1, .category = "data"})
+    DECLS(op_cat, .name = "cat", .flags = vin, .n_attrs = 1, .attr_names = dim,
+          .attr_types = ti, .composite = c_cat);
+    DECLS(op_stack, .name = "stack", .flags = vin, .n_attrs = 1, .attr_names = dim,
+          .attr_types = ti, .composite = c_stack);
+    DECLS(op_split, .name = "split", .flags = vout, .n_attrs = 2, .attr_names = split,
+          .attr_types = tii, .composite = c_split);
+    DECLS(op_split_sizes, .name = "split_sizes", .flags = vout, .n_attrs = 2,
+          .attr_names = sizes, .attr_types = tl_i, .composite = c_split_sizes);
+    DECLS(op_chunk, .name = "chunk", .flags = vout, .n_attrs = 2, .attr_names = chunk,
+          .attr_types = tii, .composite = c_chunk);
+    DECLS(op_pad, .name = "pad", .n_attrs = 2, .attr_names = pad, .attr_types = tl_f,
+          .composite = c_pad);
+#undef DECLS
     return st;
 }
 
@@ -537,16 +572,23 @@ static em_tensor *cat_impl(const char *who, int n, const em_tensor *const *ts, i
     return out;
 }
 
-em_tensor *em_cat(int n, const em_tensor *const *tensors, int dim) {
-    return em__scope_track(cat_impl("cat", n, tensors, dim));
+static int int_attr(const em_attr *attrs, int i, int dflt) {
+    return attrs && attrs[i].type == EM_ATTR_INT ? (int)attrs[i].v.i : dflt;
 }
 
-em_tensor *em_stack(int n, const em_tensor *const *ts, int dim) {
-    if (n <= 0 || !ts) {
-        em_set_error(EM_ERR_INVALID, "stack: expected a non-empty list of tensors, got %d", n);
-        return NULL;
-    }
-    if (!em__check_inputs("stack", ts, n)) return NULL;
+static em_status one_out(em_tensor *r, em_tensor **out, int *n_out) {
+    *n_out = (out[0] = r) != NULL;
+    return r ? EM_OK : em_last_status();
+}
+
+/* cat(tensors...; dim): variadic. */
+static em_status c_cat(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)cap;
+    return one_out(cat_impl("cat", n_in, in, int_attr(attrs, 0, 0)), out, n_out);
+}
+
+static em_tensor *stack_impl(int n, const em_tensor *const *ts, int dim) {
     for (int i = 1; i < n; i++) {
         bool same = ts[i]->ndim == ts[0]->ndim &&
                     memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)ts[0]->ndim) == 0;
@@ -574,14 +616,21 @@ em_tensor *em_stack(int n, const em_tensor *const *ts, int dim) {
     if (made == n) out = cat_impl("stack", n, (const em_tensor *const *)us, d);
     for (int i = 0; i < made; i++) em_tensor_release(us[i]);
     em__free(us);
-    return em__scope_track(out);
+    return out;
+}
+
+/* stack(tensors...; dim): variadic. */
+static em_status c_stack(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)cap;
+    return one_out(stack_impl(n_in, in, int_attr(attrs, 0, 0)), out, n_out);
 }
 
 /* ---- split and chunk --------------------------------------------------------------------------- */
 
 /* count views of t along dim d: piece i has sizes[i] elements, or (sizes NULL) `uniform`
- * elements but the last, which has what is left. All or nothing; each view is tracked by the
- * scope only once all exist. */
+ * elements but the last, which has what is left. All or nothing (owned references: the
+ * caller's em_op_call_n puts them in the scope). */
 static em_status make_pieces(const em_tensor *t, int d, int64_t count, const int64_t *sizes,
                              int64_t uniform, em_tensor **out) {
     int64_t at = 0;
@@ -597,12 +646,10 @@ static em_status make_pieces(const em_tensor *t, int d, int64_t count, const int
         }
         at += len;
     }
-    for (int64_t i = 0; i < count; i++) em__scope_track(out[i]);
     return EM_OK;
 }
 
 static em_status split_dim(const char *who, const em_tensor *t, int dim, int *d) {
-    if (!em__check_inputs(who, &t, 1)) return em_last_status();
     if (t->ndim == 0)
         return em_set_error(EM_ERR_SHAPE, "%s: expects a tensor with at least 1 dim, got a "
                             "0-dim tensor", who);
@@ -620,10 +667,16 @@ static em_status pieces_fit(const char *who, int64_t count, int cap, em_tensor *
     return EM_OK;
 }
 
-em_status em_split(const em_tensor *t, int64_t split_size, int dim, int cap, em_tensor **out,
-                   int *n) {
-    int d;
-    em_status st = split_dim("split", t, dim, &d);
+/* split(t; split_size, dim) -> pieces: variadic outputs. */
+static em_status c_split(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out, int cap, int *n) {
+    (void)op, (void)n_in;
+    const em_tensor *t = in[0];
+    if (!attrs || attrs[0].type != EM_ATTR_INT)
+        return em_set_error(EM_ERR_INVALID, "split: attribute 'split_size' is required");
+    int64_t split_size = attrs[0].v.i;
+    int d = 0;
+    em_status st = split_dim("split", t, int_attr(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     int64_t size = t->shape[d];
     if (split_size < 0 || (split_size == 0 && size > 0))
@@ -635,10 +688,16 @@ em_status em_split(const em_tensor *t, int64_t split_size, int dim, int cap, em_
     return make_pieces(t, d, count, NULL, split_size, out);
 }
 
-em_status em_split_sizes(const em_tensor *t, int nsizes, const int64_t *sizes, int dim,
-                         em_tensor **out) {
-    int d;
-    em_status st = split_dim("split_sizes", t, dim, &d);
+/* split_sizes(t; sizes, dim) -> one piece per size: variadic outputs. */
+static em_status c_split_sizes(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap, int *n) {
+    (void)op, (void)n_in;
+    const em_tensor *t = in[0];
+    bool listed = attrs && attrs[0].type == EM_ATTR_INT_LIST;
+    int nsizes = listed ? attrs[0].n : 0;
+    const int64_t *sizes = listed ? attrs[0].v.list : NULL;
+    int d = 0;
+    em_status st = split_dim("split_sizes", t, int_attr(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     if (nsizes <= 0 || !sizes || !out)
         return em_set_error(EM_ERR_INVALID, "split_sizes: expects at least one size and an "
@@ -656,12 +715,18 @@ em_status em_split_sizes(const em_tensor *t, int nsizes, const int64_t *sizes, i
                             "size %lld", em__shape_str(nsizes, sizes, a, sizeof a), (long long)sum,
                             d, (long long)t->shape[d]);
     }
+    if ((st = pieces_fit("split_sizes", nsizes, cap, out, n)) != EM_OK) return st;
     return make_pieces(t, d, nsizes, sizes, 0, out);
 }
 
-em_status em_chunk(const em_tensor *t, int chunks, int dim, int cap, em_tensor **out, int *n) {
-    int d;
-    em_status st = split_dim("chunk", t, dim, &d);
+/* chunk(t; chunks, dim) -> pieces: variadic outputs. */
+static em_status c_chunk(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out, int cap, int *n) {
+    (void)op, (void)n_in;
+    const em_tensor *t = in[0];
+    int chunks = int_attr(attrs, 0, 0);
+    int d = 0;
+    em_status st = split_dim("chunk", t, int_attr(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     if (chunks <= 0)
         return em_set_error(EM_ERR_INVALID, "chunk: chunks must be positive, got %d", chunks);
@@ -712,8 +777,7 @@ static em_tensor *pad_recorded(const em_tensor *t, const int64_t *src_at, const 
     return cur;
 }
 
-em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value) {
-    if (!em__check_inputs("pad", &t, 1)) return NULL;
+static em_tensor *pad_impl(const em_tensor *t, int npad, const int64_t *pad, double value) {
     if (npad < 0 || npad % 2 || (npad > 0 && !pad)) {
         em_set_error(EM_ERR_INVALID, "pad: the pad list needs (left, right) pairs, last dim "
                      "first; got %d entries", npad);
@@ -744,9 +808,9 @@ em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value
         if (len[d] <= 0) copy = false;
     }
     if (t->requires_grad && em_grad_enabled() && copy)
-        return em__scope_track(pad_recorded(t, src_at, len, dst_at, shape, value));
+        return pad_recorded(t, src_at, len, dst_at, shape, value);
     em_tensor *out = em__full(t->ndim, shape, value, t->dtype, t->storage->device);
-    if (!out || !copy) return em__scope_track(out);
+    if (!out || !copy) return out;
     int64_t so = t->offset, doff = out->offset;
     for (int d = 0; d < t->ndim; d++) {
         so += src_at[d] * t->strides[d];
@@ -761,7 +825,17 @@ em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value
         em_tensor_release(out);
         return NULL;
     }
-    return em__scope_track(out);
+    return out;
+}
+
+/* pad(t; pad (a list of (left, right) pairs, last dim first), value). */
+static em_status c_pad(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)cap;
+    bool listed = attrs && attrs[0].type == EM_ATTR_INT_LIST;
+    double value = attrs && attrs[1].type == EM_ATTR_FLOAT ? attrs[1].v.f : 0;
+    return one_out(pad_impl(in[0], listed ? attrs[0].n : 0, listed ? attrs[0].v.list : NULL,
+                            value), out, n_out);
 }
 
 /* ---- gather, scatter, index_add ------------------------------------------------------------------ */
@@ -1045,4 +1119,37 @@ em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt, em_
         return NULL;
     }
     return em__scope_track(t);
+}
+
+/* ---- public functions of the composites: one line each ------------------------------------------- */
+
+em_tensor *em_cat(int n, const em_tensor *const *tensors, int dim) {
+    return em__call1(op_cat, n, tensors, EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_stack(int n, const em_tensor *const *tensors, int dim) {
+    return em__call1(op_stack, n, tensors, EM__ATTRS(EM__A_INT(dim)));
+}
+em_status em_split(const em_tensor *t, int64_t split_size, int dim, int cap, em_tensor **out,
+                   int *n) {
+    int got = 0;
+    em_status st = em_op_call_n(op_split, &t, 1, EM__ATTRS(EM__A_INT(split_size), EM__A_INT(dim)),
+                                out, out ? cap : 0, &got);
+    if (n && (st == EM_OK || st == EM_ERR_RANGE)) *n = got;
+    return st;
+}
+em_status em_split_sizes(const em_tensor *t, int nsizes, const int64_t *sizes, int dim,
+                         em_tensor **out) {
+    int got;
+    return em_op_call_n(op_split_sizes, &t, 1, EM__ATTRS(EM__A_LIST(nsizes, sizes), EM__A_INT(dim)),
+                        out, out ? EM_MAX(nsizes, 0) : 0, &got);
+}
+em_status em_chunk(const em_tensor *t, int chunks, int dim, int cap, em_tensor **out, int *n) {
+    int got = 0;
+    em_status st = em_op_call_n(op_chunk, &t, 1, EM__ATTRS(EM__A_INT(chunks), EM__A_INT(dim)),
+                                out, out ? cap : 0, &got);
+    if (n && (st == EM_OK || st == EM_ERR_RANGE)) *n = got;
+    return st;
+}
+em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value) {
+    return em__call1(op_pad, 1, &t, EM__ATTRS(EM__A_LIST(npad, pad), EM__A_FLOAT(value)));
 }

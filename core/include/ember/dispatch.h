@@ -58,6 +58,10 @@ typedef enum em_attr_type {
     EM_ATTR_BOOL = 3,
     EM_ATTR_INTS = 4, /* up to EM_MAX_DIMS integers */
     EM_ATTR_STRING = 5,
+    /* n integers at v.list, borrowed for the duration of the call (lists longer than
+     * EM_MAX_DIMS: split_sizes, pad). Not saved for a backward: ops whose derivative needs
+     * the list take it as INTS. */
+    EM_ATTR_INT_LIST = 6,
 } em_attr_type;
 
 typedef struct em_attr {
@@ -68,6 +72,7 @@ typedef struct em_attr {
         double f;
         bool b;
         const char *s; /* borrowed for the duration of the call */
+        const int64_t *list; /* EM_ATTR_INT_LIST: n entries, borrowed likewise */
     } v;
     int64_t ints[EM_MAX_DIMS];
 } em_attr;
@@ -282,7 +287,8 @@ EM_API em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_i
 /* em_op_call for any op, variadic outputs included (EM_OP_VARIADIC_OUTPUTS: split, chunk):
  * out has room for cap_out tensors and *n_out receives how many were made (new references,
  * in the thread's scope like em_op_call's). An op with more outputs than cap_out is
- * EM_ERR_RANGE and makes none. */
+ * EM_ERR_RANGE and makes none (a variadic-output op then still sets *n_out to the count
+ * needed); out NULL with cap_out 0 asks a variadic-output op for that count alone. */
 EM_API em_status em_op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
                               const em_attr *attrs, em_tensor **out /* out */, int cap_out,
                               int *n_out /* out */);
