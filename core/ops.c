@@ -12,8 +12,6 @@
  *   sum(x) -> y           attrs: dims (ints, already normalised, sorted, unique). y has x's
  *                         ndim with size 1 on the reduced dims; same dtype (ints arrive as
  *                         int64, bool is converted first).
- *   bmm(a, b) -> y        a (B, M, K), b (B, K, N), y (B, M, N), one floating dtype; a and b
- *                         may be strided (e.g. transposed).
  *   index_select(x, idx) -> y   attrs: dim. idx is 1-D int64; the kernel checks its range.
  *   arange() -> y         attrs: start, step (floats); y[i] = start + i * step.
  *   uniform/normal/bernoulli() -> y   see ember/random.h for the attributes and streams.
@@ -27,8 +25,8 @@
 
 const em_op *em__op_copy, *em__op_fill;
 static const em_op *op_add, *op_sub, *op_mul, *op_div, *op_neg, *op_exp, *op_log, *op_relu,
-    *op_sum, *op_mean, *op_matmul, *op_index_select, *op_arange, *op_uniform, *op_normal,
-    *op_bernoulli, *op_randperm, *op_bmm;
+    *op_sum, *op_mean, *op_index_select, *op_arange, *op_uniform, *op_normal,
+    *op_bernoulli, *op_randperm;
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
@@ -70,24 +68,6 @@ static em_status infer_sum(const em_op *op, const em_tensor *const *in, const em
     (void)op;
     infer_same(op, in, attrs, out);
     for (int i = 0; i < attrs[0].n; i++) out->shape[attrs[0].ints[i]] = 1;
-    return EM_OK;
-}
-
-static em_status infer_bmm(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                           em_tensor_meta *out) {
-    (void)attrs;
-    const em_tensor *a = in[0], *b = in[1];
-    char x[160], y[160];
-    if (a->ndim != 3 || b->ndim != 3 || a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1])
-        return em_set_error(EM_ERR_SHAPE, "%s: shapes %s and %s cannot be multiplied as "
-                            "batches (B, M, K) x (B, K, N)", em_op_name(op),
-                            em__shape_str(a->ndim, a->shape, x, sizeof x),
-                            em__shape_str(b->ndim, b->shape, y, sizeof y));
-    if (a->dtype != b->dtype)
-        return em_set_error(EM_ERR_DTYPE, "%s: operands have dtypes %s and %s; they must match",
-                            em_op_name(op), em_dtype_name(a->dtype), em_dtype_name(b->dtype));
-    *out = (em_tensor_meta){.dtype = a->dtype, .ndim = 3,
-                            .shape = {a->shape[0], a->shape[1], b->shape[2]}};
     return EM_OK;
 }
 
@@ -260,88 +240,6 @@ static em_status c_mean(const em_op *op, const em_tensor *const *in, int n_in,
     return r ? EM_OK : em_last_status();
 }
 
-/* PyTorch's matmul on top of the bmm op: 1-D operands become matrices (and the added dim is
- * removed afterwards); batch dims broadcast and are flattened into one. */
-static em_tensor *matmul_run(const em_tensor *a, const em_tensor *b) {
-    char x[160], y[160];
-    if (a->ndim == 0 || b->ndim == 0) {
-        em_set_error(EM_ERR_SHAPE, "matmul: both arguments need at least 1 dim, got shapes %s "
-                     "and %s", em__shape_str(a->ndim, a->shape, x, sizeof x),
-                     em__shape_str(b->ndim, b->shape, y, sizeof y));
-        return NULL;
-    }
-    int64_t k_a = a->shape[a->ndim - 1], k_b = b->shape[b->ndim >= 2 ? b->ndim - 2 : 0];
-    if (k_a != k_b) {
-        em_set_error(EM_ERR_SHAPE, "matmul: shapes %s and %s cannot be multiplied (%lld != %lld)",
-                     em__shape_str(a->ndim, a->shape, x, sizeof x),
-                     em__shape_str(b->ndim, b->shape, y, sizeof y), (long long)k_a,
-                     (long long)k_b);
-        return NULL;
-    }
-    if (a->dtype != b->dtype || !em_dtype_is_floating(a->dtype)) {
-        em_set_error(EM_ERR_DTYPE, "matmul: expected both operands to have the same floating "
-                     "dtype, got %s and %s", em_dtype_name(a->dtype), em_dtype_name(b->dtype));
-        return NULL;
-    }
-    /* Matrices: (..., M, K) and (..., K, N). */
-    int64_t m = a->ndim >= 2 ? a->shape[a->ndim - 2] : 1, n = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
-    int ba = a->ndim > 2 ? a->ndim - 2 : 0, bb = b->ndim > 2 ? b->ndim - 2 : 0;
-    int nb = EM_MAX(ba, bb);
-    int64_t batch[EM_MAX_DIMS], nbatch = 1;
-    for (int i = 0; i < nb; i++) {
-        int ia = ba - nb + i, ib = bb - nb + i;
-        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
-        if (sa != sb && sa != 1 && sb != 1) {
-            em_set_error(EM_ERR_SHAPE, "matmul: batch dims of shapes %s and %s cannot be "
-                         "broadcast (%lld vs %lld)", em__shape_str(a->ndim, a->shape, x, sizeof x),
-                         em__shape_str(b->ndim, b->shape, y, sizeof y), (long long)sa,
-                         (long long)sb);
-            return NULL;
-        }
-        batch[i] = sa == 1 ? sb : sa;
-        nbatch *= batch[i];
-    }
-    int64_t ea[EM_MAX_DIMS + 2], eb[EM_MAX_DIMS + 2];
-    memcpy(ea, batch, sizeof(int64_t) * (size_t)nb);
-    memcpy(eb, batch, sizeof(int64_t) * (size_t)nb);
-    ea[nb] = m, ea[nb + 1] = k_a;
-    eb[nb] = k_a, eb[nb + 1] = n;
-    int64_t a3[3] = {nbatch, m, k_a}, b3[3] = {nbatch, k_a, n};
-    int64_t am[2] = {m, k_a}, bm[2] = {k_a, n};
-    em_tensor *a2 = em__reshape(a, a->ndim >= 2 ? a->ndim : 2, a->ndim >= 2 ? a->shape : am);
-    em_tensor *b2 = b->ndim >= 2 ? em__reshape(b, b->ndim, b->shape) : em__reshape(b, 2, bm);
-    em_tensor *ae = a2 ? em__expand(a2, nb + 2, ea) : NULL;
-    em_tensor *be = b2 ? em__expand(b2, nb + 2, eb) : NULL;
-    em_tensor *av = ae ? em__reshape(ae, 3, a3) : NULL;
-    em_tensor *bv = be ? em__reshape(be, 3, b3) : NULL;
-    em_tensor *r = NULL;
-    if (av && bv) {
-        const em_tensor *args[2] = {av, bv};
-        em_tensor *r3 = em__op1(op_bmm, args, 2, NULL);
-        int64_t rs[EM_MAX_DIMS + 2];
-        int nr = 0;
-        for (int i = 0; i < nb; i++) rs[nr++] = batch[i];
-        if (a->ndim >= 2) rs[nr++] = m;
-        if (b->ndim >= 2) rs[nr++] = n;
-        r = r3 ? em__view(r3, nr, rs) : NULL;
-        em_tensor_release(r3);
-    }
-    em_tensor_release(a2);
-    em_tensor_release(b2);
-    em_tensor_release(ae);
-    em_tensor_release(be);
-    em_tensor_release(av);
-    em_tensor_release(bv);
-    return r;
-}
-
-static em_status c_matmul(const em_op *op, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
-    (void)op, (void)n_in, (void)attrs, (void)cap;
-    *n_out = (out[0] = matmul_run(in[0], in[1])) != NULL;
-    return *n_out ? EM_OK : em_last_status();
-}
-
 /* index_select(x, index; dim): dim counted from the end when negative, an int32 index
  * widened to int64 (the kernel's). */
 static em_status c_index_select(const em_op *op, const em_tensor *const *in, int n_in,
@@ -445,22 +343,6 @@ static em_status d_sum(const em_backward_ctx *c, em_tensor **gi) {
     gi[0] = em_expand(G, c->in_meta[0].ndim, c->in_meta[0].shape);
     return gi[0] ? EM_OK : em_last_status();
 }
-/* x @ y batched, laid out like `like`: when like is a transposed dense view, computed as
- * (y^T @ x^T)^T so the result has like's strides. */
-static em_tensor *bmm_like(const em_tensor *like, const em_tensor *x, const em_tensor *y) {
-    bool t = em__is_transposed_dense(like);
-    const em_tensor *in[2] = {t ? em_transpose(y, 1, 2) : x, t ? em_transpose(x, 1, 2) : y};
-    em_tensor *r = em__scope_track(em__op1(op_bmm, in, 2, NULL));
-    return t && r ? em_transpose(r, 1, 2) : r;
-}
-static em_status d_bmm(const em_backward_ctx *c, em_tensor **gi) {
-    /* (B,M,K) x (B,K,N): dA = G x B^T, dB = A^T x G, each in its input's layout */
-    if (NEED(0) && !(gi[0] = bmm_like(c->in[0], G, em_transpose(c->in[1], 1, 2))))
-        return em_last_status();
-    if (NEED(1) && !(gi[1] = bmm_like(c->in[1], em_transpose(c->in[0], 1, 2), G)))
-        return em_last_status();
-    return EM_OK;
-}
 static em_status d_index_select(const em_backward_ctx *c, em_tensor **gi) {
     /* The selected slices' grads added back at their index (repeats accumulate). */
     const em_tensor_meta *m = &c->in_meta[0];
@@ -512,9 +394,6 @@ em_status em__ops_declare_standard(em_registry *core) {
           .attr_types = tib, .infer = infer_sum, .backward = d_sum, .composite = c_sum);
     DECLS(op_mean, .name = "mean", .n_inputs = 1, .n_attrs = 2, .attr_names = dims_keep,
           .attr_types = tib, .composite = c_mean, .category = "reduce");
-    DECL(op_bmm, "bmm", 2, 0, NULL, NULL, 0, 0, infer_bmm, d_bmm, in01);
-    DECLS(op_matmul, .name = "matmul", .n_inputs = 2, .composite = c_matmul,
-          .category = "linalg");
     /* index_select's derivative is index_add (ops_data.c) of the grad into zeros. */
     DECLS(op_index_select, .name = "index_select", .n_inputs = 2, .n_attrs = 1,
           .attr_names = dim, .attr_types = tint, .infer = infer_index_select,
@@ -558,16 +437,13 @@ em_tensor *em_log(const em_tensor *a) { return em__call1(op_log, 1, &a, NULL); }
 em_tensor *em_relu(const em_tensor *a) { return em__call1(op_relu, 1, &a, NULL); }
 em_status em_relu_(em_tensor *a) { return em__op_inplace(op_relu, a, EM__IN(a), 1, NULL); }
 
-/* ---- reductions and matmul ----------------------------------------------------------------------- */
+/* ---- reductions ----------------------------------------------------------------------- */
 
 em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
     return em__call1(op_sum, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
 }
 em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
     return em__call1(op_mean, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
-}
-em_tensor *em_matmul(const em_tensor *a, const em_tensor *b) {
-    return em__call1(op_matmul, 2, EM__IN(a, b), NULL);
 }
 
 /* ---- creation, data movement, random fills ------------------------------------------------------- */
