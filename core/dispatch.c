@@ -386,11 +386,16 @@ static em_status check_attrs(const struct em_op *op, const em_attr *attrs) {
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' has type %d; the schema "
                                 "says %d", op->schema.name, op->schema.attr_names[i], (int)got,
                                 (int)op->schema.attr_types[i]);
-        if (got == EM_ATTR_INTS && (attrs[i].n < 0 || attrs[i].n > EM_MAX_DIMS))
-            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' lists %d values (0 to %d "
-                                "allowed%s)", op->schema.name, op->schema.attr_names[i],
-                                attrs[i].n, EM_MAX_DIMS,
-                                attrs[i].n == -1 ? "; -1: a NULL list with a non-zero count" : "");
+        if (got == EM_ATTR_INTS && (attrs[i].n < 0 || attrs[i].n > EM_MAX_DIMS)) {
+            /* em__attr_ints marks a NULL C array of n entries as EM__INTS_NULL + n. */
+            int n = attrs[i].n;
+            bool null = n >= EM__INTS_NULL && n < EM__INTS_NULL + (1 << 20);
+            return em_set_error(EM_ERR_INVALID, "%s: %d %s given%s (attribute '%s' holds 0 to "
+                                "%d)", op->schema.name, null ? n - EM__INTS_NULL : n,
+                                strcmp(op->schema.attr_names[i], "dims") == 0 ? "dims"
+                                                                               : "values",
+                                null ? " as NULL" : "", op->schema.attr_names[i], EM_MAX_DIMS);
+        }
         if (got == EM_ATTR_INT_LIST && (attrs[i].n < 0 || (attrs[i].n > 0 && !attrs[i].v.list)))
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' lists %d values at %s",
                                 op->schema.name, op->schema.attr_names[i], attrs[i].n,
@@ -972,14 +977,7 @@ em_tensor *em__kernel1(const em_op *op, const em_tensor *const *in, int n_in,
 em_attr em__attr_ints(int n, const int *v) {
     em_attr a = {.type = EM_ATTR_INTS, .n = n};
     for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
-    if (n > 0 && !v) a.n = -1;
-    return a;
-}
-
-em_attr em__attr_ints64(int n, const int64_t *v) {
-    em_attr a = {.type = EM_ATTR_INTS, .n = n};
-    for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
-    if (n > 0 && !v) a.n = -1;
+    if (n > 0 && !v) a.n = EM__INTS_NULL + EM_MIN(n, (1 << 20) - 1);
     return a;
 }
 

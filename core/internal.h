@@ -5,6 +5,7 @@
 #ifndef EMBER_INTERNAL_H
 #define EMBER_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -168,9 +169,10 @@ em_status em__op_inplace(const em_op *op, em_tensor *self, const em_tensor *cons
     ((p) ? (em_attr){.type = EM_ATTR_INT, .v.i = *(p)} : (em_attr){.type = EM_ATTR_NONE})
 /* An INT_LIST attribute over n int64s (borrowed). */
 #define EM__A_LIST(cnt, ptr) ((em_attr){.type = EM_ATTR_INT_LIST, .n = (cnt), .v.list = (ptr)})
-/* An INTS attribute from n ints (more than EM_MAX_DIMS: n kept, for the op to reject). */
+/* An INTS attribute from n ints (more than EM_MAX_DIMS or fewer than 0: n kept, and a NULL
+ * array of n > 0 entries marked EM__INTS_NULL + n, for the dispatcher's check to name). */
 em_attr em__attr_ints(int n, const int *v);
-em_attr em__attr_ints64(int n, const int64_t *v);
+#define EM__INTS_NULL (INT_MIN / 2)
 /* Run op and return its first output in the thread's scope (NULL on error). */
 #define em__call1(op, n_in, in, attrs) em__scope_track(em__op1((op), (in), (n_in), (attrs)))
 /* Run op into out[0..n_out) (outputs a caller passes NULL for are released), in the scope. */

@@ -400,7 +400,13 @@ COMPOSITE(c_split);
 COMPOSITE(c_split_sizes);
 COMPOSITE(c_chunk);
 COMPOSITE(c_pad);
+COMPOSITE(c_index_read);
+COMPOSITE(c_index_write);
+COMPOSITE(c_one_hot);
+COMPOSITE(c_flip);
 #undef COMPOSITE
+static em_status prep_linspace(const em_op *op, const em_tensor *const *out, int n_out,
+                               const em_attr *attrs, em_dtype *dts);
 
 em_status em__ops_declare_data(em_registry *core) {
     static const char *const dim[] = {"dim"}, *const dim_alpha[] = {"dim", "alpha"},
@@ -415,22 +421,33 @@ em_status em__ops_declare_data(em_registry *core) {
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
     const unsigned nd = EM_OP_NONDIFF, idx = EM_SAVE_INPUT(1);
-    DECL(op_gather, "gather", 2, 1, dim, ti, 0, 0, infer_gather, d_gather, idx);
-    DECL(op_scatter, "scatter", 3, 1, dim, ti, 0, 0, infer_scatter, d_scatter, idx);
-    DECL(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, 0, infer_scatter, d_scatter_add, idx);
-    DECL(op_index_add, "index_add", 3, 2, dim_alpha, tif, 0, 0, infer_index_add, d_index_add,
-         idx);
+#define DC(var, nm, nin, na, an, at, fl_, inf, bw, sv, comp)                                   \
+    if (st == EM_OK)                                                                            \
+        st = em__declare(core, &var, (em_op_schema){.name = nm, .n_inputs = nin, .n_attrs = na, \
+                         .attr_names = an, .attr_types = at, .flags = fl_, .infer = inf,        \
+                         .backward = bw, .saves = sv, .composite = comp, .category = "data"})
+    DC(op_gather, "gather", 2, 1, dim, ti, 0, infer_gather, d_gather, idx, c_index_read);
+    DC(op_scatter, "scatter", 3, 1, dim, ti, 0, infer_scatter, d_scatter, idx, c_index_write);
+    DC(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, infer_scatter, d_scatter_add, idx,
+       c_index_write);
+    DC(op_index_add, "index_add", 3, 2, dim_alpha, tif, 0, infer_index_add, d_index_add, idx,
+       c_index_write);
     /* padding_idx (normalised, -1: none) only matters to the derivative. */
-    DECL(op_embedding, "embedding", 2, 1, padding, ti, 0, 0, infer_embedding, d_embedding, idx);
-    DECL(op_embedding_backward, "embedding_backward", 2, 2, emb_bw, tii, 0, nd,
-         infer_embedding_backward, NULL, 0);
-    DECL(op_masked_fill, "masked_fill", 2, 1, value, tf, 0, EM_OP_BROADCAST, infer_masked_fill,
-         d_masked_fill, idx);
-    DECL(op_one_hot, "one_hot", 1, 1, classes, ti, 0, nd, infer_one_hot, NULL, 0);
-    DECL(op_tril, "tril", 1, 1, diagonal, ti, 0, 0, infer_tri, d_tril, 0);
-    DECL(op_triu, "triu", 1, 1, diagonal, ti, 0, 0, infer_tri, d_triu, 0);
-    DECL(op_flip, "flip", 1, 1, dims, tis, 0, 0, infer_same, d_flip, 0);
-    DECL(op_linspace, "linspace", 0, 2, linspace, tff, -1, nd, NULL, NULL, 0);
+    DC(op_embedding, "embedding", 2, 1, padding, ti, 0, infer_embedding, d_embedding, idx,
+       c_index_read);
+    DC(op_embedding_backward, "embedding_backward", 2, 2, emb_bw, tii, nd,
+       infer_embedding_backward, NULL, 0, c_index_read);
+    DC(op_masked_fill, "masked_fill", 2, 1, value, tf, EM_OP_BROADCAST, infer_masked_fill,
+       d_masked_fill, idx, NULL);
+    DC(op_one_hot, "one_hot", 1, 1, classes, ti, nd, infer_one_hot, NULL, 0, c_one_hot);
+    DC(op_tril, "tril", 1, 1, diagonal, ti, 0, infer_tri, d_tril, 0, NULL);
+    DC(op_triu, "triu", 1, 1, diagonal, ti, 0, infer_tri, d_triu, 0, NULL);
+    DC(op_flip, "flip", 1, 1, dims, tis, 0, infer_same, d_flip, 0, c_flip);
+#undef DC
+    if (st == EM_OK)
+        st = em__declare(core, &op_linspace, (em_op_schema){.name = "linspace", .n_attrs = 2,
+                         .attr_names = linspace, .attr_types = tff, .dispatch_arg = -1,
+                         .flags = nd, .prepare = prep_linspace, .category = "data"});
 #undef DECL
     static const char *const split[] = {"split_size", "dim"}, *const sizes[] = {"sizes", "dim"},
                              *const chunk[] = {"chunks", "dim"}, *const pad[] = {"pad", "value"};
@@ -840,15 +857,15 @@ static em_status c_pad(const em_op *op, const em_tensor *const *in, int n_in,
 
 /* ---- gather, scatter, index_add ------------------------------------------------------------------ */
 
-em_tensor *em_gather(const em_tensor *t, int dim, const em_tensor *index) {
+/* gather(t, index; dim): dim counted from the end when negative. */
+static em_tensor *gather_run(const em_tensor *t, int dim, const em_tensor *index) {
     const em_tensor *in[2] = {t, index};
-    if (!em__check_inputs("gather", in, 2)) return NULL;
     int d = em__wrap_dim(dim, t->ndim, "gather");
     if (d < 0) return NULL;
     if (index->numel == 0) /* PyTorch checks nothing more for an empty index */
-        return em__scope_track(em__empty(index->ndim, index->shape, t->dtype, t->storage->device));
+        return em__empty(index->ndim, index->shape, t->dtype, t->storage->device);
     em_attr attr = {.type = EM_ATTR_INT, .v.i = d};
-    return em__scope_track(em__op1(op_gather, in, 2, &attr));
+    return em__kernel1(op_gather, in, 2, &attr);
 }
 
 /* Run scatter/scatter_add/index_add: into t itself when in place (*out == NULL on entry is
@@ -875,39 +892,25 @@ static em_status index_write(const em_op *op, const char *who, em_tensor *t, int
         st = em_op_schema_of(op)->infer(op, args, attrs, &meta);
         if (st == EM_OK) st = em_op_call_out(op, args, 3, attrs, &t, 1);
     } else {
-        *out = em__op1(op, args, 3, attrs);
+        *out = em__kernel1(op, args, 3, attrs);
         st = *out ? EM_OK : em_last_status();
     }
     em_tensor_release(idx);
     return st;
 }
 
-em_tensor *em_scatter(const em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+/* scatter, scatter_add (t, index, src; dim) and index_add (t, index, source; dim, alpha). */
+static em_status c_index_write(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    double alpha = op == op_index_add && attrs && attrs[1].type == EM_ATTR_FLOAT ? attrs[1].v.f
+                                                                                 : 1;
     em_tensor *r = NULL;
-    index_write(op_scatter, "scatter", (em_tensor *)t, dim, index, src, 0, false, &r);
-    return em__scope_track(r);
-}
-em_status em_scatter_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
-    return index_write(op_scatter, "scatter_", t, dim, index, src, 0, true, NULL);
-}
-em_tensor *em_scatter_add(const em_tensor *t, int dim, const em_tensor *index,
-                          const em_tensor *src) {
-    em_tensor *r = NULL;
-    index_write(op_scatter_add, "scatter_add", (em_tensor *)t, dim, index, src, 0, false, &r);
-    return em__scope_track(r);
-}
-em_status em_scatter_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
-    return index_write(op_scatter_add, "scatter_add_", t, dim, index, src, 0, true, NULL);
-}
-em_tensor *em_index_add(const em_tensor *t, int dim, const em_tensor *index,
-                        const em_tensor *source, double alpha) {
-    em_tensor *r = NULL;
-    index_write(op_index_add, "index_add", (em_tensor *)t, dim, index, source, alpha, false, &r);
-    return em__scope_track(r);
-}
-em_status em_index_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *source,
-                        double alpha) {
-    return index_write(op_index_add, "index_add_", t, dim, index, source, alpha, true, NULL);
+    em_status st = index_write(op, em_op_name(op), (em_tensor *)in[0], int_attr(attrs, 0, 0),
+                               in[1], in[2], alpha, false, &r);
+    *n_out = st == EM_OK;
+    out[0] = r;
+    return st;
 }
 
 /* ---- embedding ------------------------------------------------------------------------------------ */
@@ -927,10 +930,9 @@ static em_status padding_index(const char *who, int64_t padding_idx, int64_t v, 
     return EM_OK;
 }
 
-em_tensor *em_embedding(const em_tensor *weight, const em_tensor *indices, int64_t padding_idx) {
-    const em_tensor *in[2] = {weight, indices};
-    if (!em__check_inputs("embedding", in, 2)) return NULL;
-    int64_t pad;
+static em_tensor *embedding_run(const em_tensor *weight, const em_tensor *indices,
+                                int64_t padding_idx) {
+    int64_t pad = -1;
     if (weight->ndim == 2 &&
         padding_index("embedding", padding_idx, weight->shape[0], &pad) != EM_OK)
         return NULL;
@@ -938,15 +940,13 @@ em_tensor *em_embedding(const em_tensor *weight, const em_tensor *indices, int64
     if (!idx) return NULL;
     const em_tensor *args[2] = {weight, idx};
     em_attr attr = {.type = EM_ATTR_INT, .v.i = weight->ndim == 2 ? pad : -1};
-    em_tensor *r = em__op1(op_embedding, args, 2, &attr);
+    em_tensor *r = em__kernel1(op_embedding, args, 2, &attr);
     em_tensor_release(idx);
-    return em__scope_track(r);
+    return r;
 }
 
-em_tensor *em_embedding_backward(const em_tensor *grad, const em_tensor *indices,
-                                 int64_t num_weights, int64_t padding_idx) {
-    const em_tensor *in[2] = {grad, indices};
-    if (!em__check_inputs("embedding_backward", in, 2)) return NULL;
+static em_tensor *embedding_backward_run(const em_tensor *grad, const em_tensor *indices,
+                                         int64_t num_weights, int64_t padding_idx) {
     char a[160], b[160];
     bool fits = grad->ndim == indices->ndim + 1 &&
                 memcmp(grad->shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim) == 0;
@@ -972,23 +972,45 @@ em_tensor *em_embedding_backward(const em_tensor *grad, const em_tensor *indices
         em_attr attrs[2] = {{.type = EM_ATTR_INT, .v.i = num_weights},
                             {.type = EM_ATTR_INT, .v.i = pad}};
         const em_tensor *args[2] = {g2, i1};
-        r = em__op1(op_embedding_backward, args, 2, attrs);
+        r = em__kernel1(op_embedding_backward, args, 2, attrs);
     }
     em_tensor_release(g2);
     em_tensor_release(i1);
     em_tensor_release(idx);
-    return em__scope_track(r);
+    return r;
+}
+
+static int64_t int64_attr(const em_attr *attrs, int i, int64_t dflt) {
+    return attrs && attrs[i].type == EM_ATTR_INT ? attrs[i].v.i : dflt;
+}
+
+/* gather(t, index; dim), embedding(weight, indices; padding_idx: absent or
+ * EM_PADDING_IDX_NONE for none), embedding_backward(grad, indices; num_weights, padding_idx). */
+static em_status c_index_read(const em_op *op, const em_tensor *const *in, int n_in,
+                              const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    em_tensor *r;
+    if (op == op_gather) {
+        r = gather_run(in[0], int_attr(attrs, 0, 0), in[1]);
+    } else if (op == op_embedding) {
+        r = embedding_run(in[0], in[1], int64_attr(attrs, 0, EM_PADDING_IDX_NONE));
+    } else {
+        if (!attrs || attrs[0].type != EM_ATTR_INT)
+            return em_set_error(EM_ERR_INVALID, "embedding_backward: attribute 'num_weights' is "
+                                "required");
+        r = embedding_backward_run(in[0], in[1], attrs[0].v.i,
+                                   int64_attr(attrs, 1, EM_PADDING_IDX_NONE));
+    }
+    return one_out(r, out, n_out);
 }
 
 /* ---- masked_fill ----------------------------------------------------------------------------------- */
 
 em_tensor *em_masked_fill(const em_tensor *t, const em_tensor *mask, double value) {
-    const em_tensor *in[2] = {t, mask};
-    if (!em__check_inputs("masked_fill", in, 2)) return NULL;
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = value};
-    return em__scope_track(em__op1(op_masked_fill, in, 2, &attr));
+    return em__call1(op_masked_fill, 2, EM__IN(t, mask), EM__ATTRS(EM__A_FLOAT(value)));
 }
 
+/* In place, the mask broadcast to t's shape (never t to the mask's). */
 em_status em_masked_fill_(em_tensor *t, const em_tensor *mask, double value) {
     const em_tensor *in[2] = {t, mask};
     if (!em__check_inputs("masked_fill_", in, 2)) return em_last_status();
@@ -1013,28 +1035,29 @@ em_status em_masked_fill_(em_tensor *t, const em_tensor *mask, double value) {
 
 /* ---- one_hot --------------------------------------------------------------------------------------- */
 
-em_tensor *em_one_hot(const em_tensor *t, int64_t num_classes) {
-    if (!em__check_inputs("one_hot", &t, 1)) return NULL;
+/* one_hot(t; num_classes: -1 or absent infers it as max + 1). */
+static em_status c_one_hot(const em_op *op, const em_tensor *const *in, int n_in,
+                           const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const em_tensor *t = in[0];
+    int64_t num_classes = int64_attr(attrs, 0, -1);
     if (t->dtype != EM_I64) {
-        em_set_error(EM_ERR_DTYPE, "one_hot: expects an int64 tensor of class indices, got %s",
-                     em_dtype_name(t->dtype));
-        return NULL;
+        return em_set_error(EM_ERR_DTYPE, "one_hot: expects an int64 tensor of class indices, "
+                            "got %s", em_dtype_name(t->dtype));
     }
     if (num_classes < -1) {
-        em_set_error(EM_ERR_INVALID, "one_hot: num_classes must be -1 (infer it) or >= 0, got "
-                     "%lld", (long long)num_classes);
-        return NULL;
+        return em_set_error(EM_ERR_INVALID, "one_hot: num_classes must be -1 (infer it) or >= "
+                            "0, got %lld", (long long)num_classes);
     }
     if (num_classes == -1) {
         /* max + 1, read on the host (PyTorch synchronises here too). */
         if (t->numel == 0) {
-            em_set_error(EM_ERR_INVALID, "one_hot: cannot infer num_classes from an empty "
-                         "tensor; pass it");
-            return NULL;
+            return em_set_error(EM_ERR_INVALID, "one_hot: cannot infer num_classes from an "
+                                "empty tensor; pass it");
         }
         size_t nb = (size_t)t->numel * sizeof(int64_t);
         int64_t *v = em__malloc(nb, "one_hot");
-        if (!v) return NULL;
+        if (!v) return EM_ERR_NOMEM;
         em_status st = em_tensor_to_host(t, v, nb);
         int64_t mx = v[0], mn = v[0];
         for (int64_t i = 1; st == EM_OK && i < t->numel; i++) {
@@ -1042,65 +1065,51 @@ em_tensor *em_one_hot(const em_tensor *t, int64_t num_classes) {
             mn = EM_MIN(mn, v[i]);
         }
         em__free(v);
-        if (st != EM_OK) return NULL;
-        if (mn < 0) {
-            em_set_error(EM_ERR_RANGE, "one_hot: class values must be non-negative, got %lld",
-                         (long long)mn);
-            return NULL;
-        }
+        if (st != EM_OK) return st;
+        if (mn < 0)
+            return em_set_error(EM_ERR_RANGE, "one_hot: class values must be non-negative, got "
+                                "%lld", (long long)mn);
         num_classes = mx + 1;
     }
     em_attr attr = {.type = EM_ATTR_INT, .v.i = num_classes};
-    return em__scope_track(em__op1(op_one_hot, &t, 1, &attr));
+    return one_out(em__kernel1(op, &t, 1, &attr), out, n_out);
 }
 
 /* ---- tril, triu, flip ---------------------------------------------------------------------------- */
 
-static em_tensor *tri(const em_op *op, const em_tensor *t, int64_t diagonal) {
-    em_attr attr = {.type = EM_ATTR_INT, .v.i = diagonal};
-    return em__scope_track(em__op1(op, &t, 1, &attr));
-}
-
-static em_status tri_(const em_op *op, em_tensor *t, int64_t diagonal) {
-    const em_tensor *in[1] = {t};
-    char who[16];
-    snprintf(who, sizeof who, "%s_", em_op_name(op));
-    if (!em__check_inputs(who, in, 1)) return em_last_status();
-    em_attr attr = {.type = EM_ATTR_INT, .v.i = diagonal};
-    em_tensor_meta meta;
-    em_status st = infer_tri(op, in, &attr, &meta);
-    return st == EM_OK ? em_op_call_out(op, in, 1, &attr, &t, 1) : st;
-}
-
-em_tensor *em_tril(const em_tensor *t, int64_t diagonal) { return tri(op_tril, t, diagonal); }
-em_tensor *em_triu(const em_tensor *t, int64_t diagonal) { return tri(op_triu, t, diagonal); }
-em_status em_tril_(em_tensor *t, int64_t diagonal) { return tri_(op_tril, t, diagonal); }
-em_status em_triu_(em_tensor *t, int64_t diagonal) { return tri_(op_triu, t, diagonal); }
-
-em_tensor *em_flip(const em_tensor *t, int ndims, const int *dims) {
-    if (!em__check_inputs("flip", &t, 1)) return NULL;
-    if (ndims < 0 || ndims > EM_MAX_DIMS || (ndims > 0 && !dims)) {
-        em_set_error(EM_ERR_INVALID, "flip: %d dims given", ndims);
-        return NULL;
-    }
+/* flip(t; dims): each dim counted from the end when negative, at most once. */
+static em_status c_flip(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const em_tensor *t = in[0];
+    int ndims = attrs && attrs[0].type == EM_ATTR_INTS ? attrs[0].n : 0;
     bool seen[EM_MAX_DIMS] = {false};
     em_attr attr = {.type = EM_ATTR_INTS};
     for (int i = 0; i < ndims; i++) {
-        int d = em__wrap_dim(dims[i], t->ndim, "flip");
-        if (d < 0) return NULL;
-        if (seen[d]) {
-            em_set_error(EM_ERR_INVALID, "flip: dim %d appears more than once in the list of "
-                         "dims", d);
-            return NULL;
-        }
+        int d = em__wrap_dim((int)attrs[0].ints[i], t->ndim, "flip");
+        if (d < 0) return em_last_status();
+        if (seen[d])
+            return em_set_error(EM_ERR_INVALID, "flip: dim %d appears more than once in the list "
+                                "of dims", d);
         seen[d] = true;
     }
     for (int d = 0; d < t->ndim; d++)
         if (seen[d]) attr.ints[attr.n++] = d;
-    return em__scope_track(em__op1(op_flip, &t, 1, &attr));
+    return one_out(em__kernel1(op, &t, 1, &attr), out, n_out);
 }
 
 /* ---- linspace ---------------------------------------------------------------------------------------- */
+
+/* The fill's check on its output (em_op_call_out runs it). */
+static em_status prep_linspace(const em_op *op, const em_tensor *const *out, int n_out,
+                               const em_attr *attrs, em_dtype *dts) {
+    (void)op, (void)n_out, (void)attrs, (void)dts;
+    if (out[0]->dtype == EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "linspace: not defined for bool (as in PyTorch)");
+    if (out[0]->ndim != 1)
+        return em_set_error(EM_ERR_SHAPE, "linspace: the output must be 1-D");
+    return EM_OK;
+}
 
 em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt, em_device dev) {
     if (steps < 0) {
@@ -1108,7 +1117,7 @@ em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt, em_
                      (long long)steps);
         return NULL;
     }
-    if (dt == EM_BOOL) {
+    if (dt == EM_BOOL) { /* before the allocation: the output's check says the same */
         em_set_error(EM_ERR_DTYPE, "linspace: not defined for bool (as in PyTorch)");
         return NULL;
     }
@@ -1152,4 +1161,56 @@ em_status em_chunk(const em_tensor *t, int chunks, int dim, int cap, em_tensor *
 }
 em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value) {
     return em__call1(op_pad, 1, &t, EM__ATTRS(EM__A_LIST(npad, pad), EM__A_FLOAT(value)));
+}
+em_tensor *em_gather(const em_tensor *t, int dim, const em_tensor *index) {
+    return em__call1(op_gather, 2, EM__IN(t, index), EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_scatter(const em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+    return em__call1(op_scatter, 3, EM__IN(t, index, src), EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_scatter_add(const em_tensor *t, int dim, const em_tensor *index,
+                          const em_tensor *src) {
+    return em__call1(op_scatter_add, 3, EM__IN(t, index, src), EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_index_add(const em_tensor *t, int dim, const em_tensor *index,
+                        const em_tensor *source, double alpha) {
+    return em__call1(op_index_add, 3, EM__IN(t, index, source),
+                     EM__ATTRS(EM__A_INT(dim), EM__A_FLOAT(alpha)));
+}
+/* The in-place forms run the composites' own code (index_write) into t. */
+em_status em_scatter_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+    return index_write(op_scatter, "scatter_", t, dim, index, src, 0, true, NULL);
+}
+em_status em_scatter_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+    return index_write(op_scatter_add, "scatter_add_", t, dim, index, src, 0, true, NULL);
+}
+em_status em_index_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *source,
+                        double alpha) {
+    return index_write(op_index_add, "index_add_", t, dim, index, source, alpha, true, NULL);
+}
+em_tensor *em_embedding(const em_tensor *weight, const em_tensor *indices, int64_t padding_idx) {
+    return em__call1(op_embedding, 2, EM__IN(weight, indices), EM__ATTRS(EM__A_INT(padding_idx)));
+}
+em_tensor *em_embedding_backward(const em_tensor *grad, const em_tensor *indices,
+                                 int64_t num_weights, int64_t padding_idx) {
+    return em__call1(op_embedding_backward, 2, EM__IN(grad, indices),
+                     EM__ATTRS(EM__A_INT(num_weights), EM__A_INT(padding_idx)));
+}
+em_tensor *em_one_hot(const em_tensor *t, int64_t num_classes) {
+    return em__call1(op_one_hot, 1, &t, EM__ATTRS(EM__A_INT(num_classes)));
+}
+em_tensor *em_tril(const em_tensor *t, int64_t diagonal) {
+    return em__call1(op_tril, 1, &t, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_tensor *em_triu(const em_tensor *t, int64_t diagonal) {
+    return em__call1(op_triu, 1, &t, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_status em_tril_(em_tensor *t, int64_t diagonal) {
+    return em__op_inplace(op_tril, t, EM__IN(t), 1, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_status em_triu_(em_tensor *t, int64_t diagonal) {
+    return em__op_inplace(op_triu, t, EM__IN(t), 1, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_tensor *em_flip(const em_tensor *t, int ndims, const int *dims) {
+    return em__call1(op_flip, 1, &t, EM__ATTRS(em__attr_ints(ndims, dims)));
 }
