@@ -226,9 +226,11 @@ const em_op *em_op_find(const char *name) {
     pthread_mutex_lock(&reg_lock);
     struct em_op *op = find_op_locked(name), *best = NULL;
     size_t best_d = 4;
+    /* The list runs newest first; on a tie the op declared first wins ('ad': 'add', not the
+     * later 'pad'). */
     for (struct em_op *o = ops_head; o && !op; o = o->next) {
         size_t d = edit_distance(name, o->schema.name);
-        if (d < best_d) best_d = d, best = o;
+        if (d < best_d || (best && d == best_d)) best_d = d, best = o;
     }
     if (!op)
         em_set_error(EM_ERR_NOTFOUND, "no op named '%s' is declared%s%s%s", name,
@@ -946,8 +948,16 @@ em_status em_op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
     return st;
 }
 
-em_status em_op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
+em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_in,
                             const em_attr *attrs, em_tensor **out) {
+    em_status st = em__op_call_kernel(op, in, n_in, attrs, out);
+    if (st == EM_OK)
+        for (int i = 0; i < op->schema.n_outputs; i++) em__scope_track(out[i]);
+    return st;
+}
+
+em_status em__op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
+                             const em_attr *attrs, em_tensor **out) {
     const struct em_op *op = cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
@@ -969,12 +979,19 @@ em_tensor *em__op1(const em_op *op, const em_tensor *const *in, int n_in, const 
 em_tensor *em__kernel1(const em_op *op, const em_tensor *const *in, int n_in,
                        const em_attr *attrs) {
     em_tensor *out[4] = {0};
-    if (em_op_call_kernel(op, in, n_in, attrs, out) != EM_OK) return NULL;
+    if (em__op_call_kernel(op, in, n_in, attrs, out) != EM_OK) return NULL;
     for (int i = 1; i < 4; i++) em_tensor_release(out[i]);
     return out[0];
 }
 
 em_attr em__attr_ints(int n, const int *v) {
+    em_attr a = {.type = EM_ATTR_INTS, .n = n};
+    for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
+    if (n > 0 && !v) a.n = EM__INTS_NULL + EM_MIN(n, (1 << 20) - 1);
+    return a;
+}
+
+em_attr em__attr_ints64(int n, const int64_t *v) {
     em_attr a = {.type = EM_ATTR_INTS, .n = n};
     for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
     if (n > 0 && !v) a.n = EM__INTS_NULL + EM_MIN(n, (1 << 20) - 1);

@@ -143,6 +143,9 @@ em_status em__op_call(const em_op *op, const em_tensor *const *in, int n_in,
 /* em_op_call_n without the scope. */
 em_status em__op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
                         const em_attr *attrs, em_tensor **out, int cap_out, int *n_out);
+/* em_op_call_kernel without the scope. */
+em_status em__op_call_kernel(const em_op *op, const em_tensor *const *in, int n_in,
+                             const em_attr *attrs, em_tensor **out);
 /* em_op_call_kernel's first output as an owned reference (composites reaching their own
  * kernel). */
 em_tensor *em__kernel1(const em_op *op, const em_tensor *const *in, int n_in,
@@ -172,6 +175,7 @@ em_status em__op_inplace(const em_op *op, em_tensor *self, const em_tensor *cons
 /* An INTS attribute from n ints (more than EM_MAX_DIMS or fewer than 0: n kept, and a NULL
  * array of n > 0 entries marked EM__INTS_NULL + n, for the dispatcher's check to name). */
 em_attr em__attr_ints(int n, const int *v);
+em_attr em__attr_ints64(int n, const int64_t *v);
 #define EM__INTS_NULL (INT_MIN / 2)
 /* Run op and return its first output in the thread's scope (NULL on error). */
 #define em__call1(op, n_in, in, attrs) em__scope_track(em__op1((op), (in), (n_in), (attrs)))

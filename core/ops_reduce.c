@@ -224,7 +224,7 @@ static em_status c_extreme_dim(const em_op *op, const em_tensor *const *in, int 
     if (check_nonempty(who, a, 1, &dims) != EM_OK) return em_last_status();
     em_attr at[2] = {EM__A_INT(a->ndim > 0 ? d : 0), attrs[1]};
     em_tensor *r[2] = {NULL, NULL};
-    if (em_op_call_kernel(op, &a, 1, at, r) != EM_OK) return em_last_status();
+    if (em__op_call_kernel(op, &a, 1, at, r) != EM_OK) return em_last_status();
     r[0] = em__reduce_drop(r[0], &dims, keepdim_of(&attrs[1]));
     r[1] = em__reduce_drop(r[1], &dims, keepdim_of(&attrs[1]));
     if (!r[0] || !r[1]) {

@@ -292,9 +292,10 @@ EM_API em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_i
 EM_API em_status em_op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
                               const em_attr *attrs, em_tensor **out /* out */, int cap_out,
                               int *n_out /* out */);
-/* For composites: run op's own inference, dtype policy and kernel (what em_op_call does for
- * an op without a composite), ignoring its composite hook. out receives n_outputs owned
- * references that are NOT in the thread's scope. */
+/* Run op's own inference, dtype policy and kernel (what em_op_call does for an op without a
+ * composite), skipping its composite hook: the kernel contract of a composite op that has a
+ * kernel of its own (sum, conv2d, ...), as a composite reaches it. out receives n_outputs
+ * new references (in the thread's scope, like em_op_call's). */
 EM_API em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_in,
                                      const em_attr *attrs, em_tensor **out /* out */);
 /* Run an op into caller-allocated outputs of the right shape and dtype (PyTorch's out=):
