@@ -8,6 +8,15 @@
  *   sqrt/rsqrt/reciprocal/sigmoid/tanh/log1p/expm1/silu(x) -> y
  *                                    floating x (the wrappers convert integers to float32);
  *                                    y has x's shape and dtype; y may alias x (in place).
+ *   erf/erfinv(x) -> y               floating x (integers arrive as float32); y has x's shape
+ *                                    and dtype. erfinv(+-1) = +-inf, NaN outside [-1, 1].
+ *   div_mode(a, b) -> y              attrs: rounding_mode (string "trunc" | "floor"; absent:
+ *                                    true division, and then a and b are floating). a and b
+ *                                    promoted to y's dtype and broadcast like add. trunc:
+ *                                    the quotient rounded toward zero; floor: toward -inf,
+ *                                    for floats as PyTorch's c10 div_floor (through fmod, so
+ *                                    that a = b * y + remainder). Integers: a zero divisor is
+ *                                    EM_ERR_INVALID; the most negative value over -1 wraps.
  *   gelu(x) -> y                     attrs: approximate (string "none" | "tanh"; absent:
  *                                    "none"). Floating.
  *   leaky_relu(x) -> y               attrs: negative_slope (float). Floating.
@@ -53,7 +62,7 @@ static const em_op *op_abs, *op_sqrt, *op_rsqrt, *op_reciprocal, *op_sigmoid, *o
     *op_maximum, *op_minimum, *op_eq, *op_ne, *op_lt, *op_le, *op_gt, *op_ge,
     *op_logical_and, *op_logical_or, *op_logical_xor, *op_logical_not, *op_where,
     *op_threshold_backward, *op_sigmoid_backward, *op_tanh_backward, *op_gelu_backward,
-    *op_silu_backward, *op_leaky_relu_backward;
+    *op_silu_backward, *op_leaky_relu_backward, *op_erf, *op_erfinv, *op_div_mode;
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
@@ -249,6 +258,41 @@ static em_status prep_where(const em_op *op, const em_tensor *const *in, int n_i
     return EM_OK;
 }
 
+/* div_mode's rounding_mode: 0 absent (true division), 1 "trunc", 2 "floor", -1 other. */
+static int rounding_mode(const em_attr *attrs) {
+    if (!attrs || attrs[0].type == EM_ATTR_NONE) return 0;
+    if (attrs[0].type != EM_ATTR_STRING || !attrs[0].v.s) return -1;
+    return strcmp(attrs[0].v.s, "trunc") == 0 ? 1 : strcmp(attrs[0].v.s, "floor") == 0 ? 2 : -1;
+}
+
+/* div_mode: true division (absent mode) makes integers float32, as em_div does; a rounding
+ * mode keeps the promoted dtype (integer division for integers), not for bool. */
+static em_status prep_div_mode(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_dtype *dts) {
+    (void)in;
+    int m = rounding_mode(attrs);
+    if (m < 0)
+        return em_set_error(EM_ERR_INVALID, "%s: rounding_mode must be \"trunc\", \"floor\" or "
+                            "absent (true division), got \"%s\"", em_op_name(op),
+                            attrs[0].type == EM_ATTR_STRING ? attrs[0].v.s : "(not a string)");
+    em_dtype rt = dts[0];
+    if (m == 0 && !em_dtype_is_floating(rt)) rt = EM_F32;
+    if (m != 0 && rt == EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "%s: division of two bool tensors with rounding mode "
+                            "\"%s\" is not supported", em_op_name(op), attrs[0].v.s);
+    for (int i = 0; i < n_in; i++) dts[i] = rt;
+    return EM_OK;
+}
+
+static em_status infer_div_mode(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                                em_tensor_meta *out) {
+    int m = rounding_mode(attrs);
+    if (m < 0 || (m == 0 && !em_dtype_is_floating(in[0]->dtype)))
+        return em_set_error(EM_ERR_INVALID, "%s: rounding_mode must be \"trunc\" or \"floor\" "
+                            "(absent: true division of floating tensors)", em_op_name(op));
+    return infer_broadcast(op, in, attrs, out);
+}
+
 /* ---- derivatives ------------------------------------------------------------------------------
  * Written with the public ops; they run with grad mode off inside a scope of their own, so
  * temporaries need no release. A grad passed through unchanged is returned as a new reference
@@ -382,6 +426,27 @@ static em_status d_where(const em_backward_ctx *c, em_tensor **gi) {
     return EM_OK;
 }
 
+/* d erf(x) = 2 / sqrt(pi) exp(-x^2); d erfinv(x) = sqrt(pi) / 2 exp(erfinv(x)^2). */
+static em_status d_erf(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_mul(G, em_mul_scalar(em_exp(em_neg(em_mul(X, X))), 1.12837916709551257390)),
+                &gi[0]);
+}
+static em_status d_erfinv(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_mul(G, em_mul_scalar(em_exp(em_mul(Y, Y)), 0.88622692545275801365)), &gi[0]);
+}
+/* True division as div; with a rounding mode the quotient is piecewise constant: zero
+ * gradients (PyTorch's derivatives.yaml). */
+static em_status d_div_mode(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *a = c->in[0], *b = c->in[1];
+    for (int i = 0; i < 2; i++)
+        if (NEED(i) && rounding_mode(c->attrs) != 0 && !(gi[i] = zeros_of(c, i)))
+            return em_last_status();
+    if (rounding_mode(c->attrs) != 0) return EM_OK;
+    if (NEED(0) && !(gi[0] = em_div(G, b))) return em_last_status();
+    if (NEED(1) && !(gi[1] = em_neg(em_div(em_mul(G, a), em_mul(b, b))))) return em_last_status();
+    return EM_OK;
+}
+
 static em_status d_pass(const em_backward_ctx *c, em_tensor **gi) {
     gi[0] = em_tensor_retain(G);
     return EM_OK;
@@ -401,7 +466,8 @@ em_status em__ops_declare_math(em_registry *core) {
     static const char *const value[] = {"value"}, *const approx[] = {"approximate"},
                              *const slope[] = {"negative_slope"},
                              *const bounds[] = {"min", "max"},
-                             *const thresh[] = {"threshold"};
+                             *const thresh[] = {"threshold"},
+                             *const rounding[] = {"rounding_mode"};
     static const em_attr_type tf[] = {EM_ATTR_FLOAT}, ts[] = {EM_ATTR_STRING},
                               tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
     const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST, nd = EM_OP_NONDIFF,
@@ -426,6 +492,10 @@ em_status em__ops_declare_math(em_registry *core) {
     D(op_log1p, "log1p", 1, 0, NULL, NULL, fr, infer_same, d_log1p, in0, NULL);
     D(op_expm1, "expm1", 1, 0, NULL, NULL, fr, infer_same, d_expm1, out0, NULL);
     D(op_sign, "sign", 1, 0, NULL, NULL, 0, infer_same, d_sign, 0, NULL);
+    D(op_erf, "erf", 1, 0, NULL, NULL, fr, infer_same, d_erf, in0, NULL);
+    D(op_erfinv, "erfinv", 1, 0, NULL, NULL, fr, infer_same, d_erfinv, out0, NULL);
+    D(op_div_mode, "div_mode", 2, 1, rounding, ts, ew, infer_div_mode, d_div_mode, in01,
+      prep_div_mode);
     D(op_gelu, "gelu", 1, 1, approx, ts, fl, infer_gelu, d_gelu, in0, NULL);
     D(op_silu, "silu", 1, 0, NULL, NULL, fl, infer_same, d_silu, in0, NULL);
     D(op_leaky_relu, "leaky_relu", 1, 1, slope, tf, fl, infer_same, d_leaky_relu, in0, NULL);
@@ -481,6 +551,7 @@ em_status em__ops_declare_math(em_registry *core) {
 #define U1_(fn, op) em_status fn(em_tensor *a) { return em__op_inplace(op, a, EM__IN(a), 1, NULL); }
 U1(em_sqrt, op_sqrt) U1(em_rsqrt, op_rsqrt) U1(em_reciprocal, op_reciprocal)
 U1(em_sigmoid, op_sigmoid) U1(em_tanh, op_tanh) U1(em_log1p, op_log1p) U1(em_expm1, op_expm1)
+U1(em_erf, op_erf) U1(em_erfinv, op_erfinv)
 U1(em_abs, op_abs) U1(em_sign, op_sign) U1(em_silu, op_silu) U1(em_logical_not, op_logical_not)
 U1_(em_sqrt_, op_sqrt) U1_(em_rsqrt_, op_rsqrt) U1_(em_reciprocal_, op_reciprocal)
 U1_(em_sigmoid_, op_sigmoid) U1_(em_tanh_, op_tanh) U1_(em_log1p_, op_log1p)
@@ -536,4 +607,10 @@ em_tensor *em_leaky_relu_backward(const em_tensor *grad, const em_tensor *x,
                                   double negative_slope) {
     return em__call1(op_leaky_relu_backward, 2, EM__IN(grad, x),
                      EM__ATTRS(EM__A_FLOAT(negative_slope)));
+}
+em_tensor *em_div_mode(const em_tensor *a, const em_tensor *b, const char *rounding_mode) {
+    return em__call1(op_div_mode, 2, EM__IN(a, b), EM__ATTRS(EM__A_STR(rounding_mode)));
+}
+em_tensor *em_floor_divide(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_div_mode, 2, EM__IN(a, b), EM__ATTRS(EM__A_STR("floor")));
 }

@@ -70,7 +70,8 @@
 static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_max_pool2d,
     *op_max_pool2d_bwd, *op_avg_pool2d, *op_avg_pool2d_bwd, *op_adaptive_avg_pool2d,
     *op_adaptive_avg_pool2d_bwd, *op_batch_norm, *op_batch_norm_bwd, *op_layer_norm,
-    *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd;
+    *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd,
+    *op_dropout, *op_bernoulli, *op_mul, *op_div_scalar;
 
 /* ---- shared checks ---------------------------------------------------------------------------- */
 
@@ -554,6 +555,7 @@ COMPOSITE(c_batch_norm_bwd);
 COMPOSITE(c_layer_norm);
 COMPOSITE(c_layer_norm_bwd);
 COMPOSITE(c_softmax);
+COMPOSITE(c_dropout);
 #undef COMPOSITE
 
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
@@ -745,6 +747,20 @@ em_status em__ops_declare_nn(em_registry *core) {
     DECL(op_log_softmax_bwd, "log_softmax_backward", 2, smb_i, 1, 1, dim, int_t,
          infer_softmax, NULL, 0, c_softmax, 0);
 #undef DECL
+    /* dropout(x; p, training, seed, offset) -> (y, mask): the mask is bernoulli(1 - p) from the
+     * Philox stream at (seed, offset) (em_dropout draws them from a generator). */
+    static const char *const drop_a[] = {"p", "training", "seed", "offset"},
+                             *const drop_o[] = {"input"};
+    static const em_attr_type drop_t[] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_INT, EM_ATTR_INT};
+    if (st == EM_OK)
+        st = em__declare(core, &op_dropout, (em_op_schema){.name = "dropout", .n_inputs = 1,
+                         .input_names = drop_o, .n_outputs = 2, .n_attrs = 4,
+                         .attr_names = drop_a, .attr_types = drop_t, .composite = c_dropout,
+                         .category = "nn"});
+    /* dropout's parts, declared before this family (ops.c, ops_math.c). */
+    if (st == EM_OK && (!(op_bernoulli = em_op_find("bernoulli")) || !(op_mul = em_op_find("mul")) ||
+                        !(op_div_scalar = em_op_find("div_scalar"))))
+        st = em_last_status();
     return st;
 }
 
@@ -1119,6 +1135,56 @@ COMPOSITE(c_softmax) {
     *n_out = (out[0] = finish(r, gy->dtype)) != NULL;
     return *n_out ? EM_OK : em_last_status();
 }
+/* dropout: y = x * mask / (1 - p) with mask ~ bernoulli(1 - p) (bool), as PyTorch's
+ * F.dropout computes it (the mask scaled in x's dtype, then multiplied); p == 1 gives zeros
+ * and an all-false mask; outside training (or p == 0) y is x itself and the mask all true.
+ * The derivative follows from the ops: the grad times the scaled mask. */
+COMPOSITE(c_dropout) {
+    UNUSED;
+    const em_tensor *x = in[0];
+    double p = float_or(attrs, 0, 0.5);
+    bool training = bool_or(attrs, 1, true);
+    if (!check_float("dropout", "input", x)) return em_last_status();
+    if (!(p >= 0 && p <= 1))
+        return em_set_error(EM_ERR_INVALID, "dropout: p must be in [0, 1], got %g", p);
+    em_device dev = x->storage->device;
+    em_tensor *y = NULL, *mask = NULL;
+    em_status st = EM_OK;
+    if (!training || p == 0 || p == 1) {
+        bool keep = !training || p == 0;
+        mask = em__full(x->ndim, x->shape, keep, EM_BOOL, dev);
+        em_tensor *zero = keep ? NULL : em__full(0, NULL, 0, x->dtype, dev);
+        const em_tensor *args[2] = {x, zero};
+        y = !mask ? NULL
+            : keep ? em_tensor_retain((em_tensor *)x)
+            : zero ? em__op1(op_mul, args, 2, NULL)
+                   : NULL;
+        em_tensor_release(zero);
+        if (!y) st = em_last_status();
+    } else if (!attrs || attrs[2].type != EM_ATTR_INT || attrs[3].type != EM_ATTR_INT) {
+        st = em_set_error(EM_ERR_INVALID, "dropout: attributes 'seed' and 'offset' are required "
+                          "in training (em_dropout draws them from a generator)");
+    } else {
+        mask = em__empty(x->ndim, x->shape, EM_BOOL, dev);
+        em_attr ba[3] = {attrs[2], attrs[3], afloat(1 - p)};
+        st = mask ? em_op_call_out(op_bernoulli, NULL, 0, ba, &mask, 1) : em_last_status();
+        em_tensor *m = st == EM_OK ? em__to_dtype(mask, x->dtype) : NULL;
+        em_attr k = afloat(1 - p);
+        em_tensor *scaled = m ? em__op1(op_div_scalar, (const em_tensor *const *)&m, 1, &k) : NULL;
+        const em_tensor *args[2] = {x, scaled};
+        y = scaled ? em__op1(op_mul, args, 2, NULL) : NULL;
+        em_tensor_release(m);
+        em_tensor_release(scaled);
+        if (st == EM_OK && !y) st = em_last_status();
+    }
+    if (st != EM_OK) {
+        em_tensor_release(y);
+        em_tensor_release(mask);
+        return st;
+    }
+    out[0] = y, out[1] = mask, *n_out = 2;
+    return EM_OK;
+}
 #undef COMPOSITE
 #undef UNUSED
 
@@ -1236,3 +1302,18 @@ em_tensor *em_log_softmax_backward(const em_tensor *grad_output, const em_tensor
     return em__call1(op_log_softmax_bwd, 2, EM__IN(grad_output, output), EM__ATTRS(aint(dim)));
 }
 #undef P2
+
+/* The generator's blocks for the mask (4 draws a block, as em_bernoulli_) become the op's seed
+ * and offset; nothing is drawn when the mask is not random. */
+em_tensor *em_dropout(const em_tensor *x, double p, bool training, em_generator *gen,
+                      em_tensor **mask) {
+    bool draws = x && training && p > 0 && p < 1;
+    em_rng_state s = draws ? em_generator_reserve(gen, ((uint64_t)x->numel + 3) / 4)
+                           : (em_rng_state){0};
+    em_tensor *y = NULL;
+    em_status st = em__callv(op_dropout, 1, &x, EM__ATTRS(afloat(p), abool(training),
+                                                          aint((int64_t)s.seed),
+                                                          aint((int64_t)s.offset)),
+                             (em_tensor **const[]){&y, mask}, 2);
+    return st == EM_OK ? y : NULL;
+}

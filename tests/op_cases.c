@@ -153,6 +153,9 @@ T1(tanh, em_tanh(X0))
 T1(log1p, em_log1p(X0))
 T1(expm1, em_expm1(X0))
 T1(sign, em_sign(X0))
+T1(erf, em_erf(X0))
+T1(erfinv, em_erfinv(X0))
+T1(div_mode, em_div_mode(X0, X1, STR(0)))
 T1(gelu, em_gelu(X0, STR(0)))
 T1(silu, em_silu(X0))
 T1(leaky_relu, em_leaky_relu(X0, AF(0)))
@@ -212,6 +215,20 @@ TS(batch_norm, 3, em_batch_norm(X0, X1, X2, (em_tensor *)X3, (em_tensor *)X4, AB
 TS(batch_norm_bwd, 3, em_batch_norm_backward(X0, X1, X2, X3, X4, AB(0), &o0, &o1, &o2))
 TS(layer_norm, 3, em_layer_norm(X0, (int)AI(0), a[2].ints, X1, X2, AF(1), &o0, &o1, &o2))
 TS(layer_norm_bwd, 3, em_layer_norm_backward(X0, X1, X2, X3, X4, (int)AI(0), &o0, &o1, &o2))
+/* dropout draws its mask from a generator set to the row's (seed, offset). */
+static em_status t_dropout(const em_tensor *const *in, const em_attr *a, em_tensor **out,
+                           int *n) {
+    *n = 0;
+    em_generator *g = em_generator_new(0);
+    if (!g) return em_last_status();
+    em_generator_set_state(g, (em_rng_state){.seed = (uint64_t)AI(2), .offset = (uint64_t)AI(3)});
+    em_tensor *mask = NULL;
+    out[0] = em_dropout(X0, AF(0), AB(1), g, &mask);
+    em_generator_free(g);
+    if (!out[0]) return em_last_status();
+    out[1] = mask, *n = 2;
+    return EM_OK;
+}
 T1(softmax, em_softmax(X0, (int)AI(0)))
 T1(log_softmax, em_log_softmax(X0, (int)AI(0)))
 T1(softmax_bwd, em_softmax_backward(X0, X1, (int)AI(0)))
@@ -478,6 +495,25 @@ const em_op_case em_op_cases[] = {
     UNARY("log1p", t_log1p, D_ALL, true, POS),
     UNARY("expm1", t_expm1, D_ALL, true, RANDN),
     UNARY("sign", t_sign, D_ALL, true, RANDN),
+    UNARY("erf", t_erf, D_ALL, true, RANDN),
+    UNARY("erfinv", t_erfinv, D_F, true, PROB),
+    ROW("erfinv", "integers (0 and 1)", t_erfinv, D_INT, OK, true, 1,
+        INS(IT(EM_I64, 1, BOOLS, 6))),
+    BINARY("div_mode", t_div_mode, D_F, true, POS),
+    ROW("div_mode", "floor, negative operands", t_div_mode, D_NUM, OK, true, 2,
+        INS(I(2, CONTIG, RANDN, 3, 4), I(1, CONTIG, POS, 4)), S("floor")),
+    ROW("div_mode", "trunc, transposed and broadcast", t_div_mode, D_NUM, OK, true, 2,
+        INS(I(2, TRANSPOSED, RANDN, 3, 4), I(2, EXPANDED, POS, 3, 4)), S("trunc")),
+    ROW("div_mode", "floor by zero (floats: inf and NaN)", t_div_mode, D_F, OK, true, 2,
+        INS(I(1, CONTIG, RANDN, 4), IT(EM_F32, 0, RANDN, 0)), S("floor")),
+    ROW("div_mode", "integer division by zero", t_div_mode, EM_CASE_DT(EM_I32) | D_I64, EINV,
+        true, 2, INS(I(1, CONTIG, RANDN, 4), IT(EM_I64, 1, INDEX, 4)), S("trunc")),
+    ROW("div_mode", "true division of integers", t_div_mode, D_INT, OK, true, 2,
+        INS(I(1, CONTIG, RANDN, 4), I(1, CONTIG, POS, 4)), NA),
+    ROW("div_mode", "bad rounding mode", t_div_mode, D_F32_64, EINV, true, 2,
+        INS(I(1, CONTIG, RANDN, 4), I(1, CONTIG, POS, 4)), S("round")),
+    ROW("div_mode", "two bools", t_div_mode, D_BOOL, EDT, true, 2,
+        INS(I(1, CONTIG, RANDN, 4), I(1, CONTIG, RANDN, 4)), S("floor")),
     UNARY("silu", t_silu, D_F, true, RANDN),
     ROW("silu", "integers", t_silu, D_INT, EDT, true, 1, INS(I(1, CONTIG, RANDN, 3))),
     ROW("gelu", "none", t_gelu, D_F, OK, true, 1, INS(I(2, TRANSPOSED, RANDN, 3, 4)), NA),
@@ -665,6 +701,16 @@ const em_op_case em_op_cases[] = {
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 1),
             I(2, CONTIG, POS, 3, 1), I(1, CONTIG, POS, 4)),
         N(1)),
+    ROW("dropout", "p 0.3, training", t_dropout, D_F, OK, true, 1,
+        INS(I(2, TRANSPOSED, RANDN, 5, 7)), F(0.3), B(true), N(11), N(4)),
+    ROW("dropout", "eval", t_dropout, D_F32_64, OK, true, 1, INS(I(2, CONTIG, RANDN, 3, 4)),
+        F(0.5), B(false), N(0), N(0)),
+    ROW("dropout", "p 1", t_dropout, D_F32_64, OK, true, 1, INS(I(1, CONTIG, RANDN, 6)), F(1),
+        B(true), N(0), N(0)),
+    ROW("dropout", "p 1.5", t_dropout, D_F32_64, EINV, true, 1, INS(I(1, CONTIG, RANDN, 6)),
+        F(1.5), B(true), N(0), N(0)),
+    ROW("dropout", "integers", t_dropout, D_INT, EDT, true, 1, INS(I(1, CONTIG, RANDN, 6)),
+        F(0.5), B(true), N(0), N(0)),
     ROW("softmax", "dim -1", t_softmax, D_F, OK, true, 1, INS(I(2, TRANSPOSED, RANDN, 3, 4)),
         N(-1)),
     ROW("softmax", "dim 0 of a 0-dim", t_softmax, D_F32_64, OK, true, 1,
