@@ -178,6 +178,11 @@ em_status em_op_declare(em_registry *reg, const em_op_schema *s, const em_op **o
                             "dispatch_arg naming an input or -1, and an infer function unless it "
                             "is a list op or a composite are required; variadic outputs need a "
                             "composite)", s->name);
+    bool composite = EM_SCHEMA_HAS(s, composite) && s->composite;
+    if ((s->flags & EM_OP_VARIADIC) && !composite && !(s->flags & EM_OP_NONDIFF))
+        return em_set_error(EM_ERR_INVALID, "op_declare: '%s' is variadic with a kernel of its "
+                            "own, so it must be EM_OP_NONDIFF (autograd records at most 8 "
+                            "inputs) or a composite", s->name);
     pthread_mutex_lock(&reg_lock);
     em_status st = EM_OK;
     struct em_op *op = NULL;
@@ -526,16 +531,23 @@ static em_status list_op_error(const struct em_op *op) {
                         "with em_op_call_lists", op->schema.name);
 }
 
+static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
+                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
+                          uint64_t *vers);
+
 em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
                          const em_attr *attrs, em_tensor *const *out, int n_out) {
     struct em_op *op = (struct em_op *)cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
     if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
-    if (n_in != op->schema.n_inputs || n_out != op->schema.n_outputs)
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) ||
+        n_out != op->schema.n_outputs)
         return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs and %d outputs; it takes "
-                            "%d and %d", op->schema.name, n_in, n_out, op->schema.n_inputs,
-                            op->schema.n_outputs);
+                            "%s%d and %d", op->schema.name, n_in, n_out, var ? "at least " : "",
+                            op->schema.n_inputs, op->schema.n_outputs);
     if (!em__check_inputs(op->schema.name, in, n_in) ||
         !em__check_inputs(op->schema.name, (const em_tensor *const *)out, n_out))
         return em_last_status();
@@ -563,8 +575,28 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     }
     em_dtype key = op->schema.dispatch_arg >= 0 ? in[op->schema.dispatch_arg]->dtype
                                                 : out[0]->dtype;
-    em_ktensor kin[8], kout[4];
-    uint64_t ids[12], vers[12];
+    /* Up to 8 inputs on the stack (every op but a variadic one with more). */
+    em_ktensor kin_stack[8], kout[4], *kin = kin_stack;
+    uint64_t ids_stack[12], vers_stack[12], *ids = ids_stack, *vers = vers_stack;
+    void *heap = NULL;
+    if (n_in > 8) {
+        size_t n = (size_t)(n_in + n_out);
+        if (!(heap = em__malloc(n * (sizeof *kin + 2 * sizeof *ids), "variadic op call")))
+            return EM_ERR_NOMEM;
+        kin = heap;
+        ids = (uint64_t *)(kin + n_in);
+        vers = ids + n;
+    }
+    em_status st = dispatch(op, in, n_in, attrs, out, n_out, dev, key, kin, kout, ids, vers);
+    em__free(heap);
+    return st;
+}
+
+/* em_op_call_out past its checks: kernel views, the kernel stack, autograd. */
+static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
+                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
+                          uint64_t *vers) {
     for (int i = 0; i < n_in + n_out; i++) {
         const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
         em__ktensor_fill(i < n_in ? &kin[i] : &kout[i - n_in], t);
@@ -578,7 +610,7 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     /* supports() sees the kernel's own user pointer, as its fn does. */
     while (k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx))) k = k->below;
     if (!k && (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
-               !op->top[EM_DEVICE_CPU_TYPE][key]))
+               !op->top[EM_DEVICE_CPU_TYPE][key] || n_in > 8))
         return no_kernel_error(op, dev.type, key);
     em__node *node = NULL;
     em_status st = em__autograd_pre(op, in, n_in, attrs, out, n_out, &node);
@@ -811,9 +843,32 @@ static em_status count_error(const struct em_op *op, int n_in) {
 }
 
 /* Inference, policy and kernel of op (no composite): em_op_call's path for kernel ops. */
+static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, em_tensor **held,
+                          em_tensor **bcast, const em_tensor **args);
+
 static em_status op_run(const struct em_op *op, const em_tensor *const *in, int n_in,
                         const em_attr *attrs, em_tensor **out) {
-    if (n_in != op->schema.n_inputs || n_in < 1 || n_in > 8) return count_error(op, n_in);
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) || n_in < 1)
+        return count_error(op, n_in);
+    if (n_in <= 8) {
+        em_tensor *held[8] = {0}, *bcast[8] = {0};
+        const em_tensor *args[8];
+        return op_run_n(op, in, n_in, attrs, out, held, bcast, args);
+    }
+    /* A variadic op with more than 8 inputs: its scratch on the heap. */
+    void **scratch = em__calloc(3 * (size_t)n_in, sizeof *scratch, "variadic op call");
+    if (!scratch) return EM_ERR_NOMEM;
+    em_status st = op_run_n(op, in, n_in, attrs, out, (em_tensor **)scratch,
+                            (em_tensor **)scratch + n_in, (const em_tensor **)scratch + 2 * n_in);
+    em__free(scratch);
+    return st;
+}
+
+static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, em_tensor **held,
+                          em_tensor **bcast, const em_tensor **args) {
     if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     em_device dev = in[0]->storage->device;
@@ -826,18 +881,20 @@ static em_status op_run(const struct em_op *op, const em_tensor *const *in, int 
                                 em_device_str(dev, a, sizeof a), i,
                                 em_device_str(in[i]->storage->device, b, sizeof b));
         }
-    em_tensor *held[8] = {0}, *bcast[8] = {0}, *res[4] = {0};
-    const em_tensor *args[8];
+    em_tensor *res[4] = {0};
     em_status st = EM_OK;
     for (int i = 0; i < n_in; i++) args[i] = in[i];
     if (needs_policy(op, in, n_in)) {
-        em_dtype dts[8];
+        em_dtype dts_stack[8], *dts = dts_stack;
+        if (n_in > 8 && !(dts = em__malloc(sizeof *dts * (size_t)n_in, "variadic op call")))
+            return EM_ERR_NOMEM;
         st = apply_policy(op, in, n_in, attrs, dts);
         for (int i = 0; i < n_in && st == EM_OK; i++)
             if (in[i]->dtype != dts[i]) {
                 if (!(held[i] = em__to_dtype(in[i], dts[i]))) st = em_last_status();
                 args[i] = held[i];
             }
+        if (dts != dts_stack) em__free(dts);
     }
     em_tensor_meta meta[4]; /* zeroed for the outputs infer fills (one memset of all four
                                showed up in profiles of tiny ops) */
