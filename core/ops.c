@@ -30,38 +30,10 @@ static const em_op *op_add, *op_sub, *op_mul, *op_div, *op_neg, *op_exp, *op_log
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
-static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                            em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = in[0]->dtype;
-    out->ndim = in[0]->ndim;
-    memcpy(out->shape, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
-    return EM_OK;
-}
+/* infer_same: em_infer_same (ember/op_helpers.h). */
+#define infer_same em_infer_same
 
-/* NumPy broadcasting of two shapes; names both shapes when they do not broadcast. */
-static em_status infer_broadcast(const em_op *op, const em_tensor *const *in,
-                                 const em_attr *attrs, em_tensor_meta *out) {
-    (void)attrs;
-    const em_tensor *a = in[0], *b = in[1];
-    int nd = EM_MAX(a->ndim, b->ndim);
-    for (int i = 0; i < nd; i++) {
-        int ia = a->ndim - nd + i, ib = b->ndim - nd + i;
-        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
-        if (sa != sb && sa != 1 && sb != 1) {
-            char x[160], y[160];
-            return em_set_error(EM_ERR_SHAPE, "%s: shapes %s and %s cannot be broadcast (dim "
-                                "%d: %lld vs %lld)", em_op_name(op),
-                                em__shape_str(a->ndim, a->shape, x, sizeof x),
-                                em__shape_str(b->ndim, b->shape, y, sizeof y), i - nd,
-                                (long long)sa, (long long)sb);
-        }
-        out->shape[i] = sa == 1 ? sb : sa;
-    }
-    out->ndim = nd;
-    out->dtype = a->dtype;
-    return EM_OK;
-}
+#define infer_broadcast em_infer_broadcast
 
 static em_status infer_sum(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
                            em_tensor_meta *out) {

@@ -280,14 +280,8 @@ static em_status infer_tri(const em_op *op, const em_tensor *const *in, const em
     return EM_OK;
 }
 
-static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                            em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = in[0]->dtype;
-    out->ndim = in[0]->ndim;
-    memcpy(out->shape, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
-    return EM_OK;
-}
+/* infer_same: em_infer_same (ember/op_helpers.h). */
+#define infer_same em_infer_same
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 

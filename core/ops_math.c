@@ -66,14 +66,8 @@ static const em_op *op_abs, *op_sqrt, *op_rsqrt, *op_reciprocal, *op_sigmoid, *o
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
-static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                            em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = in[0]->dtype;
-    out->ndim = in[0]->ndim;
-    memcpy(out->shape, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
-    return EM_OK;
-}
+/* infer_same: em_infer_same (ember/op_helpers.h). */
+#define infer_same em_infer_same
 
 static em_status infer_bool(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
                             em_tensor_meta *out) {
@@ -101,42 +95,13 @@ static em_status infer_gelu(const em_op *op, const em_tensor *const *in, const e
     return infer_same(op, in, attrs, out);
 }
 
-/* NumPy broadcasting of the op's inputs (2 or 3); names every shape when they do not
- * broadcast. */
+/* The inputs' broadcast shape into out (ember/op_helpers.h names every shape on failure). */
 static em_status broadcast_shapes(const em_op *op, const em_tensor *const *in, int n,
                                   em_tensor_meta *out) {
-    int nd = 0;
-    for (int k = 0; k < n; k++) nd = EM_MAX(nd, in[k]->ndim);
-    for (int i = 0; i < nd; i++) {
-        int64_t size = 1;
-        for (int k = 0; k < n; k++) {
-            int ik = in[k]->ndim - nd + i;
-            int64_t s = ik >= 0 ? in[k]->shape[ik] : 1;
-            if (s == 1 || s == size) continue;
-            if (size != 1) {
-                char x[160], y[160], z[160] = "";
-                em__shape_str(in[0]->ndim, in[0]->shape, x, sizeof x);
-                em__shape_str(in[1]->ndim, in[1]->shape, y, sizeof y);
-                if (n > 2) em__shape_str(in[2]->ndim, in[2]->shape, z, sizeof z);
-                return em_set_error(EM_ERR_SHAPE, "%s: shapes %s%s %s%s%s cannot be broadcast "
-                                    "(dim %d: %lld vs %lld)", em_op_name(op), x,
-                                    n > 2 ? "," : " and", y, n > 2 ? " and " : "", z, i - nd,
-                                    (long long)size, (long long)s);
-            }
-            size = s;
-        }
-        out->shape[i] = size;
-    }
-    out->ndim = nd;
-    return EM_OK;
+    return em_broadcast_shapes(em_op_name(op), in, n, &out->ndim, out->shape);
 }
 
-static em_status infer_broadcast(const em_op *op, const em_tensor *const *in,
-                                 const em_attr *attrs, em_tensor_meta *out) {
-    (void)attrs;
-    out->dtype = in[0]->dtype;
-    return broadcast_shapes(op, in, 2, out);
-}
+#define infer_broadcast em_infer_broadcast
 
 static em_status infer_compare(const em_op *op, const em_tensor *const *in,
                                const em_attr *attrs, em_tensor_meta *out) {

@@ -289,3 +289,37 @@ Test(dispatch, a_composite_with_variadic_outputs) {
     em_assert_error(EM_ERR_INVALID, "run it with em_op_call_n");
     em_scope_end();
 }
+
+/* ember/op_helpers.h: the iterator's offsets are the strided offsets of each linear index, for
+ * transposed, expanded and 0-dim tensors; em_infer_broadcast names every shape. */
+Test(dispatch, op_helpers_iterate_and_broadcast) {
+    em_ktensor a = {.ndim = 3, .numel = 24, .shape = {2, 3, 4}, .strides = {1, 8, 2}};
+    em_ktensor b = {.ndim = 3, .numel = 24, .shape = {2, 3, 4}, .strides = {0, 4, 1}};
+    em_ktensor c = {.ndim = 3, .numel = 24, .shape = {2, 3, 4}, .strides = {12, 4, 1}};
+    const em_ktensor *ts[3] = {&a, &b, &c};
+    em_kiter it;
+    int64_t lin = 0;
+    for (em_kiter_init(&it, 3, ts); em_kiter_more(&it); em_kiter_next(&it), lin++) {
+        cr_expect_eq(it.off[0], em_ktensor_offset(&a, lin), "a at %lld", (long long)lin);
+        cr_expect_eq(it.off[1], em_ktensor_offset(&b, lin), "b at %lld", (long long)lin);
+        cr_expect_eq(it.off[2], lin);
+    }
+    cr_expect_eq(lin, 24);
+    em_ktensor z = {.ndim = 0, .numel = 1};
+    const em_ktensor *zs[1] = {&z};
+    int n = 0;
+    for (em_kiter_init(&it, 1, zs); em_kiter_more(&it); em_kiter_next(&it)) n += it.off[0] == 0;
+    cr_expect_eq(n, 1, "a 0-dim tensor has one element");
+    em_scope_begin();
+    em_tensor *x = em_zeros(2, (int64_t[]){2, 1}, EM_F32, em_cpu()),
+              *y = em_zeros(1, (int64_t[]){3}, EM_F32, em_cpu()),
+              *w = em_zeros(1, (int64_t[]){2}, EM_F32, em_cpu());
+    int nd;
+    int64_t shape[EM_MAX_DIMS];
+    cr_assert_eq(em_broadcast_shapes("t", (const em_tensor *const[]){x, y}, 2, &nd, shape), EM_OK);
+    cr_expect(nd == 2 && shape[0] == 2 && shape[1] == 3);
+    cr_expect_eq(em_broadcast_shapes("t", (const em_tensor *const[]){x, y, w}, 3, &nd, shape),
+                 EM_ERR_SHAPE);
+    em_assert_error(EM_ERR_SHAPE, "t: shapes [2, 1], [3] and [2] cannot be broadcast (dim -1: 3 vs 2)");
+    em_scope_end();
+}
