@@ -244,6 +244,8 @@ em_status em__declare(em_registry *core, const em_op **out, em_op_schema s);
 em_status em__reduce_attrs(const em_op *op, const char *who, const em_tensor *a,
                            const em_attr *attrs, int n_attrs, em_attr *norm);
 /* Each op family declares its schemas (core/ops_<family>.c). */
+em_status em__ops_declare_elementwise(em_registry *core);
+em_status em__ops_declare_fill(em_registry *core);
 em_status em__ops_declare_math(em_registry *core);
 em_status em__ops_declare_reduce(em_registry *core);
 em_status em__ops_declare_nn(em_registry *core);

@@ -69,6 +69,8 @@
 
 #include "internal.h"
 
+const em_op *em__op_copy;
+static const em_op *op_index_select;
 static const em_op *op_cat, *op_stack, *op_split, *op_split_sizes, *op_chunk, *op_pad;
 static const em_op *op_gather, *op_scatter, *op_scatter_add, *op_index_add, *op_embedding,
     *op_embedding_backward, *op_masked_fill, *op_one_hot, *op_tril, *op_triu, *op_flip,
@@ -384,6 +386,58 @@ static em_status d_flip(const em_backward_ctx *c, em_tensor **gi) {
 #undef NEED
 #undef DIM
 
+static em_status infer_index_select(const em_op *op, const em_tensor *const *in,
+                                    const em_attr *attrs, em_tensor_meta *out) {
+    const em_tensor *idx = in[1];
+    if (idx->ndim > 1 || idx->dtype != EM_I64)
+        return em_set_error(EM_ERR_INVALID, "%s: the index must be a 1-D int64 (or int32) "
+                            "tensor; got %d dims of %s", em_op_name(op), idx->ndim,
+                            em_dtype_name(idx->dtype));
+    infer_same(op, in, attrs, out);
+    out->shape[attrs[0].v.i] = idx->numel;
+    return EM_OK;
+}
+
+static em_status d_copy(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_to_dtype(c->grad_out[0], c->in_meta[0].dtype);
+    return gi[0] ? EM_OK : em_last_status();
+}
+
+static em_status d_index_select(const em_backward_ctx *c, em_tensor **gi) {
+    /* The selected slices' grads added back at their index (repeats accumulate). */
+    const em_tensor_meta *m = &c->in_meta[0];
+    em_tensor *z = em_zeros(m->ndim, m->shape, m->dtype, em_tensor_device(c->grad_out[0]));
+    gi[0] = z ? em_index_add(z, (int)c->attrs[0].v.i, c->in[1], c->grad_out[0], 1) : NULL;
+    return gi[0] ? EM_OK : em_last_status();
+}
+
+/* index_select(x, index; dim): dim counted from the end when negative, an int32 index
+ * widened to int64 (the kernel's). */
+static em_status c_index_select(const em_op *op, const em_tensor *const *in, int n_in,
+                                const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const em_tensor *a = in[0], *index = in[1];
+    if (a->ndim == 0)
+        return em_set_error(EM_ERR_SHAPE, "index_select: cannot index a 0-dim tensor");
+    int d = em__wrap_dim(attrs && attrs[0].type == EM_ATTR_INT ? (int)attrs[0].v.i : 0,
+                         a->ndim, "index_select");
+    if (d < 0) return em_last_status();
+    if (!attrs || attrs[0].type != EM_ATTR_INT)
+        return em_set_error(EM_ERR_INVALID, "index_select: attribute 'dim' is required");
+    if (index->dtype != EM_I64 && index->dtype != EM_I32)
+        return em_set_error(EM_ERR_DTYPE, "index_select: the index must be int64 or int32, got %s",
+                            em_dtype_name(index->dtype));
+    em_tensor *idx = em__to_dtype(index, EM_I64);
+    if (!idx) return em_last_status();
+    em_attr attr = EM__A_INT(d);
+    const em_tensor *args[2] = {a, idx};
+    em_tensor *r = em__kernel1(op, args, 2, &attr);
+    em_tensor_release(idx);
+    *n_out = r != NULL;
+    out[0] = r;
+    return r ? EM_OK : em_last_status();
+}
+
 /* The composites (below): views, copies and fills, on every device. */
 #define COMPOSITE(fn)                                                                           \
     static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
@@ -420,6 +474,10 @@ em_status em__ops_declare_data(em_registry *core) {
         st = em__declare(core, &var, (em_op_schema){.name = nm, .n_inputs = nin, .n_attrs = na, \
                          .attr_names = an, .attr_types = at, .flags = fl_, .infer = inf,        \
                          .backward = bw, .saves = sv, .composite = comp, .category = "data"})
+    DC(em__op_copy, "copy", 1, 0, NULL, NULL, 0, infer_same, d_copy, 0, NULL);
+    /* index_select's derivative is index_add of the grad into zeros. */
+    DC(op_index_select, "index_select", 2, 1, dim, ti, 0, infer_index_select, d_index_select,
+       idx, c_index_select);
     DC(op_gather, "gather", 2, 1, dim, ti, 0, infer_gather, d_gather, idx, c_index_read);
     DC(op_scatter, "scatter", 3, 1, dim, ti, 0, infer_scatter, d_scatter, idx, c_index_write);
     DC(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, infer_scatter, d_scatter_add, idx,
@@ -1207,4 +1265,8 @@ em_status em_triu_(em_tensor *t, int64_t diagonal) {
 }
 em_tensor *em_flip(const em_tensor *t, int ndims, const int *dims) {
     return em__call1(op_flip, 1, &t, EM__ATTRS(em__attr_ints(ndims, dims)));
+}
+
+em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index) {
+    return em__call1(op_index_select, 2, EM__IN(a, index), EM__ATTRS(EM__A_INT(dim)));
 }

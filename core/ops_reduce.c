@@ -36,6 +36,7 @@
 
 #include "internal.h"
 
+static const em_op *op_sum, *op_mean, *op_mul;
 static const em_op *op_amax, *op_amin, *op_max, *op_min, *op_max_dim, *op_min_dim, *op_argmax,
     *op_argmin, *op_var, *op_std, *op_logsumexp, *op_norm, *op_prod, *op_all, *op_any;
 
@@ -142,9 +143,105 @@ static em_status infer_max_dim(const em_op *op, const em_tensor *const *in,
     return EM_OK;
 }
 
-/* ---- composites: the public reductions over their keep-dims kernels ----------------------------- */
+/* ---- sum and mean --------------------------------------------------------------------------- */
 
 static bool keepdim_of(const em_attr *a) { return a->type == EM_ATTR_BOOL && a->v.b; }
+
+static em_status infer_sum(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                           em_tensor_meta *out) {
+    (void)op;
+    infer_same(op, in, attrs, out);
+    for (int i = 0; i < attrs[0].n; i++) out->shape[attrs[0].ints[i]] = 1;
+    return EM_OK;
+}
+
+static em_status d_sum(const em_backward_ctx *c, em_tensor **gi) {
+    /* The grad has the input's ndim with 1 on the reduced dims: broadcast it back. */
+    gi[0] = em_expand(c->grad_out[0], c->in_meta[0].ndim, c->in_meta[0].shape);
+    return gi[0] ? EM_OK : em_last_status();
+}
+
+/* Reduction attributes as the public ops take them (dims: INTS, absent or empty for all;
+ * keepdim) normalised into `norm` (dims sorted and unique, the rest copied). */
+em_status em__reduce_attrs(const em_op *op, const char *who, const em_tensor *a,
+                           const em_attr *attrs, int n_attrs, em_attr *norm) {
+    int dims[EM_MAX_DIMS], n = 0;
+    if (attrs[0].type == EM_ATTR_INTS) {
+        n = attrs[0].n;
+        for (int i = 0; i < n; i++) dims[i] = (int)attrs[0].ints[i];
+    }
+    (void)op;
+    for (int i = 1; i < n_attrs; i++) norm[i] = attrs[i];
+    return em__reduce_dims(who, a, n, dims, &norm[0]);
+}
+
+
+/* sum(x; dims, keepdim): bool and integer inputs sum in int64. */
+static em_tensor *sum_run(const em_op *op, const char *who, const em_tensor *a,
+                          const em_attr *attrs, int64_t *count) {
+    em_attr at[2];
+    if (em__reduce_attrs(op, who, a, attrs, 2, at) != EM_OK) return NULL;
+    *count = 1;
+    for (int i = 0; i < at[0].n; i++) *count *= a->shape[at[0].ints[i]];
+    em_tensor *x = em_dtype_is_floating(a->dtype) ? em_tensor_retain((em_tensor *)a)
+                                                  : em__to_dtype(a, EM_I64);
+    em_tensor *r = x ? em__kernel1(op_sum, (const em_tensor *const *)&x, 1, at) : NULL;
+    em_tensor_release(x);
+    return em__reduce_drop(r, &at[0], keepdim_of(&at[1]));
+}
+
+static em_status c_sum(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    int64_t count;
+    em_attr at[2] = {attrs ? attrs[0] : (em_attr){0}, attrs ? attrs[1] : (em_attr){0}};
+    *n_out = (out[0] = sum_run(op, "sum", in[0], at, &count)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* The mean in a's own floating dtype (f32 or f64). */
+static em_tensor *mean_run(const em_tensor *a, const em_attr *attrs) {
+    int64_t count;
+    em_tensor *s = sum_run(op_sum, "mean", a, attrs, &count);
+    em_tensor *k = s ? em__full(0, NULL, count ? 1.0 / (double)count : NAN, a->dtype, em_cpu())
+                     : NULL;
+    em_tensor *kd = k ? em__to_device(k, a->storage->device) : NULL;
+    /* Out of place: s may be a view of the sum, which autograd cannot rewrite in place. */
+    const em_tensor *in[2] = {s, kd};
+    em_tensor *r = kd ? em__op1(op_mul, in, 2, NULL) : NULL;
+    em_tensor_release(k);
+    em_tensor_release(kd);
+    em_tensor_release(s);
+    return r;
+}
+
+/* mean(x; dims, keepdim): floating inputs only; f16 and bf16 accumulate in f32 and round
+ * once, as in PyTorch (their sum alone may overflow: the mean of 1e5 float16 ones is 1, their
+ * sum inf). */
+static em_status c_mean(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)cap;
+    const em_tensor *a = in[0];
+    em_attr at[2] = {attrs ? attrs[0] : (em_attr){0}, attrs ? attrs[1] : (em_attr){0}};
+    if (!em_dtype_is_floating(a->dtype))
+        return em_set_error(EM_ERR_DTYPE, "mean: could not infer output dtype: input dtype %s "
+                            "is not floating; convert it with em_to_dtype first",
+                            em_dtype_name(a->dtype));
+    em_tensor *r;
+    if (a->dtype == EM_F32 || a->dtype == EM_F64) {
+        r = mean_run(a, at);
+    } else {
+        em_tensor *x = em__to_dtype(a, EM_F32);
+        em_tensor *m = x ? mean_run(x, at) : NULL;
+        r = m ? em__to_dtype(m, a->dtype) : NULL;
+        em_tensor_release(m);
+        em_tensor_release(x);
+    }
+    *n_out = (out[0] = r) != NULL;
+    return r ? EM_OK : em_last_status();
+}
+
+/* ---- composites: the public reductions over their keep-dims kernels ----------------------------- */
 
 /* A reduction as the public op takes it: attrs (dims as given, the op's others, keepdim
  * last) checked, dims normalised for the kernel, the dtype rule applied, and the reduced dims
@@ -363,6 +460,16 @@ em_status em__ops_declare_reduce(em_registry *core) {
 #define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
     const unsigned x = EM_SAVE_INPUT(0), xy = x | EM_SAVE_OUTPUT(0),
                    xi = x | EM_SAVE_OUTPUT(1); /* max_dim: the input and the indices */
+    /* sum and mean: the kernel sees dims normalised (sorted, unique) and keeps them. */
+    if (st == EM_OK)
+        st = em__declare(core, &op_sum, (em_op_schema){.name = "sum", .n_inputs = 1, .n_attrs = 2,
+                         .attr_names = dims, .attr_types = ti, .infer = infer_sum,
+                         .backward = d_sum, .composite = c_sum, .category = "reduce"});
+    if (st == EM_OK)
+        st = em__declare(core, &op_mean, (em_op_schema){.name = "mean", .n_inputs = 1,
+                         .n_attrs = 2, .attr_names = dims, .attr_types = ti, .composite = c_mean,
+                         .category = "reduce"});
+    if (st == EM_OK && !(op_mul = em_op_find("mul"))) st = em_last_status(); /* mean's */
     DECL(op_amax, "amax", 1, 2, dims, ti, infer_same, d_amax, xy, c_reduce);
     DECL(op_amin, "amin", 1, 2, dims, ti, infer_same, d_amax, xy, c_reduce);
     DECL(op_max, "max", 1, 0, NULL, NULL, NULL, NULL, 0, c_extreme_all);
@@ -423,3 +530,11 @@ em_tensor *em_norm(const em_tensor *a, double p, int ndims, const int *dims, boo
     return em__call1(op_norm, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_FLOAT(p),
                                                EM__A_BOOL(keepdim)));
 }
+
+em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    return em__call1(op_sum, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
+}
+em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    return em__call1(op_mean, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
+}
+
