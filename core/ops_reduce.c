@@ -8,7 +8,12 @@
  * drop them afterwards unless keepdim. Attribute `dims` is always already normalised, sorted
  * and unique (an empty list reduces nothing: a 0-dim input has no dims).
  *
- * Kernel contracts (what a backend may assume, per op):
+ * Kernel contracts (what a backend may assume, per op). The public ops take their dims as
+ * given (absent or empty: all) and keepdim as their last attribute; their composites pass the
+ * kernel the dims normalised, the other attributes as given (keepdim included: kernels ignore
+ * it), and drop the reduced dims afterwards unless keepdim.
+ *   sum(x) -> y           attrs: dims. y has x's dtype (ints arrive as int64, bool converted).
+ *   mean                  no kernel: sum times 1/count (f16/bf16 through f32).
  *   amax/amin(x) -> y     attrs: dims. y has x's dtype (any dtype, bool included). Every
  *                         reduced dim has size > 0. NaN propagates.
  *   max_dim/min_dim(x) -> (values, indices)   attrs: dim (int, normalised; 0 for a 0-dim x).

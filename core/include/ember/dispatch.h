@@ -2,8 +2,12 @@
  * ember/dispatch.h — op schemas, kernels, and how the core picks one to run.
  *
  * An op is declared once by a schema: its name, inputs, outputs, typed attributes and a
- * shape/dtype inference function. The core declares the standard op set (ember/ops.h); a
- * plugin or a program may declare more. Kernels are registered per (op, device type, dtype)
+ * shape/dtype inference function. The schema is the op: its argument checks and dtype rules
+ * (policy flags the dispatcher applies, or a prepare hook), whether it is a composite of other
+ * ops (a composite hook, with variadic inputs or outputs where it needs them) and its
+ * derivative all live there, so em_op_call by name runs exactly what a typed em_X() function
+ * runs. The core declares the standard op set (ember/ops.h); a plugin or a program may
+ * declare more; ember/op_helpers.h has the common inference helpers and a strided iterator. Kernels are registered per (op, device type, dtype)
  * with a priority and stack: the highest priority wins, a later registration at equal
  * priority wins, and unregistering restores the one below. An optional supports() predicate
  * lets a kernel decline a call (a shape or attribute it cannot handle); the next one down the

@@ -12,6 +12,22 @@
  *
  * Type promotion follows PyTorch (em_dtype_promote): f32 + f64 is f64, i64 + f32 is f32.
  * Broadcasting follows NumPy: shapes align from the last dim; sizes must be equal or 1.
+ *
+ * Each function is one line over the op's schema (ember/dispatch.h): its checks, dtype rules
+ * and composite parts live there, so em_op_call(em_op_find("clamp"), ...) with the function's
+ * arguments as attributes is the same op (tests/test_op_schema checks it for every op). The
+ * attributes by name are the function's arguments, in order (see each op's schema for names;
+ * a NULL pointer argument is an absent attribute). Ops whose outputs vary in number (split,
+ * chunk) run by name with em_op_call_n; the fills (arange, uniform_, ...) with em_op_call_out
+ * into the tensor to write, taking the generator's seed and offset as attributes.
+ *
+ * Adding an op (the recipe; docs/adding-an-op.md has the details and what it touched):
+ *   1. its schema and derivative in its family's core file (core/ops_<family>.c): a policy
+ *      flag or a prepare hook for the dtype rule and the checks, an inference, the
+ *      derivative, and the typed function as one line;
+ *   2. its CPU kernel in one plugin file (plugins/backend-cpu/cpu_<family>.c);
+ *   3. one declaration here;
+ *   4. its rows in the op-case table (tests/op_cases.c); make check fails without them.
  */
 #ifndef EMBER_OPS_H
 #define EMBER_OPS_H
