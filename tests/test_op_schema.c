@@ -219,3 +219,61 @@ Test(op_schema, checks_run_by_name) {
                  EM_ERR_RANGE);
     cr_assert_eq(em_scope_end(), EM_OK);
 }
+
+/* The table's tolerances: every valid row that lists float16 or bfloat16 with float32 gives,
+ * in the low-precision dtype, the float32 result on the same (rounded) inputs within the
+ * dtype's tolerance (tests/op_cases.h: em_case_tolerance, scaled by the row's tol_scale):
+ * |low - f32| <= tol * (1 + |f32|). Outputs that are not floating must be equal. */
+static void low_vs_f32(const em_op_case *c, int r, em_dtype low) {
+    char what[256];
+    snprintf(what, sizeof what, "%s (%s) in %s", c->op, c->variant, em_dtype_name(low));
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *in_low[EM_CASE_MAX_IN] = {0}, *in_f32[EM_CASE_MAX_IN] = {0};
+    int n_build = c->n_in ? c->n_in : 1;
+    for (int i = 0; i < n_build; i++) {
+        in_low[i] = em_case_make(&c->in[i], low, (uint64_t)r * 131 + (uint64_t)i);
+        bool row_dtype = c->in[i].dtype < 0;
+        in_f32[i] = in_low[i] && row_dtype ? em_to_dtype(in_low[i], EM_F32) : in_low[i];
+        cr_assert(in_f32[i] || c->in[i].absent, "%s: %s", what, em_last_error());
+    }
+    em_tensor *a[16] = {0}, *b[16] = {0};
+    int na = 0, nb = 0;
+    em_status sa = c->typed((const em_tensor *const *)in_low, c->attrs, a, &na);
+    em_status sb = c->typed((const em_tensor *const *)in_f32, c->attrs, b, &nb);
+    cr_assert(sa == EM_OK && sb == EM_OK, "%s: %s", what, em_last_error());
+    cr_assert_eq(na, nb, "%s", what);
+    double tol = em_case_tolerance(low) * (c->tol_scale > 0 ? c->tol_scale : 1);
+    for (int k = 0; k < na; k++) {
+        double *x = em_test_values(a[k]), *y = em_test_values(b[k]);
+        int64_t n = em_tensor_numel(a[k]);
+        cr_assert_eq(n, em_tensor_numel(b[k]), "%s: output %d", what, k);
+        bool fl = em_dtype_is_floating(em_tensor_dtype(a[k]));
+        for (int64_t i = 0; i < n; i++) {
+            bool same = x[i] == y[i] || (isnan(x[i]) && isnan(y[i]));
+            bool close = fl && isfinite(y[i]) && fabs(x[i] - y[i]) <= tol * (1 + fabs(y[i]));
+            cr_expect(same || close, "%s: output %d element %lld: %.9g vs float32 %.9g (tol %g)",
+                      what, k, (long long)i, x[i], y[i], tol);
+        }
+        free(x);
+        free(y);
+    }
+    cr_assert_eq(em_scope_end(), EM_OK);
+}
+
+Test(op_schema, low_precision_within_the_tables_tolerance) {
+    int checked = 0;
+    for (int r = 0; r < em_op_case_count; r++) {
+        const em_op_case *c = &em_op_cases[r];
+        const em_op_schema *s = em_op_schema_of(em_op_find(c->op));
+        if (!c->typed || c->expect != EM_OK || !(c->dtypes & EM_CASE_DT(EM_F32)) ||
+            s->n_inputs == 0)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            em_dtype low = k ? EM_BF16 : EM_F16;
+            if (!(c->dtypes & EM_CASE_DT(low))) continue;
+            low_vs_f32(c, r, low);
+            checked++;
+        }
+    }
+    cr_expect_gt(checked, 100, "only %d rows", checked);
+}
