@@ -391,6 +391,10 @@ static em_status t_linspace(const em_tensor *const *in, const em_attr *a, em_ten
 #define ROW(name, var, fn, dts, st, diff, nin, INS, ...)                                        \
     {.op = name, .variant = var, .typed = fn, .dtypes = dts, .expect = st,                      \
      .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}}
+/* A row with inputs that get no gradient by definition (bit i: input i). */
+#define ROWNG(mask, name, var, fn, dts, st, diff, nin, INS, ...)                                \
+    {.op = name, .variant = var, .typed = fn, .dtypes = dts, .expect = st,                      \
+     .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}, .no_grad = mask}
 #define INS(...) {__VA_ARGS__}
 #define OK EM_OK
 #define EDT EM_ERR_DTYPE
@@ -729,10 +733,10 @@ const em_op_case em_op_cases[] = {
     /* ---- losses (ops_loss.c) ---- */
     ROW("cross_entropy", "class indices, mean", t_cross_entropy, D_F, OK, true, 3,
         INS(I(2, CONTIG, RANDN, 4, 5), IX(1, 5, 4), NONE_IN), N(1), N(-100), F(0)),
-    ROW("cross_entropy", "weight, ignore_index, smoothing, none", t_cross_entropy, D_F32_64, OK,
+    ROWNG(6, "cross_entropy", "weight, ignore_index, smoothing, none", t_cross_entropy, D_F32_64, OK,
         true, 3, INS(I(2, TRANSPOSED, RANDN, 4, 5), IX(1, 5, 4), I(1, CONTIG, POS, 5)), N(0),
         N(2), F(0.1)),
-    ROW("cross_entropy", "probabilities", t_cross_entropy, D_F32_64, OK, true, 3,
+    ROWNG(6, "cross_entropy", "probabilities", t_cross_entropy, D_F32_64, OK, true, 3,
         INS(I(2, CONTIG, RANDN, 4, 5), I(2, CONTIG, PROB, 4, 5), NONE_IN), N(2), N(-100), F(0)),
     ROW("cross_entropy", "bad reduction", t_cross_entropy, D_F32_64, EINV, true, 3,
         INS(I(2, CONTIG, RANDN, 4, 5), IX(1, 5, 4), NONE_IN), N(7), N(-100), F(0)),
@@ -741,7 +745,7 @@ const em_op_case em_op_cases[] = {
     ROW("cross_entropy_backward", "mean", t_cross_entropy_bwd, D_F32_64, OK, false, 4,
         INS(I(0, CONTIG, RANDN, 0), I(2, CONTIG, RANDN, 4, 5), IX(1, 5, 4), NONE_IN), N(1),
         N(-100), F(0)),
-    ROW("nll_loss", "sum, weight", t_nll_loss, D_F, OK, true, 3,
+    ROWNG(4, "nll_loss", "sum, weight", t_nll_loss, D_F, OK, true, 3,
         INS(I(2, CONTIG, RANDN, 4, 5), IX(1, 5, 4), I(1, CONTIG, POS, 5)), N(2), N(-100)),
     ROW("nll_loss_backward", "none", t_nll_loss_bwd, D_F32_64, OK, false, 4,
         INS(I(1, CONTIG, RANDN, 4), I(2, CONTIG, RANDN, 4, 5), IX(1, 5, 4), NONE_IN), N(0),
@@ -765,11 +769,11 @@ const em_op_case em_op_cases[] = {
     ROW("smooth_l1_loss_backward", "beta 1", t_smooth_l1_loss_bwd, D_F32_64, OK, false, 3,
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4)),
         N(0), F(1)),
-    ROW("binary_cross_entropy_with_logits", "weights, mean", t_bce, D_F, OK, true, 4,
+    ROWNG(14, "binary_cross_entropy_with_logits", "weights, mean", t_bce, D_F, OK, true, 4,
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, PROB, 3, 4), I(1, CONTIG, POS, 4),
             I(1, CONTIG, POS, 4)),
         N(1)),
-    ROW("binary_cross_entropy_with_logits", "no weights, none", t_bce, D_F32_64, OK, true, 4,
+    ROWNG(14, "binary_cross_entropy_with_logits", "no weights, none", t_bce, D_F32_64, OK, true, 4,
         INS(I(2, TRANSPOSED, RANDN, 3, 4), I(2, CONTIG, PROB, 3, 4), NONE_IN, NONE_IN), N(0)),
     ROW("binary_cross_entropy_with_logits", "target shape", t_bce, D_F32_64, ESH, true, 4,
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, PROB, 4, 3), NONE_IN, NONE_IN), N(1)),
@@ -786,7 +790,7 @@ const em_op_case em_op_cases[] = {
     ROW("gather", "index out of range", t_gather, D_F32_64, ERNG, true, 2,
         INS(I(2, CONTIG, RANDN, 3, 4), IT(EM_I64, 2, ONES, 3, 2)), N(3)),
     ROW("scatter", "dim 0", t_scatter, D_ALL, OK, true, 3,
-        INS(I(2, CONTIG, RANDN, 3, 4), IX(2, 3, 2, 4), I(2, CONTIG, RANDN, 2, 4)), N(0)),
+        INS(I(2, CONTIG, RANDN, 3, 4), IX(2, 3, 1, 4), I(2, CONTIG, RANDN, 1, 4)), N(0)),
     ROW("scatter_add", "dim 1", t_scatter_add, D_NUM, OK, true, 3,
         INS(I(2, CONTIG, RANDN, 3, 4), IX(2, 4, 3, 2), I(2, SLICED, RANDN, 3, 2)), N(1)),
     ROW("index_add", "dim 0, alpha 2", t_index_add, D_NUM, OK, true, 3,
@@ -795,7 +799,7 @@ const em_op_case em_op_cases[] = {
         INS(I(2, CONTIG, RANDN, 3, 4), IX(1, 3, 2), I(2, CONTIG, RANDN, 2, 3)), N(0), F(1)),
     ROW("embedding", "2-D indices", t_embedding, D_ALL, OK, true, 2,
         INS(I(2, CONTIG, RANDN, 5, 3), IX(2, 5, 2, 3)), N(INT64_MIN)),
-    ROW("embedding", "padding_idx -1", t_embedding, D_F32_64, OK, true, 2,
+    ROWNG(1, "embedding", "padding_idx -1", t_embedding, D_F32_64, OK, true, 2,
         INS(I(2, CONTIG, RANDN, 5, 3), IX(1, 5, 4)), N(-1)),
     ROW("embedding", "padding_idx out of range", t_embedding, D_F32_64, ERNG, true, 2,
         INS(I(2, CONTIG, RANDN, 5, 3), IX(1, 5, 4)), N(5)),

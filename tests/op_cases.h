@@ -80,6 +80,9 @@ typedef struct em_op_case {
     em_status expect;
     bool differentiable;   /* the op has a derivative (gradcheck applies) */
     double tol_scale;
+    /* Inputs whose gradient is none or zero by definition (a target, a class weight, the
+     * padding rows of an embedding): gradchecks leave them alone. */
+    unsigned no_grad;
 } em_op_case;
 
 #define EM_CASE_DT(dt) (1u << (dt))
