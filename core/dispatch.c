@@ -386,6 +386,10 @@ bool em__check_inputs(const char *op, const em_tensor *const *in, int n) {
     return true;
 }
 
+/* What a NULL attribute array means: every attribute absent. Inference, prepare hooks,
+ * composites and kernels then read EM_ATTR_NONE entries instead of through a NULL pointer. */
+static const em_attr no_attrs[8];
+
 static em_status check_attrs(const struct em_op *op, const em_attr *attrs) {
     for (int i = 0; i < op->schema.n_attrs; i++) {
         em_attr_type got = attrs ? attrs[i].type : EM_ATTR_NONE;
@@ -551,6 +555,7 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     if (!em__check_inputs(op->schema.name, in, n_in) ||
         !em__check_inputs(op->schema.name, (const em_tensor *const *)out, n_out))
         return em_last_status();
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     /* A fill (no inputs) checks its attributes against the output it writes. */
     if (n_in == 0 && op->schema.prepare &&
@@ -734,6 +739,7 @@ em_status em_op_call_lists(const em_op *cop, int count, const em_tensor *const *
         return em_set_error(EM_ERR_INVALID, "%s: bad list call (count %d, inputs %s, outputs "
                             "%s)", name, count, in ? "given" : "NULL", out ? "given" : "NULL");
     if (count == 0) return EM_OK;
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     /* Output list 0 gives the shapes and the device: every entry must be there. */
     if (!em__check_inputs(name, (const em_tensor *const *)out, count)) return em_last_status();
@@ -870,6 +876,7 @@ static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, in
                           const em_attr *attrs, em_tensor **out, em_tensor **held,
                           em_tensor **bcast, const em_tensor **args) {
     if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     em_device dev = in[0]->storage->device;
     if (!(op->schema.flags & EM_OP_CROSS_DEVICE))
@@ -943,6 +950,7 @@ static em_status composite_run(const struct em_op *op, const em_tensor *const *i
             em_set_error(EM_ERR_INVALID, "%s: input %d is NULL", op->schema.name, i);
         return em_last_status();
     }
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     int n = 0;
     em_status st = op->schema.composite(op, in, n_in, attrs, out, cap_out, &n);
@@ -1082,6 +1090,7 @@ em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *con
     if (n_in != op->schema.n_inputs || n_in > 8 || op->schema.composite || !op->schema.infer ||
         op->schema.n_outputs != 1)
         return em_set_error(EM_ERR_INVALID, "%s: no in-place form", name);
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     em_dtype dts[8];
     if (apply_policy(op, in, n_in, attrs, dts) != EM_OK) return em_last_status();

@@ -52,6 +52,10 @@ static em_status prep_fill(const em_op *op, const em_tensor *const *out, int n_o
                            const em_attr *a, em_dtype *dts) {
     (void)n_out, (void)dts;
     const em_tensor *t = out[0];
+    if (op == em__op_fill)
+        return a[0].type == EM_ATTR_FLOAT ? EM_OK
+                                          : em_set_error(EM_ERR_INVALID, "fill: attribute "
+                                                         "'value' is required");
     if (op == op_arange) {
         if (a[2].type == EM_ATTR_NONE) return EM_OK; /* no end: any length */
         int64_t n = arange_len(a[0].v.f, a[2].v.f, a[1].v.f);
@@ -101,7 +105,8 @@ em_status em__ops_declare_fill(em_registry *core) {
     if (st == EM_OK)                                                                            \
         st = em__declare(core, &var, (em_op_schema){__VA_ARGS__, .dispatch_arg = -1,            \
                          .flags = nd, .category = "fill"})
-    DECLS(em__op_fill, .name = "fill", .n_attrs = 1, .attr_names = value, .attr_types = tf);
+    DECLS(em__op_fill, .name = "fill", .n_attrs = 1, .attr_names = value, .attr_types = tf,
+          .prepare = prep_fill);
     DECLS(op_arange, .name = "arange", .n_attrs = 3, .attr_names = arange, .attr_types = tfff,
           .prepare = prep_fill);
     DECLS(op_uniform, .name = "uniform", .n_attrs = 4, .attr_names = uniform,

@@ -351,3 +351,18 @@ Test(op_schema, differentiable_rows_pass_gradcheck_in_f64) {
     }
     cr_expect_gt(checked, 100, "only %d rows", checked);
 }
+
+/* A NULL attribute array by name means every attribute absent: defaults or an error, never a
+ * read through NULL (gelu's inference and fill's kernel read their attribute 0). */
+Test(op_schema, null_attrs_by_name_are_absent_attributes) {
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *x = em_ones(1, (int64_t[]){3}, EM_F32, em_cpu()), *y = NULL;
+    cr_expect_eq(em_op_call(em_op_find("gelu"), (const em_tensor *const[]){x}, 1, NULL, &y),
+                 EM_OK, "%s", em_last_error());
+    cr_expect_eq(em_op_call_out(em_op_find("fill"), NULL, 0, NULL, &x, 1), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "fill: attribute 'value' is required");
+    cr_expect_eq(em_op_call(em_op_find("clamp"), (const em_tensor *const[]){x}, 1, NULL, &y),
+                 EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "clamp: at least one of min and max must be given");
+    cr_assert_eq(em_scope_end(), EM_OK);
+}

@@ -284,8 +284,8 @@ EM_API em_status em_kernel_unregister(em_kernel *k);
 
 /* Run an op: check devices, promote and broadcast (per flags), infer, allocate outputs on the
  * inputs' device, dispatch. `out` receives n_outputs new references. attrs has the schema's
- * n_attrs entries (may be NULL when n_attrs is 0). NULL inputs fail without replacing the
- * pending error. */
+ * n_attrs entries, or is NULL: every attribute absent (the op's default, or its error for a
+ * required one). NULL inputs fail without replacing the pending error. */
 EM_API em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
                             const em_attr *attrs, em_tensor **out /* out */);
 /* em_op_call for any op, variadic outputs included (EM_OP_VARIADIC_OUTPUTS: split, chunk):
