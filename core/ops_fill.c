@@ -72,7 +72,7 @@ static em_status prep_fill(const em_op *op, const em_tensor *const *out, int n_o
     if ((op == op_uniform || op == op_normal) && !em_dtype_is_floating(t->dtype))
         return em_set_error(EM_ERR_DTYPE, "%s_: expected a floating tensor, got %s",
                             em_op_name(op), em_dtype_name(t->dtype));
-    double p0 = a[2].v.f, p1 = a[3].v.f;
+    double p0 = a[2].v.f, p1 = op == op_bernoulli ? 0 : a[3].v.f; /* bernoulli has 3 attrs */
     if (op == op_uniform && (!(p0 <= p1) || !isfinite(p0) || !isfinite(p1)))
         return em_set_error(EM_ERR_INVALID, "uniform_: expects lo <= hi, both finite; got "
                             "[%g, %g)", p0, p1);

@@ -263,14 +263,19 @@ Test(dispatch, an_old_size_schema_still_works) {
     em_scope_end();
 }
 
-/* A program-declared composite with variadic outputs, run by name with em_op_call_n. */
+/* A program-declared composite with variadic outputs, run by name with em_op_call_n: written
+ * with the public ops in a scope of its own, it retains what it returns (the contract of
+ * em_composite_fn). */
 static em_status halves(const em_op *op, const em_tensor *const *in, int n_in,
                         const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
     (void)op, (void)n_in, (void)attrs;
     int n = 0;
-    return em_split(in[0], (em_tensor_size(in[0], 0) + 1) / 2, 0, cap, out, &n) == EM_OK
-               ? (*n_out = n, EM_OK)
-               : em_last_status();
+    em_scope_begin();
+    em_status st = em_split(in[0], (em_tensor_size(in[0], 0) + 1) / 2, 0, cap, out, &n);
+    for (int i = 0; st == EM_OK && i < n; i++) em_tensor_retain(out[i]);
+    em_scope_end();
+    if (st == EM_OK) *n_out = n;
+    return st;
 }
 
 Test(dispatch, a_composite_with_variadic_outputs) {

@@ -169,8 +169,13 @@ typedef em_status (*em_prepare_fn)(const em_op *op, const em_tensor *const *in, 
 /* (optional) A composite op: its meaning written with other ops, and with its own kernel
  * (em_op_call_kernel runs the op's inference and kernel, skipping this hook). em_op_call
  * runs it in place of inference and dispatch, after checking the inputs (count, NULLs) and
- * the attribute types. It fills out[0 .. *n_out) with new references (at most cap_out; the
- * schema's n_outputs unless EM_OP_VARIADIC_OUTPUTS), or returns an error with none. */
+ * the attribute types. It fills out[0 .. *n_out) with new references that no scope holds (at
+ * most cap_out; the schema's n_outputs unless EM_OP_VARIADIC_OUTPUTS), or returns an error
+ * with none; em_op_call puts them in the caller's scope. A composite written with the public
+ * ops (whose results go to the thread's scope) opens a scope of its own and retains what it
+ * returns before closing it:
+ *     em_scope_begin(); em_tensor *y = em_mul(in[0], em_sigmoid(in[0]));
+ *     out[0] = em_tensor_retain(y); em_scope_end(); */
 typedef em_status (*em_composite_fn)(const em_op *op, const em_tensor *const *in, int n_in,
                                      const em_attr *attrs, em_tensor **out, int cap_out,
                                      int *n_out /* out */);
