@@ -104,14 +104,30 @@ em_status em__ops_declare_elementwise(em_registry *core) {
 
 /* ---- public functions: one line each ------------------------------------------------------------ */
 
-em_tensor *em_add(const em_tensor *a, const em_tensor *b) { return em__call1(op_add, 2, EM__IN(a, b), NULL); }
-em_tensor *em_sub(const em_tensor *a, const em_tensor *b) { return em__call1(op_sub, 2, EM__IN(a, b), NULL); }
-em_tensor *em_mul(const em_tensor *a, const em_tensor *b) { return em__call1(op_mul, 2, EM__IN(a, b), NULL); }
-em_tensor *em_div(const em_tensor *a, const em_tensor *b) { return em__call1(op_div, 2, EM__IN(a, b), NULL); }
-em_status em_add_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_add, a, EM__IN(a, b), 2, NULL); }
-em_status em_sub_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_sub, a, EM__IN(a, b), 2, NULL); }
-em_status em_mul_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_mul, a, EM__IN(a, b), 2, NULL); }
-em_status em_div_(em_tensor *a, const em_tensor *b) { return em__op_inplace(op_div, a, EM__IN(a, b), 2, NULL); }
+em_tensor *em_add(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_add, 2, EM__IN(a, b), NULL);
+}
+em_tensor *em_sub(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_sub, 2, EM__IN(a, b), NULL);
+}
+em_tensor *em_mul(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_mul, 2, EM__IN(a, b), NULL);
+}
+em_tensor *em_div(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_div, 2, EM__IN(a, b), NULL);
+}
+em_status em_add_(em_tensor *a, const em_tensor *b) {
+    return em__op_inplace(op_add, a, EM__IN(a, b), 2, NULL);
+}
+em_status em_sub_(em_tensor *a, const em_tensor *b) {
+    return em__op_inplace(op_sub, a, EM__IN(a, b), 2, NULL);
+}
+em_status em_mul_(em_tensor *a, const em_tensor *b) {
+    return em__op_inplace(op_mul, a, EM__IN(a, b), 2, NULL);
+}
+em_status em_div_(em_tensor *a, const em_tensor *b) {
+    return em__op_inplace(op_div, a, EM__IN(a, b), 2, NULL);
+}
 em_tensor *em_neg(const em_tensor *a) { return em__call1(op_neg, 1, &a, NULL); }
 em_tensor *em_exp(const em_tensor *a) { return em__call1(op_exp, 1, &a, NULL); }
 em_tensor *em_log(const em_tensor *a) { return em__call1(op_log, 1, &a, NULL); }

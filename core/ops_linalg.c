@@ -14,8 +14,9 @@
  *   bmm(a, b) -> y          a (B, M, K), b (B, K, N), y (B, M, N), one floating dtype; a and b
  *                         may be strided (e.g. transposed), same rules as addmm.
  *
- * matmul is composite: PyTorch's broadcasting and 1-D rules over bmm. linear is composite: x (..., in) is flattened to (R, in) and multiplied by the weight
- * (out, in) as a transposed view, through addmm (with a bias) or bmm (without): one GEMM for
+ * matmul is composite: PyTorch's broadcasting and 1-D rules over bmm. linear is composite:
+ * x (..., in) is flattened to (R, in) and multiplied by the weight (out, in) as a transposed
+ * view, through addmm (with a bias) or bmm (without): one GEMM for
  * all leading dims, the weight never copied.
  */
 #include <string.h>

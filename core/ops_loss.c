@@ -610,14 +610,16 @@ em_tensor *em_cross_entropy(const em_tensor *input, const em_tensor *target,
                             const em_tensor *weight, em_reduction reduction, int64_t ignore_index,
                             double label_smoothing) {
     return em__call1(op_ce, 3, EM__IN(input, target, weight),
-                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index), EM__A_FLOAT(label_smoothing)));
+                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index),
+                               EM__A_FLOAT(label_smoothing)));
 }
 em_tensor *em_cross_entropy_backward(const em_tensor *grad, const em_tensor *input,
                                      const em_tensor *target, const em_tensor *weight,
                                      em_reduction reduction, int64_t ignore_index,
                                      double label_smoothing) {
     return em__call1(op_ce_bw, 4, EM__IN(grad, input, target, weight),
-                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index), EM__A_FLOAT(label_smoothing)));
+                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index),
+                               EM__A_FLOAT(label_smoothing)));
 }
 em_tensor *em_nll_loss(const em_tensor *input, const em_tensor *target, const em_tensor *weight,
                        em_reduction reduction, int64_t ignore_index) {
@@ -646,7 +648,8 @@ em_tensor *em_l1_loss_backward(const em_tensor *grad, const em_tensor *input,
 }
 em_tensor *em_smooth_l1_loss(const em_tensor *input, const em_tensor *target,
                              em_reduction reduction, double beta) {
-    return em__call1(op_sl1, 2, EM__IN(input, target), EM__ATTRS(RED(reduction), EM__A_FLOAT(beta)));
+    return em__call1(op_sl1, 2, EM__IN(input, target),
+                     EM__ATTRS(RED(reduction), EM__A_FLOAT(beta)));
 }
 em_tensor *em_smooth_l1_loss_backward(const em_tensor *grad, const em_tensor *input,
                                       const em_tensor *target, em_reduction reduction,

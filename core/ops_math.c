@@ -512,8 +512,10 @@ em_status em__ops_declare_math(em_registry *core) {
 
 /* ---- public functions: one line each over the schemas above ------------------------------------ */
 
-#define U1(fn, op) em_tensor *fn(const em_tensor *a) { return em__call1(op, 1, &a, NULL); }
-#define U1_(fn, op) em_status fn(em_tensor *a) { return em__op_inplace(op, a, EM__IN(a), 1, NULL); }
+#define U1(fn, op)                                                                              \
+    em_tensor *fn(const em_tensor *a) { return em__call1(op, 1, &a, NULL); }
+#define U1_(fn, op)                                                                             \
+    em_status fn(em_tensor *a) { return em__op_inplace(op, a, EM__IN(a), 1, NULL); }
 U1(em_sqrt, op_sqrt) U1(em_rsqrt, op_rsqrt) U1(em_reciprocal, op_reciprocal)
 U1(em_sigmoid, op_sigmoid) U1(em_tanh, op_tanh) U1(em_log1p, op_log1p) U1(em_expm1, op_expm1)
 U1(em_erf, op_erf) U1(em_erfinv, op_erfinv)
@@ -540,8 +542,14 @@ em_status em_clamp_(em_tensor *a, const double *min, const double *max) {
     return em__op_inplace(op_clamp, a, EM__IN(a), 1, EM__ATTRS(EM__A_OPTF(min), EM__A_OPTF(max)));
 }
 
-#define S1(fn, op) em_tensor *fn(const em_tensor *a, double v) { return em__call1(op, 1, &a, EM__ATTRS(EM__A_FLOAT(v))); }
-#define S1_(fn, op) em_status fn(em_tensor *a, double v) { return em__op_inplace(op, a, EM__IN(a), 1, EM__ATTRS(EM__A_FLOAT(v))); }
+#define S1(fn, op)                                                                              \
+    em_tensor *fn(const em_tensor *a, double v) {                                               \
+        return em__call1(op, 1, &a, EM__ATTRS(EM__A_FLOAT(v)));                                 \
+    }
+#define S1_(fn, op)                                                                             \
+    em_status fn(em_tensor *a, double v) {                                                      \
+        return em__op_inplace(op, a, EM__IN(a), 1, EM__ATTRS(EM__A_FLOAT(v)));                  \
+    }
 S1(em_add_scalar, op_add_scalar) S1(em_sub_scalar, op_sub_scalar)
 S1(em_mul_scalar, op_mul_scalar) S1(em_div_scalar, op_div_scalar)
 S1(em_pow_scalar, op_pow_scalar)
@@ -550,7 +558,10 @@ S1_(em_mul_scalar_, op_mul_scalar) S1_(em_div_scalar_, op_div_scalar)
 #undef S1
 #undef S1_
 
-#define B2(fn, op) em_tensor *fn(const em_tensor *a, const em_tensor *b) { return em__call1(op, 2, EM__IN(a, b), NULL); }
+#define B2(fn, op)                                                                              \
+    em_tensor *fn(const em_tensor *a, const em_tensor *b) {                                     \
+        return em__call1(op, 2, EM__IN(a, b), NULL);                                            \
+    }
 B2(em_pow, op_pow) B2(em_maximum, op_maximum) B2(em_minimum, op_minimum)
 B2(em_eq, op_eq) B2(em_ne, op_ne) B2(em_lt, op_lt) B2(em_le, op_le) B2(em_gt, op_gt)
 B2(em_ge, op_ge) B2(em_logical_and, op_logical_and) B2(em_logical_or, op_logical_or)

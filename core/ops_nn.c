@@ -686,7 +686,8 @@ em_status em__ops_declare_nn(em_registry *core) {
                                                 "count_include_pad", "input_size"},
                              *const in_size[] = {"input_size"}, *const out_size[] = {"output_size"},
                              *const bn_a[] = {"training", "momentum", "eps"},
-                             *const ln_a[] = {"normalized_ndim", "eps", "normalized_shape"}, *const dim[] = {"dim"};
+                             *const ln_a[] = {"normalized_ndim", "eps", "normalized_shape"},
+                             *const dim[] = {"dim"};
     static const char *const conv_i[] = {"input", "weight", "bias"},
                              *const convd_i[] = {"grad_output", "weight"},
                              *const convw_i[] = {"input", "grad_output"},
@@ -758,8 +759,9 @@ em_status em__ops_declare_nn(em_registry *core) {
                          .attr_names = drop_a, .attr_types = drop_t, .composite = c_dropout,
                          .category = "nn"});
     /* dropout's parts, declared before this family (ops.c, ops_math.c). */
-    if (st == EM_OK && (!(op_bernoulli = em_op_find("bernoulli")) || !(op_mul = em_op_find("mul")) ||
-                        !(op_div_scalar = em_op_find("div_scalar"))))
+    if (st == EM_OK &&
+        (!(op_bernoulli = em_op_find("bernoulli")) || !(op_mul = em_op_find("mul")) ||
+         !(op_div_scalar = em_op_find("div_scalar"))))
         st = em_last_status();
     return st;
 }

@@ -7,8 +7,9 @@
  * ops (a composite hook, with variadic inputs or outputs where it needs them) and its
  * derivative all live there, so em_op_call by name runs exactly what a typed em_X() function
  * runs. The core declares the standard op set (ember/ops.h); a plugin or a program may
- * declare more; ember/op_helpers.h has the common inference helpers and a strided iterator. Kernels are registered per (op, device type, dtype)
- * with a priority and stack: the highest priority wins, a later registration at equal
+ * declare more; ember/op_helpers.h has the common inference helpers and a strided iterator.
+ *
+ * Kernels are registered per (op, device type, dtype) with a priority and stack: the highest priority wins, a later registration at equal
  * priority wins, and unregistering restores the one below. An optional supports() predicate
  * lets a kernel decline a call (a shape or attribute it cannot handle); the next one down the
  * stack is tried.
