@@ -10,6 +10,10 @@
  *   add_out_1elem  em_op_call_out on the standard op "add" (1-element f32 tensors, a
  *                  preallocated output): PyTorch's torch.add(a, b, out=c).
  *   add_1elem      the public em_add on two 1-element f32 tensors, then em_tensor_release.
+ *   transpose_view the public em_transpose of a 2x2 f32 tensor (a view: no kernel), then
+ *                  em_tensor_release.
+ *   matmul_2x2     the public em_matmul of two 2x2 f32 matrices (a composite over bmm:
+ *                  reshape and expand views, one GEMM), then em_tensor_release.
  * The figures are printed, never asserted.
  *
  *     bench/dispatch            # defaults
@@ -71,6 +75,7 @@ typedef struct bench_args {
     const em_op *add;    /* the standard "add" */
     const em_tensor *in[2];
     em_tensor *out;
+    const em_tensor *m[2]; /* 2x2 f32 matrices */
 } bench_args;
 typedef bool (*bench_fn)(const bench_args *a, long iters);
 
@@ -98,6 +103,24 @@ static bool run_call(const bench_args *a, long iters) {
 static bool run_add(const bench_args *a, long iters) {
     for (long i = 0; i < iters; i++) {
         em_tensor *y = em_add(a->in[0], a->in[1]);
+        if (!y) return false;
+        em_tensor_release(y);
+    }
+    return true;
+}
+
+static bool run_transpose(const bench_args *a, long iters) {
+    for (long i = 0; i < iters; i++) {
+        em_tensor *y = em_transpose(a->m[0], 0, 1);
+        if (!y) return false;
+        em_tensor_release(y);
+    }
+    return true;
+}
+
+static bool run_matmul(const bench_args *a, long iters) {
+    for (long i = 0; i < iters; i++) {
+        em_tensor *y = em_matmul(a->m[0], a->m[1]);
         if (!y) return false;
         em_tensor_release(y);
     }
@@ -148,16 +171,20 @@ static int run_all(long iters) {
     em_tensor *a = em_ones(1, one, EM_F32, em_cpu());
     em_tensor *b = em_ones(1, one, EM_F32, em_cpu());
     em_tensor *out = em_empty(1, one, EM_F32, em_cpu());
+    int64_t two[2] = {2, 2};
+    em_tensor *m0 = em_ones(2, two, EM_F32, em_cpu()), *m1 = em_ones(2, two, EM_F32, em_cpu());
     int rc = 0;
-    if (!a || !b || !out) {
+    if (!a || !b || !out || !m0 || !m1) {
         rc = fail("creating tensors");
     } else {
-        bench_args args = {.op = op, .add = add, .in = {a, b}, .out = out};
+        bench_args args = {.op = op, .add = add, .in = {a, b}, .out = out, .m = {m0, m1}};
         struct { const char *name; bench_fn fn; long iters; } rows[] = {
             {"noop_call_out", run_call_out, iters},
             {"noop_call", run_call, iters / 4},
             {"add_out_1elem", run_add_out, iters / 4},
             {"add_1elem", run_add, iters / 4},
+            {"transpose_view", run_transpose, iters / 4},
+            {"matmul_2x2", run_matmul, iters / 20},
         };
         printf("%-16s %10s %10s\n", "name", "ns/call", "calls");
         for (size_t i = 0; i < sizeof rows / sizeof rows[0] && rc == 0; i++) {
@@ -169,6 +196,8 @@ static int run_all(long iters) {
     em_tensor_release(a);
     em_tensor_release(b);
     em_tensor_release(out);
+    em_tensor_release(m0);
+    em_tensor_release(m1);
     return rc;
 }
 

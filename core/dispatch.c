@@ -117,6 +117,7 @@ static void op_free(struct em_op *op) {
     em__free((void *)op->schema.input_names);
     em__free((void *)op->schema.attr_names);
     em__free((void *)op->schema.attr_types);
+    em__free((char *)op->schema.category);
     em__free((char *)op->schema.name);
     em__free(op);
 }
@@ -134,8 +135,12 @@ static bool copy_schema(struct em_op *op, const em_op_schema *s) {
     op->schema.input_names = NULL;
     op->schema.attr_names = NULL;
     op->schema.attr_types = NULL;
+    op->schema.category = NULL;
     op->schema.name = em__strdup(s->name, "op name");
     if (!op->schema.name) return false;
+    if (EM_SCHEMA_HAS(s, category) && s->category &&
+        !(op->schema.category = em__strdup(s->category, "op category")))
+        return false;
     if (s->input_names) {
         const char **names = em__calloc((size_t)s->n_inputs + 1, sizeof *names, "op inputs");
         op->schema.input_names = names;
@@ -165,11 +170,19 @@ em_status em_op_declare(em_registry *reg, const em_op_schema *s, const em_op **o
         s->n_outputs > ((s->flags & EM_OP_LISTS) ? 8 : 4) || s->n_attrs < 0 ||
         s->n_attrs > 8 || (s->n_attrs > 0 && (!s->attr_names || !s->attr_types)) ||
         s->dispatch_arg < -1 || s->dispatch_arg >= s->n_inputs ||
-        (!s->infer && s->n_inputs > 0 && !(s->flags & EM_OP_LISTS)))
+        (!s->infer && s->n_inputs > 0 && !(s->flags & EM_OP_LISTS) &&
+         !(EM_SCHEMA_HAS(s, composite) && s->composite)) ||
+        ((s->flags & EM_OP_VARIADIC_OUTPUTS) && !(EM_SCHEMA_HAS(s, composite) && s->composite)))
         return em_set_error(EM_ERR_INVALID, "op_declare: the schema of '%s' is malformed "
                             "(1..4 outputs (a list op 1..8), 0..8 inputs and attributes, a "
                             "dispatch_arg naming an input or -1, and an infer function unless it "
-                            "is a list op are required)", s->name);
+                            "is a list op or a composite are required; variadic outputs need a "
+                            "composite)", s->name);
+    bool composite = EM_SCHEMA_HAS(s, composite) && s->composite;
+    if ((s->flags & EM_OP_VARIADIC) && !composite && !(s->flags & EM_OP_NONDIFF))
+        return em_set_error(EM_ERR_INVALID, "op_declare: '%s' is variadic with a kernel of its "
+                            "own, so it must be EM_OP_NONDIFF (autograd records at most 8 "
+                            "inputs) or a composite", s->name);
     pthread_mutex_lock(&reg_lock);
     em_status st = EM_OK;
     struct em_op *op = NULL;
@@ -218,9 +231,11 @@ const em_op *em_op_find(const char *name) {
     pthread_mutex_lock(&reg_lock);
     struct em_op *op = find_op_locked(name), *best = NULL;
     size_t best_d = 4;
+    /* The list runs newest first; on a tie the op declared first wins ('ad': 'add', not the
+     * later 'pad'). */
     for (struct em_op *o = ops_head; o && !op; o = o->next) {
         size_t d = edit_distance(name, o->schema.name);
-        if (d < best_d) best_d = d, best = o;
+        if (d < best_d || (best && d == best_d)) best_d = d, best = o;
     }
     if (!op)
         em_set_error(EM_ERR_NOTFOUND, "no op named '%s' is declared%s%s%s", name,
@@ -371,6 +386,10 @@ bool em__check_inputs(const char *op, const em_tensor *const *in, int n) {
     return true;
 }
 
+/* What a NULL attribute array means: every attribute absent. Inference, prepare hooks,
+ * composites and kernels then read EM_ATTR_NONE entries instead of through a NULL pointer. */
+static const em_attr no_attrs[8];
+
 static em_status check_attrs(const struct em_op *op, const em_attr *attrs) {
     for (int i = 0; i < op->schema.n_attrs; i++) {
         em_attr_type got = attrs ? attrs[i].type : EM_ATTR_NONE;
@@ -378,6 +397,23 @@ static em_status check_attrs(const struct em_op *op, const em_attr *attrs) {
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' has type %d; the schema "
                                 "says %d", op->schema.name, op->schema.attr_names[i], (int)got,
                                 (int)op->schema.attr_types[i]);
+        if (got == EM_ATTR_INTS && (attrs[i].n < 0 || attrs[i].n > EM_MAX_DIMS)) {
+            /* em__attr_ints marks a NULL C array of n entries as EM__INTS_NULL + n. */
+            int n = attrs[i].n;
+            bool null = n >= EM__INTS_NULL && n < EM__INTS_NULL + (1 << 20);
+            return em_set_error(EM_ERR_INVALID, "%s: %d %s given%s (attribute '%s' holds 0 to "
+                                "%d)", op->schema.name, null ? n - EM__INTS_NULL : n,
+                                strcmp(op->schema.attr_names[i], "dims") == 0 ? "dims"
+                                                                               : "values",
+                                null ? " as NULL" : "", op->schema.attr_names[i], EM_MAX_DIMS);
+        }
+        if (got == EM_ATTR_INT_LIST && (attrs[i].n < 0 || (attrs[i].n > 0 && !attrs[i].v.list)))
+            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' lists %d values at %s",
+                                op->schema.name, op->schema.attr_names[i], attrs[i].n,
+                                attrs[i].v.list ? "a valid address" : "NULL");
+        if (got == EM_ATTR_STRING && !attrs[i].v.s)
+            return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' is a NULL string",
+                                op->schema.name, op->schema.attr_names[i]);
     }
     return EM_OK;
 }
@@ -499,20 +535,32 @@ static em_status list_op_error(const struct em_op *op) {
                         "with em_op_call_lists", op->schema.name);
 }
 
+static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
+                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
+                          uint64_t *vers);
+
 em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
                          const em_attr *attrs, em_tensor *const *out, int n_out) {
     struct em_op *op = (struct em_op *)cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
     if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
-    if (n_in != op->schema.n_inputs || n_out != op->schema.n_outputs)
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) ||
+        n_out != op->schema.n_outputs)
         return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs and %d outputs; it takes "
-                            "%d and %d", op->schema.name, n_in, n_out, op->schema.n_inputs,
-                            op->schema.n_outputs);
+                            "%s%d and %d", op->schema.name, n_in, n_out, var ? "at least " : "",
+                            op->schema.n_inputs, op->schema.n_outputs);
     if (!em__check_inputs(op->schema.name, in, n_in) ||
         !em__check_inputs(op->schema.name, (const em_tensor *const *)out, n_out))
         return em_last_status();
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    /* A fill (no inputs) checks its attributes against the output it writes. */
+    if (n_in == 0 && op->schema.prepare &&
+        op->schema.prepare(op, (const em_tensor *const *)out, n_out, attrs, NULL) != EM_OK)
+        return em_last_status();
     for (int i = 0; i < n_out; i++)
         if (overlapping_output(op, out[i], i) != EM_OK ||
             partial_overlap(op, in, n_in, out[i], i) != EM_OK)
@@ -532,8 +580,28 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     }
     em_dtype key = op->schema.dispatch_arg >= 0 ? in[op->schema.dispatch_arg]->dtype
                                                 : out[0]->dtype;
-    em_ktensor kin[8], kout[4];
-    uint64_t ids[12], vers[12];
+    /* Up to 8 inputs on the stack (every op but a variadic one with more). */
+    em_ktensor kin_stack[8], kout[4], *kin = kin_stack;
+    uint64_t ids_stack[12], vers_stack[12], *ids = ids_stack, *vers = vers_stack;
+    void *heap = NULL;
+    if (n_in > 8) {
+        size_t n = (size_t)(n_in + n_out);
+        if (!(heap = em__malloc(n * (sizeof *kin + 2 * sizeof *ids), "variadic op call")))
+            return EM_ERR_NOMEM;
+        kin = heap;
+        ids = (uint64_t *)(kin + n_in);
+        vers = ids + n;
+    }
+    em_status st = dispatch(op, in, n_in, attrs, out, n_out, dev, key, kin, kout, ids, vers);
+    em__free(heap);
+    return st;
+}
+
+/* em_op_call_out past its checks: kernel views, the kernel stack, autograd. */
+static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
+                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
+                          uint64_t *vers) {
     for (int i = 0; i < n_in + n_out; i++) {
         const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
         em__ktensor_fill(i < n_in ? &kin[i] : &kout[i - n_in], t);
@@ -547,7 +615,7 @@ em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
     /* supports() sees the kernel's own user pointer, as its fn does. */
     while (k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx))) k = k->below;
     if (!k && (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
-               !op->top[EM_DEVICE_CPU_TYPE][key]))
+               !op->top[EM_DEVICE_CPU_TYPE][key] || n_in > 8))
         return no_kernel_error(op, dev.type, key);
     em__node *node = NULL;
     em_status st = em__autograd_pre(op, in, n_in, attrs, out, n_out, &node);
@@ -671,6 +739,7 @@ em_status em_op_call_lists(const em_op *cop, int count, const em_tensor *const *
         return em_set_error(EM_ERR_INVALID, "%s: bad list call (count %d, inputs %s, outputs "
                             "%s)", name, count, in ? "given" : "NULL", out ? "given" : "NULL");
     if (count == 0) return EM_OK;
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     /* Output list 0 gives the shapes and the device: every entry must be there. */
     if (!em__check_inputs(name, (const em_tensor *const *)out, count)) return em_last_status();
@@ -742,18 +811,72 @@ static bool same_shape(const em_tensor *t, int ndim, const int64_t *shape) {
     return true;
 }
 
-em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
-                      const em_attr *attrs, em_tensor **out) {
-    const struct em_op *op = cop;
-    if (!op) return em__error_pending() ? em_last_status()
-                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
-    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
-    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
-    if (n_in != op->schema.n_inputs || n_in < 1)
-        return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs; it takes %d (ops "
-                            "without inputs run through em_op_call_out)", op->schema.name,
-                            n_in, op->schema.n_inputs);
+/* The dtypes the inputs are converted to under op's policy (flags) and prepare hook. */
+static em_status apply_policy(const struct em_op *op, const em_tensor *const *in, int n_in,
+                              const em_attr *attrs, em_dtype *dts) {
+    unsigned f = op->schema.flags;
+    for (int i = 0; i < n_in; i++) dts[i] = in[i]->dtype;
+    if (f & EM_OP_PROMOTE) {
+        em_dtype rt = em__result_type(in, n_in);
+        for (int i = 0; i < n_in; i++) dts[i] = rt;
+    }
+    if (f & EM_OP_FLOAT_RESULT)
+        for (int i = 0; i < n_in; i++)
+            if (!em_dtype_is_floating(dts[i])) dts[i] = EM_F32;
+    if (f & EM_OP_FLOATING)
+        for (int i = 0; i < n_in; i++)
+            if (!em_dtype_is_floating(dts[i]))
+                return em_set_error(EM_ERR_DTYPE, "%s: expected a floating tensor, got %s",
+                                    op->schema.name, em_dtype_name(dts[i]));
+    return op->schema.prepare ? op->schema.prepare(op, in, n_in, attrs, dts) : EM_OK;
+}
+
+static bool needs_policy(const struct em_op *op, const em_tensor *const *in, int n_in) {
+    unsigned f = op->schema.flags;
+    if (op->schema.prepare || (f & (EM_OP_FLOAT_RESULT | EM_OP_FLOATING))) return true;
+    if (!(f & EM_OP_PROMOTE)) return false;
+    for (int i = 1; i < n_in; i++)
+        if (in[i]->dtype != in[0]->dtype) return true; /* one dtype: the result type is it */
+    return false;
+}
+
+static em_status count_error(const struct em_op *op, int n_in) {
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    return em_set_error(EM_ERR_INVALID, "%s: called with %d inputs; it takes %s%d%s",
+                        op->schema.name, n_in, var ? "at least " : "", op->schema.n_inputs,
+                        op->schema.n_inputs || op->schema.composite
+                            ? "" : " (ops without inputs run through em_op_call_out)");
+}
+
+/* Inference, policy and kernel of op (no composite): em_op_call's path for kernel ops. */
+static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, em_tensor **held,
+                          em_tensor **bcast, const em_tensor **args);
+
+static em_status op_run(const struct em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out) {
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) || n_in < 1)
+        return count_error(op, n_in);
+    if (n_in <= 8) {
+        em_tensor *held[8] = {0}, *bcast[8] = {0};
+        const em_tensor *args[8];
+        return op_run_n(op, in, n_in, attrs, out, held, bcast, args);
+    }
+    /* A variadic op with more than 8 inputs: its scratch on the heap. */
+    void **scratch = em__calloc(3 * (size_t)n_in, sizeof *scratch, "variadic op call");
+    if (!scratch) return EM_ERR_NOMEM;
+    em_status st = op_run_n(op, in, n_in, attrs, out, (em_tensor **)scratch,
+                            (em_tensor **)scratch + n_in, (const em_tensor **)scratch + 2 * n_in);
+    em__free(scratch);
+    return st;
+}
+
+static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, em_tensor **held,
+                          em_tensor **bcast, const em_tensor **args) {
     if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
+    if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
     em_device dev = in[0]->storage->device;
     if (!(op->schema.flags & EM_OP_CROSS_DEVICE))
@@ -765,19 +888,20 @@ em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
                                 em_device_str(dev, a, sizeof a), i,
                                 em_device_str(in[i]->storage->device, b, sizeof b));
         }
-    em_tensor *held[8] = {0}, *bcast[8] = {0}, *res[4] = {0};
-    const em_tensor *args[8];
+    em_tensor *res[4] = {0};
     em_status st = EM_OK;
     for (int i = 0; i < n_in; i++) args[i] = in[i];
-    bool mixed = false; /* all inputs of one dtype: the result type is that dtype */
-    for (int i = 1; i < n_in; i++) mixed |= in[i]->dtype != in[0]->dtype;
-    if ((op->schema.flags & EM_OP_PROMOTE) && mixed) {
-        em_dtype dt = em__result_type(in, n_in);
+    if (needs_policy(op, in, n_in)) {
+        em_dtype dts_stack[8], *dts = dts_stack;
+        if (n_in > 8 && !(dts = em__malloc(sizeof *dts * (size_t)n_in, "variadic op call")))
+            return EM_ERR_NOMEM;
+        st = apply_policy(op, in, n_in, attrs, dts);
         for (int i = 0; i < n_in && st == EM_OK; i++)
-            if (in[i]->dtype != dt) {
-                if (!(held[i] = em__to_dtype(in[i], dt))) st = em_last_status();
+            if (in[i]->dtype != dts[i]) {
+                if (!(held[i] = em__to_dtype(in[i], dts[i]))) st = em_last_status();
                 args[i] = held[i];
             }
+        if (dts != dts_stack) em__free(dts);
     }
     em_tensor_meta meta[4]; /* zeroed for the outputs infer fills (one memset of all four
                                showed up in profiles of tiny ops) */
@@ -806,6 +930,53 @@ em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
     return st;
 }
 
+/* A composite's call: the checks every call gets, then its hook. */
+static em_status composite_run(const struct em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap_out,
+                               int *n_out) {
+    *n_out = 0;
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if (var && (n_in < op->schema.n_inputs || (n_in > 0 && !in)))
+        return op->schema.n_inputs == 1
+                   ? em_set_error(EM_ERR_INVALID, "%s: expected a non-empty list of tensors, "
+                                  "got %d", op->schema.name, n_in)
+                   : em_set_error(EM_ERR_INVALID, "%s: expected a list of at least %d "
+                                  "tensors, got %d", op->schema.name, op->schema.n_inputs, n_in);
+    if (n_in < 0 || (!var && n_in != op->schema.n_inputs) || (n_in > 0 && !in))
+        return count_error(op, n_in);
+    for (int i = 0; i < n_in; i++) {
+        if (in[i] || (i < 32 && (op->schema.optional_inputs >> i & 1u))) continue;
+        if (!em__error_pending())
+            em_set_error(EM_ERR_INVALID, "%s: input %d is NULL", op->schema.name, i);
+        return em_last_status();
+    }
+    if (!attrs) attrs = no_attrs;
+    if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    int n = 0;
+    em_status st = op->schema.composite(op, in, n_in, attrs, out, cap_out, &n);
+    /* On EM_ERR_RANGE (out too small) a variadic-output composite reports the count needed. */
+    if (st == EM_OK || (st == EM_ERR_RANGE && (op->schema.flags & EM_OP_VARIADIC_OUTPUTS)))
+        *n_out = n;
+    return st;
+}
+
+em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
+                      const em_attr *attrs, em_tensor **out) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    if (op->schema.composite) {
+        if (op->schema.flags & EM_OP_VARIADIC_OUTPUTS)
+            return em_set_error(EM_ERR_INVALID, "%s: its number of outputs depends on the "
+                                "call; run it with em_op_call_n", op->schema.name);
+        int n;
+        return composite_run(op, in, n_in, attrs, out, op->schema.n_outputs, &n);
+    }
+    return op_run(op, in, n_in, attrs, out);
+}
+
 em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
                      const em_attr *attrs, em_tensor **out) {
     em_status st = em__op_call(op, in, n_in, attrs, out);
@@ -814,11 +985,169 @@ em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
     return st;
 }
 
+em_status em__op_call_n(const em_op *cop, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+    const struct em_op *op = cop;
+    if (n_out) *n_out = 0;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    bool query = !out && cap_out == 0 && (op->schema.flags & EM_OP_VARIADIC_OUTPUTS);
+    if ((!out && !query) || !n_out || cap_out < 0)
+        return em_set_error(EM_ERR_INVALID, "%s: NULL out or n_out, or a negative capacity",
+                            op->schema.name);
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    if (op->schema.composite) return composite_run(op, in, n_in, attrs, out, cap_out, n_out);
+    if (cap_out < op->schema.n_outputs)
+        return em_set_error(EM_ERR_RANGE, "%s: it has %d outputs; out has room for %d",
+                            op->schema.name, op->schema.n_outputs, cap_out);
+    em_status st = op_run(op, in, n_in, attrs, out);
+    if (st == EM_OK) *n_out = op->schema.n_outputs;
+    return st;
+}
+
+em_status em_op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+    em_status st = em__op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
+    if (st == EM_OK && out)
+        for (int i = 0; i < *n_out; i++) em__scope_track(out[i]);
+    return st;
+}
+
+em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_tensor **out) {
+    em_status st = em__op_call_kernel(op, in, n_in, attrs, out);
+    if (st == EM_OK)
+        for (int i = 0; i < op->schema.n_outputs; i++) em__scope_track(out[i]);
+    return st;
+}
+
+em_status em__op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
+                             const em_attr *attrs, em_tensor **out) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
+    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    if (!op->schema.infer)
+        return em_set_error(EM_ERR_INVALID, "%s: a composite without a kernel of its own",
+                            op->schema.name);
+    return op_run(op, in, n_in, attrs, out);
+}
+
 em_tensor *em__op1(const em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs) {
     em_tensor *out[4] = {0};
     if (em__op_call(op, in, n_in, attrs, out) != EM_OK) return NULL;
     for (int i = 1; i < 4; i++) em_tensor_release(out[i]);
     return out[0];
+}
+
+em_tensor *em__kernel1(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs) {
+    em_tensor *out[4] = {0};
+    if (em__op_call_kernel(op, in, n_in, attrs, out) != EM_OK) return NULL;
+    for (int i = 1; i < 4; i++) em_tensor_release(out[i]);
+    return out[0];
+}
+
+em_attr em__attr_ints(int n, const int *v) {
+    em_attr a = {.type = EM_ATTR_INTS, .n = n};
+    for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
+    if (n > 0 && !v) a.n = EM__INTS_NULL + EM_MIN(n, (1 << 20) - 1);
+    return a;
+}
+
+em_attr em__attr_ints64(int n, const int64_t *v) {
+    em_attr a = {.type = EM_ATTR_INTS, .n = n};
+    for (int i = 0; i < n && i < EM_MAX_DIMS && v; i++) a.ints[i] = v[i];
+    if (n > 0 && !v) a.n = EM__INTS_NULL + EM_MIN(n, (1 << 20) - 1);
+    return a;
+}
+
+em_status em__callv(const em_op *op, int n_in, const em_tensor *const *in, const em_attr *attrs,
+                    em_tensor **const *outs, int n_out) {
+    em_tensor *r[8] = {0};
+    for (int i = 0; i < n_out; i++)
+        if (outs[i]) *outs[i] = NULL;
+    em_status st = em__op_call(op, in, n_in, attrs, r);
+    for (int i = 0; i < n_out && i < 8; i++) {
+        if (st == EM_OK && outs[i]) *outs[i] = em__scope_track(r[i]);
+        else em_tensor_release(r[i]);
+    }
+    return st;
+}
+
+/* In place: self = op(self, in[1..]) (in[0] is self). The result dtype under the op's policy
+ * must be castable to self's (no float into int, no int into bool, as in PyTorch); a wider
+ * result of the same kind (f32 += f64) is computed out of place and rounded once into self. */
+em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *const *in,
+                         int n_in, const em_attr *attrs) {
+    const struct em_op *op = cop;
+    if (!op) return em__error_pending() ? em_last_status()
+                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
+    char name[72]; /* errors name the in-place form: "add_" */
+    snprintf(name, sizeof name, "%s_", op->schema.name);
+    if (!em__check_inputs(name, in, n_in)) return em_last_status();
+    if (n_in != op->schema.n_inputs || n_in > 8 || op->schema.composite || !op->schema.infer ||
+        op->schema.n_outputs != 1)
+        return em_set_error(EM_ERR_INVALID, "%s: no in-place form", name);
+    if (!attrs) attrs = no_attrs;
+    if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
+    em_dtype dts[8];
+    if (apply_policy(op, in, n_in, attrs, dts) != EM_OK) return em_last_status();
+    em_dtype rt = dts[0], st_dt = self->dtype;
+    bool ok = rt == st_dt || em_dtype_is_floating(st_dt) ||
+              (em_dtype_is_integral(st_dt) && !em_dtype_is_floating(rt));
+    if (!ok)
+        return em_set_error(EM_ERR_DTYPE, "%s: result type %s can't be cast to the desired "
+                            "output type %s", name, em_dtype_name(rt), em_dtype_name(st_dt));
+    char x[160], y[160];
+    if (rt != st_dt) {
+        em_tensor *r = em__op1(op, in, n_in, attrs);
+        if (!r) return em_last_status();
+        bool fits = same_shape(r, self->ndim, self->shape);
+        em_status st = fits ? em_copy_(self, r)
+                            : em_set_error(EM_ERR_SHAPE, "%s: the result's shape %s is not the "
+                                           "in-place output's shape %s", name,
+                                           em__shape_str(r->ndim, r->shape, x, sizeof x),
+                                           em__shape_str(self->ndim, self->shape, y, sizeof y));
+        em_tensor_release(r);
+        return st;
+    }
+    em_tensor *held[8] = {0};
+    const em_tensor *args[8];
+    em_status st = EM_OK;
+    for (int i = 0; i < n_in; i++) args[i] = in[i];
+    for (int i = 1; i < n_in && st == EM_OK; i++)
+        if (in[i]->dtype != dts[i]) {
+            if (!(held[i] = em__to_dtype(in[i], dts[i]))) st = em_last_status();
+            args[i] = held[i];
+        }
+    em_tensor_meta meta = {0};
+    if (st == EM_OK) st = op->schema.infer(op, args, attrs, &meta);
+    if (st == EM_OK && !same_shape(self, meta.ndim, meta.shape)) {
+        int j = n_in > 1 ? 1 : 0;
+        st = em_set_error(EM_ERR_SHAPE, "%s: shape %s does not broadcast to the in-place "
+                          "output's shape %s", name,
+                          em__shape_str(in[j]->ndim, in[j]->shape, x, sizeof x),
+                          em__shape_str(self->ndim, self->shape, y, sizeof y));
+    }
+    if (st == EM_OK && meta.dtype != st_dt)
+        st = em_set_error(EM_ERR_DTYPE, "%s: result type %s can't be cast to the desired "
+                          "output type %s", name, em_dtype_name(meta.dtype),
+                          em_dtype_name(st_dt));
+    em_tensor *bcast[8] = {0};
+    if (op->schema.flags & EM_OP_BROADCAST)
+        for (int i = 1; i < n_in && st == EM_OK; i++) {
+            if (same_shape(args[i], self->ndim, self->shape)) continue;
+            if (!(bcast[i] = em__expand(args[i], self->ndim, self->shape))) st = em_last_status();
+            args[i] = bcast[i];
+        }
+    if (st == EM_OK) st = em_op_call_out(op, args, n_in, attrs, &self, 1);
+    for (int i = 0; i < n_in; i++) {
+        em_tensor_release(held[i]);
+        em_tensor_release(bcast[i]);
+    }
+    return st;
 }
 
 /* ---- placement report ------------------------------------------------------------------------- */

@@ -5,6 +5,7 @@
 #ifndef EMBER_INTERNAL_H
 #define EMBER_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -176,6 +177,48 @@ em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt);
 em_tensor *em__op1(const em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs);
 em_status em__op_call(const em_op *op, const em_tensor *const *in, int n_in,
                       const em_attr *attrs, em_tensor **out);
+/* em_op_call_n without the scope. */
+em_status em__op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap_out, int *n_out);
+/* em_op_call_kernel without the scope. */
+em_status em__op_call_kernel(const em_op *op, const em_tensor *const *in, int n_in,
+                             const em_attr *attrs, em_tensor **out);
+/* em_op_call_kernel's first output as an owned reference (composites reaching their own
+ * kernel). */
+em_tensor *em__kernel1(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs);
+/* The in-place form of op: self = op(in) with in[0] == self, under the op's own policy,
+ * inference and checks (result type castable to self's dtype, shape equal to self's). */
+em_status em__op_inplace(const em_op *op, em_tensor *self, const em_tensor *const *in,
+                         int n_in, const em_attr *attrs);
+
+/* The typed em_X() functions are one line each over these. */
+#define EM__IN(...) ((const em_tensor *const[]){__VA_ARGS__})
+#define EM__ATTRS(...) ((const em_attr[]){__VA_ARGS__})
+#define EM__A_INT(x) ((em_attr){.type = EM_ATTR_INT, .v.i = (x)})
+#define EM__A_FLOAT(x) ((em_attr){.type = EM_ATTR_FLOAT, .v.f = (x)})
+#define EM__A_BOOL(x) ((em_attr){.type = EM_ATTR_BOOL, .v.b = (x)})
+/* A string attribute, absent for NULL. */
+#define EM__A_STR(x)                                                                            \
+    ((x) ? (em_attr){.type = EM_ATTR_STRING, .v.s = (x)} : (em_attr){.type = EM_ATTR_NONE})
+/* A float attribute from a possibly-NULL pointer (absent for NULL). */
+#define EM__A_OPTF(p)                                                                           \
+    ((p) ? (em_attr){.type = EM_ATTR_FLOAT, .v.f = *(p)} : (em_attr){.type = EM_ATTR_NONE})
+/* An int attribute from a possibly-NULL pointer (absent for NULL). */
+#define EM__A_OPTI(p)                                                                           \
+    ((p) ? (em_attr){.type = EM_ATTR_INT, .v.i = *(p)} : (em_attr){.type = EM_ATTR_NONE})
+/* An INT_LIST attribute over n int64s (borrowed). */
+#define EM__A_LIST(cnt, ptr) ((em_attr){.type = EM_ATTR_INT_LIST, .n = (cnt), .v.list = (ptr)})
+/* An INTS attribute from n ints (more than EM_MAX_DIMS or fewer than 0: n kept, and a NULL
+ * array of n > 0 entries marked EM__INTS_NULL + n, for the dispatcher's check to name). */
+em_attr em__attr_ints(int n, const int *v);
+em_attr em__attr_ints64(int n, const int64_t *v);
+#define EM__INTS_NULL (INT_MIN / 2)
+/* Run op and return its first output in the thread's scope (NULL on error). */
+#define em__call1(op, n_in, in, attrs) em__scope_track(em__op1((op), (in), (n_in), (attrs)))
+/* Run op into out[0..n_out) (outputs a caller passes NULL for are released), in the scope. */
+em_status em__callv(const em_op *op, int n_in, const em_tensor *const *in, const em_attr *attrs,
+                    em_tensor **const *outs, int n_out);
 
 /* A fresh tensor over new storage in category cat. */
 em_tensor *em__tensor_new(int ndim, const int64_t *shape, em_dtype dt, em_device dev,
@@ -231,7 +274,15 @@ em_status em__declare_op(em_registry *core, const em_op **out, const char *name,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
                          int dispatch_arg, unsigned flags, em_infer_fn infer,
                          em_backward_fn backward, unsigned saves);
+/* Declare a standard op from a schema literal (struct_size set, n_outputs 0 meaning 1). */
+em_status em__declare(em_registry *core, const em_op **out, em_op_schema s);
+/* A public reduction's attributes (attrs[0] dims as given, absent or empty for all; then the
+ * op's others, keepdim last) into norm, dims normalised; errors name `who`. */
+em_status em__reduce_attrs(const em_op *op, const char *who, const em_tensor *a,
+                           const em_attr *attrs, int n_attrs, em_attr *norm);
 /* Each op family declares its schemas (core/ops_<family>.c). */
+em_status em__ops_declare_elementwise(em_registry *core);
+em_status em__ops_declare_fill(em_registry *core);
 em_status em__ops_declare_math(em_registry *core);
 em_status em__ops_declare_reduce(em_registry *core);
 em_status em__ops_declare_nn(em_registry *core);

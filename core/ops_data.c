@@ -4,9 +4,11 @@
  * triu, flip, linspace: schemas, shape/dtype inference, derivatives and the typed public
  * functions of ember/ops.h.
  *
- * cat, stack, split, chunk and pad declare no op: they are views plus em_copy_/em_fill_ into
- * views of a freshly allocated output, which works on every device that has copy and fill
- * kernels (and keeps a list of any length out of the 8-input schema limit). A copy into a
+ * cat, stack, split, split_sizes, chunk and pad are composite ops (em_op_schema.composite, no
+ * kernel of their own): views plus em_copy_/em_fill_ into views of a freshly allocated output,
+ * which works on every device that has copy and fill kernels. cat and stack take any number
+ * of inputs (EM_OP_VARIADIC); split, split_sizes and chunk make any number of outputs
+ * (EM_OP_VARIADIC_OUTPUTS, run by name with em_op_call_n). A copy into a
  * view of the output would record history on that view only, so when an input requires grad
  * (and grad mode is on) cat adds each input into the output with index_add instead (one node
  * per input, whose backward selects the input's part of the grad), and pad is built from
@@ -67,6 +69,9 @@
 
 #include "internal.h"
 
+const em_op *em__op_copy;
+static const em_op *op_index_select;
+static const em_op *op_cat, *op_stack, *op_split, *op_split_sizes, *op_chunk, *op_pad;
 static const em_op *op_gather, *op_scatter, *op_scatter_add, *op_index_add, *op_embedding,
     *op_embedding_backward, *op_masked_fill, *op_one_hot, *op_tril, *op_triu, *op_flip,
     *op_linspace;
@@ -277,14 +282,8 @@ static em_status infer_tri(const em_op *op, const em_tensor *const *in, const em
     return EM_OK;
 }
 
-static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                            em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = in[0]->dtype;
-    out->ndim = in[0]->ndim;
-    memcpy(out->shape, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
-    return EM_OK;
-}
+/* infer_same: em_infer_same (ember/op_helpers.h). */
+#define infer_same em_infer_same
 
 /* ---- declarations ---------------------------------------------------------------------------- */
 
@@ -387,6 +386,76 @@ static em_status d_flip(const em_backward_ctx *c, em_tensor **gi) {
 #undef NEED
 #undef DIM
 
+static em_status infer_index_select(const em_op *op, const em_tensor *const *in,
+                                    const em_attr *attrs, em_tensor_meta *out) {
+    const em_tensor *idx = in[1];
+    if (idx->ndim > 1 || idx->dtype != EM_I64)
+        return em_set_error(EM_ERR_INVALID, "%s: the index must be a 1-D int64 (or int32) "
+                            "tensor; got %d dims of %s", em_op_name(op), idx->ndim,
+                            em_dtype_name(idx->dtype));
+    infer_same(op, in, attrs, out);
+    out->shape[attrs[0].v.i] = idx->numel;
+    return EM_OK;
+}
+
+static em_status d_copy(const em_backward_ctx *c, em_tensor **gi) {
+    gi[0] = em_to_dtype(c->grad_out[0], c->in_meta[0].dtype);
+    return gi[0] ? EM_OK : em_last_status();
+}
+
+static em_status d_index_select(const em_backward_ctx *c, em_tensor **gi) {
+    /* The selected slices' grads added back at their index (repeats accumulate). */
+    const em_tensor_meta *m = &c->in_meta[0];
+    em_tensor *z = em_zeros(m->ndim, m->shape, m->dtype, em_tensor_device(c->grad_out[0]));
+    gi[0] = z ? em_index_add(z, (int)c->attrs[0].v.i, c->in[1], c->grad_out[0], 1) : NULL;
+    return gi[0] ? EM_OK : em_last_status();
+}
+
+/* index_select(x, index; dim): dim counted from the end when negative, an int32 index
+ * widened to int64 (the kernel's). */
+static em_status c_index_select(const em_op *op, const em_tensor *const *in, int n_in,
+                                const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const em_tensor *a = in[0], *index = in[1];
+    if (a->ndim == 0)
+        return em_set_error(EM_ERR_SHAPE, "index_select: cannot index a 0-dim tensor");
+    int d = em__wrap_dim(attrs && attrs[0].type == EM_ATTR_INT ? (int)attrs[0].v.i : 0,
+                         a->ndim, "index_select");
+    if (d < 0) return em_last_status();
+    if (!attrs || attrs[0].type != EM_ATTR_INT)
+        return em_set_error(EM_ERR_INVALID, "index_select: attribute 'dim' is required");
+    if (index->dtype != EM_I64 && index->dtype != EM_I32)
+        return em_set_error(EM_ERR_DTYPE, "index_select: the index must be int64 or int32, got %s",
+                            em_dtype_name(index->dtype));
+    em_tensor *idx = em__to_dtype(index, EM_I64);
+    if (!idx) return em_last_status();
+    em_attr attr = EM__A_INT(d);
+    const em_tensor *args[2] = {a, idx};
+    em_tensor *r = em__kernel1(op, args, 2, &attr);
+    em_tensor_release(idx);
+    *n_out = r != NULL;
+    out[0] = r;
+    return r ? EM_OK : em_last_status();
+}
+
+/* The composites (below): views, copies and fills, on every device. */
+#define COMPOSITE(fn)                                                                           \
+    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
+COMPOSITE(c_cat);
+COMPOSITE(c_stack);
+COMPOSITE(c_split);
+COMPOSITE(c_split_sizes);
+COMPOSITE(c_chunk);
+COMPOSITE(c_pad);
+COMPOSITE(c_index_read);
+COMPOSITE(c_index_write);
+COMPOSITE(c_one_hot);
+COMPOSITE(c_flip);
+#undef COMPOSITE
+static em_status prep_linspace(const em_op *op, const em_tensor *const *out, int n_out,
+                               const em_attr *attrs, em_dtype *dts);
+
 em_status em__ops_declare_data(em_registry *core) {
     static const char *const dim[] = {"dim"}, *const dim_alpha[] = {"dim", "alpha"},
                              *const emb_bw[] = {"num_weights", "padding_idx"},
@@ -400,23 +469,58 @@ em_status em__ops_declare_data(em_registry *core) {
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
     const unsigned nd = EM_OP_NONDIFF, idx = EM_SAVE_INPUT(1);
-    DECL(op_gather, "gather", 2, 1, dim, ti, 0, 0, infer_gather, d_gather, idx);
-    DECL(op_scatter, "scatter", 3, 1, dim, ti, 0, 0, infer_scatter, d_scatter, idx);
-    DECL(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, 0, infer_scatter, d_scatter_add, idx);
-    DECL(op_index_add, "index_add", 3, 2, dim_alpha, tif, 0, 0, infer_index_add, d_index_add,
-         idx);
+#define DC(var, nm, nin, na, an, at, fl_, inf, bw, sv, comp)                                   \
+    if (st == EM_OK)                                                                            \
+        st = em__declare(core, &var, (em_op_schema){.name = nm, .n_inputs = nin, .n_attrs = na, \
+                         .attr_names = an, .attr_types = at, .flags = fl_, .infer = inf,        \
+                         .backward = bw, .saves = sv, .composite = comp, .category = "data"})
+    DC(em__op_copy, "copy", 1, 0, NULL, NULL, 0, infer_same, d_copy, 0, NULL);
+    /* index_select's derivative is index_add of the grad into zeros. */
+    DC(op_index_select, "index_select", 2, 1, dim, ti, 0, infer_index_select, d_index_select,
+       idx, c_index_select);
+    DC(op_gather, "gather", 2, 1, dim, ti, 0, infer_gather, d_gather, idx, c_index_read);
+    DC(op_scatter, "scatter", 3, 1, dim, ti, 0, infer_scatter, d_scatter, idx, c_index_write);
+    DC(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, infer_scatter, d_scatter_add, idx,
+       c_index_write);
+    DC(op_index_add, "index_add", 3, 2, dim_alpha, tif, 0, infer_index_add, d_index_add, idx,
+       c_index_write);
     /* padding_idx (normalised, -1: none) only matters to the derivative. */
-    DECL(op_embedding, "embedding", 2, 1, padding, ti, 0, 0, infer_embedding, d_embedding, idx);
-    DECL(op_embedding_backward, "embedding_backward", 2, 2, emb_bw, tii, 0, nd,
-         infer_embedding_backward, NULL, 0);
-    DECL(op_masked_fill, "masked_fill", 2, 1, value, tf, 0, EM_OP_BROADCAST, infer_masked_fill,
-         d_masked_fill, idx);
-    DECL(op_one_hot, "one_hot", 1, 1, classes, ti, 0, nd, infer_one_hot, NULL, 0);
-    DECL(op_tril, "tril", 1, 1, diagonal, ti, 0, 0, infer_tri, d_tril, 0);
-    DECL(op_triu, "triu", 1, 1, diagonal, ti, 0, 0, infer_tri, d_triu, 0);
-    DECL(op_flip, "flip", 1, 1, dims, tis, 0, 0, infer_same, d_flip, 0);
-    DECL(op_linspace, "linspace", 0, 2, linspace, tff, -1, nd, NULL, NULL, 0);
+    DC(op_embedding, "embedding", 2, 1, padding, ti, 0, infer_embedding, d_embedding, idx,
+       c_index_read);
+    DC(op_embedding_backward, "embedding_backward", 2, 2, emb_bw, tii, nd,
+       infer_embedding_backward, NULL, 0, c_index_read);
+    DC(op_masked_fill, "masked_fill", 2, 1, value, tf, EM_OP_BROADCAST, infer_masked_fill,
+       d_masked_fill, idx, NULL);
+    DC(op_one_hot, "one_hot", 1, 1, classes, ti, nd, infer_one_hot, NULL, 0, c_one_hot);
+    DC(op_tril, "tril", 1, 1, diagonal, ti, 0, infer_tri, d_tril, 0, NULL);
+    DC(op_triu, "triu", 1, 1, diagonal, ti, 0, infer_tri, d_triu, 0, NULL);
+    DC(op_flip, "flip", 1, 1, dims, tis, 0, infer_same, d_flip, 0, c_flip);
+#undef DC
+    if (st == EM_OK)
+        st = em__declare(core, &op_linspace, (em_op_schema){.name = "linspace", .n_attrs = 2,
+                         .attr_names = linspace, .attr_types = tff, .dispatch_arg = -1,
+                         .flags = nd, .prepare = prep_linspace, .category = "data"});
 #undef DECL
+    static const char *const split[] = {"split_size", "dim"}, *const sizes[] = {"sizes", "dim"},
+                             *const chunk[] = {"chunks", "dim"}, *const pad[] = {"pad", "value"};
+    static const em_attr_type tl_i[] = {EM_ATTR_INT_LIST, EM_ATTR_INT},
+                              tl_f[] = {EM_ATTR_INT_LIST, EM_ATTR_FLOAT};
+    const unsigned vin = EM_OP_VARIADIC, vout = EM_OP_VARIADIC_OUTPUTS;
+#define DECLS(var, ...) if (st == EM_OK) st = em__declare(core, &var, (em_op_schema){__VA_ARGS__, \
+                                                          .n_inputs = 1, .category = "data"})
+    DECLS(op_cat, .name = "cat", .flags = vin, .n_attrs = 1, .attr_names = dim,
+          .attr_types = ti, .composite = c_cat);
+    DECLS(op_stack, .name = "stack", .flags = vin, .n_attrs = 1, .attr_names = dim,
+          .attr_types = ti, .composite = c_stack);
+    DECLS(op_split, .name = "split", .flags = vout, .n_attrs = 2, .attr_names = split,
+          .attr_types = tii, .composite = c_split);
+    DECLS(op_split_sizes, .name = "split_sizes", .flags = vout, .n_attrs = 2,
+          .attr_names = sizes, .attr_types = tl_i, .composite = c_split_sizes);
+    DECLS(op_chunk, .name = "chunk", .flags = vout, .n_attrs = 2, .attr_names = chunk,
+          .attr_types = tii, .composite = c_chunk);
+    DECLS(op_pad, .name = "pad", .n_attrs = 2, .attr_names = pad, .attr_types = tl_f,
+          .composite = c_pad);
+#undef DECLS
     return st;
 }
 
@@ -537,16 +641,23 @@ static em_tensor *cat_impl(const char *who, int n, const em_tensor *const *ts, i
     return out;
 }
 
-em_tensor *em_cat(int n, const em_tensor *const *tensors, int dim) {
-    return em__scope_track(cat_impl("cat", n, tensors, dim));
+static int int_attr(const em_attr *attrs, int i, int dflt) {
+    return attrs && attrs[i].type == EM_ATTR_INT ? (int)attrs[i].v.i : dflt;
 }
 
-em_tensor *em_stack(int n, const em_tensor *const *ts, int dim) {
-    if (n <= 0 || !ts) {
-        em_set_error(EM_ERR_INVALID, "stack: expected a non-empty list of tensors, got %d", n);
-        return NULL;
-    }
-    if (!em__check_inputs("stack", ts, n)) return NULL;
+static em_status one_out(em_tensor *r, em_tensor **out, int *n_out) {
+    *n_out = (out[0] = r) != NULL;
+    return r ? EM_OK : em_last_status();
+}
+
+/* cat(tensors...; dim): variadic. */
+static em_status c_cat(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)cap;
+    return one_out(cat_impl("cat", n_in, in, int_attr(attrs, 0, 0)), out, n_out);
+}
+
+static em_tensor *stack_impl(int n, const em_tensor *const *ts, int dim) {
     for (int i = 1; i < n; i++) {
         bool same = ts[i]->ndim == ts[0]->ndim &&
                     memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)ts[0]->ndim) == 0;
@@ -574,14 +685,21 @@ em_tensor *em_stack(int n, const em_tensor *const *ts, int dim) {
     if (made == n) out = cat_impl("stack", n, (const em_tensor *const *)us, d);
     for (int i = 0; i < made; i++) em_tensor_release(us[i]);
     em__free(us);
-    return em__scope_track(out);
+    return out;
+}
+
+/* stack(tensors...; dim): variadic. */
+static em_status c_stack(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)cap;
+    return one_out(stack_impl(n_in, in, int_attr(attrs, 0, 0)), out, n_out);
 }
 
 /* ---- split and chunk --------------------------------------------------------------------------- */
 
 /* count views of t along dim d: piece i has sizes[i] elements, or (sizes NULL) `uniform`
- * elements but the last, which has what is left. All or nothing; each view is tracked by the
- * scope only once all exist. */
+ * elements but the last, which has what is left. All or nothing (owned references: the
+ * caller's em_op_call_n puts them in the scope). */
 static em_status make_pieces(const em_tensor *t, int d, int64_t count, const int64_t *sizes,
                              int64_t uniform, em_tensor **out) {
     int64_t at = 0;
@@ -597,12 +715,10 @@ static em_status make_pieces(const em_tensor *t, int d, int64_t count, const int
         }
         at += len;
     }
-    for (int64_t i = 0; i < count; i++) em__scope_track(out[i]);
     return EM_OK;
 }
 
 static em_status split_dim(const char *who, const em_tensor *t, int dim, int *d) {
-    if (!em__check_inputs(who, &t, 1)) return em_last_status();
     if (t->ndim == 0)
         return em_set_error(EM_ERR_SHAPE, "%s: expects a tensor with at least 1 dim, got a "
                             "0-dim tensor", who);
@@ -620,10 +736,16 @@ static em_status pieces_fit(const char *who, int64_t count, int cap, em_tensor *
     return EM_OK;
 }
 
-em_status em_split(const em_tensor *t, int64_t split_size, int dim, int cap, em_tensor **out,
-                   int *n) {
-    int d;
-    em_status st = split_dim("split", t, dim, &d);
+/* split(t; split_size, dim) -> pieces: variadic outputs. */
+static em_status c_split(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out, int cap, int *n) {
+    (void)op, (void)n_in;
+    const em_tensor *t = in[0];
+    if (!attrs || attrs[0].type != EM_ATTR_INT)
+        return em_set_error(EM_ERR_INVALID, "split: attribute 'split_size' is required");
+    int64_t split_size = attrs[0].v.i;
+    int d = 0;
+    em_status st = split_dim("split", t, int_attr(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     int64_t size = t->shape[d];
     if (split_size < 0 || (split_size == 0 && size > 0))
@@ -635,10 +757,16 @@ em_status em_split(const em_tensor *t, int64_t split_size, int dim, int cap, em_
     return make_pieces(t, d, count, NULL, split_size, out);
 }
 
-em_status em_split_sizes(const em_tensor *t, int nsizes, const int64_t *sizes, int dim,
-                         em_tensor **out) {
-    int d;
-    em_status st = split_dim("split_sizes", t, dim, &d);
+/* split_sizes(t; sizes, dim) -> one piece per size: variadic outputs. */
+static em_status c_split_sizes(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap, int *n) {
+    (void)op, (void)n_in;
+    const em_tensor *t = in[0];
+    bool listed = attrs && attrs[0].type == EM_ATTR_INT_LIST;
+    int nsizes = listed ? attrs[0].n : 0;
+    const int64_t *sizes = listed ? attrs[0].v.list : NULL;
+    int d = 0;
+    em_status st = split_dim("split_sizes", t, int_attr(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     if (nsizes <= 0 || !sizes || !out)
         return em_set_error(EM_ERR_INVALID, "split_sizes: expects at least one size and an "
@@ -656,12 +784,18 @@ em_status em_split_sizes(const em_tensor *t, int nsizes, const int64_t *sizes, i
                             "size %lld", em__shape_str(nsizes, sizes, a, sizeof a), (long long)sum,
                             d, (long long)t->shape[d]);
     }
+    if ((st = pieces_fit("split_sizes", nsizes, cap, out, n)) != EM_OK) return st;
     return make_pieces(t, d, nsizes, sizes, 0, out);
 }
 
-em_status em_chunk(const em_tensor *t, int chunks, int dim, int cap, em_tensor **out, int *n) {
-    int d;
-    em_status st = split_dim("chunk", t, dim, &d);
+/* chunk(t; chunks, dim) -> pieces: variadic outputs. */
+static em_status c_chunk(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out, int cap, int *n) {
+    (void)op, (void)n_in;
+    const em_tensor *t = in[0];
+    int chunks = int_attr(attrs, 0, 0);
+    int d = 0;
+    em_status st = split_dim("chunk", t, int_attr(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     if (chunks <= 0)
         return em_set_error(EM_ERR_INVALID, "chunk: chunks must be positive, got %d", chunks);
@@ -712,8 +846,7 @@ static em_tensor *pad_recorded(const em_tensor *t, const int64_t *src_at, const 
     return cur;
 }
 
-em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value) {
-    if (!em__check_inputs("pad", &t, 1)) return NULL;
+static em_tensor *pad_impl(const em_tensor *t, int npad, const int64_t *pad, double value) {
     if (npad < 0 || npad % 2 || (npad > 0 && !pad)) {
         em_set_error(EM_ERR_INVALID, "pad: the pad list needs (left, right) pairs, last dim "
                      "first; got %d entries", npad);
@@ -744,9 +877,9 @@ em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value
         if (len[d] <= 0) copy = false;
     }
     if (t->requires_grad && em_grad_enabled() && copy)
-        return em__scope_track(pad_recorded(t, src_at, len, dst_at, shape, value));
+        return pad_recorded(t, src_at, len, dst_at, shape, value);
     em_tensor *out = em__full(t->ndim, shape, value, t->dtype, t->storage->device);
-    if (!out || !copy) return em__scope_track(out);
+    if (!out || !copy) return out;
     int64_t so = t->offset, doff = out->offset;
     for (int d = 0; d < t->ndim; d++) {
         so += src_at[d] * t->strides[d];
@@ -761,20 +894,30 @@ em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value
         em_tensor_release(out);
         return NULL;
     }
-    return em__scope_track(out);
+    return out;
+}
+
+/* pad(t; pad (a list of (left, right) pairs, last dim first), value). */
+static em_status c_pad(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)cap;
+    bool listed = attrs && attrs[0].type == EM_ATTR_INT_LIST;
+    double value = attrs && attrs[1].type == EM_ATTR_FLOAT ? attrs[1].v.f : 0;
+    return one_out(pad_impl(in[0], listed ? attrs[0].n : 0, listed ? attrs[0].v.list : NULL,
+                            value), out, n_out);
 }
 
 /* ---- gather, scatter, index_add ------------------------------------------------------------------ */
 
-em_tensor *em_gather(const em_tensor *t, int dim, const em_tensor *index) {
+/* gather(t, index; dim): dim counted from the end when negative. */
+static em_tensor *gather_run(const em_tensor *t, int dim, const em_tensor *index) {
     const em_tensor *in[2] = {t, index};
-    if (!em__check_inputs("gather", in, 2)) return NULL;
     int d = em__wrap_dim(dim, t->ndim, "gather");
     if (d < 0) return NULL;
     if (index->numel == 0) /* PyTorch checks nothing more for an empty index */
-        return em__scope_track(em__empty(index->ndim, index->shape, t->dtype, t->storage->device));
+        return em__empty(index->ndim, index->shape, t->dtype, t->storage->device);
     em_attr attr = {.type = EM_ATTR_INT, .v.i = d};
-    return em__scope_track(em__op1(op_gather, in, 2, &attr));
+    return em__kernel1(op_gather, in, 2, &attr);
 }
 
 /* Run scatter/scatter_add/index_add: into t itself when in place (*out == NULL on entry is
@@ -801,39 +944,25 @@ static em_status index_write(const em_op *op, const char *who, em_tensor *t, int
         st = em_op_schema_of(op)->infer(op, args, attrs, &meta);
         if (st == EM_OK) st = em_op_call_out(op, args, 3, attrs, &t, 1);
     } else {
-        *out = em__op1(op, args, 3, attrs);
+        *out = em__kernel1(op, args, 3, attrs);
         st = *out ? EM_OK : em_last_status();
     }
     em_tensor_release(idx);
     return st;
 }
 
-em_tensor *em_scatter(const em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+/* scatter, scatter_add (t, index, src; dim) and index_add (t, index, source; dim, alpha). */
+static em_status c_index_write(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    double alpha = op == op_index_add && attrs && attrs[1].type == EM_ATTR_FLOAT ? attrs[1].v.f
+                                                                                 : 1;
     em_tensor *r = NULL;
-    index_write(op_scatter, "scatter", (em_tensor *)t, dim, index, src, 0, false, &r);
-    return em__scope_track(r);
-}
-em_status em_scatter_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
-    return index_write(op_scatter, "scatter_", t, dim, index, src, 0, true, NULL);
-}
-em_tensor *em_scatter_add(const em_tensor *t, int dim, const em_tensor *index,
-                          const em_tensor *src) {
-    em_tensor *r = NULL;
-    index_write(op_scatter_add, "scatter_add", (em_tensor *)t, dim, index, src, 0, false, &r);
-    return em__scope_track(r);
-}
-em_status em_scatter_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
-    return index_write(op_scatter_add, "scatter_add_", t, dim, index, src, 0, true, NULL);
-}
-em_tensor *em_index_add(const em_tensor *t, int dim, const em_tensor *index,
-                        const em_tensor *source, double alpha) {
-    em_tensor *r = NULL;
-    index_write(op_index_add, "index_add", (em_tensor *)t, dim, index, source, alpha, false, &r);
-    return em__scope_track(r);
-}
-em_status em_index_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *source,
-                        double alpha) {
-    return index_write(op_index_add, "index_add_", t, dim, index, source, alpha, true, NULL);
+    em_status st = index_write(op, em_op_name(op), (em_tensor *)in[0], int_attr(attrs, 0, 0),
+                               in[1], in[2], alpha, false, &r);
+    *n_out = st == EM_OK;
+    out[0] = r;
+    return st;
 }
 
 /* ---- embedding ------------------------------------------------------------------------------------ */
@@ -853,10 +982,9 @@ static em_status padding_index(const char *who, int64_t padding_idx, int64_t v, 
     return EM_OK;
 }
 
-em_tensor *em_embedding(const em_tensor *weight, const em_tensor *indices, int64_t padding_idx) {
-    const em_tensor *in[2] = {weight, indices};
-    if (!em__check_inputs("embedding", in, 2)) return NULL;
-    int64_t pad;
+static em_tensor *embedding_run(const em_tensor *weight, const em_tensor *indices,
+                                int64_t padding_idx) {
+    int64_t pad = -1;
     if (weight->ndim == 2 &&
         padding_index("embedding", padding_idx, weight->shape[0], &pad) != EM_OK)
         return NULL;
@@ -864,15 +992,13 @@ em_tensor *em_embedding(const em_tensor *weight, const em_tensor *indices, int64
     if (!idx) return NULL;
     const em_tensor *args[2] = {weight, idx};
     em_attr attr = {.type = EM_ATTR_INT, .v.i = weight->ndim == 2 ? pad : -1};
-    em_tensor *r = em__op1(op_embedding, args, 2, &attr);
+    em_tensor *r = em__kernel1(op_embedding, args, 2, &attr);
     em_tensor_release(idx);
-    return em__scope_track(r);
+    return r;
 }
 
-em_tensor *em_embedding_backward(const em_tensor *grad, const em_tensor *indices,
-                                 int64_t num_weights, int64_t padding_idx) {
-    const em_tensor *in[2] = {grad, indices};
-    if (!em__check_inputs("embedding_backward", in, 2)) return NULL;
+static em_tensor *embedding_backward_run(const em_tensor *grad, const em_tensor *indices,
+                                         int64_t num_weights, int64_t padding_idx) {
     char a[160], b[160];
     bool fits = grad->ndim == indices->ndim + 1 &&
                 memcmp(grad->shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim) == 0;
@@ -898,23 +1024,45 @@ em_tensor *em_embedding_backward(const em_tensor *grad, const em_tensor *indices
         em_attr attrs[2] = {{.type = EM_ATTR_INT, .v.i = num_weights},
                             {.type = EM_ATTR_INT, .v.i = pad}};
         const em_tensor *args[2] = {g2, i1};
-        r = em__op1(op_embedding_backward, args, 2, attrs);
+        r = em__kernel1(op_embedding_backward, args, 2, attrs);
     }
     em_tensor_release(g2);
     em_tensor_release(i1);
     em_tensor_release(idx);
-    return em__scope_track(r);
+    return r;
+}
+
+static int64_t int64_attr(const em_attr *attrs, int i, int64_t dflt) {
+    return attrs && attrs[i].type == EM_ATTR_INT ? attrs[i].v.i : dflt;
+}
+
+/* gather(t, index; dim), embedding(weight, indices; padding_idx: absent or
+ * EM_PADDING_IDX_NONE for none), embedding_backward(grad, indices; num_weights, padding_idx). */
+static em_status c_index_read(const em_op *op, const em_tensor *const *in, int n_in,
+                              const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    em_tensor *r;
+    if (op == op_gather) {
+        r = gather_run(in[0], int_attr(attrs, 0, 0), in[1]);
+    } else if (op == op_embedding) {
+        r = embedding_run(in[0], in[1], int64_attr(attrs, 0, EM_PADDING_IDX_NONE));
+    } else {
+        if (!attrs || attrs[0].type != EM_ATTR_INT)
+            return em_set_error(EM_ERR_INVALID, "embedding_backward: attribute 'num_weights' is "
+                                "required");
+        r = embedding_backward_run(in[0], in[1], attrs[0].v.i,
+                                   int64_attr(attrs, 1, EM_PADDING_IDX_NONE));
+    }
+    return one_out(r, out, n_out);
 }
 
 /* ---- masked_fill ----------------------------------------------------------------------------------- */
 
 em_tensor *em_masked_fill(const em_tensor *t, const em_tensor *mask, double value) {
-    const em_tensor *in[2] = {t, mask};
-    if (!em__check_inputs("masked_fill", in, 2)) return NULL;
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = value};
-    return em__scope_track(em__op1(op_masked_fill, in, 2, &attr));
+    return em__call1(op_masked_fill, 2, EM__IN(t, mask), EM__ATTRS(EM__A_FLOAT(value)));
 }
 
+/* In place, the mask broadcast to t's shape (never t to the mask's). */
 em_status em_masked_fill_(em_tensor *t, const em_tensor *mask, double value) {
     const em_tensor *in[2] = {t, mask};
     if (!em__check_inputs("masked_fill_", in, 2)) return em_last_status();
@@ -939,28 +1087,29 @@ em_status em_masked_fill_(em_tensor *t, const em_tensor *mask, double value) {
 
 /* ---- one_hot --------------------------------------------------------------------------------------- */
 
-em_tensor *em_one_hot(const em_tensor *t, int64_t num_classes) {
-    if (!em__check_inputs("one_hot", &t, 1)) return NULL;
+/* one_hot(t; num_classes: -1 or absent infers it as max + 1). */
+static em_status c_one_hot(const em_op *op, const em_tensor *const *in, int n_in,
+                           const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const em_tensor *t = in[0];
+    int64_t num_classes = int64_attr(attrs, 0, -1);
     if (t->dtype != EM_I64) {
-        em_set_error(EM_ERR_DTYPE, "one_hot: expects an int64 tensor of class indices, got %s",
-                     em_dtype_name(t->dtype));
-        return NULL;
+        return em_set_error(EM_ERR_DTYPE, "one_hot: expects an int64 tensor of class indices, "
+                            "got %s", em_dtype_name(t->dtype));
     }
     if (num_classes < -1) {
-        em_set_error(EM_ERR_INVALID, "one_hot: num_classes must be -1 (infer it) or >= 0, got "
-                     "%lld", (long long)num_classes);
-        return NULL;
+        return em_set_error(EM_ERR_INVALID, "one_hot: num_classes must be -1 (infer it) or >= "
+                            "0, got %lld", (long long)num_classes);
     }
     if (num_classes == -1) {
         /* max + 1, read on the host (PyTorch synchronises here too). */
         if (t->numel == 0) {
-            em_set_error(EM_ERR_INVALID, "one_hot: cannot infer num_classes from an empty "
-                         "tensor; pass it");
-            return NULL;
+            return em_set_error(EM_ERR_INVALID, "one_hot: cannot infer num_classes from an "
+                                "empty tensor; pass it");
         }
         size_t nb = (size_t)t->numel * sizeof(int64_t);
         int64_t *v = em__malloc(nb, "one_hot");
-        if (!v) return NULL;
+        if (!v) return EM_ERR_NOMEM;
         em_status st = em_tensor_to_host(t, v, nb);
         int64_t mx = v[0], mn = v[0];
         for (int64_t i = 1; st == EM_OK && i < t->numel; i++) {
@@ -968,65 +1117,51 @@ em_tensor *em_one_hot(const em_tensor *t, int64_t num_classes) {
             mn = EM_MIN(mn, v[i]);
         }
         em__free(v);
-        if (st != EM_OK) return NULL;
-        if (mn < 0) {
-            em_set_error(EM_ERR_RANGE, "one_hot: class values must be non-negative, got %lld",
-                         (long long)mn);
-            return NULL;
-        }
+        if (st != EM_OK) return st;
+        if (mn < 0)
+            return em_set_error(EM_ERR_RANGE, "one_hot: class values must be non-negative, got "
+                                "%lld", (long long)mn);
         num_classes = mx + 1;
     }
     em_attr attr = {.type = EM_ATTR_INT, .v.i = num_classes};
-    return em__scope_track(em__op1(op_one_hot, &t, 1, &attr));
+    return one_out(em__kernel1(op, &t, 1, &attr), out, n_out);
 }
 
 /* ---- tril, triu, flip ---------------------------------------------------------------------------- */
 
-static em_tensor *tri(const em_op *op, const em_tensor *t, int64_t diagonal) {
-    em_attr attr = {.type = EM_ATTR_INT, .v.i = diagonal};
-    return em__scope_track(em__op1(op, &t, 1, &attr));
-}
-
-static em_status tri_(const em_op *op, em_tensor *t, int64_t diagonal) {
-    const em_tensor *in[1] = {t};
-    char who[16];
-    snprintf(who, sizeof who, "%s_", em_op_name(op));
-    if (!em__check_inputs(who, in, 1)) return em_last_status();
-    em_attr attr = {.type = EM_ATTR_INT, .v.i = diagonal};
-    em_tensor_meta meta;
-    em_status st = infer_tri(op, in, &attr, &meta);
-    return st == EM_OK ? em_op_call_out(op, in, 1, &attr, &t, 1) : st;
-}
-
-em_tensor *em_tril(const em_tensor *t, int64_t diagonal) { return tri(op_tril, t, diagonal); }
-em_tensor *em_triu(const em_tensor *t, int64_t diagonal) { return tri(op_triu, t, diagonal); }
-em_status em_tril_(em_tensor *t, int64_t diagonal) { return tri_(op_tril, t, diagonal); }
-em_status em_triu_(em_tensor *t, int64_t diagonal) { return tri_(op_triu, t, diagonal); }
-
-em_tensor *em_flip(const em_tensor *t, int ndims, const int *dims) {
-    if (!em__check_inputs("flip", &t, 1)) return NULL;
-    if (ndims < 0 || ndims > EM_MAX_DIMS || (ndims > 0 && !dims)) {
-        em_set_error(EM_ERR_INVALID, "flip: %d dims given", ndims);
-        return NULL;
-    }
+/* flip(t; dims): each dim counted from the end when negative, at most once. */
+static em_status c_flip(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const em_tensor *t = in[0];
+    int ndims = attrs && attrs[0].type == EM_ATTR_INTS ? attrs[0].n : 0;
     bool seen[EM_MAX_DIMS] = {false};
     em_attr attr = {.type = EM_ATTR_INTS};
     for (int i = 0; i < ndims; i++) {
-        int d = em__wrap_dim(dims[i], t->ndim, "flip");
-        if (d < 0) return NULL;
-        if (seen[d]) {
-            em_set_error(EM_ERR_INVALID, "flip: dim %d appears more than once in the list of "
-                         "dims", d);
-            return NULL;
-        }
+        int d = em__wrap_dim((int)attrs[0].ints[i], t->ndim, "flip");
+        if (d < 0) return em_last_status();
+        if (seen[d])
+            return em_set_error(EM_ERR_INVALID, "flip: dim %d appears more than once in the list "
+                                "of dims", d);
         seen[d] = true;
     }
     for (int d = 0; d < t->ndim; d++)
         if (seen[d]) attr.ints[attr.n++] = d;
-    return em__scope_track(em__op1(op_flip, &t, 1, &attr));
+    return one_out(em__kernel1(op, &t, 1, &attr), out, n_out);
 }
 
 /* ---- linspace ---------------------------------------------------------------------------------------- */
+
+/* The fill's check on its output (em_op_call_out runs it). */
+static em_status prep_linspace(const em_op *op, const em_tensor *const *out, int n_out,
+                               const em_attr *attrs, em_dtype *dts) {
+    (void)op, (void)n_out, (void)attrs, (void)dts;
+    if (out[0]->dtype == EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "linspace: not defined for bool (as in PyTorch)");
+    if (out[0]->ndim != 1)
+        return em_set_error(EM_ERR_SHAPE, "linspace: the output must be 1-D");
+    return EM_OK;
+}
 
 em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt, em_device dev) {
     if (steps < 0) {
@@ -1034,7 +1169,7 @@ em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt, em_
                      (long long)steps);
         return NULL;
     }
-    if (dt == EM_BOOL) {
+    if (dt == EM_BOOL) { /* before the allocation: the output's check says the same */
         em_set_error(EM_ERR_DTYPE, "linspace: not defined for bool (as in PyTorch)");
         return NULL;
     }
@@ -1045,4 +1180,93 @@ em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt, em_
         return NULL;
     }
     return em__scope_track(t);
+}
+
+/* ---- public functions of the composites: one line each ------------------------------------------- */
+
+em_tensor *em_cat(int n, const em_tensor *const *tensors, int dim) {
+    return em__call1(op_cat, n, tensors, EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_stack(int n, const em_tensor *const *tensors, int dim) {
+    return em__call1(op_stack, n, tensors, EM__ATTRS(EM__A_INT(dim)));
+}
+em_status em_split(const em_tensor *t, int64_t split_size, int dim, int cap, em_tensor **out,
+                   int *n) {
+    int got = 0;
+    em_status st = em_op_call_n(op_split, &t, 1, EM__ATTRS(EM__A_INT(split_size), EM__A_INT(dim)),
+                                out, out ? cap : 0, &got);
+    if (n && (st == EM_OK || st == EM_ERR_RANGE)) *n = got;
+    return st;
+}
+em_status em_split_sizes(const em_tensor *t, int nsizes, const int64_t *sizes, int dim,
+                         em_tensor **out) {
+    int got;
+    return em_op_call_n(op_split_sizes, &t, 1, EM__ATTRS(EM__A_LIST(nsizes, sizes), EM__A_INT(dim)),
+                        out, out ? EM_MAX(nsizes, 0) : 0, &got);
+}
+em_status em_chunk(const em_tensor *t, int chunks, int dim, int cap, em_tensor **out, int *n) {
+    int got = 0;
+    em_status st = em_op_call_n(op_chunk, &t, 1, EM__ATTRS(EM__A_INT(chunks), EM__A_INT(dim)),
+                                out, out ? cap : 0, &got);
+    if (n && (st == EM_OK || st == EM_ERR_RANGE)) *n = got;
+    return st;
+}
+em_tensor *em_pad(const em_tensor *t, int npad, const int64_t *pad, double value) {
+    return em__call1(op_pad, 1, &t, EM__ATTRS(EM__A_LIST(npad, pad), EM__A_FLOAT(value)));
+}
+em_tensor *em_gather(const em_tensor *t, int dim, const em_tensor *index) {
+    return em__call1(op_gather, 2, EM__IN(t, index), EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_scatter(const em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+    return em__call1(op_scatter, 3, EM__IN(t, index, src), EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_scatter_add(const em_tensor *t, int dim, const em_tensor *index,
+                          const em_tensor *src) {
+    return em__call1(op_scatter_add, 3, EM__IN(t, index, src), EM__ATTRS(EM__A_INT(dim)));
+}
+em_tensor *em_index_add(const em_tensor *t, int dim, const em_tensor *index,
+                        const em_tensor *source, double alpha) {
+    return em__call1(op_index_add, 3, EM__IN(t, index, source),
+                     EM__ATTRS(EM__A_INT(dim), EM__A_FLOAT(alpha)));
+}
+/* The in-place forms run the composites' own code (index_write) into t. */
+em_status em_scatter_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+    return index_write(op_scatter, "scatter_", t, dim, index, src, 0, true, NULL);
+}
+em_status em_scatter_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *src) {
+    return index_write(op_scatter_add, "scatter_add_", t, dim, index, src, 0, true, NULL);
+}
+em_status em_index_add_(em_tensor *t, int dim, const em_tensor *index, const em_tensor *source,
+                        double alpha) {
+    return index_write(op_index_add, "index_add_", t, dim, index, source, alpha, true, NULL);
+}
+em_tensor *em_embedding(const em_tensor *weight, const em_tensor *indices, int64_t padding_idx) {
+    return em__call1(op_embedding, 2, EM__IN(weight, indices), EM__ATTRS(EM__A_INT(padding_idx)));
+}
+em_tensor *em_embedding_backward(const em_tensor *grad, const em_tensor *indices,
+                                 int64_t num_weights, int64_t padding_idx) {
+    return em__call1(op_embedding_backward, 2, EM__IN(grad, indices),
+                     EM__ATTRS(EM__A_INT(num_weights), EM__A_INT(padding_idx)));
+}
+em_tensor *em_one_hot(const em_tensor *t, int64_t num_classes) {
+    return em__call1(op_one_hot, 1, &t, EM__ATTRS(EM__A_INT(num_classes)));
+}
+em_tensor *em_tril(const em_tensor *t, int64_t diagonal) {
+    return em__call1(op_tril, 1, &t, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_tensor *em_triu(const em_tensor *t, int64_t diagonal) {
+    return em__call1(op_triu, 1, &t, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_status em_tril_(em_tensor *t, int64_t diagonal) {
+    return em__op_inplace(op_tril, t, EM__IN(t), 1, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_status em_triu_(em_tensor *t, int64_t diagonal) {
+    return em__op_inplace(op_triu, t, EM__IN(t), 1, EM__ATTRS(EM__A_INT(diagonal)));
+}
+em_tensor *em_flip(const em_tensor *t, int ndims, const int *dims) {
+    return em__call1(op_flip, 1, &t, EM__ATTRS(em__attr_ints(ndims, dims)));
+}
+
+em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index) {
+    return em__call1(op_index_select, 2, EM__IN(a, index), EM__ATTRS(EM__A_INT(dim)));
 }

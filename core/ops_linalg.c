@@ -1,6 +1,7 @@
 /*
- * ops_linalg.c — the standard op set, linear algebra: addmm, linear, bmm: schemas, shape/dtype
- * inference and the typed public functions of ember/ops.h (em_matmul itself is in ops.c).
+ * ops_linalg.c — the standard op set, linear algebra: bmm, addmm, and the composites matmul
+ * and linear: schemas, shape/dtype inference, derivatives and the typed public functions of
+ * ember/ops.h.
  *
  * Kernel contracts (what a backend may assume, per op):
  *   addmm(bias, a, b) -> y   attrs: beta, alpha (floats). y (M, N) = beta * bias + alpha *
@@ -10,17 +11,58 @@
  *                         is a view with swapped strides: pass it to GEMM as transposed, do not
  *                         copy). beta == 0: bias is not read (NaN and inf in it do not
  *                         propagate, as in PyTorch). K == 0: y = beta * bias.
- *   bmm (declared in ops.c): a (B, M, K), b (B, K, N) -> y (B, M, N), same rules for strides.
+ *   bmm(a, b) -> y          a (B, M, K), b (B, K, N), y (B, M, N), one floating dtype; a and b
+ *                         may be strided (e.g. transposed), same rules as addmm.
  *
- * em_linear is composite: x (..., in) is flattened to (R, in) and multiplied by the weight
- * (out, in) as a transposed view, through addmm (with a bias) or bmm (without): one GEMM for
+ * matmul is composite: PyTorch's broadcasting and 1-D rules over bmm. linear is composite:
+ * x (..., in) is flattened to (R, in) and multiplied by the weight (out, in) as a transposed
+ * view, through addmm (with a bias) or bmm (without): one GEMM for
  * all leading dims, the weight never copied.
  */
 #include <string.h>
 
 #include "internal.h"
 
-static const em_op *op_addmm, *op_bmm;
+static const em_op *op_addmm, *op_bmm, *op_matmul, *op_linear;
+
+/* ---- checks and inference -------------------------------------------------------------------- */
+
+static bool same_floating(const char *who, const em_tensor *a, const char *na,
+                          const em_tensor *b, const char *nb) {
+    if (a->dtype == b->dtype && em_dtype_is_floating(a->dtype)) return true;
+    if (a->dtype != b->dtype)
+        em_set_error(EM_ERR_DTYPE, "%s: expected %s and %s to have the same dtype, got %s and "
+                     "%s", who, na, nb, em_dtype_name(a->dtype), em_dtype_name(b->dtype));
+    else
+        em_set_error(EM_ERR_DTYPE, "%s: expected floating operands (f32, f64, bf16, f16), got "
+                     "%s", who, em_dtype_name(a->dtype));
+    return false;
+}
+
+static em_status infer_bmm(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                           em_tensor_meta *out) {
+    (void)op, (void)attrs;
+    const em_tensor *a = in[0], *b = in[1];
+    char x[160], y[160];
+    if (a->ndim != 3 || b->ndim != 3) {
+        em_set_error(EM_ERR_SHAPE, "bmm: expected 3-D operands (B, M, K) and (B, K, N), got "
+                     "shapes %s and %s", em__shape_str(a->ndim, a->shape, x, sizeof x),
+                     em__shape_str(b->ndim, b->shape, y, sizeof y));
+        return em_last_status();
+    }
+    if (a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1]) {
+        em_set_error(EM_ERR_SHAPE, "bmm: shapes %s and %s cannot be multiplied as batches "
+                     "(B, M, K) x (B, K, N) (%s)", em__shape_str(3, a->shape, x, sizeof x),
+                     em__shape_str(3, b->shape, y, sizeof y),
+                     a->shape[0] != b->shape[0] ? "batch sizes differ" : "K differs");
+        return em_last_status();
+    }
+    if (!same_floating("bmm", a, "input", b, "mat2")) return em_last_status();
+    *out = (em_tensor_meta){.dtype = a->dtype, .ndim = 3,
+                            .shape = {a->shape[0], a->shape[1], b->shape[2]}};
+    return EM_OK;
+}
+
 
 static em_status infer_addmm(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
                              em_tensor_meta *out) {
@@ -46,6 +88,8 @@ static em_status infer_addmm(const em_op *op, const em_tensor *const *in, const 
     *out = (em_tensor_meta){.dtype = a->dtype, .ndim = 2, .shape = {mn[0], mn[1]}};
     return EM_OK;
 }
+
+/* ---- derivatives ------------------------------------------------------------------------------ */
 
 /* y = beta * bias + alpha * a @ b: d bias = beta * g, d a = alpha * g @ b^T,
  * d b = alpha * a^T @ g (bias arrives broadcast: its expand node sums the grad back). */
@@ -75,59 +119,101 @@ static em_status d_addmm(const em_backward_ctx *c, em_tensor **gi) {
     return EM_OK;
 }
 
-em_status em__ops_declare_linalg(em_registry *core) {
-    static const char *const addmm_in[] = {"bias", "mat1", "mat2"},
-                             *const addmm_attrs[] = {"beta", "alpha"};
-    static const em_attr_type tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
-    em_op_schema s = {.struct_size = sizeof s, .name = "addmm", .n_inputs = 3,
-                      .input_names = addmm_in, .n_outputs = 1, .n_attrs = 2,
-                      .attr_names = addmm_attrs, .attr_types = tff, .dispatch_arg = 1,
-                      .infer = infer_addmm, .backward = d_addmm,
-                      .saves = EM_SAVE_INPUT(1) | EM_SAVE_INPUT(2)};
-    em_status st = em_op_declare(core, &s, &op_addmm);
-    if (st != EM_OK) return st;
-    op_bmm = em_op_find("bmm"); /* declared by ops.c before this runs */
-    return op_bmm ? EM_OK : em_last_status();
+/* x @ y batched, laid out like `like`: when like is a transposed dense view, computed as
+ * (y^T @ x^T)^T so the result has like's strides. */
+static em_tensor *bmm_like(const em_tensor *like, const em_tensor *x, const em_tensor *y) {
+    bool t = em__is_transposed_dense(like);
+    const em_tensor *in[2] = {t ? em_transpose(y, 1, 2) : x, t ? em_transpose(x, 1, 2) : y};
+    em_tensor *r = em__scope_track(em__op1(op_bmm, in, 2, NULL));
+    return t && r ? em_transpose(r, 1, 2) : r;
+}
+static em_status d_bmm(const em_backward_ctx *c, em_tensor **gi) {
+    /* (B,M,K) x (B,K,N): dA = G x B^T, dB = A^T x G, each in its input's layout */
+    const em_tensor *g = c->grad_out[0];
+    if (c->needs_grad[0] && !(gi[0] = bmm_like(c->in[0], g, em_transpose(c->in[1], 1, 2))))
+        return em_last_status();
+    if (c->needs_grad[1] && !(gi[1] = bmm_like(c->in[1], em_transpose(c->in[0], 1, 2), g)))
+        return em_last_status();
+    return EM_OK;
 }
 
-/* ---- checks ---------------------------------------------------------------------------------- */
+/* ---- composites --------------------------------------------------------------------------------- */
 
-static bool same_floating(const char *who, const em_tensor *a, const char *na,
-                          const em_tensor *b, const char *nb) {
-    if (a->dtype == b->dtype && em_dtype_is_floating(a->dtype)) return true;
-    if (a->dtype != b->dtype)
-        em_set_error(EM_ERR_DTYPE, "%s: expected %s and %s to have the same dtype, got %s and "
-                     "%s", who, na, nb, em_dtype_name(a->dtype), em_dtype_name(b->dtype));
-    else
-        em_set_error(EM_ERR_DTYPE, "%s: expected floating operands (f32, f64, bf16, f16), got "
-                     "%s", who, em_dtype_name(a->dtype));
-    return false;
-}
-
-/* ---- bmm ------------------------------------------------------------------------------------- */
-
-em_tensor *em_bmm(const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    if (!em__check_inputs("bmm", in, 2)) return NULL;
+/* PyTorch's matmul on top of the bmm op: 1-D operands become matrices (and the added dim is
+ * removed afterwards); batch dims broadcast and are flattened into one. */
+static em_tensor *matmul_run(const em_tensor *a, const em_tensor *b) {
     char x[160], y[160];
-    if (a->ndim != 3 || b->ndim != 3) {
-        em_set_error(EM_ERR_SHAPE, "bmm: expected 3-D operands (B, M, K) and (B, K, N), got "
-                     "shapes %s and %s", em__shape_str(a->ndim, a->shape, x, sizeof x),
+    if (a->ndim == 0 || b->ndim == 0) {
+        em_set_error(EM_ERR_SHAPE, "matmul: both arguments need at least 1 dim, got shapes %s "
+                     "and %s", em__shape_str(a->ndim, a->shape, x, sizeof x),
                      em__shape_str(b->ndim, b->shape, y, sizeof y));
         return NULL;
     }
-    if (a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1]) {
-        em_set_error(EM_ERR_SHAPE, "bmm: shapes %s and %s cannot be multiplied as batches "
-                     "(B, M, K) x (B, K, N) (%s)", em__shape_str(3, a->shape, x, sizeof x),
-                     em__shape_str(3, b->shape, y, sizeof y),
-                     a->shape[0] != b->shape[0] ? "batch sizes differ" : "K differs");
+    int64_t k_a = a->shape[a->ndim - 1], k_b = b->shape[b->ndim >= 2 ? b->ndim - 2 : 0];
+    if (k_a != k_b) {
+        em_set_error(EM_ERR_SHAPE, "matmul: shapes %s and %s cannot be multiplied (%lld != %lld)",
+                     em__shape_str(a->ndim, a->shape, x, sizeof x),
+                     em__shape_str(b->ndim, b->shape, y, sizeof y), (long long)k_a,
+                     (long long)k_b);
         return NULL;
     }
-    if (!same_floating("bmm", a, "input", b, "mat2")) return NULL;
-    return em__scope_track(em__op1(op_bmm, in, 2, NULL));
+    if (a->dtype != b->dtype || !em_dtype_is_floating(a->dtype)) {
+        em_set_error(EM_ERR_DTYPE, "matmul: expected both operands to have the same floating "
+                     "dtype, got %s and %s", em_dtype_name(a->dtype), em_dtype_name(b->dtype));
+        return NULL;
+    }
+    /* Matrices: (..., M, K) and (..., K, N). */
+    int64_t m = a->ndim >= 2 ? a->shape[a->ndim - 2] : 1, n = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
+    int ba = a->ndim > 2 ? a->ndim - 2 : 0, bb = b->ndim > 2 ? b->ndim - 2 : 0;
+    int nb = EM_MAX(ba, bb);
+    int64_t batch[EM_MAX_DIMS], nbatch = 1;
+    for (int i = 0; i < nb; i++) {
+        int ia = ba - nb + i, ib = bb - nb + i;
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1) {
+            em_set_error(EM_ERR_SHAPE, "matmul: batch dims of shapes %s and %s cannot be "
+                         "broadcast (%lld vs %lld)", em__shape_str(a->ndim, a->shape, x, sizeof x),
+                         em__shape_str(b->ndim, b->shape, y, sizeof y), (long long)sa,
+                         (long long)sb);
+            return NULL;
+        }
+        batch[i] = sa == 1 ? sb : sa;
+        nbatch *= batch[i];
+    }
+    int64_t ea[EM_MAX_DIMS + 2], eb[EM_MAX_DIMS + 2];
+    memcpy(ea, batch, sizeof(int64_t) * (size_t)nb);
+    memcpy(eb, batch, sizeof(int64_t) * (size_t)nb);
+    ea[nb] = m, ea[nb + 1] = k_a;
+    eb[nb] = k_a, eb[nb + 1] = n;
+    int64_t a3[3] = {nbatch, m, k_a}, b3[3] = {nbatch, k_a, n};
+    int64_t am[2] = {m, k_a}, bm[2] = {k_a, n};
+    em_tensor *a2 = em__reshape(a, a->ndim >= 2 ? a->ndim : 2, a->ndim >= 2 ? a->shape : am);
+    em_tensor *b2 = b->ndim >= 2 ? em__reshape(b, b->ndim, b->shape) : em__reshape(b, 2, bm);
+    em_tensor *ae = a2 ? em__expand(a2, nb + 2, ea) : NULL;
+    em_tensor *be = b2 ? em__expand(b2, nb + 2, eb) : NULL;
+    em_tensor *av = ae ? em__reshape(ae, 3, a3) : NULL;
+    em_tensor *bv = be ? em__reshape(be, 3, b3) : NULL;
+    em_tensor *r = NULL;
+    if (av && bv) {
+        const em_tensor *args[2] = {av, bv};
+        em_tensor *r3 = em__op1(op_bmm, args, 2, NULL);
+        int64_t rs[EM_MAX_DIMS + 2];
+        int nr = 0;
+        for (int i = 0; i < nb; i++) rs[nr++] = batch[i];
+        if (a->ndim >= 2) rs[nr++] = m;
+        if (b->ndim >= 2) rs[nr++] = n;
+        r = r3 ? em__view(r3, nr, rs) : NULL;
+        em_tensor_release(r3);
+    }
+    em_tensor_release(a2);
+    em_tensor_release(b2);
+    em_tensor_release(ae);
+    em_tensor_release(be);
+    em_tensor_release(av);
+    em_tensor_release(bv);
+    return r;
 }
 
-/* ---- addmm ----------------------------------------------------------------------------------- */
 
 /* beta * bias + alpha * a @ b with a (M, K), b (K, N), bias broadcastable to (M, N); no scope
  * tracking. */
@@ -144,15 +230,13 @@ static em_tensor *addmm_impl(const char *who, const em_tensor *bias, const em_te
     }
     em_attr attrs[2] = {{.type = EM_ATTR_FLOAT, .v.f = beta}, {.type = EM_ATTR_FLOAT, .v.f = alpha}};
     const em_tensor *args[3] = {be, a, b};
-    em_tensor *r = em__op1(op_addmm, args, 3, attrs);
+    em_tensor *r = em__kernel1(op_addmm, args, 3, attrs);
     em_tensor_release(be);
     return r;
 }
 
-em_tensor *em_addmm(const em_tensor *bias, const em_tensor *a, const em_tensor *b, double beta,
-                    double alpha) {
-    const em_tensor *in[3] = {bias, a, b};
-    if (!em__check_inputs("addmm", in, 3)) return NULL;
+static em_tensor *addmm_run(const em_tensor *bias, const em_tensor *a, const em_tensor *b,
+                            double beta, double alpha) {
     char x[160], y[160];
     if (a->ndim != 2 || b->ndim != 2) {
         em_set_error(EM_ERR_SHAPE, "addmm: expected 2-D matrices, got shapes %s and %s",
@@ -169,14 +253,11 @@ em_tensor *em_addmm(const em_tensor *bias, const em_tensor *a, const em_tensor *
     if (!same_floating("addmm", a, "mat1", b, "mat2") ||
         !same_floating("addmm", bias, "bias", a, "mat1"))
         return NULL;
-    return em__scope_track(addmm_impl("addmm", bias, a, b, beta, alpha));
+    return addmm_impl("addmm", bias, a, b, beta, alpha);
 }
 
-/* ---- linear ---------------------------------------------------------------------------------- */
 
-em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tensor *bias) {
-    const em_tensor *in[2] = {x, weight};
-    if (!em__check_inputs("linear", in, 2)) return NULL;
+static em_tensor *linear_run(const em_tensor *x, const em_tensor *weight, const em_tensor *bias) {
     char s1[160], s2[160];
     if (weight->ndim != 2 || x->ndim == 0 || x->shape[x->ndim - 1] != weight->shape[1]) {
         em_set_error(EM_ERR_SHAPE, "linear: input of shape %s and weight of shape %s do not "
@@ -230,5 +311,71 @@ em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tenso
     em_tensor_release(x2);
     em_tensor_release(wt);
     em_tensor_release(r2);
-    return em__scope_track(r);
+    return r;
+}
+
+static em_status c_matmul(const em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)attrs, (void)cap;
+    *n_out = (out[0] = matmul_run(in[0], in[1])) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* addmm(bias, mat1, mat2; beta, alpha): absent scales are 1 (PyTorch's defaults). */
+static em_status c_addmm(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)cap;
+    double beta = attrs && attrs[0].type == EM_ATTR_FLOAT ? attrs[0].v.f : 1;
+    double alpha = attrs && attrs[1].type == EM_ATTR_FLOAT ? attrs[1].v.f : 1;
+    *n_out = (out[0] = addmm_run(in[0], in[1], in[2], beta, alpha)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* linear(x, weight, bias): bias is optional. */
+static em_status c_linear(const em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)attrs, (void)cap;
+    *n_out = (out[0] = linear_run(in[0], in[1], in[2])) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* ---- declarations ---------------------------------------------------------------------------- */
+
+em_status em__ops_declare_linalg(em_registry *core) {
+    static const char *const addmm_in[] = {"bias", "mat1", "mat2"},
+                             *const addmm_attrs[] = {"beta", "alpha"},
+                             *const linear_in[] = {"input", "weight", "bias"};
+    static const em_attr_type tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
+    const unsigned in12 = EM_SAVE_INPUT(1) | EM_SAVE_INPUT(2);
+    em_status st = EM_OK;
+#define DECLS(var, ...) if (st == EM_OK) st = em__declare(core, &var, (em_op_schema){__VA_ARGS__, \
+                                                          .category = "linalg"})
+    DECLS(op_bmm, .name = "bmm", .n_inputs = 2, .infer = infer_bmm, .backward = d_bmm,
+          .saves = EM_SAVE_INPUT(0) | EM_SAVE_INPUT(1));
+    /* The kernel sees the bias broadcast to (M, N); the composite does that. */
+    DECLS(op_addmm, .name = "addmm", .n_inputs = 3, .input_names = addmm_in, .n_attrs = 2,
+          .attr_names = addmm_attrs, .attr_types = tff, .dispatch_arg = 1, .infer = infer_addmm,
+          .backward = d_addmm, .saves = in12, .composite = c_addmm);
+    DECLS(op_matmul, .name = "matmul", .n_inputs = 2, .composite = c_matmul);
+    DECLS(op_linear, .name = "linear", .n_inputs = 3, .input_names = linear_in,
+          .optional_inputs = 1u << 2, .composite = c_linear);
+#undef DECLS
+    return st;
+}
+
+/* ---- public functions: one line each ------------------------------------------------------------- */
+
+em_tensor *em_bmm(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_bmm, 2, EM__IN(a, b), NULL);
+}
+em_tensor *em_matmul(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_matmul, 2, EM__IN(a, b), NULL);
+}
+em_tensor *em_addmm(const em_tensor *bias, const em_tensor *a, const em_tensor *b, double beta,
+                    double alpha) {
+    return em__call1(op_addmm, 3, EM__IN(bias, a, b),
+                     EM__ATTRS(EM__A_FLOAT(beta), EM__A_FLOAT(alpha)));
+}
+em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tensor *bias) {
+    return em__call1(op_linear, 3, EM__IN(x, weight, bias), NULL);
 }

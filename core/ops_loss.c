@@ -272,12 +272,23 @@ static em_status infer_pointwise_bw(const em_op *op, const em_tensor *const *in,
 /* ---- declarations ---------------------------------------------------------------------------- */
 
 /* The *_backward ops are helpers of these derivatives, not differentiated themselves. */
+static em_status c_loss(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out);
+
+/* Every loss is a composite over its kernel (c_loss); weight and pos_weight are optional (the
+ * last inputs of the class losses and of bce). */
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
                          int dispatch_arg, em_infer_fn infer, em_backward_fn backward,
                          unsigned saves) {
-    return em__declare_op(core, out, name, n_in, n_attrs, attr_names, types, dispatch_arg,
-                          backward ? 0 : EM_OP_NONDIFF, infer, backward, saves);
+    bool bce = strncmp(name, "binary_cross_entropy", 20) == 0,
+         cls = strstr(name, "cross_entropy") || strstr(name, "nll_loss");
+    unsigned opt = bce ? 3u << (n_in - 2) : cls ? 1u << (n_in - 1) : 0;
+    return em__declare(core, out, (em_op_schema){.name = name, .n_inputs = n_in,
+                       .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
+                       .dispatch_arg = dispatch_arg, .flags = backward ? 0 : EM_OP_NONDIFF,
+                       .infer = infer, .backward = backward, .saves = saves,
+                       .composite = c_loss, .optional_inputs = opt, .category = "loss"});
 }
 
 /* ---- derivatives: each loss's backward op gives the input's gradient ------------------------- */
@@ -286,7 +297,8 @@ static em_status declare(em_registry *core, const em_op **out, const char *name,
 static em_tensor *loss_grad(const em_op *op_bw, const em_backward_ctx *c) {
     const em_tensor *in[5] = {c->grad_out[0]};
     for (int i = 0; i < c->n_in; i++) in[i + 1] = c->in[i];
-    return em__scope_track(em__op1(op_bw, in, c->n_in + 1, c->attrs));
+    /* The saved inputs are already prepared: the backward op's kernel, not its composite. */
+    return em__scope_track(em__kernel1(op_bw, in, c->n_in + 1, c->attrs));
 }
 
 /* Class losses: the gradient of the input only (class indices and weights have none; a
@@ -398,9 +410,9 @@ static em_tensor *run(const em_op *op, args *a, int n, const em_attr *attrs) {
     em_tensor *r = NULL;
     bool ok = true;
     for (int i = 0; i < n; i++) ok = ok && a->in[i];
-    if (ok) r = em__op1(op, a->in, n, attrs);
+    if (ok) r = em__kernel1(op, a->in, n, attrs);
     args_free(a);
-    return em__scope_track(r);
+    return r;
 }
 
 /* Class losses: x, target; probability targets are promoted together with x. */
@@ -409,8 +421,6 @@ static em_tensor *class_loss(const em_op *op, const em_tensor *g, const em_tenso
                              int64_t ignore_index, double ls) {
     const char *who = em_op_name(op);
     bool bw = g != NULL;
-    const em_tensor *chk[3] = {x, t, g};
-    if (!em__check_inputs(who, chk, bw ? 3 : 2)) return NULL;
     if (red < EM_REDUCTION_NONE || red > EM_REDUCTION_SUM) {
         bad_reduction(who, red);
         return NULL;
@@ -432,33 +442,6 @@ static em_tensor *class_loss(const em_op *op, const em_tensor *g, const em_tenso
                         {.type = EM_ATTR_INT, .v.i = ignore_index},
                         {.type = EM_ATTR_FLOAT, .v.f = ls}};
     return run(op, &a, k, attrs);
-}
-
-em_tensor *em_cross_entropy(const em_tensor *input, const em_tensor *target,
-                            const em_tensor *weight, em_reduction reduction, int64_t ignore_index,
-                            double label_smoothing) {
-    return class_loss(op_ce, NULL, input, target, weight, reduction, ignore_index, label_smoothing);
-}
-
-em_tensor *em_cross_entropy_backward(const em_tensor *grad, const em_tensor *input,
-                                     const em_tensor *target, const em_tensor *weight,
-                                     em_reduction reduction, int64_t ignore_index,
-                                     double label_smoothing) {
-    if (!grad && !em__check_inputs("cross_entropy_backward", &grad, 1)) return NULL;
-    return class_loss(op_ce_bw, grad, input, target, weight, reduction, ignore_index,
-                      label_smoothing);
-}
-
-em_tensor *em_nll_loss(const em_tensor *input, const em_tensor *target, const em_tensor *weight,
-                       em_reduction reduction, int64_t ignore_index) {
-    return class_loss(op_nll, NULL, input, target, weight, reduction, ignore_index, 0);
-}
-
-em_tensor *em_nll_loss_backward(const em_tensor *grad, const em_tensor *input,
-                                const em_tensor *target, const em_tensor *weight,
-                                em_reduction reduction, int64_t ignore_index) {
-    if (!grad && !em__check_inputs("nll_loss_backward", &grad, 1)) return NULL;
-    return class_loss(op_nll_bw, grad, input, target, weight, reduction, ignore_index, 0);
 }
 
 /* The broadcast shape of n tensors into shape/ndim; names the shapes when they do not
@@ -495,7 +478,6 @@ static em_tensor *pointwise_loss(const em_op *op, const em_tensor *g, const em_t
     const char *who = em_op_name(op);
     bool bw = g != NULL;
     const em_tensor *xt[2] = {x, t};
-    if (!em__check_inputs(who, xt, 2)) return NULL;
     if (red < EM_REDUCTION_NONE || red > EM_REDUCTION_SUM) {
         bad_reduction(who, red);
         return NULL;
@@ -521,40 +503,10 @@ static em_tensor *pointwise_loss(const em_op *op, const em_tensor *g, const em_t
     return run(op, &a, k, attrs);
 }
 
-em_tensor *em_mse_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction) {
-    return pointwise_loss(op_mse, NULL, input, target, reduction, 0);
-}
-em_tensor *em_mse_loss_backward(const em_tensor *grad, const em_tensor *input,
-                                const em_tensor *target, em_reduction reduction) {
-    if (!grad && !em__check_inputs("mse_loss_backward", &grad, 1)) return NULL;
-    return pointwise_loss(op_mse_bw, grad, input, target, reduction, 0);
-}
-em_tensor *em_l1_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction) {
-    return pointwise_loss(op_l1, NULL, input, target, reduction, 0);
-}
-em_tensor *em_l1_loss_backward(const em_tensor *grad, const em_tensor *input,
-                               const em_tensor *target, em_reduction reduction) {
-    if (!grad && !em__check_inputs("l1_loss_backward", &grad, 1)) return NULL;
-    return pointwise_loss(op_l1_bw, grad, input, target, reduction, 0);
-}
-
 static bool beta_ok(const char *who, double beta) {
     if (beta >= 0) return true;
     em_set_error(EM_ERR_INVALID, "%s: beta must be >= 0, got %g", who, beta);
     return false;
-}
-
-em_tensor *em_smooth_l1_loss(const em_tensor *input, const em_tensor *target,
-                             em_reduction reduction, double beta) {
-    if (!beta_ok("smooth_l1_loss", beta)) return NULL;
-    return pointwise_loss(op_sl1, NULL, input, target, reduction, beta);
-}
-em_tensor *em_smooth_l1_loss_backward(const em_tensor *grad, const em_tensor *input,
-                                      const em_tensor *target, em_reduction reduction,
-                                      double beta) {
-    if (!grad && !em__check_inputs("smooth_l1_loss_backward", &grad, 1)) return NULL;
-    if (!beta_ok("smooth_l1_loss_backward", beta)) return NULL;
-    return pointwise_loss(op_sl1_bw, grad, input, target, reduction, beta);
 }
 
 /* bce_with_logits (and its backward when g is non-NULL). */
@@ -563,8 +515,6 @@ static em_tensor *bce_loss(const em_op *op, const em_tensor *g, const em_tensor 
                            em_reduction red) {
     const char *who = em_op_name(op);
     bool bw = g != NULL;
-    const em_tensor *xt[2] = {x, t};
-    if (!em__check_inputs(who, xt, 2)) return NULL;
     if (red < EM_REDUCTION_NONE || red > EM_REDUCTION_SUM) {
         bad_reduction(who, red);
         return NULL;
@@ -578,8 +528,8 @@ static em_tensor *bce_loss(const em_op *op, const em_tensor *g, const em_tensor 
     }
     const em_tensor *all[4] = {x, t};
     int n = 2;
-    if (w) all[n++] = w;
-    if (pw) all[n++] = pw;
+    if (w && (w->numel || !x->numel)) all[n++] = w;
+    if (pw && (pw->numel || !x->numel)) all[n++] = pw;
     em_dtype dt = em__result_type(all, n);
     if (!em_dtype_is_floating(x->dtype) || !em_dtype_is_floating(t->dtype)) {
         em_set_error(EM_ERR_DTYPE, "%s: expected floating input and target, got %s and %s", who,
@@ -594,7 +544,7 @@ static em_tensor *bce_loss(const em_op *op, const em_tensor *g, const em_tensor 
     a.in[k++] = as_dtype(&a, t, dt);
     const em_tensor *opt[2] = {w, pw};
     for (int i = 0; i < 2; i++) {
-        if (!opt[i]) {
+        if (!opt[i] || (opt[i]->numel == 0 && x->numel != 0)) { /* absent, or "none" */
             a.in[k++] = optional(&a, NULL, x, dt);
             continue;
         }
@@ -618,20 +568,109 @@ static em_tensor *bce_loss(const em_op *op, const em_tensor *g, const em_tensor 
     return run(op, &a, k, &attr);
 }
 
+/* ---- composites: the public losses over their kernels ---------------------------------------- */
+
+static bool is_bw(const em_op *op) {
+    return op == op_ce_bw || op == op_nll_bw || op == op_mse_bw || op == op_l1_bw ||
+           op == op_sl1_bw || op == op_bce_bw;
+}
+
+/* Inputs as the schema lists them: the backward ops take the loss's grad first. Attributes
+ * absent take PyTorch's defaults (mean, ignore_index -100, label_smoothing 0, beta 1). */
+static em_status c_loss(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    bool bw = is_bw(op);
+    const em_tensor *g = bw ? in[0] : NULL, *const *xs = in + bw;
+    if (bw && !em_dtype_is_floating(g->dtype))
+        return em_set_error(EM_ERR_DTYPE, "%s: grad must be floating, got %s", em_op_name(op),
+                            em_dtype_name(g->dtype));
+    em_reduction red = (em_reduction)attr_int(attrs, 0, EM_REDUCTION_MEAN);
+    em_tensor *r;
+    if (op == op_ce || op == op_ce_bw || op == op_nll || op == op_nll_bw) {
+        bool ce = op == op_ce || op == op_ce_bw;
+        r = class_loss(op, g, xs[0], xs[1], xs[2], red, attr_int(attrs, 1, -100),
+                       ce ? attr_float(attrs, 2, 0) : 0);
+    } else if (op == op_bce || op == op_bce_bw) {
+        r = bce_loss(op, g, xs[0], xs[1], xs[2], xs[3], red);
+    } else {
+        bool sl1 = op == op_sl1 || op == op_sl1_bw;
+        double beta = sl1 ? attr_float(attrs, 1, 1.0) : 0;
+        r = sl1 && !beta_ok(em_op_name(op), beta) ? NULL
+                                                 : pointwise_loss(op, g, xs[0], xs[1], red, beta);
+    }
+    *n_out = (out[0] = r) != NULL;
+    return r ? EM_OK : em_last_status();
+}
+
+/* ---- public functions: one line each --------------------------------------------------------- */
+
+#define RED(r) EM__A_INT((int64_t)(r))
+em_tensor *em_cross_entropy(const em_tensor *input, const em_tensor *target,
+                            const em_tensor *weight, em_reduction reduction, int64_t ignore_index,
+                            double label_smoothing) {
+    return em__call1(op_ce, 3, EM__IN(input, target, weight),
+                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index),
+                               EM__A_FLOAT(label_smoothing)));
+}
+em_tensor *em_cross_entropy_backward(const em_tensor *grad, const em_tensor *input,
+                                     const em_tensor *target, const em_tensor *weight,
+                                     em_reduction reduction, int64_t ignore_index,
+                                     double label_smoothing) {
+    return em__call1(op_ce_bw, 4, EM__IN(grad, input, target, weight),
+                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index),
+                               EM__A_FLOAT(label_smoothing)));
+}
+em_tensor *em_nll_loss(const em_tensor *input, const em_tensor *target, const em_tensor *weight,
+                       em_reduction reduction, int64_t ignore_index) {
+    return em__call1(op_nll, 3, EM__IN(input, target, weight),
+                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index)));
+}
+em_tensor *em_nll_loss_backward(const em_tensor *grad, const em_tensor *input,
+                                const em_tensor *target, const em_tensor *weight,
+                                em_reduction reduction, int64_t ignore_index) {
+    return em__call1(op_nll_bw, 4, EM__IN(grad, input, target, weight),
+                     EM__ATTRS(RED(reduction), EM__A_INT(ignore_index)));
+}
+em_tensor *em_mse_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction) {
+    return em__call1(op_mse, 2, EM__IN(input, target), EM__ATTRS(RED(reduction)));
+}
+em_tensor *em_mse_loss_backward(const em_tensor *grad, const em_tensor *input,
+                                const em_tensor *target, em_reduction reduction) {
+    return em__call1(op_mse_bw, 3, EM__IN(grad, input, target), EM__ATTRS(RED(reduction)));
+}
+em_tensor *em_l1_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction) {
+    return em__call1(op_l1, 2, EM__IN(input, target), EM__ATTRS(RED(reduction)));
+}
+em_tensor *em_l1_loss_backward(const em_tensor *grad, const em_tensor *input,
+                               const em_tensor *target, em_reduction reduction) {
+    return em__call1(op_l1_bw, 3, EM__IN(grad, input, target), EM__ATTRS(RED(reduction)));
+}
+em_tensor *em_smooth_l1_loss(const em_tensor *input, const em_tensor *target,
+                             em_reduction reduction, double beta) {
+    return em__call1(op_sl1, 2, EM__IN(input, target),
+                     EM__ATTRS(RED(reduction), EM__A_FLOAT(beta)));
+}
+em_tensor *em_smooth_l1_loss_backward(const em_tensor *grad, const em_tensor *input,
+                                      const em_tensor *target, em_reduction reduction,
+                                      double beta) {
+    return em__call1(op_sl1_bw, 3, EM__IN(grad, input, target),
+                     EM__ATTRS(RED(reduction), EM__A_FLOAT(beta)));
+}
 em_tensor *em_binary_cross_entropy_with_logits(const em_tensor *input, const em_tensor *target,
                                                const em_tensor *weight,
                                                const em_tensor *pos_weight,
                                                em_reduction reduction) {
-    return bce_loss(op_bce, NULL, input, target, weight, pos_weight, reduction);
+    return em__call1(op_bce, 4, EM__IN(input, target, weight, pos_weight),
+                     EM__ATTRS(RED(reduction)));
 }
-
 em_tensor *em_binary_cross_entropy_with_logits_backward(const em_tensor *grad,
                                                         const em_tensor *input,
                                                         const em_tensor *target,
                                                         const em_tensor *weight,
                                                         const em_tensor *pos_weight,
                                                         em_reduction reduction) {
-    if (!grad && !em__check_inputs("binary_cross_entropy_with_logits_backward", &grad, 1))
-        return NULL;
-    return bce_loss(op_bce_bw, grad, input, target, weight, pos_weight, reduction);
+    return em__call1(op_bce_bw, 5, EM__IN(grad, input, target, weight, pos_weight),
+                     EM__ATTRS(RED(reduction)));
 }
+#undef RED

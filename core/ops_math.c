@@ -8,6 +8,15 @@
  *   sqrt/rsqrt/reciprocal/sigmoid/tanh/log1p/expm1/silu(x) -> y
  *                                    floating x (the wrappers convert integers to float32);
  *                                    y has x's shape and dtype; y may alias x (in place).
+ *   erf/erfinv(x) -> y               floating x (integers arrive as float32); y has x's shape
+ *                                    and dtype. erfinv(+-1) = +-inf, NaN outside [-1, 1].
+ *   div_mode(a, b) -> y              attrs: rounding_mode (string "trunc" | "floor"; absent:
+ *                                    true division, and then a and b are floating). a and b
+ *                                    promoted to y's dtype and broadcast like add. trunc:
+ *                                    the quotient rounded toward zero; floor: toward -inf,
+ *                                    for floats as PyTorch's c10 div_floor (through fmod, so
+ *                                    that a = b * y + remainder). Integers: a zero divisor is
+ *                                    EM_ERR_INVALID; the most negative value over -1 wraps.
  *   gelu(x) -> y                     attrs: approximate (string "none" | "tanh"; absent:
  *                                    "none"). Floating.
  *   leaky_relu(x) -> y               attrs: negative_slope (float). Floating.
@@ -53,18 +62,12 @@ static const em_op *op_abs, *op_sqrt, *op_rsqrt, *op_reciprocal, *op_sigmoid, *o
     *op_maximum, *op_minimum, *op_eq, *op_ne, *op_lt, *op_le, *op_gt, *op_ge,
     *op_logical_and, *op_logical_or, *op_logical_xor, *op_logical_not, *op_where,
     *op_threshold_backward, *op_sigmoid_backward, *op_tanh_backward, *op_gelu_backward,
-    *op_silu_backward, *op_leaky_relu_backward;
+    *op_silu_backward, *op_leaky_relu_backward, *op_erf, *op_erfinv, *op_div_mode;
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
-static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                            em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = in[0]->dtype;
-    out->ndim = in[0]->ndim;
-    memcpy(out->shape, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
-    return EM_OK;
-}
+/* infer_same: em_infer_same (ember/op_helpers.h). */
+#define infer_same em_infer_same
 
 static em_status infer_bool(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
                             em_tensor_meta *out) {
@@ -92,42 +95,13 @@ static em_status infer_gelu(const em_op *op, const em_tensor *const *in, const e
     return infer_same(op, in, attrs, out);
 }
 
-/* NumPy broadcasting of the op's inputs (2 or 3); names every shape when they do not
- * broadcast. */
+/* The inputs' broadcast shape into out (ember/op_helpers.h names every shape on failure). */
 static em_status broadcast_shapes(const em_op *op, const em_tensor *const *in, int n,
                                   em_tensor_meta *out) {
-    int nd = 0;
-    for (int k = 0; k < n; k++) nd = EM_MAX(nd, in[k]->ndim);
-    for (int i = 0; i < nd; i++) {
-        int64_t size = 1;
-        for (int k = 0; k < n; k++) {
-            int ik = in[k]->ndim - nd + i;
-            int64_t s = ik >= 0 ? in[k]->shape[ik] : 1;
-            if (s == 1 || s == size) continue;
-            if (size != 1) {
-                char x[160], y[160], z[160] = "";
-                em__shape_str(in[0]->ndim, in[0]->shape, x, sizeof x);
-                em__shape_str(in[1]->ndim, in[1]->shape, y, sizeof y);
-                if (n > 2) em__shape_str(in[2]->ndim, in[2]->shape, z, sizeof z);
-                return em_set_error(EM_ERR_SHAPE, "%s: shapes %s%s %s%s%s cannot be broadcast "
-                                    "(dim %d: %lld vs %lld)", em_op_name(op), x,
-                                    n > 2 ? "," : " and", y, n > 2 ? " and " : "", z, i - nd,
-                                    (long long)size, (long long)s);
-            }
-            size = s;
-        }
-        out->shape[i] = size;
-    }
-    out->ndim = nd;
-    return EM_OK;
+    return em_broadcast_shapes(em_op_name(op), in, n, &out->ndim, out->shape);
 }
 
-static em_status infer_broadcast(const em_op *op, const em_tensor *const *in,
-                                 const em_attr *attrs, em_tensor_meta *out) {
-    (void)attrs;
-    out->dtype = in[0]->dtype;
-    return broadcast_shapes(op, in, 2, out);
-}
+#define infer_broadcast em_infer_broadcast
 
 static em_status infer_compare(const em_op *op, const em_tensor *const *in,
                                const em_attr *attrs, em_tensor_meta *out) {
@@ -164,7 +138,125 @@ static em_status infer_backward(const em_op *op, const em_tensor *const *in,
     return infer_broadcast(op, in, attrs, out);
 }
 
-/* ---- declarations ---------------------------------------------------------------------------- */
+/* ---- checks and dtype rules (prepare hooks) ------------------------------------------------------ */
+
+/* The dtype an op computes in when one operand is x and the other a C double treated as
+ * PyTorch treats a Python number: a value with no fractional part (and |v| < 2^63) counts as
+ * an int, any other value (fractions, infinities, NaN) as a float; a number never widens a
+ * tensor of its own category (f16 * 2.5 stays f16, i32 + 3 stays i32); a float makes an
+ * integer or bool tensor float32, an int makes a bool tensor int64. */
+static bool scalar_is_int(double v) { return v == trunc(v) && fabs(v) < 0x1p63; }
+
+static em_dtype scalar_result(em_dtype t, double v) {
+    if (em_dtype_is_floating(t)) return t;
+    if (!scalar_is_int(v)) return EM_F32;
+    return t == EM_BOOL ? EM_I64 : t;
+}
+
+static em_status prep_abs(const em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_dtype *dts) {
+    (void)n_in, (void)attrs, (void)dts;
+    if (in[0]->dtype != EM_BOOL) return EM_OK;
+    return em_set_error(EM_ERR_DTYPE, "%s: not supported for bool tensors", em_op_name(op));
+}
+
+/* clamp: at least one bound; the bounds are numbers (a fractional bound makes an integer
+ * tensor float32, an integral one makes a bool tensor int64). */
+static em_status prep_clamp(const em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_dtype *dts) {
+    (void)n_in;
+    const em_attr *lo = attrs ? &attrs[0] : NULL, *hi = attrs ? &attrs[1] : NULL;
+    bool has_lo = lo && lo->type == EM_ATTR_FLOAT, has_hi = hi && hi->type == EM_ATTR_FLOAT;
+    if (!has_lo && !has_hi)
+        return em_set_error(EM_ERR_INVALID, "%s: at least one of min and max must be given",
+                            em_op_name(op));
+    em_dtype t = in[0]->dtype;
+    if (has_lo) t = scalar_result(t, lo->v.f);
+    if (has_hi) t = scalar_result(t, hi->v.f);
+    dts[0] = t;
+    return EM_OK;
+}
+
+/* x op value: the number's dtype rule; div_scalar divides truly (integers give float32). */
+static em_status prep_scalar(const em_op *op, const em_tensor *const *in, int n_in,
+                             const em_attr *attrs, em_dtype *dts) {
+    (void)n_in;
+    double v = attrs && attrs[0].type == EM_ATTR_FLOAT ? attrs[0].v.f : 0;
+    if (!attrs || attrs[0].type != EM_ATTR_FLOAT)
+        return em_set_error(EM_ERR_INVALID, "%s: attribute 'value' is required", em_op_name(op));
+    em_dtype rt = scalar_result(in[0]->dtype, v);
+    if (op == op_div_scalar && !em_dtype_is_floating(rt)) rt = EM_F32;
+    if (op == op_pow_scalar && !em_dtype_is_floating(in[0]->dtype) && scalar_is_int(v) && v < 0)
+        return em_set_error(EM_ERR_INVALID, "pow_scalar: integers to negative integer powers are "
+                            "not allowed (%s tensor to the power %g)",
+                            em_dtype_name(in[0]->dtype), v);
+    dts[0] = rt;
+    return EM_OK;
+}
+
+static em_status prep_pow(const em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_dtype *dts) {
+    (void)op, (void)in, (void)n_in, (void)attrs;
+    if (dts[0] == EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "pow: not supported for two bool tensors");
+    return EM_OK;
+}
+
+/* Operands of different dtypes are converted to bool (v != 0; NaN is true) rather than
+ * promoted: promotion could round a tiny non-zero value to zero. */
+static em_status prep_logical(const em_op *op, const em_tensor *const *in, int n_in,
+                              const em_attr *attrs, em_dtype *dts) {
+    (void)op, (void)attrs;
+    if (in[0]->dtype != in[1]->dtype)
+        for (int i = 0; i < n_in; i++) dts[i] = EM_BOOL;
+    return EM_OK;
+}
+
+/* where: a bool condition; the values promoted to their result type. */
+static em_status prep_where(const em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_dtype *dts) {
+    (void)n_in, (void)attrs;
+    if (in[0]->dtype != EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "%s: the condition must be a bool tensor, got %s",
+                            em_op_name(op), em_dtype_name(in[0]->dtype));
+    dts[1] = dts[2] = em__result_type(in + 1, 2);
+    return EM_OK;
+}
+
+/* div_mode's rounding_mode: 0 absent (true division), 1 "trunc", 2 "floor", -1 other. */
+static int rounding_mode(const em_attr *attrs) {
+    if (!attrs || attrs[0].type == EM_ATTR_NONE) return 0;
+    if (attrs[0].type != EM_ATTR_STRING || !attrs[0].v.s) return -1;
+    return strcmp(attrs[0].v.s, "trunc") == 0 ? 1 : strcmp(attrs[0].v.s, "floor") == 0 ? 2 : -1;
+}
+
+/* div_mode: true division (absent mode) makes integers float32, as em_div does; a rounding
+ * mode keeps the promoted dtype (integer division for integers), not for bool. */
+static em_status prep_div_mode(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_dtype *dts) {
+    (void)in;
+    int m = rounding_mode(attrs);
+    if (m < 0)
+        return em_set_error(EM_ERR_INVALID, "%s: rounding_mode must be \"trunc\", \"floor\" or "
+                            "absent (true division), got \"%s\"", em_op_name(op),
+                            attrs[0].type == EM_ATTR_STRING ? attrs[0].v.s : "(not a string)");
+    em_dtype rt = dts[0];
+    if (m == 0 && !em_dtype_is_floating(rt)) rt = EM_F32;
+    if (m != 0 && rt == EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "%s: division of two bool tensors with rounding mode "
+                            "\"%s\" is not supported", em_op_name(op), attrs[0].v.s);
+    for (int i = 0; i < n_in; i++) dts[i] = rt;
+    return EM_OK;
+}
+
+static em_status infer_div_mode(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                                em_tensor_meta *out) {
+    int m = rounding_mode(attrs);
+    if (m < 0 || (m == 0 && !em_dtype_is_floating(in[0]->dtype)))
+        return em_set_error(EM_ERR_INVALID, "%s: rounding_mode must be \"trunc\" or \"floor\" "
+                            "(absent: true division of floating tensors)", em_op_name(op));
+    return infer_broadcast(op, in, attrs, out);
+}
 
 /* ---- derivatives ------------------------------------------------------------------------------
  * Written with the public ops; they run with grad mode off inside a scope of their own, so
@@ -299,6 +391,27 @@ static em_status d_where(const em_backward_ctx *c, em_tensor **gi) {
     return EM_OK;
 }
 
+/* d erf(x) = 2 / sqrt(pi) exp(-x^2); d erfinv(x) = sqrt(pi) / 2 exp(erfinv(x)^2). */
+static em_status d_erf(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_mul(G, em_mul_scalar(em_exp(em_neg(em_mul(X, X))), 1.12837916709551257390)),
+                &gi[0]);
+}
+static em_status d_erfinv(const em_backward_ctx *c, em_tensor **gi) {
+    return done(em_mul(G, em_mul_scalar(em_exp(em_mul(Y, Y)), 0.88622692545275801365)), &gi[0]);
+}
+/* True division as div; with a rounding mode the quotient is piecewise constant: zero
+ * gradients (PyTorch's derivatives.yaml). */
+static em_status d_div_mode(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *a = c->in[0], *b = c->in[1];
+    for (int i = 0; i < 2; i++)
+        if (NEED(i) && rounding_mode(c->attrs) != 0 && !(gi[i] = zeros_of(c, i)))
+            return em_last_status();
+    if (rounding_mode(c->attrs) != 0) return EM_OK;
+    if (NEED(0) && !(gi[0] = em_div(G, b))) return em_last_status();
+    if (NEED(1) && !(gi[1] = em_neg(em_div(em_mul(G, a), em_mul(b, b))))) return em_last_status();
+    return EM_OK;
+}
+
 static em_status d_pass(const em_backward_ctx *c, em_tensor **gi) {
     gi[0] = em_tensor_retain(G);
     return EM_OK;
@@ -318,382 +431,162 @@ em_status em__ops_declare_math(em_registry *core) {
     static const char *const value[] = {"value"}, *const approx[] = {"approximate"},
                              *const slope[] = {"negative_slope"},
                              *const bounds[] = {"min", "max"},
-                             *const thresh[] = {"threshold"};
+                             *const thresh[] = {"threshold"},
+                             *const rounding[] = {"rounding_mode"};
     static const em_attr_type tf[] = {EM_ATTR_FLOAT}, ts[] = {EM_ATTR_STRING},
                               tff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT};
     const unsigned ew = EM_OP_PROMOTE | EM_OP_BROADCAST, nd = EM_OP_NONDIFF,
+                   fr = EM_OP_FLOAT_RESULT, fl = EM_OP_FLOATING,
                    in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
                    out0 = EM_SAVE_OUTPUT(0);
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
-    DECL(op_abs, "abs", 1, 0, NULL, NULL, 0, 0, infer_same, d_abs, in0);
-    DECL(op_sqrt, "sqrt", 1, 0, NULL, NULL, 0, 0, infer_same, d_sqrt, out0);
-    DECL(op_rsqrt, "rsqrt", 1, 0, NULL, NULL, 0, 0, infer_same, d_rsqrt, out0);
-    DECL(op_reciprocal, "reciprocal", 1, 0, NULL, NULL, 0, 0, infer_same, d_reciprocal,
-         out0);
-    DECL(op_sigmoid, "sigmoid", 1, 0, NULL, NULL, 0, 0, infer_same, d_sigmoid, out0);
-    DECL(op_tanh, "tanh", 1, 0, NULL, NULL, 0, 0, infer_same, d_tanh, out0);
-    DECL(op_log1p, "log1p", 1, 0, NULL, NULL, 0, 0, infer_same, d_log1p, in0);
-    DECL(op_expm1, "expm1", 1, 0, NULL, NULL, 0, 0, infer_same, d_expm1, out0);
-    DECL(op_sign, "sign", 1, 0, NULL, NULL, 0, 0, infer_same, d_sign, 0);
-    DECL(op_gelu, "gelu", 1, 1, approx, ts, 0, 0, infer_gelu, d_gelu, in0);
-    DECL(op_silu, "silu", 1, 0, NULL, NULL, 0, 0, infer_same, d_silu, in0);
-    DECL(op_leaky_relu, "leaky_relu", 1, 1, slope, tf, 0, 0, infer_same, d_leaky_relu,
-         in0);
-    DECL(op_clamp, "clamp", 1, 2, bounds, tff, 0, 0, infer_same, d_clamp, in0);
-    DECL(op_add_scalar, "add_scalar", 1, 1, value, tf, 0, 0, infer_same, d_pass, 0);
-    DECL(op_sub_scalar, "sub_scalar", 1, 1, value, tf, 0, 0, infer_same, d_pass, 0);
-    DECL(op_mul_scalar, "mul_scalar", 1, 1, value, tf, 0, 0, infer_same, d_mul_scalar, 0);
-    DECL(op_div_scalar, "div_scalar", 1, 1, value, tf, 0, 0, infer_same, d_div_scalar, 0);
-    DECL(op_pow_scalar, "pow_scalar", 1, 1, value, tf, 0, 0, infer_same, d_pow_scalar,
-         in0);
-    DECL(op_pow, "pow", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_pow, in01 | out0);
-    DECL(op_maximum, "maximum", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_maximum, in01);
-    DECL(op_minimum, "minimum", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_minimum, in01);
+    /* name, inputs, attributes (count, names, types), policy flags, inference, derivative and
+     * what it saves, prepare hook. */
+#define D(var, nm, nin, na, an, at, fl_, inf, bw, sv, prep)                                     \
+    if (st == EM_OK)                                                                            \
+        st = em__declare(core, &var, (em_op_schema){.name = nm, .n_inputs = nin, .n_attrs = na, \
+                         .attr_names = an, .attr_types = at, .flags = fl_, .infer = inf,        \
+                         .backward = bw, .saves = sv, .prepare = prep,                          \
+                         .dispatch_arg = strcmp(nm, "where") == 0, .category = "elementwise"})
+    D(op_abs, "abs", 1, 0, NULL, NULL, 0, infer_same, d_abs, in0, prep_abs);
+    D(op_sqrt, "sqrt", 1, 0, NULL, NULL, fr, infer_same, d_sqrt, out0, NULL);
+    D(op_rsqrt, "rsqrt", 1, 0, NULL, NULL, fr, infer_same, d_rsqrt, out0, NULL);
+    D(op_reciprocal, "reciprocal", 1, 0, NULL, NULL, fr, infer_same, d_reciprocal, out0, NULL);
+    D(op_sigmoid, "sigmoid", 1, 0, NULL, NULL, fr, infer_same, d_sigmoid, out0, NULL);
+    D(op_tanh, "tanh", 1, 0, NULL, NULL, fr, infer_same, d_tanh, out0, NULL);
+    D(op_log1p, "log1p", 1, 0, NULL, NULL, fr, infer_same, d_log1p, in0, NULL);
+    D(op_expm1, "expm1", 1, 0, NULL, NULL, fr, infer_same, d_expm1, out0, NULL);
+    D(op_sign, "sign", 1, 0, NULL, NULL, 0, infer_same, d_sign, 0, NULL);
+    D(op_erf, "erf", 1, 0, NULL, NULL, fr, infer_same, d_erf, in0, NULL);
+    D(op_erfinv, "erfinv", 1, 0, NULL, NULL, fr, infer_same, d_erfinv, out0, NULL);
+    D(op_div_mode, "div_mode", 2, 1, rounding, ts, ew, infer_div_mode, d_div_mode, in01,
+      prep_div_mode);
+    D(op_gelu, "gelu", 1, 1, approx, ts, fl, infer_gelu, d_gelu, in0, NULL);
+    D(op_silu, "silu", 1, 0, NULL, NULL, fl, infer_same, d_silu, in0, NULL);
+    D(op_leaky_relu, "leaky_relu", 1, 1, slope, tf, fl, infer_same, d_leaky_relu, in0, NULL);
+    D(op_clamp, "clamp", 1, 2, bounds, tff, 0, infer_same, d_clamp, in0, prep_clamp);
+    D(op_add_scalar, "add_scalar", 1, 1, value, tf, 0, infer_same, d_pass, 0, prep_scalar);
+    D(op_sub_scalar, "sub_scalar", 1, 1, value, tf, 0, infer_same, d_pass, 0, prep_scalar);
+    D(op_mul_scalar, "mul_scalar", 1, 1, value, tf, 0, infer_same, d_mul_scalar, 0,
+      prep_scalar);
+    D(op_div_scalar, "div_scalar", 1, 1, value, tf, 0, infer_same, d_div_scalar, 0,
+      prep_scalar);
+    D(op_pow_scalar, "pow_scalar", 1, 1, value, tf, 0, infer_same, d_pow_scalar, in0,
+      prep_scalar);
+    D(op_pow, "pow", 2, 0, NULL, NULL, ew, infer_broadcast, d_pow, in01 | out0, prep_pow);
+    D(op_maximum, "maximum", 2, 0, NULL, NULL, ew, infer_broadcast, d_maximum, in01, NULL);
+    D(op_minimum, "minimum", 2, 0, NULL, NULL, ew, infer_broadcast, d_minimum, in01, NULL);
     /* Not differentiable: bool outputs, and the backward helpers (their own derivatives are
      * not needed: no higher-order gradients). */
     const unsigned cmp = ew | nd, lgc = EM_OP_BROADCAST | nd;
-    DECL(op_eq, "eq", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
-    DECL(op_ne, "ne", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
-    DECL(op_lt, "lt", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
-    DECL(op_le, "le", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
-    DECL(op_gt, "gt", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
-    DECL(op_ge, "ge", 2, 0, NULL, NULL, 0, cmp, infer_compare, NULL, 0);
-    DECL(op_logical_and, "logical_and", 2, 0, NULL, NULL, 0, lgc, infer_compare, NULL, 0);
-    DECL(op_logical_or, "logical_or", 2, 0, NULL, NULL, 0, lgc, infer_compare, NULL, 0);
-    DECL(op_logical_xor, "logical_xor", 2, 0, NULL, NULL, 0, lgc, infer_compare, NULL, 0);
-    DECL(op_logical_not, "logical_not", 1, 0, NULL, NULL, 0, nd, infer_bool, NULL, 0);
-    /* The condition is bool: it never requires grad. */
-    DECL(op_where, "where", 3, 0, NULL, NULL, 1, EM_OP_BROADCAST, infer_where, d_where, in0);
-    DECL(op_threshold_backward, "threshold_backward", 2, 1, thresh, tf, 0, ew | nd,
-         infer_backward, NULL, 0);
-    DECL(op_sigmoid_backward, "sigmoid_backward", 2, 0, NULL, NULL, 0, ew | nd, infer_backward,
-         NULL, 0);
-    DECL(op_tanh_backward, "tanh_backward", 2, 0, NULL, NULL, 0, ew | nd, infer_backward, NULL,
-         0);
-    DECL(op_gelu_backward, "gelu_backward", 2, 1, approx, ts, 0, ew | nd, infer_backward, NULL,
-         0);
-    DECL(op_silu_backward, "silu_backward", 2, 0, NULL, NULL, 0, ew | nd, infer_backward, NULL,
-         0);
-    DECL(op_leaky_relu_backward, "leaky_relu_backward", 2, 1, slope, tf, 0, ew | nd,
-         infer_backward, NULL, 0);
-#undef DECL
+    D(op_eq, "eq", 2, 0, NULL, NULL, cmp, infer_compare, NULL, 0, NULL);
+    D(op_ne, "ne", 2, 0, NULL, NULL, cmp, infer_compare, NULL, 0, NULL);
+    D(op_lt, "lt", 2, 0, NULL, NULL, cmp, infer_compare, NULL, 0, NULL);
+    D(op_le, "le", 2, 0, NULL, NULL, cmp, infer_compare, NULL, 0, NULL);
+    D(op_gt, "gt", 2, 0, NULL, NULL, cmp, infer_compare, NULL, 0, NULL);
+    D(op_ge, "ge", 2, 0, NULL, NULL, cmp, infer_compare, NULL, 0, NULL);
+    D(op_logical_and, "logical_and", 2, 0, NULL, NULL, lgc, infer_compare, NULL, 0,
+      prep_logical);
+    D(op_logical_or, "logical_or", 2, 0, NULL, NULL, lgc, infer_compare, NULL, 0, prep_logical);
+    D(op_logical_xor, "logical_xor", 2, 0, NULL, NULL, lgc, infer_compare, NULL, 0,
+      prep_logical);
+    D(op_logical_not, "logical_not", 1, 0, NULL, NULL, nd, infer_bool, NULL, 0, NULL);
+    /* The condition is bool: it never requires grad; input 1 picks the kernel. */
+    D(op_where, "where", 3, 0, NULL, NULL, EM_OP_BROADCAST, infer_where, d_where, in0,
+      prep_where);
+    D(op_threshold_backward, "threshold_backward", 2, 1, thresh, tf, ew | nd, infer_backward,
+      NULL, 0, NULL);
+    D(op_sigmoid_backward, "sigmoid_backward", 2, 0, NULL, NULL, ew | nd, infer_backward, NULL,
+      0, NULL);
+    D(op_tanh_backward, "tanh_backward", 2, 0, NULL, NULL, ew | nd, infer_backward, NULL, 0,
+      NULL);
+    D(op_gelu_backward, "gelu_backward", 2, 1, approx, ts, ew | nd, infer_backward, NULL, 0,
+      NULL);
+    D(op_silu_backward, "silu_backward", 2, 0, NULL, NULL, ew | nd, infer_backward, NULL, 0,
+      NULL);
+    D(op_leaky_relu_backward, "leaky_relu_backward", 2, 1, slope, tf, ew | nd, infer_backward,
+      NULL, 0, NULL);
+#undef D
     return st;
 }
 
-/* ---- helpers ------------------------------------------------------------------------------------ */
+/* ---- public functions: one line each over the schemas above ------------------------------------ */
 
-static em_tensor *as_dtype(const em_tensor *t, em_dtype dt) {
-    return t->dtype == dt ? em_tensor_retain((em_tensor *)t) : em__to_dtype(t, dt);
-}
-
-/* The dtype an op computes in when one operand is x and the other a C double treated as
- * PyTorch treats a Python number: a value with no fractional part (and |v| < 2^63) counts as
- * an int, any other value (fractions, infinities, NaN) as a float; a number never widens a
- * tensor of its own category (f16 * 2.5 stays f16, i32 + 3 stays i32); a float makes an
- * integer or bool tensor float32, an int makes a bool tensor int64. */
-static bool scalar_is_int(double v) { return v == trunc(v) && fabs(v) < 0x1p63; }
-
-static em_dtype scalar_result(em_dtype t, double v) {
-    if (em_dtype_is_floating(t)) return t;
-    if (!scalar_is_int(v)) return EM_F32;
-    return t == EM_BOOL ? EM_I64 : t;
-}
-
-static em_status cast_error(const char *who, em_dtype rt, em_dtype to) {
-    return em_set_error(EM_ERR_DTYPE, "%s: result type %s can't be cast to the desired output "
-                        "type %s", who, em_dtype_name(rt), em_dtype_name(to));
-}
-
-/* Run a one-input op on x converted to dt. */
-static em_tensor *unary_as(const em_op *op, const em_tensor *x, em_dtype dt,
-                           const em_attr *attrs) {
-    em_tensor *c = as_dtype(x, dt);
-    em_tensor *r = c ? em__op1(op, (const em_tensor *const *)&c, 1, attrs) : NULL;
-    em_tensor_release(c);
-    return em__scope_track(r);
-}
-
-/* In place: x = op(x) when the op's result dtype rt is x's own dtype. */
-static em_status unary_inplace(const em_op *op, const char *who, em_tensor *x, em_dtype rt,
-                               const em_attr *attrs) {
-    if (rt != x->dtype) return cast_error(who, rt, x->dtype);
-    return em_op_call_out(op, (const em_tensor *const *)&x, 1, attrs, &x, 1);
-}
-
-/* ---- unary ------------------------------------------------------------------------------------- */
-
-/* Ops that produce floats: integer and bool inputs compute in float32, as in PyTorch. */
-static em_dtype float_of(em_dtype dt) { return em_dtype_is_floating(dt) ? dt : EM_F32; }
-
-static em_tensor *unary_float(const em_op *op, const em_tensor *x) {
-    if (!em__check_inputs(em_op_name(op), &x, 1)) return NULL;
-    return unary_as(op, x, float_of(x->dtype), NULL);
-}
-
-static em_status unary_float_(const em_op *op, const char *who, em_tensor *x) {
-    if (!em__check_inputs(who, (const em_tensor *const *)&x, 1)) return em_last_status();
-    return unary_inplace(op, who, x, float_of(x->dtype), NULL);
-}
-
-em_tensor *em_sqrt(const em_tensor *a) { return unary_float(op_sqrt, a); }
-em_tensor *em_rsqrt(const em_tensor *a) { return unary_float(op_rsqrt, a); }
-em_tensor *em_reciprocal(const em_tensor *a) { return unary_float(op_reciprocal, a); }
-em_tensor *em_sigmoid(const em_tensor *a) { return unary_float(op_sigmoid, a); }
-em_tensor *em_tanh(const em_tensor *a) { return unary_float(op_tanh, a); }
-em_tensor *em_log1p(const em_tensor *a) { return unary_float(op_log1p, a); }
-em_tensor *em_expm1(const em_tensor *a) { return unary_float(op_expm1, a); }
-em_status em_sqrt_(em_tensor *a) { return unary_float_(op_sqrt, "sqrt_", a); }
-em_status em_rsqrt_(em_tensor *a) { return unary_float_(op_rsqrt, "rsqrt_", a); }
-em_status em_reciprocal_(em_tensor *a) { return unary_float_(op_reciprocal, "reciprocal_", a); }
-em_status em_sigmoid_(em_tensor *a) { return unary_float_(op_sigmoid, "sigmoid_", a); }
-em_status em_tanh_(em_tensor *a) { return unary_float_(op_tanh, "tanh_", a); }
-em_status em_log1p_(em_tensor *a) { return unary_float_(op_log1p, "log1p_", a); }
-em_status em_expm1_(em_tensor *a) { return unary_float_(op_expm1, "expm1_", a); }
-
-static bool check_abs(const char *who, const em_tensor *a) {
-    if (!em__check_inputs(who, &a, 1)) return false;
-    if (a->dtype != EM_BOOL) return true;
-    em_set_error(EM_ERR_DTYPE, "%s: not supported for bool tensors", who);
-    return false;
-}
-
-em_tensor *em_abs(const em_tensor *a) {
-    return check_abs("abs", a) ? unary_as(op_abs, a, a->dtype, NULL) : NULL;
-}
-em_status em_abs_(em_tensor *a) {
-    if (!check_abs("abs_", a)) return em_last_status();
-    return unary_inplace(op_abs, "abs_", a, a->dtype, NULL);
-}
-
-em_tensor *em_sign(const em_tensor *a) {
-    if (!em__check_inputs("sign", &a, 1)) return NULL;
-    return unary_as(op_sign, a, a->dtype, NULL);
-}
-em_status em_sign_(em_tensor *a) {
-    if (!em__check_inputs("sign_", (const em_tensor *const *)&a, 1)) return em_last_status();
-    return unary_inplace(op_sign, "sign_", a, a->dtype, NULL);
-}
-
-/* Activations defined for floating tensors only (PyTorch has no integer kernels for them). */
-static bool check_floating(const char *who, const em_tensor *a) {
-    if (!em__check_inputs(who, &a, 1)) return false;
-    if (em_dtype_is_floating(a->dtype)) return true;
-    em_set_error(EM_ERR_DTYPE, "%s: expected a floating tensor, got %s", who,
-                 em_dtype_name(a->dtype));
-    return false;
-}
-
-static em_attr gelu_attr(const char *approximate) {
-    return approximate ? (em_attr){.type = EM_ATTR_STRING, .v.s = approximate}
-                       : (em_attr){.type = EM_ATTR_NONE};
-}
+#define U1(fn, op)                                                                              \
+    em_tensor *fn(const em_tensor *a) { return em__call1(op, 1, &a, NULL); }
+#define U1_(fn, op)                                                                             \
+    em_status fn(em_tensor *a) { return em__op_inplace(op, a, EM__IN(a), 1, NULL); }
+U1(em_sqrt, op_sqrt) U1(em_rsqrt, op_rsqrt) U1(em_reciprocal, op_reciprocal)
+U1(em_sigmoid, op_sigmoid) U1(em_tanh, op_tanh) U1(em_log1p, op_log1p) U1(em_expm1, op_expm1)
+U1(em_erf, op_erf) U1(em_erfinv, op_erfinv)
+U1(em_abs, op_abs) U1(em_sign, op_sign) U1(em_silu, op_silu) U1(em_logical_not, op_logical_not)
+U1_(em_sqrt_, op_sqrt) U1_(em_rsqrt_, op_rsqrt) U1_(em_reciprocal_, op_reciprocal)
+U1_(em_sigmoid_, op_sigmoid) U1_(em_tanh_, op_tanh) U1_(em_log1p_, op_log1p)
+U1_(em_expm1_, op_expm1) U1_(em_abs_, op_abs) U1_(em_sign_, op_sign) U1_(em_silu_, op_silu)
+#undef U1
+#undef U1_
 
 em_tensor *em_gelu(const em_tensor *a, const char *approximate) {
-    em_attr attr = gelu_attr(approximate);
-    return check_floating("gelu", a) ? unary_as(op_gelu, a, a->dtype, &attr) : NULL;
+    return em__call1(op_gelu, 1, &a, EM__ATTRS(EM__A_STR(approximate)));
 }
-
-em_tensor *em_silu(const em_tensor *a) {
-    return check_floating("silu", a) ? unary_as(op_silu, a, a->dtype, NULL) : NULL;
-}
-em_status em_silu_(em_tensor *a) {
-    if (!check_floating("silu_", a)) return em_last_status();
-    return unary_inplace(op_silu, "silu_", a, a->dtype, NULL);
-}
-
 em_tensor *em_leaky_relu(const em_tensor *a, double negative_slope) {
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = negative_slope};
-    return check_floating("leaky_relu", a) ? unary_as(op_leaky_relu, a, a->dtype, &attr) : NULL;
+    return em__call1(op_leaky_relu, 1, &a, EM__ATTRS(EM__A_FLOAT(negative_slope)));
 }
 em_status em_leaky_relu_(em_tensor *a, double negative_slope) {
-    if (!check_floating("leaky_relu_", a)) return em_last_status();
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = negative_slope};
-    return unary_inplace(op_leaky_relu, "leaky_relu_", a, a->dtype, &attr);
+    return em__op_inplace(op_leaky_relu, a, EM__IN(a), 1, EM__ATTRS(EM__A_FLOAT(negative_slope)));
 }
-
-/* ---- clamp ------------------------------------------------------------------------------------ */
-
-/* The bounds as attributes and the dtype clamp computes in (bounds are numbers: a fractional
- * bound makes an integer tensor float32, an integral one makes a bool tensor int64). */
-static bool clamp_prepare(const char *who, const em_tensor *a, const double *min,
-                          const double *max, em_attr *attrs, em_dtype *rt) {
-    if (!em__check_inputs(who, &a, 1)) return false;
-    if (!min && !max) {
-        em_set_error(EM_ERR_INVALID, "%s: at least one of min and max must be given", who);
-        return false;
-    }
-    attrs[0] = min ? (em_attr){.type = EM_ATTR_FLOAT, .v.f = *min} : (em_attr){0};
-    attrs[1] = max ? (em_attr){.type = EM_ATTR_FLOAT, .v.f = *max} : (em_attr){0};
-    em_dtype t = a->dtype;
-    if (min) t = scalar_result(t, *min);
-    if (max) t = scalar_result(t, *max);
-    *rt = t;
-    return true;
-}
-
 em_tensor *em_clamp(const em_tensor *a, const double *min, const double *max) {
-    em_attr attrs[2];
-    em_dtype rt;
-    if (!clamp_prepare("clamp", a, min, max, attrs, &rt)) return NULL;
-    return unary_as(op_clamp, a, rt, attrs);
+    return em__call1(op_clamp, 1, &a, EM__ATTRS(EM__A_OPTF(min), EM__A_OPTF(max)));
 }
-
 em_status em_clamp_(em_tensor *a, const double *min, const double *max) {
-    em_attr attrs[2];
-    em_dtype rt;
-    if (!clamp_prepare("clamp_", a, min, max, attrs, &rt)) return em_last_status();
-    return unary_inplace(op_clamp, "clamp_", a, rt, attrs);
+    return em__op_inplace(op_clamp, a, EM__IN(a), 1, EM__ATTRS(EM__A_OPTF(min), EM__A_OPTF(max)));
 }
 
-/* ---- scalar arithmetic -------------------------------------------------------------------------- */
-
-static em_dtype scalar_op_dtype(const em_op *op, em_dtype t, double v) {
-    em_dtype rt = scalar_result(t, v);
-    return op == op_div_scalar ? float_of(rt) : rt;
-}
-
-static em_tensor *scalar_op(const em_op *op, const em_tensor *a, double v) {
-    if (!em__check_inputs(em_op_name(op), &a, 1)) return NULL;
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = v};
-    return unary_as(op, a, scalar_op_dtype(op, a->dtype, v), &attr);
-}
-
-static em_status scalar_op_(const em_op *op, const char *who, em_tensor *a, double v) {
-    if (!em__check_inputs(who, (const em_tensor *const *)&a, 1)) return em_last_status();
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = v};
-    return unary_inplace(op, who, a, scalar_op_dtype(op, a->dtype, v), &attr);
-}
-
-em_tensor *em_add_scalar(const em_tensor *a, double v) { return scalar_op(op_add_scalar, a, v); }
-em_tensor *em_sub_scalar(const em_tensor *a, double v) { return scalar_op(op_sub_scalar, a, v); }
-em_tensor *em_mul_scalar(const em_tensor *a, double v) { return scalar_op(op_mul_scalar, a, v); }
-em_tensor *em_div_scalar(const em_tensor *a, double v) { return scalar_op(op_div_scalar, a, v); }
-em_status em_add_scalar_(em_tensor *a, double v) {
-    return scalar_op_(op_add_scalar, "add_scalar_", a, v);
-}
-em_status em_sub_scalar_(em_tensor *a, double v) {
-    return scalar_op_(op_sub_scalar, "sub_scalar_", a, v);
-}
-em_status em_mul_scalar_(em_tensor *a, double v) {
-    return scalar_op_(op_mul_scalar, "mul_scalar_", a, v);
-}
-em_status em_div_scalar_(em_tensor *a, double v) {
-    return scalar_op_(op_div_scalar, "div_scalar_", a, v);
-}
-
-em_tensor *em_pow_scalar(const em_tensor *a, double exponent) {
-    if (!em__check_inputs("pow_scalar", &a, 1)) return NULL;
-    if (!em_dtype_is_floating(a->dtype) && scalar_is_int(exponent) && exponent < 0) {
-        em_set_error(EM_ERR_INVALID, "pow_scalar: integers to negative integer powers are not "
-                     "allowed (%s tensor to the power %g)", em_dtype_name(a->dtype), exponent);
-        return NULL;
+#define S1(fn, op)                                                                              \
+    em_tensor *fn(const em_tensor *a, double v) {                                               \
+        return em__call1(op, 1, &a, EM__ATTRS(EM__A_FLOAT(v)));                                 \
     }
-    return scalar_op(op_pow_scalar, a, exponent);
-}
-
-/* ---- binary ---------------------------------------------------------------------------------- */
-
-static em_tensor *binary(const em_op *op, const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    return em__scope_track(em__op1(op, in, 2, NULL));
-}
-
-em_tensor *em_pow(const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    if (!em__check_inputs("pow", in, 2)) return NULL;
-    if (em__result_type(in, 2) == EM_BOOL) {
-        em_set_error(EM_ERR_DTYPE, "pow: not supported for two bool tensors");
-        return NULL;
+#define S1_(fn, op)                                                                             \
+    em_status fn(em_tensor *a, double v) {                                                      \
+        return em__op_inplace(op, a, EM__IN(a), 1, EM__ATTRS(EM__A_FLOAT(v)));                  \
     }
-    return binary(op_pow, a, b);
-}
-em_tensor *em_maximum(const em_tensor *a, const em_tensor *b) {
-    return binary(op_maximum, a, b);
-}
-em_tensor *em_minimum(const em_tensor *a, const em_tensor *b) {
-    return binary(op_minimum, a, b);
-}
-em_tensor *em_eq(const em_tensor *a, const em_tensor *b) { return binary(op_eq, a, b); }
-em_tensor *em_ne(const em_tensor *a, const em_tensor *b) { return binary(op_ne, a, b); }
-em_tensor *em_lt(const em_tensor *a, const em_tensor *b) { return binary(op_lt, a, b); }
-em_tensor *em_le(const em_tensor *a, const em_tensor *b) { return binary(op_le, a, b); }
-em_tensor *em_gt(const em_tensor *a, const em_tensor *b) { return binary(op_gt, a, b); }
-em_tensor *em_ge(const em_tensor *a, const em_tensor *b) { return binary(op_ge, a, b); }
+S1(em_add_scalar, op_add_scalar) S1(em_sub_scalar, op_sub_scalar)
+S1(em_mul_scalar, op_mul_scalar) S1(em_div_scalar, op_div_scalar)
+S1(em_pow_scalar, op_pow_scalar)
+S1_(em_add_scalar_, op_add_scalar) S1_(em_sub_scalar_, op_sub_scalar)
+S1_(em_mul_scalar_, op_mul_scalar) S1_(em_div_scalar_, op_div_scalar)
+#undef S1
+#undef S1_
 
-/* Operands of different dtypes are converted to bool (v != 0; NaN is true) rather than
- * promoted: promotion could round a tiny non-zero value to zero. */
-static em_tensor *logical(const em_op *op, const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[2] = {a, b};
-    if (!em__check_inputs(em_op_name(op), in, 2)) return NULL;
-    if (a->dtype == b->dtype) return binary(op, a, b);
-    em_tensor *ba = as_dtype(a, EM_BOOL), *bb = ba ? as_dtype(b, EM_BOOL) : NULL;
-    em_tensor *r = bb ? binary(op, ba, bb) : NULL;
-    em_tensor_release(ba);
-    em_tensor_release(bb);
-    return r;
-}
-
-em_tensor *em_logical_and(const em_tensor *a, const em_tensor *b) {
-    return logical(op_logical_and, a, b);
-}
-em_tensor *em_logical_or(const em_tensor *a, const em_tensor *b) {
-    return logical(op_logical_or, a, b);
-}
-em_tensor *em_logical_xor(const em_tensor *a, const em_tensor *b) {
-    return logical(op_logical_xor, a, b);
-}
-em_tensor *em_logical_not(const em_tensor *a) {
-    return em__scope_track(em__op1(op_logical_not, &a, 1, NULL));
-}
+#define B2(fn, op)                                                                              \
+    em_tensor *fn(const em_tensor *a, const em_tensor *b) {                                     \
+        return em__call1(op, 2, EM__IN(a, b), NULL);                                            \
+    }
+B2(em_pow, op_pow) B2(em_maximum, op_maximum) B2(em_minimum, op_minimum)
+B2(em_eq, op_eq) B2(em_ne, op_ne) B2(em_lt, op_lt) B2(em_le, op_le) B2(em_gt, op_gt)
+B2(em_ge, op_ge) B2(em_logical_and, op_logical_and) B2(em_logical_or, op_logical_or)
+B2(em_logical_xor, op_logical_xor)
+B2(em_sigmoid_backward, op_sigmoid_backward) B2(em_tanh_backward, op_tanh_backward)
+B2(em_silu_backward, op_silu_backward)
+#undef B2
 
 em_tensor *em_where(const em_tensor *cond, const em_tensor *a, const em_tensor *b) {
-    const em_tensor *in[3] = {cond, a, b};
-    if (!em__check_inputs("where", in, 3)) return NULL;
-    if (cond->dtype != EM_BOOL) {
-        em_set_error(EM_ERR_DTYPE, "where: the condition must be a bool tensor, got %s",
-                     em_dtype_name(cond->dtype));
-        return NULL;
-    }
-    em_dtype rt = em__result_type(in + 1, 2);
-    em_tensor *ca = as_dtype(a, rt), *cb = ca ? as_dtype(b, rt) : NULL;
-    em_tensor *r = NULL;
-    if (cb) {
-        const em_tensor *args[3] = {cond, ca, cb};
-        r = em__op1(op_where, args, 3, NULL);
-    }
-    em_tensor_release(ca);
-    em_tensor_release(cb);
-    return em__scope_track(r);
+    return em__call1(op_where, 3, EM__IN(cond, a, b), NULL);
 }
-
-/* ---- backward helpers --------------------------------------------------------------------------- */
-
-static em_tensor *backward(const em_op *op, const em_tensor *g, const em_tensor *x,
-                           const em_attr *attrs) {
-    const em_tensor *in[2] = {g, x};
-    return em__scope_track(em__op1(op, in, 2, attrs));
-}
-
 em_tensor *em_threshold_backward(const em_tensor *grad, const em_tensor *x, double threshold) {
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = threshold};
-    return backward(op_threshold_backward, grad, x, &attr);
-}
-em_tensor *em_sigmoid_backward(const em_tensor *grad, const em_tensor *y) {
-    return backward(op_sigmoid_backward, grad, y, NULL);
-}
-em_tensor *em_tanh_backward(const em_tensor *grad, const em_tensor *y) {
-    return backward(op_tanh_backward, grad, y, NULL);
+    return em__call1(op_threshold_backward, 2, EM__IN(grad, x), EM__ATTRS(EM__A_FLOAT(threshold)));
 }
 em_tensor *em_gelu_backward(const em_tensor *grad, const em_tensor *x, const char *approximate) {
-    em_attr attr = gelu_attr(approximate);
-    return backward(op_gelu_backward, grad, x, &attr);
-}
-em_tensor *em_silu_backward(const em_tensor *grad, const em_tensor *x) {
-    return backward(op_silu_backward, grad, x, NULL);
+    return em__call1(op_gelu_backward, 2, EM__IN(grad, x), EM__ATTRS(EM__A_STR(approximate)));
 }
 em_tensor *em_leaky_relu_backward(const em_tensor *grad, const em_tensor *x,
                                   double negative_slope) {
-    em_attr attr = {.type = EM_ATTR_FLOAT, .v.f = negative_slope};
-    return backward(op_leaky_relu_backward, grad, x, &attr);
+    return em__call1(op_leaky_relu_backward, 2, EM__IN(grad, x),
+                     EM__ATTRS(EM__A_FLOAT(negative_slope)));
+}
+em_tensor *em_div_mode(const em_tensor *a, const em_tensor *b, const char *rounding_mode) {
+    return em__call1(op_div_mode, 2, EM__IN(a, b), EM__ATTRS(EM__A_STR(rounding_mode)));
+}
+em_tensor *em_floor_divide(const em_tensor *a, const em_tensor *b) {
+    return em__call1(op_div_mode, 2, EM__IN(a, b), EM__ATTRS(EM__A_STR("floor")));
 }

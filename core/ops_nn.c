@@ -70,7 +70,8 @@
 static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_max_pool2d,
     *op_max_pool2d_bwd, *op_avg_pool2d, *op_avg_pool2d_bwd, *op_adaptive_avg_pool2d,
     *op_adaptive_avg_pool2d_bwd, *op_batch_norm, *op_batch_norm_bwd, *op_layer_norm,
-    *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd;
+    *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd,
+    *op_dropout, *op_bernoulli, *op_mul, *op_div_scalar;
 
 /* ---- shared checks ---------------------------------------------------------------------------- */
 
@@ -80,6 +81,8 @@ static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_m
 static em_status check_attrs_present(const em_op *op, const em_attr *attrs) {
     const em_op_schema *s = em_op_schema_of(op);
     for (int i = 0; i < s->n_attrs; i++) {
+        /* layer_norm's normalized_shape is its composite's check, not the kernel's. */
+        if (strcmp(s->attr_names[i], "normalized_shape") == 0) continue;
         if (!attrs || attrs[i].type != s->attr_types[i] ||
             (s->attr_types[i] == EM_ATTR_INTS && attrs[i].n != 2))
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' is required%s",
@@ -534,16 +537,38 @@ static em_status infer_softmax(const em_op *op, const em_tensor *const *in, cons
 
 /* ---- declarations ----------------------------------------------------------------------------- */
 
+/* Every nn op is a composite over its kernel (the c_* functions below): absent optional
+ * inputs become the kernel's 0-element "none" tensors, attributes take their defaults, and
+ * f16/bf16 calls run in f32 where the device has no native kernel. */
+#define COMPOSITE(fn)                                                                           \
+    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
+COMPOSITE(c_conv2d);
+COMPOSITE(c_conv2d_bwd_data);
+COMPOSITE(c_conv2d_bwd_weight);
+COMPOSITE(c_max_pool2d);
+COMPOSITE(c_max_pool2d_bwd);
+COMPOSITE(c_avg_pool);
+COMPOSITE(c_adaptive);
+COMPOSITE(c_batch_norm);
+COMPOSITE(c_batch_norm_bwd);
+COMPOSITE(c_layer_norm);
+COMPOSITE(c_layer_norm_bwd);
+COMPOSITE(c_softmax);
+COMPOSITE(c_dropout);
+#undef COMPOSITE
+
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          const char *const *in_names, int n_out, int n_attrs,
                          const char *const *attr_names, const em_attr_type *types,
-                         em_infer_fn infer, em_backward_fn backward, unsigned saves) {
-    em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = n_in,
-                      .input_names = in_names, .n_outputs = n_out, .n_attrs = n_attrs,
-                      .attr_names = attr_names, .attr_types = types, .dispatch_arg = 0,
-                      .flags = backward ? 0 : EM_OP_NONDIFF, .infer = infer,
-                      .backward = backward, .saves = saves};
-    return em_op_declare(core, &s, out);
+                         em_infer_fn infer, em_backward_fn backward, unsigned saves,
+                         em_composite_fn composite, unsigned optional) {
+    return em__declare(core, out, (em_op_schema){.name = name, .n_inputs = n_in,
+                       .input_names = in_names, .n_outputs = n_out, .n_attrs = n_attrs,
+                       .attr_names = attr_names, .attr_types = types, .dispatch_arg = 0,
+                       .flags = backward ? 0 : EM_OP_NONDIFF, .infer = infer,
+                       .backward = backward, .saves = saves, .composite = composite,
+                       .optional_inputs = optional, .category = "nn"});
 }
 
 /* ---- derivatives ------------------------------------------------------------------------------
@@ -661,7 +686,8 @@ em_status em__ops_declare_nn(em_registry *core) {
                                                 "count_include_pad", "input_size"},
                              *const in_size[] = {"input_size"}, *const out_size[] = {"output_size"},
                              *const bn_a[] = {"training", "momentum", "eps"},
-                             *const ln_a[] = {"normalized_ndim", "eps"}, *const dim[] = {"dim"};
+                             *const ln_a[] = {"normalized_ndim", "eps", "normalized_shape"},
+                             *const dim[] = {"dim"};
     static const char *const conv_i[] = {"input", "weight", "bias"},
                              *const convd_i[] = {"grad_output", "weight"},
                              *const convw_i[] = {"input", "grad_output"},
@@ -676,7 +702,7 @@ em_status em__ops_declare_nn(em_registry *core) {
                              *const smb_i[] = {"grad_output", "output"};
     static const em_attr_type conv_t[] = {I, I, I, N, I}, maxp_t[] = {I, I, I, I, B},
                               avgp_t[] = {I, I, I, B, B, I}, ints_t[] = {I},
-                              bn_t[] = {B, F, F}, ln_t[] = {N, F}, int_t[] = {N}, b_t[] = {B};
+                              bn_t[] = {B, F, F}, ln_t[] = {N, F, I}, int_t[] = {N}, b_t[] = {B};
 #undef I
 #undef N
 #undef B
@@ -687,39 +713,56 @@ em_status em__ops_declare_nn(em_registry *core) {
     const unsigned in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
                    out0 = EM_SAVE_OUTPUT(0), out1 = EM_SAVE_OUTPUT(1),
                    stats = EM_SAVE_OUTPUT(1) | EM_SAVE_OUTPUT(2);
-    DECL(op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d, d_conv2d, in01);
+    DECL(op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d, d_conv2d, in01,
+         c_conv2d, 1u << 2);
     DECL(op_conv2d_bwd_data, "conv2d_backward_data", 2, convd_i, 1, 5, conv_a, conv_t,
-         infer_conv2d_bwd_data, NULL, 0);
+         infer_conv2d_bwd_data, NULL, 0, c_conv2d_bwd_data, 0);
     DECL(op_conv2d_bwd_weight, "conv2d_backward_weight", 2, convw_i, 2, 5, convw_a, conv_t,
-         infer_conv2d_bwd_weight, NULL, 0);
+         infer_conv2d_bwd_weight, NULL, 0, c_conv2d_bwd_weight, 0);
     DECL(op_max_pool2d, "max_pool2d", 1, x_i, 2, 5, maxp_a, maxp_t, infer_max_pool2d,
-         d_max_pool2d, out1);
+         d_max_pool2d, out1, c_max_pool2d, 0);
     DECL(op_max_pool2d_bwd, "max_pool2d_backward", 2, maxpb_i, 1, 1, in_size, ints_t,
-         infer_max_pool2d_bwd, NULL, 0);
+         infer_max_pool2d_bwd, NULL, 0, c_max_pool2d_bwd, 0);
     DECL(op_avg_pool2d, "avg_pool2d", 1, x_i, 1, 5, avgp_a, avgp_t, infer_avg_pool2d,
-         d_avg_pool2d, 0);
+         d_avg_pool2d, 0, c_avg_pool, 0);
     DECL(op_avg_pool2d_bwd, "avg_pool2d_backward", 1, gy_i, 1, 6, avgp_a, avgp_t,
-         infer_avg_pool2d_bwd, NULL, 0);
+         infer_avg_pool2d_bwd, NULL, 0, c_avg_pool, 0);
     DECL(op_adaptive_avg_pool2d, "adaptive_avg_pool2d", 1, x_i, 1, 1, out_size, ints_t,
-         infer_adaptive, d_adaptive_avg_pool2d, 0);
+         infer_adaptive, d_adaptive_avg_pool2d, 0, c_adaptive, 0);
     DECL(op_adaptive_avg_pool2d_bwd, "adaptive_avg_pool2d_backward", 1, gy_i, 1, 1, in_size,
-         ints_t, infer_adaptive, NULL, 0);
+         ints_t, infer_adaptive, NULL, 0, c_adaptive, 0);
     DECL(op_batch_norm, "batch_norm", 5, bn_i, 3, 3, bn_a, bn_t, infer_batch_norm,
-         d_batch_norm, in01 | stats);
+         d_batch_norm, in01 | stats, c_batch_norm, 0x1eu);
     DECL(op_batch_norm_bwd, "batch_norm_backward", 5, bnb_i, 3, 1, bn_a, b_t,
-         infer_batch_norm_bwd, NULL, 0);
-    DECL(op_layer_norm, "layer_norm", 3, ln_i, 3, 2, ln_a, ln_t, infer_layer_norm,
-         d_layer_norm, in01 | stats);
+         infer_batch_norm_bwd, NULL, 0, c_batch_norm_bwd, 1u << 2);
+    DECL(op_layer_norm, "layer_norm", 3, ln_i, 3, 3, ln_a, ln_t, infer_layer_norm,
+         d_layer_norm, in01 | stats, c_layer_norm, 0x6u);
     DECL(op_layer_norm_bwd, "layer_norm_backward", 5, lnb_i, 3, 1, ln_a, int_t,
-         infer_layer_norm_bwd, NULL, 0);
-    DECL(op_softmax, "softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax, d_softmax, out0);
+         infer_layer_norm_bwd, NULL, 0, c_layer_norm_bwd, 1u << 4);
+    DECL(op_softmax, "softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax, d_softmax, out0,
+         c_softmax, 0);
     DECL(op_log_softmax, "log_softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax,
-         d_log_softmax, out0);
+         d_log_softmax, out0, c_softmax, 0);
     DECL(op_softmax_bwd, "softmax_backward", 2, smb_i, 1, 1, dim, int_t, infer_softmax, NULL,
-         0);
+         0, c_softmax, 0);
     DECL(op_log_softmax_bwd, "log_softmax_backward", 2, smb_i, 1, 1, dim, int_t,
-         infer_softmax, NULL, 0);
+         infer_softmax, NULL, 0, c_softmax, 0);
 #undef DECL
+    /* dropout(x; p, training, seed, offset) -> (y, mask): the mask is bernoulli(1 - p) from the
+     * Philox stream at (seed, offset) (em_dropout draws them from a generator). */
+    static const char *const drop_a[] = {"p", "training", "seed", "offset"},
+                             *const drop_o[] = {"input"};
+    static const em_attr_type drop_t[] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_INT, EM_ATTR_INT};
+    if (st == EM_OK)
+        st = em__declare(core, &op_dropout, (em_op_schema){.name = "dropout", .n_inputs = 1,
+                         .input_names = drop_o, .n_outputs = 2, .n_attrs = 4,
+                         .attr_names = drop_a, .attr_types = drop_t, .composite = c_dropout,
+                         .category = "nn"});
+    /* dropout's parts, declared before this family (ops.c, ops_math.c). */
+    if (st == EM_OK &&
+        (!(op_bernoulli = em_op_find("bernoulli")) || !(op_mul = em_op_find("mul")) ||
+         !(op_div_scalar = em_op_find("div_scalar"))))
+        st = em_last_status();
     return st;
 }
 
@@ -755,7 +798,7 @@ static em_status run(const em_op *op, em_tensor **in, int n, const em_attr *attr
     em_status st = EM_OK;
     for (int i = 0; i < n; i++)
         if (!in[i]) st = em_last_status();
-    if (st == EM_OK) st = em__op_call(op, (const em_tensor *const *)in, n, attrs, out);
+    if (st == EM_OK) st = em__op_call_kernel(op, (const em_tensor *const *)in, n, attrs, out);
     for (int i = 0; i < n; i++) em_tensor_release(in[i]);
     return st;
 }
@@ -799,180 +842,180 @@ static em_attr aint(int64_t v) { return (em_attr){.type = EM_ATTR_INT, .v.i = v}
 static em_attr abool(bool v) { return (em_attr){.type = EM_ATTR_BOOL, .v.b = v}; }
 static em_attr afloat(double v) { return (em_attr){.type = EM_ATTR_FLOAT, .v.f = v}; }
 
-/* Hands owned results to the caller's out-pointers (tracked by the scope) or releases them. */
-static em_status deliver(em_status st, int n, em_tensor **res, em_tensor **const *outs) {
-    for (int i = 0; i < n; i++) {
-        if (st == EM_OK && outs[i]) *outs[i] = em__scope_track(res[i]);
-        else em_tensor_release(res[i]);
-    }
-    return st;
+/* ---- composites: the public nn ops over their kernels ----------------------------------------- */
+
+/* A pair attribute (kernel_size, stride, ...) or its default: def (both entries) when absent,
+ * `fallback` (another attribute) first when given. */
+static em_attr pair_or(const em_attr *attrs, int i, const em_attr *fallback, int64_t def) {
+    if (attrs && attrs[i].type == EM_ATTR_INTS) return attrs[i];
+    if (fallback && fallback->type == EM_ATTR_INTS) return *fallback;
+    return ints2(NULL, def);
+}
+static bool has_pair(const em_attr *attrs, int i) { return attrs && attrs[i].type == EM_ATTR_INTS; }
+static int64_t int_or(const em_attr *attrs, int i, int64_t def) {
+    return attrs && attrs[i].type == EM_ATTR_INT ? attrs[i].v.i : def;
+}
+static double float_or(const em_attr *attrs, int i, double def) {
+    return attrs && attrs[i].type == EM_ATTR_FLOAT ? attrs[i].v.f : def;
+}
+static bool bool_or(const em_attr *attrs, int i, bool def) {
+    return attrs && attrs[i].type == EM_ATTR_BOOL ? attrs[i].v.b : def;
 }
 
-/* ---- public functions: convolution ------------------------------------------------------------ */
+#define COMPOSITE(fn)                                                                           \
+    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
+#define UNUSED (void)op, (void)n_in, (void)cap
 
-em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
-                     const int64_t stride[2], const int64_t padding[2],
-                     const int64_t dilation[2], int64_t groups) {
-    const em_tensor *chk[2] = {input, weight};
-    if (!em__check_inputs("conv2d", chk, 2)) return NULL;
+/* conv2d(input, weight, bias?; stride, padding, dilation, groups): absent stride and
+ * dilation are 1, padding 0, groups 1. */
+COMPOSITE(c_conv2d) {
+    UNUSED;
+    const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
     if (!check_float("conv2d", "input", input) || !check_float("conv2d", "weight", weight) ||
         (bias && !check_float("conv2d", "bias", bias)))
-        return NULL;
-    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype)) {
-        em_set_error(EM_ERR_DTYPE, "conv2d: input (%s), weight (%s) and bias (%s) must have "
-                     "the same dtype", em_dtype_name(input->dtype), em_dtype_name(weight->dtype),
-                     bias ? em_dtype_name(bias->dtype) : "none");
-        return NULL;
-    }
-    em_attr a[4] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups)};
-    em_tensor *y = NULL;
-    if (call(op_conv2d, input->dtype, (const em_tensor *[]){input, weight, bias}, "xxx", 3, a,
-             &y) != EM_OK)
-        return NULL;
-    return em__scope_track(finish(y, input->dtype));
-}
-
-em_tensor *em_conv2d_backward_data(const em_tensor *grad_output, const em_tensor *weight,
-                                   const int64_t input_size[2], const int64_t stride[2],
-                                   const int64_t padding[2], const int64_t dilation[2],
-                                   int64_t groups) {
-    const em_tensor *chk[2] = {grad_output, weight};
-    if (!em__check_inputs("conv2d_backward_data", chk, 2)) return NULL;
-    if (!check_float("conv2d_backward_data", "grad_output", grad_output) ||
-        !check_float("conv2d_backward_data", "weight", weight))
-        return NULL;
-    if (!input_size) {
-        em_set_error(EM_ERR_INVALID, "conv2d_backward_data: input_size is required");
-        return NULL;
-    }
-    em_attr a[5] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups),
-                    ints2(input_size, 0)};
-    em_tensor *gx = NULL;
-    if (call(op_conv2d_bwd_data, grad_output->dtype, (const em_tensor *[]){grad_output, weight},
-             "xx", 2, a, &gx) != EM_OK)
-        return NULL;
-    return em__scope_track(finish(gx, grad_output->dtype));
-}
-
-em_status em_conv2d_backward_weight(const em_tensor *input, const em_tensor *grad_output,
-                                    const int64_t kernel_size[2], const int64_t stride[2],
-                                    const int64_t padding[2], const int64_t dilation[2],
-                                    int64_t groups, em_tensor **grad_weight,
-                                    em_tensor **grad_bias) {
-    const em_tensor *chk[2] = {input, grad_output};
-    if (!em__check_inputs("conv2d_backward_weight", chk, 2)) return em_last_status();
-    if (!check_float("conv2d_backward_weight", "input", input) ||
-        !check_float("conv2d_backward_weight", "grad_output", grad_output))
         return em_last_status();
-    if (!kernel_size)
+    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
+        return em_set_error(EM_ERR_DTYPE, "conv2d: input (%s), weight (%s) and bias (%s) must "
+                            "have the same dtype", em_dtype_name(input->dtype),
+                            em_dtype_name(weight->dtype),
+                            bias ? em_dtype_name(bias->dtype) : "none");
+    em_attr a[4] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
+                    pair_or(attrs, 2, NULL, 1), aint(int_or(attrs, 3, 1))};
+    em_tensor *y = NULL;
+    if (call(op_conv2d, input->dtype, in, "xxx", 3, a, &y) != EM_OK) return em_last_status();
+    *n_out = (out[0] = finish(y, input->dtype)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* conv2d_backward_data(grad_output, weight; stride, padding, dilation, groups, input_size). */
+COMPOSITE(c_conv2d_bwd_data) {
+    UNUSED;
+    const em_tensor *gy = in[0], *weight = in[1];
+    if (!check_float("conv2d_backward_data", "grad_output", gy) ||
+        !check_float("conv2d_backward_data", "weight", weight))
+        return em_last_status();
+    if (!has_pair(attrs, 4))
+        return em_set_error(EM_ERR_INVALID, "conv2d_backward_data: input_size is required");
+    em_attr a[5] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
+                    pair_or(attrs, 2, NULL, 1), aint(int_or(attrs, 3, 1)), attrs[4]};
+    em_tensor *gx = NULL;
+    if (call(op_conv2d_bwd_data, gy->dtype, in, "xx", 2, a, &gx) != EM_OK)
+        return em_last_status();
+    *n_out = (out[0] = finish(gx, gy->dtype)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* conv2d_backward_weight(input, grad_output; ..., kernel_size) -> (grad_weight, grad_bias). */
+COMPOSITE(c_conv2d_bwd_weight) {
+    UNUSED;
+    const em_tensor *input = in[0], *gy = in[1];
+    if (!check_float("conv2d_backward_weight", "input", input) ||
+        !check_float("conv2d_backward_weight", "grad_output", gy))
+        return em_last_status();
+    if (!has_pair(attrs, 4))
         return em_set_error(EM_ERR_INVALID, "conv2d_backward_weight: kernel_size is required");
-    em_attr a[5] = {ints2(stride, 1), ints2(padding, 0), ints2(dilation, 1), aint(groups),
-                    ints2(kernel_size, 0)};
+    em_attr a[5] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
+                    pair_or(attrs, 2, NULL, 1), aint(int_or(attrs, 3, 1)), attrs[4]};
     em_tensor *res[2] = {NULL, NULL};
-    em_status st = call(op_conv2d_bwd_weight, input->dtype,
-                        (const em_tensor *[]){input, grad_output}, "xx", 2, a, res);
+    em_status st = call(op_conv2d_bwd_weight, input->dtype, in, "xx", 2, a, res);
     for (int i = 0; i < 2 && st == EM_OK; i++)
         if (!(res[i] = finish(res[i], input->dtype))) st = em_last_status();
-    return deliver(st, 2, res, (em_tensor **const[]){grad_weight, grad_bias});
+    if (st != EM_OK) {
+        em_tensor_release(res[0]);
+        em_tensor_release(res[1]);
+        return st;
+    }
+    out[0] = res[0], out[1] = res[1], *n_out = 2;
+    return EM_OK;
 }
 
-/* ---- public functions: pooling ---------------------------------------------------------------- */
-
-em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size[2],
-                        const int64_t stride[2], const int64_t padding[2],
-                        const int64_t dilation[2], bool ceil_mode, em_tensor **out,
-                        em_tensor **indices) {
-    if (!em__check_inputs("max_pool2d", &input, 1)) return em_last_status();
+/* max_pool2d(input; kernel_size, stride (absent: kernel_size), padding, dilation, ceil_mode)
+ * -> (out, indices). */
+COMPOSITE(c_max_pool2d) {
+    UNUSED;
+    const em_tensor *input = in[0];
     if (!check_float("max_pool2d", "input", input)) return em_last_status();
-    if (!kernel_size) return em_set_error(EM_ERR_INVALID, "max_pool2d: kernel_size is required");
-    em_attr a[5] = {ints2(kernel_size, 1), ints2(stride ? stride : kernel_size, 1),
-                    ints2(padding, 0), ints2(dilation, 1), abool(ceil_mode)};
+    if (!has_pair(attrs, 0))
+        return em_set_error(EM_ERR_INVALID, "max_pool2d: kernel_size is required");
+    em_attr a[5] = {attrs[0], pair_or(attrs, 1, &attrs[0], 1), pair_or(attrs, 2, NULL, 0),
+                    pair_or(attrs, 3, NULL, 1), abool(bool_or(attrs, 4, false))};
     em_tensor *res[2] = {NULL, NULL};
     em_status st = call(op_max_pool2d, input->dtype, &input, "x", 1, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
-    return deliver(st, 2, res, (em_tensor **const[]){out, indices});
+    if (st != EM_OK) {
+        em_tensor_release(res[0]);
+        em_tensor_release(res[1]);
+        return st;
+    }
+    out[0] = res[0], out[1] = res[1], *n_out = 2;
+    return EM_OK;
 }
 
-em_tensor *em_max_pool2d_backward(const em_tensor *grad_output, const em_tensor *indices,
-                                  const int64_t input_size[2]) {
-    const em_tensor *chk[2] = {grad_output, indices};
-    if (!em__check_inputs("max_pool2d_backward", chk, 2)) return NULL;
-    if (!check_float("max_pool2d_backward", "grad_output", grad_output)) return NULL;
-    if (!input_size) {
-        em_set_error(EM_ERR_INVALID, "max_pool2d_backward: input_size is required");
-        return NULL;
-    }
-    em_attr a[1] = {ints2(input_size, 0)};
+/* max_pool2d_backward(grad_output, indices; input_size). */
+COMPOSITE(c_max_pool2d_bwd) {
+    UNUSED;
+    if (!check_float("max_pool2d_backward", "grad_output", in[0])) return em_last_status();
+    if (!has_pair(attrs, 0))
+        return em_set_error(EM_ERR_INVALID, "max_pool2d_backward: input_size is required");
     em_tensor *gx = NULL;
-    if (call(op_max_pool2d_bwd, grad_output->dtype, chk, "xi", 2, a, &gx) != EM_OK) return NULL;
-    return em__scope_track(finish(gx, grad_output->dtype));
+    if (call(op_max_pool2d_bwd, in[0]->dtype, in, "xi", 2, attrs, &gx) != EM_OK)
+        return em_last_status();
+    *n_out = (out[0] = finish(gx, in[0]->dtype)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
 }
 
-static em_tensor *avg_pool_call(const em_op *op, const char *who, const em_tensor *t,
-                                const int64_t kernel_size[2], const int64_t stride[2],
-                                const int64_t padding[2], bool ceil_mode, bool count_include_pad,
-                                const int64_t *input_size) {
-    if (!em__check_inputs(who, &t, 1)) return NULL;
-    if (!check_float(who, "input", t)) return NULL;
-    if (!kernel_size || (op == op_avg_pool2d_bwd && !input_size)) {
-        em_set_error(EM_ERR_INVALID, "%s: kernel_size%s required", who,
-                     op == op_avg_pool2d_bwd ? " and input_size are" : " is");
-        return NULL;
-    }
-    em_attr a[6] = {ints2(kernel_size, 1), ints2(stride ? stride : kernel_size, 1),
-                    ints2(padding, 0), abool(ceil_mode), abool(count_include_pad),
-                    ints2(input_size, 0)};
+/* avg_pool2d(input; kernel_size, stride, padding, ceil_mode, count_include_pad) and its
+ * backward (grad_output; the same, input_size). */
+COMPOSITE(c_avg_pool) {
+    UNUSED;
+    const char *who = em_op_name(op);
+    const em_tensor *t = in[0];
+    bool bw = op == op_avg_pool2d_bwd;
+    if (!check_float(who, "input", t)) return em_last_status();
+    if (!has_pair(attrs, 0) || (bw && !has_pair(attrs, 5)))
+        return em_set_error(EM_ERR_INVALID, "%s: kernel_size%s required", who,
+                            bw ? " and input_size are" : " is");
+    em_attr a[6] = {attrs[0], pair_or(attrs, 1, &attrs[0], 1), pair_or(attrs, 2, NULL, 0),
+                    abool(bool_or(attrs, 3, false)), abool(bool_or(attrs, 4, true)),
+                    bw ? attrs[5] : ints2(NULL, 0)};
     em_tensor *y = NULL;
-    if (call(op, t->dtype, &t, "x", 1, a, &y) != EM_OK) return NULL;
-    return em__scope_track(finish(y, t->dtype));
+    if (call(op, t->dtype, &t, "x", 1, a, &y) != EM_OK) return em_last_status();
+    *n_out = (out[0] = finish(y, t->dtype)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
 }
 
-em_tensor *em_avg_pool2d(const em_tensor *input, const int64_t kernel_size[2],
-                         const int64_t stride[2], const int64_t padding[2], bool ceil_mode,
-                         bool count_include_pad) {
-    return avg_pool_call(op_avg_pool2d, "avg_pool2d", input, kernel_size, stride, padding,
-                         ceil_mode, count_include_pad, NULL);
-}
-
-em_tensor *em_avg_pool2d_backward(const em_tensor *grad_output, const int64_t input_size[2],
-                                  const int64_t kernel_size[2], const int64_t stride[2],
-                                  const int64_t padding[2], bool ceil_mode,
-                                  bool count_include_pad) {
-    return avg_pool_call(op_avg_pool2d_bwd, "avg_pool2d_backward", grad_output, kernel_size,
-                         stride, padding, ceil_mode, count_include_pad, input_size);
-}
-
-static em_tensor *adaptive_call(const em_op *op, const char *who, const em_tensor *t,
-                                const int64_t size[2]) {
-    if (!em__check_inputs(who, &t, 1)) return NULL;
-    if (!check_float(who, "input", t)) return NULL;
-    if (!size) {
-        em_set_error(EM_ERR_INVALID, "%s: the size is required", who);
-        return NULL;
-    }
-    em_attr a[1] = {ints2(size, 0)};
+/* adaptive_avg_pool2d(input; output_size) and its backward (grad_output; input_size). */
+COMPOSITE(c_adaptive) {
+    UNUSED;
+    const char *who = em_op_name(op);
+    const em_tensor *t = in[0];
+    if (!check_float(who, "input", t)) return em_last_status();
+    if (!has_pair(attrs, 0)) return em_set_error(EM_ERR_INVALID, "%s: the size is required", who);
     em_tensor *y = NULL;
-    if (call(op, t->dtype, &t, "x", 1, a, &y) != EM_OK) return NULL;
-    return em__scope_track(finish(y, t->dtype));
+    if (call(op, t->dtype, &t, "x", 1, attrs, &y) != EM_OK) return em_last_status();
+    *n_out = (out[0] = finish(y, t->dtype)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
 }
 
-em_tensor *em_adaptive_avg_pool2d(const em_tensor *input, const int64_t output_size[2]) {
-    return adaptive_call(op_adaptive_avg_pool2d, "adaptive_avg_pool2d", input, output_size);
+static em_status outputs3(em_status st, em_tensor **res, em_tensor **out, int *n_out) {
+    if (st != EM_OK) {
+        for (int i = 0; i < 3; i++) em_tensor_release(res[i]);
+        return st;
+    }
+    for (int i = 0; i < 3; i++) out[i] = res[i];
+    *n_out = 3;
+    return EM_OK;
 }
 
-em_tensor *em_adaptive_avg_pool2d_backward(const em_tensor *grad_output,
-                                           const int64_t input_size[2]) {
-    return adaptive_call(op_adaptive_avg_pool2d_bwd, "adaptive_avg_pool2d_backward",
-                         grad_output, input_size);
-}
-
-/* ---- public functions: normalisation ---------------------------------------------------------- */
-
-em_status em_batch_norm(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
-                        em_tensor *running_mean, em_tensor *running_var, bool training,
-                        double momentum, double eps, em_tensor **out, em_tensor **save_mean,
-                        em_tensor **save_invstd) {
-    if (!em__check_inputs("batch_norm", &input, 1)) return em_last_status();
+/* batch_norm(input, weight?, bias?, running_mean?, running_var?; training, momentum, eps)
+ * -> (out, save_mean, save_invstd). Training updates running_mean and running_var in place.
+ * Absent: training false, momentum 0.1, eps 1e-5 (PyTorch's). */
+COMPOSITE(c_batch_norm) {
+    UNUSED;
+    const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
+    em_tensor *running_mean = (em_tensor *)in[3], *running_var = (em_tensor *)in[4];
+    bool training = bool_or(attrs, 0, false);
     const em_tensor *opt[4] = {weight, bias, running_mean, running_var};
     static const char *const names[4] = {"weight", "bias", "running_mean", "running_var"};
     if (!check_float("batch_norm", "input", input)) return em_last_status();
@@ -995,7 +1038,8 @@ em_status em_batch_norm(const em_tensor *input, const em_tensor *weight, const e
      * contiguous), otherwise copies written back afterwards. */
     em_tensor *rs[2] = {prep(running_mean, cd, dev), prep(running_var, cd, dev)},
               *user[2] = {running_mean, running_var};
-    em_attr a[3] = {abool(training), afloat(momentum), afloat(eps)};
+    em_attr a[3] = {abool(training), afloat(float_or(attrs, 1, 0.1)),
+                    afloat(float_or(attrs, 2, 1e-5))};
     em_tensor *res[3] = {NULL, NULL, NULL};
     em_status st = !rs[0] || !rs[1] ? em_last_status()
                                     : call(op_batch_norm, input->dtype,
@@ -1009,28 +1053,24 @@ em_status em_batch_norm(const em_tensor *input, const em_tensor *weight, const e
         em_tensor_release(rs[i]);
     }
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
-    return deliver(st, 3, res, (em_tensor **const[]){out, save_mean, save_invstd});
+    return outputs3(st, res, out, n_out);
 }
 
-em_status em_batch_norm_backward(const em_tensor *grad_output, const em_tensor *input,
-                                 const em_tensor *weight, const em_tensor *save_mean,
-                                 const em_tensor *save_invstd, bool training,
-                                 em_tensor **grad_input, em_tensor **grad_weight,
-                                 em_tensor **grad_bias) {
-    const em_tensor *chk[4] = {grad_output, input, save_mean, save_invstd};
-    if (!em__check_inputs("batch_norm_backward", chk, 4)) return em_last_status();
+/* batch_norm_backward(grad_output, input, weight?, save_mean, save_invstd; training). */
+COMPOSITE(c_batch_norm_bwd) {
+    UNUSED;
+    const em_tensor *chk[4] = {in[0], in[1], in[3], in[4]}, *input = in[1], *weight = in[2];
     for (int i = 0; i < 4; i++)
         if (!check_float("batch_norm_backward", "tensor", chk[i])) return em_last_status();
     if (weight && !check_float("batch_norm_backward", "weight", weight)) return em_last_status();
-    em_attr a[1] = {abool(training)};
+    em_attr a[1] = {abool(bool_or(attrs, 0, true))};
     em_tensor *res[3] = {NULL, NULL, NULL};
-    em_status st = call(op_batch_norm_bwd, input->dtype,
-                        (const em_tensor *[]){grad_output, input, weight, save_mean, save_invstd},
-                        "xxsss", 5, a, res);
+    em_status st = call(op_batch_norm_bwd, input->dtype, in, "xxsss", 5, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
     for (int i = 1; i < 3 && st == EM_OK; i++)
-        if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype)))) st = em_last_status();
-    return deliver(st, 3, res, (em_tensor **const[]){grad_input, grad_weight, grad_bias});
+        if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype))))
+            st = em_last_status();
+    return outputs3(st, res, out, n_out);
 }
 
 /* The normalized_shape given must be the last dims of x. */
@@ -1044,73 +1084,238 @@ static em_status ln_shape(const char *who, const em_tensor *x, int k, const int6
     return EM_OK;
 }
 
-em_status em_layer_norm(const em_tensor *input, int normalized_ndim,
-                        const int64_t *normalized_shape, const em_tensor *weight,
-                        const em_tensor *bias, double eps, em_tensor **out, em_tensor **mean,
-                        em_tensor **rstd) {
-    if (!em__check_inputs("layer_norm", &input, 1)) return em_last_status();
+/* layer_norm(input, weight?, bias?; normalized_ndim, eps, normalized_shape) -> (out, mean,
+ * rstd). Absent eps: 1e-5. */
+COMPOSITE(c_layer_norm) {
+    UNUSED;
+    const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
     if (!check_float("layer_norm", "input", input) ||
         (weight && !check_float("layer_norm", "weight", weight)) ||
         (bias && !check_float("layer_norm", "bias", bias)))
         return em_last_status();
-    if (ln_shape("layer_norm", input, normalized_ndim, normalized_shape) != EM_OK)
+    int k = (int)int_or(attrs, 0, 0);
+    bool listed = attrs && attrs[2].type == EM_ATTR_INTS && attrs[2].n == k;
+    if (ln_shape("layer_norm", input, k, listed ? attrs[2].ints : NULL) != EM_OK)
         return em_last_status();
-    em_attr a[2] = {aint(normalized_ndim), afloat(eps)};
+    em_attr a[3] = {aint(k), afloat(float_or(attrs, 1, 1e-5)),
+                    listed ? attrs[2] : (em_attr){.type = EM_ATTR_NONE}};
     em_tensor *res[3] = {NULL, NULL, NULL};
-    em_status st = call(op_layer_norm, input->dtype, (const em_tensor *[]){input, weight, bias},
-                        "xss", 3, a, res);
+    em_status st = call(op_layer_norm, input->dtype, in, "xss", 3, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
-    return deliver(st, 3, res, (em_tensor **const[]){out, mean, rstd});
+    return outputs3(st, res, out, n_out);
 }
 
+/* layer_norm_backward(grad_output, input, mean, rstd, weight?; normalized_ndim). */
+COMPOSITE(c_layer_norm_bwd) {
+    UNUSED;
+    const em_tensor *input = in[1], *weight = in[4];
+    for (int i = 0; i < 4; i++)
+        if (!check_float("layer_norm_backward", "tensor", in[i])) return em_last_status();
+    if (weight && !check_float("layer_norm_backward", "weight", weight)) return em_last_status();
+    em_tensor *res[3] = {NULL, NULL, NULL};
+    em_attr a[1] = {aint(int_or(attrs, 0, 0))};
+    em_status st = call(op_layer_norm_bwd, input->dtype, in, "xxsss", 5, a, res);
+    if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+    for (int i = 1; i < 3 && st == EM_OK; i++)
+        if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype))))
+            st = em_last_status();
+    return outputs3(st, res, out, n_out);
+}
+
+/* softmax, log_softmax (input; dim) and their backward (grad_output, output; dim). */
+COMPOSITE(c_softmax) {
+    (void)cap;
+    const char *who = em_op_name(op);
+    const em_tensor *gy = in[0];
+    for (int i = 0; i < n_in; i++)
+        if (!check_float(who, i ? "output" : "input", in[i])) return em_last_status();
+    int d = em__wrap_dim((int)int_or(attrs, 0, -1), gy->ndim ? gy->ndim : 1, who);
+    if (d < 0) return em_last_status();
+    em_attr a[1] = {aint(d)};
+    em_tensor *r = NULL;
+    if (call(op, gy->dtype, in, "xx", n_in, a, &r) != EM_OK) return em_last_status();
+    *n_out = (out[0] = finish(r, gy->dtype)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+/* dropout: y = x * mask / (1 - p) with mask ~ bernoulli(1 - p) (bool), as PyTorch's
+ * F.dropout computes it (the mask scaled in x's dtype, then multiplied); p == 1 gives zeros
+ * and an all-false mask; outside training (or p == 0) y is x itself and the mask all true.
+ * The derivative follows from the ops: the grad times the scaled mask. */
+COMPOSITE(c_dropout) {
+    UNUSED;
+    const em_tensor *x = in[0];
+    double p = float_or(attrs, 0, 0.5);
+    bool training = bool_or(attrs, 1, true);
+    if (!check_float("dropout", "input", x)) return em_last_status();
+    if (!(p >= 0 && p <= 1))
+        return em_set_error(EM_ERR_INVALID, "dropout: p must be in [0, 1], got %g", p);
+    em_device dev = x->storage->device;
+    em_tensor *y = NULL, *mask = NULL;
+    em_status st = EM_OK;
+    if (!training || p == 0 || p == 1) {
+        bool keep = !training || p == 0;
+        mask = em__full(x->ndim, x->shape, keep, EM_BOOL, dev);
+        em_tensor *zero = keep ? NULL : em__full(0, NULL, 0, x->dtype, dev);
+        const em_tensor *args[2] = {x, zero};
+        y = !mask ? NULL
+            : keep ? em_tensor_retain((em_tensor *)x)
+            : zero ? em__op1(op_mul, args, 2, NULL)
+                   : NULL;
+        em_tensor_release(zero);
+        if (!y) st = em_last_status();
+    } else if (!attrs || attrs[2].type != EM_ATTR_INT || attrs[3].type != EM_ATTR_INT) {
+        st = em_set_error(EM_ERR_INVALID, "dropout: attributes 'seed' and 'offset' are required "
+                          "in training (em_dropout draws them from a generator)");
+    } else {
+        mask = em__empty(x->ndim, x->shape, EM_BOOL, dev);
+        em_attr ba[3] = {attrs[2], attrs[3], afloat(1 - p)};
+        st = mask ? em_op_call_out(op_bernoulli, NULL, 0, ba, &mask, 1) : em_last_status();
+        em_tensor *m = st == EM_OK ? em__to_dtype(mask, x->dtype) : NULL;
+        em_attr k = afloat(1 - p);
+        em_tensor *scaled = m ? em__op1(op_div_scalar, (const em_tensor *const *)&m, 1, &k) : NULL;
+        const em_tensor *args[2] = {x, scaled};
+        y = scaled ? em__op1(op_mul, args, 2, NULL) : NULL;
+        em_tensor_release(m);
+        em_tensor_release(scaled);
+        if (st == EM_OK && !y) st = em_last_status();
+    }
+    if (st != EM_OK) {
+        em_tensor_release(y);
+        em_tensor_release(mask);
+        return st;
+    }
+    out[0] = y, out[1] = mask, *n_out = 2;
+    return EM_OK;
+}
+#undef COMPOSITE
+#undef UNUSED
+
+/* ---- public functions: one line each ---------------------------------------------------------- */
+
+#define P2(p) ((p) ? ints2((p), 0) : (em_attr){.type = EM_ATTR_NONE})
+
+em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
+                     const int64_t stride[2], const int64_t padding[2],
+                     const int64_t dilation[2], int64_t groups) {
+    return em__call1(op_conv2d, 3, EM__IN(input, weight, bias),
+                     EM__ATTRS(P2(stride), P2(padding), P2(dilation), aint(groups)));
+}
+em_tensor *em_conv2d_backward_data(const em_tensor *grad_output, const em_tensor *weight,
+                                   const int64_t input_size[2], const int64_t stride[2],
+                                   const int64_t padding[2], const int64_t dilation[2],
+                                   int64_t groups) {
+    return em__call1(op_conv2d_bwd_data, 2, EM__IN(grad_output, weight),
+                     EM__ATTRS(P2(stride), P2(padding), P2(dilation), aint(groups),
+                               P2(input_size)));
+}
+em_status em_conv2d_backward_weight(const em_tensor *input, const em_tensor *grad_output,
+                                    const int64_t kernel_size[2], const int64_t stride[2],
+                                    const int64_t padding[2], const int64_t dilation[2],
+                                    int64_t groups, em_tensor **grad_weight,
+                                    em_tensor **grad_bias) {
+    return em__callv(op_conv2d_bwd_weight, 2, EM__IN(input, grad_output),
+                     EM__ATTRS(P2(stride), P2(padding), P2(dilation), aint(groups),
+                               P2(kernel_size)),
+                     (em_tensor **const[]){grad_weight, grad_bias}, 2);
+}
+em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size[2],
+                        const int64_t stride[2], const int64_t padding[2],
+                        const int64_t dilation[2], bool ceil_mode, em_tensor **out,
+                        em_tensor **indices) {
+    return em__callv(op_max_pool2d, 1, &input,
+                     EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), P2(dilation),
+                               abool(ceil_mode)),
+                     (em_tensor **const[]){out, indices}, 2);
+}
+em_tensor *em_max_pool2d_backward(const em_tensor *grad_output, const em_tensor *indices,
+                                  const int64_t input_size[2]) {
+    return em__call1(op_max_pool2d_bwd, 2, EM__IN(grad_output, indices),
+                     EM__ATTRS(P2(input_size)));
+}
+em_tensor *em_avg_pool2d(const em_tensor *input, const int64_t kernel_size[2],
+                         const int64_t stride[2], const int64_t padding[2], bool ceil_mode,
+                         bool count_include_pad) {
+    return em__call1(op_avg_pool2d, 1, &input,
+                     EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), abool(ceil_mode),
+                               abool(count_include_pad)));
+}
+em_tensor *em_avg_pool2d_backward(const em_tensor *grad_output, const int64_t input_size[2],
+                                  const int64_t kernel_size[2], const int64_t stride[2],
+                                  const int64_t padding[2], bool ceil_mode,
+                                  bool count_include_pad) {
+    return em__call1(op_avg_pool2d_bwd, 1, &grad_output,
+                     EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), abool(ceil_mode),
+                               abool(count_include_pad), P2(input_size)));
+}
+em_tensor *em_adaptive_avg_pool2d(const em_tensor *input, const int64_t output_size[2]) {
+    return em__call1(op_adaptive_avg_pool2d, 1, &input, EM__ATTRS(P2(output_size)));
+}
+em_tensor *em_adaptive_avg_pool2d_backward(const em_tensor *grad_output,
+                                           const int64_t input_size[2]) {
+    return em__call1(op_adaptive_avg_pool2d_bwd, 1, &grad_output, EM__ATTRS(P2(input_size)));
+}
+em_status em_batch_norm(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
+                        em_tensor *running_mean, em_tensor *running_var, bool training,
+                        double momentum, double eps, em_tensor **out, em_tensor **save_mean,
+                        em_tensor **save_invstd) {
+    return em__callv(op_batch_norm, 5, EM__IN(input, weight, bias, running_mean, running_var),
+                     EM__ATTRS(abool(training), afloat(momentum), afloat(eps)),
+                     (em_tensor **const[]){out, save_mean, save_invstd}, 3);
+}
+em_status em_batch_norm_backward(const em_tensor *grad_output, const em_tensor *input,
+                                 const em_tensor *weight, const em_tensor *save_mean,
+                                 const em_tensor *save_invstd, bool training,
+                                 em_tensor **grad_input, em_tensor **grad_weight,
+                                 em_tensor **grad_bias) {
+    return em__callv(op_batch_norm_bwd, 5,
+                     EM__IN(grad_output, input, weight, save_mean, save_invstd),
+                     EM__ATTRS(abool(training)),
+                     (em_tensor **const[]){grad_input, grad_weight, grad_bias}, 3);
+}
+em_status em_layer_norm(const em_tensor *input, int normalized_ndim,
+                        const int64_t *normalized_shape, const em_tensor *weight,
+                        const em_tensor *bias, double eps, em_tensor **out, em_tensor **mean,
+                        em_tensor **rstd) {
+    return em__callv(op_layer_norm, 3, EM__IN(input, weight, bias),
+                     EM__ATTRS(aint(normalized_ndim), afloat(eps),
+                               em__attr_ints64(normalized_ndim, normalized_shape)),
+                     (em_tensor **const[]){out, mean, rstd}, 3);
+}
 em_status em_layer_norm_backward(const em_tensor *grad_output, const em_tensor *input,
                                  const em_tensor *mean, const em_tensor *rstd,
                                  const em_tensor *weight, int normalized_ndim,
                                  em_tensor **grad_input, em_tensor **grad_weight,
                                  em_tensor **grad_bias) {
-    const em_tensor *chk[4] = {grad_output, input, mean, rstd};
-    if (!em__check_inputs("layer_norm_backward", chk, 4)) return em_last_status();
-    for (int i = 0; i < 4; i++)
-        if (!check_float("layer_norm_backward", "tensor", chk[i])) return em_last_status();
-    if (weight && !check_float("layer_norm_backward", "weight", weight)) return em_last_status();
-    em_attr a[1] = {aint(normalized_ndim)};
-    em_tensor *res[3] = {NULL, NULL, NULL};
-    em_status st = call(op_layer_norm_bwd, input->dtype,
-                        (const em_tensor *[]){grad_output, input, mean, rstd, weight}, "xxsss",
-                        5, a, res);
-    if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
-    for (int i = 1; i < 3 && st == EM_OK; i++)
-        if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype)))) st = em_last_status();
-    return deliver(st, 3, res, (em_tensor **const[]){grad_input, grad_weight, grad_bias});
+    return em__callv(op_layer_norm_bwd, 5, EM__IN(grad_output, input, mean, rstd, weight),
+                     EM__ATTRS(aint(normalized_ndim)),
+                     (em_tensor **const[]){grad_input, grad_weight, grad_bias}, 3);
 }
-
-/* ---- public functions: softmax ---------------------------------------------------------------- */
-
-static em_tensor *softmax_call(const em_op *op, const em_tensor *gy, const em_tensor *y, int dim) {
-    const char *who = em_op_name(op);
-    const em_tensor *chk[2] = {gy, y};
-    int n = y ? 2 : 1;
-    if (!em__check_inputs(who, chk, n)) return NULL;
-    for (int i = 0; i < n; i++)
-        if (!check_float(who, i ? "output" : "input", chk[i])) return NULL;
-    int d = em__wrap_dim(dim, gy->ndim ? gy->ndim : 1, who);
-    if (d < 0) return NULL;
-    em_attr a[1] = {aint(d)};
-    em_tensor *r = NULL;
-    if (call(op, gy->dtype, chk, "xx", n, a, &r) != EM_OK) return NULL;
-    return em__scope_track(finish(r, gy->dtype));
-}
-
 em_tensor *em_softmax(const em_tensor *input, int dim) {
-    return softmax_call(op_softmax, input, NULL, dim);
+    return em__call1(op_softmax, 1, &input, EM__ATTRS(aint(dim)));
 }
 em_tensor *em_log_softmax(const em_tensor *input, int dim) {
-    return softmax_call(op_log_softmax, input, NULL, dim);
+    return em__call1(op_log_softmax, 1, &input, EM__ATTRS(aint(dim)));
 }
 em_tensor *em_softmax_backward(const em_tensor *grad_output, const em_tensor *output, int dim) {
-    return softmax_call(op_softmax_bwd, grad_output, output, dim);
+    return em__call1(op_softmax_bwd, 2, EM__IN(grad_output, output), EM__ATTRS(aint(dim)));
 }
 em_tensor *em_log_softmax_backward(const em_tensor *grad_output, const em_tensor *output,
                                    int dim) {
-    return softmax_call(op_log_softmax_bwd, grad_output, output, dim);
+    return em__call1(op_log_softmax_bwd, 2, EM__IN(grad_output, output), EM__ATTRS(aint(dim)));
+}
+#undef P2
+
+/* The generator's blocks for the mask (4 draws a block, as em_bernoulli_) become the op's seed
+ * and offset; nothing is drawn when the mask is not random. */
+em_tensor *em_dropout(const em_tensor *x, double p, bool training, em_generator *gen,
+                      em_tensor **mask) {
+    bool draws = x && training && p > 0 && p < 1;
+    em_rng_state s = draws ? em_generator_reserve(gen, ((uint64_t)x->numel + 3) / 4)
+                           : (em_rng_state){0};
+    em_tensor *y = NULL;
+    em_status st = em__callv(op_dropout, 1, &x, EM__ATTRS(afloat(p), abool(training),
+                                                          aint((int64_t)s.seed),
+                                                          aint((int64_t)s.offset)),
+                             (em_tensor **const[]){&y, mask}, 2);
+    return st == EM_OK ? y : NULL;
 }

@@ -8,7 +8,12 @@
  * drop them afterwards unless keepdim. Attribute `dims` is always already normalised, sorted
  * and unique (an empty list reduces nothing: a 0-dim input has no dims).
  *
- * Kernel contracts (what a backend may assume, per op):
+ * Kernel contracts (what a backend may assume, per op). The public ops take their dims as
+ * given (absent or empty: all) and keepdim as their last attribute; their composites pass the
+ * kernel the dims normalised, the other attributes as given (keepdim included: kernels ignore
+ * it), and drop the reduced dims afterwards unless keepdim.
+ *   sum(x) -> y           attrs: dims. y has x's dtype (ints arrive as int64, bool converted).
+ *   mean                  no kernel: sum times 1/count (f16/bf16 through f32).
  *   amax/amin(x) -> y     attrs: dims. y has x's dtype (any dtype, bool included). Every
  *                         reduced dim has size > 0. NaN propagates.
  *   max_dim/min_dim(x) -> (values, indices)   attrs: dim (int, normalised; 0 for a 0-dim x).
@@ -36,8 +41,9 @@
 
 #include "internal.h"
 
-static const em_op *op_amax, *op_amin, *op_max_dim, *op_min_dim, *op_argmax, *op_argmin,
-    *op_var, *op_std, *op_logsumexp, *op_norm, *op_prod, *op_all, *op_any;
+static const em_op *op_sum, *op_mean, *op_mul;
+static const em_op *op_amax, *op_amin, *op_max, *op_min, *op_max_dim, *op_min_dim, *op_argmax,
+    *op_argmin, *op_var, *op_std, *op_logsumexp, *op_norm, *op_prod, *op_all, *op_any;
 
 /* ---- dims helpers (shared with sum and mean in ops.c) ----------------------------------------- */
 
@@ -142,15 +148,207 @@ static em_status infer_max_dim(const em_op *op, const em_tensor *const *in,
     return EM_OK;
 }
 
+/* ---- sum and mean --------------------------------------------------------------------------- */
+
+static bool keepdim_of(const em_attr *a) { return a->type == EM_ATTR_BOOL && a->v.b; }
+
+static em_status infer_sum(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
+                           em_tensor_meta *out) {
+    (void)op;
+    infer_same(op, in, attrs, out);
+    for (int i = 0; i < attrs[0].n; i++) out->shape[attrs[0].ints[i]] = 1;
+    return EM_OK;
+}
+
+static em_status d_sum(const em_backward_ctx *c, em_tensor **gi) {
+    /* The grad has the input's ndim with 1 on the reduced dims: broadcast it back. */
+    gi[0] = em_expand(c->grad_out[0], c->in_meta[0].ndim, c->in_meta[0].shape);
+    return gi[0] ? EM_OK : em_last_status();
+}
+
+/* Reduction attributes as the public ops take them (dims: INTS, absent or empty for all;
+ * keepdim) normalised into `norm` (dims sorted and unique, the rest copied). */
+em_status em__reduce_attrs(const em_op *op, const char *who, const em_tensor *a,
+                           const em_attr *attrs, int n_attrs, em_attr *norm) {
+    int dims[EM_MAX_DIMS], n = 0;
+    if (attrs[0].type == EM_ATTR_INTS) {
+        n = attrs[0].n;
+        for (int i = 0; i < n; i++) dims[i] = (int)attrs[0].ints[i];
+    }
+    (void)op;
+    for (int i = 1; i < n_attrs; i++) norm[i] = attrs[i];
+    return em__reduce_dims(who, a, n, dims, &norm[0]);
+}
+
+
+/* sum(x; dims, keepdim): bool and integer inputs sum in int64. */
+static em_tensor *sum_run(const em_op *op, const char *who, const em_tensor *a,
+                          const em_attr *attrs, int64_t *count) {
+    em_attr at[2];
+    if (em__reduce_attrs(op, who, a, attrs, 2, at) != EM_OK) return NULL;
+    *count = 1;
+    for (int i = 0; i < at[0].n; i++) *count *= a->shape[at[0].ints[i]];
+    em_tensor *x = em_dtype_is_floating(a->dtype) ? em_tensor_retain((em_tensor *)a)
+                                                  : em__to_dtype(a, EM_I64);
+    em_tensor *r = x ? em__kernel1(op_sum, (const em_tensor *const *)&x, 1, at) : NULL;
+    em_tensor_release(x);
+    return em__reduce_drop(r, &at[0], keepdim_of(&at[1]));
+}
+
+static em_status c_sum(const em_op *op, const em_tensor *const *in, int n_in,
+                       const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    int64_t count;
+    em_attr at[2] = {attrs ? attrs[0] : (em_attr){0}, attrs ? attrs[1] : (em_attr){0}};
+    *n_out = (out[0] = sum_run(op, "sum", in[0], at, &count)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* The mean in a's own floating dtype (f32 or f64). */
+static em_tensor *mean_run(const em_tensor *a, const em_attr *attrs) {
+    int64_t count;
+    em_tensor *s = sum_run(op_sum, "mean", a, attrs, &count);
+    em_tensor *k = s ? em__full(0, NULL, count ? 1.0 / (double)count : NAN, a->dtype, em_cpu())
+                     : NULL;
+    em_tensor *kd = k ? em__to_device(k, a->storage->device) : NULL;
+    /* Out of place: s may be a view of the sum, which autograd cannot rewrite in place. */
+    const em_tensor *in[2] = {s, kd};
+    em_tensor *r = kd ? em__op1(op_mul, in, 2, NULL) : NULL;
+    em_tensor_release(k);
+    em_tensor_release(kd);
+    em_tensor_release(s);
+    return r;
+}
+
+/* mean(x; dims, keepdim): floating inputs only; f16 and bf16 accumulate in f32 and round
+ * once, as in PyTorch (their sum alone may overflow: the mean of 1e5 float16 ones is 1, their
+ * sum inf). */
+static em_status c_mean(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)cap;
+    const em_tensor *a = in[0];
+    em_attr at[2] = {attrs ? attrs[0] : (em_attr){0}, attrs ? attrs[1] : (em_attr){0}};
+    if (!em_dtype_is_floating(a->dtype))
+        return em_set_error(EM_ERR_DTYPE, "mean: could not infer output dtype: input dtype %s "
+                            "is not floating; convert it with em_to_dtype first",
+                            em_dtype_name(a->dtype));
+    em_tensor *r;
+    if (a->dtype == EM_F32 || a->dtype == EM_F64) {
+        r = mean_run(a, at);
+    } else {
+        em_tensor *x = em__to_dtype(a, EM_F32);
+        em_tensor *m = x ? mean_run(x, at) : NULL;
+        r = m ? em__to_dtype(m, a->dtype) : NULL;
+        em_tensor_release(m);
+        em_tensor_release(x);
+    }
+    *n_out = (out[0] = r) != NULL;
+    return r ? EM_OK : em_last_status();
+}
+
+/* ---- composites: the public reductions over their keep-dims kernels ----------------------------- */
+
+/* A reduction as the public op takes it: attrs (dims as given, the op's others, keepdim
+ * last) checked, dims normalised for the kernel, the dtype rule applied, and the reduced dims
+ * dropped unless keepdim. */
+static em_status c_reduce(const em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const char *who = em_op_name(op);
+    const em_tensor *a = in[0];
+    int na = em_op_schema_of(op)->n_attrs;
+    em_attr given[3] = {{0}}, at[3];
+    for (int i = 0; i < na && attrs; i++) given[i] = attrs[i];
+    int ndims = given[0].type == EM_ATTR_INTS ? given[0].n : 0;
+    bool arg = op == op_argmax || op == op_argmin, extreme = op == op_amax || op == op_amin;
+    if (arg && a->dtype == EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "%s: bool tensors have no order (as in PyTorch); "
+                            "convert to an integer dtype first", who);
+    if (arg && ndims > 1)
+        return em_set_error(EM_ERR_INVALID, "%s: one dim or none (the flattened tensor), got %d",
+                            who, ndims);
+    if ((op == op_var || op == op_std || op == op_norm) && check_floating(who, a) != EM_OK)
+        return em_last_status();
+    if (em__reduce_attrs(op, who, a, given, na, at) != EM_OK) return em_last_status();
+    if ((arg || extreme) && check_nonempty(who, a, ndims, &at[0]) != EM_OK)
+        return em_last_status();
+    if (op == op_var || op == op_std) {
+        double c = at[1].v.f;
+        if (at[1].type != EM_ATTR_FLOAT || !(c >= 0) || isinf(c))
+            return em_set_error(EM_ERR_INVALID, "%s: correction must be finite and >= 0, got %g",
+                                who, at[1].type == EM_ATTR_FLOAT ? c : NAN);
+    }
+    if (op == op_norm) {
+        double p = at[1].type == EM_ATTR_FLOAT ? at[1].v.f : NAN;
+        if (isnan(p)) return em_set_error(EM_ERR_INVALID, "norm: p is NaN");
+        if (isinf(p) && a->numel == 0) {
+            char w[32];
+            snprintf(w, sizeof w, "norm (p = %sinf)", p < 0 ? "-" : "");
+            if (check_nonempty(w, a, ndims, &at[0]) != EM_OK) return em_last_status();
+        }
+    }
+    /* Integer and bool inputs: logsumexp computes in float32, prod in int64 (PyTorch). */
+    em_dtype dt = a->dtype;
+    if (!em_dtype_is_floating(dt) && op == op_logsumexp) dt = EM_F32;
+    if (!em_dtype_is_floating(dt) && op == op_prod) dt = EM_I64;
+    em_tensor *x = dt == a->dtype ? em_tensor_retain((em_tensor *)a) : em__to_dtype(a, dt);
+    em_tensor *r = x ? em__kernel1(op, (const em_tensor *const *)&x, 1, at) : NULL;
+    em_tensor_release(x);
+    *n_out = (out[0] = em__reduce_drop(r, &at[0], keepdim_of(&at[na - 1]))) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* max(x), min(x): over every element (no identity: an empty x is an error). */
+static em_status c_extreme_all(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)attrs, (void)cap;
+    const em_op *k = op == op_max ? op_amax : op_amin;
+    em_attr at[2];
+    if (em__reduce_dims(em_op_name(op), in[0], 0, NULL, &at[0]) != EM_OK ||
+        check_nonempty(em_op_name(op), in[0], 0, &at[0]) != EM_OK)
+        return em_last_status();
+    at[1] = EM__A_BOOL(false);
+    *n_out = (out[0] = em__reduce_drop(em__kernel1(k, in, 1, at), &at[0], false)) != NULL;
+    return *n_out ? EM_OK : em_last_status();
+}
+
+/* max_dim(x; dim, keepdim) -> (values, indices); errors name "max"/"min". */
+static em_status c_extreme_dim(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)n_in, (void)cap;
+    const char *who = op == op_max_dim ? "max" : "min";
+    const em_tensor *a = in[0];
+    if (!attrs || attrs[0].type != EM_ATTR_INT)
+        return em_set_error(EM_ERR_INVALID, "%s: attribute 'dim' is required", who);
+    int d = em__wrap_dim((int)attrs[0].v.i, a->ndim, who);
+    if (d < 0) return em_last_status();
+    em_attr dims = {.type = EM_ATTR_INTS, .n = a->ndim > 0, .ints = {d}};
+    if (check_nonempty(who, a, 1, &dims) != EM_OK) return em_last_status();
+    em_attr at[2] = {EM__A_INT(a->ndim > 0 ? d : 0), attrs[1]};
+    em_tensor *r[2] = {NULL, NULL};
+    if (em__op_call_kernel(op, &a, 1, at, r) != EM_OK) return em_last_status();
+    r[0] = em__reduce_drop(r[0], &dims, keepdim_of(&attrs[1]));
+    r[1] = em__reduce_drop(r[1], &dims, keepdim_of(&attrs[1]));
+    if (!r[0] || !r[1]) {
+        em_tensor_release(r[0]);
+        em_tensor_release(r[1]);
+        return em_last_status();
+    }
+    out[0] = r[0], out[1] = r[1], *n_out = 2;
+    return EM_OK;
+}
+
 /* ---- declarations ----------------------------------------------------------------------------- */
 
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_out,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
-                         em_infer_fn infer, em_backward_fn backward, unsigned saves) {
+                         em_infer_fn infer, em_backward_fn backward, unsigned saves,
+                         em_composite_fn composite) {
     em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = 1, .n_outputs = n_out,
                       .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
                       .dispatch_arg = 0, .infer = infer, .backward = backward, .saves = saves,
-                      .flags = backward ? 0 : EM_OP_NONDIFF};
+                      .flags = backward || !infer ? 0 : EM_OP_NONDIFF, .composite = composite,
+                      .category = "reduce"};
     return em_op_declare(core, &s, out);
 }
 
@@ -255,195 +453,93 @@ static em_status d_prod(const em_backward_ctx *c, em_tensor **gi) {
 #undef RET
 
 em_status em__ops_declare_reduce(em_registry *core) {
-    static const char *const dims[] = {"dims"}, *const dim[] = {"dim"},
-                             *const var[] = {"dims", "correction"}, *const norm[] = {"dims", "p"};
-    static const em_attr_type ti[] = {EM_ATTR_INTS}, tint[] = {EM_ATTR_INT},
-                              tif[] = {EM_ATTR_INTS, EM_ATTR_FLOAT};
+    /* Every reduction takes its dims as given (absent or empty: all) and keepdim last; its
+     * kernel sees the dims normalised and keeps them (size 1). */
+    static const char *const dims[] = {"dims", "keepdim"}, *const dim[] = {"dim", "keepdim"},
+                             *const var[] = {"dims", "correction", "keepdim"},
+                             *const norm[] = {"dims", "p", "keepdim"};
+    static const em_attr_type ti[] = {EM_ATTR_INTS, EM_ATTR_BOOL},
+                              tint[] = {EM_ATTR_INT, EM_ATTR_BOOL},
+                              tif[] = {EM_ATTR_INTS, EM_ATTR_FLOAT, EM_ATTR_BOOL};
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
     const unsigned x = EM_SAVE_INPUT(0), xy = x | EM_SAVE_OUTPUT(0),
                    xi = x | EM_SAVE_OUTPUT(1); /* max_dim: the input and the indices */
-    DECL(op_amax, "amax", 1, 1, dims, ti, infer_same, d_amax, xy);
-    DECL(op_amin, "amin", 1, 1, dims, ti, infer_same, d_amax, xy);
-    DECL(op_max_dim, "max_dim", 2, 1, dim, tint, infer_max_dim, d_max_dim, xi);
-    DECL(op_min_dim, "min_dim", 2, 1, dim, tint, infer_max_dim, d_max_dim, xi);
-    DECL(op_argmax, "argmax", 1, 1, dims, ti, infer_index, NULL, 0);
-    DECL(op_argmin, "argmin", 1, 1, dims, ti, infer_index, NULL, 0);
-    DECL(op_var, "var", 1, 2, var, tif, infer_same, d_var, x);
-    DECL(op_std, "std", 1, 2, var, tif, infer_same, d_std, xy);
-    DECL(op_logsumexp, "logsumexp", 1, 1, dims, ti, infer_same, d_logsumexp, xy);
-    DECL(op_norm, "norm", 1, 2, norm, tif, infer_same, d_norm, xy);
-    DECL(op_prod, "prod", 1, 1, dims, ti, infer_same, d_prod, xy);
-    DECL(op_all, "all", 1, 1, dims, ti, infer_bool, NULL, 0);
-    DECL(op_any, "any", 1, 1, dims, ti, infer_bool, NULL, 0);
+    /* sum and mean: the kernel sees dims normalised (sorted, unique) and keeps them. */
+    if (st == EM_OK)
+        st = em__declare(core, &op_sum, (em_op_schema){.name = "sum", .n_inputs = 1, .n_attrs = 2,
+                         .attr_names = dims, .attr_types = ti, .infer = infer_sum,
+                         .backward = d_sum, .composite = c_sum, .category = "reduce"});
+    if (st == EM_OK)
+        st = em__declare(core, &op_mean, (em_op_schema){.name = "mean", .n_inputs = 1,
+                         .n_attrs = 2, .attr_names = dims, .attr_types = ti, .composite = c_mean,
+                         .category = "reduce"});
+    if (st == EM_OK && !(op_mul = em_op_find("mul"))) st = em_last_status(); /* mean's */
+    DECL(op_amax, "amax", 1, 2, dims, ti, infer_same, d_amax, xy, c_reduce);
+    DECL(op_amin, "amin", 1, 2, dims, ti, infer_same, d_amax, xy, c_reduce);
+    DECL(op_max, "max", 1, 0, NULL, NULL, NULL, NULL, 0, c_extreme_all);
+    DECL(op_min, "min", 1, 0, NULL, NULL, NULL, NULL, 0, c_extreme_all);
+    DECL(op_max_dim, "max_dim", 2, 2, dim, tint, infer_max_dim, d_max_dim, xi, c_extreme_dim);
+    DECL(op_min_dim, "min_dim", 2, 2, dim, tint, infer_max_dim, d_max_dim, xi, c_extreme_dim);
+    DECL(op_argmax, "argmax", 1, 2, dims, ti, infer_index, NULL, 0, c_reduce);
+    DECL(op_argmin, "argmin", 1, 2, dims, ti, infer_index, NULL, 0, c_reduce);
+    DECL(op_var, "var", 1, 3, var, tif, infer_same, d_var, x, c_reduce);
+    DECL(op_std, "std", 1, 3, var, tif, infer_same, d_std, xy, c_reduce);
+    DECL(op_logsumexp, "logsumexp", 1, 2, dims, ti, infer_same, d_logsumexp, xy, c_reduce);
+    DECL(op_norm, "norm", 1, 3, norm, tif, infer_same, d_norm, xy, c_reduce);
+    DECL(op_prod, "prod", 1, 2, dims, ti, infer_same, d_prod, xy, c_reduce);
+    DECL(op_all, "all", 1, 2, dims, ti, infer_bool, NULL, 0, c_reduce);
+    DECL(op_any, "any", 1, 2, dims, ti, infer_bool, NULL, 0, c_reduce);
 #undef DECL
     return st;
 }
 
-/* ---- public functions ------------------------------------------------------------------------- */
+/* ---- public functions: one line each over the schemas ------------------------------------------ */
 
-/* Run a reduction op over dims of a (attrs[0] is filled here; extra attrs follow it) and
- * drop the reduced dims unless keepdim. */
-static em_tensor *reduce(const em_op *op, const em_tensor *a, const em_attr *dims,
-                         const em_attr *extra, int n_extra, bool keepdim) {
-    em_attr attrs[3] = {*dims};
-    for (int i = 0; i < n_extra; i++) attrs[1 + i] = extra[i];
-    return em__reduce_drop(em__op1(op, &a, 1, attrs), dims, keepdim);
-}
-
-static em_tensor *extreme(const em_op *op, const char *who, const em_tensor *a, int ndims,
-                          const int *dims, bool keepdim) {
-    if (!em__check_inputs(who, &a, 1)) return NULL;
-    em_attr d;
-    if (em__reduce_dims(who, a, ndims, dims, &d) != EM_OK ||
-        check_nonempty(who, a, ndims, &d) != EM_OK)
-        return NULL;
-    return em__scope_track(reduce(op, a, &d, NULL, 0, keepdim));
-}
-
-em_tensor *em_amax(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    return extreme(op_amax, "amax", a, ndims, dims, keepdim);
-}
-em_tensor *em_amin(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    return extreme(op_amin, "amin", a, ndims, dims, keepdim);
-}
-em_tensor *em_max(const em_tensor *a) { return extreme(op_amax, "max", a, 0, NULL, false); }
-em_tensor *em_min(const em_tensor *a) { return extreme(op_amin, "min", a, 0, NULL, false); }
-
-static em_status extreme_dim(const em_op *op, const char *who, const em_tensor *a, int dim,
-                             bool keepdim, em_tensor **values, em_tensor **indices) {
-    if (values) *values = NULL;
-    if (indices) *indices = NULL;
-    if (!values) return em_set_error(EM_ERR_INVALID, "%s: NULL values", who);
-    if (!em__check_inputs(who, &a, 1)) return em_last_status();
-    int d = em__wrap_dim(dim, a->ndim, who);
-    if (d < 0) return em_last_status();
-    em_attr dims = {.type = EM_ATTR_INTS, .n = a->ndim > 0, .ints = {d}};
-    if (check_nonempty(who, a, 1, &dims) != EM_OK) return em_last_status();
-    em_attr attr = {.type = EM_ATTR_INT, .v.i = a->ndim > 0 ? d : 0};
-    em_tensor *out[2] = {NULL, NULL};
-    em_status st = em__op_call(op, &a, 1, &attr, out);
-    if (st != EM_OK) return st;
-    out[0] = em__reduce_drop(out[0], &dims, keepdim);
-    out[1] = em__reduce_drop(out[1], &dims, keepdim);
-    if (!out[0] || !out[1]) {
-        em_tensor_release(out[0]);
-        em_tensor_release(out[1]);
-        return em_last_status();
-    }
-    *values = em__scope_track(out[0]);
-    if (indices) *indices = em__scope_track(out[1]);
-    else em_tensor_release(out[1]);
-    return EM_OK;
-}
+#define R(fn, op) em_tensor *fn(const em_tensor *a, int ndims, const int *dims, bool keepdim) { return em__call1(op, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim))); }
+R(em_amax, op_amax) R(em_amin, op_amin) R(em_logsumexp, op_logsumexp) R(em_prod, op_prod)
+R(em_all, op_all) R(em_any, op_any)
+#undef R
+em_tensor *em_max(const em_tensor *a) { return em__call1(op_max, 1, &a, NULL); }
+em_tensor *em_min(const em_tensor *a) { return em__call1(op_min, 1, &a, NULL); }
 
 em_status em_max_dim(const em_tensor *a, int dim, bool keepdim, em_tensor **values,
                      em_tensor **indices) {
-    return extreme_dim(op_max_dim, "max", a, dim, keepdim, values, indices);
+    if (!values) return em_set_error(EM_ERR_INVALID, "max: NULL values");
+    return em__callv(op_max_dim, 1, &a, EM__ATTRS(EM__A_INT(dim), EM__A_BOOL(keepdim)),
+                     (em_tensor **const[]){values, indices}, 2);
 }
 em_status em_min_dim(const em_tensor *a, int dim, bool keepdim, em_tensor **values,
                      em_tensor **indices) {
-    return extreme_dim(op_min_dim, "min", a, dim, keepdim, values, indices);
+    if (!values) return em_set_error(EM_ERR_INVALID, "min: NULL values");
+    return em__callv(op_min_dim, 1, &a, EM__ATTRS(EM__A_INT(dim), EM__A_BOOL(keepdim)),
+                     (em_tensor **const[]){values, indices}, 2);
 }
-
-static em_tensor *arg_extreme(const em_op *op, const char *who, const em_tensor *a,
-                              const int *dim, bool keepdim) {
-    if (!em__check_inputs(who, &a, 1)) return NULL;
-    if (a->dtype == EM_BOOL) {
-        em_set_error(EM_ERR_DTYPE, "%s: bool tensors have no order (as in PyTorch); convert to an "
-                     "integer dtype first", who);
-        return NULL;
-    }
-    em_attr d;
-    if (em__reduce_dims(who, a, dim ? 1 : 0, dim, &d) != EM_OK ||
-        check_nonempty(who, a, dim ? 1 : 0, &d) != EM_OK)
-        return NULL;
-    return em__scope_track(reduce(op, a, &d, NULL, 0, keepdim));
-}
-
 em_tensor *em_argmax(const em_tensor *a, const int *dim, bool keepdim) {
-    return arg_extreme(op_argmax, "argmax", a, dim, keepdim);
+    return em__call1(op_argmax, 1, &a, EM__ATTRS(em__attr_ints(dim != NULL, dim), EM__A_BOOL(keepdim)));
 }
 em_tensor *em_argmin(const em_tensor *a, const int *dim, bool keepdim) {
-    return arg_extreme(op_argmin, "argmin", a, dim, keepdim);
+    return em__call1(op_argmin, 1, &a, EM__ATTRS(em__attr_ints(dim != NULL, dim), EM__A_BOOL(keepdim)));
 }
-
-static em_tensor *var_std(const em_op *op, const char *who, const em_tensor *a, int ndims,
-                          const int *dims, double correction, bool keepdim) {
-    if (!em__check_inputs(who, &a, 1)) return NULL;
-    em_attr d;
-    if (check_floating(who, a) != EM_OK || em__reduce_dims(who, a, ndims, dims, &d) != EM_OK)
-        return NULL;
-    if (!(correction >= 0) || isinf(correction)) {
-        em_set_error(EM_ERR_INVALID, "%s: correction must be finite and >= 0, got %g", who,
-                     correction);
-        return NULL;
-    }
-    em_attr c = {.type = EM_ATTR_FLOAT, .v.f = correction};
-    return em__scope_track(reduce(op, a, &d, &c, 1, keepdim));
-}
-
 em_tensor *em_var(const em_tensor *a, int ndims, const int *dims, double correction,
                   bool keepdim) {
-    return var_std(op_var, "var", a, ndims, dims, correction, keepdim);
+    return em__call1(op_var, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_FLOAT(correction),
+                                              EM__A_BOOL(keepdim)));
 }
 em_tensor *em_std(const em_tensor *a, int ndims, const int *dims, double correction,
                   bool keepdim) {
-    return var_std(op_std, "std", a, ndims, dims, correction, keepdim);
+    return em__call1(op_std, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_FLOAT(correction),
+                                              EM__A_BOOL(keepdim)));
 }
-
-em_tensor *em_logsumexp(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    if (!em__check_inputs("logsumexp", &a, 1)) return NULL;
-    em_attr d;
-    if (em__reduce_dims("logsumexp", a, ndims, dims, &d) != EM_OK) return NULL;
-    /* Integer and bool inputs compute in float32, as in PyTorch. */
-    em_tensor *x = em_dtype_is_floating(a->dtype) ? em_tensor_retain((em_tensor *)a)
-                                                  : em__to_dtype(a, EM_F32);
-    em_tensor *r = x ? reduce(op_logsumexp, x, &d, NULL, 0, keepdim) : NULL;
-    em_tensor_release(x);
-    return em__scope_track(r);
-}
-
 em_tensor *em_norm(const em_tensor *a, double p, int ndims, const int *dims, bool keepdim) {
-    if (!em__check_inputs("norm", &a, 1)) return NULL;
-    em_attr d;
-    if (check_floating("norm", a) != EM_OK || em__reduce_dims("norm", a, ndims, dims, &d) != EM_OK)
-        return NULL;
-    if (isnan(p)) {
-        em_set_error(EM_ERR_INVALID, "norm: p is NaN");
-        return NULL;
-    }
-    if (isinf(p) && a->numel == 0) {
-        char who[32];
-        snprintf(who, sizeof who, "norm (p = %sinf)", p < 0 ? "-" : "");
-        if (check_nonempty(who, a, ndims, &d) != EM_OK) return NULL;
-    }
-    em_attr pa = {.type = EM_ATTR_FLOAT, .v.f = p};
-    return em__scope_track(reduce(op_norm, a, &d, &pa, 1, keepdim));
+    return em__call1(op_norm, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_FLOAT(p),
+                                               EM__A_BOOL(keepdim)));
 }
 
-em_tensor *em_prod(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    if (!em__check_inputs("prod", &a, 1)) return NULL;
-    em_attr d;
-    if (em__reduce_dims("prod", a, ndims, dims, &d) != EM_OK) return NULL;
-    em_tensor *x = em_dtype_is_floating(a->dtype) ? em_tensor_retain((em_tensor *)a)
-                                                  : em__to_dtype(a, EM_I64);
-    em_tensor *r = x ? reduce(op_prod, x, &d, NULL, 0, keepdim) : NULL;
-    em_tensor_release(x);
-    return em__scope_track(r);
+em_tensor *em_sum(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    return em__call1(op_sum, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
+}
+em_tensor *em_mean(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
+    return em__call1(op_mean, 1, &a, EM__ATTRS(em__attr_ints(ndims, dims), EM__A_BOOL(keepdim)));
 }
 
-static em_tensor *logical(const em_op *op, const char *who, const em_tensor *a, int ndims,
-                          const int *dims, bool keepdim) {
-    if (!em__check_inputs(who, &a, 1)) return NULL;
-    em_attr d;
-    if (em__reduce_dims(who, a, ndims, dims, &d) != EM_OK) return NULL;
-    return em__scope_track(reduce(op, a, &d, NULL, 0, keepdim));
-}
-
-em_tensor *em_all(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    return logical(op_all, "all", a, ndims, dims, keepdim);
-}
-em_tensor *em_any(const em_tensor *a, int ndims, const int *dims, bool keepdim) {
-    return logical(op_any, "any", a, ndims, dims, keepdim);
-}

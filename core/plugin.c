@@ -124,6 +124,7 @@ static struct {
 } L;
 
 em_registry *em__registry_core(void) { return L.core; }
+const em_registry *em_registry_core(void) { return L.core; }
 em_registry *em_registry_program(void) { return L.program; }
 
 static void candidate_clear(candidate *c) {

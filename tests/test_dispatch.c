@@ -190,3 +190,141 @@ Test(dispatch, env_variables_set_the_policy_at_init) {
     unsetenv("EMBER_FALLBACK");
     unsetenv("EMBER_NUM_THREADS");
 }
+
+/* ---- schema version 2: variadic ops, composites, old-size schemas ------------------------- */
+
+/* y = the sum of every input (f32, one shape): a kernel op with any number of inputs. */
+static em_status sum_n_kernel(const em_kernel_ctx *k) {
+    float *y = k->out[0].data;
+    for (int64_t e = 0; e < k->out[0].numel; e++) {
+        float acc = 0;
+        for (int i = 0; i < k->n_in; i++) acc += ((const float *)k->in[i].data)[e];
+        y[e] = acc;
+    }
+    return EM_OK;
+}
+
+Test(dispatch, a_variadic_kernel_op_takes_more_than_8_inputs) {
+    em_op_schema s = {.struct_size = sizeof s, .name = "test.sum_n", .n_inputs = 1,
+                      .n_outputs = 1, .flags = EM_OP_VARIADIC | EM_OP_NONDIFF,
+                      .infer = infer_first};
+    const em_op *op = NULL;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
+    em_kernel_def k = {.struct_size = sizeof k, .op = "test.sum_n", .device_type = "cpu",
+                       .dtype = EM_F32, .fn = sum_n_kernel};
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_OK, "%s",
+                 em_last_error());
+    em_scope_begin();
+    const em_tensor *in[12];
+    for (int i = 0; i < 12; i++) in[i] = em_full(1, (int64_t[]){3}, i + 1, EM_F32, em_cpu());
+    em_tensor *y = NULL;
+    cr_assert_eq(em_op_call(op, in, 12, NULL, &y), EM_OK, "%s", em_last_error());
+    for (int e = 0; e < 3; e++) cr_expect_eq(em_test_at(y, e), 78);
+    em_tensor *z = em_empty(1, (int64_t[]){3}, EM_F32, em_cpu());
+    cr_assert_eq(em_op_call_out(op, in, 10, NULL, &z, 1), EM_OK, "%s", em_last_error());
+    cr_expect_eq(em_test_at(z, 0), 55);
+    cr_expect_eq(em_op_call(op, in, 0, NULL, &y), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "test.sum_n: called with 0 inputs; it takes at least 1");
+    em_scope_end();
+    /* A differentiable variadic kernel op is refused: autograd records at most 8 inputs. */
+    em_op_schema d = s;
+    d.name = "test.sum_n_diff";
+    d.flags = EM_OP_VARIADIC;
+    cr_expect_eq(em_op_declare(em_registry_program(), &d, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "must be EM_OP_NONDIFF");
+}
+
+/* A schema of the size before prepare/composite (what an older plugin passes) still declares
+ * an op that runs; the newer fields read as absent. */
+Test(dispatch, an_old_size_schema_still_works) {
+    static const char *const names[] = {"scale"};
+    static const em_attr_type types[] = {EM_ATTR_FLOAT};
+    em_op_schema s = {.name = "test.old_scale", .n_inputs = 1, .n_outputs = 1, .n_attrs = 1,
+                      .attr_names = names, .attr_types = types, .infer = infer_first,
+                      /* garbage past the old size must not be read */
+                      .prepare = (em_prepare_fn)(uintptr_t)1,
+                      .composite = (em_composite_fn)(uintptr_t)1, .category = (const char *)1};
+    s.struct_size = offsetof(em_op_schema, prepare);
+    const em_op *op = NULL;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
+    const em_op_schema *got = em_op_schema_of(op);
+    cr_expect_null(got->prepare);
+    cr_expect_null(got->composite);
+    cr_expect_null(got->category);
+    em_kernel_def k = {.struct_size = sizeof k, .op = "test.old_scale", .device_type = "cpu",
+                       .dtype = EM_F32, .fn = scale_kernel};
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_OK);
+    em_scope_begin();
+    em_tensor *x = em_arange(0, 4, 1, EM_F32, em_cpu()), *y = NULL;
+    em_attr a = {.type = EM_ATTR_FLOAT, .v.f = 3};
+    cr_assert_eq(em_op_call(op, (const em_tensor *const[]){x}, 1, &a, &y), EM_OK, "%s",
+                 em_last_error());
+    cr_expect_eq(em_test_at(y, 3), 9);
+    em_scope_end();
+}
+
+/* A program-declared composite with variadic outputs, run by name with em_op_call_n: written
+ * with the public ops in a scope of its own, it retains what it returns (the contract of
+ * em_composite_fn). */
+static em_status halves(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
+    (void)op, (void)n_in, (void)attrs;
+    int n = 0;
+    em_scope_begin();
+    em_status st = em_split(in[0], (em_tensor_size(in[0], 0) + 1) / 2, 0, cap, out, &n);
+    for (int i = 0; st == EM_OK && i < n; i++) em_tensor_retain(out[i]);
+    em_scope_end();
+    if (st == EM_OK) *n_out = n;
+    return st;
+}
+
+Test(dispatch, a_composite_with_variadic_outputs) {
+    em_op_schema s = {.struct_size = sizeof s, .name = "test.halves", .n_inputs = 1,
+                      .n_outputs = 1, .flags = EM_OP_VARIADIC_OUTPUTS, .composite = halves};
+    const em_op *op = NULL;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
+    em_scope_begin();
+    em_tensor *x = em_arange(0, 6, 1, EM_F32, em_cpu()), *out[4] = {0}, *one = NULL;
+    int n = 0;
+    cr_assert_eq(em_op_call_n(op, (const em_tensor *const[]){x}, 1, NULL, out, 4, &n), EM_OK,
+                 "%s", em_last_error());
+    cr_expect_eq(n, 2);
+    cr_expect_eq(em_test_at(out[1], 0), 3);
+    cr_expect_eq(em_op_call(op, (const em_tensor *const[]){x}, 1, NULL, &one), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "run it with em_op_call_n");
+    em_scope_end();
+}
+
+/* ember/op_helpers.h: the iterator's offsets are the strided offsets of each linear index, for
+ * transposed, expanded and 0-dim tensors; em_infer_broadcast names every shape. */
+Test(dispatch, op_helpers_iterate_and_broadcast) {
+    em_ktensor a = {.ndim = 3, .numel = 24, .shape = {2, 3, 4}, .strides = {1, 8, 2}};
+    em_ktensor b = {.ndim = 3, .numel = 24, .shape = {2, 3, 4}, .strides = {0, 4, 1}};
+    em_ktensor c = {.ndim = 3, .numel = 24, .shape = {2, 3, 4}, .strides = {12, 4, 1}};
+    const em_ktensor *ts[3] = {&a, &b, &c};
+    em_kiter it;
+    int64_t lin = 0;
+    for (em_kiter_init(&it, 3, ts); em_kiter_more(&it); em_kiter_next(&it), lin++) {
+        cr_expect_eq(it.off[0], em_ktensor_offset(&a, lin), "a at %lld", (long long)lin);
+        cr_expect_eq(it.off[1], em_ktensor_offset(&b, lin), "b at %lld", (long long)lin);
+        cr_expect_eq(it.off[2], lin);
+    }
+    cr_expect_eq(lin, 24);
+    em_ktensor z = {.ndim = 0, .numel = 1};
+    const em_ktensor *zs[1] = {&z};
+    int n = 0;
+    for (em_kiter_init(&it, 1, zs); em_kiter_more(&it); em_kiter_next(&it)) n += it.off[0] == 0;
+    cr_expect_eq(n, 1, "a 0-dim tensor has one element");
+    em_scope_begin();
+    em_tensor *x = em_zeros(2, (int64_t[]){2, 1}, EM_F32, em_cpu()),
+              *y = em_zeros(1, (int64_t[]){3}, EM_F32, em_cpu()),
+              *w = em_zeros(1, (int64_t[]){2}, EM_F32, em_cpu());
+    int nd;
+    int64_t shape[EM_MAX_DIMS];
+    cr_assert_eq(em_broadcast_shapes("t", (const em_tensor *const[]){x, y}, 2, &nd, shape), EM_OK);
+    cr_expect(nd == 2 && shape[0] == 2 && shape[1] == 3);
+    cr_expect_eq(em_broadcast_shapes("t", (const em_tensor *const[]){x, y, w}, 3, &nd, shape),
+                 EM_ERR_SHAPE);
+    em_assert_error(EM_ERR_SHAPE, "t: shapes [2, 1], [3] and [2] cannot be broadcast (dim -1: 3 vs 2)");
+    em_scope_end();
+}

@@ -526,8 +526,9 @@ Test(bf16, f16_through_f32) {
     em_scope_end();
 }
 
-/* The kernel contract through the dispatcher: the norms' per-channel tensors of a bf16 call
- * must be f32; conv's bias is bf16 like its input. */
+/* The kernel contract through the dispatcher (em_op_call_kernel: the ops' composites, which
+ * em_op_call runs, convert for the caller as the typed functions do): the norms'
+ * per-channel tensors of a bf16 call must be f32; conv's bias is bf16 like its input. */
 Test(bf16, op_contract_errors) {
     em_scope_begin();
     const em_op *bn = em_op_find("batch_norm"), *conv = em_op_find("conv2d");
@@ -538,7 +539,7 @@ Test(bf16, op_contract_errors) {
     em_attr a[3] = {{.type = EM_ATTR_BOOL, .v.b = true}, {.type = EM_ATTR_FLOAT, .v.f = 0.1},
                     {.type = EM_ATTR_FLOAT, .v.f = 1e-5}};
     em_tensor *out[3];
-    cr_assert_neq(em_op_call(bn, (const em_tensor *[]){x, wb, none, none, none}, 5, a, out), EM_OK);
+    cr_assert_neq(em_op_call_kernel(bn, (const em_tensor *[]){x, wb, none, none, none}, 5, a, out), EM_OK);
     em_assert_error(EM_ERR_DTYPE, "batch_norm: input 1 (weight) has dtype bfloat16; expected "
                     "float32, the statistics dtype of a bfloat16 input");
     em_tensor *w = rnd(EM_BF16, 4, (int64_t[]){5, 3, 3, 3}, 2);
@@ -550,13 +551,13 @@ Test(bf16, op_contract_errors) {
     em_tensor *y;
     em_placement_reset();
 #ifdef EM_HAVE_DNNL
-    cr_assert_eq(em_op_call(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK, "%s",
+    cr_assert_eq(em_op_call_kernel(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK, "%s",
                  em_last_error());
     cr_assert_eq(cpu_ops(), 1);
     check_bf16(y, em_conv2d(f32(x), f32(w), f32(b), NULL, NULL, NULL, 1), "conv2d via em_op_call");
 #else
     /* no bf16 conv kernel without oneDNN: the dispatcher says so (em_conv2d converts) */
-    cr_assert_neq(em_op_call(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK);
+    cr_assert_neq(em_op_call_kernel(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK);
     em_assert_error(EM_ERR_NOKERNEL, "conv2d: no kernel for device 'cpu' and dtype bfloat16");
     cr_assert_eq(cpu_ops(), 0);
 #endif

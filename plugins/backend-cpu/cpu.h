@@ -63,13 +63,7 @@ em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *d
 /* Element offset of linear index `lin` (C order over shape) given strides. */
 static inline int64_t cpu_offset(int ndim, const int64_t *shape, const int64_t *strides,
                                  int64_t lin) {
-    int64_t off = 0;
-    for (int d = ndim - 1; d >= 0; d--) {
-        int64_t s = shape[d];
-        off += (lin % s) * strides[d];
-        lin /= s;
-    }
-    return off;
+    return em_strided_offset(ndim, shape, strides, lin); /* ember/op_helpers.h */
 }
 
 /* The element-iteration engine. fn is called on runs of n elements along the innermost dim

@@ -1,7 +1,8 @@
 /*
  * cpu_math.c — CPU kernels for the elementwise math ops (core/ops_math.c states their
- * contracts): unary math and activations, clamp, the scalar variants, pow, maximum, minimum,
- * comparisons, logical ops, where, and the activations' backward helpers.
+ * contracts): unary math and activations, erf and erfinv, clamp, the scalar variants, pow,
+ * maximum, minimum, division with a rounding mode, comparisons, logical ops, where, and the
+ * activations' backward helpers.
  *
  * Layout of each op: an f32 loop whose contiguous runs go to a function the compiler
  * vectorises (`omp simd`), built for AVX-512, AVX2 and baseline x86-64 with target_clones and
@@ -20,6 +21,7 @@
  * Integer arithmetic is done in unsigned types so that overflow wraps, as in PyTorch.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -359,12 +361,55 @@ LOOP1(sign, i64, int64_t, int64_t, LD_ID, int64_t, ST_ID, P_I, (int64_t)((x > 0)
 LOOP1(sign, u8, uint8_t, uint8_t, LD_ID, uint8_t, ST_ID, P_I, (uint8_t)(x > 0))
 LOOP1(sign, bool, bool, bool, LD_ID, bool, ST_ID, P_I, x)
 
+UNARY_FLOAT(erf, erff(x), erf(x))
+
+/* erfinv in double: Giles' single-precision approximation ("Approximating the erfinv
+ * function", GPU Computing Gems, 2010) refined by two Newton steps on erf (each roughly
+ * doubles the correct digits: the result is within a few ulp). erfinv(+-1) = +-inf, NaN
+ * outside [-1, 1]. */
+static double erfinv_d(double y) {
+    if (!(y >= -1 && y <= 1)) return NAN;
+    if (y == 1 || y == -1) return y * INFINITY;
+    double w = -log((1.0 - y) * (1.0 + y)), x;
+    if (w < 5.0) {
+        w -= 2.5;
+        x = 2.81022636e-08;
+        x = 3.43273939e-07 + x * w;
+        x = -3.5233877e-06 + x * w;
+        x = -4.39150654e-06 + x * w;
+        x = 0.00021858087 + x * w;
+        x = -0.00125372503 + x * w;
+        x = -0.00417768164 + x * w;
+        x = 0.246640727 + x * w;
+        x = 1.50140941 + x * w;
+    } else {
+        w = sqrt(w) - 3.0;
+        x = -0.000200214257;
+        x = 0.000100950558 + x * w;
+        x = 0.00134934322 + x * w;
+        x = -0.00367342844 + x * w;
+        x = 0.00573950773 + x * w;
+        x = -0.0076224613 + x * w;
+        x = 0.00943887047 + x * w;
+        x = 1.00167406 + x * w;
+        x = 2.83297682 + x * w;
+    }
+    x *= y;
+    for (int i = 0; i < 2; i++) /* d erf / dx = 2 / sqrt(pi) exp(-x^2) */
+        x -= (erf(x) - y) / (1.12837916709551257390 * exp(-x * x));
+    return x;
+}
+UNARY_FLOAT(erfinv, (float)erfinv_d((double)x), erfinv_d(x))
+
 static const loop_table t_sqrt = {{T_FLOAT(sqrt)}}, t_rsqrt = {{T_FLOAT(rsqrt)}},
                         t_reciprocal = {{T_FLOAT(reciprocal)}}, t_sigmoid = {{T_FLOAT(sigmoid)}},
                         t_tanh = {{T_FLOAT(tanh)}}, t_log1p = {{T_FLOAT(log1p)}},
                         t_expm1 = {{T_FLOAT(expm1)}}, t_exp = {{T_FLOAT(exp)}},
                         t_log = {{T_FLOAT(log)}}, t_abs = {{T_FLOAT(abs), T_INTS(abs)}},
-                        t_sign = {{T_FLOAT(sign), T_INTS(sign), [EM_BOOL] = sign_bool}};
+                        t_sign = {{T_FLOAT(sign), T_INTS(sign), [EM_BOOL] = sign_bool}},
+                        t_erf = {{T_FLOAT(erf)}}, t_erfinv = {{T_FLOAT(erfinv)}};
+KERNEL(erf, 0, 0)
+KERNEL(erfinv, 0, 0)
 KERNEL(sqrt, 0, 0)
 KERNEL(rsqrt, 0, 0)
 KERNEL(reciprocal, 0, 0)
@@ -606,6 +651,89 @@ static em_status k_where(const em_kernel_ctx *k) {
     return EM_OK;
 }
 
+/* ---- division with a rounding mode ----------------------------------------------------------- */
+
+/* PyTorch's (c10) floor division of floats: through fmod, so that it agrees with the
+ * remainder (a = b * floor_divide(a, b) + remainder); division by 0 gives IEEE's a / b. */
+#define DIV_FLOOR_FLOAT(T, FMOD, FLOOR, COPYSIGN)                                              \
+    static T div_floor_##T(T a, T b) {                                                         \
+        if (b == 0) return a / b;                                                              \
+        T mod = FMOD(a, b), div = (a - mod) / b;                                               \
+        if (mod != 0 && (b < 0) != (mod < 0)) div -= (T)1;                                     \
+        if (div == 0) return COPYSIGN((T)0, a / b);                                            \
+        T fl = FLOOR(div);                                                                     \
+        return div - fl > (T)0.5 ? fl + (T)1 : fl;                                             \
+    }
+DIV_FLOOR_FLOAT(float, fmodf, floorf, copysignf)
+DIV_FLOOR_FLOAT(double, fmod, floor, copysign)
+/* mode: 0 true division (floating only), 1 trunc, 2 floor. */
+#define DIV_MODE_F(T, x, y, m)                                                                 \
+    ((m) == 0 ? (x) / (y) : (m) == 1 ? (T)trunc((double)((x) / (y))) : div_floor_##T(x, y))
+LOOP2(div_mode, f64, double, double, LD_ID, double, ST_ID, P_I, DIV_MODE_F(double, x, y, c->mode))
+/* f32 (and, through it, f16/bf16): a scalar loop; trunc of an f32 quotient is exact in double. */
+LOOP2(div_mode, f32, float, float, LD_ID, float, ST_ID, P_I, DIV_MODE_F(float, x, y, c->mode))
+HALF(div_mode, 3, 7u)
+
+/* Integers: C's division truncates; floor rounds down where the signs differ and a remainder
+ * is left. A zero divisor is an error (PyTorch's ZeroDivisionError), flagged here and reported
+ * once the loop ends; the most negative value divided by -1 wraps to itself. */
+typedef struct divi_ctx {
+    int mode;
+    atomic_bool zero;
+} divi_ctx;
+#define DIV_INT(sfx, T, UT, MIN)                                                               \
+    static void div_int_##sfx(char **p, const int64_t *s, int64_t n, void *vc) {                \
+        divi_ctx *c = vc;                                                                      \
+        for (int64_t i = 0; i < n; i++) {                                                      \
+            T a = *(const T *)(p[1] + i * s[1]), b = *(const T *)(p[2] + i * s[2]), q;          \
+            if (b == 0) {                                                                      \
+                atomic_store_explicit(&c->zero, true, memory_order_relaxed);                   \
+                q = 0;                                                                         \
+            } else if (a == (T)(MIN) && b == (T)-1) {                                          \
+                q = (T)(0u - (UT)a);                                                           \
+            } else {                                                                           \
+                q = (T)(a / b);                                                                \
+                if (c->mode == 2 && ((a < 0) != (b < 0)) && (T)(a % b) != 0) q = (T)(q - 1);   \
+            }                                                                                  \
+            *(T *)(p[0] + i * s[0]) = q;                                                       \
+        }                                                                                      \
+    }
+DIV_INT(i32, int32_t, uint32_t, INT32_MIN)
+DIV_INT(i64, int64_t, uint64_t, INT64_MIN)
+/* uint8: no signs, so trunc and floor agree. */
+static void div_int_u8(char **p, const int64_t *s, int64_t n, void *vc) {
+    divi_ctx *c = vc;
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t a = *(const uint8_t *)(p[1] + i * s[1]), b = *(const uint8_t *)(p[2] + i * s[2]);
+        if (!b) atomic_store_explicit(&c->zero, true, memory_order_relaxed);
+        *(uint8_t *)(p[0] + i * s[0]) = b ? (uint8_t)(a / b) : 0;
+    }
+}
+static const loop_table t_div_mode = {{T_FLOAT(div_mode), [EM_I32] = div_int_i32,
+                                       [EM_I64] = div_int_i64, [EM_U8] = div_int_u8}};
+
+static em_status k_div_mode(const em_kernel_ctx *k) {
+    const em_attr *a = &k->attrs[0];
+    int mode = a->type != EM_ATTR_STRING ? 0 : strcmp(a->v.s, "trunc") == 0 ? 1
+               : strcmp(a->v.s, "floor") == 0 ? 2 : -1;
+    em_dtype dt = k->in[0].dtype;
+    if (mode < 0 || (mode == 0 && !em_dtype_is_floating(dt)))
+        return em_set_error(EM_ERR_INVALID, "div_mode: the CPU kernel got rounding mode %s for %s",
+                            a->type == EM_ATTR_STRING ? a->v.s : "(true division)",
+                            em_dtype_name(dt));
+    if (em_dtype_is_floating(dt)) {
+        mctx c = {.mode = mode};
+        return run(k, &t_div_mode, dt, &c);
+    }
+    divi_ctx c = {.mode = mode};
+    atomic_init(&c.zero, false);
+    const em_ktensor *ts[3] = {&k->out[0], &k->in[0], &k->in[1]};
+    cpu_foreach(3, ts, t_div_mode.fn[dt], &c, CPU_GRAIN);
+    if (atomic_load(&c.zero))
+        return em_set_error(EM_ERR_INVALID, "div_mode: integer division by zero");
+    return EM_OK;
+}
+
 /* ---- backward helpers (x: input 1 = the forward's input or output, y: grad = input 0) -------- */
 
 /* LOOP2's operands are (x, y) = (grad, second input); name them g and v here. */
@@ -665,6 +793,9 @@ em_status cpu_register_math(em_registry *r) {
     st = cpu_register_kernels(r, op, set, (int)(sizeof set / sizeof *set), fn, "cpu_" op)
     REG("abs", num, k_abs);
     REG("sign", all, k_sign);
+    REG("erf", flt, k_erf);
+    REG("erfinv", flt, k_erfinv);
+    REG("div_mode", num, k_div_mode);
     REG("sqrt", flt, k_sqrt);
     REG("rsqrt", flt, k_rsqrt);
     REG("reciprocal", flt, k_reciprocal);

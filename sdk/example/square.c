@@ -17,9 +17,7 @@
  *     const em_op *sq = em_op_find("square");
  *     em_tensor *y;  em_op_call(sq, (const em_tensor *[]){x}, 1, NULL, &y);
  */
-#include <string.h>
-
-#include <ember/ember.h>
+#include <ember/ember.h> /* includes ember/op_helpers.h */
 
 /* ---- the op: schema and inference ------------------------------------------------------------ */
 
@@ -27,15 +25,11 @@
  * can name the dtype, rather than let dispatch report a missing kernel. */
 static em_status square_infer(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
                               em_tensor_meta *out) {
-    (void)attrs;
     em_dtype dt = em_tensor_dtype(in[0]);
     if (dt != EM_F32 && dt != EM_F64)
         return em_set_error(EM_ERR_DTYPE, "%s: dtype %s is not supported (float32, float64)",
                             em_op_name(op), em_dtype_name(dt));
-    out[0].dtype = dt;
-    out[0].ndim = em_tensor_ndim(in[0]);
-    memcpy(out[0].shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out[0].ndim);
-    return EM_OK;
+    return em_infer_same(op, in, attrs, out); /* ember/op_helpers.h: x's shape and dtype */
 }
 
 static const char *const square_inputs[] = {"input"};
@@ -54,7 +48,8 @@ static const em_op_schema square_schema = {
 /* ---- the kernels ----------------------------------------------------------------------------- */
 
 /* Visit every element of x (and the matching one of y) in C order, following both tensors'
- * strides. A fast path handles the common case of two contiguous tensors. */
+ * strides with ember/op_helpers.h's em_kiter. A fast path handles the common case of two
+ * contiguous tensors. */
 #define DEFINE_SQUARE(T, sfx)                                                                  \
     static em_status square_##sfx(const em_kernel_ctx *ctx) {                                \
         const em_ktensor *x = &ctx->in[0], *y = &ctx->out[0];                                \
@@ -64,19 +59,10 @@ static const em_op_schema square_schema = {
             for (int64_t i = 0; i < x->numel; i++) yp[i] = xp[i] * xp[i];                    \
             return EM_OK;                                                                    \
         }                                                                                    \
-        int64_t idx[EM_MAX_DIMS] = {0}, xo = 0, yo = 0;                                      \
-        for (int64_t n = 0; n < x->numel; n++) {                                             \
-            yp[yo] = xp[xo] * xp[xo];                                                        \
-            /* Advance the multi-index like an odometer, last dim fastest. */                \
-            for (int d = x->ndim - 1; d >= 0; d--) {                                         \
-                xo += x->strides[d];                                                         \
-                yo += y->strides[d];                                                         \
-                if (++idx[d] < x->shape[d]) break;                                           \
-                xo -= x->strides[d] * x->shape[d];                                           \
-                yo -= y->strides[d] * y->shape[d];                                           \
-                idx[d] = 0;                                                                  \
-            }                                                                                \
-        }                                                                                    \
+        const em_ktensor *ts[2] = {y, x};                                                    \
+        em_kiter it;                                                                         \
+        for (em_kiter_init(&it, 2, ts); em_kiter_more(&it); em_kiter_next(&it))              \
+            yp[it.off[0]] = xp[it.off[1]] * xp[it.off[1]];                                   \
         return EM_OK;                                                                        \
     }
 DEFINE_SQUARE(float, f32)

@@ -2,9 +2,14 @@
  * ember/dispatch.h — op schemas, kernels, and how the core picks one to run.
  *
  * An op is declared once by a schema: its name, inputs, outputs, typed attributes and a
- * shape/dtype inference function. The core declares the standard op set (ember/ops.h); a
- * plugin or a program may declare more. Kernels are registered per (op, device type, dtype)
- * with a priority and stack: the highest priority wins, a later registration at equal
+ * shape/dtype inference function. The schema is the op: its argument checks and dtype rules
+ * (policy flags the dispatcher applies, or a prepare hook), whether it is a composite of other
+ * ops (a composite hook, with variadic inputs or outputs where it needs them) and its
+ * derivative all live there, so em_op_call by name runs exactly what a typed em_X() function
+ * runs. The core declares the standard op set (ember/ops.h); a plugin or a program may
+ * declare more; ember/op_helpers.h has the common inference helpers and a strided iterator.
+ *
+ * Kernels are registered per (op, device type, dtype) with a priority and stack: the highest priority wins, a later registration at equal
  * priority wins, and unregistering restores the one below. An optional supports() predicate
  * lets a kernel decline a call (a shape or attribute it cannot handle); the next one down the
  * stack is tried.
@@ -58,6 +63,10 @@ typedef enum em_attr_type {
     EM_ATTR_BOOL = 3,
     EM_ATTR_INTS = 4, /* up to EM_MAX_DIMS integers */
     EM_ATTR_STRING = 5,
+    /* n integers at v.list, borrowed for the duration of the call (lists longer than
+     * EM_MAX_DIMS: split_sizes, pad). Not saved for a backward: ops whose derivative needs
+     * the list take it as INTS. */
+    EM_ATTR_INT_LIST = 6,
 } em_attr_type;
 
 typedef struct em_attr {
@@ -68,6 +77,7 @@ typedef struct em_attr {
         double f;
         bool b;
         const char *s; /* borrowed for the duration of the call */
+        const int64_t *list; /* EM_ATTR_INT_LIST: n entries, borrowed likewise */
     } v;
     int64_t ints[EM_MAX_DIMS];
 } em_attr;
@@ -98,6 +108,18 @@ enum {
      * tensors (the fused optimizer steps). Run with em_op_call_lists only; infer may be NULL;
      * dispatch_arg names an input list (-1: output list 0). */
     EM_OP_LISTS = 1u << 4,
+    /* Dtype policy: after promotion, an integer or bool input computes in float32 (true
+     * division, exp, sqrt: PyTorch's "integer inputs to floating outputs"). */
+    EM_OP_FLOAT_RESULT = 1u << 5,
+    /* Argument policy: every input must be floating (after promotion); otherwise
+     * EM_ERR_DTYPE "<op>: expected a floating tensor, got <dtype>". */
+    EM_OP_FLOATING = 1u << 6,
+    /* Variadic inputs: a call passes n_inputs or more tensors (cat, stack); the schema's
+     * input_names name the first n_inputs. */
+    EM_OP_VARIADIC = 1u << 7,
+    /* Variadic outputs: a call receives between 0 and the caller's capacity outputs (split,
+     * chunk); run it with em_op_call_n. Requires a composite. */
+    EM_OP_VARIADIC_OUTPUTS = 1u << 8,
 };
 
 /* What a backward function receives: the saved tensors (see em_op_schema.saves), the
@@ -135,6 +157,30 @@ typedef em_status (*em_backward_fn)(const em_backward_ctx *ctx, em_tensor **grad
 typedef em_status (*em_infer_fn)(const em_op *op, const em_tensor *const *in,
                                  const em_attr *attrs, em_tensor_meta *out);
 
+/* (optional) The op's argument checks and dtype rule, run by em_op_call before inference:
+ * dtypes (n_in entries) arrive holding the dtype each input will be converted to under the
+ * declared policy (EM_OP_PROMOTE, EM_OP_FLOAT_RESULT, EM_OP_FLOATING; otherwise the inputs'
+ * own); the hook may change them (clamp: a fractional bound makes an integer tensor float32)
+ * or reject the call with an error naming the op. It must not keep the tensors. For an op
+ * without inputs (a fill: arange, uniform), em_op_call_out runs it on the outputs instead,
+ * with dtypes NULL, to check the attributes against what is written. */
+typedef em_status (*em_prepare_fn)(const em_op *op, const em_tensor *const *in, int n_in,
+                                   const em_attr *attrs, em_dtype *dtypes /* in, out */);
+
+/* (optional) A composite op: its meaning written with other ops, and with its own kernel
+ * (em_op_call_kernel runs the op's inference and kernel, skipping this hook). em_op_call
+ * runs it in place of inference and dispatch, after checking the inputs (count, NULLs) and
+ * the attribute types. It fills out[0 .. *n_out) with new references that no scope holds (at
+ * most cap_out; the schema's n_outputs unless EM_OP_VARIADIC_OUTPUTS), or returns an error
+ * with none; em_op_call puts them in the caller's scope. A composite written with the public
+ * ops (whose results go to the thread's scope) opens a scope of its own and retains what it
+ * returns before closing it:
+ *     em_scope_begin(); em_tensor *y = em_mul(in[0], em_sigmoid(in[0]));
+ *     out[0] = em_tensor_retain(y); em_scope_end(); */
+typedef em_status (*em_composite_fn)(const em_op *op, const em_tensor *const *in, int n_in,
+                                     const em_attr *attrs, em_tensor **out, int cap_out,
+                                     int *n_out /* out */);
+
 typedef struct em_op_schema {
     size_t struct_size;          /* sizeof(em_op_schema) */
     const char *name;            /* unique: "add", "myplugin.fused_gelu" */
@@ -154,7 +200,17 @@ typedef struct em_op_schema {
      * without it: backpropagating into the op is an error naming it. */
     em_backward_fn backward;
     unsigned saves;              /* EM_SAVE_INPUT(i) | EM_SAVE_OUTPUT(j) ... */
+    /* ---- the op's meaning (a schema shorter than this has none of them: NULL, 0) ---- */
+    em_prepare_fn prepare;       /* (optional) checks and dtype rule; see em_prepare_fn */
+    em_composite_fn composite;   /* (optional) see em_composite_fn */
+    unsigned optional_inputs;    /* composites: bit i, input i may be NULL (linear's bias) */
+    const char *category;        /* (optional) the op's family for reports and the op-case
+                                    table ("elementwise", "reduce", ...); copied */
 } em_op_schema;
+
+/* Whether a schema (as declared, or as em_op_schema_of returns it) carries field f. */
+#define EM_SCHEMA_HAS(s, f)                                                                     \
+    ((s)->struct_size >= offsetof(em_op_schema, f) + sizeof((s)->f))
 
 /* Declare an op. The schema's strings are copied. EM_ERR_EXISTS when the name is taken. */
 EM_API em_status em_op_declare(em_registry *reg, const em_op_schema *schema,
@@ -234,10 +290,24 @@ EM_API em_status em_kernel_unregister(em_kernel *k);
 
 /* Run an op: check devices, promote and broadcast (per flags), infer, allocate outputs on the
  * inputs' device, dispatch. `out` receives n_outputs new references. attrs has the schema's
- * n_attrs entries (may be NULL when n_attrs is 0). NULL inputs fail without replacing the
- * pending error. */
+ * n_attrs entries, or is NULL: every attribute absent (the op's default, or its error for a
+ * required one). NULL inputs fail without replacing the pending error. */
 EM_API em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
                             const em_attr *attrs, em_tensor **out /* out */);
+/* em_op_call for any op, variadic outputs included (EM_OP_VARIADIC_OUTPUTS: split, chunk):
+ * out has room for cap_out tensors and *n_out receives how many were made (new references,
+ * in the thread's scope like em_op_call's). An op with more outputs than cap_out is
+ * EM_ERR_RANGE and makes none (a variadic-output op then still sets *n_out to the count
+ * needed); out NULL with cap_out 0 asks a variadic-output op for that count alone. */
+EM_API em_status em_op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
+                              const em_attr *attrs, em_tensor **out /* out */, int cap_out,
+                              int *n_out /* out */);
+/* Run op's own inference, dtype policy and kernel (what em_op_call does for an op without a
+ * composite), skipping its composite hook: the kernel contract of a composite op that has a
+ * kernel of its own (sum, conv2d, ...), as a composite reaches it. out receives n_outputs
+ * new references (in the thread's scope, like em_op_call's). */
+EM_API em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_in,
+                                     const em_attr *attrs, em_tensor **out /* out */);
 /* Run an op into caller-allocated outputs of the right shape and dtype (PyTorch's out=):
  * no inference, no allocation, no promotion — the dispatch alone. Bumps the outputs'
  * versions. */

@@ -22,6 +22,7 @@
 #include "ember/device.h"
 #include "ember/tensor.h"
 #include "ember/dispatch.h"
+#include "ember/op_helpers.h"
 #include "ember/ops.h"
 #include "ember/random.h"
 #include "ember/scope.h"

@@ -12,6 +12,22 @@
  *
  * Type promotion follows PyTorch (em_dtype_promote): f32 + f64 is f64, i64 + f32 is f32.
  * Broadcasting follows NumPy: shapes align from the last dim; sizes must be equal or 1.
+ *
+ * Each function is one line over the op's schema (ember/dispatch.h): its checks, dtype rules
+ * and composite parts live there, so em_op_call(em_op_find("clamp"), ...) with the function's
+ * arguments as attributes is the same op (tests/test_op_schema checks it for every op). The
+ * attributes by name are the function's arguments, in order (see each op's schema for names;
+ * a NULL pointer argument is an absent attribute). Ops whose outputs vary in number (split,
+ * chunk) run by name with em_op_call_n; the fills (arange, uniform_, ...) with em_op_call_out
+ * into the tensor to write, taking the generator's seed and offset as attributes.
+ *
+ * Adding an op (the recipe; docs/adding-an-op.md has the details and what it touched):
+ *   1. its schema and derivative in its family's core file (core/ops_<family>.c): a policy
+ *      flag or a prepare hook for the dtype rule and the checks, an inference, the
+ *      derivative, and the typed function as one line;
+ *   2. its CPU kernel in one plugin file (plugins/backend-cpu/cpu_<family>.c);
+ *   3. one declaration here;
+ *   4. its rows in the op-case table (tests/op_cases.c); make check fails without them.
  */
 #ifndef EMBER_OPS_H
 #define EMBER_OPS_H
@@ -137,6 +153,11 @@ EM_API em_status em_expm1_(em_tensor *a);
  * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); any other string is EM_ERR_INVALID.
  * silu: x * sigmoid(x). leaky_relu: x > 0 ? x : x * negative_slope (PyTorch's default slope
  * is 0.01). */
+/* The error function erf(x) = 2 / sqrt(pi) int_0^x exp(-t^2) dt and its inverse on [-1, 1]
+ * (erfinv(+-1) = +-inf, NaN outside), elementwise. Integer and bool inputs give float32;
+ * f16/bf16 compute in float. Differentiable. */
+EM_API em_tensor *em_erf(const em_tensor *a);
+EM_API em_tensor *em_erfinv(const em_tensor *a);
 EM_API em_tensor *em_gelu(const em_tensor *a, const char *approximate);
 EM_API em_tensor *em_silu(const em_tensor *a);
 EM_API em_status em_silu_(em_tensor *a);
@@ -171,6 +192,16 @@ EM_API em_tensor *em_pow_scalar(const em_tensor *a, double exponent);
  * base is 1 or -1; pow of two bool tensors is EM_ERR_DTYPE. Shapes that do not broadcast are
  * EM_ERR_SHAPE naming both shapes. */
 EM_API em_tensor *em_pow(const em_tensor *a, const em_tensor *b);
+/* PyTorch's div(a, b, rounding_mode): rounding_mode NULL is true division (em_div: integers
+ * give float32); "trunc" rounds the quotient toward zero, "floor" toward -inf (for floats as
+ * PyTorch does it, through fmod: a == b * floor_divide(a, b) + remainder(a, b)). With a
+ * rounding mode the inputs are promoted (PyTorch's rules) and integers divide as integers:
+ * a zero integer divisor is EM_ERR_INVALID ("integer division by zero"), the most negative
+ * value over -1 wraps; two bool tensors are EM_ERR_DTYPE; another mode is EM_ERR_INVALID.
+ * Broadcasts like em_add. The derivative of a rounded quotient is zero (as in PyTorch). */
+EM_API em_tensor *em_div_mode(const em_tensor *a, const em_tensor *b, const char *rounding_mode);
+/* em_div_mode(a, b, "floor"): PyTorch's floor_divide. */
+EM_API em_tensor *em_floor_divide(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_maximum(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_minimum(const em_tensor *a, const em_tensor *b);
 
@@ -401,6 +432,15 @@ EM_API em_status em_layer_norm_backward(const em_tensor *grad_output, const em_t
 
 /* Softmax and log-softmax along dim (negative counts from the end), computed with the maximum
  * subtracted (no overflow). A 0-dim input is a 1-element row. */
+/* Functional dropout (PyTorch's F.dropout): in training, y = x * mask / (1 - p) with mask a
+ * bool tensor of x's shape, true with probability 1 - p, drawn from gen (NULL: the default
+ * generator; ember/random.h's bernoulli stream, so every backend draws the same mask);
+ * p == 1 gives zeros. Outside training (or p == 0) y is x (a new reference to it). mask
+ * (may be NULL) receives the mask, a new reference. Floating x; p outside [0, 1] is
+ * EM_ERR_INVALID. Differentiable: the grad is the grad times mask / (1 - p). By name the op
+ * "dropout" takes p, training, and the stream's seed and offset as attributes. */
+EM_API em_tensor *em_dropout(const em_tensor *x, double p, bool training, em_generator *gen,
+                             em_tensor **mask /* out, may be NULL */);
 EM_API em_tensor *em_softmax(const em_tensor *input, int dim);
 EM_API em_tensor *em_log_softmax(const em_tensor *input, int dim);
 /* Gradients from the forward's output y: softmax: y (g - sum(g y)); log_softmax:

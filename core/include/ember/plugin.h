@@ -121,6 +121,8 @@ typedef struct em_kernel_info {
 EM_API size_t em_registry_kernel_count(const em_registry *reg);
 EM_API em_status em_registry_kernel_get(const em_registry *reg, size_t i,
                                         em_kernel_info *out /* out */);
+/* The core's own registry: the standard op set (ember/ops.h), declared at em_init(). */
+EM_API const em_registry *em_registry_core(void);
 EM_API size_t em_registry_op_count(const em_registry *reg);
 EM_API const char *em_registry_op_name(const em_registry *reg, size_t i);
 EM_API size_t em_registry_device_type_count(const em_registry *reg);
