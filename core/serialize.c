@@ -524,19 +524,31 @@ static void xfsz_restore(const xfsz_guard *g) {
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
+/* Where a save to path writes: the target file (through symbolic links) into target, its
+ * directory into dir, its name (*base, inside target), and how to show it in messages. target
+ * and dir hold PATH_MAX bytes. EM_ERR_INVALID for a directory or a path too long. */
+static em_status save_place(const char *path, char *target, char *dir, char *shown,
+                            size_t shown_cap, const char **base) {
+    em_status st = resolve_target(path, target, PATH_MAX);
+    if (st != EM_OK)
+        return st;
+    *base = path_base(target, dir, PATH_MAX);
+    if (!**base)
+        return em_set_error(EM_ERR_INVALID, "save: '%s' names a directory, not a file", path);
+    if (strlen(target) + 64 >= PATH_MAX)
+        return em_set_error(EM_ERR_INVALID, "save: path '%.64s...' is too long", path);
+    shown_name(shown, shown_cap, path, target);
+    return EM_OK;
+}
+
 em_status em_save_check(const char *path) {
     if (!path || !*path)
         return em_set_error(EM_ERR_INVALID, "save: path is %s", path ? "empty" : "NULL");
     char target[PATH_MAX], dir[PATH_MAX], shown[2 * PATH_MAX + 64];
-    em_status st = resolve_target(path, target, sizeof target);
+    const char *base;
+    em_status st = save_place(path, target, dir, shown, sizeof shown, &base);
     if (st != EM_OK)
         return st;
-    const char *base = path_base(target, dir, sizeof dir);
-    if (!*base)
-        return em_set_error(EM_ERR_INVALID, "save: '%s' names a directory, not a file", path);
-    if (strlen(target) + 64 >= PATH_MAX)
-        return em_set_error(EM_ERR_INVALID, "save: path '%.64s...' is too long", path);
-    shown_name(shown, sizeof shown, path, target);
     bool exists;
     struct stat sb;
     if ((st = check_target_kind(target, shown, &exists, &sb)) != EM_OK)
@@ -565,15 +577,10 @@ em_status em_save(const em_dict *d, const char *path, const em_metadata *metadat
             return em_set_error(EM_ERR_INVALID, "save: '%s': unknown order %d", path, o.order);
     }
     char target[PATH_MAX], dir[PATH_MAX], shown[2 * PATH_MAX + 64];
-    em_status st = resolve_target(path, target, sizeof target);
+    const char *base;
+    em_status st = save_place(path, target, dir, shown, sizeof shown, &base);
     if (st != EM_OK)
         return st;
-    const char *base = path_base(target, dir, sizeof dir);
-    if (!*base)
-        return em_set_error(EM_ERR_INVALID, "save: '%s' names a directory, not a file", path);
-    if (strlen(target) + 64 >= PATH_MAX)
-        return em_set_error(EM_ERR_INVALID, "save: path '%.64s...' is too long", path);
-    shown_name(shown, sizeof shown, path, target);
 
     /* Check every key before touching the disk. */
     for (size_t i = 0; metadata && i < metadata->len; i++)

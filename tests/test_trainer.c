@@ -1667,3 +1667,22 @@ Test(trainer, a_model_that_does_not_fit_names_the_layer_line) {
               "shape [2, 64] and weight of shape [10, 60]"), "%s", out);
     free(out);
 }
+
+/* A layer whose op declares no derivative: training stops at backward with the core's error,
+ * said once ("backward: op ... declares no derivative"), not "backward: backward: ..."
+ * (issue 13, item 14). */
+Test(trainer, a_backward_error_is_not_prefixed_twice) {
+    const char *d = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(d && *d, "EMBER_TEST_PLUGIN_DIR is not set (run through `make check`)");
+    char plugin[4096];
+    snprintf(plugin, sizeof plugin, "%s/layer_plugin.so", d);
+    write_mlp("noderiv.yaml", "  - testplug.NoDerivative\n", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("noderiv.yaml"), "--epochs", "1", "--plugin",
+                                          plugin, NULL});
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "ember-train: backward: op 'testplug.copy' declares no derivative"),
+              "%s", out);
+    cr_assert(!strstr(out, "backward: backward:"), "%s", out);
+    free(out);
+}

@@ -5,9 +5,12 @@
  * inside a Sequential, exactly as a built-in layer. And "testplug.GradModeProbe", the identity,
  * whose forward fails when the module's mode and the grad mode disagree (training with
  * gradients off, or evaluating with them on): test_trainer.c puts it in a model to check that
- * ember-train validates, tests and predicts under no_grad.
+ * ember-train validates, tests and predicts under no_grad. And "testplug.NoDerivative", the
+ * identity through the plugin's own op "testplug.copy", which declares no derivative: training
+ * a model with it stops at backward with the error a plugin author must see.
  */
 #include <ember/ember.h>
+#include <ember/op_helpers.h>
 
 static const em_option_spec affine_opts[] = {
     {.name = "features", .types = EM_OPT_INT, .required = true, .has_range = true, .min = 1,
@@ -51,9 +54,42 @@ static const em_module_class probe_class = {
     .forward = probe_forward, .n_inputs = 1,
 };
 
+/* testplug.copy(input) -> a copy: float32 only, no backward declared (deliberately). */
+static const char *const copy_inputs[] = {"input"};
+static const em_op_schema copy_schema = {
+    .struct_size = sizeof(em_op_schema), .name = "testplug.copy", .n_inputs = 1,
+    .input_names = copy_inputs, .n_outputs = 1, .infer = em_infer_same,
+};
+
+static em_status copy_f32(const em_kernel_ctx *ctx) {
+    const em_ktensor *ts[2] = {&ctx->out[0], &ctx->in[0]};
+    em_kiter it;
+    for (em_kiter_init(&it, 2, ts); em_kiter_more(&it); em_kiter_next(&it))
+        ((float *)ts[0]->data)[it.off[0]] = ((const float *)ts[1]->data)[it.off[1]];
+    return EM_OK;
+}
+
+static em_tensor *noderiv_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)m, (void)n;
+    em_tensor *out = NULL;
+    const em_tensor *x = in[0];
+    return em_op_call(em_op_find("testplug.copy"), &x, 1, NULL, &out) == EM_OK ? out : NULL;
+}
+
+static const em_module_class noderiv_class = {
+    .struct_size = sizeof(em_module_class), .name = "testplug.NoDerivative",
+    .description = "the identity through an op without a derivative", .forward = noderiv_forward,
+    .n_inputs = 1,
+};
+
 static em_status reg(em_registry *r) {
     em_status st = em_module_class_register(r, &affine_class);
-    return st == EM_OK ? em_module_class_register(r, &probe_class) : st;
+    if (st == EM_OK) st = em_module_class_register(r, &probe_class);
+    if (st == EM_OK) st = em_op_declare(r, &copy_schema, NULL);
+    em_kernel_def k = {.struct_size = sizeof k, .op = "testplug.copy", .device_type = "cpu",
+                       .dtype = EM_F32, .fn = copy_f32, .name = "testplug_copy_cpu_f32"};
+    if (st == EM_OK) st = em_kernel_register(r, &k, NULL);
+    return st == EM_OK ? em_module_class_register(r, &noderiv_class) : st;
 }
 
 static const em_plugin_descriptor desc = {
