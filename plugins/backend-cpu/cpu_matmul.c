@@ -167,8 +167,14 @@ static void blas_threads(int nt);
 #ifdef EM_HAVE_DNNL
 static const char *path_name(gemm_path p);
 
-static __thread dnnl_stream_t tls_stream;
-static __thread unsigned tls_generation;
+/* Initial-exec: the plugin is dlopen()ed, and the default (global-dynamic) model would give
+ * these 16 bytes a lazily made dynamic TLS block per thread — a lookup through
+ * __tls_get_addr at every GEMM, and blocks that LeakSanitizer's exit-time scan of glibc's
+ * thread vectors crashes on ("Tracer caught signal 11"). glibc keeps static TLS room for
+ * dlopen()ed initial-exec variables (as libgomp's own), and 16 bytes fit it. */
+#define CPU_TLS __thread __attribute__((tls_model("initial-exec")))
+static CPU_TLS dnnl_stream_t tls_stream;
+static CPU_TLS unsigned tls_generation;
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
     switch (isa) {
