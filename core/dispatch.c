@@ -208,21 +208,6 @@ em_status em_op_declare(em_registry *reg, const em_op_schema *s, const em_op **o
     return st;
 }
 
-/* Closest declared op name by edit distance, for "did you mean" hints. */
-static size_t edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return 64;
-    size_t d[64][64];
-    for (size_t i = 0; i <= la; i++) d[i][0] = i;
-    for (size_t j = 0; j <= lb; j++) d[0][j] = j;
-    for (size_t i = 1; i <= la; i++)
-        for (size_t j = 1; j <= lb; j++) {
-            size_t sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            d[i][j] = EM_MIN(EM_MIN(d[i - 1][j] + 1, d[i][j - 1] + 1), sub);
-        }
-    return d[la][lb];
-}
-
 const em_op *em_op_find(const char *name) {
     if (!name) {
         em_set_error(EM_ERR_INVALID, "op_find: NULL name");
@@ -234,7 +219,7 @@ const em_op *em_op_find(const char *name) {
     /* The list runs newest first; on a tie the op declared first wins ('ad': 'add', not the
      * later 'pad'). */
     for (struct em_op *o = ops_head; o && !op; o = o->next) {
-        size_t d = edit_distance(name, o->schema.name);
+        size_t d = (size_t)em__edit_distance(name, o->schema.name);
         if (d < best_d || (best && d == best_d)) best_d = d, best = o;
     }
     if (!op)
