@@ -945,13 +945,21 @@ static em_status composite_run(const struct em_op *op, const em_tensor *const *i
     return st;
 }
 
-em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
-                      const em_attr *attrs, em_tensor **out) {
-    const struct em_op *op = cop;
+/* The checks both call paths make first: an op (a failed em_op_find's error passes through),
+ * somewhere to put the outputs, and not a list op (those take em_op_call_lists). */
+static inline em_status call_check(const struct em_op *op, em_tensor **out) {
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
     if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
     if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    return EM_OK;
+}
+
+em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
+                      const em_attr *attrs, em_tensor **out) {
+    const struct em_op *op = cop;
+    em_status st = call_check(op, out);
+    if (st != EM_OK) return st;
     if (op->schema.composite) {
         if (op->schema.flags & EM_OP_VARIADIC_OUTPUTS)
             return em_set_error(EM_ERR_INVALID, "%s: its number of outputs depends on the "
@@ -1009,10 +1017,8 @@ em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_i
 em_status em__op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
                              const em_attr *attrs, em_tensor **out) {
     const struct em_op *op = cop;
-    if (!op) return em__error_pending() ? em_last_status()
-                                        : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
-    if (!out) return em_set_error(EM_ERR_INVALID, "%s: NULL out", op->schema.name);
-    if (op->schema.flags & EM_OP_LISTS) return list_op_error(op);
+    em_status st = call_check(op, out);
+    if (st != EM_OK) return st;
     if (!op->schema.infer)
         return em_set_error(EM_ERR_INVALID, "%s: a composite without a kernel of its own",
                             op->schema.name);

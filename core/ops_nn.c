@@ -792,6 +792,18 @@ static em_tensor *finish(em_tensor *r, em_dtype dt) {
     return c;
 }
 
+/* A multi-output composite's end: on success its n results (owned) become the outputs; on
+ * failure every result made so far is released. */
+static em_status outputs(em_status st, em_tensor **res, int n, em_tensor **out, int *n_out) {
+    if (st != EM_OK) {
+        for (int i = 0; i < n; i++) em_tensor_release(res[i]);
+        return st;
+    }
+    for (int i = 0; i < n; i++) out[i] = res[i];
+    *n_out = n;
+    return EM_OK;
+}
+
 /* Run op on n prepared inputs (released here); n_out results into out (owned). */
 static em_status run(const em_op *op, em_tensor **in, int n, const em_attr *attrs,
                      em_tensor **out) {
@@ -921,13 +933,7 @@ COMPOSITE(c_conv2d_bwd_weight) {
     em_status st = call(op_conv2d_bwd_weight, input->dtype, in, "xx", 2, a, res);
     for (int i = 0; i < 2 && st == EM_OK; i++)
         if (!(res[i] = finish(res[i], input->dtype))) st = em_last_status();
-    if (st != EM_OK) {
-        em_tensor_release(res[0]);
-        em_tensor_release(res[1]);
-        return st;
-    }
-    out[0] = res[0], out[1] = res[1], *n_out = 2;
-    return EM_OK;
+    return outputs(st, res, 2, out, n_out);
 }
 
 /* max_pool2d(input; kernel_size, stride (absent: kernel_size), padding, dilation, ceil_mode)
@@ -943,13 +949,7 @@ COMPOSITE(c_max_pool2d) {
     em_tensor *res[2] = {NULL, NULL};
     em_status st = call(op_max_pool2d, input->dtype, &input, "x", 1, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
-    if (st != EM_OK) {
-        em_tensor_release(res[0]);
-        em_tensor_release(res[1]);
-        return st;
-    }
-    out[0] = res[0], out[1] = res[1], *n_out = 2;
-    return EM_OK;
+    return outputs(st, res, 2, out, n_out);
 }
 
 /* max_pool2d_backward(grad_output, indices; input_size). */
@@ -998,15 +998,6 @@ COMPOSITE(c_adaptive) {
     return *n_out ? EM_OK : em_last_status();
 }
 
-static em_status outputs3(em_status st, em_tensor **res, em_tensor **out, int *n_out) {
-    if (st != EM_OK) {
-        for (int i = 0; i < 3; i++) em_tensor_release(res[i]);
-        return st;
-    }
-    for (int i = 0; i < 3; i++) out[i] = res[i];
-    *n_out = 3;
-    return EM_OK;
-}
 
 /* batch_norm(input, weight?, bias?, running_mean?, running_var?; training, momentum, eps)
  * -> (out, save_mean, save_invstd). Training updates running_mean and running_var in place.
@@ -1053,7 +1044,7 @@ COMPOSITE(c_batch_norm) {
         em_tensor_release(rs[i]);
     }
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
-    return outputs3(st, res, out, n_out);
+    return outputs(st, res, 3, out, n_out);
 }
 
 /* batch_norm_backward(grad_output, input, weight?, save_mean, save_invstd; training). */
@@ -1070,7 +1061,7 @@ COMPOSITE(c_batch_norm_bwd) {
     for (int i = 1; i < 3 && st == EM_OK; i++)
         if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype))))
             st = em_last_status();
-    return outputs3(st, res, out, n_out);
+    return outputs(st, res, 3, out, n_out);
 }
 
 /* The normalized_shape given must be the last dims of x. */
@@ -1102,7 +1093,7 @@ COMPOSITE(c_layer_norm) {
     em_tensor *res[3] = {NULL, NULL, NULL};
     em_status st = call(op_layer_norm, input->dtype, in, "xss", 3, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
-    return outputs3(st, res, out, n_out);
+    return outputs(st, res, 3, out, n_out);
 }
 
 /* layer_norm_backward(grad_output, input, mean, rstd, weight?; normalized_ndim). */
@@ -1119,7 +1110,7 @@ COMPOSITE(c_layer_norm_bwd) {
     for (int i = 1; i < 3 && st == EM_OK; i++)
         if (!(res[i] = finish(res[i], weight ? weight->dtype : compute_dtype(input->dtype))))
             st = em_last_status();
-    return outputs3(st, res, out, n_out);
+    return outputs(st, res, 3, out, n_out);
 }
 
 /* softmax, log_softmax (input; dim) and their backward (grad_output, output; dim). */

@@ -401,14 +401,22 @@ static const char *skip_ws(const char *p) {
     return p;
 }
 
-/* Parse a whole (trimmed) token [p, end) as an int64; false when it is not one. */
-static bool parse_int(const char *p, const char *end, int64_t *out) {
-    char buf[64];
+/* The token [p, end) as a string in buf (cap bytes); false when it is empty or does not fit
+ * (no number needs 64 characters). */
+static bool token_copy(const char *p, const char *end, char *buf, size_t cap) {
     size_t len = (size_t)(end - p);
-    if (len == 0 || len >= sizeof buf)
+    if (len == 0 || len >= cap)
         return false;
     memcpy(buf, p, len);
     buf[len] = 0;
+    return true;
+}
+
+/* Parse a whole (trimmed) token [p, end) as an int64; false when it is not one. */
+static bool parse_int(const char *p, const char *end, int64_t *out) {
+    char buf[64];
+    if (!token_copy(p, end, buf, sizeof buf))
+        return false;
     const char *q = buf;
     if (*q == '+' || *q == '-')
         q++;
@@ -425,11 +433,8 @@ static bool parse_int(const char *p, const char *end, int64_t *out) {
 
 static bool parse_float(const char *p, const char *end, double *out) {
     char buf[64];
-    size_t len = (size_t)(end - p);
-    if (len == 0 || len >= sizeof buf)
+    if (!token_copy(p, end, buf, sizeof buf))
         return false;
-    memcpy(buf, p, len);
-    buf[len] = 0;
     /* strtod also reads hex and "infinity"; only decimal numbers, inf and nan are options */
     const char *q = buf;
     if (*q == '+' || *q == '-')
@@ -455,11 +460,8 @@ static bool parse_float(const char *p, const char *end, double *out) {
 /* Whether the text between p and end is a decimal number too large for a double. */
 static bool float_overflows(const char *p, const char *end) {
     char buf[64];
-    size_t len = (size_t)(end - p);
-    if (len == 0 || len >= sizeof buf)
+    if (!token_copy(p, end, buf, sizeof buf))
         return false;
-    memcpy(buf, p, len);
-    buf[len] = 0;
     char *stop;
     errno = 0;
     double v = strtod(buf, &stop);
