@@ -254,8 +254,59 @@ em_status em_stream_create(em_device dev, em_stream **out) {
     if (!out) return em_set_error(EM_ERR_INVALID, "stream_create: NULL out");
     STREAM_OP("stream_create", stream_create, o_->stream_create(dev.index, out), *out = NULL);
 }
+/* The calling thread's current streams: one entry per device it set a non-default stream on
+ * (few: a thread rarely drives more than a couple of devices). */
+#define CURRENT_MAX 16
+static _Thread_local struct { em_device dev; em_stream *s; } tls_current[CURRENT_MAX];
+static _Thread_local int tls_current_len;
+
+static int current_find(em_device dev) {
+    for (int i = 0; i < tls_current_len; i++)
+        if (tls_current[i].dev.type == dev.type && tls_current[i].dev.index == dev.index) return i;
+    return -1;
+}
+
+static void current_drop(int i) {
+    tls_current[i] = tls_current[--tls_current_len];
+}
+
+em_status em_stream_set_current(em_device dev, em_stream *s) {
+    em_status st = em__device_check(dev, "stream_set_current");
+    if (st != EM_OK) return st;
+    if (s && !em__device_ops(dev)->stream_create) {
+        char buf[48];
+        return em_set_error(EM_ERR_INVALID,
+                            "stream_set_current: device %s has no streams, only the default",
+                            em_device_str(dev, buf, sizeof buf));
+    }
+    int i = current_find(dev);
+    if (!s) {
+        if (i >= 0) current_drop(i);
+        return EM_OK;
+    }
+    if (i < 0) {
+        if (tls_current_len == CURRENT_MAX)
+            return em_set_error(EM_ERR_INVALID,
+                                "stream_set_current: this thread already holds current streams "
+                                "on %d devices; set one back to the default (NULL) first",
+                                CURRENT_MAX);
+        i = tls_current_len++;
+        tls_current[i].dev = dev;
+    }
+    tls_current[i].s = s;
+    return EM_OK;
+}
+
+em_stream *em_stream_current(em_device dev) {
+    if (tls_current_len == 0) return NULL;
+    int i = current_find(dev);
+    return i < 0 ? NULL : tls_current[i].s;
+}
+
 void em_stream_free(em_device dev, em_stream *s) {
     if (!s || em__device_check(dev, "stream_free") != EM_OK) return;
+    int i = current_find(dev);
+    if (i >= 0 && tls_current[i].s == s) current_drop(i);
     if (em__device_ops(dev)->stream_destroy) em__device_ops(dev)->stream_destroy(dev.index, s);
 }
 em_status em_stream_synchronize(em_device dev, em_stream *s) {

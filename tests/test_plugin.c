@@ -21,6 +21,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -479,6 +480,45 @@ Test(plugin, streams_and_events) {
     em_stream *cs = (em_stream *)1;
     cr_assert_eq(em_stream_create(em_cpu(), &cs), EM_OK);
     cr_assert_null(cs);
+}
+
+static void *current_stream_of_other_thread(void *dev) {
+    return em_stream_current(*(em_device *)dev);
+}
+
+Test(plugin, current_stream_per_thread_and_device) {
+    em_device d0 = dev_of("testdev:0"), d1 = dev_of("testdev:1");
+    em_stream *s = NULL, *s2 = NULL;
+    cr_assert_eq(em_stream_create(d0, &s), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_create(d1, &s2), EM_OK, "%s", em_last_error());
+    cr_assert_null(em_stream_current(d0));
+    cr_assert_eq(em_stream_set_current(d0, s), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(d1, s2), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_current(d0), s);
+    cr_assert_eq(em_stream_current(d1), s2);
+    cr_assert_null(em_stream_current(em_cpu()));
+
+    /* Another thread has its own current streams: the default. */
+    pthread_t th;
+    void *seen = (void *)1;
+    cr_assert_eq(pthread_create(&th, NULL, current_stream_of_other_thread, &d0), 0);
+    cr_assert_eq(pthread_join(th, &seen), 0);
+    cr_assert_null(seen);
+
+    /* NULL restores the default; freeing the current stream does too. */
+    cr_assert_eq(em_stream_set_current(d1, NULL), EM_OK);
+    cr_assert_null(em_stream_current(d1));
+    cr_assert_eq(em_stream_current(d0), s);
+    em_stream_free(d0, s);
+    cr_assert_null(em_stream_current(d0));
+
+    /* The CPU has only its default stream; unknown devices are refused. */
+    cr_assert_eq(em_stream_set_current(em_cpu(), NULL), EM_OK);
+    cr_assert_eq(em_stream_set_current(em_cpu(), s2), EM_ERR_INVALID);
+    assert_error(EM_ERR_INVALID, "has no streams");
+    em_device bogus = {.type = EM_MAX_DEVICE_TYPES - 1, .index = 0};
+    cr_assert_eq(em_stream_set_current(bogus, NULL), EM_ERR_DEVICE);
+    em_stream_free(d1, s2);
 }
 
 /* ---- dispatch across devices ---------------------------------------------------------------- */

@@ -169,6 +169,16 @@ EM_API em_status em_event_record(em_device dev, em_event *e, em_stream *s);
 EM_API em_status em_event_wait(em_device dev, em_stream *s, em_event *e);
 EM_API em_status em_event_synchronize(em_device dev, em_event *e);
 
+/* The calling thread's current stream on a device (PyTorch's torch.cuda.stream): the stream
+ * kernels and copies issued by this thread to `dev` run on. NULL (the default stream) until
+ * em_stream_set_current sets it; each thread has its own. em_stream_set_current(dev, NULL)
+ * restores the default stream. EM_ERR_DEVICE for an unknown device; EM_ERR_INVALID for a
+ * non-NULL stream on a device without streams, or when this thread already holds current
+ * streams on 16 other devices. em_stream_free of a thread's current stream makes that
+ * thread's current stream the default again (other threads must stop using it first). */
+EM_API em_status em_stream_set_current(em_device dev, em_stream *s);
+EM_API em_stream *em_stream_current(em_device dev);
+
 /* ---- host memory, injectable ----------------------------------------------------------- */
 
 /* The allocator the core (and the CPU backend) use for host memory: every core structure and
