@@ -914,9 +914,18 @@ static em_tensor *gather_run(const em_tensor *t, int dim, const em_tensor *index
     const em_tensor *in[2] = {t, index};
     int d = em__wrap_dim(dim, t->ndim, "gather");
     if (d < 0) return NULL;
-    if (index->numel == 0) /* PyTorch checks nothing more for an empty index */
-        return em__empty(index->ndim, index->shape, t->dtype, t->storage->device);
     em_attr attr = {.type = EM_ATTR_INT, .v.i = d};
+    if (index->numel == 0) { /* PyTorch checks nothing more for an empty index */
+        em_tensor *e = em__empty(index->ndim, index->shape, t->dtype, t->storage->device);
+        /* No kernel runs, but the result is still a function of t: record gather's node, as
+         * the kernel call would, so backward gives t its (zero) gradient. */
+        em__node *node = NULL;
+        if (e && em__autograd_pre(op_gather, in, 2, &attr, &e, 1, &node) == EM_OK &&
+            em__autograd_post(node, &e, 1, true) == EM_OK)
+            return e;
+        em_tensor_release(e);
+        return NULL;
+    }
     return em__kernel1(op_gather, in, 2, &attr);
 }
 

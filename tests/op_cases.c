@@ -69,6 +69,51 @@ em_status em_case_inputs(const em_op_case *c, em_dtype dt, uint64_t seed, em_ten
     return EM_OK;
 }
 
+int em_case_grad_setup(const em_op_case *c, em_dtype dt, uint64_t seed, em_case_grad *g,
+                       em_tensor **vary) {
+    *g = (em_case_grad){.c = c};
+    for (int i = 0; i < c->n_in; i++) {
+        em_tensor *t = em_case_make(&c->in[i], dt, seed * 131 + (uint64_t)i);
+        g->all[i] = t;
+        if (!t || c->in[i].dtype >= 0 || c->in[i].values == EM_CASE_INDEX ||
+            (c->no_grad >> i & 1u))
+            continue;
+        em_tensor *leaf = em_clone(t);
+        if (!leaf || em_requires_grad_(leaf, true) != EM_OK) continue;
+        g->which[g->n] = i;
+        vary[g->n++] = leaf;
+    }
+    return g->n;
+}
+
+em_tensor *em_case_grad_fn(em_tensor *const *inputs, int n, void *user) {
+    em_case_grad *g = user;
+    em_tensor *in[EM_CASE_MAX_IN];
+    memcpy(in, g->all, sizeof in);
+    for (int k = 0; k < n; k++) in[g->which[k]] = inputs[k];
+    em_tensor *out[16] = {0};
+    int no = 0;
+    if (g->c->typed((const em_tensor *const *)in, g->c->attrs, out, &no) != EM_OK) return NULL;
+    const em_op_schema *sch = em_op_schema_of(em_op_find(g->c->op));
+    if (!(sch->flags & EM_OP_VARIADIC_OUTPUTS)) no = no > 0;
+    em_tensor *acc = NULL;
+    for (int k = 0; k < no; k++) {
+        if (!em_dtype_is_floating(em_tensor_dtype(out[k]))) continue;
+        em_tensor *s;
+        int nd = em_tensor_ndim(out[k]);
+        if (nd <= 4) {
+            em_case_input dir = {.ndim = nd, .dtype = -1};
+            memcpy(dir.shape, em_tensor_shape(out[k]), sizeof(int64_t) * (size_t)nd);
+            em_tensor *w = em_case_make(&dir, em_tensor_dtype(out[k]), 977 + (uint64_t)k);
+            s = em_sum(em_mul(out[k], w), 0, NULL, false);
+        } else {
+            s = em_sum(out[k], 0, NULL, false);
+        }
+        acc = acc ? em_add(acc, s) : s;
+    }
+    return acc;
+}
+
 double em_case_tolerance(em_dtype dt) {
     switch (dt) {
     case EM_F32: return 1e-5;
@@ -406,26 +451,38 @@ static const int64_t pad_2d[4] = {1, 2, 0, 1}, pad_odd[3] = {1, 1, 1},
                      sizes_ok[3] = {1, 2, 1}, sizes_bad[2] = {1, 1},
                      sizes_many[10] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
-/* Unary elementwise rows: contiguous, transposed, sliced, expanded, 0-dim, empty. */
-#define UNARY(name, fn, dts, diff, val)                                                         \
-    ROW(name, "contiguous", fn, dts, OK, diff, 1, INS(I(2, CONTIG, val, 3, 4))),                \
-    ROW(name, "transposed", fn, dts, OK, diff, 1, INS(I(2, TRANSPOSED, val, 3, 4))),            \
-    ROW(name, "sliced", fn, dts, OK, diff, 1, INS(I(2, SLICED, val, 3, 4))),                    \
-    ROW(name, "expanded", fn, dts, OK, diff, 1, INS(I(2, EXPANDED, val, 3, 4))),                \
-    ROW(name, "0-dim", fn, dts, OK, diff, 1, INS(I(0, CONTIG, val, 0))),                        \
-    ROW(name, "empty", fn, dts, OK, diff, 1, INS(I(2, CONTIG, val, 0, 4)))
-/* Binary elementwise rows: same shape, broadcast, transposed, mixed dtypes, bad shapes. */
-#define BINARY(name, fn, dts, diff, val)                                                        \
-    ROW(name, "same shape", fn, dts, OK, diff, 2, INS(I(2, CONTIG, val, 3, 4), I(2, CONTIG, val, 3, 4))), \
-    ROW(name, "broadcast", fn, dts, OK, diff, 2, INS(I(2, CONTIG, val, 3, 1), I(1, CONTIG, val, 4))), \
+/* Unary elementwise rows: contiguous, transposed, sliced, expanded, 0-dim, empty (contiguous
+ * and transposed). The attributes, if any, follow the value kind. */
+#define UNARY(name, fn, dts, diff, val, ...)                                                    \
+    ROW(name, "contiguous", fn, dts, OK, diff, 1, INS(I(2, CONTIG, val, 3, 4)), __VA_ARGS__),   \
+    ROW(name, "transposed", fn, dts, OK, diff, 1, INS(I(2, TRANSPOSED, val, 3, 4)), __VA_ARGS__), \
+    ROW(name, "sliced", fn, dts, OK, diff, 1, INS(I(2, SLICED, val, 3, 4)), __VA_ARGS__),       \
+    ROW(name, "expanded", fn, dts, OK, diff, 1, INS(I(2, EXPANDED, val, 3, 4)), __VA_ARGS__),   \
+    ROW(name, "0-dim", fn, dts, OK, diff, 1, INS(I(0, CONTIG, val, 0)), __VA_ARGS__),           \
+    ROW(name, "empty", fn, dts, OK, diff, 1, INS(I(2, CONTIG, val, 0, 4)), __VA_ARGS__),        \
+    ROW(name, "empty, transposed", fn, dts, OK, diff, 1, INS(I(2, TRANSPOSED, val, 0, 4)),      \
+        __VA_ARGS__)
+/* Binary elementwise rows: same shape, broadcast, transposed, mixed dtypes, bad shapes, and
+ * empty operands (with a broadcast operand, both empty, and a (0, 1) broadcast). */
+#define BINARY(name, fn, dts, diff, val, ...)                                                   \
+    ROW(name, "same shape", fn, dts, OK, diff, 2, INS(I(2, CONTIG, val, 3, 4), I(2, CONTIG, val, 3, 4)), \
+        __VA_ARGS__),                                                                           \
+    ROW(name, "broadcast", fn, dts, OK, diff, 2, INS(I(2, CONTIG, val, 3, 1), I(1, CONTIG, val, 4)), \
+        __VA_ARGS__),                                                                           \
     ROW(name, "transposed and expanded", fn, dts, OK, diff, 2,                                  \
-        INS(I(2, TRANSPOSED, val, 3, 4), I(2, EXPANDED, val, 3, 4))),                           \
-    ROW(name, "with a 0-dim", fn, dts, OK, diff, 2, INS(I(2, SLICED, val, 3, 4), I(0, CONTIG, val, 0))), \
-    ROW(name, "empty", fn, dts, OK, diff, 2, INS(I(2, CONTIG, val, 0, 4), I(1, CONTIG, val, 4))), \
+        INS(I(2, TRANSPOSED, val, 3, 4), I(2, EXPANDED, val, 3, 4)), __VA_ARGS__),              \
+    ROW(name, "with a 0-dim", fn, dts, OK, diff, 2, INS(I(2, SLICED, val, 3, 4), I(0, CONTIG, val, 0)), \
+        __VA_ARGS__),                                                                           \
+    ROW(name, "empty", fn, dts, OK, diff, 2, INS(I(2, CONTIG, val, 0, 4), I(1, CONTIG, val, 4)), \
+        __VA_ARGS__),                                                                           \
+    ROW(name, "empty, both, one transposed", fn, dts, OK, diff, 2,                              \
+        INS(I(2, CONTIG, val, 0, 4), I(2, TRANSPOSED, val, 0, 4)), __VA_ARGS__),                \
+    ROW(name, "empty (0, 1) against (4)", fn, dts, OK, diff, 2,                                 \
+        INS(I(1, CONTIG, val, 4), I(2, CONTIG, val, 0, 1)), __VA_ARGS__),                       \
     ROW(name, "mixed dtypes", fn, EM_CASE_DT(EM_F32), OK, diff, 2,                              \
-        INS(I(2, CONTIG, val, 3, 4), IT(EM_I64, 2, POS, 3, 4))),                                \
+        INS(I(2, CONTIG, val, 3, 4), IT(EM_I64, 2, POS, 3, 4)), __VA_ARGS__),                   \
     ROW(name, "shapes that do not broadcast", fn, dts, ESH, diff, 2,                            \
-        INS(I(2, CONTIG, val, 3, 4), I(2, CONTIG, val, 2, 4)))
+        INS(I(2, CONTIG, val, 3, 4), I(2, CONTIG, val, 2, 4)), __VA_ARGS__)
 #define REDUCE(name, fn, dts, diff, val)                                                        \
     ROW(name, "dim 1", fn, dts, OK, diff, 1, INS(I(2, CONTIG, val, 3, 4)), INTS(1, 1), B(false)), \
     ROW(name, "dims -1 and 0, keepdim", fn, dts, OK, diff, 1, INS(I(3, TRANSPOSED, val, 2, 3, 4)), \
@@ -520,17 +577,17 @@ const em_op_case em_op_cases[] = {
         INS(I(1, CONTIG, RANDN, 4), I(1, CONTIG, RANDN, 4)), S("floor")),
     UNARY("silu", t_silu, D_F, true, RANDN),
     ROW("silu", "integers", t_silu, D_INT, EDT, true, 1, INS(I(1, CONTIG, RANDN, 3))),
-    ROW("gelu", "none", t_gelu, D_F, OK, true, 1, INS(I(2, TRANSPOSED, RANDN, 3, 4)), NA),
-    ROW("gelu", "tanh", t_gelu, D_F, OK, true, 1, INS(I(2, CONTIG, RANDN, 3, 4)), S("tanh")),
+    UNARY("gelu", t_gelu, D_F, true, RANDN, NA),
+    UNARY("gelu", t_gelu, D_F, true, RANDN, S("tanh")),
     ROW("gelu", "bad approximate", t_gelu, D_F32_64, EINV, true, 1,
         INS(I(2, CONTIG, RANDN, 3, 4)), S("erf")),
     ROW("gelu", "integers", t_gelu, D_INT, EDT, true, 1, INS(I(1, CONTIG, RANDN, 3)), NA),
-    ROW("leaky_relu", "slope 0.1", t_leaky_relu, D_F, OK, true, 1,
-        INS(I(2, SLICED, RANDN, 3, 4)), F(0.1)),
-    ROW("clamp", "min and max", t_clamp, D_NUM, OK, true, 1, INS(I(2, TRANSPOSED, RANDN, 3, 4)),
-        F(-1), F(1)),
+    UNARY("leaky_relu", t_leaky_relu, D_F, true, RANDN, F(0.1)),
+    UNARY("clamp", t_clamp, D_NUM, true, RANDN, F(-1), F(1)),
     ROW("clamp", "min only, fractional (int64 becomes float32)", t_clamp, D_ALL, OK, true, 1,
         INS(I(2, CONTIG, RANDN, 3, 4)), F(1.5), NA),
+    ROW("clamp", "max only, fractional, empty", t_clamp, D_ALL, OK, true, 1,
+        INS(I(2, TRANSPOSED, RANDN, 0, 4)), NA, F(1.5)),
     ROW("clamp", "max only", t_clamp, D_NUM, OK, true, 1, INS(I(0, CONTIG, RANDN, 0)), NA, F(0)),
     ROW("clamp", "min > max", t_clamp, D_F32_64, OK, true, 1, INS(I(1, CONTIG, RANDN, 5)),
         F(2), F(1)),
@@ -538,22 +595,20 @@ const em_op_case em_op_cases[] = {
         F(NAN), F(1)),
     ROW("clamp", "no bound", t_clamp, D_F32_64, EINV, true, 1, INS(I(1, CONTIG, RANDN, 5)), NA,
         NA),
-    ROW("add_scalar", "2.5", t_add_scalar, D_ALL, OK, true, 1, INS(I(2, CONTIG, RANDN, 3, 4)),
-        F(2.5)),
-    ROW("add_scalar", "3 (integral)", t_add_scalar, D_ALL, OK, true, 1,
-        INS(I(2, EXPANDED, RANDN, 3, 4)), F(3)),
-    ROW("sub_scalar", "0.5", t_sub_scalar, D_NUM, OK, true, 1, INS(I(2, SLICED, RANDN, 3, 4)),
-        F(0.5)),
-    ROW("mul_scalar", "-2", t_mul_scalar, D_ALL, OK, true, 1, INS(I(2, TRANSPOSED, RANDN, 3, 4)),
-        F(-2)),
-    ROW("div_scalar", "4", t_div_scalar, D_ALL, OK, true, 1, INS(I(2, CONTIG, RANDN, 3, 4)),
-        F(4)),
+    UNARY("add_scalar", t_add_scalar, D_ALL, true, RANDN, F(2.5)),
+    UNARY("add_scalar", t_add_scalar, D_ALL, true, RANDN, F(3)),
+    UNARY("sub_scalar", t_sub_scalar, D_NUM, true, RANDN, F(0.5)),
+    UNARY("sub_scalar", t_sub_scalar, D_NUM, true, RANDN, F(3)),
+    UNARY("mul_scalar", t_mul_scalar, D_ALL, true, RANDN, F(-2)),
+    UNARY("div_scalar", t_div_scalar, D_ALL, true, RANDN, F(4)),
     ROW("div_scalar", "0", t_div_scalar, D_F32_64, OK, true, 1, INS(I(1, CONTIG, RANDN, 3)),
         F(0)),
-    ROW("pow_scalar", "2", t_pow_scalar, D_NUM, OK, true, 1, INS(I(2, CONTIG, RANDN, 3, 4)),
-        F(2)),
-    ROW("pow_scalar", "0.5", t_pow_scalar, D_F, OK, true, 1, INS(I(2, CONTIG, POS, 3, 4)),
-        F(0.5)),
+    UNARY("pow_scalar", t_pow_scalar, D_NUM, true, RANDN, F(2)),
+    UNARY("pow_scalar", t_pow_scalar, D_NUM, true, RANDN, F(3)),
+    UNARY("pow_scalar", t_pow_scalar, D_F, true, POS, F(0.5)),
+    UNARY("pow_scalar", t_pow_scalar, D_F, true, POS, F(2.5)),
+    ROW("pow_scalar", "0", t_pow_scalar, D_NUM, OK, true, 1, INS(I(2, TRANSPOSED, RANDN, 3, 4)),
+        F(0)),
     ROW("pow_scalar", "integer to -1", t_pow_scalar, D_INT, EINV, true, 1,
         INS(I(1, CONTIG, POS, 3)), F(-1)),
     BINARY("pow", t_pow, D_F32_64, true, POS),
@@ -577,20 +632,15 @@ const em_op_case em_op_cases[] = {
         INS(IB(1, 4), I(1, CONTIG, RANDN, 4), IT(EM_F64, 0, RANDN, 0))),
     ROW("where", "float condition", t_where, D_F32_64, EDT, true, 3,
         INS(I(1, CONTIG, RANDN, 4), I(1, CONTIG, RANDN, 4), I(1, CONTIG, RANDN, 4))),
-    ROW("threshold_backward", "threshold 0", t_threshold_backward, D_F, OK, false, 2,
-        INS(I(2, CONTIG, RANDN, 3, 4), I(2, TRANSPOSED, RANDN, 3, 4)), F(0)),
-    ROW("sigmoid_backward", "", t_sigmoid_backward, D_F, OK, false, 2,
-        INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, PROB, 3, 4))),
-    ROW("tanh_backward", "", t_tanh_backward, D_F, OK, false, 2,
-        INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, PROB, 3, 4))),
-    ROW("gelu_backward", "tanh", t_gelu_backward, D_F, OK, false, 2,
-        INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4)), S("tanh")),
+    BINARY("threshold_backward", t_threshold_backward, D_F, false, RANDN, F(0)),
+    BINARY("sigmoid_backward", t_sigmoid_backward, D_F, false, PROB),
+    BINARY("tanh_backward", t_tanh_backward, D_F, false, PROB),
+    BINARY("gelu_backward", t_gelu_backward, D_F, false, RANDN, NA),
+    BINARY("gelu_backward", t_gelu_backward, D_F, false, RANDN, S("tanh")),
     ROW("gelu_backward", "bad approximate", t_gelu_backward, D_F32_64, EINV, false, 2,
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4)), S("x")),
-    ROW("silu_backward", "", t_silu_backward, D_F, OK, false, 2,
-        INS(I(2, CONTIG, RANDN, 3, 4), I(2, SLICED, RANDN, 3, 4))),
-    ROW("leaky_relu_backward", "slope 0.2", t_leaky_relu_backward, D_F, OK, false, 2,
-        INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4)), F(0.2)),
+    BINARY("silu_backward", t_silu_backward, D_F, false, RANDN),
+    BINARY("leaky_relu_backward", t_leaky_relu_backward, D_F, false, RANDN, F(0.2)),
 
     /* ---- reductions (ops_reduce.c) ---- */
     REDUCE("amax", t_amax, D_ALL, true, RANDN),

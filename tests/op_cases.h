@@ -96,6 +96,25 @@ em_status em_case_inputs(const em_op_case *c, em_dtype dt, uint64_t seed,
                          em_tensor **in /* out: c->n_in entries */);
 /* One input from its generator (NULL when absent), in the scope. */
 em_tensor *em_case_make(const em_case_input *spec, em_dtype row_dtype, uint64_t seed);
+/* A valid row as a function of the inputs a gradient is taken for (em_gradcheck's
+ * em_gradcheck_fn, user = the em_case_grad): the typed call with `all`, the inputs at
+ * `which` replaced by the function's arguments, reduced to one number as the sum over its
+ * floating outputs of sum(out * w), w a fixed pseudo-random direction per output (a plain sum
+ * would hide the gradient of an op whose outputs sum to a constant, softmax's). Outputs past
+ * the first are auxiliary (indices, saved statistics) unless the op's outputs are variadic. */
+typedef struct em_case_grad {
+    const em_op_case *c;
+    em_tensor *all[EM_CASE_MAX_IN]; /* every input, in the scope */
+    int which[EM_CASE_MAX_IN], n;   /* the positions that vary */
+} em_case_grad;
+
+/* Build row c's inputs in dtype dt from `seed` into g, and in vary[0 .. g->n) leaves that
+ * require grad for the inputs a gradient is taken for: those of the row's dtype that are not
+ * indices and not in the row's no_grad mask. Returns g->n (0: nothing to differentiate). */
+int em_case_grad_setup(const em_op_case *c, em_dtype dt, uint64_t seed, em_case_grad *g,
+                       em_tensor **vary /* out: room for EM_CASE_MAX_IN */);
+em_tensor *em_case_grad_fn(em_tensor *const *inputs, int n, void *user);
+
 /* The absolute/relative tolerance a result of dtype dt is compared with (0 for exact
  * dtypes). */
 double em_case_tolerance(em_dtype dt);

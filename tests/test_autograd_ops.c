@@ -5,6 +5,7 @@
  * on the same inputs (allclose, rtol 1e-4, atol 1e-5); the non-differentiable ops record no
  * history. */
 #include "common.h"
+#include "op_cases.h"
 
 TestSuite(derivs, .init = em_test_setup, .fini = em_test_teardown);
 
@@ -107,61 +108,57 @@ static void f32_matches_f64(const char *name, em_gradcheck_fn fn, int n, em_tens
 
 /* ---- math: unary ----------------------------------------------------------------------------- */
 
-/* Unary ops on the transpose of a (3, 4) input: a strided view. */
-#define UNARY(name, expr)                                                                         \
-    static em_tensor *f_##name(em_tensor *const *in, int n, void *user) {                         \
-        (void)n, (void)user;                                                                      \
-        em_tensor *x = em_transpose(in[0], 0, 1);                                                 \
-        return expr;                                                                              \
+/* Every valid differentiable row of the op-case table (tests/op_cases.h) that lists float32
+ * and float64 and has no expanded input: the f32 backward against the f64 backward on the
+ * same inputs (test_op_schema gradchecks the f64 one against finite differences). The rows
+ * bring the layouts (transposed, sliced, 0-dim, broadcast) and the attribute variants. */
+static void table_grads(const em_op_case *c, int r, em_dtype dt, em_tensor **grads, int *n) {
+    em_case_grad g;
+    em_tensor *vary[EM_CASE_MAX_IN], *gr[EM_CASE_MAX_IN] = {0};
+    *n = em_case_grad_setup(c, dt, (uint64_t)r, &g, vary);
+    em_tensor *y = *n ? em_case_grad_fn(vary, *n, &g) : NULL;
+    if (!y || em_tensor_numel(y) == 0 || !isfinite(em_item(y))) {
+        *n = 0;
+        em_clear_error();
+        return;
     }
-UNARY(abs, em_abs(x))
-UNARY(sign, em_mul(em_sign(x), x))
-UNARY(sqrt, em_sqrt(x))
-UNARY(rsqrt, em_rsqrt(x))
-UNARY(reciprocal, em_reciprocal(x))
-UNARY(sigmoid, em_sigmoid(x))
-UNARY(tanh, em_tanh(x))
-UNARY(gelu, em_gelu(x, NULL))
-UNARY(gelu_tanh, em_gelu(x, "tanh"))
-UNARY(silu, em_silu(x))
-UNARY(leaky_relu, em_leaky_relu(x, 0.1))
-UNARY(log1p, em_log1p(x))
-UNARY(expm1, em_expm1(x))
-UNARY(pow_scalar, em_pow_scalar(x, 2.5))
-UNARY(pow_scalar_int, em_pow_scalar(x, 3))
-UNARY(pow_scalar_zero, em_add(em_pow_scalar(x, 0), x))
-UNARY(add_scalar, em_mul(em_add_scalar(x, 2), x))
-UNARY(sub_scalar, em_mul(em_sub_scalar(x, 2), x))
-UNARY(mul_scalar, em_mul_scalar(x, -1.5))
-UNARY(div_scalar, em_div_scalar(x, 4))
+    cr_assert_eq(em_grad(1, &y, NULL, *n, vary, gr, NULL), EM_OK, "%s (%s): %s", c->op,
+                 c->variant, em_last_error());
+    for (int k = 0; k < *n; k++) grads[k] = gr[k] ? em_to_dtype(gr[k], EM_F64) : NULL;
+}
 
-Test(derivs, unary_math_on_strided_inputs) {
-    static const int64_t s[2] = {3, 4};
-    struct {
-        const char *name;
-        em_gradcheck_fn fn;
-        double lo, hi;
-        bool alternate;
-    } cases[] = {
-        {"abs", f_abs, 0.2, 1.5, true},          {"sign", f_sign, 0.2, 1.5, true},
-        {"sqrt", f_sqrt, 0.5, 2, false},         {"rsqrt", f_rsqrt, 0.5, 2, false},
-        {"reciprocal", f_reciprocal, 0.5, 2, true}, {"sigmoid", f_sigmoid, -3, 3, false},
-        {"tanh", f_tanh, -2, 2, false},          {"gelu", f_gelu, -3, 3, false},
-        {"gelu_tanh", f_gelu_tanh, -3, 3, false}, {"silu", f_silu, -3, 3, false},
-        {"leaky_relu", f_leaky_relu, 0.2, 2, true}, {"log1p", f_log1p, -0.5, 2, false},
-        {"expm1", f_expm1, -2, 2, false},        {"pow_scalar", f_pow_scalar, 0.5, 2, false},
-        {"pow_scalar_int", f_pow_scalar_int, 0.2, 2, true},
-        {"pow_scalar_zero", f_pow_scalar_zero, 0.2, 2, true},
-        {"add_scalar", f_add_scalar, -2, 2, false}, {"sub_scalar", f_sub_scalar, -2, 2, false},
-        {"mul_scalar", f_mul_scalar, -2, 2, false}, {"div_scalar", f_div_scalar, -2, 2, false},
-    };
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        em_tensor *x = leaf(2, s, 100 + k, cases[k].lo, cases[k].hi, cases[k].alternate);
-        cr_assert_eq(em_gradcheck(cases[k].fn, 1, &x, NULL, 0, 0, 0), EM_OK, "%s: %s",
-                     cases[k].name, em_last_error());
-        f32_matches_f64(cases[k].name, cases[k].fn, 1, &x, NULL);
-        em_tensor_release(x);
+Test(derivs, f32_backward_matches_f64_over_the_op_case_table) {
+    int checked = 0;
+    for (int r = 0; r < em_op_case_count; r++) {
+        const em_op_case *c = &em_op_cases[r];
+        unsigned both = EM_CASE_DT(EM_F32) | EM_CASE_DT(EM_F64);
+        if (!c->typed || !c->differentiable || c->expect != EM_OK || (c->dtypes & both) != both)
+            continue;
+        bool expanded = false;
+        for (int i = 0; i < c->n_in; i++) expanded |= c->in[i].layout == EM_CASE_EXPANDED;
+        if (expanded) continue;
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        em_tensor *g32[EM_CASE_MAX_IN], *g64[EM_CASE_MAX_IN];
+        int n32, n64;
+        table_grads(c, r, EM_F32, g32, &n32);
+        table_grads(c, r, EM_F64, g64, &n64);
+        cr_assert_eq(n32, n64, "row %d, %s (%s): %d inputs vary in f32, %d in f64", r, c->op,
+                     c->variant, n32, n64);
+        double scale = c->tol_scale > 0 ? c->tol_scale : 1;
+        for (int i = 0; i < n64; i++) {
+            cr_assert_eq(!g32[i], !g64[i], "row %d, %s (%s): input %d has a grad in one dtype "
+                         "only", r, c->op, c->variant, i);
+            for (int64_t e = 0; g64[i] && e < em_tensor_numel(g64[i]); e++) {
+                double x = em_test_at(g32[i], e), w = em_test_at(g64[i], e);
+                cr_assert(fabs(x - w) <= scale * (1e-5 + 1e-4 * fabs(w)),
+                          "row %d, %s (%s): grad of input %d, element %lld: f32 %.8g vs f64 "
+                          "%.8g", r, c->op, c->variant, i, (long long)e, x, w);
+            }
+        }
+        checked += n64 > 0;
+        cr_assert_eq(em_scope_end(), EM_OK);
     }
+    cr_expect_gt(checked, 100, "only %d rows", checked);
 }
 
 Test(derivs, sign_gives_a_zero_gradient) {

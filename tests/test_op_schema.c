@@ -282,34 +282,8 @@ Test(op_schema, low_precision_within_the_tables_tolerance) {
  * em_gradcheck for its floating inputs of the row's dtype (contiguous copies of them, so they
  * can be leaves; rows with an expanded input repeat values, and ties make the one-sided
  * finite differences of max-like ops disagree with the tie rule, so those are left to the
- * per-family tests). Outputs after the first are summed in with weight 1 when floating. */
-typedef struct gc_row {
-    const em_op_case *c;
-    em_tensor *all[EM_CASE_MAX_IN]; /* every input, the differentiated ones replaced */
-    int which[EM_CASE_MAX_IN], n;   /* the positions gradcheck varies */
-} gc_row;
-
-static em_tensor *gc_fn(em_tensor *const *inputs, int n, void *user) {
-    gc_row *g = user;
-    em_tensor *in[EM_CASE_MAX_IN];
-    memcpy(in, g->all, sizeof in);
-    for (int k = 0; k < n; k++) in[g->which[k]] = inputs[k];
-    em_tensor *out[16] = {0};
-    int no = 0;
-    if (g->c->typed((const em_tensor *const *)in, g->c->attrs, out, &no) != EM_OK) return NULL;
-    /* A fixed set of outputs past the first are auxiliary (indices, saved statistics: no
-     * gradient flows into them); variadic outputs (split's pieces) all count. */
-    const em_op_schema *sch = em_op_schema_of(em_op_find(g->c->op));
-    if (!(sch->flags & EM_OP_VARIADIC_OUTPUTS)) no = no > 0;
-    em_tensor *acc = NULL;
-    for (int k = 0; k < no; k++) {
-        if (!em_dtype_is_floating(em_tensor_dtype(out[k]))) continue;
-        em_tensor *s = em_sum(out[k], 0, NULL, false);
-        acc = acc ? em_add(acc, s) : s;
-    }
-    return acc;
-}
-
+ * per-family tests). The row is reduced to one number as em_case_grad_fn says (a fixed
+ * random direction per output). */
 Test(op_schema, differentiable_rows_pass_gradcheck_in_f64) {
     int checked = 0;
     for (int r = 0; r < em_op_case_count; r++) {
@@ -321,29 +295,19 @@ Test(op_schema, differentiable_rows_pass_gradcheck_in_f64) {
         for (int i = 0; i < c->n_in; i++) expanded |= c->in[i].layout == EM_CASE_EXPANDED;
         if (expanded) continue;
         cr_assert_eq(em_scope_begin(), EM_OK);
-        gc_row g = {.c = c};
+        em_case_grad g;
         em_tensor *vary[EM_CASE_MAX_IN];
-        for (int i = 0; i < c->n_in; i++) {
-            em_tensor *t = em_case_make(&c->in[i], EM_F64, (uint64_t)r * 131 + (uint64_t)i);
-            g.all[i] = t;
-            if (!t || c->in[i].dtype >= 0 || c->in[i].values == EM_CASE_INDEX ||
-                (c->no_grad >> i & 1u))
-                continue;
-            em_tensor *leaf = em_clone(t);
-            cr_assert_eq(em_requires_grad_(leaf, true), EM_OK, "%s", em_last_error());
-            g.which[g.n] = i;
-            vary[g.n++] = leaf;
-        }
+        em_case_grad_setup(c, EM_F64, (uint64_t)r, &g, vary);
         /* Rows whose results are empty or not finite (a NaN bound, division by 0) have
          * nothing finite differences could check. */
-        em_tensor *f = g.n > 0 ? gc_fn(vary, g.n, &g) : NULL;
+        em_tensor *f = g.n > 0 ? em_case_grad_fn(vary, g.n, &g) : NULL;
         bool finite = f && em_tensor_numel(f) > 0 && isfinite(em_item(f));
         for (int i = 0; i < c->n_in && finite; i++)
             if (g.all[i] && em_tensor_numel(g.all[i]) == 0) finite = false;
         em_clear_error();
         if (finite) {
-            em_status st = em_gradcheck(gc_fn, g.n, vary, &g, 0, 0, 0);
-            cr_expect_eq(st, EM_OK, "%s (%s): %s", c->op, c->variant, em_last_error());
+            em_status st = em_gradcheck(em_case_grad_fn, g.n, vary, &g, 0, 0, 0);
+            cr_expect_eq(st, EM_OK, "row %d, %s (%s): %s", r, c->op, c->variant, em_last_error());
             em_clear_error();
             checked++;
         }
