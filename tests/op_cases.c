@@ -114,6 +114,14 @@ em_tensor *em_case_grad_fn(em_tensor *const *inputs, int n, void *user) {
     return acc;
 }
 
+unsigned em_case_dtypes_of(const char *op) {
+    unsigned dts = 0;
+    for (int r = 0; r < em_op_case_count; r++)
+        if (em_op_cases[r].expect == EM_OK && strcmp(em_op_cases[r].op, op) == 0)
+            dts |= em_op_cases[r].dtypes;
+    return dts;
+}
+
 double em_case_tolerance(em_dtype dt) {
     switch (dt) {
     case EM_F32: return 1e-5;

@@ -115,6 +115,10 @@ int em_case_grad_setup(const em_op_case *c, em_dtype dt, uint64_t seed, em_case_
                        em_tensor **vary /* out: room for EM_CASE_MAX_IN */);
 em_tensor *em_case_grad_fn(em_tensor *const *inputs, int n, void *user);
 
+/* The dtypes the valid rows of `op` list (0: the op has no row, or none valid): what the table
+ * says the op takes, for tests that loop over an op's dtypes. */
+unsigned em_case_dtypes_of(const char *op);
+
 /* The absolute/relative tolerance a result of dtype dt is compared with (0 for exact
  * dtypes). */
 double em_case_tolerance(em_dtype dt);
