@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/error.h"
 #include "internal.h"
 
 /* ---- host memory ---------------------------------------------------------------------------- */

@@ -12,6 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/scope.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 #define MAX_IN 8

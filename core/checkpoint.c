@@ -24,6 +24,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ember/data.h"
+#include "ember/device.h"
+#include "ember/dict.h"
+#include "ember/error.h"
+#include "ember/init.h"
+#include "ember/module.h"
+#include "ember/optim.h"
+#include "ember/random.h"
+#include "ember/serialize.h"
+#include "ember/tensor.h"
 #include "internal.h"
 #include "ember/checkpoint.h"
 

@@ -15,6 +15,10 @@
  * EM_CONFIG_MAX_ALIAS_NODES and EM_CONFIG_MAX_ALIAS_BYTES, so a few hundred bytes of nested
  * aliases cannot expand into gigabytes. Nothing here prints.
  */
+#include "ember/dict.h"
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/options.h"
 #include "internal.h"
 
 #include <errno.h>

@@ -13,6 +13,13 @@
 #include <string.h>
 #include <strings.h>
 
+#include "ember/data.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/options.h"
+#include "ember/tensor.h"
 #include "data_internal.h"
 
 /* ---- the class table ---------------------------------------------------------------------- */

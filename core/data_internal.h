@@ -5,6 +5,8 @@
 #ifndef EMBER_DATA_INTERNAL_H
 #define EMBER_DATA_INTERNAL_H
 
+#include "ember/data.h"
+#include "ember/random.h"
 #include "internal.h"
 
 /* Philox streams of the data subsystem: word 3 of the counter, so that no two uses of one

@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/error.h"
+#include "ember/plugin.h"
 #include "internal.h"
 
 em__device_type em__device_types[EM_MAX_DEVICE_TYPES];

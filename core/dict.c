@@ -14,6 +14,9 @@
  */
 #include <string.h>
 
+#include "ember/dict.h"
+#include "ember/error.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 typedef struct dict_entry {

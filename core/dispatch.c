@@ -11,6 +11,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/plugin.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 struct em_kernel {

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "internal.h"
 
 /* ---- sizes and names ---------------------------------------------------------------------- */

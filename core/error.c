@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/error.h"
 #include "internal.h"
 
 typedef struct em__error_state {

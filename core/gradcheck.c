@@ -9,6 +9,14 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/random.h"
+#include "ember/scope.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 /* sum(v * f(inputs)) as a double, with f's output kept in *out when out is non-NULL. */

@@ -8,6 +8,10 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "ember/device.h"
+#include "ember/error.h"
+#include "ember/init.h"
+#include "ember/plugin.h"
 #include "internal.h"
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;

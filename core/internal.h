@@ -11,7 +11,23 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "ember/ember.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/tensor.h"
+
+/* Types this header's prototypes take by pointer only: declared, not included, so that
+ * touching module.h, optim.h, serialize.h, dict.h or plugin.h rebuilds only their users
+ * (C11 allows the typedef again where a file includes the header as well). */
+typedef struct em_dict em_dict;
+typedef struct em_module em_module;
+typedef struct em_optimizer em_optimizer;
+typedef struct em_scheduler em_scheduler;
+typedef struct em_metadata em_metadata;
+typedef struct em_load_options em_load_options;
+typedef struct em_load_report em_load_report;
+typedef struct em_kernel_info em_kernel_info;
 
 /* ---- host memory (alloc.c) ---------------------------------------------------------------- */
 

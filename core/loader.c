@@ -26,6 +26,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/data.h"
+#include "ember/device.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/optim.h"
+#include "ember/random.h"
+#include "ember/tensor.h"
 #include "data_internal.h"
 
 enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };

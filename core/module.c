@@ -24,6 +24,20 @@
 #include <string.h>
 #include <strings.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dict.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/ops.h"
+#include "ember/options.h"
+#include "ember/plugin.h"
+#include "ember/random.h"
+#include "ember/scope.h"
+#include "ember/serialize.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 /* ---- the class registry -------------------------------------------------------------------- */

@@ -4,6 +4,10 @@
  */
 #include <string.h>
 
+#include "ember/dispatch.h"
+#include "ember/error.h"
+#include "ember/op_helpers.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 em_status em_infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,

@@ -15,6 +15,8 @@
  *
  * How to add an op: the recipe at the top of ember/ops.h.
  */
+#include "ember/dispatch.h"
+#include "ember/error.h"
 #include "internal.h"
 
 /* ---- declarations ---------------------------------------------------------------------------- */

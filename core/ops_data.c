@@ -67,6 +67,15 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/op_helpers.h"
+#include "ember/ops.h"
+#include "ember/scope.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 const em_op *em__op_copy;

@@ -15,6 +15,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/random.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 const em_op *em__op_fill;

@@ -21,6 +21,11 @@
  */
 #include <string.h>
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 static const em_op *op_addmm, *op_bmm, *op_matmul, *op_linear;

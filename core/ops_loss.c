@@ -43,6 +43,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 static const em_op *op_ce, *op_ce_bw, *op_nll, *op_nll_bw, *op_mse, *op_mse_bw, *op_l1,

@@ -54,6 +54,12 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/op_helpers.h"
+#include "ember/ops.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 static const em_op *op_abs, *op_sqrt, *op_rsqrt, *op_reciprocal, *op_sigmoid, *op_tanh,

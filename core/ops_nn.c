@@ -65,6 +65,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/random.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_max_pool2d,

@@ -45,6 +45,8 @@
  * computed in f32 either way. For f32 and f64 params, master is NULL and the states have the
  * params' dtype.
  */
+#include "ember/dispatch.h"
+#include "ember/error.h"
 #include "internal.h"
 
 em_status em__ops_declare_optim(em_registry *core) {

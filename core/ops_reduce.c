@@ -39,6 +39,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 static const em_op *op_sum, *op_mean, *op_mul;

@@ -24,6 +24,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dict.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/optim.h"
+#include "ember/options.h"
+#include "ember/plugin.h"
+#include "ember/scope.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 /* ---- registries ------------------------------------------------------------------------------ */

@@ -23,6 +23,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "ember/error.h"
+#include "ember/options.h"
 #include "internal.h"
 
 #define OPT_TEXT 0u /* an entry holding unresolved text */

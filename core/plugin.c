@@ -11,6 +11,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/error.h"
+#include "ember/init.h"
+#include "ember/plugin.h"
+#include "ember/version.h"
 #include "internal.h"
 
 /* ---- registries -------------------------------------------------------------------------------- */

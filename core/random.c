@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "ember/error.h"
+#include "ember/random.h"
 #include "internal.h"
 
 struct em_generator {

@@ -5,6 +5,9 @@
  */
 #include <string.h>
 
+#include "ember/error.h"
+#include "ember/scope.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 typedef struct scope {

@@ -43,6 +43,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dict.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/serialize.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

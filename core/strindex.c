@@ -25,6 +25,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "ember/error.h"
 #include "internal.h"
 
 #define STRINDEX_MIN_SLOTS 16

@@ -10,6 +10,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 static atomic_llong live_tensors;

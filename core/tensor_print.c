@@ -26,6 +26,10 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/tensor.h"
 #include "internal.h"
 
 /* ---- print options (process-wide, like torch.set_printoptions) ---------------------------- */

@@ -21,7 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <ember/ember.h>
+#include "ember/data.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/init.h"
+#include "ember/ops.h"
+#include "ember/plugin.h"
+#include "ember/tensor.h"
 
 typedef struct options {
     bool json, verbose;

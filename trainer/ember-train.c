@@ -12,6 +12,23 @@
  * Without CONFIG it trains examples/digits.yaml (the bundled digits set): from the source tree
  * when run uninstalled, else from the installed data directory.
  */
+#include "ember/autograd.h"
+#include "ember/config.h"
+#include "ember/data.h"
+#include "ember/device.h"
+#include "ember/dict.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/init.h"
+#include "ember/module.h"
+#include "ember/optim.h"
+#include "ember/options.h"
+#include "ember/plugin.h"
+#include "ember/random.h"
+#include "ember/scope.h"
+#include "ember/serialize.h"
+#include "ember/tensor.h"
 #include "trainer.h"
 
 #include <errno.h>

@@ -12,6 +12,20 @@
  * micro-batches it really has, so each step's gradient is the mean over its micro-batches.
  * Checkpoints are only taken at step boundaries, so no partial gradient needs saving.
  */
+#include "ember/autograd.h"
+#include "ember/checkpoint.h"
+#include "ember/data.h"
+#include "ember/device.h"
+#include "ember/dict.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/ops.h"
+#include "ember/optim.h"
+#include "ember/scope.h"
+#include "ember/serialize.h"
+#include "ember/tensor.h"
 #include "trainer.h"
 
 #include <errno.h>

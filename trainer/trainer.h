@@ -16,7 +16,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include <ember/ember.h>
+#include "ember/config.h"
+#include "ember/data.h"
+#include "ember/device.h"
+#include "ember/dict.h"
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/optim.h"
+#include "ember/serialize.h"
 
 /* Exit codes (documented in --help and the README). */
 enum {

@@ -10,6 +10,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/plugin.h"
+#include "ember/tensor.h"
+#include "ember/version.h"
 #include "cpu.h"
 
 /* ---- the device ---------------------------------------------------------------------------------- */

@@ -12,7 +12,10 @@
 
 #include <string.h>
 
-#include <ember/ember.h>
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/op_helpers.h"
 
 /* Loops the compiler vectorises (`omp simd`) are built for AVX-512, AVX2 and baseline x86-64
  * and picked at load time by the CPU (glibc's ifunc): the default -O2 build targets SSE2. */

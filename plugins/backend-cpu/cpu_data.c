@@ -21,6 +21,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/tensor.h"
 #include "cpu.h"
 
 /* A 0-dim tensor seen as 1-D of size 1 (PyTorch's ensure_nonempty). */

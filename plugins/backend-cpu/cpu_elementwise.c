@@ -11,6 +11,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "cpu.h"
 
 /* Per dtype: C type, compute type, load to compute type, store from compute type. */

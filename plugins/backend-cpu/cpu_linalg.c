@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "cpu.h"
 
 static em_status k_addmm(const em_kernel_ctx *k) {

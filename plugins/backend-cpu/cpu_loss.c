@@ -13,6 +13,11 @@
 #include <omp.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/tensor.h"
 #include "cpu.h"
 
 enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };

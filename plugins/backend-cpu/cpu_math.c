@@ -30,6 +30,9 @@
 #include <emmintrin.h>
 #endif
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "cpu.h"
 
 #if defined(__x86_64__) && defined(__GLIBC__) && defined(_OPENMP) && !defined(__clang__) &&   \

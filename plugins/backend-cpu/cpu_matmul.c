@@ -67,6 +67,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "cpu.h"
 
 /* OpenBLAS's own: stops its worker threads (the next multithreaded call starts them again). */

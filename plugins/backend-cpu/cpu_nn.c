@@ -28,6 +28,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "cpu_nn.h"
 
 /* fn(ctx, lo, hi) over [0, n), split into one contiguous range per thread when the total

@@ -48,6 +48,11 @@
 #include <dnnl.h>
 #include <pthread.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "cpu_nn.h"
 
 #define DN_CACHE_CAP 256

@@ -22,6 +22,10 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
 #include "cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

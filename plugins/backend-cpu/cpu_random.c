@@ -19,6 +19,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/random.h"
 #include "cpu.h"
 
 /* Split the block loop across threads above this many elements. */

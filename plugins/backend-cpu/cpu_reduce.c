@@ -32,6 +32,11 @@
 #include <omp.h>
 #endif
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/tensor.h"
 #include "cpu.h"
 
 #define DET_BLOCK 16384

@@ -17,6 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ember/data.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/options.h"
 #include "data.h"
 
 static const char *const csv_header_auto[] = {"auto", NULL};

@@ -13,6 +13,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "ember/dispatch.h"
+#include "ember/error.h"
+#include "ember/plugin.h"
+#include "ember/version.h"
 #include "data.h"
 
 struct dt_file {

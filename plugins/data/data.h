@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <ember/ember.h>
+#include "ember/dispatch.h"
+#include "ember/error.h"
 
 /* An open file read through zlib (gzip or plain, told apart by zlib). */
 typedef struct dt_file dt_file;

@@ -16,6 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/data.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/options.h"
 #include "data.h"
 
 typedef struct idx_state {

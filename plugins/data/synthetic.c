@@ -10,6 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/data.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/options.h"
+#include "ember/random.h"
+#include "ember/tensor.h"
 #include "data.h"
 
 static const char *const syn_dtypes[] = {"float32", "uint8", NULL};

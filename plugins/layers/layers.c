@@ -8,6 +8,17 @@
  * weights are kaiming_uniform(a = sqrt 5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), biases
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)); Embedding weights N(0, 1) with the padding row zeroed.
  */
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/ops.h"
+#include "ember/options.h"
+#include "ember/plugin.h"
+#include "ember/tensor.h"
+#include "ember/version.h"
 #include "layers.h"
 
 const char *const em_layers_reductions[] = {"none", "mean", "sum", NULL};

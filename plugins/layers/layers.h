@@ -11,7 +11,11 @@
 #include <math.h>
 #include <string.h>
 
-#include <ember/ember.h>
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/ops.h"
+#include "ember/options.h"
+#include "ember/tensor.h"
 
 /* Option specs: name, default, range, help. */
 #define OPT_INT_REQ(nm, lo, hi, hlp)                                                          \

@@ -14,6 +14,11 @@
  *               (mode "cat") or summed (mode "sum").
  * Errors name the child at fault: "Sequential: layer 2 (Linear): linear: shapes ...".
  */
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/ops.h"
+#include "ember/options.h"
+#include "ember/tensor.h"
 #include "layers.h"
 
 static em_tensor *child_forward(em_module *m, size_t i, const em_tensor *x, const char *what) {

@@ -14,6 +14,11 @@
  * The regression losses refuse a target whose shape differs from the input's: PyTorch only
  * warns and broadcasts ([32, 1] against [32] gives a [32, 32] loss), a silent wrong answer.
  */
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/ops.h"
+#include "ember/options.h"
+#include "ember/tensor.h"
 #include "layers.h"
 
 static const em_option_spec ce_opts[] = {

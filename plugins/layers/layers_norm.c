@@ -10,6 +10,14 @@
  * they are not tracked. A training batch with one value per channel cannot be normalised and
  * is an error that points at its usual cause, a last batch of one sample (drop_last).
  */
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/module.h"
+#include "ember/ops.h"
+#include "ember/options.h"
+#include "ember/tensor.h"
 #include "layers.h"
 
 /* ---- BatchNorm ---------------------------------------------------------------------------------- */

@@ -4,7 +4,8 @@
 #ifndef EMBER_OPTIM_PLUGIN_H
 #define EMBER_OPTIM_PLUGIN_H
 
-#include <ember/ember.h>
+#include "ember/dispatch.h"
+#include "ember/error.h"
 
 /* SGD, Adam, AdamW, RMSprop, Adagrad (optimizers.c). */
 em_status em_optim_plugin_register_optimizers(em_registry *reg);

@@ -26,6 +26,16 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "ember/autograd.h"
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/ops.h"
+#include "ember/optim.h"
+#include "ember/options.h"
+#include "ember/scope.h"
+#include "ember/tensor.h"
 #include "optim_plugin.h"
 
 /* A fused call updates at most this many parameters (larger buckets take several calls). */

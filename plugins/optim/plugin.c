@@ -2,6 +2,10 @@
  * plugin.c — ember-optim.so: the optimizer and scheduler classes (optimizers.c,
  * schedulers.c), registered by name into the core's class registries (ember/optim.h).
  */
+#include "ember/dispatch.h"
+#include "ember/error.h"
+#include "ember/plugin.h"
+#include "ember/version.h"
 #include "optim_plugin.h"
 
 static em_status optim_register(em_registry *reg) {

@@ -24,6 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/error.h"
+#include "ember/optim.h"
+#include "ember/options.h"
 #include "optim_plugin.h"
 
 #define BELOW_ONE 0.99999999999999989

@@ -37,6 +37,7 @@
 #include "ember/error.h"
 #include "ember/export.h"
 #include "ember/options.h"
+#include "ember/random.h"
 #include "ember/serialize.h"
 #include "ember/tensor.h"
 
