@@ -131,6 +131,13 @@ typedef struct em_device_ops {
     em_status (*event_wait)(int index, em_stream *s, em_event *e); /* s waits for e */
     em_status (*event_synchronize)(int index, em_event *e);
     void *ext; /* reserved; NULL */
+    /* ---- added later: the core reads them only when struct_size covers them ---- */
+    /* (optional) Whether the work e marks has completed, without waiting (cudaEventQuery):
+     * *done = true/false, EM_OK; an error status for an event never recorded or foreign.
+     * The caching allocator polls it to reuse blocks other streams used (see "Streams and
+     * the caching allocator" above). NULL: such blocks are reused only after
+     * event_synchronize, when the cache is emptied or a device allocation fails. */
+    em_status (*event_query)(int index, em_event *e, bool *done);
 } em_device_ops;
 
 /* ---- memory ----------------------------------------------------------------------------- */
