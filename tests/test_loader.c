@@ -837,3 +837,69 @@ Test(loader_device, pinned_batches_on_testdev, .init = testdev_setup, .fini = te
     }
     em_dataset_free(ds);
 }
+
+/* The consumer on its own current stream of the asynchronous testdev, where every copy and
+ * kernel runs only once something waits for it: it keeps each batch's results pending and
+ * reads them all at the end. A batch buffer overwritten before the consumer's kernels read
+ * it, or a host slot (pinned or not) refilled before the copy out of it ran, shows as a wrong
+ * item; a slot freed too early, as an ASan report. */
+Test(loader_device, side_stream_copies_ordered_on_async_testdev, .init = testdev_setup,
+     .fini = testdev_teardown) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/testdev.so", getenv("EMBER_TEST_PLUGIN_DIR"));
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    cr_assert(h, "testdev is not loaded: %s", dlerror());
+    size_t (*pending)(int, const em_stream *) =
+        (size_t (*)(int, const em_stream *))dlsym(h, "ember_testdev_pending");
+    cr_assert(pending);
+    dlclose(h);
+    em_device dev;
+    cr_assert_eq(em_device_parse("testdev:1", &dev), EM_OK, "%s", em_last_error());
+    em_stream *c = NULL;
+    cr_assert_eq(em_stream_create(dev, &c), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(dev, c), EM_OK, "%s", em_last_error());
+    em_dataset *ds = counting(30, 4);
+    for (int pin = 0; pin <= 1; pin++) {
+        for (int w = 0; w <= 2; w += 2) {
+            em_loader_options o = {.struct_size = sizeof o, .batch_size = 8, .shuffle = true,
+                                   .seed = 3, .num_workers = w, .device = dev,
+                                   .pin_memory = pin};
+            em_loader *l = em_loader_new(ds, &o);
+            cr_assert(l, "%s", em_last_error());
+            em_tensor *xs[4], *ys[4], *x, *y;
+            int nb = 0;
+            while (em_loader_next(l, &x, &y) == EM_OK && x) {
+                cr_assert_lt(nb, 4);
+                em_tensor *zero = em_zeros_like(x);
+                xs[nb] = em_add(x, zero); /* on c, reading the loader's device buffer */
+                ys[nb] = em_clone(y);
+                cr_assert(zero && xs[nb] && ys[nb], "%s", em_last_error());
+                em_tensor_release(zero);
+                cr_assert_geq(pending(1, c), 3, "the consumer's kernels are pending");
+                nb++;
+            }
+            cr_assert_eq(em_last_status(), EM_OK, "%s", em_last_error());
+            cr_assert_eq(nb, 4);
+            int64_t got[30], n = 0;
+            for (int b = 0; b < nb; b++) {
+                em_tensor *hx = em_to_device(xs[b], em_cpu()), *hy = em_to_device(ys[b], em_cpu());
+                cr_assert(hx && hy, "%s", em_last_error());
+                n += batch_items(hx, hy, got + n, 4);
+                em_tensor_release(hx);
+                em_tensor_release(hy);
+                em_tensor_release(xs[b]);
+                em_tensor_release(ys[b]);
+            }
+            cr_assert_eq(n, 30);
+            int64_t ref[30];
+            for (int i = 0; i < 30; i++) ref[i] = i;
+            ref_permute(ref, 30, 3, 0, 0x53485546u);
+            cr_assert(memcmp(got, ref, sizeof ref) == 0, "pin_memory %d, %d workers: the "
+                      "batches differ from the sampler's order", pin, w);
+            em_loader_free(l);
+        }
+    }
+    cr_assert_eq(em_stream_set_current(dev, NULL), EM_OK);
+    em_stream_free(dev, c);
+    em_dataset_free(ds);
+}
