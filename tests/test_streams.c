@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE /* setenv */
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "common.h"
@@ -296,4 +297,104 @@ Test(streams, cross_device_copy_uses_the_current_streams) {
     em_stream_free(D0, a);
     em_stream_free(D0, u);
     em_stream_free(D1, c);
+}
+
+/* ---- out of memory on the stream paths leaks nothing ------------------------------------ */
+
+/* A host allocator that refuses its Nth call after arming (test_oom.c's, smaller). */
+static struct {
+    atomic_long calls, live, failures;
+    long fail_at;
+} g_oom;
+
+static void *oom_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    long call = atomic_fetch_add(&g_oom.calls, 1) + 1;
+    if (g_oom.fail_at && call == g_oom.fail_at) {
+        atomic_fetch_add(&g_oom.failures, 1);
+        return NULL;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, align, n ? n : 1) != 0) return NULL;
+    atomic_fetch_add(&g_oom.live, 1);
+    return p;
+}
+
+static void oom_free(void *p, void *user) {
+    (void)user;
+    if (!p) return;
+    atomic_fetch_sub(&g_oom.live, 1);
+    free(p);
+}
+
+static void oom_arm(long fail_at) {
+    atomic_store(&g_oom.calls, 0);
+    atomic_store(&g_oom.failures, 0);
+    g_oom.fail_at = fail_at;
+}
+
+static bool nomem_or(bool ok) {
+    if (ok) return true;
+    cr_assert_eq(em_last_status(), EM_ERR_NOMEM, "%s", em_last_error());
+    cr_assert(strstr(em_last_error(), "out of memory"), "%s", em_last_error());
+    return false;
+}
+
+/* A new stream's cache, a record_stream, a waiting block and its event's reuse, each with
+ * the Nth host allocation refused: a clean EM_ERR_NOMEM, right values when it goes through,
+ * and nothing left allocated after em_shutdown. */
+static bool stream_sequence(long fail_at) {
+    oom_arm(0);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_device_parse("testdev:0", &D0), EM_OK, "%s", em_last_error());
+    em_stream *a = stream_new(D0), *b = stream_new(D0);
+    set_current(D0, a);
+    oom_arm(fail_at);
+    int64_t n = N;
+    em_tensor *x = em_full(1, &n, 1.0, EM_F32, D0), *y = NULL, *z = NULL;
+    bool ok = nomem_or(x != NULL);
+    if (ok) ok = nomem_or(em_tensor_record_stream(x, b) == EM_OK);
+    em_tensor_release(x);
+    if (ok) ok = nomem_or((y = em_full(1, &n, 2.0, EM_F32, D0)) != NULL);
+    if (ok) ok = nomem_or(em_stream_synchronize(D0, b) == EM_OK);
+    if (ok) ok = nomem_or((z = em_full(1, &n, 3.0, EM_F32, D0)) != NULL);
+    float buf[N];
+    if (ok) ok = nomem_or(em_tensor_to_host(z, buf, sizeof buf) == EM_OK);
+    for (int i = 0; ok && i < N; i++) cr_assert_eq(buf[i], 3.0f);
+    bool clean = atomic_load(&g_oom.failures) == 0;
+    cr_assert(ok || !clean, "a step failed without a refused allocation");
+    oom_arm(0);
+    em_tensor_release(y);
+    em_tensor_release(z);
+    set_current(D0, NULL);
+    em_stream_free(D0, a);
+    em_stream_free(D0, b);
+    em_shutdown();
+    cr_assert_eq(atomic_load(&g_oom.live), 0, "refusing allocation %ld leaked %ld blocks",
+                 fail_at, atomic_load(&g_oom.live));
+    return clean;
+}
+
+static void oom_setup(void) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/testdev.so", getenv("EMBER_TEST_PLUGIN_DIR"));
+    setenv("EMBER_PLUGIN_PATH", path, 1);
+    atomic_store(&g_oom.live, 0);
+    oom_arm(0);
+    em_host_allocator_set(&(em_host_allocator){oom_alloc, oom_free, NULL});
+}
+
+static void oom_teardown(void) {
+    em_host_allocator_set(NULL);
+    unsetenv("EMBER_PLUGIN_PATH");
+}
+
+Test(streams_oom, every_refused_allocation_is_clean, .init = oom_setup, .fini = oom_teardown) {
+    long at = 1;
+    while (!stream_sequence(at)) {
+        at++;
+        cr_assert_lt(at, 400, "the sequence never ran clean");
+    }
+    cr_assert_gt(at, 5, "the sequence allocates (%ld calls)", at - 1);
+    cr_log_info("the stream sequence makes %ld host allocations", at - 1);
 }
