@@ -635,7 +635,12 @@ static em_status to_device(em_loader *l, slot *s, int64_t n) {
     const em_device_ops *ops = em__device_ops(l->dev);
     em_device cpu = em_cpu();
     em_stream *consumer = em_stream_current(l->dev);
-    em_status st = em_event_record(l->dev, l->ev_consumer, consumer);
+    /* The consumer's stream reads the buffers: when they are freed their blocks wait for it
+     * too (it need not be the stream they were allocated on). Nothing new after the first
+     * call from a stream. */
+    em_status st = em_tensor_record_stream(l->din, consumer);
+    if (st == EM_OK) st = em_tensor_record_stream(l->dtg, consumer);
+    if (st == EM_OK) st = em_event_record(l->dev, l->ev_consumer, consumer);
     if (st == EM_OK) st = em_event_wait(l->dev, l->stream, l->ev_consumer);
     size_t ni = (size_t)n * l->out_ib, nt = (size_t)n * l->tb;
     if (st == EM_OK && ni)

@@ -903,3 +903,52 @@ Test(loader_device, side_stream_copies_ordered_on_async_testdev, .init = testdev
     em_stream_free(dev, c);
     em_dataset_free(ds);
 }
+
+/* The loader's device buffers were allocated on the default stream, but the consumer reads
+ * them on its own stream: freed with the loader while that read is pending, their blocks
+ * must not go back to the default stream's cache until the consumer's stream is done. */
+Test(loader_device, buffers_wait_for_the_consumer_stream_when_freed, .init = testdev_setup,
+     .fini = testdev_teardown) {
+    em_device dev;
+    cr_assert_eq(em_device_parse("testdev:1", &dev), EM_OK, "%s", em_last_error());
+    em_dataset *ds = counting(8, 4);
+    em_loader_options o = {.struct_size = sizeof o, .batch_size = 8, .device = dev};
+    em_loader *l = em_loader_new(ds, &o); /* buffers on the default stream */
+    cr_assert(l, "%s", em_last_error());
+    em_stream *c = NULL;
+    cr_assert_eq(em_stream_create(dev, &c), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(dev, c), EM_OK, "%s", em_last_error());
+    em_tensor *x, *y;
+    cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+    cr_assert(x && y);
+    void *bufs[2] = {em_tensor_data(x), em_tensor_data(y)};
+    em_tensor *zero = em_zeros_like(x);
+    em_tensor *sum = em_add(x, zero); /* on c: reads the loader's buffer, later */
+    em_tensor *label = em_clone(y);
+    cr_assert(zero && sum && label, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(dev, NULL), EM_OK);
+    em_loader_free(l);
+    em_tensor *t[3];
+    for (int i = 0; i < 3; i++) {
+        t[i] = em_empty(2, (int64_t[]){8, 2}, EM_F32, dev); /* on the default stream */
+        cr_assert(t[i], "%s", em_last_error());
+        for (int k = 0; k < 2; k++)
+            cr_assert_neq(em_tensor_data(t[i]), bufs[k], "a loader buffer went to the default "
+                          "stream while the consumer's stream still read it");
+    }
+    cr_assert_eq(em_stream_set_current(dev, c), EM_OK);
+    em_tensor *hx = em_to_device(sum, em_cpu()), *hy = em_to_device(label, em_cpu());
+    cr_assert(hx && hy, "%s", em_last_error());
+    int64_t got[8];
+    cr_assert_eq(batch_items(hx, hy, got, 4), 8);
+    for (int i = 0; i < 8; i++) cr_assert_eq(got[i], i);
+    cr_assert_eq(em_stream_set_current(dev, NULL), EM_OK);
+    for (int i = 0; i < 3; i++) em_tensor_release(t[i]);
+    em_tensor_release(hx);
+    em_tensor_release(hy);
+    em_tensor_release(sum);
+    em_tensor_release(label);
+    em_tensor_release(zero);
+    em_stream_free(dev, c);
+    em_dataset_free(ds);
+}
