@@ -15,9 +15,9 @@
  *   - it is asynchronous for real: every stream (and each device's default stream) is a queue
  *     served by its own worker thread, and a kernel or copy issued on a stream is only queued.
  *     The workers are LAZY: an item runs only once something needs it — a host wait on its
- *     stream, an event recorded after it, the device (em_device_synchronize), another
- *     stream's item that waits for it (event_wait), or the release of memory it touches (as
- *     cudaFree waits). So work always runs as late as the ordering rules allow, the same way
+ *     stream, on the device or on an event recorded after it, an item of another stream that
+ *     waits for it (event_wait) and is itself needed, or the release of memory it touches
+ *     (as cudaFree waits). Polling an event (event_query) never makes work run. So work always runs as late as the ordering rules allow, the same way
  *     every run: core code that reads or reuses memory before the work on it is ordered shows
  *     wrong data or an ASan report deterministically, never by a timing accident;
  *   - the default stream follows CUDA's legacy rules: its work waits for all work queued
@@ -712,11 +712,12 @@ static em_stream *td_kernel_stream(const em_kernel_ctx *ctx) {
     return ctx->stream ? ctx->stream : em_stream_current(ctx->device);
 }
 
-/* Check the kernel's n operands (inputs then outputs), store them in ops[] and queue `it`. */
+/* Check the kernel's n operands (inputs then outputs), store them in ops[] and queue `it`
+ * (freed on failure). */
 static em_status td_kernel_queue(const em_kernel_ctx *ctx, td_item *it, em_ktensor *const *ops,
                                  const em_ktensor *const *src, int n) {
     em_stream *s = td_kernel_stream(ctx);
-    em_status st = it ? td_check_stream(em_op_name(ctx->op), ctx->device.index, s) : EM_ERR_NOMEM;
+    em_status st = td_check_stream(em_op_name(ctx->op), ctx->device.index, s);
     for (int i = 0; i < n && st == EM_OK; i++) {
         td_block *b;
         st = td_kernel_tensor(ctx, src[i], ops[i], &b);
