@@ -18,10 +18,22 @@
  *   Statistics count BLOCK sizes (rounded, and for a reused large block its full size), so
  *       current[] adds up with the cache to exactly what was taken from the device:
  *       reserved == sum of current[all categories including EM_MEM_CACHED].
- *   Out of memory: when the device's alloc fails with EM_ERR_NOMEM the cache is handed back
+ *   Streams (devices whose table has streams; the CPU has none and pays one test): a block
+ *       belongs to the stream it was allocated on — the allocating thread's current stream on
+ *       the device (em_stream_current) — and a release puts it back in that stream's own
+ *       cache (a pool: the buckets above, per stream), so only that stream, whose later work
+ *       is ordered after its earlier work, reuses it at once. A block used on other streams
+ *       too (em__allocator_record_stream) instead waits at release for an event recorded then
+ *       on each of them; the next allocations poll those events (event_query) and the block
+ *       joins its stream's cache once all have completed. A device without event_query gets
+ *       such blocks back when the cache is emptied (its events synchronized). A freed
+ *       stream's cache goes to the default stream's (its work is done: em_stream_free waits).
+ *       Waiting blocks count as EM_MEM_CACHED: the statistics do not depend on streams.
+ *   Out of memory: when the device's alloc fails with EM_ERR_NOMEM the cache (every
+ *       stream's, and the waiting blocks once their events are synchronized) is handed back
  *       to the device and the alloc retried once; then EM_ERR_NOMEM names the device, the
  *       request and the bytes in use by category.
- *   Locking: one mutex per allocator; the device alloc/free run under it.
+ *   Locking: one mutex per allocator; the device alloc/free and event calls run under it.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -166,13 +178,41 @@ static const char *size_str(size_t n, char *buf, size_t cap) {
 #define LARGE_GRAIN ((size_t)2 << 20)
 #define N_SMALL_BUCKETS (SMALL_MAX / SMALL_GRAIN) /* sizes 512, 1024, ..., 1 MiB */
 
+/* One stream's cache of free blocks. */
+typedef struct em__pool {
+    em_stream *stream;                 /* NULL: the default stream */
+    bool dead;                         /* its stream was freed: nothing allocates here now */
+    size_t refs;                       /* blocks that return here: in use, waiting or cached */
+    size_t ncached;
+    em__block *small[N_SMALL_BUCKETS]; /* cached blocks of size (i + 1) * 512 */
+    em__block *large;                  /* cached large blocks, ascending size */
+} em__pool;
+
+/* The other streams a block was used on (em_tensor_record_stream) and, once it is released,
+ * the event recorded on each (NULL: that one has completed). */
+typedef struct em__uses {
+    em__block *block;
+    struct em__uses *prev, *next; /* the allocator's list of in-use blocks with uses */
+    size_t n, cap;
+    struct {
+        em_stream *s;
+        em_event *e;
+    } u[];
+} em__uses;
+
 struct em__allocator {
     em_device dev;
     const em_device_ops *ops;
     pthread_mutex_t lock;
     em_memory_stats st;
-    em__block *small[N_SMALL_BUCKETS]; /* cached blocks of size (i + 1) * 512 */
-    em__block *large;                  /* cached large blocks, ascending size */
+    bool streams;       /* the device has streams: each allocation picks its stream's pool */
+    em__pool def;       /* the default stream's cache */
+    em__pool **pools;   /* the other streams' caches (dead ones are recycled) */
+    size_t npools;
+    em__uses *recorded; /* in-use blocks that other streams used */
+    em__block *waiting; /* released blocks whose events have not all completed */
+    em_event **spare;   /* completed events, for reuse */
+    size_t nspare, spare_cap;
 };
 
 static const char *const g_cat_names[EM_MEM_CATEGORY_COUNT] = {
@@ -227,50 +267,33 @@ em__allocator *em__allocator_new(em_device dev, const em_device_ops *ops) {
     }
     a->dev = dev;
     a->ops = ops;
+    a->streams = ops->stream_create != NULL;
     return a;
 }
 
-/* Hand one cached block back to the device. Called with the lock held. */
-static void drop_cached(em__allocator *a, em__block *b) {
-    stat_sub(a, EM_MEM_CACHED, b->size);
-    a->st.reserved -= b->size;
-    a->ops->free(a->dev.index, b->ptr);
-    em__free(b);
-}
+/* ---- the pools' free lists (all with the lock held; statistics are the callers') ---- */
 
-/* Called with the lock held. */
-static void empty_cache_locked(em__allocator *a) {
-    for (size_t i = 0; i < N_SMALL_BUCKETS; i++) {
-        while (a->small[i]) {
-            em__block *b = a->small[i];
-            a->small[i] = b->next;
-            drop_cached(a, b);
-        }
+static void pool_put(em__pool *p, em__block *b) {
+    em__block **link;
+    if (b->size <= SMALL_MAX) {
+        link = &p->small[b->size / SMALL_GRAIN - 1];
+    } else {
+        link = &p->large;
+        while (*link && (*link)->size < b->size)
+            link = &(*link)->next;
     }
-    while (a->large) {
-        em__block *b = a->large;
-        a->large = b->next;
-        drop_cached(a, b);
-    }
+    b->next = *link;
+    *link = b;
+    p->ncached++;
 }
 
-void em__allocator_free(em__allocator *a) {
-    if (!a)
-        return;
-    pthread_mutex_lock(&a->lock);
-    empty_cache_locked(a);
-    pthread_mutex_unlock(&a->lock);
-    pthread_mutex_destroy(&a->lock);
-    em__free(a);
-}
-
-/* Take a cached block for a request rounded to `size`, or NULL. Called with the lock held. */
-static em__block *take_cached(em__allocator *a, size_t size) {
+/* A cached block of p for a request rounded to `size`, or NULL. */
+static em__block *pool_take(em__pool *p, size_t size) {
     em__block **link;
     if (size <= SMALL_MAX) {
-        link = &a->small[size / SMALL_GRAIN - 1];
+        link = &p->small[size / SMALL_GRAIN - 1];
     } else {
-        link = &a->large;
+        link = &p->large;
         while (*link && (*link)->size < size)
             link = &(*link)->next;
         if (*link && (*link)->size / 2 > size) /* larger than twice the request */
@@ -280,24 +303,236 @@ static em__block *take_cached(em__allocator *a, size_t size) {
     if (b) {
         *link = b->next;
         b->next = NULL;
-        stat_sub(a, EM_MEM_CACHED, b->size);
+        p->ncached--;
     }
     return b;
 }
 
-/* Put a block into the cache. Called with the lock held. */
-static void put_cached(em__allocator *a, em__block *b) {
-    em__block **link;
-    if (b->size <= SMALL_MAX) {
-        link = &a->small[b->size / SMALL_GRAIN - 1];
-    } else {
-        link = &a->large;
-        while (*link && (*link)->size < b->size)
-            link = &(*link)->next;
+/* Every cached block of p, one at a time, or NULL when none is left. */
+static em__block *pool_pop_any(em__pool *p) {
+    if (!p->ncached)
+        return NULL;
+    for (size_t i = 0; i < N_SMALL_BUCKETS; i++)
+        if (p->small[i])
+            return pool_take(p, (i + 1) * SMALL_GRAIN);
+    em__block *b = p->large;
+    p->large = b->next;
+    b->next = NULL;
+    p->ncached--;
+    return b;
+}
+
+/* Hand one cached block back to the device. */
+static void drop_cached(em__allocator *a, em__block *b) {
+    stat_sub(a, EM_MEM_CACHED, b->size);
+    a->st.reserved -= b->size;
+    b->pool->refs--;
+    a->ops->free(a->dev.index, b->ptr);
+    em__free(b);
+}
+
+/* The blocks cached in p (a freed stream's) now belong to the default stream's cache. */
+static void pool_sweep(em__allocator *a, em__pool *p) {
+    em__block *b;
+    while ((b = pool_pop_any(p))) {
+        p->refs--;
+        b->pool = &a->def;
+        a->def.refs++;
+        pool_put(&a->def, b);
     }
-    b->next = *link;
-    *link = b;
-    stat_add(a, EM_MEM_CACHED, b->size);
+}
+
+/* ---- events: a released block that other streams used waits for them ---- */
+
+static em_status event_get(em__allocator *a, em_event **e) {
+    *e = NULL;
+    if (a->nspare) {
+        *e = a->spare[--a->nspare];
+        return EM_OK;
+    }
+    if (!a->ops->event_create || !a->ops->event_record)
+        return EM_ERR_DEVICE;
+    return a->ops->event_create(a->dev.index, e);
+}
+
+static void event_put(em__allocator *a, em_event *e) {
+    if (a->nspare == a->spare_cap) {
+        size_t cap = a->spare_cap ? 2 * a->spare_cap : 8;
+        em_event **s = em__realloc(a->spare, a->spare_cap * sizeof *s, cap * sizeof *s,
+                                   "the allocator's spare events");
+        if (!s) {
+            if (a->ops->event_destroy)
+                a->ops->event_destroy(a->dev.index, e);
+            return;
+        }
+        a->spare = s;
+        a->spare_cap = cap;
+    }
+    a->spare[a->nspare++] = e;
+}
+
+static void uses_unlink(em__allocator *a, em__uses *u) {
+    if (u->prev)
+        u->prev->next = u->next;
+    else if (a->recorded == u)
+        a->recorded = u->next;
+    if (u->next)
+        u->next->prev = u->prev;
+    u->prev = u->next = NULL;
+}
+
+static void uses_link(em__allocator *a, em__uses *u) {
+    u->prev = NULL;
+    u->next = a->recorded;
+    if (u->next)
+        u->next->prev = u;
+    a->recorded = u;
+}
+
+/* b's waits are over: it joins its stream's cache. */
+static void block_settled(em__block *b) {
+    em__free(b->uses);
+    b->uses = NULL;
+    pool_put(b->pool, b);
+}
+
+/* Release of a block other streams used: record an event on each, then wait in a->waiting.
+ * When the device cannot record one, wait for that stream here instead. */
+static void block_defer(em__allocator *a, em__block *b) {
+    em__uses *u = b->uses;
+    uses_unlink(a, u);
+    bool pending = false;
+    for (size_t i = 0; i < u->n; i++) {
+        em_event *e = NULL;
+        if (event_get(a, &e) == EM_OK && a->ops->event_record(a->dev.index, e, u->u[i].s) == EM_OK) {
+            u->u[i].e = e;
+            pending = true;
+            continue;
+        }
+        if (e)
+            event_put(a, e);
+        u->u[i].e = NULL;
+        if (a->ops->stream_synchronize)
+            a->ops->stream_synchronize(a->dev.index, u->u[i].s);
+    }
+    if (!pending) {
+        block_settled(b);
+        return;
+    }
+    b->next = a->waiting;
+    a->waiting = b;
+}
+
+/* Move the waiting blocks whose events have all completed to their caches. `wait`: wait for
+ * every event (event_synchronize) instead of polling (event_query, when the device has it). */
+static void waiting_settle(em__allocator *a, bool wait) {
+    if (!wait && !a->ops->event_query)
+        return;
+    em__block **link = &a->waiting;
+    while (*link) {
+        em__block *b = *link;
+        em__uses *u = b->uses;
+        bool all = true;
+        for (size_t i = 0; i < u->n; i++) {
+            em_event *e = u->u[i].e;
+            if (!e)
+                continue;
+            bool done = false;
+            if (!wait && a->ops->event_query(a->dev.index, e, &done) != EM_OK)
+                wait = true; /* a device that cannot say: wait for this one */
+            if (wait) {
+                if (a->ops->event_synchronize)
+                    a->ops->event_synchronize(a->dev.index, e);
+                done = true;
+            }
+            if (done) {
+                event_put(a, e);
+                u->u[i].e = NULL;
+            } else {
+                all = false;
+            }
+        }
+        if (all) {
+            *link = b->next;
+            b->next = NULL;
+            block_settled(b);
+        } else {
+            link = &b->next;
+        }
+    }
+}
+
+/* The pool of stream s (NULL: the default stream's), made on first use. On the way, polls
+ * the waiting blocks and hands freed streams' cached blocks to the default pool. */
+static em_status pool_of(em__allocator *a, em_stream *s, em__pool **out) {
+    if (a->waiting)
+        waiting_settle(a, false);
+    em__pool *found = s ? NULL : &a->def, *recycle = NULL;
+    for (size_t i = 0; i < a->npools; i++) {
+        em__pool *p = a->pools[i];
+        if (p->dead) {
+            if (p->ncached)
+                pool_sweep(a, p);
+            if (!p->refs && !recycle)
+                recycle = p;
+        } else if (!found && p->stream == s) {
+            found = p;
+        }
+    }
+    if (!found && recycle) {
+        recycle->dead = false;
+        recycle->stream = s;
+        found = recycle;
+    }
+    if (!found) {
+        em__pool *p = em__calloc(1, sizeof *p, "a stream's block cache");
+        em__pool **v = p ? em__realloc(a->pools, a->npools * sizeof *v,
+                                       (a->npools + 1) * sizeof *v, "the stream caches") : NULL;
+        if (!v) {
+            em__free(p);
+            return EM_ERR_NOMEM;
+        }
+        p->stream = s;
+        v[a->npools++] = p;
+        a->pools = v;
+        found = p;
+    }
+    *out = found;
+    return EM_OK;
+}
+
+/* Called with the lock held. */
+static void empty_cache_locked(em__allocator *a) {
+    waiting_settle(a, true);
+    em__block *b;
+    while ((b = pool_pop_any(&a->def)))
+        drop_cached(a, b);
+    for (size_t i = 0; i < a->npools; i++)
+        while ((b = pool_pop_any(a->pools[i])))
+            drop_cached(a, b);
+}
+
+void em__allocator_free(em__allocator *a) {
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->lock);
+    empty_cache_locked(a);
+    for (size_t i = 0; i < a->nspare; i++)
+        if (a->ops->event_destroy)
+            a->ops->event_destroy(a->dev.index, a->spare[i]);
+    while (a->recorded) { /* blocks still in use leak; their records need not */
+        em__uses *u = a->recorded;
+        uses_unlink(a, u);
+        u->block->uses = NULL;
+        em__free(u);
+    }
+    for (size_t i = 0; i < a->npools; i++)
+        em__free(a->pools[i]);
+    pthread_mutex_unlock(&a->lock);
+    em__free(a->spare);
+    em__free(a->pools);
+    pthread_mutex_destroy(&a->lock);
+    em__free(a);
 }
 
 /* EM_ERR_NOMEM naming the device, the request and what holds the memory. */
@@ -322,8 +557,9 @@ static em_status oom_error(em__allocator *a, size_t size, size_t cached_before) 
                         size_str(cached_before, cached, sizeof cached));
 }
 
-/* Ask the device for `size` bytes; on EM_ERR_NOMEM empty the cache and retry once. Called
- * with the lock held. */
+/* Ask the device for `size` bytes; on EM_ERR_NOMEM empty the cache (every stream's, after
+ * waiting for the events of the blocks that wait) and retry once. Called with the lock
+ * held. */
 static em_status device_alloc(em__allocator *a, size_t size, void **ptr) {
     em_status st = a->ops->alloc(a->dev.index, size, ptr);
     if (st == EM_OK && !*ptr)
@@ -361,8 +597,19 @@ em_status em__allocator_alloc(em__allocator *a, size_t nbytes, em_mem_category c
                             em_device_str(a->dev, dev, sizeof dev), nbytes);
     }
     pthread_mutex_lock(&a->lock);
-    em__block *b = take_cached(a, size);
+    em__pool *p = &a->def;
+    /* The one test the CPU (no streams) pays: a device with streams serves each allocation
+     * from the cache of the calling thread's current stream on it. */
+    if (a->streams) {
+        em_status st = pool_of(a, em_stream_current(a->dev), &p);
+        if (st != EM_OK) {
+            pthread_mutex_unlock(&a->lock);
+            return st;
+        }
+    }
+    em__block *b = pool_take(p, size);
     if (b) {
+        stat_sub(a, EM_MEM_CACHED, b->size);
         a->st.cache_hits++;
     } else {
         /* The bookkeeping first: if it fails nothing has been taken from the device. */
@@ -374,7 +621,8 @@ em_status em__allocator_alloc(em__allocator *a, size_t nbytes, em_mem_category c
             pthread_mutex_unlock(&a->lock);
             return st;
         }
-        *b = (em__block){.ptr = ptr, .size = size};
+        *b = (em__block){.ptr = ptr, .size = size, .pool = p};
+        p->refs++;
         reserve_add(a, size);
     }
     b->cat = cat;
@@ -389,7 +637,70 @@ void em__allocator_release(em__allocator *a, em__block *b) {
         return;
     pthread_mutex_lock(&a->lock);
     stat_sub(a, b->cat, b->size);
-    put_cached(a, b);
+    stat_add(a, EM_MEM_CACHED, b->size); /* cached from now, whether it waits or not */
+    if (b->uses)
+        block_defer(a, b);
+    else
+        pool_put(b->pool, b);
+    pthread_mutex_unlock(&a->lock);
+}
+
+em_status em__allocator_record_stream(em__allocator *a, em__block *b, em_stream *s) {
+    if (!a->streams)
+        return EM_OK; /* every stream is the default one */
+    pthread_mutex_lock(&a->lock);
+    em__uses *u = b->uses;
+    bool known = !b->pool->dead && b->pool->stream == s; /* its own stream */
+    for (size_t i = 0; u && i < u->n && !known; i++)
+        known = u->u[i].s == s;
+    if (!known && (!u || u->n == u->cap)) {
+        size_t cap = u ? 2 * u->cap : 2;
+        em__uses *nu = em__malloc(sizeof *nu + cap * sizeof nu->u[0], "a block's stream record");
+        if (!nu) {
+            pthread_mutex_unlock(&a->lock);
+            return EM_ERR_NOMEM;
+        }
+        *nu = (em__uses){.block = b, .cap = cap};
+        if (u) {
+            nu->n = u->n;
+            memcpy(nu->u, u->u, u->n * sizeof u->u[0]);
+            uses_unlink(a, u);
+            em__free(u);
+        }
+        uses_link(a, nu);
+        b->uses = u = nu;
+    }
+    if (!known)
+        u->u[u->n++].s = s;
+    pthread_mutex_unlock(&a->lock);
+    return EM_OK;
+}
+
+void em__allocator_stream_gone(em__allocator *a, em_stream *s) {
+    if (!s)
+        return;
+    pthread_mutex_lock(&a->lock);
+    for (size_t i = 0; i < a->npools; i++) {
+        em__pool *p = a->pools[i];
+        if (!p->dead && p->stream == s) {
+            p->dead = true;
+            p->stream = NULL;
+            pool_sweep(a, p);
+        }
+    }
+    for (em__uses *u = a->recorded, *next; u; u = next) {
+        next = u->next;
+        for (size_t i = 0; i < u->n;)
+            if (u->u[i].s == s)
+                u->u[i] = u->u[--u->n];
+            else
+                i++;
+        if (!u->n) {
+            uses_unlink(a, u);
+            u->block->uses = NULL;
+            em__free(u);
+        }
+    }
     pthread_mutex_unlock(&a->lock);
 }
 

@@ -218,6 +218,15 @@ em_status em_device_synchronize(em_device dev) {
     return st != EM_OK ? st : em__device_ops(dev)->synchronize(dev.index);
 }
 
+/* A copy to or from host memory returns once the host may read or reuse that memory: on the
+ * default stream the backend's copy is complete when it returns (em_device_ops.copy); on
+ * another stream wait for the stream. */
+static em_status host_copy_wait(em_device dev, em_stream *s) {
+    const em_device_ops *o = em__device_ops(dev);
+    if (!s || !o->stream_synchronize) return EM_OK;
+    return o->stream_synchronize(dev.index, s);
+}
+
 em_status em__device_copy(em_device dst_dev, void *dst, em_device src_dev, const void *src,
                           size_t nbytes) {
     if (nbytes == 0) return EM_OK;
@@ -228,17 +237,24 @@ em_status em__device_copy(em_device dst_dev, void *dst, em_device src_dev, const
     }
     if (!em_device_equal(dst_dev, src_dev)) em__placement_count_copy(dst_dev, src_dev, nbytes);
     if (src_cpu || dst_cpu || em_device_equal(dst_dev, src_dev)) {
-        /* One backend can do it: the non-CPU side's. */
+        /* One backend can do it: the non-CPU side's, on this thread's current stream there
+         * (ordered after the work this thread queued on it). */
         em_device owner = dst_cpu ? src_dev : dst_dev;
-        return em__device_ops(owner)->copy(dst_dev, dst, src_dev, src, nbytes, NULL);
+        em_stream *s = em_stream_current(owner);
+        em_status st = em__device_ops(owner)->copy(dst_dev, dst, src_dev, src, nbytes, s);
+        return st == EM_OK && (src_cpu || dst_cpu) ? host_copy_wait(owner, s) : st;
     }
-    /* Two different devices (or two ordinals of one type): stage through host memory. */
+    /* Two different devices (or two ordinals of one type): stage through host memory, each
+     * half on its device's current stream; the host waits for the first half's stream before
+     * the second half starts, and for the second's before the staging buffer goes, not for
+     * the devices' other streams. */
     void *tmp = em__malloc(nbytes, "cross-device copy staging buffer");
     if (!tmp) return EM_ERR_NOMEM;
-    em_status st = em__device_ops(src_dev)->copy(em_cpu(), tmp, src_dev, src, nbytes, NULL);
-    if (st == EM_OK) st = em__device_ops(src_dev)->synchronize(src_dev.index);
-    if (st == EM_OK) st = em__device_ops(dst_dev)->copy(dst_dev, dst, em_cpu(), tmp, nbytes, NULL);
-    if (st == EM_OK) st = em__device_ops(dst_dev)->synchronize(dst_dev.index);
+    em_stream *ss = em_stream_current(src_dev), *ds = em_stream_current(dst_dev);
+    em_status st = em__device_ops(src_dev)->copy(em_cpu(), tmp, src_dev, src, nbytes, ss);
+    if (st == EM_OK) st = host_copy_wait(src_dev, ss);
+    if (st == EM_OK) st = em__device_ops(dst_dev)->copy(dst_dev, dst, em_cpu(), tmp, nbytes, ds);
+    if (st == EM_OK) st = host_copy_wait(dst_dev, ds);
     em__free(tmp);
     return st;
 }
@@ -311,7 +327,15 @@ void em_stream_free(em_device dev, em_stream *s) {
     if (!s || em__device_check(dev, "stream_free") != EM_OK) return;
     int i = current_find(dev);
     if (i >= 0 && tls_current[i].s == s) current_drop(i);
-    if (em__device_ops(dev)->stream_destroy) em__device_ops(dev)->stream_destroy(dev.index, s);
+    const em_device_ops *o = em__device_ops(dev);
+    em__allocator *a = em__device_allocator_existing(dev);
+    if (a) {
+        /* Its cached blocks are about to serve every stream, and blocks that recorded it stop
+         * waiting for it: both need its work done. */
+        if (o->stream_synchronize) o->stream_synchronize(dev.index, s);
+        em__allocator_stream_gone(a, s);
+    }
+    if (o->stream_destroy) o->stream_destroy(dev.index, s);
 }
 em_status em_stream_synchronize(em_device dev, em_stream *s) {
     STREAM_OP("stream_synchronize", stream_synchronize, o_->stream_synchronize(dev.index, s),

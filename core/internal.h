@@ -81,7 +81,9 @@ typedef struct em__block {
     void *ptr;
     size_t size;            /* bytes obtained (rounded) */
     em_mem_category cat;
-    struct em__block *next; /* free-list link while cached */
+    struct em__block *next; /* free-list link while cached or waiting for events */
+    struct em__pool *pool;  /* the cache of the stream it was allocated on; it returns there */
+    struct em__uses *uses;  /* other streams that used it (em_tensor_record_stream); NULL: none */
 } em__block;
 
 typedef struct em__allocator em__allocator;
@@ -95,6 +97,12 @@ void em__allocator_free(em__allocator *a); /* returns cached blocks; live blocks
 em_status em__allocator_alloc(em__allocator *a, size_t nbytes, em_mem_category cat,
                               em__block **out);
 void em__allocator_release(em__allocator *a, em__block *b);
+/* Stream s (of the allocator's device) uses b too: on release b is reused only once the work
+ * s had queued by then is done. EM_ERR_NOMEM when the record cannot grow. */
+em_status em__allocator_record_stream(em__allocator *a, em__block *b, em_stream *s);
+/* Stream s is being freed and its work is done: its cached blocks serve every stream, and the
+ * blocks that recorded it no longer wait for it. */
+void em__allocator_stream_gone(em__allocator *a, em_stream *s);
 void em__allocator_set_category(em__allocator *a, em__block *b, em_mem_category cat);
 void em__allocator_stats(em__allocator *a, em_memory_stats *out);
 void em__allocator_reset_peak(em__allocator *a);

@@ -122,7 +122,7 @@ struct em_loader {
     em_device dev;
     em_tensor *din, *dtg;          /* device buffers (batch_size, ...) */
     em_stream *stream;
-    em_event *ev_default, *ev_copy;
+    em_event *ev_consumer, *ev_copy;
     bool copy_pending;
 };
 
@@ -586,9 +586,13 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
         l->din = em__tensor_new(l->ndim + 1, bshape, l->out_dtype, l->dev, EM_MEM_DATA);
         l->dtg = em__tensor_new(in->target_ndim + 1, tshape, in->target_dtype, l->dev, EM_MEM_DATA);
         if (!l->din || !l->dtg) goto fail;
+        /* The buffers were allocated on this thread's current stream and the loader's
+         * stream writes them: their blocks wait for it too when freed. */
         if (em_stream_create(l->dev, &l->stream) != EM_OK ||
-            em_event_create(l->dev, &l->ev_default) != EM_OK ||
-            em_event_create(l->dev, &l->ev_copy) != EM_OK)
+            em_event_create(l->dev, &l->ev_consumer) != EM_OK ||
+            em_event_create(l->dev, &l->ev_copy) != EM_OK ||
+            em_tensor_record_stream(l->din, l->stream) != EM_OK ||
+            em_tensor_record_stream(l->dtg, l->stream) != EM_OK)
             goto fail;
     }
     int nctx = l->nw ? l->nw : 1;
@@ -632,19 +636,26 @@ static em_tensor *rows(em_loader *l, em_tensor *t, int64_t n, em_tensor **view) 
 }
 
 /* Copy slot s (n items) to the device buffers, asynchronously on the loader's stream, ordered
- * after the default stream's work so far and before the default stream's work from now on. */
+ * by events after the consumer's work so far on its current stream (which may still read the
+ * previous batch from the same buffers) and before its work from now on. */
 static em_status to_device(em_loader *l, slot *s, int64_t n) {
     const em_device_ops *ops = em__device_ops(l->dev);
     em_device cpu = em_cpu();
-    em_status st = em_event_record(l->dev, l->ev_default, NULL);
-    if (st == EM_OK) st = em_event_wait(l->dev, l->stream, l->ev_default);
+    em_stream *consumer = em_stream_current(l->dev);
+    /* The consumer's stream reads the buffers: when they are freed their blocks wait for it
+     * too (it need not be the stream they were allocated on). Nothing new after the first
+     * call from a stream. */
+    em_status st = em_tensor_record_stream(l->din, consumer);
+    if (st == EM_OK) st = em_tensor_record_stream(l->dtg, consumer);
+    if (st == EM_OK) st = em_event_record(l->dev, l->ev_consumer, consumer);
+    if (st == EM_OK) st = em_event_wait(l->dev, l->stream, l->ev_consumer);
     size_t ni = (size_t)n * l->out_ib, nt = (size_t)n * l->tb;
     if (st == EM_OK && ni)
         st = ops->copy(l->dev, em_tensor_data(l->din), cpu, s->in, ni, l->stream);
     if (st == EM_OK && nt)
         st = ops->copy(l->dev, em_tensor_data(l->dtg), cpu, s->tg, nt, l->stream);
     if (st == EM_OK) st = em_event_record(l->dev, l->ev_copy, l->stream);
-    if (st == EM_OK) st = em_event_wait(l->dev, NULL, l->ev_copy);
+    if (st == EM_OK) st = em_event_wait(l->dev, consumer, l->ev_copy);
     if (st == EM_OK) {
         em__placement_count_copy(l->dev, cpu, ni + nt);
         l->copy_pending = true;
@@ -830,7 +841,7 @@ void em_loader_free(em_loader *l) {
     em_tensor_release(l->din);
     em_tensor_release(l->dtg);
     if (l->ev_copy) em_event_free(l->dev, l->ev_copy);
-    if (l->ev_default) em_event_free(l->dev, l->ev_default);
+    if (l->ev_consumer) em_event_free(l->dev, l->ev_consumer);
     if (l->stream) em_stream_free(l->dev, l->stream);
     em__free(l->fa);
     em__free(l->fb);

@@ -365,6 +365,21 @@ em_status em_tensor_set_category(em_tensor *t, em_mem_category c) {
     return EM_OK;
 }
 
+em_status em_tensor_record_stream(em_tensor *t, em_stream *s) {
+    if (!t) return em_set_error(EM_ERR_INVALID, "tensor_record_stream: NULL tensor");
+    if (!t->storage->block)
+        return em_set_error(EM_ERR_STATE, "tensor_record_stream: the tensor wraps memory the "
+                            "caller owns; its lifetime is the caller's, not the allocator's");
+    em__allocator *a = em__device_allocator_existing(t->storage->device);
+    if (!a) {
+        char d[48];
+        return em_set_error(EM_ERR_DEVICE, "tensor_record_stream: the tensor's device %s has "
+                            "no allocator any more",
+                            em_device_str(t->storage->device, d, sizeof d));
+    }
+    return em__allocator_record_stream(a, t->storage->block, s);
+}
+
 void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {
     k->data = (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
     k->dtype = t->dtype;

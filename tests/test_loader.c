@@ -837,3 +837,118 @@ Test(loader_device, pinned_batches_on_testdev, .init = testdev_setup, .fini = te
     }
     em_dataset_free(ds);
 }
+
+/* The consumer on its own current stream of the asynchronous testdev, where every copy and
+ * kernel runs only once something waits for it: it keeps each batch's results pending and
+ * reads them all at the end. A batch buffer overwritten before the consumer's kernels read
+ * it, or a host slot (pinned or not) refilled before the copy out of it ran, shows as a wrong
+ * item; a slot freed too early, as an ASan report. */
+Test(loader_device, side_stream_copies_ordered_on_async_testdev, .init = testdev_setup,
+     .fini = testdev_teardown) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/testdev.so", getenv("EMBER_TEST_PLUGIN_DIR"));
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    cr_assert(h, "testdev is not loaded: %s", dlerror());
+    size_t (*pending)(int, const em_stream *) =
+        (size_t (*)(int, const em_stream *))dlsym(h, "ember_testdev_pending");
+    cr_assert(pending);
+    dlclose(h);
+    em_device dev;
+    cr_assert_eq(em_device_parse("testdev:1", &dev), EM_OK, "%s", em_last_error());
+    em_stream *c = NULL;
+    cr_assert_eq(em_stream_create(dev, &c), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(dev, c), EM_OK, "%s", em_last_error());
+    em_dataset *ds = counting(30, 4);
+    for (int pin = 0; pin <= 1; pin++) {
+        for (int w = 0; w <= 2; w += 2) {
+            em_loader_options o = {.struct_size = sizeof o, .batch_size = 8, .shuffle = true,
+                                   .seed = 3, .num_workers = w, .device = dev,
+                                   .pin_memory = pin};
+            em_loader *l = em_loader_new(ds, &o);
+            cr_assert(l, "%s", em_last_error());
+            em_tensor *xs[4], *ys[4], *x, *y;
+            int nb = 0;
+            while (em_loader_next(l, &x, &y) == EM_OK && x) {
+                cr_assert_lt(nb, 4);
+                em_tensor *zero = em_zeros_like(x);
+                xs[nb] = em_add(x, zero); /* on c, reading the loader's device buffer */
+                ys[nb] = em_clone(y);
+                cr_assert(zero && xs[nb] && ys[nb], "%s", em_last_error());
+                em_tensor_release(zero);
+                cr_assert_geq(pending(1, c), 3, "the consumer's kernels are pending");
+                nb++;
+            }
+            cr_assert_eq(em_last_status(), EM_OK, "%s", em_last_error());
+            cr_assert_eq(nb, 4);
+            int64_t got[30], n = 0;
+            for (int b = 0; b < nb; b++) {
+                em_tensor *hx = em_to_device(xs[b], em_cpu()), *hy = em_to_device(ys[b], em_cpu());
+                cr_assert(hx && hy, "%s", em_last_error());
+                n += batch_items(hx, hy, got + n, 4);
+                em_tensor_release(hx);
+                em_tensor_release(hy);
+                em_tensor_release(xs[b]);
+                em_tensor_release(ys[b]);
+            }
+            cr_assert_eq(n, 30);
+            int64_t ref[30];
+            for (int i = 0; i < 30; i++) ref[i] = i;
+            ref_permute(ref, 30, 3, 0, 0x53485546u);
+            cr_assert(memcmp(got, ref, sizeof ref) == 0, "pin_memory %d, %d workers: the "
+                      "batches differ from the sampler's order", pin, w);
+            em_loader_free(l);
+        }
+    }
+    cr_assert_eq(em_stream_set_current(dev, NULL), EM_OK);
+    em_stream_free(dev, c);
+    em_dataset_free(ds);
+}
+
+/* The loader's device buffers were allocated on the default stream, but the consumer reads
+ * them on its own stream: freed with the loader while that read is pending, their blocks
+ * must not go back to the default stream's cache until the consumer's stream is done. */
+Test(loader_device, buffers_wait_for_the_consumer_stream_when_freed, .init = testdev_setup,
+     .fini = testdev_teardown) {
+    em_device dev;
+    cr_assert_eq(em_device_parse("testdev:1", &dev), EM_OK, "%s", em_last_error());
+    em_dataset *ds = counting(8, 4);
+    em_loader_options o = {.struct_size = sizeof o, .batch_size = 8, .device = dev};
+    em_loader *l = em_loader_new(ds, &o); /* buffers on the default stream */
+    cr_assert(l, "%s", em_last_error());
+    em_stream *c = NULL;
+    cr_assert_eq(em_stream_create(dev, &c), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(dev, c), EM_OK, "%s", em_last_error());
+    em_tensor *x, *y;
+    cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+    cr_assert(x && y);
+    void *bufs[2] = {em_tensor_data(x), em_tensor_data(y)};
+    em_tensor *zero = em_zeros_like(x);
+    em_tensor *sum = em_add(x, zero); /* on c: reads the loader's buffer, later */
+    em_tensor *label = em_clone(y);
+    cr_assert(zero && sum && label, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(dev, NULL), EM_OK);
+    em_loader_free(l);
+    em_tensor *t[3];
+    for (int i = 0; i < 3; i++) {
+        t[i] = em_empty(2, (int64_t[]){8, 2}, EM_F32, dev); /* on the default stream */
+        cr_assert(t[i], "%s", em_last_error());
+        for (int k = 0; k < 2; k++)
+            cr_assert_neq(em_tensor_data(t[i]), bufs[k], "a loader buffer went to the default "
+                          "stream while the consumer's stream still read it");
+    }
+    cr_assert_eq(em_stream_set_current(dev, c), EM_OK);
+    em_tensor *hx = em_to_device(sum, em_cpu()), *hy = em_to_device(label, em_cpu());
+    cr_assert(hx && hy, "%s", em_last_error());
+    int64_t got[8];
+    cr_assert_eq(batch_items(hx, hy, got, 4), 8);
+    for (int i = 0; i < 8; i++) cr_assert_eq(got[i], i);
+    cr_assert_eq(em_stream_set_current(dev, NULL), EM_OK);
+    for (int i = 0; i < 3; i++) em_tensor_release(t[i]);
+    em_tensor_release(hx);
+    em_tensor_release(hy);
+    em_tensor_release(sum);
+    em_tensor_release(label);
+    em_tensor_release(zero);
+    em_stream_free(dev, c);
+    em_dataset_free(ds);
+}

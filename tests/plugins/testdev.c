@@ -12,8 +12,20 @@
  *   - every copy and every kernel checks that the device bytes it touches lie inside a live
  *     allocation of the right device; freeing a foreign or damaged block aborts (that is an
  *     Ember bug, never user input);
- *   - streams count the work queued on them, events record a stream's count, and every
- *     stream and event call checks that its handles belong to the device they are used on;
+ *   - it is asynchronous for real: every stream (and each device's default stream) is a queue
+ *     served by its own worker thread, and a kernel or copy issued on a stream is only queued.
+ *     The workers are LAZY: an item runs only once something needs it — a host wait on its
+ *     stream, on the device or on an event recorded after it, an item of another stream that
+ *     waits for it (event_wait) and is itself needed, or the release of memory it touches
+ *     (as cudaFree waits). Polling an event (event_query) never makes work run. So work always runs as late as the ordering rules allow, the same way
+ *     every run: core code that reads or reuses memory before the work on it is ordered shows
+ *     wrong data or an ASan report deterministically, never by a timing accident;
+ *   - the default stream follows CUDA's legacy rules: its work waits for all work queued
+ *     before on the device's other streams, and their later work waits for it; a copy on the
+ *     default stream is complete when it returns (em_device_ops.copy);
+ *   - every stream and event call checks that its handles belong to the device they are used
+ *     on; ember_testdev_pending() (tests find it with dlsym) says how many items of a stream
+ *     have not run yet, so a test can show that the work it means to overtake is pending;
  *   - page-locked host memory (host_alloc) is plain host memory with a header; the live
  *     pinned blocks and bytes are counted, and ember_testdev_pinned() reports them (tests
  *     find it with dlsym) so pin_memory can be checked;
@@ -22,6 +34,7 @@
  */
 #include <assert.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,19 +61,25 @@ typedef struct td_block {
     uint64_t magic; /* TD_MAGIC while live, TD_DEAD once freed */
     int index;
     size_t nbytes;
+    int pending; /* queued items that touch the block and have not run (under G.lock) */
     struct td_block *prev, *next;
 } td_block;
 static_assert(sizeof(td_block) <= TD_HDR, "the header must fit in TD_HDR");
 
+typedef struct td_queue td_queue;
+
+/* One lock for the whole device model and one condition variable, broadcast on every change a
+ * waiter may be waiting for (an item done, a demand raised, a queue stopping). */
 static struct {
     pthread_mutex_t lock;
+    pthread_cond_t cv;
     td_block *live[TD_COUNT]; /* live allocations, per device */
     size_t used[TD_COUNT];
-    uint64_t default_work[TD_COUNT]; /* work queued on each device's default stream */
-    uint64_t next_stream_id;
+    td_queue *def[TD_COUNT];    /* each device's default stream, made on first use */
+    td_queue *queues[TD_COUNT]; /* the live (non-default) streams of each device */
     int type; /* our device-type index, learned at registration */
     size_t pinned_blocks, pinned_bytes; /* live host_alloc blocks */
-} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .type = -1};
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .type = -1};
 
 static void *td_tag(void *host, int index) {
     return (void *)((uintptr_t)host | (TD_TAG << 60) | ((uint64_t)(index + 1) << 52));
@@ -78,6 +97,8 @@ static void td_fatal(const char *what, const void *ptr, int index) {
     em_log_write(EM_LOG_ERROR, "testdev: %s (pointer %p, testdev:%d)", what, ptr, index);
     abort();
 }
+
+static void td_drain_for_free(int index, td_block *b);
 
 static int td_count(void) { return TD_COUNT; }
 
@@ -132,10 +153,11 @@ static void td_free(int index, void *ptr) {
     if (b->magic != TD_MAGIC || b->index != index)
         td_fatal(b->magic == TD_DEAD ? "double free" : "free of a damaged or foreign block",
                  ptr, index);
+    pthread_mutex_lock(&G.lock);
+    if (b->pending) td_drain_for_free(index, b); /* as cudaFree waits for the device */
     uint64_t canary;
     memcpy(&canary, host + b->nbytes, sizeof canary);
     if (canary != TD_CANARY) td_fatal("write past the end of a block", ptr, index);
-    pthread_mutex_lock(&G.lock);
     if (b->prev) b->prev->next = b->next;
     else G.live[index] = b->next;
     if (b->next) b->next->prev = b->prev;
@@ -145,48 +167,237 @@ static void td_free(int index, void *ptr) {
     free(b);
 }
 
-/* True when [host, host + n) lies inside one live allocation of testdev:index. */
-static bool td_range_live(int index, const char *host, size_t n) {
-    bool ok = false;
+/* The live allocation of testdev:index that holds [host, host + n), or NULL. */
+static td_block *td_block_of(int index, const char *host, size_t n) {
+    td_block *found = NULL;
     pthread_mutex_lock(&G.lock);
-    for (const td_block *b = G.live[index]; b && !ok; b = b->next) {
+    for (td_block *b = G.live[index]; b && !found; b = b->next) {
         const char *lo = (const char *)b + TD_HDR;
-        ok = host >= lo && n <= b->nbytes && host - lo <= (ptrdiff_t)(b->nbytes - n);
+        if (host >= lo && n <= b->nbytes && host - lo <= (ptrdiff_t)(b->nbytes - n)) found = b;
     }
     pthread_mutex_unlock(&G.lock);
-    return ok;
+    return found;
 }
 
-/* Host address of n device bytes at dev_ptr on testdev:index, checked. */
+/* Host address of n device bytes at dev_ptr on testdev:index, checked, and the allocation
+ * that holds them (NULL when n is 0). */
 static em_status td_resolve(const char *who, int index, const void *dev_ptr, size_t n,
-                            char **out) {
+                            char **out, td_block **block) {
     char *host = td_index_ok(index) ? td_untag(dev_ptr, index) : NULL;
     if (!host)
         return em_set_error(EM_ERR_DEVICE, "testdev: %s: %p is not testdev:%d memory", who,
                             dev_ptr, index);
-    if (n && !td_range_live(index, host, n))
+    td_block *b = n ? td_block_of(index, host, n) : NULL;
+    if (n && !b)
         return em_set_error(EM_ERR_DEVICE, "testdev: %s: %zu bytes at %p are not inside a "
                             "live testdev:%d allocation", who, n, dev_ptr, index);
     *out = host;
+    if (block) *block = b;
     return EM_OK;
 }
 
-/* ---- streams and events ------------------------------------------------------------------- */
+/* ---- streams, events and the lazy workers ---------------------------------------------- */
+
+/* An item waits, before it runs, until queue q has completed n items. */
+typedef struct td_dep {
+    td_queue *q;
+    uint64_t n;
+} td_dep;
+
+typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KADD } td_kind;
+
+/* One queued piece of work. Kernel operands are copied in at issue time, their data pointers
+ * already turned into host addresses (the dispatcher's em_ktensor array lives on its stack). */
+typedef struct td_item {
+    struct td_item *next;
+    td_kind kind;
+    int ndeps;
+    td_dep *deps;
+    int nblocks;
+    td_block *blocks[3]; /* the allocations it touches: freeing one waits for the item */
+    union {
+        struct { char *dst; const char *src; size_t n; } mc;
+        struct { em_ktensor x, y; } copy;
+        struct { em_ktensor y; double v; } fill;
+        struct { em_ktensor a, b, y; } add;
+    } u;
+} td_item;
+
+struct td_queue {
+    int index;
+    bool is_default;
+    uint64_t enqueued, done; /* items queued so far; items run so far */
+    uint64_t demand;         /* items some waiter needs run: the worker runs up to here */
+    td_item *head, *tail;
+    pthread_t thread;
+    bool stop;
+    int refs;                /* its stream (or the device) + events and items that name it */
+    td_queue *next;          /* G.queues[index] */
+};
 
 struct em_stream {
     uint64_t magic;
     int index;
-    uint64_t id;
-    uint64_t work; /* items queued so far; the device runs them before returning */
+    td_queue *q;
 };
 
 struct em_event {
     uint64_t magic;
     int index;
-    bool recorded;
-    uint64_t stream_id; /* 0: the default stream */
-    uint64_t value;     /* the stream's work count when recorded */
+    td_queue *q;    /* NULL until recorded */
+    uint64_t value; /* done once q has run this many items */
 };
+
+static void td_run(const td_item *it);
+
+/* ---- queue primitives: all with G.lock held ---- */
+
+static void q_unref(td_queue *q) {
+    if (--q->refs == 0) free(q);
+}
+
+/* Ask q's worker to run its first n items and wait until it has. */
+static void q_wait(td_queue *q, uint64_t n) {
+    if (q->demand < n) {
+        q->demand = n;
+        pthread_cond_broadcast(&G.cv);
+    }
+    while (q->done < n) pthread_cond_wait(&G.cv, &G.lock);
+}
+
+static void *td_worker(void *arg) {
+    td_queue *q = arg;
+    pthread_mutex_lock(&G.lock);
+    for (;;) {
+        while (!q->stop && !(q->head && q->demand > q->done))
+            pthread_cond_wait(&G.cv, &G.lock);
+        td_item *it = q->head;
+        if (!it) break; /* stopping, and drained */
+        for (int i = 0; i < it->ndeps; i++) q_wait(it->deps[i].q, it->deps[i].n);
+        pthread_mutex_unlock(&G.lock);
+        td_run(it);
+        pthread_mutex_lock(&G.lock);
+        q->head = it->next;
+        if (!q->head) q->tail = NULL;
+        q->done++;
+        for (int i = 0; i < it->nblocks; i++) it->blocks[i]->pending--;
+        for (int i = 0; i < it->ndeps; i++) q_unref(it->deps[i].q);
+        pthread_cond_broadcast(&G.cv);
+        free(it->deps);
+        free(it);
+    }
+    pthread_mutex_unlock(&G.lock);
+    return NULL;
+}
+
+/* A new queue with its worker running, holding one reference (its owner's). */
+static em_status q_new(int index, bool is_default, td_queue **out) {
+    td_queue *q = calloc(1, sizeof *q);
+    if (!q) return em_set_error(EM_ERR_NOMEM, "testdev: out of memory creating a stream");
+    *q = (td_queue){.index = index, .is_default = is_default, .refs = 1};
+    if (pthread_create(&q->thread, NULL, td_worker, q) != 0) {
+        free(q);
+        return em_set_error(EM_ERR_NOMEM, "testdev: cannot start a stream's worker thread");
+    }
+    *out = q;
+    return EM_OK;
+}
+
+/* Run everything on q, stop its worker and drop the owner's reference. Called WITHOUT the
+ * lock. */
+static void q_close(td_queue *q) {
+    pthread_mutex_lock(&G.lock);
+    q_wait(q, q->enqueued);
+    q->stop = true;
+    pthread_cond_broadcast(&G.cv);
+    pthread_mutex_unlock(&G.lock);
+    pthread_join(q->thread, NULL);
+    pthread_mutex_lock(&G.lock);
+    q_unref(q);
+    pthread_mutex_unlock(&G.lock);
+}
+
+/* The default stream of testdev:index, made on first use. Called with the lock held. */
+static em_status q_default(int index, td_queue **out) {
+    if (!G.def[index]) {
+        em_status st = q_new(index, true, &G.def[index]);
+        if (st != EM_OK) return st;
+    }
+    *out = G.def[index];
+    return EM_OK;
+}
+
+/* Run everything queued on testdev:index so far. Called with the lock held. */
+static void td_drain_device(int index) {
+    if (G.def[index]) q_wait(G.def[index], G.def[index]->enqueued);
+    for (td_queue *q = G.queues[index]; q; q = q->next) q_wait(q, q->enqueued);
+}
+
+/* Before freeing block b: the items that touch it must have run. Called with the lock held. */
+static void td_drain_for_free(int index, td_block *b) {
+    while (b->pending) {
+        td_drain_device(index);
+        if (b->pending) pthread_cond_wait(&G.cv, &G.lock);
+    }
+}
+
+static bool dep_add(td_dep *deps, int *n, td_queue *q, uint64_t upto) {
+    if (q->done >= upto) return false;
+    deps[(*n)++] = (td_dep){q, upto};
+    q->refs++;
+    return true;
+}
+
+/* Queue `it` (malloc'ed; owned by the queue from here, freed on failure) on stream s of
+ * testdev:index (NULL: the default stream), after `extra` when given. *seq: its position. */
+static em_status td_enqueue(int index, em_stream *s, td_item *it, const td_dep *extra,
+                            uint64_t *seq) {
+    pthread_mutex_lock(&G.lock);
+    td_queue *q = s ? s->q : NULL;
+    em_status st = q ? EM_OK : q_default(index, &q);
+    int cap = 2;
+    if (st == EM_OK && q->is_default)
+        for (td_queue *o = G.queues[index]; o; o = o->next) cap++;
+    it->deps = st == EM_OK ? calloc((size_t)cap, sizeof *it->deps) : NULL;
+    if (st == EM_OK && !it->deps)
+        st = em_set_error(EM_ERR_NOMEM, "testdev: out of memory queueing work");
+    if (st != EM_OK) {
+        pthread_mutex_unlock(&G.lock);
+        free(it);
+        return st;
+    }
+    /* CUDA's legacy default stream: it waits for every other stream, and they wait for it. */
+    if (q->is_default) {
+        for (td_queue *o = G.queues[index]; o; o = o->next)
+            dep_add(it->deps, &it->ndeps, o, o->enqueued);
+    } else if (G.def[index]) {
+        dep_add(it->deps, &it->ndeps, G.def[index], G.def[index]->enqueued);
+    }
+    if (extra && extra->q != q) dep_add(it->deps, &it->ndeps, extra->q, extra->n);
+    for (int i = 0; i < it->nblocks; i++) it->blocks[i]->pending++;
+    it->next = NULL;
+    if (q->tail) q->tail->next = it;
+    else q->head = it;
+    q->tail = it;
+    if (seq) *seq = q->enqueued + 1;
+    q->enqueued++;
+    pthread_mutex_unlock(&G.lock);
+    return EM_OK;
+}
+
+static td_item *td_item_new(td_kind kind) {
+    td_item *it = calloc(1, sizeof *it);
+    if (!it) em_set_error(EM_ERR_NOMEM, "testdev: out of memory queueing work");
+    else it->kind = kind;
+    return it;
+}
+
+/* Wait until the item at position seq of s's queue (NULL: default) has run. */
+static void td_wait_item(int index, em_stream *s, uint64_t seq) {
+    pthread_mutex_lock(&G.lock);
+    q_wait(s ? s->q : G.def[index], seq);
+    pthread_mutex_unlock(&G.lock);
+}
 
 static em_status td_check_stream(const char *who, int index, const em_stream *s) {
     if (!s) return EM_OK; /* the default stream */
@@ -209,38 +420,61 @@ static em_status td_check_event(const char *who, int index, const em_event *e) {
     return EM_OK;
 }
 
-/* Count one item of work on s (NULL: the default stream). */
-static void td_queue_work(int index, em_stream *s) {
-    pthread_mutex_lock(&G.lock);
-    if (s) s->work++;
-    else G.default_work[index]++;
-    pthread_mutex_unlock(&G.lock);
-}
-
 static em_status td_stream_create(int index, em_stream **out) {
     *out = NULL;
     if (!td_index_ok(index))
         return em_set_error(EM_ERR_DEVICE, "testdev: stream_create on testdev:%d", index);
     em_stream *s = calloc(1, sizeof *s);
     if (!s) return em_set_error(EM_ERR_NOMEM, "testdev: stream_create: out of memory");
+    td_queue *q;
+    em_status st = q_new(index, false, &q);
+    if (st != EM_OK) {
+        free(s);
+        return st;
+    }
+    *s = (em_stream){.magic = TD_STREAM_MAGIC, .index = index, .q = q};
     pthread_mutex_lock(&G.lock);
-    *s = (em_stream){.magic = TD_STREAM_MAGIC, .index = index, .id = ++G.next_stream_id};
+    q->next = G.queues[index];
+    G.queues[index] = q;
     pthread_mutex_unlock(&G.lock);
     *out = s;
     return EM_OK;
 }
 
+/* Runs what is queued first (the work of a destroyed stream still happens, as on CUDA). */
 static void td_stream_destroy(int index, em_stream *s) {
     if (td_check_stream("stream_destroy", index, s) != EM_OK)
         td_fatal("stream_destroy of a foreign stream", s, index);
     if (!s) return;
+    pthread_mutex_lock(&G.lock);
+    for (td_queue **l = &G.queues[index]; *l; l = &(*l)->next)
+        if (*l == s->q) {
+            *l = s->q->next;
+            break;
+        }
+    pthread_mutex_unlock(&G.lock);
+    q_close(s->q);
     s->magic = TD_DEAD;
     free(s);
 }
 
+static em_status td_synchronize(int index) {
+    if (!td_index_ok(index))
+        return em_set_error(EM_ERR_DEVICE, "testdev: synchronize on testdev:%d", index);
+    pthread_mutex_lock(&G.lock);
+    td_drain_device(index);
+    pthread_mutex_unlock(&G.lock);
+    return EM_OK;
+}
+
+/* The default stream's synchronize waits for the whole device (legacy rules). */
 static em_status td_stream_synchronize(int index, em_stream *s) {
-    /* Work runs as it is queued, so a valid stream is always idle. */
-    return td_check_stream("stream_synchronize", index, s);
+    em_status st = td_check_stream("stream_synchronize", index, s);
+    if (st != EM_OK || !s) return st != EM_OK ? st : td_synchronize(index);
+    pthread_mutex_lock(&G.lock);
+    q_wait(s->q, s->q->enqueued);
+    pthread_mutex_unlock(&G.lock);
+    return EM_OK;
 }
 
 static em_status td_event_create(int index, em_event **out) {
@@ -257,18 +491,33 @@ static em_status td_event_create(int index, em_event **out) {
 static void td_event_destroy(int index, em_event *e) {
     if (td_check_event("event_destroy", index, e) != EM_OK)
         td_fatal("event_destroy of a foreign event", e, index);
+    pthread_mutex_lock(&G.lock);
+    if (e->q) q_unref(e->q);
+    pthread_mutex_unlock(&G.lock);
     e->magic = TD_DEAD;
     free(e);
 }
 
+/* Marks the work queued on s so far. On the default stream the mark is itself an item, so
+ * that it covers what the other streams queued before (legacy rules). */
 static em_status td_event_record(int index, em_event *e, em_stream *s) {
     em_status st = td_check_event("event_record", index, e);
     if (st == EM_OK) st = td_check_stream("event_record", index, s);
     if (st != EM_OK) return st;
+    uint64_t value = 0;
+    if (!s) {
+        td_item *it = td_item_new(TD_NOP);
+        if (!it) return EM_ERR_NOMEM;
+        st = td_enqueue(index, NULL, it, NULL, &value);
+        if (st != EM_OK) return st;
+    }
     pthread_mutex_lock(&G.lock);
-    e->recorded = true;
-    e->stream_id = s ? s->id : 0;
-    e->value = s ? s->work : G.default_work[index];
+    td_queue *q = s ? s->q : G.def[index];
+    if (s) value = q->enqueued;
+    q->refs++;
+    if (e->q) q_unref(e->q);
+    e->q = q;
+    e->value = value;
     pthread_mutex_unlock(&G.lock);
     return EM_OK;
 }
@@ -277,21 +526,54 @@ static em_status td_event_wait(int index, em_stream *s, em_event *e) {
     em_status st = td_check_event("event_wait", index, e);
     if (st == EM_OK) st = td_check_stream("event_wait", index, s);
     if (st != EM_OK) return st;
-    if (!e->recorded)
+    pthread_mutex_lock(&G.lock);
+    td_dep dep = {e->q, e->value};
+    pthread_mutex_unlock(&G.lock);
+    if (!dep.q)
         return em_set_error(EM_ERR_STATE, "testdev: event_wait: the event was never recorded "
                             "(record it on a stream of testdev:%d first)", index);
-    /* The wait is itself an item of work on s, ordered after everything the event covers. */
-    td_queue_work(index, s);
-    return EM_OK;
+    /* The wait is itself an item on s: what s queues later runs after the event's work. */
+    td_item *it = td_item_new(TD_NOP);
+    return it ? td_enqueue(index, s, it, &dep, NULL) : EM_ERR_NOMEM;
 }
 
 static em_status td_event_synchronize(int index, em_event *e) {
     em_status st = td_check_event("event_synchronize", index, e);
     if (st != EM_OK) return st;
-    if (!e->recorded)
+    pthread_mutex_lock(&G.lock);
+    if (e->q) q_wait(e->q, e->value);
+    bool recorded = e->q != NULL;
+    pthread_mutex_unlock(&G.lock);
+    if (!recorded)
         return em_set_error(EM_ERR_STATE, "testdev: event_synchronize: the event was never "
                             "recorded on testdev:%d", index);
     return EM_OK;
+}
+
+/* Polls: never makes the work run (a lazy worker may keep it pending until someone waits). */
+static em_status td_event_query(int index, em_event *e, bool *done) {
+    em_status st = td_check_event("event_query", index, e);
+    if (st != EM_OK) return st;
+    pthread_mutex_lock(&G.lock);
+    bool recorded = e->q != NULL;
+    *done = recorded && e->q->done >= e->value;
+    pthread_mutex_unlock(&G.lock);
+    if (!recorded)
+        return em_set_error(EM_ERR_STATE, "testdev: event_query: the event was never recorded "
+                            "on testdev:%d", index);
+    return EM_OK;
+}
+
+/* For tests (dlsym): the items queued on stream s of testdev:index (NULL: its default
+ * stream) that have not run yet. */
+EM_PLUGIN_EXPORT size_t ember_testdev_pending(int index, const em_stream *s);
+EM_PLUGIN_EXPORT size_t ember_testdev_pending(int index, const em_stream *s) {
+    if (!td_index_ok(index) || td_check_stream("pending", index, s) != EM_OK) return 0;
+    pthread_mutex_lock(&G.lock);
+    const td_queue *q = s ? s->q : G.def[index];
+    size_t n = q ? (size_t)(q->enqueued - q->done) : 0;
+    pthread_mutex_unlock(&G.lock);
+    return n;
 }
 
 /* ---- page-locked host memory ------------------------------------------------------------ */
@@ -342,6 +624,7 @@ EM_PLUGIN_EXPORT void ember_testdev_pinned(size_t *blocks, size_t *bytes) {
 static bool td_is_ours(em_device d) { return d.type == G.type; }
 static bool td_is_cpu(em_device d) { return d.type == EM_DEVICE_CPU_TYPE; }
 
+/* Queued on s; on the default stream (NULL) it is complete when this returns. */
 static em_status td_copy(em_device dd, void *dst, em_device sd, const void *src, size_t n,
                          em_stream *s) {
     char a[48], b[48];
@@ -354,18 +637,23 @@ static em_status td_copy(em_device dd, void *dst, em_device sd, const void *src,
     int index = td_is_ours(dd) ? dd.index : sd.index;
     em_status st = td_check_stream("copy", index, s);
     char *hd = dst, *hs = (char *)src;
-    if (st == EM_OK && td_is_ours(dd)) st = td_resolve("copy destination", dd.index, dst, n, &hd);
-    if (st == EM_OK && td_is_ours(sd)) st = td_resolve("copy source", sd.index, src, n, &hs);
+    td_block *bd = NULL, *bs = NULL;
+    if (st == EM_OK && td_is_ours(dd))
+        st = td_resolve("copy destination", dd.index, dst, n, &hd, &bd);
+    if (st == EM_OK && td_is_ours(sd))
+        st = td_resolve("copy source", sd.index, src, n, &hs, &bs);
     if (st != EM_OK) return st;
-    memmove(hd, hs, n);
-    td_queue_work(index, s);
-    return EM_OK;
-}
-
-static em_status td_synchronize(int index) {
-    if (!td_index_ok(index))
-        return em_set_error(EM_ERR_DEVICE, "testdev: synchronize on testdev:%d", index);
-    return EM_OK;
+    td_item *it = td_item_new(TD_MEMCPY);
+    if (!it) return EM_ERR_NOMEM;
+    it->u.mc.dst = hd;
+    it->u.mc.src = hs;
+    it->u.mc.n = n;
+    if (bd) it->blocks[it->nblocks++] = bd;
+    if (bs && bs != bd) it->blocks[it->nblocks++] = bs;
+    uint64_t seq;
+    st = td_enqueue(index, s, it, NULL, &seq);
+    if (st == EM_OK && !s) td_wait_item(index, NULL, seq);
+    return st;
 }
 
 static const em_device_ops td_device = {
@@ -387,15 +675,20 @@ static const em_device_ops td_device = {
     .event_record = td_event_record,
     .event_wait = td_event_wait,
     .event_synchronize = td_event_synchronize,
+    .event_query = td_event_query,
 };
 
 /* ---- kernels ------------------------------------------------------------------------------ */
 
-/* Host address of t's first element, after checking that every element t can reach (from its
- * shape and strides) lies inside one live allocation of the kernel's device. */
-static em_status td_kernel_tensor(const em_kernel_ctx *ctx, const em_ktensor *t, char **out) {
+/* t with its data pointer turned into the host address of its first element, after checking
+ * that every element t can reach (from its shape and strides) lies inside one live
+ * allocation of the kernel's device; *block: that allocation (NULL for an empty t). */
+static em_status td_kernel_tensor(const em_kernel_ctx *ctx, const em_ktensor *t,
+                                  em_ktensor *out, td_block **block) {
+    *out = *t;
+    *block = NULL;
     if (t->numel == 0) {
-        *out = NULL;
+        out->data = NULL;
         return EM_OK;
     }
     int64_t lo = 0, hi = 0;
@@ -408,9 +701,35 @@ static em_status td_kernel_tensor(const em_kernel_ctx *ctx, const em_ktensor *t,
     char *first;
     em_status st = td_resolve(em_op_name(ctx->op), ctx->device.index,
                               (const char *)t->data + lo * es, (size_t)((hi - lo + 1) * es),
-                              &first);
-    if (st == EM_OK) *out = first - lo * es;
+                              &first, block);
+    if (st == EM_OK) out->data = first - lo * es;
     return st;
+}
+
+/* The stream a kernel runs on: the dispatcher's, else the calling thread's current stream on
+ * the device (what the dispatcher passes once it sets ctx->stream; the same stream). */
+static em_stream *td_kernel_stream(const em_kernel_ctx *ctx) {
+    return ctx->stream ? ctx->stream : em_stream_current(ctx->device);
+}
+
+/* Check the kernel's n operands (inputs then outputs), store them in ops[] and queue `it`
+ * (freed on failure). */
+static em_status td_kernel_queue(const em_kernel_ctx *ctx, td_item *it, em_ktensor *const *ops,
+                                 const em_ktensor *const *src, int n) {
+    em_stream *s = td_kernel_stream(ctx);
+    em_status st = td_check_stream(em_op_name(ctx->op), ctx->device.index, s);
+    for (int i = 0; i < n && st == EM_OK; i++) {
+        td_block *b;
+        st = td_kernel_tensor(ctx, src[i], ops[i], &b);
+        bool seen = !b;
+        for (int k = 0; k < it->nblocks && !seen; k++) seen = it->blocks[k] == b;
+        if (st == EM_OK && !seen) it->blocks[it->nblocks++] = b;
+    }
+    if (st != EM_OK) {
+        free(it);
+        return st;
+    }
+    return td_enqueue(ctx->device.index, s, it, NULL, NULL);
 }
 
 /* Element offset of linear index lin (C order over shape) with the given strides. */
@@ -424,12 +743,8 @@ static int64_t td_offset(const em_ktensor *shape_of, const em_ktensor *t, int64_
 }
 
 /* copy(x) -> y: any strides, converting x's dtype to y's. Same dtypes move bytes exactly. */
-static em_status td_k_copy(const em_kernel_ctx *ctx) {
-    const em_ktensor *x = &ctx->in[0], *y = &ctx->out[0];
-    char *hx, *hy;
-    em_status st = td_kernel_tensor(ctx, x, &hx);
-    if (st == EM_OK) st = td_kernel_tensor(ctx, y, &hy);
-    if (st != EM_OK) return st;
+static void td_run_copy(const em_ktensor *x, const em_ktensor *y) {
+    char *hx = x->data, *hy = y->data;
     size_t xs = em_dtype_size(x->dtype), ys = em_dtype_size(y->dtype);
     for (int64_t i = 0; i < y->numel; i++) {
         int64_t ox = td_offset(y, x, i), oy = td_offset(y, y, i);
@@ -438,37 +753,56 @@ static em_status td_k_copy(const em_kernel_ctx *ctx) {
         else
             em_dtype_store(y->dtype, hy, oy, em_dtype_load(x->dtype, hx, ox));
     }
-    td_queue_work(ctx->device.index, ctx->stream);
-    return EM_OK;
+}
+
+static void td_run_fill(const em_ktensor *y, double v) {
+    for (int64_t i = 0; i < y->numel; i++) em_dtype_store(y->dtype, y->data, td_offset(y, y, i), v);
+}
+
+/* a + b -> y, float32: inputs broadcast to y's shape (stride 0 on broadcast dims); y may
+ * alias an input. */
+static void td_run_add(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y) {
+    const float *pa = a->data, *pb = b->data;
+    float *py = y->data;
+    for (int64_t i = 0; i < y->numel; i++)
+        py[td_offset(y, y, i)] = pa[td_offset(y, a, i)] + pb[td_offset(y, b, i)];
+}
+
+/* On a worker thread, without the lock. */
+static void td_run(const td_item *it) {
+    switch (it->kind) {
+    case TD_NOP: break;
+    case TD_MEMCPY: memmove(it->u.mc.dst, it->u.mc.src, it->u.mc.n); break;
+    case TD_KCOPY: td_run_copy(&it->u.copy.x, &it->u.copy.y); break;
+    case TD_KFILL: td_run_fill(&it->u.fill.y, it->u.fill.v); break;
+    case TD_KADD: td_run_add(&it->u.add.a, &it->u.add.b, &it->u.add.y); break;
+    }
+}
+
+static em_status td_k_copy(const em_kernel_ctx *ctx) {
+    td_item *it = td_item_new(TD_KCOPY);
+    if (!it) return EM_ERR_NOMEM;
+    em_ktensor *ops[] = {&it->u.copy.x, &it->u.copy.y};
+    const em_ktensor *src[] = {&ctx->in[0], &ctx->out[0]};
+    return td_kernel_queue(ctx, it, ops, src, 2);
 }
 
 /* fill() -> y: attrs: value (float). */
 static em_status td_k_fill(const em_kernel_ctx *ctx) {
-    const em_ktensor *y = &ctx->out[0];
-    char *hy;
-    em_status st = td_kernel_tensor(ctx, y, &hy);
-    if (st != EM_OK) return st;
-    double v = ctx->attrs[0].type == EM_ATTR_FLOAT ? ctx->attrs[0].v.f : 0.0;
-    for (int64_t i = 0; i < y->numel; i++) em_dtype_store(y->dtype, hy, td_offset(y, y, i), v);
-    td_queue_work(ctx->device.index, ctx->stream);
-    return EM_OK;
+    td_item *it = td_item_new(TD_KFILL);
+    if (!it) return EM_ERR_NOMEM;
+    it->u.fill.v = ctx->attrs[0].type == EM_ATTR_FLOAT ? ctx->attrs[0].v.f : 0.0;
+    em_ktensor *ops[] = {&it->u.fill.y};
+    const em_ktensor *src[] = {&ctx->out[0]};
+    return td_kernel_queue(ctx, it, ops, src, 1);
 }
 
-/* add(a, b) -> y, float32: inputs broadcast to y's shape (stride 0 on broadcast dims); y may
- * alias an input. */
 static em_status td_k_add_f32(const em_kernel_ctx *ctx) {
-    const em_ktensor *a = &ctx->in[0], *b = &ctx->in[1], *y = &ctx->out[0];
-    char *ha, *hb, *hy;
-    em_status st = td_kernel_tensor(ctx, a, &ha);
-    if (st == EM_OK) st = td_kernel_tensor(ctx, b, &hb);
-    if (st == EM_OK) st = td_kernel_tensor(ctx, y, &hy);
-    if (st != EM_OK) return st;
-    const float *pa = (const float *)ha, *pb = (const float *)hb;
-    float *py = (float *)hy;
-    for (int64_t i = 0; i < y->numel; i++)
-        py[td_offset(y, y, i)] = pa[td_offset(y, a, i)] + pb[td_offset(y, b, i)];
-    td_queue_work(ctx->device.index, ctx->stream);
-    return EM_OK;
+    td_item *it = td_item_new(TD_KADD);
+    if (!it) return EM_ERR_NOMEM;
+    em_ktensor *ops[] = {&it->u.add.a, &it->u.add.b, &it->u.add.y};
+    const em_ktensor *src[] = {&ctx->in[0], &ctx->in[1], &ctx->out[0]};
+    return td_kernel_queue(ctx, it, ops, src, 3);
 }
 
 /* ---- registration ------------------------------------------------------------------------- */
@@ -498,14 +832,25 @@ static em_status td_register(em_registry *r) {
 /* After the core removed the device type (and returned its cached blocks): whatever is still
  * allocated was leaked by whoever allocated it. */
 static void td_shutdown(void) {
+    for (int i = 0; i < TD_COUNT; i++) {
+        pthread_mutex_lock(&G.lock);
+        td_queue *q = G.def[i];
+        G.def[i] = NULL;
+        pthread_mutex_unlock(&G.lock);
+        if (q) q_close(q);
+    }
     pthread_mutex_lock(&G.lock);
     for (int i = 0; i < TD_COUNT; i++) {
+        size_t ns = 0;
+        for (const td_queue *q = G.queues[i]; q; q = q->next) ns++;
+        if (ns)
+            em_log_write(EM_LOG_WARN, "testdev: %zu stream%s of testdev:%d never freed", ns,
+                         ns == 1 ? "" : "s", i);
         size_t n = 0;
         for (const td_block *b = G.live[i]; b; b = b->next) n++;
         if (n)
             em_log_write(EM_LOG_WARN, "testdev: %zu block%s (%zu bytes) still allocated on "
                          "testdev:%d at shutdown", n, n == 1 ? "" : "s", G.used[i], i);
-        G.default_work[i] = 0;
     }
     if (G.pinned_blocks)
         em_log_write(EM_LOG_WARN, "testdev: %zu page-locked host block%s (%zu bytes) still "
@@ -520,7 +865,8 @@ static const em_plugin_descriptor td_plugin = {
     .abi_major = EM_PLUGIN_ABI_MAJOR,
     .name = "ember-testdev",
     .version = EM_VERSION_STRING,
-    .description = "test-only device 'testdev' (2 devices in host memory; copy, fill, add f32)",
+    .description = "test-only device 'testdev' (2 asynchronous devices in host memory; copy, "
+                   "fill, add f32)",
     .register_fn = td_register,
     .shutdown_fn = td_shutdown,
 };

@@ -244,8 +244,10 @@ typedef struct em_loader_options {
     int64_t num_samples;   /* EM_SAMPLER_WEIGHTED: draws per epoch; 0: the dataset length */
     int rank, world_size;  /* EM_SAMPLER_SHARDED: 0 <= rank < world_size */
     /* Where batches are delivered. Zero-initialised: the CPU. For another device the
-     * loader copies each batch there (asynchronously, on its own stream, ordered before the
-     * device's default stream) into device buffers it owns. */
+     * loader copies each batch there (asynchronously, on its own stream, ordered by events
+     * after the work em_loader_next's caller queued so far on its current stream on that
+     * device, em_stream_current, and before the work it queues there next) into device
+     * buffers it owns; the next em_loader_next overwrites them. */
     em_device device;
     /* Host batch buffers come from the device's page-locked host allocator (fast async
      * copies). Only meaningful when device is not the CPU (ignored otherwise). */

@@ -21,6 +21,37 @@
  *   - everything else (op outputs, user tensors)  -> EM_MEM_ACTIVATION
  * em_tensor_set_category() overrides the tag of a tensor's storage (all views share it).
  * Freed blocks kept for reuse count as EM_MEM_CACHED.
+ *
+ * Streams and the caching allocator (PyTorch's CUDA caching allocator rules). On a device
+ * with streams, work queued on one stream runs in order, and work on different streams may
+ * run in any order unless events order it. So the allocator ties each block to the stream it
+ * was allocated on — the allocating thread's current stream on the device
+ * (em_stream_current) — and a freed block goes back to that stream's own cache: the next
+ * allocation on that stream may reuse it at once (its work there is ordered after the work
+ * already queued on the block), an allocation on another stream never gets it while the
+ * first stream's work may be pending. A tensor used on another stream too is declared with
+ * em_tensor_record_stream(t, s): when t's storage is freed an event is recorded on each such
+ * stream, and the block is reused only once all of them have completed (the allocator polls
+ * them with event_query; without it, when the cache is emptied or a device allocation fails,
+ * it waits for them). Such a waiting block counts as EM_MEM_CACHED.
+ *
+ *     em_stream *side;
+ *     em_stream_create(dev, &side);
+ *     em_stream_set_current(dev, side);   // this thread's work and allocations on dev: side
+ *     em_tensor *h = em_relu(a);          // queued on side; h's block is side's
+ *     em_event_record(dev, ev, side);
+ *     em_stream_set_current(dev, NULL);
+ *     em_event_wait(dev, NULL, ev);       // the default stream waits for side's relu
+ *     em_tensor *y = em_add(h, b);        // on the default stream, reading h
+ *     em_tensor_record_stream(h, NULL);   // so h's block waits for the default stream too
+ *     em_tensor_release(h);               // reused once the add has run
+ *
+ * Copies between devices, or between a device and the host, run on the calling thread's
+ * current stream of the device (for a copy between two devices, each half on its device's
+ * current stream) and return once host memory may be read or reused; the host waits for
+ * those streams only, not for the devices' other streams. Copies between streams of one
+ * device are ordered by events, as above. The CPU has no streams: all of this costs it one
+ * test per allocation and one per release.
  */
 #ifndef EMBER_DEVICE_H
 #define EMBER_DEVICE_H
@@ -115,13 +146,17 @@ typedef struct em_device_ops {
     void (*host_free)(void *ptr);
     /* Copy nbytes between host and device or within the device: exactly one of src/dst may be
      * host memory (its device is the CPU). Ordered on `stream` (NULL = default stream); with a
-     * non-NULL stream the copy may still be running when this returns. */
+     * non-NULL stream the copy may still be running when this returns (the core then calls
+     * stream_synchronize before it lets the host touch the memory); on the default stream
+     * a copy to or from host memory is complete when it returns. */
     em_status (*copy)(em_device dst_dev, void *dst, em_device src_dev, const void *src,
                       size_t nbytes, em_stream *stream);
     /* Wait until all work on the device is done. */
     em_status (*synchronize)(int index);
     /* (optional) Streams and events; NULL: the device is synchronous and every stream is the
-     * default one. */
+     * default one. With stream_create set, the caching allocator keeps a cache per stream
+     * and needs event_create/event_record (or at least stream_synchronize) to honour
+     * em_tensor_record_stream. An event stays valid after its stream is destroyed. */
     em_status (*stream_create)(int index, em_stream **out);
     void (*stream_destroy)(int index, em_stream *s);
     em_status (*stream_synchronize)(int index, em_stream *s);
@@ -131,6 +166,13 @@ typedef struct em_device_ops {
     em_status (*event_wait)(int index, em_stream *s, em_event *e); /* s waits for e */
     em_status (*event_synchronize)(int index, em_event *e);
     void *ext; /* reserved; NULL */
+    /* ---- added later: the core reads them only when struct_size covers them ---- */
+    /* (optional) Whether the work e marks has completed, without waiting (cudaEventQuery):
+     * *done = true/false, EM_OK; an error status for an event never recorded or foreign.
+     * The caching allocator polls it to reuse blocks other streams used (see "Streams and
+     * the caching allocator" above). NULL: such blocks are reused only after
+     * event_synchronize, when the cache is emptied or a device allocation fails. */
+    em_status (*event_query)(int index, em_event *e, bool *done);
 } em_device_ops;
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -159,7 +201,10 @@ EM_API em_status em_device_synchronize(em_device dev);
 
 /* Streams and events, for backends with asynchronous queues. On a synchronous device (the
  * CPU) they exist and do nothing. em_stream_create may return a NULL stream with EM_OK, which
- * is the default stream. */
+ * is the default stream. em_stream_free first waits for the work queued on the stream (when
+ * the device has allocated anything): the blocks cached for that stream then serve the
+ * default stream, and blocks that recorded it (em_tensor_record_stream) stop waiting for it.
+ * em_event_wait(dev, s, e): work queued on s from now on runs after the work e marks. */
 EM_API em_status em_stream_create(em_device dev, em_stream **out /* out */);
 EM_API void em_stream_free(em_device dev, em_stream *s);
 EM_API em_status em_stream_synchronize(em_device dev, em_stream *s);

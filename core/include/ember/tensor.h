@@ -115,6 +115,18 @@ EM_API bool em_tensor_shares_storage(const em_tensor *a, const em_tensor *b);
  * category and is EM_ERR_STATE. */
 EM_API em_mem_category em_tensor_category(const em_tensor *t);
 EM_API em_status em_tensor_set_category(em_tensor *t, em_mem_category c);
+/* Declare that stream s of t's device uses t's memory too (PyTorch's record_stream): when
+ * t's storage is freed, the caching allocator records an event on s and hands the block out
+ * again only once that event has completed, i.e. once the work s had queued by then is done.
+ * Without it a block goes back to the cache of the stream it was allocated on (the allocating
+ * thread's current stream, em_stream_current) and is reused there at once, which is safe only
+ * for work on that stream. Call it for every other stream that reads or writes t (a copy on a
+ * side stream, a kernel after em_event_wait). Recording the allocation stream, or recording
+ * twice, does nothing; on a device without streams (the CPU) it does nothing. s must be a
+ * stream of t's device; em_stream_free(s) first waits for s, after which t no longer waits
+ * for it. EM_ERR_INVALID for a NULL t, EM_ERR_STATE for wrapped memory (no allocator block),
+ * EM_ERR_NOMEM when the record cannot grow. */
+EM_API em_status em_tensor_record_stream(em_tensor *t, em_stream *s);
 /* Shape as "[2, 3]" into buf; returns buf. */
 EM_API const char *em_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 
