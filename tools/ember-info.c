@@ -33,8 +33,9 @@ static void usage(FILE *f) {
             "\n"
             "Report Ember's version and build, the plugin search path, every candidate plugin\n"
             "with its status (loaded, refused, disabled) and reason, what each loaded plugin\n"
-            "registered (device types, ops, how many kernels), the devices with\n"
-            "their properties and memory, and a self-test on every device.\n"
+            "registered (device types, ops, how many kernels, its classes of every kind), the\n"
+            "class kinds (declared by the core or a plugin), the devices with their\n"
+            "properties and memory, and a self-test on every device.\n"
             "\n"
             "  --json       print the report as one JSON document\n"
             "  --verbose    list every op's kernels by device and dtype, each with its name\n"
@@ -95,27 +96,38 @@ static json_t *registry_json(json_t *p, const em_registry *r, const options *o) 
                                                   em_dtype_name(k.dtype), "priority",
                                                   k.priority, "name", k.name));
     }
-    json_t *datasets = json_array();
-    for (size_t i = 0; i < em_registry_dataset_count(r); i++)
-        json_array_append_new(datasets, json_string(em_registry_dataset_name(r, i)));
-    json_object_set_new(p, "dataset_classes", datasets);
-    json_t *classes = json_array();
-    for (size_t i = 0; i < em_registry_module_class_count(r); i++)
-        json_array_append_new(classes, json_string(em_registry_module_class_name(r, i)));
     json_object_set_new(p, "device_types", types);
     json_object_set_new(p, "ops", ops);
-    json_object_set_new(p, "module_classes", classes);
-    json_t *optims = json_array(), *scheds = json_array();
-    for (size_t i = 0; i < em_registry_optim_class_count(r); i++)
-        json_array_append_new(optims, json_string(em_registry_optim_class_name(r, i)));
-    for (size_t i = 0; i < em_registry_sched_class_count(r); i++)
-        json_array_append_new(scheds, json_string(em_registry_sched_class_name(r, i)));
-    json_object_set_new(p, "optimizer_classes", optims);
-    json_object_set_new(p, "scheduler_classes", scheds);
+    /* Every class kind the same way: {"module": [...], "optimizer": [...], ...}. */
+    json_t *classes = json_object();
+    for (size_t k = 0; k < em_class_kind_count(); k++) {
+        em_class_kind_info ki = {.struct_size = sizeof ki};
+        if (em_class_kind_get(k, &ki) != EM_OK) continue;
+        json_t *names = json_array();
+        for (size_t i = 0; i < em_registry_class_count(r, ki.name); i++)
+            json_array_append_new(names, json_string(em_registry_class_name(r, ki.name, i)));
+        json_object_set_new(classes, ki.name, names);
+    }
+    json_object_set_new(p, "classes", classes);
     json_object_set_new(p, "kernel_count", json_integer((json_int_t)em_registry_kernel_count(r)));
     json_object_set_new(p, "kernels", kernels);
     if (list) json_object_set_new(p, "kernel_list", list);
     return p;
+}
+
+/* The class kinds: each with its record size, owner and how many classes it holds. */
+static json_t *class_kinds_json(void) {
+    json_t *arr = json_array();
+    for (size_t k = 0; k < em_class_kind_count(); k++) {
+        em_class_kind_info ki = {.struct_size = sizeof ki};
+        if (em_class_kind_get(k, &ki) != EM_OK) continue;
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:I, s:s, s:I}", "name", ki.name,
+                                             "description", ki.description, "record_size",
+                                             (json_int_t)ki.record_size, "min_record_size",
+                                             (json_int_t)ki.min_record_size, "owner", ki.owner,
+                                             "class_count", (json_int_t)ki.class_count));
+    }
+    return arr;
 }
 
 static json_t *plugins_json(const options *o) {
@@ -301,6 +313,7 @@ static json_t *gather(const options *o, em_status init, const char *init_error) 
                                                    "reason", em_num_threads_reason()));
     json_object_set_new(root, "search_path", json_string(em_plugin_search_path()));
     json_object_set_new(root, "plugins", plugins_json(o));
+    json_object_set_new(root, "class_kinds", class_kinds_json());
     bool ok = init == EM_OK;
     json_t *devices = json_array(), *tests = json_array();
     if (init == EM_OK) {
@@ -407,15 +420,29 @@ static void print_plugins(const json_t *plugins, bool verbose) {
         }
         print_string_list("device types", json_object_get(p, "device_types"));
         print_string_list("ops declared", json_object_get(p, "ops"));
-        if (json_array_size(json_object_get(p, "module_classes")))
-            print_string_list("module classes", json_object_get(p, "module_classes"));
-        if (json_array_size(json_object_get(p, "optimizer_classes")))
-            print_string_list("optimizers", json_object_get(p, "optimizer_classes"));
-        if (json_array_size(json_object_get(p, "scheduler_classes")))
-            print_string_list("schedulers", json_object_get(p, "scheduler_classes"));
-        if (json_array_size(json_object_get(p, "dataset_classes")))
-            print_string_list("dataset classes", json_object_get(p, "dataset_classes"));
+        const char *kind;
+        json_t *names;
+        json_object_foreach(json_object_get(p, "classes"), kind, names) {
+            if (!json_array_size(names)) continue;
+            char label[96];
+            snprintf(label, sizeof label, "%s classes", kind);
+            print_string_list(label, names);
+        }
         print_kernels(p, verbose);
+    }
+}
+
+static void print_class_kinds(const json_t *kinds) {
+    printf("\nclass kinds (%zu):\n", json_array_size(kinds));
+    size_t i;
+    json_t *k;
+    json_array_foreach((json_t *)kinds, i, k) {
+        long long n = (long long)json_integer_value(json_object_get(k, "class_count"));
+        printf("  %-12s %lld class%s, declared by %s, %lld-byte records", get_s(k, "name"), n,
+               n == 1 ? "" : "es", get_s(k, "owner"),
+               (long long)json_integer_value(json_object_get(k, "record_size")));
+        if (*get_s(k, "description")) printf(": %s", get_s(k, "description"));
+        printf("\n");
     }
 }
 
@@ -472,6 +499,7 @@ static void print_text(const json_t *r, bool verbose) {
            get_s(th, "reason"));
     printf("plugin search path: %s\n", get_s(r, "search_path"));
     print_plugins(json_object_get(r, "plugins"), verbose);
+    print_class_kinds(json_object_get(r, "class_kinds"));
     if (!json_is_true(json_object_get(init, "ok"))) return;
     print_devices(json_object_get(r, "devices"));
     print_self_tests(json_object_get(r, "self_test"));
