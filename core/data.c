@@ -352,12 +352,16 @@ static em_status callback_read(void *state, const int64_t *idx, int64_t n, void 
 
 static void callback_close(void *state) { em__free(state); }
 
-em_dataset *em_dataset_from_callback(const em_dataset_info *info, em_item_fn fn, void *user) {
-    if (!info || !fn || info->struct_size < offsetof(em_dataset_info, ext)) {
-        em_set_error(EM_ERR_INVALID, "dataset_from_callback: NULL info or function, or an info "
-                     "record without struct_size");
+em_dataset *em_dataset_from_callback(const em_dataset_info *info_in, em_item_fn fn, void *user) {
+    if (!fn) {
+        em_set_error(EM_ERR_INVALID, "dataset_from_callback: NULL function");
         return NULL;
     }
+    em_dataset_info full; /* the caller's info by the prefix rule: read only what it covers */
+    if (EM__STRUCT_READ(em_dataset_info, &full, info_in, offsetof(em_dataset_info, ext),
+                        "dataset_from_callback") != EM_OK)
+        return NULL;
+    const em_dataset_info *info = &full;
     callback_state *s = em__calloc(1, sizeof *s, "callback dataset");
     if (!s) return NULL;
     s->fn = fn;

@@ -500,7 +500,9 @@ typedef struct candidate {
     em_plugin_status status;
     em_registry *reg;
     void *handle;
-    const em_plugin_descriptor *desc;
+    /* The descriptor by the prefix rule: the core's full copy, the slots an older plugin's
+     * lacks zero (all zero while none was accepted). */
+    em_plugin_descriptor desc;
     bool pending; /* registration failed during the start-up pass: retried at its end */
 } candidate;
 
@@ -558,7 +560,7 @@ static em_status refuse(candidate *c, em_plugin_status status, const char *fmt, 
     c->reason = em__strdup(buf, "plugin refusal reason");
     if (c->handle) dlclose(c->handle);
     c->handle = NULL;
-    c->desc = NULL;
+    memset(&c->desc, 0, sizeof c->desc);
     if (status == EM_PLUGIN_DISABLED) {
         em_log_write(EM_LOG_INFO, "plugin %s: %s", c->path, buf);
         return EM_OK;
@@ -585,11 +587,11 @@ static bool already_seen(const char *real) {
  * failure that is not final (during the start-up pass) leaves c pending, and
  * register_pending() retries it once the whole search path is loaded. */
 static em_status register_candidate(candidate *c, bool final) {
-    const em_plugin_descriptor *d = c->desc;
+    const em_plugin_descriptor *d = &c->desc;
     if (!(c->reg = em__registry_new(c->name))) {
         dlclose(c->handle);
         c->handle = NULL;
-        c->desc = NULL;
+        memset(&c->desc, 0, sizeof c->desc);
         c->pending = false;
         return EM_ERR_NOMEM;
     }
@@ -599,8 +601,7 @@ static em_status register_candidate(candidate *c, bool final) {
         char why[1024];
         snprintf(why, sizeof why, "%s", em__error_pending() ? em_last_error() : em_status_str(st));
         registry_withdraw(c->reg);
-        if (d->shutdown_fn && (d->struct_size >= offsetof(em_plugin_descriptor, ext)))
-            d->shutdown_fn();
+        if (d->shutdown_fn) d->shutdown_fn();
         em__registry_free(c->reg);
         c->reg = NULL;
         c->pending = !final && st != EM_ERR_NOMEM;
@@ -663,10 +664,13 @@ static em_status load_file(const char *path) {
     if (!entry)
         return refuse(c, EM_PLUGIN_REFUSED, "no entry symbol '%s' (not an Ember plugin?)",
                       EM_PLUGIN_ENTRY_SYMBOL);
-    const em_plugin_descriptor *d = entry();
-    if (!d || d->struct_size < offsetof(em_plugin_descriptor, shutdown_fn))
-        return refuse(c, EM_PLUGIN_REFUSED, "its descriptor is %s",
-                      d ? "too small (struct_size)" : "NULL");
+    const em_plugin_descriptor *entered = entry();
+    if (!entered) return refuse(c, EM_PLUGIN_REFUSED, "its descriptor is NULL");
+    em_plugin_descriptor d_full;
+    if (EM__STRUCT_READ(em_plugin_descriptor, &d_full, entered,
+                        offsetof(em_plugin_descriptor, shutdown_fn), "plugin") != EM_OK)
+        return refuse(c, EM_PLUGIN_REFUSED, "its descriptor is too small: %s", em_last_error());
+    const em_plugin_descriptor *d = &d_full;
     if (d->abi_major != EM_PLUGIN_ABI_MAJOR)
         return refuse(c, EM_PLUGIN_REFUSED, "built for plugin ABI %d; this core (%s) "
                       "implements ABI %d — rebuild the plugin against this Ember",
@@ -686,7 +690,7 @@ static em_status load_file(const char *path) {
     if (dup)
         return refuse(c, EM_PLUGIN_REFUSED, "a plugin named '%s' is already loaded from %s",
                       c->name, dup->path);
-    c->desc = d;
+    c->desc = d_full;
     return register_candidate(c, !L.first_pass);
 }
 
@@ -798,7 +802,7 @@ void em__plugins_unload_all(void) {
         candidate *c = &L.c[i];
         if (c->status == EM_PLUGIN_LOADED) {
             registry_withdraw(c->reg);
-            if (c->desc->shutdown_fn) c->desc->shutdown_fn();
+            if (c->desc.shutdown_fn) c->desc.shutdown_fn();
             em__registry_free(c->reg);
             dlclose(c->handle);
         }
@@ -872,11 +876,8 @@ em_status em_plugin_get(size_t i, em_plugin_info *out) {
 
 const char *em_plugin_describe(size_t i) {
     if (i >= L.n || L.c[i].status != EM_PLUGIN_LOADED) return NULL;
-    const em_plugin_descriptor *d = L.c[i].desc;
-    if (d->struct_size < offsetof(em_plugin_descriptor, describe) + sizeof d->describe ||
-        !d->describe)
-        return NULL;
-    return d->describe();
+    const em_plugin_descriptor *d = &L.c[i].desc;
+    return d->describe ? d->describe() : NULL;
 }
 
 const char *em_plugin_search_path(void) { return L.search_path ? L.search_path : ""; }

@@ -10,6 +10,8 @@
  *   dup_cpu.so           calls itself "ember-cpu"
  *   kind_plugin.so       "ember-testkind": declares the class kind "transform" and registers
  *                        two classes into it (kind_plugin.h)
+ *   short_desc.so        a descriptor from older headers (it ends at register_fn), followed
+ *                        by slots that abort if the core reads past its struct_size
  * and the tool tools/ember-info, run on the same plugins.
  *
  * The plugins are found through EMBER_TEST_PLUGIN_DIR (set by `make check`). The real CPU
@@ -177,6 +179,24 @@ Test(plugin, cpu_and_testdev_load) {
     cr_assert_eq(em_device_count("cpu"), 1);
 }
 
+/* Every test of this suite also unloads short_desc.so at em_shutdown(): reading its
+ * shutdown_fn past the descriptor's struct_size aborts there. */
+Test(plugin, an_older_shorter_descriptor_is_read_within_its_size) {
+    em_plugin_info p = plugin_by_file("short_desc.so");
+    cr_assert_eq(p.status, EM_PLUGIN_LOADED, "%s", p.reason ? p.reason : "");
+    cr_assert_str_eq(p.version, "0.9");
+    size_t n = em_plugin_count(), i = 0;
+    for (; i < n; i++) {
+        em_plugin_info q;
+        cr_assert_eq(em_plugin_get(i, &q), EM_OK);
+        if (q.path == p.path) break;
+    }
+    cr_assert_lt(i, n);
+    cr_assert_null(em_plugin_describe(i), "describe read past the descriptor's struct_size");
+    em_shutdown(); /* would call the shutdown_fn past its struct_size */
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+}
+
 Test(plugin, bad_abi_is_refused) {
     char want[64];
     snprintf(want, sizeof want, "built for plugin ABI %d", EM_PLUGIN_ABI_MAJOR + 1);
@@ -324,6 +344,19 @@ Test(plugin, device_properties) {
     cr_assert_eq(em_device_properties(dev_of("testdev:1"), &q), EM_OK);
     cr_assert_eq(q.free_memory, q.total_memory);
 
+    /* the prefix rule: a caller's struct that ends at compute_units (no trailing padding) is
+     * filled as far as it goes and not a byte further */
+    unsigned char buf[sizeof(em_device_props) + 8];
+    memset(buf, 0xAB, sizeof buf);
+    em_device_props *pre = (em_device_props *)(void *)buf;
+    const size_t pre_size = offsetof(em_device_props, compute_units) + sizeof(int);
+    pre->struct_size = pre_size;
+    cr_assert_eq(em_device_properties(em_cpu(), pre), EM_OK, "%s", em_last_error());
+    cr_assert_eq(pre->struct_size, pre_size);
+    cr_assert_str_eq(pre->name, c.name);
+    cr_assert_eq(pre->compute_units, c.compute_units);
+    for (size_t i = pre_size; i < sizeof buf; i++)
+        cr_assert_eq(buf[i], 0xAB, "byte %zu past the caller's struct_size written", i);
     em_device_props small = {.struct_size = 8};
     cr_assert_eq(em_device_properties(em_cpu(), &small), EM_ERR_INVALID);
     assert_error(EM_ERR_INVALID, "struct_size");
