@@ -29,6 +29,17 @@
  * differs from the core's, its descriptor is malformed, a plugin of the same name is already
  * loaded, or its register function fails (everything it registered is removed again).
  * EMBER_DISABLE_PLUGINS=name,... skips plugins by name.
+ *
+ * Compatibility. Every struct a plugin fills or reads starts with struct_size and is read by
+ * the prefix rule: the core accepts a struct_size at least the oldest layout that holds the
+ * fields it needs (a plugin built against older, smaller headers), reads only the bytes that
+ * size covers and takes the rest as zero (NULL: the slot's documented default), and writes an
+ * out-struct (em_device_props, em_class_kind_info) only as far as the caller's struct_size
+ * goes. A smaller struct_size is EM_ERR_INVALID naming the function, the struct and both sizes.
+ * Each exported function carries the version node of the release that introduced it
+ * (core/libember.map: EMBER_1.0, EMBER_1.1 ...): a plugin that calls a newer function is
+ * refused by the dynamic linker on an older core ("version `EMBER_1.1' not found"), and
+ * em_plugins()/ember-info show that message.
  */
 #ifndef EMBER_PLUGIN_H
 #define EMBER_PLUGIN_H
@@ -52,7 +63,7 @@ extern "C" {
 #define EM_PLUGIN_EXPORT __attribute__((visibility("default")))
 
 typedef struct em_plugin_descriptor {
-    size_t struct_size;       /* sizeof(em_plugin_descriptor) */
+    size_t struct_size;       /* sizeof(em_plugin_descriptor); at least through register_fn */
     int abi_major;            /* EM_PLUGIN_ABI_MAJOR at the plugin's build */
     const char *name;         /* unique, e.g. "ember-cpu" */
     const char *version;      /* e.g. "0.1.0" */
@@ -156,7 +167,10 @@ EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i
  * The prefix rule (every record that crosses the ABI): a record built against older, smaller
  * headers has a smaller struct_size; the core accepts it when it is at least the kind's
  * min_record_size, copies the bytes it covers and zeroes the rest, so a newer core reads an
- * older plugin's record with its newer trailing slots NULL. */
+ * older plugin's record with its newer trailing slots NULL.
+ *
+ * The em_class_* and em_registry_class_* calls are new in EMBER_1.1 (a plugin calling them
+ * needs a 1.1 core); the per-kind calls of module.h, optim.h and data.h are EMBER_1.0. */
 
 /* The fields every class record of every kind begins with, in this order. */
 typedef struct em_class_head {
