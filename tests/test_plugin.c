@@ -1148,6 +1148,7 @@ Test(plugin_env, ember_info_json_parses) {
     cr_assert_eq(json_array_size(list), 2 * EM_DTYPE_COUNT + 1, "--verbose lists kernels");
     /* every plugin lists its classes of every kind under "classes", the same way */
     json_t *kp = json_plugin(root, "kind_plugin.so"), *lp = json_plugin(root, "layer_plugin.so");
+    cr_assert_str_eq(json_string_value(json_object_get(root, "class_api")), "EMBER_1.1");
     json_t *kinds = json_object_get(root, "class_kinds"), *kd;
     cr_assert_eq(json_array_size(kinds), 5);
     size_t ki;

@@ -21,7 +21,7 @@ static const char *const square_inputs[] = {"input"};
 static em_status square_backward(const em_backward_ctx *ctx, em_tensor **grad_in) {
     if (!ctx->in[0] || !ctx->grad_out[0])
         return em_set_error(EM_ERR_STATE, "abi10.square backward: input not saved");
-    grad_in[0] = em_tensor_retain(em_mul_scalar(em_mul(ctx->in[0], ctx->grad_out[0]), 2.0));
+    grad_in[0] = em_mul_scalar(em_mul(ctx->in[0], ctx->grad_out[0]), 2.0); /* kept by the engine */
     return grad_in[0] ? EM_OK : em_last_status();
 }
 
