@@ -937,15 +937,20 @@ static em_status collect(em__node *const *roots, int n_roots, uint64_t run, heap
 }
 
 static em_status run_backward(int n_roots, em_tensor *const *roots, em_tensor **root_grads,
-                              const em_backward_options *opt, capture *cap) {
-    bool retain = opt && opt->retain_graph;
-    if (opt && opt->create_graph) { /* the root grads are consumed on every path */
+                              const em_backward_options *opt_in, capture *cap) {
+    em_backward_options o = {.struct_size = sizeof o}; /* the caller's by the prefix rule */
+    em_status rd = opt_in ? EM__STRUCT_READ(em_backward_options, &o, opt_in,
+                                            offsetof(em_backward_options, ext), "backward")
+                          : EM_OK;
+    const em_backward_options *opt = &o;
+    bool retain = opt->retain_graph;
+    if (rd != EM_OK || opt->create_graph) { /* the root grads are consumed on every path */
         for (int r = 0; r < n_roots; r++) {
             em_tensor_release(root_grads[r]);
             root_grads[r] = NULL;
         }
-        return em_set_error(EM_ERR_INVALID, "backward: create_graph (higher-order gradients) "
-                            "is not supported");
+        return rd != EM_OK ? rd : em_set_error(EM_ERR_INVALID, "backward: create_graph "
+                                               "(higher-order gradients) is not supported");
     }
     uint64_t run = atomic_fetch_add(&run_seq, 1) + 1;
     em__node *root_nodes[16];

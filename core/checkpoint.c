@@ -154,14 +154,15 @@ static void process_run_make(void) {
 
 /* ---- saving ------------------------------------------------------------------------------------ */
 
-em_status em_checkpoint_save(const char *path, const em_checkpoint *ck,
+em_status em_checkpoint_save(const char *path, const em_checkpoint *ck_in,
                              const em_metadata *metadata) {
-    if (!path || !ck)
+    if (!path || !ck_in)
         return em_set_error(EM_ERR_INVALID, "checkpoint_save: NULL %s", path ? "checkpoint" : "path");
-    if (ck->struct_size != sizeof(em_checkpoint))
-        return em_set_error(EM_ERR_INVALID, "checkpoint_save: struct_size %zu is not "
-                            "sizeof(em_checkpoint) (%zu); initialise with EM_CHECKPOINT_INIT",
-                            ck->struct_size, sizeof(em_checkpoint));
+    em_checkpoint full; /* the caller's by the prefix rule */
+    em_status rd = EM__STRUCT_READ(em_checkpoint, &full, ck_in, offsetof(em_checkpoint, ext),
+                                   "checkpoint_save");
+    if (rd != EM_OK) return rd;
+    const em_checkpoint *ck = &full;
     const char *run = ck->run_id;
     if (!memchr(ck->run_id, '\0', sizeof ck->run_id))
         return em_set_error(EM_ERR_INVALID, "checkpoint_save: '%s': run_id is not terminated "
@@ -416,18 +417,9 @@ static em_status ck_plan_check(void *user, const em__st_entry *e, size_t n,
     return st;
 }
 
-em_status em_checkpoint_load(const char *path, em_checkpoint *ck,
-                             const em_checkpoint_load_options *opt) {
-    if (!path || !ck)
-        return em_set_error(EM_ERR_INVALID, "checkpoint_load: NULL %s", path ? "checkpoint" : "path");
-    if (ck->struct_size != sizeof(em_checkpoint))
-        return em_set_error(EM_ERR_INVALID, "checkpoint_load: struct_size %zu is not "
-                            "sizeof(em_checkpoint) (%zu); initialise with EM_CHECKPOINT_INIT",
-                            ck->struct_size, sizeof(em_checkpoint));
-    if (opt && opt->struct_size != sizeof(em_checkpoint_load_options))
-        return em_set_error(EM_ERR_INVALID, "checkpoint_load: options struct_size %zu is not "
-                            "sizeof(em_checkpoint_load_options) (%zu)", opt->struct_size,
-                            sizeof(em_checkpoint_load_options));
+/* em_checkpoint_load on the core's own full copies of the caller's structs. */
+static em_status checkpoint_load(const char *path, em_checkpoint *ck,
+                                 const em_checkpoint_load_options *opt) {
     ck->config_out = NULL;
     if (opt && opt->metadata_out) *opt->metadata_out = NULL;
 
@@ -650,5 +642,25 @@ done:
     em_dict_free(target);
     em_dict_free(file);
     em_metadata_free(meta);
+    return st;
+}
+
+em_status em_checkpoint_load(const char *path, em_checkpoint *ck_in,
+                             const em_checkpoint_load_options *opt_in) {
+    if (!path || !ck_in)
+        return em_set_error(EM_ERR_INVALID, "checkpoint_load: NULL %s", path ? "checkpoint" : "path");
+    /* The prefix rule: read the caller's structs as far as their struct_size goes, load into
+     * full copies, and write back only what the caller's checkpoint covers. */
+    em_checkpoint ck;
+    em_checkpoint_load_options opt;
+    em_status st = EM__STRUCT_READ(em_checkpoint, &ck, ck_in, offsetof(em_checkpoint, ext),
+                                   "checkpoint_load");
+    if (st == EM_OK && opt_in)
+        st = EM__STRUCT_READ(em_checkpoint_load_options, &opt, opt_in,
+                             EM__SIZE_THROUGH(em_checkpoint_load_options, metadata_out),
+                             "checkpoint_load");
+    if (st != EM_OK) return st;
+    st = checkpoint_load(path, &ck, opt_in ? &opt : NULL);
+    EM__STRUCT_WRITE(em_checkpoint, ck_in, &ck, offsetof(em_checkpoint, ext), "checkpoint_load");
     return st;
 }

@@ -3,8 +3,9 @@
  * em_dataset handle every loader reads through, the in-memory datasets a program makes
  * without a plugin (over tensors, over a callback), subsets and random_split.
  *
- * The class table is process-global (like the op registry): entries remember the registry
- * that added them, so unloading a plugin withdraws its classes (em__datasets_remove_owner).
+ * Dataset classes are the "dataset" kind of the core's one class registry (plugin.c): entries
+ * remember the registry that added them, so unloading a plugin withdraws its classes. This
+ * file holds the kind's own checks.
  */
 #include <errno.h>
 #include <math.h>
@@ -22,19 +23,7 @@
 #include "ember/tensor.h"
 #include "data_internal.h"
 
-/* ---- the class table ---------------------------------------------------------------------- */
-
-typedef struct class_entry {
-    em_dataset_class_def def; /* copied; def.name points at `name` */
-    char *name;
-    em_registry *owner;
-} class_entry;
-
-static struct {
-    pthread_mutex_t lock;
-    class_entry *e;
-    size_t n, cap;
-} C = {.lock = PTHREAD_MUTEX_INITIALIZER};
+/* ---- the "dataset" kind of plugin.c's class registry ---------------------------------------- */
 
 static bool valid_class_name(const char *s) {
     if (!s || !(*s >= 'a' && *s <= 'z')) return false;
@@ -42,12 +31,6 @@ static bool valid_class_name(const char *s) {
         if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-'))
             return false;
     return true;
-}
-
-static const class_entry *find_locked(const char *name) {
-    for (size_t i = 0; i < C.n; i++)
-        if (strcmp(C.e[i].name, name) == 0) return &C.e[i];
-    return NULL;
 }
 
 /* A spec's default must pass the spec's own checks (type, range, choices): resolve a bag
@@ -78,145 +61,57 @@ static em_status check_default(const char *cls, const em_option_spec *sp) {
     return st;
 }
 
-em_status em_dataset_class_register(em_registry *reg, const em_dataset_class_def *def) {
-    if (!reg || !def || def->struct_size < offsetof(em_dataset_class_def, ext))
-        return em_set_error(EM_ERR_INVALID, "dataset_class_register: NULL registry or record, "
-                            "or a record older than this core understands");
+em_status em__dataset_class_check(const void *record, const char *who) {
+    const em_dataset_class_def *def = record;
     if (!valid_class_name(def->name))
-        return em_set_error(EM_ERR_INVALID, "dataset_class_register: name '%s' is not "
-                            "[a-z][a-z0-9_-]*", def->name ? def->name : "(null)");
+        return em_set_error(EM_ERR_INVALID, "%s: name '%s' is not [a-z][a-z0-9_-]*", who,
+                            def->name ? def->name : "(null)");
     if (!def->open || !def->read)
-        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' lacks an %s "
-                            "function", def->name, !def->open ? "open" : "read");
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' lacks an %s function", who,
+                            def->name, !def->open ? "open" : "read");
     if (def->n_options < 0 || (def->n_options > 0 && !def->options))
-        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' declares %d "
-                            "options without a table", def->name, def->n_options);
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' declares %d options without a table",
+                            who, def->name, def->n_options);
     for (int i = 0; i < def->n_options; i++) {
         const em_option_spec *sp = &def->options[i];
         if (!sp->name || !*sp->name || !sp->types)
-            return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s': option %d "
-                                "has no name or no types", def->name, i);
+            return em_set_error(EM_ERR_INVALID, "%s: class '%s': option %d has no name or no "
+                                "types", who, def->name, i);
         for (int j = 0; j < i; j++)
             if (strcmp(def->options[j].name, sp->name) == 0)
-                return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s' "
-                                    "declares option '%s' twice", def->name, sp->name);
+                return em_set_error(EM_ERR_INVALID, "%s: class '%s' declares option '%s' twice",
+                                    who, def->name, sp->name);
         em_status st = check_default(def->name, sp);
         if (st != EM_OK) return st;
     }
-    pthread_mutex_lock(&C.lock);
-    em_status st = EM_OK;
-    if (find_locked(def->name)) {
-        st = em_set_error(EM_ERR_EXISTS, "dataset_class_register: a dataset class named '%s' "
-                          "is already registered", def->name);
-    } else if (C.n == C.cap) {
-        size_t nc = C.cap ? C.cap * 2 : 16;
-        class_entry *p = em__realloc(C.e, C.cap * sizeof *p, nc * sizeof *p, "dataset classes");
-        if (!p) st = EM_ERR_NOMEM;
-        else C.e = p, C.cap = nc;
-    }
-    if (st == EM_OK) {
-        class_entry *e = &C.e[C.n];
-        memset(e, 0, sizeof *e);
-        memcpy(&e->def, def, EM_MIN(def->struct_size, sizeof e->def));
-        e->def.struct_size = sizeof e->def;
-        if (!(e->name = em__strdup(def->name, "dataset class name"))) {
-            st = EM_ERR_NOMEM;
-            if (C.n == 0) { /* keep nothing allocated while no class is registered */
-                em__free(C.e);
-                C.e = NULL;
-                C.cap = 0;
-            }
-        } else {
-            e->def.name = e->name;
-            e->owner = reg;
-            C.n++;
-        }
-    }
-    pthread_mutex_unlock(&C.lock);
-    return st;
+    return EM_OK;
 }
 
-static void remove_at_locked(size_t i) {
-    em__free(C.e[i].name);
-    memmove(&C.e[i], &C.e[i + 1], (C.n - i - 1) * sizeof *C.e);
-    C.n--;
-    if (C.n == 0) {
-        em__free(C.e);
-        C.e = NULL;
-        C.cap = 0;
-    }
+em_status em_dataset_class_register(em_registry *reg, const em_dataset_class_def *def) {
+    return em__class_register(reg, "dataset", def, "dataset_class_register");
 }
 
 em_status em_dataset_class_unregister(em_registry *reg, const char *name) {
-    pthread_mutex_lock(&C.lock);
-    for (size_t i = 0; name && i < C.n; i++)
-        if (C.e[i].owner == reg && strcmp(C.e[i].name, name) == 0) {
-            remove_at_locked(i);
-            pthread_mutex_unlock(&C.lock);
-            return EM_OK;
-        }
-    pthread_mutex_unlock(&C.lock);
-    return em_set_error(EM_ERR_NOTFOUND, "dataset_class_unregister: this registry registered "
-                        "no dataset class named '%s'", name ? name : "(null)");
+    return em_class_unregister(reg, "dataset", name);
 }
 
-void em__datasets_remove_owner(em_registry *owner) {
-    pthread_mutex_lock(&C.lock);
-    for (size_t i = C.n; i-- > 0;)
-        if (C.e[i].owner == owner) remove_at_locked(i);
-    pthread_mutex_unlock(&C.lock);
-}
-
-size_t em__datasets_count_owner(const em_registry *owner) {
-    pthread_mutex_lock(&C.lock);
-    size_t n = 0;
-    for (size_t i = 0; i < C.n; i++) n += C.e[i].owner == owner;
-    pthread_mutex_unlock(&C.lock);
-    return n;
-}
-
-size_t em_dataset_class_count(void) {
-    pthread_mutex_lock(&C.lock);
-    size_t n = C.n;
-    pthread_mutex_unlock(&C.lock);
-    return n;
-}
+size_t em_dataset_class_count(void) { return em_class_count("dataset"); }
 
 const char *em_dataset_class_name(size_t i) {
-    pthread_mutex_lock(&C.lock);
-    const char *s = i < C.n ? C.e[i].name : NULL;
-    pthread_mutex_unlock(&C.lock);
-    return s;
+    const em_dataset_class_def *d = em_class_get("dataset", i);
+    return d ? d->name : NULL;
 }
 
 size_t em_registry_dataset_count(const em_registry *reg) {
-    return reg ? em__datasets_count_owner(reg) : 0;
+    return em_registry_class_count(reg, "dataset");
 }
 
 const char *em_registry_dataset_name(const em_registry *reg, size_t i) {
-    pthread_mutex_lock(&C.lock);
-    const char *s = NULL;
-    for (size_t k = 0, seen = 0; reg && k < C.n; k++)
-        if (C.e[k].owner == reg && seen++ == i) {
-            s = C.e[k].name;
-            break;
-        }
-    pthread_mutex_unlock(&C.lock);
-    return s;
+    return em_registry_class_name(reg, "dataset", i);
 }
 
 const em_dataset_class_def *em_dataset_class_find(const char *name) {
-    pthread_mutex_lock(&C.lock);
-    const class_entry *e = name ? find_locked(name) : NULL;
-    if (!e) {
-        const char *names[256];
-        size_t n = 0;
-        for (size_t i = 0; i < C.n && n < sizeof names / sizeof *names; i++)
-            names[n++] = C.e[i].name;
-        em__class_not_found(NULL, "dataset", name, names, n); /* under the lock, as names */
-    }
-    pthread_mutex_unlock(&C.lock);
-    return e ? &e->def : NULL;
+    return em__class_find("dataset", name, NULL);
 }
 
 /* ---- datasets ----------------------------------------------------------------------------- */
@@ -464,12 +359,16 @@ static em_status callback_read(void *state, const int64_t *idx, int64_t n, void 
 
 static void callback_close(void *state) { em__free(state); }
 
-em_dataset *em_dataset_from_callback(const em_dataset_info *info, em_item_fn fn, void *user) {
-    if (!info || !fn || info->struct_size < offsetof(em_dataset_info, ext)) {
-        em_set_error(EM_ERR_INVALID, "dataset_from_callback: NULL info or function, or an info "
-                     "record without struct_size");
+em_dataset *em_dataset_from_callback(const em_dataset_info *info_in, em_item_fn fn, void *user) {
+    if (!fn) {
+        em_set_error(EM_ERR_INVALID, "dataset_from_callback: NULL function");
         return NULL;
     }
+    em_dataset_info full; /* the caller's info by the prefix rule: read only what it covers */
+    if (EM__STRUCT_READ(em_dataset_info, &full, info_in, offsetof(em_dataset_info, ext),
+                        "dataset_from_callback") != EM_OK)
+        return NULL;
+    const em_dataset_info *info = &full;
     callback_state *s = em__calloc(1, sizeof *s, "callback dataset");
     if (!s) return NULL;
     s->fn = fn;

@@ -32,9 +32,14 @@ static bool valid_type_name(const char *s) {
     return true;
 }
 
-em_status em_device_type_register(em_registry *reg, const em_device_ops *ops) {
-    if (!reg || !ops) return em_set_error(EM_ERR_INVALID, "device_type_register: NULL argument");
-    if (ops->struct_size < offsetof(em_device_ops, host_alloc) || !valid_type_name(ops->name) ||
+em_status em_device_type_register(em_registry *reg, const em_device_ops *ops_in) {
+    if (!reg || !ops_in) return em_set_error(EM_ERR_INVALID, "device_type_register: NULL argument");
+    em_device_ops full; /* the backend's table by the prefix rule: missing trailing slots NULL */
+    em_status rd = EM__STRUCT_READ(em_device_ops, &full, ops_in,
+                                   offsetof(em_device_ops, host_alloc), "device_type_register");
+    if (rd != EM_OK) return rd;
+    const em_device_ops *ops = &full;
+    if (!valid_type_name(ops->name) ||
         !ops->count || !ops->alloc || !ops->free || !ops->copy || !ops->synchronize)
         return em_set_error(EM_ERR_INVALID,
                             "device_type_register: '%s' needs a name ([a-z][a-z0-9_]*) and "
@@ -59,9 +64,7 @@ em_status em_device_type_register(em_registry *reg, const em_device_ops *ops) {
     if (st == EM_OK) {
         em__device_type *t = &em__device_types[slot];
         memset(t, 0, sizeof *t);
-        size_t n = EM_MIN(ops->struct_size, sizeof t->ops);
-        memcpy(&t->ops, ops, n);
-        t->ops.struct_size = sizeof t->ops;
+        t->ops = full;
         snprintf(t->name, sizeof t->name, "%s", ops->name);
         t->ops.name = t->name;
         t->owner = reg;
@@ -192,14 +195,20 @@ int em_device_count(const char *type_name) {
     return t < 0 ? 0 : em__device_types[t].ops.count();
 }
 
-em_status em_device_properties(em_device dev, em_device_props *out) {
-    if (!out || out->struct_size < sizeof *out)
-        return em_set_error(EM_ERR_INVALID, "device_properties: NULL out or struct_size %zu "
-                            "smaller than %zu", out ? out->struct_size : 0, sizeof *out);
+/* The backend fills the core's full struct; the caller gets the part its struct_size covers. */
+static em_status device_properties(em_device dev, em_device_props *out);
+em_status em_device_properties(em_device dev, em_device_props *caller) {
+    em_device_props full = {.struct_size = sizeof full};
+    const size_t min = EM__SIZE_THROUGH(em_device_props, compute_units);
+    em_status st = EM__STRUCT_WRITE(em_device_props, caller, &full, min, "device_properties");
+    if (st == EM_OK) st = device_properties(dev, &full);
+    if (st == EM_OK) EM__STRUCT_WRITE(em_device_props, caller, &full, min, "device_properties");
+    return st;
+}
+
+static em_status device_properties(em_device dev, em_device_props *out) {
     em_status st = em__device_check(dev, "device_properties");
     if (st != EM_OK) return st;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
     char buf[48];
     snprintf(out->name, sizeof out->name, "%s", em_device_str(dev, buf, sizeof buf));
     const em_device_ops *ops = em__device_ops(dev);

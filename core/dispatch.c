@@ -169,10 +169,15 @@ static bool copy_schema(struct em_op *op, const em_op_schema *s) {
     return true;
 }
 
-em_status em_op_declare(em_registry *reg, const em_op_schema *s, const em_op **out) {
+em_status em_op_declare(em_registry *reg, const em_op_schema *s_in, const em_op **out) {
+    em_op_schema full; /* the declarer's schema by the prefix rule: missing slots zero */
+    if (s_in && EM__STRUCT_READ(em_op_schema, &full, s_in, offsetof(em_op_schema, ext),
+                                "op_declare") != EM_OK)
+        return em_last_status();
+    const em_op_schema *s = s_in ? &full : NULL;
     if (!reg || !s || !s->name || !*s->name)
         return em_set_error(EM_ERR_INVALID, "op_declare: NULL registry, schema or name");
-    if (s->struct_size < offsetof(em_op_schema, ext) || s->n_inputs < 0 ||
+    if (s->n_inputs < 0 ||
         s->n_inputs > 8 || s->n_outputs < 1 ||
         s->n_outputs > ((s->flags & EM_OP_LISTS) ? 8 : 4) || s->n_attrs < 0 ||
         s->n_attrs > 8 || (s->n_attrs > 0 && (!s->attr_names || !s->attr_types)) ||
@@ -286,9 +291,11 @@ em_status em_kernel_register(em_registry *reg, const em_kernel_def *def, em_kern
     if (!reg || !def || !def->op || !def->device_type || !def->fn)
         return em_set_error(EM_ERR_INVALID, "kernel_register: NULL registry, op, device type "
                             "or function");
-    if (def->struct_size < offsetof(em_kernel_def, ext))
-        return em_set_error(EM_ERR_INVALID, "kernel_register: struct_size %zu is too small",
-                            def->struct_size);
+    em_kernel_def full; /* the registrant's record by the prefix rule: missing slots zero */
+    if (EM__STRUCT_READ(em_kernel_def, &full, def, offsetof(em_kernel_def, ext),
+                        "kernel_register") != EM_OK)
+        return em_last_status();
+    def = &full;
     if (!em_dtype_is_valid(def->dtype))
         return em_set_error(EM_ERR_DTYPE, "kernel_register: invalid dtype %d for op '%s'",
                             (int)def->dtype, def->op);
@@ -302,8 +309,7 @@ em_status em_kernel_register(em_registry *reg, const em_kernel_def *def, em_kern
     struct em_op *op = (struct em_op *)found;
     em_kernel *k = em__calloc(1, sizeof *k, "kernel");
     if (!k) return EM_ERR_NOMEM;
-    memcpy(&k->def, def, EM_MIN(def->struct_size, sizeof k->def));
-    k->def.struct_size = sizeof k->def;
+    k->def = full;
     k->def.op = op->schema.name;
     k->def.device_type = em__device_types[devtype].name;
     char fallback_name[96];

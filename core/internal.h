@@ -354,6 +354,18 @@ const char *em__plugin_names(void);
 /* Record where in a config file a module was built ("file:line:col"; NULL clears): its forward
  * errors then name that place (module.c's blame). EM_ERR_NOMEM. */
 em_status em__module_set_where(em_module *m, const char *where);
+/* The class registry (ember/plugin.h's em_class_*): em_class_register and em_class_find with
+ * `who` naming the public function for messages ("module_class_register"; NULL for find: the
+ * message then starts with "no ... class"). */
+em_status em__class_register(em_registry *reg, const char *kind, const void *record,
+                             const char *who);
+const void *em__class_find(const char *kind, const char *name, const char *who);
+/* The core kinds' own checks of a record (the core's copy, every field present), declared at
+ * em_init() by plugin.c: module.c, optim.c, data.c. */
+em_status em__module_class_check(const void *record, const char *who);
+em_status em__optim_class_check(const void *record, const char *who);
+em_status em__sched_class_check(const void *record, const char *who);
+em_status em__dataset_class_check(const void *record, const char *who);
 /* Sets and returns EM_ERR_NOTFOUND for a class lookup by name that failed: "WHO: no KIND class
  * named 'NAME' (did you mean 'X'?) is registered; registered: ...; loaded plugins: ...", and
  * the hint that a class of a plugin not loaded needs EMBER_PLUGIN_PATH. `who` may be NULL;
@@ -361,16 +373,29 @@ em_status em__module_set_where(em_module *m, const char *where);
 em_status em__class_not_found(const char *who, const char *kind, const char *name,
                               const char *const *names, size_t n);
 
-/* ---- optimizer and scheduler classes (optim.c) ---------------------------------------------- */
+/* ---- structs that cross the ABI (plugin.c) ------------------------------------------------ */
 
-/* Remove the optimizer and scheduler classes a registry registered (plugin unload). */
-void em__optim_remove_owner(em_registry *owner);
-
-/* ---- dataset classes (data.c) ------------------------------------------------------------ */
-
-/* Withdraw / count the dataset classes a registry registered. */
-void em__datasets_remove_owner(em_registry *owner);
-size_t em__datasets_count_owner(const em_registry *owner);
+/* Every struct a caller fills or reads across the ABI starts with size_t struct_size, and a
+ * caller built against older, smaller headers passes a smaller one. The prefix rule, the one
+ * way every check in the core applies it: accept struct_size >= min, the size of the oldest
+ * layout holding every field the core needs (EM__SIZE_THROUGH of the last such field, or
+ * offsetof(T, ext) for "everything before the reserved pointer"); read only the bytes the
+ * caller's struct_size covers, the rest zero (so a newer slot an older caller lacks reads
+ * as NULL / 0 / false: its documented default). A larger struct_size (a caller built against
+ * newer headers) is accepted and read up to what this core knows. Otherwise EM_ERR_INVALID
+ * "who: T struct_size N is smaller than the oldest layout this core accepts (M bytes) ...". */
+#define EM__SIZE_THROUGH(T, field) (offsetof(T, field) + sizeof(((T *)0)->field))
+/* Read the caller's src into the core's own dst (size bytes): dst's struct_size becomes size. */
+em_status em__struct_read(void *dst, size_t size, const void *src, size_t min, const char *who,
+                          const char *type);
+/* Write the core's full src (size bytes) into the caller's out: only the bytes out's
+ * struct_size covers; out's struct_size is left as the caller set it. */
+em_status em__struct_write(void *out, const void *src, size_t size, size_t min, const char *who,
+                           const char *type);
+#define EM__STRUCT_READ(T, dst, src, min, who)                                                  \
+    em__struct_read((dst), sizeof(T), (src), (min), (who), #T)
+#define EM__STRUCT_WRITE(T, out, src, min, who)                                                 \
+    em__struct_write((out), (src), sizeof(T), (min), (who), #T)
 
 /* ---- autograd (autograd.c) ------------------------------------------------------------------ */
 
@@ -480,8 +505,6 @@ em_status em__load_report_entries(const em_dict *target, const em__st_entry *e, 
 
 /* Levenshtein distance (case-insensitive) for did-you-mean hints; 1000 for names over 64. */
 int em__edit_distance(const char *a, const char *b);
-/* Remove the module classes a registry registered (registry_withdraw). */
-void em__module_classes_remove_owner(em_registry *owner);
 
 /* ---- checkpoint files (serialize.c) ------------------------------------------------------- */
 

@@ -452,15 +452,13 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
         if (!em__error_pending()) em_set_error(EM_ERR_INVALID, "loader_new: NULL dataset");
         return NULL;
     }
-    if (opts && opts->struct_size < offsetof(em_loader_options, ext)) {
-        em_set_error(EM_ERR_INVALID, "loader_new: options without struct_size (set it to "
-                     "sizeof(em_loader_options))");
+    em_loader_options lo = {.struct_size = sizeof lo}; /* the caller's by the prefix rule */
+    if (opts && EM__STRUCT_READ(em_loader_options, &lo, opts, offsetof(em_loader_options, ext),
+                                "loader_new") != EM_OK)
         return NULL;
-    }
     em_loader *l = em__calloc(1, sizeof *l, "loader");
     if (!l) return NULL;
-    if (opts) memcpy(&l->o, opts, EM_MIN(opts->struct_size, sizeof l->o));
-    l->o.struct_size = sizeof l->o;
+    l->o = lo;
     l->ds = ds;
     l->handed = -1;
     pthread_mutex_init(&l->mu, NULL);

@@ -1,10 +1,10 @@
 /*
  * module.c — the module class registry and module instances (ember/module.h).
  *
- * Classes. Registered classes live in one process-wide list, each copied into a record of its
- * own (so a plugin built against an older, shorter em_module_class reads as zeros past its
- * end) and attributed to the registry that registered it; registry_withdraw() in plugin.c
- * removes a plugin's classes when it unloads.
+ * Classes. Module classes are the "module" kind of the core's one class registry (plugin.c):
+ * each is copied into a record of its own (so a plugin built against an older, shorter
+ * em_module_class reads as zeros past its end) and attributed to the registry that registered
+ * it, which removes them when its plugin unloads. This file holds the kind's own checks.
  *
  * Instances. A module holds its class, its resolved options, a zeroed state block, and three
  * ordered lists of named members: parameters (leaf tensors tagged EM_MEM_PARAMETER that
@@ -40,18 +40,7 @@
 #include "ember/tensor.h"
 #include "internal.h"
 
-/* ---- the class registry -------------------------------------------------------------------- */
-
-typedef struct class_entry {
-    em_module_class cls; /* copied; cls.name points into the registrant's memory */
-    em_registry *owner;
-} class_entry;
-
-static struct {
-    class_entry **e;
-    size_t n, cap;
-    pthread_mutex_t lock;
-} C = {.lock = PTHREAD_MUTEX_INITIALIZER};
+/* ---- the class registry: the "module" kind of plugin.c's class registry ------------------ */
 
 static bool class_name_ok(const char *s) {
     if (!s || !*s)
@@ -63,134 +52,47 @@ static bool class_name_ok(const char *s) {
     return true;
 }
 
-em_status em_module_class_register(em_registry *reg, const em_module_class *cls) {
-    if (!reg || !cls)
-        return em_set_error(EM_ERR_INVALID, "module_class_register: NULL %s",
-                            reg ? "class" : "registry");
-    size_t need = offsetof(em_module_class, forward) + sizeof cls->forward;
-    if (cls->struct_size < need)
-        return em_set_error(EM_ERR_INVALID, "module_class_register: struct_size %zu is too small "
-                            "(set it to sizeof(em_module_class))", cls->struct_size);
+em_status em__module_class_check(const void *record, const char *who) {
+    const em_module_class *cls = record;
     if (!class_name_ok(cls->name))
-        return em_set_error(EM_ERR_INVALID, "module_class_register: bad class name '%s' (letters, "
-                            "digits, '_' and '.')", cls->name ? cls->name : "(null)");
+        return em_set_error(EM_ERR_INVALID, "%s: bad class name '%s' (letters, digits, '_' and "
+                            "'.')", who, cls->name ? cls->name : "(null)");
     if (!cls->forward)
-        return em_set_error(EM_ERR_INVALID, "module_class_register: class '%s' has no forward",
-                            cls->name);
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' has no forward", who, cls->name);
     if (cls->n_options < 0 || (cls->n_options > 0 && !cls->options))
-        return em_set_error(EM_ERR_INVALID, "module_class_register: class '%s' declares %d "
-                            "options without a table", cls->name, cls->n_options);
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' declares %d options without a table",
+                            who, cls->name, cls->n_options);
     for (int i = 0; i < cls->n_options; i++) {
         const em_option_spec *sp = &cls->options[i];
         if (!sp->name || !*sp->name || !sp->types)
-            return em_set_error(EM_ERR_INVALID, "module_class_register: class '%s': option %d "
-                                "has no name or no types", cls->name, i);
+            return em_set_error(EM_ERR_INVALID, "%s: class '%s': option %d has no name or no "
+                                "types", who, cls->name, i);
         for (int j = 0; j < i; j++)
             if (strcmp(cls->options[j].name, sp->name) == 0)
-                return em_set_error(EM_ERR_INVALID, "module_class_register: class '%s' declares "
-                                    "option '%s' twice", cls->name, sp->name);
+                return em_set_error(EM_ERR_INVALID, "%s: class '%s' declares option '%s' twice",
+                                    who, cls->name, sp->name);
     }
-    class_entry *ce = em__calloc(1, sizeof *ce, "module class");
-    if (!ce)
-        return EM_ERR_NOMEM;
-    memcpy(&ce->cls, cls, EM_MIN(cls->struct_size, sizeof ce->cls));
-    ce->cls.struct_size = sizeof ce->cls;
-    ce->owner = reg;
-    pthread_mutex_lock(&C.lock);
-    for (size_t i = 0; i < C.n; i++)
-        if (strcmp(C.e[i]->cls.name, cls->name) == 0) {
-            const char *by = C.e[i]->owner->name;
-            pthread_mutex_unlock(&C.lock);
-            em__free(ce);
-            return em_set_error(EM_ERR_EXISTS, "module_class_register: a module class named '%s' "
-                                "is already registered (by %s)", cls->name, by);
-        }
-    if (C.n == C.cap) {
-        size_t nc = C.cap ? C.cap * 2 : 32;
-        class_entry **p = em__realloc(C.e, C.cap * sizeof *p, nc * sizeof *p, "module classes");
-        if (!p) {
-            pthread_mutex_unlock(&C.lock);
-            em__free(ce);
-            return EM_ERR_NOMEM;
-        }
-        C.e = p;
-        C.cap = nc;
-    }
-    C.e[C.n++] = ce;
-    pthread_mutex_unlock(&C.lock);
     return EM_OK;
 }
 
-void em__module_classes_remove_owner(em_registry *owner) {
-    pthread_mutex_lock(&C.lock);
-    size_t k = 0;
-    for (size_t i = 0; i < C.n; i++) {
-        if (C.e[i]->owner == owner)
-            em__free(C.e[i]);
-        else
-            C.e[k++] = C.e[i];
-    }
-    C.n = k;
-    if (C.n == 0) {
-        em__free(C.e);
-        C.e = NULL;
-        C.cap = 0;
-    }
-    pthread_mutex_unlock(&C.lock);
+em_status em_module_class_register(em_registry *reg, const em_module_class *cls) {
+    return em__class_register(reg, "module", cls, "module_class_register");
 }
 
 const em_module_class *em_module_class_find(const char *name) {
-    if (!name) {
-        em_set_error(EM_ERR_INVALID, "module_class_find: NULL name");
-        return NULL;
-    }
-    pthread_mutex_lock(&C.lock);
-    const char *names[256];
-    size_t n = 0;
-    for (size_t i = 0; i < C.n; i++) {
-        if (strcmp(C.e[i]->cls.name, name) == 0) {
-            const em_module_class *found = &C.e[i]->cls;
-            pthread_mutex_unlock(&C.lock);
-            return found;
-        }
-        if (n < sizeof names / sizeof *names) names[n++] = C.e[i]->cls.name;
-    }
-    em__class_not_found(NULL, "module", name, names, n); /* under the lock: names stay valid */
-    pthread_mutex_unlock(&C.lock);
-    return NULL;
+    return em__class_find("module", name, NULL);
 }
 
-size_t em_module_class_count(void) {
-    pthread_mutex_lock(&C.lock);
-    size_t n = C.n;
-    pthread_mutex_unlock(&C.lock);
-    return n;
-}
+size_t em_module_class_count(void) { return em_class_count("module"); }
 
-const em_module_class *em_module_class_get(size_t i) {
-    pthread_mutex_lock(&C.lock);
-    const em_module_class *c = i < C.n ? &C.e[i]->cls : NULL;
-    pthread_mutex_unlock(&C.lock);
-    return c;
-}
+const em_module_class *em_module_class_get(size_t i) { return em_class_get("module", i); }
 
 size_t em_registry_module_class_count(const em_registry *reg) {
-    size_t n = 0;
-    pthread_mutex_lock(&C.lock);
-    for (size_t i = 0; i < C.n; i++)
-        n += C.e[i]->owner == reg;
-    pthread_mutex_unlock(&C.lock);
-    return n;
+    return em_registry_class_count(reg, "module");
 }
 
 const char *em_registry_module_class_name(const em_registry *reg, size_t i) {
-    const char *name = NULL;
-    pthread_mutex_lock(&C.lock);
-    for (size_t k = 0; k < C.n && !name; k++)
-        if (C.e[k]->owner == reg && i-- == 0)
-            name = C.e[k]->cls.name;
-    pthread_mutex_unlock(&C.lock);
-    return name;
+    return em_registry_class_name(reg, "module", i);
 }
 
 /* ---- instances ------------------------------------------------------------------------------ */

@@ -3,9 +3,10 @@
  * per-parameter state, state dicts), gradient clipping, and the scheduler object
  * (ember/optim.h). The classes themselves (SGD, Adam, StepLR, ...) live in plugins/optim.
  *
- * Registries. Each registered class is copied (missing trailing slots of an older, smaller
- * struct zeroed) and attributed to the registry that registered it; unloading a plugin
- * removes its classes (em__optim_remove_owner, from plugin.c's registry_withdraw).
+ * Classes. Optimizer and scheduler classes are the "optimizer" and "scheduler" kinds of the
+ * core's one class registry (plugin.c): each registered class is copied (missing trailing
+ * slots of an older, smaller struct zeroed) and attributed to the registry that registered it;
+ * unloading a plugin removes its classes. This file holds the two kinds' own checks.
  * Optimizers and schedulers must be freed before the plugin that made their class unloads.
  *
  * Parameters are numbered globally, group by group, as in PyTorch's state_dict; state is kept
@@ -38,173 +39,75 @@
 #include "ember/tensor.h"
 #include "internal.h"
 
-/* ---- registries ------------------------------------------------------------------------------ */
-
-typedef struct class_entry {
-    void *cls; /* an owned copy: em_optim_class or em_sched_class */
-    em_registry *owner;
-} class_entry;
-
-static struct {
-    class_entry *optim, *sched;
-    size_t n_optim, cap_optim, n_sched, cap_sched;
-} R;
-
-static em_status entry_add(class_entry **arr, size_t *n, size_t *cap, void *cls, em_registry *owner) {
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        class_entry *p = em__realloc(*arr, *cap * sizeof **arr, nc * sizeof **arr, "class registry");
-        if (!p) return EM_ERR_NOMEM;
-        *arr = p;
-        *cap = nc;
-    }
-    (*arr)[(*n)++] = (class_entry){.cls = cls, .owner = owner};
-    return EM_OK;
-}
-
-static void entries_remove_owner(class_entry *arr, size_t *n, const em_registry *owner) {
-    size_t k = 0;
-    for (size_t i = 0; i < *n; i++) {
-        if (arr[i].owner == owner) em__free(arr[i].cls);
-        else arr[k++] = arr[i];
-    }
-    *n = k;
-}
-
-void em__optim_remove_owner(em_registry *owner) {
-    entries_remove_owner(R.optim, &R.n_optim, owner);
-    entries_remove_owner(R.sched, &R.n_sched, owner);
-    if (R.n_optim == 0) {
-        em__free(R.optim);
-        R.optim = NULL;
-        R.cap_optim = 0;
-    }
-    if (R.n_sched == 0) {
-        em__free(R.sched);
-        R.sched = NULL;
-        R.cap_sched = 0;
-    }
-}
-
-static const char *owner_name(const em_registry *r) { return r && r->name ? r->name : "?"; }
+/* ---- the "optimizer" and "scheduler" kinds of plugin.c's class registry ------------------- */
 
 /* Checks an option table: names present, unique. */
-static em_status check_specs(const char *kind, const char *name, const em_option_spec *specs,
+static em_status check_specs(const char *who, const char *name, const em_option_spec *specs,
                              int n) {
     if (n < 0 || (n > 0 && !specs))
-        return em_set_error(EM_ERR_INVALID, "%s_class_register: class '%s' has %d options but "
-                            "no option table", kind, name, n);
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' has %d options but no option table",
+                            who, name, n);
     for (int i = 0; i < n; i++) {
         if (!specs[i].name || !*specs[i].name)
-            return em_set_error(EM_ERR_INVALID, "%s_class_register: class '%s': option %d has "
-                                "no name", kind, name, i);
+            return em_set_error(EM_ERR_INVALID, "%s: class '%s': option %d has no name", who,
+                                name, i);
         for (int j = 0; j < i; j++)
             if (strcmp(specs[i].name, specs[j].name) == 0)
-                return em_set_error(EM_ERR_INVALID, "%s_class_register: class '%s' declares "
-                                    "option '%s' twice", kind, name, specs[i].name);
+                return em_set_error(EM_ERR_INVALID, "%s: class '%s' declares option '%s' twice",
+                                    who, name, specs[i].name);
     }
     return EM_OK;
+}
+
+em_status em__optim_class_check(const void *record, const char *who) {
+    const em_optim_class *cls = record;
+    if (!cls->step)
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' needs a step function", who,
+                            cls->name);
+    return check_specs(who, cls->name, cls->options, cls->n_options);
+}
+
+em_status em__sched_class_check(const void *record, const char *who) {
+    const em_sched_class *cls = record;
+    if (!cls->step)
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' needs a step function", who,
+                            cls->name);
+    if (!cls->interval || (strcmp(cls->interval, "step") != 0 && strcmp(cls->interval, "epoch") != 0))
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s': interval must be \"step\" (per "
+                            "batch) or \"epoch\", not '%s'", who, cls->name,
+                            cls->interval ? cls->interval : "(null)");
+    return check_specs(who, cls->name, cls->options, cls->n_options);
 }
 
 em_status em_optim_class_register(em_registry *reg, const em_optim_class *cls) {
-    if (!reg) return em_set_error(EM_ERR_INVALID, "optim_class_register: NULL registry");
-    if (!cls || cls->struct_size < offsetof(em_optim_class, validate))
-        return em_set_error(EM_ERR_INVALID, "optim_class_register: %s", cls ? "struct_size is "
-                            "too small (set it to sizeof(em_optim_class))" : "NULL class");
-    if (!cls->name || !*cls->name || !cls->step)
-        return em_set_error(EM_ERR_INVALID, "optim_class_register: class '%s' needs a name and "
-                            "a step function", cls->name ? cls->name : "(null)");
-    const em_optim_class *dup = em_optim_class_find(cls->name);
-    if (dup) {
-        const char *who = "?";
-        for (size_t i = 0; i < R.n_optim; i++)
-            if (R.optim[i].cls == dup) who = owner_name(R.optim[i].owner);
-        return em_set_error(EM_ERR_INVALID, "optim_class_register: an optimizer class named "
-                            "'%s' is already registered (by %s)", cls->name, who);
-    }
-    em_status st = check_specs("optim", cls->name, cls->options, cls->n_options);
-    if (st != EM_OK) return st;
-    em_optim_class *copy = em__calloc(1, sizeof *copy, "optimizer class");
-    if (!copy) return EM_ERR_NOMEM;
-    memcpy(copy, cls, EM_MIN(cls->struct_size, sizeof *copy));
-    copy->struct_size = sizeof *copy;
-    if ((st = entry_add(&R.optim, &R.n_optim, &R.cap_optim, copy, reg)) != EM_OK) em__free(copy);
-    return st;
+    return em__class_register(reg, "optimizer", cls, "optim_class_register");
 }
-
 const em_optim_class *em_optim_class_find(const char *name) {
-    for (size_t i = 0; name && i < R.n_optim; i++) {
-        const em_optim_class *c = R.optim[i].cls;
-        if (strcmp(c->name, name) == 0) return c;
-    }
-    return NULL;
+    return em__class_find("optimizer", name, NULL);
 }
-size_t em_optim_class_count(void) { return R.n_optim; }
-const em_optim_class *em_optim_class_get(size_t i) { return i < R.n_optim ? R.optim[i].cls : NULL; }
+size_t em_optim_class_count(void) { return em_class_count("optimizer"); }
+const em_optim_class *em_optim_class_get(size_t i) { return em_class_get("optimizer", i); }
 
 em_status em_sched_class_register(em_registry *reg, const em_sched_class *cls) {
-    if (!reg) return em_set_error(EM_ERR_INVALID, "sched_class_register: NULL registry");
-    if (!cls || cls->struct_size < offsetof(em_sched_class, closed_form))
-        return em_set_error(EM_ERR_INVALID, "sched_class_register: %s", cls ? "struct_size is "
-                            "too small (set it to sizeof(em_sched_class))" : "NULL class");
-    if (!cls->name || !*cls->name || !cls->step)
-        return em_set_error(EM_ERR_INVALID, "sched_class_register: class '%s' needs a name and "
-                            "a step function", cls->name ? cls->name : "(null)");
-    if (!cls->interval || (strcmp(cls->interval, "step") != 0 && strcmp(cls->interval, "epoch") != 0))
-        return em_set_error(EM_ERR_INVALID, "sched_class_register: class '%s': interval must be "
-                            "\"step\" (per batch) or \"epoch\", not '%s'", cls->name,
-                            cls->interval ? cls->interval : "(null)");
-    const em_sched_class *dup = em_sched_class_find(cls->name);
-    if (dup) {
-        const char *who = "?";
-        for (size_t i = 0; i < R.n_sched; i++)
-            if (R.sched[i].cls == dup) who = owner_name(R.sched[i].owner);
-        return em_set_error(EM_ERR_INVALID, "sched_class_register: a scheduler class named "
-                            "'%s' is already registered (by %s)", cls->name, who);
-    }
-    em_status st = check_specs("sched", cls->name, cls->options, cls->n_options);
-    if (st != EM_OK) return st;
-    em_sched_class *copy = em__calloc(1, sizeof *copy, "scheduler class");
-    if (!copy) return EM_ERR_NOMEM;
-    memcpy(copy, cls, EM_MIN(cls->struct_size, sizeof *copy));
-    copy->struct_size = sizeof *copy;
-    if ((st = entry_add(&R.sched, &R.n_sched, &R.cap_sched, copy, reg)) != EM_OK) em__free(copy);
-    return st;
+    return em__class_register(reg, "scheduler", cls, "sched_class_register");
 }
-
 const em_sched_class *em_sched_class_find(const char *name) {
-    for (size_t i = 0; name && i < R.n_sched; i++) {
-        const em_sched_class *c = R.sched[i].cls;
-        if (strcmp(c->name, name) == 0) return c;
-    }
-    return NULL;
+    return em__class_find("scheduler", name, NULL);
 }
-size_t em_sched_class_count(void) { return R.n_sched; }
-const em_sched_class *em_sched_class_get(size_t i) { return i < R.n_sched ? R.sched[i].cls : NULL; }
+size_t em_sched_class_count(void) { return em_class_count("scheduler"); }
+const em_sched_class *em_sched_class_get(size_t i) { return em_class_get("scheduler", i); }
 
-static size_t owned_count(const class_entry *arr, size_t n, const em_registry *reg) {
-    size_t k = 0;
-    for (size_t i = 0; reg && i < n; i++) k += arr[i].owner == reg;
-    return k;
-}
-static const void *owned_get(const class_entry *arr, size_t n, const em_registry *reg, size_t idx) {
-    for (size_t i = 0; reg && i < n; i++)
-        if (arr[i].owner == reg && idx-- == 0) return arr[i].cls;
-    return NULL;
-}
 size_t em_registry_optim_class_count(const em_registry *reg) {
-    return owned_count(R.optim, R.n_optim, reg);
+    return em_registry_class_count(reg, "optimizer");
 }
 const char *em_registry_optim_class_name(const em_registry *reg, size_t i) {
-    const em_optim_class *c = owned_get(R.optim, R.n_optim, reg, i);
-    return c ? c->name : NULL;
+    return em_registry_class_name(reg, "optimizer", i);
 }
 size_t em_registry_sched_class_count(const em_registry *reg) {
-    return owned_count(R.sched, R.n_sched, reg);
+    return em_registry_class_count(reg, "scheduler");
 }
 const char *em_registry_sched_class_name(const em_registry *reg, size_t i) {
-    const em_sched_class *c = owned_get(R.sched, R.n_sched, reg, i);
-    return c ? c->name : NULL;
+    return em_registry_class_name(reg, "scheduler", i);
 }
 
 /* ---- options helpers ------------------------------------------------------------------------- */
@@ -375,15 +278,8 @@ static em_optimizer *optimizer_build(const char *class_name, const em_param_grou
                                      int n_groups, const em_options *defaults) {
     if (!class_name)
         return em_set_error(EM_ERR_INVALID, "optimizer_new: NULL class name"), NULL;
-    const em_optim_class *cls = em_optim_class_find(class_name);
-    if (!cls) {
-        const char *names[256];
-        size_t n = 0;
-        for (size_t i = 0; i < R.n_optim && n < sizeof names / sizeof *names; i++)
-            names[n++] = ((const em_optim_class *)R.optim[i].cls)->name;
-        em__class_not_found("optimizer_new", "optimizer", class_name, names, n);
-        return NULL;
-    }
+    const em_optim_class *cls = em__class_find("optimizer", class_name, "optimizer_new");
+    if (!cls) return NULL;
     if (n_groups < 1 || !groups)
         return em_set_error(EM_ERR_INVALID, "optimizer_new(%s): no parameter groups", cls->name),
                NULL;
@@ -991,15 +887,8 @@ static em_status sched_run(em_scheduler *s, double metric, bool closed) {
 em_scheduler *em_scheduler_new(const char *class_name, em_optimizer *o, const em_options *opts) {
     if (!class_name || !o)
         return em_set_error(EM_ERR_INVALID, "scheduler_new: NULL class name or optimizer"), NULL;
-    const em_sched_class *cls = em_sched_class_find(class_name);
-    if (!cls) {
-        const char *names[256];
-        size_t n = 0;
-        for (size_t i = 0; i < R.n_sched && n < sizeof names / sizeof *names; i++)
-            names[n++] = ((const em_sched_class *)R.sched[i].cls)->name;
-        em__class_not_found("scheduler_new", "scheduler", class_name, names, n);
-        return NULL;
-    }
+    const em_sched_class *cls = em__class_find("scheduler", class_name, "scheduler_new");
+    if (!cls) return NULL;
     em_scheduler *s = em__calloc(1, sizeof *s, "scheduler");
     if (!s) return NULL;
     s->cls = cls;

@@ -1,11 +1,15 @@
 /*
- * plugin.c — registries (what each plugin or the program registered) and the plugin loader:
- * discovery, dlopen, validation, registration, quarantine of bad plugins, and unloading.
+ * plugin.c — registries (what each plugin or the program registered), the one class registry
+ * (class kinds by name, each with its record size and owner, and the classes registered into
+ * them: modules, optimizers, schedulers, datasets and any kind a plugin declares), the prefix
+ * rule for structs that cross the ABI, and the plugin loader: discovery, dlopen, validation,
+ * registration, quarantine of bad plugins, and unloading.
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,14 +83,402 @@ em_status em__registry_add_device_type(em_registry *r, int type) {
     return EM_OK;
 }
 
-/* Remove everything a registry registered: kernels, ops, device types, module, optimizer
- * and scheduler classes. */
+/* ---- the class registry: kinds, and the classes registered into them ------------------------ */
+
+/* One class: the core's copy of its record (kind->def.record_size bytes; rec->name points at
+ * name) and the registry that registered it. */
+typedef struct class_rec {
+    em_class_head *rec;
+    char *name;
+    em_registry *owner;
+} class_rec;
+
+typedef struct class_kind {
+    em_class_kind_def def; /* copied; def.name and def.description point at the copies */
+    char *name, *description;
+    em_registry *owner;
+    class_rec *c;
+    size_t n, cap;
+} class_kind;
+
+/* Every kind; one lock for all of them (registration and lookups by name are not hot: a
+ * module, optimizer or dataset is looked up once when it is made). Records are allocated one
+ * by one, so a pointer em_class_find returned stays valid until that class is removed. */
+static struct {
+    class_kind **k;
+    size_t n, cap;
+    pthread_mutex_t lock;
+} K = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static class_kind *kind_find_locked(const char *name) {
+    for (size_t i = 0; name && i < K.n; i++)
+        if (strcmp(K.k[i]->name, name) == 0) return K.k[i];
+    return NULL;
+}
+
+static ptrdiff_t class_index_locked(const class_kind *k, const char *name) {
+    for (size_t i = 0; name && i < k->n; i++)
+        if (strcmp(k->c[i].name, name) == 0) return (ptrdiff_t)i;
+    return -1;
+}
+
+/* "module, optimizer, ..." for messages (under the lock). */
+static const char *kind_names_locked(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < K.n && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", K.k[i]->name);
+    return K.n ? buf : "none";
+}
+
+static em_status unknown_kind_locked(const char *who, const char *kind) {
+    char names[256];
+    return em_set_error(EM_ERR_NOTFOUND, "%s: no class kind named '%s' is declared; declared: %s "
+                        "(a kind a plugin declares needs that plugin loaded)", who,
+                        kind ? kind : "(null)", kind_names_locked(names, sizeof names));
+}
+
+static bool kind_name_ok(const char *s) {
+    if (!s || !(*s >= 'a' && *s <= 'z')) return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_')) return false;
+    return true;
+}
+
+static void class_rec_free(class_rec *c) {
+    em__free(c->rec);
+    em__free(c->name);
+}
+
+static void kind_free(class_kind *k) {
+    for (size_t i = 0; i < k->n; i++) class_rec_free(&k->c[i]);
+    em__free(k->c);
+    em__free(k->name);
+    em__free(k->description);
+    em__free(k);
+}
+
+static em_status kind_add(em_registry *reg, const em_class_kind_def *def, const char *who) {
+    if (!reg) return em_set_error(EM_ERR_INVALID, "%s: NULL registry", who);
+    class_kind *k = em__calloc(1, sizeof *k, "class kind");
+    if (!k) return EM_ERR_NOMEM;
+    em_status st = EM__STRUCT_READ(em_class_kind_def, &k->def, def,
+                                   EM__SIZE_THROUGH(em_class_kind_def, min_record_size), who);
+    if (st != EM_OK) {
+        em__free(k);
+        return st;
+    }
+    if (!kind_name_ok(k->def.name)) {
+        em__free(k);
+        return em_set_error(EM_ERR_INVALID, "%s: kind name '%s' is not [a-z][a-z0-9_]*", who,
+                            def->name ? def->name : "(null)");
+    }
+    if (!k->def.min_record_size) k->def.min_record_size = k->def.record_size;
+    if (k->def.record_size < sizeof(em_class_head) ||
+        k->def.min_record_size < sizeof(em_class_head) ||
+        k->def.min_record_size > k->def.record_size) {
+        st = em_set_error(EM_ERR_INVALID, "%s: kind '%s': record_size %zu and min_record_size "
+                          "%zu must satisfy %zu (sizeof(em_class_head)) <= min_record_size <= "
+                          "record_size", who, k->def.name, k->def.record_size,
+                          k->def.min_record_size, sizeof(em_class_head));
+        em__free(k);
+        return st;
+    }
+    if (!(k->name = em__strdup(k->def.name, "class kind name")) ||
+        !(k->description = em__strdup(k->def.description ? k->def.description : "",
+                                      "class kind description"))) {
+        kind_free(k);
+        return EM_ERR_NOMEM;
+    }
+    k->def.name = k->name;
+    k->def.description = k->description;
+    k->owner = reg;
+    pthread_mutex_lock(&K.lock);
+    const class_kind *dup = kind_find_locked(k->name);
+    if (dup) {
+        st = em_set_error(EM_ERR_EXISTS, "%s: a class kind named '%s' is already declared (by %s)",
+                          who, k->name, dup->owner->name);
+    } else if (!grow(&K.k, K.n, &K.cap, sizeof *K.k)) {
+        st = EM_ERR_NOMEM;
+    } else {
+        K.k[K.n++] = k;
+        k = NULL;
+    }
+    pthread_mutex_unlock(&K.lock);
+    if (k) kind_free(k);
+    return st;
+}
+
+em_status em_class_kind_register(em_registry *reg, const em_class_kind_def *def) {
+    return kind_add(reg, def, "class_kind_register");
+}
+
+size_t em_class_kind_count(void) {
+    pthread_mutex_lock(&K.lock);
+    size_t n = K.n;
+    pthread_mutex_unlock(&K.lock);
+    return n;
+}
+
+em_status em_class_kind_get(size_t i, em_class_kind_info *out) {
+    pthread_mutex_lock(&K.lock);
+    if (i >= K.n) {
+        size_t n = K.n;
+        pthread_mutex_unlock(&K.lock);
+        return em_set_error(EM_ERR_RANGE, "class_kind_get: index %zu is out of range (%zu kinds)",
+                            i, n);
+    }
+    const class_kind *k = K.k[i];
+    em_class_kind_info info = {.struct_size = sizeof info, .name = k->name,
+                               .description = k->description, .record_size = k->def.record_size,
+                               .min_record_size = k->def.min_record_size,
+                               .owner = k->owner->name, .class_count = k->n};
+    pthread_mutex_unlock(&K.lock);
+    return EM__STRUCT_WRITE(em_class_kind_info, out, &info,
+                            EM__SIZE_THROUGH(em_class_kind_info, class_count), "class_kind_get");
+}
+
+em_status em__class_register(em_registry *reg, const char *kind, const void *record,
+                             const char *who) {
+    if (!reg || !record)
+        return em_set_error(EM_ERR_INVALID, "%s: NULL %s", who, reg ? "class record" : "registry");
+    pthread_mutex_lock(&K.lock);
+    const class_kind *k = kind_find_locked(kind);
+    if (!k) {
+        em_status st = unknown_kind_locked(who, kind);
+        pthread_mutex_unlock(&K.lock);
+        return st;
+    }
+    /* The kind's definition is copied out so that its check runs without the lock (a check may
+     * call the library, e.g. resolve an option's default); the kind cannot go away meanwhile:
+     * only its owner's withdrawal removes it, and a registry does not register and unload at
+     * once. */
+    em_class_kind_def def = k->def;
+    pthread_mutex_unlock(&K.lock);
+    char what[96];
+    snprintf(what, sizeof what, "%s class record", def.name);
+    em_class_head *copy = em__malloc(def.record_size, "class record");
+    if (!copy) return EM_ERR_NOMEM;
+    em_status st = em__struct_read(copy, def.record_size, record, def.min_record_size, who, what);
+    if (st == EM_OK && (!copy->name || !*copy->name))
+        st = em_set_error(EM_ERR_INVALID, "%s: a %s class needs a name", who, def.name);
+    if (st == EM_OK && def.check) st = def.check(copy, who);
+    char *name = st == EM_OK ? em__strdup(copy->name, "class name") : NULL;
+    if (st == EM_OK && !name) st = EM_ERR_NOMEM;
+    if (st != EM_OK) {
+        em__free(copy);
+        return st;
+    }
+    copy->name = name;
+    pthread_mutex_lock(&K.lock);
+    class_kind *kk = kind_find_locked(kind);
+    ptrdiff_t dup = kk ? class_index_locked(kk, name) : -1;
+    if (!kk) st = unknown_kind_locked(who, kind);
+    else if (dup >= 0)
+        st = em_set_error(EM_ERR_EXISTS, "%s: %s %s class named '%s' is already registered "
+                          "(by %s)", who, strchr("aeiou", kk->name[0]) ? "an" : "a", kk->name,
+                          name, kk->c[dup].owner->name);
+    else if (!grow(&kk->c, kk->n, &kk->cap, sizeof *kk->c)) st = EM_ERR_NOMEM;
+    else kk->c[kk->n++] = (class_rec){.rec = copy, .name = name, .owner = reg};
+    pthread_mutex_unlock(&K.lock);
+    if (st != EM_OK) {
+        em__free(copy);
+        em__free(name);
+    }
+    return st;
+}
+
+em_status em_class_register(em_registry *reg, const char *kind, const void *record) {
+    return em__class_register(reg, kind, record, "class_register");
+}
+
+em_status em_class_unregister(em_registry *reg, const char *kind, const char *name) {
+    pthread_mutex_lock(&K.lock);
+    class_kind *k = kind_find_locked(kind);
+    em_status st = EM_OK;
+    ptrdiff_t i = k ? class_index_locked(k, name) : -1;
+    if (!k) st = unknown_kind_locked("class_unregister", kind);
+    else if (i < 0 || k->c[i].owner != reg)
+        st = em_set_error(EM_ERR_NOTFOUND, "class_unregister: this registry registered no %s "
+                          "class named '%s'", k->name, name ? name : "(null)");
+    else {
+        class_rec_free(&k->c[i]);
+        memmove(&k->c[i], &k->c[i + 1], (k->n - (size_t)i - 1) * sizeof *k->c);
+        k->n--;
+    }
+    pthread_mutex_unlock(&K.lock);
+    return st;
+}
+
+const void *em__class_find(const char *kind, const char *name, const char *who) {
+    pthread_mutex_lock(&K.lock);
+    const class_kind *k = kind_find_locked(kind);
+    const void *found = NULL;
+    if (!k) {
+        unknown_kind_locked(who ? who : "class_find", kind);
+    } else if (!name) {
+        em_set_error(EM_ERR_INVALID, "%s%sNULL %s class name", who ? who : "", who ? ": " : "",
+                     k->name);
+    } else {
+        ptrdiff_t i = class_index_locked(k, name);
+        if (i >= 0) {
+            found = k->c[i].rec;
+        } else {
+            const char *names[256];
+            size_t n = 0;
+            for (size_t j = 0; j < k->n && n < EM_ARRAY_LEN(names); j++) names[n++] = k->c[j].name;
+            em__class_not_found(who, k->name, name, names, n); /* under the lock, as names */
+        }
+    }
+    pthread_mutex_unlock(&K.lock);
+    return found;
+}
+
+const void *em_class_find(const char *kind, const char *name) {
+    return em__class_find(kind, name, NULL);
+}
+
+size_t em_class_count(const char *kind) {
+    pthread_mutex_lock(&K.lock);
+    const class_kind *k = kind_find_locked(kind);
+    size_t n = k ? k->n : 0;
+    pthread_mutex_unlock(&K.lock);
+    return n;
+}
+
+const void *em_class_get(const char *kind, size_t i) {
+    pthread_mutex_lock(&K.lock);
+    const class_kind *k = kind_find_locked(kind);
+    const void *c = k && i < k->n ? k->c[i].rec : NULL;
+    pthread_mutex_unlock(&K.lock);
+    return c;
+}
+
+size_t em_registry_class_count(const em_registry *reg, const char *kind) {
+    pthread_mutex_lock(&K.lock);
+    const class_kind *k = kind_find_locked(kind);
+    size_t n = 0;
+    for (size_t i = 0; reg && k && i < k->n; i++) n += k->c[i].owner == reg;
+    pthread_mutex_unlock(&K.lock);
+    return n;
+}
+
+const char *em_registry_class_name(const em_registry *reg, const char *kind, size_t i) {
+    pthread_mutex_lock(&K.lock);
+    const class_kind *k = kind_find_locked(kind);
+    const char *name = NULL;
+    for (size_t j = 0; reg && k && j < k->n && !name; j++)
+        if (k->c[j].owner == reg && i-- == 0) name = k->c[j].name;
+    pthread_mutex_unlock(&K.lock);
+    return name;
+}
+
+/* Remove what owner registered: its classes in every kind, then the kinds it declared (with
+ * every class still in them). */
+static void classes_remove_owner(const em_registry *owner) {
+    pthread_mutex_lock(&K.lock);
+    size_t nk = 0;
+    for (size_t i = 0; i < K.n; i++) {
+        class_kind *k = K.k[i];
+        size_t n = 0;
+        for (size_t j = 0; j < k->n; j++) {
+            if (k->c[j].owner == owner) class_rec_free(&k->c[j]);
+            else k->c[n++] = k->c[j];
+        }
+        k->n = n;
+        if (k->owner == owner) kind_free(k);
+        else K.k[nk++] = k;
+    }
+    K.n = nk;
+    if (!K.n) {
+        em__free(K.k);
+        K.k = NULL;
+        K.cap = 0;
+    }
+    pthread_mutex_unlock(&K.lock);
+}
+
+static bool registry_has_classes(const em_registry *reg) {
+    pthread_mutex_lock(&K.lock);
+    bool any = false;
+    for (size_t i = 0; i < K.n && !any; i++) {
+        any = K.k[i]->owner == reg;
+        for (size_t j = 0; j < K.k[i]->n && !any; j++) any = K.k[i]->c[j].owner == reg;
+    }
+    pthread_mutex_unlock(&K.lock);
+    return any;
+}
+
+/* The core's own kinds, declared by its registry at em_init(). The smallest record each
+ * accepts is the layout through the last field it requires. */
+static em_status declare_core_kinds(em_registry *core) {
+    const em_class_kind_def kinds[] = {
+        {.struct_size = sizeof kinds[0], .name = "module",
+         .description = "layers and losses (ember/module.h)",
+         .record_size = sizeof(em_module_class),
+         .min_record_size = EM__SIZE_THROUGH(em_module_class, forward),
+         .check = em__module_class_check},
+        {.struct_size = sizeof kinds[0], .name = "optimizer",
+         .description = "optimizers (ember/optim.h)", .record_size = sizeof(em_optim_class),
+         .min_record_size = offsetof(em_optim_class, validate),
+         .check = em__optim_class_check},
+        {.struct_size = sizeof kinds[0], .name = "scheduler",
+         .description = "learning-rate schedulers (ember/optim.h)",
+         .record_size = sizeof(em_sched_class),
+         .min_record_size = offsetof(em_sched_class, closed_form),
+         .check = em__sched_class_check},
+        {.struct_size = sizeof kinds[0], .name = "dataset",
+         .description = "datasets (ember/data.h)", .record_size = sizeof(em_dataset_class_def),
+         .min_record_size = offsetof(em_dataset_class_def, ext),
+         .check = em__dataset_class_check},
+    };
+    for (size_t i = 0; i < EM_ARRAY_LEN(kinds); i++) {
+        em_status st = kind_add(core, &kinds[i], "em_init");
+        if (st != EM_OK) return st;
+    }
+    return EM_OK;
+}
+
+/* ---- structs that cross the ABI --------------------------------------------------------------- */
+
+em_status em__struct_read(void *dst, size_t size, const void *src, size_t min, const char *who,
+                          const char *type) {
+    size_t have = src ? *(const size_t *)src : 0;
+    if (!src || have < min)
+        return src ? em_set_error(EM_ERR_INVALID, "%s: %s struct_size %zu is smaller than the "
+                                  "oldest layout this core accepts (%zu bytes); set it to sizeof "
+                                  "the struct", who, type, have, min)
+                   : em_set_error(EM_ERR_INVALID, "%s: NULL %s", who, type);
+    size_t n = EM_MIN(have, size);
+    memcpy(dst, src, n);
+    memset((char *)dst + n, 0, size - n);
+    *(size_t *)dst = size;
+    return EM_OK;
+}
+
+em_status em__struct_write(void *out, const void *src, size_t size, size_t min, const char *who,
+                           const char *type) {
+    size_t have = out ? *(const size_t *)out : 0;
+    if (!out || have < min)
+        return out ? em_set_error(EM_ERR_INVALID, "%s: %s struct_size %zu is smaller than the "
+                                  "oldest layout this core accepts (%zu bytes); set it to sizeof "
+                                  "the struct", who, type, have, min)
+                   : em_set_error(EM_ERR_INVALID, "%s: NULL %s", who, type);
+    size_t n = EM_MIN(have, size);
+    if (n > sizeof(size_t)) /* the caller's struct_size stays what it set */
+        memcpy((char *)out + sizeof(size_t), (const char *)src + sizeof(size_t),
+               n - sizeof(size_t));
+    return EM_OK;
+}
+
+/* ---- withdrawal and listings ------------------------------------------------------------------ */
+
+/* Remove everything a registry registered: kernels, ops, device types, its classes of every
+ * kind and the kinds it declared. */
 static void registry_withdraw(em_registry *r) {
-    em__optim_remove_owner(r);
+    classes_remove_owner(r);
     em__ops_remove_owner(r);
     em__device_types_remove_owner(r);
-    em__module_classes_remove_owner(r);
-    em__datasets_remove_owner(r);
     r->n_ops = 0;
     r->n_device_types = 0;
 }
@@ -114,7 +506,9 @@ typedef struct candidate {
     em_plugin_status status;
     em_registry *reg;
     void *handle;
-    const em_plugin_descriptor *desc;
+    /* The descriptor by the prefix rule: the core's full copy, the slots an older plugin's
+     * lacks zero (all zero while none was accepted). */
+    em_plugin_descriptor desc;
     bool pending; /* registration failed during the start-up pass: retried at its end */
 } candidate;
 
@@ -172,7 +566,7 @@ static em_status refuse(candidate *c, em_plugin_status status, const char *fmt, 
     c->reason = em__strdup(buf, "plugin refusal reason");
     if (c->handle) dlclose(c->handle);
     c->handle = NULL;
-    c->desc = NULL;
+    memset(&c->desc, 0, sizeof c->desc);
     if (status == EM_PLUGIN_DISABLED) {
         em_log_write(EM_LOG_INFO, "plugin %s: %s", c->path, buf);
         return EM_OK;
@@ -199,11 +593,11 @@ static bool already_seen(const char *real) {
  * failure that is not final (during the start-up pass) leaves c pending, and
  * register_pending() retries it once the whole search path is loaded. */
 static em_status register_candidate(candidate *c, bool final) {
-    const em_plugin_descriptor *d = c->desc;
+    const em_plugin_descriptor *d = &c->desc;
     if (!(c->reg = em__registry_new(c->name))) {
         dlclose(c->handle);
         c->handle = NULL;
-        c->desc = NULL;
+        memset(&c->desc, 0, sizeof c->desc);
         c->pending = false;
         return EM_ERR_NOMEM;
     }
@@ -213,8 +607,7 @@ static em_status register_candidate(candidate *c, bool final) {
         char why[1024];
         snprintf(why, sizeof why, "%s", em__error_pending() ? em_last_error() : em_status_str(st));
         registry_withdraw(c->reg);
-        if (d->shutdown_fn && (d->struct_size >= offsetof(em_plugin_descriptor, ext)))
-            d->shutdown_fn();
+        if (d->shutdown_fn) d->shutdown_fn();
         em__registry_free(c->reg);
         c->reg = NULL;
         c->pending = !final && st != EM_ERR_NOMEM;
@@ -277,10 +670,13 @@ static em_status load_file(const char *path) {
     if (!entry)
         return refuse(c, EM_PLUGIN_REFUSED, "no entry symbol '%s' (not an Ember plugin?)",
                       EM_PLUGIN_ENTRY_SYMBOL);
-    const em_plugin_descriptor *d = entry();
-    if (!d || d->struct_size < offsetof(em_plugin_descriptor, shutdown_fn))
-        return refuse(c, EM_PLUGIN_REFUSED, "its descriptor is %s",
-                      d ? "too small (struct_size)" : "NULL");
+    const em_plugin_descriptor *entered = entry();
+    if (!entered) return refuse(c, EM_PLUGIN_REFUSED, "its descriptor is NULL");
+    em_plugin_descriptor d_full;
+    if (EM__STRUCT_READ(em_plugin_descriptor, &d_full, entered,
+                        offsetof(em_plugin_descriptor, shutdown_fn), "plugin") != EM_OK)
+        return refuse(c, EM_PLUGIN_REFUSED, "its descriptor is too small: %s", em_last_error());
+    const em_plugin_descriptor *d = &d_full;
     if (d->abi_major != EM_PLUGIN_ABI_MAJOR)
         return refuse(c, EM_PLUGIN_REFUSED, "built for plugin ABI %d; this core (%s) "
                       "implements ABI %d — rebuild the plugin against this Ember",
@@ -300,7 +696,7 @@ static em_status load_file(const char *path) {
     if (dup)
         return refuse(c, EM_PLUGIN_REFUSED, "a plugin named '%s' is already loaded from %s",
                       c->name, dup->path);
-    c->desc = d;
+    c->desc = d_full;
     return register_candidate(c, !L.first_pass);
 }
 
@@ -412,7 +808,7 @@ void em__plugins_unload_all(void) {
         candidate *c = &L.c[i];
         if (c->status == EM_PLUGIN_LOADED) {
             registry_withdraw(c->reg);
-            if (c->desc->shutdown_fn) c->desc->shutdown_fn();
+            if (c->desc.shutdown_fn) c->desc.shutdown_fn();
             em__registry_free(c->reg);
             dlclose(c->handle);
         }
@@ -431,11 +827,13 @@ void em__plugins_unload_all(void) {
 em_status em__registries_init(void) {
     L.core = em__registry_new("ember-core");
     L.program = em__registry_new("<program>");
-    return L.core && L.program ? EM_OK : EM_ERR_NOMEM;
+    if (!L.core || !L.program) return EM_ERR_NOMEM;
+    return declare_core_kinds(L.core);
 }
 
 void em__registries_shutdown(void) {
     if (L.program) registry_withdraw(L.program);
+    if (L.core) classes_remove_owner(L.core); /* the core's kinds (its ops go with dispatch) */
     em__registry_free(L.program);
     em__registry_free(L.core);
     L.program = L.core = NULL;
@@ -459,10 +857,7 @@ em_status em_plugin_load(const char *path) {
 
 static bool program_listed(void) {
     return L.program && (L.program->n_kernels || L.program->n_ops || L.program->n_device_types ||
-                         em_registry_module_class_count(L.program) ||
-                         em_registry_optim_class_count(L.program) ||
-                         em_registry_sched_class_count(L.program) ||
-                         em__datasets_count_owner(L.program));
+                         registry_has_classes(L.program));
 }
 
 size_t em_plugin_count(void) { return L.n + (program_listed() ? 1 : 0); }
@@ -487,11 +882,8 @@ em_status em_plugin_get(size_t i, em_plugin_info *out) {
 
 const char *em_plugin_describe(size_t i) {
     if (i >= L.n || L.c[i].status != EM_PLUGIN_LOADED) return NULL;
-    const em_plugin_descriptor *d = L.c[i].desc;
-    if (d->struct_size < offsetof(em_plugin_descriptor, describe) + sizeof d->describe ||
-        !d->describe)
-        return NULL;
-    return d->describe();
+    const em_plugin_descriptor *d = &L.c[i].desc;
+    return d->describe ? d->describe() : NULL;
 }
 
 const char *em_plugin_search_path(void) { return L.search_path ? L.search_path : ""; }

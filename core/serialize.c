@@ -575,11 +575,9 @@ em_status em_save(const em_dict *d, const char *path, const em_metadata *metadat
         return em_set_error(EM_ERR_INVALID, "save: %s", !d ? "dict is NULL" : "path is empty");
     em_save_options o = EM_SAVE_OPTIONS_INIT;
     if (opt) {
-        if (opt->struct_size < sizeof(em_save_options))
-            return em_set_error(EM_ERR_INVALID, "save: options.struct_size is %zu, expected "
-                                "sizeof(em_save_options) = %zu (use EM_SAVE_OPTIONS_INIT)",
-                                opt->struct_size, sizeof(em_save_options));
-        o = *opt;
+        em_status rd = EM__STRUCT_READ(em_save_options, &o, opt,
+                                       offsetof(em_save_options, ext), "save");
+        if (rd != EM_OK) return rd;
         if (o.order != EM_SAVE_ORDER_DICT && o.order != EM_SAVE_ORDER_PYTHON)
             return em_set_error(EM_ERR_INVALID, "save: '%s': unknown order %d", path, o.order);
     }
@@ -1115,11 +1113,8 @@ static em_status options_check(const char *who, const em_load_options *opt,
     *o = (em_load_options)EM_LOAD_OPTIONS_INIT;
     if (!opt)
         return EM_OK;
-    if (opt->struct_size < sizeof(em_load_options))
-        return em_set_error(EM_ERR_INVALID, "%s: options.struct_size is %zu, expected "
-                            "sizeof(em_load_options) = %zu (use EM_LOAD_OPTIONS_INIT)", who,
-                            opt->struct_size, sizeof(em_load_options));
-    *o = *opt;
+    em_status rd = EM__STRUCT_READ(em_load_options, o, opt, offsetof(em_load_options, ext), who);
+    if (rd != EM_OK) return rd;
     if (o->convert_floats && !em_dtype_is_floating(o->float_dtype))
         return em_set_error(EM_ERR_INVALID, "%s: options.float_dtype is %s; converting floats "
                             "needs a floating dtype", who, em_dtype_name(o->float_dtype));

@@ -23,6 +23,7 @@
  * parent process does no computation of its own before forking, so the children start clean.
  */
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -667,6 +668,42 @@ Test(checkpoint, corrupt_metadata_named) {
     remove_dir();
 }
 
+/* The prefix rule: a caller built against older headers, whose structs end before the core's
+ * do, is served — the core reads and writes only the bytes its struct_size covers. The bytes
+ * past it here (the reserved ext) hold a pattern that must survive a save and a load. */
+Test(checkpoint, a_caller_with_a_smaller_struct_is_served_within_it) {
+    make_dir();
+    char p[128];
+    file_path(p, sizeof p, "ck.safetensors");
+    run r;
+    build(&r, "SGD", 1, 2, 0);
+    em_checkpoint ck = ck_of(&r);
+    ck.struct_size = offsetof(em_checkpoint, ext);
+    memset(&ck.ext, 0xAB, sizeof ck.ext);
+    ck.step = 7;
+    cr_assert_eq(em_checkpoint_save(p, &ck, NULL), EM_OK, "%s", em_last_error());
+    em_checkpoint lk = ck_of(&r);
+    lk.struct_size = offsetof(em_checkpoint, ext);
+    memset(&lk.ext, 0xAB, sizeof lk.ext);
+    lk.step = 0;
+    em_metadata *meta = NULL;
+    em_checkpoint_load_options lo = {.struct_size = offsetof(em_checkpoint_load_options, ext),
+                                     .metadata_out = &meta};
+    cr_assert_eq(em_checkpoint_load(p, &lk, &lo), EM_OK, "%s", em_last_error());
+    cr_assert_eq(lk.step, 7, "the loop state is written back");
+    cr_assert_not_null(meta);
+    em_metadata_free(meta);
+    unsigned char want[sizeof lk.ext];
+    memset(want, 0xAB, sizeof want);
+    cr_assert_eq(memcmp(&lk.ext, want, sizeof want), 0, "written past the caller's struct_size");
+    cr_assert_eq(lk.struct_size, offsetof(em_checkpoint, ext), "struct_size is the caller's");
+    lk.struct_size = offsetof(em_checkpoint, run_id);
+    cr_assert_eq(em_checkpoint_load(p, &lk, NULL), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "checkpoint_load: em_checkpoint struct_size");
+    teardown(&r);
+    remove_dir();
+}
+
 Test(checkpoint, other_errors) {
     make_dir();
     char p[128];
@@ -686,7 +723,8 @@ Test(checkpoint, other_errors) {
     /* A bad struct, NULL arguments. */
     em_checkpoint zero = {0};
     cr_assert_eq(em_checkpoint_save(p, &zero, NULL), EM_ERR_INVALID);
-    em_assert_error(EM_ERR_INVALID, "initialise with EM_CHECKPOINT_INIT");
+    em_assert_error(EM_ERR_INVALID, "checkpoint_save: em_checkpoint struct_size 0 is smaller than "
+                    "the oldest layout this core accepts");
     cr_assert_eq(em_checkpoint_load(NULL, &ck, NULL), EM_ERR_INVALID);
     cr_assert_eq(em_checkpoint_save(p, NULL, NULL), EM_ERR_INVALID);
 

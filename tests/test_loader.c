@@ -8,6 +8,8 @@
  */
 #define _GNU_SOURCE /* setenv */
 #include <dlfcn.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -182,6 +184,29 @@ static em_dataset *images(void) {
     em_dataset *ds = em_dataset_from_callback(&info, image_item, NULL);
     cr_assert(ds, "%s", em_last_error());
     return ds;
+}
+
+/* The prefix rule: an info record that ends before the reserved ext (a caller built against
+ * older headers) is read only as far as its struct_size goes — here it is allocated that small,
+ * so a read past it is a heap overflow under ASan — and a record smaller than the oldest
+ * layout is refused. */
+Test(loader, a_smaller_info_record_is_read_within_its_size) {
+    const size_t n = offsetof(em_dataset_info, ext);
+    em_dataset_info full = {.struct_size = n, .length = 40, .input_ndim = 3,
+                            .input_shape = {3, 4, 4}, .input_dtype = EM_U8,
+                            .target_dtype = EM_I64, .num_classes = 40};
+    void *info = malloc(n);
+    cr_assert_not_null(info);
+    memcpy(info, &full, n);
+    em_dataset *ds = em_dataset_from_callback(info, image_item, NULL);
+    cr_assert(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 40);
+    em_dataset_free(ds);
+    size_t too_small = offsetof(em_dataset_info, length);
+    memcpy(info, &too_small, sizeof too_small);
+    cr_assert_null(em_dataset_from_callback(info, image_item, NULL));
+    em_assert_error(EM_ERR_INVALID, "dataset_from_callback: em_dataset_info struct_size");
+    free(info);
 }
 
 Test(loader, transforms_are_correct_and_independent_of_workers) {

@@ -294,7 +294,8 @@ Test(optim, program_registers_its_own_optimizer) {
     cr_assert_eq(em_optim_class_register(em_registry_program(), &cls), EM_OK, "%s",
                  em_last_error());
     cr_assert_neq(em_optim_class_register(em_registry_program(), &cls), EM_OK);
-    em_assert_error(EM_ERR_INVALID, "already registered (by <program>)");
+    em_assert_error(EM_ERR_EXISTS, "an optimizer class named 'test.Halve' is already registered "
+                    "(by <program>)");
     cr_assert_eq(em_registry_optim_class_count(em_registry_program()), 1);
     cr_assert_str_eq(em_registry_optim_class_name(em_registry_program(), 0), "test.Halve");
     em_scope_begin();

@@ -8,6 +8,10 @@
  *   bad_dep.so           needs libember_test_gone.so, which is not on any search path
  *   failing_register.so  registers an op, a device type and kernels, then fails
  *   dup_cpu.so           calls itself "ember-cpu"
+ *   kind_plugin.so       "ember-testkind": declares the class kind "transform" and registers
+ *                        two classes into it (kind_plugin.h)
+ *   short_desc.so        a descriptor from older headers (it ends at register_fn), followed
+ *                        by slots that abort if the core reads past its struct_size
  * and the tool tools/ember-info, run on the same plugins.
  *
  * The plugins are found through EMBER_TEST_PLUGIN_DIR (set by `make check`). The real CPU
@@ -28,6 +32,8 @@
 #include <sys/wait.h>
 
 #include <ember/ember.h>
+
+#include "plugins/kind_plugin.h"
 
 /* ---- paths and set-up ---------------------------------------------------------------------- */
 
@@ -171,6 +177,24 @@ Test(plugin, cpu_and_testdev_load) {
     cr_assert_eq(adds, 1);
     cr_assert_eq(em_device_count("testdev"), 2);
     cr_assert_eq(em_device_count("cpu"), 1);
+}
+
+/* Every test of this suite also unloads short_desc.so at em_shutdown(): reading its
+ * shutdown_fn past the descriptor's struct_size aborts there. */
+Test(plugin, an_older_shorter_descriptor_is_read_within_its_size) {
+    em_plugin_info p = plugin_by_file("short_desc.so");
+    cr_assert_eq(p.status, EM_PLUGIN_LOADED, "%s", p.reason ? p.reason : "");
+    cr_assert_str_eq(p.version, "0.9");
+    size_t n = em_plugin_count(), i = 0;
+    for (; i < n; i++) {
+        em_plugin_info q;
+        cr_assert_eq(em_plugin_get(i, &q), EM_OK);
+        if (q.path == p.path) break;
+    }
+    cr_assert_lt(i, n);
+    cr_assert_null(em_plugin_describe(i), "describe read past the descriptor's struct_size");
+    em_shutdown(); /* would call the shutdown_fn past its struct_size */
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
 }
 
 Test(plugin, bad_abi_is_refused) {
@@ -320,6 +344,19 @@ Test(plugin, device_properties) {
     cr_assert_eq(em_device_properties(dev_of("testdev:1"), &q), EM_OK);
     cr_assert_eq(q.free_memory, q.total_memory);
 
+    /* the prefix rule: a caller's struct that ends at compute_units (no trailing padding) is
+     * filled as far as it goes and not a byte further */
+    unsigned char buf[sizeof(em_device_props) + 8];
+    memset(buf, 0xAB, sizeof buf);
+    em_device_props *pre = (em_device_props *)(void *)buf;
+    const size_t pre_size = offsetof(em_device_props, compute_units) + sizeof(int);
+    pre->struct_size = pre_size;
+    cr_assert_eq(em_device_properties(em_cpu(), pre), EM_OK, "%s", em_last_error());
+    cr_assert_eq(pre->struct_size, pre_size);
+    cr_assert_str_eq(pre->name, c.name);
+    cr_assert_eq(pre->compute_units, c.compute_units);
+    for (size_t i = pre_size; i < sizeof buf; i++)
+        cr_assert_eq(buf[i], 0xAB, "byte %zu past the caller's struct_size written", i);
     em_device_props small = {.struct_size = 8};
     cr_assert_eq(em_device_properties(em_cpu(), &small), EM_ERR_INVALID);
     assert_error(EM_ERR_INVALID, "struct_size");
@@ -842,6 +879,147 @@ Test(plugin, program_declared_op) {
     em_tensor_release(dx);
 }
 
+/* ---- class kinds ------------------------------------------------------------------------- */
+
+/* The kind named `name` (fails the test when it is not declared). */
+static em_class_kind_info kind_info(const char *name) {
+    for (size_t i = 0; i < em_class_kind_count(); i++) {
+        em_class_kind_info ki = {.struct_size = sizeof ki};
+        cr_assert_eq(em_class_kind_get(i, &ki), EM_OK, "%s", em_last_error());
+        if (strcmp(ki.name, name) == 0) return ki;
+    }
+    cr_assert_fail("no class kind '%s' (of %zu)", name, em_class_kind_count());
+    return (em_class_kind_info){0};
+}
+
+static em_tensor *halve(const em_tensor *x) { return em_mul_scalar(x, 0.5); }
+
+Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
+    /* the core's four kinds first, then the plugin's, each with its record size and owner */
+    static const char *const core_kinds[] = {"module", "optimizer", "scheduler", "dataset"};
+    cr_assert_eq(em_class_kind_count(), 5, "%zu kinds", em_class_kind_count());
+    for (size_t i = 0; i < 4; i++) {
+        em_class_kind_info ki = {.struct_size = sizeof ki};
+        cr_assert_eq(em_class_kind_get(i, &ki), EM_OK);
+        cr_assert_str_eq(ki.name, core_kinds[i]);
+        cr_assert_str_eq(ki.owner, "ember-core");
+    }
+    cr_assert_eq(kind_info("module").record_size, sizeof(em_module_class));
+    cr_assert_eq(kind_info("dataset").record_size, sizeof(em_dataset_class_def));
+    em_class_kind_info t = kind_info(TEST_TRANSFORM_KIND);
+    cr_assert_str_eq(t.owner, "ember-testkind");
+    cr_assert_eq(t.record_size, sizeof(test_transform_class));
+    cr_assert_eq(t.min_record_size, offsetof(test_transform_class, inverse));
+    cr_assert_eq(t.class_count, 2);
+    em_class_kind_info small = {.struct_size = 4};
+    cr_assert_eq(em_class_kind_get(0, &small), EM_ERR_INVALID);
+    assert_error(EM_ERR_INVALID, "em_class_kind_info struct_size 4 is smaller");
+    cr_assert_eq(em_class_kind_get(99, &t), EM_ERR_RANGE);
+
+    /* the plugin's classes: found by kind and name, listed under its registry */
+    const em_registry *r = plugin_by_file("kind_plugin.so").registry;
+    cr_assert_eq(em_registry_class_count(r, TEST_TRANSFORM_KIND), 2);
+    cr_assert_str_eq(em_registry_class_name(r, TEST_TRANSFORM_KIND, 0), "negate");
+    cr_assert_str_eq(em_registry_class_name(r, TEST_TRANSFORM_KIND, 1), "double");
+    cr_assert_null(em_registry_class_name(r, TEST_TRANSFORM_KIND, 2));
+    cr_assert_eq(em_class_count(TEST_TRANSFORM_KIND), 2);
+    const test_transform_class *neg = em_class_find(TEST_TRANSFORM_KIND, "negate");
+    cr_assert_not_null(neg, "%s", em_last_error());
+    cr_assert_eq(neg, em_class_get(TEST_TRANSFORM_KIND, 0));
+    cr_assert_eq(neg->struct_size, sizeof *neg);
+    cr_assert_str_eq(neg->description, "y = -x");
+    cr_assert_not_null(neg->inverse);
+    float x[3] = {1, -2, 3}, y[3];
+    int64_t n = 3;
+    em_tensor *xt = f32_on(dev_of("cpu"), 1, &n, x);
+    em_tensor *yt = neg->apply(xt);
+    cr_assert_not_null(yt, "%s", em_last_error());
+    read_f32(yt, y, 3);
+    for (int i = 0; i < 3; i++) cr_assert_eq(y[i], -x[i]);
+    em_tensor_release(yt);
+
+    /* the program registers into the plugin's kind; errors are the registry's, for any kind */
+    em_registry *prog = em_registry_program();
+    test_transform_class h = {.struct_size = sizeof h, .name = "halve", .apply = halve};
+    cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_registry_class_count(prog, TEST_TRANSFORM_KIND), 1);
+    cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_EXISTS);
+    assert_error(EM_ERR_EXISTS, "a transform class named 'halve' is already registered (by "
+                 "<program>)");
+    h.name = "negate";
+    cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_EXISTS);
+    assert_error(EM_ERR_EXISTS, "(by ember-testkind)");
+    cr_assert_eq(em_class_register(prog, "transfrom", &h), EM_ERR_NOTFOUND);
+    assert_error(EM_ERR_NOTFOUND, "no class kind named 'transfrom' is declared; declared: module, "
+                 "optimizer, scheduler, dataset, transform");
+    h.name = "noapply";
+    h.apply = NULL;
+    cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_INVALID);
+    assert_error(EM_ERR_INVALID, "class_register: transform class 'noapply' has no apply");
+    h.name = "";
+    h.apply = halve;
+    cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_INVALID);
+    assert_error(EM_ERR_INVALID, "a transform class needs a name");
+    cr_assert_null(em_class_find(TEST_TRANSFORM_KIND, "negat"));
+    assert_error(EM_ERR_NOTFOUND, "no transform class named 'negat' (did you mean 'negate'?)");
+
+    /* the prefix rule: a record of an older layout (struct_size through apply) is read only as
+     * far as it goes — the bytes past it (inverse, set here) are not read — and one smaller
+     * than the kind's oldest layout is refused */
+    test_transform_class old = {.struct_size = offsetof(test_transform_class, inverse),
+                                .name = "old", .apply = halve, .inverse = halve};
+    cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &old), EM_OK, "%s", em_last_error());
+    const test_transform_class *oc = em_class_find(TEST_TRANSFORM_KIND, "old");
+    cr_assert_not_null(oc);
+    cr_assert_eq(oc->apply, halve);
+    cr_assert_null(oc->inverse, "inverse read past the record's struct_size");
+    cr_assert_eq(oc->struct_size, sizeof *oc);
+    old.struct_size = offsetof(test_transform_class, apply);
+    old.name = "older";
+    cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &old), EM_ERR_INVALID);
+    assert_error(EM_ERR_INVALID, "struct_size 24 is smaller than the oldest layout");
+    cr_assert_eq(em_class_unregister(prog, TEST_TRANSFORM_KIND, "old"), EM_OK);
+    cr_assert_eq(em_class_unregister(prog, TEST_TRANSFORM_KIND, "negate"), EM_ERR_NOTFOUND);
+    assert_error(EM_ERR_NOTFOUND, "this registry registered no transform class named 'negate'");
+    cr_assert_eq(kind_info(TEST_TRANSFORM_KIND).class_count, 3);
+
+    /* kinds: unique names, the prefix rule on their definitions too */
+    em_class_kind_def k = {.struct_size = sizeof k, .name = "module",
+                           .record_size = sizeof(em_class_head)};
+    cr_assert_eq(em_class_kind_register(prog, &k), EM_ERR_EXISTS);
+    assert_error(EM_ERR_EXISTS, "a class kind named 'module' is already declared (by ember-core)");
+    k.name = "Bad Name";
+    cr_assert_eq(em_class_kind_register(prog, &k), EM_ERR_INVALID);
+    k.name = "tiny";
+    k.record_size = 8;
+    cr_assert_eq(em_class_kind_register(prog, &k), EM_ERR_INVALID);
+    assert_error(EM_ERR_INVALID, "record_size 8");
+    em_tensor_release(xt);
+}
+
+/* The program's own kind goes at em_shutdown(), and a plugin's kind with its plugin: the
+ * classes other registries put into it go too. */
+Test(plugin_env, a_kind_goes_with_its_owner) {
+    set_plugin_path();
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    em_class_kind_def k = {.struct_size = sizeof k, .name = "exporter",
+                           .record_size = sizeof(em_class_head)};
+    cr_assert_eq(em_class_kind_register(em_registry_program(), &k), EM_OK, "%s", em_last_error());
+    em_class_head e = {.struct_size = sizeof e, .name = "onnx"};
+    cr_assert_eq(em_class_register(em_registry_program(), "exporter", &e), EM_OK);
+    test_transform_class h = {.struct_size = sizeof h, .name = "halve", .apply = halve};
+    cr_assert_eq(em_class_register(em_registry_program(), TEST_TRANSFORM_KIND, &h), EM_OK);
+    cr_assert_eq(em_class_kind_count(), 6);
+    em_shutdown();
+    setenv("EMBER_DISABLE_PLUGINS", "ember-testkind", 1);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_class_kind_count(), 4, "%zu kinds after a restart without the plugin",
+                 em_class_kind_count());
+    cr_assert_null(em_class_find(TEST_TRANSFORM_KIND, "halve"));
+    assert_error(EM_ERR_NOTFOUND, "no class kind named 'transform'");
+    cr_assert_null(em_class_find("exporter", "onnx"));
+}
+
 /* ---- ember-info ----------------------------------------------------------------------------- */
 
 /* Run tools/ember-info with args; its stdout into a new string; the exit status in *code. */
@@ -897,6 +1075,13 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     cr_assert(strstr(out, "registration failed"), "%s", out);
     assert_line(out, "dup_cpu.so", "refused");
     cr_assert(strstr(out, "already loaded"), "%s", out);
+    /* classes of a core kind and of a plugin's kind listed the same way, and every kind */
+    assert_line(out, "module classes:", "testplug.Affine");
+    assert_line(out, "transform classes:", "negate, double");
+    assert_line(out, "class kinds (5):", "");
+    assert_line(out, "  module       ", "classes, declared by ember-core");
+    assert_line(out, "  dataset      ", "classes, declared by ember-core");
+    assert_line(out, "  transform    ", "2 classes, declared by ember-testkind");
     /* the kernels as a count; the per-op listing is --verbose's (below) */
     cr_assert(!strstr(out, "add: cpu["), "per-op kernel lines without --verbose:\n%s", out);
     assert_line(out, "kernels:", "--verbose lists them");
@@ -961,6 +1146,35 @@ Test(plugin_env, ember_info_json_parses) {
     cr_assert_str_eq(json_string_value(json_array_get(types, 0)), "testdev");
     json_t *list = json_object_get(td, "kernel_list");
     cr_assert_eq(json_array_size(list), 2 * EM_DTYPE_COUNT + 1, "--verbose lists kernels");
+    /* every plugin lists its classes of every kind under "classes", the same way */
+    json_t *kp = json_plugin(root, "kind_plugin.so"), *lp = json_plugin(root, "layer_plugin.so");
+    cr_assert_str_eq(json_string_value(json_object_get(root, "class_api")), "EMBER_1.1");
+    json_t *kinds = json_object_get(root, "class_kinds"), *kd;
+    cr_assert_eq(json_array_size(kinds), 5);
+    size_t ki;
+    json_array_foreach(kinds, ki, kd) {
+        const char *kn = json_string_value(json_object_get(kd, "name"));
+        for (size_t j = 0; j < json_array_size(json_object_get(root, "plugins")); j++) {
+            json_t *pj = json_array_get(json_object_get(root, "plugins"), j);
+            if (json_is_string(json_object_get(pj, "status")) &&
+                strcmp(json_string_value(json_object_get(pj, "status")), "loaded") == 0)
+                cr_assert(json_is_array(json_object_get(json_object_get(pj, "classes"), kn)),
+                          "plugin %s lacks classes.%s",
+                          json_string_value(json_object_get(pj, "name")), kn);
+        }
+    }
+    json_t *tk = json_array_get(kinds, 4);
+    cr_assert_str_eq(json_string_value(json_object_get(tk, "name")), "transform");
+    cr_assert_str_eq(json_string_value(json_object_get(tk, "owner")), "ember-testkind");
+    cr_assert_eq(json_integer_value(json_object_get(tk, "record_size")),
+                 (json_int_t)sizeof(test_transform_class));
+    cr_assert_eq(json_integer_value(json_object_get(tk, "class_count")), 2);
+    json_t *tr = json_object_get(json_object_get(kp, "classes"), "transform");
+    cr_assert_eq(json_array_size(tr), 2);
+    cr_assert_str_eq(json_string_value(json_array_get(tr, 0)), "negate");
+    json_t *mods = json_object_get(json_object_get(lp, "classes"), "module");
+    cr_assert_str_eq(json_string_value(json_array_get(mods, 0)), "testplug.Affine");
+    cr_assert_eq(json_array_size(json_object_get(json_object_get(kp, "classes"), "module")), 0);
 
     json_t *tests = json_object_get(root, "self_test"), *t;
     size_t i, seen = 0;

@@ -14,6 +14,8 @@
  * The report is gathered into one jansson object first; the text and JSON outputs are two
  * views of it, so they cannot disagree.
  */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
+#include <dlfcn.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
@@ -41,8 +43,9 @@ static void usage(FILE *f) {
             "\n"
             "Report Ember's version and build, the plugin search path, every candidate plugin\n"
             "with its status (loaded, refused, disabled) and reason, what each loaded plugin\n"
-            "registered (device types, ops, how many kernels), the devices with\n"
-            "their properties and memory, and a self-test on every device.\n"
+            "registered (device types, ops, how many kernels, its classes of every kind), the\n"
+            "class kinds (declared by the core or a plugin), the devices with their\n"
+            "properties and memory, and a self-test on every device.\n"
             "\n"
             "  --json       print the report as one JSON document\n"
             "  --verbose    list every op's kernels by device and dtype, each with its name\n"
@@ -70,6 +73,70 @@ static const char *status_name(em_plugin_status s) {
 }
 
 static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
+
+/* ---- the class registry, on this core or an older one ----------------------------------- */
+
+/* The class-registry calls (em_class_kind_*, em_registry_class_*) are EMBER_1.1. The doctor
+ * looks them up when it starts instead of linking them, so that it also runs on a libember
+ * older than itself (an install where an old library shadows the new one is when it is needed
+ * most) and can show what that core refuses, such as a plugin that needs EMBER_1.1. On a 1.0
+ * core it lists that core's four kinds through their 1.0 calls, the same way. */
+typedef struct class_api {
+    size_t (*kind_count)(void);
+    em_status (*kind_get)(size_t, em_class_kind_info *);
+    size_t (*count)(const em_registry *, const char *);
+    const char *(*name)(const em_registry *, const char *, size_t);
+} class_api;
+
+static class_api C;
+
+/* The 1.0 core's kinds, by their own calls. */
+static const struct {
+    const char *name, *description;
+    size_t record_size;
+    size_t (*total)(void);
+    size_t (*count)(const em_registry *);
+    const char *(*name_at)(const em_registry *, size_t);
+} kinds10[] = {
+    {"module", "layers and losses (ember/module.h)", sizeof(em_module_class),
+     em_module_class_count, em_registry_module_class_count, em_registry_module_class_name},
+    {"optimizer", "optimizers (ember/optim.h)", sizeof(em_optim_class), em_optim_class_count,
+     em_registry_optim_class_count, em_registry_optim_class_name},
+    {"scheduler", "learning-rate schedulers (ember/optim.h)", sizeof(em_sched_class),
+     em_sched_class_count, em_registry_sched_class_count, em_registry_sched_class_name},
+    {"dataset", "datasets (ember/data.h)", sizeof(em_dataset_class_def), em_dataset_class_count,
+     em_registry_dataset_count, em_registry_dataset_name},
+};
+#define N_KINDS10 (sizeof kinds10 / sizeof kinds10[0])
+
+static void class_api_init(void) {
+    *(void **)&C.kind_count = dlsym(RTLD_DEFAULT, "em_class_kind_count");
+    *(void **)&C.kind_get = dlsym(RTLD_DEFAULT, "em_class_kind_get");
+    *(void **)&C.count = dlsym(RTLD_DEFAULT, "em_registry_class_count");
+    *(void **)&C.name = dlsym(RTLD_DEFAULT, "em_registry_class_name");
+    if (!C.kind_count || !C.kind_get || !C.count || !C.name) C = (class_api){0};
+}
+
+static size_t kind_count(void) { return C.kind_count ? C.kind_count() : N_KINDS10; }
+
+static bool kind_get(size_t k, em_class_kind_info *ki) {
+    if (C.kind_get) return C.kind_get(k, ki) == EM_OK;
+    if (k >= N_KINDS10) return false;
+    *ki = (em_class_kind_info){.struct_size = sizeof *ki, .name = kinds10[k].name,
+                               .description = kinds10[k].description,
+                               .record_size = kinds10[k].record_size,
+                               .min_record_size = kinds10[k].record_size,
+                               .owner = "ember-core", .class_count = kinds10[k].total()};
+    return true;
+}
+
+static size_t class_count(const em_registry *r, size_t k, const char *kind) {
+    return C.count ? C.count(r, kind) : kinds10[k].count(r);
+}
+
+static const char *class_name(const em_registry *r, size_t k, const char *kind, size_t i) {
+    return C.name ? C.name(r, kind, i) : kinds10[k].name_at(r, i);
+}
 
 /* ---- gathering: plugins ------------------------------------------------------------------ */
 
@@ -103,27 +170,38 @@ static json_t *registry_json(json_t *p, const em_registry *r, const options *o) 
                                                   em_dtype_name(k.dtype), "priority",
                                                   k.priority, "name", k.name));
     }
-    json_t *datasets = json_array();
-    for (size_t i = 0; i < em_registry_dataset_count(r); i++)
-        json_array_append_new(datasets, json_string(em_registry_dataset_name(r, i)));
-    json_object_set_new(p, "dataset_classes", datasets);
-    json_t *classes = json_array();
-    for (size_t i = 0; i < em_registry_module_class_count(r); i++)
-        json_array_append_new(classes, json_string(em_registry_module_class_name(r, i)));
     json_object_set_new(p, "device_types", types);
     json_object_set_new(p, "ops", ops);
-    json_object_set_new(p, "module_classes", classes);
-    json_t *optims = json_array(), *scheds = json_array();
-    for (size_t i = 0; i < em_registry_optim_class_count(r); i++)
-        json_array_append_new(optims, json_string(em_registry_optim_class_name(r, i)));
-    for (size_t i = 0; i < em_registry_sched_class_count(r); i++)
-        json_array_append_new(scheds, json_string(em_registry_sched_class_name(r, i)));
-    json_object_set_new(p, "optimizer_classes", optims);
-    json_object_set_new(p, "scheduler_classes", scheds);
+    /* Every class kind the same way: {"module": [...], "optimizer": [...], ...}. */
+    json_t *classes = json_object();
+    for (size_t k = 0; k < kind_count(); k++) {
+        em_class_kind_info ki = {.struct_size = sizeof ki};
+        if (!kind_get(k, &ki)) continue;
+        json_t *names = json_array();
+        for (size_t i = 0; i < class_count(r, k, ki.name); i++)
+            json_array_append_new(names, json_string(class_name(r, k, ki.name, i)));
+        json_object_set_new(classes, ki.name, names);
+    }
+    json_object_set_new(p, "classes", classes);
     json_object_set_new(p, "kernel_count", json_integer((json_int_t)em_registry_kernel_count(r)));
     json_object_set_new(p, "kernels", kernels);
     if (list) json_object_set_new(p, "kernel_list", list);
     return p;
+}
+
+/* The class kinds: each with its record size, owner and how many classes it holds. */
+static json_t *class_kinds_json(void) {
+    json_t *arr = json_array();
+    for (size_t k = 0; k < kind_count(); k++) {
+        em_class_kind_info ki = {.struct_size = sizeof ki};
+        if (!kind_get(k, &ki)) continue;
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:I, s:s, s:I}", "name", ki.name,
+                                             "description", ki.description, "record_size",
+                                             (json_int_t)ki.record_size, "min_record_size",
+                                             (json_int_t)ki.min_record_size, "owner", ki.owner,
+                                             "class_count", (json_int_t)ki.class_count));
+    }
+    return arr;
 }
 
 static json_t *plugins_json(const options *o) {
@@ -309,6 +387,9 @@ static json_t *gather(const options *o, em_status init, const char *init_error) 
                                                    "reason", em_num_threads_reason()));
     json_object_set_new(root, "search_path", json_string(em_plugin_search_path()));
     json_object_set_new(root, "plugins", plugins_json(o));
+    json_object_set_new(root, "class_kinds", class_kinds_json());
+    /* "EMBER_1.1": the class registry's calls; "EMBER_1.0": an older core, its four kinds */
+    json_object_set_new(root, "class_api", json_string(C.kind_count ? "EMBER_1.1" : "EMBER_1.0"));
     bool ok = init == EM_OK;
     json_t *devices = json_array(), *tests = json_array();
     if (init == EM_OK) {
@@ -415,15 +496,31 @@ static void print_plugins(const json_t *plugins, bool verbose) {
         }
         print_string_list("device types", json_object_get(p, "device_types"));
         print_string_list("ops declared", json_object_get(p, "ops"));
-        if (json_array_size(json_object_get(p, "module_classes")))
-            print_string_list("module classes", json_object_get(p, "module_classes"));
-        if (json_array_size(json_object_get(p, "optimizer_classes")))
-            print_string_list("optimizers", json_object_get(p, "optimizer_classes"));
-        if (json_array_size(json_object_get(p, "scheduler_classes")))
-            print_string_list("schedulers", json_object_get(p, "scheduler_classes"));
-        if (json_array_size(json_object_get(p, "dataset_classes")))
-            print_string_list("dataset classes", json_object_get(p, "dataset_classes"));
+        const char *kind;
+        json_t *names;
+        json_object_foreach(json_object_get(p, "classes"), kind, names) {
+            if (!json_array_size(names)) continue;
+            char label[96];
+            snprintf(label, sizeof label, "%s classes", kind);
+            print_string_list(label, names);
+        }
         print_kernels(p, verbose);
+    }
+}
+
+static void print_class_kinds(const json_t *kinds, const char *api) {
+    printf("\nclass kinds (%zu)%s:\n", json_array_size(kinds),
+           strcmp(api, "EMBER_1.0") == 0 ? ", through the 1.0 calls of a libember without "
+           "EMBER_1.1" : "");
+    size_t i;
+    json_t *k;
+    json_array_foreach((json_t *)kinds, i, k) {
+        long long n = (long long)json_integer_value(json_object_get(k, "class_count"));
+        printf("  %-12s %lld class%s, declared by %s, %lld-byte records", get_s(k, "name"), n,
+               n == 1 ? "" : "es", get_s(k, "owner"),
+               (long long)json_integer_value(json_object_get(k, "record_size")));
+        if (*get_s(k, "description")) printf(": %s", get_s(k, "description"));
+        printf("\n");
     }
 }
 
@@ -480,6 +577,7 @@ static void print_text(const json_t *r, bool verbose) {
            get_s(th, "reason"));
     printf("plugin search path: %s\n", get_s(r, "search_path"));
     print_plugins(json_object_get(r, "plugins"), verbose);
+    print_class_kinds(json_object_get(r, "class_kinds"), get_s(r, "class_api"));
     if (!json_is_true(json_object_get(init, "ok"))) return;
     print_devices(json_object_get(r, "devices"));
     print_self_tests(json_object_get(r, "self_test"));
@@ -510,6 +608,7 @@ int main(int argc, char **argv) {
     if (rc >= 0) return rc;
 
     em_log_set(log_to_stderr, &o.verbose);
+    class_api_init();
     em_status init = em_init();
     char init_error[1024];
     snprintf(init_error, sizeof init_error, "%s", em_last_error());

@@ -21,11 +21,11 @@
 #include "ember/version.h"
 #include "layers.h"
 
-const char *const em_layers_reductions[] = {"none", "mean", "sum", NULL};
+const char *const layers_reductions[] = {"none", "mean", "sum", NULL};
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
-em_status em_layers_pair(const char *cls, const em_options *o, const char *name,
+em_status layers_pair(const char *cls, const em_options *o, const char *name,
                          const int64_t *dflt, int64_t out[2]) {
     int64_t v[EM_OPT_MAX_LIST];
     int n = em_options_ints(o, name, v, EM_OPT_MAX_LIST);
@@ -47,7 +47,7 @@ em_status em_layers_pair(const char *cls, const em_options *o, const char *name,
                         "got %d values", cls, name, n);
 }
 
-em_reduction em_layers_reduction(const em_options *o) {
+em_reduction layers_reduction(const em_options *o) {
     em_reduction r = EM_REDUCTION_MEAN;
     const char *s = em_options_string(o, "reduction");
     if (s)
@@ -55,7 +55,7 @@ em_reduction em_layers_reduction(const em_options *o) {
     return r;
 }
 
-em_tensor *em_layers_floats_tensor(const em_options *o, const char *name, bool *made) {
+em_tensor *layers_floats_tensor(const em_options *o, const char *name, bool *made) {
     double v[EM_OPT_MAX_LIST];
     int n = em_options_floats(o, name, v, EM_OPT_MAX_LIST);
     *made = n > 0;
@@ -76,7 +76,7 @@ em_status layers_check_float_input(const em_tensor *x, const em_tensor *w) {
                         wd == EM_F32 ? "EM_F32" : em_dtype_name(wd));
 }
 
-em_status em_layers_default_init(em_tensor *weight, em_tensor *bias) {
+em_status layers_default_init(em_tensor *weight, em_tensor *bias) {
     em_status st = em_init_kaiming_uniform_(weight, sqrt(5.0), "fan_in", "leaky_relu", NULL);
     if (st != EM_OK || !bias)
         return st;
@@ -108,7 +108,7 @@ static em_status linear_init(em_module *m, const em_options *o) {
         return em_last_status();
     if (em_options_bool(o, "bias") && !(b = param(m, "bias", 1, (int64_t[]){out})))
         return em_last_status();
-    return em_layers_default_init(w, b);
+    return layers_default_init(w, b);
 }
 
 static em_tensor *linear_forward(em_module *m, em_tensor *const *in, int n) {
@@ -153,9 +153,9 @@ static em_status conv_init(em_module *m, const em_options *o) {
     int64_t cin = em_options_int(o, "in_channels"), cout = em_options_int(o, "out_channels");
     int64_t k[2];
     em_status st;
-    if ((st = em_layers_pair("Conv2d", o, "kernel_size", NULL, k)) != EM_OK ||
-        (st = em_layers_pair("Conv2d", o, "stride", NULL, s->stride)) != EM_OK ||
-        (st = em_layers_pair("Conv2d", o, "dilation", NULL, s->dilation)) != EM_OK)
+    if ((st = layers_pair("Conv2d", o, "kernel_size", NULL, k)) != EM_OK ||
+        (st = layers_pair("Conv2d", o, "stride", NULL, s->stride)) != EM_OK ||
+        (st = layers_pair("Conv2d", o, "dilation", NULL, s->dilation)) != EM_OK)
         return st;
     s->groups = em_options_int(o, "groups");
     if (cin % s->groups || cout % s->groups)
@@ -174,7 +174,7 @@ static em_status conv_init(em_module *m, const em_options *o) {
             s->extra[i] = total - 2 * s->padding[i];
         }
     } else if (!mode) {
-        if ((st = em_layers_pair("Conv2d", o, "padding", NULL, s->padding)) != EM_OK)
+        if ((st = layers_pair("Conv2d", o, "padding", NULL, s->padding)) != EM_OK)
             return st;
     } /* 'valid': zeros */
     em_tensor *w = param(m, "weight", 4, (int64_t[]){cout, cin / s->groups, k[0], k[1]});
@@ -183,7 +183,7 @@ static em_status conv_init(em_module *m, const em_options *o) {
         return em_last_status();
     if (em_options_bool(o, "bias") && !(b = param(m, "bias", 1, (int64_t[]){cout})))
         return em_last_status();
-    return em_layers_default_init(w, b);
+    return layers_default_init(w, b);
 }
 
 static em_tensor *conv_forward(em_module *m, em_tensor *const *in, int n) {
@@ -232,13 +232,13 @@ typedef struct pool_state {
 static em_status pool_init_common(em_module *m, const em_options *o, const char *cls) {
     pool_state *s = em_module_state(m);
     em_status st;
-    if ((st = em_layers_pair(cls, o, "kernel_size", NULL, s->kernel)) != EM_OK ||
-        (st = em_layers_pair(cls, o, "stride", s->kernel, s->stride)) != EM_OK ||
-        (st = em_layers_pair(cls, o, "padding", NULL, s->padding)) != EM_OK)
+    if ((st = layers_pair(cls, o, "kernel_size", NULL, s->kernel)) != EM_OK ||
+        (st = layers_pair(cls, o, "stride", s->kernel, s->stride)) != EM_OK ||
+        (st = layers_pair(cls, o, "padding", NULL, s->padding)) != EM_OK)
         return st;
     s->dilation[0] = s->dilation[1] = 1;
     if (em_options_has(o, "dilation") &&
-        (st = em_layers_pair(cls, o, "dilation", NULL, s->dilation)) != EM_OK)
+        (st = layers_pair(cls, o, "dilation", NULL, s->dilation)) != EM_OK)
         return st;
     for (int i = 0; i < 2; i++)
         if (s->padding[i] * 2 > s->kernel[i])
@@ -294,7 +294,7 @@ static const em_option_spec adaptive_opts[] = {
 };
 
 static em_status adaptive_init(em_module *m, const em_options *o) {
-    return em_layers_pair("AdaptiveAvgPool2d", o, "output_size", NULL, em_module_state(m));
+    return layers_pair("AdaptiveAvgPool2d", o, "output_size", NULL, em_module_state(m));
 }
 
 static em_tensor *adaptive_forward(em_module *m, em_tensor *const *in, int n) {
@@ -452,7 +452,7 @@ static const em_module_class embedding_class = {
     .n_inputs = 1,
 };
 
-const em_module_class *const em_layers_basic[] = {
+const em_module_class *const layers_basic[] = {
     &linear_class,   &conv_class,    &maxpool_class,   &avgpool_class, &adaptive_class,
     &relu_class,     &leaky_class,   &gelu_class,      &silu_class,    &tanh__class,
     &sigmoid_class,  &softmax_class, &log_softmax_class, &flatten_class, &identity_class,
@@ -462,8 +462,8 @@ const em_module_class *const em_layers_basic[] = {
 /* ---- the plugin ------------------------------------------------------------------------------- */
 
 static em_status layers_register(em_registry *reg) {
-    const em_module_class *const *tables[] = {em_layers_basic, em_layers_norm,
-                                              em_layers_containers, em_layers_losses};
+    const em_module_class *const *tables[] = {layers_basic, layers_norm,
+                                              layers_containers, layers_losses};
     for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
         for (const em_module_class *const *c = tables[t]; *c; c++) {
             em_status st = em_module_class_register(reg, *c);

@@ -40,19 +40,19 @@
 #define OPT_FLOATS(nm, hlp) {.name = nm, .types = EM_OPT_FLOATS, .def = {.n = 0}, .help = hlp}
 #define NOPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-extern const char *const em_layers_reductions[]; /* "none", "mean", "sum" */
+extern const char *const layers_reductions[]; /* "none", "mean", "sum" */
 
 /* Read a pair option (1 or 2 entries) into out; an error naming cls and the option otherwise.
  * An empty list gives `dflt` (when dflt is non-NULL). */
-em_status em_layers_pair(const char *cls, const em_options *o, const char *name,
+em_status layers_pair(const char *cls, const em_options *o, const char *name,
                          const int64_t *dflt, int64_t out[2]);
 /* The reduction option as an enum. */
-em_reduction em_layers_reduction(const em_options *o);
+em_reduction layers_reduction(const em_options *o);
 /* A new 1-D f32 tensor from a FLOATS option, or NULL without an error when the list is empty
  * (*made false). */
-em_tensor *em_layers_floats_tensor(const em_options *o, const char *name, bool *made);
+em_tensor *layers_floats_tensor(const em_options *o, const char *name, bool *made);
 /* Linear/Conv2d defaults: weight kaiming_uniform(a = sqrt 5), bias U(-1/sqrt(fan_in), +). */
-em_status em_layers_default_init(em_tensor *weight, em_tensor *bias);
+em_status layers_default_init(em_tensor *weight, em_tensor *bias);
 
 /* EM_OK when x can meet the layer's floating-point parameter w (NULL: none); otherwise
  * EM_ERR_DTYPE saying that the batch is integer (uint8 images, say) and how to make it float:
@@ -60,9 +60,9 @@ em_status em_layers_default_init(em_tensor *weight, em_tensor *bias);
 em_status layers_check_float_input(const em_tensor *x, const em_tensor *w);
 
 /* Tables of class records, NULL-terminated. */
-extern const em_module_class *const em_layers_basic[];      /* layers.c */
-extern const em_module_class *const em_layers_norm[];       /* layers_norm.c */
-extern const em_module_class *const em_layers_containers[]; /* layers_containers.c */
-extern const em_module_class *const em_layers_losses[];     /* layers_loss.c */
+extern const em_module_class *const layers_basic[];      /* layers.c */
+extern const em_module_class *const layers_norm[];       /* layers_norm.c */
+extern const em_module_class *const layers_containers[]; /* layers_containers.c */
+extern const em_module_class *const layers_losses[];     /* layers_loss.c */
 
 #endif /* EMBER_LAYERS_H */

@@ -133,4 +133,4 @@ static const em_module_class par_class = {
     .options = par_opts, .n_options = NOPTS(par_opts), .forward = par_forward, .n_inputs = 1,
 };
 
-const em_module_class *const em_layers_containers[] = {&seq_class, &res_class, &par_class, NULL};
+const em_module_class *const layers_containers[] = {&seq_class, &res_class, &par_class, NULL};

@@ -22,29 +22,29 @@
 #include "layers.h"
 
 static const em_option_spec ce_opts[] = {
-    OPT_CHOICE("reduction", "mean", em_layers_reductions, "none, mean or sum"),
+    OPT_CHOICE("reduction", "mean", layers_reductions, "none, mean or sum"),
     OPT_INT("ignore_index", -100, -1e18, 1e18, "a target value that contributes nothing"),
     OPT_FLOAT("label_smoothing", 0.0, 0, 1, "mix the target with the uniform distribution"),
     OPT_FLOATS("weight", "per-class weights (or add a 'weight' buffer)"),
 };
 
 static const em_option_spec nll_opts[] = {
-    OPT_CHOICE("reduction", "mean", em_layers_reductions, "none, mean or sum"),
+    OPT_CHOICE("reduction", "mean", layers_reductions, "none, mean or sum"),
     OPT_INT("ignore_index", -100, -1e18, 1e18, "a target value that contributes nothing"),
     OPT_FLOATS("weight", "per-class weights (or add a 'weight' buffer)"),
 };
 
 static const em_option_spec red_opts[] = {
-    OPT_CHOICE("reduction", "mean", em_layers_reductions, "none, mean or sum"),
+    OPT_CHOICE("reduction", "mean", layers_reductions, "none, mean or sum"),
 };
 
 static const em_option_spec smooth_opts[] = {
-    OPT_CHOICE("reduction", "mean", em_layers_reductions, "none, mean or sum"),
+    OPT_CHOICE("reduction", "mean", layers_reductions, "none, mean or sum"),
     OPT_FLOAT("beta", 1.0, 0, 1e30, "where the loss changes from quadratic to linear"),
 };
 
 static const em_option_spec bce_opts[] = {
-    OPT_CHOICE("reduction", "mean", em_layers_reductions, "none, mean or sum"),
+    OPT_CHOICE("reduction", "mean", layers_reductions, "none, mean or sum"),
     OPT_FLOATS("weight", "a weight per element, broadcast (or add a 'weight' buffer)"),
     OPT_FLOATS("pos_weight", "weight of positive examples per class (or a buffer)"),
 };
@@ -56,7 +56,7 @@ static em_status weights_init(em_module *m, const em_options *o) {
         if (!em_options_has(o, names[i]))
             continue;
         bool made;
-        em_tensor *t = em_layers_floats_tensor(o, names[i], &made);
+        em_tensor *t = layers_floats_tensor(o, names[i], &made);
         if (made) {
             em_status st = t ? em_module_add_buffer(m, names[i], t, true) : em_last_status();
             if (st != EM_OK)
@@ -78,7 +78,7 @@ static em_tensor *ce_forward(em_module *m, em_tensor *const *in, int n) {
     em_tensor *w = weight_for(m, "weight", in[0]);
     if (!w && em_module_buffer(m, "weight"))
         return NULL;
-    return em_cross_entropy(in[0], in[1], w, em_layers_reduction(o),
+    return em_cross_entropy(in[0], in[1], w, layers_reduction(o),
                             em_options_int(o, "ignore_index"),
                             em_options_float(o, "label_smoothing"));
 }
@@ -89,7 +89,7 @@ static em_tensor *nll_forward(em_module *m, em_tensor *const *in, int n) {
     em_tensor *w = weight_for(m, "weight", in[0]);
     if (!w && em_module_buffer(m, "weight"))
         return NULL;
-    return em_nll_loss(in[0], in[1], w, em_layers_reduction(o),
+    return em_nll_loss(in[0], in[1], w, layers_reduction(o),
                        em_options_int(o, "ignore_index"));
 }
 
@@ -111,14 +111,14 @@ static em_tensor *mse_forward(em_module *m, em_tensor *const *in, int n) {
     (void)n;
     if (!same_shape(in[0], in[1]))
         return NULL;
-    return em_mse_loss(in[0], in[1], em_layers_reduction(em_module_options(m)));
+    return em_mse_loss(in[0], in[1], layers_reduction(em_module_options(m)));
 }
 
 static em_tensor *l1_forward(em_module *m, em_tensor *const *in, int n) {
     (void)n;
     if (!same_shape(in[0], in[1]))
         return NULL;
-    return em_l1_loss(in[0], in[1], em_layers_reduction(em_module_options(m)));
+    return em_l1_loss(in[0], in[1], layers_reduction(em_module_options(m)));
 }
 
 static em_tensor *smooth_forward(em_module *m, em_tensor *const *in, int n) {
@@ -126,7 +126,7 @@ static em_tensor *smooth_forward(em_module *m, em_tensor *const *in, int n) {
     if (!same_shape(in[0], in[1]))
         return NULL;
     const em_options *o = em_module_options(m);
-    return em_smooth_l1_loss(in[0], in[1], em_layers_reduction(o), em_options_float(o, "beta"));
+    return em_smooth_l1_loss(in[0], in[1], layers_reduction(o), em_options_float(o, "beta"));
 }
 
 static em_tensor *bce_forward(em_module *m, em_tensor *const *in, int n) {
@@ -140,7 +140,7 @@ static em_tensor *bce_forward(em_module *m, em_tensor *const *in, int n) {
     if (!pw && em_module_buffer(m, "pos_weight"))
         return NULL;
     return em_binary_cross_entropy_with_logits(in[0], in[1], w, pw,
-                                               em_layers_reduction(em_module_options(m)));
+                                               layers_reduction(em_module_options(m)));
 }
 
 #define LOSS_CLASS(var, nm, desc, opts, init_fn, fwd)                                         \
@@ -165,6 +165,6 @@ LOSS_CLASS(bce_class, "BCEWithLogitsLoss",
            "sigmoid + binary cross entropy on logits (torch.nn.BCEWithLogitsLoss)", bce_opts,
            weights_init, bce_forward)
 
-const em_module_class *const em_layers_losses[] = {
+const em_module_class *const layers_losses[] = {
     &ce_class, &nll_class, &mse_class, &l1_class, &smooth_class, &bce_class, NULL,
 };

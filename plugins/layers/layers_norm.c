@@ -215,6 +215,6 @@ static const em_module_class dropout_class = {
     .n_inputs = 1,
 };
 
-const em_module_class *const em_layers_norm[] = {
+const em_module_class *const layers_norm[] = {
     &bn1d_class, &bn2d_class, &ln_class, &dropout_class, NULL,
 };

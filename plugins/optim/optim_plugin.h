@@ -8,9 +8,9 @@
 #include "ember/error.h"
 
 /* SGD, Adam, AdamW, RMSprop, Adagrad (optimizers.c). */
-em_status em_optim_plugin_register_optimizers(em_registry *reg);
+em_status optim_plugin_register_optimizers(em_registry *reg);
 /* StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, SequentialLR, OneCycleLR,
  * ReduceLROnPlateau (schedulers.c). */
-em_status em_optim_plugin_register_schedulers(em_registry *reg);
+em_status optim_plugin_register_schedulers(em_registry *reg);
 
 #endif /* EMBER_OPTIM_PLUGIN_H */

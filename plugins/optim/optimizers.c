@@ -564,7 +564,7 @@ static const em_optim_class classes[] = {
      .options = adagrad_options, .n_options = N_OPTS(adagrad_options), .step = adagrad_step},
 };
 
-em_status em_optim_plugin_register_optimizers(em_registry *reg) {
+em_status optim_plugin_register_optimizers(em_registry *reg) {
     for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++) {
         em_status st = em_optim_class_register(reg, &classes[i]);
         if (st != EM_OK) return st;

@@ -9,8 +9,8 @@
 #include "optim_plugin.h"
 
 static em_status optim_register(em_registry *reg) {
-    em_status st = em_optim_plugin_register_optimizers(reg);
-    return st == EM_OK ? em_optim_plugin_register_schedulers(reg) : st;
+    em_status st = optim_plugin_register_optimizers(reg);
+    return st == EM_OK ? optim_plugin_register_schedulers(reg) : st;
 }
 
 static const em_plugin_descriptor optim_plugin = {

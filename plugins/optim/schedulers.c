@@ -748,7 +748,7 @@ static const em_sched_class classes[] = {
           .step = plateau_step, .free = plateau_free, .save = plateau_save, .load = plateau_load),
 };
 
-em_status em_optim_plugin_register_schedulers(em_registry *reg) {
+em_status optim_plugin_register_schedulers(em_registry *reg) {
     for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++) {
         em_status st = em_sched_class_register(reg, &classes[i]);
         if (st != EM_OK) return st;

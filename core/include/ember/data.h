@@ -128,7 +128,8 @@ typedef struct em_dataset_class_def {
 } em_dataset_class_def;
 
 /* Register a dataset class (from a plugin's register function, or from a program with
- * em_registry_program()). EM_ERR_EXISTS when the name is taken, EM_ERR_INVALID for a
+ * em_registry_program()): the "dataset" kind of ember/plugin.h's class registry, which copies
+ * the record. EM_ERR_EXISTS when the name is taken, EM_ERR_INVALID for a
  * malformed record (a missing name/open/read; an option without a name or types, declared
  * twice, or whose default does not pass its own checks), EM_ERR_NOMEM. */
 EM_API em_status em_dataset_class_register(em_registry *reg, const em_dataset_class_def *def);

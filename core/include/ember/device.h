@@ -108,7 +108,8 @@ typedef enum em_mem_category {
 EM_API const char *em_mem_category_name(em_mem_category c);
 
 typedef struct em_device_props {
-    size_t struct_size;   /* sizeof(em_device_props), set by the caller */
+    size_t struct_size;   /* sizeof(em_device_props), set by the caller: only the fields it
+                             covers are written (the prefix rule, ember/plugin.h) */
     char name[128];       /* "Intel(R) Xeon(R) ...", "NVIDIA H100 ..." */
     size_t total_memory;  /* bytes; 0 when unknown */
     size_t free_memory;   /* bytes; 0 when unknown */
@@ -118,7 +119,7 @@ typedef struct em_device_props {
 /* Fill *out with the device's properties (the caller sets out->struct_size). Uses the
  * backend's properties slot; when the backend has none, only the name "<type>:<index>" is
  * filled and the rest is zero (unknown). EM_ERR_DEVICE for an unknown device, EM_ERR_INVALID
- * for a NULL out or a struct_size smaller than this header's em_device_props. */
+ * for a NULL out or a struct_size smaller than the 1.0 layout (through compute_units). */
 EM_API em_status em_device_properties(em_device dev, em_device_props *out /* out */);
 
 /* Opaque backend stream and event handles. NULL is the device's default stream, on which work

@@ -76,8 +76,12 @@ typedef struct em_module_class {
     void *ext;                   /* reserved; NULL */
 } em_module_class;
 
-/* Register a module class (from a plugin's register function, or the program's registry).
- * EM_ERR_EXISTS when the name is taken. The class record must outlive the registration. */
+/* Register a module class (from a plugin's register function, or the program's registry):
+ * the "module" kind of ember/plugin.h's class registry. The record is copied (a record built
+ * against older headers, with a smaller struct_size, reads as zeros past its end); what its
+ * pointers point at must outlive the registration. EM_ERR_EXISTS when the name is taken
+ * (naming who took it); EM_ERR_INVALID for a record without forward, a bad name or option
+ * table. */
 EM_API em_status em_module_class_register(em_registry *reg, const em_module_class *cls);
 /* Find a class; NULL with EM_ERR_NOTFOUND listing the registered names (and a near one). */
 EM_API const em_module_class *em_module_class_find(const char *name);

@@ -91,7 +91,11 @@ typedef struct em_optim_class {
     void *ext;
 } em_optim_class;
 
+/* Register an optimizer class (the "optimizer" kind of ember/plugin.h's class registry; the
+ * record is copied). EM_ERR_EXISTS when the name is taken (naming who took it); EM_ERR_INVALID
+ * for a record older than this core accepts, no name, no step, or a bad option table. */
 EM_API em_status em_optim_class_register(em_registry *reg, const em_optim_class *cls);
+/* The class, or NULL with EM_ERR_NOTFOUND listing the registered ones (and a near name). */
 EM_API const em_optim_class *em_optim_class_find(const char *name);
 EM_API size_t em_optim_class_count(void);
 EM_API const em_optim_class *em_optim_class_get(size_t i);
@@ -206,7 +210,10 @@ typedef struct em_sched_class {
     void *ext;
 } em_sched_class;
 
+/* Register a scheduler class (the "scheduler" kind; as em_optim_class_register, and
+ * EM_ERR_INVALID for an interval other than "step" or "epoch"). */
 EM_API em_status em_sched_class_register(em_registry *reg, const em_sched_class *cls);
+/* The class, or NULL with EM_ERR_NOTFOUND listing the registered ones (and a near name). */
 EM_API const em_sched_class *em_sched_class_find(const char *name);
 EM_API size_t em_sched_class_count(void);
 EM_API const em_sched_class *em_sched_class_get(size_t i);

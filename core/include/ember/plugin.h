@@ -29,6 +29,17 @@
  * differs from the core's, its descriptor is malformed, a plugin of the same name is already
  * loaded, or its register function fails (everything it registered is removed again).
  * EMBER_DISABLE_PLUGINS=name,... skips plugins by name.
+ *
+ * Compatibility. Every struct a plugin fills or reads starts with struct_size and is read by
+ * the prefix rule: the core accepts a struct_size at least the oldest layout that holds the
+ * fields it needs (a plugin built against older, smaller headers), reads only the bytes that
+ * size covers and takes the rest as zero (NULL: the slot's documented default), and writes an
+ * out-struct (em_device_props, em_class_kind_info) only as far as the caller's struct_size
+ * goes. A smaller struct_size is EM_ERR_INVALID naming the function, the struct and both sizes.
+ * Each exported function carries the version node of the release that introduced it
+ * (core/libember.map: EMBER_1.0, EMBER_1.1 ...): a plugin that calls a newer function is
+ * refused by the dynamic linker on an older core ("version `EMBER_1.1' not found"), and
+ * em_plugins()/ember-info show that message.
  */
 #ifndef EMBER_PLUGIN_H
 #define EMBER_PLUGIN_H
@@ -52,7 +63,7 @@ extern "C" {
 #define EM_PLUGIN_EXPORT __attribute__((visibility("default")))
 
 typedef struct em_plugin_descriptor {
-    size_t struct_size;       /* sizeof(em_plugin_descriptor) */
+    size_t struct_size;       /* sizeof(em_plugin_descriptor); at least through register_fn */
     int abi_major;            /* EM_PLUGIN_ABI_MAJOR at the plugin's build */
     const char *name;         /* unique, e.g. "ember-cpu" */
     const char *version;      /* e.g. "0.1.0" */
@@ -127,6 +138,107 @@ EM_API size_t em_registry_op_count(const em_registry *reg);
 EM_API const char *em_registry_op_name(const em_registry *reg, size_t i);
 EM_API size_t em_registry_device_type_count(const em_registry *reg);
 EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i);
+/* ---- class kinds and classes -------------------------------------------------------------
+ *
+ * Every class a plugin or the program registers by name belongs to a *kind*: "module" (layers
+ * and losses, ember/module.h), "optimizer" and "scheduler" (ember/optim.h), "dataset"
+ * (ember/data.h) are declared by the core; a plugin declares a new kind (a transform, a
+ * communicator, an exporter) with em_class_kind_register and then it, other plugins and the
+ * program register classes into it with em_class_register. The core keeps one registry for
+ * every kind: the same copy of each record, the same duplicate and not-found messages, the
+ * same removal when the owning plugin unloads, and ember-info lists every kind the same way.
+ *
+ *     typedef struct my_transform_class {     // a kind's record: starts with em_class_head's
+ *         size_t struct_size;                 // three fields, in this order
+ *         const char *name;
+ *         const char *description;
+ *         em_tensor *(*apply)(const em_tensor *x);
+ *         void *ext;
+ *     } my_transform_class;
+ *     em_class_kind_def k = { .struct_size = sizeof k, .name = "transform",
+ *                             .description = "data transforms",
+ *                             .record_size = sizeof(my_transform_class) };
+ *     em_class_kind_register(reg, &k);
+ *     static const my_transform_class flip = { .struct_size = sizeof flip, .name = "flip",
+ *                                              .apply = my_flip };
+ *     em_class_register(reg, "transform", &flip);
+ *     const my_transform_class *c = em_class_find("transform", "flip");
+ *
+ * The prefix rule (every record that crosses the ABI): a record built against older, smaller
+ * headers has a smaller struct_size; the core accepts it when it is at least the kind's
+ * min_record_size, copies the bytes it covers and zeroes the rest, so a newer core reads an
+ * older plugin's record with its newer trailing slots NULL.
+ *
+ * The em_class_* and em_registry_class_* calls are new in EMBER_1.1 (a plugin calling them
+ * needs a 1.1 core); the per-kind calls of module.h, optim.h and data.h are EMBER_1.0. */
+
+/* The fields every class record of every kind begins with, in this order. */
+typedef struct em_class_head {
+    size_t struct_size;       /* sizeof the record's own struct */
+    const char *name;         /* unique within the kind; the core keeps a copy */
+    const char *description;  /* one line, or NULL */
+} em_class_head;
+
+typedef struct em_class_kind_def {
+    size_t struct_size;       /* sizeof(em_class_kind_def) */
+    const char *name;         /* unique, [a-z][a-z0-9_]*: "module", "transform" */
+    const char *description;  /* one line, or NULL */
+    /* The size of the kind's record struct at the declarer's build (>= sizeof(em_class_head)):
+     * each registered record is copied into this many bytes. */
+    size_t record_size;
+    /* The smallest struct_size accepted (the oldest layout holding every field the kind
+     * needs), sizeof(em_class_head) .. record_size; 0 means record_size. */
+    size_t min_record_size;
+    /* (optional) The kind's own checks of a record, called with the core's copy (record_size
+     * bytes, the fields past the caller's struct_size zeroed) before it is added. `who` names
+     * the registering function for messages. Return EM_OK or an error set with em_set_error
+     * naming the class. NULL: no checks beyond the name. */
+    em_status (*check)(const void *record, const char *who);
+    void *ext;                /* reserved; NULL */
+} em_class_kind_def;
+
+/* Declare a class kind, owned by reg: removing reg (its plugin unloads, or em_shutdown()
+ * for the program's) removes the kind with every class registered into it. The definition
+ * is copied (its name too). EM_ERR_EXISTS when a kind of that name exists; EM_ERR_INVALID
+ * for a bad name, struct_size or record size. */
+EM_API em_status em_class_kind_register(em_registry *reg, const em_class_kind_def *def);
+
+/* What em_class_kind_get reports about a kind. */
+typedef struct em_class_kind_info {
+    size_t struct_size;       /* set by the caller: sizeof(em_class_kind_info) */
+    const char *name;
+    const char *description;  /* "" when none */
+    size_t record_size, min_record_size;
+    const char *owner;        /* the declaring registry: "ember-core", a plugin's name */
+    size_t class_count;       /* classes registered into it, by every registry */
+    void *ext;                /* reserved */
+} em_class_kind_info;
+
+/* Number of declared class kinds; kind i (in declaration order: the core's four first) into
+ * *out, whose struct_size the caller sets (only the fields it covers are written).
+ * EM_ERR_RANGE past the end. Strings are valid while the kind is declared. */
+EM_API size_t em_class_kind_count(void);
+EM_API em_status em_class_kind_get(size_t i, em_class_kind_info *out /* out */);
+
+/* Register a class into kind (the record starts with em_class_head's fields). The record is
+ * copied (its name too); what its pointers point at must outlive the registration.
+ * EM_ERR_NOTFOUND for an unknown kind (naming the declared ones), EM_ERR_EXISTS when the
+ * kind has a class of that name (naming who registered it), EM_ERR_INVALID for a NULL or
+ * too-small record, an empty name, or what the kind's check refuses. */
+EM_API em_status em_class_register(em_registry *reg, const char *kind, const void *record);
+/* Remove the class `name` that reg registered into kind; EM_ERR_NOTFOUND otherwise. */
+EM_API em_status em_class_unregister(em_registry *reg, const char *kind, const char *name);
+/* The core's copy of a class (cast to the kind's record type), valid until it is removed; NULL
+ * with EM_ERR_NOTFOUND listing the kind's classes (and a near name) and the loaded plugins. */
+EM_API const void *em_class_find(const char *kind, const char *name);
+/* Classes of a kind (every registry), in registration order; NULL past the end. */
+EM_API size_t em_class_count(const char *kind);
+EM_API const void *em_class_get(const char *kind, size_t i);
+/* The classes of a kind that reg registered, in registration order; NULL past the end. */
+EM_API size_t em_registry_class_count(const em_registry *reg, const char *kind);
+EM_API const char *em_registry_class_name(const em_registry *reg, const char *kind, size_t i);
+
+/* The per-kind forms below are em_registry_class_count/name for the core's kinds. */
 /* Module classes (ember/module.h) the registry registered, in registration order; the name is
  * NULL past the end. */
 EM_API size_t em_registry_module_class_count(const em_registry *reg);

@@ -1,0 +1,325 @@
+/*
+ * ember/data.h — datasets and the DataLoader.
+ *
+ * A dataset CLASS (a format: "mnist", "cifar10", "csv", "synthetic", ...) is registered by a
+ * plugin (or by the program, through em_registry_program()) with typed options. Opening a
+ * class with options gives an em_dataset: a length, the shape and dtype of one item's inputs
+ * and targets, and a way to read any set of items into preallocated buffers. A program can
+ * also make a dataset from tensors it already has, or from a callback, without a plugin.
+ * The DataLoader turns a dataset into batches: sampling, shuffling, batching, worker threads
+ * that fill a bounded ring of batch buffers ahead of the consumer, pinned host buffers and
+ * async copies to an accelerator, and per-item transforms.
+ *
+ *     em_options *opts = em_options_new();
+ *     em_options_set_string(opts, "path", "data/digits");
+ *     em_options_set_string(opts, "split", "train");
+ *     em_dataset *ds = em_dataset_open("mnist", opts);     // checks opts against the class
+ *     em_options_free(opts);
+ *     if (!ds) { fprintf(stderr, "%s\n", em_last_error()); return 1; }
+ *     em_loader_options o = {.struct_size = sizeof o, .batch_size = 128, .shuffle = true,
+ *                            .seed = 42, .num_workers = 1,
+ *                            .transforms = {.to_float = true}};
+ *     em_loader *dl = em_loader_new(ds, &o);
+ *     for (int epoch = 0; epoch < 3; epoch++) {
+ *         em_tensor *x, *y;                  // borrowed: valid until the next em_loader_next
+ *         while (em_loader_next(dl, &x, &y) == EM_OK && x) {
+ *             em_scope_begin();
+ *             ... forward (x: (B, 1, 28, 28) float32), loss against y: (B) int64 ...
+ *             em_scope_end();
+ *         }
+ *         if (em_last_status() != EM_OK) { fprintf(stderr, "%s\n", em_last_error()); break; }
+ *     }
+ *     em_loader_free(dl);                    // joins the workers, frees every buffer
+ *     em_dataset_free(ds);
+ *
+ * Reproducibility. Every random choice is a Philox 4x32-10 function (ember/random.h) of the
+ * loader's seed and of the epoch (permutations, weighted draws) or of (epoch, item index)
+ * (transforms), never of a thread or of timing: the same seed gives the same batches whatever
+ * num_workers is, and a loader restored to a position (em_loader_set_state) continues exactly
+ * as the original run did. The definitions (P(c, e, S) = em_philox4x32_10 with counter
+ * {lo32(c), hi32(c), lo32(e), S} and key {lo32(seed), hi32(seed) ^ hi32(e)}):
+ *   permutation of epoch e over a list v of n items (S = 0x53485546): for k = 0 .. n-2,
+ *       i = n-1-k, w = word k%4 of P(k/4, e, S), j = (w * (i+1)) >> 32, swap v[i], v[j];
+ *   weighted draw k of epoch e (S = 0x57474854): w0, w1 = words 2(k%2), 2(k%2)+1 of
+ *       P(k/2, e, S), u = ((w0 >> 5) * 2^26 + (w1 >> 6)) * 2^-53, item = the first i with
+ *       w[0] + ... + w[i] > u * (sum of weights);
+ *   transforms of item x in epoch e (S = 0x5846524d): w = P(x, e, S); crop offsets
+ *       dy = ((w0 * (2p+1)) >> 32) - p, dx likewise from w1 (output pixel (y, x) is input
+ *       pixel (y + dy, x + dx), zero outside); flip when w2 >> 31 (output x reads W-1-x
+ *       before the crop offset);
+ *   random_split(seed): the permutation above of 0..N-1 with e = 0 and S = 0x53504c54,
+ *       cut into consecutive pieces of the given lengths.
+ *
+ * Threads. A dataset's read function is called from the loader's worker threads, several at
+ * once on disjoint items; the classes in ember-data and the in-memory datasets are safe for
+ * that (callback datasets must make their callback safe when num_workers > 1).
+ */
+#ifndef EMBER_DATA_H
+#define EMBER_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ember/device.h"
+#include "ember/dispatch.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/export.h"
+#include "ember/options.h"
+#include "ember/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the item layout -------------------------------------------------------------------- */
+
+/* What one item of a dataset is. Inputs of item i occupy input_shape elements of
+ * input_dtype; targets are either a class label (target_ndim 0, EM_I64, in
+ * [0, num_classes)) or target_shape float32 values (regression, num_classes 0). */
+typedef struct em_dataset_info {
+    size_t struct_size;           /* sizeof(em_dataset_info) */
+    int64_t length;               /* number of items */
+    int input_ndim;
+    int64_t input_shape[EM_MAX_DIMS]; /* e.g. (1, 28, 28), (3, 32, 32), (13) */
+    em_dtype input_dtype;         /* EM_U8 for images, EM_F32 for features */
+    int target_ndim;              /* 0: one class label; 1: (k) regression targets */
+    int64_t target_shape[EM_MAX_DIMS];
+    em_dtype target_dtype;        /* EM_I64 (labels) or EM_F32 (regression) */
+    int64_t num_classes;          /* labels lie in [0, num_classes); 0 for regression */
+    void *ext;                    /* reserved; NULL */
+} em_dataset_info;
+
+/* ---- dataset classes (registered by plugins and programs) ------------------------------- */
+
+/* The record a plugin fills to register a dataset class; copied by the core (the strings and
+ * the options table must stay valid while the class is registered: use static data). Options
+ * are declared like a module's (ember/options.h):
+ *
+ *     static const char *const splits[] = {"train", "test", NULL};
+ *     static const em_option_spec mnist_opts[] = {
+ *         {.name = "path", .types = EM_OPT_STRING, .required = true, .help = "directory"},
+ *         {.name = "split", .types = EM_OPT_STRING, .def = {.s = "train"}, .choices = splits},
+ *         {.name = "classes", .types = EM_OPT_INT, .def = {.i = 10}, .has_range = true,
+ *          .min = 1, .max = 256},
+ *     };
+ */
+typedef struct em_dataset_class_def {
+    size_t struct_size;           /* sizeof(em_dataset_class_def) */
+    const char *name;             /* unique, [a-z][a-z0-9_-]*: "mnist", "csv" */
+    const char *description;      /* one line */
+    const em_option_spec *options; /* n_options entries (may be NULL when 0) */
+    int n_options;
+    /* Open an instance from its resolved options (every declared option has a value: read
+     * them with em_options_string/int/float/bool; the bag is borrowed for the call): validate
+     * the files, fill *info, and return the class's state in *state. Errors (EM_ERR_IO,
+     * EM_ERR_FORMAT, ...) set a message naming the file, the item or line and the reason. */
+    em_status (*open)(const em_options *opts, em_dataset_info *info /* out */,
+                      void **state /* out */);
+    /* Read items indices[0..n) into `inputs` (n * input item bytes, item j at offset
+     * j * item bytes, C order) and `targets` (likewise). Called from several threads at once
+     * on disjoint outputs. Errors name the file, the item index and the reason. */
+    em_status (*read)(void *state, const int64_t *indices, int64_t n, void *inputs,
+                      void *targets);
+    /* Free the state (may be NULL when open allocated nothing). */
+    void (*close)(void *state);
+    void *ext;                    /* reserved; NULL */
+} em_dataset_class_def;
+
+/* Register a dataset class (from a plugin's register function, or from a program with
+ * em_registry_program()). EM_ERR_EXISTS when the name is taken, EM_ERR_INVALID for a
+ * malformed record (a missing name/open/read; an option without a name or types, declared
+ * twice, or whose default does not pass its own checks), EM_ERR_NOMEM. */
+EM_API em_status em_dataset_class_register(em_registry *reg, const em_dataset_class_def *def);
+/* Remove a class the registry registered; EM_ERR_NOTFOUND otherwise. Instances already open
+ * must be freed first (the class's functions may go away with its plugin). */
+EM_API em_status em_dataset_class_unregister(em_registry *reg, const char *name);
+
+/* The classes registered now, in registration order (names valid while registered). */
+EM_API size_t em_dataset_class_count(void);
+EM_API const char *em_dataset_class_name(size_t i);
+/* The classes one registry registered (for ember-info). */
+EM_API size_t em_registry_dataset_count(const em_registry *reg);
+EM_API const char *em_registry_dataset_name(const em_registry *reg, size_t i);
+/* The definition of a registered class (borrowed; NULL + EM_ERR_NOTFOUND when unknown). */
+EM_API const em_dataset_class_def *em_dataset_class_find(const char *name);
+
+/* ---- datasets --------------------------------------------------------------------------- */
+
+typedef struct em_dataset em_dataset;
+
+/* Open a dataset of class `name` with options (borrowed: the call resolves a copy; NULL for
+ * none), set from C (em_options_set_string(o, "path", "data/digits")) or as text from a
+ * config file (em_options_set_text, em_config_to_options). Unknown class: EM_ERR_NOTFOUND
+ * listing the registered ones. An unknown option (with a did-you-mean), a value of the wrong
+ * type, out of range or not among the choices, or a missing required option:
+ * EM_ERR_INVALID naming the class, the option and what is allowed (em_options_resolve).
+ * Then the class's own errors; and EM_ERR_FORMAT naming the class and its 'path' option when
+ * the class opens with no items (an empty file or split would train nothing). Returns a new
+ * dataset (free with em_dataset_free) or NULL. */
+EM_API em_dataset *em_dataset_open(const char *name, const em_options *opts);
+
+/* A dataset over tensors the program already has: item i is inputs[i] (any CPU tensor of
+ * shape (N, ...)) and targets[i] (shape (N) of an integer dtype — class labels, stored as
+ * int64, that must lie in [0, num_classes) (num_classes 0: max + 1) — or (N, k) float32 for
+ * regression). The tensors are copied into the dataset when they are not contiguous or the
+ * labels are not int64, and otherwise retained (the dataset holds a reference and sees later
+ * writes). NULL + error for a shape, dtype, device or label problem. */
+EM_API em_dataset *em_dataset_from_tensors(em_tensor *inputs, em_tensor *targets,
+                                           int64_t num_classes);
+
+/* Fills item `index`: input_shape elements of input_dtype into `input`, and the target into
+ * `target` (one int64 label, or target_shape float32 values). Return EM_OK, or an error with
+ * em_set_error() saying why (it reaches the consumer at the batch holding the item). */
+typedef em_status (*em_item_fn)(void *user, int64_t index, void *input, void *target);
+/* A dataset whose items a function fills; `info` describes them (copied). `user` is passed
+ * through and must outlive the dataset. With num_workers > 1 the function is called from
+ * several threads at once. */
+EM_API em_dataset *em_dataset_from_callback(const em_dataset_info *info, em_item_fn fn,
+                                            void *user);
+
+/* Split ds into n disjoint subsets of the given lengths (summing to ds's length) by a random
+ * permutation of (seed), like torch.utils.data.random_split. out[0..n) receive new datasets
+ * that keep ds alive (free each, and ds, with em_dataset_free in any order). EM_ERR_INVALID
+ * when the lengths do not add up. */
+EM_API em_status em_random_split(em_dataset *ds, const int64_t *lengths, int n, uint64_t seed,
+                                 em_dataset **out /* out: n datasets */);
+
+/* A subset of ds: items indices[0..n) (copied; each in [0, length)). Keeps ds alive. */
+EM_API em_dataset *em_dataset_subset(em_dataset *ds, const int64_t *indices, int64_t n);
+
+/* Read-only views (borrowed; ds must not be NULL). */
+EM_API const em_dataset_info *em_dataset_get_info(const em_dataset *ds);
+EM_API int64_t em_dataset_length(const em_dataset *ds);
+/* The class name ("mnist", "tensors", "callback", "subset"). */
+EM_API const char *em_dataset_name(const em_dataset *ds);
+/* Read items indices[0..n) into host buffers of n items each (see em_dataset_class_def.read).
+ * Indices out of range are EM_ERR_RANGE naming the index and the length. */
+EM_API em_status em_dataset_read(em_dataset *ds, const int64_t *indices, int64_t n,
+                                 void *inputs, void *targets);
+/* Drop the caller's reference; NULL is a no-op. Subsets keep their parent alive. */
+EM_API void em_dataset_free(em_dataset *ds);
+
+/* ---- the DataLoader --------------------------------------------------------------------- */
+
+typedef enum em_sampler_kind {
+    EM_SAMPLER_DEFAULT = 0,    /* sequential, or random when shuffle is set */
+    EM_SAMPLER_SEQUENTIAL = 1, /* 0, 1, ..., N-1 (shuffle must be off) */
+    EM_SAMPLER_RANDOM = 2,     /* a new permutation each epoch */
+    EM_SAMPLER_SUBSET = 3,     /* the items subset[0..subset_len), permuted when shuffle */
+    EM_SAMPLER_WEIGHTED = 4,   /* num_samples draws with replacement, P(i) ~ weights[i] */
+    EM_SAMPLER_SHARDED = 5,    /* rank's share for data parallelism (DistributedSampler):
+                                  permuted when shuffle, padded by repeating the first
+                                  items to a multiple of world_size, then items
+                                  rank, rank + world_size, ... */
+} em_sampler_kind;
+
+/* Per-item transforms, applied in this order: random crop (with zero padding), random
+ * horizontal flip, then to-float (x * scale), then normalize ((x - mean[c]) / std[c]).
+ * Crop and flip need items of shape (C, H, W). Each item's random choices depend only on
+ * (seed, epoch, item index). */
+typedef struct em_transforms {
+    bool to_float;       /* inputs become float32, multiplied by scale */
+    double scale;        /* 0: 1/255 for uint8 inputs, 1 otherwise */
+    const float *mean;   /* normalize: n_channels means and stds (NULL: no normalize); */
+    const float *std;    /*   channel = item dim 0; implies to_float; copied by the loader */
+    int n_channels;
+    int crop_padding;    /* > 0: random crop of (H, W) out of the item padded by this much */
+    bool hflip;          /* flip left-right with probability 1/2 */
+} em_transforms;
+
+typedef struct em_loader_options {
+    size_t struct_size;  /* sizeof(em_loader_options) */
+    int64_t batch_size;  /* 0: 1 (PyTorch's default) */
+    bool shuffle;        /* a new Philox permutation each epoch, from (seed, epoch) */
+    bool drop_last;      /* drop a last batch smaller than batch_size */
+    uint64_t seed;
+    int num_workers;     /* worker threads; 0: batches are made in the caller's thread */
+    int prefetch;        /* ring slots (batches made ahead); 0: 2 per worker (at least 2) */
+    em_sampler_kind sampler;
+    const int64_t *subset; /* EM_SAMPLER_SUBSET: subset_len item indices (copied) */
+    int64_t subset_len;
+    const double *weights; /* EM_SAMPLER_WEIGHTED: one weight >= 0 per item (copied) */
+    int64_t num_samples;   /* EM_SAMPLER_WEIGHTED: draws per epoch; 0: the dataset length */
+    int rank, world_size;  /* EM_SAMPLER_SHARDED: 0 <= rank < world_size */
+    /* Where batches are delivered. Zero-initialised: the CPU. For another device the
+     * loader copies each batch there (asynchronously, on its own stream, ordered before the
+     * device's default stream) into device buffers it owns. */
+    em_device device;
+    /* Host batch buffers come from the device's page-locked host allocator (fast async
+     * copies). Only meaningful when device is not the CPU (ignored otherwise). */
+    bool pin_memory;
+    em_transforms transforms;
+    void *ext;           /* reserved; NULL */
+} em_loader_options;
+
+typedef struct em_loader em_loader;
+
+/* A loader over ds (which must outlive the loader) with options o (copied; NULL: defaults).
+ * Starts its workers, which begin on epoch 0 at once. EM_ERR_INVALID naming the option at
+ * fault (bad sampler arguments, transforms that do not fit the items, ...) or naming the
+ * dataset when an epoch would have no batch (no items, or drop_last with fewer items than
+ * batch_size), EM_ERR_DEVICE, EM_ERR_NOMEM. Every buffer is allocated here, each for
+ * min(batch_size, items per epoch) items: em_loader_next allocates nothing except the view
+ * of a short last batch (once per epoch). */
+EM_API em_loader *em_loader_new(em_dataset *ds, const em_loader_options *o);
+
+/* The next batch of the current epoch.
+ *   - EM_OK with *inputs (B, ...) and *targets (B) int64 or (B, k) float32 set: BORROWED
+ *     tensors, owned by the loader, tagged EM_MEM_DATA, valid until the next em_loader_next
+ *     or em_loader_free (clone them to keep them longer; never release them). The loader
+ *     bumps their version when it refills a buffer, so a graph that saved one notices.
+ *   - EM_OK with *inputs = *targets = NULL: the epoch is over; the next call starts the
+ *     next epoch (whose batches the workers have already begun to make).
+ *   - an error: a worker failed on an item of this batch (the message names the batch,
+ *     the dataset's file, the item index and the reason), or a copy failed. The loader
+ *     then stays stopped (EM_ERR_STATE) until em_loader_set_state restarts it. */
+EM_API em_status em_loader_next(em_loader *l, em_tensor **inputs /* out */,
+                                em_tensor **targets /* out */);
+
+/* Batches per epoch (after drop_last). */
+EM_API int64_t em_loader_num_batches(const em_loader *l);
+
+/* The loader's position: the batch em_loader_next hands out next is batch `batch` of
+ * epoch `epoch` (batch == num_batches: the end-of-epoch mark comes next). Together with
+ * the options (the seed) this is the whole state: checkpoints save it. */
+typedef struct em_loader_state {
+    uint64_t seed;
+    int64_t epoch;
+    int64_t batch;
+} em_loader_state;
+EM_API em_loader_state em_loader_get_state(const em_loader *l);
+/* Continue from a saved position (drops whatever the workers made ahead, clears a stopped
+ * loader's error). EM_ERR_RANGE, changing nothing, unless 0 <= batch <= num_batches and
+ * 0 <= epoch <= EM_STEP_MAX (ember/optim.h). */
+EM_API em_status em_loader_set_state(em_loader *l, em_loader_state s);
+
+/* Where the consumer's time went: time spent blocked in em_loader_next waiting for a batch
+ * (with num_workers 0 that is the time to make it). */
+typedef struct em_loader_stats {
+    uint64_t batches;       /* batches handed out */
+    uint64_t wait_ns;       /* total time blocked in em_loader_next */
+    uint64_t last_wait_ns;  /* the last call's */
+    uint64_t max_wait_ns;
+} em_loader_stats;
+EM_API em_loader_stats em_loader_get_stats(const em_loader *l);
+/* Zero the stats and the per-batch wait record: what follows covers the batches from now on
+ * (e.g. reset after a warm-up of 10 batches to measure batches 10..N). */
+EM_API void em_loader_reset_stats(em_loader *l);
+/* A quantile of the per-batch waits since the loader was made or its stats reset: q = 0.5
+ * the median (the lower one for an even count), 0.9 the 90th percentile, in ns. Every wait is
+ * recorded (no sampling, nothing allocated per batch) in a log-scale histogram, so the value
+ * is within 0.8% of the exact quantile (exact below 64 ns). 0 when no batch was handed out
+ * or q is outside [0, 1]. With num_workers >= 1 the wait is the time the consumer found no
+ * batch ready: a median near 0 means the workers keep ahead of the training step. */
+EM_API uint64_t em_loader_wait_quantile(const em_loader *l, double q);
+
+/* Stop the workers (mid-epoch is fine: they are joined), free every buffer. The borrowed
+ * batch tensors are released with it. NULL is a no-op. */
+EM_API void em_loader_free(em_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EMBER_DATA_H */

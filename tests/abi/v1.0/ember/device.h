@@ -1,0 +1,192 @@
+/*
+ * ember/device.h — devices, the device-type table that backend plugins fill, streams, and the
+ * per-device caching allocator with per-category memory statistics.
+ *
+ *     em_device dev;
+ *     if (em_device_parse("cuda:1", &dev) != EM_OK)     // "no backend for device type 'cuda'
+ *         puts(em_last_error());                         //  is loaded; installed plugins: ..."
+ *     em_memory_summary(stdout);                         // what holds the memory, by category
+ *
+ * A backend registers a device type (em_device_type_register) with an em_device_ops table; the
+ * core keeps one caching allocator per device on top of that table. Freed blocks stay cached
+ * for reuse until em_empty_cache() hands them back to the device.
+ *
+ * Memory categories. Every block is tagged with what it holds, so a summary can say who uses
+ * the memory, not only how much. The rules:
+ *   - module parameters                          -> EM_MEM_PARAMETER
+ *   - a parameter's .grad                         -> EM_MEM_GRADIENT
+ *   - optimizer state (momentum, Adam moments)    -> EM_MEM_OPTIMIZER
+ *   - DataLoader batch buffers                    -> EM_MEM_DATA
+ *   - scratch space kernels ask for               -> EM_MEM_WORKSPACE
+ *   - everything else (op outputs, user tensors)  -> EM_MEM_ACTIVATION
+ * em_tensor_set_category() overrides the tag of a tensor's storage (all views share it).
+ * Freed blocks kept for reuse count as EM_MEM_CACHED.
+ */
+#ifndef EMBER_DEVICE_H
+#define EMBER_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ember/error.h"
+#include "ember/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* At most this many device types can be registered at once. */
+#define EM_MAX_DEVICE_TYPES 16
+
+/* A device: a registered type and an ordinal. Passed by value. */
+typedef struct em_device {
+    int16_t type;  /* index in the device-type registry; EM_DEVICE_CPU_TYPE is always "cpu" */
+    int16_t index; /* ordinal within the type (cuda:1 -> 1); 0 for the CPU */
+} em_device;
+
+/* The CPU's device type is always registry slot 0 (reserved by the core, filled by the CPU
+ * backend plugin). */
+#define EM_DEVICE_CPU_TYPE 0
+EM_API em_device em_cpu(void);
+
+/* Parse "cpu", "cuda", "cuda:1", "testdev:0". A type that no loaded plugin registered is
+ * EM_ERR_DEVICE naming the type and the installed plugins; an ordinal past the device count
+ * is EM_ERR_DEVICE naming how many there are. */
+EM_API em_status em_device_parse(const char *s, em_device *out /* out */);
+/* "cpu" (the CPU device, index 0), "cuda:1" into buf (at least 32 bytes recommended); returns
+ * buf. */
+EM_API const char *em_device_str(em_device dev, char *buf, size_t cap);
+EM_API bool em_device_equal(em_device a, em_device b);
+/* Number of devices of a registered type name (0 when the type is not loaded). */
+EM_API int em_device_count(const char *type_name);
+
+typedef enum em_mem_category {
+    EM_MEM_ACTIVATION = 0,
+    EM_MEM_PARAMETER = 1,
+    EM_MEM_GRADIENT = 2,
+    EM_MEM_OPTIMIZER = 3,
+    EM_MEM_DATA = 4,
+    EM_MEM_WORKSPACE = 5,
+    EM_MEM_CACHED = 6, /* freed, kept by the caching allocator for reuse */
+    EM_MEM_CATEGORY_COUNT
+} em_mem_category;
+
+/* "activation", "parameter", "gradient", "optimizer", "data", "workspace", "cached". */
+EM_API const char *em_mem_category_name(em_mem_category c);
+
+typedef struct em_device_props {
+    size_t struct_size;   /* sizeof(em_device_props), set by the caller */
+    char name[128];       /* "Intel(R) Xeon(R) ...", "NVIDIA H100 ..." */
+    size_t total_memory;  /* bytes; 0 when unknown */
+    size_t free_memory;   /* bytes; 0 when unknown */
+    int compute_units;    /* cores or SMs */
+} em_device_props;
+
+/* Fill *out with the device's properties (the caller sets out->struct_size). Uses the
+ * backend's properties slot; when the backend has none, only the name "<type>:<index>" is
+ * filled and the rest is zero (unknown). EM_ERR_DEVICE for an unknown device, EM_ERR_INVALID
+ * for a NULL out or a struct_size smaller than this header's em_device_props. */
+EM_API em_status em_device_properties(em_device dev, em_device_props *out /* out */);
+
+/* Opaque backend stream and event handles. NULL is the device's default stream, on which work
+ * is ordered with everything else on that device. */
+typedef struct em_stream em_stream;
+typedef struct em_event em_event;
+
+/*
+ * The table a backend fills to register a device type. Optional slots may be NULL; each says
+ * what NULL means. Grows only at the end; `struct_size` tells the core which slots exist.
+ */
+typedef struct em_device_ops {
+    size_t struct_size;   /* sizeof(em_device_ops) as the plugin saw it */
+    const char *name;     /* "cpu", "cuda": the prefix users write; [a-z][a-z0-9_]* */
+    /* Number of devices of this type present now (the CPU: 1). */
+    int (*count)(void);
+    /* (optional) Fill props; NULL: only the name "<type>:<index>" is known. */
+    em_status (*properties)(int index, em_device_props *props);
+    /* Allocate nbytes (>0) of device memory, aligned to at least 64 bytes. On failure return
+     * EM_ERR_NOMEM (the caller frees its cache and retries once). */
+    em_status (*alloc)(int index, size_t nbytes, void **out);
+    void (*free)(int index, void *ptr);
+    /* (optional) Page-locked host memory for fast async copies; NULL: plain host memory. */
+    em_status (*host_alloc)(size_t nbytes, void **out);
+    void (*host_free)(void *ptr);
+    /* Copy nbytes between host and device or within the device: exactly one of src/dst may be
+     * host memory (its device is the CPU). Ordered on `stream` (NULL = default stream); with a
+     * non-NULL stream the copy may still be running when this returns. */
+    em_status (*copy)(em_device dst_dev, void *dst, em_device src_dev, const void *src,
+                      size_t nbytes, em_stream *stream);
+    /* Wait until all work on the device is done. */
+    em_status (*synchronize)(int index);
+    /* (optional) Streams and events; NULL: the device is synchronous and every stream is the
+     * default one. */
+    em_status (*stream_create)(int index, em_stream **out);
+    void (*stream_destroy)(int index, em_stream *s);
+    em_status (*stream_synchronize)(int index, em_stream *s);
+    em_status (*event_create)(int index, em_event **out);
+    void (*event_destroy)(int index, em_event *e);
+    em_status (*event_record)(int index, em_event *e, em_stream *s);
+    em_status (*event_wait)(int index, em_stream *s, em_event *e); /* s waits for e */
+    em_status (*event_synchronize)(int index, em_event *e);
+    void *ext; /* reserved; NULL */
+} em_device_ops;
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+typedef struct em_memory_stats {
+    size_t current[EM_MEM_CATEGORY_COUNT]; /* bytes held now, by category */
+    size_t peak[EM_MEM_CATEGORY_COUNT];    /* the most held at once since the last reset */
+    size_t count[EM_MEM_CATEGORY_COUNT];   /* live blocks now */
+    size_t reserved;      /* bytes obtained from the device (in use + cached) */
+    size_t peak_reserved;
+    uint64_t device_allocs; /* calls to the device's alloc (cache misses) */
+    uint64_t cache_hits;    /* allocations served from the cache */
+} em_memory_stats;
+
+/* Statistics of one device's allocator. EM_ERR_DEVICE for an unknown device. */
+EM_API em_status em_memory_stats_get(em_device dev, em_memory_stats *out /* out */);
+/* Print a table per device that has allocated anything: category, current, peak, blocks. */
+EM_API void em_memory_summary(FILE *f);
+/* Peaks restart from the current values, on every device. */
+EM_API void em_memory_reset_peak(void);
+/* Return every cached block to its device. */
+EM_API void em_empty_cache(void);
+
+/* Synchronize a device (wait for its queued work). */
+EM_API em_status em_device_synchronize(em_device dev);
+
+/* Streams and events, for backends with asynchronous queues. On a synchronous device (the
+ * CPU) they exist and do nothing. em_stream_create may return a NULL stream with EM_OK, which
+ * is the default stream. */
+EM_API em_status em_stream_create(em_device dev, em_stream **out /* out */);
+EM_API void em_stream_free(em_device dev, em_stream *s);
+EM_API em_status em_stream_synchronize(em_device dev, em_stream *s);
+EM_API em_status em_event_create(em_device dev, em_event **out /* out */);
+EM_API void em_event_free(em_device dev, em_event *e);
+EM_API em_status em_event_record(em_device dev, em_event *e, em_stream *s);
+EM_API em_status em_event_wait(em_device dev, em_stream *s, em_event *e);
+EM_API em_status em_event_synchronize(em_device dev, em_event *e);
+
+/* ---- host memory, injectable ----------------------------------------------------------- */
+
+/* The allocator the core (and the CPU backend) use for host memory: every core structure and
+ * every CPU tensor's bytes. Replace it before em_init() — tests install one that fails the Nth
+ * call to prove out-of-memory paths return EM_ERR_NOMEM and leak nothing. `alloc` returns
+ * memory aligned to `align` (a power of two, >= sizeof(void*)) or NULL. */
+typedef struct em_host_allocator {
+    void *(*alloc)(size_t nbytes, size_t align, void *user);
+    void (*free)(void *ptr, void *user);
+    void *user;
+} em_host_allocator;
+/* NULL restores the default (posix_memalign/free). */
+EM_API void em_host_allocator_set(const em_host_allocator *a);
+/* Allocate through the current host allocator; NULL (and EM_ERR_NOMEM set) on failure. */
+EM_API void *em_host_alloc(size_t nbytes, size_t align);
+EM_API void em_host_free(void *ptr);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EMBER_DEVICE_H */

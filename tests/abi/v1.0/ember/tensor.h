@@ -1,0 +1,200 @@
+/*
+ * ember/tensor.h — the tensor: an opaque, reference-counted view (dtype, device, shape,
+ * strides, offset) over reference-counted storage.
+ *
+ *     int64_t shape[2] = {2, 3};
+ *     em_tensor *a = em_zeros(2, shape, EM_F32, em_cpu());
+ *     em_tensor *b = em_transpose(a, 0, 1);     // a view: shares a's storage, shape [3, 2]
+ *     em_tensor *c = em_view(b, 1, (int64_t[]){6});
+ *         // NULL: "view: shape [3, 2] with strides [1, 3] is not compatible with a view of
+ *         //  size [6]; use em_reshape() (which copies when it must)"
+ *     em_tensor *d = em_reshape(b, 1, (int64_t[]){6});  // a contiguous copy
+ *     em_tensor_print(stdout, d);
+ *     em_tensor_release(d); em_tensor_release(b); em_tensor_release(a);
+ *
+ * Ownership. Every function that returns an em_tensor * returns a NEW reference that the
+ * caller releases with em_tensor_release() — or that the enclosing em_scope_begin()/
+ * em_scope_end() releases (ember/scope.h). Functions taking `const em_tensor *` borrow.
+ *
+ * Views versus copies (the seeds' warning). em_view, em_reshape (when the layout allows),
+ * em_permute, em_transpose, em_narrow, em_slice, em_select, em_expand, em_squeeze,
+ * em_unsqueeze and em_flatten return views: writing through one changes the other, and every
+ * in-place write bumps the version counter shared by all views of the storage. em_clone,
+ * em_contiguous (on a non-contiguous input), em_to_device, em_to_dtype and em_index_select
+ * return copies. A tensor made by em_tensor_wrap shares the caller's memory (the C twin of
+ * torch.from_numpy): the caller must keep it alive until the release callback runs.
+ *
+ * Dims may be negative (counted from the end, -1 is the last), as in PyTorch.
+ */
+#ifndef EMBER_TENSOR_H
+#define EMBER_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ember/device.h"
+#include "ember/dtype.h"
+#include "ember/error.h"
+#include "ember/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EM_MAX_DIMS 8
+
+typedef struct em_tensor em_tensor;
+
+/* ---- lifetime ---------------------------------------------------------------------------- */
+
+/* Add a reference; returns t (NULL stays NULL). */
+EM_API em_tensor *em_tensor_retain(em_tensor *t);
+/* Drop a reference; the last one frees the tensor (and its storage when no view is left).
+ * NULL is a no-op. */
+EM_API void em_tensor_release(em_tensor *t);
+
+/* ---- creation (each returns a new reference, NULL on error) ------------------------------ */
+
+/* Uninitialised contents. shape may be NULL when ndim is 0 (a scalar). Dims must be >= 0;
+ * zero-size dims are allowed. */
+EM_API em_tensor *em_empty(int ndim, const int64_t *shape, em_dtype dt, em_device dev);
+EM_API em_tensor *em_zeros(int ndim, const int64_t *shape, em_dtype dt, em_device dev);
+EM_API em_tensor *em_ones(int ndim, const int64_t *shape, em_dtype dt, em_device dev);
+EM_API em_tensor *em_full(int ndim, const int64_t *shape, double value, em_dtype dt,
+                          em_device dev);
+/* A 0-dim tensor holding `value` on the CPU. */
+EM_API em_tensor *em_scalar(double value, em_dtype dt);
+/* A tensor with the same shape, dtype and device as t. */
+EM_API em_tensor *em_empty_like(const em_tensor *t);
+EM_API em_tensor *em_zeros_like(const em_tensor *t);
+/* Copy `numel(shape)` elements of dtype dt from the host buffer `data` (C order) into a new
+ * tensor on dev. */
+EM_API em_tensor *em_from_data(const void *data, int ndim, const int64_t *shape, em_dtype dt,
+                               em_device dev);
+
+/* Called when the last tensor over wrapped memory goes away. */
+typedef void (*em_release_fn)(void *data, void *user);
+/* Wrap memory the caller owns, without a copy. data must be aligned to the element size
+ * (EM_ERR_INVALID otherwise). strides (in elements) may be NULL for C order.
+ * `release` (may be NULL) is called once with (data, user) when no tensor uses the memory any
+ * more. The memory counts in no allocator statistic. On error `release` is not called. */
+EM_API em_tensor *em_tensor_wrap(void *data, int ndim, const int64_t *shape,
+                                 const int64_t *strides, em_dtype dt, em_device dev,
+                                 em_release_fn release, void *user);
+
+/* ---- properties (borrowed; t must not be NULL) ------------------------------------------ */
+
+EM_API em_dtype em_tensor_dtype(const em_tensor *t);
+EM_API em_device em_tensor_device(const em_tensor *t);
+EM_API int em_tensor_ndim(const em_tensor *t);
+/* The shape and strides arrays (ndim entries, strides in elements); valid while t lives. */
+EM_API const int64_t *em_tensor_shape(const em_tensor *t);
+EM_API const int64_t *em_tensor_strides(const em_tensor *t);
+/* Size and stride of one dim (negative dims allowed); -1 for a dim out of range. */
+EM_API int64_t em_tensor_size(const em_tensor *t, int dim);
+EM_API int64_t em_tensor_stride(const em_tensor *t, int dim);
+/* Offset of the first element in the storage, in elements. */
+EM_API int64_t em_tensor_offset(const em_tensor *t);
+EM_API int64_t em_tensor_numel(const em_tensor *t);
+/* numel * element size. */
+EM_API size_t em_tensor_nbytes(const em_tensor *t);
+/* True when the elements are laid out in C order without gaps (size-1 dims ignored). */
+EM_API bool em_tensor_is_contiguous(const em_tensor *t);
+/* Address of the first element, in the tensor's device memory (host memory for the CPU). */
+EM_API void *em_tensor_data(const em_tensor *t);
+/* The storage's version counter: bumped by every in-place write through any view. */
+EM_API uint64_t em_tensor_version(const em_tensor *t);
+/* Record an in-place write done outside Ember's ops (e.g. through em_tensor_data()). */
+EM_API void em_tensor_bump_version(em_tensor *t);
+/* True when a and b share storage (one is a view of the other, or both of a third). */
+EM_API bool em_tensor_shares_storage(const em_tensor *a, const em_tensor *b);
+/* The memory category of t's storage (ember/device.h) and the way to change it. Changing it
+ * moves the bytes between categories in the allocator statistics; wrapped memory has no
+ * category and is EM_ERR_STATE. */
+EM_API em_mem_category em_tensor_category(const em_tensor *t);
+EM_API em_status em_tensor_set_category(em_tensor *t, em_mem_category c);
+/* Shape as "[2, 3]" into buf; returns buf. */
+EM_API const char *em_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+/* ---- views (share storage; new references) ---------------------------------------------- */
+
+/* Same data, new shape; one dim may be -1 (inferred). Fails with EM_ERR_SHAPE when the
+ * element count differs, and when t's strides cannot express the new shape without a copy
+ * (then em_reshape is the answer, as in PyTorch). */
+EM_API em_tensor *em_view(const em_tensor *t, int ndim, const int64_t *shape);
+/* A view when the layout allows, otherwise a contiguous copy. */
+EM_API em_tensor *em_reshape(const em_tensor *t, int ndim, const int64_t *shape);
+/* dims is a permutation of 0..ndim-1 (negative allowed). */
+EM_API em_tensor *em_permute(const em_tensor *t, int ndim, const int *dims);
+EM_API em_tensor *em_transpose(const em_tensor *t, int dim0, int dim1);
+/* Elements start..start+length-1 of dim. */
+EM_API em_tensor *em_narrow(const em_tensor *t, int dim, int64_t start, int64_t length);
+/* Python's t[start:end:step] along dim: negative start/end count from the end, both are
+ * clamped to the size, step >= 1. */
+EM_API em_tensor *em_slice(const em_tensor *t, int dim, int64_t start, int64_t end,
+                           int64_t step);
+/* t[index] along dim, removing the dim (index may be negative). */
+EM_API em_tensor *em_select(const em_tensor *t, int dim, int64_t index);
+/* Broadcast size-1 dims to `shape` (stride 0, no copy); -1 keeps a size; new leading dims
+ * may be added. */
+EM_API em_tensor *em_expand(const em_tensor *t, int ndim, const int64_t *shape);
+/* Remove dim if it has size 1 (a no-op view otherwise, as in PyTorch). */
+EM_API em_tensor *em_squeeze(const em_tensor *t, int dim);
+/* Remove every size-1 dim. */
+EM_API em_tensor *em_squeeze_all(const em_tensor *t);
+/* Insert a size-1 dim at position dim (in [-ndim-1, ndim]). */
+EM_API em_tensor *em_unsqueeze(const em_tensor *t, int dim);
+/* Merge dims start..end into one (a view when possible, like em_reshape). */
+EM_API em_tensor *em_flatten(const em_tensor *t, int start_dim, int end_dim);
+
+/* ---- copies ------------------------------------------------------------------------------ */
+
+/* t itself (a new reference) when contiguous, otherwise a contiguous copy. */
+EM_API em_tensor *em_contiguous(const em_tensor *t);
+/* Always a new contiguous copy on the same device. */
+EM_API em_tensor *em_clone(const em_tensor *t);
+/* A copy on dev (t itself when already there). */
+EM_API em_tensor *em_to_device(const em_tensor *t, em_device dev);
+/* A copy converted to dt (t itself when already dt). Floating to integer truncates toward
+ * zero; to f16/bf16 rounds to nearest even; to bool is "!= 0". */
+EM_API em_tensor *em_to_dtype(const em_tensor *t, em_dtype dt);
+/* Copy src into dst in place: src broadcasts to dst's shape, converts to dst's dtype, and may
+ * be on another device. Bumps dst's version. */
+EM_API em_status em_copy_(em_tensor *dst, const em_tensor *src);
+
+/* The value of a one-element tensor (any shape with numel 1) as a double, copied to the host.
+ * Holds on to nothing. On error returns NaN and sets the last error; em_tensor_item tells the
+ * two apart. */
+EM_API double em_item(const em_tensor *t);
+EM_API em_status em_tensor_item(const em_tensor *t, double *out /* out */);
+/* Copy all elements, in C order, to a host buffer of numel * element size bytes. */
+EM_API em_status em_tensor_to_host(const em_tensor *t, void *dst, size_t cap);
+
+/* ---- printing ---------------------------------------------------------------------------- */
+
+/* Print like PyTorch: values with a common precision, large tensors summarised with "...",
+ * then dtype (when not float32), device (when not the CPU) and shape, e.g.
+ *     tensor([[ 0.1000, -2.0000],
+ *             [ 3.5000,  4.0000]], shape=[2, 2])
+ * Returns EM_OK or an error (bad stream, device copy failure). */
+EM_API em_status em_tensor_print(FILE *f, const em_tensor *t);
+/* The same text into buf (always NUL-terminated when cap > 0). Returns the length the full
+ * text needs (like snprintf), or 0 and sets the error on failure. */
+EM_API size_t em_tensor_format(const em_tensor *t, char *buf, size_t cap);
+
+typedef struct em_print_options {
+    int precision; /* digits after the point for floats (default 4) */
+    int64_t threshold; /* summarise when numel exceeds this (default 1000) */
+    int edgeitems;     /* items shown at each end of a summarised dim (default 3) */
+    int linewidth;     /* wrap rows longer than this (default 80) */
+} em_print_options;
+/* Process-wide, like torch.set_printoptions. NULL restores the defaults. */
+EM_API void em_print_options_set(const em_print_options *opt);
+EM_API em_print_options em_print_options_get(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EMBER_TENSOR_H */
