@@ -20,6 +20,7 @@
 #include "ember/dtype.h"
 #include "ember/error.h"
 #include "ember/options.h"
+#include "ember/plugin.h"
 #include "ember/tensor.h"
 #include "data_internal.h"
 

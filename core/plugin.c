@@ -15,10 +15,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ember/data.h"
 #include "ember/device.h"
 #include "ember/dispatch.h"
 #include "ember/error.h"
 #include "ember/init.h"
+#include "ember/module.h"
+#include "ember/optim.h"
 #include "ember/plugin.h"
 #include "ember/version.h"
 #include "internal.h"

@@ -29,7 +29,9 @@
 #include "ember/dtype.h"
 #include "ember/error.h"
 #include "ember/init.h"
+#include "ember/module.h"
 #include "ember/ops.h"
+#include "ember/optim.h"
 #include "ember/plugin.h"
 #include "ember/tensor.h"
 
