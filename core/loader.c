@@ -452,6 +452,7 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
     }
     em_loader *l = em__calloc(1, sizeof *l, "loader");
     if (!l) return NULL;
+    em__live_inc(EM__LIVE_LOADER);
     if (opts) memcpy(&l->o, opts, EM_MIN(opts->struct_size, sizeof l->o));
     l->o.struct_size = sizeof l->o;
     l->ds = ds;
@@ -835,4 +836,5 @@ void em_loader_free(em_loader *l) {
     pthread_cond_destroy(&l->cv_ready);
     pthread_mutex_destroy(&l->mu);
     em__free(l);
+    em__live_dec(EM__LIVE_LOADER);
 }
