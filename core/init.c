@@ -154,16 +154,17 @@ static bool describe_held(char *buf, size_t cap) {
 
 em_status em_shutdown_checked(void) {
     pthread_mutex_lock(&init_lock);
-    if (!initialized) {
-        pthread_mutex_unlock(&init_lock);
-        return EM_OK;
-    }
-    em__scope_shutdown();
+    /* Without em_init there is nothing to tear down, but objects made without it (configs,
+     * option bags' dicts, generators) are still worth naming. */
+    bool was = initialized;
+    if (was) em__scope_shutdown();
     char held[900];
     bool busy = describe_held(held, sizeof held);
-    teardown();
-    initialized = false;
-    init_status = EM_OK;
+    if (was) {
+        teardown();
+        initialized = false;
+        init_status = EM_OK;
+    }
     pthread_mutex_unlock(&init_lock);
     if (busy)
         return em_set_error(EM_ERR_BUSY, "em_shutdown_checked: the program still holds %s; "

@@ -265,6 +265,8 @@ int64_t em__tensors_describe_live(char *buf, size_t cap, int few);
 /* Return every quarantined (freed, poisoned) tensor header to the host allocator. Same
  * condition as above. */
 void em__tensors_quarantine_flush(void);
+/* The same for the calling thread's heap only (any time: em_empty_cache). */
+void em__tensors_quarantine_flush_thread(void);
 /* Drop the reference that the scope opened at file:line held (counting t's scope_refs down):
  * em_tensor_release, remembering the scope if this frees the tensor. */
 void em__tensor_release_scoped(em_tensor *t, const char *file, int line);

@@ -242,17 +242,23 @@ int64_t em__tensors_describe_live(char *buf, size_t cap, int few) {
     return em__live_tensors();
 }
 
+static void heap_flush(em__theap *h) {
+    heap_drain(h);
+    for (int i = 0; i < QUARANTINE; i++) {
+        em__free(h->ring[i]);
+        h->ring[i] = NULL;
+    }
+    h->head = 0;
+}
+
 void em__tensors_quarantine_flush(void) {
     pthread_mutex_lock(&heaps_lock);
-    for (em__theap *h = heaps_all; h; h = h->next_all) {
-        heap_drain(h);
-        for (int i = 0; i < QUARANTINE; i++) {
-            em__free(h->ring[i]);
-            h->ring[i] = NULL;
-        }
-        h->head = 0;
-    }
+    for (em__theap *h = heaps_all; h; h = h->next_all) heap_flush(h);
     pthread_mutex_unlock(&heaps_lock);
+}
+
+void em__tensors_quarantine_flush_thread(void) {
+    if (my_heap) heap_flush(my_heap);
 }
 
 /* ---- tensor objects --------------------------------------------------------------------------- */

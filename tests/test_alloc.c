@@ -60,7 +60,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 TestSuite(alloc, .init = setup, .fini = teardown);
@@ -532,7 +532,7 @@ static void budget_setup(void) {
 /* The test body shuts down itself to check that nothing stays allocated; this is a no-op
  * then, and cleans up when the body stopped early. */
 static void budget_teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     em_host_allocator_set(NULL);
 }
 
@@ -579,7 +579,7 @@ Test(alloc_budget, device_oom_empties_the_cache_retries_and_then_names_the_holde
 
     g_budget.budget = SIZE_MAX / 2;
     em_tensor_release(w);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     cr_assert_eq(g_budget.live, 0u, "%zu host bytes still allocated after em_shutdown",
                  g_budget.live);
 }

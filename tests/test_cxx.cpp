@@ -12,7 +12,9 @@
 #include <ember/ember.h>
 
 static void cxx_setup(void) { cr_assert_eq(em_init(), EM_OK, "em_init: %s", em_last_error()); }
-static void cxx_teardown(void) { em_shutdown(); }
+static void cxx_teardown(void) {
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
+}
 
 TestSuite(cxx, .init = cxx_setup, .fini = cxx_teardown);
 

@@ -55,7 +55,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     em_host_allocator_set(NULL);
 }
 

@@ -16,7 +16,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 TestSuite(dtype, .init = setup, .fini = teardown);

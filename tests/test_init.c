@@ -15,7 +15,7 @@
 
 static void no_setup(void) {}
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     unsetenv("EMBER_DISABLE_PLUGINS");
 }
 
@@ -53,7 +53,7 @@ Test(init, cycles_leave_nothing_behind) {
         cr_assert(em_initialized());
         cr_assert_float_eq(arange_sum(100), 4950.0, 0, "round %d", round);
         cr_assert_not_null(em_op_find("add"));
-        em_shutdown();
+        cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
         cr_assert(!em_initialized(), "round %d", round);
         cr_assert_eq(em_device_count("cpu"), 0, "the CPU device outlived em_shutdown");
     }
@@ -81,7 +81,7 @@ Test(init, concurrent_init) {
     cr_assert(em_initialized());
     size_t concurrent = em_plugin_count();
     cr_assert_float_eq(arange_sum(5), 10.0, 0);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     /* The same plugins as one plain em_init() sees: none were loaded twice. */
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_eq(em_plugin_count(), concurrent);
@@ -91,6 +91,7 @@ Test(init, shutdown_without_init_does_nothing) {
     cr_assert(!em_initialized());
     em_shutdown();
     em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     cr_assert(!em_initialized());
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_float_eq(arange_sum(3), 3.0, 0);
@@ -136,7 +137,7 @@ Test(init, without_the_cpu_plugin_init_fails) {
     cr_assert_eq(em_last_status(), EM_ERR_DEVICE, "%s", em_last_error());
 
     /* Shut down, re-enable, and the library starts. */
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     unsetenv("EMBER_DISABLE_PLUGINS");
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_float_eq(arange_sum(4), 6.0, 0);
@@ -144,7 +145,7 @@ Test(init, without_the_cpu_plugin_init_fails) {
 
 static void setup(void) { cr_assert_eq(em_init(), EM_OK, "%s", em_last_error()); }
 
-Test(init, plugins_describe_their_choices, .init = setup, .fini = em_shutdown) {
+Test(init, plugins_describe_their_choices, .init = setup, .fini = teardown) {
     bool found = false;
     for (size_t i = 0; i < em_plugin_count(); i++) {
         em_plugin_info info;
@@ -163,11 +164,11 @@ Test(init, openmp_waits_passively_unless_the_user_chose) {
     unsetenv("OMP_WAIT_POLICY");
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_str_eq(getenv("OMP_WAIT_POLICY"), "PASSIVE");
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_str_eq(getenv("OMP_WAIT_POLICY"), "ACTIVE", "the user's choice stands");
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     unsetenv("OMP_WAIT_POLICY");
 }
 
@@ -189,12 +190,12 @@ Test(init, warns_when_openmp_was_loaded_first) {
     cr_expect(strstr(logged, "OpenMP (libgomp) was loaded before em_init") != NULL, "log: %s",
               logged);
     cr_expect(strstr(logged, "OMP_WAIT_POLICY=PASSIVE") != NULL, "the fix is named: %s", logged);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     logged[0] = 0;
     setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_expect(strstr(logged, "libgomp") == NULL, "the user chose: no warning, got %s", logged);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     em_log_set(NULL, NULL);
     unsetenv("OMP_WAIT_POLICY");
     dlclose(gomp);
@@ -208,6 +209,6 @@ Test(init, no_openmp_warning_in_a_plain_program) {
     em_log_set(keep_log, NULL);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_expect(strstr(logged, "libgomp") == NULL, "log: %s", logged);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     em_log_set(NULL, NULL);
 }

@@ -42,7 +42,7 @@ static void setup(void) {
 
 static void teardown(void) {
     em_print_options_set(NULL);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 TestSuite(print, .init = setup, .fini = teardown);

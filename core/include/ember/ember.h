@@ -60,7 +60,8 @@ EM_API em_status em_init(void);
  * Either way the library is shut down: what is still alive is leaked, everything else is
  * freed, and em_init() may be called again. Tests end with
  * `assert(em_shutdown_checked() == EM_OK)`, so a leak fails the test that made it. Call it
- * with no other thread using Ember. Without em_init() it does nothing and returns EM_OK. */
+ * with no other thread using Ember. Without em_init() there is nothing to shut down, but what
+ * is still alive is named the same way. */
 EM_API em_status em_shutdown_checked(void);
 /* em_shutdown_checked(), with its verdict logged (EM_LOG_WARN) instead of returned. */
 EM_API void em_shutdown(void);
