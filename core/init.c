@@ -145,8 +145,8 @@ static bool describe_held(char *buf, size_t cap) {
         if (c <= 0) continue;
         n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%lld %s", any ? ", " : "", c,
                               kinds[k][c != 1]);
-        if (k == EM__LIVE_MODULE)
-            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, " (children counted)");
+        if (k == EM__LIVE_MODULE && c > 1)
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, " (children included)");
         any = true;
     }
     return any;
