@@ -14,9 +14,12 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* Library start-up and shutdown for a test suite: .init = em_test_setup, .fini = em_test_teardown.
- * The teardown asserts a clean shutdown (libuv's MAKE_VALGRIND_HAPPY): a tensor, module,
- * optimizer, ... the test left alive fails that test, naming what was left. */
+ * The test itself has already ended with an asserted clean shutdown (clean_shutdown.h: a
+ * tensor, module, optimizer, ... it left alive fails it); the teardown asserts it again for
+ * what a suite's .init made. */
 static inline void em_test_setup(void) {
     cr_assert_eq(em_init(), EM_OK, "em_init: %s", em_last_error());
 }

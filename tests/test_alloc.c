@@ -17,6 +17,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 #define KiB ((size_t)1024)
 #define MiB ((size_t)1024 * 1024)
 

@@ -19,6 +19,8 @@
 
 #include "core/cpus.h"
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* ---- a fake cgroup filesystem ---------------------------------------------------------------- */
 
 static char root[256];

@@ -14,6 +14,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* ---- a counting host allocator, installed before em_init() ------------------------------- */
 
 static struct {

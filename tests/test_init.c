@@ -15,6 +15,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 static void no_setup(void) {}
 static void teardown(void) {
     cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());

@@ -22,6 +22,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* The counting allocator. Atomics: kernels may run on several threads. */
 static struct {
     atomic_long calls;    /* alloc calls since arming */

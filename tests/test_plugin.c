@@ -29,6 +29,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* ---- paths and set-up ---------------------------------------------------------------------- */
 
 static const char *test_plugin_dir(void) {

@@ -51,9 +51,9 @@ EM_API em_status em_init(void);
 /* Unload every plugin and free every cache and registry, and say whether the program still
  * held anything. Returns EM_OK when nothing was left alive, or EM_ERR_BUSY, with a message
  * (em_last_error) naming what the program still holds: live tensors (the count, and the
- * shapes and dtypes of the first few, with the scope each came from), modules (children
- * counted too), optimizers, schedulers, datasets, loaders, dicts, configs, generators, and
- * scopes still open on the calling thread, e.g.
+ * shapes and dtypes of up to five, newest first, with the scope each came from), modules
+ * (children included), optimizers, schedulers, datasets, loaders, dicts, configs,
+ * generators, and scopes still open on the calling thread, e.g.
  *     em_shutdown_checked: the program still holds 2 tensors ([64, 784] float32, [64]
  *     int64 (from the scope opened at train.c:52)), 1 module, 1 optimizer; release them
  *     before shutting down (their memory is leaked)
