@@ -803,4 +803,5 @@ static void empty_cache_one(em__allocator *a, void *user) {
 
 void em_empty_cache(void) {
     for_each_allocator(empty_cache_one, NULL);
+    em__tensors_quarantine_flush_thread();
 }

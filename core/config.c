@@ -67,6 +67,7 @@ void em_config_free(em_config *c) {
     node_free(c->root);
     em__free(c->name);
     em__free(c);
+    em__live_dec(EM__LIVE_CONFIG);
 }
 
 /* A node at `where` ("file:line:col") with its path. */
@@ -422,6 +423,7 @@ em_config *em_config_parse(const char *text, size_t len, const char *name) {
         em__free(c);
         return NULL;
     }
+    em__live_inc(EM__LIVE_CONFIG);
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
         em_config_free(c);

@@ -168,6 +168,7 @@ static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
         em__free(ds);
         return NULL;
     }
+    em__live_inc(EM__LIVE_DATASET);
     atomic_init(&ds->refcount, 1);
     ds->info = *info;
     ds->info.struct_size = sizeof ds->info;
@@ -243,6 +244,7 @@ void em_dataset_free(em_dataset *ds) {
     if (ds->close) ds->close(ds->state);
     em__free(ds->name);
     em__free(ds);
+    em__live_dec(EM__LIVE_DATASET);
 }
 
 /* ---- tensor datasets ---------------------------------------------------------------------- */

@@ -78,7 +78,9 @@ static void index_fill(size_t *index, size_t nslots, const dict_entry *entries, 
 }
 
 em_dict *em_dict_new(void) {
-    return em__calloc(1, sizeof(em_dict), "dict");
+    em_dict *d = em__calloc(1, sizeof(em_dict), "dict");
+    if (d) em__live_inc(EM__LIVE_DICT);
+    return d;
 }
 
 void em_dict_free(em_dict *d) {
@@ -91,6 +93,7 @@ void em_dict_free(em_dict *d) {
     em__free(d->entries);
     em__free(d->index);
     em__free(d);
+    em__live_dec(EM__LIVE_DICT);
 }
 
 /* The room a new entry needs: a bigger entry array and/or index, allocated but not yet

@@ -45,6 +45,7 @@ static void teardown(void) {
     em__dispatch_shutdown();
     em__devices_shutdown();
     em__random_shutdown();
+    em__tensors_quarantine_flush();
 }
 
 em_status em_init(void) {
@@ -111,19 +112,70 @@ em_status em_init(void) {
     return st;
 }
 
-void em_shutdown(void) {
-    pthread_mutex_lock(&init_lock);
-    if (!initialized) {
-        pthread_mutex_unlock(&init_lock);
-        return;
+/* What the program still holds, as "2 tensors ([3] float32, ...), 1 module" into buf; false
+ * when nothing. */
+static bool describe_held(char *buf, size_t cap) {
+    static const char *const kinds[EM__LIVE_N][2] = {
+        [EM__LIVE_MODULE] = {"module", "modules"},
+        [EM__LIVE_OPTIMIZER] = {"optimizer", "optimizers"},
+        [EM__LIVE_SCHEDULER] = {"scheduler", "schedulers"},
+        [EM__LIVE_DATASET] = {"dataset", "datasets"},
+        [EM__LIVE_LOADER] = {"loader", "loaders"},
+        [EM__LIVE_DICT] = {"dict", "dicts"},
+        [EM__LIVE_CONFIG] = {"config", "configs"},
+        [EM__LIVE_GENERATOR] = {"generator", "generators"},
+    };
+    size_t n = 0;
+    bool any = false;
+    const char *file = NULL;
+    int line = 0;
+    int scopes = em__scope_open(&file, &line);
+    if (scopes > 0) {
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%d open scope%s on this thread "
+                              "(the innermost opened at %s:%d)", scopes, scopes == 1 ? "" : "s",
+                              file, line);
+        any = true;
     }
-    em__scope_shutdown();
-    int64_t live = em__live_tensors();
-    if (live > 0)
-        em_log_write(EM_LOG_WARN, "em_shutdown: %lld tensor%s still alive; release them before "
-               "shutting down (their memory is leaked)", (long long)live, live == 1 ? " is" : "s are");
-    teardown();
-    initialized = false;
-    init_status = EM_OK;
+    char first[512];
+    int64_t live = em__tensors_describe_live(first, sizeof first, 5);
+    if (live > 0) {
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%lld tensor%s (%s%s)",
+                              any ? ", " : "", (long long)live, live == 1 ? "" : "s",
+                              live > 5 ? "the newest: " : "", first);
+        any = true;
+    }
+    for (int k = 0; k < EM__LIVE_N; k++) {
+        long long c = atomic_load(&em__live_objects[k]);
+        if (c <= 0) continue;
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%lld %s", any ? ", " : "", c,
+                              kinds[k][c != 1]);
+        if (k == EM__LIVE_MODULE && c > 1)
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, " (children included)");
+        any = true;
+    }
+    return any;
+}
+
+em_status em_shutdown_checked(void) {
+    pthread_mutex_lock(&init_lock);
+    /* Without em_init there is nothing to tear down, but objects made without it (configs,
+     * option bags' dicts, generators) are still worth naming. */
+    bool was = initialized;
+    if (was) em__scope_shutdown();
+    char held[900];
+    bool busy = describe_held(held, sizeof held);
+    if (was) {
+        teardown();
+        initialized = false;
+        init_status = EM_OK;
+    }
     pthread_mutex_unlock(&init_lock);
+    if (busy)
+        return em_set_error(EM_ERR_BUSY, "em_shutdown_checked: the program still holds %s; "
+                            "release them before shutting down (their memory is leaked)", held);
+    return EM_OK;
+}
+
+void em_shutdown(void) {
+    if (em_shutdown_checked() == EM_ERR_BUSY) em_log_write(EM_LOG_WARN, "%s", em_last_error());
 }

@@ -155,9 +155,12 @@ typedef struct em__storage {
 
 typedef struct em__node em__node;
 typedef struct em__hook em__hook;
+typedef struct em__theap em__theap;
 
 struct em_tensor {
+    uint32_t magic;            /* EM__TENSOR_LIVE; EM__TENSOR_FREED once freed (quarantined) */
     atomic_int refcount;
+    atomic_int scope_refs;     /* how many of the references belong to open scopes */
     em__storage *storage;
     em_dtype dtype;
     int ndim;
@@ -178,7 +181,18 @@ struct em_tensor {
     em_tensor *view_base;      /* is_view: owned reference to the tensor (not a view) whose
                                   storage this views; NULL otherwise */
     uint64_t view_version;     /* the storage's version when this view's history was set */
+    /* The scope that last took a reference (em_scope_begin's file:line; NULL when none) while
+     * live; once freed, the scope that dropped the last reference (NULL: an explicit release). */
+    const char *site_file;
+    int site_line;
+    /* Live-list bookkeeping (tensor.c): the heap of the thread that made it. */
+    em__theap *heap;
+    em_tensor *live_prev, *live_next;
+    em_tensor *remote_next;    /* on heap->remote, freed by another thread */
 };
+
+#define EM__TENSOR_LIVE 0x7e4a11e5u
+#define EM__TENSOR_FREED 0xdeadf7eeu
 
 /* Internal versions of the public tensor-returning functions: they return a reference the
  * caller owns and never register it with the thread's scope. Core code calls these; the
@@ -269,6 +283,36 @@ void em__ktensor_fill(em_ktensor *k, const em_tensor *t);
 uint64_t em__storage_id(const em_tensor *t);
 /* Count of live tensor objects (for the shutdown leak warning and tests). */
 int64_t em__live_tensors(void);
+/* Describe up to `few` live tensors ("[2, 3] float32, ...") into buf; returns how many are
+ * live. For em_shutdown_checked: no other thread may make or free tensors meanwhile. */
+int64_t em__tensors_describe_live(char *buf, size_t cap, int few);
+/* Return every quarantined (freed, poisoned) tensor header to the host allocator. Same
+ * condition as above. */
+void em__tensors_quarantine_flush(void);
+/* The same for the calling thread's heap only (any time: em_empty_cache). */
+void em__tensors_quarantine_flush_thread(void);
+/* Drop the reference that the scope opened at file:line held (counting t's scope_refs down):
+ * em_tensor_release, remembering the scope if this frees the tensor. */
+void em__tensor_release_scoped(em_tensor *t, const char *file, int line);
+/* "[2, 3] float32" for t (live or quarantined) into buf; returns buf. */
+const char *em__tensor_brief(const em_tensor *t, char *buf, size_t cap);
+
+/* Live objects of the kinds other than tensors, counted where they are made and freed, so
+ * that em_shutdown_checked can name what a program still holds. */
+typedef enum em__live_kind {
+    EM__LIVE_MODULE,
+    EM__LIVE_OPTIMIZER,
+    EM__LIVE_SCHEDULER,
+    EM__LIVE_DATASET,
+    EM__LIVE_LOADER,
+    EM__LIVE_DICT,
+    EM__LIVE_CONFIG,
+    EM__LIVE_GENERATOR,
+    EM__LIVE_N
+} em__live_kind;
+extern atomic_llong em__live_objects[EM__LIVE_N];
+#define em__live_inc(kind) atomic_fetch_add_explicit(&em__live_objects[kind], 1, memory_order_relaxed)
+#define em__live_dec(kind) atomic_fetch_sub_explicit(&em__live_objects[kind], 1, memory_order_relaxed)
 
 /* ---- dispatch (dispatch.c) ---------------------------------------------------------------- */
 
@@ -449,6 +493,12 @@ em_tensor *em__scope_track(em_tensor *t);
 void em__scope_shutdown(void);
 /* Take t out of the innermost scope without moving it anywhere (the caller owns it). */
 void em__scope_untrack(em_tensor *t);
+/* em_tensor_release found every reference to t owned by open scopes: take one out of the
+ * calling thread's innermost scope holding t, naming that scope's em_scope_begin site in
+ * *file and *line. False when no scope of this thread holds t (another thread's does). */
+bool em__scope_disown(em_tensor *t, const char **file, int *line);
+/* Open scopes on the calling thread, and the innermost one's em_scope_begin site. */
+int em__scope_open(const char **file, int *line);
 
 /* ---- random (random.c) -------------------------------------------------------------------- */
 

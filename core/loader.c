@@ -458,6 +458,7 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
         return NULL;
     em_loader *l = em__calloc(1, sizeof *l, "loader");
     if (!l) return NULL;
+    em__live_inc(EM__LIVE_LOADER);
     l->o = lo;
     l->ds = ds;
     l->handed = -1;
@@ -851,4 +852,5 @@ void em_loader_free(em_loader *l) {
     pthread_cond_destroy(&l->cv_ready);
     pthread_mutex_destroy(&l->mu);
     em__free(l);
+    em__live_dec(EM__LIVE_LOADER);
 }

@@ -151,6 +151,7 @@ void em_module_free(em_module *m) {
     em_options_free(m->opts);
     em__free(m->where);
     em__free(m);
+    em__live_dec(EM__LIVE_MODULE);
 }
 
 em_status em__module_set_where(em_module *m, const char *where) {
@@ -199,6 +200,7 @@ em_module *em_module_new(const char *class_name, const em_options *opts) {
     em_module *m = em__calloc(1, sizeof *m, "module");
     if (!m)
         return NULL;
+    em__live_inc(EM__LIVE_MODULE);
     m->cls = cls;
     m->training = true;
     m->opts = opts ? em_options_copy(opts) : em_options_new();

@@ -272,6 +272,7 @@ void em_optimizer_free(em_optimizer *o) {
     em__free(o->names);
     em__free(o->state);
     em__free(o);
+    em__live_dec(EM__LIVE_OPTIMIZER);
 }
 
 static em_optimizer *optimizer_build(const char *class_name, const em_param_group *groups,
@@ -296,6 +297,7 @@ static em_optimizer *optimizer_build(const char *class_name, const em_param_grou
     }
     em_optimizer *o = em__calloc(1, sizeof *o, "optimizer");
     if (!o) return NULL;
+    em__live_inc(EM__LIVE_OPTIMIZER);
     o->cls = cls;
     if (!(o->groups = em__calloc((size_t)n_groups, sizeof *o->groups, "optimizer groups")) ||
         !(o->params = em__calloc((size_t)total, sizeof *o->params, "optimizer params")) ||
@@ -867,6 +869,7 @@ void em_scheduler_free(em_scheduler *s) {
     em__free(s->base_lrs);
     em__free(s->last_lrs);
     em__free(s);
+    em__live_dec(EM__LIVE_SCHEDULER);
 }
 
 static void record_last_lr(em_scheduler *s) {
@@ -891,6 +894,7 @@ em_scheduler *em_scheduler_new(const char *class_name, em_optimizer *o, const em
     if (!cls) return NULL;
     em_scheduler *s = em__calloc(1, sizeof *s, "scheduler");
     if (!s) return NULL;
+    em__live_inc(EM__LIVE_SCHEDULER);
     s->cls = cls;
     s->opt = o;
     s->n_groups = o->n_groups;

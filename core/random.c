@@ -37,6 +37,7 @@ em_generator *em_generator_new(uint64_t seed) {
         return NULL;
     }
     g->state = (em_rng_state){.seed = seed, .offset = 0};
+    em__live_inc(EM__LIVE_GENERATOR);
     return g;
 }
 
@@ -45,6 +46,7 @@ void em_generator_free(em_generator *g) {
         return;
     pthread_mutex_destroy(&g->lock);
     em__free(g);
+    em__live_dec(EM__LIVE_GENERATOR);
 }
 
 em_generator *em_default_generator(void) {

@@ -5,9 +5,22 @@
  * (bytes on one device, a version counter, a memory category). Views are new tensor objects
  * over the same storage. Internal em__X functions return owned references; the public em_X
  * wrappers hand them to the thread's scope (scope.c).
+ *
+ * Live tensors and the quarantine. Every live tensor object is on the live list of the thread
+ * that made it (that thread's heap), so that em_shutdown_checked can name the tensors a
+ * program still holds. A freed object is poisoned (its magic says so; shape and dtype stay
+ * for the message) and waits in its heap's ring of the last QUARANTINE freed objects before
+ * it goes back to the host allocator, so that releasing it again — a stale pointer, most
+ * often a tensor its scope already dropped — is caught and explained instead of corrupting
+ * the heap. A tensor made and freed on the same thread touches only that thread's heap: no
+ * lock and no atomic beyond the two counts that were there before. One freed on another
+ * thread is pushed onto its maker's lock-free remote stack, which the maker drains the next
+ * time it makes a tensor (em_shutdown_checked drains every heap). Heaps outlive threads: an
+ * exiting thread leaves its heap in a pool for the next new thread.
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ember/device.h"
@@ -19,6 +32,7 @@
 #include "internal.h"
 
 static atomic_llong live_tensors;
+atomic_llong em__live_objects[EM__LIVE_N];
 
 int64_t em__live_tensors(void) { return atomic_load(&live_tensors); }
 
@@ -118,6 +132,141 @@ static em__storage *storage_new(size_t nbytes, em_device dev, em_mem_category ca
     return s;
 }
 
+/* ---- live lists and the quarantine (see the top of the file) ---------------------------------- */
+
+#define QUARANTINE 1024
+
+struct em__theap {
+    em_tensor *live;                /* this heap's live tensors, newest first */
+    _Atomic(em_tensor *) remote;    /* freed by other threads, still on `live` */
+    em_tensor *ring[QUARANTINE];    /* freed, poisoned, not yet returned to the allocator */
+    unsigned head;                  /* next ring slot (mod QUARANTINE) */
+    em__theap *next_all, *next_free;
+};
+
+/* Heaps come from libc's calloc, not the host allocator: they outlive em_shutdown (threads keep
+ * them across init cycles), and the host allocator may be replaced between cycles. */
+static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+static em__theap *heaps_all, *heaps_free;
+static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
+static pthread_key_t heap_key;
+static bool heap_key_ok;
+static __thread em__theap *my_heap __attribute__((tls_model("initial-exec")));
+
+static void heap_link(em__theap *h, em_tensor *t) {
+    t->heap = h;
+    t->live_prev = NULL;
+    t->live_next = h->live;
+    if (h->live) h->live->live_prev = t;
+    h->live = t;
+}
+
+static void heap_unlink(em__theap *h, em_tensor *t) {
+    if (t->live_prev) t->live_prev->live_next = t->live_next;
+    else h->live = t->live_next;
+    if (t->live_next) t->live_next->live_prev = t->live_prev;
+}
+
+/* Park the freed t in h's ring; the object it displaces goes back to the allocator. */
+static void quarantine(em__theap *h, em_tensor *t) {
+    em_tensor **slot = &h->ring[h->head++ % QUARANTINE];
+    em_tensor *old = *slot;
+    *slot = t;
+    if (old) em__free(old);
+}
+
+/* Unlink and quarantine what other threads freed. Only h's thread (or shutdown) calls it. */
+static void heap_drain(em__theap *h) {
+    em_tensor *t = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
+    while (t) {
+        em_tensor *next = t->remote_next;
+        heap_unlink(h, t);
+        quarantine(h, t);
+        t = next;
+    }
+}
+
+static void heap_thread_exit(void *p) {
+    em__theap *h = p;
+    heap_drain(h);
+    my_heap = NULL;
+    pthread_mutex_lock(&heaps_lock);
+    h->next_free = heaps_free;
+    heaps_free = h;
+    pthread_mutex_unlock(&heaps_lock);
+}
+
+static void heap_key_init(void) { heap_key_ok = pthread_key_create(&heap_key, heap_thread_exit) == 0; }
+
+/* The calling thread's heap, taken from the pool or made on its first tensor. */
+static em__theap *heap_acquire(void) {
+    pthread_once(&heap_once, heap_key_init);
+    pthread_mutex_lock(&heaps_lock);
+    em__theap *h = heaps_free;
+    if (h) {
+        heaps_free = h->next_free;
+    } else if ((h = calloc(1, sizeof *h))) {
+        h->next_all = heaps_all;
+        heaps_all = h;
+    }
+    pthread_mutex_unlock(&heaps_lock);
+    if (!h) {
+        em_set_error(EM_ERR_NOMEM, "out of memory allocating a thread's tensor list (%zu bytes)",
+                     sizeof *h);
+        return NULL;
+    }
+    if (heap_key_ok) pthread_setspecific(heap_key, h);
+    my_heap = h;
+    return h;
+}
+
+const char *em__tensor_brief(const em_tensor *t, char *buf, size_t cap) {
+    char shape[160];
+    snprintf(buf, cap, "%s %s", em__shape_str(t->ndim, t->shape, shape, sizeof shape),
+             em_dtype_is_valid(t->dtype) ? em_dtype_name(t->dtype) : "(bad dtype)");
+    return buf;
+}
+
+int64_t em__tensors_describe_live(char *buf, size_t cap, int few) {
+    size_t n = 0;
+    int shown = 0;
+    if (cap) buf[0] = '\0';
+    pthread_mutex_lock(&heaps_lock);
+    for (em__theap *h = heaps_all; h; h = h->next_all) {
+        heap_drain(h);
+        for (const em_tensor *t = h->live; t && shown < few; t = t->live_next, shown++) {
+            char b[200];
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s", shown ? ", " : "",
+                                  em__tensor_brief(t, b, sizeof b));
+            if (t->site_file)
+                n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0,
+                                      " (from the scope opened at %s:%d)", t->site_file,
+                                      t->site_line);
+        }
+    }
+    pthread_mutex_unlock(&heaps_lock);
+    return em__live_tensors();
+}
+
+static void heap_flush(em__theap *h) {
+    heap_drain(h);
+    for (int i = 0; i < QUARANTINE; i++) {
+        em__free(h->ring[i]);
+        h->ring[i] = NULL;
+    }
+    h->head = 0;
+}
+
+void em__tensors_quarantine_flush(void) {
+    pthread_mutex_lock(&heaps_lock);
+    for (em__theap *h = heaps_all; h; h = h->next_all) heap_flush(h);
+    pthread_mutex_unlock(&heaps_lock);
+}
+
+void em__tensors_quarantine_flush_thread(void) {
+    if (my_heap) heap_flush(my_heap);
+}
+
 /* ---- tensor objects --------------------------------------------------------------------------- */
 
 static em_status check_shape(const char *who, int ndim, const int64_t *shape) {
@@ -140,9 +289,17 @@ static em_status check_shape(const char *who, int ndim, const int64_t *shape) {
 
 static em_tensor *tensor_object(em__storage *s, em_dtype dt, int ndim, const int64_t *shape,
                                 const int64_t *strides, int64_t offset) {
+    em__theap *h = my_heap;
+    if (!h && !(h = heap_acquire())) return NULL;
+    if (atomic_load_explicit(&h->remote, memory_order_relaxed)) heap_drain(h);
     em_tensor *t = em__malloc(sizeof *t, "tensor");
     if (!t) return NULL;
+    t->magic = EM__TENSOR_LIVE;
     atomic_init(&t->refcount, 1);
+    atomic_init(&t->scope_refs, 0);
+    t->site_file = NULL;
+    t->site_line = 0;
+    heap_link(h, t);
     t->storage = s;
     t->dtype = dt;
     t->ndim = ndim;
@@ -198,12 +355,94 @@ em_tensor *em_tensor_retain(em_tensor *t) {
     return t;
 }
 
-void em_tensor_release(em_tensor *t) {
-    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+/* The last reference to t is gone: free what it holds, poison it and quarantine it. file:line
+ * is the scope that dropped that reference (NULL for an explicit release). */
+static void tensor_free(em_tensor *t, const char *file, int line) {
     em__autograd_tensor_free(t);
     storage_release(t->storage);
     atomic_fetch_sub(&live_tensors, 1);
-    em__free(t);
+    /* Poisoned: a stale em_tensor_release sees the magic, and a stale data access faults on
+     * the NULL storage rather than reading recycled memory. Shape and dtype stay. */
+    t->magic = EM__TENSOR_FREED;
+    t->storage = NULL;
+    t->grad = NULL;
+    t->grad_fn = NULL;
+    t->hooks = NULL;
+    t->view_base = NULL;
+    t->site_file = file;
+    t->site_line = line;
+    em__theap *h = t->heap;
+    if (h == my_heap) {
+        heap_unlink(h, t);
+        quarantine(h, t);
+        return;
+    }
+    em_tensor *top = atomic_load_explicit(&h->remote, memory_order_relaxed);
+    do t->remote_next = top;
+    while (!atomic_compare_exchange_weak_explicit(&h->remote, &top, t, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
+/* A release of a tensor that is already freed (still in the quarantine). */
+static void release_freed(em_tensor *t, const char *who) {
+    char b[200];
+    if (t->magic != EM__TENSOR_FREED) {
+        em_set_error(EM_ERR_STATE, "%s: %p is not a live tensor (freed long ago, or never a "
+                     "tensor); ignored", who, (void *)t);
+    } else if (t->site_file) {
+        em_set_error(EM_ERR_STATE, "%s: tensor %s was already freed: the scope opened at %s:%d "
+                     "dropped its last reference when it ended (em_keep a result to use it "
+                     "after em_scope_end); ignored", who, em__tensor_brief(t, b, sizeof b),
+                     t->site_file, t->site_line);
+    } else {
+        em_set_error(EM_ERR_STATE, "%s: tensor %s was already freed (its last reference was "
+                     "released before); ignored", who, em__tensor_brief(t, b, sizeof b));
+    }
+    em_log_write(EM_LOG_ERROR, "%s", em_last_error());
+}
+
+/* Every reference to t belongs to open scopes, and the user releases one. */
+static bool release_owned(em_tensor *t) {
+    const char *file = NULL;
+    int line = 0;
+    char b[200];
+    bool mine = em__scope_disown(t, &file, &line);
+    if (mine)
+        em_set_error(EM_ERR_STATE, "em_tensor_release: tensor %s is owned by the scope opened at "
+                     "%s:%d (em_keep it, or em_tensor_retain a reference of your own, before "
+                     "releasing it); released now, and that scope will not drop it",
+                     em__tensor_brief(t, b, sizeof b), file ? file : "?", line);
+    else
+        em_set_error(EM_ERR_STATE, "em_tensor_release: tensor %s is owned by a scope of another "
+                     "thread (opened at %s:%d); not released: that scope drops it when it ends",
+                     em__tensor_brief(t, b, sizeof b), t->site_file ? t->site_file : "?",
+                     t->site_line);
+    em_log_write(EM_LOG_ERROR, "%s", em_last_error());
+    return mine;
+}
+
+void em_tensor_release(em_tensor *t) {
+    if (!t) return;
+    if (__builtin_expect(t->magic != EM__TENSOR_LIVE, 0)) {
+        release_freed(t, "em_tensor_release");
+        return;
+    }
+    int owned = atomic_load_explicit(&t->scope_refs, memory_order_relaxed);
+    if (__builtin_expect(owned > 0, 0) &&
+        atomic_load_explicit(&t->refcount, memory_order_relaxed) <= owned && !release_owned(t))
+        return;
+    if (atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    tensor_free(t, NULL, 0);
+}
+
+void em__tensor_release_scoped(em_tensor *t, const char *file, int line) {
+    if (t->magic != EM__TENSOR_LIVE) {
+        release_freed(t, "em_scope_end");
+        return;
+    }
+    atomic_fetch_sub_explicit(&t->scope_refs, 1, memory_order_relaxed);
+    if (atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    tensor_free(t, file, line);
 }
 
 /* ---- creation ------------------------------------------------------------------------------ */

@@ -127,7 +127,11 @@ int main(void) {
     em_tensor_release(x);
     em_module_free(mse);
     em_module_free(net);
-    em_shutdown();
+    /* Everything is released: a shutdown that finds anything still alive says what. */
+    if (em_shutdown_checked() != EM_OK) {
+        fprintf(stderr, "custom_module: %s\n", em_last_error());
+        return 1;
+    }
     if (!ok) fprintf(stderr, "custom_module: the model did not learn\n");
     return ok ? 0 : 1;
 }

@@ -14,11 +14,18 @@
 
 #include <ember/ember.h>
 
-/* Library start-up and shutdown for a test suite: .init = em_test_setup, .fini = em_test_teardown */
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
+/* Library start-up and shutdown for a test suite: .init = em_test_setup, .fini = em_test_teardown.
+ * The test itself has already ended with an asserted clean shutdown (clean_shutdown.h: a
+ * tensor, module, optimizer, ... it left alive fails it); the teardown asserts it again for
+ * what a suite's .init made. */
 static inline void em_test_setup(void) {
     cr_assert_eq(em_init(), EM_OK, "em_init: %s", em_last_error());
 }
-static inline void em_test_teardown(void) { em_shutdown(); }
+#define em_test_assert_clean_shutdown()                                                        \
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error())
+static inline void em_test_teardown(void) { em_test_assert_clean_shutdown(); }
 
 /* A CPU tensor from a literal array of doubles, converted to dtype dt. */
 static inline em_tensor *em_test_tensor(em_dtype dt, int ndim, const int64_t *shape,

@@ -17,6 +17,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 #define KiB ((size_t)1024)
 #define MiB ((size_t)1024 * 1024)
 
@@ -60,7 +62,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 TestSuite(alloc, .init = setup, .fini = teardown);
@@ -532,7 +534,7 @@ static void budget_setup(void) {
 /* The test body shuts down itself to check that nothing stays allocated; this is a no-op
  * then, and cleans up when the body stopped early. */
 static void budget_teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     em_host_allocator_set(NULL);
 }
 
@@ -579,7 +581,7 @@ Test(alloc_budget, device_oom_empties_the_cache_retries_and_then_names_the_holde
 
     g_budget.budget = SIZE_MAX / 2;
     em_tensor_release(w);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     cr_assert_eq(g_budget.live, 0u, "%zu host bytes still allocated after em_shutdown",
                  g_budget.live);
 }

@@ -19,6 +19,8 @@
 
 #include "core/cpus.h"
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* ---- a fake cgroup filesystem ---------------------------------------------------------------- */
 
 static char root[256];
@@ -32,6 +34,7 @@ static void remove_root(void) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     cr_expect_eq(system(cmd), 0);
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 /* Write text to root/rel, creating the directories on the way. */
@@ -127,6 +130,11 @@ Test(cgroup, nothing_readable_is_no_limit) {
 
 /* ---- through the library --------------------------------------------------------------------- */
 
+static void shutdown_clean(void) {
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
+}
+TestSuite(threads, .fini = shutdown_clean);
+
 Test(threads, default_follows_the_affinity_mask) {
     unsetenv("EMBER_NUM_THREADS");
     cpu_set_t set;
@@ -142,7 +150,7 @@ Test(threads, default_follows_the_affinity_mask) {
     cr_expect(strstr(em_num_threads_reason(), "1 of ") != NULL, "%s", em_num_threads_reason());
     cr_expect(strstr(em_num_threads_reason(), "affinity mask") != NULL, "%s",
               em_num_threads_reason());
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 Test(threads, environment_and_setter_say_so) {
@@ -153,7 +161,7 @@ Test(threads, environment_and_setter_say_so) {
     em_set_num_threads(5);
     cr_expect_eq(em_num_threads(), 5);
     cr_expect_str_eq(em_num_threads_reason(), "em_set_num_threads");
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     unsetenv("EMBER_NUM_THREADS");
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cpu_set_t set;
@@ -161,5 +169,5 @@ Test(threads, environment_and_setter_say_so) {
     int want = CPU_COUNT(&set), q = em__cpu_quota("/proc/self/cgroup", "/sys/fs/cgroup");
     if (q > 0 && q < want) want = q;
     cr_expect_eq(em_num_threads(), want, "the default once the variable is gone");
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }

@@ -11,8 +11,12 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 static void cxx_setup(void) { cr_assert_eq(em_init(), EM_OK, "em_init: %s", em_last_error()); }
-static void cxx_teardown(void) { em_shutdown(); }
+static void cxx_teardown(void) {
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
+}
 
 TestSuite(cxx, .init = cxx_setup, .fini = cxx_teardown);
 

@@ -14,6 +14,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* ---- a counting host allocator, installed before em_init() ------------------------------- */
 
 static struct {
@@ -55,7 +57,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     em_host_allocator_set(NULL);
 }
 

@@ -181,7 +181,7 @@ Test(dispatch, settings_round_trip) {
 }
 
 Test(dispatch, env_variables_set_the_policy_at_init) {
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     setenv("EMBER_FALLBACK", "warn", 1);
     setenv("EMBER_NUM_THREADS", "1", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());

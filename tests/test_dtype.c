@@ -11,12 +11,14 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 static void setup(void) {
     cr_assert_eq(em_init(), EM_OK, "em_init: %s", em_last_error());
 }
 
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 TestSuite(dtype, .init = setup, .fini = teardown);

@@ -3,6 +3,8 @@
 
 #include "common.h"
 
+TestSuite(error, .fini = em_test_teardown);
+
 Test(error, names_and_messages_come_from_one_map) {
     cr_assert_str_eq(em_status_name(EM_OK), "EM_OK");
     cr_assert_str_eq(em_status_name(EM_ERR_SHAPE), "EM_ERR_SHAPE");
@@ -100,13 +102,13 @@ Test(error, EMBER_LOG_sets_the_level_at_init) {
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_eq(em_log_get_level(), EM_LOG_DEBUG);
     cr_assert_gt(c.count, 0, "em_init at debug level logged nothing");
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     c = (captured){0};
     setenv("EMBER_LOG", "loud", 1);
     em_log_set_level(EM_LOG_WARN);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert(strstr(c.msg, "EMBER_LOG='loud'"), "got '%s'", c.msg);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     em_log_set(NULL, NULL);
     unsetenv("EMBER_LOG");
 }

@@ -141,7 +141,7 @@ Test(module, classes_withdrawn_at_shutdown) {
     register_test_classes();
     size_t n = em_module_class_count();
     cr_assert_geq(n, 3);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_eq(em_module_class_count(), n - 3, "the program's classes are gone after "
                  "em_shutdown");

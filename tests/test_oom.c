@@ -22,6 +22,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 /* The counting allocator. Atomics: kernels may run on several threads. */
 static struct {
     atomic_long calls;    /* alloc calls since arming */
@@ -68,6 +70,7 @@ static void install(void) {
 }
 
 static void uninstall(void) {
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     em_host_allocator_set(NULL);
 }
 
@@ -110,7 +113,7 @@ static outcome run_sequence(long n) {
     em_clear_error();
     if (em_init() != EM_OK) {
         expect_nomem(n, "em_init");
-        em_shutdown();
+        cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
         return FAILED_CLEANLY;
     }
     int64_t shape[2] = {ROWS, COLS};
@@ -136,7 +139,7 @@ done:
     em_tensor *all[] = {a, b, d, s, c, ct, cc};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         em_tensor_release(all[i]);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     return step ? FAILED_CLEANLY : RAN_OK;
 }
 
@@ -183,13 +186,13 @@ Test(oom, init_reports_out_of_memory) {
     cr_assert_eq(em_init(), EM_ERR_NOMEM, "%s", em_last_error());
     cr_assert_not_null(strstr(em_last_error(), "out of memory"), "%s", em_last_error());
     cr_assert_not(em_initialized());
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     cr_assert_eq(atomic_load(&g_count.live), 0, "%ld allocations leaked after a failed em_init",
                  atomic_load(&g_count.live));
     /* With memory back, the library starts. */
     arm(0, false);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     cr_assert_eq(atomic_load(&g_count.live), 0, "%ld allocations leaked by em_init/em_shutdown",
                  atomic_load(&g_count.live));
 }

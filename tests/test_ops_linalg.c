@@ -24,7 +24,7 @@ TestSuite(addmm, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(linear, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(bmm, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(linalg_errors, .init = em_test_setup, .fini = em_test_teardown);
-TestSuite(gemm_paths);
+TestSuite(gemm_paths, .fini = em_test_teardown);
 
 static const em_dtype fdtypes[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
 #define N_FDTYPES 4
@@ -486,7 +486,7 @@ static double *run_with(const char *lib, const char *expect, int64_t *n) {
     free(v1), free(v2);
     *n = n1 + n2;
     cr_assert_eq(em_scope_end(), EM_OK);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     em_log_set(NULL, NULL);
     unsetenv("EMBER_GEMM");
     return r;
@@ -582,7 +582,7 @@ Test(gemm_paths, describe_names_the_build) {
                   !strstr(d, "oneDNN matmul"),
               "describe() says '%s'", d);
 #endif
-    em_shutdown();
+    em_test_assert_clean_shutdown();
 }
 
 Test(gemm_paths, every_autotune_path_matches_the_reference) {
@@ -613,7 +613,7 @@ Test(gemm_paths, every_autotune_path_matches_the_reference) {
             cr_assert_null(strstr(cpu_describe(), "Autotuned: "), "EMBER_GEMM_AUTOTUNE=%s tuned",
                            modes[m]);
         }
-        em_shutdown();
+        em_test_assert_clean_shutdown();
     }
     unsetenv("EMBER_GEMM_AUTOTUNE");
 }
@@ -668,7 +668,7 @@ Test(gemm_paths, one_thread_and_all_threads_give_the_same_bits) {
         tuned_bits(bits[m], n);
         mlp_bits(mbits[m], nm);
         em_set_num_threads(nt0);
-        em_shutdown();
+        em_test_assert_clean_shutdown();
     }
     unsetenv("EMBER_GEMM_AUTOTUNE");
     for (int64_t i = 0; i < n; i++)
@@ -688,14 +688,14 @@ Test(gemm_paths, deterministic_mode_ignores_the_tuned_choice) {
     setenv("EMBER_GEMM_AUTOTUNE", "0", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     tuned_bits(off, n);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     setenv("EMBER_GEMM_AUTOTUNE", "openblas-1", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     em_set_deterministic(true);
     tuned_bits(det, n);
     em_set_deterministic(false);
     tuned_bits(forced, n);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     unsetenv("EMBER_GEMM_AUTOTUNE");
     for (int64_t i = 0; i < n; i++)
         cr_assert_eq(det[i], off[i], "element %lld: 0x%08x in deterministic mode, 0x%08x "

@@ -291,13 +291,13 @@ Test(conv, dnnl_matches_loops) {
         cr_assert(kernel_registered("cpu_conv2d_dnnl_f32"), "the oneDNN kernel is not registered");
         conv_run dn = run_conv(EM_F32, cs[i].xs, cs[i].ws, cs[i].s, cs[i].p, cs[i].g);
         conv_run ref = run_conv(EM_F64, cs[i].xs, cs[i].ws, cs[i].s, cs[i].p, cs[i].g);
-        em_shutdown();
+        em_test_assert_clean_shutdown();
         setenv("EMBER_CPU_DISABLE_DNNL", "1", 1);
         cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
         cr_assert(!kernel_registered("cpu_conv2d_dnnl_f32"),
                   "EMBER_CPU_DISABLE_DNNL=1 left the oneDNN kernel registered");
         conv_run loops = run_conv(EM_F32, cs[i].xs, cs[i].ws, cs[i].s, cs[i].p, cs[i].g);
-        em_shutdown();
+        em_test_assert_clean_shutdown();
         unsetenv("EMBER_CPU_DISABLE_DNNL");
         cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
         conv_run_close(&dn, &ref, 1e-4, "oneDNN f32 vs f64 loops");
@@ -893,12 +893,12 @@ Test(dnnl, pool_norm_softmax_match_loops) {
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         cr_assert(kernel_registered(cs[i].kernel), "%s is not registered", cs[i].kernel);
         nn_out dn = run_case(cs[i].fn, EM_F32), ref = run_case(cs[i].fn, EM_F64);
-        em_shutdown();
+        em_test_assert_clean_shutdown();
         setenv("EMBER_CPU_DISABLE_DNNL", "1", 1);
         cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
         cr_assert(!kernel_registered(cs[i].kernel));
         nn_out loops = run_case(cs[i].fn, EM_F32);
-        em_shutdown();
+        em_test_assert_clean_shutdown();
         unsetenv("EMBER_CPU_DISABLE_DNNL");
         cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
         cr_assert_eq(dn.n, ref.n);

@@ -484,7 +484,7 @@ Test(bf16, non_contiguous_inputs) {
 /* Without bf16 kernels (EMBER_CPU_DISABLE_DNNL=1 leaves only the loops, which have bf16 only
  * for max_pool2d) the same calls run through f32 and give the same answers. */
 Test(bf16, no_bf16_kernel_converts) {
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     setenv("EMBER_CPU_DISABLE_DNNL", "1", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     unsetenv("EMBER_CPU_DISABLE_DNNL");

@@ -327,7 +327,7 @@ Test(optim, plugin_classes_are_attributed_and_withdrawn) {
         }
     }
     cr_assert(found, "ember-optim was not loaded");
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     setenv("EMBER_DISABLE_PLUGINS", "ember-optim", 1);
     cr_assert_eq(em_init(), EM_OK);
     unsetenv("EMBER_DISABLE_PLUGINS");

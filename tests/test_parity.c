@@ -170,7 +170,7 @@ static void check_sgd(const char *name) {
 
 /* Restarts the library with the CPU backend's oneDNN convolution on or off. */
 static void use_onednn(bool on) {
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     if (on) unsetenv("EMBER_CPU_DISABLE_DNNL");
     else setenv("EMBER_CPU_DISABLE_DNNL", "1", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());

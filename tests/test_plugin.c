@@ -33,6 +33,7 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
 #include "plugins/kind_plugin.h"
 
 /* ---- paths and set-up ---------------------------------------------------------------------- */
@@ -73,7 +74,7 @@ static void init_with_test_plugins(void) {
 
 static void teardown(void) {
     em_log_set(NULL, NULL);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     unsetenv("EMBER_PLUGIN_PATH");
     unsetenv("EMBER_DISABLE_PLUGINS");
 }

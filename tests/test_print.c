@@ -35,6 +35,8 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 static void setup(void) {
     cr_assert_eq(em_init(), EM_OK, "em_init: %s", em_last_error());
     em_print_options_set(NULL);
@@ -42,7 +44,7 @@ static void setup(void) {
 
 static void teardown(void) {
     em_print_options_set(NULL);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
 TestSuite(print, .init = setup, .fini = teardown);

@@ -13,15 +13,17 @@
 
 #include <ember/ember.h>
 
+#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+
 static void setup(void) {
     cr_assert_eq(em_init(), EM_OK, "em_init: %s", em_last_error());
 }
 
 static void teardown(void) {
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 }
 
-TestSuite(philox);
+TestSuite(philox, .fini = teardown);
 TestSuite(generator, .init = setup, .fini = teardown);
 TestSuite(fill, .init = setup, .fini = teardown);
 
@@ -210,17 +212,17 @@ Test(generator_env, ember_seed_from_environment) {
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     em_rng_state s = em_generator_get_state(NULL);
     cr_expect(s.seed == UINT64_C(1234567890123) && s.offset == 0);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 
     cr_assert_eq(setenv("EMBER_SEED", "0xffffffffffffffff", 1), 0);
     cr_assert_eq(em_init(), EM_OK);
     cr_expect_eq(em_generator_get_state(NULL).seed, UINT64_MAX);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
 
     cr_assert_eq(setenv("EMBER_SEED", "12abc", 1), 0); /* malformed: warned, seed 0 */
     cr_assert_eq(em_init(), EM_OK);
     cr_expect_eq(em_generator_get_state(NULL).seed, 0);
-    em_shutdown();
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     unsetenv("EMBER_SEED");
 }
 

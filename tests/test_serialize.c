@@ -793,7 +793,7 @@ Test(serialize, file_changed_while_loading_is_an_error) {
     cr_assert_eq(em_test_at(em_dict_get(target, "w"), 786432), 1.5);
     em_dict_free(out);
     em_dict_free(target);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     em_host_allocator_set(NULL);
     st_rmdir(g_dir);
 }
@@ -937,7 +937,7 @@ Test(serialize, load_into_checks_the_header_before_reading) {
     em_dict_free(other);
     em_dict_free(target);
     em_dict_free(model);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     em_host_allocator_set(NULL);
     st_rmdir(g_dir);
 }
@@ -994,7 +994,7 @@ Test(serialize, checkpoint_load_checks_the_header_before_reading) {
     em_optimizer_free(opt);
     em_dict_free(params);
     em_module_free(lin);
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     em_host_allocator_set(NULL);
     st_rmdir(g_dir);
 }
@@ -1118,7 +1118,7 @@ static void oom_setup(void) {
 }
 
 static void oom_teardown(void) {
-    em_shutdown();
+    em_test_assert_clean_shutdown();
     em_host_allocator_set(NULL);
 }
 

@@ -1309,7 +1309,7 @@ static char *big_config(int n) {
     return t;
 }
 
-TestSuite(config_parse, .timeout = 60);
+TestSuite(config_parse, .fini = em_test_teardown, .timeout = 60);
 
 /* Parsing 4n items costs about 4 times the bytes and the key comparisons of n items; the
  * quadratic parser (a copying realloc per item, a scan of the earlier keys per key) cost 16

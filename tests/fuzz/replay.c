@@ -68,6 +68,16 @@ static int run_dir(const char *dir) {
     return (int)n;
 }
 
+/* The replay ends like every test: a shutdown that finds nothing left alive (an input that
+ * made the target leak a tensor, dict, ... fails it). */
+static int clean_shutdown(void) {
+    if (em_shutdown_checked() != EM_OK) {
+        fprintf(stderr, "replay_%s: %s\n", FUZZ_TARGET, em_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     LLVMFuzzerInitialize(&argc, &argv);
     if (argc > 1) {
@@ -76,7 +86,7 @@ int main(int argc, char **argv) {
             if (stat(argv[i], &sb) == 0 && S_ISDIR(sb.st_mode)) run_dir(argv[i]);
             else run_file(argv[i]);
         }
-        return 0;
+        return clean_shutdown();
     }
     char corpus[1024], crashes[1024];
     snprintf(corpus, sizeof corpus, "%s/tests/fuzz/corpus/%s", FUZZ_SRCDIR, FUZZ_TARGET);
@@ -88,6 +98,5 @@ int main(int argc, char **argv) {
     }
     printf("replay_%s: %d corpus inputs, %d crash reproducers: no finding\n", FUZZ_TARGET, nc,
            nx < 0 ? 0 : nx);
-    em_shutdown();
-    return 0;
+    return clean_shutdown();
 }

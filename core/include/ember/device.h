@@ -194,7 +194,8 @@ EM_API em_status em_memory_stats_get(em_device dev, em_memory_stats *out /* out 
 EM_API void em_memory_summary(FILE *f);
 /* Peaks restart from the current values, on every device. */
 EM_API void em_memory_reset_peak(void);
-/* Return every cached block to its device. */
+/* Return every cached block to its device, and the freed tensor objects that the calling
+ * thread's quarantine holds (ember/tensor.h, em_tensor_release) to the host allocator. */
 EM_API void em_empty_cache(void);
 
 /* Synchronize a device (wait for its queued work). */

@@ -41,7 +41,8 @@ extern "C" {
     X(ERR_RANGE,  11, "index or value out of range")                                         \
     X(ERR_NOTFOUND, 12, "not found")                                                         \
     X(ERR_EXISTS, 13, "already exists")                                                      \
-    X(ERR_INTERNAL, 14, "internal error (an Ember bug)")
+    X(ERR_INTERNAL, 14, "internal error (an Ember bug)")                                     \
+    X(ERR_BUSY,   15, "objects are still alive")
 
 typedef enum em_status {
 #define EM__STATUS_ENUM(name, value, msg) EM_##name = value,

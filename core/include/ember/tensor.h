@@ -52,7 +52,16 @@ typedef struct em_tensor em_tensor;
 /* Add a reference; returns t (NULL stays NULL). */
 EM_API em_tensor *em_tensor_retain(em_tensor *t);
 /* Drop a reference; the last one frees the tensor (and its storage when no view is left).
- * NULL is a no-op. */
+ * NULL is a no-op. Misuse is caught rather than corrupting the heap; each case sets
+ * EM_ERR_STATE (em_last_error) and logs the same message at EM_LOG_ERROR, naming the tensor's
+ * shape and dtype:
+ *   - every reference to t belongs to open scopes (t is a result made inside a scope and
+ *     not em_keep'd or retained): the message names the file:line of the owning
+ *     em_scope_begin; the release takes effect and that scope no longer drops t;
+ *   - t is already freed — its scope ended and dropped it (the message names that scope's
+ *     file:line), or it was released once too often: nothing happens. Freed tensor objects
+ *     are poisoned and quarantined (per thread, the last 1,024 freed) before their memory
+ *     is reused, so only a pointer that old goes unrecognised. */
 EM_API void em_tensor_release(em_tensor *t);
 
 /* ---- creation (each returns a new reference, NULL on error) ------------------------------ */
