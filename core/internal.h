@@ -265,6 +265,35 @@ em_dtype em__result_type(const em_tensor *const *in, int n);
  * or records anything. No lock, no error set: a read of the stack's top, as dispatch does. */
 bool em__op_has_kernel(const em_op *op, int device_type, em_dtype dt);
 
+/* ---- observers (observe.c) ---------------------------------------------------------------- */
+
+/* The thread's observer count, 0 also while one of its callbacks runs: the one thread-local
+ * load (initial-exec: no call) and branch an op pays when nothing observes it. */
+extern __attribute__((tls_model("initial-exec"))) _Thread_local int em__observed;
+#define em__observing() __builtin_expect(em__observed != 0, 0)
+/* One observed call in progress, on the stack of the call it describes. */
+typedef struct em__obs_frame {
+    em_op_event ev;
+    struct em__obs_frame *up;
+    uint64_t fallbacks;
+    em_attr attrs[4];      /* a view's or a copy's attributes */
+    em_tensor *io[2];      /* a copy_'s destination as its output */
+} em__obs_frame;
+/* Tell the observers a call begins (op's schema names the attributes; attrs may be NULL) and
+ * ends (outputs on success); em__obs_end returns st. Calls pair up, innermost first. */
+void em__obs_begin(em__obs_frame *f, em_op_event_kind kind, const char *name, const em_op *op,
+                   const em_tensor *const *in, int n_in, const em_attr *attrs,
+                   em_tensor *const *out, int n_out);
+void em__obs_begin_attrs(em__obs_frame *f, em_op_event_kind kind, const char *name,
+                         const em_op *op, const em_tensor *const *in, int n_in, int n_attrs,
+                         const char *const *attr_names, const em_attr *attrs,
+                         em_tensor *const *out, int n_out);
+em_status em__obs_end(em__obs_frame *f, em_status st, em_tensor *const *out, int n_out);
+/* The end of a call returning one tensor (NULL: failed); returns r. */
+em_tensor *em__obs_end1(em__obs_frame *f, em_tensor *r);
+/* The CPU fallback ran an op for this thread (em_op_event.fell_back). */
+void em__obs_note_fallback(void);
+
 /* ---- standard ops (ops.c) ----------------------------------------------------------------- */
 
 /* Declares the standard op set into the core registry at em_init(). */
@@ -389,6 +418,13 @@ em_tensor *em__autograd_view(em_tensor *view, const em_tensor *base, const em__v
 void em__autograd_name_view(em_tensor *t, const char *name);
 /* Record a cross-device copy (out = in moved to another device) for backward. */
 em_status em__autograd_to_device(em_tensor *out, const em_tensor *in);
+/* The count of autograd nodes made so far (process-wide), and the leaves that the nodes made
+ * after `since` and reachable from t's history through such nodes lead to, with the name of
+ * the node whose edge reaches each (the tracer's parameter gradient ops). */
+uint64_t em__autograd_seq(void);
+void em__autograd_leaf_edges(const em_tensor *t, uint64_t since,
+                             void (*fn)(void *user, const em_tensor *leaf, const char *node),
+                             void *user);
 /* Free t's autograd state (grad, grad_fn, hooks) when t dies. */
 void em__autograd_tensor_free(em_tensor *t);
 void em__autograd_init(void);
