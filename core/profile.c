@@ -174,7 +174,14 @@ em_status em_profiler_stop(em_profiler *p) {
 
 void em_profiler_free(em_profiler *p) {
     if (!p) return;
-    if (p->running && pthread_equal(p->thread, pthread_self())) em_profiler_stop(p);
+    if (p->running && !pthread_equal(p->thread, pthread_self())) {
+        /* Still the observer of its own thread: freeing it would leave that thread calling
+         * into freed memory. */
+        em_log_write(EM_LOG_WARN, "profiler_free: the profiler is running on another thread; "
+                     "stop it there first (it is not freed)");
+        return;
+    }
+    if (p->running) em_profiler_stop(p);
     for (size_t i = 0; i < p->n; i++) em__free((char *)p->rows[i].pub.op);
     em__free(p->rows);
     em__free(p->slots);

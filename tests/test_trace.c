@@ -733,3 +733,28 @@ Test(trace, the_profiler_counts_times_and_sizes_ops) {
     em_profiler_free(NULL);
     em_scope_end();
 }
+
+/* A running profiler is its thread's observer: another thread can neither stop nor free it. */
+static void *free_elsewhere(void *user) {
+    em_profiler *p = user;
+    em_status st = em_profiler_stop(p);
+    em_profiler_free(p); /* refused (a warning): p stays valid */
+    return st == EM_ERR_STATE ? p : NULL;
+}
+
+Test(trace, a_profiler_belongs_to_its_thread) {
+    em_profiler *p = em_profiler_start();
+    cr_assert(p, "%s", em_last_error());
+    pthread_t th;
+    void *ok;
+    cr_assert_eq(pthread_create(&th, NULL, free_elsewhere, p), 0);
+    pthread_join(th, &ok);
+    cr_assert(ok, "stop from another thread is EM_ERR_STATE");
+    cr_assert_eq(em_observer_count(), 1, "still observing this thread");
+    em_scope_begin();
+    cr_assert(em_neg(em_ones(1, (int64_t[]){2}, EM_F32, em_cpu())));
+    em_scope_end();
+    cr_assert_eq(em_profiler_row_count(p), 2, "fill and neg, into the profiler that was kept");
+    em_profiler_free(p);
+    cr_assert_eq(em_observer_count(), 0);
+}

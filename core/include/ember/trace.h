@@ -187,9 +187,12 @@ typedef struct em_trace_node {
 } em_trace_node;
 
 /* Start recording on the calling thread (opt may be NULL: no module). One trace per thread at
- * a time: EM_ERR_STATE when one is recording. Views and dtype casts an op makes of its own
- * inputs (broadcasting, promotion) are part of that op, not nodes; a composite's sub-ops are
- * nodes with the composite as parent. */
+ * a time: EM_ERR_STATE when one is recording; end it before em_shutdown. Views and dtype casts
+ * an op makes of its own inputs (broadcasting, promotion) are part of that op, not nodes; a
+ * composite's sub-ops are nodes with the composite as parent. Values are tracked per tensor:
+ * after an in-place op, reads of that tensor come from it, but reads of another view of the
+ * same storage (the base of a slice written in place) still name the view's earlier producer.
+ * The trace keeps no reference to the tensors it sees. */
 EM_API em_status em_trace_begin(const em_trace_options *opt);
 /* Stop recording and return the graph (a new object: em_trace_free). NULL with EM_ERR_STATE
  * when this thread is not recording, EM_ERR_NOMEM when recording ran out of memory. */
@@ -235,7 +238,9 @@ EM_API em_profiler *em_profiler_start(void);
 /* Stop collecting (the rows stay readable). EM_ERR_STATE when it is already stopped, or when
  * called from another thread than the one that started it. */
 EM_API em_status em_profiler_stop(em_profiler *p);
-/* Stops it if running (on its own thread) and frees it. NULL is a no-op. */
+/* Stops it if running and frees it. NULL is a no-op. Call it on the thread that started it
+ * (or stop it there first): from another thread a running profiler is left as it is, with a
+ * warning logged, since it is still that thread's observer. */
 EM_API void em_profiler_free(em_profiler *p);
 /* Rows in first-seen order. Borrowed; valid until the next op profiled or em_profiler_free. */
 EM_API size_t em_profiler_row_count(const em_profiler *p);
