@@ -206,7 +206,7 @@ EM_API const em_trace_node *em_trace_node_at(const em_trace *tr, size_t i); /* N
 /* The graph inputs, by number (their first use as a node's input: em_trace_node_at). */
 EM_API size_t em_trace_input_count(const em_trace *tr);
 /* Write the trace as JSON: {"nodes": [{"id", "op", "kind", "parent", "inputs": [{"from":
- * "node"|"input"|"parameter"|"buffer"|"none", "node", "output", "name", "dtype", "shape",
+ * "node"|"input"|"parameter"|"buffer"|"none"|"local", "node", "output", "name", "dtype", "shape",
  * "device", "grad_op"}], "outputs": [...], "attrs": {name: value}, "inplace", "grad_fn",
  * "bytes", "children": [...]}], "inputs": [names]}. EM_ERR_IO when writing fails. */
 EM_API em_status em_trace_write_json(const em_trace *tr, FILE *f);
