@@ -1174,3 +1174,29 @@ em_status em_graph_dump(const em_tensor *t, FILE *f) {
     if (st != EM_OK) return st;
     return ferror(f) ? em_set_error(EM_ERR_IO, "graph_dump: write failed") : EM_OK;
 }
+
+/* ---- what the tracer asks (trace.c) ------------------------------------------------------------ */
+
+uint64_t em__autograd_seq(void) { return atomic_load(&node_seq); }
+
+void em__autograd_leaf_edges(const em_tensor *t, uint64_t since,
+                             void (*fn)(void *user, const em_tensor *leaf, const char *node),
+                             void *user) {
+    if (!t || !t->grad_fn || t->grad_fn->seq <= since) return;
+    const em__node *stack[64], *seen[256];
+    int sp = 0, ns = 0;
+    stack[sp++] = t->grad_fn;
+    while (sp) {
+        const em__node *n = stack[--sp];
+        bool dup = false;
+        for (int i = 0; i < ns && !dup; i++) dup = seen[i] == n;
+        if (dup) continue;
+        if (ns < (int)EM_ARRAY_LEN(seen)) seen[ns++] = n;
+        for (int i = 0; i < n->n_in; i++) {
+            const edge *e = &n->next[i];
+            if (e->leaf) fn(user, e->leaf, n->name);
+            else if (e->node && e->node->seq > since && sp < (int)EM_ARRAY_LEN(stack))
+                stack[sp++] = e->node;
+        }
+    }
+}

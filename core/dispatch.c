@@ -18,7 +18,9 @@
 #include "ember/error.h"
 #include "ember/plugin.h"
 #include "ember/tensor.h"
+#include "ember/trace.h"
 #include "internal.h"
+#include "observe.h"
 
 struct em_kernel {
     em_kernel_def def;            /* copied; def.name owned */
@@ -538,8 +540,8 @@ static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in
                           em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
                           uint64_t *vers);
 
-em_status em_op_call_out(const em_op *cop, const em_tensor *const *in, int n_in,
-                         const em_attr *attrs, em_tensor *const *out, int n_out) {
+static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor *const *out, int n_out) {
     struct em_op *op = (struct em_op *)cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
@@ -657,6 +659,7 @@ static em_status run_on_cpu(const struct em_op *op, const em_tensor *const *in, 
     for (int i = 0; i < n_out; i++) em_tensor_release(cout[i]);
     em_grad_mode_pop();
     if (st == EM_OK) {
+        em__obs_note_fallback();
         atomic_fetch_add(&place[devtype].fallbacks, 1);
         atomic_fetch_add(&((struct em_op *)op)->fallbacks[devtype], 1);
     }
@@ -724,8 +727,8 @@ static em_status check_list(const struct em_op *op, int l, const em_tensor *cons
 /* Kernel views of the tensors live on the stack for calls up to this many tensors. */
 #define LIST_STACK_TENSORS 48
 
-em_status em_op_call_lists(const em_op *cop, int count, const em_tensor *const *in,
-                           const em_attr *attrs, em_tensor *const *out) {
+static em_status call_lists(const em_op *cop, int count, const em_tensor *const *in,
+                            const em_attr *attrs, em_tensor *const *out) {
     const struct em_op *op = cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call_lists: NULL op");
@@ -916,7 +919,7 @@ static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, in
     for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++)
         if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev)))
             st = em_last_status();
-    if (st == EM_OK) st = em_op_call_out(op, args, n_in, attrs, res, op->schema.n_outputs);
+    if (st == EM_OK) st = call_out(op, args, n_in, attrs, res, op->schema.n_outputs);
     for (int i = 0; i < n_in; i++) {
         em_tensor_release(held[i]);
         em_tensor_release(bcast[i]);
@@ -968,8 +971,8 @@ static inline em_status call_check(const struct em_op *op, em_tensor **out) {
     return EM_OK;
 }
 
-em_status em__op_call(const em_op *cop, const em_tensor *const *in, int n_in,
-                      const em_attr *attrs, em_tensor **out) {
+static em_status op_call(const em_op *cop, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor **out) {
     const struct em_op *op = cop;
     em_status st = call_check(op, out);
     if (st != EM_OK) return st;
@@ -991,8 +994,8 @@ em_status em_op_call(const em_op *op, const em_tensor *const *in, int n_in,
     return st;
 }
 
-em_status em__op_call_n(const em_op *cop, const em_tensor *const *in, int n_in,
-                        const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+static em_status op_call_n(const em_op *cop, const em_tensor *const *in, int n_in,
+                           const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
     const struct em_op *op = cop;
     if (n_out) *n_out = 0;
     if (!op) return em__error_pending() ? em_last_status()
@@ -1027,8 +1030,8 @@ em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_i
     return st;
 }
 
-em_status em__op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
-                             const em_attr *attrs, em_tensor **out) {
+static em_status op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
+                                const em_attr *attrs, em_tensor **out) {
     const struct em_op *op = cop;
     em_status st = call_check(op, out);
     if (st != EM_OK) return st;
@@ -1083,8 +1086,8 @@ em_status em__callv(const em_op *op, int n_in, const em_tensor *const *in, const
 /* In place: self = op(self, in[1..]) (in[0] is self). The result dtype under the op's policy
  * must be castable to self's (no float into int, no int into bool, as in PyTorch); a wider
  * result of the same kind (f32 += f64) is computed out of place and rounded once into self. */
-em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *const *in,
-                         int n_in, const em_attr *attrs) {
+static em_status op_inplace(const em_op *cop, em_tensor *self, const em_tensor *const *in,
+                            int n_in, const em_attr *attrs) {
     const struct em_op *op = cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
@@ -1152,6 +1155,68 @@ em_status em__op_inplace(const em_op *cop, em_tensor *self, const em_tensor *con
         em_tensor_release(bcast[i]);
     }
     return st;
+}
+
+/* ---- observed entry points ------------------------------------------------------------------- */
+
+/* Every call path above is entered through one of these: with no observer on the thread the
+ * cost is em__observing()'s one thread-local load and branch; with one, the call is wrapped in
+ * a begin and an end event (ember/trace.h). */
+
+static em_op_event_kind call_kind(const em_op *op) {
+    return op->schema.composite ? EM_OP_EVENT_COMPOSITE : EM_OP_EVENT_OP;
+}
+
+em_status em__op_call(const em_op *op, const em_tensor *const *in, int n_in,
+                      const em_attr *attrs, em_tensor **out) {
+    if (!em__observing() || !op) return op_call(op, in, n_in, attrs, out);
+    em__obs_frame f;
+    em__obs_begin(&f, call_kind(op), op->schema.name, op, in, n_in, attrs, NULL, 0);
+    return em__obs_end(&f, op_call(op, in, n_in, attrs, out), out, op->schema.n_outputs);
+}
+
+em_status em__op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
+                        const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+    if (!em__observing() || !op || !n_out) return op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
+    em__obs_frame f;
+    em__obs_begin(&f, call_kind(op), op->schema.name, op, in, n_in, attrs, NULL, 0);
+    em_status st = op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
+    return em__obs_end(&f, st, out, *n_out);
+}
+
+em_status em__op_call_kernel(const em_op *op, const em_tensor *const *in, int n_in,
+                             const em_attr *attrs, em_tensor **out) {
+    if (!em__observing() || !op) return op_call_kernel(op, in, n_in, attrs, out);
+    em__obs_frame f;
+    em__obs_begin(&f, EM_OP_EVENT_OP, op->schema.name, op, in, n_in, attrs, NULL, 0);
+    return em__obs_end(&f, op_call_kernel(op, in, n_in, attrs, out), out, op->schema.n_outputs);
+}
+
+em_status em_op_call_out(const em_op *op, const em_tensor *const *in, int n_in,
+                         const em_attr *attrs, em_tensor *const *out, int n_out) {
+    if (!em__observing() || !op) return call_out(op, in, n_in, attrs, out, n_out);
+    em__obs_frame f;
+    em__obs_begin(&f, EM_OP_EVENT_OUT, op->schema.name, op, in, n_in, attrs, out, n_out);
+    return em__obs_end(&f, call_out(op, in, n_in, attrs, out, n_out), out, n_out);
+}
+
+em_status em__op_inplace(const em_op *op, em_tensor *self, const em_tensor *const *in,
+                         int n_in, const em_attr *attrs) {
+    if (!em__observing() || !op || !self) return op_inplace(op, self, in, n_in, attrs);
+    char name[72];
+    snprintf(name, sizeof name, "%s_", op->schema.name);
+    em__obs_frame f;
+    em__obs_begin(&f, EM_OP_EVENT_INPLACE, name, op, in, n_in, attrs, &self, 1);
+    return em__obs_end(&f, op_inplace(op, self, in, n_in, attrs), &self, 1);
+}
+
+em_status em_op_call_lists(const em_op *op, int count, const em_tensor *const *in,
+                           const em_attr *attrs, em_tensor *const *out) {
+    if (!em__observing() || !op || count < 0) return call_lists(op, count, in, attrs, out);
+    int n_in = in ? op->schema.n_inputs * count : 0, n_out = out ? op->schema.n_outputs * count : 0;
+    em__obs_frame f;
+    em__obs_begin(&f, EM_OP_EVENT_LIST, op->schema.name, op, in, n_in, attrs, out, n_out);
+    return em__obs_end(&f, call_lists(op, count, in, attrs, out), out, n_out);
 }
 
 /* ---- placement report ------------------------------------------------------------------------- */

@@ -482,6 +482,13 @@ em_tensor *em__autograd_view(em_tensor *view, const em_tensor *base, const em__v
 void em__autograd_name_view(em_tensor *t, const char *name);
 /* Record a cross-device copy (out = in moved to another device) for backward. */
 em_status em__autograd_to_device(em_tensor *out, const em_tensor *in);
+/* The count of autograd nodes made so far (process-wide), and the leaves that the nodes made
+ * after `since` and reachable from t's history through such nodes lead to, with the name of
+ * the node whose edge reaches each (the tracer's parameter gradient ops). */
+uint64_t em__autograd_seq(void);
+void em__autograd_leaf_edges(const em_tensor *t, uint64_t since,
+                             void (*fn)(void *user, const em_tensor *leaf, const char *node),
+                             void *user);
 /* Free t's autograd state (grad, grad_fn, hooks) when t dies. */
 void em__autograd_tensor_free(em_tensor *t);
 void em__autograd_init(void);

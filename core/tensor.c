@@ -29,7 +29,9 @@
 #include "ember/error.h"
 #include "ember/ops.h"
 #include "ember/tensor.h"
+#include "ember/trace.h"
 #include "internal.h"
+#include "observe.h"
 
 static atomic_llong live_tensors;
 atomic_llong em__live_objects[EM__LIVE_N];
@@ -717,7 +719,7 @@ static bool view_strides(int ndim, const int64_t *shape, const int64_t *strides,
     return view_d == -1;
 }
 
-em_tensor *em__view(const em_tensor *t, int ndim, const int64_t *shape) {
+static em_tensor *view_impl(const em_tensor *t, int ndim, const int64_t *shape) {
     if (!em__check_inputs("view", &t, 1)) return NULL;
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
     if (resolve_shape("view", t, ndim, shape, ns) != EM_OK) return NULL;
@@ -734,7 +736,7 @@ em_tensor *em__view(const em_tensor *t, int ndim, const int64_t *shape) {
     return em__autograd_view(em__tensor_view(t, ndim, ns, nst, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE});
 }
 
-em_tensor *em__reshape(const em_tensor *t, int ndim, const int64_t *shape) {
+static em_tensor *reshape_impl(const em_tensor *t, int ndim, const int64_t *shape) {
     if (!em__check_inputs("reshape", &t, 1)) return NULL;
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
     if (resolve_shape("reshape", t, ndim, shape, ns) != EM_OK) return NULL;
@@ -747,7 +749,7 @@ em_tensor *em__reshape(const em_tensor *t, int ndim, const int64_t *shape) {
     return v;
 }
 
-em_tensor *em__permute(const em_tensor *t, int ndim, const int *dims) {
+static em_tensor *permute_impl(const em_tensor *t, int ndim, const int *dims) {
     if (!em__check_inputs("permute", &t, 1)) return NULL;
     if (ndim != t->ndim || (ndim > 0 && !dims)) {
         em_set_error(EM_ERR_SHAPE, "permute: %d dims given for a tensor with %d", ndim, t->ndim);
@@ -771,7 +773,7 @@ em_tensor *em__permute(const em_tensor *t, int ndim, const int *dims) {
     return em__autograd_view(em__tensor_view(t, ndim, ns, nst, t->offset), t, &info);
 }
 
-em_tensor *em__transpose(const em_tensor *t, int dim0, int dim1) {
+static em_tensor *transpose_impl(const em_tensor *t, int dim0, int dim1) {
     if (!em__check_inputs("transpose", &t, 1)) return NULL;
     int a = em__wrap_dim(dim0, t->ndim, "transpose"), b = a < 0 ? -1 : em__wrap_dim(dim1, t->ndim, "transpose");
     if (a < 0 || b < 0) return NULL;
@@ -784,7 +786,7 @@ em_tensor *em__transpose(const em_tensor *t, int dim0, int dim1) {
     return em__permute(t, t->ndim, dims);
 }
 
-em_tensor *em_narrow(const em_tensor *t, int dim, int64_t start, int64_t length) {
+static em_tensor *narrow_impl(const em_tensor *t, int dim, int64_t start, int64_t length) {
     if (!em__check_inputs("narrow", &t, 1)) return NULL;
     if (t->ndim == 0) {
         em_set_error(EM_ERR_SHAPE, "narrow: cannot narrow a 0-dim tensor");
@@ -808,7 +810,8 @@ em_tensor *em_narrow(const em_tensor *t, int dim, int64_t start, int64_t length)
         em__tensor_view(t, t->ndim, ns, t->strides, t->offset + start * t->strides[d]), t, &info));
 }
 
-em_tensor *em_slice(const em_tensor *t, int dim, int64_t start, int64_t end, int64_t step) {
+static em_tensor *slice_impl(const em_tensor *t, int dim, int64_t start, int64_t end,
+                             int64_t step) {
     if (!em__check_inputs("slice", &t, 1)) return NULL;
     if (t->ndim == 0) {
         em_set_error(EM_ERR_SHAPE, "slice: cannot slice a 0-dim tensor");
@@ -835,7 +838,7 @@ em_tensor *em_slice(const em_tensor *t, int dim, int64_t start, int64_t end, int
         em__tensor_view(t, t->ndim, ns, nst, t->offset + start * t->strides[d]), t, &info));
 }
 
-em_tensor *em__select(const em_tensor *t, int dim, int64_t index) {
+static em_tensor *select_impl(const em_tensor *t, int dim, int64_t index) {
     if (!em__check_inputs("select", &t, 1)) return NULL;
     if (t->ndim == 0) {
         em_set_error(EM_ERR_SHAPE, "select: cannot select from a 0-dim tensor");
@@ -862,7 +865,7 @@ em_tensor *em__select(const em_tensor *t, int dim, int64_t index) {
                                              t->offset + index * t->strides[d]), t, &info);
 }
 
-em_tensor *em__expand(const em_tensor *t, int ndim, const int64_t *shape) {
+static em_tensor *expand_impl(const em_tensor *t, int ndim, const int64_t *shape) {
     if (!em__check_inputs("expand", &t, 1)) return NULL;
     if (ndim < t->ndim || ndim > EM_MAX_DIMS || (ndim > 0 && !shape)) {
         em_set_error(EM_ERR_SHAPE, "expand: cannot expand a tensor with %d dims to %d dims",
@@ -901,7 +904,7 @@ em_tensor *em__expand(const em_tensor *t, int ndim, const int64_t *shape) {
                              &(em__view_info){.kind = EM__VIEW_EXPAND});
 }
 
-em_tensor *em__squeeze(const em_tensor *t, int dim) {
+static em_tensor *squeeze_impl(const em_tensor *t, int dim) {
     if (!em__check_inputs("squeeze", &t, 1)) return NULL;
     int d = em__wrap_dim(dim, t->ndim, "squeeze");
     if (d < 0) return NULL;
@@ -911,7 +914,7 @@ em_tensor *em__squeeze(const em_tensor *t, int dim) {
     return em__select(t, d, 0);
 }
 
-em_tensor *em__unsqueeze(const em_tensor *t, int dim) {
+static em_tensor *unsqueeze_impl(const em_tensor *t, int dim) {
     if (!em__check_inputs("unsqueeze", &t, 1)) return NULL;
     if (t->ndim >= EM_MAX_DIMS) {
         em_set_error(EM_ERR_SHAPE, "unsqueeze: a tensor with %d dims cannot grow", t->ndim);
@@ -932,7 +935,7 @@ em_tensor *em__unsqueeze(const em_tensor *t, int dim) {
     return em__autograd_view(em__tensor_view(t, t->ndim + 1, ns, nst, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE});
 }
 
-em_tensor *em_squeeze_all(const em_tensor *t) {
+static em_tensor *squeeze_all_impl(const em_tensor *t) {
     if (!em__check_inputs("squeeze_all", &t, 1)) return NULL;
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
     int n = 0;
@@ -944,7 +947,7 @@ em_tensor *em_squeeze_all(const em_tensor *t) {
     return em__scope_track(em__autograd_view(em__tensor_view(t, n, ns, nst, t->offset), t, &(em__view_info){.kind = EM__VIEW_RESHAPE}));
 }
 
-em_tensor *em_flatten(const em_tensor *t, int start_dim, int end_dim) {
+static em_tensor *flatten_impl(const em_tensor *t, int start_dim, int end_dim) {
     if (!em__check_inputs("flatten", &t, 1)) return NULL;
     if (t->ndim == 0) return em_reshape(t, 1, (const int64_t[]){1});
     int s = em__wrap_dim(start_dim, t->ndim, "flatten");
@@ -960,6 +963,113 @@ em_tensor *em_flatten(const em_tensor *t, int start_dim, int end_dim) {
     ns[n++] = em__numel(e - s + 1, t->shape + s);
     for (int i = e + 1; i < t->ndim; i++) ns[n++] = t->shape[i];
     return em_reshape(t, n, ns);
+}
+
+/* ---- observed entry points of the views ------------------------------------------------------ */
+
+/* Each view is reported to the thread's observers (ember/trace.h) with its arguments as
+ * attributes; with none, the cost is one thread-local load and a branch. */
+
+static const char *const a_shape[] = {"shape"}, *const a_dims[] = {"dims"},
+                         *const a_dim01[] = {"dim0", "dim1"}, *const a_dim[] = {"dim"},
+                         *const a_narrow[] = {"dim", "start", "length"},
+                         *const a_slice[] = {"dim", "start", "end", "step"},
+                         *const a_select[] = {"dim", "index"},
+                         *const a_flatten[] = {"start_dim", "end_dim"};
+
+static em_attr a_int(int64_t v) { return (em_attr){.type = EM_ATTR_INT, .v.i = v}; }
+
+/* Begin a one-input view or copy event with n attributes (set in f->attrs by the caller). */
+static void obs_begin1(em__obs_frame *f, em_op_event_kind kind, const char *name,
+                       const em_tensor *t, int n, const char *const *names) {
+    f->io[0] = (em_tensor *)t;
+    em__obs_begin_attrs(f, kind, name, NULL, (const em_tensor *const *)f->io, 1, n, names,
+                        f->attrs, NULL, 0);
+}
+
+em_tensor *em__view(const em_tensor *t, int ndim, const int64_t *shape) {
+    if (!em__observing()) return view_impl(t, ndim, shape);
+    em__obs_frame f;
+    f.attrs[0] = em__attr_ints64(ndim, shape);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "view", t, 1, a_shape);
+    return em__obs_end1(&f, view_impl(t, ndim, shape));
+}
+em_tensor *em__reshape(const em_tensor *t, int ndim, const int64_t *shape) {
+    if (!em__observing()) return reshape_impl(t, ndim, shape);
+    em__obs_frame f;
+    f.attrs[0] = em__attr_ints64(ndim, shape);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "reshape", t, 1, a_shape);
+    return em__obs_end1(&f, reshape_impl(t, ndim, shape));
+}
+em_tensor *em__permute(const em_tensor *t, int ndim, const int *dims) {
+    if (!em__observing()) return permute_impl(t, ndim, dims);
+    em__obs_frame f;
+    f.attrs[0] = em__attr_ints(ndim, dims);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "permute", t, 1, a_dims);
+    return em__obs_end1(&f, permute_impl(t, ndim, dims));
+}
+em_tensor *em__transpose(const em_tensor *t, int dim0, int dim1) {
+    if (!em__observing()) return transpose_impl(t, dim0, dim1);
+    em__obs_frame f;
+    f.attrs[0] = a_int(dim0), f.attrs[1] = a_int(dim1);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "transpose", t, 2, a_dim01);
+    return em__obs_end1(&f, transpose_impl(t, dim0, dim1));
+}
+em_tensor *em_narrow(const em_tensor *t, int dim, int64_t start, int64_t length) {
+    if (!em__observing()) return narrow_impl(t, dim, start, length);
+    em__obs_frame f;
+    f.attrs[0] = a_int(dim), f.attrs[1] = a_int(start), f.attrs[2] = a_int(length);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "narrow", t, 3, a_narrow);
+    return em__obs_end1(&f, narrow_impl(t, dim, start, length));
+}
+em_tensor *em_slice(const em_tensor *t, int dim, int64_t start, int64_t end, int64_t step) {
+    if (!em__observing()) return slice_impl(t, dim, start, end, step);
+    em__obs_frame f;
+    f.attrs[0] = a_int(dim), f.attrs[1] = a_int(start), f.attrs[2] = a_int(end);
+    f.attrs[3] = a_int(step);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "slice", t, 4, a_slice);
+    return em__obs_end1(&f, slice_impl(t, dim, start, end, step));
+}
+em_tensor *em__select(const em_tensor *t, int dim, int64_t index) {
+    if (!em__observing()) return select_impl(t, dim, index);
+    em__obs_frame f;
+    f.attrs[0] = a_int(dim), f.attrs[1] = a_int(index);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "select", t, 2, a_select);
+    return em__obs_end1(&f, select_impl(t, dim, index));
+}
+em_tensor *em__expand(const em_tensor *t, int ndim, const int64_t *shape) {
+    if (!em__observing()) return expand_impl(t, ndim, shape);
+    em__obs_frame f;
+    f.attrs[0] = em__attr_ints64(ndim, shape);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "expand", t, 1, a_shape);
+    return em__obs_end1(&f, expand_impl(t, ndim, shape));
+}
+em_tensor *em__squeeze(const em_tensor *t, int dim) {
+    if (!em__observing()) return squeeze_impl(t, dim);
+    em__obs_frame f;
+    f.attrs[0] = a_int(dim);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "squeeze", t, 1, a_dim);
+    return em__obs_end1(&f, squeeze_impl(t, dim));
+}
+em_tensor *em__unsqueeze(const em_tensor *t, int dim) {
+    if (!em__observing()) return unsqueeze_impl(t, dim);
+    em__obs_frame f;
+    f.attrs[0] = a_int(dim);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "unsqueeze", t, 1, a_dim);
+    return em__obs_end1(&f, unsqueeze_impl(t, dim));
+}
+em_tensor *em_squeeze_all(const em_tensor *t) {
+    if (!em__observing()) return squeeze_all_impl(t);
+    em__obs_frame f;
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "squeeze_all", t, 0, NULL);
+    return em__obs_end1(&f, squeeze_all_impl(t));
+}
+em_tensor *em_flatten(const em_tensor *t, int start_dim, int end_dim) {
+    if (!em__observing()) return flatten_impl(t, start_dim, end_dim);
+    em__obs_frame f;
+    f.attrs[0] = a_int(start_dim), f.attrs[1] = a_int(end_dim);
+    obs_begin1(&f, EM_OP_EVENT_VIEW, "flatten", t, 2, a_flatten);
+    return em__obs_end1(&f, flatten_impl(t, start_dim, end_dim));
 }
 
 em_tensor *em_view(const em_tensor *t, int ndim, const int64_t *shape) {
@@ -995,7 +1105,7 @@ static em_status copy_same_device(em_tensor *dst, const em_tensor *src) {
     return em_op_call_out(em__op_copy, in, 1, NULL, &dst, 1);
 }
 
-em_status em_copy_(em_tensor *dst, const em_tensor *src) {
+static em_status copy_impl(em_tensor *dst, const em_tensor *src) {
     const em_tensor *args[2] = {dst, src};
     if (!em__check_inputs("copy_", args, 2)) return em_last_status();
     em_tensor *s = em__expand(src, dst->ndim, dst->shape);
@@ -1042,18 +1152,18 @@ static em_tensor *copy_as(const em_tensor *t, em_dtype dt, em_device dev) {
     return c;
 }
 
-em_tensor *em__clone(const em_tensor *t) {
+static em_tensor *clone_impl(const em_tensor *t) {
     if (!em__check_inputs("clone", &t, 1)) return NULL;
     return copy_as(t, t->dtype, t->storage->device);
 }
 
-em_tensor *em__contiguous(const em_tensor *t) {
+static em_tensor *contiguous_impl(const em_tensor *t) {
     if (!em__check_inputs("contiguous", &t, 1)) return NULL;
     if (em_tensor_is_contiguous(t)) return em_tensor_retain((em_tensor *)t);
     return em__clone(t);
 }
 
-em_tensor *em__to_device(const em_tensor *t, em_device dev) {
+static em_tensor *to_device_impl(const em_tensor *t, em_device dev) {
     if (!em__check_inputs("to_device", &t, 1)) return NULL;
     if (em__device_check(dev, "to_device") != EM_OK) return NULL;
     if (em_device_equal(dev, t->storage->device)) return em_tensor_retain((em_tensor *)t);
@@ -1065,7 +1175,7 @@ em_tensor *em__to_device(const em_tensor *t, em_device dev) {
     return c;
 }
 
-em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt) {
+static em_tensor *to_dtype_impl(const em_tensor *t, em_dtype dt) {
     if (!em__check_inputs("to_dtype", &t, 1)) return NULL;
     if (!em_dtype_is_valid(dt)) {
         em_set_error(EM_ERR_DTYPE, "to_dtype: invalid dtype %d", (int)dt);
@@ -1073,6 +1183,46 @@ em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt) {
     }
     if (dt == t->dtype) return em_tensor_retain((em_tensor *)t);
     return copy_as(t, dt, t->storage->device);
+}
+
+/* ---- observed entry points of the copies ----------------------------------------------------- */
+
+static const char *const a_dtype[] = {"dtype"}, *const a_device[] = {"device"};
+
+em_status em_copy_(em_tensor *dst, const em_tensor *src) {
+    if (!em__observing()) return copy_impl(dst, src);
+    em__obs_frame f;
+    f.io[0] = dst, f.io[1] = (em_tensor *)src;
+    em__obs_begin_attrs(&f, EM_OP_EVENT_COPY, "copy_", NULL, (const em_tensor *const *)f.io, 2,
+                        0, NULL, f.attrs, &f.io[0], dst ? 1 : 0);
+    return em__obs_end(&f, copy_impl(dst, src), &dst, 1);
+}
+em_tensor *em__clone(const em_tensor *t) {
+    if (!em__observing()) return clone_impl(t);
+    em__obs_frame f;
+    obs_begin1(&f, EM_OP_EVENT_COPY, "clone", t, 0, NULL);
+    return em__obs_end1(&f, clone_impl(t));
+}
+em_tensor *em__contiguous(const em_tensor *t) {
+    if (!em__observing()) return contiguous_impl(t);
+    em__obs_frame f;
+    obs_begin1(&f, EM_OP_EVENT_COPY, "contiguous", t, 0, NULL);
+    return em__obs_end1(&f, contiguous_impl(t));
+}
+em_tensor *em__to_device(const em_tensor *t, em_device dev) {
+    if (!em__observing()) return to_device_impl(t, dev);
+    em__obs_frame f;
+    char name[48];
+    f.attrs[0] = (em_attr){.type = EM_ATTR_STRING, .v.s = em_device_str(dev, name, sizeof name)};
+    obs_begin1(&f, EM_OP_EVENT_COPY, "to_device", t, 1, a_device);
+    return em__obs_end1(&f, to_device_impl(t, dev));
+}
+em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt) {
+    if (!em__observing()) return to_dtype_impl(t, dt);
+    em__obs_frame f;
+    f.attrs[0] = (em_attr){.type = EM_ATTR_STRING, .v.s = em_dtype_name(dt)};
+    obs_begin1(&f, EM_OP_EVENT_COPY, "to_dtype", t, 1, a_dtype);
+    return em__obs_end1(&f, to_dtype_impl(t, dt));
 }
 
 em_tensor *em_clone(const em_tensor *t) { return em__scope_track(em__clone(t)); }

@@ -200,6 +200,25 @@ Test(trainer, start_line_names_the_cpu_threads) {
     free(out);
 }
 
+/* --profile: the training thread's ops by self time, from the op observer (forward, backward
+ * and optimizer ops alike), and where they ran. */
+Test(trainer, profile_reports_the_ops_by_time) {
+    write_mlp("t.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("t.yaml"), "--profile", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *dev = strstr(out, "\ncpu ");
+    cr_assert(dev, "no cpu row:\n%s", out);
+    unsigned long long ops = 0;
+    cr_assert_eq(sscanf(dev + 5, "%llu", &ops), 1, "%s", out);
+    cr_assert_gt(ops, 100, "%s", out);
+    const char *table = strstr(out, "ops by self time");
+    cr_assert(table, "%s", out);
+    cr_assert(strstr(table, "\n  linear "), "the forward's linear layers:\n%s", out);
+    cr_assert(strstr(table, "\n  addmm ") || strstr(table, "\n  bmm "), "%s", out);
+    free(out);
+}
+
 /* Batch 32 x 4 accumulated equals batch 128: 1344 training items = 10 batches of 128 and one
  * of 64 — so the last accumulation group has 2 micro-batches (divided by 2, not 4). */
 Test(trainer, accumulation_matches_the_big_batch) {

@@ -29,6 +29,7 @@
 #include "ember/scope.h"
 #include "ember/serialize.h"
 #include "ember/tensor.h"
+#include "ember/trace.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -322,7 +323,7 @@ static void usage(FILE *f) {
 "  --overfit-batches N      train and validate on the first N batches only (0: off)\n"
 "  --summary                print the model summary and exit\n"
 "  --memory-summary         memory by category after the first step and at the end\n"
-"  --profile                where ops ran, time per device, bytes copied (at the end)\n"
+"  --profile                ops by time, where they ran, bytes copied, CPU fallbacks (at the end)\n"
 "  --anomaly                anomaly mode: the op that first makes a NaN/Inf is named\n"
 "  --dry-run                check the config, build everything, one forward+backward, exit\n"
 "  --plugin PATH            load this plugin file (.so) too (repeatable); a config's top-level\n"
@@ -1197,6 +1198,7 @@ static int check_outputs(const run *r) {
 }
 
 static void free_run(run *r) {
+    em_profiler_free(r->profiler);
     em_scheduler_free(r->sched);
     em_optimizer_free(r->opt);
     em_dict_free(r->params);
@@ -1419,9 +1421,10 @@ int main(int argc, char **argv) {
     em_seed(r.s.seed);
     em_set_deterministic(r.s.deterministic);
     if (r.s.anomaly) em_set_anomaly(true);
-    if (r.s.profile) {
-        em_profile_enable(true);
-        em_placement_reset();
+    if (r.s.profile && !(r.profiler = em_profiler_start())) {
+        report_error("--profile");
+        rc = EXIT_TRAIN;
+        goto done;
     }
     const em_config_node *root = em_config_root(r.cfg);
     const em_config_node *mnode = em_config_node_get(root, "model");

@@ -26,6 +26,7 @@
 #include "ember/scope.h"
 #include "ember/serialize.h"
 #include "ember/tensor.h"
+#include "ember/trace.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -953,7 +954,7 @@ int train_loop(run *r) {
         fprintf(stderr, "ember-train: memory at the end:\n");
         em_memory_summary(stderr);
     }
-    if (r->s.profile) em_placement_report(stderr);
+    if (r->profiler) em_profiler_report(r->profiler, stderr, 25);
     bool reported = mo.err != 0; /* a row that failed was reported at its epoch */
     if (mo.f && !out_close(&mo) && !reported) {
         out_error(&mo);

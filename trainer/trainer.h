@@ -74,6 +74,7 @@ typedef struct run {
     size_t others_seen;            /* files matching --checkpoint not this run's, last warned */
     /* SIGINT or SIGTERM once a signal asked the loop to stop; 0 until then */
     atomic_int *stop;
+    em_profiler *profiler;         /* --profile: the ops of this (the training) thread */
 } run;
 
 /* loop.c */

@@ -139,7 +139,10 @@ EM_API void em_set_anomaly(bool on);
 EM_API bool em_anomaly_enabled(void);
 
 /* Write the graph behind t as Graphviz dot: one node per op with its name, output shapes,
- * dtypes, devices and the bytes of the tensors it saved; leaves with their shapes. */
+ * dtypes, devices and the bytes of the tensors it saved; leaves with their shapes. This is the
+ * backward graph; the forward one (every op, views and copies included, parameters by their
+ * state-dict names) is a trace: em_trace_begin/em_trace_end, then em_graph_dump_trace
+ * (ember/trace.h). */
 EM_API em_status em_graph_dump(const em_tensor *t, FILE *f);
 
 /* The function em_gradcheck differentiates: returns a new tensor computed from the inputs

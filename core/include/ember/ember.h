@@ -36,6 +36,7 @@
 #include "ember/data.h"
 #include "ember/config.h"
 #include "ember/checkpoint.h"
+#include "ember/trace.h"
 #include "ember/version.h"
 #include "ember/init.h"
 

@@ -1,0 +1,760 @@
+/*
+ * test_trace.c — the observer point every op passes, the forward-graph tracer and the op
+ * profiler (ember/trace.h).
+ *
+ * The model traces compare the recorded node list with one written here from the models'
+ * definitions: an MLP and a CNN forward + loss under no_grad (op names in order, input and
+ * output shapes and dtypes, attribute values, parameters and buffers by their state-dict
+ * names, graph inputs), the MLP again with gradients on (each node's backward op and each
+ * parameter's gradient op). A call that bypassed the observer is missing from the list, or
+ * shows up as a graph input where a node's output should be: either fails the comparison.
+ * Then: views, copies and in-place ops appear once each; a composite appears once with its
+ * sub-ops nested; observers stack and belong to their thread; the JSON and dot writers; the
+ * profiler.
+ */
+#define _GNU_SOURCE /* open_memstream */
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "common.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+TestSuite(trace, .init = em_test_setup, .fini = em_test_teardown);
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static em_module *make(const char *cls, ...) {
+    va_list ap;
+    va_start(ap, cls);
+    em_options *o = em_options_new();
+    for (const char *k; (k = va_arg(ap, const char *));)
+        em_options_set_text(o, k, va_arg(ap, const char *), NULL);
+    va_end(ap);
+    em_module *m = em_module_new(cls, o);
+    em_options_free(o);
+    cr_assert(m, "%s: %s", cls, em_last_error());
+    return m;
+}
+#define MAKE(...) make(__VA_ARGS__, NULL)
+
+static em_module *sequential(em_module *const *layers, int n) {
+    em_module *s = em_module_new("Sequential", NULL);
+    cr_assert(s, "%s", em_last_error());
+    for (int i = 0; i < n; i++) cr_assert_eq(em_module_append_child(s, layers[i]), EM_OK);
+    return s;
+}
+
+/* A short dtype name for the rendered lists. */
+static const char *dt(em_dtype d) {
+    switch (d) {
+    case EM_F32: return "f32";
+    case EM_F64: return "f64";
+    case EM_I64: return "i64";
+    case EM_I32: return "i32";
+    case EM_BOOL: return "bool";
+    default: return em_dtype_name(d);
+    }
+}
+
+static void shape_text(char *b, size_t cap, const em_trace_value *v) {
+    size_t n = (size_t)snprintf(b, cap, "%s[", dt(v->dtype));
+    for (int d = 0; d < v->ndim && n < cap; d++)
+        n += (size_t)snprintf(b + n, cap - n, "%s%lld", d ? "," : "", (long long)v->shape[d]);
+    if (n < cap) snprintf(b + n, cap - n, "]");
+}
+
+static void attr_text(char *b, size_t cap, const em_attr *a) {
+    switch (a->type) {
+    case EM_ATTR_NONE: snprintf(b, cap, "-"); break;
+    case EM_ATTR_INT: snprintf(b, cap, "%lld", (long long)a->v.i); break;
+    case EM_ATTR_FLOAT: snprintf(b, cap, "%g", a->v.f); break;
+    case EM_ATTR_BOOL: snprintf(b, cap, "%s", a->v.b ? "true" : "false"); break;
+    case EM_ATTR_STRING: snprintf(b, cap, "%s", a->v.s); break;
+    case EM_ATTR_INTS:
+    case EM_ATTR_INT_LIST: {
+        const int64_t *v = a->type == EM_ATTR_INTS ? a->ints : a->v.list;
+        size_t n = (size_t)snprintf(b, cap, "[");
+        for (int i = 0; i < a->n && n < cap; i++)
+            n += (size_t)snprintf(b + n, cap - n, "%s%lld", i ? "," : "", (long long)v[i]);
+        if (n < cap) snprintf(b + n, cap - n, "]");
+        break;
+    }
+    }
+}
+
+/* One node as a line: "  " per depth, op, (inputs), {attrs}, -> outputs, then flags. An input
+ * made by a node shows that node's position in `list` (#k, .j for output j > 0); graph inputs,
+ * parameters and buffers their names. With grad, the node's grad_fn and each parameter's
+ * gradient op are shown too. */
+static void render(const em_trace *tr, const size_t *list, size_t n_list, size_t k, bool grad,
+                   char *b, size_t cap) {
+    const em_trace_node *n = em_trace_node_at(tr, list[k]);
+    size_t len = 0;
+#define PUT(...) (len += (size_t)snprintf(b + len, len < cap ? cap - len : 0, __VA_ARGS__))
+    PUT("%*s%s(", 2 * n->depth, "", n->op);
+    for (int i = 0; i < n->n_in; i++) {
+        const em_trace_value *v = &n->in[i];
+        char s[96];
+        shape_text(s, sizeof s, v);
+        if (i) PUT(", ");
+        switch (v->source) {
+        case EM_TRACE_FROM_NODE: {
+            long pos = -1;
+            for (size_t j = 0; j < n_list; j++)
+                if (list[j] == (size_t)v->node) pos = (long)j;
+            if (v->output) PUT("#%ld.%d %s", pos, v->output, s);
+            else PUT("#%ld %s", pos, s);
+            break;
+        }
+        case EM_TRACE_FROM_INPUT:
+        case EM_TRACE_FROM_BUFFER: PUT("%s %s", v->name, s); break;
+        case EM_TRACE_FROM_PARAMETER:
+            PUT("%s %s", v->name, s);
+            if (grad) PUT(" grad:%s", v->grad_op ? v->grad_op : "-");
+            break;
+        case EM_TRACE_FROM_NONE: PUT("none"); break;
+        case EM_TRACE_FROM_LOCAL: PUT("local %s", s); break;
+        }
+    }
+    PUT(")");
+    if (n->n_attrs) {
+        PUT(" {");
+        for (int i = 0; i < n->n_attrs; i++) {
+            char s[96];
+            attr_text(s, sizeof s, &n->attrs[i]);
+            PUT("%s%s=%s", i ? ", " : "", n->attr_names[i], s);
+        }
+        PUT("}");
+    }
+    PUT(" ->");
+    for (int j = 0; j < n->n_out; j++) {
+        char s[96];
+        shape_text(s, sizeof s, &n->out[j]);
+        PUT("%s %s", j ? "," : "", s);
+    }
+    if (n->inplace) PUT(" inplace");
+    if (grad) PUT(" grad_fn:%s", n->grad_fn ? n->grad_fn : "-");
+#undef PUT
+}
+
+/* Compare the trace's nodes (all of them, or only the top level) with the expected lines. */
+static void expect_nodes(const em_trace *tr, bool top_only, bool grad, const char *const *want,
+                         size_t n_want) {
+    size_t list[256], n = 0;
+    for (size_t i = 0; i < em_trace_node_count(tr) && n < 256; i++)
+        if (!top_only || em_trace_node_at(tr, i)->parent < 0) list[n++] = i;
+    char all[16384] = "";
+    size_t len = 0;
+    for (size_t k = 0; k < n; k++) {
+        char line[1024];
+        render(tr, list, n, k, grad, line, sizeof line);
+        len += (size_t)snprintf(all + len, len < sizeof all ? sizeof all - len : 0, "%s\n", line);
+    }
+    for (size_t k = 0; k < n && k < n_want; k++) {
+        char line[1024];
+        render(tr, list, n, k, grad, line, sizeof line);
+        cr_assert_str_eq(line, want[k], "node %zu differs; the trace:\n%s", k, all);
+    }
+    cr_assert_eq(n, n_want, "%zu nodes, %zu expected; the trace:\n%s", n, n_want, all);
+}
+
+static em_trace *trace_of(void (*body)(void *), void *user, const em_module *m) {
+    em_trace_options o = {.struct_size = sizeof o, .module = m};
+    cr_assert_eq(em_trace_begin(&o), EM_OK, "%s", em_last_error());
+    body(user);
+    em_trace *tr = em_trace_end();
+    cr_assert(tr, "%s", em_last_error());
+    return tr;
+}
+
+/* ---- an MLP and a CNN, forward + loss ---------------------------------------------------------- */
+
+typedef struct fwd {
+    em_module *model;
+    em_tensor *x, *target;
+} fwd;
+
+static void forward_loss(void *user) {
+    fwd *f = user;
+    em_tensor *y = em_module_forward(f->model, f->x);
+    cr_assert(y, "%s", em_last_error());
+    cr_assert(em_cross_entropy(y, f->target, NULL, EM_REDUCTION_MEAN, -100, 0.0), "%s",
+              em_last_error());
+}
+
+static em_module *mlp(void) {
+    em_module *l[] = {MAKE("Linear", "in_features", "4", "out_features", "8"), MAKE("ReLU"),
+                      MAKE("Linear", "in_features", "8", "out_features", "3")};
+    return sequential(l, 3);
+}
+
+/* linear is a composite: x (N, in) -> (N, in) as rows, weight transposed to (in, out), the
+ * bias expanded to (N, out), one addmm, and the (N, out) view of its result. */
+static const char *const mlp_nodes[] = {
+    "linear(input0 f32[2,4], 0.weight f32[8,4], 0.bias f32[8]) -> f32[2,8]",
+    "  reshape(input0 f32[2,4]) {shape=[2,4]} -> f32[2,4]",
+    "  transpose(0.weight f32[8,4]) {dim0=0, dim1=1} -> f32[4,8]",
+    "  expand(0.bias f32[8]) {shape=[2,8]} -> f32[2,8]",
+    "  addmm(#3 f32[2,8], #1 f32[2,4], #2 f32[4,8]) {beta=1, alpha=1} -> f32[2,8]",
+    "  view(#4 f32[2,8]) {shape=[2,8]} -> f32[2,8]",
+    "relu(#0 f32[2,8]) -> f32[2,8]",
+    "linear(#6 f32[2,8], 2.weight f32[3,8], 2.bias f32[3]) -> f32[2,3]",
+    "  reshape(#6 f32[2,8]) {shape=[2,8]} -> f32[2,8]",
+    "  transpose(2.weight f32[3,8]) {dim0=0, dim1=1} -> f32[8,3]",
+    "  expand(2.bias f32[3]) {shape=[2,3]} -> f32[2,3]",
+    "  addmm(#10 f32[2,3], #8 f32[2,8], #9 f32[8,3]) {beta=1, alpha=1} -> f32[2,3]",
+    "  view(#11 f32[2,3]) {shape=[2,3]} -> f32[2,3]",
+    /* reduction 1 is EM_REDUCTION_MEAN; the composite passes its kernel an empty weight it
+     * allocated itself when none is given */
+    "cross_entropy(#7 f32[2,3], input1 i64[2], none) {reduction=1, ignore_index=-100, "
+    "label_smoothing=0} -> f32[]",
+    "  cross_entropy(#7 f32[2,3], input1 i64[2], local f32[0]) {reduction=1, "
+    "ignore_index=-100, label_smoothing=0} -> f32[]",
+};
+
+Test(trace, mlp_forward_and_loss_under_no_grad) {
+    em_scope_begin();
+    fwd f = {.model = mlp(), .x = em_ones(2, (int64_t[]){2, 4}, EM_F32, em_cpu()),
+             .target = em_zeros(1, (int64_t[]){2}, EM_I64, em_cpu())};
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    em_trace *tr = trace_of(forward_loss, &f, f.model);
+    em_grad_mode_pop();
+    expect_nodes(tr, false, false, mlp_nodes, N_OF(mlp_nodes));
+    cr_assert_eq(em_trace_input_count(tr), 2);
+    /* linear 2 x 8 floats: its result's storage (the addmm output its view holds) */
+    cr_assert_eq(em_trace_node_at(tr, 0)->bytes, 2 * 8 * 4);
+    cr_assert_eq(em_trace_node_at(tr, 5)->bytes, 0, "a view holds no memory of its own");
+    const em_trace_node *lin = em_trace_node_at(tr, 0);
+    cr_assert_eq(lin->kind, EM_OP_EVENT_COMPOSITE);
+    cr_assert_eq(lin->n_children, 5);
+    for (int k = 0; k < 5; k++) cr_assert_eq(lin->children[k], 1 + k);
+    em_trace_free(tr);
+    em_module_free(f.model);
+    em_scope_end();
+}
+
+/* Gradients on: each node names its backward op; each parameter, the backward op its gradient
+ * comes from (the weight reaches addmm through its transposed view, the bias through its
+ * expanded one). */
+static const char *const mlp_grad_nodes[] = {
+    "linear(input0 f32[2,4], 0.weight f32[8,4] grad:permute, 0.bias f32[8] grad:expand) -> "
+    "f32[2,8] grad_fn:view",
+    "relu(#0 f32[2,8]) -> f32[2,8] grad_fn:relu",
+    "linear(#1 f32[2,8], 2.weight f32[3,8] grad:permute, 2.bias f32[3] grad:expand) -> "
+    "f32[2,3] grad_fn:view",
+    "cross_entropy(#2 f32[2,3], input1 i64[2], none) {reduction=1, ignore_index=-100, "
+    "label_smoothing=0} -> f32[] grad_fn:cross_entropy",
+};
+
+Test(trace, mlp_with_gradients_on_records_the_gradient_ops) {
+    em_scope_begin();
+    fwd f = {.model = mlp(), .x = em_ones(2, (int64_t[]){2, 4}, EM_F32, em_cpu()),
+             .target = em_zeros(1, (int64_t[]){2}, EM_I64, em_cpu())};
+    em_trace *tr = trace_of(forward_loss, &f, f.model);
+    expect_nodes(tr, true, true, mlp_grad_nodes, N_OF(mlp_grad_nodes));
+    /* Inside the composite the transposed view is where the weight's gradient comes from. */
+    const em_trace_node *t = em_trace_node_at(tr, 2);
+    cr_assert_str_eq(t->op, "transpose");
+    cr_assert_str_eq(t->grad_fn, "permute");
+    cr_assert_str_eq(t->in[0].grad_op, "permute");
+    em_trace_free(tr);
+    em_module_free(f.model);
+    em_scope_end();
+}
+
+/* BatchNorm2d in training mode counts its batches in place (num_batches_tracked += 1), then
+ * normalises with the batch statistics (outputs: y, the batch mean and variance). */
+static const char *const cnn_nodes[] = {
+    "conv2d(input0 f32[2,1,4,4], 0.weight f32[2,1,3,3], 0.bias f32[2]) {stride=[1,1], "
+    "padding=[1,1], dilation=[1,1], groups=1} -> f32[2,2,4,4]",
+    "add_scalar_(1.num_batches_tracked i64[]) {value=1} -> i64[] inplace",
+    "batch_norm(#0 f32[2,2,4,4], 1.weight f32[2], 1.bias f32[2], 1.running_mean f32[2], "
+    "1.running_var f32[2]) {training=true, momentum=0.1, eps=1e-05} -> f32[2,2,4,4], f32[2], "
+    "f32[2]",
+    "relu(#2 f32[2,2,4,4]) -> f32[2,2,4,4]",
+    "max_pool2d(#3 f32[2,2,4,4]) {kernel_size=[2,2], stride=[2,2], padding=[0,0], "
+    "dilation=[1,1], ceil_mode=false} -> f32[2,2,2,2], i64[2,2,2,2]",
+    "flatten(#4 f32[2,2,2,2]) {start_dim=1, end_dim=-1} -> f32[2,8]",
+    "linear(#5 f32[2,8], 5.weight f32[3,8], 5.bias f32[3]) -> f32[2,3]",
+    "cross_entropy(#6 f32[2,3], input1 i64[2], none) {reduction=1, ignore_index=-100, "
+    "label_smoothing=0} -> f32[]",
+};
+
+Test(trace, cnn_forward_and_loss_under_no_grad) {
+    em_scope_begin();
+    em_module *l[] = {MAKE("Conv2d", "in_channels", "1", "out_channels", "2", "kernel_size", "3",
+                           "padding", "1"),
+                      MAKE("BatchNorm2d", "num_features", "2"), MAKE("ReLU"),
+                      MAKE("MaxPool2d", "kernel_size", "2"), MAKE("Flatten"),
+                      MAKE("Linear", "in_features", "8", "out_features", "3")};
+    fwd f = {.model = sequential(l, 6), .x = em_ones(4, (int64_t[]){2, 1, 4, 4}, EM_F32, em_cpu()),
+             .target = em_zeros(1, (int64_t[]){2}, EM_I64, em_cpu())};
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    em_trace *tr = trace_of(forward_loss, &f, f.model);
+    em_grad_mode_pop();
+    expect_nodes(tr, true, false, cnn_nodes, N_OF(cnn_nodes));
+    /* The buffer's in-place update wrote into the buffer: later reads of it still name it. */
+    cr_assert_eq(em_trace_input_count(tr), 2);
+    em_trace_free(tr);
+    em_module_free(f.model);
+    em_scope_end();
+}
+
+/* ---- views, copies, in-place ops: each once -------------------------------------------------- */
+
+typedef struct vt {
+    em_tensor *x; /* (2, 3) f32 */
+} vt;
+
+static void views_copies_inplace(void *user) {
+    vt *v = user;
+    em_tensor *x = v->x;
+    em_tensor *a = em_view(x, 2, (int64_t[]){3, 2});
+    em_tensor *b = em_reshape(a, 1, (int64_t[]){6});
+    em_tensor *c = em_permute(x, 2, (int[]){1, 0});
+    em_tensor *d = em_transpose(c, 0, 1);
+    em_tensor *e = em_expand(em_unsqueeze(x, 0), 3, (int64_t[]){4, 2, 3});
+    em_tensor *g = em_narrow(x, 1, 1, 2);
+    em_tensor *h = em_slice(x, 1, 0, 3, 2);
+    em_tensor *i = em_select(x, 0, 1);
+    em_tensor *j = em_squeeze(em_unsqueeze(i, 1), 1);
+    em_tensor *k = em_flatten(e, 0, 1);
+    em_tensor *l = em_squeeze_all(g);
+    em_tensor *m = em_to_dtype(x, EM_F64);
+    em_tensor *n = em_clone(x);
+    em_tensor *o = em_contiguous(c);
+    cr_assert_eq(em_copy_(n, d), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_add_(n, x), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_relu_(n), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_fill_(m, 2.0), EM_OK, "%s", em_last_error());
+    em_tensor *p = em_to_device(m, em_cpu());
+    cr_assert(a && b && c && d && e && g && h && i && j && k && l && m && n && o && p, "%s",
+              em_last_error());
+}
+
+static const char *const view_nodes[] = {
+    "view(input0 f32[2,3]) {shape=[3,2]} -> f32[3,2]",
+    "reshape(#0 f32[3,2]) {shape=[6]} -> f32[6]",
+    "permute(input0 f32[2,3]) {dims=[1,0]} -> f32[3,2]",
+    "transpose(#2 f32[3,2]) {dim0=0, dim1=1} -> f32[2,3]",
+    "unsqueeze(input0 f32[2,3]) {dim=0} -> f32[1,2,3]",
+    "expand(#4 f32[1,2,3]) {shape=[4,2,3]} -> f32[4,2,3]",
+    "narrow(input0 f32[2,3]) {dim=1, start=1, length=2} -> f32[2,2]",
+    "slice(input0 f32[2,3]) {dim=1, start=0, end=3, step=2} -> f32[2,2]",
+    "select(input0 f32[2,3]) {dim=0, index=1} -> f32[3]",
+    "unsqueeze(#8 f32[3]) {dim=1} -> f32[3,1]",
+    "squeeze(#9 f32[3,1]) {dim=1} -> f32[3]",
+    "flatten(#5 f32[4,2,3]) {start_dim=0, end_dim=1} -> f32[8,3]",
+    "squeeze_all(#6 f32[2,2]) -> f32[2,2]",
+    "to_dtype(input0 f32[2,3]) {dtype=float64} -> f64[2,3]",
+    "clone(input0 f32[2,3]) -> f32[2,3]",
+    "contiguous(#2 f32[3,2]) -> f32[3,2]",
+    "copy_(#14 f32[2,3], #3 f32[2,3]) -> f32[2,3] inplace",
+    "add_(#16 f32[2,3], input0 f32[2,3]) -> f32[2,3] inplace",
+    "relu_(#17 f32[2,3]) -> f32[2,3] inplace",
+    /* a fill reads nothing: the value it writes into #13 does not depend on the old one */
+    "fill() {value=2} -> f64[2,3] inplace",
+    "to_device(#19 f64[2,3]) {device=cpu} -> f64[2,3]",
+};
+
+Test(trace, views_copies_and_inplace_ops_appear_once_each) {
+    em_scope_begin();
+    vt v = {.x = em_ones(2, (int64_t[]){2, 3}, EM_F32, em_cpu())};
+    em_trace *tr = trace_of(views_copies_inplace, &v, NULL);
+    expect_nodes(tr, false, false, view_nodes, N_OF(view_nodes));
+    cr_assert_eq(em_trace_node_at(tr, 0)->kind, EM_OP_EVENT_VIEW);
+    cr_assert_eq(em_trace_node_at(tr, 13)->kind, EM_OP_EVENT_COPY);
+    cr_assert_eq(em_trace_node_at(tr, 17)->kind, EM_OP_EVENT_INPLACE);
+    cr_assert_eq(em_trace_node_at(tr, 19)->kind, EM_OP_EVENT_OUT);
+    cr_assert_eq(em_trace_node_at(tr, 13)->bytes, 6 * 8, "to_dtype allocated 6 doubles");
+    cr_assert_eq(em_trace_node_at(tr, 17)->bytes, 0, "in place: no new memory");
+    em_trace_free(tr);
+    em_scope_end();
+}
+
+/* ---- composites: once, with their sub-ops nested ------------------------------------------------ */
+
+/* A program's own composite written with the public ops: swish(x) = x * sigmoid(x). */
+static em_status swish(const em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
+                       em_tensor **out, int cap_out, int *n_out) {
+    (void)op, (void)n_in, (void)attrs, (void)cap_out;
+    em_scope_begin();
+    em_tensor *y = em_mul(in[0], em_sigmoid(in[0]));
+    out[0] = em_tensor_retain(y);
+    em_scope_end();
+    *n_out = y != NULL;
+    return y ? EM_OK : em_last_status();
+}
+
+static void call_swish_twice(void *user) {
+    const em_op *op = user;
+    em_tensor *x = em_full(1, (int64_t[]){5}, 0.5, EM_F32, em_cpu());
+    em_tensor *out[1];
+    cr_assert_eq(em_op_call(op, (const em_tensor *const[]){x}, 1, NULL, out), EM_OK, "%s",
+                 em_last_error());
+    cr_assert_eq(em_op_call(op, (const em_tensor *const[]){out[0]}, 1, NULL, out), EM_OK, "%s",
+                 em_last_error());
+}
+
+static const char *const swish_nodes[] = {
+    "fill() {value=0.5} -> f32[5]",
+    "test.swish(#0 f32[5]) -> f32[5]",
+    "  sigmoid(#0 f32[5]) -> f32[5]",
+    "  mul(#0 f32[5], #2 f32[5]) -> f32[5]",
+    "test.swish(#1 f32[5]) -> f32[5]",
+    "  sigmoid(#1 f32[5]) -> f32[5]",
+    "  mul(#1 f32[5], #5 f32[5]) -> f32[5]",
+};
+
+Test(trace, a_composite_appears_once_with_its_sub_ops_nested) {
+    em_op_schema s = {.struct_size = sizeof s, .name = "test.swish", .n_inputs = 1,
+                      .n_outputs = 1, .dispatch_arg = 0, .composite = swish};
+    const em_op *op = NULL;
+    cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
+    em_scope_begin();
+    em_trace *tr = trace_of(call_swish_twice, (void *)op, NULL);
+    expect_nodes(tr, false, false, swish_nodes, N_OF(swish_nodes));
+    const em_trace_node *n = em_trace_node_at(tr, 1);
+    cr_assert_eq(n->kind, EM_OP_EVENT_COMPOSITE);
+    cr_assert_eq(n->n_children, 2);
+    cr_assert_eq(em_trace_node_at(tr, 2)->parent, 1);
+    cr_assert_eq(em_trace_node_at(tr, 3)->parent, 1);
+    /* The second call reads the first one's output: the composite, not its last sub-op. */
+    cr_assert_eq(em_trace_node_at(tr, 4)->in[0].node, 1);
+    em_trace_free(tr);
+    em_scope_end();
+}
+
+/* matmul (a standard composite over bmm): the 2-D operands as batches of one, the product,
+ * the (M, N) view. */
+static void call_matmul(void *user) {
+    (void)user;
+    em_tensor *a = em_ones(2, (int64_t[]){2, 3}, EM_F32, em_cpu());
+    em_tensor *b = em_ones(2, (int64_t[]){3, 4}, EM_F32, em_cpu());
+    cr_assert(em_matmul(a, b), "%s", em_last_error());
+}
+
+static const char *const matmul_nodes[] = {
+    "fill() {value=1} -> f32[2,3]",
+    "fill() {value=1} -> f32[3,4]",
+    "matmul(#0 f32[2,3], #1 f32[3,4]) -> f32[2,4]",
+    "  reshape(#0 f32[2,3]) {shape=[2,3]} -> f32[2,3]",
+    "  reshape(#1 f32[3,4]) {shape=[3,4]} -> f32[3,4]",
+    "  expand(#3 f32[2,3]) {shape=[2,3]} -> f32[2,3]",
+    "  expand(#4 f32[3,4]) {shape=[3,4]} -> f32[3,4]",
+    "  reshape(#5 f32[2,3]) {shape=[1,2,3]} -> f32[1,2,3]",
+    "  reshape(#6 f32[3,4]) {shape=[1,3,4]} -> f32[1,3,4]",
+    "  bmm(#7 f32[1,2,3], #8 f32[1,3,4]) -> f32[1,2,4]",
+    "  view(#9 f32[1,2,4]) {shape=[2,4]} -> f32[2,4]",
+};
+
+Test(trace, a_standard_composite_nests_its_views_and_kernel) {
+    em_scope_begin();
+    em_trace *tr = trace_of(call_matmul, NULL, NULL);
+    expect_nodes(tr, false, false, matmul_nodes, N_OF(matmul_nodes));
+    cr_assert_eq(em_trace_input_count(tr), 0, "everything was made inside the trace");
+    em_trace_free(tr);
+    em_scope_end();
+}
+
+/* ---- identity: an address reused by a new tensor is not the old value -------------------------- */
+
+static void reuse(void *user) {
+    em_tensor *x = user;
+    em_scope_begin();
+    em_tensor *y = em_relu(x);
+    cr_assert(y);
+    em_scope_end(); /* y is freed: its address may be reused */
+    em_tensor *z = em_empty(1, (int64_t[]){7}, EM_F32, em_cpu()); /* not an op */
+    cr_assert(em_neg(z), "%s", em_last_error());
+}
+
+Test(trace, a_freed_tensors_address_is_not_its_value) {
+    em_scope_begin();
+    em_tensor *x = em_ones(1, (int64_t[]){3}, EM_F32, em_cpu());
+    em_trace *tr = trace_of(reuse, x, NULL);
+    const char *const want[] = {"relu(input0 f32[3]) -> f32[3]", "neg(input1 f32[7]) -> f32[7]"};
+    expect_nodes(tr, false, false, want, 2);
+    em_trace_free(tr);
+    em_scope_end();
+}
+
+/* ---- the tracer's own errors ------------------------------------------------------------------ */
+
+Test(trace, begin_and_end_are_checked) {
+    cr_assert_null(em_trace_end());
+    em_assert_error(EM_ERR_STATE, "trace_end: this thread is not recording a trace");
+    cr_assert_eq(em_trace_begin(NULL), EM_OK);
+    cr_assert_eq(em_trace_begin(NULL), EM_ERR_STATE);
+    em_assert_error(EM_ERR_STATE, "trace_begin: this thread is recording a trace already");
+    em_trace *tr = em_trace_end();
+    cr_assert(tr, "%s", em_last_error());
+    cr_assert_eq(em_trace_node_count(tr), 0);
+    cr_assert_null(em_trace_node_at(tr, 0));
+    em_trace_free(tr);
+    em_trace_free(NULL);
+    em_trace_options bad = {.struct_size = 1};
+    cr_assert_eq(em_trace_begin(&bad), EM_ERR_INVALID);
+}
+
+/* A failing op is recorded (no outputs) and its error reaches the caller unchanged. */
+static void failing(void *user) {
+    (void)user;
+    em_tensor *a = em_ones(1, (int64_t[]){2}, EM_F32, em_cpu());
+    em_tensor *b = em_ones(1, (int64_t[]){3}, EM_F32, em_cpu());
+    cr_assert_null(em_add(a, b));
+    em_assert_error(EM_ERR_SHAPE, "add: ");
+}
+
+Test(trace, a_failed_op_is_a_node_without_outputs) {
+    em_scope_begin();
+    em_trace *tr = trace_of(failing, NULL, NULL);
+    const char *const want[] = {"fill() {value=1} -> f32[2]", "fill() {value=1} -> f32[3]",
+                                "add(#0 f32[2], #1 f32[3]) ->"};
+    expect_nodes(tr, false, false, want, 3);
+    em_trace_free(tr);
+    em_scope_end();
+}
+
+/* ---- JSON and dot ------------------------------------------------------------------------------- */
+
+static char *write_with(em_status (*fn)(const em_trace *, FILE *), const em_trace *tr) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert(f);
+    cr_assert_eq(fn(tr, f), EM_OK, "%s", em_last_error());
+    fclose(f);
+    return text;
+}
+
+Test(trace, json_and_dot_describe_the_graph) {
+    em_scope_begin();
+    fwd f = {.model = mlp(), .x = em_ones(2, (int64_t[]){2, 4}, EM_F32, em_cpu()),
+             .target = em_zeros(1, (int64_t[]){2}, EM_I64, em_cpu())};
+    em_trace *tr = trace_of(forward_loss, &f, f.model);
+    char *js = write_with(em_trace_write_json, tr);
+    json_error_t err;
+    json_t *root = json_loads(js, 0, &err);
+    cr_assert(root, "not JSON (%s):\n%s", err.text, js);
+    json_t *nodes = json_object_get(root, "nodes");
+    cr_assert_eq(json_array_size(nodes), em_trace_node_count(tr));
+    json_t *n0 = json_array_get(nodes, 0);
+    cr_assert_str_eq(json_string_value(json_object_get(n0, "op")), "linear");
+    cr_assert_str_eq(json_string_value(json_object_get(n0, "kind")), "composite");
+    json_t *w = json_array_get(json_object_get(n0, "inputs"), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(w, "from")), "parameter");
+    cr_assert_str_eq(json_string_value(json_object_get(w, "name")), "0.weight");
+    cr_assert_str_eq(json_string_value(json_object_get(w, "grad_op")), "permute");
+    cr_assert_eq(json_array_size(json_object_get(n0, "children")), 5);
+    json_t *relu = json_array_get(nodes, 6);
+    json_t *from = json_array_get(json_object_get(relu, "inputs"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(from, "from")), "node");
+    cr_assert_eq(json_integer_value(json_object_get(from, "node")), 0);
+    json_t *ce = json_array_get(nodes, 13);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(ce, "attrs"), "ignore_index")),
+                 -100);
+    cr_assert_eq(json_array_size(json_object_get(root, "inputs")), 2);
+    json_decref(root);
+    free(js);
+
+    char *dot = write_with(em_graph_dump_trace, tr);
+    cr_assert(strncmp(dot, "digraph", 7) == 0, "%s", dot);
+    cr_assert(strstr(dot, "\"0.weight\" -> n0;"), "%s", dot);
+    cr_assert(strstr(dot, "n0 -> n6;"), "relu reads linear:\n%s", dot);
+    cr_assert(strstr(dot, "= reshape transpose expand addmm view"), "%s", dot);
+    cr_assert_null(strstr(dot, "n1 "), "sub-ops are in their composite's label:\n%s", dot);
+    free(dot);
+    cr_assert_eq(em_trace_write_json(NULL, stdout), EM_ERR_INVALID);
+    em_trace_free(tr);
+    em_module_free(f.model);
+    em_scope_end();
+}
+
+/* ---- observers ------------------------------------------------------------------------------------ */
+
+typedef struct log {
+    char text[4096];
+    size_t len;
+    int begins, ends;
+} log_t;
+
+static void log_begin(void *user, const em_op_event *ev) {
+    log_t *l = user;
+    l->begins++;
+    l->len += (size_t)snprintf(l->text + l->len, sizeof l->text - l->len, "%*s<%s", ev->depth,
+                               "", ev->name);
+}
+static void log_end(void *user, const em_op_event *ev) {
+    log_t *l = user;
+    l->ends++;
+    l->len += (size_t)snprintf(l->text + l->len, sizeof l->text - l->len, "%s>%s ", ev->name,
+                               ev->status == EM_OK ? "" : "!");
+}
+
+Test(trace, observers_stack_and_see_nesting) {
+    log_t a = {0}, b = {0};
+    em_observer oa = {.struct_size = sizeof oa, .begin = log_begin, .end = log_end, .user = &a};
+    em_observer ob = {.struct_size = sizeof ob, .begin = log_begin, .end = log_end, .user = &b};
+    em_scope_begin();
+    em_tensor *x = em_ones(2, (int64_t[]){2, 2}, EM_F32, em_cpu());
+    em_tensor *y = em_ones(1, (int64_t[]){2}, EM_F32, em_cpu());
+    cr_assert_eq(em_observer_push(&oa), EM_OK);
+    cr_assert_eq(em_observer_push(&ob), EM_OK);
+    cr_assert_eq(em_observer_count(), 2);
+    cr_assert(em_add(x, y)); /* y is broadcast: an expand nested in add */
+    cr_assert_eq(em_observer_pop(&oa), EM_OK, "pops the older one, not only the newest");
+    cr_assert(em_neg(x));
+    cr_assert_eq(em_observer_pop(&ob), EM_OK);
+    cr_assert_eq(em_observer_pop(&ob), EM_ERR_NOTFOUND);
+    cr_assert(em_neg(x));
+    cr_assert_str_eq(a.text, "<add <expandexpand> add> ");
+    cr_assert_str_eq(b.text, "<add <expandexpand> add> <negneg> ");
+    em_scope_end();
+    em_observer bad = {.struct_size = 4};
+    cr_assert_eq(em_observer_push(&bad), EM_ERR_INVALID);
+    cr_assert_eq(em_observer_push(NULL), EM_ERR_INVALID);
+    em_observer many[17];
+    for (int i = 0; i < 17; i++) {
+        many[i] = (em_observer){.struct_size = sizeof many[i], .end = log_end, .user = &a};
+        em_status st = em_observer_push(&many[i]);
+        cr_assert_eq(st, i < 16 ? EM_OK : EM_ERR_RANGE, "push %d", i);
+    }
+    for (int i = 0; i < 16; i++) cr_assert_eq(em_observer_pop(&many[i]), EM_OK);
+    cr_assert_eq(em_observer_count(), 0);
+}
+
+/* A callback's own calls are not observed, nor may it change the stack; a failing op's end
+ * comes with its status and the message stays the op's. */
+static em_status pushed_inside;
+static void nested_begin(void *user, const em_op_event *ev) {
+    log_t *l = user;
+    log_begin(user, ev);
+    if (l->begins == 1) {
+        em_scope_begin();
+        cr_assert(em_ones(1, (int64_t[]){1}, EM_F32, em_cpu())); /* a fill: not seen */
+        em_scope_end();
+        em_observer o = {.struct_size = sizeof o, .end = log_end, .user = user};
+        pushed_inside = em_observer_push(&o);
+        em_set_error(EM_ERR_IO, "the callback's own error");
+    }
+}
+
+Test(trace, callbacks_run_unobserved_and_keep_the_ops_error) {
+    log_t l = {0};
+    em_observer o = {.struct_size = sizeof o, .begin = nested_begin, .end = log_end, .user = &l};
+    em_scope_begin();
+    em_tensor *a = em_ones(1, (int64_t[]){2}, EM_F32, em_cpu());
+    em_tensor *b = em_ones(1, (int64_t[]){3}, EM_F32, em_cpu());
+    cr_assert_eq(em_observer_push(&o), EM_OK);
+    cr_assert_null(em_add(a, b));
+    em_assert_error(EM_ERR_SHAPE, "add: ");
+    cr_assert_eq(em_observer_pop(&o), EM_OK);
+    cr_assert_eq(pushed_inside, EM_ERR_STATE);
+    cr_assert_str_eq(l.text, "<addadd>! ");
+    em_scope_end();
+}
+
+/* Observers belong to their thread. */
+static void *other_thread(void *user) {
+    log_t *l = user;
+    em_observer o = {.struct_size = sizeof o, .begin = log_begin, .end = log_end, .user = l};
+    em_scope_begin();
+    em_tensor *x = em_ones(1, (int64_t[]){4}, EM_F32, em_cpu());
+    if (em_observer_push(&o) != EM_OK) return NULL;
+    em_tensor *y = em_exp(x);
+    em_observer_pop(&o);
+    em_scope_end();
+    return y;
+}
+
+Test(trace, an_observer_sees_only_its_own_threads_ops) {
+    log_t mine = {0}, theirs = {0};
+    em_observer o = {.struct_size = sizeof o, .begin = log_begin, .end = log_end, .user = &mine};
+    cr_assert_eq(em_observer_push(&o), EM_OK);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, other_thread, &theirs), 0);
+    void *ok;
+    pthread_join(th, &ok);
+    cr_assert(ok, "the other thread's ops ran");
+    em_scope_begin();
+    cr_assert(em_sqrt(em_ones(1, (int64_t[]){4}, EM_F32, em_cpu())));
+    em_scope_end();
+    cr_assert_eq(em_observer_pop(&o), EM_OK);
+    cr_assert_str_eq(theirs.text, "<expexp> ");
+    cr_assert_str_eq(mine.text, "<fillfill> <sqrtsqrt> ", "the other thread's fill and exp "
+                     "are not here: %s", mine.text);
+}
+
+/* ---- the profiler ------------------------------------------------------------------------------- */
+
+Test(trace, the_profiler_counts_times_and_sizes_ops) {
+    em_scope_begin();
+    em_tensor *x = em_ones(2, (int64_t[]){16, 16}, EM_F32, em_cpu());
+    em_profiler *p = em_profiler_start();
+    cr_assert(p, "%s", em_last_error());
+    for (int i = 0; i < 3; i++) cr_assert(em_exp(x));
+    cr_assert(em_matmul(x, x));
+    cr_assert(em_transpose(x, 0, 1));
+    cr_assert_eq(em_profiler_stop(p), EM_OK);
+    cr_assert_eq(em_profiler_stop(p), EM_ERR_STATE);
+    cr_assert(em_exp(x)); /* stopped: not counted */
+    const em_profile_row *exp = NULL, *mm = NULL, *bmm = NULL, *tr = NULL;
+    for (size_t i = 0; i < em_profiler_row_count(p); i++) {
+        const em_profile_row *r = em_profiler_row(p, i);
+        cr_assert_str_eq(r->device_type, "cpu");
+        if (!strcmp(r->op, "exp")) exp = r;
+        if (!strcmp(r->op, "matmul")) mm = r;
+        if (!strcmp(r->op, "bmm")) bmm = r;
+        if (!strcmp(r->op, "transpose")) tr = r;
+    }
+    cr_assert(exp && mm && bmm && tr);
+    cr_assert_eq(exp->calls, 3);
+    cr_assert_eq(exp->bytes, 3 * 16 * 16 * 4);
+    cr_assert_eq(mm->calls, 1);
+    cr_assert_eq(bmm->calls, 1, "matmul's kernel is nested in it");
+    cr_assert_geq(mm->total_ns, bmm->total_ns);
+    cr_assert_leq(mm->self_ns, mm->total_ns - bmm->total_ns);
+    cr_assert_eq(tr->bytes, 0, "a view allocates nothing");
+    cr_assert_null(em_profiler_row(p, em_profiler_row_count(p)));
+    cr_assert_eq(em_profiler_bytes_copied(p, "cpu", "cpu"), 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    em_profiler_report(p, f, 2);
+    fclose(f);
+    cr_assert(strstr(text, "device ") && strstr(text, "\ncpu "), "%s", text);
+    cr_assert(strstr(text, "ops by self time (the slowest):"), "%s", text);
+    free(text);
+    em_profiler_free(p);
+    em_profiler_free(NULL);
+    em_scope_end();
+}
+
+/* A running profiler is its thread's observer: another thread can neither stop nor free it. */
+static void *free_elsewhere(void *user) {
+    em_profiler *p = user;
+    em_status st = em_profiler_stop(p);
+    em_profiler_free(p); /* refused (a warning): p stays valid */
+    return st == EM_ERR_STATE ? p : NULL;
+}
+
+Test(trace, a_profiler_belongs_to_its_thread) {
+    em_profiler *p = em_profiler_start();
+    cr_assert(p, "%s", em_last_error());
+    pthread_t th;
+    void *ok;
+    cr_assert_eq(pthread_create(&th, NULL, free_elsewhere, p), 0);
+    pthread_join(th, &ok);
+    cr_assert(ok, "stop from another thread is EM_ERR_STATE");
+    cr_assert_eq(em_observer_count(), 1, "still observing this thread");
+    em_scope_begin();
+    cr_assert(em_neg(em_ones(1, (int64_t[]){2}, EM_F32, em_cpu())));
+    em_scope_end();
+    cr_assert_eq(em_profiler_row_count(p), 2, "fill and neg, into the profiler that was kept");
+    em_profiler_free(p);
+    cr_assert_eq(em_observer_count(), 0);
+}
