@@ -494,7 +494,7 @@ static em_status pw_forward(const em_kernel_ctx *k, int kind) {
     const em_ktensor *ts[5] = {c.red ? x : o, x, &k->in[1], c.has_w ? &k->in[2] : x,
                                c.has_pw ? &k->in[3] : x};
     int loop = kind == PW_SL1 && c.beta == 0 ? PW_L1 : kind;
-    cpu_foreach(5, ts, pw_fwd[loop][x->dtype], &c, c.red && em_deterministic() ? 0 : CPU_GRAIN);
+    cpu_foreach(k, 5, ts, pw_fwd[loop][x->dtype], &c, c.red && em_deterministic() ? 0 : CPU_GRAIN);
     if (c.red) {
         double s = partials_sum(&p);
         int64_t red = attr_i(k, 0, RED_MEAN);
@@ -516,7 +516,7 @@ static em_status pw_backward(const em_kernel_ctx *k, int kind) {
     }
     const em_ktensor *ts[6] = {&k->out[0], &ge, x, &k->in[2], c.has_w ? &k->in[3] : x,
                                c.has_pw ? &k->in[4] : x};
-    cpu_foreach(6, ts, pw_bwd[kind][x->dtype], &c, CPU_GRAIN);
+    cpu_foreach(k, 6, ts, pw_bwd[kind][x->dtype], &c, CPU_GRAIN);
     return EM_OK;
 }
 
