@@ -11,6 +11,13 @@
  * core keeps one caching allocator per device on top of that table. Freed blocks stay cached
  * for reuse until em_empty_cache() hands them back to the device.
  *
+ * The table may also give an execution context per (device, stream) — where the backend keeps
+ * library handles bound to a stream; kernels reach it as em_kernel_ctx.exec (ember/dispatch.h)
+ * — and named functions for settings only that backend has, found by name:
+ *
+ *     void (*set)(int) = (void (*)(int))em_backend_proc("cpu", "set_num_threads");
+ *     if (set) set(4);                                   // what em_set_num_threads(4) does
+ *
  * Memory categories. Every block is tagged with what it holds, so a summary can say who uses
  * the memory, not only how much. The rules:
  *   - module parameters                          -> EM_MEM_PARAMETER

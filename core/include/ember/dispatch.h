@@ -23,6 +23,22 @@
  *                           .dtype = EM_F32, .fn = my_square, .name = "square_f32" };
  *     em_kernel_register(em_registry_program(), &def, NULL);
  *
+ * Every kernel call runs in an execution context (em_kernel_ctx.exec): one per (device,
+ * stream), made by the core on first use with the backend's context_create (ember/device.h)
+ * and holding the backend's library handles for that stream (a BLAS or DNN handle); the
+ * stream is the calling thread's current one on the device (em_stream_set_current). The
+ * default stream's context is found with one load, so the common call pays nothing for it.
+ * Scratch memory a kernel needs is kernel workspace, held for the call and handed back when
+ * it returns:
+ *
+ *     static em_status my_kernel(const em_kernel_ctx *k) {
+ *         float *tmp;                                          // (n) floats of scratch
+ *         if (em_kernel_workspace(k, n * sizeof *tmp, (void **)&tmp) != EM_OK)
+ *             return em_last_status();                         // "my_op: out of memory ..."
+ *         my_blas *h = k->exec->backend;                       // the backend's handles
+ *         ...
+ *     }
+ *
  * When the device of the inputs has no kernel for the op and dtype, the fallback policy
  * decides: EM_FALLBACK_ERROR (default) fails naming the op, device, dtype and what is
  * registered; EM_FALLBACK_WARN and EM_FALLBACK_ALLOW copy the inputs to the CPU, run the CPU
