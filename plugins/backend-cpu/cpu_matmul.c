@@ -456,14 +456,14 @@ static mm_key make_key(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const 
 }
 
 /* Run entry e's primitive on these operands (bias: a dense row of y->C values, for a key made
- * with a bias), on a oneDNN stream of kc's context, its scratchpad in kc's workspace. RUN_NO
- * when it could not run (nothing was written), RUN_FAILED (error set) when the workspace could
- * not be had. */
+ * with a bias), on a oneDNN stream of kc's context, its scratchpad `pad` (at least e->scratch
+ * bytes; NULL: taken from kc's workspace now). RUN_NO when it could not run (nothing was
+ * written), RUN_FAILED (error set) when the workspace could not be had. */
 static run_result dnnl_exec(const em_kernel_ctx *kc, const mm_entry *e, const mat3 *a,
-                            const mat3 *b, const mat3 *y, const void *bias) {
+                            const mat3 *b, const mat3 *y, const void *bias, void *pad) {
     if (!e->prim) return RUN_NO;
-    void *pad = NULL;
-    if (e->scratch && !(pad = cpu_scratch(kc, e->scratch))) return RUN_FAILED;
+    if (!e->scratch) pad = NULL;
+    else if (!pad && !(pad = cpu_scratch(kc, e->scratch))) return RUN_FAILED;
     cpu_ctx *c = cpu_ctx_of(kc);
     dnnl_stream_t s = stream_take(c);
     if (!s) return RUN_NO;
@@ -500,7 +500,7 @@ static run_result onednn_gemm(const em_kernel_ctx *kc, dnnl_data_type_t dt, cons
     bool owned;
     mm_entry *e = entry_get(&k, &owned);
     if (!e) return RUN_NO;
-    run_result done = dnnl_exec(kc, e, a, b, y, bias);
+    run_result done = dnnl_exec(kc, e, a, b, y, bias, NULL);
     if (owned) entry_free_owned(e);
     return done;
 }
@@ -668,16 +668,17 @@ static mm_entry *entry_one(mm_entry *e) {
 }
 
 /* Run f32 y = alpha a b + beta y (rb: y = a b + bias, alpha 1) the way `path` says; e is the
- * key's entry (made with the bias argument when rb is given). False: that way cannot run this
+ * key's entry (made with the bias argument when rb is given); pad: a oneDNN scratchpad big
+ * enough for both of the key's primitives, or NULL (see dnnl_exec). False: that way cannot run this
  * call (nothing was written). */
 static run_result run_path(const em_kernel_ctx *kc, gemm_path path, mm_entry *e, const mat3 *a,
                            const mat3 *b, const mat3 *y, double alpha, double beta,
-                           const row_bias *rb) {
+                           const row_bias *rb, void *pad) {
     switch (path) {
-    case PATH_DNNL: return dnnl_exec(kc, e, a, b, y, rb ? rb->data : NULL);
+    case PATH_DNNL: return dnnl_exec(kc, e, a, b, y, rb ? rb->data : NULL, pad);
     case PATH_DNNL_1: {
         mm_entry *one = entry_one(e);
-        return one ? dnnl_exec(kc, one, a, b, y, rb ? rb->data : NULL) : RUN_NO;
+        return one ? dnnl_exec(kc, one, a, b, y, rb ? rb->data : NULL, pad) : RUN_NO;
     }
     case PATH_BLAS_1:
         if (rb) fill_rows(EM_F32, y, rb), beta = 1.0;
@@ -720,8 +721,13 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
         return PATH_DNNL;
     }
     int64_t span = (y->B - 1) * y->s0 + (y->R - 1) * y->rs + (y->C - 1) * y->cs + 1;
+    /* The scratch output, and one oneDNN scratchpad for every timed call (workspace is held
+     * until the kernel returns: one per call would pile up). */
+    mm_entry *one = entry_one(e);
+    size_t one_n = one ? one->scratch : 0, pad_n = e->scratch > one_n ? e->scratch : one_n;
     char *scratch = cpu_scratch(kc, (size_t)span * 4);
-    if (!scratch) { /* decide at a later call */
+    void *pad = scratch && pad_n ? cpu_scratch(kc, pad_n) : NULL;
+    if (!scratch || (pad_n && !pad)) { /* decide at a later call */
         em_clear_error();
         return PATH_DNNL;
     }
@@ -739,9 +745,9 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
     if (__atomic_exchange_n(&warmed, 1, __ATOMIC_ACQ_REL) == 0)
         for (double t0 = now_us(); now_us() - t0 < TUNE_WARMUP_US;) {
             double t1 = now_us();
-            if (run_path(kc, PATH_DNNL, e, a, b, &ys, alpha, beta, rb) != RUN_DONE) break;
+            if (run_path(kc, PATH_DNNL, e, a, b, &ys, alpha, beta, rb, pad) != RUN_DONE) break;
             double t2 = now_us();
-            if (run_path(kc, PATH_DNNL_1, e, a, b, &ys, alpha, beta, rb) != RUN_DONE) break;
+            if (run_path(kc, PATH_DNNL_1, e, a, b, &ys, alpha, beta, rb, pad) != RUN_DONE) break;
             if (t2 - t1 < TUNE_MARGIN * (now_us() - t2)) break;
         }
     for (int r = -1; r < TUNE_ROUNDS; r++)
@@ -749,7 +755,8 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
             int c = (i + (r < 0 ? 0 : r)) % nc; /* rotate the order: none always runs first */
             if (failed[c]) continue;
             double t0 = now_us();
-            if (run_path(kc, cand[c], e, a, b, &ys, alpha, beta, rb) != RUN_DONE) failed[c] = true;
+            if (run_path(kc, cand[c], e, a, b, &ys, alpha, beta, rb, pad) != RUN_DONE)
+                failed[c] = true;
             if (r >= 0) t[c][r] = now_us() - t0;
         }
     em_clear_error(); /* a way that failed here is only not chosen */
@@ -813,7 +820,7 @@ static run_result gemm_f32_onednn(const em_kernel_ctx *kc, const mat3 *a, const 
                        ? tune(kc, e, a, b, y, alpha, beta, rb)
                        : PATH_DNNL; /* another thread is measuring this key */
     }
-    run_result done = run_path(kc, path, e, a, b, y, alpha, beta, rb);
+    run_result done = run_path(kc, path, e, a, b, y, alpha, beta, rb, NULL);
     if (owned) entry_free_owned(e);
     return done;
 }
