@@ -156,7 +156,7 @@ em_proc_fn em_backend_proc(const char *device_type, const char *name) {
     return NULL;
 }
 
-/* ---- the thread count, the CPU backend's setting ---------------------------------------------- */
+/* ---- the thread count, the CPU backend's setting -------------------------------------------- */
 
 /* The CPU backend's function by name, or NULL without an error (no backend loaded). */
 static em_proc_fn cpu_fn(const char *name) {

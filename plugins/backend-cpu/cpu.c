@@ -63,7 +63,7 @@ static em_status cpu_synchronize(int index) {
     return EM_OK;
 }
 
-/* ---- settings and execution contexts ------------------------------------------------------------ */
+/* ---- settings and execution contexts ----------------------------------------------------------- */
 
 static struct {
     pthread_mutex_t lock; /* guards ctxs and why */

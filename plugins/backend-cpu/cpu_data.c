@@ -139,7 +139,8 @@ static void range_loop(char **p, const int64_t *s, int64_t n, void *vctx) {
 
 /* True when every value of the int64 tensor idx is in [0, size); else *bad is the first one
  * (C order) that is not. */
-static bool index_in_range(const em_kernel_ctx *k, const em_ktensor *idx, int64_t size, int64_t *bad) {
+static bool index_in_range(const em_kernel_ctx *k, const em_ktensor *idx, int64_t size,
+                           int64_t *bad) {
     range_ctx c = {size, false, 0};
     const em_ktensor *ts[1] = {idx};
     cpu_foreach(k, 1, ts, range_loop, &c, 0);
@@ -293,8 +294,8 @@ static void scatter_task(int64_t task, void *vctx) {
 
 /* Split `outer` lines into tasks: whole lines when there are enough of them for the
  * threads, else each line into nt chunks of `extent` (line length or target range). */
-static void plan_lines(const em_kernel_ctx *k, line_ctx *c, int64_t outer, int64_t extent, int64_t work, bool *par,
-                       int64_t *ntasks) {
+static void plan_lines(const em_kernel_ctx *k, line_ctx *c, int64_t outer, int64_t extent,
+                       int64_t work, bool *par, int64_t *ntasks) {
     int nt = cpu_threads(k);
     *par = nt > 1 && work >= CPU_GRAIN;
     c->chunks = (*par && outer < nt && extent >= 2 * nt) ? nt : 1;
@@ -392,8 +393,8 @@ static void iadd_task(int64_t task, void *vctx) {
 }
 
 /* y (written in place) += alpha * x rows picked by idx along dim; every tensor non-0-dim. */
-static void index_add_into(const em_kernel_ctx *k, const em_ktensor *y, const em_ktensor *x, const em_ktensor *idx,
-                           int dim, double alpha, int64_t skip) {
+static void index_add_into(const em_kernel_ctx *k, const em_ktensor *y, const em_ktensor *x,
+                           const em_ktensor *idx, int dim, double alpha, int64_t skip) {
     int64_t e = (int64_t)em_dtype_size(y->dtype);
     iadd_ctx c = {.y = y->data, .x = x->data, .idx = idx->data, .ysd = y->strides[dim] * e,
                   .xsd = x->strides[dim] * e, .is = (idx->ndim ? idx->strides[0] : 1) * 8,

@@ -401,7 +401,8 @@ static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
         if (impl && strncmp(impl, "ref", 3) != 0 && dnnl_primitive_create(&e->prim, pd) != dnnl_success)
             e->prim = NULL;
-        const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        const dnnl_memory_desc_t *smd =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         e->scratch = smd ? dnnl_memory_desc_get_size(smd) : 0;
         if (e->scratch) e->md_scratch = *smd;
         dnnl_primitive_desc_destroy(pd);

@@ -33,7 +33,8 @@
 /* fn(ctx, lo, hi) over [0, n), split into one contiguous range per thread when the total
  * work (n * per_item) is worth it; otherwise called once on this thread. */
 typedef void (*nn_range_fn)(void *ctx, int64_t lo, int64_t hi);
-static void nn_parallel(const em_kernel_ctx *k, int64_t n, int64_t per_item, nn_range_fn fn, void *ctx) {
+static void nn_parallel(const em_kernel_ctx *k, int64_t n, int64_t per_item, nn_range_fn fn,
+                        void *ctx) {
     int nt = cpu_threads(k);
     if (n <= 0) return;
     if (nt <= 1 || n < 2 || n * per_item < CPU_GRAIN) {

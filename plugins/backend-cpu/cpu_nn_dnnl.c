@@ -28,8 +28,9 @@
  * a stream,
  * memory objects (re-pointed at each call's tensors with dnnl_memory_set_data_handle) and one
  * buffer holding the blocked copies; the scratchpad is kernel workspace of each call
- * (em_kernel_workspace), and the thread count the call's context's. A call that finds that state in use
- * (another thread on the same shape) builds a temporary one, so concurrent calls are safe.
+ * (em_kernel_workspace), and the thread count the call's context's. A call that finds that
+ * state in use (another thread on the same shape) builds a temporary one, so concurrent calls
+ * are safe.
  * The cache is shared by all threads behind a mutex held for look-up and creation, holds at
  * most DN_CACHE_CAP entries and DN_BUF_CAP bytes of buffers (beyond that, calls use
  * temporary state or a temporary primitive), and is emptied at plugin shutdown.
@@ -513,7 +514,8 @@ static dnnl_status_t state_init(const dn_prim *p, dn_state *st) {
         const dnnl_dims_t d = {(dnnl_dim_t)p->scratch};
         dnnl_memory_desc_t md;
         s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_x);
-        if (s == dnnl_success) s = dnnl_memory_create(&st->scratch, &md, dn_engine, DNNL_MEMORY_NONE);
+        if (s == dnnl_success)
+            s = dnnl_memory_create(&st->scratch, &md, dn_engine, DNNL_MEMORY_NONE);
     }
     if (s != dnnl_success) state_free(st);
     return s;
@@ -695,8 +697,8 @@ static void copy_release(dn_copy *c, int share, bool ok) {
 /* Runs p on ptrs (one per argument, in the order the builder added them); kt (NULL, or one
  * per argument, NULL entries allowed) names the tensors whose reordered copies may be shared
  * (DN_SHARE_*). */
-static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs, const dn_name *const *kt,
-                                const char *who) {
+static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
+                                const dn_name *const *kt, const char *who) {
     void *pad = NULL;
     if (p->scratch && !(pad = cpu_scratch(k, p->scratch))) return em_last_status();
     dn_state tmp, *st = state_acquire(p, &tmp);
@@ -962,11 +964,13 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
     const dn_name n0 = input_name(k, 0), n1 = k->n_in > 1 ? input_name(k, 1) : (dn_name){0};
     switch (kind) {
     case DN_CONV_FWD: /* src, weights, dst[, bias] */
-        st = dn_exec_shared(k, p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
+        st = dn_exec_shared(k, p,
+                            (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
                             (const dn_name *[]){&n0, NULL, NULL, NULL}, who);
         break;
     case DN_CONV_BWD_WEIGHT: /* src, diff_dst, diff_weights, diff_bias */
-        st = dn_exec_shared(k, p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},
+        st = dn_exec_shared(k, p,
+                            (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},
                             (const dn_name *[]){&n0, &n1, NULL, NULL}, who);
         break;
     case DN_CONV_BWD_DATA: /* diff_dst, weights, diff_src */

@@ -460,8 +460,8 @@ static em_status reduce_full(const rplan *P) {
     int64_t nb = (P->total + BLOCK - 1) / BLOCK;
     acc *part = nb > 1 ? cpu_scratch(P->k, sizeof(acc) * (size_t)nb) : NULL;
     acc s = acc_init(P);
-    if (!part) {
-        if (nb > 1) em_clear_error(); /* one block, or no scratch: one pass (the same blocks, merged as we go) */
+    if (!part) { /* one block, or no scratch: one pass (the same blocks, merged as we go) */
+        if (nb > 1) em_clear_error();
         for (int64_t b = 0; b < nb; b++) {
             acc t = acc_init(P);
             reduce_range(P, &t, base, b * BLOCK, cpu_min_i64(P->total, (b + 1) * BLOCK));
@@ -483,7 +483,8 @@ static em_status reduce_full(const rplan *P) {
 /* Rows: each output reduces its own elements. */
 static void reduce_rows(const rplan *P) {
     int64_t n = P->y->numel;
-#pragma omp parallel for num_threads(cpu_threads(P->k)) if (P->x->numel >= CPU_GRAIN && n > 1) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads(P->k)) if (P->x->numel >= CPU_GRAIN && n > 1) \
+    schedule(static)
     for (int64_t o = 0; o < n; o++) {
         char *dv, *di;
         const char *base = out_base(P, o, &dv, &di);
