@@ -7,7 +7,9 @@
  * thread's current stream there). The default stream's context of each ordinal sits in
  * em__device_type.exec_default, published with a release store once built, so the common
  * call costs one load (em__exec_get); every context is also on the type's list `execs`, which
- * em__exec_make searches under the type's lock for the other streams. A context lives until
+ * em__exec_make searches under the type's lock for the other streams (after a per-thread
+ * cache of the last one, so a thread working on a side stream skips the lock too). A context
+ * lives until
  * its stream is freed, its device type is removed (plugin unload) or em_shutdown().
  *
  * Workspace. em_kernel_workspace takes a block from the device's caching allocator in
@@ -27,12 +29,32 @@ typedef struct em__exec {
     struct em__exec *next;
 } em__exec;
 
+/* Bumped (under a type's lock) whenever a context is freed: a thread's cached context is valid
+ * while the count is what it was when the thread cached it. */
+static atomic_uint_fast64_t exec_frees;
+/* The non-default stream context this thread used last. */
+static _Thread_local struct {
+    em_device dev;
+    em_stream *s;
+    em_exec_ctx *x;
+    uint_fast64_t frees;
+} tls_last;
+
 em_exec_ctx *em__exec_make(em_device dev, em_stream *s) {
+    if (s && tls_last.x && tls_last.s == s && em_device_equal(tls_last.dev, dev) &&
+        tls_last.frees == atomic_load_explicit(&exec_frees, memory_order_acquire))
+        return tls_last.x;
     em__device_type *t = &em__device_types[dev.type];
     pthread_mutex_lock(&t->lock);
     em__exec *x = t->execs;
     while (x && !(x->pub.device.index == dev.index && x->pub.stream == s)) x = x->next;
     if (x) {
+        if (s) { /* no context of this type can be freed while the lock is held */
+            tls_last.dev = dev;
+            tls_last.s = s;
+            tls_last.x = &x->pub;
+            tls_last.frees = atomic_load_explicit(&exec_frees, memory_order_relaxed);
+        }
         pthread_mutex_unlock(&t->lock);
         return &x->pub;
     }
@@ -73,6 +95,7 @@ void em__exec_free(em__device_type *t, int index, em_stream *s, bool all) {
             continue;
         }
         *p = x->next;
+        atomic_fetch_add_explicit(&exec_frees, 1, memory_order_release);
         if (!x->pub.stream) __atomic_store_n(&t->exec_default[x->pub.device.index], NULL,
                                              __ATOMIC_RELEASE);
         if (t->ops.context_destroy) t->ops.context_destroy(x->pub.device.index, x->pub.stream,

@@ -233,6 +233,18 @@ Test(exec, the_kernel_runs_on_the_current_stream_in_its_context) {
     cr_assert_eq(probe(g_dev), EM_OK, "%s", em_last_error());
     cr_expect_eq(S.exec, dflt);
 
+    /* A new stream (malloc may hand it the freed one's address) gets a context of its own. */
+    em_stream *s2 = NULL;
+    cr_assert_eq(em_stream_create(g_dev, &s2), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(g_dev, s2), EM_OK, "%s", em_last_error());
+    int before = D.creates;
+    cr_assert_eq(probe(g_dev), EM_OK, "%s", em_last_error());
+    cr_expect_eq(S.stream, s2);
+    cr_expect_eq(S.exec->stream, s2);
+    cr_expect_eq(D.creates, before + 1, "the freed stream's context is not reused");
+    cr_assert_eq(em_stream_set_current(g_dev, NULL), EM_OK);
+    em_stream_free(g_dev, s2);
+
     em_shutdown();
     cr_expect_eq(D.destroys, D.creates, "em_shutdown frees every context (%d of %d)",
                  D.destroys, D.creates);
