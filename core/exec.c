@@ -181,12 +181,13 @@ em_proc_fn em_backend_proc(const char *device_type, const char *name) {
 
 /* ---- the thread count, the CPU backend's setting -------------------------------------------- */
 
-/* The CPU backend's function by name, or NULL without an error (no backend loaded). */
+/* The CPU backend's function by name, or NULL without an error (no backend loaded). The CPU
+ * is always registry slot 0: no search by type name. */
 static em_proc_fn cpu_fn(const char *name) {
-    size_t n;
-    const em_backend_fn_def *f = em_backend_functions("cpu", &n);
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(f[i].name, name) == 0) return f[i].fn;
+    const em__device_type *t = &em__device_types[EM_DEVICE_CPU_TYPE];
+    const em_backend_fn_def *f = t->used ? t->ops.functions : NULL;
+    for (; f && f->name; f++)
+        if (strcmp(f->name, name) == 0) return f->fn;
     return NULL;
 }
 
