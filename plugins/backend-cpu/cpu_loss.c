@@ -240,6 +240,7 @@ static em_status cls_run(const em_kernel_ctx *k, cls_fn fn, const cls_job *j, do
     }
     partials p;
     if (partials_init(k, &p, em_op_name(k->op)) != EM_OK) return em_last_status();
+    nt = p.n; /* one slot per thread, whatever a concurrent set_num_threads did since */
 #pragma omp parallel num_threads(nt)
     {
         int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();
