@@ -145,9 +145,10 @@ typedef struct em_device_ops {
      * handle), settings. The core calls it once per (device, stream) on first use, keeps the
      * pointer in em_exec_ctx.backend (ember/dispatch.h), and hands it back to context_destroy
      * when the stream is freed (em_stream_free), the device type is removed or at
-     * em_shutdown(). May run on any thread, never twice at once for one device type. Return
-     * an error set with em_set_error (the op that needed it fails with it). NULL: kernels see
-     * em_exec_ctx.backend NULL. */
+     * em_shutdown(). May run on any thread, never twice at once for one device type (both
+     * slots run under the core's lock for the type: they must not allocate tensors or device
+     * memory through the core). Return an error set with em_set_error (the op that needed it
+     * fails with it). NULL: kernels see em_exec_ctx.backend NULL. */
     em_status (*context_create)(int index, em_stream *s, void **out /* out */);
     /* (optional) Free what context_create made; NULL: nothing to free. */
     void (*context_destroy)(int index, em_stream *s, void *ctx);
