@@ -9,8 +9,8 @@
  * call costs one load (em__exec_get); every context is also on the type's list `execs`, which
  * em__exec_make searches under the type's lock for the other streams (after a per-thread
  * cache of the last one, so a thread working on a side stream skips the lock too). A context
- * lives until
- * its stream is freed, its device type is removed (plugin unload) or em_shutdown().
+ * lives until its stream is freed, its device type is removed (plugin unload) or
+ * em_shutdown().
  *
  * Workspace. em_kernel_workspace takes a block from the device's caching allocator in
  * category EM_MEM_WORKSPACE and links it into the call's list (em_kernel_ctx.workspace,
@@ -63,12 +63,11 @@ em_exec_ctx *em__exec_make(em_device dev, em_stream *s) {
     x = em__calloc(1, sizeof *x, "an execution context");
     em_status st = x ? EM_OK : EM_ERR_NOMEM;
     if (st == EM_OK && t->ops.context_create) {
-        em_clear_error();
         st = t->ops.context_create(dev.index, s, &x->pub.backend);
         if (st != EM_OK) {
-            char why[512];
-            snprintf(why, sizeof why, "%s",
-                     em__error_pending() ? em_last_error() : em_status_str(st));
+            char why[512]; /* the backend's message, or (none set) the status's */
+            snprintf(why, sizeof why, "%s", em__error_pending() && em_last_status() == st
+                                                ? em_last_error() : em_status_str(st));
             em_set_error(st, "%s: the backend could not make its execution context for the %s "
                          "stream: %s", name, s ? "current" : "default", why);
             em__free(x);
