@@ -62,6 +62,13 @@ static inline void *cpu_scratch(const em_kernel_ctx *k, size_t nbytes) {
 }
 /* Give back a context's idle oneDNN streams (cpu_matmul.c; context destroy). */
 void cpu_ctx_release_handles(cpu_ctx *c);
+/* With oneDNN (cpu_matmul.c): the plugin's one oneDNN CPU engine (dnnl_engine_t, made at
+ * registration, destroyed at plugin shutdown after the nn family's primitives), and a oneDNN
+ * stream of context c for one call (dnnl_stream_t; NULL: none could be made), given back with
+ * cpu_dnnl_stream_put. c NULL: a stream for that call alone. */
+void *cpu_dnnl_engine(void);
+void *cpu_dnnl_stream_take(cpu_ctx *c);
+void cpu_dnnl_stream_put(cpu_ctx *c, void *s);
 
 /* Registration of each op family (cpu_*.c). */
 em_status cpu_register_elementwise(em_registry *r);

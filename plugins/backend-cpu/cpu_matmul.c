@@ -339,6 +339,10 @@ static void stream_put(cpu_ctx *c, dnnl_stream_t s) {
     dnnl_stream_destroy(s);
 }
 
+void *cpu_dnnl_engine(void) { return G.engine; }
+void *cpu_dnnl_stream_take(cpu_ctx *c) { return stream_take(c); }
+void cpu_dnnl_stream_put(cpu_ctx *c, void *s) { stream_put(c, s); }
+
 void cpu_ctx_release_handles(cpu_ctx *c) {
     for (int i = 0; i < c->n_idle; i++) dnnl_stream_destroy(c->idle[i]);
     c->n_idle = 0;

@@ -25,10 +25,10 @@
  * when they differ (convolutions use oneDNN's blocked layouts: its direct JIT kernels were
  * 1.4-4 times faster here than the gemm ones it picks for nchw, one thread, reorders
  * included; backward data into fewer than 16 channels stays plain), and one execution state:
- * a stream,
  * memory objects (re-pointed at each call's tensors with dnnl_memory_set_data_handle) and one
  * buffer holding the blocked copies; the scratchpad is kernel workspace of each call
- * (em_kernel_workspace), and the thread count the call's context's. A call that finds that
+ * (em_kernel_workspace), and the thread count and the oneDNN stream (on the plugin's one
+ * engine, cpu_matmul.c's) the call's execution context's. A call that finds that
  * state in use (another thread on the same shape) builds a temporary one, so concurrent calls
  * are safe.
  * The cache is shared by all threads behind a mutex held for look-up and creation, holds at
@@ -120,7 +120,6 @@ typedef struct dn_copy {
 
 /* What one execution needs besides the primitive. */
 typedef struct dn_state {
-    dnnl_stream_t stream;
     dnnl_memory_t user[DN_MAX_ARGS], prim[DN_MAX_ARGS], scratch;
     void *buf;
 } dn_state;
@@ -494,7 +493,6 @@ static void state_free(dn_state *st) {
         if (st->prim[i]) dnnl_memory_destroy(st->prim[i]);
     }
     if (st->scratch) dnnl_memory_destroy(st->scratch);
-    if (st->stream) dnnl_stream_destroy(st->stream);
     em_host_free(st->buf);
     memset(st, 0, sizeof *st);
 }
@@ -503,7 +501,7 @@ static dnnl_status_t state_init(const dn_prim *p, dn_state *st) {
     memset(st, 0, sizeof *st);
     if (p->buf_bytes && !(st->buf = em_host_alloc(p->buf_bytes, 64))) return dnnl_out_of_memory;
     char *buf = st->buf;
-    dnnl_status_t s = dnnl_stream_create(&st->stream, dn_engine, dnnl_stream_default_flags);
+    dnnl_status_t s = dnnl_success;
     for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
         const dn_arg *a = &p->a[i];
         s = dnnl_memory_create(&st->user[i], &a->user, dn_engine, DNNL_MEMORY_NONE);
@@ -535,8 +533,7 @@ static void prim_free(dn_prim *p) {
 static dn_prim *dn_get(const dn_key *key, bool *owned) {
     *owned = false;
     pthread_mutex_lock(&dn_lock);
-    if (!dn_engine && dnnl_engine_create(&dn_engine, dnnl_cpu, 0) != dnnl_success) {
-        dn_engine = NULL;
+    if (!dn_engine && !(dn_engine = cpu_dnnl_engine())) { /* cpu_matmul.c's, shared */
         pthread_mutex_unlock(&dn_lock);
         return NULL;
     }
@@ -705,6 +702,13 @@ static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const 
     if (!st)
         return em_set_error(EM_ERR_NOMEM, "%s: out of memory for the oneDNN buffers (%zu bytes)",
                             who, p->buf_bytes);
+    /* The stream: one of the call's execution context (its library handles). */
+    cpu_ctx *cc = cpu_ctx_of(k);
+    dnnl_stream_t strm = cpu_dnnl_stream_take(cc);
+    if (!strm) {
+        state_release(p, st);
+        return em_set_error(EM_ERR_DEVICE, "%s: oneDNN could not make a stream", who);
+    }
     /* oneDNN's OpenMP regions take the calling thread's max-threads setting. */
     int nt = cpu_threads(k);
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
@@ -720,7 +724,7 @@ static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const 
         s = dnnl_memory_set_data_handle(st->user[i], ptrs[i]);
         if (s == dnnl_success && a->reorder && !a->out && !filled) {
             dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->user[i]}, {DNNL_ARG_TO, pm}};
-            s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
+            s = dnnl_primitive_execute(a->reorder, strm, 2, ra);
         }
         args[n++] = (dnnl_exec_arg_t){a->arg, a->reorder ? pm : st->user[i]};
     }
@@ -728,18 +732,19 @@ static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const 
         if (s == dnnl_success) s = dnnl_memory_set_data_handle(st->scratch, pad);
         args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, st->scratch};
     }
-    if (s == dnnl_success) s = dnnl_primitive_execute(p->prim, st->stream, n, args);
+    if (s == dnnl_success) s = dnnl_primitive_execute(p->prim, strm, n, args);
     for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
         const dn_arg *a = &p->a[i];
         if (!a->reorder || !a->out) continue;
         dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->prim[i]}, {DNNL_ARG_TO, st->user[i]}};
-        s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
+        s = dnnl_primitive_execute(a->reorder, strm, 2, ra);
     }
-    if (s == dnnl_success) s = dnnl_stream_wait(st->stream);
-    else dnnl_stream_wait(st->stream); /* nothing of ours still running on a copy */
+    if (s == dnnl_success) s = dnnl_stream_wait(strm);
+    else dnnl_stream_wait(strm); /* nothing of ours still running on a copy */
     for (int i = 0; i < p->nargs; i++)
         if (copy[i]) copy_release(copy[i], p->a[i].share, s == dnnl_success);
     state_release(p, st);
+    cpu_dnnl_stream_put(cc, strm);
     if (s != dnnl_success)
         return em_set_error(EM_ERR_DEVICE, "%s: oneDNN failed with status %d", who, (int)s);
     return EM_OK;
@@ -1072,7 +1077,6 @@ void cpu_nn_dnnl_shutdown(void) {
     dn_buf_total = 0;
     for (int i = 0; i < DN_COPY_CAP; i++) copy_clear(&dn_copies[i]);
     dn_copy_tick = 0;
-    if (dn_engine) dnnl_engine_destroy(dn_engine);
-    dn_engine = NULL;
+    dn_engine = NULL; /* cpu_matmul.c's: destroyed by cpu_gemm_shutdown, after this */
     pthread_mutex_unlock(&dn_lock);
 }
