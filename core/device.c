@@ -76,6 +76,7 @@ em_status em_device_type_register(em_registry *reg, const em_device_ops *ops_in)
 }
 
 static void device_type_clear(em__device_type *t) {
+    em__exec_free(t, 0, NULL, true); /* before the backend's code and allocators go */
     for (size_t i = 0; i < EM_ARRAY_LEN(t->alloc); i++) em__allocator_free(t->alloc[i]);
     pthread_mutex_destroy(&t->lock);
     memset(t, 0, sizeof *t);
@@ -287,7 +288,9 @@ em_status em_stream_create(em_device dev, em_stream **out) {
  * (few: a thread rarely drives more than a couple of devices). */
 #define CURRENT_MAX 16
 static _Thread_local struct { em_device dev; em_stream *s; } tls_current[CURRENT_MAX];
-static _Thread_local int tls_current_len;
+/* Initial-exec: read by every op call (em__stream_current), where the default model costs a
+ * __tls_get_addr call in a shared library; 4 bytes fit glibc's static TLS room. */
+static _Thread_local __attribute__((tls_model("initial-exec"))) int tls_current_len;
 
 static int current_find(em_device dev) {
     for (int i = 0; i < tls_current_len; i++)
@@ -326,11 +329,13 @@ em_status em_stream_set_current(em_device dev, em_stream *s) {
     return EM_OK;
 }
 
-em_stream *em_stream_current(em_device dev) {
+em_stream *em__stream_current(em_device dev) {
     if (tls_current_len == 0) return NULL;
     int i = current_find(dev);
     return i < 0 ? NULL : tls_current[i].s;
 }
+
+em_stream *em_stream_current(em_device dev) { return em__stream_current(dev); }
 
 void em_stream_free(em_device dev, em_stream *s) {
     if (!s || em__device_check(dev, "stream_free") != EM_OK) return;
@@ -344,6 +349,7 @@ void em_stream_free(em_device dev, em_stream *s) {
         if (o->stream_synchronize) o->stream_synchronize(dev.index, s);
         em__allocator_stream_gone(a, s);
     }
+    em__exec_free(&em__device_types[dev.type], dev.index, s, false);
     if (o->stream_destroy) o->stream_destroy(dev.index, s);
 }
 em_status em_stream_synchronize(em_device dev, em_stream *s) {

@@ -53,8 +53,7 @@ static struct {
     atomic_int fallback;
     atomic_bool profile;
     atomic_bool deterministic;
-    atomic_int threads;
-} cfg = {EM_FALLBACK_ERROR, false, false, 1};
+} cfg = {EM_FALLBACK_ERROR, false, false};
 
 uint64_t em__now_ns(void) {
     struct timespec ts;
@@ -72,13 +71,6 @@ void em_profile_enable(bool on) { cfg.profile = on; }
 bool em_profile_enabled(void) { return cfg.profile; }
 void em_set_deterministic(bool on) { cfg.deterministic = on; }
 bool em_deterministic(void) { return cfg.deterministic; }
-static char threads_why[160];
-int em_num_threads(void) { return cfg.threads; }
-void em_set_num_threads(int n) {
-    cfg.threads = n < 1 ? 1 : n;
-    snprintf(threads_why, sizeof threads_why, "em_set_num_threads");
-}
-const char *em_num_threads_reason(void) { return threads_why; }
 
 void em__dispatch_init(void) {
     const char *fb = getenv("EMBER_FALLBACK");
@@ -90,21 +82,6 @@ void em__dispatch_init(void) {
             em_log_write(EM_LOG_WARN, "EMBER_FALLBACK='%s' is not one of error, warn, allow; using "
                    "error", fb);
     }
-    char *why = threads_why;
-    cfg.threads = em__ncpu_explain(why, sizeof threads_why);
-    const char *nt = getenv("EMBER_NUM_THREADS");
-    if (nt && *nt) {
-        char *end;
-        long n = strtol(nt, &end, 10);
-        if (*end || n < 1 || n > 4096)
-            em_log_write(EM_LOG_WARN, "EMBER_NUM_THREADS='%s' is not a positive number; using %d "
-                         "(%s)", nt, cfg.threads, why);
-        else {
-            cfg.threads = (int)n;
-            snprintf(why, sizeof threads_why, "EMBER_NUM_THREADS");
-        }
-    }
-    em_log_write(EM_LOG_INFO, "CPU threads: %d (%s)", cfg.threads, why);
     em_placement_reset();
 }
 
@@ -461,6 +438,7 @@ static em_status run_kernel(const struct em_op *op, const em_kernel *k, em_kerne
     ctx->user = k->def.user;
     uint64_t t0 = cfg.profile ? em__now_ns() : 0;
     em_status st = k->def.fn(ctx);
+    if (ctx->workspace) em__workspace_release(ctx);
     if (cfg.profile) {
         if (dev.type != EM_DEVICE_CPU_TYPE) em__device_ops(dev)->synchronize(dev.index);
         atomic_fetch_add_explicit(&place[dev.type].ns, em__now_ns() - t0, memory_order_relaxed);
@@ -608,8 +586,11 @@ static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in
         ids[i] = em__storage_id(t);
         vers[i] = atomic_load_explicit(&t->storage->version, memory_order_acquire);
     }
+    em_stream *s = em__stream_current(dev);
+    em_exec_ctx *x = em__exec_get(dev, s);
+    if (!x) return em_last_status();
     em_kernel_ctx ctx = {.struct_size = sizeof ctx, .op = op, .device = dev, .n_in = n_in,
-                         .storage_ids = ids, .versions = vers,
+                         .storage_ids = ids, .versions = vers, .stream = s, .exec = x,
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
     em_kernel *k = op->top[dev.type][key];
     /* supports() sees the kernel's own user pointer, as its fn does. */
@@ -765,12 +746,18 @@ static em_status call_lists(const em_op *cop, int count, const em_tensor *const 
         if (t) em__ktensor_fill(&kt[i], t);
         else memset(&kt[i], 0, sizeof kt[i]);
     }
+    em_stream *s = em__stream_current(dev);
+    em_exec_ctx *x = em__exec_get(dev, s);
     em_kernel_ctx ctx = {.struct_size = sizeof ctx, .op = op, .device = dev,
                          .n_in = n_in * count, .n_out = n_out * count, .in = kt,
-                         .out = kt + (size_t)n_in * (size_t)count, .attrs = attrs};
+                         .out = kt + (size_t)n_in * (size_t)count, .attrs = attrs,
+                         .stream = s, .exec = x};
+    if (!x) k = NULL;
     while (k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx))) k = k->below;
     em_status st;
-    if (!k) {
+    if (!x) {
+        st = em_last_status();
+    } else if (!k) {
         st = no_kernel_error(op, dev.type, key);
     } else {
         st = run_kernel(op, k, &ctx, dev, out, n_out * count);

@@ -117,6 +117,10 @@ typedef struct em__device_type {
     em_registry *owner;
     em__allocator *alloc[64];    /* per ordinal, created on first use */
     pthread_mutex_t lock;
+    /* Execution contexts (exec.c): the default stream's per ordinal (read without the lock:
+     * the dispatcher's one load), and every one made, for lookup and freeing (under lock). */
+    em_exec_ctx *exec_default[64];
+    struct em__exec *execs;
 } em__device_type;
 
 extern em__device_type em__device_types[EM_MAX_DEVICE_TYPES];
@@ -131,6 +135,26 @@ em__allocator *em__device_allocator_existing(em_device dev);
 void em__devices_shutdown(void);
 void em__device_types_remove_owner(em_registry *owner);
 int em__device_type_find(const char *name); /* index or -1 */
+/* The calling thread's current stream on dev (em_stream_current without the call). */
+em_stream *em__stream_current(em_device dev);
+
+/* ---- execution contexts and backend functions (exec.c) ----------------------------------- */
+
+/* The execution context of (dev, s), made on first use; NULL with the error set. */
+em_exec_ctx *em__exec_make(em_device dev, em_stream *s);
+/* The dispatcher's: the default stream's context is one load once it exists. */
+static inline em_exec_ctx *em__exec_get(em_device dev, em_stream *s) {
+    em_exec_ctx *x = s ? NULL
+                       : __atomic_load_n(&em__device_types[dev.type].exec_default[dev.index],
+                                         __ATOMIC_ACQUIRE);
+    return x ? x : em__exec_make(dev, s);
+}
+/* Free the contexts of device type t: those of stream s on ordinal index, or (all true)
+ * every one. */
+void em__exec_free(em__device_type *t, int index, em_stream *s, bool all);
+/* Hand back the workspace a kernel call took (em_kernel_workspace); after its kernel ran. */
+void em__workspace_release(em_kernel_ctx *k);
+
 /* Copy between any two devices (through the host when neither is the CPU); counts bytes. */
 em_status em__device_copy(em_device dst_dev, void *dst, em_device src_dev, const void *src,
                           size_t nbytes);

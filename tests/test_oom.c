@@ -196,3 +196,50 @@ Test(oom, init_reports_out_of_memory) {
     cr_assert_eq(atomic_load(&g_count.live), 0, "%ld allocations leaked by em_init/em_shutdown",
                  atomic_load(&g_count.live));
 }
+
+/* A kernel's scratch memory is kernel workspace (em_kernel_workspace): it comes from the
+ * caching allocator, so through this hook, and a refused request fails the op with an
+ * out-of-memory error naming it. randperm into an int32 tensor shuffles in workspace (an
+ * int64 vector) and then stores: with the cache emptied and every allocation refused, the
+ * workspace request is the call's only allocation. */
+Test(oom, kernel_workspace_failure_names_the_op) {
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    const em_op *op = em_op_find("randperm");
+    cr_assert_not_null(op, "%s", em_last_error());
+    int64_t n = 1000;
+    em_tensor *y = em_empty(1, &n, EM_I32, em_cpu());
+    cr_assert_not_null(y, "%s", em_last_error());
+    em_attr attrs[2] = {{.type = EM_ATTR_INT, .v.i = 7}, {.type = EM_ATTR_INT, .v.i = 0}};
+    /* Once with memory: the execution context and everything else a first call makes. */
+    cr_assert_eq(em_op_call_out(op, NULL, 0, attrs, &y, 1), EM_OK, "%s", em_last_error());
+    em_empty_cache();
+    arm(1, true);
+    em_clear_error();
+    cr_assert_eq(em_op_call_out(op, NULL, 0, attrs, &y, 1), EM_ERR_NOMEM,
+                 "a refused workspace request must fail the op (%s)", em_last_error());
+    cr_expect_gt(atomic_load(&g_count.failures), 0, "the workspace went through the hook");
+    const char *msg = em_last_error();
+    cr_expect(strncmp(msg, "randperm: ", 10) == 0, "the message names the op: %s", msg);
+    cr_expect_not_null(strstr(msg, "out of memory for 8000 bytes of kernel workspace on cpu"),
+                       "%s", msg);
+    em_memory_stats st;
+    cr_assert_eq(em_memory_stats_get(em_cpu(), &st), EM_OK);
+    cr_expect_eq(st.current[EM_MEM_WORKSPACE], 0, "no workspace held after the failed call");
+    /* With memory back the same call works and gives a permutation. */
+    arm(0, false);
+    cr_assert_eq(em_op_call_out(op, NULL, 0, attrs, &y, 1), EM_OK, "%s", em_last_error());
+    int32_t v[1000];
+    bool seen[1000] = {false};
+    cr_assert_eq(em_tensor_to_host(y, v, sizeof v), EM_OK, "%s", em_last_error());
+    for (int i = 0; i < 1000; i++) {
+        cr_assert(v[i] >= 0 && v[i] < 1000 && !seen[v[i]], "y[%d] = %d", i, v[i]);
+        seen[v[i]] = true;
+    }
+    cr_assert_eq(em_memory_stats_get(em_cpu(), &st), EM_OK);
+    cr_expect_eq(st.current[EM_MEM_WORKSPACE], 0, "the workspace went back when the call ended");
+    cr_expect_gt(st.current[EM_MEM_CACHED], 0, "... into the cache");
+    em_tensor_release(y);
+    em_shutdown();
+    cr_assert_eq(atomic_load(&g_count.live), 0, "%ld allocations leaked",
+                 atomic_load(&g_count.live));
+}

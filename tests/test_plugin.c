@@ -1093,6 +1093,8 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error()); /* the same count in this process */
     snprintf(threads, sizeof threads, "CPU threads: %d (", em_num_threads());
     assert_line(out, threads, "affinity mask"); /* how many, and why */
+    /* each backend's named functions (em_backend_proc) */
+    assert_line(out, "cpu function set_num_threads:", "void (int n)");
     free(out);
 }
 
@@ -1139,6 +1141,12 @@ Test(plugin_env, ember_info_json_parses) {
     json_t *kernels = json_object_get(cpu, "kernels");
     json_t *add_cpu = json_object_get(json_object_get(kernels, "add"), "cpu");
     cr_assert(json_is_array(add_cpu) && json_array_size(add_cpu) >= 2, "add kernels");
+    json_t *fns = json_object_get(cpu, "backend_functions");
+    cr_assert_eq(json_array_size(fns), 3, "the CPU backend's named functions");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(fns, 1), "name")),
+                     "set_num_threads");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(fns, 1), "device_type")),
+                     "cpu");
     json_t *abi = json_plugin(root, "bad_abi.so");
     cr_assert_str_eq(json_string_value(json_object_get(abi, "status")), "refused");
     cr_assert(strstr(json_string_value(json_object_get(abi, "reason")), "built for plugin ABI"));

@@ -157,8 +157,22 @@ static void kernel_table_add(json_t *kernels, const em_kernel_info *k) {
 
 static json_t *registry_json(json_t *p, const em_registry *r, const options *o) {
     json_t *types = json_array(), *ops = json_array(), *kernels = json_object();
-    for (size_t i = 0; i < em_registry_device_type_count(r); i++)
-        json_array_append_new(types, json_string(em_registry_device_type_name(r, i)));
+    json_t *fns = json_array(); /* each backend's named functions (em_backend_proc) */
+    for (size_t i = 0; i < em_registry_device_type_count(r); i++) {
+        const char *t = em_registry_device_type_name(r, i);
+        json_array_append_new(types, json_string(t));
+        size_t n = 0;
+        /* A 1.1 call: looked up, so that ember-info still runs on a 1.0 core (none listed). */
+        const em_backend_fn_def *(*backend_functions)(const char *, size_t *);
+        *(void **)&backend_functions = dlsym(RTLD_DEFAULT, "em_backend_functions");
+        const em_backend_fn_def *f = backend_functions ? backend_functions(t, &n) : NULL;
+        for (size_t j = 0; j < n; j++)
+            json_array_append_new(fns, json_pack("{s:s, s:s, s:s, s:s}", "device_type", t,
+                                                 "name", f[j].name, "signature",
+                                                 f[j].signature ? f[j].signature : "",
+                                                 "doc", f[j].doc ? f[j].doc : ""));
+    }
+    json_object_set_new(p, "backend_functions", fns);
     for (size_t i = 0; i < em_registry_op_count(r); i++)
         json_array_append_new(ops, json_string(em_registry_op_name(r, i)));
     json_t *list = o->verbose ? json_array() : NULL;
@@ -497,6 +511,11 @@ static void print_plugins(const json_t *plugins, bool verbose) {
             continue;
         }
         print_string_list("device types", json_object_get(p, "device_types"));
+        size_t fi;
+        json_t *fn;
+        json_array_foreach(json_object_get(p, "backend_functions"), fi, fn)
+            printf("    %s function %s: %s; %s\n", get_s(fn, "device_type"),
+                   get_s(fn, "name"), get_s(fn, "signature"), get_s(fn, "doc"));
         print_string_list("ops declared", json_object_get(p, "ops"));
         const char *kind;
         json_t *names;

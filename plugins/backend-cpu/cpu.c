@@ -1,12 +1,14 @@
 /*
  * cpu.c — the CPU backend plugin: the "cpu" device (host memory through the core's
- * injectable host allocator, synchronous copies), the element-iteration engine shared by the
- * kernels, and the plugin's entry point.
+ * injectable host allocator, synchronous copies), its settings (the thread count, reached by
+ * name through em_backend_proc) and execution contexts, the element-iteration engine shared
+ * by the kernels, and the plugin's entry point.
  */
 #include "config.h" /* EM_HAVE_DNNL */
 
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include "ember/plugin.h"
 #include "ember/tensor.h"
 #include "ember/version.h"
+#include "../../core/cpus.h" /* the default thread count (core/cpus.c is built into the plugin) */
 #include "cpu.h"
 
 /* ---- the device ---------------------------------------------------------------------------------- */
@@ -67,6 +70,89 @@ static em_status cpu_synchronize(int index) {
     return EM_OK;
 }
 
+/* ---- settings and execution contexts ----------------------------------------------------------- */
+
+static struct {
+    pthread_mutex_t lock; /* guards ctxs and why */
+    _Atomic int threads;  /* for contexts made from now on */
+    char why[160];
+    cpu_ctx *ctxs;
+} S = {.lock = PTHREAD_MUTEX_INITIALIZER, .threads = 1};
+
+int cpu_num_threads(void) { return __atomic_load_n(&S.threads, __ATOMIC_RELAXED); }
+
+static void cpu_set_num_threads(int n) {
+    if (n < 1) n = 1;
+    pthread_mutex_lock(&S.lock);
+    __atomic_store_n(&S.threads, n, __ATOMIC_RELAXED);
+    snprintf(S.why, sizeof S.why, "em_set_num_threads");
+    for (cpu_ctx *c = S.ctxs; c; c = c->next) __atomic_store_n(&c->threads, n, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&S.lock);
+}
+
+static const char *cpu_num_threads_reason(void) { return S.why; }
+
+/* EMBER_NUM_THREADS, or the CPUs this process may use (core/cpus.c, built in). */
+static void threads_init(void) {
+    pthread_mutex_lock(&S.lock);
+    int n = em__ncpu_explain(S.why, sizeof S.why);
+    const char *nt = getenv("EMBER_NUM_THREADS");
+    if (nt && *nt) {
+        char *end;
+        long v = strtol(nt, &end, 10);
+        if (*end || v < 1 || v > 4096)
+            em_log_write(EM_LOG_WARN, "EMBER_NUM_THREADS='%s' is not a positive number; using %d "
+                         "(%s)", nt, n, S.why);
+        else {
+            n = (int)v;
+            snprintf(S.why, sizeof S.why, "EMBER_NUM_THREADS");
+        }
+    }
+    __atomic_store_n(&S.threads, n, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&S.lock);
+    em_log_write(EM_LOG_INFO, "CPU threads: %d (%s)", n, S.why);
+}
+
+static em_status cpu_context_create(int index, em_stream *s, void **out) {
+    (void)index, (void)s;
+    cpu_ctx *c = em_host_alloc(sizeof *c, 64);
+    if (!c) return em_set_error(EM_ERR_NOMEM, "cpu: out of memory for an execution context");
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_lock(&S.lock);
+    c->threads = cpu_num_threads();
+    c->next = S.ctxs;
+    S.ctxs = c;
+    pthread_mutex_unlock(&S.lock);
+    *out = c;
+    return EM_OK;
+}
+
+static void cpu_context_destroy(int index, em_stream *s, void *ctx) {
+    (void)index, (void)s;
+    cpu_ctx *c = ctx;
+    pthread_mutex_lock(&S.lock);
+    for (cpu_ctx **p = &S.ctxs; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    pthread_mutex_unlock(&S.lock);
+    cpu_ctx_release_handles(c);
+    pthread_mutex_destroy(&c->lock);
+    em_host_free(c);
+}
+
+static const em_backend_fn_def cpu_functions[] = {
+    {"num_threads", (em_proc_fn)cpu_num_threads, "int (void)",
+     "the number of threads CPU kernels may use"},
+    {"set_num_threads", (em_proc_fn)cpu_set_num_threads, "void (int n)",
+     "set it (below 1 becomes 1), for every kernel call that starts after this"},
+    {"num_threads_reason", (em_proc_fn)cpu_num_threads_reason, "const char *(void)",
+     "where the thread count came from, in words"},
+    {NULL, NULL, NULL, NULL},
+};
+
 static const em_device_ops cpu_device = {
     .struct_size = sizeof(em_device_ops),
     .name = "cpu",
@@ -76,6 +162,9 @@ static const em_device_ops cpu_device = {
     .free = cpu_free,
     .copy = cpu_copy,
     .synchronize = cpu_synchronize,
+    .context_create = cpu_context_create,
+    .context_destroy = cpu_context_destroy,
+    .functions = cpu_functions,
 };
 
 /* ---- the iteration engine --------------------------------------------------------------------------- */
@@ -96,7 +185,8 @@ static inline void foreach_row(int nops, const em_ktensor *const *ts, int nd, co
     fn(p, istride, inner, ctx);
 }
 
-void cpu_foreach(int nops, const em_ktensor *const *ts, cpu_loop_fn fn, void *ctx, int64_t grain) {
+void cpu_foreach(const em_kernel_ctx *kc, int nops, const em_ktensor *const *ts, cpu_loop_fn fn,
+                 void *ctx, int64_t grain) {
     const em_ktensor *t0 = ts[0];
     if (t0->numel == 0) return;
     /* Byte strides, size-1 dims dropped, then adjacent dims merged where every operand is
@@ -128,7 +218,7 @@ void cpu_foreach(int nops, const em_ktensor *const *ts, cpu_loop_fn fn, void *ct
     }
     int64_t inner = shape[nd - 1], outer = t0->numel / inner, istride[CPU_MAX_OPS];
     for (int k = 0; k < nops; k++) istride[k] = st[k][nd - 1];
-    int nt = em_num_threads();
+    int nt = cpu_threads(kc);
     bool par = grain > 0 && t0->numel >= grain && nt > 1;
     if (!par && outer == 1) { /* small work: no OpenMP region (it costs ~0.4 us to enter) */
         char *p[CPU_MAX_OPS];
@@ -173,6 +263,7 @@ em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *d
 }
 
 static em_status cpu_register(em_registry *r) {
+    threads_init();
     em_status st = em_device_type_register(r, &cpu_device);
     if (st == EM_OK) st = cpu_register_elementwise(r);
     if (st == EM_OK) st = cpu_register_reduce(r);

@@ -10,6 +10,7 @@
 #ifndef EMBER_CPU_H
 #define EMBER_CPU_H
 
+#include <pthread.h>
 #include <string.h>
 
 #include "ember/dispatch.h"
@@ -24,6 +25,53 @@
 #else
 #define SIMD_CLONES
 #endif
+
+/* ---- settings and execution contexts (cpu.c) ------------------------------------------------- */
+
+/* The backend's thread count, its own setting (named functions "num_threads",
+ * "set_num_threads", "num_threads_reason": em_backend_proc). */
+int cpu_num_threads(void);
+
+/* Idle oneDNN streams a context keeps (more in use at once are made and destroyed per call). */
+#define CPU_CTX_IDLE 64
+
+/* The CPU's execution context (em_exec_ctx.backend), one per (device, stream): the thread
+ * count the kernels run on (set_num_threads updates every live context) and the library
+ * handles — oneDNN streams, one per concurrent GEMM (a oneDNN stream is not for two threads
+ * at once), taken and given back by cpu_matmul.c. */
+typedef struct cpu_ctx {
+    _Atomic int threads;
+    struct cpu_ctx *next;         /* the backend's list of live contexts */
+    pthread_mutex_t lock;         /* guards idle */
+    void *idle[CPU_CTX_IDLE];     /* dnnl_stream_t, idle */
+    int n_idle;
+} cpu_ctx;
+
+/* The context of kernel call k (NULL from a core without contexts). */
+static inline cpu_ctx *cpu_ctx_of(const em_kernel_ctx *k) {
+    return EM_KCTX_HAS_EXEC(k) && k->exec ? (cpu_ctx *)k->exec->backend : NULL;
+}
+/* The threads kernel call k may use: its context's. */
+static inline int cpu_threads(const em_kernel_ctx *k) {
+    const cpu_ctx *c = cpu_ctx_of(k);
+    return c ? __atomic_load_n(&c->threads, __ATOMIC_RELAXED) : cpu_num_threads();
+}
+/* Scratch for kernel call k (em_kernel_workspace: the caching allocator, category workspace,
+ * handed back when the kernel returns; never freed by the caller). NULL, with the error set
+ * naming the op, when out of memory. */
+static inline void *cpu_scratch(const em_kernel_ctx *k, size_t nbytes) {
+    void *p;
+    return em_kernel_workspace(k, nbytes, &p) == EM_OK ? p : NULL;
+}
+/* Give back a context's idle oneDNN streams (cpu_matmul.c; context destroy). */
+void cpu_ctx_release_handles(cpu_ctx *c);
+/* With oneDNN (cpu_matmul.c): the plugin's one oneDNN CPU engine (dnnl_engine_t, made at
+ * registration, destroyed at plugin shutdown after the nn family's primitives), and a oneDNN
+ * stream of context c for one call (dnnl_stream_t; NULL: none could be made), given back with
+ * cpu_dnnl_stream_put. c NULL: a stream for that call alone. */
+void *cpu_dnnl_engine(void);
+void *cpu_dnnl_stream_take(cpu_ctx *c);
+void cpu_dnnl_stream_put(cpu_ctx *c, void *s);
 
 /* Registration of each op family (cpu_*.c). */
 em_status cpu_register_elementwise(em_registry *r);
@@ -40,20 +88,21 @@ em_status cpu_register_optim(em_registry *r);
 void cpu_shutdown_nn(void);
 
 
-/* GEMM (cpu_matmul.c): y = alpha a b + beta y for a (M, K) / (B, M, K), b (K, N) / (B, K, N)
+/* GEMM (cpu_matmul.c), for kernel call k (its threads, oneDNN streams and workspace):
+ * y = alpha a b + beta y for a (M, K) / (B, M, K), b (K, N) / (B, K, N)
  * and y (M, N) / (B, M, N), all of y's dtype (f32, f64, bf16, f16; bf16 and f16 accumulate
  * in f32). a and b may have any strides (transposed ones go to GEMM as they are, other
  * layouts are copied); y needs a unit column stride (cpu_gemm_supports checks a kernel's
  * output 0). beta == 0: y is not read. The library that runs it is chosen once, at
  * registration, and per shape at its first call (autotuning, see cpu_matmul.c);
  * cpu_gemm_describe() says which and why. */
-em_status cpu_gemm(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y, double alpha,
-                   double beta);
+em_status cpu_gemm(const em_kernel_ctx *k, const em_ktensor *a, const em_ktensor *b,
+                   const em_ktensor *y, double alpha, double beta);
 /* addmm: y (M, N) = beta bias + alpha a b, bias broadcast to (M, N) (stride 0 on broadcast
  * dims) and not overlapping y. A bias broadcast down the rows with alpha = beta = 1 (linear's)
  * goes to oneDNN as its bias argument for f32 and bf16; otherwise it is copied into y first. */
-em_status cpu_gemm_addmm(const em_ktensor *bias, const em_ktensor *a, const em_ktensor *b,
-                         const em_ktensor *y, double alpha, double beta);
+em_status cpu_gemm_addmm(const em_kernel_ctx *k, const em_ktensor *bias, const em_ktensor *a,
+                         const em_ktensor *b, const em_ktensor *y, double alpha, double beta);
 bool cpu_gemm_supports(const em_kernel_ctx *k);
 const char *cpu_gemm_describe(void);
 em_status cpu_gemm_init(void);
@@ -72,10 +121,11 @@ static inline int64_t cpu_offset(int ndim, const int64_t *shape, const int64_t *
 /* The element-iteration engine. fn is called on runs of n elements along the innermost dim
  * (after merging dims that are contiguous for every operand), with one byte pointer and one
  * byte stride per operand. All operands have the shape of ts[0]. Work is split across
- * em_num_threads() threads when there are at least `grain` elements (0: never split); the
- * split never changes results because each element is computed independently. */
+ * kernel call k's threads (cpu_threads) when there are at least `grain` elements (0: never
+ * split); the split never changes results because each element is computed independently. */
 typedef void (*cpu_loop_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
-void cpu_foreach(int nops, const em_ktensor *const *ts, cpu_loop_fn fn, void *ctx, int64_t grain);
+void cpu_foreach(const em_kernel_ctx *k, int nops, const em_ktensor *const *ts, cpu_loop_fn fn,
+                 void *ctx, int64_t grain);
 
 static inline int64_t cpu_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 

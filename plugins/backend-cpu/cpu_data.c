@@ -45,15 +45,15 @@ static bool same_memory(const em_ktensor *a, const em_ktensor *b) {
     return true;
 }
 
-/* Run fn(task, ctx) for task in [0, n): across em_num_threads() threads when par, else
+/* Run fn(task, ctx) for task in [0, n): across cpu_threads(k) threads when par, else
  * inline (no OpenMP region for small work). */
 typedef void (*task_fn)(int64_t task, void *ctx);
-static void run_tasks(int64_t n, bool par, task_fn fn, void *ctx) {
+static void run_tasks(const em_kernel_ctx *k, int64_t n, bool par, task_fn fn, void *ctx) {
     if (!par || n <= 1) {
         for (int64_t t = 0; t < n; t++) fn(t, ctx);
         return;
     }
-#pragma omp parallel for num_threads(em_num_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads(k)) schedule(static)
     for (int64_t t = 0; t < n; t++) fn(t, ctx);
 }
 
@@ -102,16 +102,16 @@ static void zero_loop(char **p, const int64_t *s, int64_t n, void *ctx) {
     for (int64_t i = 0; i < n; i++) memset(p[0] + i * s[0], 0, (size_t)e);
 }
 
-static void copy_tensor(const em_ktensor *dst, const em_ktensor *src) {
+static void copy_tensor(const em_kernel_ctx *k, const em_ktensor *dst, const em_ktensor *src) {
     int64_t e = (int64_t)em_dtype_size(dst->dtype);
     const em_ktensor *ts[2] = {dst, src};
-    cpu_foreach(2, ts, copy_loop, &e, CPU_GRAIN);
+    cpu_foreach(k, 2, ts, copy_loop, &e, CPU_GRAIN);
 }
 
-static void zero_tensor(const em_ktensor *t) {
+static void zero_tensor(const em_kernel_ctx *k, const em_ktensor *t) {
     int64_t e = (int64_t)em_dtype_size(t->dtype);
     const em_ktensor *ts[1] = {t};
-    cpu_foreach(1, ts, zero_loop, &e, CPU_GRAIN);
+    cpu_foreach(k, 1, ts, zero_loop, &e, CPU_GRAIN);
 }
 
 /* ---- index validation -------------------------------------------------------------------------- */
@@ -143,10 +143,11 @@ static void range_loop(char **p, const int64_t *s, int64_t n, void *vctx) {
 
 /* True when every value of the int64 tensor idx is in [0, size); else *bad is the first one
  * (C order) that is not. */
-static bool index_in_range(const em_ktensor *idx, int64_t size, int64_t *bad) {
+static bool index_in_range(const em_kernel_ctx *k, const em_ktensor *idx, int64_t size,
+                           int64_t *bad) {
     range_ctx c = {size, false, 0};
     const em_ktensor *ts[1] = {idx};
-    cpu_foreach(1, ts, range_loop, &c, 0);
+    cpu_foreach(k, 1, ts, range_loop, &c, 0);
     *bad = c.value;
     return !c.bad;
 }
@@ -297,9 +298,9 @@ static void scatter_task(int64_t task, void *vctx) {
 
 /* Split `outer` lines into tasks: whole lines when there are enough of them for the
  * threads, else each line into nt chunks of `extent` (line length or target range). */
-static void plan_lines(line_ctx *c, int64_t outer, int64_t extent, int64_t work, bool *par,
-                       int64_t *ntasks) {
-    int nt = em_num_threads();
+static void plan_lines(const em_kernel_ctx *k, line_ctx *c, int64_t outer, int64_t extent,
+                       int64_t work, bool *par, int64_t *ntasks) {
+    int nt = cpu_threads(k);
     *par = nt > 1 && work >= CPU_GRAIN;
     c->chunks = (*par && outer < nt && extent >= 2 * nt) ? nt : 1;
     c->per = (extent + c->chunks - 1) / c->chunks;
@@ -312,13 +313,13 @@ static em_status k_gather(const em_kernel_ctx *k) {
                   .other = nonempty(&k->out[0]), .dim = (int)k->attrs[0].v.i};
     if (c.idx.numel == 0) return EM_OK;
     int64_t bad, size = c.self.shape[c.dim];
-    if (!index_in_range(&c.idx, size, &bad)) return index_error(k, bad, c.dim, size);
+    if (!index_in_range(k, &c.idx, size, &bad)) return index_error(k, bad, c.dim, size);
     c.e = (int64_t)em_dtype_size(c.self.dtype);
     c.L = c.idx.shape[c.dim];
     bool par;
     int64_t ntasks;
-    plan_lines(&c, c.idx.numel / c.L, c.L, c.idx.numel, &par, &ntasks);
-    run_tasks(ntasks, par, gather_task, &c);
+    plan_lines(k, &c, c.idx.numel / c.L, c.L, c.idx.numel, &par, &ntasks);
+    run_tasks(k, ntasks, par, gather_task, &c);
     return EM_OK;
 }
 
@@ -327,17 +328,17 @@ static em_status scatter_common(const em_kernel_ctx *k, bool add) {
                   .other = nonempty(&k->in[2]), .y = nonempty(&k->out[0]),
                   .dim = (int)k->attrs[0].v.i};
     int64_t bad, size = c.y.shape[c.dim];
-    if (c.idx.numel > 0 && !index_in_range(&c.idx, size, &bad))
+    if (c.idx.numel > 0 && !index_in_range(k, &c.idx, size, &bad))
         return index_error(k, bad, c.dim, size);
-    if (!same_memory(&c.y, &c.self)) copy_tensor(&c.y, &c.self);
+    if (!same_memory(&c.y, &c.self)) copy_tensor(k, &c.y, &c.self);
     if (c.idx.numel == 0) return EM_OK;
     c.e = (int64_t)em_dtype_size(c.y.dtype);
     c.L = c.idx.shape[c.dim];
     c.acc = add ? acc_line[c.y.dtype] : NULL;
     bool par;
     int64_t ntasks;
-    plan_lines(&c, c.idx.numel / c.L, size, c.idx.numel, &par, &ntasks);
-    run_tasks(ntasks, par, scatter_task, &c);
+    plan_lines(k, &c, c.idx.numel / c.L, size, c.idx.numel, &par, &ntasks);
+    run_tasks(k, ntasks, par, scatter_task, &c);
     return EM_OK;
 }
 
@@ -396,8 +397,8 @@ static void iadd_task(int64_t task, void *vctx) {
 }
 
 /* y (written in place) += alpha * x rows picked by idx along dim; every tensor non-0-dim. */
-static void index_add_into(const em_ktensor *y, const em_ktensor *x, const em_ktensor *idx,
-                           int dim, double alpha, int64_t skip) {
+static void index_add_into(const em_kernel_ctx *k, const em_ktensor *y, const em_ktensor *x,
+                           const em_ktensor *idx, int dim, double alpha, int64_t skip) {
     int64_t e = (int64_t)em_dtype_size(y->dtype);
     iadd_ctx c = {.y = y->data, .x = x->data, .idx = idx->data, .ysd = y->strides[dim] * e,
                   .xsd = x->strides[dim] * e, .is = (idx->ndim ? idx->strides[0] : 1) * 8,
@@ -427,7 +428,7 @@ static void index_add_into(const em_ktensor *y, const em_ktensor *x, const em_kt
     c.slice = 1;
     for (int d = 0; d < c.nd; d++) c.slice *= c.shape[d];
     if (c.slice == 0 || c.n == 0) return;
-    int nt = em_num_threads();
+    int nt = cpu_threads(k);
     bool par = nt > 1 && c.slice * c.n >= CPU_GRAIN;
     c.chunks = 1;
     if (par && c.slice >= 64 * nt) {
@@ -437,7 +438,7 @@ static void index_add_into(const em_ktensor *y, const em_ktensor *x, const em_kt
         c.chunks = nt;
     }
     c.per = ((c.by_rows ? c.rows : c.slice) + c.chunks - 1) / c.chunks;
-    run_tasks(c.chunks, par && c.chunks > 1, iadd_task, &c);
+    run_tasks(k, c.chunks, par && c.chunks > 1, iadd_task, &c);
 }
 
 static em_status k_index_add(const em_kernel_ctx *k) {
@@ -446,23 +447,23 @@ static em_status k_index_add(const em_kernel_ctx *k) {
     int dim = (int)k->attrs[0].v.i;
     double alpha = k->attrs[1].type == EM_ATTR_NONE ? 1.0 : k->attrs[1].v.f;
     int64_t bad;
-    if (idx.numel > 0 && !index_in_range(&idx, y.shape[dim], &bad))
+    if (idx.numel > 0 && !index_in_range(k, &idx, y.shape[dim], &bad))
         return index_error(k, bad, dim, y.shape[dim]);
-    if (!same_memory(&y, &x)) copy_tensor(&y, &x);
-    index_add_into(&y, &src, &idx, dim, alpha, -1);
+    if (!same_memory(&y, &x)) copy_tensor(k, &y, &x);
+    index_add_into(k, &y, &src, &idx, dim, alpha, -1);
     return EM_OK;
 }
 
 static em_status k_embedding_backward(const em_kernel_ctx *k) {
     const em_ktensor *g = &k->in[0], *idx = &k->in[1], *y = &k->out[0];
     int64_t bad, v = y->shape[0];
-    if (idx->numel > 0 && !index_in_range(idx, v, &bad))
+    if (idx->numel > 0 && !index_in_range(k, idx, v, &bad))
         return em_set_error(EM_ERR_RANGE, "embedding_backward: index %lld is out of range for "
                             "num_weights V = %lld (expected 0..%lld)", (long long)bad,
                             (long long)v, (long long)(v - 1));
-    zero_tensor(y);
+    zero_tensor(k, y);
     int64_t pad = k->attrs[1].type == EM_ATTR_NONE ? -1 : k->attrs[1].v.i;
-    index_add_into(y, g, idx, 0, 1.0, pad);
+    index_add_into(k, y, g, idx, 0, 1.0, pad);
     return EM_OK;
 }
 
@@ -498,17 +499,17 @@ static void emb_task(int64_t task, void *vctx) {
 static em_status k_embedding(const em_kernel_ctx *k) {
     const em_ktensor *w = &k->in[0], *idx = &k->in[1], *y = &k->out[0];
     int64_t bad, v = w->shape[0];
-    if (idx->numel > 0 && !index_in_range(idx, v, &bad))
+    if (idx->numel > 0 && !index_in_range(k, idx, v, &bad))
         return em_set_error(EM_ERR_RANGE, "embedding: index %lld is out of range for a weight "
                             "of V = %lld rows (expected 0..%lld)", (long long)bad, (long long)v,
                             (long long)(v - 1));
     emb_ctx c = {w, idx, y, (int64_t)em_dtype_size(w->dtype), w->shape[1], 0, idx->numel};
     if (c.n == 0 || c.d == 0) return EM_OK;
-    int nt = em_num_threads();
+    int nt = cpu_threads(k);
     bool par = nt > 1 && c.n * c.d >= CPU_GRAIN && c.n >= nt;
     int64_t tasks = par ? nt : 1;
     c.per = (c.n + tasks - 1) / tasks;
-    run_tasks(tasks, par, emb_task, &c);
+    run_tasks(k, tasks, par, emb_task, &c);
     return EM_OK;
 }
 
@@ -546,7 +547,7 @@ static em_status k_masked_fill(const em_kernel_ctx *k) {
     fill_ctx c = {(int64_t)em_dtype_size(y->dtype), 0};
     em_dtype_store(y->dtype, &c.value, 0, k->attrs[0].v.f);
     const em_ktensor *ts[3] = {y, &k->in[0], &k->in[1]};
-    cpu_foreach(3, ts, masked_fill_loop, &c, CPU_GRAIN);
+    cpu_foreach(k, 3, ts, masked_fill_loop, &c, CPU_GRAIN);
     return EM_OK;
 }
 
@@ -555,12 +556,12 @@ static em_status k_masked_fill(const em_kernel_ctx *k) {
 static em_status k_one_hot(const em_kernel_ctx *k) {
     const em_ktensor *x = &k->in[0], *y = &k->out[0];
     int64_t c = k->attrs[0].v.i, bad;
-    if (x->numel > 0 && !index_in_range(x, c, &bad))
+    if (x->numel > 0 && !index_in_range(k, x, c, &bad))
         return bad < 0 ? em_set_error(EM_ERR_RANGE, "one_hot: class values must be "
                                       "non-negative, got %lld", (long long)bad)
                        : em_set_error(EM_ERR_RANGE, "one_hot: class value %lld is out of range "
                                       "for num_classes %lld", (long long)bad, (long long)c);
-    zero_tensor(y);
+    zero_tensor(k, y);
     int yl = y->ndim - 1;
     for (int64_t i = 0; i < x->numel; i++) {
         int64_t v = ((const int64_t *)x->data)[cpu_offset(x->ndim, x->shape, x->strides, i)];
@@ -620,11 +621,11 @@ static em_status tri_common(const em_kernel_ctx *k, bool upper) {
     if (y->numel == 0) return EM_OK;
     tri_ctx c = {x, y, (int64_t)em_dtype_size(y->dtype), k->attrs[0].v.i,
                  y->numel / y->shape[y->ndim - 1], 0, upper, same_memory(x, y)};
-    int nt = em_num_threads();
+    int nt = cpu_threads(k);
     bool par = nt > 1 && y->numel >= CPU_GRAIN && c.rows >= nt;
     int64_t tasks = par ? nt : 1;
     c.per = (c.rows + tasks - 1) / tasks;
-    run_tasks(tasks, par, tri_task, &c);
+    run_tasks(k, tasks, par, tri_task, &c);
     return EM_OK;
 }
 
@@ -646,7 +647,7 @@ static em_status k_flip(const em_kernel_ctx *k) {
         x.strides[d] = -x.strides[d];
     }
     x.contiguous = false;
-    copy_tensor(&k->out[0], &x);
+    copy_tensor(k, &k->out[0], &x);
     return EM_OK;
 }
 

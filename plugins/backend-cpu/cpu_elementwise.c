@@ -91,7 +91,7 @@ static em_status run_table(const em_kernel_ctx *k, const loop_table *t, int64_t 
         return em_set_error(EM_ERR_DTYPE, "%s: the CPU kernel has no loop for %s",
                             em_op_name(k->op), em_dtype_name(k->out[0].dtype));
     const em_ktensor *ts[3] = {&k->out[0], &k->in[0], k->n_in > 1 ? &k->in[1] : &k->in[0]};
-    cpu_foreach(1 + k->n_in, ts, fn, NULL, grain);
+    cpu_foreach(k, 1 + k->n_in, ts, fn, NULL, grain);
     return EM_OK;
 }
 
@@ -251,7 +251,7 @@ static em_status k_copy(const em_kernel_ctx *k) {
     copy_ctx c = {k->out[0].dtype, k->in[0].dtype};
     const em_ktensor *ts[2] = {&k->out[0], &k->in[0]};
     cpu_loop_fn typed = typed_convert(c.to, c.from);
-    cpu_foreach(2, ts, c.to == c.from ? copy_same : typed ? typed : copy_convert, &c, CPU_GRAIN);
+    cpu_foreach(k, 2, ts, c.to == c.from ? copy_same : typed ? typed : copy_convert, &c, CPU_GRAIN);
     return EM_OK;
 }
 
@@ -278,7 +278,7 @@ static em_status k_fill(const em_kernel_ctx *k) {
     fill_ctx f = {.dt = k->out[0].dtype};
     store_d(f.dt, f.value, k->attrs[0].v.f);
     const em_ktensor *ts[1] = {&k->out[0]};
-    cpu_foreach(1, ts, fill_loop, &f, CPU_GRAIN);
+    cpu_foreach(k, 1, ts, fill_loop, &f, CPU_GRAIN);
     return EM_OK;
 }
 
@@ -317,7 +317,7 @@ static em_status k_index_select(const em_kernel_ctx *k) {
         xs.numel = ys.numel = y->numel / (idx->numel ? idx->numel : 1);
         const em_ktensor *ts[2] = {&ys, &xs};
         copy_ctx c = {x->dtype, x->dtype};
-        cpu_foreach(2, ts, copy_same, &c, 0);
+        cpu_foreach(k, 2, ts, copy_same, &c, 0);
     }
     return EM_OK;
 }

@@ -14,7 +14,7 @@ static em_status k_addmm(const em_kernel_ctx *k) {
     const em_ktensor *bias = &k->in[0], *y = &k->out[0];
     double beta = k->attrs[0].type == EM_ATTR_FLOAT ? k->attrs[0].v.f : 1.0;
     double alpha = k->attrs[1].type == EM_ATTR_FLOAT ? k->attrs[1].v.f : 1.0;
-    return cpu_gemm_addmm(bias, &k->in[1], &k->in[2], y, alpha, beta);
+    return cpu_gemm_addmm(k, bias, &k->in[1], &k->in[2], y, alpha, beta);
 }
 
 /* The output must be row-major for GEMM, and must not overlap the bias it is filled from. */

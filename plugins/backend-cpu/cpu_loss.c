@@ -65,18 +65,18 @@ typedef struct partials {
     int n;
 } partials;
 
-static em_status partials_init(partials *p, const char *who) {
-    p->n = em_num_threads();
-    p->v = em_host_alloc(sizeof(double) * 8 * (size_t)p->n, 64);
-    if (!p->v) return em_set_error(EM_ERR_NOMEM, "%s: no memory for %d partial sums", who, p->n);
+static em_status partials_init(const em_kernel_ctx *k, partials *p, const char *who) {
+    p->n = cpu_threads(k);
+    (void)who; /* the workspace's error names the op */
+    p->v = cpu_scratch(k, sizeof(double) * 8 * (size_t)p->n);
+    if (!p->v) return em_last_status();
     for (int i = 0; i < p->n; i++) p->v[8 * i] = 0;
     return EM_OK;
 }
 
 static double partials_sum(partials *p) {
     double s = 0;
-    for (int i = 0; i < p->n; i++) s += p->v[8 * i];
-    em_host_free(p->v);
+    for (int i = 0; i < p->n; i++) s += p->v[8 * i]; /* p->v: workspace, not freed */
     return s;
 }
 
@@ -235,7 +235,7 @@ static const cls_fn cls_bwd[EM_DTYPE_COUNT] = {[EM_F32] = cls_bwd_f32, [EM_F64] 
 /* Run fn over positions [0, npos), split across threads when the work is large; returns the
  * sum of what fn accumulated. */
 static em_status cls_run(const em_kernel_ctx *k, cls_fn fn, const cls_job *j, double *sum) {
-    int nt = em_num_threads();
+    int nt = cpu_threads(k);
     bool par = nt > 1 && j->npos > 1 && j->npos * (j->C + 1) >= CPU_GRAIN &&
                !(j->red != RED_NONE && em_deterministic());
     *sum = 0;
@@ -244,7 +244,8 @@ static em_status cls_run(const em_kernel_ctx *k, cls_fn fn, const cls_job *j, do
         return EM_OK;
     }
     partials p;
-    if (partials_init(&p, em_op_name(k->op)) != EM_OK) return em_last_status();
+    if (partials_init(k, &p, em_op_name(k->op)) != EM_OK) return em_last_status();
+    nt = p.n; /* one slot per thread, whatever a concurrent set_num_threads did since */
 #pragma omp parallel num_threads(nt)
     {
         int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -493,13 +494,13 @@ static em_status pw_forward(const em_kernel_ctx *k, int kind) {
     pw_setup(&c, k, kind, 0);
     partials p = {0};
     if (c.red) {
-        if (partials_init(&p, em_op_name(k->op)) != EM_OK) return em_last_status();
+        if (partials_init(k, &p, em_op_name(k->op)) != EM_OK) return em_last_status();
         c.part = p.v;
     }
     const em_ktensor *ts[5] = {c.red ? x : o, x, &k->in[1], c.has_w ? &k->in[2] : x,
                                c.has_pw ? &k->in[3] : x};
     int loop = kind == PW_SL1 && c.beta == 0 ? PW_L1 : kind;
-    cpu_foreach(5, ts, pw_fwd[loop][x->dtype], &c, c.red && em_deterministic() ? 0 : CPU_GRAIN);
+    cpu_foreach(k, 5, ts, pw_fwd[loop][x->dtype], &c, c.red && em_deterministic() ? 0 : CPU_GRAIN);
     if (c.red) {
         double s = partials_sum(&p);
         int64_t red = attr_i(k, 0, RED_MEAN);
@@ -521,7 +522,7 @@ static em_status pw_backward(const em_kernel_ctx *k, int kind) {
     }
     const em_ktensor *ts[6] = {&k->out[0], &ge, x, &k->in[2], c.has_w ? &k->in[3] : x,
                                c.has_pw ? &k->in[4] : x};
-    cpu_foreach(6, ts, pw_bwd[kind][x->dtype], &c, CPU_GRAIN);
+    cpu_foreach(k, 6, ts, pw_bwd[kind][x->dtype], &c, CPU_GRAIN);
     return EM_OK;
 }
 

@@ -269,7 +269,7 @@ static em_status run(const em_kernel_ctx *k, const loop_table *t, em_dtype dt, c
                             em_op_name(k->op), em_dtype_name(dt));
     const em_ktensor *ts[4] = {&k->out[0]};
     for (int i = 0; i < k->n_in; i++) ts[1 + i] = &k->in[i];
-    cpu_foreach(1 + k->n_in, ts, fn, (void *)c, CPU_GRAIN);
+    cpu_foreach(k, 1 + k->n_in, ts, fn, (void *)c, CPU_GRAIN);
     return EM_OK;
 }
 
@@ -650,7 +650,7 @@ static em_status k_where(const em_kernel_ctx *k) {
     static const cpu_loop_fn by_size[9] = {[1] = where_8, [2] = where_16, [4] = where_32,
                                            [8] = where_64};
     const em_ktensor *ts[4] = {&k->out[0], &k->in[0], &k->in[1], &k->in[2]};
-    cpu_foreach(4, ts, by_size[em_dtype_size(k->out[0].dtype)], NULL, CPU_GRAIN);
+    cpu_foreach(k, 4, ts, by_size[em_dtype_size(k->out[0].dtype)], NULL, CPU_GRAIN);
     return EM_OK;
 }
 
@@ -731,7 +731,7 @@ static em_status k_div_mode(const em_kernel_ctx *k) {
     divi_ctx c = {.mode = mode};
     atomic_init(&c.zero, false);
     const em_ktensor *ts[3] = {&k->out[0], &k->in[0], &k->in[1]};
-    cpu_foreach(3, ts, t_div_mode.fn[dt], &c, CPU_GRAIN);
+    cpu_foreach(k, 3, ts, t_div_mode.fn[dt], &c, CPU_GRAIN);
     if (atomic_load(&c.zero))
         return em_set_error(EM_ERR_INVALID, "div_mode: integer division by zero");
     return EM_OK;

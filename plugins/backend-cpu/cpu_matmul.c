@@ -19,7 +19,7 @@
  *
  * Per-shape autotuning (f32 on oneDNN, products of more than 64^3 and at most TUNE_MAX_WORK
  * multiply-adds): the first call of a shape/layout/alpha/beta/bias times two ways of running
- * it on the caller's operands (into a scratch output) — oneDNN on em_num_threads() threads and
+ * it on the caller's operands (into a scratch output) — oneDNN on the call's threads and
  * oneDNN on the calling thread alone — and every later call of that key runs the faster (like
  * cuDNN's benchmark mode). Both give the same bits (oneDNN splits rows and columns among its
  * threads, not the sum; tests/test_ops_linalg.c checks it), so a decision that depends on
@@ -41,8 +41,12 @@
  * oneDNN primitives are created once per shape/layout and cached (keyed by dtype, dims,
  * strides, alpha, beta, bias and thread count: oneDNN's matmul fixes its work split for the
  * OpenMP thread count current when the primitive is created, so the count is set then), under
- * a mutex; each thread executes on its own stream. Everything is freed by
- * cpu_gemm_shutdown() when the plugin unloads.
+ * a mutex. A call executes on a oneDNN stream of its execution context (cpu_ctx: idle streams
+ * are kept there, one per concurrent call, and freed with the context), and passes the
+ * primitive's scratchpad from kernel workspace (em_kernel_workspace: the caching allocator,
+ * the injectable host allocator, category workspace). The primitives are freed by
+ * cpu_gemm_shutdown() when the plugin unloads. Thread counts ("the call's threads") are the
+ * execution context's (cpu_threads). Scratch copies of operands are kernel workspace too.
  *
  * Built with configure --without-onednn (EM_HAVE_DNNL undefined) only OpenBLAS exists: f32
  * and f64 GEMMs run in OpenBLAS (f32 products up to 64^3 on the calling thread, the rest on
@@ -50,8 +54,8 @@
  * EMBER_GEMM_AUTOTUNE have nothing to choose from there (a warning says so).
  *
  * Threads: oneDNN runs on GNU OpenMP, like the rest of the plugin; it is given
- * em_num_threads() threads (or 1, where the autotuner chose so). OpenBLAS (its pthread
- * build, Debian's default) runs f64 on em_num_threads() threads, and f32 only on the calling
+ * the call's threads (or 1, where the autotuner chose so). OpenBLAS (its pthread
+ * build, Debian's default) runs f64 on the call's threads, and f32 only on the calling
  * thread, so the two pools never both compute at once.
  */
 #include "config.h" /* EM_HAVE_DNNL */
@@ -79,6 +83,10 @@ int blas_thread_shutdown_(void);
 /* ---- the decision ------------------------------------------------------------------------------- */
 
 typedef enum gemm_lib { LIB_OPENBLAS = 0, LIB_ONEDNN = 1 } gemm_lib;
+
+/* How a way of running a GEMM went: done, declined (nothing written: try another), or failed
+ * with the error set (kernel workspace ran out). */
+typedef enum run_result { RUN_FAILED = -1, RUN_NO = 0, RUN_DONE = 1 } run_result;
 
 /* A (B, R, C) matrix batch as GEMM sees it: byte pointer, element strides. */
 typedef struct mat3 {
@@ -115,6 +123,8 @@ typedef struct mm_entry {
     mm_key key;
     dnnl_primitive_t prim; /* NULL: oneDNN has only a reference kernel here; use the fallback */
     dnnl_memory_desc_t md[4]; /* src, weights, dst, bias */
+    dnnl_memory_desc_t md_scratch; /* the scratchpad's, when scratch > 0 */
+    size_t scratch;           /* bytes of scratchpad a call passes (kernel workspace) */
     int choice;               /* gemm_path; read and written atomically */
     int tuning;               /* 1 while a thread measures this key */
     struct mm_entry *one;     /* the same key made for 1 thread (PATH_DNNL_1), once looked up */
@@ -160,9 +170,6 @@ static struct {
     dnnl_engine_t engine;
     mm_entry *buckets[MM_BUCKETS];
     int n_entries;
-    dnnl_stream_t *streams; /* every thread's stream, to destroy at shutdown */
-    int n_streams, cap_streams;
-    unsigned generation;    /* bumped at shutdown: threads re-create their streams */
 #endif
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -171,14 +178,6 @@ static void blas_threads(int nt);
 #ifdef EM_HAVE_DNNL
 static const char *path_name(gemm_path p);
 
-/* Initial-exec: the plugin is dlopen()ed, and the default (global-dynamic) model would give
- * these 16 bytes a lazily made dynamic TLS block per thread — a lookup through
- * __tls_get_addr at every GEMM, and blocks that LeakSanitizer's exit-time scan of glibc's
- * thread vectors crashes on ("Tracer caught signal 11"). glibc keeps static TLS room for
- * dlopen()ed initial-exec variables (as libgomp's own), and 16 bytes fit it. */
-#define CPU_TLS __thread __attribute__((tls_model("initial-exec")))
-static CPU_TLS dnnl_stream_t tls_stream;
-static CPU_TLS unsigned tls_generation;
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
     switch (isa) {
@@ -301,16 +300,13 @@ void cpu_gemm_shutdown(void) {
         for (mm_entry *e = G.buckets[i], *nx; e; e = nx) {
             nx = e->next;
             if (e->prim) dnnl_primitive_destroy(e->prim);
-            free(e);
+            em_host_free(e);
         }
         G.buckets[i] = NULL;
     }
     G.n_entries = 0;
-    for (int i = 0; i < G.n_streams; i++) dnnl_stream_destroy(G.streams[i]);
-    free(G.streams);
-    G.streams = NULL;
-    G.n_streams = G.cap_streams = 0;
-    G.generation++;
+    /* The contexts' streams went with the contexts (the core frees them first, with the
+     * device type). */
     if (G.engine) dnnl_engine_destroy(G.engine);
     G.engine = NULL;
 #endif
@@ -321,24 +317,39 @@ void cpu_gemm_shutdown(void) {
 #ifdef EM_HAVE_DNNL
 /* ---- oneDNN ----------------------------------------------------------------------------------- */
 
-static dnnl_stream_t thread_stream(void) {
-    if (tls_stream && tls_generation == G.generation) return tls_stream;
+/* A oneDNN stream of context c for one GEMM: an idle one, or a new one (NULL: none could be
+ * made). c NULL (a core without contexts): a stream for this call alone. */
+static dnnl_stream_t stream_take(cpu_ctx *c) {
     dnnl_stream_t s = NULL;
-    pthread_mutex_lock(&G.lock);
-    if (G.n_streams == G.cap_streams) {
-        int cap = G.cap_streams ? 2 * G.cap_streams : 8;
-        dnnl_stream_t *p = realloc(G.streams, sizeof *p * (size_t)cap);
-        if (p) G.streams = p, G.cap_streams = cap;
+    if (c) {
+        pthread_mutex_lock(&c->lock);
+        if (c->n_idle) s = c->idle[--c->n_idle];
+        pthread_mutex_unlock(&c->lock);
     }
-    if (G.n_streams < G.cap_streams &&
-        dnnl_stream_create(&s, G.engine, dnnl_stream_default_flags) == dnnl_success)
-        G.streams[G.n_streams++] = s;
-    else
+    if (!s && dnnl_stream_create(&s, G.engine, dnnl_stream_default_flags) != dnnl_success)
         s = NULL;
-    tls_generation = G.generation;
-    pthread_mutex_unlock(&G.lock);
-    tls_stream = s;
     return s;
+}
+
+/* Give s back to c's idle streams (destroyed when they are full or c is NULL). */
+static void stream_put(cpu_ctx *c, dnnl_stream_t s) {
+    if (c) {
+        pthread_mutex_lock(&c->lock);
+        bool kept = c->n_idle < CPU_CTX_IDLE;
+        if (kept) c->idle[c->n_idle++] = s;
+        pthread_mutex_unlock(&c->lock);
+        if (kept) return;
+    }
+    dnnl_stream_destroy(s);
+}
+
+void *cpu_dnnl_engine(void) { return G.engine; }
+void *cpu_dnnl_stream_take(cpu_ctx *c) { return stream_take(c); }
+void cpu_dnnl_stream_put(cpu_ctx *c, void *s) { stream_put(c, s); }
+
+void cpu_ctx_release_handles(cpu_ctx *c) {
+    for (int i = 0; i < c->n_idle; i++) dnnl_stream_destroy(c->idle[i]);
+    c->n_idle = 0;
 }
 
 static uint64_t key_hash(const mm_key *k) {
@@ -377,7 +388,10 @@ static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
         return;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
-    bool ok = dnnl_primitive_attr_create(&attr) == dnnl_success;
+    /* The scratchpad is the caller's: kernel workspace at each call (dnnl_exec). */
+    bool ok = dnnl_primitive_attr_create(&attr) == dnnl_success &&
+              dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) ==
+                  dnnl_success;
     if (ok && k->alpha != 1.0) {
         float s = (float)k->alpha;
         ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &s) == dnnl_success;
@@ -395,6 +409,10 @@ static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
         if (impl && strncmp(impl, "ref", 3) != 0 && dnnl_primitive_create(&e->prim, pd) != dnnl_success)
             e->prim = NULL;
+        const dnnl_memory_desc_t *smd =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        e->scratch = smd ? dnnl_memory_desc_get_size(smd) : 0;
+        if (e->scratch) e->md_scratch = *smd;
         dnnl_primitive_desc_destroy(pd);
     }
     if (prev != k->nt) omp_set_num_threads(prev);
@@ -410,7 +428,8 @@ static mm_entry *entry_get(const mm_key *k, bool *owned) {
     pthread_mutex_lock(&G.lock);
     mm_entry *e = G.buckets[h];
     while (e && memcmp(&e->key, k, sizeof *k) != 0) e = e->next;
-    if (!e && (e = calloc(1, sizeof *e)) != NULL) {
+    if (!e && (e = em_host_alloc(sizeof *e, 64)) != NULL) {
+        memset(e, 0, sizeof *e);
         e->key = *k;
         entry_create(e, (dnnl_data_type_t)k->dt);
         if (G.n_entries < MM_MAX_ENTRIES) {
@@ -427,7 +446,7 @@ static mm_entry *entry_get(const mm_key *k, bool *owned) {
 
 static void entry_free_owned(mm_entry *e) {
     if (e->prim) dnnl_primitive_destroy(e->prim);
-    free(e);
+    em_host_free(e);
 }
 
 /* The key of y = alpha a b + beta y (bias: y = a b + bias) on nt threads. */
@@ -446,44 +465,57 @@ static mm_key make_key(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const 
 }
 
 /* Run entry e's primitive on these operands (bias: a dense row of y->C values, for a key made
- * with a bias). Returns false when it could not run (nothing was written). */
-static bool dnnl_exec(const mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y,
-                      const void *bias) {
-    dnnl_stream_t s = e->prim ? thread_stream() : NULL;
-    if (!s) return false;
-    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+ * with a bias), on a oneDNN stream of kc's context, its scratchpad `pad` (at least e->scratch
+ * bytes; NULL: taken from kc's workspace now). RUN_NO when it could not run (nothing was
+ * written), RUN_FAILED (error set) when the workspace could not be had. */
+static run_result dnnl_exec(const em_kernel_ctx *kc, const mm_entry *e, const mat3 *a,
+                            const mat3 *b, const mat3 *y, const void *bias, void *pad) {
+    if (!e->prim) return RUN_NO;
+    if (!e->scratch) pad = NULL;
+    else if (!pad && !(pad = cpu_scratch(kc, e->scratch))) return RUN_FAILED;
+    cpu_ctx *c = cpu_ctx_of(kc);
+    dnnl_stream_t s = stream_take(c);
+    if (!s) return RUN_NO;
+    dnnl_memory_t m[5] = {NULL, NULL, NULL, NULL, NULL};
     void *ptrs[4] = {a->data, b->data, y->data, (void *)bias};
     int n = e->key.bias ? 4 : 3;
     bool ok = true, done = false;
     for (int i = 0; i < n && ok; i++)
         ok = dnnl_memory_create(&m[i], &e->md[i], G.engine, ptrs[i]) == dnnl_success;
+    if (ok && pad) ok = dnnl_memory_create(&m[4], &e->md_scratch, G.engine, pad) == dnnl_success;
     if (ok) {
         int prev = omp_get_max_threads();
         if (prev != e->key.nt) omp_set_num_threads(e->key.nt);
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]},
+        dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]},
                                    {DNNL_ARG_DST, m[2]}, {DNNL_ARG_BIAS, m[3]}};
-        done = dnnl_primitive_execute(e->prim, s, n, args) == dnnl_success &&
+        int na = n;
+        if (pad) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, m[4]};
+        done = dnnl_primitive_execute(e->prim, s, na, args) == dnnl_success &&
                dnnl_stream_wait(s) == dnnl_success;
         if (prev != e->key.nt) omp_set_num_threads(prev);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < 5; i++)
         if (m[i]) dnnl_memory_destroy(m[i]);
-    return done;
+    stream_put(c, s);
+    return done ? RUN_DONE : RUN_NO;
 }
 
 /* Run y = alpha a b + beta y through oneDNN on all threads. Returns false when oneDNN has no
  * fast kernel for this call (nothing was written). */
-static bool onednn_gemm(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const mat3 *y,
-                        double alpha, double beta, const void *bias) {
-    mm_key k = make_key(dt, a, b, y, alpha, beta, bias != NULL, em_num_threads());
+static run_result onednn_gemm(const em_kernel_ctx *kc, dnnl_data_type_t dt, const mat3 *a,
+                              const mat3 *b, const mat3 *y, double alpha, double beta,
+                              const void *bias) {
+    mm_key k = make_key(dt, a, b, y, alpha, beta, bias != NULL, cpu_threads(kc));
     bool owned;
     mm_entry *e = entry_get(&k, &owned);
-    if (!e) return false;
-    bool done = dnnl_exec(e, a, b, y, bias);
+    if (!e) return RUN_NO;
+    run_result done = dnnl_exec(kc, e, a, b, y, bias, NULL);
     if (owned) entry_free_owned(e);
     return done;
 }
 
+#else
+void cpu_ctx_release_handles(cpu_ctx *c) { (void)c; } /* no oneDNN: no handles */
 #endif /* EM_HAVE_DNNL: primitives */
 
 /* ---- OpenBLAS ---------------------------------------------------------------------------------- */
@@ -559,14 +591,14 @@ static inline void store(em_dtype dt, char *p, double v) {
     }
 }
 
-/* A dense (B', R, C) copy of m in dtype dt_out (B' = 1 for a batch-broadcast operand). */
-static em_status dense_copy(const mat3 *m, em_dtype dt_in, em_dtype dt_out, mat3 *out,
-                            void **scratch) {
+/* A dense (B', R, C) copy of m in dtype dt_out (B' = 1 for a batch-broadcast operand), in
+ * kc's workspace. */
+static em_status dense_copy(const em_kernel_ctx *kc, const mat3 *m, em_dtype dt_in,
+                            em_dtype dt_out, mat3 *out) {
     int64_t nb = m->s0 == 0 ? 1 : m->B;
     size_t ei = em_dtype_size(dt_in), eo = em_dtype_size(dt_out);
-    char *s = em_host_alloc((size_t)(nb * m->R * m->C) * eo + 1, 64);
-    if (!s) return em_set_error(EM_ERR_NOMEM, "matmul: out of memory for a %lldx%lldx%lld "
-                                "scratch copy", (long long)nb, (long long)m->R, (long long)m->C);
+    char *s = cpu_scratch(kc, (size_t)(nb * m->R * m->C) * eo);
+    if (!s) return em_last_status();
     char *d = s;
     for (int64_t b = 0; b < nb; b++)
         for (int64_t i = 0; i < m->R; i++) {
@@ -585,7 +617,6 @@ static em_status dense_copy(const mat3 *m, em_dtype dt_in, em_dtype dt_out, mat3
         }
     *out = (mat3){.data = s, .B = m->B, .R = m->R, .C = m->C, .s0 = nb == 1 ? 0 : m->R * m->C,
                   .rs = m->C > 1 ? m->C : 1, .cs = 1};
-    *scratch = s;
     return EM_OK;
 }
 
@@ -646,21 +677,23 @@ static mm_entry *entry_one(mm_entry *e) {
 }
 
 /* Run f32 y = alpha a b + beta y (rb: y = a b + bias, alpha 1) the way `path` says; e is the
- * key's entry (made with the bias argument when rb is given). False: that way cannot run this
+ * key's entry (made with the bias argument when rb is given); pad: a oneDNN scratchpad big
+ * enough for both of the key's primitives, or NULL (see dnnl_exec). False: that way cannot run this
  * call (nothing was written). */
-static bool run_path(gemm_path path, mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y,
-                     double alpha, double beta, const row_bias *rb) {
+static run_result run_path(const em_kernel_ctx *kc, gemm_path path, mm_entry *e, const mat3 *a,
+                           const mat3 *b, const mat3 *y, double alpha, double beta,
+                           const row_bias *rb, void *pad) {
     switch (path) {
-    case PATH_DNNL: return dnnl_exec(e, a, b, y, rb ? rb->data : NULL);
+    case PATH_DNNL: return dnnl_exec(kc, e, a, b, y, rb ? rb->data : NULL, pad);
     case PATH_DNNL_1: {
         mm_entry *one = entry_one(e);
-        return one && dnnl_exec(one, a, b, y, rb ? rb->data : NULL);
+        return one ? dnnl_exec(kc, one, a, b, y, rb ? rb->data : NULL, pad) : RUN_NO;
     }
     case PATH_BLAS_1:
         if (rb) fill_rows(EM_F32, y, rb), beta = 1.0;
         blas_gemm(EM_F32, a, b, y, alpha, beta, 1);
-        return true;
-    default: return false;
+        return RUN_DONE;
+    default: return RUN_NO;
     }
 }
 
@@ -686,8 +719,8 @@ static void key_text(const mm_entry *e, const mat3 *a, const mat3 *b, char *buf,
 /* Time each way of running this key on these operands, into a scratch output, and keep the
  * fastest in e->choice (the median of TUNE_ROUNDS calls each, interleaved; oneDNN on all
  * threads unless a 1-thread way is clearly faster). Returns the choice. */
-static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
-                      double beta, const row_bias *rb) {
+static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const mat3 *b,
+                      const mat3 *y, double alpha, double beta, const row_bias *rb) {
     gemm_path cand[2];
     int nc = 0;
     cand[nc++] = PATH_DNNL;
@@ -697,8 +730,16 @@ static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, 
         return PATH_DNNL;
     }
     int64_t span = (y->B - 1) * y->s0 + (y->R - 1) * y->rs + (y->C - 1) * y->cs + 1;
-    char *scratch = em_host_alloc((size_t)span * 4, 64);
-    if (!scratch) return PATH_DNNL; /* decide at a later call */
+    /* The scratch output, and one oneDNN scratchpad for every timed call (workspace is held
+     * until the kernel returns: one per call would pile up). */
+    mm_entry *one = entry_one(e);
+    size_t one_n = one ? one->scratch : 0, pad_n = e->scratch > one_n ? e->scratch : one_n;
+    char *scratch = cpu_scratch(kc, (size_t)span * 4);
+    void *pad = scratch && pad_n ? cpu_scratch(kc, pad_n) : NULL;
+    if (!scratch || (pad_n && !pad)) { /* decide at a later call */
+        em_clear_error();
+        return PATH_DNNL;
+    }
     memset(scratch, 0, (size_t)span * 4); /* beta != 0 reads it: no NaN, no denormals */
     mat3 ys = *y;
     ys.data = scratch;
@@ -713,9 +754,9 @@ static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, 
     if (__atomic_exchange_n(&warmed, 1, __ATOMIC_ACQ_REL) == 0)
         for (double t0 = now_us(); now_us() - t0 < TUNE_WARMUP_US;) {
             double t1 = now_us();
-            if (!run_path(PATH_DNNL, e, a, b, &ys, alpha, beta, rb)) break;
+            if (run_path(kc, PATH_DNNL, e, a, b, &ys, alpha, beta, rb, pad) != RUN_DONE) break;
             double t2 = now_us();
-            if (!run_path(PATH_DNNL_1, e, a, b, &ys, alpha, beta, rb)) break;
+            if (run_path(kc, PATH_DNNL_1, e, a, b, &ys, alpha, beta, rb, pad) != RUN_DONE) break;
             if (t2 - t1 < TUNE_MARGIN * (now_us() - t2)) break;
         }
     for (int r = -1; r < TUNE_ROUNDS; r++)
@@ -723,10 +764,11 @@ static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, 
             int c = (i + (r < 0 ? 0 : r)) % nc; /* rotate the order: none always runs first */
             if (failed[c]) continue;
             double t0 = now_us();
-            if (!run_path(cand[c], e, a, b, &ys, alpha, beta, rb)) failed[c] = true;
+            if (run_path(kc, cand[c], e, a, b, &ys, alpha, beta, rb, pad) != RUN_DONE)
+                failed[c] = true;
             if (r >= 0) t[c][r] = now_us() - t0;
         }
-    em_host_free(scratch);
+    em_clear_error(); /* a way that failed here is only not chosen */
     /* A 1-thread way must beat all threads by TUNE_MARGIN: a machine busy while this measures
      * makes all threads look no better than one, and the choice lasts the whole process. */
     int best = 0;
@@ -766,27 +808,28 @@ static gemm_path tune(mm_entry *e, const mat3 *a, const mat3 *b, const mat3 *y, 
 
 /* ---- the engine -------------------------------------------------------------------------------- */
 
-static em_status gemm_f32_path(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y,
-                               double alpha, double beta);
+static em_status gemm_f32_path(const em_kernel_ctx *kc, em_dtype dt, const mat3 *a,
+                               const mat3 *b, const mat3 *y, double alpha, double beta);
 
 #ifdef EM_HAVE_DNNL
 /* y = alpha a b + beta y, f32, where oneDNN is the f32 library: tuned per key (see the top). */
-static bool gemm_f32_onednn(const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
-                            double beta, const row_bias *rb, double work) {
-    mm_key k = make_key(dnnl_f32, a, b, y, alpha, beta, rb != NULL, em_num_threads());
+static run_result gemm_f32_onednn(const em_kernel_ctx *kc, const mat3 *a, const mat3 *b,
+                                  const mat3 *y, double alpha, double beta, const row_bias *rb,
+                                  double work) {
+    mm_key k = make_key(dnnl_f32, a, b, y, alpha, beta, rb != NULL, cpu_threads(kc));
     bool owned;
     mm_entry *e = entry_get(&k, &owned);
-    if (!e) return false;
+    if (!e) return RUN_NO;
     gemm_path path = PATH_DNNL;
     if (G.autotune && !owned && e->prim && work <= TUNE_MAX_WORK && !em_deterministic()) {
         path = G.forced_path ? G.forced_path
                              : (gemm_path)__atomic_load_n(&e->choice, __ATOMIC_ACQUIRE);
         if (path == PATH_UNDECIDED)
             path = __atomic_exchange_n(&e->tuning, 1, __ATOMIC_ACQ_REL) == 0
-                       ? tune(e, a, b, y, alpha, beta, rb)
+                       ? tune(kc, e, a, b, y, alpha, beta, rb)
                        : PATH_DNNL; /* another thread is measuring this key */
     }
-    bool done = run_path(path, e, a, b, y, alpha, beta, rb);
+    run_result done = run_path(kc, path, e, a, b, y, alpha, beta, rb, NULL);
     if (owned) entry_free_owned(e);
     return done;
 }
@@ -795,48 +838,51 @@ static bool gemm_f32_onednn(const mat3 *a, const mat3 *b, const mat3 *y, double 
 
 /* y = alpha a b + beta y; with rb (f32 and native bf16 only; alpha 1, beta 1): y = a b + the
  * bias row, y not read. */
-static em_status gemm_mat3(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y,
-                           double alpha, double beta, const row_bias *rb) {
+static em_status gemm_mat3(const em_kernel_ctx *kc, em_dtype dt, const mat3 *a, const mat3 *b,
+                           const mat3 *y, double alpha, double beta, const row_bias *rb) {
     if (dt == EM_F16 || (dt == EM_BF16 && !G.bf16_native)) {
         if (rb) fill_rows(dt, y, rb);
-        return gemm_f32_path(dt, a, b, y, alpha, beta);
+        return gemm_f32_path(kc, dt, a, b, y, alpha, beta);
     }
     double work = (double)y->B * (double)y->R * (double)y->C * (double)a->C;
 #ifdef EM_HAVE_DNNL
     if (dt == EM_BF16) {
-        if (onednn_gemm(dnnl_bf16, a, b, y, alpha, beta, rb ? rb->data : NULL)) return EM_OK;
+        run_result r = onednn_gemm(kc, dnnl_bf16, a, b, y, alpha, beta, rb ? rb->data : NULL);
+        if (r != RUN_NO) return r == RUN_DONE ? EM_OK : em_last_status();
         if (rb) fill_rows(dt, y, rb);
-        return gemm_f32_path(dt, a, b, y, alpha, beta);
+        return gemm_f32_path(kc, dt, a, b, y, alpha, beta);
     }
-    if (dt == EM_F32 && G.f32 == LIB_ONEDNN && work > SMALL_GEMM &&
-        gemm_f32_onednn(a, b, y, alpha, beta, rb, work))
-        return EM_OK;
+    if (dt == EM_F32 && G.f32 == LIB_ONEDNN && work > SMALL_GEMM) {
+        run_result r = gemm_f32_onednn(kc, a, b, y, alpha, beta, rb, work);
+        if (r != RUN_NO) return r == RUN_DONE ? EM_OK : em_last_status();
+    }
 #endif
     if (rb) fill_rows(dt, y, rb), beta = 1.0;
     /* Small f32 products run on the calling thread (they are below OpenBLAS's own threading
      * threshold anyway); the rest (f64, f32 where oneDNN declined) on every thread. */
-    blas_gemm(dt, a, b, y, alpha, beta, dt == EM_F32 && work <= SMALL_GEMM ? 1 : em_num_threads());
+    blas_gemm(dt, a, b, y, alpha, beta, dt == EM_F32 && work <= SMALL_GEMM ? 1 : cpu_threads(kc));
     return EM_OK;
 }
 
 /* bf16/f16: convert to f32, multiply, round once into y. */
-static em_status gemm_f32_path(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y,
-                               double alpha, double beta) {
+static em_status gemm_f32_path(const em_kernel_ctx *kc, em_dtype dt, const mat3 *a,
+                               const mat3 *b, const mat3 *y, double alpha, double beta) {
     mat3 fa, fb, fy;
-    void *sa = NULL, *sb = NULL, *sy = NULL;
-    em_status st = dense_copy(a, dt, EM_F32, &fa, &sa);
-    if (st == EM_OK) st = dense_copy(b, dt, EM_F32, &fb, &sb);
+    void *sy = NULL;
+    em_status st = dense_copy(kc, a, dt, EM_F32, &fa);
+    if (st == EM_OK) st = dense_copy(kc, b, dt, EM_F32, &fb);
     if (st == EM_OK) {
         if (beta != 0) {
-            st = dense_copy(y, dt, EM_F32, &fy, &sy);
+            st = dense_copy(kc, y, dt, EM_F32, &fy);
+            sy = fy.data;
         } else {
-            sy = em_host_alloc((size_t)(y->B * y->R * y->C) * 4 + 1, 64);
-            if (!sy) st = em_set_error(EM_ERR_NOMEM, "matmul: out of memory for an f32 result");
+            sy = cpu_scratch(kc, (size_t)(y->B * y->R * y->C) * 4);
+            if (!sy) st = em_last_status();
             fy = (mat3){.data = sy, .B = y->B, .R = y->R, .C = y->C, .s0 = y->R * y->C,
                         .rs = y->C > 1 ? y->C : 1, .cs = 1};
         }
     }
-    if (st == EM_OK) st = gemm_mat3(EM_F32, &fa, &fb, &fy, alpha, beta, NULL);
+    if (st == EM_OK) st = gemm_mat3(kc, EM_F32, &fa, &fb, &fy, alpha, beta, NULL);
     if (st == EM_OK) {
         const float *src = (const float *)sy;
         size_t e = em_dtype_size(dt);
@@ -845,15 +891,13 @@ static em_status gemm_f32_path(em_dtype dt, const mat3 *a, const mat3 *b, const 
                 for (int64_t j = 0; j < y->C; j++)
                     store(dt, y->data + (bi * y->s0 + i * y->rs + j * y->cs) * (int64_t)e, *src++);
     }
-    em_host_free(sa);
-    em_host_free(sb);
-    em_host_free(sy);
     return st;
 }
 
 /* The GEMM of a, b into y, after copying operands GEMM cannot take as they are. */
-static em_status gemm_ktensors(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y,
-                               double alpha, double beta, const row_bias *rb) {
+static em_status gemm_ktensors(const em_kernel_ctx *kc, const em_ktensor *a, const em_ktensor *b,
+                               const em_ktensor *y, double alpha, double beta,
+                               const row_bias *rb) {
     em_dtype dt = y->dtype;
     mat3 ma = mat3_of(a), mb = mat3_of(b), my = mat3_of(y);
     if (my.B == 0 || my.R == 0 || my.C == 0) return EM_OK;
@@ -862,19 +906,16 @@ static em_status gemm_ktensors(const em_ktensor *a, const em_ktensor *b, const e
         else scale_y(dt, &my, beta);
         return EM_OK;
     }
-    void *sa = NULL, *sb = NULL;
     em_status st = EM_OK;
-    if (!gemm_layout(&ma)) st = dense_copy(&ma, dt, dt, &ma, &sa);
-    if (st == EM_OK && !gemm_layout(&mb)) st = dense_copy(&mb, dt, dt, &mb, &sb);
-    if (st == EM_OK) st = gemm_mat3(dt, &ma, &mb, &my, alpha, beta, rb);
-    em_host_free(sa);
-    em_host_free(sb);
+    if (!gemm_layout(&ma)) st = dense_copy(kc, &ma, dt, dt, &ma);
+    if (st == EM_OK && !gemm_layout(&mb)) st = dense_copy(kc, &mb, dt, dt, &mb);
+    if (st == EM_OK) st = gemm_mat3(kc, dt, &ma, &mb, &my, alpha, beta, rb);
     return st;
 }
 
-em_status cpu_gemm(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y, double alpha,
-                   double beta) {
-    return gemm_ktensors(a, b, y, alpha, beta, NULL);
+em_status cpu_gemm(const em_kernel_ctx *kc, const em_ktensor *a, const em_ktensor *b,
+                   const em_ktensor *y, double alpha, double beta) {
+    return gemm_ktensors(kc, a, b, y, alpha, beta, NULL);
 }
 
 /* y (M, N) = bias (M, N, stride 0 on broadcast dims), element by element. */
@@ -897,25 +938,25 @@ static void copy_bias(const em_ktensor *bias, const em_ktensor *y) {
     }
 }
 
-em_status cpu_gemm_addmm(const em_ktensor *bias, const em_ktensor *a, const em_ktensor *b,
-                         const em_ktensor *y, double alpha, double beta) {
-    if (beta == 0) return cpu_gemm(a, b, y, alpha, 0.0);
+em_status cpu_gemm_addmm(const em_kernel_ctx *kc, const em_ktensor *bias, const em_ktensor *a,
+                         const em_ktensor *b, const em_ktensor *y, double alpha, double beta) {
+    if (beta == 0) return cpu_gemm(kc, a, b, y, alpha, 0.0);
     /* linear's bias: one row broadcast down the rows, added once (oneDNN's bias argument). A
      * bias with a column stride other than 1 is copied (rarely: a strided view). */
     int64_t M = y->shape[0], N = y->shape[1];
     bool row = (bias->strides[0] == 0 || M <= 1) && (bias->strides[1] == 1 || N <= 1);
     if (row && alpha == 1.0 && beta == 1.0 && (y->dtype == EM_F32 || y->dtype == EM_BF16)) {
         row_bias rb = {.data = bias->data, .cs = 1};
-        return gemm_ktensors(a, b, y, 1.0, 1.0, &rb);
+        return gemm_ktensors(kc, a, b, y, 1.0, 1.0, &rb);
     }
     copy_bias(bias, y);
-    return cpu_gemm(a, b, y, alpha, beta);
+    return cpu_gemm(kc, a, b, y, alpha, beta);
 }
 
 /* ---- bmm ------------------------------------------------------------------------------------------ */
 
 static em_status k_bmm(const em_kernel_ctx *k) {
-    return cpu_gemm(&k->in[0], &k->in[1], &k->out[0], 1.0, 0.0);
+    return cpu_gemm(k, &k->in[0], &k->in[1], &k->out[0], 1.0, 0.0);
 }
 
 em_status cpu_register_matmul(em_registry *r) {

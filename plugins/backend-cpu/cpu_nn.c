@@ -37,8 +37,9 @@
 /* fn(ctx, lo, hi) over [0, n), split into one contiguous range per thread when the total
  * work (n * per_item) is worth it; otherwise called once on this thread. */
 typedef void (*nn_range_fn)(void *ctx, int64_t lo, int64_t hi);
-static void nn_parallel(int64_t n, int64_t per_item, nn_range_fn fn, void *ctx) {
-    int nt = em_num_threads();
+static void nn_parallel(const em_kernel_ctx *k, int64_t n, int64_t per_item, nn_range_fn fn,
+                        void *ctx) {
+    int nt = cpu_threads(k);
     if (n <= 0) return;
     if (nt <= 1 || n < 2 || n * per_item < CPU_GRAIN) {
         fn(ctx, 0, n);
@@ -122,6 +123,8 @@ static bool is_pool2x2(const nn_pool *p) {
  * the call (bad). */
 typedef struct bf16_pool_ctx {
     const em_kernel_ctx *k;
+    float *buf; /* (nt, H*W + OH*OW) f32 planes, kernel workspace: one per thread */
+    int nt;
     atomic_int bad;
 } bf16_pool_ctx;
 
@@ -137,11 +140,12 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
                                     (int64_t *)k->out[1].data + pl * P, p.OH, p.OW);
         return;
     }
-    float *x = em_host_alloc(sizeof(float) * (size_t)(HW + P), 64), *y = x + HW;
-    if (!x) {
+    int t = omp_get_thread_num();
+    if (t >= c->nt) { /* the thread count grew since the planes were made (set_num_threads) */
         atomic_store(&c->bad, 1);
         return;
     }
+    float *x = c->buf + (int64_t)t * (HW + P), *y = x + HW;
     for (int64_t pl = lo; pl < hi; pl++) {
         const uint16_t *xb = (const uint16_t *)k->in[0].data + pl * HW;
         uint16_t *yb = (uint16_t *)k->out[0].data + pl * P;
@@ -150,7 +154,6 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
         max_pool_rows_f32(&p, x, y, idx, 0, p.OH);
         for (int64_t i = 0; i < P; i++) yb[i] = xb[idx[i]]; /* the winner's own bits (NaN too) */
     }
-    em_host_free(x);
 }
 
 static em_status k_max_pool2d(const em_kernel_ctx *k) {
@@ -161,32 +164,38 @@ static em_status k_max_pool2d(const em_kernel_ctx *k) {
     if (k->out[0].dtype == EM_BF16) {
         bf16_pool_ctx c = {.k = k};
         atomic_init(&c.bad, 0);
-        nn_parallel(p.N * p.C, p.H * p.W + p.OH * p.OW * p.kh * p.kw, max_pool_bf16_planes, &c);
-        return atomic_load(&c.bad) ? em_set_error(EM_ERR_NOMEM, "max_pool2d: out of memory for "
-                                                  "an f32 plane") : EM_OK;
+        c.nt = cpu_threads(k);
+        c.buf = cpu_scratch(k, sizeof(float) * (size_t)c.nt * (size_t)(p.H * p.W + p.OH * p.OW));
+        if (!c.buf) return em_last_status();
+        nn_parallel(k, p.N * p.C, p.H * p.W + p.OH * p.OW * p.kh * p.kw, max_pool_bf16_planes, &c);
+        return atomic_load(&c.bad) ? em_set_error(EM_ERR_INVALID, "max_pool2d: the thread count "
+                                                  "changed during the call") : EM_OK;
     }
     if (is_pool2x2(&p)) {
-        nn_parallel(p.N * p.C, p.OH * p.OW * 4, max_pool2x2_planes, (void *)k);
+        nn_parallel(k, p.N * p.C, p.OH * p.OW * 4, max_pool2x2_planes, (void *)k);
         return EM_OK;
     }
     return max_pool2d_f32(k);
 }
 
 /* bf16 max_pool2d_backward: each plane of gx accumulated in f32 (windows may overlap) and
- * rounded once. bad: 1 for an index outside the plane, 2 for a failed allocation. */
+ * rounded once. bad: 1 for an index outside the plane, 2 for a thread without a plane. */
 typedef struct bf16_scatter_ctx {
     const em_kernel_ctx *k;
     int64_t HW, P;
+    float *buf; /* (nt, max(HW, 1)) f32 planes, kernel workspace: one per thread */
+    int nt;
     atomic_int bad;
 } bf16_scatter_ctx;
 
 static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
     bf16_scatter_ctx *c = ctx;
-    float *acc = em_host_alloc(sizeof(float) * (size_t)(c->HW > 0 ? c->HW : 1), 64);
-    if (!acc) {
+    int t = omp_get_thread_num();
+    if (t >= c->nt) { /* the thread count grew since the planes were made (set_num_threads) */
         atomic_store(&c->bad, 2);
         return;
     }
+    float *acc = c->buf + (int64_t)t * (c->HW > 0 ? c->HW : 1);
     for (int64_t pl = lo; pl < hi; pl++) {
         const uint16_t *gy = (const uint16_t *)c->k->in[0].data + pl * c->P;
         const int64_t *idx = (const int64_t *)c->k->in[1].data + pl * c->P;
@@ -203,7 +212,6 @@ static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
         else
             for (int64_t i = 0; i < c->HW; i++) gx[i] = cpu_f2b(acc[i]);
     }
-    em_host_free(acc);
 }
 
 static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
@@ -215,10 +223,14 @@ static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
     bf16_scatter_ctx c = {.k = k, .HW = gx->shape[2] * gx->shape[3],
                           .P = gy->shape[2] * gy->shape[3]};
     atomic_init(&c.bad, 0);
-    nn_parallel(gx->shape[0] * gx->shape[1], c.HW + c.P, max_pool_bwd_bf16_planes, &c);
+    c.nt = cpu_threads(k);
+    c.buf = cpu_scratch(k, sizeof(float) * (size_t)c.nt * (size_t)(c.HW > 0 ? c.HW : 1));
+    if (!c.buf) return em_last_status();
+    nn_parallel(k, gx->shape[0] * gx->shape[1], c.HW + c.P, max_pool_bwd_bf16_planes, &c);
     int bad = atomic_load(&c.bad);
     if (bad == 2)
-        return em_set_error(EM_ERR_NOMEM, "max_pool2d_backward: out of memory for an f32 plane");
+        return em_set_error(EM_ERR_INVALID, "max_pool2d_backward: the thread count changed "
+                            "during the call");
     if (bad)
         return em_set_error(EM_ERR_RANGE, "max_pool2d_backward: an index is outside the input "
                             "plane of %lld x %lld", (long long)gx->shape[2],

@@ -25,10 +25,12 @@
  * when they differ (convolutions use oneDNN's blocked layouts: its direct JIT kernels were
  * 1.4-4 times faster here than the gemm ones it picks for nchw, one thread, reorders
  * included; backward data into fewer than 16 channels stays plain), and one execution state:
- * a stream,
  * memory objects (re-pointed at each call's tensors with dnnl_memory_set_data_handle) and one
- * buffer holding the blocked copies and the scratchpad. A call that finds that state in use
- * (another thread on the same shape) builds a temporary one, so concurrent calls are safe.
+ * buffer holding the blocked copies; the scratchpad is kernel workspace of each call
+ * (em_kernel_workspace), and the thread count and the oneDNN stream (on the plugin's one
+ * engine, cpu_matmul.c's) the call's execution context's. A call that finds that
+ * state in use (another thread on the same shape) builds a temporary one, so concurrent calls
+ * are safe.
  * The cache is shared by all threads behind a mutex held for look-up and creation, holds at
  * most DN_CACHE_CAP entries and DN_BUF_CAP bytes of buffers (beyond that, calls use
  * temporary state or a temporary primitive), and is emptied at plugin shutdown.
@@ -123,7 +125,6 @@ typedef struct dn_copy {
 
 /* What one execution needs besides the primitive. */
 typedef struct dn_state {
-    dnnl_stream_t stream;
     dnnl_memory_t user[DN_MAX_ARGS], prim[DN_MAX_ARGS], scratch;
     void *buf;
 } dn_state;
@@ -133,7 +134,7 @@ typedef struct dn_prim {
     dnnl_primitive_t prim;
     int nargs;
     dn_arg a[DN_MAX_ARGS];
-    size_t scratch, scratch_off, buf_bytes;
+    size_t scratch, buf_bytes; /* scratchpad (workspace per call), the state buffer */
     atomic_flag busy; /* `st` is in use by a call */
     bool st_ready, cached;
     dn_state st;
@@ -202,8 +203,7 @@ static dnnl_status_t finish(dn_prim *p, const_dnnl_primitive_desc_t pd) {
     }
     if (s != dnnl_success) return s;
     p->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
-    p->scratch_off = off;
-    p->buf_bytes = off + p->scratch;
+    p->buf_bytes = off; /* the scratchpad is kernel workspace, per call (dn_exec_shared) */
     return dnnl_primitive_create(&p->prim, pd);
 }
 
@@ -498,7 +498,6 @@ static void state_free(dn_state *st) {
         if (st->prim[i]) dnnl_memory_destroy(st->prim[i]);
     }
     if (st->scratch) dnnl_memory_destroy(st->scratch);
-    if (st->stream) dnnl_stream_destroy(st->stream);
     em_host_free(st->buf);
     memset(st, 0, sizeof *st);
 }
@@ -507,7 +506,7 @@ static dnnl_status_t state_init(const dn_prim *p, dn_state *st) {
     memset(st, 0, sizeof *st);
     if (p->buf_bytes && !(st->buf = em_host_alloc(p->buf_bytes, 64))) return dnnl_out_of_memory;
     char *buf = st->buf;
-    dnnl_status_t s = dnnl_stream_create(&st->stream, dn_engine, dnnl_stream_default_flags);
+    dnnl_status_t s = dnnl_success;
     for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
         const dn_arg *a = &p->a[i];
         s = dnnl_memory_create(&st->user[i], &a->user, dn_engine, DNNL_MEMORY_NONE);
@@ -518,7 +517,8 @@ static dnnl_status_t state_init(const dn_prim *p, dn_state *st) {
         const dnnl_dims_t d = {(dnnl_dim_t)p->scratch};
         dnnl_memory_desc_t md;
         s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_x);
-        if (s == dnnl_success) s = dnnl_memory_create(&st->scratch, &md, dn_engine, buf + p->scratch_off);
+        if (s == dnnl_success)
+            s = dnnl_memory_create(&st->scratch, &md, dn_engine, DNNL_MEMORY_NONE);
     }
     if (s != dnnl_success) state_free(st);
     return s;
@@ -530,7 +530,7 @@ static void prim_free(dn_prim *p) {
     for (int i = 0; i < p->nargs; i++)
         if (p->a[i].reorder) dnnl_primitive_destroy(p->a[i].reorder);
     if (p->prim) dnnl_primitive_destroy(p->prim);
-    free(p);
+    em_host_free(p);
 }
 
 /* The entry for key, from the cache or built now (not cached when the cache is full: the
@@ -538,8 +538,7 @@ static void prim_free(dn_prim *p) {
 static dn_prim *dn_get(const dn_key *key, bool *owned) {
     *owned = false;
     pthread_mutex_lock(&dn_lock);
-    if (!dn_engine && dnnl_engine_create(&dn_engine, dnnl_cpu, 0) != dnnl_success) {
-        dn_engine = NULL;
+    if (!dn_engine && !(dn_engine = cpu_dnnl_engine())) { /* cpu_matmul.c's, shared */
         pthread_mutex_unlock(&dn_lock);
         return NULL;
     }
@@ -559,8 +558,9 @@ static dn_prim *dn_get(const dn_key *key, bool *owned) {
             pthread_mutex_unlock(&dn_lock);
             return NULL;
         }
-    dn_prim *p = calloc(1, sizeof *p);
+    dn_prim *p = em_host_alloc(sizeof *p, 64);
     if (p) {
+        memset(p, 0, sizeof *p);
         p->key = *key;
         atomic_flag_clear(&p->busy);
         dnnl_status_t bs = build(p);
@@ -699,14 +699,23 @@ static void copy_release(dn_copy *c, int share, bool ok) {
 /* Runs p on ptrs (one per argument, in the order the builder added them); kt (NULL, or one
  * per argument, NULL entries allowed) names the tensors whose reordered copies may be shared
  * (DN_SHARE_*). */
-static em_status dn_exec_shared(dn_prim *p, void *const *ptrs, const dn_name *const *kt,
-                                const char *who) {
+static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
+                                const dn_name *const *kt, const char *who) {
+    void *pad = NULL;
+    if (p->scratch && !(pad = cpu_scratch(k, p->scratch))) return em_last_status();
     dn_state tmp, *st = state_acquire(p, &tmp);
     if (!st)
         return em_set_error(EM_ERR_NOMEM, "%s: out of memory for the oneDNN buffers (%zu bytes)",
                             who, p->buf_bytes);
+    /* The stream: one of the call's execution context (its library handles). */
+    cpu_ctx *cc = cpu_ctx_of(k);
+    dnnl_stream_t strm = cpu_dnnl_stream_take(cc);
+    if (!strm) {
+        state_release(p, st);
+        return em_set_error(EM_ERR_DEVICE, "%s: oneDNN could not make a stream", who);
+    }
     /* oneDNN's OpenMP regions take the calling thread's max-threads setting. */
-    int nt = em_num_threads();
+    int nt = cpu_threads(k);
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
     dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
     dn_copy *copy[DN_MAX_ARGS] = {0};
@@ -720,31 +729,35 @@ static em_status dn_exec_shared(dn_prim *p, void *const *ptrs, const dn_name *co
         s = dnnl_memory_set_data_handle(st->user[i], ptrs[i]);
         if (s == dnnl_success && a->reorder && !a->out && !filled) {
             dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->user[i]}, {DNNL_ARG_TO, pm}};
-            s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
+            s = dnnl_primitive_execute(a->reorder, strm, 2, ra);
         }
         args[n++] = (dnnl_exec_arg_t){a->arg, a->reorder ? pm : st->user[i]};
     }
-    if (p->scratch) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, st->scratch};
-    if (s == dnnl_success) s = dnnl_primitive_execute(p->prim, st->stream, n, args);
+    if (p->scratch) {
+        if (s == dnnl_success) s = dnnl_memory_set_data_handle(st->scratch, pad);
+        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, st->scratch};
+    }
+    if (s == dnnl_success) s = dnnl_primitive_execute(p->prim, strm, n, args);
     for (int i = 0; i < p->nargs && s == dnnl_success; i++) {
         const dn_arg *a = &p->a[i];
         if (!a->reorder || !a->out) continue;
         dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->prim[i]}, {DNNL_ARG_TO, st->user[i]}};
-        s = dnnl_primitive_execute(a->reorder, st->stream, 2, ra);
+        s = dnnl_primitive_execute(a->reorder, strm, 2, ra);
     }
-    if (s == dnnl_success) s = dnnl_stream_wait(st->stream);
-    else dnnl_stream_wait(st->stream); /* nothing of ours still running on a copy */
+    if (s == dnnl_success) s = dnnl_stream_wait(strm);
+    else dnnl_stream_wait(strm); /* nothing of ours still running on a copy */
     for (int i = 0; i < p->nargs; i++)
         if (copy[i]) copy_release(copy[i], p->a[i].share, s == dnnl_success);
     state_release(p, st);
+    cpu_dnnl_stream_put(cc, strm);
     if (s != dnnl_success)
         return em_set_error(EM_ERR_DEVICE, "%s: oneDNN failed with status %d", who, (int)s);
     return EM_OK;
 }
 
 /* Runs p on ptrs (one per argument, in the order the builder added them). */
-static em_status dn_exec(dn_prim *p, void *const *ptrs, const char *who) {
-    return dn_exec_shared(p, ptrs, NULL, who);
+static em_status dn_exec(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs, const char *who) {
+    return dn_exec_shared(k, p, ptrs, NULL, who);
 }
 
 /* ---- keys -------------------------------------------------------------------------------------- */
@@ -876,10 +889,9 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
 /* ---- kernels ----------------------------------------------------------------------------------- */
 
 /* A scratch vector of n floats for statistics conversions (C or rows of them). */
-static float *fbuf(int64_t n, const char *who) {
-    float *b = em_host_alloc(sizeof(float) * (size_t)(n > 0 ? n : 1), 64);
-    if (!b) em_set_error(EM_ERR_NOMEM, "%s: out of memory for %lld statistics", who, (long long)n);
-    return b;
+static float *fbuf(const em_kernel_ctx *k, int64_t n, const char *who) {
+    (void)who; /* the workspace's error names the op */
+    return cpu_scratch(k, sizeof(float) * (size_t)(n > 0 ? n : 1));
 }
 
 static em_status run_bn_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who) {
@@ -887,7 +899,7 @@ static em_status run_bn_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
     int64_t C = x->shape[1], M = x->numel / C;
     bool training = k->attrs[0].v.b;
     double mom = k->attrs[1].v.f, eps = k->attrs[2].v.f;
-    float *var = fbuf(C, who), *sm = k->out[1].data, *si = k->out[2].data;
+    float *var = fbuf(k, C, who), *sm = k->out[1].data, *si = k->out[2].data;
     float *rm = k->in[3].data, *rv = k->in[4].data;
     if (!var) return EM_ERR_NOMEM;
     void *ptrs[DN_MAX_ARGS];
@@ -897,7 +909,7 @@ static em_status run_bn_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
     ptrs[n++] = training ? (void *)var : (void *)rv;
     if (k->in[1].numel) ptrs[n++] = k->in[1].data;
     if (k->in[2].numel) ptrs[n++] = k->in[2].data;
-    em_status st = dn_exec(p, ptrs, who);
+    em_status st = dn_exec(k, p, ptrs, who);
     for (int64_t c = 0; c < C && st == EM_OK; c++) {
         if (training) {
             si[c] = (float)(1.0 / sqrt((double)var[c] + eps));
@@ -909,8 +921,7 @@ static em_status run_bn_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
             si[c] = (float)(1.0 / sqrt((double)rv[c] + eps));
         }
     }
-    em_host_free(var);
-    return st;
+    return st; /* var: workspace */
 }
 
 /* Backward of batch_norm / layer_norm: variance = invstd^-2 (epsilon 0 in the primitive), the
@@ -918,7 +929,7 @@ static em_status run_bn_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
  * gx, gw, gb. */
 static em_status run_norm_bwd(const em_kernel_ctx *k, dn_prim *p, int64_t nstat, int64_t nscale,
                               int mean_in, int w_in, const char *who) {
-    float *buf = fbuf(nstat + nscale, who);
+    float *buf = fbuf(k, nstat + nscale, who);
     if (!buf) return EM_ERR_NOMEM;
     const float *si = k->in[mean_in + 1].data, *w = k->in[w_in].data;
     float *var = buf, *ones = buf + nstat;
@@ -929,9 +940,7 @@ static em_status run_norm_bwd(const em_kernel_ctx *k, dn_prim *p, int64_t nstat,
     void *ptrs[DN_MAX_ARGS] = {k->in[1].data,  k->in[0].data,  k->in[mean_in].data, var,
                                scale,          scale,          k->out[0].data,
                                k->out[1].data, k->out[2].data};
-    em_status st = dn_exec(p, ptrs, who);
-    em_host_free(buf);
-    return st;
+    return dn_exec(k, p, ptrs, who); /* buf: workspace */
 }
 
 static em_status run_ln_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who) {
@@ -945,7 +954,7 @@ static em_status run_ln_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
     ptrs[n++] = rstd;
     if (k->in[1].numel) ptrs[n++] = k->in[1].data;
     if (k->in[2].numel) ptrs[n++] = k->in[2].data;
-    em_status st = dn_exec(p, ptrs, who);
+    em_status st = dn_exec(k, p, ptrs, who);
     if (st == EM_OK)
         for (int64_t r = 0; r < rows; r++) rstd[r] = (float)(1.0 / sqrt((double)rstd[r] + eps));
     return st;
@@ -965,27 +974,29 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
     const dn_name n0 = input_name(k, 0), n1 = k->n_in > 1 ? input_name(k, 1) : (dn_name){0};
     switch (kind) {
     case DN_CONV_FWD: /* src, weights, dst[, bias] */
-        st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
+        st = dn_exec_shared(k, p,
+                            (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
                             (const dn_name *[]){&n0, NULL, NULL, NULL}, who);
         break;
     case DN_CONV_BWD_WEIGHT: /* src, diff_dst, diff_weights, diff_bias */
-        st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},
+        st = dn_exec_shared(k, p,
+                            (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},
                             (const dn_name *[]){&n0, &n1, NULL, NULL}, who);
         break;
     case DN_CONV_BWD_DATA: /* diff_dst, weights, diff_src */
-        st = dn_exec_shared(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data},
+        st = dn_exec_shared(k, p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data},
                             (const dn_name *[]){&n0, NULL, NULL}, who);
         break;
     case DN_SOFTMAX_BWD:
     case DN_LOG_SOFTMAX_BWD: /* diff_dst, dst, diff_src */
-        st = dn_exec(p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data}, who);
+        st = dn_exec(k, p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data}, who);
         break;
     case DN_BN_FWD: st = run_bn_fwd(k, p, who); break;
     case DN_BN_BWD: st = run_norm_bwd(k, p, key.v[1], key.v[1], 3, 2, who); break;
     case DN_LN_FWD: st = run_ln_fwd(k, p, who); break;
     case DN_LN_BWD: st = run_norm_bwd(k, p, key.v[0], key.v[1], 2, 4, who); break;
     default: /* pooling and softmax forward: x, y; pooling backward: gy, gx */
-        st = dn_exec(p, (void *[]){k->in[0].data, k->out[0].data}, who);
+        st = dn_exec(k, p, (void *[]){k->in[0].data, k->out[0].data}, who);
         break;
     }
     if (owned) prim_free(p);
@@ -1071,7 +1082,6 @@ void cpu_nn_dnnl_shutdown(void) {
     dn_buf_total = 0;
     for (int i = 0; i < DN_COPY_CAP; i++) copy_clear(&dn_copies[i]);
     dn_copy_tick = 0;
-    if (dn_engine) dnnl_engine_destroy(dn_engine);
-    dn_engine = NULL;
+    dn_engine = NULL; /* cpu_matmul.c's: destroyed by cpu_gemm_shutdown, after this */
     pthread_mutex_unlock(&dn_lock);
 }

@@ -59,10 +59,9 @@ static em_status S(conv2d_gemm)(const em_kernel_ctx *k) {
     T *y = k->out[0].data;
     int64_t P = g.OH * g.OW, Og = g.O / g.g, Kc = g.C / g.g * g.kh * g.kw;
     if (k->out[0].numel == 0) return EM_OK;
-    T *col = Kc > 0 && P > 0 ? em_host_alloc(sizeof(T) * (size_t)(Kc * g.g * P), 64) : NULL;
-    if (Kc > 0 && P > 0 && !col)
-        return em_set_error(EM_ERR_NOMEM, "conv2d: out of memory for a %lld x %lld im2col buffer",
-                            (long long)(Kc * g.g), (long long)P);
+    /* The im2col buffer (Kc * groups, P): kernel workspace, handed back when the call ends. */
+    T *col = Kc > 0 && P > 0 ? cpu_scratch(k, sizeof(T) * (size_t)(Kc * g.g * P)) : NULL;
+    if (Kc > 0 && P > 0 && !col) return em_last_status();
     for (int64_t n = 0; n < g.N; n++) {
         T *yn = y + n * g.O * P;
         if (Kc == 0) {
@@ -78,8 +77,7 @@ static em_status S(conv2d_gemm)(const em_kernel_ctx *k) {
             for (int64_t o = 0; o < g.O; o++)
                 for (int64_t p = 0; p < P; p++) yn[o * P + p] += b[o];
     }
-    em_host_free(col);
-    return EM_OK;
+    return EM_OK; /* col: workspace */
 }
 
 static em_status S(conv2d_bwd_data_gemm)(const em_kernel_ctx *k) {
@@ -89,10 +87,8 @@ static em_status S(conv2d_bwd_data_gemm)(const em_kernel_ctx *k) {
     int64_t P = g.OH * g.OW, Og = g.O / g.g, Kc = g.C / g.g * g.kh * g.kw;
     for (int64_t i = 0; i < k->out[0].numel; i++) gx[i] = 0;
     if (k->out[0].numel == 0 || P == 0 || Og == 0) return EM_OK;
-    T *col = em_host_alloc(sizeof(T) * (size_t)(Kc * g.g * P), 64);
-    if (!col)
-        return em_set_error(EM_ERR_NOMEM, "conv2d_backward_data: out of memory for a %lld x "
-                            "%lld col buffer", (long long)(Kc * g.g), (long long)P);
+    T *col = cpu_scratch(k, sizeof(T) * (size_t)(Kc * g.g * P)); /* (Kc * groups, P) */
+    if (!col) return em_last_status();
     for (int64_t n = 0; n < g.N; n++) {
         for (int64_t q = 0; q < g.g; q++)
             GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)Kc, (int)P, (int)Og, 1,
@@ -100,8 +96,7 @@ static em_status S(conv2d_bwd_data_gemm)(const em_kernel_ctx *k) {
                  col + q * Kc * P, (int)P);
         S(col2im)(&g, col, gx + n * g.C * g.H * g.W);
     }
-    em_host_free(col);
-    return EM_OK;
+    return EM_OK; /* col: workspace */
 }
 
 static em_status S(conv2d_bwd_weight_gemm)(const em_kernel_ctx *k) {
@@ -117,10 +112,8 @@ static em_status S(conv2d_bwd_weight_gemm)(const em_kernel_ctx *k) {
         gb[o] = (T)s;
     }
     if (k->out[0].numel == 0 || P == 0 || g.N == 0) return EM_OK;
-    T *col = em_host_alloc(sizeof(T) * (size_t)(Kc * g.g * P), 64);
-    if (!col)
-        return em_set_error(EM_ERR_NOMEM, "conv2d_backward_weight: out of memory for a %lld x "
-                            "%lld im2col buffer", (long long)(Kc * g.g), (long long)P);
+    T *col = cpu_scratch(k, sizeof(T) * (size_t)(Kc * g.g * P)); /* (Kc * groups, P) */
+    if (!col) return em_last_status();
     for (int64_t n = 0; n < g.N; n++) {
         S(im2col)(&g, x + n * g.C * g.H * g.W, col);
         for (int64_t q = 0; q < g.g; q++)
@@ -128,8 +121,7 @@ static em_status S(conv2d_bwd_weight_gemm)(const em_kernel_ctx *k) {
                  gy + (n * g.O + q * Og) * P, (int)P, col + q * Kc * P, (int)P, 1,
                  gw + q * Og * Kc, (int)Kc);
     }
-    em_host_free(col);
-    return EM_OK;
+    return EM_OK; /* col: workspace */
 }
 
 /* ---- pooling (parallel over the N*C planes) ----------------------------------------------------- */
@@ -171,7 +163,7 @@ static void S(max_pool_planes)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(max_pool2d)(const em_kernel_ctx *k) {
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
-    nn_parallel(p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(max_pool_planes), (void *)k);
+    nn_parallel(k, p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(max_pool_planes), (void *)k);
     return EM_OK;
 }
 
@@ -204,7 +196,7 @@ static em_status S(max_pool2d_bwd)(const em_kernel_ctx *k) {
     S(scatter_ctx) c = {.k = k, .HW = gx->shape[2] * gx->shape[3],
                         .P = gy->shape[2] * gy->shape[3]};
     atomic_init(&c.bad, 0);
-    nn_parallel(gx->shape[0] * gx->shape[1], c.HW + c.P, S(max_pool_bwd_planes), &c);
+    nn_parallel(k, gx->shape[0] * gx->shape[1], c.HW + c.P, S(max_pool_bwd_planes), &c);
     if (atomic_load(&c.bad))
         return em_set_error(EM_ERR_RANGE, "max_pool2d_backward: an index is outside the input "
                             "plane of %lld x %lld", (long long)gx->shape[2],
@@ -252,7 +244,7 @@ static void S(avg_pool_planes)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(avg_pool2d)(const em_kernel_ctx *k) {
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, false);
-    nn_parallel(p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(avg_pool_planes), (void *)k);
+    nn_parallel(k, p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(avg_pool_planes), (void *)k);
     return EM_OK;
 }
 
@@ -277,7 +269,7 @@ static void S(avg_pool_bwd_planes)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(avg_pool2d_bwd)(const em_kernel_ctx *k) {
     nn_pool p = nn_pool_geom(&k->out[0], &k->in[0], k->attrs, false);
-    nn_parallel(p.N * p.C, p.OH * p.OW * p.kh * p.kw + p.H * p.W, S(avg_pool_bwd_planes),
+    nn_parallel(k, p.N * p.C, p.OH * p.OW * p.kh * p.kw + p.H * p.W, S(avg_pool_bwd_planes),
                 (void *)k);
     return EM_OK;
 }
@@ -315,7 +307,7 @@ static void S(adaptive_planes)(void *ctx, int64_t lo, int64_t hi) {
 static em_status S(adaptive_avg_pool2d)(const em_kernel_ctx *k) {
     const em_ktensor *x = &k->in[0], *y = &k->out[0];
     int64_t per = EM_CPU_MAX(x->shape[2] * x->shape[3], y->shape[2] * y->shape[3]);
-    nn_parallel(x->shape[0] * x->shape[1], per, S(adaptive_planes), (void *)k);
+    nn_parallel(k, x->shape[0] * x->shape[1], per, S(adaptive_planes), (void *)k);
     return EM_OK;
 }
 
@@ -365,7 +357,7 @@ static void S(bn_channels)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(batch_norm)(const em_kernel_ctx *k) {
     const em_ktensor *x = &k->in[0];
-    nn_parallel(x->shape[1], x->numel / (x->shape[1] ? x->shape[1] : 1) * 3, S(bn_channels),
+    nn_parallel(k, x->shape[1], x->numel / (x->shape[1] ? x->shape[1] : 1) * 3, S(bn_channels),
                 (void *)k);
     return EM_OK;
 }
@@ -407,7 +399,7 @@ static void S(bn_bwd_channels)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(batch_norm_bwd)(const em_kernel_ctx *k) {
     const em_ktensor *x = &k->in[1];
-    nn_parallel(x->shape[1], x->numel / (x->shape[1] ? x->shape[1] : 1) * 3, S(bn_bwd_channels),
+    nn_parallel(k, x->shape[1], x->numel / (x->shape[1] ? x->shape[1] : 1) * 3, S(bn_bwd_channels),
                 (void *)k);
     return EM_OK;
 }
@@ -442,7 +434,7 @@ static void S(ln_rows)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(layer_norm)(const em_kernel_ctx *k) {
     int64_t D = nn_ln_d(&k->in[0], (int)k->attrs[0].v.i);
-    nn_parallel(D ? k->in[0].numel / D : 0, D * 3, S(ln_rows), (void *)k);
+    nn_parallel(k, D ? k->in[0].numel / D : 0, D * 3, S(ln_rows), (void *)k);
     return EM_OK;
 }
 
@@ -472,14 +464,12 @@ static void S(ln_bwd_rows)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(layer_norm_bwd)(const em_kernel_ctx *k) {
     int64_t D = nn_ln_d(&k->in[1], (int)k->attrs[0].v.i), rows = D ? k->in[1].numel / D : 0;
-    nn_parallel(rows, D * 4, S(ln_bwd_rows), (void *)k);
+    nn_parallel(k, rows, D * 4, S(ln_bwd_rows), (void *)k);
     /* grad_weight and grad_bias: column sums over the rows, in double. */
     const T *gy = k->in[0].data, *x = k->in[1].data, *mean = k->in[2].data, *rstd = k->in[3].data;
     T *gw = k->out[1].data, *gb = k->out[2].data;
-    double *acc = D ? em_host_alloc(sizeof(double) * (size_t)(2 * D), 64) : NULL;
-    if (D && !acc)
-        return em_set_error(EM_ERR_NOMEM, "layer_norm_backward: out of memory for %lld sums",
-                            (long long)(2 * D));
+    double *acc = D ? cpu_scratch(k, sizeof(double) * (size_t)(2 * D)) : NULL; /* (2, D) */
+    if (D && !acc) return em_last_status();
     for (int64_t i = 0; i < 2 * D; i++) acc[i] = 0;
     for (int64_t r = 0; r < rows; r++) {
         double m = mean[r], s = rstd[r];
@@ -493,8 +483,7 @@ static em_status S(layer_norm_bwd)(const em_kernel_ctx *k) {
         gw[i] = (T)acc[i];
         gb[i] = (T)acc[D + i];
     }
-    em_host_free(acc);
-    return EM_OK;
+    return EM_OK; /* acc: workspace */
 }
 
 /* ---- softmax (rows of `outer x inner` lanes of length D along dim) ------------------------------ */
@@ -533,6 +522,6 @@ static void S(softmax_rows)(void *ctx, int64_t lo, int64_t hi) {
 
 static em_status S(softmax_any)(const em_kernel_ctx *k) {
     nn_sm c = nn_sm_geom(k);
-    nn_parallel(c.outer * c.inner, c.D * 3, S(softmax_rows), &c);
+    nn_parallel(k, c.outer * c.inner, c.D * 3, S(softmax_rows), &c);
     return EM_OK;
 }

@@ -290,11 +290,11 @@ static void run_range(const step_call *c, const item *it, int64_t lo, int64_t hi
 }
 
 /* The elements of the call, concatenated, cut into one range per thread. */
-static void run_call(const step_call *c) {
+static void run_call(const em_kernel_ctx *k, const step_call *c) {
     int64_t total = 0;
     for (int j = 0; j < c->count; j++) total += c->items[j].op[0]->numel;
     if (total == 0) return;
-    int nt = em_num_threads();
+    int nt = cpu_threads(k);
     if (total < CPU_GRAIN || nt < 2) nt = 1;
     if (nt == 1) {
         for (int j = 0; j < c->count; j++) run_range(c, &c->items[j], 0, c->items[j].op[0]->numel);
@@ -384,18 +384,16 @@ static em_status run_fused(const em_kernel_ctx *k, step_call *c, int n_states,
                            const char *const *names, const bool *required) {
     int count = k->n_in;
     item stack[STACK_ITEMS], *items = stack;
-    if (count > STACK_ITEMS && !(items = em_host_alloc((size_t)count * sizeof *items, 64)))
-        return em_set_error(EM_ERR_NOMEM, "%s: out of memory for %d tensors", em_op_name(k->op),
-                            count);
+    if (count > STACK_ITEMS && !(items = cpu_scratch(k, (size_t)count * sizeof *items)))
+        return em_last_status(); /* "<op>: out of memory for ... kernel workspace" */
     em_status st = build_items(k, n_states, names, required, items);
     if (st == EM_OK) {
         c->items = items;
         c->count = count;
         c->f64 = k->out[0].dtype == EM_F64;
-        run_call(c);
+        run_call(k, c);
     }
-    if (items != stack) em_host_free(items);
-    return st;
+    return st; /* items: the stack or workspace */
 }
 
 static em_status k_fused_sgd(const em_kernel_ctx *k) {

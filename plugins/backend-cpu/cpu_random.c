@@ -193,16 +193,15 @@ static em_status cpu_bernoulli(const em_kernel_ctx *ctx) {
 /* ---- randperm ----------------------------------------------------------------------------- */
 
 /* The Fisher-Yates shuffle of ember/random.h, one draw after the other (each swap depends on
- * the ones before it). A strided output is shuffled in a scratch vector and then stored. */
+ * the ones before it). A strided output is shuffled in kernel workspace and then stored. */
 static em_status cpu_randperm(const em_kernel_ctx *ctx) {
     const em_ktensor *t = &ctx->out[0];
     /* randperm has only the two attributes seed and offset. */
     uint64_t seed = (uint64_t)attr_int(ctx, 0, 0), offset = (uint64_t)attr_int(ctx, 1, 0);
     int64_t n = t->numel;
     bool direct = t->contiguous && t->dtype == EM_I64;
-    int64_t *v = direct ? (int64_t *)t->data : malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
-    if (!v) return em_set_error(EM_ERR_NOMEM, "randperm: no memory for %lld indices",
-                                (long long)n);
+    int64_t *v = direct ? (int64_t *)t->data : cpu_scratch(ctx, (size_t)n * sizeof *v);
+    if (!v) return em_last_status(); /* "randperm: out of memory for ... kernel workspace" */
     for (int64_t i = 0; i < n; i++) v[i] = i;
     uint32_t w[4];
     for (int64_t k = 0; k + 1 < n; k++) {
@@ -221,7 +220,6 @@ static em_status cpu_randperm(const em_kernel_ctx *ctx) {
             else
                 ((int32_t *)t->data)[off] = (int32_t)v[i];
         }
-        free(v);
     }
     return EM_OK;
 }

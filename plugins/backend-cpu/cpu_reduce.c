@@ -90,8 +90,9 @@ static void store_sum(em_dtype dt, char *dst, double v, uint64_t iv) {
 }
 
 /* One long run reduced to one value, split into blocks across threads. */
-static void full_sum(em_dtype dt, const char *p, int64_t s, int64_t n, char *dst) {
-    int nt = em_num_threads();
+static void full_sum(const em_kernel_ctx *k, em_dtype dt, const char *p, int64_t s, int64_t n,
+                     char *dst) {
+    int nt = cpu_threads(k);
     int64_t nblocks = em_deterministic() ? (n + DET_BLOCK - 1) / DET_BLOCK
                                          : (n >= 2 * CPU_GRAIN ? nt : 1);
     if (nblocks <= 1) {
@@ -100,11 +101,10 @@ static void full_sum(em_dtype dt, const char *p, int64_t s, int64_t n, char *dst
         return;
     }
     int64_t per = (n + nblocks - 1) / nblocks;
-    double *part = em_host_alloc(sizeof(double) * (size_t)nblocks, 64);
-    uint64_t *ipart = em_host_alloc(sizeof(uint64_t) * (size_t)nblocks, 64);
+    double *part = cpu_scratch(k, sizeof(double) * (size_t)nblocks);
+    uint64_t *ipart = part ? cpu_scratch(k, sizeof(uint64_t) * (size_t)nblocks) : NULL;
     if (!part || !ipart) { /* no scratch: sum in one pass (same value in non-deterministic mode) */
-        em_host_free(part);
-        em_host_free(ipart);
+        em_clear_error();
         store_sum(dt, dst, dt == EM_I64 ? 0 : run_sum_f(dt, p, s, n),
                   dt == EM_I64 ? run_sum_i(p, s, n) : 0);
         return;
@@ -121,9 +121,7 @@ static void full_sum(em_dtype dt, const char *p, int64_t s, int64_t n, char *dst
     double v = 0;
     uint64_t iv = 0;
     for (int64_t b = 0; b < nblocks; b++) v += part[b], iv += ipart[b];
-    store_sum(dt, dst, v, iv);
-    em_host_free(part);
-    em_host_free(ipart);
+    store_sum(dt, dst, v, iv); /* part, ipart: workspace */
 }
 
 
@@ -141,6 +139,7 @@ typedef enum rmap { M_NONE, M_ABS, M_SQ, M_POW, M_NZ } rmap;
 typedef enum rfin { F_NONE, F_SQRT, F_ROOT } rfin;
 
 typedef struct rplan {
+    const em_kernel_ctx *k; /* the call: its threads and workspace */
     rkind kind;
     rmap map;
     rfin fin;
@@ -464,9 +463,10 @@ static em_status reduce_full(const rplan *P) {
     char *dv, *di;
     const char *base = out_base(P, 0, &dv, &di);
     int64_t nb = (P->total + BLOCK - 1) / BLOCK;
-    acc *part = nb > 1 ? em_host_alloc(sizeof(acc) * (size_t)nb, 64) : NULL;
+    acc *part = nb > 1 ? cpu_scratch(P->k, sizeof(acc) * (size_t)nb) : NULL;
     acc s = acc_init(P);
     if (!part) { /* one block, or no scratch: one pass (the same blocks, merged as we go) */
+        if (nb > 1) em_clear_error();
         for (int64_t b = 0; b < nb; b++) {
             acc t = acc_init(P);
             reduce_range(P, &t, base, b * BLOCK, cpu_min_i64(P->total, (b + 1) * BLOCK));
@@ -475,21 +475,21 @@ static em_status reduce_full(const rplan *P) {
         acc_store(P, &s, dv, di);
         return EM_OK;
     }
-#pragma omp parallel for num_threads(em_num_threads()) if (P->total >= CPU_GRAIN) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads(P->k)) if (P->total >= CPU_GRAIN) schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         part[b] = acc_init(P);
         reduce_range(P, &part[b], base, b * BLOCK, cpu_min_i64(P->total, (b + 1) * BLOCK));
     }
     for (int64_t b = 0; b < nb; b++) acc_merge(P, &s, &part[b]);
-    acc_store(P, &s, dv, di);
-    em_host_free(part);
+    acc_store(P, &s, dv, di); /* part: workspace */
     return EM_OK;
 }
 
 /* Rows: each output reduces its own elements. */
 static void reduce_rows(const rplan *P) {
     int64_t n = P->y->numel;
-#pragma omp parallel for num_threads(em_num_threads()) if (P->x->numel >= CPU_GRAIN && n > 1) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads(P->k)) if (P->x->numel >= CPU_GRAIN && n > 1) \
+    schedule(static)
     for (int64_t o = 0; o < n; o++) {
         char *dv, *di;
         const char *base = out_base(P, o, &dv, &di);
@@ -588,15 +588,16 @@ static void cols_update(const rplan *P, cols *S, const char *p, int64_t K, int64
 static void reduce_cols(const rplan *P) {
     const em_ktensor *x = P->x;
     int last = x->ndim - 1;
-    int64_t C = x->shape[last], groups = P->y->numel / C, nt = em_num_threads();
+    int64_t C = x->shape[last], groups = P->y->numel / C, nt = cpu_threads(P->k);
     /* Column blocks: at most CH wide, enough of them to share among the threads (the split
      * never changes a result: columns are independent). */
     int64_t kb = cpu_min_i64(CH, ((C + nt - 1) / nt + 15) & ~(int64_t)15);
     int64_t nblk = (C + kb - 1) / kb, items = groups * nblk;
     int64_t ysv = P->yv ? P->yv->strides[last] * (int64_t)em_dtype_size(P->yv->dtype) : 0;
     int64_t ysi = P->yi ? P->yi->strides[last] * 8 : 0;
-    cols *all = em_host_alloc(sizeof(cols) * (size_t)nt, 64);
+    cols *all = cpu_scratch(P->k, sizeof(cols) * (size_t)nt);
     if (!all) { /* no scratch: the rows path gives the same values */
+        em_clear_error();
         reduce_rows(P);
         return;
     }
@@ -623,8 +624,7 @@ static void reduce_cols(const rplan *P) {
             acc s = {S->a[k], S->b[k], S->c[k], S->i[k], S->j[k]};
             acc_store(P, &s, dv ? dv + k * ysv : NULL, di ? di + k * ysi : NULL);
         }
-    }
-    em_host_free(all);
+    } /* all: workspace */
 }
 
 static em_status run_plan(rplan *P) {
@@ -643,7 +643,7 @@ static em_status run_plan(rplan *P) {
 
 /* A plan for kernel call k: kind, reduced dims from attrs[0] (ints) unless dim >= 0. */
 static rplan plan_for(const em_kernel_ctx *k, rkind kind) {
-    rplan P = {.kind = kind, .x = &k->in[0], .dt = k->in[0].dtype,
+    rplan P = {.k = k, .kind = kind, .x = &k->in[0], .dt = k->in[0].dtype,
                .ints = !em_dtype_is_floating(k->in[0].dtype)};
     P.yv = &k->out[0];
     P.y = &k->out[0];
@@ -658,7 +658,7 @@ static em_status k_sum(const em_kernel_ctx *k) {
     rplan P = plan_for(k, K_SUM);
     plan_geometry(&P);
     if (P.y->numel == 1 && P.runs == 1) { /* one run: sum's own blocked path */
-        full_sum(P.dt, P.x->data, P.rstride[P.nr - 1], P.run, P.y->data);
+        full_sum(k, P.dt, P.x->data, P.rstride[P.nr - 1], P.run, P.y->data);
         return EM_OK;
     }
     return run_plan(&P);

@@ -11,13 +11,21 @@
  * core keeps one caching allocator per device on top of that table. Freed blocks stay cached
  * for reuse until em_empty_cache() hands them back to the device.
  *
+ * The table may also give an execution context per (device, stream) — where the backend keeps
+ * library handles bound to a stream; kernels reach it as em_kernel_ctx.exec (ember/dispatch.h)
+ * — and named functions for settings only that backend has, found by name:
+ *
+ *     void (*set)(int) = (void (*)(int))em_backend_proc("cpu", "set_num_threads");
+ *     if (set) set(4);                                   // what em_set_num_threads(4) does
+ *
  * Memory categories. Every block is tagged with what it holds, so a summary can say who uses
  * the memory, not only how much. The rules:
  *   - module parameters                          -> EM_MEM_PARAMETER
  *   - a parameter's .grad                         -> EM_MEM_GRADIENT
  *   - optimizer state (momentum, Adam moments)    -> EM_MEM_OPTIMIZER
  *   - DataLoader batch buffers                    -> EM_MEM_DATA
- *   - scratch space kernels ask for               -> EM_MEM_WORKSPACE
+ *   - scratch space kernels ask for               -> EM_MEM_WORKSPACE (em_kernel_workspace,
+ *                                                    held for the length of one kernel call)
  *   - everything else (op outputs, user tensors)  -> EM_MEM_ACTIVATION
  * em_tensor_set_category() overrides the tag of a tensor's storage (all views share it).
  * Freed blocks kept for reuse count as EM_MEM_CACHED.
@@ -167,7 +175,24 @@ typedef struct em_device_ops {
     em_status (*event_wait)(int index, em_stream *s, em_event *e); /* s waits for e */
     em_status (*event_synchronize)(int index, em_event *e);
     void *ext; /* reserved; NULL */
-    /* ---- added later: the core reads them only when struct_size covers them ---- */
+    /* ---- added in 1.1: the core reads these only when struct_size covers them ---- */
+    /* (optional) Make the backend's execution context for (device index, stream): what its
+     * kernels need to run work on that stream — library handles bound to it (a BLAS or DNN
+     * handle), settings. The core calls it once per (device, stream) on first use, keeps the
+     * pointer in em_exec_ctx.backend (ember/dispatch.h), and hands it back to context_destroy
+     * when the stream is freed (em_stream_free), the device type is removed or at
+     * em_shutdown(). May run on any thread, never twice at once for one device type (both
+     * slots run under the core's lock for the type: they must not allocate tensors or device
+     * memory through the core). Return an error set with em_set_error (the op that needed it
+     * fails with it). NULL: kernels see em_exec_ctx.backend NULL. */
+    em_status (*context_create)(int index, em_stream *s, void **out /* out */);
+    /* (optional) Free what context_create made; NULL: nothing to free. */
+    void (*context_destroy)(int index, em_stream *s, void *ctx);
+    /* (optional) The backend's named functions: settings and queries only this backend has
+     * (the CPU backend's thread count), reached by name with em_backend_proc (ggml's
+     * get_proc_address) and listed by ember-info. An array ended by an entry whose name is
+     * NULL, which must outlive the registration. NULL: none. */
+    const struct em_backend_fn_def *functions;
     /* (optional) Whether the work e marks has completed, without waiting (cudaEventQuery):
      * *done = true/false, EM_OK; an error status for an event never recorded or foreign.
      * The caching allocator polls it to reuse blocks other streams used (see "Streams and
@@ -175,6 +200,31 @@ typedef struct em_device_ops {
      * event_synchronize, when the cache is emptied or a device allocation fails. */
     em_status (*event_query)(int index, em_event *e, bool *done);
 } em_device_ops;
+
+/* Any function pointer, as em_backend_proc returns it: cast it to the signature its entry
+ * states before calling it. */
+typedef void (*em_proc_fn)(void);
+
+/* One named function of a backend (em_device_ops.functions). */
+typedef struct em_backend_fn_def {
+    const char *name;      /* "set_num_threads": [a-z][a-z0-9_]* */
+    em_proc_fn fn;         /* the function, cast to em_proc_fn */
+    const char *signature; /* its C type in words, for listings: "void (int n)" */
+    const char *doc;       /* one line: what it does */
+} em_backend_fn_def;
+
+/* The named function `name` of the backend registered for device type `device_type`
+ * ("cpu"), cast back by the caller to its documented signature:
+ *     void (*set)(int) = (void (*)(int))em_backend_proc("cpu", "set_num_threads");
+ *     if (set) set(4);
+ * NULL with EM_ERR_NOTFOUND when no backend of that type is loaded (naming the loaded
+ * plugins) or it has no such function (naming the ones it has). Valid while the backend's
+ * plugin stays loaded. */
+EM_API em_proc_fn em_backend_proc(const char *device_type, const char *name);
+/* The named functions of a device type's backend, for listings: *n receives their count
+ * (0 and NULL when the type is not loaded or has none). Borrowed, like em_backend_proc's. */
+EM_API const em_backend_fn_def *em_backend_functions(const char *device_type,
+                                                     size_t *n /* out */);
 
 /* ---- memory ----------------------------------------------------------------------------- */
 
@@ -222,7 +272,8 @@ EM_API em_status em_event_synchronize(em_device dev, em_event *e);
  * restores the default stream. EM_ERR_DEVICE for an unknown device; EM_ERR_INVALID for a
  * non-NULL stream on a device without streams, or when this thread already holds current
  * streams on 16 other devices. em_stream_free of a thread's current stream makes that
- * thread's current stream the default again (other threads must stop using it first). */
+ * thread's current stream the default again (other threads must stop using it first), and
+ * frees the execution context the core made for that stream (ember/dispatch.h). */
 EM_API em_status em_stream_set_current(em_device dev, em_stream *s);
 EM_API em_stream *em_stream_current(em_device dev);
 

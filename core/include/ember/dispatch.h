@@ -23,6 +23,22 @@
  *                           .dtype = EM_F32, .fn = my_square, .name = "square_f32" };
  *     em_kernel_register(em_registry_program(), &def, NULL);
  *
+ * Every kernel call runs in an execution context (em_kernel_ctx.exec): one per (device,
+ * stream), made by the core on first use with the backend's context_create (ember/device.h)
+ * and holding the backend's library handles for that stream (a BLAS or DNN handle); the
+ * stream is the calling thread's current one on the device (em_stream_set_current). The
+ * default stream's context is found with one load, so the common call pays nothing for it.
+ * Scratch memory a kernel needs is kernel workspace, held for the call and handed back when
+ * it returns:
+ *
+ *     static em_status my_kernel(const em_kernel_ctx *k) {
+ *         float *tmp;                                          // (n) floats of scratch
+ *         if (em_kernel_workspace(k, n * sizeof *tmp, (void **)&tmp) != EM_OK)
+ *             return em_last_status();                         // "my_op: out of memory ..."
+ *         my_blas *h = k->exec->backend;                       // the backend's handles
+ *         ...
+ *     }
+ *
  * When the device of the inputs has no kernel for the op and dtype, the fallback policy
  * decides: EM_FALLBACK_ERROR (default) fails naming the op, device, dtype and what is
  * registered; EM_FALLBACK_WARN and EM_FALLBACK_ALLOW copy the inputs to the CPU, run the CPU
@@ -233,11 +249,26 @@ typedef struct em_ktensor {
     bool contiguous;                 /* C order without gaps */
 } em_ktensor;
 
+/* The execution context of a (device, stream): made by the core on the first kernel call
+ * that runs there (with the backend's context_create, ember/device.h), shared by every
+ * kernel call on that device and stream from any thread, and freed with the stream
+ * (em_stream_free), its device type or at em_shutdown(). Read-only to kernels. */
+typedef struct em_exec_ctx {
+    size_t struct_size;  /* sizeof(em_exec_ctx) as the core built it */
+    em_device device;
+    em_stream *stream;   /* the stream (NULL: the default stream) */
+    void *backend;       /* what the backend's context_create made (its library handles), or
+                            NULL when it has none */
+    void *ext;           /* reserved; NULL */
+} em_exec_ctx;
+
 typedef struct em_kernel_ctx {
     size_t struct_size;
     const em_op *op;
     em_device device;
-    em_stream *stream;   /* the stream to run on (NULL: default) */
+    /* The stream to run on: the calling thread's current stream on `device`
+     * (em_stream_current; NULL: the default stream). */
+    em_stream *stream;
     int n_in, n_out;
     const em_ktensor *in;   /* (n_in) inputs; a NULL-able input has data == NULL */
     const em_ktensor *out;  /* (n_out) outputs, already allocated */
@@ -252,6 +283,12 @@ typedef struct em_kernel_ctx {
      * em_tensor_data() must call em_tensor_bump_version() (ember/tensor.h). */
     const uint64_t *storage_ids;
     const uint64_t *versions;
+    /* ---- added in 1.1: read only when struct_size covers them (EM_KCTX_HAS_EXEC) ---- */
+    /* The (device, stream) execution context this call runs in: its library handles are in
+     * exec->backend. Never NULL. */
+    const em_exec_ctx *exec;
+    /* The core's: the workspace this call holds (em_kernel_workspace). Do not touch. */
+    void *workspace;
 } em_kernel_ctx;
 
 /* Whether ctx carries storage ids and versions (a core older than the plugin's headers does
@@ -259,6 +296,23 @@ typedef struct em_kernel_ctx {
 #define EM_KCTX_HAS_IDS(ctx)                                                                    \
     ((ctx)->struct_size >= offsetof(em_kernel_ctx, versions) + sizeof(void *) &&               \
      (ctx)->storage_ids && (ctx)->versions)
+/* Whether ctx carries an execution context and can hand out workspace (a core older than the
+ * plugin's headers does not). */
+#define EM_KCTX_HAS_EXEC(ctx)                                                                   \
+    ((ctx)->struct_size >= offsetof(em_kernel_ctx, workspace) + sizeof(void *))
+
+/* Scratch memory for the running kernel call: at least nbytes (0 is allowed) on the call's
+ * device, aligned to 64 bytes, from the device's caching allocator in category
+ * EM_MEM_WORKSPACE (so memory statistics, the injectable host allocator and out-of-memory
+ * tests see it). It stays valid until the kernel returns; then the core hands it back to the
+ * cache — a kernel never frees it. Call it from the thread that runs the kernel (before a
+ * parallel region, not inside it), from the kernel function only (not from supports()).
+ *     float *tmp;
+ *     if (em_kernel_workspace(k, n * sizeof *tmp, (void **)&tmp) != EM_OK) return em_last_status();
+ * Errors: EM_ERR_NOMEM "<op>: out of memory for <n> bytes of kernel workspace on <device>
+ * (...)" naming what holds the memory; EM_ERR_INVALID for a NULL argument or a context
+ * without workspace (not EM_KCTX_HAS_EXEC). *out is NULL on error. */
+EM_API em_status em_kernel_workspace(const em_kernel_ctx *k, size_t nbytes, void **out /* out */);
 
 typedef em_status (*em_kernel_fn)(const em_kernel_ctx *ctx);
 /* (optional) Return false to pass the call to the next kernel down the stack. */
@@ -375,14 +429,19 @@ EM_API em_status em_placement_get(const char *device_type, em_placement_stats *o
 EM_API void em_set_deterministic(bool on);
 EM_API bool em_deterministic(void);
 
-/* Number of threads CPU kernels may use: EMBER_NUM_THREADS at em_init(), default the CPUs
- * this process may use — its affinity mask (taskset, cpusets, a batch system's binding),
- * capped by its cgroup CPU quota (docker --cpus) rounded up — not the machine's core count. */
+/* Number of threads CPU kernels may use. The setting is the CPU backend's own (its named
+ * functions "num_threads", "set_num_threads" and "num_threads_reason", em_backend_proc);
+ * these three are conveniences that call them. EMBER_NUM_THREADS when the backend loads,
+ * default the CPUs this process may use — its affinity mask (taskset, cpusets, a batch
+ * system's binding), capped by its cgroup CPU quota (docker --cpus) rounded up — not the
+ * machine's core count. Without a CPU backend loaded: 1, and setting does nothing. The CPU
+ * kernels read the count from their execution context (em_kernel_ctx.exec), which a set
+ * updates for the calls that start after it. */
 EM_API int em_num_threads(void);
-EM_API void em_set_num_threads(int n);
+EM_API void em_set_num_threads(int n); /* below 1 becomes 1 */
 /* Where em_num_threads() came from, in words: "EMBER_NUM_THREADS", "em_set_num_threads", or
  * the affinity mask and quota it was computed from (e.g. "4 of 64 online CPUs in this
- * process's affinity mask"). */
+ * process's affinity mask"); "no CPU backend is loaded" without one. */
 EM_API const char *em_num_threads_reason(void);
 
 #ifdef __cplusplus
