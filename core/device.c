@@ -290,7 +290,8 @@ em_status em_stream_create(em_device dev, em_stream **out) {
 static _Thread_local struct { em_device dev; em_stream *s; } tls_current[CURRENT_MAX];
 /* Initial-exec: read by every op call (em__stream_current), where the default model costs a
  * __tls_get_addr call in a shared library; 4 bytes fit glibc's static TLS room. */
-static _Thread_local __attribute__((tls_model("initial-exec"))) int tls_current_len;
+_Thread_local __attribute__((tls_model("initial-exec"))) int em__streams_set;
+#define tls_current_len em__streams_set
 
 static int current_find(em_device dev) {
     for (int i = 0; i < tls_current_len; i++)
@@ -329,8 +330,7 @@ em_status em_stream_set_current(em_device dev, em_stream *s) {
     return EM_OK;
 }
 
-em_stream *em__stream_current(em_device dev) {
-    if (tls_current_len == 0) return NULL;
+em_stream *em__stream_lookup(em_device dev) {
     int i = current_find(dev);
     return i < 0 ? NULL : tls_current[i].s;
 }

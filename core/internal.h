@@ -135,8 +135,14 @@ em__allocator *em__device_allocator_existing(em_device dev);
 void em__devices_shutdown(void);
 void em__device_types_remove_owner(em_registry *owner);
 int em__device_type_find(const char *name); /* index or -1 */
-/* The calling thread's current stream on dev (em_stream_current without the call). */
-em_stream *em__stream_current(em_device dev);
+/* The calling thread's current stream on dev (em_stream_current without the checks): inline
+ * down to one initial-exec thread-local load while the thread has set no stream (every op
+ * call asks). */
+extern __attribute__((tls_model("initial-exec"))) _Thread_local int em__streams_set;
+em_stream *em__stream_lookup(em_device dev);
+static inline em_stream *em__stream_current(em_device dev) {
+    return __builtin_expect(em__streams_set == 0, 1) ? NULL : em__stream_lookup(dev);
+}
 
 /* ---- execution contexts and backend functions (exec.c) ----------------------------------- */
 
