@@ -142,3 +142,12 @@ em_tensor *em__obs_end1(em__obs_frame *f, em_tensor *r) {
     em__obs_end(f, r ? EM_OK : em_last_status(), out, 1);
     return r;
 }
+
+size_t em__obs_new_bytes(const em_op_event *ev, int j) {
+    const em__storage *s = ev->out[j]->storage;
+    for (int i = 0; i < ev->n_in; i++)
+        if (ev->in[i] && ev->in[i]->storage == s) return 0;
+    for (int k = 0; k < j; k++)
+        if (ev->out[k] && ev->out[k]->storage == s) return 0;
+    return s->nbytes;
+}

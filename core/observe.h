@@ -38,4 +38,8 @@ em_tensor *em__obs_end1(em__obs_frame *f, em_tensor *r);
 /* The CPU fallback ran an op for this thread (em_op_event.fell_back). */
 void em__obs_note_fallback(void);
 
+/* Bytes of the storage output j of ev holds that no input (nor an earlier output) shares: what
+ * the call allocated for it (the tracer's and the profiler's memory figures). */
+size_t em__obs_new_bytes(const em_op_event *ev, int j);
+
 #endif /* EMBER_CORE_OBSERVE_H */

@@ -13,6 +13,7 @@
 #include "ember/tensor.h"
 #include "ember/trace.h"
 #include "internal.h"
+#include "observe.h"
 
 typedef struct row {
     em_profile_row pub;
@@ -103,12 +104,7 @@ static size_t new_bytes(const em_op_event *ev, int j) {
         ev->kind == EM_OP_EVENT_LIST ||
         (ev->kind == EM_OP_EVENT_COPY && strcmp(ev->name, "copy_") == 0))
         return 0;
-    const em__storage *s = ev->out[j]->storage;
-    for (int i = 0; i < ev->n_in; i++)
-        if (ev->in[i] && ev->in[i]->storage == s) return 0;
-    for (int k = 0; k < j; k++)
-        if (ev->out[k] && ev->out[k]->storage == s) return 0;
-    return s->nbytes;
+    return em__obs_new_bytes(ev, j);
 }
 
 static void on_end(void *user, const em_op_event *ev) {

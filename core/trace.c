@@ -27,6 +27,7 @@
 #include "ember/tensor.h"
 #include "ember/trace.h"
 #include "internal.h"
+#include "observe.h"
 
 /* ---- an arena for the trace's strings and arrays -------------------------------------------- */
 
@@ -316,16 +317,6 @@ static void on_leaf(void *user, const em_tensor *leaf, const char *node) {
     }
 }
 
-/* Bytes of the storage output j holds that no input (nor an earlier output) shares. */
-static size_t new_bytes(const em_op_event *ev, int j) {
-    const em__storage *s = ev->out[j]->storage;
-    for (int i = 0; i < ev->n_in; i++)
-        if (ev->in[i] && ev->in[i]->storage == s) return 0;
-    for (int k = 0; k < j; k++)
-        if (ev->out[k] && ev->out[k]->storage == s) return 0;
-    return s->nbytes;
-}
-
 static void on_end(void *user, const em_op_event *ev) {
     em_trace *tr = user;
     if (tr->failed != EM_OK || !tr->n_open) return;
@@ -345,7 +336,7 @@ static void on_end(void *user, const em_op_event *ev) {
         v->source = EM_TRACE_FROM_NODE, v->node = oc.node, v->output = j, v->input = -1;
         if (!t) continue;
         value_meta(v, t);
-        if (!n->pub.inplace) n->pub.bytes += new_bytes(ev, j);
+        if (!n->pub.inplace) n->pub.bytes += em__obs_new_bytes(ev, j);
         entry *e = table_put(&tr->tb, t);
         if (!e) return fail(tr);
         if (e->source == EM_TRACE_FROM_PARAMETER || e->source == EM_TRACE_FROM_BUFFER) continue;
