@@ -9,6 +9,9 @@
  *   train_cnn_b64   conv(1->32, 3x3, pad 1), ReLU, max_pool 2, conv(32->64, 3x3, pad 1), ReLU,
  *                   max_pool 2, flatten, linear(3136->128), ReLU, linear(128->10); batch 64
  *                   of 1x28x28
+ *   train_cnn_b64_traced  the same CNN step recorded by the forward-graph tracer: each step
+ *                   between em_trace_begin and em_trace_end (then em_trace_free), for the
+ *                   tracer's overhead against train_cnn_b64 in the same process
  *
  * One step is what a training loop does: forward, cross_entropy (mean), em_backward, then
  * em_optimizer_step of an "Adam" optimizer made by name from the registry with its default
@@ -50,7 +53,7 @@ static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
 typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
-    bool cnn;
+    bool cnn, traced;
     int64_t batch;
     int np;
     em_tensor *p[8], *x, *y;
@@ -99,6 +102,8 @@ static void setup(workload *w) {
 
 static void step(workload *w) {
     em_tensor *const *p = w->p;
+    em_trace_options topt = {.struct_size = sizeof topt};
+    if (w->traced && em_trace_begin(&topt) != EM_OK) die("trace_begin");
     if (em_scope_begin() != EM_OK) die("scope");
     em_tensor *h;
     if (w->cnn) {
@@ -118,11 +123,17 @@ static void step(workload *w) {
     if (em_optimizer_step(w->opt) != EM_OK) die("optimizer step");
     em_optimizer_zero_grad(w->opt);
     if (em_scope_end() != EM_OK) die("scope");
+    if (w->traced) {
+        em_trace *tr = em_trace_end();
+        if (!tr) die("trace_end");
+        em_trace_free(tr);
+    }
 }
 
 static workload W[] = {
     {.name = "train_mlp_b128", .iters = 10, .cnn = false, .batch = 128},
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
+    {.name = "train_cnn_b64_traced", .iters = 3, .cnn = true, .traced = true, .batch = 64},
 };
 #define N_WORKLOADS ((int)(sizeof W / sizeof W[0]))
 
