@@ -281,6 +281,21 @@ em_status em__op_inplace(const em_op *op, em_tensor *self, const em_tensor *cons
  * array of n > 0 entries marked EM__INTS_NULL + n, for the dispatcher's check to name). */
 em_attr em__attr_ints(int n, const int *v);
 em_attr em__attr_ints64(int n, const int64_t *v);
+/* Declares or defines a composite's body (em_op_schema.composite) named fn. */
+#define EM__COMPOSITE(fn)                                                                       \
+    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
+                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
+/* Attribute i of an op call, or def when the caller left it absent (NULL attrs, or a type
+ * other than the one asked for: the schema has already checked the types given). */
+static inline int64_t em__attr_int_or(const em_attr *a, int i, int64_t def) {
+    return a && a[i].type == EM_ATTR_INT ? a[i].v.i : def;
+}
+static inline double em__attr_float_or(const em_attr *a, int i, double def) {
+    return a && a[i].type == EM_ATTR_FLOAT ? a[i].v.f : def;
+}
+static inline bool em__attr_bool_or(const em_attr *a, int i, bool def) {
+    return a && a[i].type == EM_ATTR_BOOL ? a[i].v.b : def;
+}
 #define EM__INTS_NULL (INT_MIN / 2)
 /* Run op and return its first output in the thread's scope (NULL on error). */
 #define em__call1(op, n_in, in, attrs) em__scope_track(em__op1((op), (in), (n_in), (attrs)))

@@ -448,20 +448,16 @@ static em_status c_index_select(const em_op *op, const em_tensor *const *in, int
 }
 
 /* The composites (below): views, copies and fills, on every device. */
-#define COMPOSITE(fn)                                                                           \
-    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
-                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
-COMPOSITE(c_cat);
-COMPOSITE(c_stack);
-COMPOSITE(c_split);
-COMPOSITE(c_split_sizes);
-COMPOSITE(c_chunk);
-COMPOSITE(c_pad);
-COMPOSITE(c_index_read);
-COMPOSITE(c_index_write);
-COMPOSITE(c_one_hot);
-COMPOSITE(c_flip);
-#undef COMPOSITE
+EM__COMPOSITE(c_cat);
+EM__COMPOSITE(c_stack);
+EM__COMPOSITE(c_split);
+EM__COMPOSITE(c_split_sizes);
+EM__COMPOSITE(c_chunk);
+EM__COMPOSITE(c_pad);
+EM__COMPOSITE(c_index_read);
+EM__COMPOSITE(c_index_write);
+EM__COMPOSITE(c_one_hot);
+EM__COMPOSITE(c_flip);
 static em_status prep_linspace(const em_op *op, const em_tensor *const *out, int n_out,
                                const em_attr *attrs, em_dtype *dts);
 
@@ -650,10 +646,6 @@ static em_tensor *cat_impl(const char *who, int n, const em_tensor *const *ts, i
     return out;
 }
 
-static int int_attr(const em_attr *attrs, int i, int dflt) {
-    return attrs && attrs[i].type == EM_ATTR_INT ? (int)attrs[i].v.i : dflt;
-}
-
 static em_status one_out(em_tensor *r, em_tensor **out, int *n_out) {
     *n_out = (out[0] = r) != NULL;
     return r ? EM_OK : em_last_status();
@@ -663,7 +655,7 @@ static em_status one_out(em_tensor *r, em_tensor **out, int *n_out) {
 static em_status c_cat(const em_op *op, const em_tensor *const *in, int n_in,
                        const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
     (void)op, (void)cap;
-    return one_out(cat_impl("cat", n_in, in, int_attr(attrs, 0, 0)), out, n_out);
+    return one_out(cat_impl("cat", n_in, in, (int)em__attr_int_or(attrs, 0, 0)), out, n_out);
 }
 
 static em_tensor *stack_impl(int n, const em_tensor *const *ts, int dim) {
@@ -701,7 +693,7 @@ static em_tensor *stack_impl(int n, const em_tensor *const *ts, int dim) {
 static em_status c_stack(const em_op *op, const em_tensor *const *in, int n_in,
                          const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
     (void)op, (void)cap;
-    return one_out(stack_impl(n_in, in, int_attr(attrs, 0, 0)), out, n_out);
+    return one_out(stack_impl(n_in, in, (int)em__attr_int_or(attrs, 0, 0)), out, n_out);
 }
 
 /* ---- split and chunk --------------------------------------------------------------------------- */
@@ -754,7 +746,7 @@ static em_status c_split(const em_op *op, const em_tensor *const *in, int n_in,
         return em_set_error(EM_ERR_INVALID, "split: attribute 'split_size' is required");
     int64_t split_size = attrs[0].v.i;
     int d = 0;
-    em_status st = split_dim("split", t, int_attr(attrs, 1, 0), &d);
+    em_status st = split_dim("split", t, (int)em__attr_int_or(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     int64_t size = t->shape[d];
     if (split_size < 0 || (split_size == 0 && size > 0))
@@ -775,7 +767,7 @@ static em_status c_split_sizes(const em_op *op, const em_tensor *const *in, int 
     int nsizes = listed ? attrs[0].n : 0;
     const int64_t *sizes = listed ? attrs[0].v.list : NULL;
     int d = 0;
-    em_status st = split_dim("split_sizes", t, int_attr(attrs, 1, 0), &d);
+    em_status st = split_dim("split_sizes", t, (int)em__attr_int_or(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     if (nsizes <= 0 || !sizes || !out)
         return em_set_error(EM_ERR_INVALID, "split_sizes: expects at least one size and an "
@@ -802,9 +794,9 @@ static em_status c_chunk(const em_op *op, const em_tensor *const *in, int n_in,
                          const em_attr *attrs, em_tensor **out, int cap, int *n) {
     (void)op, (void)n_in;
     const em_tensor *t = in[0];
-    int chunks = int_attr(attrs, 0, 0);
+    int chunks = (int)em__attr_int_or(attrs, 0, 0);
     int d = 0;
-    em_status st = split_dim("chunk", t, int_attr(attrs, 1, 0), &d);
+    em_status st = split_dim("chunk", t, (int)em__attr_int_or(attrs, 1, 0), &d);
     if (st != EM_OK) return st;
     if (chunks <= 0)
         return em_set_error(EM_ERR_INVALID, "chunk: chunks must be positive, got %d", chunks);
@@ -976,7 +968,7 @@ static em_status c_index_write(const em_op *op, const em_tensor *const *in, int 
     double alpha = op == op_index_add && attrs && attrs[1].type == EM_ATTR_FLOAT ? attrs[1].v.f
                                                                                  : 1;
     em_tensor *r = NULL;
-    em_status st = index_write(op, em_op_name(op), (em_tensor *)in[0], int_attr(attrs, 0, 0),
+    em_status st = index_write(op, em_op_name(op), (em_tensor *)in[0], (int)em__attr_int_or(attrs, 0, 0),
                                in[1], in[2], alpha, false, &r);
     *n_out = st == EM_OK;
     out[0] = r;
@@ -1050,10 +1042,6 @@ static em_tensor *embedding_backward_run(const em_tensor *grad, const em_tensor 
     return r;
 }
 
-static int64_t int64_attr(const em_attr *attrs, int i, int64_t dflt) {
-    return attrs && attrs[i].type == EM_ATTR_INT ? attrs[i].v.i : dflt;
-}
-
 /* gather(t, index; dim), embedding(weight, indices; padding_idx: absent or
  * EM_PADDING_IDX_NONE for none), embedding_backward(grad, indices; num_weights, padding_idx). */
 static em_status c_index_read(const em_op *op, const em_tensor *const *in, int n_in,
@@ -1061,15 +1049,15 @@ static em_status c_index_read(const em_op *op, const em_tensor *const *in, int n
     (void)n_in, (void)cap;
     em_tensor *r;
     if (op == op_gather) {
-        r = gather_run(in[0], int_attr(attrs, 0, 0), in[1]);
+        r = gather_run(in[0], (int)em__attr_int_or(attrs, 0, 0), in[1]);
     } else if (op == op_embedding) {
-        r = embedding_run(in[0], in[1], int64_attr(attrs, 0, EM_PADDING_IDX_NONE));
+        r = embedding_run(in[0], in[1], em__attr_int_or(attrs, 0, EM_PADDING_IDX_NONE));
     } else {
         if (!attrs || attrs[0].type != EM_ATTR_INT)
             return em_set_error(EM_ERR_INVALID, "embedding_backward: attribute 'num_weights' is "
                                 "required");
         r = embedding_backward_run(in[0], in[1], attrs[0].v.i,
-                                   int64_attr(attrs, 1, EM_PADDING_IDX_NONE));
+                                   em__attr_int_or(attrs, 1, EM_PADDING_IDX_NONE));
     }
     return one_out(r, out, n_out);
 }
@@ -1110,7 +1098,7 @@ static em_status c_one_hot(const em_op *op, const em_tensor *const *in, int n_in
                            const em_attr *attrs, em_tensor **out, int cap, int *n_out) {
     (void)n_in, (void)cap;
     const em_tensor *t = in[0];
-    int64_t num_classes = int64_attr(attrs, 0, -1);
+    int64_t num_classes = em__attr_int_or(attrs, 0, -1);
     if (t->dtype != EM_I64) {
         return em_set_error(EM_ERR_DTYPE, "one_hot: expects an int64 tensor of class indices, "
                             "got %s", em_dtype_name(t->dtype));

@@ -55,13 +55,6 @@ static const em_op *op_ce, *op_ce_bw, *op_nll, *op_nll_bw, *op_mse, *op_mse_bw, 
 
 /* ---- attributes ------------------------------------------------------------------------------ */
 
-static int64_t attr_int(const em_attr *a, int i, int64_t def) {
-    return a && a[i].type == EM_ATTR_INT ? a[i].v.i : def;
-}
-static double attr_float(const em_attr *a, int i, double def) {
-    return a && a[i].type == EM_ATTR_FLOAT ? a[i].v.f : def;
-}
-
 static const char *const reduction_names[] = {"none", "mean", "sum"};
 
 em_status em_reduction_parse(const char *name, em_reduction *out) {
@@ -76,7 +69,7 @@ em_status em_reduction_parse(const char *name, em_reduction *out) {
 
 /* The reduction attribute (index 0 in every loss op), validated. */
 static em_status get_reduction(const em_op *op, const em_attr *attrs, int64_t *red) {
-    *red = attr_int(attrs, 0, EM_REDUCTION_MEAN);
+    *red = em__attr_int_or(attrs, 0, EM_REDUCTION_MEAN);
     if (*red < 0 || *red > 2)
         return em_set_error(EM_ERR_INVALID, "%s: reduction %lld is not one of 0 (none), 1 (mean), "
                             "2 (sum)", em_op_name(op), (long long)*red);
@@ -195,7 +188,7 @@ static em_status check_grad(const em_op *op, const em_tensor *g, const em_tensor
 }
 
 static em_status check_smoothing(const em_op *op, const em_attr *attrs, int i) {
-    double ls = attr_float(attrs, i, 0.0);
+    double ls = em__attr_float_or(attrs, i, 0.0);
     if (!(ls >= 0.0 && ls <= 1.0))
         return em_set_error(EM_ERR_INVALID, "%s: label_smoothing must be in [0, 1], got %g",
                             em_op_name(op), ls);
@@ -240,9 +233,9 @@ static em_status check_pointwise(const em_op *op, const em_tensor *x, const em_t
     if (t->dtype != x->dtype)
         return em_set_error(EM_ERR_DTYPE, "%s: target has dtype %s; expected the input's dtype %s",
                             em_op_name(op), em_dtype_name(t->dtype), em_dtype_name(x->dtype));
-    if ((op == op_sl1 || op == op_sl1_bw) && !(attr_float(attrs, 1, 1.0) >= 0))
+    if ((op == op_sl1 || op == op_sl1_bw) && !(em__attr_float_or(attrs, 1, 1.0) >= 0))
         return em_set_error(EM_ERR_INVALID, "%s: beta must be >= 0, got %g", em_op_name(op),
-                            attr_float(attrs, 1, 1.0));
+                            em__attr_float_or(attrs, 1, 1.0));
     return EM_OK;
 }
 
@@ -590,17 +583,17 @@ static em_status c_loss(const em_op *op, const em_tensor *const *in, int n_in,
     if (bw && !em_dtype_is_floating(g->dtype))
         return em_set_error(EM_ERR_DTYPE, "%s: grad must be floating, got %s", em_op_name(op),
                             em_dtype_name(g->dtype));
-    em_reduction red = (em_reduction)attr_int(attrs, 0, EM_REDUCTION_MEAN);
+    em_reduction red = (em_reduction)em__attr_int_or(attrs, 0, EM_REDUCTION_MEAN);
     em_tensor *r;
     if (op == op_ce || op == op_ce_bw || op == op_nll || op == op_nll_bw) {
         bool ce = op == op_ce || op == op_ce_bw;
-        r = class_loss(op, g, xs[0], xs[1], xs[2], red, attr_int(attrs, 1, -100),
-                       ce ? attr_float(attrs, 2, 0) : 0);
+        r = class_loss(op, g, xs[0], xs[1], xs[2], red, em__attr_int_or(attrs, 1, -100),
+                       ce ? em__attr_float_or(attrs, 2, 0) : 0);
     } else if (op == op_bce || op == op_bce_bw) {
         r = bce_loss(op, g, xs[0], xs[1], xs[2], xs[3], red);
     } else {
         bool sl1 = op == op_sl1 || op == op_sl1_bw;
-        double beta = sl1 ? attr_float(attrs, 1, 1.0) : 0;
+        double beta = sl1 ? em__attr_float_or(attrs, 1, 1.0) : 0;
         r = sl1 && !beta_ok(em_op_name(op), beta) ? NULL
                                                  : pointwise_loss(op, g, xs[0], xs[1], red, beta);
     }

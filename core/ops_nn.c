@@ -547,23 +547,19 @@ static em_status infer_softmax(const em_op *op, const em_tensor *const *in, cons
 /* Every nn op is a composite over its kernel (the c_* functions below): absent optional
  * inputs become the kernel's 0-element "none" tensors, attributes take their defaults, and
  * f16/bf16 calls run in f32 where the device has no native kernel. */
-#define COMPOSITE(fn)                                                                           \
-    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
-                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
-COMPOSITE(c_conv2d);
-COMPOSITE(c_conv2d_bwd_data);
-COMPOSITE(c_conv2d_bwd_weight);
-COMPOSITE(c_max_pool2d);
-COMPOSITE(c_max_pool2d_bwd);
-COMPOSITE(c_avg_pool);
-COMPOSITE(c_adaptive);
-COMPOSITE(c_batch_norm);
-COMPOSITE(c_batch_norm_bwd);
-COMPOSITE(c_layer_norm);
-COMPOSITE(c_layer_norm_bwd);
-COMPOSITE(c_softmax);
-COMPOSITE(c_dropout);
-#undef COMPOSITE
+EM__COMPOSITE(c_conv2d);
+EM__COMPOSITE(c_conv2d_bwd_data);
+EM__COMPOSITE(c_conv2d_bwd_weight);
+EM__COMPOSITE(c_max_pool2d);
+EM__COMPOSITE(c_max_pool2d_bwd);
+EM__COMPOSITE(c_avg_pool);
+EM__COMPOSITE(c_adaptive);
+EM__COMPOSITE(c_batch_norm);
+EM__COMPOSITE(c_batch_norm_bwd);
+EM__COMPOSITE(c_layer_norm);
+EM__COMPOSITE(c_layer_norm_bwd);
+EM__COMPOSITE(c_softmax);
+EM__COMPOSITE(c_dropout);
 
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          const char *const *in_names, int n_out, int n_attrs,
@@ -871,24 +867,12 @@ static em_attr pair_or(const em_attr *attrs, int i, const em_attr *fallback, int
     return ints2(NULL, def);
 }
 static bool has_pair(const em_attr *attrs, int i) { return attrs && attrs[i].type == EM_ATTR_INTS; }
-static int64_t int_or(const em_attr *attrs, int i, int64_t def) {
-    return attrs && attrs[i].type == EM_ATTR_INT ? attrs[i].v.i : def;
-}
-static double float_or(const em_attr *attrs, int i, double def) {
-    return attrs && attrs[i].type == EM_ATTR_FLOAT ? attrs[i].v.f : def;
-}
-static bool bool_or(const em_attr *attrs, int i, bool def) {
-    return attrs && attrs[i].type == EM_ATTR_BOOL ? attrs[i].v.b : def;
-}
 
-#define COMPOSITE(fn)                                                                           \
-    static em_status fn(const em_op *op, const em_tensor *const *in, int n_in,                  \
-                        const em_attr *attrs, em_tensor **out, int cap, int *n_out)
 #define UNUSED (void)op, (void)n_in, (void)cap
 
 /* conv2d(input, weight, bias?; stride, padding, dilation, groups): absent stride and
  * dilation are 1, padding 0, groups 1. */
-COMPOSITE(c_conv2d) {
+EM__COMPOSITE(c_conv2d) {
     UNUSED;
     const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
     if (!check_float("conv2d", "input", input) || !check_float("conv2d", "weight", weight) ||
@@ -900,7 +884,7 @@ COMPOSITE(c_conv2d) {
                             em_dtype_name(weight->dtype),
                             bias ? em_dtype_name(bias->dtype) : "none");
     em_attr a[4] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
-                    pair_or(attrs, 2, NULL, 1), aint(int_or(attrs, 3, 1))};
+                    pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1))};
     em_tensor *y = NULL;
     if (call(op_conv2d, input->dtype, in, "xxx", 3, a, &y) != EM_OK) return em_last_status();
     *n_out = (out[0] = finish(y, input->dtype)) != NULL;
@@ -908,7 +892,7 @@ COMPOSITE(c_conv2d) {
 }
 
 /* conv2d_backward_data(grad_output, weight; stride, padding, dilation, groups, input_size). */
-COMPOSITE(c_conv2d_bwd_data) {
+EM__COMPOSITE(c_conv2d_bwd_data) {
     UNUSED;
     const em_tensor *gy = in[0], *weight = in[1];
     if (!check_float("conv2d_backward_data", "grad_output", gy) ||
@@ -917,7 +901,7 @@ COMPOSITE(c_conv2d_bwd_data) {
     if (!has_pair(attrs, 4))
         return em_set_error(EM_ERR_INVALID, "conv2d_backward_data: input_size is required");
     em_attr a[5] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
-                    pair_or(attrs, 2, NULL, 1), aint(int_or(attrs, 3, 1)), attrs[4]};
+                    pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1)), attrs[4]};
     em_tensor *gx = NULL;
     if (call(op_conv2d_bwd_data, gy->dtype, in, "xx", 2, a, &gx) != EM_OK)
         return em_last_status();
@@ -926,7 +910,7 @@ COMPOSITE(c_conv2d_bwd_data) {
 }
 
 /* conv2d_backward_weight(input, grad_output; ..., kernel_size) -> (grad_weight, grad_bias). */
-COMPOSITE(c_conv2d_bwd_weight) {
+EM__COMPOSITE(c_conv2d_bwd_weight) {
     UNUSED;
     const em_tensor *input = in[0], *gy = in[1];
     if (!check_float("conv2d_backward_weight", "input", input) ||
@@ -935,7 +919,7 @@ COMPOSITE(c_conv2d_bwd_weight) {
     if (!has_pair(attrs, 4))
         return em_set_error(EM_ERR_INVALID, "conv2d_backward_weight: kernel_size is required");
     em_attr a[5] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
-                    pair_or(attrs, 2, NULL, 1), aint(int_or(attrs, 3, 1)), attrs[4]};
+                    pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1)), attrs[4]};
     em_tensor *res[2] = {NULL, NULL};
     em_status st = call(op_conv2d_bwd_weight, input->dtype, in, "xx", 2, a, res);
     for (int i = 0; i < 2 && st == EM_OK; i++)
@@ -945,14 +929,14 @@ COMPOSITE(c_conv2d_bwd_weight) {
 
 /* max_pool2d(input; kernel_size, stride (absent: kernel_size), padding, dilation, ceil_mode)
  * -> (out, indices). */
-COMPOSITE(c_max_pool2d) {
+EM__COMPOSITE(c_max_pool2d) {
     UNUSED;
     const em_tensor *input = in[0];
     if (!check_float("max_pool2d", "input", input)) return em_last_status();
     if (!has_pair(attrs, 0))
         return em_set_error(EM_ERR_INVALID, "max_pool2d: kernel_size is required");
     em_attr a[5] = {attrs[0], pair_or(attrs, 1, &attrs[0], 1), pair_or(attrs, 2, NULL, 0),
-                    pair_or(attrs, 3, NULL, 1), abool(bool_or(attrs, 4, false))};
+                    pair_or(attrs, 3, NULL, 1), abool(em__attr_bool_or(attrs, 4, false))};
     em_tensor *res[2] = {NULL, NULL};
     em_status st = call(op_max_pool2d, input->dtype, &input, "x", 1, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
@@ -960,7 +944,7 @@ COMPOSITE(c_max_pool2d) {
 }
 
 /* max_pool2d_backward(grad_output, indices; input_size). */
-COMPOSITE(c_max_pool2d_bwd) {
+EM__COMPOSITE(c_max_pool2d_bwd) {
     UNUSED;
     if (!check_float("max_pool2d_backward", "grad_output", in[0])) return em_last_status();
     if (!has_pair(attrs, 0))
@@ -974,7 +958,7 @@ COMPOSITE(c_max_pool2d_bwd) {
 
 /* avg_pool2d(input; kernel_size, stride, padding, ceil_mode, count_include_pad) and its
  * backward (grad_output; the same, input_size). */
-COMPOSITE(c_avg_pool) {
+EM__COMPOSITE(c_avg_pool) {
     UNUSED;
     const char *who = em_op_name(op);
     const em_tensor *t = in[0];
@@ -984,7 +968,7 @@ COMPOSITE(c_avg_pool) {
         return em_set_error(EM_ERR_INVALID, "%s: kernel_size%s required", who,
                             bw ? " and input_size are" : " is");
     em_attr a[6] = {attrs[0], pair_or(attrs, 1, &attrs[0], 1), pair_or(attrs, 2, NULL, 0),
-                    abool(bool_or(attrs, 3, false)), abool(bool_or(attrs, 4, true)),
+                    abool(em__attr_bool_or(attrs, 3, false)), abool(em__attr_bool_or(attrs, 4, true)),
                     bw ? attrs[5] : ints2(NULL, 0)};
     em_tensor *y = NULL;
     if (call(op, t->dtype, &t, "x", 1, a, &y) != EM_OK) return em_last_status();
@@ -993,7 +977,7 @@ COMPOSITE(c_avg_pool) {
 }
 
 /* adaptive_avg_pool2d(input; output_size) and its backward (grad_output; input_size). */
-COMPOSITE(c_adaptive) {
+EM__COMPOSITE(c_adaptive) {
     UNUSED;
     const char *who = em_op_name(op);
     const em_tensor *t = in[0];
@@ -1009,11 +993,11 @@ COMPOSITE(c_adaptive) {
 /* batch_norm(input, weight?, bias?, running_mean?, running_var?; training, momentum, eps)
  * -> (out, save_mean, save_invstd). Training updates running_mean and running_var in place.
  * Absent: training false, momentum 0.1, eps 1e-5 (PyTorch's). */
-COMPOSITE(c_batch_norm) {
+EM__COMPOSITE(c_batch_norm) {
     UNUSED;
     const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
     em_tensor *running_mean = (em_tensor *)in[3], *running_var = (em_tensor *)in[4];
-    bool training = bool_or(attrs, 0, false);
+    bool training = em__attr_bool_or(attrs, 0, false);
     const em_tensor *opt[4] = {weight, bias, running_mean, running_var};
     static const char *const names[4] = {"weight", "bias", "running_mean", "running_var"};
     if (!check_float("batch_norm", "input", input)) return em_last_status();
@@ -1036,8 +1020,8 @@ COMPOSITE(c_batch_norm) {
      * contiguous), otherwise copies written back afterwards. */
     em_tensor *rs[2] = {prep(running_mean, cd, dev), prep(running_var, cd, dev)},
               *user[2] = {running_mean, running_var};
-    em_attr a[3] = {abool(training), afloat(float_or(attrs, 1, 0.1)),
-                    afloat(float_or(attrs, 2, 1e-5))};
+    em_attr a[3] = {abool(training), afloat(em__attr_float_or(attrs, 1, 0.1)),
+                    afloat(em__attr_float_or(attrs, 2, 1e-5))};
     em_tensor *res[3] = {NULL, NULL, NULL};
     em_status st = !rs[0] || !rs[1] ? em_last_status()
                                     : call(op_batch_norm, input->dtype,
@@ -1055,13 +1039,13 @@ COMPOSITE(c_batch_norm) {
 }
 
 /* batch_norm_backward(grad_output, input, weight?, save_mean, save_invstd; training). */
-COMPOSITE(c_batch_norm_bwd) {
+EM__COMPOSITE(c_batch_norm_bwd) {
     UNUSED;
     const em_tensor *chk[4] = {in[0], in[1], in[3], in[4]}, *input = in[1], *weight = in[2];
     for (int i = 0; i < 4; i++)
         if (!check_float("batch_norm_backward", "tensor", chk[i])) return em_last_status();
     if (weight && !check_float("batch_norm_backward", "weight", weight)) return em_last_status();
-    em_attr a[1] = {abool(bool_or(attrs, 0, true))};
+    em_attr a[1] = {abool(em__attr_bool_or(attrs, 0, true))};
     em_tensor *res[3] = {NULL, NULL, NULL};
     em_status st = call(op_batch_norm_bwd, input->dtype, in, "xxsss", 5, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
@@ -1084,18 +1068,18 @@ static em_status ln_shape(const char *who, const em_tensor *x, int k, const int6
 
 /* layer_norm(input, weight?, bias?; normalized_ndim, eps, normalized_shape) -> (out, mean,
  * rstd). Absent eps: 1e-5. */
-COMPOSITE(c_layer_norm) {
+EM__COMPOSITE(c_layer_norm) {
     UNUSED;
     const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
     if (!check_float("layer_norm", "input", input) ||
         (weight && !check_float("layer_norm", "weight", weight)) ||
         (bias && !check_float("layer_norm", "bias", bias)))
         return em_last_status();
-    int k = (int)int_or(attrs, 0, 0);
+    int k = (int)em__attr_int_or(attrs, 0, 0);
     bool listed = attrs && attrs[2].type == EM_ATTR_INTS && attrs[2].n == k;
     if (ln_shape("layer_norm", input, k, listed ? attrs[2].ints : NULL) != EM_OK)
         return em_last_status();
-    em_attr a[3] = {aint(k), afloat(float_or(attrs, 1, 1e-5)),
+    em_attr a[3] = {aint(k), afloat(em__attr_float_or(attrs, 1, 1e-5)),
                     listed ? attrs[2] : (em_attr){.type = EM_ATTR_NONE}};
     em_tensor *res[3] = {NULL, NULL, NULL};
     em_status st = call(op_layer_norm, input->dtype, in, "xss", 3, a, res);
@@ -1104,14 +1088,14 @@ COMPOSITE(c_layer_norm) {
 }
 
 /* layer_norm_backward(grad_output, input, mean, rstd, weight?; normalized_ndim). */
-COMPOSITE(c_layer_norm_bwd) {
+EM__COMPOSITE(c_layer_norm_bwd) {
     UNUSED;
     const em_tensor *input = in[1], *weight = in[4];
     for (int i = 0; i < 4; i++)
         if (!check_float("layer_norm_backward", "tensor", in[i])) return em_last_status();
     if (weight && !check_float("layer_norm_backward", "weight", weight)) return em_last_status();
     em_tensor *res[3] = {NULL, NULL, NULL};
-    em_attr a[1] = {aint(int_or(attrs, 0, 0))};
+    em_attr a[1] = {aint(em__attr_int_or(attrs, 0, 0))};
     em_status st = call(op_layer_norm_bwd, input->dtype, in, "xxsss", 5, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
     for (int i = 1; i < 3 && st == EM_OK; i++)
@@ -1121,13 +1105,13 @@ COMPOSITE(c_layer_norm_bwd) {
 }
 
 /* softmax, log_softmax (input; dim) and their backward (grad_output, output; dim). */
-COMPOSITE(c_softmax) {
+EM__COMPOSITE(c_softmax) {
     (void)cap;
     const char *who = em_op_name(op);
     const em_tensor *gy = in[0];
     for (int i = 0; i < n_in; i++)
         if (!check_float(who, i ? "output" : "input", in[i])) return em_last_status();
-    int d = em__wrap_dim((int)int_or(attrs, 0, -1), gy->ndim ? gy->ndim : 1, who);
+    int d = em__wrap_dim((int)em__attr_int_or(attrs, 0, -1), gy->ndim ? gy->ndim : 1, who);
     if (d < 0) return em_last_status();
     em_attr a[1] = {aint(d)};
     em_tensor *r = NULL;
@@ -1139,11 +1123,11 @@ COMPOSITE(c_softmax) {
  * F.dropout computes it (the mask scaled in x's dtype, then multiplied); p == 1 gives zeros
  * and an all-false mask; outside training (or p == 0) y is x itself and the mask all true.
  * The derivative follows from the ops: the grad times the scaled mask. */
-COMPOSITE(c_dropout) {
+EM__COMPOSITE(c_dropout) {
     UNUSED;
     const em_tensor *x = in[0];
-    double p = float_or(attrs, 0, 0.5);
-    bool training = bool_or(attrs, 1, true);
+    double p = em__attr_float_or(attrs, 0, 0.5);
+    bool training = em__attr_bool_or(attrs, 1, true);
     if (!check_float("dropout", "input", x)) return em_last_status();
     if (!(p >= 0 && p <= 1))
         return em_set_error(EM_ERR_INVALID, "dropout: p must be in [0, 1], got %g", p);
@@ -1185,7 +1169,6 @@ COMPOSITE(c_dropout) {
     out[0] = y, out[1] = mask, *n_out = 2;
     return EM_OK;
 }
-#undef COMPOSITE
 #undef UNUSED
 
 /* ---- public functions: one line each ---------------------------------------------------------- */
