@@ -46,21 +46,9 @@ static const char *runtime_reason(int *count) {
 
 /* Run a command line; its stdout and stderr into a new string; the exit status in *code. */
 static char *run(const char *cmd, int *code) {
-    char full[8192];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    cr_assert_not_null(p, "popen %s", full);
-    size_t cap = 1 << 16, len = 0;
-    char *out = malloc(cap);
-    for (size_t got; (got = fread(out + len, 1, cap - len - 1, p)) > 0;) {
-        len += got;
-        if (cap - len < 4096) out = realloc(out, cap *= 2);
-    }
-    out[len] = '\0';
-    int st = pclose(p);
-    cr_assert(WIFEXITED(st), "%s did not exit normally (status %d)", cmd, st);
-    *code = WEXITSTATUS(st);
-    return out;
+    char full[8200];
+    snprintf(full, sizeof full, "%.8000s 2>&1", cmd);
+    return em_test_run(full, code);
 }
 
 static const char *tools(void) {

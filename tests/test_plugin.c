@@ -33,7 +33,7 @@
 
 #include <ember/ember.h>
 
-#include "clean_shutdown.h" /* every Test() ends with em_shutdown_checked() == EM_OK */
+#include "common.h" /* em_test_run; clean_shutdown.h: every Test() ends with a clean shutdown */
 #include "plugins/kind_plugin.h"
 
 /* ---- paths and set-up ---------------------------------------------------------------------- */
@@ -1029,19 +1029,7 @@ static char *run_ember_info(const char *args, int *code) {
     cr_assert(tools && *tools, "EMBER_TEST_TOOLS_DIR is not set (run through `make check`)");
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s/ember-info' %s 2>/dev/null", tools, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p, "popen %s", cmd);
-    size_t cap = 1 << 16, len = 0;
-    char *out = malloc(cap);
-    for (size_t got; (got = fread(out + len, 1, cap - len - 1, p)) > 0;) {
-        len += got;
-        if (cap - len < 4096) out = realloc(out, cap *= 2);
-    }
-    out[len] = '\0';
-    int st = pclose(p);
-    cr_assert(WIFEXITED(st), "ember-info did not exit normally (status %d)", st);
-    *code = WEXITSTATUS(st);
-    return out;
+    return em_test_run(cmd, code);
 }
 
 /* The line of text that contains `what`, checked to contain every needle too. */
