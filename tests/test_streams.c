@@ -296,11 +296,15 @@ Test(streams, to_device_async_host_to_device_is_queued_and_keeps_its_source) {
     cr_assert(em_device_equal(em_tensor_device(d), D0));
     cr_assert_gt(td_pending(0, s), before, "the copy ran before anything waited for it");
     em_tensor_release(h); /* the copy has not run: the core holds the source */
+    /* were h's block back in the CPU cache, this would take it and overwrite the source */
+    em_tensor *other = em_full(1, (int64_t[]){N}, -1.0, EM_F32, em_cpu());
+    cr_assert(other, "%s", em_last_error());
     cr_assert_eq(em_stream_synchronize(D0, s), EM_OK, "%s", em_last_error());
     float buf[N];
     cr_assert_eq(em_tensor_to_host(d, buf, sizeof buf), EM_OK, "%s", em_last_error());
     for (int i = 0; i < N; i++) cr_assert_eq(buf[i], (float)i, "element %d is %g", i, buf[i]);
     cr_assert_eq(em_device_synchronize(D0), EM_OK); /* drops the held source */
+    em_tensor_release(other);
     em_tensor_release(d);
     em_stream_free(D0, s);
 }
