@@ -69,8 +69,9 @@ em_status cuda_blas_load(const char *why) {
 em_status cuda_check_blas(const em_kernel_ctx *k, cublasStatus_t st, const char *call) {
     if (st == CUBLAS_STATUS_SUCCESS) return EM_OK;
     const char *msg = B.loaded ? B.t.cublasGetStatusString(st) : "cuBLAS is not loaded";
+    char dev[24] = ""; /* without a kernel context the caller's message names the device */
+    if (k) snprintf(dev, sizeof dev, " on cuda:%d", k->device.index);
     return em_set_error(st == CUBLAS_STATUS_ALLOC_FAILED ? EM_ERR_NOMEM : EM_ERR_DEVICE,
-                        "%s: %s failed on cuda:%d: %s (cuBLAS status %d)",
-                        k ? em_op_name(k->op) : "cuda", call, k ? k->device.index : -1, msg,
-                        (int)st);
+                        "%s: %s failed%s: %s (cuBLAS status %d)", k ? em_op_name(k->op) : "cuda",
+                        call, dev, msg, (int)st);
 }

@@ -94,7 +94,8 @@ em_status cuda_check_launch(const em_kernel_ctx *k, const char *what);
  * else EM_ERR_DEVICE) naming who, the call, the device and CUDA's message, and returned. */
 em_status cuda_check(cudaError_t err, const char *who, const char *call, int device);
 
-/* Check a cuBLAS / cuBLASLt status the same way (the library's status string). */
+/* Check a cuBLAS / cuBLASLt status the same way (the library's status string); k may be NULL
+ * outside a kernel (the message then names neither op nor device). */
 em_status cuda_check_blas(const em_kernel_ctx *k, cublasStatus_t st, const char *call);
 
 /* ---- cuBLAS and cuBLASLt, dlopen()ed ------------------------------------------------------ */
