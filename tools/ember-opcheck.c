@@ -892,6 +892,35 @@ static void perf_row(const em_op *op, const row *r, em_dtype dt, em_device dev) 
 
 /* ---- one op ------------------------------------------------------------------------------- */
 
+/* An op without rows still gets inputs it should refuse: bool tensors, and (with two inputs
+ * or more) shapes that do not match. It may accept them; refusing must come with a message,
+ * and nothing may crash. */
+static void bad_inputs(const em_op *op) {
+    const em_op_schema *s = em_op_schema_of(op);
+    static const char *what[2] = {"bool inputs", "inputs of shapes [3, 4] and [2, 5]"};
+    for (int v = 0; v < (s->n_inputs > 1 ? 2 : 1); v++) {
+        unit u = {.mode = "eval", .op = em_op_name(op), .dev = "cpu", .dt = v ? "float32" : "bool"};
+        em_scope_begin();
+        em_tensor *in[8] = {0}, *out[16];
+        int n = 0;
+        for (int i = 0; i < s->n_inputs && i < 8; i++) {
+            int64_t sh[2] = {v && i ? 2 : 3, v && i ? 5 : 4};
+            in[i] = em_zeros(2, sh, v ? EM_F32 : EM_BOOL, CPU);
+        }
+        em_status st = em_op_call_n(op, (const em_tensor *const *)in, s->n_inputs, NULL, out, 16,
+                                    &n);
+        const char *msg = em_last_error();
+        if (st != EM_OK && (!msg || !msg[0]))
+            unit_fail(&u, "%s: refused (%s) without a message", what[v], em_status_name(st));
+        else
+            u.checked++;
+        if (st != EM_OK) unit_note(&u, "refuses %s: %s", what[v], msg);
+        em_clear_error();
+        em_scope_end();
+        unit_end(&u);
+    }
+}
+
 static void check_op(const em_op *op, em_device *devs, int n_devs) {
     const char *name = em_op_name(op);
     const em_op_schema *s = em_op_schema_of(op);
@@ -920,6 +949,8 @@ static void check_op(const em_op *op, em_device *devs, int n_devs) {
                   : "no case rows, and the schema allows no generic inputs (a list op, or more "
                     "than 6 inputs): not checked");
     }
+    if (generic && (O.modes & M_EVAL) && s->n_inputs > 0 && !(s->flags & EM_OP_LISTS))
+        bad_inputs(op);
     for (int di = 0; di < n_devs; di++) {
         em_device dev = devs[di];
         char dn[48];
@@ -953,10 +984,17 @@ static void check_op(const em_op *op, em_device *devs, int n_devs) {
                     size_t m1 = mem_in_use(CPU), md1 = on_cpu ? 0 : mem_in_use(dev);
                     if (m1 != m0 || md1 != md0) {
                         char rs[160];
-                        unit_fail(&u, "%s: the allocator holds %lld more bytes on the CPU and "
-                                  "%lld on %s after the case than before (a leak)",
-                                  row_str(&rows[k], rs, sizeof rs), (long long)m1 - (long long)m0,
-                                  (long long)md1 - (long long)md0, dn);
+                        if (on_cpu)
+                            unit_fail(&u, "%s: the allocator holds %lld more bytes on the CPU "
+                                      "after the case than before (a leak)",
+                                      row_str(&rows[k], rs, sizeof rs),
+                                      (long long)m1 - (long long)m0);
+                        else
+                            unit_fail(&u, "%s: the allocator holds %lld more bytes on the CPU "
+                                      "and %lld on %s after the case than before (a leak)",
+                                      row_str(&rows[k], rs, sizeof rs),
+                                      (long long)m1 - (long long)m0,
+                                      (long long)md1 - (long long)md0, dn);
                     }
                 }
                 if (generic && !u.checked && !u.fails) unit_note(&u, "no generic input was accepted");
@@ -1025,13 +1063,17 @@ static void support(const em_op *const *ops, int n_ops, em_device *devs, int n_d
             for (int dt = 0; dt < EM_DTYPE_COUNT; dt++) {
                 if (!(listed & EM_CASE_DT(dt)) && !em_op_kernel_count(op, devs[di], (em_dtype)dt))
                     continue;
+                any_dt |= EM_CASE_DT(dt);
                 const char *what;
                 if (em_op_kernel_count(op, devs[di], (em_dtype)dt)) what = "kernel", cells[0]++;
                 else if (s->composite) what = "composite", cells[1]++;
                 else if (!em_device_equal(devs[di], CPU) && em_op_kernel_count(op, CPU, (em_dtype)dt))
                     what = "fallback", cells[2]++;
-                else if ((s->flags & (EM_OP_FLOAT_RESULT | EM_OP_PROMOTE)) || s->prepare)
+                else if (((s->flags & (EM_OP_FLOAT_RESULT | EM_OP_PROMOTE)) || s->prepare) &&
+                         (em_device_equal(devs[di], CPU) || kernel_dtypes(op, devs[di])))
                     what = "converted", cells[4]++; /* the dtype rule picks another kernel */
+                else if (!em_device_equal(devs[di], CPU) && kernel_dtypes(op, CPU))
+                    what = "fallback", cells[2]++;
                 else what = "none", cells[3]++;
                 cl += (size_t)snprintf(cell + cl, sizeof cell - cl, "%s%s:%c", cl ? " " : "",
                                        em_dtype_name((em_dtype)dt), what[0] == 'k' ? 'K'

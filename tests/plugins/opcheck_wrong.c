@@ -9,7 +9,9 @@
  *   - a float32 kernel for the standard op "sigmoid" above the CPU backend's, off by a factor
  *     1 + 1e-3 — caught against the kernel below it;
  *   - a float32 kernel for the standard op "tanh" whose supports() declines every call —
- *     reported as declined, never as passed.
+ *     reported as declined, never as passed;
+ *   - "opcheck.leak" (y = x), whose kernel keeps a tensor it made — the allocator's bytes in
+ *     use stay above their baseline after the case.
  */
 #include <ember/ember.h>
 #include <math.h>
@@ -43,6 +45,13 @@ ELEMENTWISE(nograd_f64, double, x + 1)
 ELEMENTWISE(sigmoid_off_f32, float, (1.0f + 1e-3f) / (1.0f + expf(-x)))
 ELEMENTWISE(tanh_never_f32, float, tanhf(x))
 
+ELEMENTWISE(leak_copy_f32, float, x)
+static em_status leak_f32(const em_kernel_ctx *k) {
+    int64_t n = 256;
+    em_tensor_retain(em_empty(1, &n, EM_F32, em_cpu())); /* never released: the bug */
+    return leak_copy_f32(k);
+}
+
 static bool never(const em_kernel_ctx *k) {
     (void)k;
     return false;
@@ -60,6 +69,10 @@ static const em_op_schema scale2 = {
     .input_names = x_name, .n_outputs = 1, .dispatch_arg = 0, .infer = infer_floating,
     .backward = d_scale2,
 };
+static const em_op_schema leak = {
+    .struct_size = sizeof leak, .name = "opcheck.leak", .n_inputs = 1, .input_names = x_name,
+    .n_outputs = 1, .dispatch_arg = 0, .flags = EM_OP_NONDIFF, .infer = infer_floating,
+};
 static const em_op_schema nograd = {
     .struct_size = sizeof nograd, .name = "opcheck.nograd", .n_inputs = 1,
     .input_names = x_name, .n_outputs = 1, .dispatch_arg = 0, .infer = infer_floating,
@@ -75,17 +88,22 @@ static const em_op_case scale2_cases[] = {
     {.struct_size = sizeof(em_op_case), .op = "opcheck.scale2", .variant = "int64 input",
      .n_in = 1, .in = {{.ndim = 1, .shape = {3}, .dtype = -1}},
      .dtypes = EM_CASE_DT(EM_I64), .expect = EM_ERR_DTYPE, .differentiable = true},
+    {.struct_size = sizeof(em_op_case), .op = "opcheck.leak", .variant = "1-d", .n_in = 1,
+     .in = {{.ndim = 1, .shape = {5}, .dtype = -1}}, .dtypes = EM_CASE_DT(EM_F32)},
 };
 
 static em_status reg(em_registry *r) {
     em_status st = em_op_declare(r, &scale2, NULL);
     if (st == EM_OK) st = em_op_declare(r, &nograd, NULL);
-    if (st == EM_OK) st = em_op_cases_register(r, scale2_cases, 3);
+    if (st == EM_OK) st = em_op_declare(r, &leak, NULL);
+    if (st == EM_OK)
+        st = em_op_cases_register(r, scale2_cases, sizeof scale2_cases / sizeof scale2_cases[0]);
     const em_kernel_def ks[] = {
         {.op = "opcheck.scale2", .dtype = EM_F32, .fn = scale2_f32, .name = "opcheck_scale2_f32"},
         {.op = "opcheck.scale2", .dtype = EM_F64, .fn = scale2_f64, .name = "opcheck_scale2_f64"},
         {.op = "opcheck.nograd", .dtype = EM_F32, .fn = nograd_f32, .name = "opcheck_nograd_f32"},
         {.op = "opcheck.nograd", .dtype = EM_F64, .fn = nograd_f64, .name = "opcheck_nograd_f64"},
+        {.op = "opcheck.leak", .dtype = EM_F32, .fn = leak_f32, .name = "opcheck_leak_f32"},
         {.op = "sigmoid", .dtype = EM_F32, .priority = 50, .fn = sigmoid_off_f32,
          .name = "opcheck_sigmoid_f32_off"},
         {.op = "tanh", .dtype = EM_F32, .priority = 50, .fn = tanh_never_f32, .supports = never,
