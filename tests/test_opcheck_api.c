@@ -16,15 +16,6 @@
 
 TestSuite(opcheck_api, .init = em_test_setup, .fini = em_test_teardown);
 
-static em_status infer_same_f32(const em_op *op, const em_tensor *const *in,
-                                const em_attr *attrs, em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = em_tensor_dtype(in[0]);
-    out->ndim = em_tensor_ndim(in[0]);
-    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
-    return EM_OK;
-}
-
 /* y = x * user (a float); "skip_last" writes every element but the last. */
 static em_status times(const em_kernel_ctx *k) {
     const float *x = k->in[0].data;
@@ -47,7 +38,7 @@ static const float one = 1, two = 2;
 
 static const em_op *declare(const char *name) {
     em_op_schema s = {.struct_size = sizeof s, .name = name, .n_inputs = 1, .n_outputs = 1,
-                      .dispatch_arg = 0, .infer = infer_same_f32};
+                      .dispatch_arg = 0, .infer = em_infer_same};
     const em_op *op = NULL;
     cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
     return op;
