@@ -351,6 +351,27 @@ bool em__op_has_kernel(const em_op *op, int device_type, em_dtype dt) {
            op->top[device_type][dt] != NULL;
 }
 
+size_t em_op_kernel_count(const em_op *op, em_device dev, em_dtype dtype) {
+    size_t n = 0;
+    if (!em__op_has_kernel(op, dev.type, dtype)) return 0;
+    pthread_mutex_lock(&reg_lock);
+    for (const em_kernel *k = op->top[dev.type][dtype]; k; k = k->below) n++;
+    pthread_mutex_unlock(&reg_lock);
+    return n;
+}
+
+const em_kernel *em_op_kernel_get(const em_op *op, em_device dev, em_dtype dtype, size_t i) {
+    if (!em__op_has_kernel(op, dev.type, dtype)) return NULL;
+    pthread_mutex_lock(&reg_lock);
+    const em_kernel *k = op->top[dev.type][dtype];
+    while (k && i--) k = k->below;
+    pthread_mutex_unlock(&reg_lock);
+    return k;
+}
+
+const em_kernel_def *em_kernel_def_of(const em_kernel *k) { return k ? &k->def : NULL; }
+const em_registry *em_kernel_owner(const em_kernel *k) { return k ? k->owner : NULL; }
+
 /* ---- running ----------------------------------------------------------------------------------- */
 
 bool em__check_inputs(const char *op, const em_tensor *const *in, int n) {
@@ -513,13 +534,17 @@ static em_status list_op_error(const struct em_op *op) {
                         "with em_op_call_lists", op->schema.name);
 }
 
-static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
-                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
-                          uint64_t *vers);
+static inline __attribute__((always_inline)) em_status
+dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
+         em_tensor *const *out, int n_out, em_device dev, em_dtype key, em_ktensor *kin,
+         em_ktensor *kout, uint64_t *ids, uint64_t *vers, const em_kernel *forced);
 
-static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor *const *out, int n_out) {
+/* em_op_call_out's checks and dispatch; `forced` (em_op_call_with) runs that kernel instead of
+ * the stack's choice. Inlined into its two callers, so the plain path, which passes NULL, is
+ * compiled without the test (the kernel-stack API costs the ordinary call nothing). */
+static inline __attribute__((always_inline)) em_status
+call_out_impl(const em_op *cop, const em_tensor *const *in, int n_in, const em_attr *attrs,
+              em_tensor *const *out, int n_out, const em_kernel *forced) {
     struct em_op *op = (struct em_op *)cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
@@ -570,16 +595,22 @@ static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in
         ids = (uint64_t *)(kin + n_in);
         vers = ids + n;
     }
-    em_status st = dispatch(op, in, n_in, attrs, out, n_out, dev, key, kin, kout, ids, vers);
+    em_status st = dispatch(op, in, n_in, attrs, out, n_out, dev, key, kin, kout, ids, vers,
+                            forced);
     em__free(heap);
     return st;
 }
 
+static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor *const *out, int n_out) {
+    return call_out_impl(cop, in, n_in, attrs, out, n_out, NULL);
+}
+
 /* em_op_call_out past its checks: kernel views, the kernel stack, autograd. */
-static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
-                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
-                          uint64_t *vers) {
+static inline __attribute__((always_inline)) em_status
+dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
+         em_tensor *const *out, int n_out, em_device dev, em_dtype key, em_ktensor *kin,
+         em_ktensor *kout, uint64_t *ids, uint64_t *vers, const em_kernel *forced) {
     for (int i = 0; i < n_in + n_out; i++) {
         const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
         em__ktensor_fill(i < n_in ? &kin[i] : &kout[i - n_in], t);
@@ -593,8 +624,21 @@ static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in
                          .storage_ids = ids, .versions = vers, .stream = s, .exec = x,
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
     em_kernel *k = op->top[dev.type][key];
+    if (forced) {
+        if (forced->devtype != dev.type || forced->def.dtype != key)
+            return em_set_error(EM_ERR_DEVICE, "%s: kernel %s is for %s %s; this call "
+                                "dispatches on %s %s", op->schema.name, forced->def.name,
+                                forced->def.device_type, em_dtype_name(forced->def.dtype),
+                                em__device_types[dev.type].name, em_dtype_name(key));
+        if (forced->def.supports && !(ctx.user = forced->def.user, forced->def.supports(&ctx)))
+            return em_set_error(EM_ERR_NOKERNEL, "%s: kernel %s declines this call (its "
+                                "supports() returned false)", op->schema.name,
+                                forced->def.name);
+        k = (em_kernel *)forced;
+    }
     /* supports() sees the kernel's own user pointer, as its fn does. */
-    while (k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx))) k = k->below;
+    while (!forced && k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx)))
+        k = k->below;
     if (!k && (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
                !op->top[EM_DEVICE_CPU_TYPE][key] || n_in > 8))
         return no_kernel_error(op, dev.type, key);
@@ -836,6 +880,19 @@ static em_status count_error(const struct em_op *op, int n_in) {
                             ? "" : " (ops without inputs run through em_op_call_out)");
 }
 
+/* A caller-made output of em_op_call_with: the inferred shape and dtype, on the device. */
+static em_status given_output(const struct em_op *op, const em_tensor *t, int i,
+                              const em_tensor_meta *m, em_device dev) {
+    if (t->dtype == m->dtype && same_shape(t, m->ndim, m->shape) &&
+        em_device_equal(t->storage->device, dev))
+        return EM_OK;
+    char a[160], b[160];
+    return em_set_error(EM_ERR_SHAPE, "%s: output %d given as %s %s; the call makes %s %s",
+                        op->schema.name, i, em_dtype_name(t->dtype),
+                        em__shape_str(t->ndim, t->shape, a, sizeof a), em_dtype_name(m->dtype),
+                        em__shape_str(m->ndim, m->shape, b, sizeof b));
+}
+
 /* Inference, policy and kernel of op (no composite): em_op_call's path for kernel ops. */
 static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
                           const em_attr *attrs, em_tensor **out, em_tensor **held,
@@ -860,9 +917,12 @@ static em_status op_run(const struct em_op *op, const em_tensor *const *in, int 
     return st;
 }
 
-static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor **out, em_tensor **held,
-                          em_tensor **bcast, const em_tensor **args) {
+/* op_run_n's body; `forced` and `given` (em_op_call_with: the kernel to run, caller-made
+ * outputs) are NULL on the plain path, which is compiled without them (always inlined). */
+static inline __attribute__((always_inline)) em_status
+op_run_n_impl(const struct em_op *op, const em_tensor *const *in, int n_in,
+              const em_attr *attrs, em_tensor **out, em_tensor **held, em_tensor **bcast,
+              const em_tensor **args, const em_kernel *forced, em_tensor *const *given) {
     if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
     if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
@@ -903,10 +963,18 @@ static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, in
             if (!(bcast[i] = em__expand(args[i], meta[0].ndim, meta[0].shape))) st = em_last_status();
             args[i] = bcast[i];
         }
-    for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++)
+    for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++) {
+        if (given && given[i]) {
+            if ((st = given_output(op, given[i], i, &meta[i], dev)) == EM_OK)
+                res[i] = em_tensor_retain(given[i]);
+            continue;
+        }
         if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev)))
             st = em_last_status();
-    if (st == EM_OK) st = call_out(op, args, n_in, attrs, res, op->schema.n_outputs);
+    }
+    if (st == EM_OK)
+        st = forced ? call_out_impl(op, args, n_in, attrs, res, op->schema.n_outputs, forced)
+                    : call_out(op, args, n_in, attrs, res, op->schema.n_outputs);
     for (int i = 0; i < n_in; i++) {
         em_tensor_release(held[i]);
         em_tensor_release(bcast[i]);
@@ -916,6 +984,12 @@ static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, in
         else em_tensor_release(res[i]);
     }
     return st;
+}
+
+static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, em_tensor **held,
+                          em_tensor **bcast, const em_tensor **args) {
+    return op_run_n_impl(op, in, n_in, attrs, out, held, bcast, args, NULL, NULL);
 }
 
 /* A composite's call: the checks every call gets, then its hook. */
@@ -1015,6 +1089,47 @@ em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_i
     if (st == EM_OK)
         for (int i = 0; i < op->schema.n_outputs; i++) em__scope_track(out[i]);
     return st;
+}
+
+em_status em_op_call_with(const em_kernel *k, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+    if (n_out) *n_out = 0;
+    if (!k || !out || !n_out)
+        return em_set_error(EM_ERR_INVALID, "op_call_with: NULL kernel, out or n_out");
+    const struct em_op *op = k->op;
+    em_status st = call_check(op, out);
+    if (st != EM_OK) return st;
+    if (cap_out < op->schema.n_outputs)
+        return em_set_error(EM_ERR_RANGE, "%s: it has %d outputs; out has room for %d",
+                            op->schema.name, op->schema.n_outputs, cap_out);
+    if (n_in == 0 && op->schema.n_inputs == 0) {
+        /* A fill writes into the outputs the caller made, as em_op_call_out. */
+        for (int i = 0; i < op->schema.n_outputs; i++)
+            if (!out[i])
+                return em_set_error(EM_ERR_INVALID, "%s: an op without inputs writes into "
+                                    "outputs the caller makes; output %d is NULL",
+                                    op->schema.name, i);
+        st = call_out_impl(op, in, 0, attrs, out, op->schema.n_outputs, k);
+        if (st == EM_OK) *n_out = op->schema.n_outputs;
+        return st;
+    }
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) || n_in < 1 ||
+        n_in > 8)
+        return n_in > 8 ? em_set_error(EM_ERR_INVALID, "%s: op_call_with takes at most 8 "
+                                       "inputs, got %d", op->schema.name, n_in)
+                        : count_error(op, n_in);
+    em_tensor *given[4] = {0}, *held[8] = {0}, *bcast[8] = {0};
+    const em_tensor *args[8];
+    for (int i = 0; i < op->schema.n_outputs; i++) given[i] = out[i];
+    st = op_run_n_impl(op, in, n_in, attrs, out, held, bcast, args, k, given);
+    if (st != EM_OK) {
+        for (int i = 0; i < op->schema.n_outputs; i++) out[i] = given[i];
+        return st;
+    }
+    *n_out = op->schema.n_outputs;
+    for (int i = 0; i < *n_out; i++) em__scope_track(out[i]);
+    return EM_OK;
 }
 
 static em_status op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,

@@ -384,6 +384,37 @@ EM_API em_status em_op_call_lists(const em_op *op, int count, const em_tensor *c
  * supports() predicate may still decline a call). */
 EM_API bool em_op_has_kernel(const em_op *op, em_device dev, em_dtype dtype);
 
+/* ---- kernel stacks (checking tools: ember-opcheck) ---------------------------------------
+ *
+ * The kernels of one (op, device type, dtype), top of the stack (the one a call picks first)
+ * to bottom, and a way to run one of them: a checker compares each kernel with the one below
+ * it. The ordinary call path does not look at any of this. A kernel pointer is valid while it
+ * is registered. New in EMBER_1.1. */
+
+/* Number of kernels registered for op on dev's device type and dtype (0: none, or NULL op). */
+EM_API size_t em_op_kernel_count(const em_op *op, em_device dev, em_dtype dtype);
+/* Kernel i of that stack, 0 the top; NULL past the end. */
+EM_API const em_kernel *em_op_kernel_get(const em_op *op, em_device dev, em_dtype dtype,
+                                         size_t i);
+/* The core's copy of a kernel's definition (op, device type, dtype, priority, name, fn,
+ * supports, user); NULL for NULL. Read-only, valid while the kernel is registered. */
+EM_API const em_kernel_def *em_kernel_def_of(const em_kernel *k);
+/* The registry that registered k (a plugin's, the program's); NULL for NULL. */
+EM_API const em_registry *em_kernel_owner(const em_kernel *k);
+/* Run k's op as em_op_call_n does (argument checks, dtype policy, inference, broadcasting,
+ * autograd) but with kernel k instead of the stack's choice. out has room for cap_out
+ * tensors; an entry that is non-NULL on entry is used as that output (it must have the
+ * inferred dtype and shape and be on the inputs' device: a checker fills it with poison
+ * first), a NULL one is allocated. On success out[0 .. *n_out) hold new references (in the
+ * thread's scope). An op without inputs (a fill) takes n_in 0 and every output given.
+ * Errors: the op's own; EM_ERR_NOKERNEL when k's supports() declines the call (not run);
+ * EM_ERR_DEVICE when the call dispatches on another device type or dtype than k's;
+ * EM_ERR_SHAPE for a given output of the wrong geometry; EM_ERR_INVALID for a list op, a
+ * composite-only op or more than 8 inputs. */
+EM_API em_status em_op_call_with(const em_kernel *k, const em_tensor *const *in, int n_in,
+                                 const em_attr *attrs, em_tensor **out /* in, out */,
+                                 int cap_out, int *n_out /* out */);
+
 /* ---- fallback, placement and profiling -------------------------------------------------- */
 
 typedef enum em_fallback_policy {
