@@ -3,7 +3,9 @@
  * EMBER_PLUGIN_PATH and its op "square" computes x * x on contiguous and strided tensors,
  * checked against a plain loop; its backward against f64 finite differences and 2 * x * g;
  * its layer square.Quadratic (options, parameters, a buffer, train/eval) against plain loops,
- * with PyTorch-style state-dict names inside a Sequential.
+ * with PyTorch-style state-dict names inside a Sequential. The C++ example
+ * (sdk/example/softsign.cpp, built with g++) loads from the same directory: its op against a
+ * plain loop and finite differences.
  */
 #include "common.h"
 
@@ -306,4 +308,54 @@ Test(sdk, layer_options_are_checked_by_name) {
     em_options_free(o);
     cr_assert_null(em_module_new("square.Quadratic", NULL));
     em_assert_error(EM_ERR_INVALID, "features");
+}
+
+/* ---- the C++ example: ember-cxx-example ------------------------------------------------------ */
+
+static em_tensor *f_softsign(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    const em_tensor *x = in[0];
+    em_tensor *y = NULL;
+    return em_op_call(em_op_find("cxx_example.softsign"), &x, 1, NULL, &y) == EM_OK ? y : NULL;
+}
+
+Test(sdk, cxx_plugin_loads_and_computes_softsign) {
+    em_plugin_info p = {0};
+    bool found = false;
+    for (size_t i = 0; i < em_plugin_count() && !found; i++)
+        found = em_plugin_get(i, &p) == EM_OK && p.name &&
+                strcmp(p.name, "ember-cxx-example") == 0;
+    cr_assert(found, "ember-cxx-example is not among the %zu plugins", em_plugin_count());
+    cr_assert_eq(p.status, EM_PLUGIN_LOADED, "refused: %s", p.reason ? p.reason : "");
+    const em_dtype dts[] = {EM_F32, EM_F64};
+    for (size_t k = 0; k < 2; k++) {
+        em_tensor *x = make_x(dts[k]);
+        em_tensor *views[2] = {x, em_slice(x, 1, 1, 4, 2)};
+        for (int v = 0; v < 2; v++) {
+            em_tensor *y = f_softsign(&views[v], 1, NULL); /* outside a scope: ours to release */
+            cr_assert(y, "%s", em_last_error());
+            cr_assert_eq(em_tensor_dtype(y), dts[k]);
+            int64_t n = em_tensor_numel(views[v]);
+            double xs[12], ys[12];
+            host_values(views[v], xs, n);
+            host_values(y, ys, n);
+            for (int64_t i = 0; i < n; i++) {
+                double want = xs[i] / (1 + fabs(xs[i]));
+                cr_assert_float_eq(ys[i], want, dts[k] == EM_F32 ? 1e-6 : 1e-15,
+                                   "%s view %d element %lld: %g vs %g", em_dtype_name(dts[k]), v,
+                                   (long long)i, ys[i], want);
+            }
+            em_tensor_release(y);
+        }
+        em_tensor_release(views[1]);
+        em_tensor_release(x);
+    }
+    em_tensor *x = make_x(EM_F64);
+    cr_assert_eq(em_requires_grad_(x, true), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_gradcheck(f_softsign, 1, &x, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_tensor_release(x);
+    em_tensor *xi = em_zeros(1, (int64_t[]){3}, EM_I64, em_cpu());
+    cr_assert_null(f_softsign(&xi, 1, NULL));
+    em_assert_error(EM_ERR_DTYPE, "cxx_example.softsign: dtype int64 is not supported");
+    em_tensor_release(xi);
 }

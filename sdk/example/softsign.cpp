@@ -8,8 +8,8 @@
 // catch them in every function Ember calls and turn them into em_set_error); the structs are
 // filled field by field (designated initialisers are C++20 and must follow declaration order).
 //
-//     g++ -std=c++17 -O2 -fPIC -fvisibility=hidden -shared -Wl,-z,defs softsign.cpp \
-//         $(pkg-config --cflags --libs ember) -o ember-cxx-example.so
+//     g++ -std=c++17 -O2 -fPIC -fvisibility=hidden -shared -Wl,-z,defs softsign.cpp
+//         $(pkg-config --cflags --libs ember) -o ember-cxx-example.so      (one line)
 #include <cmath>
 #include <cstring>
 #include <exception>

@@ -23,6 +23,7 @@
  *     em_tensor *y;  em_op_call(sq, (const em_tensor *[]){x}, 1, NULL, &y);
  */
 #include <ember/ember.h> /* includes ember/op_helpers.h */
+#include <ember/opcase.h>
 
 /* ---- the op: schema and inference ------------------------------------------------------------ */
 
@@ -89,6 +90,27 @@ static em_status square_backward(const em_backward_ctx *ctx, em_tensor **grad_in
     }
 DEFINE_SQUARE(float, f32)
 DEFINE_SQUARE(double, f64)
+
+/* ---- sample inputs: the case rows ember-opcheck checks the op with ------------------------------ */
+
+/* One row per call to try: the inputs to build (shape, layout, values; dtype -1 is the row's),
+ * attributes (none here), the dtypes the row holds for, what they give (EM_OK, or the error
+ * of an invalid call) and whether the backward is checked by finite differences. The registry
+ * references the rows: keep them static const. */
+static const em_op_case square_cases[] = {
+    {.struct_size = sizeof(em_op_case), .op = "square", .variant = "2-d", .n_in = 1,
+     .in = {{.ndim = 2, .shape = {3, 4}, .dtype = -1}},
+     .dtypes = EM_CASE_DT(EM_F32) | EM_CASE_DT(EM_F64), .differentiable = true},
+    {.struct_size = sizeof(em_op_case), .op = "square", .variant = "transposed", .n_in = 1,
+     .in = {{.ndim = 2, .shape = {4, 5}, .layout = EM_CASE_TRANSPOSED, .dtype = -1}},
+     .dtypes = EM_CASE_DT(EM_F32) | EM_CASE_DT(EM_F64), .differentiable = true},
+    {.struct_size = sizeof(em_op_case), .op = "square", .variant = "0-dim", .n_in = 1,
+     .in = {{.ndim = 0, .dtype = -1}},
+     .dtypes = EM_CASE_DT(EM_F32) | EM_CASE_DT(EM_F64), .differentiable = true},
+    {.struct_size = sizeof(em_op_case), .op = "square", .variant = "int32 refused", .n_in = 1,
+     .in = {{.ndim = 1, .shape = {3}, .dtype = -1}}, .dtypes = EM_CASE_DT(EM_I32),
+     .expect = EM_ERR_DTYPE},
+};
 
 /* ---- a layer that uses the op: square.Quadratic ------------------------------------------------ */
 
@@ -197,6 +219,8 @@ static em_status square_register(em_registry *reg) {
         /* On failure the core removes everything this plugin registered so far. */
         if (st != EM_OK) return st;
     }
+    st = em_op_cases_register(reg, square_cases, sizeof square_cases / sizeof square_cases[0]);
+    if (st != EM_OK) return st;
     /* The layer needs the op: register it after (its init finds "square" by name). */
     return em_module_class_register(reg, &quadratic_class);
 }
