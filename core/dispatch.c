@@ -40,6 +40,21 @@ struct em_op {
     atomic_bool warned[EM_MAX_DEVICE_TYPES];
 };
 
+/* em_op_call_at's choice: the kernel `depth` below the top of the call's stack, and the one
+ * that was found there. */
+typedef struct em__forced {
+    const struct em_op *op;
+    size_t depth;
+    bool poison;            /* EM_CALL_POISON */
+    const em_kernel *used;
+} em__forced;
+
+/* A composite run by em_op_call_at reaches its own kernel through em_op_call_kernel: the
+ * choice travels in a thread-local, looked at only while some thread is inside em_op_call_at
+ * (`forcing`), so a composite's ordinary kernel call pays one relaxed load. */
+static atomic_int forcing;
+static _Thread_local em__forced *tls_forced;
+
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct em_op *ops_head;
 static uint64_t kernel_seq;
@@ -537,14 +552,14 @@ static em_status list_op_error(const struct em_op *op) {
 static inline __attribute__((always_inline)) em_status
 dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
          em_tensor *const *out, int n_out, em_device dev, em_dtype key, em_ktensor *kin,
-         em_ktensor *kout, uint64_t *ids, uint64_t *vers, const em_kernel *forced);
+         em_ktensor *kout, uint64_t *ids, uint64_t *vers, em__forced *forced);
 
-/* em_op_call_out's checks and dispatch; `forced` (em_op_call_with) runs that kernel instead of
- * the stack's choice. Inlined into its two callers, so the plain path, which passes NULL, is
+/* em_op_call_out's checks and dispatch; `forced` (em_op_call_at) runs the kernel at a depth of
+ * the stack instead of the stack's choice. Inlined into its two callers, so the plain path, which passes NULL, is
  * compiled without the test (the kernel-stack API costs the ordinary call nothing). */
 static inline __attribute__((always_inline)) em_status
 call_out_impl(const em_op *cop, const em_tensor *const *in, int n_in, const em_attr *attrs,
-              em_tensor *const *out, int n_out, const em_kernel *forced) {
+              em_tensor *const *out, int n_out, em__forced *forced) {
     struct em_op *op = (struct em_op *)cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
@@ -610,7 +625,7 @@ static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in
 static inline __attribute__((always_inline)) em_status
 dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
          em_tensor *const *out, int n_out, em_device dev, em_dtype key, em_ktensor *kin,
-         em_ktensor *kout, uint64_t *ids, uint64_t *vers, const em_kernel *forced) {
+         em_ktensor *kout, uint64_t *ids, uint64_t *vers, em__forced *forced) {
     for (int i = 0; i < n_in + n_out; i++) {
         const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
         em__ktensor_fill(i < n_in ? &kin[i] : &kout[i - n_in], t);
@@ -625,16 +640,19 @@ dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
     em_kernel *k = op->top[dev.type][key];
     if (forced) {
-        if (forced->devtype != dev.type || forced->def.dtype != key)
-            return em_set_error(EM_ERR_DEVICE, "%s: kernel %s is for %s %s; this call "
-                                "dispatches on %s %s", op->schema.name, forced->def.name,
-                                forced->def.device_type, em_dtype_name(forced->def.dtype),
-                                em__device_types[dev.type].name, em_dtype_name(key));
-        if (forced->def.supports && !(ctx.user = forced->def.user, forced->def.supports(&ctx)))
+        /* em_op_call_at: the kernel `depth` below the top of this call's stack. */
+        size_t d = forced->depth, have = 0;
+        for (const em_kernel *j = k; j; j = j->below) have++;
+        while (k && d--) k = k->below;
+        if (!k)
+            return em_set_error(EM_ERR_RANGE, "%s: the %s %s kernel stack has %zu kernel(s); "
+                                "there is none at depth %zu", op->schema.name,
+                                em__device_types[dev.type].name, em_dtype_name(key), have,
+                                forced->depth);
+        forced->used = k;
+        if (k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx)))
             return em_set_error(EM_ERR_NOKERNEL, "%s: kernel %s declines this call (its "
-                                "supports() returned false)", op->schema.name,
-                                forced->def.name);
-        k = (em_kernel *)forced;
+                                "supports() returned false)", op->schema.name, k->def.name);
     }
     /* supports() sees the kernel's own user pointer, as its fn does. */
     while (!forced && k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx)))
@@ -880,7 +898,30 @@ static em_status count_error(const struct em_op *op, int n_in) {
                             ? "" : " (ops without inputs run through em_op_call_out)");
 }
 
-/* A caller-made output of em_op_call_with: the inferred shape and dtype, on the device. */
+/* Fill t with the poison of EM_CALL_POISON: NaN for floating dtypes, 0xA5 bytes otherwise. */
+static em_status poison(em_tensor *t) {
+    size_t n = (size_t)t->numel, es = em_dtype_size(t->dtype);
+    if (!n) return EM_OK;
+    unsigned char *b = em__malloc(n * es, "poisoned output");
+    if (!b) return EM_ERR_NOMEM;
+    memset(b, 0xA5, n * es);
+    if (em_dtype_is_floating(t->dtype))
+        for (size_t i = 0; i < n; i++) em_dtype_store(t->dtype, b, (int64_t)i, NAN);
+    em_status st = EM_OK;
+    if (em_tensor_is_contiguous(t)) {
+        st = em__device_copy(t->storage->device, em_tensor_data(t), em_cpu(), b, n * es);
+    } else {
+        em_tensor *src = em__empty(t->ndim, t->shape, t->dtype, t->storage->device);
+        st = src ? em__device_copy(t->storage->device, em_tensor_data(src), em_cpu(), b, n * es)
+                 : em_last_status();
+        if (st == EM_OK) st = em_copy_(t, src);
+        em_tensor_release(src);
+    }
+    em__free(b);
+    return st;
+}
+
+/* A caller-made output of em_op_call_at: the inferred shape and dtype, on the device. */
 static em_status given_output(const struct em_op *op, const em_tensor *t, int i,
                               const em_tensor_meta *m, em_device dev) {
     if (t->dtype == m->dtype && same_shape(t, m->ndim, m->shape) &&
@@ -917,12 +958,12 @@ static em_status op_run(const struct em_op *op, const em_tensor *const *in, int 
     return st;
 }
 
-/* op_run_n's body; `forced` and `given` (em_op_call_with: the kernel to run, caller-made
+/* op_run_n's body; `forced` and `given` (em_op_call_at: the kernel to run, caller-made
  * outputs) are NULL on the plain path, which is compiled without them (always inlined). */
 static inline __attribute__((always_inline)) em_status
 op_run_n_impl(const struct em_op *op, const em_tensor *const *in, int n_in,
               const em_attr *attrs, em_tensor **out, em_tensor **held, em_tensor **bcast,
-              const em_tensor **args, const em_kernel *forced, em_tensor *const *given) {
+              const em_tensor **args, em__forced *forced, em_tensor *const *given) {
     if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
     if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
@@ -967,10 +1008,10 @@ op_run_n_impl(const struct em_op *op, const em_tensor *const *in, int n_in,
         if (given && given[i]) {
             if ((st = given_output(op, given[i], i, &meta[i], dev)) == EM_OK)
                 res[i] = em_tensor_retain(given[i]);
-            continue;
-        }
-        if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev)))
+        } else if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev))) {
             st = em_last_status();
+        }
+        if (st == EM_OK && forced && forced->poison) st = poison(res[i]);
     }
     if (st == EM_OK)
         st = forced ? call_out_impl(op, args, n_in, attrs, res, op->schema.n_outputs, forced)
@@ -1091,17 +1132,37 @@ em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_i
     return st;
 }
 
-em_status em_op_call_with(const em_kernel *k, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+/* op_run with em_op_call_at's choice of kernel (and caller-made outputs, `given`). */
+static em_status run_forced(const struct em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_tensor **out, em__forced *f,
+                            em_tensor *const *given) {
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) || n_in < 1 ||
+        n_in > 8)
+        return n_in > 8 ? em_set_error(EM_ERR_INVALID, "%s: op_call_at takes at most 8 "
+                                       "inputs, got %d", op->schema.name, n_in)
+                        : count_error(op, n_in);
+    em_tensor *held[8] = {0}, *bcast[8] = {0};
+    const em_tensor *args[8];
+    return op_run_n_impl(op, in, n_in, attrs, out, held, bcast, args, f, given);
+}
+
+em_status em_op_call_at(const em_op *cop, size_t depth, unsigned flags,
+                        const em_tensor *const *in, int n_in, const em_attr *attrs,
+                        em_tensor **out, int cap_out, int *n_out, const em_kernel **kernel) {
     if (n_out) *n_out = 0;
-    if (!k || !out || !n_out)
-        return em_set_error(EM_ERR_INVALID, "op_call_with: NULL kernel, out or n_out");
-    const struct em_op *op = k->op;
+    if (kernel) *kernel = NULL;
+    const struct em_op *op = cop;
     em_status st = call_check(op, out);
     if (st != EM_OK) return st;
+    if (!n_out) return em_set_error(EM_ERR_INVALID, "%s: NULL n_out", op->schema.name);
+    if (!op->schema.infer)
+        return em_set_error(EM_ERR_INVALID, "%s: a composite without a kernel of its own",
+                            op->schema.name);
     if (cap_out < op->schema.n_outputs)
         return em_set_error(EM_ERR_RANGE, "%s: it has %d outputs; out has room for %d",
                             op->schema.name, op->schema.n_outputs, cap_out);
+    em__forced forced = {.op = op, .depth = depth, .poison = flags & EM_CALL_POISON};
     if (n_in == 0 && op->schema.n_inputs == 0) {
         /* A fill writes into the outputs the caller made, as em_op_call_out. */
         for (int i = 0; i < op->schema.n_outputs; i++)
@@ -1109,20 +1170,36 @@ em_status em_op_call_with(const em_kernel *k, const em_tensor *const *in, int n_
                 return em_set_error(EM_ERR_INVALID, "%s: an op without inputs writes into "
                                     "outputs the caller makes; output %d is NULL",
                                     op->schema.name, i);
-        st = call_out_impl(op, in, 0, attrs, out, op->schema.n_outputs, k);
+        for (int i = 0; forced.poison && i < op->schema.n_outputs; i++)
+            if ((st = poison(out[i])) != EM_OK) return st;
+        st = call_out_impl(op, in, 0, attrs, out, op->schema.n_outputs, &forced);
+        if (kernel) *kernel = forced.used;
         if (st == EM_OK) *n_out = op->schema.n_outputs;
         return st;
     }
-    bool var = op->schema.flags & EM_OP_VARIADIC;
-    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) || n_in < 1 ||
-        n_in > 8)
-        return n_in > 8 ? em_set_error(EM_ERR_INVALID, "%s: op_call_with takes at most 8 "
-                                       "inputs, got %d", op->schema.name, n_in)
-                        : count_error(op, n_in);
-    em_tensor *given[4] = {0}, *held[8] = {0}, *bcast[8] = {0};
-    const em_tensor *args[8];
+    em_tensor *given[4] = {0};
     for (int i = 0; i < op->schema.n_outputs; i++) given[i] = out[i];
-    st = op_run_n_impl(op, in, n_in, attrs, out, held, bcast, args, k, given);
+    if (op->schema.composite) {
+        /* The composite runs as it does for every call; its own kernel call takes the choice. */
+        for (int i = 0; i < op->schema.n_outputs; i++)
+            if (given[i])
+                return em_set_error(EM_ERR_INVALID, "%s: a composite makes its own outputs; "
+                                    "pass NULL entries", op->schema.name);
+        em__forced *outer = tls_forced;
+        tls_forced = &forced;
+        atomic_fetch_add(&forcing, 1);
+        int n = 0;
+        st = op_call_n(op, in, n_in, attrs, out, cap_out, &n);
+        atomic_fetch_sub(&forcing, 1);
+        tls_forced = outer;
+        if (kernel) *kernel = forced.used;
+        if (st != EM_OK) return st;
+        *n_out = n;
+        for (int i = 0; i < n; i++) em__scope_track(out[i]);
+        return EM_OK;
+    }
+    st = run_forced(op, in, n_in, attrs, out, &forced, given);
+    if (kernel) *kernel = forced.used;
     if (st != EM_OK) {
         for (int i = 0; i < op->schema.n_outputs; i++) out[i] = given[i];
         return st;
@@ -1140,6 +1217,8 @@ static em_status op_call_kernel(const em_op *cop, const em_tensor *const *in, in
     if (!op->schema.infer)
         return em_set_error(EM_ERR_INVALID, "%s: a composite without a kernel of its own",
                             op->schema.name);
+    em__forced *f = atomic_load_explicit(&forcing, memory_order_relaxed) ? tls_forced : NULL;
+    if (f && f->op == op) return run_forced(op, in, n_in, attrs, out, f, NULL);
     return op_run(op, in, n_in, attrs, out);
 }
 

@@ -334,6 +334,11 @@ static em_status t_linspace(const em_tensor *const *in, const em_attr *a, em_ten
     {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
      .dtypes = dts, .expect = st,                                                               \
      .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}, .no_grad = mask}
+/* A row of an op that draws from a generator (ember/opcase.h: EM_CASE_DRAWS). */
+#define ROWD(name, var, fn, dts, st, diff, nin, INS, ...)                                       \
+    {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
+     .dtypes = dts, .expect = st, .flags = EM_CASE_DRAWS,                                       \
+     .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}}
 #define INS(...) {__VA_ARGS__}
 #define OK EM_OK
 #define EDT EM_ERR_DTYPE
@@ -420,17 +425,17 @@ static const em_op_case std_cases[] = {
         INS(I(1, CONTIG, RANDN, 10)), F(0), F(0.5), F(5)),
     ROW("arange", "step 0", t_arange, D_F32_64, EINV, false, 0, INS(I(1, CONTIG, RANDN, 1)),
         F(0), F(0), F(5)),
-    ROW("uniform", "[-1, 2)", t_uniform, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
+    ROWD("uniform", "[-1, 2)", t_uniform, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
         N(7), N(3), F(-1), F(2)),
     ROW("uniform", "lo > hi", t_uniform, D_F32_64, EINV, false, 0, INS(I(1, CONTIG, RANDN, 3)),
         N(7), N(0), F(2), F(1)),
     ROW("uniform", "integer tensor", t_uniform, D_I64, EDT, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(7), N(0), F(0), F(1)),
-    ROW("normal", "mean 1, std 2", t_normal, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
+    ROWD("normal", "mean 1, std 2", t_normal, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
         N(9), N(1), F(1), F(2)),
     ROW("normal", "negative std", t_normal, D_F32_64, EINV, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(9), N(0), F(0), F(-1)),
-    ROW("bernoulli", "p 0.3", t_bernoulli, D_ALL, OK, false, 0, INS(I(1, CONTIG, RANDN, 17)),
+    ROWD("bernoulli", "p 0.3", t_bernoulli, D_ALL, OK, false, 0, INS(I(1, CONTIG, RANDN, 17)),
         N(5), N(2), F(0.3), NA),
     ROW("bernoulli", "p 1.5", t_bernoulli, D_F32_64, EINV, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(5), N(0), F(1.5), NA),
@@ -649,7 +654,7 @@ static const em_op_case std_cases[] = {
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 1),
             I(2, CONTIG, POS, 3, 1), I(1, CONTIG, POS, 4)),
         N(1)),
-    ROW("dropout", "p 0.3, training", t_dropout, D_F, OK, true, 1,
+    ROWD("dropout", "p 0.3, training", t_dropout, D_F, OK, true, 1,
         INS(I(2, TRANSPOSED, RANDN, 5, 7)), F(0.3), B(true), N(11), N(4)),
     ROW("dropout", "eval", t_dropout, D_F32_64, OK, true, 1, INS(I(2, CONTIG, RANDN, 3, 4)),
         F(0.5), B(false), N(0), N(0)),

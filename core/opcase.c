@@ -264,6 +264,8 @@ em_tensor *em_case_grad_fn(em_tensor *const *inputs, int n, void *user) {
             em_case_input dir = {.ndim = nd, .dtype = -1};
             memcpy(dir.shape, em_tensor_shape(out[k]), sizeof(int64_t) * (size_t)nd);
             em_tensor *w = em_case_make(&dir, em_tensor_dtype(out[k]), 977 + (uint64_t)k);
+            em_device dev = em_tensor_device(out[k]);
+            if (w && !em_device_equal(dev, em_cpu())) w = em_to_device(w, dev);
             s = em_sum(em_mul(out[k], w), 0, NULL, false);
         } else {
             s = em_sum(out[k], 0, NULL, false);

@@ -82,7 +82,7 @@ Test(op_schema, every_standard_op_has_a_row) {
             snprintf(missing + len, sizeof missing - len, "%s%s", len ? ", " : "", name);
         }
     }
-    cr_expect_eq(n_missing, 0, "%d declared standard op(s) without a row in tests/op_cases.c: %s",
+    cr_expect_eq(n_missing, 0, "%d declared standard op(s) without a row in core/op_cases.c: %s",
                  n_missing, missing);
     /* Every row names a declared op. */
     for (int r = 0, nr = em_std_case_count(); r < nr; r++)

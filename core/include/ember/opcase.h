@@ -102,10 +102,14 @@ typedef struct em_op_case {
     /* Inputs whose gradient is none or zero by definition (a target, a class weight, the
      * padding rows of an embedding): gradchecks leave them alone (bit i: input i). */
     unsigned no_grad;
+    unsigned flags;        /* EM_CASE_* below */
     void *ext;             /* reserved; NULL */
 } em_op_case;
 
 #define EM_CASE_DT(dt) (1u << (dt))
+/* em_op_case.flags: the op draws from a generator (uniform, dropout): each dtype is its own
+ * draw, so a result is not compared with float64; kernels and devices must still agree. */
+#define EM_CASE_DRAWS (1u << 0)
 
 /* Attach n rows to declared ops, owned by reg (removed with it). The rows are referenced, not
  * copied (keep them static const) unless their struct_size is older than this header's, when
