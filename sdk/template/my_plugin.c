@@ -113,7 +113,8 @@ static const em_op_case scale_cases[] = {
      .dtypes = EM_CASE_DT(EM_F32) | EM_CASE_DT(EM_F64), .differentiable = true},
     {.struct_size = sizeof(em_op_case), .op = "my_plugin.scale", .variant = "int32 refused",
      .n_in = 1, .in = {{.ndim = 1, .shape = {3}, .dtype = -1}},
-     .dtypes = EM_CASE_DT(EM_I32), .expect = EM_ERR_DTYPE},
+     .dtypes = EM_CASE_DT(EM_I32), .expect = EM_ERR_DTYPE,
+     .differentiable = true /* the op is, though this call fails first */},
 };
 
 /* ---- a layer: my_plugin.Scale ---------------------------------------------------------------- */
