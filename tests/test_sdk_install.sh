@@ -44,7 +44,8 @@ PATH=$root/bin:$PATH
 PKG_CONFIG_PATH=$root/lib/pkgconfig
 PKG_CONFIG_SYSROOT_DIR=$tmp/root
 LD_LIBRARY_PATH=$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-plugins=$tmp/my-plugins
+plugins=$tmp/my-plugins # the template's plugin, installed into a directory of its own
+mkdir -p "$plugins"
 EMBER_PLUGIN_PATH=$root/lib/ember/plugins:$plugins
 export PATH PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR LD_LIBRARY_PATH EMBER_PLUGIN_PATH
 unset PKG_CONFIG_LIBDIR EMBER_DISABLE_PLUGINS MAKEFLAGS MFLAGS
@@ -60,7 +61,7 @@ make -C "$tmp/my_plugin" check >"$tmp/template-check.log" 2>&1 ||
     { cat "$tmp/template-check.log"; fail "the template's make check"; }
 grep -q "loaded *my-plugin" "$tmp/template-check.log" ||
     { cat "$tmp/template-check.log"; fail "ember-info does not show my-plugin loaded"; }
-tail -n 1 "$tmp/template-check.log" | grep -q " 0 failed" ||
+grep -q -E "^[0-9]+ passed, 0 failed$" "$tmp/template-check.log" ||
     { cat "$tmp/template-check.log"; fail "ember-opcheck on the template"; }
 make -C "$tmp/my_plugin" install PLUGINDIR="$plugins" >"$tmp/template-install.log" 2>&1 ||
     { cat "$tmp/template-install.log"; fail "the template's make install PLUGINDIR=..."; }
