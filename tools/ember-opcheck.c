@@ -438,7 +438,10 @@ static void two_threads(unit *u, const em_op *op, const row *r, em_tensor *const
                  {.op = op, .c = r->c, .in = in, .bar = &bar}};
     pthread_t th;
     bool threaded = pthread_create(&th, NULL, twin_run, &t[1]) == 0;
-    if (!threaded) pthread_barrier_init(&bar, NULL, 1);
+    if (!threaded) { /* one thread: it runs alone */
+        pthread_barrier_destroy(&bar);
+        pthread_barrier_init(&bar, NULL, 1);
+    }
     twin_run(&t[0]);
     if (threaded) pthread_join(th, NULL);
     pthread_barrier_destroy(&bar);
@@ -1027,7 +1030,8 @@ static void check_op(const em_op *op, em_device *devs, int n_devs) {
                 }
                 if (!u.checked && !u.fails && !u.fallbacks)
                     unit_note(&u, "differentiable, but no valid float64 row without an expanded "
-                              "input gives a finite, non-empty result to check");
+                              "input gives a finite, non-empty result to check (rows, or for "
+                              "generic inputs a float64 kernel, let its backward be checked)");
             }
             em_scope_end();
             if (on_cpu || diff) unit_end(&u);
@@ -1305,6 +1309,8 @@ int main(int argc, char **argv) {
             }
             if (!have_op(ops, n_ops, op) && n_ops < 4096) ops[n_ops++] = op;
         }
+    } else if (O.n_plugins && !n_theirs) {
+        /* No plugin under test loaded (reported above): nothing of theirs to check. */
     } else if (n_theirs) {
         for (int p = 0; p < n_theirs; p++) {
             for (size_t i = 0; i < em_registry_op_count(theirs[p]) && n_ops < 4096; i++) {
