@@ -57,10 +57,25 @@ em_status em_gradcheck(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void
     double base;
     em_tensor *grads[16] = {0};
     em_tensor *wrt[16];
-    int n_wrt = 0;
+    int wrt_index[16], n_wrt = 0; /* messages name the input by its place in inputs[] */
     for (int i = 0; i < n && n_wrt < 16; i++)
-        if (inputs[i] && em_tensor_requires_grad(inputs[i])) wrt[n_wrt++] = inputs[i];
+        if (inputs[i] && em_tensor_requires_grad(inputs[i])) {
+            wrt_index[n_wrt] = i;
+            wrt[n_wrt++] = inputs[i];
+        }
     if (n_wrt == 0) st = em_set_error(EM_ERR_INVALID, "gradcheck: no input requires grad");
+    /* A step of eps = 1e-6 is below float32's resolution at 1 (1.2e-7 is its epsilon, so
+     * x + eps and x - eps differ by a few ulps at best) and far below half's: the numerical
+     * side would be rounding noise, and a correct backward would "fail". Refuse, and say how. */
+    for (int w = 0; w < n_wrt && st == EM_OK; w++) {
+        em_dtype dt = em_tensor_dtype(wrt[w]);
+        if (dt != EM_F64)
+            st = em_set_error(EM_ERR_DTYPE, "gradcheck: input %d is %s: finite differences need "
+                              "float64 (a step of %g is lost in %s rounding); pass "
+                              "em_to_dtype(x, EM_F64) with requires_grad set, and convert "
+                              "inside the function if the op must run in %s", wrt_index[w],
+                              em_dtype_name(dt), eps, em_dtype_name(dt), em_dtype_name(dt));
+    }
     if (st == EM_OK) st = projected(fn, n, inputs, user, &v, &base, &p);
     if (st == EM_OK) st = em_grad(1, &p, NULL, n_wrt, wrt, grads, NULL);
     /* Numerical side, element by element, with recording off. */
@@ -72,7 +87,7 @@ em_status em_gradcheck(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void
         if (!em_tensor_is_contiguous(x)) { /* x itself is perturbed: it must be dense */
             st = em_set_error(EM_ERR_INVALID, "gradcheck: input %d is not contiguous; pass "
                               "contiguous inputs and make non-contiguous views inside the "
-                              "function", w);
+                              "function", wrt_index[w]);
             break;
         }
         em_tensor *g64 = grads[w] ? em_to_dtype(grads[w], EM_F64) : NULL;
@@ -106,7 +121,7 @@ em_status em_gradcheck(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void
             if (!(fabs(ga[e] - num) <= atol + rtol * fabs(num)))
                 st = em_set_error(EM_ERR_INVALID, "gradcheck: input %d, element %lld: analytical "
                                   "%.10g vs numerical %.10g (|difference| %.3g > atol %g + rtol "
-                                  "%g * |numerical|)", w, (long long)e, ga[e], num,
+                                  "%g * |numerical|)", wrt_index[w], (long long)e, ga[e], num,
                                   fabs(ga[e] - num), atol, rtol);
         }
         em__free(ga);

@@ -558,6 +558,36 @@ static em_tensor *f_relu(em_tensor *const *in, int n, void *user) {
     return em_relu(in[0]);
 }
 
+/* Finite differences in float32 or half are rounding noise: em_gradcheck refuses such inputs
+ * and names the conversion to make; an input that needs no grad may keep its dtype. */
+Test(gradcheck, low_precision_inputs_are_refused_with_the_fix) {
+    const em_dtype dts[] = {EM_F32, EM_F16, EM_BF16};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        em_tensor *x = em_full(1, (int64_t[]){3}, 0.5, dts[k], em_cpu());
+        em_tensor *c = em_ones(1, (int64_t[]){3}, EM_F64, em_cpu());
+        cr_assert(x && c, "%s", em_last_error());
+        cr_assert_eq(em_requires_grad_(x, true), EM_OK, "%s", em_last_error());
+        em_tensor *in[2] = {c, x};
+        cr_assert_eq(em_gradcheck(f_arith, 2, in, NULL, 0, 0, 0), EM_ERR_DTYPE, "%s",
+                     em_dtype_name(dts[k]));
+        char want[96];
+        snprintf(want, sizeof want, "gradcheck: input 1 is %s: finite differences need float64",
+                 em_dtype_name(dts[k]));
+        cr_assert(strstr(em_last_error(), want) && strstr(em_last_error(),
+                  "em_to_dtype(x, EM_F64)"), "%s", em_last_error());
+        em_tensor_release(x);
+        em_tensor_release(c);
+    }
+    /* a float32 input that requires no grad is fine next to a float64 one that does */
+    em_tensor *a = leaf(EM_F64, 2, (int64_t[]){3, 1}, 41, -1, 1);
+    em_tensor *b = em_full(1, (int64_t[]){4}, 0.75, EM_F32, em_cpu());
+    cr_assert(b, "%s", em_last_error());
+    em_tensor *in[2] = {a, b};
+    cr_assert_eq(em_gradcheck(f_arith, 2, in, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_tensor_release(a);
+    em_tensor_release(b);
+}
+
 Test(gradcheck, a_wrong_gradient_is_reported) {
     /* At x = 0 relu's backward gives 0 while the central difference gives 0.5: the check must
      * fail and say where. */

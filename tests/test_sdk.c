@@ -1,7 +1,11 @@
 /*
  * test_sdk.c — the SDK's worked example plugin (sdk/example/square.c) loads through
  * EMBER_PLUGIN_PATH and its op "square" computes x * x on contiguous and strided tensors,
- * checked against a plain loop.
+ * checked against a plain loop; its backward against f64 finite differences and 2 * x * g;
+ * its layer square.Quadratic (options, parameters, a buffer, train/eval) against plain loops,
+ * with PyTorch-style state-dict names inside a Sequential. The C++ example
+ * (sdk/example/softsign.cpp, built with g++) loads from the same directory: its op against a
+ * plain loop and finite differences.
  */
 #include "common.h"
 
@@ -69,6 +73,7 @@ Test(sdk, plugin_is_listed_as_loaded) {
         cr_assert_eq(em_registry_op_count(p.registry), 1);
         cr_assert_str_eq(em_registry_op_name(p.registry, 0), "square");
         cr_assert_eq(em_registry_kernel_count(p.registry), 2);
+        cr_assert_eq(em_registry_class_count(p.registry, "module"), 1);
     }
     cr_assert(found, "ember-square is not among the %zu plugins", em_plugin_count());
 }
@@ -131,4 +136,226 @@ Test(sdk, integer_input_is_refused_by_name) {
     em_assert_error(EM_ERR_DTYPE, "square");
     em_assert_error(EM_ERR_DTYPE, "int32");
     em_tensor_release(x);
+}
+
+/* ---- the derivative ----------------------------------------------------------------------- */
+
+static em_tensor *f_square(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    const em_tensor *x = in[0];
+    if (user) x = em_transpose(in[0], 0, 1); /* a strided view inside the function */
+    em_tensor *y = NULL;
+    return em_op_call(em_op_find("square"), &x, 1, NULL, &y) == EM_OK ? y : NULL;
+}
+
+Test(sdk, backward_matches_finite_differences) {
+    em_tensor *x = make_x(EM_F64);
+    cr_assert_eq(em_requires_grad_(x, true), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_gradcheck(f_square, 1, &x, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_gradcheck(f_square, 1, &x, "transposed", 0, 0, 0), EM_OK, "%s",
+                 em_last_error());
+    em_tensor_release(x);
+}
+
+/* x.grad after backward(sum(g * square(x))) is 2 * x * g, element by element (f32). */
+Test(sdk, backward_is_two_x_times_the_incoming_gradient) {
+    em_tensor *x = make_x(EM_F32);
+    double gv[12];
+    for (int i = 0; i < 12; i++) gv[i] = 0.25 * (i % 5) - 0.5;
+    em_tensor *g = em_test_tensor(EM_F32, 2, (int64_t[]){3, 4}, gv);
+    cr_assert_eq(em_requires_grad_(x, true), EM_OK, "%s", em_last_error());
+    em_scope_begin();
+    em_tensor *y = f_square(&x, 1, NULL);
+    cr_assert(y, "%s", em_last_error());
+    cr_assert_str_eq(em_tensor_grad_fn_name(y), "square");
+    cr_assert_eq(em_backward(em_sum(em_mul(y, g), 0, NULL, false)), EM_OK, "%s",
+                 em_last_error());
+    em_scope_end();
+    const em_tensor *gx = em_tensor_grad(x);
+    cr_assert(gx);
+    for (int64_t i = 0; i < 12; i++) {
+        double want = 2 * em_test_at(x, i) * gv[i];
+        cr_assert_eq(em_test_at(gx, i), want, "element %lld: %g, expected %g", (long long)i,
+                     em_test_at(gx, i), want);
+    }
+    em_tensor_release(g);
+    em_tensor_release(x);
+}
+
+/* ---- the layer: square.Quadratic ------------------------------------------------------------ */
+
+static em_module *quadratic(int64_t features, double momentum) {
+    em_options *o = em_options_new();
+    cr_assert_eq(em_options_set_int(o, "features", features), EM_OK);
+    cr_assert_eq(em_options_set_float(o, "momentum", momentum), EM_OK);
+    em_module *m = em_module_new("square.Quadratic", o);
+    em_options_free(o);
+    cr_assert(m, "%s", em_last_error());
+    return m;
+}
+
+/* The forward by plain loops: y[i][j] = w[j] * (x[i][j]^2 - c[j]) + b[j], c the batch mean of
+ * x^2 (train) or rm (eval); rm updated in train. */
+static void quadratic_ref(const double *x, int64_t n, int64_t f, const double *w,
+                          const double *b, double *rm, double momentum, bool train, double *y) {
+    double c[8];
+    for (int64_t j = 0; j < f; j++) {
+        double m = 0;
+        for (int64_t i = 0; i < n; i++) m += x[i * f + j] * x[i * f + j];
+        m /= (double)n;
+        c[j] = train ? m : rm[j];
+        if (train) rm[j] = (1 - momentum) * rm[j] + momentum * m;
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < f; j++)
+            y[i * f + j] = w[j] * (x[i * f + j] * x[i * f + j] - c[j]) + b[j];
+}
+
+Test(sdk, layer_trains_and_evaluates_like_the_reference) {
+    em_module *m = quadratic(4, 0.25);
+    em_dict *sd = em_module_state_dict(m);
+    cr_assert_eq(em_dict_len(sd), 3);
+    cr_assert_str_eq(em_dict_key(sd, 0), "weight");
+    cr_assert_str_eq(em_dict_key(sd, 1), "bias");
+    cr_assert_str_eq(em_dict_key(sd, 2), "running_mean");
+    em_dict_free(sd);
+    cr_assert(em_tensor_requires_grad(em_module_parameter(m, "weight")));
+    cr_assert(!em_tensor_requires_grad(em_module_buffer(m, "running_mean")));
+    /* weights other than the initial ones, so that they show in the result */
+    double w[4] = {1.5, -0.5, 2, 0.25}, b[4] = {0.1, 0.2, -0.3, 0.4}, rm[4] = {0, 0, 0, 0};
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    em_tensor *wt = em_test_tensor(EM_F32, 1, (int64_t[]){4}, w);
+    em_tensor *bt = em_test_tensor(EM_F32, 1, (int64_t[]){4}, b);
+    cr_assert_eq(em_copy_(em_module_parameter(m, "weight"), wt), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_copy_(em_module_parameter(m, "bias"), bt), EM_OK, "%s", em_last_error());
+    em_grad_mode_pop();
+    em_tensor_release(wt);
+    em_tensor_release(bt);
+    em_tensor *x = make_x(EM_F32); /* (3, 4) */
+    double xv[12], want[12];
+    host_values(x, xv, 12);
+    for (int step = 0; step < 3; step++) { /* train, train, eval */
+        bool train = step < 2;
+        em_module_train(m, train);
+        em_scope_begin();
+        em_tensor *y = em_module_forward(m, x);
+        cr_assert(y, "%s", em_last_error());
+        quadratic_ref(xv, 3, 4, w, b, rm, 0.25, train, want);
+        for (int64_t i = 0; i < 12; i++)
+            cr_assert_float_eq(em_test_at(y, i), want[i], 1e-5, "step %d, element %lld: %g vs %g",
+                               step, (long long)i, em_test_at(y, i), want[i]);
+        em_scope_end();
+        for (int64_t j = 0; j < 4; j++)
+            cr_assert_float_eq(em_test_at(em_module_buffer(m, "running_mean"), j), rm[j], 1e-5,
+                               "step %d, running_mean[%lld]", step, (long long)j);
+    }
+    /* a wrong input shape names the class and both shapes */
+    em_tensor *bad = em_zeros(2, (int64_t[]){3, 5}, EM_F32, em_cpu());
+    cr_assert_null(em_module_forward(m, bad));
+    em_assert_error(EM_ERR_SHAPE, "square.Quadratic");
+    em_assert_error(EM_ERR_SHAPE, "expected an input of shape (N, 4), got [3, 5]");
+    em_tensor_release(bad);
+    em_tensor_release(x);
+    em_module_free(m);
+}
+
+/* Gradients through the layer (the plugin's backward inside it) reach the input and both
+ * parameters, against f64 finite differences (the module moved to float64). */
+static em_tensor *f_layer(em_tensor *const *in, int n, void *user) {
+    (void)n;
+    return em_module_forward((em_module *)user, in[0]);
+}
+
+Test(sdk, layer_gradients_match_finite_differences) {
+    em_module *m = quadratic(4, 0.1);
+    cr_assert_eq(em_module_to_dtype(m, EM_F64), EM_OK, "%s", em_last_error());
+    em_module_train(m, false); /* eval: running_mean is a constant, forward is deterministic */
+    em_tensor *x = make_x(EM_F64);
+    cr_assert_eq(em_requires_grad_(x, true), EM_OK, "%s", em_last_error());
+    em_tensor *in[3] = {x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias")};
+    cr_assert_eq(em_gradcheck(f_layer, 3, in, m, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_module_train(m, true); /* train: the batch mean is part of the function too */
+    cr_assert_eq(em_gradcheck(f_layer, 3, in, m, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_tensor_release(x);
+    em_module_free(m);
+}
+
+Test(sdk, layer_in_a_sequential_has_pytorch_state_dict_names) {
+    em_options *o = em_options_new();
+    cr_assert_eq(em_options_set_int(o, "in_features", 3), EM_OK);
+    cr_assert_eq(em_options_set_int(o, "out_features", 4), EM_OK);
+    em_module *seq = em_module_new("Sequential", NULL);
+    cr_assert(seq, "%s", em_last_error());
+    cr_assert_eq(em_module_append_child(seq, em_module_new("Linear", o)), EM_OK, "%s",
+                 em_last_error());
+    em_options_free(o);
+    cr_assert_eq(em_module_append_child(seq, quadratic(4, 0.1)), EM_OK, "%s", em_last_error());
+    em_dict *sd = em_module_state_dict(seq);
+    const char *keys[] = {"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean"};
+    cr_assert_eq(em_dict_len(sd), 5);
+    for (size_t i = 0; i < 5; i++) cr_assert_str_eq(em_dict_key(sd, i), keys[i]);
+    em_dict_free(sd);
+    em_module_free(seq);
+}
+
+Test(sdk, layer_options_are_checked_by_name) {
+    em_options *o = em_options_new();
+    cr_assert_eq(em_options_set_int(o, "features", 4), EM_OK);
+    cr_assert_eq(em_options_set_float(o, "momentum", 2.0), EM_OK);
+    cr_assert_null(em_module_new("square.Quadratic", o));
+    em_assert_error(EM_ERR_INVALID, "square.Quadratic");
+    em_assert_error(EM_ERR_INVALID, "momentum");
+    em_options_free(o);
+    cr_assert_null(em_module_new("square.Quadratic", NULL));
+    em_assert_error(EM_ERR_INVALID, "features");
+}
+
+/* ---- the C++ example: ember-cxx-example ------------------------------------------------------ */
+
+static em_tensor *f_softsign(em_tensor *const *in, int n, void *user) {
+    (void)n, (void)user;
+    const em_tensor *x = in[0];
+    em_tensor *y = NULL;
+    return em_op_call(em_op_find("cxx_example.softsign"), &x, 1, NULL, &y) == EM_OK ? y : NULL;
+}
+
+Test(sdk, cxx_plugin_loads_and_computes_softsign) {
+    em_plugin_info p = {0};
+    bool found = false;
+    for (size_t i = 0; i < em_plugin_count() && !found; i++)
+        found = em_plugin_get(i, &p) == EM_OK && p.name &&
+                strcmp(p.name, "ember-cxx-example") == 0;
+    cr_assert(found, "ember-cxx-example is not among the %zu plugins", em_plugin_count());
+    cr_assert_eq(p.status, EM_PLUGIN_LOADED, "refused: %s", p.reason ? p.reason : "");
+    const em_dtype dts[] = {EM_F32, EM_F64};
+    for (size_t k = 0; k < 2; k++) {
+        em_tensor *x = make_x(dts[k]);
+        em_tensor *views[2] = {x, em_slice(x, 1, 1, 4, 2)};
+        for (int v = 0; v < 2; v++) {
+            em_tensor *y = f_softsign(&views[v], 1, NULL); /* outside a scope: ours to release */
+            cr_assert(y, "%s", em_last_error());
+            cr_assert_eq(em_tensor_dtype(y), dts[k]);
+            int64_t n = em_tensor_numel(views[v]);
+            double xs[12], ys[12];
+            host_values(views[v], xs, n);
+            host_values(y, ys, n);
+            for (int64_t i = 0; i < n; i++) {
+                double want = xs[i] / (1 + fabs(xs[i]));
+                cr_assert_float_eq(ys[i], want, dts[k] == EM_F32 ? 1e-6 : 1e-15,
+                                   "%s view %d element %lld: %g vs %g", em_dtype_name(dts[k]), v,
+                                   (long long)i, ys[i], want);
+            }
+            em_tensor_release(y);
+        }
+        em_tensor_release(views[1]);
+        em_tensor_release(x);
+    }
+    em_tensor *x = make_x(EM_F64);
+    cr_assert_eq(em_requires_grad_(x, true), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_gradcheck(f_softsign, 1, &x, NULL, 0, 0, 0), EM_OK, "%s", em_last_error());
+    em_tensor_release(x);
+    em_tensor *xi = em_zeros(1, (int64_t[]){3}, EM_I64, em_cpu());
+    cr_assert_null(f_softsign(&xi, 1, NULL));
+    em_assert_error(EM_ERR_DTYPE, "cxx_example.softsign: dtype int64 is not supported");
+    em_tensor_release(xi);
 }
