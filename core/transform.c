@@ -242,6 +242,20 @@ void em__transform_pipeline_free(em__transform_pipeline *p) {
     em__free(p);
 }
 
+em_status em_transform_specs_layout(const em_transform_spec *specs, int n, const char *field,
+                                    const em_transform_layout *in, em_transform_layout *out) {
+    if (!in || !out)
+        return em_set_error(EM_ERR_INVALID, "transform_specs_layout: NULL layout");
+    em__transform_pipeline *p;
+    em_status st = em__transform_pipeline_new("transform_specs_layout", field ? field : "input",
+                                              in, specs, n, &p);
+    if (st != EM_OK) return st;
+    *out = p ? *em__transform_pipeline_layout(p) : *in;
+    out->struct_size = sizeof *out;
+    em__transform_pipeline_free(p);
+    return EM_OK;
+}
+
 /* ---- the 1.0 struct --------------------------------------------------------------------- */
 
 em_status em__transforms_to_specs(const em_transforms *t, em_dtype in_dtype,

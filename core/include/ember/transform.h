@@ -186,6 +186,15 @@ EM_API em_status em_transform_class_register(em_registry *reg, const em_transfor
  * EM_ERR_NOTFOUND listing the registered classes and the loaded plugins. */
 EM_API const em_transform_class *em_transform_class_find(const char *name);
 
+/* What a loader with these specs (n of them) delivers for `field` (NULL: "input") whose items
+ * are `in`: the specs naming the field, in order, each found, its options resolved and its
+ * layout applied, into *out (*in when no spec names the field). For a program (or ember-train)
+ * to size a model before the first batch. The loader's errors (EM_ERR_NOTFOUND, EM_ERR_INVALID,
+ * the class's layout error) naming the field, the transform and the option or shape. */
+EM_API em_status em_transform_specs_layout(const em_transform_spec *specs, int n,
+                                           const char *field, const em_transform_layout *in,
+                                           em_transform_layout *out /* out */);
+
 #ifdef __cplusplus
 }
 #endif
