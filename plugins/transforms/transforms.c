@@ -316,7 +316,7 @@ static const em_plugin_descriptor transforms_plugin = {
     .abi_major = EM_PLUGIN_ABI_MAJOR,
     .name = "ember-transforms",
     .version = EM_VERSION_STRING,
-    .description = "per-item data transforms (torchvision-like): to_float, normalize, random_crop, hflip",
+    .description = "data transforms: to_float, normalize, random_crop, hflip",
     .register_fn = transforms_register,
 };
 
