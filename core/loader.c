@@ -12,8 +12,8 @@
  * generation number, waits until no worker is filling, and resets the ring; a batch made
  * under an old generation is thrown away.
  *
- * Memory: every buffer (K host slots, the workers' staging buffers for transforms, the
- * device buffers, the epoch's index list) is allocated in em_loader_new, each for
+ * Memory: every buffer (K host slots, the workers' staging and scratch buffers for
+ * transforms, the device buffers, the epoch's index list) is allocated in em_loader_new, each for
  * min(batch_size, items per epoch) items: a dataset smaller than a batch costs its size. em_loader_next
  * allocates only the views of a short last batch, once per epoch.
  *
@@ -192,7 +192,8 @@ static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
         /* Each item through the field's pipeline, drawing from its own stream. */
         st = em_dataset_read(l->ds, ids, n, wk->raw, s->tg);
         for (int64_t j = 0; st == EM_OK && j < n; j++)
-            st = em__transform_pipeline_apply(l->pipe, (const char *)wk->raw + (size_t)j * l->raw_ib,
+            st = em__transform_pipeline_apply(l->pipe,
+                                              (const char *)wk->raw + (size_t)j * l->raw_ib,
                                               (char *)s->in + (size_t)j * l->out_ib, wk->scratch,
                                               l->o.seed, epoch, ids[j]);
     }
