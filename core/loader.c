@@ -12,8 +12,8 @@
  * generation number, waits until no worker is filling, and resets the ring; a batch made
  * under an old generation is thrown away.
  *
- * Memory: every buffer (K host slots, the workers' staging buffers for transforms, the
- * device buffers, the epoch's index list) is allocated in em_loader_new, each for
+ * Memory: every buffer (K host slots, the workers' staging and scratch buffers for
+ * transforms, the device buffers, the epoch's index list) is allocated in em_loader_new, each for
  * min(batch_size, items per epoch) items: a dataset smaller than a batch costs its size. em_loader_next
  * allocates only the views of a short last batch, once per epoch.
  *
@@ -34,6 +34,7 @@
 #include "ember/random.h"
 #include "ember/tensor.h"
 #include "data_internal.h"
+#include "transform_internal.h"
 
 enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
 
@@ -75,6 +76,7 @@ typedef struct worker {
     pthread_t thread;
     bool started;
     void *raw;              /* staging for transforms: batch_size raw items */
+    void *scratch;          /* the transform pipeline's between-stage buffers */
 } worker;
 
 struct em_loader {
@@ -85,11 +87,9 @@ struct em_loader {
     /* items */
     size_t raw_ib, out_ib, tb;     /* bytes per item: dataset inputs, delivered inputs, targets */
     em_dtype out_dtype;
-    int ndim;                      /* item input dims */
+    int ndim;                      /* delivered item input dims */
     int64_t shape[EM_MAX_DIMS];
-    bool transform;                /* any per-item transform */
-    float *fa, *fb;                /* per channel: out = raw * fa[c] + fb[c] (to-float) */
-    int64_t nch, per_channel;      /* channels of the affine part, elements per channel */
+    em__transform_pipeline *pipe;  /* the field "input"'s transforms; NULL: none */
     /* sampler */
     int64_t *subset;
     double *cdf;                   /* weighted: cumulative weights */
@@ -102,7 +102,6 @@ struct em_loader {
     slot *slots;
     worker *w;
     int nw;                        /* threads (0: the caller fills) */
-    worker w0;                     /* the caller's staging when nw == 0 */
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_ready;
     int64_t epoch, next_fill, next_out;
@@ -181,116 +180,22 @@ static void epoch_order(em_loader *l, int64_t epoch) {
 
 /* ---- filling a batch ----------------------------------------------------------------------- */
 
-static inline double load_raw(em_dtype dt, const void *p, int64_t i) {
-    switch (dt) {
-    case EM_U8: return ((const uint8_t *)p)[i];
-    case EM_F32: return ((const float *)p)[i];
-    default: return em_dtype_load(dt, p, i);
-    }
-}
-
-/* One item: raw -> out. Geometry (crop, flip) needs (C, H, W) items; the affine part
- * (to-float, normalize) is out = raw * fa[ch] + fb[ch] with ch = the channel when
- * normalizing, else 0. */
-static void transform_item(const em_loader *l, const void *raw, void *out, int64_t item,
-                           int64_t epoch) {
-    const em_transforms *t = &l->o.transforms;
-    em_dtype rd = l->ds->info.input_dtype;
-    size_t es = em_dtype_size(rd);
-    bool tofloat = l->fa != NULL; /* the affine part (to-float, normalize) is on */
-    int64_t p = t->crop_padding, dy = 0, dx = 0;
-    bool flip = false;
-    if (p > 0 || t->hflip) {
-        uint32_t w[4];
-        uint32_t ctr[4] = {(uint32_t)item, (uint32_t)((uint64_t)item >> 32), (uint32_t)epoch,
-                           EM__DATA_STREAM_TRANSFORM};
-        uint32_t key[2] = {(uint32_t)l->o.seed,
-                           (uint32_t)(l->o.seed >> 32) ^ (uint32_t)((uint64_t)epoch >> 32)};
-        em_philox4x32_10(ctr, key, w);
-        if (p > 0) {
-            dy = (int64_t)em__data_below(w[0], (uint64_t)(2 * p + 1)) - p;
-            dx = (int64_t)em__data_below(w[1], (uint64_t)(2 * p + 1)) - p;
-        }
-        flip = t->hflip && (w[2] >> 31);
-    }
-    if (p == 0 && !t->hflip) {
-        /* No geometry: a straight conversion, channel by channel. */
-        int64_t per = l->per_channel;
-        float *o = out;
-        for (int64_t c = 0; c < l->nch; c++) {
-            float a = l->fa[c], b = l->fb[c];
-            if (rd == EM_U8) {
-                const uint8_t *r = (const uint8_t *)raw + c * per;
-                for (int64_t i = 0; i < per; i++) o[c * per + i] = (float)r[i] * a + b;
-            } else {
-                for (int64_t i = 0; i < per; i++)
-                    o[c * per + i] = (float)load_raw(rd, raw, c * per + i) * a + b;
-            }
-        }
-        return;
-    }
-    int64_t C = l->shape[0], H = l->shape[1], W = l->shape[2];
-    if (tofloat && rd == EM_U8) {
-        /* The common case (images of bytes to floats), row by row: the columns that come
-         * from inside the image form one range [x0, x1). */
-        int64_t x0 = flip ? EM_MAX(0, dx) : EM_MAX(0, -dx);
-        int64_t x1 = flip ? EM_MIN(W, W + dx) : EM_MIN(W, W - dx);
-        for (int64_t c = 0; c < C; c++) {
-            float a = l->fa[l->nch == 1 ? 0 : c], b = l->fb[l->nch == 1 ? 0 : c];
-            for (int64_t y = 0; y < H; y++) {
-                float *o = (float *)out + (c * H + y) * W;
-                int64_t sy = y + dy;
-                if (sy < 0 || sy >= H || x0 >= x1) {
-                    for (int64_t x = 0; x < W; x++) o[x] = b;
-                    continue;
-                }
-                const uint8_t *r = (const uint8_t *)raw + (c * H + sy) * W;
-                for (int64_t x = 0; x < x0; x++) o[x] = b;
-                if (flip)
-                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[W - 1 - x + dx] * a + b;
-                else
-                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[x + dx] * a + b;
-                for (int64_t x = x1; x < W; x++) o[x] = b;
-            }
-        }
-        return;
-    }
-    for (int64_t c = 0; c < C; c++) {
-        float a = tofloat ? l->fa[l->nch == 1 ? 0 : c] : 0.f;
-        float b = tofloat ? l->fb[l->nch == 1 ? 0 : c] : 0.f;
-        for (int64_t y = 0; y < H; y++) {
-            int64_t sy = y + dy;
-            for (int64_t x = 0; x < W; x++) {
-                int64_t sx = (flip ? W - 1 - x : x) + dx;
-                int64_t o = (c * H + y) * W + x;
-                bool in = sy >= 0 && sy < H && sx >= 0 && sx < W;
-                int64_t s = (c * H + sy) * W + sx;
-                if (tofloat) {
-                    float v = in ? (float)load_raw(rd, raw, s) : 0.f;
-                    ((float *)out)[o] = v * a + b;
-                } else if (in) {
-                    memcpy((char *)out + (size_t)o * es, (const char *)raw + (size_t)s * es, es);
-                } else {
-                    memset((char *)out + (size_t)o * es, 0, es);
-                }
-            }
-        }
-    }
-}
-
 /* Make batch b of `epoch` into slot s with staging `raw`. Sets s->status and s->msg. */
 static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
     int64_t start = b * l->bs, n = EM_MIN(l->bs, l->epoch_len - start);
     const int64_t *ids = l->idx + start;
     em_clear_error();
     em_status st;
-    if (!l->transform) {
+    if (!l->pipe) {
         st = em_dataset_read(l->ds, ids, n, s->in, s->tg);
     } else {
+        /* Each item through the field's pipeline, drawing from its own stream. */
         st = em_dataset_read(l->ds, ids, n, wk->raw, s->tg);
         for (int64_t j = 0; st == EM_OK && j < n; j++)
-            transform_item(l, (const char *)wk->raw + (size_t)j * l->raw_ib,
-                           (char *)s->in + (size_t)j * l->out_ib, ids[j], epoch);
+            st = em__transform_pipeline_apply(l->pipe,
+                                              (const char *)wk->raw + (size_t)j * l->raw_ib,
+                                              (char *)s->in + (size_t)j * l->out_ib, wk->scratch,
+                                              l->o.seed, epoch, ids[j]);
     }
     s->status = st;
     if (st != EM_OK) snprintf(s->msg, sizeof s->msg, "%s", em_last_error());
@@ -354,6 +259,22 @@ static em_status check_options(em_loader *l) {
     const em_transforms *t = &o->transforms;
     int64_t N = in->length;
     char s[96];
+    bool legacy = t->to_float || t->mean || t->std || t->crop_padding || t->hflip || t->scale;
+    if (legacy && o->n_transform_specs)
+        return em_set_error(EM_ERR_INVALID, "loader: set either transforms (the 1.0 struct) or "
+                            "transform_specs, not both");
+    if (o->n_transform_specs < 0 || (o->n_transform_specs > 0 && !o->transform_specs))
+        return em_set_error(EM_ERR_INVALID, "loader: n_transform_specs %d without a "
+                            "transform_specs array", o->n_transform_specs);
+    for (int i = 0; i < o->n_transform_specs; i++) {
+        const em_transform_spec *sp = &o->transform_specs[i];
+        const char *f = sp->struct_size >= EM__SIZE_THROUGH(em_transform_spec, field) ? sp->field
+                                                                                      : NULL;
+        if (f && strcmp(f, "input") != 0)
+            return em_set_error(EM_ERR_INVALID, "loader: transform_specs[%d] applies to the "
+                                "field '%s'; dataset '%s' items have the fields 'input' (which "
+                                "transforms apply to) and 'target'", i, f, l->ds->name);
+    }
     if (o->batch_size < 0)
         return em_set_error(EM_ERR_INVALID, "loader: batch_size %lld is negative",
                             (long long)o->batch_size);
@@ -478,32 +399,33 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
     l->o.subset = NULL;
     l->o.weights = NULL;
 
-    /* items and transforms */
-    l->ndim = in->input_ndim;
-    memcpy(l->shape, in->input_shape, sizeof l->shape);
-    bool normalize = t->mean != NULL;
-    bool tofloat = t->to_float || normalize;
-    l->out_dtype = tofloat ? EM_F32 : in->input_dtype;
-    l->transform = tofloat || t->crop_padding > 0 || t->hflip;
-    if (tofloat && in->input_dtype == EM_F32 && !normalize && t->crop_padding == 0 && !t->hflip &&
-        (t->scale == 0 || t->scale == 1))
-        l->transform = false; /* float to float at scale 1: nothing to do */
+    /* items and transforms: the 1.0 struct becomes specs on "input" */
+    em_transform_spec legacy[EM__LEGACY_TRANSFORMS];
+    em_options *lopts[EM__LEGACY_TRANSFORMS];
+    const em_transform_spec *specs = l->o.transform_specs;
+    int nspecs = l->o.n_transform_specs;
+    l->o.transform_specs = NULL;
+    l->o.n_transform_specs = 0;
+    if (nspecs == 0) {
+        if (em__transforms_to_specs(t, in->input_dtype, legacy, lopts, &nspecs) != EM_OK)
+            goto fail;
+        specs = legacy;
+    } else {
+        for (int i = 0; i < EM__LEGACY_TRANSFORMS; i++) lopts[i] = NULL;
+    }
+    em_transform_layout item = {.struct_size = sizeof item, .dtype = in->input_dtype,
+                                .ndim = in->input_ndim};
+    memcpy(item.shape, in->input_shape, sizeof item.shape);
+    em_status pst = em__transform_pipeline_new("loader", "input", &item, specs, nspecs, &l->pipe);
+    for (int i = 0; i < EM__LEGACY_TRANSFORMS; i++) em_options_free(lopts[i]);
+    if (pst != EM_OK) goto fail;
+    const em_transform_layout *delivered = l->pipe ? em__transform_pipeline_layout(l->pipe) : &item;
+    l->ndim = delivered->ndim;
+    memcpy(l->shape, delivered->shape, sizeof l->shape);
+    l->out_dtype = delivered->dtype;
     l->raw_ib = ds->input_bytes;
     l->out_ib = em__data_item_bytes(l->ndim, l->shape, l->out_dtype);
     l->tb = ds->target_bytes;
-    if (tofloat) {
-        double scale = t->scale != 0 ? t->scale : in->input_dtype == EM_U8 ? 1.0 / 255.0 : 1.0;
-        l->nch = normalize ? t->n_channels : 1;
-        l->per_channel = em__numel(l->ndim, l->shape) / l->nch;
-        l->fa = em__malloc(sizeof(float) * (size_t)l->nch, "loader transforms");
-        l->fb = em__malloc(sizeof(float) * (size_t)l->nch, "loader transforms");
-        if (!l->fa || !l->fb) goto fail;
-        for (int64_t c = 0; c < l->nch; c++) {
-            double m = normalize ? t->mean[c] : 0.0, sd = normalize ? t->std[c] : 1.0;
-            l->fa[c] = (float)(scale / sd);
-            l->fb[c] = (float)(-m / sd);
-        }
-    }
 
     /* sampler */
     switch (o->sampler) {
@@ -599,7 +521,10 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
     if (!l->w) goto fail;
     for (int i = 0; i < nctx; i++) {
         l->w[i].l = l;
-        if (l->transform && !(l->w[i].raw = em__malloc((size_t)l->cap * l->raw_ib, "loader staging")))
+        if (!l->pipe) continue;
+        size_t scratch = em__transform_pipeline_scratch(l->pipe);
+        if (!(l->w[i].raw = em__malloc((size_t)l->cap * l->raw_ib, "loader staging")) ||
+            (scratch && !(l->w[i].scratch = em__malloc(scratch, "loader transform scratch"))))
             goto fail;
     }
     restart(l, 0, 0);
@@ -824,7 +749,10 @@ void em_loader_free(em_loader *l) {
         if (l->w[i].started) pthread_join(l->w[i].thread, NULL);
     release_views(l);
     if (l->copy_pending) em_event_synchronize(l->dev, l->ev_copy);
-    for (int i = 0; l->w && i < nctx; i++) em__free(l->w[i].raw);
+    for (int i = 0; l->w && i < nctx; i++) {
+        em__free(l->w[i].raw);
+        em__free(l->w[i].scratch);
+    }
     em__free(l->w);
     for (int k = 0; l->slots && k < l->K; k++) {
         slot *s = &l->slots[k];
@@ -842,8 +770,7 @@ void em_loader_free(em_loader *l) {
     if (l->ev_copy) em_event_free(l->dev, l->ev_copy);
     if (l->ev_consumer) em_event_free(l->dev, l->ev_consumer);
     if (l->stream) em_stream_free(l->dev, l->stream);
-    em__free(l->fa);
-    em__free(l->fb);
+    em__transform_pipeline_free(l->pipe);
     em__free(l->subset);
     em__free(l->cdf);
     em__free(l->scratch);

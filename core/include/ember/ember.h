@@ -34,6 +34,7 @@
 #include "ember/serialize.h"
 #include "ember/plugin.h"
 #include "ember/opcase.h"
+#include "ember/transform.h"
 #include "ember/data.h"
 #include "ember/config.h"
 #include "ember/checkpoint.h"
