@@ -1,86 +1,13 @@
 /*
  * cuda_elementwise.cu — CUDA kernels of copy (with dtype conversion), fill, arange, the
  * arithmetic binary ops (add, sub, mul, div), neg, exp, log, relu, relu_backward, where and
- * masked_fill. Semantics are the CPU backend's (plugins/backend-cpu/cpu_elementwise.c,
+ * masked_fill (copy and fill are cuda_copy.cu's). Semantics are the CPU backend's (plugins/backend-cpu/cpu_elementwise.c,
  * cpu_math.c, cpu_data.c): integers wrap (unsigned arithmetic), f16 and bf16 compute in float
  * and round once, conversions follow em_dtype_store (ember/dtype.h).
  */
 #include "cuda_kernels.cuh"
 
-/* ---- copy with conversion ----------------------------------------------------------------------- */
-
-/* em_dtype_load then em_dtype_store, except integer to integer, which keeps all 64 bits. */
-template <class O_, class I> struct ck_copy_op {
-    CK_OP_TYPES(O_, I, ck_nil, ck_nil, 1)
-    __device__ O_ operator()(I x, ck_nil, ck_nil) const { return ck_from_double<O_>(ck_to_double(x)); }
-};
-#define CK_INT_COPY(O_, I_)                                                                     \
-    template <> struct ck_copy_op<O_, I_> {                                                     \
-        CK_OP_TYPES(O_, I_, ck_nil, ck_nil, 1)                                                  \
-        __device__ O_ operator()(I_ x, ck_nil, ck_nil) const { return (O_)(int64_t)x; }         \
-    };
-#define CK_INT_COPY_FROM(I_) CK_INT_COPY(int32_t, I_) CK_INT_COPY(int64_t, I_) CK_INT_COPY(uint8_t, I_)
-CK_INT_COPY_FROM(int32_t)
-CK_INT_COPY_FROM(int64_t)
-CK_INT_COPY_FROM(uint8_t)
-CK_INT_COPY_FROM(bool)
-/* Same dtype: the elements' bits (bool bytes as they are, like the CPU's memcpy). */
-template <class T> struct ck_same_op {
-    CK_OP_TYPES(T, T, ck_nil, ck_nil, 1)
-    __device__ T operator()(T x, ck_nil, ck_nil) const { return x; }
-};
-
-template <class O>
-static em_status copy_to(const em_kernel_ctx *k, const em_ktensor *y, const em_ktensor *x) {
-#define FROM(I) return ck_ew_run(k, "copy", ck_copy_op<O, I>(), y, x)
-    CK_SWITCH_ALL(x->dtype, FROM, return ck_no_dtype(k, x->dtype))
-#undef FROM
-}
-
-/* Copies of the raw elements by size (the same dtype, and bool as its bytes). */
-static em_status copy_same(const em_kernel_ctx *k, const char *what, const em_ktensor *y,
-                           const em_ktensor *x) {
-    switch (em_dtype_size(y->dtype)) {
-    case 1: return ck_ew_run(k, what, ck_same_op<uint8_t>(), y, x);
-    case 2: return ck_ew_run(k, what, ck_same_op<uint16_t>(), y, x);
-    case 4: return ck_ew_run(k, what, ck_same_op<uint32_t>(), y, x);
-    default: return ck_ew_run(k, what, ck_same_op<uint64_t>(), y, x);
-    }
-}
-
-static em_status k_copy(const em_kernel_ctx *k) {
-    const em_ktensor *y = &k->out[0], *x = &k->in[0];
-    if (y->dtype == x->dtype) {
-        /* Dense same-dtype copies are one cudaMemcpyAsync. */
-        if (y->contiguous && x->contiguous && y->numel > 0)
-            return ck_rt(k, cudaMemcpyAsync(y->data, x->data, (size_t)y->numel * em_dtype_size(y->dtype),
-                                            cudaMemcpyDeviceToDevice, cuda_stream_of(k)),
-                         "cudaMemcpyAsync");
-        return copy_same(k, "copy", y, x);
-    }
-#define TO(O) return copy_to<O>(k, y, x)
-    CK_SWITCH_ALL(y->dtype, TO, return ck_no_dtype(k, y->dtype))
-#undef TO
-}
-
-/* ---- fill and arange ------------------------------------------------------------------------------- */
-
-template <class T> struct ck_fill_op {
-    CK_OP_TYPES(T, ck_nil, ck_nil, ck_nil, 0)
-    T v;
-    __device__ T operator()(ck_nil, ck_nil, ck_nil) const { return v; }
-};
-
-static em_status k_fill(const em_kernel_ctx *k) {
-    const em_ktensor *y = &k->out[0];
-    uint64_t bits = ck_scalar_bits(y->dtype, k->attrs[0].v.f);
-    switch (em_dtype_size(y->dtype)) {
-    case 1: return ck_ew_run(k, "fill", ck_fill_op<uint8_t>{(uint8_t)bits}, y);
-    case 2: return ck_ew_run(k, "fill", ck_fill_op<uint16_t>{(uint16_t)bits}, y);
-    case 4: return ck_ew_run(k, "fill", ck_fill_op<uint32_t>{(uint32_t)bits}, y);
-    default: return ck_ew_run(k, "fill", ck_fill_op<uint64_t>{bits}, y);
-    }
-}
+/* ---- arange ------------------------------------------------------------------------------------ */
 
 /* y[i] = start + i * step (in double), stored as em_dtype_store does; y is 1-D. */
 template <class T>
@@ -211,11 +138,9 @@ static em_status k_masked_fill(const em_kernel_ctx *k) {
 
 /* ---- registration ---------------------------------------------------------------------------------------- */
 
-em_status ck_register_elementwise(em_registry *r) {
+em_status cuda_register_elementwise(em_registry *r) {
     em_status st = EM_OK;
-#define REG(op, set, fn) if (st == EM_OK) st = ck_register(r, op, set, CK_N(set), fn, "cuda_" op)
-    REG("copy", ck_all, k_copy);
-    REG("fill", ck_all, k_fill);
+#define REG(op, set, fn) if (st == EM_OK) st = cuda_register_dtypes(r, op, set, CK_N(set), fn, "cuda_" op)
     REG("arange", ck_num, k_arange);
     REG("add", ck_all, k_add);
     REG("sub", ck_num, k_sub);

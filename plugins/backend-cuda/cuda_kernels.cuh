@@ -29,7 +29,7 @@
 #include "ember/dtype.h"
 #include "ember/error.h"
 #include "ember/op_helpers.h"
-#include "cuda_internal.h" /* cuda_stream_of, cuda_check_launch */
+#include "cuda_internal.h" /* cuda_stream_of, cuda_check_launch, cuda_register_dtypes */
 #include "cuda_scalar.h"
 
 /* ---- storage types ---------------------------------------------------------------------------- */
@@ -213,10 +213,7 @@ static inline unsigned ck_blocks(int64_t n, int per_thread) {
 
 /* A CUDA runtime call made by a kernel function (copies of flags back to the host). */
 static inline em_status ck_rt(const em_kernel_ctx *k, cudaError_t e, const char *what) {
-    if (e == cudaSuccess) return EM_OK;
-    cudaGetLastError();
-    return em_set_error(EM_ERR_DEVICE, "%s: %s failed on cuda:%d: %s", em_op_name(k->op), what,
-                        k->device.index, cudaGetErrorString(e));
+    return cuda_check(e, em_op_name(k->op), what, k->device.index);
 }
 
 /* Scratch device memory for the call (the core's caching allocator, category workspace). */
@@ -432,25 +429,6 @@ static inline em_status ck_no_dtype(const em_kernel_ctx *k, em_dtype dt) {
                         em_dtype_name(dt));
 }
 
-/* Register fn for op on "cuda" for each of the n dtypes, named cuda_<name>_<dtype>. */
-static inline em_status ck_register(em_registry *r, const char *op, const em_dtype *dts, int n,
-                                    em_kernel_fn fn, const char *name) {
-    for (int i = 0; i < n; i++) {
-        char kname[96];
-        snprintf(kname, sizeof kname, "%s_%s", name, em_dtype_name(dts[i]));
-        em_kernel_def def = {};
-        def.struct_size = sizeof def;
-        def.op = op;
-        def.device_type = "cuda";
-        def.dtype = dts[i];
-        def.fn = fn;
-        def.name = kname;
-        em_status st = em_kernel_register(r, &def, NULL);
-        if (st != EM_OK) return st;
-    }
-    return EM_OK;
-}
-
 static const em_dtype ck_all[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32, EM_I64, EM_U8, EM_BOOL};
 static const em_dtype ck_num[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32, EM_I64, EM_U8};
 static const em_dtype ck_flt[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
@@ -473,16 +451,5 @@ static inline bool ck_attr_b(const em_kernel_ctx *k, int i, bool d) {
  * C order. Synchronises the stream (a kernel finds the first bad position; the host reads it). */
 em_status ck_index_check(const em_kernel_ctx *k, const em_ktensor *idx, int64_t size, bool *ok,
                          int64_t *bad);
-
-/* Registration of each family (one function per .cu file). */
-em_status ck_register_elementwise(em_registry *r);
-em_status ck_register_math(em_registry *r);
-em_status ck_register_reduce(em_registry *r);
-em_status ck_register_loss(em_registry *r);
-em_status ck_register_softmax(em_registry *r);
-em_status ck_register_index(em_registry *r);
-em_status ck_register_optim(em_registry *r);
-em_status ck_register_random(em_registry *r);
-em_status ck_register_matmul(em_registry *r);
 
 #endif /* EMBER_CUDA_KERNELS_CUH */

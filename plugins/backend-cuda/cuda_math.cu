@@ -473,9 +473,9 @@ static em_status k_gelu_backward(const em_kernel_ctx *k) {
 
 /* ---- registration --------------------------------------------------------------------------------- */
 
-em_status ck_register_math(em_registry *r) {
+em_status cuda_register_math(em_registry *r) {
     em_status st = EM_OK;
-#define REG(op, set, fn) if (st == EM_OK) st = ck_register(r, op, set, CK_N(set), fn, "cuda_" op)
+#define REG(op, set, fn) if (st == EM_OK) st = cuda_register_dtypes(r, op, set, CK_N(set), fn, "cuda_" op)
     REG("abs", ck_num, k_abs);
     REG("sign", ck_all, k_sign);
     REG("erf", ck_flt, k_erf);
