@@ -57,7 +57,7 @@ static em_status k_relu_bw(const em_kernel_ctx *k) { return run_bin<f_relu_bw, f
 
 /* ---- unary -------------------------------------------------------------------------------------------- */
 
-CK_F1(f_neg, (X)0 - x) /* unsigned for the integers: wraps at the minimum, as the CPU */
+CK_F1(f_neg, -x) /* -0 for +0; the integers negate unsigned: wraps at the minimum, as the CPU */
 CK_F1(f_exp, exp(x))
 CK_F1(f_log, log(x))
 /* relu keeps NaN (x <= 0 is false for NaN); unsigned u8 has nothing to clamp. */

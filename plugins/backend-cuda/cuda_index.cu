@@ -1,6 +1,7 @@
 /*
  * cuda_index.cu — the indexing kernels on CUDA: index_select, gather, scatter, scatter_add,
- * index_add, embedding, embedding_backward, one_hot (semantics of the CPU's
+ * index_add, embedding, embedding_backward, one_hot, and the layout ops tril, triu, flip and
+ * linspace (semantics of the CPU's
  * plugins/backend-cpu/cpu_elementwise.c and cpu_data.c).
  *
  * Indices are checked on the device before anything is written (ck_index_check: a kernel finds
@@ -410,6 +411,100 @@ static em_status k_one_hot(const em_kernel_ctx *k) {
     return CK_CHECK(k, "one_hot");
 }
 
+/* ---- tril, triu, flip, linspace ----------------------------------------------------------------- */
+
+/* y = x where the column j of the last two dims is kept (tril: j <= i + diag; triu:
+ * j >= i + diag), 0 elsewhere; x may be y itself. */
+template <class T>
+__global__ void tri_kernel(T *y, idx_geom yg, const T *x, idx_geom xg, int64_t diag, bool upper) {
+    int nd = yg.nd;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < yg.n; t += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = t, yo = 0, xo = 0, i = 0, j = 0;
+        for (int d = nd - 1; d >= 0; d--) {
+            int64_t q = r / yg.shape[d], c = r - q * yg.shape[d];
+            r = q;
+            yo += c * yg.st[d];
+            xo += c * xg.st[d];
+            if (d == nd - 1) j = c;
+            else if (d == nd - 2) i = c;
+        }
+        bool keep = upper ? j >= i + diag : j <= i + diag;
+        y[yo] = keep ? x[xo] : (T)0;
+    }
+}
+
+static em_status tri_common(const em_kernel_ctx *k, bool upper) {
+    const em_ktensor *x = &k->in[0], *y = &k->out[0];
+    if (y->numel == 0) return EM_OK;
+    idx_geom yg = geom_of(y), xg = geom_of(x);
+    int64_t diag = k->attrs[0].v.i;
+    cudaStream_t s = cuda_stream_of(k);
+    unsigned b = ck_blocks(y->numel, 1);
+    switch (em_dtype_size(y->dtype)) {
+    case 1: tri_kernel<uint8_t><<<b, CK_THREADS, 0, s>>>((uint8_t *)y->data, yg, (const uint8_t *)x->data, xg, diag, upper); break;
+    case 2: tri_kernel<uint16_t><<<b, CK_THREADS, 0, s>>>((uint16_t *)y->data, yg, (const uint16_t *)x->data, xg, diag, upper); break;
+    case 4: tri_kernel<uint32_t><<<b, CK_THREADS, 0, s>>>((uint32_t *)y->data, yg, (const uint32_t *)x->data, xg, diag, upper); break;
+    default: tri_kernel<uint64_t><<<b, CK_THREADS, 0, s>>>((uint64_t *)y->data, yg, (const uint64_t *)x->data, xg, diag, upper); break;
+    }
+    return CK_CHECK(k, em_op_name(k->op));
+}
+static em_status k_tril(const em_kernel_ctx *k) { return tri_common(k, false); }
+static em_status k_triu(const em_kernel_ctx *k) { return tri_common(k, true); }
+
+/* A copy from a view of x starting at the far end of each flipped dim, its stride negated. */
+static em_status k_flip(const em_kernel_ctx *k) {
+    em_ktensor x = k->in[0];
+    if (x.numel == 0) return EM_OK;
+    int64_t e = (int64_t)em_dtype_size(x.dtype);
+    for (int i = 0; i < k->attrs[0].n; i++) {
+        int d = (int)k->attrs[0].ints[i];
+        if (d >= x.ndim || x.shape[d] <= 1) continue;
+        x.data = (char *)x.data + (x.shape[d] - 1) * x.strides[d] * e;
+        x.strides[d] = -x.strides[d];
+    }
+    x.contiguous = false;
+    return copy_tensor(k, &k->out[0], &x);
+}
+
+/* cpu_data.c's linspace: floats in the dtype's own precision (float for f32/f16/bf16, rounded
+ * once), integers from the ends converted to the dtype with a double step, truncated;
+ * symmetric halves keep both ends exact. */
+template <class T>
+__global__ void linspace_kernel(T *y, int64_t n, int64_t s, int64_t half, double start, double end) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if constexpr (sizeof(typename ck_tr<T>::F) == 4) { /* f32, f16, bf16 */
+            float fs = (float)start, fe = (float)end;
+            float step = n > 1 ? (fe - fs) / (float)(n - 1) : 0;
+            float v = i < half ? fs + step * (float)i : fe - step * (float)(n - i - 1);
+            y[i * s] = ck_from<T>(v);
+        } else {
+            double step = n > 1 ? (end - start) / (double)(n - 1) : 0;
+            double v = i < half ? start + step * (double)i : end - step * (double)(n - i - 1);
+            y[i * s] = ck_from_double<T>(v);
+        }
+    }
+}
+
+static em_status k_linspace(const em_kernel_ctx *k) {
+    const em_ktensor *y = &k->out[0];
+    int64_t n = y->numel, s = y->ndim ? y->strides[0] : 1, half = n == 1 ? 1 : n / 2;
+    double start = k->attrs[0].v.f, end = k->attrs[1].v.f;
+    em_dtype dt = y->dtype;
+    if (n == 0) return EM_OK;
+    if (!em_dtype_is_floating(dt)) { /* the ends as the dtype holds them */
+        uint64_t buf = 0;
+        em_dtype_store(dt, &buf, 0, start);
+        start = em_dtype_load(dt, &buf, 0);
+        em_dtype_store(dt, &buf, 0, end);
+        end = em_dtype_load(dt, &buf, 0);
+    }
+    cudaStream_t st = cuda_stream_of(k);
+#define GO(T) linspace_kernel<T><<<ck_blocks(n, 1), CK_THREADS, 0, st>>>((T *)y->data, n, s, half, start, end)
+    CK_SWITCH_ALL(dt, GO, return ck_no_dtype(k, dt))
+#undef GO
+    return CK_CHECK(k, "linspace");
+}
+
 em_status cuda_register_index(em_registry *r) {
     static const em_dtype i64[] = {EM_I64};
     em_status st = EM_OK;
@@ -422,6 +517,10 @@ em_status cuda_register_index(em_registry *r) {
     REG("embedding", ck_all, k_embedding);
     REG("embedding_backward", ck_flt, k_embedding_backward);
     REG("one_hot", i64, k_one_hot);
+    REG("tril", ck_all, k_tril);
+    REG("triu", ck_all, k_triu);
+    REG("flip", ck_all, k_flip);
+    REG("linspace", ck_num, k_linspace);
 #undef REG
     return st;
 }
