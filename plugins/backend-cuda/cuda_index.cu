@@ -33,14 +33,7 @@ static idx_geom geom_of(const em_ktensor *t) {
 
 /* Element offset of linear index i (C order over g's shape), skipping dim `skip` (-1: none). */
 __host__ __device__ __forceinline__ int64_t goff(const idx_geom &g, int64_t i, int skip = -1) {
-    int64_t off = 0;
-    for (int d = g.nd - 1; d >= 0; d--) {
-        if (d == skip) continue;
-        int64_t q = i / g.shape[d], c = i - q * g.shape[d];
-        i = q;
-        off += c * g.st[d];
-    }
-    return off;
+    return ck_offset(g.nd, g.shape, g.st, i, skip);
 }
 
 __global__ void check_kernel(const int64_t *idx, idx_geom g, int64_t size, unsigned long long *bad) {

@@ -230,6 +230,43 @@ static inline em_status ck_readback(const em_kernel_ctx *k, void *dst, const voi
     return st;
 }
 
+/* ---- device helpers ------------------------------------------------------------------------------ */
+
+/* Element offset of linear index i (C order over shape[0..nd)) with element strides st,
+ * skipping dim `skip` (-1: none): the one strided-offset loop of every kernel. */
+__host__ __device__ __forceinline__ int64_t ck_offset(int nd, const int64_t *shape, const int64_t *st,
+                                                      int64_t i, int skip = -1) {
+    int64_t off = 0;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (d == skip) continue;
+        int64_t q = i / shape[d], c = i - q * shape[d];
+        i = q;
+        off += c * st[d];
+    }
+    return off;
+}
+
+/* The sum of v over the warp's 32 lanes (a fixed butterfly: every lane gets the same value). */
+__device__ __forceinline__ double ck_warp_sum(double v) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The sum of v over the block (blockDim.x a power of two, at most 256), combined in a fixed
+ * tree; the result is thread 0's. Every thread of the block must call it. */
+__device__ __forceinline__ double ck_block_sum(double v) {
+    __shared__ double sh[256];
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
 /* ---- the elementwise engine ---------------------------------------------------------------------- */
 
 struct ck_geom {

@@ -53,10 +53,6 @@ __device__ __forceinline__ void pos_offsets(const cls_job &j, int64_t p, int64_t
     }
 }
 
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 template <class CT> __device__ __forceinline__ CT warp_max(CT v) {
     for (int o = 16; o > 0; o /= 2) {
         CT u = __shfl_xor_sync(0xffffffffu, v, o);
@@ -80,7 +76,7 @@ __device__ __forceinline__ CT row_lse(const T *xr, int64_t C, int64_t xc, int la
     m = warp_max(m);
     double s = 0;
     for (int64_t c = lane; c < C; c += 32) s += (double)exp((CT)(L<T, CT>(xr, c * xc) - m));
-    s = warp_sum(s);
+    s = ck_warp_sum(s);
     return (CT)(m + (CT)log((CT)s));
 }
 
@@ -113,7 +109,7 @@ __global__ void cls_fwd_kernel(cls_job j) {
                 CT wc = wcls<T, CT>(j, c);
                 s += (double)(wc * y * (L<T, CT>(xr, c * xc) - lse));
             }
-            s = warp_sum(s);
+            s = ck_warp_sum(s);
             loss = (CT)-s;
         } else {
             int64_t t = ((const int64_t *)j.t)[to];
@@ -128,7 +124,7 @@ __global__ void cls_fwd_kernel(cls_job j) {
                         double s = 0;
                         for (int64_t c = lane; c < C; c += 32)
                             s += (double)(wcls<T, CT>(j, c) * (L<T, CT>(xr, c * xc) - lse));
-                        s = warp_sum(s);
+                        s = ck_warp_sum(s);
                         loss -= lsC * (CT)s;
                     }
                 }
@@ -170,7 +166,7 @@ __global__ void cls_bwd_kernel(cls_job j) {
                 if (ls > 0) y = y * (1 - ls) + lsC;
                 s += (double)(wcls<T, CT>(j, c) * y);
             }
-            s = warp_sum(s);
+            s = ck_warp_sum(s);
             for (int64_t c = lane; c < C; c += 32) {
                 CT y = L<T, CT>(tr, c * j.tc);
                 if (ls > 0) y = y * (1 - ls) + lsC;
@@ -204,7 +200,6 @@ __global__ void cls_bwd_kernel(cls_job j) {
  * and the weights of the targets not ignored (W), summed in a fixed tree. */
 template <class T>
 __global__ void cls_prep_kernel(cls_job j, cls_info *info) {
-    __shared__ double sw[256], sa[256];
     double w = 0, a = 0;
     for (int64_t c = threadIdx.x; c < j.C && j.has_w; c += blockDim.x) a += ck_to_double(((const T *)j.w)[c * j.ws]);
     if (j.mode != MODE_PROBS) {
@@ -223,16 +218,11 @@ __global__ void cls_prep_kernel(cls_job j, cls_info *info) {
             w += j.has_w ? ck_to_double(((const T *)j.w)[c * j.ws]) : 1.0;
         }
     }
-    sw[threadIdx.x] = w;
-    sa[threadIdx.x] = a;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-        if (threadIdx.x < s) sw[threadIdx.x] += sw[threadIdx.x + s], sa[threadIdx.x] += sa[threadIdx.x + s];
-        __syncthreads();
-    }
+    w = ck_block_sum(w);
+    a = ck_block_sum(a);
     if (threadIdx.x == 0) {
-        info->W = j.mode == MODE_PROBS ? (double)j.npos : sw[0];
-        info->wall = j.has_w ? sa[0] : (double)j.C;
+        info->W = j.mode == MODE_PROBS ? (double)j.npos : w;
+        info->wall = j.has_w ? a : (double)j.C;
     }
 }
 
@@ -241,17 +231,11 @@ __global__ void cls_prep_kernel(cls_job j, cls_info *info) {
 template <class T>
 __global__ void finish_kernel(const double *part, int64_t n, int red, const double *info, double div,
                               bool empty, T *out) {
-    __shared__ double sh[256];
     double s = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += part[i];
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
-        if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
-        __syncthreads();
-    }
+    s = ck_block_sum(s);
     if (threadIdx.x == 0) {
-        double v = sh[0];
+        double v = s;
         if (red == RED_MEAN) v = empty ? nan("") : v / (info ? info[0] : div);
         *out = ck_from<T>(v);
     }
@@ -434,7 +418,6 @@ __device__ __forceinline__ void geom_offsets(const ck_geom &g, int nops, int64_t
 template <class T>
 __global__ void pw_fwd_kernel(pw_job J) {
     typedef typename ck_tr<T>::F CT;
-    __shared__ double sh[256];
     double acc = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < J.g.n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[5];
@@ -447,13 +430,8 @@ __global__ void pw_fwd_kernel(pw_job J) {
         else ((T *)J.g.p[0])[off[0]] = ck_cv<T, CT>::out(v);
     }
     if (!J.red) return;
-    sh[threadIdx.x] = acc;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) J.part[blockIdx.x] = sh[0];
+    acc = ck_block_sum(acc);
+    if (threadIdx.x == 0) J.part[blockIdx.x] = acc;
 }
 
 template <class T>

@@ -39,14 +39,7 @@ struct step {
 };
 
 __device__ __forceinline__ int64_t eoff(const step &S, const operand &o, int64_t i) {
-    if (o.contiguous) return i;
-    int64_t off = 0;
-    for (int d = S.nd - 1; d >= 0; d--) {
-        int64_t q = i / S.shape[d], c = i - q * S.shape[d];
-        i = q;
-        off += c * o.st[d];
-    }
-    return off;
+    return o.contiguous ? i : ck_offset(S.nd, S.shape, o.st, i);
 }
 
 template <class CT> __device__ __forceinline__ CT ld(const operand &o, int64_t off) {

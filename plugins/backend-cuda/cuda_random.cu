@@ -38,15 +38,7 @@ template <> __device__ __forceinline__ uint8_t rstore<uint8_t>(double v) { retur
 template <> __device__ __forceinline__ bool rstore<bool>(double v) { return v != 0; }
 
 template <class T> __device__ __forceinline__ void put(const rfill &F, int64_t i, double v) {
-    int64_t off = i;
-    if (!F.contiguous) {
-        off = 0;
-        for (int d = F.nd - 1; d >= 0; d--) {
-            int64_t q = i / F.shape[d], c = i - q * F.shape[d];
-            i = q;
-            off += c * F.strides[d];
-        }
-    }
+    int64_t off = F.contiguous ? i : ck_offset(F.nd, F.shape, F.strides, i);
     ((T *)F.y)[off] = rstore<T>(v);
 }
 

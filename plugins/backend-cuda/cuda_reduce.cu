@@ -176,13 +176,7 @@ __device__ __forceinline__ void out_offsets(const rplan &P, int64_t o, int64_t *
 }
 
 __device__ __forceinline__ int64_t red_offset(const rplan &P, int64_t r) {
-    int64_t off = 0;
-    for (int d = P.nr - 1; d >= 0; d--) {
-        int64_t q = r / P.rshape[d], c = r - q * P.rshape[d];
-        r = q;
-        off += c * P.rstride[d];
-    }
-    return off;
+    return ck_offset(P.nr, P.rshape, P.rstride, r);
 }
 
 /* The block's states combined into thread 0's (a fixed tree: lower halves absorb upper). */

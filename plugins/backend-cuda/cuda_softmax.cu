@@ -20,10 +20,6 @@ struct sm_job {
     void *y;
 };
 
-__device__ __forceinline__ double sm_sum(double v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 /* The max of the lanes' maxima; NaN wins (cpu: x > m || isnan(x)). */
 template <class CT> __device__ __forceinline__ CT sm_max(CT v) {
     for (int o = 16; o > 0; o /= 2) {
@@ -54,7 +50,7 @@ __global__ void sm_kernel(sm_job j) {
             m = sm_max(m);
             double s = 0;
             for (int64_t i = lane; i < j.D; i += 32) s += exp((double)(cv::in(x[i * st]) - m));
-            s = sm_sum(s);
+            s = ck_warp_sum(s);
             if (j.kind == SM_SOFTMAX) {
                 double inv = 1.0 / s;
                 for (int64_t i = lane; i < j.D; i += 32)
@@ -66,13 +62,13 @@ __global__ void sm_kernel(sm_job j) {
         } else if (j.kind == SM_SOFTMAX_BWD) { /* x = grad, y2 = output */
             double s = 0;
             for (int64_t i = lane; i < j.D; i += 32) s += (double)cv::in(x[i * st]) * cv::in(y2[i * st]);
-            s = sm_sum(s);
+            s = ck_warp_sum(s);
             for (int64_t i = lane; i < j.D; i += 32)
                 y[i * st] = cv::out((CT)(cv::in(y2[i * st]) * (cv::in(x[i * st]) - s)));
         } else {
             double s = 0;
             for (int64_t i = lane; i < j.D; i += 32) s += cv::in(x[i * st]);
-            s = sm_sum(s);
+            s = ck_warp_sum(s);
             for (int64_t i = lane; i < j.D; i += 32)
                 y[i * st] = cv::out((CT)(cv::in(x[i * st]) - exp((double)cv::in(y2[i * st])) * s));
         }
