@@ -9,8 +9,10 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <ember/ember.h>
 
@@ -26,6 +28,24 @@ static inline void em_test_setup(void) {
 #define em_test_assert_clean_shutdown()                                                        \
     cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error())
 static inline void em_test_teardown(void) { em_test_assert_clean_shutdown(); }
+
+/* Run a shell command line (popen): its stdout as a new string (the caller frees it), its
+ * exit status in *code (when code is not NULL); asserts that it exited normally. */
+static inline char *em_test_run(const char *cmd, int *code) {
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p, "popen %s", cmd);
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap);
+    for (size_t got; (got = fread(out + len, 1, cap - len - 1, p)) > 0;) {
+        len += got;
+        if (cap - len < 4096) out = realloc(out, cap *= 2);
+    }
+    out[len] = '\0';
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st), "%s did not exit normally (status %d): %s", cmd, st, out);
+    if (code) *code = WEXITSTATUS(st);
+    return out;
+}
 
 /* A CPU tensor from a literal array of doubles, converted to dtype dt. */
 static inline em_tensor *em_test_tensor(em_dtype dt, int ndim, const int64_t *shape,

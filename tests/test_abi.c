@@ -141,18 +141,7 @@ static char *ember_info_on(const char *lib_dir) {
     if (!lib_dir) /* through the wrapper: the build's own libember */
         snprintf(cmd, sizeof cmd, "EMBER_PLUGIN_PATH='%s' '%s/ember-info' 2>/dev/null",
                  NEEDS11_SO, getenv("EMBER_TEST_TOOLS_DIR"));
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p, "popen %s", cmd);
-    size_t cap = 1 << 16, len = 0;
-    char *out = malloc(cap);
-    for (size_t got; (got = fread(out + len, 1, cap - len - 1, p)) > 0;) {
-        len += got;
-        if (cap - len < 4096) out = realloc(out, cap *= 2);
-    }
-    out[len] = '\0';
-    int st = pclose(p);
-    cr_assert(WIFEXITED(st), "ember-info did not exit normally (status %d): %s", st, out);
-    return out;
+    return em_test_run(cmd, NULL);
 }
 
 /* The report's entry for needs_1_1.so: its line (status, name, path) and the next two
