@@ -400,13 +400,13 @@ __global__ void ck_ew_contig(ck_geom g, unsigned bcast, bool vec, Op op) {
 }
 
 template <class T> static inline size_t ck_size() { return sizeof(T); }
-template <> inline size_t ck_size<ck_nil>() { return 1; }
 
-/* Whether p is aligned for a vector of four T. */
+/* Whether p is aligned for a vector of four T (an absent operand always is). */
 template <class T> static inline bool ck_aligned4(const void *p) {
     size_t a = ck_size<T>() * 4 > 16 ? 16 : ck_size<T>() * 4;
     return ((uintptr_t)p % a) == 0;
 }
+template <> inline bool ck_aligned4<ck_nil>(const void *) { return true; }
 
 /* Run Op over out and its NIN inputs (all of out's shape; broadcast inputs have stride 0). */
 template <class Op>
