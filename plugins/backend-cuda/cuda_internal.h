@@ -200,6 +200,16 @@ em_status cuda_register_dtypes(em_registry *reg, const char *op, const em_dtype 
 
 /* The kernel families (one .cu or .c file each). */
 em_status cuda_register_copy(em_registry *reg); /* copy, fill (cuda_copy.cu) */
+/* The kernels an MLP trains with (cuda_kernels.cuh is their shared engine). */
+em_status cuda_register_elementwise(em_registry *reg); /* arange, add..div, where (cuda_elementwise.cu) */
+em_status cuda_register_math(em_registry *reg);        /* unary math, comparisons (cuda_math.cu) */
+em_status cuda_register_reduce(em_registry *reg);      /* sum, amax, argmax, var... (cuda_reduce.cu) */
+em_status cuda_register_loss(em_registry *reg);        /* cross_entropy, mse... (cuda_loss.cu) */
+em_status cuda_register_softmax(em_registry *reg);     /* softmax, log_softmax (cuda_softmax.cu) */
+em_status cuda_register_index(em_registry *reg);       /* index_select, gather, embedding (cuda_index.cu) */
+em_status cuda_register_optim(em_registry *reg);       /* fused_sgd/adam/adamw (cuda_optim.cu) */
+em_status cuda_register_random(em_registry *reg);      /* uniform, normal, bernoulli (cuda_random.cu) */
+em_status cuda_register_matmul(em_registry *reg);      /* bmm, addmm (cuda_matmul.cu) */
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,14 @@ em_status cuda_register_dtypes(em_registry *r, const char *op, const em_dtype *d
 }
 
 em_status cuda_register_kernels(em_registry *r) {
-    em_status st = cuda_register_copy(r);
+    em_status (*const families[])(em_registry *) = {
+        cuda_register_copy,    cuda_register_elementwise, cuda_register_math,
+        cuda_register_reduce,  cuda_register_loss,        cuda_register_softmax,
+        cuda_register_index,   cuda_register_optim,       cuda_register_random,
+        cuda_register_matmul,
+    };
+    em_status st = EM_OK;
+    for (size_t i = 0; i < sizeof families / sizeof *families && st == EM_OK; i++)
+        st = families[i](r);
     return st;
 }
