@@ -186,7 +186,7 @@ static void run_linear(int64_t M, int64_t K, int64_t N) {
         exit(1);
     }
     double flop = 3 * 2.0 * (double)M * (double)K * (double)N;
-    int n = flop > 1e11 ? 5 : 200;
+    int n = flop > 1e10 ? 5 : 200;
     double ms = time_it(lin_step, &l, n > 5 ? 20 : 2, n);
     printf("cublas linear_%lldx%lldx%lld ms=%.6f TFLOPs=%.2f%s\n", (long long)M, (long long)K, (long long)N, ms,
            flop / (ms * 1e-3) / 1e12, note);

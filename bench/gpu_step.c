@@ -17,7 +17,8 @@
  * N calls each (after warm-up calls), each batch ended by em_device_synchronize; the host
  * clock times the batch. Output, one line per workload, for run.sh's table:
  *   ember WORKLOAD ms=<per call> [GBps=<bytes moved / time>]
- * --quick: a smaller add (16M elements) and 8192 replaced by 1024, for a rehearsal on the CPU.
+ * --quick: a smaller add (16M elements), 8192 replaced by 1024 and a tenth of the calls, for a
+ * rehearsal on the CPU.
  * Inputs are uniform random (never zeros), parameters as PyTorch initialises them.
  */
 #include <math.h>
@@ -66,6 +67,10 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Median over reps batches of n calls of fn, in ms per call. */
 static double time_it(void (*fn)(void *), void *arg, int warm, int n, int reps) {
+    if (quick) { /* a rehearsal: a tenth of the calls */
+        warm = warm > 10 ? warm / 10 : 1;
+        n = n > 20 ? n / 10 : 2;
+    }
     for (int i = 0; i < warm; i++) fn(arg);
     if (em_device_synchronize(dev) != EM_OK) die("synchronize");
     double t[16];
@@ -148,7 +153,7 @@ static void run_linear(int64_t M, int64_t K, int64_t N, int reps) {
     l.b = param(1, (int64_t[]){N}, K);
     if (em_requires_grad_(l.x, true) != EM_OK) die("requires_grad");
     double flop = 3 * 2.0 * (double)M * (double)K * (double)N;
-    int n = flop > 1e11 ? 5 : 200;
+    int n = flop > 1e10 ? 5 : 200;
     double ms = time_it(lin_step, &l, n > 5 ? 20 : 2, n, reps);
     printf("ember linear_%lldx%lldx%lld ms=%.6f TFLOPs=%.2f\n", (long long)M, (long long)K, (long long)N, ms,
            flop / (ms * 1e-3) / 1e12);

@@ -7,8 +7,14 @@
 FM_TRAIN=10000
 FM_TEST=10000
 
-# configure arguments that make the CUDA plugin carry sm_90 machine code alone (the H200).
-EMBER_CUDA_ARCH_ARGS=()
+# Where run.sh unpacks the bundle on the GPU machine, and the prefix it is built for, so that
+# the unpacked bundle is an install in its own place: the core finds its plugins in its
+# installed plugin directory (no EMBER_PLUGIN_PATH, no warning about a missing directory).
+EMBER_GPU_PREFIX=/tmp/ember-gpu/ember-gpu
+
+# configure arguments that make the CUDA plugin carry sm_90 machine code alone (the H200;
+# configure adds compute_90 PTX for the last architecture named).
+EMBER_CUDA_ARCH_ARGS=(CUDA_ARCHS=90)
 
 # Programs of the harness built in the tree (paths relative to the build directory) that the
 # bundle carries in harness/.

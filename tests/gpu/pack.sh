@@ -6,10 +6,9 @@
 #   tests/gpu/pack.sh [--no-cuda] [--jobs N]
 #
 # The archive holds, under ember-gpu/:
-#   bin/, lib/, lib/ember/plugins/  a staging install (prefix /opt/ember-gpu-bundle, never used
-#                                   there: run.sh points LD_LIBRARY_PATH and EMBER_PLUGIN_PATH
-#                                   at the unpacked copy), CPU side built --without-onednn,
-#                                   stripped, CUDA code for sm_90 only
+#   bin/, lib/, lib/ember/plugins/  a staging install for the prefix where run.sh unpacks it
+#                                   (EMBER_GPU_PREFIX in tests/gpu/config.sh), CPU side built
+#                                   --without-onednn, stripped, CUDA code for sm_90 only
 #   lib/                            the shared libraries those files need, found with ldd —
 #                                   never glibc, libstdc++/libgcc_s or the CUDA libraries,
 #                                   which the GPU machine's OS and its Python packages provide
@@ -51,7 +50,7 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 fm_src=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 outdir=$src/gpu-bundle
 archive=$outdir/ember-gpu.tar.xz
-prefix=/opt/ember-gpu-bundle
+prefix=$EMBER_GPU_PREFIX
 limit_mib=60
 t0=$SECONDS
 
@@ -75,6 +74,8 @@ if [ ! -f "$build/Makefile" ] || [ "$(cat "$build/.pack-conf" 2>/dev/null)" != "
     step "configure ${conf_args[*]}"
     (cd "$build" && "$src/configure" -q "${conf_args[@]}") 2>&1 | grep -v "cannot remove 'core': Is a directory" || true
     [ -f "$build/Makefile" ] || die "configure failed (see $build/config.log)"
+    # Objects and .la files of another configuration (another prefix is in each .la) go.
+    make -C "$build" clean >/dev/null 2>&1 || true
     echo "${conf_args[*]}" > "$build/.pack-conf"
 fi
 step "make -j$jobs"

@@ -4,9 +4,10 @@
 #
 #   tests/gpu/run.sh [--device DEV] [SUITE...]        SUITE: ops train memory bench (default: all)
 #
-# It unpacks gpu-bundle/ember-gpu.tar.xz (to $EMBER_GPU_DIR, default /tmp/ember-gpu), points
+# It unpacks gpu-bundle/ember-gpu.tar.xz to /tmp/ember-gpu (the prefix it was built for, see
+# config.sh; EMBER_GPU_DIR elsewhere, then EMBER_PLUGIN_PATH names its plugins), points
 # LD_LIBRARY_PATH at the bundle's lib/ and at the machine's CUDA libraries (its python3's
-# site-packages nvidia/*/lib), EMBER_PLUGIN_PATH at the bundle's plugins, prints the driver,
+# site-packages nvidia/*/lib), prints the driver,
 # cudart, cuBLAS and cuDNN versions found and stops when one is older than the build's
 # (BUILD-INFO; EMBER_GPU_ALLOW_OLDER=1 goes on anyway), then runs each suite under a time
 # limit, printing its time, each writing its table under $OUT as it ends:
@@ -25,6 +26,8 @@ set -euo pipefail
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 src=$(cd "$(dirname "$self")/../.." && pwd)
+# shellcheck source=tests/gpu/config.sh
+. "$(dirname "$self")/config.sh"
 
 # ---- the suites (each runs as "run.sh __suite NAME" under timeout, with the setup's env) ----
 suite_ops() {
@@ -179,7 +182,7 @@ echo "== run.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n) ($(uname -sr)); de
 
 archive=${EMBER_GPU_ARCHIVE:-$src/gpu-bundle/ember-gpu.tar.xz}
 [ -f "$archive" ] || die "no $archive: run tests/gpu/pack.sh here first and carry gpu-bundle (see tests/gpu/README.md)"
-dest=${EMBER_GPU_DIR:-/tmp/ember-gpu}
+dest=${EMBER_GPU_DIR:-$(dirname "$EMBER_GPU_PREFIX")}
 rm -rf "$dest"
 mkdir -p "$dest"
 t=$SECONDS
@@ -235,7 +238,9 @@ fi
 mapfile -t cuda_dirs < <(printf '%s\n' "${cuda_dirs[@]}" | awk 'NF && !seen[$0]++')
 cuda_path=$(IFS=:; echo "${cuda_dirs[*]}")
 export LD_LIBRARY_PATH="$B/lib${cuda_path:+:$cuda_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export EMBER_PLUGIN_PATH="$B/lib/ember/plugins"
+# Unpacked where it was built for, the core finds the plugins itself (EMBER_PLUGIN_PATH too
+# would load each twice: the second copy is refused as a duplicate).
+if [ "$B" != "$EMBER_GPU_PREFIX" ]; then export EMBER_PLUGIN_PATH="$B/lib/ember/plugins"; fi
 echo "CUDA library directories: ${cuda_path:-none found}"
 
 # ---- versions -------------------------------------------------------------------------------
