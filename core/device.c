@@ -122,12 +122,15 @@ em_status em__device_check(em_device dev, const char *who) {
         char buf[48];
         const char *tn = em__device_types[dev.type].name;
         em_device_str(dev, buf, sizeof buf);
-        if (count == 0)
+        if (count == 0) {
+            const em_device_ops *o = &em__device_types[dev.type].ops;
+            const char *why = o->count_reason ? o->count_reason() : NULL;
             return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist (no %s device is "
-                                "present)", who, buf, tn);
+                                "present%s%s)", who, buf, tn, why ? ": " : "", why ? why : "");
+        }
         if (count == 1)
-            return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist: there is one %s "
-                                "device, '%s' or '%s:0'", who, buf, tn, tn, tn);
+            return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist: only 1 %s device "
+                                "is present, '%s' or '%s:0'", who, buf, tn, tn, tn);
         return em_set_error(EM_ERR_DEVICE, "%s: device %s does not exist: there are %d %s "
                             "devices, '%s:0' to '%s:%d'", who, buf, count, tn, tn, tn,
                             count - 1);
@@ -194,6 +197,13 @@ em_status em_device_parse(const char *s, em_device *out) {
 int em_device_count(const char *type_name) {
     int t = type_name ? em__device_type_find(type_name) : -1;
     return t < 0 ? 0 : em__device_types[t].ops.count();
+}
+
+const char *em_device_count_reason(const char *type_name) {
+    int t = type_name ? em__device_type_find(type_name) : -1;
+    if (t < 0 || em__device_types[t].ops.count() > 0) return NULL;
+    const em_device_ops *o = &em__device_types[t].ops;
+    return o->count_reason ? o->count_reason() : NULL;
 }
 
 /* The backend fills the core's full struct; the caller gets the part its struct_size covers. */

@@ -307,8 +307,8 @@ Test(plugin, device_parse) {
     assert_error(EM_ERR_DEVICE, "2 testdev devices");
     /* the one CPU device: the message says so and names both spellings (issue 13) */
     cr_assert_eq(em_device_parse("cpu:1", &bad), EM_ERR_DEVICE);
-    assert_error(EM_ERR_DEVICE, "device cpu:1 does not exist: there is one cpu device, 'cpu' "
-                 "or 'cpu:0'");
+    assert_error(EM_ERR_DEVICE, "device cpu:1 does not exist: only 1 cpu device is present, "
+                 "'cpu' or 'cpu:0'");
     cr_assert_eq(em_device_parse("cuda", &bad), EM_ERR_DEVICE);
     assert_error(EM_ERR_DEVICE, "no backend for device type 'cuda' is loaded; installed "
                  "plugins: ");

@@ -100,6 +100,11 @@ EM_API const char *em_device_str(em_device dev, char *buf, size_t cap);
 EM_API bool em_device_equal(em_device a, em_device b);
 /* Number of devices of a registered type name (0 when the type is not loaded). */
 EM_API int em_device_count(const char *type_name);
+/* Why a registered device type has no devices, in the backend's words (its count_reason
+ * slot), e.g. "cudaGetDeviceCount: CUDA driver version is insufficient for CUDA runtime
+ * version"; NULL when the type has devices, gives no reason or is not loaded. Borrowed: valid
+ * while the type stays registered. New in EMBER_1.1. */
+EM_API const char *em_device_count_reason(const char *type_name);
 
 typedef enum em_mem_category {
     EM_MEM_ACTIVATION = 0,
@@ -122,6 +127,9 @@ typedef struct em_device_props {
     size_t total_memory;  /* bytes; 0 when unknown */
     size_t free_memory;   /* bytes; 0 when unknown */
     int compute_units;    /* cores or SMs */
+    /* ---- added in 1.1: written only when struct_size covers it ---- */
+    char arch[32];        /* the backend's name for the device's architecture ("sm_90"),
+                             "" when it has none */
 } em_device_props;
 
 /* Fill *out with the device's properties (the caller sets out->struct_size). Uses the
@@ -199,6 +207,12 @@ typedef struct em_device_ops {
      * the caching allocator" above). NULL: such blocks are reused only after
      * event_synchronize, when the cache is emptied or a device allocation fails. */
     em_status (*event_query)(int index, em_event *e, bool *done);
+    /* (optional) When count() is 0, why, in words: the driver's or runtime's own message
+     * ("cudaGetDeviceCount: no CUDA-capable device is detected"). The string must stay valid
+     * while the type is registered. NULL, or a NULL result: no reason is known. The core
+     * puts it in the error for a device of this type that does not exist
+     * (em_device_parse("cuda")) and em_device_count_reason returns it. */
+    const char *(*count_reason)(void);
 } em_device_ops;
 
 /* Any function pointer, as em_backend_proc returns it: cast it to the signature its entry

@@ -34,7 +34,15 @@
  *                        j = (w * (i + 1)) >> 32  (a 64-bit product, so 0 <= j <= i);
  *                        swap v[i] and v[j]
  * and advances the offset by ceil((n - 1) / 4) blocks (none for n <= 1). The map from w to j
- * favours some j by at most n / 2^32 in probability, as PyTorch's modulo draw does.
+ * favours some j by at most n / 2^32 in probability, as PyTorch's modulo draw does. *
+ * Across backends (the CPU's and the CUDA plugin's fill kernels), for the same (seed, offset)
+ * and shape: the raw words, every uniform fill, every bernoulli fill (dropout's masks) and
+ * randperm are bitwise identical, in every dtype — they are integer and exactly rounded
+ * power-of-two arithmetic, the device compiled without multiply-add contraction. A normal
+ * fill is computed in double through log, sqrt and cos, which the GPU's libdevice gives within
+ * 1 ulp of glibc's (sqrt exactly): each value is within 2 ulp of double of the CPU's before
+ * it is rounded to the output dtype, so f32, f16 and bf16 normal fills almost always agree
+ * bitwise and otherwise differ by one unit in their last place.
  */
 #ifndef EMBER_RANDOM_H
 #define EMBER_RANDOM_H

@@ -1,0 +1,110 @@
+/*
+ * cuda_stream.c — streams and events of the "cuda" device: CUDA streams that synchronise with
+ * the legacy default stream (the core's NULL stream), and timing-free CUDA events.
+ */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* The backend's em_event: a CUDA event and whether it was ever recorded (waiting on an event
+ * never recorded is an error here, as on every Ember device, where CUDA would not wait). */
+struct em_event {
+    cudaEvent_t e;
+    int index;
+    bool recorded;
+};
+
+static cudaStream_t raw(const em_stream *s) { return s ? s->s : (cudaStream_t)0; }
+
+em_status cuda_stream_create(int index, em_stream **out) {
+    *out = NULL;
+    em_status st = cuda_set_device(index);
+    if (st != EM_OK) return st;
+    em_stream *s = em_host_alloc(sizeof *s, 16);
+    if (!s) return em_set_error(EM_ERR_NOMEM, "cuda: out of host memory creating a stream");
+    s->index = index;
+    st = cuda_check(cudaStreamCreateWithFlags(&s->s, cudaStreamDefault), "stream_create",
+                    "cudaStreamCreateWithFlags", index);
+    if (st != EM_OK) {
+        em_host_free(s);
+        return st;
+    }
+    *out = s;
+    return EM_OK;
+}
+
+void cuda_stream_destroy(int index, em_stream *s) {
+    if (!s) return;
+    if (cuda_set_device(index) == EM_OK)
+        (void)cuda_check(cudaStreamDestroy(s->s), "stream_free", "cudaStreamDestroy", index);
+    em_host_free(s);
+}
+
+em_status cuda_stream_synchronize(int index, em_stream *s) {
+    em_status st = cuda_set_device(index);
+    return st != EM_OK ? st : cuda_check(cudaStreamSynchronize(raw(s)), "stream_synchronize",
+                                         "cudaStreamSynchronize", index);
+}
+
+em_status cuda_event_create(int index, em_event **out) {
+    *out = NULL;
+    em_status st = cuda_set_device(index);
+    if (st != EM_OK) return st;
+    em_event *e = em_host_alloc(sizeof *e, 16);
+    if (!e) return em_set_error(EM_ERR_NOMEM, "cuda: out of host memory creating an event");
+    memset(e, 0, sizeof *e);
+    e->index = index;
+    st = cuda_check(cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming), "event_create",
+                    "cudaEventCreateWithFlags", index);
+    if (st != EM_OK) {
+        em_host_free(e);
+        return st;
+    }
+    *out = e;
+    return EM_OK;
+}
+
+void cuda_event_destroy(int index, em_event *e) {
+    if (!e) return;
+    if (cuda_set_device(index) == EM_OK)
+        (void)cuda_check(cudaEventDestroy(e->e), "event_free", "cudaEventDestroy", index);
+    em_host_free(e);
+}
+
+em_status cuda_event_record(int index, em_event *e, em_stream *s) {
+    em_status st = cuda_set_device(index);
+    if (st == EM_OK)
+        st = cuda_check(cudaEventRecord(e->e, raw(s)), "event_record", "cudaEventRecord", index);
+    if (st == EM_OK) e->recorded = true;
+    return st;
+}
+
+static em_status never_recorded(const char *who, int index) {
+    return em_set_error(EM_ERR_STATE, "cuda: %s: the event was never recorded (record it on a "
+                        "stream of cuda:%d first)", who, index);
+}
+
+em_status cuda_event_wait(int index, em_stream *s, em_event *e) {
+    if (!e->recorded) return never_recorded("event_wait", index);
+    em_status st = cuda_set_device(index);
+    return st != EM_OK ? st : cuda_check(cudaStreamWaitEvent(raw(s), e->e, 0), "event_wait",
+                                         "cudaStreamWaitEvent", index);
+}
+
+em_status cuda_event_synchronize(int index, em_event *e) {
+    if (!e->recorded) return never_recorded("event_synchronize", index);
+    em_status st = cuda_set_device(index);
+    return st != EM_OK ? st : cuda_check(cudaEventSynchronize(e->e), "event_synchronize",
+                                         "cudaEventSynchronize", index);
+}
+
+em_status cuda_event_query(int index, em_event *e, bool *done) {
+    *done = false;
+    if (!e->recorded) return never_recorded("event_query", index);
+    em_status st = cuda_set_device(index);
+    if (st != EM_OK) return st;
+    cudaError_t r = cudaEventQuery(e->e);
+    if (r == cudaErrorNotReady) return EM_OK; /* not an error: the work is still running */
+    *done = r == cudaSuccess;
+    return cuda_check(r, "event_query", "cudaEventQuery", index);
+}
