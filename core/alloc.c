@@ -535,10 +535,14 @@ void em__allocator_free(em__allocator *a) {
     em__free(a);
 }
 
-/* EM_ERR_NOMEM naming the device, the request and what holds the memory. */
+/* EM_ERR_NOMEM naming the device, the request, what holds the memory by category, what is
+ * reserved from the device and how much of that is fragmented (reserved but in no live block:
+ * cached blocks that could not be handed back, every one of them too small or still waiting
+ * for another stream), what the device itself says is free, and what to do about it. Called
+ * with the lock held, after the cache was emptied. */
 static em_status oom_error(em__allocator *a, size_t size, size_t cached_before) {
-    char dev[32], req[32], used[32], cached[32], part[32];
-    char cats[256] = "";
+    char dev[32], req[32], used[32], cached[32], part[32], resv[32], peak[32], frag[32];
+    char cats[256] = "", devfree[96] = "";
     size_t in_use = 0, len = 0;
     for (int c = 0; c < EM_MEM_CACHED; c++) {
         if (!a->st.current[c])
@@ -549,12 +553,25 @@ static em_status oom_error(em__allocator *a, size_t size, size_t cached_before) 
         if (w > 0)
             len = EM_MIN(len + (size_t)w, sizeof cats - 1);
     }
+    size_t fragmented = a->st.reserved > in_use ? a->st.reserved - in_use : 0;
+    em_device_props p = {.struct_size = sizeof p};
+    if (a->ops->properties && a->ops->properties(a->dev.index, &p) == EM_OK && p.total_memory) {
+        char f[32], t[32];
+        snprintf(devfree, sizeof devfree, "; the device reports %s free of %s",
+                 size_str(p.free_memory, f, sizeof f), size_str(p.total_memory, t, sizeof t));
+    }
     return em_set_error(EM_ERR_NOMEM,
-                        "out of memory on %s: tried to allocate %s; %s in use (%s), %s cached "
-                        "(returned to the device before retrying)",
+                        "out of memory on %s: tried to allocate %s (%zu bytes); %s in use (%s), "
+                        "%s cached (returned to the device before retrying); %s reserved from "
+                        "the device (peak %s), of which %s is fragmented (cached, but not "
+                        "returnable or too small)%s. Free memory with em_empty_cache() (cached "
+                        "blocks) or by releasing tensors, or use a smaller batch",
                         em_device_str(a->dev, dev, sizeof dev), size_str(size, req, sizeof req),
-                        size_str(in_use, used, sizeof used), len ? cats : "nothing",
-                        size_str(cached_before, cached, sizeof cached));
+                        size, size_str(in_use, used, sizeof used), len ? cats : "nothing",
+                        size_str(cached_before, cached, sizeof cached),
+                        size_str(a->st.reserved, resv, sizeof resv),
+                        size_str(a->st.peak_reserved, peak, sizeof peak),
+                        size_str(fragmented, frag, sizeof frag), devfree);
 }
 
 /* Ask the device for `size` bytes; on EM_ERR_NOMEM empty the cache (every stream's, after

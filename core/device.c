@@ -235,7 +235,9 @@ static em_status device_properties(em_device dev, em_device_props *out) {
 
 em_status em_device_synchronize(em_device dev) {
     em_status st = em__device_check(dev, "synchronize");
-    return st != EM_OK ? st : em__device_ops(dev)->synchronize(dev.index);
+    if (st == EM_OK) st = em__device_ops(dev)->synchronize(dev.index);
+    if (st == EM_OK) em__async_copies_wait(dev); /* their events are done: drop the sources */
+    return st;
 }
 
 /* A copy to or from host memory returns once the host may read or reuse that memory: on the

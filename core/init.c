@@ -162,6 +162,7 @@ em_status em_shutdown_checked(void) {
      * option bags' dicts, generators) are still worth naming. */
     bool was = initialized;
     if (was) em__scope_shutdown();
+    if (was) em__async_copies_shutdown(); /* the host sources still being copied */
     char held[900];
     bool busy = describe_held(held, sizeof held);
     if (was) {

@@ -133,6 +133,11 @@ em__allocator *em__device_allocator(em_device dev); /* NULL + error on failure *
  * for handing back a block that allocator gave out. */
 em__allocator *em__device_allocator_existing(em_device dev);
 void em__devices_shutdown(void);
+/* em_to_device_async's host sources (copy_async.c): wait for the copies of dev and drop their
+ * references; drop those whose copies are done (no waiting); wait for all (em_shutdown). */
+void em__async_copies_wait(em_device dev);
+void em__async_copies_poll(void);
+void em__async_copies_shutdown(void);
 void em__device_types_remove_owner(em_registry *owner);
 int em__device_type_find(const char *name); /* index or -1 */
 /* The calling thread's current stream on dev (em_stream_current without the checks): inline

@@ -57,10 +57,11 @@ if $quick; then
     exit 0
 fi
 # The CPU backend without oneDNN (configure --without-onednn): OpenBLAS GEMM and the plain nn
-# loops only; the tests of oneDNN's kernels skip themselves there.
-stage "build without oneDNN" build build-nodnnl --without-onednn
+# loops only; the tests of oneDNN's kernels skip themselves there. This build and the
+# sanitizer one skip the CUDA plugin (--without-cuda): the plain build builds and tests it.
+stage "build without oneDNN" build build-nodnnl --without-onednn --without-cuda
 stage "make check (without oneDNN)" check build-nodnnl
-stage "build with ASan+UBSan" build build-asan CFLAGS="-O1 -g $SAN" CXXFLAGS="-O1 -g $SAN" \
+stage "build with ASan+UBSan" build build-asan --without-cuda CFLAGS="-O1 -g $SAN" CXXFLAGS="-O1 -g $SAN" \
     LDFLAGS="$SAN"
 # LeakSanitizer's exit-time scan crashes ("Tracer caught signal 11") on the dynamic TLS of
 # libraries that are dlopen()ed with the CPU plugin and run threads (oneDNN, libgomp), which

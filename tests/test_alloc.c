@@ -572,6 +572,15 @@ Test(alloc_budget, device_oom_empties_the_cache_retries_and_then_names_the_holde
     cr_assert_eq(s2.current[EM_MEM_CACHED], 0u);
     cr_assert_eq(s2.current[EM_MEM_PARAMETER], 4 * MiB);
     assert_reserved_adds_up(&s2);
+    /* what is reserved (all of it in use: nothing is fragmented once the cache is returned),
+     * the peak, and what to do */
+    char want[160];
+    snprintf(want, sizeof want, "%.1f MiB reserved from the device (peak %.1f MiB), of which "
+             "0 B is fragmented", (double)s2.reserved / MiB, (double)s2.peak_reserved / MiB);
+    cr_expect_not_null(strstr(msg, want), "no '%s' in: %s", want, msg);
+    cr_expect_not_null(strstr(msg, "the device reports "), "%s", msg);
+    cr_expect_not_null(strstr(msg, "em_empty_cache()"), "%s", msg);
+    cr_expect_not_null(strstr(msg, "smaller batch"), "%s", msg);
 
     /* The host allocator itself reports the same way. */
     cr_assert_null(em_host_alloc(64 * MiB, 64));

@@ -275,6 +275,99 @@ Test(streams, copy_on_another_stream_waits_for_the_event) {
     em_stream_free(D0, b);
 }
 
+/* ---- em_to_device_async ------------------------------------------------------------------ */
+
+/* A host tensor 0, 1, ..., N-1 (float32). */
+static em_tensor *host_iota(void) {
+    em_tensor *h = em_arange(0.0, (double)N, 1.0, EM_F32, em_cpu());
+    cr_assert(h, "%s", em_last_error());
+    return h;
+}
+
+/* Host to device on a side stream: queued, not run; the host source may be released at once
+ * (the core keeps it until the copy has run: under ASan a freed source would be reported);
+ * the values arrive once the stream is waited for. */
+Test(streams, to_device_async_host_to_device_is_queued_and_keeps_its_source) {
+    em_stream *s = stream_new(D0);
+    em_tensor *h = host_iota();
+    size_t before = td_pending(0, s);
+    em_tensor *d = em_to_device_async(h, D0, s);
+    cr_assert(d, "%s", em_last_error());
+    cr_assert(em_device_equal(em_tensor_device(d), D0));
+    cr_assert_gt(td_pending(0, s), before, "the copy ran before anything waited for it");
+    em_tensor_release(h); /* the copy has not run: the core holds the source */
+    cr_assert_eq(em_stream_synchronize(D0, s), EM_OK, "%s", em_last_error());
+    float buf[N];
+    cr_assert_eq(em_tensor_to_host(d, buf, sizeof buf), EM_OK, "%s", em_last_error());
+    for (int i = 0; i < N; i++) cr_assert_eq(buf[i], (float)i, "element %d is %g", i, buf[i]);
+    cr_assert_eq(em_device_synchronize(D0), EM_OK); /* drops the held source */
+    em_tensor_release(d);
+    em_stream_free(D0, s);
+}
+
+/* Device to host, ordered after the work queued on the stream, and not before. */
+Test(streams, to_device_async_device_to_host_runs_after_the_streams_work) {
+    em_stream *s = stream_new(D0);
+    set_current(D0, s);
+    em_tensor *x = full(D0, 5.0); /* pending on s */
+    set_current(D0, NULL);
+    cr_assert_geq(td_pending(0, s), 1);
+    em_tensor *h = em_to_device_async(x, em_cpu(), s);
+    cr_assert(h, "%s", em_last_error());
+    cr_assert(em_device_equal(em_tensor_device(h), em_cpu()));
+    em_tensor_release(x); /* recorded on s: its block waits for the copy */
+    cr_assert_geq(td_pending(0, s), 2, "the fill and the copy were not both still queued");
+    cr_assert_eq(em_stream_synchronize(D0, s), EM_OK, "%s", em_last_error());
+    const float *p = em_tensor_data(h);
+    for (int i = 0; i < N; i++) cr_assert_eq(p[i], 5.0f, "element %d is %g", i, p[i]);
+    em_tensor_release(h);
+    em_stream_free(D0, s);
+}
+
+/* On the default stream a copy to or from the host is complete on return; a non-contiguous
+ * device source is made contiguous on the stream first. */
+Test(streams, to_device_async_default_stream_and_strided_source) {
+    em_tensor *h = host_iota();
+    em_tensor *d = em_to_device_async(h, D0, NULL);
+    cr_assert(d, "%s", em_last_error());
+    cr_assert_eq(td_pending(0, NULL), 0, "a default-stream copy from the host is complete");
+    em_tensor *m = em_reshape(d, 2, (int64_t[]){16, N / 16});
+    em_tensor *t = em_transpose(m, 0, 1); /* (N/16, 16), not contiguous */
+    cr_assert(t && !em_tensor_is_contiguous(t), "%s", em_last_error());
+    em_stream *s = stream_new(D0);
+    em_tensor *back = em_to_device_async(t, em_cpu(), s);
+    cr_assert(back, "%s", em_last_error());
+    cr_assert_eq(em_stream_synchronize(D0, s), EM_OK, "%s", em_last_error());
+    const float *p = em_tensor_data(back);
+    for (int i = 0; i < N / 16; i++)
+        for (int j = 0; j < 16; j++)
+            cr_assert_eq(p[i * 16 + j], (float)(j * (N / 16) + i), "element (%d, %d)", i, j);
+    em_tensor *refs[] = {h, d, m, t, back};
+    for (size_t i = 0; i < sizeof refs / sizeof *refs; i++) em_tensor_release(refs[i]);
+    em_stream_free(D0, s);
+}
+
+Test(streams, to_device_async_refuses_two_devices_and_a_host_stream) {
+    em_stream *s = stream_new(D0);
+    em_tensor *x = full(D0, 1.0);
+    em_clear_error();
+    cr_assert_null(em_to_device_async(x, D1, s));
+    cr_assert_eq(em_last_status(), EM_ERR_DEVICE);
+    cr_assert(strstr(em_last_error(), "to_device_async: from testdev:0 to testdev:1"), "%s",
+              em_last_error());
+    cr_assert(strstr(em_last_error(), "use em_to_device"), "%s", em_last_error());
+    em_tensor *h = host_iota();
+    cr_assert_null(em_to_device_async(h, em_cpu(), s));
+    cr_assert_eq(em_last_status(), EM_ERR_INVALID, "%s", em_last_error());
+    em_tensor *same = em_to_device_async(h, em_cpu(), NULL); /* host to host: a copy */
+    cr_assert(same && same != h, "%s", em_last_error());
+    cr_assert_eq(((const float *)em_tensor_data(same))[N - 1], (float)(N - 1));
+    em_tensor_release(same);
+    em_tensor_release(h);
+    em_tensor_release(x);
+    em_stream_free(D0, s);
+}
+
 /* testdev:0 -> testdev:1 runs each half on its device's current stream: it sees the work
  * queued there, and does not wait for the devices' other streams. */
 Test(streams, cross_device_copy_uses_the_current_streams) {

@@ -260,6 +260,32 @@ static size_t list_devices(em_device *out, size_t cap) {
     return n;
 }
 
+/* em_device_count_reason (EMBER_1.1), looked up so ember-info still runs on a 1.0 core. */
+static const char *count_reason(const char *type) {
+    static const char *(*fn)(const char *);
+    static bool looked;
+    if (!looked) *(void **)&fn = dlsym(RTLD_DEFAULT, "em_device_count_reason");
+    looked = true;
+    return fn ? fn(type) : NULL;
+}
+
+/* Every loaded device type with its device count and, when it has none, the backend's
+ * reason (a CUDA plugin on a machine without a GPU: the driver's message). */
+static json_t *device_types_json(void) {
+    json_t *arr = json_array();
+    for (size_t i = 0; i < em_plugin_count(); i++) {
+        em_plugin_info info;
+        if (em_plugin_get(i, &info) != EM_OK || info.status != EM_PLUGIN_LOADED) continue;
+        for (size_t t = 0; t < em_registry_device_type_count(info.registry); t++) {
+            const char *type = em_registry_device_type_name(info.registry, t);
+            json_array_append_new(arr, json_pack("{s:s, s:i, s:s?}", "type", type, "count",
+                                                 em_device_count(type), "reason",
+                                                 count_reason(type)));
+        }
+    }
+    return arr;
+}
+
 static json_t *device_json(em_device dev) {
     char name[48];
     json_t *d = json_object();
@@ -270,6 +296,7 @@ static json_t *device_json(em_device dev) {
         json_object_set_new(d, "total_memory", json_integer((json_int_t)p.total_memory));
         json_object_set_new(d, "free_memory", json_integer((json_int_t)p.free_memory));
         json_object_set_new(d, "compute_units", json_integer(p.compute_units));
+        if (p.arch[0]) json_object_set_new(d, "arch", json_string(p.arch));
     } else {
         json_object_set_new(d, "error", json_string(em_last_error()));
     }
@@ -408,6 +435,7 @@ static json_t *gather(const options *o, em_status init, const char *init_error) 
     json_object_set_new(root, "class_api", json_string(C.kind_count ? "EMBER_1.1" : "EMBER_1.0"));
     bool ok = init == EM_OK;
     json_t *devices = json_array(), *tests = json_array();
+    if (init == EM_OK) json_object_set_new(root, "device_types", device_types_json());
     if (init == EM_OK) {
         em_device devs[256];
         size_t n = list_devices(devs, sizeof devs / sizeof *devs);
@@ -545,15 +573,23 @@ static void print_class_kinds(const json_t *kinds, const char *api) {
     }
 }
 
-static void print_devices(const json_t *devices) {
-    printf("\ndevices (%zu):\n", json_array_size(devices));
+static void print_devices(const json_t *types, const json_t *devices) {
     size_t i;
     json_t *d;
+    printf("\ndevice types:\n");
+    json_array_foreach((json_t *)types, i, d) {
+        long long n = (long long)json_integer_value(json_object_get(d, "count"));
+        const char *why = get_s(d, "reason");
+        printf("  %s: %lld device%s%s%s%s\n", get_s(d, "type"), n, n == 1 ? "" : "s",
+               *why ? " (" : "", why, *why ? ")" : "");
+    }
+    printf("\ndevices (%zu):\n", json_array_size(devices));
     json_array_foreach((json_t *)devices, i, d) {
         char a[32], b[32], c[32], e[32];
         const json_t *m = json_object_get(d, "memory");
-        printf("  %-12s %s\n", get_s(d, "device"), *get_s(d, "name") ? get_s(d, "name")
-                                                                     : get_s(d, "error"));
+        printf("  %-12s %s%s%s%s\n", get_s(d, "device"),
+               *get_s(d, "name") ? get_s(d, "name") : get_s(d, "error"),
+               *get_s(d, "arch") ? " (" : "", get_s(d, "arch"), *get_s(d, "arch") ? ")" : "");
         long long units = (long long)json_integer_value(json_object_get(d, "compute_units"));
         printf("    memory %s total, %s free; %lld compute unit%s\n",
                size_str(json_integer_value(json_object_get(d, "total_memory")), a, sizeof a),
@@ -600,7 +636,7 @@ static void print_text(const json_t *r, bool verbose) {
     print_plugins(json_object_get(r, "plugins"), verbose);
     print_class_kinds(json_object_get(r, "class_kinds"), get_s(r, "class_api"));
     if (!json_is_true(json_object_get(init, "ok"))) return;
-    print_devices(json_object_get(r, "devices"));
+    print_devices(json_object_get(r, "device_types"), json_object_get(r, "devices"));
     print_self_tests(json_object_get(r, "self_test"));
     printf("\n%s\n", json_is_true(json_object_get(r, "ok")) ? "all self-tests passed"
                                                             : "SOME SELF-TESTS FAILED");

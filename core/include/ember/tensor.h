@@ -178,6 +178,29 @@ EM_API em_tensor *em_contiguous(const em_tensor *t);
 EM_API em_tensor *em_clone(const em_tensor *t);
 /* A copy on dev (t itself when already there). */
 EM_API em_tensor *em_to_device(const em_tensor *t, em_device dev);
+/* A copy of t on dev, queued on `stream` and possibly still running when this returns
+ * (PyTorch's t.to(dev, non_blocking=True)); a new tensor (never t itself), recorded by autograd
+ * like em_to_device. New in EMBER_1.1.
+ *   Which copies: host to device, device to host, or within one device; `stream` is a stream
+ *   of that device (NULL: its default stream, on which a copy to or from the host is
+ *   complete when this returns — pass a stream to overlap). Between two devices use
+ *   em_to_device; host to host takes NULL and copies at once.
+ *   Ordering: the copy runs after the work queued on `stream` so far, and not after other
+ *   streams' work: make `stream` wait (em_event_wait) for the work that writes t first. The
+ *   result's memory belongs to `stream` (the caching allocator's rule, ember/device.h): work
+ *   on another stream must wait for an event recorded on `stream` after this call before it
+ *   reads the result, and declare its use with em_tensor_record_stream.
+ *   Lifetime: t may be released at once. A host source is kept alive (a reference) until
+ *   the copy has run — dropped by the next em_to_device_async once its event completed, by
+ *   em_device_synchronize, or at em_shutdown — but must not be WRITTEN until then (wait
+ *   with em_stream_synchronize or an event). A device source's block is recorded on
+ *   `stream` (em_tensor_record_stream), so it is not reused before the copy. A result in
+ *   host memory must not be read before the copy has completed. Page-locked host memory
+ *   (the loader's pin_memory buffers) lets the device copy without staging.
+ *   A non-contiguous t is first made contiguous (on the host at once, on a device on
+ *   `stream`). Errors: EM_ERR_DEVICE for two different devices or an unknown device,
+ *   EM_ERR_INVALID for a stream on a host-to-host copy; NULL is returned. */
+EM_API em_tensor *em_to_device_async(const em_tensor *t, em_device dev, em_stream *stream);
 /* A copy converted to dt (t itself when already dt). Floating to integer truncates toward
  * zero; to f16/bf16 rounds to nearest even; to bool is "!= 0". */
 EM_API em_tensor *em_to_dtype(const em_tensor *t, em_dtype dt);

@@ -1,0 +1,238 @@
+/*
+ * test_cuda.c — the CUDA plugin where there is no GPU (this machine, CI): it loads, registers
+ * the "cuda" device type with 0 devices and the driver's reason, which every consumer shows
+ * (em_device_parse, ember-info and its --json, ember-train --device cuda, which exits 2 and
+ * trains nothing); and a plugin whose cuBLAS cannot be loaded is refused with the loader's
+ * full message. EMBER_CUDA_LOAD_LIBRARIES=1 makes the plugin load cuBLAS/cuBLASLt without a
+ * device (what it does when cudaGetDeviceCount finds one), so that path runs here: once with
+ * the real libraries, once with a copy of the plugin whose dlopen() target is renamed to a
+ * soname that exists nowhere.
+ *
+ * The reference for the driver's reason is the CUDA runtime itself, asked independently:
+ * the shared libcudart of the same toolkit, dlopen()ed here.
+ */
+#define _GNU_SOURCE /* memmem */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cublas_api.h>       /* CUBLAS_VER_MAJOR/MINOR/PATCH: what the plugin must report */
+#include <cuda_runtime_api.h> /* CUDART_VERSION: the runtime the plugin links */
+
+#include "common.h"
+
+#define EM_TEST_XSTR(x) #x
+#define EM_TEST_STR(x) EM_TEST_XSTR(x)
+#define EM_TEST_CUDA_MAJOR (CUDART_VERSION / 1000)
+
+TestSuite(cuda, .init = em_test_setup, .fini = em_test_teardown);
+
+/* What the CUDA runtime says about the devices: the error string of cudaGetDeviceCount
+ * (NULL when it succeeds), from the toolkit's shared libcudart. */
+static const char *runtime_reason(int *count) {
+    void *h = dlopen(EM_TEST_CUDA_LIBDIR "/libcudart.so", RTLD_NOW | RTLD_LOCAL);
+    cr_assert(h, "dlopen libcudart: %s", dlerror());
+    int (*get_count)(int *);
+    const char *(*err_str)(int);
+    *(void **)&get_count = dlsym(h, "cudaGetDeviceCount");
+    *(void **)&err_str = dlsym(h, "cudaGetErrorString");
+    cr_assert(get_count && err_str);
+    *count = 0;
+    int e = get_count(count);
+    return e ? err_str(e) : NULL; /* libcudart stays loaded: the string stays valid */
+}
+
+/* Run a command line; its stdout and stderr into a new string; the exit status in *code. */
+static char *run(const char *cmd, int *code) {
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    cr_assert_not_null(p, "popen %s", full);
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap);
+    for (size_t got; (got = fread(out + len, 1, cap - len - 1, p)) > 0;) {
+        len += got;
+        if (cap - len < 4096) out = realloc(out, cap *= 2);
+    }
+    out[len] = '\0';
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st), "%s did not exit normally (status %d)", cmd, st);
+    *code = WEXITSTATUS(st);
+    return out;
+}
+
+static const char *tools(void) {
+    const char *t = getenv("EMBER_TEST_TOOLS_DIR");
+    cr_assert(t && *t, "EMBER_TEST_TOOLS_DIR is not set (run through `make check`)");
+    return t;
+}
+
+/* The index of the plugin named `name` in em_plugins(), its info in *info. */
+static void find_plugin(const char *name, em_plugin_info *info) {
+    for (size_t i = 0; i < em_plugin_count(); i++)
+        if (em_plugin_get(i, info) == EM_OK && info->name && strcmp(info->name, name) == 0)
+            return;
+    cr_assert_fail("plugin %s was not found (is the CUDA plugin built?)", name);
+}
+
+Test(cuda, plugin_loads_with_no_device_and_the_drivers_reason) {
+    int n_rt;
+    const char *why_rt = runtime_reason(&n_rt);
+    cr_assert_eq(n_rt, 0, "this test is for a machine without a GPU; the runtime finds %d", n_rt);
+    cr_assert(why_rt, "cudaGetDeviceCount succeeded with 0 devices");
+    em_plugin_info info;
+    find_plugin("ember-cuda", &info);
+    cr_assert_eq(info.status, EM_PLUGIN_LOADED, "%s", info.reason ? info.reason : "");
+    cr_assert_eq(em_device_count("cuda"), 0);
+    const char *why = em_device_count_reason("cuda");
+    cr_assert(why && strstr(why, why_rt), "reason '%s' lacks the runtime's '%s'", why, why_rt);
+    cr_assert_null(em_device_count_reason("cpu"), "the CPU has a device: no reason");
+    cr_assert_null(em_device_count_reason("xpu"), "an unknown type: no reason");
+    /* the kernels are registered all the same (ember-info lists them, opcheck covers them) */
+    size_t nk = em_registry_kernel_count(info.registry);
+    cr_assert_geq(nk, 16, "copy and fill for the 8 dtypes: %zu kernels", nk);
+    /* cuBLAS was not loaded: there is no device */
+    cr_assert_null(dlopen("libcublas.so." EM_TEST_STR(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_NOLOAD),
+                   "cuBLAS was loaded without a device");
+    em_device d;
+    for (int k = 0; k < 2; k++) {
+        em_clear_error();
+        cr_assert_eq(em_device_parse(k ? "cuda:1" : "cuda", &d), EM_ERR_DEVICE);
+        cr_assert(strstr(em_last_error(), "no cuda device is present: "), "%s", em_last_error());
+        cr_assert(strstr(em_last_error(), why_rt), "%s", em_last_error());
+    }
+}
+
+Test(cuda, ember_info_reports_0_devices_with_the_reason_and_the_versions) {
+    int n_rt, code;
+    const char *why_rt = runtime_reason(&n_rt);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s/ember-info'", tools());
+    char *out = run(cmd, &code);
+    cr_assert_eq(code, 0, "%s", out);
+    const char *line = strstr(out, "\n  cuda: 0 devices (");
+    cr_assert(line, "%s", out);
+    const char *eol = strchr(line + 1, '\n');
+    cr_assert(strstr(line, why_rt) && strstr(line, why_rt) < eol, "%s", out);
+    char rt[64];
+    snprintf(rt, sizeof rt, "CUDA runtime %d.%d (linked statically), driver none",
+             CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    cr_assert(strstr(out, rt), "no '%s' in:\n%s", rt, out);
+    cr_assert(strstr(out, "cuBLAS/cuBLASLt not loaded (no device"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s/ember-info' --json", tools());
+    out = run(cmd, &code);
+    cr_assert_eq(code, 0, "%s", out);
+    const char *cu = strstr(out, "\"type\": \"cuda\"");
+    cr_assert(cu && strstr(cu, "\"count\": 0") && strstr(cu, why_rt), "%s", out);
+    free(out);
+}
+
+Test(cuda, ember_train_device_cuda_exits_2_with_the_reason_and_trains_nothing) {
+    int n_rt, code;
+    const char *why_rt = runtime_reason(&n_rt);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' --device cuda --epochs 1", EM_TEST_SRCDIR,
+             EM_TRAINER);
+    char *out = run(cmd, &code);
+    cr_assert_eq(code, 2, "%s", out);
+    cr_assert(strstr(out, "--device") && strstr(out, why_rt), "%s", out);
+    cr_assert_null(strstr(out, "epoch"), "it trained: %s", out);
+    cr_assert_null(strstr(out, "loss"), "it trained: %s", out);
+    free(out);
+}
+
+/* Replace every NUL-terminated `from` in b (n bytes) by `to` (same length); how many. */
+static size_t patch(char *b, size_t n, const char *from, const char *to) {
+    size_t len = strlen(from) + 1, hits = 0;
+    cr_assert_eq(strlen(to) + 1, len);
+    for (char *p = b; (p = memmem(p, (size_t)(b + n - p), from, len)); p += len, hits++)
+        memcpy(p, to, len);
+    return hits;
+}
+
+/* Copy the plugin, with its dlopen() target "libcublas.so.N" renamed "libcublaX.so.N" and its
+ * descriptor name "ember-cuda" renamed "ember-cudx" (so the build tree's own plugin does not
+ * refuse it as a duplicate first); same lengths: the file stays a valid shared object. */
+static void copy_with_missing_soname(const char *from, const char *to) {
+    FILE *f = fopen(from, "rb");
+    cr_assert(f, "%s", from);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    cr_assert_eq(patch(b, (size_t)n, "libcublas.so." EM_TEST_STR(CUBLAS_VER_MAJOR),
+                       "libcublaX.so." EM_TEST_STR(CUBLAS_VER_MAJOR)), 1);
+    cr_assert_eq(patch(b, (size_t)n, "ember-cuda", "ember-cudx"), 1);
+    f = fopen(to, "wb");
+    cr_assert(f, "%s", to);
+    cr_assert_eq(fwrite(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    free(b);
+}
+
+Test(cuda, missing_cublas_refuses_the_plugin_with_the_loaders_message) {
+    char dir[] = "/tmp/ember-cuda-test-XXXXXX", so[512], cmd[8192];
+    cr_assert(mkdtemp(dir));
+    snprintf(so, sizeof so, "%s/ember-cuda.so", dir);
+    copy_with_missing_soname(EM_TEST_CUDA_PLUGIN, so);
+    /* The copy comes first (EMBER_PLUGIN_PATH) and is refused; then the build tree's plugin
+     * loads the real libraries. */
+    snprintf(cmd, sizeof cmd, "EMBER_CUDA_LOAD_LIBRARIES=1 EMBER_PLUGIN_PATH='%s' '%s/ember-info'",
+             so, tools());
+    int code;
+    char *out = run(cmd, &code);
+    const char *bad = "libcublaX.so." EM_TEST_STR(CUBLAS_VER_MAJOR);
+    char want[512];
+    snprintf(want, sizeof want, "ember-cuda: EMBER_CUDA_LOAD_LIBRARIES=1 is set, but %s cannot "
+             "be loaded: %s: cannot open shared object file: No such file or directory", bad, bad);
+    char line[600];
+    snprintf(line, sizeof line, "refused   ember-cudx %s  %s", EM_VERSION_STRING, so);
+    cr_assert(strstr(out, line), "the copy was not refused:\n%s", out);
+    cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
+    char ver[64];
+    snprintf(ver, sizeof ver, "cuBLAS %d.%d.%d and cuBLASLt", CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+             CUBLAS_VER_PATCH);
+    cr_assert(strstr(out, ver), "the real plugin did not report '%s':\n%s", ver, out);
+    cr_assert(strstr(out, "\n  cuda: 0 devices ("), "%s", out);
+    free(out);
+    unlink(so);
+    rmdir(dir);
+}
+
+Test(cuda, settings_read_at_load_are_checked_and_shown) {
+    char cmd[4096];
+    int code;
+    snprintf(cmd, sizeof cmd, "EMBER_CUDA_WORKSPACE_MB=lots '%s/ember-info'", tools());
+    char *out = run(cmd, &code);
+    cr_assert(strstr(out, "EMBER_CUDA_WORKSPACE_MB='lots' is not a size in MiB from 1 to 4096"),
+              "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "EMBER_CUDA_SYNC=1 EMBER_CUDA_WORKSPACE_MB=8 '%s/ember-info'",
+             tools());
+    out = run(cmd, &code);
+    cr_assert_eq(code, 0, "%s", out);
+    cr_assert(strstr(out, "EMBER_CUDA_SYNC=1; cuBLAS workspace 8 MiB per stream"), "%s", out);
+    free(out);
+    /* the TF32 setting, by name */
+    em_status (*set)(const char *) =
+        (em_status(*)(const char *))em_backend_proc("cuda", "set_float32_matmul_precision");
+    const char *(*get)(void) =
+        (const char *(*)(void))em_backend_proc("cuda", "float32_matmul_precision");
+    cr_assert(set && get, "%s", em_last_error());
+    cr_assert_str_eq(get(), "highest");
+    cr_assert_eq(set("high"), EM_OK);
+    cr_assert_str_eq(get(), "high");
+    cr_assert_eq(set("fast"), EM_ERR_INVALID);
+    cr_assert(strstr(em_last_error(), "'fast' is not a precision"), "%s", em_last_error());
+    cr_assert_eq(set("highest"), EM_OK);
+    int (*drv)(void) = (int (*)(void))em_backend_proc("cuda", "driver_version");
+    int (*rt)(void) = (int (*)(void))em_backend_proc("cuda", "runtime_version");
+    cr_assert(drv && rt);
+    cr_assert_eq(drv(), 0, "no driver here");
+    cr_assert_eq(rt() / 1000, EM_TEST_CUDA_MAJOR);
+}
