@@ -40,6 +40,21 @@ struct em_op {
     atomic_bool warned[EM_MAX_DEVICE_TYPES];
 };
 
+/* em_op_call_at's choice: the kernel `depth` below the top of the call's stack, and the one
+ * that was found there. */
+typedef struct em__forced {
+    const struct em_op *op;
+    size_t depth;
+    bool poison;            /* EM_CALL_POISON */
+    const em_kernel *used;
+} em__forced;
+
+/* A composite run by em_op_call_at reaches its own kernel through em_op_call_kernel: the
+ * choice travels in a thread-local, looked at only while some thread is inside em_op_call_at
+ * (`forcing`), so a composite's ordinary kernel call pays one relaxed load. */
+static atomic_int forcing;
+static _Thread_local em__forced *tls_forced;
+
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct em_op *ops_head;
 static uint64_t kernel_seq;
@@ -351,6 +366,27 @@ bool em__op_has_kernel(const em_op *op, int device_type, em_dtype dt) {
            op->top[device_type][dt] != NULL;
 }
 
+size_t em_op_kernel_count(const em_op *op, em_device dev, em_dtype dtype) {
+    size_t n = 0;
+    if (!em__op_has_kernel(op, dev.type, dtype)) return 0;
+    pthread_mutex_lock(&reg_lock);
+    for (const em_kernel *k = op->top[dev.type][dtype]; k; k = k->below) n++;
+    pthread_mutex_unlock(&reg_lock);
+    return n;
+}
+
+const em_kernel *em_op_kernel_get(const em_op *op, em_device dev, em_dtype dtype, size_t i) {
+    if (!em__op_has_kernel(op, dev.type, dtype)) return NULL;
+    pthread_mutex_lock(&reg_lock);
+    const em_kernel *k = op->top[dev.type][dtype];
+    while (k && i--) k = k->below;
+    pthread_mutex_unlock(&reg_lock);
+    return k;
+}
+
+const em_kernel_def *em_kernel_def_of(const em_kernel *k) { return k ? &k->def : NULL; }
+const em_registry *em_kernel_owner(const em_kernel *k) { return k ? k->owner : NULL; }
+
 /* ---- running ----------------------------------------------------------------------------------- */
 
 bool em__check_inputs(const char *op, const em_tensor *const *in, int n) {
@@ -513,13 +549,17 @@ static em_status list_op_error(const struct em_op *op) {
                         "with em_op_call_lists", op->schema.name);
 }
 
-static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
-                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
-                          uint64_t *vers);
+static inline __attribute__((always_inline)) em_status
+dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
+         em_tensor *const *out, int n_out, em_device dev, em_dtype key, em_ktensor *kin,
+         em_ktensor *kout, uint64_t *ids, uint64_t *vers, em__forced *forced);
 
-static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor *const *out, int n_out) {
+/* em_op_call_out's checks and dispatch; `forced` (em_op_call_at) runs the kernel at a depth of
+ * the stack instead of the stack's choice. Inlined into its two callers, so the plain path, which passes NULL, is
+ * compiled without the test (the kernel-stack API costs the ordinary call nothing). */
+static inline __attribute__((always_inline)) em_status
+call_out_impl(const em_op *cop, const em_tensor *const *in, int n_in, const em_attr *attrs,
+              em_tensor *const *out, int n_out, em__forced *forced) {
     struct em_op *op = (struct em_op *)cop;
     if (!op) return em__error_pending() ? em_last_status()
                                         : em_set_error(EM_ERR_INVALID, "op_call: NULL op");
@@ -570,16 +610,22 @@ static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in
         ids = (uint64_t *)(kin + n_in);
         vers = ids + n;
     }
-    em_status st = dispatch(op, in, n_in, attrs, out, n_out, dev, key, kin, kout, ids, vers);
+    em_status st = dispatch(op, in, n_in, attrs, out, n_out, dev, key, kin, kout, ids, vers,
+                            forced);
     em__free(heap);
     return st;
 }
 
+static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor *const *out, int n_out) {
+    return call_out_impl(cop, in, n_in, attrs, out, n_out, NULL);
+}
+
 /* em_op_call_out past its checks: kernel views, the kernel stack, autograd. */
-static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor *const *out, int n_out, em_device dev,
-                          em_dtype key, em_ktensor *kin, em_ktensor *kout, uint64_t *ids,
-                          uint64_t *vers) {
+static inline __attribute__((always_inline)) em_status
+dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
+         em_tensor *const *out, int n_out, em_device dev, em_dtype key, em_ktensor *kin,
+         em_ktensor *kout, uint64_t *ids, uint64_t *vers, em__forced *forced) {
     for (int i = 0; i < n_in + n_out; i++) {
         const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
         em__ktensor_fill(i < n_in ? &kin[i] : &kout[i - n_in], t);
@@ -593,8 +639,24 @@ static em_status dispatch(struct em_op *op, const em_tensor *const *in, int n_in
                          .storage_ids = ids, .versions = vers, .stream = s, .exec = x,
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
     em_kernel *k = op->top[dev.type][key];
+    if (forced) {
+        /* em_op_call_at: the kernel `depth` below the top of this call's stack. */
+        size_t d = forced->depth, have = 0;
+        for (const em_kernel *j = k; j; j = j->below) have++;
+        while (k && d--) k = k->below;
+        if (!k)
+            return em_set_error(EM_ERR_RANGE, "%s: the %s %s kernel stack has %zu kernel(s); "
+                                "there is none at depth %zu", op->schema.name,
+                                em__device_types[dev.type].name, em_dtype_name(key), have,
+                                forced->depth);
+        forced->used = k;
+        if (k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx)))
+            return em_set_error(EM_ERR_NOKERNEL, "%s: kernel %s declines this call (its "
+                                "supports() returned false)", op->schema.name, k->def.name);
+    }
     /* supports() sees the kernel's own user pointer, as its fn does. */
-    while (k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx))) k = k->below;
+    while (!forced && k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx)))
+        k = k->below;
     if (!k && (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
                !op->top[EM_DEVICE_CPU_TYPE][key] || n_in > 8))
         return no_kernel_error(op, dev.type, key);
@@ -836,6 +898,42 @@ static em_status count_error(const struct em_op *op, int n_in) {
                             ? "" : " (ops without inputs run through em_op_call_out)");
 }
 
+/* Fill t with the poison of EM_CALL_POISON: NaN for floating dtypes, 0xA5 bytes otherwise. */
+static em_status poison(em_tensor *t) {
+    size_t n = (size_t)t->numel, es = em_dtype_size(t->dtype);
+    if (!n) return EM_OK;
+    unsigned char *b = em__malloc(n * es, "poisoned output");
+    if (!b) return EM_ERR_NOMEM;
+    memset(b, 0xA5, n * es);
+    if (em_dtype_is_floating(t->dtype))
+        for (size_t i = 0; i < n; i++) em_dtype_store(t->dtype, b, (int64_t)i, NAN);
+    em_status st = EM_OK;
+    if (em_tensor_is_contiguous(t)) {
+        st = em__device_copy(t->storage->device, em_tensor_data(t), em_cpu(), b, n * es);
+    } else {
+        em_tensor *src = em__empty(t->ndim, t->shape, t->dtype, t->storage->device);
+        st = src ? em__device_copy(t->storage->device, em_tensor_data(src), em_cpu(), b, n * es)
+                 : em_last_status();
+        if (st == EM_OK) st = em_copy_(t, src);
+        em_tensor_release(src);
+    }
+    em__free(b);
+    return st;
+}
+
+/* A caller-made output of em_op_call_at: the inferred shape and dtype, on the device. */
+static em_status given_output(const struct em_op *op, const em_tensor *t, int i,
+                              const em_tensor_meta *m, em_device dev) {
+    if (t->dtype == m->dtype && same_shape(t, m->ndim, m->shape) &&
+        em_device_equal(t->storage->device, dev))
+        return EM_OK;
+    char a[160], b[160];
+    return em_set_error(EM_ERR_SHAPE, "%s: output %d given as %s %s; the call makes %s %s",
+                        op->schema.name, i, em_dtype_name(t->dtype),
+                        em__shape_str(t->ndim, t->shape, a, sizeof a), em_dtype_name(m->dtype),
+                        em__shape_str(m->ndim, m->shape, b, sizeof b));
+}
+
 /* Inference, policy and kernel of op (no composite): em_op_call's path for kernel ops. */
 static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
                           const em_attr *attrs, em_tensor **out, em_tensor **held,
@@ -860,9 +958,12 @@ static em_status op_run(const struct em_op *op, const em_tensor *const *in, int 
     return st;
 }
 
-static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
-                          const em_attr *attrs, em_tensor **out, em_tensor **held,
-                          em_tensor **bcast, const em_tensor **args) {
+/* op_run_n's body; `forced` and `given` (em_op_call_at: the kernel to run, caller-made
+ * outputs) are NULL on the plain path, which is compiled without them (always inlined). */
+static inline __attribute__((always_inline)) em_status
+op_run_n_impl(const struct em_op *op, const em_tensor *const *in, int n_in,
+              const em_attr *attrs, em_tensor **out, em_tensor **held, em_tensor **bcast,
+              const em_tensor **args, em__forced *forced, em_tensor *const *given) {
     if (!em__check_inputs(op->schema.name, in, n_in)) return em_last_status();
     if (!attrs) attrs = no_attrs;
     if (op->schema.n_attrs && check_attrs(op, attrs) != EM_OK) return em_last_status();
@@ -903,10 +1004,18 @@ static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, in
             if (!(bcast[i] = em__expand(args[i], meta[0].ndim, meta[0].shape))) st = em_last_status();
             args[i] = bcast[i];
         }
-    for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++)
-        if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev)))
+    for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++) {
+        if (given && given[i]) {
+            if ((st = given_output(op, given[i], i, &meta[i], dev)) == EM_OK)
+                res[i] = em_tensor_retain(given[i]);
+        } else if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev))) {
             st = em_last_status();
-    if (st == EM_OK) st = call_out(op, args, n_in, attrs, res, op->schema.n_outputs);
+        }
+        if (st == EM_OK && forced && forced->poison) st = poison(res[i]);
+    }
+    if (st == EM_OK)
+        st = forced ? call_out_impl(op, args, n_in, attrs, res, op->schema.n_outputs, forced)
+                    : call_out(op, args, n_in, attrs, res, op->schema.n_outputs);
     for (int i = 0; i < n_in; i++) {
         em_tensor_release(held[i]);
         em_tensor_release(bcast[i]);
@@ -916,6 +1025,12 @@ static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, in
         else em_tensor_release(res[i]);
     }
     return st;
+}
+
+static em_status op_run_n(const struct em_op *op, const em_tensor *const *in, int n_in,
+                          const em_attr *attrs, em_tensor **out, em_tensor **held,
+                          em_tensor **bcast, const em_tensor **args) {
+    return op_run_n_impl(op, in, n_in, attrs, out, held, bcast, args, NULL, NULL);
 }
 
 /* A composite's call: the checks every call gets, then its hook. */
@@ -1017,6 +1132,83 @@ em_status em_op_call_kernel(const em_op *op, const em_tensor *const *in, int n_i
     return st;
 }
 
+/* op_run with em_op_call_at's choice of kernel (and caller-made outputs, `given`). */
+static em_status run_forced(const struct em_op *op, const em_tensor *const *in, int n_in,
+                            const em_attr *attrs, em_tensor **out, em__forced *f,
+                            em_tensor *const *given) {
+    bool var = op->schema.flags & EM_OP_VARIADIC;
+    if ((var ? n_in < op->schema.n_inputs : n_in != op->schema.n_inputs) || n_in < 1 ||
+        n_in > 8)
+        return n_in > 8 ? em_set_error(EM_ERR_INVALID, "%s: op_call_at takes at most 8 "
+                                       "inputs, got %d", op->schema.name, n_in)
+                        : count_error(op, n_in);
+    em_tensor *held[8] = {0}, *bcast[8] = {0};
+    const em_tensor *args[8];
+    return op_run_n_impl(op, in, n_in, attrs, out, held, bcast, args, f, given);
+}
+
+em_status em_op_call_at(const em_op *cop, size_t depth, unsigned flags,
+                        const em_tensor *const *in, int n_in, const em_attr *attrs,
+                        em_tensor **out, int cap_out, int *n_out, const em_kernel **kernel) {
+    if (n_out) *n_out = 0;
+    if (kernel) *kernel = NULL;
+    const struct em_op *op = cop;
+    em_status st = call_check(op, out);
+    if (st != EM_OK) return st;
+    if (!n_out) return em_set_error(EM_ERR_INVALID, "%s: NULL n_out", op->schema.name);
+    if (!op->schema.infer)
+        return em_set_error(EM_ERR_INVALID, "%s: a composite without a kernel of its own",
+                            op->schema.name);
+    if (cap_out < op->schema.n_outputs)
+        return em_set_error(EM_ERR_RANGE, "%s: it has %d outputs; out has room for %d",
+                            op->schema.name, op->schema.n_outputs, cap_out);
+    em__forced forced = {.op = op, .depth = depth, .poison = flags & EM_CALL_POISON};
+    if (n_in == 0 && op->schema.n_inputs == 0) {
+        /* A fill writes into the outputs the caller made, as em_op_call_out. */
+        for (int i = 0; i < op->schema.n_outputs; i++)
+            if (!out[i])
+                return em_set_error(EM_ERR_INVALID, "%s: an op without inputs writes into "
+                                    "outputs the caller makes; output %d is NULL",
+                                    op->schema.name, i);
+        for (int i = 0; forced.poison && i < op->schema.n_outputs; i++)
+            if ((st = poison(out[i])) != EM_OK) return st;
+        st = call_out_impl(op, in, 0, attrs, out, op->schema.n_outputs, &forced);
+        if (kernel) *kernel = forced.used;
+        if (st == EM_OK) *n_out = op->schema.n_outputs;
+        return st;
+    }
+    em_tensor *given[4] = {0};
+    for (int i = 0; i < op->schema.n_outputs; i++) given[i] = out[i];
+    if (op->schema.composite) {
+        /* The composite runs as it does for every call; its own kernel call takes the choice. */
+        for (int i = 0; i < op->schema.n_outputs; i++)
+            if (given[i])
+                return em_set_error(EM_ERR_INVALID, "%s: a composite makes its own outputs; "
+                                    "pass NULL entries", op->schema.name);
+        em__forced *outer = tls_forced;
+        tls_forced = &forced;
+        atomic_fetch_add(&forcing, 1);
+        int n = 0;
+        st = op_call_n(op, in, n_in, attrs, out, cap_out, &n);
+        atomic_fetch_sub(&forcing, 1);
+        tls_forced = outer;
+        if (kernel) *kernel = forced.used;
+        if (st != EM_OK) return st;
+        *n_out = n;
+        for (int i = 0; i < n; i++) em__scope_track(out[i]);
+        return EM_OK;
+    }
+    st = run_forced(op, in, n_in, attrs, out, &forced, given);
+    if (kernel) *kernel = forced.used;
+    if (st != EM_OK) {
+        for (int i = 0; i < op->schema.n_outputs; i++) out[i] = given[i];
+        return st;
+    }
+    *n_out = op->schema.n_outputs;
+    for (int i = 0; i < *n_out; i++) em__scope_track(out[i]);
+    return EM_OK;
+}
+
 static em_status op_call_kernel(const em_op *cop, const em_tensor *const *in, int n_in,
                                 const em_attr *attrs, em_tensor **out) {
     const struct em_op *op = cop;
@@ -1025,6 +1217,8 @@ static em_status op_call_kernel(const em_op *cop, const em_tensor *const *in, in
     if (!op->schema.infer)
         return em_set_error(EM_ERR_INVALID, "%s: a composite without a kernel of its own",
                             op->schema.name);
+    em__forced *f = atomic_load_explicit(&forcing, memory_order_relaxed) ? tls_forced : NULL;
+    if (f && f->op == op) return run_forced(op, in, n_in, attrs, out, f, NULL);
     return op_run(op, in, n_in, attrs, out);
 }
 

@@ -12,6 +12,7 @@
 #include "ember/error.h"
 #include "ember/init.h"
 #include "ember/plugin.h"
+#include "ember/opcase.h"
 #include "internal.h"
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -62,6 +63,11 @@ em_status em_init(void) {
     em__autograd_init();
     em_status st = em__registries_init();
     if (st == EM_OK) st = em__ops_declare_standard(em__registry_core());
+    if (st == EM_OK) {
+        size_t n;
+        const em_op_case *rows = em__op_cases_standard(&n);
+        st = em_op_cases_register(em__registry_core(), rows, n);
+    }
     if (st != EM_OK) {
         snprintf(init_message, sizeof init_message, "%s", em_last_error());
         teardown();

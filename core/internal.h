@@ -387,6 +387,10 @@ bool em__op_has_kernel(const em_op *op, int device_type, em_dtype dt);
 
 /* Declares the standard op set into the core registry at em_init(). */
 em_status em__ops_declare_standard(em_registry *core);
+/* The standard op set's case rows (core/op_cases.c), registered by em_init(). */
+const struct em_op_case *em__op_cases_standard(size_t *n);
+/* Remove the case rows owner registered (NULL: every row). */
+void em__op_cases_remove_owner(const em_registry *owner);
 /* Declare a single-output op of the standard set into the core registry. */
 em_status em__declare_op(em_registry *core, const em_op **out, const char *name, int n_in,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,

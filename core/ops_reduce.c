@@ -422,7 +422,7 @@ static em_status d_logsumexp(const em_backward_ctx *c, em_tensor **gi) {
 static em_status d_norm(const em_backward_ctx *c, em_tensor **gi) {
     double p = c->attrs[1].v.f;
     int dims[EM_MAX_DIMS], nd = attr_dims(c, dims);
-    em_tensor *zero = em_scalar(0, X->dtype);
+    em_tensor *zero = em_full(0, NULL, 0, X->dtype, em_tensor_device(X)); /* X's device */
     if (p == 0) RET(em_zeros(X->ndim, X->shape, X->dtype, em_tensor_device(X)));
     em_tensor *ax = em_abs(X);
     if (isinf(p)) {
@@ -444,12 +444,13 @@ static em_status d_prod(const em_backward_ctx *c, em_tensor **gi) {
     if (!em_dtype_is_floating(X->dtype))
         return em_set_error(EM_ERR_DTYPE, "backward: prod of %s has no gradient",
                             em_dtype_name(X->dtype));
-    em_tensor *zero = em_scalar(0, X->dtype), *one = em_scalar(1, X->dtype);
+    em_device dev = em_tensor_device(X); /* the constants live where X does */
+    em_tensor *zero = em_full(0, NULL, 0, X->dtype, dev), *one = em_full(0, NULL, 1, X->dtype, dev);
     em_tensor *is0 = em_eq(X, zero);
     em_tensor *nzeros = em_sum(is0, nd, dims, true); /* int64 */
     em_tensor *rest = em_prod(em_where(is0, one, X), nd, dims, true);
-    em_tensor *no_zero = em_eq(nzeros, em_scalar(0, EM_I64));
-    em_tensor *one_zero = em_logical_and(is0, em_eq(nzeros, em_scalar(1, EM_I64)));
+    em_tensor *no_zero = em_eq(nzeros, em_full(0, NULL, 0, EM_I64, dev));
+    em_tensor *one_zero = em_logical_and(is0, em_eq(nzeros, em_full(0, NULL, 1, EM_I64, dev)));
     em_tensor *r = em_where(no_zero, em_div(Y, em_where(is0, one, X)),
                             em_where(one_zero, rest, zero));
     RET(em_mul(G, r));

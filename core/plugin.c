@@ -479,6 +479,7 @@ em_status em__struct_write(void *out, const void *src, size_t size, size_t min, 
 /* Remove everything a registry registered: kernels, ops, device types, its classes of every
  * kind and the kinds it declared. */
 static void registry_withdraw(em_registry *r) {
+    em__op_cases_remove_owner(r);
     classes_remove_owner(r);
     em__ops_remove_owner(r);
     em__device_types_remove_owner(r);
@@ -837,6 +838,7 @@ em_status em__registries_init(void) {
 void em__registries_shutdown(void) {
     if (L.program) registry_withdraw(L.program);
     if (L.core) classes_remove_owner(L.core); /* the core's kinds (its ops go with dispatch) */
+    em__op_cases_remove_owner(NULL);          /* the core's case rows */
     em__registry_free(L.program);
     em__registry_free(L.core);
     L.program = L.core = NULL;

@@ -113,7 +113,7 @@ static void f32_matches_f64(const char *name, em_gradcheck_fn fn, int n, em_tens
  * same inputs (test_op_schema gradchecks the f64 one against finite differences). The rows
  * bring the layouts (transposed, sliced, 0-dim, broadcast) and the attribute variants. */
 static void table_grads(const em_op_case *c, int r, em_dtype dt, em_tensor **grads, int *n) {
-    em_case_grad g;
+    em_case_grad g = {.struct_size = sizeof g};
     em_tensor *vary[EM_CASE_MAX_IN], *gr[EM_CASE_MAX_IN] = {0};
     *n = em_case_grad_setup(c, dt, (uint64_t)r, &g, vary);
     em_tensor *y = *n ? em_case_grad_fn(vary, *n, &g) : NULL;
@@ -129,8 +129,8 @@ static void table_grads(const em_op_case *c, int r, em_dtype dt, em_tensor **gra
 
 Test(derivs, f32_backward_matches_f64_over_the_op_case_table) {
     int checked = 0;
-    for (int r = 0; r < em_op_case_count; r++) {
-        const em_op_case *c = &em_op_cases[r];
+    for (int r = 0, nr = em_std_case_count(); r < nr; r++) {
+        const em_op_case *c = em_op_case_get(r);
         unsigned both = EM_CASE_DT(EM_F32) | EM_CASE_DT(EM_F64);
         if (!c->typed || !c->differentiable || c->expect != EM_OK || (c->dtypes & both) != both)
             continue;

@@ -67,8 +67,8 @@ Test(op_schema, every_standard_op_has_a_row) {
         cr_assert(s, "%s", name);
         bool diff = !(s->flags & EM_OP_NONDIFF) && (s->backward || s->composite);
         int rows = 0;
-        for (int r = 0; r < em_op_case_count; r++) {
-            const em_op_case *c = &em_op_cases[r];
+        for (int r = 0, nr = em_std_case_count(); r < nr; r++) {
+            const em_op_case *c = em_op_case_get(r);
             if (strcmp(c->op, name) != 0) continue;
             rows++;
             cr_expect_eq(c->differentiable, diff, "%s (%s): the table says %sdifferentiable, the "
@@ -82,12 +82,12 @@ Test(op_schema, every_standard_op_has_a_row) {
             snprintf(missing + len, sizeof missing - len, "%s%s", len ? ", " : "", name);
         }
     }
-    cr_expect_eq(n_missing, 0, "%d declared standard op(s) without a row in tests/op_cases.c: %s",
+    cr_expect_eq(n_missing, 0, "%d declared standard op(s) without a row in core/op_cases.c: %s",
                  n_missing, missing);
     /* Every row names a declared op. */
-    for (int r = 0; r < em_op_case_count; r++)
-        cr_expect(em_op_find(em_op_cases[r].op), "row %d names '%s', which is not declared", r,
-                  em_op_cases[r].op);
+    for (int r = 0, nr = em_std_case_count(); r < nr; r++)
+        cr_expect(em_op_find(em_op_case_get(r)->op), "row %d names '%s', which is not declared", r,
+                  em_op_case_get(r)->op);
 }
 
 /* One row in one dtype. */
@@ -157,8 +157,8 @@ static void check_row(const em_op_case *c, int r, em_dtype dt) {
 
 Test(op_schema, typed_and_by_name_are_the_same_op) {
     int checked = 0;
-    for (int r = 0; r < em_op_case_count; r++) {
-        const em_op_case *c = &em_op_cases[r];
+    for (int r = 0, nr = em_std_case_count(); r < nr; r++) {
+        const em_op_case *c = em_op_case_get(r);
         for (int d = 0; d < EM_DTYPE_COUNT; d++) {
             if (!(c->dtypes & EM_CASE_DT(d))) continue;
             check_row(c, r, (em_dtype)d);
@@ -166,7 +166,7 @@ Test(op_schema, typed_and_by_name_are_the_same_op) {
         }
     }
     int bits = 0;
-    for (int r = 0; r < em_op_case_count; r++) bits += count_bits(em_op_cases[r].dtypes);
+    for (int r = 0, nr = em_std_case_count(); r < nr; r++) bits += count_bits(em_op_case_get(r)->dtypes);
     cr_expect_eq(checked, bits);
     cr_expect_gt(checked, 500, "only %d (row, dtype) pairs", checked);
 }
@@ -262,8 +262,8 @@ static void low_vs_f32(const em_op_case *c, int r, em_dtype low) {
 
 Test(op_schema, low_precision_within_the_tables_tolerance) {
     int checked = 0;
-    for (int r = 0; r < em_op_case_count; r++) {
-        const em_op_case *c = &em_op_cases[r];
+    for (int r = 0, nr = em_std_case_count(); r < nr; r++) {
+        const em_op_case *c = em_op_case_get(r);
         const em_op_schema *s = em_op_schema_of(em_op_find(c->op));
         if (!c->typed || c->expect != EM_OK || !(c->dtypes & EM_CASE_DT(EM_F32)) ||
             s->n_inputs == 0)
@@ -286,8 +286,8 @@ Test(op_schema, low_precision_within_the_tables_tolerance) {
  * random direction per output). */
 Test(op_schema, differentiable_rows_pass_gradcheck_in_f64) {
     int checked = 0;
-    for (int r = 0; r < em_op_case_count; r++) {
-        const em_op_case *c = &em_op_cases[r];
+    for (int r = 0, nr = em_std_case_count(); r < nr; r++) {
+        const em_op_case *c = em_op_case_get(r);
         if (!c->typed || !c->differentiable || c->expect != EM_OK ||
             !(c->dtypes & EM_CASE_DT(EM_F64)))
             continue;
@@ -295,7 +295,7 @@ Test(op_schema, differentiable_rows_pass_gradcheck_in_f64) {
         for (int i = 0; i < c->n_in; i++) expanded |= c->in[i].layout == EM_CASE_EXPANDED;
         if (expanded) continue;
         cr_assert_eq(em_scope_begin(), EM_OK);
-        em_case_grad g;
+        em_case_grad g = {.struct_size = sizeof g};
         em_tensor *vary[EM_CASE_MAX_IN];
         em_case_grad_setup(c, EM_F64, (uint64_t)r, &g, vary);
         /* Rows whose results are empty or not finite (a NaN bound, division by 0) have

@@ -5,7 +5,7 @@
  * tests/fixtures/gen_added_ops.py), plain loops (integer floor division, erf(erfinv(y)) = y,
  * dropout's y = x * mask / (1 - p) and its mask against em_bernoulli_'s stream), and
  * derivatives against finite differences in f64 (em_gradcheck). Typed versus by name and the
- * dtype x layout rows are the op-case table's (tests/op_cases.c, test_op_schema).
+ * dtype x layout rows are the op-case table's (core/op_cases.c, test_op_schema).
  */
 #include <criterion/criterion.h>
 #include <math.h>

@@ -130,63 +130,111 @@ static int64_t sat_i64(double v) {
         }                                                                                      \
     }
 
-/* f32 with the contiguous run in a vectorised, CPU-dispatched function. */
+/* f32 in a vectorised, CPU-dispatched function, in blocks of FAST_BLOCK elements: a short tail
+ * is padded to a whole block and strided operands are gathered into one, so every element goes
+ * through the same vector code whatever the layout (a transposed, sliced or expanded input
+ * gives the bits of its contiguous copy; a scalar epilogue would round differently). */
+#define FAST_BLOCK 16
 #define FAST1(name, OT, EXPR)                                                                  \
-    SIMD_CLONES static void name##_f32_run(OT *o, const float *a, int64_t n, float p0,         \
-                                           float p1) {                                         \
+    static inline __attribute__((always_inline)) void name##_f32_blk(OT *o, const float *a,    \
+                                                                     float p0, float p1) {     \
         (void)p0, (void)p1;                                                                    \
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                  \
+        _Pragma("omp simd") for (int i = 0; i < FAST_BLOCK; i++) {                             \
             float x = a[i];                                                                    \
             o[i] = (EXPR);                                                                     \
+        }                                                                                      \
+    }                                                                                          \
+    SIMD_CLONES static void name##_f32_run(OT *o, const float *a, int64_t n, float p0,         \
+                                           float p1) {                                         \
+        int64_t i = 0;                                                                         \
+        for (; i + FAST_BLOCK <= n; i += FAST_BLOCK) name##_f32_blk(o + i, a + i, p0, p1);     \
+        if (i < n) {                                                                           \
+            float ta[FAST_BLOCK] = {0};                                                        \
+            OT to[FAST_BLOCK];                                                                 \
+            memcpy(ta, a + i, sizeof(float) * (size_t)(n - i));                                \
+            name##_f32_blk(to, ta, p0, p1);                                                    \
+            memcpy(o + i, to, sizeof(OT) * (size_t)(n - i));                                   \
+        }                                                                                      \
+    }                                                                                          \
+    SIMD_CLONES static void name##_f32_gather(char **p, const int64_t *s, int64_t n, float p0, \
+                                              float p1) {                                      \
+        float ta[FAST_BLOCK] = {0};                                                            \
+        OT to[FAST_BLOCK];                                                                     \
+        for (int64_t i = 0; i < n; i += FAST_BLOCK) {                                          \
+            int m = n - i < FAST_BLOCK ? (int)(n - i) : FAST_BLOCK;                            \
+            for (int j = 0; j < m; j++) ta[j] = *(const float *)(p[1] + (i + j) * s[1]);       \
+            name##_f32_blk(to, ta, p0, p1);                                                    \
+            for (int j = 0; j < m; j++) *(OT *)(p[0] + (i + j) * s[0]) = to[j];                \
         }                                                                                      \
     }                                                                                          \
     static void name##_f32(char **p, const int64_t *s, int64_t n, void *vc) {                  \
         const mctx *c = vc;                                                                    \
         const float p0 = (float)c->d0, p1 = (float)c->d1;                                      \
-        (void)p0, (void)p1;                                                                    \
-        if (s[0] == (int64_t)sizeof(OT) && s[1] == 4) {                                        \
+        if (s[0] == (int64_t)sizeof(OT) && s[1] == 4)                                          \
             name##_f32_run((OT *)p[0], (const float *)p[1], n, p0, p1);                        \
-            return;                                                                            \
-        }                                                                                      \
-        for (int64_t i = 0; i < n; i++) {                                                      \
-            float x = *(const float *)(p[1] + i * s[1]);                                       \
-            *(OT *)(p[0] + i * s[0]) = (EXPR);                                                 \
-        }                                                                                      \
+        else                                                                                   \
+            name##_f32_gather(p, s, n, p0, p1);                                                \
     }
 
 #define FAST2(name, OT, EXPR)                                                                  \
-    SIMD_CLONES static void name##_f32_run(OT *o, const float *a, const float *b, int64_t n,   \
-                                           float p0, float p1) {                               \
+    static inline __attribute__((always_inline)) void name##_f32_blk(                          \
+        OT *o, const float *a, const float *b, float p0, float p1) {                           \
         (void)p0, (void)p1;                                                                    \
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                  \
+        _Pragma("omp simd") for (int i = 0; i < FAST_BLOCK; i++) {                             \
             float x = a[i], y = b[i];                                                          \
             o[i] = (EXPR);                                                                     \
         }                                                                                      \
     }                                                                                          \
+    SIMD_CLONES static void name##_f32_run(OT *o, const float *a, const float *b, int64_t n,   \
+                                           float p0, float p1) {                               \
+        int64_t i = 0;                                                                         \
+        for (; i + FAST_BLOCK <= n; i += FAST_BLOCK)                                           \
+            name##_f32_blk(o + i, a + i, b + i, p0, p1);                                       \
+        if (i < n) {                                                                           \
+            float ta[FAST_BLOCK] = {0}, tb[FAST_BLOCK] = {0};                                  \
+            OT to[FAST_BLOCK];                                                                 \
+            memcpy(ta, a + i, sizeof(float) * (size_t)(n - i));                                \
+            memcpy(tb, b + i, sizeof(float) * (size_t)(n - i));                                \
+            name##_f32_blk(to, ta, tb, p0, p1);                                                \
+            memcpy(o + i, to, sizeof(OT) * (size_t)(n - i));                                   \
+        }                                                                                      \
+    }                                                                                          \
     SIMD_CLONES static void name##_f32_run_s(OT *o, const float *a, float y, int64_t n,        \
                                              float p0, float p1) {                             \
-        (void)p0, (void)p1;                                                                    \
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                  \
-            float x = a[i];                                                                    \
-            o[i] = (EXPR);                                                                     \
+        float ta[FAST_BLOCK] = {0}, tb[FAST_BLOCK];                                            \
+        OT to[FAST_BLOCK];                                                                     \
+        for (int j = 0; j < FAST_BLOCK; j++) tb[j] = y;                                        \
+        int64_t i = 0;                                                                         \
+        for (; i + FAST_BLOCK <= n; i += FAST_BLOCK) name##_f32_blk(o + i, a + i, tb, p0, p1); \
+        if (i < n) {                                                                           \
+            memcpy(ta, a + i, sizeof(float) * (size_t)(n - i));                                \
+            name##_f32_blk(to, ta, tb, p0, p1);                                                \
+            memcpy(o + i, to, sizeof(OT) * (size_t)(n - i));                                   \
+        }                                                                                      \
+    }                                                                                          \
+    SIMD_CLONES static void name##_f32_gather(char **p, const int64_t *s, int64_t n, float p0, \
+                                              float p1) {                                      \
+        float ta[FAST_BLOCK] = {0}, tb[FAST_BLOCK] = {0};                                      \
+        OT to[FAST_BLOCK];                                                                     \
+        for (int64_t i = 0; i < n; i += FAST_BLOCK) {                                          \
+            int m = n - i < FAST_BLOCK ? (int)(n - i) : FAST_BLOCK;                            \
+            for (int j = 0; j < m; j++) {                                                      \
+                ta[j] = *(const float *)(p[1] + (i + j) * s[1]);                               \
+                tb[j] = *(const float *)(p[2] + (i + j) * s[2]);                               \
+            }                                                                                  \
+            name##_f32_blk(to, ta, tb, p0, p1);                                                \
+            for (int j = 0; j < m; j++) *(OT *)(p[0] + (i + j) * s[0]) = to[j];                \
         }                                                                                      \
     }                                                                                          \
     static void name##_f32(char **p, const int64_t *s, int64_t n, void *vc) {                  \
         const mctx *c = vc;                                                                    \
         const float p0 = (float)c->d0, p1 = (float)c->d1;                                      \
-        (void)p0, (void)p1;                                                                    \
-        if (s[0] == (int64_t)sizeof(OT) && s[1] == 4 && s[2] == 4) {                           \
+        if (s[0] == (int64_t)sizeof(OT) && s[1] == 4 && s[2] == 4)                             \
             name##_f32_run((OT *)p[0], (const float *)p[1], (const float *)p[2], n, p0, p1);   \
-            return;                                                                            \
-        }                                                                                      \
-        if (s[0] == (int64_t)sizeof(OT) && s[1] == 4 && s[2] == 0) {                           \
+        else if (s[0] == (int64_t)sizeof(OT) && s[1] == 4 && s[2] == 0)                        \
             name##_f32_run_s((OT *)p[0], (const float *)p[1], *(const float *)p[2], n, p0, p1); \
-            return;                                                                            \
-        }                                                                                      \
-        for (int64_t i = 0; i < n; i++) {                                                      \
-            float x = *(const float *)(p[1] + i * s[1]), y = *(const float *)(p[2] + i * s[2]); \
-            *(OT *)(p[0] + i * s[0]) = (EXPR);                                                 \
-        }                                                                                      \
+        else                                                                                   \
+            name##_f32_gather(p, s, n, p0, p1);                                                \
     }
 
 /* f16 and bf16 through the f32 loop: blocks of 256 elements are converted to float (the

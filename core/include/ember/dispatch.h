@@ -384,6 +384,49 @@ EM_API em_status em_op_call_lists(const em_op *op, int count, const em_tensor *c
  * supports() predicate may still decline a call). */
 EM_API bool em_op_has_kernel(const em_op *op, em_device dev, em_dtype dtype);
 
+/* ---- kernel stacks (checking tools: ember-opcheck) ---------------------------------------
+ *
+ * The kernels of one (op, device type, dtype), top of the stack (the one a call picks first)
+ * to bottom, and a way to run one of them: a checker compares each kernel with the one below
+ * it. The ordinary call path does not look at any of this. A kernel pointer is valid while it
+ * is registered. New in EMBER_1.1. */
+
+/* Number of kernels registered for op on dev's device type and dtype (0: none, or NULL op). */
+EM_API size_t em_op_kernel_count(const em_op *op, em_device dev, em_dtype dtype);
+/* Kernel i of that stack, 0 the top; NULL past the end. */
+EM_API const em_kernel *em_op_kernel_get(const em_op *op, em_device dev, em_dtype dtype,
+                                         size_t i);
+/* The core's copy of a kernel's definition (op, device type, dtype, priority, name, fn,
+ * supports, user); NULL for NULL. Read-only, valid while the kernel is registered. */
+EM_API const em_kernel_def *em_kernel_def_of(const em_kernel *k);
+/* The registry that registered k (a plugin's, the program's); NULL for NULL. */
+EM_API const em_registry *em_kernel_owner(const em_kernel *k);
+/* em_op_call_at flags: every output of the call (given or allocated, and those of a
+ * composite's call of its own kernel) is filled with poison before the kernel runs — NaN for
+ * floating dtypes, 0xA5 bytes otherwise — so an element the kernel does not write shows. */
+#define EM_CALL_POISON (1u << 0)
+
+/* Run op as em_op_call_n does (argument checks, dtype policy, inference, broadcasting,
+ * autograd) with the kernel `depth` below the top of the stack this call dispatches on (0:
+ * the top, what a plain call tries first), without trying others: a checker runs depth 0, 1,
+ * ... until EM_ERR_RANGE and compares each with the next. A composite runs as usual and the
+ * choice applies to its call of its own kernel (em_op_call_kernel). *kernel (may be NULL)
+ * receives the kernel found at that depth, also when it declines; NULL after a success means
+ * the composite did not call its kernel for these inputs. out has room for cap_out tensors;
+ * for an op that is not a composite, an entry that is non-NULL on entry is used as that output
+ * (it must have the inferred dtype and shape and be on the inputs' device), a NULL one is
+ * allocated. On success out[0 .. *n_out) hold new references (in the thread's scope). An op
+ * without inputs (a fill) takes n_in 0 and every output given. flags: EM_CALL_POISON or 0.
+ * Errors: the op's own; EM_ERR_RANGE when the stack has no kernel at depth (the message says
+ * how many it has); EM_ERR_NOKERNEL when that kernel's supports() declines the call (it is not
+ * run); EM_ERR_SHAPE for a given output of the wrong geometry; EM_ERR_INVALID for a list op, a
+ * composite without a kernel, given outputs of a composite, or more than 8 inputs. */
+EM_API em_status em_op_call_at(const em_op *op, size_t depth, unsigned flags,
+                               const em_tensor *const *in, int n_in, const em_attr *attrs,
+                               em_tensor **out /* in, out */, int cap_out,
+                               int *n_out /* out */,
+                               const em_kernel **kernel /* out, may be NULL */);
+
 /* ---- fallback, placement and profiling -------------------------------------------------- */
 
 typedef enum em_fallback_policy {

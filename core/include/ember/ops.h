@@ -27,7 +27,7 @@
  *      derivative, and the typed function as one line;
  *   2. its CPU kernel in one plugin file (plugins/backend-cpu/cpu_<family>.c);
  *   3. one declaration here;
- *   4. its rows in the op-case table (tests/op_cases.c); make check fails without them.
+ *   4. its rows in the op-case table (core/op_cases.c); make check fails without them.
  */
 #ifndef EMBER_OPS_H
 #define EMBER_OPS_H

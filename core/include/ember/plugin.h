@@ -30,6 +30,16 @@
  * loaded, or its register function fails (everything it registered is removed again).
  * EMBER_DISABLE_PLUGINS=name,... skips plugins by name.
  *
+ * Sample inputs for the ops a plugin declares are case rows (ember/opcase.h): a static const
+ * array of em_op_case registered from the register function with em_op_cases_register(reg,
+ * rows, n). Rows, not a sample-input callback in the schema, because rows are data: the core,
+ * its tests and ember-opcheck read every op's rows the same way through the registry (the
+ * standard ops' rows are registered by the core), a row states its dtypes, layouts, expected
+ * status and tolerance so a checker knows what to compare, and a row can describe an invalid
+ * call. A plugin op with no rows is still checked by ember-opcheck with generic inputs derived
+ * from its schema (same-shape floating tensors of several shapes and layouts, default
+ * attributes), which its report says, with what it could not check (docs/opcheck.md).
+ *
  * Compatibility. Every struct a plugin fills or reads starts with struct_size and is read by
  * the prefix rule: the core accepts a struct_size at least the oldest layout that holds the
  * fields it needs (a plugin built against older, smaller headers), reads only the bytes that

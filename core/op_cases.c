@@ -1,136 +1,20 @@
 /*
- * tests/op_cases.c — the op-case table (tests/op_cases.h): the rows, the typed-function
- * adapters, and the input generators.
+ * core/op_cases.c — the case rows of the standard op set (ember/opcase.h), registered by
+ * em_init() with the core's registry: the rows and their typed-function adapters. Adding an
+ * op: one row (or a few: a layout, an invalid attribute) and, when it has a typed function,
+ * its adapter here. tests/test_op_schema's coverage check fails while a declared standard op
+ * has no row.
  */
-#include "op_cases.h"
+#include "ember/autograd.h"
+#include "ember/ops.h"
+#include "ember/opcase.h"
+#include "ember/random.h"
+#include "ember/scope.h"
+#include "internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- generators ------------------------------------------------------------------------- */
-
-static double lcg(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(*s >> 11) * 0x1p-53; /* [0, 1) */
-}
-
-em_tensor *em_case_make(const em_case_input *spec, em_dtype row_dtype, uint64_t seed) {
-    if (spec->absent) return NULL;
-    em_dtype dt = spec->dtype >= 0 ? (em_dtype)spec->dtype : row_dtype;
-    /* The base tensor the view is taken of. */
-    int nd = spec->ndim;
-    int64_t base[4];
-    memcpy(base, spec->shape, sizeof base);
-    em_case_layout lay = spec->layout;
-    if (lay == EM_CASE_TRANSPOSED && nd < 2) lay = EM_CASE_CONTIG;
-    if ((lay == EM_CASE_SLICED || lay == EM_CASE_EXPANDED) && nd < 1) lay = EM_CASE_CONTIG;
-    if (lay == EM_CASE_TRANSPOSED) base[nd - 2] = spec->shape[nd - 1], base[nd - 1] = spec->shape[nd - 2];
-    if (lay == EM_CASE_SLICED) base[nd - 1] = spec->shape[nd - 1] + 2;
-    if (lay == EM_CASE_EXPANDED) base[0] = 1;
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++) n *= base[i];
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    if (!v) return NULL;
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 12345;
-    bool integral = !em_dtype_is_floating(dt);
-    for (int64_t i = 0; i < n; i++) {
-        double u = lcg(&s), r;
-        switch (spec->values) {
-        case EM_CASE_POS: r = 0.25 + 2 * u; break;
-        case EM_CASE_INDEX: r = floor(u * (double)(spec->bound > 0 ? spec->bound : 1)); break;
-        case EM_CASE_BOOLS: r = u < 0.5; break;
-        case EM_CASE_PROB: r = 0.05 + 0.9 * u; break;
-        case EM_CASE_ONES: r = 1; break;
-        default: r = 4 * u - 2; break;
-        }
-        if (integral && spec->values == EM_CASE_RANDN) r = dt == EM_U8 ? floor(u * 7) : round(r * 3);
-        if (integral && spec->values == EM_CASE_POS) r = 1 + floor(u * 4);
-        if (dt == EM_BOOL && spec->values != EM_CASE_BOOLS) r = r != 0;
-        v[i] = r;
-    }
-    em_tensor *src = em_from_data(v, nd, base, EM_F64, em_cpu());
-    free(v);
-    em_tensor *t = src ? em_to_dtype(src, dt) : NULL;
-    if (!t) return NULL;
-    switch (lay) {
-    case EM_CASE_TRANSPOSED: return em_transpose(t, nd - 2, nd - 1);
-    case EM_CASE_SLICED: return em_narrow(t, nd - 1, 1, spec->shape[nd - 1]);
-    case EM_CASE_EXPANDED: return em_expand(t, nd, spec->shape);
-    default: return t;
-    }
-}
-
-em_status em_case_inputs(const em_op_case *c, em_dtype dt, uint64_t seed, em_tensor **in) {
-    for (int i = 0; i < c->n_in; i++) {
-        in[i] = em_case_make(&c->in[i], dt, seed * 31 + (uint64_t)i);
-        if (!in[i] && !c->in[i].absent) return em_last_status();
-    }
-    return EM_OK;
-}
-
-int em_case_grad_setup(const em_op_case *c, em_dtype dt, uint64_t seed, em_case_grad *g,
-                       em_tensor **vary) {
-    *g = (em_case_grad){.c = c};
-    for (int i = 0; i < c->n_in; i++) {
-        em_tensor *t = em_case_make(&c->in[i], dt, seed * 131 + (uint64_t)i);
-        g->all[i] = t;
-        if (!t || c->in[i].dtype >= 0 || c->in[i].values == EM_CASE_INDEX ||
-            (c->no_grad >> i & 1u))
-            continue;
-        em_tensor *leaf = em_clone(t);
-        if (!leaf || em_requires_grad_(leaf, true) != EM_OK) continue;
-        g->which[g->n] = i;
-        vary[g->n++] = leaf;
-    }
-    return g->n;
-}
-
-em_tensor *em_case_grad_fn(em_tensor *const *inputs, int n, void *user) {
-    em_case_grad *g = user;
-    em_tensor *in[EM_CASE_MAX_IN];
-    memcpy(in, g->all, sizeof in);
-    for (int k = 0; k < n; k++) in[g->which[k]] = inputs[k];
-    em_tensor *out[16] = {0};
-    int no = 0;
-    if (g->c->typed((const em_tensor *const *)in, g->c->attrs, out, &no) != EM_OK) return NULL;
-    const em_op_schema *sch = em_op_schema_of(em_op_find(g->c->op));
-    if (!(sch->flags & EM_OP_VARIADIC_OUTPUTS)) no = no > 0;
-    em_tensor *acc = NULL;
-    for (int k = 0; k < no; k++) {
-        if (!em_dtype_is_floating(em_tensor_dtype(out[k]))) continue;
-        em_tensor *s;
-        int nd = em_tensor_ndim(out[k]);
-        if (nd <= 4) {
-            em_case_input dir = {.ndim = nd, .dtype = -1};
-            memcpy(dir.shape, em_tensor_shape(out[k]), sizeof(int64_t) * (size_t)nd);
-            em_tensor *w = em_case_make(&dir, em_tensor_dtype(out[k]), 977 + (uint64_t)k);
-            s = em_sum(em_mul(out[k], w), 0, NULL, false);
-        } else {
-            s = em_sum(out[k], 0, NULL, false);
-        }
-        acc = acc ? em_add(acc, s) : s;
-    }
-    return acc;
-}
-
-unsigned em_case_dtypes_of(const char *op) {
-    unsigned dts = 0;
-    for (int r = 0; r < em_op_case_count; r++)
-        if (em_op_cases[r].expect == EM_OK && strcmp(em_op_cases[r].op, op) == 0)
-            dts |= em_op_cases[r].dtypes;
-    return dts;
-}
-
-double em_case_tolerance(em_dtype dt) {
-    switch (dt) {
-    case EM_F32: return 1e-5;
-    case EM_F64: return 1e-12;
-    case EM_F16: return 2e-3;
-    case EM_BF16: return 1.6e-2;
-    default: return 0;
-    }
-}
 
 /* ---- typed adapters ---------------------------------------------------------------------- */
 
@@ -442,12 +326,19 @@ static em_status t_linspace(const em_tensor *const *in, const em_attr *a, em_ten
 
 /* A row: op, variant, adapter, dtypes, expected status, differentiable, inputs, attributes. */
 #define ROW(name, var, fn, dts, st, diff, nin, INS, ...)                                        \
-    {.op = name, .variant = var, .typed = fn, .dtypes = dts, .expect = st,                      \
+    {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
+     .dtypes = dts, .expect = st,                                                               \
      .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}}
 /* A row with inputs that get no gradient by definition (bit i: input i). */
 #define ROWNG(mask, name, var, fn, dts, st, diff, nin, INS, ...)                                \
-    {.op = name, .variant = var, .typed = fn, .dtypes = dts, .expect = st,                      \
+    {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
+     .dtypes = dts, .expect = st,                                                               \
      .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}, .no_grad = mask}
+/* A row of an op that draws from a generator (ember/opcase.h: EM_CASE_DRAWS). */
+#define ROWD(name, var, fn, dts, st, diff, nin, INS, ...)                                       \
+    {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
+     .dtypes = dts, .expect = st, .flags = EM_CASE_DRAWS,                                       \
+     .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}}
 #define INS(...) {__VA_ARGS__}
 #define OK EM_OK
 #define EDT EM_ERR_DTYPE
@@ -502,7 +393,7 @@ static const int64_t pad_2d[4] = {1, 2, 0, 1}, pad_odd[3] = {1, 1, 1},
     ROW(name, "a dim twice", fn, dts, EINV, diff, 1, INS(I(2, CONTIG, val, 3, 4)),              \
         INTS(2, 1, -1), B(false))
 
-const em_op_case em_op_cases[] = {
+static const em_op_case std_cases[] = {
     /* ---- core elementwise (ops.c) ---- */
     ROW("copy", "transposed", t_copy, D_ALL, OK, true, 1, INS(I(2, TRANSPOSED, RANDN, 3, 4))),
     ROW("fill", "value", t_fill, D_ALL, OK, false, 0, INS(I(2, CONTIG, RANDN, 2, 3)), F(1.5)),
@@ -534,17 +425,17 @@ const em_op_case em_op_cases[] = {
         INS(I(1, CONTIG, RANDN, 10)), F(0), F(0.5), F(5)),
     ROW("arange", "step 0", t_arange, D_F32_64, EINV, false, 0, INS(I(1, CONTIG, RANDN, 1)),
         F(0), F(0), F(5)),
-    ROW("uniform", "[-1, 2)", t_uniform, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
+    ROWD("uniform", "[-1, 2)", t_uniform, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
         N(7), N(3), F(-1), F(2)),
     ROW("uniform", "lo > hi", t_uniform, D_F32_64, EINV, false, 0, INS(I(1, CONTIG, RANDN, 3)),
         N(7), N(0), F(2), F(1)),
     ROW("uniform", "integer tensor", t_uniform, D_I64, EDT, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(7), N(0), F(0), F(1)),
-    ROW("normal", "mean 1, std 2", t_normal, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
+    ROWD("normal", "mean 1, std 2", t_normal, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
         N(9), N(1), F(1), F(2)),
     ROW("normal", "negative std", t_normal, D_F32_64, EINV, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(9), N(0), F(0), F(-1)),
-    ROW("bernoulli", "p 0.3", t_bernoulli, D_ALL, OK, false, 0, INS(I(1, CONTIG, RANDN, 17)),
+    ROWD("bernoulli", "p 0.3", t_bernoulli, D_ALL, OK, false, 0, INS(I(1, CONTIG, RANDN, 17)),
         N(5), N(2), F(0.3), NA),
     ROW("bernoulli", "p 1.5", t_bernoulli, D_F32_64, EINV, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(5), N(0), F(1.5), NA),
@@ -763,7 +654,7 @@ const em_op_case em_op_cases[] = {
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 1),
             I(2, CONTIG, POS, 3, 1), I(1, CONTIG, POS, 4)),
         N(1)),
-    ROW("dropout", "p 0.3, training", t_dropout, D_F, OK, true, 1,
+    ROWD("dropout", "p 0.3, training", t_dropout, D_F, OK, true, 1,
         INS(I(2, TRANSPOSED, RANDN, 5, 7)), F(0.3), B(true), N(11), N(4)),
     ROW("dropout", "eval", t_dropout, D_F32_64, OK, true, 1, INS(I(2, CONTIG, RANDN, 3, 4)),
         F(0.5), B(false), N(0), N(0)),
@@ -977,4 +868,7 @@ const em_op_case em_op_cases[] = {
         F(1e-3), F(0.9), F(0.999), F(1e-8), F(0.01), F(1), B(false), B(false)),
 };
 
-const int em_op_case_count = (int)(sizeof em_op_cases / sizeof em_op_cases[0]);
+const em_op_case *em__op_cases_standard(size_t *n) {
+    *n = sizeof std_cases / sizeof std_cases[0];
+    return std_cases;
+}
