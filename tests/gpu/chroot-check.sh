@@ -14,11 +14,11 @@
 #      (the bundled digits, 2 epochs) trains, with LD_LIBRARY_PATH = the bundle's lib/ alone;
 #   3. tests/gpu/run.sh --device cpu (every suite: the harness's unpacking, library search,
 #      version report and tables, on the CPU) passes;
-#   4. when the bundle has the CUDA plugin: without CUDA libraries it is refused with the
-#      loader's message naming libcudart; with this machine's libcudart placed where a Python
-#      wheel puts it (site-packages/nvidia/cu13/lib, found by run.sh's search), it loads and
-#      reports no device, and ember-train --device cuda exits 2 — what a GPU-less machine
-#      with the GPU machine's layout does.
+#   4. when the bundle has the CUDA plugin: with no CUDA library it loads (its runtime is
+#      static) and reports 'cuda: 0 devices', ember-train --device cuda exits 2; with this
+#      machine's cudart, cuBLAS(Lt) and cuDNN where the GPU machine's wheels have them
+#      (/opt/torch/.venv/.../site-packages/nvidia/{cu13,cudnn}/lib), run.sh --device cuda
+#      finds them, prints their versions and stops with "no CUDA device".
 # The chroot is kept in $EMBER_CHROOT (default /var/tmp/ember-chroot-bookworm) and reused; it
 # gets xz-utils (run.sh unpacks the archive with tar -J; the GPU machine also has python3's
 # tarfile to fall back on). Exit 0 when every check passed.
@@ -108,31 +108,45 @@ ls "$W/gpu-out" | tr '\n' ' ' | sed 's/^/     tables: /'; echo
 
 echo "== 4. the CUDA plugin"
 if [ -f "$R$B/lib/ember/plugins/ember-cuda.so" ]; then
+    # No CUDA library at all: a statically linked runtime loads and reports no device, a
+    # dynamically linked one is refused with the loader's message naming libcudart.
     info=$(in_root "${E[@]}" $B/bin/ember-info 2>&1 || true)
-    if printf '%s\n' "$info" | grep -q 'libcudart'; then ok "without CUDA libraries: refused, naming libcudart"; else bad "without CUDA libraries: no message naming libcudart"; printf '%s\n' "$info" | grep -i cuda | head; fi
-    rt=$(ldconfig -p | awk '/libcudart\.so\.13 / {print $NF; exit}')
-    if [ -n "$rt" ]; then
-        fake=/opt/pyfake/lib/python3.12/site-packages/nvidia/cu13/lib
-        mkdir -p "$R$fake"
-        cp -L "$rt" "$R$fake/"
-        info=$(in_root LD_LIBRARY_PATH=$B/lib:$fake $B/bin/ember-info 2>&1 || true)
-        if printf '%s\n' "$info" | grep -E -q 'cuda: 0 devices|cuda.*0 device'; then ok "with libcudart from a wheel's place: loads, 'cuda: 0 devices'"; else bad "with libcudart: no 'cuda: 0 devices'"; printf '%s\n' "$info" | grep -i cuda | head; fi
-        set +e
-        in_root LD_LIBRARY_PATH=$B/lib:$fake sh -c "cd /work && $B/bin/ember-train examples/digits.yaml --device cuda --epochs 1" > /tmp/chroot-check-cuda.txt 2>&1
-        rc=$?
-        set -e
-        if [ $rc = 2 ]; then ok "ember-train --device cuda: exit 2: $(tail -1 /tmp/chroot-check-cuda.txt)"; else bad "ember-train --device cuda: exit $rc"; tail -5 /tmp/chroot-check-cuda.txt; fi
-        # run.sh's library search finds that directory by the glob (no python3 in the chroot).
-        if in_root sh -c "cd /work && OUT=/tmp/o EMBER_GPU_T_TRAIN=1 bash tests/gpu/run.sh --device cuda train" > /tmp/chroot-check-runcuda.txt 2>&1; then
-            bad "run.sh --device cuda passed without a GPU"
-        elif grep -q "$fake" /tmp/chroot-check-runcuda.txt && grep -q 'no CUDA device' /tmp/chroot-check-runcuda.txt; then
-            ok "run.sh --device cuda: found $fake, stopped: $(grep 'no CUDA device' /tmp/chroot-check-runcuda.txt | head -1)"
-        else
-            bad "run.sh --device cuda without a GPU:"; tail -15 /tmp/chroot-check-runcuda.txt
-        fi
-        rm -rf "$R/opt/pyfake"
+    if in_root "${E[@]}" ldd $B/lib/ember/plugins/ember-cuda.so | grep -q libcudart; then
+        if printf '%s\n' "$info" | grep -q 'libcudart'; then ok "no CUDA library: refused, naming libcudart"; else bad "no CUDA library: no message naming libcudart"; fi
+    elif printf '%s\n' "$info" | grep -q 'cuda: 0 devices'; then
+        ok "no CUDA library (static cudart): $(printf '%s\n' "$info" | grep -m1 'cuda: 0 devices' | sed 's/^ *//')"
     else
-        echo "  (no libcudart.so.13 here: the with-cudart checks are skipped)"
+        bad "no CUDA library: ember-info does not say 'cuda: 0 devices'"; printf '%s\n' "$info" | grep -i cuda | head
+    fi
+    set +e
+    in_root "${E[@]}" sh -c "cd /work && $B/bin/ember-train examples/digits.yaml --device cuda --epochs 1" > /tmp/chroot-check-cuda.txt 2>&1
+    rc=$?
+    set -e
+    if [ $rc = 2 ]; then ok "ember-train --device cuda: exit 2: $(tail -1 /tmp/chroot-check-cuda.txt)"; else bad "ember-train --device cuda: exit $rc"; tail -5 /tmp/chroot-check-cuda.txt; fi
+    # This machine's CUDA libraries where the GPU machine's wheels have them (hard links):
+    # run.sh's search must find them (by its glob: no python3 here), report their versions,
+    # then stop for want of a device.
+    py=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
+    rt=$(ldconfig -p | awk '/libcudart\.so\.13 / {print $NF; exit}')
+    bl=$(ldconfig -p | awk '/libcublas\.so\.13 / {print $NF; exit}')
+    blt=$(ldconfig -p | awk '/libcublasLt\.so\.13 / {print $NF; exit}')
+    dn=$(ldconfig -p | awk '/libcudnn\.so\.9 / {print $NF; exit}')
+    if [ -n "$rt" ] && [ -n "$bl" ] && [ -n "$blt" ]; then
+        mkdir -p "$R$py/cu13/lib" "$R$py/cudnn/lib"
+        for f in "$rt" "$bl" "$blt"; do ln -f "$(readlink -f "$f")" "$R$py/cu13/lib/$(basename "$f")" 2>/dev/null || cp -L "$f" "$R$py/cu13/lib/"; done
+        [ -n "$dn" ] && { ln -f "$(readlink -f "$dn")" "$R$py/cudnn/lib/libcudnn.so.9" 2>/dev/null || cp -L "$dn" "$R$py/cudnn/lib/"; }
+        if in_root sh -c "cd /work && OUT=/tmp/o bash tests/gpu/run.sh --device cuda train" > /tmp/chroot-check-runcuda.txt 2>&1; then
+            bad "run.sh --device cuda passed without a GPU"
+        elif grep -q "$py/cu13/lib" /tmp/chroot-check-runcuda.txt && grep -q '^cublas  *13' /tmp/chroot-check-runcuda.txt &&
+             grep -q 'no CUDA device' /tmp/chroot-check-runcuda.txt; then
+            ok "run.sh --device cuda: found $py/cu13/lib, reported the versions, stopped: $(grep -m1 'no CUDA device' /tmp/chroot-check-runcuda.txt)"
+        else
+            bad "run.sh --device cuda without a GPU:"; tail -20 /tmp/chroot-check-runcuda.txt
+        fi
+        sed -n '/^library/,/^run.sh/p' /tmp/chroot-check-runcuda.txt | head -8 | sed 's/^/     /'
+        rm -rf "$R/opt/torch"
+    else
+        echo "  (no libcudart/libcublas 13 here: run.sh's library search is not checked)"
     fi
 else
     echo "  the bundle has no ember-cuda.so (packed with --no-cuda): nothing to check"

@@ -108,7 +108,7 @@ if [ ! -e "$bundle/bin/ember-opcheck" ] && { [ -f "$build/tools/ember-opcheck" ]
 fi
 
 # ---- the CUDA plugin and the cuBLAS(Lt) baseline --------------------------------------------
-cudart_v=none cublas_v=none cudnn_v=none uses_cudnn=no
+cudart_v=none cublas_v=none cudnn_v=none uses_cudnn=no cuda_code=none
 if [ $want_cuda = yes ]; then
     [ -f "$bundle/lib/ember/plugins/ember-cuda.so" ] || die "the build made no ember-cuda.so (see $build/config.log)"
     step "bench/gpu_cublas (cuBLASLt and cudart alone)"
@@ -126,14 +126,13 @@ if [ $want_cuda = yes ]; then
     fi
     # cuDNN counts only when the plugin refers to it (linked or named for dlopen).
     if grep -aq 'libcudnn' "$bundle/lib/ember/plugins/ember-cuda.so"; then uses_cudnn=yes; fi
-    # Which GPU code the plugin carries: sm_90 only is what was asked for.
-    if [ -x "$cuda/bin/cuobjdump" ]; then
-        archs=$("$cuda/bin/cuobjdump" --list-elf "$bundle/lib/ember/plugins/ember-cuda.so" 2>/dev/null |
-                grep -o 'sm_[0-9]*[a-z]*' | sort -u | tr '\n' ' ' || true)
-        ptx=$("$cuda/bin/cuobjdump" --list-ptx "$bundle/lib/ember/plugins/ember-cuda.so" 2>/dev/null | grep -c ptx || true)
-        echo "   ember-cuda.so machine code: ${archs:-none}; PTX entries: $ptx"
-        [ "$archs" = "sm_90 " ] || die "ember-cuda.so carries machine code for '${archs}', not sm_90 alone (EMBER_CUDA_ARCH_ARGS in tests/gpu/config.sh)"
-    fi
+    # Which GPU code the plugin carries: sm_90 machine code alone is what was asked for (and
+    # compute_90 PTX, which configure adds for the last architecture).
+    archs=$("$here/fatbin_archs.py" "$bundle/lib/ember/plugins/ember-cuda.so") || die "ember-cuda.so holds no CUDA fat binary"
+    echo "   ember-cuda.so GPU code: $(echo "$archs" | awk '{printf "%s%s %s (x%s)", NR > 1 ? ", " : "", $1, $2, $3}')"
+    other=$(echo "$archs" | awk '$1 == "elf" && $2 != "sm_90"')
+    [ -z "$other" ] || die "ember-cuda.so carries machine code other than sm_90: $other (EMBER_CUDA_ARCH_ARGS in tests/gpu/config.sh)"
+    cuda_code=$(echo "$archs" | awk '{printf "%s%s:%s", NR > 1 ? "," : "", $1, $2}')
 fi
 
 # ---- the libraries they need ----------------------------------------------------------------
@@ -172,6 +171,7 @@ cudart_build=$cudart_v
 cublas_build=$cublas_v
 cudnn_build=$cudnn_v
 plugin_uses_cudnn=$uses_cudnn
+cuda_code=$cuda_code
 fm_train=$FM_TRAIN
 fm_test=$FM_TEST
 EOF

@@ -21,7 +21,7 @@
 # Exit 0 when every suite passed, 1 when one failed, 2 for a usage or setup error.
 # --device cpu rehearses the suites here on the CPU (no CUDA needed, bench reduced: --quick,
 # no cuBLAS row); OUT defaults to gpu-out/ when unset.
-# Time limits per suite (seconds): EMBER_GPU_T_OPS=120 _TRAIN=60 _MEMORY=60 _BENCH=150.
+# Time limits per suite (seconds): EMBER_GPU_T_OPS=180 _TRAIN=60 _MEMORY=60 _BENCH=150.
 set -euo pipefail
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -36,12 +36,14 @@ suite_ops() {
         echo "ops: the bundle has no bin/ember-opcheck (this tree did not build it)" | tee "$OUT/ops.txt"
         return 1
     fi
+    # Straight into $OUT: a run stopped at the suite's limit still leaves what it checked.
+    echo "ember-opcheck --device $DEV --mode eval,grad" > "$OUT/ops.txt"
     set +e
-    "$oc" --device "$DEV" --mode eval,grad > "$WORK/ops.out" 2>&1
+    "$oc" --device "$DEV" --mode eval,grad >> "$OUT/ops.txt" 2>&1
     local rc=$?
     set -e
-    { echo "ember-opcheck --device $DEV --mode eval,grad: exit $rc"; cat "$WORK/ops.out"; } > "$OUT/ops.txt"
-    tail -40 "$WORK/ops.out"
+    echo "exit $rc" >> "$OUT/ops.txt"
+    grep -v -E '^ *(ok|pass)' "$OUT/ops.txt" | tail -40
     return $rc
 }
 
@@ -103,7 +105,11 @@ val() { awk -v w="$2" -v k="$3" '$2 == w { for (i = 3; i <= NF; i++) if (index($
 suite_bench() {
     local rc=0 quick=()
     [ "$DEV" = cpu ] && quick=(--quick)
+    # The raw lines go to $OUT/bench.txt as they come (a run stopped at the limit keeps them);
+    # the table replaces it at the end.
+    : > "$OUT/bench.txt"
     "$B/harness/gpu_step" --device "$DEV" "${quick[@]}" > "$WORK/ember.txt" 2>&1 || { cat "$WORK/ember.txt"; rc=1; }
+    cat "$WORK/ember.txt" >> "$OUT/bench.txt"
     if [ "$DEV" != cpu ]; then
         if [ -x "$B/harness/gpu_cublas" ]; then
             "$B/harness/gpu_cublas" > "$WORK/cublas.txt" 2>&1 || { cat "$WORK/cublas.txt"; rc=1; }
@@ -113,6 +119,7 @@ suite_bench() {
     else
         : > "$WORK/cublas.txt"
     fi
+    cat "$WORK/cublas.txt" >> "$OUT/bench.txt"
     local py=${EMBER_GPU_PYTHON:-python3}
     if "$py" -c 'import torch' 2>/dev/null; then
         PYTHONUNBUFFERED=1 "$py" "$src/bench/gpu_torch.py" --device "$DEV" "${quick[@]}" > "$WORK/torch.txt" 2>&1 ||
@@ -176,6 +183,10 @@ done
 OUT=${OUT:-$src/gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
+tee_pid=$!
+# At the end, let tee write the last lines before the command returns.
+finish() { exec 1>&- 2>&-; wait "$tee_pid" 2>/dev/null || true; }
+trap finish EXIT
 t_start=$SECONDS
 die() { echo "run.sh: $*" >&2; exit 2; }
 echo "== run.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n) ($(uname -sr)); device $DEV; suites: ${suites[*]}"
@@ -306,7 +317,7 @@ export B DEV OUT WORK
 failed=0
 for s in "${suites[@]}"; do
     case $s in
-        ops) lim=${EMBER_GPU_T_OPS:-120} ;;
+        ops) lim=${EMBER_GPU_T_OPS:-180} ;;
         train) lim=${EMBER_GPU_T_TRAIN:-60} ;;
         memory) lim=${EMBER_GPU_T_MEMORY:-60} ;;
         bench) lim=${EMBER_GPU_T_BENCH:-150} ;;
