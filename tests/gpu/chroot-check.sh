@@ -76,7 +76,7 @@ echo "copied $(du -sh "$W" | cut -f1) into $W"
 mkdir -p "$R$(dirname "$B")"
 in_root tar -C "$(dirname "$B")" -xJf /work/gpu-bundle/ember-gpu.tar.xz
 E=(LD_LIBRARY_PATH=$B/lib)
-cuda_re='^(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvrtc|libnvJitLink)\.so'
+cuda_re='(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvrtc|libnvJitLink)\.so'
 missing=$(in_root sh -c "find $B -type f | while read -r f; do head -c 4 \"\$f\" | grep -q ELF || continue; LD_LIBRARY_PATH=$B/lib ldd \"\$f\" | awk -v f=\"\$f\" '/not found/ {print f \": \" \$1}'; done" | sort -u)
 notcuda=$(printf '%s\n' "$missing" | awk -F': ' 'NF' | grep -Ev ": $cuda_re" || true)
 if [ -z "$notcuda" ]; then ok "ldd: every ELF file's libraries found in the bundle or the base system${missing:+ (CUDA libraries left to the GPU machine: $(printf '%s\n' "$missing" | awk -F': ' 'NF {print $2}' | sort -u | tr '\n' ' '))}"; else bad "ldd: not found: $notcuda"; fi
@@ -127,18 +127,22 @@ if [ -f "$R$B/lib/ember/plugins/ember-cuda.so" ]; then
     # run.sh's search must find them (by its glob: no python3 here), report their versions,
     # then stop for want of a device.
     py=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
-    rt=$(ldconfig -p | awk '/libcudart\.so\.13 / {print $NF; exit}')
-    bl=$(ldconfig -p | awk '/libcublas\.so\.13 / {print $NF; exit}')
-    blt=$(ldconfig -p | awk '/libcublasLt\.so\.13 / {print $NF; exit}')
-    dn=$(ldconfig -p | awk '/libcudnn\.so\.9 / {print $NF; exit}')
+    rt=$(ldconfig -p | awk '/libcudart\.so\.13 / && !n++ {print $NF}')
+    bl=$(ldconfig -p | awk '/libcublas\.so\.13 / && !n++ {print $NF}')
+    blt=$(ldconfig -p | awk '/libcublasLt\.so\.13 / && !n++ {print $NF}')
+    dn=$(ldconfig -p | awk '/libcudnn\.so\.9 / && !n++ {print $NF}')
     if [ -n "$rt" ] && [ -n "$bl" ] && [ -n "$blt" ]; then
         mkdir -p "$R$py/cu13/lib" "$R$py/cudnn/lib"
         for f in "$rt" "$bl" "$blt"; do ln -f "$(readlink -f "$f")" "$R$py/cu13/lib/$(basename "$f")" 2>/dev/null || cp -L "$f" "$R$py/cu13/lib/"; done
-        [ -n "$dn" ] && { ln -f "$(readlink -f "$dn")" "$R$py/cudnn/lib/libcudnn.so.9" 2>/dev/null || cp -L "$dn" "$R$py/cudnn/lib/"; }
+        if [ -n "$dn" ]; then # libcudnn.so.9 and the sub-libraries it loads
+            for f in "$(dirname "$dn")"/libcudnn*.so.9; do
+                ln -f "$(readlink -f "$f")" "$R$py/cudnn/lib/$(basename "$f")" 2>/dev/null || cp -L "$f" "$R$py/cudnn/lib/"
+            done
+        fi
         if in_root sh -c "cd /work && OUT=/tmp/o bash tests/gpu/run.sh --device cuda train" > /tmp/chroot-check-runcuda.txt 2>&1; then
             bad "run.sh --device cuda passed without a GPU"
         elif grep -q "$py/cu13/lib" /tmp/chroot-check-runcuda.txt && grep -q '^cublas  *13' /tmp/chroot-check-runcuda.txt &&
-             grep -q 'no CUDA device' /tmp/chroot-check-runcuda.txt; then
+             grep -q '^cudnn  *9' /tmp/chroot-check-runcuda.txt && grep -q 'no CUDA device' /tmp/chroot-check-runcuda.txt; then
             ok "run.sh --device cuda: found $py/cu13/lib, reported the versions, stopped: $(grep -m1 'no CUDA device' /tmp/chroot-check-runcuda.txt)"
         else
             bad "run.sh --device cuda without a GPU:"; tail -20 /tmp/chroot-check-runcuda.txt

@@ -129,10 +129,10 @@ if [ $want_cuda = yes ]; then
     # Which GPU code the plugin carries: sm_90 machine code alone is what was asked for (and
     # compute_90 PTX, which configure adds for the last architecture).
     archs=$("$here/fatbin_archs.py" "$bundle/lib/ember/plugins/ember-cuda.so") || die "ember-cuda.so holds no CUDA fat binary"
-    echo "   ember-cuda.so GPU code: $(echo "$archs" | awk '{printf "%s%s %s (x%s)", NR > 1 ? ", " : "", $1, $2, $3}')"
+    echo "   ember-cuda.so GPU code: $(echo "$archs" | awk '{printf "%s%s %s (x%s)", (NR > 1 ? ", " : ""), $1, $2, $3}')"
     other=$(echo "$archs" | awk '$1 == "elf" && $2 != "sm_90"')
     [ -z "$other" ] || die "ember-cuda.so carries machine code other than sm_90: $other (EMBER_CUDA_ARCH_ARGS in tests/gpu/config.sh)"
-    cuda_code=$(echo "$archs" | awk '{printf "%s%s:%s", NR > 1 ? "," : "", $1, $2}')
+    cuda_code=$(echo "$archs" | awk '{printf "%s%s:%s", (NR > 1 ? "," : ""), $1, $2}')
 fi
 
 # ---- the libraries they need ----------------------------------------------------------------

@@ -15,6 +15,8 @@
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 typedef int (*int_out_fn)(int *);
 typedef int (*attr_fn)(int *, int, int);
@@ -49,6 +51,7 @@ static void print_path(const char *key, void *fn) {
 
 int main(void) {
     int rc = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line out at once, whatever happens next */
     static const char *const cudart_names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
     void *rt = load("cudart", cudart_names);
     if (rt) {
@@ -105,13 +108,26 @@ int main(void) {
         printf("cublaslt=%zu.%zu.%zu\n", v / 10000, v / 100 % 100, v % 100);
         print_path("cublaslt", (void *)ltv);
     }
-    static const char *const dnn_names[] = {"libcudnn.so.9", "libcudnn.so", NULL};
-    void *dn = load("cudnn", dnn_names);
-    ver_fn dv = dn ? (ver_fn)sym(dn, "cudnn", "cudnnGetVersion") : NULL;
-    if (dv) {
-        size_t v = dv(); /* 9.x: major * 10000 + minor * 100 + patch */
-        printf("cudnn=%zu.%zu.%zu\n", v / 10000, v / 100 % 100, v % 100);
-        print_path("cudnn", (void *)dv);
+    /* cuDNN 9's libcudnn.so.9 loads its sub-libraries at the first call and abort()s when one
+     * is missing ("Invalid handle. Cannot load symbol cudnnGetVersion"): ask in a child. */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        static const char *const dnn_names[] = {"libcudnn.so.9", "libcudnn.so", NULL};
+        void *dn = load("cudnn", dnn_names);
+        ver_fn dv = dn ? (ver_fn)sym(dn, "cudnn", "cudnnGetVersion") : NULL;
+        if (dv) {
+            size_t v = dv(); /* 9.x: major * 10000 + minor * 100 + patch */
+            printf("cudnn=%zu.%zu.%zu\n", v / 10000, v / 100 % 100, v % 100);
+            print_path("cudnn", (void *)dv);
+        }
+        fflush(stdout);
+        _exit(0);
     }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) printf("cudnn_error=could not run the cuDNN query\n");
+    else if (WIFSIGNALED(status))
+        printf("cudnn_error=cuDNN's query died of signal %d (a sub-library missing: libcudnn_graph.so.9, ...)\n",
+               WTERMSIG(status));
     return rc;
 }
