@@ -163,9 +163,10 @@ typedef struct em_dataset_class_def {
      * record: its items are the two fields "input" and "target" of its em_dataset_info) OR
      * these two (open and read then stay NULL); a record built against the 1.0 headers ends
      * at ext and keeps working. */
-    /* Open an instance: fill *layout (length and the item's fields; the fields array and
-     * the names it points at are copied by the core when open returns, so they may live in
-     * the state or on open's stack) and return the state in *state. Errors as for open. */
+    /* Open an instance: fill *layout (length and the item's fields) and return the state in
+     * *state. The core copies the fields array and its names after open returns, before
+     * em_dataset_open does: point them at static data or into the state, never at open's
+     * stack. Errors as for open. */
     em_status (*open_fields)(const em_options *opts, em_dataset_layout *layout /* out */,
                              void **state /* out */);
     /* Read items indices[0..n): data[f] receives field f's values (declared order) for the
