@@ -26,7 +26,7 @@
 
 /* ---- the "dataset" kind of plugin.c's class registry ---------------------------------------- */
 
-static bool valid_class_name(const char *s) {
+bool em__class_name_ok(const char *s) {
     if (!s || !(*s >= 'a' && *s <= 'z')) return false;
     for (; *s; s++)
         if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-'))
@@ -36,12 +36,12 @@ static bool valid_class_name(const char *s) {
 
 /* A spec's default must pass the spec's own checks (type, range, choices): resolve a bag
  * holding just the default against that one spec. */
-static em_status check_default(const char *cls, const em_option_spec *sp) {
+static em_status check_default(const char *who, const char *cls, const em_option_spec *sp) {
     if (sp->required) return EM_OK;
     unsigned t = sp->def_type ? sp->def_type : (sp->types & (~sp->types + 1u));
     if (!(t & sp->types) || (t & (t - 1u)))
-        return em_set_error(EM_ERR_INVALID, "dataset_class_register: class '%s': the default "
-                            "of option '%s' has a type the option does not allow", cls, sp->name);
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s': the default of option '%s' has a "
+                            "type the option does not allow", who, cls, sp->name);
     em_options *o = em_options_new();
     if (!o) return EM_ERR_NOMEM;
     em_status st;
@@ -57,14 +57,14 @@ static em_status check_default(const char *cls, const em_option_spec *sp) {
     if (st == EM_OK) st = em_options_resolve(o, cls, sp, 1);
     em_options_free(o);
     if (st != EM_OK && st != EM_ERR_NOMEM)
-        st = em_set_error(EM_ERR_INVALID, "dataset_class_register: the default of an option is "
-                          "invalid: %s", em_last_error());
+        st = em_set_error(EM_ERR_INVALID, "%s: the default of an option is invalid: %s", who,
+                          em_last_error());
     return st;
 }
 
 em_status em__dataset_class_check(const void *record, const char *who) {
     const em_dataset_class_def *def = record;
-    if (!valid_class_name(def->name))
+    if (!em__class_name_ok(def->name))
         return em_set_error(EM_ERR_INVALID, "%s: name '%s' is not [a-z][a-z0-9_-]*", who,
                             def->name ? def->name : "(null)");
     bool v1 = def->open || def->read, fields = def->open_fields || def->read_fields;
@@ -77,19 +77,24 @@ em_status em__dataset_class_check(const void *record, const char *who) {
     if (!fields && (!def->open || !def->read))
         return em_set_error(EM_ERR_INVALID, "%s: class '%s' lacks an %s function", who,
                             def->name, !def->open ? "open" : "read");
-    if (def->n_options < 0 || (def->n_options > 0 && !def->options))
+    return em__option_table_check(who, def->name, def->options, def->n_options);
+}
+
+em_status em__option_table_check(const char *who, const char *cls, const em_option_spec *opts,
+                                 int n) {
+    if (n < 0 || (n > 0 && !opts))
         return em_set_error(EM_ERR_INVALID, "%s: class '%s' declares %d options without a table",
-                            who, def->name, def->n_options);
-    for (int i = 0; i < def->n_options; i++) {
-        const em_option_spec *sp = &def->options[i];
+                            who, cls, n);
+    for (int i = 0; i < n; i++) {
+        const em_option_spec *sp = &opts[i];
         if (!sp->name || !*sp->name || !sp->types)
             return em_set_error(EM_ERR_INVALID, "%s: class '%s': option %d has no name or no "
-                                "types", who, def->name, i);
+                                "types", who, cls, i);
         for (int j = 0; j < i; j++)
-            if (strcmp(def->options[j].name, sp->name) == 0)
+            if (strcmp(opts[j].name, sp->name) == 0)
                 return em_set_error(EM_ERR_INVALID, "%s: class '%s' declares option '%s' twice",
-                                    who, def->name, sp->name);
-        em_status st = check_default(def->name, sp);
+                                    who, cls, sp->name);
+        em_status st = check_default(who, cls, sp);
         if (st != EM_OK) return st;
     }
     return EM_OK;

@@ -61,6 +61,13 @@ struct em_dataset {
     int in_f, tg_f;                   /* the fields "input" and "target"; -1 when absent */
 };
 
+/* A class name of the dataset and transform kinds: [a-z][a-z0-9_-]*. */
+bool em__class_name_ok(const char *s);
+/* A class's option table (n specs): every option named and typed, declared once, and its
+ * default passing its own checks; errors name `who` (the registering function) and cls. */
+em_status em__option_table_check(const char *who, const char *cls, const em_option_spec *opts,
+                                 int n);
+
 /* Bytes of one item's inputs / targets. */
 size_t em__data_item_bytes(int ndim, const int64_t *shape, em_dtype dt);
 

@@ -34,6 +34,7 @@
 #include "ember/random.h"
 #include "ember/tensor.h"
 #include "data_internal.h"
+#include "transform_internal.h"
 
 enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
 
@@ -67,7 +68,9 @@ typedef struct lfield {
     em_dtype dtype;                /* delivered (float32 after to-float) */
     size_t raw_ib, out_ib, es;     /* bytes per item as read / delivered (full shape); element */
     bool staged;                   /* read into the worker's staging first (transform, padding) */
-    bool transform;                /* the em_transforms apply (the field "input") */
+    em__transform_pipeline *pipe;  /* the field's transforms; NULL: none */
+    int ndim;                      /* the item as delivered (variable dim at its longest) */
+    int64_t shape[EM_MAX_DIMS];
     bool variable;
     int64_t outer, inner, maxlen;  /* variable: elements before / after its dim; longest */
     unsigned char pad[16];         /* one element holding pad_value */
@@ -92,6 +95,7 @@ typedef struct worker {
     pthread_t thread;
     bool started;
     void *raw[EM_MAX_FIELDS];       /* staging for staged fields: batch_size raw items */
+    void *scratch;                  /* the transform pipelines' between-stage buffers */
 } worker;
 
 /* The batch handed out last (em_loader_next_v2). */
@@ -104,20 +108,13 @@ struct em_batch {
 
 struct em_loader {
     em_dataset *ds;
-    em_loader_options_v2 o;
-    em_transforms tf;              /* the 1.0 transforms, applied to the field "input" */
+    em_loader_options_v2 o;        /* transforms and the arrays are NULL after creation */
     int64_t bs;
     int64_t cap;                   /* items per buffer: min(bs, epoch_len) */
     /* items */
     int nf;
     lfield f[EM_MAX_FIELDS];
-    int in_f;                      /* the field "input" (-1: none) */
-    em_dtype out_dtype;            /* of the field "input" as delivered */
-    int ndim;                      /* item input dims */
-    int64_t shape[EM_MAX_DIMS];
-    bool transform;                /* any per-item transform */
-    float *fa, *fb;                /* per channel: out = raw * fa[c] + fb[c] (to-float) */
-    int64_t nch, per_channel;      /* channels of the affine part, elements per channel */
+    size_t scratch_bytes;          /* the largest pipeline scratch */
     /* sampler */
     int64_t *subset;
     double *cdf;                   /* weighted: cumulative weights */
@@ -211,103 +208,6 @@ static void epoch_order(em_loader *l, int64_t epoch) {
 
 /* ---- filling a batch ----------------------------------------------------------------------- */
 
-static inline double load_raw(em_dtype dt, const void *p, int64_t i) {
-    switch (dt) {
-    case EM_U8: return ((const uint8_t *)p)[i];
-    case EM_F32: return ((const float *)p)[i];
-    default: return em_dtype_load(dt, p, i);
-    }
-}
-
-/* One item: raw -> out. Geometry (crop, flip) needs (C, H, W) items; the affine part
- * (to-float, normalize) is out = raw * fa[ch] + fb[ch] with ch = the channel when
- * normalizing, else 0. */
-static void transform_item(const em_loader *l, const void *raw, void *out, int64_t item,
-                           int64_t epoch) {
-    const em_transforms *t = &l->tf;
-    em_dtype rd = l->ds->info.input_dtype;
-    size_t es = em_dtype_size(rd);
-    bool tofloat = l->fa != NULL; /* the affine part (to-float, normalize) is on */
-    int64_t p = t->crop_padding, dy = 0, dx = 0;
-    bool flip = false;
-    if (p > 0 || t->hflip) {
-        uint32_t w[4];
-        uint32_t ctr[4] = {(uint32_t)item, (uint32_t)((uint64_t)item >> 32), (uint32_t)epoch,
-                           EM__DATA_STREAM_TRANSFORM};
-        uint32_t key[2] = {(uint32_t)l->o.seed,
-                           (uint32_t)(l->o.seed >> 32) ^ (uint32_t)((uint64_t)epoch >> 32)};
-        em_philox4x32_10(ctr, key, w);
-        if (p > 0) {
-            dy = (int64_t)em__data_below(w[0], (uint64_t)(2 * p + 1)) - p;
-            dx = (int64_t)em__data_below(w[1], (uint64_t)(2 * p + 1)) - p;
-        }
-        flip = t->hflip && (w[2] >> 31);
-    }
-    if (p == 0 && !t->hflip) {
-        /* No geometry: a straight conversion, channel by channel. */
-        int64_t per = l->per_channel;
-        float *o = out;
-        for (int64_t c = 0; c < l->nch; c++) {
-            float a = l->fa[c], b = l->fb[c];
-            if (rd == EM_U8) {
-                const uint8_t *r = (const uint8_t *)raw + c * per;
-                for (int64_t i = 0; i < per; i++) o[c * per + i] = (float)r[i] * a + b;
-            } else {
-                for (int64_t i = 0; i < per; i++)
-                    o[c * per + i] = (float)load_raw(rd, raw, c * per + i) * a + b;
-            }
-        }
-        return;
-    }
-    int64_t C = l->shape[0], H = l->shape[1], W = l->shape[2];
-    if (tofloat && rd == EM_U8) {
-        /* The common case (images of bytes to floats), row by row: the columns that come
-         * from inside the image form one range [x0, x1). */
-        int64_t x0 = flip ? EM_MAX(0, dx) : EM_MAX(0, -dx);
-        int64_t x1 = flip ? EM_MIN(W, W + dx) : EM_MIN(W, W - dx);
-        for (int64_t c = 0; c < C; c++) {
-            float a = l->fa[l->nch == 1 ? 0 : c], b = l->fb[l->nch == 1 ? 0 : c];
-            for (int64_t y = 0; y < H; y++) {
-                float *o = (float *)out + (c * H + y) * W;
-                int64_t sy = y + dy;
-                if (sy < 0 || sy >= H || x0 >= x1) {
-                    for (int64_t x = 0; x < W; x++) o[x] = b;
-                    continue;
-                }
-                const uint8_t *r = (const uint8_t *)raw + (c * H + sy) * W;
-                for (int64_t x = 0; x < x0; x++) o[x] = b;
-                if (flip)
-                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[W - 1 - x + dx] * a + b;
-                else
-                    for (int64_t x = x0; x < x1; x++) o[x] = (float)r[x + dx] * a + b;
-                for (int64_t x = x1; x < W; x++) o[x] = b;
-            }
-        }
-        return;
-    }
-    for (int64_t c = 0; c < C; c++) {
-        float a = tofloat ? l->fa[l->nch == 1 ? 0 : c] : 0.f;
-        float b = tofloat ? l->fb[l->nch == 1 ? 0 : c] : 0.f;
-        for (int64_t y = 0; y < H; y++) {
-            int64_t sy = y + dy;
-            for (int64_t x = 0; x < W; x++) {
-                int64_t sx = (flip ? W - 1 - x : x) + dx;
-                int64_t o = (c * H + y) * W + x;
-                bool in = sy >= 0 && sy < H && sx >= 0 && sx < W;
-                int64_t s = (c * H + sy) * W + sx;
-                if (tofloat) {
-                    float v = in ? (float)load_raw(rd, raw, s) : 0.f;
-                    ((float *)out)[o] = v * a + b;
-                } else if (in) {
-                    memcpy((char *)out + (size_t)o * es, (const char *)raw + (size_t)s * es, es);
-                } else {
-                    memset((char *)out + (size_t)o * es, 0, es);
-                }
-            }
-        }
-    }
-}
-
 /* Pad field k's n items from the staging (each contiguous in its own shape at the full
  * item stride) into the slot: (n, ..., L, ...) contiguous with L the batch's longest, and
  * the (n, L) mask. */
@@ -346,10 +246,13 @@ static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
     em_status st = em__dataset_read_fields(l->ds, ids, n, data, s->len);
     for (int k = 0; st == EM_OK && k < l->nf; k++) {
         const lfield *lf = &l->f[k];
-        if (lf->transform) {
-            for (int64_t j = 0; j < n; j++)
-                transform_item(l, (const char *)wk->raw[k] + (size_t)j * lf->raw_ib,
-                               (char *)s->buf[k] + (size_t)j * lf->out_ib, ids[j], epoch);
+        if (lf->pipe) {
+            /* Each item through the field's pipeline, drawing from its own stream. */
+            for (int64_t j = 0; st == EM_OK && j < n; j++)
+                st = em__transform_pipeline_apply(lf->pipe,
+                                                  (const char *)wk->raw[k] + (size_t)j * lf->raw_ib,
+                                                  (char *)s->buf[k] + (size_t)j * lf->out_ib,
+                                                  wk->scratch, l->o.seed, epoch, ids[j]);
         } else if (lf->variable) {
             pad_field(l, k, wk->raw[k], s, n);
         }
@@ -410,12 +313,38 @@ static void restart(em_loader *l, int64_t epoch, int64_t batch) {
 
 /* ---- creation ------------------------------------------------------------------------------ */
 
-static em_status check_options(em_loader *l) {
+/* The field a spec names ("input" when NULL or when the spec predates the field). */
+static const char *spec_field(const em_transform_spec *sp) {
+    const char *f = sp->struct_size >= EM__SIZE_THROUGH(em_transform_spec, field) ? sp->field
+                                                                                  : NULL;
+    return f ? f : "input";
+}
+
+/* Check the options; t: the 1.0 transforms; `list`: the spec list's name in the caller's
+ * options ("transform_specs" or "transforms"). */
+static em_status check_options(em_loader *l, const em_transforms *t, const char *list) {
     const em_loader_options_v2 *o = &l->o;
     const em_dataset_info *in = &l->ds->info;
-    const em_transforms *t = &l->tf;
     int64_t N = in->length;
     char s[96];
+    bool legacy = t->to_float || t->mean || t->std || t->crop_padding || t->hflip || t->scale;
+    if (legacy && o->n_transforms)
+        return em_set_error(EM_ERR_INVALID, "loader: set either transforms (the 1.0 struct) or "
+                            "transform_specs, not both");
+    if (o->n_transforms < 0 || (o->n_transforms > 0 && !o->transforms))
+        return em_set_error(EM_ERR_INVALID, "loader: n_%s %d without a %s array", list,
+                            o->n_transforms, list);
+    for (int i = 0; i < o->n_transforms; i++) {
+        const char *f = spec_field(&o->transforms[i]);
+        int k = em_dataset_field_index(l->ds, f);
+        if (k < 0)
+            return em_set_error(EM_ERR_INVALID, "loader: %s[%d] applies to the field '%s': %s",
+                                list, i, f, em_last_error());
+        if (l->ds->fields[k].variable)
+            return em_set_error(EM_ERR_INVALID, "loader: %s[%d] applies to the field '%s' of "
+                                "dataset '%s', which is variable-length (transforms take fixed "
+                                "fields)", list, i, f, l->ds->name);
+    }
     if (o->batch_size < 0)
         return em_set_error(EM_ERR_INVALID, "loader: batch_size %lld is negative",
                             (long long)o->batch_size);
@@ -516,33 +445,47 @@ static void host_buffer_free(em_loader *l, void *p) {
 }
 
 /* The batch shape of field f for n items: (n, item shape as delivered) with the variable
- * dim at L (L < 0: the field's own). */
+ * dim at L (L < 0: the field's longest). */
 static void field_shape(const em_loader *l, int f, int64_t n, int64_t L, int64_t *shp) {
-    const em_field *df = l->f[f].df;
+    const lfield *lf = &l->f[f];
     shp[0] = n;
-    if (l->f[f].transform) memcpy(shp + 1, l->shape, sizeof(int64_t) * (size_t)l->ndim);
-    else memcpy(shp + 1, df->shape, sizeof(int64_t) * (size_t)df->ndim);
-    if (df->variable && L >= 0) shp[1 + df->var_dim] = L;
+    memcpy(shp + 1, lf->shape, sizeof(int64_t) * (size_t)lf->ndim);
+    if (lf->variable && L >= 0) shp[1 + lf->df->var_dim] = L;
 }
 
-/* The fields as delivered: which are staged, their bytes, padding. */
-static void plan_fields(em_loader *l) {
+/* The fields as delivered: each one's transform pipeline (from the specs naming it), whether
+ * it is staged, its bytes, its padding. */
+static em_status plan_fields(em_loader *l, const em_transform_spec *specs, int nspecs) {
     const em_dataset *ds = l->ds;
     l->nf = ds->nf;
-    l->in_f = ds->in_f;
     for (int k = 0; k < l->nf; k++) {
         lfield *lf = &l->f[k];
         const em_field *df = &ds->fields[k];
         lf->df = df;
         lf->dtype = df->dtype;
+        lf->ndim = df->ndim;
+        memcpy(lf->shape, df->shape, sizeof lf->shape);
         lf->es = em_dtype_size(df->dtype);
         lf->raw_ib = lf->out_ib = ds->field_bytes[k];
         lf->variable = df->variable;
-        if (k == l->in_f && l->transform) {
-            lf->transform = lf->staged = true;
-            lf->dtype = l->out_dtype;
-            lf->out_ib = em__data_item_bytes(l->ndim, l->shape, l->out_dtype);
+        if (!lf->variable) {
+            em_transform_layout item = {.struct_size = sizeof item, .dtype = df->dtype,
+                                        .ndim = df->ndim};
+            memcpy(item.shape, df->shape, sizeof item.shape);
+            /* only the specs naming this field (the pipeline skips the others) */
+            em_status st = em__transform_pipeline_new("loader", df->name, &item, specs, nspecs,
+                                                      &lf->pipe);
+            if (st != EM_OK) return st;
+        }
+        if (lf->pipe) {
+            const em_transform_layout *d = em__transform_pipeline_layout(lf->pipe);
+            lf->staged = true;
+            lf->dtype = d->dtype;
+            lf->ndim = d->ndim;
+            memcpy(lf->shape, d->shape, sizeof lf->shape);
+            lf->out_ib = em__data_item_bytes(lf->ndim, lf->shape, lf->dtype);
             lf->es = em_dtype_size(lf->dtype);
+            l->scratch_bytes = EM_MAX(l->scratch_bytes, em__transform_pipeline_scratch(lf->pipe));
         }
         if (lf->variable) {
             lf->staged = true;
@@ -555,59 +498,49 @@ static void plan_fields(em_loader *l) {
             for (size_t b = 0; b < lf->es; b++) lf->pad_zero &= lf->pad[b] == 0;
         }
     }
+    return EM_OK;
 }
 
-/* The loader over ds with options o (already read by the prefix rule) and the 1.0
- * transforms tr. */
+/* The loader over ds with options o (already read by the prefix rule), the 1.0 transforms
+ * tr, and the name of o's spec list in the caller's struct (for messages). */
 static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts,
-                                const em_transforms *tr) {
+                                const em_transforms *tr, const char *list) {
     em_loader *l = em__calloc(1, sizeof *l, "loader");
     if (!l) return NULL;
     em__live_inc(EM__LIVE_LOADER);
     l->o = *opts;
-    l->tf = *tr;
     l->ds = ds;
     l->handed = -1;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv_work, NULL);
     pthread_cond_init(&l->cv_ready, NULL);
-    if (check_options(l) != EM_OK) goto fail;
+    if (check_options(l, tr, list) != EM_OK) goto fail;
     em_loader_options_v2 *o = &l->o;
     const em_dataset_info *in = &ds->info;
     int64_t N = in->length;
     l->bs = o->batch_size ? o->batch_size : 1;
     /* The caller's arrays are copied below; the copy of the options keeps no pointer. */
-    const em_transforms *t = tr;
     const int64_t *subset = l->o.subset;
     const double *weights = l->o.weights;
-    l->tf.mean = l->tf.std = NULL;
+    const em_transform_spec *specs = l->o.transforms;
+    int nspecs = l->o.n_transforms;
     l->o.subset = NULL;
     l->o.weights = NULL;
+    l->o.transforms = NULL;
+    l->o.n_transforms = 0;
 
-    /* items and transforms */
-    l->ndim = in->input_ndim;
-    memcpy(l->shape, in->input_shape, sizeof l->shape);
-    bool normalize = t->mean != NULL;
-    bool tofloat = t->to_float || normalize;
-    l->out_dtype = tofloat ? EM_F32 : in->input_dtype;
-    l->transform = tofloat || t->crop_padding > 0 || t->hflip;
-    if (tofloat && in->input_dtype == EM_F32 && !normalize && t->crop_padding == 0 && !t->hflip &&
-        (t->scale == 0 || t->scale == 1))
-        l->transform = false; /* float to float at scale 1: nothing to do */
-    plan_fields(l);
-    if (tofloat) {
-        double scale = t->scale != 0 ? t->scale : in->input_dtype == EM_U8 ? 1.0 / 255.0 : 1.0;
-        l->nch = normalize ? t->n_channels : 1;
-        l->per_channel = em__numel(l->ndim, l->shape) / l->nch;
-        l->fa = em__malloc(sizeof(float) * (size_t)l->nch, "loader transforms");
-        l->fb = em__malloc(sizeof(float) * (size_t)l->nch, "loader transforms");
-        if (!l->fa || !l->fb) goto fail;
-        for (int64_t c = 0; c < l->nch; c++) {
-            double m = normalize ? t->mean[c] : 0.0, sd = normalize ? t->std[c] : 1.0;
-            l->fa[c] = (float)(scale / sd);
-            l->fb[c] = (float)(-m / sd);
-        }
+    /* items and transforms: the 1.0 struct becomes specs on "input" */
+    em_transform_spec legacy[EM__LEGACY_TRANSFORMS];
+    em_options *lopts[EM__LEGACY_TRANSFORMS];
+    for (int i = 0; i < EM__LEGACY_TRANSFORMS; i++) lopts[i] = NULL;
+    if (nspecs == 0) {
+        if (em__transforms_to_specs(tr, in->input_dtype, legacy, lopts, &nspecs) != EM_OK)
+            goto fail;
+        specs = legacy;
     }
+    em_status pst = plan_fields(l, specs, nspecs);
+    for (int i = 0; i < EM__LEGACY_TRANSFORMS; i++) em_options_free(lopts[i]);
+    if (pst != EM_OK) goto fail;
 
     /* sampler */
     switch (o->sampler) {
@@ -672,8 +605,8 @@ static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts
             size_t nmask = (size_t)(l->cap * lf->maxlen);
             if (!l->on_device) {
                 int64_t shp[EM_MAX_DIMS + 1];
-                field_shape(l, f, l->cap, lf->variable ? lf->maxlen : -1, shp);
-                s->t[f] = em__tensor_new(lf->df->ndim + 1, shp, lf->dtype, l->dev, EM_MEM_DATA);
+                field_shape(l, f, l->cap, -1, shp);
+                s->t[f] = em__tensor_new(lf->ndim + 1, shp, lf->dtype, l->dev, EM_MEM_DATA);
                 if (!s->t[f]) goto fail;
                 s->buf[f] = em_tensor_data(s->t[f]);
                 if (lf->variable) {
@@ -703,8 +636,8 @@ static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts
         for (int f = 0; f < l->nf; f++) {
             const lfield *lf = &l->f[f];
             int64_t shp[EM_MAX_DIMS + 1], nm = l->cap * lf->maxlen;
-            field_shape(l, f, l->cap, lf->variable ? lf->maxlen : -1, shp);
-            l->dt[f] = em__tensor_new(lf->df->ndim + 1, shp, lf->dtype, l->dev, EM_MEM_DATA);
+            field_shape(l, f, l->cap, -1, shp);
+            l->dt[f] = em__tensor_new(lf->ndim + 1, shp, lf->dtype, l->dev, EM_MEM_DATA);
             if (!l->dt[f] || em_tensor_record_stream(l->dt[f], l->stream) != EM_OK) goto fail;
             if (!lf->variable) continue;
             l->dlen[f] = em__tensor_new(1, &l->cap, EM_I64, l->dev, EM_MEM_DATA);
@@ -720,6 +653,9 @@ static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts
     if (!l->w) goto fail;
     for (int i = 0; i < nctx; i++) {
         l->w[i].l = l;
+        if (l->scratch_bytes &&
+            !(l->w[i].scratch = em__malloc(l->scratch_bytes, "loader transform scratch")))
+            goto fail;
         for (int f = 0; f < l->nf; f++)
             if (l->f[f].staged &&
                 !(l->w[i].raw[f] = em__malloc((size_t)l->cap * l->f[f].raw_ib, "loader staging")))
@@ -754,8 +690,9 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
         .prefetch = lo.prefetch, .sampler = lo.sampler, .subset = lo.subset,
         .subset_len = lo.subset_len, .weights = lo.weights, .num_samples = lo.num_samples,
         .rank = lo.rank, .world_size = lo.world_size, .device = lo.device,
-        .pin_memory = lo.pin_memory};
-    return loader_create(ds, &o, &lo.transforms);
+        .pin_memory = lo.pin_memory, .transforms = lo.transform_specs,
+        .n_transforms = lo.n_transform_specs};
+    return loader_create(ds, &o, &lo.transforms, "transform_specs");
 }
 
 em_loader *em_loader_new_v2(em_dataset *ds, const em_loader_options_v2 *opts) {
@@ -768,7 +705,7 @@ em_loader *em_loader_new_v2(em_dataset *ds, const em_loader_options_v2 *opts) {
                                 offsetof(em_loader_options_v2, ext), "loader_new_v2") != EM_OK)
         return NULL;
     const em_transforms none = {0};
-    return loader_create(ds, &o, &none);
+    return loader_create(ds, &o, &none, "transforms");
 }
 
 /* ---- consuming ----------------------------------------------------------------------------- */
@@ -850,7 +787,7 @@ static em_status make_batch(em_loader *l, slot *s, int64_t n) {
         em_tensor_bump_version(base);
         int64_t shp[EM_MAX_DIMS + 1];
         field_shape(l, f, n, lf->variable ? s->L[f] : -1, shp);
-        if (!(bt->t[f] = front(l, base, lf->df->ndim + 1, shp))) return EM_ERR_NOMEM;
+        if (!(bt->t[f] = front(l, base, lf->ndim + 1, shp))) return EM_ERR_NOMEM;
         if (!lf->variable) continue;
         em_tensor *bl = l->on_device ? l->dlen[f] : s->tlen[f];
         em_tensor *bm = l->on_device ? l->dmask[f] : s->tmask[f];
@@ -1085,8 +1022,10 @@ void em_loader_free(em_loader *l) {
         if (l->w[i].started) pthread_join(l->w[i].thread, NULL);
     release_views(l);
     if (l->copy_pending) em_event_synchronize(l->dev, l->ev_copy);
-    for (int i = 0; l->w && i < nctx; i++)
+    for (int i = 0; l->w && i < nctx; i++) {
         for (int f = 0; f < EM_MAX_FIELDS; f++) em__free(l->w[i].raw[f]);
+        em__free(l->w[i].scratch);
+    }
     em__free(l->w);
     for (int k = 0; l->slots && k < l->K; k++) {
         slot *s = &l->slots[k];
@@ -1111,8 +1050,7 @@ void em_loader_free(em_loader *l) {
     if (l->ev_copy) em_event_free(l->dev, l->ev_copy);
     if (l->ev_consumer) em_event_free(l->dev, l->ev_consumer);
     if (l->stream) em_stream_free(l->dev, l->stream);
-    em__free(l->fa);
-    em__free(l->fb);
+    for (int f = 0; f < EM_MAX_FIELDS; f++) em__transform_pipeline_free(l->f[f].pipe);
     em__free(l->subset);
     em__free(l->cdf);
     em__free(l->scratch);

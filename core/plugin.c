@@ -25,6 +25,7 @@
 #include "ember/plugin.h"
 #include "ember/version.h"
 #include "internal.h"
+#include "transform_internal.h"
 
 /* ---- registries -------------------------------------------------------------------------------- */
 
@@ -434,6 +435,11 @@ static em_status declare_core_kinds(em_registry *core) {
          .description = "datasets (ember/data.h)", .record_size = sizeof(em_dataset_class_def),
          .min_record_size = offsetof(em_dataset_class_def, ext),
          .check = em__dataset_class_check},
+        {.struct_size = sizeof kinds[0], .name = EM_TRANSFORM_KIND,
+         .description = "per-item data transforms (ember/transform.h)",
+         .record_size = sizeof(em_transform_class),
+         .min_record_size = offsetof(em_transform_class, ext),
+         .check = em__transform_class_check},
     };
     for (size_t i = 0; i < EM_ARRAY_LEN(kinds); i++) {
         em_status st = kind_add(core, &kinds[i], "em_init");

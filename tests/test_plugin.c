@@ -8,7 +8,7 @@
  *   bad_dep.so           needs libember_test_gone.so, which is not on any search path
  *   failing_register.so  registers an op, a device type and kernels, then fails
  *   dup_cpu.so           calls itself "ember-cpu"
- *   kind_plugin.so       "ember-testkind": declares the class kind "transform" and registers
+ *   kind_plugin.so       "ember-testkind": declares the class kind "codec" and registers
  *                        two classes into it (kind_plugin.h)
  *   short_desc.so        a descriptor from older headers (it ends at register_fn), followed
  *                        by slots that abort if the core reads past its struct_size
@@ -897,9 +897,10 @@ static em_tensor *halve(const em_tensor *x) { return em_mul_scalar(x, 0.5); }
 
 Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
     /* the core's four kinds first, then the plugin's, each with its record size and owner */
-    static const char *const core_kinds[] = {"module", "optimizer", "scheduler", "dataset"};
-    cr_assert_eq(em_class_kind_count(), 5, "%zu kinds", em_class_kind_count());
-    for (size_t i = 0; i < 4; i++) {
+    static const char *const core_kinds[] = {"module", "optimizer", "scheduler", "dataset",
+                                             "transform"};
+    cr_assert_eq(em_class_kind_count(), 6, "%zu kinds", em_class_kind_count());
+    for (size_t i = 0; i < 5; i++) {
         em_class_kind_info ki = {.struct_size = sizeof ki};
         cr_assert_eq(em_class_kind_get(i, &ki), EM_OK);
         cr_assert_str_eq(ki.name, core_kinds[i]);
@@ -945,24 +946,24 @@ Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
     cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_OK, "%s", em_last_error());
     cr_assert_eq(em_registry_class_count(prog, TEST_TRANSFORM_KIND), 1);
     cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_EXISTS);
-    assert_error(EM_ERR_EXISTS, "a transform class named 'halve' is already registered (by "
+    assert_error(EM_ERR_EXISTS, "a codec class named 'halve' is already registered (by "
                  "<program>)");
     h.name = "negate";
     cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_EXISTS);
     assert_error(EM_ERR_EXISTS, "(by ember-testkind)");
     cr_assert_eq(em_class_register(prog, "transfrom", &h), EM_ERR_NOTFOUND);
     assert_error(EM_ERR_NOTFOUND, "no class kind named 'transfrom' is declared; declared: module, "
-                 "optimizer, scheduler, dataset, transform");
+                 "optimizer, scheduler, dataset, transform, codec");
     h.name = "noapply";
     h.apply = NULL;
     cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_INVALID);
-    assert_error(EM_ERR_INVALID, "class_register: transform class 'noapply' has no apply");
+    assert_error(EM_ERR_INVALID, "class_register: codec class 'noapply' has no apply");
     h.name = "";
     h.apply = halve;
     cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_INVALID);
-    assert_error(EM_ERR_INVALID, "a transform class needs a name");
+    assert_error(EM_ERR_INVALID, "a codec class needs a name");
     cr_assert_null(em_class_find(TEST_TRANSFORM_KIND, "negat"));
-    assert_error(EM_ERR_NOTFOUND, "no transform class named 'negat' (did you mean 'negate'?)");
+    assert_error(EM_ERR_NOTFOUND, "no codec class named 'negat' (did you mean 'negate'?)");
 
     /* the prefix rule: a record of an older layout (struct_size through apply) is read only as
      * far as it goes — the bytes past it (inverse, set here) are not read — and one smaller
@@ -981,7 +982,7 @@ Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
     assert_error(EM_ERR_INVALID, "struct_size 24 is smaller than the oldest layout");
     cr_assert_eq(em_class_unregister(prog, TEST_TRANSFORM_KIND, "old"), EM_OK);
     cr_assert_eq(em_class_unregister(prog, TEST_TRANSFORM_KIND, "negate"), EM_ERR_NOTFOUND);
-    assert_error(EM_ERR_NOTFOUND, "this registry registered no transform class named 'negate'");
+    assert_error(EM_ERR_NOTFOUND, "this registry registered no codec class named 'negate'");
     cr_assert_eq(kind_info(TEST_TRANSFORM_KIND).class_count, 3);
 
     /* kinds: unique names, the prefix rule on their definitions too */
@@ -1010,14 +1011,14 @@ Test(plugin_env, a_kind_goes_with_its_owner) {
     cr_assert_eq(em_class_register(em_registry_program(), "exporter", &e), EM_OK);
     test_transform_class h = {.struct_size = sizeof h, .name = "halve", .apply = halve};
     cr_assert_eq(em_class_register(em_registry_program(), TEST_TRANSFORM_KIND, &h), EM_OK);
-    cr_assert_eq(em_class_kind_count(), 6);
+    cr_assert_eq(em_class_kind_count(), 7);
     em_shutdown();
     setenv("EMBER_DISABLE_PLUGINS", "ember-testkind", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
-    cr_assert_eq(em_class_kind_count(), 4, "%zu kinds after a restart without the plugin",
+    cr_assert_eq(em_class_kind_count(), 5, "%zu kinds after a restart without the plugin",
                  em_class_kind_count());
     cr_assert_null(em_class_find(TEST_TRANSFORM_KIND, "halve"));
-    assert_error(EM_ERR_NOTFOUND, "no class kind named 'transform'");
+    assert_error(EM_ERR_NOTFOUND, "no class kind named 'codec'");
     cr_assert_null(em_class_find("exporter", "onnx"));
 }
 
@@ -1078,11 +1079,12 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     cr_assert(strstr(out, "already loaded"), "%s", out);
     /* classes of a core kind and of a plugin's kind listed the same way, and every kind */
     assert_line(out, "module classes:", "testplug.Affine");
-    assert_line(out, "transform classes:", "negate, double");
-    assert_line(out, "class kinds (5):", "");
+    assert_line(out, "codec classes:", "negate, double");
+    assert_line(out, "class kinds (6):", "");
     assert_line(out, "  module       ", "classes, declared by ember-core");
     assert_line(out, "  dataset      ", "classes, declared by ember-core");
-    assert_line(out, "  transform    ", "2 classes, declared by ember-testkind");
+    assert_line(out, "  transform    ", "classes, declared by ember-core");
+    assert_line(out, "  codec        ", "2 classes, declared by ember-testkind");
     /* the kernels as a count; the per-op listing is --verbose's (below) */
     cr_assert(!strstr(out, "add: cpu["), "per-op kernel lines without --verbose:\n%s", out);
     assert_line(out, "kernels:", "--verbose lists them");
@@ -1159,7 +1161,7 @@ Test(plugin_env, ember_info_json_parses) {
     json_t *kp = json_plugin(root, "kind_plugin.so"), *lp = json_plugin(root, "layer_plugin.so");
     cr_assert_str_eq(json_string_value(json_object_get(root, "class_api")), "EMBER_1.1");
     json_t *kinds = json_object_get(root, "class_kinds"), *kd;
-    cr_assert_eq(json_array_size(kinds), 5);
+    cr_assert_eq(json_array_size(kinds), 6);
     size_t ki;
     json_array_foreach(kinds, ki, kd) {
         const char *kn = json_string_value(json_object_get(kd, "name"));
@@ -1172,13 +1174,13 @@ Test(plugin_env, ember_info_json_parses) {
                           json_string_value(json_object_get(pj, "name")), kn);
         }
     }
-    json_t *tk = json_array_get(kinds, 4);
-    cr_assert_str_eq(json_string_value(json_object_get(tk, "name")), "transform");
+    json_t *tk = json_array_get(kinds, 5);
+    cr_assert_str_eq(json_string_value(json_object_get(tk, "name")), "codec");
     cr_assert_str_eq(json_string_value(json_object_get(tk, "owner")), "ember-testkind");
     cr_assert_eq(json_integer_value(json_object_get(tk, "record_size")),
                  (json_int_t)sizeof(test_transform_class));
     cr_assert_eq(json_integer_value(json_object_get(tk, "class_count")), 2);
-    json_t *tr = json_object_get(json_object_get(kp, "classes"), "transform");
+    json_t *tr = json_object_get(json_object_get(kp, "classes"), "codec");
     cr_assert_eq(json_array_size(tr), 2);
     cr_assert_str_eq(json_string_value(json_array_get(tr, 0)), "negate");
     json_t *mods = json_object_get(json_object_get(lp, "classes"), "module");

@@ -1667,6 +1667,71 @@ Test(trainer, plugins_from_the_command_line_and_the_config) {
     free(out);
 }
 
+/* data.transforms as a list of transform classes (issue 19): the built-ins by name, and a
+ * class of a test plugin (tests/plugins/transform_plugin.c, named in the config's plugins:
+ * list) that changes the items from (1, 8, 8) to (1, 4, 4), so only a model of 16 inputs fits;
+ * errors in the list name the config line. */
+static void write_tf(const char *name, const char *plugin, int in_features, const char *tf) {
+    char text[8192];
+    snprintf(text, sizeof text,
+             "plugins: [%s]\n"
+             "model:\n"
+             "  - Flatten\n"
+             "  - Linear: {in_features: %d, out_features: 10}\n"
+             "data:\n"
+             "  class: mnist\n"
+             "  options: {path: %s/data/digits}\n"
+             "  validation: 0.1\n"
+             "  transforms:\n%s"
+             "optimizer: {class: SGD, lr: 0.05, momentum: 0.9}\n"
+             "loop: {epochs: 1, batch_size: 32}\n",
+             plugin, in_features, EM_TEST_SRCDIR, tf);
+    write_file(name, text);
+}
+
+Test(trainer, transform_classes_from_a_plugin_in_the_config) {
+    const char *d = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(d && *d, "EMBER_TEST_PLUGIN_DIR is not set (run through `make check`)");
+    char plugin[4096];
+    snprintf(plugin, sizeof plugin, "%s/transform_plugin.so", d);
+    const char *list = "    - to_float\n"
+                       "    - {class: test_window, options: {size: 4, gain: 2}}\n"
+                       "    - normalize: {mean: [0.5], std: [0.25]}\n"
+                       "    - {class: hflip, train_only: true}\n";
+    write_tf("window.yaml", plugin, 16, list);
+    char *out;
+    int rc = train(&out, (const char *[]){path("window.yaml"), NULL});
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "test: loss") || strstr(out, "val"), "%s", out);
+    free(out);
+    /* the items really are (1, 4, 4): a model of 64 inputs does not fit */
+    write_tf("window64.yaml", plugin, 64, list);
+    rc = train(&out, (const char *[]){path("window64.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "does not fit") && strstr(out, "[2, 16]"), "%s", out);
+    free(out);
+    /* an option the class does not declare, and a class nobody registered: the line */
+    write_tf("badopt.yaml", plugin, 16, "    - {class: test_window, options: {sise: 4}}\n");
+    rc = train(&out, (const char *[]){path("badopt.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "badopt.yaml:10:") && strstr(out, "test_window") &&
+              strstr(out, "'sise'"), "%s", out);
+    free(out);
+    write_tf("badname.yaml", plugin, 16, "    - to_float\n    - test_windw: {size: 4}\n");
+    rc = train(&out, (const char *[]){path("badname.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "badname.yaml:11:") && strstr(out, "no transform class named "
+              "'test_windw' (did you mean 'test_window'?)"), "%s", out);
+    free(out);
+    /* a field the transform cannot take: the loader's message names transform, field, shape */
+    write_tf("toobig.yaml", plugin, 16, "    - to_float\n    - test_window: {size: 9}\n");
+    rc = train(&out, (const char *[]){path("toobig.yaml"), "--dry-run", NULL});
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "toobig.yaml:10:") && strstr(out, "transform 'test_window' on field "
+              "'input'") && strstr(out, "size 9; the field's items are (1, 8, 8)"), "%s", out);
+    free(out);
+}
+
 /* A model that does not fit its data names the config line of the layer that refused the
  * input, not only its index in the Sequential (issue 13, item 14). */
 Test(trainer, a_model_that_does_not_fit_names_the_layer_line) {

@@ -620,7 +620,87 @@ static int read_floats(const em_config_node *v, float *out, int cap, int *n) {
     return 0;
 }
 
+/* One entry of a data.transforms list: "NAME", "NAME: {OPTIONS}" or
+ * "{class: NAME, field: F, train_only: B, options: {OPTIONS}}". The class must be registered
+ * and the options pass its specs now, so errors name the file and line. */
+static int read_transform_entry(run *r, const em_config_node *e) {
+    static const char *const keys[] = {"class", "field", "train_only", "options", NULL};
+    if (r->n_tspec >= TF_MAX)
+        return cfg_error(e, "more than %s transforms in data.transforms", "32");
+    const em_config_node *cls = NULL, *opts = NULL, *field = NULL, *only = NULL;
+    const char *name = NULL;
+    if (em_config_node_kind(e) == EM_CONFIG_SCALAR) {
+        name = em_config_node_text(e);
+        cls = e;
+    } else if (em_config_node_kind(e) == EM_CONFIG_MAP && em_config_node_get(e, "class")) {
+        if (em_config_check_keys(e, keys) != EM_OK) {
+            report_error(NULL);
+            return EXIT_USAGE;
+        }
+        cls = em_config_node_get(e, "class");
+        name = em_config_node_text(cls);
+        opts = em_config_node_get(e, "options");
+        field = em_config_node_get(e, "field");
+        only = em_config_node_get(e, "train_only");
+    } else if (em_config_node_kind(e) == EM_CONFIG_MAP && em_config_node_len(e) == 1) {
+        opts = em_config_node_at(e, 0, &name);
+        cls = e;
+    } else {
+        return cfg_error(e, "expected a transform class: NAME, NAME: {options}, or {class: NAME, "
+                         "field: F, train_only: B, options: {...}}%s", "");
+    }
+    if (!name || !*name) return cfg_error(cls, "expected a transform class name%s", "");
+    const em_transform_class *c = em_transform_class_find(name);
+    if (!c) return cfg_error(cls, "%s", em_last_error());
+    int k = r->n_tspec;
+    r->ttrain_only[k] = false;
+    if (only) {
+        const char *b = em_config_node_text(only);
+        if (!b || !parse_bool(b, &r->ttrain_only[k]))
+            return cfg_error(only, "expected true or false%s", "");
+    }
+    const char *fname = "input";
+    if (field && !(fname = em_config_node_text(field)))
+        return cfg_error(field, "expected a field name (input)%s", "");
+    em_options *o = r->topt[k] = em_options_new();
+    if (!o) {
+        report_error(NULL);
+        return EXIT_USAGE;
+    }
+    r->n_tspec++;
+    if (opts && em_config_node_kind(opts) == EM_CONFIG_SCALAR && em_config_node_text(opts) &&
+        em_config_node_text(opts)[0])
+        return cfg_error(opts, "expected a map of the transform's options%s", "");
+    char owner[128];
+    snprintf(owner, sizeof owner, "transform '%s'", name);
+    em_options *check = NULL;
+    if ((opts && em_config_node_kind(opts) == EM_CONFIG_MAP &&
+         em_config_to_options(opts, NULL, o) != EM_OK) ||
+        !(check = em_options_copy(o)) ||
+        em_options_resolve(check, owner, c->options, c->n_options) != EM_OK) {
+        em_options_free(check);
+        /* option errors already start with the file and line of the value */
+        if (strchr(em_last_error(), ':') && strncmp(em_last_error(), "transform", 9) != 0)
+            fprintf(stderr, "ember-train: %s\n", em_last_error());
+        else
+            return cfg_error(cls, "%s", em_last_error());
+        return EXIT_USAGE;
+    }
+    em_options_free(check);
+    r->tspec[k] = (em_transform_spec){.struct_size = sizeof r->tspec[k], .field = fname,
+                                      .name = name, .options = o};
+    return 0;
+}
+
 static int read_transforms(run *r, const em_config_node *t) {
+    if (em_config_node_kind(t) == EM_CONFIG_LIST) {
+        r->tf = (em_transforms){0}; /* the list says everything, to_float included */
+        for (size_t i = 0; i < em_config_node_len(t); i++) {
+            int rc = read_transform_entry(r, em_config_node_at(t, i, NULL));
+            if (rc) return rc;
+        }
+        return 0;
+    }
     static const char *const keys[] = {"to_float", "scale", "mean", "std", "crop_padding", "hflip",
                                        NULL};
     if (em_config_check_keys(t, keys) != EM_OK) {
@@ -1070,14 +1150,28 @@ static int check_fit(run *r) {
          !strcmp(r->loss_class, "SmoothL1Loss")))
         fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
                 "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
+    /* what the training loader delivers: the items through data.transforms */
+    em_transform_layout item = {.struct_size = sizeof item, .ndim = in->input_ndim,
+                                .dtype = r->tf.to_float || in->input_dtype != EM_U8 ? EM_F32
+                                                                                   : EM_U8};
+    memcpy(item.shape, in->input_shape, sizeof item.shape);
+    if (r->n_tspec) {
+        em_transform_layout raw = item;
+        raw.dtype = in->input_dtype;
+        if (em_transform_specs_layout(r->tspec, r->n_tspec, "input", &raw, &item) != EM_OK) {
+            const em_config_node *d = em_config_node_get(em_config_root(r->cfg), "data");
+            fprintf(stderr, "ember-train: %s: data.transforms: %s\n",
+                    em_config_node_where(em_config_node_get(d, "transforms")), em_last_error());
+            return EXIT_USAGE;
+        }
+    }
     int64_t shape[EM_MAX_DIMS + 1] = {2};
-    for (int i = 0; i < in->input_ndim; i++) shape[i + 1] = in->input_shape[i];
+    for (int i = 0; i < item.ndim; i++) shape[i + 1] = item.shape[i];
     int rc = 0;
     em_scope_begin();
     em_grad_mode_push(EM_GRAD_DISABLED);
     em_module_train(r->model, false);
-    em_tensor *x = em_zeros(in->input_ndim + 1, shape,
-                            r->tf.to_float || in->input_dtype != EM_U8 ? EM_F32 : EM_U8, r->dev);
+    em_tensor *x = em_zeros(item.ndim + 1, shape, item.dtype, r->dev);
     em_tensor *y;
     if (in->target_ndim == 0) {
         y = em_zeros(1, shape, EM_I64, r->dev);
@@ -1088,7 +1182,7 @@ static int check_fit(run *r) {
     }
     em_tensor *out = em_module_forward(r->model, x);
     char xs[128];
-    em_shape_str(in->input_ndim + 1, shape, xs, sizeof xs);
+    em_shape_str(item.ndim + 1, shape, xs, sizeof xs);
     if (!out) {
         fprintf(stderr, "ember-train: the model does not fit the data (input %s from %s): %s\n",
                 xs, em_dataset_name(r->train), em_last_error());
@@ -1208,6 +1302,7 @@ static void free_run(run *r) {
     em_dataset_free(r->val);
     em_dataset_free(r->test);
     em_dataset_free(r->train_full);
+    for (int i = 0; i < r->n_tspec; i++) em_options_free(r->topt[i]);
     em_config_free(r->cfg);
 }
 

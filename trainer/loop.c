@@ -58,6 +58,14 @@ static em_loader *make_loader(run *r, em_dataset *ds, bool train, const int64_t 
         o.transforms.crop_padding = 0;
         o.transforms.hflip = false;
     }
+    em_transform_spec specs[TF_MAX];
+    int n = 0;
+    for (int i = 0; i < r->n_tspec; i++)
+        if (train || !r->ttrain_only[i]) specs[n++] = r->tspec[i];
+    if (r->n_tspec) {
+        o.transform_specs = specs;
+        o.n_transform_specs = n;
+    }
     if (subset) {
         o.sampler = EM_SAMPLER_SUBSET;
         o.subset = subset;

@@ -50,6 +50,9 @@ typedef struct settings {
     char **argv;
 } settings;
 
+/* Entries of a data.transforms list. */
+#define TF_MAX 32
+
 typedef struct run {
     settings s;
     em_device dev;
@@ -57,8 +60,14 @@ typedef struct run {
     em_module *model, *loss;
     const char *loss_class;
     em_dataset *train_full, *train, *val, *test;
-    em_transforms tf;
+    em_transforms tf;              /* data.transforms as a map (the 1.0 keys) */
     float tf_mean[8], tf_std[8];
+    /* data.transforms as a list of classes: specs (names and fields borrowed from the
+     * config), their option bags (owned), and which apply to the training loader only */
+    em_transform_spec tspec[TF_MAX];
+    em_options *topt[TF_MAX];
+    bool ttrain_only[TF_MAX];
+    int n_tspec;
     em_optimizer *opt;
     em_scheduler *sched;
     bool sched_per_step;

@@ -1,6 +1,6 @@
 /*
  * kind_plugin.c — "ember-testkind" (built for `make check`, never installed): declares a class
- * kind the core does not know, "transform" (record: kind_plugin.h), and registers two classes
+ * kind the core does not know, "codec" (record: kind_plugin.h), and registers two classes
  * into it, "negate" (invertible) and "double" — what a transform, communicator or exporter
  * plugin does, with no core edit.
  */
@@ -13,11 +13,11 @@
 static em_tensor *negate(const em_tensor *x) { return em_neg(x); }
 static em_tensor *twice(const em_tensor *x) { return em_mul_scalar(x, 2.0); }
 
-/* The kind's own check: every transform applies something. */
+/* The kind's own check: every codec applies something. */
 static em_status check_transform(const void *record, const char *who) {
     const test_transform_class *c = record;
     if (!c->apply)
-        return em_set_error(EM_ERR_INVALID, "%s: transform class '%s' has no apply function",
+        return em_set_error(EM_ERR_INVALID, "%s: codec class '%s' has no apply function",
                             who, c->name);
     return EM_OK;
 }
@@ -47,7 +47,7 @@ static em_status reg(em_registry *r) {
 
 static const em_plugin_descriptor desc = {
     .struct_size = sizeof desc, .abi_major = EM_PLUGIN_ABI_MAJOR, .name = "ember-testkind",
-    .version = "1.0", .description = "declares the class kind 'transform'", .register_fn = reg,
+    .version = "1.0", .description = "declares the class kind 'codec'", .register_fn = reg,
 };
 
 EM_PLUGIN_EXPORT const em_plugin_descriptor *ember_plugin_entry(void) { return &desc; }

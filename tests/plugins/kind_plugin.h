@@ -1,5 +1,5 @@
 /*
- * kind_plugin.h — the "transform" class kind that tests/plugins/kind_plugin.c declares: the
+ * kind_plugin.h — the "codec" class kind that tests/plugins/kind_plugin.c declares: the
  * record its classes fill, shared by the plugin and tests/test_plugin.c (which registers a
  * transform of its own into the kind). Not installed.
  */
@@ -21,6 +21,6 @@ typedef struct test_transform_class {
     void *ext;
 } test_transform_class;
 
-#define TEST_TRANSFORM_KIND "transform"
+#define TEST_TRANSFORM_KIND "codec"
 
 #endif

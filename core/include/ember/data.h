@@ -16,9 +16,11 @@
  *     em_dataset *ds = em_dataset_open("mnist", opts);     // checks opts against the class
  *     em_options_free(opts);
  *     if (!ds) { fprintf(stderr, "%s\n", em_last_error()); return 1; }
+ *     const em_transform_spec tf[] = {{.struct_size = sizeof tf[0], .field = "input",
+ *                                      .name = "to_float"}};   // ember/transform.h
  *     em_loader_options o = {.struct_size = sizeof o, .batch_size = 128, .shuffle = true,
  *                            .seed = 42, .num_workers = 1,
- *                            .transforms = {.to_float = true}};
+ *                            .transform_specs = tf, .n_transform_specs = 1};
  *     em_loader *dl = em_loader_new(ds, &o);
  *     for (int epoch = 0; epoch < 3; epoch++) {
  *         em_tensor *x, *y;                  // borrowed: valid until the next em_loader_next
@@ -43,10 +45,13 @@
  *   weighted draw k of epoch e (S = 0x57474854): w0, w1 = words 2(k%2), 2(k%2)+1 of
  *       P(k/2, e, S), u = ((w0 >> 5) * 2^26 + (w1 >> 6)) * 2^-53, item = the first i with
  *       w[0] + ... + w[i] > u * (sum of weights);
- *   transforms of item x in epoch e (S = 0x5846524d): w = P(x, e, S); crop offsets
- *       dy = ((w0 * (2p+1)) >> 32) - p, dx likewise from w1 (output pixel (y, x) is input
- *       pixel (y + dy, x + dx), zero outside); flip when w2 >> 31 (output x reads W-1-x
- *       before the crop offset);
+ *   transforms of item x in epoch e (S = 0x5846524d): the item's stream of words
+ *       (em_transform_rng_next, ember/transform.h) is w0, w1, w2, w3 = P(x, e, S), then the
+ *       words of P(x, e, 0x59000000 + b - 1) for block b >= 1; each field's transforms draw
+ *       it from its start, in their order. random_crop(padding p) draws dy, dx:
+ *       dy = ((w * (2p+1)) >> 32) - p (output pixel (y, x) is input pixel (y + dy, x + dx),
+ *       zero outside); hflip(prob q) draws w and mirrors (output x reads W-1-x) when
+ *       w >= (1 - q) * 2^32 (q = 0.5: w >> 31); crop then flip uses w0, w1, w2;
  *   random_split(seed): the permutation above of 0..N-1 with e = 0 and S = 0x53504c54,
  *       cut into consecutive pieces of the given lengths.
  *
@@ -68,6 +73,7 @@
 #include "ember/export.h"
 #include "ember/options.h"
 #include "ember/tensor.h"
+#include "ember/transform.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -297,10 +303,18 @@ typedef enum em_sampler_kind {
                                   rank, rank + world_size, ... */
 } em_sampler_kind;
 
-/* Per-item transforms, applied in this order: random crop (with zero padding), random
- * horizontal flip, then to-float (x * scale), then normalize ((x - mean[c]) / std[c]).
- * Crop and flip need items of shape (C, H, W). Each item's random choices depend only on
- * (seed, epoch, item index). */
+/* The fixed set of per-item transforms of Ember 1.0, kept for its users: the loader turns it
+ * into transform classes of ember/transform.h (the ember-transforms plugin) on the field
+ * "input", in this order: random_crop (padding = crop_padding) when crop_padding > 0, hflip
+ * when hflip, to_float (scale) when to_float or normalizing, normalize (mean, std) when
+ * mean is set. So uint8 items with scale 0 are divided by 255 in float32 (torchvision's
+ * ToTensor; before Ember 1.1 they were multiplied by float32(1/255), 1 ulp off for 126 of
+ * the 256 byte values), then normalized as (x - mean[c]) / std[c] in float32. Crop and
+ * flip need items of shape (C, H, W); normalize takes at most 8 channels. Each item's
+ * random choices depend only on (seed, epoch, item index): crop draws words 0 and 1 of the
+ * item's stream, flip the next one (word 2 after a crop, word 0 without one). New code
+ * lists classes in em_loader_options.transform_specs instead (any class, any order, with
+ * typed options); a loader takes one form or the other. */
 typedef struct em_transforms {
     bool to_float;       /* inputs become float32, multiplied by scale */
     double scale;        /* 0: 1/255 for uint8 inputs, 1 otherwise */
@@ -334,8 +348,16 @@ typedef struct em_loader_options {
     /* Host batch buffers come from the device's page-locked host allocator (fast async
      * copies). Only meaningful when device is not the CPU (ignored otherwise). */
     bool pin_memory;
-    em_transforms transforms;
+    em_transforms transforms; /* the 1.0 transforms (above); zero: none */
     void *ext;           /* reserved; NULL */
+    /* (1.1) Transform classes to apply per item (ember/transform.h): for each field, the
+     * specs naming it in the order listed (a field no spec names is delivered as read).
+     * The array and its options are read by em_loader_new only (it resolves a copy of each
+     * bag); unknown classes, options or fields, and fields a transform cannot take, fail
+     * em_loader_new naming the field, the transform and the option or shape. Cannot be
+     * combined with `transforms`. */
+    const struct em_transform_spec *transform_specs;
+    int n_transform_specs;
 } em_loader_options;
 
 typedef struct em_loader em_loader;
@@ -406,7 +428,7 @@ EM_API void em_loader_free(em_loader *l);
 /* ---- the DataLoader over named fields (since 1.1) -------------------------------------- */
 
 /* The loader options, version 2: those of em_loader_options without the closed
- * em_transforms struct (transforms come per field, as a list). */
+ * em_transforms struct; transforms come as a list of classes per field. */
 typedef struct em_loader_options_v2 {
     size_t struct_size;  /* sizeof(em_loader_options_v2) */
     int64_t batch_size;  /* 0: 1 */
@@ -423,6 +445,14 @@ typedef struct em_loader_options_v2 {
     int rank, world_size;
     em_device device;    /* as in em_loader_options: every field's batch goes there */
     bool pin_memory;
+    /* Transform classes (ember/transform.h), per field by name: for each field, the specs
+     * whose field names it (NULL: "input"), in the order listed; a field no spec names is
+     * delivered as read. Read by em_loader_new_v2 only (it resolves a copy of each bag).
+     * Errors (EM_ERR_INVALID, ...) name transforms[i], the field and the transform; a spec
+     * naming a field the dataset lacks lists its fields; variable-length fields take no
+     * transforms. */
+    const em_transform_spec *transforms;
+    int n_transforms;
     void *ext;           /* reserved; NULL */
 } em_loader_options_v2;
 

@@ -33,6 +33,7 @@
 #include "ember/dict.h"
 #include "ember/serialize.h"
 #include "ember/plugin.h"
+#include "ember/transform.h"
 #include "ember/data.h"
 #include "ember/config.h"
 #include "ember/checkpoint.h"

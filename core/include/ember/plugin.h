@@ -142,27 +142,27 @@ EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i
  *
  * Every class a plugin or the program registers by name belongs to a *kind*: "module" (layers
  * and losses, ember/module.h), "optimizer" and "scheduler" (ember/optim.h), "dataset"
- * (ember/data.h) are declared by the core; a plugin declares a new kind (a transform, a
- * communicator, an exporter) with em_class_kind_register and then it, other plugins and the
- * program register classes into it with em_class_register. The core keeps one registry for
+ * (ember/data.h) and "transform" (ember/transform.h) are declared by the core; a plugin
+ * declares a new kind (a codec, a communicator, an exporter) with em_class_kind_register and
+ * then it, other plugins and the program register classes into it with em_class_register. The core keeps one registry for
  * every kind: the same copy of each record, the same duplicate and not-found messages, the
  * same removal when the owning plugin unloads, and ember-info lists every kind the same way.
  *
- *     typedef struct my_transform_class {     // a kind's record: starts with em_class_head's
+ *     typedef struct my_codec_class {         // a kind's record: starts with em_class_head's
  *         size_t struct_size;                 // three fields, in this order
  *         const char *name;
  *         const char *description;
- *         em_tensor *(*apply)(const em_tensor *x);
+ *         em_tensor *(*encode)(const em_tensor *x);
  *         void *ext;
- *     } my_transform_class;
- *     em_class_kind_def k = { .struct_size = sizeof k, .name = "transform",
- *                             .description = "data transforms",
- *                             .record_size = sizeof(my_transform_class) };
+ *     } my_codec_class;
+ *     em_class_kind_def k = { .struct_size = sizeof k, .name = "codec",
+ *                             .description = "tensor codecs",
+ *                             .record_size = sizeof(my_codec_class) };
  *     em_class_kind_register(reg, &k);
- *     static const my_transform_class flip = { .struct_size = sizeof flip, .name = "flip",
- *                                              .apply = my_flip };
- *     em_class_register(reg, "transform", &flip);
- *     const my_transform_class *c = em_class_find("transform", "flip");
+ *     static const my_codec_class q8 = { .struct_size = sizeof q8, .name = "q8",
+ *                                        .encode = my_q8 };
+ *     em_class_register(reg, "codec", &q8);
+ *     const my_codec_class *c = em_class_find("codec", "q8");
  *
  * The prefix rule (every record that crosses the ABI): a record built against older, smaller
  * headers has a smaller struct_size; the core accepts it when it is at least the kind's
@@ -214,7 +214,7 @@ typedef struct em_class_kind_info {
     void *ext;                /* reserved */
 } em_class_kind_info;
 
-/* Number of declared class kinds; kind i (in declaration order: the core's four first) into
+/* Number of declared class kinds; kind i (in declaration order: the core's five first) into
  * *out, whose struct_size the caller sets (only the fields it covers are written).
  * EM_ERR_RANGE past the end. Strings are valid while the kind is declared. */
 EM_API size_t em_class_kind_count(void);
