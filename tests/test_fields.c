@@ -424,3 +424,48 @@ Test(fields, a_masked_layer_receives_the_padding_mask) {
     em_loader_free(l);
     em_dataset_free(ds);
 }
+
+/* ---- transforms per field ----------------------------------------------------------------- */
+
+/* Transform specs apply to the field they name: to_float with a scale on "label" (an int64
+ * field) delivers label * 0.5 in float32 beside the untouched variable fields; a spec on a
+ * variable-length field, or on a field the dataset lacks, is refused naming the spec. */
+Test(fields, transforms_apply_to_the_field_they_name) {
+    em_dataset *ds = open_varlen();
+    em_options *half = em_options_new();
+    cr_assert_eq(em_options_set_float(half, "scale", 0.5), EM_OK);
+    em_transform_spec sp = {.struct_size = sizeof sp, .field = "label", .name = "to_float",
+                            .options = half};
+    em_loader_options_v2 o = {.struct_size = sizeof o, .batch_size = BS, .num_workers = 2,
+                              .transforms = &sp, .n_transforms = 1};
+    em_loader *l = em_loader_new_v2(ds, &o);
+    cr_assert(l, "%s", em_last_error());
+    const em_batch *b;
+    int64_t at = 0;
+    while (em_loader_next_v2(l, &b) == EM_OK && b) {
+        int64_t n = MIN(BS, N - at);
+        em_tensor *lab = em_batch_field(b, "label");
+        cr_assert_eq(em_tensor_dtype(lab), EM_F32);
+        for (int64_t j = 0; j < n; j++)
+            cr_assert_eq(((const float *)em_tensor_data(lab))[j],
+                         (float)vl_label(at + j, MAXLEN, CLASSES) * 0.5f);
+        em_tensor *seq = em_batch_field(b, "seq");
+        cr_assert_eq(em_tensor_dtype(seq), EM_F32);
+        cr_assert_eq(em_tensor_size(em_batch_mask(b, "seq"), 0), n);
+        at += n;
+    }
+    cr_assert_eq(em_last_status(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(at, N);
+    em_loader_free(l);
+    sp.field = "seq";
+    cr_assert_null(em_loader_new_v2(ds, &o));
+    cr_assert_eq(em_last_status(), EM_ERR_INVALID);
+    cr_assert(strstr(em_last_error(), "transforms[0]") && strstr(em_last_error(), "'seq'") &&
+              strstr(em_last_error(), "variable-length"), "%s", em_last_error());
+    sp.field = "lable";
+    cr_assert_null(em_loader_new_v2(ds, &o));
+    cr_assert(strstr(em_last_error(), "transforms[0] applies to the field 'lable'") &&
+              strstr(em_last_error(), "seq, marks, label"), "%s", em_last_error());
+    em_options_free(half);
+    em_dataset_free(ds);
+}
