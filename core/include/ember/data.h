@@ -3,12 +3,16 @@
  *
  * A dataset CLASS (a format: "mnist", "cifar10", "csv", "synthetic", ...) is registered by a
  * plugin (or by the program, through em_registry_program()) with typed options. Opening a
- * class with options gives an em_dataset: a length, the shape and dtype of one item's inputs
- * and targets, and a way to read any set of items into preallocated buffers. A program can
- * also make a dataset from tensors it already has, or from a callback, without a plugin.
- * The DataLoader turns a dataset into batches: sampling, shuffling, batching, worker threads
- * that fill a bounded ring of batch buffers ahead of the consumer, pinned host buffers and
- * async copies to an accelerator, and per-item transforms.
+ * class with options gives an em_dataset: a length, its item as a list of named FIELDS
+ * (em_field: a dtype, a shape, optionally one variable-length dim with a pad value), and a
+ * way to read any set of items into preallocated buffers. The image and table formats have
+ * the fields "input" and "target" (em_dataset_info describes those two, as in Ember 1.0). A
+ * program can also make a dataset from tensors it already has, or from a callback, without
+ * a plugin. The DataLoader turns a dataset into batches: sampling, shuffling, batching
+ * (fixed fields stacked, variable ones padded to the batch's longest item with a length
+ * tensor and a mask beside), worker threads that fill a bounded ring of batch buffers ahead
+ * of the consumer, pinned host buffers and async copies to an accelerator, and per-item
+ * transforms per field (ember/transform.h).
  *
  *     em_options *opts = em_options_new();
  *     em_options_set_string(opts, "path", "data/digits");
@@ -33,6 +37,36 @@
  *     }
  *     em_loader_free(dl);                    // joins the workers, frees every buffer
  *     em_dataset_free(ds);
+ *
+ * Named fields and variable lengths (since 1.1). A batch is addressed by field name; a
+ * variable-length field comes padded, with its lengths and mask:
+ *
+ *     // a class whose items are {"tokens": (L <= 128) int64, padded with 0; "label": int64}
+ *     em_dataset *ds = em_dataset_open("my-text", opts);
+ *     em_loader_options_v2 o = {.struct_size = sizeof o, .batch_size = 32, .shuffle = true,
+ *                               .seed = 1, .num_workers = 2};
+ *     em_loader *dl = em_loader_new_v2(ds, &o);
+ *     const em_batch *b;                     // borrowed: valid until the next call
+ *     while (em_loader_next_v2(dl, &b) == EM_OK && b) {
+ *         em_tensor *tok = em_batch_field(b, "tokens");   // (B, L) int64, L = longest in b
+ *         em_tensor *len = em_batch_lengths(b, "tokens"); // (B) int64
+ *         em_tensor *mask = em_batch_mask(b, "tokens");   // (B, L) bool, true = real token
+ *         em_tensor *y = em_batch_field(b, "label");      // (B) int64
+ *         em_scope_begin();
+ *         em_tensor *out = em_module_forward_masked(model, &tok, 1, mask); // ember/module.h
+ *         ... loss against y ...
+ *         em_scope_end();
+ *     }
+ *
+ * A class declares its fields from open_fields (em_dataset_layout) and reads them with
+ * read_fields: each item of a variable field contiguous in its own shape at its slot (the
+ * field's longest size apart), its length beside. The loader checks every length, pads
+ * (pad_value), and hands out contiguous (B, ..., L, ...) tensors. Every loader mechanism
+ * works for every field: samplers, worker threads, the ring, pinned buffers and the copies
+ * to a device (lengths and masks included), resumable positions, the wait record.
+ * em_loader_next is em_loader_next_v2 reduced to the fields "input" and "target"; a 1.0
+ * class (open/read) keeps working unchanged. A batch of a padded field is a view made per
+ * batch (the buffers themselves are all allocated by em_loader_new).
  *
  * Reproducibility. Every random choice is a Philox 4x32-10 function (ember/random.h) of the
  * loader's seed and of the epoch (permutations, weighted draws) or of (epoch, item index)
@@ -367,8 +401,9 @@ typedef struct em_loader em_loader;
  * fault (bad sampler arguments, transforms that do not fit the items, ...) or naming the
  * dataset when an epoch would have no batch (no items, or drop_last with fewer items than
  * batch_size), EM_ERR_DEVICE, EM_ERR_NOMEM. Every buffer is allocated here, each for
- * min(batch_size, items per epoch) items: em_loader_next allocates nothing except the view
- * of a short last batch (once per epoch). */
+ * min(batch_size, items per epoch) items (a variable field's at its longest): em_loader_next
+ * allocates nothing except the view of a short last batch (once per epoch) and, for each
+ * variable-length field, the views of its padded batch, lengths and mask. */
 EM_API em_loader *em_loader_new(em_dataset *ds, const em_loader_options *o);
 
 /* The next batch of the current epoch.
