@@ -396,15 +396,21 @@ const em_dataset_info *em_dataset_get_info(const em_dataset *ds) { return &ds->i
 int64_t em_dataset_length(const em_dataset *ds) { return ds->info.length; }
 const char *em_dataset_name(const em_dataset *ds) { return ds->name; }
 
-em_status em_dataset_read(em_dataset *ds, const int64_t *indices, int64_t n, void *inputs,
-                          void *targets) {
-    if (!ds || (n > 0 && (!indices || !inputs || !targets)))
-        return em_set_error(EM_ERR_INVALID, "dataset_read: NULL dataset or buffer");
+/* Every index in [0, length): else EM_ERR_RANGE naming the first one out. */
+static em_status check_indices(const em_dataset *ds, const int64_t *indices, int64_t n) {
     for (int64_t j = 0; j < n; j++)
         if (indices[j] < 0 || indices[j] >= ds->info.length)
             return em_set_error(EM_ERR_RANGE, "dataset '%s': item index %lld is out of range "
                                 "(length %lld)", ds->name, (long long)indices[j],
                                 (long long)ds->info.length);
+    return EM_OK;
+}
+
+em_status em_dataset_read(em_dataset *ds, const int64_t *indices, int64_t n, void *inputs,
+                          void *targets) {
+    if (!ds || (n > 0 && (!indices || !inputs || !targets)))
+        return em_set_error(EM_ERR_INVALID, "dataset_read: NULL dataset or buffer");
+    if (check_indices(ds, indices, n) != EM_OK) return EM_ERR_RANGE;
     if (!ds->read) {
         /* A field dataset: exactly the fixed fields "input" and "target". */
         if (ds->nf != 2 || ds->in_f < 0 || ds->tg_f < 0 || ds->fields[0].variable ||
@@ -460,11 +466,7 @@ em_status em_dataset_read_fields(em_dataset *ds, const int64_t *indices, int64_t
                                  void *const *data, int64_t *const *lengths) {
     if (!ds || (n > 0 && (!indices || !data)))
         return em_set_error(EM_ERR_INVALID, "dataset_read_fields: NULL dataset or buffer");
-    for (int64_t j = 0; j < n; j++)
-        if (indices[j] < 0 || indices[j] >= ds->info.length)
-            return em_set_error(EM_ERR_RANGE, "dataset '%s': item index %lld is out of range "
-                                "(length %lld)", ds->name, (long long)indices[j],
-                                (long long)ds->info.length);
+    if (check_indices(ds, indices, n) != EM_OK) return EM_ERR_RANGE;
     for (int f = 0; n > 0 && f < ds->nf; f++)
         if (!data[f] || (ds->fields[f].variable && (!lengths || !lengths[f])))
             return em_set_error(EM_ERR_INVALID, "dataset_read_fields: dataset '%s': no %s for "

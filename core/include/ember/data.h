@@ -145,7 +145,7 @@ typedef struct em_dataset_info {
  * array has the same struct_size), so an array built against older headers still reads. */
 typedef struct em_field {
     size_t struct_size;           /* sizeof(em_field) */
-    const char *name;             /* [A-Za-z_][A-Za-z0-9_]*, unique in the item; copied */
+    const char *name;             /* [A-Za-z_][A-Za-z0-9_]*, <= 63 chars, unique; copied */
     em_dtype dtype;
     int ndim;                     /* item dims, 0 .. EM_MAX_DIMS - 1 (0: one value per item) */
     int64_t shape[EM_MAX_DIMS];   /* the item's shape; at var_dim its longest length */
