@@ -325,7 +325,7 @@ static em_dataset *dataset_new_fields(const char *name, int64_t length, const em
     em_dataset *ds = dataset_alloc(name);
     if (!ds) return NULL;
     for (int k = 0; k < n; k++) {
-        const em_field *src = (const em_field *)(const void *)((const char *)fields + (size_t)k * stride);
+        const char *src = (const char *)fields + (size_t)k * stride; /* by the stride rule */
         em_field f = {0};
         memcpy(&f, src, EM_MIN(stride, sizeof f));
         if (field_check(name, k, &f) != EM_OK) goto fail;

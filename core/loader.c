@@ -12,10 +12,12 @@
  * generation number, waits until no worker is filling, and resets the ring; a batch made
  * under an old generation is thrown away.
  *
- * Memory: every buffer (K host slots, the workers' staging buffers for transforms, the
- * device buffers, the epoch's index list) is allocated in em_loader_new, each for
- * min(batch_size, items per epoch) items: a dataset smaller than a batch costs its size. em_loader_next
- * allocates only the views of a short last batch, once per epoch.
+ * Memory: every buffer (K host slots of every field, with a variable field's lengths and mask;
+ * the workers' staging and scratch buffers for transforms and padding; the device buffers;
+ * the epoch's index list) is allocated in em_loader_new, each for min(batch_size, items per
+ * epoch) items (a variable field's at its longest): a dataset smaller than a batch costs its
+ * size. em_loader_next allocates only the views of a short last batch, once per epoch, and
+ * of each padded field's batch, lengths and mask.
  *
  * Waits. Every batch's wait (the time em_loader_next blocked) goes into a log-linear
  * histogram inside the loader: exact below 64 ns, then 64 buckets per power of two, so a
@@ -249,10 +251,12 @@ static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
         if (lf->pipe) {
             /* Each item through the field's pipeline, drawing from its own stream. */
             for (int64_t j = 0; st == EM_OK && j < n; j++)
-                st = em__transform_pipeline_apply(lf->pipe,
-                                                  (const char *)wk->raw[k] + (size_t)j * lf->raw_ib,
+            {
+                const char *src = (const char *)wk->raw[k] + (size_t)j * lf->raw_ib;
+                st = em__transform_pipeline_apply(lf->pipe, src,
                                                   (char *)s->buf[k] + (size_t)j * lf->out_ib,
                                                   wk->scratch, l->o.seed, epoch, ids[j]);
+            }
         } else if (lf->variable) {
             pad_field(l, k, wk->raw[k], s, n);
         }

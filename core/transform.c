@@ -273,7 +273,9 @@ em_status em__transforms_to_specs(const em_transforms *t, em_dtype in_dtype,
         return em_set_error(EM_ERR_INVALID, "loader: normalize takes at most %d channels "
                             "(n_channels is %d)", EM_OPT_MAX_LIST, t->n_channels);
     struct { bool on; const char *name; } want[EM__LEGACY_TRANSFORMS] = {
-        {t->crop_padding > 0, "random_crop"}, {t->hflip, "hflip"},
+        /* a flip without a crop still gets random_crop (padding 0: a copy) so that the flip
+         * draws word 2 of the item's stream, as it did in 1.0 */
+        {t->crop_padding > 0 || t->hflip, "random_crop"}, {t->hflip, "hflip"},
         {tofloat, "to_float"}, {normalize, "normalize"}};
     em_status st = EM_OK;
     for (int i = 0; i < EM__LEGACY_TRANSFORMS && st == EM_OK; i++) {

@@ -199,6 +199,42 @@ Test(transforms, the_builtins_are_plain_loops_over_the_stream) {
     em_dataset_free(ds);
 }
 
+/* hflip draws the next word of the stream: word 0 alone, word 2 after a crop. The 1.0
+ * struct's flip without a crop keeps drawing word 2, as 1.0 did. */
+Test(transforms, a_flip_draws_its_word_of_the_stream) {
+    em_dataset *ds = images();
+    const em_transform_spec flip = {.struct_size = sizeof flip, .name = "hflip"};
+    em_loader_options with_specs = {.struct_size = sizeof with_specs, .batch_size = 40,
+                                    .seed = 5, .transform_specs = &flip, .n_transform_specs = 1};
+    em_loader_options with_struct = {.struct_size = sizeof with_struct, .batch_size = 40,
+                                     .seed = 5, .transforms = {.hflip = true}};
+    const em_loader_options *both[2] = {&with_specs, &with_struct};
+    for (int k = 0; k < 2; k++) {
+        em_loader *l = em_loader_new(ds, both[k]);
+        cr_assert(l, "%s", em_last_error());
+        em_tensor *x, *y;
+        cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_tensor_dtype(x), EM_U8);
+        int flips = 0;
+        for (int64_t item = 0; item < 40; item++) {
+            uint8_t raw[48];
+            int64_t lab;
+            image_item(NULL, item, raw, &lab);
+            bool f = stream_word(5, 0, (uint64_t)item, k ? 2 : 0) >= 0x80000000u;
+            flips += f;
+            const uint8_t *got = (const uint8_t *)em_tensor_data(x) + item * 48;
+            for (int i = 0; i < 48; i++) {
+                int row = i / 4, col = i % 4;
+                cr_assert_eq(got[i], raw[row * 4 + (f ? 3 - col : col)], "%s: item %lld",
+                             k ? "em_transforms" : "specs", (long long)item);
+            }
+        }
+        cr_assert(flips > 5 && flips < 35, "flips %d", flips);
+        em_loader_free(l);
+    }
+    em_dataset_free(ds);
+}
+
 static void load_test_plugin(void) {
     const char *d = getenv("EMBER_TEST_PLUGIN_DIR");
     cr_assert(d && *d, "EMBER_TEST_PLUGIN_DIR is not set (run through `make check`)");

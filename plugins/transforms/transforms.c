@@ -200,6 +200,10 @@ static em_status crop_apply(void *state, const em_transform_layout *in, const vo
     int64_t p = *(const int64_t *)state;
     int64_t dy = (int64_t)em_transform_rng_below(rng, (uint64_t)(2 * p + 1)) - p;
     int64_t dx = (int64_t)em_transform_rng_below(rng, (uint64_t)(2 * p + 1)) - p;
+    if (p == 0) { /* drawn all the same: the words after it do not depend on the padding */
+        memcpy(dst, src, layout_bytes(in));
+        return EM_OK;
+    }
     int64_t C = in->shape[0], H = in->shape[1], W = in->shape[2];
     size_t es = em_dtype_size(in->dtype);
     /* Output (y, x) reads input (y + dy, x + dx): columns [x0, x1) come from inside. */
@@ -312,7 +316,7 @@ static const em_plugin_descriptor transforms_plugin = {
     .abi_major = EM_PLUGIN_ABI_MAJOR,
     .name = "ember-transforms",
     .version = EM_VERSION_STRING,
-    .description = "transform classes: to_float, normalize, random_crop, hflip",
+    .description = "data transforms: to_float, normalize, random_crop, hflip",
     .register_fn = transforms_register,
 };
 

@@ -339,14 +339,14 @@ typedef enum em_sampler_kind {
 
 /* The fixed set of per-item transforms of Ember 1.0, kept for its users: the loader turns it
  * into transform classes of ember/transform.h (the ember-transforms plugin) on the field
- * "input", in this order: random_crop (padding = crop_padding) when crop_padding > 0, hflip
- * when hflip, to_float (scale) when to_float or normalizing, normalize (mean, std) when
+ * "input", in this order: random_crop (padding = crop_padding) when crop_padding > 0 or
+ * hflip, hflip when hflip, to_float (scale) when to_float or normalizing, normalize (mean, std) when
  * mean is set. So uint8 items with scale 0 are divided by 255 in float32 (torchvision's
  * ToTensor; before Ember 1.1 they were multiplied by float32(1/255), 1 ulp off for 126 of
  * the 256 byte values), then normalized as (x - mean[c]) / std[c] in float32. Crop and
  * flip need items of shape (C, H, W); normalize takes at most 8 channels. Each item's
  * random choices depend only on (seed, epoch, item index): crop draws words 0 and 1 of the
- * item's stream, flip the next one (word 2 after a crop, word 0 without one). New code
+ * item's stream and flip word 2, as in 1.0 (a flip alone brings a crop of padding 0). New code
  * lists classes in em_loader_options.transform_specs instead (any class, any order, with
  * typed options); a loader takes one form or the other. */
 typedef struct em_transforms {
