@@ -67,7 +67,14 @@ em_status em__dataset_class_check(const void *record, const char *who) {
     if (!em__class_name_ok(def->name))
         return em_set_error(EM_ERR_INVALID, "%s: name '%s' is not [a-z][a-z0-9_-]*", who,
                             def->name ? def->name : "(null)");
-    if (!def->open || !def->read)
+    bool v1 = def->open || def->read, fields = def->open_fields || def->read_fields;
+    if (v1 && fields)
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' sets both the 1.0 open/read and "
+                            "open_fields/read_fields: set one pair", who, def->name);
+    if (fields && (!def->open_fields || !def->read_fields))
+        return em_set_error(EM_ERR_INVALID, "%s: class '%s' lacks a %s function", who,
+                            def->name, !def->open_fields ? "open_fields" : "read_fields");
+    if (!fields && (!def->open || !def->read))
         return em_set_error(EM_ERR_INVALID, "%s: class '%s' lacks an %s function", who,
                             def->name, !def->open ? "open" : "read");
     return em__option_table_check(who, def->name, def->options, def->n_options);
@@ -162,11 +169,98 @@ static em_status info_check(const char *who, const em_dataset_info *in) {
     return EM_OK;
 }
 
-/* A new dataset handle (refcount 1) over state with the given functions. */
-static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
-                               em_status (*read)(void *, const int64_t *, int64_t, void *, void *),
-                               void (*close)(void *), void *state) {
-    if (info_check(name, info) != EM_OK) return NULL;
+static bool valid_field_name(const char *s) {
+    if (!s || !((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_')) return false;
+    size_t n = 0;
+    for (; *s; s++, n++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_'))
+            return false;
+    return n < sizeof(((em_dataset *)0)->names[0]);
+}
+
+/* Check field f (index k) of dataset `who`. */
+static em_status field_check(const char *who, int k, const em_field *f) {
+    char s[96];
+    if (!valid_field_name(f->name))
+        return em_set_error(EM_ERR_INVALID, "dataset '%s': field %d has name '%s', not "
+                            "[A-Za-z_][A-Za-z0-9_]* of at most 63 characters", who, k,
+                            f->name ? f->name : "(null)");
+    if (!em_dtype_is_valid(f->dtype))
+        return em_set_error(EM_ERR_DTYPE, "dataset '%s': field '%s' has an invalid dtype %d",
+                            who, f->name, (int)f->dtype);
+    if (f->ndim < 0 || f->ndim > EM_MAX_DIMS - 1)
+        return em_set_error(EM_ERR_INVALID, "dataset '%s': field '%s' has %d dims (must be in "
+                            "[0, %d])", who, f->name, f->ndim, EM_MAX_DIMS - 1);
+    for (int d = 0; d < f->ndim; d++)
+        if (f->shape[d] <= 0)
+            return em_set_error(EM_ERR_SHAPE, "dataset '%s': field '%s' has shape %s with a "
+                                "non-positive size", who, f->name,
+                                em__shape_str(f->ndim, f->shape, s, sizeof s));
+    if (f->variable && (f->var_dim < 0 || f->var_dim >= f->ndim))
+        return em_set_error(EM_ERR_INVALID, "dataset '%s': field '%s' has variable dim %d, "
+                            "outside its %d dims", who, f->name, f->var_dim, f->ndim);
+    if (f->num_classes < 0 || (f->num_classes > 0 && !em_dtype_is_integral(f->dtype)))
+        return em_set_error(EM_ERR_INVALID, "dataset '%s': field '%s': num_classes %lld needs "
+                            "an integer dtype (has %s) and must be >= 0", who, f->name,
+                            (long long)f->num_classes, em_dtype_name(f->dtype));
+    if (!isfinite(f->pad_value) && em_dtype_is_integral(f->dtype))
+        return em_set_error(EM_ERR_INVALID, "dataset '%s': field '%s' of %s pads with %g",
+                            who, f->name, em_dtype_name(f->dtype), f->pad_value);
+    return EM_OK;
+}
+
+/* Copy field f into ds's table (slot ds->nf). */
+static void field_add(em_dataset *ds, const em_field *f) {
+    int k = ds->nf++;
+    em_field *c = &ds->fields[k];
+    *c = *f;
+    c->struct_size = sizeof *c;
+    c->ext = NULL;
+    if (!c->variable) c->var_dim = 0;
+    snprintf(ds->names[k], sizeof ds->names[k], "%s", f->name);
+    c->name = ds->names[k];
+    ds->field_bytes[k] = em__data_item_bytes(c->ndim, c->shape, c->dtype);
+}
+
+/* The 1.0 layout as fields: "input" and "target". */
+static void fields_from_info(em_dataset *ds) {
+    const em_dataset_info *in = &ds->info;
+    em_field f = {.struct_size = sizeof f, .name = "input", .dtype = in->input_dtype,
+                  .ndim = in->input_ndim};
+    memcpy(f.shape, in->input_shape, sizeof f.shape);
+    field_add(ds, &f);
+    em_field t = {.struct_size = sizeof t, .name = "target", .dtype = in->target_dtype,
+                  .ndim = in->target_ndim, .num_classes = in->num_classes};
+    memcpy(t.shape, in->target_shape, sizeof t.shape);
+    field_add(ds, &t);
+}
+
+/* A field dataset's em_dataset_info: the length, and input/target where they fit the 1.0
+ * rules (fixed; an int64 label or (k) float32 target). */
+static void info_from_fields(em_dataset *ds, int64_t length) {
+    em_dataset_info *in = &ds->info;
+    memset(in, 0, sizeof *in);
+    in->struct_size = sizeof *in;
+    in->length = length;
+    if (ds->in_f >= 0 && !ds->fields[ds->in_f].variable) {
+        const em_field *f = &ds->fields[ds->in_f];
+        in->input_ndim = f->ndim;
+        memcpy(in->input_shape, f->shape, sizeof in->input_shape);
+        in->input_dtype = f->dtype;
+        ds->input_bytes = ds->field_bytes[ds->in_f];
+    }
+    if (ds->tg_f >= 0 && !ds->fields[ds->tg_f].variable) {
+        const em_field *f = &ds->fields[ds->tg_f];
+        in->target_ndim = f->ndim;
+        memcpy(in->target_shape, f->shape, sizeof in->target_shape);
+        in->target_dtype = f->dtype;
+        in->num_classes = f->num_classes;
+        ds->target_bytes = ds->field_bytes[ds->tg_f];
+    }
+}
+
+static em_dataset *dataset_alloc(const char *name) {
     em_dataset *ds = em__calloc(1, sizeof *ds, "dataset");
     if (!ds) return NULL;
     if (!(ds->name = em__strdup(name, "dataset name"))) {
@@ -175,6 +269,24 @@ static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
     }
     em__live_inc(EM__LIVE_DATASET);
     atomic_init(&ds->refcount, 1);
+    ds->in_f = ds->tg_f = -1;
+    return ds;
+}
+
+static void find_io_fields(em_dataset *ds) {
+    for (int k = 0; k < ds->nf; k++) {
+        if (strcmp(ds->fields[k].name, "input") == 0) ds->in_f = k;
+        if (strcmp(ds->fields[k].name, "target") == 0) ds->tg_f = k;
+    }
+}
+
+/* A new dataset handle (refcount 1) over state with the given functions. */
+static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
+                               em_status (*read)(void *, const int64_t *, int64_t, void *, void *),
+                               void (*close)(void *), void *state) {
+    if (info_check(name, info) != EM_OK) return NULL;
+    em_dataset *ds = dataset_alloc(name);
+    if (!ds) return NULL;
     ds->info = *info;
     ds->info.struct_size = sizeof ds->info;
     ds->info.ext = NULL;
@@ -184,7 +296,58 @@ static em_dataset *dataset_new(const char *name, const em_dataset_info *info,
     ds->input_bytes = em__data_item_bytes(info->input_ndim, info->input_shape, info->input_dtype);
     ds->target_bytes = em__data_item_bytes(info->target_ndim, info->target_shape,
                                            info->target_dtype);
+    fields_from_info(ds);
+    ds->in_f = 0;
+    ds->tg_f = 1;
     return ds;
+}
+
+/* A new field dataset (refcount 1): fields[0..n) with the stride fields[0].struct_size. */
+static em_dataset *dataset_new_fields(const char *name, int64_t length, const em_field *fields,
+                                      int n, em__fields_read_fn read, void (*close)(void *),
+                                      void *state) {
+    if (length < 0) {
+        em_set_error(EM_ERR_INVALID, "dataset '%s': negative length %lld", name,
+                     (long long)length);
+        return NULL;
+    }
+    if (n < 1 || n > EM_MAX_FIELDS || !fields) {
+        em_set_error(EM_ERR_INVALID, "dataset '%s': an item has %d fields (must be in [1, %d])",
+                     name, fields ? n : 0, EM_MAX_FIELDS);
+        return NULL;
+    }
+    size_t stride = fields[0].struct_size;
+    if (stride < offsetof(em_field, ext)) {
+        em_set_error(EM_ERR_INVALID, "dataset '%s': em_field struct_size %zu is smaller than "
+                     "the 1.1 em_field (%zu)", name, stride, offsetof(em_field, ext));
+        return NULL;
+    }
+    em_dataset *ds = dataset_alloc(name);
+    if (!ds) return NULL;
+    for (int k = 0; k < n; k++) {
+        const char *src = (const char *)fields + (size_t)k * stride; /* by the stride rule */
+        em_field f = {0};
+        memcpy(&f, src, EM_MIN(stride, sizeof f));
+        if (field_check(name, k, &f) != EM_OK) goto fail;
+        for (int j = 0; j < k; j++)
+            if (strcmp(ds->fields[j].name, f.name) == 0) {
+                em_set_error(EM_ERR_INVALID, "dataset '%s': field '%s' is declared twice", name,
+                             f.name);
+                goto fail;
+            }
+        field_add(ds, &f);
+    }
+    find_io_fields(ds);
+    info_from_fields(ds, length);
+    ds->read_fields = read;
+    ds->close = close;
+    ds->state = state;
+    return ds;
+fail:
+    em__free(ds->name);
+    em__free(ds);
+    em__live_dec(EM__LIVE_DATASET);
+    return NULL;
 }
 
 em_dataset *em_dataset_open(const char *name, const em_options *opts) {
@@ -199,8 +362,11 @@ em_dataset *em_dataset_open(const char *name, const em_options *opts) {
         return NULL;
     }
     em_dataset_info info = {.struct_size = sizeof info};
+    em_dataset_layout lay = {.struct_size = sizeof lay};
     void *state = NULL;
-    em_status st = def->open(o, &info, &state);
+    em_status st = def->open_fields ? def->open_fields(o, &lay, &state)
+                                    : def->open(o, &info, &state);
+    if (def->open_fields) info.length = lay.length;
     if (st != EM_OK) {
         em_options_free(o);
         if (!em__error_pending())
@@ -218,7 +384,10 @@ em_dataset *em_dataset_open(const char *name, const em_options *opts) {
         return NULL;
     }
     em_options_free(o);
-    em_dataset *ds = dataset_new(name, &info, def->read, def->close, state);
+    em_dataset *ds = def->open_fields
+                         ? dataset_new_fields(name, lay.length, lay.fields, lay.n_fields,
+                                              def->read_fields, def->close, state)
+                         : dataset_new(name, &info, def->read, def->close, state);
     if (!ds && def->close) def->close(state);
     return ds;
 }
@@ -227,21 +396,112 @@ const em_dataset_info *em_dataset_get_info(const em_dataset *ds) { return &ds->i
 int64_t em_dataset_length(const em_dataset *ds) { return ds->info.length; }
 const char *em_dataset_name(const em_dataset *ds) { return ds->name; }
 
-em_status em_dataset_read(em_dataset *ds, const int64_t *indices, int64_t n, void *inputs,
-                          void *targets) {
-    if (!ds || (n > 0 && (!indices || !inputs || !targets)))
-        return em_set_error(EM_ERR_INVALID, "dataset_read: NULL dataset or buffer");
+/* Every index in [0, length): else EM_ERR_RANGE naming the first one out. */
+static em_status check_indices(const em_dataset *ds, const int64_t *indices, int64_t n) {
     for (int64_t j = 0; j < n; j++)
         if (indices[j] < 0 || indices[j] >= ds->info.length)
             return em_set_error(EM_ERR_RANGE, "dataset '%s': item index %lld is out of range "
                                 "(length %lld)", ds->name, (long long)indices[j],
                                 (long long)ds->info.length);
+    return EM_OK;
+}
+
+em_status em_dataset_read(em_dataset *ds, const int64_t *indices, int64_t n, void *inputs,
+                          void *targets) {
+    if (!ds || (n > 0 && (!indices || !inputs || !targets)))
+        return em_set_error(EM_ERR_INVALID, "dataset_read: NULL dataset or buffer");
+    if (check_indices(ds, indices, n) != EM_OK) return EM_ERR_RANGE;
+    if (!ds->read) {
+        /* A field dataset: exactly the fixed fields "input" and "target". */
+        if (ds->nf != 2 || ds->in_f < 0 || ds->tg_f < 0 || ds->fields[0].variable ||
+            ds->fields[1].variable)
+            return em_set_error(EM_ERR_INVALID, "dataset '%s': em_dataset_read reads the fixed "
+                                "fields 'input' and 'target' only; this dataset's items have "
+                                "%d fields (read them with em_dataset_read_fields)", ds->name,
+                                ds->nf);
+    }
     if (n <= 0) return EM_OK;
-    em_status st = ds->read(ds->state, indices, n, inputs, targets);
+    void *data[2];
+    data[ds->read ? 0 : ds->in_f] = inputs;
+    data[ds->read ? 1 : ds->tg_f] = targets;
+    int64_t *lengths[2] = {NULL, NULL};
+    return em__dataset_read_fields(ds, indices, n, data, lengths);
+}
+
+em_status em__dataset_read_fields(em_dataset *ds, const int64_t *indices, int64_t n,
+                                  void *const *data, int64_t *const *lengths) {
+    if (n <= 0) return EM_OK;
+    em_status st;
+    if (ds->read) {
+        st = ds->read(ds->state, indices, n, data[0], data[1]);
+    } else {
+        for (int f = 0; f < ds->nf; f++)
+            if (ds->fields[f].variable)
+                for (int64_t j = 0; j < n; j++) lengths[f][j] = -1; /* "not set" */
+        st = ds->read_fields(ds->state, indices, n, data, lengths);
+        for (int f = 0; st == EM_OK && f < ds->nf; f++) {
+            const em_field *fd = &ds->fields[f];
+            if (!fd->variable) continue;
+            int64_t mx = fd->shape[fd->var_dim];
+            for (int64_t j = 0; j < n; j++)
+                if (lengths[f][j] < 0 || lengths[f][j] > mx) {
+                    char got[48] = "has no length set";
+                    if (lengths[f][j] != -1)
+                        snprintf(got, sizeof got, "has length %lld", (long long)lengths[f][j]);
+                    st = em_set_error(EM_ERR_FORMAT, "dataset '%s': item %lld: field '%s' %s "
+                                      "(its variable dim %d holds 0 .. %lld)", ds->name,
+                                      (long long)indices[j], fd->name, got, fd->var_dim,
+                                      (long long)mx);
+                    break;
+                }
+        }
+    }
     if (st != EM_OK && !em__error_pending())
         em_set_error(st, "dataset '%s': read of %lld items failed without saying why", ds->name,
                      (long long)n);
     return st;
+}
+
+em_status em_dataset_read_fields(em_dataset *ds, const int64_t *indices, int64_t n,
+                                 void *const *data, int64_t *const *lengths) {
+    if (!ds || (n > 0 && (!indices || !data)))
+        return em_set_error(EM_ERR_INVALID, "dataset_read_fields: NULL dataset or buffer");
+    if (check_indices(ds, indices, n) != EM_OK) return EM_ERR_RANGE;
+    for (int f = 0; n > 0 && f < ds->nf; f++)
+        if (!data[f] || (ds->fields[f].variable && (!lengths || !lengths[f])))
+            return em_set_error(EM_ERR_INVALID, "dataset_read_fields: dataset '%s': no %s for "
+                                "field '%s'", ds->name, data[f] ? "lengths buffer" : "buffer",
+                                ds->fields[f].name);
+    int64_t *none[EM_MAX_FIELDS] = {0};
+    return em__dataset_read_fields(ds, indices, n, data, lengths ? lengths : none);
+}
+
+int em_dataset_field_count(const em_dataset *ds) { return ds ? ds->nf : 0; }
+
+const em_field *em_dataset_field(const em_dataset *ds, int i) {
+    if (!ds || i < 0 || i >= ds->nf) {
+        em_set_error(EM_ERR_RANGE, "dataset_field: index %d is out of range (%d fields)", i,
+                     ds ? ds->nf : 0);
+        return NULL;
+    }
+    return &ds->fields[i];
+}
+
+int em_dataset_field_index(const em_dataset *ds, const char *name) {
+    if (!ds || !name) {
+        em_set_error(EM_ERR_INVALID, "dataset_field_index: NULL dataset or name");
+        return -1;
+    }
+    for (int k = 0; k < ds->nf; k++)
+        if (strcmp(ds->fields[k].name, name) == 0) return k;
+    char list[EM_MAX_FIELDS * 66] = "";
+    size_t at = 0;
+    for (int k = 0; k < ds->nf && at < sizeof list; k++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", k ? ", " : "",
+                               ds->fields[k].name);
+    em_set_error(EM_ERR_NOTFOUND, "dataset '%s' has no field '%s' (its fields: %s)", ds->name,
+                 name, list);
+    return -1;
 }
 
 void em_dataset_free(em_dataset *ds) {
@@ -388,6 +648,57 @@ em_dataset *em_dataset_from_callback(const em_dataset_info *info_in, em_item_fn 
     return ds;
 }
 
+/* ---- field callback datasets -------------------------------------------------------------- */
+
+typedef struct fields_cb_state {
+    em_fields_fn fn;
+    void *user;
+    int nf;
+    size_t fb[EM_MAX_FIELDS];
+} fields_cb_state;
+
+static em_status fields_cb_read(void *state, const int64_t *idx, int64_t n, void *const *data,
+                                int64_t *const *lengths) {
+    const fields_cb_state *s = state;
+    void *d[EM_MAX_FIELDS];
+    int64_t len[EM_MAX_FIELDS];
+    for (int64_t j = 0; j < n; j++) {
+        for (int f = 0; f < s->nf; f++) {
+            d[f] = (char *)data[f] + (size_t)j * s->fb[f];
+            len[f] = -1;
+        }
+        em_clear_error();
+        em_status st = s->fn(s->user, idx[j], d, len);
+        if (st != EM_OK)
+            return em_set_error(st, "fields dataset: item %lld: %s", (long long)idx[j],
+                                *em_last_error() ? em_last_error() : em_status_str(st));
+        for (int f = 0; f < s->nf; f++)
+            if (lengths[f]) lengths[f][j] = len[f];
+    }
+    return EM_OK;
+}
+
+em_dataset *em_dataset_from_fields(int64_t length, const em_field *fields, int n_fields,
+                                   em_fields_fn fn, void *user) {
+    if (!fn) {
+        em_set_error(EM_ERR_INVALID, "dataset_from_fields: NULL function");
+        return NULL;
+    }
+    fields_cb_state *s = em__calloc(1, sizeof *s, "fields dataset");
+    if (!s) return NULL;
+    s->fn = fn;
+    s->user = user;
+    em_dataset *ds = dataset_new_fields("fields", length, fields, n_fields, fields_cb_read,
+                                        callback_close, s);
+    if (!ds) {
+        em__free(s);
+        return NULL;
+    }
+    s->nf = ds->nf;
+    memcpy(s->fb, ds->field_bytes, sizeof s->fb);
+    return ds;
+}
+
 /* ---- subsets and random_split ------------------------------------------------------------- */
 
 typedef struct subset_state {
@@ -396,15 +707,21 @@ typedef struct subset_state {
     int64_t n;
 } subset_state;
 
-static em_status subset_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+static em_status subset_read(void *state, const int64_t *idx, int64_t n, void *const *data,
+                             int64_t *const *lengths) {
     const subset_state *s = state;
+    em_dataset *p = s->parent;
     int64_t map[256]; /* no allocation per read: map the indices in chunks */
+    void *d[EM_MAX_FIELDS];
+    int64_t *ln[EM_MAX_FIELDS];
     for (int64_t j = 0; j < n; j += 256) {
         int64_t m = EM_MIN(256, n - j);
         for (int64_t k = 0; k < m; k++) map[k] = s->idx[idx[j + k]];
-        em_status st = s->parent->read(s->parent->state, map, m,
-                                       (char *)in + (size_t)j * s->parent->input_bytes,
-                                       (char *)tg + (size_t)j * s->parent->target_bytes);
+        for (int f = 0; f < p->nf; f++) {
+            d[f] = (char *)data[f] + (size_t)j * p->field_bytes[f];
+            ln[f] = lengths[f] ? lengths[f] + j : NULL;
+        }
+        em_status st = em__dataset_read_fields(p, map, m, d, ln);
         if (st != EM_OK) return st;
     }
     return EM_OK;
@@ -441,9 +758,8 @@ em_dataset *em_dataset_subset(em_dataset *ds, const int64_t *indices, int64_t n)
     s->n = n;
     atomic_fetch_add(&ds->refcount, 1);
     s->parent = ds;
-    em_dataset_info info = ds->info;
-    info.length = n;
-    em_dataset *sub = dataset_new("subset", &info, subset_read, subset_close, s);
+    em_dataset *sub = dataset_new_fields("subset", n, ds->fields, ds->nf, subset_read,
+                                         subset_close, s);
     if (!sub) subset_close(s);
     return sub;
 }

@@ -39,15 +39,26 @@ static inline uint64_t em__data_below(uint32_t w, uint64_t n) {
 void em__data_permute(int64_t *perm, int64_t n, uint64_t seed, uint64_t epoch,
                       uint32_t stream);
 
+/* The read function of a field dataset (em_dataset_class_def.read_fields). */
+typedef em_status (*em__fields_read_fn)(void *state, const int64_t *indices, int64_t n,
+                                        void *const *data, int64_t *const *lengths);
+
 struct em_dataset {
     atomic_int refcount;
-    em_dataset_info info;
+    em_dataset_info info;          /* a field dataset: length, and input/target where they fit */
     char *name;
+    /* Exactly one of the two: a 1.0 read (fields "input" and "target"), or a fields read. */
     em_status (*read)(void *state, const int64_t *indices, int64_t n, void *inputs,
                       void *targets);
+    em__fields_read_fn read_fields;
     void (*close)(void *state);
     void *state;
-    size_t input_bytes, target_bytes; /* per item */
+    size_t input_bytes, target_bytes; /* per item (1.0 layout; 0 when a field is missing) */
+    int nf;
+    em_field fields[EM_MAX_FIELDS];   /* names point into names[] */
+    char names[EM_MAX_FIELDS][64];
+    size_t field_bytes[EM_MAX_FIELDS]; /* per item at the full shape */
+    int in_f, tg_f;                   /* the fields "input" and "target"; -1 when absent */
 };
 
 /* A class name of the dataset and transform kinds: [a-z][a-z0-9_-]*. */
@@ -59,5 +70,11 @@ em_status em__option_table_check(const char *who, const char *cls, const em_opti
 
 /* Bytes of one item's inputs / targets. */
 size_t em__data_item_bytes(int ndim, const int64_t *shape, em_dtype dt);
+
+/* Read items into per-field buffers without the range checks of em_dataset_read_fields
+ * (the loader's indices are valid); lengths[f] must be set for every variable field, and the
+ * lengths read are checked. */
+em_status em__dataset_read_fields(em_dataset *ds, const int64_t *indices, int64_t n,
+                                  void *const *data, int64_t *const *lengths);
 
 #endif /* EMBER_DATA_INTERNAL_H */

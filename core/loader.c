@@ -12,10 +12,12 @@
  * generation number, waits until no worker is filling, and resets the ring; a batch made
  * under an old generation is thrown away.
  *
- * Memory: every buffer (K host slots, the workers' staging and scratch buffers for
- * transforms, the device buffers, the epoch's index list) is allocated in em_loader_new, each for
- * min(batch_size, items per epoch) items: a dataset smaller than a batch costs its size. em_loader_next
- * allocates only the views of a short last batch, once per epoch.
+ * Memory: every buffer (K host slots of every field, with a variable field's lengths and mask;
+ * the workers' staging and scratch buffers for transforms and padding; the device buffers;
+ * the epoch's index list) is allocated in em_loader_new, each for min(batch_size, items per
+ * epoch) items (a variable field's at its longest): a dataset smaller than a batch costs its
+ * size. em_loader_next allocates only the views of a short last batch, once per epoch, and
+ * of each padded field's batch, lengths and mask.
  *
  * Waits. Every batch's wait (the time em_loader_next blocked) goes into a log-linear
  * histogram inside the loader: exact below 64 ns, then 64 buckets per power of two, so a
@@ -62,9 +64,28 @@ static uint64_t wait_bucket_mid(int i) {
     return ((uint64_t)(WAIT_SUB + m) << k) + (k ? (uint64_t)1 << (k - 1) : 0);
 }
 
+/* One field as the loader delivers it. */
+typedef struct lfield {
+    const em_field *df;            /* the dataset's */
+    em_dtype dtype;                /* delivered (float32 after to-float) */
+    size_t raw_ib, out_ib, es;     /* bytes per item as read / delivered (full shape); element */
+    bool staged;                   /* read into the worker's staging first (transform, padding) */
+    em__transform_pipeline *pipe;  /* the field's transforms; NULL: none */
+    int ndim;                      /* the item as delivered (variable dim at its longest) */
+    int64_t shape[EM_MAX_DIMS];
+    bool variable;
+    int64_t outer, inner, maxlen;  /* variable: elements before / after its dim; longest */
+    unsigned char pad[16];         /* one element holding pad_value */
+    bool pad_zero;
+} lfield;
+
 typedef struct slot {
-    void *in, *tg;          /* host buffers of batch_size items */
-    em_tensor *tin, *ttg;   /* CPU target: tensors over in/tg (batch_size, ...) */
+    void *buf[EM_MAX_FIELDS];       /* host buffers of batch_size items (full shape) */
+    em_tensor *t[EM_MAX_FIELDS];    /* CPU target: tensors over buf (cap, ...) */
+    int64_t *len[EM_MAX_FIELDS];    /* variable fields: cap lengths; NULL for fixed ones */
+    uint8_t *mask[EM_MAX_FIELDS];   /* variable fields: the (n, L) mask at the front */
+    em_tensor *tlen[EM_MAX_FIELDS], *tmask[EM_MAX_FIELDS]; /* CPU target: over len / mask */
+    int64_t L[EM_MAX_FIELDS];       /* variable fields: the batch's longest item */
     int64_t batch;
     int state;
     em_status status;
@@ -75,21 +96,27 @@ typedef struct worker {
     struct em_loader *l;
     pthread_t thread;
     bool started;
-    void *raw;              /* staging for transforms: batch_size raw items */
-    void *scratch;          /* the transform pipeline's between-stage buffers */
+    void *raw[EM_MAX_FIELDS];       /* staging for staged fields: batch_size raw items */
+    void *scratch;                  /* the transform pipelines' between-stage buffers */
 } worker;
+
+/* The batch handed out last (em_loader_next_v2). */
+struct em_batch {
+    int64_t n;
+    int nf;
+    const char *name[EM_MAX_FIELDS];
+    em_tensor *t[EM_MAX_FIELDS], *len[EM_MAX_FIELDS], *mask[EM_MAX_FIELDS];
+};
 
 struct em_loader {
     em_dataset *ds;
-    em_loader_options o;
+    em_loader_options_v2 o;        /* transforms and the arrays are NULL after creation */
     int64_t bs;
     int64_t cap;                   /* items per buffer: min(bs, epoch_len) */
     /* items */
-    size_t raw_ib, out_ib, tb;     /* bytes per item: dataset inputs, delivered inputs, targets */
-    em_dtype out_dtype;
-    int ndim;                      /* delivered item input dims */
-    int64_t shape[EM_MAX_DIMS];
-    em__transform_pipeline *pipe;  /* the field "input"'s transforms; NULL: none */
+    int nf;
+    lfield f[EM_MAX_FIELDS];
+    size_t scratch_bytes;          /* the largest pipeline scratch */
     /* sampler */
     int64_t *subset;
     double *cdf;                   /* weighted: cumulative weights */
@@ -110,7 +137,9 @@ struct em_loader {
     bool stop, paused, failed;
     /* consumer side */
     int handed;                    /* slot handed out last; -1 none */
-    em_tensor *view_in, *view_tg;  /* short-batch views handed out last */
+    em_tensor *views[3 * EM_MAX_FIELDS]; /* views handed out last (short or padded batches) */
+    int nviews;
+    em_batch batch;
     char err[1280];
     em_status err_status;
     bool stopped;                  /* after an error: until set_state */
@@ -119,7 +148,8 @@ struct em_loader {
     /* target device */
     bool on_device, pinned;
     em_device dev;
-    em_tensor *din, *dtg;          /* device buffers (batch_size, ...) */
+    em_tensor *dt[EM_MAX_FIELDS];  /* device buffers (cap, ...) */
+    em_tensor *dlen[EM_MAX_FIELDS], *dmask[EM_MAX_FIELDS];
     em_stream *stream;
     em_event *ev_consumer, *ev_copy;
     bool copy_pending;
@@ -136,7 +166,7 @@ static double weighted_u(uint64_t seed, uint64_t epoch, uint64_t k) {
 
 /* The item order of `epoch` into l->idx. */
 static void epoch_order(em_loader *l, int64_t epoch) {
-    const em_loader_options *o = &l->o;
+    const em_loader_options_v2 *o = &l->o;
     int64_t N = l->ds->info.length;
     uint64_t seed = o->seed;
     switch (o->sampler) {
@@ -180,22 +210,56 @@ static void epoch_order(em_loader *l, int64_t epoch) {
 
 /* ---- filling a batch ----------------------------------------------------------------------- */
 
-/* Make batch b of `epoch` into slot s with staging `raw`. Sets s->status and s->msg. */
+/* Pad field k's n items from the staging (each contiguous in its own shape at the full
+ * item stride) into the slot: (n, ..., L, ...) contiguous with L the batch's longest, and
+ * the (n, L) mask. */
+static void pad_field(const em_loader *l, int k, const void *raw, slot *s, int64_t n) {
+    const lfield *lf = &l->f[k];
+    const int64_t *len = s->len[k];
+    int64_t L = 0;
+    for (int64_t j = 0; j < n; j++) L = EM_MAX(L, len[j]);
+    s->L[k] = L;
+    size_t es = lf->es, row = (size_t)lf->inner * es;
+    for (int64_t j = 0; j < n; j++) {
+        const char *src = (const char *)raw + (size_t)j * lf->raw_ib;
+        char *dst = (char *)s->buf[k] + (size_t)j * (size_t)(lf->outer * L) * row;
+        size_t have = (size_t)len[j] * row, room = (size_t)L * row;
+        for (int64_t o = 0; o < lf->outer; o++) {
+            char *d = dst + (size_t)o * room;
+            memcpy(d, src + (size_t)o * have, have);
+            if (lf->pad_zero) {
+                memset(d + have, 0, room - have);
+            } else {
+                for (size_t b = have; b < room; b += es) memcpy(d + b, lf->pad, es);
+            }
+        }
+        uint8_t *m = s->mask[k] + j * L;
+        for (int64_t t = 0; t < L; t++) m[t] = t < len[j];
+    }
+}
+
+/* Make batch b of `epoch` into slot s with the worker's staging. Sets s->status and s->msg. */
 static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
     int64_t start = b * l->bs, n = EM_MIN(l->bs, l->epoch_len - start);
     const int64_t *ids = l->idx + start;
     em_clear_error();
-    em_status st;
-    if (!l->pipe) {
-        st = em_dataset_read(l->ds, ids, n, s->in, s->tg);
-    } else {
-        /* Each item through the field's pipeline, drawing from its own stream. */
-        st = em_dataset_read(l->ds, ids, n, wk->raw, s->tg);
-        for (int64_t j = 0; st == EM_OK && j < n; j++)
-            st = em__transform_pipeline_apply(l->pipe,
-                                              (const char *)wk->raw + (size_t)j * l->raw_ib,
-                                              (char *)s->in + (size_t)j * l->out_ib, wk->scratch,
-                                              l->o.seed, epoch, ids[j]);
+    void *data[EM_MAX_FIELDS];
+    for (int k = 0; k < l->nf; k++) data[k] = l->f[k].staged ? wk->raw[k] : s->buf[k];
+    em_status st = em__dataset_read_fields(l->ds, ids, n, data, s->len);
+    for (int k = 0; st == EM_OK && k < l->nf; k++) {
+        const lfield *lf = &l->f[k];
+        if (lf->pipe) {
+            /* Each item through the field's pipeline, drawing from its own stream. */
+            for (int64_t j = 0; st == EM_OK && j < n; j++)
+            {
+                const char *src = (const char *)wk->raw[k] + (size_t)j * lf->raw_ib;
+                st = em__transform_pipeline_apply(lf->pipe, src,
+                                                  (char *)s->buf[k] + (size_t)j * lf->out_ib,
+                                                  wk->scratch, l->o.seed, epoch, ids[j]);
+            }
+        } else if (lf->variable) {
+            pad_field(l, k, wk->raw[k], s, n);
+        }
     }
     s->status = st;
     if (st != EM_OK) snprintf(s->msg, sizeof s->msg, "%s", em_last_error());
@@ -253,27 +317,37 @@ static void restart(em_loader *l, int64_t epoch, int64_t batch) {
 
 /* ---- creation ------------------------------------------------------------------------------ */
 
-static em_status check_options(em_loader *l) {
-    const em_loader_options *o = &l->o;
+/* The field a spec names ("input" when NULL or when the spec predates the field). */
+static const char *spec_field(const em_transform_spec *sp) {
+    const char *f = sp->struct_size >= EM__SIZE_THROUGH(em_transform_spec, field) ? sp->field
+                                                                                  : NULL;
+    return f ? f : "input";
+}
+
+/* Check the options; t: the 1.0 transforms; `list`: the spec list's name in the caller's
+ * options ("transform_specs" or "transforms"). */
+static em_status check_options(em_loader *l, const em_transforms *t, const char *list) {
+    const em_loader_options_v2 *o = &l->o;
     const em_dataset_info *in = &l->ds->info;
-    const em_transforms *t = &o->transforms;
     int64_t N = in->length;
     char s[96];
     bool legacy = t->to_float || t->mean || t->std || t->crop_padding || t->hflip || t->scale;
-    if (legacy && o->n_transform_specs)
+    if (legacy && o->n_transforms)
         return em_set_error(EM_ERR_INVALID, "loader: set either transforms (the 1.0 struct) or "
                             "transform_specs, not both");
-    if (o->n_transform_specs < 0 || (o->n_transform_specs > 0 && !o->transform_specs))
-        return em_set_error(EM_ERR_INVALID, "loader: n_transform_specs %d without a "
-                            "transform_specs array", o->n_transform_specs);
-    for (int i = 0; i < o->n_transform_specs; i++) {
-        const em_transform_spec *sp = &o->transform_specs[i];
-        const char *f = sp->struct_size >= EM__SIZE_THROUGH(em_transform_spec, field) ? sp->field
-                                                                                      : NULL;
-        if (f && strcmp(f, "input") != 0)
-            return em_set_error(EM_ERR_INVALID, "loader: transform_specs[%d] applies to the "
-                                "field '%s'; dataset '%s' items have the fields 'input' (which "
-                                "transforms apply to) and 'target'", i, f, l->ds->name);
+    if (o->n_transforms < 0 || (o->n_transforms > 0 && !o->transforms))
+        return em_set_error(EM_ERR_INVALID, "loader: n_%s %d without a %s array", list,
+                            o->n_transforms, list);
+    for (int i = 0; i < o->n_transforms; i++) {
+        const char *f = spec_field(&o->transforms[i]);
+        int k = em_dataset_field_index(l->ds, f);
+        if (k < 0)
+            return em_set_error(EM_ERR_INVALID, "loader: %s[%d] applies to the field '%s': %s",
+                                list, i, f, em_last_error());
+        if (l->ds->fields[k].variable)
+            return em_set_error(EM_ERR_INVALID, "loader: %s[%d] applies to the field '%s' of "
+                                "dataset '%s', which is variable-length (transforms take fixed "
+                                "fields)", list, i, f, l->ds->name);
     }
     if (o->batch_size < 0)
         return em_set_error(EM_ERR_INVALID, "loader: batch_size %lld is negative",
@@ -323,6 +397,12 @@ static em_status check_options(em_loader *l) {
                             "world_size (rank %d, world_size %d) and a non-empty dataset",
                             o->rank, o->world_size);
     bool geometry = t->crop_padding != 0 || t->hflip;
+    bool any = geometry || t->to_float || t->mean || t->std;
+    int in_f = l->ds->in_f;
+    if (any && (in_f < 0 || l->ds->fields[in_f].variable))
+        return em_set_error(EM_ERR_INVALID, "loader: the transforms apply to a fixed field "
+                            "'input'; dataset '%s' %s", l->ds->name,
+                            in_f < 0 ? "has no field 'input'" : "has a variable-length 'input'");
     if (t->crop_padding < 0)
         return em_set_error(EM_ERR_INVALID, "loader: crop_padding %d is negative",
                             t->crop_padding);
@@ -368,64 +448,103 @@ static void host_buffer_free(em_loader *l, void *p) {
     else em__free(p);
 }
 
-em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
-    if (!ds) {
-        if (!em__error_pending()) em_set_error(EM_ERR_INVALID, "loader_new: NULL dataset");
-        return NULL;
+/* The batch shape of field f for n items: (n, item shape as delivered) with the variable
+ * dim at L (L < 0: the field's longest). */
+static void field_shape(const em_loader *l, int f, int64_t n, int64_t L, int64_t *shp) {
+    const lfield *lf = &l->f[f];
+    shp[0] = n;
+    memcpy(shp + 1, lf->shape, sizeof(int64_t) * (size_t)lf->ndim);
+    if (lf->variable && L >= 0) shp[1 + lf->df->var_dim] = L;
+}
+
+/* The fields as delivered: each one's transform pipeline (from the specs naming it), whether
+ * it is staged, its bytes, its padding. */
+static em_status plan_fields(em_loader *l, const em_transform_spec *specs, int nspecs) {
+    const em_dataset *ds = l->ds;
+    l->nf = ds->nf;
+    for (int k = 0; k < l->nf; k++) {
+        lfield *lf = &l->f[k];
+        const em_field *df = &ds->fields[k];
+        lf->df = df;
+        lf->dtype = df->dtype;
+        lf->ndim = df->ndim;
+        memcpy(lf->shape, df->shape, sizeof lf->shape);
+        lf->es = em_dtype_size(df->dtype);
+        lf->raw_ib = lf->out_ib = ds->field_bytes[k];
+        lf->variable = df->variable;
+        if (!lf->variable) {
+            em_transform_layout item = {.struct_size = sizeof item, .dtype = df->dtype,
+                                        .ndim = df->ndim};
+            memcpy(item.shape, df->shape, sizeof item.shape);
+            /* only the specs naming this field (the pipeline skips the others) */
+            em_status st = em__transform_pipeline_new("loader", df->name, &item, specs, nspecs,
+                                                      &lf->pipe);
+            if (st != EM_OK) return st;
+        }
+        if (lf->pipe) {
+            const em_transform_layout *d = em__transform_pipeline_layout(lf->pipe);
+            lf->staged = true;
+            lf->dtype = d->dtype;
+            lf->ndim = d->ndim;
+            memcpy(lf->shape, d->shape, sizeof lf->shape);
+            lf->out_ib = em__data_item_bytes(lf->ndim, lf->shape, lf->dtype);
+            lf->es = em_dtype_size(lf->dtype);
+            l->scratch_bytes = EM_MAX(l->scratch_bytes, em__transform_pipeline_scratch(lf->pipe));
+        }
+        if (lf->variable) {
+            lf->staged = true;
+            lf->outer = em__numel(df->var_dim, df->shape);
+            lf->inner = em__numel(df->ndim - df->var_dim - 1, df->shape + df->var_dim + 1);
+            lf->maxlen = df->shape[df->var_dim];
+            memset(lf->pad, 0, sizeof lf->pad);
+            em_dtype_store(df->dtype, lf->pad, 0, df->pad_value);
+            lf->pad_zero = true;
+            for (size_t b = 0; b < lf->es; b++) lf->pad_zero &= lf->pad[b] == 0;
+        }
     }
-    em_loader_options lo = {.struct_size = sizeof lo}; /* the caller's by the prefix rule */
-    if (opts && EM__STRUCT_READ(em_loader_options, &lo, opts, offsetof(em_loader_options, ext),
-                                "loader_new") != EM_OK)
-        return NULL;
+    return EM_OK;
+}
+
+/* The loader over ds with options o (already read by the prefix rule), the 1.0 transforms
+ * tr, and the name of o's spec list in the caller's struct (for messages). */
+static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts,
+                                const em_transforms *tr, const char *list) {
     em_loader *l = em__calloc(1, sizeof *l, "loader");
     if (!l) return NULL;
     em__live_inc(EM__LIVE_LOADER);
-    l->o = lo;
+    l->o = *opts;
     l->ds = ds;
     l->handed = -1;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv_work, NULL);
     pthread_cond_init(&l->cv_ready, NULL);
-    if (check_options(l) != EM_OK) goto fail;
-    em_loader_options *o = &l->o;
+    if (check_options(l, tr, list) != EM_OK) goto fail;
+    em_loader_options_v2 *o = &l->o;
     const em_dataset_info *in = &ds->info;
     int64_t N = in->length;
     l->bs = o->batch_size ? o->batch_size : 1;
     /* The caller's arrays are copied below; the copy of the options keeps no pointer. */
-    const em_transforms tr = l->o.transforms, *t = &tr;
     const int64_t *subset = l->o.subset;
     const double *weights = l->o.weights;
-    l->o.transforms.mean = l->o.transforms.std = NULL;
+    const em_transform_spec *specs = l->o.transforms;
+    int nspecs = l->o.n_transforms;
     l->o.subset = NULL;
     l->o.weights = NULL;
+    l->o.transforms = NULL;
+    l->o.n_transforms = 0;
 
     /* items and transforms: the 1.0 struct becomes specs on "input" */
     em_transform_spec legacy[EM__LEGACY_TRANSFORMS];
     em_options *lopts[EM__LEGACY_TRANSFORMS];
-    const em_transform_spec *specs = l->o.transform_specs;
-    int nspecs = l->o.n_transform_specs;
-    l->o.transform_specs = NULL;
-    l->o.n_transform_specs = 0;
+    for (int i = 0; i < EM__LEGACY_TRANSFORMS; i++) lopts[i] = NULL;
     if (nspecs == 0) {
-        if (em__transforms_to_specs(t, in->input_dtype, legacy, lopts, &nspecs) != EM_OK)
+        if (em__transforms_to_specs(tr, in->input_dtype, legacy, lopts, &nspecs) != EM_OK)
             goto fail;
         specs = legacy;
-    } else {
-        for (int i = 0; i < EM__LEGACY_TRANSFORMS; i++) lopts[i] = NULL;
     }
-    em_transform_layout item = {.struct_size = sizeof item, .dtype = in->input_dtype,
-                                .ndim = in->input_ndim};
-    memcpy(item.shape, in->input_shape, sizeof item.shape);
-    em_status pst = em__transform_pipeline_new("loader", "input", &item, specs, nspecs, &l->pipe);
+    em_status pst = plan_fields(l, specs, nspecs);
     for (int i = 0; i < EM__LEGACY_TRANSFORMS; i++) em_options_free(lopts[i]);
     if (pst != EM_OK) goto fail;
-    const em_transform_layout *delivered = l->pipe ? em__transform_pipeline_layout(l->pipe) : &item;
-    l->ndim = delivered->ndim;
-    memcpy(l->shape, delivered->shape, sizeof l->shape);
-    l->out_dtype = delivered->dtype;
-    l->raw_ib = ds->input_bytes;
-    l->out_ib = em__data_item_bytes(l->ndim, l->shape, l->out_dtype);
-    l->tb = ds->target_bytes;
 
     /* sampler */
     switch (o->sampler) {
@@ -482,50 +601,69 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
     l->K = l->nw == 0 ? 1 : o->prefetch ? o->prefetch : EM_MAX(2, 2 * l->nw);
     l->slots = em__calloc((size_t)l->K, sizeof *l->slots, "loader ring");
     if (!l->slots) goto fail;
-    int64_t bshape[EM_MAX_DIMS + 1];
-    bshape[0] = l->cap;
-    memcpy(bshape + 1, l->shape, sizeof(int64_t) * (size_t)l->ndim);
-    int64_t tshape[EM_MAX_DIMS + 1];
-    tshape[0] = l->cap;
-    memcpy(tshape + 1, in->target_shape, sizeof(int64_t) * (size_t)in->target_ndim);
     for (int k = 0; k < l->K; k++) {
         slot *s = &l->slots[k];
-        if (!l->on_device) {
-            s->tin = em__tensor_new(l->ndim + 1, bshape, l->out_dtype, l->dev, EM_MEM_DATA);
-            s->ttg = em__tensor_new(in->target_ndim + 1, tshape, in->target_dtype, l->dev,
-                                    EM_MEM_DATA);
-            if (!s->tin || !s->ttg) goto fail;
-            s->in = em_tensor_data(s->tin);
-            s->tg = em_tensor_data(s->ttg);
-        } else {
-            s->in = host_buffer(l, (size_t)l->cap * l->out_ib);
-            s->tg = host_buffer(l, (size_t)l->cap * l->tb);
-            if (!s->in || !s->tg) goto fail;
+        for (int f = 0; f < l->nf; f++) {
+            const lfield *lf = &l->f[f];
+            size_t nbytes = (size_t)l->cap * lf->out_ib;
+            size_t nmask = (size_t)(l->cap * lf->maxlen);
+            if (!l->on_device) {
+                int64_t shp[EM_MAX_DIMS + 1];
+                field_shape(l, f, l->cap, -1, shp);
+                s->t[f] = em__tensor_new(lf->ndim + 1, shp, lf->dtype, l->dev, EM_MEM_DATA);
+                if (!s->t[f]) goto fail;
+                s->buf[f] = em_tensor_data(s->t[f]);
+                if (lf->variable) {
+                    int64_t nm = (int64_t)nmask;
+                    s->tlen[f] = em__tensor_new(1, &l->cap, EM_I64, l->dev, EM_MEM_DATA);
+                    s->tmask[f] = em__tensor_new(1, &nm, EM_BOOL, l->dev, EM_MEM_DATA);
+                    if (!s->tlen[f] || !s->tmask[f]) goto fail;
+                    s->len[f] = em_tensor_data(s->tlen[f]);
+                    s->mask[f] = em_tensor_data(s->tmask[f]);
+                }
+            } else {
+                if (!(s->buf[f] = host_buffer(l, nbytes))) goto fail;
+                if (lf->variable &&
+                    (!(s->len[f] = host_buffer(l, (size_t)l->cap * sizeof(int64_t))) ||
+                     !(s->mask[f] = host_buffer(l, nmask))))
+                    goto fail;
+            }
         }
     }
     if (l->on_device) {
-        l->din = em__tensor_new(l->ndim + 1, bshape, l->out_dtype, l->dev, EM_MEM_DATA);
-        l->dtg = em__tensor_new(in->target_ndim + 1, tshape, in->target_dtype, l->dev, EM_MEM_DATA);
-        if (!l->din || !l->dtg) goto fail;
         /* The buffers were allocated on this thread's current stream and the loader's
          * stream writes them: their blocks wait for it too when freed. */
         if (em_stream_create(l->dev, &l->stream) != EM_OK ||
             em_event_create(l->dev, &l->ev_consumer) != EM_OK ||
-            em_event_create(l->dev, &l->ev_copy) != EM_OK ||
-            em_tensor_record_stream(l->din, l->stream) != EM_OK ||
-            em_tensor_record_stream(l->dtg, l->stream) != EM_OK)
+            em_event_create(l->dev, &l->ev_copy) != EM_OK)
             goto fail;
+        for (int f = 0; f < l->nf; f++) {
+            const lfield *lf = &l->f[f];
+            int64_t shp[EM_MAX_DIMS + 1], nm = l->cap * lf->maxlen;
+            field_shape(l, f, l->cap, -1, shp);
+            l->dt[f] = em__tensor_new(lf->ndim + 1, shp, lf->dtype, l->dev, EM_MEM_DATA);
+            if (!l->dt[f] || em_tensor_record_stream(l->dt[f], l->stream) != EM_OK) goto fail;
+            if (!lf->variable) continue;
+            l->dlen[f] = em__tensor_new(1, &l->cap, EM_I64, l->dev, EM_MEM_DATA);
+            l->dmask[f] = em__tensor_new(1, &nm, EM_BOOL, l->dev, EM_MEM_DATA);
+            if (!l->dlen[f] || !l->dmask[f] ||
+                em_tensor_record_stream(l->dlen[f], l->stream) != EM_OK ||
+                em_tensor_record_stream(l->dmask[f], l->stream) != EM_OK)
+                goto fail;
+        }
     }
     int nctx = l->nw ? l->nw : 1;
     l->w = em__calloc((size_t)nctx, sizeof *l->w, "loader workers");
     if (!l->w) goto fail;
     for (int i = 0; i < nctx; i++) {
         l->w[i].l = l;
-        if (!l->pipe) continue;
-        size_t scratch = em__transform_pipeline_scratch(l->pipe);
-        if (!(l->w[i].raw = em__malloc((size_t)l->cap * l->raw_ib, "loader staging")) ||
-            (scratch && !(l->w[i].scratch = em__malloc(scratch, "loader transform scratch"))))
+        if (l->scratch_bytes &&
+            !(l->w[i].scratch = em__malloc(l->scratch_bytes, "loader transform scratch")))
             goto fail;
+        for (int f = 0; f < l->nf; f++)
+            if (l->f[f].staged &&
+                !(l->w[i].raw[f] = em__malloc((size_t)l->cap * l->f[f].raw_ib, "loader staging")))
+                goto fail;
     }
     restart(l, 0, 0);
     for (int i = 0; i < l->nw; i++) {
@@ -541,22 +679,64 @@ fail:
     return NULL;
 }
 
+em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
+    if (!ds) {
+        if (!em__error_pending()) em_set_error(EM_ERR_INVALID, "loader_new: NULL dataset");
+        return NULL;
+    }
+    em_loader_options lo = {.struct_size = sizeof lo}; /* the caller's by the prefix rule */
+    if (opts && EM__STRUCT_READ(em_loader_options, &lo, opts, offsetof(em_loader_options, ext),
+                                "loader_new") != EM_OK)
+        return NULL;
+    em_loader_options_v2 o = {
+        .struct_size = sizeof o, .batch_size = lo.batch_size, .shuffle = lo.shuffle,
+        .drop_last = lo.drop_last, .seed = lo.seed, .num_workers = lo.num_workers,
+        .prefetch = lo.prefetch, .sampler = lo.sampler, .subset = lo.subset,
+        .subset_len = lo.subset_len, .weights = lo.weights, .num_samples = lo.num_samples,
+        .rank = lo.rank, .world_size = lo.world_size, .device = lo.device,
+        .pin_memory = lo.pin_memory, .transforms = lo.transform_specs,
+        .n_transforms = lo.n_transform_specs};
+    return loader_create(ds, &o, &lo.transforms, "transform_specs");
+}
+
+em_loader *em_loader_new_v2(em_dataset *ds, const em_loader_options_v2 *opts) {
+    if (!ds) {
+        if (!em__error_pending()) em_set_error(EM_ERR_INVALID, "loader_new_v2: NULL dataset");
+        return NULL;
+    }
+    em_loader_options_v2 o = {.struct_size = sizeof o};
+    if (opts && EM__STRUCT_READ(em_loader_options_v2, &o, opts,
+                                offsetof(em_loader_options_v2, ext), "loader_new_v2") != EM_OK)
+        return NULL;
+    const em_transforms none = {0};
+    return loader_create(ds, &o, &none, "transforms");
+}
+
 /* ---- consuming ----------------------------------------------------------------------------- */
 
 static void release_views(em_loader *l) {
-    em_tensor_release(l->view_in);
-    em_tensor_release(l->view_tg);
-    l->view_in = l->view_tg = NULL;
+    for (int i = 0; i < l->nviews; i++) em_tensor_release(l->views[i]);
+    l->nviews = 0;
 }
 
-/* The first n rows of a batch buffer, as a tensor to hand out (t itself when full). */
-static em_tensor *rows(em_loader *l, em_tensor *t, int64_t n, em_tensor **view) {
-    if (n == l->cap) return t;
-    int64_t shape[EM_MAX_DIMS];
-    memcpy(shape, em_tensor_shape(t), sizeof(int64_t) * (size_t)em_tensor_ndim(t));
-    shape[0] = n;
-    *view = em__tensor_view(t, em_tensor_ndim(t), shape, em_tensor_strides(t), 0);
-    return *view;
+/* The front of a batch buffer as a contiguous (shape) tensor to hand out: t itself when the
+ * shapes agree, else a view over t's storage (released at the next call). */
+static em_tensor *front(em_loader *l, em_tensor *t, int ndim, const int64_t *shape) {
+    if (em_tensor_ndim(t) == ndim &&
+        memcmp(em_tensor_shape(t), shape, sizeof(int64_t) * (size_t)ndim) == 0)
+        return t;
+    int64_t strides[EM_MAX_DIMS];
+    em__contiguous_strides(ndim, shape, strides);
+    em_tensor *v = em__tensor_view(t, ndim, shape, strides, 0);
+    if (v) l->views[l->nviews++] = v;
+    return v;
+}
+
+/* Bytes of field f's batch of n items (padded to the slot's L). */
+static size_t field_batch_bytes(const em_loader *l, const slot *s, int f, int64_t n) {
+    const lfield *lf = &l->f[f];
+    if (!lf->variable) return (size_t)n * lf->out_ib;
+    return (size_t)(n * lf->outer * s->L[f] * lf->inner) * lf->es;
 }
 
 /* Copy slot s (n items) to the device buffers, asynchronously on the loader's stream, ordered
@@ -569,28 +749,64 @@ static em_status to_device(em_loader *l, slot *s, int64_t n) {
     /* The consumer's stream reads the buffers: when they are freed their blocks wait for it
      * too (it need not be the stream they were allocated on). Nothing new after the first
      * call from a stream. */
-    em_status st = em_tensor_record_stream(l->din, consumer);
-    if (st == EM_OK) st = em_tensor_record_stream(l->dtg, consumer);
+    em_status st = EM_OK;
+    for (int f = 0; st == EM_OK && f < l->nf; f++) {
+        st = em_tensor_record_stream(l->dt[f], consumer);
+        if (st == EM_OK && l->f[f].variable) st = em_tensor_record_stream(l->dlen[f], consumer);
+        if (st == EM_OK && l->f[f].variable) st = em_tensor_record_stream(l->dmask[f], consumer);
+    }
     if (st == EM_OK) st = em_event_record(l->dev, l->ev_consumer, consumer);
     if (st == EM_OK) st = em_event_wait(l->dev, l->stream, l->ev_consumer);
-    size_t ni = (size_t)n * l->out_ib, nt = (size_t)n * l->tb;
-    if (st == EM_OK && ni)
-        st = ops->copy(l->dev, em_tensor_data(l->din), cpu, s->in, ni, l->stream);
-    if (st == EM_OK && nt)
-        st = ops->copy(l->dev, em_tensor_data(l->dtg), cpu, s->tg, nt, l->stream);
+    size_t total = 0;
+    for (int f = 0; st == EM_OK && f < l->nf; f++) {
+        size_t nb = field_batch_bytes(l, s, f, n);
+        if (nb) st = ops->copy(l->dev, em_tensor_data(l->dt[f]), cpu, s->buf[f], nb, l->stream);
+        total += nb;
+        if (st != EM_OK || !l->f[f].variable) continue;
+        size_t nl = (size_t)n * sizeof(int64_t), nm = (size_t)(n * s->L[f]);
+        if (nl) st = ops->copy(l->dev, em_tensor_data(l->dlen[f]), cpu, s->len[f], nl, l->stream);
+        if (st == EM_OK && nm)
+            st = ops->copy(l->dev, em_tensor_data(l->dmask[f]), cpu, s->mask[f], nm, l->stream);
+        total += nl + nm;
+    }
     if (st == EM_OK) st = em_event_record(l->dev, l->ev_copy, l->stream);
     if (st == EM_OK) st = em_event_wait(l->dev, consumer, l->ev_copy);
     if (st == EM_OK) {
-        em__placement_count_copy(l->dev, cpu, ni + nt);
+        em__placement_count_copy(l->dev, cpu, total);
         l->copy_pending = true;
     }
     return st;
 }
 
-em_status em_loader_next(em_loader *l, em_tensor **inputs, em_tensor **targets) {
-    if (inputs) *inputs = NULL;
-    if (targets) *targets = NULL;
-    if (!l || !inputs || !targets)
+/* The batch of slot s (n items) as tensors into l->batch. */
+static em_status make_batch(em_loader *l, slot *s, int64_t n) {
+    em_batch *bt = &l->batch;
+    bt->n = n;
+    bt->nf = l->nf;
+    for (int f = 0; f < l->nf; f++) {
+        const lfield *lf = &l->f[f];
+        bt->name[f] = lf->df->name;
+        bt->len[f] = bt->mask[f] = NULL;
+        em_tensor *base = l->on_device ? l->dt[f] : s->t[f];
+        em_tensor_bump_version(base);
+        int64_t shp[EM_MAX_DIMS + 1];
+        field_shape(l, f, n, lf->variable ? s->L[f] : -1, shp);
+        if (!(bt->t[f] = front(l, base, lf->ndim + 1, shp))) return EM_ERR_NOMEM;
+        if (!lf->variable) continue;
+        em_tensor *bl = l->on_device ? l->dlen[f] : s->tlen[f];
+        em_tensor *bm = l->on_device ? l->dmask[f] : s->tmask[f];
+        em_tensor_bump_version(bl);
+        em_tensor_bump_version(bm);
+        int64_t ms[2] = {n, s->L[f]};
+        if (!(bt->len[f] = front(l, bl, 1, &n)) || !(bt->mask[f] = front(l, bm, 2, ms)))
+            return EM_ERR_NOMEM;
+    }
+    return EM_OK;
+}
+
+em_status em_loader_next_v2(em_loader *l, const em_batch **batch) {
+    if (batch) *batch = NULL;
+    if (!l || !batch)
         return em_set_error(EM_ERR_INVALID, "loader_next: NULL loader or output");
     uint64_t t0 = em__now_ns();
     release_views(l);
@@ -650,7 +866,6 @@ em_status em_loader_next(em_loader *l, em_tensor **inputs, em_tensor **targets) 
         return em_set_error(s->status, "loader: %s", l->err);
     }
     int64_t n = EM_MIN(l->bs, l->epoch_len - b * l->bs);
-    em_tensor *bin, *btg;
     if (l->on_device) {
         em_status st = to_device(l, s, n);
         if (st != EM_OK) {
@@ -660,24 +875,86 @@ em_status em_loader_next(em_loader *l, em_tensor **inputs, em_tensor **targets) 
                      (long long)b, (long long)l->epoch, em_last_error());
             return em_set_error(st, "loader: %s", l->err);
         }
-        bin = l->din;
-        btg = l->dtg;
-    } else {
-        bin = s->tin;
-        btg = s->ttg;
     }
-    em_tensor_bump_version(bin);
-    em_tensor_bump_version(btg);
-    *inputs = rows(l, bin, n, &l->view_in);
-    *targets = rows(l, btg, n, &l->view_tg);
-    if (!*inputs || !*targets) {
-        *inputs = *targets = NULL;
+    if (make_batch(l, s, n) != EM_OK) {
         release_views(l);
         return em_last_status() != EM_OK ? em_last_status() : EM_ERR_NOMEM;
     }
+    *batch = &l->batch;
     l->next_out = b + 1;
     l->stats.batches++;
     return EM_OK;
+}
+
+em_status em_loader_next(em_loader *l, em_tensor **inputs, em_tensor **targets) {
+    if (inputs) *inputs = NULL;
+    if (targets) *targets = NULL;
+    if (!l || !inputs || !targets)
+        return em_set_error(EM_ERR_INVALID, "loader_next: NULL loader or output");
+    if (l->ds->in_f < 0 || l->ds->tg_f < 0)
+        return em_set_error(EM_ERR_NOTFOUND, "loader_next: dataset '%s' has no field '%s' "
+                            "(em_loader_next_v2 gives every field by name)", l->ds->name,
+                            l->ds->in_f < 0 ? "input" : "target");
+    const em_batch *b = NULL;
+    em_status st = em_loader_next_v2(l, &b);
+    if (st != EM_OK || !b) return st;
+    *inputs = b->t[l->ds->in_f];
+    *targets = b->t[l->ds->tg_f];
+    return EM_OK;
+}
+
+/* ---- batches -------------------------------------------------------------------------------- */
+
+static int batch_find(const em_batch *b, const char *name, const char *who) {
+    if (!b || !name) {
+        em_set_error(EM_ERR_INVALID, "%s: NULL batch or name", who);
+        return -1;
+    }
+    for (int f = 0; f < b->nf; f++)
+        if (strcmp(b->name[f], name) == 0) return f;
+    char list[EM_MAX_FIELDS * 66] = "";
+    size_t at = 0;
+    for (int f = 0; f < b->nf && at < sizeof list; f++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", f ? ", " : "", b->name[f]);
+    em_set_error(EM_ERR_NOTFOUND, "%s: the batch has no field '%s' (its fields: %s)", who, name,
+                 list);
+    return -1;
+}
+
+int64_t em_batch_size(const em_batch *b) { return b ? b->n : 0; }
+int em_batch_field_count(const em_batch *b) { return b ? b->nf : 0; }
+
+const char *em_batch_field_name(const em_batch *b, int i) {
+    if (!b || i < 0 || i >= b->nf) {
+        em_set_error(EM_ERR_RANGE, "batch_field_name: index %d is out of range (%d fields)", i,
+                     b ? b->nf : 0);
+        return NULL;
+    }
+    return b->name[i];
+}
+
+em_tensor *em_batch_field(const em_batch *b, const char *name) {
+    int f = batch_find(b, name, "batch_field");
+    return f < 0 ? NULL : b->t[f];
+}
+
+static em_tensor *batch_padded(const em_batch *b, const char *name, bool mask, const char *who) {
+    int f = batch_find(b, name, who);
+    if (f < 0) return NULL;
+    if (!b->len[f]) {
+        em_set_error(EM_ERR_INVALID, "%s: field '%s' has a fixed shape (only variable-length "
+                     "fields are padded and have lengths and a mask)", who, name);
+        return NULL;
+    }
+    return mask ? b->mask[f] : b->len[f];
+}
+
+em_tensor *em_batch_lengths(const em_batch *b, const char *name) {
+    return batch_padded(b, name, false, "batch_lengths");
+}
+
+em_tensor *em_batch_mask(const em_batch *b, const char *name) {
+    return batch_padded(b, name, true, "batch_mask");
 }
 
 int64_t em_loader_num_batches(const em_loader *l) { return l ? l->nb : 0; }
@@ -750,27 +1027,34 @@ void em_loader_free(em_loader *l) {
     release_views(l);
     if (l->copy_pending) em_event_synchronize(l->dev, l->ev_copy);
     for (int i = 0; l->w && i < nctx; i++) {
-        em__free(l->w[i].raw);
+        for (int f = 0; f < EM_MAX_FIELDS; f++) em__free(l->w[i].raw[f]);
         em__free(l->w[i].scratch);
     }
     em__free(l->w);
     for (int k = 0; l->slots && k < l->K; k++) {
         slot *s = &l->slots[k];
-        if (s->tin || s->ttg) {
-            em_tensor_release(s->tin);
-            em_tensor_release(s->ttg);
-        } else {
-            host_buffer_free(l, s->in);
-            host_buffer_free(l, s->tg);
+        for (int f = 0; f < EM_MAX_FIELDS; f++) {
+            if (!l->on_device) {
+                em_tensor_release(s->t[f]);
+                em_tensor_release(s->tlen[f]);
+                em_tensor_release(s->tmask[f]);
+            } else {
+                host_buffer_free(l, s->buf[f]);
+                host_buffer_free(l, s->len[f]);
+                host_buffer_free(l, s->mask[f]);
+            }
         }
     }
     em__free(l->slots);
-    em_tensor_release(l->din);
-    em_tensor_release(l->dtg);
+    for (int f = 0; f < EM_MAX_FIELDS; f++) {
+        em_tensor_release(l->dt[f]);
+        em_tensor_release(l->dlen[f]);
+        em_tensor_release(l->dmask[f]);
+    }
     if (l->ev_copy) em_event_free(l->dev, l->ev_copy);
     if (l->ev_consumer) em_event_free(l->dev, l->ev_consumer);
     if (l->stream) em_stream_free(l->dev, l->stream);
-    em__transform_pipeline_free(l->pipe);
+    for (int f = 0; f < EM_MAX_FIELDS; f++) em__transform_pipeline_free(l->f[f].pipe);
     em__free(l->subset);
     em__free(l->cdf);
     em__free(l->scratch);

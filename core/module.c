@@ -262,6 +262,10 @@ static em_tensor *own(em_tensor *t) {
     return t;
 }
 
+/* The padding mask of the em_module_forward_masked call this thread is in (NULL: none). */
+static _Thread_local const em_tensor *tl_mask;
+#define EM__MASKED_MAX_INPUTS 15
+
 em_tensor *em_module_forward_n(em_module *m, em_tensor *const *in, int n_in) {
     if (!m) {
         em_set_error(EM_ERR_INVALID, "module_forward: NULL module");
@@ -279,6 +283,17 @@ em_tensor *em_module_forward_n(em_module *m, em_tensor *const *in, int n_in) {
                      m->cls->n_inputs == 2 ? " (input, target)" : "", n_in);
         return NULL;
     }
+    em_tensor *with_mask[EM__MASKED_MAX_INPUTS + 1];
+    bool masked = m->cls->takes_mask && tl_mask;
+    if (masked) {
+        if (n_in > EM__MASKED_MAX_INPUTS) {
+            em_set_error(EM_ERR_INVALID, "%s: a masked forward takes at most %d inputs, got %d",
+                         m->cls->name, EM__MASKED_MAX_INPUTS, n_in);
+            return NULL;
+        }
+        for (int i = 0; i < n_in; i++) with_mask[i] = in[i];
+        with_mask[n_in] = (em_tensor *)tl_mask;
+    }
     if (em_scope_begin() != EM_OK)
         return NULL;
     em_tensor *out = NULL;
@@ -290,7 +305,7 @@ em_tensor *em_module_forward_n(em_module *m, em_tensor *const *in, int n_in) {
         blame(m, st);
         goto done;
     }
-    out = m->cls->forward(m, in, n_in);
+    out = masked ? m->cls->forward(m, with_mask, n_in + 1) : m->cls->forward(m, in, n_in);
     if (!out) {
         blame(m, em_last_status());
         goto done;
@@ -316,6 +331,15 @@ em_tensor *em_module_forward_n(em_module *m, em_tensor *const *in, int n_in) {
 done:
     em_scope_end();
     return em__scope_track(out);
+}
+
+em_tensor *em_module_forward_masked(em_module *m, em_tensor *const *in, int n_in,
+                                    const em_tensor *mask) {
+    const em_tensor *outer = tl_mask;
+    tl_mask = mask;
+    em_tensor *out = em_module_forward_n(m, in, n_in);
+    tl_mask = outer;
+    return out;
 }
 
 em_tensor *em_module_forward(em_module *m, const em_tensor *x) {

@@ -3,6 +3,8 @@
  *   - tests/abi/abi_v10.so, built against the frozen Ember 1.0 headers (tests/abi/v1.0/), loads
  *     into this core and its op, kernel, backward (through the 1.0 EM_SAVE_INPUT) and layer
  *     class run unchanged, checked against plain loops;
+ *     Its dataset class (the 1.0 em_dataset_class_def) opens and batches through the 1.1
+ *     field loader (issue 19);
  *   - tests/abi/needs_1_1.so calls em_stream_current (node EMBER_1.1 of core/libember.map): this
  *     core loads it, and a libember whose map stops at EMBER_1.0 (tests/abi/core-1.0/, the same
  *     objects relinked) has it refused by the dynamic linker, with ember-info showing the
@@ -116,6 +118,61 @@ Test(abi, a_plugin_built_against_the_1_0_headers_runs_unchanged) {
     for (int i = 0; i < 3; i++) cr_assert_eq(v[i], xv[i]);
     em_scope_end();
     em_module_free(m);
+}
+
+/* The 1.0 plugin's dataset class (the 1.0 em_dataset_class_def, smaller than this core's)
+ * opens and batches unchanged: its items are the fields "input" and "target", through
+ * em_loader_next and em_loader_next_v2 alike, with 0 and 2 workers. */
+Test(abi, a_dataset_class_built_against_the_1_0_headers_batches_unchanged) {
+    void *h = dlopen(ABI10_SO, RTLD_NOW | RTLD_NOLOAD);
+    cr_assert_not_null(h, "%s", dlerror());
+    void (*sizes)(size_t *);
+    *(void **)&sizes = dlsym(h, "abi10_data_sizes");
+    cr_assert_not_null(sizes);
+    size_t old[2];
+    sizes(old);
+    dlclose(h);
+    cr_assert_lt(old[0], sizeof(em_dataset_class_def), "the 1.0 record is the shorter one");
+    cr_assert_lt(old[1], sizeof(em_loader_options));
+    em_dataset *ds = em_dataset_open("abi10-ramp", NULL);
+    cr_assert_not_null(ds, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(ds), 7);
+    cr_assert_eq(em_dataset_field_count(ds), 2);
+    cr_assert_str_eq(em_dataset_field(ds, 0)->name, "input");
+    cr_assert_str_eq(em_dataset_field(ds, 1)->name, "target");
+    cr_assert_eq(em_dataset_field(ds, 1)->num_classes, 3);
+    for (int w = 0; w <= 2; w += 2) {
+        em_loader_options_v2 o = {.struct_size = sizeof o, .batch_size = 4, .num_workers = w};
+        em_loader *l = em_loader_new_v2(ds, &o);
+        cr_assert_not_null(l, "%s", em_last_error());
+        int64_t at = 0;
+        for (int b = 0; b < 2; b++) {
+            const em_batch *bt = NULL;
+            em_tensor *x = NULL, *y = NULL;
+            if (b == 0) {
+                cr_assert_eq(em_loader_next_v2(l, &bt), EM_OK, "%s", em_last_error());
+                x = em_batch_field(bt, "input");
+                y = em_batch_field(bt, "target");
+            } else {
+                cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+            }
+            cr_assert(x && y);
+            int64_t n = em_tensor_size(x, 0);
+            cr_assert_eq(n, b == 0 ? 4 : 3);
+            const float *px = em_tensor_data(x);
+            const int64_t *py = em_tensor_data(y);
+            for (int64_t j = 0; j < n; j++, at++) {
+                cr_assert_eq(px[2 * j], (float)at);
+                cr_assert_eq(px[2 * j + 1], (float)(2 * at));
+                cr_assert_eq(py[j], at % 3);
+            }
+        }
+        const em_batch *end = (const em_batch *)1;
+        cr_assert_eq(em_loader_next_v2(l, &end), EM_OK);
+        cr_assert_null(end, "the end-of-epoch mark");
+        em_loader_free(l);
+    }
+    em_dataset_free(ds);
 }
 
 /* The real binary behind the libtool wrapper (which would put the build's libember first). */

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "common.h"
+#include "data_ref.h"
 
 TestSuite(loader, .init = em_test_setup, .fini = em_test_teardown);
 
@@ -68,21 +69,6 @@ static int64_t epoch_items(em_loader *l, int64_t *out, int64_t bs, int64_t class
     }
     cr_assert_eq(nb, em_loader_num_batches(l));
     return n;
-}
-
-/* The documented permutation, written out independently of the core. */
-static void ref_permute(int64_t *v, int64_t n, uint64_t seed, uint64_t epoch, uint32_t stream) {
-    for (int64_t k = 0; k + 1 < n; k++) {
-        int64_t i = n - 1 - k;
-        uint32_t ctr[4] = {(uint32_t)(k / 4), 0, (uint32_t)epoch, stream};
-        uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-        uint32_t w[4];
-        em_philox4x32_10(ctr, key, w);
-        int64_t j = (int64_t)(((uint64_t)w[k % 4] * (uint64_t)(i + 1)) >> 32);
-        int64_t t = v[i];
-        v[i] = v[j];
-        v[j] = t;
-    }
 }
 
 Test(loader, sequential_batches_and_short_last) {

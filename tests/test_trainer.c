@@ -1770,3 +1770,43 @@ Test(trainer, a_backward_error_is_not_prefixed_twice) {
     cr_assert(!strstr(out, "backward: backward:"), "%s", out);
     free(out);
 }
+
+/* data.inputs / data.target name the fields of a dataset whose items are not input/target
+ * (issue 19): a test plugin's variable-length sequences feed a model whose first layer,
+ * testvl.MaskedMean, refuses to run without the padding mask: training, validation and the
+ * model check before them all hand it the mask of the padded field. An unknown field is a
+ * config error at its line that lists the dataset's fields. */
+Test(trainer, named_fields_and_padding_masks_from_the_config) {
+    const char *d = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(d && *d, "EMBER_TEST_PLUGIN_DIR is not set (run through `make check`)");
+    char plugin[4096];
+    snprintf(plugin, sizeof plugin, "%s/varlen_plugin.so", d);
+    setenv("EMBER_PLUGIN_PATH", plugin, 1);
+    static const char cfg[] = "model:\n"
+                              "  - testvl.MaskedMean\n"
+                              "  - Linear: {in_features: 3, out_features: 3}\n"
+                              "data:\n"
+                              "  class: test-varlen\n"
+                              "  options: {length: 48}\n"
+                              "  inputs: %s\n"
+                              "  target: label\n"
+                              "  validation: 0.25\n"
+                              "optimizer: {class: SGD, lr: 0.05}\n"
+                              "loop: {epochs: 2, batch_size: 8, workers: 1}\n";
+    char text[1024];
+    snprintf(text, sizeof text, cfg, "[seq]");
+    write_file("varlen.yaml", text);
+    char *out;
+    int rc = train(&out, (const char *[]){path("varlen.yaml"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "val"), "%s", out);
+    free(out);
+    snprintf(text, sizeof text, cfg, "seqs");
+    write_file("varlen_bad.yaml", text);
+    rc = train(&out, (const char *[]){path("varlen_bad.yaml"), NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "varlen_bad.yaml:7") && strstr(out, "no field 'seqs'") &&
+              strstr(out, "seq, marks, label"), "%s", out);
+    free(out);
+    unsetenv("EMBER_PLUGIN_PATH");
+}

@@ -741,9 +741,59 @@ static int read_transforms(run *r, const em_config_node *t) {
     return 0;
 }
 
+/* data.inputs (a field name or a list of them) and data.target (a field name): checked
+ * against the training set's fields; r->info describes the first input and the target. */
+static int read_fields(run *r, const em_config_node *d) {
+    const em_config_node *ins = em_config_node_get(d, "inputs");
+    const em_config_node *tg = em_config_node_get(d, "target");
+    r->n_in = 1;
+    r->in_names[0] = "input";
+    r->tg_name = "target";
+    r->mask_in = -1;
+    if (ins && em_config_node_kind(ins) == EM_CONFIG_LIST) {
+        size_t n = em_config_node_len(ins);
+        if (n < 1 || n > IN_MAX)
+            return cfg_error(ins, "expected 1 to 8 field names%s", "");
+        r->n_in = (int)n;
+        for (size_t i = 0; i < n; i++)
+            if (!(r->in_names[i] = em_config_node_text(em_config_node_at(ins, i, NULL))))
+                return cfg_error(em_config_node_at(ins, i, NULL), "expected a field name%s", "");
+    } else if (ins && !(r->in_names[0] = em_config_node_text(ins))) {
+        return cfg_error(ins, "expected a field name or a list of field names%s", "");
+    }
+    if (tg && !(r->tg_name = em_config_node_text(tg)))
+        return cfg_error(tg, "expected a field name%s", "");
+    const em_dataset *ds = r->train;
+    for (int i = 0; i <= r->n_in; i++) {
+        const char *name = i < r->n_in ? r->in_names[i] : r->tg_name;
+        const em_config_node *at = i < r->n_in ? (ins ? ins : d) : (tg ? tg : d);
+        int k = em_dataset_field_index(ds, name);
+        if (k < 0) return cfg_error(at, "%s", em_last_error());
+        const em_field *f = em_dataset_field(ds, k);
+        if (i == r->n_in && f->variable)
+            return cfg_error(at, "the target field '%s' has a variable length; targets are "
+                             "fixed fields%s", name);
+        if (i < r->n_in && f->variable && r->mask_in < 0) r->mask_in = i;
+    }
+    const em_field *fi = em_dataset_field(ds, em_dataset_field_index(ds, r->in_names[0]));
+    const em_field *ft = em_dataset_field(ds, em_dataset_field_index(ds, r->tg_name));
+    em_dataset_info *in = &r->finfo;
+    *in = (em_dataset_info){.struct_size = sizeof *in, .length = em_dataset_length(ds),
+                            .input_ndim = fi->ndim, .input_dtype = fi->dtype,
+                            .target_ndim = ft->ndim, .target_dtype = ft->dtype,
+                            .num_classes = ft->num_classes};
+    memcpy(in->input_shape, fi->shape, sizeof in->input_shape);
+    memcpy(in->target_shape, ft->shape, sizeof in->target_shape);
+    if (!(ft->dtype == EM_I64 && ft->ndim == 0 && ft->num_classes > 0) && ft->dtype != EM_F32)
+        return cfg_error(tg ? tg : d, "the target field '%s' must hold int64 class labels (with "
+                         "a number of classes) or float32 values%s", r->tg_name);
+    r->info = in;
+    return 0;
+}
+
 static int read_data(run *r, const em_config_node *d) {
     static const char *const keys[] = {"class", "options", "train", "validation", "test",
-                                       "transforms", NULL};
+                                       "transforms", "inputs", "target", NULL};
     const em_config_node *root = em_config_root(r->cfg);
     if (!d) return cfg_error(root, "no 'data' section (dataset class, options, splits)%s", "");
     if (em_config_check_keys(d, keys) != EM_OK) {
@@ -787,8 +837,9 @@ static int read_data(run *r, const em_config_node *d) {
         if ((rc = open_set(cname, base, val, val, &r->val))) return rc;
     }
     if (test && (rc = open_set(cname, base, test, test, &r->test))) return rc;
-    r->info = em_dataset_get_info(r->train);
-    if (r->info->input_dtype == EM_U8) r->tf.to_float = true;
+    if ((rc = read_fields(r, d))) return rc;
+    /* the 1.0 default: uint8 items of the field "input" become float32 */
+    if (!strcmp(r->in_names[0], "input") && r->info->input_dtype == EM_U8) r->tf.to_float = true;
     if (tf && (rc = read_transforms(r, tf))) return rc;
     return 0;
 }
@@ -1150,28 +1201,50 @@ static int check_fit(run *r) {
          !strcmp(r->loss_class, "SmoothL1Loss")))
         fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
                 "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
-    /* what the training loader delivers: the items through data.transforms */
-    em_transform_layout item = {.struct_size = sizeof item, .ndim = in->input_ndim,
-                                .dtype = r->tf.to_float || in->input_dtype != EM_U8 ? EM_F32
-                                                                                   : EM_U8};
-    memcpy(item.shape, in->input_shape, sizeof item.shape);
-    if (r->n_tspec) {
-        em_transform_layout raw = item;
-        raw.dtype = in->input_dtype;
-        if (em_transform_specs_layout(r->tspec, r->n_tspec, "input", &raw, &item) != EM_OK) {
-            const em_config_node *d = em_config_node_get(em_config_root(r->cfg), "data");
-            fprintf(stderr, "ember-train: %s: data.transforms: %s\n",
-                    em_config_node_where(em_config_node_get(d, "transforms")), em_last_error());
-            return EXIT_USAGE;
+    /* what the training loader delivers: each input field through data.transforms (a
+     * variable-length one at its longest, with a mask of real positions only) */
+    em_transform_layout items[IN_MAX];
+    for (int k = 0; k < r->n_in; k++) {
+        const em_field *f = em_dataset_field(r->train, em_dataset_field_index(r->train,
+                                                                             r->in_names[k]));
+        em_transform_layout *item = &items[k];
+        bool legacy = !strcmp(r->in_names[k], "input") && r->tf.to_float;
+        *item = (em_transform_layout){.struct_size = sizeof *item, .ndim = f->ndim,
+                                      .dtype = legacy ? EM_F32 : f->dtype};
+        memcpy(item->shape, f->shape, sizeof item->shape);
+        if (r->n_tspec) {
+            em_transform_layout raw = *item;
+            raw.dtype = f->dtype;
+            if (em_transform_specs_layout(r->tspec, r->n_tspec, r->in_names[k], &raw, item) !=
+                EM_OK) {
+                const em_config_node *d = em_config_node_get(em_config_root(r->cfg), "data");
+                fprintf(stderr, "ember-train: %s: data.transforms: %s\n",
+                        em_config_node_where(em_config_node_get(d, "transforms")),
+                        em_last_error());
+                return EXIT_USAGE;
+            }
         }
     }
+    const em_transform_layout item = items[0];
     int64_t shape[EM_MAX_DIMS + 1] = {2};
     for (int i = 0; i < item.ndim; i++) shape[i + 1] = item.shape[i];
     int rc = 0;
     em_scope_begin();
     em_grad_mode_push(EM_GRAD_DISABLED);
     em_module_train(r->model, false);
-    em_tensor *x = em_zeros(item.ndim + 1, shape, item.dtype, r->dev);
+    em_tensor *xs[IN_MAX];
+    for (int k = 0; k < r->n_in; k++) {
+        int64_t sk[EM_MAX_DIMS + 1] = {2};
+        for (int i = 0; i < items[k].ndim; i++) sk[i + 1] = items[k].shape[i];
+        xs[k] = em_zeros(items[k].ndim + 1, sk, items[k].dtype, r->dev);
+    }
+    em_tensor *x = xs[0], *mask = NULL;
+    if (r->mask_in >= 0) {
+        const em_field *f = em_dataset_field(r->train, em_dataset_field_index(
+                                                           r->train, r->in_names[r->mask_in]));
+        int64_t ms[2] = {2, f->shape[f->var_dim]};
+        mask = em_full(2, ms, 1, EM_BOOL, r->dev);
+    }
     em_tensor *y;
     if (in->target_ndim == 0) {
         y = em_zeros(1, shape, EM_I64, r->dev);
@@ -1180,12 +1253,12 @@ static int check_fit(run *r) {
         for (int i = 0; i < in->target_ndim; i++) ts[i + 1] = in->target_shape[i];
         y = em_zeros(in->target_ndim + 1, ts, EM_F32, r->dev);
     }
-    em_tensor *out = em_module_forward(r->model, x);
-    char xs[128];
-    em_shape_str(item.ndim + 1, shape, xs, sizeof xs);
+    em_tensor *out = x ? em_module_forward_masked(r->model, xs, r->n_in, mask) : NULL;
+    char xsh[128];
+    em_shape_str(item.ndim + 1, shape, xsh, sizeof xsh);
     if (!out) {
         fprintf(stderr, "ember-train: the model does not fit the data (input %s from %s): %s\n",
-                xs, em_dataset_name(r->train), em_last_error());
+                xsh, em_dataset_name(r->train), em_last_error());
         rc = EXIT_USAGE;
     } else {
         em_tensor *pair[2] = {out, y};

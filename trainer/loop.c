@@ -119,6 +119,29 @@ static em_status out_error(const out_file *o) {
                         strerror(o->err));
 }
 
+/* The next batch of l: the model's inputs in[0..r->n_in) (the fields data.inputs names),
+ * the target (data.target) and the mask of the first padded input (NULL: none), all
+ * borrowed from the loader. EM_OK with in[0] = NULL at the end of the epoch. */
+static em_status next_batch(const run *r, em_loader *l, em_tensor **in, em_tensor **y,
+                            em_tensor **mask) {
+    in[0] = *y = *mask = NULL;
+    const em_batch *b;
+    em_status s = em_loader_next_v2(l, &b);
+    if (s != EM_OK || !b) return s;
+    for (int k = 0; k < r->n_in; k++)
+        if (!(in[k] = em_batch_field(b, r->in_names[k]))) break;
+    if (in[r->n_in - 1] && (*y = em_batch_field(b, r->tg_name)) &&
+        (r->mask_in < 0 || (*mask = em_batch_mask(b, r->in_names[r->mask_in]))))
+        return EM_OK;
+    in[0] = NULL;
+    return em_last_status();
+}
+
+/* The model on a batch's inputs, with the padding mask for the layers that take one. */
+static em_tensor *model_forward(const run *r, em_tensor *const *in, em_tensor *mask) {
+    return em_module_forward_masked(r->model, in, r->n_in, mask);
+}
+
 /* ---- evaluation ---------------------------------------------------------------------------- */
 
 typedef struct eval_result {
@@ -138,12 +161,12 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
     double loss_sum = 0, metric_sum = 0;
     int64_t n = 0, b = 0, limit = r->s.limit_batches;
     em_status s = EM_OK;
-    em_tensor *x, *y;
-    while ((s = em_loader_next(l, &x, &y)) == EM_OK && x) {
+    em_tensor *xs[IN_MAX], *y, *mask;
+    while ((s = next_batch(r, l, xs, &y, &mask)) == EM_OK && xs[0]) {
         if (limit && b++ >= limit) continue; /* drain to the end mark */
         em_scope_begin();
-        int64_t bs = em_tensor_shape(x)[0];
-        em_tensor *outp = em_module_forward(r->model, x);
+        int64_t bs = em_tensor_shape(xs[0])[0];
+        em_tensor *outp = model_forward(r, xs, mask);
         em_tensor *pair[2] = {outp, y};
         em_tensor *loss = outp ? em_module_forward_n(r->loss, pair, 2) : NULL;
         em_tensor *m = NULL, *pred_t = NULL;
@@ -726,9 +749,9 @@ int train_loop(run *r) {
         double t_step = now_s();
         uint64_t step_wait_ns = 0;
         while (r->batch < nb) {
-            em_tensor *x, *y;
-            em_status s = em_loader_next(l, &x, &y);
-            if (s != EM_OK || !x) {
+            em_tensor *xs[IN_MAX], *y, *mask;
+            em_status s = next_batch(r, l, xs, &y, &mask);
+            if (s != EM_OK || !xs[0]) {
                 if (s == EM_OK) em_set_error(EM_ERR_STATE, "the loader ended early");
                 report_error("data");
                 rc = EXIT_TRAIN;
@@ -739,7 +762,7 @@ int train_loop(run *r) {
             int64_t group_first = (r->batch / A) * A;
             int64_t group_len = nb - group_first < A ? nb - group_first : A;
             em_scope_begin();
-            em_tensor *out = em_module_forward(r->model, x);
+            em_tensor *out = model_forward(r, xs, mask);
             em_tensor *pair[2] = {out, y};
             em_tensor *loss = out ? em_module_forward_n(r->loss, pair, 2) : NULL;
             double lv = loss ? em_item(loss) : NAN;
@@ -758,8 +781,8 @@ int train_loop(run *r) {
                 stop_run = true;
                 break;
             }
-            loss_sum += lv * (double)em_tensor_shape(x)[0];
-            seen += em_tensor_shape(x)[0];
+            loss_sum += lv * (double)em_tensor_shape(xs[0])[0];
+            seen += em_tensor_shape(xs[0])[0];
             n_loss++;
             r->batch++;
             if (r->batch - group_first < group_len) continue;
@@ -872,9 +895,9 @@ int train_loop(run *r) {
                 break;
             }
             r->batch = 0;
-            em_tensor *x, *y;
+            em_tensor *xs[IN_MAX], *y, *mask;
             if (nb < em_loader_num_batches(l)) loader_aligned = false;
-            else if (em_loader_next(l, &x, &y) != EM_OK || x) /* the end-of-epoch mark */
+            else if (next_batch(r, l, xs, &y, &mask) != EM_OK || xs[0]) /* the end-of-epoch mark */
                 loader_aligned = false;
         }
         if (r->s.checkpoint || atomic_load(r->stop)) {
@@ -983,27 +1006,27 @@ int dry_run(run *r) {
         report_error("data loader");
         return EXIT_USAGE;
     }
-    em_tensor *x, *y;
+    em_tensor *xs[IN_MAX], *y, *mask;
     int rc = EXIT_OK;
-    if (em_loader_next(l, &x, &y) != EM_OK || !x) {
+    if (next_batch(r, l, xs, &y, &mask) != EM_OK || !xs[0]) {
         report_error("data");
         em_loader_free(l);
         return EXIT_USAGE;
     }
     em_module_train(r->model, true);
     em_scope_begin();
-    em_tensor *out = em_module_forward(r->model, x);
+    em_tensor *out = model_forward(r, xs, mask);
     em_tensor *pair[2] = {out, y};
     em_tensor *loss = out ? em_module_forward_n(r->loss, pair, 2) : NULL;
     if (!loss || em_backward(loss) != EM_OK) {
         report_error("dry run");
         rc = EXIT_USAGE;
     } else {
-        char xs[64], os[64];
-        em_shape_str(em_tensor_ndim(x), em_tensor_shape(x), xs, sizeof xs);
+        char xsh[64], os[64];
+        em_shape_str(em_tensor_ndim(xs[0]), em_tensor_shape(xs[0]), xsh, sizeof xsh);
         em_shape_str(em_tensor_ndim(out), em_tensor_shape(out), os, sizeof os);
         printf("dry run ok: input %s -> output %s, loss %.6f, %" PRId64 " trainable parameters, "
-               "optimizer %s with %d group%s\n", xs, os, em_item(loss),
+               "optimizer %s with %d group%s\n", xsh, os, em_item(loss),
                em_module_parameter_count(r->model, true), em_optimizer_class(r->opt)->name,
                em_optimizer_group_count(r->opt), em_optimizer_group_count(r->opt) == 1 ? "" : "s");
     }

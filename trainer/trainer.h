@@ -72,7 +72,16 @@ typedef struct run {
     em_scheduler *sched;
     bool sched_per_step;
     em_dict *params;               /* trainable parameters (for clipping) */
-    const em_dataset_info *info;   /* of the training set */
+    const em_dataset_info *info;   /* the chosen fields of the training set (finfo) */
+    /* data.inputs / data.target: the fields that feed the model (in order) and the target;
+     * names borrowed from the config or static; the first padded input's mask is handed to
+     * the layers that take one (em_module_forward_masked) */
+#define IN_MAX 8
+    const char *in_names[IN_MAX];
+    int n_in;
+    const char *tg_name;
+    int mask_in;                   /* index into in_names of the first padded input; -1 */
+    em_dataset_info finfo;         /* input: in_names[0] (longest length), target: tg_name */
     /* loop state (checkpointed) */
     int64_t epoch, batch, step;
     double best_metric;

@@ -7,10 +7,14 @@
  *   - its float32 CPU kernel, registered with the 1.0 em_kernel_def and reading the 1.0
  *     em_kernel_ctx;
  *   - a layer class, "abi10.ScaledSquare" (y = square(x) * scale, a learnable scale of
- *     `features` entries), registered with the 1.0 em_module_class and options.
+ *     `features` entries), registered with the 1.0 em_module_class and options;
+ *   - a dataset class, "abi10-ramp" (item i: input (2) float32 {i, 2i}, target the label
+ *     i % 3; `length` items), registered with the 1.0 em_dataset_class_def (open/read over
+ *     em_dataset_info), which the 1.1 core reads through the old-size path.
  * abi10_struct_sizes() reports the sizes it was built with, for the test to compare.
  */
 #include <stddef.h>
+#include <stdlib.h>
 
 #include <ember/ember.h>
 #include <ember/op_helpers.h>
@@ -69,12 +73,49 @@ static const em_module_class layer_class = {
     .n_inputs = 1,
 };
 
+static const em_option_spec ramp_opts[] = {
+    {.name = "length", .types = EM_OPT_INT, .def = {.i = 7}, .has_range = true, .min = 1,
+     .max = 1e6, .help = "items"},
+};
+
+static em_status ramp_open(const em_options *o, em_dataset_info *info, void **state) {
+    int64_t *n = malloc(sizeof *n);
+    if (!n) return em_set_error(EM_ERR_NOMEM, "abi10-ramp: out of memory");
+    *n = em_options_int(o, "length");
+    info->length = *n;
+    info->input_ndim = 1;
+    info->input_shape[0] = 2;
+    info->input_dtype = EM_F32;
+    info->target_dtype = EM_I64;
+    info->num_classes = 3;
+    *state = n;
+    return EM_OK;
+}
+
+static em_status ramp_read(void *state, const int64_t *idx, int64_t n, void *inputs,
+                           void *targets) {
+    (void)state;
+    for (int64_t j = 0; j < n; j++) {
+        ((float *)inputs)[2 * j] = (float)idx[j];
+        ((float *)inputs)[2 * j + 1] = (float)(2 * idx[j]);
+        ((int64_t *)targets)[j] = idx[j] % 3;
+    }
+    return EM_OK;
+}
+
+static const em_dataset_class_def ramp_class = {
+    .struct_size = sizeof(em_dataset_class_def), .name = "abi10-ramp",
+    .description = "a ramp, from a plugin built against the 1.0 headers", .options = ramp_opts,
+    .n_options = 1, .open = ramp_open, .read = ramp_read, .close = free,
+};
+
 static em_status reg(em_registry *r) {
     em_status st = em_op_declare(r, &square_schema, NULL);
     em_kernel_def k = {.struct_size = sizeof k, .op = "abi10.square", .device_type = "cpu",
                        .dtype = EM_F32, .fn = square_f32, .name = "abi10_square_cpu_f32"};
     if (st == EM_OK) st = em_kernel_register(r, &k, NULL);
-    return st == EM_OK ? em_module_class_register(r, &layer_class) : st;
+    if (st == EM_OK) st = em_module_class_register(r, &layer_class);
+    return st == EM_OK ? em_dataset_class_register(r, &ramp_class) : st;
 }
 
 static const em_plugin_descriptor desc = {
@@ -83,6 +124,13 @@ static const em_plugin_descriptor desc = {
 };
 
 EM_PLUGIN_EXPORT const em_plugin_descriptor *ember_plugin_entry(void) { return &desc; }
+
+/* The 1.0 em_dataset_class_def and em_loader_options sizes this plugin was built with. */
+EM_PLUGIN_EXPORT void abi10_data_sizes(size_t out[2]);
+void abi10_data_sizes(size_t out[2]) {
+    out[0] = sizeof(em_dataset_class_def);
+    out[1] = sizeof(em_loader_options);
+}
 
 /* The 1.0 sizes this plugin was built with, and its EM_SAVE_INPUT(0) and EM_SAVE_OUTPUT(0). */
 EM_PLUGIN_EXPORT void abi10_struct_sizes(size_t out[8]);

@@ -3,12 +3,16 @@
  *
  * A dataset CLASS (a format: "mnist", "cifar10", "csv", "synthetic", ...) is registered by a
  * plugin (or by the program, through em_registry_program()) with typed options. Opening a
- * class with options gives an em_dataset: a length, the shape and dtype of one item's inputs
- * and targets, and a way to read any set of items into preallocated buffers. A program can
- * also make a dataset from tensors it already has, or from a callback, without a plugin.
- * The DataLoader turns a dataset into batches: sampling, shuffling, batching, worker threads
- * that fill a bounded ring of batch buffers ahead of the consumer, pinned host buffers and
- * async copies to an accelerator, and per-item transforms.
+ * class with options gives an em_dataset: a length, its item as a list of named FIELDS
+ * (em_field: a dtype, a shape, optionally one variable-length dim with a pad value), and a
+ * way to read any set of items into preallocated buffers. The image and table formats have
+ * the fields "input" and "target" (em_dataset_info describes those two, as in Ember 1.0). A
+ * program can also make a dataset from tensors it already has, or from a callback, without
+ * a plugin. The DataLoader turns a dataset into batches: sampling, shuffling, batching
+ * (fixed fields stacked, variable ones padded to the batch's longest item with a length
+ * tensor and a mask beside), worker threads that fill a bounded ring of batch buffers ahead
+ * of the consumer, pinned host buffers and async copies to an accelerator, and per-item
+ * transforms per field (ember/transform.h).
  *
  *     em_options *opts = em_options_new();
  *     em_options_set_string(opts, "path", "data/digits");
@@ -33,6 +37,36 @@
  *     }
  *     em_loader_free(dl);                    // joins the workers, frees every buffer
  *     em_dataset_free(ds);
+ *
+ * Named fields and variable lengths (since 1.1). A batch is addressed by field name; a
+ * variable-length field comes padded, with its lengths and mask:
+ *
+ *     // a class whose items are {"tokens": (L <= 128) int64, padded with 0; "label": int64}
+ *     em_dataset *ds = em_dataset_open("my-text", opts);
+ *     em_loader_options_v2 o = {.struct_size = sizeof o, .batch_size = 32, .shuffle = true,
+ *                               .seed = 1, .num_workers = 2};
+ *     em_loader *dl = em_loader_new_v2(ds, &o);
+ *     const em_batch *b;                     // borrowed: valid until the next call
+ *     while (em_loader_next_v2(dl, &b) == EM_OK && b) {
+ *         em_tensor *tok = em_batch_field(b, "tokens");   // (B, L) int64, L = longest in b
+ *         em_tensor *len = em_batch_lengths(b, "tokens"); // (B) int64
+ *         em_tensor *mask = em_batch_mask(b, "tokens");   // (B, L) bool, true = real token
+ *         em_tensor *y = em_batch_field(b, "label");      // (B) int64
+ *         em_scope_begin();
+ *         em_tensor *out = em_module_forward_masked(model, &tok, 1, mask); // ember/module.h
+ *         ... loss against y ...
+ *         em_scope_end();
+ *     }
+ *
+ * A class declares its fields from open_fields (em_dataset_layout) and reads them with
+ * read_fields: each item of a variable field contiguous in its own shape at its slot (the
+ * field's longest size apart), its length beside. The loader checks every length, pads
+ * (pad_value), and hands out contiguous (B, ..., L, ...) tensors. Every loader mechanism
+ * works for every field: samplers, worker threads, the ring, pinned buffers and the copies
+ * to a device (lengths and masks included), resumable positions, the wait record.
+ * em_loader_next is em_loader_next_v2 reduced to the fields "input" and "target"; a 1.0
+ * class (open/read) keeps working unchanged. A batch of a padded field is a view made per
+ * batch (the buffers themselves are all allocated by em_loader_new).
  *
  * Reproducibility. Every random choice is a Philox 4x32-10 function (ember/random.h) of the
  * loader's seed and of the epoch (permutations, weighted draws) or of (epoch, item index)
@@ -97,6 +131,40 @@ typedef struct em_dataset_info {
     void *ext;                    /* reserved; NULL */
 } em_dataset_info;
 
+/* ---- items as named fields (since 1.1) --------------------------------------------------- */
+
+/* The most fields an item has. */
+#define EM_MAX_FIELDS 16
+
+/* One named field of an item (Hugging Face's "features", the keys of the dict a PyTorch
+ * Dataset returns): a dtype and a per-item shape, optionally with one dim whose length varies
+ * from item to item (a token sequence, a list of boxes). Batching stacks fixed fields into
+ * (B, ...) and pads variable ones to the longest item of the batch (torch's pad_sequence
+ * with batch_first), with pad_value in the padding and a length tensor and a mask beside.
+ * Arrays of em_field are read with the stride fields[0].struct_size (every entry of one
+ * array has the same struct_size), so an array built against older headers still reads. */
+typedef struct em_field {
+    size_t struct_size;           /* sizeof(em_field) */
+    const char *name;             /* [A-Za-z_][A-Za-z0-9_]*, <= 63 chars, unique; copied */
+    em_dtype dtype;
+    int ndim;                     /* item dims, 0 .. EM_MAX_DIMS - 1 (0: one value per item) */
+    int64_t shape[EM_MAX_DIMS];   /* the item's shape; at var_dim its longest length */
+    bool variable;                /* dim var_dim's length varies per item */
+    int var_dim;                  /* 0 <= var_dim < ndim when variable */
+    double pad_value;             /* what padding holds (converted to dtype); 0 by default */
+    int64_t num_classes;          /* integer labels in [0, num_classes); 0: not class labels */
+    void *ext;                    /* reserved; NULL */
+} em_field;
+
+/* What a class's open_fields reports: the number of items and their fields. */
+typedef struct em_dataset_layout {
+    size_t struct_size;           /* sizeof(em_dataset_layout) (set by the core) */
+    int64_t length;               /* number of items */
+    const em_field *fields;       /* n_fields entries (see em_field for the stride) */
+    int n_fields;                 /* 1 .. EM_MAX_FIELDS */
+    void *ext;                    /* reserved; NULL */
+} em_dataset_layout;
+
 /* ---- dataset classes (registered by plugins and programs) ------------------------------- */
 
 /* The record a plugin fills to register a dataset class; copied by the core (the strings and
@@ -131,6 +199,24 @@ typedef struct em_dataset_class_def {
     /* Free the state (may be NULL when open allocated nothing). */
     void (*close)(void *state);
     void *ext;                    /* reserved; NULL */
+    /* ---- since 1.1: items as named fields. A class sets EITHER open and read above (the 1.0
+     * record: its items are the two fields "input" and "target" of its em_dataset_info) OR
+     * these two (open and read then stay NULL); a record built against the 1.0 headers ends
+     * at ext and keeps working. */
+    /* Open an instance: fill *layout (length and the item's fields) and return the state in
+     * *state. The core copies the fields array and its names after open returns, before
+     * em_dataset_open does: point them at static data or into the state, never at open's
+     * stack. Errors as for open. */
+    em_status (*open_fields)(const em_options *opts, em_dataset_layout *layout /* out */,
+                             void **state /* out */);
+    /* Read items indices[0..n): data[f] receives field f's values (declared order) for the
+     * n items, item j at offset j * (field f's item bytes at its full shape), C order;
+     * a variable field's item is written contiguous in its own shape (its length along the
+     * variable dim, not the maximum) at that offset, and its length into lengths[f][j]
+     * (lengths[f] is NULL for fixed fields). Called from several threads at once on
+     * disjoint outputs. Errors name the file, the item index and the reason. */
+    em_status (*read_fields)(void *state, const int64_t *indices, int64_t n,
+                             void *const *data, int64_t *const *lengths);
 } em_dataset_class_def;
 
 /* Register a dataset class (from a plugin's register function, or from a program with
@@ -207,6 +293,35 @@ EM_API em_status em_dataset_read(em_dataset *ds, const int64_t *indices, int64_t
                                  void *inputs, void *targets);
 /* Drop the caller's reference; NULL is a no-op. Subsets keep their parent alive. */
 EM_API void em_dataset_free(em_dataset *ds);
+
+/* The item's fields (since 1.1). Every dataset has them: a 1.0 class's items, and those of
+ * em_dataset_from_tensors and em_dataset_from_callback, are the fields "input" (the info's
+ * input shape and dtype) and "target" (one int64 label with num_classes, or (k) float32).
+ * em_dataset_field borrows (valid while ds lives; NULL + EM_ERR_RANGE for i out of range). */
+EM_API int em_dataset_field_count(const em_dataset *ds);
+EM_API const em_field *em_dataset_field(const em_dataset *ds, int i);
+/* The index of the field `name`, or -1 with EM_ERR_NOTFOUND naming the dataset and listing
+ * its fields. */
+EM_API int em_dataset_field_index(const em_dataset *ds, const char *name);
+/* Read items indices[0..n) field by field into host buffers (see
+ * em_dataset_class_def.read_fields: data[f] holds n items of field f at its full shape;
+ * lengths[f] receives a variable field's lengths and may be NULL for fixed fields). Errors:
+ * EM_ERR_RANGE for an index out of range; EM_ERR_FORMAT naming the dataset, field and item
+ * when a variable field's length is outside [0, its longest] or was not set. */
+EM_API em_status em_dataset_read_fields(em_dataset *ds, const int64_t *indices, int64_t n,
+                                        void *const *data, int64_t *const *lengths);
+
+/* Fills item `index` of a field dataset: data[f] receives field f's values (a variable
+ * field's contiguous in its own shape) and lengths[f] a variable field's length (lengths[f]
+ * of a fixed field is to be left alone). Return EM_OK or an error with em_set_error(). */
+typedef em_status (*em_fields_fn)(void *user, int64_t index, void *const *data,
+                                  int64_t *lengths);
+/* A dataset of `length` items of the given fields (n_fields in [1, EM_MAX_FIELDS]; copied)
+ * that a function fills. `user` must outlive the dataset; with num_workers > 1 the function
+ * is called from several threads at once. EM_ERR_INVALID naming the field for a bad name,
+ * dtype, shape or variable dim, or a name used twice. */
+EM_API em_dataset *em_dataset_from_fields(int64_t length, const em_field *fields, int n_fields,
+                                          em_fields_fn fn, void *user);
 
 /* ---- the DataLoader --------------------------------------------------------------------- */
 
@@ -286,8 +401,9 @@ typedef struct em_loader em_loader;
  * fault (bad sampler arguments, transforms that do not fit the items, ...) or naming the
  * dataset when an epoch would have no batch (no items, or drop_last with fewer items than
  * batch_size), EM_ERR_DEVICE, EM_ERR_NOMEM. Every buffer is allocated here, each for
- * min(batch_size, items per epoch) items: em_loader_next allocates nothing except the view
- * of a short last batch (once per epoch). */
+ * min(batch_size, items per epoch) items (a variable field's at its longest): em_loader_next
+ * allocates nothing except the view of a short last batch (once per epoch) and, for each
+ * variable-length field, the views of its padded batch, lengths and mask. */
 EM_API em_loader *em_loader_new(em_dataset *ds, const em_loader_options *o);
 
 /* The next batch of the current epoch.
@@ -343,6 +459,70 @@ EM_API uint64_t em_loader_wait_quantile(const em_loader *l, double q);
 /* Stop the workers (mid-epoch is fine: they are joined), free every buffer. The borrowed
  * batch tensors are released with it. NULL is a no-op. */
 EM_API void em_loader_free(em_loader *l);
+
+/* ---- the DataLoader over named fields (since 1.1) -------------------------------------- */
+
+/* The loader options, version 2: those of em_loader_options without the closed
+ * em_transforms struct; transforms come as a list of classes per field. */
+typedef struct em_loader_options_v2 {
+    size_t struct_size;  /* sizeof(em_loader_options_v2) */
+    int64_t batch_size;  /* 0: 1 */
+    bool shuffle;
+    bool drop_last;
+    uint64_t seed;
+    int num_workers;
+    int prefetch;
+    em_sampler_kind sampler;
+    const int64_t *subset;
+    int64_t subset_len;
+    const double *weights;
+    int64_t num_samples;
+    int rank, world_size;
+    em_device device;    /* as in em_loader_options: every field's batch goes there */
+    bool pin_memory;
+    /* Transform classes (ember/transform.h), per field by name: for each field, the specs
+     * whose field names it (NULL: "input"), in the order listed; a field no spec names is
+     * delivered as read. Read by em_loader_new_v2 only (it resolves a copy of each bag).
+     * Errors (EM_ERR_INVALID, ...) name transforms[i], the field and the transform; a spec
+     * naming a field the dataset lacks lists its fields; variable-length fields take no
+     * transforms. */
+    const em_transform_spec *transforms;
+    int n_transforms;
+    void *ext;           /* reserved; NULL */
+} em_loader_options_v2;
+
+/* A loader over ds with options version 2 (copied; NULL: defaults); everything else as
+ * em_loader_new. */
+EM_API em_loader *em_loader_new_v2(em_dataset *ds, const em_loader_options_v2 *o);
+
+/* One batch, addressed by field name: owned by the loader, valid until the next
+ * em_loader_next / em_loader_next_v2 / em_loader_set_state / em_loader_free. */
+typedef struct em_batch em_batch;
+
+/* The next batch of the current epoch as named fields.
+ *   - EM_OK with *batch set: every field of the dataset, batched (B = em_batch_size);
+ *   - EM_OK with *batch = NULL: the epoch is over (the next call starts the next one);
+ *   - an error, as em_loader_next.
+ * em_loader_next is this call followed by the fields "input" and "target" (EM_ERR_NOTFOUND
+ * when the dataset lacks one). */
+EM_API em_status em_loader_next_v2(em_loader *l, const em_batch **batch /* out */);
+
+/* Items in the batch. */
+EM_API int64_t em_batch_size(const em_batch *b);
+/* The fields, in the dataset's order (names borrowed). */
+EM_API int em_batch_field_count(const em_batch *b);
+EM_API const char *em_batch_field_name(const em_batch *b, int i);
+/* The batched field `name`: BORROWED (like em_loader_next's tensors; never release it),
+ * (B, item shape) on the loader's device, tagged EM_MEM_DATA. A variable field is padded to
+ * the batch's longest item L along its variable dim: (B, ..., L, ...), pad_value beyond each
+ * item's length. NULL with EM_ERR_NOTFOUND listing the batch's fields. */
+EM_API em_tensor *em_batch_field(const em_batch *b, const char *name);
+/* A variable field's lengths: (B) int64, item j's length along the variable dim. BORROWED.
+ * NULL with EM_ERR_NOTFOUND for an unknown field, EM_ERR_INVALID for a fixed one. */
+EM_API em_tensor *em_batch_lengths(const em_batch *b, const char *name);
+/* A variable field's mask: (B, L) bool, true at positions t < length[j] (real items), false
+ * in the padding. BORROWED. Errors as em_batch_lengths. */
+EM_API em_tensor *em_batch_mask(const em_batch *b, const char *name);
 
 #ifdef __cplusplus
 }

@@ -74,6 +74,13 @@ typedef struct em_module_class {
     /* Number of inputs forward takes: 1 for layers, 2 for losses (0: any). */
     int n_inputs;
     void *ext;                   /* reserved; NULL */
+    /* ---- since 1.1 */
+    /* The layer reads a padding mask (masked pooling, attention): while a forward runs under
+     * em_module_forward_masked with a mask, this class's forward receives that mask as one
+     * more input after its own, in[n_inputs] ((B, L) bool, true at real positions, false in
+     * the padding; n_in is one more than without a mask). Without a mask it receives its
+     * inputs alone. n_inputs counts the inputs without the mask. */
+    bool takes_mask;
 } em_module_class;
 
 /* Register a module class (from a plugin's register function, or the program's registry):
@@ -106,6 +113,13 @@ EM_API void *em_module_state(em_module *m);
 /* Forward with hooks: pre-hooks, the class's forward, post-hooks. New reference. */
 EM_API em_tensor *em_module_forward(em_module *m, const em_tensor *x);
 EM_API em_tensor *em_module_forward_n(em_module *m, em_tensor *const *in, int n_in);
+/* Forward with a padding mask (since 1.1): em_module_forward_n with `mask` ((B, L) bool,
+ * true at real positions: em_batch_mask of ember/data.h) handed to every module of the call,
+ * m and its children at any depth, whose class sets takes_mask (containers pass it on
+ * without knowing). mask NULL: as em_module_forward_n. The mask is borrowed for the call;
+ * calls nest (the innermost mask holds) and are per thread. New reference or NULL. */
+EM_API em_tensor *em_module_forward_masked(em_module *m, em_tensor *const *in, int n_in,
+                                           const em_tensor *mask);
 
 /* ---- parameters, buffers, children (class code and containers) ------------------------------------ */
 
