@@ -110,7 +110,7 @@ static void run_mlp(int reps) {
     em_dict *params = em_dict_new();
     for (int i = 0; i < 6; i++) {
         m.p[i] = param(sh[i][1] ? 2 : 1, sh[i], fan[i]);
-        char name[8];
+        char name[16]; /* room for any int: -Wformat-truncation at -O1 */
         snprintf(name, sizeof name, "%d", i);
         if (!params || em_dict_set(params, name, m.p[i]) != EM_OK) die("parameters");
     }

@@ -776,9 +776,16 @@ static bool append_build_dirs(char *buf, size_t cap, size_t *n) {
     closedir(d);
     qsort(names, k, sizeof *names, cmp_str);
     for (size_t i = 0; i < k; i++) {
-        if (*n && *n < cap) buf[(*n)++] = ':';
-        if (*n < cap) *n += (size_t)snprintf(buf + *n, cap - *n, "%s/%s/.libs", root, names[i]);
+        /* Only the plugins this build made: configure creates a directory for every plugin
+         * (for its .deps), also one it does not build (ember-cuda --without-cuda). */
+        char libs[PATH_MAX + 256];
+        int len = snprintf(libs, sizeof libs, "%s/%s/.libs", root, names[i]);
         em__free(names[i]);
+        struct stat st;
+        if (len < 0 || (size_t)len >= sizeof libs || stat(libs, &st) != 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if (*n && *n < cap) buf[(*n)++] = ':';
+        if (*n < cap) *n += (size_t)snprintf(buf + *n, cap - *n, "%s", libs);
     }
     return ok;
 }
