@@ -3,7 +3,8 @@
  * formats (MNIST IDX raw and gzip, CIFAR-10, CSV, synthetic) on files generated here, the
  * bundled digits, bad input of every kind (inputs that are not regular files, headers that
  * claim more than the file holds, empty datasets, NUL bytes, byte-order marks, more than 64
- * CIFAR batches), in-memory datasets, subsets and random_split.
+ * CIFAR batches), in-memory datasets, subsets and random_split; and the items of every source
+ * (the four formats, tensors, a callback) as the named fields "input" and "target".
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <zlib.h>
 
 #include "common.h"
+#include "data_ref.h"
 
 TestSuite(data, .init = em_test_setup, .fini = em_test_teardown);
 
@@ -941,4 +943,166 @@ Test(data, loader_over_the_bundled_digits) {
     cr_assert_eq(nb, 12);
     em_loader_free(l);
     em_dataset_free(ds);
+}
+
+/* ---- items as named fields ----------------------------------------------------------------- */
+
+/* A callback item: input (4) uint8 = i + k, target (2) float32 = (i, -i). */
+static em_status regression_item(void *user, int64_t i, void *input, void *target) {
+    (void)user;
+    for (int k = 0; k < 4; k++) ((uint8_t *)input)[k] = (uint8_t)(i + k);
+    ((float *)target)[0] = (float)i;
+    ((float *)target)[1] = (float)-i;
+    return EM_OK;
+}
+
+/* What a source's items are, as Ember 1.0 delivered them. */
+typedef struct io_items {
+    const char *source;
+    em_dtype in_dtype;
+    int in_ndim;
+    int64_t in_shape[3];
+    em_dtype tg_dtype;  /* EM_I64: one label in [0, classes); EM_F32: (values) */
+    int64_t classes, values;
+} io_items;
+
+static size_t items_bytes(em_dtype dt, int ndim, const int64_t *shape) {
+    size_t b = em_dtype_size(dt);
+    for (int d = 0; d < ndim; d++) b *= (size_t)shape[d];
+    return b;
+}
+
+/* ds (which this frees) has exactly the fields "input" and "target" of w; a shuffled epoch of
+ * em_loader_next_v2 batches them as (B, ...) named fields holding the documented permutation's
+ * items as em_dataset_read reads them, the bytes em_loader_next hands out beside. */
+static void check_io_fields(em_dataset *ds, const io_items *w) {
+    cr_assert(ds, "%s: %s", w->source, em_last_error());
+    const int tg_ndim = w->tg_dtype == EM_I64 ? 0 : 1;
+    const int64_t tg_shape[1] = {w->values};
+    cr_assert_eq(em_dataset_field_count(ds), 2, "%s", w->source);
+    cr_assert_eq(em_dataset_field_index(ds, "input"), 0, "%s", w->source);
+    cr_assert_eq(em_dataset_field_index(ds, "target"), 1, "%s", w->source);
+    const em_field *in = em_dataset_field(ds, 0), *tg = em_dataset_field(ds, 1);
+    cr_assert_str_eq(in->name, "input");
+    cr_assert_str_eq(tg->name, "target");
+    cr_assert(!in->variable && !tg->variable, "%s", w->source);
+    cr_assert_eq(in->dtype, w->in_dtype, "%s", w->source);
+    cr_assert_eq(in->ndim, w->in_ndim, "%s", w->source);
+    cr_assert(memcmp(in->shape, w->in_shape, sizeof(int64_t) * (size_t)w->in_ndim) == 0,
+              "%s", w->source);
+    cr_assert_eq(in->num_classes, 0, "%s", w->source);
+    cr_assert_eq(tg->dtype, w->tg_dtype, "%s", w->source);
+    cr_assert_eq(tg->ndim, tg_ndim, "%s", w->source);
+    if (tg_ndim) cr_assert_eq(tg->shape[0], w->values, "%s", w->source);
+    cr_assert_eq(tg->num_classes, w->classes, "%s", w->source);
+    const em_dataset_info *info = em_dataset_get_info(ds); /* the 1.0 view agrees */
+    cr_assert_eq(info->input_dtype, w->in_dtype, "%s", w->source);
+    cr_assert_eq(info->input_ndim, w->in_ndim, "%s", w->source);
+    cr_assert_eq(info->target_dtype, w->tg_dtype, "%s", w->source);
+    cr_assert_eq(info->target_ndim, tg_ndim, "%s", w->source);
+    cr_assert_eq(info->num_classes, w->classes, "%s", w->source);
+
+    const int64_t N = em_dataset_length(ds), B = 16;
+    const uint64_t seed = 3;
+    em_loader_options_v2 o2 = {.struct_size = sizeof o2, .batch_size = B, .shuffle = true,
+                               .seed = seed, .num_workers = 1};
+    em_loader_options o1 = {.struct_size = sizeof o1, .batch_size = B, .shuffle = true,
+                            .seed = seed, .num_workers = 1};
+    em_loader *l2 = em_loader_new_v2(ds, &o2), *l1 = em_loader_new(ds, &o1);
+    cr_assert(l1 && l2, "%s: %s", w->source, em_last_error());
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)N);
+    for (int64_t i = 0; i < N; i++) perm[i] = i;
+    ref_permute(perm, N, seed, 0, 0x53485546u);
+    size_t ib = items_bytes(w->in_dtype, w->in_ndim, w->in_shape);
+    size_t tb = items_bytes(w->tg_dtype, tg_ndim, tg_shape);
+    void *rin = malloc(ib * (size_t)B), *rtg = malloc(tb * (size_t)B);
+    const em_batch *b;
+    int64_t at = 0;
+    while (em_loader_next_v2(l2, &b) == EM_OK && b) {
+        int64_t n = N - at < B ? N - at : B;
+        cr_assert_eq(em_batch_size(b), n, "%s", w->source);
+        cr_assert_eq(em_batch_field_count(b), 2, "%s", w->source);
+        cr_assert_str_eq(em_batch_field_name(b, 0), "input");
+        cr_assert_str_eq(em_batch_field_name(b, 1), "target");
+        em_tensor *bx = em_batch_field(b, "input"), *by = em_batch_field(b, "target"), *x, *y;
+        cr_assert(bx && by, "%s: %s", w->source, em_last_error());
+        cr_assert_eq(em_tensor_dtype(bx), w->in_dtype, "%s", w->source);
+        cr_assert_eq(em_tensor_ndim(bx), w->in_ndim + 1, "%s", w->source);
+        cr_assert_eq(em_tensor_size(bx, 0), n, "%s", w->source);
+        for (int d = 0; d < w->in_ndim; d++)
+            cr_assert_eq(em_tensor_size(bx, d + 1), w->in_shape[d], "%s dim %d", w->source, d);
+        cr_assert_eq(em_tensor_dtype(by), w->tg_dtype, "%s", w->source);
+        cr_assert_eq(em_tensor_ndim(by), tg_ndim + 1, "%s", w->source);
+        cr_assert_eq(em_tensor_size(by, 0), n, "%s", w->source);
+        if (tg_ndim) cr_assert_eq(em_tensor_size(by, 1), w->values, "%s", w->source);
+        cr_assert_eq(em_dataset_read(ds, perm + at, n, rin, rtg), EM_OK, "%s", em_last_error());
+        cr_assert(memcmp(em_tensor_data(bx), rin, ib * (size_t)n) == 0, "%s: batch inputs at "
+                  "%lld", w->source, (long long)at);
+        cr_assert(memcmp(em_tensor_data(by), rtg, tb * (size_t)n) == 0, "%s: batch targets at "
+                  "%lld", w->source, (long long)at);
+        cr_assert_eq(em_loader_next(l1, &x, &y), EM_OK, "%s: %s", w->source, em_last_error());
+        cr_assert(x && y, "%s", w->source);
+        cr_assert_eq(em_tensor_nbytes(x), ib * (size_t)n, "%s", w->source);
+        cr_assert_eq(em_tensor_nbytes(y), tb * (size_t)n, "%s", w->source);
+        cr_assert(memcmp(em_tensor_data(x), rin, ib * (size_t)n) == 0, "%s", w->source);
+        cr_assert(memcmp(em_tensor_data(y), rtg, tb * (size_t)n) == 0, "%s", w->source);
+        at += n;
+    }
+    cr_assert_eq(em_last_status(), EM_OK, "%s: %s", w->source, em_last_error());
+    cr_assert_eq(at, N, "%s", w->source);
+    em_tensor *x, *y;
+    cr_assert_eq(em_loader_next(l1, &x, &y), EM_OK, "%s", em_last_error());
+    cr_assert(!x && !y, "%s: the 1.0 loader ends its epoch with the other", w->source);
+    free(perm);
+    free(rin);
+    free(rtg);
+    em_loader_free(l1);
+    em_loader_free(l2);
+    em_dataset_free(ds);
+}
+
+/* Every source of items declares the fields "input" and "target" with the dtypes and shapes of
+ * Ember 1.0: the four ember-data formats (through the named-field class record), a tensor
+ * dataset and a callback dataset. */
+Test(data, every_source_has_the_fields_input_and_target) {
+    const char *formats[] = {"mnist", "cifar10", "csv", "synthetic"};
+    for (int i = 0; i < 4; i++) {
+        const em_dataset_class_def *def = em_dataset_class_find(formats[i]);
+        cr_assert(def, "%s", em_last_error());
+        cr_assert(def->open_fields && def->read_fields && !def->open && !def->read,
+                  "%s declares its items as named fields", formats[i]);
+    }
+    const char *dir = fresh_dir();
+    write_idx(dir, "train", 40, 5, 6, true);
+    check_io_fields(open_mnist(dir, "train"),
+                    &(io_items){"mnist", EM_U8, 3, {1, 5, 6}, EM_I64, 10, 0});
+    write_cifar(path_in(dir, "test_batch.bin"), 7, 0, false, -1);
+    check_io_fields(open_text("cifar10", "path", dir, "split", "test", NULL),
+                    &(io_items){"cifar10", EM_U8, 3, {3, 32, 32}, EM_I64, 10, 0});
+    const char *p = path_in(dir, "a.csv");
+    write_text(p, "1,2,0\n3,4,2\n5,6,1\n7,8,0\n9,10,1\n");
+    check_io_fields(open_csv(p, NULL), &(io_items){"csv labels", EM_F32, 1, {2}, EM_I64, 3, 0});
+    write_text(p, "a,b,c,d\n1,2,3,4\n5,6,7,8\n9,10,11,12\n");
+    check_io_fields(open_csv(p, "target_columns", "1,3", NULL),
+                    &(io_items){"csv regression", EM_F32, 1, {2}, EM_F32, 0, 2});
+    check_io_fields(open_text("synthetic", "length", "30", "shape", "2x3", "dtype", "uint8",
+                              "classes", "5", NULL),
+                    &(io_items){"synthetic", EM_U8, 2, {2, 3}, EM_I64, 5, 0});
+    check_io_fields(open_text("synthetic", "length", "20", NULL),
+                    &(io_items){"synthetic f32", EM_F32, 3, {1, 28, 28}, EM_I64, 10, 0});
+    cleanup();
+
+    double labels[20];
+    for (int i = 0; i < 20; i++) labels[i] = i % 4;
+    em_scope_begin();
+    em_tensor *x = em_reshape(em_arange(0, 60, 1, EM_F32, em_cpu()), 2, (int64_t[]){20, 3});
+    em_tensor *y = em_test_tensor(EM_I32, 1, (int64_t[]){20}, labels); /* stored as int64 */
+    em_dataset *ds = em_dataset_from_tensors(x, y, 0);
+    em_scope_end();
+    check_io_fields(ds, &(io_items){"tensors", EM_F32, 1, {3}, EM_I64, 4, 0});
+    em_dataset_info info = {.struct_size = sizeof info, .length = 25, .input_ndim = 1,
+                            .input_shape = {4}, .input_dtype = EM_U8, .target_ndim = 1,
+                            .target_shape = {2}, .target_dtype = EM_F32};
+    check_io_fields(em_dataset_from_callback(&info, regression_item, NULL),
+                    &(io_items){"callback", EM_U8, 1, {4}, EM_F32, 0, 2});
 }

@@ -5,7 +5,8 @@
  * split is every data_batch_*.bin in the directory (however many, in natural order:
  * data_batch_2 before data_batch_10), the test split
  * test_batch.bin. Files may be gzip-compressed (zlib reads both). Everything is read and
- * checked at open (whole records, labels in [0, 10)).
+ * checked at open (whole records, labels in [0, 10)) into a dt_table. Items are the fields
+ * "input" (3, 32, 32) uint8 and "target" (an int64 label).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -22,12 +23,6 @@
 
 #define REC 3073
 #define IMG 3072
-
-typedef struct cifar_state {
-    uint8_t *images; /* n * 3072 */
-    int64_t *labels;
-    int64_t n;
-} cifar_state;
 
 static const char *const cifar_splits[] = {"train", "test", NULL};
 static const em_option_spec cifar_options[] = {
@@ -60,8 +55,9 @@ static int cmp_natural(const void *pa, const void *pb) {
     return *a ? 1 : *b ? -1 : strcmp(*(const char *const *)pa, *(const char *const *)pb);
 }
 
-/* Append file `path` to s: whole records only, labels checked. */
-static em_status load_file(cifar_state *s, const char *path, int64_t *cap) {
+/* Append file `path` to s (col[0]: n * 3072 image bytes, col[1]: n int64 labels): whole
+ * records only, labels checked. */
+static em_status load_file(dt_table *s, const char *path, int64_t *cap) {
     dt_file *f = dt_open("cifar10", path);
     if (!f) return em_last_status();
     uint8_t rec[REC];
@@ -82,33 +78,25 @@ static em_status load_file(cifar_state *s, const char *path, int64_t *cap) {
         }
         if (s->n == *cap) {
             int64_t nc = *cap ? *cap * 2 : 64; /* grows with the records read */
-            uint8_t *im = realloc(s->images, (size_t)nc * IMG);
-            if (im) s->images = im;
-            int64_t *lb = im ? realloc(s->labels, sizeof(int64_t) * (size_t)nc) : NULL;
-            if (lb) s->labels = lb;
+            uint8_t *im = realloc(s->col[0], (size_t)nc * IMG);
+            if (im) s->col[0] = im;
+            int64_t *lb = im ? realloc(s->col[1], sizeof(int64_t) * (size_t)nc) : NULL;
+            if (lb) s->col[1] = lb;
             if (!im || !lb) {
                 st = em_set_error(EM_ERR_NOMEM, "cifar10: out of memory reading %s", path);
                 break;
             }
             *cap = nc;
         }
-        s->labels[s->n] = rec[0];
-        memcpy(s->images + (size_t)s->n * IMG, rec + 1, IMG);
+        ((int64_t *)s->col[1])[s->n] = rec[0];
+        memcpy((uint8_t *)s->col[0] + (size_t)s->n * IMG, rec + 1, IMG);
         s->n++;
     }
     dt_close(f);
     return st;
 }
 
-static void cifar_close(void *state) {
-    cifar_state *s = state;
-    if (!s) return;
-    free(s->images);
-    free(s->labels);
-    free(s);
-}
-
-static em_status cifar_open(const em_options *o, em_dataset_info *info, void **out) {
+static em_status cifar_open(const em_options *o, em_dataset_layout *lay, void **out) {
     const char *dir = em_options_string(o, "path");
     bool train = strcmp(em_options_string(o, "split"), "train") == 0;
     char **names = NULL; /* every matching file, however many */
@@ -145,9 +133,8 @@ static em_status cifar_open(const em_options *o, em_dataset_info *info, void **o
         st = em_set_error(EM_ERR_IO, "cifar10: no %s in %s", train ? "data_batch_*.bin files"
                           : "test_batch.bin", dir);
     if (k > 1) qsort(names, k, sizeof *names, cmp_natural);
-    cifar_state *s = NULL;
-    if (st == EM_OK && !(s = calloc(1, sizeof *s)))
-        st = em_set_error(EM_ERR_NOMEM, "cifar10: out of memory");
+    dt_table *s = NULL;
+    if (st == EM_OK && !(s = dt_table_new("cifar10"))) st = EM_ERR_NOMEM;
     int64_t cap = 0;
     for (size_t i = 0; i < k; i++) {
         if (st == EM_OK) {
@@ -159,22 +146,11 @@ static em_status cifar_open(const em_options *o, em_dataset_info *info, void **o
     }
     free(names);
     if (st != EM_OK) {
-        cifar_close(s);
+        dt_table_close(s);
         return st;
     }
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = s->n, .input_ndim = 3,
-                              .input_shape = {3, 32, 32}, .input_dtype = EM_U8,
-                              .target_dtype = EM_I64, .num_classes = 10};
+    dt_table_declare(s, lay, EM_U8, 3, (const int64_t[]){3, 32, 32}, 10, 0);
     *out = s;
-    return EM_OK;
-}
-
-static em_status cifar_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
-    const cifar_state *s = state;
-    for (int64_t j = 0; j < n; j++) {
-        memcpy((uint8_t *)in + (size_t)j * IMG, s->images + (size_t)idx[j] * IMG, IMG);
-        ((int64_t *)tg)[j] = s->labels[idx[j]];
-    }
     return EM_OK;
 }
 
@@ -183,6 +159,7 @@ em_status dt_register_cifar(em_registry *r) {
         .struct_size = sizeof d, .name = "cifar10",
         .description = "CIFAR-10 binary batches (data_batch_*.bin, test_batch.bin)",
         .options = cifar_options, .n_options = (int)(sizeof cifar_options / sizeof cifar_options[0]),
-        .open = cifar_open, .read = cifar_read, .close = cifar_close};
+        .open_fields = cifar_open, .read_fields = dt_table_read,
+        .close = dt_table_close};
     return em_dataset_class_register(r, &d);
 }

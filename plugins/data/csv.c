@@ -6,8 +6,9 @@
  * non-numeric field is a header). Every row must have as many fields as the first; every
  * field must be a number (a NUL byte inside one is an error, not the end of it). A UTF-8
  * byte-order mark at the start is skipped. Errors name the file, the line, the column and
- * the reason. The whole table is parsed at open, its memory growing with the rows read;
- * reads are memcpy.
+ * the reason. The whole table is parsed at open into a dt_table, its memory growing with the
+ * rows read; reads are memcpy. Items are the fields "input" (the features, (k) float32) and
+ * "target" (an int64 label, or (t) float32 regression targets).
  */
 #include <csv.h>
 #include <errno.h>
@@ -160,21 +161,6 @@ static void on_row(int c, void *data) {
     p->rows++;
 }
 
-typedef struct csv_state {
-    float *features; /* rows * nfeat */
-    void *targets;   /* rows * (int64 label | k floats) */
-    int64_t n, nfeat, ntarget;
-    bool labels;
-} csv_state;
-
-static void csv_close(void *state) {
-    csv_state *s = state;
-    if (!s) return;
-    free(s->features);
-    free(s->targets);
-    free(s);
-}
-
 /* Append target column c (negative: from the end) to cols (at most cap), with checks against
  * ncols. */
 static em_status add_column(const char *path, long long c, int64_t ncols, int64_t *cols,
@@ -219,7 +205,7 @@ static em_status target_columns(const em_options *o, const char *path, int64_t n
     return EM_OK;
 }
 
-static em_status csv_open(const em_options *o, em_dataset_info *info, void **out) {
+static em_status csv_open(const em_options *o, em_dataset_layout *lay, void **out) {
     const char *path = em_options_string(o, "path");
     const char *delim = em_options_string(o, "delimiter");
     /* header: true/false, or the string "auto" */
@@ -305,19 +291,21 @@ static em_status csv_open(const em_options *o, em_dataset_info *info, void **out
         return em_set_error(EM_ERR_INVALID, "dataset 'csv': %s has %lld columns and all are "
                             "targets; no feature is left", path, (long long)nc);
     }
-    csv_state *s = calloc(1, sizeof *s);
+    /* col[0]: rows * nfeat features, col[1]: rows * (an int64 label | nt floats) */
+    dt_table *s = calloc(1, sizeof *s);
+    int64_t nfeat = nc - nt;
+    float *features = NULL;
+    void *targets = NULL;
     if (s) {
         s->n = p.rows;
-        s->nfeat = nc - nt;
-        s->ntarget = labels ? 1 : nt;
-        s->labels = labels;
-        s->features = malloc(sizeof(float) * (size_t)(s->n * s->nfeat));
-        s->targets = malloc((labels ? sizeof(int64_t) : sizeof(float) * (size_t)nt) * (size_t)s->n);
+        s->col[0] = features = malloc(sizeof(float) * (size_t)(s->n * nfeat));
+        s->col[1] = targets =
+            malloc((labels ? sizeof(int64_t) : sizeof(float) * (size_t)nt) * (size_t)s->n);
     }
-    if (!s || !s->features || !s->targets) {
+    if (!s || !features || !targets) {
         free(p.cells);
         free(p.lines);
-        csv_close(s);
+        dt_table_close(s);
         return em_set_error(EM_ERR_NOMEM, "csv: out of memory for %lld rows of %s",
                             (long long)p.rows, path);
     }
@@ -328,7 +316,7 @@ static em_status csv_open(const em_options *o, em_dataset_info *info, void **out
         for (int64_t c = 0; c < nc; c++) {
             bool is_t = false;
             for (int64_t t = 0; t < nt; t++) is_t |= tcols[t] == c;
-            if (!is_t) s->features[r * s->nfeat + k++] = (float)row[c];
+            if (!is_t) features[r * nfeat + k++] = (float)row[c];
         }
         if (labels) {
             double v = row[tcols[0]];
@@ -345,40 +333,21 @@ static em_status csv_open(const em_options *o, em_dataset_info *info, void **out
                                       (long long)tcols[0] + 1, v);
                 break;
             }
-            ((int64_t *)s->targets)[r] = (int64_t)v;
+            ((int64_t *)targets)[r] = (int64_t)v;
             if ((int64_t)v > maxlab) maxlab = (int64_t)v;
         } else {
-            for (int64_t t = 0; t < nt; t++) ((float *)s->targets)[r * nt + t] = (float)row[tcols[t]];
+            for (int64_t t = 0; t < nt; t++) ((float *)targets)[r * nt + t] = (float)row[tcols[t]];
         }
     }
     free(p.cells);
     free(p.lines);
     if (st != EM_OK) {
-        csv_close(s);
+        dt_table_close(s);
         return st;
     }
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = s->n, .input_ndim = 1,
-                              .input_shape = {s->nfeat}, .input_dtype = EM_F32};
-    if (labels) {
-        info->target_dtype = EM_I64;
-        info->num_classes = classes > 0 ? classes : maxlab + 1;
-    } else {
-        info->target_dtype = EM_F32;
-        info->target_ndim = 1;
-        info->target_shape[0] = nt;
-    }
+    dt_table_declare(s, lay, EM_F32, 1, &nfeat,
+                     labels ? (classes > 0 ? classes : maxlab + 1) : 0, nt);
     *out = s;
-    return EM_OK;
-}
-
-static em_status csv_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
-    const csv_state *s = state;
-    size_t fb = sizeof(float) * (size_t)s->nfeat;
-    size_t tb = s->labels ? sizeof(int64_t) : sizeof(float) * (size_t)s->ntarget;
-    for (int64_t j = 0; j < n; j++) {
-        memcpy((char *)in + (size_t)j * fb, (const char *)s->features + (size_t)idx[j] * fb, fb);
-        memcpy((char *)tg + (size_t)j * tb, (const char *)s->targets + (size_t)idx[j] * tb, tb);
-    }
     return EM_OK;
 }
 
@@ -388,6 +357,6 @@ em_status dt_register_csv(em_registry *r) {
         .description = "CSV of numeric features with a class-label column or float target "
                        "columns (libcsv)",
         .options = csv_options, .n_options = (int)(sizeof csv_options / sizeof csv_options[0]),
-        .open = csv_open, .read = csv_read, .close = csv_close};
+        .open_fields = csv_open, .read_fields = dt_table_read, .close = dt_table_close};
     return em_dataset_class_register(r, &d);
 }

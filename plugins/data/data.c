@@ -1,8 +1,10 @@
 /*
  * data.c — the ember-data plugin: dataset classes for MNIST/Fashion-MNIST IDX files (raw or
- * gzip), CIFAR-10 binary batches, CSV tables, and a synthetic dataset for benchmarks; and the
- * file reading they share: regular files only (dt_open_input), through zlib (which reads plain
- * files too), into memory that grows with what the file delivers (dt_read_alloc).
+ * gzip), CIFAR-10 binary batches, CSV tables, and a synthetic dataset for benchmarks; and what
+ * they share: file reading (regular files only, dt_open_input; through zlib, which reads plain
+ * files too; into memory that grows with what the file delivers, dt_read_alloc), their items
+ * as the named fields "input" and "target" (dt_declare_io), and the in-memory table the file
+ * formats read from (dt_table).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -192,6 +194,59 @@ void dt_close(dt_file *f) {
     gzclose(f->gz);
     free(f->path);
     free(f);
+}
+
+/* ---- items: the fields "input" and "target" ------------------------------------------------ */
+
+void dt_declare_io(em_dataset_layout *lay, em_field f[2], int64_t length, em_dtype dtype,
+                   int ndim, const int64_t *shape, int64_t classes, int64_t values) {
+    f[0] = (em_field){.struct_size = sizeof(em_field), .name = "input", .dtype = dtype,
+                      .ndim = ndim};
+    memcpy(f[0].shape, shape, sizeof(int64_t) * (size_t)ndim);
+    if (classes > 0)
+        f[1] = (em_field){.struct_size = sizeof(em_field), .name = "target", .dtype = EM_I64,
+                          .num_classes = classes};
+    else
+        f[1] = (em_field){.struct_size = sizeof(em_field), .name = "target", .dtype = EM_F32,
+                          .ndim = 1, .shape = {values}};
+    lay->length = length;
+    lay->fields = f;
+    lay->n_fields = 2;
+}
+
+dt_table *dt_table_new(const char *who) {
+    dt_table *t = calloc(1, sizeof *t);
+    if (!t) em_set_error(EM_ERR_NOMEM, "%s: out of memory", who);
+    return t;
+}
+
+void dt_table_declare(dt_table *t, em_dataset_layout *lay, em_dtype dtype, int ndim,
+                      const int64_t *shape, int64_t classes, int64_t values) {
+    dt_declare_io(lay, t->fields, t->n, dtype, ndim, shape, classes, values);
+    for (int k = 0; k < 2; k++) {
+        size_t b = em_dtype_size(t->fields[k].dtype);
+        for (int d = 0; d < t->fields[k].ndim; d++) b *= (size_t)t->fields[k].shape[d];
+        t->bytes[k] = b;
+    }
+}
+
+em_status dt_table_read(void *state, const int64_t *idx, int64_t n, void *const *data,
+                        int64_t *const *lengths) {
+    (void)lengths; /* both fields are fixed */
+    const dt_table *t = state;
+    for (int k = 0; k < 2; k++)
+        for (int64_t j = 0; j < n; j++)
+            memcpy((char *)data[k] + (size_t)j * t->bytes[k],
+                   (const char *)t->col[k] + (size_t)idx[j] * t->bytes[k], t->bytes[k]);
+    return EM_OK;
+}
+
+void dt_table_close(void *state) {
+    dt_table *t = state;
+    if (!t) return;
+    free(t->col[0]);
+    free(t->col[1]);
+    free(t);
 }
 
 static em_status data_register(em_registry *r) {

@@ -1,6 +1,7 @@
 /*
- * data.h — shared by the ember-data plugin's formats: whole-file reading (raw or gzip),
- * and each format's registration function.
+ * data.h — shared by the ember-data plugin's formats: whole-file reading (raw or gzip), the
+ * items every format declares (the named fields "input" and "target"), the in-memory table
+ * that the file formats read from, and each format's registration function.
  */
 #ifndef EMBER_PLUGIN_DATA_H
 #define EMBER_PLUGIN_DATA_H
@@ -9,7 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ember/data.h"
 #include "ember/dispatch.h"
+#include "ember/dtype.h"
 #include "ember/error.h"
 
 /* An open file read through zlib (gzip or plain, told apart by zlib). */
@@ -40,6 +43,35 @@ em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got /* out */);
 em_status dt_expect_end(dt_file *f);
 const char *dt_path(const dt_file *f);
 void dt_close(dt_file *f);
+
+/* ---- items: the fields "input" and "target" ------------------------------------------------ */
+
+/* Declare a format's item as the two named fields of ember/data.h's open_fields: "input", of
+ * `dtype` and shape[0..ndim), and "target": one int64 class label in [0, classes) when
+ * classes > 0, else (values) float32 regression targets. Fills f[0..2) and *lay (length
+ * items, fields f). The core reads f after open_fields returns: keep it in the state. */
+void dt_declare_io(em_dataset_layout *lay, em_field f[2], int64_t length, em_dtype dtype,
+                   int ndim, const int64_t *shape, int64_t classes, int64_t values);
+
+/* A format read into memory at open: n items whose inputs lie in col[0] and targets in col[1]
+ * (malloc'd, item i at i * bytes[k]), the fields declared in fields. Reads are memcpy, safe
+ * from any number of threads. */
+typedef struct dt_table {
+    em_field fields[2]; /* "input", "target" */
+    void *col[2];
+    size_t bytes[2];    /* one item's bytes of each field */
+    int64_t n;
+} dt_table;
+
+/* A new empty table (calloc); NULL and EM_ERR_NOMEM naming `who`. */
+dt_table *dt_table_new(const char *who);
+/* dt_declare_io over the table's fields and n; sets bytes from them. */
+void dt_table_declare(dt_table *t, em_dataset_layout *lay, em_dtype dtype, int ndim,
+                      const int64_t *shape, int64_t classes, int64_t values);
+/* The read_fields and close of a table (close frees both columns; NULL is a no-op). */
+em_status dt_table_read(void *state, const int64_t *indices, int64_t n, void *const *data,
+                        int64_t *const *lengths);
+void dt_table_close(void *state);
 
 em_status dt_register_idx(em_registry *r);
 em_status dt_register_cifar(em_registry *r);

@@ -8,7 +8,8 @@
  * shape (1, H, W); labels are (N) u8 and become int64 in [0, classes). Both files are read
  * into memory at open and checked there: magic, dims, truncation, trailing bytes, matching
  * counts, label range. Memory follows what the files deliver, not what their headers claim
- * (dt_read_alloc). Reads are then memcpy, safe from any number of threads.
+ * (dt_read_alloc). Items are the fields "input" (1, H, W) uint8 and "target" (an int64 label);
+ * they are held in a dt_table, whose reads are memcpy, safe from any number of threads.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -22,13 +23,6 @@
 #include "ember/error.h"
 #include "ember/options.h"
 #include "data.h"
-
-typedef struct idx_state {
-    uint8_t *images; /* N * H * W */
-    int64_t *labels; /* N */
-    int64_t n;
-    size_t item;     /* H * W */
-} idx_state;
 
 static const char *const idx_splits[] = {"train", "test", NULL};
 static const em_option_spec idx_options[] = {
@@ -88,7 +82,7 @@ static em_status idx_header(dt_file *f, int ndims, uint32_t *dims) {
     return st;
 }
 
-static em_status idx_open(const em_options *o, em_dataset_info *info, void **out) {
+static em_status idx_open(const em_options *o, em_dataset_layout *lay, void **out) {
     const char *dir = em_options_string(o, "path");
     bool train = strcmp(em_options_string(o, "split"), "train") == 0;
     const char *prefix = train ? "train-" : "t10k-";
@@ -98,10 +92,11 @@ static em_status idx_open(const em_options *o, em_dataset_info *info, void **out
     if (st == EM_OK) st = find_file(dir, prefix, "labels", lpath, sizeof lpath);
     if (st != EM_OK) return st;
 
-    idx_state *s = calloc(1, sizeof *s);
+    dt_table *s = dt_table_new("mnist"); /* col[0]: N * H * W images, col[1]: N labels */
     uint8_t *lab = NULL;
+    int64_t *labels = NULL;
     dt_file *fi = NULL, *fl = NULL;
-    if (!s) return em_set_error(EM_ERR_NOMEM, "mnist: out of memory");
+    if (!s) return EM_ERR_NOMEM;
     uint32_t idims[3], ldims[1];
     if (!(fi = dt_open("mnist", ipath))) goto fail;
     if ((st = idx_header(fi, 3, idims)) != EM_OK) goto fail;
@@ -118,18 +113,17 @@ static em_status idx_open(const em_options *o, em_dataset_info *info, void **out
         goto fail;
     }
     s->n = idims[0];
-    s->item = (size_t)idims[1] * idims[2];
-    size_t nbytes = (size_t)s->n * s->item;
+    size_t nbytes = (size_t)s->n * idims[1] * idims[2];
     /* The header's counts are claims: memory grows with the bytes the files deliver. */
     char what[96];
     snprintf(what, sizeof what, "%u images of %u x %u", idims[0], idims[1], idims[2]);
     void *buf;
     if (dt_read_alloc(fi, nbytes, what, &buf) != EM_OK) goto fail;
-    s->images = buf;
+    s->col[0] = buf;
     snprintf(what, sizeof what, "%u labels", ldims[0]);
     if (dt_read_alloc(fl, (size_t)s->n, what, &buf) != EM_OK) goto fail;
     lab = buf;
-    if (!(s->labels = malloc(sizeof(int64_t) * (size_t)(s->n ? s->n : 1)))) {
+    if (!(s->col[1] = labels = malloc(sizeof(int64_t) * (size_t)(s->n ? s->n : 1)))) {
         em_set_error(EM_ERR_NOMEM, "mnist: out of memory for %lld labels", (long long)s->n);
         goto fail;
     }
@@ -141,14 +135,12 @@ static em_status idx_open(const em_options *o, em_dataset_info *info, void **out
                          (long long)i, lab[i], (long long)classes);
             goto fail;
         }
-        s->labels[i] = lab[i];
+        labels[i] = lab[i];
     }
     free(lab);
     dt_close(fi);
     dt_close(fl);
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = s->n, .input_ndim = 3,
-                              .input_shape = {1, idims[1], idims[2]}, .input_dtype = EM_U8,
-                              .target_ndim = 0, .target_dtype = EM_I64, .num_classes = classes};
+    dt_table_declare(s, lay, EM_U8, 3, (const int64_t[]){1, idims[1], idims[2]}, classes, 0);
     *out = s;
     return EM_OK;
 fail:
@@ -156,29 +148,8 @@ fail:
     dt_close(fi);
     dt_close(fl);
     free(lab);
-    free(s->images);
-    free(s->labels);
-    free(s);
+    dt_table_close(s);
     return st;
-}
-
-static em_status idx_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
-    const idx_state *s = state;
-    uint8_t *pi = in;
-    int64_t *pt = tg;
-    for (int64_t j = 0; j < n; j++) {
-        memcpy(pi + (size_t)j * s->item, s->images + (size_t)idx[j] * s->item, s->item);
-        pt[j] = s->labels[idx[j]];
-    }
-    return EM_OK;
-}
-
-static void idx_close(void *state) {
-    idx_state *s = state;
-    if (!s) return;
-    free(s->images);
-    free(s->labels);
-    free(s);
 }
 
 em_status dt_register_idx(em_registry *r) {
@@ -187,6 +158,6 @@ em_status dt_register_idx(em_registry *r) {
         .description = "MNIST / Fashion-MNIST IDX files (raw or gzip) in a directory; split "
                        "train (train-*) or test (t10k-*)",
         .options = idx_options, .n_options = (int)(sizeof idx_options / sizeof idx_options[0]),
-        .open = idx_open, .read = idx_read, .close = idx_close};
+        .open_fields = idx_open, .read_fields = dt_table_read, .close = dt_table_close};
     return em_dataset_class_register(r, &d);
 }

@@ -5,6 +5,7 @@
  *     input element j (float32): em_philox_uniform_f32(seed, i * B, j), B = ceil(numel / 4)
  *     input element j (uint8):   the top 8 bits of the same stream's word j
  *     label: word 0 of em_philox_block(~seed, i), multiplied by classes, high 32 bits
+ * Items are the fields "input" (the shape, float32 or uint8) and "target" (an int64 label).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +36,13 @@ static const em_option_spec syn_options[] = {
 };
 
 typedef struct syn_state {
+    em_field fields[2]; /* "input", "target" (read by the core after open) */
     uint64_t seed;
     int64_t numel, classes;
     bool u8;
 } syn_state;
 
-static em_status syn_open(const em_options *o, em_dataset_info *info, void **out) {
+static em_status syn_open(const em_options *o, em_dataset_layout *lay, void **out) {
     int64_t dims[EM_OPT_MAX_LIST > EM_MAX_DIMS ? EM_OPT_MAX_LIST : EM_MAX_DIMS];
     int nd = 0;
     if (em_options_type(o, "shape") == EM_OPT_INTS) {
@@ -68,19 +70,18 @@ static em_status syn_open(const em_options *o, em_dataset_info *info, void **out
     s->classes = em_options_int(o, "classes");
     s->u8 = strcmp(em_options_string(o, "dtype"), "uint8") == 0;
     s->numel = 1;
-    *info = (em_dataset_info){.struct_size = sizeof *info, .length = em_options_int(o, "length"),
-                              .input_ndim = nd, .input_dtype = s->u8 ? EM_U8 : EM_F32,
-                              .target_dtype = EM_I64, .num_classes = s->classes};
-    for (int d = 0; d < nd; d++) {
-        info->input_shape[d] = dims[d];
-        s->numel *= dims[d];
-    }
+    for (int d = 0; d < nd; d++) s->numel *= dims[d];
+    dt_declare_io(lay, s->fields, em_options_int(o, "length"), s->u8 ? EM_U8 : EM_F32, nd, dims,
+                  s->classes, 0);
     *out = s;
     return EM_OK;
 }
 
-static em_status syn_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+static em_status syn_read(void *state, const int64_t *idx, int64_t n, void *const *data,
+                          int64_t *const *lengths) {
+    (void)lengths; /* both fields are fixed */
     const syn_state *s = state;
+    void *in = data[0], *tg = data[1];
     uint64_t blocks = (uint64_t)(s->numel + 3) / 4;
     for (int64_t j = 0; j < n; j++) {
         uint64_t off = (uint64_t)idx[j] * blocks;
@@ -111,6 +112,6 @@ em_status dt_register_synthetic(em_registry *r) {
         .description = "random inputs of a given shape and random labels (Philox), for "
                        "benchmarks",
         .options = syn_options, .n_options = (int)(sizeof syn_options / sizeof syn_options[0]),
-        .open = syn_open, .read = syn_read, .close = syn_close};
+        .open_fields = syn_open, .read_fields = syn_read, .close = syn_close};
     return em_dataset_class_register(r, &d);
 }
