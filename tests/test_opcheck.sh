@@ -71,7 +71,7 @@ echo "testdev: $(last_line "$tmp/td.txt") in $(($(date +%s) - t0)) s"
 # looser tolerance), mul and sum in float64; the other ops stay fallback, and the op whose
 # backward is wrong (the CPU's backward agrees with it) is caught by the finite differences.
 t0=$(date +%s)
-EMBER_PLUGIN_PATH=$plugins/testdev_math.so $oc --device testdev --mode grad --verbose \
+EMBER_PLUGIN_PATH=$PWD/tests/plugins/math/.libs/testdev_math.so $oc --device testdev --mode grad --verbose \
     > "$tmp/tdm.txt" 2>&1
 rc=$?
 [ $rc -eq 1 ] || bad "grad on testdev_math: exit status $rc, expected 1 (the wrong backward)"

@@ -702,6 +702,15 @@ static bool gradable(const em_op_case *c) {
     return true;
 }
 
+/* Whether a row's function value f (the set-up g's) is something finite differences can check:
+ * non-empty and finite, with no empty input. */
+static bool checkable(const em_tensor *f, const row *r, const em_case_grad *g) {
+    bool ok = f && em_tensor_numel(f) > 0 && isfinite(em_item(f));
+    for (int i = 0; i < r->c->n_in && ok; i++)
+        if (g->all[i] && em_tensor_numel(g->all[i]) == 0) ok = false;
+    return ok;
+}
+
 /* The analytical gradients of the row (f64 on the CPU, or dt on dev), as float64 CPU tensors. */
 static int row_grads(const row *r, em_dtype dt, em_device dev, em_tensor **grads, bool *finite) {
     em_case_grad g = {.struct_size = sizeof g};
@@ -717,9 +726,7 @@ static int row_grads(const row *r, em_dtype dt, em_device dev, em_tensor **grads
         }
     }
     em_tensor *y = em_case_grad_fn(vary, n, &g);
-    *finite = y && em_tensor_numel(y) > 0 && isfinite(em_item(y));
-    for (int i = 0; i < r->c->n_in && *finite; i++)
-        if (g.all[i] && em_tensor_numel(g.all[i]) == 0) *finite = false;
+    *finite = checkable(y, r, &g);
     if (!*finite) {
         em_clear_error();
         return 0;
@@ -763,9 +770,7 @@ static int dev_gradcheck(const row *r, em_dtype dt, em_device dev) {
     em_gradcheck_fn fn = dt == EM_F64 ? em_case_grad_fn : grad_fn_f32;
     uint64_t fb0 = fallbacks_of(dev);
     em_tensor *f = fn(vary, n, &g), *gr[EM_CASE_MAX_IN];
-    bool finite = f && em_tensor_numel(f) > 0 && isfinite(em_item(f));
-    for (int i = 0; i < r->c->n_in && finite; i++)
-        if (g.all[i] && em_tensor_numel(g.all[i]) == 0) finite = false;
+    bool finite = checkable(f, r, &g);
     if (!f) return fallbacks_of(dev) != fb0 ? 2 : -1;
     if (!finite) return 0;
     if (em_grad(1, &f, NULL, n, vary, gr, NULL) != EM_OK) return fallbacks_of(dev) != fb0 ? 2 : -1;
@@ -785,9 +790,7 @@ static void grad_row(unit *u, const em_op *op, const row *r, em_device dev) {
         int n = em_case_grad_setup(r->c, EM_F64, row_seed(r, 100), &g, vary);
         if (n <= 0) return;
         em_tensor *f = em_case_grad_fn(vary, n, &g);
-        bool finite = f && em_tensor_numel(f) > 0 && isfinite(em_item(f));
-        for (int i = 0; i < r->c->n_in && finite; i++)
-            if (g.all[i] && em_tensor_numel(g.all[i]) == 0) finite = false;
+        bool finite = checkable(f, r, &g);
         if (!f && r->generic) {
             unit_note(u, "generic inputs refused (%s)", em_last_error());
             em_clear_error();

@@ -32,7 +32,9 @@
  *   - kernels exist only for copy and fill (every dtype) and add (float32), so every other op
  *     exercises the fallback policy.
  *
- * Built a second time with TD_MATH defined, as "ember-testdev-math" (testdev_math.so), for
+ * Built a second time with TD_MATH defined, as "ember-testdev-math" (tests/plugins/math/
+ * testdev_math.so, a directory of its own: the tests that load all of tests/plugins load one
+ * testdev), for
  * ember-opcheck's grad mode (tests/test_opcheck.sh): the same device with kernels for mul and
  * sum (float32 and float64) too — the reduction finite differences need — so add (float32),
  * mul and sum are grad-checked on the device itself; and an op "testdev.twice_badgrad"
