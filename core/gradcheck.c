@@ -5,6 +5,10 @@
  * sum(v * f(x)) with respect to each input (one backward); the numerical side perturbs one
  * input element at a time by +-eps and differentiates the same projection. One backward and
  * two forwards per input element: cheap enough for the small shapes tests use.
+ *
+ * The inputs may live on any device: fn runs there, v is drawn on the CPU and copied, and an
+ * input off the CPU is read through em_tensor_to_host and perturbed through em_copy_ of one
+ * element, never through its data pointer (device memory is not host memory).
  */
 #include <math.h>
 #include <string.h>
@@ -28,19 +32,41 @@ static em_status projected(em_gradcheck_fn fn, int n, em_tensor *const *inputs, 
                                                       "returned NULL");
     if (!*v) { /* the direction: fixed random values in [-1, 1) of y's shape */
         em_generator *g = em_generator_new(0);
+        /* Drawn on the CPU (the same values on every device), then copied to y's device. */
         em_tensor *d = g ? em_empty(em_tensor_ndim(y), em_tensor_shape(y), em_tensor_dtype(y),
-                                    em_tensor_device(y)) : NULL;
+                                    em_cpu()) : NULL;
         if (!d || em_uniform_(d, -1, 1, g) != EM_OK) {
             em_generator_free(g);
             return em_last_status();
         }
         em_generator_free(g);
+        if (!em_device_equal(em_tensor_device(y), em_cpu()) &&
+            !(d = em_to_device(d, em_tensor_device(y))))
+            return em_last_status();
         *v = d; /* first call: made in em_gradcheck's own scope */
     }
     em_tensor *p = em_sum(em_mul(y, *v), 0, NULL, false);
     if (!p) return em_last_status();
     if (out) *out = p;
     return em_tensor_item(p, value);
+}
+
+/* Element e of the float64 input x set to value: at ptr on the CPU, else through flat (x viewed
+ * as one dimension) with em_copy_ from a CPU scalar. */
+static em_status set_element(em_tensor *x, em_tensor *flat, char *ptr, int64_t e, double value) {
+    if (ptr) {
+        em_dtype_store(EM_F64, ptr, 0, value);
+        em_tensor_bump_version(x);
+        return EM_OK;
+    }
+    em_status st = em_scope_begin();
+    if (st != EM_OK) return st;
+    int64_t one = 1;
+    em_tensor *dst = em_narrow(flat, 0, e, 1);
+    em_tensor *src = dst ? em_from_data(&value, 1, &one, EM_F64, em_cpu()) : NULL;
+    st = src ? em_copy_(dst, src) : em_last_status();
+    em_scope_end();
+    return st;
 }
 
 em_status em_gradcheck(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void *user,
@@ -95,27 +121,31 @@ em_status em_gradcheck(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void
         if (!ga) st = EM_ERR_NOMEM;
         if (st == EM_OK && g64) st = em_tensor_to_host(g64, ga, sizeof(double) * (size_t)numel);
         else if (st == EM_OK) memset(ga, 0, sizeof(double) * (size_t)numel);
+        /* On the CPU the element is perturbed in place; elsewhere through a one-element view
+         * of x, written with em_copy_ from a CPU scalar (x's values read once to the host). */
+        bool host = em_tensor_device(x).type == EM_DEVICE_CPU_TYPE;
+        double *x0s = host ? NULL : em__malloc(sizeof(double) * (size_t)(numel ? numel : 1),
+                                               "gradcheck");
+        em_tensor *flat = host ? NULL : em_view(x, 1, &numel);
+        if (!host && st == EM_OK && (!x0s || !flat)) st = x0s ? em_last_status() : EM_ERR_NOMEM;
+        if (!host && st == EM_OK) st = em_tensor_to_host(x, x0s, sizeof(double) * (size_t)numel);
         for (int64_t e = 0; e < numel && st == EM_OK; e++) {
-            char *ptr = (char *)em_tensor_data(x) + (size_t)e * em_dtype_size(dt);
-            if (em_tensor_device(x).type != EM_DEVICE_CPU_TYPE) {
-                st = em_set_error(EM_ERR_DEVICE, "gradcheck: inputs must be on the CPU");
-                break;
+            char *ptr = host ? (char *)em_tensor_data(x) + (size_t)e * em_dtype_size(dt) : NULL;
+            double x0 = host ? em_dtype_load(dt, ptr, 0) : x0s[e], fp, fm;
+            st = set_element(x, flat, ptr, e, x0 + eps);
+            if (st == EM_OK) {
+                em_scope_begin();
+                st = projected(fn, n, inputs, user, &v, &fp, NULL);
+                em_scope_end();
             }
-            double x0 = em_dtype_load(dt, ptr, 0), fp, fm;
-            em_dtype_store(dt, ptr, 0, x0 + eps);
-            em_tensor_bump_version(x);
-            em_scope_begin();
-            st = projected(fn, n, inputs, user, &v, &fp, NULL);
-            em_scope_end();
-            em_dtype_store(dt, ptr, 0, x0 - eps);
-            em_tensor_bump_version(x);
+            if (st == EM_OK) st = set_element(x, flat, ptr, e, x0 - eps);
             if (st == EM_OK) {
                 em_scope_begin();
                 st = projected(fn, n, inputs, user, &v, &fm, NULL);
                 em_scope_end();
             }
-            em_dtype_store(dt, ptr, 0, x0);
-            em_tensor_bump_version(x);
+            em_status rs = set_element(x, flat, ptr, e, x0); /* restored even after an error */
+            if (st == EM_OK) st = rs;
             if (st != EM_OK) break;
             double num = (fp - fm) / (2 * eps);
             if (!(fabs(ga[e] - num) <= atol + rtol * fabs(num)))
@@ -125,6 +155,7 @@ em_status em_gradcheck(em_gradcheck_fn fn, int n, em_tensor *const *inputs, void
                                   fabs(ga[e] - num), atol, rtol);
         }
         em__free(ga);
+        em__free(x0s);
     }
     em_grad_mode_pop();
     em_scope_end();

@@ -3,6 +3,8 @@
 #   - eval, grad and support of every standard op on the CPU: all pass;
 #   - the same on testdev (tests/plugins/testdev.c): the ops it has kernels for pass, every
 #     other one is listed as fallback and never counted as passed;
+#   - grad on testdev built with mul and sum kernels (testdev_math.so): finite differences on
+#     the device pass for add (float32), mul and sum (float64), and catch a wrong backward;
 #   - ember-opcheck can fail: tests/plugins/opcheck_wrong.c's off kernel for sigmoid, its op
 #     without a derivative and its leaking kernel are caught with lines naming the op, the
 #     kernel and the seed; its declining kernel is listed as declined; its correct op passes;
@@ -63,6 +65,42 @@ fi
 grep '^support  totals' "$tmp/td.txt"
 grep -E '^[0-9]+ fallback' "$tmp/td.txt"
 echo "testdev: $(last_line "$tmp/td.txt") in $(($(date +%s) - t0)) s"
+
+# ---- grad on the device itself: testdev_math (testdev with mul and sum kernels) -------------
+# Finite differences run on testdev: add in float32 (testdev has no float64 add; the stated
+# looser tolerance), mul and sum in float64; the other ops stay fallback, and the op whose
+# backward is wrong (the CPU's backward agrees with it) is caught by the finite differences.
+t0=$(date +%s)
+EMBER_PLUGIN_PATH=$PWD/tests/plugins/math/.libs/testdev_math.so \
+    $oc --device testdev --mode eval,grad --verbose > "$tmp/tdm.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] || bad "testdev_math: exit status $rc, expected 1 (the wrong backward)"
+last_line "$tmp/tdm.txt" | grep -Eq '^[0-9]+ passed, 1 failed$' ||
+    bad "testdev_math: last line is '$(last_line "$tmp/tdm.txt")' (one failure expected)"
+expect "$tmp/tdm.txt" '^ok +grad +add testdev:0 -: [0-9]+ row\(s\); finite differences in float32 on the device .*step 1e-3, atol 1e-2 \+ rtol 1e-2' \
+    "testdev_math: add passes finite differences in float32 on the device, the tolerance stated"
+for op in mul sum; do
+    for dt in float32 float64; do # its kernels against the CPU
+        expect "$tmp/tdm.txt" "^ok +eval +$op testdev:0 $dt: " \
+            "testdev_math: its $op $dt kernel passes eval"
+    done
+    expect "$tmp/tdm.txt" "^ok +grad +$op testdev:0 -: [0-9]+ row\\(s\\); finite differences in float64 on the device" \
+        "testdev_math: $op passes finite differences in float64 on the device"
+done
+expect "$tmp/tdm.txt" '^FAIL +grad +testdev\.twice_badgrad testdev:0 -: row [0-9]+ .*against finite differences in float32 there: gradcheck: input 0, element [0-9]+: analytical .* vs numerical .*\[--seed 1\]$' \
+    "testdev_math: the wrong backward is caught by finite differences on the device"
+n_fail=$(grep -c '^FAIL' "$tmp/tdm.txt")
+n_bad=$(grep -c '^FAIL .*testdev\.twice_badgrad' "$tmp/tdm.txt")
+[ "$n_fail" -eq "$n_bad" ] || {
+    bad "testdev_math: failures other than the wrong backward"
+    grep '^FAIL' "$tmp/tdm.txt" | head
+}
+expect "$tmp/tdm.txt" '^fallback grad +matmul testdev:0 -: runs on the CPU' \
+    "testdev_math: matmul grad is a fallback"
+if grep -Eq '^ok +grad +(matmul|exp|div) testdev' "$tmp/tdm.txt"; then
+    bad "testdev_math: an op it has no kernel for is counted as passed"
+fi
+echo "testdev_math eval, grad: $(last_line "$tmp/tdm.txt") in $(($(date +%s) - t0)) s"
 
 # ---- ember-opcheck catches what is wrong -----------------------------------------------------
 wrong=$plugins/opcheck_wrong.so

@@ -17,8 +17,9 @@
  *            kernel it registers against the CPU; ops it runs through the fallback policy are
  *            reported as "fallback", never as passed.
  *   grad     the backward of every differentiable row against central finite differences in
- *            float64 (em_gradcheck) on the CPU; on another device its backward (float64 where
- *            it has kernels for it, else float32) against the CPU's float64 one. An op declared
+ *            float64 (em_gradcheck), on the CPU and on another device computed there (float32
+ *            with a looser, stated step and tolerance where the device lacks a float64 kernel
+ *            for what the check needs), and there also against the CPU's backward. An op declared
  *            EM_OP_NONDIFF must give outputs that do not require grad; an op with neither a
  *            backward nor the declaration fails.
  *   support  the op x device x dtype matrix from the registry (kernel, composite, fallback),
@@ -701,6 +702,15 @@ static bool gradable(const em_op_case *c) {
     return true;
 }
 
+/* Whether a row's function value f (the set-up g's) is something finite differences can check:
+ * non-empty and finite, with no empty input. */
+static bool checkable(const em_tensor *f, const row *r, const em_case_grad *g) {
+    bool ok = f && em_tensor_numel(f) > 0 && isfinite(em_item(f));
+    for (int i = 0; i < r->c->n_in && ok; i++)
+        if (g->all[i] && em_tensor_numel(g->all[i]) == 0) ok = false;
+    return ok;
+}
+
 /* The analytical gradients of the row (f64 on the CPU, or dt on dev), as float64 CPU tensors. */
 static int row_grads(const row *r, em_dtype dt, em_device dev, em_tensor **grads, bool *finite) {
     em_case_grad g = {.struct_size = sizeof g};
@@ -716,9 +726,7 @@ static int row_grads(const row *r, em_dtype dt, em_device dev, em_tensor **grads
         }
     }
     em_tensor *y = em_case_grad_fn(vary, n, &g);
-    *finite = y && em_tensor_numel(y) > 0 && isfinite(em_item(y));
-    for (int i = 0; i < r->c->n_in && *finite; i++)
-        if (g.all[i] && em_tensor_numel(g.all[i]) == 0) *finite = false;
+    *finite = checkable(y, r, &g);
     if (!*finite) {
         em_clear_error();
         return 0;
@@ -726,6 +734,50 @@ static int row_grads(const row *r, em_dtype dt, em_device dev, em_tensor **grads
     if (em_grad(1, &y, NULL, n, vary, gr, NULL) != EM_OK) return -1;
     for (int k = 0; k < n; k++) grads[k] = gr[k] ? em_to_dtype(em_to_device(gr[k], CPU), EM_F64) : NULL;
     return n;
+}
+
+/* Finite differences in float32 (a device without float64 kernels for what the check needs):
+ * central differences with a step of 1e-3, float32's rounding of the projection (about 1e-7
+ * relative per term) divided by the step stays well under 1e-2. */
+#define GRAD32_EPS 1e-3
+#define GRAD32_EPS_S "1e-3"
+#define GRAD32_TOL 1e-2
+#define GRAD32_TOL_S "1e-2"
+
+/* The row's function with float64 leaves, run in float32: each leaf converted first. */
+static em_tensor *grad_fn_f32(em_tensor *const *inputs, int n, void *user) {
+    em_tensor *in32[EM_CASE_MAX_IN];
+    for (int k = 0; k < n && k < EM_CASE_MAX_IN; k++)
+        if (!(in32[k] = em_to_dtype(inputs[k], EM_F32))) return NULL;
+    return em_case_grad_fn(in32, n, user);
+}
+
+/* em_gradcheck of row r on device dev, the op run in dt (float64, or float32 from float64
+ * leaves): 1 checked, 0 nothing to check (empty or not finite), -1 failed (the error set), 2
+ * the function or its backward went through the fallback policy (tried once before the finite
+ * differences, which would repeat the fallback for every element). */
+static int dev_gradcheck(const row *r, em_dtype dt, em_device dev) {
+    em_case_grad g = {.struct_size = sizeof g};
+    em_tensor *vary[EM_CASE_MAX_IN];
+    int n = em_case_grad_setup(r->c, dt, row_seed(r, 100), &g, vary);
+    if (n <= 0) return n < 0 ? -1 : 0;
+    for (int i = 0; i < r->c->n_in; i++)
+        if (g.all[i] && !(g.all[i] = em_to_device(g.all[i], dev))) return -1;
+    for (int k = 0; k < n; k++) {
+        vary[k] = em_detach(em_to_device(em_to_dtype(vary[k], EM_F64), dev));
+        if (!vary[k] || em_requires_grad_(vary[k], true) != EM_OK) return -1;
+    }
+    em_gradcheck_fn fn = dt == EM_F64 ? em_case_grad_fn : grad_fn_f32;
+    uint64_t fb0 = fallbacks_of(dev);
+    em_tensor *f = fn(vary, n, &g), *gr[EM_CASE_MAX_IN];
+    bool finite = checkable(f, r, &g);
+    if (!f) return fallbacks_of(dev) != fb0 ? 2 : -1;
+    if (!finite) return 0;
+    if (em_grad(1, &f, NULL, n, vary, gr, NULL) != EM_OK) return fallbacks_of(dev) != fb0 ? 2 : -1;
+    if (fallbacks_of(dev) != fb0) return 2;
+    em_status st = dt == EM_F64 ? em_gradcheck(fn, n, vary, &g, 0, 0, 0)
+                                : em_gradcheck(fn, n, vary, &g, GRAD32_EPS, GRAD32_TOL, GRAD32_TOL);
+    return st == EM_OK ? 1 : -1;
 }
 
 static void grad_row(unit *u, const em_op *op, const row *r, em_device dev) {
@@ -738,9 +790,7 @@ static void grad_row(unit *u, const em_op *op, const row *r, em_device dev) {
         int n = em_case_grad_setup(r->c, EM_F64, row_seed(r, 100), &g, vary);
         if (n <= 0) return;
         em_tensor *f = em_case_grad_fn(vary, n, &g);
-        bool finite = f && em_tensor_numel(f) > 0 && isfinite(em_item(f));
-        for (int i = 0; i < r->c->n_in && finite; i++)
-            if (g.all[i] && em_tensor_numel(g.all[i]) == 0) finite = false;
+        bool finite = checkable(f, r, &g);
         if (!f && r->generic) {
             unit_note(u, "generic inputs refused (%s)", em_last_error());
             em_clear_error();
@@ -755,16 +805,41 @@ static void grad_row(unit *u, const em_op *op, const row *r, em_device dev) {
         u->checked++;
         return;
     }
-    /* Another device: its backward against the CPU's float64 one (checked above). */
-    em_dtype dt = em_op_kernel_count(op, dev, EM_F64) ? EM_F64 : EM_F32;
+    /* Another device: finite differences of the op computed there, in float64 when everything
+     * the check runs (the op, its backward's ops, the reduction's mul and sum) has a float64
+     * kernel on the device, else in float32 with float64 leaves converted inside the function
+     * and a looser step and tolerance (docs/opcheck.md); what needs the fallback policy in
+     * float32 too is reported as fallback. Then the device's backward against the CPU's. */
+    em_dtype dt = EM_F64;
+    bool fell_back = false;
+    for (int pass = 0; pass < 2; pass++) {
+        dt = pass ? EM_F32 : EM_F64;
+        em_scope_begin();
+        uint64_t fb0 = fallbacks_of(dev);
+        int st = dev_gradcheck(r, dt, dev);
+        fell_back = st == 2 || fallbacks_of(dev) != fb0;
+        if (!fell_back && st < 0)
+            unit_fail(u, "%s: backward on the device against finite differences in %s there: %s",
+                      rs, em_dtype_name(dt), em_last_error());
+        em_clear_error();
+        em_scope_end();
+        if (!fell_back) {
+            if (st == 0) return; /* empty or not finite: nothing to check */
+            break;
+        }
+    }
+    if (fell_back) {
+        u->fallbacks++;
+        return;
+    }
     double atol = dt == EM_F64 ? 1e-9 : 1e-4, rtol = dt == EM_F64 ? 1e-7 : 1e-3;
     em_tensor *g64[EM_CASE_MAX_IN] = {0}, *gd[EM_CASE_MAX_IN] = {0};
     bool f1 = false, f2 = false;
     int n1 = row_grads(r, EM_F64, CPU, g64, &f1);
-    uint64_t fb0 = fallbacks_of(dev);
     int n2 = row_grads(r, dt, dev, gd, &f2);
     if (n1 <= 0 || !f1) {
         em_clear_error();
+        u->checked++;
         return;
     }
     if (n2 != n1) {
@@ -790,8 +865,11 @@ static void grad_row(unit *u, const em_op *op, const row *r, em_device dev) {
         free(a);
         free(b);
     }
-    if (fallbacks_of(dev) != fb0) u->fallbacks++;
-    else u->checked++;
+    u->checked++;
+    unit_note(u, dt == EM_F64 ? "finite differences in float64 on the device"
+                              : "finite differences in float32 on the device (no float64 kernel "
+                                "for all it needs): step " GRAD32_EPS_S ", atol " GRAD32_TOL_S
+                                " + rtol " GRAD32_TOL_S " * |numerical|");
 }
 
 /* A non-differentiable op's outputs never require grad; an op with no derivative at all fails

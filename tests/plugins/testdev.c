@@ -31,6 +31,16 @@
  *     find it with dlsym) so pin_memory can be checked;
  *   - kernels exist only for copy and fill (every dtype) and add (float32), so every other op
  *     exercises the fallback policy.
+ *
+ * Built a second time with TD_MATH defined, as "ember-testdev-math" (tests/plugins/math/
+ * testdev_math.so, a directory of its own: the tests that load all of tests/plugins load one
+ * testdev), for
+ * ember-opcheck's grad mode (tests/test_opcheck.sh): the same device with kernels for mul and
+ * sum (float32 and float64) too — the reduction finite differences need — so add (float32),
+ * mul and sum are grad-checked on the device itself; and an op "testdev.twice_badgrad"
+ * (y = x + x: kernels on testdev and the CPU, case rows) whose backward is deliberately wrong
+ * (3 * grad instead of 2 * grad, written with add, so it runs on testdev): the CPU's backward
+ * agrees with it, only finite differences catch it.
  */
 #include <assert.h>
 #include <pthread.h>
@@ -204,7 +214,7 @@ typedef struct td_dep {
     uint64_t n;
 } td_dep;
 
-typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KADD } td_kind;
+typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KBINARY, TD_KSUM } td_kind;
 
 /* One queued piece of work. Kernel operands are copied in at issue time, their data pointers
  * already turned into host addresses (the dispatcher's em_ktensor array lives on its stack). */
@@ -219,7 +229,8 @@ typedef struct td_item {
         struct { char *dst; const char *src; size_t n; } mc;
         struct { em_ktensor x, y; } copy;
         struct { em_ktensor y; double v; } fill;
-        struct { em_ktensor a, b, y; } add;
+        struct { em_ktensor a, b, y; char op; } bin; /* op: '+' or '*' */
+        struct { em_ktensor x, y; } sum;
     } u;
 } td_item;
 
@@ -759,13 +770,35 @@ static void td_run_fill(const em_ktensor *y, double v) {
     for (int64_t i = 0; i < y->numel; i++) em_dtype_store(y->dtype, y->data, td_offset(y, y, i), v);
 }
 
-/* a + b -> y, float32: inputs broadcast to y's shape (stride 0 on broadcast dims); y may
- * alias an input. */
-static void td_run_add(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y) {
-    const float *pa = a->data, *pb = b->data;
-    float *py = y->data;
-    for (int64_t i = 0; i < y->numel; i++)
-        py[td_offset(y, y, i)] = pa[td_offset(y, a, i)] + pb[td_offset(y, b, i)];
+/* a + b or a * b -> y, float32 or float64 (all three one dtype): inputs broadcast to y's
+ * shape (stride 0 on broadcast dims); y may alias an input. */
+static void td_run_binary(const em_ktensor *a, const em_ktensor *b, const em_ktensor *y,
+                          char op) {
+    for (int64_t i = 0; i < y->numel; i++) {
+        double u = em_dtype_load(a->dtype, a->data, td_offset(y, a, i)),
+               v = em_dtype_load(b->dtype, b->data, td_offset(y, b, i));
+        if (y->dtype == EM_F32) /* rounded as a float32 kernel rounds */
+            ((float *)y->data)[td_offset(y, y, i)] = op == '+' ? (float)u + (float)v
+                                                               : (float)u * (float)v;
+        else
+            em_dtype_store(y->dtype, y->data, td_offset(y, y, i), op == '+' ? u + v : u * v);
+    }
+}
+
+/* sum over the kernel's dims: y has x's ndim with 1 on each reduced dim (the kernel contract of
+ * "sum"), so x's element i adds into y's element at i's index with those dims at 0. */
+static void td_run_sum(const em_ktensor *x, const em_ktensor *y) {
+    double *acc = calloc((size_t)(y->numel ? y->numel : 1), sizeof(double));
+    if (!acc) abort(); /* a test device: a worker has no way to report it */
+    for (int64_t i = 0; i < x->numel; i++) {
+        int64_t idx[EM_MAX_DIMS], lin = i, j = 0;
+        for (int d = x->ndim - 1; d >= 0; d--) idx[d] = lin % x->shape[d], lin /= x->shape[d];
+        for (int d = 0; d < x->ndim; d++) j = j * y->shape[d] + (y->shape[d] == 1 ? 0 : idx[d]);
+        acc[j] += em_dtype_load(x->dtype, x->data, td_offset(x, x, i));
+    }
+    for (int64_t j = 0; j < y->numel; j++)
+        em_dtype_store(y->dtype, y->data, td_offset(y, y, j), acc[j]);
+    free(acc);
 }
 
 /* On a worker thread, without the lock. */
@@ -775,7 +808,8 @@ static void td_run(const td_item *it) {
     case TD_MEMCPY: memmove(it->u.mc.dst, it->u.mc.src, it->u.mc.n); break;
     case TD_KCOPY: td_run_copy(&it->u.copy.x, &it->u.copy.y); break;
     case TD_KFILL: td_run_fill(&it->u.fill.y, it->u.fill.v); break;
-    case TD_KADD: td_run_add(&it->u.add.a, &it->u.add.b, &it->u.add.y); break;
+    case TD_KBINARY: td_run_binary(&it->u.bin.a, &it->u.bin.b, &it->u.bin.y, it->u.bin.op); break;
+    case TD_KSUM: td_run_sum(&it->u.sum.x, &it->u.sum.y); break;
     }
 }
 
@@ -797,13 +831,60 @@ static em_status td_k_fill(const em_kernel_ctx *ctx) {
     return td_kernel_queue(ctx, it, ops, src, 1);
 }
 
-static em_status td_k_add_f32(const em_kernel_ctx *ctx) {
-    td_item *it = td_item_new(TD_KADD);
+/* a op b -> y; `a2` (testdev.twice_badgrad): b is a, x + x. */
+static em_status td_binary(const em_kernel_ctx *ctx, char op, bool a2) {
+    td_item *it = td_item_new(TD_KBINARY);
     if (!it) return EM_ERR_NOMEM;
-    em_ktensor *ops[] = {&it->u.add.a, &it->u.add.b, &it->u.add.y};
-    const em_ktensor *src[] = {&ctx->in[0], &ctx->in[1], &ctx->out[0]};
+    it->u.bin.op = op;
+    em_ktensor *ops[] = {&it->u.bin.a, &it->u.bin.b, &it->u.bin.y};
+    const em_ktensor *src[] = {&ctx->in[0], &ctx->in[a2 ? 0 : 1], &ctx->out[0]};
     return td_kernel_queue(ctx, it, ops, src, 3);
 }
+
+static em_status td_k_add(const em_kernel_ctx *ctx) { return td_binary(ctx, '+', false); }
+
+#ifdef TD_MATH
+static em_status td_k_mul(const em_kernel_ctx *ctx) { return td_binary(ctx, '*', false); }
+static em_status td_k_twice(const em_kernel_ctx *ctx) { return td_binary(ctx, '+', true); }
+
+static em_status td_k_sum(const em_kernel_ctx *ctx) {
+    td_item *it = td_item_new(TD_KSUM);
+    if (!it) return EM_ERR_NOMEM;
+    em_ktensor *ops[] = {&it->u.sum.x, &it->u.sum.y};
+    const em_ktensor *src[] = {&ctx->in[0], &ctx->out[0]};
+    return td_kernel_queue(ctx, it, ops, src, 2);
+}
+
+/* testdev.twice_badgrad on the CPU: y = x + x, a plain loop. */
+static em_status cpu_twice(const em_kernel_ctx *k) {
+    const em_ktensor *ts[2] = {&k->out[0], &k->in[0]};
+    em_kiter it;
+    for (em_kiter_init(&it, 2, ts); em_kiter_more(&it); em_kiter_next(&it)) {
+        double x = em_dtype_load(ts[1]->dtype, ts[1]->data, it.off[1]);
+        em_dtype_store(ts[0]->dtype, ts[0]->data, it.off[0], x + x);
+    }
+    return EM_OK;
+}
+
+/* Deliberately wrong: d(x + x)/dx is 2, this gives 3 * grad. */
+static em_status d_twice_bad(const em_backward_ctx *c, em_tensor **gi) {
+    if (!c->needs_grad[0] || !c->grad_out[0]) return EM_OK;
+    em_tensor *g = c->grad_out[0];
+    gi[0] = em_add(g, em_add(g, g));
+    return gi[0] ? EM_OK : em_last_status();
+}
+
+static const em_op_schema twice_schema = {
+    .struct_size = sizeof(em_op_schema), .name = "testdev.twice_badgrad", .n_inputs = 1,
+    .n_outputs = 1, .infer = em_infer_same, .backward = d_twice_bad,
+};
+
+static const em_op_case twice_cases[] = {
+    {.struct_size = sizeof(em_op_case), .op = "testdev.twice_badgrad", .variant = "2-d",
+     .n_in = 1, .in = {{.ndim = 2, .shape = {3, 4}, .dtype = -1}},
+     .dtypes = EM_CASE_DT(EM_F32) | EM_CASE_DT(EM_F64), .differentiable = true},
+};
+#endif
 
 /* ---- registration ------------------------------------------------------------------------- */
 
@@ -825,7 +906,24 @@ static em_status td_register(em_registry *r) {
         st = td_kernel(r, "copy", (em_dtype)t, td_k_copy);
         if (st == EM_OK) st = td_kernel(r, "fill", (em_dtype)t, td_k_fill);
     }
-    if (st == EM_OK) st = td_kernel(r, "add", EM_F32, td_k_add_f32);
+    if (st == EM_OK) st = td_kernel(r, "add", EM_F32, td_k_add);
+#ifdef TD_MATH
+    for (int t = 0; t < 2 && st == EM_OK; t++) {
+        em_dtype dt = t ? EM_F64 : EM_F32;
+        st = td_kernel(r, "mul", dt, td_k_mul);
+        if (st == EM_OK) st = td_kernel(r, "sum", dt, td_k_sum);
+    }
+    if (st == EM_OK) st = em_op_declare(r, &twice_schema, NULL);
+    if (st == EM_OK) st = em_op_cases_register(r, twice_cases, 1);
+    for (int t = 0; t < 2 && st == EM_OK; t++) {
+        em_dtype dt = t ? EM_F64 : EM_F32;
+        st = td_kernel(r, "testdev.twice_badgrad", dt, td_k_twice);
+        em_kernel_def def = {.struct_size = sizeof def, .op = "testdev.twice_badgrad",
+                             .device_type = "cpu", .dtype = dt, .fn = cpu_twice,
+                             .name = t ? "cpu_twice_badgrad_float64" : "cpu_twice_badgrad_float32"};
+        if (st == EM_OK) st = em_kernel_register(r, &def, NULL);
+    }
+#endif
     return st;
 }
 
@@ -863,10 +961,19 @@ static void td_shutdown(void) {
 static const em_plugin_descriptor td_plugin = {
     .struct_size = sizeof(em_plugin_descriptor),
     .abi_major = EM_PLUGIN_ABI_MAJOR,
+#ifdef TD_MATH
+    .name = "ember-testdev-math",
+#else
     .name = "ember-testdev",
+#endif
     .version = EM_VERSION_STRING,
+#ifdef TD_MATH
+    .description = "test-only device 'testdev' (2 asynchronous devices in host memory; copy, "
+                   "fill, add f32, mul and sum f32/f64; testdev.twice_badgrad)",
+#else
     .description = "test-only device 'testdev' (2 asynchronous devices in host memory; copy, "
                    "fill, add f32)",
+#endif
     .register_fn = td_register,
     .shutdown_fn = td_shutdown,
 };

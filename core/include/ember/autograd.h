@@ -151,11 +151,14 @@ typedef em_tensor *(*em_gradcheck_fn)(em_tensor *const *inputs, int n, void *use
 /* Compare analytical gradients with central finite differences: the inputs that require grad
  * are perturbed by +-eps one element at a time and the projection of the output onto a fixed
  * random direction v is differentiated numerically; that must match the analytical grad of
- * sum(v * f(x)) within atol + rtol * |numerical| for every element. The inputs that require
- * grad must be float64 (contiguous, on the CPU): a step of 1e-6 is lost in float32 or half
- * rounding, so such an input is EM_ERR_DTYPE "gradcheck: input 0 is float32: finite
+ * sum(v * f(x)) within atol + rtol * |numerical| for every element. The inputs may be on any
+ * device (fn, the backward and the projection then run there; v is drawn on the CPU and
+ * copied, and an element is read and written through copies, never through em_tensor_data).
+ * The inputs that require grad must be float64 and contiguous: a step of 1e-6 is lost in
+ * float32 or half rounding, so such an input is EM_ERR_DTYPE "gradcheck: input 0 is float32: finite
  * differences need float64 ...; pass em_to_dtype(x, EM_F64) ..." — convert the leaf, and
- * convert back inside fn when the op under test must run in the lower precision. Inputs that
+ * convert back inside fn when the op under test must run in the lower precision (with an eps,
+ * atol and rtol that the lower precision can resolve). Inputs that
  * do not require grad (targets, indices) may have any dtype. EM_OK, or EM_ERR_INVALID with a
  * message naming the input (its index in inputs[]), the element and both values.
  * eps/atol/rtol <= 0 take the defaults 1e-6, 1e-5, 1e-3 (PyTorch's). */
