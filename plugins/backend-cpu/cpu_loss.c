@@ -19,6 +19,7 @@
 #include "ember/error.h"
 #include "ember/tensor.h"
 #include "cpu.h"
+#include "../common/scalar_math.h"
 
 enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
 
@@ -431,24 +432,10 @@ typedef struct pw_ctx {
         }                                                                                      \
     }
 
-/* smooth_l1: |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta, written as 0.5 c^2 / beta + |d| - c
- * with c = min(|d|, beta), which has no branch, so the loop vectorises (the compiler does not
- * if-convert arms that may trap, such as a division). beta == 0 runs l1's forward loop.
- * The gradient follows PyTorch, including its -1 at d == 0 when beta == 0. */
-#define DEF_SL1(CT, sfx)                                                                       \
-    static inline CT sl1_fwd_##sfx(CT d, CT beta) { /* beta > 0 (beta == 0 runs l1) */         \
-        CT a = ABS(d), c = a < beta ? a : beta;                                                \
-        return (CT)0.5 * c * c / beta + (a - c);                                               \
-    }                                                                                          \
-    static inline CT sl1_bwd_##sfx(CT d, CT beta) {                                            \
-        CT r = d / beta;                                                                       \
-        r = d >= beta ? (CT)1 : r;                                                             \
-        return d <= -beta ? (CT)-1 : r;                                                        \
-    }
-DEF_SL1(float, f)
-DEF_SL1(double, d)
-#define SL1_FWD _Generic((x), float: sl1_fwd_f, default: sl1_fwd_d)(x - y, beta)
-#define SL1_BWD _Generic((x), float: sl1_bwd_f, default: sl1_bwd_d)(x - y, beta)
+/* smooth_l1: sc_sl1_fwd_* / sc_sl1_bwd_* of plugins/common/scalar_math.h. beta == 0 runs l1's
+ * forward loop. */
+#define SL1_FWD _Generic((x), float: sc_sl1_fwd_f, default: sc_sl1_fwd_d)(x - y, beta)
+#define SL1_BWD _Generic((x), float: sc_sl1_bwd_f, default: sc_sl1_bwd_d)(x - y, beta)
 /* bce_with_logits: w ((1 - y) x + lw (log1p(e^-|x|) + max(-x, 0))), lw = 1 + (pw - 1) y (1
  * without pos_weight) — PyTorch's log(e^-m + e^(-x-m)) + m, m = max(-x, 0), with one exp;
  * gradient w ((pw y + 1 - y) sigmoid(x) - pw y), w (sigmoid(x) - y) without pos_weight. */

@@ -34,6 +34,7 @@
 #include "ember/dtype.h"
 #include "ember/error.h"
 #include "cpu.h"
+#include "../common/scalar_math.h"
 
 #if defined(__x86_64__) && defined(__GLIBC__) && defined(_OPENMP) && !defined(__clang__) &&   \
     !defined(__FAST_MATH__)
@@ -414,43 +415,7 @@ LOOP1(sign, bool, bool, bool, LD_ID, bool, ST_ID, P_I, x)
 
 UNARY_FLOAT(erf, erff(x), erf(x))
 
-/* erfinv in double: Giles' single-precision approximation ("Approximating the erfinv
- * function", GPU Computing Gems, 2010) refined by two Newton steps on erf (each roughly
- * doubles the correct digits: the result is within a few ulp). erfinv(+-1) = +-inf, NaN
- * outside [-1, 1]. */
-static double erfinv_d(double y) {
-    if (!(y >= -1 && y <= 1)) return NAN;
-    if (y == 1 || y == -1) return y * INFINITY;
-    double w = -log((1.0 - y) * (1.0 + y)), x;
-    if (w < 5.0) {
-        w -= 2.5;
-        x = 2.81022636e-08;
-        x = 3.43273939e-07 + x * w;
-        x = -3.5233877e-06 + x * w;
-        x = -4.39150654e-06 + x * w;
-        x = 0.00021858087 + x * w;
-        x = -0.00125372503 + x * w;
-        x = -0.00417768164 + x * w;
-        x = 0.246640727 + x * w;
-        x = 1.50140941 + x * w;
-    } else {
-        w = sqrt(w) - 3.0;
-        x = -0.000200214257;
-        x = 0.000100950558 + x * w;
-        x = 0.00134934322 + x * w;
-        x = -0.00367342844 + x * w;
-        x = 0.00573950773 + x * w;
-        x = -0.0076224613 + x * w;
-        x = 0.00943887047 + x * w;
-        x = 1.00167406 + x * w;
-        x = 2.83297682 + x * w;
-    }
-    x *= y;
-    for (int i = 0; i < 2; i++) /* d erf / dx = 2 / sqrt(pi) exp(-x^2) */
-        x -= (erf(x) - y) / (1.12837916709551257390 * exp(-x * x));
-    return x;
-}
-UNARY_FLOAT(erfinv, (float)erfinv_d((double)x), erfinv_d(x))
+UNARY_FLOAT(erfinv, (float)sc_erfinv_d((double)x), sc_erfinv_d(x))
 
 static const loop_table t_sqrt = {{T_FLOAT(sqrt)}}, t_rsqrt = {{T_FLOAT(rsqrt)}},
                         t_reciprocal = {{T_FLOAT(reciprocal)}}, t_sigmoid = {{T_FLOAT(sigmoid)}},

@@ -378,8 +378,7 @@ template <class CT> __device__ __forceinline__ CT pw_fwd(const pw_job &J, CT x, 
     case PW_SL1: {
         CT d = x - y;
         if (beta == 0) return fabs(d); /* beta == 0 runs l1's loop, as the CPU */
-        CT a = fabs(d), c = a < beta ? a : beta;
-        return (CT)0.5 * c * c / beta + (a - c);
+        return sc_sl1_fwd(d, beta);
     }
     default:
         return w * ((1 - y) * x + (hp ? 1 + (pw - 1) * y : (CT)1) *
@@ -393,9 +392,7 @@ template <class CT> __device__ __forceinline__ CT pw_bwd(const pw_job &J, CT x, 
     case PW_MSE: return (CT)2 * (x - y);
     case PW_L1: return (x - y) > 0 ? (CT)1 : (x - y) < 0 ? (CT)-1 : (CT)0;
     case PW_SL1: {
-        CT d = x - y, r = d / beta;
-        r = d >= beta ? (CT)1 : r;
-        return d <= -beta ? (CT)-1 : r;
+        return sc_sl1_bwd(x - y, beta);
     }
     default: {
         CT sig = (CT)1 / (1 + exp((CT)-x));

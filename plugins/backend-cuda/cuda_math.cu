@@ -143,39 +143,8 @@ static em_status k_sign(const em_kernel_ctx *k) {
     return ck_ew_run(k, "sign", ck_un<int64_t, int64_t, f_sign>(), &k->out[0], &k->in[0]);
 }
 
-/* erfinv in double (cpu_math.c's erfinv_d): Giles' approximation and two Newton steps. */
-__device__ double erfinv_d(double y) {
-    if (!(y >= -1 && y <= 1)) return nan("");
-    if (y == 1 || y == -1) return y * (double)INFINITY;
-    double w = -log((1.0 - y) * (1.0 + y)), x;
-    if (w < 5.0) {
-        w -= 2.5;
-        x = 2.81022636e-08;
-        x = 3.43273939e-07 + x * w;
-        x = -3.5233877e-06 + x * w;
-        x = -4.39150654e-06 + x * w;
-        x = 0.00021858087 + x * w;
-        x = -0.00125372503 + x * w;
-        x = -0.00417768164 + x * w;
-        x = 0.246640727 + x * w;
-        x = 1.50140941 + x * w;
-    } else {
-        w = sqrt(w) - 3.0;
-        x = -0.000200214257;
-        x = 0.000100950558 + x * w;
-        x = 0.00134934322 + x * w;
-        x = -0.00367342844 + x * w;
-        x = 0.00573950773 + x * w;
-        x = -0.0076224613 + x * w;
-        x = 0.00943887047 + x * w;
-        x = 1.00167406 + x * w;
-        x = 2.83297682 + x * w;
-    }
-    x *= y;
-    for (int i = 0; i < 2; i++) x -= (erf(x) - y) / (1.12837916709551257390 * exp(-x * x));
-    return x;
-}
-CK_F1(f_erfinv, erfinv_d((double)x))
+/* erfinv: sc_erfinv_d of plugins/common/scalar_math.h, the CPU's definition. */
+CK_F1(f_erfinv, sc_erfinv_d((double)x))
 FLOAT_KERNEL(erfinv, f_erfinv, 0, 0)
 
 /* ---- activations ------------------------------------------------------------------------------- */

@@ -20,11 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
-#define CK_HD __host__ __device__ __forceinline__
-#else
-#define CK_HD static inline
-#endif
+#include "../common/scalar_math.h" /* CK_HD, and the shared scalar formulas */
 
 CK_HD uint32_t ck_f32_bits(float f) {
 #ifdef __CUDA_ARCH__
