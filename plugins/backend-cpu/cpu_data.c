@@ -24,26 +24,9 @@
 #include "ember/dispatch.h"
 #include "ember/dtype.h"
 #include "ember/error.h"
+#include "ember/op_helpers.h"
 #include "ember/tensor.h"
 #include "cpu.h"
-
-/* A 0-dim tensor seen as 1-D of size 1 (PyTorch's ensure_nonempty). */
-static em_ktensor nonempty(const em_ktensor *t) {
-    em_ktensor r = *t;
-    if (r.ndim == 0) {
-        r.ndim = 1;
-        r.shape[0] = 1;
-        r.strides[0] = 1;
-    }
-    return r;
-}
-
-static bool same_memory(const em_ktensor *a, const em_ktensor *b) {
-    if (a->data != b->data || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != 1 && a->strides[d] != b->strides[d]) return false;
-    return true;
-}
 
 /* Run fn(task, ctx) for task in [0, n): across cpu_threads(k) threads when par, else
  * inline (no OpenMP region for small work). */
@@ -309,8 +292,8 @@ static void plan_lines(const em_kernel_ctx *k, line_ctx *c, int64_t outer, int64
 }
 
 static em_status k_gather(const em_kernel_ctx *k) {
-    line_ctx c = {.self = nonempty(&k->in[0]), .idx = nonempty(&k->in[1]),
-                  .other = nonempty(&k->out[0]), .dim = (int)k->attrs[0].v.i};
+    line_ctx c = {.self = em_ktensor_at_least_1d(&k->in[0]), .idx = em_ktensor_at_least_1d(&k->in[1]),
+                  .other = em_ktensor_at_least_1d(&k->out[0]), .dim = (int)k->attrs[0].v.i};
     if (c.idx.numel == 0) return EM_OK;
     int64_t bad, size = c.self.shape[c.dim];
     if (!index_in_range(k, &c.idx, size, &bad)) return index_error(k, bad, c.dim, size);
@@ -324,13 +307,13 @@ static em_status k_gather(const em_kernel_ctx *k) {
 }
 
 static em_status scatter_common(const em_kernel_ctx *k, bool add) {
-    line_ctx c = {.self = nonempty(&k->in[0]), .idx = nonempty(&k->in[1]),
-                  .other = nonempty(&k->in[2]), .y = nonempty(&k->out[0]),
+    line_ctx c = {.self = em_ktensor_at_least_1d(&k->in[0]), .idx = em_ktensor_at_least_1d(&k->in[1]),
+                  .other = em_ktensor_at_least_1d(&k->in[2]), .y = em_ktensor_at_least_1d(&k->out[0]),
                   .dim = (int)k->attrs[0].v.i};
     int64_t bad, size = c.y.shape[c.dim];
     if (c.idx.numel > 0 && !index_in_range(k, &c.idx, size, &bad))
         return index_error(k, bad, c.dim, size);
-    if (!same_memory(&c.y, &c.self)) copy_tensor(k, &c.y, &c.self);
+    if (!em_ktensor_same_memory(&c.y, &c.self)) copy_tensor(k, &c.y, &c.self);
     if (c.idx.numel == 0) return EM_OK;
     c.e = (int64_t)em_dtype_size(c.y.dtype);
     c.L = c.idx.shape[c.dim];
@@ -442,14 +425,14 @@ static void index_add_into(const em_kernel_ctx *k, const em_ktensor *y, const em
 }
 
 static em_status k_index_add(const em_kernel_ctx *k) {
-    em_ktensor x = nonempty(&k->in[0]), idx = k->in[1], src = nonempty(&k->in[2]),
-               y = nonempty(&k->out[0]);
+    em_ktensor x = em_ktensor_at_least_1d(&k->in[0]), idx = k->in[1], src = em_ktensor_at_least_1d(&k->in[2]),
+               y = em_ktensor_at_least_1d(&k->out[0]);
     int dim = (int)k->attrs[0].v.i;
     double alpha = k->attrs[1].type == EM_ATTR_NONE ? 1.0 : k->attrs[1].v.f;
     int64_t bad;
     if (idx.numel > 0 && !index_in_range(k, &idx, y.shape[dim], &bad))
         return index_error(k, bad, dim, y.shape[dim]);
-    if (!same_memory(&y, &x)) copy_tensor(k, &y, &x);
+    if (!em_ktensor_same_memory(&y, &x)) copy_tensor(k, &y, &x);
     index_add_into(k, &y, &src, &idx, dim, alpha, -1);
     return EM_OK;
 }
@@ -620,7 +603,7 @@ static em_status tri_common(const em_kernel_ctx *k, bool upper) {
     const em_ktensor *x = &k->in[0], *y = &k->out[0];
     if (y->numel == 0) return EM_OK;
     tri_ctx c = {x, y, (int64_t)em_dtype_size(y->dtype), k->attrs[0].v.i,
-                 y->numel / y->shape[y->ndim - 1], 0, upper, same_memory(x, y)};
+                 y->numel / y->shape[y->ndim - 1], 0, upper, em_ktensor_same_memory(x, y)};
     int nt = cpu_threads(k);
     bool par = nt > 1 && y->numel >= CPU_GRAIN && c.rows >= nt;
     int64_t tasks = par ? nt : 1;

@@ -69,24 +69,6 @@ static em_status index_error(const em_kernel_ctx *k, int64_t v, int dim, int64_t
                         (long long)size, (long long)(size - 1));
 }
 
-/* A 0-dim tensor seen as 1-D of size 1 (PyTorch's ensure_nonempty). */
-static em_ktensor nonempty(const em_ktensor *t) {
-    em_ktensor r = *t;
-    if (r.ndim == 0) {
-        r.ndim = 1;
-        r.shape[0] = 1;
-        r.strides[0] = 1;
-    }
-    return r;
-}
-
-static bool same_memory(const em_ktensor *a, const em_ktensor *b) {
-    if (a->data != b->data || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != 1 && a->strides[d] != b->strides[d]) return false;
-    return true;
-}
-
 template <class T> struct ck_copy_bits {
     CK_OP_TYPES(T, T, ck_nil, ck_nil, 1)
     __device__ T operator()(T x, ck_nil, ck_nil) const { return x; }
@@ -166,7 +148,7 @@ static em_status k_index_select(const em_kernel_ctx *k) {
 }
 
 static em_status k_gather(const em_kernel_ctx *k) {
-    em_ktensor x = nonempty(&k->in[0]), idx = nonempty(&k->in[1]), y = nonempty(&k->out[0]);
+    em_ktensor x = em_ktensor_at_least_1d(&k->in[0]), idx = em_ktensor_at_least_1d(&k->in[1]), y = em_ktensor_at_least_1d(&k->out[0]);
     int dim = (int)k->attrs[0].v.i;
     if (idx.numel == 0) return EM_OK;
     int64_t size = x.shape[dim], bad;
@@ -217,15 +199,15 @@ template <> struct acc_ct<uint8_t> { typedef uint32_t CT; };
 template <> struct acc_ct<bool> { typedef uint32_t CT; };
 
 static em_status scatter_common(const em_kernel_ctx *k, bool add) {
-    em_ktensor self = nonempty(&k->in[0]), idx = nonempty(&k->in[1]), src = nonempty(&k->in[2]),
-               y = nonempty(&k->out[0]);
+    em_ktensor self = em_ktensor_at_least_1d(&k->in[0]), idx = em_ktensor_at_least_1d(&k->in[1]), src = em_ktensor_at_least_1d(&k->in[2]),
+               y = em_ktensor_at_least_1d(&k->out[0]);
     int dim = (int)k->attrs[0].v.i;
     int64_t size = y.shape[dim], bad;
     bool ok;
     em_status st = ck_index_check(k, &idx, size, &ok, &bad);
     if (st != EM_OK) return st;
     if (!ok) return index_error(k, bad, dim, size);
-    if (!same_memory(&y, &self) && (st = copy_tensor(k, &y, &self)) != EM_OK) return st;
+    if (!em_ktensor_same_memory(&y, &self) && (st = copy_tensor(k, &y, &self)) != EM_OK) return st;
     if (idx.numel == 0) return EM_OK;
     idx_geom yg = geom_of(&y), sg = geom_of(&src), ig = geom_of(&idx);
     int64_t outer = idx.numel / idx.shape[dim];
@@ -298,8 +280,8 @@ static em_status index_add_into(const em_kernel_ctx *k, const em_ktensor *y, con
 }
 
 static em_status k_index_add(const em_kernel_ctx *k) {
-    em_ktensor x = nonempty(&k->in[0]), idx = k->in[1], src = nonempty(&k->in[2]),
-               y = nonempty(&k->out[0]);
+    em_ktensor x = em_ktensor_at_least_1d(&k->in[0]), idx = k->in[1], src = em_ktensor_at_least_1d(&k->in[2]),
+               y = em_ktensor_at_least_1d(&k->out[0]);
     int dim = (int)k->attrs[0].v.i;
     double alpha = k->attrs[1].type == EM_ATTR_NONE ? 1.0 : k->attrs[1].v.f;
     int64_t bad;
@@ -307,7 +289,7 @@ static em_status k_index_add(const em_kernel_ctx *k) {
     em_status st = ck_index_check(k, &idx, y.shape[dim], &ok, &bad);
     if (st != EM_OK) return st;
     if (!ok) return index_error(k, bad, dim, y.shape[dim]);
-    if (!same_memory(&y, &x) && (st = copy_tensor(k, &y, &x)) != EM_OK) return st;
+    if (!em_ktensor_same_memory(&y, &x) && (st = copy_tensor(k, &y, &x)) != EM_OK) return st;
     return index_add_into(k, &y, &src, &idx, dim, alpha, -1);
 }
 

@@ -64,6 +64,26 @@ static inline int64_t em_ktensor_offset(const em_ktensor *t, int64_t lin) {
     return em_strided_offset(t->ndim, t->shape, t->strides, lin);
 }
 
+/* t with a 0-dim tensor seen as 1-D of size 1 (PyTorch's ensure_nonempty), for kernels that
+ * index along a dim. */
+static inline em_ktensor em_ktensor_at_least_1d(const em_ktensor *t) {
+    em_ktensor r = *t;
+    if (r.ndim == 0) {
+        r.ndim = 1;
+        r.shape[0] = 1;
+        r.strides[0] = 1;
+    }
+    return r;
+}
+/* Whether a and b address the same elements in the same order (an in-place call's output and
+ * input): then a kernel need not copy one into the other first. */
+static inline bool em_ktensor_same_memory(const em_ktensor *a, const em_ktensor *b) {
+    if (a->data != b->data || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != 1 && a->strides[d] != b->strides[d]) return false;
+    return true;
+}
+
 #define EM_KITER_MAX 8
 /* Walks up to EM_KITER_MAX tensors of one shape (ts[0]'s) together in C order: off[k] is the
  * current element's offset in tensor k (in elements, from its data; stride 0 on broadcast
