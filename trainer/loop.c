@@ -27,6 +27,7 @@
 #include "ember/serialize.h"
 #include "ember/tensor.h"
 #include "ember/trace.h"
+#include "metrics.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -498,12 +499,6 @@ em_status checkpoint_load(run *r, const char *path) {
 
 /* ---- metrics files ---------------------------------------------------------------------------- */
 
-typedef struct epoch_row {
-    int64_t epoch, step;
-    double lr, train_loss, grad_norm, val_loss, val_metric, samples_s, wait_pct;
-    size_t peak;
-} epoch_row;
-
 /* One row, flushed; false when the file could not be written (o->err says why). */
 static bool metrics_write(run *r, out_file *o, bool jsonl, const epoch_row *e) {
     const char *mn = classification(r) ? "val_accuracy" : "val_mae";
@@ -880,7 +875,8 @@ int train_loop(run *r) {
         if (mo.f) {
             epoch_row row = {r->epoch + 1, r->step, lr, seen ? loss_sum / (double)seen : NAN,
                              n_gn ? gn_sum / (double)n_gn : NAN, ev.loss, ev.metric,
-                             dt > 0 ? (double)seen / dt : 0, wait_pct, peak_total(r)};
+                             dt > 0 ? (double)seen / dt : 0, wait_pct, peak_total(r),
+                             NAN, NAN, NAN, 0, NAN};
             if ((metrics_failed = !metrics_write(r, &mo, metrics_json, &row)))
                 fprintf(stderr, "ember-train: --metrics %s: writing failed: %s; training stops "
                         "after epoch %" PRId64 "%s\n", mo.path, strerror(mo.err), r->epoch + 1,
