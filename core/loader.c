@@ -396,6 +396,11 @@ static em_status check_options(em_loader *l, const em_transforms *t, const char 
         return em_set_error(EM_ERR_INVALID, "loader: the sharded sampler needs 0 <= rank < "
                             "world_size (rank %d, world_size %d) and a non-empty dataset",
                             o->rank, o->world_size);
+    if (o->sampler == EM_SAMPLER_SHARDED && o->shard_drop_last && N < o->world_size)
+        return em_set_error(EM_ERR_INVALID, "loader: dataset '%s' has %lld items, fewer than "
+                            "world_size %d: with shard_drop_last every shard would be empty "
+                            "(use fewer ranks, more data, or padding: shard_drop_last false)",
+                            l->ds->name, (long long)N, o->world_size);
     bool geometry = t->crop_padding != 0 || t->hflip;
     bool any = geometry || t->to_float || t->mean || t->std;
     int in_f = l->ds->in_f;
@@ -562,8 +567,10 @@ static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts
         break;
     case EM_SAMPLER_SHARDED: {
         int64_t W = o->world_size;
-        l->epoch_len = (N + W - 1) / W;
-        l->scratch = em__malloc(sizeof(int64_t) * (size_t)(l->epoch_len * W), "loader shard");
+        l->epoch_len = o->shard_drop_last ? N / W : (N + W - 1) / W;
+        /* the permutation of all N items, then (padding) up to epoch_len * W */
+        l->scratch = em__malloc(sizeof(int64_t) * (size_t)EM_MAX(N, l->epoch_len * W),
+                                "loader shard");
         if (!l->scratch) goto fail;
         break;
     }
@@ -695,7 +702,7 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
         .subset_len = lo.subset_len, .weights = lo.weights, .num_samples = lo.num_samples,
         .rank = lo.rank, .world_size = lo.world_size, .device = lo.device,
         .pin_memory = lo.pin_memory, .transforms = lo.transform_specs,
-        .n_transforms = lo.n_transform_specs};
+        .n_transforms = lo.n_transform_specs, .shard_drop_last = lo.shard_drop_last};
     return loader_create(ds, &o, &lo.transforms, "transform_specs");
 }
 

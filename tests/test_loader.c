@@ -460,6 +460,54 @@ Test(loader, sharded_sampler_pads_like_distributed_sampler) {
     em_dataset_free(ds);
 }
 
+Test(loader, sharded_sampler_drops_the_tail_like_distributed_sampler_drop_last) {
+    em_dataset *ds = counting(10, 10);
+    int64_t seen[10] = {0};
+    for (int r = 0; r < 3; r++) {
+        em_loader_options o = {.struct_size = sizeof o, .batch_size = 2,
+                               .sampler = EM_SAMPLER_SHARDED, .rank = r, .world_size = 3,
+                               .shard_drop_last = true};
+        em_loader *l = em_loader_new(ds, &o);
+        cr_assert(l, "%s", em_last_error());
+        int64_t got[4];
+        cr_assert_eq(epoch_items(l, got, 2, 10), 3, "floor(10 / 3) items per rank");
+        /* sequential: the list cut to 0..8; rank r takes r, r+3, r+6 */
+        for (int j = 0; j < 3; j++) {
+            cr_assert_eq(got[j], r + 3 * j, "rank %d item %d", r, j);
+            seen[got[j]]++;
+        }
+        em_loader_free(l);
+    }
+    for (int i = 0; i < 10; i++) cr_assert_eq(seen[i], i < 9 ? 1 : 0, "item %d", i);
+    /* shuffled: the same permutation as padding uses, cut instead of extended: each rank's
+     * items are the first floor(N / W) of its padded share, and no item is on two ranks */
+    int64_t cover[10] = {0};
+    for (int r = 0; r < 3; r++) {
+        int64_t pad[4], cut[4];
+        for (int drop = 0; drop < 2; drop++) {
+            em_loader_options_v2 o = {.struct_size = sizeof o, .batch_size = 4, .shuffle = true,
+                                      .seed = 5, .sampler = EM_SAMPLER_SHARDED, .rank = r,
+                                      .world_size = 3, .shard_drop_last = drop};
+            em_loader *l = em_loader_new_v2(ds, &o);
+            cr_assert(l, "%s", em_last_error());
+            cr_assert_eq(epoch_items(l, drop ? cut : pad, 4, 10), drop ? 3 : 4);
+            em_loader_free(l);
+        }
+        for (int j = 0; j < 3; j++) {
+            cr_assert_eq(cut[j], pad[j], "rank %d item %d", r, j);
+            cover[cut[j]]++;
+        }
+    }
+    for (int i = 0; i < 10; i++) cr_assert(cover[i] <= 1, "item %d on two ranks", i);
+    em_dataset_free(ds);
+    em_dataset *two = counting(2, 2);
+    em_loader_options o = {.struct_size = sizeof o, .sampler = EM_SAMPLER_SHARDED, .rank = 0,
+                           .world_size = 3, .shard_drop_last = true};
+    cr_assert_null(em_loader_new(two, &o));
+    em_assert_error(EM_ERR_INVALID, "has 2 items, fewer than world_size 3");
+    em_dataset_free(two);
+}
+
 /* Fails at item 37; counts calls. */
 static atomic_int calls;
 static em_status failing_item(void *user, int64_t i, void *input, void *target) {

@@ -333,8 +333,8 @@ typedef enum em_sampler_kind {
     EM_SAMPLER_WEIGHTED = 4,   /* num_samples draws with replacement, P(i) ~ weights[i] */
     EM_SAMPLER_SHARDED = 5,    /* rank's share for data parallelism (DistributedSampler):
                                   permuted when shuffle, padded by repeating the first
-                                  items to a multiple of world_size, then items
-                                  rank, rank + world_size, ... */
+                                  items to a multiple of world_size (or cut to one with
+                                  shard_drop_last), then items rank, rank + world_size, ... */
 } em_sampler_kind;
 
 /* The fixed set of per-item transforms of Ember 1.0, kept for its users: the loader turns it
@@ -392,6 +392,11 @@ typedef struct em_loader_options {
      * combined with `transforms`. */
     const struct em_transform_spec *transform_specs;
     int n_transform_specs;
+    /* (1.1) EM_SAMPLER_SHARDED: drop the tail of the (permuted) dataset so every shard has
+     * floor(N / world_size) items, instead of padding with repeated items to
+     * ceil(N / world_size) (DistributedSampler's drop_last; not the batch-level drop_last
+     * above). Every item appears at most once across the shards. */
+    bool shard_drop_last;
 } em_loader_options;
 
 typedef struct em_loader em_loader;
@@ -489,6 +494,7 @@ typedef struct em_loader_options_v2 {
     const em_transform_spec *transforms;
     int n_transforms;
     void *ext;           /* reserved; NULL */
+    bool shard_drop_last; /* as in em_loader_options */
 } em_loader_options_v2;
 
 /* A loader over ds with options version 2 (copied; NULL: defaults); everything else as
