@@ -1,0 +1,17 @@
+#!/bin/sh
+# tests/test_tensorboard.sh — the --tensorboard files read back by TensorBoard's own reader
+# (tests/tensorboard_check.py, under the `tensorboard` package from PyPI in the venv
+# tests/pyenv of the build tree, made by tests/pyenv.sh: skipped with the reason when it
+# cannot be had, a failure under CI=true):
+#   - writer: known rows and tensors through the sink (tests/tb_write);
+#   - trainer: an ember-train run's events against its own --metrics-steps and --metrics
+#     rows and its saved weights.
+# Run from the build directory (make check does).
+set -u
+srcdir=${srcdir:-.}
+py=$("$srcdir/tests/pyenv.sh" "$PWD/tests/pyenv" tensorboard) || exit $?
+tmp=$(mktemp -d) || exit 99
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+"$py" "$srcdir/tests/tensorboard_check.py" writer ./tests/tb_write "$tmp" || fail=1
+exit $fail
