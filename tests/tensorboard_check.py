@@ -83,13 +83,20 @@ def check_header(path):
         check(ev.HasField("summary"), f"record {i + 1}: no summary")
 
 
+def check_tags(acc, pacc, kind, expected):
+    """The tags of kind ("scalars", "histograms") the reader found, checked against expected's
+    and against those TensorBoard's dashboard of that name would list."""
+    tags = set(acc.Tags()[kind])
+    check(tags == set(expected), f"{kind} tags: extra {sorted(tags - set(expected))}, "
+          f"missing {sorted(set(expected) - tags)}")
+    plugin_tags = set(pacc.PluginTagToContent(kind))
+    check(plugin_tags == set(expected), f"{kind} plugin tags differ: {sorted(plugin_tags ^ set(expected))}")
+    return tags
+
+
 def check_scalars(acc, pacc, expected):
     """expected: tag -> [(step, value)] in order."""
-    tags = set(acc.Tags()["scalars"])
-    check(tags == set(expected), f"scalar tags: extra {sorted(tags - set(expected))}, "
-          f"missing {sorted(set(expected) - tags)}")
-    plugin_tags = set(pacc.PluginTagToContent("scalars"))
-    check(plugin_tags == set(expected), f"scalars plugin tags differ: {sorted(plugin_tags ^ set(expected))}")
+    tags = check_tags(acc, pacc, "scalars", expected)
     for tag, want in expected.items():
         if tag not in tags:
             continue
@@ -102,11 +109,7 @@ def check_scalars(acc, pacc, expected):
 
 def check_histograms(acc, pacc, expected):
     """expected: tag -> [(step, finite values as float64)]."""
-    tags = set(acc.Tags()["histograms"])
-    check(tags == set(expected), f"histogram tags: extra {sorted(tags - set(expected))}, "
-          f"missing {sorted(set(expected) - tags)}")
-    plugin_tags = set(pacc.PluginTagToContent("histograms"))
-    check(plugin_tags == set(expected), f"histograms plugin tags differ: {sorted(plugin_tags ^ set(expected))}")
+    tags = check_tags(acc, pacc, "histograms", expected)
     for tag, want in expected.items():
         if tag not in tags:
             continue
@@ -315,8 +318,7 @@ def trainer(ember_train, tmp, args):
             add("epoch/skipped_steps", step, r["skipped_steps"])
             add("epoch/loss_scale", step, r["loss_scale"])
     # the files print %.9g (%.6g, %.4g for samples/s and the wait): compare at their precision
-    tags = set(acc.Tags()["scalars"])
-    check(tags == set(sc), f"scalar tags: extra {sorted(tags - set(sc))}, missing {sorted(set(sc) - tags)}")
+    tags = check_tags(acc, pacc, "scalars", sc)
     for tag, want in sc.items():
         if tag not in tags:
             continue

@@ -132,13 +132,18 @@ static void pb_uvarint(pb_buf *b, uint64_t v) {
 
 static void pb_key(pb_buf *b, int field, int wire) { pb_uvarint(b, (uint64_t)field << 3 | (uint64_t)wire); }
 
-static void pb_double(pb_buf *b, int field, double v) {
+/* A double's bits, little-endian (no key: the elements of a packed field). */
+static void pb_double_bits(pb_buf *b, double v) {
     uint64_t u;
     memcpy(&u, &v, 8);
     uint8_t le[8];
     put_le(le, u, 8);
-    pb_key(b, field, WIRE_I64);
     pb_raw(b, le, 8);
+}
+
+static void pb_double(pb_buf *b, int field, double v) {
+    pb_key(b, field, WIRE_I64);
+    pb_double_bits(b, v);
 }
 
 static void pb_float(pb_buf *b, int field, float v) {
@@ -165,13 +170,7 @@ static void pb_len(pb_buf *b, int field, const void *data, size_t n) {
 static void pb_packed_doubles(pb_buf *b, int field, const double *v, size_t n) {
     pb_key(b, field, WIRE_LEN);
     pb_uvarint(b, 8 * (uint64_t)n);
-    for (size_t i = 0; i < n && !b->failed; i++) {
-        uint64_t u;
-        memcpy(&u, &v[i], 8);
-        uint8_t le[8];
-        put_le(le, u, 8);
-        pb_raw(b, le, 8);
-    }
+    for (size_t i = 0; i < n && !b->failed; i++) pb_double_bits(b, v[i]);
 }
 
 /* ---- the sink --------------------------------------------------------------------------------- */
