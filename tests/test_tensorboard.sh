@@ -14,4 +14,7 @@ tmp=$(mktemp -d) || exit 99
 trap 'rm -rf "$tmp"' EXIT
 fail=0
 "$py" "$srcdir/tests/tensorboard_check.py" writer ./tests/tb_write "$tmp" || fail=1
+# two short epochs of the bundled digits example, a step row every 3 steps
+"$py" "$srcdir/tests/tensorboard_check.py" trainer ./trainer/ember-train "$tmp" \
+    "$srcdir/examples/digits.yaml" --epochs 2 --limit-batches 12 --log-every 3 --seed 1 || fail=1
 exit $fail

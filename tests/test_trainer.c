@@ -1260,6 +1260,72 @@ Test(trainer, write_failures_name_the_file_and_set_the_exit_code) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) free((char *)cases[i].file);
 }
 
+/* --tensorboard DIR: the events file the run names holds the step and epoch tags, and the
+ * histograms only with --tensorboard-histograms or loop.tensorboard_histograms (TensorBoard's
+ * own reader checks the values in tests/test_tensorboard.sh); a DIR that cannot be made is a
+ * usage error before the first step, a write that fails (the file-size limit) exit 1, both
+ * naming the directory and the reason. */
+static bool file_has(const char *file, const char *what) {
+    struct stat st;
+    cr_assert_eq(stat(file, &st), 0, "%s", file);
+    char *text = read_text(file);
+    bool found = memmem(text, (size_t)st.st_size, what, strlen(what)) != NULL;
+    free(text);
+    return found;
+}
+
+Test(trainer, tensorboard_events_and_failures) {
+    write_mlp("mlp.yaml", "", "0.1");
+    /* the same with the key in its loop section */
+    char *text = read_text(path("mlp.yaml")), hist[4096];
+    char *loop = strstr(text, "loop: {epochs: 1, batch_size: 32}\n");
+    cr_assert(loop);
+    snprintf(hist, sizeof hist, "%.*sloop: {epochs: 1, batch_size: 32, tensorboard_histograms: "
+             "true}\n", (int)(loop - text), text);
+    write_file("mlp_hist.yaml", hist);
+    free(text);
+    const struct { const char *config, *flag; bool hist; } runs[] = {
+        {"mlp.yaml", NULL, false}, {"mlp.yaml", "--tensorboard-histograms", true},
+        {"mlp_hist.yaml", NULL, true}};
+    for (int i = 0; i < 3; i++) {
+        char dir[64], *out;
+        snprintf(dir, sizeof dir, "tb%d/run", i); /* its parent is made too */
+        int rc = train(&out, (const char *[]){path(runs[i].config), "--tensorboard", path(dir),
+                                              "--log-every", "10", runs[i].flag, NULL});
+        cr_assert_eq(rc, 0, "%s", out);
+        const char *w = strstr(out, "--tensorboard: writing ");
+        cr_assert(w, "%s", out);
+        char file[1024];
+        cr_assert_eq(sscanf(w + 23, "%1023s", file), 1);
+        cr_assert(strstr(file, path(dir)) == file && strstr(file, "/events.out.tfevents."), "%s", file);
+        cr_assert(file_has(file, "brain.Event:2") && file_has(file, "train/loss") &&
+                  file_has(file, "train/lr/group0") && file_has(file, "val/accuracy") &&
+                  file_has(file, "test/accuracy") && file_has(file, "epoch/train_loss"), "%s", file);
+        cr_assert_eq(file_has(file, "weights/1.weight"), runs[i].hist, "run %d", i);
+        cr_assert_eq(file_has(file, "gradients/3.bias"), runs[i].hist, "run %d", i);
+        free(out);
+    }
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--tensorboard-histograms", NULL});
+    cr_assert(rc == 2 && strstr(out, "--tensorboard-histograms needs --tensorboard"), "%s", out);
+    free(out);
+    char under[600];
+    snprintf(under, sizeof under, "%s/tb", path("mlp.yaml")); /* under a file */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--tensorboard", under, NULL});
+    cr_assert(rc == 2 && strstr(out, "--tensorboard") && strstr(out, under) &&
+              strstr(out, "Not a directory"), "exit %d: %s", rc, out);
+    cr_assert(!strstr(out, "epoch 1/1"), "%s", out); /* before the first step */
+    free(out);
+    /* the histograms (some KB) pass the file-size limit at the epoch's end */
+    piped p;
+    piped_start(&p, (const char *[]){EM_TRAINER, path("mlp.yaml"), "--tensorboard", path("tbf"),
+                                     "--tensorboard-histograms", NULL}, 2048);
+    rc = piped_finish(&p, &out);
+    cr_assert(rc == 1 && strstr(out, "--tensorboard") && strstr(out, path("tbf")) &&
+              strstr(out, "File too large"), "exit %d: %s", rc, out);
+    free(out);
+}
+
 /* SIGINT when the checkpoint cannot be written: the message says the save failed and why (it
  * used to say "no --checkpoint was given"), and the exit code is 1, not 130. The trainer runs
  * on a terminal with batches of 1 (1,350 steps an epoch, a progress line each): the signal

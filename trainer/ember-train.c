@@ -340,6 +340,15 @@ static void usage(FILE *f) {
 "                           stderr is not a terminal (on one: a bar redrawn after each step)\n"
 "                           and a --metrics-steps row (default: 10s)\n"
 "  --quiet                  no progress, no epoch lines: only errors, warnings and the summary\n"
+"  --tensorboard DIR        TensorBoard event files (tensorboard --logdir DIR): a new\n"
+"                           events.out.tfevents.* file in DIR (made when missing) with the\n"
+"                           --metrics-steps figures as scalars at their step (train/loss,\n"
+"                           train/lr/group0, ...) and the --metrics ones at each epoch's last\n"
+"                           step (epoch/train_loss, ..., val/loss, val/accuracy, test/...);\n"
+"                           written out at least every 10 s\n"
+"  --tensorboard-histograms with --tensorboard: once per epoch, histograms of each trainable\n"
+"                           parameter and its gradient (weights/NAME, gradients/NAME); or\n"
+"                           tensorboard_histograms: true in the config's loop section\n"
 "  --early-stop PATIENCE    stop when the validation metric (accuracy, or MAE for regression)\n"
 "                           has not improved for PATIENCE epochs\n"
 "  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
@@ -563,7 +572,8 @@ static int pick_device(run *r) {
 static int read_loop(run *r, const em_config_node *loop) {
     static const char *const keys[] = {"epochs", "max_steps", "batch_size", "accum_steps",
         "clip_grad_norm", "seed", "deterministic", "workers", "shuffle", "device",
-        "limit_batches", "overfit_batches", "early_stop", "eval_batch_size", NULL};
+        "limit_batches", "overfit_batches", "early_stop", "eval_batch_size",
+        "tensorboard_histograms", NULL};
     if (!loop) return 0;
     if (em_config_check_keys(loop, keys) != EM_OK) {
         report_error(NULL);
@@ -594,6 +604,9 @@ static int read_loop(run *r, const em_config_node *loop) {
             if (!parse_bool(t, &r->s.deterministic)) rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "shuffle")) {
             if (!parse_bool(t, &r->s.shuffle)) rc = cfg_error(v, "expected true or false, found '%s'", t);
+        } else if (!strcmp(k, "tensorboard_histograms")) { /* taken with --tensorboard only */
+            if (!parse_bool(t, &r->s.tensorboard_histograms))
+                rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "device") && !r->s.device_given) {
             snprintf(r->s.device, sizeof r->s.device, "%s", t);
         }
@@ -1517,7 +1530,7 @@ int main(int argc, char **argv) {
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
-           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH };
+           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1537,6 +1550,7 @@ int main(int argc, char **argv) {
         {"plugin", 1, 0, O_PLUGIN}, {"quiet", 0, 0, O_QUIET}, {"log-every", 1, 0, O_LOG_EVERY},
         {"metrics-steps", 1, 0, O_METRICS_STEPS}, {"save-best", 1, 0, O_SAVE_BEST},
         {"predict-scores", 1, 0, O_PREDICT_SCORES}, {"eval-batch-size", 1, 0, O_EVAL_BATCH},
+        {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
         {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
@@ -1544,7 +1558,7 @@ int main(int argc, char **argv) {
     int64_t c_epochs = -1, c_max = -1, c_batch = -1, c_accum = -1, c_workers = -1, c_limit = -1,
             c_overfit = -1, c_seed = -1, c_keep = -1, c_early = -1, c_eval_batch = -1;
     double c_clip = -1;
-    bool c_determ = false, c_noshuf = false, list = false;
+    bool c_determ = false, c_noshuf = false, c_tb_hist = false, list = false;
     run r;
     memset(&r, 0, sizeof r);
     r.s.epochs = 10;
@@ -1595,6 +1609,8 @@ int main(int argc, char **argv) {
         case O_RESUME: r.s.resume = optarg; break;
         case O_METRICS: r.s.metrics = optarg; break;
         case O_METRICS_STEPS: r.s.metrics_steps = optarg; break;
+        case O_TENSORBOARD: r.s.tensorboard = optarg; break;
+        case O_TB_HIST: c_tb_hist = true; break;
         case O_QUIET: r.s.quiet = true; break;
         case O_LOG_EVERY: ok = parse_log_every(&r.s, optarg); break;
         case O_SAVE_BEST: r.s.save_best = optarg; break;
@@ -1644,6 +1660,10 @@ int main(int argc, char **argv) {
     }
     if (r.s.init_nonstrict && !r.s.init_weights) {
         fprintf(stderr, "ember-train: --init-weights-nonstrict needs --init-weights\n");
+        return EXIT_USAGE;
+    }
+    if (c_tb_hist && !r.s.tensorboard) {
+        fprintf(stderr, "ember-train: --tensorboard-histograms needs --tensorboard DIR\n");
         return EXIT_USAGE;
     }
     if (r.s.predict_scores && !r.s.predict) {
@@ -1696,6 +1716,7 @@ int main(int argc, char **argv) {
     if (!r.s.eval_batch_size) r.s.eval_batch_size = r.s.batch_size;
     if (c_determ) r.s.deterministic = true;
     if (c_noshuf) r.s.shuffle = false;
+    if (c_tb_hist) r.s.tensorboard_histograms = true;
     if ((rc = check_outputs(&r))) goto done;
     if ((rc = pick_device(&r))) goto done;
     char devname[64];

@@ -29,6 +29,7 @@
 #include "ember/trace.h"
 #include "metrics.h"
 #include "metrics_file.h"
+#include "tensorboard.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -584,6 +585,18 @@ static bool sinks_add_file(run *r, sinks *k, const char *option, const char *pat
     return true;
 }
 
+static bool sinks_add_tensorboard(run *r, sinks *k) {
+    metrics_sink *s = &k->s[k->n];
+    if (!tensorboard_sink_open(s, r->s.tensorboard, r->s.tensorboard_histograms,
+                               classification(r) ? "accuracy" : "mae")) {
+        fprintf(stderr, "ember-train: --tensorboard %s\n", s->err);
+        return false;
+    }
+    say(r, "ember-train: --tensorboard: writing %s\n", tensorboard_sink_path(s));
+    k->n++;
+    return true;
+}
+
 /* Open every sink the run asks for; false (after the message, the others closed) when one
  * cannot be opened. */
 static bool sinks_open(run *r, sinks *k) {
@@ -591,7 +604,8 @@ static bool sinks_open(run *r, sinks *k) {
     k->last_flush = now_s();
     bool ok = (!r->s.metrics || sinks_add_file(r, k, "--metrics", r->s.metrics, false)) &&
               (!r->s.metrics_steps ||
-               sinks_add_file(r, k, "--metrics-steps", r->s.metrics_steps, true));
+               sinks_add_file(r, k, "--metrics-steps", r->s.metrics_steps, true)) &&
+              (!r->s.tensorboard || sinks_add_tensorboard(r, k));
     for (int i = 0; i < k->n; i++) {
         if (!ok) k->s[i].close(&k->s[i]);
         k->epochs |= k->s[i].epoch != NULL;

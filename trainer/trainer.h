@@ -55,6 +55,8 @@ typedef struct settings {
     int predict_scores;            /* --predict-scores: PREDICT_* */
     int64_t eval_batch_size;       /* loop.eval_batch_size / --eval-batch-size (default:
                                     * batch_size) */
+    const char *tensorboard;       /* --tensorboard DIR */
+    bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
