@@ -1,15 +1,16 @@
 #!/bin/sh
 # tests/test_tensorboard.sh — the --tensorboard files read back by TensorBoard's own reader
 # (tests/tensorboard_check.py, under the `tensorboard` package from PyPI in the venv
-# tests/pyenv of the build tree, made by tests/pyenv.sh: skipped with the reason when it
-# cannot be had, a failure under CI=true):
+# tests/pyenv of the build tree, or $EMBER_TEST_PYENV, made by tests/pyenv.sh: skipped with the
+# reason when it cannot be had, a failure under CI=true; scripts/test.sh points every stage at
+# the plain build's, so the install, about a minute, happens once):
 #   - writer: known rows and tensors through the sink (tests/tb_write);
 #   - trainer: an ember-train run's events against its own --metrics-steps and --metrics
 #     rows and its saved weights.
 # Run from the build directory (make check does).
 set -u
 srcdir=${srcdir:-.}
-py=$("$srcdir/tests/pyenv.sh" "$PWD/tests/pyenv" tensorboard) || exit $?
+py=$("$srcdir/tests/pyenv.sh" "${EMBER_TEST_PYENV:-$PWD/tests/pyenv}" tensorboard) || exit $?
 tmp=$(mktemp -d) || exit 99
 trap 'rm -rf "$tmp"' EXIT
 fail=0
