@@ -7,7 +7,8 @@
  *   - protobuf varints against the protobuf documentation's examples;
  *   - a whole events file written through the sink interface, decoded here field by field:
  *     the brain.Event:2 header, scalars with their tags, steps and values, NaN left out, a
- *     histogram's min/max/num/sum/sum_squares/buckets against plain loops;
+ *     histogram's min/max/num/sum/sum_squares/buckets against plain loops, and that an
+ *     epoch row and a flush are on disk before close;
  *   - errors: a directory that is a file, one that cannot be made, named in the message.
  * TensorBoard's own reader reads the same files in tests/test_tensorboard.sh.
  */
@@ -235,6 +236,10 @@ Test(tensorboard, events_file) {
                    .peak = 4096, .train_metric = 0.8125, .test_loss = NAN, .test_metric = NAN,
                    .skipped_steps = 0, .loss_scale = NAN};
     cr_assert(s.epoch(&s, &e), "%s", s.err);
+    uint8_t *early;
+    field recs[16];
+    cr_assert_eq(read_records(path, &early, recs, 16), 3, "an epoch row is on disk at once");
+    free(early);
 
     /* a parameter with a .grad, one without; one whose values are all equal */
     double wv[] = {-1.5, 0.25, 3.0, 0.25, -0.75, 2.0, 1.0, NAN}, gv[] = {0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
@@ -250,6 +255,8 @@ Test(tensorboard, events_file) {
     cr_assert_eq(em_dict_set(params, "0.bias", b), EM_OK);
     cr_assert(s.params(&s, 1, 9, params), "%s", s.err);
     cr_assert(s.flush(&s), "%s", s.err);
+    cr_assert_eq(read_records(path, &early, recs, 16), 5, "flush writes out what is buffered");
+    free(early);
     cr_assert(s.close(&s), "%s", s.err);
     em_dict_free(params);
     em_tensor_release(w);
