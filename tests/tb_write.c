@@ -3,7 +3,7 @@
  * read from stdin, one command a line, so that tests/tensorboard_check.py can write known
  * figures and read them back with TensorBoard's own reader:
  *
- *   open DIR HISTOGRAMS(0|1) METRIC_NAME
+ *   open DIR HISTOGRAMS(0|1) METRIC_NAME RESUMED_AT (-1: a new run)
  *   step STEP EPOCH LOSS N_GROUPS LR... GRAD_NORM SAMPLES_S DATA_WAIT_S AMP SKIPPED LOSS_SCALE
  *   epoch EPOCH STEP LR TRAIN_LOSS GRAD_NORM VAL_LOSS VAL_METRIC SAMPLES_S WAIT_PCT PEAK
  *         TRAIN_METRIC TEST_LOSS TEST_METRIC SKIPPED LOSS_SCALE
@@ -67,7 +67,8 @@ int main(void) {
             char *dir = tok(&p);
             bool hist = inum(&p) != 0;
             snprintf(metric, sizeof metric, "%s", tok(&p));
-            if (!(ok = open = tensorboard_sink_open(&s, dir, hist, metric))) break;
+            int64_t resumed_at = inum(&p);
+            if (!(ok = open = tensorboard_sink_open(&s, dir, hist, metric, resumed_at))) break;
             printf("%s\n", tensorboard_sink_path(&s));
         } else if (!strcmp(cmd, "step")) {
             step_row r = {0}; /* in order: an initialiser list's calls are not sequenced */

@@ -12,16 +12,18 @@ reader (the `tensorboard` package from PyPI) and checks tags, steps and values.
 
     python tensorboard_check.py trainer EMBER_TRAIN TMPDIR ARGS...
         ember-train ARGS --tensorboard TMPDIR/tb --tensorboard-histograms --metrics-steps
-        TMPDIR/steps.csv --metrics TMPDIR/epochs.csv --save-weights TMPDIR/w.safetensors:
-        every --metrics-steps row equals the train/* scalars at its step, every --metrics row
-        the epoch/, val/ and test/ scalars, and the last epoch's weights/* histograms describe
-        the saved weights.
+        TMPDIR/steps.csv --metrics TMPDIR/epochs.csv, one epoch with --checkpoint, then the
+        rest with --resume (and --save-weights TMPDIR/w.safetensors): over the two events
+        files, every --metrics-steps row equals the train/* scalars at its step, every
+        --metrics row the epoch/, val/ and test/ scalars, and the last epoch's weights/*
+        histograms describe the saved weights.
 
 Exit status 0 when everything matches, 1 with the mismatches listed.
 """
 import csv
 import glob
 import json
+import logging
 import math
 import os
 import struct
@@ -35,6 +37,8 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 errors = []
+# TensorBoard says when it drops a resumed run's superseded events: expected here
+logging.getLogger("tensorboard").setLevel(logging.ERROR)
 
 
 def check(cond, what):
@@ -80,7 +84,8 @@ def check_header(path):
           f"header step {ev.step} wall_time {ev.wall_time}")
     for i, r in enumerate(recs[1:]):
         ev = event_pb2.Event.FromString(r)
-        check(ev.HasField("summary"), f"record {i + 1}: no summary")
+        check(ev.HasField("summary") or (i == 0 and ev.HasField("session_log")),
+              f"record {i + 1}: no summary")
 
 
 def check_tags(acc, pacc, kind, expected):
@@ -159,7 +164,7 @@ def fmt(x):
 def writer(tb_write, tmp):
     rng = np.random.default_rng(23)
     logdir = os.path.join(tmp, "writer")
-    lines = [f"open {logdir} 1 accuracy"]
+    lines = [f"open {logdir} 1 accuracy -1"]
     sc = {}
 
     def add(tag, step, v):
@@ -232,13 +237,34 @@ def writer(tb_write, tmp):
         lines.append(f"params {epoch} {step}")
         lines.append("flush")
     lines.append("close")
+    # a run resumed after step 20 (the first wrote up to 36): TensorBoard keeps the first
+    # file's events before step 21 and the second file's
+    resumed_at = 20
+    lines.append(f"open {logdir} 1 accuracy {resumed_at}")
+    for tag in sc:
+        sc[tag] = [(s, v) for s, v in sc[tag] if s <= resumed_at]
+    for tag in hist:
+        hist[tag] = [(s, v) for s, v in hist[tag] if s <= resumed_at]
+    for step in (24, 27, 30):
+        loss, lr, gn = (float(x) for x in rng.uniform(0, 1, 3))
+        lines.append(f"step {step} 2 {fmt(loss)} 1 {fmt(lr)} {fmt(gn)} 100.0 0.5 0 0 nan")
+        for tag, v in (("train/loss", loss), ("train/lr/group0", lr), ("train/grad_norm", gn),
+                       ("train/samples_per_s", 100.0), ("train/data_wait_s", 0.5)):
+            add(tag, step, v)
+    w = rng.normal(0, 1, 16).astype(np.float32)
+    lines += ["param 0.weight float32 16 " + " ".join(fmt(x) for x in w) + " 0", "params 2 30", "close"]
+    hist["weights/0.weight"].append((30, w.astype(np.float64)))
     res = subprocess.run([tb_write], input="\n".join(lines) + "\n", capture_output=True, text=True)
     if not check(res.returncode == 0, f"tb_write exited {res.returncode}: {res.stderr}"):
         return
-    path = res.stdout.strip()
-    check(glob.glob(os.path.join(logdir, "events.out.tfevents.*")) == [path], f"events files: "
-          f"{glob.glob(os.path.join(logdir, '*'))}")
-    check_header(path)
+    paths = res.stdout.split()
+    check(sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))) == paths,
+          f"events files {sorted(glob.glob(os.path.join(logdir, '*')))}: not {paths} in this order")
+    for path in paths:
+        check_header(path)
+    second = [event_pb2.Event.FromString(r) for r in records(paths[1])]
+    check(len(second) > 1 and second[1].session_log.status == event_pb2.SessionLog.START and
+          second[1].step == resumed_at + 1, f"{paths[1]}: no SessionLog START at step {resumed_at + 1}")
     acc, pacc = load(logdir)
     check(acc.file_version == 2.0, f"EventAccumulator file_version {acc.file_version}")
     check_scalars(acc, pacc, sc)
@@ -269,16 +295,20 @@ def trainer(ember_train, tmp, args):
     logdir = os.path.join(tmp, "tb")
     files = {"steps": os.path.join(tmp, "steps.csv"), "epochs": os.path.join(tmp, "epochs.csv"),
              "weights": os.path.join(tmp, "w.safetensors")}
+    ck = os.path.join(tmp, "ck.safetensors")
     cmd = [ember_train] + args + ["--tensorboard", logdir, "--tensorboard-histograms",
-                                  "--metrics-steps", files["steps"], "--metrics", files["epochs"],
-                                  "--save-weights", files["weights"]]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if not check(res.returncode == 0, f"{' '.join(cmd)} exited {res.returncode}: {res.stderr}"):
+                                  "--metrics-steps", files["steps"], "--metrics", files["epochs"]]
+    # the first epoch, then the rest resumed from its checkpoint: one file each, and the
+    # metrics files appended to
+    for extra in (["--epochs", "1", "--checkpoint", ck], ["--resume", ck, "--save-weights", files["weights"]]):
+        res = subprocess.run(cmd + extra, capture_output=True, text=True)
+        if not check(res.returncode == 0, f"{' '.join(cmd + extra)} exited {res.returncode}: {res.stderr}"):
+            return
+    paths = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
+    if not check(len(paths) == 2, f"events files {paths}"):
         return
-    paths = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
-    if not check(len(paths) == 1, f"events files {paths}"):
-        return
-    check_header(paths[0])
+    for path in paths:
+        check_header(path)
     acc, pacc = load(logdir)
     sc = {}
 

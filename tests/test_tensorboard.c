@@ -223,7 +223,7 @@ Test(tensorboard, events_file) {
     cr_assert(mkdtemp(tmp));
     snprintf(dir, sizeof dir, "%s/runs/exp", tmp); /* parents are made */
     metrics_sink s;
-    cr_assert(tensorboard_sink_open(&s, dir, true, "accuracy"), "%s", s.err);
+    cr_assert(tensorboard_sink_open(&s, dir, true, "accuracy", -1), "%s", s.err);
     cr_assert_str_eq(s.option, "--tensorboard");
     events_file(dir, path, sizeof path);
     cr_assert_str_eq(tensorboard_sink_path(&s), path);
@@ -367,17 +367,28 @@ Test(tensorboard, errors) {
     cr_assert(f);
     fclose(f);
     metrics_sink s;
-    cr_assert_not(tensorboard_sink_open(&s, file, false, "accuracy"));
+    cr_assert_not(tensorboard_sink_open(&s, file, false, "accuracy", -1));
     cr_assert(strstr(s.err, file) && strstr(s.err, "not a directory"), "%s", s.err);
     cr_assert_null(s.ctx);
     snprintf(dir, sizeof dir, "%s/sub", file); /* under a file: cannot be made */
-    cr_assert_not(tensorboard_sink_open(&s, dir, false, "accuracy"));
+    cr_assert_not(tensorboard_sink_open(&s, dir, false, "accuracy", -1));
     cr_assert(strstr(s.err, dir) && strstr(s.err, "cannot create the directory"), "%s", s.err);
-    cr_assert_not(tensorboard_sink_open(&s, "", false, "accuracy"));
+    cr_assert_not(tensorboard_sink_open(&s, "", false, "accuracy", -1));
     cr_assert(strstr(s.err, "empty"), "%s", s.err);
     /* without histograms the sink takes no parameters */
-    cr_assert(tensorboard_sink_open(&s, tmp, false, "mae"), "%s", s.err);
+    cr_assert(tensorboard_sink_open(&s, tmp, false, "mae", -1), "%s", s.err);
     cr_assert_null(s.params);
+    cr_assert(s.close(&s), "%s", s.err);
+    /* a new file's name sorts after those already there (TensorBoard reads them in name
+     * order), even one stamped ahead of the clock */
+    long long ahead = (long long)time(NULL) + 100;
+    char fake[256], want[64];
+    snprintf(fake, sizeof fake, "%s/events.out.tfevents.%lld.otherhost.1.0", tmp, ahead);
+    cr_assert(f = fopen(fake, "w"));
+    fclose(f);
+    cr_assert(tensorboard_sink_open(&s, tmp, false, "mae", -1), "%s", s.err);
+    snprintf(want, sizeof want, "/events.out.tfevents.%lld.", ahead + 1);
+    cr_assert(strstr(tensorboard_sink_path(&s), want), "%s", tensorboard_sink_path(&s));
     cr_assert(s.close(&s), "%s", s.err);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);

@@ -588,7 +588,8 @@ static bool sinks_add_file(run *r, sinks *k, const char *option, const char *pat
 static bool sinks_add_tensorboard(run *r, sinks *k) {
     metrics_sink *s = &k->s[k->n];
     if (!tensorboard_sink_open(s, r->s.tensorboard, r->s.tensorboard_histograms,
-                               classification(r) ? "accuracy" : "mae")) {
+                               classification(r) ? "accuracy" : "mae",
+                               r->s.resume ? r->step : -1)) {
         fprintf(stderr, "ember-train: --tensorboard %s\n", s->err);
         return false;
     }

@@ -10,7 +10,8 @@
  * tests/test_tensorboard.sh checks its output with TensorBoard's own parser. The fields, with
  * their numbers (from TensorBoard's published schema):
  *   Event          1 wall_time (double)  2 step (int64)  3 file_version (string)
- *                  5 summary (Summary)
+ *                  5 summary (Summary)  7 session_log (SessionLog)
+ *   SessionLog     1 status (enum; START = 1)
  *   Summary        1 value (repeated Value)
  *   Summary.Value  1 tag (string)  2 simple_value (float)  5 histo (HistogramProto)
  *   HistogramProto 1 min  2 max  3 num  4 sum  5 sum_squares (double)
@@ -27,6 +28,7 @@
 #include "ember/error.h"
 #include "ember/tensor.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -215,15 +217,17 @@ static void summary_begin(tb_ctx *c) {
     c->sum.failed = false;
 }
 
-/* Write an Event at step with the Summary built so far (file_version: the header event
- * instead); flushed when TB_FLUSH_S passed since the last flush. */
-static bool event_write(metrics_sink *s, tb_ctx *c, int64_t step, const char *file_version) {
+/* Write an Event at step whose payload is field `field` holding [data, data + n) — the
+ * Summary built so far when data is NULL; flushed when TB_FLUSH_S passed since the last
+ * flush. */
+static bool event_write_field(metrics_sink *s, tb_ctx *c, int64_t step, int field,
+                              const void *data, size_t n) {
     pb_buf *e = &c->ev;
     e->n = 0;
     e->failed = c->sum.failed;
     pb_double(e, 1, wall_s());
     pb_int64(e, 2, step);
-    if (file_version) pb_len(e, 3, file_version, strlen(file_version));
+    if (data) pb_len(e, field, data, n);
     else pb_len(e, 5, c->sum.p, c->sum.n);
     if (e->failed) {
         set_err(s->err, sizeof s->err, "%s: out of memory encoding an event", c->path);
@@ -237,6 +241,11 @@ static bool event_write(metrics_sink *s, tb_ctx *c, int64_t step, const char *fi
     }
     if (mono_s() - c->last_flush >= TB_FLUSH_S) return tb_flush_now(s, c);
     return true;
+}
+
+/* An Event with the Summary built so far. */
+static bool event_write(metrics_sink *s, tb_ctx *c, int64_t step) {
+    return event_write_field(s, c, step, 5, NULL, 0);
 }
 
 /* Append a Summary.Value with a scalar to the summary; NaN (not measured) is left out. */
@@ -267,7 +276,7 @@ static bool tb_step(metrics_sink *s, const step_row *r) {
         scalar(c, "train/skipped_steps", (double)r->skipped_steps);
         scalar(c, "train/loss_scale", r->loss_scale);
     }
-    return event_write(s, c, r->step, NULL);
+    return event_write(s, c, r->step);
 }
 
 static bool tb_epoch(metrics_sink *s, const epoch_row *r) {
@@ -293,7 +302,7 @@ static bool tb_epoch(metrics_sink *s, const epoch_row *r) {
         scalar(c, "epoch/skipped_steps", (double)r->skipped_steps);
         scalar(c, "epoch/loss_scale", r->loss_scale);
     }
-    return event_write(s, c, r->step, NULL) && tb_flush_now(s, c);
+    return event_write(s, c, r->step) && tb_flush_now(s, c);
 }
 
 /* Append the histogram of t's finite elements as a Summary.Value tagged `tag`: TB_BUCKETS
@@ -386,7 +395,7 @@ static bool tb_params(metrics_sink *s, int64_t epoch, int64_t step, const em_dic
                      name, em_last_error());
             return false;
         }
-        if (c->sum.n && !event_write(s, c, step, NULL)) return false;
+        if (c->sum.n && !event_write(s, c, step)) return false;
     }
     return true;
 }
@@ -451,8 +460,24 @@ static bool make_dirs(const char *dir, char *err, size_t cap) {
     return true;
 }
 
+/* The largest <seconds> of the events.out.tfevents.<seconds>.* files in dir; -1: none. */
+static long long newest_events_file(const char *dir) {
+    long long newest = -1;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *p = e->d_name;
+        if (strncmp(p, "events.out.tfevents.", 20)) continue;
+        char *end;
+        long long t = strtoll(p + 20, &end, 10);
+        if (end > p + 20 && *end == '.' && t > newest) newest = t;
+    }
+    closedir(d);
+    return newest;
+}
+
 bool tensorboard_sink_open(metrics_sink *s, const char *dir, bool histograms,
-                           const char *metric_name) {
+                           const char *metric_name, int64_t resumed_at) {
     *s = (metrics_sink){.option = "--tensorboard", .metric_name = metric_name};
     if (!dir || !*dir) {
         set_err(s->err, sizeof s->err, "an empty directory name");
@@ -466,7 +491,12 @@ bool tensorboard_sink_open(metrics_sink *s, const char *dir, bool histograms,
     }
     c->metric_name = metric_name;
     /* PyTorch's SummaryWriter names: events.out.tfevents.<seconds>.<host>.<pid>.<n>; n makes
-     * a second sink of the process (and a clash with a file already there) a new file */
+     * a second sink of the process (and a clash with a file already there) a new file.
+     * TensorBoard reads a directory's files in the order of their names, so <seconds> is
+     * past every file already there: a run resumed within the second its first run started
+     * (or by a smaller pid) still comes after it. */
+    long long stamp = (long long)time(NULL), newest = newest_events_file(dir);
+    if (newest >= stamp) stamp = newest + 1;
     char host[256] = "localhost";
     if (gethostname(host, sizeof host - 1) != 0 || !host[0]) strcpy(host, "localhost");
     host[sizeof host - 1] = 0;
@@ -476,7 +506,7 @@ bool tensorboard_sink_open(metrics_sink *s, const char *dir, bool histograms,
     int fd = -1;
     for (int tries = 0; tries < 100 && fd < 0; tries++) {
         int len = snprintf(c->path, sizeof c->path, "%s/events.out.tfevents.%lld.%s.%d.%d", dir,
-                           (long long)time(NULL), host, (int)getpid(), serial++);
+                           stamp, host, (int)getpid(), serial++);
         if (len >= (int)sizeof c->path) {
             set_err(s->err, sizeof s->err, "%.200s...: the directory name is too long", dir);
             ctx_free(c);
@@ -498,8 +528,13 @@ bool tensorboard_sink_open(metrics_sink *s, const char *dir, bool histograms,
     s->flush = tb_flush;
     s->close = tb_close;
     c->last_flush = mono_s();
-    /* the header event, on disk at once: a full disk shows before the first step */
-    if (!event_write(s, c, 0, "brain.Event:2") || !tb_flush_now(s, c)) {
+    /* the header event, on disk at once: a full disk shows before the first step; a resumed
+     * run's SessionLog START at the first step it trains makes TensorBoard drop what earlier
+     * files hold from that step on (rows a run wrote after its last checkpoint) */
+    static const uint8_t start[] = {0x08, 0x01}; /* SessionLog: status = START */
+    if (!event_write_field(s, c, 0, 3, "brain.Event:2", 13) ||
+        (resumed_at >= 0 && !event_write_field(s, c, resumed_at + 1, 7, start, sizeof start)) ||
+        !tb_flush_now(s, c)) {
         char why[sizeof s->err], path[sizeof c->path];
         memcpy(why, s->err, sizeof why);
         memcpy(path, c->path, sizeof path);

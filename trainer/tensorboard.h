@@ -5,14 +5,15 @@
  * SummaryWriter readers) open.
  *
  *     metrics_sink tb;
- *     if (!tensorboard_sink_open(&tb, "runs/exp1", true, "accuracy"))
+ *     if (!tensorboard_sink_open(&tb, "runs/exp1", true, "accuracy", -1))
  *         fprintf(stderr, "%s\n", tb.err);
  *     ...  tb.step(&tb, &row); tb.epoch(&tb, &erow); tb.params(&tb, epoch, step, params);
  *     tb.close(&tb);
  *
  * The file: TFRecord records (a little-endian uint64 length, the masked CRC-32C of those 8
  * bytes, the payload, the masked CRC-32C of the payload), each payload an Event protobuf; the
- * first is the `brain.Event:2` file_version event. Tags:
+ * first is the `brain.Event:2` file_version event (then, in a resumed run, SessionLog START).
+ * Tags:
  *   step rows (x: the step)     train/loss, train/lr/group<i>, train/grad_norm,
  *                               train/samples_per_s, train/data_wait_s, and with --amp
  *                               train/skipped_steps, train/loss_scale
@@ -39,13 +40,16 @@
 #include "metrics.h"
 
 /* Fill s as the --tensorboard sink: create dir (and its parents) when missing and a new
- * events file in it (never an existing one: a resumed run adds a file, which TensorBoard
- * reads as the continuation). histograms: write params() as histograms (else params is
- * NULL). metric_name: "accuracy" or "mae" (borrowed; it must outlive the sink). On failure
+ * events file in it (never an existing one; its name sorts after those there). histograms:
+ * write params() as histograms (else params is NULL). metric_name: "accuracy" or "mae"
+ * (borrowed; it must outlive the sink). resumed_at: -1 for a new run; for a run resumed
+ * after step resumed_at, the file starts with a SessionLog START event at the next step, so
+ * TensorBoard reads it as the continuation of the files already in dir and drops what they
+ * hold from that step on (what a killed run wrote after its last checkpoint). On failure
  * returns false with the reason in s->err, naming the directory or file, and nothing left
  * open (close need not be called). The caller calls s->close exactly once otherwise. */
 bool tensorboard_sink_open(metrics_sink *s, const char *dir, bool histograms,
-                           const char *metric_name);
+                           const char *metric_name, int64_t resumed_at);
 
 /* The events file an open sink writes (borrowed; valid until close). */
 const char *tensorboard_sink_path(const metrics_sink *s);
