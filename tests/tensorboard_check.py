@@ -318,7 +318,7 @@ def trainer(ember_train, tmp, args):
     sc = {}
 
     def add(tag, step, v):
-        v = float(v)
+        v = float(v) if v not in ("", "null") else math.nan
         if not math.isnan(v):
             sc.setdefault(tag, []).append((step, v))
 
