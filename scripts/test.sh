@@ -49,6 +49,9 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 
 t0=$(date +%s)
+# The PyPI packages of the tests that read Ember's files with other programs' readers
+# (tests/pyenv.sh) are installed once, under the plain build, for every stage's tests.
+export EMBER_TEST_PYENV="$PWD/build/tests/pyenv"
 stage "install packages" install_packages
 stage "build" build build
 stage "make check" check build

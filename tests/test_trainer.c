@@ -836,15 +836,15 @@ Test(trainer, sigint_saves_a_checkpoint_that_resumes_exactly) {
     assert_weights_close(path("resumed.safetensors"), path("full.safetensors"), 0, 0, true);
 }
 
-/* On a terminal, stderr gets a progress bar redrawn after each step (batches done of the
- * epoch's, running loss, samples/s, ETA); elsewhere one line per epoch (the other tests). */
-Test(trainer, progress_bar_on_a_terminal) {
-    write_mlp("mlp.yaml", "", "0.1");
+/* Run the trainer with `args` (NULL-terminated), stderr on a new terminal (stdout to a file);
+ * what the terminal got (malloc'd) and the exit code. */
+static int train_on_a_terminal(const char *const *args, char **text_out) {
     int m = posix_openpt(O_RDWR | O_NOCTTY);
     cr_assert(m >= 0 && grantpt(m) == 0 && unlockpt(m) == 0);
     const char *slave = ptsname(m);
     cr_assert(slave);
-    const char *argv[] = {EM_TRAINER, path("mlp.yaml"), NULL};
+    const char *argv[16] = {EM_TRAINER};
+    for (int i = 0; args[i]; i++) argv[i + 1] = args[i];
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, path("stdout.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -864,12 +864,30 @@ Test(trainer, progress_bar_on_a_terminal) {
     close(m);
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", text);
+    *text_out = text;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* On a terminal, stderr gets a progress bar redrawn after each step (batches done of the
+ * epoch's, running loss, samples/s, ETA) and no progress lines, whatever --log-every says;
+ * --quiet leaves the summary only. Elsewhere, lines (progress_lines_off_a_terminal_and_quiet). */
+Test(trainer, progress_bar_on_a_terminal) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *text;
+    int rc = train_on_a_terminal((const char *[]){path("mlp.yaml"), "--log-every", "5", NULL},
+                                 &text);
+    cr_assert_eq(rc, 0, "%s", text);
     /* 1500 - 150 validation = 1350 items: 43 batches of 32 */
     cr_assert(strstr(text, "\repoch 1/1 [1/43] loss ") && strstr(text, "\repoch 1/1 [43/43] loss "),
               "%s", text);
     cr_assert(strstr(text, "samples/s  ETA "), "%s", text);
     cr_assert(strstr(text, "epoch 1/1: train loss"), "%s", text); /* then the epoch's line */
+    cr_assert(!strstr(text, "] step "), "%s", text);
+    free(text);
+    rc = train_on_a_terminal((const char *[]){path("mlp.yaml"), "--quiet", NULL}, &text);
+    cr_assert_eq(rc, 0, "%s", text);
+    cr_assert(!strstr(text, "\repoch") && !strstr(text, "epoch 1/1") && strstr(text, "43 steps in "),
+              "%s", text);
     free(text);
 }
 
@@ -1258,6 +1276,72 @@ Test(trainer, write_failures_name_the_file_and_set_the_exit_code) {
         free(out);
     }
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) free((char *)cases[i].file);
+}
+
+/* --tensorboard DIR: the events file the run names holds the step and epoch tags, and the
+ * histograms only with --tensorboard-histograms or loop.tensorboard_histograms (TensorBoard's
+ * own reader checks the values in tests/test_tensorboard.sh); a DIR that cannot be made is a
+ * usage error before the first step, a write that fails (the file-size limit) exit 1, both
+ * naming the directory and the reason. */
+static bool file_has(const char *file, const char *what) {
+    struct stat st;
+    cr_assert_eq(stat(file, &st), 0, "%s", file);
+    char *text = read_text(file);
+    bool found = memmem(text, (size_t)st.st_size, what, strlen(what)) != NULL;
+    free(text);
+    return found;
+}
+
+Test(trainer, tensorboard_events_and_failures) {
+    write_mlp("mlp.yaml", "", "0.1");
+    /* the same with the key in its loop section */
+    char *text = read_text(path("mlp.yaml")), hist[4096];
+    char *loop = strstr(text, "loop: {epochs: 1, batch_size: 32}\n");
+    cr_assert(loop);
+    snprintf(hist, sizeof hist, "%.*sloop: {epochs: 1, batch_size: 32, tensorboard_histograms: "
+             "true}\n", (int)(loop - text), text);
+    write_file("mlp_hist.yaml", hist);
+    free(text);
+    const struct { const char *config, *flag; bool hist; } runs[] = {
+        {"mlp.yaml", NULL, false}, {"mlp.yaml", "--tensorboard-histograms", true},
+        {"mlp_hist.yaml", NULL, true}};
+    for (int i = 0; i < 3; i++) {
+        char dir[64], *out;
+        snprintf(dir, sizeof dir, "tb%d/run", i); /* its parent is made too */
+        int rc = train(&out, (const char *[]){path(runs[i].config), "--tensorboard", path(dir),
+                                              "--log-every", "10", runs[i].flag, NULL});
+        cr_assert_eq(rc, 0, "%s", out);
+        const char *w = strstr(out, "--tensorboard: writing ");
+        cr_assert(w, "%s", out);
+        char file[1024];
+        cr_assert_eq(sscanf(w + 23, "%1023s", file), 1);
+        cr_assert(strstr(file, path(dir)) == file && strstr(file, "/events.out.tfevents."), "%s", file);
+        cr_assert(file_has(file, "brain.Event:2") && file_has(file, "train/loss") &&
+                  file_has(file, "train/lr/group0") && file_has(file, "val/accuracy") &&
+                  file_has(file, "test/accuracy") && file_has(file, "epoch/train_loss"), "%s", file);
+        cr_assert_eq(file_has(file, "weights/1.weight"), runs[i].hist, "run %d", i);
+        cr_assert_eq(file_has(file, "gradients/3.bias"), runs[i].hist, "run %d", i);
+        free(out);
+    }
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--tensorboard-histograms", NULL});
+    cr_assert(rc == 2 && strstr(out, "--tensorboard-histograms needs --tensorboard"), "%s", out);
+    free(out);
+    char under[600];
+    snprintf(under, sizeof under, "%s/tb", path("mlp.yaml")); /* under a file */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--tensorboard", under, NULL});
+    cr_assert(rc == 2 && strstr(out, "--tensorboard") && strstr(out, under) &&
+              strstr(out, "Not a directory"), "exit %d: %s", rc, out);
+    cr_assert(!strstr(out, "epoch 1/1"), "%s", out); /* before the first step */
+    free(out);
+    /* the histograms (some KB) pass the file-size limit at the epoch's end */
+    piped p;
+    piped_start(&p, (const char *[]){EM_TRAINER, path("mlp.yaml"), "--tensorboard", path("tbf"),
+                                     "--tensorboard-histograms", NULL}, 2048);
+    rc = piped_finish(&p, &out);
+    cr_assert(rc == 1 && strstr(out, "--tensorboard") && strstr(out, path("tbf")) &&
+              strstr(out, "File too large"), "exit %d: %s", rc, out);
+    free(out);
 }
 
 /* SIGINT when the checkpoint cannot be written: the message says the save failed and why (it
@@ -1809,4 +1893,436 @@ Test(trainer, named_fields_and_padding_masks_from_the_config) {
               strstr(out, "seq, marks, label"), "%s", out);
     free(out);
     unsetenv("EMBER_PLUGIN_PATH");
+}
+
+/* ==== issue 23: progress off a terminal, metrics rows, the trainer's remaining gaps =========
+ * (items 1, 2 and 6). CSV files are read by column name, so a test says which figure it
+ * checks. */
+
+typedef struct csv {
+    char *text;
+    char *lines[512]; /* lines[0]: the header */
+    int n;            /* lines, the header included */
+} csv;
+
+static void csv_read(csv *c, const char *file) {
+    c->text = read_text(file);
+    c->n = 0;
+    for (char *s = c->text, *nl; *s && c->n < 512; s = nl + 1) {
+        nl = strchr(s, '\n');
+        cr_assert(nl, "%s: the last line has no newline", file);
+        *nl = '\0';
+        c->lines[c->n++] = s;
+    }
+}
+
+/* The column named `name` (its index in the header). */
+static int csv_col(const csv *c, const char *name) {
+    const char *h = c->lines[0];
+    size_t len = strlen(name);
+    for (int col = 0;; col++) {
+        if (!strncmp(h, name, len) && (h[len] == ',' || !h[len])) return col;
+        h = strchr(h, ',');
+        cr_assert(h, "no column '%s' in '%s'", name, c->lines[0]);
+        h++;
+    }
+}
+
+/* Field `col` of row `row` (1: the first after the header) as text, into buf. */
+static const char *csv_text(const csv *c, int row, int col, char *buf, size_t cap) {
+    cr_assert_lt(row, c->n);
+    const char *p = c->lines[row];
+    for (int k = 0; k < col; k++) {
+        p = strchr(p, ',');
+        cr_assert(p, "row %d has no column %d: %s", row, col, c->lines[row]);
+        p++;
+    }
+    snprintf(buf, cap, "%.*s", (int)strcspn(p, ","), p);
+    return buf;
+}
+
+static double csv_num(const csv *c, int row, const char *name) {
+    char buf[64];
+    return strtod(csv_text(c, row, csv_col(c, name), buf, sizeof buf), NULL);
+}
+
+/* Lines of text that contain needle. */
+static int count_lines(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *s = text; (s = strstr(s, needle)); s++) n++;
+    return n;
+}
+
+/* Off a terminal: a line every --log-every N steps, or every T seconds (never more often:
+ * the line count is bounded by the run's time over T, where one line a step would be
+ * thousands), none in a short run by default (about every 10 s), and --quiet leaves the
+ * errors and the summary only. */
+Test(trainer, progress_lines_off_a_terminal_and_quiet) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--log-every", "5", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strchr(out, '\r'), "%s", out);
+    cr_assert_eq(count_lines(out, "] step "), 8, "43 steps, every 5th:\n%s", out);
+    for (int s = 5; s <= 40; s += 5) {
+        char want[64];
+        snprintf(want, sizeof want, "epoch 1/1 [%d/43] step %d  loss ", s, s);
+        cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
+    }
+    cr_assert(strstr(out, "samples/s  ETA ") && strstr(out, "elapsed "), "%s", out);
+    free(out);
+    /* by time: batches of 1, 3 epochs (4,050 steps) */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--log-every", "0.1s", "--batch-size",
+                                      "1", "--epochs", "3", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *sum = strstr(out, " steps in ");
+    cr_assert(sum, "%s", out);
+    double secs = strtod(sum + strlen(" steps in "), NULL);
+    int lines = count_lines(out, "] step ");
+    cr_assert_leq(lines, secs / 0.1 + 2, "%d lines in %.1f s:\n%s", lines, secs, out);
+    if (secs >= 0.3) cr_assert_geq(lines, 1, "%.1f s, no line:\n%s", secs, out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), NULL}); /* ~0.1 s: no line by default */
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert_eq(count_lines(out, "] step "), 0, "%s", out);
+    free(out);
+    /* --quiet */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--quiet", "--log-every", "1", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strstr(out, "epoch 1/1") && !strstr(out, "config ") && !strchr(out, '\r'), "%s",
+              out);
+    cr_assert(strstr(out, "test: loss") && strstr(out, "43 steps in ") &&
+              strstr(out, "best epoch 1"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--quiet", "--resume", path("none"), NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--resume") && strstr(out, "none"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--log-every", "0", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--log-every: '0' is not a number of steps"), "%s", out);
+    free(out);
+}
+
+/* --metrics gains train and test columns after its original ten; --metrics-steps has a row
+ * every --log-every steps. References: the epoch's train_loss and grad_norm are the sample-
+ * weighted mean of its steps' losses and the mean of their norms (rows every step); the test
+ * columns of the last row are the final test line. Across a resume mid-epoch, every figure
+ * of every row is the uninterrupted run's (the checkpoint carries the epoch's sums). */
+Test(trainer, metrics_rows_across_a_resume) {
+    write_mlp("mlp.yaml", "  - Dropout: {p: 0.2}\n", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--metrics",
+                                          path("a.csv"), "--metrics-steps", path("as.csv"),
+                                          "--log-every", "1", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    double final_test = test_accuracy(out);
+    free(out);
+    csv a, as;
+    csv_read(&a, path("a.csv"));
+    csv_read(&as, path("as.csv"));
+    cr_assert_str_eq(a.lines[0], "epoch,step,lr,train_loss,grad_norm,val_loss,val_accuracy,"
+                     "samples_per_s,data_wait_pct,peak_memory,train_accuracy,test_loss,"
+                     "test_accuracy");
+    cr_assert_str_eq(as.lines[0], "step,epoch,loss,lr,grad_norm,samples_per_s,data_wait_s");
+    cr_assert_eq(a.n, 3);
+    cr_assert_eq(as.n, 1 + 86);
+    for (int e = 1; e <= 2; e++) {
+        double ls = 0, gs = 0, n = 0;
+        for (int s = 1; s <= 43; s++) { /* 1350 samples: 42 batches of 32, then 6 */
+            int row = (e - 1) * 43 + s;
+            cr_assert_eq(csv_num(&as, row, "step"), row);
+            cr_assert_eq(csv_num(&as, row, "epoch"), e);
+            double bs = s < 43 ? 32 : 6;
+            ls += csv_num(&as, row, "loss") * bs;
+            gs += csv_num(&as, row, "grad_norm");
+            n += bs;
+            cr_assert_float_eq(csv_num(&as, row, "lr"), 0.05, 1e-12);
+            cr_assert_geq(csv_num(&as, row, "data_wait_s"), 0);
+            cr_assert_gt(csv_num(&as, row, "samples_per_s"), 0);
+        }
+        cr_assert_float_eq(csv_num(&a, e, "train_loss"), ls / n, 1e-7 * ls / n);
+        cr_assert_float_eq(csv_num(&a, e, "grad_norm"), gs / 43, 1e-7 * gs / 43);
+        double acc = csv_num(&a, e, "train_accuracy");
+        cr_assert(acc > 0.1 && acc <= 1, "%g", acc);
+        cr_assert_gt(csv_num(&a, e, "test_loss"), 0);
+    }
+    cr_assert_float_eq(100 * csv_num(&a, 2, "test_accuracy"), final_test, 1e-4);
+    cr_assert_gt(csv_num(&a, 2, "train_accuracy"), csv_num(&a, 1, "train_accuracy"));
+
+    /* stopped at step 20 of epoch 1, then resumed: the same rows, appended to the same files */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--max-steps", "20",
+                                      "--checkpoint", path("ck.safetensors"), "--metrics",
+                                      path("b.csv"), "--metrics-steps", path("bs.csv"),
+                                      "--log-every", "1", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--resume",
+                                      path("ck.safetensors"), "--metrics", path("b.csv"),
+                                      "--metrics-steps", path("bs.csv"), "--log-every", "1", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "batch 20, step 20"), "%s", out);
+    free(out);
+    csv b, bs;
+    csv_read(&b, path("b.csv"));
+    csv_read(&bs, path("bs.csv"));
+    cr_assert_str_eq(b.lines[0], a.lines[0]);
+    cr_assert_eq(b.n, 4, "the partial epoch's row, then the two epochs'");
+    cr_assert_eq(csv_num(&b, 1, "step"), 20);
+    const char *same[] = {"epoch", "step", "lr", "train_loss", "grad_norm", "val_loss",
+                          "val_accuracy", "train_accuracy", "test_loss", "test_accuracy"};
+    for (int e = 1; e <= 2; e++)
+        for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+            char x[64], y[64];
+            int col = csv_col(&a, same[i]);
+            cr_assert_str_eq(csv_text(&b, e + 1, col, x, sizeof x), csv_text(&a, e, col, y, sizeof y),
+                             "epoch %d %s", e, same[i]);
+        }
+    cr_assert_eq(bs.n, as.n);
+    for (int row = 1; row < as.n; row++)
+        for (int col = 0; col < 5; col++) { /* step, epoch, loss, lr, grad_norm */
+            char x[64], y[64];
+            cr_assert_str_eq(csv_text(&bs, row, col, x, sizeof x),
+                             csv_text(&as, row, col, y, sizeof y), "step row %d", row);
+        }
+    free(a.text);
+    free(as.text);
+    free(b.text);
+    free(bs.text);
+
+    /* a file whose columns are not this run's is refused before the first step */
+    write_file("old.csv", "epoch,step,lr\n1,43,0.05\n");
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--resume",
+                                      path("ck.safetensors"), "--metrics", path("old.csv"), NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--metrics ") && strstr(out, "old.csv: the resumed run would add rows") &&
+              strstr(out, "give the resumed run a new file"), "%s", out);
+    free(out);
+}
+
+/* JSON lines: the same names as keys, null for what was not measured (no validation set), and
+ * lr per parameter group; a step file that cannot be written stops the run (exit 1). */
+Test(trainer, metrics_jsonl_groups_and_failures) {
+    char text[2048];
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n"
+             "optimizer: {class: SGD, lr: 0.1, groups: [{params: ['*.bias'], lr: 0.01}]}\n"
+             "loop: {epochs: 1, batch_size: 64, limit_batches: 4}\n", EM_TEST_SRCDIR);
+    write_file("g.yaml", text);
+    char *out;
+    int rc = train(&out, (const char *[]){path("g.yaml"), "--metrics", path("m.jsonl"),
+                                          "--metrics-steps", path("s.jsonl"), "--log-every", "2",
+                                          NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    char *m = read_text(path("m.jsonl")), *s = read_text(path("s.jsonl"));
+    cr_assert(!strncmp(m, "{\"epoch\": 1, \"step\": 4, \"lr\": 0.01, \"train_loss\": ", 49), "%s", m);
+    cr_assert(strstr(m, "\"val_loss\": null, \"val_accuracy\": null,") &&
+              strstr(m, "\"test_loss\": null, \"test_accuracy\": null}\n") &&
+              strstr(m, "\"train_accuracy\": 0."), "%s", m);
+    cr_assert_eq(count_lines(s, "\n"), 2, "%s", s);
+    cr_assert(!strncmp(s, "{\"step\": 2, \"epoch\": 1, \"loss\": ", 31), "%s", s);
+    cr_assert(strstr(s, "\"lr_group0\": 0.01, \"lr_group1\": 0.1, \"grad_norm\": ") &&
+              strstr(s, "{\"step\": 4,"), "%s", s);
+    free(m);
+    free(s);
+    /* /dev/full takes the header's write until the flush: found before the first step */
+    rc = train(&out, (const char *[]){path("g.yaml"), "--metrics-steps", "/dev/full", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--metrics-steps /dev/full: writing failed: No space left"), "%s", out);
+    free(out);
+    cr_assert_eq(symlink("/dev/full", path("full.jsonl")), 0); /* no header: the rows fail */
+    rc = train(&out, (const char *[]){path("g.yaml"), "--metrics-steps", path("full.jsonl"),
+                                      "--log-every", "1", "--checkpoint", path("ck.safetensors"),
+                                      NULL});
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, "full.jsonl: writing failed: No space left on device") &&
+              strstr(out, "and its checkpoint") && strstr(out, "once --metrics-steps can be"),
+              "%s", out);
+    free(out);
+}
+
+/* --save-best keeps the weights of the best validation epoch (the first of the highest
+ * val_accuracy in --metrics), and the summary names it: evaluating the file gives that
+ * epoch's validation accuracy. Without a validation set it is refused before training. */
+Test(trainer, save_best_keeps_the_best_validation_epoch) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "6", "--metrics",
+                                          path("m.csv"), "--save-best", path("best.safetensors"),
+                                          "--save-weights", path("last.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    csv m;
+    csv_read(&m, path("m.csv"));
+    cr_assert_eq(m.n, 7);
+    int best = 1;
+    for (int e = 2; e <= 6; e++)
+        if (csv_num(&m, e, "val_accuracy") > csv_num(&m, best, "val_accuracy")) best = e;
+    double want = csv_num(&m, best, "val_accuracy");
+    free(m.text);
+    char says[160];
+    snprintf(says, sizeof says, "best epoch %d with validation accuracy ", best);
+    cr_assert(strstr(out, says) && strstr(out, "its weights saved to ") &&
+              strstr(out, "best.safetensors (--save-best)"), "epoch %d:\n%s", best, out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--init-weights",
+                                      path("best.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *v = strstr(out, "validation: loss");
+    cr_assert(v && strstr(v, "accuracy "), "%s", out);
+    cr_assert_float_eq(strtod(strstr(v, "accuracy ") + 9, NULL), 100 * want, 1e-3, "%s", out);
+    free(out);
+    if (best < 6) /* the last epoch was not the best: its weights are not the file's */
+        assert_weights_close(path("best.safetensors"), path("last.safetensors"), 0, 0, false);
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n", EM_TEST_SRCDIR);
+    write_file("noval.yaml", text);
+    rc = train(&out, (const char *[]){path("noval.yaml"), "--save-best", path("b.safetensors"),
+                                      NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--save-best needs a validation set"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--save-best", path("no/b.safetensors"),
+                                      NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--save-best") && strstr(out, "the directory does not exist"), "%s", out);
+    free(out);
+}
+
+/* --epochs that end before the schedule does: a warning naming both lengths (epochs, or steps
+ * for a per-step schedule), none when the run is long enough. */
+Test(trainer, epochs_shorter_than_the_schedule_warn) {
+    char text[2048];
+    const char *data = "data: {class: mnist, options: {path: " EM_TEST_SRCDIR "/data/digits}}\n"
+                       "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n";
+    snprintf(text, sizeof text, "%sscheduler: {class: CosineAnnealingLR, T_max: 10}\n", data);
+    write_file("cos.yaml", text);
+    char *out;
+    int rc = train(&out, (const char *[]){path("cos.yaml"), "--epochs", "3", "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "warning: the run's 3 epochs (--epochs) end before the schedule does: "
+                     "CosineAnnealingLR's T_max is 10 epochs"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("cos.yaml"), "--epochs", "10", "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strstr(out, "warning"), "%s", out);
+    free(out);
+    /* per step: 1500 digits in batches of 100 are 15 steps an epoch */
+    snprintf(text, sizeof text, "%sscheduler: {class: OneCycleLR, max_lr: 0.1, total_steps: 100}\n"
+             "loop: {batch_size: 100}\n", data);
+    write_file("one.yaml", text);
+    rc = train(&out, (const char *[]){path("one.yaml"), "--epochs", "6", "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "the run's 6 epochs of 15 steps (90 steps) (--epochs) end before the "
+                     "schedule does: OneCycleLR's total_steps is 100 steps") &&
+              strstr(out, "raise --epochs to 7"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("one.yaml"), "--epochs", "7", "--dry-run", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strstr(out, "warning"), "%s", out);
+    free(out);
+}
+
+/* --predict-scores: each class's logit (the model's outputs) or probability; the reference is
+ * the softmax of the logits in f64 and their argmax (the predicted label). */
+Test(trainer, predict_scores_logits_and_probabilities) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--save-weights",
+                                          path("w.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    const char *kinds[2] = {"logits", "probabilities"}, *files[2] = {"l.csv", "p.csv"};
+    csv c[2];
+    for (int k = 0; k < 2; k++) {
+        rc = train(&out, (const char *[]){path("mlp.yaml"), "--predict", path(files[k]),
+                                          "--predict-scores", kinds[k], "--init-weights",
+                                          path("w.safetensors"), "--eval-batch-size", "50", NULL});
+        cr_assert_eq(rc, 0, "%s", out);
+        free(out);
+        csv_read(&c[k], path(files[k]));
+        cr_assert_eq(c[k].n, 1 + 297);
+    }
+    cr_assert_str_eq(c[0].lines[0], "index,predicted,target,logit_0,logit_1,logit_2,logit_3,"
+                     "logit_4,logit_5,logit_6,logit_7,logit_8,logit_9");
+    cr_assert_str_eq(c[1].lines[0], "index,predicted,target,prob_0,prob_1,prob_2,prob_3,prob_4,"
+                     "prob_5,prob_6,prob_7,prob_8,prob_9");
+    for (int row = 1; row < c[0].n; row++) {
+        double z[10], mx = -INFINITY, sum = 0;
+        int arg = 0;
+        char b[64];
+        for (int j = 0; j < 10; j++) {
+            z[j] = strtod(csv_text(&c[0], row, 3 + j, b, sizeof b), NULL);
+            if (z[j] > mx) mx = z[j], arg = j;
+        }
+        cr_assert_eq(csv_num(&c[0], row, "predicted"), arg, "row %d", row);
+        cr_assert_eq(csv_num(&c[1], row, "predicted"), arg, "row %d", row);
+        for (int j = 0; j < 10; j++) sum += exp(z[j] - mx);
+        for (int j = 0; j < 10; j++) {
+            double p = exp(z[j] - mx) / sum;
+            double got = strtod(csv_text(&c[1], row, 3 + j, b, sizeof b), NULL);
+            cr_assert(fabs(got - p) <= 1e-6 + 1e-5 * p, "row %d class %d: %.9g, softmax %.9g",
+                      row, j, got, p);
+        }
+    }
+    free(c[0].text);
+    free(c[1].text);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--predict-scores", "logits", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--predict-scores needs --predict"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--predict", path("x.csv"),
+                                      "--predict-scores", "odds", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "'odds' is not logits or probabilities"), "%s", out);
+    free(out);
+}
+
+/* Evaluation batches of --eval-batch-size (or loop.eval_batch_size): --limit-batches 2 then
+ * evaluates 2 x that many samples; over the whole set the figures do not depend on it. */
+Test(trainer, eval_batch_size) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--save-weights",
+                                          path("w.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--init-weights",
+                                      path("w.safetensors"), "--limit-batches", "2",
+                                      "--eval-batch-size", "7", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "(14 samples)"), "%s", out);
+    free(out);
+    double loss[2];
+    for (int k = 0; k < 2; k++) {
+        rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--init-weights",
+                                          path("w.safetensors"), "--eval-batch-size",
+                                          k ? "297" : "7", NULL});
+        cr_assert_eq(rc, 0, "%s", out);
+        const char *t = strstr(out, "test: loss ");
+        cr_assert(t && strstr(t, "(297 samples)"), "%s", out);
+        loss[k] = strtod(t + strlen("test: loss "), NULL);
+        free(out);
+    }
+    cr_assert_float_eq(loss[0], loss[1], 1e-5 * loss[1]);
+    char text[4096], *yaml = read_text(path("mlp.yaml"));
+    snprintf(text, sizeof text, "%s", yaml);
+    free(yaml);
+    char *loop = strstr(text, "loop: {");
+    cr_assert(loop);
+    snprintf(loop, sizeof text - (size_t)(loop - text), "loop: {epochs: 1, batch_size: 32, "
+             "eval_batch_size: 5}\n");
+    write_file("e.yaml", text);
+    rc = train(&out, (const char *[]){path("e.yaml"), "--eval-only", "--init-weights",
+                                      path("w.safetensors"), "--limit-batches", "2", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "(10 samples)"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-batch-size", "0", NULL});
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "--eval-batch-size: '0' is not an integer in [1, "), "%s", out);
+    free(out);
 }

@@ -42,6 +42,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -269,6 +270,14 @@ void report_error(const char *what) {
     fprintf(stderr, "ember-train: %s%s%s\n", what ? what : "", what ? ": " : "", msg);
 }
 
+void say(const run *r, const char *fmt, ...) {
+    if (r->s.quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
 static void usage(FILE *f) {
     fprintf(f,
 "usage: ember-train [CONFIG] [options]\n"
@@ -301,6 +310,8 @@ static void usage(FILE *f) {
 "  --init-weights FILE      start from a safetensors state dict (strict: every key and shape)\n"
 "  --init-weights-nonstrict load what matches from --init-weights and list what was skipped\n"
 "  --save-weights FILE      write the final model state dict (safetensors)\n"
+"  --save-best FILE         write the model state dict of each new best validation epoch\n"
+"                           (the summary names the epoch); needs a validation set\n"
 "  --checkpoint PATH        save a checkpoint each epoch, at --max-steps and on Ctrl-C; a\n"
 "                           '{step}' in the file name numbers the files (see --keep); its\n"
 "                           directory must exist (checked before the first step); a symbolic\n"
@@ -314,11 +325,40 @@ static void usage(FILE *f) {
 "  --resume PATH            continue from a checkpoint; a '{step}' pattern: the newest of the\n"
 "                           run its files belong to (several runs: refused, name the file),\n"
 "                           or, that one damaged, the next newest, with a warning\n"
-"  --metrics FILE           per-epoch metrics, CSV or JSON lines (by the .jsonl extension)\n"
+"  --metrics FILE           per-epoch metrics, CSV or JSON lines (by the .jsonl extension):\n"
+"                           epoch, step, lr, train_loss, grad_norm (mean, before clipping),\n"
+"                           val_loss, val_accuracy (val_mae), samples_per_s, data_wait_pct,\n"
+"                           peak_memory, then train_accuracy (train_mae: over the epoch's\n"
+"                           batches as trained), test_loss, test_accuracy (test_mae; the test\n"
+"                           set is evaluated each epoch when there is one); a resumed run\n"
+"                           appends, and an epoch resumed mid-way reports all its batches\n"
+"  --metrics-steps FILE     a row every --log-every: step, epoch, loss (mean since the last\n"
+"                           row), lr (lr_group0, lr_group1, ... with several groups),\n"
+"                           grad_norm (the row's last step, before clipping), samples_per_s\n"
+"                           and data_wait_s (since the last row); CSV or .jsonl\n"
+"  --log-every N|Ts         every N steps, or every T seconds (e.g. 30s): a progress line when\n"
+"                           stderr is not a terminal (on one: a bar redrawn after each step)\n"
+"                           and a --metrics-steps row (default: 10s)\n"
+"  --quiet                  no progress, no epoch lines: only errors, warnings and the summary\n"
+"  --tensorboard DIR        TensorBoard event files (tensorboard --logdir DIR): a new\n"
+"                           events.out.tfevents.* file in DIR (made when missing) with the\n"
+"                           --metrics-steps figures as scalars at their step (train/loss,\n"
+"                           train/lr/group0, ...) and the --metrics ones at each epoch's last\n"
+"                           step (epoch/train_loss, ..., val/loss, val/accuracy, test/...);\n"
+"                           written out at least every 10 s\n"
+"  --tensorboard-histograms with --tensorboard: once per epoch, histograms of each trainable\n"
+"                           parameter and its gradient (weights/NAME, gradients/NAME); or\n"
+"                           tensorboard_histograms: true in the config's loop section\n"
 "  --early-stop PATIENCE    stop when the validation metric (accuracy, or MAE for regression)\n"
 "                           has not improved for PATIENCE epochs\n"
 "  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
-"  --predict OUT.csv        write predictions for the test set (else validation) and exit\n"
+"  --predict OUT.csv        write predictions for the test set (else validation) and exit:\n"
+"                           index,predicted,target\n"
+"  --predict-scores KIND    with --predict (classification): also each class's score, as\n"
+"                           logits (logit_0, ...: the model's outputs) or probabilities\n"
+"                           (prob_0, ...: their softmax)\n"
+"  --eval-batch-size N      samples per batch in validation, test and --predict (loop key\n"
+"                           eval_batch_size; default: --batch-size)\n"
 "  --limit-batches N        at most N batches per epoch and per evaluation (0: no limit)\n"
 "  --overfit-batches N      train and validate on the first N batches only (0: off)\n"
 "  --summary                print the model summary and exit\n"
@@ -369,6 +409,28 @@ static bool parse_bool(const char *t, bool *out) {
     return false;
 }
 
+/* --log-every N (steps, >= 1) or Ts (seconds, > 0); false after the message. */
+static bool parse_log_every(settings *s, const char *t) {
+    size_t n = strlen(t);
+    char num[64];
+    int64_t steps;
+    double secs;
+    if (n > 1 && n < sizeof num && t[n - 1] == 's') {
+        snprintf(num, sizeof num, "%.*s", (int)(n - 1), t);
+        if (parse_f64(num, &secs) && secs > 0 && secs <= 1e9) {
+            s->log_every = 0;
+            s->log_every_s = secs;
+            return true;
+        }
+    } else if (parse_i64(t, 1, INT64_MAX, &steps)) {
+        s->log_every = steps;
+        return true;
+    }
+    fprintf(stderr, "ember-train: --log-every: '%s' is not a number of steps (an integer >= 1) "
+            "or of seconds (such as 30s) (see --help)\n", t);
+    return false;
+}
+
 static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
     fprintf(stderr, "ember-train: %s: %s: ", em_config_node_where(n), em_config_node_path(n));
     fprintf(stderr, fmt, a);
@@ -384,7 +446,7 @@ static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
  * finite number >= 0, as --lr does.) */
 typedef enum num_id {
     N_EPOCHS, N_MAX_STEPS, N_BATCH, N_ACCUM, N_WORKERS, N_LIMIT, N_OVERFIT, N_EARLY, N_SEED,
-    N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_COUNT
+    N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_EVAL_BATCH, N_COUNT
 } num_id;
 
 typedef struct num_range {
@@ -417,6 +479,7 @@ static const num_range ranges[N_COUNT] = {
     [N_MOMENTUM] = REAL_RANGE(NULL, "--momentum", -DBL_MAX, DBL_MAX),
     [N_WD] = REAL_RANGE(NULL, "--weight-decay", -DBL_MAX, DBL_MAX),
     [N_SCALE] = REAL_RANGE("data.transforms.scale", NULL, -DBL_MAX, DBL_MAX),
+    [N_EVAL_BATCH] = INT_RANGE("loop.eval_batch_size", "--eval-batch-size", 1, INT32_MAX),
 };
 
 /* "an integer in [0, 2147483647]", "a finite number >= 0" */
@@ -509,7 +572,8 @@ static int pick_device(run *r) {
 static int read_loop(run *r, const em_config_node *loop) {
     static const char *const keys[] = {"epochs", "max_steps", "batch_size", "accum_steps",
         "clip_grad_norm", "seed", "deterministic", "workers", "shuffle", "device",
-        "limit_batches", "overfit_batches", "early_stop", NULL};
+        "limit_batches", "overfit_batches", "early_stop", "eval_batch_size",
+        "tensorboard_histograms", NULL};
     if (!loop) return 0;
     if (em_config_check_keys(loop, keys) != EM_OK) {
         report_error(NULL);
@@ -531,6 +595,7 @@ static int read_loop(run *r, const em_config_node *loop) {
         else if (!strcmp(k, "limit_batches")) rc = cfg_num(N_LIMIT, v, &r->s.limit_batches, &fv);
         else if (!strcmp(k, "overfit_batches")) rc = cfg_num(N_OVERFIT, v, &r->s.overfit_batches, &fv);
         else if (!strcmp(k, "early_stop")) rc = cfg_num(N_EARLY, v, &r->s.early_stop, &fv);
+        else if (!strcmp(k, "eval_batch_size")) rc = cfg_num(N_EVAL_BATCH, v, &r->s.eval_batch_size, &fv);
         else if (!strcmp(k, "seed")) {
             if (!(rc = cfg_num(N_SEED, v, &iv, &fv))) r->s.seed = (uint64_t)iv;
         } else if (!strcmp(k, "clip_grad_norm")) {
@@ -539,6 +604,9 @@ static int read_loop(run *r, const em_config_node *loop) {
             if (!parse_bool(t, &r->s.deterministic)) rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "shuffle")) {
             if (!parse_bool(t, &r->s.shuffle)) rc = cfg_error(v, "expected true or false, found '%s'", t);
+        } else if (!strcmp(k, "tensorboard_histograms")) { /* taken with --tensorboard only */
+            if (!parse_bool(t, &r->s.tensorboard_histograms))
+                rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "device") && !r->s.device_given) {
             snprintf(r->s.device, sizeof r->s.device, "%s", t);
         }
@@ -1079,6 +1147,41 @@ static em_scheduler *warmup_scheduler(run *r, const em_sched_class *k, const em_
     return s;
 }
 
+/* A schedule longer than the run: the lr never reaches where the schedule ends (a cosine's
+ * eta_min, OneCycleLR's final annealing, LinearLR's end_factor). `warmup`: the warm-up before
+ * it, in the schedule's units (epochs, or steps when per_step). A warning, naming both. */
+static void warn_short_schedule(const run *r, const em_sched_class *k, const em_options *o,
+                                bool per_step, int64_t warmup) {
+    const char *key = !strcmp(k->name, "CosineAnnealingLR") ? "T_max"
+                      : !strcmp(k->name, "OneCycleLR")      ? "total_steps"
+                      : !strcmp(k->name, "LinearLR")        ? "total_iters" : NULL;
+    em_options *c = key ? em_options_copy(o) : NULL;
+    if (!c || em_options_resolve(c, k->name, k->options, k->n_options) != EM_OK) {
+        em_options_free(c);
+        return; /* the scheduler was made from the same options: not reached */
+    }
+    int64_t len = em_options_int(c, key);
+    if (!strcmp(key, "total_steps") && len == 0)
+        len = em_options_int(c, "epochs") * em_options_int(c, "steps_per_epoch");
+    em_options_free(c);
+    int64_t spe = steps_per_epoch(r), run_len = r->s.epochs;
+    if (per_step && __builtin_mul_overflow(r->s.epochs, spe, &run_len)) return;
+    if (run_len - warmup >= len) return;
+    const char *unit = per_step ? "step" : "epoch";
+    char runs[96];
+    if (per_step)
+        snprintf(runs, sizeof runs, "%lld epochs of %lld steps (%lld steps)", (long long)r->s.epochs,
+                 (long long)spe, (long long)run_len);
+    else
+        snprintf(runs, sizeof runs, "%lld epochs", (long long)r->s.epochs);
+    char wu[64] = "";
+    if (warmup) snprintf(wu, sizeof wu, " after a warm-up of %lld %ss", (long long)warmup, unit);
+    fprintf(stderr, "ember-train: warning: the run's %s (--epochs) end before the schedule does: "
+            "%s's %s is %lld %ss%s, so the lr stops part-way (raise --epochs to %lld, or shorten "
+            "%s)\n", runs, k->name, key, (long long)len, unit, wu,
+            (long long)(per_step ? (len + warmup + spe - 1) / spe : len + warmup), key);
+}
+
 static int build_scheduler(run *r, const em_config_node *sc) {
     static const char *const skip[] = {"class", "interval", "warmup_epochs", NULL};
     const char *cls = NULL, *interval = NULL;
@@ -1163,18 +1266,20 @@ static int build_scheduler(run *r, const em_config_node *sc) {
         }
         r->sched = warmup_scheduler(r, k, o, W);
         if (r->sched)
-            fprintf(stderr, "ember-train: linear lr warm-up over %lld epoch%s%s, then %s\n",
-                    (long long)warmup, warmup == 1 ? "" : "s",
-                    per_step ? " (per step)" : "", k ? k->name : "a constant lr");
+            say(r, "ember-train: linear lr warm-up over %lld epoch%s%s, then %s\n",
+                (long long)warmup, warmup == 1 ? "" : "s", per_step ? " (per step)" : "",
+                k ? k->name : "a constant lr");
     } else {
         r->sched = em_scheduler_new(cls, r->opt, o);
     }
-    em_options_free(o);
     if (!r->sched) {
+        em_options_free(o);
         located_error(sc, "scheduler");
         return EXIT_USAGE;
     }
     r->sched_per_step = per_step;
+    if (k) warn_short_schedule(r, k, o, per_step, warmup && per_step ? warmup * steps_per_epoch(r) : warmup);
+    em_options_free(o);
     return 0;
 }
 
@@ -1324,11 +1429,12 @@ static const char *default_config(void) {
 
 /* The files the run will write, checked before anything is built (so a typo costs no epoch):
  * --checkpoint's pattern (one "{step}", in the file name, and no other "{...}") and that its
- * directory takes a new file; the same for --save-weights. --metrics and --predict are opened
- * before the first step. */
+ * directory takes a new file; the same for --save-weights and --save-best. --metrics,
+ * --metrics-steps and --predict are opened before the first step. */
 static int check_outputs(const run *r) {
     const struct { const char *option, *path; } out[] = {{"--checkpoint", r->s.checkpoint},
-                                                        {"--save-weights", r->s.save_weights}};
+                                                        {"--save-weights", r->s.save_weights},
+                                                        {"--save-best", r->s.save_best}};
     for (size_t i = 0; i < sizeof out / sizeof *out; i++) {
         const char *p = out[i].path;
         if (!p) continue;
@@ -1423,7 +1529,8 @@ int main(int argc, char **argv) {
            O_WD, O_SCHED, O_ACCUM, O_CLIP, O_SEED, O_DETERM, O_WORKERS, O_NOSHUF, O_INIT,
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
-           O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN };
+           O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
+           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1440,14 +1547,18 @@ int main(int argc, char **argv) {
         {"profile", 0, 0, O_PROFILE}, {"anomaly", 0, 0, O_ANOMALY}, {"dry-run", 0, 0, O_DRY},
         {"list-plugins", 0, 0, O_LIST}, {"help", 0, 0, O_HELP}, {"version", 0, 0, O_VERSION},
         {"warmup-epochs", 1, 0, O_WARMUP}, {"early-stop", 1, 0, O_EARLY},
-        {"plugin", 1, 0, O_PLUGIN}, {0, 0, 0, 0}};
+        {"plugin", 1, 0, O_PLUGIN}, {"quiet", 0, 0, O_QUIET}, {"log-every", 1, 0, O_LOG_EVERY},
+        {"metrics-steps", 1, 0, O_METRICS_STEPS}, {"save-best", 1, 0, O_SAVE_BEST},
+        {"predict-scores", 1, 0, O_PREDICT_SCORES}, {"eval-batch-size", 1, 0, O_EVAL_BATCH},
+        {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
+        {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
     /* -1: not given on the command line (the config or the default decides). */
     int64_t c_epochs = -1, c_max = -1, c_batch = -1, c_accum = -1, c_workers = -1, c_limit = -1,
-            c_overfit = -1, c_seed = -1, c_keep = -1, c_early = -1;
+            c_overfit = -1, c_seed = -1, c_keep = -1, c_early = -1, c_eval_batch = -1;
     double c_clip = -1;
-    bool c_determ = false, c_noshuf = false, list = false;
+    bool c_determ = false, c_noshuf = false, c_tb_hist = false, list = false;
     run r;
     memset(&r, 0, sizeof r);
     r.s.epochs = 10;
@@ -1457,6 +1568,8 @@ int main(int argc, char **argv) {
     r.s.keep = EM_CHECKPOINT_KEEP_DEFAULT;
     r.best_metric = NAN;
     r.best_epoch = -1;
+    r.best_saved_epoch = -1;
+    r.s.log_every_s = 10;
     r.stop = &stop_flag;
     r.s.argc = argc;
     r.s.argv = argv;
@@ -1495,6 +1608,22 @@ int main(int argc, char **argv) {
         case O_EARLY: ok = cli_num(N_EARLY, optarg, &c_early, &fv); break;
         case O_RESUME: r.s.resume = optarg; break;
         case O_METRICS: r.s.metrics = optarg; break;
+        case O_METRICS_STEPS: r.s.metrics_steps = optarg; break;
+        case O_TENSORBOARD: r.s.tensorboard = optarg; break;
+        case O_TB_HIST: c_tb_hist = true; break;
+        case O_QUIET: r.s.quiet = true; break;
+        case O_LOG_EVERY: ok = parse_log_every(&r.s, optarg); break;
+        case O_SAVE_BEST: r.s.save_best = optarg; break;
+        case O_EVAL_BATCH: ok = cli_num(N_EVAL_BATCH, optarg, &c_eval_batch, &fv); break;
+        case O_PREDICT_SCORES:
+            if (!strcmp(optarg, "logits")) r.s.predict_scores = PREDICT_LOGITS;
+            else if (!strcmp(optarg, "probabilities")) r.s.predict_scores = PREDICT_PROBABILITIES;
+            else {
+                fprintf(stderr, "ember-train: --predict-scores: '%s' is not logits or "
+                        "probabilities\n", optarg);
+                ok = false;
+            }
+            break;
         case O_EVAL: r.s.eval_only = true; break;
         case O_PREDICT: r.s.predict = optarg; break;
         case O_LIMIT: ok = cli_num(N_LIMIT, optarg, &c_limit, &fv); break;
@@ -1531,6 +1660,14 @@ int main(int argc, char **argv) {
     }
     if (r.s.init_nonstrict && !r.s.init_weights) {
         fprintf(stderr, "ember-train: --init-weights-nonstrict needs --init-weights\n");
+        return EXIT_USAGE;
+    }
+    if (c_tb_hist && !r.s.tensorboard) {
+        fprintf(stderr, "ember-train: --tensorboard-histograms needs --tensorboard DIR\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.predict_scores && !r.s.predict) {
+        fprintf(stderr, "ember-train: --predict-scores needs --predict\n");
         return EXIT_USAGE;
     }
     if (r.s.eval_only && !r.s.init_weights && !r.s.resume) {
@@ -1575,17 +1712,20 @@ int main(int argc, char **argv) {
     if (c_keep >= 0) r.s.keep = c_keep;
     if (c_early >= 0) r.s.early_stop = c_early;
     if (c_clip >= 0) r.s.clip_grad_norm = c_clip;
+    if (c_eval_batch >= 0) r.s.eval_batch_size = c_eval_batch;
+    if (!r.s.eval_batch_size) r.s.eval_batch_size = r.s.batch_size;
     if (c_determ) r.s.deterministic = true;
     if (c_noshuf) r.s.shuffle = false;
+    if (c_tb_hist) r.s.tensorboard_histograms = true;
     if ((rc = check_outputs(&r))) goto done;
     if ((rc = pick_device(&r))) goto done;
     char devname[64];
-    fprintf(stderr, "ember-train: config %s, device %s", r.s.config_path,
-            em_device_str(r.dev, devname, sizeof devname));
+    say(&r, "ember-train: config %s, device %s", r.s.config_path,
+        em_device_str(r.dev, devname, sizeof devname));
     if (r.dev.type == EM_DEVICE_CPU_TYPE) /* the thread count, and why: 64 on a 4-core slot hurts */
-        fprintf(stderr, " (%d thread%s: %s)", em_num_threads(), em_num_threads() == 1 ? "" : "s",
-                em_num_threads_reason());
-    fputc('\n', stderr);
+        say(&r, " (%d thread%s: %s)", em_num_threads(), em_num_threads() == 1 ? "" : "s",
+            em_num_threads_reason());
+    say(&r, "\n");
     em_seed(r.s.seed);
     em_set_deterministic(r.s.deterministic);
     if (r.s.anomaly) em_set_anomaly(true);
@@ -1611,6 +1751,19 @@ int main(int argc, char **argv) {
         goto done;
     }
     if ((rc = read_data(&r, em_config_node_get(root, "data")))) goto done;
+    if (r.s.save_best && !r.val && !r.s.overfit_batches) {
+        fprintf(stderr, "ember-train: --save-best needs a validation set to find the best epoch: "
+                "add data.validation (a fraction, a count, or a map of dataset options) to %s\n",
+                r.s.config_path);
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    if (r.s.predict_scores && !(r.info->num_classes > 0 && r.info->target_ndim == 0)) {
+        fprintf(stderr, "ember-train: --predict-scores needs class targets (the target field "
+                "'%s' is not class labels)\n", r.tg_name);
+        rc = EXIT_USAGE;
+        goto done;
+    }
     if (r.s.early_stop && !r.val && !r.s.overfit_batches) {
         fprintf(stderr, "ember-train: --early-stop needs a validation set: add data.validation "
                 "(a fraction, a count, or a map of dataset options) to %s\n", r.s.config_path);

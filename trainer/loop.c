@@ -28,9 +28,12 @@
 #include "ember/tensor.h"
 #include "ember/trace.h"
 #include "metrics.h"
+#include "metrics_file.h"
+#include "tensorboard.h"
 #include "trainer.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <math.h>
@@ -51,7 +54,8 @@ static bool classification(const run *r) { return r->info->num_classes > 0 && r-
 
 static em_loader *make_loader(run *r, em_dataset *ds, bool train, const int64_t *subset,
                               int64_t n_subset) {
-    em_loader_options o = {.struct_size = sizeof o, .batch_size = r->s.batch_size,
+    em_loader_options o = {.struct_size = sizeof o,
+                           .batch_size = train ? r->s.batch_size : r->s.eval_batch_size,
                            .shuffle = train && r->s.shuffle && !subset, .seed = r->s.seed,
                            .num_workers = (int)r->s.workers, .device = r->dev,
                            .transforms = r->tf};
@@ -75,51 +79,6 @@ static em_loader *make_loader(run *r, em_dataset *ds, bool train, const int64_t 
     return em_loader_new(ds, &o);
 }
 
-/* ---- text files the trainer writes (--metrics, --predict) -----------------------------------
- * stdio reports a failed write (a full disk; the file-size limit, since ember-train ignores
- * SIGXFSZ) as a negative return from whichever call flushed the buffer. The first failure's
- * errno is kept, so the message names the reason however many calls came after it. */
-
-typedef struct out_file {
-    FILE *f;
-    const char *option, *path; /* "--metrics", the file */
-    int err;                   /* the first failure's errno; 0: none */
-} out_file;
-
-static void out_note(out_file *o, bool ok) {
-    if (!ok && !o->err) o->err = errno ? errno : EIO;
-}
-#define OUT_PRINTF(o, ...) out_note((o), fprintf((o)->f, __VA_ARGS__) >= 0)
-
-static bool out_open(out_file *o, const char *option, const char *path, const char *mode) {
-    *o = (out_file){fopen(path, mode), option, path, 0};
-    if (!o->f) {
-        fprintf(stderr, "ember-train: %s %s: cannot write: %s\n", option, path, strerror(errno));
-        return false;
-    }
-    return true;
-}
-
-static bool out_flush(out_file *o) {
-    out_note(o, fflush(o->f) == 0);
-    return !o->err;
-}
-
-/* Close o (when open); false when any write or the close failed. */
-static bool out_close(out_file *o) {
-    if (!o->f) return !o->err;
-    errno = 0;
-    out_note(o, fclose(o->f) == 0);
-    o->f = NULL;
-    return !o->err;
-}
-
-/* The failure as the thread's error, for report_error. */
-static em_status out_error(const out_file *o) {
-    return em_set_error(EM_ERR_IO, "%s %s: writing failed: %s", o->option, o->path,
-                        strerror(o->err));
-}
-
 /* The next batch of l: the model's inputs in[0..r->n_in) (the fields data.inputs names),
  * the target (data.target) and the mask of the first padded input (NULL: none), all
  * borrowed from the loader. EM_OK with in[0] = NULL at the end of the epoch. */
@@ -141,6 +100,26 @@ static em_status next_batch(const run *r, em_loader *l, em_tensor **in, em_tenso
 /* The model on a batch's inputs, with the padding mask for the layers that take one. */
 static em_tensor *model_forward(const run *r, em_tensor *const *in, em_tensor *mask) {
     return em_module_forward_masked(r->model, in, r->n_in, mask);
+}
+
+/* The batch's metric as a sum over its samples: correct predictions (classification: the
+ * argmax of out (B, C) against the labels y (B)), or the per-sample mean absolute error
+ * (regression). *pred (may be NULL): the predictions (labels, or out itself). NULL on error. */
+static em_tensor *batch_metric(const run *r, em_tensor *out, em_tensor *y, int64_t bs,
+                               em_tensor **pred) {
+    em_tensor *p, *m;
+    if (classification(r)) {
+        int dim = 1;
+        p = em_argmax(out, &dim, false);
+        m = em_sum(em_to_dtype(em_eq(p, y), EM_F32), 0, NULL, false);
+    } else {
+        p = out;
+        m = em_sum(em_abs(em_sub(out, em_reshape(y, em_tensor_ndim(out), em_tensor_shape(out)))),
+                   0, NULL, false);
+        if (m) m = em_div_scalar(m, (double)(em_tensor_numel(out) / bs));
+    }
+    if (pred) *pred = p;
+    return m;
 }
 
 /* ---- evaluation ---------------------------------------------------------------------------- */
@@ -170,17 +149,7 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
         em_tensor *outp = model_forward(r, xs, mask);
         em_tensor *pair[2] = {outp, y};
         em_tensor *loss = outp ? em_module_forward_n(r->loss, pair, 2) : NULL;
-        em_tensor *m = NULL, *pred_t = NULL;
-        if (loss && classification(r)) {
-            int dim = 1;
-            pred_t = em_argmax(outp, &dim, false);
-            m = em_sum(em_to_dtype(em_eq(pred_t, y), EM_F32), 0, NULL, false);
-        } else if (loss) {
-            pred_t = outp;
-            m = em_sum(em_abs(em_sub(outp, em_reshape(y, em_tensor_ndim(outp), em_tensor_shape(outp)))),
-                       0, NULL, false);
-            if (m) m = em_div_scalar(m, (double)(em_tensor_numel(outp) / bs));
-        }
+        em_tensor *pred_t = NULL, *m = loss ? batch_metric(r, outp, y, bs, &pred_t) : NULL;
         if (!m) {
             s = em_last_status();
             em_scope_end();
@@ -191,6 +160,18 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
         if (pred) {
             em_tensor *pc = em_to_device(em_to_dtype(pred_t, classification(r) ? EM_I64 : EM_F32), em_cpu());
             em_tensor *yc = em_to_device(em_to_dtype(y, classification(r) ? EM_I64 : EM_F32), em_cpu());
+            /* --predict-scores: the model's outputs (B, C), or their softmax */
+            em_tensor *sc = NULL;
+            int64_t C = em_tensor_ndim(outp) == 2 ? em_tensor_shape(outp)[1] : 0;
+            if (r->s.predict_scores && C) {
+                em_tensor *v = r->s.predict_scores == PREDICT_PROBABILITIES ? em_softmax(outp, 1) : outp;
+                sc = v ? em_contiguous(em_to_device(em_to_dtype(v, EM_F32), em_cpu())) : NULL;
+                if (!sc) {
+                    s = em_last_status();
+                    em_scope_end();
+                    break;
+                }
+            }
             int64_t per = em_tensor_numel(pc) / bs;
             for (int64_t i = 0; i < bs; i++) {
                 OUT_PRINTF(pred, "%" PRId64, n + i);
@@ -202,6 +183,8 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
                         OUT_PRINTF(pred, ",%.9g,%.9g", ((float *)em_tensor_data(pc))[i * per + j],
                                    ((float *)em_tensor_data(yc))[i * per + j]);
                 }
+                for (int64_t j = 0; sc && j < C; j++)
+                    OUT_PRINTF(pred, ",%.9g", ((float *)em_tensor_data(sc))[i * C + j]);
                 OUT_PRINTF(pred, "\n");
             }
             if (pred->err) {
@@ -240,7 +223,10 @@ int evaluate_only(run *r) {
         em_dataset *ds = r->test ? r->test : r->val ? r->val : r->train;
         out_file f;
         if (!out_open(&f, "--predict", r->s.predict, "w")) return EXIT_USAGE;
-        OUT_PRINTF(&f, "index,predicted,target\n");
+        OUT_PRINTF(&f, "index,predicted,target");
+        for (int64_t c = 0; r->s.predict_scores && c < r->info->num_classes; c++)
+            OUT_PRINTF(&f, r->s.predict_scores == PREDICT_LOGITS ? ",logit_%" PRId64 : ",prob_%" PRId64, c);
+        OUT_PRINTF(&f, "\n");
         em_status s = evaluate(r, ds, NULL, 0, &f, &e);
         if (!out_close(&f) && s == EM_OK) s = out_error(&f);
         if (s != EM_OK) {
@@ -248,7 +234,7 @@ int evaluate_only(run *r) {
             return EXIT_TRAIN;
         }
         print_eval(r, r->test ? "test" : r->val ? "validation" : "train", &e);
-        fprintf(stderr, "ember-train: wrote %" PRId64 " predictions to %s\n", e.n, r->s.predict);
+        say(r, "ember-train: wrote %" PRId64 " predictions to %s\n", e.n, r->s.predict);
         if (!r->s.eval_only) return EXIT_OK;
     }
     if (r->val) {
@@ -280,6 +266,29 @@ static em_status meta_i64(em_metadata *m, const char *k, int64_t v) {
     snprintf(buf, sizeof buf, "%" PRId64, v);
     return em_metadata_set(m, k, buf);
 }
+
+/* %.17g: the double comes back bit for bit */
+static em_status meta_f64(em_metadata *m, const char *k, double v) {
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    return em_metadata_set(m, k, buf);
+}
+
+/* The epoch_sums fields as metadata entries. */
+static const struct {
+    const char *key;
+    size_t off;
+    bool f; /* a double; else an int64_t */
+} part_keys[] = {
+    {"train.epoch_loss_sum", offsetof(epoch_sums, loss), true},
+    {"train.epoch_metric_sum", offsetof(epoch_sums, metric), true},
+    {"train.epoch_grad_norm_sum", offsetof(epoch_sums, grad_norm), true},
+    {"train.epoch_time_s", offsetof(epoch_sums, time_s), true},
+    {"train.epoch_wait_s", offsetof(epoch_sums, wait_s), true},
+    {"train.epoch_samples", offsetof(epoch_sums, samples), false},
+    {"train.epoch_grad_norms", offsetof(epoch_sums, grad_norms), false},
+};
+enum { N_PART = sizeof part_keys / sizeof *part_keys };
 
 /* A file matching --checkpoint that is not this run's (another run's, none's, unreadable):
  * said once per count, since rotation leaves them alone and resuming by the pattern will ask
@@ -357,6 +366,11 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved
     if (s == EM_OK) s = meta_i64(m, "train.batch", r->batch);
     if (s == EM_OK) s = meta_i64(m, "train.best_epoch", r->best_epoch);
     if (s == EM_OK) s = meta_i64(m, "train.seed", (int64_t)r->s.seed);
+    /* the epoch so far, for its figures over all its batches after a resume */
+    const epoch_sums z = {0}, *e = r->batch ? &r->part : &z;
+    for (int i = 0; i < N_PART && s == EM_OK; i++)
+        s = part_keys[i].f ? meta_f64(m, part_keys[i].key, *(const double *)((const char *)e + part_keys[i].off))
+                           : meta_i64(m, part_keys[i].key, *(const int64_t *)((const char *)e + part_keys[i].off));
     if (s == EM_OK) {
         stop_save_begin("checkpoint", path_out);
         s = em_checkpoint_save(path_out, &ck, m);
@@ -383,7 +397,7 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved
 
 /* Before the first step (and in --dry-run): make the run's identity, say which files matching
  * --checkpoint are not this run's, and (unless `dry`) remove the temporary files that killed
- * saves of --checkpoint and --save-weights left. */
+ * saves of --checkpoint, --save-weights and --save-best left. */
 void checkpoint_prepare(run *r, bool dry) {
     if (!r->run_id[0] && em_checkpoint_run_id_new(r->run_id, sizeof r->run_id) != EM_OK)
         report_error("run identity");
@@ -392,15 +406,15 @@ void checkpoint_prepare(run *r, bool dry) {
         if (em_checkpoint_list(r->s.checkpoint, &l) == EM_OK) warn_other_files(r, l, "");
         em_checkpoint_files_free(l);
     }
-    const char *paths[2] = {r->s.checkpoint, r->s.save_weights};
-    for (int i = 0; i < 2 && !dry; i++) {
+    const char *paths[3] = {r->s.checkpoint, r->s.save_weights, r->s.save_best};
+    for (int i = 0; i < 3 && !dry; i++) {
         size_t n = 0;
         if (!paths[i]) continue;
         if (em_save_remove_stale(paths[i], &n) != EM_OK)
             fprintf(stderr, "ember-train: warning: %s\n", em_last_error());
         else if (n)
-            fprintf(stderr, "ember-train: removed %zu temporary file%s that killed saves to %s "
-                    "left behind\n", n, n == 1 ? "" : "s", paths[i]);
+            say(r, "ember-train: removed %zu temporary file%s that killed saves to %s left "
+                "behind\n", n, n == 1 ? "" : "s", paths[i]);
     }
 }
 
@@ -424,6 +438,19 @@ static em_status meta_get_i64(const em_metadata *m, const char *path, const char
     return EM_OK;
 }
 
+/* Metadata entry k as a finite number >= 0; EM_ERR_FORMAT naming the file and entry otherwise. */
+static em_status meta_get_f64(const em_metadata *m, const char *path, const char *k, double *v) {
+    const char *t = em_metadata_get(m, k);
+    char *end = NULL;
+    errno = 0;
+    double x = t && *t ? strtod(t, &end) : NAN;
+    if (!t || !*t || *end || errno || !isfinite(x) || x < 0)
+        return em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata '%s' is '%s'; expected a "
+                            "finite number >= 0", path, k, t ? t : "");
+    *v = x;
+    return EM_OK;
+}
+
 /* Restore r from one checkpoint file. */
 static em_status load_file(run *r, const char *path) {
     em_checkpoint ck = EM_CHECKPOINT_INIT;
@@ -439,6 +466,17 @@ static em_status load_file(run *r, const char *path) {
     /* the batch is checked against the epoch's batches when the loader exists (train_loop) */
     if (s == EM_OK) s = meta_get_i64(m, path, "train.batch", 0, EM_STEP_MAX, &batch);
     if (s == EM_OK) s = meta_get_i64(m, path, "train.best_epoch", -1, ck.epoch, &be);
+    /* the epoch's sums: absent from checkpoints older than them (the resumed epoch's figures
+     * then cover the batches after the resume) */
+    epoch_sums part = {0};
+    bool have_part = false;
+    for (int i = 0; i < N_PART && s == EM_OK; i++) {
+        if (!em_metadata_get(m, part_keys[i].key)) continue;
+        have_part = true;
+        void *at = (char *)&part + part_keys[i].off;
+        if (part_keys[i].f) s = meta_get_f64(m, path, part_keys[i].key, at);
+        else s = meta_get_i64(m, path, part_keys[i].key, 0, INT64_MAX, at);
+    }
     if (s == EM_OK) {
         snprintf(resumed_from, sizeof resumed_from, "%s", path);
         r->epoch = ck.epoch;
@@ -446,9 +484,14 @@ static em_status load_file(run *r, const char *path) {
         r->step = ck.step;
         r->best_epoch = be;
         r->best_metric = ck.best_metric;
+        r->part = part;
+        if (batch > 0 && !have_part)
+            fprintf(stderr, "ember-train: warning: %s holds no sums of its epoch so far (written "
+                    "by an older ember-train): epoch %" PRId64 "'s figures will cover the batches "
+                    "after the resume only\n", path, ck.epoch + 1);
         snprintf(r->run_id, sizeof r->run_id, "%s", ck.run_id);
-        fprintf(stderr, "ember-train: resumed from %s at epoch %" PRId64 ", batch %" PRId64
-                ", step %" PRId64 "\n", path, ck.epoch + 1, batch, ck.step);
+        say(r, "ember-train: resumed from %s at epoch %" PRId64 ", batch %" PRId64 ", step %"
+            PRId64 "\n", path, ck.epoch + 1, batch, ck.step);
     }
     em_metadata_free(m);
     return s;
@@ -499,27 +542,150 @@ em_status checkpoint_load(run *r, const char *path) {
 
 /* ---- metrics files ---------------------------------------------------------------------------- */
 
-/* One row, flushed; false when the file could not be written (o->err says why). */
-static bool metrics_write(run *r, out_file *o, bool jsonl, const epoch_row *e) {
-    const char *mn = classification(r) ? "val_accuracy" : "val_mae";
-    if (jsonl) {
-        OUT_PRINTF(o, "{\"epoch\": %" PRId64 ", \"step\": %" PRId64 ", \"lr\": %.9g, "
-                "\"train_loss\": %.9g, \"grad_norm\": %.9g, \"val_loss\": %.9g, \"%s\": %.9g, "
-                "\"samples_per_s\": %.6g, \"data_wait_pct\": %.4g, \"peak_memory\": %zu}\n",
-                e->epoch, e->step, e->lr, e->train_loss, e->grad_norm, e->val_loss, mn,
-                e->val_metric, e->samples_s, e->wait_pct, e->peak);
-    } else {
-        OUT_PRINTF(o, "%" PRId64 ",%" PRId64 ",%.9g,%.9g,%.9g,%.9g,%.9g,%.6g,%.4g,%zu\n", e->epoch,
-                   e->step, e->lr, e->train_loss, e->grad_norm, e->val_loss, e->val_metric,
-                   e->samples_s, e->wait_pct, e->peak);
-    }
-    return out_flush(o);
-}
-
 static size_t peak_total(const run *r) {
     em_memory_stats st;
     if (em_memory_stats_get(r->dev, &st) != EM_OK) return 0;
     return st.peak_reserved;
+}
+
+/* ---- the sinks: every place the loop's rows go (metrics.h) ----------------------------------
+ * All of them are opened in sinks_open and called only through the functions below, which say
+ * which sink failed and why. A new sink is one more entry in sinks_open. */
+
+enum { SINKS_MAX = 8, SINK_FLUSH_S = 10 };
+
+typedef struct sinks {
+    metrics_sink s[SINKS_MAX];
+    bool dead[SINKS_MAX];     /* failed (reported): not called again, but closed */
+    int n;
+    bool epochs, steps;       /* some sink takes epoch rows / step rows */
+    const char *failed;       /* the option of the first sink that failed; NULL: none */
+    double last_flush;
+} sinks;
+
+/* Sink i failed: "ember-train: OPTION ERR[THEN]"; false. */
+static bool sink_fail(sinks *k, int i, const char *then) {
+    fprintf(stderr, "ember-train: %s %s%s\n", k->s[i].option, k->s[i].err, then ? then : "");
+    k->dead[i] = true;
+    if (!k->failed) k->failed = k->s[i].option;
+    return false;
+}
+
+static bool sinks_add_file(run *r, sinks *k, const char *option, const char *path, bool steps) {
+    metrics_sink *s = &k->s[k->n];
+    int ng = em_optimizer_group_count(r->opt);
+    metrics_file_spec spec = {.option = option, .path = path, .steps = steps,
+                              .append = r->s.resume != NULL, .classification = classification(r),
+                              .n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX};
+    if (!metrics_file_open(s, &spec)) {
+        fprintf(stderr, "ember-train: %s %s\n", option, s->err);
+        return false;
+    }
+    k->n++;
+    return true;
+}
+
+static bool sinks_add_tensorboard(run *r, sinks *k) {
+    metrics_sink *s = &k->s[k->n];
+    if (!tensorboard_sink_open(s, r->s.tensorboard, r->s.tensorboard_histograms,
+                               classification(r) ? "accuracy" : "mae",
+                               r->s.resume ? r->step : -1)) {
+        fprintf(stderr, "ember-train: --tensorboard %s\n", s->err);
+        return false;
+    }
+    say(r, "ember-train: --tensorboard: writing %s\n", tensorboard_sink_path(s));
+    k->n++;
+    return true;
+}
+
+/* Open every sink the run asks for; false (after the message, the others closed) when one
+ * cannot be opened. */
+static bool sinks_open(run *r, sinks *k) {
+    memset(k, 0, sizeof *k);
+    k->last_flush = now_s();
+    bool ok = (!r->s.metrics || sinks_add_file(r, k, "--metrics", r->s.metrics, false)) &&
+              (!r->s.metrics_steps ||
+               sinks_add_file(r, k, "--metrics-steps", r->s.metrics_steps, true)) &&
+              (!r->s.tensorboard || sinks_add_tensorboard(r, k));
+    for (int i = 0; i < k->n; i++) {
+        if (!ok) k->s[i].close(&k->s[i]);
+        k->epochs |= k->s[i].epoch != NULL;
+        k->steps |= k->s[i].step != NULL;
+    }
+    if (!ok) k->n = 0;
+    return ok;
+}
+
+/* Each hands its row to every live sink that takes it; false after the first failure's
+ * message (THEN completes it: what the loop does now). */
+static bool sinks_step(sinks *k, const step_row *row, const char *then) {
+    for (int i = 0; i < k->n; i++)
+        if (!k->dead[i] && k->s[i].step && !k->s[i].step(&k->s[i], row))
+            return sink_fail(k, i, then);
+    return true;
+}
+
+static bool sinks_epoch(sinks *k, const epoch_row *row, const char *then) {
+    for (int i = 0; i < k->n; i++)
+        if (!k->dead[i] && k->s[i].epoch && !k->s[i].epoch(&k->s[i], row))
+            return sink_fail(k, i, then);
+    return true;
+}
+
+static bool sinks_params(sinks *k, int64_t epoch, int64_t step, const em_dict *params,
+                         const char *then) {
+    for (int i = 0; i < k->n; i++)
+        if (!k->dead[i] && k->s[i].params && !k->s[i].params(&k->s[i], epoch, step, params))
+            return sink_fail(k, i, then);
+    return true;
+}
+
+/* Flush every sink when `force` or SINK_FLUSH_S seconds have passed since the last flush. */
+static bool sinks_flush(sinks *k, bool force, const char *then) {
+    double t = now_s();
+    if (!force && t - k->last_flush < SINK_FLUSH_S) return true;
+    k->last_flush = t;
+    for (int i = 0; i < k->n; i++)
+        if (!k->dead[i] && k->s[i].flush && !k->s[i].flush(&k->s[i]))
+            return sink_fail(k, i, then);
+    return true;
+}
+
+/* Close every sink; false when one failed now (reported) or before. */
+static bool sinks_close(sinks *k) {
+    for (int i = 0; i < k->n; i++)
+        if (!k->s[i].close(&k->s[i]) && !k->dead[i]) sink_fail(k, i, NULL);
+    k->n = 0;
+    return !k->failed;
+}
+
+/* ---- progress: a bar on a terminal, a line every --log-every elsewhere ----------------------- */
+
+typedef struct progress {
+    bool bar, lines;          /* stderr is a terminal: the bar; else lines; --quiet: neither */
+    double last_log;          /* when the last line / step row was due (--log-every by time) */
+} progress;
+
+/* Whether a progress line and a step row are due after step `step`, at time t. */
+static bool log_due(const run *r, progress *p, int64_t step, double t) {
+    if (r->s.log_every) return step % r->s.log_every == 0;
+    if (t - p->last_log < r->s.log_every_s) return false;
+    p->last_log = t;
+    return true;
+}
+
+/* The bar (redrawn in place) or one line. The ETA and samples/s are this run's: a resumed
+ * epoch's batches before the resume took no time of it. */
+static void progress_put(const run *r, bool bar, int64_t nb, double loss, double sps, double eta,
+                         double lr, double elapsed) {
+    if (bar)
+        fprintf(stderr, "\repoch %" PRId64 "/%" PRId64 " [%" PRId64 "/%" PRId64 "] loss %.4f  "
+                "%.0f samples/s  ETA %.0fs   ", r->epoch + 1, r->s.epochs, r->batch, nb, loss,
+                sps, eta);
+    else
+        fprintf(stderr, "epoch %" PRId64 "/%" PRId64 " [%" PRId64 "/%" PRId64 "] step %" PRId64
+                "  loss %.4f  lr %.3g  %.0f samples/s  ETA %.0fs  elapsed %.1fs\n", r->epoch + 1,
+                r->s.epochs, r->batch, nb, r->step, loss, lr, sps, eta, elapsed);
 }
 
 /* ---- the loop ---------------------------------------------------------------------------------- */
@@ -649,6 +815,25 @@ static void print_step_waits(const run *r, step_waits *sw) {
             r->s.workers == 1 ? "" : "s", w * 1e6, t > 0 ? 100.0 * w / t : 0.0, t * 1e3);
 }
 
+/* Save the weights of a new best validation epoch to --save-best (atomically, as em_save
+ * writes); false after the message. */
+static bool save_best(run *r) {
+    em_dict *sd = em_module_state_dict(r->model);
+    em_status ws = EM_ERR_NOMEM;
+    if (sd) {
+        stop_save_begin("--save-best file", r->s.save_best);
+        ws = em_save(sd, r->s.save_best, NULL, NULL);
+        stop_save_end(false, r->step);
+    }
+    em_dict_free(sd);
+    if (ws != EM_OK) {
+        report_error("--save-best");
+        return false;
+    }
+    r->best_saved_epoch = r->best_epoch;
+    return true;
+}
+
 int train_loop(run *r) {
     const int64_t A = r->s.accum_steps, B = r->s.batch_size;
     int64_t *subset = NULL, n_subset = 0;
@@ -675,8 +860,8 @@ int train_loop(run *r) {
         free(subset);
         return EXIT_USAGE;
     }
-    bool tty = isatty(2), metrics_json = false;
-    out_file mo = {0};
+    progress pg = {.bar = !r->s.quiet && isatty(2), .lines = !r->s.quiet && !isatty(2)};
+    sinks k;
     step_waits sw = {0};
     int64_t steps_run = 0;
     {
@@ -691,33 +876,22 @@ int train_loop(run *r) {
             sw.cap = sw.wait && sw.time ? cap : 0; /* out of memory: the figure is left out */
         }
     }
-    if (r->s.metrics) {
-        size_t len = strlen(r->s.metrics);
-        metrics_json = len > 6 && !strcmp(r->s.metrics + len - 6, ".jsonl");
-        bool exists = r->s.resume && access(r->s.metrics, F_OK) == 0;
-        bool ok = out_open(&mo, "--metrics", r->s.metrics, exists ? "a" : "w");
-        if (ok && !metrics_json && !exists)
-            OUT_PRINTF(&mo, "epoch,step,lr,train_loss,grad_norm,val_loss,%s,samples_per_s,"
-                       "data_wait_pct,peak_memory\n", classification(r) ? "val_accuracy" : "val_mae");
-        if (ok && !out_flush(&mo)) { /* a full disk, found before the first step */
-            out_error(&mo);
-            report_error(NULL);
-            out_close(&mo);
-            ok = false;
-        }
-        if (!ok) {
-            em_loader_free(l);
-            free(subset);
-            free(sw.wait);
-            free(sw.time);
-            return EXIT_USAGE;
-        }
+    if (!sinks_open(r, &k)) {
+        em_loader_free(l);
+        free(subset);
+        free(sw.wait);
+        free(sw.time);
+        return EXIT_USAGE;
     }
     em_dataset *val = r->s.overfit_batches ? r->train : r->val;
     const char *mn = metric_name(r);
     double t_start = now_s();
+    pg.last_log = t_start;
     int rc = EXIT_OK;
     bool stop_run = false, wait_hinted = false, first_step = true, mem_after_first = r->s.memory_summary;
+    /* the test set's figures after the last step, when an epoch row needed them */
+    eval_result et = {NAN, NAN, 0};
+    int64_t test_step = -1;
     if ((r->epoch > 0 || r->batch > 0) &&
         em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch}) != EM_OK) {
         fprintf(stderr, "ember-train: --resume: checkpoint '%s': %s\n", resumed_from,
@@ -732,17 +906,24 @@ int train_loop(run *r) {
     if (r->s.early_stop && val && r->best_epoch >= 0 && r->batch == 0 &&
         r->epoch - 1 - r->best_epoch >= r->s.early_stop)
         stopped_early = stop_run = true;
+    /* the step rows' window: the figures since the previous row */
+    double win_loss = 0, win_t0 = now_s();
+    int64_t win_samples = 0;
+    uint64_t win_wait_ns = 0;
     em_module_train(r->model, true);
     for (; r->epoch < r->s.epochs && !stop_run; r->epoch++) {
         if (!loader_aligned) em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch});
         loader_aligned = true;
         em_loader_reset_stats(l);
-        double t0 = now_s(), loss_sum = 0, gn_sum = 0;
-        int64_t seen = 0, n_loss = 0, n_gn = 0;
+        if (r->batch == 0) r->part = (epoch_sums){0};
+        const epoch_sums before = r->part; /* a resumed epoch's batches before the resume */
+        const int64_t batch0 = r->batch;
+        double t0 = now_s();
         em_module_train(r->model, true);
         em_optimizer_zero_grad(r->opt);
         double t_step = now_s();
         uint64_t step_wait_ns = 0;
+        char then[160]; /* the end of a failed sink's message */
         while (r->batch < nb) {
             em_tensor *xs[IN_MAX], *y, *mask;
             em_status s = next_batch(r, l, xs, &y, &mask);
@@ -756,11 +937,19 @@ int train_loop(run *r) {
             step_wait_ns += em_loader_get_stats(l).last_wait_ns;
             int64_t group_first = (r->batch / A) * A;
             int64_t group_len = nb - group_first < A ? nb - group_first : A;
+            int64_t bs = em_tensor_shape(xs[0])[0];
             em_scope_begin();
             em_tensor *out = model_forward(r, xs, mask);
             em_tensor *pair[2] = {out, y};
             em_tensor *loss = out ? em_module_forward_n(r->loss, pair, 2) : NULL;
-            double lv = loss ? em_item(loss) : NAN;
+            double lv = loss ? em_item(loss) : NAN, mv = 0;
+            if (loss && k.epochs) { /* the epoch's train metric, as the batch was trained on */
+                em_grad_mode_push(EM_GRAD_DISABLED);
+                em_tensor *m = batch_metric(r, out, y, bs, NULL);
+                em_grad_mode_pop();
+                if (!m) loss = NULL;
+                else mv = em_item(m);
+            }
             if (!loss) {
                 report_error("forward");
                 rc = em_last_status() == EM_ERR_SHAPE ? EXIT_USAGE : EXIT_TRAIN;
@@ -776,14 +965,23 @@ int train_loop(run *r) {
                 stop_run = true;
                 break;
             }
-            loss_sum += lv * (double)em_tensor_shape(xs[0])[0];
-            seen += em_tensor_shape(xs[0])[0];
-            n_loss++;
+            r->part.loss += lv * (double)bs;
+            r->part.metric += mv;
+            r->part.samples += bs;
+            win_loss += lv * (double)bs;
+            win_samples += bs;
             r->batch++;
             if (r->batch - group_first < group_len) continue;
             /* a step boundary */
+            bool due = (k.steps || pg.lines) && log_due(r, &pg, r->step + 1, now_s());
+            step_row row = {.step = r->step + 1, .epoch = r->epoch + 1, .grad_norm = NAN};
+            if (due) { /* the lrs the step uses */
+                int ng = em_optimizer_group_count(r->opt);
+                row.n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX;
+                for (int g = 0; g < row.n_groups; g++) row.lr[g] = em_optimizer_lr(r->opt, g);
+            }
             double gn = NAN;
-            if (r->s.clip_grad_norm > 0 || mo.f) {
+            if (r->s.clip_grad_norm > 0 || k.n) {
                 double maxn = r->s.clip_grad_norm > 0 ? r->s.clip_grad_norm : INFINITY;
                 if (em_clip_grad_norm_(r->params, maxn, 2.0, false, &gn) != EM_OK) {
                     report_error("clip_grad_norm");
@@ -791,7 +989,7 @@ int train_loop(run *r) {
                     stop_run = true;
                     break;
                 }
-                if (isfinite(gn)) gn_sum += gn, n_gn++;
+                if (isfinite(gn)) r->part.grad_norm += gn, r->part.grad_norms++;
             }
             if (em_optimizer_step(r->opt) != EM_OK) {
                 report_error("optimizer step");
@@ -799,6 +997,10 @@ int train_loop(run *r) {
                 stop_run = true;
                 break;
             }
+            snprintf(then, sizeof then, "; training stops after step %" PRId64 "%s", r->step + 1,
+                     r->s.checkpoint ? " and its checkpoint" : "");
+            if (r->batch >= nb && !sinks_params(&k, r->epoch + 1, r->step + 1, r->params, then))
+                stop_run = true; /* the epoch's last step: its gradients are still there */
             em_optimizer_zero_grad(r->opt);
             r->step++;
             if (r->sched && r->sched_per_step && em_scheduler_step(r->sched, NAN) != EM_OK) {
@@ -814,41 +1016,61 @@ int train_loop(run *r) {
                 sw.n++;
             }
             t_step = t_end;
+            win_wait_ns += step_wait_ns;
             step_wait_ns = 0;
+            r->part.time_s = before.time_s + (t_end - t0);
+            r->part.wait_s = before.wait_s + (double)em_loader_get_stats(l).wait_ns * 1e-9;
             if (mem_after_first && first_step) {
                 fprintf(stderr, "ember-train: memory after the first step:\n");
                 em_memory_summary(stderr);
             }
             first_step = false;
-            if (tty) {
-                double el = now_s() - t0;
-                double eta = r->batch ? el / (double)r->batch * (double)(nb - r->batch) : 0;
-                fprintf(stderr, "\repoch %" PRId64 "/%" PRId64 " [%" PRId64 "/%" PRId64 "] "
-                        "loss %.4f  %.0f samples/s  ETA %.0fs   ", r->epoch + 1, r->s.epochs,
-                        r->batch, nb, loss_sum / (double)(seen ? seen : 1),
-                        el > 0 ? (double)seen / el : 0.0, eta);
+            if (due || pg.bar) {
+                double el = t_end - t0;
+                int64_t done = r->batch - batch0;
+                double sps = el > 0 ? (double)(r->part.samples - before.samples) / el : 0.0;
+                double eta = done ? el / (double)done * (double)(nb - r->batch) : 0;
+                double lr0 = due ? row.lr[0] : em_optimizer_lr(r->opt, 0);
+                if (pg.bar || pg.lines)
+                    progress_put(r, pg.bar, nb, r->part.loss / (double)r->part.samples, sps, eta,
+                                 lr0, t_end - t_start);
             }
+            if (due && k.steps) {
+                row.loss = win_samples ? win_loss / (double)win_samples : NAN;
+                row.grad_norm = gn;
+                row.samples_s = t_end > win_t0 ? (double)win_samples / (t_end - win_t0) : 0.0;
+                row.data_wait_s = (double)win_wait_ns * 1e-9;
+                if (!sinks_step(&k, &row, then)) stop_run = true;
+                win_loss = 0;
+                win_samples = 0;
+                win_wait_ns = 0;
+                win_t0 = t_end;
+            }
+            if (!sinks_flush(&k, false, then)) stop_run = true;
             if (atomic_load(r->stop)) {
-                if (tty) fputc('\n', stderr);
+                if (pg.bar) fputc('\n', stderr);
                 rc = interrupted(r);
                 stop_run = true;
                 break;
             }
+            if (stop_run) break; /* a sink failed: the epoch's row and checkpoint, then stop */
             if (r->s.max_steps && r->step >= r->s.max_steps) {
                 stop_run = true;
                 break;
             }
         }
-        if (tty) fputc('\n', stderr);
+        if (pg.bar) fputc('\n', stderr);
         if (rc) break;
         bool epoch_done = r->batch >= nb;
-        double dt = now_s() - t0;
+        double dt = before.time_s + (now_s() - t0);
         em_loader_stats ls = em_loader_get_stats(l);
-        double wait_pct = dt > 0 ? 100.0 * (double)ls.wait_ns * 1e-9 / dt : 0;
+        r->part.time_s = dt;
+        r->part.wait_s = before.wait_s + (double)ls.wait_ns * 1e-9;
+        double wait_pct = dt > 0 ? 100.0 * r->part.wait_s / dt : 0;
         if (!wait_hinted && wait_pct > 10.0 && dt > 0.2) {
-            fprintf(stderr, "ember-train: waiting for data took %.0f%% of the epoch's time; more "
-                    "loader threads may help (--workers %d)\n", wait_pct,
-                    (int)(r->s.workers ? r->s.workers * 2 : 2));
+            say(r, "ember-train: waiting for data took %.0f%% of the epoch's time; more loader "
+                "threads may help (--workers %d)\n", wait_pct,
+                (int)(r->s.workers ? r->s.workers * 2 : 2));
             wait_hinted = true;
         }
         eval_result ev = {NAN, NAN, 0};
@@ -857,35 +1079,47 @@ int train_loop(run *r) {
             rc = EXIT_TRAIN;
             break;
         }
+        if (k.epochs && r->test) {
+            if (evaluate(r, r->test, NULL, 0, NULL, &et) != EM_OK) {
+                report_error("test");
+                rc = EXIT_TRAIN;
+                break;
+            }
+            test_step = r->step;
+        }
         bool better = val && (isnan(r->best_metric) ||
                               (classification(r) ? ev.metric > r->best_metric : ev.metric < r->best_metric));
         if (better) {
             r->best_metric = ev.metric;
             r->best_epoch = r->epoch;
+            if (r->s.save_best && !save_best(r)) {
+                rc = EXIT_TRAIN;
+                break;
+            }
         }
         double lr = em_optimizer_lr(r->opt, 0);
+        const epoch_sums *e = &r->part;
+        double train_loss = e->samples ? e->loss / (double)e->samples : NAN;
         char vbuf[128] = "";
         if (val)
             snprintf(vbuf, sizeof vbuf, "  val loss %.4f %s %.2f%s", ev.loss, mn,
                      classification(r) ? 100 * ev.metric : ev.metric, classification(r) ? "%" : "");
-        fprintf(stderr, "epoch %" PRId64 "/%" PRId64 "%s: train loss %.4f%s  lr %.3g  %.1fs  %.0f "
-                "samples/s\n", r->epoch + 1, r->s.epochs, epoch_done ? "" : " (partial)",
-                seen ? loss_sum / (double)seen : NAN, vbuf, lr, dt, dt > 0 ? (double)seen / dt : 0);
-        bool metrics_failed = false;
-        if (mo.f) {
-            epoch_row row = {r->epoch + 1, r->step, lr, seen ? loss_sum / (double)seen : NAN,
-                             n_gn ? gn_sum / (double)n_gn : NAN, ev.loss, ev.metric,
-                             dt > 0 ? (double)seen / dt : 0, wait_pct, peak_total(r),
-                             NAN, NAN, NAN, 0, NAN};
-            if ((metrics_failed = !metrics_write(r, &mo, metrics_json, &row)))
-                fprintf(stderr, "ember-train: --metrics %s: writing failed: %s; training stops "
-                        "after epoch %" PRId64 "%s\n", mo.path, strerror(mo.err), r->epoch + 1,
-                        r->s.checkpoint ? " and its checkpoint" : "");
-        }
-        (void)n_loss;
+        say(r, "epoch %" PRId64 "/%" PRId64 "%s: train loss %.4f%s  lr %.3g  %.1fs  %.0f "
+            "samples/s\n", r->epoch + 1, r->s.epochs, epoch_done ? "" : " (partial)", train_loss,
+            vbuf, lr, dt, dt > 0 ? (double)e->samples / dt : 0);
+        snprintf(then, sizeof then, "; training stops after epoch %" PRId64 "%s", r->epoch + 1,
+                 r->s.checkpoint ? " and its checkpoint" : "");
+        epoch_row row = {r->epoch + 1, r->step, lr, train_loss,
+                         e->grad_norms ? e->grad_norm / (double)e->grad_norms : NAN, ev.loss,
+                         ev.metric, dt > 0 ? (double)e->samples / dt : 0, wait_pct, peak_total(r),
+                         e->samples ? e->metric / (double)e->samples : NAN,
+                         test_step == r->step ? et.loss : NAN,
+                         test_step == r->step ? et.metric : NAN, 0, NAN};
+        if (k.epochs) sinks_epoch(&k, &row, then);
+        if (!k.failed) sinks_flush(&k, true, then);
         if (epoch_done) {
             if (r->sched && !r->sched_per_step &&
-                em_scheduler_step(r->sched, val ? ev.loss : loss_sum / (double)(seen ? seen : 1)) != EM_OK) {
+                em_scheduler_step(r->sched, val ? ev.loss : train_loss) != EM_OK) {
                 report_error("scheduler");
                 rc = EXIT_TRAIN;
                 break;
@@ -898,7 +1132,7 @@ int train_loop(run *r) {
         }
         if (r->s.checkpoint || atomic_load(r->stop)) {
             /* a finished epoch is saved as the start of the next one */
-            int64_t e = r->epoch;
+            int64_t ep = r->epoch;
             if (epoch_done) r->epoch++;
             char path[4096];
             bool saved = false;
@@ -909,12 +1143,12 @@ int train_loop(run *r) {
                                    : "--checkpoint");
                 rc = EXIT_TRAIN;
             }
-            r->epoch = e;
+            r->epoch = ep;
         }
-        if (metrics_failed) { /* the exit code says a file was not written */
+        if (k.failed) { /* the exit code says a file was not written */
             if (rc == EXIT_OK && r->s.checkpoint && r->last_saved[0])
-                fprintf(stderr, "  the checkpoint %s was saved: once --metrics can be written, "
-                        "continue with --resume %s\n", r->last_saved, r->last_saved);
+                fprintf(stderr, "  the checkpoint %s was saved: once %s can be written, "
+                        "continue with --resume %s\n", r->last_saved, k.failed, r->last_saved);
             rc = EXIT_TRAIN;
         }
         if (rc) break;
@@ -929,13 +1163,12 @@ int train_loop(run *r) {
     stop_training_over(); /* from here a signal stops at once */
     double wall = now_s() - t_start;
     if (stopped_early)
-        fprintf(stderr, "ember-train: stopped early after epoch %" PRId64 ": the validation %s "
-                "has not improved for %" PRId64 " epoch%s (--early-stop %" PRId64 ")\n", r->epoch,
-                mn, r->epoch - 1 - r->best_epoch, r->epoch - 1 - r->best_epoch == 1 ? "" : "s",
-                r->s.early_stop);
+        say(r, "ember-train: stopped early after epoch %" PRId64 ": the validation %s has not "
+            "improved for %" PRId64 " epoch%s (--early-stop %" PRId64 ")\n", r->epoch, mn,
+            r->epoch - 1 - r->best_epoch, r->epoch - 1 - r->best_epoch == 1 ? "" : "s",
+            r->s.early_stop);
     if (rc == EXIT_OK && r->test) {
-        eval_result et;
-        if (evaluate(r, r->test, NULL, 0, NULL, &et) != EM_OK) {
+        if (test_step != r->step && evaluate(r, r->test, NULL, 0, NULL, &et) != EM_OK) {
             report_error("test");
             rc = EXIT_TRAIN;
         } else {
@@ -954,7 +1187,7 @@ int train_loop(run *r) {
             report_error("--save-weights");
             rc = EXIT_TRAIN;
         } else {
-            fprintf(stderr, "ember-train: weights saved to %s\n", r->s.save_weights);
+            say(r, "ember-train: weights saved to %s\n", r->s.save_weights);
         }
         em_dict_free(sd);
     }
@@ -965,6 +1198,11 @@ int train_loop(run *r) {
             fprintf(stderr, "; best epoch %" PRId64 " with validation %s %.4f%s", r->best_epoch + 1,
                     mn, classification(r) ? 100 * r->best_metric : r->best_metric,
                     classification(r) ? "%" : "");
+        if (r->best_epoch >= 0 && r->s.save_best)
+            fprintf(stderr, r->best_saved_epoch == r->best_epoch
+                                ? ", its weights saved to %s (--save-best)"
+                                : ", before the resume (not saved to %s by this run)",
+                    r->s.save_best);
         fprintf(stderr, "\n");
         em_memory_stats st;
         if (em_memory_stats_get(r->dev, &st) == EM_OK) {
@@ -982,12 +1220,8 @@ int train_loop(run *r) {
         em_memory_summary(stderr);
     }
     if (r->profiler) em_profiler_report(r->profiler, stderr, 25);
-    bool reported = mo.err != 0; /* a row that failed was reported at its epoch */
-    if (mo.f && !out_close(&mo) && !reported) {
-        out_error(&mo);
-        report_error(NULL);
-        if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) rc = EXIT_TRAIN;
-    }
+    bool reported = k.failed != NULL; /* a row that failed was reported when it failed */
+    if (!sinks_close(&k) && !reported && (rc == EXIT_OK || rc == EXIT_INTERRUPTED)) rc = EXIT_TRAIN;
     em_loader_free(l);
     free(subset);
     free(sw.wait);

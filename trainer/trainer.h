@@ -46,9 +46,32 @@ typedef struct settings {
     bool deterministic, shuffle;
     const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
     bool init_nonstrict, eval_only, summary, memory_summary, profile, anomaly, dry_run;
+    /* progress and metrics (issue 23) */
+    bool quiet;                    /* --quiet: errors, warnings and the summary only */
+    int64_t log_every;             /* --log-every N: every N steps; 0: by time */
+    double log_every_s;            /* --log-every Ts: every T seconds (default 10) */
+    const char *metrics_steps;     /* --metrics-steps FILE */
+    const char *save_best;         /* --save-best FILE */
+    int predict_scores;            /* --predict-scores: PREDICT_* */
+    int64_t eval_batch_size;       /* loop.eval_batch_size / --eval-batch-size (default:
+                                    * batch_size) */
+    const char *tensorboard;       /* --tensorboard DIR */
+    bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
+
+enum { PREDICT_LABELS, PREDICT_LOGITS, PREDICT_PROBABILITIES };
+
+/* The sums behind an epoch's figures, so that an epoch resumed mid-way reports them over all
+ * its batches (checkpointed as train.epoch_* metadata when a checkpoint is mid-epoch). */
+typedef struct epoch_sums {
+    double loss;                   /* sum of batch loss x batch size */
+    double metric;                 /* correct predictions, or the sum of per-sample MAEs */
+    double grad_norm;              /* sum of the steps' gradient norms (before clipping) */
+    double time_s, wait_s;         /* training time of the epoch, and the loader's share */
+    int64_t samples, grad_norms;   /* samples trained on; steps whose norm is in grad_norm */
+} epoch_sums;
 
 /* Entries of a data.transforms list. */
 #define TF_MAX 32
@@ -86,6 +109,8 @@ typedef struct run {
     int64_t epoch, batch, step;
     double best_metric;
     int64_t best_epoch;
+    epoch_sums part;               /* the epoch in progress (checkpointed mid-epoch) */
+    int64_t best_saved_epoch;      /* --save-best: the epoch this run saved; -1: none */
     char run_id[EM_CHECKPOINT_RUN_ID_MAX]; /* new, or the resumed checkpoint's (checkpointed) */
     char last_saved[4096];         /* this run's last checkpoint saved ("" when none) */
     int64_t last_saved_step;
@@ -107,6 +132,8 @@ void checkpoint_prepare(run *r, bool dry);
  * the process, so no save is cut short that the message would call saved — and after it ends
  * (`checkpoint`: it was a checkpoint and it was written, at `step`). */
 void report_error(const char *what);
+/* An informational message to stderr ("ember-train: " is the caller's), unless --quiet. */
+void say(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void stop_save_begin(const char *what, const char *path);
 void stop_save_end(bool checkpoint, int64_t step);
 void stop_training_over(void); /* the loop is done: any signal now stops at once */
