@@ -120,6 +120,24 @@ static void write_mlp(const char *name, const char *extra, const char *validatio
     write_file(name, text);
 }
 
+/* The trainer with args exits `want`, its output holding `needle`. */
+static void expect_run(int want, const char *needle, const char *const *args) {
+    char *out;
+    int rc = train(&out, args);
+    cr_assert_eq(rc, want, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, needle), "'%s' not in:\n%s", needle, out);
+    free(out);
+}
+
+/* A linear model on the digits without a validation set. */
+static void write_noval(const char *name) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data: {class: mnist, options: {path: %s/data/digits}}\n", EM_TEST_SRCDIR);
+    write_file(name, text);
+}
+
 static double test_accuracy(const char *out) {
     const char *t = strstr(out, "test: loss");
     cr_assert(t, "no test line in:\n%s", out);
@@ -664,6 +682,7 @@ Test(trainer, warmup_then_the_scheduler) {
  * is the validation accuracy of a run without it (same seed, so the same trajectory). */
 Test(trainer, early_stop) {
     write_mlp("mlp.yaml", "", "0.1");
+    write_noval("noval.yaml");
     char *out;
     int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "8", "--metrics",
                                           path("full.csv"), NULL});
@@ -704,15 +723,8 @@ Test(trainer, early_stop) {
     double z[16];
     cr_assert_eq(metrics_column(path("z.csv"), 6, z, 16), 4);
     /* without a validation set there is nothing to watch */
-    char text[1024];
-    snprintf(text, sizeof text,
-             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
-             "data: {class: mnist, options: {path: %s/data/digits}}\n", EM_TEST_SRCDIR);
-    write_file("noval.yaml", text);
-    rc = train(&out, (const char *[]){path("noval.yaml"), "--early-stop", "2", NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "--early-stop needs a validation set"), "%s", out);
-    free(out);
+    expect_run(2, "--early-stop needs a validation set", (const char *[]){path("noval.yaml"),
+               "--early-stop", "2", NULL});
 }
 
 /* --init-weights-nonstrict loads what matches and lists the rest: a file with one key that
@@ -1932,10 +1944,8 @@ Test(trainer, progress_lines_off_a_terminal_and_quiet) {
     cr_assert_eq(rc, 2, "%s", out);
     cr_assert(strstr(out, "--resume") && strstr(out, "none"), "%s", out);
     free(out);
-    rc = train(&out, (const char *[]){path("mlp.yaml"), "--log-every", "0", NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "--log-every: '0' is not a number of steps"), "%s", out);
-    free(out);
+    expect_run(2, "--log-every: '0' is not a number of steps", (const char *[]){path("mlp.yaml"),
+               "--log-every", "0", NULL});
 }
 
 /* --metrics gains train and test columns after its original ten; --metrics-steps has a row
@@ -1991,12 +2001,9 @@ Test(trainer, metrics_rows_across_a_resume) {
                                       "--log-every", "1", NULL});
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
-    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--resume",
-                                      path("ck.safetensors"), "--metrics", path("b.csv"),
-                                      "--metrics-steps", path("bs.csv"), "--log-every", "1", NULL});
-    cr_assert_eq(rc, 0, "%s", out);
-    cr_assert(strstr(out, "batch 20, step 20"), "%s", out);
-    free(out);
+    expect_run(0, "batch 20, step 20", (const char *[]){path("mlp.yaml"), "--epochs", "2",
+               "--resume", path("ck.safetensors"), "--metrics", path("b.csv"), "--metrics-steps",
+               path("bs.csv"), "--log-every", "1", NULL});
     csv b, bs;
     csv_read(&b, path("b.csv"));
     csv_read(&bs, path("bs.csv"));
@@ -2062,10 +2069,8 @@ Test(trainer, metrics_jsonl_groups_and_failures) {
     free(m);
     free(s);
     /* /dev/full takes the header's write until the flush: found before the first step */
-    rc = train(&out, (const char *[]){path("g.yaml"), "--metrics-steps", "/dev/full", NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "--metrics-steps /dev/full: writing failed: No space left"), "%s", out);
-    free(out);
+    expect_run(2, "--metrics-steps /dev/full: writing failed: No space left", (const char *[]){
+               path("g.yaml"), "--metrics-steps", "/dev/full", NULL});
     cr_assert_eq(symlink("/dev/full", path("full.jsonl")), 0); /* no header: the rows fail */
     rc = train(&out, (const char *[]){path("g.yaml"), "--metrics-steps", path("full.jsonl"),
                                       "--log-every", "1", "--checkpoint", path("ck.safetensors"),
@@ -2109,21 +2114,11 @@ Test(trainer, save_best_keeps_the_best_validation_epoch) {
     free(out);
     if (best < 6) /* the last epoch was not the best: its weights are not the file's */
         assert_weights_close(path("best.safetensors"), path("last.safetensors"), 0, 0, false);
-    char text[1024];
-    snprintf(text, sizeof text,
-             "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
-             "data: {class: mnist, options: {path: %s/data/digits}}\n", EM_TEST_SRCDIR);
-    write_file("noval.yaml", text);
-    rc = train(&out, (const char *[]){path("noval.yaml"), "--save-best", path("b.safetensors"),
-                                      NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "--save-best needs a validation set"), "%s", out);
-    free(out);
-    rc = train(&out, (const char *[]){path("mlp.yaml"), "--save-best", path("no/b.safetensors"),
-                                      NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "--save-best") && strstr(out, "the directory does not exist"), "%s", out);
-    free(out);
+    write_noval("noval.yaml");
+    expect_run(2, "--save-best needs a validation set", (const char *[]){path("noval.yaml"),
+               "--save-best", path("b.safetensors"), NULL});
+    expect_run(2, "the directory does not exist", (const char *[]){
+               path("mlp.yaml"), "--save-best", path("no/b.safetensors"), NULL});
 }
 
 /* --epochs that end before the schedule does: a warning naming both lengths (epochs, or steps
@@ -2204,15 +2199,10 @@ Test(trainer, predict_scores_logits_and_probabilities) {
     }
     free(c[0].text);
     free(c[1].text);
-    rc = train(&out, (const char *[]){path("mlp.yaml"), "--predict-scores", "logits", NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "--predict-scores needs --predict"), "%s", out);
-    free(out);
-    rc = train(&out, (const char *[]){path("mlp.yaml"), "--predict", path("x.csv"),
-                                      "--predict-scores", "odds", NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "'odds' is not logits or probabilities"), "%s", out);
-    free(out);
+    expect_run(2, "--predict-scores needs --predict", (const char *[]){path("mlp.yaml"),
+               "--predict-scores", "logits", NULL});
+    expect_run(2, "'odds' is not logits or probabilities", (const char *[]){path("mlp.yaml"),
+               "--predict", path("x.csv"), "--predict-scores", "odds", NULL});
 }
 
 /* Evaluation batches of --eval-batch-size (or loop.eval_batch_size): --limit-batches 2 then
@@ -2224,12 +2214,9 @@ Test(trainer, eval_batch_size) {
                                           path("w.safetensors"), NULL});
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
-    rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--init-weights",
-                                      path("w.safetensors"), "--limit-batches", "2",
-                                      "--eval-batch-size", "7", NULL});
-    cr_assert_eq(rc, 0, "%s", out);
-    cr_assert(strstr(out, "(14 samples)"), "%s", out);
-    free(out);
+    expect_run(0, "(14 samples)", (const char *[]){path("mlp.yaml"), "--eval-only",
+               "--init-weights", path("w.safetensors"), "--limit-batches", "2",
+               "--eval-batch-size", "7", NULL});
     double loss[2];
     for (int k = 0; k < 2; k++) {
         rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--init-weights",
@@ -2250,13 +2237,8 @@ Test(trainer, eval_batch_size) {
     snprintf(loop, sizeof text - (size_t)(loop - text), "loop: {epochs: 1, batch_size: 32, "
              "eval_batch_size: 5}\n");
     write_file("e.yaml", text);
-    rc = train(&out, (const char *[]){path("e.yaml"), "--eval-only", "--init-weights",
-                                      path("w.safetensors"), "--limit-batches", "2", NULL});
-    cr_assert_eq(rc, 0, "%s", out);
-    cr_assert(strstr(out, "(10 samples)"), "%s", out);
-    free(out);
-    rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-batch-size", "0", NULL});
-    cr_assert_eq(rc, 2, "%s", out);
-    cr_assert(strstr(out, "--eval-batch-size: '0' is not an integer in [1, "), "%s", out);
-    free(out);
+    expect_run(0, "(10 samples)", (const char *[]){path("e.yaml"), "--eval-only", "--init-weights",
+               path("w.safetensors"), "--limit-batches", "2", NULL});
+    expect_run(2, "--eval-batch-size: '0' is not an integer in [1, ", (const char *[]){
+               path("mlp.yaml"), "--eval-batch-size", "0", NULL});
 }
