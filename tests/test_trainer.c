@@ -1615,6 +1615,11 @@ Test(trainer, resume_checks_every_field_of_the_checkpoint) {
         {"train.batch", "", NULL, "metadata 'train.batch' is ''; expected an integer"},
         {"train.best_epoch", "-9223372036854775808", NULL,
          "metadata 'train.best_epoch' is '-9223372036854775808'; expected an integer in [-1, 0]"},
+        {"train.epoch_loss_sum", "nan", NULL,
+         "bad.safetensors': metadata 'train.epoch_loss_sum' is 'nan'; expected a finite number "
+         ">= 0"},
+        {"train.epoch_samples", "-1", NULL,
+         "metadata 'train.epoch_samples' is '-1'; expected an integer in [0, "},
         {"loop", step, NULL,
          "bad.safetensors': metadata entry 'loop': \"step\" is 9223372036854775807; expected an "
          "integer in [0, 9007199254740992]"},
