@@ -815,23 +815,21 @@ static void print_step_waits(const run *r, step_waits *sw) {
             r->s.workers == 1 ? "" : "s", w * 1e6, t > 0 ? 100.0 * w / t : 0.0, t * 1e3);
 }
 
-/* Save the weights of a new best validation epoch to --save-best (atomically, as em_save
- * writes); false after the message. */
-static bool save_best(run *r) {
+/* The model's state dict to `path` for `option` (--save-weights, --save-best), announced to
+ * the signal thread; false after the message. */
+static bool save_model(run *r, const char *option, const char *path) {
+    char what[48];
+    snprintf(what, sizeof what, "%s file", option);
     em_dict *sd = em_module_state_dict(r->model);
     em_status ws = EM_ERR_NOMEM;
     if (sd) {
-        stop_save_begin("--save-best file", r->s.save_best);
-        ws = em_save(sd, r->s.save_best, NULL, NULL);
+        stop_save_begin(what, path);
+        ws = em_save(sd, path, NULL, NULL);
         stop_save_end(false, r->step);
     }
     em_dict_free(sd);
-    if (ws != EM_OK) {
-        report_error("--save-best");
-        return false;
-    }
-    r->best_saved_epoch = r->best_epoch;
-    return true;
+    if (ws != EM_OK) report_error(option);
+    return ws == EM_OK;
 }
 
 int train_loop(run *r) {
@@ -1092,10 +1090,11 @@ int train_loop(run *r) {
         if (better) {
             r->best_metric = ev.metric;
             r->best_epoch = r->epoch;
-            if (r->s.save_best && !save_best(r)) {
+            if (r->s.save_best && !save_model(r, "--save-best", r->s.save_best)) {
                 rc = EXIT_TRAIN;
                 break;
             }
+            r->best_saved_epoch = r->best_epoch;
         }
         double lr = em_optimizer_lr(r->opt, 0);
         const epoch_sums *e = &r->part;
@@ -1176,20 +1175,10 @@ int train_loop(run *r) {
         }
     }
     if (rc == EXIT_OK && r->s.save_weights) {
-        em_dict *sd = em_module_state_dict(r->model);
-        em_status ws = EM_ERR_NOMEM;
-        if (sd) {
-            stop_save_begin("--save-weights file", r->s.save_weights);
-            ws = em_save(sd, r->s.save_weights, NULL, NULL);
-            stop_save_end(false, r->step);
-        }
-        if (ws != EM_OK) {
-            report_error("--save-weights");
-            rc = EXIT_TRAIN;
-        } else {
+        if (save_model(r, "--save-weights", r->s.save_weights))
             say(r, "ember-train: weights saved to %s\n", r->s.save_weights);
-        }
-        em_dict_free(sd);
+        else
+            rc = EXIT_TRAIN;
     }
     if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) {
         fprintf(stderr, "ember-train: %" PRId64 " steps in %.1fs%s", r->step, wall,
