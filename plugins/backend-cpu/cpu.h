@@ -80,6 +80,7 @@ em_status cpu_register_matmul(em_registry *r);
 em_status cpu_register_random(em_registry *r);
 em_status cpu_register_math(em_registry *r);
 em_status cpu_register_nn(em_registry *r);
+em_status cpu_register_attention(em_registry *r); /* cpu_attention.c */
 em_status cpu_register_loss(em_registry *r);
 em_status cpu_register_data(em_registry *r);
 em_status cpu_register_linalg(em_registry *r);
