@@ -24,6 +24,7 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "ember/dispatch.h"
@@ -63,10 +64,23 @@ static inline int64_t at_mask_offset(const at_geom *g, int64_t b) {
     return off;
 }
 
-/* Dropout's decision for score (b, i, j): the bernoulli(1 - p) stream element (b L + i) S + j. */
-static inline bool at_keep(const at_geom *g, int64_t b, int64_t i, int64_t j) {
+/* The last Philox block drawn (4 stream elements): the loops walk j upwards, so one block
+ * serves 4 decisions. */
+typedef struct at_rng {
+    uint64_t block; /* UINT64_MAX: none yet */
+    uint32_t w[4];
+} at_rng;
+#define AT_RNG_INIT {.block = UINT64_MAX}
+
+/* Dropout's decision for score (b, i, j): the bernoulli(1 - p) stream element (b L + i) S + j,
+ * as em_philox_uniform_f32 (ember/random.h) gives it. */
+static inline bool at_keep(const at_geom *g, at_rng *r, int64_t b, int64_t i, int64_t j) {
     uint64_t idx = ((uint64_t)b * (uint64_t)g->L + (uint64_t)i) * (uint64_t)g->S + (uint64_t)j;
-    return (double)em_philox_uniform_f32(g->seed, g->offset, idx) < g->keep_p;
+    if (idx / 4 != r->block) {
+        r->block = idx / 4;
+        em_philox_block(g->seed, g->offset + r->block, r->w);
+    }
+    return (double)((float)(r->w[idx % 4] >> 8) * 5.9604644775390625e-08f) < g->keep_p;
 }
 
 /* The geometry from q, k, v at in[iq..iq+2] and the mask at in[im]. */

@@ -38,6 +38,7 @@ static void S(at_fwd_rows)(const em_kernel_ctx *k, const at_geom *g, int64_t b, 
     const T *vb = (const T *)k->in[2].data + b * g->S * g->Ev;
     T *out = (T *)k->out[0].data + b * g->L * g->Ev;
     int64_t moff = at_mask_offset(g, b), nr = i1 - i0, Ev = g->Ev;
+    at_rng rng = AT_RNG_INIT;
     for (int64_t r = 0; r < nr; r++) m[r] = (T)-INFINITY, l[r] = 0;
     for (int64_t x = 0; x < nr * Ev; x++) acc[x] = 0;
     int64_t jend = g->causal ? EM_CPU_AT_MIN(g->S, i1) : g->S;
@@ -60,7 +61,7 @@ static void S(at_fwd_rows)(const em_kernel_ctx *k, const at_geom *g, int64_t b, 
             for (int64_t j = j0; j < j1; j++) {
                 T e = s[j - j0] == (T)-INFINITY ? 0 : (T)exp(s[j - j0] - mnew);
                 sum += e;
-                if (g->dropping) e = at_keep(g, b, i, j) ? e * (T)g->rinv : 0;
+                if (g->dropping) e = at_keep(g, &rng, b, i, j) ? e * (T)g->rinv : 0;
                 if (e != 0) S(at_axpy)(ar, e, vb + j * Ev, Ev);
             }
             l[r] = l[r] * alpha + sum;
@@ -95,6 +96,7 @@ static void S(at_bwd_rows)(const em_kernel_ctx *k, const at_geom *g, int64_t b, 
     const S_STATS *lse = (const S_STATS *)k->in[5].data + b * g->L;
     T *gq = (T *)k->out[0].data + b * g->L * g->E;
     int64_t moff = at_mask_offset(g, b), E = g->E, Ev = g->Ev;
+    at_rng rng = AT_RNG_INIT;
     for (int64_t i = i0; i < i1; i++) {
         T D = 0, li = (T)lse[i];
         int64_t jend = g->causal ? EM_CPU_AT_MIN(g->S, i + 1) : g->S;
@@ -102,7 +104,7 @@ static void S(at_bwd_rows)(const em_kernel_ctx *k, const at_geom *g, int64_t b, 
             T p = S(at_prob)(g, b, i, j, q + i * E, kb, moff, li), dp = 0;
             if (p != 0) {
                 dp = S(at_dot)(gy + i * Ev, vb + j * Ev, Ev);
-                if (g->dropping) dp = at_keep(g, b, i, j) ? dp * (T)g->rinv : 0;
+                if (g->dropping) dp = at_keep(g, &rng, b, i, j) ? dp * (T)g->rinv : 0;
             }
             pb[j] = p, dpb[j] = dp;
             D += p * dp;
@@ -126,6 +128,7 @@ static void S(at_bwd_keys)(const em_kernel_ctx *k, const at_geom *g, int64_t b, 
     const S_STATS *lse = (const S_STATS *)k->in[5].data + b * g->L;
     T *gk = (T *)k->out[1].data + b * g->S * g->E, *gv = (T *)k->out[2].data + b * g->S * g->Ev;
     int64_t moff = at_mask_offset(g, b), E = g->E, Ev = g->Ev;
+    at_rng rng = AT_RNG_INIT;
     for (int64_t x = j0 * E; x < j1 * E; x++) gk[x] = 0;
     for (int64_t x = j0 * Ev; x < j1 * Ev; x++) gv[x] = 0;
     for (int64_t i = g->causal ? j0 : 0; i < g->L; i++) {
@@ -136,7 +139,7 @@ static void S(at_bwd_keys)(const em_kernel_ctx *k, const at_geom *g, int64_t b, 
             if (p == 0) continue;
             T dp = S(at_dot)(gyi, vb + j * Ev, Ev), pd = p;
             if (g->dropping) {
-                bool keep = at_keep(g, b, i, j);
+                bool keep = at_keep(g, &rng, b, i, j);
                 pd = keep ? p * (T)g->rinv : 0;
                 dp = keep ? dp * (T)g->rinv : 0;
             }
