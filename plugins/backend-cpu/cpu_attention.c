@@ -157,27 +157,15 @@ static em_status at_thread_error(const em_kernel_ctx *k) {
 #undef S
 #undef S_STATS
 
-static em_status at_check_dense(const em_kernel_ctx *k) {
-    for (int i = 0; i < k->n_in + k->n_out; i++) {
-        const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
-        if (!t->contiguous)
-            return em_set_error(EM_ERR_INVALID, "%s: the CPU kernel needs contiguous operands; "
-                                "%s %d is strided (call the em_ function, which copies)",
-                                em_op_name(k->op), i < k->n_in ? "input" : "output",
-                                i < k->n_in ? i : i - k->n_in);
-    }
-    return EM_OK;
-}
-
 static em_status k_sdpa(const em_kernel_ctx *k) {
-    em_status st = at_check_dense(k);
+    em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     at_geom g = at_geom_of(k, 0, 3);
     return k->out[0].dtype == EM_F64 ? at_forward_f64(k, &g) : at_forward_f32(k, &g);
 }
 
 static em_status k_sdpa_bwd(const em_kernel_ctx *k) {
-    em_status st = at_check_dense(k);
+    em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     at_geom g = at_geom_of(k, 1, 4);
     return k->out[0].dtype == EM_F64 ? at_backward_f64(k, &g) : at_backward_f32(k, &g);
