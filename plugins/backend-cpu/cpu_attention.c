@@ -4,8 +4,9 @@
  *
  * Forward (FlashAttention's scheme on a CPU): the (batch, block of AT_BR query rows) pairs
  * are split across threads; each walks the keys in blocks of AT_BC, computing one
- * AT_BR x AT_BC tile of scores at a time, and keeps for every row its running maximum m,
- * running sum l of exp(s - m) and the running output (rescaled by exp(m_old - m) when the
+ * AT_BR x AT_BC tile of scores at a time (the query rows times the key block, transposed so
+ * that the products run along contiguous keys), and keeps for every row its running maximum
+ * m, running sum l of exp(s - m) and the running output (rescaled by exp(m_old - m) when the
  * maximum grows). The full (L, S) score matrix never exists: each thread holds one tile, its
  * rows' outputs and two numbers a row. Causal calls stop each row block at its last row's
  * key, and masked scores are -inf (exp gives 0 exactly); a row whose keys are all masked
@@ -14,11 +15,11 @@
  * input), the keep decision recomputed from the Philox stream wherever it is needed.
  *
  * Backward, from logsumexp (p_ij = exp(s_ij - lse_i), recomputed) in two passes that need no
- * atomics and so give the same bits for any thread count: A, over (batch, query block): per
- * row, its p_ij and dropout-masked dp_ij = gy_i . v_j (one row of them per thread),
- * D_i = sum_j p_ij dp_ij (which is gy_i . out_i) and gq_i; B, over (batch, key block): gk_j
- * and gv_j, visiting the query rows that see the block. Each pass recomputes the scores it
- * needs.
+ * atomics and so give the same bits for any thread count: A, over (batch, query block): the
+ * block's p and dropout-masked dp = gy . v against every key (one row block of each, the
+ * most a thread holds), D_i = sum_j p_ij dp_ij (which is gy_i . out_i) and gq_i; B, over
+ * (batch, key block): gk_j and gv_j from one tile at a time of the query blocks that see
+ * the keys. Each pass recomputes the scores it needs.
  */
 #include <math.h>
 #include <omp.h>
@@ -36,6 +37,9 @@
 #define AT_BR 32 /* query rows per block */
 #define AT_BC 64 /* keys per block */
 #define EM_CPU_AT_MIN(a, b) ((a) < (b) ? (a) : (b))
+/* The loops' helpers are inlined into each SIMD clone of the per-tile functions (a helper
+ * left out of line would be built for the baseline target only). */
+#define AT_INLINE inline __attribute__((always_inline))
 
 enum { AT_MASK_NONE, AT_MASK_BOOL, AT_MASK_FLOAT };
 
@@ -144,18 +148,22 @@ static em_status at_thread_error(const em_kernel_ctx *k) {
 #define T float
 #define S(name) name##_f32
 #define S_STATS float
+#define EXP expf
 #include "cpu_attention_loops.h"
 #undef T
 #undef S
 #undef S_STATS
+#undef EXP
 
 #define T double
 #define S(name) name##_f64
 #define S_STATS double
+#define EXP exp
 #include "cpu_attention_loops.h"
 #undef T
 #undef S
 #undef S_STATS
+#undef EXP
 
 static em_status k_sdpa(const em_kernel_ctx *k) {
     em_status st = cpu_check_dense(k);
