@@ -46,7 +46,7 @@ static const em_op *op_sdpa, *op_sdpa_bwd;
 
 enum { A_DROPOUT, A_CAUSAL, A_SCALE, A_SEED, A_OFFSET, N_ATTRS };
 
-/* ---- inference -------------------------------------------------------------------------------- */
+/* ---- inference ------------------------------------------------------------------------------- */
 
 /* q (..., L, E), k (..., S, E), v (..., S, Ev) with equal batch dims; the mask (when given)
  * has q's ndim and dims of 1 or (..., L, S). */
@@ -159,7 +159,7 @@ static em_status infer_sdpa_bwd(const em_op *op, const em_tensor *const *in, con
     return EM_OK;
 }
 
-/* ---- composites -------------------------------------------------------------------------------- */
+/* ---- composites ------------------------------------------------------------------------------ */
 
 static em_attr afloat(double v) { return (em_attr){.type = EM_ATTR_FLOAT, .v.f = v}; }
 static em_attr abool(bool v) { return (em_attr){.type = EM_ATTR_BOOL, .v.b = v}; }
@@ -275,7 +275,7 @@ EM__COMPOSITE(c_sdpa_bwd) {
     return em__nn_outputs(st, res, 3, out, n_out);
 }
 
-/* ---- derivative -------------------------------------------------------------------------------- */
+/* ---- derivative ------------------------------------------------------------------------------ */
 
 /* Through the backward op, from the saved inputs and logsumexp (the kernel's prepared
  * operands). The logsumexp carries no gradient and neither does the mask. */
@@ -304,7 +304,7 @@ static em_status d_sdpa(const em_backward_ctx *c, em_tensor **gi) {
     return EM_OK;
 }
 
-/* ---- declarations ------------------------------------------------------------------------------ */
+/* ---- declarations ---------------------------------------------------------------------------- */
 
 em_status em__ops_declare_attention(em_registry *core) {
     static const char *const fwd_i[] = {"query", "key", "value", "attn_mask"},
@@ -330,7 +330,7 @@ em_status em__ops_declare_attention(em_registry *core) {
     return st;
 }
 
-/* ---- public functions: one line each ----------------------------------------------------------- */
+/* ---- public functions: one line each --------------------------------------------------------- */
 
 #define SCALE(p) ((p) ? afloat(*(p)) : (em_attr){.type = EM_ATTR_NONE})
 

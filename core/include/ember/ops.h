@@ -502,15 +502,16 @@ EM_API em_tensor *em_group_norm(const em_tensor *input, int64_t num_groups,
  *               probability 1 - dropout_p — the same mask em_dropout would draw for a
  *               (B, L, S) tensor from the same generator state.
  *   scale       NULL: 1 / sqrt(E) (1 when E is 0).
- * A query whose keys are all masked out gets a zero output row and zero gradients (as
- * PyTorch 2.x; softmax over nothing is taken as nothing). The CPU kernel is fused: it never
- * holds more than one (row block x key block) tile of scores per thread, keeping each row's
- * running maximum and sum (online softmax); the backward recomputes the tiles. Differentiable
- * in query, key and value; a floating attn_mask gets no gradient (a mask that requires grad
- * is an error at backward: detach it). Errors: EM_ERR_SHAPE for mismatched dims or a mask
- * that does not broadcast (naming the shapes), EM_ERR_DTYPE for non-floating q/k/v, a dtype
- * mismatch among them, or a mask neither bool nor floating, EM_ERR_INVALID for dropout_p
- * outside [0, 1]. By name, the op "scaled_dot_product_attention" takes the attributes
+ * A query whose keys are all masked out gets a zero output row and zero gradients (as PyTorch 2.x;
+ * softmax over nothing is taken as nothing). The CPU kernel is fused: the forward holds one (32
+ * rows x 64 keys) tile of scores per thread, keeping each row's running maximum and sum (online
+ * softmax); the backward recomputes the scores from logsumexp, holding at most one 32-row block of
+ * them per thread. The full (L, S) matrix never exists. Differentiable in query, key and value; a
+ * floating attn_mask gets no gradient (a mask that requires grad is an error at backward: detach
+ * it). Errors: EM_ERR_SHAPE for mismatched dims or a mask that does not broadcast (naming the
+ * shapes), EM_ERR_DTYPE for non-floating q/k/v, a dtype mismatch among them, or a mask neither bool
+ * nor floating, EM_ERR_INVALID for dropout_p outside [0, 1].
+ * By name, the op "scaled_dot_product_attention" takes the attributes
  * dropout_p, is_causal, scale (absent: the default), seed and offset (the dropout stream;
  * required when dropout_p > 0), and returns (out, logsumexp).
  *   logsumexp   (may be NULL) receives a new reference to (..., L), in f64 for f64 inputs
