@@ -420,3 +420,39 @@ Test(seq_ops, group_norm_matches_per_group_statistics) {
         cr_assert_eq(em_scope_end(), EM_OK);
     }
 }
+
+/* The backward's two passes need no atomics: the same bits for any thread count (so do the
+ * forward's row blocks, each written by one thread). */
+Test(seq_ops, attention_results_do_not_depend_on_the_thread_count) {
+    const att_case c = {"float mask, causal, dropout", 2, {2, 3}, 70, 90, 8, 6, 2, 4, true, 0, 0.2};
+    int saved = em_num_threads();
+    double *res[2][4];
+    for (int run = 0; run < 2; run++) {
+        em_set_num_threads(run ? 3 : 1);
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        em_tensor *t[4];
+        double *mfull;
+        int64_t B;
+        att_inputs(&c, EM_F32, t, &mfull, &B);
+        free(mfull);
+        for (int i = 0; i < 3; i++) cr_assert_eq(em_requires_grad_(t[i], true), EM_OK);
+        em_generator *g = em_generator_new(77);
+        em_tensor *y = em_scaled_dot_product_attention(t[0], t[1], t[2], t[3], c.p, c.causal, NULL,
+                                                       g, NULL);
+        em_generator_free(g);
+        cr_assert(y, "%s", em_last_error());
+        cr_assert_eq(em_backward(em_sum(em_mul(y, y), 0, NULL, false)), EM_OK, "%s",
+                     em_last_error());
+        res[run][0] = em_test_values(y);
+        for (int i = 0; i < 3; i++) res[run][i + 1] = em_test_values(em_tensor_grad(t[i]));
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
+    em_set_num_threads(saved);
+    const int64_t n[4] = {6 * 70 * 6, 6 * 70 * 8, 6 * 90 * 8, 6 * 90 * 6};
+    static const char *const what[4] = {"out", "grad query", "grad key", "grad value"};
+    for (int k = 0; k < 4; k++) {
+        cr_expect_eq(memcmp(res[0][k], res[1][k], sizeof(double) * (size_t)n[k]), 0,
+                     "%s differs between 1 and 3 threads", what[k]);
+        free(res[0][k]), free(res[1][k]);
+    }
+}
