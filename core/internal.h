@@ -412,6 +412,18 @@ em_status em__ops_declare_loss(em_registry *core);
 em_status em__ops_declare_data(em_registry *core);
 em_status em__ops_declare_linalg(em_registry *core);
 em_status em__ops_declare_optim(em_registry *core);
+em_status em__ops_declare_attention(em_registry *core);
+/* ops_nn.c's preparation of an nn op's kernel call, shared with ops_attention.c: run op's own
+ * kernel on t[0..n) (NULL: an absent optional input, passed as a 0-element tensor), each
+ * input made contiguous in the kernel dtype ('x'), the statistics dtype ('s': f64 for f64,
+ * f32 otherwise) or left in its dtype ('i'); f16/bf16 calls run natively where the device
+ * has a kernel, else in f32. Results (owned) in the kernel dtype: em__nn_finish converts one
+ * back (releasing it); em__nn_outputs hands n results to a composite's out (or releases them
+ * when st is an error). */
+em_status em__nn_call(const em_op *op, em_dtype dt, const em_tensor *const *t,
+                      const char *roles, int n, const em_attr *attrs, em_tensor **res);
+em_tensor *em__nn_finish(em_tensor *r, em_dtype dt);
+em_status em__nn_outputs(em_status st, em_tensor **res, int n, em_tensor **out, int *n_out);
 
 /* Handles to the standard ops, valid after em_init(). */
 extern const em_op *em__op_copy, *em__op_fill;

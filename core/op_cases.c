@@ -170,6 +170,27 @@ T1(softmax, em_softmax(X0, (int)AI(0)))
 T1(log_softmax, em_log_softmax(X0, (int)AI(0)))
 T1(softmax_bwd, em_softmax_backward(X0, X1, (int)AI(0)))
 T1(log_softmax_bwd, em_log_softmax_backward(X0, X1, (int)AI(0)))
+T1(conv1d, em_conv1d(X0, X1, X2, AI(0), AI(1), AI(2), AI(3)))
+T1(conv_transpose2d, em_conv_transpose2d(X0, X1, X2, PAIR(0), PAIR(1), PAIR(2), AI(3), PAIR(4)))
+T1(group_norm, em_group_norm(X0, AI(0), X1, X2, AF(1)))
+/* scaled_dot_product_attention draws its dropout mask from a generator set to the row's
+ * (seed, offset), and returns its logsumexp too. */
+static em_status t_sdpa(const em_tensor *const *in, const em_attr *a, em_tensor **out, int *n) {
+    *n = 0;
+    em_generator *g = em_generator_new(0);
+    if (!g) return em_last_status();
+    em_generator_set_state(g, (em_rng_state){.seed = (uint64_t)AI(3), .offset = (uint64_t)AI(4)});
+    em_tensor *lse = NULL;
+    out[0] = em_scaled_dot_product_attention(X0, X1, X2, X3, AF(0), AB(1), OPTF(2), g, &lse);
+    em_generator_free(g);
+    if (!out[0]) return em_last_status();
+    out[1] = lse, *n = 2;
+    return EM_OK;
+}
+TS(sdpa_bwd, 3, em_scaled_dot_product_attention_backward(
+                    X0, X1, X2, X3, X4, in[5], AF(0), AB(1), OPTF(2),
+                    (em_rng_state){.seed = (uint64_t)AI(3), .offset = (uint64_t)AI(4)}, &o0, &o1,
+                    &o2))
 T1(cross_entropy, em_cross_entropy(X0, X1, X2, (em_reduction)AI(0), AI(1), AF(2)))
 T1(cross_entropy_bwd, em_cross_entropy_backward(X0, X1, X2, X3, (em_reduction)AI(0), AI(1), AF(2)))
 T1(nll_loss, em_nll_loss(X0, X1, X2, (em_reduction)AI(0), AI(1)))
@@ -596,10 +617,13 @@ static const em_op_case std_cases[] = {
     ROW("conv2d", "channels mismatch", t_conv2d, D_F32_64, ESH, true, 3,
         INS(I(4, CONTIG, RANDN, 1, 3, 5, 5), I(4, CONTIG, RANDN, 2, 2, 3, 3), NONE_IN), NA, NA, NA,
         N(1)),
-    ROW("conv2d_backward_data", "stride 1", t_conv2d_bwd_data, D_F32_64, OK, false, 2,
+    ROW("conv2d_backward_data", "stride 1", t_conv2d_bwd_data, D_F32_64, OK, true, 2,
         INS(I(4, CONTIG, RANDN, 2, 4, 3, 3), I(4, CONTIG, RANDN, 4, 3, 3, 3)), INTS(2, 1, 1),
         INTS(2, 0, 0), INTS(2, 1, 1), N(1), INTS(2, 5, 5)),
-    ROW("conv2d_backward_data", "no input_size", t_conv2d_bwd_data, D_F32_64, EINV, false, 2,
+    ROW("conv2d_backward_data", "stride 2, padding 1, groups 2", t_conv2d_bwd_data, D_F32_64, OK,
+        true, 2, INS(I(4, CONTIG, RANDN, 1, 4, 3, 2), I(4, CONTIG, RANDN, 4, 1, 3, 3)),
+        INTS(2, 2, 2), INTS(2, 1, 1), INTS(2, 1, 1), N(2), INTS(2, 6, 4)),
+    ROW("conv2d_backward_data", "no input_size", t_conv2d_bwd_data, D_F32_64, EINV, true, 2,
         INS(I(4, CONTIG, RANDN, 2, 4, 3, 3), I(4, CONTIG, RANDN, 4, 3, 3, 3)), NA, NA, NA, N(1),
         NA),
     ROW("conv2d_backward_weight", "stride 1", t_conv2d_bwd_weight, D_F32_64, OK, false, 2,
@@ -678,6 +702,77 @@ static const em_op_case std_cases[] = {
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, PROB, 3, 4)), N(1)),
     ROW("log_softmax_backward", "dim 1", t_log_softmax_bwd, D_F32_64, OK, false, 2,
         INS(I(2, CONTIG, RANDN, 3, 4), I(2, CONTIG, RANDN, 3, 4)), N(1)),
+
+    ROW("conv1d", "bias, stride 2, padding 1, dilation 2", t_conv1d, D_F, OK, true, 3,
+        INS(I(3, CONTIG, RANDN, 2, 3, 9), I(3, CONTIG, RANDN, 4, 3, 3), I(1, CONTIG, RANDN, 4)),
+        N(2), N(1), N(2), N(1)),
+    ROW("conv1d", "no bias, groups 2, transposed input", t_conv1d, D_F32_64, OK, true, 3,
+        INS(I(3, TRANSPOSED, RANDN, 1, 4, 6), I(3, CONTIG, RANDN, 2, 2, 3), NONE_IN), N(1), N(0),
+        N(1), N(2)),
+    ROW("conv1d", "channels mismatch", t_conv1d, D_F32_64, ESH, true, 3,
+        INS(I(3, CONTIG, RANDN, 1, 3, 6), I(3, CONTIG, RANDN, 2, 2, 3), NONE_IN), N(1), N(0),
+        N(1), N(1)),
+    ROW("conv1d", "stride 0", t_conv1d, D_F32_64, EINV, true, 3,
+        INS(I(3, CONTIG, RANDN, 1, 2, 6), I(3, CONTIG, RANDN, 2, 2, 3), NONE_IN), N(0), N(0),
+        N(1), N(1)),
+    ROW("conv_transpose2d", "bias, stride 2, padding 1, output_padding 1", t_conv_transpose2d,
+        D_F, OK, true, 3,
+        INS(I(4, CONTIG, RANDN, 2, 3, 4, 3), I(4, CONTIG, RANDN, 3, 2, 3, 3), I(1, CONTIG, RANDN, 2)),
+        INTS(2, 2, 2), INTS(2, 1, 1), INTS(2, 1, 1), N(1), INTS(2, 1, 1)),
+    ROW("conv_transpose2d", "no bias, groups 2, dilation 2", t_conv_transpose2d, D_F32_64, OK,
+        true, 3, INS(I(4, CONTIG, RANDN, 1, 4, 3, 3), I(4, CONTIG, RANDN, 4, 1, 2, 2), NONE_IN),
+        NA, NA, NA, N(2), INTS(2, 2, 2)),
+    ROW("conv_transpose2d", "output_padding not below stride", t_conv_transpose2d, D_F32_64,
+        EINV, true, 3, INS(I(4, CONTIG, RANDN, 1, 2, 3, 3), I(4, CONTIG, RANDN, 2, 2, 2, 2), NONE_IN),
+        NA, NA, INTS(2, 1, 1), N(1), NA),
+    ROW("conv_transpose2d", "channels mismatch", t_conv_transpose2d, D_F32_64, ESH, true, 3,
+        INS(I(4, CONTIG, RANDN, 1, 3, 3, 3), I(4, CONTIG, RANDN, 2, 2, 2, 2), NONE_IN), NA, NA,
+        NA, N(1), NA),
+    ROW("group_norm", "affine, 2 groups", t_group_norm, D_F, OK, true, 3,
+        INS(I(4, CONTIG, RANDN, 2, 4, 3, 2), I(1, CONTIG, POS, 4), I(1, CONTIG, RANDN, 4)), N(2),
+        F(1e-5)),
+    ROW("group_norm", "no affine, 3-D transposed, one group", t_group_norm, D_F32_64, OK, true, 3,
+        INS(I(3, TRANSPOSED, RANDN, 2, 3, 5), NONE_IN, NONE_IN), N(1), F(1e-5)),
+    ROW("group_norm", "groups do not divide channels", t_group_norm, D_F32_64, EINV, true, 3,
+        INS(I(3, CONTIG, RANDN, 2, 4, 5), NONE_IN, NONE_IN), N(3), F(1e-5)),
+    ROW("scaled_dot_product_attention", "4-D, no mask", t_sdpa, D_F, OK, true, 4,
+        INS(I(4, CONTIG, RANDN, 2, 2, 5, 4), I(4, CONTIG, RANDN, 2, 2, 6, 4),
+            I(4, CONTIG, RANDN, 2, 2, 6, 3), NONE_IN),
+        F(0), B(false), NA, N(0), N(0)),
+    ROW("scaled_dot_product_attention", "bool mask (L, S), causal, scale 0.7", t_sdpa, D_F32_64,
+        OK, true, 4,
+        INS(I(3, TRANSPOSED, RANDN, 2, 5, 4), I(3, CONTIG, RANDN, 2, 6, 4),
+            I(3, CONTIG, RANDN, 2, 6, 3), IB(2, 5, 6)),
+        F(0), B(true), F(0.7), N(0), N(0)),
+    ROWNG(1u << 3, "scaled_dot_product_attention", "float mask broadcast over batch and heads",
+        t_sdpa, D_F32_64, OK, true, 4,
+        INS(I(4, CONTIG, RANDN, 1, 2, 3, 4), I(4, CONTIG, RANDN, 1, 2, 5, 4),
+            I(4, SLICED, RANDN, 1, 2, 5, 2), I(3, CONTIG, RANDN, 1, 3, 5)),
+        F(0), B(false), NA, N(0), N(0)),
+    ROWD("scaled_dot_product_attention", "dropout 0.3", t_sdpa, D_F, OK, true, 4,
+        INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 2, 5, 3),
+            I(3, CONTIG, RANDN, 2, 5, 2), NONE_IN),
+        F(0.3), B(false), NA, N(7), N(2)),
+    ROW("scaled_dot_product_attention", "batch dims differ", t_sdpa, D_F32_64, ESH, true, 4,
+        INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 1, 5, 3),
+            I(3, CONTIG, RANDN, 1, 5, 2), NONE_IN),
+        F(0), B(false), NA, N(0), N(0)),
+    ROW("scaled_dot_product_attention", "mask does not broadcast", t_sdpa, D_F32_64, ESH, true, 4,
+        INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 2, 5, 3),
+            I(3, CONTIG, RANDN, 2, 5, 2), IB(2, 4, 4)),
+        F(0), B(false), NA, N(0), N(0)),
+    ROW("scaled_dot_product_attention", "dropout_p 1.5", t_sdpa, D_F32_64, EINV, true, 4,
+        INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 2, 5, 3),
+            I(3, CONTIG, RANDN, 2, 5, 2), NONE_IN),
+        F(1.5), B(false), NA, N(0), N(0)),
+    ROW("scaled_dot_product_attention", "integers", t_sdpa, D_INT, EDT, true, 4,
+        INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 2, 5, 3),
+            I(3, CONTIG, RANDN, 2, 5, 2), NONE_IN),
+        F(0), B(false), NA, N(0), N(0)),
+    ROW("scaled_dot_product_attention_backward", "causal", t_sdpa_bwd, D_F32_64, OK, false, 6,
+        INS(I(3, CONTIG, RANDN, 2, 5, 3), I(3, CONTIG, RANDN, 2, 5, 4), I(3, CONTIG, RANDN, 2, 6, 4),
+            I(3, CONTIG, RANDN, 2, 6, 3), NONE_IN, I(2, CONTIG, POS, 2, 5)),
+        F(0), B(true), NA, N(0), N(0)),
 
     /* ---- losses (ops_loss.c) ---- */
     ROW("cross_entropy", "class indices, mean", t_cross_entropy, D_F, OK, true, 3,

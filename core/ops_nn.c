@@ -71,6 +71,7 @@
 #include "ember/error.h"
 #include "ember/ops.h"
 #include "ember/random.h"
+#include "ember/scope.h"
 #include "ember/tensor.h"
 #include "internal.h"
 
@@ -78,7 +79,8 @@ static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_m
     *op_max_pool2d_bwd, *op_avg_pool2d, *op_avg_pool2d_bwd, *op_adaptive_avg_pool2d,
     *op_adaptive_avg_pool2d_bwd, *op_batch_norm, *op_batch_norm_bwd, *op_layer_norm,
     *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd,
-    *op_dropout, *op_bernoulli, *op_mul, *op_div_scalar;
+    *op_dropout, *op_bernoulli, *op_mul, *op_div_scalar, *op_conv1d, *op_conv_transpose2d,
+    *op_group_norm;
 
 /* ---- shared checks ---------------------------------------------------------------------------- */
 
@@ -560,6 +562,9 @@ EM__COMPOSITE(c_layer_norm);
 EM__COMPOSITE(c_layer_norm_bwd);
 EM__COMPOSITE(c_softmax);
 EM__COMPOSITE(c_dropout);
+EM__COMPOSITE(c_conv1d);
+EM__COMPOSITE(c_conv_transpose2d);
+EM__COMPOSITE(c_group_norm);
 
 static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
                          const char *const *in_names, int n_out, int n_attrs,
@@ -614,6 +619,21 @@ static em_status d_conv2d(const em_backward_ctx *c, em_tensor **gi) {
     if (st != EM_OK) return st;
     if (NEED(1)) gi[1] = gw;
     if (NEED(2)) gi[2] = gb;
+    return EM_OK;
+}
+
+/* conv2d_backward_data is linear in grad_output and in weight: its derivative is conv2d
+ * (grad_output's) and conv2d_backward_weight (weight's), so conv2d has a second derivative
+ * and conv_transpose2d, built on it, a first. */
+static em_status d_conv2d_bwd_data(const em_backward_ctx *c, em_tensor **gi) {
+    const em_attr *a = c->attrs; /* stride, padding, dilation, groups, input_size */
+    if (!G) return EM_OK;
+    if (NEED(0) && !(gi[0] = em_conv2d(G, c->in[1], NULL, a[0].ints, a[1].ints, a[2].ints,
+                                       a[3].v.i)))
+        return em_last_status();
+    if (NEED(1))
+        return em_conv2d_backward_weight(G, c->in[0], c->in_meta[1].shape + 2, a[0].ints,
+                                         a[1].ints, a[2].ints, a[3].v.i, &gi[1], NULL);
     return EM_OK;
 }
 
@@ -719,7 +739,7 @@ em_status em__ops_declare_nn(em_registry *core) {
     DECL(op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d, d_conv2d, in01,
          c_conv2d, 1u << 2);
     DECL(op_conv2d_bwd_data, "conv2d_backward_data", 2, convd_i, 1, 5, conv_a, conv_t,
-         infer_conv2d_bwd_data, NULL, 0, c_conv2d_bwd_data, 0);
+         infer_conv2d_bwd_data, d_conv2d_bwd_data, in01, c_conv2d_bwd_data, 0);
     DECL(op_conv2d_bwd_weight, "conv2d_backward_weight", 2, convw_i, 2, 5, convw_a, conv_t,
          infer_conv2d_bwd_weight, NULL, 0, c_conv2d_bwd_weight, 0);
     DECL(op_max_pool2d, "max_pool2d", 1, x_i, 2, 5, maxp_a, maxp_t, infer_max_pool2d,
@@ -761,6 +781,35 @@ em_status em__ops_declare_nn(em_registry *core) {
                          .input_names = drop_o, .n_outputs = 2, .n_attrs = 4,
                          .attr_names = drop_a, .attr_types = drop_t, .composite = c_dropout,
                          .category = "nn"});
+    /* conv1d, conv_transpose2d and group_norm: composites of conv2d, conv2d_backward_data and
+     * layer_norm (their kernels and derivatives) with the elementwise ops. */
+    static const char *const conv1d_a[] = {"stride", "padding", "dilation", "groups"},
+                             *const convt_a[] = {"stride", "padding", "output_padding", "groups",
+                                                 "dilation"},
+                             *const gn_a[] = {"num_groups", "eps"};
+    static const em_attr_type conv1d_t[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_INT},
+                              convt_t[] = {EM_ATTR_INTS, EM_ATTR_INTS, EM_ATTR_INTS, EM_ATTR_INT,
+                                           EM_ATTR_INTS},
+                              gn_t[] = {EM_ATTR_INT, EM_ATTR_FLOAT};
+    static const struct {
+        const char *name;
+        int n_attrs;
+        const char *const *attr_names;
+        const em_attr_type *types;
+        em_composite_fn fn;
+        unsigned optional;
+    } comps[] = {
+        {"conv1d", 4, conv1d_a, conv1d_t, c_conv1d, 1u << 2},
+        {"conv_transpose2d", 5, convt_a, convt_t, c_conv_transpose2d, 1u << 2},
+        {"group_norm", 2, gn_a, gn_t, c_group_norm, 0x6u},
+    };
+    const em_op **vars[] = {&op_conv1d, &op_conv_transpose2d, &op_group_norm};
+    for (size_t i = 0; i < sizeof comps / sizeof comps[0] && st == EM_OK; i++)
+        st = em__declare(core, vars[i], (em_op_schema){.name = comps[i].name, .n_inputs = 3,
+                         .input_names = i == 2 ? ln_i : conv_i, .n_outputs = 1,
+                         .n_attrs = comps[i].n_attrs, .attr_names = comps[i].attr_names,
+                         .attr_types = comps[i].types, .composite = comps[i].fn,
+                         .optional_inputs = comps[i].optional, .category = "nn"});
     /* dropout's parts, declared before this family (ops.c, ops_math.c). */
     if (st == EM_OK &&
         (!(op_bernoulli = em_op_find("bernoulli")) || !(op_mul = em_op_find("mul")) ||
@@ -845,6 +894,16 @@ static em_status call(const em_op *op, em_dtype dt, const em_tensor *const *t, c
         em_clear_error();
         native = false;
     }
+}
+
+/* The preparation above for the nn ops of other core files (ops_attention.c). */
+em_status em__nn_call(const em_op *op, em_dtype dt, const em_tensor *const *t,
+                      const char *roles, int n, const em_attr *attrs, em_tensor **res) {
+    return call(op, dt, t, roles, n, attrs, res);
+}
+em_tensor *em__nn_finish(em_tensor *r, em_dtype dt) { return finish(r, dt); }
+em_status em__nn_outputs(em_status st, em_tensor **res, int n, em_tensor **out, int *n_out) {
+    return outputs(st, res, n, out, n_out);
 }
 
 static em_attr ints2(const int64_t *v, int64_t def) {
@@ -1169,6 +1228,152 @@ EM__COMPOSITE(c_dropout) {
     out[0] = y, out[1] = mask, *n_out = 2;
     return EM_OK;
 }
+
+/* A composite's result y (a reference in the composite's own scope) handed out, the scope
+ * closed. */
+static em_status scoped_result(em_tensor *y, em_tensor **out, int *n_out) {
+    em_status st = y ? EM_OK : em_last_status();
+    if (y) em_tensor_retain(y);
+    em_scope_end();
+    if (st != EM_OK) return st;
+    out[0] = y, *n_out = 1;
+    return EM_OK;
+}
+
+/* conv1d(input, weight, bias?; stride, padding, dilation, groups): conv2d over (1, L) planes.
+ * Absent: stride 1, padding 0, dilation 1, groups 1. */
+EM__COMPOSITE(c_conv1d) {
+    UNUSED;
+    const em_tensor *x = in[0], *w = in[1], *b = in[2];
+    char b1[160], b2[160];
+    int64_t s = em__attr_int_or(attrs, 0, 1), p = em__attr_int_or(attrs, 1, 0),
+            d = em__attr_int_or(attrs, 2, 1), g = em__attr_int_or(attrs, 3, 1);
+    if (!check_float("conv1d", "input", x) || !check_float("conv1d", "weight", w) ||
+        (b && !check_float("conv1d", "bias", b)))
+        return em_last_status();
+    if (x->ndim != 3 || w->ndim != 3)
+        return em_set_error(EM_ERR_SHAPE, "conv1d: expected a 3-D (N, C, L) input and a 3-D "
+                            "(O, C/groups, K) weight, got %s and %s", SHAPE(x, b1), SHAPE(w, b2));
+    if (s <= 0 || d <= 0 || p < 0 || g <= 0)
+        return em_set_error(EM_ERR_INVALID, "conv1d: stride %lld, dilation %lld and groups %lld "
+                            "must be positive and padding %lld non-negative", (long long)s,
+                            (long long)d, (long long)g, (long long)p);
+    if (w->shape[1] * g != x->shape[1] || w->shape[0] % g != 0)
+        return em_set_error(EM_ERR_SHAPE, "conv1d: input %s has %lld channels but weight %s with "
+                            "%lld groups expects %lld (weight.shape[1] * groups), and %lld output "
+                            "channels must divide into the groups", SHAPE(x, b1),
+                            (long long)x->shape[1], SHAPE(w, b2), (long long)g,
+                            (long long)(w->shape[1] * g), (long long)w->shape[0]);
+    if (x->shape[2] + 2 * p < d * (w->shape[2] - 1) + 1)
+        return em_set_error(EM_ERR_SHAPE, "conv1d: the kernel (%lld, dilated %lld) of weight %s "
+                            "is longer than the padded input (%lld) of input %s",
+                            (long long)w->shape[2], (long long)(d * (w->shape[2] - 1) + 1),
+                            SHAPE(w, b2), (long long)(x->shape[2] + 2 * p), SHAPE(x, b1));
+    if (em_scope_begin() != EM_OK) return em_last_status();
+    const int64_t st2[2] = {1, s}, pd2[2] = {0, p}, dl2[2] = {1, d};
+    em_tensor *y = em_squeeze(em_conv2d(em_unsqueeze(x, 2), em_unsqueeze(w, 2), b, st2, pd2,
+                                        dl2, g), 2);
+    return scoped_result(y, out, n_out);
+}
+
+/* conv_transpose2d(input, weight, bias?; stride, padding, output_padding, groups, dilation):
+ * conv2d_backward_data of input with the output size the arguments give, plus the bias.
+ * Absent pairs: stride 1, padding 0, output_padding 0, dilation 1; groups 1. */
+EM__COMPOSITE(c_conv_transpose2d) {
+    UNUSED;
+    const em_tensor *x = in[0], *w = in[1], *b = in[2];
+    char b1[160], b2[160];
+    em_attr s = pair_or(attrs, 0, NULL, 1), p = pair_or(attrs, 1, NULL, 0),
+            op_ = pair_or(attrs, 2, NULL, 0), d = pair_or(attrs, 4, NULL, 1);
+    int64_t g = em__attr_int_or(attrs, 3, 1);
+    if (!check_float("conv_transpose2d", "input", x) ||
+        !check_float("conv_transpose2d", "weight", w) ||
+        (b && !check_float("conv_transpose2d", "bias", b)))
+        return em_last_status();
+    if (x->ndim != 4 || w->ndim != 4)
+        return em_set_error(EM_ERR_SHAPE, "conv_transpose2d: expected a 4-D (N, C, H, W) input and "
+                            "a 4-D (C, O/groups, kH, kW) weight, got %s and %s", SHAPE(x, b1),
+                            SHAPE(w, b2));
+    if (g <= 0 || w->shape[0] != x->shape[1] || x->shape[1] % g != 0)
+        return em_set_error(EM_ERR_SHAPE, "conv_transpose2d: input %s has %lld channels but "
+                            "weight %s expects %lld (weight.shape[0]), which must divide into "
+                            "%lld groups", SHAPE(x, b1), (long long)x->shape[1], SHAPE(w, b2),
+                            (long long)w->shape[0], (long long)g);
+    int64_t O = w->shape[1] * g, size[2];
+    for (int i = 0; i < 2; i++) {
+        if (s.ints[i] <= 0 || d.ints[i] <= 0 || p.ints[i] < 0 || op_.ints[i] < 0 ||
+            op_.ints[i] >= s.ints[i])
+            return em_set_error(EM_ERR_INVALID, "conv_transpose2d: stride (%lld, %lld) and "
+                                "dilation (%lld, %lld) must be positive, padding (%lld, %lld) "
+                                "non-negative and output_padding (%lld, %lld) non-negative and "
+                                "smaller than stride", (long long)s.ints[0], (long long)s.ints[1],
+                                (long long)d.ints[0], (long long)d.ints[1], (long long)p.ints[0],
+                                (long long)p.ints[1], (long long)op_.ints[0],
+                                (long long)op_.ints[1]);
+        size[i] = (x->shape[2 + i] - 1) * s.ints[i] - 2 * p.ints[i] +
+                  d.ints[i] * (w->shape[2 + i] - 1) + op_.ints[i] + 1;
+    }
+    if (size[0] < 1 || size[1] < 1)
+        return em_set_error(EM_ERR_SHAPE, "conv_transpose2d: input %s with weight %s, stride (%lld, "
+                            "%lld) and padding (%lld, %lld) gives an output of %lld x %lld",
+                            SHAPE(x, b1), SHAPE(w, b2), (long long)s.ints[0], (long long)s.ints[1],
+                            (long long)p.ints[0], (long long)p.ints[1], (long long)size[0],
+                            (long long)size[1]);
+    if (b && !(b->ndim == 1 && b->shape[0] == O))
+        return em_set_error(EM_ERR_SHAPE, "conv_transpose2d: bias %s does not match the %lld "
+                            "output channels of weight %s", SHAPE(b, b1), (long long)O,
+                            SHAPE(w, b2));
+    if (em_scope_begin() != EM_OK) return em_last_status();
+    em_tensor *y = em_conv2d_backward_data(x, w, size, s.ints, p.ints, d.ints, g);
+    if (b) y = em_add(y, em_reshape(b, 4, (const int64_t[]){1, O, 1, 1}));
+    return scoped_result(y, out, n_out);
+}
+
+/* group_norm(input, weight?, bias?; num_groups, eps): layer_norm over each (sample, group)
+ * row of input viewed as (N, G, C/G * spatial), then weight and bias per channel. Absent eps:
+ * 1e-5. */
+EM__COMPOSITE(c_group_norm) {
+    UNUSED;
+    const em_tensor *x = in[0], *w = in[1], *b = in[2];
+    char b1[160], b2[160];
+    int64_t G = em__attr_int_or(attrs, 0, 0);
+    double eps = em__attr_float_or(attrs, 1, 1e-5);
+    if (!check_float("group_norm", "input", x) || (w && !check_float("group_norm", "weight", w)) ||
+        (b && !check_float("group_norm", "bias", b)))
+        return em_last_status();
+    if ((w && w->dtype != x->dtype) || (b && b->dtype != x->dtype))
+        return em_set_error(EM_ERR_DTYPE, "group_norm: input (%s), weight (%s) and bias (%s) must "
+                            "have the same dtype", em_dtype_name(x->dtype),
+                            w ? em_dtype_name(w->dtype) : "none", b ? em_dtype_name(b->dtype) : "none");
+    if (x->ndim < 2)
+        return em_set_error(EM_ERR_SHAPE, "group_norm: expected an input of at least 2 dims "
+                            "(N, C, ...), got %s", SHAPE(x, b1));
+    int64_t N = x->shape[0], C = x->shape[1];
+    if (G <= 0 || C % G != 0)
+        return em_set_error(EM_ERR_INVALID, "group_norm: num_groups %lld must be positive and "
+                            "divide the %lld channels of input %s", (long long)G, (long long)C,
+                            SHAPE(x, b1));
+    const em_tensor *pr[2] = {w, b};
+    for (int i = 0; i < 2; i++)
+        if (pr[i] && !(pr[i]->ndim == 1 && pr[i]->shape[0] == C))
+            return em_set_error(EM_ERR_SHAPE, "group_norm: %s %s does not match the %lld channels "
+                                "of input %s", i ? "bias" : "weight", SHAPE(pr[i], b1),
+                                (long long)C, SHAPE(x, b2));
+    int64_t D = em__numel(x->ndim - 2, x->shape + 2) * (C / G);
+    if (em_scope_begin() != EM_OK) return em_last_status();
+    em_tensor *y = NULL;
+    if (D == 0 || N == 0) {
+        y = em_mul_scalar(x, 1); /* nothing to normalise: an empty result of x's shape */
+    } else if (em_layer_norm(em_reshape(x, 3, (const int64_t[]){N, G, D}), 1, &D, NULL, NULL,
+                             eps, &y, NULL, NULL) == EM_OK) {
+        y = em_reshape(y, x->ndim, x->shape);
+    }
+    int64_t pshape[EM_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) pshape[i] = i == 1 ? C : 1;
+    if (w) y = em_mul(y, em_reshape(w, x->ndim, pshape));
+    if (b) y = em_add(y, em_reshape(b, x->ndim, pshape));
+    return scoped_result(y, out, n_out);
+}
 #undef UNUSED
 
 /* ---- public functions: one line each ---------------------------------------------------------- */
@@ -1283,6 +1488,24 @@ em_tensor *em_softmax_backward(const em_tensor *grad_output, const em_tensor *ou
 em_tensor *em_log_softmax_backward(const em_tensor *grad_output, const em_tensor *output,
                                    int dim) {
     return em__call1(op_log_softmax_bwd, 2, EM__IN(grad_output, output), EM__ATTRS(aint(dim)));
+}
+em_tensor *em_conv1d(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
+                     int64_t stride, int64_t padding, int64_t dilation, int64_t groups) {
+    return em__call1(op_conv1d, 3, EM__IN(input, weight, bias),
+                     EM__ATTRS(aint(stride), aint(padding), aint(dilation), aint(groups)));
+}
+em_tensor *em_conv_transpose2d(const em_tensor *input, const em_tensor *weight,
+                               const em_tensor *bias, const int64_t stride[2],
+                               const int64_t padding[2], const int64_t output_padding[2],
+                               int64_t groups, const int64_t dilation[2]) {
+    return em__call1(op_conv_transpose2d, 3, EM__IN(input, weight, bias),
+                     EM__ATTRS(P2(stride), P2(padding), P2(output_padding), aint(groups),
+                               P2(dilation)));
+}
+em_tensor *em_group_norm(const em_tensor *input, int64_t num_groups, const em_tensor *weight,
+                         const em_tensor *bias, double eps) {
+    return em__call1(op_group_norm, 3, EM__IN(input, weight, bias),
+                     EM__ATTRS(aint(num_groups), afloat(eps)));
 }
 #undef P2
 

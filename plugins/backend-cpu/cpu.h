@@ -80,6 +80,10 @@ em_status cpu_register_matmul(em_registry *r);
 em_status cpu_register_random(em_registry *r);
 em_status cpu_register_math(em_registry *r);
 em_status cpu_register_nn(em_registry *r);
+em_status cpu_register_attention(em_registry *r); /* cpu_attention.c */
+/* Every operand of kernel call k contiguous, or EM_ERR_INVALID naming the strided one (the
+ * nn kernels' contract: the public functions make operands contiguous). cpu_nn.c. */
+em_status cpu_check_dense(const em_kernel_ctx *k);
 em_status cpu_register_loss(em_registry *r);
 em_status cpu_register_data(em_registry *r);
 em_status cpu_register_linalg(em_registry *r);

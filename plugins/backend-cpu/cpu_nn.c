@@ -72,7 +72,7 @@ static void nn_parallel(const em_kernel_ctx *k, int64_t n, int64_t per_item, nn_
 
 /* Every operand contiguous (the contract: the public functions make them so); an op called
  * directly with strided inputs gets an error instead of wrong numbers. */
-static em_status nn_check_dense(const em_kernel_ctx *k) {
+em_status cpu_check_dense(const em_kernel_ctx *k) {
     for (int i = 0; i < k->n_in + k->n_out; i++) {
         const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
         if (!t->contiguous)
@@ -86,7 +86,7 @@ static em_status nn_check_dense(const em_kernel_ctx *k) {
 
 #define NN_KERNEL(name)                                                                        \
     static em_status k_##name(const em_kernel_ctx *k) {                                        \
-        em_status st = nn_check_dense(k);                                                      \
+        em_status st = cpu_check_dense(k);                                                     \
         if (st != EM_OK) return st;                                                            \
         return k->out[0].dtype == EM_F64 ? name##_f64(k) : name##_f32(k);                      \
     }
@@ -157,7 +157,7 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
 }
 
 static em_status k_max_pool2d(const em_kernel_ctx *k) {
-    em_status st = nn_check_dense(k);
+    em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     if (k->out[0].dtype == EM_F64) return max_pool2d_f64(k);
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
@@ -215,7 +215,7 @@ static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
 }
 
 static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
-    em_status st = nn_check_dense(k);
+    em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     if (k->out[0].dtype == EM_F64) return max_pool2d_bwd_f64(k);
     if (k->out[0].dtype == EM_F32) return max_pool2d_bwd_f32(k);

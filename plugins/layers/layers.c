@@ -1,12 +1,15 @@
 /*
  * layers.c — ember-layers.so: the plugin entry, shared helpers, and the stateless and
- * weight layers: Linear, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, the activations
- * (ReLU, LeakyReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LogSoftmax), Flatten, Identity and
- * Embedding. Every forward is one or a few public ops, so autograd differentiates it.
+ * weight layers: Linear, Conv2d, Conv1d, ConvTranspose2d, MaxPool2d, AvgPool2d,
+ * AdaptiveAvgPool2d, the activations (ReLU, LeakyReLU, GELU, SiLU, Tanh, Sigmoid, Softmax,
+ * LogSoftmax), Flatten, Identity and Embedding. Every forward is one or a few public ops, so
+ * autograd differentiates it.
  *
- * Options, parameter names and default initialisation follow torch.nn: Linear and Conv2d
+ * Options, parameter names and default initialisation follow torch.nn: Linear and Conv*d
  * weights are kaiming_uniform(a = sqrt 5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), biases
- * U(-1/sqrt(fan_in), 1/sqrt(fan_in)); Embedding weights N(0, 1) with the padding row zeroed.
+ * U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in from the weight's dim 1 and kernel (so for
+ * ConvTranspose2d, whose weight is (in, out / groups, kH, kW) as PyTorch's, out / groups
+ * times the kernel); Embedding weights N(0, 1) with the padding row zeroed.
  */
 #include "ember/autograd.h"
 #include "ember/device.h"
@@ -202,6 +205,142 @@ static const em_module_class conv_class = {
     .description = "2-D convolution (torch.nn.Conv2d)", .options = conv_opts,
     .n_options = NOPTS(conv_opts), .state_size = sizeof(conv_state), .init = conv_init,
     .forward = conv_forward, .n_inputs = 1,
+};
+
+/* ---- Conv1d ------------------------------------------------------------------------------------ */
+
+static const em_option_spec conv1d_opts[] = {
+    OPT_INT_REQ("in_channels", 1, 1e9, "channels of the input (N, C, L)"),
+    OPT_INT_REQ("out_channels", 1, 1e9, "channels of the output"),
+    OPT_INT_REQ("kernel_size", 1, 1e9, "kernel length"),
+    OPT_INT("stride", 1, 1, 1e9, "stride"),
+    {.name = "padding", .types = EM_OPT_INT | EM_OPT_STRING, .def_type = EM_OPT_INT,
+     .def = {.i = 0}, .choices = pad_modes, .has_range = true, .min = 0, .max = 1e9,
+     .help = "zero padding on both sides: p, 'same' or 'valid'"},
+    OPT_INT("dilation", 1, 1, 1e9, "spacing between kernel elements"),
+    OPT_INT("groups", 1, 1, 1e9, "blocked connections from input to output channels"),
+    OPT_BOOL("bias", true, "learn an additive bias"),
+    OPT_CHOICE("padding_mode", "zeros", zeros_only, "padding values (only zeros)"),
+};
+
+typedef struct conv1d_state {
+    int64_t stride, padding, dilation, groups, extra; /* extra: as conv_state's */
+} conv1d_state;
+
+/* Conv1d and ConvTranspose2d: groups must divide both channel counts. */
+static em_status check_groups(const char *cls, int64_t groups, int64_t cin, int64_t cout) {
+    if (cin % groups || cout % groups)
+        return em_set_error(EM_ERR_INVALID, "%s: groups=%lld must divide in_channels=%lld and "
+                            "out_channels=%lld", cls, (long long)groups, (long long)cin,
+                            (long long)cout);
+    return EM_OK;
+}
+
+static em_status conv1d_init(em_module *m, const em_options *o) {
+    conv1d_state *s = em_module_state(m);
+    int64_t cin = em_options_int(o, "in_channels"), cout = em_options_int(o, "out_channels"),
+            k = em_options_int(o, "kernel_size");
+    s->stride = em_options_int(o, "stride");
+    s->dilation = em_options_int(o, "dilation");
+    s->groups = em_options_int(o, "groups");
+    em_status st = check_groups("Conv1d", s->groups, cin, cout);
+    if (st != EM_OK) return st;
+    const char *mode = em_options_string(o, "padding");
+    if (mode && strcmp(mode, "same") == 0) {
+        if (s->stride != 1)
+            return em_set_error(EM_ERR_INVALID, "Conv1d: padding='same' is not supported for "
+                                "strided convolutions (stride %lld)", (long long)s->stride);
+        int64_t total = s->dilation * (k - 1);
+        s->padding = total / 2;
+        s->extra = total - 2 * s->padding;
+    } else if (!mode) {
+        s->padding = em_options_int(o, "padding");
+    }
+    em_tensor *w = param(m, "weight", 3, (int64_t[]){cout, cin / s->groups, k}), *b = NULL;
+    if (!w) return em_last_status();
+    if (em_options_bool(o, "bias") && !(b = param(m, "bias", 1, (int64_t[]){cout})))
+        return em_last_status();
+    return layers_default_init(w, b);
+}
+
+static em_tensor *conv1d_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    conv1d_state *s = em_module_state(m);
+    const em_tensor *x = in[0];
+    if (layers_check_float_input(x, em_module_parameter(m, "weight")) != EM_OK) return NULL;
+    if (s->extra) x = em_pad(x, 2, (int64_t[]){0, s->extra}, 0.0);
+    return em_conv1d(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"),
+                     s->stride, s->padding, s->dilation, s->groups);
+}
+
+static const em_module_class conv1d_class = {
+    .struct_size = sizeof(em_module_class), .name = "Conv1d",
+    .description = "1-D convolution (torch.nn.Conv1d)", .options = conv1d_opts,
+    .n_options = NOPTS(conv1d_opts), .state_size = sizeof(conv1d_state), .init = conv1d_init,
+    .forward = conv1d_forward, .n_inputs = 1,
+};
+
+/* ---- ConvTranspose2d ----------------------------------------------------------------------------- */
+
+static const em_option_spec convt_opts[] = {
+    OPT_INT_REQ("in_channels", 1, 1e9, "channels of the input"),
+    OPT_INT_REQ("out_channels", 1, 1e9, "channels of the output"),
+    OPT_PAIR_REQ("kernel_size", 1, "kernel size: k or [kH, kW]"),
+    OPT_PAIR("stride", 1, 1, "stride: s or [sH, sW]"),
+    OPT_PAIR("padding", 0, 0, "dilation (k - 1) - padding zeros added to both sides"),
+    OPT_PAIR("output_padding", 0, 0, "extra size on one side of the output (below stride)"),
+    OPT_INT("groups", 1, 1, 1e9, "blocked connections from input to output channels"),
+    OPT_BOOL("bias", true, "learn an additive bias"),
+    OPT_PAIR("dilation", 1, 1, "spacing between kernel elements"),
+    OPT_CHOICE("padding_mode", "zeros", zeros_only, "padding values (only zeros)"),
+};
+
+typedef struct convt_state {
+    int64_t stride[2], padding[2], output_padding[2], dilation[2], groups;
+} convt_state;
+
+static em_status convt_init(em_module *m, const em_options *o) {
+    convt_state *s = em_module_state(m);
+    int64_t cin = em_options_int(o, "in_channels"), cout = em_options_int(o, "out_channels");
+    int64_t k[2];
+    em_status st;
+    if ((st = layers_pair("ConvTranspose2d", o, "kernel_size", NULL, k)) != EM_OK ||
+        (st = layers_pair("ConvTranspose2d", o, "stride", NULL, s->stride)) != EM_OK ||
+        (st = layers_pair("ConvTranspose2d", o, "padding", NULL, s->padding)) != EM_OK ||
+        (st = layers_pair("ConvTranspose2d", o, "output_padding", NULL, s->output_padding)) != EM_OK ||
+        (st = layers_pair("ConvTranspose2d", o, "dilation", NULL, s->dilation)) != EM_OK)
+        return st;
+    s->groups = em_options_int(o, "groups");
+    if ((st = check_groups("ConvTranspose2d", s->groups, cin, cout)) != EM_OK) return st;
+    for (int i = 0; i < 2; i++)
+        if (s->output_padding[i] >= s->stride[i])
+            return em_set_error(EM_ERR_INVALID, "ConvTranspose2d: output_padding [%lld, %lld] "
+                                "must be smaller than stride [%lld, %lld]",
+                                (long long)s->output_padding[0], (long long)s->output_padding[1],
+                                (long long)s->stride[0], (long long)s->stride[1]);
+    /* PyTorch's layout: (in_channels, out_channels / groups, kH, kW). */
+    em_tensor *w = param(m, "weight", 4, (int64_t[]){cin, cout / s->groups, k[0], k[1]});
+    em_tensor *b = NULL;
+    if (!w) return em_last_status();
+    if (em_options_bool(o, "bias") && !(b = param(m, "bias", 1, (int64_t[]){cout})))
+        return em_last_status();
+    return layers_default_init(w, b);
+}
+
+static em_tensor *convt_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    convt_state *s = em_module_state(m);
+    const em_tensor *x = in[0];
+    if (layers_check_float_input(x, em_module_parameter(m, "weight")) != EM_OK) return NULL;
+    return em_conv_transpose2d(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"),
+                               s->stride, s->padding, s->output_padding, s->groups, s->dilation);
+}
+
+static const em_module_class convt_class = {
+    .struct_size = sizeof(em_module_class), .name = "ConvTranspose2d",
+    .description = "2-D transposed convolution (torch.nn.ConvTranspose2d)", .options = convt_opts,
+    .n_options = NOPTS(convt_opts), .state_size = sizeof(convt_state), .init = convt_init,
+    .forward = convt_forward, .n_inputs = 1,
 };
 
 /* ---- pooling ----------------------------------------------------------------------------------- */
@@ -456,7 +595,7 @@ const em_module_class *const layers_basic[] = {
     &linear_class,   &conv_class,    &maxpool_class,   &avgpool_class, &adaptive_class,
     &relu_class,     &leaky_class,   &gelu_class,      &silu_class,    &tanh__class,
     &sigmoid_class,  &softmax_class, &log_softmax_class, &flatten_class, &identity_class,
-    &embedding_class, NULL,
+    &embedding_class, &conv1d_class, &convt_class, NULL,
 };
 
 /* ---- the plugin ------------------------------------------------------------------------------- */

@@ -1,6 +1,8 @@
 /*
  * layers_norm.c — layers whose behaviour depends on train/eval mode or that normalise:
- * BatchNorm1d, BatchNorm2d, LayerNorm and Dropout.
+ * BatchNorm1d, BatchNorm2d, LayerNorm, GroupNorm and Dropout. GroupNorm (torch.nn.GroupNorm):
+ * weight (ones) and bias (zeros) of num_channels when affine, no buffers, the same in train
+ * and eval.
  *
  * BatchNorm follows torch.nn.BatchNorm*d: parameters weight (ones) and bias (zeros) when
  * affine; buffers running_mean (zeros), running_var (ones) and num_batches_tracked (int64,
@@ -185,6 +187,50 @@ static const em_module_class ln_class = {
     .init = ln_init, .forward = ln_forward, .n_inputs = 1,
 };
 
+/* ---- GroupNorm ---------------------------------------------------------------------------------- */
+
+static const em_option_spec gn_opts[] = {
+    OPT_INT_REQ("num_groups", 1, 1e9, "groups the channels are split into"),
+    OPT_INT_REQ("num_channels", 1, 1e9, "C of an input (N, C, ...); num_groups must divide it"),
+    OPT_FLOAT("eps", 1e-5, 0, 1, "added to the variance for stability"),
+    OPT_BOOL("affine", true, "learn a per-channel scale (weight, ones) and shift (bias, zeros)"),
+};
+
+static em_status gn_init(em_module *m, const em_options *o) {
+    int64_t G = em_options_int(o, "num_groups"), C = em_options_int(o, "num_channels");
+    if (C % G)
+        return em_set_error(EM_ERR_INVALID, "GroupNorm: num_groups=%lld must divide "
+                            "num_channels=%lld", (long long)G, (long long)C);
+    if (!em_options_bool(o, "affine"))
+        return EM_OK;
+    em_status st = em_module_add_parameter(m, "weight", em_ones(1, &C, EM_F32, em_cpu()));
+    if (st == EM_OK)
+        st = em_module_add_parameter(m, "bias", em_zeros(1, &C, EM_F32, em_cpu()));
+    return st;
+}
+
+static em_tensor *gn_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    const em_options *o = em_module_options(m);
+    const em_tensor *x = in[0];
+    int64_t C = em_options_int(o, "num_channels");
+    if (x && (em_tensor_ndim(x) < 2 || em_tensor_shape(x)[1] != C)) {
+        char b[160];
+        em_set_error(EM_ERR_SHAPE, "GroupNorm: expected an input (N, %lld, ...), got %s",
+                     (long long)C, em_shape_str(em_tensor_ndim(x), em_tensor_shape(x), b, sizeof b));
+        return NULL;
+    }
+    return em_group_norm(x, em_options_int(o, "num_groups"), em_module_parameter(m, "weight"),
+                         em_module_parameter(m, "bias"), em_options_float(o, "eps"));
+}
+
+static const em_module_class gn_class = {
+    .struct_size = sizeof(em_module_class), .name = "GroupNorm",
+    .description = "group normalisation over channel groups (torch.nn.GroupNorm)",
+    .options = gn_opts, .n_options = NOPTS(gn_opts), .init = gn_init, .forward = gn_forward,
+    .n_inputs = 1,
+};
+
 /* ---- Dropout ----------------------------------------------------------------------------------- */
 
 static const em_option_spec dropout_opts[] = {
@@ -216,5 +262,5 @@ static const em_module_class dropout_class = {
 };
 
 const em_module_class *const layers_norm[] = {
-    &bn1d_class, &bn2d_class, &ln_class, &dropout_class, NULL,
+    &bn1d_class, &bn2d_class, &ln_class, &gn_class, &dropout_class, NULL,
 };

@@ -319,7 +319,8 @@ EM_API em_tensor *em_any(const em_tensor *a, int ndims, const int *dims, bool ke
 /* (end of reduce) */
 
 
-/* ---- neural-network ops: conv2d, pooling, batch_norm, layer_norm, softmax, log_softmax ---- */
+/* ---- neural-network ops: conv2d, pooling, batch_norm, layer_norm, softmax, log_softmax,
+ *      conv1d, conv_transpose2d, group_norm, scaled_dot_product_attention ---- */
 
 /* Common rules of the neural-network ops. Tensors are NCHW like PyTorch; inputs may have any
  * strides (they are made contiguous first). Floating dtypes only (EM_ERR_DTYPE otherwise):
@@ -449,6 +450,90 @@ EM_API em_tensor *em_softmax_backward(const em_tensor *grad_output, const em_ten
                                       int dim);
 EM_API em_tensor *em_log_softmax_backward(const em_tensor *grad_output, const em_tensor *output,
                                           int dim);
+
+/* 1-D cross-correlation (PyTorch's conv1d): input (N, C, L), weight (O, C/groups, K), bias
+ * (O) or NULL; stride and dilation >= 1, padding >= 0 (zeros on both sides), groups >= 1
+ * dividing C and O. Result (N, O, OL) with OL = (L + 2 padding - dilation (K - 1) - 1) /
+ * stride + 1. Computed as conv2d over a (1, L) plane (so the same kernels, oneDNN included,
+ * and conv2d's derivative). Errors as em_conv2d's, naming conv1d. */
+EM_API em_tensor *em_conv1d(const em_tensor *input, const em_tensor *weight,
+                            const em_tensor *bias, int64_t stride, int64_t padding,
+                            int64_t dilation, int64_t groups);
+/* 2-D transposed convolution (PyTorch's conv_transpose2d; the gradient of conv2d with
+ * respect to its input): input (N, C, H, W), weight (C, O/groups, kH, kW), bias (O) or NULL.
+ * Arguments in PyTorch's order; NULL pairs: stride 1, padding 0, output_padding 0, dilation 1.
+ * Result (N, O, OH, OW) with OH = (H - 1) stride - 2 padding + dilation (kH - 1) +
+ * output_padding + 1. output_padding must be smaller than stride (EM_ERR_INVALID; PyTorch
+ * also allows it below dilation). Runs conv2d_backward_data (which is differentiable: its
+ * derivative is conv2d and conv2d_backward_weight). Errors: channel mismatch (EM_ERR_SHAPE),
+ * an output size below 1 (EM_ERR_SHAPE). */
+EM_API em_tensor *em_conv_transpose2d(const em_tensor *input, const em_tensor *weight,
+                                      const em_tensor *bias, const int64_t stride[2],
+                                      const int64_t padding[2],
+                                      const int64_t output_padding[2], int64_t groups,
+                                      const int64_t dilation[2]);
+/* Group normalisation (PyTorch's F.group_norm): input (N, C, *) split into num_groups groups
+ * of C / num_groups channels, each (sample, group) normalised by its mean and biased
+ * variance, then scaled and shifted per channel by weight and bias (C) or NULL (1 and 0).
+ * num_groups must divide C (EM_ERR_INVALID); eps > 0 usually 1e-5. Computed as layer_norm
+ * over each group (its kernels and derivative) and a broadcast multiply-add. */
+EM_API em_tensor *em_group_norm(const em_tensor *input, int64_t num_groups,
+                                const em_tensor *weight, const em_tensor *bias, double eps);
+
+/* Scaled dot-product attention (PyTorch's F.scaled_dot_product_attention):
+ *     out = dropout(softmax(query key^T * scale + mask)) value
+ * query (..., L, E), key (..., S, E), value (..., S, Ev); the leading (batch, head) dims of
+ * the three must be equal (no broadcasting). Result (..., L, Ev) in query's dtype.
+ *   attn_mask   NULL, or a tensor broadcastable to (..., L, S) (NumPy rules; fewer dims are
+ *               aligned from the right):
+ *                 bool: TRUE MEANS "ATTEND" (the key is used), false masks it out — as in
+ *                 PyTorch's F.scaled_dot_product_attention. (MultiheadAttention's
+ *                 key_padding_mask, like PyTorch's, has the opposite sense: true = ignore.)
+ *                 floating: added to the scaled scores (-inf masks out).
+ *   is_causal   query i attends to keys j <= i only (top-left aligned: PyTorch's
+ *               tril(ones(L, S))). Unlike PyTorch it may be combined with attn_mask: both
+ *               apply.
+ *   dropout_p   in [0, 1]: the probabilities are dropped with probability dropout_p and the
+ *               rest scaled by 1 / (1 - dropout_p) (the row sums are taken before dropout).
+ *               There is no training flag, as in PyTorch: pass 0 in evaluation. The mask
+ *               is drawn from gen (NULL: the default generator) only when dropout_p > 0:
+ *               element (b, i, j) of the flattened (B, L, S) score tensor is kept when
+ *               ember/random.h's bernoulli stream at (seed, offset) gives true with
+ *               probability 1 - dropout_p — the same mask em_dropout would draw for a
+ *               (B, L, S) tensor from the same generator state.
+ *   scale       NULL: 1 / sqrt(E) (1 when E is 0).
+ * A query whose keys are all masked out gets a zero output row and zero gradients (as PyTorch 2.x;
+ * softmax over nothing is taken as nothing). The CPU kernel is fused: the forward holds one (32
+ * rows x 64 keys) tile of scores per thread, keeping each row's running maximum and sum (online
+ * softmax); the backward recomputes the scores from logsumexp, holding at most one 32-row block of
+ * them per thread. The full (L, S) matrix never exists. Differentiable in query, key and value; a
+ * floating attn_mask gets no gradient (a mask that requires grad is an error at backward: detach
+ * it). Errors: EM_ERR_SHAPE for mismatched dims or a mask that does not broadcast (naming the
+ * shapes), EM_ERR_DTYPE for non-floating q/k/v, a dtype mismatch among them, or a mask neither bool
+ * nor floating, EM_ERR_INVALID for dropout_p outside [0, 1].
+ * By name, the op "scaled_dot_product_attention" takes the attributes
+ * dropout_p, is_causal, scale (absent: the default), seed and offset (the dropout stream;
+ * required when dropout_p > 0), and returns (out, logsumexp).
+ *   logsumexp   (may be NULL) receives a new reference to (..., L), in f64 for f64 inputs
+ *               and f32 otherwise: each row's log-sum-exp of the scaled, masked scores (-inf
+ *               for a row with every key masked), which the backward needs. It carries no
+ *               gradient (backpropagating into it is an error). */
+EM_API em_tensor *em_scaled_dot_product_attention(const em_tensor *query, const em_tensor *key,
+                                                  const em_tensor *value,
+                                                  const em_tensor *attn_mask, double dropout_p,
+                                                  bool is_causal, const double *scale,
+                                                  em_generator *gen,
+                                                  em_tensor **logsumexp /* out, may be NULL */);
+/* Gradients of scaled_dot_product_attention with respect to query, key and value, from the
+ * forward's arguments and its logsumexp, with the dropout stream's (seed, offset) the forward
+ * used (dropout_state; ignored when dropout_p is 0). Shapes as the forward's; any out-pointer
+ * may be NULL. */
+EM_API em_status em_scaled_dot_product_attention_backward(
+    const em_tensor *grad_output, const em_tensor *query, const em_tensor *key,
+    const em_tensor *value, const em_tensor *attn_mask, const em_tensor *logsumexp,
+    double dropout_p, bool is_causal, const double *scale,
+    em_rng_state dropout_state, em_tensor **grad_query /* out */,
+    em_tensor **grad_key /* out */, em_tensor **grad_value /* out */);
 
 /* (end of nn) */
 
