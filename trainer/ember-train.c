@@ -852,9 +852,10 @@ static int read_fields(run *r, const em_config_node *d) {
                             .num_classes = ft->num_classes};
     memcpy(in->input_shape, fi->shape, sizeof in->input_shape);
     memcpy(in->target_shape, ft->shape, sizeof in->target_shape);
-    if (!(ft->dtype == EM_I64 && ft->ndim == 0 && ft->num_classes > 0) && ft->dtype != EM_F32)
+    if (!(ft->dtype == EM_I64 && ft->ndim <= 1 && ft->num_classes > 0) && ft->dtype != EM_F32)
         return cfg_error(tg ? tg : d, "the target field '%s' must hold int64 class labels (with "
-                         "a number of classes) or float32 values%s", r->tg_name);
+                         "a number of classes; one per item, or (L) one per position) or "
+                         "float32 values%s", r->tg_name);
     r->info = in;
     return 0;
 }
@@ -1356,7 +1357,7 @@ static int check_fit(run *r) {
     } else {
         int64_t ts[EM_MAX_DIMS + 1] = {2};
         for (int i = 0; i < in->target_ndim; i++) ts[i + 1] = in->target_shape[i];
-        y = em_zeros(in->target_ndim + 1, ts, EM_F32, r->dev);
+        y = em_zeros(in->target_ndim + 1, ts, in->target_dtype, r->dev);
     }
     em_tensor *out = x ? em_module_forward_masked(r->model, xs, r->n_in, mask) : NULL;
     char xsh[128];
@@ -1366,21 +1367,23 @@ static int check_fit(run *r) {
                 xsh, em_dataset_name(r->train), em_last_error());
         rc = EXIT_USAGE;
     } else {
-        em_tensor *pair[2] = {out, y};
-        if (!em_module_forward_n(r->loss, pair, 2)) {
+        bool seq = sequence_targets(r);
+        int cd = seq ? 2 : 1; /* the class dim of the output: (B, C), or (B, L, C) */
+        if (!loss_forward(r, out, y)) {
             char os[128];
             em_shape_str(em_tensor_ndim(out), em_tensor_shape(out), os, sizeof os);
             fprintf(stderr, "ember-train: the model's output %s does not fit the loss %s and "
                     "the targets (%s, %lld classes): %s\n", os, r->loss_class,
-                    in->target_ndim == 0 ? "class indices" : "float values",
+                    seq ? "class indices per position" : in->target_ndim == 0 ? "class indices"
+                                                                             : "float values",
                     (long long)in->num_classes, em_last_error());
             rc = EXIT_USAGE;
-        } else if (in->num_classes > 0 && em_tensor_ndim(out) == 2 &&
-                   em_tensor_shape(out)[1] != in->num_classes &&
+        } else if (in->num_classes > 0 && em_tensor_ndim(out) == cd + 1 &&
+                   em_tensor_shape(out)[cd] != in->num_classes &&
                    !strcmp(r->loss_class, "CrossEntropyLoss")) {
-            fprintf(stderr, "ember-train: the model gives %lld outputs per sample but the data "
-                    "has %lld classes\n", (long long)em_tensor_shape(out)[1],
-                    (long long)in->num_classes);
+            fprintf(stderr, "ember-train: the model gives %lld outputs per %s but the data "
+                    "has %lld classes\n", (long long)em_tensor_shape(out)[cd],
+                    seq ? "position" : "sample", (long long)in->num_classes);
             rc = EXIT_USAGE;
         }
     }

@@ -121,6 +121,13 @@ typedef struct run {
 } run;
 
 /* loop.c */
+/* Whether the target field holds one class index per position ((L) int64 with classes: a
+ * language model's next tokens). */
+bool sequence_targets(const run *r);
+/* The loss of the model's output against the targets: r->loss on (out, y), or for sequence
+ * targets on out (B, L, C) and y (B, L) flattened to (B * L, C) and (B * L), so the mean is
+ * over tokens. NULL + error (EM_ERR_SHAPE naming both shapes when they do not fit). */
+em_tensor *loss_forward(const run *r, em_tensor *out, em_tensor *y);
 int train_loop(run *r);
 int evaluate_only(run *r);
 int dry_run(run *r);
