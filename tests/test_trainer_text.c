@@ -225,3 +225,158 @@ Test(trainer_text, sequence_loss_perplexity_and_vocabulary) {
     free(out);
     free(text);
 }
+
+/* The line of out that starts with prefix (the generated text on stdout), as a new string. */
+static char *line_from(const char *out, const char *prefix) {
+    const char *p = out;
+    while (p && strncmp(p, prefix, strlen(prefix))) {
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    cr_assert(p, "no line starting with '%s' in:\n%s", prefix, out);
+    size_t n = strcspn(p, "\n");
+    char *l = strndup(p, n);
+    cr_assert(l);
+    return l;
+}
+
+static char *generate(const char *const *extra, int want_rc) {
+    const char *args[32] = {path("lm.yaml"), "--quiet", "--init-weights", path("w.safetensors")};
+    int n = 4;
+    for (; *extra; extra++) args[n++] = *extra;
+    args[n] = NULL;
+    char *out;
+    int rc = train(&out, args);
+    cr_assert_eq(rc, want_rc, "exit %d:\n%s", rc, out);
+    return out;
+}
+
+/* Words with no letter in common, so a model that sees one character (Embedding -> Linear: a
+ * bigram model) can learn to spell them. */
+Test(trainer_text, generate_from_a_trained_model) {
+    static const char *const words[] = {"the", "fox", "dump", "big", "ask", "wry"};
+    char *text = malloc(3000 * 6);
+    size_t at = 0;
+    uint32_t s = 777;
+    for (int i = 0; i < 3000; i++) {
+        s = s * 1664525u + 1013904223u;
+        at += (size_t)sprintf(text + at, "%s%s", i ? " " : "", words[(s >> 16) % 6]);
+    }
+    write_file("t.txt", text);
+    char voc[128];
+    int V = vocab_of(text, at - (size_t)(0.1 * (double)at), voc);
+    const int E = 16;
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "model:\n"
+             "  - Embedding: {num_embeddings: %d, embedding_dim: %d}\n"
+             "  - Linear: {in_features: %d, out_features: %d}\n"
+             "data:\n"
+             "  class: text\n"
+             "  options: {path: %s, seq_len: 32}\n"
+             "  validation: {split: validation}\n"
+             "optimizer: {class: Adam, lr: 0.05}\n"
+             "loop: {epochs: 3, batch_size: 16, clip_grad_norm: 1.0}\n",
+             V, E, E, V, path("t.txt"));
+    write_file("lm.yaml", cfg);
+    char *out;
+    int rc = train(&out, (const char *[]){path("lm.yaml"), "--quiet", "--seed", "2",
+                                          "--save-weights", path("w.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    free(out);
+
+    /* sampled text: >= 80% of its space-separated tokens are words of the training text */
+    out = generate((const char *[]){"--generate", "400", "--prompt", "the ", "--seed", "5", NULL}, 0);
+    char *a = line_from(out, "the ");
+    free(out);
+    cr_assert_eq(strlen(a), 404, "the prompt and 400 characters: '%s'", a);
+    int tokens = 0, known = 0;
+    char *copy = strdup(a), *save = NULL;
+    for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        tokens++;
+        for (int w = 0; w < 6; w++) known += !strcmp(t, words[w]);
+    }
+    free(copy);
+    cr_assert_geq(known * 5, tokens * 4, "%d of %d tokens are words: '%s'", known, tokens, a);
+    /* the same seed gives the same text; another seed another */
+    out = generate((const char *[]){"--generate", "400", "--prompt", "the ", "--seed", "5", NULL}, 0);
+    char *b = line_from(out, "the ");
+    free(out);
+    cr_assert_str_eq(a, b);
+    free(b);
+    out = generate((const char *[]){"--generate", "400", "--prompt", "the ", "--seed", "6", NULL}, 0);
+    b = line_from(out, "the ");
+    free(out);
+    cr_assert_str_neq(a, b);
+    free(b);
+    free(a);
+
+    /* --top-k 1 is greedy: the argmax of the bigram model by plain loops over the weights */
+    em_dict *sd;
+    cr_assert_eq(em_load(path("w.safetensors"), NULL, &sd, NULL), EM_OK, "%s", em_last_error());
+    const float *Ed = em_tensor_data(em_dict_get(sd, "0.weight")),
+                *Wd = em_tensor_data(em_dict_get(sd, "1.weight")),
+                *bd = em_tensor_data(em_dict_get(sd, "1.bias"));
+    char ref[64] = "wry";
+    int id[128] = {0};
+    for (int k = 0; k < V; k++) id[(unsigned char)voc[k]] = k;
+    for (int i = 3; i < 43; i++) {
+        int x = id[(unsigned char)ref[i - 1]], best = 0;
+        double bestv = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            double l = bd[v];
+            for (int e = 0; e < E; e++) l += (double)Wd[v * E + e] * Ed[x * E + e];
+            if (l > bestv) bestv = l, best = v;
+        }
+        ref[i] = voc[best];
+        ref[i + 1] = '\0';
+    }
+    em_dict_free(sd);
+    for (int seed = 1; seed <= 2; seed++) {
+        char sd_[8];
+        snprintf(sd_, sizeof sd_, "%d", seed);
+        out = generate((const char *[]){"--generate", "40", "--prompt", "wry", "--top-k", "1",
+                                        "--temperature", "0.7", "--seed", sd_, NULL}, 0);
+        a = line_from(out, "wry");
+        free(out);
+        cr_assert_str_eq(a, ref, "greedy text '%s', plain loops '%s'", a, ref);
+        free(a);
+    }
+
+    /* bad settings are usage errors that say why */
+    struct { const char *args[8]; const char *msg; } bad[] = {
+        {{"--generate", "5", "--prompt", "the", "--temperature", "0", NULL},
+         "--temperature: '0' is not a finite number > 0"},
+        {{"--generate", "5", "--prompt", "the", "--temperature", "nan", NULL},
+         "--temperature: 'nan' is not a finite number > 0"},
+        {{"--generate", "5", "--prompt", "the", "--top-k", "0", NULL},
+         "--top-k: '0' is not an integer in [1, "},
+        {{"--generate", "5", "--prompt", "the", "--top-k", "1000", NULL},
+         "--top-k 1000 is larger than the vocabulary"},
+        {{"--generate", "5", "--prompt", "Qt", NULL},
+         "--prompt: character 'Q' (U+0051) is not in the model's vocabulary"},
+        {{"--generate", "5", NULL}, "--generate needs --prompt TEXT"},
+        {{"--generate", "5", "--prompt", "", NULL}, "needs a --prompt of at least one character"},
+        {{"--top-k", "3", NULL}, "--prompt, --temperature and --top-k need --generate N"},
+        {{"--generate", "0", "--prompt", "the", NULL}, "--generate: '0' is not an integer in [1, "},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        out = generate(bad[i].args, 2);
+        cr_assert(strstr(out, bad[i].msg), "'%s' not in:\n%s", bad[i].msg, out);
+        free(out);
+    }
+    rc = train(&out, (const char *[]){path("lm.yaml"), "--generate", "5", "--prompt", "t", NULL});
+    cr_assert_eq(rc, 2);
+    cr_assert(strstr(out, "--generate needs --init-weights"), "%s", out);
+    free(out);
+    /* weights without the vocabulary */
+    cr_assert_eq(em_load(path("w.safetensors"), NULL, &sd, NULL), EM_OK);
+    cr_assert_eq(em_save(sd, path("plain.safetensors"), NULL, NULL), EM_OK);
+    em_dict_free(sd);
+    rc = train(&out, (const char *[]){path("lm.yaml"), "--init-weights", path("plain.safetensors"),
+                                      "--generate", "5", "--prompt", "t", NULL});
+    cr_assert_eq(rc, 2);
+    cr_assert(strstr(out, "has no vocabulary (metadata text.level, text.vocab)"), "%s", out);
+    free(out);
+    free(text);
+}

@@ -357,6 +357,13 @@ static void usage(FILE *f) {
 "  --predict-scores KIND    with --predict (classification): also each class's score, as\n"
 "                           logits (logit_0, ...: the model's outputs) or probabilities\n"
 "                           (prob_0, ...: their softmax)\n"
+"  --generate N             a language model's text (data class 'text'): N tokens after\n"
+"                           --prompt, printed to stdout; needs --init-weights, whose metadata\n"
+"                           holds the vocabulary; the model sees the last seq_len tokens\n"
+"  --prompt TEXT            the text generation starts from (at least one character)\n"
+"  --temperature T          divide the logits by T > 0 before sampling (default 1)\n"
+"  --top-k K                sample among the K most likely tokens only (default: all)\n"
+"                           (the same --seed, prompt and settings give the same text)\n"
 "  --eval-batch-size N      samples per batch in validation, test and --predict (loop key\n"
 "                           eval_batch_size; default: --batch-size)\n"
 "  --limit-batches N        at most N batches per epoch and per evaluation (0: no limit)\n"
@@ -446,7 +453,8 @@ static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
  * finite number >= 0, as --lr does.) */
 typedef enum num_id {
     N_EPOCHS, N_MAX_STEPS, N_BATCH, N_ACCUM, N_WORKERS, N_LIMIT, N_OVERFIT, N_EARLY, N_SEED,
-    N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_EVAL_BATCH, N_COUNT
+    N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_EVAL_BATCH, N_GENERATE,
+    N_TOP_K, N_COUNT
 } num_id;
 
 typedef struct num_range {
@@ -480,6 +488,8 @@ static const num_range ranges[N_COUNT] = {
     [N_WD] = REAL_RANGE(NULL, "--weight-decay", -DBL_MAX, DBL_MAX),
     [N_SCALE] = REAL_RANGE("data.transforms.scale", NULL, -DBL_MAX, DBL_MAX),
     [N_EVAL_BATCH] = INT_RANGE("loop.eval_batch_size", "--eval-batch-size", 1, INT32_MAX),
+    [N_GENERATE] = INT_RANGE(NULL, "--generate", 1, 100000000),
+    [N_TOP_K] = INT_RANGE(NULL, "--top-k", 1, INT32_MAX),
 };
 
 /* "an integer in [0, 2147483647]", "a finite number >= 0" */
@@ -1533,7 +1543,8 @@ int main(int argc, char **argv) {
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
-           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST };
+           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_GENERATE,
+           O_PROMPT, O_TEMPERATURE, O_TOP_K };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1554,6 +1565,8 @@ int main(int argc, char **argv) {
         {"metrics-steps", 1, 0, O_METRICS_STEPS}, {"save-best", 1, 0, O_SAVE_BEST},
         {"predict-scores", 1, 0, O_PREDICT_SCORES}, {"eval-batch-size", 1, 0, O_EVAL_BATCH},
         {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
+        {"generate", 1, 0, O_GENERATE}, {"prompt", 1, 0, O_PROMPT},
+        {"temperature", 1, 0, O_TEMPERATURE}, {"top-k", 1, 0, O_TOP_K},
         {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
@@ -1568,6 +1581,8 @@ int main(int argc, char **argv) {
     r.s.batch_size = 64;
     r.s.accum_steps = 1;
     r.s.shuffle = true;
+    r.s.temperature = 1.0;
+    bool c_gen_opts = false; /* --prompt, --temperature or --top-k given */
     r.s.keep = EM_CHECKPOINT_KEEP_DEFAULT;
     r.best_metric = NAN;
     r.best_epoch = -1;
@@ -1627,6 +1642,19 @@ int main(int argc, char **argv) {
                 ok = false;
             }
             break;
+        case O_GENERATE: ok = cli_num(N_GENERATE, optarg, &r.s.generate, &fv); break;
+        case O_PROMPT: r.s.prompt = optarg, c_gen_opts = true; break;
+        case O_TOP_K: ok = cli_num(N_TOP_K, optarg, &r.s.top_k, &fv), c_gen_opts = true; break;
+        case O_TEMPERATURE:
+            c_gen_opts = true;
+            if (!parse_f64(optarg, &r.s.temperature) || !(r.s.temperature > 0) ||
+                !isfinite(r.s.temperature)) {
+                fprintf(stderr, "ember-train: --temperature: '%s' is not a finite number > 0 "
+                        "(the logits are divided by it; --top-k 1 always takes the most likely "
+                        "token)\n", optarg);
+                ok = false;
+            }
+            break;
         case O_EVAL: r.s.eval_only = true; break;
         case O_PREDICT: r.s.predict = optarg; break;
         case O_LIMIT: ok = cli_num(N_LIMIT, optarg, &c_limit, &fv); break;
@@ -1671,6 +1699,24 @@ int main(int argc, char **argv) {
     }
     if (r.s.predict_scores && !r.s.predict) {
         fprintf(stderr, "ember-train: --predict-scores needs --predict\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.generate && !r.s.init_weights) {
+        fprintf(stderr, "ember-train: --generate needs --init-weights (weights saved from a "
+                "'text' dataset, which carry its vocabulary)\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.generate && !r.s.prompt) {
+        fprintf(stderr, "ember-train: --generate needs --prompt TEXT (at least one character)\n");
+        return EXIT_USAGE;
+    }
+    if (c_gen_opts && !r.s.generate) {
+        fprintf(stderr, "ember-train: --prompt, --temperature and --top-k need --generate N\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.generate && (r.s.eval_only || r.s.predict || r.s.dry_run || r.s.resume)) {
+        fprintf(stderr, "ember-train: --generate runs alone: not with --eval-only, --predict, "
+                "--dry-run or --resume\n");
         return EXIT_USAGE;
     }
     if (r.s.eval_only && !r.s.init_weights && !r.s.resume) {
@@ -1833,6 +1879,10 @@ int main(int argc, char **argv) {
             rc = EXIT_USAGE;
             goto done;
         }
+    }
+    if (r.s.generate) {
+        rc = generate_text(&r);
+        goto done;
     }
     if (r.s.dry_run) {
         checkpoint_prepare(&r, true);
