@@ -359,6 +359,7 @@ Test(trainer_text, generate_from_a_trained_model) {
         {{"--generate", "5", "--prompt", "", NULL}, "needs a --prompt of at least one character"},
         {{"--top-k", "3", NULL}, "--prompt, --temperature and --top-k need --generate N"},
         {{"--generate", "0", "--prompt", "the", NULL}, "--generate: '0' is not an integer in [1, "},
+        {{"--predict", path("p.csv"), NULL}, "this data has a class per position"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         out = generate(bad[i].args, 2);

@@ -1889,6 +1889,13 @@ int main(int argc, char **argv) {
         rc = dry_run(&r);
         goto done;
     }
+    if (r.s.predict && sequence_targets(&r)) {
+        fprintf(stderr, "ember-train: --predict writes one prediction per item; this data has "
+                "a class per position (a language model): use --eval-only for its loss and "
+                "perplexity, or --generate for its text\n");
+        rc = EXIT_USAGE;
+        goto done;
+    }
     if (r.s.eval_only || r.s.predict) {
         rc = evaluate_only(&r);
         goto done;
