@@ -140,8 +140,29 @@ Test(trainer_text, sequence_loss_perplexity_and_vocabulary) {
     write_file("lm.yaml", cfg);
     char *out;
     int rc = train(&out, (const char *[]){path("lm.yaml"), "--seed", "1", "--save-weights",
-                                          path("w.safetensors"), NULL});
+                                          path("w.safetensors"), "--metrics", path("m.csv"),
+                                          NULL});
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    /* --metrics: the perplexities as the last columns, exp of the losses of the same row */
+    char *csv = read_all(path("m.csv"), NULL);
+    const char *hdr = "epoch,step,lr,train_loss,grad_norm,val_loss,val_accuracy,samples_per_s,"
+                      "data_wait_pct,peak_memory,train_accuracy,test_loss,test_accuracy,"
+                      "train_ppl,val_ppl,val_unigram_ppl\n";
+    cr_assert(!strncmp(csv, hdr, strlen(hdr)), "%s", csv);
+    for (const char *row = strchr(csv, '\n') + 1; *row; row = strchr(row, '\n') + 1) {
+        double col[16];
+        const char *q = row;
+        for (int c = 0; c < 16; c++) {
+            col[c] = strtod(q, NULL);
+            q += strcspn(q, ",\n") + (c < 15);
+        }
+        cr_assert(fabs(col[13] - exp(col[3])) < 1e-6 * col[13], "train_ppl %g, loss %g", col[13],
+                  col[3]);
+        cr_assert(fabs(col[14] - exp(col[5])) < 1e-6 * col[14], "val_ppl %g, loss %g", col[14],
+                  col[5]);
+        cr_assert(col[15] > col[14], "unigram %g > val_ppl %g", col[15], col[14]);
+    }
+    free(csv);
     /* each epoch reports the perplexity, exp of the mean token loss */
     const char *e2 = strstr(out, "epoch 2/2: train loss ");
     cr_assert(e2, "%s", out);

@@ -657,7 +657,8 @@ static bool sinks_add_file(run *r, sinks *k, const char *option, const char *pat
     int ng = em_optimizer_group_count(r->opt);
     metrics_file_spec spec = {.option = option, .path = path, .steps = steps,
                               .append = r->s.resume != NULL, .classification = classification(r),
-                              .n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX};
+                              .n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX,
+                              .perplexity = perplexity_loss(r)};
     if (!metrics_file_open(s, &spec)) {
         fprintf(stderr, "ember-train: %s %s\n", option, s->err);
         return false;
@@ -1198,7 +1199,8 @@ int train_loop(run *r) {
                          ev.metric, dt > 0 ? (double)e->samples / dt : 0, wait_pct, peak_total(r),
                          e->samples ? e->metric / (double)e->samples : NAN,
                          test_step == r->step ? et.loss : NAN,
-                         test_step == r->step ? et.metric : NAN, 0, NAN};
+                         test_step == r->step ? et.metric : NAN, 0, NAN, perplexity_loss(r),
+                         exp(train_loss), val ? exp(ev.loss) : NAN, val ? ev.unigram_ppl : NAN};
         if (k.epochs) sinks_epoch(&k, &row, then);
         if (!k.failed) sinks_flush(&k, true, then);
         if (epoch_done) {
