@@ -141,7 +141,7 @@ Test(text, char_windows_split_vocab) {
 
     const int64_t L = 7;
     for (int stride = 0; stride <= 3; stride++) {
-        char sl[8], st[8];
+        char sl[24], st[24];
         snprintf(sl, sizeof sl, "%lld", (long long)L);
         snprintf(st, sizeof st, "%d", stride);
         int64_t S = stride ? stride : L;

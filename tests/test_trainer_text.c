@@ -354,7 +354,7 @@ Test(trainer_text, generate_from_a_trained_model) {
     }
     em_dict_free(sd);
     for (int seed = 1; seed <= 2; seed++) {
-        char sd_[8];
+        char sd_[24];
         snprintf(sd_, sizeof sd_, "%d", seed);
         out = generate((const char *[]){"--generate", "40", "--prompt", "wry", "--top-k", "1",
                                         "--temperature", "0.7", "--seed", sd_, NULL}, 0);
