@@ -363,7 +363,12 @@ static void usage(FILE *f) {
 "  --overfit-batches N      train and validate on the first N batches only (0: off)\n"
 "  --summary                print the model summary and exit\n"
 "  --memory-summary         memory by category after the first step and at the end\n"
-"  --profile                ops by time, where they ran, bytes copied, CPU fallbacks (at the end)\n"
+"  --profile                ops by time, where they ran, bytes copied, CPU fallbacks, then the\n"
+"                           10 ops with the most total time (at the end; training thread)\n"
+"  --trace FILE             with --profile's report, a timeline of the training thread in the\n"
+"                           Chrome trace-event format (open it in ui.perfetto.dev or\n"
+"                           chrome://tracing): every op's start and duration on its device,\n"
+"                           the loader's waits and the optimizer steps; written at the end\n"
 "  --anomaly                anomaly mode: the op that first makes a NaN/Inf is named\n"
 "  --dry-run                check the config, build everything, one forward+backward, exit\n"
 "  --plugin PATH            load this plugin file (.so) too (repeatable); a config's top-level\n"
@@ -1434,7 +1439,8 @@ static const char *default_config(void) {
 static int check_outputs(const run *r) {
     const struct { const char *option, *path; } out[] = {{"--checkpoint", r->s.checkpoint},
                                                         {"--save-weights", r->s.save_weights},
-                                                        {"--save-best", r->s.save_best}};
+                                                        {"--save-best", r->s.save_best},
+                                                        {"--trace", r->s.trace}};
     for (size_t i = 0; i < sizeof out / sizeof *out; i++) {
         const char *p = out[i].path;
         if (!p) continue;
@@ -1530,7 +1536,7 @@ int main(int argc, char **argv) {
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
-           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST };
+           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_TRACE };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1551,6 +1557,7 @@ int main(int argc, char **argv) {
         {"metrics-steps", 1, 0, O_METRICS_STEPS}, {"save-best", 1, 0, O_SAVE_BEST},
         {"predict-scores", 1, 0, O_PREDICT_SCORES}, {"eval-batch-size", 1, 0, O_EVAL_BATCH},
         {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
+        {"trace", 1, 0, O_TRACE},
         {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
@@ -1631,6 +1638,7 @@ int main(int argc, char **argv) {
         case O_SUMMARY: r.s.summary = true; break;
         case O_MEMSUM: r.s.memory_summary = true; break;
         case O_PROFILE: r.s.profile = true; break;
+        case O_TRACE: r.s.trace = optarg, r.s.profile = true; break;
         case O_ANOMALY: r.s.anomaly = true; break;
         case O_DRY: r.s.dry_run = true; break;
         case O_LIST: list = true; break;
@@ -1729,8 +1737,9 @@ int main(int argc, char **argv) {
     em_seed(r.s.seed);
     em_set_deterministic(r.s.deterministic);
     if (r.s.anomaly) em_set_anomaly(true);
-    if (r.s.profile && !(r.profiler = em_profiler_start())) {
-        report_error("--profile");
+    em_profiler_options popt = {.struct_size = sizeof popt, .trace = r.s.trace != NULL};
+    if (r.s.profile && !(r.profiler = em_profiler_begin(&popt))) {
+        report_error(r.s.trace ? "--trace" : "--profile");
         rc = EXIT_TRAIN;
         goto done;
     }

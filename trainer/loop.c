@@ -817,6 +817,23 @@ static void print_step_waits(const run *r, step_waits *sw) {
 
 /* The model's state dict to `path` for `option` (--save-weights, --save-best), announced to
  * the signal thread; false after the message. */
+/* --trace: the profiler's timeline; false after the message. */
+static bool write_trace(run *r) {
+    FILE *f = fopen(r->s.trace, "w");
+    if (!f) {
+        fprintf(stderr, "ember-train: --trace %s: %s\n", r->s.trace, strerror(errno));
+        return false;
+    }
+    bool ok = em_profiler_write_trace(r->profiler, f) == EM_OK;
+    if (!ok) fprintf(stderr, "ember-train: --trace %s: %s\n", r->s.trace, em_last_error());
+    if (fclose(f) != 0 && ok) {
+        fprintf(stderr, "ember-train: --trace %s: %s\n", r->s.trace, strerror(errno));
+        ok = false;
+    }
+    if (ok) say(r, "ember-train: --trace: wrote %s\n", r->s.trace);
+    return ok;
+}
+
 static bool save_model(run *r, const char *option, const char *path) {
     char what[48];
     snprintf(what, sizeof what, "%s file", option);
@@ -1209,6 +1226,8 @@ int train_loop(run *r) {
         em_memory_summary(stderr);
     }
     if (r->profiler) em_profiler_report(r->profiler, stderr, 25);
+    if (r->profiler && r->s.trace && !write_trace(r) && (rc == EXIT_OK || rc == EXIT_INTERRUPTED))
+        rc = EXIT_TRAIN;
     bool reported = k.failed != NULL; /* a row that failed was reported when it failed */
     if (!sinks_close(&k) && !reported && (rc == EXIT_OK || rc == EXIT_INTERRUPTED)) rc = EXIT_TRAIN;
     em_loader_free(l);

@@ -57,6 +57,7 @@ typedef struct settings {
                                     * batch_size) */
     const char *tensorboard;       /* --tensorboard DIR */
     bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
+    const char *trace;             /* --trace FILE: the profiler's Chrome trace (implies profile) */
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
