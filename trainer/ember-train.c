@@ -349,6 +349,11 @@ static void usage(FILE *f) {
 "  --tensorboard-histograms with --tensorboard: once per epoch, histograms of each trainable\n"
 "                           parameter and its gradient (weights/NAME, gradients/NAME); or\n"
 "                           tensorboard_histograms: true in the config's loop section\n"
+"  --plot FILE              training curves as a picture, .png or .svg (PLplot): train and\n"
+"                           validation loss, accuracy (MAE), and the lr, against the step\n"
+"                           (with the per-step loss of every --log-every) or the epoch;\n"
+"                           redrawn at the end of each epoch (ember-plot draws the same from\n"
+"                           --metrics / --metrics-steps files)\n"
 "  --early-stop PATIENCE    stop when the validation metric (accuracy, or MAE for regression)\n"
 "                           has not improved for PATIENCE epochs\n"
 "  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
@@ -1440,7 +1445,8 @@ static int check_outputs(const run *r) {
     const struct { const char *option, *path; } out[] = {{"--checkpoint", r->s.checkpoint},
                                                         {"--save-weights", r->s.save_weights},
                                                         {"--save-best", r->s.save_best},
-                                                        {"--trace", r->s.trace}};
+                                                        {"--trace", r->s.trace},
+                                                        {"--plot", r->s.plot}};
     for (size_t i = 0; i < sizeof out / sizeof *out; i++) {
         const char *p = out[i].path;
         if (!p) continue;
@@ -1536,7 +1542,7 @@ int main(int argc, char **argv) {
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
-           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_TRACE };
+           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_TRACE, O_PLOT };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1557,7 +1563,7 @@ int main(int argc, char **argv) {
         {"metrics-steps", 1, 0, O_METRICS_STEPS}, {"save-best", 1, 0, O_SAVE_BEST},
         {"predict-scores", 1, 0, O_PREDICT_SCORES}, {"eval-batch-size", 1, 0, O_EVAL_BATCH},
         {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
-        {"trace", 1, 0, O_TRACE},
+        {"trace", 1, 0, O_TRACE}, {"plot", 1, 0, O_PLOT},
         {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
@@ -1639,6 +1645,7 @@ int main(int argc, char **argv) {
         case O_MEMSUM: r.s.memory_summary = true; break;
         case O_PROFILE: r.s.profile = true; break;
         case O_TRACE: r.s.trace = optarg, r.s.profile = true; break;
+        case O_PLOT: r.s.plot = optarg; break;
         case O_ANOMALY: r.s.anomaly = true; break;
         case O_DRY: r.s.dry_run = true; break;
         case O_LIST: list = true; break;

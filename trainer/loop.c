@@ -29,6 +29,7 @@
 #include "ember/trace.h"
 #include "metrics.h"
 #include "metrics_file.h"
+#include "plot.h"
 #include "tensorboard.h"
 #include "trainer.h"
 
@@ -598,6 +599,16 @@ static bool sinks_add_tensorboard(run *r, sinks *k) {
     return true;
 }
 
+static bool sinks_add_plot(run *r, sinks *k) {
+    metrics_sink *s = &k->s[k->n];
+    if (!plot_sink_open(s, r->s.plot, classification(r) ? "accuracy" : "mae")) {
+        fprintf(stderr, "ember-train: --plot %s\n", s->err);
+        return false;
+    }
+    k->n++;
+    return true;
+}
+
 /* Open every sink the run asks for; false (after the message, the others closed) when one
  * cannot be opened. */
 static bool sinks_open(run *r, sinks *k) {
@@ -606,7 +617,8 @@ static bool sinks_open(run *r, sinks *k) {
     bool ok = (!r->s.metrics || sinks_add_file(r, k, "--metrics", r->s.metrics, false)) &&
               (!r->s.metrics_steps ||
                sinks_add_file(r, k, "--metrics-steps", r->s.metrics_steps, true)) &&
-              (!r->s.tensorboard || sinks_add_tensorboard(r, k));
+              (!r->s.tensorboard || sinks_add_tensorboard(r, k)) &&
+              (!r->s.plot || sinks_add_plot(r, k));
     for (int i = 0; i < k->n; i++) {
         if (!ok) k->s[i].close(&k->s[i]);
         k->epochs |= k->s[i].epoch != NULL;

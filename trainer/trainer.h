@@ -58,6 +58,7 @@ typedef struct settings {
     const char *tensorboard;       /* --tensorboard DIR */
     bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
     const char *trace;             /* --trace FILE: the profiler's Chrome trace (implies profile) */
+    const char *plot;              /* --plot FILE: training curves, .png or .svg */
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
