@@ -2032,7 +2032,7 @@ static int count_lines(const char *text, const char *needle) {
 /* Off a terminal: a line every --log-every N steps, or every T seconds (never more often:
  * the line count is bounded by the run's time over T, where one line a step would be
  * thousands), none in a short run by default (about every 10 s), and --quiet leaves the
- * errors and the summary only. */
+ * errors and the summary only (no warnings). */
 Test(trainer, progress_lines_off_a_terminal_and_quiet) {
     write_mlp("mlp.yaml", "", "0.1");
     char *out;
@@ -2073,6 +2073,19 @@ Test(trainer, progress_lines_off_a_terminal_and_quiet) {
     rc = train(&out, (const char *[]){path("mlp.yaml"), "--quiet", "--resume", path("none"), NULL});
     cr_assert_eq(rc, 2, "%s", out);
     cr_assert(strstr(out, "--resume") && strstr(out, "none"), "%s", out);
+    free(out);
+    /* --quiet drops warnings too: the bundled example's cosine schedule (T_max 20) is longer
+     * than one epoch, a warning without --quiet */
+    const char *ex = EM_TEST_SRCDIR "/examples/digits.yaml";
+    rc = train(&out, (const char *[]){ex, "--epochs", "1", "--limit-batches", "2", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ember-train: warning: the run's 1 epoch"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){ex, "--epochs", "1", "--limit-batches", "2", "--quiet",
+                                      NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strstr(out, "warning") && !strstr(out, "warn:"), "%s", out);
+    cr_assert(strstr(out, "2 steps in ") && strstr(out, "test: loss"), "%s", out);
     free(out);
     expect_run(2, "--log-every: '0' is not a number of steps", (const char *[]){path("mlp.yaml"),
                "--log-every", "0", NULL});

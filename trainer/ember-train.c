@@ -278,6 +278,14 @@ void say(const run *r, const char *fmt, ...) {
     va_end(ap);
 }
 
+void warn(const run *r, const char *fmt, ...) {
+    if (r->s.quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
 static void usage(FILE *f) {
     fprintf(f,
 "usage: ember-train [CONFIG] [options]\n"
@@ -339,7 +347,8 @@ static void usage(FILE *f) {
 "  --log-every N|Ts         every N steps, or every T seconds (e.g. 30s): a progress line when\n"
 "                           stderr is not a terminal (on one: a bar redrawn after each step)\n"
 "                           and a --metrics-steps row (default: 10s)\n"
-"  --quiet                  no progress, no epoch lines: only errors, warnings and the summary\n"
+"  --quiet                  no progress, no epoch lines, no warnings: only errors and the\n"
+"                           summary (the library's own warnings too)\n"
 "  --tensorboard DIR        TensorBoard event files (tensorboard --logdir DIR): a new\n"
 "                           events.out.tfevents.* file in DIR (made when missing) with the\n"
 "                           --metrics-steps figures as scalars at their step (train/loss,\n"
@@ -1186,7 +1195,7 @@ static void warn_short_schedule(const run *r, const em_sched_class *k, const em_
         snprintf(runs, sizeof runs, "%lld epochs", (long long)r->s.epochs);
     char wu[64] = "";
     if (warmup) snprintf(wu, sizeof wu, " after a warm-up of %lld %ss", (long long)warmup, unit);
-    fprintf(stderr, "ember-train: warning: the run's %s (--epochs) end before the schedule does: "
+    warn(r, "ember-train: warning: the run's %s (--epochs) end before the schedule does: "
             "%s's %s is %lld %ss%s, so the lr stops part-way (raise --epochs to %lld, or shorten "
             "%s)\n", runs, k->name, key, (long long)len, unit, wu,
             (long long)(per_step ? (len + warmup + spe - 1) / spe : len + warmup), key);
@@ -1308,13 +1317,13 @@ static int check_fit(run *r) {
     const char *last = last_leaf_class(r->model);
     if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
         !strcmp(r->loss_class, "CrossEntropyLoss"))
-        fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
+        warn(r, "ember-train: warning: the model ends in %s and the loss is "
                 "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
                 "NLLLoss after LogSoftmax)\n", last, last);
     if (in->num_classes > 0 && in->target_ndim == 0 &&
         (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
          !strcmp(r->loss_class, "SmoothL1Loss")))
-        fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
+        warn(r, "ember-train: warning: %s on class-index targets treats the labels as "
                 "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
     /* what the training loader delivers: each input field through data.transforms (a
      * variable-length one at its longest, with a mask of real positions only) */
@@ -1692,6 +1701,7 @@ int main(int argc, char **argv) {
     /* Past the file-size limit (ulimit -f) a write fails with EFBIG instead of killing the
      * process, so --metrics and --predict say which file and why (em_save guards itself). */
     signal(SIGXFSZ, SIG_IGN);
+    if (r.s.quiet) em_log_set_level(EM_LOG_ERROR); /* the library's warnings, em_init's too */
     if (em_init() != EM_OK) {
         report_error("start-up");
         return EXIT_TRAIN;

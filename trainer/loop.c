@@ -319,7 +319,7 @@ static void warn_other_files(run *r, const em_checkpoint_files *l, const char *w
         char whose[EM_CHECKPOINT_RUN_ID_MAX + 16];
         if (newest->run_id[0]) snprintf(whose, sizeof whose, "run %s", newest->run_id);
         else snprintf(whose, sizeof whose, "no recorded run");
-        fprintf(stderr, "ember-train: warning%s: %zu checkpoint%s matching --checkpoint %s %s not "
+        warn(r, "ember-train: warning%s: %zu checkpoint%s matching --checkpoint %s %s not "
                 "this run's (%s, the newest %s, %s). Rotation (--keep) deletes only this run's "
                 "files and leaves them alone, but a file of a step this run also saves is "
                 "replaced, and --resume with the pattern will ask which run to continue: give "
@@ -334,11 +334,11 @@ static void warn_other_files(run *r, const em_checkpoint_files *l, const char *w
             snprintf(what, sizeof what, "a checkpoint of another run (%s)", newest->run_id);
         else
             snprintf(what, sizeof what, "a checkpoint that records no run");
-        fprintf(stderr, "ember-train: warning: --checkpoint %s holds %s; this run replaces it at "
+        warn(r, "ember-train: warning: --checkpoint %s holds %s; this run replaces it at "
                 "its first save\n", r->s.checkpoint, what);
     }
     if (unreadable)
-        fprintf(stderr, "ember-train: warning%s: %zu file%s matching --checkpoint %s cannot be "
+        warn(r, "ember-train: warning%s: %zu file%s matching --checkpoint %s cannot be "
                 "read and %s left alone (%s)\n", when, unreadable, unreadable == 1 ? "" : "s",
                 r->s.checkpoint, unreadable == 1 ? "is" : "are", bad->error);
 }
@@ -412,7 +412,7 @@ void checkpoint_prepare(run *r, bool dry) {
         size_t n = 0;
         if (!paths[i]) continue;
         if (em_save_remove_stale(paths[i], &n) != EM_OK)
-            fprintf(stderr, "ember-train: warning: %s\n", em_last_error());
+            warn(r, "ember-train: warning: %s\n", em_last_error());
         else if (n)
             say(r, "ember-train: removed %zu temporary file%s that killed saves to %s left "
                 "behind\n", n, n == 1 ? "" : "s", paths[i]);
@@ -487,7 +487,7 @@ static em_status load_file(run *r, const char *path) {
         r->best_metric = ck.best_metric;
         r->part = part;
         if (batch > 0 && !have_part)
-            fprintf(stderr, "ember-train: warning: %s holds no sums of its epoch so far (written "
+            warn(r, "ember-train: warning: %s holds no sums of its epoch so far (written "
                     "by an older ember-train): epoch %" PRId64 "'s figures will cover the batches "
                     "after the resume only\n", path, ck.epoch + 1);
         snprintf(r->run_id, sizeof r->run_id, "%s", ck.run_id);
@@ -523,14 +523,14 @@ em_status checkpoint_load(run *r, const char *path) {
     for (size_t i = 0; i < em_checkpoint_files_len(l); i++) {
         const em_checkpoint_file *f = em_checkpoint_files_get(l, i);
         if (f->status != EM_OK) {
-            fprintf(stderr, "ember-train: warning: --resume %s: passing over %s\n", path, f->error);
+            warn(r, "ember-train: warning: --resume %s: passing over %s\n", path, f->error);
             continue;
         }
         if (strcmp(f->run_id, run_id) != 0) continue;
         if ((s = load_file(r, f->path)) == EM_OK) break;
         if (s != EM_ERR_FORMAT && s != EM_ERR_IO) break; /* not damage: every file would fail */
         snprintf(why, sizeof why, "%s", em_last_error());
-        fprintf(stderr, "ember-train: warning: --resume %s: %s is damaged (%s); trying the next "
+        warn(r, "ember-train: warning: --resume %s: %s is damaged (%s); trying the next "
                 "newest checkpoint of its run\n", path, f->path, why);
         passed++;
     }
