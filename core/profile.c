@@ -35,6 +35,8 @@ typedef struct frame {
     uint64_t id, t0, child_ns;
     const char *name;     /* the call's (borrowed: it is running) */
     bool child_fell_back;
+    em_event *ev0;        /* trace, on a device with timed events: recorded as the call began */
+    em_device dev;        /* ev0's device */
 } frame;
 
 /* One traced call or span (options.trace). */
@@ -46,12 +48,13 @@ typedef struct tev {
     uint32_t key;         /* a span's argument: its name in names (0: none) */
     uint8_t kind;         /* em_op_event_kind, or TEV_SPAN */
     bool str_arg;         /* the span's argument is names[arg], else the integer arg */
+    bool device_clock;    /* dur is the device's time between two timed events */
     uint16_t depth;
     int16_t dev_index;
     int64_t arg;
 } tev;
 
-/* Traces longer than this stop recording (and say so): 40 bytes each, 160 MiB. */
+/* Traces longer than this stop recording (and say so): 48 bytes each, 192 MiB. */
 #define TRACE_MAX_EVENTS ((size_t)4 << 20)
 
 struct em_profiler {
@@ -172,7 +175,22 @@ static void on_begin(void *user, const em_op_event *ev) {
         }
         p->stack = s, p->cap_stack = nc;
     }
-    p->stack[p->depth++] = (frame){.id = ev->id, .name = ev->name, .t0 = em__now_ns()};
+    frame *fr = &p->stack[p->depth++];
+    *fr = (frame){.id = ev->id, .name = ev->name};
+    if (p->trace) {
+        /* On an asynchronous device with timed events the call's time is the device's: an
+         * event on the thread's current stream now, another at its end. */
+        const em_tensor *t = ev->n_in && ev->in && ev->in[0] ? ev->in[0]
+                             : ev->n_out && ev->out && ev->out[0] ? ev->out[0] : NULL;
+        em_device d = t ? t->storage->device : em_cpu();
+        const em_device_ops *o = d.type != EM_DEVICE_CPU_TYPE ? em__device_ops(d) : NULL;
+        if (o && o->event_create_timed && o->event_elapsed_ns && o->event_record &&
+            o->event_destroy && o->event_create_timed(d.index, &fr->ev0) == EM_OK) {
+            if (o->event_record(d.index, fr->ev0, em_stream_current(d)) == EM_OK) fr->dev = d;
+            else o->event_destroy(d.index, fr->ev0), fr->ev0 = NULL;
+        }
+    }
+    fr->t0 = em__now_ns();
 }
 
 /* The row of (name, devtype), made when new; NULL when out of memory. */
@@ -230,6 +248,18 @@ static void on_end(void *user, const em_op_event *ev) {
     em_profiler *p = user;
     if (!p->depth || p->stack[p->depth - 1].id != ev->id) return; /* began before the start */
     frame fr = p->stack[--p->depth];
+    uint64_t device_ns = 0;
+    bool device_clock = false;
+    if (fr.ev0) { /* the device's time from the call's first event to one recorded now */
+        const em_device_ops *o = em__device_ops(fr.dev);
+        em_event *ev1 = NULL;
+        if (o && o->event_create_timed(fr.dev.index, &ev1) == EM_OK) {
+            device_clock = o->event_record(fr.dev.index, ev1, em_stream_current(fr.dev)) == EM_OK &&
+                           o->event_elapsed_ns(fr.dev.index, fr.ev0, ev1, &device_ns) == EM_OK;
+            o->event_destroy(fr.dev.index, ev1);
+        }
+        if (o) o->event_destroy(fr.dev.index, fr.ev0);
+    }
     const em_tensor *where = ev->n_out && ev->out && ev->out[0] ? ev->out[0]
                              : ev->n_in && ev->in && ev->in[0] ? ev->in[0] : NULL;
     em_device dev = where ? where->storage->device : em_cpu();
@@ -247,7 +277,8 @@ static void on_end(void *user, const em_op_event *ev) {
         return;
     }
     if (p->trace) {
-        tev e = {.t0 = fr.t0, .dur = total, .name = (uint32_t)(r - p->rows),
+        tev e = {.t0 = fr.t0, .dur = device_clock ? device_ns : total,
+                 .device_clock = device_clock, .name = (uint32_t)(r - p->rows),
                  .kind = (uint8_t)ev->kind, .depth = (uint16_t)EM_MIN(ev->depth, UINT16_MAX),
                  .dev_index = dev.index};
         trace_push(p, &e);
@@ -341,6 +372,10 @@ void em_profiler_free(em_profiler *p) {
         return;
     }
     if (p->running) em_profiler_stop(p);
+    for (size_t i = 0; i < p->depth; i++) { /* calls still open when it stopped */
+        const em_device_ops *o = p->stack[i].ev0 ? em__device_ops(p->stack[i].dev) : NULL;
+        if (o) o->event_destroy(p->stack[i].dev.index, p->stack[i].ev0);
+    }
     for (size_t i = 0; i < p->n; i++) em__free((char *)p->rows[i].pub.op);
     em__free(p->rows);
     em__free(p->slots);
@@ -490,9 +525,10 @@ em_status em_profiler_write_trace(const em_profiler *p, FILE *f) {
             const row *r = &p->rows[e->name];
             ok = fprintf(f, ",\n{\"name\":%s,\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%" PRId64 ".%03d,"
                          "\"dur\":%" PRIu64 ".%03d,\"pid\":%ld,\"tid\":%ld,\"args\":{\"device\":"
-                         "\"%s:%d\",\"depth\":%d}}", rq[e->name], kind_name(e->kind),
-                         ts / 1000, (int)(ts % 1000), e->dur / 1000, (int)(e->dur % 1000), pid,
-                         p->tid, r->pub.device_type, e->dev_index, e->depth) > 0;
+                         "\"%s:%d\",\"depth\":%d,\"clock\":\"%s\"}}", rq[e->name],
+                         kind_name(e->kind), ts / 1000, (int)(ts % 1000), e->dur / 1000,
+                         (int)(e->dur % 1000), pid, p->tid, r->pub.device_type, e->dev_index,
+                         e->depth, e->device_clock ? "device" : "host") > 0;
         }
     }
     ok = ok && fputs("\n]}\n", f) >= 0 && fflush(f) == 0 && !ferror(f);

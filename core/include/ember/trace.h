@@ -244,7 +244,7 @@ typedef struct em_profiler_options {
     /* Also keep a timeline for em_profiler_write_trace: every call's start and duration (its
      * op, kind, device and nesting depth) and the spans marked on the thread while it runs:
      * the loader's waits in em_loader_next ("loader_wait", with the batch), optimizer steps
-     * ("optimizer_step", with the class) and the program's em_profiler_range_begin/end. 40
+     * ("optimizer_step", with the class) and the program's em_profiler_range_begin/end. 48
      * bytes per call; past 4 Mi events the timeline stops (the report says so). */
     bool trace;
     void *ext;          /* reserved; NULL */
@@ -259,7 +259,11 @@ EM_API em_status em_profiler_end(em_profiler *p);
  * (JSON: {"traceEvents": [...]}) that Perfetto (ui.perfetto.dev) and chrome://tracing open:
  * one complete ("X") event per call, named by its op, with cat its kind ("op", "composite",
  * "view", "copy", "inplace", "out", "list"), ts and dur in microseconds from the profiler's
- * start, pid the process, tid the profiled thread's id, args {"device": "cpu:0", "depth"};
+ * start, pid the process, tid the profiled thread's id, args {"device": "cpu:0", "depth",
+ * "clock"}: "device" when dur is the device's own time between two timed events recorded on
+ * the thread's current stream as the call began and ended (an asynchronous device whose
+ * backend has em_device_ops.event_create_timed: CUDA), else "host" (the host's clock, the
+ * call synchronised at its end on an asynchronous device);
  * one per span (cat "data", "optimizer", "range"), and metadata events naming the process and
  * the thread. A call nested in another (a composite's sub-ops) lies inside its parent's span
  * on the same thread. Call it after em_profiler_end, or on the profiling thread.
