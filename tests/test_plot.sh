@@ -14,6 +14,10 @@ set -u
 srcdir=${srcdir:-.}
 py=${PYTHON3:-python3}
 chk="$py $srcdir/tests/plot_check.py"
+# Under ASan (scripts/test.sh): PLplot's loaded drivers and fontconfig's caches live until the
+# process exits; suppressed by library only (tests/plot.lsan.supp).
+LSAN_OPTIONS="suppressions=$(cd "$srcdir" && pwd)/tests/plot.lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export LSAN_OPTIONS
 plot=./tools/ember-plot
 tmp=$(mktemp -d) || exit 99
 trap 'rm -rf "$tmp"' EXIT
