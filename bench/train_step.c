@@ -16,6 +16,12 @@
  *                   the LSTM layer calls it: weight [W_ih | W_hh], bias b_ih + b_hh) over a
  *                   sequence of 64 steps, batch 32, then linear(256->64) at every step and
  *                   cross_entropy over the 64 x 32 steps (a character model's step)
+ *   train_cnn_b64_profiled  the same CNN step under the op profiler (em_profiler_begin
+ *                   without a trace, em_profiler_end, em_profiler_free each step):
+ *                   ember-train --profile's cost
+ *   train_cnn_b64_chrometrace  the same under a tracing profiler (options.trace), its Chrome
+ *                   trace written to /dev/null after each step: ember-train --trace's cost
+ *                   (recording and writing every event once)
  *
  * One step is what a training loop does: forward, cross_entropy (mean), em_backward, then
  * em_optimizer_step of an "Adam" optimizer made by name from the registry with its default
@@ -58,6 +64,7 @@ typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
     bool cnn, traced, lstm;
+    int profiled; /* 1: the op profiler; 2: with its trace, written out */
     int64_t batch;
     int np;
     em_tensor *p[8], *x, *y;
@@ -121,6 +128,9 @@ static void step(workload *w) {
     em_tensor *const *p = w->p;
     em_trace_options topt = {.struct_size = sizeof topt};
     if (w->traced && em_trace_begin(&topt) != EM_OK) die("trace_begin");
+    em_profiler_options popt = {.struct_size = sizeof popt, .trace = w->profiled == 2};
+    em_profiler *prof = w->profiled ? em_profiler_begin(&popt) : NULL;
+    if (w->profiled && !prof) die("profiler_begin");
     if (em_scope_begin() != EM_OK) die("scope");
     em_tensor *h;
     if (w->lstm) {
@@ -151,6 +161,15 @@ static void step(workload *w) {
         if (!tr) die("trace_end");
         em_trace_free(tr);
     }
+    if (prof) {
+        if (em_profiler_end(prof) != EM_OK) die("profiler_end");
+        if (w->profiled == 2) {
+            FILE *f = fopen("/dev/null", "w");
+            if (!f || em_profiler_write_trace(prof, f) != EM_OK) die("profiler_write_trace");
+            fclose(f);
+        }
+        em_profiler_free(prof);
+    }
 }
 
 static workload W[] = {
@@ -158,6 +177,8 @@ static workload W[] = {
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
     {.name = "train_cnn_b64_traced", .iters = 3, .cnn = true, .traced = true, .batch = 64},
     {.name = "train_lstm_h256", .iters = 3, .lstm = true, .batch = 32},
+    {.name = "train_cnn_b64_profiled", .iters = 3, .cnn = true, .profiled = 1, .batch = 64},
+    {.name = "train_cnn_b64_chrometrace", .iters = 3, .cnn = true, .profiled = 2, .batch = 64},
 };
 #define N_WORKLOADS ((int)(sizeof W / sizeof W[0]))
 

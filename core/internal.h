@@ -640,6 +640,17 @@ void em__host_tag(char *buf, size_t cap);
 /* ---- misc --------------------------------------------------------------------------------- */
 
 uint64_t em__now_ns(void);
+
+/* ---- spans for the profiler's trace (profile.c) -------------------------------------------- */
+
+/* The number of tracing profilers running on this thread: spans are recorded only while it is
+ * set (one initial-exec thread-local load when nothing traces). */
+extern __attribute__((tls_model("initial-exec"))) _Thread_local int em__spans;
+#define em__spanning() __builtin_expect(em__spans != 0, 0)
+/* Record a span [t0, t1) (em__now_ns) named name in category cat, with one argument key:
+ * sval when not NULL, else ival (key NULL: none), in every tracing profiler of the thread. */
+void em__prof_span(const char *name, const char *cat, const char *key, const char *sval,
+                   int64_t ival, uint64_t t0, uint64_t t1);
 /* The CPUs this process may use (the default thread count). */
 #include "cpus.h"
 

@@ -865,6 +865,7 @@ em_status em_loader_next_v2(em_loader *l, const em_batch **batch) {
     l->stats.last_wait_ns = wait;
     l->stats.max_wait_ns = EM_MAX(l->stats.max_wait_ns, wait);
     l->wait_hist[wait_bucket(wait)]++;
+    if (em__spanning()) em__prof_span("loader_wait", "data", "batch", NULL, b, t0, t0 + wait);
     if (s->status != EM_OK) {
         l->stopped = true;
         l->err_status = s->status;

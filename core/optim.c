@@ -382,9 +382,13 @@ em_status em_optimizer_step(em_optimizer *o) {
         return st;
     }
     em_clear_error();
+    uint64_t t0 = em__spanning() ? em__now_ns() : 0;
     st = o->cls->step(o);
     if (st != EM_OK && !em__error_pending())
         em_set_error(st, "%s.step failed: %s", o->cls->name, em_status_str(st));
+    if (em__spanning())
+        em__prof_span("optimizer_step", "optimizer", "optimizer", o->cls->name, 0, t0,
+                      em__now_ns());
     em_scope_end();
     em_grad_mode_pop();
     if (st == EM_OK) o->steps++;

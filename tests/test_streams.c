@@ -495,3 +495,46 @@ Test(streams_oom, every_refused_allocation_is_clean, .init = oom_setup, .fini = 
     cr_assert_gt(at, 5, "the sequence allocates (%ld calls)", at - 1);
     cr_log_info("the stream sequence makes %ld host allocations", at - 1);
 }
+
+/* The profiler's trace times an op on an asynchronous device by the device's timed events:
+ * testdev's clock advances exactly 1 ms per kernel it runs, so an add there lasts 1000.000 us
+ * in the trace (on the host the call takes microseconds, and its work runs on a worker
+ * thread only once something waits); an op on the CPU keeps the host's time. */
+Test(streams, the_trace_times_device_ops_by_their_events) {
+    em_scope_begin();
+    em_tensor *x = full(D0, 1.0);
+    em_tensor *c = em_ones(1, (int64_t[]){N}, EM_F32, em_cpu());
+    cr_assert(c, "%s", em_last_error());
+    em_profiler_options po = {.struct_size = sizeof po, .trace = true};
+    em_profiler *p = em_profiler_begin(&po);
+    cr_assert(p, "%s", em_last_error());
+    cr_assert(em_add(x, x), "%s", em_last_error());
+    cr_assert(em_add(c, c), "%s", em_last_error());
+    cr_assert_eq(em_profiler_end(p), EM_OK);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_eq(em_profiler_write_trace(p, f), EM_OK, "%s", em_last_error());
+    fclose(f);
+    int on_dev = 0, on_cpu = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strstr(line, "\"name\":\"add\"")) continue;
+        const char *d = strstr(line, "\"dur\":");
+        cr_assert(d, "%s", line);
+        double dur = strtod(d + 6, NULL);
+        if (strstr(line, "\"device\":\"testdev:0\"")) {
+            on_dev++;
+            cr_assert(strstr(line, "\"clock\":\"device\""), "%s", line);
+            cr_assert_float_eq(dur, 1000.0, 1e-9, "one kernel: 1 ms of testdev's clock: %s", line);
+        } else if (strstr(line, "\"device\":\"cpu:0\"")) {
+            on_cpu++;
+            cr_assert(strstr(line, "\"clock\":\"host\""), "%s", line);
+            cr_assert_geq(dur, 0.0, "%s", line);
+        }
+    }
+    cr_assert_eq(on_dev, 1, "%s", text);
+    cr_assert_eq(on_cpu, 1, "%s", text);
+    free(text);
+    em_profiler_free(p);
+    em_scope_end();
+}

@@ -17,6 +17,8 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -731,6 +733,127 @@ Test(trace, the_profiler_counts_times_and_sizes_ops) {
     free(text);
     em_profiler_free(p);
     em_profiler_free(NULL);
+    em_scope_end();
+}
+
+/* ---- the profiler's trace (Chrome trace-event JSON) ------------------------------------------ */
+
+/* The "X" events of a trace named `name` (NULL: all), and the first one in *first. */
+static int count_events(json_t *evs, const char *name, json_t **first) {
+    int n = 0;
+    size_t i;
+    json_t *e;
+    if (first) *first = NULL;
+    json_array_foreach(evs, i, e) {
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        const char *nm = json_string_value(json_object_get(e, "name"));
+        if (!ph || strcmp(ph, "X") || !nm || (name && strcmp(nm, name))) continue;
+        if (first && !*first) *first = e;
+        n++;
+    }
+    return n;
+}
+
+static double num(json_t *e, const char *k) {
+    json_t *v = json_object_get(e, k);
+    cr_assert(json_is_number(v), "no number %s in %s", k, json_dumps(e, 0));
+    return json_number_value(v);
+}
+
+/* b lies within a on the timeline (ns rounding of the microsecond figures allowed). */
+static bool inside(json_t *a, json_t *b) {
+    double a0 = num(a, "ts"), a1 = a0 + num(a, "dur"), b0 = num(b, "ts"), b1 = b0 + num(b, "dur");
+    return b0 >= a0 - 1e-3 && b1 <= a1 + 1e-3;
+}
+
+Test(trace, the_profilers_trace_is_chrome_trace_json) {
+    em_scope_begin();
+    em_module *fc = MAKE("Linear", "in_features", "4", "out_features", "3");
+    em_dict *params = em_module_named_parameters(fc, true);
+    em_options *oo = em_options_new();
+    cr_assert_eq(em_options_set_text(oo, "lr", "0.1", NULL), EM_OK);
+    em_optimizer *opt = em_optimizer_new("SGD", params, oo);
+    cr_assert(opt, "%s", em_last_error());
+    em_tensor *x = em_ones(2, (int64_t[]){5, 4}, EM_F32, em_cpu());
+    em_profiler_range_begin("ignored"); /* no tracing profiler yet: nothing */
+    em_profiler_range_end();
+    em_profiler *plain = em_profiler_start();
+    cr_assert_eq(em_profiler_write_trace(plain, stderr), EM_ERR_STATE, "no options.trace");
+    em_profiler_free(plain);
+    em_profiler_options po = {.struct_size = sizeof po, .trace = true};
+    em_profiler *p = em_profiler_begin(&po);
+    cr_assert(p, "%s", em_last_error());
+    em_profiler_range_begin("step");
+    em_tensor *y = em_module_forward(fc, x);
+    cr_assert(y, "%s", em_last_error());
+    cr_assert_eq(em_backward(em_sum(y, 0, NULL, false)), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_optimizer_step(opt), EM_OK, "%s", em_last_error());
+    em_profiler_range_end();
+    cr_assert(em_exp(x) && em_exp(x));
+    cr_assert_eq(em_profiler_end(p), EM_OK);
+    cr_assert(em_exp(x)); /* ended: not in the trace */
+    em_profiler_range_begin("after");
+    em_profiler_range_end();
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_eq(em_profiler_write_trace(p, f), EM_OK, "%s", em_last_error());
+    fclose(f);
+    json_error_t jerr;
+    json_t *root = json_loads(text, 0, &jerr);
+    cr_assert(root, "not JSON: %s (line %d)\n%s", jerr.text, jerr.line, text);
+    json_t *evs = json_object_get(root, "traceEvents");
+    cr_assert(json_is_array(evs));
+    long tid = (long)syscall(SYS_gettid);
+    size_t i;
+    json_t *e;
+    bool named_thread = false;
+    json_array_foreach(evs, i, e) {
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        cr_assert(ph, "an event without ph");
+        cr_assert_eq((long)json_integer_value(json_object_get(e, "pid")), (long)getpid());
+        cr_assert_eq((long)json_integer_value(json_object_get(e, "tid")), tid,
+                     "every event on this thread's id");
+        if (!strcmp(ph, "M")) {
+            named_thread |= !strcmp(json_string_value(json_object_get(e, "name")), "thread_name");
+            continue;
+        }
+        cr_assert_str_eq(ph, "X");
+        cr_assert_geq(num(e, "ts"), 0);
+        cr_assert_geq(num(e, "dur"), 0);
+        cr_assert(json_string_value(json_object_get(e, "cat")));
+    }
+    cr_assert(named_thread);
+    json_t *exp0, *step, *ostep, *linear, *addmm, *sum;
+    cr_assert_eq(count_events(evs, "exp", &exp0), 2, "the two exps while it ran, not the third");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(exp0, "args"), "device")),
+                     "cpu:0");
+    cr_assert_str_eq(json_string_value(json_object_get(exp0, "cat")), "op");
+    cr_assert_eq(count_events(evs, "step", &step), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(step, "cat")), "range");
+    cr_assert_eq(count_events(evs, "ignored", NULL) + count_events(evs, "after", NULL), 0);
+    cr_assert_eq(count_events(evs, "optimizer_step", &ostep), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(ostep, "cat")), "optimizer");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(ostep, "args"),
+                                                       "optimizer")), "SGD");
+    cr_assert_eq(count_events(evs, "linear", &linear), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(linear, "cat")), "composite");
+    cr_assert_geq(count_events(evs, "addmm", &addmm), 1);
+    cr_assert_geq(count_events(evs, "sum", &sum), 1, "the loss (and the bias gradient)");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(addmm, "args"), "depth")), 1,
+                 "linear's addmm is nested in it");
+    cr_assert(inside(linear, addmm), "the sub-op inside its composite's span");
+    cr_assert(inside(step, linear) && inside(step, sum) && inside(step, ostep));
+    cr_assert(!inside(step, exp0), "the exps ran after the range");
+    cr_assert_geq(num(exp0, "ts"), num(ostep, "ts") + num(ostep, "dur") - 1e-3, "in time order");
+    json_decref(root);
+    free(text);
+    em_profiler_free(p);
+    em_optimizer_free(opt);
+    em_options_free(oo);
+    em_dict_free(params);
+    em_module_free(fc);
     em_scope_end();
 }
 

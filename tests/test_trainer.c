@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -235,6 +236,64 @@ Test(trainer, profile_reports_the_ops_by_time) {
     cr_assert(strstr(table, "\n  linear "), "the forward's linear layers:\n%s", out);
     cr_assert(strstr(table, "\n  addmm ") || strstr(table, "\n  bmm "), "%s", out);
     free(out);
+}
+
+/* --trace: --profile's report (with its top 10 by total time) and a Chrome trace of the
+ * training thread: the ops, one loader wait per batch and one optimizer step per step, all on
+ * one thread id, each wait before the forward of its batch. */
+Test(trainer, trace_writes_a_chrome_trace_of_the_training_thread) {
+    write_mlp("t.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("t.yaml"), "--trace", path("trace.json"),
+                                          "--max-steps", "5", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ops by self time"), "--trace implies --profile:\n%s", out);
+    const char *top = strstr(out, "top 10 ops by total time");
+    cr_assert(top, "%s", out);
+    cr_assert(strstr(top, "\n  linear "), "the linear layers among the top 10:\n%s", out);
+    free(out);
+    json_error_t jerr;
+    json_t *root = json_load_file(path("trace.json"), 0, &jerr);
+    cr_assert(root, "trace.json: %s (line %d)", jerr.text, jerr.line);
+    json_t *evs = json_object_get(root, "traceEvents"), *e;
+    cr_assert(json_is_array(evs));
+    size_t i;
+    json_int_t tid = -1;
+    int waits = 0, steps = 0, linears = 0, named = 0;
+    double last_wait = -1, first_linear_after_wait = -1, last_step = -1, wait_ts[64];
+    json_array_foreach(evs, i, e) {
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        cr_assert(ph && name);
+        json_int_t t = json_integer_value(json_object_get(e, "tid"));
+        if (tid < 0) tid = t;
+        cr_assert_eq(t, tid, "one thread: %s", name);
+        if (!strcmp(ph, "M")) {
+            named++;
+            continue;
+        }
+        double ts = json_number_value(json_object_get(e, "ts"));
+        if (!strcmp(name, "loader_wait")) {
+            cr_assert_str_eq(json_string_value(json_object_get(e, "cat")), "data");
+            cr_assert(json_is_integer(json_object_get(json_object_get(e, "args"), "batch")));
+            if (waits < 64) wait_ts[waits++] = ts;
+            last_wait = ts;
+        } else if (!strcmp(name, "optimizer_step")) {
+            steps++;
+            last_step = ts;
+        } else if (!strcmp(name, "linear")) {
+            if (!linears++) first_linear_after_wait = ts - last_wait;
+        }
+    }
+    cr_assert_gt(tid, 0);
+    cr_assert_eq(named, 2, "the process and the thread are named");
+    cr_assert_eq(steps, 5);
+    int train_waits = 0; /* the evaluation's loaders wait too, after the last step */
+    for (int k = 0; k < waits; k++) train_waits += wait_ts[k] < last_step;
+    cr_assert_eq(train_waits, 5, "one loader wait per batch trained");
+    cr_assert_geq(linears, 10, "two linear layers per forward");
+    cr_assert_geq(first_linear_after_wait, 0, "the first forward after its batch's wait");
+    json_decref(root);
 }
 
 /* Batch 32 x 4 accumulated equals batch 128: 1344 training items = 10 batches of 128 and one
@@ -1973,7 +2032,7 @@ static int count_lines(const char *text, const char *needle) {
 /* Off a terminal: a line every --log-every N steps, or every T seconds (never more often:
  * the line count is bounded by the run's time over T, where one line a step would be
  * thousands), none in a short run by default (about every 10 s), and --quiet leaves the
- * errors and the summary only. */
+ * errors and the summary only (no warnings). */
 Test(trainer, progress_lines_off_a_terminal_and_quiet) {
     write_mlp("mlp.yaml", "", "0.1");
     char *out;
@@ -2014,6 +2073,19 @@ Test(trainer, progress_lines_off_a_terminal_and_quiet) {
     rc = train(&out, (const char *[]){path("mlp.yaml"), "--quiet", "--resume", path("none"), NULL});
     cr_assert_eq(rc, 2, "%s", out);
     cr_assert(strstr(out, "--resume") && strstr(out, "none"), "%s", out);
+    free(out);
+    /* --quiet drops warnings too: the bundled example's cosine schedule (T_max 20) is longer
+     * than one epoch, a warning without --quiet */
+    const char *ex = EM_TEST_SRCDIR "/examples/digits.yaml";
+    rc = train(&out, (const char *[]){ex, "--epochs", "1", "--limit-batches", "2", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ember-train: warning: the run's 1 epoch"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){ex, "--epochs", "1", "--limit-batches", "2", "--quiet",
+                                      NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(!strstr(out, "warning") && !strstr(out, "warn:"), "%s", out);
+    cr_assert(strstr(out, "2 steps in ") && strstr(out, "test: loss"), "%s", out);
     free(out);
     expect_run(2, "--log-every: '0' is not a number of steps", (const char *[]){path("mlp.yaml"),
                "--log-every", "0", NULL});

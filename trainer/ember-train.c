@@ -278,6 +278,14 @@ void say(const run *r, const char *fmt, ...) {
     va_end(ap);
 }
 
+void warn(const run *r, const char *fmt, ...) {
+    if (r->s.quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
 static void usage(FILE *f) {
     fprintf(f,
 "usage: ember-train [CONFIG] [options]\n"
@@ -342,7 +350,8 @@ static void usage(FILE *f) {
 "  --log-every N|Ts         every N steps, or every T seconds (e.g. 30s): a progress line when\n"
 "                           stderr is not a terminal (on one: a bar redrawn after each step)\n"
 "                           and a --metrics-steps row (default: 10s)\n"
-"  --quiet                  no progress, no epoch lines: only errors, warnings and the summary\n"
+"  --quiet                  no progress, no epoch lines, no warnings: only errors and the\n"
+"                           summary (the library's own warnings too)\n"
 "  --tensorboard DIR        TensorBoard event files (tensorboard --logdir DIR): a new\n"
 "                           events.out.tfevents.* file in DIR (made when missing) with the\n"
 "                           --metrics-steps figures as scalars at their step (train/loss,\n"
@@ -352,6 +361,11 @@ static void usage(FILE *f) {
 "  --tensorboard-histograms with --tensorboard: once per epoch, histograms of each trainable\n"
 "                           parameter and its gradient (weights/NAME, gradients/NAME); or\n"
 "                           tensorboard_histograms: true in the config's loop section\n"
+"  --plot FILE              training curves as a picture, .png or .svg (PLplot): train and\n"
+"                           validation loss, accuracy (MAE), and the lr, against the step\n"
+"                           (with the per-step loss of every --log-every) or the epoch;\n"
+"                           redrawn at the end of each epoch (ember-plot draws the same from\n"
+"                           --metrics / --metrics-steps files)\n"
 "  --early-stop PATIENCE    stop when the validation metric (accuracy, or MAE for regression)\n"
 "                           has not improved for PATIENCE epochs\n"
 "  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
@@ -373,7 +387,12 @@ static void usage(FILE *f) {
 "  --overfit-batches N      train and validate on the first N batches only (0: off)\n"
 "  --summary                print the model summary and exit\n"
 "  --memory-summary         memory by category after the first step and at the end\n"
-"  --profile                ops by time, where they ran, bytes copied, CPU fallbacks (at the end)\n"
+"  --profile                ops by time, where they ran, bytes copied, CPU fallbacks, then the\n"
+"                           10 ops with the most total time (at the end; training thread)\n"
+"  --trace FILE             with --profile's report, a timeline of the training thread in the\n"
+"                           Chrome trace-event format (open it in ui.perfetto.dev or\n"
+"                           chrome://tracing): every op's start and duration on its device,\n"
+"                           the loader's waits and the optimizer steps; written at the end\n"
 "  --anomaly                anomaly mode: the op that first makes a NaN/Inf is named\n"
 "  --dry-run                check the config, build everything, one forward+backward, exit\n"
 "  --plugin PATH            load this plugin file (.so) too (repeatable); a config's top-level\n"
@@ -1190,7 +1209,7 @@ static void warn_short_schedule(const run *r, const em_sched_class *k, const em_
         snprintf(runs, sizeof runs, "%lld epochs", (long long)r->s.epochs);
     char wu[64] = "";
     if (warmup) snprintf(wu, sizeof wu, " after a warm-up of %lld %ss", (long long)warmup, unit);
-    fprintf(stderr, "ember-train: warning: the run's %s (--epochs) end before the schedule does: "
+    warn(r, "ember-train: warning: the run's %s (--epochs) end before the schedule does: "
             "%s's %s is %lld %ss%s, so the lr stops part-way (raise --epochs to %lld, or shorten "
             "%s)\n", runs, k->name, key, (long long)len, unit, wu,
             (long long)(per_step ? (len + warmup + spe - 1) / spe : len + warmup), key);
@@ -1312,13 +1331,13 @@ static int check_fit(run *r) {
     const char *last = last_leaf_class(r->model);
     if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
         !strcmp(r->loss_class, "CrossEntropyLoss"))
-        fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
+        warn(r, "ember-train: warning: the model ends in %s and the loss is "
                 "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
                 "NLLLoss after LogSoftmax)\n", last, last);
     if (in->num_classes > 0 && in->target_ndim == 0 &&
         (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
          !strcmp(r->loss_class, "SmoothL1Loss")))
-        fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
+        warn(r, "ember-train: warning: %s on class-index targets treats the labels as "
                 "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
     /* what the training loader delivers: each input field through data.transforms (a
      * variable-length one at its longest, with a mask of real positions only) */
@@ -1450,7 +1469,9 @@ static const char *default_config(void) {
 static int check_outputs(const run *r) {
     const struct { const char *option, *path; } out[] = {{"--checkpoint", r->s.checkpoint},
                                                         {"--save-weights", r->s.save_weights},
-                                                        {"--save-best", r->s.save_best}};
+                                                        {"--save-best", r->s.save_best},
+                                                        {"--trace", r->s.trace},
+                                                        {"--plot", r->s.plot}};
     for (size_t i = 0; i < sizeof out / sizeof *out; i++) {
         const char *p = out[i].path;
         if (!p) continue;
@@ -1547,7 +1568,7 @@ int main(int argc, char **argv) {
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
            O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_GENERATE,
-           O_PROMPT, O_TEMPERATURE, O_TOP_K };
+           O_PROMPT, O_TEMPERATURE, O_TOP_K, O_TRACE, O_PLOT };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1570,6 +1591,7 @@ int main(int argc, char **argv) {
         {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
         {"generate", 1, 0, O_GENERATE}, {"prompt", 1, 0, O_PROMPT},
         {"temperature", 1, 0, O_TEMPERATURE}, {"top-k", 1, 0, O_TOP_K},
+        {"trace", 1, 0, O_TRACE}, {"plot", 1, 0, O_PLOT},
         {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
@@ -1665,6 +1687,8 @@ int main(int argc, char **argv) {
         case O_SUMMARY: r.s.summary = true; break;
         case O_MEMSUM: r.s.memory_summary = true; break;
         case O_PROFILE: r.s.profile = true; break;
+        case O_TRACE: r.s.trace = optarg, r.s.profile = true; break;
+        case O_PLOT: r.s.plot = optarg; break;
         case O_ANOMALY: r.s.anomaly = true; break;
         case O_DRY: r.s.dry_run = true; break;
         case O_LIST: list = true; break;
@@ -1729,6 +1753,7 @@ int main(int argc, char **argv) {
     /* Past the file-size limit (ulimit -f) a write fails with EFBIG instead of killing the
      * process, so --metrics and --predict say which file and why (em_save guards itself). */
     signal(SIGXFSZ, SIG_IGN);
+    if (r.s.quiet) em_log_set_level(EM_LOG_ERROR); /* the library's warnings, em_init's too */
     if (em_init() != EM_OK) {
         report_error("start-up");
         return EXIT_TRAIN;
@@ -1781,8 +1806,9 @@ int main(int argc, char **argv) {
     em_seed(r.s.seed);
     em_set_deterministic(r.s.deterministic);
     if (r.s.anomaly) em_set_anomaly(true);
-    if (r.s.profile && !(r.profiler = em_profiler_start())) {
-        report_error("--profile");
+    em_profiler_options popt = {.struct_size = sizeof popt, .trace = r.s.trace != NULL};
+    if (r.s.profile && !(r.profiler = em_profiler_begin(&popt))) {
+        report_error(r.s.trace ? "--trace" : "--profile");
         rc = EXIT_TRAIN;
         goto done;
     }

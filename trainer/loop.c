@@ -29,6 +29,7 @@
 #include "ember/trace.h"
 #include "metrics.h"
 #include "metrics_file.h"
+#include "plot.h"
 #include "tensorboard.h"
 #include "trainer.h"
 
@@ -395,7 +396,7 @@ static void warn_other_files(run *r, const em_checkpoint_files *l, const char *w
         char whose[EM_CHECKPOINT_RUN_ID_MAX + 16];
         if (newest->run_id[0]) snprintf(whose, sizeof whose, "run %s", newest->run_id);
         else snprintf(whose, sizeof whose, "no recorded run");
-        fprintf(stderr, "ember-train: warning%s: %zu checkpoint%s matching --checkpoint %s %s not "
+        warn(r, "ember-train: warning%s: %zu checkpoint%s matching --checkpoint %s %s not "
                 "this run's (%s, the newest %s, %s). Rotation (--keep) deletes only this run's "
                 "files and leaves them alone, but a file of a step this run also saves is "
                 "replaced, and --resume with the pattern will ask which run to continue: give "
@@ -410,11 +411,11 @@ static void warn_other_files(run *r, const em_checkpoint_files *l, const char *w
             snprintf(what, sizeof what, "a checkpoint of another run (%s)", newest->run_id);
         else
             snprintf(what, sizeof what, "a checkpoint that records no run");
-        fprintf(stderr, "ember-train: warning: --checkpoint %s holds %s; this run replaces it at "
+        warn(r, "ember-train: warning: --checkpoint %s holds %s; this run replaces it at "
                 "its first save\n", r->s.checkpoint, what);
     }
     if (unreadable)
-        fprintf(stderr, "ember-train: warning%s: %zu file%s matching --checkpoint %s cannot be "
+        warn(r, "ember-train: warning%s: %zu file%s matching --checkpoint %s cannot be "
                 "read and %s left alone (%s)\n", when, unreadable, unreadable == 1 ? "" : "s",
                 r->s.checkpoint, unreadable == 1 ? "is" : "are", bad->error);
 }
@@ -492,7 +493,7 @@ void checkpoint_prepare(run *r, bool dry) {
         size_t n = 0;
         if (!paths[i]) continue;
         if (em_save_remove_stale(paths[i], &n) != EM_OK)
-            fprintf(stderr, "ember-train: warning: %s\n", em_last_error());
+            warn(r, "ember-train: warning: %s\n", em_last_error());
         else if (n)
             say(r, "ember-train: removed %zu temporary file%s that killed saves to %s left "
                 "behind\n", n, n == 1 ? "" : "s", paths[i]);
@@ -567,7 +568,7 @@ static em_status load_file(run *r, const char *path) {
         r->best_metric = ck.best_metric;
         r->part = part;
         if (batch > 0 && !have_part)
-            fprintf(stderr, "ember-train: warning: %s holds no sums of its epoch so far (written "
+            warn(r, "ember-train: warning: %s holds no sums of its epoch so far (written "
                     "by an older ember-train): epoch %" PRId64 "'s figures will cover the batches "
                     "after the resume only\n", path, ck.epoch + 1);
         snprintf(r->run_id, sizeof r->run_id, "%s", ck.run_id);
@@ -603,14 +604,14 @@ em_status checkpoint_load(run *r, const char *path) {
     for (size_t i = 0; i < em_checkpoint_files_len(l); i++) {
         const em_checkpoint_file *f = em_checkpoint_files_get(l, i);
         if (f->status != EM_OK) {
-            fprintf(stderr, "ember-train: warning: --resume %s: passing over %s\n", path, f->error);
+            warn(r, "ember-train: warning: --resume %s: passing over %s\n", path, f->error);
             continue;
         }
         if (strcmp(f->run_id, run_id) != 0) continue;
         if ((s = load_file(r, f->path)) == EM_OK) break;
         if (s != EM_ERR_FORMAT && s != EM_ERR_IO) break; /* not damage: every file would fail */
         snprintf(why, sizeof why, "%s", em_last_error());
-        fprintf(stderr, "ember-train: warning: --resume %s: %s is damaged (%s); trying the next "
+        warn(r, "ember-train: warning: --resume %s: %s is damaged (%s); trying the next "
                 "newest checkpoint of its run\n", path, f->path, why);
         passed++;
     }
@@ -680,6 +681,16 @@ static bool sinks_add_tensorboard(run *r, sinks *k) {
     return true;
 }
 
+static bool sinks_add_plot(run *r, sinks *k) {
+    metrics_sink *s = &k->s[k->n];
+    if (!plot_sink_open(s, r->s.plot, classification(r) ? "accuracy" : "mae")) {
+        fprintf(stderr, "ember-train: --plot %s\n", s->err);
+        return false;
+    }
+    k->n++;
+    return true;
+}
+
 /* Open every sink the run asks for; false (after the message, the others closed) when one
  * cannot be opened. */
 static bool sinks_open(run *r, sinks *k) {
@@ -688,7 +699,8 @@ static bool sinks_open(run *r, sinks *k) {
     bool ok = (!r->s.metrics || sinks_add_file(r, k, "--metrics", r->s.metrics, false)) &&
               (!r->s.metrics_steps ||
                sinks_add_file(r, k, "--metrics-steps", r->s.metrics_steps, true)) &&
-              (!r->s.tensorboard || sinks_add_tensorboard(r, k));
+              (!r->s.tensorboard || sinks_add_tensorboard(r, k)) &&
+              (!r->s.plot || sinks_add_plot(r, k));
     for (int i = 0; i < k->n; i++) {
         if (!ok) k->s[i].close(&k->s[i]);
         k->epochs |= k->s[i].epoch != NULL;
@@ -899,6 +911,23 @@ static void print_step_waits(const run *r, step_waits *sw) {
 
 /* The model's state dict to `path` for `option` (--save-weights, --save-best), announced to
  * the signal thread; false after the message. */
+/* --trace: the profiler's timeline; false after the message. */
+static bool write_trace(run *r) {
+    FILE *f = fopen(r->s.trace, "w");
+    if (!f) {
+        fprintf(stderr, "ember-train: --trace %s: %s\n", r->s.trace, strerror(errno));
+        return false;
+    }
+    bool ok = em_profiler_write_trace(r->profiler, f) == EM_OK;
+    if (!ok) fprintf(stderr, "ember-train: --trace %s: %s\n", r->s.trace, em_last_error());
+    if (fclose(f) != 0 && ok) {
+        fprintf(stderr, "ember-train: --trace %s: %s\n", r->s.trace, strerror(errno));
+        ok = false;
+    }
+    if (ok) say(r, "ember-train: --trace: wrote %s\n", r->s.trace);
+    return ok;
+}
+
 static bool save_model(run *r, const char *option, const char *path) {
     char what[48];
     snprintf(what, sizeof what, "%s file", option);
@@ -1296,6 +1325,8 @@ int train_loop(run *r) {
         em_memory_summary(stderr);
     }
     if (r->profiler) em_profiler_report(r->profiler, stderr, 25);
+    if (r->profiler && r->s.trace && !write_trace(r) && (rc == EXIT_OK || rc == EXIT_INTERRUPTED))
+        rc = EXIT_TRAIN;
     bool reported = k.failed != NULL; /* a row that failed was reported when it failed */
     if (!sinks_close(&k) && !reported && (rc == EXIT_OK || rc == EXIT_INTERRUPTED)) rc = EXIT_TRAIN;
     em_loader_free(l);

@@ -47,7 +47,7 @@ typedef struct settings {
     const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
     bool init_nonstrict, eval_only, summary, memory_summary, profile, anomaly, dry_run;
     /* progress and metrics (issue 23) */
-    bool quiet;                    /* --quiet: errors, warnings and the summary only */
+    bool quiet;                    /* --quiet: errors and the summary only */
     int64_t log_every;             /* --log-every N: every N steps; 0: by time */
     double log_every_s;            /* --log-every Ts: every T seconds (default 10) */
     const char *metrics_steps;     /* --metrics-steps FILE */
@@ -62,6 +62,8 @@ typedef struct settings {
     int64_t generate, top_k;
     const char *prompt;
     double temperature;
+    const char *trace;             /* --trace FILE: the profiler's Chrome trace (implies profile) */
+    const char *plot;              /* --plot FILE: training curves, .png or .svg */
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
@@ -148,6 +150,8 @@ void checkpoint_prepare(run *r, bool dry);
 void report_error(const char *what);
 /* An informational message to stderr ("ember-train: " is the caller's), unless --quiet. */
 void say(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A warning to stderr ("ember-train: warning: ..." is the caller's), unless --quiet. */
+void warn(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void stop_save_begin(const char *what, const char *path);
 void stop_save_end(bool checkpoint, int64_t step);
 void stop_training_over(void); /* the loop is done: any signal now stops at once */

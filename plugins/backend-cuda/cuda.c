@@ -224,6 +224,8 @@ static const em_device_ops cuda_device = {
     .context_destroy = cuda_context_destroy,
     .functions = cuda_functions,
     .event_query = cuda_event_query,
+    .event_create_timed = cuda_event_create_timed,
+    .event_elapsed_ns = cuda_event_elapsed_ns,
     .count_reason = cuda_count_reason,
 };
 

@@ -188,6 +188,8 @@ em_status cuda_event_record(int index, em_event *e, em_stream *s);
 em_status cuda_event_wait(int index, em_stream *s, em_event *e);
 em_status cuda_event_synchronize(int index, em_event *e);
 em_status cuda_event_query(int index, em_event *e, bool *done);
+em_status cuda_event_create_timed(int index, em_event **out);
+em_status cuda_event_elapsed_ns(int index, em_event *start, em_event *end, uint64_t *ns);
 
 /* ---- kernels ------------------------------------------------------------------------------ */
 

@@ -12,6 +12,7 @@ struct em_event {
     cudaEvent_t e;
     int index;
     bool recorded;
+    bool timed; /* made by cuda_event_create_timed: cudaEventElapsedTime works on it */
 };
 
 static cudaStream_t raw(const em_stream *s) { return s ? s->s : (cudaStream_t)0; }
@@ -46,7 +47,9 @@ em_status cuda_stream_synchronize(int index, em_stream *s) {
                                          "cudaStreamSynchronize", index);
 }
 
-em_status cuda_event_create(int index, em_event **out) {
+/* An event with or without timing (cudaEventDisableTiming makes recording cheaper: the
+ * allocator's and the loader's events need no timestamps). */
+static em_status event_new(int index, bool timed, em_event **out) {
     *out = NULL;
     em_status st = cuda_set_device(index);
     if (st != EM_OK) return st;
@@ -54,14 +57,21 @@ em_status cuda_event_create(int index, em_event **out) {
     if (!e) return em_set_error(EM_ERR_NOMEM, "cuda: out of host memory creating an event");
     memset(e, 0, sizeof *e);
     e->index = index;
-    st = cuda_check(cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming), "event_create",
-                    "cudaEventCreateWithFlags", index);
+    e->timed = timed;
+    st = cuda_check(cudaEventCreateWithFlags(&e->e, timed ? cudaEventDefault
+                                                          : cudaEventDisableTiming),
+                    "event_create", "cudaEventCreateWithFlags", index);
     if (st != EM_OK) {
         em_host_free(e);
         return st;
     }
     *out = e;
     return EM_OK;
+}
+
+em_status cuda_event_create(int index, em_event **out) { return event_new(index, false, out); }
+em_status cuda_event_create_timed(int index, em_event **out) {
+    return event_new(index, true, out);
 }
 
 void cuda_event_destroy(int index, em_event *e) {
@@ -107,4 +117,22 @@ em_status cuda_event_query(int index, em_event *e, bool *done) {
     if (r == cudaErrorNotReady) return EM_OK; /* not an error: the work is still running */
     *done = r == cudaSuccess;
     return cuda_check(r, "event_query", "cudaEventQuery", index);
+}
+
+em_status cuda_event_elapsed_ns(int index, em_event *start, em_event *end, uint64_t *ns) {
+    *ns = 0;
+    if (!start->recorded || !end->recorded) return never_recorded("event_elapsed_ns", index);
+    if (!start->timed || !end->timed)
+        return em_set_error(EM_ERR_INVALID, "cuda: event_elapsed_ns: an event made without "
+                            "timing (event_create, not event_create_timed)");
+    em_status st = cuda_set_device(index);
+    if (st == EM_OK)
+        st = cuda_check(cudaEventSynchronize(end->e), "event_elapsed_ns", "cudaEventSynchronize",
+                        index);
+    float ms = 0;
+    if (st == EM_OK)
+        st = cuda_check(cudaEventElapsedTime(&ms, start->e, end->e), "event_elapsed_ns",
+                        "cudaEventElapsedTime", index);
+    if (st == EM_OK) *ns = ms > 0 ? (uint64_t)((double)ms * 1e6 + 0.5) : 0;
+    return st;
 }

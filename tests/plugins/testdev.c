@@ -30,7 +30,11 @@
  *     pinned blocks and bytes are counted, and ember_testdev_pinned() reports them (tests
  *     find it with dlsym) so pin_memory can be checked;
  *   - kernels exist only for copy and fill (every dtype) and add (float32), so every other op
- *     exercises the fallback policy.
+ *     exercises the fallback policy;
+ *   - timed events (event_create_timed, event_elapsed_ns) read a device clock that advances
+ *     by exactly TD_KERNEL_NS for each kernel a device runs, and by nothing else: the time
+ *     between two such events is a known number, which no host clock would give, so a test
+ *     can tell a duration measured by the device's events from one measured on the host.
  *
  * Built a second time with TD_MATH defined, as "ember-testdev-math" (tests/plugins/math/
  * testdev_math.so, a directory of its own: the tests that load all of tests/plugins load one
@@ -58,6 +62,7 @@
 #define TD_DEAD 0x646561646465616dull   /* "deaddeam" */
 #define TD_CANARY 0xc0ffee00c0ffee00ull
 #define TD_STREAM_MAGIC 0x73747265616d3031ull
+#define TD_KERNEL_NS 1000000ull         /* the device clock's advance per kernel run: 1 ms */
 #define TD_EVENT_MAGIC 0x6576656e74303031ull
 
 /* Device addresses: bits 60..63 hold TD_TAG, bits 52..59 the ordinal + 1, the rest the host
@@ -89,6 +94,7 @@ static struct {
     td_queue *queues[TD_COUNT]; /* the live (non-default) streams of each device */
     int type; /* our device-type index, learned at registration */
     size_t pinned_blocks, pinned_bytes; /* live host_alloc blocks */
+    uint64_t clock[TD_COUNT];   /* each device's clock (timed events): TD_KERNEL_NS per kernel */
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .type = -1};
 
 static void *td_tag(void *host, int index) {
@@ -214,7 +220,14 @@ typedef struct td_dep {
     uint64_t n;
 } td_dep;
 
-typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KBINARY, TD_KSUM } td_kind;
+typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KBINARY, TD_KSUM, TD_STAMP } td_kind;
+
+/* What a timed event reads: the device clock when its record item ran (under the lock). */
+typedef struct td_stamp {
+    int refs;  /* the event + record items not yet run */
+    bool set;
+    uint64_t ns;
+} td_stamp;
 
 /* One queued piece of work. Kernel operands are copied in at issue time, their data pointers
  * already turned into host addresses (the dispatcher's em_ktensor array lives on its stack). */
@@ -231,6 +244,7 @@ typedef struct td_item {
         struct { em_ktensor y; double v; } fill;
         struct { em_ktensor a, b, y; char op; } bin; /* op: '+' or '*' */
         struct { em_ktensor x, y; } sum;
+        td_stamp *stamp;
     } u;
 } td_item;
 
@@ -257,6 +271,7 @@ struct em_event {
     int index;
     td_queue *q;    /* NULL until recorded */
     uint64_t value; /* done once q has run this many items */
+    td_stamp *stamp; /* a timed event's clock reading; NULL: not timed */
 };
 
 static void td_run(const td_item *it);
@@ -265,6 +280,10 @@ static void td_run(const td_item *it);
 
 static void q_unref(td_queue *q) {
     if (--q->refs == 0) free(q);
+}
+
+static void stamp_unref(td_stamp *t) {
+    if (t && --t->refs == 0) free(t);
 }
 
 /* Ask q's worker to run its first n items and wait until it has. */
@@ -288,6 +307,14 @@ static void *td_worker(void *arg) {
         pthread_mutex_unlock(&G.lock);
         td_run(it);
         pthread_mutex_lock(&G.lock);
+        if (it->kind == TD_KCOPY || it->kind == TD_KFILL || it->kind == TD_KBINARY ||
+            it->kind == TD_KSUM)
+            G.clock[q->index] += TD_KERNEL_NS;
+        if (it->kind == TD_STAMP) {
+            it->u.stamp->ns = G.clock[q->index];
+            it->u.stamp->set = true;
+            stamp_unref(it->u.stamp);
+        }
         q->head = it->next;
         if (!q->head) q->tail = NULL;
         q->done++;
@@ -504,6 +531,7 @@ static void td_event_destroy(int index, em_event *e) {
         td_fatal("event_destroy of a foreign event", e, index);
     pthread_mutex_lock(&G.lock);
     if (e->q) q_unref(e->q);
+    stamp_unref(e->stamp);
     pthread_mutex_unlock(&G.lock);
     e->magic = TD_DEAD;
     free(e);
@@ -516,15 +544,28 @@ static em_status td_event_record(int index, em_event *e, em_stream *s) {
     if (st == EM_OK) st = td_check_stream("event_record", index, s);
     if (st != EM_OK) return st;
     uint64_t value = 0;
-    if (!s) {
-        td_item *it = td_item_new(TD_NOP);
+    if (!s || e->stamp) { /* a timed event's mark is an item on any stream: it reads the clock */
+        td_item *it = td_item_new(e->stamp ? TD_STAMP : TD_NOP);
         if (!it) return EM_ERR_NOMEM;
-        st = td_enqueue(index, NULL, it, NULL, &value);
-        if (st != EM_OK) return st;
+        if (e->stamp) {
+            pthread_mutex_lock(&G.lock);
+            it->u.stamp = e->stamp;
+            e->stamp->refs++;
+            e->stamp->set = false;
+            pthread_mutex_unlock(&G.lock);
+        }
+        td_stamp *held = e->stamp;
+        st = td_enqueue(index, s, it, NULL, &value);
+        if (st != EM_OK) {
+            pthread_mutex_lock(&G.lock);
+            stamp_unref(held);
+            pthread_mutex_unlock(&G.lock);
+            return st;
+        }
     }
     pthread_mutex_lock(&G.lock);
     td_queue *q = s ? s->q : G.def[index];
-    if (s) value = q->enqueued;
+    if (s && !e->stamp) value = q->enqueued;
     q->refs++;
     if (e->q) q_unref(e->q);
     e->q = q;
@@ -558,6 +599,41 @@ static em_status td_event_synchronize(int index, em_event *e) {
     if (!recorded)
         return em_set_error(EM_ERR_STATE, "testdev: event_synchronize: the event was never "
                             "recorded on testdev:%d", index);
+    return EM_OK;
+}
+
+static em_status td_event_create_timed(int index, em_event **out) {
+    em_status st = td_event_create(index, out);
+    if (st != EM_OK) return st;
+    td_stamp *t = calloc(1, sizeof *t);
+    if (!t) {
+        td_event_destroy(index, *out);
+        *out = NULL;
+        return em_set_error(EM_ERR_NOMEM, "testdev: event_create_timed: out of memory");
+    }
+    t->refs = 1;
+    (*out)->stamp = t;
+    return EM_OK;
+}
+
+/* The device clock between two timed events' marks, once both have run. */
+static em_status td_event_elapsed_ns(int index, em_event *a, em_event *b, uint64_t *ns) {
+    em_status st = td_check_event("event_elapsed_ns", index, a);
+    if (st == EM_OK) st = td_check_event("event_elapsed_ns", index, b);
+    if (st != EM_OK) return st;
+    if (!a->stamp || !b->stamp)
+        return em_set_error(EM_ERR_INVALID, "testdev: event_elapsed_ns: an event made by "
+                            "event_create, not event_create_timed");
+    pthread_mutex_lock(&G.lock);
+    bool recorded = a->q && b->q;
+    if (recorded) q_wait(a->q, a->value), q_wait(b->q, b->value);
+    bool set = recorded && a->stamp->set && b->stamp->set;
+    uint64_t t0 = a->stamp->ns, t1 = b->stamp->ns;
+    pthread_mutex_unlock(&G.lock);
+    if (!set)
+        return em_set_error(EM_ERR_STATE, "testdev: event_elapsed_ns: an event was never "
+                            "recorded on testdev:%d", index);
+    *ns = t1 >= t0 ? t1 - t0 : 0;
     return EM_OK;
 }
 
@@ -687,6 +763,8 @@ static const em_device_ops td_device = {
     .event_wait = td_event_wait,
     .event_synchronize = td_event_synchronize,
     .event_query = td_event_query,
+    .event_create_timed = td_event_create_timed,
+    .event_elapsed_ns = td_event_elapsed_ns,
 };
 
 /* ---- kernels ------------------------------------------------------------------------------ */
@@ -810,6 +888,7 @@ static void td_run(const td_item *it) {
     case TD_KFILL: td_run_fill(&it->u.fill.y, it->u.fill.v); break;
     case TD_KBINARY: td_run_binary(&it->u.bin.a, &it->u.bin.b, &it->u.bin.y, it->u.bin.op); break;
     case TD_KSUM: td_run_sum(&it->u.sum.x, &it->u.sum.y); break;
+    case TD_STAMP: break; /* the worker reads the clock, under the lock */
     }
 }
 

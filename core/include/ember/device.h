@@ -213,6 +213,16 @@ typedef struct em_device_ops {
      * puts it in the error for a device of this type that does not exist
      * (em_device_parse("cuda")) and em_device_count_reason returns it. */
     const char *(*count_reason)(void);
+    /* (optional) Make an event that also records when the device reaches it (a CUDA event
+     * without cudaEventDisableTiming); recorded, waited on and destroyed with the event slots
+     * above. The profiler's trace (ember/trace.h) times each op on such a device by a pair of
+     * them. NULL: no timed events; the trace times the device's ops on the host, each
+     * synchronised at its end. */
+    em_status (*event_create_timed)(int index, em_event **out);
+    /* (optional; needed with event_create_timed) *ns = the device time from timed event
+     * `start` to timed event `end`, both recorded (cudaEventElapsedTime), waiting for `end`
+     * to complete. An error status for an event not recorded or not timed. */
+    em_status (*event_elapsed_ns)(int index, em_event *start, em_event *end, uint64_t *ns);
 } em_device_ops;
 
 /* Any function pointer, as em_backend_proc returns it: cast it to the signature its entry

@@ -225,7 +225,9 @@ typedef struct em_profile_row {
     const char *op;          /* "conv2d", "view", "to_device" */
     const char *device_type; /* where it ran ("cpu"; a copy: its destination) */
     uint64_t calls;
-    uint64_t total_ns;       /* begin to end, ops nested inside included */
+    uint64_t total_ns;       /* begin to end, ops nested inside included; a call made inside
+                                a call of the same op (a composite around its kernel of the
+                                same name) is counted in the outer call's only */
     uint64_t self_ns;        /* total_ns less the time of the ops nested inside */
     uint64_t bytes;          /* bytes of new storage its outputs held (none an input shares) */
     uint64_t fallbacks;      /* calls that ran on the CPU for want of a kernel on the device */
@@ -233,8 +235,47 @@ typedef struct em_profile_row {
 
 /* Start profiling the calling thread's ops (an observer on this thread). Times are wall
  * clock; on an asynchronous device each op is synchronised at its end, which slows it. NULL
- * with EM_ERR_NOMEM, or an em_observer_push error. */
+ * with EM_ERR_NOMEM, or an em_observer_push error. The same as em_profiler_begin(NULL). */
 EM_API em_profiler *em_profiler_start(void);
+
+/* What em_profiler_begin records besides the per-op rows. */
+typedef struct em_profiler_options {
+    size_t struct_size; /* sizeof(em_profiler_options) */
+    /* Also keep a timeline for em_profiler_write_trace: every call's start and duration (its
+     * op, kind, device and nesting depth) and the spans marked on the thread while it runs:
+     * the loader's waits in em_loader_next ("loader_wait", with the batch), optimizer steps
+     * ("optimizer_step", with the class) and the program's em_profiler_range_begin/end. 48
+     * bytes per call; past 4 Mi events the timeline stops (the report says so). */
+    bool trace;
+    void *ext;          /* reserved; NULL */
+} em_profiler_options;
+
+/* em_profiler_start with options (opt NULL: none; EM_ERR_INVALID for a struct_size too
+ * small). End it with em_profiler_end, free it with em_profiler_free. */
+EM_API em_profiler *em_profiler_begin(const em_profiler_options *opt);
+/* em_profiler_begin's pair: stop collecting, as em_profiler_stop (the same errors). */
+EM_API em_status em_profiler_end(em_profiler *p);
+/* Write the timeline of a profiler begun with options.trace in the Chrome trace-event format
+ * (JSON: {"traceEvents": [...]}) that Perfetto (ui.perfetto.dev) and chrome://tracing open:
+ * one complete ("X") event per call, named by its op, with cat its kind ("op", "composite",
+ * "view", "copy", "inplace", "out", "list"), ts and dur in microseconds from the profiler's
+ * start, pid the process, tid the profiled thread's id, args {"device": "cpu:0", "depth",
+ * "clock"}: "device" when dur is the device's own time between two timed events recorded on
+ * the thread's current stream as the call began and ended (an asynchronous device whose
+ * backend has em_device_ops.event_create_timed: CUDA), else "host" (the host's clock, the
+ * call synchronised at its end on an asynchronous device);
+ * one per span (cat "data", "optimizer", "range"), and metadata events naming the process and
+ * the thread. A call nested in another (a composite's sub-ops) lies inside its parent's span
+ * on the same thread. Call it after em_profiler_end, or on the profiling thread.
+ * EM_ERR_STATE without options.trace or from another thread while it runs; EM_ERR_IO when
+ * writing fails. */
+EM_API em_status em_profiler_write_trace(const em_profiler *p, FILE *f);
+/* Mark a span of the calling thread's work (a training step, a forward pass) in the trace of
+ * every tracing profiler running on the thread, like torch.profiler.record_function: begin and
+ * end pair up, nest, and the name (borrowed until the end) is the event's name, cat "range".
+ * With no tracing profiler on the thread both cost a thread-local load and a branch. */
+EM_API void em_profiler_range_begin(const char *name);
+EM_API void em_profiler_range_end(void);
 /* Stop collecting (the rows stay readable). EM_ERR_STATE when it is already stopped, or when
  * called from another thread than the one that started it. */
 EM_API em_status em_profiler_stop(em_profiler *p);
