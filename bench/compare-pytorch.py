@@ -16,7 +16,9 @@ in each, back to back:
                batch of 32, a Linear(256, 64) head at every step, cross_entropy), Ember's
                "Adam" optimizer from the registry (its fused kernel);
                PyTorch runs the same networks with torch.optim.Adam (default arguments:
-               foreach, lr 1e-3)
+               foreach, lr 1e-3); and issue 25's 2-layer TransformerEncoder (d_model 256, 4
+               heads, feed-forward 1024, dropout 0.1, batch_first) on (32, 128, 256) with an
+               mse loss: Ember's layer class against nn.TransformerEncoder in training mode
   ember-train-as-is  the same with OMP_WAIT_POLICY as it is (printed after the table: on a
                machine whose cores other processes keep busy, libgomp's default spinning at
                every parallel region's barrier costs Ember many times its compute)
@@ -36,7 +38,7 @@ import subprocess
 import sys
 
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
-TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_lstm_h256"]
+TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_lstm_h256", "train_transformer_b32"]
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
@@ -75,6 +77,17 @@ def train(cnn, batch):
         F.cross_entropy(net(x), y).backward()
         opt.step()
     return step
+def train_transformer(batch):
+    layer = nn.TransformerEncoderLayer(256, 4, 1024, 0.1, batch_first=True)
+    net = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    net.train()
+    x = torch.rand(batch, 128, 256); y = torch.randn(batch, 128, 256)
+    opt = torch.optim.Adam(net.parameters())
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+    return step
 def train_lstm(batch):
     lstm, head = nn.LSTM(256, 256), nn.Linear(256, 64)
     x = torch.rand(64, batch, 256)
@@ -94,7 +107,8 @@ make = {"sgemm_1024": (lambda: mm(1024, torch.float32), 10),
         "add_1elem": (lambda: add(1), 200000),
         "train_mlp_b128": (lambda: train(False, 128), 10),
         "train_cnn_b64": (lambda: train(True, 64), 3),
-        "train_lstm_h256": (lambda: train_lstm(32), 3)}
+        "train_lstm_h256": (lambda: train_lstm(32), 3),
+        "train_transformer_b32": (lambda: train_transformer(32), 2)}
 ready = {}
 print("ready torch %s threads %d" % (torch.__version__, torch.get_num_threads()), flush=True)
 for line in sys.stdin:

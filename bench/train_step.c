@@ -12,6 +12,11 @@
  *   train_cnn_b64_traced  the same CNN step recorded by the forward-graph tracer: each step
  *                   between em_trace_begin and em_trace_end (then em_trace_free), for the
  *                   tracer's overhead against train_cnn_b64 in the same process
+ *   train_transformer_b32  issue 25's: the layer class TransformerEncoder (2 layers, d_model
+ *                   256, 4 heads, dim_feedforward 1024, dropout 0.1, ReLU, post-norm,
+ *                   batch_first) on x (32, 128, 256) uniform on [0, 1), loss mse against a
+ *                   fixed target N(0, 1) of the same shape; the layers' default
+ *                   initialisation (PyTorch's)
  *   train_lstm_h256 issue 25's: a one-layer LSTM (input 256, hidden 256, the fused lstm op as
  *                   the LSTM layer calls it: weight [W_ih | W_hh], bias b_ih + b_hh) over a
  *                   sequence of 64 steps, batch 32, then linear(256->64) at every step and
@@ -63,18 +68,46 @@ static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
 typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
-    bool cnn, traced, lstm;
+    bool cnn, traced, transformer, lstm;
     int profiled; /* 1: the op profiler; 2: with its trace, written out */
     int64_t batch;
     int np;
     em_tensor *p[8], *x, *y;
+    em_module *model; /* transformer */
     em_optimizer *opt;
     bool ready;
 } workload;
 
+static void setup_transformer(workload *w) {
+    em_options *o = em_options_new();
+    em_options_set_int(o, "d_model", 256);
+    em_options_set_int(o, "nhead", 4);
+    em_options_set_int(o, "dim_feedforward", 1024);
+    em_options_set_float(o, "dropout", 0.1);
+    em_options_set_bool(o, "batch_first", true);
+    em_options_set_int(o, "num_layers", 2);
+    w->model = em_module_new("TransformerEncoder", o);
+    em_options_free(o);
+    if (!w->model) die("TransformerEncoder");
+    const int64_t shape[3] = {w->batch, 128, 256};
+    w->x = em_empty(3, shape, EM_F32, em_cpu());
+    w->y = em_empty(3, shape, EM_F32, em_cpu());
+    if (!w->x || !w->y || em_uniform_(w->x, 0, 1, NULL) != EM_OK ||
+        em_normal_(w->y, 0, 1, NULL) != EM_OK)
+        die("input");
+    em_dict *params = em_module_named_parameters(w->model, true);
+    w->opt = params ? em_optimizer_new("Adam", params, NULL) : NULL;
+    if (!w->opt) die("optimizer");
+    em_dict_free(params);
+}
+
 enum { LSTM_T = 64, LSTM_I = 256, LSTM_H = 256, LSTM_V = 64 };
 
 static void setup(workload *w) {
+    if (w->transformer) {
+        setup_transformer(w);
+        return;
+    }
     int64_t n_labels = w->batch, classes = 10;
     if (w->lstm) {
         w->p[0] = param(2, (int64_t[]){4 * LSTM_H, LSTM_I}, LSTM_H); /* weight_ih_l0 */
@@ -133,6 +166,16 @@ static void step(workload *w) {
     if (w->profiled && !prof) die("profiler_begin");
     if (em_scope_begin() != EM_OK) die("scope");
     em_tensor *h;
+    if (w->transformer) {
+        em_tensor *loss = em_mse_loss(em_module_forward(w->model, w->x), w->y,
+                                      EM_REDUCTION_MEAN);
+        if (!loss) die("forward");
+        if (em_backward(loss) != EM_OK) die("backward");
+        if (em_optimizer_step(w->opt) != EM_OK) die("optimizer step");
+        em_optimizer_zero_grad(w->opt);
+        if (em_scope_end() != EM_OK) die("scope");
+        return;
+    }
     if (w->lstm) {
         em_tensor *wt = em_cat(2, (const em_tensor *const[]){p[0], p[1]}, 1);
         em_tensor *y = em_lstm(w->x, NULL, NULL, wt, em_add(p[2], p[3]), NULL, false, NULL, NULL,
@@ -176,6 +219,7 @@ static workload W[] = {
     {.name = "train_mlp_b128", .iters = 10, .cnn = false, .batch = 128},
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
     {.name = "train_cnn_b64_traced", .iters = 3, .cnn = true, .traced = true, .batch = 64},
+    {.name = "train_transformer_b32", .iters = 2, .transformer = true, .batch = 32},
     {.name = "train_lstm_h256", .iters = 3, .lstm = true, .batch = 32},
     {.name = "train_cnn_b64_profiled", .iters = 3, .cnn = true, .profiled = 1, .batch = 64},
     {.name = "train_cnn_b64_chrometrace", .iters = 3, .cnn = true, .profiled = 2, .batch = 64},
@@ -218,6 +262,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_WORKLOADS; i++) {
         if (!W[i].ready) continue;
         em_optimizer_free(W[i].opt);
+        em_module_free(W[i].model);
         for (int k = 0; k < W[i].np; k++) em_tensor_release(W[i].p[k]);
         em_tensor_release(W[i].x), em_tensor_release(W[i].y);
     }

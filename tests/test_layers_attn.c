@@ -413,6 +413,36 @@ Test(attn_layers, causal_outputs_ignore_later_positions) {
     em_scope_end();
 }
 
+/* An unbatched (L, E) query, as PyTorch's, is batch 1 without its batch dim; bias=false has
+ * no in_proj_bias and no out_proj.bias. */
+Test(attn_layers, unbatched_inputs_and_no_bias) {
+    em_seed(11);
+    for (int bias = 0; bias < 2; bias++) {
+        em_scope_begin();
+        em_options *o = options_of("mha_am"); /* seq first */
+        em_options_set_bool(o, "bias", bias);
+        em_module *m = em_module_new("MultiheadAttention", o);
+        em_options_free(o);
+        cr_assert(m, "%s", em_last_error());
+        cr_assert_eq(em_module_parameter(m, "in_proj_bias") != NULL, bias);
+        cr_assert_eq(em_module_parameter(em_module_child(m, "out_proj"), "bias") != NULL, bias);
+        em_tensor *q = em_empty(2, (int64_t[]){4, 8}, EM_F32, em_cpu()),
+                  *k = em_empty(2, (int64_t[]){6, 8}, EM_F32, em_cpu());
+        em_normal_(q, 0, 1, NULL), em_normal_(k, 0, 1, NULL);
+        em_tensor *y = em_module_forward_n(m, (em_tensor *const[]){q, k, k}, 3);
+        em_tensor *yb = em_module_forward_n(m, (em_tensor *const[]){em_unsqueeze(q, 1),
+                                                                    em_unsqueeze(k, 1),
+                                                                    em_unsqueeze(k, 1)}, 3);
+        cr_assert(y && yb, "%s", em_last_error());
+        cr_assert_eq(em_tensor_ndim(y), 2);
+        double *a = fx_host_f64(y), *b = fx_host_f64(yb);
+        for (int64_t i = 0; i < 4 * 8; i++) cr_expect_eq(a[i], b[i], "element %lld", (long long)i);
+        free(a), free(b);
+        em_module_free(m);
+        em_scope_end();
+    }
+}
+
 Test(attn_layers, bad_options_and_inputs_are_named) {
     em_options *o = em_options_new();
     em_options_set_int(o, "embed_dim", 6);

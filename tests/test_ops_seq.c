@@ -4,7 +4,7 @@
  * here (attention with the whole score matrix materialised and an ordinary softmax; the
  * dropout mask from em_bernoulli_'s stream at the same generator state; direct convolution
  * sums; per-group statistics), derivatives against f64 finite differences (em_gradcheck) at
- * sizes that cross the kernel's row and key blocks (32 and 64). The table rows (typed vs by
+ * sizes that cross the kernel's row blocks (128 query rows, 64 when causal). The table rows (typed vs by
  * name, dtypes, layouts, ember-opcheck) are in core/op_cases.c.
  */
 #include <criterion/criterion.h>
@@ -119,7 +119,7 @@ static void att_inputs(const att_case *c, em_dtype dt, em_tensor **t, double **m
 }
 
 static const att_case att_cases[] = {
-    {"plain, 2 batch dims, blocks crossed", 2, {2, 3}, 70, 133, 8, 5, 0, 0, false, 0, 0},
+    {"plain, 2 batch dims, blocks crossed", 2, {2, 3}, 150, 133, 8, 5, 0, 0, false, 0, 0},
     {"bool mask (L, S), causal, L > S", 1, {2, 0}, 80, 67, 6, 4, 1, 2, true, 0.4, 0},
     {"float mask per head, broadcast over batch", 2, {1, 2}, 33, 65, 4, 7, 2, 4, false, 0, 0},
     {"causal, L < S, dropout 0.25", 1, {3, 0}, 40, 90, 5, 3, 0, 0, true, 0, 0.25},
@@ -193,11 +193,11 @@ static em_tensor *att_fn(em_tensor *const *in, int n, void *user) {
 }
 
 Test(seq_ops, attention_gradients_match_finite_differences) {
-    /* Across blocks (L 34 > 32 rows, S 66 > 64 keys), kept small for the element-wise
-     * differences. */
+    /* Across row blocks (L 130: 3 causal blocks of 64, 2 of 128), with few features for the
+     * element-wise differences. */
     static const att_case gc[] = {
-        {"causal, bool mask with a masked row", 1, {1, 0}, 34, 66, 2, 2, 1, 2, true, 0, 0},
-        {"float mask, dropout 0.3, scale 0.8", 1, {1, 0}, 34, 66, 2, 2, 2, 3, false, 0.8, 0.3},
+        {"causal, bool mask with a masked row", 1, {1, 0}, 130, 66, 2, 2, 1, 2, true, 0, 0},
+        {"float mask, dropout 0.3, scale 0.8", 1, {1, 0}, 130, 66, 2, 2, 2, 3, false, 0.8, 0.3},
         {"2 x 2 heads, no mask", 2, {2, 2}, 5, 7, 3, 2, 0, 0, false, 0, 0},
     };
     for (size_t ci = 0; ci < sizeof gc / sizeof gc[0]; ci++) {
@@ -421,8 +421,9 @@ Test(seq_ops, group_norm_matches_per_group_statistics) {
     }
 }
 
-/* The backward's two passes need no atomics: the same bits for any thread count (so do the
- * forward's row blocks, each written by one thread). */
+/* The backward needs no atomics (one thread owns a batch entry's key and value gradients):
+ * the same bits for any thread count (so do the forward's row blocks, each written by one
+ * thread). L 70 is two causal row blocks. */
 Test(seq_ops, attention_results_do_not_depend_on_the_thread_count) {
     const att_case c = {"float mask, causal, dropout", 2, {2, 3}, 70, 90, 8, 6, 2, 4, true, 0, 0.2};
     int saved = em_num_threads();

@@ -110,6 +110,11 @@ em_status cpu_gemm_addmm(const em_kernel_ctx *k, const em_ktensor *bias, const e
                          const em_ktensor *b, const em_ktensor *y, double alpha, double beta);
 bool cpu_gemm_supports(const em_kernel_ctx *k);
 const char *cpu_gemm_describe(void);
+/* Set OpenBLAS to run on its calling thread (the thread count the next cpu_gemm sets back
+ * as it needs): for kernels that call cblas_*gemm from their own OpenMP threads
+ * (cpu_attention.c), each product then runs where it is called, and its bits do not depend on
+ * OpenBLAS's thread count. */
+void cpu_blas_one_thread(void);
 em_status cpu_gemm_init(void);
 void cpu_gemm_shutdown(void); /* frees the oneDNN primitive cache (plugin shutdown) */
 

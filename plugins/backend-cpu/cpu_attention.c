@@ -2,24 +2,26 @@
  * cpu_attention.c — CPU kernels of scaled_dot_product_attention and its backward (contracts
  * in core/ops_attention.c), f32 and f64; f16/bf16 calls take the core's f32 path.
  *
- * Forward (FlashAttention's scheme on a CPU): the (batch, block of AT_BR query rows) pairs
- * are split across threads; each walks the keys in blocks of AT_BC, computing one
- * AT_BR x AT_BC tile of scores at a time (the query rows times the key block, transposed so
- * that the products run along contiguous keys), and keeps for every row its running maximum
- * m, running sum l of exp(s - m) and the running output (rescaled by exp(m_old - m) when the
- * maximum grows). The full (L, S) score matrix never exists: each thread holds one tile, its
- * rows' outputs and two numbers a row. Causal calls stop each row block at its last row's
- * key, and masked scores are -inf (exp gives 0 exactly); a row whose keys are all masked
- * keeps l = 0 and gets a zero output and a logsumexp of -inf. Dropout multiplies each kept
- * probability by 1 / (1 - p) after it entered the row sum (the row sums are dropout's
- * input), the keep decision recomputed from the Philox stream wherever it is needed.
+ * Both directions work on row blocks of g->br query rows (64, fewer when the key count is so
+ * large that a block's scores would pass 2^20 values) and hand the products to OpenBLAS, one
+ * GEMM per product on the calling thread (cpu_blas_one_thread; the parallelism is ours):
  *
- * Backward, from logsumexp (p_ij = exp(s_ij - lse_i), recomputed) in two passes that need no
- * atomics and so give the same bits for any thread count: A, over (batch, query block): the
- * block's p and dropout-masked dp = gy . v against every key (one row block of each, the
- * most a thread holds), D_i = sum_j p_ij dp_ij (which is gy_i . out_i) and gq_i; B, over
- * (batch, key block): gk_j and gv_j from one tile at a time of the query blocks that see
- * the keys. Each pass recomputes the scores it needs.
+ * Forward, over (batch, row block) pairs split across threads: the block's scores against
+ * every key it sees, S = scale q k^T (nr, S) — one row block of the score matrix, the most a
+ * thread holds; the full (L, S) matrix never exists —, the mask, each row's softmax (maximum,
+ * exp through libmvec's vector exp, sum), dropout on the normalised probabilities (kept ones
+ * times 1 / (1 - p), the row sums taken before: dropout's input), out = P v (one GEMM) and
+ * logsumexp. Causal calls stop each row block at its last row's key; masked scores are -inf
+ * (exp gives 0 exactly); a row whose keys are all masked gets a zero output and a logsumexp
+ * of -inf. The keep decisions come from the Philox stream (at_keep_row).
+ *
+ * Backward, over batch entries split across threads, each walking its row blocks in order:
+ * P = exp(S - lse) recomputed, dP = gy v^T (dropout-masked), D_i = sum_j p_ij dp_ij (which is
+ * gy_i . out_i), dS = scale P (dP - D), then gq = dS k for the block and gk += dS^T q,
+ * gv += Pd^T gy over the blocks. One thread owns a batch entry's key and value gradients, so
+ * no atomics are needed and every sum has one order: the same bits for any thread count
+ * (tests/test_ops_seq.c checks 1 and 3 threads). With fewer batch entries than threads the
+ * backward uses fewer threads.
  */
 #include <math.h>
 #include <omp.h>
@@ -34,8 +36,22 @@
 #include "ember/random.h"
 #include "cpu.h"
 
-#define AT_BR 32 /* query rows per block */
-#define AT_BC 64 /* keys per block */
+#include <cblas.h>
+
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(_OPENMP) && !defined(__clang__) &&   \
+    !defined(__FAST_MATH__)
+#if __GLIBC_PREREQ(2, 35)
+/* libmvec's vector exponentials (as cpu_math.c declares them: the scalar functions'
+ * semantics, within a few ulp), so that the softmax rows' `omp simd` loops vectorise. */
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#endif
+#endif
+
+#define AT_BR 128           /* query rows per block ... */
+#define AT_BLOCK_MAX (1 << 20) /* ... fewer when a block's scores would pass this many */
 #define EM_CPU_AT_MIN(a, b) ((a) < (b) ? (a) : (b))
 /* The loops' helpers are inlined into each SIMD clone of the per-tile functions (a helper
  * left out of line would be built for the baseline target only). */
@@ -47,6 +63,7 @@ enum { AT_MASK_NONE, AT_MASK_BOOL, AT_MASK_FLOAT };
  * the mask's element (b, i, j) at mask_offset(b) + i msl + j mss. */
 typedef struct at_geom {
     int64_t B, L, S, E, Ev;
+    int64_t br;                        /* query rows per block */
     int nb;                            /* batch dims */
     int64_t bshape[EM_MAX_DIMS];       /* their sizes */
     int64_t mstride[EM_MAX_DIMS];      /* the mask's stride per batch dim (0: broadcast) */
@@ -68,23 +85,19 @@ static inline int64_t at_mask_offset(const at_geom *g, int64_t b) {
     return off;
 }
 
-/* The last Philox block drawn (4 stream elements): the loops walk j upwards, so one block
- * serves 4 decisions. */
-typedef struct at_rng {
-    uint64_t block; /* UINT64_MAX: none yet */
-    uint32_t w[4];
-} at_rng;
-#define AT_RNG_INIT {.block = UINT64_MAX}
-
-/* Dropout's decision for score (b, i, j): the bernoulli(1 - p) stream element (b L + i) S + j,
- * as em_philox_uniform_f32 (ember/random.h) gives it. */
-static inline bool at_keep(const at_geom *g, at_rng *r, int64_t b, int64_t i, int64_t j) {
-    uint64_t idx = ((uint64_t)b * (uint64_t)g->L + (uint64_t)i) * (uint64_t)g->S + (uint64_t)j;
-    if (idx / 4 != r->block) {
-        r->block = idx / 4;
-        em_philox_block(g->seed, g->offset + r->block, r->w);
+/* keep[j] for j < n: dropout's decisions for scores (b, i, 0 .. n): keep (b, i, j) when
+ * em_philox_uniform_f32(seed, offset, (b L + i) S + j) < 1 - p (the bernoulli stream), one
+ * Philox block per 4 stream elements. u = (w >> 8) 2^-24 is exact, so u < keep_p is
+ * (w >> 8) < ceil(keep_p 2^24). */
+static void at_keep_row(const at_geom *g, int64_t b, int64_t i, int64_t n, uint8_t *keep) {
+    uint64_t idx = ((uint64_t)b * (uint64_t)g->L + (uint64_t)i) * (uint64_t)g->S;
+    uint32_t t = (uint32_t)ceil(g->keep_p * 16777216.0), w[4];
+    for (int64_t j = 0; j < n;) {
+        uint64_t e = idx + (uint64_t)j;
+        em_philox_block(g->seed, g->offset + e / 4, w);
+        for (unsigned lane = (unsigned)(e % 4); lane < 4 && j < n; lane++, j++)
+            keep[j] = (w[lane] >> 8) < t;
     }
-    return (double)((float)(r->w[idx % 4] >> 8) * 5.9604644775390625e-08f) < g->keep_p;
 }
 
 /* The geometry from q, k, v at in[iq..iq+2] and the mask at in[im]. */
@@ -95,6 +108,8 @@ static at_geom at_geom_of(const em_kernel_ctx *k, int iq, int im) {
     at_geom g = {.L = q->shape[nd - 2], .E = q->shape[nd - 1], .S = kk->shape[nd - 2],
                  .Ev = v->shape[nd - 1], .nb = nd - 2, .B = 1};
     for (int d = 0; d < nd - 2; d++) g.bshape[d] = q->shape[d], g.B *= q->shape[d];
+    g.br = AT_BR;
+    while (g.br > 1 && g.br * g.S > AT_BLOCK_MAX) g.br /= 2;
     bool none = mk->ndim == 1 && mk->numel == 0;
     g.mkind = none ? AT_MASK_NONE : mk->dtype == EM_BOOL ? AT_MASK_BOOL : AT_MASK_FLOAT;
     g.mask = mk->data;
@@ -112,6 +127,8 @@ static at_geom at_geom_of(const em_kernel_ctx *k, int iq, int im) {
     const em_attr *a = k->attrs; /* dropout_p, is_causal, scale, seed, offset */
     double p = a[0].v.f;
     g.causal = a[1].v.b;
+    /* causal: half the blocks, each stopping at its last row's key, skip more of the scores */
+    if (g.causal && g.br > 32) g.br /= 2;
     g.scale = a[2].v.f;
     g.seed = (uint64_t)a[3].v.i, g.offset = (uint64_t)a[4].v.i;
     g.dropping = p > 0;
@@ -149,21 +166,25 @@ static em_status at_thread_error(const em_kernel_ctx *k) {
 #define S(name) name##_f32
 #define S_STATS float
 #define EXP expf
+#define GEMM cblas_sgemm
 #include "cpu_attention_loops.h"
 #undef T
 #undef S
 #undef S_STATS
 #undef EXP
+#undef GEMM
 
 #define T double
 #define S(name) name##_f64
 #define S_STATS double
 #define EXP exp
+#define GEMM cblas_dgemm
 #include "cpu_attention_loops.h"
 #undef T
 #undef S
 #undef S_STATS
 #undef EXP
+#undef GEMM
 
 static em_status k_sdpa(const em_kernel_ctx *k) {
     em_status st = cpu_check_dense(k);

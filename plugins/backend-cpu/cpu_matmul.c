@@ -527,6 +527,8 @@ static void blas_threads(int nt) {
     }
 }
 
+void cpu_blas_one_thread(void) { blas_threads(1); }
+
 /* y = alpha a b + beta y on nt OpenBLAS threads. */
 static void blas_gemm(em_dtype dt, const mat3 *a, const mat3 *b, const mat3 *y, double alpha,
                       double beta, int nt) {

@@ -503,10 +503,10 @@ EM_API em_tensor *em_group_norm(const em_tensor *input, int64_t num_groups,
  *               (B, L, S) tensor from the same generator state.
  *   scale       NULL: 1 / sqrt(E) (1 when E is 0).
  * A query whose keys are all masked out gets a zero output row and zero gradients (as PyTorch 2.x;
- * softmax over nothing is taken as nothing). The CPU kernel is fused: the forward holds one (32
- * rows x 64 keys) tile of scores per thread, keeping each row's running maximum and sum (online
- * softmax); the backward recomputes the scores from logsumexp, holding at most one 32-row block of
- * them per thread. The full (L, S) matrix never exists. Differentiable in query, key and value; a
+ * softmax over nothing is taken as nothing). The CPU kernel is fused: the forward holds one row
+ * block of scores (128 query rows, 64 when causal, fewer for very long keys; every key) per
+ * thread, its products done by OpenBLAS; the backward recomputes the scores from logsumexp,
+ * holding two such blocks per thread. The full (L, S) matrix never exists. Differentiable in query, key and value; a
  * floating attn_mask gets no gradient (a mask that requires grad is an error at backward: detach
  * it). Errors: EM_ERR_SHAPE for mismatched dims or a mask that does not broadcast (naming the
  * shapes), EM_ERR_DTYPE for non-floating q/k/v, a dtype mismatch among them, or a mask neither bool
