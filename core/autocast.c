@@ -201,10 +201,10 @@ int em__autocast_enter(const em_op *op, const em_tensor *const *in, int n_in,
         a->held = (em_tensor **)buf + n_in;
     }
     a->n = n_in;
+    for (int i = 0; i < n_in; i++) a->held[i] = NULL;
     for (int i = 0; i < n_in; i++) {
         const em_tensor *t = in[i];
         a->args[i] = t;
-        a->held[i] = NULL;
         if (!eligible(t)) continue;
         em_dtype dt = cls == EM_AUTOCAST_LOWER ? (em_dtype)A.cur[t->storage->device.type]
                                                : target;
