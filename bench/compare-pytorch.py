@@ -16,9 +16,12 @@ in each, back to back:
                batch of 32, a Linear(256, 64) head at every step, cross_entropy), Ember's
                "Adam" optimizer from the registry (its fused kernel);
                PyTorch runs the same networks with torch.optim.Adam (default arguments:
-               foreach, lr 1e-3); and issue 25's 2-layer TransformerEncoder (d_model 256, 4
+               foreach, lr 1e-3); issue 25's 2-layer TransformerEncoder (d_model 256, 4
                heads, feed-forward 1024, dropout 0.1, batch_first) on (32, 128, 256) with an
-               mse loss: Ember's layer class against nn.TransformerEncoder in training mode
+               mse loss: Ember's layer class against nn.TransformerEncoder in training mode;
+               train_cnn_b64_bf16 is the CNN step with forward and loss
+               under bf16 autocast (Ember's em_autocast_begin("cpu", EM_BF16), PyTorch's
+               torch.autocast("cpu", torch.bfloat16)), compare it with train_cnn_b64
   ember-train-as-is  the same with OMP_WAIT_POLICY as it is (printed after the table: on a
                machine whose cores other processes keep busy, libgomp's default spinning at
                every parallel region's barrier costs Ember many times its compute)
@@ -38,7 +41,8 @@ import subprocess
 import sys
 
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
-TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_lstm_h256", "train_transformer_b32"]
+TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_cnn_b64_bf16", "train_lstm_h256",
+         "train_transformer_b32"]
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
@@ -60,7 +64,7 @@ def add(n):
 def cp(n):
     a = torch.rand(n); b = torch.empty(n)
     return lambda: b.copy_(a)
-def train(cnn, batch):
+def train(cnn, batch, amp=False):
     if cnn:
         net = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -74,7 +78,12 @@ def train(cnn, batch):
     opt = torch.optim.Adam(net.parameters())
     def step():
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(x), y).backward()
+        if amp:  # issue 21: forward and loss under bf16 autocast, backward outside
+            with torch.autocast("cpu", torch.bfloat16):
+                loss = F.cross_entropy(net(x), y)
+        else:
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
         opt.step()
     return step
 def train_transformer(batch):
@@ -107,6 +116,7 @@ make = {"sgemm_1024": (lambda: mm(1024, torch.float32), 10),
         "add_1elem": (lambda: add(1), 200000),
         "train_mlp_b128": (lambda: train(False, 128), 10),
         "train_cnn_b64": (lambda: train(True, 64), 3),
+        "train_cnn_b64_bf16": (lambda: train(True, 64, True), 3),
         "train_lstm_h256": (lambda: train_lstm(32), 3),
         "train_transformer_b32": (lambda: train_transformer(32), 2)}
 ready = {}

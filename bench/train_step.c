@@ -27,6 +27,14 @@
  *   train_cnn_b64_chrometrace  the same under a tracing profiler (options.trace), its Chrome
  *                   trace written to /dev/null after each step: ember-train --trace's cost
  *                   (recording and writing every event once)
+ *   train_cnn_b64_bf16  the same CNN step with forward and loss in a bf16 autocast region
+ *                   (ember/autocast.h; PyTorch: torch.autocast("cpu", torch.bfloat16)),
+ *                   float32 parameters, gradients and Adam
+ *
+ * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
+ * one step from the allocator's statistics (em_memory_stats: category activation): what the
+ * forward and loss hold when backward starts (the tensors autograd saved, and the outputs), and
+ * the step's peak, each above what the inputs hold (issue 21: f32 against bf16 autocast).
  *
  * One step is what a training loop does: forward, cross_entropy (mean), em_backward, then
  * em_optimizer_step of an "Adam" optimizer made by name from the registry with its default
@@ -68,7 +76,7 @@ static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
 typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
-    bool cnn, traced, transformer, lstm;
+    bool cnn, traced, transformer, lstm, amp;
     int profiled; /* 1: the op profiler; 2: with its trace, written out */
     int64_t batch;
     int np;
@@ -157,6 +165,15 @@ static void setup(workload *w) {
     em_dict_free(params);
 }
 
+/* --memory: the activation bytes held when backward starts (set by step when not NULL). */
+static size_t *held_at_loss;
+
+static size_t activation_bytes(bool peak) {
+    em_memory_stats st;
+    if (em_memory_stats_get(em_cpu(), &st) != EM_OK) die("memory stats");
+    return peak ? st.peak[EM_MEM_ACTIVATION] : st.current[EM_MEM_ACTIVATION];
+}
+
 static void step(workload *w) {
     em_tensor *const *p = w->p;
     em_trace_options topt = {.struct_size = sizeof topt};
@@ -176,6 +193,7 @@ static void step(workload *w) {
         if (em_scope_end() != EM_OK) die("scope");
         return;
     }
+    if (w->amp && em_autocast_begin("cpu", EM_BF16) != EM_OK) die("autocast_begin");
     if (w->lstm) {
         em_tensor *wt = em_cat(2, (const em_tensor *const[]){p[0], p[1]}, 1);
         em_tensor *y = em_lstm(w->x, NULL, NULL, wt, em_add(p[2], p[3]), NULL, false, NULL, NULL,
@@ -195,6 +213,8 @@ static void step(workload *w) {
     }
     em_tensor *loss = em_cross_entropy(h, w->y, NULL, EM_REDUCTION_MEAN, -100, 0);
     if (!loss) die("forward");
+    if (w->amp && em_autocast_end() != EM_OK) die("autocast_end");
+    if (held_at_loss) *held_at_loss = activation_bytes(false);
     if (em_backward(loss) != EM_OK) die("backward");
     if (em_optimizer_step(w->opt) != EM_OK) die("optimizer step");
     em_optimizer_zero_grad(w->opt);
@@ -220,6 +240,7 @@ static workload W[] = {
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
     {.name = "train_cnn_b64_traced", .iters = 3, .cnn = true, .traced = true, .batch = 64},
     {.name = "train_transformer_b32", .iters = 2, .transformer = true, .batch = 32},
+    {.name = "train_cnn_b64_bf16", .iters = 3, .cnn = true, .amp = true, .batch = 64},
     {.name = "train_lstm_h256", .iters = 3, .lstm = true, .batch = 32},
     {.name = "train_cnn_b64_profiled", .iters = 3, .cnn = true, .profiled = 1, .batch = 64},
     {.name = "train_cnn_b64_chrometrace", .iters = 3, .cnn = true, .profiled = 2, .batch = 64},
@@ -232,6 +253,30 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (em_init() != EM_OK) die("em_init");
+    if (argc > 1 && strcmp(argv[1], "--memory") == 0) {
+        printf("%-22s %18s %18s\n", "workload", "held at backward", "step peak");
+        for (int a = 2; a < argc; a++) {
+            workload *w = NULL;
+            for (int i = 0; i < N_WORKLOADS; i++)
+                if (strcmp(W[i].name, argv[a]) == 0) w = &W[i];
+            if (!w) {
+                fprintf(stderr, "train_step: no workload '%s' (--list)\n", argv[a]);
+                return 2;
+            }
+            if (!w->ready) {
+                setup(w);
+                step(w);
+                w->ready = true;
+            }
+            size_t base = activation_bytes(false), held = 0;
+            em_memory_reset_peak();
+            held_at_loss = &held;
+            step(w);
+            held_at_loss = NULL;
+            printf("%-22s %18zu %18zu\n", w->name, held - base, activation_bytes(true) - base);
+        }
+        return 0;
+    }
     char line[128];
     while (fgets(line, sizeof line, stdin)) {
         line[strcspn(line, "\r\n")] = '\0';

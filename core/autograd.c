@@ -1085,7 +1085,9 @@ em_status em_backward_with(em_tensor *t, const em_tensor *grad, const em_backwar
     if (st != EM_OK) return st;
     em_tensor *g = root_grad("backward", t, grad);
     if (!g) return em_last_status();
+    int ac = em__autocast_suspend(); /* derivatives run in their forward's dtypes */
     st = run_backward(1, &t, &g, opt, NULL);
+    em__autocast_resume(ac);
     em_tensor_release(g); /* NULL once the run consumed it */
     return st;
 }
@@ -1110,7 +1112,9 @@ em_status em_grad(int n_out, em_tensor *const *outputs, const em_tensor *const *
             st = em_last_status();
     }
     capture cap = {n_in, inputs, grads};
+    int ac = em__autocast_suspend();
     if (st == EM_OK) st = run_backward(n_out, outputs, rg, opt, &cap);
+    em__autocast_resume(ac);
     for (int r = 0; r < n_out; r++) em_tensor_release(rg[r]);
     if (st != EM_OK)
         for (int k = 0; k < n_in; k++) {

@@ -45,6 +45,7 @@
 #define K_PARTS "ember.parts"
 #define K_OPTIM "optim.param_groups"
 #define K_SCHED "sched.state"
+#define K_SCALER "amp.scaler"
 #define K_LOADER "loader.state"
 #define K_RNG "rng.default"
 #define K_LOOP "loop"
@@ -52,7 +53,7 @@
 #define K_RUN EM_CHECKPOINT_RUN_KEY
 
 static const char *const reserved_prefixes[] = {"ember.", "model.", "optim.", "sched.",
-                                                "loader.", "rng."};
+                                                "loader.", "rng.", "amp."};
 
 static bool reserved_key(const char *k) {
     if (!strcmp(k, K_LOOP) || !strcmp(k, K_CONFIG)) return true;
@@ -180,13 +181,13 @@ em_status em_checkpoint_save(const char *path, const em_checkpoint *ck_in,
             return em_set_error(EM_ERR_INVALID, "checkpoint_save: '%s': metadata key '%s' is "
                                 "reserved for the checkpoint's own entries (\"loop\", \"config\", "
                                 "\"ember.*\", \"model.*\", \"optim.*\", \"sched.*\", \"loader.*\", "
-                                "\"rng.*\"); rename it", path, em_metadata_key(metadata, i));
+                                "\"amp.*\", \"rng.*\"); rename it", path, em_metadata_key(metadata, i));
 
     em_status st = EM_OK;
     em_dict *all = em_dict_new(), *sd = NULL, *ot = NULL;
     em_metadata *m = em_metadata_new();
-    char *groups = NULL, *sched = NULL;
-    char parts[64] = "";
+    char *groups = NULL, *sched = NULL, *scaler = NULL;
+    char parts[80] = "";
     if (!all || !m) {
         st = em_set_error(EM_ERR_NOMEM, "checkpoint_save: out of memory");
         goto done;
@@ -215,6 +216,13 @@ em_status em_checkpoint_save(const char *path, const em_checkpoint *ck_in,
         strcat(parts, *parts ? ",scheduler" : "scheduler");
     }
     if (ck->loader) strcat(parts, *parts ? ",loader" : "loader");
+    if (ck->scaler) {
+        if ((st = em_grad_scaler_state_dict(ck->scaler, &scaler)) != EM_OK) {
+            st = prefix_error(path, "scaler");
+            goto done;
+        }
+        strcat(parts, *parts ? ",scaler" : "scaler");
+    }
 
     if ((st = em_metadata_set(m, K_FORMAT, CK_FORMAT_VERSION)) != EM_OK ||
         (st = em_metadata_set(m, K_VERSION, em_version())) != EM_OK ||
@@ -223,6 +231,7 @@ em_status em_checkpoint_save(const char *path, const em_checkpoint *ck_in,
         goto done;
     if (groups && (st = em_metadata_set(m, K_OPTIM, groups)) != EM_OK) goto done;
     if (sched && (st = em_metadata_set(m, K_SCHED, sched)) != EM_OK) goto done;
+    if (scaler && (st = em_metadata_set(m, K_SCALER, scaler)) != EM_OK) goto done;
     if (ck->loader) {
         em_loader_state ls = em_loader_get_state(ck->loader);
         json_t *j = json_object();
@@ -263,6 +272,7 @@ done:
     em_metadata_free(m);
     em__free(groups);
     em__free(sched);
+    em__free(scaler);
     return st;
 }
 
@@ -486,7 +496,7 @@ static em_status checkpoint_load(const char *path, em_checkpoint *ck,
     char lacks[160] = "";
     const struct { const void *obj; const char *name; } want[] = {
         {ck->model, "model"}, {ck->optimizer, "optimizer"}, {ck->scheduler, "scheduler"},
-        {ck->loader, "loader"}};
+        {ck->loader, "loader"}, {ck->scaler, "scaler"}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         if (want[i].obj && !list_has(parts, want[i].name)) {
             size_t len = strlen(lacks);
@@ -532,6 +542,23 @@ static em_status checkpoint_load(const char *path, em_checkpoint *ck,
         st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is missing", path,
                           K_SCHED);
         goto done;
+    }
+    if (ck->scaler && !em_metadata_get(meta, K_SCALER)) {
+        st = em_set_error(EM_ERR_FORMAT, "checkpoint '%s': metadata entry '%s' is missing", path,
+                          K_SCALER);
+        goto done;
+    }
+    /* The scaler's state is checked on a copy before anything is restored. */
+    if (ck->scaler) {
+        em_grad_scaler_options so = EM_GRAD_SCALER_OPTIONS_INIT;
+        em_grad_scaler *scaler_copy = em_grad_scaler_new(&so);
+        if (!scaler_copy ||
+            em_grad_scaler_load_state_dict(scaler_copy, em_metadata_get(meta, K_SCALER)) != EM_OK) {
+            em_grad_scaler_free(scaler_copy);
+            st = prefix_error(path, "scaler ('" K_SCALER "')");
+            goto done;
+        }
+        em_grad_scaler_free(scaler_copy);
     }
     if (ck->loader) {
         /* the position must be one of this loader's: a batch past the end would train
@@ -611,6 +638,8 @@ static em_status checkpoint_load(const char *path, em_checkpoint *ck,
     }
     if (optim_load) em__optimizer_load_commit(ck->optimizer, optim_load);
     if (sched_load) em__scheduler_load_commit(ck->scheduler, sched_load);
+    if (ck->scaler) /* checked above on a copy */
+        (void)em_grad_scaler_load_state_dict(ck->scaler, em_metadata_get(meta, K_SCALER));
     optim_load = NULL;
     sched_load = NULL;
     if (ck->loader && (st = em_loader_set_state(ck->loader, ls)) != EM_OK) {

@@ -184,6 +184,11 @@ em_status em_op_declare(em_registry *reg, const em_op_schema *s_in, const em_op 
                             "dispatch_arg naming an input or -1, and an infer function unless it "
                             "is a list op or a composite are required; variadic outputs need a "
                             "composite)", s->name);
+    if (EM_SCHEMA_HAS(s, autocast) &&
+        (s->autocast < EM_AUTOCAST_NONE || s->autocast > EM_AUTOCAST_PROMOTE))
+        return em_set_error(EM_ERR_INVALID, "op_declare: '%s' declares autocast class %d; the "
+                            "classes are EM_AUTOCAST_NONE, _LOWER, _FLOAT32 and _PROMOTE (0..3)",
+                            s->name, s->autocast);
     bool composite = EM_SCHEMA_HAS(s, composite) && s->composite;
     if ((s->flags & EM_OP_VARIADIC) && !composite && !(s->flags & EM_OP_NONDIFF))
         return em_set_error(EM_ERR_INVALID, "op_declare: '%s' is variadic with a kernel of its "
@@ -731,7 +736,8 @@ static const char *list_name(const struct em_op *op, int list, char *buf, size_t
 /* Checks one list of a list call (see em_op_call_lists); the references are tensors j of
  * output list 0 (ref). */
 static em_status check_list(const struct em_op *op, int l, const em_tensor *const *ts,
-                            const em_tensor *const *ref, int count, em_device dev, bool key) {
+                            const em_tensor *const *ref, int count, em_device dev, bool key,
+                            bool scalar) {
     const char *name = op->schema.name;
     char lb[64], a[160], b[160], d0[48], d1[48];
     bool absent = ts[0] == NULL;
@@ -751,8 +757,12 @@ static em_status check_list(const struct em_op *op, int l, const em_tensor *cons
                                 name, j, list_name(op, l, lb, sizeof lb),
                                 em_device_str(t->storage->device, d0, sizeof d0),
                                 em_device_str(dev, d1, sizeof d1));
-        if (t->ndim != ref[j]->ndim ||
-            memcmp(t->shape, ref[j]->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)
+        if (scalar && t->ndim != 0)
+            return em_set_error(EM_ERR_SHAPE, "%s: tensor %d of %s has shape %s; that list "
+                                "holds 0-dim tensors", name, j, list_name(op, l, lb, sizeof lb),
+                                em__shape_str(t->ndim, t->shape, a, sizeof a));
+        if (!scalar && (t->ndim != ref[j]->ndim ||
+            memcmp(t->shape, ref[j]->shape, sizeof(int64_t) * (size_t)t->ndim) != 0))
             return em_set_error(EM_ERR_SHAPE, "%s: tensor %d of %s has shape %s but tensor %d "
                                 "of output list 0 has shape %s", name, j,
                                 list_name(op, l, lb, sizeof lb),
@@ -793,7 +803,9 @@ static em_status call_lists(const em_op *cop, int count, const em_tensor *const 
     for (int l = 0; l < n_lists; l++) {
         const em_tensor *const *ts = l < n_in ? in + (size_t)l * (size_t)count
                                               : ref + (size_t)(l - n_in) * (size_t)count;
-        if (check_list(op, l, ts, ref, count, dev, l == key_list) != EM_OK)
+        bool scalar = (op->schema.flags & EM_OP_LISTS_SCALAR_OUT) && l == n_lists - 1 &&
+                      n_out > 1;
+        if (check_list(op, l, ts, ref, count, dev, l == key_list, scalar) != EM_OK)
             return em_last_status();
     }
     em_dtype key = (key_list < n_in ? in[(size_t)key_list * (size_t)count] : out[0])->dtype;
@@ -1348,20 +1360,40 @@ static em_op_event_kind call_kind(const em_op *op) {
     return op->schema.composite ? EM_OP_EVENT_COMPOSITE : EM_OP_EVENT_OP;
 }
 
+/* em__op_call and em__op_call_n under an autocast region (ember/autocast.h): a classed op runs
+ * with its inputs cast and the region suspended; any other op runs as called. Observers see
+ * the call as the caller made it, and the casts inside it. */
+static em_status autocast_call(const em_op *op, const em_tensor *const *in, int n_in,
+                               const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
+    em__autocast_args a;
+    int r = (em__observed & EM__OBS_AUTOCAST) && op->schema.autocast
+                ? em__autocast_enter(op, in, n_in, &a) : 0;
+    if (r < 0) return em_last_status();
+    const em_tensor *const *args = r ? a.args : in;
+    em_status st = n_out ? op_call_n(op, args, n_in, attrs, out, cap_out, n_out)
+                         : op_call(op, args, n_in, attrs, out);
+    if (r) em__autocast_finish(&a);
+    return st;
+}
+
 em_status em__op_call(const em_op *op, const em_tensor *const *in, int n_in,
                       const em_attr *attrs, em_tensor **out) {
-    if (!em__observing() || !op) return op_call(op, in, n_in, attrs, out);
+    if (!em__op_hooked() || !op) return op_call(op, in, n_in, attrs, out);
+    if (!em__observing()) return autocast_call(op, in, n_in, attrs, out, 0, NULL);
     em__obs_frame f;
     em__obs_begin(&f, call_kind(op), op->schema.name, op, in, n_in, attrs, NULL, 0);
-    return em__obs_end(&f, op_call(op, in, n_in, attrs, out), out, op->schema.n_outputs);
+    return em__obs_end(&f, autocast_call(op, in, n_in, attrs, out, 0, NULL), out,
+                       op->schema.n_outputs);
 }
 
 em_status em__op_call_n(const em_op *op, const em_tensor *const *in, int n_in,
                         const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
-    if (!em__observing() || !op || !n_out) return op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
+    if (!em__op_hooked() || !op || !n_out)
+        return op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
+    if (!em__observing()) return autocast_call(op, in, n_in, attrs, out, cap_out, n_out);
     em__obs_frame f;
     em__obs_begin(&f, call_kind(op), op->schema.name, op, in, n_in, attrs, NULL, 0);
-    em_status st = op_call_n(op, in, n_in, attrs, out, cap_out, n_out);
+    em_status st = autocast_call(op, in, n_in, attrs, out, cap_out, n_out);
     return em__obs_end(&f, st, out, *n_out);
 }
 

@@ -40,6 +40,7 @@ const char *em_build_info(void) {
 }
 
 static void teardown(void) {
+    em__autocast_thread_exit(); /* regions left open: their cached casts */
     em__scope_shutdown();
     em__plugins_unload_all();
     em__registries_shutdown();

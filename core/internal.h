@@ -368,6 +368,28 @@ extern atomic_llong em__live_objects[EM__LIVE_N];
 
 void em__dispatch_init(void);
 void em__dispatch_shutdown(void);
+
+/* ---- autocast (autocast.c) ----------------------------------------------------------------- */
+
+/* The inputs a classed op runs with under the thread's autocast region. */
+typedef struct em__autocast_args {
+    const em_tensor **args;  /* (n) the inputs to call the op with */
+    em_tensor **held;        /* (n) the casts made for it (NULL where none) */
+    const em_tensor *args_stack[8];
+    em_tensor *held_stack[8];
+    int n, was;
+} em__autocast_args;
+/* For op's call with in[0 .. n_in): 1 when the region casts something (a->args holds the
+ * inputs, and the region is suspended until em__autocast_finish), 0 to run as called (nothing
+ * to finish), -1 on error (set; nothing to finish). Called only with EM__OBS_AUTOCAST set. */
+int em__autocast_enter(const em_op *op, const em_tensor *const *in, int n_in,
+                       em__autocast_args *a);
+void em__autocast_finish(em__autocast_args *a);
+/* Clear the thread's autocast bit (the backward pass); resume with what suspend returned. */
+int em__autocast_suspend(void);
+void em__autocast_resume(int was);
+/* Close the calling thread's regions and drop its cast cache (em_shutdown). */
+void em__autocast_thread_exit(void);
 void em__ops_remove_owner(em_registry *owner);
 /* Checks that every input is non-NULL; when one is NULL sets an error only if none is
  * pending. Returns false if any is NULL. */

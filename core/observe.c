@@ -29,7 +29,9 @@ static _Thread_local struct {
     uint64_t fallbacks;   /* ops of this thread that ran on the CPU fallback */
 } O;
 
-static void sync_flag(void) { em__observed = O.in_callback ? 0 : O.n; }
+static void sync_flag(void) {
+    em__observed = (em__observed & EM__OBS_AUTOCAST) | (O.in_callback ? 0 : O.n);
+}
 
 em_status em_observer_push(const em_observer *obs) {
     if (!obs || obs->struct_size < offsetof(em_observer, ext))

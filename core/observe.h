@@ -11,10 +11,16 @@
 
 /* ---- observers (observe.c) ---------------------------------------------------------------- */
 
-/* The thread's observer count, 0 also while one of its callbacks runs: the one thread-local
- * load (initial-exec: no call) and branch an op pays when nothing observes it. */
+/* The thread's observer count (0 also while one of its callbacks runs) in the low bits, and
+ * EM__OBS_AUTOCAST while an enabled autocast region applies to the thread's op calls
+ * (autocast.c): the one thread-local load (initial-exec: no call) and branch an op pays when
+ * nothing observes it and no region is open. em__observing() tests the count alone (one
+ * instruction as before: a test against a mask instead of a compare with 0). */
 extern __attribute__((tls_model("initial-exec"))) _Thread_local int em__observed;
-#define em__observing() __builtin_expect(em__observed != 0, 0)
+#define EM__OBS_AUTOCAST (1 << 30)
+#define em__observing() __builtin_expect((em__observed & (EM__OBS_AUTOCAST - 1)) != 0, 0)
+/* Either an observer or an autocast region: the op-call entry points' one test. */
+#define em__op_hooked() __builtin_expect(em__observed != 0, 0)
 /* One observed call in progress, on the stack of the call it describes. */
 typedef struct em__obs_frame {
     em_op_event ev;

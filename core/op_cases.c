@@ -1012,6 +1012,11 @@ static const em_op_case std_cases[] = {
         INS(I(1, CONTIG, RANDN, 5), I(1, CONTIG, RANDN, 5), I(1, CONTIG, RANDN, 5),
             I(1, CONTIG, POS, 5), NONE_IN, NONE_IN),
         F(1e-3), F(0.9), F(0.999), F(1e-8), F(0.01), F(1), B(false), B(false)),
+    /* the gradient scaler's check-and-unscale: the grads, then one 0-dim flag per grad */
+    ROW("amp_unscale_", "scaled grads", NULL, D_F, OK, false, 2,
+        INS(I(2, CONTIG, RANDN, 3, 4), IT(EM_F32, 0, RANDN, 0)), F(1.0 / 1024)),
+    ROW("amp_unscale_", "flags not 0-dim", NULL, D_F32_64, ESH, false, 2,
+        INS(I(2, CONTIG, RANDN, 3, 4), IT(EM_F32, 2, RANDN, 3, 4)), F(0.5)),
 };
 
 const em_op_case *em__op_cases_standard(size_t *n) {

@@ -320,7 +320,8 @@ em_status em__ops_declare_attention(em_registry *core) {
         .infer = infer_sdpa, .backward = d_sdpa,
         .saves = EM_SAVE_INPUT(0) | EM_SAVE_INPUT(1) | EM_SAVE_INPUT(2) | EM_SAVE_INPUT(3) |
                  EM_SAVE_OUTPUT(1),
-        .composite = c_sdpa, .optional_inputs = 1u << 3, .category = "nn"});
+        .composite = c_sdpa, .optional_inputs = 1u << 3, .category = "nn",
+        .autocast = EM_AUTOCAST_LOWER});
     if (st == EM_OK)
         st = em__declare(core, &op_sdpa_bwd, (em_op_schema){
             .name = "scaled_dot_product_attention_backward", .n_inputs = 6, .input_names = bwd_i,

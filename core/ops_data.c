@@ -474,18 +474,21 @@ em_status em__ops_declare_data(em_registry *core) {
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
     const unsigned nd = EM_OP_NONDIFF, idx = EM_SAVE_INPUT(1);
-#define DC(var, nm, nin, na, an, at, fl_, inf, bw, sv, comp)                                   \
+/* DCA: with an autocast class (ember/autocast.h); DC: unaffected. */
+#define DCA(ac, var, nm, nin, na, an, at, fl_, inf, bw, sv, comp)                              \
     if (st == EM_OK)                                                                            \
         st = em__declare(core, &var, (em_op_schema){.name = nm, .n_inputs = nin, .n_attrs = na, \
                          .attr_names = an, .attr_types = at, .flags = fl_, .infer = inf,        \
-                         .backward = bw, .saves = sv, .composite = comp, .category = "data"})
+                         .backward = bw, .saves = sv, .composite = comp, .category = "data",    \
+                         .autocast = ac})
+#define DC(...) DCA(EM_AUTOCAST_NONE, __VA_ARGS__)
     DC(em__op_copy, "copy", 1, 0, NULL, NULL, 0, infer_same, d_copy, 0, NULL);
     /* index_select's derivative is index_add of the grad into zeros. */
     DC(op_index_select, "index_select", 2, 1, dim, ti, 0, infer_index_select, d_index_select,
        idx, c_index_select);
     DC(op_gather, "gather", 2, 1, dim, ti, 0, infer_gather, d_gather, idx, c_index_read);
     DC(op_scatter, "scatter", 3, 1, dim, ti, 0, infer_scatter, d_scatter, idx, c_index_write);
-    DC(op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, infer_scatter, d_scatter_add, idx,
+    DCA(EM_AUTOCAST_PROMOTE, op_scatter_add, "scatter_add", 3, 1, dim, ti, 0, infer_scatter, d_scatter_add, idx,
        c_index_write);
     DC(op_index_add, "index_add", 3, 2, dim_alpha, tif, 0, infer_index_add, d_index_add, idx,
        c_index_write);
@@ -501,6 +504,7 @@ em_status em__ops_declare_data(em_registry *core) {
     DC(op_triu, "triu", 1, 1, diagonal, ti, 0, infer_tri, d_triu, 0, NULL);
     DC(op_flip, "flip", 1, 1, dims, tis, 0, infer_same, d_flip, 0, c_flip);
 #undef DC
+#undef DCA
     if (st == EM_OK)
         st = em__declare(core, &op_linspace, (em_op_schema){.name = "linspace", .n_attrs = 2,
                          .attr_names = linspace, .attr_types = tff, .dispatch_arg = -1,
@@ -513,9 +517,9 @@ em_status em__ops_declare_data(em_registry *core) {
     const unsigned vin = EM_OP_VARIADIC, vout = EM_OP_VARIADIC_OUTPUTS;
 #define DECLS(var, ...) if (st == EM_OK) st = em__declare(core, &var, (em_op_schema){__VA_ARGS__, \
                                                           .n_inputs = 1, .category = "data"})
-    DECLS(op_cat, .name = "cat", .flags = vin, .n_attrs = 1, .attr_names = dim,
+    DECLS(op_cat, .name = "cat", .autocast = EM_AUTOCAST_PROMOTE, .flags = vin, .n_attrs = 1, .attr_names = dim,
           .attr_types = ti, .composite = c_cat);
-    DECLS(op_stack, .name = "stack", .flags = vin, .n_attrs = 1, .attr_names = dim,
+    DECLS(op_stack, .name = "stack", .autocast = EM_AUTOCAST_PROMOTE, .flags = vin, .n_attrs = 1, .attr_names = dim,
           .attr_types = ti, .composite = c_stack);
     DECLS(op_split, .name = "split", .flags = vout, .n_attrs = 2, .attr_names = split,
           .attr_types = tii, .composite = c_split);

@@ -92,19 +92,25 @@ em_status em__ops_declare_elementwise(em_registry *core) {
                    out0 = EM_SAVE_OUTPUT(0);
     em_status st = EM_OK;
 #define DECL(var, ...) if (st == EM_OK) st = em__declare_op(core, &var, __VA_ARGS__)
-    DECL(op_add, "add", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_add, 0);
-    DECL(op_sub, "sub", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_sub, 0);
-    DECL(op_mul, "mul", 2, 0, NULL, NULL, 0, ew, infer_broadcast, d_mul, in01);
-    DECL(op_div, "div", 2, 0, NULL, NULL, 0, ew | fr, infer_broadcast, d_div, in01);
+    /* DECLA: with an autocast class (ember/autocast.h). */
+#define DECLA(ac, var, nm, nin, fl_, inf, bw, sv)                                               \
+    if (st == EM_OK)                                                                            \
+        st = em__declare(core, &var, (em_op_schema){.name = nm, .n_inputs = nin, .flags = fl_,  \
+                         .infer = inf, .backward = bw, .saves = sv, .autocast = ac})
+    DECLA(EM_AUTOCAST_PROMOTE, op_add, "add", 2, ew, infer_broadcast, d_add, 0);
+    DECLA(EM_AUTOCAST_PROMOTE, op_sub, "sub", 2, ew, infer_broadcast, d_sub, 0);
+    DECLA(EM_AUTOCAST_PROMOTE, op_mul, "mul", 2, ew, infer_broadcast, d_mul, in01);
+    DECLA(EM_AUTOCAST_PROMOTE, op_div, "div", 2, ew | fr, infer_broadcast, d_div, in01);
     if (st == EM_OK)
         st = em__declare(core, &op_neg, (em_op_schema){.name = "neg", .n_inputs = 1,
                          .infer = infer_same, .backward = d_neg, .prepare = prep_neg});
-    DECL(op_exp, "exp", 1, 0, NULL, NULL, 0, fr, infer_same, d_exp, out0);
-    DECL(op_log, "log", 1, 0, NULL, NULL, 0, fr, infer_same, d_log, in0);
+    DECLA(EM_AUTOCAST_FLOAT32, op_exp, "exp", 1, fr, infer_same, d_exp, out0);
+    DECLA(EM_AUTOCAST_FLOAT32, op_log, "log", 1, fr, infer_same, d_log, in0);
     DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, 0, infer_same, d_relu, out0);
     /* relu_backward(grad, y) = grad where y > 0, else 0 (its own derivative is not needed). */
     DECL(op_relu_backward, "relu_backward", 2, 0, NULL, NULL, 0, nd, infer_same, NULL, 0);
 #undef DECL
+#undef DECLA
     return st;
 }
 

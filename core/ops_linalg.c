@@ -355,14 +355,14 @@ em_status em__ops_declare_linalg(em_registry *core) {
     em_status st = EM_OK;
 #define DECLS(var, ...) if (st == EM_OK) st = em__declare(core, &var, (em_op_schema){__VA_ARGS__, \
                                                           .category = "linalg"})
-    DECLS(op_bmm, .name = "bmm", .n_inputs = 2, .infer = infer_bmm, .backward = d_bmm,
+    DECLS(op_bmm, .name = "bmm", .autocast = EM_AUTOCAST_LOWER, .n_inputs = 2, .infer = infer_bmm, .backward = d_bmm,
           .saves = EM_SAVE_INPUT(0) | EM_SAVE_INPUT(1));
     /* The kernel sees the bias broadcast to (M, N); the composite does that. */
-    DECLS(op_addmm, .name = "addmm", .n_inputs = 3, .input_names = addmm_in, .n_attrs = 2,
+    DECLS(op_addmm, .name = "addmm", .autocast = EM_AUTOCAST_LOWER, .n_inputs = 3, .input_names = addmm_in, .n_attrs = 2,
           .attr_names = addmm_attrs, .attr_types = tff, .dispatch_arg = 1, .infer = infer_addmm,
           .backward = d_addmm, .saves = in12, .composite = c_addmm);
-    DECLS(op_matmul, .name = "matmul", .n_inputs = 2, .composite = c_matmul);
-    DECLS(op_linear, .name = "linear", .n_inputs = 3, .input_names = linear_in,
+    DECLS(op_matmul, .name = "matmul", .autocast = EM_AUTOCAST_LOWER, .n_inputs = 2, .composite = c_matmul);
+    DECLS(op_linear, .name = "linear", .autocast = EM_AUTOCAST_LOWER, .n_inputs = 3, .input_names = linear_in,
           .optional_inputs = 1u << 2, .composite = c_linear);
 #undef DECLS
     return st;

@@ -286,7 +286,10 @@ static em_status declare(em_registry *core, const em_op **out, const char *name,
                        .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
                        .dispatch_arg = dispatch_arg, .flags = backward ? 0 : EM_OP_NONDIFF,
                        .infer = infer, .backward = backward, .saves = saves,
-                       .composite = c_loss, .optional_inputs = opt, .category = "loss"});
+                       .composite = c_loss, .optional_inputs = opt, .category = "loss",
+                       /* the losses run in float32 under autocast; their backward ops as
+                        * the derivative calls them */
+                       .autocast = backward ? EM_AUTOCAST_FLOAT32 : EM_AUTOCAST_NONE});
 }
 
 /* ---- derivatives: each loss's backward op gives the input's gradient ------------------------- */

@@ -447,24 +447,27 @@ em_status em__ops_declare_math(em_registry *core) {
                    out0 = EM_SAVE_OUTPUT(0);
     em_status st = EM_OK;
     /* name, inputs, attributes (count, names, types), policy flags, inference, derivative and
-     * what it saves, prepare hook. */
-#define D(var, nm, nin, na, an, at, fl_, inf, bw, sv, prep)                                     \
+     * what it saves, prepare hook.
+     * DA also declares the op's autocast class (ember/autocast.h); D leaves it unaffected. */
+#define DA(ac, var, nm, nin, na, an, at, fl_, inf, bw, sv, prep)                                \
     if (st == EM_OK)                                                                            \
         st = em__declare(core, &var, (em_op_schema){.name = nm, .n_inputs = nin, .n_attrs = na, \
                          .attr_names = an, .attr_types = at, .flags = fl_, .infer = inf,        \
                          .backward = bw, .saves = sv, .prepare = prep,                          \
-                         .dispatch_arg = strcmp(nm, "where") == 0, .category = "elementwise"})
+                         .dispatch_arg = strcmp(nm, "where") == 0, .category = "elementwise",   \
+                         .autocast = ac})
+#define D(...) DA(EM_AUTOCAST_NONE, __VA_ARGS__)
     D(op_abs, "abs", 1, 0, NULL, NULL, 0, infer_same, d_abs, in0, prep_abs);
     D(op_sqrt, "sqrt", 1, 0, NULL, NULL, fr, infer_same, d_sqrt, out0, NULL);
-    D(op_rsqrt, "rsqrt", 1, 0, NULL, NULL, fr, infer_same, d_rsqrt, out0, NULL);
-    D(op_reciprocal, "reciprocal", 1, 0, NULL, NULL, fr, infer_same, d_reciprocal, out0, NULL);
+    DA(EM_AUTOCAST_FLOAT32, op_rsqrt, "rsqrt", 1, 0, NULL, NULL, fr, infer_same, d_rsqrt, out0, NULL);
+    DA(EM_AUTOCAST_FLOAT32, op_reciprocal, "reciprocal", 1, 0, NULL, NULL, fr, infer_same, d_reciprocal, out0, NULL);
     D(op_sigmoid, "sigmoid", 1, 0, NULL, NULL, fr, infer_same, d_sigmoid, out0, NULL);
     D(op_tanh, "tanh", 1, 0, NULL, NULL, fr, infer_same, d_tanh, out0, NULL);
-    D(op_log1p, "log1p", 1, 0, NULL, NULL, fr, infer_same, d_log1p, in0, NULL);
-    D(op_expm1, "expm1", 1, 0, NULL, NULL, fr, infer_same, d_expm1, out0, NULL);
+    DA(EM_AUTOCAST_FLOAT32, op_log1p, "log1p", 1, 0, NULL, NULL, fr, infer_same, d_log1p, in0, NULL);
+    DA(EM_AUTOCAST_FLOAT32, op_expm1, "expm1", 1, 0, NULL, NULL, fr, infer_same, d_expm1, out0, NULL);
     D(op_sign, "sign", 1, 0, NULL, NULL, 0, infer_same, d_sign, 0, NULL);
     D(op_erf, "erf", 1, 0, NULL, NULL, fr, infer_same, d_erf, in0, NULL);
-    D(op_erfinv, "erfinv", 1, 0, NULL, NULL, fr, infer_same, d_erfinv, out0, NULL);
+    DA(EM_AUTOCAST_FLOAT32, op_erfinv, "erfinv", 1, 0, NULL, NULL, fr, infer_same, d_erfinv, out0, NULL);
     D(op_div_mode, "div_mode", 2, 1, rounding, ts, ew, infer_div_mode, d_div_mode, in01,
       prep_div_mode);
     D(op_gelu, "gelu", 1, 1, approx, ts, fl, infer_gelu, d_gelu, in0, NULL);
@@ -477,11 +480,11 @@ em_status em__ops_declare_math(em_registry *core) {
       prep_scalar);
     D(op_div_scalar, "div_scalar", 1, 1, value, tf, 0, infer_same, d_div_scalar, 0,
       prep_scalar);
-    D(op_pow_scalar, "pow_scalar", 1, 1, value, tf, 0, infer_same, d_pow_scalar, in0,
+    DA(EM_AUTOCAST_FLOAT32, op_pow_scalar, "pow_scalar", 1, 1, value, tf, 0, infer_same, d_pow_scalar, in0,
       prep_scalar);
-    D(op_pow, "pow", 2, 0, NULL, NULL, ew, infer_broadcast, d_pow, in01 | out0, prep_pow);
-    D(op_maximum, "maximum", 2, 0, NULL, NULL, ew, infer_broadcast, d_maximum, in01, NULL);
-    D(op_minimum, "minimum", 2, 0, NULL, NULL, ew, infer_broadcast, d_minimum, in01, NULL);
+    DA(EM_AUTOCAST_FLOAT32, op_pow, "pow", 2, 0, NULL, NULL, ew, infer_broadcast, d_pow, in01 | out0, prep_pow);
+    DA(EM_AUTOCAST_PROMOTE, op_maximum, "maximum", 2, 0, NULL, NULL, ew, infer_broadcast, d_maximum, in01, NULL);
+    DA(EM_AUTOCAST_PROMOTE, op_minimum, "minimum", 2, 0, NULL, NULL, ew, infer_broadcast, d_minimum, in01, NULL);
     /* Not differentiable: bool outputs, and the backward helpers (their own derivatives are
      * not needed: no higher-order gradients). */
     const unsigned cmp = ew | nd, lgc = EM_OP_BROADCAST | nd;
@@ -498,7 +501,7 @@ em_status em__ops_declare_math(em_registry *core) {
       prep_logical);
     D(op_logical_not, "logical_not", 1, 0, NULL, NULL, nd, infer_bool, NULL, 0, NULL);
     /* The condition is bool: it never requires grad; input 1 picks the kernel. */
-    D(op_where, "where", 3, 0, NULL, NULL, EM_OP_BROADCAST, infer_where, d_where, in0,
+    DA(EM_AUTOCAST_PROMOTE, op_where, "where", 3, 0, NULL, NULL, EM_OP_BROADCAST, infer_where, d_where, in0,
       prep_where);
     D(op_threshold_backward, "threshold_backward", 2, 1, thresh, tf, ew | nd, infer_backward,
       NULL, 0, NULL);
@@ -513,6 +516,7 @@ em_status em__ops_declare_math(em_registry *core) {
     D(op_leaky_relu_backward, "leaky_relu_backward", 2, 1, slope, tf, ew | nd, infer_backward,
       NULL, 0, NULL);
 #undef D
+#undef DA
     return st;
 }
 

@@ -566,8 +566,8 @@ EM__COMPOSITE(c_conv1d);
 EM__COMPOSITE(c_conv_transpose2d);
 EM__COMPOSITE(c_group_norm);
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_in,
-                         const char *const *in_names, int n_out, int n_attrs,
+static em_status declare(em_registry *core, const em_op **out, int autocast, const char *name,
+                         int n_in, const char *const *in_names, int n_out, int n_attrs,
                          const char *const *attr_names, const em_attr_type *types,
                          em_infer_fn infer, em_backward_fn backward, unsigned saves,
                          em_composite_fn composite, unsigned optional) {
@@ -576,7 +576,7 @@ static em_status declare(em_registry *core, const em_op **out, const char *name,
                        .attr_names = attr_names, .attr_types = types, .dispatch_arg = 0,
                        .flags = backward ? 0 : EM_OP_NONDIFF, .infer = infer,
                        .backward = backward, .saves = saves, .composite = composite,
-                       .optional_inputs = optional, .category = "nn"});
+                       .optional_inputs = optional, .category = "nn", .autocast = autocast});
 }
 
 /* ---- derivatives ------------------------------------------------------------------------------
@@ -731,12 +731,14 @@ em_status em__ops_declare_nn(em_registry *core) {
 #undef B
 #undef F
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, EM_AUTOCAST_NONE, __VA_ARGS__)
+    /* DECLA: with an autocast class (ember/autocast.h). */
+#define DECLA(ac, var, ...) if (st == EM_OK) st = declare(core, &var, ac, __VA_ARGS__)
     /* The *_backward helpers are not differentiable (declared with no backward: NONDIFF). */
     const unsigned in0 = EM_SAVE_INPUT(0), in01 = in0 | EM_SAVE_INPUT(1),
                    out0 = EM_SAVE_OUTPUT(0), out1 = EM_SAVE_OUTPUT(1),
                    stats = EM_SAVE_OUTPUT(1) | EM_SAVE_OUTPUT(2);
-    DECL(op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d, d_conv2d, in01,
+    DECLA(EM_AUTOCAST_LOWER, op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d, d_conv2d, in01,
          c_conv2d, 1u << 2);
     DECL(op_conv2d_bwd_data, "conv2d_backward_data", 2, convd_i, 1, 5, conv_a, conv_t,
          infer_conv2d_bwd_data, d_conv2d_bwd_data, in01, c_conv2d_bwd_data, 0);
@@ -754,23 +756,24 @@ em_status em__ops_declare_nn(em_registry *core) {
          infer_adaptive, d_adaptive_avg_pool2d, 0, c_adaptive, 0);
     DECL(op_adaptive_avg_pool2d_bwd, "adaptive_avg_pool2d_backward", 1, gy_i, 1, 1, in_size,
          ints_t, infer_adaptive, NULL, 0, c_adaptive, 0);
-    DECL(op_batch_norm, "batch_norm", 5, bn_i, 3, 3, bn_a, bn_t, infer_batch_norm,
+    DECLA(EM_AUTOCAST_FLOAT32, op_batch_norm, "batch_norm", 5, bn_i, 3, 3, bn_a, bn_t, infer_batch_norm,
          d_batch_norm, in01 | stats, c_batch_norm, 0x1eu);
     DECL(op_batch_norm_bwd, "batch_norm_backward", 5, bnb_i, 3, 1, bn_a, b_t,
          infer_batch_norm_bwd, NULL, 0, c_batch_norm_bwd, 1u << 2);
-    DECL(op_layer_norm, "layer_norm", 3, ln_i, 3, 3, ln_a, ln_t, infer_layer_norm,
+    DECLA(EM_AUTOCAST_FLOAT32, op_layer_norm, "layer_norm", 3, ln_i, 3, 3, ln_a, ln_t, infer_layer_norm,
          d_layer_norm, in01 | stats, c_layer_norm, 0x6u);
     DECL(op_layer_norm_bwd, "layer_norm_backward", 5, lnb_i, 3, 1, ln_a, int_t,
          infer_layer_norm_bwd, NULL, 0, c_layer_norm_bwd, 1u << 4);
-    DECL(op_softmax, "softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax, d_softmax, out0,
+    DECLA(EM_AUTOCAST_FLOAT32, op_softmax, "softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax, d_softmax, out0,
          c_softmax, 0);
-    DECL(op_log_softmax, "log_softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax,
+    DECLA(EM_AUTOCAST_FLOAT32, op_log_softmax, "log_softmax", 1, x_i, 1, 1, dim, int_t, infer_softmax,
          d_log_softmax, out0, c_softmax, 0);
     DECL(op_softmax_bwd, "softmax_backward", 2, smb_i, 1, 1, dim, int_t, infer_softmax, NULL,
          0, c_softmax, 0);
     DECL(op_log_softmax_bwd, "log_softmax_backward", 2, smb_i, 1, 1, dim, int_t,
          infer_softmax, NULL, 0, c_softmax, 0);
 #undef DECL
+#undef DECLA
     /* dropout(x; p, training, seed, offset) -> (y, mask): the mask is bernoulli(1 - p) from the
      * Philox stream at (seed, offset) (em_dropout draws them from a generator). */
     static const char *const drop_a[] = {"p", "training", "seed", "offset"},
@@ -798,10 +801,11 @@ em_status em__ops_declare_nn(em_registry *core) {
         const em_attr_type *types;
         em_composite_fn fn;
         unsigned optional;
+        int autocast;
     } comps[] = {
-        {"conv1d", 4, conv1d_a, conv1d_t, c_conv1d, 1u << 2},
-        {"conv_transpose2d", 5, convt_a, convt_t, c_conv_transpose2d, 1u << 2},
-        {"group_norm", 2, gn_a, gn_t, c_group_norm, 0x6u},
+        {"conv1d", 4, conv1d_a, conv1d_t, c_conv1d, 1u << 2, EM_AUTOCAST_LOWER},
+        {"conv_transpose2d", 5, convt_a, convt_t, c_conv_transpose2d, 1u << 2, EM_AUTOCAST_LOWER},
+        {"group_norm", 2, gn_a, gn_t, c_group_norm, 0x6u, EM_AUTOCAST_FLOAT32},
     };
     const em_op **vars[] = {&op_conv1d, &op_conv_transpose2d, &op_group_norm};
     for (size_t i = 0; i < sizeof comps / sizeof comps[0] && st == EM_OK; i++)
@@ -809,7 +813,8 @@ em_status em__ops_declare_nn(em_registry *core) {
                          .input_names = i == 2 ? ln_i : conv_i, .n_outputs = 1,
                          .n_attrs = comps[i].n_attrs, .attr_names = comps[i].attr_names,
                          .attr_types = comps[i].types, .composite = comps[i].fn,
-                         .optional_inputs = comps[i].optional, .category = "nn"});
+                         .optional_inputs = comps[i].optional, .category = "nn",
+                         .autocast = comps[i].autocast});
     /* dropout's parts, declared before this family (ops.c, ops_math.c). */
     if (st == EM_OK &&
         (!(op_bernoulli = em_op_find("bernoulli")) || !(op_mul = em_op_find("mul")) ||

@@ -33,6 +33,15 @@
  *         w = w + (m / denom) * -(lr / (1 - beta1^step))
  *       max_exp_avg_sq is NULL unless amsgrad.
  *
+ *   amp_unscale_() -> grads, found_inf
+ *       attrs: inv_scale (float; the gradient scaler's 1/scale rounded to float32).
+ *       The gradient scaler's fused check-and-unscale (PyTorch's
+ *       _amp_foreach_non_finite_check_and_unscale_): per tensor j, found_inf[j] (a 0-dim
+ *       float32 tensor: EM_OP_LISTS_SCALAR_OUT) becomes 1 when some element of grads[j] is
+ *       inf or NaN, else 0, and every element g becomes g * inv_scale (computed in float32
+ *       for f32, f16 and bf16 grads and rounded back; in float64 for f64 grads, with
+ *       inv_scale widened), the finiteness tested on g before the product.
+ *
  * Arithmetic: each line above rounds to the compute type (the params' dtype for f32 and f64;
  * f32 for f16 and bf16) in the order written, without fused multiply-adds, with the scalars
  * (products of the attributes are formed in double) rounded to the compute type — the same
@@ -70,7 +79,14 @@ em_status em__ops_declare_optim(em_registry *core) {
                          .input_names = grads, .n_outputs = 5, .n_attrs = 8,
                          .attr_names = adam_attrs, .attr_types = adam_types,
                          .dispatch_arg = -1, .flags = flags};
+    static const char *const unscale_attrs[] = {"inv_scale"};
+    static const em_attr_type unscale_types[] = {EM_ATTR_FLOAT};
+    em_op_schema unscale = {.struct_size = sizeof unscale, .name = "amp_unscale_",
+                            .n_inputs = 0, .n_outputs = 2, .n_attrs = 1,
+                            .attr_names = unscale_attrs, .attr_types = unscale_types,
+                            .dispatch_arg = -1, .flags = flags | EM_OP_LISTS_SCALAR_OUT};
     em_status st = em_op_declare(core, &sgd, NULL);
+    if (st == EM_OK) st = em_op_declare(core, &unscale, NULL);
     if (st == EM_OK) st = em_op_declare(core, &adam, NULL);
     adam.name = "fused_adamw";
     if (st == EM_OK) st = em_op_declare(core, &adam, NULL);

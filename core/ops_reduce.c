@@ -347,7 +347,8 @@ static em_status c_extreme_dim(const em_op *op, const em_tensor *const *in, int 
 
 /* ---- declarations ----------------------------------------------------------------------------- */
 
-static em_status declare(em_registry *core, const em_op **out, const char *name, int n_out,
+static em_status declare(em_registry *core, const em_op **out, int autocast, const char *name,
+                         int n_out,
                          int n_attrs, const char *const *attr_names, const em_attr_type *types,
                          em_infer_fn infer, em_backward_fn backward, unsigned saves,
                          em_composite_fn composite) {
@@ -355,7 +356,7 @@ static em_status declare(em_registry *core, const em_op **out, const char *name,
                       .n_attrs = n_attrs, .attr_names = attr_names, .attr_types = types,
                       .dispatch_arg = 0, .infer = infer, .backward = backward, .saves = saves,
                       .flags = backward || !infer ? 0 : EM_OP_NONDIFF, .composite = composite,
-                      .category = "reduce"};
+                      .category = "reduce", .autocast = autocast};
     return em_op_declare(core, &s, out);
 }
 
@@ -470,18 +471,21 @@ em_status em__ops_declare_reduce(em_registry *core) {
                               tint[] = {EM_ATTR_INT, EM_ATTR_BOOL},
                               tif[] = {EM_ATTR_INTS, EM_ATTR_FLOAT, EM_ATTR_BOOL};
     em_status st = EM_OK;
-#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, __VA_ARGS__)
+#define DECL(var, ...) if (st == EM_OK) st = declare(core, &var, EM_AUTOCAST_NONE, __VA_ARGS__)
+    /* DECLA: with an autocast class (ember/autocast.h). */
+#define DECLA(ac, var, ...) if (st == EM_OK) st = declare(core, &var, ac, __VA_ARGS__)
     const unsigned x = EM_SAVE_INPUT(0), xy = x | EM_SAVE_OUTPUT(0),
                    xi = x | EM_SAVE_OUTPUT(1); /* max_dim: the input and the indices */
     /* sum and mean: the kernel sees dims normalised (sorted, unique) and keeps them. */
     if (st == EM_OK)
         st = em__declare(core, &op_sum, (em_op_schema){.name = "sum", .n_inputs = 1, .n_attrs = 2,
                          .attr_names = dims, .attr_types = ti, .infer = infer_sum,
-                         .backward = d_sum, .composite = c_sum, .category = "reduce"});
+                         .backward = d_sum, .composite = c_sum, .category = "reduce",
+                         .autocast = EM_AUTOCAST_FLOAT32});
     if (st == EM_OK)
         st = em__declare(core, &op_mean, (em_op_schema){.name = "mean", .n_inputs = 1,
                          .n_attrs = 2, .attr_names = dims, .attr_types = ti, .composite = c_mean,
-                         .category = "reduce"});
+                         .category = "reduce", .autocast = EM_AUTOCAST_FLOAT32});
     if (st == EM_OK && !(op_mul = em_op_find("mul"))) st = em_last_status(); /* mean's */
     DECL(op_amax, "amax", 1, 2, dims, ti, infer_same, d_amax, xy, c_reduce);
     DECL(op_amin, "amin", 1, 2, dims, ti, infer_same, d_amax, xy, c_reduce);
@@ -493,12 +497,13 @@ em_status em__ops_declare_reduce(em_registry *core) {
     DECL(op_argmin, "argmin", 1, 2, dims, ti, infer_index, NULL, 0, c_reduce);
     DECL(op_var, "var", 1, 3, var, tif, infer_same, d_var, x, c_reduce);
     DECL(op_std, "std", 1, 3, var, tif, infer_same, d_std, xy, c_reduce);
-    DECL(op_logsumexp, "logsumexp", 1, 2, dims, ti, infer_same, d_logsumexp, xy, c_reduce);
-    DECL(op_norm, "norm", 1, 3, norm, tif, infer_same, d_norm, xy, c_reduce);
-    DECL(op_prod, "prod", 1, 2, dims, ti, infer_same, d_prod, xy, c_reduce);
+    DECLA(EM_AUTOCAST_FLOAT32, op_logsumexp, "logsumexp", 1, 2, dims, ti, infer_same, d_logsumexp, xy, c_reduce);
+    DECLA(EM_AUTOCAST_FLOAT32, op_norm, "norm", 1, 3, norm, tif, infer_same, d_norm, xy, c_reduce);
+    DECLA(EM_AUTOCAST_FLOAT32, op_prod, "prod", 1, 2, dims, ti, infer_same, d_prod, xy, c_reduce);
     DECL(op_all, "all", 1, 2, dims, ti, infer_bool, NULL, 0, c_reduce);
     DECL(op_any, "any", 1, 2, dims, ti, infer_bool, NULL, 0, c_reduce);
 #undef DECL
+#undef DECLA
     return st;
 }
 

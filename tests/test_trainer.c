@@ -2385,3 +2385,123 @@ Test(trainer, eval_batch_size) {
     expect_run(2, "--eval-batch-size: '0' is not an integer in [1, ", (const char *[]){
                path("mlp.yaml"), "--eval-batch-size", "0", NULL});
 }
+
+/* ---- mixed precision (--amp) --------------------------------------------------------------- */
+
+/* bf16 autocast trains the digits MLP about as well as float32; --eval-only and --predict run
+ * under the same region (their accuracy is the training run's test accuracy); the metrics get
+ * the scaler's columns (no scaler for bf16: 0 skipped, no scale); loop.amp in the config. */
+Test(trainer, amp_bf16_trains_like_float32) {
+    write_mlp("mlp.yaml", "", "156");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    double f32 = test_accuracy(out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--amp", "bf16",
+                                      "--save-weights", path("w.safetensors"), "--metrics",
+                                      path("m.csv"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    double bf16 = test_accuracy(out);
+    cr_assert(strstr(out, "amp bf16"), "%s", out);
+    free(out);
+    cr_expect(fabs(bf16 - f32) <= 3.0, "bf16 autocast %.2f%%, float32 %.2f%%", bf16, f32);
+    csv m;
+    csv_read(&m, path("m.csv"));
+    cr_assert(strstr(m.lines[0], ",skipped_steps,loss_scale"), "%s", m.lines[0]);
+    cr_expect_eq(csv_num(&m, 2, "skipped_steps"), 0);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--amp", "bf16",
+                                      "--init-weights", path("w.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect_eq(test_accuracy(out), bf16, "%s", out);
+    free(out);
+    char *cfg = read_text(path("mlp.yaml")), amp_cfg[8192];
+    char *loop = strstr(cfg, "loop: {");
+    cr_assert(loop);
+    snprintf(amp_cfg, sizeof amp_cfg, "%.*sloop: {amp: bf16, %s", (int)(loop - cfg), cfg,
+             loop + strlen("loop: {"));
+    free(cfg);
+    write_file("amp.yaml", amp_cfg);
+    rc = train(&out, (const char *[]){path("amp.yaml"), "--eval-only", "--init-weights",
+                                      path("w.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect_eq(test_accuracy(out), bf16, "loop.amp: %s", out);
+    free(out);
+    expect_run(2, "--amp: 'fp32' is not bf16 or fp16",
+               (const char *[]){path("mlp.yaml"), "--amp", "fp32", NULL});
+    write_file("bad.yaml", "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+               GOOD_DATA "optimizer: {class: SGD, lr: 0.1}\nloop: {epochs: 1, amp: fp8}\n");
+    expect_run(2, "expected bf16 or fp16, found 'fp8'", (const char *[]){path("bad.yaml"), NULL});
+}
+
+/* fp16 with the gradient scaler: the summary and metrics report it, the scaled micro-batches
+ * of --accum-steps step once, --clip-grad-norm and grad_norm see the unscaled gradients, and
+ * a resumed run ends bit-identical to the uninterrupted one (the scaler's state is in the
+ * checkpoint). */
+Test(trainer, amp_fp16_scaler_accumulation_clipping_and_resume) {
+    write_mlp("mlp.yaml", "", "0.1");
+    char *out;
+    int rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "1", "--metrics",
+                                          path("f32.csv"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "1", "--amp", "fp16",
+                                      "--clip-grad-norm", "1000", "--metrics", path("f16.csv"),
+                                      "--metrics-steps", path("f16s.csv"), "--log-every", "1",
+                                      NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "amp fp16: 0 skipped steps, final loss scale 65536"), "%s", out);
+    free(out);
+    csv a, b, s;
+    csv_read(&a, path("f32.csv"));
+    csv_read(&b, path("f16.csv"));
+    csv_read(&s, path("f16s.csv"));
+    cr_assert(strstr(s.lines[0], ",skipped_steps,loss_scale"), "%s", s.lines[0]);
+    cr_expect_eq(csv_num(&s, 1, "loss_scale"), 65536);
+    cr_expect_eq(csv_num(&b, 1, "loss_scale"), 65536);
+    double ga = csv_num(&a, 1, "grad_norm"), gb = csv_num(&b, 1, "grad_norm");
+    cr_expect(fabs(gb - ga) <= 0.05 * ga, "the fp16 run's grad_norm %g is not the unscaled "
+              "one (float32: %g)", gb, ga);
+    /* accumulation: 4 scaled micro-batches per step */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--batch-size", "128", "--amp", "fp16",
+                                      "--save-weights", path("big.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--batch-size", "32", "--accum-steps",
+                                      "4", "--amp", "fp16", "--save-weights",
+                                      path("acc.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "11 steps"), "%s", out);
+    free(out);
+    /* fp16 rounds each micro-batch's gradients on their own: close, not equal; without the
+     * accumulation (43 steps of 32) the weights are far off at the same tolerance */
+    assert_weights_close(path("acc.safetensors"), path("big.safetensors"), 5e-2, 1e-2, true);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--batch-size", "32", "--amp", "fp16",
+                                      "--save-weights", path("small.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    assert_weights_close(path("small.safetensors"), path("big.safetensors"), 5e-2, 1e-2, false);
+    /* resume */
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--amp", "fp16",
+                                      "--save-weights", path("full.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--amp", "fp16",
+                                      "--max-steps", "20", "--checkpoint",
+                                      path("ck.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){path("mlp.yaml"), "--epochs", "2", "--amp", "fp16",
+                                      "--resume", path("ck.safetensors"), "--save-weights",
+                                      path("resumed.safetensors"), NULL});
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    assert_weights_close(path("resumed.safetensors"), path("full.safetensors"), 0, 0, true);
+    /* a checkpoint of an fp16 run holds the scaler */
+    em_metadata *md = NULL;
+    em_dict *d = NULL;
+    cr_assert_eq(em_load(path("ck.safetensors"), NULL, &d, &md), EM_OK, "%s", em_last_error());
+    cr_expect(em_metadata_get(md, "amp.scaler"));
+    em_metadata_free(md);
+    em_dict_free(d);
+}

@@ -12,6 +12,7 @@
  * micro-batches it really has, so each step's gradient is the mean over its micro-batches.
  * Checkpoints are only taken at step boundaries, so no partial gradient needs saving.
  */
+#include "ember/autocast.h"
 #include "ember/autograd.h"
 #include "ember/checkpoint.h"
 #include "ember/data.h"
@@ -127,6 +128,19 @@ static em_status next_batch(const run *r, em_loader *l, em_tensor **in, em_tenso
     return em_last_status();
 }
 
+/* --amp: the autocast region around a forward and its loss (ember/autocast.h), on the run's
+ * device type in bf16 or fp16. EM_OK without --amp. */
+static em_status amp_begin(const run *r) {
+    if (!r->s.amp[0]) return EM_OK;
+    char type[48];
+    em_device_str(r->dev, type, sizeof type);
+    type[strcspn(type, ":")] = '\0';
+    return em_autocast_begin(type, strcmp(r->s.amp, "fp16") ? EM_BF16 : EM_F16);
+}
+static void amp_end(const run *r) {
+    if (r->s.amp[0]) em_autocast_end();
+}
+
 /* The model on a batch's inputs, with the padding mask for the layers that take one. */
 static em_tensor *model_forward(const run *r, em_tensor *const *in, em_tensor *mask) {
     return em_module_forward_masked(r->model, in, r->n_in, mask);
@@ -207,8 +221,10 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
         if (limit && b++ >= limit) continue; /* drain to the end mark */
         em_scope_begin();
         int64_t bs = em_tensor_shape(xs[0])[0];
-        em_tensor *outp = model_forward(r, xs, mask);
+        em_status as = amp_begin(r);
+        em_tensor *outp = as == EM_OK ? model_forward(r, xs, mask) : NULL;
         em_tensor *loss = loss_forward(r, outp, y);
+        if (as == EM_OK) amp_end(r);
         em_tensor *pred_t = NULL, *m = loss ? batch_metric(r, outp, y, bs, &pred_t) : NULL;
         if (!m) {
             s = em_last_status();
@@ -435,6 +451,7 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved
     ck.model = r->model;
     ck.optimizer = r->opt;
     ck.scheduler = r->sched;
+    ck.scaler = r->scaler;
     ck.epoch = r->epoch;
     ck.step = r->step;
     ck.best_metric = r->best_metric;
@@ -539,6 +556,7 @@ static em_status load_file(run *r, const char *path) {
     ck.model = r->model;
     ck.optimizer = r->opt;
     ck.scheduler = r->sched;
+    ck.scaler = r->scaler;
     em_metadata *m = NULL;
     em_checkpoint_load_options lo = EM_CHECKPOINT_LOAD_OPTIONS_INIT;
     lo.metadata_out = &m;
@@ -659,6 +677,7 @@ static bool sinks_add_file(run *r, sinks *k, const char *option, const char *pat
     metrics_file_spec spec = {.option = option, .path = path, .steps = steps,
                               .append = r->s.resume != NULL, .classification = classification(r),
                               .n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX,
+                              .amp = r->s.amp[0] != '\0',
                               .perplexity = perplexity_loss(r)};
     if (!metrics_file_open(s, &spec)) {
         fprintf(stderr, "ember-train: %s %s\n", option, s->err);
@@ -783,6 +802,11 @@ static void progress_put(const run *r, bool bar, int64_t nb, double loss, double
 }
 
 /* ---- the loop ---------------------------------------------------------------------------------- */
+
+/* The loss backward starts from: scaled by --amp fp16's gradient scaler. */
+static em_tensor *scaled(const run *r, em_tensor *loss) {
+    return r->scaler ? em_grad_scaler_scale(r->scaler, loss) : loss;
+}
 
 static void nan_hint(const run *r, double loss) {
     fprintf(stderr, "ember-train: the loss is %s at epoch %" PRId64 ", step %" PRId64 " (batch %"
@@ -1049,8 +1073,10 @@ int train_loop(run *r) {
             int64_t group_len = nb - group_first < A ? nb - group_first : A;
             int64_t bs = em_tensor_shape(xs[0])[0];
             em_scope_begin();
-            em_tensor *out = model_forward(r, xs, mask);
+            em_status as = amp_begin(r);
+            em_tensor *out = as == EM_OK ? model_forward(r, xs, mask) : NULL;
             em_tensor *loss = loss_forward(r, out, y);
+            if (as == EM_OK) amp_end(r);
             double lv = loss ? em_item(loss) : NAN, mv = 0;
             if (loss && k.epochs) { /* the epoch's train metric, as the batch was trained on */
                 em_grad_mode_push(EM_GRAD_DISABLED);
@@ -1065,7 +1091,8 @@ int train_loop(run *r) {
             } else if (!isfinite(lv)) {
                 nan_hint(r, lv);
                 rc = EXIT_TRAIN;
-            } else if (em_backward(group_len > 1 ? em_div_scalar(loss, (double)group_len) : loss) != EM_OK) {
+            } else if (em_backward(scaled(r, group_len > 1 ? em_div_scalar(loss, (double)group_len)
+                                                           : loss)) != EM_OK) {
                 report_error("backward");
                 rc = EXIT_TRAIN;
             }
@@ -1090,6 +1117,14 @@ int train_loop(run *r) {
                 for (int g = 0; g < row.n_groups; g++) row.lr[g] = em_optimizer_lr(r->opt, g);
             }
             double gn = NAN;
+            /* --amp fp16: the norm and the clipping see the unscaled gradients */
+            if (r->scaler && (r->s.clip_grad_norm > 0 || k.n) &&
+                em_grad_scaler_unscale_(r->scaler, r->opt) != EM_OK) {
+                report_error("amp unscale");
+                rc = EXIT_TRAIN;
+                stop_run = true;
+                break;
+            }
             if (r->s.clip_grad_norm > 0 || k.n) {
                 double maxn = r->s.clip_grad_norm > 0 ? r->s.clip_grad_norm : INFINITY;
                 if (em_clip_grad_norm_(r->params, maxn, 2.0, false, &gn) != EM_OK) {
@@ -1100,12 +1135,24 @@ int train_loop(run *r) {
                 }
                 if (isfinite(gn)) r->part.grad_norm += gn, r->part.grad_norms++;
             }
-            if (em_optimizer_step(r->opt) != EM_OK) {
+            if ((r->scaler ? em_grad_scaler_step(r->scaler, r->opt, NULL)
+                           : em_optimizer_step(r->opt)) != EM_OK) {
                 report_error("optimizer step");
                 rc = EXIT_TRAIN;
                 stop_run = true;
                 break;
             }
+            if (r->scaler && em_grad_scaler_update(r->scaler) != EM_OK) {
+                /* overflowing at the scale's floor: the NaN advice */
+                fprintf(stderr, "ember-train: at step %" PRId64 ": %s\n", r->step + 1,
+                        em_last_error());
+                rc = EXIT_TRAIN;
+                stop_run = true;
+                break;
+            }
+            row.amp = r->s.amp[0] != '\0';
+            row.skipped_steps = em_grad_scaler_skipped_steps(r->scaler);
+            row.loss_scale = r->scaler ? em_grad_scaler_get_scale(r->scaler) : NAN;
             snprintf(then, sizeof then, "; training stops after step %" PRId64 "%s", r->step + 1,
                      r->s.checkpoint ? " and its checkpoint" : "");
             if (r->batch >= nb && !sinks_params(&k, r->epoch + 1, r->step + 1, r->params, then))
@@ -1228,7 +1275,9 @@ int train_loop(run *r) {
                          ev.metric, dt > 0 ? (double)e->samples / dt : 0, wait_pct, peak_total(r),
                          e->samples ? e->metric / (double)e->samples : NAN,
                          test_step == r->step ? et.loss : NAN,
-                         test_step == r->step ? et.metric : NAN, 0, NAN, perplexity_loss(r),
+                         test_step == r->step ? et.metric : NAN,
+                         em_grad_scaler_skipped_steps(r->scaler),
+                         r->scaler ? em_grad_scaler_get_scale(r->scaler) : NAN, perplexity_loss(r),
                          exp(train_loss), val ? exp(ev.loss) : NAN, val ? ev.unigram_ppl : NAN};
         if (k.epochs) sinks_epoch(&k, &row, then);
         if (!k.failed) sinks_flush(&k, true, then);
@@ -1299,6 +1348,13 @@ int train_loop(run *r) {
     if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) {
         fprintf(stderr, "ember-train: %" PRId64 " steps in %.1fs%s", r->step, wall,
                 stopped_early ? " (stopped early)" : "");
+        if (r->scaler)
+            fprintf(stderr, "; amp fp16: %" PRId64 " skipped step%s, final loss scale %g",
+                    em_grad_scaler_skipped_steps(r->scaler),
+                    em_grad_scaler_skipped_steps(r->scaler) == 1 ? "" : "s",
+                    em_grad_scaler_get_scale(r->scaler));
+        else if (r->s.amp[0])
+            fprintf(stderr, "; amp %s", r->s.amp);
         if (r->best_epoch >= 0)
             fprintf(stderr, "; best epoch %" PRId64 " with validation %s %.4f%s", r->best_epoch + 1,
                     mn, classification(r) ? 100 * r->best_metric : r->best_metric,
@@ -1352,8 +1408,10 @@ int dry_run(run *r) {
     }
     em_module_train(r->model, true);
     em_scope_begin();
-    em_tensor *out = model_forward(r, xs, mask);
+    em_status as = amp_begin(r);
+    em_tensor *out = as == EM_OK ? model_forward(r, xs, mask) : NULL;
     em_tensor *loss = loss_forward(r, out, y);
+    if (as == EM_OK) amp_end(r);
     if (!loss || em_backward(loss) != EM_OK) {
         report_error("dry run");
         rc = EXIT_USAGE;

@@ -21,6 +21,7 @@
 #include "ember/device.h"
 #include "ember/dict.h"
 #include "ember/error.h"
+#include "ember/grad_scaler.h"
 #include "ember/module.h"
 #include "ember/optim.h"
 #include "ember/serialize.h"
@@ -57,6 +58,7 @@ typedef struct settings {
                                     * batch_size) */
     const char *tensorboard;       /* --tensorboard DIR */
     bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
+    char amp[8];                   /* --amp / loop.amp: "bf16", "fp16" or "" (off) */
     /* --generate N (0: no generation) from --prompt TEXT, --temperature T (> 0; 1), --top-k K
      * (0: every token) */
     int64_t generate, top_k;
@@ -125,6 +127,7 @@ typedef struct run {
     /* SIGINT or SIGTERM once a signal asked the loop to stop; 0 until then */
     atomic_int *stop;
     em_profiler *profiler;         /* --profile: the ops of this (the training) thread */
+    em_grad_scaler *scaler;        /* --amp fp16: the gradient scaler (checkpointed) */
 } run;
 
 /* loop.c */

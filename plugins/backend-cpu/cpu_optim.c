@@ -19,6 +19,7 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -432,6 +433,74 @@ static em_status fused_adam(const em_kernel_ctx *k, bool decoupled) {
 static em_status k_fused_adam(const em_kernel_ctx *k) { return fused_adam(k, false); }
 static em_status k_fused_adamw(const em_kernel_ctx *k) { return fused_adam(k, true); }
 
+/* ---- amp_unscale_: the gradient scaler's check-and-unscale ----------------------------------- */
+
+typedef struct unscale_ctx {
+    em_dtype dt;
+    float inv32;
+    double inv64;
+    atomic_int found;
+} unscale_ctx;
+
+/* One run of n elements of one grad (ptrs[0], in place). */
+static void unscale_run(char **ptrs, const int64_t *strides, int64_t n, void *arg) {
+    unscale_ctx *c = arg;
+    char *p = ptrs[0];
+    int64_t st = strides[0];
+    int bad = 0;
+    switch (c->dt) {
+    case EM_F32:
+        for (int64_t i = 0; i < n; i++, p += st) {
+            float *v = (float *)p;
+            bad |= !isfinite(*v);
+            *v = *v * c->inv32;
+        }
+        break;
+    case EM_F64:
+        for (int64_t i = 0; i < n; i++, p += st) {
+            double *v = (double *)p;
+            bad |= !isfinite(*v);
+            *v = *v * c->inv64;
+        }
+        break;
+    case EM_F16:
+        for (int64_t i = 0; i < n; i++, p += st) {
+            uint16_t *v = (uint16_t *)p;
+            float f = cpu_h2f(*v);
+            bad |= !isfinite(f);
+            *v = cpu_f2h(f * c->inv32);
+        }
+        break;
+    default: /* EM_BF16 */
+        for (int64_t i = 0; i < n; i++, p += st) {
+            uint16_t *v = (uint16_t *)p;
+            float f = cpu_b2f(*v);
+            bad |= !isfinite(f);
+            *v = cpu_f2b(f * c->inv32);
+        }
+        break;
+    }
+    if (bad) atomic_store_explicit(&c->found, 1, memory_order_relaxed);
+}
+
+/* Output list 0: the grads (updated in place); list 1: one 0-dim float32 flag per grad. */
+static em_status k_amp_unscale(const em_kernel_ctx *k) {
+    int count = k->n_out / 2;
+    double inv = k->attrs[0].v.f;
+    for (int j = 0; j < count; j++) {
+        const em_ktensor *g = &k->out[j], *flag = &k->out[count + j];
+        if (flag->dtype != EM_F32)
+            return em_set_error(EM_ERR_DTYPE, "amp_unscale_: found_inf flag %d is %s; the "
+                                "flags are float32", j, em_dtype_name(flag->dtype));
+        unscale_ctx c = {.dt = g->dtype, .inv32 = (float)inv, .inv64 = (double)(float)inv};
+        atomic_init(&c.found, 0);
+        const em_ktensor *ts[1] = {g};
+        if (g->numel) cpu_foreach(k, 1, ts, unscale_run, &c, CPU_GRAIN);
+        *(float *)flag->data = atomic_load(&c.found) ? 1.0f : 0.0f;
+    }
+    return EM_OK;
+}
+
 em_status cpu_register_optim(em_registry *r) {
     static const em_dtype flt[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
     const int n = (int)(sizeof flt / sizeof *flt);
@@ -440,5 +509,7 @@ em_status cpu_register_optim(em_registry *r) {
         st = cpu_register_kernels(r, "fused_adam", flt, n, k_fused_adam, "cpu_fused_adam");
     if (st == EM_OK)
         st = cpu_register_kernels(r, "fused_adamw", flt, n, k_fused_adamw, "cpu_fused_adamw");
+    if (st == EM_OK)
+        st = cpu_register_kernels(r, "amp_unscale_", flt, n, k_amp_unscale, "cpu_amp_unscale");
     return st;
 }

@@ -37,18 +37,20 @@
  *   ember.checkpoint    "1" — the format version; its presence makes the file a checkpoint
  *   ember.version       the Ember version that wrote it (em_version())
  *   ember.parts         the parts present, comma-separated: model, optimizer, scheduler,
- *                       loader (the default generator and the loop state are always saved)
+ *                       loader, scaler (the default generator and the loop state are always
+ *                       saved)
  *   ember.run           the run that wrote it (em_checkpoint.run_id; rotation keys on it)
  *   optim.param_groups  the optimizer's groups JSON (em_optimizer_state_dict)
  *   sched.state         the scheduler's JSON (em_scheduler_state_dict)
+ *   amp.scaler          the gradient scaler's JSON (em_grad_scaler_state_dict)
  *   loader.state        {"seed":"<u64>","epoch":E,"batch":B} (em_loader_get_state)
  *   rng.default         {"seed":"<u64>","offset":"<u64>"} (em_generator_get_state(NULL))
  *   loop                {"epoch":E,"step":S,"best_metric":M} (M: a number, "inf", "-inf" or
  *                       "nan"; NaN means none yet)
  *   config              the config text, when one was given
  * The caller's own metadata (em_checkpoint_save's `metadata`) joins these; its keys must not
- * be "loop" or "config" or start with "ember.", "model.", "optim.", "sched.", "loader." or
- * "rng.".
+ * be "loop" or "config" or start with "ember.", "model.", "optim.", "sched.", "loader.",
+ * "amp." or "rng.".
  *
  * Keep-last-N: name the files by step with em_checkpoint_path and, after each save, call
  * em_checkpoint_rotate(pattern, path, N, NULL) (ember/serialize.h; N = 0 keeps
@@ -66,6 +68,7 @@
 #include "ember/data.h"
 #include "ember/error.h"
 #include "ember/export.h"
+#include "ember/grad_scaler.h"
 #include "ember/module.h"
 #include "ember/optim.h"
 #include "ember/serialize.h"
@@ -98,6 +101,8 @@ typedef struct em_checkpoint {
      * run's and em_checkpoint_rotate deletes its older files, and no other run's. */
     char run_id[EM_CHECKPOINT_RUN_ID_MAX];
     void *ext;                /* reserved; NULL */
+    /* ---- added in 1.1 ---- */
+    em_grad_scaler *scaler;   /* mixed precision's gradient scaler (ember/grad_scaler.h) */
 } em_checkpoint;
 #define EM_CHECKPOINT_INIT { .struct_size = sizeof(em_checkpoint), .best_metric = NAN }
 

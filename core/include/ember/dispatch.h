@@ -136,6 +136,10 @@ enum {
     /* Variadic outputs: a call receives between 0 and the caller's capacity outputs (split,
      * chunk); run it with em_op_call_n. Requires a composite. */
     EM_OP_VARIADIC_OUTPUTS = 1u << 8,
+    /* A list op (EM_OP_LISTS) whose last output list holds one 0-dim tensor per entry, a
+     * per-tensor result (amp_unscale_'s found-inf flags), instead of tensors of output list
+     * 0's shapes. New in 1.1. */
+    EM_OP_LISTS_SCALAR_OUT = 1u << 9,
 };
 
 /* What a backward function receives: the saved tensors (see em_op_schema.saves), the
@@ -222,7 +226,22 @@ typedef struct em_op_schema {
     unsigned optional_inputs;    /* composites: bit i, input i may be NULL (linear's bias) */
     const char *category;        /* (optional) the op's family for reports and the op-case
                                     table ("elementwise", "reduce", ...); copied */
+    /* ---- added in 1.1 (a schema shorter than this is EM_AUTOCAST_NONE) ---- */
+    /* What an autocast region (ember/autocast.h) does to the op's floating inputs: an
+     * em_autocast_class. A plugin's op declares its own; 0 (NONE) leaves it alone. */
+    int autocast;
 } em_op_schema;
+
+/* em_op_schema.autocast: the op's class under an autocast region (the lists are in
+ * ember/autocast.h). Only float32, float16 and bfloat16 inputs on the region's device type
+ * are cast; float64, integer and bool inputs never are. */
+typedef enum em_autocast_class {
+    EM_AUTOCAST_NONE = 0,    /* unaffected: inputs as given (ops inside a composite of this
+                                class still see the region) */
+    EM_AUTOCAST_LOWER = 1,   /* lower precision: inputs cast to the region's dtype */
+    EM_AUTOCAST_FLOAT32 = 2, /* float32: float16/bfloat16 inputs cast to float32 */
+    EM_AUTOCAST_PROMOTE = 3, /* the widest floating dtype among the inputs */
+} em_autocast_class;
 
 /* Whether a schema (as declared, or as em_op_schema_of returns it) carries field f. */
 #define EM_SCHEMA_HAS(s, f)                                                                     \

@@ -27,6 +27,8 @@
 #include "ember/random.h"
 #include "ember/scope.h"
 #include "ember/autograd.h"
+#include "ember/autocast.h"
+#include "ember/grad_scaler.h"
 #include "ember/options.h"
 #include "ember/module.h"
 #include "ember/optim.h"
