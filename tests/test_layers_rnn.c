@@ -284,3 +284,20 @@ Test(rnn_layers, sequential_heads_and_errors) {
     em_module_free(last), em_module_free(hn), em_module_free(seq);
     em_scope_end();
 }
+
+/* A config names the layers as any other: examples/digits-lstm.yaml (each 8x8 digit read row
+ * by row by a bidirectional LSTM, output: last, then a Linear head) trains with ember-train
+ * and classifies the test split far above chance (10%). */
+Test(rnn_layers, ember_train_trains_the_digits_lstm_example) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' '%s/examples/digits-lstm.yaml' --epochs 4 2>&1", EM_TRAINER,
+             EM_TEST_SRCDIR);
+    int code = -1;
+    char *out = em_test_run(cmd, &code);
+    cr_assert_eq(code, 0, "%s", out);
+    const char *t = strstr(out, "test: loss ");
+    double loss = 0, acc = 0;
+    cr_assert(t && sscanf(t, "test: loss %lf accuracy %lf%%", &loss, &acc) == 2, "%s", out);
+    cr_expect(acc >= 70, "test accuracy %.2f%% after 4 epochs:\n%s", acc, out);
+    free(out);
+}
