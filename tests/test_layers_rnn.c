@@ -9,7 +9,8 @@
  * test runs one module per output over the same state dict and adds up their parameter
  * gradients. The other way: a fresh layer's state dict, saved and read back, has exactly
  * PyTorch's keys, shapes and dtypes, and PyTorch's U(-1/sqrt(hidden), 1/sqrt(hidden)).
- * Then f64 finite differences through the public forward, and the errors.
+ * Then f64 finite differences through the public forward (the cells too), ember-train on
+ * examples/digits-lstm.yaml, and the errors.
  */
 #include <unistd.h>
 
@@ -243,6 +244,33 @@ Test(rnn_layers, gradients_match_finite_differences) {
                      em_last_error());
         em_module_free(m);
         em_scope_end();
+    }
+}
+
+Test(rnn_layers, cell_gradients_match_finite_differences) {
+    static const rnn_layer_case gc[] = {
+        {"lstmcell", "LSTMCell", 3, 4, 1, false, false, true, NULL, 2, 1},
+        {"grucell", "GRUCell", 3, 4, 1, false, false, false, NULL, 2, 1},
+    };
+    for (size_t ci = 0; ci < 2; ci++) {
+        const rnn_layer_case *c = &gc[ci];
+        for (int out = 0; out < (is_lstm(c) ? 2 : 1); out++) {
+            em_scope_begin();
+            em_module *m = make(c, is_lstm(c) ? (out ? "c" : "h") : NULL);
+            cr_assert_eq(em_module_to_dtype(m, EM_F64), EM_OK, "%s", em_last_error());
+            double v[3][8];
+            for (int i = 0; i < 3; i++) em_test_fill_random(v[i], 8, 10 + (uint64_t)i);
+            em_tensor *t[3] = {em_test_tensor(EM_F64, 2, (int64_t[]){c->N, c->I}, v[0]),
+                               em_test_tensor(EM_F64, 2, (int64_t[]){c->N, c->H}, v[1]),
+                               em_test_tensor(EM_F64, 2, (int64_t[]){c->N, c->H}, v[2])};
+            int n = is_lstm(c) ? 3 : 2;
+            for (int i = 0; i < n; i++) cr_assert_eq(em_requires_grad_(t[i], true), EM_OK);
+            gc_layer u = {.m = m, .mask = NULL};
+            cr_assert_eq(em_gradcheck(layer_fn, n, t, &u, 0, 0, 0), EM_OK, "%s (%d): %s",
+                         c->name, out, em_last_error());
+            em_module_free(m);
+            em_scope_end();
+        }
     }
 }
 
