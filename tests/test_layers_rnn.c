@@ -274,6 +274,38 @@ Test(rnn_layers, cell_gradients_match_finite_differences) {
     }
 }
 
+/* Dropout between layers: in training the first layer's output is dropped (the result moves
+ * off the dropout-free layer's with the same weights), in evaluation it is not (the same bits). */
+Test(rnn_layers, dropout_between_layers_in_training_only) {
+    em_scope_begin();
+    em_options *o = em_options_new();
+    em_options_set_int(o, "input_size", 3);
+    em_options_set_int(o, "hidden_size", 4);
+    em_options_set_int(o, "num_layers", 2);
+    em_module *plain = em_module_new("GRU", o);
+    em_options_set_float(o, "dropout", 0.5);
+    em_module *drop = em_module_new("GRU", o);
+    em_options_free(o);
+    cr_assert(plain && drop, "%s", em_last_error());
+    em_dict *sd = em_module_state_dict(plain);
+    cr_assert_eq(em_module_load_state_dict(drop, sd, true, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(sd);
+    double xv[30];
+    em_test_fill_random(xv, 30, 5);
+    em_tensor *x = em_test_tensor(EM_F32, 3, (int64_t[]){5, 2, 3}, xv);
+    em_module_train(plain, false), em_module_train(drop, false);
+    double *a = em_test_values(em_module_forward(plain, x));
+    em_test_expect_close(em_module_forward(drop, x), a, 40, 0, 0, "eval: no dropout");
+    em_module_train(drop, true);
+    double *b = em_test_values(em_module_forward(drop, x));
+    double diff = 0;
+    for (int i = 0; i < 40; i++) diff = fmax(diff, fabs(a[i] - b[i]));
+    cr_assert(diff > 1e-3, "training with dropout 0.5 changed nothing (%g)", diff);
+    free(a), free(b);
+    em_module_free(plain), em_module_free(drop);
+    em_scope_end();
+}
+
 Test(rnn_layers, sequential_heads_and_errors) {
     em_scope_begin();
     /* output "last": the last layer's final hidden states, the directions side by side. */
