@@ -9,7 +9,8 @@
  * test runs one module per output over the same state dict and adds up their parameter
  * gradients. The other way: a fresh layer's state dict, saved and read back, has exactly
  * PyTorch's keys, shapes and dtypes, and PyTorch's U(-1/sqrt(hidden), 1/sqrt(hidden)).
- * Then f64 finite differences through the public forward, and the errors.
+ * Then f64 finite differences through the public forward (the cells too), ember-train on
+ * examples/digits-lstm.yaml, and the errors.
  */
 #include <unistd.h>
 
@@ -246,6 +247,65 @@ Test(rnn_layers, gradients_match_finite_differences) {
     }
 }
 
+Test(rnn_layers, cell_gradients_match_finite_differences) {
+    static const rnn_layer_case gc[] = {
+        {"lstmcell", "LSTMCell", 3, 4, 1, false, false, true, NULL, 2, 1},
+        {"grucell", "GRUCell", 3, 4, 1, false, false, false, NULL, 2, 1},
+    };
+    for (size_t ci = 0; ci < 2; ci++) {
+        const rnn_layer_case *c = &gc[ci];
+        for (int out = 0; out < (is_lstm(c) ? 2 : 1); out++) {
+            em_scope_begin();
+            em_module *m = make(c, is_lstm(c) ? (out ? "c" : "h") : NULL);
+            cr_assert_eq(em_module_to_dtype(m, EM_F64), EM_OK, "%s", em_last_error());
+            double v[3][8];
+            for (int i = 0; i < 3; i++) em_test_fill_random(v[i], 8, 10 + (uint64_t)i);
+            em_tensor *t[3] = {em_test_tensor(EM_F64, 2, (int64_t[]){c->N, c->I}, v[0]),
+                               em_test_tensor(EM_F64, 2, (int64_t[]){c->N, c->H}, v[1]),
+                               em_test_tensor(EM_F64, 2, (int64_t[]){c->N, c->H}, v[2])};
+            int n = is_lstm(c) ? 3 : 2;
+            for (int i = 0; i < n; i++) cr_assert_eq(em_requires_grad_(t[i], true), EM_OK);
+            gc_layer u = {.m = m, .mask = NULL};
+            cr_assert_eq(em_gradcheck(layer_fn, n, t, &u, 0, 0, 0), EM_OK, "%s (%d): %s",
+                         c->name, out, em_last_error());
+            em_module_free(m);
+            em_scope_end();
+        }
+    }
+}
+
+/* Dropout between layers: in training the first layer's output is dropped (the result moves
+ * off the dropout-free layer's with the same weights), in evaluation it is not (the same bits). */
+Test(rnn_layers, dropout_between_layers_in_training_only) {
+    em_scope_begin();
+    em_options *o = em_options_new();
+    em_options_set_int(o, "input_size", 3);
+    em_options_set_int(o, "hidden_size", 4);
+    em_options_set_int(o, "num_layers", 2);
+    em_module *plain = em_module_new("GRU", o);
+    em_options_set_float(o, "dropout", 0.5);
+    em_module *drop = em_module_new("GRU", o);
+    em_options_free(o);
+    cr_assert(plain && drop, "%s", em_last_error());
+    em_dict *sd = em_module_state_dict(plain);
+    cr_assert_eq(em_module_load_state_dict(drop, sd, true, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(sd);
+    double xv[30];
+    em_test_fill_random(xv, 30, 5);
+    em_tensor *x = em_test_tensor(EM_F32, 3, (int64_t[]){5, 2, 3}, xv);
+    em_module_train(plain, false), em_module_train(drop, false);
+    double *a = em_test_values(em_module_forward(plain, x));
+    em_test_expect_close(em_module_forward(drop, x), a, 40, 0, 0, "eval: no dropout");
+    em_module_train(drop, true);
+    double *b = em_test_values(em_module_forward(drop, x));
+    double diff = 0;
+    for (int i = 0; i < 40; i++) diff = fmax(diff, fabs(a[i] - b[i]));
+    cr_assert(diff > 1e-3, "training with dropout 0.5 changed nothing (%g)", diff);
+    free(a), free(b);
+    em_module_free(plain), em_module_free(drop);
+    em_scope_end();
+}
+
 Test(rnn_layers, sequential_heads_and_errors) {
     em_scope_begin();
     /* output "last": the last layer's final hidden states, the directions side by side. */
@@ -283,4 +343,21 @@ Test(rnn_layers, sequential_heads_and_errors) {
     em_options_free(o);
     em_module_free(last), em_module_free(hn), em_module_free(seq);
     em_scope_end();
+}
+
+/* A config names the layers as any other: examples/digits-lstm.yaml (each 8x8 digit read row
+ * by row by a bidirectional LSTM, output: last, then a Linear head) trains with ember-train
+ * and classifies the test split far above chance (10%). */
+Test(rnn_layers, ember_train_trains_the_digits_lstm_example) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' '%s/examples/digits-lstm.yaml' --epochs 4 2>&1", EM_TRAINER,
+             EM_TEST_SRCDIR);
+    int code = -1;
+    char *out = em_test_run(cmd, &code);
+    cr_assert_eq(code, 0, "%s", out);
+    const char *t = strstr(out, "test: loss ");
+    double loss = 0, acc = 0;
+    cr_assert(t && sscanf(t, "test: loss %lf accuracy %lf%%", &loss, &acc) == 2, "%s", out);
+    cr_expect(acc >= 70, "test accuracy %.2f%% after 4 epochs:\n%s", acc, out);
+    free(out);
 }
