@@ -310,6 +310,11 @@ static void usage(FILE *f) {
 "  --init-weights FILE      start from a safetensors state dict (strict: every key and shape)\n"
 "  --init-weights-nonstrict load what matches from --init-weights and list what was skipped\n"
 "  --save-weights FILE      write the final model state dict (safetensors)\n"
+"  --export-onnx FILE       write the model as ONNX (docs/onnx.md; README \"Deploying a\n"
+"                           model\"), the evaluation input transforms (to_float, normalize) as\n"
+"                           the graph's first nodes, so it reads what the dataset holds: after\n"
+"                           training; with --init-weights and neither --epochs nor --max-steps\n"
+"                           on the command line, the loaded model at once, without training\n"
 "  --save-best FILE         write the model state dict of each new best validation epoch\n"
 "                           (the summary names the epoch); needs a validation set\n"
 "  --checkpoint PATH        save a checkpoint each epoch, at --max-steps and on Ctrl-C; a\n"
@@ -1434,7 +1439,8 @@ static const char *default_config(void) {
 static int check_outputs(const run *r) {
     const struct { const char *option, *path; } out[] = {{"--checkpoint", r->s.checkpoint},
                                                         {"--save-weights", r->s.save_weights},
-                                                        {"--save-best", r->s.save_best}};
+                                                        {"--save-best", r->s.save_best},
+                                                        {"--export-onnx", r->s.export_onnx}};
     for (size_t i = 0; i < sizeof out / sizeof *out; i++) {
         const char *p = out[i].path;
         if (!p) continue;
@@ -1530,7 +1536,8 @@ int main(int argc, char **argv) {
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
-           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST };
+           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST,
+           O_EXPORT_ONNX };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1551,7 +1558,7 @@ int main(int argc, char **argv) {
         {"metrics-steps", 1, 0, O_METRICS_STEPS}, {"save-best", 1, 0, O_SAVE_BEST},
         {"predict-scores", 1, 0, O_PREDICT_SCORES}, {"eval-batch-size", 1, 0, O_EVAL_BATCH},
         {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
-        {0, 0, 0, 0}};
+        {"export-onnx", 1, 0, O_EXPORT_ONNX}, {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
     /* -1: not given on the command line (the config or the default decides). */
@@ -1602,6 +1609,7 @@ int main(int argc, char **argv) {
         case O_INIT: r.s.init_weights = optarg; break;
         case O_INIT_NS: r.s.init_nonstrict = true; break;
         case O_SAVE: r.s.save_weights = optarg; break;
+        case O_EXPORT_ONNX: r.s.export_onnx = optarg; break;
         case O_CKPT: r.s.checkpoint = optarg; break;
         case O_KEEP: ok = cli_num(N_KEEP, optarg, &c_keep, &fv); break;
         case O_WARMUP: ok = cli_num(N_WARMUP, optarg, &cli_warmup, &fv); break;
@@ -1823,6 +1831,12 @@ int main(int argc, char **argv) {
         em_load_report_free(rep);
         em_dict_free(sd);
         if (rc) goto done;
+    }
+    if (r.s.export_onnx && r.s.init_weights && !r.s.resume && c_epochs < 0 && c_max < 0 &&
+        !r.s.dry_run && !r.s.eval_only && !r.s.predict) {
+        /* --init-weights W --export-onnx F: the loaded model, without training */
+        rc = write_onnx(&r) ? EXIT_OK : EXIT_TRAIN;
+        goto done;
     }
     if (r.s.resume) {
         if (checkpoint_load(&r, r.s.resume) != EM_OK) {

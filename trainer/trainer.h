@@ -45,6 +45,7 @@ typedef struct settings {
     double clip_grad_norm;
     bool deterministic, shuffle;
     const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
+    const char *export_onnx;       /* --export-onnx FILE (docs/onnx.md) */
     bool init_nonstrict, eval_only, summary, memory_summary, profile, anomaly, dry_run;
     /* progress and metrics (issue 23) */
     bool quiet;                    /* --quiet: errors, warnings and the summary only */
@@ -124,6 +125,9 @@ typedef struct run {
 int train_loop(run *r);
 int evaluate_only(run *r);
 int dry_run(run *r);
+/* --export-onnx: the model with its evaluation input transforms as ONNX; false after the
+ * message. */
+bool write_onnx(run *r);
 em_status checkpoint_load(run *r, const char *path);
 void checkpoint_prepare(run *r, bool dry);
 
