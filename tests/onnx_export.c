@@ -10,7 +10,10 @@
  *   DIR/models.txt             the names, one a line
  *
  * It also checks, itself, what needs no other program: the export is deterministic (the same
- * bytes twice), a layer without an exporter fails before anything is written with a message
+ * bytes twice); export, em_onnx_import, export gives the same bytes, and the imported model
+ * the Ember model's outputs (bitwise for "mlp" and "residual", whose nodes all map onto the
+ * ops Ember's layers call; within allclose(1e-5, 1e-6) where GELU, SiLU, a 3-D Linear or a
+ * program's layer are decompositions); a layer without an exporter fails before anything is written with a message
  * naming the layer's path and class and the exportable classes, a program-registered layer
  * exports through its own em_onnx_layer_class, an opset outside 13..17 is refused; it writes
  * DIR/meta.onnx with the transforms in the metadata only (tests/onnx_check.py reads it).
@@ -211,6 +214,7 @@ typedef struct spec {
     int64_t shape[4];
     em_dtype dt;            /* the model input's dtype */
     bool pixels;            /* raw uint8 input, to_float + normalize as the first nodes */
+    bool bitwise;           /* its import computes with the ops Ember's layers call */
 } spec;
 
 static const double MEAN[1] = {0.1307}, STD[1] = {0.3081};
@@ -273,6 +277,46 @@ static void run_model(const spec *s, FILE *list) {
         }
         em_options_free(o);
     }
+    /* round trip: import the opset-17 file, export that: the same bytes; the same outputs */
+    snprintf(path, sizeof path, "%s/%s.op17.onnx", dir, s->name);
+    em_module *m2 = em_onnx_import(path, NULL);
+    if (!m2) die(path);
+    em_module_train(m2, false);
+    em_tensor *raw_ex;
+    make_input(s, 2, &raw_ex);
+    snprintf(again, sizeof again, "%s/%s.rt.onnx", dir, s->name);
+    if (em_onnx_export(m2, 1, &raw_ex, again, NULL) != EM_OK) die(again);
+    size_t na, nb;
+    void *fa = read_file(path, &na), *fb = read_file(again, &nb);
+    if (!fa || !fb || na != nb || memcmp(fa, fb, na))
+        FAIL("%s: export, import, export: the files differ (%zu and %zu bytes)", s->name, na, nb);
+    free(fa);
+    free(fb);
+    remove(again);
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    for (int64_t batch = 1; batch <= 7; batch += 6) {
+        em_tensor *x = make_input(s, batch, &raw);
+        em_tensor *y = em_contiguous(em_module_forward(m, x)), *y2 = em_module_forward(m2, raw);
+        if (!y || !y2) die(s->name);
+        int64_t n = em_tensor_numel(y);
+        float *p = malloc((size_t)n * sizeof *p), *q = malloc((size_t)n * sizeof *q);
+        if (em_tensor_numel(y2) != n || em_tensor_to_host(y, p, (size_t)n * 4) != EM_OK ||
+            em_tensor_to_host(em_contiguous(y2), q, (size_t)n * 4) != EM_OK)
+            die("round trip outputs");
+        for (int64_t i = 0; i < n; i++) {
+            bool same = s->bitwise ? memcmp(&p[i], &q[i], 4) == 0
+                                   : fabsf(p[i] - q[i]) <= 1e-6f + 1e-5f * fabsf(p[i]);
+            if (!same) {
+                FAIL("%s: the imported model's output %lld is %.9g, Ember's %.9g (%s)", s->name,
+                     (long long)i, q[i], p[i], s->bitwise ? "bitwise" : "allclose");
+                break;
+            }
+        }
+        free(p);
+        free(q);
+    }
+    em_grad_mode_pop();
+    em_module_free(m2);
     em_grad_mode_push(EM_GRAD_DISABLED);
     for (int64_t batch = 1; batch <= 7; batch += 6) {
         em_tensor *x = make_input(s, batch, &raw);
@@ -399,12 +443,12 @@ int main(int argc, char **argv) {
         em_class_register(em_registry_program(), EM_ONNX_LAYER_KIND, &swish_export_class) != EM_OK)
         die("register test.Swish");
     static const spec specs[] = {
-        {"mlp", mlp, 3, {1, 8, 8}, EM_F32, true},
-        {"cnn", cnn, 3, {3, 12, 12}, EM_F32, false},
-        {"bn_dropout", bn_dropout, 3, {3, 8, 8}, EM_F32, false},
-        {"residual", residual, 1, {12}, EM_F32, false},
-        {"embed", embed, 1, {5}, EM_I64, false},
-        {"swish", swish_model, 1, {5}, EM_F32, false},
+        {"mlp", mlp, 3, {1, 8, 8}, EM_F32, true, true},
+        {"cnn", cnn, 3, {3, 12, 12}, EM_F32, false, false},
+        {"bn_dropout", bn_dropout, 3, {3, 8, 8}, EM_F32, false, false},
+        {"residual", residual, 1, {12}, EM_F32, false, true},
+        {"embed", embed, 1, {5}, EM_I64, false, false},
+        {"swish", swish_model, 1, {5}, EM_F32, false, false},
     };
     char path[4096];
     snprintf(path, sizeof path, "%s/models.txt", dir);

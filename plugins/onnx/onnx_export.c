@@ -68,6 +68,8 @@ typedef struct ox_builder {
     char path[1024];          /* the dotted path of the module being exported ("" at the root) */
     em_module *cur;           /* the module being exported */
     bool prefixed;            /* the error message already names a layer */
+    const Onnx__ModelProto *origin; /* set by an imported graph: its metadata */
+    bool origin_is_root;
 } ox_builder;
 
 static char *dup_str(const char *s) {
@@ -259,6 +261,48 @@ static em_status b_constant(em_onnx_builder *pub, const em_tensor *t, char *out)
 
 static em_status export_module(ox_builder *b, em_module *m, const char *in, const em_tensor *x,
                                char *out);
+
+em_status ox_builder_raw_initializer(em_onnx_builder *pub, const char *name, const em_tensor *t) {
+    ox_builder *b = (ox_builder *)pub;
+    char out[EM_ONNX_NAME_MAX];
+    if (strlen(name) >= EM_ONNX_NAME_MAX)
+        return em_set_error(EM_ERR_RANGE, "onnx export: the name '%s' is too long", name);
+    for (size_t i = 0; i < b->n_inits; i++)
+        if (strcmp(b->inits[i]->name, name) == 0) return EM_OK;
+    return add_tensor(b, name, t, out);
+}
+
+void ox_builder_set_origin(em_onnx_builder *pub, const Onnx__ModelProto *model) {
+    ox_builder *b = (ox_builder *)pub;
+    b->origin = model;
+    b->origin_is_root = !*b->path;
+}
+
+em_status ox_builder_raw_node(em_onnx_builder *pub, const Onnx__NodeProto *n, const char *from_in,
+                              const char *to_in) {
+    ox_builder *b = (ox_builder *)pub;
+    size_t len = protobuf_c_message_get_packed_size(&n->base);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return em_set_error(EM_ERR_NOMEM, "onnx export: out of memory");
+    protobuf_c_message_pack(&n->base, buf);
+    Onnx__NodeProto *c = onnx__node_proto__unpack(NULL, len, buf);
+    free(buf);
+    if (!c) return em_set_error(EM_ERR_NOMEM, "onnx export: out of memory");
+    if (!grow(&b->nodes, &b->cap_nodes, b->n_nodes, sizeof *b->nodes)) {
+        onnx__node_proto__free_unpacked(c, NULL);
+        return EM_ERR_NOMEM;
+    }
+    b->nodes[b->n_nodes++] = c;
+    if (!c->name && !(c->name = dup_str(""))) return EM_ERR_NOMEM;
+    for (size_t i = 0; i < c->n_input; i++)
+        if (strcmp(c->input[i], from_in) == 0 && strcmp(from_in, to_in)) {
+            char *d = dup_str(to_in);
+            if (!d) return EM_ERR_NOMEM;
+            free(c->input[i]);
+            c->input[i] = d;
+        }
+    return EM_OK;
+}
 
 static em_status b_child(em_onnx_builder *pub, const char *name, const char *in,
                          const em_tensor *x, char *out, em_tensor **out_example) {
@@ -637,12 +681,17 @@ static em_status build_and_write(ox_builder *b, em_module *m, const em_tensor *x
                             : batch ? "" : NULL;
     Onnx__ValueInfoProto *vout = value_info(out_name, ox_onnx_dtype(em_tensor_dtype(y)),
                                             em_tensor_ndim(y), em_tensor_shape(y), out_batch);
-    Onnx__StringStringEntryProto *md[2] = {NULL, NULL};
+    Onnx__StringStringEntryProto *md[16] = {NULL};
     size_t n_md = 0;
     if (*desc) {
         char v[1100];
         snprintf(v, sizeof v, "%s%s", desc, as_nodes ? " (done by the graph's first nodes)" : "");
         if (!(md[n_md++] = meta("ember.input_transforms", v))) st = EM_ERR_NOMEM;
+    } else if (b->origin && b->origin_is_root) { /* an imported model exported again */
+        for (size_t i = 0; i < b->origin->n_metadata_props && n_md < 16 && st == EM_OK; i++) {
+            const Onnx__StringStringEntryProto *e = b->origin->metadata_props[i];
+            if (!(md[n_md++] = meta(e->key, e->value))) st = EM_ERR_NOMEM;
+        }
     }
     uint8_t *buf = NULL;
     if (!vin || !vout) st = em_last_status();

@@ -16,12 +16,16 @@ static const em_exporter_class onnx_format = {
     .name = "onnx",
     .description = "ONNX (IR 8, opsets 13..17) through protobuf-c",
     .export_model = ox_export_model,
+    .import_model = ox_import_model,
 };
 
 static em_status onnx_register(em_registry *reg) {
     em_status st = em_class_register(reg, EM_EXPORTER_KIND, &onnx_format);
     for (const em_onnx_layer_class *const *c = ox_layer_exporters; *c && st == EM_OK; c++)
         st = em_class_register(reg, EM_ONNX_LAYER_KIND, *c);
+    for (const em_module_class *const *c = ox_import_classes; *c && st == EM_OK; c++)
+        st = em_module_class_register(reg, *c);
+    if (st == EM_OK) st = em_class_register(reg, EM_ONNX_LAYER_KIND, &ox_graph_exporter);
     return st;
 }
 
