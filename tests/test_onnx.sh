@@ -11,7 +11,8 @@
 #     had, a failure under CI=true) runs every file; outputs within allclose(1e-5, 1e-6);
 #   - ember-train: --export-onnx after a short training run and --init-weights W
 #     --export-onnx (no training) write the same bytes; ONNX Runtime on the raw uint8 digits
-#     gives the logits ember-train --predict wrote.
+#     gives the logits ember-train --predict wrote; --init-onnx and model: {onnx: PATH}
+#     predict the same logits; an unsupported op is refused naming the node.
 # Run from the build directory (make check does).
 set -u
 srcdir=${srcdir:-.}
@@ -39,3 +40,18 @@ cmp "$tmp/trained.onnx" "$tmp/d.onnx" || { echo "FAIL: the two exports differ"; 
 /usr/bin/python3 "$srcdir/tests/onnx_check.py" checker "$tmp" >/dev/null || exit 1
 "$py" "$srcdir/tests/onnx_check.py" trainer "$tmp/d.onnx" "$tmp/p.csv" \
     "$srcdir/data/digits/t10k-images-idx3-ubyte.gz" || exit 1
+# --init-onnx (its transform nodes left out: the config's apply) predicts what the weights did,
+# and model: {onnx: PATH} in a config is the same model; a bad file is a usage error
+./trainer/ember-train "$cfg" --init-onnx "$tmp/d.onnx" --predict "$tmp/p2.csv" \
+    --predict-scores logits 2>/dev/null || exit 1
+cmp "$tmp/p.csv" "$tmp/p2.csv" || { echo "FAIL: --init-onnx predicts otherwise"; exit 1; }
+abs=$(cd "$srcdir" && pwd)
+sed -e '/^model:/,/^$/d' -e 's|path: ../data/digits|path: '"$abs"'/data/digits|' "$cfg" \
+    >"$tmp/onnx.yaml"
+printf 'model: {onnx: d.onnx}\n' >>"$tmp/onnx.yaml"
+./trainer/ember-train "$tmp/onnx.yaml" --predict "$tmp/p3.csv" --predict-scores logits \
+    2>/dev/null || exit 1
+cmp "$tmp/p.csv" "$tmp/p3.csv" || { echo "FAIL: model: {onnx: ...} predicts otherwise"; exit 1; }
+./trainer/ember-train "$cfg" --init-onnx "$srcdir/tests/fixtures/onnx/bad_op.onnx" 2>"$tmp/log"
+[ $? -eq 2 ] && grep -q "node 'mix' (Einsum, opset 17)" "$tmp/log" ||
+    { echo "FAIL: --init-onnx of an unsupported op:"; cat "$tmp/log"; exit 1; }

@@ -46,6 +46,7 @@ typedef struct settings {
     bool deterministic, shuffle;
     const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
     const char *export_onnx;       /* --export-onnx FILE (docs/onnx.md) */
+    const char *init_onnx;         /* --init-onnx FILE: the model, imported */
     bool init_nonstrict, eval_only, summary, memory_summary, profile, anomaly, dry_run;
     /* progress and metrics (issue 23) */
     bool quiet;                    /* --quiet: errors, warnings and the summary only */

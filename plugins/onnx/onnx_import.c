@@ -79,6 +79,7 @@ typedef struct value {
 
 typedef struct step {
     op_kind op;
+    bool skip;                /* an input transform left out (input_transforms false) */
     const Onnx__NodeProto *node;
     int in[MAX_IN], n_in, out;
     int64_t axis, transA, transB, group, keepdims, to;
@@ -98,6 +99,7 @@ typedef struct ox_graph {
     int n_st;
     int input, output;
     int64_t opset;
+    bool keep_transforms;     /* the input_transforms option */
     /* the name table: open addressing over v */
     int *slots;
     size_t n_slots;
@@ -702,6 +704,23 @@ static em_status build(const char *path, ox_graph *g, em_module *root) {
                               "(an embedding) is imported%s%s", "", "");
         }
     }
+    /* input_transforms false: Ember's "/input_transforms/" nodes, first in the graph, are
+     * left out; the value the last of them makes is the input */
+    if (!g->keep_transforms) {
+        int last = -1;
+        for (int i = 0; i < g->n_st; i++) {
+            const char *nm = g->st[i].node->name ? g->st[i].node->name : "";
+            if (strncmp(nm, "/input_transforms/", 18) != 0) break;
+            last = i;
+        }
+        for (int i = 0; i <= last; i++) g->st[i].skip = true;
+        if (last >= 0) {
+            g->v[g->input].kind = V_COMPUTED;
+            g->input = g->st[last].out;
+            g->v[g->input].kind = V_INPUT;
+            g->v[g->input].producer = -1;
+        }
+    }
     const char *out = gp->output[0]->name ? gp->output[0]->name : "";
     if ((g->output = find_value(g, out)) < 0)
         return em_set_error(EM_ERR_FORMAT, "onnx import: %s: the graph output '%s' is made by "
@@ -709,8 +728,20 @@ static em_status build(const char *path, ox_graph *g, em_module *root) {
     return EM_OK;
 }
 
+static const em_option_spec import_opts[] = {
+    {.name = "input_transforms", .types = EM_OPT_BOOL, .def = {.b = true},
+     .help = "keep the input transforms an Ember export put first (false: the graph starts "
+             "after them, for a pipeline that applies them itself)"},
+};
+
 em_module *ox_import_model(const char *path, const em_options *options) {
-    (void)options;
+    em_options *o = options ? em_options_copy(options) : em_options_new();
+    if (!o || em_options_resolve(o, "onnx import", import_opts, 1) != EM_OK) {
+        em_options_free(o);
+        return NULL;
+    }
+    bool keep = em_options_bool(o, "input_transforms");
+    em_options_free(o);
     size_t n = 0;
     uint8_t *buf = read_all(path, &n);
     if (!buf) return NULL;
@@ -727,6 +758,7 @@ em_module *ox_import_model(const char *path, const em_options *options) {
         return NULL;
     }
     g->model = mp;
+    g->keep_transforms = keep;
     *(ox_graph **)em_module_state(m) = g;
     /* in a scope of its own: the tensors read are dropped but for the module's references */
     em_grad_mode_push(EM_GRAD_DISABLED);
@@ -898,7 +930,7 @@ static em_tensor *graph_forward(em_module *m, em_tensor *const *in, int n) {
     em_device dev = em_tensor_device(in[0]);
     for (int i = 0; i < g->n_st; i++) {
         const step *s = &g->st[i];
-        if (s->op == OP_CONSTANT) continue; /* a value of its own */
+        if (s->op == OP_CONSTANT || s->skip) continue; /* a value of its own; left out */
         em_tensor *y = run_step(m, g, s, vals, dev);
         if (!y) {
             char msg[1024];
@@ -929,12 +961,13 @@ static em_status graph_x(em_onnx_builder *b, em_module *m, const char *in, const
     em_status st = EM_OK;
     for (size_t i = 0; i < gp->n_initializer && st == EM_OK; i++) {
         int k = find_value(g, gp->initializer[i]->name);
+        if (!g->keep_transforms && !strncmp(g->v[k].name, "/input_transforms/", 18)) continue;
         em_tensor *t = value_tensor(m, g, NULL, k, em_cpu());
         st = t ? ox_builder_raw_initializer(b, g->v[k].name, t) : em_last_status();
     }
     for (int i = 0; i < g->n_st && st == EM_OK; i++)
-        st = ox_builder_raw_node(b, g->st[i].node, g->v[g->input].name, in);
-    if (st == EM_OK) ox_builder_set_origin(b, g->model);
+        if (!g->st[i].skip) st = ox_builder_raw_node(b, g->st[i].node, g->v[g->input].name, in);
+    if (st == EM_OK && g->keep_transforms) ox_builder_set_origin(b, g->model);
     if (st == EM_OK) snprintf(out, EM_ONNX_NAME_MAX, "%s", g->v[g->output].name);
     return st;
 }

@@ -60,8 +60,10 @@ EM_API em_status em_onnx_export(em_module *m, int n_inputs, em_tensor *const *ex
                                 const char *path, const em_options *options);
 
 /* Read the ONNX model at path and build an Ember module computing it (see docs/onnx.md for the
- * ops understood); initializers become trainable parameters. options: may be NULL (none are
- * defined yet). Returns a new module (the caller frees it) or NULL with the error: the file
+ * ops understood); initializers become trainable parameters. options (may be NULL):
+ *   input_transforms  bool (default true): false leaves out the "/input_transforms/" nodes an
+ *                     Ember export starts with (for a pipeline that applies them itself)
+ * Returns a new module (the caller frees it) or NULL with the error: the file
  * and the fault, or the first unsupported node with its op type and opset. */
 EM_API em_module *em_onnx_import(const char *path, const em_options *options);
 
