@@ -223,6 +223,12 @@ Test(onnx_import, malformed_files_are_refused_with_messages) {
     snprintf(path, sizeof path, "%s/huge.onnx", tmp);
     write_bytes(path, "\x3a\x80\x80\x80\x80\x80\x80\x80\x80\x40", 10);
     refused(path, "not a valid ONNX model", "past the 10 bytes");
+    /* 100000 empty nodes in 200 kB: more unpacked than 16 times the file (and 1 MiB) */
+    static unsigned char many[200006] = {0x08, 0x08, 0x3a, 0xc0, 0x9a, 0x0c};
+    for (int i = 0; i < 100000; i++) many[6 + 2 * i] = 0x0a;
+    snprintf(path, sizeof path, "%s/many.onnx", tmp);
+    write_bytes(path, many, sizeof many);
+    refused(path, "would take more than", "refused as hostile");
     /* an empty file is a model without a graph */
     snprintf(path, sizeof path, "%s/empty.onnx", tmp);
     write_bytes(path, "", 0);

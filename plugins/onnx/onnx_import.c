@@ -79,6 +79,7 @@ typedef struct value {
 
 typedef struct step {
     op_kind op;
+    int min_in;               /* inputs that must be present */
     bool skip;                /* an input transform left out (input_transforms false) */
     const Onnx__NodeProto *node;
     int in[MAX_IN], n_in, out;
@@ -152,11 +153,15 @@ const em_module_class *const ox_import_classes[] = {&graph_class, &params_class,
 
 typedef struct capped {
     size_t used, cap;
+    bool over;
 } capped;
 
 static void *cap_alloc(void *data, size_t size) {
     capped *c = data;
-    if (size > c->cap - c->used) return NULL;
+    if (size > c->cap - c->used) {
+        c->over = true;
+        return NULL;
+    }
     void *p = malloc(size + sizeof(size_t));
     if (!p) return NULL;
     *(size_t *)p = size;
@@ -178,6 +183,12 @@ static Onnx__ModelProto *unpack(const char *path, const uint8_t *buf, size_t n) 
     capped c = {.used = 0, .cap = 16 * n + (1u << 20)};
     ProtobufCAllocator a = {.alloc = cap_alloc, .free = cap_free, .allocator_data = &c};
     Onnx__ModelProto *m = onnx__model_proto__unpack(&a, n, buf);
+    if (!m && c.over) {
+        em_set_error(EM_ERR_FORMAT, "onnx import: %s: its messages would take more than %zu "
+                     "bytes unpacked (16 times the file's %zu): refused as hostile", path, c.cap,
+                     n);
+        return NULL;
+    }
     if (!m) {
         em_set_error(EM_ERR_FORMAT, "onnx import: %s: not a valid ONNX model (the protobuf "
                      "is truncated, has a field of the wrong wire type, or declares lengths "
@@ -649,6 +660,7 @@ static em_status build(const char *path, ox_graph *g, em_module *root) {
             return node_error(&c, EM_ERR_NOTFOUND, "op type %s is not supported by Ember's importer "
                               "(docs/onnx.md lists the ops imported)%s", n->op_type, "");
         s->op = OPS[kind].op;
+        s->min_in = OPS[kind].min_in;
         if (n->n_input < (size_t)OPS[kind].min_in || n->n_input > (size_t)OPS[kind].max_in)
             return node_error(&c, EM_ERR_FORMAT, "a wrong number of inputs for %s%s", n->op_type, "");
         if (n->n_output < 1 || !n->output[0] || !*n->output[0] || (n->n_output > 1 && s->op != OP_IDENTITY))
@@ -794,6 +806,11 @@ static em_tensor *run_step(em_module *m, const ox_graph *g, const step *s, em_te
                            em_device dev) {
     em_tensor *a[MAX_IN] = {0};
     for (int j = 0; j < s->n_in; j++) a[j] = value_tensor(m, g, vals, s->in[j], dev);
+    for (int j = 0; j < s->min_in; j++)
+        if (!a[j]) {
+            em_set_error(EM_ERR_INVALID, "input %d is absent", j);
+            return NULL;
+        }
     em_tensor *x = a[0];
     switch (s->op) {
     case OP_GEMM: {
@@ -909,7 +926,7 @@ static em_tensor *run_step(em_module *m, const ox_graph *g, const step *s, em_te
     }
     case OP_CONSTANT: return g->v[s->out].constant;
     }
-    em_set_error(EM_ERR_SHAPE, "the input of shape [%d dims] does not fit the node", em_tensor_ndim(x));
+    em_set_error(EM_ERR_SHAPE, "its %d-D input does not fit the node", em_tensor_ndim(x));
     return NULL;
 }
 
