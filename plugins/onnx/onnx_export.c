@@ -199,7 +199,7 @@ static em_status b_node(em_onnx_builder *pub, const char *op_type, int n_in,
         for (int i = 0; i < n_attr; i++, n->n_attribute++)
             if (!(n->attribute[i] = make_attr(&attrs[i]))) return em_last_status();
     }
-    snprintf(out, EM_ONNX_NAME_MAX, "%s", oname);
+    memcpy(out, oname, strlen(oname) + 1); /* shorter than EM_ONNX_NAME_MAX: checked above */
     return EM_OK;
 }
 
