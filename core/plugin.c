@@ -21,6 +21,7 @@
 #include "ember/error.h"
 #include "ember/init.h"
 #include "ember/module.h"
+#include "ember/onnx.h"
 #include "ember/optim.h"
 #include "ember/plugin.h"
 #include "ember/version.h"
@@ -440,6 +441,16 @@ static em_status declare_core_kinds(em_registry *core) {
          .record_size = sizeof(em_transform_class),
          .min_record_size = offsetof(em_transform_class, ext),
          .check = em__transform_class_check},
+        /* Model formats (ONNX) and each module class's ONNX nodes: declared by the core, not
+         * by the ONNX plugin, so that a layer plugin loaded before it can register into it. */
+        {.struct_size = sizeof kinds[0], .name = EM_EXPORTER_KIND,
+         .description = "model exporters and importers (ember/onnx.h)",
+         .record_size = sizeof(em_exporter_class),
+         .min_record_size = EM__SIZE_THROUGH(em_exporter_class, export_model)},
+        {.struct_size = sizeof kinds[0], .name = EM_ONNX_LAYER_KIND,
+         .description = "a module class's ONNX nodes (ember/onnx.h)",
+         .record_size = sizeof(em_onnx_layer_class),
+         .min_record_size = EM__SIZE_THROUGH(em_onnx_layer_class, export_layer)},
     };
     for (size_t i = 0; i < EM_ARRAY_LEN(kinds); i++) {
         em_status st = kind_add(core, &kinds[i], "em_init");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tests/pyenv.sh DIR PKG... — a Python virtual environment at DIR (made once, under the build
-# tree, never the system Python) holding the PyPI packages PKG...; prints its python's path.
+# tests/pyenv.sh DIR PKG... — a Python virtual environment at DIR (or $EMBER_TEST_PYENV; made
+# once, under the build tree, never the system Python) holding the PyPI packages PKG...; prints its python's path.
 #
 # The tests that judge Ember by other programs' readers (ONNX Runtime, TensorBoard) call it:
 #
@@ -11,7 +11,9 @@
 # CI=true that is a failure (1) instead, so CI never passes by skipping. Several tests may call
 # it at once (make -j): creation and installs are serialised by a lock on DIR.lock.
 set -u
-dir=$1
+# $EMBER_TEST_PYENV, when set, is the one venv every such test shares (scripts/test.sh points
+# every stage at the plain build's, so each package is installed once per CI run).
+dir=${EMBER_TEST_PYENV:-$1}
 shift
 fail() {
     echo "pyenv: $*" >&2

@@ -896,11 +896,11 @@ static em_class_kind_info kind_info(const char *name) {
 static em_tensor *halve(const em_tensor *x) { return em_mul_scalar(x, 0.5); }
 
 Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
-    /* the core's four kinds first, then the plugin's, each with its record size and owner */
+    /* the core's kinds first, then the plugin's, each with its record size and owner */
     static const char *const core_kinds[] = {"module", "optimizer", "scheduler", "dataset",
-                                             "transform"};
-    cr_assert_eq(em_class_kind_count(), 6, "%zu kinds", em_class_kind_count());
-    for (size_t i = 0; i < 5; i++) {
+                                             "transform", "exporter", "onnx_layer"};
+    cr_assert_eq(em_class_kind_count(), 8, "%zu kinds", em_class_kind_count());
+    for (size_t i = 0; i < 7; i++) {
         em_class_kind_info ki = {.struct_size = sizeof ki};
         cr_assert_eq(em_class_kind_get(i, &ki), EM_OK);
         cr_assert_str_eq(ki.name, core_kinds[i]);
@@ -953,7 +953,7 @@ Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
     assert_error(EM_ERR_EXISTS, "(by ember-testkind)");
     cr_assert_eq(em_class_register(prog, "transfrom", &h), EM_ERR_NOTFOUND);
     assert_error(EM_ERR_NOTFOUND, "no class kind named 'transfrom' is declared; declared: module, "
-                 "optimizer, scheduler, dataset, transform, codec");
+                 "optimizer, scheduler, dataset, transform, exporter, onnx_layer, codec");
     h.name = "noapply";
     h.apply = NULL;
     cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_INVALID);
@@ -1004,22 +1004,22 @@ Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
 Test(plugin_env, a_kind_goes_with_its_owner) {
     set_plugin_path();
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
-    em_class_kind_def k = {.struct_size = sizeof k, .name = "exporter",
+    em_class_kind_def k = {.struct_size = sizeof k, .name = "archiver",
                            .record_size = sizeof(em_class_head)};
     cr_assert_eq(em_class_kind_register(em_registry_program(), &k), EM_OK, "%s", em_last_error());
-    em_class_head e = {.struct_size = sizeof e, .name = "onnx"};
-    cr_assert_eq(em_class_register(em_registry_program(), "exporter", &e), EM_OK);
+    em_class_head e = {.struct_size = sizeof e, .name = "zip"};
+    cr_assert_eq(em_class_register(em_registry_program(), "archiver", &e), EM_OK);
     test_transform_class h = {.struct_size = sizeof h, .name = "halve", .apply = halve};
     cr_assert_eq(em_class_register(em_registry_program(), TEST_TRANSFORM_KIND, &h), EM_OK);
-    cr_assert_eq(em_class_kind_count(), 7);
+    cr_assert_eq(em_class_kind_count(), 9);
     em_shutdown();
     setenv("EMBER_DISABLE_PLUGINS", "ember-testkind", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
-    cr_assert_eq(em_class_kind_count(), 5, "%zu kinds after a restart without the plugin",
+    cr_assert_eq(em_class_kind_count(), 7, "%zu kinds after a restart without the plugin",
                  em_class_kind_count());
     cr_assert_null(em_class_find(TEST_TRANSFORM_KIND, "halve"));
     assert_error(EM_ERR_NOTFOUND, "no class kind named 'codec'");
-    cr_assert_null(em_class_find("exporter", "onnx"));
+    cr_assert_null(em_class_find("archiver", "zip"));
 }
 
 /* ---- ember-info ----------------------------------------------------------------------------- */
@@ -1068,7 +1068,8 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     /* classes of a core kind and of a plugin's kind listed the same way, and every kind */
     assert_line(out, "module classes:", "testplug.Affine");
     assert_line(out, "codec classes:", "negate, double");
-    assert_line(out, "class kinds (6):", "");
+    assert_line(out, "class kinds (8):", "");
+    assert_line(out, "  exporter     ", "1 class, declared by ember-core");
     assert_line(out, "  module       ", "classes, declared by ember-core");
     assert_line(out, "  dataset      ", "classes, declared by ember-core");
     assert_line(out, "  transform    ", "classes, declared by ember-core");
@@ -1149,7 +1150,7 @@ Test(plugin_env, ember_info_json_parses) {
     json_t *kp = json_plugin(root, "kind_plugin.so"), *lp = json_plugin(root, "layer_plugin.so");
     cr_assert_str_eq(json_string_value(json_object_get(root, "class_api")), "EMBER_1.1");
     json_t *kinds = json_object_get(root, "class_kinds"), *kd;
-    cr_assert_eq(json_array_size(kinds), 6);
+    cr_assert_eq(json_array_size(kinds), 8);
     size_t ki;
     json_array_foreach(kinds, ki, kd) {
         const char *kn = json_string_value(json_object_get(kd, "name"));
@@ -1162,7 +1163,7 @@ Test(plugin_env, ember_info_json_parses) {
                           json_string_value(json_object_get(pj, "name")), kn);
         }
     }
-    json_t *tk = json_array_get(kinds, 5);
+    json_t *tk = json_array_get(kinds, 7); /* after the core's seven */
     cr_assert_str_eq(json_string_value(json_object_get(tk, "name")), "codec");
     cr_assert_str_eq(json_string_value(json_object_get(tk, "owner")), "ember-testkind");
     cr_assert_eq(json_integer_value(json_object_get(tk, "record_size")),

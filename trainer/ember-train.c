@@ -22,6 +22,7 @@
 #include "ember/error.h"
 #include "ember/init.h"
 #include "ember/module.h"
+#include "ember/onnx.h"
 #include "ember/optim.h"
 #include "ember/options.h"
 #include "ember/plugin.h"
@@ -325,8 +326,19 @@ static void usage(FILE *f) {
 "  --workers N              data loader threads\n"
 "  --no-shuffle             keep the training set in order\n"
 "  --init-weights FILE      start from a safetensors state dict (strict: every key and shape)\n"
+"  --init-onnx FILE         the model is this ONNX file, imported (docs/onnx.md): its\n"
+"                           initializers are the trainable parameters (the config's 'model'\n"
+"                           is not used; 'model: {onnx: PATH}' in a config does the same);\n"
+"                           the input-transform nodes an Ember export starts with are left\n"
+"                           out, the config's data.transforms apply instead\n"
 "  --init-weights-nonstrict load what matches from --init-weights and list what was skipped\n"
 "  --save-weights FILE      write the final model state dict (safetensors)\n"
+"  --export-onnx FILE       write the model as ONNX (docs/onnx.md; README \"Deploying a\n"
+"                           model\"), the evaluation input transforms (to_float, normalize) as\n"
+"                           the graph's first nodes, so it reads what the dataset holds: after\n"
+"                           training; with --init-weights or --init-onnx and neither --epochs\n"
+"                           nor --max-steps on the command line, the loaded model at once,\n"
+"                           without training\n"
 "  --save-best FILE         write the model state dict of each new best validation epoch\n"
 "                           (the summary names the epoch); needs a validation set\n"
 "  --checkpoint PATH        save a checkpoint each epoch, at --max-steps and on Ctrl-C; a\n"
@@ -377,7 +389,8 @@ static void usage(FILE *f) {
 "                           --metrics / --metrics-steps files)\n"
 "  --early-stop PATIENCE    stop when the validation metric (accuracy, or MAE for regression)\n"
 "                           has not improved for PATIENCE epochs\n"
-"  --eval-only              evaluate (--init-weights or --resume) on the validation/test sets\n"
+"  --eval-only              evaluate (--init-weights, --init-onnx or --resume) on the\n"
+"                           validation/test sets\n"
 "  --predict OUT.csv        write predictions for the test set (else validation) and exit:\n"
 "                           index,predicted,target\n"
 "  --predict-scores KIND    with --predict (classification): also each class's score, as\n"
@@ -1485,7 +1498,8 @@ static int check_outputs(const run *r) {
                                                         {"--save-weights", r->s.save_weights},
                                                         {"--save-best", r->s.save_best},
                                                         {"--trace", r->s.trace},
-                                                        {"--plot", r->s.plot}};
+                                                        {"--plot", r->s.plot},
+                                                        {"--export-onnx", r->s.export_onnx}};
     for (size_t i = 0; i < sizeof out / sizeof *out; i++) {
         const char *p = out[i].path;
         if (!p) continue;
@@ -1583,7 +1597,7 @@ int main(int argc, char **argv) {
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
            O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_GENERATE,
-           O_PROMPT, O_TEMPERATURE, O_TOP_K, O_TRACE, O_PLOT, O_AMP };
+           O_PROMPT, O_TEMPERATURE, O_TOP_K, O_TRACE, O_PLOT, O_AMP, O_EXPORT_ONNX, O_INIT_ONNX };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1607,7 +1621,8 @@ int main(int argc, char **argv) {
         {"generate", 1, 0, O_GENERATE}, {"prompt", 1, 0, O_PROMPT},
         {"temperature", 1, 0, O_TEMPERATURE}, {"top-k", 1, 0, O_TOP_K},
         {"trace", 1, 0, O_TRACE}, {"plot", 1, 0, O_PLOT},
-        {"amp", 1, 0, O_AMP}, {0, 0, 0, 0}};
+        {"amp", 1, 0, O_AMP}, {"export-onnx", 1, 0, O_EXPORT_ONNX},
+        {"init-onnx", 1, 0, O_INIT_ONNX}, {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
     /* -1: not given on the command line (the config or the default decides). */
@@ -1661,6 +1676,8 @@ int main(int argc, char **argv) {
         case O_INIT: r.s.init_weights = optarg; break;
         case O_INIT_NS: r.s.init_nonstrict = true; break;
         case O_SAVE: r.s.save_weights = optarg; break;
+        case O_EXPORT_ONNX: r.s.export_onnx = optarg; break;
+        case O_INIT_ONNX: r.s.init_onnx = optarg; break;
         case O_CKPT: r.s.checkpoint = optarg; break;
         case O_KEEP: ok = cli_num(N_KEEP, optarg, &c_keep, &fv); break;
         case O_WARMUP: ok = cli_num(N_WARMUP, optarg, &cli_warmup, &fv); break;
@@ -1770,8 +1787,8 @@ int main(int argc, char **argv) {
                 "--dry-run or --resume\n");
         return EXIT_USAGE;
     }
-    if (r.s.eval_only && !r.s.init_weights && !r.s.resume) {
-        fprintf(stderr, "ember-train: --eval-only needs --init-weights or --resume\n");
+    if (r.s.eval_only && !r.s.init_weights && !r.s.init_onnx && !r.s.resume) {
+        fprintf(stderr, "ember-train: --eval-only needs --init-weights, --init-onnx or --resume\n");
         return EXIT_USAGE;
     }
     /* Past the file-size limit (ulimit -f) a write fails with EFBIG instead of killing the
@@ -1844,12 +1861,39 @@ int main(int argc, char **argv) {
     }
     const em_config_node *root = em_config_root(r.cfg);
     const em_config_node *mnode = em_config_node_get(root, "model");
-    if (!mnode) {
+    /* an ONNX model: --init-onnx FILE, or model: {onnx: PATH} (relative to the config) */
+    const em_config_node *onode = mnode && em_config_node_kind(mnode) == EM_CONFIG_MAP &&
+                                          em_config_node_len(mnode) == 1
+                                      ? em_config_node_get(mnode, "onnx") : NULL;
+    if (r.s.init_onnx || onode) {
+        char full[2 * PATH_MAX + 2];
+        const char *p = r.s.init_onnx ? r.s.init_onnx : em_config_node_text(onode);
+        if (!p || !*p) {
+            fprintf(stderr, "ember-train: %s: model.onnx: expected a file name\n",
+                    em_config_node_where(onode));
+            rc = EXIT_USAGE;
+            goto done;
+        }
+        if (!r.s.init_onnx && p[0] != '/' && *cfg_dir)
+            snprintf(full, sizeof full, "%s/%s", cfg_dir, p);
+        else
+            snprintf(full, sizeof full, "%s", p);
+        /* the config's data.transforms apply: an Ember export's input-transform nodes go */
+        em_options *io = em_options_new();
+        em_options_set_bool(io, "input_transforms", false);
+        r.model = em_onnx_import(full, io);
+        em_options_free(io);
+        if (!r.model) {
+            fprintf(stderr, "ember-train: %s%s: %s\n", r.s.init_onnx ? "--init-onnx " : "",
+                    r.s.init_onnx ? full : em_config_node_where(onode), em_last_error());
+            rc = EXIT_USAGE;
+            goto done;
+        }
+    } else if (!mnode) {
         fprintf(stderr, "ember-train: %s: no 'model' section\n", r.s.config_path);
         rc = EXIT_USAGE;
         goto done;
-    }
-    if (!(r.model = em_model_build(mnode))) {
+    } else if (!(r.model = em_model_build(mnode))) {
         bool missing_class = em_last_status() == EM_ERR_NOTFOUND;
         report_error(NULL);
         if (missing_class)
@@ -1931,6 +1975,12 @@ int main(int argc, char **argv) {
         em_load_report_free(rep);
         em_dict_free(sd);
         if (rc) goto done;
+    }
+    if (r.s.export_onnx && (r.s.init_weights || r.s.init_onnx) && !r.s.resume && c_epochs < 0 && c_max < 0 &&
+        !r.s.dry_run && !r.s.eval_only && !r.s.predict) {
+        /* --init-weights W --export-onnx F: the loaded model, without training */
+        rc = write_onnx(&r) ? EXIT_OK : EXIT_TRAIN;
+        goto done;
     }
     if (r.s.resume) {
         if (checkpoint_load(&r, r.s.resume) != EM_OK) {

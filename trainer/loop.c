@@ -22,11 +22,14 @@
 #include "ember/dtype.h"
 #include "ember/error.h"
 #include "ember/module.h"
+#include "ember/onnx.h"
 #include "ember/ops.h"
 #include "ember/optim.h"
+#include "ember/plugin.h"
 #include "ember/scope.h"
 #include "ember/serialize.h"
 #include "ember/tensor.h"
+#include "ember/transform.h"
 #include "ember/trace.h"
 #include "metrics.h"
 #include "metrics_file.h"
@@ -968,6 +971,88 @@ static bool save_model(run *r, const char *option, const char *path) {
     return ws == EM_OK;
 }
 
+/* The options of a transform spec, resolved against its class (defaults filled in); a new bag
+ * or NULL after the message. */
+static em_options *resolved_spec(const em_transform_spec *sp) {
+    const em_transform_class *c = em_class_find(EM_TRANSFORM_KIND, sp->name);
+    em_options *o = sp->options ? em_options_copy(sp->options) : em_options_new();
+    if (!c || !o || em_options_resolve(o, sp->name, c->options, c->n_options) != EM_OK) {
+        em_options_free(o);
+        return NULL;
+    }
+    return o;
+}
+
+bool write_onnx(run *r) {
+    const char *path = r->s.export_onnx;
+    if (r->n_in != 1) {
+        fprintf(stderr, "ember-train: --export-onnx %s: the model reads %d input fields; ONNX "
+                "export takes models of one input\n", path, r->n_in);
+        return false;
+    }
+    const em_field *f = em_dataset_field(r->train, em_dataset_field_index(r->train,
+                                                                         r->in_names[0]));
+    em_options *o = em_options_new();
+    em_dtype model_dt = f->dtype;
+    bool ok = o != NULL;
+    /* the evaluation transforms (the loader's, without the augmentations) become the graph's
+     * first nodes, so a deployer feeds what the dataset holds (raw uint8 pixels) */
+    if (!strcmp(r->in_names[0], "input") && (r->tf.to_float || r->tf.mean)) {
+        model_dt = EM_F32;
+        ok = ok && em_options_set_float(o, "scale", r->tf.scale) == EM_OK;
+        if (r->tf.mean) {
+            double m[8], sd[8];
+            for (int i = 0; i < r->tf.n_channels; i++) {
+                m[i] = r->tf.mean[i];
+                sd[i] = r->tf.std[i];
+            }
+            ok = ok && em_options_set_floats(o, "mean", r->tf.n_channels, m) == EM_OK &&
+                 em_options_set_floats(o, "std", r->tf.n_channels, sd) == EM_OK;
+        }
+    }
+    for (int i = 0; ok && i < r->n_tspec; i++) {
+        const em_transform_spec *sp = &r->tspec[i];
+        if (r->ttrain_only[i] || strcmp(sp->field ? sp->field : "input", r->in_names[0])) continue;
+        em_options *so = resolved_spec(sp);
+        if (!so) {
+            report_error("--export-onnx");
+            ok = false;
+        } else if (!strcmp(sp->name, "to_float")) {
+            model_dt = EM_F32;
+            ok = em_options_set_float(o, "scale", em_options_float(so, "scale")) == EM_OK;
+        } else if (!strcmp(sp->name, "normalize")) {
+            double m[8], sd[8];
+            int n = em_options_floats(so, "mean", m, 8);
+            em_options_floats(so, "std", sd, 8);
+            model_dt = EM_F32;
+            ok = em_options_set_floats(o, "mean", n, m) == EM_OK &&
+                 em_options_set_floats(o, "std", n, sd) == EM_OK;
+        } else {
+            fprintf(stderr, "ember-train: --export-onnx %s: the evaluation transform '%s' of "
+                    "field '%s' has no ONNX form (to_float and normalize have)\n", path,
+                    sp->name, r->in_names[0]);
+            ok = false;
+        }
+        em_options_free(so);
+    }
+    if (ok && model_dt != f->dtype)
+        ok = em_options_set_string(o, "input_dtype", em_dtype_name(f->dtype)) == EM_OK;
+    if (ok) {
+        int64_t shape[EM_MAX_DIMS + 1] = {1};
+        for (int i = 0; i < f->ndim; i++) shape[i + 1] = f->shape[i];
+        em_scope_begin();
+        em_tensor *x = em_zeros(f->ndim + 1, shape, model_dt, r->dev);
+        stop_save_begin("--export-onnx file", path);
+        ok = x && em_onnx_export(r->model, 1, &x, path, o) == EM_OK;
+        stop_save_end(false, r->step);
+        em_scope_end();
+        if (!ok) report_error("--export-onnx");
+    }
+    em_options_free(o);
+    if (ok) say(r, "ember-train: ONNX model written to %s\n", path);
+    return ok;
+}
+
 int train_loop(run *r) {
     const int64_t A = r->s.accum_steps, B = r->s.batch_size;
     int64_t *subset = NULL, n_subset = 0;
@@ -1345,6 +1430,7 @@ int train_loop(run *r) {
         else
             rc = EXIT_TRAIN;
     }
+    if (rc == EXIT_OK && r->s.export_onnx && !write_onnx(r)) rc = EXIT_TRAIN;
     if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) {
         fprintf(stderr, "ember-train: %" PRId64 " steps in %.1fs%s", r->step, wall,
                 stopped_early ? " (stopped early)" : "");

@@ -46,6 +46,8 @@ typedef struct settings {
     double clip_grad_norm;
     bool deterministic, shuffle;
     const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
+    const char *export_onnx;       /* --export-onnx FILE (docs/onnx.md) */
+    const char *init_onnx;         /* --init-onnx FILE: the model, imported */
     bool init_nonstrict, eval_only, summary, memory_summary, profile, anomaly, dry_run;
     /* progress and metrics (issue 23) */
     bool quiet;                    /* --quiet: errors and the summary only */
@@ -143,6 +145,9 @@ int train_loop(run *r);
 int generate_text(run *r);
 int evaluate_only(run *r);
 int dry_run(run *r);
+/* --export-onnx: the model with its evaluation input transforms as ONNX; false after the
+ * message. */
+bool write_onnx(run *r);
 em_status checkpoint_load(run *r, const char *path);
 void checkpoint_prepare(run *r, bool dry);
 

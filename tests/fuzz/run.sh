@@ -8,7 +8,8 @@
 #   tests/fuzz/run.sh TARGET [SECONDS] [BUILD_DIR]
 #
 # TARGET: safetensors (em_load_buffer and em_load), config (the YAML reader), idx (the MNIST
-# reader of ember-data), csv (the CSV reader of ember-data) or checkpoint (em_checkpoint_load).
+# reader of ember-data), csv (the CSV reader of ember-data), checkpoint (em_checkpoint_load) or
+# onnx (em_onnx_import, the ember-onnx plugin's reader).
 # SECONDS (default 600) is the fuzzing time; BUILD_DIR (default: build/ when it has the CPU
 # plugin, else the source tree) is where `make` ran. libember (and for idx and csv the
 # ember-data plugin) are rebuilt instrumented in build-fuzz/ (FUZZ_OUT overrides); the run
@@ -25,7 +26,8 @@ config) MAXLEN=8192 DICT=$SRC/tests/fuzz/config.dict ;;
 idx) MAXLEN=65536 DICT= ;;
 csv) MAXLEN=16384 DICT= ;;
 checkpoint) MAXLEN=65536 DICT=$SRC/tests/fuzz/safetensors.dict ;;
-*) echo "usage: tests/fuzz/run.sh safetensors|config|idx|csv|checkpoint [SECONDS] [BUILD_DIR]" >&2
+onnx) MAXLEN=65536 DICT= ;;
+*) echo "usage: tests/fuzz/run.sh safetensors|config|idx|csv|checkpoint|onnx [SECONDS] [BUILD_DIR]" >&2
    exit 2 ;;
 esac
 SECS=${2:-600}
@@ -60,6 +62,14 @@ idx|csv)
     PLUGINS=$OUT/ember-data.so ;;
 checkpoint)
     PLUGINS=$BUILD/plugins/layers/.libs/ember-layers.so:$BUILD/plugins/optim/.libs/ember-optim.so ;;
+onnx)
+    # the ember-onnx plugin, instrumented, with the bindings the build generated
+    echo "run.sh: building $OUT/ember-onnx.so"
+    $CC -g -O1 -fPIC -shared $SAN -fsanitize=fuzzer-no-link -fvisibility=hidden -std=gnu11 \
+        -I"$SRC/core/include" -I"$BUILD/plugins/onnx" "$SRC"/plugins/onnx/*.c \
+        "$BUILD/plugins/onnx/onnx.pb-c.c" -o "$OUT/ember-onnx.so" "$OUT/libember.so.1" \
+        $(pkg-config --cflags --libs libprotobuf-c) -lm
+    PLUGINS=$OUT/ember-onnx.so ;;
 esac
 echo "run.sh: building $OUT/fuzz_$TARGET"
 $CC -g -O1 $SAN -fsanitize=fuzzer -I"$SRC/core/include" "$SRC/tests/fuzz/fuzz_$TARGET.c" \

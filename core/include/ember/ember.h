@@ -41,6 +41,7 @@
 #include "ember/config.h"
 #include "ember/checkpoint.h"
 #include "ember/trace.h"
+#include "ember/onnx.h"
 #include "ember/version.h"
 #include "ember/init.h"
 
