@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ember/comm.h"
 #include "ember/data.h"
 #include "ember/device.h"
 #include "ember/dispatch.h"
@@ -440,6 +441,10 @@ static em_status declare_core_kinds(em_registry *core) {
          .record_size = sizeof(em_transform_class),
          .min_record_size = offsetof(em_transform_class, ext),
          .check = em__transform_class_check},
+        {.struct_size = sizeof kinds[0], .name = EM_COMM_KIND,
+         .description = "communicators between processes (ember/comm.h)",
+         .record_size = sizeof(em_comm_class),
+         .min_record_size = offsetof(em_comm_class, ext), .check = em__comm_class_check},
     };
     for (size_t i = 0; i < EM_ARRAY_LEN(kinds); i++) {
         em_status st = kind_add(core, &kinds[i], "em_init");

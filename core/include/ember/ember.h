@@ -39,6 +39,8 @@
 #include "ember/config.h"
 #include "ember/checkpoint.h"
 #include "ember/trace.h"
+#include "ember/comm.h"
+#include "ember/ddp.h"
 #include "ember/version.h"
 #include "ember/init.h"
 

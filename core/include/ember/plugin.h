@@ -224,7 +224,7 @@ typedef struct em_class_kind_info {
     void *ext;                /* reserved */
 } em_class_kind_info;
 
-/* Number of declared class kinds; kind i (in declaration order: the core's five first) into
+/* Number of declared class kinds; kind i (in declaration order: the core's own first) into
  * *out, whose struct_size the caller sets (only the fields it covers are written).
  * EM_ERR_RANGE past the end. Strings are valid while the kind is declared. */
 EM_API size_t em_class_kind_count(void);
