@@ -13,13 +13,15 @@
  * rank that answers with a count that shows it never started the collective is named too
  * (it is running, but elsewhere: a different number of steps or of buckets).
  *
- * MPI is started (MPI_Init_thread, MPI_THREAD_FUNNELED: Ember calls MPI from the thread that
- * runs backward only) by the first communicator, unless the program started it, and finalized
+ * MPI is started (MPI_Init_thread, MPI_THREAD_MULTIPLE: the thread that runs backward and the
+ * progress thread below both call MPI) by the first communicator, unless the program started it, and finalized
  * at em_shutdown() only when this engine started it and nothing was left pending: after a
  * timeout MPI_Finalize would wait for the stalled rank forever.
  */
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -54,6 +56,34 @@ typedef struct mpi_req {
 } mpi_req;
 
 static bool g_we_started, g_any_broken;
+
+/* The progress thread. Open MPI advances a non-blocking collective only inside MPI calls (a
+ * large message moves fragment by fragment), so a bucket started during backward would wait
+ * for the next hook. While requests are outstanding this thread makes a cheap MPI call
+ * (MPI_Iprobe on the side communicator, for a tag nobody sends) in a loop, yielding the core,
+ * which runs Open MPI's progress engine; idle, it sleeps. Needs MPI_THREAD_MULTIPLE (without
+ * it, no thread: collectives then advance at hooks and waits only). */
+enum { TAG_NOTHING = 7799 };
+static pthread_t g_prog_thread;
+static bool g_prog_running;
+static atomic_int g_outstanding;
+static atomic_bool g_prog_stop;
+static MPI_Comm g_prog_comm = MPI_COMM_NULL;
+
+static void *progress_main(void *arg) {
+    (void)arg;
+    while (!atomic_load(&g_prog_stop)) {
+        if (atomic_load(&g_outstanding) > 0) {
+            int flag = 0;
+            MPI_Iprobe(MPI_ANY_SOURCE, TAG_NOTHING, g_prog_comm, &flag, MPI_STATUS_IGNORE);
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
 
 static double now_s(void) {
     struct timespec t;
@@ -109,7 +139,7 @@ static em_status mpi_create(const em_comm_options *opts, void **state, int *rank
                             "process, before em_shutdown)");
     if (!inited) {
         int provided = 0;
-        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
         if (rc != MPI_SUCCESS) {
             char m[MPI_MAX_ERROR_STRING];
             return em_set_error(EM_ERR_IO, "comm_new: mpi: MPI_Init_thread failed: %s",
@@ -134,6 +164,13 @@ static em_status mpi_create(const em_comm_options *opts, void **state, int *rank
     *rank = s->rank;
     *size = s->size;
     *state = s;
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (!g_prog_running && level == MPI_THREAD_MULTIPLE && !getenv("EMBER_MPI_NO_PROGRESS_THREAD") &&
+        MPI_Comm_dup(MPI_COMM_WORLD, &g_prog_comm) == MPI_SUCCESS) {
+        atomic_store(&g_prog_stop, false);
+        g_prog_running = pthread_create(&g_prog_thread, NULL, progress_main, NULL) == 0;
+    }
     return EM_OK;
 }
 
@@ -149,6 +186,12 @@ static void mpi_destroy(void *state) {
 }
 
 static void mpi_finalize(void) {
+    if (g_prog_running) {
+        atomic_store(&g_prog_stop, true);
+        pthread_join(g_prog_thread, NULL);
+        g_prog_running = false;
+        if (!g_any_broken) MPI_Comm_free(&g_prog_comm);
+    }
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
@@ -229,6 +272,7 @@ static em_status mpi_start(void *state, em_collective coll, uint64_t seq, const 
         return st;
     }
     s->started = (int64_t)seq + 1;
+    atomic_fetch_add(&g_outstanding, 1);
     *req = q;
     return EM_OK;
 }
@@ -242,11 +286,15 @@ static em_status mpi_test(void *state, void *req, bool *done) {
     if (rc != MPI_SUCCESS) {
         em_status st = engine_error(s, q, q->coll, q->seq, rc);
         s->broken = g_any_broken = true;
+        atomic_fetch_sub(&g_outstanding, 1);
         free(q);
         return st;
     }
     *done = flag != 0;
-    if (flag) free(q);
+    if (flag) {
+        atomic_fetch_sub(&g_outstanding, 1);
+        free(q);
+    }
     return EM_OK;
 }
 
@@ -290,6 +338,7 @@ static em_status roll_call(mpi_state *s, mpi_req *q, double timeout_s) {
         }
     }
     if (flag) { /* it completed after all */
+        atomic_fetch_sub(&g_outstanding, 1);
         free(answered);
         free(count);
         free(q);
@@ -335,20 +384,25 @@ static em_status mpi_wait(void *state, void *req, double timeout_s) {
         if (rc != MPI_SUCCESS) {
             em_status st = engine_error(s, q, q->coll, q->seq, rc);
             s->broken = g_any_broken = true;
+            atomic_fetch_sub(&g_outstanding, 1);
             free(q);
             return st;
         }
         if (flag) {
+            atomic_fetch_sub(&g_outstanding, 1);
             free(q);
             return EM_OK;
         }
         serve_queries(s);
-        if ((spin & 63) == 0 && now_s() - t0 > timeout_s) return roll_call(s, q, timeout_s);
-        /* Yield first (the other ranks may share this core), then sleep briefly. */
-        if (spin < 2000) {
+        double waited = (spin & 63) == 0 ? now_s() - t0 : 0;
+        if (waited > timeout_s) return roll_call(s, q, timeout_s);
+        /* MPI progresses only inside its calls (a large message moves fragment by fragment),
+         * so poll without sleeping, yielding the core to other ranks that share it; after a
+         * second of waiting (a slow rank) poll every millisecond. */
+        if (waited < 1.0) {
             sched_yield();
         } else {
-            struct timespec ts = {0, 50000};
+            struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
         }
     }
