@@ -12,7 +12,9 @@ in each, back to back:
   ember-train  bench/train_step (EMBER_NUM_THREADS=2, OMP_WAIT_POLICY=passive like PyTorch's
                best configuration: both run on GNU OpenMP): issue 3's training steps, forward
                + backward + Adam update of an MLP 784-512-256-10 (batch 128) and the CNN
-               (batch 64), Ember's "Adam" optimizer from the registry (its fused kernel);
+               (batch 64), and issue 25's LSTM step (nn.LSTM(256, 256) over 64 steps of a
+               batch of 32, a Linear(256, 64) head at every step, cross_entropy), Ember's
+               "Adam" optimizer from the registry (its fused kernel);
                PyTorch runs the same networks with torch.optim.Adam (default arguments:
                foreach, lr 1e-3)
   ember-train-as-is  the same with OMP_WAIT_POLICY as it is (printed after the table: on a
@@ -34,7 +36,7 @@ import subprocess
 import sys
 
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
-TRAIN = ["train_mlp_b128", "train_cnn_b64"]
+TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_lstm_h256"]
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
@@ -73,6 +75,17 @@ def train(cnn, batch):
         F.cross_entropy(net(x), y).backward()
         opt.step()
     return step
+def train_lstm(batch):
+    lstm, head = nn.LSTM(256, 256), nn.Linear(256, 64)
+    x = torch.rand(64, batch, 256)
+    y = torch.randint(0, 64, (64 * batch,))
+    opt = torch.optim.Adam(list(lstm.parameters()) + list(head.parameters()))
+    net = lambda x: head(lstm(x)[0].reshape(-1, 256))
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    return step
 make = {"sgemm_1024": (lambda: mm(1024, torch.float32), 10),
         "sgemm_2048": (lambda: mm(2048, torch.float32), 2),
         "bf16_mm_2048": (lambda: mm(2048, torch.bfloat16), 4),
@@ -80,7 +93,8 @@ make = {"sgemm_1024": (lambda: mm(1024, torch.float32), 10),
         "memcpy_64MB": (lambda: cp(1 << 24), 10),
         "add_1elem": (lambda: add(1), 200000),
         "train_mlp_b128": (lambda: train(False, 128), 10),
-        "train_cnn_b64": (lambda: train(True, 64), 3)}
+        "train_cnn_b64": (lambda: train(True, 64), 3),
+        "train_lstm_h256": (lambda: train_lstm(32), 3)}
 ready = {}
 print("ready torch %s threads %d" % (torch.__version__, torch.get_num_threads()), flush=True)
 for line in sys.stdin:

@@ -12,6 +12,10 @@
  *   train_cnn_b64_traced  the same CNN step recorded by the forward-graph tracer: each step
  *                   between em_trace_begin and em_trace_end (then em_trace_free), for the
  *                   tracer's overhead against train_cnn_b64 in the same process
+ *   train_lstm_h256 issue 25's: a one-layer LSTM (input 256, hidden 256, the fused lstm op as
+ *                   the LSTM layer calls it: weight [W_ih | W_hh], bias b_ih + b_hh) over a
+ *                   sequence of 64 steps, batch 32, then linear(256->64) at every step and
+ *                   cross_entropy over the 64 x 32 steps (a character model's step)
  *
  * One step is what a training loop does: forward, cross_entropy (mean), em_backward, then
  * em_optimizer_step of an "Adam" optimizer made by name from the registry with its default
@@ -53,7 +57,7 @@ static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
 typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
-    bool cnn, traced;
+    bool cnn, traced, lstm;
     int64_t batch;
     int np;
     em_tensor *p[8], *x, *y;
@@ -61,8 +65,21 @@ typedef struct workload {
     bool ready;
 } workload;
 
+enum { LSTM_T = 64, LSTM_I = 256, LSTM_H = 256, LSTM_V = 64 };
+
 static void setup(workload *w) {
-    if (w->cnn) {
+    int64_t n_labels = w->batch, classes = 10;
+    if (w->lstm) {
+        w->p[0] = param(2, (int64_t[]){4 * LSTM_H, LSTM_I}, LSTM_H); /* weight_ih_l0 */
+        w->p[1] = param(2, (int64_t[]){4 * LSTM_H, LSTM_H}, LSTM_H); /* weight_hh_l0 */
+        w->p[2] = param(1, (int64_t[]){4 * LSTM_H}, LSTM_H);
+        w->p[3] = param(1, (int64_t[]){4 * LSTM_H}, LSTM_H);
+        w->p[4] = param(2, (int64_t[]){LSTM_V, LSTM_H}, LSTM_H);
+        w->p[5] = param(1, (int64_t[]){LSTM_V}, LSTM_H);
+        w->np = 6;
+        w->x = em_empty(3, (int64_t[]){LSTM_T, w->batch, LSTM_I}, EM_F32, em_cpu());
+        n_labels = LSTM_T * w->batch, classes = LSTM_V;
+    } else if (w->cnn) {
         w->p[0] = param(4, (int64_t[]){32, 1, 3, 3}, 9);
         w->p[1] = param(1, (int64_t[]){32}, 9);
         w->p[2] = param(4, (int64_t[]){64, 32, 3, 3}, 288);
@@ -84,9 +101,9 @@ static void setup(workload *w) {
         w->x = em_empty(2, (int64_t[]){w->batch, 784}, EM_F32, em_cpu());
     }
     if (!w->x || em_uniform_(w->x, 0, 1, NULL) != EM_OK) die("input");
-    em_tensor *u = em_empty(1, (int64_t[]){w->batch}, EM_F32, em_cpu());
-    if (!u || em_uniform_(u, 0, 10, NULL) != EM_OK) die("labels");
-    w->y = em_to_dtype(u, EM_I64); /* truncation: uniform in 0..9 */
+    em_tensor *u = em_empty(1, (int64_t[]){n_labels}, EM_F32, em_cpu());
+    if (!u || em_uniform_(u, 0, (double)classes, NULL) != EM_OK) die("labels");
+    w->y = em_to_dtype(u, EM_I64); /* truncation: uniform in 0..classes - 1 */
     em_tensor_release(u);
     if (!w->y) die("labels");
     em_dict *params = em_dict_new();
@@ -106,7 +123,13 @@ static void step(workload *w) {
     if (w->traced && em_trace_begin(&topt) != EM_OK) die("trace_begin");
     if (em_scope_begin() != EM_OK) die("scope");
     em_tensor *h;
-    if (w->cnn) {
+    if (w->lstm) {
+        em_tensor *wt = em_cat(2, (const em_tensor *const[]){p[0], p[1]}, 1);
+        em_tensor *y = em_lstm(w->x, NULL, NULL, wt, em_add(p[2], p[3]), NULL, false, NULL, NULL,
+                               NULL);
+        if (!y) die("lstm");
+        h = em_linear(em_reshape(y, 2, (int64_t[]){LSTM_T * w->batch, LSTM_H}), p[4], p[5]);
+    } else if (w->cnn) {
         const int64_t pad[2] = {1, 1}, k2[2] = {2, 2};
         em_tensor *a = em_relu(em_conv2d(w->x, p[0], p[1], NULL, pad, NULL, 1));
         if (!a || em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL) != EM_OK) die("pool1");
@@ -134,6 +157,7 @@ static workload W[] = {
     {.name = "train_mlp_b128", .iters = 10, .cnn = false, .batch = 128},
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
     {.name = "train_cnn_b64_traced", .iters = 3, .cnn = true, .traced = true, .batch = 64},
+    {.name = "train_lstm_h256", .iters = 3, .lstm = true, .batch = 32},
 };
 #define N_WORKLOADS ((int)(sizeof W / sizeof W[0]))
 

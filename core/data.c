@@ -18,6 +18,7 @@
 #include "ember/device.h"
 #include "ember/dispatch.h"
 #include "ember/dtype.h"
+#include "ember/serialize.h"
 #include "ember/error.h"
 #include "ember/options.h"
 #include "ember/plugin.h"
@@ -263,10 +264,14 @@ static void info_from_fields(em_dataset *ds, int64_t length) {
 static em_dataset *dataset_alloc(const char *name) {
     em_dataset *ds = em__calloc(1, sizeof *ds, "dataset");
     if (!ds) return NULL;
-    if (!(ds->name = em__strdup(name, "dataset name"))) {
+    if (!(ds->name = em__strdup(name, "dataset name")) || !(ds->meta = em_metadata_new())) {
+        if (ds->name && !ds->meta)
+            em_set_error(EM_ERR_NOMEM, "dataset '%s': out of memory for its metadata", name);
+        em__free(ds->name);
         em__free(ds);
         return NULL;
     }
+    ds->meta_of = ds->meta;
     em__live_inc(EM__LIVE_DATASET);
     atomic_init(&ds->refcount, 1);
     ds->in_f = ds->tg_f = -1;
@@ -344,6 +349,7 @@ static em_dataset *dataset_new_fields(const char *name, int64_t length, const em
     ds->state = state;
     return ds;
 fail:
+    em_metadata_free(ds->meta);
     em__free(ds->name);
     em__free(ds);
     em__live_dec(EM__LIVE_DATASET);
@@ -389,6 +395,27 @@ em_dataset *em_dataset_open(const char *name, const em_options *opts) {
                                               def->read_fields, def->close, state)
                          : dataset_new(name, &info, def->read, def->close, state);
     if (!ds && def->close) def->close(state);
+    if (ds && def->open_fields && lay.n_meta > 0) {
+        /* the class's text beside the items (copied: the arrays may live in its state) */
+        em_status ms = lay.n_meta > 4096 || !lay.meta_keys || !lay.meta_values
+                           ? em_set_error(EM_ERR_INVALID, "dataset '%s': %d metadata entries "
+                                          "without keys or values (or more than 4096)", name,
+                                          lay.n_meta)
+                           : EM_OK;
+        for (int i = 0; ms == EM_OK && i < lay.n_meta; i++) {
+            ms = em_metadata_set(ds->meta, lay.meta_keys[i], lay.meta_values[i]);
+            if (ms != EM_OK) {
+                char why[256];
+                snprintf(why, sizeof why, "%s", em_last_error());
+                em_set_error(ms, "dataset '%s': metadata entry %d ('%s'): %s", name, i,
+                             lay.meta_keys[i] ? lay.meta_keys[i] : "(null)", why);
+            }
+        }
+        if (ms != EM_OK) {
+            em_dataset_free(ds);
+            return NULL;
+        }
+    }
     return ds;
 }
 
@@ -507,10 +534,13 @@ int em_dataset_field_index(const em_dataset *ds, const char *name) {
 void em_dataset_free(em_dataset *ds) {
     if (!ds || atomic_fetch_sub(&ds->refcount, 1) != 1) return;
     if (ds->close) ds->close(ds->state);
+    em_metadata_free(ds->meta);
     em__free(ds->name);
     em__free(ds);
     em__live_dec(EM__LIVE_DATASET);
 }
+
+const em_metadata *em_dataset_metadata(const em_dataset *ds) { return ds->meta_of; }
 
 /* ---- tensor datasets ---------------------------------------------------------------------- */
 
@@ -761,6 +791,7 @@ em_dataset *em_dataset_subset(em_dataset *ds, const int64_t *indices, int64_t n)
     em_dataset *sub = dataset_new_fields("subset", n, ds->fields, ds->nf, subset_read,
                                          subset_close, s);
     if (!sub) subset_close(s);
+    else sub->meta_of = ds->meta_of; /* the parent lives as long as the subset */
     return sub;
 }
 

@@ -59,6 +59,9 @@ struct em_dataset {
     char names[EM_MAX_FIELDS][64];
     size_t field_bytes[EM_MAX_FIELDS]; /* per item at the full shape */
     int in_f, tg_f;                   /* the fields "input" and "target"; -1 when absent */
+    struct em_metadata *meta;         /* the class's metadata (owned; empty when none) */
+    const struct em_metadata *meta_of; /* what em_dataset_metadata gives: meta, or a
+                                        * subset's parent's */
 };
 
 /* A class name of the dataset and transform kinds: [a-z][a-z0-9_-]*. */

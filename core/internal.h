@@ -417,6 +417,7 @@ em_status em__ops_declare_data(em_registry *core);
 em_status em__ops_declare_linalg(em_registry *core);
 em_status em__ops_declare_optim(em_registry *core);
 em_status em__ops_declare_attention(em_registry *core);
+em_status em__ops_declare_rnn(em_registry *core); /* ops_rnn.c */
 /* ops_nn.c's preparation of an nn op's kernel call, shared with ops_attention.c: run op's own
  * kernel on t[0..n) (NULL: an absent optional input, passed as a 0-element tensor), each
  * input made contiguous in the kernel dtype ('x'), the statistics dtype ('s': f64 for f64,

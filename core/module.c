@@ -342,6 +342,8 @@ em_tensor *em_module_forward_masked(em_module *m, em_tensor *const *in, int n_in
     return out;
 }
 
+const em_tensor *em_module_forward_mask(void) { return tl_mask; }
+
 em_tensor *em_module_forward(em_module *m, const em_tensor *x) {
     em_tensor *in[1] = {(em_tensor *)x};
     return em_module_forward_n(m, in, 1);

@@ -191,6 +191,23 @@ TS(sdpa_bwd, 3, em_scaled_dot_product_attention_backward(
                     X0, X1, X2, X3, X4, in[5], AF(0), AB(1), OPTF(2),
                     (em_rng_state){.seed = (uint64_t)AI(3), .offset = (uint64_t)AI(4)}, &o0, &o1,
                     &o2))
+/* lstm and gru return their final states and workspace too. */
+static em_status t_lstm(const em_tensor *const *in, const em_attr *a, em_tensor **out, int *n) {
+    *n = 0;
+    if (!(out[0] = em_lstm(X0, X1, X2, X3, X4, in[5], AB(0), &out[1], &out[2], &out[3])))
+        return em_last_status();
+    *n = 4;
+    return EM_OK;
+}
+static em_status t_gru(const em_tensor *const *in, const em_attr *a, em_tensor **out, int *n) {
+    *n = 0;
+    if (!(out[0] = em_gru(X0, X1, X2, X3, X4, in[5], AB(0), &out[1], &out[2])))
+        return em_last_status();
+    *n = 3;
+    return EM_OK;
+}
+TS(lstm_bwd, 3, em_lstm_backward(X0, X1, X2, X3, X4, in[5], AB(0), &o0, &o1, &o2))
+TS(gru_bwd, 3, em_gru_backward(X0, X1, X2, X3, X4, AB(0), &o0, &o1, &o2))
 T1(cross_entropy, em_cross_entropy(X0, X1, X2, (em_reduction)AI(0), AI(1), AF(2)))
 T1(cross_entropy_bwd, em_cross_entropy_backward(X0, X1, X2, X3, (em_reduction)AI(0), AI(1), AF(2)))
 T1(nll_loss, em_nll_loss(X0, X1, X2, (em_reduction)AI(0), AI(1)))
@@ -773,6 +790,40 @@ static const em_op_case std_cases[] = {
         INS(I(3, CONTIG, RANDN, 2, 5, 3), I(3, CONTIG, RANDN, 2, 5, 4), I(3, CONTIG, RANDN, 2, 6, 4),
             I(3, CONTIG, RANDN, 2, 6, 3), NONE_IN, I(2, CONTIG, POS, 2, 5)),
         F(0), B(true), NA, N(0), N(0)),
+
+    /* lstm/gru: T 4, N 3, I 2, H 3; weight (G H, I + H); lengths in [0, T]. */
+    ROW("lstm", "states, bias, lengths", t_lstm, D_F, OK, true, 6,
+        INS(I(3, CONTIG, RANDN, 4, 3, 2), I(2, CONTIG, RANDN, 3, 3), I(2, CONTIG, RANDN, 3, 3),
+            I(2, CONTIG, RANDN, 12, 5), I(1, CONTIG, RANDN, 12), IX(1, 5, 3)),
+        B(false)),
+    ROW("lstm", "reverse, no states or bias, transposed weight", t_lstm, D_F32_64, OK, true, 6,
+        INS(I(3, SLICED, RANDN, 4, 3, 2), NONE_IN, NONE_IN, I(2, TRANSPOSED, RANDN, 12, 5),
+            NONE_IN, NONE_IN),
+        B(true)),
+    ROW("lstm", "weight does not fit the input", t_lstm, D_F32_64, ESH, true, 6,
+        INS(I(3, CONTIG, RANDN, 4, 3, 2), NONE_IN, NONE_IN, I(2, CONTIG, RANDN, 12, 6), NONE_IN,
+            NONE_IN),
+        B(false)),
+    ROW("lstm_backward", "reverse, lengths", t_lstm_bwd, D_F32_64, OK, false, 6,
+        INS(I(3, CONTIG, RANDN, 4, 3, 3), I(2, CONTIG, RANDN, 3, 3), NONE_IN,
+            I(2, CONTIG, RANDN, 12, 5), I(3, CONTIG, PROB, 4, 3, 18), IX(1, 5, 3)),
+        B(true)),
+    ROW("gru", "states, biases, lengths", t_gru, D_F, OK, true, 6,
+        INS(I(3, CONTIG, RANDN, 4, 3, 2), I(2, CONTIG, RANDN, 3, 3), I(2, CONTIG, RANDN, 9, 5),
+            I(1, CONTIG, RANDN, 9), I(1, CONTIG, RANDN, 9), IX(1, 5, 3)),
+        B(false)),
+    ROW("gru", "reverse, no state or biases, transposed weight", t_gru, D_F32_64, OK, true, 6,
+        INS(I(3, TRANSPOSED, RANDN, 4, 3, 2), NONE_IN, I(2, TRANSPOSED, RANDN, 9, 5), NONE_IN,
+            NONE_IN, NONE_IN),
+        B(true)),
+    ROW("gru", "lengths of floats", t_gru, D_F32_64, EDT, true, 6,
+        INS(I(3, CONTIG, RANDN, 4, 3, 2), NONE_IN, I(2, CONTIG, RANDN, 9, 5), NONE_IN, NONE_IN,
+            I(1, CONTIG, POS, 3)),
+        B(false)),
+    ROW("gru_backward", "no grad_hn", t_gru_bwd, D_F32_64, OK, false, 5,
+        INS(I(3, CONTIG, RANDN, 4, 3, 3), NONE_IN, I(2, CONTIG, RANDN, 9, 5),
+            I(3, CONTIG, PROB, 4, 3, 15), NONE_IN),
+        B(false)),
 
     /* ---- losses (ops_loss.c) ---- */
     ROW("cross_entropy", "class indices, mean", t_cross_entropy, D_F, OK, true, 3,

@@ -47,6 +47,7 @@ em_status em__ops_declare_standard(em_registry *core) {
     if (st == EM_OK) st = em__ops_declare_reduce(core);
     if (st == EM_OK) st = em__ops_declare_nn(core);
     if (st == EM_OK) st = em__ops_declare_attention(core);
+    if (st == EM_OK) st = em__ops_declare_rnn(core);
     if (st == EM_OK) st = em__ops_declare_loss(core);
     if (st == EM_OK) st = em__ops_declare_data(core);
     if (st == EM_OK) st = em__ops_declare_linalg(core);

@@ -105,6 +105,7 @@ int main(void) {
             e.test_metric = num(&p);
             e.skipped_steps = inum(&p);
             e.loss_scale = num(&p);
+            e.ppl = false;
             ok = s.epoch(&s, &e);
         } else if (!strcmp(cmd, "param")) {
             char *name = tok(&p);

@@ -314,15 +314,15 @@ Test(data, the_plugin_classes_check_their_options) {
 }
 
 Test(data, the_data_plugin_registers_its_classes) {
-    const char *want[] = {"mnist", "cifar10", "csv", "synthetic"};
-    for (int i = 0; i < 4; i++) cr_assert(em_dataset_class_find(want[i]), "%s", want[i]);
+    const char *want[] = {"mnist", "cifar10", "csv", "synthetic", "text"};
+    for (int i = 0; i < 5; i++) cr_assert(em_dataset_class_find(want[i]), "%s", want[i]);
     bool found = false;
     for (size_t i = 0; i < em_plugin_count(); i++) {
         em_plugin_info p;
         cr_assert_eq(em_plugin_get(i, &p), EM_OK);
         if (p.name && strcmp(p.name, "ember-data") == 0) {
             found = true;
-            cr_assert_eq(em_registry_dataset_count(p.registry), 4);
+            cr_assert_eq(em_registry_dataset_count(p.registry), 5);
         }
     }
     cr_assert(found);

@@ -330,8 +330,11 @@ static void usage(FILE *f) {
 "                           val_loss, val_accuracy (val_mae), samples_per_s, data_wait_pct,\n"
 "                           peak_memory, then train_accuracy (train_mae: over the epoch's\n"
 "                           batches as trained), test_loss, test_accuracy (test_mae; the test\n"
-"                           set is evaluated each epoch when there is one); a resumed run\n"
-"                           appends, and an epoch resumed mid-way reports all its batches\n"
+"                           set is evaluated each epoch when there is one); a language\n"
+"                           model (data class 'text') adds train_ppl, val_ppl and\n"
+"                           val_unigram_ppl (perplexities: exp of the mean token loss); a\n"
+"                           resumed run appends, and an epoch resumed mid-way reports all its\n"
+"                           batches\n"
 "  --metrics-steps FILE     a row every --log-every: step, epoch, loss (mean since the last\n"
 "                           row), lr (lr_group0, lr_group1, ... with several groups),\n"
 "                           grad_norm (the row's last step, before clipping), samples_per_s\n"
@@ -357,6 +360,13 @@ static void usage(FILE *f) {
 "  --predict-scores KIND    with --predict (classification): also each class's score, as\n"
 "                           logits (logit_0, ...: the model's outputs) or probabilities\n"
 "                           (prob_0, ...: their softmax)\n"
+"  --generate N             a language model's text (data class 'text'): N tokens after\n"
+"                           --prompt, printed to stdout; needs --init-weights, whose metadata\n"
+"                           holds the vocabulary; the model sees the last seq_len tokens\n"
+"  --prompt TEXT            the text generation starts from (at least one character)\n"
+"  --temperature T          divide the logits by T > 0 before sampling (default 1)\n"
+"  --top-k K                sample among the K most likely tokens only (default: all)\n"
+"                           (the same --seed, prompt and settings give the same text)\n"
 "  --eval-batch-size N      samples per batch in validation, test and --predict (loop key\n"
 "                           eval_batch_size; default: --batch-size)\n"
 "  --limit-batches N        at most N batches per epoch and per evaluation (0: no limit)\n"
@@ -446,7 +456,8 @@ static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
  * finite number >= 0, as --lr does.) */
 typedef enum num_id {
     N_EPOCHS, N_MAX_STEPS, N_BATCH, N_ACCUM, N_WORKERS, N_LIMIT, N_OVERFIT, N_EARLY, N_SEED,
-    N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_EVAL_BATCH, N_COUNT
+    N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_EVAL_BATCH, N_GENERATE,
+    N_TOP_K, N_COUNT
 } num_id;
 
 typedef struct num_range {
@@ -480,6 +491,8 @@ static const num_range ranges[N_COUNT] = {
     [N_WD] = REAL_RANGE(NULL, "--weight-decay", -DBL_MAX, DBL_MAX),
     [N_SCALE] = REAL_RANGE("data.transforms.scale", NULL, -DBL_MAX, DBL_MAX),
     [N_EVAL_BATCH] = INT_RANGE("loop.eval_batch_size", "--eval-batch-size", 1, INT32_MAX),
+    [N_GENERATE] = INT_RANGE(NULL, "--generate", 1, 100000000),
+    [N_TOP_K] = INT_RANGE(NULL, "--top-k", 1, INT32_MAX),
 };
 
 /* "an integer in [0, 2147483647]", "a finite number >= 0" */
@@ -852,9 +865,10 @@ static int read_fields(run *r, const em_config_node *d) {
                             .num_classes = ft->num_classes};
     memcpy(in->input_shape, fi->shape, sizeof in->input_shape);
     memcpy(in->target_shape, ft->shape, sizeof in->target_shape);
-    if (!(ft->dtype == EM_I64 && ft->ndim == 0 && ft->num_classes > 0) && ft->dtype != EM_F32)
+    if (!(ft->dtype == EM_I64 && ft->ndim <= 1 && ft->num_classes > 0) && ft->dtype != EM_F32)
         return cfg_error(tg ? tg : d, "the target field '%s' must hold int64 class labels (with "
-                         "a number of classes) or float32 values%s", r->tg_name);
+                         "a number of classes; one per item, or (L) one per position) or "
+                         "float32 values%s", r->tg_name);
     r->info = in;
     return 0;
 }
@@ -1356,7 +1370,7 @@ static int check_fit(run *r) {
     } else {
         int64_t ts[EM_MAX_DIMS + 1] = {2};
         for (int i = 0; i < in->target_ndim; i++) ts[i + 1] = in->target_shape[i];
-        y = em_zeros(in->target_ndim + 1, ts, EM_F32, r->dev);
+        y = em_zeros(in->target_ndim + 1, ts, in->target_dtype, r->dev);
     }
     em_tensor *out = x ? em_module_forward_masked(r->model, xs, r->n_in, mask) : NULL;
     char xsh[128];
@@ -1366,21 +1380,23 @@ static int check_fit(run *r) {
                 xsh, em_dataset_name(r->train), em_last_error());
         rc = EXIT_USAGE;
     } else {
-        em_tensor *pair[2] = {out, y};
-        if (!em_module_forward_n(r->loss, pair, 2)) {
+        bool seq = sequence_targets(r);
+        int cd = seq ? 2 : 1; /* the class dim of the output: (B, C), or (B, L, C) */
+        if (!loss_forward(r, out, y)) {
             char os[128];
             em_shape_str(em_tensor_ndim(out), em_tensor_shape(out), os, sizeof os);
             fprintf(stderr, "ember-train: the model's output %s does not fit the loss %s and "
                     "the targets (%s, %lld classes): %s\n", os, r->loss_class,
-                    in->target_ndim == 0 ? "class indices" : "float values",
+                    seq ? "class indices per position" : in->target_ndim == 0 ? "class indices"
+                                                                             : "float values",
                     (long long)in->num_classes, em_last_error());
             rc = EXIT_USAGE;
-        } else if (in->num_classes > 0 && em_tensor_ndim(out) == 2 &&
-                   em_tensor_shape(out)[1] != in->num_classes &&
+        } else if (in->num_classes > 0 && em_tensor_ndim(out) == cd + 1 &&
+                   em_tensor_shape(out)[cd] != in->num_classes &&
                    !strcmp(r->loss_class, "CrossEntropyLoss")) {
-            fprintf(stderr, "ember-train: the model gives %lld outputs per sample but the data "
-                    "has %lld classes\n", (long long)em_tensor_shape(out)[1],
-                    (long long)in->num_classes);
+            fprintf(stderr, "ember-train: the model gives %lld outputs per %s but the data "
+                    "has %lld classes\n", (long long)em_tensor_shape(out)[cd],
+                    seq ? "position" : "sample", (long long)in->num_classes);
             rc = EXIT_USAGE;
         }
     }
@@ -1530,7 +1546,8 @@ int main(int argc, char **argv) {
            O_INIT_NS, O_SAVE, O_CKPT, O_KEEP, O_RESUME, O_METRICS, O_EVAL, O_PREDICT, O_LIMIT,
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
-           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST };
+           O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_GENERATE,
+           O_PROMPT, O_TEMPERATURE, O_TOP_K };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1551,6 +1568,8 @@ int main(int argc, char **argv) {
         {"metrics-steps", 1, 0, O_METRICS_STEPS}, {"save-best", 1, 0, O_SAVE_BEST},
         {"predict-scores", 1, 0, O_PREDICT_SCORES}, {"eval-batch-size", 1, 0, O_EVAL_BATCH},
         {"tensorboard", 1, 0, O_TENSORBOARD}, {"tensorboard-histograms", 0, 0, O_TB_HIST},
+        {"generate", 1, 0, O_GENERATE}, {"prompt", 1, 0, O_PROMPT},
+        {"temperature", 1, 0, O_TEMPERATURE}, {"top-k", 1, 0, O_TOP_K},
         {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
@@ -1565,6 +1584,8 @@ int main(int argc, char **argv) {
     r.s.batch_size = 64;
     r.s.accum_steps = 1;
     r.s.shuffle = true;
+    r.s.temperature = 1.0;
+    bool c_gen_opts = false; /* --prompt, --temperature or --top-k given */
     r.s.keep = EM_CHECKPOINT_KEEP_DEFAULT;
     r.best_metric = NAN;
     r.best_epoch = -1;
@@ -1624,6 +1645,19 @@ int main(int argc, char **argv) {
                 ok = false;
             }
             break;
+        case O_GENERATE: ok = cli_num(N_GENERATE, optarg, &r.s.generate, &fv); break;
+        case O_PROMPT: r.s.prompt = optarg, c_gen_opts = true; break;
+        case O_TOP_K: ok = cli_num(N_TOP_K, optarg, &r.s.top_k, &fv), c_gen_opts = true; break;
+        case O_TEMPERATURE:
+            c_gen_opts = true;
+            if (!parse_f64(optarg, &r.s.temperature) || !(r.s.temperature > 0) ||
+                !isfinite(r.s.temperature)) {
+                fprintf(stderr, "ember-train: --temperature: '%s' is not a finite number > 0 "
+                        "(the logits are divided by it; --top-k 1 always takes the most likely "
+                        "token)\n", optarg);
+                ok = false;
+            }
+            break;
         case O_EVAL: r.s.eval_only = true; break;
         case O_PREDICT: r.s.predict = optarg; break;
         case O_LIMIT: ok = cli_num(N_LIMIT, optarg, &c_limit, &fv); break;
@@ -1668,6 +1702,24 @@ int main(int argc, char **argv) {
     }
     if (r.s.predict_scores && !r.s.predict) {
         fprintf(stderr, "ember-train: --predict-scores needs --predict\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.generate && !r.s.init_weights) {
+        fprintf(stderr, "ember-train: --generate needs --init-weights (weights saved from a "
+                "'text' dataset, which carry its vocabulary)\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.generate && !r.s.prompt) {
+        fprintf(stderr, "ember-train: --generate needs --prompt TEXT (at least one character)\n");
+        return EXIT_USAGE;
+    }
+    if (c_gen_opts && !r.s.generate) {
+        fprintf(stderr, "ember-train: --prompt, --temperature and --top-k need --generate N\n");
+        return EXIT_USAGE;
+    }
+    if (r.s.generate && (r.s.eval_only || r.s.predict || r.s.dry_run || r.s.resume)) {
+        fprintf(stderr, "ember-train: --generate runs alone: not with --eval-only, --predict, "
+                "--dry-run or --resume\n");
         return EXIT_USAGE;
     }
     if (r.s.eval_only && !r.s.init_weights && !r.s.resume) {
@@ -1831,9 +1883,20 @@ int main(int argc, char **argv) {
             goto done;
         }
     }
+    if (r.s.generate) {
+        rc = generate_text(&r);
+        goto done;
+    }
     if (r.s.dry_run) {
         checkpoint_prepare(&r, true);
         rc = dry_run(&r);
+        goto done;
+    }
+    if (r.s.predict && sequence_targets(&r)) {
+        fprintf(stderr, "ember-train: --predict writes one prediction per item; this data has "
+                "a class per position (a language model): use --eval-only for its loss and "
+                "perplexity, or --generate for its text\n");
+        rc = EXIT_USAGE;
         goto done;
     }
     if (r.s.eval_only || r.s.predict) {

@@ -48,7 +48,36 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static bool classification(const run *r) { return r->info->num_classes > 0 && r->info->target_ndim == 0; }
+/* Class-index targets: one per sample, or one per position (sequence_targets). */
+static bool classification(const run *r) {
+    return r->info->num_classes > 0 && (r->info->target_ndim == 0 || sequence_targets(r));
+}
+
+bool sequence_targets(const run *r) {
+    return r->info->num_classes > 0 && r->info->target_ndim == 1 && r->info->target_dtype == EM_I64;
+}
+
+em_tensor *loss_forward(const run *r, em_tensor *out, em_tensor *y) {
+    if (out && y && sequence_targets(r)) {
+        /* (B, L, V) logits against (B, L) next-token targets: the loss over B * L tokens,
+         * as PyTorch scripts do with logits.view(-1, V) and y.view(-1) */
+        const int64_t *os = em_tensor_shape(out), *ys = em_tensor_shape(y);
+        if (em_tensor_ndim(out) != 3 || em_tensor_ndim(y) != 2 || os[0] != ys[0] ||
+            os[1] != ys[1]) {
+            char a[64], b[64];
+            em_shape_str(em_tensor_ndim(out), os, a, sizeof a);
+            em_shape_str(em_tensor_ndim(y), ys, b, sizeof b);
+            em_set_error(EM_ERR_SHAPE, "the model's output %s does not fit the sequence targets "
+                         "%s: per-position class targets (B, L) need (B, L, classes) outputs", a,
+                         b);
+            return NULL;
+        }
+        out = em_reshape(out, 2, (int64_t[]){os[0] * os[1], os[2]});
+        y = em_reshape(y, 1, (int64_t[]){ys[0] * ys[1]});
+    }
+    em_tensor *pair[2] = {out, y};
+    return out && y ? em_module_forward_n(r->loss, pair, 2) : NULL;
+}
 
 /* ---- loaders ------------------------------------------------------------------------------ */
 
@@ -109,9 +138,10 @@ static em_tensor *batch_metric(const run *r, em_tensor *out, em_tensor *y, int64
                                em_tensor **pred) {
     em_tensor *p, *m;
     if (classification(r)) {
-        int dim = 1;
+        int dim = sequence_targets(r) ? 2 : 1; /* (B, C), or (B, L, C) per position */
         p = em_argmax(out, &dim, false);
         m = em_sum(em_to_dtype(em_eq(p, y), EM_F32), 0, NULL, false);
+        if (m && sequence_targets(r)) m = em_div_scalar(m, (double)(em_tensor_numel(y) / bs));
     } else {
         p = out;
         m = em_sum(em_abs(em_sub(out, em_reshape(y, em_tensor_ndim(out), em_tensor_shape(out)))),
@@ -127,7 +157,27 @@ static em_tensor *batch_metric(const run *r, em_tensor *out, em_tensor *y, int64
 typedef struct eval_result {
     double loss, metric; /* metric: accuracy in [0, 1], or MAE for regression */
     int64_t n;
+    /* sequence targets: the perplexity of the targets' own token frequencies (the best any
+     * model blind to context does on them: exp of their entropy); NAN otherwise */
+    double unigram_ppl;
 } eval_result;
+
+/* Whether the loss is a mean token cross-entropy, whose exp is the perplexity. */
+static bool perplexity_loss(const run *r) {
+    return sequence_targets(r) && (!strcmp(r->loss_class, "CrossEntropyLoss") ||
+                                   !strcmp(r->loss_class, "NLLLoss"));
+}
+
+/* exp(-sum p log p) of the counts[0..k) (n in all). */
+static double unigram_perplexity(const int64_t *counts, int64_t k, int64_t n) {
+    double h = 0;
+    for (int64_t c = 0; c < k; c++)
+        if (counts[c]) {
+            double p = (double)counts[c] / (double)n;
+            h -= p * log(p);
+        }
+    return exp(h);
+}
 
 /* Evaluate on ds in eval mode under no_grad; predictions to `pred` (CSV) when not NULL (a
  * failed write stops the evaluation with EM_ERR_IO naming the file and the reason). */
@@ -139,16 +189,25 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
     em_module_train(r->model, false);
     em_grad_mode_push(EM_GRAD_DISABLED);
     double loss_sum = 0, metric_sum = 0;
-    int64_t n = 0, b = 0, limit = r->s.limit_batches;
-    em_status s = EM_OK;
+    int64_t n = 0, b = 0, limit = r->s.limit_batches, K = r->info->num_classes, tokens = 0;
+    int64_t *counts = sequence_targets(r) ? calloc((size_t)K, sizeof *counts) : NULL;
+    em_status s = sequence_targets(r) && !counts
+                      ? em_set_error(EM_ERR_NOMEM, "evaluate: out of memory for %lld token "
+                                     "counts", (long long)K)
+                      : EM_OK;
+    if (s != EM_OK) {
+        em_grad_mode_pop();
+        em_module_train(r->model, was);
+        em_loader_free(l);
+        return s;
+    }
     em_tensor *xs[IN_MAX], *y, *mask;
     while ((s = next_batch(r, l, xs, &y, &mask)) == EM_OK && xs[0]) {
         if (limit && b++ >= limit) continue; /* drain to the end mark */
         em_scope_begin();
         int64_t bs = em_tensor_shape(xs[0])[0];
         em_tensor *outp = model_forward(r, xs, mask);
-        em_tensor *pair[2] = {outp, y};
-        em_tensor *loss = outp ? em_module_forward_n(r->loss, pair, 2) : NULL;
+        em_tensor *loss = loss_forward(r, outp, y);
         em_tensor *pred_t = NULL, *m = loss ? batch_metric(r, outp, y, bs, &pred_t) : NULL;
         if (!m) {
             s = em_last_status();
@@ -157,6 +216,17 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
         }
         loss_sum += em_item(loss) * (double)bs;
         metric_sum += em_item(m);
+        if (counts) {
+            em_tensor *yc = em_contiguous(em_to_device(y, em_cpu()));
+            if (!yc) {
+                s = em_last_status();
+                em_scope_end();
+                break;
+            }
+            const int64_t *t = em_tensor_data(yc);
+            for (int64_t i = 0; i < em_tensor_numel(yc); i++)
+                if (t[i] >= 0 && t[i] < K) counts[t[i]]++, tokens++;
+        }
         if (pred) {
             em_tensor *pc = em_to_device(em_to_dtype(pred_t, classification(r) ? EM_I64 : EM_F32), em_cpu());
             em_tensor *yc = em_to_device(em_to_dtype(y, classification(r) ? EM_I64 : EM_F32), em_cpu());
@@ -177,8 +247,9 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
                 OUT_PRINTF(pred, "%" PRId64, n + i);
                 for (int64_t j = 0; j < per; j++) {
                     if (classification(r))
-                        OUT_PRINTF(pred, ",%" PRId64 ",%" PRId64, ((int64_t *)em_tensor_data(pc))[i],
-                                   ((int64_t *)em_tensor_data(yc))[i]);
+                        OUT_PRINTF(pred, ",%" PRId64 ",%" PRId64,
+                                   ((int64_t *)em_tensor_data(pc))[i * per + j],
+                                   ((int64_t *)em_tensor_data(yc))[i * per + j]);
                     else
                         OUT_PRINTF(pred, ",%.9g,%.9g", ((float *)em_tensor_data(pc))[i * per + j],
                                    ((float *)em_tensor_data(yc))[i * per + j]);
@@ -199,6 +270,8 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
     em_grad_mode_pop();
     em_module_train(r->model, was);
     em_loader_free(l);
+    out->unigram_ppl = counts && tokens ? unigram_perplexity(counts, K, tokens) : NAN;
+    free(counts);
     if (s != EM_OK) return s;
     out->n = n;
     out->loss = n ? loss_sum / (double)n : NAN;
@@ -209,7 +282,11 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
 static const char *metric_name(const run *r) { return classification(r) ? "accuracy" : "MAE"; }
 
 static void print_eval(const run *r, const char *what, const eval_result *e) {
-    if (classification(r))
+    if (perplexity_loss(r))
+        printf("%s: loss %.6f perplexity %.4f (unigram %.4f) token accuracy %.4f%% (%" PRId64
+               " samples)\n", what, e->loss, exp(e->loss), e->unigram_ppl, 100.0 * e->metric,
+               e->n);
+    else if (classification(r))
         printf("%s: loss %.6f accuracy %.4f%% (%" PRId64 " samples)\n", what, e->loss,
                100.0 * e->metric, e->n);
     else
@@ -366,6 +443,10 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved
     if (s == EM_OK) s = meta_i64(m, "train.batch", r->batch);
     if (s == EM_OK) s = meta_i64(m, "train.best_epoch", r->best_epoch);
     if (s == EM_OK) s = meta_i64(m, "train.seed", (int64_t)r->s.seed);
+    const em_metadata *dm = em_dataset_metadata(r->train); /* a vocabulary, ... */
+    for (size_t i = 0; s == EM_OK && i < em_metadata_len(dm); i++)
+        if (strncmp(em_metadata_key(dm, i), "train.", 6))
+            s = em_metadata_set(m, em_metadata_key(dm, i), em_metadata_value(dm, i));
     /* the epoch so far, for its figures over all its batches after a resume */
     const epoch_sums z = {0}, *e = r->batch ? &r->part : &z;
     for (int i = 0; i < N_PART && s == EM_OK; i++)
@@ -576,7 +657,8 @@ static bool sinks_add_file(run *r, sinks *k, const char *option, const char *pat
     int ng = em_optimizer_group_count(r->opt);
     metrics_file_spec spec = {.option = option, .path = path, .steps = steps,
                               .append = r->s.resume != NULL, .classification = classification(r),
-                              .n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX};
+                              .n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX,
+                              .perplexity = perplexity_loss(r)};
     if (!metrics_file_open(s, &spec)) {
         fprintf(stderr, "ember-train: %s %s\n", option, s->err);
         return false;
@@ -824,7 +906,8 @@ static bool save_model(run *r, const char *option, const char *path) {
     em_status ws = EM_ERR_NOMEM;
     if (sd) {
         stop_save_begin(what, path);
-        ws = em_save(sd, path, NULL, NULL);
+        /* the training set's metadata (a vocabulary) goes with the weights */
+        ws = em_save(sd, path, em_dataset_metadata(r->train), NULL);
         stop_save_end(false, r->step);
     }
     em_dict_free(sd);
@@ -888,7 +971,7 @@ int train_loop(run *r) {
     int rc = EXIT_OK;
     bool stop_run = false, wait_hinted = false, first_step = true, mem_after_first = r->s.memory_summary;
     /* the test set's figures after the last step, when an epoch row needed them */
-    eval_result et = {NAN, NAN, 0};
+    eval_result et = {NAN, NAN, 0, NAN};
     int64_t test_step = -1;
     if ((r->epoch > 0 || r->batch > 0) &&
         em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch}) != EM_OK) {
@@ -938,8 +1021,7 @@ int train_loop(run *r) {
             int64_t bs = em_tensor_shape(xs[0])[0];
             em_scope_begin();
             em_tensor *out = model_forward(r, xs, mask);
-            em_tensor *pair[2] = {out, y};
-            em_tensor *loss = out ? em_module_forward_n(r->loss, pair, 2) : NULL;
+            em_tensor *loss = loss_forward(r, out, y);
             double lv = loss ? em_item(loss) : NAN, mv = 0;
             if (loss && k.epochs) { /* the epoch's train metric, as the batch was trained on */
                 em_grad_mode_push(EM_GRAD_DISABLED);
@@ -1071,7 +1153,7 @@ int train_loop(run *r) {
                 (int)(r->s.workers ? r->s.workers * 2 : 2));
             wait_hinted = true;
         }
-        eval_result ev = {NAN, NAN, 0};
+        eval_result ev = {NAN, NAN, 0, NAN};
         if (val && evaluate(r, val, subset, n_subset, NULL, &ev) != EM_OK) {
             report_error("validation");
             rc = EXIT_TRAIN;
@@ -1099,13 +1181,17 @@ int train_loop(run *r) {
         double lr = em_optimizer_lr(r->opt, 0);
         const epoch_sums *e = &r->part;
         double train_loss = e->samples ? e->loss / (double)e->samples : NAN;
-        char vbuf[128] = "";
+        char vbuf[160] = "", tppl[32] = "", vppl[64] = "";
+        if (perplexity_loss(r)) { /* exp of the mean token loss */
+            snprintf(tppl, sizeof tppl, " ppl %.3f", exp(train_loss));
+            snprintf(vppl, sizeof vppl, " ppl %.3f (unigram %.3f)", exp(ev.loss), ev.unigram_ppl);
+        }
         if (val)
-            snprintf(vbuf, sizeof vbuf, "  val loss %.4f %s %.2f%s", ev.loss, mn,
+            snprintf(vbuf, sizeof vbuf, "  val loss %.4f%s %s %.2f%s", ev.loss, vppl, mn,
                      classification(r) ? 100 * ev.metric : ev.metric, classification(r) ? "%" : "");
-        say(r, "epoch %" PRId64 "/%" PRId64 "%s: train loss %.4f%s  lr %.3g  %.1fs  %.0f "
+        say(r, "epoch %" PRId64 "/%" PRId64 "%s: train loss %.4f%s%s  lr %.3g  %.1fs  %.0f "
             "samples/s\n", r->epoch + 1, r->s.epochs, epoch_done ? "" : " (partial)", train_loss,
-            vbuf, lr, dt, dt > 0 ? (double)e->samples / dt : 0);
+            tppl, vbuf, lr, dt, dt > 0 ? (double)e->samples / dt : 0);
         snprintf(then, sizeof then, "; training stops after epoch %" PRId64 "%s", r->epoch + 1,
                  r->s.checkpoint ? " and its checkpoint" : "");
         epoch_row row = {r->epoch + 1, r->step, lr, train_loss,
@@ -1113,7 +1199,8 @@ int train_loop(run *r) {
                          ev.metric, dt > 0 ? (double)e->samples / dt : 0, wait_pct, peak_total(r),
                          e->samples ? e->metric / (double)e->samples : NAN,
                          test_step == r->step ? et.loss : NAN,
-                         test_step == r->step ? et.metric : NAN, 0, NAN};
+                         test_step == r->step ? et.metric : NAN, 0, NAN, perplexity_loss(r),
+                         exp(train_loss), val ? exp(ev.loss) : NAN, val ? ev.unigram_ppl : NAN};
         if (k.epochs) sinks_epoch(&k, &row, then);
         if (!k.failed) sinks_flush(&k, true, then);
         if (epoch_done) {
@@ -1235,8 +1322,7 @@ int dry_run(run *r) {
     em_module_train(r->model, true);
     em_scope_begin();
     em_tensor *out = model_forward(r, xs, mask);
-    em_tensor *pair[2] = {out, y};
-    em_tensor *loss = out ? em_module_forward_n(r->loss, pair, 2) : NULL;
+    em_tensor *loss = loss_forward(r, out, y);
     if (!loss || em_backward(loss) != EM_OK) {
         report_error("dry run");
         rc = EXIT_USAGE;

@@ -48,6 +48,11 @@ typedef struct epoch_row {
     double test_loss, test_metric;
     int64_t skipped_steps;     /* --amp: steps skipped so far; 0 otherwise */
     double loss_scale;         /* --amp fp16: the scale at the epoch's end; NAN otherwise */
+    /* a language model (per-position class targets, a cross-entropy loss): exp of the mean
+     * token loss of training and validation, and the validation targets' unigram perplexity
+     * (NAN without a validation set); ppl false: none of the three is written */
+    bool ppl;
+    double train_ppl, val_ppl, val_unigram_ppl;
 } epoch_row;
 
 /* A place rows go. Functions may be NULL (the sink takes no such rows). Each returns false

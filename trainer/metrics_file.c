@@ -5,6 +5,7 @@
  * their original order; the rest are appended):
  *   epoch,step,lr,train_loss,grad_norm,val_loss,val_accuracy,samples_per_s,data_wait_pct,
  *   peak_memory,train_accuracy,test_loss,test_accuracy[,skipped_steps,loss_scale]
+ *   [,train_ppl,val_ppl,val_unigram_ppl] (language models: per-position class targets)
  * (val_mae, train_mae, test_mae for regression). Columns of --metrics-steps (one row every
  * --log-every):
  *   step,epoch,loss,lr (lr_group0,lr_group1,... with several groups),grad_norm,samples_per_s,
@@ -119,6 +120,7 @@ static void header(const file_sink *fs, char *buf, size_t cap) {
             "peak_memory,train_%s,test_loss,test_%s", m, m, m);
     }
     if (fs->spec.amp) ADD(",skipped_steps,loss_scale");
+    if (fs->spec.perplexity && !fs->spec.steps) ADD(",train_ppl,val_ppl,val_unigram_ppl");
 #undef ADD
 }
 
@@ -165,6 +167,11 @@ static bool sink_epoch(metrics_sink *s, const epoch_row *e) {
     if (fs->spec.amp) {
         put_i(fs, false, "skipped_steps", e->skipped_steps);
         put_f(fs, false, "loss_scale", 9, e->loss_scale);
+    }
+    if (fs->spec.perplexity) {
+        put_f(fs, false, "train_ppl", 9, e->ppl ? e->train_ppl : NAN);
+        put_f(fs, false, "val_ppl", 9, e->ppl ? e->val_ppl : NAN);
+        put_f(fs, false, "val_unigram_ppl", 9, e->ppl ? e->val_unigram_ppl : NAN);
     }
     put_end(fs);
     return out_flush(&fs->o) ? true : fail(s, fs); /* an epoch is worth a flush */

@@ -51,6 +51,7 @@ typedef struct metrics_file_spec {
     bool classification;       /* the metric columns are accuracies; else MAEs */
     int n_groups;              /* parameter groups (step rows' lr columns), 1..METRIC_GROUPS_MAX */
     bool amp;                  /* add the gradient scaler's columns (skipped_steps, loss_scale) */
+    bool perplexity;           /* epoch rows: add train_ppl, val_ppl, val_unigram_ppl */
 } metrics_file_spec;
 
 /* Open the file and fill *s (its functions, option, metric name; the header written and

@@ -303,6 +303,11 @@ static bool tb_epoch(metrics_sink *s, const epoch_row *r) {
         scalar(c, "epoch/skipped_steps", (double)r->skipped_steps);
         scalar(c, "epoch/loss_scale", r->loss_scale);
     }
+    if (r->ppl) { /* a language model */
+        scalar(c, "epoch/train_ppl", r->train_ppl);
+        scalar(c, "val/ppl", r->val_ppl);
+        scalar(c, "val/unigram_ppl", r->val_unigram_ppl);
+    }
     return event_write(s, c, r->step) && tb_flush_now(s, c);
 }
 

@@ -57,6 +57,11 @@ typedef struct settings {
                                     * batch_size) */
     const char *tensorboard;       /* --tensorboard DIR */
     bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
+    /* --generate N (0: no generation) from --prompt TEXT, --temperature T (> 0; 1), --top-k K
+     * (0: every token) */
+    int64_t generate, top_k;
+    const char *prompt;
+    double temperature;
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
@@ -121,7 +126,16 @@ typedef struct run {
 } run;
 
 /* loop.c */
+/* Whether the target field holds one class index per position ((L) int64 with classes: a
+ * language model's next tokens). */
+bool sequence_targets(const run *r);
+/* The loss of the model's output against the targets: r->loss on (out, y), or for sequence
+ * targets on out (B, L, C) and y (B, L) flattened to (B * L, C) and (B * L), so the mean is
+ * over tokens. NULL + error (EM_ERR_SHAPE naming both shapes when they do not fit). */
+em_tensor *loss_forward(const run *r, em_tensor *out, em_tensor *y);
 int train_loop(run *r);
+/* generate.c: --generate (needs --init-weights with the text.* vocabulary metadata). */
+int generate_text(run *r);
 int evaluate_only(run *r);
 int dry_run(run *r);
 em_status checkpoint_load(run *r, const char *path);

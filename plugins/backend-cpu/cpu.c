@@ -272,6 +272,7 @@ static em_status cpu_register(em_registry *r) {
     if (st == EM_OK) st = cpu_register_math(r);
     if (st == EM_OK) st = cpu_register_nn(r);
     if (st == EM_OK) st = cpu_register_attention(r);
+    if (st == EM_OK) st = cpu_register_rnn(r);
     if (st == EM_OK) st = cpu_register_loss(r);
     if (st == EM_OK) st = cpu_register_data(r);
     if (st == EM_OK) st = cpu_register_linalg(r);

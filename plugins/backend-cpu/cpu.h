@@ -81,6 +81,7 @@ em_status cpu_register_random(em_registry *r);
 em_status cpu_register_math(em_registry *r);
 em_status cpu_register_nn(em_registry *r);
 em_status cpu_register_attention(em_registry *r); /* cpu_attention.c */
+em_status cpu_register_rnn(em_registry *r);       /* cpu_rnn.c */
 /* Every operand of kernel call k contiguous, or EM_ERR_INVALID naming the strided one (the
  * nn kernels' contract: the public functions make operands contiguous). cpu_nn.c. */
 em_status cpu_check_dense(const em_kernel_ctx *k);

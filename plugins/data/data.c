@@ -1,6 +1,7 @@
 /*
  * data.c — the ember-data plugin: dataset classes for MNIST/Fashion-MNIST IDX files (raw or
- * gzip), CIFAR-10 binary batches, CSV tables, and a synthetic dataset for benchmarks; and what
+ * gzip), CIFAR-10 binary batches, CSV tables, a synthetic dataset for benchmarks, and
+ * next-token windows of text files (text.c); and what
  * they share: file reading (regular files only, dt_open_input; through zlib, which reads plain
  * files too; into memory that grows with what the file delivers, dt_read_alloc), their items
  * as the named fields "input" and "target" (dt_declare_io), and the in-memory table the file
@@ -254,6 +255,7 @@ static em_status data_register(em_registry *r) {
     if (st == EM_OK) st = dt_register_cifar(r);
     if (st == EM_OK) st = dt_register_csv(r);
     if (st == EM_OK) st = dt_register_synthetic(r);
+    if (st == EM_OK) st = dt_register_text(r);
     return st;
 }
 
@@ -262,7 +264,7 @@ static const em_plugin_descriptor data_plugin = {
     .abi_major = EM_PLUGIN_ABI_MAJOR,
     .name = "ember-data",
     .version = EM_VERSION_STRING,
-    .description = "dataset classes: mnist (IDX, raw or gzip), cifar10, csv, synthetic",
+    .description = "dataset classes: mnist (IDX, raw or gzip), cifar10, csv, synthetic, text",
     .register_fn = data_register,
 };
 

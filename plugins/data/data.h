@@ -77,5 +77,6 @@ em_status dt_register_idx(em_registry *r);
 em_status dt_register_cifar(em_registry *r);
 em_status dt_register_csv(em_registry *r);
 em_status dt_register_synthetic(em_registry *r);
+em_status dt_register_text(em_registry *r);
 
 #endif /* EMBER_PLUGIN_DATA_H */

@@ -601,8 +601,8 @@ const em_module_class *const layers_basic[] = {
 /* ---- the plugin ------------------------------------------------------------------------------- */
 
 static em_status layers_register(em_registry *reg) {
-    const em_module_class *const *tables[] = {layers_basic, layers_norm,
-                                              layers_containers, layers_losses};
+    const em_module_class *const *tables[] = {layers_basic, layers_norm, layers_containers,
+                                              layers_losses, layers_rnn, layers_attn};
     for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
         for (const em_module_class *const *c = tables[t]; *c; c++) {
             em_status st = em_module_class_register(reg, *c);

@@ -64,5 +64,7 @@ extern const em_module_class *const layers_basic[];      /* layers.c */
 extern const em_module_class *const layers_norm[];       /* layers_norm.c */
 extern const em_module_class *const layers_containers[]; /* layers_containers.c */
 extern const em_module_class *const layers_losses[];     /* layers_loss.c */
+extern const em_module_class *const layers_rnn[];        /* layers_rnn.c */
+extern const em_module_class *const layers_attn[];       /* layers_attn.c */
 
 #endif /* EMBER_LAYERS_H */

@@ -163,6 +163,14 @@ typedef struct em_dataset_layout {
     const em_field *fields;       /* n_fields entries (see em_field for the stride) */
     int n_fields;                 /* 1 .. EM_MAX_FIELDS */
     void *ext;                    /* reserved; NULL */
+    /* (1.1) Text the dataset carries beside its items, as key/value pairs (a tokenizer's
+     * vocabulary: ember-data's "text" class sets text.level, text.vocab, text.seq_len, ...;
+     * see docs/data.md): n_meta entries of meta_keys and meta_values, non-empty key and
+     * valid UTF-8 each, copied by the core after open returns (em_dataset_metadata). NULL
+     * and 0: none. A class built against older headers leaves them zero. */
+    const char *const *meta_keys;
+    const char *const *meta_values;
+    int n_meta;
 } em_dataset_layout;
 
 /* ---- dataset classes (registered by plugins and programs) ------------------------------- */
@@ -303,6 +311,12 @@ EM_API const em_field *em_dataset_field(const em_dataset *ds, int i);
 /* The index of the field `name`, or -1 with EM_ERR_NOTFOUND naming the dataset and listing
  * its fields. */
 EM_API int em_dataset_field_index(const em_dataset *ds, const char *name);
+/* The dataset's metadata (em_dataset_layout.meta_keys/meta_values; ember/serialize.h's
+ * ordered string map): borrowed, valid while ds lives, never NULL (empty when the class set
+ * none). A subset or random_split piece has its parent's. ember-train writes every entry
+ * into the safetensors metadata of the weights and checkpoints it saves (since 1.1). */
+struct em_metadata;
+EM_API const struct em_metadata *em_dataset_metadata(const em_dataset *ds);
 /* Read items indices[0..n) field by field into host buffers (see
  * em_dataset_class_def.read_fields: data[f] holds n items of field f at its full shape;
  * lengths[f] receives a variable field's lengths and may be NULL for fixed fields). Errors:

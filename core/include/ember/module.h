@@ -120,6 +120,11 @@ EM_API em_tensor *em_module_forward_n(em_module *m, em_tensor *const *in, int n_
  * calls nest (the innermost mask holds) and are per thread. New reference or NULL. */
 EM_API em_tensor *em_module_forward_masked(em_module *m, em_tensor *const *in, int n_in,
                                            const em_tensor *mask);
+/* The padding mask of the em_module_forward_masked call this thread is in (since 1.1;
+ * borrowed; NULL outside one, or when it was given none). A takes_mask class whose forward
+ * accepts a varying number of inputs (n_inputs 0) tells by it whether its last input is the
+ * mask: that input is this very tensor. */
+EM_API const em_tensor *em_module_forward_mask(void);
 
 /* ---- parameters, buffers, children (class code and containers) ------------------------------------ */
 

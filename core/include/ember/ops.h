@@ -320,7 +320,7 @@ EM_API em_tensor *em_any(const em_tensor *a, int ndims, const int *dims, bool ke
 
 
 /* ---- neural-network ops: conv2d, pooling, batch_norm, layer_norm, softmax, log_softmax,
- *      conv1d, conv_transpose2d, group_norm, scaled_dot_product_attention ---- */
+ *      conv1d, conv_transpose2d, group_norm, scaled_dot_product_attention, lstm, gru ---- */
 
 /* Common rules of the neural-network ops. Tensors are NCHW like PyTorch; inputs may have any
  * strides (they are made contiguous first). Floating dtypes only (EM_ERR_DTYPE otherwise):
@@ -534,6 +534,60 @@ EM_API em_status em_scaled_dot_product_attention_backward(
     double dropout_p, bool is_causal, const double *scale,
     em_rng_state dropout_state, em_tensor **grad_query /* out */,
     em_tensor **grad_key /* out */, em_tensor **grad_value /* out */);
+
+/* Fused LSTM over a whole sequence: one layer, one direction (PyTorch's nn.LSTM gates):
+ *     i = sigmoid(W_ii x + W_hi h + b_i)   f = sigmoid(W_if x + W_hf h + b_f)
+ *     g = tanh(W_ig x + W_hg h + b_g)      o = sigmoid(W_io x + W_ho h + b_o)
+ *     c' = f c + i g                       h' = o tanh(c')
+ * input (T, N, I) time first; hx, cx (N, H) or NULL (zeros); weight (4H, I + H): PyTorch's
+ * weight_ih (4H, I) and weight_hh (4H, H) catenated along dim 1, rows in gate order i, f, g,
+ * o; bias (4H) or NULL: b_ih + b_hh (the LSTM only ever uses their sum); lengths NULL or
+ * int64 (N) in [0, T]: step t of sequence b is taken when t < lengths[b], an untaken step
+ * keeps the state and outputs zeros (PyTorch's packed sequences: h_n is each sequence's own
+ * last state). reverse: the steps run from T - 1 down to 0 (a bidirectional layer's second
+ * direction; output t stays at position t). Returns the output (T, N, H) (the h of every
+ * step); h_n, c_n (N, H) and workspace (may be NULL) receive new references: the final
+ * states, and the saved activations the backward needs ((T, N, 6H), in f64 for f64 and f32
+ * otherwise; it carries no gradient). Differentiable in input, hx, cx, weight and bias.
+ * Errors: EM_ERR_SHAPE naming the operand and the expected shape, EM_ERR_DTYPE for
+ * non-floating or mixed dtypes or non-int64 lengths, EM_ERR_INVALID for lengths outside
+ * [0, T] (naming the entry). The CPU kernel runs the input projection of every step as one
+ * GEMM and each step's hidden product as another. */
+EM_API em_tensor *em_lstm(const em_tensor *input, const em_tensor *hx, const em_tensor *cx,
+                          const em_tensor *weight, const em_tensor *bias,
+                          const em_tensor *lengths, bool reverse, em_tensor **h_n /* out */,
+                          em_tensor **c_n /* out */, em_tensor **workspace /* out */);
+/* The recurrence of em_lstm's gradient: from the gradients of its output (T, N, H), h_n and
+ * c_n (N, H) (any may be NULL: zeros), its weight, workspace, lengths and direction, the
+ * gradients of the gates' pre-activations grad_gates (T, N, 4H) (zero on untaken steps) and
+ * of hx and cx (N, H). The input, weight and bias gradients follow with one GEMM each
+ * (lstm's derivative composes them). Any out-pointer may be NULL. */
+EM_API em_status em_lstm_backward(const em_tensor *grad_output, const em_tensor *grad_hn,
+                                  const em_tensor *grad_cn, const em_tensor *weight,
+                                  const em_tensor *workspace, const em_tensor *lengths,
+                                  bool reverse, em_tensor **grad_gates /* out */,
+                                  em_tensor **grad_hx /* out */, em_tensor **grad_cx /* out */);
+/* Fused GRU over a whole sequence, one layer, one direction (PyTorch's nn.GRU; the reset
+ * gate is applied after the hidden product: oneDNN's linear-before-reset GRU):
+ *     r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)   z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+ *     n = tanh(W_in x + b_in + r (W_hn h + b_hn))  h' = (1 - z) n + z h
+ * weight (3H, I + H): weight_ih (3H, I) and weight_hh (3H, H) catenated along dim 1, rows in
+ * gate order r, z, n; bias_ih, bias_hh (3H) or NULL (zeros). Everything else as em_lstm's;
+ * the workspace is (T, N, 5H). */
+EM_API em_tensor *em_gru(const em_tensor *input, const em_tensor *hx, const em_tensor *weight,
+                         const em_tensor *bias_ih, const em_tensor *bias_hh,
+                         const em_tensor *lengths, bool reverse, em_tensor **h_n /* out */,
+                         em_tensor **workspace /* out */);
+/* The recurrence of em_gru's gradient: the pre-activation gradients of the input side
+ * (grad_gates_input (T, N, 3H): r, z, n) and of the hidden side (grad_gates_hidden: r, z,
+ * and n times r, which is what W_hn h + b_hn receives), and hx's gradient (N, H).
+ * grad_output and grad_hn may be NULL (zeros); any out-pointer may be NULL. */
+EM_API em_status em_gru_backward(const em_tensor *grad_output, const em_tensor *grad_hn,
+                                 const em_tensor *weight, const em_tensor *workspace,
+                                 const em_tensor *lengths, bool reverse,
+                                 em_tensor **grad_gates_input /* out */,
+                                 em_tensor **grad_gates_hidden /* out */,
+                                 em_tensor **grad_hx /* out */);
 
 /* (end of nn) */
 

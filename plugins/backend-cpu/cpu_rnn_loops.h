@@ -1,0 +1,203 @@
+/*
+ * cpu_rnn_loops.h — the LSTM and GRU kernels of cpu_rnn.c for one dtype, included once per
+ * dtype with T (the element type), S(name) (the name with its dtype suffix), GEMM (cblas_sgemm
+ * or cblas_dgemm), EXP and TANH defined. Contracts in core/ops_rnn.c.
+ */
+
+static inline T S(sig)(T v) { return (T)1 / ((T)1 + EXP(-v)); }
+
+/* Each (b, j) of a step's elementwise part runs on one thread; the rows of a step are few
+ * (the batch), so the split is over batch rows, on nt threads when the step is big. */
+#define RNN_ROWS(nt, N, ...)                                                                    \
+    do {                                                                                        \
+        if ((nt) > 1) {                                                                         \
+            _Pragma("omp parallel for num_threads(nt) schedule(static)")                        \
+            for (int64_t b = 0; b < (N); b++) __VA_ARGS__                                       \
+        } else {                                                                                \
+            for (int64_t b = 0; b < (N); b++) __VA_ARGS__                                       \
+        }                                                                                       \
+    } while (0)
+
+/* x (M, K) times the input columns of w ((G H, K + H), transposed) into the first G H columns
+ * of c (M, ldc) rows, over rows of bias (or zeros). */
+static void S(in_proj)(const T *x, const T *w, const T *bias, int64_t M, int64_t K, int64_t GH,
+                       int64_t H, T *c, int64_t ldc) {
+    for (int64_t m = 0; m < M; m++) {
+        T *row = c + m * ldc;
+        if (bias) memcpy(row, bias, sizeof(T) * (size_t)GH);
+        else memset(row, 0, sizeof(T) * (size_t)GH);
+    }
+    if (M > 0 && K > 0)
+        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)GH, (int)K, 1, x, (int)K, w,
+             (int)(K + H), 1, c, (int)ldc);
+}
+
+static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
+    const T *x = k->in[0].data, *hx = k->in[1].data, *cx = k->in[2].data, *w = k->in[3].data,
+            *bias = k->in[4].numel ? k->in[4].data : NULL;
+    T *y = k->out[0].data, *hn = k->out[1].data, *cn = k->out[2].data, *ws = k->out[3].data;
+    const int64_t Tn = g->L, N = g->N, Ki = g->Ki, H = g->H, WS = 6 * H, ldw = Ki + H;
+    const int64_t *len = g->len;
+    size_t state = sizeof(T) * (size_t)(N * H);
+    if (k->in[1].numel) memcpy(hn, hx, state);
+    else memset(hn, 0, state);
+    if (k->in[2].numel) memcpy(cn, cx, state);
+    else memset(cn, 0, state);
+    if (Tn == 0 || N == 0) return EM_OK;
+    S(in_proj)(x, w, bias, Tn * N, Ki, 4 * H, H, ws, WS);
+    int nt = rnn_threads(k, N * H * 8);
+    for (int64_t s = 0; s < Tn; s++) {
+        int64_t t = g->reverse ? Tn - 1 - s : s;
+        T *gt = ws + t * N * WS, *yt = y + t * N * H;
+        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(4 * H), (int)H, 1, hn,
+             (int)H, w + Ki, (int)ldw, 1, gt, (int)WS);
+        RNN_ROWS(nt, N, {
+            T *gr = gt + b * WS, *h = hn + b * H, *c = cn + b * H, *yr = yt + b * H;
+            if (len && t >= len[b]) {
+                memset(gr, 0, sizeof(T) * (size_t)WS);
+                memset(yr, 0, sizeof(T) * (size_t)H);
+                continue;
+            }
+            for (int64_t j = 0; j < H; j++) {
+                T ig = S(sig)(gr[j]), fg = S(sig)(gr[H + j]), gg = TANH(gr[2 * H + j]),
+                  og = S(sig)(gr[3 * H + j]);
+                T cp = c[j], hp = h[j], cnew = fg * cp + ig * gg, hnew = og * TANH(cnew);
+                gr[j] = ig, gr[H + j] = fg, gr[2 * H + j] = gg, gr[3 * H + j] = og;
+                gr[4 * H + j] = cp, gr[5 * H + j] = hp;
+                c[j] = cnew, h[j] = hnew, yr[j] = hnew;
+            }
+        });
+    }
+    return EM_OK;
+}
+
+static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
+    const T *gy = k->in[0].numel ? k->in[0].data : NULL, *ghn = k->in[1].data,
+            *gcn = k->in[2].data, *w = k->in[3].data, *ws = k->in[4].data;
+    T *dG = k->out[0].data, *dh = k->out[1].data, *dc = k->out[2].data;
+    const int64_t Tn = g->L, N = g->N, Ki = g->Ki, H = g->H, WS = 6 * H, ldw = Ki + H;
+    const int64_t *len = g->len;
+    size_t state = sizeof(T) * (size_t)(N * H);
+    if (k->in[1].numel) memcpy(dh, ghn, state);
+    else memset(dh, 0, state);
+    if (k->in[2].numel) memcpy(dc, gcn, state);
+    else memset(dc, 0, state);
+    if (Tn == 0 || N == 0) return EM_OK;
+    int nt = rnn_threads(k, N * H * 8);
+    for (int64_t s = Tn - 1; s >= 0; s--) {
+        int64_t t = g->reverse ? Tn - 1 - s : s;
+        const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
+        T *dgt = dG + t * N * 4 * H;
+        RNN_ROWS(nt, N, {
+            const T *gr = gt + b * WS;
+            T *d = dgt + b * 4 * H, *dhr = dh + b * H, *dcr = dc + b * H;
+            if (len && t >= len[b]) {
+                memset(d, 0, sizeof(T) * (size_t)(4 * H));
+                continue;
+            }
+            for (int64_t j = 0; j < H; j++) {
+                T ig = gr[j], fg = gr[H + j], gg = gr[2 * H + j], og = gr[3 * H + j],
+                  cp = gr[4 * H + j];
+                T tc = TANH(fg * cp + ig * gg);
+                T dht = dhr[j] + (gyt ? gyt[b * H + j] : 0);
+                T dct = dcr[j] + dht * og * (1 - tc * tc);
+                d[j] = dct * gg * ig * (1 - ig);
+                d[H + j] = dct * cp * fg * (1 - fg);
+                d[2 * H + j] = dct * ig * (1 - gg * gg);
+                d[3 * H + j] = dht * tc * og * (1 - og);
+                dcr[j] = dct * fg;
+                dhr[j] = 0; /* the GEMM below adds dG W_hh (untaken rows: dG is 0) */
+            }
+        });
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(4 * H), 1, dgt,
+             (int)(4 * H), w + Ki, (int)ldw, 1, dh, (int)H);
+    }
+    return EM_OK;
+}
+
+static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
+    const T *x = k->in[0].data, *hx = k->in[1].data, *w = k->in[2].data,
+            *bih = k->in[3].numel ? k->in[3].data : NULL,
+            *bhh = k->in[4].numel ? k->in[4].data : NULL;
+    T *y = k->out[0].data, *hn = k->out[1].data, *ws = k->out[2].data;
+    const int64_t Tn = g->L, N = g->N, Ki = g->Ki, H = g->H, WS = 5 * H, ldw = Ki + H;
+    const int64_t *len = g->len;
+    size_t state = sizeof(T) * (size_t)(N * H);
+    if (k->in[1].numel) memcpy(hn, hx, state);
+    else memset(hn, 0, state);
+    if (Tn == 0 || N == 0) return EM_OK;
+    T *gh = cpu_scratch(k, sizeof(T) * (size_t)(N * 3 * H)); /* (N, 3H) hidden products */
+    if (!gh) return em_last_status();
+    S(in_proj)(x, w, bih, Tn * N, Ki, 3 * H, H, ws, WS);
+    int nt = rnn_threads(k, N * H * 8);
+    for (int64_t s = 0; s < Tn; s++) {
+        int64_t t = g->reverse ? Tn - 1 - s : s;
+        T *gt = ws + t * N * WS, *yt = y + t * N * H;
+        for (int64_t b = 0; b < N; b++) {
+            if (bhh) memcpy(gh + b * 3 * H, bhh, sizeof(T) * (size_t)(3 * H));
+            else memset(gh + b * 3 * H, 0, sizeof(T) * (size_t)(3 * H));
+        }
+        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(3 * H), (int)H, 1, hn,
+             (int)H, w + Ki, (int)ldw, 1, gh, (int)(3 * H));
+        RNN_ROWS(nt, N, {
+            T *gr = gt + b * WS, *h = hn + b * H, *yr = yt + b * H;
+            const T *hr = gh + b * 3 * H;
+            if (len && t >= len[b]) {
+                memset(gr, 0, sizeof(T) * (size_t)WS);
+                memset(yr, 0, sizeof(T) * (size_t)H);
+                continue;
+            }
+            for (int64_t j = 0; j < H; j++) {
+                T r = S(sig)(gr[j] + hr[j]), z = S(sig)(gr[H + j] + hr[H + j]);
+                T nl = hr[2 * H + j], n = TANH(gr[2 * H + j] + r * nl), hp = h[j];
+                T hnew = (1 - z) * n + z * hp;
+                gr[j] = r, gr[H + j] = z, gr[2 * H + j] = n, gr[3 * H + j] = nl;
+                gr[4 * H + j] = hp;
+                h[j] = hnew, yr[j] = hnew;
+            }
+        });
+    }
+    return EM_OK;
+}
+
+static em_status S(gru_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
+    const T *gy = k->in[0].numel ? k->in[0].data : NULL, *ghn = k->in[1].data,
+            *w = k->in[2].data, *ws = k->in[3].data;
+    T *dGi = k->out[0].data, *dGh = k->out[1].data, *dh = k->out[2].data;
+    const int64_t Tn = g->L, N = g->N, Ki = g->Ki, H = g->H, WS = 5 * H, ldw = Ki + H;
+    const int64_t *len = g->len;
+    size_t state = sizeof(T) * (size_t)(N * H);
+    if (k->in[1].numel) memcpy(dh, ghn, state);
+    else memset(dh, 0, state);
+    if (Tn == 0 || N == 0) return EM_OK;
+    int nt = rnn_threads(k, N * H * 8);
+    for (int64_t s = Tn - 1; s >= 0; s--) {
+        int64_t t = g->reverse ? Tn - 1 - s : s;
+        const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
+        T *dit = dGi + t * N * 3 * H, *dht_ = dGh + t * N * 3 * H;
+        RNN_ROWS(nt, N, {
+            const T *gr = gt + b * WS;
+            T *di = dit + b * 3 * H, *dhh = dht_ + b * 3 * H, *dhr = dh + b * H;
+            if (len && t >= len[b]) {
+                memset(di, 0, sizeof(T) * (size_t)(3 * H));
+                memset(dhh, 0, sizeof(T) * (size_t)(3 * H));
+                continue;
+            }
+            for (int64_t j = 0; j < H; j++) {
+                T r = gr[j], z = gr[H + j], n = gr[2 * H + j], nl = gr[3 * H + j],
+                  hp = gr[4 * H + j];
+                T dht = dhr[j] + (gyt ? gyt[b * H + j] : 0);
+                T dn = dht * (1 - z) * (1 - n * n);
+                T dr = dn * nl * r * (1 - r), dz = dht * (hp - n) * z * (1 - z);
+                di[j] = dr, di[H + j] = dz, di[2 * H + j] = dn;
+                dhh[j] = dr, dhh[H + j] = dz, dhh[2 * H + j] = dn * r;
+                dhr[j] = dht * z; /* the direct path; the GEMM below adds dGh W_hh */
+            }
+        });
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(3 * H), 1, dht_,
+             (int)(3 * H), w + Ki, (int)ldw, 1, dh, (int)H);
+    }
+    return EM_OK;
+}
+
+#undef RNN_ROWS

@@ -1,0 +1,286 @@
+/*
+ * test_layers_rnn.c — the recurrent layers of issue 25 (LSTM, GRU, LSTMCell, GRUCell) against
+ * PyTorch 1.13 (tests/fixtures/gen_rnn_layers.py wrote tests/fixtures/rnn_layers/): each layer
+ * loads PyTorch's state dict strictly, and its output, final states and the gradients of
+ * sum(y r) + sum(h_n rh) (+ sum(c_n rc)) for the input, the initial states and every parameter
+ * are within allclose(rtol 1e-5, atol 1e-6) of PyTorch's in float32 — 2 layers, bidirectional,
+ * batch_first, initial states, variable lengths through em_module_forward_masked (PyTorch's
+ * packed sequences). Each output is one module's option (output: sequence, h_n, c_n), so the
+ * test runs one module per output over the same state dict and adds up their parameter
+ * gradients. The other way: a fresh layer's state dict, saved and read back, has exactly
+ * PyTorch's keys, shapes and dtypes, and PyTorch's U(-1/sqrt(hidden), 1/sqrt(hidden)).
+ * Then f64 finite differences through the public forward, and the errors.
+ */
+#include <unistd.h>
+
+#include "fixture_bin.h"
+
+#define RTOL 1e-5
+#define ATOL 1e-6
+
+TestSuite(rnn_layers, .init = em_test_setup, .fini = em_test_teardown);
+
+typedef struct rnn_layer_case {
+    const char *name, *cls;
+    int64_t I, H, L;
+    bool bidir, batch_first, bias;
+    const int64_t *lengths; /* (N) or NULL */
+    int64_t N, T;
+} rnn_layer_case;
+
+static const int64_t lstm_len[3] = {5, 2, 4}, gru_len[3] = {4, 1, 3};
+
+static const rnn_layer_case cases[] = {
+    {"lstm", "LSTM", 5, 6, 2, true, true, true, NULL, 3, 4},
+    {"lstm_len", "LSTM", 5, 6, 2, true, true, true, lstm_len, 3, 5},
+    {"gru", "GRU", 4, 5, 2, false, false, true, NULL, 2, 6},
+    {"gru_len", "GRU", 4, 3, 1, true, true, false, gru_len, 3, 4},
+    {"lstmcell", "LSTMCell", 4, 5, 1, false, false, true, NULL, 3, 1},
+    {"grucell", "GRUCell", 4, 5, 1, false, false, true, NULL, 3, 1},
+};
+
+static bool is_cell(const rnn_layer_case *c) { return strstr(c->cls, "Cell") != NULL; }
+static bool is_lstm(const rnn_layer_case *c) { return c->cls[0] == 'L'; }
+
+static em_module *make(const rnn_layer_case *c, const char *output) {
+    em_options *o = em_options_new();
+    em_options_set_int(o, "input_size", c->I);
+    em_options_set_int(o, "hidden_size", c->H);
+    em_options_set_bool(o, "bias", c->bias);
+    if (!is_cell(c)) {
+        em_options_set_int(o, "num_layers", c->L);
+        em_options_set_bool(o, "bidirectional", c->bidir);
+        em_options_set_bool(o, "batch_first", c->batch_first);
+    }
+    if (output) em_options_set_string(o, "output", output);
+    em_module *m = em_module_new(c->cls, o);
+    em_options_free(o);
+    cr_assert(m, "%s: %s", c->name, em_last_error());
+    return m;
+}
+
+static void expect_close(fixtures *fx, const char *name, const em_tensor *got) {
+    cr_assert(got, "%s: no tensor (%s)", name, em_last_error());
+    em_scope_begin();
+    em_tensor *want = fx_tensor(fx, name);
+    cr_assert_eq(em_tensor_ndim(got), em_tensor_ndim(want), "%s: %d dims, PyTorch %d", name,
+                 em_tensor_ndim(got), em_tensor_ndim(want));
+    for (int i = 0; i < em_tensor_ndim(want); i++)
+        cr_assert_eq(em_tensor_size(got, i), em_tensor_size(want, i), "%s: dim %d", name, i);
+    double *g = fx_host_f64(got), *w = fx_host_f64(want);
+    char msg[512];
+    bool ok = fx_close_all(name, g, w, em_tensor_numel(want), RTOL, ATOL, msg, sizeof msg, NULL);
+    free(g), free(w);
+    cr_assert(ok, "%s", msg);
+    em_scope_end();
+}
+
+static void state_path(const char *name, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/rnn_layers/%s.safetensors", EM_TEST_FIXTURES, name);
+}
+
+static void load_torch(const rnn_layer_case *c, em_module *m) {
+    char path[512];
+    state_path(c->name, path, sizeof path);
+    em_dict *sd = NULL;
+    cr_assert_eq(em_load(path, NULL, &sd, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_module_load_state_dict(m, sd, true, NULL), EM_OK, "%s: %s", c->name,
+                 em_last_error());
+    em_dict_free(sd);
+}
+
+/* The padding mask (N, T) of the case's lengths, or NULL. */
+static em_tensor *mask_of(const rnn_layer_case *c) {
+    if (!c->lengths) return NULL;
+    double *v = malloc(sizeof(double) * (size_t)(c->N * c->T));
+    for (int64_t b = 0; b < c->N; b++)
+        for (int64_t t = 0; t < c->T; t++) v[b * c->T + t] = t < c->lengths[b];
+    em_tensor *m = em_test_tensor(EM_BOOL, 2, (int64_t[]){c->N, c->T}, v);
+    free(v);
+    return m;
+}
+
+Test(rnn_layers, outputs_states_and_gradients_match_pytorch) {
+    fixtures *fx = fx_open("rnn_layers", "gen_rnn_layers.py");
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const rnn_layer_case *c = &cases[ci];
+        em_scope_begin();
+        char key[128];
+        /* The outputs in PyTorch's reduction: y, "hn", "cn" (the cells: h' and, for
+         * LSTMCell, c' as its "hn"). */
+        const char *outs[3], *fx_out[3] = {"y", "hn", "cn"};
+        int n_out;
+        if (is_cell(c)) {
+            outs[0] = is_lstm(c) ? "h" : NULL, outs[1] = "c";
+            n_out = is_lstm(c) ? 2 : 1;
+        } else {
+            outs[0] = "sequence", outs[1] = "h_n", outs[2] = "c_n";
+            n_out = is_lstm(c) ? 3 : 2;
+        }
+        em_module *ms[3];
+        for (int k = 0; k < n_out; k++) {
+            ms[k] = make(c, outs[k]);
+            load_torch(c, ms[k]);
+        }
+        em_tensor *in[3];
+        int n_in = 1;
+        snprintf(key, sizeof key, "%s.x", c->name);
+        in[0] = fx_tensor(fx, key);
+        snprintf(key, sizeof key, "%s.h0", c->name);
+        if (fx_lookup(fx, key)) in[n_in++] = fx_tensor(fx, key);
+        snprintf(key, sizeof key, "%s.c0", c->name);
+        if (fx_lookup(fx, key)) in[n_in++] = fx_tensor(fx, key);
+        for (int i = 0; i < n_in; i++) cr_assert_eq(em_requires_grad_(in[i], true), EM_OK);
+        em_tensor *mask = mask_of(c), *loss = NULL;
+        static const char *const rs[3] = {"r", "rh", "rc"};
+        for (int k = 0; k < n_out; k++) {
+            em_tensor *y = em_module_forward_masked(ms[k], in, n_in, mask);
+            snprintf(key, sizeof key, "%s.%s", c->name, fx_out[k]);
+            expect_close(fx, key, y);
+            snprintf(key, sizeof key, "%s.%s", c->name, rs[k]);
+            em_tensor *l = em_sum(em_mul(y, fx_tensor(fx, key)), 0, NULL, false);
+            loss = loss ? em_add(loss, l) : l;
+        }
+        cr_assert_eq(em_backward(loss), EM_OK, "%s: %s", c->name, em_last_error());
+        static const char *const in_names[3] = {"x", "h0", "c0"};
+        for (int i = 0; i < n_in; i++) {
+            snprintf(key, sizeof key, "%s.grad.%s", c->name, in_names[i]);
+            expect_close(fx, key, em_tensor_grad(in[i]));
+        }
+        em_dict *params = em_module_named_parameters(ms[0], false);
+        for (size_t p = 0; p < em_dict_len(params); p++) {
+            const char *pn = em_dict_key(params, p);
+            em_tensor *g = NULL;
+            for (int k = 0; k < n_out; k++) {
+                em_tensor *gk = em_tensor_grad(em_module_parameter(ms[k], pn));
+                cr_assert(gk, "%s: %s has no gradient (output %s)", c->name, pn, outs[k]);
+                g = g ? em_add(g, gk) : gk;
+            }
+            snprintf(key, sizeof key, "%s.grad.%s", c->name, pn);
+            expect_close(fx, key, g);
+        }
+        em_dict_free(params);
+        for (int k = 0; k < n_out; k++) em_module_free(ms[k]);
+        em_scope_end();
+    }
+    fx_close(fx);
+}
+
+Test(rnn_layers, state_dicts_have_pytorchs_keys_and_initialisation) {
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const rnn_layer_case *c = &cases[ci];
+        em_scope_begin();
+        em_module *m = make(c, NULL);
+        char path[512], tmp[] = "/tmp/ember_rnn_layers_XXXXXX";
+        int fd = mkstemp(tmp);
+        cr_assert(fd >= 0);
+        close(fd);
+        em_dict *mine = em_module_state_dict(m);
+        cr_assert_eq(em_save(mine, tmp, NULL, NULL), EM_OK, "%s", em_last_error());
+        em_dict_free(mine);
+        em_dict *back = NULL, *torch = NULL;
+        cr_assert_eq(em_load(tmp, NULL, &back, NULL), EM_OK, "%s", em_last_error());
+        unlink(tmp);
+        state_path(c->name, path, sizeof path);
+        cr_assert_eq(em_load(path, NULL, &torch, NULL), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_dict_len(back), em_dict_len(torch), "%s: %zu keys, PyTorch %zu", c->name,
+                     em_dict_len(back), em_dict_len(torch));
+        double bound = 1 / sqrt((double)c->H);
+        for (size_t i = 0; i < em_dict_len(torch); i++) {
+            const char *k = em_dict_key(torch, i);
+            em_tensor *a = em_dict_get(back, k), *b = em_dict_value(torch, i);
+            cr_assert(a, "%s: Ember's state dict lacks PyTorch's key %s", c->name, k);
+            cr_assert_eq(em_tensor_dtype(a), em_tensor_dtype(b), "%s: %s dtype", c->name, k);
+            cr_assert_eq(em_tensor_ndim(a), em_tensor_ndim(b), "%s: %s ndim", c->name, k);
+            for (int d = 0; d < em_tensor_ndim(b); d++)
+                cr_assert_eq(em_tensor_size(a, d), em_tensor_size(b, d), "%s: %s dim %d", c->name,
+                             k, d);
+            double *v = fx_host_f64(a), mx = 0;
+            for (int64_t j = 0; j < em_tensor_numel(a); j++) mx = fmax(mx, fabs(v[j]));
+            free(v);
+            cr_expect(mx <= bound && mx > 0.5 * bound, "%s: %s spans %g; U(-%g, %g) expected",
+                      c->name, k, mx, bound, bound);
+        }
+        cr_assert_eq(em_module_load_state_dict(m, torch, true, NULL), EM_OK, "%s", em_last_error());
+        em_dict_free(back), em_dict_free(torch);
+        em_module_free(m);
+        em_scope_end();
+    }
+}
+
+/* A GRU or LSTM in f64 (its parameters converted) as a function of x and h0 (and its
+ * parameters, through the module): finite differences through the public forward, with
+ * dropout off, 2 layers, both directions and lengths. */
+typedef struct gc_layer {
+    em_module *m;
+    const em_tensor *mask;
+} gc_layer;
+
+static em_tensor *layer_fn(em_tensor *const *in, int n, void *user) {
+    const gc_layer *u = user;
+    return em_module_forward_masked(u->m, in, n, u->mask);
+}
+
+Test(rnn_layers, gradients_match_finite_differences) {
+    static const rnn_layer_case gc[] = {
+        {"lstm", "LSTM", 3, 2, 2, true, false, true, lstm_len, 3, 5},
+        {"gru", "GRU", 3, 2, 2, true, true, true, gru_len, 3, 4},
+    };
+    for (size_t ci = 0; ci < 2; ci++) {
+        const rnn_layer_case *c = &gc[ci];
+        em_scope_begin();
+        em_module *m = make(c, "sequence");
+        cr_assert_eq(em_module_to_dtype(m, EM_F64), EM_OK, "%s", em_last_error());
+        int64_t xs[3] = {c->batch_first ? c->N : c->T, c->batch_first ? c->T : c->N, c->I};
+        double xv[64], hv[32];
+        em_test_fill_random(xv, xs[0] * xs[1] * xs[2], 3);
+        em_test_fill_random(hv, 4 * c->N * c->H, 4);
+        em_tensor *t[2] = {em_test_tensor(EM_F64, 3, xs, xv),
+                           em_test_tensor(EM_F64, 3, (int64_t[]){4, c->N, c->H}, hv)};
+        for (int i = 0; i < 2; i++) cr_assert_eq(em_requires_grad_(t[i], true), EM_OK);
+        gc_layer u = {.m = m, .mask = mask_of(c)};
+        cr_assert_eq(em_gradcheck(layer_fn, 2, t, &u, 0, 0, 0), EM_OK, "%s: %s", c->name,
+                     em_last_error());
+        em_module_free(m);
+        em_scope_end();
+    }
+}
+
+Test(rnn_layers, sequential_heads_and_errors) {
+    em_scope_begin();
+    /* output "last": the last layer's final hidden states, the directions side by side. */
+    const rnn_layer_case *c = &cases[0];
+    em_module *last = make(c, "last"), *hn = make(c, "h_n");
+    load_torch(c, last);
+    load_torch(c, hn);
+    em_tensor *x = em_zeros(3, (int64_t[]){3, 4, 5}, EM_F32, em_cpu());
+    cr_assert_eq(em_fill_(x, 0.25), EM_OK);
+    em_tensor *a = em_module_forward(last, x), *b = em_module_forward(hn, x);
+    em_test_expect_shape(a, 2, (int64_t[]){3, 12}, "last");
+    em_tensor *want = em_cat(2, (const em_tensor *const[]){em_select(b, 0, 2), em_select(b, 0, 3)}, 1);
+    double *w = em_test_values(want);
+    em_test_expect_close(a, w, 36, 0, 0, "last is h_n's last layer");
+    free(w);
+    /* Unbatched input (T, I): the output (T, D H). */
+    em_module *seq = make(c, NULL);
+    em_tensor *u = em_module_forward(seq, em_select(x, 0, 0));
+    em_test_expect_shape(u, 2, (int64_t[]){4, 12}, "unbatched");
+    /* Errors name the layer and the shapes. */
+    cr_assert_null(em_module_forward(seq, em_zeros(3, (int64_t[]){3, 4, 6}, EM_F32, em_cpu())));
+    em_assert_error(EM_ERR_SHAPE, "LSTM: input has shape [3, 4, 6]: 6 features at each step; "
+                                  "expected input_size=5");
+    em_tensor *args[2] = {x, em_zeros(3, (int64_t[]){2, 3, 6}, EM_F32, em_cpu())};
+    cr_assert_null(em_module_forward_n(seq, args, 2));
+    em_assert_error(EM_ERR_SHAPE, "LSTM: h0 has shape [2, 3, 6]; expected [4, 3, 6]");
+    em_tensor *bad = em_test_tensor(EM_BOOL, 2, (int64_t[]){3, 3}, (double[]){1, 1, 1, 1, 1, 1, 1, 1, 1});
+    cr_assert_null(em_module_forward_masked(seq, &x, 1, bad));
+    em_assert_error(EM_ERR_SHAPE, "LSTM: the padding mask has shape [3, 3]; expected (N, T)");
+    em_options *o = em_options_new();
+    em_options_set_int(o, "input_size", 3);
+    em_options_set_int(o, "hidden_size", 2);
+    em_options_set_string(o, "output", "c_n");
+    cr_assert_null(em_module_new("GRU", o));
+    em_options_free(o);
+    em_module_free(last), em_module_free(hn), em_module_free(seq);
+    em_scope_end();
+}
