@@ -27,6 +27,7 @@
 
 struct em__hook {
     em_grad_hook_fn fn;
+    em_post_accumulate_hook_fn post; /* post_hooks: fn is NULL */
     void *user;
     em__hook *next;
 };
@@ -547,6 +548,7 @@ void em__autograd_tensor_free(em_tensor *t) {
     }
     em_tensor_release(t->grad);
     hooks_free(t->hooks);
+    hooks_free(t->post_hooks);
     em_tensor_release(t->view_base);
 }
 
@@ -619,6 +621,38 @@ em_status em_tensor_register_hook(em_tensor *t, em_grad_hook_fn fn, void *user) 
     while (*list) list = &(*list)->next;
     *list = h;
     return EM_OK;
+}
+
+em_status em_tensor_register_post_accumulate_hook(em_tensor *t, em_post_accumulate_hook_fn fn,
+                                                  void *user) {
+    if (!t || !fn)
+        return em_set_error(EM_ERR_INVALID, "register_post_accumulate_hook: NULL tensor or "
+                            "function");
+    if (t->grad_fn || !t->requires_grad)
+        return em_set_error(EM_ERR_STATE, "register_post_accumulate_hook: only a leaf that "
+                            "requires grad accumulates a .grad (this one %s)",
+                            t->grad_fn ? "has a grad_fn" : "does not require grad");
+    em__hook *h = em__calloc(1, sizeof *h, "post-accumulate hook");
+    if (!h) return EM_ERR_NOMEM;
+    h->post = fn;
+    h->user = user;
+    em__hook **list = &t->post_hooks;
+    while (*list) list = &(*list)->next;
+    *list = h;
+    return EM_OK;
+}
+
+em_status em_tensor_remove_post_accumulate_hook(em_tensor *t, em_post_accumulate_hook_fn fn,
+                                                void *user) {
+    for (em__hook **p = t ? &t->post_hooks : NULL; p && *p; p = &(*p)->next)
+        if ((*p)->post == fn && (*p)->user == user) {
+            em__hook *h = *p;
+            *p = h->next;
+            em__free(h);
+            return EM_OK;
+        }
+    return em_set_error(EM_ERR_NOTFOUND, "remove_post_accumulate_hook: no such hook on the "
+                        "tensor");
 }
 
 /* ---- applying one node ----------------------------------------------------------------------- */
@@ -806,6 +840,23 @@ static em_tensor *run_hooks(em__hook *h, em_tensor *grad) {
     return grad;
 }
 
+/* A contribution to leaf (accumulated or not) arrived in run; once every one has, the post
+ * hooks run when the run accumulated into its .grad. */
+static em_status post_arrive(em_tensor *leaf, uint64_t run, bool accumulated) {
+    if (!leaf->post_hooks || leaf->post_run != run) return EM_OK;
+    leaf->post_got |= accumulated;
+    if (--leaf->post_pending > 0 || !leaf->post_got || !leaf->grad) return EM_OK;
+    for (em__hook *h = leaf->post_hooks; h; h = h->next) {
+        em_scope_begin();
+        em_status st = h->post(leaf, h->user);
+        em_scope_end();
+        if (st != EM_OK)
+            return em__error_pending() ? st
+                                       : em_set_error(st, "a post-accumulate hook failed");
+    }
+    return EM_OK;
+}
+
 /* *acc += g (owned g is consumed). */
 static em_status accumulate(em_tensor **acc, em_tensor *g) {
     if (!*acc) {
@@ -919,6 +970,15 @@ static em_status collect(em__node *const *roots, int n_roots, uint64_t run, heap
     while (st == EM_OK && stack.n) {
         em__node *n = stack.a[--stack.n];
         for (int i = 0; i < n->n_in; i++) {
+            em_tensor *leaf = n->next[i].leaf;
+            if (leaf && leaf->post_hooks) { /* one more contribution for its post hooks */
+                if (leaf->post_run != run) {
+                    leaf->post_run = run;
+                    leaf->post_pending = 0;
+                    leaf->post_got = false;
+                }
+                leaf->post_pending++;
+            }
             em__node *c = n->next[i].node;
             if (!c) continue;
             if (c->run != run) {
@@ -974,7 +1034,17 @@ static em_status run_backward(int n_roots, em_tensor *const *roots, em_tensor **
         } else if (n) {
             st = accumulate(&n->buf[roots[r]->output_nr], g);
         } else if (!cap) {
-            st = accumulate_leaf(roots[r], g);
+            em_tensor *lf = roots[r]; /* backward from a leaf: its one contribution */
+            st = accumulate_leaf(lf, g);
+            if (st == EM_OK && lf->post_hooks) {
+                if (lf->post_run != run) {
+                    lf->post_run = run;
+                    lf->post_pending = 0;
+                    lf->post_got = false;
+                }
+                lf->post_pending++;
+                st = post_arrive(lf, run, true);
+            }
         } else {
             em_tensor_release(g);
         }
@@ -1011,18 +1081,20 @@ static em_status run_backward(int n_roots, em_tensor *const *roots, em_tensor **
             edge *e = &n->next[i];
             em_tensor *g = grads[i];
             grads[i] = NULL;
+            bool to_leaf = false; /* a contribution accumulated into e->leaf's .grad */
             if (st != EM_OK || !g) {
                 em_tensor_release(g);
             } else if (e->leaf) {
                 int k = capture_index(cap, e->leaf);
                 if (k >= 0) st = accumulate(&cap->grads[k], g);
-                else if (!cap) st = accumulate_leaf(e->leaf, g);
+                else if (!cap) st = accumulate_leaf(e->leaf, g), to_leaf = true;
                 else em_tensor_release(g);
             } else if (e->node) {
                 st = accumulate(&e->node->buf[e->output_nr], g);
             } else {
                 em_tensor_release(g);
             }
+            if (e->leaf && !cap && st == EM_OK) st = post_arrive(e->leaf, run, to_leaf);
             if (e->node && --e->node->deps == 0 && st == EM_OK && !heap_push(&ready, e->node))
                 st = EM_ERR_NOMEM;
         }

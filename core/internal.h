@@ -213,6 +213,10 @@ struct em_tensor {
     em__node *grad_fn;         /* owned reference; NULL for leaves */
     em_tensor *grad;           /* owned reference; NULL when none */
     em__hook *hooks;           /* leaf hooks (non-leaf hooks live on grad_fn) */
+    em__hook *post_hooks;      /* leaf post-accumulation hooks (autograd.c) */
+    uint64_t post_run;         /* the backward run that counts post_pending */
+    int post_pending;          /* that run's contributions still to come */
+    bool post_got;             /* that run accumulated into .grad */
     em_tensor *view_base;      /* is_view: owned reference to the tensor (not a view) whose
                                   storage this views; NULL otherwise */
     uint64_t view_version;     /* the storage's version when this view's history was set */
@@ -487,6 +491,9 @@ const char *em__plugin_names(void);
 /* Record where in a config file a module was built ("file:line:col"; NULL clears): its forward
  * errors then name that place (module.c's blame). EM_ERR_NOMEM. */
 em_status em__module_set_where(em_module *m, const char *where);
+/* Replace m's child `name` by child (freeing the old one; m owns child, also on failure):
+ * ddp.c's SyncBatchNorm conversion. EM_ERR_NOTFOUND. */
+em_status em__module_replace_child(em_module *m, const char *name, em_module *child);
 /* The class registry (ember/plugin.h's em_class_*): em_class_register and em_class_find with
  * `who` naming the public function for messages ("module_class_register"; NULL for find: the
  * message then starts with "no ... class"). */
@@ -496,6 +503,8 @@ const void *em__class_find(const char *kind, const char *name, const char *who);
 /* The core kinds' own checks of a record (the core's copy, every field present), declared at
  * em_init() by plugin.c: module.c, optim.c, data.c. */
 em_status em__module_class_check(const void *record, const char *who);
+/* comm.c: the communicator kind's check. */
+em_status em__comm_class_check(const void *record, const char *who);
 em_status em__optim_class_check(const void *record, const char *who);
 em_status em__sched_class_check(const void *record, const char *who);
 em_status em__dataset_class_check(const void *record, const char *who);

@@ -462,6 +462,18 @@ em_status em_module_add_child(em_module *m, const char *name, em_module *child) 
     return st;
 }
 
+em_status em__module_replace_child(em_module *m, const char *name, em_module *child) {
+    member *e = m ? list_find(&m->children, name) : NULL;
+    if (!e || !child || child == m) {
+        em_module_free(child);
+        return em_set_error(EM_ERR_NOTFOUND, "module_replace_child: no child named '%s'",
+                            name ? name : "(null)");
+    }
+    em_module_free(e->m);
+    e->m = child;
+    return EM_OK;
+}
+
 em_status em_module_append_child(em_module *m, em_module *child) {
     char name[32];
     snprintf(name, sizeof name, "%zu", m ? m->children.n : 0);

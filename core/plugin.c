@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ember/comm.h"
 #include "ember/data.h"
 #include "ember/device.h"
 #include "ember/dispatch.h"
@@ -451,6 +452,10 @@ static em_status declare_core_kinds(em_registry *core) {
          .description = "a module class's ONNX nodes (ember/onnx.h)",
          .record_size = sizeof(em_onnx_layer_class),
          .min_record_size = EM__SIZE_THROUGH(em_onnx_layer_class, export_layer)},
+        {.struct_size = sizeof kinds[0], .name = EM_COMM_KIND,
+         .description = "communicators between processes (ember/comm.h)",
+         .record_size = sizeof(em_comm_class),
+         .min_record_size = offsetof(em_comm_class, ext), .check = em__comm_class_check},
     };
     for (size_t i = 0; i < EM_ARRAY_LEN(kinds); i++) {
         em_status st = kind_add(core, &kinds[i], "em_init");

@@ -317,6 +317,10 @@ static em_tensor *tensor_object(em__storage *s, em_dtype dt, int ndim, const int
     t->grad_fn = NULL;
     t->grad = NULL;
     t->hooks = NULL;
+    t->post_hooks = NULL;
+    t->post_run = 0;
+    t->post_pending = 0;
+    t->post_got = false;
     t->view_base = NULL;
     t->view_version = 0;
     atomic_fetch_add(&live_tensors, 1);
@@ -370,6 +374,7 @@ static void tensor_free(em_tensor *t, const char *file, int line) {
     t->grad = NULL;
     t->grad_fn = NULL;
     t->hooks = NULL;
+    t->post_hooks = NULL;
     t->view_base = NULL;
     t->site_file = file;
     t->site_line = line;

@@ -62,10 +62,13 @@ fi
 # The CPU backend without oneDNN (configure --without-onednn): OpenBLAS GEMM and the plain nn
 # loops only; the tests of oneDNN's kernels skip themselves there. This build and the
 # sanitizer one skip the CUDA plugin (--without-cuda): the plain build builds and tests it.
-# The install test (tests/test_sdk_install.sh) ran in the plain stage; here it is left out of
+# The data-parallel tests (tests/test_ddp.sh, Open MPI) run in the plain and sanitizer stages
+# only (--without-mpi here). The install test (tests/test_sdk_install.sh) ran in the plain
+# stage; here it is left out of
 # make check (--disable-install-check), and the ASan+UBSan build leaves it out by itself
 # (configure says "install check: no (a sanitizer build)").
-stage "build without oneDNN" build build-nodnnl --without-onednn --without-cuda --disable-install-check
+stage "build without oneDNN" build build-nodnnl --without-onednn --without-cuda --without-mpi \
+    --disable-install-check
 stage "make check (without oneDNN)" check build-nodnnl
 stage "build with ASan+UBSan" build build-asan --without-cuda CFLAGS="-O1 -g $SAN" CXXFLAGS="-O1 -g $SAN" \
     LDFLAGS="$SAN"
@@ -83,7 +86,10 @@ export ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
 # A preloaded libgomp has read its environment before em_init could ask for passive workers
 # (em_init warns about exactly that): give it the policy the other stages get from Ember.
 export OMP_WAIT_POLICY=PASSIVE
+# Open MPI's libraries keep memory to the end of a process that ran MPI (tests/test_ddp.sh):
+# suppressed by library name only (tests/lsan-mpi.supp), so Ember's own leaks stay fatal.
+export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$PWD/tests/lsan-mpi.supp:print_suppressions=0"
 stage "make check (ASan+UBSan)" check build-asan
-unset LD_PRELOAD OMP_WAIT_POLICY
+unset LD_PRELOAD OMP_WAIT_POLICY LSAN_OPTIONS
 stage "make check-valgrind (quick subset)" make -C build check-valgrind
 echo "==> all stages: $(($(date +%s) - t0)) s"

@@ -400,6 +400,70 @@ Test(autograd, hooks_inspect_and_replace_grads) {
     em_tensor_release(x);
 }
 
+/* What a post-accumulation hook saw: how often it ran and the .grad at that moment. */
+typedef struct post_seen {
+    int calls;
+    double grad0;
+    em_tensor *t;
+} post_seen;
+
+static em_status note_post(em_tensor *t, void *user) {
+    post_seen *p = user;
+    p->calls++;
+    p->t = t;
+    p->grad0 = em_test_at(em_tensor_grad(t), 0);
+    return EM_OK;
+}
+
+static em_status failing_post(em_tensor *t, void *user) {
+    (void)t, (void)user;
+    return em_set_error(EM_ERR_IO, "post hook says no");
+}
+
+/* The post-accumulation hook runs once per backward, after every contribution: w is used
+ * three times (twice through one mul, once more through a separate path), and the hook sees
+ * the finished sum; a leaf the loss does not reach gets no call; em_grad calls none. */
+Test(autograd, post_accumulate_hooks_run_once_after_every_contribution) {
+    em_tensor *w = leaf(EM_F64, 1, (int64_t[]){2}, 12, 3, 5);
+    em_tensor *unused = leaf(EM_F64, 1, (int64_t[]){2}, 13, 1, 1);
+    post_seen pw = {0}, pu = {0};
+    cr_assert_eq(em_tensor_register_post_accumulate_hook(w, note_post, &pw), EM_OK);
+    cr_assert_eq(em_tensor_register_post_accumulate_hook(unused, note_post, &pu), EM_OK);
+    em_scope_begin();
+    double w0 = em_test_at(w, 0);
+    /* loss = sum(w * w) + sum(3 w): d/dw0 = 2 w0 + 3, from three contributions */
+    em_tensor *loss = em_add(em_sum(em_mul(w, w), 0, NULL, false),
+                             em_sum(em_mul(w, em_scalar(3, EM_F64)), 0, NULL, false));
+    cr_assert_eq(em_backward(loss), EM_OK, "%s", em_last_error());
+    cr_assert_eq(pw.calls, 1, "the hook ran %d times", pw.calls);
+    cr_assert_eq(pw.t, w);
+    cr_assert_float_eq(pw.grad0, 2 * w0 + 3, 1e-12, "the hook saw a partial gradient");
+    cr_assert_eq(pu.calls, 0, "a leaf outside the graph got a call");
+    /* a second backward: once more, with the accumulated .grad */
+    em_tensor *l2 = em_sum(em_mul(w, em_scalar(2, EM_F64)), 0, NULL, false);
+    cr_assert_eq(em_backward(l2), EM_OK, "%s", em_last_error());
+    cr_assert_eq(pw.calls, 2);
+    cr_assert_float_eq(pw.grad0, 2 * w0 + 3 + 2, 1e-12);
+    /* em_grad accumulates nothing: no call */
+    em_tensor *g = NULL;
+    em_tensor *l3 = em_sum(em_mul(w, w), 0, NULL, false);
+    cr_assert_eq(em_grad(1, &l3, NULL, 1, &w, &g, NULL), EM_OK, "%s", em_last_error());
+    em_tensor_release(g);
+    cr_assert_eq(pw.calls, 2);
+    /* removal, and a failing hook fails the backward with its message */
+    cr_assert_eq(em_tensor_remove_post_accumulate_hook(w, note_post, &pw), EM_OK);
+    cr_assert_eq(em_tensor_remove_post_accumulate_hook(w, note_post, &pw), EM_ERR_NOTFOUND);
+    cr_assert_eq(em_tensor_register_post_accumulate_hook(w, failing_post, NULL), EM_OK);
+    cr_assert_eq(em_backward(em_sum(em_mul(w, w), 0, NULL, false)), EM_ERR_IO);
+    cr_assert(strstr(em_last_error(), "post hook says no"), "%s", em_last_error());
+    cr_assert_eq(pw.calls, 2);
+    /* only leaves that require grad */
+    cr_assert_eq(em_tensor_register_post_accumulate_hook(loss, note_post, &pw), EM_ERR_STATE);
+    em_scope_end();
+    em_tensor_release(w);
+    em_tensor_release(unused);
+}
+
 /* A program's op declared without a derivative (and without EM_OP_NONDIFF): y = 2x, f64. */
 static em_status infer_like_input(const em_op *op, const em_tensor *const *in,
                                   const em_attr *attrs, em_tensor_meta *out) {

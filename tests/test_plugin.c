@@ -898,9 +898,10 @@ static em_tensor *halve(const em_tensor *x) { return em_mul_scalar(x, 0.5); }
 Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
     /* the core's kinds first, then the plugin's, each with its record size and owner */
     static const char *const core_kinds[] = {"module", "optimizer", "scheduler", "dataset",
-                                             "transform", "exporter", "onnx_layer"};
-    cr_assert_eq(em_class_kind_count(), 8, "%zu kinds", em_class_kind_count());
-    for (size_t i = 0; i < 7; i++) {
+                                             "transform", "exporter", "onnx_layer",
+                                             "communicator"};
+    cr_assert_eq(em_class_kind_count(), 9, "%zu kinds", em_class_kind_count());
+    for (size_t i = 0; i < 8; i++) {
         em_class_kind_info ki = {.struct_size = sizeof ki};
         cr_assert_eq(em_class_kind_get(i, &ki), EM_OK);
         cr_assert_str_eq(ki.name, core_kinds[i]);
@@ -953,7 +954,8 @@ Test(plugin, a_plugin_declares_a_class_kind_and_registers_into_it) {
     assert_error(EM_ERR_EXISTS, "(by ember-testkind)");
     cr_assert_eq(em_class_register(prog, "transfrom", &h), EM_ERR_NOTFOUND);
     assert_error(EM_ERR_NOTFOUND, "no class kind named 'transfrom' is declared; declared: module, "
-                 "optimizer, scheduler, dataset, transform, exporter, onnx_layer, codec");
+                 "optimizer, scheduler, dataset, transform, exporter, onnx_layer, communicator, "
+                 "codec");
     h.name = "noapply";
     h.apply = NULL;
     cr_assert_eq(em_class_register(prog, TEST_TRANSFORM_KIND, &h), EM_ERR_INVALID);
@@ -1011,11 +1013,11 @@ Test(plugin_env, a_kind_goes_with_its_owner) {
     cr_assert_eq(em_class_register(em_registry_program(), "archiver", &e), EM_OK);
     test_transform_class h = {.struct_size = sizeof h, .name = "halve", .apply = halve};
     cr_assert_eq(em_class_register(em_registry_program(), TEST_TRANSFORM_KIND, &h), EM_OK);
-    cr_assert_eq(em_class_kind_count(), 9);
+    cr_assert_eq(em_class_kind_count(), 10);
     em_shutdown();
     setenv("EMBER_DISABLE_PLUGINS", "ember-testkind", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
-    cr_assert_eq(em_class_kind_count(), 7, "%zu kinds after a restart without the plugin",
+    cr_assert_eq(em_class_kind_count(), 8, "%zu kinds after a restart without the plugin",
                  em_class_kind_count());
     cr_assert_null(em_class_find(TEST_TRANSFORM_KIND, "halve"));
     assert_error(EM_ERR_NOTFOUND, "no class kind named 'codec'");
@@ -1068,11 +1070,12 @@ Test(plugin_env, ember_info_reports_plugins_and_self_tests) {
     /* classes of a core kind and of a plugin's kind listed the same way, and every kind */
     assert_line(out, "module classes:", "testplug.Affine");
     assert_line(out, "codec classes:", "negate, double");
-    assert_line(out, "class kinds (8):", "");
+    assert_line(out, "class kinds (9):", "");
     assert_line(out, "  exporter     ", "1 class, declared by ember-core");
     assert_line(out, "  module       ", "classes, declared by ember-core");
     assert_line(out, "  dataset      ", "classes, declared by ember-core");
     assert_line(out, "  transform    ", "classes, declared by ember-core");
+    assert_line(out, "(ember/comm.h)", "declared by ember-core");
     assert_line(out, "  codec        ", "2 classes, declared by ember-testkind");
     /* the kernels as a count; the per-op listing is --verbose's (below) */
     cr_assert(!strstr(out, "add: cpu["), "per-op kernel lines without --verbose:\n%s", out);
@@ -1150,7 +1153,7 @@ Test(plugin_env, ember_info_json_parses) {
     json_t *kp = json_plugin(root, "kind_plugin.so"), *lp = json_plugin(root, "layer_plugin.so");
     cr_assert_str_eq(json_string_value(json_object_get(root, "class_api")), "EMBER_1.1");
     json_t *kinds = json_object_get(root, "class_kinds"), *kd;
-    cr_assert_eq(json_array_size(kinds), 8);
+    cr_assert_eq(json_array_size(kinds), 9);
     size_t ki;
     json_array_foreach(kinds, ki, kd) {
         const char *kn = json_string_value(json_object_get(kd, "name"));
@@ -1163,7 +1166,7 @@ Test(plugin_env, ember_info_json_parses) {
                           json_string_value(json_object_get(pj, "name")), kn);
         }
     }
-    json_t *tk = json_array_get(kinds, 7); /* after the core's seven */
+    json_t *tk = json_array_get(kinds, 8); /* after the core's eight */
     cr_assert_str_eq(json_string_value(json_object_get(tk, "name")), "codec");
     cr_assert_str_eq(json_string_value(json_object_get(tk, "owner")), "ember-testkind");
     cr_assert_eq(json_integer_value(json_object_get(tk, "record_size")),

@@ -13,6 +13,8 @@
  * is an error that points at its usual cause, a last batch of one sample (drop_last).
  */
 #include "ember/autograd.h"
+#include "ember/comm.h"
+#include "ember/ddp.h"
 #include "ember/device.h"
 #include "ember/dtype.h"
 #include "ember/error.h"
@@ -139,6 +141,105 @@ static const em_module_class bn2d_class = {
     .init = bn2d_init, .forward = bn_forward, .n_inputs = 1,
 };
 
+/* ---- SyncBatchNorm ------------------------------------------------------------------------------ */
+
+/* torch.nn.SyncBatchNorm: BatchNorm's options, parameters and buffers, for (N, C, ...) inputs.
+ * In training inside a data-parallel forward (em_ddp_forward, ember/ddp.h) on more than one
+ * rank, the batch mean and variance are those of every rank's batch together: the per-channel
+ * sums are reduced over the communicator, and so are their gradients in backward, so the
+ * result equals BatchNorm on the concatenated batch. Otherwise (one process, or eval) it is
+ * BatchNorm, as PyTorch's falls back when no process group runs. */
+
+/* The sum over ranks of x, differentiable: the value is the all-reduced x, and a hook on the
+ * result all-reduces the gradient flowing back, so each rank's x receives the gradient of
+ * every rank's use of the total. (x - detach(x) is exactly zero: the value is the reduced
+ * one bit for bit on every rank.) */
+static em_tensor *grad_allreduce(const em_tensor *grad, void *user, bool *failed) {
+    em_tensor *g = em_clone(grad);
+    if (!g || em_comm_wait(em_comm_allreduce(user, g, EM_REDUCE_SUM)) != EM_OK) {
+        *failed = true;
+        return NULL;
+    }
+    return g;
+}
+
+static em_tensor *sum_over_ranks(em_comm *c, const em_tensor *x) {
+    em_tensor *red = em_clone(em_detach(x));
+    if (!red || em_comm_wait(em_comm_allreduce(c, red, EM_REDUCE_SUM)) != EM_OK) return NULL;
+    em_tensor *glob = em_add(em_sub(x, em_detach(x)), red);
+    if (glob && em_tensor_requires_grad(glob) &&
+        em_tensor_register_hook(glob, grad_allreduce, c) != EM_OK)
+        return NULL;
+    return glob;
+}
+
+static em_tensor *sbn_forward(em_module *m, em_tensor *const *in, int n) {
+    bn_state *s = em_module_state(m);
+    em_comm *c = em_ddp_current_comm();
+    if (!em_module_training(m) || !c || em_comm_size(c) < 2) return bn_forward(m, in, n);
+    const em_tensor *x = in[0];
+    int nd = em_tensor_ndim(x);
+    char shape[128];
+    em_shape_str(nd, em_tensor_shape(x), shape, sizeof shape);
+    if (nd < 2 || em_tensor_size(x, 1) != s->c) {
+        em_set_error(EM_ERR_SHAPE, "expected an input (N, %lld, ...), got %s", (long long)s->c,
+                     shape);
+        return NULL;
+    }
+    int dims[EM_MAX_DIMS], nr = 0;
+    int64_t bshape[EM_MAX_DIMS];
+    for (int i = 0; i < nd; i++) {
+        if (i != 1) dims[nr++] = i;
+        bshape[i] = i == 1 ? s->c : 1;
+    }
+    double local_n = (double)(em_tensor_numel(x) / s->c);
+    /* [sum over the batch (C), count]: one reduction for both. */
+    em_tensor *cnt = em_full(1, (int64_t[]){1}, local_n, em_tensor_dtype(x), em_tensor_device(x));
+    const em_tensor *parts[2] = {em_sum(x, nr, dims, false), cnt};
+    em_tensor *g1 = sum_over_ranks(c, em_cat(2, parts, 0));
+    if (!g1) return NULL;
+    em_tensor *ntot_t = em_narrow(g1, 0, s->c, 1);
+    double ntot = em_item(ntot_t);
+    if (ntot <= 1) {
+        em_set_error(EM_ERR_SHAPE, "expected more than 1 value per channel over all ranks when "
+                     "training, got %g", ntot);
+        return NULL;
+    }
+    em_tensor *mean = em_div_scalar(em_narrow(g1, 0, 0, s->c), ntot);       /* (C) */
+    em_tensor *xc = em_sub(x, em_reshape(mean, nd, bshape));                 /* (N, C, ...) */
+    em_tensor *var = em_div_scalar(sum_over_ranks(c, em_sum(em_mul(xc, xc), nr, dims, false)),
+                                   ntot);                                    /* (C), biased */
+    if (!var) return NULL;
+    em_tensor *y = em_mul(xc, em_reshape(em_rsqrt(em_add_scalar(var, s->eps)), nd, bshape));
+    em_tensor *w = em_module_parameter(m, "weight"), *b = em_module_parameter(m, "bias");
+    if (w) y = em_mul(y, em_reshape(w, nd, bshape));
+    if (b) y = em_add(y, em_reshape(b, nd, bshape));
+    if (!y) return NULL;
+    if (s->track) {
+        em_tensor *rm = em_module_buffer(m, "running_mean"), *rv = em_module_buffer(m, "running_var");
+        em_tensor *nb = em_module_buffer(m, "num_batches_tracked");
+        em_grad_mode_push(EM_GRAD_DISABLED);
+        em_status st = em_add_scalar_(nb, 1.0);
+        double f = s->momentum >= 0 ? s->momentum : 1.0 / em_item(nb);
+        if (st == EM_OK) st = em_mul_scalar_(rm, 1.0 - f);
+        if (st == EM_OK) st = em_add_(rm, em_mul_scalar(em_detach(mean), f));
+        if (st == EM_OK) st = em_mul_scalar_(rv, 1.0 - f);
+        if (st == EM_OK) st = em_add_(rv, em_mul_scalar(em_detach(var), f * ntot / (ntot - 1)));
+        em_grad_mode_pop();
+        if (st != EM_OK) return NULL;
+    }
+    return y;
+}
+
+static em_status sbn_init(em_module *m, const em_options *o) { return bn_init_common(m, o, 2, 5); }
+
+static const em_module_class sbn_class = {
+    .struct_size = sizeof(em_module_class), .name = "SyncBatchNorm",
+    .description = "batch normalisation with statistics over every rank (torch.nn.SyncBatchNorm)",
+    .options = bn_opts, .n_options = NOPTS(bn_opts), .state_size = sizeof(bn_state),
+    .init = sbn_init, .forward = sbn_forward, .n_inputs = 1,
+};
+
 /* ---- LayerNorm --------------------------------------------------------------------------------- */
 
 static const em_option_spec ln_opts[] = {
@@ -262,5 +363,5 @@ static const em_module_class dropout_class = {
 };
 
 const em_module_class *const layers_norm[] = {
-    &bn1d_class, &bn2d_class, &ln_class, &gn_class, &dropout_class, NULL,
+    &bn1d_class, &bn2d_class, &sbn_class, &ln_class, &gn_class, &dropout_class, NULL,
 };

@@ -129,6 +129,24 @@ typedef em_tensor *(*em_grad_hook_fn)(const em_tensor *grad, void *user, bool *f
 /* Hooks run in registration order. On a non-leaf they see the grad of that output of its op. */
 EM_API em_status em_tensor_register_hook(em_tensor *t, em_grad_hook_fn fn, void *user);
 
+/* Called once per backward for a leaf t that requires grad, after every contribution of
+ * that backward was accumulated into its .grad (em_tensor_grad(t) is then complete): the hook
+ * PyTorch calls register_post_accumulate_grad_hook, on which data-parallel training starts a
+ * gradient bucket's allreduce while the rest of backward runs (ember/ddp.h). It does not run
+ * when the backward reached t with no gradient (every contribution was none), nor for
+ * em_grad(), which accumulates nothing. It runs with grad mode disabled, inside a scope of its
+ * own. Return EM_OK, or an error (em_set_error) that fails the backward. */
+typedef em_status (*em_post_accumulate_hook_fn)(em_tensor *t, void *user);
+/* Hooks run in registration order; EM_ERR_STATE on a non-leaf or a tensor that does not
+ * require grad. (New in EMBER_1.1.) */
+EM_API em_status em_tensor_register_post_accumulate_hook(em_tensor *t,
+                                                         em_post_accumulate_hook_fn fn,
+                                                         void *user);
+/* Remove the first hook registered with fn and user; EM_ERR_NOTFOUND when none. (1.1) */
+EM_API em_status em_tensor_remove_post_accumulate_hook(em_tensor *t,
+                                                       em_post_accumulate_hook_fn fn,
+                                                       void *user);
+
 /* ---- diagnostics ------------------------------------------------------------------------------ */
 
 /* Anomaly mode (also EMBER_ANOMALY=1 at em_init): every floating output of every op is

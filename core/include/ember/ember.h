@@ -42,6 +42,8 @@
 #include "ember/checkpoint.h"
 #include "ember/trace.h"
 #include "ember/onnx.h"
+#include "ember/comm.h"
+#include "ember/ddp.h"
 #include "ember/version.h"
 #include "ember/init.h"
 

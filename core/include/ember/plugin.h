@@ -152,8 +152,9 @@ EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i
  *
  * Every class a plugin or the program registers by name belongs to a *kind*: "module" (layers
  * and losses, ember/module.h), "optimizer" and "scheduler" (ember/optim.h), "dataset"
- * (ember/data.h) and "transform" (ember/transform.h) are declared by the core; a plugin
- * declares a new kind (a codec, a communicator, an exporter) with em_class_kind_register and
+ * (ember/data.h), "transform" (ember/transform.h) and "communicator" (ember/comm.h) are
+ * declared by the core; a plugin declares a new kind (a codec, an exporter) with
+ * em_class_kind_register and
  * then it, other plugins and the program register classes into it with em_class_register. The core keeps one registry for
  * every kind: the same copy of each record, the same duplicate and not-found messages, the
  * same removal when the owning plugin unloads, and ember-info lists every kind the same way.
@@ -224,7 +225,7 @@ typedef struct em_class_kind_info {
     void *ext;                /* reserved */
 } em_class_kind_info;
 
-/* Number of declared class kinds; kind i (in declaration order: the core's five first) into
+/* Number of declared class kinds; kind i (in declaration order: the core's own first) into
  * *out, whose struct_size the caller sets (only the fields it covers are written).
  * EM_ERR_RANGE past the end. Strings are valid while the kind is declared. */
 EM_API size_t em_class_kind_count(void);
