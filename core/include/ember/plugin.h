@@ -152,10 +152,10 @@ EM_API const char *em_registry_device_type_name(const em_registry *reg, size_t i
  *
  * Every class a plugin or the program registers by name belongs to a *kind*: "module" (layers
  * and losses, ember/module.h), "optimizer" and "scheduler" (ember/optim.h), "dataset"
- * (ember/data.h), "transform" (ember/transform.h) and "communicator" (ember/comm.h) are
- * declared by the core; a plugin declares a new kind (a codec, an exporter) with
- * em_class_kind_register and
- * then it, other plugins and the program register classes into it with em_class_register. The core keeps one registry for
+ * (ember/data.h), "transform" (ember/transform.h), "exporter" and "onnx_layer" (ember/onnx.h)
+ * and "communicator" (ember/comm.h) are declared by the core; a plugin declares a new kind (a
+ * codec, say) with em_class_kind_register and then it, other plugins and the program register
+ * classes into it with em_class_register. The core keeps one registry for
  * every kind: the same copy of each record, the same duplicate and not-found messages, the
  * same removal when the owning plugin unloads, and ember-info lists every kind the same way.
  *
