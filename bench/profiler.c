@@ -128,7 +128,7 @@ int main(int argc, char **argv) {
     if (!y) die("labels");
     em_dict *params = em_dict_new();
     for (int i = 0; i < 8; i++) {
-        char k[8];
+        char k[16]; /* "p" and any int: -O1's format-truncation check */
         snprintf(k, sizeof k, "p%d", i);
         if (em_dict_set(params, k, p[i]) != EM_OK) die("dict");
     }
