@@ -345,6 +345,81 @@ Test(rnn_layers, sequential_heads_and_errors) {
     em_scope_end();
 }
 
+/* The padding mask is told from the inputs by em_module_forward_mask() (the trailing input
+ * that is the call's mask), never by dtype: a bool tensor passed as an input is an input (a
+ * bool h0 is a dtype error), even where its shape would fit a mask. The mask must be bool and
+ * a prefix mask (real steps, then padding); otherwise an error names the layer and the row. */
+Test(rnn_layers, the_mask_comes_only_through_forward_masked_and_must_be_a_prefix) {
+    em_scope_begin();
+    /* Unbatched LSTM, 1 layer, hidden_size 4 = T: h0 is (1, 4), the shape of a (N=1, T=4) mask. */
+    em_options *o = em_options_new();
+    em_options_set_int(o, "input_size", 3);
+    em_options_set_int(o, "hidden_size", 4);
+    em_module *lstm = em_module_new("LSTM", o);
+    cr_assert(lstm, "%s", em_last_error());
+    double xv[12];
+    em_test_fill_random(xv, 12, 7);
+    em_tensor *x = em_test_tensor(EM_F32, 2, (int64_t[]){4, 3}, xv);
+    em_tensor *bh = em_test_tensor(EM_BOOL, 2, (int64_t[]){1, 4}, (double[]){1, 1, 0, 0});
+    em_tensor *args[2] = {x, bh};
+    cr_assert_null(em_module_forward_n(lstm, args, 2), "a bool h0 was taken for a mask");
+    em_assert_error(EM_ERR_DTYPE, "LSTM: h0 has dtype bool; expected the input's float32 (a "
+                                  "padding mask goes through em_module_forward_masked");
+    /* The same tensor as the call's mask (N=1, T=4, batched input (T, N, I)): lengths 2. */
+    em_tensor *xb = em_unsqueeze(x, 1);
+    em_tensor *ym = em_module_forward_masked(lstm, &xb, 1, bh);
+    cr_assert(ym, "%s", em_last_error());
+    /* Against the first 2 steps run alone: the same outputs, zeros after. */
+    em_tensor *x2 = em_narrow(xb, 0, 0, 2);
+    double *want = em_test_values(em_module_forward(lstm, x2)), *got = em_test_values(ym);
+    for (int i = 0; i < 16; i++)
+        cr_expect(i < 8 ? fabs(got[i] - want[i]) <= 1e-6 : got[i] == 0, "step %d unit %d: %g",
+                  i / 4, i % 4, got[i]);
+    free(want), free(got);
+    /* Both: an explicit (bool) h0 and the mask: h0 is still an input. */
+    em_tensor *bh3 = em_unsqueeze(bh, 1); /* (1, 1, 4) = (L D, N, H) */
+    em_tensor *args3[2] = {xb, bh3};
+    cr_assert_null(em_module_forward_masked(lstm, args3, 2, bh));
+    em_assert_error(EM_ERR_DTYPE, "LSTM: h0 has dtype bool");
+    em_module_free(lstm);
+    /* A GRU over (T 4, N 3): row 1 has a real step after padding. */
+    em_options_set_int(o, "hidden_size", 2);
+    em_module *gru = em_module_new("GRU", o);
+    cr_assert(gru, "%s", em_last_error());
+    em_tensor *x3 = em_zeros(3, (int64_t[]){4, 3, 3}, EM_F32, em_cpu());
+    em_tensor *holes = em_test_tensor(EM_BOOL, 2, (int64_t[]){3, 4},
+                                      (double[]){1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 0, 0});
+    cr_assert_null(em_module_forward_masked(gru, &x3, 1, holes));
+    em_assert_error(EM_ERR_INVALID, "GRU: row 1 of the padding mask is not a prefix mask: step 2 "
+                                    "is real (true) after padding (false) at step 1");
+    /* Inside a Sequential the same check runs. */
+    em_module *seq = em_module_new("Sequential", NULL);
+    cr_assert(seq, "%s", em_last_error());
+    cr_assert_eq(em_module_add_child(seq, "0", gru), EM_OK, "%s", em_last_error());
+    cr_assert_null(em_module_forward_masked(seq, &x3, 1, holes));
+    cr_assert(strstr(em_last_error(), "row 1 of the padding mask is not a prefix mask"), "%s",
+              em_last_error());
+    /* A float mask is refused, not summed. */
+    em_tensor *fm = em_ones(2, (int64_t[]){3, 4}, EM_F32, em_cpu());
+    cr_assert_null(em_module_forward_masked(gru, &x3, 1, fm));
+    em_assert_error(EM_ERR_DTYPE, "GRU: the padding mask has dtype float32; expected bool");
+    /* A cell takes no mask: a bool h is an input there too. */
+    em_module_free(seq);
+    em_options_free(o);
+    o = em_options_new();
+    em_options_set_int(o, "input_size", 3);
+    em_options_set_int(o, "hidden_size", 4);
+    em_module *cell = em_module_new("GRUCell", o);
+    cr_assert(cell, "%s", em_last_error());
+    em_tensor *xc = em_zeros(2, (int64_t[]){1, 3}, EM_F32, em_cpu());
+    em_tensor *argsc[2] = {xc, bh};
+    cr_assert_null(em_module_forward_n(cell, argsc, 2));
+    em_assert_error(EM_ERR_DTYPE, "GRUCell: h0 has dtype bool; expected the input's float32");
+    em_module_free(cell);
+    em_options_free(o);
+    em_scope_end();
+}
+
 /* A config names the layers as any other: examples/digits-lstm.yaml (each 8x8 digit read row
  * by row by a bidirectional LSTM, output: last, then a Linear head) trains with ember-train
  * and classifies the test split far above chance (10%). */

@@ -24,7 +24,11 @@
  *            true at real positions, the padding at the end of each sequence: the loader's
  *            em_batch_mask) gives each sequence its length, as PyTorch's packed sequences —
  *            padded steps output zeros, the final states are each sequence's own, the reverse
- *            direction starts at each sequence's last real step.
+ *            direction starts at each sequence's last real step. LSTM and GRU set takes_mask
+ *            and, as MultiheadAttention, tell the mask from their own inputs by
+ *            em_module_forward_mask() (the trailing input that is that very tensor), never by
+ *            its dtype. A row that is not a prefix (a real step after padding) is an error
+ *            naming the layer and the row. The cells take no mask.
  * Dropout (option `dropout`) is applied to the outputs of every layer but the last, in
  * training, as PyTorch's.
  */
@@ -139,8 +143,17 @@ static em_status grucell_init(em_module *m, const em_options *o) { return rnn_se
 
 /* A state input: (L D, N, H) (cells: (N, H)), or its unbatched form without N. */
 static em_tensor *state_in(const rnn_state *s, const char *what, const em_tensor *h, int64_t N,
-                           bool unbatched) {
+                           bool unbatched, em_dtype dt) {
     char b1[160], b2[160];
+    if (em_tensor_dtype(h) != dt) {
+        em_set_error(EM_ERR_DTYPE, "%s: %s has dtype %s; expected the input's %s%s", cls_name(s),
+                     what, em_dtype_name(em_tensor_dtype(h)), em_dtype_name(dt),
+                     em_tensor_dtype(h) == EM_BOOL && !s->cell
+                         ? " (a padding mask goes through em_module_forward_masked, not as an "
+                           "input)"
+                         : "");
+        return NULL;
+    }
     int64_t want[3] = {s->L * s->D, N, s->H};
     const int64_t *w = s->cell ? want + 1 : want;
     int nd = s->cell ? 2 : 3;
@@ -158,12 +171,41 @@ static em_tensor *state_in(const rnn_state *s, const char *what, const em_tensor
     return unbatched ? em_unsqueeze(h, s->cell ? 0 : 1) : (em_tensor *)h;
 }
 
+/* The padding mask (N, T) must be bool and each row a prefix: true at the sequence's real
+ * steps, then false to the end (the padding at the end, as the loader pads), so that its
+ * count of true is the sequence's length. An error naming the layer and the row otherwise. */
+static em_status prefix_mask_check(const char *who, const em_tensor *mask, int64_t N, int64_t T) {
+    if (em_tensor_dtype(mask) != EM_BOOL)
+        return em_set_error(EM_ERR_DTYPE, "%s: the padding mask has dtype %s; expected bool "
+                            "(true at real steps)", who, em_dtype_name(em_tensor_dtype(mask)));
+    size_t nb = em_tensor_nbytes(mask);
+    unsigned char *v = malloc(nb ? nb : 1);
+    if (!v) return em_set_error(EM_ERR_NOMEM, "%s: out of memory", who);
+    em_status st = em_tensor_to_host(mask, v, nb);
+    for (int64_t b = 0; st == EM_OK && b < N; b++) {
+        const unsigned char *r = v + b * T;
+        int64_t len = 0, t;
+        while (len < T && r[len]) len++;
+        for (t = len; t < T && !r[t]; t++) {}
+        if (t < T)
+            st = em_set_error(EM_ERR_INVALID, "%s: row %lld of the padding mask is not a prefix "
+                              "mask: step %lld is real (true) after padding (false) at step "
+                              "%lld; the padding must be at the end of each sequence", who,
+                              (long long)b, (long long)t, (long long)len);
+    }
+    free(v);
+    return st;
+}
+
 static em_tensor *rnn_forward(em_module *m, em_tensor *const *in, int n) {
     rnn_state *s = em_module_state(m);
     const char *who = cls_name(s);
     char b1[160];
-    const em_tensor *mask = NULL;
-    if (n > 1 && em_tensor_dtype(in[n - 1]) == EM_BOOL) mask = in[--n];
+    /* The data ABI's padding mask: the class sets takes_mask (the cells do not), so under
+     * em_module_forward_masked the core hands it on as one more input, in[n - 1], that very
+     * tensor. A tensor passed explicitly is never taken for it, whatever its dtype. */
+    const em_tensor *mask = NULL, *dm = em_module_forward_mask();
+    if (!s->cell && dm && n > 1 && in[n - 1] == dm) mask = in[--n];
     int most = s->gru ? 2 : 3;
     if (n < 1 || n > most) {
         em_set_error(EM_ERR_INVALID, "%s: forward takes %s; got %d inputs", who,
@@ -198,21 +240,22 @@ static em_tensor *rnn_forward(em_module *m, em_tensor *const *in, int n) {
     if (!x) return NULL;
     int64_t T = em_tensor_shape(x)[0], N = em_tensor_shape(x)[1];
     em_tensor *h0 = NULL, *c0 = NULL, *lengths = NULL;
-    if (n > 1 && !(h0 = state_in(s, "h0", in[1], N, unbatched))) return NULL;
-    if (n > 2 && !(c0 = state_in(s, "c0", in[2], N, unbatched))) return NULL;
+    if (n > 1 && !(h0 = state_in(s, "h0", in[1], N, unbatched, em_tensor_dtype(x)))) return NULL;
+    if (n > 2 && !(c0 = state_in(s, "c0", in[2], N, unbatched, em_tensor_dtype(x)))) return NULL;
     if (s->cell) {
         if (h0) h0 = em_unsqueeze(h0, 0);
         if (c0) c0 = em_unsqueeze(c0, 0);
     }
     if (mask) {
-        if (s->cell || em_tensor_ndim(mask) != 2 || em_tensor_shape(mask)[0] != N ||
+        if (em_tensor_ndim(mask) != 2 || em_tensor_shape(mask)[0] != N ||
             em_tensor_shape(mask)[1] != T) {
             em_set_error(EM_ERR_SHAPE, "%s: the padding mask has shape %s; expected (N, T) = "
-                         "[%lld, %lld] (true at real steps)%s", who,
+                         "[%lld, %lld] (true at real steps)", who,
                          em_shape_str(em_tensor_ndim(mask), em_tensor_shape(mask), b1, sizeof b1),
-                         (long long)N, (long long)T, s->cell ? "; a cell takes no mask" : "");
+                         (long long)N, (long long)T);
             return NULL;
         }
+        if (prefix_mask_check(who, mask, N, T) != EM_OK) return NULL;
         if (!(lengths = em_sum(mask, 1, (const int[]){1}, false))) return NULL;
     }
     const int64_t LD = s->L * s->D;
