@@ -2,7 +2,8 @@
 # tests/test_onnx.sh — Ember's ONNX export judged by ONNX's own tools (issue 24):
 #   - tests/onnx_export builds the MLP (raw uint8 input, to_float and normalize as the first
 #     nodes), a CNN, a BatchNorm/Dropout/LayerNorm net, a Residual/Parallel net, an Embedding
-#     net and one with a program-registered layer that brings its own exporter, exports each
+#     net, one with a program-registered layer that brings its own exporter, Conv1d/GroupNorm,
+#     ConvTranspose2d/GroupNorm and LSTM/GRU models (every `output`), exports each
 #     at opsets 13..17 and writes inputs and Ember's outputs for batches of 1 and 7 (it checks
 #     determinism and the refusals itself);
 #   - onnx's full checker (Debian's python3-onnx, /usr/bin/python3) on every file;

@@ -171,6 +171,12 @@ fail:
 
 static em_status b_node(em_onnx_builder *pub, const char *op_type, int n_in,
                         const char *const *in, int n_attr, const em_onnx_attr *attrs, char *out) {
+    return ox_builder_node_n(pub, op_type, n_in, in, n_attr, attrs, 1, &out);
+}
+
+em_status ox_builder_node_n(em_onnx_builder *pub, const char *op_type, int n_in,
+                            const char *const *in, int n_attr, const em_onnx_attr *attrs,
+                            int n_out, char *const *out) {
     ox_builder *b = (ox_builder *)pub;
     char name[EM_ONNX_NAME_MAX];
     em_status st = unique_name(b, op_type, name);
@@ -187,19 +193,20 @@ static em_status b_node(em_onnx_builder *pub, const char *op_type, int n_in,
         for (int i = 0; i < n_in; i++, n->n_input++)
             if (!(n->input[i] = dup_str(in[i]))) return EM_ERR_NOMEM;
     }
-    if (!(n->output = calloc(1, sizeof *n->output))) return EM_ERR_NOMEM;
-    char oname[EM_ONNX_NAME_MAX + 16];
-    snprintf(oname, sizeof oname, "%s_output_0", name);
-    if (strlen(oname) >= EM_ONNX_NAME_MAX)
-        return em_set_error(EM_ERR_RANGE, "onnx export: the name '%s' is too long", oname);
-    if (!(n->output[0] = dup_str(oname))) return EM_ERR_NOMEM;
-    n->n_output = 1;
+    if (!(n->output = calloc((size_t)n_out, sizeof *n->output))) return EM_ERR_NOMEM;
+    for (int k = 0; k < n_out; k++, n->n_output++) {
+        char oname[EM_ONNX_NAME_MAX + 32];
+        snprintf(oname, sizeof oname, "%s_output_%d", name, k);
+        if (strlen(oname) >= EM_ONNX_NAME_MAX)
+            return em_set_error(EM_ERR_RANGE, "onnx export: the name '%s' is too long", oname);
+        if (!(n->output[k] = dup_str(oname))) return EM_ERR_NOMEM;
+        memcpy(out[k], oname, strlen(oname) + 1); /* shorter than EM_ONNX_NAME_MAX */
+    }
     if (n_attr > 0) {
         if (!(n->attribute = calloc((size_t)n_attr, sizeof *n->attribute))) return EM_ERR_NOMEM;
         for (int i = 0; i < n_attr; i++, n->n_attribute++)
             if (!(n->attribute[i] = make_attr(&attrs[i]))) return em_last_status();
     }
-    memcpy(out, oname, strlen(oname) + 1); /* shorter than EM_ONNX_NAME_MAX: checked above */
     return EM_OK;
 }
 

@@ -46,6 +46,11 @@ void ox_builder_set_origin(em_onnx_builder *b, const Onnx__ModelProto *model);
 em_status ox_builder_raw_node(em_onnx_builder *b, const Onnx__NodeProto *n, const char *from_in,
                               const char *to_in);
 
+/* The builder's node with n_out outputs (LSTM's Y, Y_h, Y_c), their names to out[0..n_out). */
+em_status ox_builder_node_n(em_onnx_builder *b, const char *op_type, int n_in,
+                            const char *const *in, int n_attr, const em_onnx_attr *attrs,
+                            int n_out, char *const *out);
+
 /* Attribute shorthands for the layer exporters. */
 #define OX_INT(nm, v) ((em_onnx_attr){.name = (nm), .type = EM_ONNX_ATTR_INT, .i = (v)})
 #define OX_FLOAT(nm, v) ((em_onnx_attr){.name = (nm), .type = EM_ONNX_ATTR_FLOAT, .f = (v)})

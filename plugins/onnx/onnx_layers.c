@@ -1,8 +1,9 @@
 /*
  * onnx_layers.c — the ONNX nodes of ember-layers' classes, one em_onnx_layer_class each (the
  * "onnx_layer" kind). Each reads the layer's resolved options and parameters, never its
- * private state, so it depends only on ember/module.h. Eval mode throughout: Dropout is an
- * Identity, BatchNorm uses its running statistics.
+ * private state, so it depends only on ember/module.h (and ember/ops.h for the LSTM/GRU
+ * gates' order). Eval mode throughout: Dropout is an Identity, BatchNorm uses its running
+ * statistics.
  *
  *   Linear             Gemm (transB = 1) on 2-D inputs; MatMul(x, Transpose(W)) + Add above
  *   Conv2d             Conv (pads [top, left, bottom, right]: 'same' puts an odd extra at the end)
@@ -16,6 +17,11 @@
  *   SiLU               Sigmoid, Mul;   GELU: Div, Erf, Add, Mul, Mul (tanh form: its formula)
  *   Flatten            Flatten (to the last dim), else Reshape
  *   Embedding          Gather
+ *   Conv1d             Conv (1-D);  ConvTranspose2d: ConvTranspose (PyTorch's weight layout)
+ *   GroupNorm          Reshape (N, G, -1), LayerNorm's decomposition on the last axis,
+ *                      Reshape back, Mul, Add (GroupNormalization is opset 18)
+ *   LSTM, GRU          one node per layer (both directions), gates reordered into constants,
+ *                      Transpose/Reshape of Y to (T, N, D H); `output` picks Y, Y_h, Y_c
  *   Sequential         the children in order; Residual: branch, shortcut, Add; Parallel:
  *                      branches then Concat or Add
  */
@@ -27,6 +33,7 @@
 #include "ember/error.h"
 #include "ember/module.h"
 #include "ember/onnx.h"
+#include "ember/ops.h"
 #include "ember/options.h"
 #include "ember/tensor.h"
 #include "onnx_internal.h"
@@ -370,6 +377,236 @@ static em_status embedding_x(em_onnx_builder *b, em_module *m, const char *in, c
     return b->node(b, "Gather", 2, (const char *[]){wn, in}, 1, a, out);
 }
 
+/* ---- Conv1d, ConvTranspose2d ---------------------------------------------------------------- */
+
+static em_status conv1d_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                          char *out) {
+    (void)x;
+    const em_options *o = em_module_options(m);
+    em_tensor *w = em_module_parameter(m, "weight"), *bias = em_module_parameter(m, "bias");
+    int64_t k = em_tensor_size(w, 2), s = em_options_int(o, "stride"),
+            d = em_options_int(o, "dilation"), pads[2] = {0, 0};
+    const char *mode = em_options_type(o, "padding") == EM_OPT_STRING
+                           ? em_options_string(o, "padding") : NULL;
+    if (mode && strcmp(mode, "same") == 0) {
+        int64_t total = d * (k - 1);
+        pads[0] = total / 2;
+        pads[1] = total - total / 2; /* PyTorch pads the odd one at the end */
+    } else if (!mode) {
+        pads[0] = pads[1] = em_options_int(o, "padding");
+    }
+    char wn[N], bn[N] = "";
+    em_status st;
+    if ((st = b->initializer(b, "weight", w, wn)) != EM_OK ||
+        (bias && (st = b->initializer(b, "bias", bias, bn)) != EM_OK))
+        return st;
+    em_onnx_attr a[] = {OX_INTS("dilations", 1, &d), OX_INT("group", em_options_int(o, "groups")),
+                        OX_INTS("kernel_shape", 1, &k), OX_INTS("pads", 2, pads),
+                        OX_INTS("strides", 1, &s)};
+    return b->node(b, "Conv", bias ? 3 : 2, (const char *[]){in, wn, bn}, 5, a, out);
+}
+
+/* ONNX's ConvTranspose takes PyTorch's weight layout (C_in, C_out / group, kH, kW) and its
+ * output size: stride (in - 1) + output_padding + dilation (k - 1) + 1 - both pads. */
+static em_status convt_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                         char *out) {
+    (void)x;
+    const em_options *o = em_module_options(m);
+    em_tensor *w = em_module_parameter(m, "weight"), *bias = em_module_parameter(m, "bias");
+    int64_t k[2] = {em_tensor_size(w, 2), em_tensor_size(w, 3)}, s[2], d[2], p[2], op[2];
+    em_status st;
+    if ((st = pair(o, "stride", NULL, s)) != EM_OK || (st = pair(o, "dilation", NULL, d)) != EM_OK ||
+        (st = pair(o, "padding", NULL, p)) != EM_OK ||
+        (st = pair(o, "output_padding", NULL, op)) != EM_OK)
+        return st;
+    int64_t pads[4] = {p[0], p[1], p[0], p[1]};
+    char wn[N], bn[N] = "";
+    if ((st = b->initializer(b, "weight", w, wn)) != EM_OK ||
+        (bias && (st = b->initializer(b, "bias", bias, bn)) != EM_OK))
+        return st;
+    em_onnx_attr a[] = {OX_INTS("dilations", 2, d), OX_INT("group", em_options_int(o, "groups")),
+                        OX_INTS("kernel_shape", 2, k), OX_INTS("output_padding", 2, op),
+                        OX_INTS("pads", 4, pads), OX_INTS("strides", 2, s)};
+    return b->node(b, "ConvTranspose", bias ? 3 : 2, (const char *[]){in, wn, bn}, 6, a, out);
+}
+
+/* An int64 vector constant (shapes, axes). */
+static em_status ints_const(em_onnx_builder *b, int n, const int64_t *v, char *out) {
+    em_tensor *t = em_from_data(v, 1, (int64_t[]){n}, EM_I64, em_cpu());
+    return t ? b->constant(b, t, out) : em_last_status();
+}
+
+static em_status reshape_to(em_onnx_builder *b, const char *in, int n, const int64_t *shape,
+                            char *out) {
+    char sn[N];
+    em_status st = ints_const(b, n, shape, sn);
+    return st == EM_OK ? binary(b, "Reshape", in, sn, out) : st;
+}
+
+static em_status transpose(em_onnx_builder *b, const char *in, int n, const int64_t *perm,
+                           char *out) {
+    return b->node(b, "Transpose", 1, (const char *[]){in}, 1,
+                   (em_onnx_attr[]){OX_INTS("perm", n, perm)}, out);
+}
+
+/* ---- GroupNorm ---------------------------------------------------------------------------- */
+
+/* GroupNormalization is opset 18: for 13..17 its decomposition. x (N, C, ...) is reshaped to
+ * (N, G, -1), normalised over the last axis as LayerNorm's decomposition (biased variance),
+ * reshaped back to x's shape (Shape of x: the batch stays dynamic), then weight and bias
+ * (reshaped to (C, 1, ...)) scale and shift per channel. */
+static em_status gn_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                      char *out) {
+    const em_options *o = em_module_options(m);
+    int nd = em_tensor_ndim(x);
+    int64_t G = em_options_int(o, "num_groups"), C = em_options_int(o, "num_channels");
+    double eps = em_options_float(o, "eps");
+    em_tensor *w = em_module_parameter(m, "weight"), *bias = em_module_parameter(m, "bias");
+    if (nd < 2 || em_tensor_size(x, 1) != C)
+        return em_set_error(EM_ERR_SHAPE, "expected an input (N, %lld, ...), got %d dims",
+                            (long long)C, nd);
+    em_onnx_attr red[] = {OX_INTS("axes", 1, ((int64_t[]){2})), OX_INT("keepdims", 1)};
+    char g[N], mean[N], d[N], sq[N], var[N], epsn[N], ve[N], sd[N], y[N], shp[N];
+    em_status st;
+    if ((st = reshape_to(b, in, 3, (int64_t[]){0, G, -1}, g)) != EM_OK ||
+        (st = b->node(b, "ReduceMean", 1, (const char *[]){g}, 2, red, mean)) != EM_OK ||
+        (st = binary(b, "Sub", g, mean, d)) != EM_OK ||
+        (st = binary(b, "Mul", d, d, sq)) != EM_OK ||
+        (st = b->node(b, "ReduceMean", 1, (const char *[]){sq}, 2, red, var)) != EM_OK ||
+        (st = scalar(b, eps, epsn)) != EM_OK || (st = binary(b, "Add", var, epsn, ve)) != EM_OK ||
+        (st = unary(b, "Sqrt", ve, sd)) != EM_OK || (st = binary(b, "Div", d, sd, y)) != EM_OK ||
+        (st = unary(b, "Shape", in, shp)) != EM_OK)
+        return st;
+    if (!w) return binary(b, "Reshape", y, shp, out);
+    char yb[N], wn[N], bn[N], wr[N], br[N], yw[N];
+    int64_t pshape[EM_MAX_DIMS] = {C};
+    for (int i = 1; i < nd - 1; i++) pshape[i] = 1;
+    if ((st = binary(b, "Reshape", y, shp, yb)) != EM_OK ||
+        (st = b->initializer(b, "weight", w, wn)) != EM_OK ||
+        (st = b->initializer(b, "bias", bias, bn)) != EM_OK ||
+        (st = reshape_to(b, wn, nd - 1, pshape, wr)) != EM_OK ||
+        (st = reshape_to(b, bn, nd - 1, pshape, br)) != EM_OK ||
+        (st = binary(b, "Mul", yb, wr, yw)) != EM_OK)
+        return st;
+    return binary(b, "Add", yw, br, out);
+}
+
+/* ---- LSTM, GRU ---------------------------------------------------------------------------- */
+
+/* PyTorch's gate blocks (rows of H) in ONNX's order: LSTM i,f,g,o -> i,o,f,c (0, 3, 1, 2);
+ * GRU r,z,n -> z,r,h (1, 0, 2). */
+static const int lstm_order[4] = {0, 3, 1, 2}, gru_order[3] = {1, 0, 2};
+
+static em_tensor *gates(const em_tensor *t, int G, const int *order, int64_t H) {
+    const em_tensor *parts[4];
+    for (int i = 0; i < G; i++)
+        if (!(parts[i] = em_narrow(t, 0, order[i] * H, H))) return NULL;
+    return em_cat(G, parts, 0);
+}
+
+/* One layer's W, R and B (or none) for ONNX: directions stacked, gates reordered. */
+static em_status rnn_params(em_onnx_builder *b, em_module *m, bool gru, int64_t l, int64_t D,
+                            int64_t H, char *wn, char *rn, char *bn) {
+    int G = gru ? 3 : 4;
+    const int *order = gru ? gru_order : lstm_order;
+    em_tensor *ws[2] = {NULL, NULL}, *rs[2] = {NULL, NULL}, *bs[2] = {NULL, NULL};
+    bool has_bias = true;
+    for (int64_t d = 0; d < D; d++) {
+        const char *suf = d ? "_reverse" : "";
+        char n1[64], n2[64], n3[64], n4[64];
+        snprintf(n1, sizeof n1, "weight_ih_l%lld%s", (long long)l, suf);
+        snprintf(n2, sizeof n2, "weight_hh_l%lld%s", (long long)l, suf);
+        snprintf(n3, sizeof n3, "bias_ih_l%lld%s", (long long)l, suf);
+        snprintf(n4, sizeof n4, "bias_hh_l%lld%s", (long long)l, suf);
+        em_tensor *wih = em_module_parameter(m, n1), *whh = em_module_parameter(m, n2),
+                  *bih = em_module_parameter(m, n3), *bhh = em_module_parameter(m, n4);
+        if (!wih || !whh)
+            return em_set_error(EM_ERR_STATE, "has no parameter %s or %s", n1, n2);
+        if (!(ws[d] = gates(wih, G, order, H)) || !(rs[d] = gates(whh, G, order, H)))
+            return em_last_status();
+        has_bias = bih && bhh;
+        if (has_bias) {
+            em_tensor *gi = gates(bih, G, order, H), *gh = gates(bhh, G, order, H);
+            if (!gi || !gh || !(bs[d] = em_cat(2, (const em_tensor *const[]){gi, gh}, 0)))
+                return em_last_status();
+        }
+    }
+    em_tensor *W = em_stack((int)D, (const em_tensor *const *)ws, 0),
+              *R = em_stack((int)D, (const em_tensor *const *)rs, 0);
+    em_status st;
+    if (!W || !R) return em_last_status();
+    if ((st = b->constant(b, W, wn)) != EM_OK || (st = b->constant(b, R, rn)) != EM_OK) return st;
+    bn[0] = '\0';
+    if (!has_bias) return EM_OK;
+    em_tensor *B = em_stack((int)D, (const em_tensor *const *)bs, 0);
+    return B ? b->constant(b, B, bn) : em_last_status();
+}
+
+/* The layers as chained LSTM/GRU nodes (eval: no dropout between them). Between layers and at
+ * the end, Y (T, D, N, H) becomes (T, N, D H) by Transpose and Reshape. */
+static em_status rnn_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                       bool gru, char *out) {
+    const em_options *o = em_module_options(m);
+    int64_t H = em_options_int(o, "hidden_size"), L = em_options_int(o, "num_layers");
+    int64_t D = em_options_bool(o, "bidirectional") ? 2 : 1;
+    bool bf = em_options_bool(o, "batch_first");
+    const char *output = em_options_string(o, "output");
+    if (em_tensor_ndim(x) != 3)
+        return em_set_error(EM_ERR_SHAPE, "the example input has %d dims; export takes a "
+                            "batched input (%s, input_size), not an unbatched one",
+                            em_tensor_ndim(x), bf ? "N, T" : "T, N");
+    if (L > 64) return em_set_error(EM_ERR_RANGE, "num_layers=%lld: at most 64 export", (long long)L);
+    static const int64_t swap01[3] = {1, 0, 2};
+    char cur[N], hn[64][N], cn[64][N];
+    em_status st;
+    if (bf) {
+        if ((st = transpose(b, in, 3, swap01, cur)) != EM_OK) return st;
+    } else {
+        snprintf(cur, sizeof cur, "%s", in);
+    }
+    const char *dir = D == 2 ? "bidirectional" : "forward";
+    bool want_y = strcmp(output, "sequence") == 0;
+    for (int64_t l = 0; l < L; l++) {
+        char wn[N], rn[N], bn[N], y[N], yt[N];
+        if ((st = rnn_params(b, m, gru, l, D, H, wn, rn, bn)) != EM_OK) return st;
+        em_onnx_attr a[3] = {{.name = "direction", .type = EM_ONNX_ATTR_STRING, .s = dir},
+                             OX_INT("hidden_size", H), OX_INT("linear_before_reset", 1)};
+        char *outs[3] = {y, hn[l], cn[l]};
+        st = ox_builder_node_n(b, gru ? "GRU" : "LSTM", bn[0] ? 4 : 3,
+                               (const char *[]){cur, wn, rn, bn}, gru ? 3 : 2, a, gru ? 2 : 3,
+                               outs);
+        if (st != EM_OK) return st;
+        if (l + 1 < L || want_y) {
+            if ((st = transpose(b, y, 4, (int64_t[]){0, 2, 1, 3}, yt)) != EM_OK ||
+                (st = reshape_to(b, yt, 3, (int64_t[]){0, 0, -1}, cur)) != EM_OK)
+                return st;
+        }
+    }
+    if (want_y) {
+        if (bf) return transpose(b, cur, 3, swap01, out);
+        return unary(b, "Identity", cur, out);
+    }
+    if (strcmp(output, "last") == 0) {
+        char t[N];
+        if ((st = transpose(b, hn[L - 1], 3, swap01, t)) != EM_OK) return st;
+        return reshape_to(b, t, 2, (int64_t[]){0, -1}, out);
+    }
+    bool c = strcmp(output, "c_n") == 0;
+    const char *parts[64];
+    for (int64_t l = 0; l < L; l++) parts[l] = c ? cn[l] : hn[l];
+    if (L == 1) return unary(b, "Identity", parts[0], out);
+    return b->node(b, "Concat", (int)L, parts, 1, (em_onnx_attr[]){OX_INT("axis", 0)}, out);
+}
+
+static em_status lstm_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                        char *out) {
+    return rnn_x(b, m, in, x, false, out);
+}
+static em_status gru_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                       char *out) {
+    return rnn_x(b, m, in, x, true, out);
+}
+
 /* ---- containers ----------------------------------------------------------------------------- */
 
 static em_status seq_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
@@ -452,6 +689,13 @@ static em_status par_x(em_onnx_builder *b, em_module *m, const char *in, const e
                                             .export_layer = fn};
 LAYER(x_linear, "Linear", linear_x, "Gemm (2-D input), else MatMul(x, Transpose(W)) + Add")
 LAYER(x_conv, "Conv2d", conv_x, "Conv")
+LAYER(x_conv1d, "Conv1d", conv1d_x, "Conv (1-D)")
+LAYER(x_convt, "ConvTranspose2d", convt_x, "ConvTranspose")
+LAYER(x_gn, "GroupNorm", gn_x, "Reshape, ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div, "
+      "Reshape (Mul, Add)")
+LAYER(x_lstm, "LSTM", lstm_x, "LSTM per layer (gates i, o, f, c), Transpose, Reshape")
+LAYER(x_gru, "GRU", gru_x, "GRU per layer (gates z, r, h; linear_before_reset), Transpose, "
+      "Reshape")
 LAYER(x_maxpool, "MaxPool2d", maxpool_x, "MaxPool")
 LAYER(x_avgpool, "AvgPool2d", avgpool_x, "AveragePool")
 LAYER(x_adaptive, "AdaptiveAvgPool2d", adaptive_x, "GlobalAveragePool, or AveragePool")
@@ -478,5 +722,6 @@ const em_onnx_layer_class *const ox_layer_exporters[] = {
     &x_linear, &x_conv,     &x_maxpool, &x_avgpool, &x_adaptive, &x_bn1,     &x_bn2,
     &x_ln,     &x_dropout,  &x_identity, &x_relu,   &x_leaky,    &x_tanh,    &x_sigmoid,
     &x_silu,   &x_gelu,     &x_softmax, &x_log_softmax, &x_flatten, &x_embedding, &x_seq,
-    &x_res,    &x_par,      NULL,
+    &x_res,    &x_par,      &x_conv1d,  &x_convt,   &x_gn,       &x_lstm,    &x_gru,
+    NULL,
 };
