@@ -13,9 +13,14 @@ logits. Each epoch prints the training and validation loss and perplexity (exp o
 token loss) and the unigram perplexity of the validation targets (exp of the entropy of their
 own character frequencies), as ember-train's epoch lines do.
 
+The Transformer is Ember's Embedding -> LearnedPositionalEncoding (max_len seq_len, N(0, 1)) ->
+TransformerEncoder (pre-norm, ReLU, feed-forward 4 * embed, causal: the float -inf upper
+triangle as the mask, each layer initialised on its own) -> Linear, without a final LayerNorm.
+
     bench/charlm_torch.py --model mlp        # examples/charlm-mlp.yaml's model and settings
     bench/charlm_torch.py --model lstm --embed 64 --hidden 256 --layers 2
-    bench/charlm_torch.py --model transformer --embed 128 --layers 2 --heads 4
+    bench/charlm_torch.py --model transformer --embed 64 --layers 2 --heads 4 --seq-len 64 \
+        --batch 32 --lr 0.002 --epochs 2     # examples/charlm-transformer.yaml's
 
 Runs under Debian's python3-torch (1.13) or a newer PyTorch; prints the torch version.
 """
@@ -73,9 +78,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(V, E)
         self.pos = nn.Embedding(seq_len, E)
-        layer = nn.TransformerEncoderLayer(E, heads, 4 * E, dropout, batch_first=True,
-                                           norm_first=True)
-        self.enc = nn.TransformerEncoder(layer, layers)
+        make = lambda: nn.TransformerEncoderLayer(E, heads, 4 * E, dropout, batch_first=True,
+                                                  norm_first=True)
+        self.enc = nn.TransformerEncoder(make(), layers)
+        # nn.TransformerEncoder deep-copies its layer, so every layer would start from the same
+        # weights; Ember's TransformerEncoder initialises each layer on its own, and so here.
+        self.enc.layers = nn.ModuleList([make() for _ in range(layers)])
         self.out = nn.Linear(E, V)
 
     def forward(self, x):

@@ -403,8 +403,8 @@ Test(trainer_text, generate_from_a_trained_model) {
     free(text);
 }
 
-/* examples/charlm-mlp.yaml and charlm-lstm.yaml build, fit the Jargon File and take a step
- * (--dry-run). */
+/* examples/charlm-mlp.yaml, charlm-lstm.yaml and charlm-transformer.yaml build, fit the Jargon
+ * File and take a step (--dry-run). */
 Test(trainer_text, charlm_example_dry_runs) {
     if (access("/usr/share/doc/jargon-text/jargon.txt.gz", R_OK) != 0)
         cr_skip_test("jargon-text is not installed (/usr/share/doc/jargon-text/jargon.txt.gz)");
@@ -416,6 +416,11 @@ Test(trainer_text, charlm_example_dry_runs) {
     free(out);
     rc = train(&out, (const char *[]){EM_TEST_SRCDIR "/examples/charlm-lstm.yaml", "--dry-run",
                                       NULL});
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "dry run ok: input [32, 64] -> output [32, 64, 155]"), "%s", out);
+    free(out);
+    rc = train(&out, (const char *[]){EM_TEST_SRCDIR "/examples/charlm-transformer.yaml",
+                                      "--dry-run", NULL});
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "dry run ok: input [32, 64] -> output [32, 64, 155]"), "%s", out);
     free(out);
