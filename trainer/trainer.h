@@ -6,6 +6,7 @@
  *                  loss, optimizer and scheduler; output checks; signals; --help,
  *                  --list-plugins, --summary, exit codes
  *   loop.c         the training loop, evaluation, checkpoints, metrics, predictions, progress
+ *   ddp.c          data parallelism under mpirun: the communicator, the ranks' agreement
  */
 #ifndef EMBER_TRAINER_H
 #define EMBER_TRAINER_H
@@ -16,14 +17,18 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ember/comm.h"
 #include "ember/config.h"
+#include "ember/ddp.h"
 #include "ember/data.h"
 #include "ember/device.h"
 #include "ember/dict.h"
 #include "ember/error.h"
 #include "ember/module.h"
 #include "ember/optim.h"
+#include "ember/random.h"
 #include "ember/serialize.h"
+#include "ember/trace.h" /* em_profiler */
 
 /* Exit codes (documented in --help and the README). */
 enum {
@@ -57,6 +62,9 @@ typedef struct settings {
                                     * batch_size) */
     const char *tensorboard;       /* --tensorboard DIR */
     bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
+    /* data parallelism (ddp.c) */
+    double ddp_bucket_mib;         /* --ddp-bucket-mib; 0: 25 (PyTorch's bucket_cap_mb) */
+    bool sync_batchnorm;           /* --sync-batchnorm */
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
@@ -72,6 +80,18 @@ typedef struct epoch_sums {
     double time_s, wait_s;         /* training time of the epoch, and the loader's share */
     int64_t samples, grad_norms;   /* samples trained on; steps whose norm is in grad_norm */
 } epoch_sums;
+
+/* The run's place in a data-parallel job (ddp.c); rank 0 of a world of 1 in a plain run. */
+typedef struct ddp_state {
+    em_comm *comm;                 /* NULL: a plain run (MPI never started) */
+    em_ddp *ddp;                   /* the model's wrapper, once ddp_wrap made it */
+    int rank, world;
+    bool agreed;                   /* a non-zero exit code every rank knows (ddp_agree) */
+    int first_failed;              /* the lowest rank with a non-zero code at the last
+                                    * ddp_agree; -1: none */
+    bool have_rng;                 /* --resume read this rank's generator state */
+    em_rng_state rng;
+} ddp_state;
 
 /* Entries of a data.transforms list. */
 #define TF_MAX 32
@@ -118,7 +138,11 @@ typedef struct run {
     /* SIGINT or SIGTERM once a signal asked the loop to stop; 0 until then */
     atomic_int *stop;
     em_profiler *profiler;         /* --profile: the ops of this (the training) thread */
+    ddp_state d;
 } run;
+
+/* Whether this process speaks for the run: writes files, prints progress and figures. */
+static inline bool primary(const run *r) { return r->d.rank == 0; }
 
 /* loop.c */
 int train_loop(run *r);
@@ -126,6 +150,41 @@ int evaluate_only(run *r);
 int dry_run(run *r);
 em_status checkpoint_load(run *r, const char *path);
 void checkpoint_prepare(run *r, bool dry);
+
+/* ddp.c. Every function taking a run is collective in a data-parallel run (every rank calls
+ * it at the same point) and does nothing in a plain one. */
+const char *ddp_launcher(void);  /* the launcher variable found in the environment, or NULL */
+/* Join the job when an MPI launcher started the process (0, or an exit code after the
+ * message). */
+int ddp_start(run *r);
+/* A setting every rank must share: a number, or a hash of a text or a file. */
+typedef struct ddp_setting {
+    const char *name;
+    int64_t value;                 /* the number, a double's bits, or the hash */
+    enum { DDP_INT, DDP_REAL, DDP_HASH } kind;
+} ddp_setting;
+int64_t ddp_hash_text(const char *s);
+int64_t ddp_hash_file(const char *path); /* -1: unreadable */
+/* Rank 0 names the first setting where a rank differs from it; EXIT_USAGE on every rank. */
+int ddp_check_same(run *r, const ddp_setting *set, int n);
+/* Wrap the model (broadcasting rank 0's weights) and set this rank's random stream: the one
+ * --resume read, else one of its own (from the seed and the rank). 0 or an exit code. */
+int ddp_wrap(run *r);
+/* v[0..n) becomes the sum over the ranks (a failure of the communicator ends the process). */
+em_status ddp_sum(run *r, double *v, int n);
+/* rc, or the first non-zero exit code of any rank (then known to every rank). */
+int ddp_agree(run *r, int rc);
+/* Leave at once with rc when it is a failure the other ranks do not know of. */
+void ddp_exit(run *r, int rc);
+void ddp_free(run *r);
+/* The checkpoint's "train.rng_ranks": every rank's generator state (malloc'd text, on rank 0;
+ * NULL on the others and in a plain run). */
+em_status ddp_rng_text(run *r, char **text);
+/* This rank's state from "train.rng_ranks" into r->d.rng. */
+em_status ddp_rng_parse(run *r, const char *path, const char *text);
+/* Rank 0's checkpoint status s (and *saved) on every rank: the others get an error naming path
+ * when rank 0 failed. */
+em_status ddp_share_status(run *r, em_status s, bool *saved, const char *path);
 
 /* ember-train.c: the signal thread's side of the saves (see "signals" there). A save is
  * announced before it starts — stop_save_begin never returns once a second signal is stopping
