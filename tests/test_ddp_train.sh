@@ -6,6 +6,8 @@
 #     data: rank r's batch k holds the items at positions (kB + j) * 2 + r of the epoch's
 #     permutation, so the two ranks' batch k together are positions [2kB, 2kB + 2B), the one
 #     process's batch k (30 steps stay within the first epoch, away from its padded end);
+#   - buckets of 1 KiB give the bits of the default 25 MiB; --sync-batchnorm = one process at
+#     twice the batch (and per-rank BatchNorm is not);
 #   - --accum-steps 2 on 2 ranks = one process with --accum-steps 2 at twice the batch;
 #   - the validation and test figures of 2 and 3 ranks (151 and 297 samples: shards padded
 #     with repeated samples) = the single process's, every sample counted once;
@@ -84,6 +86,27 @@ col() { # FILE NAME: the value of column NAME in the CSV's last row
 for c in train_loss train_accuracy val_loss val_accuracy test_loss test_accuracy; do
     close_num "$(col "$tmp/d2.csv" $c)" "$(col "$tmp/s.csv" $c)" "2 ranks' $c in --metrics"
 done
+
+# buckets of 1 KiB (2 of them here) give the bits of the default (one of 25 MiB)
+run_ok "$tmp/bk.log" mpi 2 "$train" "$tmp/mlp.yaml" --max-steps 30 --save-weights "$tmp/bk.st" \
+    --ddp-bucket-mib 0.0009765625 || bad "2 ranks, 1 KiB buckets: training failed"
+grep -q 'in 2 buckets (--ddp-bucket-mib 0.000976562)' "$tmp/bk.log" || bad "not 2 buckets of 1 KiB"
+grep -q 'in 1 bucket (--ddp-bucket-mib 25)' "$tmp/d2.log" || bad "not 1 bucket by default"
+"$cmp" compare "$tmp/bk.st" "$tmp/d2.st" exact || bad "1 KiB buckets change the weights"
+
+# --sync-batchnorm: BatchNorm over both ranks' batches = one process at twice the batch;
+# without it each rank normalises its own, which is not
+sed 's/^  - ReLU$/  - BatchNorm1d: {num_features: 32}\n  - ReLU/' "$tmp/mlp.yaml" >"$tmp/bn.yaml"
+run_ok "$tmp/sbn.log" mpi 2 "$train" "$tmp/bn.yaml" --max-steps 30 --sync-batchnorm \
+    --save-weights "$tmp/sbn.st" || bad "2 ranks, --sync-batchnorm: training failed"
+grep -q '1 BatchNorm layer now SyncBatchNorm' "$tmp/sbn.log" || bad "no layer converted"
+run_ok "$tmp/pbn.log" mpi 2 "$train" "$tmp/bn.yaml" --max-steps 30 --save-weights "$tmp/pbn.st" ||
+    bad "2 ranks, BatchNorm: training failed"
+run_ok "$tmp/bn1.log" one "$tmp/bn.yaml" --max-steps 30 --batch-size 32 \
+    --save-weights "$tmp/bn1.st" || bad "one process, BatchNorm: training failed"
+"$cmp" compare "$tmp/sbn.st" "$tmp/bn1.st" close || bad "--sync-batchnorm != one process x 32"
+"$cmp" compare "$tmp/pbn.st" "$tmp/bn1.st" close >/dev/null 2>&1 &&
+    bad "per-rank BatchNorm gave the weights of the large batch"
 
 # ---- --accum-steps 2 ---------------------------------------------------------------------------
 run_ok "$tmp/da.log" mpi 2 "$train" "$tmp/mlp.yaml" --max-steps 30 --batch-size 8 \

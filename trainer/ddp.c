@@ -234,6 +234,15 @@ int ddp_wrap(run *r) {
         /* a mismatch is found by every rank alike; a communicator failure is not */
         return ddp_agree(r, EXIT_USAGE);
     }
+    int nb = em_ddp_bucket_count(r->d.ddp);
+    int64_t bytes = 0;
+    for (int i = 0; i < nb; i++) {
+        em_ddp_bucket_info bi = {.struct_size = sizeof bi};
+        if (em_ddp_bucket_get(r->d.ddp, i, &bi) == EM_OK) bytes += bi.bytes;
+    }
+    say(r, "ember-train: gradients of %.1f KiB in %d bucket%s (--ddp-bucket-mib %g)\n",
+        (double)bytes / 1024.0, nb, nb == 1 ? "" : "s",
+        r->s.ddp_bucket_mib > 0 ? r->s.ddp_bucket_mib : 25.0);
     if (r->d.have_rng) em_generator_set_state(NULL, r->d.rng);
     else if (r->d.rank > 0) em_generator_set_state(NULL, (em_rng_state){rank_seed(r->s.seed, r->d.rank), 0});
     return 0;

@@ -1110,6 +1110,7 @@ static int build_optimizer(run *r, const em_config_node *o) {
 static int64_t steps_per_epoch(const run *r) {
     int64_t len = em_dataset_length(r->train), B = r->s.batch_size;
     if (r->s.overfit_batches && r->s.overfit_batches <= len / B) len = r->s.overfit_batches * B;
+    len = (len + r->d.world - 1) / r->d.world; /* data-parallel: a rank's shard (padded) */
     int64_t nb = len / B + (len % B != 0);
     if (r->s.limit_batches && r->s.limit_batches < nb) nb = r->s.limit_batches;
     return nb / r->s.accum_steps + (nb % r->s.accum_steps != 0);
@@ -1193,7 +1194,7 @@ static void warn_short_schedule(const run *r, const em_sched_class *k, const em_
         snprintf(runs, sizeof runs, "%lld epochs", (long long)r->s.epochs);
     char wu[64] = "";
     if (warmup) snprintf(wu, sizeof wu, " after a warm-up of %lld %ss", (long long)warmup, unit);
-    fprintf(stderr, "ember-train: warning: the run's %s (--epochs) end before the schedule does: "
+    if (primary(r)) fprintf(stderr, "ember-train: warning: the run's %s (--epochs) end before the schedule does: "
             "%s's %s is %lld %ss%s, so the lr stops part-way (raise --epochs to %lld, or shorten "
             "%s)\n", runs, k->name, key, (long long)len, unit, wu,
             (long long)(per_step ? (len + warmup + spe - 1) / spe : len + warmup), key);
@@ -1314,13 +1315,13 @@ static int check_fit(run *r) {
     /* the warnings first: they also explain a loss that does not fit */
     const char *last = last_leaf_class(r->model);
     if ((!strcmp(last, "Softmax") || !strcmp(last, "LogSoftmax")) &&
-        !strcmp(r->loss_class, "CrossEntropyLoss"))
+        !strcmp(r->loss_class, "CrossEntropyLoss") && primary(r))
         fprintf(stderr, "ember-train: warning: the model ends in %s and the loss is "
                 "CrossEntropyLoss, which applies log_softmax itself: remove the %s (or use "
                 "NLLLoss after LogSoftmax)\n", last, last);
     if (in->num_classes > 0 && in->target_ndim == 0 &&
         (!strcmp(r->loss_class, "MSELoss") || !strcmp(r->loss_class, "L1Loss") ||
-         !strcmp(r->loss_class, "SmoothL1Loss")))
+         !strcmp(r->loss_class, "SmoothL1Loss")) && primary(r))
         fprintf(stderr, "ember-train: warning: %s on class-index targets treats the labels as "
                 "numbers; use CrossEntropyLoss for classification\n", r->loss_class);
     /* what the training loader delivers: each input field through data.transforms (a

@@ -793,8 +793,14 @@ static void put_shell_word(FILE *f, const char *w) {
     fputc('\'', f);
 }
 
-/* The command line as it was, without --resume, then --resume `from`. */
+/* The command line as it was, without --resume, then --resume `from` (data-parallel: after
+ * the launcher's, with the same number of ranks). */
 static void put_resume_command(FILE *f, const run *r, const char *from) {
+    if (r->d.comm) {
+        const char *l = ddp_launcher();
+        fprintf(f, "%s %d ", l && !strcmp(l, "OMPI_COMM_WORLD_SIZE") ? "mpirun -np" : "srun -n",
+                r->d.world);
+    }
     for (int i = 0; i < r->s.argc; i++) {
         const char *a = r->s.argv[i];
         if (i > 0 && !strcmp(a, "--resume")) {
