@@ -44,6 +44,7 @@ const char *ddp_launcher(void) {
 int ddp_start(run *r) {
     r->d.rank = 0;
     r->d.world = 1;
+    r->d.first_failed = -1;
     const char *var = ddp_launcher();
     if (!var) return 0;
     em_comm *c = em_comm_new("mpi", NULL);

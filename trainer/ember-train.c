@@ -1633,6 +1633,8 @@ int main(int argc, char **argv) {
     r.best_saved_epoch = -1;
     r.s.log_every_s = 10;
     r.stop = &stop_flag;
+    r.d.world = 1; /* a plain run until ddp_start finds a launcher */
+    r.d.first_failed = -1;
     r.s.argc = argc;
     r.s.argv = argv;
     opterr = 0;
@@ -1937,8 +1939,8 @@ int main(int argc, char **argv) {
         bool failed = rc != 0;
         if ((rc = ddp_agree(&r, rc))) {
             if (failed && (primary(&r) || r.d.first_failed != 0))
-                fprintf(stderr, "ember-train%s: --resume %s: %s\n", primary(&r) ? "" : " (a rank)",
-                        r.s.resume, why);
+                fprintf(stderr, "ember-train%s: --resume %s: %s\n",
+                        primary(&r) ? "" : " (not rank 0)", r.s.resume, why);
             goto done;
         }
     }
