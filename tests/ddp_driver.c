@@ -2,6 +2,7 @@
  * ddp_driver.c — the program tests/test_ddp.sh runs, under mpirun and alone:
  *
  *   ddp_driver comm                       collectives against plain loops (under mpirun)
+ *   ddp_driver commerr                    an error inside MPI (a truncated broadcast)
  *   ddp_driver noinit                     em_init loads no MPI library (alone)
  *   ddp_driver train MODEL OUT [options]  data-parallel training (under mpirun): every rank
  *                                         writes OUT.rankR.safetensors
@@ -363,6 +364,18 @@ static int run_comm(void) {
     return 0;
 }
 
+/* An error inside MPI: rank 0 broadcasts more elements than the others expect. The
+ * receivers' error names the collective, its number, the rank and MPI's message. */
+static int run_commerr(void) {
+    em_comm_options co = {.struct_size = sizeof co, .timeout_s = 5};
+    em_comm *c = em_comm_new("mpi", &co);
+    if (!c) die("comm_new");
+    g_rank = em_comm_rank(c);
+    em_tensor *t = em_zeros(1, (int64_t[]){g_rank == 0 ? 64 : 8}, EM_F32, em_cpu());
+    if (em_comm_wait(em_comm_broadcast(c, t, 0)) != EM_OK) die("broadcast");
+    return 0;
+}
+
 /* em_init with ember-mpi registered maps no MPI library into the process. */
 static int run_noinit(void) {
     if (!em_class_find(EM_COMM_KIND, "mpi")) die("the mpi class is not registered");
@@ -388,6 +401,8 @@ int main(int argc, char **argv) {
         rc = run_compare(argv[2], argv[3], argv[4]);
     } else if (!strcmp(mode, "comm")) {
         rc = run_comm();
+    } else if (!strcmp(mode, "commerr")) {
+        rc = run_commerr();
     } else if (!strcmp(mode, "noinit")) {
         rc = run_noinit();
     } else if ((!strcmp(mode, "train") || !strcmp(mode, "single")) && argc >= 4) {
