@@ -370,7 +370,7 @@ static void usage(FILE *f) {
 "  --dry-run                check the config, build everything, one forward+backward, exit\n"
 "\n"
 "Data-parallel training: `mpirun -np N ember-train CONFIG [options]` trains on N processes\n"
-"(any MPI launcher: mpirun, Slurm's srun; docs/distributed.md), each on its shard of every\n"
+"(an MPI launcher: mpirun; Slurm's srun is untested; docs/distributed.md), each on its shard of\n"
 "epoch with the config's --batch-size, so a step sees N x batch-size samples: the model of one\n"
 "process with an N-times larger batch. Rank 0 prints and writes every file (metrics, weights,\n"
 "checkpoints holding each rank's random state); validation and test cover each sample once.\n"
@@ -1569,9 +1569,9 @@ static int check_ranks_agree(run *r, int n_plugins) {
         I("--dry-run", st->dry_run), I("--summary", st->summary),
         I("--init-weights-nonstrict", st->init_nonstrict), I("--sync-batchnorm", st->sync_batchnorm),
         I("the number of --plugin options", n_plugins),
-        /* the sinks decide whether the test set is evaluated each epoch (collectively) */
-        I("--metrics/--tensorboard", st->metrics || st->tensorboard),
-        I("--checkpoint", st->checkpoint != NULL),
+        /* saves are collective (rank 0 writes, every rank hears how it went) */
+        I("--checkpoint", st->checkpoint != NULL), I("--save-best", st->save_best != NULL),
+        I("--save-weights", st->save_weights != NULL),
         {"--clip-grad-norm (loop.clip_grad_norm)", 0, DDP_REAL}, {"--lr", 0, DDP_REAL},
         {"--momentum", 0, DDP_REAL}, {"--weight-decay", 0, DDP_REAL},
         {"--ddp-bucket-mib", 0, DDP_REAL},
