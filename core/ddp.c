@@ -473,6 +473,10 @@ fail:
 }
 
 em_tensor *em_ddp_forward_n(em_ddp *d, em_tensor *const *in, int n_in) {
+    return em_ddp_forward_masked(d, in, n_in, NULL);
+}
+
+em_tensor *em_ddp_forward_masked(em_ddp *d, em_tensor *const *in, int n_in, em_tensor *mask) {
     if (!d) {
         em_set_error(EM_ERR_INVALID, "ddp_forward: NULL wrapper");
         return NULL;
@@ -487,7 +491,7 @@ em_tensor *em_ddp_forward_n(em_ddp *d, em_tensor *const *in, int n_in) {
     if (em_module_training(d->m) && em_ddp_broadcast_buffers(d) != EM_OK) return NULL;
     em_comm *saved = current_comm;
     current_comm = d->c;
-    em_tensor *y = em_module_forward_n(d->m, in, n_in);
+    em_tensor *y = em_module_forward_masked(d->m, in, n_in, mask);
     current_comm = saved;
     return y;
 }

@@ -13,8 +13,10 @@
  * when run uninstalled, else from the installed data directory.
  */
 #include "ember/autograd.h"
+#include "ember/comm.h"
 #include "ember/config.h"
 #include "ember/data.h"
+#include "ember/ddp.h"
 #include "ember/device.h"
 #include "ember/dict.h"
 #include "ember/dispatch.h"
@@ -280,7 +282,7 @@ void say(const run *r, const char *fmt, ...) {
 }
 
 void warn(const run *r, const char *fmt, ...) {
-    if (r->s.quiet) return;
+    if (r->s.quiet || !primary(r)) return; /* data-parallel: rank 0 speaks for the run */
     va_list ap;
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
@@ -417,6 +419,19 @@ static void usage(FILE *f) {
 "                           the loader's waits and the optimizer steps; written at the end\n"
 "  --anomaly                anomaly mode: the op that first makes a NaN/Inf is named\n"
 "  --dry-run                check the config, build everything, one forward+backward, exit\n"
+"\n"
+"Data-parallel training: `mpirun -np N ember-train CONFIG [options]` trains on N processes\n"
+"(an MPI launcher: mpirun; Slurm's srun is untested; docs/distributed.md), each on its shard of\n"
+"epoch with the config's --batch-size, so a step sees N x batch-size samples: the model of one\n"
+"process with an N-times larger batch. Rank 0 prints and writes every file (metrics, weights,\n"
+"checkpoints holding each rank's random state); validation and test cover each sample once.\n"
+"A checkpoint resumes only with the same N. Without a launcher MPI is never started.\n"
+"  --ddp-bucket-mib X       gradient bucket size in MiB (default 25, the first bucket 1)\n"
+"  --sync-batchnorm         BatchNorm layers normalise with the statistics of every rank's\n"
+"                           batch together (SyncBatchNorm), as one process on the N-times\n"
+"                           larger batch does; without it each rank normalises its own\n"
+"  (both only matter under a launcher; --predict and --overfit-batches are single-process)\n"
+"\n"
 "  --plugin PATH            load this plugin file (.so) too (repeatable); a config's top-level\n"
 "                           'plugins: [PATH, ...]' does the same, paths relative to the config\n"
 "  --list-plugins           plugins and the classes they registered\n"
@@ -498,7 +513,7 @@ static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
 typedef enum num_id {
     N_EPOCHS, N_MAX_STEPS, N_BATCH, N_ACCUM, N_WORKERS, N_LIMIT, N_OVERFIT, N_EARLY, N_SEED,
     N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_EVAL_BATCH, N_GENERATE,
-    N_TOP_K, N_COUNT
+    N_TOP_K, N_BUCKET, N_COUNT
 } num_id;
 
 typedef struct num_range {
@@ -534,6 +549,7 @@ static const num_range ranges[N_COUNT] = {
     [N_EVAL_BATCH] = INT_RANGE("loop.eval_batch_size", "--eval-batch-size", 1, INT32_MAX),
     [N_GENERATE] = INT_RANGE(NULL, "--generate", 1, 100000000),
     [N_TOP_K] = INT_RANGE(NULL, "--top-k", 1, INT32_MAX),
+    [N_BUCKET] = REAL_RANGE(NULL, "--ddp-bucket-mib", 1.0 / 1024, 1048576), /* 1 KiB .. 1 TiB */
 };
 
 /* "an integer in [0, 2147483647]", "a finite number >= 0" */
@@ -1153,6 +1169,7 @@ static int build_optimizer(run *r, const em_config_node *o) {
 static int64_t steps_per_epoch(const run *r) {
     int64_t len = em_dataset_length(r->train), B = r->s.batch_size;
     if (r->s.overfit_batches && r->s.overfit_batches <= len / B) len = r->s.overfit_batches * B;
+    len = (len + r->d.world - 1) / r->d.world; /* data-parallel: a rank's shard (padded) */
     int64_t nb = len / B + (len % B != 0);
     if (r->s.limit_batches && r->s.limit_batches < nb) nb = r->s.limit_batches;
     return nb / r->s.accum_steps + (nb % r->s.accum_steps != 0);
@@ -1590,6 +1607,48 @@ static int setup(run *r) {
     return rc ? rc : read_loop(r, em_config_node_get(root, "loop"));
 }
 
+/* What every rank of a data-parallel run must share, checked before anything is built: the
+ * config file's bytes, the options that shape the data, the model, the optimizer and what the
+ * run does (a rank that evaluates while the others train would wait for them forever). */
+static int check_ranks_agree(run *r, int n_plugins) {
+    if (!r->d.comm) return 0;
+#define I(n, v) {n, (int64_t)(v), DDP_INT}
+#define T(n, v) {n, ddp_hash_text(v), DDP_HASH}
+    int64_t cfg = ddp_hash_file(r->s.config_path);
+    const settings *st = &r->s;
+    ddp_setting set[] = {
+        {"config file", cfg, DDP_HASH},
+        T("--data", cli_data), T("--device", st->device), T("--optimizer", cli_optimizer),
+        T("--scheduler", cli_scheduler), T("--init-weights", st->init_weights),
+        T("--resume", st->resume), T("--predict", st->predict),
+        I("--epochs (loop.epochs)", st->epochs), I("--max-steps (loop.max_steps)", st->max_steps),
+        I("--batch-size (loop.batch_size)", st->batch_size),
+        I("--accum-steps (loop.accum_steps)", st->accum_steps),
+        I("--eval-batch-size (loop.eval_batch_size)", st->eval_batch_size),
+        I("--limit-batches (loop.limit_batches)", st->limit_batches),
+        I("--overfit-batches (loop.overfit_batches)", st->overfit_batches),
+        I("--early-stop (loop.early_stop)", st->early_stop), I("--seed (loop.seed)", st->seed),
+        I("--no-shuffle (loop.shuffle)", !st->shuffle),
+        I("--deterministic (loop.deterministic)", st->deterministic),
+        I("--warmup-epochs", cli_warmup), I("--eval-only", st->eval_only),
+        I("--dry-run", st->dry_run), I("--summary", st->summary),
+        I("--init-weights-nonstrict", st->init_nonstrict), I("--sync-batchnorm", st->sync_batchnorm),
+        I("the number of --plugin options", n_plugins),
+        /* saves are collective (rank 0 writes, every rank hears how it went) */
+        I("--checkpoint", st->checkpoint != NULL), I("--save-best", st->save_best != NULL),
+        I("--save-weights", st->save_weights != NULL),
+        {"--clip-grad-norm (loop.clip_grad_norm)", 0, DDP_REAL}, {"--lr", 0, DDP_REAL},
+        {"--momentum", 0, DDP_REAL}, {"--weight-decay", 0, DDP_REAL},
+        {"--ddp-bucket-mib", 0, DDP_REAL},
+    };
+#undef I
+#undef T
+    const double reals[] = {st->clip_grad_norm, cli_lr, cli_momentum, cli_wd, st->ddp_bucket_mib};
+    int n = (int)(sizeof set / sizeof *set), nr = (int)(sizeof reals / sizeof *reals);
+    for (int i = 0; i < nr; i++) memcpy(&set[n - nr + i].value, &reals[i], sizeof(double));
+    return ddp_check_same(r, set, n);
+}
+
 int main(int argc, char **argv) {
     enum { O_DATA = 256, O_DEVICE, O_EPOCHS, O_MAX_STEPS, O_BATCH, O_LR, O_OPTIM, O_MOMENTUM,
            O_WD, O_SCHED, O_ACCUM, O_CLIP, O_SEED, O_DETERM, O_WORKERS, O_NOSHUF, O_INIT,
@@ -1597,7 +1656,8 @@ int main(int argc, char **argv) {
            O_OVERFIT, O_SUMMARY, O_MEMSUM, O_PROFILE, O_ANOMALY, O_DRY, O_LIST, O_HELP,
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
            O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_GENERATE,
-           O_PROMPT, O_TEMPERATURE, O_TOP_K, O_TRACE, O_PLOT, O_AMP, O_EXPORT_ONNX, O_INIT_ONNX };
+           O_PROMPT, O_TEMPERATURE, O_TOP_K, O_TRACE, O_PLOT, O_AMP, O_EXPORT_ONNX, O_INIT_ONNX,
+           O_BUCKET, O_SYNC_BN };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1622,7 +1682,8 @@ int main(int argc, char **argv) {
         {"temperature", 1, 0, O_TEMPERATURE}, {"top-k", 1, 0, O_TOP_K},
         {"trace", 1, 0, O_TRACE}, {"plot", 1, 0, O_PLOT},
         {"amp", 1, 0, O_AMP}, {"export-onnx", 1, 0, O_EXPORT_ONNX},
-        {"init-onnx", 1, 0, O_INIT_ONNX}, {0, 0, 0, 0}};
+        {"init-onnx", 1, 0, O_INIT_ONNX}, {"ddp-bucket-mib", 1, 0, O_BUCKET},
+        {"sync-batchnorm", 0, 0, O_SYNC_BN}, {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
     /* -1: not given on the command line (the config or the default decides). */
@@ -1645,6 +1706,8 @@ int main(int argc, char **argv) {
     r.best_saved_epoch = -1;
     r.s.log_every_s = 10;
     r.stop = &stop_flag;
+    r.d.world = 1; /* a plain run until ddp_start finds a launcher */
+    r.d.first_failed = -1;
     r.s.argc = argc;
     r.s.argv = argv;
     opterr = 0;
@@ -1687,6 +1750,8 @@ int main(int argc, char **argv) {
         case O_METRICS_STEPS: r.s.metrics_steps = optarg; break;
         case O_TENSORBOARD: r.s.tensorboard = optarg; break;
         case O_TB_HIST: c_tb_hist = true; break;
+        case O_BUCKET: ok = cli_num(N_BUCKET, optarg, &iv, &r.s.ddp_bucket_mib); break;
+        case O_SYNC_BN: r.s.sync_batchnorm = true; break;
         case O_QUIET: r.s.quiet = true; break;
         case O_LOG_EVERY: ok = parse_log_every(&r.s, optarg); break;
         case O_SAVE_BEST: r.s.save_best = optarg; break;
@@ -1817,6 +1882,9 @@ int main(int argc, char **argv) {
         rc = EXIT_USAGE;
         goto done;
     }
+    /* under mpirun: join the job; rank 0 speaks for the run */
+    if ((rc = ddp_start(&r))) goto done;
+    if (!primary(&r)) r.s.quiet = true;
     if ((rc = setup(&r))) goto done;
     /* The command line overrides the loop section. */
     if (c_epochs >= 0) r.s.epochs = c_epochs;
@@ -1841,7 +1909,18 @@ int main(int argc, char **argv) {
         rc = EXIT_USAGE;
         goto done;
     }
-    if ((rc = check_outputs(&r))) goto done;
+    if ((rc = check_ranks_agree(&r, n_plugins))) goto done;
+    if (r.d.comm && (r.s.predict || r.s.overfit_batches || r.s.generate)) {
+        if (primary(&r))
+            fprintf(stderr, "ember-train: %s runs in one process: start it without mpirun\n",
+                    r.s.predict    ? "--predict"
+                    : r.s.generate ? "--generate"
+                                   : "--overfit-batches");
+        rc = ddp_agree(&r, EXIT_USAGE);
+        goto done;
+    }
+    /* only rank 0 writes files */
+    if ((rc = ddp_agree(&r, primary(&r) ? check_outputs(&r) : 0))) goto done;
     if ((rc = pick_device(&r))) goto done;
     char devname[64];
     say(&r, "ember-train: config %s, device %s", r.s.config_path,
@@ -1850,6 +1929,10 @@ int main(int argc, char **argv) {
         say(&r, " (%d thread%s: %s)", em_num_threads(), em_num_threads() == 1 ? "" : "s",
             em_num_threads_reason());
     say(&r, "\n");
+    if (r.d.comm)
+        say(&r, "ember-train: data-parallel on %d ranks (%s), %" PRId64 " samples per rank and "
+            "step, %" PRId64 " in all\n", r.d.world, em_comm_class_name(r.d.comm),
+            r.s.batch_size * r.s.accum_steps, r.s.batch_size * r.s.accum_steps * r.d.world);
     em_seed(r.s.seed);
     em_set_deterministic(r.s.deterministic);
     if (r.s.anomaly) em_set_anomaly(true);
@@ -1903,6 +1986,27 @@ int main(int argc, char **argv) {
         goto done;
     }
     if ((rc = read_data(&r, em_config_node_get(root, "data")))) goto done;
+    if (r.d.comm && em_dataset_length(r.train) < r.d.world) {
+        /* the same on every rank: the same config and data */
+        if (primary(&r))
+            fprintf(stderr, "ember-train: %d ranks but the training set holds %" PRId64 " "
+                    "sample%s: every rank needs at least one (use at most %" PRId64 " ranks)\n",
+                    r.d.world, em_dataset_length(r.train),
+                    em_dataset_length(r.train) == 1 ? "" : "s", em_dataset_length(r.train));
+        rc = ddp_agree(&r, EXIT_USAGE);
+        goto done;
+    }
+    if (r.d.comm && r.s.sync_batchnorm) {
+        /* before the optimizer takes the parameters: the new layers hold new tensors */
+        int n = 0;
+        if (em_ddp_convert_sync_batchnorm(r.model, &n) != EM_OK) {
+            report_error("--sync-batchnorm");
+            rc = EXIT_USAGE;
+            goto done;
+        }
+        say(&r, "ember-train: --sync-batchnorm: %d BatchNorm layer%s now SyncBatchNorm\n", n,
+            n == 1 ? "" : "s");
+    }
     if (r.s.save_best && !r.val && !r.s.overfit_batches) {
         fprintf(stderr, "ember-train: --save-best needs a validation set to find the best epoch: "
                 "add data.validation (a fraction, a count, or a map of dataset options) to %s\n",
@@ -1927,6 +2031,7 @@ int main(int argc, char **argv) {
         rc = EXIT_TRAIN;
         goto done;
     }
+    if (r.s.summary && !primary(&r)) goto done; /* rank 0 prints it */
     if (r.s.summary) {
         int64_t shape[EM_MAX_DIMS + 1] = {1};
         for (int i = 0; i < r.info->input_ndim; i++) shape[i + 1] = r.info->input_shape[i];
@@ -1978,14 +2083,23 @@ int main(int argc, char **argv) {
     }
     if (r.s.export_onnx && (r.s.init_weights || r.s.init_onnx) && !r.s.resume && c_epochs < 0 && c_max < 0 &&
         !r.s.dry_run && !r.s.eval_only && !r.s.predict) {
-        /* --init-weights W --export-onnx F: the loaded model, without training */
-        rc = write_onnx(&r) ? EXIT_OK : EXIT_TRAIN;
+        /* --init-weights W --export-onnx F: the loaded model, without training (rank 0's file) */
+        rc = ddp_agree(&r, primary(&r) && !write_onnx(&r) ? EXIT_TRAIN : EXIT_OK);
         goto done;
     }
     if (r.s.resume) {
+        char why[2048] = "";
         if (checkpoint_load(&r, r.s.resume) != EM_OK) {
-            fprintf(stderr, "ember-train: --resume %s: %s\n", r.s.resume, em_last_error());
+            snprintf(why, sizeof why, "%s", em_last_error());
             rc = EXIT_USAGE;
+        }
+        /* every rank reads the file: the same answer, unless a host cannot read it (then its
+         * message is the one to see) */
+        bool failed = rc != 0;
+        if ((rc = ddp_agree(&r, rc))) {
+            if (failed && (primary(&r) || r.d.first_failed != 0))
+                fprintf(stderr, "ember-train%s: --resume %s: %s\n",
+                        primary(&r) ? "" : " (not rank 0)", r.s.resume, why);
             goto done;
         }
     }
@@ -1993,6 +2107,7 @@ int main(int argc, char **argv) {
         rc = generate_text(&r);
         goto done;
     }
+    if ((rc = ddp_wrap(&r))) goto done;
     if (r.s.dry_run) {
         checkpoint_prepare(&r, true);
         rc = dry_run(&r);
@@ -2017,6 +2132,8 @@ int main(int argc, char **argv) {
     rc = train_loop(&r);
     signals_stop();
 done:
+    ddp_exit(&r, rc); /* a failure the other ranks do not know of: leave now */
+    ddp_free(&r);
     free_run(&r);
     em_shutdown();
     return rc;

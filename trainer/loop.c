@@ -16,6 +16,7 @@
 #include "ember/autograd.h"
 #include "ember/checkpoint.h"
 #include "ember/data.h"
+#include "ember/ddp.h"
 #include "ember/device.h"
 #include "ember/dict.h"
 #include "ember/dispatch.h"
@@ -110,6 +111,14 @@ static em_loader *make_loader(run *r, em_dataset *ds, bool train, const int64_t 
         o.subset = subset;
         o.subset_len = n_subset;
     }
+    if (r->d.comm) {
+        /* this rank's shard (DistributedSampler): the permutation of every rank, cut into
+         * items rank, rank + world, ...; padded with the first items to a multiple of the world
+         * size, so every rank has as many batches (evaluate counts the padding out) */
+        o.sampler = EM_SAMPLER_SHARDED;
+        o.rank = r->d.rank;
+        o.world_size = r->d.world;
+    }
     return em_loader_new(ds, &o);
 }
 
@@ -146,6 +155,9 @@ static void amp_end(const run *r) {
 
 /* The model on a batch's inputs, with the padding mask for the layers that take one. */
 static em_tensor *model_forward(const run *r, em_tensor *const *in, em_tensor *mask) {
+    /* training under data parallelism: rank 0's buffers first, SyncBatchNorm's communicator */
+    if (r->d.ddp && em_module_training(r->model))
+        return em_ddp_forward_masked(r->d.ddp, in, r->n_in, mask);
     return em_module_forward_masked(r->model, in, r->n_in, mask);
 }
 
@@ -198,7 +210,11 @@ static double unigram_perplexity(const int64_t *counts, int64_t k, int64_t n) {
 }
 
 /* Evaluate on ds in eval mode under no_grad; predictions to `pred` (CSV) when not NULL (a
- * failed write stops the evaluation with EM_ERR_IO naming the file and the reason). */
+ * failed write stops the evaluation with EM_ERR_IO naming the file and the reason).
+ * Data-parallel: each rank evaluates its shard and the sums are reduced over the ranks. A
+ * shard's item j sits at position j * world + rank of the (padded) epoch, so the padding (the
+ * positions from the dataset's length on, repeating its first items) is the end of a shard:
+ * those rows are left out of the loss and the metric, and every sample counts once. */
 static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t n_subset,
                           out_file *pred, eval_result *out) {
     em_loader *l = make_loader(r, ds, false, subset, n_subset);
@@ -208,6 +224,10 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
     em_grad_mode_push(EM_GRAD_DISABLED);
     double loss_sum = 0, metric_sum = 0;
     int64_t n = 0, b = 0, limit = r->s.limit_batches, K = r->info->num_classes, tokens = 0;
+    /* data-parallel: the items of this rank's shard that are not padding, and the shard's
+     * items delivered so far */
+    const int64_t W = r->d.world, own = (em_dataset_length(ds) - r->d.rank + W - 1) / W;
+    int64_t at = 0;
     int64_t *counts = sequence_targets(r) ? calloc((size_t)K, sizeof *counts) : NULL;
     em_status s = sequence_targets(r) && !counts
                       ? em_set_error(EM_ERR_NOMEM, "evaluate: out of memory for %lld token "
@@ -221,11 +241,18 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
     }
     em_tensor *xs[IN_MAX], *y, *mask;
     while ((s = next_batch(r, l, xs, &y, &mask)) == EM_OK && xs[0]) {
+        int64_t bs = em_tensor_shape(xs[0])[0], first = at;
+        at += bs;
         if (limit && b++ >= limit) continue; /* drain to the end mark */
+        if (r->d.comm && first + bs > own) bs = own > first ? own - first : 0;
+        if (bs == 0) continue; /* padding only */
         em_scope_begin();
-        int64_t bs = em_tensor_shape(xs[0])[0];
         em_status as = amp_begin(r);
         em_tensor *outp = as == EM_OK ? model_forward(r, xs, mask) : NULL;
+        if (outp && bs < em_tensor_shape(outp)[0]) { /* the padding's rows out */
+            outp = em_narrow(outp, 0, 0, bs);
+            y = em_narrow(y, 0, 0, bs);
+        }
         em_tensor *loss = loss_forward(r, outp, y);
         if (as == EM_OK) amp_end(r);
         em_tensor *pred_t = NULL, *m = loss ? batch_metric(r, outp, y, bs, &pred_t) : NULL;
@@ -290,9 +317,29 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
     em_grad_mode_pop();
     em_module_train(r->model, was);
     em_loader_free(l);
+    if (s == EM_OK && counts && r->d.comm) { /* data-parallel: every rank's token counts */
+        double *c = malloc(sizeof *c * (size_t)(K + 1));
+        if (!c) {
+            s = em_set_error(EM_ERR_NOMEM, "evaluate: out of memory for %lld token counts",
+                             (long long)K);
+        } else {
+            for (int64_t i = 0; i < K; i++) c[i] = (double)counts[i];
+            c[K] = (double)tokens;
+            if ((s = ddp_sum(r, c, (int)(K + 1))) == EM_OK) {
+                for (int64_t i = 0; i < K; i++) counts[i] = (int64_t)c[i];
+                tokens = (int64_t)c[K];
+            }
+            free(c);
+        }
+    }
     out->unigram_ppl = counts && tokens ? unigram_perplexity(counts, K, tokens) : NAN;
     free(counts);
     if (s != EM_OK) return s;
+    double sums[3] = {loss_sum, metric_sum, (double)n};
+    if ((s = ddp_sum(r, sums, 3)) != EM_OK) return s;
+    loss_sum = sums[0];
+    metric_sum = sums[1];
+    n = (int64_t)sums[2];
     out->n = n;
     out->loss = n ? loss_sum / (double)n : NAN;
     out->metric = n ? metric_sum / (double)n : NAN;
@@ -302,6 +349,7 @@ static em_status evaluate(run *r, em_dataset *ds, const int64_t *subset, int64_t
 static const char *metric_name(const run *r) { return classification(r) ? "accuracy" : "MAE"; }
 
 static void print_eval(const run *r, const char *what, const eval_result *e) {
+    if (!primary(r)) return;
     if (perplexity_loss(r))
         printf("%s: loss %.6f perplexity %.4f (unigram %.4f) token accuracy %.4f%% (%" PRId64
                " samples)\n", what, e->loss, exp(e->loss), e->unigram_ppl, 100.0 * e->metric,
@@ -439,17 +487,41 @@ static void warn_other_files(run *r, const em_checkpoint_files *l, const char *w
                 r->s.checkpoint, unreadable == 1 ? "is" : "are", bad->error);
 }
 
+static em_status checkpoint_write(run *r, const char *path_out, const char *rng_ranks,
+                                  bool *saved);
+
 /* Save the checkpoint of r's position to path_out, then rotate. *saved: whether the file was
- * written (an error with *saved true is the rotation's). */
+ * written (an error with *saved true is the rotation's). Data-parallel: collective; every
+ * rank's generator state goes to rank 0, which writes the file, and its outcome comes back to
+ * every rank. */
 static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved) {
     const char *pattern = r->s.checkpoint;
     *saved = false;
     bool numbered = strstr(pattern, "{step}") != NULL;
+    em_status s = EM_OK;
     if (numbered) {
-        if (em_checkpoint_path(pattern, r->step, path_out, cap) != EM_OK) return em_last_status();
+        s = em_checkpoint_path(pattern, r->step, path_out, cap); /* the same on every rank */
+        if (s != EM_OK) return s;
     } else {
         snprintf(path_out, cap, "%s", pattern);
     }
+    char *rng_ranks = NULL;
+    if ((s = ddp_rng_text(r, &rng_ranks)) != EM_OK) return ddp_share_status(r, s, saved, path_out);
+    if (primary(r)) s = checkpoint_write(r, path_out, rng_ranks, saved);
+    free(rng_ranks);
+    s = ddp_share_status(r, s, saved, path_out);
+    if (*saved) {
+        snprintf(r->last_saved, sizeof r->last_saved, "%s", path_out);
+        r->last_saved_step = r->step;
+    }
+    return s;
+}
+
+/* checkpoint_save's writing and rotating (rank 0's part). */
+static em_status checkpoint_write(run *r, const char *path_out, const char *rng_ranks,
+                                  bool *saved) {
+    const char *pattern = r->s.checkpoint;
+    bool numbered = strstr(pattern, "{step}") != NULL;
     em_checkpoint ck = EM_CHECKPOINT_INIT;
     ck.model = r->model;
     ck.optimizer = r->opt;
@@ -468,6 +540,9 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved
     for (size_t i = 0; s == EM_OK && i < em_metadata_len(dm); i++)
         if (strncmp(em_metadata_key(dm, i), "train.", 6))
             s = em_metadata_set(m, em_metadata_key(dm, i), em_metadata_value(dm, i));
+    /* data-parallel: the world size (a resume needs the same) and every rank's stream */
+    if (s == EM_OK && r->d.comm) s = meta_i64(m, "train.world_size", r->d.world);
+    if (s == EM_OK && rng_ranks) s = em_metadata_set(m, "train.rng_ranks", rng_ranks);
     /* the epoch so far, for its figures over all its batches after a resume */
     const epoch_sums z = {0}, *e = r->batch ? &r->part : &z;
     for (int i = 0; i < N_PART && s == EM_OK; i++)
@@ -481,8 +556,6 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved
     em_metadata_free(m);
     if (s != EM_OK) return s;
     *saved = true;
-    snprintf(r->last_saved, sizeof r->last_saved, "%s", path_out);
-    r->last_saved_step = r->step;
     if (numbered) {
         em_checkpoint_rotation rot;
         if (em_checkpoint_rotate(pattern, path_out, (int)r->s.keep, &rot) != EM_OK)
@@ -503,6 +576,7 @@ static em_status checkpoint_save(run *r, char *path_out, size_t cap, bool *saved
 void checkpoint_prepare(run *r, bool dry) {
     if (!r->run_id[0] && em_checkpoint_run_id_new(r->run_id, sizeof r->run_id) != EM_OK)
         report_error("run identity");
+    if (!primary(r)) return; /* rank 0 writes the files */
     if (r->s.checkpoint) {
         em_checkpoint_files *l;
         if (em_checkpoint_list(r->s.checkpoint, &l) == EM_OK) warn_other_files(r, l, "");
@@ -569,6 +643,26 @@ static em_status load_file(run *r, const char *path) {
     /* the batch is checked against the epoch's batches when the loader exists (train_loop) */
     if (s == EM_OK) s = meta_get_i64(m, path, "train.batch", 0, EM_STEP_MAX, &batch);
     if (s == EM_OK) s = meta_get_i64(m, path, "train.best_epoch", -1, ck.epoch, &be);
+    /* the ranks: absent from a single process's checkpoint. The shards, and every rank's
+     * random stream, are those of one world size */
+    int64_t world = 1;
+    if (s == EM_OK && em_metadata_get(m, "train.world_size"))
+        s = meta_get_i64(m, path, "train.world_size", 1, INT32_MAX, &world);
+    if (s == EM_OK && world != r->d.world)
+        s = em_set_error(EM_ERR_STATE, "checkpoint '%s' was written by a run on %" PRId64
+                         " process%s%s and this run has %d: resume it with the same number "
+                         "(%s%" PRId64 "), since each rank's shard of the data and its random "
+                         "stream depend on it (to change the number, start a new run from the "
+                         "model's weights: --save-weights, then --init-weights)", path, world, world == 1 ? "" : "es",
+                         world == 1 ? " (no mpirun)" : "", r->d.world,
+                         world == 1 ? "without mpirun, or -np " : "mpirun -np ", world);
+    if (s == EM_OK && r->d.comm) {
+        const char *t = em_metadata_get(m, "train.rng_ranks");
+        s = t ? ddp_rng_parse(r, path, t)
+              : em_set_error(EM_ERR_FORMAT, "checkpoint '%s': no metadata 'train.rng_ranks' (each "
+                             "rank's random state) in a checkpoint of %" PRId64 " ranks", path,
+                             world);
+    }
     /* the epoch's sums: absent from checkpoints older than them (the resumed epoch's figures
      * then cover the batches after the resume) */
     epoch_sums part = {0};
@@ -835,8 +929,14 @@ static void put_shell_word(FILE *f, const char *w) {
     fputc('\'', f);
 }
 
-/* The command line as it was, without --resume, then --resume `from`. */
+/* The command line as it was, without --resume, then --resume `from` (data-parallel: after
+ * the launcher's, with the same number of ranks). */
 static void put_resume_command(FILE *f, const run *r, const char *from) {
+    if (r->d.comm) {
+        const char *l = ddp_launcher();
+        fprintf(f, "%s %d ", l && !strcmp(l, "OMPI_COMM_WORLD_SIZE") ? "mpirun -np" : "srun -n",
+                r->d.world);
+    }
     for (int i = 0; i < r->s.argc; i++) {
         const char *a = r->s.argv[i];
         if (i > 0 && !strcmp(a, "--resume")) {
@@ -866,6 +966,13 @@ static void put_resume_command(FILE *f, const run *r, const char *from) {
  * save the checkpoint, then say what was saved and how to resume. EXIT_INTERRUPTED, or
  * EXIT_TRAIN when the checkpoint could not be written. */
 static int interrupted(run *r) {
+    if (!primary(r)) { /* rank 0 saves and speaks; the others take part in the save */
+        char path[4096];
+        bool saved = false;
+        if (r->s.checkpoint && checkpoint_save(r, path, sizeof path, &saved) != EM_OK)
+            return EXIT_TRAIN;
+        return EXIT_INTERRUPTED;
+    }
     int sig = atomic_load(r->stop);
     fprintf(stderr, "ember-train: interrupted by %s after step %" PRId64 " (epoch %" PRId64
             ", batch %" PRId64 ")%s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", r->step,
@@ -956,6 +1063,7 @@ static bool write_trace(run *r) {
 }
 
 static bool save_model(run *r, const char *option, const char *path) {
+    if (!primary(r)) return true; /* the weights are rank 0's on every rank */
     char what[48];
     snprintf(what, sizeof what, "%s file", option);
     em_dict *sd = em_module_state_dict(r->model);
@@ -1053,6 +1161,20 @@ bool write_onnx(run *r) {
     return ok;
 }
 
+/* The signal that stops the run at this point (0: none) and, data-parallel, whether some
+ * rank's *stop_run is set (stop_run may be NULL): the same answer on every rank, from every
+ * rank's flags, so that all of them stop after the same step. */
+static int agreed_stop(run *r, bool *stop_run) {
+    int sig = atomic_load(r->stop);
+    if (!r->d.comm) return sig;
+    double f[3] = {sig == SIGINT, sig == SIGTERM, stop_run && *stop_run};
+    ddp_sum(r, f, 3);
+    sig = f[1] > 0 ? SIGTERM : f[0] > 0 ? SIGINT : 0;
+    if (sig) atomic_store(r->stop, sig);
+    if (stop_run) *stop_run = f[2] > 0;
+    return sig;
+}
+
 int train_loop(run *r) {
     const int64_t A = r->s.accum_steps, B = r->s.batch_size;
     int64_t *subset = NULL, n_subset = 0;
@@ -1095,7 +1217,24 @@ int train_loop(run *r) {
             sw.cap = sw.wait && sw.time ? cap : 0; /* out of memory: the figure is left out */
         }
     }
-    if (!sinks_open(r, &k)) {
+    /* rank 0 writes the files; every rank learns what they take (the test set is evaluated
+     * each epoch for them, collectively) */
+    bool sinks_ok = true;
+    if (primary(r)) {
+        sinks_ok = sinks_open(r, &k);
+    } else {
+        memset(&k, 0, sizeof k);
+        k.last_flush = now_s();
+    }
+    if (r->d.comm) {
+        double f[3] = {primary(r) && !sinks_ok, primary(r) && k.epochs, primary(r) && k.steps};
+        ddp_sum(r, f, 3);
+        sinks_ok = f[0] == 0;
+        k.epochs = f[1] > 0;
+        k.steps = f[2] > 0;
+        if (!sinks_ok) r->d.agreed = true;
+    }
+    if (!sinks_ok) {
         em_loader_free(l);
         free(subset);
         free(sw.wait);
@@ -1143,6 +1282,9 @@ int train_loop(run *r) {
         double t_step = now_s();
         uint64_t step_wait_ns = 0;
         char then[160]; /* the end of a failed sink's message */
+        /* the step's micro-batches so far: loss x samples, metric, samples, non-finite losses
+         * (summed over the ranks at the step's end) */
+        double pend[4] = {0, 0, 0, 0};
         while (r->batch < nb) {
             em_tensor *xs[IN_MAX], *y, *mask;
             em_status s = next_batch(r, l, xs, &y, &mask);
@@ -1157,6 +1299,15 @@ int train_loop(run *r) {
             int64_t group_first = (r->batch / A) * A;
             int64_t group_len = nb - group_first < A ? nb - group_first : A;
             int64_t bs = em_tensor_shape(xs[0])[0];
+            /* data-parallel: the group's micro-batches before its last only accumulate (no_sync);
+             * the last one's backward reduces them all */
+            bool local = r->d.ddp && r->batch + 1 - group_first < group_len;
+            if (local && em_ddp_no_sync_begin(r->d.ddp) != EM_OK) {
+                report_error("no_sync");
+                rc = EXIT_TRAIN;
+                stop_run = true;
+                break;
+            }
             em_scope_begin();
             em_status as = amp_begin(r);
             em_tensor *out = as == EM_OK ? model_forward(r, xs, mask) : NULL;
@@ -1173,7 +1324,7 @@ int train_loop(run *r) {
             if (!loss) {
                 report_error("forward");
                 rc = em_last_status() == EM_ERR_SHAPE ? EXIT_USAGE : EXIT_TRAIN;
-            } else if (!isfinite(lv)) {
+            } else if (!isfinite(lv) && !r->d.comm) {
                 nan_hint(r, lv);
                 rc = EXIT_TRAIN;
             } else if (em_backward(scaled(r, group_len > 1 ? em_div_scalar(loss, (double)group_len)
@@ -1182,18 +1333,43 @@ int train_loop(run *r) {
                 rc = EXIT_TRAIN;
             }
             em_scope_end();
+            if (local && !rc && em_ddp_no_sync_end(r->d.ddp) != EM_OK) {
+                report_error("no_sync");
+                rc = EXIT_TRAIN;
+            }
             if (rc) {
                 stop_run = true;
                 break;
             }
-            r->part.loss += lv * (double)bs;
-            r->part.metric += mv;
-            r->part.samples += bs;
-            win_loss += lv * (double)bs;
-            win_samples += bs;
+            /* a rank's non-finite loss stops every rank at the step's end (its backward ran so
+             * that the others do not wait for its gradients) */
+            pend[0] += lv * (double)bs;
+            pend[1] += mv;
+            pend[2] += (double)bs;
+            pend[3] += !isfinite(lv);
             r->batch++;
             if (r->batch - group_first < group_len) continue;
-            /* a step boundary */
+            /* a step boundary: the gradients averaged over the ranks, the step's figures summed */
+            if (r->d.ddp && em_ddp_wait(r->d.ddp) != EM_OK) {
+                report_error("data parallelism");
+                rc = EXIT_TRAIN;
+                stop_run = true;
+                break;
+            }
+            ddp_sum(r, pend, 4);
+            if (pend[3] > 0) {
+                if (primary(r)) nan_hint(r, pend[0]);
+                rc = EXIT_TRAIN;
+                r->d.agreed = true;
+                stop_run = true;
+                break;
+            }
+            r->part.loss += pend[0];
+            r->part.metric += pend[1];
+            r->part.samples += (int64_t)pend[2];
+            win_loss += pend[0];
+            win_samples += (int64_t)pend[2];
+            memset(pend, 0, sizeof pend);
             bool due = (k.steps || pg.lines) && log_due(r, &pg, r->step + 1, now_s());
             step_row row = {.step = r->step + 1, .epoch = r->epoch + 1, .grad_norm = NAN};
             if (due) { /* the lrs the step uses */
@@ -1261,7 +1437,7 @@ int train_loop(run *r) {
             step_wait_ns = 0;
             r->part.time_s = before.time_s + (t_end - t0);
             r->part.wait_s = before.wait_s + (double)em_loader_get_stats(l).wait_ns * 1e-9;
-            if (mem_after_first && first_step) {
+            if (mem_after_first && first_step && primary(r)) {
                 fprintf(stderr, "ember-train: memory after the first step:\n");
                 em_memory_summary(stderr);
             }
@@ -1288,7 +1464,7 @@ int train_loop(run *r) {
                 win_t0 = t_end;
             }
             if (!sinks_flush(&k, false, then)) stop_run = true;
-            if (atomic_load(r->stop)) {
+            if (agreed_stop(r, &stop_run)) {
                 if (pg.bar) fputc('\n', stderr);
                 rc = interrupted(r);
                 stop_run = true;
@@ -1333,10 +1509,9 @@ int train_loop(run *r) {
         if (better) {
             r->best_metric = ev.metric;
             r->best_epoch = r->epoch;
-            if (r->s.save_best && !save_model(r, "--save-best", r->s.save_best)) {
-                rc = EXIT_TRAIN;
+            if (r->s.save_best &&
+                (rc = ddp_agree(r, save_model(r, "--save-best", r->s.save_best) ? 0 : EXIT_TRAIN)))
                 break;
-            }
             r->best_saved_epoch = r->best_epoch;
         }
         double lr = em_optimizer_lr(r->opt, 0);
@@ -1379,17 +1554,19 @@ int train_loop(run *r) {
             else if (next_batch(r, l, xs, &y, &mask) != EM_OK || xs[0]) /* the end-of-epoch mark */
                 loader_aligned = false;
         }
-        if (r->s.checkpoint || atomic_load(r->stop)) {
+        int sig = agreed_stop(r, NULL);
+        if (r->s.checkpoint || sig) {
             /* a finished epoch is saved as the start of the next one */
             int64_t ep = r->epoch;
             if (epoch_done) r->epoch++;
             char path[4096];
             bool saved = false;
-            if (atomic_load(r->stop)) { /* a signal during the epoch's end: stop here */
+            if (sig) { /* a signal during the epoch's end: stop here */
                 rc = interrupted(r);
             } else if (checkpoint_save(r, path, sizeof path, &saved) != EM_OK) {
-                report_error(saved ? "--checkpoint (saved; removing the older ones)"
-                                   : "--checkpoint");
+                if (primary(r)) /* the others' message would only repeat it */
+                    report_error(saved ? "--checkpoint (saved; removing the older ones)"
+                                       : "--checkpoint");
                 rc = EXIT_TRAIN;
             }
             r->epoch = ep;
@@ -1400,7 +1577,7 @@ int train_loop(run *r) {
                         "continue with --resume %s\n", r->last_saved, k.failed, r->last_saved);
             rc = EXIT_TRAIN;
         }
-        if (rc) break;
+        if ((rc = ddp_agree(r, rc))) break; /* rank 0's files */
         if (!epoch_done) break;
         if (r->s.early_stop && val && r->epoch + 1 < r->s.epochs &&
             r->epoch - r->best_epoch >= r->s.early_stop) {
@@ -1429,9 +1606,12 @@ int train_loop(run *r) {
             say(r, "ember-train: weights saved to %s\n", r->s.save_weights);
         else
             rc = EXIT_TRAIN;
+        rc = ddp_agree(r, rc); /* rank 0's file */
     }
-    if (rc == EXIT_OK && r->s.export_onnx && !write_onnx(r)) rc = EXIT_TRAIN;
-    if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) {
+    if (rc == EXIT_OK && r->s.export_onnx) /* rank 0's file */
+        rc = ddp_agree(r, primary(r) && !write_onnx(r) ? EXIT_TRAIN : EXIT_OK);
+    if (!primary(r)) { /* rank 0 speaks for the run */
+    } else if (rc == EXIT_OK || rc == EXIT_INTERRUPTED) {
         fprintf(stderr, "ember-train: %" PRId64 " steps in %.1fs%s", r->step, wall,
                 stopped_early ? " (stopped early)" : "");
         if (r->scaler)
@@ -1462,13 +1642,15 @@ int train_loop(run *r) {
         }
         if (sw.cap) print_step_waits(r, &sw);
     }
-    if (r->s.memory_summary) {
+    if (r->s.memory_summary && primary(r)) {
         fprintf(stderr, "ember-train: memory at the end:\n");
         em_memory_summary(stderr);
     }
-    if (r->profiler) em_profiler_report(r->profiler, stderr, 25);
-    if (r->profiler && r->s.trace && !write_trace(r) && (rc == EXIT_OK || rc == EXIT_INTERRUPTED))
-        rc = EXIT_TRAIN;
+    if (r->profiler && primary(r)) {
+        em_profiler_report(r->profiler, stderr, 25);
+        if (r->s.trace && !write_trace(r) && (rc == EXIT_OK || rc == EXIT_INTERRUPTED))
+            rc = EXIT_TRAIN;
+    }
     bool reported = k.failed != NULL; /* a row that failed was reported when it failed */
     if (!sinks_close(&k) && !reported && (rc == EXIT_OK || rc == EXIT_INTERRUPTED)) rc = EXIT_TRAIN;
     em_loader_free(l);
@@ -1498,10 +1680,10 @@ int dry_run(run *r) {
     em_tensor *out = as == EM_OK ? model_forward(r, xs, mask) : NULL;
     em_tensor *loss = loss_forward(r, out, y);
     if (as == EM_OK) amp_end(r);
-    if (!loss || em_backward(loss) != EM_OK) {
+    if (!loss || em_backward(loss) != EM_OK || (r->d.ddp && em_ddp_wait(r->d.ddp) != EM_OK)) {
         report_error("dry run");
         rc = EXIT_USAGE;
-    } else {
+    } else if (primary(r)) {
         char xsh[64], os[64];
         em_shape_str(em_tensor_ndim(xs[0]), em_tensor_shape(xs[0]), xsh, sizeof xsh);
         em_shape_str(em_tensor_ndim(out), em_tensor_shape(out), os, sizeof os);

@@ -6,6 +6,7 @@
  *                  loss, optimizer and scheduler; output checks; signals; --help,
  *                  --list-plugins, --summary, exit codes
  *   loop.c         the training loop, evaluation, checkpoints, metrics, predictions, progress
+ *   ddp.c          data parallelism under mpirun: the communicator, the ranks' agreement
  */
 #ifndef EMBER_TRAINER_H
 #define EMBER_TRAINER_H
@@ -16,7 +17,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ember/comm.h"
 #include "ember/config.h"
+#include "ember/ddp.h"
 #include "ember/data.h"
 #include "ember/device.h"
 #include "ember/dict.h"
@@ -24,7 +27,9 @@
 #include "ember/grad_scaler.h"
 #include "ember/module.h"
 #include "ember/optim.h"
+#include "ember/random.h"
 #include "ember/serialize.h"
+#include "ember/trace.h" /* em_profiler */
 
 /* Exit codes (documented in --help and the README). */
 enum {
@@ -68,6 +73,9 @@ typedef struct settings {
     double temperature;
     const char *trace;             /* --trace FILE: the profiler's Chrome trace (implies profile) */
     const char *plot;              /* --plot FILE: training curves, .png or .svg */
+    /* data parallelism (ddp.c) */
+    double ddp_bucket_mib;         /* --ddp-bucket-mib; 0: 25 (PyTorch's bucket_cap_mb) */
+    bool sync_batchnorm;           /* --sync-batchnorm */
     int argc;                      /* the command line, for the resume command on a signal */
     char **argv;
 } settings;
@@ -83,6 +91,18 @@ typedef struct epoch_sums {
     double time_s, wait_s;         /* training time of the epoch, and the loader's share */
     int64_t samples, grad_norms;   /* samples trained on; steps whose norm is in grad_norm */
 } epoch_sums;
+
+/* The run's place in a data-parallel job (ddp.c); rank 0 of a world of 1 in a plain run. */
+typedef struct ddp_state {
+    em_comm *comm;                 /* NULL: a plain run (MPI never started) */
+    em_ddp *ddp;                   /* the model's wrapper, once ddp_wrap made it */
+    int rank, world;
+    bool agreed;                   /* a non-zero exit code every rank knows (ddp_agree) */
+    int first_failed;              /* the lowest rank with a non-zero code at the last
+                                    * ddp_agree; -1: none */
+    bool have_rng;                 /* --resume read this rank's generator state */
+    em_rng_state rng;
+} ddp_state;
 
 /* Entries of a data.transforms list. */
 #define TF_MAX 32
@@ -130,7 +150,11 @@ typedef struct run {
     atomic_int *stop;
     em_profiler *profiler;         /* --profile: the ops of this (the training) thread */
     em_grad_scaler *scaler;        /* --amp fp16: the gradient scaler (checkpointed) */
+    ddp_state d;
 } run;
+
+/* Whether this process speaks for the run: writes files, prints progress and figures. */
+static inline bool primary(const run *r) { return r->d.rank == 0; }
 
 /* loop.c */
 /* Whether the target field holds one class index per position ((L) int64 with classes: a
@@ -150,6 +174,41 @@ int dry_run(run *r);
 bool write_onnx(run *r);
 em_status checkpoint_load(run *r, const char *path);
 void checkpoint_prepare(run *r, bool dry);
+
+/* ddp.c. Every function taking a run is collective in a data-parallel run (every rank calls
+ * it at the same point) and does nothing in a plain one. */
+const char *ddp_launcher(void);  /* the launcher variable found in the environment, or NULL */
+/* Join the job when an MPI launcher started the process (0, or an exit code after the
+ * message). */
+int ddp_start(run *r);
+/* A setting every rank must share: a number, or a hash of a text or a file. */
+typedef struct ddp_setting {
+    const char *name;
+    int64_t value;                 /* the number, a double's bits, or the hash */
+    enum { DDP_INT, DDP_REAL, DDP_HASH } kind;
+} ddp_setting;
+int64_t ddp_hash_text(const char *s);
+int64_t ddp_hash_file(const char *path); /* -1: unreadable */
+/* Rank 0 names the first setting where a rank differs from it; EXIT_USAGE on every rank. */
+int ddp_check_same(run *r, const ddp_setting *set, int n);
+/* Wrap the model (broadcasting rank 0's weights) and set this rank's random stream: the one
+ * --resume read, else one of its own (from the seed and the rank). 0 or an exit code. */
+int ddp_wrap(run *r);
+/* v[0..n) becomes the sum over the ranks (a failure of the communicator ends the process). */
+em_status ddp_sum(run *r, double *v, int n);
+/* rc, or the first non-zero exit code of any rank (then known to every rank). */
+int ddp_agree(run *r, int rc);
+/* Leave at once with rc when it is a failure the other ranks do not know of. */
+void ddp_exit(run *r, int rc);
+void ddp_free(run *r);
+/* The checkpoint's "train.rng_ranks": every rank's generator state (malloc'd text, on rank 0;
+ * NULL on the others and in a plain run). */
+em_status ddp_rng_text(run *r, char **text);
+/* This rank's state from "train.rng_ranks" into r->d.rng. */
+em_status ddp_rng_parse(run *r, const char *path, const char *text);
+/* Rank 0's checkpoint status s (and *saved) on every rank: the others get an error naming path
+ * when rank 0 failed. */
+em_status ddp_share_status(run *r, em_status s, bool *saved, const char *path);
 
 /* ember-train.c: the signal thread's side of the saves (see "signals" there). A save is
  * announced before it starts — stop_save_begin never returns once a second signal is stopping

@@ -89,6 +89,10 @@ EM_API em_comm *em_ddp_comm(const em_ddp *d);
  * reference. */
 EM_API em_tensor *em_ddp_forward(em_ddp *d, const em_tensor *x);
 EM_API em_tensor *em_ddp_forward_n(em_ddp *d, em_tensor *const *in, int n_in);
+/* em_ddp_forward_n with a padding mask (em_module_forward_masked, ember/module.h; NULL: none),
+ * borrowed for the call. New reference. */
+EM_API em_tensor *em_ddp_forward_masked(em_ddp *d, em_tensor *const *in, int n_in,
+                                        em_tensor *mask);
 
 /* After backward, before the optimizer step: start the buckets not started yet, wait for all
  * of them and put the average over ranks into every trainable parameter's .grad. EM_OK at
