@@ -16,7 +16,8 @@ py=${PYTHON3:-python3}
 chk="$py $srcdir/tests/plot_check.py"
 # Under ASan (scripts/test.sh): PLplot's loaded drivers and fontconfig's caches live until the
 # process exits; suppressed by library only (tests/plot.lsan.supp).
-LSAN_OPTIONS="suppressions=$(cd "$srcdir" && pwd)/tests/plot.lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+# (appended: the last suppressions= wins, and scripts/test.sh's ASan stage sets one for Open MPI)
+LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$(cd "$srcdir" && pwd)/tests/plot.lsan.supp:print_suppressions=0"
 export LSAN_OPTIONS
 plot=./tools/ember-plot
 tmp=$(mktemp -d) || exit 99
