@@ -2427,11 +2427,30 @@ Test(trainer, amp_bf16_trains_like_float32) {
     cr_assert_eq(rc, 0, "%s", out);
     cr_expect_eq(test_accuracy(out), bf16, "loop.amp: %s", out);
     free(out);
-    expect_run(2, "--amp: 'fp32' is not bf16 or fp16",
+    /* --amp off over loop.amp: the float32 evaluation of the same weights (the test line, its
+     * loss to 6 digits, which bf16 changes) */
+    char f32_line[256], bf16_line[256], off_line[256];
+    const char *const runs[3][7] = {
+        {path("mlp.yaml"), "--eval-only", "--init-weights", path("w.safetensors"), NULL},
+        {path("amp.yaml"), "--eval-only", "--init-weights", path("w.safetensors"), NULL},
+        {path("amp.yaml"), "--eval-only", "--amp", "off", "--init-weights", path("w.safetensors"),
+         NULL}};
+    char *lines[3] = {f32_line, bf16_line, off_line};
+    for (int i = 0; i < 3; i++) {
+        rc = train(&out, runs[i]);
+        cr_assert_eq(rc, 0, "%s", out);
+        const char *t = strstr(out, "test: loss");
+        cr_assert(t, "%s", out);
+        snprintf(lines[i], sizeof f32_line, "%.*s", (int)strcspn(t, "\n"), t);
+        free(out);
+    }
+    cr_expect_str_neq(f32_line, bf16_line, "bf16 and float32 evaluate alike: the check is void");
+    cr_expect_str_eq(off_line, f32_line, "--amp off over loop.amp");
+    expect_run(2, "--amp: 'fp32' is not bf16, fp16 or off",
                (const char *[]){path("mlp.yaml"), "--amp", "fp32", NULL});
     write_file("bad.yaml", "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
                GOOD_DATA "optimizer: {class: SGD, lr: 0.1}\nloop: {epochs: 1, amp: fp8}\n");
-    expect_run(2, "expected bf16 or fp16, found 'fp8'", (const char *[]){path("bad.yaml"), NULL});
+    expect_run(2, "expected bf16, fp16 or off, found 'fp8'", (const char *[]){path("bad.yaml"), NULL});
 }
 
 /* fp16 with the gradient scaler: the summary and metrics report it, the scaled micro-batches

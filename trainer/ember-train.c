@@ -315,14 +315,15 @@ static void usage(FILE *f) {
 "                           group of an epoch steps with what it has\n"
 "  --clip-grad-norm X       clip the gradients' total 2-norm to X (0: no clipping; with\n"
 "                           --amp fp16 the unscaled gradients)\n"
-"  --amp bf16|fp16          mixed precision (loop.amp): forward and loss in an autocast region\n"
+"  --amp bf16|fp16|off      mixed precision (loop.amp): forward and loss in an autocast region\n"
 "                           (matmuls and convolutions in the half dtype, softmax, norms and\n"
 "                           losses in float32; parameters, gradients and the update stay\n"
 "                           float32), also for validation, --eval-only and --predict. On the\n"
 "                           CPU use bf16 (AVX512_BF16: about twice the f32 matmul rate); fp16\n"
 "                           adds a gradient scaler (checkpointed; skipped steps and the final\n"
 "                           scale are in the summary and metrics) and on the CPU works, through\n"
-"                           f32 compute where there is no f16 kernel, but is slow there\n"
+"                           f32 compute where there is no f16 kernel, but is slow there; off:\n"
+"                           float32 (the default), also over a config's loop.amp\n"
 "  --seed N                 seed of initialisation, shuffling, splits and dropout\n"
 "  --deterministic          deterministic kernels only\n"
 "  --workers N              data loader threads\n"
@@ -678,10 +679,10 @@ static int read_loop(run *r, const em_config_node *loop) {
             if (!parse_bool(t, &r->s.tensorboard_histograms))
                 rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "amp")) {
-            if (strcmp(t, "bf16") && strcmp(t, "fp16"))
-                rc = cfg_error(v, "expected bf16 or fp16, found '%s'", t);
-            else
-                snprintf(r->s.amp, sizeof r->s.amp, "%s", t);
+            if (strcmp(t, "bf16") && strcmp(t, "fp16") && strcmp(t, "off"))
+                rc = cfg_error(v, "expected bf16, fp16 or off, found '%s'", t);
+            else /* off: float32 */
+                snprintf(r->s.amp, sizeof r->s.amp, "%s", strcmp(t, "off") ? t : "");
         } else if (!strcmp(k, "device") && !r->s.device_given) {
             snprintf(r->s.device, sizeof r->s.device, "%s", t);
         }
@@ -1779,8 +1780,8 @@ int main(int argc, char **argv) {
             }
             break;
         case O_AMP:
-            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp16")) {
-                fprintf(stderr, "ember-train: --amp: '%s' is not bf16 or fp16\n", optarg);
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp16") && strcmp(optarg, "off")) {
+                fprintf(stderr, "ember-train: --amp: '%s' is not bf16, fp16 or off\n", optarg);
                 ok = false;
             } else {
                 c_amp = optarg;
@@ -1903,7 +1904,7 @@ int main(int argc, char **argv) {
     if (c_determ) r.s.deterministic = true;
     if (c_noshuf) r.s.shuffle = false;
     if (c_tb_hist) r.s.tensorboard_histograms = true;
-    if (c_amp) snprintf(r.s.amp, sizeof r.s.amp, "%s", c_amp);
+    if (c_amp) snprintf(r.s.amp, sizeof r.s.amp, "%s", strcmp(c_amp, "off") ? c_amp : "");
     if (!strcmp(r.s.amp, "fp16") && !(r.scaler = em_grad_scaler_new(NULL))) {
         report_error("--amp fp16");
         rc = EXIT_USAGE;
