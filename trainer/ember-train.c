@@ -1638,6 +1638,8 @@ static int check_ranks_agree(run *r, int n_plugins) {
         /* saves are collective (rank 0 writes, every rank hears how it went) */
         I("--checkpoint", st->checkpoint != NULL), I("--save-best", st->save_best != NULL),
         I("--save-weights", st->save_weights != NULL),
+        I("--export-onnx", st->export_onnx != NULL), T("--init-onnx", st->init_onnx),
+        T("--amp (loop.amp)", st->amp),
         {"--clip-grad-norm (loop.clip_grad_norm)", 0, DDP_REAL}, {"--lr", 0, DDP_REAL},
         {"--momentum", 0, DDP_REAL}, {"--weight-decay", 0, DDP_REAL},
         {"--ddp-bucket-mib", 0, DDP_REAL},
