@@ -29,23 +29,7 @@
 #include "ember/tensor.h"
 #include "ember/trace.h"
 #include "trainer.h"
-
-/* One UTF-8 character of p[0..n): its length (0 when malformed) and code point. */
-static size_t utf8_next(const unsigned char *p, size_t n, uint32_t *cp) {
-    if (p[0] < 0x80) {
-        *cp = p[0];
-        return 1;
-    }
-    size_t len = (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3 : (p[0] & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || len > n) return 0;
-    uint32_t c = p[0] & (0x7F >> len);
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xC0) != 0x80) return 0;
-        c = (c << 6) | (p[k] & 0x3F);
-    }
-    *cp = c;
-    return len;
-}
+#include "../plugins/common/utf8.h"
 
 typedef struct vocab {
     bool bytes;
@@ -104,7 +88,7 @@ static bool vocab_read(const em_metadata *m, const char *file, vocab *v) {
     size_t at = 0, n = v->text ? strlen(v->text) : 0;
     int64_t id = 0;
     while (v->text && at < n && id < chars) {
-        size_t k = utf8_next((const unsigned char *)v->text + at, n - at, &v->cp[id]);
+        size_t k = em_utf8_decode((const unsigned char *)v->text + at, n - at, &v->cp[id]);
         if (!k) break;
         v->off[id] = at;
         v->len[id++] = k;
@@ -129,7 +113,7 @@ static int64_t encode(const vocab *v, const char *prompt, int64_t *ids, int64_t 
             continue;
         }
         uint32_t c;
-        size_t len = utf8_next((const unsigned char *)prompt + at, n - at, &c);
+        size_t len = em_utf8_decode((const unsigned char *)prompt + at, n - at, &c);
         if (!len) {
             fprintf(stderr, "ember-train: --prompt: byte %zu is not valid UTF-8\n", at);
             return -1;

@@ -36,6 +36,7 @@
 #include "ember/error.h"
 #include "ember/options.h"
 #include "data.h"
+#include "../common/utf8.h"
 
 static const char *const text_levels[] = {"char", "byte", NULL};
 static const char *const text_splits[] = {"train", "validation", NULL};
@@ -72,26 +73,6 @@ static void text_close(void *state) {
     free(s->tok);
     free(s->vocab);
     free(s);
-}
-
-/* Decode one UTF-8 character of p[0..n) into *cp; its length, or 0 when malformed (overlong
- * forms, surrogates and code points past U+10FFFF included). */
-static size_t utf8_decode(const unsigned char *p, size_t n, uint32_t *cp) {
-    if (p[0] < 0x80) {
-        *cp = p[0];
-        return 1;
-    }
-    size_t len = (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3 : (p[0] & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || len > n) return 0;
-    uint32_t c = p[0] & (0x7F >> len);
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xC0) != 0x80) return 0;
-        c = (c << 6) | (p[k] & 0x3F);
-    }
-    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < least[len] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
-    *cp = c;
-    return len;
 }
 
 static size_t utf8_encode(uint32_t c, char *out) {
@@ -195,7 +176,7 @@ static em_status text_open(const em_options *o, em_dataset_layout *lay, void **o
             continue;
         }
         uint32_t c;
-        size_t k = utf8_decode(buf + i, nbytes - i, &c);
+        size_t k = em_utf8_decode(buf + i, nbytes - i, &c);
         if (!k || c == 0) {
             st = em_set_error(EM_ERR_FORMAT, "text: %s line %lld (byte %zu): %s; read it with "
                               "level: byte", path, line_of(buf, i), i,
