@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <unistd.h> /* close, unlink (fx_state_dicts) */
 
 #ifndef EM_TEST_FIXTURES
 #error "EM_TEST_FIXTURES must name the tests/fixtures directory"
@@ -199,6 +200,26 @@ static bool fx_close_all(const char *what, const double *got, const double *want
              what, (long long)worst, (long long)n, got[worst], want[worst],
              fabs(got[worst] - want[worst]), atol, rtol, maxabs);
     return false;
+}
+
+/* A module's state dict written to a safetensors file and read back (*back: what a user's
+ * --save-weights file holds) and PyTorch's from torch_path (*torch); both must load and have
+ * as many keys (`what` names the case). The caller frees both. */
+static inline void fx_state_dicts(em_module *m, const char *torch_path, const char *what,
+                                  em_dict **back, em_dict **torch) {
+    char tmp[] = "/tmp/ember_state_dict_XXXXXX";
+    int fd = mkstemp(tmp);
+    cr_assert(fd >= 0);
+    close(fd);
+    em_dict *mine = em_module_state_dict(m);
+    cr_assert_eq(em_save(mine, tmp, NULL, NULL), EM_OK, "%s", em_last_error());
+    em_dict_free(mine);
+    *back = *torch = NULL;
+    cr_assert_eq(em_load(tmp, NULL, back, NULL), EM_OK, "%s", em_last_error());
+    unlink(tmp);
+    cr_assert_eq(em_load(torch_path, NULL, torch, NULL), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_dict_len(*back), em_dict_len(*torch), "%s: %zu keys, PyTorch %zu", what,
+                 em_dict_len(*back), em_dict_len(*torch));
 }
 
 #endif /* EMBER_TESTS_FIXTURE_BIN_H */
