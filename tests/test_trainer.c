@@ -2410,6 +2410,7 @@ Test(trainer, amp_bf16_trains_like_float32) {
     csv_read(&m, path("m.csv"));
     cr_assert(strstr(m.lines[0], ",skipped_steps,loss_scale"), "%s", m.lines[0]);
     cr_expect_eq(csv_num(&m, 2, "skipped_steps"), 0);
+    free(m.text);
     rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--amp", "bf16",
                                       "--init-weights", path("w.safetensors"), NULL});
     cr_assert_eq(rc, 0, "%s", out);
@@ -2481,6 +2482,9 @@ Test(trainer, amp_fp16_scaler_accumulation_clipping_and_resume) {
     double ga = csv_num(&a, 1, "grad_norm"), gb = csv_num(&b, 1, "grad_norm");
     cr_expect(fabs(gb - ga) <= 0.05 * ga, "the fp16 run's grad_norm %g is not the unscaled "
               "one (float32: %g)", gb, ga);
+    free(a.text);
+    free(b.text);
+    free(s.text);
     /* accumulation: 4 scaled micro-batches per step */
     rc = train(&out, (const char *[]){path("mlp.yaml"), "--batch-size", "128", "--amp", "fp16",
                                       "--save-weights", path("big.safetensors"), NULL});
