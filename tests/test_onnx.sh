@@ -15,7 +15,8 @@
 #   - ember-train: --export-onnx after a short training run and --init-weights W
 #     --export-onnx (no training) write the same bytes; --init-onnx predicts the logits
 #     --init-weights does; model: {onnx: PATH} (relative to the config) of an unsupported op
-#     is refused naming the node.
+#     is refused naming the node; a model trained on variable-length batches (the test
+#     plugin's, a padding mask reaching its LSTM) is refused at the LSTM.
 # The Python half (the plain stage only: it judges the files, which the other stages'
 # builds write alike; their point is the C code under other kernels and sanitizers):
 #   - onnx's full checker (Debian's python3-onnx, /usr/bin/python3) on every file;
@@ -65,6 +66,23 @@ cp "$srcdir/tests/fixtures/onnx/bad_op.onnx" "$tmp/c/bad.onnx" || exit 99
 ./trainer/ember-train "$tmp/c/onnx.yaml" --predict "$tmp/c/p.csv" 2>"$tmp/c/log"
 [ $? -eq 2 ] && grep -q "node 'mix' (Einsum, opset 17)" "$tmp/c/log" ||
     { echo "FAIL: model: {onnx: ...} of an unsupported op:"; cat "$tmp/c/log"; exit 1; }
+# a model trained on variable-length batches (the test plugin's padded sequences, their mask
+# reaching the LSTM): --export-onnx is refused at the LSTM, naming it, and writes nothing
+plugdir=${EMBER_TEST_PLUGIN_DIR:-$PWD/tests/plugins/.libs}
+cat >"$tmp/c/varlen.yaml" <<EOF
+model:
+  - LSTM: {input_size: 3, hidden_size: 4, batch_first: true, output: last}
+  - Linear: {in_features: 4, out_features: 3}
+data: {class: test-varlen, options: {length: 16}, inputs: [seq], target: label}
+optimizer: {class: SGD, lr: 0.05}
+loop: {epochs: 1, batch_size: 8, workers: 1}
+EOF
+EMBER_PLUGIN_PATH="$plugdir/varlen_plugin.so" ./trainer/ember-train "$tmp/c/varlen.yaml" --quiet \
+    --export-onnx "$tmp/c/varlen.onnx" 2>"$tmp/c/log"
+rc=$?
+[ $rc -ne 0 ] && grep -q "layer '0' (LSTM) reads the padding mask" "$tmp/c/log" &&
+    [ ! -e "$tmp/c/varlen.onnx" ] ||
+    { echo "FAIL: --export-onnx of a variable-length LSTM (exit $rc):"; cat "$tmp/c/log"; exit 1; }
 if ! $python; then
     echo "test_onnx: stage $stage: the C half only (onnx's checker and ONNX Runtime judge the files in the plain stage)"
     exit 0
