@@ -20,7 +20,7 @@
  * exporter fails before anything is written with a message naming the layer's path and class
  * and the exportable classes, a layer that reads the padding mask (LSTM, GRU,
  * MultiheadAttention) is refused under the option variable_length, an unbatched LSTM/GRU
- * example is refused, a program-registered layer
+ * or attention example is refused, and so is attention with separate k/v sizes, a program-registered layer
  * exports through its own em_onnx_layer_class, an opset outside 13..17 is refused; it writes
  * DIR/meta.onnx with the transforms in the metadata only (tests/onnx_check.py reads it).
  * --absent (run with EMBER_DISABLE_PLUGINS=ember-onnx): em_onnx_export and em_onnx_import say
@@ -550,6 +550,18 @@ static void self_checks(void) {
     if (em_onnx_export(cell, 1, &xc, path, vl) != EM_OK) die("variable_length: LSTMCell");
     remove(path);
     em_options_free(vl);
+    /* attention that is not self-attention on one batched input: refused, naming the layer */
+    em_module *kv = SEQ(layer("MultiheadAttention", "embed_dim=4;num_heads=2;kdim=3;vdim=3"));
+    em_tensor *x3 = randn(3, (int64_t[]){5, 2, 4});
+    if (em_onnx_export(kv, 1, &x3, path, NULL) == EM_OK) FAIL("kdim=3 attention exported");
+    has(em_last_error(), "layer '0' (MultiheadAttention): kdim or vdim differs from embed_dim");
+    em_module *mh = SEQ(layer("MultiheadAttention", "embed_dim=4;num_heads=2"));
+    em_tensor *x2 = randn(2, (int64_t[]){5, 4});
+    if (em_onnx_export(mh, 1, &x2, path, NULL) == EM_OK) FAIL("unbatched attention exported");
+    has(em_last_error(), "layer '0' (MultiheadAttention): the example input has 2 dims");
+    if (stat(path, &sb) == 0) FAIL("%s exists after a refused export", path);
+    em_module_free(kv);
+    em_module_free(mh);
     em_module_free(lm);
     em_module_free(lstm);
     em_module_free(cell);
