@@ -52,11 +52,11 @@ t0=$(date +%s)
 # The PyPI packages of the tests that read Ember's files with other programs' readers
 # (tests/pyenv.sh) are installed once, under the plain build, for every stage's tests.
 export EMBER_TEST_PYENV="$PWD/build/tests/pyenv"
+stage "install packages" install_packages
+stage "build" build build
 # The stage a test runs in ($EMBER_TEST_STAGE: plain, nodnnl, asan), for the tests whose
 # checks by other programs (Python's readers) run once, in the plain stage (tests/test_onnx.sh);
 # their C paths run in every stage. Unset (a plain `make check`), such a test runs everything.
-stage "install packages" install_packages
-stage "build" build build
 export EMBER_TEST_STAGE=plain
 stage "make check" check build
 if $quick; then
