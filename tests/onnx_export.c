@@ -14,9 +14,9 @@
  * bytes twice); export, em_onnx_import, export gives the same bytes, and the imported model
  * the Ember model's outputs (bitwise for "mlp" and "residual", whose nodes all map onto the
  * ops Ember's layers call; within allclose(1e-5, 1e-6) where GELU, SiLU, a 3-D Linear or a
- * program's layer are decompositions) — for the models whose ops the importer has not (Conv1d,
- * ConvTranspose2d, LSTM, GRU and their cells, the attention's Split, the positional
- * encodings' Shape) the import's error names the node instead; a layer without an
+ * program's layer, the attention, the Transformer layers or the positional encodings are
+ * decompositions) — for the models whose ops the importer has not (Conv1d, ConvTranspose2d,
+ * LSTM, GRU and their cells) the import's error names the node instead; a layer without an
  * exporter fails before anything is written with a message naming the layer's path and class
  * and the exportable classes, a layer that reads the padding mask (LSTM, GRU,
  * MultiheadAttention) is refused under the option variable_length, an unbatched LSTM/GRU
@@ -648,12 +648,12 @@ int main(int argc, char **argv) {
         {"lstm_cell", lstm_cell, 1, {3}, EM_F32, false, false, UNSUPPORTED("LSTM")},
         {"lstm_cell_c", lstm_cell_c, 1, {3}, EM_F32, false, false, UNSUPPORTED("LSTM")},
         {"gru_cell", gru_cell, 1, {4}, EM_F32, false, false, UNSUPPORTED("GRU")},
-        {"mha_bf", mha_bf, 2, {5, 8}, EM_F32, false, false, UNSUPPORTED("Split")},
-        {"mha_causal", mha_causal, 2, {3, 8}, EM_F32, false, false, UNSUPPORTED("Split")},
-        {"enc_post", enc_post, 2, {6, 8}, EM_F32, false, false, UNSUPPORTED("Split")},
-        {"enc_pre", enc_pre, 2, {3, 8}, EM_F32, false, false, UNSUPPORTED("Split")},
-        {"charlm", charlm, 1, {6}, EM_I64, false, false, UNSUPPORTED("Shape")},
-        {"lpe_t", lpe_t, 2, {3, 4}, EM_F32, false, false, UNSUPPORTED("Shape")},
+        {"mha_bf", mha_bf, 2, {5, 8}, EM_F32, false, false, NULL},
+        {"mha_causal", mha_causal, 2, {3, 8}, EM_F32, false, false, NULL},
+        {"enc_post", enc_post, 2, {6, 8}, EM_F32, false, false, NULL},
+        {"enc_pre", enc_pre, 2, {3, 8}, EM_F32, false, false, NULL},
+        {"charlm", charlm, 1, {6}, EM_I64, false, false, NULL},
+        {"lpe_t", lpe_t, 2, {3, 4}, EM_F32, false, false, NULL},
     };
     char path[4096];
     snprintf(path, sizeof path, "%s/models.txt", dir);
