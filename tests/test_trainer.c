@@ -2410,6 +2410,7 @@ Test(trainer, amp_bf16_trains_like_float32) {
     csv_read(&m, path("m.csv"));
     cr_assert(strstr(m.lines[0], ",skipped_steps,loss_scale"), "%s", m.lines[0]);
     cr_expect_eq(csv_num(&m, 2, "skipped_steps"), 0);
+    free(m.text);
     rc = train(&out, (const char *[]){path("mlp.yaml"), "--eval-only", "--amp", "bf16",
                                       "--init-weights", path("w.safetensors"), NULL});
     cr_assert_eq(rc, 0, "%s", out);
@@ -2523,4 +2524,7 @@ Test(trainer, amp_fp16_scaler_accumulation_clipping_and_resume) {
     cr_expect(em_metadata_get(md, "amp.scaler"));
     em_metadata_free(md);
     em_dict_free(d);
+    free(a.text);
+    free(b.text);
+    free(s.text);
 }
