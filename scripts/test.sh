@@ -54,6 +54,10 @@ t0=$(date +%s)
 export EMBER_TEST_PYENV="$PWD/build/tests/pyenv"
 stage "install packages" install_packages
 stage "build" build build
+# The stage a test runs in ($EMBER_TEST_STAGE: plain, nodnnl, asan), for the tests whose
+# checks by other programs (Python's readers) run once, in the plain stage (tests/test_onnx.sh);
+# their C paths run in every stage. Unset (a plain `make check`), such a test runs everything.
+export EMBER_TEST_STAGE=plain
 stage "make check" check build
 if $quick; then
     echo "==> quick run (no oneDNN-less, sanitizer or valgrind stages): $(($(date +%s) - t0)) s"
@@ -69,6 +73,7 @@ fi
 # (configure says "install check: no (a sanitizer build)").
 stage "build without oneDNN" build build-nodnnl --without-onednn --without-cuda --without-mpi \
     --disable-install-check
+EMBER_TEST_STAGE=nodnnl
 stage "make check (without oneDNN)" check build-nodnnl
 stage "build with ASan+UBSan" build build-asan --without-cuda CFLAGS="-O1 -g $SAN" CXXFLAGS="-O1 -g $SAN" \
     LDFLAGS="$SAN"
@@ -89,7 +94,8 @@ export OMP_WAIT_POLICY=PASSIVE
 # Open MPI's libraries keep memory to the end of a process that ran MPI (tests/test_ddp.sh):
 # suppressed by library name only (tests/lsan-mpi.supp), so Ember's own leaks stay fatal.
 export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$PWD/tests/lsan-mpi.supp:print_suppressions=0"
+EMBER_TEST_STAGE=asan
 stage "make check (ASan+UBSan)" check build-asan
-unset LD_PRELOAD OMP_WAIT_POLICY LSAN_OPTIONS
+unset LD_PRELOAD OMP_WAIT_POLICY LSAN_OPTIONS EMBER_TEST_STAGE
 stage "make check-valgrind (quick subset)" make -C build check-valgrind
 echo "==> all stages: $(($(date +%s) - t0)) s"

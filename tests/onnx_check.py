@@ -2,7 +2,8 @@
 
   onnx_check.py checker DIR   every DIR/*.onnx through onnx's full checker (Debian's
                               python3-onnx, the system python): the model, its opset's
-                              schemas and shape inference
+                              schemas and shape inference; the initializers'
+                              names against DIR/NAME.keys.txt (the state-dict keys)
   onnx_check.py run DIR       every DIR/NAME.opK.onnx in ONNX Runtime (the venv's python)
                               on DIR/NAME.bB.in.npy against Ember's DIR/NAME.bB.out.npy,
                               allclose(rtol=1e-5, atol=1e-6), for each batch B written
@@ -47,6 +48,34 @@ def checker(d):
         got = (m.graph.input[0].type.tensor_type.elem_type, m.graph.node[0].op_type)
         if got != (elem, first) or "x / 255" not in meta.get("ember.input_transforms", ""):
             print("FAIL %s: input type and first node %s, metadata %s" % (f, got, meta))
+            bad += 1
+    # initializers carry the state-dict keys: as they are where the tensor is used as is,
+    # else (the LSTM/GRU gates reordered) "KEY+KEY...:onnx_ORDER" under the layer's path;
+    # every key is in some initializer's name, and nothing else is named like a key
+    models = os.path.join(d, "models.txt")
+    for name in open(models).read().split() if os.path.exists(models) else []:
+        keys = open(os.path.join(d, name + ".keys.txt")).read().split()
+        m = onnx.load(os.path.join(d, name + ".op17.onnx"))
+        named = [i.name for i in m.graph.initializer if not i.name.startswith("/")]
+        covered = set()
+        for n in named:
+            if n in keys:
+                covered.add(n)
+                continue
+            base, _, order = n.partition(":")
+            prefix, dot, first = base.split("+")[0].rpartition(".")
+            parts = [prefix + dot + p if i else prefix + dot + first
+                     for i, p in enumerate(base.split("+"))]
+            if order not in ("onnx_iofc", "onnx_zrh") or not set(parts) <= set(keys):
+                print("FAIL %s: initializer %r is neither a state-dict key nor made of them"
+                      % (name, n))
+                bad += 1
+            covered.update(parts)
+        missing = [k for k in keys if k not in covered]
+        # buffers that the graph does not read (BatchNorm's num_batches_tracked)
+        missing = [k for k in missing if not k.endswith("num_batches_tracked")]
+        if missing:
+            print("FAIL %s: state-dict keys without an initializer: %s" % (name, missing))
             bad += 1
     print("onnx %s checker: %d files, %d failed" % (onnx.__version__, len(files), bad))
     return 1 if bad else 0

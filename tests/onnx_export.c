@@ -7,16 +7,20 @@
  *   DIR/NAME.bB.in.npy         an input of batch B as the deployer feeds it (raw uint8 pixels
  *                              for the "mlp" model, whose transforms are the graph's first nodes)
  *   DIR/NAME.bB.out.npy        Ember's output on it (after the config's transforms)
+ *   DIR/NAME.keys.txt          the model's state-dict keys, one a line
  *   DIR/models.txt             the names, one a line
  *
  * It also checks, itself, what needs no other program: the export is deterministic (the same
  * bytes twice); export, em_onnx_import, export gives the same bytes, and the imported model
  * the Ember model's outputs (bitwise for "mlp" and "residual", whose nodes all map onto the
  * ops Ember's layers call; within allclose(1e-5, 1e-6) where GELU, SiLU, a 3-D Linear or a
- * program's layer are decompositions) — for the models whose ops the importer has not (Conv1d,
- * ConvTranspose2d, LSTM, GRU) the import's error names the node instead; a layer without an
+ * program's layer, the attention, the Transformer layers or the positional encodings are
+ * decompositions) — for the models whose ops the importer has not (Conv1d, ConvTranspose2d,
+ * LSTM, GRU and their cells) the import's error names the node instead; a layer without an
  * exporter fails before anything is written with a message naming the layer's path and class
- * and the exportable classes, an unbatched LSTM/GRU example is refused, a program-registered layer
+ * and the exportable classes, a layer that reads the padding mask (LSTM, GRU,
+ * MultiheadAttention) is refused under the option variable_length, an unbatched LSTM/GRU
+ * or attention example is refused, and so is attention with separate k/v sizes, a program-registered layer
  * exports through its own em_onnx_layer_class, an opset outside 13..17 is refused; it writes
  * DIR/meta.onnx with the transforms in the metadata only (tests/onnx_check.py reads it).
  * --absent (run with EMBER_DISABLE_PLUGINS=ember-onnx): em_onnx_export and em_onnx_import say
@@ -30,6 +34,7 @@
 #include <sys/stat.h>
 
 #include "ember/autograd.h"
+#include "ember/dict.h"
 #include "ember/dtype.h"
 #include "ember/error.h"
 #include "ember/init.h"
@@ -191,6 +196,51 @@ static em_module *gru_last(void) {
 }
 static em_module *gru_t(void) {
     return SEQ(layer("GRU", "input_size=2;hidden_size=3"));
+}
+
+/* The cells: one step from zero states, (N, input_size) -> (N, hidden_size). */
+static em_module *lstm_cell(void) {
+    return SEQ(layer("LSTMCell", "input_size=3;hidden_size=5"),
+               layer("Linear", "in_features=5;out_features=2"));
+}
+static em_module *lstm_cell_c(void) {
+    return SEQ(layer("LSTMCell", "input_size=3;hidden_size=4;bias=false;output=c"));
+}
+static em_module *gru_cell(void) {
+    return SEQ(layer("GRUCell", "input_size=4;hidden_size=3"), layer("Tanh", NULL));
+}
+
+/* Attention and Transformer layers on one input (self-attention). Those not batch_first take
+ * (L, B, E): the export's dynamic dim 0 is then the sequence length, which the causal mask
+ * and the positional encodings follow. */
+static em_module *mha_bf(void) {
+    return SEQ(layer("MultiheadAttention", "embed_dim=8;num_heads=2;batch_first=true"));
+}
+static em_module *mha_causal(void) {
+    return SEQ(layer("MultiheadAttention", "embed_dim=8;num_heads=4;causal=true;bias=false"),
+               layer("Linear", "in_features=8;out_features=3"));
+}
+static em_module *enc_post(void) {
+    return SEQ(layer("TransformerEncoderLayer", "d_model=8;nhead=2;dim_feedforward=16;"
+                     "batch_first=true"));
+}
+static em_module *enc_pre(void) {
+    return SEQ(layer("TransformerEncoder", "d_model=8;nhead=2;dim_feedforward=12;num_layers=2;"
+                     "norm_first=true;activation=gelu;norm=true;causal=true"));
+}
+/* A character-level Transformer LM: tokens, sinusoidal positions, a causal post-norm GELU
+ * layer, the logits. */
+static em_module *charlm(void) {
+    return SEQ(layer("Embedding", "num_embeddings=20;embedding_dim=8"),
+               layer("PositionalEncoding", "d_model=8;max_len=32;batch_first=true"),
+               layer("TransformerEncoder", "d_model=8;nhead=2;dim_feedforward=16;num_layers=1;"
+                     "activation=gelu;causal=true;batch_first=true"),
+               layer("Linear", "in_features=8;out_features=20"));
+}
+static em_module *lpe_t(void) {
+    return SEQ(layer("LearnedPositionalEncoding", "d_model=4;max_len=10"),
+               layer("PositionalEncoding", "d_model=4;max_len=12;dropout=0.3"),
+               layer("Linear", "in_features=4;out_features=3"));
 }
 
 /* ---- data --------------------------------------------------------------------------------- */
@@ -395,6 +445,14 @@ outputs:
         write_npy(path, em_contiguous(y));
     }
     em_grad_mode_pop();
+    /* the state-dict keys, which tests/onnx_check.py finds among the initializers' names */
+    snprintf(path, sizeof path, "%s/%s.keys.txt", dir, s->name);
+    FILE *kf = fopen(path, "w");
+    em_dict *sd = em_module_state_dict(m);
+    if (!kf || !sd) die(path);
+    for (size_t i = 0; i < em_dict_len(sd); i++) fprintf(kf, "%s\n", em_dict_key(sd, i));
+    fclose(kf);
+    em_dict_free(sd);
     fprintf(list, "%s\n", s->name);
     em_module_free(m);
     em_scope_end();
@@ -435,6 +493,16 @@ static const em_onnx_layer_class swish_export_class = {
     .struct_size = sizeof swish_export_class, .name = "test.Swish",
     .description = "Mul, Sigmoid, Mul", .export_layer = swish_export,
 };
+/* A program's layer registered without an exporter: 2 x. */
+static em_tensor *twice_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)m;
+    (void)n;
+    return em_mul_scalar(in[0], 2.0);
+}
+static const em_module_class twice_class = {
+    .struct_size = sizeof twice_class, .name = "test.Twice", .description = "2 x",
+    .forward = twice_forward, .n_inputs = 1,
+};
 static em_module *swish_model(void) {
     return SEQ(layer("Linear", "in_features=5;out_features=4"), layer("test.Swish", NULL),
                layer("Linear", "in_features=4;out_features=2"));
@@ -444,17 +512,59 @@ static void self_checks(void) {
     em_scope_begin();
     char path[4096];
     struct stat sb;
-    /* a layer without an exporter: refused, naming it, before anything is written */
+    /* a layer without an exporter (a program's, registered with none): refused, naming it
+     * and listing the exportable classes (the sequence layers among them), before anything
+     * is written */
     em_module *conv1 = SEQ(layer("Linear", "in_features=4;out_features=6"),
-                           SEQ(layer("ReLU", NULL), layer("LSTMCell", "input_size=6;hidden_size=3")));
+                           SEQ(layer("ReLU", NULL), layer("test.Twice", NULL)));
     em_tensor *x = randn(2, (int64_t[]){3, 4});
     snprintf(path, sizeof path, "%s/refused.onnx", dir);
     em_status st = em_onnx_export(conv1, 1, &x, path, NULL);
-    if (st != EM_ERR_NOTFOUND) FAIL("LSTMCell exported (status %d)", (int)st);
-    has(em_last_error(), "layer '1.1' (LSTMCell) has no ONNX exporter");
+    if (st != EM_ERR_NOTFOUND) FAIL("test.Twice exported (status %d)", (int)st);
+    has(em_last_error(), "layer '1.1' (test.Twice) has no ONNX exporter");
     has(em_last_error(), "nothing was written");
     has(em_last_error(), "Linear, Conv2d, MaxPool2d");
+    has(em_last_error(), "LSTMCell, GRUCell, MultiheadAttention, TransformerEncoderLayer, "
+        "TransformerEncoder, PositionalEncoding, LearnedPositionalEncoding");
     if (stat(path, &sb) == 0) FAIL("%s exists after a refused export", path);
+    /* variable_length (a model trained on padded batches): the layers that read the padding
+     * mask are refused, naming the layer, as deep as they are; the cells (no mask) and the
+     * positional encodings are not */
+    em_options *vl = em_options_new();
+    em_options_set_bool(vl, "variable_length", true);
+    em_module *lm = charlm();
+    em_tensor *tok = rand_ints(2, (int64_t[]){2, 6}, EM_I64, 20);
+    if (em_onnx_export(lm, 1, &tok, path, vl) != EM_ERR_INVALID)
+        FAIL("variable_length: a Transformer exported");
+    has(em_last_error(), "layer '2.layers.0.self_attn' (MultiheadAttention) reads the padding "
+        "mask");
+    has(em_last_error(), "nothing was written");
+    em_module *lstm = lstm_last();
+    em_tensor *xs = randn(3, (int64_t[]){2, 6, 3});
+    if (em_onnx_export(lstm, 1, &xs, path, vl) != EM_ERR_INVALID)
+        FAIL("variable_length: an LSTM exported");
+    has(em_last_error(), "layer '0' (LSTM) reads the padding mask");
+    if (stat(path, &sb) == 0) FAIL("%s exists after a refused export", path);
+    em_module *cell = lstm_cell();
+    em_tensor *xc = randn(2, (int64_t[]){2, 3});
+    if (em_onnx_export(cell, 1, &xc, path, vl) != EM_OK) die("variable_length: LSTMCell");
+    remove(path);
+    em_options_free(vl);
+    /* attention that is not self-attention on one batched input: refused, naming the layer */
+    em_module *kv = SEQ(layer("MultiheadAttention", "embed_dim=4;num_heads=2;kdim=3;vdim=3"));
+    em_tensor *x3 = randn(3, (int64_t[]){5, 2, 4});
+    if (em_onnx_export(kv, 1, &x3, path, NULL) == EM_OK) FAIL("kdim=3 attention exported");
+    has(em_last_error(), "layer '0' (MultiheadAttention): kdim or vdim differs from embed_dim");
+    em_module *mh = SEQ(layer("MultiheadAttention", "embed_dim=4;num_heads=2"));
+    em_tensor *x2 = randn(2, (int64_t[]){5, 4});
+    if (em_onnx_export(mh, 1, &x2, path, NULL) == EM_OK) FAIL("unbatched attention exported");
+    has(em_last_error(), "layer '0' (MultiheadAttention): the example input has 2 dims");
+    if (stat(path, &sb) == 0) FAIL("%s exists after a refused export", path);
+    em_module_free(kv);
+    em_module_free(mh);
+    em_module_free(lm);
+    em_module_free(lstm);
+    em_module_free(cell);
     /* an option ONNX cannot express: named with the layer */
     em_module *bn = SEQ(layer("BatchNorm1d", "num_features=4;track_running_stats=false"));
     if (em_onnx_export(bn, 1, &x, path, NULL) == EM_OK) FAIL("untracked BatchNorm exported");
@@ -513,7 +623,8 @@ int main(int argc, char **argv) {
     if (em_init() != EM_OK) die("em_init");
     em_seed(7);
     if (em_module_class_register(em_registry_program(), &swish_class) != EM_OK ||
-        em_class_register(em_registry_program(), EM_ONNX_LAYER_KIND, &swish_export_class) != EM_OK)
+        em_class_register(em_registry_program(), EM_ONNX_LAYER_KIND, &swish_export_class) != EM_OK ||
+        em_module_class_register(em_registry_program(), &twice_class) != EM_OK)
         die("register test.Swish");
 #define UNSUPPORTED(op) "(" op ", opset 17): op type " op " is not supported by Ember's importer"
     static const spec specs[] = {
@@ -534,6 +645,15 @@ int main(int argc, char **argv) {
         {"gru_hn", gru_hn, 2, {4, 3}, EM_F32, false, false, UNSUPPORTED("GRU")},
         {"gru_last", gru_last, 2, {6, 3}, EM_F32, false, false, UNSUPPORTED("GRU")},
         {"gru_t", gru_t, 2, {2, 2}, EM_F32, false, false, UNSUPPORTED("GRU")},
+        {"lstm_cell", lstm_cell, 1, {3}, EM_F32, false, false, UNSUPPORTED("LSTM")},
+        {"lstm_cell_c", lstm_cell_c, 1, {3}, EM_F32, false, false, UNSUPPORTED("LSTM")},
+        {"gru_cell", gru_cell, 1, {4}, EM_F32, false, false, UNSUPPORTED("GRU")},
+        {"mha_bf", mha_bf, 2, {5, 8}, EM_F32, false, false, NULL},
+        {"mha_causal", mha_causal, 2, {3, 8}, EM_F32, false, false, NULL},
+        {"enc_post", enc_post, 2, {6, 8}, EM_F32, false, false, NULL},
+        {"enc_pre", enc_pre, 2, {3, 8}, EM_F32, false, false, NULL},
+        {"charlm", charlm, 1, {6}, EM_I64, false, false, NULL},
+        {"lpe_t", lpe_t, 2, {3, 4}, EM_F32, false, false, NULL},
     };
     char path[4096];
     snprintf(path, sizeof path, "%s/models.txt", dir);

@@ -202,6 +202,26 @@ Test(onnx_import, malformed_files_are_refused_with_messages) {
             "different number");
     refused(FIX "bad_dangling.onnx", "node 'add'", "it reads 'ghost', which no node");
     refused(FIX "bad_opset.onnx", "opset 11", "Ember imports opsets 13..17");
+    /* well-formed files whose values are hostile: the forward refuses, naming the node, and
+     * allocates nothing of the size asked */
+    static const struct { const char *file, *node, *why; } at_forward[] = {
+        {"bad_range.onnx", "node 'range' (Range)", "more than 16777216 elements"},
+        {"bad_split.onnx", "node 'split' (Split)", "the split sizes add up to 6, not dim 1's 4"},
+    };
+    for (size_t i = 0; i < sizeof at_forward / sizeof *at_forward; i++) {
+        char p[512];
+        snprintf(p, sizeof p, FIX "%s", at_forward[i].file);
+        em_module *m = em_onnx_import(p, NULL);
+        cr_assert_not_null(m, "%s: %s", p, em_last_error());
+        em_scope_begin();
+        em_tensor *x = em_zeros(2, (int64_t[]){2, 4}, EM_F32, em_cpu());
+        em_tensor *y = em_module_forward(m, x);
+        cr_assert_null(y, "%s: the forward ran", p);
+        cr_assert(strstr(em_last_error(), at_forward[i].node) &&
+                  strstr(em_last_error(), at_forward[i].why), "%s: '%s'", p, em_last_error());
+        em_scope_end();
+        em_module_free(m);
+    }
     char tmp[] = "/tmp/onnx_importXXXXXX";
     cr_assert_not_null(mkdtemp(tmp));
     char path[256];

@@ -1145,6 +1145,8 @@ bool write_onnx(run *r) {
     }
     if (ok && model_dt != f->dtype)
         ok = em_options_set_string(o, "input_dtype", em_dtype_name(f->dtype)) == EM_OK;
+    /* batches of padded variable-length items carry a mask the graph has no input for */
+    if (ok && r->mask_in >= 0) ok = em_options_set_bool(o, "variable_length", true) == EM_OK;
     if (ok) {
         int64_t shape[EM_MAX_DIMS + 1] = {1};
         for (int i = 0; i < f->ndim; i++) shape[i + 1] = f->shape[i];

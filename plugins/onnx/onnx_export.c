@@ -70,6 +70,7 @@ typedef struct ox_builder {
     bool prefixed;            /* the error message already names a layer */
     const Onnx__ModelProto *origin; /* set by an imported graph: its metadata */
     bool origin_is_root;
+    bool variable_length;     /* the option: the model was trained on padded batches */
 } ox_builder;
 
 static char *dup_str(const char *s) {
@@ -369,6 +370,18 @@ static em_status export_module(ox_builder *b, em_module *m, const char *in, cons
                             "plugin's layer supplies its own (an em_onnx_layer_class, "
                             "ember/onnx.h)", where, cls, list);
     }
+    /* The graph has one input and no padding mask: a layer that reads the batches' mask
+     * (em_module_forward_masked) would compute every padded step as a real one in ONNX
+     * Runtime, so a model trained on variable-length batches is refused there rather than
+     * exported to numbers Ember's would not give. */
+    if (b->variable_length && em_module_class_of(m)->takes_mask) {
+        b->prefixed = true;
+        return em_set_error(EM_ERR_INVALID, "onnx export: layer '%s' (%s) reads the padding "
+                            "mask of variable-length batches (variable_length is set: the "
+                            "model was trained on them), and the exported graph has no mask "
+                            "input: ONNX Runtime would treat every padded step as real and "
+                            "give other numbers than Ember (nothing was written)", where, cls);
+    }
     b->cur = m;
     em_status st = e->export_layer(&b->pub, m, in, x, out);
     b->cur = m;
@@ -405,6 +418,10 @@ static const em_option_spec export_opts[] = {
     {.name = "transforms", .types = EM_OPT_STRING, .def = {.s = "nodes"},
      .choices = transform_modes,
      .help = "input transforms as the graph's first nodes, or in the model's metadata"},
+    {.name = "variable_length", .types = EM_OPT_BOOL, .def = {.b = false},
+     .help = "the model is fed variable-length (padded) batches with a padding mask: the "
+             "layers that read the mask (LSTM, GRU, MultiheadAttention) are refused, the "
+             "graph having no mask input"},
 };
 
 /* ---- the model -------------------------------------------------------------------------------- */
@@ -747,6 +764,7 @@ em_status ox_export_model(em_module *m, int n_inputs, em_tensor *const *example_
     b.pub.initializer = b_initializer;
     b.pub.constant = b_constant;
     b.pub.child = b_child;
+    b.variable_length = em_options_bool(o, "variable_length");
     st = build_and_write(&b, m, example_inputs[0], path, o);
     builder_free(&b);
     em_scope_end();

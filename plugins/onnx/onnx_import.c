@@ -43,7 +43,8 @@ typedef enum op_kind {
     OP_GEMM, OP_MATMUL, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_RELU, OP_SIGMOID, OP_TANH,
     OP_SOFTMAX, OP_LOGSOFTMAX, OP_LEAKY, OP_IDENTITY, OP_FLATTEN, OP_RESHAPE, OP_TRANSPOSE,
     OP_CONCAT, OP_CONV, OP_MAXPOOL, OP_AVGPOOL, OP_GAP, OP_BN, OP_LN, OP_GATHER, OP_CAST,
-    OP_ERF, OP_SQRT, OP_REDUCEMEAN, OP_CONSTANT,
+    OP_ERF, OP_SQRT, OP_REDUCEMEAN, OP_CONSTANT, OP_SPLIT, OP_SHAPE, OP_SLICE, OP_RANGE,
+    OP_GREATER, OP_WHERE,
 } op_kind;
 
 static const struct {
@@ -63,8 +64,13 @@ static const struct {
     {"BatchNormalization", OP_BN, 5, 5}, {"LayerNormalization", OP_LN, 2, 3},
     {"Gather", OP_GATHER, 2, 2}, {"Cast", OP_CAST, 1, 1}, {"Erf", OP_ERF, 1, 1},
     {"Sqrt", OP_SQRT, 1, 1}, {"ReduceMean", OP_REDUCEMEAN, 1, 1},
-    {"Constant", OP_CONSTANT, 0, 0},
+    {"Constant", OP_CONSTANT, 0, 0}, {"Split", OP_SPLIT, 1, 2}, {"Shape", OP_SHAPE, 1, 1},
+    {"Slice", OP_SLICE, 3, 5}, {"Range", OP_RANGE, 3, 3}, {"Greater", OP_GREATER, 2, 2},
+    {"Where", OP_WHERE, 3, 3},
 };
+
+#define MAX_OUT 16        /* Split's outputs */
+#define MAX_RANGE (1 << 24) /* the most elements a Range makes (a hostile file asks for more) */
 
 enum { V_COMPUTED, V_INPUT, V_PARAM, V_BUFFER, V_CONST };
 
@@ -83,6 +89,7 @@ typedef struct step {
     bool skip;                /* an input transform left out (input_transforms false) */
     const Onnx__NodeProto *node;
     int in[MAX_IN], n_in, out;
+    int outs[MAX_OUT], n_out;  /* Split: every output (outs[0] == out) */
     int64_t axis, transA, transB, group, keepdims, to;
     double alpha, beta, eps, momentum;
     int64_t k[2], s[2], d[2], pads[4];
@@ -514,6 +521,12 @@ static em_status parse_step(const nctx *c, step *s) {
         break;
     case OP_LEAKY:
         return get_float(c, "alpha", 0.01, &s->alpha);
+    case OP_SPLIT:
+        return get_int(c, "axis", 0, &s->axis);
+    case OP_SHAPE: /* start and end (opset 15): s->k[0], s->k[1] */
+        if ((st = get_int(c, "start", 0, &s->k[0])) || (st = get_int(c, "end", INT64_MAX, &s->k[1])))
+            return st;
+        break;
     case OP_TRANSPOSE:
         return get_ints(c, "perm", -EM_MAX_DIMS, zeros, s->perm, &s->n_perm);
     case OP_CAST:
@@ -663,8 +676,12 @@ static em_status build(const char *path, ox_graph *g, em_module *root) {
         s->min_in = OPS[kind].min_in;
         if (n->n_input < (size_t)OPS[kind].min_in || n->n_input > (size_t)OPS[kind].max_in)
             return node_error(&c, EM_ERR_FORMAT, "a wrong number of inputs for %s%s", n->op_type, "");
-        if (n->n_output < 1 || !n->output[0] || !*n->output[0] || (n->n_output > 1 && s->op != OP_IDENTITY))
+        if (n->n_output < 1 || !n->output[0] || !*n->output[0] ||
+            (n->n_output > 1 && s->op != OP_IDENTITY && s->op != OP_SPLIT))
             return node_error(&c, EM_ERR_FORMAT, "it must have one output%s%s", "", "");
+        if (s->op == OP_SPLIT && n->n_output > MAX_OUT)
+            return node_error(&c, EM_ERR_INVALID, "a Split into more than 16 outputs is not "
+                              "imported%s%s", "", "");
         s->n_in = (int)n->n_input;
         for (int j = 0; j < s->n_in; j++) {
             if (!n->input[j] || !*n->input[j]) {
@@ -680,6 +697,19 @@ static em_status build(const char *path, ox_graph *g, em_module *root) {
                               g->v[o].kind == V_COMPUTED ? "another node's output" : "a graph input or initializer");
         g->v[o].producer = (int)i;
         s->out = o;
+        s->outs[0] = o;
+        s->n_out = 1;
+        for (size_t j = 1; s->op == OP_SPLIT && j < n->n_output; j++) {
+            if (!n->output[j] || !*n->output[j])
+                return node_error(&c, EM_ERR_FORMAT, "output %s has no name%s", j == 1 ? "1" : "2+", "");
+            int oj = intern(g, n->output[j]);
+            if (oj < 0) return em_last_status();
+            if (g->v[oj].kind != V_COMPUTED || g->v[oj].producer >= 0)
+                return node_error(&c, EM_ERR_FORMAT, "its output '%s' is also %s", n->output[j],
+                                  g->v[oj].kind == V_COMPUTED ? "another node's output" : "a graph input or initializer");
+            g->v[oj].producer = (int)i;
+            s->outs[s->n_out++] = oj;
+        }
         em_status st = parse_step(&c, s);
         if (st != EM_OK) return st;
         if (s->op == OP_CONSTANT) {
@@ -800,6 +830,60 @@ static em_tensor *value_tensor(em_module *m, const ox_graph *g, em_tensor **vals
                    ? v->constant : em_to_device(v->constant, dev);
     default: (void)m; return vals[k];
     }
+}
+
+/* The values of a 1-D (or 0-D) integer tensor, at most cap of them, on the host; -1 (the
+ * error set) when it is not one. */
+static int host_ints(const em_tensor *t, int64_t *out, int cap, const char *what) {
+    if (!t || em_dtype_is_floating(em_tensor_dtype(t)) || em_tensor_ndim(t) > 1 ||
+        em_tensor_numel(t) > cap) {
+        em_set_error(EM_ERR_SHAPE, "%s must be a 0-D or 1-D integer tensor of at most %d "
+                     "values", what, cap);
+        return -1;
+    }
+    em_tensor *l = em_contiguous(em_to_dtype(t, EM_I64));
+    int n = (int)em_tensor_numel(t);
+    if (!l || (n && em_tensor_to_host(l, out, (size_t)cap * sizeof *out) != EM_OK)) return -1;
+    return n;
+}
+
+/* A tensor made on the host, on dev. */
+static em_tensor *to_dev(em_tensor *t, em_device dev) {
+    if (!t) return NULL;
+    em_device d = em_tensor_device(t);
+    return d.type == dev.type && d.index == dev.index ? t : em_to_device(t, dev);
+}
+
+/* Split's parts of x into vals[s->outs[...]]: the sizes of input 1, or equal ones. */
+static em_status run_split(const ox_graph *g, const step *s, em_tensor *x, em_tensor *sizes,
+                           em_tensor **vals) {
+    int nd = em_tensor_ndim(x), ax = (int)(s->axis < 0 ? s->axis + nd : s->axis);
+    if (ax < 0 || ax >= nd)
+        return em_set_error(EM_ERR_SHAPE, "axis %lld does not fit a %d-D input",
+                            (long long)s->axis, nd);
+    int64_t len[MAX_OUT], dim = em_tensor_size(x, ax), total = 0;
+    if (sizes) {
+        int k = host_ints(sizes, len, MAX_OUT, "split");
+        if (k < 0) return em_last_status();
+        if (k != s->n_out)
+            return em_set_error(EM_ERR_SHAPE, "split has %d sizes for %d outputs", k, s->n_out);
+    } else {
+        if (dim % s->n_out)
+            return em_set_error(EM_ERR_SHAPE, "dim %d (%lld) does not split evenly into %d",
+                                ax, (long long)dim, s->n_out);
+        for (int j = 0; j < s->n_out; j++) len[j] = dim / s->n_out;
+    }
+    for (int j = 0; j < s->n_out; j++) {
+        if (len[j] < 0) return em_set_error(EM_ERR_SHAPE, "split size %lld", (long long)len[j]);
+        total += len[j];
+    }
+    if (total != dim)
+        return em_set_error(EM_ERR_SHAPE, "the split sizes add up to %lld, not dim %d's %lld",
+                            (long long)total, ax, (long long)dim);
+    for (int j = 0, at = 0; j < s->n_out; at += (int)len[j], j++)
+        if (!(vals[s->outs[j]] = em_narrow(x, ax, at, len[j]))) return em_last_status();
+    (void)g;
+    return EM_OK;
 }
 
 static em_tensor *run_step(em_module *m, const ox_graph *g, const step *s, em_tensor **vals,
@@ -925,6 +1009,69 @@ static em_tensor *run_step(em_module *m, const ox_graph *g, const step *s, em_te
         return em_mean(x, s->n_axes ? s->n_axes : nd, dims, s->keepdims != 0);
     }
     case OP_CONSTANT: return g->v[s->out].constant;
+    case OP_SPLIT: break; /* graph_forward: several outputs */
+    case OP_SHAPE: {
+        int nd = em_tensor_ndim(x);
+        int64_t b = s->k[0] < 0 ? s->k[0] + nd : s->k[0], e = s->k[1] < 0 ? s->k[1] + nd : s->k[1];
+        b = b < 0 ? 0 : b > nd ? nd : b;
+        e = e < b ? b : e > nd ? nd : e;
+        return to_dev(em_from_data(em_tensor_shape(x) + b, 1, (int64_t[]){e - b}, EM_I64,
+                                   em_cpu()), dev);
+    }
+    case OP_SLICE: {
+        int64_t st[EM_MAX_DIMS], en[EM_MAX_DIMS], ax[EM_MAX_DIMS], sp[EM_MAX_DIMS];
+        int nd = em_tensor_ndim(x);
+        int k = host_ints(a[1], st, EM_MAX_DIMS, "starts");
+        if (k < 0 || host_ints(a[2], en, EM_MAX_DIMS, "ends") != k) {
+            if (k >= 0) em_set_error(EM_ERR_SHAPE, "starts and ends differ in length");
+            return NULL;
+        }
+        if (a[3] && host_ints(a[3], ax, EM_MAX_DIMS, "axes") != k) {
+            em_set_error(EM_ERR_SHAPE, "axes and starts differ in length");
+            return NULL;
+        }
+        if (a[4] && host_ints(a[4], sp, EM_MAX_DIMS, "steps") != k) {
+            em_set_error(EM_ERR_SHAPE, "steps and starts differ in length");
+            return NULL;
+        }
+        em_tensor *y = x;
+        for (int i = 0; i < k; i++) {
+            int d = (int)(a[3] ? (ax[i] < 0 ? ax[i] + nd : ax[i]) : i);
+            if (d < 0 || d >= nd || (a[4] && sp[i] != 1)) {
+                em_set_error(EM_ERR_INVALID, d < 0 || d >= nd ? "axis %lld does not fit a %d-D "
+                             "input" : "a step other than 1 (%lld) is not imported (%d)",
+                             (long long)(a[3] ? ax[i] : a[4] ? sp[i] : i), nd);
+                return NULL;
+            }
+            int64_t n = em_tensor_size(x, d), b = st[i] < 0 ? st[i] + n : st[i],
+                    e = en[i] < 0 ? en[i] + n : en[i];
+            b = b < 0 ? 0 : b > n ? n : b;
+            e = e < b ? b : e > n ? n : e;
+            if (!(y = em_narrow(y, d, b, e - b))) return NULL;
+        }
+        return y == x ? em_clone(x) : y; /* a result of its own, never the input borrowed */
+    }
+    case OP_RANGE: {
+        double v[3];
+        for (int i = 0; i < 3; i++) {
+            em_tensor *f = a[i] && em_tensor_numel(a[i]) == 1 && em_tensor_ndim(a[i]) <= 1
+                               ? em_to_dtype(a[i], EM_F64) : NULL;
+            if (!f || em_tensor_to_host(f, &v[i], sizeof v[i]) != EM_OK) {
+                em_set_error(EM_ERR_SHAPE, "start, limit and delta must be scalars");
+                return NULL;
+            }
+        }
+        double n = v[2] != 0 ? ceil((v[1] - v[0]) / v[2]) : NAN;
+        if (!(n <= MAX_RANGE)) { /* NaN too: a zero delta, infinite bounds */
+            em_set_error(EM_ERR_RANGE, "start %g, limit %g, delta %g: more than %d elements (or "
+                         "none defined)", v[0], v[1], v[2], MAX_RANGE);
+            return NULL;
+        }
+        if (n <= 0) return to_dev(em_empty(1, (int64_t[]){0}, em_tensor_dtype(x), em_cpu()), dev);
+        return em_arange(v[0], v[1], v[2], em_tensor_dtype(x), dev);
+    }
+    case OP_GREATER: return em_gt(x, a[1]);
+    case OP_WHERE: return em_where(x, a[1], a[2]);
     }
     em_set_error(EM_ERR_SHAPE, "its %d-D input does not fit the node", em_tensor_ndim(x));
     return NULL;
@@ -948,7 +1095,16 @@ static em_tensor *graph_forward(em_module *m, em_tensor *const *in, int n) {
     for (int i = 0; i < g->n_st; i++) {
         const step *s = &g->st[i];
         if (s->op == OP_CONSTANT || s->skip) continue; /* a value of its own; left out */
-        em_tensor *y = run_step(m, g, s, vals, dev);
+        if (s->op == OP_SPLIT) {
+            em_tensor *x = value_tensor(m, g, vals, s->in[0], dev);
+            em_tensor *sizes = s->n_in > 1 ? value_tensor(m, g, vals, s->in[1], dev) : NULL;
+            if (x && run_split(g, s, x, sizes, vals) == EM_OK) {
+                for (int j = 0; j < s->n_out; j++) made[s->outs[j]] = true;
+                continue;
+            }
+            if (!x) em_set_error(EM_ERR_INVALID, "input 0 is absent");
+        }
+        em_tensor *y = s->op == OP_SPLIT ? NULL : run_step(m, g, s, vals, dev);
         if (!y) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", em_last_error());

@@ -20,8 +20,14 @@
  *   Conv1d             Conv (1-D);  ConvTranspose2d: ConvTranspose (PyTorch's weight layout)
  *   GroupNorm          Reshape (N, G, -1), LayerNorm's decomposition on the last axis,
  *                      Reshape back, Mul, Add (GroupNormalization is opset 18)
- *   LSTM, GRU          one node per layer (both directions), gates reordered into constants,
+ *   LSTM, GRU          one node per layer (both directions), gates reordered into
+ *                      initializers named after the state-dict entries ("weight_ih_l0:onnx_iofc"),
  *                      Transpose/Reshape of Y to (T, N, D H); `output` picks Y, Y_h, Y_c
+ *   LSTMCell, GRUCell  an LSTM/GRU node over one step (zero initial states), Reshape
+ *   MultiheadAttention self-attention: in_proj_weight, Split, heads by Reshape/Transpose,
+ *                      Softmax(q k^T scale (+ causal mask)) v, out_proj; no mask inputs
+ *   TransformerEncoderLayer, TransformerEncoder: their children (pre or post norm)
+ *   PositionalEncoding, LearnedPositionalEncoding: Add of a Slice of pe / weight
  *   Sequential         the children in order; Residual: branch, shortcut, Add; Parallel:
  *                      branches then Concat or Add
  */
@@ -504,26 +510,41 @@ static em_tensor *gates(const em_tensor *t, int G, const int *order, int64_t H) 
     return em_cat(G, parts, 0);
 }
 
-/* One layer's W, R and B (or none) for ONNX: directions stacked, gates reordered. */
-static em_status rnn_params(em_onnx_builder *b, em_module *m, bool gru, int64_t l, int64_t D,
-                            int64_t H, char *wn, char *rn, char *bn) {
+/* The parameter kind ("weight_ih") of layer l, direction d: the cells' have no suffix. */
+static void rnn_pname(char *buf, size_t cap, const char *kind, bool cell, int64_t l, int64_t d) {
+    if (cell) snprintf(buf, cap, "%s", kind);
+    else snprintf(buf, cap, "%s_l%lld%s", kind, (long long)l, d ? "_reverse" : "");
+}
+
+/* One layer's W, R and B (or none) for ONNX: directions stacked, gates reordered. They are
+ * initializers named after the state-dict entries they are made of, joined by '+', with the
+ * gate order: "weight_ih_l0:onnx_iofc", "weight_ih_l0+weight_ih_l0_reverse:onnx_iofc",
+ * "bias_ih_l0+bias_hh_l0:onnx_zrh" (a cell's "weight_ih:onnx_iofc"), under the layer's path. */
+static em_status rnn_params(em_onnx_builder *b, em_module *m, bool gru, bool cell, int64_t l,
+                            int64_t D, int64_t H, char *wn, char *rn, char *bn) {
     int G = gru ? 3 : 4;
     const int *order = gru ? gru_order : lstm_order;
+    const char *tag = gru ? ":onnx_zrh" : ":onnx_iofc";
     em_tensor *ws[2] = {NULL, NULL}, *rs[2] = {NULL, NULL}, *bs[2] = {NULL, NULL};
+    char wname[N] = "", rname[N] = "", bname[N] = "";
     bool has_bias = true;
     for (int64_t d = 0; d < D; d++) {
-        const char *suf = d ? "_reverse" : "";
         char n1[64], n2[64], n3[64], n4[64];
-        snprintf(n1, sizeof n1, "weight_ih_l%lld%s", (long long)l, suf);
-        snprintf(n2, sizeof n2, "weight_hh_l%lld%s", (long long)l, suf);
-        snprintf(n3, sizeof n3, "bias_ih_l%lld%s", (long long)l, suf);
-        snprintf(n4, sizeof n4, "bias_hh_l%lld%s", (long long)l, suf);
+        rnn_pname(n1, sizeof n1, "weight_ih", cell, l, d);
+        rnn_pname(n2, sizeof n2, "weight_hh", cell, l, d);
+        rnn_pname(n3, sizeof n3, "bias_ih", cell, l, d);
+        rnn_pname(n4, sizeof n4, "bias_hh", cell, l, d);
         em_tensor *wih = em_module_parameter(m, n1), *whh = em_module_parameter(m, n2),
                   *bih = em_module_parameter(m, n3), *bhh = em_module_parameter(m, n4);
         if (!wih || !whh)
             return em_set_error(EM_ERR_STATE, "has no parameter %s or %s", n1, n2);
         if (!(ws[d] = gates(wih, G, order, H)) || !(rs[d] = gates(whh, G, order, H)))
             return em_last_status();
+        const char *sep = d ? "+" : "";
+        size_t u = strlen(wname), v = strlen(rname), k = strlen(bname);
+        snprintf(wname + u, sizeof wname - u, "%s%s", sep, n1);
+        snprintf(rname + v, sizeof rname - v, "%s%s", sep, n2);
+        snprintf(bname + k, sizeof bname - k, "%s%s+%s", sep, n3, n4);
         has_bias = bih && bhh;
         if (has_bias) {
             em_tensor *gi = gates(bih, G, order, H), *gh = gates(bhh, G, order, H);
@@ -531,15 +552,21 @@ static em_status rnn_params(em_onnx_builder *b, em_module *m, bool gru, int64_t 
                 return em_last_status();
         }
     }
+    size_t u = strlen(wname), v = strlen(rname), k = strlen(bname);
+    snprintf(wname + u, sizeof wname - u, "%s", tag);
+    snprintf(rname + v, sizeof rname - v, "%s", tag);
+    snprintf(bname + k, sizeof bname - k, "%s", tag);
     em_tensor *W = em_stack((int)D, (const em_tensor *const *)ws, 0),
               *R = em_stack((int)D, (const em_tensor *const *)rs, 0);
     em_status st;
     if (!W || !R) return em_last_status();
-    if ((st = b->constant(b, W, wn)) != EM_OK || (st = b->constant(b, R, rn)) != EM_OK) return st;
+    if ((st = b->initializer(b, wname, W, wn)) != EM_OK ||
+        (st = b->initializer(b, rname, R, rn)) != EM_OK)
+        return st;
     bn[0] = '\0';
     if (!has_bias) return EM_OK;
     em_tensor *B = em_stack((int)D, (const em_tensor *const *)bs, 0);
-    return B ? b->constant(b, B, bn) : em_last_status();
+    return B ? b->initializer(b, bname, B, bn) : em_last_status();
 }
 
 /* The layers as chained LSTM/GRU nodes (eval: no dropout between them). Between layers and at
@@ -568,7 +595,7 @@ static em_status rnn_x(em_onnx_builder *b, em_module *m, const char *in, const e
     bool want_y = strcmp(output, "sequence") == 0;
     for (int64_t l = 0; l < L; l++) {
         char wn[N], rn[N], bn[N], y[N], yt[N];
-        if ((st = rnn_params(b, m, gru, l, D, H, wn, rn, bn)) != EM_OK) return st;
+        if ((st = rnn_params(b, m, gru, false, l, D, H, wn, rn, bn)) != EM_OK) return st;
         em_onnx_attr a[3] = {{.name = "direction", .type = EM_ONNX_ATTR_STRING, .s = dir},
                              OX_INT("hidden_size", H), OX_INT("linear_before_reset", 1)};
         char *outs[3] = {y, hn[l], cn[l]};
@@ -605,6 +632,239 @@ static em_status lstm_x(em_onnx_builder *b, em_module *m, const char *in, const 
 static em_status gru_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
                        char *out) {
     return rnn_x(b, m, in, x, true, out);
+}
+
+/* LSTMCell, GRUCell: one step as an LSTM/GRU node over a sequence of length 1, h0 (and c0)
+ * absent, i.e. zeros, as the cell's forward of one input. x (N, I) is reshaped to (1, N, I);
+ * Y_h (or Y_c: LSTMCell's output c) (1, N, H) back to (N, H). */
+static em_status cell_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                        bool gru, char *out) {
+    const em_options *o = em_module_options(m);
+    int64_t H = em_options_int(o, "hidden_size"), I = em_options_int(o, "input_size");
+    if (em_tensor_ndim(x) != 2)
+        return em_set_error(EM_ERR_SHAPE, "the example input has %d dims; export takes a "
+                            "batched input (N, input_size), not an unbatched one",
+                            em_tensor_ndim(x));
+    char seq[N], wn[N], rn[N], bn[N], y[N], hn[N], cn[N];
+    em_status st;
+    if ((st = reshape_to(b, in, 3, (int64_t[]){1, -1, I}, seq)) != EM_OK ||
+        (st = rnn_params(b, m, gru, true, 0, 1, H, wn, rn, bn)) != EM_OK)
+        return st;
+    em_onnx_attr a[3] = {{.name = "direction", .type = EM_ONNX_ATTR_STRING, .s = "forward"},
+                         OX_INT("hidden_size", H), OX_INT("linear_before_reset", 1)};
+    char *outs[3] = {y, hn, cn};
+    if ((st = ox_builder_node_n(b, gru ? "GRU" : "LSTM", bn[0] ? 4 : 3,
+                                (const char *[]){seq, wn, rn, bn}, gru ? 3 : 2, a, gru ? 2 : 3,
+                                outs)) != EM_OK)
+        return st;
+    bool c = !gru && strcmp(em_options_string(o, "output"), "c") == 0;
+    return reshape_to(b, c ? cn : hn, 2, (int64_t[]){-1, H}, out);
+}
+static em_status lstmcell_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                            char *out) {
+    return cell_x(b, m, in, x, false, out);
+}
+static em_status grucell_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                           char *out) {
+    return cell_x(b, m, in, x, true, out);
+}
+
+/* ---- MultiheadAttention, TransformerEncoderLayer, TransformerEncoder ---------------------- */
+
+/* A 0-dim constant of dtype dt. */
+static em_status scalar_of(em_onnx_builder *b, double v, em_dtype dt, char *out) {
+    em_tensor *t = em_scalar(v, dt);
+    return t ? b->constant(b, t, out) : em_last_status();
+}
+
+/* The causal mask of scores s (B, H, L, L) as an additive (L, L) float: -inf where key j > query
+ * i, else 0. L comes from Shape(s), so it follows a dynamic sequence dim (dim 0 of an input
+ * that is not batch_first is the graph's dynamic dim). Range, Reshape, Greater, Where exist
+ * in every opset 13..17 (Trilu only from 14). */
+static em_status causal_mask(em_onnx_builder *b, const char *s, char *out) {
+    char shp[N], starts[N], ends[N], axes[N], lt[N], empty[N], ls[N], zero[N], one[N], r[N],
+        col[N], gt[N], ninf[N], fz[N];
+    em_tensor *e = em_zeros(1, (int64_t[]){0}, EM_I64, em_cpu());
+    em_status st;
+    if (!e) return em_last_status();
+    if ((st = unary(b, "Shape", s, shp)) != EM_OK ||
+        (st = ints_const(b, 1, (int64_t[]){2}, starts)) != EM_OK ||
+        (st = ints_const(b, 1, (int64_t[]){3}, ends)) != EM_OK ||
+        (st = ints_const(b, 1, (int64_t[]){0}, axes)) != EM_OK ||
+        (st = b->node(b, "Slice", 4, (const char *[]){shp, starts, ends, axes}, 0, NULL, lt)) !=
+            EM_OK ||
+        (st = b->constant(b, e, empty)) != EM_OK || (st = binary(b, "Reshape", lt, empty, ls)) != EM_OK ||
+        (st = scalar_of(b, 0, EM_I64, zero)) != EM_OK || (st = scalar_of(b, 1, EM_I64, one)) != EM_OK ||
+        (st = b->node(b, "Range", 3, (const char *[]){zero, ls, one}, 0, NULL, r)) != EM_OK ||
+        (st = reshape_to(b, r, 2, (int64_t[]){-1, 1}, col)) != EM_OK ||
+        (st = binary(b, "Greater", r, col, gt)) != EM_OK ||
+        (st = scalar_of(b, -INFINITY, EM_F32, ninf)) != EM_OK ||
+        (st = scalar_of(b, 0, EM_F32, fz)) != EM_OK)
+        return st;
+    return b->node(b, "Where", 3, (const char *[]){gt, ninf, fz}, 0, NULL, out);
+}
+
+/* Self-attention on the one input (what a Sequential or an encoder layer passes), no mask
+ * but the causal option: in_proj_weight (3E, E) stacked q;k;v as the initializer of its
+ * state-dict name, x W^T + in_proj_bias, Split into q, k, v, heads by Reshape/Transpose,
+ * Softmax(q k^T / sqrt(E / H) (+ the causal mask)) v, heads merged, out_proj (its Linear's
+ * exporter, out_proj.weight and out_proj.bias). (L, B, E) inputs are transposed to (B, L, E)
+ * and back. key_padding_mask and attn_mask are forward inputs, which a one-input graph has
+ * not: the padding mask of variable-length batches is refused by the export option
+ * variable_length (docs/onnx.md). */
+static em_status mha_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                       char *out) {
+    const em_options *o = em_module_options(m);
+    int64_t E = em_options_int(o, "embed_dim"), Hh = em_options_int(o, "num_heads"), D = E / Hh;
+    bool bf = em_options_bool(o, "batch_first"), causal = em_options_bool(o, "causal");
+    em_tensor *w = em_module_parameter(m, "in_proj_weight"), *bias = em_module_parameter(m, "in_proj_bias");
+    if (!w)
+        return em_set_error(EM_ERR_INVALID, "kdim or vdim differs from embed_dim (separate "
+                            "q/k/v_proj_weight): export takes self-attention on one input, "
+                            "whose key and value have embed_dim features");
+    if (em_tensor_ndim(x) != 3 || em_tensor_size(x, 2) != E)
+        return em_set_error(EM_ERR_SHAPE, "the example input has %d dims; export takes a "
+                            "batched input (%s, %lld), not an unbatched one", em_tensor_ndim(x),
+                            bf ? "B, L" : "L, B", (long long)E);
+    static const int64_t swap01[3] = {1, 0, 2}, heads[4] = {0, 2, 1, 3}, keys[4] = {0, 2, 3, 1};
+    char xb[N], wn[N], wt[N], bn[N], qkv0[N], qkv[N], sp[N], q[N], k[N], v[N], qr[N], kr[N],
+        vr[N], qh[N], kt[N], vh[N], sc[N], scale[N], s2[N], mask[N], s3[N], p[N], a[N], at[N],
+        ar[N], y[N];
+    em_status st;
+    if (bf) snprintf(xb, sizeof xb, "%s", in);
+    else if ((st = transpose(b, in, 3, swap01, xb)) != EM_OK) return st;
+    if ((st = b->initializer(b, "in_proj_weight", w, wn)) != EM_OK ||
+        (bias && (st = b->initializer(b, "in_proj_bias", bias, bn)) != EM_OK) ||
+        (st = transpose(b, wn, 2, (int64_t[]){1, 0}, wt)) != EM_OK ||
+        (st = binary(b, "MatMul", xb, wt, bias ? qkv0 : qkv)) != EM_OK ||
+        (bias && (st = binary(b, "Add", qkv0, bn, qkv)) != EM_OK) ||
+        (st = ints_const(b, 3, (int64_t[]){E, E, E}, sp)) != EM_OK)
+        return st;
+    char *parts[3] = {q, k, v};
+    if ((st = ox_builder_node_n(b, "Split", 2, (const char *[]){qkv, sp}, 1,
+                                (em_onnx_attr[]){OX_INT("axis", 2)}, 3, parts)) != EM_OK ||
+        (st = reshape_to(b, q, 4, (int64_t[]){0, 0, Hh, D}, qr)) != EM_OK ||
+        (st = reshape_to(b, k, 4, (int64_t[]){0, 0, Hh, D}, kr)) != EM_OK ||
+        (st = reshape_to(b, v, 4, (int64_t[]){0, 0, Hh, D}, vr)) != EM_OK ||
+        (st = transpose(b, qr, 4, heads, qh)) != EM_OK ||
+        (st = transpose(b, kr, 4, keys, kt)) != EM_OK ||
+        (st = transpose(b, vr, 4, heads, vh)) != EM_OK ||
+        (st = binary(b, "MatMul", qh, kt, sc)) != EM_OK ||
+        (st = scalar(b, 1.0 / sqrt((double)D), scale)) != EM_OK ||
+        (st = binary(b, "Mul", sc, scale, causal ? s2 : s3)) != EM_OK ||
+        (causal && ((st = causal_mask(b, s2, mask)) != EM_OK ||
+                    (st = binary(b, "Add", s2, mask, s3)) != EM_OK)) ||
+        (st = b->node(b, "Softmax", 1, (const char *[]){s3}, 1,
+                      (em_onnx_attr[]){OX_INT("axis", -1)}, p)) != EM_OK ||
+        (st = binary(b, "MatMul", p, vh, a)) != EM_OK ||
+        (st = transpose(b, a, 4, heads, at)) != EM_OK ||
+        (st = reshape_to(b, at, 3, (int64_t[]){0, 0, E}, ar)) != EM_OK)
+        return st;
+    /* out_proj's example: (B, L, E) */
+    int64_t B = em_tensor_size(x, bf ? 0 : 1), L = em_tensor_size(x, bf ? 1 : 0);
+    em_tensor *ex = em_zeros(3, (int64_t[]){B, L, E}, em_tensor_dtype(x), em_tensor_device(x));
+    if (!ex) return em_last_status();
+    if ((st = b->child(b, "out_proj", ar, ex, bf ? out : y, NULL)) != EM_OK) return st;
+    return bf ? EM_OK : transpose(b, y, 3, swap01, out);
+}
+
+/* The feed-forward block: linear2(activation(linear1(h))) (its dropout an Identity in eval:
+ * left out); GELU exact, as the layer's em_gelu(x, NULL). */
+static em_status enc_ff(em_onnx_builder *b, const char *h, const em_tensor *x, bool gelu,
+                        char *out) {
+    char l1[N], act[N];
+    em_tensor *y1 = NULL;
+    em_status st = b->child(b, "linear1", h, x, l1, &y1);
+    if (st != EM_OK) return st;
+    if (gelu) {
+        char r2[N], c[N], t[N], one[N], v[N], w[N], half[N];
+        if ((st = scalar(b, sqrt(2.0), r2)) != EM_OK || (st = binary(b, "Div", l1, r2, c)) != EM_OK ||
+            (st = unary(b, "Erf", c, t)) != EM_OK || (st = scalar(b, 1.0, one)) != EM_OK ||
+            (st = binary(b, "Add", t, one, v)) != EM_OK || (st = binary(b, "Mul", l1, v, w)) != EM_OK ||
+            (st = scalar(b, 0.5, half)) != EM_OK || (st = binary(b, "Mul", w, half, act)) != EM_OK)
+            return st;
+    } else if ((st = unary(b, "Relu", l1, act)) != EM_OK) {
+        return st;
+    }
+    return b->child(b, "linear2", act, y1, out, NULL);
+}
+
+/* Post-norm: norm2(h + ff(h)), h = norm1(x + self_attn(x)); pre-norm (norm_first):
+ * h + ff(norm2(h)), h = x + self_attn(norm1(x)). The dropouts are identities in eval. */
+static em_status enc_layer_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                             char *out) {
+    const em_options *o = em_module_options(m);
+    bool pre = em_options_bool(o, "norm_first");
+    bool gelu = strcmp(em_options_string(o, "activation"), "gelu") == 0;
+    char n1[N], sa[N], r1[N], n2[N], f[N], r2[N];
+    em_status st;
+    if (pre) {
+        if ((st = b->child(b, "norm1", in, x, n1, NULL)) != EM_OK ||
+            (st = b->child(b, "self_attn", n1, x, sa, NULL)) != EM_OK ||
+            (st = binary(b, "Add", in, sa, r1)) != EM_OK ||
+            (st = b->child(b, "norm2", r1, x, n2, NULL)) != EM_OK ||
+            (st = enc_ff(b, n2, x, gelu, f)) != EM_OK)
+            return st;
+        return binary(b, "Add", r1, f, out);
+    }
+    if ((st = b->child(b, "self_attn", in, x, sa, NULL)) != EM_OK ||
+        (st = binary(b, "Add", in, sa, r1)) != EM_OK ||
+        (st = b->child(b, "norm1", r1, x, n1, NULL)) != EM_OK ||
+        (st = enc_ff(b, n1, x, gelu, f)) != EM_OK || (st = binary(b, "Add", n1, f, r2)) != EM_OK)
+        return st;
+    return b->child(b, "norm2", r2, x, out, NULL);
+}
+
+/* layers (a Sequential of TransformerEncoderLayers), then norm when there is one. */
+static em_status enc_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                       char *out) {
+    if (!em_module_child(m, "norm")) return b->child(b, "layers", in, x, out, NULL);
+    char y[N];
+    em_status st = b->child(b, "layers", in, x, y, NULL);
+    return st == EM_OK ? b->child(b, "norm", y, x, out, NULL) : st;
+}
+
+/* ---- PositionalEncoding, LearnedPositionalEncoding ---------------------------------------- */
+
+/* x + rows [0, L) of the table (PositionalEncoding's buffer pe (max_len, 1, d), the learned
+ * one's weight (max_len, d), as the initializer of its state-dict name): L is Shape(x)'s
+ * sequence dim (dynamic when it is the graph's dim 0), the rows a Slice, reshaped to
+ * (1, L, d) or (L, 1, d) to broadcast. Dropout: an identity in eval. */
+static em_status pos_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                       const char *table_name, em_tensor *table, char *out) {
+    const em_options *o = em_module_options(m);
+    int64_t d = em_options_int(o, "d_model");
+    bool bf = em_options_bool(o, "batch_first");
+    if (em_tensor_ndim(x) != 3 || em_tensor_size(x, 2) != d)
+        return em_set_error(EM_ERR_SHAPE, "the example input has %d dims; export takes an input "
+                            "(%s, %lld)", em_tensor_ndim(x), bf ? "B, L" : "L, B", (long long)d);
+    int64_t la = bf ? 1 : 0;
+    char tn[N], shp[N], s0[N], e0[N], ax[N], lt[N], z[N], rows[N], rr[N];
+    em_status st;
+    if ((st = b->initializer(b, table_name, table, tn)) != EM_OK ||
+        (st = unary(b, "Shape", in, shp)) != EM_OK ||
+        (st = ints_const(b, 1, &la, s0)) != EM_OK ||
+        (st = ints_const(b, 1, (int64_t[]){la + 1}, e0)) != EM_OK ||
+        (st = ints_const(b, 1, (int64_t[]){0}, ax)) != EM_OK ||
+        (st = b->node(b, "Slice", 4, (const char *[]){shp, s0, e0, ax}, 0, NULL, lt)) != EM_OK ||
+        (st = ints_const(b, 1, (int64_t[]){0}, z)) != EM_OK ||
+        (st = b->node(b, "Slice", 4, (const char *[]){tn, z, lt, ax}, 0, NULL, rows)) != EM_OK ||
+        (st = reshape_to(b, rows, 3, bf ? (int64_t[]){1, -1, d} : (int64_t[]){-1, 1, d}, rr)) !=
+            EM_OK)
+        return st;
+    return binary(b, "Add", in, rr, out);
+}
+static em_status pe_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                      char *out) {
+    em_tensor *t = em_module_buffer(m, "pe");
+    if (!t) return em_set_error(EM_ERR_STATE, "has no buffer pe");
+    return pos_x(b, m, in, x, "pe", t, out);
+}
+static em_status lpe_x(em_onnx_builder *b, em_module *m, const char *in, const em_tensor *x,
+                       char *out) {
+    em_tensor *t = em_module_parameter(m, "weight");
+    if (!t) return em_set_error(EM_ERR_STATE, "has no parameter weight");
+    return pos_x(b, m, in, x, "weight", t, out);
 }
 
 /* ---- containers ----------------------------------------------------------------------------- */
@@ -696,6 +956,17 @@ LAYER(x_gn, "GroupNorm", gn_x, "Reshape, ReduceMean, Sub, Mul, ReduceMean, Add, 
 LAYER(x_lstm, "LSTM", lstm_x, "LSTM per layer (gates i, o, f, c), Transpose, Reshape")
 LAYER(x_gru, "GRU", gru_x, "GRU per layer (gates z, r, h; linear_before_reset), Transpose, "
       "Reshape")
+LAYER(x_lstmcell, "LSTMCell", lstmcell_x, "LSTM of one step (gates i, o, f, c), Reshape")
+LAYER(x_grucell, "GRUCell", grucell_x, "GRU of one step (gates z, r, h; linear_before_reset), "
+      "Reshape")
+LAYER(x_mha, "MultiheadAttention", mha_x, "self-attention: MatMul, Add, Split, Reshape, "
+      "Transpose, MatMul, Mul (causal: Add of a Range/Greater/Where mask), Softmax, MatMul, "
+      "out_proj")
+LAYER(x_enc_layer, "TransformerEncoderLayer", enc_layer_x, "self_attn, Add, LayerNorm, "
+      "feed-forward (Relu or GELU's Erf form), pre or post norm")
+LAYER(x_enc, "TransformerEncoder", enc_x, "its layers in order, the final norm")
+LAYER(x_pe, "PositionalEncoding", pe_x, "Shape, Slice of pe, Reshape, Add")
+LAYER(x_lpe, "LearnedPositionalEncoding", lpe_x, "Shape, Slice of weight, Reshape, Add")
 LAYER(x_maxpool, "MaxPool2d", maxpool_x, "MaxPool")
 LAYER(x_avgpool, "AvgPool2d", avgpool_x, "AveragePool")
 LAYER(x_adaptive, "AdaptiveAvgPool2d", adaptive_x, "GlobalAveragePool, or AveragePool")
@@ -723,5 +994,6 @@ const em_onnx_layer_class *const ox_layer_exporters[] = {
     &x_ln,     &x_dropout,  &x_identity, &x_relu,   &x_leaky,    &x_tanh,    &x_sigmoid,
     &x_silu,   &x_gelu,     &x_softmax, &x_log_softmax, &x_flatten, &x_embedding, &x_seq,
     &x_res,    &x_par,      &x_conv1d,  &x_convt,   &x_gn,       &x_lstm,    &x_gru,
+    &x_lstmcell, &x_grucell, &x_mha,   &x_enc_layer, &x_enc,    &x_pe,      &x_lpe,
     NULL,
 };

@@ -52,6 +52,11 @@ extern "C" {
  *                  the graph as its first nodes, "metadata" records them in the model's
  *                  metadata ("ember.input_transforms") and leaves the graph's input as the
  *                  model's
+ *   variable_length bool (default false): the model is fed variable-length (padded) batches
+ *                  with their padding mask (em_module_forward_masked): the graph has no mask
+ *                  input, so a layer whose class reads the mask (takes_mask: LSTM, GRU,
+ *                  MultiheadAttention) is refused (EM_ERR_INVALID, naming it) rather than
+ *                  exported to numbers that differ on padded batches
  * The file is written to a temporary name and renamed. The bytes depend only on the model,
  * the example shapes and the options (deterministic). Errors: EM_ERR_NOTFOUND when the ONNX
  * plugin is not loaded or a layer has no exporter, EM_ERR_INVALID for a bad option, EM_ERR_IO
