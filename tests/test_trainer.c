@@ -2527,7 +2527,4 @@ Test(trainer, amp_fp16_scaler_accumulation_clipping_and_resume) {
     cr_expect(em_metadata_get(md, "amp.scaler"));
     em_metadata_free(md);
     em_dict_free(d);
-    free(a.text);
-    free(b.text);
-    free(s.text);
 }
