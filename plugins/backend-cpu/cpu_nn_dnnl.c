@@ -227,6 +227,39 @@ static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
     return s;
 }
 
+/* Backward-weight's descriptor: x and gy in the layouts the forward fpd chose for x and y,
+ * when oneDNN has a kernel for that (not a reference one), else in the layouts it prefers
+ * (asrc, adst: format any). Left to choose, oneDNN 2.6 gave a bf16 first convolution (C = 1:
+ * forward on nchw x into nChw16c) an AMX backward-weight on nhwc x and gy, 1.7x the f32
+ * time in bench/nn and spinning in its barrier on a busy 2-thread machine (train_cnn_b64_bf16's
+ * CPU time 25.2 against 17.5 ms); on the forward's layouts it takes the avx512_core_bf16
+ * kernel (0.89 against 1.27 ms), and x needs no copy. f32 already chose the forward's. */
+static dnnl_status_t bwd_weights_pd(dnnl_primitive_desc_t *pd, const_dnnl_primitive_desc_t fpd,
+                                    const dnnl_memory_desc_t *asrc, const dnnl_memory_desc_t *aw,
+                                    const dnnl_memory_desc_t *b, const dnnl_memory_desc_t *adst,
+                                    const dnnl_dims_t strides, const dnnl_dims_t dil,
+                                    const dnnl_dims_t pl) {
+    dnnl_convolution_desc_t d;
+    const dnnl_memory_desc_t *fs = dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0),
+                             *fd = dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0);
+    *pd = NULL;
+    if (fs && fs->ndims && fd && fd->ndims &&
+        dnnl_dilated_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, fs, aw,
+                                                            b, fd, strides, dil, pl,
+                                                            pl) == dnnl_success &&
+        pd_create(pd, &d, fpd) == dnnl_success) {
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(*pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+            impl && strncmp(impl, "ref", 3) != 0)
+            return dnnl_success;
+        dnnl_primitive_desc_destroy(*pd);
+        *pd = NULL;
+    }
+    dnnl_status_t s = dnnl_dilated_convolution_backward_weights_desc_init(
+        &d, dnnl_convolution_direct, asrc, aw, b, adst, strides, dil, pl, pl);
+    return s == dnnl_success ? pd_create(pd, &d, fpd) : s;
+}
+
 /* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias.
  * Activations and weights in whatever layout oneDNN prefers (format any). */
 static dnnl_status_t build_conv(dn_prim *p) {
@@ -288,9 +321,7 @@ static dnnl_status_t build_conv(dn_prim *p) {
             arg_add(p, DNNL_ARG_DIFF_SRC, true, &src, pd, dnnl_query_diff_src_md);
             break;
         default: /* src, diff_dst, diff_weights, diff_bias */
-            s = dnnl_dilated_convolution_backward_weights_desc_init(
-                &bdsc, dnnl_convolution_direct, &asrc, &aw, &b, &adst, strides, dil, pl, pl);
-            if (s == dnnl_success) s = pd_create(&pd, &bdsc, fpd);
+            s = bwd_weights_pd(&pd, fpd, &asrc, &aw, &b, &adst, strides, dil, pl);
             if (s != dnnl_success) break;
             arg_add(p, DNNL_ARG_SRC, false, &src, pd, dnnl_query_src_md);
             p->a[p->nargs - 1].share = DN_SHARE_TAKE;
