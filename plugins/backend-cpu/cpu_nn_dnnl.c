@@ -39,6 +39,13 @@
  * (dn_copy, at most DN_COPY_CAP copies and DN_COPY_BYTES) and used by backward-weight instead
  * of a second reorder when the tensor is provably the same: same storage id, storage version,
  * data pointer and layout (em_kernel_ctx.storage_ids and .versions).
+ *
+ * Backward-weight on more than one thread does not hand oneDNN the threads: it runs one batch
+ * chunk per thread, each through a one-thread primitive into f32 partial sums, and adds them
+ * (conv_bwd_weight_split): oneDNN's own batch split waits in a spinning barrier. Those chunk
+ * primitives reorder their own slices of x and gy (the shared copies hold the whole batch, so
+ * they serve backward-weight on one thread only). Backward-weight reads x and gy in the
+ * layouts the forward chose (bwd_weights_pd).
  */
 #include <math.h>
 #include <omp.h>
