@@ -31,6 +31,12 @@
  *                   (ember/autocast.h; PyTorch: torch.autocast("cpu", torch.bfloat16)),
  *                   float32 parameters, gradients and Adam
  *
+ * `bench/train_step --cpu-time` times the same requests in CPU time of the whole process
+ * (CLOCK_PROCESS_CPUTIME_ID: every thread's, OpenMP workers included) instead of wall time,
+ * same output: on a machine shared with other jobs the wall time of a step is mostly how long
+ * it waited for a core, its CPU time is the work it did (what before/after decisions on that
+ * machine go by; bench/README.md says where it was used).
+ *
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
  * one step from the allocator's statistics (em_memory_stats: category activation): what the
  * forward and loss hold when backward starts (the tensors autograd saved, and the outputs), and
@@ -53,9 +59,11 @@
 
 #include <ember/ember.h>
 
+static clockid_t step_clock = CLOCK_MONOTONIC; /* --cpu-time: CLOCK_PROCESS_CPUTIME_ID */
+
 static double now_ms(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(step_clock, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
@@ -252,6 +260,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < N_WORKLOADS; i++) printf("%s\n", W[i].name);
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--cpu-time") == 0) step_clock = CLOCK_PROCESS_CPUTIME_ID;
     if (em_init() != EM_OK) die("em_init");
     if (argc > 1 && strcmp(argv[1], "--memory") == 0) {
         printf("%-22s %18s %18s\n", "workload", "held at backward", "step peak");

@@ -594,6 +594,54 @@ Test(unary, special_values) {
     RELEASE(l, e, r, a);
 }
 
+/* The bf16 relu and relu_backward kernels work on the bits: every one of the 65536 patterns
+ * (NaN, infinities, -0, subnormals) against widening to f32, the f32 rule, and rounding back
+ * (the core's scalar conversions). relu_backward's y runs through all patterns too, in
+ * another order (an odd multiplier permutes them), and 4 copies make the call long enough to
+ * be split across threads. */
+Test(unary, bf16_relu_and_its_backward_match_the_f32_rule_bit_for_bit) {
+    enum { N = 65536, REP = 4 };
+    uint16_t *x = malloc(sizeof(uint16_t) * N * REP), *y = malloc(sizeof(uint16_t) * N * REP);
+    uint16_t *got = malloc(sizeof(uint16_t) * N * REP);
+    cr_assert(x && y && got);
+    for (int64_t i = 0; i < N * REP; i++) {
+        x[i] = (uint16_t)i;
+        y[i] = (uint16_t)((uint32_t)i * 40503u);
+    }
+    const int64_t shape[1] = {N * REP};
+    em_tensor *tx = em_from_data(x, 1, shape, EM_BF16, em_cpu());
+    em_tensor *ty = em_from_data(y, 1, shape, EM_BF16, em_cpu());
+    em_tensor *r = em_relu(tx), *g = NULL;
+    cr_assert(r, "%s", em_last_error());
+    cr_assert_eq(em_op_call(em_op_find("relu_backward"), (const em_tensor *const[]){tx, ty}, 2,
+                            NULL, &g),
+                 EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_tensor_to_host(r, got, sizeof(uint16_t) * N * REP), EM_OK);
+    int bad = 0;
+    for (int64_t i = 0; i < N * REP && bad < 5; i++) {
+        float f = em_bf16_to_f32(x[i]);
+        uint16_t want = em_f32_to_bf16(f <= 0 ? 0 : f);
+        if (got[i] != want) {
+            bad++;
+            cr_expect_eq(got[i], want, "relu(bf16 0x%04x) = 0x%04x, want 0x%04x", x[i], got[i],
+                         want);
+        }
+    }
+    cr_assert_eq(em_tensor_to_host(g, got, sizeof(uint16_t) * N * REP), EM_OK);
+    for (int64_t i = 0; i < N * REP && bad < 5; i++) {
+        uint16_t want = em_f32_to_bf16(em_bf16_to_f32(y[i]) > 0 ? em_bf16_to_f32(x[i]) : 0);
+        if (got[i] != want) {
+            bad++;
+            cr_expect_eq(got[i], want, "relu_backward(0x%04x, y 0x%04x) = 0x%04x, want 0x%04x",
+                         x[i], y[i], got[i], want);
+        }
+    }
+    RELEASE(g, r, ty, tx);
+    free(got);
+    free(y);
+    free(x);
+}
+
 Test(unary, relu_in_place_on_a_transposed_view) {
     double A[12], want[12];
     for (int i = 0; i < 12; i++) A[i] = i % 3 - 1.5;

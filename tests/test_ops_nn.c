@@ -347,8 +347,53 @@ static void check_gw(em_tensor *x, em_tensor *gy, const double *vx, const double
  * its version. A tensor written in between — by an op, or through its data pointer followed
  * by em_tensor_bump_version — and a new tensor in a freed one's memory must be reordered
  * afresh, never served the old copy (which gives a different grad). */
+/* On more than one thread the oneDNN backward-weight runs one batch chunk per thread into f32
+ * partial sums (cpu_nn_dnnl.c, conv_bwd_weight_split): 5 images on 1, 2 and 3 threads (one
+ * chunk size, two, and chunks of 1 and 2), f32 and bf16, against the plain loop; the bias
+ * grad against the sums of gy. */
+Test(conv, backward_weight_batch_chunks_per_thread) {
+    enum { N = 5, C = 3, H = 6, W = 7, O = 16 };
+    int64_t xs[4] = {N, C, H, W}, ys[4] = {N, O, H, W};
+    int64_t nx = N * C * H * W, ny = N * O * H * W, nw = O * C * 9;
+    double *vx = malloc(sizeof(double) * nx), *vg = malloc(sizeof(double) * ny),
+           *want = malloc(sizeof(double) * nw), wb[O];
+    em_test_fill_random(vx, nx, 21), em_test_fill_random(vg, ny, 22);
+    for (int64_t i = 0; i < nx; i++) vx[i] = em_bf16_to_f32(em_f32_to_bf16((float)vx[i]));
+    for (int64_t i = 0; i < ny; i++) vg[i] = em_bf16_to_f32(em_f32_to_bf16((float)vg[i]));
+    ref_gw_3x3(vx, vg, N, C, H, W, O, want);
+    for (int o = 0; o < O; o++) {
+        wb[o] = 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t i = 0; i < H * W; i++) wb[o] += vg[(n * O + o) * H * W + i];
+    }
+    int nt0 = em_num_threads();
+    for (int t = 1; t <= 3; t++)
+        for (int bf = 0; bf < 2; bf++) {
+            em_set_num_threads(t);
+            em_dtype dt = bf ? EM_BF16 : EM_F32;
+            double tol = bf ? 1e-2 : 1e-4; /* bf16: the result rounded once (2^-9 relative) */
+            char what[96];
+            snprintf(what, sizeof what, "%s on %d thread(s)", em_dtype_name(dt), t);
+            cr_assert_eq(em_scope_begin(), EM_OK);
+            em_tensor *x = em_to_dtype(make(EM_F32, 4, xs, vx, CONTIG), dt),
+                      *gy = em_to_dtype(make(EM_F32, 4, ys, vg, CONTIG), dt), *gw, *gb;
+            cr_assert_eq(em_conv2d_backward_weight(x, gy, (int64_t[]){3, 3}, NULL,
+                                                   (int64_t[]){1, 1}, NULL, 1, &gw, &gb),
+                         EM_OK, "%s: %s", what, em_last_error());
+            cr_assert_eq(em_tensor_dtype(gw), dt, "%s: dtype", what);
+            check_close(gw, want, nw, tol, tol, what);
+            check_close(gb, wb, O, tol, tol, what);
+            cr_assert_eq(em_scope_end(), EM_OK);
+        }
+    em_set_num_threads(nt0);
+    free(vx), free(vg), free(want);
+}
+
+/* On one thread: on more, backward-weight splits the batch and reads no shared copy. */
 Test(conv, shared_reorder_not_stale) {
     enum { N = 2, C = 32, H = 7, W = 6, O = 64 };
+    int nt0 = em_num_threads();
+    em_set_num_threads(1);
     int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, H, W}, pd[2] = {1, 1};
     int64_t nx = N * C * H * W, ny = N * O * H * W, nw = O * C * 9;
     double *vx = malloc(sizeof(double) * nx), *vg = malloc(sizeof(double) * ny),
@@ -399,6 +444,7 @@ Test(conv, shared_reorder_not_stale) {
     cr_assert_eq(em_tensor_version(fresh), 0);
     check_gw(fresh, gy, vx, vg, xs, O, "a new tensor at a freed tensor's address");
     cr_assert_eq(em_scope_end(), EM_OK);
+    em_set_num_threads(nt0);
     free(vx), free(vg), free(vw);
 }
 

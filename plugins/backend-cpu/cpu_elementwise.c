@@ -77,7 +77,13 @@ DEF_BINARY_T(add, x || y, bool, bool, bool, LD_ID, ST_ID)
 DEF_BINARY_T(relu_bw, y > 0 ? x : 0, f32, float, float, LD_ID, ST_ID)
 DEF_BINARY_T(relu_bw, y > 0 ? x : 0, f64, double, double, LD_ID, ST_ID)
 DEF_BINARY_T(relu_bw, y > 0 ? x : 0, f16, uint16_t, float, LD_H, ST_H)
-DEF_BINARY_T(relu_bw, y > 0 ? x : 0, bf16, uint16_t, float, LD_B, ST_B)
+/* bf16 relu and its backward work on the bits, 16-bit lanes: what widening to f32, comparing
+ * and rounding back gives (the round trip is exact but for NaN, which is quieted: bit 0x40),
+ * without the conversions, which made the bf16 loops slower than the f32 ones on half the
+ * bytes. y > 0 for a bf16 y: sign clear, not zero, not NaN (0x0001..0x7f80). */
+#define BF16_QUIET(h) ((uint16_t)(((h)&0x7fffu) > 0x7f80u ? (h) | 0x40u : (h)))
+#define BF16_GT0(h) ((uint16_t)((h)-1u) < 0x7f80u)
+DEF_BINARY_T(relu_bw, BF16_GT0(y) ? BF16_QUIET(x) : 0, bf16, uint16_t, uint16_t, LD_ID, ST_ID)
 DEF_BINARY_T(mul, x &&y, bool, bool, bool, LD_ID, ST_ID)
 
 /* Pick the inner loop for the output dtype from a table indexed by dtype. */
@@ -151,7 +157,12 @@ DEF_UNARY_T(neg, (uint8_t)(0u - x), u8, uint8_t, uint8_t, LD_ID, ST_ID)
 DEF_UNARY_FLOAT(exp, expf(x), exp(x))
 DEF_UNARY_FLOAT(log, logf(x), log(x))
 /* relu keeps NaN (x > 0 is false for NaN, so x is returned when it is not <= 0). */
-DEF_UNARY_FLOAT(relu, x <= 0 ? 0 : x, x <= 0 ? 0 : x)
+DEF_UNARY_T(relu, x <= 0 ? 0 : x, f32, float, float, LD_ID, ST_ID)
+DEF_UNARY_T(relu, x <= 0 ? 0 : x, f64, double, double, LD_ID, ST_ID)
+DEF_UNARY_T(relu, x <= 0 ? 0 : x, f16, uint16_t, float, LD_H, ST_H)
+/* bf16 on the bits (see relu_bw above): NaN quieted, negative values and -0 to +0. */
+DEF_UNARY_T(relu, (x & 0x7fffu) > 0x7f80u ? x | 0x40u : (x & 0x8000u) ? 0 : x, bf16, uint16_t,
+            uint16_t, LD_ID, ST_ID)
 DEF_UNARY_T(relu, x < 0 ? 0 : x, i32, int32_t, int32_t, LD_ID, ST_ID)
 DEF_UNARY_T(relu, x < 0 ? 0 : x, i64, int64_t, int64_t, LD_ID, ST_ID)
 DEF_UNARY_T(relu, x, u8, uint8_t, uint8_t, LD_ID, ST_ID) /* unsigned: nothing to clamp */

@@ -39,6 +39,13 @@
  * (dn_copy, at most DN_COPY_CAP copies and DN_COPY_BYTES) and used by backward-weight instead
  * of a second reorder when the tensor is provably the same: same storage id, storage version,
  * data pointer and layout (em_kernel_ctx.storage_ids and .versions).
+ *
+ * Backward-weight on more than one thread does not hand oneDNN the threads: it runs one batch
+ * chunk per thread, each through a one-thread primitive into f32 partial sums, and adds them
+ * (conv_bwd_weight_split): oneDNN's own batch split waits in a spinning barrier. Those chunk
+ * primitives reorder their own slices of x and gy (the shared copies hold the whole batch, so
+ * they serve backward-weight on one thread only). Backward-weight reads x and gy in the
+ * layouts the forward chose (bwd_weights_pd).
  */
 #include <math.h>
 #include <omp.h>
@@ -227,8 +234,44 @@ static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
     return s;
 }
 
-/* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias.
- * Activations and weights in whatever layout oneDNN prefers (format any). */
+/* Backward-weight's descriptor: x and gy in the layouts the forward fpd chose for x and y,
+ * when oneDNN has a kernel for that (not a reference one), else in the layouts it prefers
+ * (asrc, adst: format any). Left to choose, oneDNN 2.6 gave a bf16 first convolution (C = 1:
+ * forward on nchw x into nChw16c) an AMX backward-weight on nhwc x and gy, 1.7x the f32
+ * time in bench/nn and spinning in its barrier on a busy 2-thread machine (train_cnn_b64_bf16's
+ * CPU time 25.2 against 17.5 ms); on the forward's layouts it takes the avx512_core_bf16
+ * kernel (0.89 against 1.27 ms), and x needs no copy. f32 already chose the forward's. */
+static dnnl_status_t bwd_weights_pd(dnnl_primitive_desc_t *pd, const_dnnl_primitive_desc_t fpd,
+                                    const dnnl_memory_desc_t *asrc, const dnnl_memory_desc_t *aw,
+                                    const dnnl_memory_desc_t *b, const dnnl_memory_desc_t *adst,
+                                    const dnnl_dims_t strides, const dnnl_dims_t dil,
+                                    const dnnl_dims_t pl) {
+    dnnl_convolution_desc_t d;
+    const dnnl_memory_desc_t *fs = dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0),
+                             *fd = dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0);
+    *pd = NULL;
+    if (fs && fs->ndims && fd && fd->ndims &&
+        dnnl_dilated_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, fs, aw,
+                                                            b, fd, strides, dil, pl,
+                                                            pl) == dnnl_success &&
+        pd_create(pd, &d, fpd) == dnnl_success) {
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(*pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+            impl && strncmp(impl, "ref", 3) != 0)
+            return dnnl_success;
+        dnnl_primitive_desc_destroy(*pd);
+        *pd = NULL;
+    }
+    dnnl_status_t s = dnnl_dilated_convolution_backward_weights_desc_init(
+        &d, dnnl_convolution_direct, asrc, aw, b, adst, strides, dil, pl, pl);
+    return s == dnnl_success ? pd_create(pd, &d, fpd) : s;
+}
+
+/* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias,
+ * chunk. Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
+ * a backward-weight over one batch chunk of conv_bwd_weight_split, made for one thread, its
+ * diff_weights and diff_bias in f32 (the partial sums), x and gy read from the caller's
+ * tensors (no shared copies: those hold the whole batch). */
 static dnnl_status_t build_conv(dn_prim *p) {
     const int64_t *v = p->key.v;
     int64_t N = v[0], C = v[1], H = v[2], W = v[3], O = v[4], kh = v[5], kw = v[6], OH = v[7],
@@ -245,6 +288,12 @@ static dnnl_status_t build_conv(dn_prim *p) {
         s = g > 1 ? dnnl_memory_desc_init_by_tag(&w, 5, wd5, dt, dnnl_goihw)
                   : dnnl_memory_desc_init_by_tag(&w, 4, wd4, dt, dnnl_oihw);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dt, dnnl_x);
+    bool chunk = p->key.kind == DN_CONV_BWD_WEIGHT && v[17];
+    dnnl_memory_desc_t wf = w, bf = b, awf; /* diff_weights, diff_bias: f32 for a chunk */
+    if (chunk && s == dnnl_success)
+        s = g > 1 ? dnnl_memory_desc_init_by_tag(&wf, 5, wd5, dnnl_f32, dnnl_goihw)
+                  : dnnl_memory_desc_init_by_tag(&wf, 4, wd4, dnnl_f32, dnnl_oihw);
+    if (chunk && s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&bf, 1, bd, dnnl_f32, dnnl_x);
     /* Backward data into fewer than 16 channels per group: the blocked diff_src would be
      * mostly padding; oneDNN's gemm kernel on plain layouts was 8x faster here (C = 1), and
      * in bf16 3.7x (0.64 vs 2.4 ms CPU, bench/nn's conv1). */
@@ -259,6 +308,10 @@ static dnnl_status_t build_conv(dn_prim *p) {
             s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dt, any)
                       : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dt, any);
     }
+    awf = aw;
+    if (chunk && s == dnnl_success)
+        s = g > 1 ? dnnl_memory_desc_init_by_tag(&awf, 5, wd5, dnnl_f32, dnnl_format_tag_any)
+                  : dnnl_memory_desc_init_by_tag(&awf, 4, wd4, dnnl_f32, dnnl_format_tag_any);
     if (s != dnnl_success) return s;
     dnnl_convolution_desc_t fd, bdsc;
     s = dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
@@ -288,16 +341,14 @@ static dnnl_status_t build_conv(dn_prim *p) {
             arg_add(p, DNNL_ARG_DIFF_SRC, true, &src, pd, dnnl_query_diff_src_md);
             break;
         default: /* src, diff_dst, diff_weights, diff_bias */
-            s = dnnl_dilated_convolution_backward_weights_desc_init(
-                &bdsc, dnnl_convolution_direct, &asrc, &aw, &b, &adst, strides, dil, pl, pl);
-            if (s == dnnl_success) s = pd_create(&pd, &bdsc, fpd);
+            s = bwd_weights_pd(&pd, fpd, &asrc, &awf, &bf, &adst, strides, dil, pl);
             if (s != dnnl_success) break;
             arg_add(p, DNNL_ARG_SRC, false, &src, pd, dnnl_query_src_md);
-            p->a[p->nargs - 1].share = DN_SHARE_TAKE;
+            p->a[p->nargs - 1].share = chunk ? DN_SHARE_NONE : DN_SHARE_TAKE;
             arg_add(p, DNNL_ARG_DIFF_DST, false, &dst, pd, dnnl_query_diff_dst_md);
-            p->a[p->nargs - 1].share = DN_SHARE_TAKE;
-            arg_add(p, DNNL_ARG_DIFF_WEIGHTS, true, &w, pd, dnnl_query_diff_weights_md);
-            arg_add(p, DNNL_ARG_DIFF_BIAS, true, &b, NULL, 0);
+            p->a[p->nargs - 1].share = chunk ? DN_SHARE_NONE : DN_SHARE_TAKE;
+            arg_add(p, DNNL_ARG_DIFF_WEIGHTS, true, &wf, pd, dnnl_query_diff_weights_md);
+            arg_add(p, DNNL_ARG_DIFF_BIAS, true, &bf, NULL, 0);
             break;
         }
     }
@@ -699,10 +750,20 @@ static void copy_release(dn_copy *c, int share, bool ok) {
 /* Runs p on ptrs (one per argument, in the order the builder added them); kt (NULL, or one
  * per argument, NULL entries allowed) names the tensors whose reordered copies may be shared
  * (DN_SHARE_*). */
+static em_status dn_exec_on(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
+                            const dn_name *const *kt, void *pad, int nt, const char *who);
 static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
                                 const dn_name *const *kt, const char *who) {
     void *pad = NULL;
     if (p->scratch && !(pad = cpu_scratch(k, p->scratch))) return em_last_status();
+    return dn_exec_on(k, p, ptrs, kt, pad, cpu_threads(k), who);
+}
+
+/* dn_exec_shared with the scratchpad given (p->scratch bytes, or NULL when none) and oneDNN's
+ * regions on nt threads: what a call made from one of our own OpenMP threads uses (the
+ * kernel's workspace list is not thread-safe; the primitive was made for one thread). */
+static em_status dn_exec_on(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
+                            const dn_name *const *kt, void *pad, int nt, const char *who) {
     dn_state tmp, *st = state_acquire(p, &tmp);
     if (!st)
         return em_set_error(EM_ERR_NOMEM, "%s: out of memory for the oneDNN buffers (%zu bytes)",
@@ -715,7 +776,6 @@ static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const 
         return em_set_error(EM_ERR_DEVICE, "%s: oneDNN could not make a stream", who);
     }
     /* oneDNN's OpenMP regions take the calling thread's max-threads setting. */
-    int nt = cpu_threads(k);
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
     dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
     dn_copy *copy[DN_MAX_ARGS] = {0};
@@ -960,6 +1020,87 @@ static em_status run_ln_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
     return st;
 }
 
+/* Backward-weight on nt > 1 threads, split over the batch by us: one chunk of images per
+ * thread, each through a primitive made for one thread (key v[17] = 1) into its own f32
+ * partial sums, then the partials added in chunk order and rounded once to the output dtype.
+ * oneDNN 2.6 splits the batch itself when given several threads, but its threads meet in a
+ * spinning barrier (and reduce): on a machine whose cores are shared, a thread waiting for a
+ * descheduled one burns its time slice, and bench/nn measured conv2's bf16 backward-weight at
+ * 8.2 ms CPU / 24 ms wall on 2 threads against 1.5 ms on one. Here the threads only meet at
+ * the region's end (OpenMP's barrier, which sleeps under OMP_WAIT_POLICY=passive). *done is
+ * false (and nothing written) when the split does not apply (one thread, fewer images than
+ * threads, called from a parallel region) or oneDNN refuses a chunk primitive: the caller runs
+ * the whole-batch primitive. */
+static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key, const char *who,
+                                       bool *done) {
+    *done = false;
+    int nt = cpu_threads(k);
+    const int64_t N = key->v[0], O = key->v[4];
+    const em_ktensor *x = &k->in[0], *gy = &k->in[1], *gw = &k->out[0], *gb = &k->out[1];
+    if (nt < 2 || N < nt || omp_in_parallel() || gb->numel != O) return EM_OK;
+    const int64_t sz[2] = {N / nt, (N + nt - 1) / nt}; /* the chunks' two possible sizes */
+    dn_prim *pc[2] = {NULL, NULL};
+    bool own[2] = {false, false};
+    int prev = omp_get_max_threads();
+    omp_set_num_threads(1); /* oneDNN sizes its work for the threads it sees when it is made */
+    for (int i = 0; i < 2; i++) {
+        if (i == 1 && sz[1] == sz[0]) break;
+        dn_key ck = *key;
+        ck.v[0] = sz[i];
+        ck.v[17] = 1;
+        pc[i] = dn_get(&ck, &own[i]);
+    }
+    omp_set_num_threads(prev);
+    if (sz[1] == sz[0]) pc[1] = pc[0];
+    em_status st = EM_OK;
+    if (pc[0] && pc[1]) {
+        *done = true;
+        const size_t es = em_dtype_size(x->dtype);
+        const int64_t xi = x->numel / N, gi = gy->numel / N, nw = gw->numel, np = nw + O;
+        size_t scr = pc[0]->scratch > pc[1]->scratch ? pc[0]->scratch : pc[1]->scratch;
+        scr = (scr + 63) & ~(size_t)63;
+        const size_t part = (sizeof(float) * (size_t)np + 63) & ~(size_t)63, each = part + scr;
+        char *ws = cpu_scratch(k, each * (size_t)nt + sizeof(em_status) * (size_t)nt);
+        if (!ws) {
+            st = em_last_status();
+        } else {
+            em_status *cst = (em_status *)(ws + each * (size_t)nt);
+#pragma omp parallel num_threads(nt)
+            {
+                int T = omp_get_num_threads();
+                for (int c = omp_get_thread_num(); c < nt; c += T) {
+                    int64_t lo = N * c / nt, hi = N * (c + 1) / nt;
+                    dn_prim *p = hi - lo == sz[0] ? pc[0] : pc[1];
+                    char *base = ws + each * (size_t)c;
+                    float *pw = (float *)base;
+                    void *ptrs[4] = {(char *)x->data + (size_t)(lo * xi) * es,
+                                     (char *)gy->data + (size_t)(lo * gi) * es, pw, pw + nw};
+                    cst[c] = dn_exec_on(k, p, ptrs, NULL, p->scratch ? base + part : NULL, 1,
+                                        who);
+                }
+            }
+            for (int c = 0; c < nt && st == EM_OK; c++)
+                if (cst[c] != EM_OK)
+                    st = em_set_error(cst[c], "%s: oneDNN failed on batch chunk %d of %d", who,
+                                      c, nt);
+            if (st == EM_OK) {
+                bool bf = gw->dtype == EM_BF16;
+                for (int64_t j = 0; j < np; j++) {
+                    float acc = ((const float *)ws)[j];
+                    for (int c = 1; c < nt; c++) acc += ((const float *)(ws + each * (size_t)c))[j];
+                    void *out = j < nw ? gw->data : gb->data;
+                    int64_t o = j < nw ? j : j - nw;
+                    if (bf) ((uint16_t *)out)[o] = cpu_f2b(acc);
+                    else ((float *)out)[o] = acc;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (own[i] && pc[i]) prim_free(pc[i]);
+    return st;
+}
+
 static em_status k_dnnl(const em_kernel_ctx *k) {
     int kind = (int)(intptr_t)k->user;
     const char *who = em_op_name(k->op);
@@ -978,11 +1119,15 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
                             (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
                             (const dn_name *[]){&n0, NULL, NULL, NULL}, who);
         break;
-    case DN_CONV_BWD_WEIGHT: /* src, diff_dst, diff_weights, diff_bias */
+    case DN_CONV_BWD_WEIGHT: { /* src, diff_dst, diff_weights, diff_bias */
+        bool done;
+        st = conv_bwd_weight_split(k, &key, who, &done);
+        if (done) break;
         st = dn_exec_shared(k, p,
                             (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},
                             (const dn_name *[]){&n0, &n1, NULL, NULL}, who);
         break;
+    }
     case DN_CONV_BWD_DATA: /* diff_dst, weights, diff_src */
         st = dn_exec_shared(k, p, (void *[]){k->in[0].data, k->in[1].data, k->out[0].data},
                             (const dn_name *[]){&n0, NULL, NULL}, who);
