@@ -49,6 +49,27 @@ static void fail(const char *fmt, const char *a, const char *b) {
     _exit(1);
 }
 
+/* The bucket timings of the last em_ddp_wait (ember/ddp.h, what bench/ddp reports): buckets
+ * start in order; each completes after it started and before the wait returned (its
+ * completion time is the engine's, seen by the progress thread or a test: never later than
+ * the wait that returned it). */
+static void check_bucket_times(const em_ddp *d) {
+    double begin = -1, blocked = -1, prev = 0;
+    if (em_ddp_last_wait(d, &begin, &blocked) != EM_OK) die("ddp_last_wait");
+    const double eps = 1e-6;
+    for (int i = 0; i < em_ddp_bucket_count(d); i++) {
+        em_ddp_bucket_info bi = {.struct_size = sizeof bi};
+        if (em_ddp_bucket_get(d, i, &bi) != EM_OK) die("ddp_bucket_get");
+        char what[160];
+        snprintf(what, sizeof what, "bucket %d: started %.6f s, done %.6f s, wait %.6f + %.6f s",
+                 i, bi.launch_s, bi.done_s, begin, blocked);
+        if (!(bi.launch_s >= prev - eps && bi.done_s >= bi.launch_s - eps &&
+              bi.done_s <= begin + blocked + eps))
+            fail("%s%s: the bucket timings are out of order", what, "");
+        prev = bi.launch_s;
+    }
+}
+
 typedef struct opts {
     const char *model, *out;
     int steps, batch, accum, ranks;
@@ -171,6 +192,7 @@ static int run_train(const opts *o) {
             if (em_backward(loss_of(lossfn, out, yr, 1.0 / o->accum)) != EM_OK) die("backward");
             if (!last && em_ddp_no_sync_end(d) != EM_OK) die("no_sync");
             if (last && em_ddp_wait(d) != EM_OK) die("ddp_wait");
+            if (last) check_bucket_times(d);
         }
         if (em_optimizer_step(opt) != EM_OK) die("step");
         em_optimizer_zero_grad(opt);
