@@ -20,7 +20,7 @@ batch=${3:-64}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 EMBER_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "bench/ddp.sh: $(nproc) cores, load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench/ddp.sh: $(getconf _NPROCESSORS_ONLN) cores, load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 two() { mpirun --oversubscribe --bind-to core -np 2 "$@"; }
 # name|label|command (run by sh -c)
 configs="mlp.1|mlp|./bench/ddp mlp --plain --steps $steps --batch $batch
@@ -32,7 +32,7 @@ cnn.2n|cnn, --bucket-mib 0.25, no progress thread|two -x EMBER_MPI_NO_PROGRESS_T
 r=1
 while [ "$r" -le "$reps" ]; do
     echo "$configs" | while IFS='|' read -r name label cmd; do
-        line=$(eval "$cmd")
+        line=$(eval "$cmd" </dev/null) # (mpirun reads stdin: not the config list)
         echo "[$r] $line"
         echo "$line" >>"$tmp/$name"
     done

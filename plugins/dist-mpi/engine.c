@@ -63,8 +63,8 @@ static bool g_we_started, g_any_broken;
 
 /* The progress thread. Open MPI advances a non-blocking collective only inside MPI calls (a
  * large message moves fragment by fragment), so a bucket started during backward would wait
- * for the next hook. While requests are outstanding this thread tests them (MPI_Test) in a
- * loop, yielding the core, which runs Open MPI's progress engine and stamps each request's
+ * for the next hook. While requests are outstanding this thread tests them (MPI_Test) every
+ * 50 us, sleeping between, which runs Open MPI's progress engine and stamps each request's
  * completion time as it happens (mpi_done_at: the time ember/ddp.h reports for a bucket);
  * idle, it sleeps. Every MPI_Test of a request, from this thread or the caller's, holds
  * g_req_lock (MPI forbids testing one request from two threads at once), and the first to see
@@ -125,7 +125,10 @@ static void *progress_main(void *arg) {
                 (void)test_locked(q, &flag);
             }
             pthread_mutex_unlock(&g_req_lock);
-            sched_yield();
+            /* a short sleep, not a yield: the thread shares its rank's core with backward,
+             * and a thread that stays runnable takes a share of it */
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
         } else {
             struct timespec ts = {0, 200000};
             nanosleep(&ts, NULL);
