@@ -7,10 +7,14 @@
  *
  * Prints one line per run: the median step time over N timed steps (after 3 warm-up steps),
  * the throughput in samples per second over all ranks, and under DDP the bucket figures of
- * the timed steps: the allreduce time of every bucket (from its start to when it was seen
- * complete) and how much of it lay before the end of backward (em_ddp_wait's start) — the
- * fraction hidden behind backward. Completion is seen at the next post-accumulation hook or
- * in the wait, so the hidden fraction is a lower bound.
+ * rank 0's timed steps (em_ddp_bucket_get): the allreduce time of every bucket, from its
+ * start to its completion, and how much of it lay before the end of backward (em_ddp_wait's
+ * start) — the fraction hidden behind backward — and how long em_ddp_wait blocked. The
+ * completion time is when the engine first saw it: ember-mpi's progress thread tests the
+ * requests in flight while backward computes, so it is seen as it happens; with
+ * EMBER_MPI_NO_PROGRESS_THREAD=1 only the post-accumulation hooks and the wait test them,
+ * and completion is seen (and MPI progresses) only there. BENCH_DDP_TRACE=1 prints every
+ * bucket of every timed step.
  *
  * MLP: 784-1024-1024-10 (1.9 M parameters); CNN: Conv2d(3, 32, 3)-ReLU-Conv2d(32, 64, 3)-
  * ReLU-MaxPool2d(2)-Flatten-Linear(64*14*14, 10) on 32x32 images (0.14 M parameters).
@@ -114,7 +118,7 @@ int main(int argc, char **argv) {
     em_generator_free(g);
     int warm = 3, total = warm + steps;
     double *t = calloc((size_t)total, sizeof *t);
-    double comm_s = 0, hidden_s = 0;
+    double comm_s = 0, hidden_s = 0, blocked_s = 0, backward_s = 0;
     for (int s = 0; s < total; s++) {
         if (c && em_comm_wait(em_comm_barrier(c)) != EM_OK) die("barrier");
         double t0 = now_s();
@@ -128,8 +132,10 @@ int main(int argc, char **argv) {
         em_scope_end();
         t[s] = now_s() - t0;
         if (d && s >= warm) {
-            double wb = 0;
-            em_ddp_last_wait(d, &wb, NULL);
+            double wb = 0, blocked = 0;
+            em_ddp_last_wait(d, &wb, &blocked);
+            blocked_s += blocked;
+            backward_s += wb;
             for (int i = 0; i < em_ddp_bucket_count(d); i++) {
                 em_ddp_bucket_info bi = {.struct_size = sizeof bi};
                 em_ddp_bucket_get(d, i, &bi);
@@ -150,9 +156,11 @@ int main(int argc, char **argv) {
                plain ? "plain" : "ddp", size, batch, (long long)em_module_parameter_count(m, true),
                med * 1e3, size * batch / med);
         if (d)
-            printf(", %d buckets, allreduce %.2f ms/step, %.0f%% hidden behind backward",
+            printf(", %d buckets, allreduce %.2f ms/step, %.0f%% hidden behind backward, "
+                   "forward+backward %.2f ms/step, wait blocked %.2f ms/step",
                    em_ddp_bucket_count(d), comm_s / steps * 1e3,
-                   comm_s > 0 ? 100 * hidden_s / comm_s : 0);
+                   comm_s > 0 ? 100 * hidden_s / comm_s : 0, backward_s / steps * 1e3,
+                   blocked_s / steps * 1e3);
         printf("\n");
     }
     free(t);

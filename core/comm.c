@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ember/autograd.h"
 #include "ember/comm.h"
@@ -37,6 +38,7 @@ struct em_comm_work {
     uint64_t seq;
     em_tensor *a, *b; /* held: the result tensor, and the input when distinct */
     bool done;
+    double done_s;    /* CLOCK_MONOTONIC seconds it completed (the class's done_at) */
 };
 
 const char *em_collective_name(em_collective c) {
@@ -266,18 +268,35 @@ static em_status fail(em_comm_work *w, em_status st) {
     return st;
 }
 
-em_status em_comm_wait(em_comm_work *w) {
+/* When the class saw w's request complete (right after its test or wait said so). */
+static double completion_time(const em_comm *c) {
+    if (c->cls->done_at) return c->cls->done_at(c->state);
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+em_status em__comm_wait_at(em_comm_work *w, double *done_s) {
+    if (done_s) *done_s = -1;
     if (!w) return em__error_pending() ? em_last_status()
                                        : em_set_error(EM_ERR_INVALID, "comm_wait: NULL work");
-    if (w->done) return finish(w);
+    if (w->done) {
+        if (done_s) *done_s = w->done_s;
+        return finish(w);
+    }
     if (w->c->broken) { /* the class's request may be gone with the failure */
         em_status st = broken_error(w->c, em_collective_name(w->coll));
         work_free(w);
         return st;
     }
     em_status st = w->c->cls->wait(w->c->state, w->req, w->c->timeout_s);
+    if (st == EM_OK && done_s) *done_s = completion_time(w->c);
     return st == EM_OK ? finish(w) : fail(w, st);
 }
+
+em_status em_comm_wait(em_comm_work *w) { return em__comm_wait_at(w, NULL); }
+
+double em__comm_work_done_s(const em_comm_work *w) { return w && w->done ? w->done_s : -1; }
 
 em_status em_comm_test(em_comm_work *w, bool *done) {
     if (!w || !done) return em_set_error(EM_ERR_INVALID, "comm_test: NULL work or out");
@@ -291,6 +310,7 @@ em_status em_comm_test(em_comm_work *w, bool *done) {
             return st;
         }
         w->done = d;
+        if (d) w->done_s = completion_time(w->c);
     }
     *done = w->done;
     return EM_OK;

@@ -166,7 +166,7 @@ static void progress(em_ddp *d) {
         bool done = false;
         if (b->work && !b->done && em_comm_test(b->work, &done) == EM_OK && done) {
             b->done = true;
-            b->t_done = now_s() - d->t0;
+            b->t_done = em__comm_work_done_s(b->work) - d->t0;
         }
     }
 }
@@ -266,9 +266,10 @@ em_status em_ddp_wait(em_ddp *d) {
     for (int i = 0; i < d->next_launch; i++) {
         bucket *b = &d->buckets[i];
         if (!b->work) continue;
-        em_status ws = em_comm_wait(b->work);
+        double done_at = -1;
+        em_status ws = em__comm_wait_at(b->work, &done_at);
         b->work = NULL;
-        if (!b->done) b->t_done = now_s() - d->t0;
+        if (!b->done) b->t_done = (done_at >= 0 ? done_at : now_s()) - d->t0;
         b->done = true;
         if (ws != EM_OK && est == EM_OK) {
             est = ws;
@@ -366,8 +367,11 @@ em_ddp *em_ddp_wrap(em_module *m, em_comm *c, const em_ddp_options *opts) {
                      (long long)o.first_bucket_bytes);
         return NULL;
     }
+    /* PyTorch's DistributedDataParallel (2.x): the first bucket (the first gradients ready:
+     * the last layers) holds up to _DEFAULT_FIRST_BUCKET_BYTES (1 MiB) when bucket_cap_mb is
+     * left at its default (25 MiB), and bucket_cap_mb like the others when it is set. */
+    if (!o.first_bucket_bytes) o.first_bucket_bytes = o.bucket_bytes ? o.bucket_bytes : 1 << 20;
     if (!o.bucket_bytes) o.bucket_bytes = 25 << 20;
-    if (!o.first_bucket_bytes) o.first_bucket_bytes = 1 << 20;
     if (o.first_bucket_bytes > o.bucket_bytes) o.first_bucket_bytes = o.bucket_bytes;
     em_ddp *d = calloc(1, sizeof *d);
     em_dict *all = em_module_named_parameters(m, false);

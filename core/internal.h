@@ -505,6 +505,12 @@ const void *em__class_find(const char *kind, const char *name, const char *who);
 em_status em__module_class_check(const void *record, const char *who);
 /* comm.c: the communicator kind's check. */
 em_status em__comm_class_check(const void *record, const char *who);
+/* em_comm_wait that also says when the collective completed (CLOCK_MONOTONIC seconds, as the
+ * class saw it; -1 on failure), and that time for a work em_comm_test found complete (-1
+ * before): ddp.c's bucket timings. */
+typedef struct em_comm_work em_comm_work;
+em_status em__comm_wait_at(em_comm_work *w, double *done_s);
+double em__comm_work_done_s(const em_comm_work *w);
 em_status em__optim_class_check(const void *record, const char *who);
 em_status em__sched_class_check(const void *record, const char *who);
 em_status em__dataset_class_check(const void *record, const char *who);

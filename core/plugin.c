@@ -455,7 +455,7 @@ static em_status declare_core_kinds(em_registry *core) {
         {.struct_size = sizeof kinds[0], .name = EM_COMM_KIND,
          .description = "communicators between processes (ember/comm.h)",
          .record_size = sizeof(em_comm_class),
-         .min_record_size = offsetof(em_comm_class, ext), .check = em__comm_class_check},
+         .min_record_size = offsetof(em_comm_class, done_at), .check = em__comm_class_check},
     };
     for (size_t i = 0; i < EM_ARRAY_LEN(kinds); i++) {
         em_status st = kind_add(core, &kinds[i], "em_init");

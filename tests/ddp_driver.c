@@ -5,13 +5,17 @@
  *   ddp_driver commerr                    an error inside MPI (a truncated broadcast)
  *   ddp_driver noinit                     em_init loads no MPI library (alone)
  *   ddp_driver train MODEL OUT [options]  data-parallel training (under mpirun): every rank
- *                                         writes OUT.rankR.safetensors
+ *                                         writes OUT.rankR.safetensors, and fails unless
+ *                                         every rank holds rank 0's bits
  *   ddp_driver single MODEL OUT --ranks N [options]
  *                                         the one-process reference on the ranks' batches
  *                                         concatenated in rank order (--per-slice: each
  *                                         rank's slice through the model on its own, as
  *                                         BatchNorm under data parallelism sees it)
  *   ddp_driver compare A B exact|close    weights bit for bit, or allclose(1e-5, 1e-6)
+ *
+ * train and single take several runs, one after the other in the same processes (one MPI
+ * start for all): MODEL OUT [options] + MODEL OUT [options] + ...
  *
  * MODEL: mlp (Linear-ReLU-Linear), cnn (Conv2d-ReLU-Flatten-Linear), cnnbn (Conv2d-
  * BatchNorm2d-ReLU-Flatten-Linear). Options: --steps N (30), --batch B per rank (8),
@@ -47,6 +51,27 @@ static void fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
     _exit(1);
+}
+
+/* The bucket timings of the last em_ddp_wait (ember/ddp.h, what bench/ddp reports): buckets
+ * start in order; each completes after it started and before the wait returned (its
+ * completion time is the engine's, seen by the progress thread or a test: never later than
+ * the wait that returned it). */
+static void check_bucket_times(const em_ddp *d) {
+    double begin = -1, blocked = -1, prev = 0;
+    if (em_ddp_last_wait(d, &begin, &blocked) != EM_OK) die("ddp_last_wait");
+    const double eps = 1e-6;
+    for (int i = 0; i < em_ddp_bucket_count(d); i++) {
+        em_ddp_bucket_info bi = {.struct_size = sizeof bi};
+        if (em_ddp_bucket_get(d, i, &bi) != EM_OK) die("ddp_bucket_get");
+        char what[160];
+        snprintf(what, sizeof what, "bucket %d: started %.6f s, done %.6f s, wait %.6f + %.6f s",
+                 i, bi.launch_s, bi.done_s, begin, blocked);
+        if (!(bi.launch_s >= prev - eps && bi.done_s >= bi.launch_s - eps &&
+              bi.done_s <= begin + blocked + eps))
+            fail("%s%s: the bucket timings are out of order", what, "");
+        prev = bi.launch_s;
+    }
 }
 
 typedef struct opts {
@@ -131,6 +156,49 @@ static void save(em_module *m, const char *path) {
     em_dict_free(sd);
 }
 
+/* Every rank holds the bits of rank 0: the state dict's bytes of every rank, all-gathered,
+ * compared entry by entry (every rank compares, so all fail together, naming the entry). */
+static void check_ranks_agree(em_comm *c, em_module *m, const char *out) {
+    int size = em_comm_size(c);
+    em_dict *sd = em_module_state_dict(m);
+    if (!sd) die("state_dict");
+    size_t n = em_dict_len(sd);
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const em_tensor *t = em_dict_value(sd, i);
+        total += em_tensor_numel(t) * (int64_t)em_dtype_size(em_tensor_dtype(t));
+    }
+    em_scope_begin();
+    em_tensor *mine = em_empty(1, (int64_t[]){total > 0 ? total : 1}, EM_U8, em_cpu());
+    em_tensor *all = em_empty(1, (int64_t[]){(total > 0 ? total : 1) * size}, EM_U8, em_cpu());
+    if (!mine || !all) die("check_ranks_agree");
+    unsigned char *p = em_tensor_data(mine);
+    for (size_t i = 0; i < n; i++) {
+        em_tensor *t = em_contiguous(em_dict_value(sd, i));
+        if (!t) die("contiguous");
+        size_t b = (size_t)em_tensor_numel(t) * em_dtype_size(em_tensor_dtype(t));
+        memcpy(p, em_tensor_data(t), b);
+        p += b;
+    }
+    if (em_comm_wait(em_comm_allgather(c, all, mine)) != EM_OK) die("allgather of the weights");
+    const unsigned char *base = em_tensor_data(all);
+    for (int r = 1; r < size; r++) {
+        size_t off = 0;
+        for (size_t i = 0; i < n; i++) {
+            const em_tensor *t = em_dict_value(sd, i);
+            size_t b = (size_t)em_tensor_numel(t) * em_dtype_size(em_tensor_dtype(t));
+            if (memcmp(base + off, base + (size_t)r * (size_t)total + off, b) != 0) {
+                char what[600];
+                snprintf(what, sizeof what, "%s: rank %d's '%s'", out, r, em_dict_key(sd, i));
+                fail("%s differs from rank 0's%s", what, "");
+            }
+            off += b;
+        }
+    }
+    em_scope_end();
+    em_dict_free(sd);
+}
+
 static em_tensor *loss_of(em_module *lossfn, em_tensor *out, em_tensor *y, double scale) {
     em_tensor *in[2] = {out, y};
     em_tensor *l = em_module_forward_n(lossfn, in, 2);
@@ -171,6 +239,7 @@ static int run_train(const opts *o) {
             if (em_backward(loss_of(lossfn, out, yr, 1.0 / o->accum)) != EM_OK) die("backward");
             if (!last && em_ddp_no_sync_end(d) != EM_OK) die("no_sync");
             if (last && em_ddp_wait(d) != EM_OK) die("ddp_wait");
+            if (last) check_bucket_times(d);
         }
         if (em_optimizer_step(opt) != EM_OK) die("step");
         em_optimizer_zero_grad(opt);
@@ -180,6 +249,7 @@ static int run_train(const opts *o) {
     char path[4096];
     snprintf(path, sizeof path, "%s.rank%d.safetensors", o->out, g_rank);
     save(m, path);
+    check_ranks_agree(c, m, o->out);
     em_optimizer_free(opt);
     em_module_free(lossfn);
     em_ddp_free(d);
@@ -406,26 +476,33 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "noinit")) {
         rc = run_noinit();
     } else if ((!strcmp(mode, "train") || !strcmp(mode, "single")) && argc >= 4) {
-        opts o = {.model = argv[2], .out = argv[3], .steps = 30, .batch = 8, .accum = 1,
-                  .ranks = 1, .stall_rank = -1, .kill_rank = -1, .mismatch_rank = -1};
-        for (int i = 4; i < argc; i++) {
-            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-            if (!strcmp(a, "--steps")) o.steps = atoi(v), i++;
-            else if (!strcmp(a, "--batch")) o.batch = atoi(v), i++;
-            else if (!strcmp(a, "--accum")) o.accum = atoi(v), i++;
-            else if (!strcmp(a, "--ranks")) o.ranks = atoi(v), i++;
-            else if (!strcmp(a, "--bucket-kib")) o.bucket_bytes = atoll(v) * 1024, i++;
-            else if (!strcmp(a, "--timeout")) o.timeout = atof(v), i++;
-            else if (!strcmp(a, "--mismatch")) o.mismatch_rank = atoi(v), i++;
-            else if (!strcmp(a, "--stall")) sscanf(v, "%d:%d", &o.stall_rank, &o.stall_step), i++;
-            else if (!strcmp(a, "--kill")) sscanf(v, "%d:%d", &o.kill_rank, &o.kill_step), i++;
-            else if (!strcmp(a, "--sync-bn")) o.sync_bn = true;
-            else if (!strcmp(a, "--per-slice")) o.per_slice = true;
-            else if (!strcmp(a, "--unused")) o.unused = true;
-            else if (!strcmp(a, "--find-unused")) o.find_unused = true;
-            else fail("unknown option '%s'%s", a, "");
+        rc = 0;
+        for (int at = 2; at + 1 < argc && !rc;) { /* runs separated by "+" */
+            opts o = {.model = argv[at], .out = argv[at + 1], .steps = 30, .batch = 8, .accum = 1,
+                      .ranks = 1, .stall_rank = -1, .kill_rank = -1, .mismatch_rank = -1};
+            int i = at + 2;
+            for (; i < argc && strcmp(argv[i], "+") != 0; i++) {
+                const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+                if (!strcmp(a, "--steps")) o.steps = atoi(v), i++;
+                else if (!strcmp(a, "--batch")) o.batch = atoi(v), i++;
+                else if (!strcmp(a, "--accum")) o.accum = atoi(v), i++;
+                else if (!strcmp(a, "--ranks")) o.ranks = atoi(v), i++;
+                else if (!strcmp(a, "--bucket-kib")) o.bucket_bytes = atoll(v) * 1024, i++;
+                else if (!strcmp(a, "--timeout")) o.timeout = atof(v), i++;
+                else if (!strcmp(a, "--mismatch")) o.mismatch_rank = atoi(v), i++;
+                else if (!strcmp(a, "--stall"))
+                    sscanf(v, "%d:%d", &o.stall_rank, &o.stall_step), i++;
+                else if (!strcmp(a, "--kill"))
+                    sscanf(v, "%d:%d", &o.kill_rank, &o.kill_step), i++;
+                else if (!strcmp(a, "--sync-bn")) o.sync_bn = true;
+                else if (!strcmp(a, "--per-slice")) o.per_slice = true;
+                else if (!strcmp(a, "--unused")) o.unused = true;
+                else if (!strcmp(a, "--find-unused")) o.find_unused = true;
+                else fail("unknown option '%s'%s", a, "");
+            }
+            rc = !strcmp(mode, "train") ? run_train(&o) : run_single(&o);
+            at = i + 1;
         }
-        rc = !strcmp(mode, "train") ? run_train(&o) : run_single(&o);
     } else {
         fprintf(stderr, "ddp_driver: bad arguments\n");
         return 2;

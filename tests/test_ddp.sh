@@ -28,19 +28,22 @@ MPIRUN=${MPIRUN:-mpirun}
 # Under AddressSanitizer (scripts/test.sh's stage, with tests/lsan-mpi.supp): LeakSanitizer's
 # fast unwinder stops at Open MPI's frames (built without frame pointers), so the
 # suppressions, which match Open MPI's libraries by name, would not see them: unwind fully.
-# That is slow, so this stage runs the 2-rank half of the training matrix (every check, on 2
-# ranks; the 3-rank runs are the plain stage's).
-ranks="2 3"
+# That makes every MPI process start seconds slower, so that stage runs every code path once,
+# on 2 ranks, and leaves to the plain stage the runs that repeat a path: the 3-rank half of
+# the matrix (collectives and training), the 1 MiB and 25 MiB buckets (this CNN's 0.5 MB of
+# gradients make one bucket at both, as at the default size the other runs use), and the
+# driver's accumulation run (tests/test_ddp_train.sh's --accum-steps runs take no_sync there).
+ranks="2 3" asan=false
 if ldd ./tests/.libs/ddp_driver 2>/dev/null | grep -q libasan; then
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-    ranks=2
+    ranks=2 asan=true
 fi
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 mpi() { np=$1; shift; timeout 120 "$MPIRUN" --oversubscribe --bind-to none -np "$np" "$@"; }
 
 "$drv" noinit || bad "em_init loaded MPI"
-for n in 2 3; do
+for n in $ranks; do
     mpi $n "$drv" comm >"$tmp/comm$n.log" 2>&1 || { cat "$tmp/comm$n.log"; bad "collectives on $n ranks"; }
 done
 
@@ -49,64 +52,62 @@ mpi 2 "$drv" commerr >"$tmp/commerr.log" 2>&1 && bad "a truncated broadcast: exi
 grep -q "broadcast #0 (8 float32) on rank 1 of 2: MPI: MPI_ERR_TRUNCATE" "$tmp/commerr.log" ||
     { cat "$tmp/commerr.log"; bad "MPI's error is not named with the collective and the rank"; }
 
-# ranks: every rank the same bits; against the reference: allclose
-same_ranks() { # PREFIX N
-    r=1
-    while [ $r -lt "$2" ]; do
-        "$drv" compare "$1.rank0.safetensors" "$1.rank$r.safetensors" exact >/dev/null ||
-            bad "$1: rank $r differs from rank 0"
-        r=$((r + 1))
-    done
-}
-train() { # NAME N MODEL [options]: trains, checks the ranks agree
-    name=$1 n=$2 model=$3
-    shift 3
-    mpi "$n" "$drv" train "$model" "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 ||
-        { cat "$tmp/$name.log"; bad "$name: training on $n ranks failed"; return 1; }
-    same_ranks "$tmp/$name" "$n"
-}
-single() { # NAME MODEL N [options]
-    name=$1 model=$2 n=$3
-    shift 3
-    "$drv" single "$model" "$tmp/$name.safetensors" --ranks "$n" "$@" ||
-        bad "$name: the single-process reference failed"
-}
+# The training runs of each rank count go into one mpirun (tests/ddp_driver's "+": MPI starts
+# once), the references into one process; the driver fails unless every rank holds rank 0's
+# bits, and each comparison against the reference is allclose.
 close() { "$drv" compare "$1" "$2" close || bad "$3"; }
-
+last=${ranks##* }
 for n in $ranks; do
+    t=$tmp/r$n
+    runs="mlp $t.mlp + cnn $t.cnn + cnnbn $t.cnnbn + cnnbn $t.sbn --sync-bn"
+    r=.ref.safetensors
+    refs="mlp $t.mlp$r --ranks $n + cnn $t.cnn$r --ranks $n + cnnbn $t.cnnbn$r --ranks $n --per-slice + cnnbn $t.sbn$r --ranks $n"
+    # a parameter no forward uses, allowed with find_unused_parameters (the error without it:
+    # below)
+    [ "$n" = 2 ] && runs="$runs + mlp $t.unok --unused --find-unused --steps 3"
+    # accumulation: no_sync on the first of 2 micro-batches
+    if [ "$n" = 2 ] && ! $asan; then
+        runs="$runs + mlp $t.acc --accum 2"
+        refs="$refs + mlp $t.acc$r --ranks 2 --accum 2"
+    fi
+    # bucket sizes (the cnn has a 1440-float layer: 1 KiB splits it from the rest)
+    kibs=""
+    if [ "$n" = "$last" ]; then
+        kibs="1 1024 25600"
+        $asan && kibs=1
+        for kib in $kibs; do runs="$runs + cnn $t.cnnb$kib --bucket-kib $kib"; done
+    fi
+    # shellcheck disable=SC2086 # the run lists split into words
+    mpi "$n" "$drv" train $runs >"$t.log" 2>&1 ||
+        { cat "$t.log"; bad "training on $n ranks failed (or the ranks differ)"; continue; }
+    # shellcheck disable=SC2086
+    "$drv" single $refs || { bad "the single-process references of $n ranks failed"; continue; }
     for model in mlp cnn; do
-        train "$model$n" $n $model && single "$model$n.ref" $model $n &&
-            close "$tmp/$model$n.rank0.safetensors" "$tmp/$model$n.ref.safetensors" \
-                "$model on $n ranks != one process on the concatenated batch"
+        close "$t.$model.rank0.safetensors" "$t.$model.ref.safetensors" \
+            "$model on $n ranks != one process on the concatenated batch"
     done
     # BatchNorm: each rank's slice normalised on its own; SyncBatchNorm: the whole batch
-    train cnnbn$n $n cnnbn && single cnnbn$n.ref cnnbn $n --per-slice &&
-        close "$tmp/cnnbn$n.rank0.safetensors" "$tmp/cnnbn$n.ref.safetensors" \
-            "cnn with BatchNorm on $n ranks != one process normalising each slice"
-    train sbn$n $n cnnbn --sync-bn && single sbn$n.ref cnnbn $n &&
-        close "$tmp/sbn$n.rank0.safetensors" "$tmp/sbn$n.ref.safetensors" \
-            "cnn with SyncBatchNorm on $n ranks != one process on the concatenated batch"
-done
-# SyncBatchNorm must differ from per-slice BatchNorm (or the test above proves nothing)
-"$drv" compare "$tmp/sbn2.rank0.safetensors" "$tmp/cnnbn2.rank0.safetensors" close \
-    >/dev/null 2>&1 && bad "SyncBatchNorm gave the same weights as per-rank BatchNorm"
-
-# accumulation: no_sync on the first of 2 micro-batches
-train acc2 2 mlp --accum 2 && single acc2.ref mlp 2 --accum 2 &&
-    close "$tmp/acc2.rank0.safetensors" "$tmp/acc2.ref.safetensors" \
-        "2-rank accumulation over 2 micro-batches != one process accumulating"
-
-# bucket sizes (the cnn has a 1440-float layer: 1 KiB splits it from the rest)
-n=${ranks##* }
-for kib in 1 1024 25600; do
-    train cnnb$kib $n cnn --bucket-kib $kib &&
-        "$drv" compare "$tmp/cnnb$kib.rank0.safetensors" "$tmp/cnn$n.rank0.safetensors" exact \
+    close "$t.cnnbn.rank0.safetensors" "$t.cnnbn.ref.safetensors" \
+        "cnn with BatchNorm on $n ranks != one process normalising each slice"
+    close "$t.sbn.rank0.safetensors" "$t.sbn.ref.safetensors" \
+        "cnn with SyncBatchNorm on $n ranks != one process on the concatenated batch"
+    # SyncBatchNorm must differ from per-slice BatchNorm (or the test above proves nothing)
+    "$drv" compare "$t.sbn.rank0.safetensors" "$t.cnnbn.rank0.safetensors" close \
+        >/dev/null 2>&1 && bad "SyncBatchNorm gave the same weights as per-rank BatchNorm on $n ranks"
+    case $runs in *"$t.acc "*)
+        close "$t.acc.rank0.safetensors" "$t.acc.ref.safetensors" \
+            "2-rank accumulation over 2 micro-batches != one process accumulating" ;;
+    esac
+    for kib in $kibs; do
+        "$drv" compare "$t.cnnb$kib.rank0.safetensors" "$t.cnn.rank0.safetensors" exact \
             >/dev/null || bad "buckets of $kib KiB give other weights than the default"
+    done
 done
+n=$last
 
 # faults. A rank that stops: the others name it and leave, within the timeout.
 start=$(date +%s)
-mpi 3 "$drv" train mlp "$tmp/stall" --steps 1000 --timeout 4 --stall 1:3 >"$tmp/stall.log" 2>&1 &&
+mpi "$n" "$drv" train mlp "$tmp/stall" --steps 1000 --timeout 4 --stall 1:3 >"$tmp/stall.log" 2>&1 &&
     bad "a stalled rank: the job exited 0"
 took=$(($(date +%s) - start))
 grep -q "rank 1 is stalled" "$tmp/stall.log" || { cat "$tmp/stall.log"; bad "the stalled rank is not named"; }
@@ -125,5 +126,4 @@ grep -q "ddp_wrap.*rank 0 has parameter '0.weight' \[16, 32\].*where rank 1 has 
 # A parameter no forward uses: named, unless allowed.
 mpi 2 "$drv" train mlp "$tmp/un" --unused --steps 2 >"$tmp/un.log" 2>&1 && bad "unused parameter: exit 0"
 grep -q "parameter 'extra' received no gradient" "$tmp/un.log" || { cat "$tmp/un.log"; bad "the unused parameter is not named"; }
-train unok 2 mlp --unused --find-unused --steps 3
 exit $fail

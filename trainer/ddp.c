@@ -229,7 +229,6 @@ int ddp_wrap(run *r) {
                                             ? (int64_t)(r->s.ddp_bucket_mib * 1048576.0)
                                             : 0};
     if (o.bucket_bytes < 0) o.bucket_bytes = 0;
-    if (o.bucket_bytes && o.bucket_bytes < 1048576) o.first_bucket_bytes = o.bucket_bytes;
     if (!(r->d.ddp = em_ddp_wrap(r->model, r->d.comm, &o))) {
         fprintf(stderr, "ember-train (rank %d): data parallelism: %s\n", r->d.rank, em_last_error());
         /* a mismatch is found by every rank alike; a communicator failure is not */

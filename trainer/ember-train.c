@@ -429,7 +429,7 @@ static void usage(FILE *f) {
 "process with an N-times larger batch. Rank 0 prints and writes every file (metrics, weights,\n"
 "checkpoints holding each rank's random state); validation and test cover each sample once.\n"
 "A checkpoint resumes only with the same N. Without a launcher MPI is never started.\n"
-"  --ddp-bucket-mib X       gradient bucket size in MiB (default 25, the first bucket 1)\n"
+"  --ddp-bucket-mib X       gradient bucket size in MiB, every bucket (default 25, the first 1)\n"
 "  --sync-batchnorm         BatchNorm layers normalise with the statistics of every rank's\n"
 "                           batch together (SyncBatchNorm), as one process on the N-times\n"
 "                           larger batch does; without it each rank normalises its own\n"

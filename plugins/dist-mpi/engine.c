@@ -53,30 +53,82 @@ typedef struct mpi_req {
     uint64_t seq;
     int64_t n;
     em_dtype dt;
+    struct mpi_req *prev, *next; /* on g_reqs while nobody has seen it complete */
+    bool seen;                   /* complete (or failed: rc) */
+    int rc;
+    double done_at;              /* CLOCK_MONOTONIC seconds when first seen complete */
 } mpi_req;
 
 static bool g_we_started, g_any_broken;
 
 /* The progress thread. Open MPI advances a non-blocking collective only inside MPI calls (a
  * large message moves fragment by fragment), so a bucket started during backward would wait
- * for the next hook. While requests are outstanding this thread makes a cheap MPI call
- * (MPI_Iprobe on the side communicator, for a tag nobody sends) in a loop, yielding the core,
- * which runs Open MPI's progress engine; idle, it sleeps. Needs MPI_THREAD_MULTIPLE (without
- * it, no thread: collectives then advance at hooks and waits only). */
-enum { TAG_NOTHING = 7799 };
+ * for the next hook. While requests are outstanding this thread tests them (MPI_Test) every
+ * 50 us, sleeping between, which runs Open MPI's progress engine and stamps each request's
+ * completion time as it happens (mpi_done_at: the time ember/ddp.h reports for a bucket);
+ * idle, it sleeps. Every MPI_Test of a request, from this thread or the caller's, holds
+ * g_req_lock (MPI forbids testing one request from two threads at once), and the first to see
+ * it complete records it. Needs MPI_THREAD_MULTIPLE (without it, no thread: collectives then
+ * advance at hooks and waits only, and complete when those see them complete). */
 static pthread_t g_prog_thread;
 static bool g_prog_running;
 static atomic_int g_outstanding;
 static atomic_bool g_prog_stop;
-static MPI_Comm g_prog_comm = MPI_COMM_NULL;
+static pthread_mutex_t g_req_lock = PTHREAD_MUTEX_INITIALIZER;
+static mpi_req *g_reqs;       /* the requests nobody has seen complete (g_req_lock) */
+static double g_last_done_at; /* of the request test or wait last reported complete */
+
+static double now_s(void);
+
+static void unlink_req(mpi_req *q) {
+    if (q->prev) q->prev->next = q->next;
+    else if (g_reqs == q) g_reqs = q->next;
+    if (q->next) q->next->prev = q->prev;
+    q->prev = q->next = NULL;
+}
+
+/* MPI_Test of q with g_req_lock held; the first call that finds it complete (or failed)
+ * records when, and takes it off the list. */
+static int test_locked(mpi_req *q, int *flag) {
+    if (q->seen) {
+        *flag = 1;
+        return q->rc;
+    }
+    int rc = MPI_Test(&q->r, flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || *flag) {
+        q->seen = true;
+        q->rc = rc;
+        q->done_at = now_s();
+        unlink_req(q);
+    }
+    return rc;
+}
+
+/* The caller's test of q: MPI's return code; on completion (or failure) *flag and the time
+ * mpi_done_at reports. */
+static int req_test(mpi_req *q, int *flag) {
+    pthread_mutex_lock(&g_req_lock);
+    int rc = test_locked(q, flag);
+    pthread_mutex_unlock(&g_req_lock);
+    if (rc != MPI_SUCCESS || *flag) g_last_done_at = q->done_at;
+    return rc;
+}
 
 static void *progress_main(void *arg) {
     (void)arg;
     while (!atomic_load(&g_prog_stop)) {
         if (atomic_load(&g_outstanding) > 0) {
-            int flag = 0;
-            MPI_Iprobe(MPI_ANY_SOURCE, TAG_NOTHING, g_prog_comm, &flag, MPI_STATUS_IGNORE);
-            sched_yield();
+            pthread_mutex_lock(&g_req_lock);
+            for (mpi_req *q = g_reqs, *nx; q; q = nx) {
+                nx = q->next;
+                int flag = 0;
+                (void)test_locked(q, &flag);
+            }
+            pthread_mutex_unlock(&g_req_lock);
+            /* a short sleep, not a yield: the thread shares its rank's core with backward,
+             * and a thread that stays runnable takes a share of it */
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
         } else {
             struct timespec ts = {0, 200000};
             nanosleep(&ts, NULL);
@@ -166,8 +218,7 @@ static em_status mpi_create(const em_comm_options *opts, void **state, int *rank
     *state = s;
     int level = 0;
     MPI_Query_thread(&level);
-    if (!g_prog_running && level == MPI_THREAD_MULTIPLE && !getenv("EMBER_MPI_NO_PROGRESS_THREAD") &&
-        MPI_Comm_dup(MPI_COMM_WORLD, &g_prog_comm) == MPI_SUCCESS) {
+    if (!g_prog_running && level == MPI_THREAD_MULTIPLE && !getenv("EMBER_MPI_NO_PROGRESS_THREAD")) {
         atomic_store(&g_prog_stop, false);
         g_prog_running = pthread_create(&g_prog_thread, NULL, progress_main, NULL) == 0;
     }
@@ -190,7 +241,6 @@ static void mpi_finalize(void) {
         atomic_store(&g_prog_stop, true);
         pthread_join(g_prog_thread, NULL);
         g_prog_running = false;
-        if (!g_any_broken) MPI_Comm_free(&g_prog_comm);
     }
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
@@ -272,6 +322,11 @@ static em_status mpi_start(void *state, em_collective coll, uint64_t seq, const 
         return st;
     }
     s->started = (int64_t)seq + 1;
+    pthread_mutex_lock(&g_req_lock);
+    q->next = g_reqs;
+    if (g_reqs) g_reqs->prev = q;
+    g_reqs = q;
+    pthread_mutex_unlock(&g_req_lock);
     atomic_fetch_add(&g_outstanding, 1);
     *req = q;
     return EM_OK;
@@ -281,7 +336,7 @@ static em_status mpi_test(void *state, void *req, bool *done) {
     mpi_state *s = state;
     mpi_req *q = req;
     int flag = 0;
-    int rc = MPI_Test(&q->r, &flag, MPI_STATUS_IGNORE);
+    int rc = req_test(q, &flag);
     serve_queries(s);
     if (rc != MPI_SUCCESS) {
         em_status st = engine_error(s, q, q->coll, q->seq, rc);
@@ -319,7 +374,7 @@ static em_status roll_call(mpi_state *s, mpi_req *q, double timeout_s) {
     double grace = timeout_s < 2.0 ? timeout_s : 2.0, t0 = now_s();
     int left = n - 1, flag = 0;
     while (left > 0 && now_s() - t0 < grace) {
-        if (MPI_Test(&q->r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) break;
+        if (req_test(q, &flag) == MPI_SUCCESS && flag) break;
         serve_queries(s);
         MPI_Status stt;
         int got = 0;
@@ -380,7 +435,7 @@ static em_status mpi_wait(void *state, void *req, double timeout_s) {
     double t0 = now_s();
     for (unsigned spin = 0;; spin++) {
         int flag = 0;
-        int rc = MPI_Test(&q->r, &flag, MPI_STATUS_IGNORE);
+        int rc = req_test(q, &flag);
         if (rc != MPI_SUCCESS) {
             em_status st = engine_error(s, q, q->coll, q->seq, rc);
             s->broken = g_any_broken = true;
@@ -408,12 +463,17 @@ static em_status mpi_wait(void *state, void *req, double timeout_s) {
     }
 }
 
+static double mpi_done_at(void *state) {
+    (void)state;
+    return g_last_done_at;
+}
+
 static const em_mpi_engine engine = {
     .struct_size = sizeof(em_mpi_engine),
     .cls = {.struct_size = sizeof(em_comm_class), .name = "mpi",
             .description = "Open MPI between processes and hosts (CPU tensors)",
             .create = mpi_create, .destroy = mpi_destroy, .start = mpi_start, .test = mpi_test,
-            .wait = mpi_wait},
+            .wait = mpi_wait, .done_at = mpi_done_at},
     .finalize = mpi_finalize,
 };
 

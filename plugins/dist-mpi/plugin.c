@@ -67,10 +67,13 @@ static em_status t_wait(void *s, void *req, double timeout_s) {
     return E->cls.wait(s, req, timeout_s);
 }
 
+static double t_done_at(void *s) { return E->cls.done_at(s); }
+
 static const em_comm_class mpi_class = {
     .struct_size = sizeof mpi_class, .name = "mpi",
     .description = "Open MPI between processes and hosts (CPU tensors; mpirun, srun)",
     .create = t_create, .destroy = t_destroy, .start = t_start, .test = t_test, .wait = t_wait,
+    .done_at = t_done_at,
 };
 
 static em_status mpi_register(em_registry *reg) { return em_comm_class_register(reg, &mpi_class); }

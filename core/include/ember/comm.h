@@ -113,6 +113,11 @@ typedef struct em_comm_class {
     /* Block until req completes (req is freed) or timeout_s pass: then fail naming the ranks
      * that did not reach the collective. */
     em_status (*wait)(void *state, void *req, double timeout_s);
+    /* Optional (NULL: the time of the test or wait that saw it). When the request that test
+     * or wait last reported complete had completed, in CLOCK_MONOTONIC seconds, as the engine
+     * first saw it: an engine whose progress thread sees completions before the caller tests
+     * says so here, and ember/ddp.h's bucket timings use it. */
+    double (*done_at)(void *state);
     void *ext;               /* reserved; NULL */
 } em_comm_class;
 

@@ -22,8 +22,9 @@
  * dtypes (a mismatch is an error on every rank naming the first differing entry of each side)
  * and broadcasts parameters and buffers from rank 0. The trainable parameters are put in
  * buckets in reverse registration order (the order backward produces their gradients): the
- * first bucket holds first_bucket_bytes (1 MiB), the others bucket_bytes (25 MiB), PyTorch's
- * defaults. A post-accumulation hook (ember/autograd.h) on each parameter copies its finished
+ * first bucket holds first_bucket_bytes, the others bucket_bytes, as PyTorch's (2.x): 1 MiB
+ * and 25 MiB by default, and bucket_bytes for the first too when only bucket_bytes is set
+ * (bucket_cap_mb given). A post-accumulation hook (ember/autograd.h) on each parameter copies its finished
  * gradient into its bucket; a full bucket's allreduce starts at once, while backward goes on,
  * in bucket order (a bucket that fills early waits for the ones before it), so every rank
  * starts the same collectives in the same order. em_ddp_wait starts what is left, waits for
@@ -68,7 +69,8 @@ typedef struct em_ddp em_ddp;
 typedef struct em_ddp_options {
     size_t struct_size;          /* sizeof(em_ddp_options) */
     int64_t bucket_bytes;        /* 0: 25 MiB (PyTorch's bucket_cap_mb) */
-    int64_t first_bucket_bytes;  /* 0: 1 MiB; larger than bucket_bytes: bucket_bytes */
+    int64_t first_bucket_bytes;  /* 0: 1 MiB with the default bucket_bytes, else bucket_bytes;
+                                  * larger than bucket_bytes: bucket_bytes */
     bool find_unused_parameters; /* a parameter without a gradient counts as zero */
     void *ext;                   /* reserved; NULL */
 } em_ddp_options;
