@@ -289,7 +289,12 @@ def main():
     single = {}  # (worker, workload) -> [ms of each single training step]
     peaks = []  # best GFLOP/s of each repetition's fma_peak
     order = list(workers.items()) + ([("fma_peak", None)] if fma else [])
+    started = time.perf_counter()
     for rep in range(reps):
+        if rep:
+            print("(repetition %d of %d, %.0f s so far)" % (rep + 1, reps,
+                                                          time.perf_counter() - started),
+                  file=sys.stderr, flush=True)
         # Each repetition starts with the next worker: a worker that runs right after another
         # can pay for what that one left behind (threads still winding down, caches), and a
         # fixed order would always charge it to the same one.
@@ -332,6 +337,8 @@ def main():
     for w in workers.values():
         w.close()
 
+    print("(%d repetitions in %.0f s)" % (reps, time.perf_counter() - started), file=sys.stderr,
+          flush=True)
     floors = {}  # workload -> (floor ms, GFLOP)
     floor_text = ""
     if steps and floor:

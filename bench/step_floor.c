@@ -37,7 +37,10 @@
  *   floor <workload> <ms> <GFLOP>
  *
  * (the GFLOP of the step's GEMMs and convolutions, 2 per multiply-add: what compare-pytorch.py
- * divides by a step's time for its fraction of the measured FMA ceiling).
+ * divides by a step's time for its fraction of the measured FMA ceiling). For the CNN it also
+ * times, outside the floor, the oneDNN reorders between NCHW and the forward primitives'
+ * blocked layouts that convolutions on plain tensors pay (conv1's output and its gradient,
+ * conv2's input, output and their gradients), and prints "reorders <workload> <ms>".
  */
 #include <cblas.h>
 #include <dnnl.h>
@@ -87,6 +90,23 @@ typedef struct {
     G("fc2 forward", 64, 10, 128, false, true, 1, 1),                    \
     G("fc2 input grad", 64, 128, 10, false, false, 1, 1),                \
     G("fc2 weight grad", 10, 128, 64, true, false, 1, 1)
+
+/* The reorders a convolution on plain NCHW tensors pays beside its primitive (not in the
+ * floor): its input into the layout the forward primitive prefers, its output back to NCHW,
+ * and the same for the gradients (same shapes, same layouts). */
+typedef struct {
+    const char *what;
+    int64_t N, C, H, O; /* the convolution (3x3, pad 1) whose src or dst it is */
+    bool dst, to_blocked;
+} reorder;
+static const reorder CNN_REORDERS[] = {
+    {"conv1 output -> nchw", 64, 1, 28, 32, true, false},
+    {"conv1 output grad -> blocked", 64, 1, 28, 32, true, true},
+    {"conv2 input -> blocked", 64, 32, 14, 64, false, true},
+    {"conv2 output -> nchw", 64, 32, 14, 64, true, false},
+    {"conv2 output grad -> blocked", 64, 32, 14, 64, true, true},
+    {"conv2 input grad -> nchw", 64, 32, 14, 64, false, false},
+    {0}};
 
 static workload WL[] = {
     {"train_mlp_b128", false,
@@ -361,6 +381,58 @@ static void shape_text(const item *it, char *s, size_t len) {
     }
 }
 
+/* Time the reorders of CNN_REORDERS (f32 or bf16) on N threads; print them and their sum. */
+static void run_reorders(bool bf16) {
+    dnnl_data_type_t dt = bf16 ? dnnl_bf16 : dnnl_f32;
+    printf("  reorders between NCHW and the forward primitives' layouts (not in the floor: what "
+           "plain tensors cost the convolutions; dnnl-Nt):\n");
+    double total = 0;
+    for (const reorder *r = CNN_REORDERS; r->what; r++) {
+        int64_t H = r->H;
+        dnnl_dims_t sd = {r->N, r->C, H, H}, dd = {r->N, r->O, H, H}, wd = {r->O, r->C, 3, 3},
+                    st = {1, 1}, pl = {1, 1}, dil = {0, 0};
+        dnnl_memory_desc_t src, dst, w, plain;
+        CK(dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, dnnl_format_tag_any), "md src");
+        CK(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, dnnl_format_tag_any), "md dst");
+        CK(dnnl_memory_desc_init_by_tag(&w, 4, wd, dt, dnnl_format_tag_any), "md w");
+        CK(dnnl_memory_desc_init_by_tag(&plain, 4, r->dst ? dd : sd, dt, dnnl_nchw), "md nchw");
+        dnnl_convolution_desc_t fd;
+        CK(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
+                                                      dnnl_convolution_direct, &src, &w, NULL,
+                                                      &dst, st, dil, pl, pl), "conv desc");
+        dnnl_primitive_desc_t cpd, rpd;
+        CK(dnnl_primitive_desc_create(&cpd, &fd, NULL, engine, NULL), "conv pd");
+        const dnnl_memory_desc_t *blk =
+            dnnl_primitive_desc_query_md(cpd, r->dst ? dnnl_query_dst_md : dnnl_query_src_md, 0);
+        const dnnl_memory_desc_t *from = r->to_blocked ? &plain : blk,
+                                 *to = r->to_blocked ? blk : &plain;
+        double t = 0;
+        if (dnnl_memory_desc_equal(from, to)) {
+            printf("  %-32s %-28s  the primitive takes NCHW here: no reorder\n", r->what, "");
+        } else {
+            CK(dnnl_reorder_primitive_desc_create(&rpd, from, engine, to, engine, NULL),
+               "reorder pd");
+            dnnl_job j = {.nargs = 2};
+            CK(dnnl_primitive_create(&j.prim, rpd), "reorder");
+            j.args[0] = (dnnl_exec_arg_t){DNNL_ARG_FROM, mem_for(from, bf16)};
+            j.args[1] = (dnnl_exec_arg_t){DNNL_ARG_TO, mem_for(to, bf16)};
+            t = time_median(run_dnnl, &j);
+            free_job(&j);
+            dnnl_primitive_desc_destroy(rpd);
+            char shape[64];
+            const int64_t *d = r->dst ? dd : sd;
+            snprintf(shape, sizeof shape, "%" PRId64 "x%" PRId64 "x%" PRId64 "x%" PRId64 " (%.1f MB)",
+                     d[0], d[1], d[2], d[3],
+                     (double)(d[0] * d[1] * d[2] * d[3]) * (bf16 ? 2 : 4) / 1e6);
+            printf("  %-32s %-28s %9.4f ms\n", r->what, shape, t);
+        }
+        dnnl_primitive_desc_destroy(cpd);
+        total += t;
+    }
+    printf("  reorders %.4f ms\n", total);
+    printf("reorders %s %.6f\n", bf16 ? "train_cnn_b64_bf16" : "train_cnn_b64", total);
+}
+
 static void run_workload(const workload *w) {
     printf("\n%s%s (ms per call; best candidate marked *)\n", w->name,
            w->bf16 ? ": bf16" : "");
@@ -412,6 +484,7 @@ static void run_workload(const workload *w) {
         printf(" %9.4f  %s\n", f, best < 2 ? impl[best] : "");
         total += f, gflop += g;
     }
+    if (strncmp(w->name, "train_cnn", 9) == 0) run_reorders(w->bf16);
     printf("  floor %.4f ms for %.4f GFLOP (%.1f GFLOP/s)\n", total, gflop, gflop / total * 1e3);
     printf("floor %s %.6f %.6f\n", w->name, total, gflop);
     fflush(stdout);
