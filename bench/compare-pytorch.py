@@ -37,8 +37,8 @@ in each, back to back:
   ember-base   with --baseline BUILD_DIR: BUILD_DIR's bench/train_step, the same way as
                ember-train (a developer's "before" build: the table gets its medians and
                this build's over them, from the same run)
-  fma_peak     bench/fma_peak, once per repetition in its turn: the measured f32 FMA ceiling
-               of the run is the best of its runs (issue 27)
+  fma_peak     bench/fma_peak, once per repetition in its turn and once before the floor:
+               the measured f32 FMA ceiling of the run is the best of its runs (issue 27)
 After the repetitions bench/step_floor (OMP_WAIT_POLICY=passive) times each chosen training
 step's GEMMs and convolutions alone at the best library choice for each shape and prints its
 table; the training table then gives each step's GEMM+convolution GFLOP, its floor, Ember's
@@ -341,6 +341,10 @@ def main():
           flush=True)
     floors = {}  # workload -> (floor ms, GFLOP)
     floor_text = ""
+    if fma:  # once more before the floor, which is measured next
+        p = run_fma_peak(fma)
+        if p:
+            peaks.append(p)
     if steps and floor:
         env = dict(passive, OMP_NUM_THREADS=nthreads)
         r = subprocess.run([floor] + steps, env=env, capture_output=True, text=True)
@@ -388,8 +392,8 @@ def main():
 
     if steps:
         peak = max(peaks) if peaks else nan
-        print("\nFMA ceiling: %.1f GFLOP/s (best of %d bench/fma_peak runs in this run; their "
-              "median %.1f)" % (peak, len(peaks), statistics.median(peaks) if peaks else nan))
+        print("\nFMA ceiling: %.1f GFLOP/s (best of %d bench/fma_peak invocations in this run; "
+              "their median %.1f)" % (peak, len(peaks), statistics.median(peaks) if peaks else nan))
         print("training steps: GFLOP = the step's GEMMs and convolutions (2 per multiply-add); "
               "floor = bench/step_floor's sum of them timed alone;\n%FMA = GFLOP / median step "
               "/ FMA ceiling; mean/med = mean single step over the median single step")
@@ -418,6 +422,12 @@ def main():
                 tmm = statistics.fmean(ts) / statistics.median(ts) if ts else nan
                 row += "  %10.3f %-8s %6.2f %6.1f %8.2f" % (t, c or "-", e / t, frac(t), tmm)
             print(row)
+        over = [n for n in steps if n in floors and
+                100.0 * floors[n][1] / (floors[n][0] * 1e-3) / peak > 100.0]
+        if over:
+            print("(%s: the floor runs above the FMA ceiling measured in this run: the ceiling "
+                  "was measured while other processes held the cores; rerun on quiet cores)"
+                  % ", ".join(over))
         print()
     for n in steps:
         for tag, _ in torches:
