@@ -40,7 +40,9 @@
  * divides by a step's time for its fraction of the measured FMA ceiling). For the CNN it also
  * times, outside the floor, the oneDNN reorders between NCHW and the forward primitives'
  * blocked layouts that convolutions on plain tensors pay (conv1's output and its gradient,
- * conv2's input, output and their gradients), and prints "reorders <workload> <ms>".
+ * conv2's input, output and their gradients), and prints "reorders <workload> <ms>"; and
+ * conv2's three products as the GEMMs of an im2col lowering (12544x64x288 and its two grads,
+ * the copies not timed), beside its direct primitives.
  */
 #include <cblas.h>
 #include <dnnl.h>
@@ -433,6 +435,60 @@ static void run_reorders(bool bf16) {
     printf("reorders %s %.6f\n", bf16 ? "train_cnn_b64_bf16" : "train_cnn_b64", total);
 }
 
+/* Time `it` with every candidate and print its row; returns its floor (best x count). */
+static double time_item(const char *wname, const item *it, bool bf16) {
+    double t[4] = {-1, -1, -1, -1};
+    char impl[4][128] = {"", "", "", ""};
+    for (int c = 0; c < 2; c++) {
+        if (c == 1 && nt == 1) break;
+        dnnl_job j;
+        if (!make_dnnl(it, bf16, c == 0 ? nt : 1, &j, impl[c], sizeof impl[c])) continue;
+        t[c] = time_median(run_dnnl, &j);
+        free_job(&j);
+    }
+    if (it->kind == GEMM && !bf16) { /* Debian's OpenBLAS has no sbgemm */
+        blas_job bj = {.it = it};
+        size_t na = (size_t)(it->m * it->k * it->batch), nb = (size_t)(it->k * it->n * it->batch),
+               nc = (size_t)(it->m * it->n * it->batch);
+        bj.a = xmalloc(na * 4), bj.b = xmalloc(nb * 4), bj.c = xmalloc(nc * 4);
+        fill(bj.a, na, false), fill(bj.b, nb, false);
+        openblas_set_num_threads(1);
+        t[2] = time_median(run_blas, &bj);
+        if (nt > 1) {
+            openblas_set_num_threads(nt);
+            t[3] = time_median(run_blas, &bj);
+            openblas_set_num_threads(1);
+            blas_thread_shutdown_(); /* its workers would spin into the next timing */
+        }
+        free(bj.a), free(bj.b), free(bj.c);
+    }
+    int best = -1;
+    for (int c = 0; c < 4; c++)
+        if (t[c] >= 0 && (best < 0 || t[c] < t[best])) best = c;
+    if (best < 0) {
+        fprintf(stderr, "step_floor: %s %s: no candidate ran\n", wname, it->what);
+        exit(1);
+    }
+    char shape[96];
+    shape_text(it, shape, sizeof shape);
+    double f = t[best] * it->count;
+    printf("  %-32s %-28s %5d %8.4f", it->what, shape, it->count, item_gflop(it));
+    for (int c = 0; c < 4; c++) {
+        if (t[c] < 0) printf(" %9s", "-");
+        else printf(" %8.4f%c", t[c], c == best ? '*' : ' ');
+    }
+    printf(" %9.4f  %s\n", f, best < 2 ? impl[best] : "");
+    return f;
+}
+
+/* conv2 lowered to GEMMs (im2col: 64 x 14 x 14 output pixels by 32 x 3 x 3 taps), for
+ * comparison with its direct primitives; the im2col / col2im copies are not timed. */
+static const item CNN_LOWERED[] = {
+    G("conv2 forward as GEMM", 12544, 64, 288, false, true, 1, 1),
+    G("conv2 data grad as GEMM", 12544, 288, 64, false, false, 1, 1),
+    G("conv2 weight grad as GEMM", 64, 288, 12544, true, false, 1, 1),
+    {0}};
+
 static void run_workload(const workload *w) {
     printf("\n%s%s (ms per call; best candidate marked *)\n", w->name,
            w->bf16 ? ": bf16" : "");
@@ -440,51 +496,18 @@ static void run_workload(const workload *w) {
            "dnnl-Nt", "dnnl-1t", "blas-1t", "blas-Nt", "floor ms");
     double total = 0, gflop = 0;
     for (const item *it = w->it; it->what; it++) {
-        double t[4] = {-1, -1, -1, -1};
-        char impl[4][128] = {"", "", "", ""};
-        for (int c = 0; c < 2; c++) {
-            if (c == 1 && nt == 1) break;
-            dnnl_job j;
-            if (!make_dnnl(it, w->bf16, c == 0 ? nt : 1, &j, impl[c], sizeof impl[c])) continue;
-            t[c] = time_median(run_dnnl, &j);
-            free_job(&j);
-        }
-        if (it->kind == GEMM && !w->bf16) { /* Debian's OpenBLAS has no sbgemm */
-            size_t es = 4;
-            blas_job bj = {.it = it};
-            size_t na = (size_t)(it->m * it->k * it->batch), nb = (size_t)(it->k * it->n * it->batch),
-                   nc = (size_t)(it->m * it->n * it->batch);
-            bj.a = xmalloc(na * es), bj.b = xmalloc(nb * es), bj.c = xmalloc(nc * 4);
-            fill(bj.a, na, false), fill(bj.b, nb, false);
-            openblas_set_num_threads(1);
-            t[2] = time_median(run_blas, &bj);
-            if (nt > 1) {
-                openblas_set_num_threads(nt);
-                t[3] = time_median(run_blas, &bj);
-                openblas_set_num_threads(1);
-                blas_thread_shutdown_(); /* its workers would spin into the next timing */
-            }
-            free(bj.a), free(bj.b), free(bj.c);
-        }
-        int best = -1;
-        for (int c = 0; c < 4; c++)
-            if (t[c] >= 0 && (best < 0 || t[c] < t[best])) best = c;
-        if (best < 0) {
-            fprintf(stderr, "step_floor: %s %s: no candidate ran\n", w->name, it->what);
-            exit(1);
-        }
-        char shape[96];
-        shape_text(it, shape, sizeof shape);
-        double g = item_gflop(it), f = t[best] * it->count;
-        printf("  %-32s %-28s %5d %8.4f", it->what, shape, it->count, g);
-        for (int c = 0; c < 4; c++) {
-            if (t[c] < 0) printf(" %9s", "-");
-            else printf(" %8.4f%c", t[c], c == best ? '*' : ' ');
-        }
-        printf(" %9.4f  %s\n", f, best < 2 ? impl[best] : "");
-        total += f, gflop += g;
+        total += time_item(w->name, it, w->bf16);
+        gflop += item_gflop(it);
     }
-    if (strncmp(w->name, "train_cnn", 9) == 0) run_reorders(w->bf16);
+    if (strncmp(w->name, "train_cnn", 9) == 0) {
+        run_reorders(w->bf16);
+        printf("  conv2 lowered to GEMMs (the im2col/col2im copies not timed; not in the "
+               "floor):\n");
+        double lowered = 0;
+        for (const item *it = CNN_LOWERED; it->what; it++)
+            lowered += time_item(w->name, it, w->bf16);
+        printf("  conv2 as GEMMs %.4f ms\n", lowered);
+    }
     printf("  floor %.4f ms for %.4f GFLOP (%.1f GFLOP/s)\n", total, gflop, gflop / total * 1e3);
     printf("floor %s %.6f %.6f\n", w->name, total, gflop);
     fflush(stdout);
