@@ -1,38 +1,52 @@
 #!/usr/bin/python3
 """Ember against PyTorch on the same workloads, in one invocation, interleaved.
 
-Run from the build tree after `make`:   bench/compare-pytorch.py [repetitions] [workload...]
+Run from the build tree after `make`:
+    bench/compare-pytorch.py [--baseline BUILD_DIR] [repetitions] [workload...]
 (in a separate build directory: cd build && ../bench/compare-pytorch.py); naming workloads
 runs only those (e.g. `bench/compare-pytorch.py 7 train_mlp_b128 train_cnn_b64`).
+bench/steps.sh is this script over the training steps only (the before/after table).
+
+PyTorch: every interpreter in PYTHON (colon-separated; default /usr/bin/python3, Debian's
+1.13, and ~/torchenv/bin/python, the newest from PyPI, where it exists) that imports torch,
+each in three configurations, all interleaved with Ember:
+  as-is      the environment as it is, torch's default thread count
+  passive    OMP_WAIT_POLICY=passive, OPENBLAS_CORETYPE=SkylakeX, torch.set_num_threads(N)
+  threads    the environment as it is (libgomp spins), torch.set_num_threads(N)
+(N = EMBER_NUM_THREADS, default 2). For each PyTorch and each workload the configuration
+with the lowest median is the denominator of the ratios, and its name is printed beside it.
+EMBER_BENCH_TORCH_CONFIGS=as-is,passive picks fewer. PYTHON=none runs Ember alone.
 
 Workers stay alive and are driven line by line, so every repetition runs each workload once
 in each, back to back:
   ember        bench/compare (EMBER_NUM_THREADS=2)
   ember-sx     bench/compare with OPENBLAS_CORETYPE=SkylakeX, for raw OpenBLAS's best kernels
-  ember-train  bench/train_step (EMBER_NUM_THREADS=2, OMP_WAIT_POLICY=passive like PyTorch's
-               best configuration: both run on GNU OpenMP): issue 3's training steps, forward
-               + backward + Adam update of an MLP 784-512-256-10 (batch 128) and the CNN
-               (batch 64), and issue 25's LSTM step (nn.LSTM(256, 256) over 64 steps of a
-               batch of 32, a Linear(256, 64) head at every step, cross_entropy), Ember's
-               "Adam" optimizer from the registry (its fused kernel);
-               PyTorch runs the same networks with torch.optim.Adam (default arguments:
-               foreach, lr 1e-3); issue 25's 2-layer TransformerEncoder (d_model 256, 4
-               heads, feed-forward 1024, dropout 0.1, batch_first) on (32, 128, 256) with an
-               mse loss: Ember's layer class against nn.TransformerEncoder in training mode;
-               train_cnn_b64_bf16 is the CNN step with forward and loss
-               under bf16 autocast (Ember's em_autocast_begin("cpu", EM_BF16), PyTorch's
+  ember-train  bench/train_step (EMBER_NUM_THREADS=2, OMP_WAIT_POLICY=passive, Ember's own
+               default): issue 3's training steps, forward + backward + Adam update of an MLP
+               784-512-256-10 (batch 128) and the CNN (batch 64), and issue 25's LSTM step
+               (nn.LSTM(256, 256) over 64 steps of a batch of 32, a Linear(256, 64) head at
+               every step, cross_entropy), Ember's "Adam" optimizer from the registry (its
+               fused kernel); PyTorch runs the same networks with torch.optim.Adam (default
+               arguments: foreach, lr 1e-3); issue 25's 2-layer TransformerEncoder (d_model
+               256, 4 heads, feed-forward 1024, dropout 0.1, batch_first) on (32, 128, 256)
+               with an mse loss: Ember's layer class against nn.TransformerEncoder in
+               training mode; train_cnn_b64_bf16 is the CNN step with forward and loss under
+               bf16 autocast (Ember's em_autocast_begin("cpu", EM_BF16), PyTorch's
                torch.autocast("cpu", torch.bfloat16)), compare it with train_cnn_b64
-  ember-train-as-is  the same with OMP_WAIT_POLICY as it is (printed after the table: on a
-               machine whose cores other processes keep busy, libgomp's default spinning at
-               every parallel region's barrier costs Ember many times its compute)
-  torch        PyTorch in its best configuration here: torch.set_num_threads(2),
-               OPENBLAS_CORETYPE=SkylakeX, OMP_WAIT_POLICY=passive
-  torch-as-is  PyTorch with the environment as it is (for reference)
-PYTHON=/path/to/python3 picks the interpreter with torch (default /usr/bin/python3); without
-torch only Ember's columns are printed. Prints `name ember_ms torch_ms ratio` (medians,
-ratio = ember / torch), then the means, then derived figures (GFLOP/s, bandwidth). For the
-training steps every single step is timed too: the mean step against the median step (issue
-3: mean <= 1.2x median) and the slowest step, for Ember and PyTorch.
+  ember-train-as-is  the same with OMP_WAIT_POLICY as it is (printed after the table)
+  ember-base   with --baseline BUILD_DIR: BUILD_DIR's bench/train_step, the same way as
+               ember-train (a developer's "before" build: the table gets its medians and
+               this build's over them, from the same run)
+  fma_peak     bench/fma_peak, once per repetition in its turn and once before the floor:
+               the measured f32 FMA ceiling of the run is the best of its runs (issue 27)
+After the repetitions bench/step_floor (OMP_WAIT_POLICY=passive) times each chosen training
+step's GEMMs and convolutions alone at the best library choice for each shape and prints its
+table; the training table then gives each step's GEMM+convolution GFLOP, its floor, Ember's
+median step over the floor, and the fractions of the FMA ceiling for Ember and each PyTorch.
+Prints `name ember_ms torch_ms ratio` (medians, ratio = ember / torch) per PyTorch, then the
+means, then derived figures (GFLOP/s, bandwidth). For the training steps every single step is
+timed too: the mean step against the median step (issue 3: mean <= 1.2x median) and the
+slowest step, for Ember and each PyTorch.
 """
 import os
 import statistics
@@ -159,65 +173,148 @@ class Worker:
         self.p.wait()
 
 
-def find_program(name):
+def find_program(name, build=None):
     here = os.path.dirname(os.path.abspath(__file__))
-    for c in ("bench/" + name, os.path.join(here, name)):
+    places = [os.path.join(build, "bench", name)] if build else ["bench/" + name,
+                                                                  os.path.join(here, name)]
+    for c in places:
         if os.access(c, os.X_OK):
             return c
-    sys.exit("compare-pytorch: bench/%s not found; run `make` and start from the build tree"
-             % name)
+    sys.exit("compare-pytorch: %s not found; run `make` and start from the build tree"
+             % (places[0] if build else "bench/" + name))
+
+
+TORCH_CONFIGS = ("as-is", "passive", "threads")
+
+
+def torch_pythons():
+    """The interpreters named by PYTHON (colon-separated; 'none': no PyTorch)."""
+    default = "/usr/bin/python3"
+    newest = os.path.expanduser("~/torchenv/bin/python")
+    if os.access(newest, os.X_OK):
+        default += ":" + newest
+    spec = os.environ.get("PYTHON", default)
+    if spec in ("", "none"):
+        return []
+    return [p for p in spec.split(":") if p]
+
+
+def run_fma_peak(fma):
+    """Best GFLOP/s of one bench/fma_peak invocation (None when it failed)."""
+    r = subprocess.run([fma], capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[0] == "fma_peak":
+            return float(f[1])
+    return None
 
 
 def main():
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    chosen = sys.argv[2:] or WORKLOADS + TRAIN
+    args = sys.argv[1:]
+    baseline = None
+    if args and args[0].startswith("--baseline"):
+        if "=" in args[0]:
+            baseline = args[0].split("=", 1)[1]
+            args = args[1:]
+        elif len(args) > 1:
+            baseline, args = args[1], args[2:]
+        else:
+            sys.exit("compare-pytorch: --baseline needs a build directory")
+    reps = int(args[0]) if args else 7
+    chosen = args[1:] or WORKLOADS + TRAIN
     unknown = [n for n in chosen if n not in WORKLOADS + TRAIN]
     if unknown:
         sys.exit("compare-pytorch: unknown workload %s; the workloads: %s"
                  % (", ".join(unknown), " ".join(WORKLOADS + TRAIN)))
     names = [n for n in WORKLOADS + TRAIN if n in chosen]
+    steps = [n for n in names if n in TRAIN]
     raw = RAW if "sgemm_1024" in names else []
-    compare = find_program("compare")
     base = dict(os.environ)
     base.setdefault("EMBER_NUM_THREADS", "2")
-    describe = subprocess.run([compare, "--describe"], env=base, capture_output=True, text=True)
-    print(describe.stdout.strip())
-    workers = {"ember": Worker("ember", [compare], base)}
-    sx = dict(base, OPENBLAS_CORETYPE="SkylakeX")
-    workers["ember-sx"] = Worker("ember-sx", [compare], sx)
-    if any(n in TRAIN for n in names):
+    nthreads = base["EMBER_NUM_THREADS"]
+    passive = dict(base, OMP_WAIT_POLICY="passive")
+    workers = {}
+    if any(n not in TRAIN for n in names):
+        compare = find_program("compare")
+        describe = subprocess.run([compare, "--describe"], env=base, capture_output=True,
+                                  text=True)
+        print(describe.stdout.strip())
+        workers["ember"] = Worker("ember", [compare], base)
+        workers["ember-sx"] = Worker("ember-sx", [compare],
+                                     dict(base, OPENBLAS_CORETYPE="SkylakeX"))
+    fma = floor = None
+    if steps:
         train_step = find_program("train_step")
-        workers["ember-train"] = Worker("ember-train", [train_step],
-                                        dict(base, OMP_WAIT_POLICY="passive"))
+        workers["ember-train"] = Worker("ember-train", [train_step], passive)
         workers["ember-train-as-is"] = Worker("ember-train-as-is", [train_step], base)
-    python = os.environ.get("PYTHON", "/usr/bin/python3")
-    have_torch = subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
-    if have_torch:
-        best = dict(base, OPENBLAS_CORETYPE="SkylakeX", OMP_WAIT_POLICY="passive",
-                    EMBER_BENCH_TORCH_THREADS="2")
-        for label, env in (("torch", best), ("torch-as-is", dict(os.environ))):
-            w = Worker(label, [python, "-c", TORCH_WORKER], env)
+        if baseline:
+            workers["ember-base"] = Worker("ember-base", [find_program("train_step", baseline)],
+                                           passive)
+        fma = find_program("fma_peak")
+        here = os.path.dirname(os.path.abspath(__file__))
+        floor = next((c for c in ("bench/step_floor", os.path.join(here, "step_floor"))
+                      if os.access(c, os.X_OK)), None)
+    configs = [c for c in os.environ.get("EMBER_BENCH_TORCH_CONFIGS",
+                                         ",".join(TORCH_CONFIGS)).split(",") if c]
+    bad = [c for c in configs if c not in TORCH_CONFIGS]
+    if bad:
+        sys.exit("compare-pytorch: EMBER_BENCH_TORCH_CONFIGS: unknown %s (known: %s)"
+                 % (",".join(bad), ",".join(TORCH_CONFIGS)))
+    torches = []  # [(tag, python)] in PYTHON's order
+    for python in torch_pythons():
+        probe = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            print("(PyTorch is not installed for %s: left out)" % python)
+            continue
+        tag = "torch" + probe.stdout.strip().split("+")[0]
+        if any(t == tag for t, _ in torches):
+            tag += "#%d" % (len(torches) + 1)
+        torches.append((tag, python))
+        envs = {"as-is": dict(os.environ),
+                "passive": dict(os.environ, OPENBLAS_CORETYPE="SkylakeX",
+                                OMP_WAIT_POLICY="passive",
+                                EMBER_BENCH_TORCH_THREADS=nthreads),
+                "threads": dict(os.environ, EMBER_BENCH_TORCH_THREADS=nthreads)}
+        for c in configs:
+            label = "%s/%s" % (tag, c)
+            w = Worker(label, [python, "-c", TORCH_WORKER], envs[c])
             w.banner = w.p.stdout.readline().strip()
-            print("%s: %s" % (label, w.banner))
+            print("%s (%s): %s" % (label, python, w.banner))
             workers[label] = w
-    else:
-        print("(PyTorch is not installed for %s: Ember's figures only)" % python)
+    if not torches:
+        print("(no PyTorch: Ember's figures only)")
 
     times = {}  # (worker, workload) -> [ms]; the training worker's figures count as ember's
     single = {}  # (worker, workload) -> [ms of each single training step]
-    order = list(workers.items())
+    peaks = []  # best GFLOP/s of each repetition's fma_peak
+    order = list(workers.items()) + ([("fma_peak", None)] if fma else [])
+    started = time.perf_counter()
     for rep in range(reps):
+        if rep:
+            print("(repetition %d of %d, %.0f s so far)" % (rep + 1, reps,
+                                                          time.perf_counter() - started),
+                  file=sys.stderr, flush=True)
         # Each repetition starts with the next worker: a worker that runs right after another
         # can pay for what that one left behind (threads still winding down, caches), and a
         # fixed order would always charge it to the same one.
         turn = order[rep % len(order):] + order[:rep % len(order)]
+        for label, w in turn:
+            if w is None:  # the FMA ceiling, once per repetition, in its turn
+                time.sleep(SETTLE_S)
+                p = run_fma_peak(fma)
+                if p:
+                    peaks.append(p)
         for name in names + raw:
             for label, w in turn:
+                if w is None:
+                    continue
                 if name in RAW and not label.startswith("ember"):
                     continue
                 if label == "ember-sx" and name != "raw_openblas_1024":
                     continue
-                if label.startswith("ember") and label.startswith("ember-train") != (name in TRAIN):
+                is_train_worker = label.startswith("ember-train") or label == "ember-base"
+                if label.startswith("ember") and is_train_worker != (name in TRAIN):
                     continue
                 # Let the previous worker's threads go quiet first: PyTorch's OpenBLAS workers
                 # spin ~0.1 s after a call and libgomp's default ~3 ms after a region, and on 2
@@ -240,33 +337,126 @@ def main():
     for w in workers.values():
         w.close()
 
-    med = lambda l, n: statistics.median(times[(l, n)]) if (l, n) in times else float("nan")
-    mean = lambda l, n: statistics.fmean(times[(l, n)]) if (l, n) in times else float("nan")
-    print("\n%d repetitions, interleaved; ms per op; ratio = ember / torch (best config)" % reps)
-    print("%-14s %10s %10s %7s   %10s %10s %7s   %12s" % ("name", "ember_ms", "torch_ms", "ratio",
-          "ember_mean", "torch_mean", "ratio", "torch_as_is"))
+    print("(%d repetitions in %.0f s)" % (reps, time.perf_counter() - started), file=sys.stderr,
+          flush=True)
+    floors = {}  # workload -> (floor ms, GFLOP)
+    floor_text = ""
+    if fma:  # once more before the floor, which is measured next
+        p = run_fma_peak(fma)
+        if p:
+            peaks.append(p)
+    if steps and floor:
+        env = dict(passive, OMP_NUM_THREADS=nthreads)
+        r = subprocess.run([floor] + steps, env=env, capture_output=True, text=True)
+        floor_text = r.stdout
+        for line in r.stdout.splitlines():
+            f = line.split()
+            if len(f) == 4 and f[0] == "floor":
+                floors[f[1]] = (float(f[2]), float(f[3]))
+        if r.returncode != 0:
+            print("(bench/step_floor failed: %s)" % r.stderr.strip())
+    elif steps:
+        print("(bench/step_floor is not built here (no oneDNN): no floors)")
+
+    nan = float("nan")
+    med = lambda l, n: statistics.median(times[(l, n)]) if (l, n) in times else nan
+    mean = lambda l, n: statistics.fmean(times[(l, n)]) if (l, n) in times else nan
+
+    def best(tag, n):
+        """The configuration of PyTorch `tag` with the lowest median for n, and its label."""
+        cands = [("%s/%s" % (tag, c), c) for c in configs if ("%s/%s" % (tag, c), n) in times]
+        if not cands:
+            return None, None
+        label, c = min(cands, key=lambda lc: med(lc[0], n))
+        return label, c
+
+    print("\n%d repetitions, interleaved; ms per op (medians); ratio = ember / torch, each "
+          "PyTorch in its fastest configuration for that workload (named)" % reps)
+    hdr = "%-22s %10s %10s" % ("name", "ember_ms", "ember_mean")
+    for tag, _ in torches:
+        hdr += "   %10s %-8s %6s" % (tag, "config", "ratio")
+    print(hdr)
     for n in names:
-        e, t = med("ember", n), med("torch", n)
-        em, tm = mean("ember", n), mean("torch", n)
-        print("%-14s %10.4f %10.4f %7.2f   %10.4f %10.4f %7.2f   %12.4f" % (
-            n, e, t, e / t, em, tm, em / tm, med("torch-as-is", n)))
-    steps = [n for n in names if n in TRAIN]
+        row = "%-22s %10.4f %10.4f" % (n, med("ember", n), mean("ember", n))
+        for tag, _ in torches:
+            label, c = best(tag, n)
+            t = med(label, n) if label else nan
+            row += "   %10.4f %-8s %6.2f" % (t, c or "-", med("ember", n) / t)
+        print(row)
+    if torches:
+        print("every configuration's median (ms):")
+        for n in names:
+            print("  %-22s " % n + "  ".join(
+                "%s/%s %.4f" % (tag, c, med("%s/%s" % (tag, c), n))
+                for tag, _ in torches for c in configs))
+
+    if steps:
+        peak = max(peaks) if peaks else nan
+        print("\nFMA ceiling: %.1f GFLOP/s (best of %d bench/fma_peak invocations in this run; "
+              "their median %.1f)" % (peak, len(peaks), statistics.median(peaks) if peaks else nan))
+        print("training steps: GFLOP = the step's GEMMs and convolutions (2 per multiply-add); "
+              "floor = bench/step_floor's sum of them timed alone;\n%FMA = GFLOP / median step "
+              "/ FMA ceiling; mean/med = mean single step over the median single step")
+        hdr = "%-22s %7s %9s %6s %9s %8s %7s %6s" % ("name", "GFLOP", "floor_ms", "%FMA",
+                                                     "ember_ms", "mean/med", "/floor", "%FMA")
+        if baseline:
+            hdr += " %9s %6s" % ("base_ms", "/base")
+        for tag, _ in torches:
+            hdr += "  %10s %-8s %6s %6s %8s" % (tag, "config", "ratio", "%FMA", "mean/med")
+        print(hdr)
+        for n in steps:
+            fl, g = floors.get(n, (nan, nan))
+            frac = lambda ms: 100.0 * g / (ms * 1e-3) / peak
+            e = med("ember", n)
+            s = single.get(("ember", n), [])
+            mm = statistics.fmean(s) / statistics.median(s) if s else nan
+            row = "%-22s %7.3f %9.3f %6.1f %9.3f %8.2f %7.2f %6.1f" % (
+                n, g, fl, frac(fl), e, mm, e / fl, frac(e))
+            if baseline:
+                b = med("ember-base", n)
+                row += " %9.3f %6.2f" % (b, e / b)
+            for tag, _ in torches:
+                label, c = best(tag, n)
+                t = med(label, n) if label else nan
+                ts = single.get((label, n), [])
+                tmm = statistics.fmean(ts) / statistics.median(ts) if ts else nan
+                row += "  %10.3f %-8s %6.2f %6.1f %8.2f" % (t, c or "-", e / t, frac(t), tmm)
+            print(row)
+        if any(n.endswith("_bf16") for n in steps):
+            print("(the bf16 rows' %FMA is against the f32 FMA ceiling: bf16 products run on "
+                  "AVX512_BF16 or AMX where the CPU has them, above it)")
+        over = [n for n in steps if n in floors and not n.endswith("_bf16") and
+                100.0 * floors[n][1] / (floors[n][0] * 1e-3) / peak > 100.0]
+        if over:
+            print("(%s: the floor runs above the FMA ceiling measured in this run: the ceiling "
+                  "was measured while other processes held the cores; rerun on quiet cores)"
+                  % ", ".join(over))
+        print()
     for n in steps:
-        r = [e / t for e, t in zip(times.get(("ember", n), []), times.get(("torch", n), []))]
-        if r:
-            print("%s: Ember / PyTorch per repetition: median %.2f, mean %.2f, range %.2f-%.2f"
-                  % (n, statistics.median(r), statistics.fmean(r), min(r), max(r)))
-        print("%s: Ember with OMP_WAIT_POLICY as it is: median %.4f ms (%.2fx PyTorch's best)"
-              % (n, med("ember-train-as-is", n), med("ember-train-as-is", n) / med("torch", n)))
-        for label in ("ember", "torch"):
+        for tag, _ in torches:
+            label, c = best(tag, n)
+            r = [e / t for e, t in zip(times.get(("ember", n), []), times.get((label, n), []))]
+            if r:
+                print("%s: Ember / %s (%s) per repetition: median %.2f, mean %.2f, range "
+                      "%.2f-%.2f" % (n, tag, c, statistics.median(r), statistics.fmean(r),
+                                     min(r), max(r)))
+        print("%s: Ember with OMP_WAIT_POLICY as it is: median %.4f ms" % (
+            n, med("ember-train-as-is", n)))
+        for label in ["ember"] + ["%s/%s" % (tag, best(tag, n)[1]) for tag, _ in torches
+                                  if best(tag, n)[0]]:
             s = single.get((label, n), [])
             if s:
                 m, md = statistics.fmean(s), statistics.median(s)
                 print("%s: %s single steps (%d): median %.4f ms, mean %.4f ms = %.2fx the "
                       "median, slowest %.4f ms" % (n, label, len(s), md, m, m / md, max(s)))
+    if floor_text:
+        print("\nbench/step_floor (after the repetitions, OMP_WAIT_POLICY=passive):")
+        print(floor_text.rstrip())
     if "add_1elem" in names:  # the ms column rounds it away
-        print("tiny op (1-element em_add + release): %.3f us; torch.add: %.3f us" % (
-            med("ember", "add_1elem") * 1e3, med("torch", "add_1elem") * 1e3))
+        print("tiny op (1-element em_add + release): %.3f us; %s" % (
+            med("ember", "add_1elem") * 1e3, "; ".join(
+                "%s torch.add: %.3f us" % (tag, med(best(tag, "add_1elem")[0], "add_1elem") * 1e3)
+                for tag, _ in torches if best(tag, "add_1elem")[0])))
     if not all(n in names for n in WORKLOADS):
         return
     print("\nraw libraries, 1024^3 f32 (medians): oneDNN %.3f ms, OpenBLAS default %.3f ms, "

@@ -36,6 +36,10 @@
  * same output: on a machine shared with other jobs the wall time of a step is mostly how long
  * it waited for a core, its CPU time is the work it did (what before/after decisions on that
  * machine go by; bench/README.md says where it was used).
+ * `bench/train_step --profile NAME [steps]` runs one untimed step, then `steps` (default 50)
+ * under one op profiler (em_profiler_begin) and prints its report (em_profiler_report: each
+ * op's calls, total and self time over those steps) and the mean step (issue 27: where a step
+ * spends its time beyond its GEMM floor).
  *
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
  * one step from the allocator's statistics (em_memory_stats: category activation): what the
@@ -284,6 +288,35 @@ int main(int argc, char **argv) {
             held_at_loss = NULL;
             printf("%-22s %18zu %18zu\n", w->name, held - base, activation_bytes(true) - base);
         }
+        return 0;
+    }
+    if (argc > 2 && strcmp(argv[1], "--profile") == 0) {
+        workload *w = NULL;
+        for (int i = 0; i < N_WORKLOADS; i++)
+            if (strcmp(W[i].name, argv[2]) == 0) w = &W[i];
+        int n = argc > 3 ? atoi(argv[3]) : 50;
+        if (!w || n < 1) {
+            fprintf(stderr, "train_step: --profile NAME [steps >= 1]: no workload '%s' (--list)\n",
+                    argv[2]);
+            return 2;
+        }
+        setup(w);
+        step(w); /* warm-up: primitive creation, the GEMM autotuner, the allocator's cache */
+        em_profiler *prof = em_profiler_begin(NULL);
+        if (!prof) die("profiler_begin");
+        double t0 = now_ms();
+        for (int i = 0; i < n; i++) step(w);
+        double ms = (now_ms() - t0) / n;
+        if (em_profiler_end(prof) != EM_OK) die("profiler_end");
+        printf("%s: %d steps under the op profiler, %.3f ms per step (the profiler's cost "
+               "included); totals over the %d steps:\n", w->name, n, ms, n);
+        em_profiler_report(prof, stdout, 0);
+        em_profiler_free(prof);
+        em_optimizer_free(w->opt);
+        em_module_free(w->model);
+        for (int k = 0; k < w->np; k++) em_tensor_release(w->p[k]);
+        em_tensor_release(w->x), em_tensor_release(w->y);
+        em_shutdown();
         return 0;
     }
     char line[128];
