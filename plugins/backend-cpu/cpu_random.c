@@ -15,7 +15,7 @@
  * the f32 result converted with em_f32_to_f16 / em_f32_to_bf16 (as a GPU kernel computing in
  * float would), so an f16 fill holds exactly the f32 fill's values, rounded.
  *
- * Bernoulli decisions into bytes (a contiguous bool or u8 bernoulli, the dropout masks; the
+ * Bernoulli decisions (a contiguous bool, u8 or f32 bernoulli: the dropout masks; the
  * attention kernel's dropout through cpu_philox_keep) go 16 Philox blocks at a time through
  * AVX-512 where the CPU has it: the 32x32 -> 64-bit products of a round are two
  * _mm512_mul_epu32 (even and odd lanes), the same words as em_philox4x32_10's, 4.7x faster
@@ -260,15 +260,23 @@ static em_status cpu_bernoulli(const em_kernel_ctx *ctx) {
     if (!(p.a >= 0.0 && p.a <= 1.0))
         return em_set_error(EM_ERR_INVALID, "bernoulli: expects 0 <= p <= 1, got p=%g", p.a);
     int64_t n = t->numel, nb = (n + 3) / 4;
-    if (t->contiguous && (t->dtype == EM_BOOL || t->dtype == EM_U8)) {
-        /* bytes: chunks of whole blocks, each filled by cpu_philox_keep */
-        enum { CHUNK = 1 << 14 };
+    if (t->contiguous && (t->dtype == EM_BOOL || t->dtype == EM_U8 || t->dtype == EM_F32)) {
+        /* chunks of whole blocks, each's decisions from cpu_philox_keep (f32: as bytes on the
+         * stack, then 0.0f / 1.0f) */
+        enum { CHUNK = 1 << 12 };
         uint32_t thr = cpu_philox_threshold(p.a);
-        uint8_t *y = t->data;
+        bool bytes = t->dtype != EM_F32;
 #pragma omp parallel for if (n > RANDOM_PAR_MIN)
-        for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++)
-            cpu_philox_keep(p.seed, p.offset, (uint64_t)(c * CHUNK), min64(CHUNK, n - c * CHUNK),
-                            thr, y + c * CHUNK);
+        for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {
+            int64_t i0 = c * CHUNK, m = min64(CHUNK, n - i0);
+            uint8_t buf[CHUNK], *keep = bytes ? (uint8_t *)t->data + i0 : buf;
+            cpu_philox_keep(p.seed, p.offset, (uint64_t)i0, m, thr, keep);
+            if (!bytes) {
+                float *y = (float *)t->data + i0;
+#pragma omp simd
+                for (int64_t j = 0; j < m; j++) y[j] = keep[j] ? 1.0f : 0.0f;
+            }
+        }
         return EM_OK;
     }
 #pragma omp parallel for if (n > RANDOM_PAR_MIN)
