@@ -27,7 +27,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "ember/dispatch.h"
 #include "ember/dtype.h"
