@@ -408,6 +408,27 @@ Test(fill, normal_matches_definition) {
     em_generator_free(g);
 }
 
+/* Contiguous bool, u8 and f32 take the 16-blocks-at-a-time path: long fills split into
+ * chunks across threads, a tail, and a counter whose low word wraps inside a group of 16
+ * blocks. */
+Test(fill, bernoulli_long_fills) {
+    static const em_dtype dts[] = {EM_BOOL, EM_U8, EM_F32};
+    static const uint64_t offsets[] = {0, 0xFFFFFFF9u, 0x1FFFFFFFEull};
+    static const double ps[] = {0.9, 0.5, 1.0 / 16777216.0, 1 - 1.0 / 16777216.0};
+    em_generator *g = em_generator_new(0x9E3779B97F4A7C15ull);
+    cr_assert_not_null(g);
+    for (int d = 0; d < 3; d++)
+        for (int o = 0; o < 3; o++) {
+            em_tensor *t = new_tensor(1, (int64_t[]){40003}, dts[d]);
+            em_rng_state s = em_generator_get_state(g);
+            s.offset = offsets[o];
+            em_generator_set_state(g, s);
+            check_bernoulli(t, g, ps[(d * 3 + o) % 4]);
+            em_tensor_release(t);
+        }
+    em_generator_free(g);
+}
+
 Test(fill, bernoulli_matches_definition_every_dtype) {
     em_seed(11);
     for (int d = 0; d < EM_DTYPE_COUNT; d++) {

@@ -78,6 +78,13 @@ em_status cpu_register_elementwise(em_registry *r);
 em_status cpu_register_reduce(em_registry *r);
 em_status cpu_register_matmul(em_registry *r);
 em_status cpu_register_random(em_registry *r);
+/* Bernoulli decisions from the 4-per-block Philox stream (ember/random.h) at block `offset`:
+ * keep[j] = (w >> 8) < t for the word w of stream element e0 + j, j < n; with
+ * t = cpu_philox_threshold(p) that is em_philox_uniform_f32(seed, offset, e0 + j) < p.
+ * AVX-512 where the CPU has it (cpu_random.c). */
+void cpu_philox_keep(uint64_t seed, uint64_t offset, uint64_t e0, int64_t n, uint32_t t,
+                     uint8_t *keep);
+uint32_t cpu_philox_threshold(double p); /* ceil(p 2^24) for p in [0, 1] */
 em_status cpu_register_math(em_registry *r);
 em_status cpu_register_nn(em_registry *r);
 em_status cpu_register_attention(em_registry *r); /* cpu_attention.c */

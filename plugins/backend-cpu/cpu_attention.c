@@ -91,13 +91,7 @@ static inline int64_t at_mask_offset(const at_geom *g, int64_t b) {
  * (w >> 8) < ceil(keep_p 2^24). */
 static void at_keep_row(const at_geom *g, int64_t b, int64_t i, int64_t n, uint8_t *keep) {
     uint64_t idx = ((uint64_t)b * (uint64_t)g->L + (uint64_t)i) * (uint64_t)g->S;
-    uint32_t t = (uint32_t)ceil(g->keep_p * 16777216.0), w[4];
-    for (int64_t j = 0; j < n;) {
-        uint64_t e = idx + (uint64_t)j;
-        em_philox_block(g->seed, g->offset + e / 4, w);
-        for (unsigned lane = (unsigned)(e % 4); lane < 4 && j < n; lane++, j++)
-            keep[j] = (w[lane] >> 8) < t;
-    }
+    cpu_philox_keep(g->seed, g->offset, idx, n, cpu_philox_threshold(g->keep_p), keep);
 }
 
 /* The geometry from q, k, v at in[iq..iq+2] and the mask at in[im]. */

@@ -247,13 +247,22 @@ DEF_CONVERT(conv_f32_f64, float, double, AS_F64)
 DEF_CONVERT(conv_f64_f32, double, float, AS_F32)
 DEF_CONVERT(conv_bf16_f64, uint16_t, double, B2D)
 DEF_CONVERT(conv_f16_f64, uint16_t, double, H2D)
+/* bool and u8 to the float dtypes: masks made floating (dropout's, attention's) */
+#define BOOL_F32(x) ((x) ? 1.0f : 0.0f)
+#define BOOL_F64(x) ((x) ? 1.0 : 0.0)
+DEF_CONVERT(conv_bool_f32, uint8_t, float, BOOL_F32)
+DEF_CONVERT(conv_bool_f64, uint8_t, double, BOOL_F64)
+DEF_CONVERT(conv_u8_f32, uint8_t, float, AS_F32)
+DEF_CONVERT(conv_u8_f64, uint8_t, double, AS_F64)
 
 static cpu_loop_fn typed_convert(em_dtype to, em_dtype from) {
     if (from == EM_F32) return to == EM_BF16 ? conv_f32_bf16 : to == EM_F16 ? conv_f32_f16
                                : to == EM_F64 ? conv_f32_f64 : NULL;
     if (to == EM_F32) return from == EM_BF16 ? conv_bf16_f32 : from == EM_F16 ? conv_f16_f32
-                             : from == EM_F64 ? conv_f64_f32 : NULL;
+                             : from == EM_F64 ? conv_f64_f32 : from == EM_BOOL ? conv_bool_f32
+                             : from == EM_U8 ? conv_u8_f32 : NULL;
     if (to == EM_F64) return from == EM_BF16 ? conv_bf16_f64 : from == EM_F16 ? conv_f16_f64
+                             : from == EM_BOOL ? conv_bool_f64 : from == EM_U8 ? conv_u8_f64
                              : NULL;
     return NULL;
 }

@@ -14,7 +14,16 @@
  * Rounding: values are computed in double and rounded to the output dtype; f16 and bf16 are
  * the f32 result converted with em_f32_to_f16 / em_f32_to_bf16 (as a GPU kernel computing in
  * float would), so an f16 fill holds exactly the f32 fill's values, rounded.
+ *
+ * Bernoulli decisions (a contiguous bool, u8 or f32 bernoulli: the dropout masks; the
+ * attention kernel's dropout through cpu_philox_keep) go 16 Philox blocks at a time through
+ * AVX-512 where the CPU has it: the 32x32 -> 64-bit products of a round are two
+ * _mm512_mul_epu32 (even and odd lanes), the same words as em_philox4x32_10's, 4.7x faster
+ * than the scalar rounds on the bench VM (GCC's auto-vectorised form of the scalar code did
+ * full 64-bit products and gained only 2x). The decision u < p is taken on the integer word:
+ * u = (w >> 8) 2^-24 exactly, so u < p is (w >> 8) < ceil(p 2^24).
  */
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,6 +33,7 @@
 #include "ember/error.h"
 #include "ember/random.h"
 #include "cpu.h"
+#include "cpu_nn.h"
 
 /* Split the block loop across threads above this many elements. */
 #define RANDOM_PAR_MIN 65536
@@ -172,6 +182,76 @@ static em_status cpu_normal(const em_kernel_ctx *ctx) {
 
 /* ---- bernoulli ---------------------------------------------------------------------------- */
 
+/* The hi and lo 32-bit halves of a * m in each 32-bit lane of a (m: a constant in the low
+ * half of each 64-bit lane). */
+__attribute__((target("avx512f"))) static inline void philox_mul16(__m512i a, __m512i m,
+                                                                   __m512i *hi, __m512i *lo) {
+    __m512i pe = _mm512_mul_epu32(a, m);                        /* lanes 0, 2, ...: 64 bits */
+    __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m); /* lanes 1, 3, ... */
+    *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
+    *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
+}
+
+/* keep[0 .. 64): the decisions (w >> 8) < t of the 4 words of each of blocks b0 .. b0 + 15
+ * (em_philox_block's words, in order). */
+__attribute__((target("avx512f"))) static void philox_keep64(uint64_t seed, uint64_t b0,
+                                                             uint32_t t, uint8_t *keep) {
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)b0), lanes);
+    __m512i hi = _mm512_set1_epi32((int)(uint32_t)(b0 >> 32));
+    /* the counter's high word, plus one in the lanes whose low word wrapped */
+    __m512i c1 = _mm512_mask_add_epi32(hi, _mm512_cmplt_epu32_mask(c0, lanes), hi,
+                                       _mm512_set1_epi32(1));
+    __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+    const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        __m512i h0, l0, h1, l1;
+        philox_mul16(c0, m0, &h0, &l0);
+        philox_mul16(c2, m1, &h1, &l1);
+        c0 = _mm512_xor_si512(_mm512_xor_si512(h1, c1), _mm512_set1_epi32((int)k0));
+        c2 = _mm512_xor_si512(_mm512_xor_si512(h0, c3), _mm512_set1_epi32((int)k1));
+        c1 = l1;
+        c3 = l0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    /* byte 4 l + i of the result: word i of block l */
+    const __m512i tv = _mm512_set1_epi32((int)t), one = _mm512_set1_epi32(1);
+    __m512i v = _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(_mm512_srli_epi32(c0, 8), tv), one);
+    v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_maskz_mov_epi32(
+                               _mm512_cmplt_epu32_mask(_mm512_srli_epi32(c1, 8), tv), one), 8));
+    v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_maskz_mov_epi32(
+                               _mm512_cmplt_epu32_mask(_mm512_srli_epi32(c2, 8), tv), one), 16));
+    v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_maskz_mov_epi32(
+                               _mm512_cmplt_epu32_mask(_mm512_srli_epi32(c3, 8), tv), one), 24));
+    _mm512_storeu_si512(keep, v);
+}
+
+uint32_t cpu_philox_threshold(double p) {
+    return p >= 1 ? 1u << 24 : p > 0 ? (uint32_t)ceil(p * 16777216.0) : 0;
+}
+
+void cpu_philox_keep(uint64_t seed, uint64_t offset, uint64_t e0, int64_t n, uint32_t t,
+                     uint8_t *keep) {
+    int64_t j = 0;
+    uint32_t w[4];
+    /* scalar up to a block boundary, 64 at a time, then the rest */
+    for (; j < n && (e0 + (uint64_t)j) % 4; j++) {
+        uint64_t e = e0 + (uint64_t)j;
+        em_philox_block(seed, offset + e / 4, w);
+        keep[j] = (w[e % 4] >> 8) < t;
+    }
+    if (cpu_nn_has_avx512())
+        for (; j + 64 <= n; j += 64)
+            philox_keep64(seed, offset + (e0 + (uint64_t)j) / 4, t, keep + j);
+    for (; j < n; j++) {
+        uint64_t e = e0 + (uint64_t)j;
+        if (j == 0 || e % 4 == 0) em_philox_block(seed, offset + e / 4, w);
+        keep[j] = (w[e % 4] >> 8) < t;
+    }
+}
+
 /* Every dtype reads the 4-per-block f32 stream: element i is 1 when u_i < p. */
 static em_status cpu_bernoulli(const em_kernel_ctx *ctx) {
     const em_ktensor *t = &ctx->out[0];
@@ -179,6 +259,25 @@ static em_status cpu_bernoulli(const em_kernel_ctx *ctx) {
     if (!(p.a >= 0.0 && p.a <= 1.0))
         return em_set_error(EM_ERR_INVALID, "bernoulli: expects 0 <= p <= 1, got p=%g", p.a);
     int64_t n = t->numel, nb = (n + 3) / 4;
+    if (t->contiguous && (t->dtype == EM_BOOL || t->dtype == EM_U8 || t->dtype == EM_F32)) {
+        /* chunks of whole blocks, each's decisions from cpu_philox_keep (f32: as bytes on the
+         * stack, then 0.0f / 1.0f) */
+        enum { CHUNK = 1 << 12 };
+        uint32_t thr = cpu_philox_threshold(p.a);
+        bool bytes = t->dtype != EM_F32;
+#pragma omp parallel for if (n > RANDOM_PAR_MIN)
+        for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {
+            int64_t i0 = c * CHUNK, m = min64(CHUNK, n - i0);
+            uint8_t buf[CHUNK], *keep = bytes ? (uint8_t *)t->data + i0 : buf;
+            cpu_philox_keep(p.seed, p.offset, (uint64_t)i0, m, thr, keep);
+            if (!bytes) {
+                float *y = (float *)t->data + i0;
+#pragma omp simd
+                for (int64_t j = 0; j < m; j++) y[j] = keep[j] ? 1.0f : 0.0f;
+            }
+        }
+        return EM_OK;
+    }
 #pragma omp parallel for if (n > RANDOM_PAR_MIN)
     for (int64_t b = 0; b < nb; b++) {
         uint32_t w[4];

@@ -166,7 +166,7 @@ static em_status mask_merge(const em_tensor *m, bool true_ignores, em_dtype dt,
  * PyTorch's conventions (NULL: none), `valid` the data ABI's (B, S) mask (true = real) or
  * NULL. Returns (B, L, E) before out_proj. */
 static em_tensor *mha_attend(em_module *m, const em_tensor *q, const em_tensor *k,
-                             const em_tensor *v, bool self, const em_tensor *kpm,
+                             const em_tensor *v, const em_tensor *kpm,
                              const em_tensor *am, const em_tensor *valid) {
     mha_state *s = em_module_state(m);
     int64_t E = s->E, B = em_tensor_size(q, 0), L = em_tensor_size(q, 1),
@@ -185,17 +185,15 @@ static em_tensor *mha_attend(em_module *m, const em_tensor *q, const em_tensor *
     em_tensor *bias = em_module_parameter(m, "in_proj_bias");
     em_tensor *Q, *K, *V;
     if (s->packed) {
+        /* Self-attention too takes three products over thirds of the stacked weight rather
+         * than one over all of it and a chunk of the (B, L, 3E) result: the same sums, but
+         * the chunk's backward copied each third's grad into zeros of the whole and added
+         * the three (18M floats written per layer of the Transformer step, bench/README.md),
+         * where the thirds' grads now meet in q's (B, L, E) grad. */
         em_tensor *w = em_module_parameter(m, "in_proj_weight");
-        if (self) {
-            em_tensor *qkv = em_linear(q, w, bias), *parts[3];
-            int np = 0;
-            if (em_chunk(qkv, 3, -1, 3, parts, &np) != EM_OK) return NULL;
-            Q = parts[0], K = parts[1], V = parts[2];
-        } else {
-            Q = em_linear(q, em_narrow(w, 0, 0, E), bias ? em_narrow(bias, 0, 0, E) : NULL);
-            K = em_linear(k, em_narrow(w, 0, E, E), bias ? em_narrow(bias, 0, E, E) : NULL);
-            V = em_linear(v, em_narrow(w, 0, 2 * E, E), bias ? em_narrow(bias, 0, 2 * E, E) : NULL);
-        }
+        Q = em_linear(q, em_narrow(w, 0, 0, E), bias ? em_narrow(bias, 0, 0, E) : NULL);
+        K = em_linear(k, em_narrow(w, 0, E, E), bias ? em_narrow(bias, 0, E, E) : NULL);
+        V = em_linear(v, em_narrow(w, 0, 2 * E, E), bias ? em_narrow(bias, 0, 2 * E, E) : NULL);
     } else {
         Q = em_linear(q, em_module_parameter(m, "q_proj_weight"),
                       bias ? em_narrow(bias, 0, 0, E) : NULL);
@@ -297,7 +295,7 @@ static em_tensor *mha_forward(em_module *m, em_tensor *const *in, int n) {
     bool self = n == 1 || (q == k && k == v);
     em_tensor *qb = to_blf(s, q, unbatched);
     em_tensor *kb = self ? qb : to_blf(s, k, unbatched), *vb = self ? qb : to_blf(s, v, unbatched);
-    em_tensor *a = mha_attend(m, qb, kb, vb, self, kpm, am, valid);
+    em_tensor *a = mha_attend(m, qb, kb, vb, kpm, am, valid);
     if (!a) return NULL;
     em_tensor *y = em_module_forward(em_module_child(m, "out_proj"), a);
     if (!y) return NULL;

@@ -339,8 +339,9 @@ static const em_option_spec dropout_opts[] = {
     OPT_BOOL("inplace", false, "accepted for PyTorch configs; the result is always a new tensor"),
 };
 
-/* Training: x * mask / (1 - p) with mask ~ Bernoulli(1 - p) from the default generator;
- * eval (or p = 0): x itself. */
+/* Training: the dropout op, x * (mask / (1 - p)) with mask ~ Bernoulli(1 - p) from the
+ * default generator (PyTorch's F.dropout; its backward is one product, the grad times the
+ * scaled mask); eval (or p = 0): x itself. */
 static em_tensor *dropout_forward(em_module *m, em_tensor *const *in, int n) {
     (void)n;
     double p = em_options_float(em_module_options(m), "p");
@@ -349,10 +350,7 @@ static em_tensor *dropout_forward(em_module *m, em_tensor *const *in, int n) {
         return em_tensor_retain(x);
     if (p == 1.0)
         return em_mul_scalar(x, 0.0);
-    em_tensor *mask = em_empty_like(x);
-    if (!mask || em_bernoulli_(mask, 1.0 - p, NULL) != EM_OK)
-        return NULL;
-    return em_mul_scalar(em_mul(x, mask), 1.0 / (1.0 - p));
+    return em_dropout(x, p, true, NULL, NULL);
 }
 
 static const em_module_class dropout_class = {
