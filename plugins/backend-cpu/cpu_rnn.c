@@ -10,6 +10,8 @@
  * dG W_hh carries the gradient to the previous hidden state. Untaken steps (t >= lengths[b])
  * leave their rows of the state alone, and write zeros.
  */
+#include "config.h" /* EM_HAVE_LIBMVEC */
+
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -55,24 +57,28 @@ static em_status rnn_geom_of(const em_kernel_ctx *k, int iseq, int iw, int ilen,
 #define GEMM cblas_sgemm
 #define EXP expf
 #define TANH tanhf
+#define SIMD_CELLS CPU_RNN_SIMD
 #include "cpu_rnn_loops.h"
 #undef T
 #undef S
 #undef GEMM
 #undef EXP
 #undef TANH
+#undef SIMD_CELLS
 
 #define T double
 #define S(name) name##_f64
 #define GEMM cblas_dgemm
 #define EXP exp
 #define TANH tanh
+#define SIMD_CELLS 0
 #include "cpu_rnn_loops.h"
 #undef T
 #undef S
 #undef GEMM
 #undef EXP
 #undef TANH
+#undef SIMD_CELLS
 
 static bool f64(const em_kernel_ctx *k) { return k->out[0].dtype == EM_F64; }
 

@@ -6,6 +6,76 @@
 
 static inline T S(sig)(T v) { return (T)1 / ((T)1 + EXP(-v)); }
 
+/* One batch row of one step (the cells; SIMD_CELLS: the AVX-512 f32 ones of cpu_rnn_simd.c
+ * when simd). LSTM forward: gr (6H) holds the pre-activations i, f, g, o and gets
+ * [i, f, g, o, c_prev, h_prev]; c, h (H) the state, updated; y (H) the output. */
+static inline void S(lstm_cell)(T *gr, T *c, T *h, T *y, int64_t H, bool simd) {
+#if SIMD_CELLS
+    if (simd) {
+        cpu_rnn_lstm_cell_f32(gr, c, h, y, H);
+        return;
+    }
+#else
+    (void)simd;
+#endif
+    for (int64_t j = 0; j < H; j++) {
+        T ig = S(sig)(gr[j]), fg = S(sig)(gr[H + j]), gg = TANH(gr[2 * H + j]),
+          og = S(sig)(gr[3 * H + j]);
+        T cp = c[j], hp = h[j], cnew = fg * cp + ig * gg, hnew = og * TANH(cnew);
+        gr[j] = ig, gr[H + j] = fg, gr[2 * H + j] = gg, gr[3 * H + j] = og;
+        gr[4 * H + j] = cp, gr[5 * H + j] = hp;
+        c[j] = cnew, h[j] = hnew, y[j] = hnew;
+    }
+}
+
+/* LSTM backward: gr (6H) the step's workspace row, gy (H) the output gradient or NULL; dh, dc
+ * (H) the state gradients (dh left 0 for the dG W_hh GEMM to fill), d (4H) the
+ * pre-activation gradients. */
+static inline void S(lstm_cell_bwd)(const T *gr, const T *gy, T *dh, T *dc, T *d, int64_t H,
+                                    bool simd) {
+#if SIMD_CELLS
+    if (simd) {
+        cpu_rnn_lstm_cell_bwd_f32(gr, gy, dh, dc, d, H);
+        return;
+    }
+#else
+    (void)simd;
+#endif
+    for (int64_t j = 0; j < H; j++) {
+        T ig = gr[j], fg = gr[H + j], gg = gr[2 * H + j], og = gr[3 * H + j], cp = gr[4 * H + j];
+        T tc = TANH(fg * cp + ig * gg);
+        T dht = dh[j] + (gy ? gy[j] : 0);
+        T dct = dc[j] + dht * og * (1 - tc * tc);
+        d[j] = dct * gg * ig * (1 - ig);
+        d[H + j] = dct * cp * fg * (1 - fg);
+        d[2 * H + j] = dct * ig * (1 - gg * gg);
+        d[3 * H + j] = dht * tc * og * (1 - og);
+        dc[j] = dct * fg;
+        dh[j] = 0; /* the GEMM adds dG W_hh (untaken rows: dG is 0) */
+    }
+}
+
+/* GRU forward: gr (5H) holds the input-side pre-activations r, z, n and gets
+ * [r, z, n, W_hn h_prev + b_hn, h_prev]; hr (3H) the hidden products; h (H) the state; y (H). */
+static inline void S(gru_cell)(T *gr, const T *hr, T *h, T *y, int64_t H, bool simd) {
+#if SIMD_CELLS
+    if (simd) {
+        cpu_rnn_gru_cell_f32(gr, hr, h, y, H);
+        return;
+    }
+#else
+    (void)simd;
+#endif
+    for (int64_t j = 0; j < H; j++) {
+        T r = S(sig)(gr[j] + hr[j]), z = S(sig)(gr[H + j] + hr[H + j]);
+        T nl = hr[2 * H + j], n = TANH(gr[2 * H + j] + r * nl), hp = h[j];
+        T hnew = (1 - z) * n + z * hp;
+        gr[j] = r, gr[H + j] = z, gr[2 * H + j] = n, gr[3 * H + j] = nl;
+        gr[4 * H + j] = hp;
+        h[j] = hnew, y[j] = hnew;
+    }
+}
+
 /* Each (b, j) of a step's elementwise part runs on one thread; the rows of a step are few
  * (the batch), so the split is over batch rows, on nt threads when the step is big. */
 #define RNN_ROWS(nt, N, ...)                                                                    \
@@ -45,7 +115,8 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     else memset(cn, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
     S(in_proj)(x, w, bias, Tn * N, Ki, 4 * H, H, ws, WS);
-    int nt = rnn_threads(k, N * H * 8);
+    bool simd = SIMD_CELLS && cpu_rnn_has_simd();
+    int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
     for (int64_t s = 0; s < Tn; s++) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         T *gt = ws + t * N * WS, *yt = y + t * N * H;
@@ -58,14 +129,7 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                 memset(yr, 0, sizeof(T) * (size_t)H);
                 continue;
             }
-            for (int64_t j = 0; j < H; j++) {
-                T ig = S(sig)(gr[j]), fg = S(sig)(gr[H + j]), gg = TANH(gr[2 * H + j]),
-                  og = S(sig)(gr[3 * H + j]);
-                T cp = c[j], hp = h[j], cnew = fg * cp + ig * gg, hnew = og * TANH(cnew);
-                gr[j] = ig, gr[H + j] = fg, gr[2 * H + j] = gg, gr[3 * H + j] = og;
-                gr[4 * H + j] = cp, gr[5 * H + j] = hp;
-                c[j] = cnew, h[j] = hnew, yr[j] = hnew;
-            }
+            S(lstm_cell)(gr, c, h, yr, H, simd);
         });
     }
     return EM_OK;
@@ -83,7 +147,8 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[2].numel) memcpy(dc, gcn, state);
     else memset(dc, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
-    int nt = rnn_threads(k, N * H * 8);
+    bool simd = SIMD_CELLS && cpu_rnn_has_simd();
+    int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
     for (int64_t s = Tn - 1; s >= 0; s--) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
@@ -95,19 +160,7 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                 memset(d, 0, sizeof(T) * (size_t)(4 * H));
                 continue;
             }
-            for (int64_t j = 0; j < H; j++) {
-                T ig = gr[j], fg = gr[H + j], gg = gr[2 * H + j], og = gr[3 * H + j],
-                  cp = gr[4 * H + j];
-                T tc = TANH(fg * cp + ig * gg);
-                T dht = dhr[j] + (gyt ? gyt[b * H + j] : 0);
-                T dct = dcr[j] + dht * og * (1 - tc * tc);
-                d[j] = dct * gg * ig * (1 - ig);
-                d[H + j] = dct * cp * fg * (1 - fg);
-                d[2 * H + j] = dct * ig * (1 - gg * gg);
-                d[3 * H + j] = dht * tc * og * (1 - og);
-                dcr[j] = dct * fg;
-                dhr[j] = 0; /* the GEMM below adds dG W_hh (untaken rows: dG is 0) */
-            }
+            S(lstm_cell_bwd)(gr, gyt ? gyt + b * H : NULL, dhr, dcr, d, H, simd);
         });
         GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(4 * H), 1, dgt,
              (int)(4 * H), w + Ki, (int)ldw, 1, dh, (int)H);
@@ -129,7 +182,8 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     T *gh = cpu_scratch(k, sizeof(T) * (size_t)(N * 3 * H)); /* (N, 3H) hidden products */
     if (!gh) return em_last_status();
     S(in_proj)(x, w, bih, Tn * N, Ki, 3 * H, H, ws, WS);
-    int nt = rnn_threads(k, N * H * 8);
+    bool simd = SIMD_CELLS && cpu_rnn_has_simd();
+    int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
     for (int64_t s = 0; s < Tn; s++) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         T *gt = ws + t * N * WS, *yt = y + t * N * H;
@@ -147,14 +201,7 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                 memset(yr, 0, sizeof(T) * (size_t)H);
                 continue;
             }
-            for (int64_t j = 0; j < H; j++) {
-                T r = S(sig)(gr[j] + hr[j]), z = S(sig)(gr[H + j] + hr[H + j]);
-                T nl = hr[2 * H + j], n = TANH(gr[2 * H + j] + r * nl), hp = h[j];
-                T hnew = (1 - z) * n + z * hp;
-                gr[j] = r, gr[H + j] = z, gr[2 * H + j] = n, gr[3 * H + j] = nl;
-                gr[4 * H + j] = hp;
-                h[j] = hnew, yr[j] = hnew;
-            }
+            S(gru_cell)(gr, hr, h, yr, H, simd);
         });
     }
     return EM_OK;
