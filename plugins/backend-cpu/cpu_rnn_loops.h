@@ -117,11 +117,18 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     S(in_proj)(x, w, bias, Tn * N, Ki, 4 * H, H, ws, WS);
     bool simd = SIMD_CELLS && cpu_rnn_has_simd();
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
+#if PACKED_MM
+    rnn_mm mm; /* gates += h W_hh^T on W_hh^T packed once (cpu_rnn.c) */
+    bool packed = rnn_mm_init(&mm, k, N, H, 4 * H, w + Ki, 1, ldw, WS);
+#endif
     for (int64_t s = 0; s < Tn; s++) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         T *gt = ws + t * N * WS, *yt = y + t * N * H;
-        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(4 * H), (int)H, 1, hn,
-             (int)H, w + Ki, (int)ldw, 1, gt, (int)WS);
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, hn, gt))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(4 * H), (int)H, 1, hn,
+                 (int)H, w + Ki, (int)ldw, 1, gt, (int)WS);
         RNN_ROWS(nt, N, {
             T *gr = gt + b * WS, *h = hn + b * H, *c = cn + b * H, *yr = yt + b * H;
             if (len && t >= len[b]) {
@@ -132,6 +139,9 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
             S(lstm_cell)(gr, c, h, yr, H, simd);
         });
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
@@ -149,6 +159,10 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (Tn == 0 || N == 0) return EM_OK;
     bool simd = SIMD_CELLS && cpu_rnn_has_simd();
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
+#if PACKED_MM
+    rnn_mm mm; /* dh += dG W_hh on W_hh packed once */
+    bool packed = rnn_mm_init(&mm, k, N, 4 * H, H, w + Ki, ldw, 1, H);
+#endif
     for (int64_t s = Tn - 1; s >= 0; s--) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
@@ -162,9 +176,15 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
             }
             S(lstm_cell_bwd)(gr, gyt ? gyt + b * H : NULL, dhr, dcr, d, H, simd);
         });
-        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(4 * H), 1, dgt,
-             (int)(4 * H), w + Ki, (int)ldw, 1, dh, (int)H);
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, dgt, dh))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(4 * H), 1,
+                 dgt, (int)(4 * H), w + Ki, (int)ldw, 1, dh, (int)H);
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
@@ -182,6 +202,10 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     T *gh = cpu_scratch(k, sizeof(T) * (size_t)(N * 3 * H)); /* (N, 3H) hidden products */
     if (!gh) return em_last_status();
     S(in_proj)(x, w, bih, Tn * N, Ki, 3 * H, H, ws, WS);
+#if PACKED_MM
+    rnn_mm mm; /* gh += h W_hh^T on W_hh^T packed once */
+    bool packed = rnn_mm_init(&mm, k, N, H, 3 * H, w + Ki, 1, ldw, 3 * H);
+#endif
     bool simd = SIMD_CELLS && cpu_rnn_has_simd();
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
     for (int64_t s = 0; s < Tn; s++) {
@@ -191,8 +215,11 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
             if (bhh) memcpy(gh + b * 3 * H, bhh, sizeof(T) * (size_t)(3 * H));
             else memset(gh + b * 3 * H, 0, sizeof(T) * (size_t)(3 * H));
         }
-        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(3 * H), (int)H, 1, hn,
-             (int)H, w + Ki, (int)ldw, 1, gh, (int)(3 * H));
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, hn, gh))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(3 * H), (int)H, 1, hn,
+                 (int)H, w + Ki, (int)ldw, 1, gh, (int)(3 * H));
         RNN_ROWS(nt, N, {
             T *gr = gt + b * WS, *h = hn + b * H, *yr = yt + b * H;
             const T *hr = gh + b * 3 * H;
@@ -204,6 +231,9 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
             S(gru_cell)(gr, hr, h, yr, H, simd);
         });
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
@@ -218,6 +248,10 @@ static em_status S(gru_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     else memset(dh, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
     int nt = rnn_threads(k, N * H * 8);
+#if PACKED_MM
+    rnn_mm mm; /* dh += dGh W_hh on W_hh packed once */
+    bool packed = rnn_mm_init(&mm, k, N, 3 * H, H, w + Ki, ldw, 1, H);
+#endif
     for (int64_t s = Tn - 1; s >= 0; s--) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
@@ -241,9 +275,15 @@ static em_status S(gru_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                 dhr[j] = dht * z; /* the direct path; the GEMM below adds dGh W_hh */
             }
         });
-        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(3 * H), 1, dht_,
-             (int)(3 * H), w + Ki, (int)ldw, 1, dh, (int)H);
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, dht_, dh))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(3 * H), 1,
+                 dht_, (int)(3 * H), w + Ki, (int)ldw, 1, dh, (int)H);
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
