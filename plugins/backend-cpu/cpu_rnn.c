@@ -1,14 +1,18 @@
 /*
  * cpu_rnn.c — CPU kernels of the fused lstm and gru ops and their backwards (contracts in
- * core/ops_rnn.c), f32 and f64 with OpenBLAS; f16/bf16 calls take the core's f32 path.
+ * core/ops_rnn.c), f32 and f64; f16/bf16 calls take the core's f32 path.
  *
- * Forward: one GEMM projects the input of every step at once (x (T N, I) times W_ih^T, over
- * the bias rows) into the gate columns of the workspace; then each step adds its hidden
- * product h (N, H) W_hh^T with one GEMM and runs the gate nonlinearities and the state
- * update elementwise, over the batch rows in parallel. Backward walks the steps the other
- * way: the elementwise part gives the pre-activation gradients of the step, and one GEMM
- * dG W_hh carries the gradient to the previous hidden state. Untaken steps (t >= lengths[b])
- * leave their rows of the state alone, and write zeros.
+ * The cuDNN-style layout of the work: forward, one GEMM projects the input of every step at
+ * once (x (T N, I) times W_ih^T, plus the bias: cpu_gemm, so oneDNN on the kernel's threads)
+ * into the gate columns of the workspace; then each step adds its hidden product h (N, H)
+ * W_hh^T with one GEMM and runs the gate nonlinearities and the state update in one pass per
+ * batch row (the cells; AVX-512 with libmvec's vector exp/tanh for f32, cpu_rnn_simd.c).
+ * Backward walks the steps the other way: the cell gives the pre-activation gradients of the
+ * step, and one GEMM dG W_hh carries the gradient to the previous hidden state; the weight
+ * and input gradients are single GEMMs over all steps, composed by the core's derivative.
+ * For f32 with oneDNN the per-step product runs on W_hh packed once per call (rnn_mm);
+ * otherwise it is OpenBLAS's. Untaken steps (t >= lengths[b]) leave their rows of the state
+ * alone, and write zeros.
  */
 #include "config.h" /* EM_HAVE_LIBMVEC */
 
@@ -53,6 +57,16 @@ static em_status rnn_geom_of(const em_kernel_ctx *k, int iseq, int iw, int ilen,
                                 "sequence length %lld", em_op_name(k->op), (long long)b,
                                 (long long)g->len[b], (long long)g->L);
     return EM_OK;
+}
+
+/* A 2-D kernel view of a matrix (r, c) with element strides rs, cs (for cpu_gemm). */
+static em_ktensor rnn_kt2(void *data, em_dtype dt, int64_t r, int64_t c, int64_t rs, int64_t cs) {
+    em_ktensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data, t.dtype = dt, t.ndim = 2, t.numel = r * c;
+    t.shape[0] = r, t.shape[1] = c, t.strides[0] = rs, t.strides[1] = cs;
+    t.contiguous = rs == c && cs == 1;
+    return t;
 }
 
 /* ---- the recurrent product on prepacked weights (f32, oneDNN) ------------------------------ */

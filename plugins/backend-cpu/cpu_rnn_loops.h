@@ -89,17 +89,24 @@ static inline void S(gru_cell)(T *gr, const T *hr, T *h, T *y, int64_t H, bool s
     } while (0)
 
 /* x (M, K) times the input columns of w ((G H, K + H), transposed) into the first G H columns
- * of c (M, ldc) rows, over rows of bias (or zeros). */
-static void S(in_proj)(const T *x, const T *w, const T *bias, int64_t M, int64_t K, int64_t GH,
-                       int64_t H, T *c, int64_t ldc) {
-    for (int64_t m = 0; m < M; m++) {
-        T *row = c + m * ldc;
-        if (bias) memcpy(row, bias, sizeof(T) * (size_t)GH);
-        else memset(row, 0, sizeof(T) * (size_t)GH);
+ * of c (M, ldc) rows, plus bias (G H) or not: one GEMM for every step at once, cpu_gemm's
+ * (oneDNN on the kernel's threads, bias as its bias argument; OpenBLAS for f64). */
+static em_status S(in_proj)(const em_kernel_ctx *k, const T *x, const T *w, const T *bias,
+                            int64_t M, int64_t K, int64_t GH, int64_t H, T *c, int64_t ldc) {
+    if (K == 0) { /* no input features: the bias (or zeros) alone */
+        for (int64_t m = 0; m < M; m++) {
+            T *row = c + m * ldc;
+            if (bias) memcpy(row, bias, sizeof(T) * (size_t)GH);
+            else memset(row, 0, sizeof(T) * (size_t)GH);
+        }
+        return EM_OK;
     }
-    if (M > 0 && K > 0)
-        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)GH, (int)K, 1, x, (int)K, w,
-             (int)(K + H), 1, c, (int)ldc);
+    em_dtype dt = k->out[0].dtype;
+    em_ktensor a = rnn_kt2((void *)x, dt, M, K, K, 1), b = rnn_kt2((void *)w, dt, K, GH, 1, K + H),
+               y = rnn_kt2(c, dt, M, GH, ldc, 1);
+    if (!bias) return cpu_gemm(k, &a, &b, &y, 1.0, 0.0);
+    em_ktensor bt = rnn_kt2((void *)bias, dt, M, GH, 0, 1);
+    return cpu_gemm_addmm(k, &bt, &a, &b, &y, 1.0, 1.0);
 }
 
 static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
@@ -114,8 +121,13 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[2].numel) memcpy(cn, cx, state);
     else memset(cn, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
-    S(in_proj)(x, w, bias, Tn * N, Ki, 4 * H, H, ws, WS);
-    bool simd = SIMD_CELLS && cpu_rnn_has_simd();
+    em_status st = S(in_proj)(k, x, w, bias, Tn * N, Ki, 4 * H, H, ws, WS);
+    if (st != EM_OK) return st;
+#if SIMD_CELLS
+    bool simd = cpu_rnn_has_simd();
+#else
+    bool simd = false;
+#endif
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
 #if PACKED_MM
     rnn_mm mm; /* gates += h W_hh^T on W_hh^T packed once (cpu_rnn.c) */
@@ -157,7 +169,11 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[2].numel) memcpy(dc, gcn, state);
     else memset(dc, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
-    bool simd = SIMD_CELLS && cpu_rnn_has_simd();
+#if SIMD_CELLS
+    bool simd = cpu_rnn_has_simd();
+#else
+    bool simd = false;
+#endif
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
 #if PACKED_MM
     rnn_mm mm; /* dh += dG W_hh on W_hh packed once */
@@ -199,14 +215,20 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[1].numel) memcpy(hn, hx, state);
     else memset(hn, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
+    /* The projection first: its GEMM may use the kernel workspace that gh then takes. */
+    em_status st = S(in_proj)(k, x, w, bih, Tn * N, Ki, 3 * H, H, ws, WS);
+    if (st != EM_OK) return st;
     T *gh = cpu_scratch(k, sizeof(T) * (size_t)(N * 3 * H)); /* (N, 3H) hidden products */
     if (!gh) return em_last_status();
-    S(in_proj)(x, w, bih, Tn * N, Ki, 3 * H, H, ws, WS);
 #if PACKED_MM
     rnn_mm mm; /* gh += h W_hh^T on W_hh^T packed once */
     bool packed = rnn_mm_init(&mm, k, N, H, 3 * H, w + Ki, 1, ldw, 3 * H);
 #endif
-    bool simd = SIMD_CELLS && cpu_rnn_has_simd();
+#if SIMD_CELLS
+    bool simd = cpu_rnn_has_simd();
+#else
+    bool simd = false;
+#endif
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
     for (int64_t s = 0; s < Tn; s++) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
