@@ -71,7 +71,8 @@ static em_ktensor rnn_kt2(void *data, em_dtype dt, int64_t r, int64_t c, int64_t
 
 /* ---- the recurrent product on prepacked weights (f32, oneDNN) ------------------------------ */
 
-/* c (M, Nc; row stride ldc) += a (M, K; dense) b for a b (K, Nc) that stays the same over all
+/* c (M, Nc; row stride ldc) = a (M, K; dense) b (or += with accumulate) for a b (K, Nc) that
+ * stays the same over all
  * the steps of a call (W_hh^T forward, W_hh backward): reordered once per call into oneDNN's
  * blocked weights layout (the matmul primitive's choice, format "any"), then one matmul per
  * step on it. OpenBLAS packed b again at every step (the per-step product is only M = batch
@@ -99,9 +100,10 @@ static void rnn_mm_free(rnn_mm *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* b is given by its strides (bs0 along K, bs1 along Nc). false: no oneDNN path (r is clean). */
+/* b is given by its strides (bs0 along K, bs1 along Nc). false: no oneDNN path (r is clean).
+ * oneDNN's brgemm kernels want c dense (ldc == Nc); a strided c gets its slower gemm. */
 static bool rnn_mm_init(rnn_mm *r, const em_kernel_ctx *k, int64_t M, int64_t K, int64_t Nc,
-                        const float *b, int64_t bs0, int64_t bs1, int64_t ldc) {
+                        const float *b, int64_t bs0, int64_t bs1, int64_t ldc, bool accumulate) {
     memset(r, 0, sizeof *r);
     dnnl_engine_t eng = cpu_dnnl_engine();
     if (!eng || M <= 0 || K <= 0 || Nc <= 0) return false;
@@ -126,9 +128,9 @@ static bool rnn_mm_init(rnn_mm *r, const em_kernel_ctx *k, int64_t M, int64_t K,
                                                (dnnl_dims_t){ldc, 1}) == dnnl_success &&
               dnnl_matmul_desc_init(&mmd, &smd, &wany, NULL, &dmd) == dnnl_success &&
               dnnl_primitive_attr_create(&attr) == dnnl_success &&
-              dnnl_post_ops_create(&po) == dnnl_success &&
-              dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
-              dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success &&
+              (!accumulate || (dnnl_post_ops_create(&po) == dnnl_success &&
+                               dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+                               dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success)) &&
               dnnl_primitive_desc_create(&pd, &mmd, attr, eng, NULL) == dnnl_success;
     if (ok) dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     ok = ok && impl && strncmp(impl, "ref", 3) != 0; /* a reference kernel: OpenBLAS instead */
@@ -161,7 +163,7 @@ static bool rnn_mm_init(rnn_mm *r, const em_kernel_ctx *k, int64_t M, int64_t K,
     return true;
 }
 
-/* One step: c += a b. false: oneDNN failed (nothing was written: the caller runs OpenBLAS). */
+/* One step: c = a b (+= when made with accumulate). false: oneDNN failed (nothing was written: the caller runs OpenBLAS). */
 static bool rnn_mm_run(rnn_mm *r, const float *a, float *c) {
     if (dnnl_memory_set_data_handle(r->src, (void *)a) != dnnl_success ||
         dnnl_memory_set_data_handle(r->dst, c) != dnnl_success)

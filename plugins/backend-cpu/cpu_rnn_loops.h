@@ -7,20 +7,21 @@
 static inline T S(sig)(T v) { return (T)1 / ((T)1 + EXP(-v)); }
 
 /* One batch row of one step (the cells; SIMD_CELLS: the AVX-512 f32 ones of cpu_rnn_simd.c
- * when simd). LSTM forward: gr (6H) holds the pre-activations i, f, g, o and gets
- * [i, f, g, o, c_prev, h_prev]; c, h (H) the state, updated; y (H) the output. */
-static inline void S(lstm_cell)(T *gr, T *c, T *h, T *y, int64_t H, bool simd) {
+ * when simd). LSTM forward: gr (6H) holds the input side of the pre-activations i, f, g, o
+ * (x W_ih^T + b), hr (4H) the hidden side (h W_hh^T); gr gets [i, f, g, o, c_prev, h_prev]
+ * (activated); c, h (H) the state, updated; y (H) the output. */
+static inline void S(lstm_cell)(T *gr, const T *hr, T *c, T *h, T *y, int64_t H, bool simd) {
 #if SIMD_CELLS
     if (simd) {
-        cpu_rnn_lstm_cell_f32(gr, c, h, y, H);
+        cpu_rnn_lstm_cell_f32(gr, hr, c, h, y, H);
         return;
     }
 #else
     (void)simd;
 #endif
     for (int64_t j = 0; j < H; j++) {
-        T ig = S(sig)(gr[j]), fg = S(sig)(gr[H + j]), gg = TANH(gr[2 * H + j]),
-          og = S(sig)(gr[3 * H + j]);
+        T ig = S(sig)(gr[j] + hr[j]), fg = S(sig)(gr[H + j] + hr[H + j]),
+          gg = TANH(gr[2 * H + j] + hr[2 * H + j]), og = S(sig)(gr[3 * H + j] + hr[3 * H + j]);
         T cp = c[j], hp = h[j], cnew = fg * cp + ig * gg, hnew = og * TANH(cnew);
         gr[j] = ig, gr[H + j] = fg, gr[2 * H + j] = gg, gr[3 * H + j] = og;
         gr[4 * H + j] = cp, gr[5 * H + j] = hp;
@@ -129,26 +130,31 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     bool simd = false;
 #endif
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
+    /* The hidden product of a step goes to a dense (N, 4H) buffer that the cell adds: a
+     * product into the workspace's strided gate columns would not get oneDNN's brgemm. */
+    T *gh = cpu_scratch(k, sizeof(T) * (size_t)(N * 4 * H));
+    if (!gh) return em_last_status();
 #if PACKED_MM
-    rnn_mm mm; /* gates += h W_hh^T on W_hh^T packed once (cpu_rnn.c) */
-    bool packed = rnn_mm_init(&mm, k, N, H, 4 * H, w + Ki, 1, ldw, WS);
+    rnn_mm mm; /* gh = h W_hh^T on W_hh^T packed once (cpu_rnn.c) */
+    bool packed = rnn_mm_init(&mm, k, N, H, 4 * H, w + Ki, 1, ldw, 4 * H, false);
 #endif
     for (int64_t s = 0; s < Tn; s++) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         T *gt = ws + t * N * WS, *yt = y + t * N * H;
 #if PACKED_MM
-        if (!packed || !rnn_mm_run(&mm, hn, gt))
+        if (!packed || !rnn_mm_run(&mm, hn, gh))
 #endif
             GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(4 * H), (int)H, 1, hn,
-                 (int)H, w + Ki, (int)ldw, 1, gt, (int)WS);
+                 (int)H, w + Ki, (int)ldw, 0, gh, (int)(4 * H));
         RNN_ROWS(nt, N, {
             T *gr = gt + b * WS, *h = hn + b * H, *c = cn + b * H, *yr = yt + b * H;
+            const T *hr = gh + b * 4 * H;
             if (len && t >= len[b]) {
                 memset(gr, 0, sizeof(T) * (size_t)WS);
                 memset(yr, 0, sizeof(T) * (size_t)H);
                 continue;
             }
-            S(lstm_cell)(gr, c, h, yr, H, simd);
+            S(lstm_cell)(gr, hr, c, h, yr, H, simd);
         });
     }
 #if PACKED_MM
@@ -177,7 +183,7 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
 #if PACKED_MM
     rnn_mm mm; /* dh += dG W_hh on W_hh packed once */
-    bool packed = rnn_mm_init(&mm, k, N, 4 * H, H, w + Ki, ldw, 1, H);
+    bool packed = rnn_mm_init(&mm, k, N, 4 * H, H, w + Ki, ldw, 1, H, true);
 #endif
     for (int64_t s = Tn - 1; s >= 0; s--) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
@@ -222,7 +228,7 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (!gh) return em_last_status();
 #if PACKED_MM
     rnn_mm mm; /* gh += h W_hh^T on W_hh^T packed once */
-    bool packed = rnn_mm_init(&mm, k, N, H, 3 * H, w + Ki, 1, ldw, 3 * H);
+    bool packed = rnn_mm_init(&mm, k, N, H, 3 * H, w + Ki, 1, ldw, 3 * H, true);
 #endif
 #if SIMD_CELLS
     bool simd = cpu_rnn_has_simd();
@@ -272,7 +278,7 @@ static em_status S(gru_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     int nt = rnn_threads(k, N * H * 8);
 #if PACKED_MM
     rnn_mm mm; /* dh += dGh W_hh on W_hh packed once */
-    bool packed = rnn_mm_init(&mm, k, N, 3 * H, H, w + Ki, ldw, 1, H);
+    bool packed = rnn_mm_init(&mm, k, N, 3 * H, H, w + Ki, ldw, 1, H, true);
 #endif
     for (int64_t s = Tn - 1; s >= 0; s--) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
