@@ -7,26 +7,28 @@
 static inline T S(sig)(T v) { return (T)1 / ((T)1 + EXP(-v)); }
 
 /* One batch row of one step (the cells; SIMD_CELLS: the AVX-512 f32 ones of cpu_rnn_simd.c
- * when simd). LSTM forward: gr (6H) holds the input side of the pre-activations i, f, g, o
- * (x W_ih^T + b), hr (4H) the hidden side (h W_hh^T); gr gets [i, f, g, o, c_prev, h_prev]
- * (activated); c, h (H) the state, updated; y (H) the output. */
-static inline void S(lstm_cell)(T *gr, const T *hr, T *c, T *h, T *y, int64_t H, bool simd) {
+ * when simd). LSTM forward: the pre-activations i, f, g, o are xr + hr + bias (4H each: the
+ * input projection x W_ih^T, the hidden product h W_hh^T, the bias or NULL); gr (6H) gets
+ * [i, f, g, o (activated), c_prev, h_prev]; c, h (H) the state, updated; y (H) the output. */
+static inline void S(lstm_cell)(T *gr, const T *xr, const T *hr, const T *bias, T *c, T *h,
+                                T *y, int64_t H, bool simd) {
 #if SIMD_CELLS
     if (simd) {
-        cpu_rnn_lstm_cell_f32(gr, hr, c, h, y, H);
+        cpu_rnn_lstm_cell_f32(gr, xr, hr, bias, c, h, y, H);
         return;
     }
 #else
     (void)simd;
 #endif
+#define PRE(q) (xr[(q) * H + j] + hr[(q) * H + j] + (bias ? bias[(q) * H + j] : 0))
     for (int64_t j = 0; j < H; j++) {
-        T ig = S(sig)(gr[j] + hr[j]), fg = S(sig)(gr[H + j] + hr[H + j]),
-          gg = TANH(gr[2 * H + j] + hr[2 * H + j]), og = S(sig)(gr[3 * H + j] + hr[3 * H + j]);
+        T ig = S(sig)(PRE(0)), fg = S(sig)(PRE(1)), gg = TANH(PRE(2)), og = S(sig)(PRE(3));
         T cp = c[j], hp = h[j], cnew = fg * cp + ig * gg, hnew = og * TANH(cnew);
         gr[j] = ig, gr[H + j] = fg, gr[2 * H + j] = gg, gr[3 * H + j] = og;
         gr[4 * H + j] = cp, gr[5 * H + j] = hp;
         c[j] = cnew, h[j] = hnew, y[j] = hnew;
     }
+#undef PRE
 }
 
 /* LSTM backward: gr (6H) the step's workspace row, gy (H) the output gradient or NULL; dh, dc
@@ -122,18 +124,31 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[2].numel) memcpy(cn, cx, state);
     else memset(cn, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
-    em_status st = S(in_proj)(k, x, w, bias, Tn * N, Ki, 4 * H, H, ws, WS);
-    if (st != EM_OK) return st;
+    /* Dense buffers the cell adds (a product into the workspace's strided gate columns
+     * would not get oneDNN's brgemm): gx (T N, 4H) the input projection of every step at
+     * once, gh (N, 4H) a step's hidden product. Neither GEMM uses the kernel workspace. */
+    T *gx = cpu_scratch(k, sizeof(T) * (size_t)((Tn + 1) * N * 4 * H));
+    if (!gx) return em_last_status();
+    T *gh = gx + Tn * N * 4 * H;
+    if (Ki == 0) {
+        memset(gx, 0, sizeof(T) * (size_t)(Tn * N * 4 * H));
+    } else {
+#if PACKED_MM
+        rnn_mm pm; /* gx = x W_ih^T */
+        bool proj = rnn_mm_init(&pm, k, Tn * N, Ki, 4 * H, w, 1, ldw, 4 * H, false);
+        if (proj && !rnn_mm_run(&pm, x, gx)) proj = false;
+        if (proj) rnn_mm_free(&pm);
+        if (!proj)
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(Tn * N), (int)(4 * H), (int)Ki, 1,
+                 x, (int)Ki, w, (int)ldw, 0, gx, (int)(4 * H));
+    }
 #if SIMD_CELLS
     bool simd = cpu_rnn_has_simd();
 #else
     bool simd = false;
 #endif
     int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
-    /* The hidden product of a step goes to a dense (N, 4H) buffer that the cell adds: a
-     * product into the workspace's strided gate columns would not get oneDNN's brgemm. */
-    T *gh = cpu_scratch(k, sizeof(T) * (size_t)(N * 4 * H));
-    if (!gh) return em_last_status();
 #if PACKED_MM
     rnn_mm mm; /* gh = h W_hh^T on W_hh^T packed once (cpu_rnn.c) */
     bool packed = rnn_mm_init(&mm, k, N, H, 4 * H, w + Ki, 1, ldw, 4 * H, false);
@@ -148,13 +163,13 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                  (int)H, w + Ki, (int)ldw, 0, gh, (int)(4 * H));
         RNN_ROWS(nt, N, {
             T *gr = gt + b * WS, *h = hn + b * H, *c = cn + b * H, *yr = yt + b * H;
-            const T *hr = gh + b * 4 * H;
+            const T *hr = gh + b * 4 * H, *xr = gx + (t * N + b) * 4 * H;
             if (len && t >= len[b]) {
                 memset(gr, 0, sizeof(T) * (size_t)WS);
                 memset(yr, 0, sizeof(T) * (size_t)H);
                 continue;
             }
-            S(lstm_cell)(gr, hr, c, h, yr, H, simd);
+            S(lstm_cell)(gr, xr, hr, bias, c, h, yr, H, simd);
         });
     }
 #if PACKED_MM

@@ -48,14 +48,15 @@ AVX512 static inline __mmask16 lanes(int64_t left) {
 #define LD(p) _mm512_maskz_loadu_ps(m, (p))
 #define ST(p, v) _mm512_mask_storeu_ps((p), m, (v))
 
-AVX512 void cpu_rnn_lstm_cell_f32(float *gr, const float *hr, float *c, float *h, float *y,
-                                  int64_t H) {
+AVX512 void cpu_rnn_lstm_cell_f32(float *gr, const float *xr, const float *hr,
+                                  const float *bias, float *c, float *h, float *y, int64_t H) {
+#define PRE(q)                                                                                 \
+    _mm512_add_ps(_mm512_add_ps(LD(xr + (q) * H + j), LD(hr + (q) * H + j)),                   \
+                  bias ? LD(bias + (q) * H + j) : _mm512_setzero_ps())
     for (int64_t j = 0; j < H; j += 16) {
         __mmask16 m = lanes(H - j);
-        __m512 ig = v_sig(_mm512_add_ps(LD(gr + j), LD(hr + j)));
-        __m512 fg = v_sig(_mm512_add_ps(LD(gr + H + j), LD(hr + H + j)));
-        __m512 gg = _ZGVeN16v_tanhf(_mm512_add_ps(LD(gr + 2 * H + j), LD(hr + 2 * H + j)));
-        __m512 og = v_sig(_mm512_add_ps(LD(gr + 3 * H + j), LD(hr + 3 * H + j)));
+        __m512 ig = v_sig(PRE(0)), fg = v_sig(PRE(1));
+        __m512 gg = _ZGVeN16v_tanhf(PRE(2)), og = v_sig(PRE(3));
         __m512 cp = LD(c + j), hp = LD(h + j);
         __m512 cn = _mm512_add_ps(_mm512_mul_ps(fg, cp), _mm512_mul_ps(ig, gg));
         __m512 hn = _mm512_mul_ps(og, _ZGVeN16v_tanhf(cn));
@@ -63,6 +64,7 @@ AVX512 void cpu_rnn_lstm_cell_f32(float *gr, const float *hr, float *c, float *h
         ST(gr + 4 * H + j, cp), ST(gr + 5 * H + j, hp);
         ST(c + j, cn), ST(h + j, hn), ST(y + j, hn);
     }
+#undef PRE
 }
 
 AVX512 void cpu_rnn_lstm_cell_bwd_f32(const float *gr, const float *gy, float *dh, float *dc,
