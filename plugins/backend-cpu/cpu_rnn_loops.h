@@ -91,9 +91,10 @@ static inline void S(gru_cell)(T *gr, const T *hr, T *h, T *y, int64_t H, bool s
         }                                                                                       \
     } while (0)
 
-/* x (M, K) times the input columns of w ((G H, K + H), transposed) into the first G H columns
- * of c (M, ldc) rows, plus bias (G H) or not: one GEMM for every step at once, cpu_gemm's
- * (oneDNN on the kernel's threads, bias as its bias argument; OpenBLAS for f64). */
+/* The GRU's: x (M, K) times the input columns of w ((G H, K + H), transposed) into the
+ * first G H columns of c (M, ldc) rows, plus bias (G H) or not: one GEMM for every step at
+ * once, cpu_gemm's (oneDNN on the kernel's threads, bias as its bias argument; OpenBLAS for
+ * f64). */
 static em_status S(in_proj)(const em_kernel_ctx *k, const T *x, const T *w, const T *bias,
                             int64_t M, int64_t K, int64_t GH, int64_t H, T *c, int64_t ldc) {
     if (K == 0) { /* no input features: the bias (or zeros) alone */
