@@ -21,6 +21,9 @@
  *                   the LSTM layer calls it: weight [W_ih | W_hh], bias b_ih + b_hh) over a
  *                   sequence of 64 steps, batch 32, then linear(256->64) at every step and
  *                   cross_entropy over the 64 x 32 steps (a character model's step)
+ *   train_gru_h256  the same with a one-layer GRU (the fused gru op, weight [W_ih | W_hh],
+ *                   biases b_ih and b_hh; PyTorch: nn.GRU(256, 256)); not a row of
+ *                   compare-pytorch.py, run by bench/cpu-time-pytorch.py
  *   train_cnn_b64_profiled  the same CNN step under the op profiler (em_profiler_begin
  *                   without a trace, em_profiler_end, em_profiler_free each step):
  *                   ember-train --profile's cost
@@ -88,7 +91,7 @@ static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
 typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
-    bool cnn, traced, transformer, lstm, amp;
+    bool cnn, traced, transformer, lstm, gru, amp;
     int profiled; /* 1: the op profiler; 2: with its trace, written out */
     int64_t batch;
     int np;
@@ -129,11 +132,12 @@ static void setup(workload *w) {
         return;
     }
     int64_t n_labels = w->batch, classes = 10;
-    if (w->lstm) {
-        w->p[0] = param(2, (int64_t[]){4 * LSTM_H, LSTM_I}, LSTM_H); /* weight_ih_l0 */
-        w->p[1] = param(2, (int64_t[]){4 * LSTM_H, LSTM_H}, LSTM_H); /* weight_hh_l0 */
-        w->p[2] = param(1, (int64_t[]){4 * LSTM_H}, LSTM_H);
-        w->p[3] = param(1, (int64_t[]){4 * LSTM_H}, LSTM_H);
+    if (w->lstm || w->gru) {
+        int64_t G = w->gru ? 3 : 4; /* gates */
+        w->p[0] = param(2, (int64_t[]){G * LSTM_H, LSTM_I}, LSTM_H); /* weight_ih_l0 */
+        w->p[1] = param(2, (int64_t[]){G * LSTM_H, LSTM_H}, LSTM_H); /* weight_hh_l0 */
+        w->p[2] = param(1, (int64_t[]){G * LSTM_H}, LSTM_H);
+        w->p[3] = param(1, (int64_t[]){G * LSTM_H}, LSTM_H);
         w->p[4] = param(2, (int64_t[]){LSTM_V, LSTM_H}, LSTM_H);
         w->p[5] = param(1, (int64_t[]){LSTM_V}, LSTM_H);
         w->np = 6;
@@ -206,11 +210,12 @@ static void step(workload *w) {
         return;
     }
     if (w->amp && em_autocast_begin("cpu", EM_BF16) != EM_OK) die("autocast_begin");
-    if (w->lstm) {
+    if (w->lstm || w->gru) {
         em_tensor *wt = em_cat(2, (const em_tensor *const[]){p[0], p[1]}, 1);
-        em_tensor *y = em_lstm(w->x, NULL, NULL, wt, em_add(p[2], p[3]), NULL, false, NULL, NULL,
-                               NULL);
-        if (!y) die("lstm");
+        em_tensor *y = w->gru ? em_gru(w->x, NULL, wt, p[2], p[3], NULL, false, NULL, NULL)
+                              : em_lstm(w->x, NULL, NULL, wt, em_add(p[2], p[3]), NULL, false,
+                                        NULL, NULL, NULL);
+        if (!y) die(w->gru ? "gru" : "lstm");
         h = em_linear(em_reshape(y, 2, (int64_t[]){LSTM_T * w->batch, LSTM_H}), p[4], p[5]);
     } else if (w->cnn) {
         const int64_t pad[2] = {1, 1}, k2[2] = {2, 2};
@@ -254,6 +259,7 @@ static workload W[] = {
     {.name = "train_transformer_b32", .iters = 2, .transformer = true, .batch = 32},
     {.name = "train_cnn_b64_bf16", .iters = 3, .cnn = true, .amp = true, .batch = 64},
     {.name = "train_lstm_h256", .iters = 3, .lstm = true, .batch = 32},
+    {.name = "train_gru_h256", .iters = 3, .gru = true, .batch = 32},
     {.name = "train_cnn_b64_profiled", .iters = 3, .cnn = true, .profiled = 1, .batch = 64},
     {.name = "train_cnn_b64_chrometrace", .iters = 3, .cnn = true, .profiled = 2, .batch = 64},
 };

@@ -333,7 +333,10 @@ static em_status param_grads(const em_backward_ctx *c, em_tensor **gi, const em_
     }
     if (c->needs_grad[iw]) {
         em_tensor *xr = em_reshape(x, 2, (const int64_t[]){T * N, I});
-        em_tensor *hr = em_reshape(hprev, 2, (const int64_t[]){T * N, H});
+        /* hprev is a strided view of the workspace (row stride 6H or 5H): made dense first,
+         * for oneDNN's brgemm (its gemm on the strided operand took three times as long). */
+        em_tensor *hd = em_contiguous(hprev);
+        em_tensor *hr = hd ? em_reshape(hd, 2, (const int64_t[]){T * N, H}) : NULL;
         em_tensor *gih = xr ? em_matmul(em_transpose(di, 0, 1), xr) : NULL;
         em_tensor *ghh = hr ? em_matmul(em_transpose(dh, 0, 1), hr) : NULL;
         if (!gih || !ghh ||

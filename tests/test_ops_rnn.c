@@ -212,12 +212,13 @@ Test(rnn_ops, fused_ops_match_the_composed_recurrence_f32) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], EM_F32, 1e-5);
 }
 
-/* Bigger than one thread's grain, so the batch rows split over threads, and a hidden size
- * that is not a multiple of a vector. */
+/* Bigger than one thread's grain, so the batch rows split over threads (the vector cells
+ * count one operation an element: 256 x 129 is over CPU_GRAIN), and a hidden size that is not
+ * a multiple of a vector (the cells' masked last chunk). */
 Test(rnn_ops, fused_ops_match_on_a_threaded_size) {
     static const rnn_case big[] = {
-        {"lstm 64 x 129", false, 3, 64, 7, 129, false, true, true, NULL},
-        {"gru 64 x 129 reverse", true, 3, 64, 7, 129, true, true, true, NULL},
+        {"lstm 256 x 129", false, 3, 256, 7, 129, false, true, true, NULL},
+        {"gru 256 x 129 reverse", true, 3, 256, 7, 129, true, true, true, NULL},
     };
     for (size_t i = 0; i < 2; i++) check_case(&big[i], EM_F32, 1e-4);
 }

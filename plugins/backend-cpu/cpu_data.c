@@ -379,10 +379,44 @@ static void iadd_task(int64_t task, void *vctx) {
     }
 }
 
+typedef struct acc_ctx {
+    acc_run_fn run;
+    double alpha;
+} acc_ctx;
+
+static void acc_loop(char **p, const int64_t *s, int64_t n, void *vctx) {
+    const acc_ctx *c = vctx;
+    c->run(p[0], s[0], p[1], s[1], n, c->alpha);
+}
+
+/* idx (n >= 1 entries) is v, v + 1, ..., v + n - 1 (cat's index_add): *v set. */
+static bool index_is_run(const em_ktensor *idx, int64_t *v) {
+    const int64_t *ip = idx->data;
+    int64_t is = idx->ndim ? idx->strides[0] : 1;
+    for (int64_t i = 1; i < idx->numel; i++)
+        if (ip[i * is] != ip[0] + i) return false;
+    *v = ip[0];
+    return true;
+}
+
 /* y (written in place) += alpha * x rows picked by idx along dim; every tensor non-0-dim. */
 static void index_add_into(const em_kernel_ctx *k, const em_ktensor *y, const em_ktensor *x,
                            const em_ktensor *idx, int dim, double alpha, int64_t skip) {
-    int64_t e = (int64_t)em_dtype_size(y->dtype);
+    int64_t e = (int64_t)em_dtype_size(y->dtype), v0;
+    if (skip < 0 && idx->numel > 0 && index_is_run(idx, &v0)) {
+        /* One block, y.narrow(dim, v0, n) += alpha * x, walked in memory order (each element
+         * still gets exactly one addition): cat with history adds its inputs so, and the
+         * general walk below goes along the slice, across rows, for an inner dim. */
+        em_ktensor yv = *y;
+        yv.data = (char *)y->data + v0 * y->strides[dim] * e;
+        yv.shape[dim] = idx->numel;
+        yv.numel = x->numel;
+        yv.contiguous = false;
+        acc_ctx ac = {.run = acc_run[y->dtype], .alpha = alpha};
+        const em_ktensor *ts[2] = {&yv, x};
+        cpu_foreach(k, 2, ts, acc_loop, &ac, CPU_GRAIN);
+        return;
+    }
     iadd_ctx c = {.y = y->data, .x = x->data, .idx = idx->data, .ysd = y->strides[dim] * e,
                   .xsd = x->strides[dim] * e, .is = (idx->ndim ? idx->strides[0] : 1) * 8,
                   .n = idx->numel, .rows = y->shape[dim], .skip = skip, .alpha = alpha,

@@ -326,18 +326,24 @@ static em_status k_index_select(const em_kernel_ctx *k) {
             return em_set_error(EM_ERR_RANGE, "index_select: index %lld is out of range for dim "
                                 "%d of size %lld", (long long)v, dim, (long long)size);
     }
-    /* For each selected index j: y.select(dim, j) = x.select(dim, idx[j]). */
+    /* For each run of consecutive indices idx[j .. j + r) = v .. v + r (all of cat's
+     * backward, which selects a block along dim): y.narrow(dim, j, r) = x.narrow(dim, v, r),
+     * one copy of whole rows rather than r copies of strided slices. */
     size_t e = em_dtype_size(x->dtype);
-    for (int64_t j = 0; j < idx->numel; j++) {
-        int64_t v = ip[j * istride];
+    int64_t per = y->numel / (idx->numel ? idx->numel : 1); /* elements of one slice */
+    for (int64_t j = 0; j < idx->numel;) {
+        int64_t v = ip[j * istride], r = 1;
+        while (j + r < idx->numel && ip[(j + r) * istride] == v + r) r++;
         em_ktensor xs = *x, ys = *y;
         xs.data = (char *)x->data + v * x->strides[dim] * (int64_t)e;
         ys.data = (char *)y->data + j * y->strides[dim] * (int64_t)e;
-        xs.shape[dim] = ys.shape[dim] = 1;
-        xs.numel = ys.numel = y->numel / (idx->numel ? idx->numel : 1);
+        xs.shape[dim] = ys.shape[dim] = r;
+        xs.numel = ys.numel = per * r;
+        xs.contiguous = ys.contiguous = false;
         const em_ktensor *ts[2] = {&ys, &xs};
         copy_ctx c = {x->dtype, x->dtype};
-        cpu_foreach(k, 2, ts, copy_same, &c, 0);
+        cpu_foreach(k, 2, ts, copy_same, &c, CPU_GRAIN_MEM);
+        j += r;
     }
     return EM_OK;
 }

@@ -1,16 +1,27 @@
 /*
  * cpu_rnn.c — CPU kernels of the fused lstm and gru ops and their backwards (contracts in
- * core/ops_rnn.c), f32 and f64 with OpenBLAS; f16/bf16 calls take the core's f32 path.
+ * core/ops_rnn.c), f32 and f64; f16/bf16 calls take the core's f32 path.
  *
- * Forward: one GEMM projects the input of every step at once (x (T N, I) times W_ih^T, over
- * the bias rows) into the gate columns of the workspace; then each step adds its hidden
- * product h (N, H) W_hh^T with one GEMM and runs the gate nonlinearities and the state
- * update elementwise, over the batch rows in parallel. Backward walks the steps the other
- * way: the elementwise part gives the pre-activation gradients of the step, and one GEMM
- * dG W_hh carries the gradient to the previous hidden state. Untaken steps (t >= lengths[b])
- * leave their rows of the state alone, and write zeros.
+ * The cuDNN-style layout of the work: forward, one GEMM projects the input of every step at
+ * once (x (T N, I) times W_ih^T; the LSTM into a dense buffer, the GRU into the gate columns
+ * of the workspace through cpu_gemm); then each step computes its hidden product h (N, H)
+ * W_hh^T with one GEMM and runs the gate nonlinearities and the state update in one pass per
+ * batch row (the cells, which add the parts of the pre-activations; AVX-512 with libmvec's
+ * vector exp/tanh for f32, cpu_rnn_simd.c). oneDNN runs its fast brgemm kernels only on
+ * dense destinations, hence the LSTM's dense buffers.
+ * Backward walks the steps the other way: the cell gives the pre-activation gradients of the
+ * step, and one GEMM dG W_hh carries the gradient to the previous hidden state; the weight
+ * and input gradients are single GEMMs over all steps, composed by the core's derivative.
+ * For f32 with oneDNN the per-step product runs on W_hh packed once per call (rnn_mm);
+ * otherwise it is OpenBLAS's. Untaken steps (t >= lengths[b]) leave their rows of the state
+ * alone, and write zeros.
  */
+#include "config.h" /* EM_HAVE_LIBMVEC */
+
 #include <cblas.h>
+#ifdef EM_HAVE_DNNL
+#include <dnnl.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
@@ -50,29 +61,156 @@ static em_status rnn_geom_of(const em_kernel_ctx *k, int iseq, int iw, int ilen,
     return EM_OK;
 }
 
+/* A 2-D kernel view of a matrix (r, c) with element strides rs, cs (for cpu_gemm). */
+static em_ktensor rnn_kt2(void *data, em_dtype dt, int64_t r, int64_t c, int64_t rs, int64_t cs) {
+    em_ktensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data, t.dtype = dt, t.ndim = 2, t.numel = r * c;
+    t.shape[0] = r, t.shape[1] = c, t.strides[0] = rs, t.strides[1] = cs;
+    t.contiguous = rs == c && cs == 1;
+    return t;
+}
+
+/* ---- the recurrent product on prepacked weights (f32, oneDNN) ------------------------------ */
+
+/* c (M, Nc; row stride ldc) = a (M, K; dense) b (or += with accumulate) for a b (K, Nc) that
+ * stays the same over all
+ * the steps of a call (W_hh^T forward, W_hh backward): reordered once per call into oneDNN's
+ * blocked weights layout (the matmul primitive's choice, format "any"), then one matmul per
+ * step on it. OpenBLAS packed b again at every step (the per-step product is only M = batch
+ * rows, so the packing of the K x Nc weights was a third of its time). Without oneDNN, or when
+ * oneDNN has no fast kernel for the shape, the steps call OpenBLAS as before. */
+typedef struct rnn_mm {
+#ifdef EM_HAVE_DNNL
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, dst;
+    dnnl_stream_t stream;
+    cpu_ctx *ctx;
+    int nt, prev_nt;
+#endif
+    bool ready;
+} rnn_mm;
+
+#ifdef EM_HAVE_DNNL
+static void rnn_mm_free(rnn_mm *r) {
+    if (r->prim) dnnl_primitive_destroy(r->prim);
+    if (r->src) dnnl_memory_destroy(r->src);
+    if (r->wei) dnnl_memory_destroy(r->wei);
+    if (r->dst) dnnl_memory_destroy(r->dst);
+    if (r->stream) cpu_dnnl_stream_put(r->ctx, r->stream);
+    if (r->nt != r->prev_nt) omp_set_num_threads(r->prev_nt);
+    memset(r, 0, sizeof *r);
+}
+
+/* b is given by its strides (bs0 along K, bs1 along Nc). false: no oneDNN path (r is clean).
+ * oneDNN's brgemm kernels want c dense (ldc == Nc); a strided c gets its slower gemm. */
+static bool rnn_mm_init(rnn_mm *r, const em_kernel_ctx *k, int64_t M, int64_t K, int64_t Nc,
+                        const float *b, int64_t bs0, int64_t bs1, int64_t ldc, bool accumulate) {
+    memset(r, 0, sizeof *r);
+    dnnl_engine_t eng = cpu_dnnl_engine();
+    if (!eng || M <= 0 || K <= 0 || Nc <= 0) return false;
+    r->ctx = cpu_ctx_of(k);
+    r->nt = cpu_threads(k), r->prev_nt = omp_get_max_threads();
+    if (r->nt != r->prev_nt) omp_set_num_threads(r->nt); /* oneDNN's kernels pick it up here */
+    dnnl_memory_desc_t smd, wany, wplain, dmd;
+    dnnl_matmul_desc_t mmd;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL, rpd = NULL;
+    dnnl_primitive_t reorder = NULL;
+    dnnl_memory_t plain = NULL;
+    const char *impl = NULL;
+    bool ok = dnnl_memory_desc_init_by_strides(&smd, 2, (dnnl_dims_t){M, K}, dnnl_f32,
+                                               (dnnl_dims_t){K, 1}) == dnnl_success &&
+              dnnl_memory_desc_init_by_tag(&wany, 2, (dnnl_dims_t){K, Nc}, dnnl_f32,
+                                           dnnl_format_tag_any) == dnnl_success &&
+              dnnl_memory_desc_init_by_strides(&wplain, 2, (dnnl_dims_t){K, Nc}, dnnl_f32,
+                                               (dnnl_dims_t){bs0, bs1}) == dnnl_success &&
+              dnnl_memory_desc_init_by_strides(&dmd, 2, (dnnl_dims_t){M, Nc}, dnnl_f32,
+                                               (dnnl_dims_t){ldc, 1}) == dnnl_success &&
+              dnnl_matmul_desc_init(&mmd, &smd, &wany, NULL, &dmd) == dnnl_success &&
+              dnnl_primitive_attr_create(&attr) == dnnl_success &&
+              (!accumulate || (dnnl_post_ops_create(&po) == dnnl_success &&
+                               dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+                               dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success)) &&
+              dnnl_primitive_desc_create(&pd, &mmd, attr, eng, NULL) == dnnl_success;
+    if (ok) dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    ok = ok && impl && strncmp(impl, "ref", 3) != 0; /* a reference kernel: OpenBLAS instead */
+    const dnnl_memory_desc_t *wmd = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0)
+                                       : NULL;
+    ok = ok && wmd && dnnl_primitive_create(&r->prim, pd) == dnnl_success &&
+         dnnl_memory_create(&r->wei, wmd, eng, DNNL_MEMORY_ALLOCATE) == dnnl_success &&
+         dnnl_memory_create(&r->src, &smd, eng, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&r->dst, &dmd, eng, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&plain, &wplain, eng, (void *)b) == dnnl_success &&
+         dnnl_reorder_primitive_desc_create(&rpd, &wplain, eng, wmd, eng, NULL) == dnnl_success &&
+         dnnl_primitive_create(&reorder, rpd) == dnnl_success &&
+         (r->stream = cpu_dnnl_stream_take(r->ctx)) != NULL;
+    if (ok) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, plain}, {DNNL_ARG_TO, r->wei}};
+        ok = dnnl_primitive_execute(reorder, r->stream, 2, args) == dnnl_success &&
+             dnnl_stream_wait(r->stream) == dnnl_success;
+    }
+    if (reorder) dnnl_primitive_destroy(reorder);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (plain) dnnl_memory_destroy(plain);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (!ok) {
+        rnn_mm_free(r);
+        return false;
+    }
+    r->ready = true;
+    return true;
+}
+
+/* One step: c = a b (+= when made with accumulate). false: oneDNN failed (nothing was written: the caller runs OpenBLAS). */
+static bool rnn_mm_run(rnn_mm *r, const float *a, float *c) {
+    if (dnnl_memory_set_data_handle(r->src, (void *)a) != dnnl_success ||
+        dnnl_memory_set_data_handle(r->dst, c) != dnnl_success)
+        return false;
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, r->src}, {DNNL_ARG_WEIGHTS, r->wei},
+                               {DNNL_ARG_DST, r->dst}};
+    return dnnl_primitive_execute(r->prim, r->stream, 3, args) == dnnl_success &&
+           dnnl_stream_wait(r->stream) == dnnl_success;
+}
+#define RNN_MM_F32 1
+#else
+#define RNN_MM_F32 0
+#endif
+
 #define T float
 #define S(name) name##_f32
 #define GEMM cblas_sgemm
 #define EXP expf
 #define TANH tanhf
+#define SIMD_CELLS CPU_RNN_SIMD
+#define PACKED_MM RNN_MM_F32
 #include "cpu_rnn_loops.h"
 #undef T
 #undef S
 #undef GEMM
 #undef EXP
 #undef TANH
+#undef SIMD_CELLS
+#undef PACKED_MM
 
 #define T double
 #define S(name) name##_f64
 #define GEMM cblas_dgemm
 #define EXP exp
 #define TANH tanh
+#define SIMD_CELLS 0
+#define PACKED_MM 0
 #include "cpu_rnn_loops.h"
 #undef T
 #undef S
 #undef GEMM
 #undef EXP
 #undef TANH
+#undef SIMD_CELLS
+#undef PACKED_MM
 
 static bool f64(const em_kernel_ctx *k) { return k->out[0].dtype == EM_F64; }
 

@@ -6,6 +6,79 @@
 
 static inline T S(sig)(T v) { return (T)1 / ((T)1 + EXP(-v)); }
 
+/* One batch row of one step (the cells; SIMD_CELLS: the AVX-512 f32 ones of cpu_rnn_simd.c
+ * when simd). LSTM forward: the pre-activations i, f, g, o are xr + hr + bias (4H each: the
+ * input projection x W_ih^T, the hidden product h W_hh^T, the bias or NULL); gr (6H) gets
+ * [i, f, g, o (activated), c_prev, h_prev]; c, h (H) the state, updated; y (H) the output. */
+static inline void S(lstm_cell)(T *gr, const T *xr, const T *hr, const T *bias, T *c, T *h,
+                                T *y, int64_t H, bool simd) {
+#if SIMD_CELLS
+    if (simd) {
+        cpu_rnn_lstm_cell_f32(gr, xr, hr, bias, c, h, y, H);
+        return;
+    }
+#else
+    (void)simd;
+#endif
+#define PRE(q) (xr[(q) * H + j] + hr[(q) * H + j] + (bias ? bias[(q) * H + j] : 0))
+    for (int64_t j = 0; j < H; j++) {
+        T ig = S(sig)(PRE(0)), fg = S(sig)(PRE(1)), gg = TANH(PRE(2)), og = S(sig)(PRE(3));
+        T cp = c[j], hp = h[j], cnew = fg * cp + ig * gg, hnew = og * TANH(cnew);
+        gr[j] = ig, gr[H + j] = fg, gr[2 * H + j] = gg, gr[3 * H + j] = og;
+        gr[4 * H + j] = cp, gr[5 * H + j] = hp;
+        c[j] = cnew, h[j] = hnew, y[j] = hnew;
+    }
+#undef PRE
+}
+
+/* LSTM backward: gr (6H) the step's workspace row, gy (H) the output gradient or NULL; dh, dc
+ * (H) the state gradients (dh left 0 for the dG W_hh GEMM to fill), d (4H) the
+ * pre-activation gradients. */
+static inline void S(lstm_cell_bwd)(const T *gr, const T *gy, T *dh, T *dc, T *d, int64_t H,
+                                    bool simd) {
+#if SIMD_CELLS
+    if (simd) {
+        cpu_rnn_lstm_cell_bwd_f32(gr, gy, dh, dc, d, H);
+        return;
+    }
+#else
+    (void)simd;
+#endif
+    for (int64_t j = 0; j < H; j++) {
+        T ig = gr[j], fg = gr[H + j], gg = gr[2 * H + j], og = gr[3 * H + j], cp = gr[4 * H + j];
+        T tc = TANH(fg * cp + ig * gg);
+        T dht = dh[j] + (gy ? gy[j] : 0);
+        T dct = dc[j] + dht * og * (1 - tc * tc);
+        d[j] = dct * gg * ig * (1 - ig);
+        d[H + j] = dct * cp * fg * (1 - fg);
+        d[2 * H + j] = dct * ig * (1 - gg * gg);
+        d[3 * H + j] = dht * tc * og * (1 - og);
+        dc[j] = dct * fg;
+        dh[j] = 0; /* the GEMM adds dG W_hh (untaken rows: dG is 0) */
+    }
+}
+
+/* GRU forward: gr (5H) holds the input-side pre-activations r, z, n and gets
+ * [r, z, n, W_hn h_prev + b_hn, h_prev]; hr (3H) the hidden products; h (H) the state; y (H). */
+static inline void S(gru_cell)(T *gr, const T *hr, T *h, T *y, int64_t H, bool simd) {
+#if SIMD_CELLS
+    if (simd) {
+        cpu_rnn_gru_cell_f32(gr, hr, h, y, H);
+        return;
+    }
+#else
+    (void)simd;
+#endif
+    for (int64_t j = 0; j < H; j++) {
+        T r = S(sig)(gr[j] + hr[j]), z = S(sig)(gr[H + j] + hr[H + j]);
+        T nl = hr[2 * H + j], n = TANH(gr[2 * H + j] + r * nl), hp = h[j];
+        T hnew = (1 - z) * n + z * hp;
+        gr[j] = r, gr[H + j] = z, gr[2 * H + j] = n, gr[3 * H + j] = nl;
+        gr[4 * H + j] = hp;
+        h[j] = hnew, y[j] = hnew;
+    }
+}
+
 /* Each (b, j) of a step's elementwise part runs on one thread; the rows of a step are few
  * (the batch), so the split is over batch rows, on nt threads when the step is big. */
 #define RNN_ROWS(nt, N, ...)                                                                    \
@@ -18,18 +91,26 @@ static inline T S(sig)(T v) { return (T)1 / ((T)1 + EXP(-v)); }
         }                                                                                       \
     } while (0)
 
-/* x (M, K) times the input columns of w ((G H, K + H), transposed) into the first G H columns
- * of c (M, ldc) rows, over rows of bias (or zeros). */
-static void S(in_proj)(const T *x, const T *w, const T *bias, int64_t M, int64_t K, int64_t GH,
-                       int64_t H, T *c, int64_t ldc) {
-    for (int64_t m = 0; m < M; m++) {
-        T *row = c + m * ldc;
-        if (bias) memcpy(row, bias, sizeof(T) * (size_t)GH);
-        else memset(row, 0, sizeof(T) * (size_t)GH);
+/* The GRU's: x (M, K) times the input columns of w ((G H, K + H), transposed) into the
+ * first G H columns of c (M, ldc) rows, plus bias (G H) or not: one GEMM for every step at
+ * once, cpu_gemm's (oneDNN on the kernel's threads, bias as its bias argument; OpenBLAS for
+ * f64). */
+static em_status S(in_proj)(const em_kernel_ctx *k, const T *x, const T *w, const T *bias,
+                            int64_t M, int64_t K, int64_t GH, int64_t H, T *c, int64_t ldc) {
+    if (K == 0) { /* no input features: the bias (or zeros) alone */
+        for (int64_t m = 0; m < M; m++) {
+            T *row = c + m * ldc;
+            if (bias) memcpy(row, bias, sizeof(T) * (size_t)GH);
+            else memset(row, 0, sizeof(T) * (size_t)GH);
+        }
+        return EM_OK;
     }
-    if (M > 0 && K > 0)
-        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)GH, (int)K, 1, x, (int)K, w,
-             (int)(K + H), 1, c, (int)ldc);
+    em_dtype dt = k->out[0].dtype;
+    em_ktensor a = rnn_kt2((void *)x, dt, M, K, K, 1), b = rnn_kt2((void *)w, dt, K, GH, 1, K + H),
+               y = rnn_kt2(c, dt, M, GH, ldc, 1);
+    if (!bias) return cpu_gemm(k, &a, &b, &y, 1.0, 0.0);
+    em_ktensor bt = rnn_kt2((void *)bias, dt, M, GH, 0, 1);
+    return cpu_gemm_addmm(k, &bt, &a, &b, &y, 1.0, 1.0);
 }
 
 static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
@@ -44,30 +125,57 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[2].numel) memcpy(cn, cx, state);
     else memset(cn, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
-    S(in_proj)(x, w, bias, Tn * N, Ki, 4 * H, H, ws, WS);
-    int nt = rnn_threads(k, N * H * 8);
+    /* Dense buffers the cell adds (a product into the workspace's strided gate columns
+     * would not get oneDNN's brgemm): gx (T N, 4H) the input projection of every step at
+     * once, gh (N, 4H) a step's hidden product. Neither GEMM uses the kernel workspace. */
+    T *gx = cpu_scratch(k, sizeof(T) * (size_t)((Tn + 1) * N * 4 * H));
+    if (!gx) return em_last_status();
+    T *gh = gx + Tn * N * 4 * H;
+    if (Ki == 0) {
+        memset(gx, 0, sizeof(T) * (size_t)(Tn * N * 4 * H));
+    } else {
+#if PACKED_MM
+        rnn_mm pm; /* gx = x W_ih^T */
+        bool proj = rnn_mm_init(&pm, k, Tn * N, Ki, 4 * H, w, 1, ldw, 4 * H, false);
+        if (proj && !rnn_mm_run(&pm, x, gx)) proj = false;
+        if (proj) rnn_mm_free(&pm);
+        if (!proj)
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(Tn * N), (int)(4 * H), (int)Ki, 1,
+                 x, (int)Ki, w, (int)ldw, 0, gx, (int)(4 * H));
+    }
+#if SIMD_CELLS
+    bool simd = cpu_rnn_has_simd();
+#else
+    bool simd = false;
+#endif
+    int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
+#if PACKED_MM
+    rnn_mm mm; /* gh = h W_hh^T on W_hh^T packed once (cpu_rnn.c) */
+    bool packed = rnn_mm_init(&mm, k, N, H, 4 * H, w + Ki, 1, ldw, 4 * H, false);
+#endif
     for (int64_t s = 0; s < Tn; s++) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         T *gt = ws + t * N * WS, *yt = y + t * N * H;
-        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(4 * H), (int)H, 1, hn,
-             (int)H, w + Ki, (int)ldw, 1, gt, (int)WS);
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, hn, gh))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(4 * H), (int)H, 1, hn,
+                 (int)H, w + Ki, (int)ldw, 0, gh, (int)(4 * H));
         RNN_ROWS(nt, N, {
             T *gr = gt + b * WS, *h = hn + b * H, *c = cn + b * H, *yr = yt + b * H;
+            const T *hr = gh + b * 4 * H, *xr = gx + (t * N + b) * 4 * H;
             if (len && t >= len[b]) {
                 memset(gr, 0, sizeof(T) * (size_t)WS);
                 memset(yr, 0, sizeof(T) * (size_t)H);
                 continue;
             }
-            for (int64_t j = 0; j < H; j++) {
-                T ig = S(sig)(gr[j]), fg = S(sig)(gr[H + j]), gg = TANH(gr[2 * H + j]),
-                  og = S(sig)(gr[3 * H + j]);
-                T cp = c[j], hp = h[j], cnew = fg * cp + ig * gg, hnew = og * TANH(cnew);
-                gr[j] = ig, gr[H + j] = fg, gr[2 * H + j] = gg, gr[3 * H + j] = og;
-                gr[4 * H + j] = cp, gr[5 * H + j] = hp;
-                c[j] = cnew, h[j] = hnew, yr[j] = hnew;
-            }
+            S(lstm_cell)(gr, xr, hr, bias, c, h, yr, H, simd);
         });
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
@@ -83,7 +191,16 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[2].numel) memcpy(dc, gcn, state);
     else memset(dc, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
-    int nt = rnn_threads(k, N * H * 8);
+#if SIMD_CELLS
+    bool simd = cpu_rnn_has_simd();
+#else
+    bool simd = false;
+#endif
+    int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
+#if PACKED_MM
+    rnn_mm mm; /* dh += dG W_hh on W_hh packed once */
+    bool packed = rnn_mm_init(&mm, k, N, 4 * H, H, w + Ki, ldw, 1, H, true);
+#endif
     for (int64_t s = Tn - 1; s >= 0; s--) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
@@ -95,23 +212,17 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                 memset(d, 0, sizeof(T) * (size_t)(4 * H));
                 continue;
             }
-            for (int64_t j = 0; j < H; j++) {
-                T ig = gr[j], fg = gr[H + j], gg = gr[2 * H + j], og = gr[3 * H + j],
-                  cp = gr[4 * H + j];
-                T tc = TANH(fg * cp + ig * gg);
-                T dht = dhr[j] + (gyt ? gyt[b * H + j] : 0);
-                T dct = dcr[j] + dht * og * (1 - tc * tc);
-                d[j] = dct * gg * ig * (1 - ig);
-                d[H + j] = dct * cp * fg * (1 - fg);
-                d[2 * H + j] = dct * ig * (1 - gg * gg);
-                d[3 * H + j] = dht * tc * og * (1 - og);
-                dcr[j] = dct * fg;
-                dhr[j] = 0; /* the GEMM below adds dG W_hh (untaken rows: dG is 0) */
-            }
+            S(lstm_cell_bwd)(gr, gyt ? gyt + b * H : NULL, dhr, dcr, d, H, simd);
         });
-        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(4 * H), 1, dgt,
-             (int)(4 * H), w + Ki, (int)ldw, 1, dh, (int)H);
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, dgt, dh))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(4 * H), 1,
+                 dgt, (int)(4 * H), w + Ki, (int)ldw, 1, dh, (int)H);
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
@@ -126,10 +237,21 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (k->in[1].numel) memcpy(hn, hx, state);
     else memset(hn, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
+    /* The projection first: its GEMM may use the kernel workspace that gh then takes. */
+    em_status st = S(in_proj)(k, x, w, bih, Tn * N, Ki, 3 * H, H, ws, WS);
+    if (st != EM_OK) return st;
     T *gh = cpu_scratch(k, sizeof(T) * (size_t)(N * 3 * H)); /* (N, 3H) hidden products */
     if (!gh) return em_last_status();
-    S(in_proj)(x, w, bih, Tn * N, Ki, 3 * H, H, ws, WS);
-    int nt = rnn_threads(k, N * H * 8);
+#if PACKED_MM
+    rnn_mm mm; /* gh += h W_hh^T on W_hh^T packed once */
+    bool packed = rnn_mm_init(&mm, k, N, H, 3 * H, w + Ki, 1, ldw, 3 * H, true);
+#endif
+#if SIMD_CELLS
+    bool simd = cpu_rnn_has_simd();
+#else
+    bool simd = false;
+#endif
+    int nt = rnn_threads(k, N * H * (simd ? 1 : 8));
     for (int64_t s = 0; s < Tn; s++) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         T *gt = ws + t * N * WS, *yt = y + t * N * H;
@@ -137,8 +259,11 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
             if (bhh) memcpy(gh + b * 3 * H, bhh, sizeof(T) * (size_t)(3 * H));
             else memset(gh + b * 3 * H, 0, sizeof(T) * (size_t)(3 * H));
         }
-        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(3 * H), (int)H, 1, hn,
-             (int)H, w + Ki, (int)ldw, 1, gh, (int)(3 * H));
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, hn, gh))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)(3 * H), (int)H, 1, hn,
+                 (int)H, w + Ki, (int)ldw, 1, gh, (int)(3 * H));
         RNN_ROWS(nt, N, {
             T *gr = gt + b * WS, *h = hn + b * H, *yr = yt + b * H;
             const T *hr = gh + b * 3 * H;
@@ -147,16 +272,12 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                 memset(yr, 0, sizeof(T) * (size_t)H);
                 continue;
             }
-            for (int64_t j = 0; j < H; j++) {
-                T r = S(sig)(gr[j] + hr[j]), z = S(sig)(gr[H + j] + hr[H + j]);
-                T nl = hr[2 * H + j], n = TANH(gr[2 * H + j] + r * nl), hp = h[j];
-                T hnew = (1 - z) * n + z * hp;
-                gr[j] = r, gr[H + j] = z, gr[2 * H + j] = n, gr[3 * H + j] = nl;
-                gr[4 * H + j] = hp;
-                h[j] = hnew, yr[j] = hnew;
-            }
+            S(gru_cell)(gr, hr, h, yr, H, simd);
         });
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
@@ -171,6 +292,10 @@ static em_status S(gru_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     else memset(dh, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
     int nt = rnn_threads(k, N * H * 8);
+#if PACKED_MM
+    rnn_mm mm; /* dh += dGh W_hh on W_hh packed once */
+    bool packed = rnn_mm_init(&mm, k, N, 3 * H, H, w + Ki, ldw, 1, H, true);
+#endif
     for (int64_t s = Tn - 1; s >= 0; s--) {
         int64_t t = g->reverse ? Tn - 1 - s : s;
         const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
@@ -194,9 +319,15 @@ static em_status S(gru_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                 dhr[j] = dht * z; /* the direct path; the GEMM below adds dGh W_hh */
             }
         });
-        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(3 * H), 1, dht_,
-             (int)(3 * H), w + Ki, (int)ldw, 1, dh, (int)H);
+#if PACKED_MM
+        if (!packed || !rnn_mm_run(&mm, dht_, dh))
+#endif
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)H, (int)(3 * H), 1,
+                 dht_, (int)(3 * H), w + Ki, (int)ldw, 1, dh, (int)H);
     }
+#if PACKED_MM
+    if (packed) rnn_mm_free(&mm);
+#endif
     return EM_OK;
 }
 
