@@ -1366,7 +1366,7 @@ static em_op_event_kind call_kind(const em_op *op) {
 static em_status autocast_call(const em_op *op, const em_tensor *const *in, int n_in,
                                const em_attr *attrs, em_tensor **out, int cap_out, int *n_out) {
     em__autocast_args a;
-    int r = (em__observed & EM__OBS_AUTOCAST) && op->schema.autocast
+    int r = (em__obs_word() & EM__OBS_AUTOCAST) && op->schema.autocast
                 ? em__autocast_enter(op, in, n_in, &a) : 0;
     if (r < 0) return em_last_status();
     const em_tensor *const *args = r ? a.args : in;
