@@ -32,7 +32,7 @@
 #define MAX_OBSERVERS 16
 
 __attribute__((tls_model("initial-exec"))) _Thread_local _Atomic int em__observed = EM__OBS_NEW;
-__attribute__((tls_model("initial-exec"))) _Thread_local em__thread em__self;
+_Thread_local em__thread em__self; /* slow paths only: the default TLS model */
 
 static _Thread_local struct {
     em_observer obs[MAX_OBSERVERS];

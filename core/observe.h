@@ -51,7 +51,7 @@ typedef struct em__thread {
     struct em__thread *prev, *next;
     bool linked;
 } em__thread;
-extern __attribute__((tls_model("initial-exec"))) _Thread_local em__thread em__self;
+extern _Thread_local em__thread em__self;
 /* Register the calling thread if it is not yet (takes the list's lock once per thread). */
 void em__thread_register(void);
 /* em__thread_set_name (the thread's name in a trace) is in internal.h. */

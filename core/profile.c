@@ -574,7 +574,7 @@ void em_profiler_report(const em_profiler *pr, FILE *f, int top) {
     }
     const lane *p = &pr->all;
     /* A session profiles every thread: say which, and what each one did. */
-    fprintf(f, "threads: %zu ran ops while profiling; every figure below counts all of them "
+    fprintf(f, "threads: %zu recorded while profiling; every figure below counts all of them "
             "(their times add up)\n", pr->n_lanes);
     fprintf(f, "  %-24s %10s %10s %12s\n", "thread", "tid", "calls", "self ms");
     for (const lane *l = atomic_load_explicit(&pr->lanes, memory_order_relaxed); l; l = l->next)

@@ -734,7 +734,7 @@ Test(trace, the_profiler_counts_times_and_sizes_ops) {
     fclose(f);
     cr_assert(strstr(text, "device ") && strstr(text, "\ncpu "), "%s", text);
     cr_assert(strstr(text, "ops by self time (the slowest), all threads:"), "%s", text);
-    cr_assert(strstr(text, "threads: 1 ran ops while profiling"), "%s", text);
+    cr_assert(strstr(text, "threads: 1 recorded while profiling"), "%s", text);
     free(text);
     em_profiler_free(p);
     em_profiler_free(NULL);
@@ -991,7 +991,7 @@ Test(trace, a_profiling_session_covers_every_thread_and_any_thread_ends_it) {
     FILE *f = open_memstream(&text, &len);
     em_profiler_report(p, f, 5);
     fclose(f);
-    cr_assert(strstr(text, "threads: 2 ran ops while profiling; every figure below counts all "
+    cr_assert(strstr(text, "threads: 2 recorded while profiling; every figure below counts all "
                      "of them") && strstr(text, "  main ") && strstr(text, "  exp thread "),
               "%s", text);
     free(text);

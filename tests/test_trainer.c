@@ -249,7 +249,7 @@ Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
                                           "--max-steps", "5", "--workers", "2", NULL});
     cr_assert_eq(rc, 0, "%s", out);
     cr_assert(strstr(out, "ops by self time"), "--trace implies --profile:\n%s", out);
-    cr_assert(strstr(out, "ran ops while profiling; every figure below counts all of them"),
+    cr_assert(strstr(out, "recorded while profiling; every figure below counts all of them"),
               "%s", out);
     const char *top = strstr(out, "top 10 ops by total time, all threads");
     cr_assert(top, "%s", out);
