@@ -83,6 +83,7 @@ typedef struct lane {
     uint64_t dev_ops[EM_MAX_DEVICE_TYPES], dev_ns[EM_MAX_DEVICE_TYPES],
         dev_fallbacks[EM_MAX_DEVICE_TYPES];
     uint64_t calls, self_ns; /* the thread's calls and their self time */
+    uint64_t spans;          /* and its spans (options.trace) */
     bool failed, truncated;
     /* options.trace */
     tev *ev;
@@ -222,7 +223,7 @@ void em__prof_span(const char *name, const char *cat, const char *key, const cha
                  .cat = name_of(l, cat), .key = name_of(l, key), .kind = TEV_SPAN,
                  .str_arg = sval != NULL, .arg = sval ? (int64_t)name_of(l, sval) : ival};
         if (!e.name) l->failed = true;
-        else trace_push(p, l, &e);
+        else l->spans += trace_push(p, l, &e);
     }
     leave();
 }
@@ -576,10 +577,11 @@ void em_profiler_report(const em_profiler *pr, FILE *f, int top) {
     /* A session profiles every thread: say which, and what each one did. */
     fprintf(f, "threads: %zu recorded while profiling; every figure below counts all of them "
             "(their times add up)\n", pr->n_lanes);
-    fprintf(f, "  %-24s %10s %10s %12s\n", "thread", "tid", "calls", "self ms");
+    fprintf(f, "  %-24s %10s %10s %12s %10s\n", "thread", "tid", "calls", "self ms", "spans");
     for (const lane *l = atomic_load_explicit(&pr->lanes, memory_order_relaxed); l; l = l->next)
-        fprintf(f, "  %-24s %10ld %10llu %12.3f\n", l->name, l->tid,
-                (unsigned long long)l->calls, (double)l->self_ns / 1e6);
+        fprintf(f, "  %-24s %10ld %10llu %12.3f %10llu\n", l->name, l->tid,
+                (unsigned long long)l->calls, (double)l->self_ns / 1e6,
+                (unsigned long long)l->spans);
     fprintf(f, "%-12s %12s %12s %14s %14s %10s\n", "device", "ops", "time ms", "bytes in",
             "bytes out", "fallbacks");
     for (int d = 0; d < EM_MAX_DEVICE_TYPES; d++) {
