@@ -303,10 +303,10 @@ EM_API const em_profile_row *em_profiler_row(const em_profiler *p, size_t i); /*
 /* Bytes copied from device type `from` to device type `to` (names) while profiling. */
 EM_API uint64_t em_profiler_bytes_copied(const em_profiler *p, const char *from, const char *to);
 /* Print the profile of a stopped profiler, every thread's calls counted: the threads that ran
- * ops or marked spans (name, tid, calls, self time, spans); per device type the ops run, their time, the bytes
- * copied in and out and the ops that fell back to the CPU; then the ops by self time, the
- * `top` first (0: all), and the 10 with the most total time. While it runs it prints one line
- * saying so. */
+ * ops or marked spans (name, tid, calls, self time, spans); per device type the ops run, their
+ * time, the bytes copied in and out and the ops that fell back to the CPU; then the ops by
+ * self time, the `top` first (0: all), and the 10 with the most total time. While it runs it
+ * prints one line saying so. */
 EM_API void em_profiler_report(const em_profiler *p, FILE *f, int top);
 
 #ifdef __cplusplus
