@@ -648,13 +648,6 @@ static const char *kind_name(uint8_t k) {
     return k < sizeof kind_names / sizeof *kind_names ? kind_names[k] : "op";
 }
 
-/* Microseconds with the nanoseconds kept: "12.345". */
-static void us(char *buf, size_t cap, int64_t ns) {
-    const char *sign = ns < 0 ? "-" : "";
-    uint64_t a = ns < 0 ? (uint64_t)0 - (uint64_t)ns : (uint64_t)ns;
-    snprintf(buf, cap, "%s%" PRIu64 ".%03d", sign, a / 1000, (int)(a % 1000));
-}
-
 /* A metadata event (ph "M") naming the process or a thread, or a thread's sort index. */
 static bool meta(FILE *f, long pid, long tid, const char *what, const char *name, int index) {
     json_t *j = name ? json_pack("{s:s, s:s, s:I, s:I, s:{s:s}}", "ph", "M", "name", what, "pid",
@@ -677,25 +670,27 @@ static em_status write_lane(const em_profiler *pr, const lane *p, long pid, FILE
     em_status st = ok ? EM_OK : em_set_error(EM_ERR_NOMEM, "profiler_write_trace: out of memory");
     for (size_t i = 0; ok && i < p->n_ev; i++) {
         const tev *e = &p->ev[i];
-        char ts[32], dur[32];
-        us(ts, sizeof ts, (int64_t)(e->t0 - pr->t_origin));
-        us(dur, sizeof dur, (int64_t)e->dur);
+        /* microseconds with the nanoseconds kept (every event starts at or after the origin:
+         * spans are clipped to it) */
+        uint64_t ts = e->t0 > pr->t_origin ? e->t0 - pr->t_origin : 0;
         if (e->kind == TEV_SPAN) {
             char arg[64] = "";
             if (e->key && !e->str_arg)
                 snprintf(arg, sizeof arg, "%" PRId64, e->arg);
-            ok = fprintf(f, ",\n{\"name\":%s,\"cat\":%s,\"ph\":\"X\",\"ts\":%s,\"dur\":%s,"
-                         "\"pid\":%ld,\"tid\":%ld,\"args\":{%s%s%s}}",
-                         nq[e->name], e->cat ? nq[e->cat] : "\"span\"", ts, dur, pid, p->tid,
+            ok = fprintf(f, ",\n{\"name\":%s,\"cat\":%s,\"ph\":\"X\",\"ts\":%" PRIu64 ".%03d,"
+                         "\"dur\":%" PRIu64 ".%03d,\"pid\":%ld,\"tid\":%ld,\"args\":{%s%s%s}}",
+                         nq[e->name], e->cat ? nq[e->cat] : "\"span\"", ts / 1000,
+                         (int)(ts % 1000), e->dur / 1000, (int)(e->dur % 1000), pid, p->tid,
                          e->key ? nq[e->key] : "", e->key ? ":" : "",
                          !e->key ? "" : e->str_arg ? (e->arg ? nq[e->arg] : "\"?\"") : arg) > 0;
         } else {
             const row *r = &p->rows[e->name];
-            ok = fprintf(f, ",\n{\"name\":%s,\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%s,\"dur\":%s,"
-                         "\"pid\":%ld,\"tid\":%ld,\"args\":{\"device\":\"%s:%d\",\"depth\":%d,"
-                         "\"clock\":\"%s\"}}", rq[e->name], kind_name(e->kind), ts, dur, pid,
-                         p->tid, r->pub.device_type, e->dev_index, e->depth,
-                         e->device_clock ? "device" : "host") > 0;
+            ok = fprintf(f, ",\n{\"name\":%s,\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%" PRIu64 ".%03d,"
+                         "\"dur\":%" PRIu64 ".%03d,\"pid\":%ld,\"tid\":%ld,\"args\":{\"device\":"
+                         "\"%s:%d\",\"depth\":%d,\"clock\":\"%s\"}}", rq[e->name],
+                         kind_name(e->kind), ts / 1000, (int)(ts % 1000), e->dur / 1000,
+                         (int)(e->dur % 1000), pid, p->tid, r->pub.device_type, e->dev_index,
+                         e->depth, e->device_clock ? "device" : "host") > 0;
         }
         if (!ok) st = em_set_error(EM_ERR_IO, "profiler_write_trace: writing the trace failed");
     }
