@@ -12,8 +12,7 @@
  * thread makes one: its word starts with EM__OBS_NEW set) links its TLS record in, so that a
  * profiling session begun on any thread can set its bit on all of them (em__obs_session).
  */
-#define _GNU_SOURCE /* program_invocation_short_name */
-#include <errno.h>
+#define _GNU_SOURCE /* syscall */
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>

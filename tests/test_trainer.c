@@ -219,7 +219,7 @@ Test(trainer, start_line_names_the_cpu_threads) {
     free(out);
 }
 
-/* --profile: the training thread's ops by self time, from the op observer (forward, backward
+/* --profile: the run's ops by self time, from the profiling session (forward, backward
  * and optimizer ops alike), and where they ran. */
 Test(trainer, profile_reports_the_ops_by_time) {
     write_mlp("t.yaml", "", "0.1");
