@@ -64,8 +64,10 @@ static void sync_state(void) {
         A.cur[d] = (int)A.stack[i].dtype;
         any = true;
     }
-    if (any) em__observed |= EM__OBS_AUTOCAST;
-    else em__observed &= ~EM__OBS_AUTOCAST;
+    /* Atomic: a profiling session begun on another thread writes the same word. */
+    if (any) atomic_fetch_or_explicit(&em__observed, EM__OBS_AUTOCAST, memory_order_relaxed);
+    else if (em__obs_word() & EM__OBS_AUTOCAST)
+        atomic_fetch_and_explicit(&em__observed, ~EM__OBS_AUTOCAST, memory_order_relaxed);
 }
 
 static void cache_clear(void) {
@@ -116,7 +118,7 @@ em_status em_autocast_end(void) {
 bool em_autocast_enabled(const char *device_type, em_dtype *dtype) {
     ensure_init();
     int d = device_type ? em__device_type_find(device_type) : -1;
-    if (d < 0 || A.cur[d] < 0 || !(em__observed & EM__OBS_AUTOCAST)) return false;
+    if (d < 0 || A.cur[d] < 0 || !(em__obs_word() & EM__OBS_AUTOCAST)) return false;
     if (dtype) *dtype = (em_dtype)A.cur[d];
     return true;
 }
@@ -124,12 +126,15 @@ bool em_autocast_enabled(const char *device_type, em_dtype *dtype) {
 int em_autocast_cache_size(void) { return A.n_cache; }
 
 int em__autocast_suspend(void) {
-    int was = em__observed & EM__OBS_AUTOCAST;
-    em__observed &= ~EM__OBS_AUTOCAST;
-    return was;
+    /* Only this thread writes the bit: no atomic write when it is clear (a backward pass). */
+    if (!(em__obs_word() & EM__OBS_AUTOCAST)) return 0;
+    atomic_fetch_and_explicit(&em__observed, ~EM__OBS_AUTOCAST, memory_order_relaxed);
+    return EM__OBS_AUTOCAST;
 }
 
-void em__autocast_resume(int was) { em__observed |= was; }
+void em__autocast_resume(int was) {
+    if (was) atomic_fetch_or_explicit(&em__observed, was, memory_order_relaxed);
+}
 
 /* ---- casting a classed op's inputs --------------------------------------------------------- */
 

@@ -680,14 +680,18 @@ uint64_t em__now_ns(void);
 
 /* ---- spans for the profiler's trace (profile.c) -------------------------------------------- */
 
-/* The number of tracing profilers running on this thread: spans are recorded only while it is
- * set (one initial-exec thread-local load when nothing traces). */
-extern __attribute__((tls_model("initial-exec"))) _Thread_local int em__spans;
-#define em__spanning() __builtin_expect(em__spans != 0, 0)
+/* Set while a tracing profiler runs (process-wide): spans are recorded only then (one relaxed
+ * load of a global and a branch when nothing traces). */
+extern _Atomic int em__spans;
+#define em__spanning() __builtin_expect(atomic_load_explicit(&em__spans, memory_order_relaxed) != 0, 0)
 /* Record a span [t0, t1) (em__now_ns) named name in category cat, with one argument key:
- * sval when not NULL, else ival (key NULL: none), in every tracing profiler of the thread. */
+ * sval when not NULL, else ival (key NULL: none), in the running tracing profiler's buffer of
+ * the calling thread. */
 void em__prof_span(const char *name, const char *cat, const char *key, const char *sval,
                    int64_t ival, uint64_t t0, uint64_t t1);
+/* Name the calling thread in profiles and traces ("loader worker 0"; printf format, 31 bytes
+ * kept). Unnamed threads are "main" (the process's first) or their pthread name. */
+void em__thread_set_name(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The CPUs this process may use (the default thread count). */
 #include "cpus.h"
 

@@ -240,6 +240,7 @@ static void pad_field(const em_loader *l, int k, const void *raw, slot *s, int64
 
 /* Make batch b of `epoch` into slot s with the worker's staging. Sets s->status and s->msg. */
 static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
+    uint64_t t0 = em__spanning() ? em__now_ns() : 0;
     int64_t start = b * l->bs, n = EM_MIN(l->bs, l->epoch_len - start);
     const int64_t *ids = l->idx + start;
     em_clear_error();
@@ -263,11 +264,13 @@ static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
     }
     s->status = st;
     if (st != EM_OK) snprintf(s->msg, sizeof s->msg, "%s", em_last_error());
+    if (em__spanning()) em__prof_span("loader_fill", "data", "batch", NULL, b, t0, em__now_ns());
 }
 
 static void *worker_main(void *arg) {
     worker *wk = arg;
     em_loader *l = wk->l;
+    em__thread_set_name("loader worker %d", (int)(wk - l->w)); /* its track in a trace */
     pthread_mutex_lock(&l->mu);
     while (!l->stop) {
         if (l->paused || l->failed || l->next_fill >= l->nb ||

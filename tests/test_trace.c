@@ -10,14 +10,18 @@
  * shows up as a graph input where a node's output should be: either fails the comparison.
  * Then: views, copies and in-place ops appear once each; a composite appears once with its
  * sub-ops nested; observers stack and belong to their thread; the JSON and dot writers; the
- * profiler.
+ * profiler; a profiling session covers every thread (its own buffer and track each, the
+ * buffers of exited threads kept, loader workers named), begins and ends on any thread, and
+ * stays whole while threads run ops through begin and end.
  */
 #define _GNU_SOURCE /* open_memstream */
 #include <jansson.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -729,7 +733,8 @@ Test(trace, the_profiler_counts_times_and_sizes_ops) {
     em_profiler_report(p, f, 2);
     fclose(f);
     cr_assert(strstr(text, "device ") && strstr(text, "\ncpu "), "%s", text);
-    cr_assert(strstr(text, "ops by self time (the slowest):"), "%s", text);
+    cr_assert(strstr(text, "ops by self time (the slowest), all threads:"), "%s", text);
+    cr_assert(strstr(text, "threads: 1 recorded while profiling"), "%s", text);
     free(text);
     em_profiler_free(p);
     em_profiler_free(NULL);
@@ -857,27 +862,311 @@ Test(trace, the_profilers_trace_is_chrome_trace_json) {
     em_scope_end();
 }
 
-/* A running profiler is its thread's observer: another thread can neither stop nor free it. */
-static void *free_elsewhere(void *user) {
-    em_profiler *p = user;
-    em_status st = em_profiler_stop(p);
-    em_profiler_free(p); /* refused (a warning): p stays valid */
-    return st == EM_ERR_STATE ? p : NULL;
+/* ---- a session profiles every thread ---------------------------------------------------------- */
+
+/* The trace of an ended profiler, parsed (json_decref it). */
+static json_t *profiler_trace(const em_profiler *p) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_eq(em_profiler_write_trace(p, f), EM_OK, "%s", em_last_error());
+    fclose(f);
+    json_error_t jerr;
+    json_t *root = json_loads(text, 0, &jerr);
+    cr_assert(root, "not JSON: %s (line %d)", jerr.text, jerr.line);
+    free(text);
+    return root;
 }
 
-Test(trace, a_profiler_belongs_to_its_thread) {
-    em_profiler *p = em_profiler_start();
-    cr_assert(p, "%s", em_last_error());
-    pthread_t th;
-    void *ok;
-    cr_assert_eq(pthread_create(&th, NULL, free_elsewhere, p), 0);
-    pthread_join(th, &ok);
-    cr_assert(ok, "stop from another thread is EM_ERR_STATE");
-    cr_assert_eq(em_observer_count(), 1, "still observing this thread");
+/* The name a trace's thread_name metadata gives tid (NULL: none; two for one tid fail). */
+static const char *thread_name_of(json_t *evs, long tid) {
+    const char *name = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(evs, i, e) {
+        const char *nm = json_string_value(json_object_get(e, "name"));
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "M") || strcmp(nm, "thread_name") ||
+            json_integer_value(json_object_get(e, "tid")) != tid)
+            continue;
+        cr_assert_null(name, "two names for thread %ld", tid);
+        name = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
+    }
+    return name;
+}
+
+/* The "X" events named `name` on thread tid (tid 0: on any thread but `but`). */
+static int events_on(json_t *evs, const char *name, long tid, long but) {
+    int n = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(evs, i, e) {
+        long t = (long)json_integer_value(json_object_get(e, "tid"));
+        if (!strcmp(json_string_value(json_object_get(e, "ph")), "X") &&
+            !strcmp(json_string_value(json_object_get(e, "name")), name) &&
+            (tid ? t == tid : t != but))
+            n++;
+    }
+    return n;
+}
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stage;     /* 1: the thread ran an op (registered); 2: the session began */
+    long tid;
+    em_profiler *p;
+    em_status st;
+} handshake;
+
+static void stage_wait(handshake *h, int stage) {
+    pthread_mutex_lock(&h->mu);
+    while (h->stage < stage) pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void stage_set(handshake *h, int stage) {
+    pthread_mutex_lock(&h->mu);
+    h->stage = stage;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Runs an op before the session (so it is a known thread when it begins), three exps in it,
+ * and exits before it ends. */
+static void *exp_thread(void *user) {
+    handshake *h = user;
+    pthread_setname_np(pthread_self(), "exp thread");
+    h->tid = (long)syscall(SYS_gettid);
     em_scope_begin();
-    cr_assert(em_neg(em_ones(1, (int64_t[]){2}, EM_F32, em_cpu())));
+    em_tensor *x = em_ones(1, (int64_t[]){8}, EM_F32, em_cpu());
+    stage_set(h, 1);
+    stage_wait(h, 2);
+    for (int i = 0; i < 3; i++) x = x ? em_exp(x) : NULL;
     em_scope_end();
-    cr_assert_eq(em_profiler_row_count(p), 2, "fill and neg, into the profiler that was kept");
+    return x ? h : NULL;
+}
+
+/* Neither runs ops nor began the profiler: ends it. */
+static void *end_elsewhere(void *user) {
+    handshake *h = user;
+    h->st = em_profiler_end(h->p);
+    return NULL;
+}
+
+Test(trace, a_profiling_session_covers_every_thread_and_any_thread_ends_it) {
+    handshake h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    em_scope_begin();
+    em_tensor *x = em_ones(1, (int64_t[]){8}, EM_F32, em_cpu());
+    pthread_t th, ender;
+    cr_assert_eq(pthread_create(&th, NULL, exp_thread, &h), 0);
+    stage_wait(&h, 1);
+    em_profiler_options po = {.struct_size = sizeof po, .trace = true};
+    em_profiler *p = em_profiler_begin(&po);
+    cr_assert(p, "%s", em_last_error());
+    cr_assert_null(em_profiler_begin(&po), "one session at a time");
+    em_assert_error(EM_ERR_STATE, "a profiler is running already");
+    cr_assert_eq(em_observer_count(), 0, "a session is no observer of the thread");
+    stage_set(&h, 2);
+    cr_assert(em_neg(x) && em_neg(x));
+    void *ok;
+    pthread_join(th, &ok);
+    cr_assert(ok, "the other thread's ops ran");
+    h.p = p;
+    cr_assert_eq(pthread_create(&ender, NULL, end_elsewhere, &h), 0);
+    pthread_join(ender, NULL);
+    cr_assert_eq(h.st, EM_OK, "ended from a third thread");
+    cr_assert_eq(em_profiler_end(p), EM_ERR_STATE, "ended already");
+    cr_assert(em_neg(x)); /* ended: not counted */
+
+    uint64_t exps = 0, negs = 0;
+    for (size_t i = 0; i < em_profiler_row_count(p); i++) {
+        const em_profile_row *r = em_profiler_row(p, i);
+        if (!strcmp(r->op, "exp")) exps += r->calls;
+        if (!strcmp(r->op, "neg")) negs += r->calls;
+    }
+    cr_assert_eq(exps, 3, "the exited thread's calls are kept");
+    cr_assert_eq(negs, 2);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    em_profiler_report(p, f, 5);
+    fclose(f);
+    cr_assert(strstr(text, "threads: 2 recorded while profiling; every figure below counts all "
+                     "of them") && strstr(text, "  main ") && strstr(text, "  exp thread "),
+              "%s", text);
+    free(text);
+
+    json_t *root = profiler_trace(p), *evs = json_object_get(root, "traceEvents");
+    long me = (long)syscall(SYS_gettid);
+    cr_assert_neq(me, h.tid);
+    cr_assert_eq(events_on(evs, "exp", h.tid, 0), 3);
+    cr_assert_eq(events_on(evs, "exp", 0, h.tid), 0, "each call on its own thread's track");
+    cr_assert_eq(events_on(evs, "neg", me, 0), 2);
+    cr_assert_eq(events_on(evs, "neg", 0, me), 0);
+    cr_assert_str_eq(thread_name_of(evs, me), "main");
+    cr_assert_str_eq(thread_name_of(evs, h.tid), "exp thread", "its pthread name");
+    json_decref(root);
     em_profiler_free(p);
-    cr_assert_eq(em_observer_count(), 0);
+    em_scope_end();
+}
+
+/* A dataset whose read runs ops (as a decoder or a transform written with them would): items
+ * {-i, -i} from em_neg, labels i % 2. */
+static em_status ops_open(const em_options *o, em_dataset_info *info, void **state) {
+    (void)o;
+    *info = (em_dataset_info){.struct_size = sizeof *info, .length = 16, .input_ndim = 1,
+                              .input_shape = {2}, .input_dtype = EM_F32,
+                              .target_dtype = EM_I64, .num_classes = 2};
+    *state = NULL;
+    return EM_OK;
+}
+
+static em_status ops_read(void *state, const int64_t *idx, int64_t n, void *in, void *tg) {
+    (void)state;
+    em_scope_begin();
+    em_tensor *t = em_empty(2, (int64_t[]){n, 2}, EM_F32, em_cpu());
+    if (t) {
+        float *d = em_tensor_data(t);
+        for (int64_t j = 0; j < 2 * n; j++) d[j] = (float)idx[j / 2];
+    }
+    em_tensor *u = t ? em_neg(t) : NULL;
+    if (u) memcpy(in, em_tensor_data(u), (size_t)n * 2 * sizeof(float));
+    for (int64_t j = 0; j < n; j++) ((int64_t *)tg)[j] = idx[j] % 2;
+    em_scope_end();
+    return u ? EM_OK : EM_ERR_NOMEM;
+}
+
+Test(trace, loader_workers_have_their_own_tracks) {
+    em_dataset_class_def d = {.struct_size = sizeof d, .name = "ops_read", .description = "ops",
+                              .open = ops_open, .read = ops_read};
+    cr_assert_eq(em_dataset_class_register(em_registry_program(), &d), EM_OK, "%s",
+                 em_last_error());
+    em_dataset *ds = em_dataset_open("ops_read", NULL);
+    cr_assert(ds, "%s", em_last_error());
+    em_module *fc = MAKE("Linear", "in_features", "2", "out_features", "2");
+    em_dict *params = em_module_named_parameters(fc, true);
+    em_options *oo = em_options_new();
+    cr_assert_eq(em_options_set_text(oo, "lr", "0.1", NULL), EM_OK);
+    em_optimizer *opt = em_optimizer_new("SGD", params, oo);
+    cr_assert(opt, "%s", em_last_error());
+    /* Begun before the loader: its workers fill batches from their start. */
+    em_profiler_options po = {.struct_size = sizeof po, .trace = true};
+    em_profiler *p = em_profiler_begin(&po);
+    cr_assert(p, "%s", em_last_error());
+    em_loader_options lo = {.struct_size = sizeof lo, .batch_size = 4, .num_workers = 2};
+    em_loader *l = em_loader_new(ds, &lo);
+    cr_assert(l, "%s", em_last_error());
+    int steps = 0;
+    for (;;) {
+        em_tensor *x, *y;
+        cr_assert_eq(em_loader_next(l, &x, &y), EM_OK, "%s", em_last_error());
+        if (!x) break;
+        cr_assert_float_eq(((const float *)em_tensor_data(x))[0],
+                           -(float)(4 * steps), 0, "batch %d made by the ops", steps);
+        em_scope_begin();
+        em_tensor *loss = em_cross_entropy(em_module_forward(fc, x), y, NULL,
+                                           EM_REDUCTION_MEAN, -100, 0.0);
+        cr_assert(loss, "%s", em_last_error());
+        cr_assert_eq(em_backward(loss), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_optimizer_step(opt), EM_OK, "%s", em_last_error());
+        em_optimizer_zero_grad(opt);
+        em_scope_end();
+        steps++;
+    }
+    cr_assert_eq(steps, 4);
+    em_loader_free(l); /* the workers exit before the end: their buffers stay */
+    cr_assert_eq(em_profiler_end(p), EM_OK, "%s", em_last_error());
+
+    json_t *root = profiler_trace(p), *evs = json_object_get(root, "traceEvents");
+    long me = (long)syscall(SYS_gettid);
+    cr_assert_str_eq(thread_name_of(evs, me), "main");
+    cr_assert_eq(events_on(evs, "loader_wait", me, 0), 4, "a wait per batch, on this thread");
+    cr_assert_eq(events_on(evs, "optimizer_step", me, 0), 4);
+    cr_assert_geq(events_on(evs, "linear", me, 0), 4);
+    cr_assert_eq(events_on(evs, "neg", me, 0), 0, "the reads ran on the workers");
+    cr_assert_geq(events_on(evs, "neg", 0, me), 4, "every batch's read (and some ahead)");
+    /* Each worker's op events lie on its own named track. */
+    long tids[8];
+    int n_tids = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(evs, i, e) {
+        long t = (long)json_integer_value(json_object_get(e, "tid"));
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") ||
+            strcmp(json_string_value(json_object_get(e, "cat")), "op"))
+            continue;
+        bool seen = false;
+        for (int k = 0; k < n_tids; k++) seen |= tids[k] == t;
+        if (!seen && n_tids < 8) tids[n_tids++] = t;
+    }
+    cr_assert_geq(n_tids, 2, "op events on this thread and a worker's");
+    for (int k = 0; k < n_tids; k++) {
+        const char *nm = thread_name_of(evs, tids[k]);
+        cr_assert(nm, "thread %ld has no name", tids[k]);
+        if (tids[k] == me) continue;
+        cr_assert(!strcmp(nm, "loader worker 0") || !strcmp(nm, "loader worker 1"), "%s", nm);
+        cr_assert_geq(events_on(evs, "neg", tids[k], 0), 1);
+        cr_assert_geq(events_on(evs, "loader_fill", tids[k], 0), 1, "its batches' spans");
+        cr_assert_eq(events_on(evs, "neg", tids[k], 0), events_on(evs, "loader_fill", tids[k], 0),
+                     "one read per batch filled");
+    }
+    json_decref(root);
+    em_profiler_free(p);
+    em_optimizer_free(opt);
+    em_options_free(oo);
+    em_dict_free(params);
+    em_module_free(fc);
+    em_dataset_free(ds);
+}
+
+/* Threads run ops (in bursts) while sessions begin and end: each session has what the
+ * threads did in it, and nothing is torn (ASan, UBSan). */
+static atomic_int ops_stop;
+
+static void *ops_forever(void *user) {
+    (void)user;
+    em_tensor *x = em_ones(1, (int64_t[]){4}, EM_F32, em_cpu());
+    long n = 0;
+    while (!atomic_load(&ops_stop) && x) {
+        em_tensor *y = em_exp(x);
+        em_tensor_release(y);
+        if (++n % 16 == 0) nanosleep(&(struct timespec){0, 50000}, NULL); /* leave a core */
+    }
+    em_tensor_release(x);
+    return (void *)n;
+}
+
+Test(trace, sessions_begin_and_end_while_threads_run_ops) {
+    enum { THREADS = 3, SESSIONS = 12 };
+    pthread_t th[THREADS];
+    atomic_store(&ops_stop, 0);
+    for (int i = 0; i < THREADS; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, ops_forever, NULL), 0);
+    int with_others = 0;
+    for (int s = 0; s < SESSIONS; s++) {
+        em_profiler_options po = {.struct_size = sizeof po, .trace = s % 2 == 0};
+        em_profiler *p = em_profiler_begin(&po);
+        cr_assert(p, "%s", em_last_error());
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        cr_assert_eq(em_profiler_end(p), EM_OK, "%s", em_last_error());
+        uint64_t exps = 0;
+        for (size_t i = 0; i < em_profiler_row_count(p); i++)
+            if (!strcmp(em_profiler_row(p, i)->op, "exp")) exps += em_profiler_row(p, i)->calls;
+        with_others += exps > 0;
+        if (po.trace) {
+            json_t *root = profiler_trace(p);
+            cr_assert_eq((uint64_t)count_events(json_object_get(root, "traceEvents"), "exp",
+                                                NULL), exps, "a row's calls are its events");
+            json_decref(root);
+        }
+        em_profiler_free(p);
+    }
+    atomic_store(&ops_stop, 1);
+    for (int i = 0; i < THREADS; i++) {
+        void *n;
+        pthread_join(th[i], &n);
+        cr_assert_gt((long)n, 0);
+    }
+    cr_assert_gt(with_others, 0, "some session saw the threads' exps");
 }

@@ -219,7 +219,7 @@ Test(trainer, start_line_names_the_cpu_threads) {
     free(out);
 }
 
-/* --profile: the training thread's ops by self time, from the op observer (forward, backward
+/* --profile: the run's ops by self time, from the profiling session (forward, backward
  * and optimizer ops alike), and where they ran. */
 Test(trainer, profile_reports_the_ops_by_time) {
     write_mlp("t.yaml", "", "0.1");
@@ -238,17 +238,20 @@ Test(trainer, profile_reports_the_ops_by_time) {
     free(out);
 }
 
-/* --trace: --profile's report (with its top 10 by total time) and a Chrome trace of the
- * training thread: the ops, one loader wait per batch and one optimizer step per step, all on
- * one thread id, each wait before the forward of its batch. */
-Test(trainer, trace_writes_a_chrome_trace_of_the_training_thread) {
+/* --trace with two loader workers: --profile's report (with its top 10 by total time, all
+ * threads) and a Chrome trace with a track per thread: on the training thread the ops, one
+ * loader wait per batch and one optimizer step per step, each wait before the forward of its
+ * batch; on each worker's track (named) the batches it filled. */
+Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
     write_mlp("t.yaml", "", "0.1");
     char *out;
     int rc = train(&out, (const char *[]){path("t.yaml"), "--trace", path("trace.json"),
-                                          "--max-steps", "5", NULL});
+                                          "--max-steps", "5", "--workers", "2", NULL});
     cr_assert_eq(rc, 0, "%s", out);
     cr_assert(strstr(out, "ops by self time"), "--trace implies --profile:\n%s", out);
-    const char *top = strstr(out, "top 10 ops by total time");
+    cr_assert(strstr(out, "recorded while profiling; every figure below counts all of them"),
+              "%s", out);
+    const char *top = strstr(out, "top 10 ops by total time, all threads");
     cr_assert(top, "%s", out);
     cr_assert(strstr(top, "\n  linear "), "the linear layers among the top 10:\n%s", out);
     free(out);
@@ -258,20 +261,39 @@ Test(trainer, trace_writes_a_chrome_trace_of_the_training_thread) {
     json_t *evs = json_object_get(root, "traceEvents"), *e;
     cr_assert(json_is_array(evs));
     size_t i;
-    json_int_t tid = -1;
-    int waits = 0, steps = 0, linears = 0, named = 0;
+    json_int_t main_tid = -1, worker_tids[16];
+    int n_workers = 0;
+    json_array_foreach(evs, i, e) { /* the metadata: the threads' names */
+        const char *name = json_string_value(json_object_get(e, "name"));
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "M") ||
+            strcmp(name, "thread_name"))
+            continue;
+        const char *tn = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
+        json_int_t t = json_integer_value(json_object_get(e, "tid"));
+        if (!strcmp(tn, "main")) main_tid = t;
+        else if (!strncmp(tn, "loader worker ", 14) && n_workers < 16) worker_tids[n_workers++] = t;
+        else cr_assert_fail("an unexpected thread: %s", tn);
+    }
+    cr_assert_gt(main_tid, 0, "the training thread is named main");
+    cr_assert_geq(n_workers, 1, "the workers are named");
+    int waits = 0, steps = 0, linears = 0, fills = 0;
     double last_wait = -1, first_linear_after_wait = -1, last_step = -1, wait_ts[64];
     json_array_foreach(evs, i, e) {
         const char *ph = json_string_value(json_object_get(e, "ph"));
         const char *name = json_string_value(json_object_get(e, "name"));
         cr_assert(ph && name);
+        if (!strcmp(ph, "M")) continue;
         json_int_t t = json_integer_value(json_object_get(e, "tid"));
-        if (tid < 0) tid = t;
-        cr_assert_eq(t, tid, "one thread: %s", name);
-        if (!strcmp(ph, "M")) {
-            named++;
+        bool on_worker = false;
+        for (int k = 0; k < n_workers; k++) on_worker |= worker_tids[k] == t;
+        cr_assert(t == main_tid || on_worker, "%s on an unnamed thread %lld", name, (long long)t);
+        if (!strcmp(name, "loader_fill")) {
+            cr_assert(on_worker, "with workers, the workers fill the batches");
+            cr_assert(json_is_integer(json_object_get(json_object_get(e, "args"), "batch")));
+            fills++;
             continue;
         }
+        cr_assert_eq(t, main_tid, "%s on the training thread", name);
         double ts = json_number_value(json_object_get(e, "ts"));
         if (!strcmp(name, "loader_wait")) {
             cr_assert_str_eq(json_string_value(json_object_get(e, "cat")), "data");
@@ -285,12 +307,11 @@ Test(trainer, trace_writes_a_chrome_trace_of_the_training_thread) {
             if (!linears++) first_linear_after_wait = ts - last_wait;
         }
     }
-    cr_assert_gt(tid, 0);
-    cr_assert_eq(named, 2, "the process and the thread are named");
     cr_assert_eq(steps, 5);
     int train_waits = 0; /* the evaluation's loaders wait too, after the last step */
     for (int k = 0; k < waits; k++) train_waits += wait_ts[k] < last_step;
     cr_assert_eq(train_waits, 5, "one loader wait per batch trained");
+    cr_assert_geq(fills, 5, "every batch trained was filled by a worker");
     cr_assert_geq(linears, 10, "two linear layers per forward");
     cr_assert_geq(first_linear_after_wait, 0, "the first forward after its batch's wait");
     json_decref(root);

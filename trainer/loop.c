@@ -1648,6 +1648,9 @@ int train_loop(run *r) {
         fprintf(stderr, "ember-train: memory at the end:\n");
         em_memory_summary(stderr);
     }
+    /* Ended here, with the loaders' workers still alive: every thread's buffer is merged. */
+    if (r->profiler && em_profiler_end(r->profiler) != EM_OK)
+        fprintf(stderr, "ember-train: --profile: %s\n", em_last_error());
     if (r->profiler && primary(r)) {
         em_profiler_report(r->profiler, stderr, 25);
         if (r->s.trace && !write_trace(r) && (rc == EXIT_OK || rc == EXIT_INTERRUPTED))

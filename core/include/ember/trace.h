@@ -31,12 +31,14 @@
  *     em_graph_dump_trace(tr, stdout);                  // Graphviz dot
  *     em_trace_free(tr);
  *
- * The profiler (em_profiler_start) is another: it counts and times every op by name and
- * device, with its own time apart from the time of the ops nested in it, the bytes its
- * outputs allocated, the bytes copied between devices and the ops that fell back to the CPU.
- * ember-train --profile prints its report.
+ * The profiler (em_profiler_start) is built on the same point but is process-wide: while it
+ * runs it counts and times every op of every thread by name and device, with its own time
+ * apart from the time of the ops nested in it, the bytes its outputs allocated, the bytes
+ * copied between devices and the ops that fell back to the CPU, and can keep a per-thread
+ * timeline (em_profiler_write_trace). ember-train --profile prints its report.
  *
- * Cost: with no observer on the thread an op pays one thread-local load and a branch. An
+ * Cost: with no observer on the thread and no profiler running an op pays one thread-local
+ * load and a branch. An
  * observer's callbacks run with observation suspended (ops they run are not reported) and
  * must not keep the tensors they are shown past the callback without retaining them.
  */
@@ -233,63 +235,78 @@ typedef struct em_profile_row {
     uint64_t fallbacks;      /* calls that ran on the CPU for want of a kernel on the device */
 } em_profile_row;
 
-/* Start profiling the calling thread's ops (an observer on this thread). Times are wall
- * clock; on an asynchronous device each op is synchronised at its end, which slows it. NULL
- * with EM_ERR_NOMEM, or an em_observer_push error. The same as em_profiler_begin(NULL). */
+/* Start a profiling session: from now until it stops, every op every thread of the process
+ * runs is counted and timed, each thread into a buffer of its own (no lock per op; threads
+ * that start later and threads that exit before the end included), merged into the rows when
+ * it stops. One session runs at a time. Times are wall clock, per thread (the threads' times
+ * add up); on an asynchronous device each op is synchronised at its end, which slows it. NULL
+ * with EM_ERR_NOMEM, or EM_ERR_STATE when a profiler is running already. The same as
+ * em_profiler_begin(NULL). */
 EM_API em_profiler *em_profiler_start(void);
 
 /* What em_profiler_begin records besides the per-op rows. */
 typedef struct em_profiler_options {
     size_t struct_size; /* sizeof(em_profiler_options) */
     /* Also keep a timeline for em_profiler_write_trace: every call's start and duration (its
-     * op, kind, device and nesting depth) and the spans marked on the thread while it runs:
-     * the loader's waits in em_loader_next ("loader_wait", with the batch), optimizer steps
-     * ("optimizer_step", with the class) and the program's em_profiler_range_begin/end. 48
-     * bytes per call; past 4 Mi events the timeline stops (the report says so). */
+     * op, kind, device and nesting depth) on every thread, and the spans marked while it runs:
+     * the loader's waits in em_loader_next ("loader_wait", with the batch), the batches its
+     * workers (or em_loader_next itself, without workers) fill ("loader_fill", with the
+     * batch), optimizer steps ("optimizer_step", with the class) and the program's
+     * em_profiler_range_begin/end. 48 bytes per call; past 4 Mi events, all threads together,
+     * the timeline stops (the report says so). */
     bool trace;
     void *ext;          /* reserved; NULL */
 } em_profiler_options;
 
 /* em_profiler_start with options (opt NULL: none; EM_ERR_INVALID for a struct_size too
- * small). End it with em_profiler_end, free it with em_profiler_free. */
+ * small). End it with em_profiler_end, free it with em_profiler_free, from any thread. */
 EM_API em_profiler *em_profiler_begin(const em_profiler_options *opt);
-/* em_profiler_begin's pair: stop collecting, as em_profiler_stop (the same errors). */
+/* em_profiler_begin's pair: stop collecting on every thread and merge their buffers, as
+ * em_profiler_stop (the same errors). Any thread may call it: it waits for the threads in the
+ * middle of recording an event (a few instructions each). */
 EM_API em_status em_profiler_end(em_profiler *p);
 /* Write the timeline of a profiler begun with options.trace in the Chrome trace-event format
  * (JSON: {"traceEvents": [...]}) that Perfetto (ui.perfetto.dev) and chrome://tracing open:
  * one complete ("X") event per call, named by its op, with cat its kind ("op", "composite",
  * "view", "copy", "inplace", "out", "list"), ts and dur in microseconds from the profiler's
- * start, pid the process, tid the profiled thread's id, args {"device": "cpu:0", "depth",
+ * start, pid the process, tid the id (gettid) of the thread that made the call, args
+ * {"device": "cpu:0", "depth",
  * "clock"}: "device" when dur is the device's own time between two timed events recorded on
  * the thread's current stream as the call began and ended (an asynchronous device whose
  * backend has em_device_ops.event_create_timed: CUDA), else "host" (the host's clock, the
  * call synchronised at its end on an asynchronous device);
- * one per span (cat "data", "optimizer", "range"), and metadata events naming the process and
- * the thread. A call nested in another (a composite's sub-ops) lies inside its parent's span
- * on the same thread. Call it after em_profiler_end, or on the profiling thread.
- * EM_ERR_STATE without options.trace or from another thread while it runs; EM_ERR_IO when
- * writing fails. */
+ * one per span (cat "data", "optimizer", "range") on the thread that marked it, and metadata
+ * events naming the process and each thread that recorded ("thread_name": "main" for the
+ * process's first thread, "loader worker 0", ... for a loader's, a name set with
+ * pthread_setname_np, else "thread <tid>"; "thread_sort_index" in the order they first
+ * recorded). A call nested in another (a composite's sub-ops) lies inside its parent's span
+ * on the same thread. Call it after em_profiler_end. EM_ERR_STATE without options.trace or
+ * while it runs; EM_ERR_IO when writing fails. */
 EM_API em_status em_profiler_write_trace(const em_profiler *p, FILE *f);
-/* Mark a span of the calling thread's work (a training step, a forward pass) in the trace of
- * every tracing profiler running on the thread, like torch.profiler.record_function: begin and
- * end pair up, nest, and the name (borrowed until the end) is the event's name, cat "range".
- * With no tracing profiler on the thread both cost a thread-local load and a branch. */
+/* Mark a span of the calling thread's work (a training step, a forward pass) on its track in
+ * the trace of the running tracing profiler, like torch.profiler.record_function: begin and
+ * end pair up per thread, nest, and the name (borrowed until the end) is the event's name, cat
+ * "range". With no tracing profiler running both cost a load and a branch. */
 EM_API void em_profiler_range_begin(const char *name);
 EM_API void em_profiler_range_end(void);
-/* Stop collecting (the rows stay readable). EM_ERR_STATE when it is already stopped, or when
- * called from another thread than the one that started it. */
+/* Stop collecting (from any thread) and merge every thread's rows into the profiler's, which
+ * stay readable. EM_ERR_STATE when it is already stopped, or when called from inside the
+ * profiler's own recording. */
 EM_API em_status em_profiler_stop(em_profiler *p);
-/* Stops it if running and frees it. NULL is a no-op. Call it on the thread that started it
- * (or stop it there first): from another thread a running profiler is left as it is, with a
- * warning logged, since it is still that thread's observer. */
+/* Stops it if running and frees it (from any thread). NULL is a no-op. */
 EM_API void em_profiler_free(em_profiler *p);
-/* Rows in first-seen order. Borrowed; valid until the next op profiled or em_profiler_free. */
+/* Rows, every thread's merged, in first-seen order (the threads in the order they first
+ * recorded); none while it runs (they are merged when it stops). Borrowed; valid until
+ * em_profiler_free. */
 EM_API size_t em_profiler_row_count(const em_profiler *p);
 EM_API const em_profile_row *em_profiler_row(const em_profiler *p, size_t i); /* NULL past end */
 /* Bytes copied from device type `from` to device type `to` (names) while profiling. */
 EM_API uint64_t em_profiler_bytes_copied(const em_profiler *p, const char *from, const char *to);
-/* Print the profile: per device type the ops run, their time, the bytes copied in and out and
- * the ops that fell back to the CPU; then the ops by self time, the `top` first (0: all). */
+/* Print the profile of a stopped profiler, every thread's calls counted: the threads that ran
+ * ops or marked spans (name, tid, calls, self time, spans); per device type the ops run, their
+ * time, the bytes copied in and out and the ops that fell back to the CPU; then the ops by
+ * self time, the `top` first (0: all), and the 10 with the most total time. While it runs it
+ * prints one line saying so. */
 EM_API void em_profiler_report(const em_profiler *p, FILE *f, int top);
 
 #ifdef __cplusplus
