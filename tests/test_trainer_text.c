@@ -425,3 +425,54 @@ Test(trainer_text, charlm_example_dry_runs) {
     cr_assert(strstr(out, "dry run ok: input [32, 64] -> output [32, 64, 155]"), "%s", out);
     free(out);
 }
+
+/* A model sized for another vocabulary is refused before the first step, naming the data's
+ * vocabulary: an Embedding with fewer rows than the text has ids (which a zeros forward
+ * would pass, failing only at the first batch holding a high id), and a last layer with
+ * another number of outputs. */
+Test(trainer_text, vocabulary_size_mismatch_named_before_training) {
+    char *text = make_text(600);
+    size_t n = strlen(text);
+    write_file("t.txt", text);
+    char voc[128];
+    int V = vocab_of(text, n - (size_t)(0.1 * (double)n), voc);
+    cr_assert_eq(vocab_of(text, n, voc), V, "the validation part has no unseen characters");
+    const struct {
+        int emb, out;
+    } cases[] = {{V - 1, V}, {V, V - 3}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cfg[1024];
+        snprintf(cfg, sizeof cfg,
+                 "model:\n"
+                 "  - Embedding: {num_embeddings: %d, embedding_dim: 4}\n"
+                 "  - Linear: {in_features: 4, out_features: %d}\n"
+                 "data:\n"
+                 "  class: text\n"
+                 "  options: {path: %s, seq_len: 8}\n"
+                 "  validation: {split: validation}\n"
+                 "loop: {epochs: 1, batch_size: 4}\n",
+                 cases[i].emb, cases[i].out, path("t.txt"));
+        write_file("bad.yaml", cfg);
+        char *out;
+        int rc = train(&out, (const char *[]){path("bad.yaml"), NULL});
+        cr_assert_eq(rc, 2, "case %zu: exit %d:\n%s", i, rc, out);
+        char want[3][128];
+        if (i == 0) {
+            snprintf(want[0], sizeof want[0], "bad.yaml:2:5: Embedding: index %d is out of range "
+                     "for a weight of V = %d rows", V - 1, V - 1);
+            snprintf(want[1], sizeof want[1], "the data's field 'input' holds ids 0..%d (%d "
+                     "classes: its vocabulary)", V - 1, V);
+            snprintf(want[2], sizeof want[2], "needs num_embeddings >= %d", V);
+        } else {
+            snprintf(want[0], sizeof want[0], "the model gives %d outputs per position but the "
+                     "data has %d classes", V - 3, V);
+            snprintf(want[1], sizeof want[1], "its vocabulary");
+            snprintf(want[2], sizeof want[2], "its last layer needs %d outputs", V);
+        }
+        for (int k = 0; k < 3; k++)
+            cr_assert(strstr(out, want[k]), "case %zu: '%s' not in:\n%s", i, want[k], out);
+        cr_assert(!strstr(out, "epoch 1/1"), "case %zu: it trained:\n%s", i, out);
+        free(out);
+    }
+    free(text);
+}

@@ -1420,10 +1420,21 @@ static int check_fit(run *r) {
     em_grad_mode_push(EM_GRAD_DISABLED);
     em_module_train(r->model, false);
     em_tensor *xs[IN_MAX];
+    /* An int64 field of ids in [0, num_classes) (a text's tokens) is fed its largest id, so
+     * that an Embedding smaller than the data's vocabulary fails here, before training,
+     * instead of at the first batch holding a high id. */
+    int64_t top_id[IN_MAX];
     for (int k = 0; k < r->n_in; k++) {
+        const em_field *f = em_dataset_field(r->train, em_dataset_field_index(r->train,
+                                                                             r->in_names[k]));
+        top_id[k] = !r->n_tspec && f->dtype == EM_I64 && items[k].dtype == EM_I64 &&
+                            f->num_classes > 0
+                        ? f->num_classes - 1
+                        : -1;
         int64_t sk[EM_MAX_DIMS + 1] = {2};
         for (int i = 0; i < items[k].ndim; i++) sk[i + 1] = items[k].shape[i];
-        xs[k] = em_zeros(items[k].ndim + 1, sk, items[k].dtype, r->dev);
+        xs[k] = top_id[k] > 0 ? em_full(items[k].ndim + 1, sk, (double)top_id[k], EM_I64, r->dev)
+                              : em_zeros(items[k].ndim + 1, sk, items[k].dtype, r->dev);
     }
     em_tensor *x = xs[0], *mask = NULL;
     if (r->mask_in >= 0) {
@@ -1446,6 +1457,12 @@ static int check_fit(run *r) {
     if (!out) {
         fprintf(stderr, "ember-train: the model does not fit the data (input %s from %s): %s\n",
                 xsh, em_dataset_name(r->train), em_last_error());
+        for (int k = 0; k < r->n_in; k++)
+            if (top_id[k] >= 0)
+                fprintf(stderr, "  the data's field '%s' holds ids 0..%lld (%lld classes: its "
+                        "vocabulary); an Embedding of it needs num_embeddings >= %lld\n",
+                        r->in_names[k], (long long)top_id[k], (long long)top_id[k] + 1,
+                        (long long)top_id[k] + 1);
         rc = EXIT_USAGE;
     } else {
         bool seq = sequence_targets(r);
@@ -1463,8 +1480,10 @@ static int check_fit(run *r) {
                    em_tensor_shape(out)[cd] != in->num_classes &&
                    !strcmp(r->loss_class, "CrossEntropyLoss")) {
             fprintf(stderr, "ember-train: the model gives %lld outputs per %s but the data "
-                    "has %lld classes\n", (long long)em_tensor_shape(out)[cd],
-                    seq ? "position" : "sample", (long long)in->num_classes);
+                    "has %lld classes%s: its last layer needs %lld outputs\n",
+                    (long long)em_tensor_shape(out)[cd], seq ? "position" : "sample",
+                    (long long)in->num_classes, seq ? " (ids per position: its vocabulary)" : "",
+                    (long long)in->num_classes);
             rc = EXIT_USAGE;
         }
     }
