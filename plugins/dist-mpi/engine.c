@@ -21,7 +21,6 @@
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -63,18 +62,20 @@ static bool g_we_started, g_any_broken;
 
 /* The progress thread. Open MPI advances a non-blocking collective only inside MPI calls (a
  * large message moves fragment by fragment), so a bucket started during backward would wait
- * for the next hook. While requests are outstanding this thread tests them (MPI_Test) every
- * 50 us, sleeping between, which runs Open MPI's progress engine and stamps each request's
- * completion time as it happens (mpi_done_at: the time ember/ddp.h reports for a bucket);
- * idle, it sleeps. Every MPI_Test of a request, from this thread or the caller's, holds
+ * for the next hook. While some request is in flight that nobody has seen complete, this
+ * thread tests them (MPI_Test) every 50 us, sleeping between, which runs Open MPI's progress
+ * engine and stamps each request's completion time as it happens (mpi_done_at: the time
+ * ember/ddp.h reports for a bucket); otherwise it blocks on g_prog_cv and never wakes (a
+ * thread that woke every few hundred microseconds to look took ~20% of a CNN step from the
+ * backward it shares its rank's core with: bench/ddp.sh). Every MPI_Test of a request, from this thread or the caller's, holds
  * g_req_lock (MPI forbids testing one request from two threads at once), and the first to see
  * it complete records it. Needs MPI_THREAD_MULTIPLE (without it, no thread: collectives then
  * advance at hooks and waits only, and complete when those see them complete). */
 static pthread_t g_prog_thread;
 static bool g_prog_running;
-static atomic_int g_outstanding;
-static atomic_bool g_prog_stop;
+static bool g_prog_stop; /* (g_req_lock) */
 static pthread_mutex_t g_req_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_prog_cv = PTHREAD_COND_INITIALIZER; /* g_reqs became non-empty, or stop */
 static mpi_req *g_reqs;       /* the requests nobody has seen complete (g_req_lock) */
 static double g_last_done_at; /* of the request test or wait last reported complete */
 
@@ -116,24 +117,25 @@ static int req_test(mpi_req *q, int *flag) {
 
 static void *progress_main(void *arg) {
     (void)arg;
-    while (!atomic_load(&g_prog_stop)) {
-        if (atomic_load(&g_outstanding) > 0) {
-            pthread_mutex_lock(&g_req_lock);
-            for (mpi_req *q = g_reqs, *nx; q; q = nx) {
-                nx = q->next;
-                int flag = 0;
-                (void)test_locked(q, &flag);
-            }
-            pthread_mutex_unlock(&g_req_lock);
-            /* a short sleep, not a yield: the thread shares its rank's core with backward,
-             * and a thread that stays runnable takes a share of it */
-            struct timespec ts = {0, 50000};
-            nanosleep(&ts, NULL);
-        } else {
-            struct timespec ts = {0, 200000};
-            nanosleep(&ts, NULL);
+    pthread_mutex_lock(&g_req_lock);
+    while (!g_prog_stop) {
+        if (!g_reqs) {
+            pthread_cond_wait(&g_prog_cv, &g_req_lock);
+            continue;
         }
+        for (mpi_req *q = g_reqs, *nx; q; q = nx) {
+            nx = q->next;
+            int flag = 0;
+            (void)test_locked(q, &flag);
+        }
+        pthread_mutex_unlock(&g_req_lock);
+        /* a short sleep, not a yield: the thread shares its rank's core with backward, and a
+         * thread that stays runnable takes a share of it */
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&g_req_lock);
     }
+    pthread_mutex_unlock(&g_req_lock);
     return NULL;
 }
 
@@ -219,7 +221,7 @@ static em_status mpi_create(const em_comm_options *opts, void **state, int *rank
     int level = 0;
     MPI_Query_thread(&level);
     if (!g_prog_running && level == MPI_THREAD_MULTIPLE && !getenv("EMBER_MPI_NO_PROGRESS_THREAD")) {
-        atomic_store(&g_prog_stop, false);
+        g_prog_stop = false;
         g_prog_running = pthread_create(&g_prog_thread, NULL, progress_main, NULL) == 0;
     }
     return EM_OK;
@@ -238,7 +240,10 @@ static void mpi_destroy(void *state) {
 
 static void mpi_finalize(void) {
     if (g_prog_running) {
-        atomic_store(&g_prog_stop, true);
+        pthread_mutex_lock(&g_req_lock);
+        g_prog_stop = true;
+        pthread_cond_signal(&g_prog_cv);
+        pthread_mutex_unlock(&g_req_lock);
         pthread_join(g_prog_thread, NULL);
         g_prog_running = false;
     }
@@ -326,8 +331,8 @@ static em_status mpi_start(void *state, em_collective coll, uint64_t seq, const 
     q->next = g_reqs;
     if (g_reqs) g_reqs->prev = q;
     g_reqs = q;
+    pthread_cond_signal(&g_prog_cv);
     pthread_mutex_unlock(&g_req_lock);
-    atomic_fetch_add(&g_outstanding, 1);
     *req = q;
     return EM_OK;
 }
@@ -341,13 +346,11 @@ static em_status mpi_test(void *state, void *req, bool *done) {
     if (rc != MPI_SUCCESS) {
         em_status st = engine_error(s, q, q->coll, q->seq, rc);
         s->broken = g_any_broken = true;
-        atomic_fetch_sub(&g_outstanding, 1);
         free(q);
         return st;
     }
     *done = flag != 0;
     if (flag) {
-        atomic_fetch_sub(&g_outstanding, 1);
         free(q);
     }
     return EM_OK;
@@ -393,7 +396,6 @@ static em_status roll_call(mpi_state *s, mpi_req *q, double timeout_s) {
         }
     }
     if (flag) { /* it completed after all */
-        atomic_fetch_sub(&g_outstanding, 1);
         free(answered);
         free(count);
         free(q);
@@ -439,12 +441,10 @@ static em_status mpi_wait(void *state, void *req, double timeout_s) {
         if (rc != MPI_SUCCESS) {
             em_status st = engine_error(s, q, q->coll, q->seq, rc);
             s->broken = g_any_broken = true;
-            atomic_fetch_sub(&g_outstanding, 1);
             free(q);
             return st;
         }
         if (flag) {
-            atomic_fetch_sub(&g_outstanding, 1);
             free(q);
             return EM_OK;
         }
