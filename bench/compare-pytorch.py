@@ -2,10 +2,30 @@
 """Ember against PyTorch on the same workloads, in one invocation, interleaved.
 
 Run from the build tree after `make`:
-    bench/compare-pytorch.py [--baseline BUILD_DIR] [repetitions] [workload...]
+    bench/compare-pytorch.py [--baseline BUILD_DIR] [--cpu-time] [--threads N]
+                             [repetitions] [workload...]
 (in a separate build directory: cd build && ../bench/compare-pytorch.py); naming workloads
 runs only those (e.g. `bench/compare-pytorch.py 7 train_mlp_b128 train_cnn_b64`).
 bench/steps.sh is this script over the training steps only (the before/after table).
+
+  --baseline BUILD_DIR  also run BUILD_DIR's bench/train_step, interleaved (ember-base below):
+                the before/after figures of two builds from the same run
+  --cpu-time    time the training steps in CPU time instead of wall time: bench/train_step
+                --cpu-time (CLOCK_PROCESS_CPUTIME_ID, every thread of the process) and
+                PyTorch's worker on time.process_time() (the same clock), per step; on a
+                machine whose cores other jobs keep busy a step's wall time is mostly the wait
+                for a core, its CPU time the work it did. Training workloads only (default:
+                every one); no FMA ceiling or floor (they are wall-time figures). In the first
+                repetition each worker's CPU time per batch is checked against the sum over its
+                threads in /proc/PID/task/*/schedstat: a --baseline build older than
+                train_step's --cpu-time (which would time wall clock) is refused
+  --threads N   Ember's and PyTorch's thread count (EMBER_NUM_THREADS for Ember,
+                torch.set_num_threads for PyTorch's passive and threads configurations; the
+                as-is one keeps torch's default): `--cpu-time --threads 1` compares one
+                thread's work, what an idle core would take (cache effects of the other
+                processes aside)
+  train_gru_h256  a workload run only when named: train_lstm_h256 with nn.GRU(256, 256)
+                (Ember: the gru op), no floor in bench/step_floor
 
 PyTorch: every interpreter in PYTHON (colon-separated; default /usr/bin/python3, Debian's
 1.13, and ~/torchenv/bin/python, the newest from PyPI, where it exists) that imports torch,
@@ -13,15 +33,16 @@ each in three configurations, all interleaved with Ember:
   as-is      the environment as it is, torch's default thread count
   passive    OMP_WAIT_POLICY=passive, OPENBLAS_CORETYPE=SkylakeX, torch.set_num_threads(N)
   threads    the environment as it is (libgomp spins), torch.set_num_threads(N)
-(N = EMBER_NUM_THREADS, default 2). For each PyTorch and each workload the configuration
-with the lowest median is the denominator of the ratios, and its name is printed beside it.
+(N = --threads, else EMBER_NUM_THREADS, default 2). For each PyTorch and each workload the
+configuration with the lowest median is the denominator of the ratios, and its name is printed
+beside it.
 EMBER_BENCH_TORCH_CONFIGS=as-is,passive picks fewer. PYTHON=none runs Ember alone.
 
 Workers stay alive and are driven line by line, so every repetition runs each workload once
 in each, back to back:
-  ember        bench/compare (EMBER_NUM_THREADS=2)
+  ember        bench/compare (EMBER_NUM_THREADS=N)
   ember-sx     bench/compare with OPENBLAS_CORETYPE=SkylakeX, for raw OpenBLAS's best kernels
-  ember-train  bench/train_step (EMBER_NUM_THREADS=2, OMP_WAIT_POLICY=passive, Ember's own
+  ember-train  bench/train_step (EMBER_NUM_THREADS=N, OMP_WAIT_POLICY=passive, Ember's own
                default): issue 3's training steps, forward + backward + Adam update of an MLP
                784-512-256-10 (batch 128) and the CNN (batch 64), and issue 25's LSTM step
                (nn.LSTM(256, 256) over 64 steps of a batch of 32, a Linear(256, 64) head at
@@ -46,8 +67,10 @@ median step over the floor, and the fractions of the FMA ceiling for Ember and e
 Prints `name ember_ms torch_ms ratio` (medians, ratio = ember / torch) per PyTorch, then the
 means, then derived figures (GFLOP/s, bandwidth). For the training steps every single step is
 timed too: the mean step against the median step (issue 3: mean <= 1.2x median) and the
-slowest step, for Ember and each PyTorch.
+slowest step, for Ember and each PyTorch; with --baseline, this build over the baseline per
+repetition.
 """
+import glob
 import os
 import statistics
 import time
@@ -57,6 +80,8 @@ import sys
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
 TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_cnn_b64_bf16", "train_lstm_h256",
          "train_transformer_b32"]
+EXTRA_TRAIN = ["train_gru_h256"]  # run only when named
+ALL_TRAIN = TRAIN + EXTRA_TRAIN
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
@@ -69,6 +94,8 @@ import torch.nn.functional as F
 if os.environ.get("EMBER_BENCH_TORCH_THREADS"):
     torch.set_num_threads(int(os.environ["EMBER_BENCH_TORCH_THREADS"]))
 torch.manual_seed(0)
+# --cpu-time: the process's CPU time (all threads), bench/train_step --cpu-time's clock
+clock = time.process_time if os.environ.get("EMBER_BENCH_CPU_TIME") else time.perf_counter
 def mm(n, dt):
     a = torch.rand(n, n, dtype=dt) * 2 - 1; b = torch.rand(n, n, dtype=dt) * 2 - 1
     return lambda: torch.matmul(a, b)
@@ -111,12 +138,12 @@ def train_transformer(batch):
         F.mse_loss(net(x), y).backward()
         opt.step()
     return step
-def train_lstm(batch):
-    lstm, head = nn.LSTM(256, 256), nn.Linear(256, 64)
+def train_rnn(cls, batch):
+    rnn, head = cls(256, 256), nn.Linear(256, 64)
     x = torch.rand(64, batch, 256)
     y = torch.randint(0, 64, (64 * batch,))
-    opt = torch.optim.Adam(list(lstm.parameters()) + list(head.parameters()))
-    net = lambda x: head(lstm(x)[0].reshape(-1, 256))
+    opt = torch.optim.Adam(list(rnn.parameters()) + list(head.parameters()))
+    net = lambda x: head(rnn(x)[0].reshape(-1, 256))
     def step():
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(x), y).backward()
@@ -131,7 +158,8 @@ make = {"sgemm_1024": (lambda: mm(1024, torch.float32), 10),
         "train_mlp_b128": (lambda: train(False, 128), 10),
         "train_cnn_b64": (lambda: train(True, 64), 3),
         "train_cnn_b64_bf16": (lambda: train(True, 64, True), 3),
-        "train_lstm_h256": (lambda: train_lstm(32), 3),
+        "train_lstm_h256": (lambda: train_rnn(nn.LSTM, 32), 3),
+        "train_gru_h256": (lambda: train_rnn(nn.GRU, 32), 3),
         "train_transformer_b32": (lambda: train_transformer(32), 2)}
 ready = {}
 print("ready torch %s threads %d" % (torch.__version__, torch.get_num_threads()), flush=True)
@@ -143,10 +171,10 @@ for line in sys.stdin:
         f = make[name][0](); f(); ready[name] = f
     f, iters = ready[name], make[name][1]
     each = []
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(iters):
-        t = time.perf_counter(); f(); each.append((time.perf_counter() - t) * 1e3)
-    total = (time.perf_counter() - t0) * 1e3 / iters
+        t = clock(); f(); each.append((clock() - t) * 1e3)
+    total = (clock() - t0) * 1e3 / iters
     steps = " ".join("%.6f" % e for e in each) if name.startswith("train") else ""
     print(name, "%.6f" % total, steps, flush=True)
 '''
@@ -209,32 +237,74 @@ def run_fma_peak(fma):
     return None
 
 
-def main():
-    args = sys.argv[1:]
-    baseline = None
-    if args and args[0].startswith("--baseline"):
-        if "=" in args[0]:
-            baseline = args[0].split("=", 1)[1]
-            args = args[1:]
-        elif len(args) > 1:
-            baseline, args = args[1], args[2:]
+def proc_cpu_ms(pid):
+    """CPU time so far of every thread of process pid (/proc/PID/task/*/schedstat), in ms."""
+    total = 0
+    for f in glob.glob("/proc/%d/task/*/schedstat" % pid):
+        try:
+            with open(f) as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile
+    return total / 1e6
+
+
+def parse_args(args):
+    """(baseline, cpu_time, threads, reps, chosen workloads) from the command line."""
+    baseline, cpu_time, threads = None, False, None
+    while args and args[0].startswith("-"):
+        opt, eq, val = args.pop(0).partition("=")
+        if opt in ("-h", "--help"):
+            print(__doc__.strip())
+            sys.exit(0)
+        if opt == "--cpu-time" and not eq:
+            cpu_time = True
+            continue
+        if opt not in ("--baseline", "--threads"):
+            sys.exit("compare-pytorch: unknown option %s (--baseline BUILD_DIR, --cpu-time, "
+                     "--threads N; --help)" % opt)
+        if not eq:
+            if not args:
+                sys.exit("compare-pytorch: %s needs %s" % (
+                    opt, "a build directory" if opt == "--baseline" else "a thread count"))
+            val = args.pop(0)
+        if opt == "--baseline":
+            baseline = val
+        elif not val.isdigit() or int(val) < 1:
+            sys.exit("compare-pytorch: --threads %s: not a positive thread count" % val)
         else:
-            sys.exit("compare-pytorch: --baseline needs a build directory")
+            threads = val
+    if args and not args[0].isdigit():
+        if args[0] not in WORKLOADS + ALL_TRAIN:
+            sys.exit("compare-pytorch: %s: neither a repetition count nor a workload" % args[0])
+        args.insert(0, "7")
     reps = int(args[0]) if args else 7
-    chosen = args[1:] or WORKLOADS + TRAIN
-    unknown = [n for n in chosen if n not in WORKLOADS + TRAIN]
+    if reps < 1:
+        sys.exit("compare-pytorch: %d repetitions: at least 1" % reps)
+    chosen = args[1:] or (TRAIN if cpu_time else WORKLOADS + TRAIN)
+    unknown = [n for n in chosen if n not in WORKLOADS + ALL_TRAIN]
     if unknown:
         sys.exit("compare-pytorch: unknown workload %s; the workloads: %s"
-                 % (", ".join(unknown), " ".join(WORKLOADS + TRAIN)))
-    names = [n for n in WORKLOADS + TRAIN if n in chosen]
-    steps = [n for n in names if n in TRAIN]
+                 % (", ".join(unknown), " ".join(WORKLOADS + ALL_TRAIN)))
+    if cpu_time and any(n not in ALL_TRAIN for n in chosen):
+        sys.exit("compare-pytorch: --cpu-time times the training steps only, not %s"
+                 % ", ".join(n for n in chosen if n not in ALL_TRAIN))
+    return baseline, cpu_time, threads, reps, chosen
+
+
+def main():
+    baseline, cpu_time, threads, reps, chosen = parse_args(sys.argv[1:])
+    names = [n for n in WORKLOADS + ALL_TRAIN if n in chosen]
+    steps = [n for n in names if n in ALL_TRAIN]
     raw = RAW if "sgemm_1024" in names else []
     base = dict(os.environ)
+    if threads:
+        base["EMBER_NUM_THREADS"] = threads
     base.setdefault("EMBER_NUM_THREADS", "2")
     nthreads = base["EMBER_NUM_THREADS"]
     passive = dict(base, OMP_WAIT_POLICY="passive")
     workers = {}
-    if any(n not in TRAIN for n in names):
+    if any(n not in ALL_TRAIN for n in names):
         compare = find_program("compare")
         describe = subprocess.run([compare, "--describe"], env=base, capture_output=True,
                                   text=True)
@@ -244,12 +314,15 @@ def main():
                                      dict(base, OPENBLAS_CORETYPE="SkylakeX"))
     fma = floor = None
     if steps:
+        flags = ["--cpu-time"] if cpu_time else []
         train_step = find_program("train_step")
-        workers["ember-train"] = Worker("ember-train", [train_step], passive)
-        workers["ember-train-as-is"] = Worker("ember-train-as-is", [train_step], base)
+        workers["ember-train"] = Worker("ember-train", [train_step] + flags, passive)
+        workers["ember-train-as-is"] = Worker("ember-train-as-is", [train_step] + flags, base)
         if baseline:
-            workers["ember-base"] = Worker("ember-base", [find_program("train_step", baseline)],
+            workers["ember-base"] = Worker("ember-base",
+                                           [find_program("train_step", baseline)] + flags,
                                            passive)
+    if steps and not cpu_time:  # the ceiling and the floors are wall-time figures
         fma = find_program("fma_peak")
         here = os.path.dirname(os.path.abspath(__file__))
         floor = next((c for c in ("bench/step_floor", os.path.join(here, "step_floor"))
@@ -271,11 +344,12 @@ def main():
         if any(t == tag for t, _ in torches):
             tag += "#%d" % (len(torches) + 1)
         torches.append((tag, python))
-        envs = {"as-is": dict(os.environ),
-                "passive": dict(os.environ, OPENBLAS_CORETYPE="SkylakeX",
+        env = dict(os.environ, EMBER_BENCH_CPU_TIME="1") if cpu_time else dict(os.environ)
+        envs = {"as-is": env,
+                "passive": dict(env, OPENBLAS_CORETYPE="SkylakeX",
                                 OMP_WAIT_POLICY="passive",
                                 EMBER_BENCH_TORCH_THREADS=nthreads),
-                "threads": dict(os.environ, EMBER_BENCH_TORCH_THREADS=nthreads)}
+                "threads": dict(env, EMBER_BENCH_TORCH_THREADS=nthreads)}
         for c in configs:
             label = "%s/%s" % (tag, c)
             w = Worker(label, [python, "-c", TORCH_WORKER], envs[c])
@@ -314,7 +388,7 @@ def main():
                 if label == "ember-sx" and name != "raw_openblas_1024":
                     continue
                 is_train_worker = label.startswith("ember-train") or label == "ember-base"
-                if label.startswith("ember") and is_train_worker != (name in TRAIN):
+                if label.startswith("ember") and is_train_worker != (name in ALL_TRAIN):
                     continue
                 # Let the previous worker's threads go quiet first: PyTorch's OpenBLAS workers
                 # spin ~0.1 s after a call and libgomp's default ~3 ms after a region, and on 2
@@ -329,7 +403,17 @@ def main():
                     w.ask(name)
                     if time.perf_counter() - t0 >= WARM_S:
                         break
+                c0 = proc_cpu_ms(w.p.pid) if cpu_time and rep == 0 else None
                 t, each = w.ask(name)
+                if t is not None and c0 is not None:
+                    # what the worker reports against its threads' CPU time from outside
+                    # (which also holds the request's reading and printing: ~0)
+                    told, seen = t * max(len(each), 1), proc_cpu_ms(w.p.pid) - c0
+                    if abs(told - seen) > 0.25 * seen + 2.0:
+                        sys.exit("compare-pytorch: --cpu-time: %s (%s) reported %.1f ms for a "
+                                 "batch of %s whose threads ran %.1f ms (/proc): it does not "
+                                 "time CPU (a bench/train_step older than its --cpu-time?)"
+                                 % (label, " ".join(w.p.args[:1]), told, name, seen))
                 if t is not None:
                     key = "ember" if label == "ember-train" else label
                     times.setdefault((key, name), []).append(t)
@@ -347,7 +431,9 @@ def main():
             peaks.append(p)
     if steps and floor:
         env = dict(passive, OMP_NUM_THREADS=nthreads)
-        r = subprocess.run([floor] + steps, env=env, capture_output=True, text=True)
+        known = subprocess.run([floor, "--list"], capture_output=True, text=True).stdout.split()
+        r = subprocess.run([floor] + [n for n in steps if n in known], env=env,
+                           capture_output=True, text=True)
         floor_text = r.stdout
         for line in r.stdout.splitlines():
             f = line.split()
@@ -355,7 +441,7 @@ def main():
                 floors[f[1]] = (float(f[2]), float(f[3]))
         if r.returncode != 0:
             print("(bench/step_floor failed: %s)" % r.stderr.strip())
-    elif steps:
+    elif steps and not cpu_time:
         print("(bench/step_floor is not built here (no oneDNN): no floors)")
 
     nan = float("nan")
@@ -370,8 +456,13 @@ def main():
         label, c = min(cands, key=lambda lc: med(lc[0], n))
         return label, c
 
-    print("\n%d repetitions, interleaved; ms per op (medians); ratio = ember / torch, each "
-          "PyTorch in its fastest configuration for that workload (named)" % reps)
+    if cpu_time:
+        print("\n%d repetitions, interleaved; CPU ms per step (medians; the process's CPU "
+              "time, all threads; EMBER_NUM_THREADS=%s); ratio = ember / torch, each PyTorch "
+              "in its least-CPU configuration for that workload (named)" % (reps, nthreads))
+    else:
+        print("\n%d repetitions, interleaved; ms per op (medians); ratio = ember / torch, each "
+              "PyTorch in its fastest configuration for that workload (named)" % reps)
     hdr = "%-22s %10s %10s" % ("name", "ember_ms", "ember_mean")
     for tag, _ in torches:
         hdr += "   %10s %-8s %6s" % (tag, "config", "ratio")
@@ -390,7 +481,32 @@ def main():
                 "%s/%s %.4f" % (tag, c, med("%s/%s" % (tag, c), n))
                 for tag, _ in torches for c in configs))
 
-    if steps:
+    if steps and cpu_time:
+        print("\ntraining steps, CPU ms per step; mean/med = mean single step over the median "
+              "single step")
+        hdr = "%-22s %9s %8s" % ("name", "ember_ms", "mean/med")
+        if baseline:
+            hdr += " %9s %6s" % ("base_ms", "/base")
+        for tag, _ in torches:
+            hdr += "  %10s %-8s %6s %8s" % (tag, "config", "ratio", "mean/med")
+        print(hdr)
+        for n in steps:
+            e = med("ember", n)
+            s = single.get(("ember", n), [])
+            row = "%-22s %9.3f %8.2f" % (
+                n, e, statistics.fmean(s) / statistics.median(s) if s else nan)
+            if baseline:
+                b = med("ember-base", n)
+                row += " %9.3f %6.2f" % (b, e / b)
+            for tag, _ in torches:
+                label, c = best(tag, n)
+                t = med(label, n) if label else nan
+                ts = single.get((label, n), [])
+                tmm = statistics.fmean(ts) / statistics.median(ts) if ts else nan
+                row += "  %10.3f %-8s %6.2f %8.2f" % (t, c or "-", e / t, tmm)
+            print(row)
+        print()
+    elif steps:
         peak = max(peaks) if peaks else nan
         print("\nFMA ceiling: %.1f GFLOP/s (best of %d bench/fma_peak invocations in this run; "
               "their median %.1f)" % (peak, len(peaks), statistics.median(peaks) if peaks else nan))
@@ -440,6 +556,11 @@ def main():
                 print("%s: Ember / %s (%s) per repetition: median %.2f, mean %.2f, range "
                       "%.2f-%.2f" % (n, tag, c, statistics.median(r), statistics.fmean(r),
                                      min(r), max(r)))
+        r = [e / b for e, b in zip(times.get(("ember", n), []), times.get(("ember-base", n), []))]
+        if r:
+            print("%s: Ember / baseline (%s) per repetition: median %.2f, mean %.2f, range "
+                  "%.2f-%.2f" % (n, baseline, statistics.median(r), statistics.fmean(r),
+                                 min(r), max(r)))
         print("%s: Ember with OMP_WAIT_POLICY as it is: median %.4f ms" % (
             n, med("ember-train-as-is", n)))
         for label in ["ember"] + ["%s/%s" % (tag, best(tag, n)[1]) for tag, _ in torches

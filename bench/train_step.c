@@ -23,7 +23,7 @@
  *                   cross_entropy over the 64 x 32 steps (a character model's step)
  *   train_gru_h256  the same with a one-layer GRU (the fused gru op, weight [W_ih | W_hh],
  *                   biases b_ih and b_hh; PyTorch: nn.GRU(256, 256)); not a row of
- *                   compare-pytorch.py, run by bench/cpu-time-pytorch.py
+ *                   compare-pytorch.py's default set, run when named
  *   train_cnn_b64_profiled  the same CNN step under the op profiler (em_profiler_begin
  *                   without a trace, em_profiler_end, em_profiler_free each step):
  *                   ember-train --profile's cost
@@ -38,7 +38,8 @@
  * (CLOCK_PROCESS_CPUTIME_ID: every thread's, OpenMP workers included) instead of wall time,
  * same output: on a machine shared with other jobs the wall time of a step is mostly how long
  * it waited for a core, its CPU time is the work it did (what before/after decisions on that
- * machine go by; bench/README.md says where it was used).
+ * machine go by; bench/compare-pytorch.py --cpu-time runs it so, bench/README.md says where
+ * it was used).
  * `bench/train_step --profile NAME [steps]` runs one untimed step, then `steps` (default 50)
  * under one op profiler (em_profiler_begin) and prints its report (em_profiler_report: each
  * op's calls, total and self time over those steps) and the mean step (issue 27: where a step
