@@ -291,8 +291,8 @@ Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
         cr_assert_geq(per_loader[k], 1, "a track named %s0 or %s1", loaders[k], loaders[k]);
     int waits = 0, steps = 0, linears = 0, fills = 0, train_fills = 0;
     double last_wait = -1, first_linear_after_wait = -1, last_step = -1, wait_ts[64];
-    double fill_ts[64];
-    bool fill_train[64];
+    double fill_ts[256]; /* about 30 fills: 5 trained and some ahead, 6 val and 10 test batches */
+    bool fill_train[256];
     json_array_foreach(evs, i, e) {
         const char *ph = json_string_value(json_object_get(e, "ph"));
         const char *name = json_string_value(json_object_get(e, "name"));
@@ -308,7 +308,7 @@ Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
         if (!strcmp(name, "loader_fill")) {
             cr_assert(on_worker, "with workers, the workers fill the batches");
             cr_assert(json_is_integer(json_object_get(json_object_get(e, "args"), "batch")));
-            if (fills < 64) {
+            if (fills < 256) {
                 fill_ts[fills] = json_number_value(json_object_get(e, "ts"));
                 fill_train[fills] = on_train;
             }
@@ -337,8 +337,9 @@ Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
     cr_assert_geq(train_fills, 5, "every batch trained was filled by a training loader's worker");
     /* the evaluation's loaders are made after the last step: their workers filled nothing
      * before it, the training loader's filled at least the 5 batches trained */
+    cr_assert_leq(fills, 256);
     int train_fills_before = 0;
-    for (int k = 0; k < fills && k < 64; k++) {
+    for (int k = 0; k < fills; k++) {
         if (!fill_train[k])
             cr_assert_gt(fill_ts[k], last_step, "an evaluation loader's fill before the last step");
         else train_fills_before += fill_ts[k] < last_step;
