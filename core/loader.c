@@ -110,7 +110,7 @@ struct em_batch {
 
 struct em_loader {
     em_dataset *ds;
-    em_loader_options_v2 o;        /* transforms and the arrays are NULL after creation */
+    em_loader_options_v2 o;        /* transforms, the arrays, name are NULL after creation */
     int64_t bs;
     int64_t cap;                   /* items per buffer: min(bs, epoch_len) */
     /* items */
@@ -129,6 +129,7 @@ struct em_loader {
     slot *slots;
     worker *w;
     int nw;                        /* threads (0: the caller fills) */
+    char name[EM_LOADER_NAME_MAX + 1]; /* options.name ("": none): the workers' trace names */
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_ready;
     int64_t epoch, next_fill, next_out;
@@ -270,7 +271,8 @@ static void fill(em_loader *l, worker *wk, slot *s, int64_t b, int64_t epoch) {
 static void *worker_main(void *arg) {
     worker *wk = arg;
     em_loader *l = wk->l;
-    em__thread_set_name("loader worker %d", (int)(wk - l->w)); /* its track in a trace */
+    /* its track in a trace */
+    em__thread_set_name("%s worker %d", l->name[0] ? l->name : "loader", (int)(wk - l->w));
     pthread_mutex_lock(&l->mu);
     while (!l->stop) {
         if (l->paused || l->failed || l->next_fill >= l->nb ||
@@ -358,6 +360,16 @@ static em_status check_options(em_loader *l, const em_transforms *t, const char 
     if (o->num_workers < 0 || o->num_workers > 256 || o->prefetch < 0 || o->prefetch > 4096)
         return em_set_error(EM_ERR_INVALID, "loader: num_workers %d must be in [0, 256] and "
                             "prefetch %d in [0, 4096]", o->num_workers, o->prefetch);
+    if (o->name) { /* the workers' names in a trace: "<name> worker 255" fits their 31 bytes */
+        size_t n = strlen(o->name);
+        if (n > EM_LOADER_NAME_MAX)
+            return em_set_error(EM_ERR_INVALID, "loader: name '%.*s...' has %zu bytes; at most "
+                                "%d", EM_LOADER_NAME_MAX, o->name, n, EM_LOADER_NAME_MAX);
+        for (size_t i = 0; i < n; i++)
+            if (o->name[i] < 0x20 || o->name[i] > 0x7e)
+                return em_set_error(EM_ERR_INVALID, "loader: name has byte 0x%02x at %zu; it "
+                                    "takes printable ASCII only", (unsigned char)o->name[i], i);
+    }
     if ((unsigned)o->sampler > EM_SAMPLER_SHARDED)
         return em_set_error(EM_ERR_INVALID, "loader: unknown sampler %d", (int)o->sampler);
     if (o->sampler == EM_SAMPLER_SEQUENTIAL && o->shuffle)
@@ -538,6 +550,8 @@ static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts
     int nspecs = l->o.n_transforms;
     l->o.subset = NULL;
     l->o.weights = NULL;
+    if (o->name) snprintf(l->name, sizeof l->name, "%s", o->name);
+    l->o.name = NULL;
     l->o.transforms = NULL;
     l->o.n_transforms = 0;
 
@@ -705,7 +719,8 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opts) {
         .subset_len = lo.subset_len, .weights = lo.weights, .num_samples = lo.num_samples,
         .rank = lo.rank, .world_size = lo.world_size, .device = lo.device,
         .pin_memory = lo.pin_memory, .transforms = lo.transform_specs,
-        .n_transforms = lo.n_transform_specs, .shard_drop_last = lo.shard_drop_last};
+        .n_transforms = lo.n_transform_specs, .shard_drop_last = lo.shard_drop_last,
+        .name = lo.name};
     return loader_create(ds, &o, &lo.transforms, "transform_specs");
 }
 

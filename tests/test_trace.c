@@ -1119,6 +1119,136 @@ Test(trace, loader_workers_have_their_own_tracks) {
     em_dataset_free(ds);
 }
 
+/* The [ts, ts + dur] of the one "X" event named `name` on thread tid (range spans). */
+static void span_of(json_t *evs, const char *name, long tid, double *t0, double *t1) {
+    int n = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(evs, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") ||
+            strcmp(json_string_value(json_object_get(e, "name")), name) ||
+            json_integer_value(json_object_get(e, "tid")) != tid)
+            continue;
+        *t0 = json_number_value(json_object_get(e, "ts"));
+        *t1 = *t0 + json_number_value(json_object_get(e, "dur"));
+        n++;
+    }
+    cr_assert_eq(n, 1, "one '%s' span on thread %ld", name, tid);
+}
+
+/* One epoch of l (batches of 4 of the 16 items), then free it and end the range begun before
+ * it was made (its worker starts filling in em_loader_new). */
+static void drain_loader(em_loader *l) {
+    cr_assert(l, "%s", em_last_error());
+    int n = 0;
+    for (em_tensor *x, *y; em_loader_next(l, &x, &y) == EM_OK && x;) n++;
+    cr_assert_eq(em_last_status(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(n, 4);
+    em_loader_free(l); /* joins its worker inside the range */
+    em_profiler_range_end();
+}
+
+/* Three loaders of one process, one worker each (ember-train's train, validation and test
+ * loaders): the named ones' tracks carry their names (em_loader_options and _v2), the unnamed
+ * one's the default; each track holds the fills of its own loader, which ran inside the
+ * range around that loader's life. */
+Test(trace, loaders_name_their_workers_tracks) {
+    em_dataset_class_def d = {.struct_size = sizeof d, .name = "ops_read", .description = "ops",
+                              .open = ops_open, .read = ops_read};
+    cr_assert_eq(em_dataset_class_register(em_registry_program(), &d), EM_OK, "%s",
+                 em_last_error());
+    em_dataset *ds = em_dataset_open("ops_read", NULL);
+    cr_assert(ds, "%s", em_last_error());
+    em_profiler_options po = {.struct_size = sizeof po, .trace = true};
+    em_profiler *p = em_profiler_begin(&po);
+    cr_assert(p, "%s", em_last_error());
+    em_loader_options lo = {.struct_size = sizeof lo, .batch_size = 4, .num_workers = 1,
+                            .name = "train"};
+    em_profiler_range_begin("with train");
+    drain_loader(em_loader_new(ds, &lo));
+    em_loader_options_v2 lo2 = {.struct_size = sizeof lo2, .batch_size = 4, .num_workers = 1,
+                                .name = "val"};
+    em_profiler_range_begin("with val");
+    drain_loader(em_loader_new_v2(ds, &lo2));
+    lo.name = NULL;
+    em_profiler_range_begin("with unnamed");
+    drain_loader(em_loader_new(ds, &lo));
+    cr_assert_eq(em_profiler_end(p), EM_OK, "%s", em_last_error());
+
+    json_t *root = profiler_trace(p), *evs = json_object_get(root, "traceEvents");
+    long me = (long)syscall(SYS_gettid);
+    const char *names[3] = {"train worker 0", "val worker 0", "loader worker 0"};
+    const char *ranges[3] = {"with train", "with val", "with unnamed"};
+    long tids[3] = {0, 0, 0};
+    size_t i;
+    json_t *e;
+    json_array_foreach(evs, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "M") ||
+            strcmp(json_string_value(json_object_get(e, "name")), "thread_name"))
+            continue;
+        long t = (long)json_integer_value(json_object_get(e, "tid"));
+        const char *nm = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
+        if (t == me) continue;
+        int k = 0;
+        while (k < 3 && strcmp(nm, names[k])) k++;
+        cr_assert_lt(k, 3, "an unexpected track '%s'", nm);
+        cr_assert_eq(tids[k], 0, "two tracks named '%s'", nm);
+        tids[k] = t;
+    }
+    for (int k = 0; k < 3; k++) {
+        cr_assert_neq(tids[k], 0, "no track named '%s'", names[k]);
+        double r0, r1;
+        span_of(evs, ranges[k], me, &r0, &r1);
+        int fills = 0;
+        json_array_foreach(evs, i, e) {
+            if (strcmp(json_string_value(json_object_get(e, "ph")), "X") ||
+                strcmp(json_string_value(json_object_get(e, "name")), "loader_fill") ||
+                json_integer_value(json_object_get(e, "tid")) != tids[k])
+                continue;
+            double ts = json_number_value(json_object_get(e, "ts"));
+            double te = ts + json_number_value(json_object_get(e, "dur"));
+            /* ts and dur are rounded to 1 ns each */
+            cr_assert(ts >= r0 - 0.002 && te <= r1 + 0.002, "a fill of '%s' at [%.3f, %.3f] "
+                      "outside its loader's life [%.3f, %.3f]", names[k], ts, te, r0, r1);
+            fills++;
+        }
+        cr_assert_geq(fills, 4, "'%s' filled its loader's 4 batches", names[k]);
+        cr_assert_eq(events_on(evs, "loader_fill", me, 0), 0, "the workers fill");
+    }
+    json_decref(root);
+    em_profiler_free(p);
+    em_dataset_free(ds);
+}
+
+/* A loader's name must fit its workers' names in a trace and be printable. */
+Test(trace, loader_name_checked) {
+    em_dataset_class_def d = {.struct_size = sizeof d, .name = "ops_read", .description = "ops",
+                              .open = ops_open, .read = ops_read};
+    cr_assert_eq(em_dataset_class_register(em_registry_program(), &d), EM_OK, "%s",
+                 em_last_error());
+    em_dataset *ds = em_dataset_open("ops_read", NULL);
+    cr_assert(ds, "%s", em_last_error());
+    char longest[EM_LOADER_NAME_MAX + 2];
+    memset(longest, 'n', EM_LOADER_NAME_MAX);
+    longest[EM_LOADER_NAME_MAX] = 0;
+    em_loader_options lo = {.struct_size = sizeof lo, .batch_size = 4, .num_workers = 1,
+                            .name = longest};
+    em_loader *l = em_loader_new(ds, &lo);
+    cr_assert(l, "%d bytes are allowed: %s", EM_LOADER_NAME_MAX, em_last_error());
+    em_loader_free(l);
+    strcat(longest, "n");
+    cr_assert_null(em_loader_new(ds, &lo));
+    cr_assert_eq(em_last_status(), EM_ERR_INVALID);
+    cr_assert(strstr(em_last_error(), "loader: name 'nnnn") &&
+              strstr(em_last_error(), "has 21 bytes; at most 20"), "%s", em_last_error());
+    em_loader_options_v2 lo2 = {.struct_size = sizeof lo2, .name = "tab\there"};
+    cr_assert_null(em_loader_new_v2(ds, &lo2));
+    cr_assert_eq(em_last_status(), EM_ERR_INVALID);
+    cr_assert(strstr(em_last_error(), "loader: name has byte 0x09 at 3; it takes printable"),
+              "%s", em_last_error());
+    em_dataset_free(ds);
+}
+
 /* Threads run ops (in bursts) while sessions begin and end: each session has what the
  * threads did in it, and nothing is torn (ASan, UBSan). */
 static atomic_int ops_stop;

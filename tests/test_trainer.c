@@ -241,7 +241,8 @@ Test(trainer, profile_reports_the_ops_by_time) {
 /* --trace with two loader workers: --profile's report (with its top 10 by total time, all
  * threads) and a Chrome trace with a track per thread: on the training thread the ops, one
  * loader wait per batch and one optimizer step per step, each wait before the forward of its
- * batch; on each worker's track (named) the batches it filled. */
+ * batch; on each worker's track, named after its loader (train, val, test: no two tracks
+ * share a name), the batches it filled, the training loader's before the last step. */
 Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
     write_mlp("t.yaml", "", "0.1");
     char *out;
@@ -262,7 +263,9 @@ Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
     cr_assert(json_is_array(evs));
     size_t i;
     json_int_t main_tid = -1, worker_tids[16];
-    int n_workers = 0;
+    const char *worker_names[16];
+    int n_workers = 0, per_loader[3] = {0, 0, 0};
+    const char *loaders[3] = {"train worker ", "val worker ", "test worker "};
     json_array_foreach(evs, i, e) { /* the metadata: the threads' names */
         const char *name = json_string_value(json_object_get(e, "name"));
         if (strcmp(json_string_value(json_object_get(e, "ph")), "M") ||
@@ -270,27 +273,47 @@ Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
             continue;
         const char *tn = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
         json_int_t t = json_integer_value(json_object_get(e, "tid"));
+        int k = 0;
+        while (k < 3 && strncmp(tn, loaders[k], strlen(loaders[k]))) k++;
         if (!strcmp(tn, "main")) main_tid = t;
-        else if (!strncmp(tn, "loader worker ", 14) && n_workers < 16) worker_tids[n_workers++] = t;
-        else cr_assert_fail("an unexpected thread: %s", tn);
+        else if (k < 3 && n_workers < 16) {
+            const char *n = tn + strlen(loaders[k]);
+            cr_assert(!strcmp(n, "0") || !strcmp(n, "1"), "two workers: %s", tn);
+            for (int w = 0; w < n_workers; w++)
+                cr_assert_str_neq(worker_names[w], tn, "two tracks named %s", tn);
+            per_loader[k]++;
+            worker_names[n_workers] = tn;
+            worker_tids[n_workers++] = t;
+        } else cr_assert_fail("an unexpected thread: %s", tn);
     }
     cr_assert_gt(main_tid, 0, "the training thread is named main");
-    cr_assert_geq(n_workers, 1, "the workers are named");
-    int waits = 0, steps = 0, linears = 0, fills = 0;
+    for (int k = 0; k < 3; k++) /* each loader's fills: at least one of its workers recorded */
+        cr_assert_geq(per_loader[k], 1, "a track named %s0 or %s1", loaders[k], loaders[k]);
+    int waits = 0, steps = 0, linears = 0, fills = 0, train_fills = 0;
     double last_wait = -1, first_linear_after_wait = -1, last_step = -1, wait_ts[64];
+    double fill_ts[256]; /* about 30 fills: 5 trained and some ahead, 6 val and 10 test batches */
+    bool fill_train[256];
     json_array_foreach(evs, i, e) {
         const char *ph = json_string_value(json_object_get(e, "ph"));
         const char *name = json_string_value(json_object_get(e, "name"));
         cr_assert(ph && name);
         if (!strcmp(ph, "M")) continue;
         json_int_t t = json_integer_value(json_object_get(e, "tid"));
-        bool on_worker = false;
-        for (int k = 0; k < n_workers; k++) on_worker |= worker_tids[k] == t;
+        bool on_worker = false, on_train = false;
+        for (int k = 0; k < n_workers; k++) {
+            on_worker |= worker_tids[k] == t;
+            on_train |= worker_tids[k] == t && !strncmp(worker_names[k], "train ", 6);
+        }
         cr_assert(t == main_tid || on_worker, "%s on an unnamed thread %lld", name, (long long)t);
         if (!strcmp(name, "loader_fill")) {
             cr_assert(on_worker, "with workers, the workers fill the batches");
             cr_assert(json_is_integer(json_object_get(json_object_get(e, "args"), "batch")));
+            if (fills < 256) {
+                fill_ts[fills] = json_number_value(json_object_get(e, "ts"));
+                fill_train[fills] = on_train;
+            }
             fills++;
+            train_fills += on_train;
             continue;
         }
         cr_assert_eq(t, main_tid, "%s on the training thread", name);
@@ -311,7 +334,17 @@ Test(trainer, trace_writes_a_chrome_trace_with_a_track_per_thread) {
     int train_waits = 0; /* the evaluation's loaders wait too, after the last step */
     for (int k = 0; k < waits; k++) train_waits += wait_ts[k] < last_step;
     cr_assert_eq(train_waits, 5, "one loader wait per batch trained");
-    cr_assert_geq(fills, 5, "every batch trained was filled by a worker");
+    cr_assert_geq(train_fills, 5, "every batch trained was filled by a training loader's worker");
+    /* the evaluation's loaders are made after the last step: their workers filled nothing
+     * before it, the training loader's filled at least the 5 batches trained */
+    cr_assert_leq(fills, 256);
+    int train_fills_before = 0;
+    for (int k = 0; k < fills; k++) {
+        if (!fill_train[k])
+            cr_assert_gt(fill_ts[k], last_step, "an evaluation loader's fill before the last step");
+        else train_fills_before += fill_ts[k] < last_step;
+    }
+    cr_assert_geq(train_fills_before, 5);
     cr_assert_geq(linears, 10, "two linear layers per forward");
     cr_assert_geq(first_linear_after_wait, 0, "the first forward after its batch's wait");
     json_decref(root);

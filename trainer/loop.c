@@ -93,7 +93,10 @@ static em_loader *make_loader(run *r, em_dataset *ds, bool train, const int64_t 
                            .batch_size = train ? r->s.batch_size : r->s.eval_batch_size,
                            .shuffle = train && r->s.shuffle && !subset, .seed = r->s.seed,
                            .num_workers = (int)r->s.workers, .device = r->dev,
-                           .transforms = r->tf};
+                           .transforms = r->tf,
+                           /* its workers' tracks in --trace: "train worker 0", ... */
+                           .name = train ? "train" : ds == r->val ? "val"
+                                   : ds == r->test ? "test" : "eval"};
     if (!train) {
         o.transforms.crop_padding = 0;
         o.transforms.hflip = false;

@@ -411,7 +411,16 @@ typedef struct em_loader_options {
      * ceil(N / world_size) (DistributedSampler's drop_last; not the batch-level drop_last
      * above). Every item appears at most once across the shards. */
     bool shard_drop_last;
+    /* (1.1) The loader's name in a profiler trace (docs/tracing.md): its workers' tracks
+     * are "<name> worker 0", "<name> worker 1", ... (ember-train's loaders are "train",
+     * "val" and "test"). NULL or "": "loader worker 0", ... Copied; at most
+     * EM_LOADER_NAME_MAX bytes of printable ASCII, else em_loader_new fails with
+     * EM_ERR_INVALID naming the option. */
+    const char *name;
 } em_loader_options;
+
+/* The longest em_loader_options.name (bytes, without the terminating 0). */
+#define EM_LOADER_NAME_MAX 20
 
 typedef struct em_loader em_loader;
 
@@ -509,6 +518,7 @@ typedef struct em_loader_options_v2 {
     int n_transforms;
     void *ext;           /* reserved; NULL */
     bool shard_drop_last; /* as in em_loader_options */
+    const char *name;     /* (1.1) as in em_loader_options */
 } em_loader_options_v2;
 
 /* A loader over ds with options version 2 (copied; NULL: defaults); everything else as
