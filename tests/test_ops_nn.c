@@ -463,7 +463,8 @@ Test(conv, shared_reorder_bf16_chunks) {
     int64_t nx = N * C * H * W, ny = N * O * H * W, nw = O * C * 9;
     double *vx = malloc(sizeof(double) * nx), *vg = malloc(sizeof(double) * ny),
            *vw = malloc(sizeof(double) * nw), *want = malloc(sizeof(double) * nw);
-    em_test_fill_random(vx, nx, 31), em_test_fill_random(vg, ny, 32), em_test_fill_random(vw, nw, 33);
+    em_test_fill_random(vx, nx, 31), em_test_fill_random(vg, ny, 32);
+    em_test_fill_random(vw, nw, 33);
     for (int64_t i = 0; i < nx; i++) vx[i] = em_bf16_to_f32(em_f32_to_bf16((float)vx[i]));
     for (int64_t i = 0; i < ny; i++) vg[i] = em_bf16_to_f32(em_f32_to_bf16((float)vg[i]));
     ref_gw_3x3(vx, vg, N, C, H, W, O, want);

@@ -184,7 +184,8 @@ static em_status k_max_pool2d(const em_kernel_ctx *k) {
  * rounded once. A gx plane of 2OH x 2OW whose indices each lie in their own 2x2 / stride 2
  * window (what that pooling's forward gives) gets at most one gy per element, written directly
  * in bf16 by the AVX-512 kernel (same bits: cpu_nn_max_pool2x2_bwd_bf16); any other index
- * sends the plane to the f32 accumulation. bad: 1 for an index outside the plane, 2 for a thread without a plane. */
+ * sends the plane to the f32 accumulation. bad: 1 for an index outside the plane, 2 for a
+ * thread without a plane. */
 typedef struct bf16_scatter_ctx {
     const em_kernel_ctx *k;
     int64_t HW, P, OH, OW;

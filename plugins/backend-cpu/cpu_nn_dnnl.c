@@ -43,9 +43,10 @@
  * Backward-weight on more than one thread does not hand oneDNN the threads: it runs one batch
  * chunk per thread, each through a one-thread primitive into f32 partial sums, and adds them
  * (conv_bwd_weight_split): oneDNN's own batch split waits in a spinning barrier. Those chunk
- * primitives reorder their own slices of x and gy (the shared copies hold the whole batch, so
- * they serve backward-weight on one thread only). Backward-weight reads x and gy in the
- * layouts the forward chose (bwd_weights_pd).
+ * primitives read their slices of the shared copies of x and gy in place when the chunk's
+ * layout is a slice of the whole batch's (blocked with the batch outermost: a chunk of images
+ * is a contiguous range of the copy), and reorder their own slices otherwise. Backward-weight
+ * reads x and gy in the layouts the forward chose (bwd_weights_pd).
  */
 #include <math.h>
 #include <omp.h>
@@ -814,7 +815,8 @@ static em_status dn_exec_on(const em_kernel_ctx *k, dn_prim *p, void *const *ptr
     else dnnl_stream_wait(strm); /* nothing of ours still running on a copy */
     for (int i = 0; i < p->nargs && pre; i++) /* the state's own buffer again */
         if (pre[i] && p->a[i].reorder && !p->a[i].out) {
-            dnnl_status_t r = dnnl_memory_set_data_handle(st->prim[i], (char *)st->buf + p->a[i].off);
+            char *own = (char *)st->buf + p->a[i].off;
+            dnnl_status_t r = dnnl_memory_set_data_handle(st->prim[i], own);
             if (s == dnnl_success) s = r;
         }
     for (int i = 0; i < p->nargs; i++)
@@ -1031,17 +1033,6 @@ static em_status run_ln_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
     return st;
 }
 
-/* Backward-weight on nt > 1 threads, split over the batch by us: one chunk of images per
- * thread, each through a primitive made for one thread (key v[17] = 1) into its own f32
- * partial sums, then the partials added in chunk order and rounded once to the output dtype.
- * oneDNN 2.6 splits the batch itself when given several threads, but its threads meet in a
- * spinning barrier (and reduce): on a machine whose cores are shared, a thread waiting for a
- * descheduled one burns its time slice, and bench/nn measured conv2's bf16 backward-weight at
- * 8.2 ms CPU / 24 ms wall on 2 threads against 1.5 ms on one. Here the threads only meet at
- * the region's end (OpenMP's barrier, which sleeps under OMP_WAIT_POLICY=passive). *done is
- * false (and nothing written) when the split does not apply (one thread, fewer images than
- * threads, called from a parallel region) or oneDNN refuses a chunk primitive: the caller runs
- * the whole-batch primitive. */
 /* The bytes of one image in layout big (the whole batch) when a chunk of images at a multiple
  * of them is layout small exactly (the same blocked format, the batch outermost and unblocked,
  * no offset or padding of it): a chunk's reordered input can then be read in place from the
@@ -1070,6 +1061,19 @@ static size_t batch_slice_bytes(const dnnl_memory_desc_t *big, const dnnl_memory
     return img;
 }
 
+/* Backward-weight on nt > 1 threads, split over the batch by us: one chunk of images per
+ * thread, each through a primitive made for one thread (key v[17] = 1) into its own f32
+ * partial sums, reading x and gy from the whole batch's shared copies (whole's arguments,
+ * names: x's and gy's) where batch_slice_bytes allows, then the partials added in chunk order
+ * and rounded once to the output dtype.
+ * oneDNN 2.6 splits the batch itself when given several threads, but its threads meet in a
+ * spinning barrier (and reduce): on a machine whose cores are shared, a thread waiting for a
+ * descheduled one burns its time slice, and bench/nn measured conv2's bf16 backward-weight at
+ * 8.2 ms CPU / 24 ms wall on 2 threads against 1.5 ms on one. Here the threads only meet at
+ * the region's end (OpenMP's barrier, which sleeps under OMP_WAIT_POLICY=passive). *done is
+ * false (and nothing written) when the split does not apply (one thread, fewer images than
+ * threads, called from a parallel region) or oneDNN refuses a chunk primitive: the caller runs
+ * the whole-batch primitive. */
 static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key, dn_prim *whole,
                                        const dn_name *const *names, const char *who, bool *done) {
     *done = false;
