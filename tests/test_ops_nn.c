@@ -389,11 +389,12 @@ Test(conv, backward_weight_batch_chunks_per_thread) {
     free(vx), free(vg), free(want);
 }
 
-/* On one thread: on more, backward-weight splits the batch and reads no shared copy. */
-Test(conv, shared_reorder_not_stale) {
-    enum { N = 2, C = 32, H = 7, W = 6, O = 64 };
+/* On one thread, and on 2 and 3, where backward-weight splits the 5 images into chunks (2 + 3;
+ * 1 + 2 + 2) that read their slices of the shared copies in place. */
+static void shared_reorder_case(int nt) {
+    enum { N = 5, C = 32, H = 7, W = 6, O = 64 };
     int nt0 = em_num_threads();
-    em_set_num_threads(1);
+    em_set_num_threads(nt);
     int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, H, W}, pd[2] = {1, 1};
     int64_t nx = N * C * H * W, ny = N * O * H * W, nw = O * C * 9;
     double *vx = malloc(sizeof(double) * nx), *vg = malloc(sizeof(double) * ny),
@@ -446,6 +447,57 @@ Test(conv, shared_reorder_not_stale) {
     cr_assert_eq(em_scope_end(), EM_OK);
     em_set_num_threads(nt0);
     free(vx), free(vg), free(vw);
+}
+
+Test(conv, shared_reorder_not_stale) {
+    for (int nt = 1; nt <= 3; nt++) shared_reorder_case(nt);
+}
+
+/* bf16 (the layouts of mixed precision's convolutions): backward-weight after the forward and
+ * backward-data (reading their copies, in slices on 2 and 3 threads) gives the same bits as
+ * on fresh copies of x and gy (no copy to read: reordered by its own chunks), and the plain
+ * loop's grad to bf16's tolerance. */
+Test(conv, shared_reorder_bf16_chunks) {
+    enum { N = 5, C = 32, H = 7, W = 6, O = 64 };
+    int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, H, W}, pd[2] = {1, 1};
+    int64_t nx = N * C * H * W, ny = N * O * H * W, nw = O * C * 9;
+    double *vx = malloc(sizeof(double) * nx), *vg = malloc(sizeof(double) * ny),
+           *vw = malloc(sizeof(double) * nw), *want = malloc(sizeof(double) * nw);
+    em_test_fill_random(vx, nx, 31), em_test_fill_random(vg, ny, 32);
+    em_test_fill_random(vw, nw, 33);
+    for (int64_t i = 0; i < nx; i++) vx[i] = em_bf16_to_f32(em_f32_to_bf16((float)vx[i]));
+    for (int64_t i = 0; i < ny; i++) vg[i] = em_bf16_to_f32(em_f32_to_bf16((float)vg[i]));
+    ref_gw_3x3(vx, vg, N, C, H, W, O, want);
+    int nt0 = em_num_threads();
+    for (int nt = 1; nt <= 3; nt++) {
+        em_set_num_threads(nt);
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        em_tensor *x = em_to_dtype(make(EM_F32, 4, xs, vx, CONTIG), EM_BF16),
+                  *gy = em_to_dtype(make(EM_F32, 4, ys, vg, CONTIG), EM_BF16),
+                  *w = em_to_dtype(make(EM_F32, 4, ws, vw, CONTIG), EM_BF16), *gw, *gb, *gw2,
+                  *gb2;
+        cr_assert(em_conv2d(x, w, NULL, NULL, pd, NULL, 1), "%s", em_last_error());
+        cr_assert(em_conv2d_backward_data(gy, w, (int64_t[]){H, W}, NULL, pd, NULL, 1), "%s",
+                  em_last_error());
+        cr_assert_eq(em_conv2d_backward_weight(x, gy, (int64_t[]){3, 3}, NULL, pd, NULL, 1, &gw,
+                                               &gb), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_conv2d_backward_weight(em_clone(x), em_clone(gy), (int64_t[]){3, 3}, NULL,
+                                               pd, NULL, 1, &gw2, &gb2), EM_OK, "%s",
+                     em_last_error());
+        char what[64];
+        snprintf(what, sizeof what, "bf16 backward-weight on %d thread(s)", nt);
+        check_close(gw, want, nw, 1e-2, 1e-2, what);
+        size_t nb = em_tensor_nbytes(gw);
+        uint16_t *a = malloc(nb), *b = malloc(nb);
+        cr_assert_eq(em_tensor_to_host(gw, a, nb), EM_OK);
+        cr_assert_eq(em_tensor_to_host(gw2, b, nb), EM_OK);
+        bool same = memcmp(a, b, nb) == 0;
+        free(a), free(b);
+        cr_assert(same, "%s: the shared copies' grad differs from the fresh reorders'", what);
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
+    em_set_num_threads(nt0);
+    free(vx), free(vg), free(vw), free(want);
 }
 
 /* A weight broadcast from (1, C, kH, kW) (stride 0 on dim 0) gives what its copy gives. */

@@ -258,6 +258,57 @@ Test(bf16, max_pool2d_exact) {
     }
 }
 
+/* max_pool2d_backward on indices made by hand over 2H x 2W planes (the AVX-512 bf16 path
+ * writes gx directly while every index stays in its own 2x2 / stride 2 window): against the
+ * f32 op's plain loop, rounded once, bit for bit. Plane 0 has each index at a random spot of
+ * its window and gy with -0, +-inf, a signalling and a quiet NaN and a subnormal (the f32
+ * sum 0 + gy makes -0 +0 and quiets the NaN); plane 1 sends two outputs to one element
+ * (their sum), plane 2 an index into a neighbour's window, plane 3 its last index outside any
+ * window it could have: those planes take the f32 accumulation. 6 x 20 outputs: a full
+ * 16-wide step and a masked one of 4. */
+Test(bf16, max_pool2d_backward_given_indices) {
+    em_scope_begin();
+    const int64_t OH = 6, OW = 20, H = 12, W = 40, C = 4, P = OH * OW;
+    int64_t gs[4] = {1, C, OH, OW};
+    uint16_t *g = malloc(sizeof(uint16_t) * (size_t)(C * P));
+    int64_t *ix = malloc(sizeof(int64_t) * (size_t)(C * P));
+    uint64_t r = 12345;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                int64_t i = c * P + oh * OW + ow, d = (int64_t)(r >> 62);
+                ix[i] = (2 * oh + d / 2) * W + 2 * ow + d % 2;
+                g[i] = (uint16_t)(0x3c00u + ((r >> 20) & 0x3ffu) + ((r >> 40) & 1u) * 0x8000u);
+            }
+    static const uint16_t special[] = {0x8000, 0x0000, 0x7f80, 0xff80, 0x7f81, 0xffc3, 0x0003};
+    for (size_t j = 0; j < sizeof special / sizeof special[0]; j++) g[3 * j + 1] = special[j];
+    ix[1 * P + 5] = ix[1 * P + 4];      /* plane 1: two outputs, one element */
+    ix[2 * P + 17] = ix[2 * P + 18];    /* plane 2: a neighbour's window */
+    ix[3 * P + P - 1] = 0;              /* plane 3: far outside its window */
+    em_tensor *gy = em_from_data(g, 4, gs, EM_BF16, em_cpu());
+    em_tensor *idx = em_from_data(ix, 4, gs, EM_I64, em_cpu());
+    free(g), free(ix);
+    cr_assert(gy && idx, "%s", em_last_error());
+    int64_t hw[2] = {H, W};
+    em_tensor *gx = NULL;
+    NATIVE("max_pool2d_backward given indices", gx = em_max_pool2d_backward(gy, idx, hw));
+    cr_assert_eq(em_tensor_dtype(gx), EM_BF16);
+    check_same(gx, em_to_dtype(em_max_pool2d_backward(f32(gy), idx, hw), EM_BF16),
+               "max_pool2d_backward given indices");
+    /* The signalling NaN is quieted, -0 made +0 (the f32 path's rounding of 0 + gy). */
+    uint16_t *out = malloc(sizeof(uint16_t) * (size_t)(C * H * W));
+    cr_assert_eq(em_tensor_to_host(gx, out, sizeof(uint16_t) * (size_t)(C * H * W)), EM_OK);
+    int64_t i1 = 1, i13 = 13;
+    em_tensor *ih = em_to_dtype(idx, EM_I64);
+    int64_t *ib = malloc(sizeof(int64_t) * (size_t)(C * P));
+    cr_assert_eq(em_tensor_to_host(ih, ib, sizeof(int64_t) * (size_t)(C * P)), EM_OK);
+    cr_assert_eq(out[ib[i1]], 0x0000, "-0 gives 0x%04x", out[ib[i1]]);
+    cr_assert_eq(out[ib[i13]], 0x7fc1, "a signalling NaN gives 0x%04x", out[ib[i13]]);
+    free(out), free(ib);
+    em_scope_end();
+}
+
 /* ---- normalisation ----------------------------------------------------------------------------- */
 
 Test(bf16, batch_norm_native_vs_f32) {

@@ -15,7 +15,9 @@
  * compared in f32: the 2x2 / stride 2 case by the AVX-512 kernel with bf16 loads widened in
  * registers, others by widening the plane to f32 for the f32 loop; the maxima are stored
  * exactly (each is an input value). The backward accumulates a plane in f32 and rounds each
- * element once (AVX-512 rounding, same bits as em_f32_to_bf16). Every other bf16 op
+ * element once (AVX-512 rounding, same bits as em_f32_to_bf16); a 2x2 / stride 2 plane whose
+ * indices stay in their windows needs no sum and is written in bf16 directly (the same bits,
+ * cpu_nn_simd.c). Every other bf16 op
  * has only the oneDNN kernel: where it declines, the dispatcher finds no bf16 kernel and the
  * core reruns the op in f32 (core/ops_nn.c).
  */
@@ -179,10 +181,15 @@ static em_status k_max_pool2d(const em_kernel_ctx *k) {
 }
 
 /* bf16 max_pool2d_backward: each plane of gx accumulated in f32 (windows may overlap) and
- * rounded once. bad: 1 for an index outside the plane, 2 for a thread without a plane. */
+ * rounded once. A gx plane of 2OH x 2OW whose indices each lie in their own 2x2 / stride 2
+ * window (what that pooling's forward gives) gets at most one gy per element, written directly
+ * in bf16 by the AVX-512 kernel (same bits: cpu_nn_max_pool2x2_bwd_bf16); any other index
+ * sends the plane to the f32 accumulation. bad: 1 for an index outside the plane, 2 for a
+ * thread without a plane. */
 typedef struct bf16_scatter_ctx {
     const em_kernel_ctx *k;
-    int64_t HW, P;
+    int64_t HW, P, OH, OW;
+    bool pool2x2; /* gx is 2OH x 2OW: each plane tried first by cpu_nn_max_pool2x2_bwd_bf16 */
     float *buf; /* (nt, max(HW, 1)) f32 planes, kernel workspace: one per thread */
     int nt;
     atomic_int bad;
@@ -200,6 +207,7 @@ static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
         const uint16_t *gy = (const uint16_t *)c->k->in[0].data + pl * c->P;
         const int64_t *idx = (const int64_t *)c->k->in[1].data + pl * c->P;
         uint16_t *gx = (uint16_t *)c->k->out[0].data + pl * c->HW;
+        if (c->pool2x2 && cpu_nn_max_pool2x2_bwd_bf16(gy, idx, c->OH, c->OW, gx)) continue;
         memset(acc, 0, sizeof(float) * (size_t)c->HW);
         for (int64_t i = 0; i < c->P; i++) {
             if (idx[i] < 0 || idx[i] >= c->HW) {
@@ -221,7 +229,10 @@ static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
     if (k->out[0].dtype == EM_F32) return max_pool2d_bwd_f32(k);
     const em_ktensor *gx = &k->out[0], *gy = &k->in[0];
     bf16_scatter_ctx c = {.k = k, .HW = gx->shape[2] * gx->shape[3],
-                          .P = gy->shape[2] * gy->shape[3]};
+                          .P = gy->shape[2] * gy->shape[3], .OH = gy->shape[2],
+                          .OW = gy->shape[3]};
+    c.pool2x2 = gx->shape[2] == 2 * c.OH && gx->shape[3] == 2 * c.OW && c.P > 0 &&
+                gx->shape[3] < INT32_MAX - 1 && cpu_nn_has_avx512bw();
     atomic_init(&c.bad, 0);
     c.nt = cpu_threads(k);
     c.buf = cpu_scratch(k, sizeof(float) * (size_t)c.nt * (size_t)(c.HW > 0 ? c.HW : 1));

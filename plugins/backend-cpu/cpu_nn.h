@@ -87,6 +87,11 @@ void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int6
 bool cpu_nn_has_avx512bw(void);
 void cpu_nn_max_pool2x2_bf16(const uint16_t *x, int64_t H, int64_t W, uint16_t *y,
                              int64_t *idx, int64_t OH, int64_t OW);
+/* The backward of that pooling for a bf16 plane when H = 2 * OH and W = 2 * OW: gx (H, W) from
+ * gy, idx (OH, OW), each gx value rounded as cpu_f2b(0 + gy) rounds it. False (gx partly
+ * written) when an index lies outside its window; call only when cpu_nn_has_avx512bw(). */
+bool cpu_nn_max_pool2x2_bwd_bf16(const uint16_t *gy, const int64_t *idx, int64_t OH, int64_t OW,
+                                 uint16_t *gx);
 /* y[i] = x[i] rounded to bf16 as cpu_f2b does, for n elements (AVX-512F). */
 void cpu_nn_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
 

@@ -43,9 +43,10 @@
  * Backward-weight on more than one thread does not hand oneDNN the threads: it runs one batch
  * chunk per thread, each through a one-thread primitive into f32 partial sums, and adds them
  * (conv_bwd_weight_split): oneDNN's own batch split waits in a spinning barrier. Those chunk
- * primitives reorder their own slices of x and gy (the shared copies hold the whole batch, so
- * they serve backward-weight on one thread only). Backward-weight reads x and gy in the
- * layouts the forward chose (bwd_weights_pd).
+ * primitives read their slices of the shared copies of x and gy in place when the chunk's
+ * layout is a slice of the whole batch's (blocked with the batch outermost: a chunk of images
+ * is a contiguous range of the copy), and reorder their own slices otherwise. Backward-weight
+ * reads x and gy in the layouts the forward chose (bwd_weights_pd).
  */
 #include <math.h>
 #include <omp.h>
@@ -751,19 +752,21 @@ static void copy_release(dn_copy *c, int share, bool ok) {
  * per argument, NULL entries allowed) names the tensors whose reordered copies may be shared
  * (DN_SHARE_*). */
 static em_status dn_exec_on(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
-                            const dn_name *const *kt, void *pad, int nt, const char *who);
+                            const dn_name *const *kt, void *const *pre, void *pad, int nt,
+                            const char *who);
 static em_status dn_exec_shared(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
                                 const dn_name *const *kt, const char *who) {
     void *pad = NULL;
     if (p->scratch && !(pad = cpu_scratch(k, p->scratch))) return em_last_status();
-    return dn_exec_on(k, p, ptrs, kt, pad, cpu_threads(k), who);
+    return dn_exec_on(k, p, ptrs, kt, NULL, pad, cpu_threads(k), who);
 }
 
 /* dn_exec_shared with the scratchpad given (p->scratch bytes, or NULL when none) and oneDNN's
  * regions on nt threads: what a call made from one of our own OpenMP threads uses (the
  * kernel's workspace list is not thread-safe; the primitive was made for one thread). */
 static em_status dn_exec_on(const em_kernel_ctx *k, dn_prim *p, void *const *ptrs,
-                            const dn_name *const *kt, void *pad, int nt, const char *who) {
+                            const dn_name *const *kt, void *const *pre, void *pad, int nt,
+                            const char *who) {
     dn_state tmp, *st = state_acquire(p, &tmp);
     if (!st)
         return em_set_error(EM_ERR_NOMEM, "%s: out of memory for the oneDNN buffers (%zu bytes)",
@@ -787,6 +790,10 @@ static em_status dn_exec_on(const em_kernel_ctx *k, dn_prim *p, void *const *ptr
         copy[i] = kt ? copy_acquire(a, kt[i], &filled) : NULL;
         dnnl_memory_t pm = copy[i] ? copy[i]->mem : st->prim[i];
         s = dnnl_memory_set_data_handle(st->user[i], ptrs[i]);
+        if (s == dnnl_success && a->reorder && !a->out && pre && pre[i]) { /* given in prim */
+            s = dnnl_memory_set_data_handle(st->prim[i], pre[i]);
+            filled = true;
+        }
         if (s == dnnl_success && a->reorder && !a->out && !filled) {
             dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, st->user[i]}, {DNNL_ARG_TO, pm}};
             s = dnnl_primitive_execute(a->reorder, strm, 2, ra);
@@ -806,6 +813,12 @@ static em_status dn_exec_on(const em_kernel_ctx *k, dn_prim *p, void *const *ptr
     }
     if (s == dnnl_success) s = dnnl_stream_wait(strm);
     else dnnl_stream_wait(strm); /* nothing of ours still running on a copy */
+    for (int i = 0; i < p->nargs && pre; i++) /* the state's own buffer again */
+        if (pre[i] && p->a[i].reorder && !p->a[i].out) {
+            char *own = (char *)st->buf + p->a[i].off;
+            dnnl_status_t r = dnnl_memory_set_data_handle(st->prim[i], own);
+            if (s == dnnl_success) s = r;
+        }
     for (int i = 0; i < p->nargs; i++)
         if (copy[i]) copy_release(copy[i], p->a[i].share, s == dnnl_success);
     state_release(p, st);
@@ -1020,9 +1033,39 @@ static em_status run_ln_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
     return st;
 }
 
+/* The bytes of one image in layout big (the whole batch) when a chunk of images at a multiple
+ * of them is layout small exactly (the same blocked format, the batch outermost and unblocked,
+ * no offset or padding of it): a chunk's reordered input can then be read in place from the
+ * whole batch's copy. 0 when not. */
+static size_t batch_slice_bytes(const dnnl_memory_desc_t *big, const dnnl_memory_desc_t *small) {
+    const dnnl_blocking_desc_t *a = &big->format_desc.blocking, *b = &small->format_desc.blocking;
+    if (big->ndims != 4 || small->ndims != 4 || big->format_kind != dnnl_blocked ||
+        small->format_kind != dnnl_blocked || big->data_type != small->data_type ||
+        big->offset0 || small->offset0 || big->extra.flags || small->extra.flags ||
+        big->padded_dims[0] != big->dims[0] || small->padded_dims[0] != small->dims[0] ||
+        a->inner_nblks != b->inner_nblks)
+        return 0;
+    for (int j = 0; j < 4; j++)
+        if (a->strides[j] != b->strides[j] || big->padded_offsets[j] || small->padded_offsets[j] ||
+            (j && (big->dims[j] != small->dims[j] || big->padded_dims[j] != small->padded_dims[j])))
+            return 0;
+    for (int j = 0; j < a->inner_nblks; j++)
+        if (a->inner_blks[j] != b->inner_blks[j] || a->inner_idxs[j] != b->inner_idxs[j] ||
+            a->inner_idxs[j] == 0)
+            return 0;
+    size_t img = (size_t)a->strides[0] * dnnl_data_type_size(big->data_type);
+    /* the batch outermost and dense: the images one after another */
+    if (img * (size_t)big->dims[0] != dnnl_memory_desc_get_size(big) ||
+        img * (size_t)small->dims[0] != dnnl_memory_desc_get_size(small))
+        return 0;
+    return img;
+}
+
 /* Backward-weight on nt > 1 threads, split over the batch by us: one chunk of images per
  * thread, each through a primitive made for one thread (key v[17] = 1) into its own f32
- * partial sums, then the partials added in chunk order and rounded once to the output dtype.
+ * partial sums, reading x and gy from the whole batch's shared copies (whole's arguments,
+ * names: x's and gy's) where batch_slice_bytes allows, then the partials added in chunk order
+ * and rounded once to the output dtype.
  * oneDNN 2.6 splits the batch itself when given several threads, but its threads meet in a
  * spinning barrier (and reduce): on a machine whose cores are shared, a thread waiting for a
  * descheduled one burns its time slice, and bench/nn measured conv2's bf16 backward-weight at
@@ -1031,8 +1074,8 @@ static em_status run_ln_fwd(const em_kernel_ctx *k, dn_prim *p, const char *who)
  * false (and nothing written) when the split does not apply (one thread, fewer images than
  * threads, called from a parallel region) or oneDNN refuses a chunk primitive: the caller runs
  * the whole-batch primitive. */
-static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key, const char *who,
-                                       bool *done) {
+static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key, dn_prim *whole,
+                                       const dn_name *const *names, const char *who, bool *done) {
     *done = false;
     int nt = cpu_threads(k);
     const int64_t N = key->v[0], O = key->v[4];
@@ -1061,6 +1104,23 @@ static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key
         scr = (scr + 63) & ~(size_t)63;
         const size_t part = (sizeof(float) * (size_t)np + 63) & ~(size_t)63, each = part + scr;
         char *ws = cpu_scratch(k, each * (size_t)nt + sizeof(em_status) * (size_t)nt);
+        /* x's copy from the forward and gy's from backward-data, when they are there and each
+         * chunk's layout is a slice of them: read in place instead of reordered again. */
+        dn_copy *cp[2] = {NULL, NULL};
+        size_t slice[2] = {0, 0};
+        for (int i = 0; i < 2 && ws; i++) {
+            slice[i] = batch_slice_bytes(&whole->a[i].prim, &pc[0]->a[i].prim);
+            if (slice[i] && pc[1] != pc[0] &&
+                batch_slice_bytes(&whole->a[i].prim, &pc[1]->a[i].prim) != slice[i])
+                slice[i] = 0;
+            bool filled = false;
+            if (slice[i] && pc[0]->a[i].reorder && pc[1]->a[i].reorder)
+                cp[i] = copy_acquire(&whole->a[i], names[i], &filled);
+            if (cp[i] && !filled) {
+                copy_release(cp[i], whole->a[i].share, false);
+                cp[i] = NULL;
+            }
+        }
         if (!ws) {
             st = em_last_status();
         } else {
@@ -1075,10 +1135,15 @@ static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key
                     float *pw = (float *)base;
                     void *ptrs[4] = {(char *)x->data + (size_t)(lo * xi) * es,
                                      (char *)gy->data + (size_t)(lo * gi) * es, pw, pw + nw};
-                    cst[c] = dn_exec_on(k, p, ptrs, NULL, p->scratch ? base + part : NULL, 1,
-                                        who);
+                    void *pre[4] = {cp[0] ? (char *)cp[0]->buf + (size_t)lo * slice[0] : NULL,
+                                    cp[1] ? (char *)cp[1]->buf + (size_t)lo * slice[1] : NULL,
+                                    NULL, NULL};
+                    cst[c] = dn_exec_on(k, p, ptrs, NULL, pre, p->scratch ? base + part : NULL,
+                                        1, who);
                 }
             }
+            for (int i = 0; i < 2; i++)
+                if (cp[i]) copy_release(cp[i], whole->a[i].share, true);
             for (int c = 0; c < nt && st == EM_OK; c++)
                 if (cst[c] != EM_OK)
                     st = em_set_error(cst[c], "%s: oneDNN failed on batch chunk %d of %d", who,
@@ -1121,7 +1186,7 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
         break;
     case DN_CONV_BWD_WEIGHT: { /* src, diff_dst, diff_weights, diff_bias */
         bool done;
-        st = conv_bwd_weight_split(k, &key, who, &done);
+        st = conv_bwd_weight_split(k, &key, p, (const dn_name *[]){&n0, &n1}, who, &done);
         if (done) break;
         st = dn_exec_shared(k, p,
                             (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->out[1].data},

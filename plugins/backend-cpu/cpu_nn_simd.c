@@ -185,3 +185,53 @@ __attribute__((target("avx512f"))) void cpu_nn_f32_to_bf16(const float *x, uint1
         _mm512_mask_cvtepi32_storeu_epi16(y + i, m, r);
     }
 }
+
+/* The backward of a 2x2 / stride 2 max pooling of a bf16 plane: gx (2*OH, 2*OW) from gy and
+ * idx (OH, OW) when each idx lies in its own window (the windows are disjoint, so each gx
+ * element gets at most one gy: no sum). 16 windows a step: the offset of each index in its
+ * window (0, 1, W, W + 1) picks which of the four gx values is gy, the other three are 0; the
+ * two rows of 32 are written as 16 pairs of 16-bit values. gy's bits are stored as the f32
+ * path's one rounding of 0 + gy gives them: -0 becomes +0 and a NaN is quieted. Returns false
+ * at the first index outside its window, gx then partly written (the caller redoes the plane). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) bool cpu_nn_max_pool2x2_bwd_bf16(
+    const uint16_t *gy, const int64_t *idx, int64_t OH, int64_t OW, uint16_t *gx) {
+    const int64_t W = 2 * OW;
+    const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i one = _mm512_set1_epi32(1), w0 = _mm512_set1_epi32((int)W),
+                  w1 = _mm512_set1_epi32((int)W + 1), negz = _mm512_set1_epi32(0x8000),
+                  abs = _mm512_set1_epi32(0x7fff), inf = _mm512_set1_epi32(0x7f80),
+                  quiet = _mm512_set1_epi32(0x40);
+    for (int64_t oh = 0; oh < OH; oh++) {
+        const uint16_t *g = gy + oh * OW;
+        const int64_t *ir = idx + oh * OW;
+        uint16_t *r0 = gx + 2 * oh * W, *r1 = r0 + W;
+        for (int64_t ow = 0; ow < OW; ow += 16) {
+            int64_t n = OW - ow < 16 ? OW - ow : 16;
+            __mmask16 mo = (__mmask16)((1u << n) - 1);
+            __mmask32 m2 = (__mmask32)(n == 16 ? 0xFFFFFFFFu : (1u << 2 * n) - 1);
+            __m512i base = _mm512_add_epi64(_mm512_set1_epi64(2 * oh * W + 2 * ow), lane2);
+            __m512i dlo = _mm512_sub_epi64(_mm512_maskz_loadu_epi64((__mmask8)mo, ir + ow), base);
+            __m512i dhi = _mm512_sub_epi64(
+                _mm512_maskz_loadu_epi64((__mmask8)(mo >> 8), ir + ow + 8),
+                _mm512_add_epi64(base, _mm512_set1_epi64(16)));
+            /* saturated to i32: an offset beyond it matches none of 0, 1, W, W + 1 */
+            __m512i d = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtsepi64_epi32(dlo)),
+                                           _mm512_cvtsepi64_epi32(dhi), 1);
+            __mmask16 e0 = _mm512_cmpeq_epi32_mask(d, _mm512_setzero_si512()),
+                      e1 = _mm512_cmpeq_epi32_mask(d, one), e2 = _mm512_cmpeq_epi32_mask(d, w0),
+                      e3 = _mm512_cmpeq_epi32_mask(d, w1);
+            if ((__mmask16)(e0 | e1 | e2 | e3) != mo) return false;
+            __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mo, g + ow));
+            v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(v, negz), _mm512_setzero_si512());
+            v = _mm512_mask_or_epi32(v, _mm512_cmpgt_epu32_mask(_mm512_and_si512(v, abs), inf), v,
+                                     quiet);
+            __m512i a = _mm512_or_si512(_mm512_maskz_mov_epi32(e0, v),
+                                        _mm512_slli_epi32(_mm512_maskz_mov_epi32(e1, v), 16));
+            __m512i b = _mm512_or_si512(_mm512_maskz_mov_epi32(e2, v),
+                                        _mm512_slli_epi32(_mm512_maskz_mov_epi32(e3, v), 16));
+            _mm512_mask_storeu_epi16(r0 + 2 * ow, m2, a);
+            _mm512_mask_storeu_epi16(r1 + 2 * ow, m2, b);
+        }
+    }
+    return true;
+}
