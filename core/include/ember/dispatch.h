@@ -479,13 +479,16 @@ EM_API em_status em_placement_get(const char *device_type, em_placement_stats *o
 /* ---- determinism ------------------------------------------------------------------------- */
 
 /* With deterministic mode on, every op gives bitwise-identical results for the same inputs
- * regardless of thread count and scheduling. Ops whose behaviour changes under it:
+ * regardless of scheduling, and regardless of thread count except where said below. Ops whose
+ * behaviour changes under it:
  *   - sum and mean over all elements of a long run: the CPU backend sums fixed-size blocks
  *     (16384 elements) combined in block order, instead of one block per thread (which is
  *     faster, and repeatable only at the same thread count).
  * The elementwise, copy, index and random-fill kernels compute each element independently and
- * are deterministic in both modes; matmul is whatever its GEMM library gives (repeatable at a
- * fixed thread count), and under deterministic mode the CPU backend does not use the per-shape
+ * are deterministic in both modes; matmul and the convolutions are whatever their libraries
+ * give (repeatable at a fixed thread count, not across thread counts: the CPU backend splits
+ * conv2d's weight gradient over the batch, one chunk per thread, and adds the chunks' sums in
+ * chunk order), and under deterministic mode the CPU backend does not use the per-shape
  * library choices it measured (EMBER_GEMM_AUTOTUNE), which vary between processes. Off by
  * default. */
 EM_API void em_set_deterministic(bool on);
