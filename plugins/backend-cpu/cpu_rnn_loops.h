@@ -145,7 +145,7 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                  x, (int)Ki, w, (int)ldw, 0, gx, (int)(4 * H));
     }
 #if SIMD_CELLS
-    bool simd = cpu_rnn_has_simd();
+    bool simd = cpu_nn_has_avx512();
 #else
     bool simd = false;
 #endif
@@ -192,7 +192,7 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     else memset(dc, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
 #if SIMD_CELLS
-    bool simd = cpu_rnn_has_simd();
+    bool simd = cpu_nn_has_avx512();
 #else
     bool simd = false;
 #endif
@@ -247,7 +247,7 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     bool packed = rnn_mm_init(&mm, k, N, H, 3 * H, w + Ki, 1, ldw, 3 * H, true);
 #endif
 #if SIMD_CELLS
-    bool simd = cpu_rnn_has_simd();
+    bool simd = cpu_nn_has_avx512();
 #else
     bool simd = false;
 #endif

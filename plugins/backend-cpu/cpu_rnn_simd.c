@@ -1,7 +1,7 @@
 /*
  * cpu_rnn_simd.c — AVX-512 f32 cell kernels of the fused lstm and gru ops (cpu_rnn_loops.h
  * calls them for one batch row of one step), compiled with a function target attribute and
- * chosen at run time (cpu_rnn_has_simd), so the plugin still runs on CPUs without AVX-512.
+ * chosen at run time (cpu_nn_has_avx512, cpu_nn_simd.c), so the plugin still runs on CPUs without AVX-512.
  *
  * The gate nonlinearities take glibc's vector math library (libmvec: _ZGVeN16v_expf and
  * _ZGVeN16v_tanhf, 16 lanes, a few ULP like libm's scalar expf/tanhf): the scalar loop spent
@@ -26,15 +26,6 @@ __m512 _ZGVeN16v_expf(__m512 x);
 __m512 _ZGVeN16v_tanhf(__m512 x);
 
 #define AVX512 __attribute__((target("avx512f")))
-
-bool cpu_rnn_has_simd(void) {
-    static int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    }
-    return has == 1;
-}
 
 AVX512 static inline __m512 v_sig(__m512 v) {
     const __m512 one = _mm512_set1_ps(1.0f);
