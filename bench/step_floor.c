@@ -9,8 +9,8 @@
  *
  * --cpu-time times each call in CPU time of the whole process (CLOCK_PROCESS_CPUTIME_ID, every
  * thread's) instead of wall time: on a machine shared with other jobs, what a call costs
- * rather than how long it waited for a core (set beside bench/train_step --gemms's CPU column
- * for the 1-thread candidates).
+ * rather than how long it waited for a core (set beside bench/train_step --calls's CPU
+ * column).
  *
  * Workloads are bench/train_step's (and PyTorch's in compare-pytorch.py):
  *   train_mlp_b128        fc1..fc3 forward, fc3/fc2 input grads, fc3/fc2/fc1 weight grads (the
@@ -550,8 +550,9 @@ int main(int argc, char **argv) {
     CK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "stream");
     const dnnl_version_t *v = dnnl_version();
     const char *wait = getenv("OMP_WAIT_POLICY");
-    printf("step_floor: oneDNN %d.%d.%d, OpenBLAS %s; N = %d OpenMP threads, OMP_WAIT_POLICY=%s%s\n",
-           v->major, v->minor, v->patch, openblas_get_corename(), nt, wait ? wait : "(unset)",
+    printf("step_floor: oneDNN %d.%d.%d, OpenBLAS %s; N = %d OpenMP threads, "
+           "OMP_WAIT_POLICY=%s%s\n", v->major, v->minor, v->patch, openblas_get_corename(), nt,
+           wait ? wait : "(unset)",
            call_clock == CLOCK_MONOTONIC ? "" : "; CPU ms of the process per call");
     for (int i = 0; i < N_WL; i++) {
         bool chosen = argc == 1;

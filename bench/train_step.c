@@ -50,9 +50,10 @@
  * composites around them, not views) and prints, per call site of the step (the op and its
  * inputs' shapes and strides, in the order the step first runs them), the calls per step, the
  * median and mean wall ms per call and the median CPU ms of the process per call (every
- * thread's), then the CPU plugin's GEMM decisions (em_plugin_describe): each GEMM inside the
- * step, to set beside bench/step_floor's (--cpu-time) row of the same shape timed alone, and
- * what the rest of the step costs (issue 27).
+ * thread's; a call nested in another, such as an op's dtype casts, has its own row and is also
+ * inside its caller's time), then the CPU plugin's GEMM decisions (em_plugin_describe): each
+ * GEMM inside the step, to set beside bench/step_floor's (--cpu-time) row of the same shape
+ * timed alone, and what the rest of the step costs (issue 27).
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
  * one step from the allocator's statistics (em_memory_stats: category activation): what the
  * forward and loss hold when backward starts (the tensors autograd saved, and the outputs), and
