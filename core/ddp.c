@@ -115,26 +115,39 @@ static void line_at(const char *s, size_t len, size_t i, char *out, size_t cap) 
 }
 
 /* Every rank compares its description with every other rank's; all find the same first
- * difference, so all fail together. */
-static em_status check_same_model(em_comm *c, const char *mine, size_t len) {
+ * difference, so all fail together. The descriptions travel on dev, the model's device, which
+ * the communicator takes (a CPU model on "mpi", a CUDA one on "nccl"), and are read on the
+ * host. */
+static em_status check_same_model(em_comm *c, em_device dev, const char *mine, size_t len) {
     int size = em_comm_size(c), rank = em_comm_rank(c);
     em_status st = EM_OK;
     em_scope_begin();
-    em_tensor *l = em_full(1, (int64_t[]){1}, (double)len, EM_I64, em_cpu());
-    em_tensor *ls = em_empty(1, (int64_t[]){size}, EM_I64, em_cpu());
+    em_tensor *l = em_to_device(em_full(1, (int64_t[]){1}, (double)len, EM_I64, em_cpu()), dev);
+    em_tensor *ls = em_empty(1, (int64_t[]){size}, EM_I64, dev);
     if ((st = em_comm_wait(em_comm_allgather(c, ls, l))) != EM_OK) goto out;
+    em_tensor *lh = em_to_device(ls, em_cpu());
+    if (!lh) {
+        st = em_last_status();
+        goto out;
+    }
     int64_t maxlen = 1;
-    const int64_t *lv = em_tensor_data(ls);
+    const int64_t *lv = em_tensor_data(lh);
     for (int r = 0; r < size; r++) maxlen = lv[r] > maxlen ? lv[r] : maxlen;
-    em_tensor *mb = em_zeros(1, (int64_t[]){maxlen}, EM_U8, em_cpu());
-    em_tensor *all = em_empty(1, (int64_t[]){maxlen * size}, EM_U8, em_cpu());
+    em_tensor *mh = em_zeros(1, (int64_t[]){maxlen}, EM_U8, em_cpu());
+    if (mh) memcpy(em_tensor_data(mh), mine, len);
+    em_tensor *mb = mh ? em_to_device(mh, dev) : NULL;
+    em_tensor *all = em_empty(1, (int64_t[]){maxlen * size}, EM_U8, dev);
     if (!mb || !all) {
         st = em_last_status();
         goto out;
     }
-    memcpy(em_tensor_data(mb), mine, len);
     if ((st = em_comm_wait(em_comm_allgather(c, all, mb))) != EM_OK) goto out;
-    const char *base = em_tensor_data(all);
+    em_tensor *allh = em_to_device(all, em_cpu());
+    if (!allh) {
+        st = em_last_status();
+        goto out;
+    }
+    const char *base = em_tensor_data(allh);
     for (int r = 1; r < size; r++) {
         const char *a = base, *b = base + (size_t)r * (size_t)maxlen;
         size_t la = (size_t)lv[0], lb = (size_t)lv[r];
@@ -391,7 +404,9 @@ em_ddp *em_ddp_wrap(em_module *m, em_comm *c, const em_ddp_options *opts) {
         st = em_set_error(EM_ERR_NOMEM, "ddp_wrap: out of memory");
         goto fail;
     }
-    st = check_same_model(c, desc, len);
+    em_device dev = em_dict_len(all) ? em_tensor_device(em_dict_value(all, 0))
+                    : em_dict_len(sd) ? em_tensor_device(em_dict_value(sd, 0)) : em_cpu();
+    st = check_same_model(c, dev, desc, len);
     free(desc);
     if (st != EM_OK) goto fail;
     if ((st = broadcast_dict(c, all, NULL)) != EM_OK || (st = broadcast_dict(c, sd, all)) != EM_OK)

@@ -188,6 +188,14 @@ static const char *cuda_float32_matmul_precision(void) {
 static int cuda_driver_version(void) { return G.driver; }
 static int cuda_runtime_version(void) { return G.runtime; }
 
+/* The "stream_handle" function: the cudaStream_t behind an Ember stream, for CUDA work queued
+ * outside Ember's ops (ember-nccl's collectives). NULL, the core's default stream, is the
+ * legacy default stream, named explicitly (cudaStreamLegacy) so that a library built with
+ * per-thread default streams orders with it too. */
+static void *cuda_stream_handle(em_stream *s) {
+    return s ? (void *)s->s : (void *)cudaStreamLegacy;
+}
+
 static const em_backend_fn_def cuda_functions[] = {
     {"set_float32_matmul_precision", (em_proc_fn)cuda_set_float32_matmul_precision,
      "em_status (const char *precision)",
@@ -198,6 +206,9 @@ static const em_backend_fn_def cuda_functions[] = {
      "the CUDA driver's version (13000 is 13.0; 0: no driver)"},
     {"runtime_version", (em_proc_fn)cuda_runtime_version, "int (void)",
      "the CUDA runtime's version the plugin is linked with (13000 is 13.0)"},
+    {"stream_handle", (em_proc_fn)cuda_stream_handle, "void *(em_stream *stream)",
+     "the cudaStream_t of a stream of a cuda device (NULL: cudaStreamLegacy), for CUDA work "
+     "queued outside Ember"},
     {NULL, NULL, NULL, NULL},
 };
 

@@ -96,7 +96,7 @@ fi
 
 echo "== 3. tests/gpu/run.sh --device cpu (all suites)"
 rm -rf "$W/gpu-out"
-suites="train memory bench"
+suites="train determinism memory nccl bench"
 [ -f "$R$B/bin/ember-opcheck" ] && suites="ops $suites"
 echo "   suites: $suites (ops needs bin/ember-opcheck in the bundle)"
 if in_root sh -c "cd /work && OUT=/work/gpu-out bash tests/gpu/run.sh --device cpu $suites" > /tmp/chroot-check-run.txt 2>&1; then

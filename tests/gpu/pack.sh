@@ -13,7 +13,7 @@
 #                                   never glibc, libstdc++/libgcc_s or the CUDA libraries,
 #                                   which the GPU machine's OS and its Python packages provide
 #   harness/                        the harness's programs (train_ref, memory, versions,
-#                                   gpu_step, gpu_cublas when CUDA is there)
+#                                   gpu_step, nccl, gpu_cublas when CUDA is there)
 #   data/fashion-mnist/             the first FM_TRAIN training and FM_TEST test images
 #   BUILD-INFO                      commit, configure line, the CUDA versions built against
 # It then prints the size of everything that travels (the work tree without .git and ignored
@@ -108,7 +108,7 @@ if [ ! -e "$bundle/bin/ember-opcheck" ] && { [ -f "$build/tools/ember-opcheck" ]
 fi
 
 # ---- the CUDA plugin and the cuBLAS(Lt) baseline --------------------------------------------
-cudart_v=none cublas_v=none cudnn_v=none uses_cudnn=no cuda_code=none
+cudart_v=none cublas_v=none cudnn_v=none nccl_v=none uses_cudnn=no cuda_code=none
 if [ $want_cuda = yes ]; then
     [ -f "$bundle/lib/ember/plugins/ember-cuda.so" ] || die "the build made no ember-cuda.so (see $build/config.log)"
     step "bench/gpu_cublas (cuBLASLt and cudart alone)"
@@ -124,6 +124,10 @@ if [ $want_cuda = yes ]; then
     if [ -f "$cudnn_h" ]; then
         cudnn_v=$(hdr CUDNN_MAJOR "$cudnn_h").$(hdr CUDNN_MINOR "$cudnn_h").$(hdr CUDNN_PATCHLEVEL "$cudnn_h")
     fi
+    # The nccl communicator (tests/gpu/run.sh nccl) is built with the CUDA plugin.
+    [ -f "$bundle/lib/ember/plugins/ember-nccl.so" ] || die "the build made no ember-nccl.so (configure's NCCL plugin line, $build/config.log)"
+    nccl_h=$(sed -n 's/^NCCL_CPPFLAGS = -isystem //p' "$build/Makefile")/nccl.h
+    [ -f "$nccl_h" ] && nccl_v=$(hdr NCCL_MAJOR "$nccl_h").$(hdr NCCL_MINOR "$nccl_h").$(hdr NCCL_PATCH "$nccl_h")
     # cuDNN counts only when the plugin refers to it (linked or named for dlopen).
     if grep -aq 'libcudnn' "$bundle/lib/ember/plugins/ember-cuda.so"; then uses_cudnn=yes; fi
     # Which GPU code the plugin carries: sm_90 machine code alone is what was asked for (and
@@ -170,6 +174,7 @@ cuda=$want_cuda
 cudart_build=$cudart_v
 cublas_build=$cublas_v
 cudnn_build=$cudnn_v
+nccl_build=$nccl_v
 plugin_uses_cudnn=$uses_cudnn
 cuda_code=$cuda_code
 fm_train=$FM_TRAIN

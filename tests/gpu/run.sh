@@ -2,7 +2,8 @@
 # tests/gpu/run.sh — run the GPU harness on the GPU machine, from the repository root of the
 # work tree that the device tool copied there, with gpu-bundle/ (tests/gpu/pack.sh) carried:
 #
-#   tests/gpu/run.sh [--device DEV] [SUITE...]        SUITE: ops train memory bench (default: all)
+#   tests/gpu/run.sh [--device DEV] [SUITE...]
+#       SUITE: ops train determinism memory nccl bench (default: all)
 #
 # It unpacks gpu-bundle/ember-gpu.tar.xz to /tmp/ember-gpu (the prefix it was built for, see
 # config.sh; EMBER_GPU_DIR elsewhere, then EMBER_PLUGIN_PATH names its plugins), points
@@ -12,16 +13,24 @@
 # (BUILD-INFO; EMBER_GPU_ALLOW_OLDER=1 goes on anyway), then runs each suite under a time
 # limit, printing its time, each writing its table under $OUT as it ends:
 #   $OUT/env.txt      versions, library paths, nvidia-smi, ember-info
+#   each suite's table, $OUT/SUITE.txt as the suite ends; at the end they are joined into
+#   $OUT/tables.txt (the device tool returns at most 8 files):
 #   $OUT/ops.txt      ember-opcheck --device DEV --mode eval,grad (every op DEV's backend has)
-#   $OUT/train.txt    digits and Fashion-MNIST MLPs on DEV against the committed CPU reference
+#   $OUT/train.txt    digits and Fashion-MNIST MLPs and the Fashion-MNIST CNN on DEV against the
+#                     committed CPU reference
+#   $OUT/determinism.txt  the CNN trained twice on DEV in deterministic mode: weights bitwise equal
+#   $OUT/nccl.txt     the nccl communicator in a world of one (tests/gpu/nccl)
 #   $OUT/memory.txt   memory summary of an MLP step (tests/gpu/memory, ember-train), OOM messages
 #   $OUT/bench.txt    issue 20 item 8: Ember against PyTorch eager and cuBLASLt/cudart alone
+#   $OUT/tables.txt   the tables above, in suite order, each after a "==== SUITE.txt" line
 #   $OUT/summary.txt  one line per suite: PASS/FAIL/TIMEOUT and seconds
 #   $OUT/log.txt      everything printed
 # Exit 0 when every suite passed, 1 when one failed, 2 for a usage or setup error.
 # --device cpu rehearses the suites here on the CPU (no CUDA needed, bench reduced: --quick,
 # no cuBLAS row); OUT defaults to gpu-out/ when unset.
-# Time limits per suite (seconds): EMBER_GPU_T_OPS=180 _TRAIN=60 _MEMORY=60 _BENCH=150.
+# Time limits per suite (seconds): EMBER_GPU_T_OPS=180 _TRAIN=90 _DETERMINISM=60 _MEMORY=60
+# _NCCL=30 _BENCH=150; with --device cpu (the rehearsal: the CNN trains on the CPU) three times
+# the default.
 set -euo pipefail
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -53,7 +62,7 @@ suite_train() {
         echo "train: $DEV runs against the committed CPU reference (tests/gpu/ref/), deterministic mode, seed 0"
         echo "bounds: first 30 steps' losses within rtol 1e-3, >= 98% test predictions equal, accuracy within 1 pp"
     } > "$WORK/train.txt"
-    for r in digits fmnist; do
+    for r in digits fmnist cnn; do
         if [ $r = digits ]; then data=$src/data/digits; else data=$B/data/fashion-mnist; fi
         prefix=$WORK/$r.$DEV
         if ! "$B/harness/train_ref" train $r --device "$DEV" --data "$data" --out "$prefix" >> "$WORK/train.txt" 2>&1; then
@@ -73,7 +82,7 @@ suite_train() {
     {
         echo
         echo "per-step losses of the first 30 steps (reference, $DEV):"
-        for r in digits fmnist; do
+        for r in digits fmnist cnn; do
             [ -f "$WORK/$r.$DEV.losses" ] || continue
             echo "$r:"
             head -30 "$src/tests/gpu/ref/$r.losses" | paste -d' ' - <(head -30 "$WORK/$r.$DEV.losses" | awk '{print $2}')
@@ -81,6 +90,38 @@ suite_train() {
     } >> "$WORK/train.txt"
     cp "$WORK/train.txt" "$OUT/train.txt"
     cat "$WORK/train.txt" | grep -E 'train_ref|PASS|FAIL|FAILED|error' || true
+    return $rc
+}
+
+suite_determinism() {
+    # The CNN twice on DEV in deterministic mode (em_set_deterministic: deterministic
+    # algorithms only), same seed, data and initial weights: the trained weights must be
+    # bitwise equal. Straight into $OUT: a run stopped at the limit keeps what it did.
+    local rc=0 i data=$B/data/fashion-mnist
+    echo "determinism: the cnn recipe (tests/gpu/train_ref.c) trained twice on $DEV, deterministic mode, seed 0" > "$OUT/determinism.txt"
+    for i in 1 2; do
+        "$B/harness/train_ref" train cnn --device "$DEV" --data "$data" --out "$WORK/det$i" >> "$OUT/determinism.txt" 2>&1 ||
+            { echo "run $i on $DEV: training FAILED (see above)" >> "$OUT/determinism.txt"; rc=1; }
+    done
+    if [ $rc -eq 0 ]; then
+        (cd "$WORK" && "$B/harness/train_ref" same det1.weights det2.weights) >> "$OUT/determinism.txt" 2>&1 || rc=1
+        if cmp -s "$WORK/det1.losses" "$WORK/det2.losses"; then
+            echo "per-step losses: identical ($(wc -l < "$WORK/det1.losses") steps)" >> "$OUT/determinism.txt"
+        else
+            echo "per-step losses: DIFFER, first at: $(cmp "$WORK/det1.losses" "$WORK/det2.losses" | head -1)" >> "$OUT/determinism.txt"
+            rc=1
+        fi
+    fi
+    cat "$OUT/determinism.txt"
+    return $rc
+}
+
+suite_nccl() {
+    # tests/gpu/nccl: a world of one (NCCL refuses two ranks on one GPU); on the CPU the
+    # rehearsal checks that the class is there and refuses without a CUDA device.
+    local rc=0
+    "$B/harness/nccl" --device "$DEV" > "$OUT/nccl.txt" 2>&1 || rc=1
+    cat "$OUT/nccl.txt"
     return $rc
 }
 
@@ -172,13 +213,13 @@ suites=()
 while [ $# -gt 0 ]; do
     case $1 in
         --device) DEV=${2:?--device needs a device}; shift ;;
-        -h|--help) sed -n '2,27p' "$self"; exit 0 ;;
-        ops|train|memory|bench) suites+=("$1") ;;
-        *) echo "run.sh: unknown argument '$1' (suites: ops train memory bench; --device DEV)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,32p' "$self"; exit 0 ;;
+        ops|train|determinism|memory|nccl|bench) suites+=("$1") ;;
+        *) echo "run.sh: unknown argument '$1' (suites: ops train determinism memory nccl bench; --device DEV)" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#suites[@]} -gt 0 ] || suites=(ops train memory bench)
+[ ${#suites[@]} -gt 0 ] || suites=(ops train determinism memory nccl bench)
 
 OUT=${OUT:-$src/gpu-out}
 mkdir -p "$OUT"
@@ -273,6 +314,7 @@ printf '%-10s %-14s %-14s %s\n' driver "$(kv driver_cuda) (CUDA)" "$(binfo cudar
 printf '%-10s %-14s %-14s %s\n' cudart "$(kv cudart)" "$(binfo cudart_build | awk '{printf "%d.%d", $1/1000, $1%1000/10}')" "$(kv cudart_path)"
 printf '%-10s %-14s %-14s %s\n' cublas "$(kv cublas)" "$(binfo cublas_build)" "$(kv cublas_path)"
 printf '%-10s %-14s %-14s %s\n' cublasLt "$(kv cublaslt)" "$(binfo cublas_build)" "$(kv cublaslt_path)"
+printf '%-10s %-14s %-14s %s\n' nccl "$(kv nccl)" "$(binfo nccl_build)" "$(kv nccl_path) (the nccl suite needs it)"
 printf '%-10s %-14s %-14s %s\n' cudnn "$(kv cudnn)" "$(binfo cudnn_build)" "$(kv cudnn_path) (the plugin uses it: $(binfo plugin_uses_cudnn))"
 grep '_error=' "$OUT/versions.kv" | sed 's/^/  /' || true
 
@@ -315,11 +357,15 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/ember-gpu-work.XXXXXX")
 export B DEV OUT WORK
 : > "$OUT/summary.txt"
 failed=0
+slow=1
+[ "$DEV" = cpu ] && slow=3
 for s in "${suites[@]}"; do
     case $s in
         ops) lim=${EMBER_GPU_T_OPS:-180} ;;
-        train) lim=${EMBER_GPU_T_TRAIN:-60} ;;
+        train) lim=${EMBER_GPU_T_TRAIN:-$((90 * slow))} ;;
+        determinism) lim=${EMBER_GPU_T_DETERMINISM:-$((60 * slow))} ;;
         memory) lim=${EMBER_GPU_T_MEMORY:-60} ;;
+        nccl) lim=${EMBER_GPU_T_NCCL:-30} ;;
         bench) lim=${EMBER_GPU_T_BENCH:-150} ;;
     esac
     echo
@@ -340,6 +386,14 @@ for s in "${suites[@]}"; do
     echo "$line" >> "$OUT/summary.txt"
 done
 rm -rf "$WORK"
+# The device tool returns at most 8 files: the suites' tables, written one per suite as each
+# ends (so a run stopped at the tool's limit still returns them), are joined into tables.txt.
+: > "$OUT/tables.txt"
+for s in "${suites[@]}"; do
+    [ -f "$OUT/$s.txt" ] || continue
+    { echo "==== $s.txt"; cat "$OUT/$s.txt"; echo; } >> "$OUT/tables.txt"
+    rm -f "$OUT/$s.txt"
+done
 echo
 echo "== summary ($DEV, $((SECONDS - t_start)) s in all; tables in $OUT)"
 cat "$OUT/summary.txt"

@@ -4,8 +4,8 @@
 #   tests/gpu/train-cpu.sh [--update] BUILD_DIR        (make gpu-train-check / gpu-train-ref)
 #
 # Makes the Fashion-MNIST subset the bundle carries (tests/gpu/config.sh) in
-# BUILD_DIR/tests/gpu/fashion-mnist, trains both recipes of tests/gpu/train_ref on the CPU and
-# compares them with the committed reference tests/gpu/ref/{digits,fmnist}.{losses,preds}
+# BUILD_DIR/tests/gpu/fashion-mnist, trains the three recipes of tests/gpu/train_ref on the CPU and
+# compares them with the committed reference tests/gpu/ref/{digits,fmnist,cnn}.{losses,preds}
 # (the comparator run.sh applies to the GPU's runs); --update writes the reference instead.
 # Needs /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist) or
 # FASHION_MNIST.
@@ -24,7 +24,7 @@ fm=$build/tests/gpu/fashion-mnist
 out=$build/tests/gpu/out
 mkdir -p "$out"
 rc=0
-for r in digits fmnist; do
+for r in digits fmnist cnn; do
     if [ $r = digits ]; then data=$here/../../data/digits; else data=$fm; fi
     "$tr" train $r --device cpu --data "$data" --out "$out/$r.cpu"
     if [ $update = yes ]; then

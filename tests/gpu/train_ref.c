@@ -5,8 +5,14 @@
  *
  *   train_ref train RECIPE --device DEV --data DIR --out PREFIX
  *       trains RECIPE in deterministic mode and writes PREFIX.losses (one line per optimizer
- *       step: "step loss", the loss as %.9g) and PREFIX.preds (one line per test item:
- *       "prediction label"), then prints a one-line summary.
+ *       step: "step loss", the loss as %.9g), PREFIX.preds (one line per test item:
+ *       "prediction label") and PREFIX.weights (the trained parameters' raw bytes, in
+ *       registration order, each after a line "name dtype numel"), then prints a one-line
+ *       summary.
+ *   train_ref same A.weights B.weights
+ *       whether two weight files are bitwise equal (tests/gpu/run.sh determinism): prints one
+ *       row (tensors and elements compared, the first tensor that differs, how many of its
+ *       elements and by how much at most); exit 0 when equal, 1 when not, 2 on a file error.
  *   train_ref compare REF_PREFIX RUN_PREFIX [--steps N] [--rtol X] [--agree F] [--acc-pp P]
  *       checks RUN against REF: each of the first N (30) steps' losses within rtol X (1e-3)
  *       of REF's, at least a fraction F (0.98) of the test predictions equal, test accuracy
@@ -23,6 +29,10 @@
  *           FM_TEST test images); the examples/fashion-mnist-mlp.yaml model: Flatten,
  *           Linear(784, 256), ReLU, Linear(256, 10); cross_entropy; SGD lr 0.05 momentum 0.9;
  *           batch 128, 2 epochs; seed 0
+ *   cnn     the same subset; the examples/fashion-mnist-cnn.yaml model: Conv2d(1, 16, 3, pad 1),
+ *           ReLU, MaxPool2d(2), Conv2d(16, 32, 3, pad 1), ReLU, MaxPool2d(2), Flatten,
+ *           Linear(1568, 128), ReLU, Linear(128, 10); cross_entropy; SGD lr 0.05 momentum 0.9
+ *           (without the example's weight decay and OneCycleLR); batch 128, 2 epochs; seed 0
  */
 #include <ember/ember.h>
 #include <math.h>
@@ -33,6 +43,7 @@
 
 typedef struct recipe {
     const char *name;
+    bool cnn; /* the CNN (in_features and hidden unused), else the MLP */
     int64_t in_features, hidden, batch;
     int epochs;
     double scale; /* input scale (uint8 pixels to float) */
@@ -41,8 +52,9 @@ typedef struct recipe {
 } recipe;
 
 static const recipe recipes[] = {
-    {"digits", 64, 64, 32, 5, 0, "Adam", 2e-3, 0},
-    {"fmnist", 784, 256, 128, 2, 0, "SGD", 0.05, 0.9},
+    {"digits", false, 64, 64, 32, 5, 0, "Adam", 2e-3, 0},
+    {"fmnist", false, 784, 256, 128, 2, 0, "SGD", 0.05, 0.9},
+    {"cnn", true, 0, 0, 128, 2, 0, "SGD", 0.05, 0.9},
 };
 
 static int fail(const char *what) {
@@ -56,23 +68,37 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static em_module *layer(const char *cls, int64_t in, int64_t out) {
+/* A layer with up to four integer options (a NULL name ends the list). */
+static em_module *layer_opts(const char *cls, const char *k1, int64_t v1, const char *k2,
+                             int64_t v2, const char *k3, int64_t v3, const char *k4, int64_t v4) {
     em_options *o = em_options_new();
     if (!o) return NULL;
-    if (in) em_options_set_int(o, "in_features", in);
-    if (out) em_options_set_int(o, "out_features", out);
+    const char *k[4] = {k1, k2, k3, k4};
+    int64_t v[4] = {v1, v2, v3, v4};
+    for (int i = 0; i < 4 && k[i]; i++) em_options_set_int(o, k[i], v[i]);
     em_module *m = em_module_new(cls, o);
     em_options_free(o);
     return m;
 }
 
-static em_module *mlp(const recipe *r) {
+static em_module *layer(const char *cls, int64_t in, int64_t out) {
+    return in ? layer_opts(cls, "in_features", in, "out_features", out, NULL, 0, NULL, 0)
+              : layer_opts(cls, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
+}
+
+static em_module *conv(int64_t in, int64_t out) {
+    return layer_opts("Conv2d", "in_channels", in, "out_channels", out, "kernel_size", 3,
+                      "padding", 1);
+}
+
+static em_module *pool(void) {
+    return layer_opts("MaxPool2d", "kernel_size", 2, NULL, 0, NULL, 0, NULL, 0);
+}
+
+static em_module *sequential(em_module **parts, int n) {
     em_module *m = em_module_new("Sequential", NULL);
-    if (!m) return NULL;
-    em_module *parts[4] = {layer("Flatten", 0, 0), layer("Linear", r->in_features, r->hidden),
-                           layer("ReLU", 0, 0), layer("Linear", r->hidden, 10)};
-    bool ok = true;
-    for (int i = 0; i < 4; i++) {
+    bool ok = m != NULL;
+    for (int i = 0; i < n; i++) {
         if (ok && parts[i] && em_module_append_child(m, parts[i]) == EM_OK) continue;
         ok = false;
         em_module_free(parts[i]);
@@ -84,6 +110,19 @@ static em_module *mlp(const recipe *r) {
     return m;
 }
 
+static em_module *model_of(const recipe *r) {
+    if (r->cnn) {
+        em_module *parts[10] = {conv(1, 16), layer("ReLU", 0, 0), pool(),
+                                conv(16, 32), layer("ReLU", 0, 0), pool(),
+                                layer("Flatten", 0, 0), layer("Linear", 1568, 128),
+                                layer("ReLU", 0, 0), layer("Linear", 128, 10)};
+        return sequential(parts, 10);
+    }
+    em_module *parts[4] = {layer("Flatten", 0, 0), layer("Linear", r->in_features, r->hidden),
+                           layer("ReLU", 0, 0), layer("Linear", r->hidden, 10)};
+    return sequential(parts, 4);
+}
+
 static em_dataset *open_split(const char *dir, const char *split) {
     em_options *o = em_options_new();
     if (!o) return NULL;
@@ -92,6 +131,36 @@ static em_dataset *open_split(const char *dir, const char *split) {
         ds = em_dataset_open("mnist", o);
     em_options_free(o);
     return ds;
+}
+
+/* PREFIX.weights: each parameter as a line "name dtype numel" and its raw bytes. */
+static int write_weights(const em_dict *params, const char *prefix) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.weights", prefix);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "train_ref: cannot write %s\n", path);
+        return 1;
+    }
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < em_dict_len(params); i++) {
+        em_tensor *h = em_to_device(em_dict_value(params, i), em_cpu());
+        em_tensor *c = h ? em_contiguous(h) : NULL;
+        if (!c) {
+            rc = fail("copying the weights to the CPU");
+        } else {
+            size_t n = (size_t)em_tensor_numel(c), es = em_dtype_size(em_tensor_dtype(c));
+            fprintf(f, "%s %s %zu\n", em_dict_key(params, i), em_dtype_name(em_tensor_dtype(c)), n);
+            if (fwrite(em_tensor_data(c), es, n, f) != n) rc = 1;
+        }
+        em_tensor_release(c);
+        em_tensor_release(h);
+    }
+    if (fclose(f) != 0 || rc) {
+        fprintf(stderr, "train_ref: writing %s failed\n", path);
+        return 1;
+    }
+    return 0;
 }
 
 /* Trains r on dev and writes PREFIX.losses and PREFIX.preds. */
@@ -115,7 +184,7 @@ static int run_train(const recipe *r, const char *dev_name, const char *dir, con
         return 1;
     }
     int rc = 1;
-    em_module *model = mlp(r); /* initialised on the CPU from the seed, then moved */
+    em_module *model = model_of(r); /* initialised on the CPU from the seed, then moved */
     em_module *loss_fn = em_module_new("CrossEntropyLoss", NULL);
     em_dataset *train = open_split(dir, "train"), *test = open_split(dir, "test");
     em_loader *tl = NULL, *vl = NULL;
@@ -175,6 +244,7 @@ static int run_train(const recipe *r, const char *dev_name, const char *dir, con
         goto done;
     }
     double t_train = now_s() - t0;
+    if (write_weights(params, prefix) != 0) goto done;
 
     em_module_train(model, false);
     em_grad_mode_push(EM_GRAD_DISABLED);
@@ -348,13 +418,81 @@ out:
     return rc;
 }
 
+/* ---- bitwise equality of two weight files ------------------------------------------------ */
+
+static int run_same(const char *pa, const char *pb) {
+    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+    if (!fa || !fb) {
+        fprintf(stderr, "train_ref: cannot read %s\n", !fa ? pa : pb);
+        if (fa) fclose(fa);
+        if (fb) fclose(fb);
+        return 2;
+    }
+    int rc = 0;
+    size_t tensors = 0, elements = 0;
+    char first[400] = "";
+    for (;;) {
+        char ha[300], hb[300];
+        bool ea = !fgets(ha, sizeof ha, fa), eb = !fgets(hb, sizeof hb, fb);
+        if (ea && eb) break;
+        char name[256], dt[32];
+        size_t n = 0;
+        if (ea || eb || strcmp(ha, hb) != 0 || sscanf(ha, "%255s %31s %zu", name, dt, &n) != 3) {
+            fprintf(stderr, "train_ref: %s and %s do not hold the same tensors (%s vs %s)\n", pa,
+                    pb, ea ? "end" : ha, eb ? "end" : hb);
+            rc = 2;
+            break;
+        }
+        em_dtype d;
+        if (em_dtype_parse(dt, &d) != EM_OK || d != EM_F32) {
+            fprintf(stderr, "train_ref: %s: %s is %s, not float32\n", pa, name, dt);
+            rc = 2;
+            break;
+        }
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        if (!a || !b || fread(a, sizeof *a, n, fa) != n || fread(b, sizeof *b, n, fb) != n) {
+            fprintf(stderr, "train_ref: reading %s's %zu floats failed\n", name, n);
+            free(a);
+            free(b);
+            rc = 2;
+            break;
+        }
+        size_t diff = 0;
+        double worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (memcmp(&a[i], &b[i], sizeof *a) == 0) continue;
+            diff++;
+            double dd = fabs((double)a[i] - (double)b[i]);
+            if (!(dd <= worst)) worst = dd;
+        }
+        if (diff && !first[0]) {
+            snprintf(first, sizeof first, "first differing: %s (%zu of %zu elements, max abs "
+                     "diff %.3g)", name, diff, n, worst);
+            rc = 1;
+        }
+        tensors++;
+        elements += n;
+        free(a);
+        free(b);
+    }
+    fclose(fa);
+    fclose(fb);
+    if (rc != 2)
+        printf("%s vs %s: %zu tensors, %zu elements: %s\n", pa, pb, tensors, elements,
+               rc ? first : "bitwise equal PASS");
+    if (rc == 1) printf("FAIL\n");
+    return rc;
+}
+
 static int usage(void) {
-    fprintf(stderr, "usage: train_ref train digits|fmnist --device DEV --data DIR --out PREFIX\n"
+    fprintf(stderr, "usage: train_ref train digits|fmnist|cnn --device DEV --data DIR --out PREFIX\n"
+                    "       train_ref same A.weights B.weights\n"
                     "       train_ref compare REF_PREFIX RUN_PREFIX [--steps N] [--rtol X] [--agree F] [--acc-pp P]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "same") == 0) return run_same(argv[2], argv[3]);
     if (argc >= 4 && strcmp(argv[1], "compare") == 0) {
         int steps = 30;
         double rtol = 1e-3, agree = 0.98, acc_pp = 1.0;
@@ -377,7 +515,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
         if (!strcmp(argv[2], recipes[i].name)) r = &recipes[i];
     if (!r) {
-        fprintf(stderr, "train_ref: unknown recipe '%s' (digits, fmnist)\n", argv[2]);
+        fprintf(stderr, "train_ref: unknown recipe '%s' (digits, fmnist, cnn)\n", argv[2]);
         return 2;
     }
     const char *dev = "cpu", *dir = NULL, *out = NULL;

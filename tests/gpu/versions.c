@@ -1,12 +1,13 @@
 /*
  * versions.c — what CUDA the GPU machine has, for tests/gpu/run.sh: the versions of the CUDA
- * driver, runtime (cudart), cuBLAS, cuBLASLt and cuDNN that the dynamic linker finds on
+ * driver, runtime (cudart), cuBLAS, cuBLASLt, cuDNN and NCCL that the dynamic linker finds on
  * LD_LIBRARY_PATH, where each was loaded from, and the devices. It dlopen()s each library
  * (so it builds and runs with no CUDA at all, and a missing library is a line of output, not
  * a loader failure) and prints "key=value" lines:
  *
  *   cudart=13.0 cudart_path=... driver_cuda=13.0 devices=1 device0=9.0,132,143771 (cc, SMs,
- *   MiB total) cublas=13.1.0 cublas_path=... cublaslt=13.1.0 cudnn=9.19.0 cudnn_path=...
+ *   MiB total) cublas=13.1.0 cublas_path=... cublaslt=13.1.0 nccl=2.28.9 nccl_path=...
+ *   cudnn=9.19.0 cudnn_path=...
  *   and NAME_error=... for a library that did not load or a call that failed.
  *
  * Exit status: 0 when cudart and cuBLAS loaded and answered, 1 otherwise.
@@ -107,6 +108,16 @@ int main(void) {
         size_t v = ltv(); /* major * 10000 + minor * 100 + patch */
         printf("cublaslt=%zu.%zu.%zu\n", v / 10000, v / 100 % 100, v % 100);
         print_path("cublaslt", (void *)ltv);
+    }
+    /* NCCL (ember-nccl.so loads it when a communicator is made): its version code is
+     * major * 10000 + minor * 100 + patch since 2.9. A missing NCCL fails the nccl suite only. */
+    static const char *const nccl_names[] = {"libnccl.so.2", "libnccl.so", NULL};
+    void *nc = load("nccl", nccl_names);
+    int_out_fn ncv = nc ? (int_out_fn)sym(nc, "nccl", "ncclGetVersion") : NULL;
+    int nv = 0;
+    if (ncv && ncv(&nv) == 0) {
+        printf("nccl=%d.%d.%d\n", nv / 10000, nv / 100 % 100, nv % 100);
+        print_path("nccl", (void *)ncv);
     }
     /* cuDNN 9's libcudnn.so.9 loads its sub-libraries at the first call and abort()s when one
      * is missing ("Invalid handle. Cannot load symbol cudnnGetVersion"): ask in a child. */
