@@ -2,7 +2,7 @@
 # tests/gpu/run.sh — run the GPU harness on the GPU machine, from the repository root of the
 # work tree that the device tool copied there, with gpu-bundle/ (tests/gpu/pack.sh) carried:
 #
-#   tests/gpu/run.sh [--device DEV] [SUITE...]        SUITE: ops train memory bench (default: all)
+#   tests/gpu/run.sh [--device DEV] [SUITE...]        SUITE: ops train memory bench amp (default: all)
 #
 # It unpacks gpu-bundle/ember-gpu.tar.xz to /tmp/ember-gpu (the prefix it was built for, see
 # config.sh; EMBER_GPU_DIR elsewhere, then EMBER_PLUGIN_PATH names its plugins), points
@@ -16,12 +16,13 @@
 #   $OUT/train.txt    digits and Fashion-MNIST MLPs on DEV against the committed CPU reference
 #   $OUT/memory.txt   memory summary of an MLP step (tests/gpu/memory, ember-train), OOM messages
 #   $OUT/bench.txt    issue 20 item 8: Ember against PyTorch eager and cuBLASLt/cudart alone
+#   $OUT/amp.txt      bf16 and f16 autocast MLP training on DEV against the CPU's, the scaler's skip
 #   $OUT/summary.txt  one line per suite: PASS/FAIL/TIMEOUT and seconds
 #   $OUT/log.txt      everything printed
 # Exit 0 when every suite passed, 1 when one failed, 2 for a usage or setup error.
 # --device cpu rehearses the suites here on the CPU (no CUDA needed, bench reduced: --quick,
 # no cuBLAS row); OUT defaults to gpu-out/ when unset.
-# Time limits per suite (seconds): EMBER_GPU_T_OPS=180 _TRAIN=60 _MEMORY=60 _BENCH=150.
+# Time limits per suite (seconds): EMBER_GPU_T_OPS=180 _TRAIN=60 _MEMORY=60 _BENCH=150 _AMP=60.
 set -euo pipefail
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -161,6 +162,16 @@ suite_bench() {
     return $rc
 }
 
+suite_amp() {
+    # tests/gpu/amp: the digits MLP under autocast bf16, then f16 with the gradient scaler (step 0
+    # fed NaN on purpose: it must be skipped), on DEV and on this machine's CPU in one process;
+    # its rows say what is compared and within which tolerance.
+    local rc=0
+    "$B/harness/amp" --device "$DEV" --data "$src/data/digits" > "$OUT/amp.txt" 2>&1 || rc=$?
+    cat "$OUT/amp.txt"
+    return $rc
+}
+
 if [ "${1:-}" = __suite ]; then
     "suite_$2"
     exit
@@ -172,13 +183,13 @@ suites=()
 while [ $# -gt 0 ]; do
     case $1 in
         --device) DEV=${2:?--device needs a device}; shift ;;
-        -h|--help) sed -n '2,27p' "$self"; exit 0 ;;
-        ops|train|memory|bench) suites+=("$1") ;;
-        *) echo "run.sh: unknown argument '$1' (suites: ops train memory bench; --device DEV)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,25p' "$self"; exit 0 ;;
+        ops|train|memory|bench|amp) suites+=("$1") ;;
+        *) echo "run.sh: unknown argument '$1' (suites: ops train memory bench amp; --device DEV)" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#suites[@]} -gt 0 ] || suites=(ops train memory bench)
+[ ${#suites[@]} -gt 0 ] || suites=(ops train memory bench amp)
 
 OUT=${OUT:-$src/gpu-out}
 mkdir -p "$OUT"
@@ -321,6 +332,7 @@ for s in "${suites[@]}"; do
         train) lim=${EMBER_GPU_T_TRAIN:-60} ;;
         memory) lim=${EMBER_GPU_T_MEMORY:-60} ;;
         bench) lim=${EMBER_GPU_T_BENCH:-150} ;;
+        amp) lim=${EMBER_GPU_T_AMP:-60} ;;
     esac
     echo
     echo "== suite $s (limit $lim s)"
