@@ -224,3 +224,49 @@ Test(cuda, settings_read_at_load_are_checked_and_shown) {
     cr_assert_eq(drv(), 0, "no driver here");
     cr_assert_eq(rt() / 1000, EM_TEST_CUDA_MAJOR);
 }
+
+/* Issue 26 item 2: every (op, dtype) the CPU backend has a kernel for has a CUDA kernel,
+ * checked on the plugins' registrations (no device needed; the same set ember-opcheck's
+ * support mode shows on a GPU machine). The convolution, pooling and batch-norm ops are the
+ * cuDNN part's (listed here until it lands). */
+static const em_registry *plugin_registry(const char *name) {
+    em_plugin_info info;
+    find_plugin(name, &info);
+    cr_assert(info.registry, "plugin %s registered nothing", name);
+    return info.registry;
+}
+
+static bool has_kernel(const em_registry *r, const char *op, const char *devtype, em_dtype dt) {
+    for (size_t i = 0; i < em_registry_kernel_count(r); i++) {
+        em_kernel_info ki;
+        if (em_registry_kernel_get(r, i, &ki) == EM_OK && strcmp(ki.op, op) == 0 &&
+            strcmp(ki.device_type, devtype) == 0 && ki.dtype == dt)
+            return true;
+    }
+    return false;
+}
+
+Test(cuda, every_op_the_cpu_has_a_kernel_for_has_a_cuda_kernel) {
+    static const char *const cudnn_part[] = {
+        "conv2d", "conv2d_backward_data", "conv2d_backward_weight", "max_pool2d",
+        "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward", "adaptive_avg_pool2d",
+        "adaptive_avg_pool2d_backward", "batch_norm", "batch_norm_backward"};
+    const em_registry *cpu = plugin_registry("ember-cpu"), *cuda = plugin_registry("ember-cuda");
+    char missing[4096] = "";
+    size_t used = 0, checked = 0;
+    for (size_t i = 0; i < em_registry_kernel_count(cpu); i++) {
+        em_kernel_info ki;
+        cr_assert_eq(em_registry_kernel_get(cpu, i, &ki), EM_OK);
+        if (strcmp(ki.device_type, "cpu") != 0) continue;
+        bool excluded = false;
+        for (size_t j = 0; j < sizeof cudnn_part / sizeof *cudnn_part; j++)
+            excluded |= strcmp(ki.op, cudnn_part[j]) == 0;
+        if (excluded) continue;
+        checked++;
+        if (!has_kernel(cuda, ki.op, "cuda", ki.dtype) && used + 64 < sizeof missing)
+            used += (size_t)snprintf(missing + used, sizeof missing - used, " %s/%s", ki.op,
+                                     em_dtype_name(ki.dtype));
+    }
+    cr_assert_gt(checked, 300, "only %zu CPU kernels found", checked);
+    cr_assert_str_eq(missing, "", "CPU kernels without a CUDA kernel:%s", missing);
+}

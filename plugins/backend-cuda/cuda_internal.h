@@ -212,6 +212,11 @@ em_status cuda_register_index(em_registry *reg);       /* index_select, gather, 
 em_status cuda_register_optim(em_registry *reg);       /* fused_sgd/adam/adamw (cuda_optim.cu) */
 em_status cuda_register_random(em_registry *reg);      /* uniform, normal, bernoulli (cuda_random.cu) */
 em_status cuda_register_matmul(em_registry *reg);      /* bmm, addmm (cuda_matmul.cu) */
+/* The fused ops (cuda_gemm.cuh is their row-major cuBLAS GEMM). */
+em_status cuda_register_layernorm(em_registry *reg);   /* layer_norm + backward (cuda_layernorm.cu) */
+em_status cuda_register_attention(em_registry *reg);   /* scaled_dot_product_attention + backward (cuda_attention.cu) */
+em_status cuda_register_rnn(em_registry *reg);         /* lstm, gru + backward (cuda_rnn.cu) */
+em_status cuda_register_amp(em_registry *reg);         /* amp_unscale_ (cuda_amp.cu) */
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,9 @@ em_status cuda_register_kernels(em_registry *r) {
         cuda_register_reduce,  cuda_register_loss,        cuda_register_softmax,
         cuda_register_index,   cuda_register_optim,       cuda_register_random,
         cuda_register_matmul,
+        /* the fused ops: layer norm, attention, the recurrent cells, the scaler */
+        cuda_register_layernorm, cuda_register_attention,   cuda_register_rnn,
+        cuda_register_amp,
     };
     em_status st = EM_OK;
     for (size_t i = 0; i < sizeof families / sizeof *families && st == EM_OK; i++)

@@ -19,3 +19,4 @@ EMBER_CUDA_ARCH_ARGS=(CUDA_ARCHS=90)
 # Programs of the harness built in the tree (paths relative to the build directory) that the
 # bundle carries in harness/.
 EMBER_GPU_HARNESS_PROGRAMS=(tests/gpu/train_ref tests/gpu/memory tests/gpu/versions bench/gpu_step tests/gpu/nccl)
+EMBER_GPU_HARNESS_PROGRAMS+=(tests/gpu/amp) # run.sh amp

@@ -3,7 +3,7 @@
 # work tree that the device tool copied there, with gpu-bundle/ (tests/gpu/pack.sh) carried:
 #
 #   tests/gpu/run.sh [--device DEV] [SUITE...]
-#       SUITE: ops train determinism memory nccl bench (default: all)
+#       SUITE: ops train determinism memory nccl bench amp (default: all)
 #
 # It unpacks gpu-bundle/ember-gpu.tar.xz to /tmp/ember-gpu (the prefix it was built for, see
 # config.sh; EMBER_GPU_DIR elsewhere, then EMBER_PLUGIN_PATH names its plugins), points
@@ -22,6 +22,7 @@
 #   $OUT/nccl.txt     the nccl communicator in a world of one (tests/gpu/nccl)
 #   $OUT/memory.txt   memory summary of an MLP step (tests/gpu/memory, ember-train), OOM messages
 #   $OUT/bench.txt    issue 20 item 8: Ember against PyTorch eager and cuBLASLt/cudart alone
+#   $OUT/amp.txt      bf16 and f16 autocast MLP training on DEV against the CPU's, the scaler's skip
 #   $OUT/tables.txt   the tables above, in suite order, each after a "==== SUITE.txt" line
 #   $OUT/summary.txt  one line per suite: PASS/FAIL/TIMEOUT and seconds
 #   $OUT/log.txt      everything printed
@@ -29,8 +30,8 @@
 # --device cpu rehearses the suites here on the CPU (no CUDA needed, bench reduced: --quick,
 # no cuBLAS row); OUT defaults to gpu-out/ when unset.
 # Time limits per suite (seconds): EMBER_GPU_T_OPS=180 _TRAIN=90 _DETERMINISM=60 _MEMORY=60
-# _NCCL=30 _BENCH=150; with --device cpu (the rehearsal: the CNN trains on the CPU) three times
-# the default.
+# _NCCL=30 _BENCH=150 _AMP=60; with --device cpu (the rehearsal: the CNN trains on the CPU) three
+# times the default for train and determinism.
 set -euo pipefail
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -202,6 +203,16 @@ suite_bench() {
     return $rc
 }
 
+suite_amp() {
+    # tests/gpu/amp: the digits MLP under autocast bf16, then f16 with the gradient scaler (step 0
+    # fed NaN on purpose: it must be skipped), on DEV and on this machine's CPU in one process;
+    # its rows say what is compared and within which tolerance.
+    local rc=0
+    "$B/harness/amp" --device "$DEV" --data "$src/data/digits" > "$OUT/amp.txt" 2>&1 || rc=$?
+    cat "$OUT/amp.txt"
+    return $rc
+}
+
 if [ "${1:-}" = __suite ]; then
     "suite_$2"
     exit
@@ -213,13 +224,13 @@ suites=()
 while [ $# -gt 0 ]; do
     case $1 in
         --device) DEV=${2:?--device needs a device}; shift ;;
-        -h|--help) sed -n '2,32p' "$self"; exit 0 ;;
-        ops|train|determinism|memory|nccl|bench) suites+=("$1") ;;
-        *) echo "run.sh: unknown argument '$1' (suites: ops train determinism memory nccl bench; --device DEV)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,34p' "$self"; exit 0 ;;
+        ops|train|determinism|memory|nccl|bench|amp) suites+=("$1") ;;
+        *) echo "run.sh: unknown argument '$1' (suites: ops train determinism memory nccl bench amp; --device DEV)" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#suites[@]} -gt 0 ] || suites=(ops train determinism memory nccl bench)
+[ ${#suites[@]} -gt 0 ] || suites=(ops train determinism memory nccl bench amp)
 
 OUT=${OUT:-$src/gpu-out}
 mkdir -p "$OUT"
@@ -367,6 +378,7 @@ for s in "${suites[@]}"; do
         memory) lim=${EMBER_GPU_T_MEMORY:-60} ;;
         nccl) lim=${EMBER_GPU_T_NCCL:-30} ;;
         bench) lim=${EMBER_GPU_T_BENCH:-150} ;;
+        amp) lim=${EMBER_GPU_T_AMP:-60} ;;
     esac
     echo
     echo "== suite $s (limit $lim s)"
