@@ -13,7 +13,7 @@
 #                                   never glibc, libstdc++/libgcc_s or the CUDA libraries,
 #                                   which the GPU machine's OS and its Python packages provide
 #   harness/                        the harness's programs (train_ref, memory, versions,
-#                                   gpu_step, gpu_cublas when CUDA is there)
+#                                   gpu_step, gpu_cublas and gpu_cudnn when CUDA is there)
 #   data/fashion-mnist/             the first FM_TRAIN training and FM_TEST test images
 #   BUILD-INFO                      commit, configure line, the CUDA versions built against
 # It then prints the size of everything that travels (the work tree without .git and ignored
@@ -123,6 +123,12 @@ if [ $want_cuda = yes ]; then
     [ -f "$cudnn_h" ] || cudnn_h=/usr/local/include/cudnn_version.h
     if [ -f "$cudnn_h" ]; then
         cudnn_v=$(hdr CUDNN_MAJOR "$cudnn_h").$(hdr CUDNN_MINOR "$cudnn_h").$(hdr CUDNN_PATCHLEVEL "$cudnn_h")
+    fi
+    if [ -f "$cuda/include/cudnn.h" ]; then
+        step "bench/gpu_cudnn (cuDNN and cudart alone)"
+        cc -O2 -std=c11 -Wall -Wextra -Werror -I"$cuda/include" -o "$bundle/harness/gpu_cudnn" \
+            "$src/bench/gpu_cudnn.c" -L"$cuda/lib64" -lcudnn -lcudart -lm
+        strip --strip-unneeded "$bundle/harness/gpu_cudnn"
     fi
     # cuDNN counts only when the plugin refers to it (linked or named for dlopen).
     if grep -aq 'libcudnn' "$bundle/lib/ember/plugins/ember-cuda.so"; then uses_cudnn=yes; fi
