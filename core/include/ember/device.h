@@ -341,7 +341,8 @@ EM_API em_stream *em_stream_current(em_device dev);
  *     arguments of the capture: host code (Python-like loops, em_item, a scheduler's new
  *     learning rate, an optimizer's step count passed as an argument) does not run again.
  *     Inputs change only through the contents of the storages the capture read; outputs
- *     land in the storages the capture wrote. Keep those tensors alive while the graph is.
+ *     land in the storages the capture wrote. Keep those tensors, and the stream, alive
+ *     while the graph is.
  *     When a shape, a storage or a scalar argument changes, free the graph and capture again.
  *   - During capture nothing runs: reading a value on the host (em_item, a copy to the CPU),
  *     synchronising, or a copy from host memory breaks the capture; em_graph_capture_end then
