@@ -4,7 +4,7 @@
  * device-to-device copy's bandwidth. Built by tests/gpu/pack.sh (it needs the CUDA headers
  * and links cuBLASLt and cudart); run by tests/gpu/run.sh bench.
  *
- *   gpu_cublas [--quick] [linear] [copy]
+ *   gpu_cublas [--quick] [linear] [gemm_bf16] [copy]
  *
  *   linear_MxKxN  for x (M, K), weight (N, K), bias (N), grad_out (M, N), row-major f32:
  *                 forward  y = x weight^T + bias       one cublasLtMatmul, epilogue BIAS
@@ -15,6 +15,10 @@
  *                 dweight alone); compute type CUBLAS_COMPUTE_32F (no TF32, PyTorch's float32
  *                 default), 32 MiB workspace, the heuristic's first algorithm. Shapes: the
  *                 MLP's (128x784x512, 128x512x256, 128x256x10) and 8192x8192x8192.
+ *   gemm_bf16     C (n, n) = A (n, n) B (n, n), row-major bf16 in and out, n = 8192 (1024 with
+ *                 --quick): one cublasLtMatmul, CUDA_R_16BF, CUBLAS_COMPUTE_32F (what Ember's
+ *                 bf16 matmul asks of cuBLAS), 32 MiB workspace, the heuristic's first
+ *                 algorithm
  *   copy          cudaMemcpyAsync device to device of 1 GiB; GBps counts bytes read plus
  *                 bytes written (2 GiB per copy).
  * Timing as bench/gpu_step.c: the median of 7 batches (3 with --quick) of N calls after
@@ -105,14 +109,14 @@ typedef struct gemm {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulHeuristicResult_t heur;
-    const float *A, *B;
-    float *D;
+    const void *A, *B;
+    void *D;
     bool ok; /* an algorithm was found */
 } gemm;
 
-static void gemm_plan(gemm *g, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                      const float *A, int64_t lda, const float *B, int64_t ldb, float *D, int64_t ldd,
-                      cublasLtEpilogue_t epi, float *bias) {
+static void gemm_plan_dt(gemm *g, cudaDataType_t dt, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                         int64_t n, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *D,
+                         int64_t ldd, cublasLtEpilogue_t epi, float *bias) {
     memset(g, 0, sizeof *g);
     g->A = A, g->B = B, g->D = D;
     CKB(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -121,9 +125,9 @@ static void gemm_plan(gemm *g, cublasOperation_t ta, cublasOperation_t tb, int64
     CKB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (bias) CKB(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     /* Stored shapes: A is (m, k) or, transposed, (k, m); B likewise (k, n) or (n, k). */
-    CKB(cublasLtMatrixLayoutCreate(&g->a, CUDA_R_32F, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda));
-    CKB(cublasLtMatrixLayoutCreate(&g->b, CUDA_R_32F, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb));
-    CKB(cublasLtMatrixLayoutCreate(&g->d, CUDA_R_32F, m, n, ldd));
+    CKB(cublasLtMatrixLayoutCreate(&g->a, dt, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda));
+    CKB(cublasLtMatrixLayoutCreate(&g->b, dt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb));
+    CKB(cublasLtMatrixLayoutCreate(&g->d, dt, m, n, ldd));
     cublasLtMatmulPreference_t pref;
     CKB(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wss = ws_size;
@@ -132,6 +136,12 @@ static void gemm_plan(gemm *g, cublasOperation_t ta, cublasOperation_t tb, int64
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, g->desc, g->a, g->b, g->d, g->d, pref, 1, &g->heur, &found);
     CKB(cublasLtMatmulPreferenceDestroy(pref));
     g->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+}
+
+static void gemm_plan(gemm *g, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float *D, int64_t ldd,
+                      cublasLtEpilogue_t epi, float *bias) {
+    gemm_plan_dt(g, CUDA_R_32F, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, epi, bias);
 }
 
 static void gemm_run(const gemm *g) {
@@ -197,6 +207,49 @@ static void run_linear(int64_t M, int64_t K, int64_t N) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK(cudaFree(bufs[i]));
 }
 
+static void gemm_step(void *arg) { gemm_run(arg); }
+
+/* Row-major C (n, n) = A B is column-major C^T = B^T A^T: D = B (stored (n, n)) times A. */
+static void run_gemm_bf16(int64_t n) {
+    size_t count = (size_t)(n * n);
+    float *fa = rand_dev(count, -1, 1, 6), *fb = rand_dev(count, -1, 1, 7);
+    uint16_t *h = malloc(count * sizeof *h), *a, *b, *c;
+    float *hf = malloc(count * sizeof *hf);
+    if (!h || !hf) {
+        fprintf(stderr, "gpu_cublas: out of host memory\n");
+        exit(1);
+    }
+    CK(cudaMalloc((void **)&a, count * sizeof *a));
+    CK(cudaMalloc((void **)&b, count * sizeof *b));
+    CK(cudaMalloc((void **)&c, count * sizeof *c));
+    uint16_t *dst[2] = {a, b};
+    float *src[2] = {fa, fb};
+    for (int t = 0; t < 2; t++) { /* bf16 = the float's top half, rounded to nearest even */
+        CK(cudaMemcpy(hf, src[t], count * sizeof *hf, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < count; i++) {
+            uint32_t u;
+            memcpy(&u, &hf[i], sizeof u);
+            h[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+        CK(cudaMemcpy(dst[t], h, count * sizeof *h, cudaMemcpyHostToDevice));
+    }
+    free(h);
+    free(hf);
+    gemm g;
+    gemm_plan_dt(&g, CUDA_R_16BF, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, b, n, a, n, c, n, CUBLASLT_EPILOGUE_DEFAULT,
+                 NULL);
+    if (!g.ok) {
+        fprintf(stderr, "gpu_cublas: gemm_bf16_%lld: cuBLASLt found no algorithm\n", (long long)n);
+        exit(1);
+    }
+    double ms = time_it(gemm_step, &g, 3, 20);
+    printf("cublas gemm_bf16_%lld ms=%.6f TFLOPs=%.2f\n", (long long)n, ms,
+           2.0 * (double)n * (double)n * (double)n / (ms * 1e-3) / 1e12);
+    gemm_free(&g);
+    void *bufs[] = {fa, fb, a, b, c};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK(cudaFree(bufs[i]));
+}
+
 typedef struct cp {
     void *dst;
     const void *src;
@@ -220,17 +273,18 @@ static void run_copy(bool quick) {
 }
 
 int main(int argc, char **argv) {
-    bool quick = false, do_linear = false, do_copy = false;
+    bool quick = false, do_linear = false, do_copy = false, do_gemm = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "linear")) do_linear = true;
         else if (!strcmp(argv[i], "copy")) do_copy = true;
+        else if (!strcmp(argv[i], "gemm_bf16")) do_gemm = true;
         else {
-            fprintf(stderr, "usage: gpu_cublas [--quick] [linear] [copy]\n");
+            fprintf(stderr, "usage: gpu_cublas [--quick] [linear] [gemm_bf16] [copy]\n");
             return 2;
         }
     }
-    if (!do_linear && !do_copy) do_linear = do_copy = true;
+    if (!do_linear && !do_copy && !do_gemm) do_linear = do_copy = do_gemm = true;
     if (quick) reps = 3;
     struct cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
@@ -247,6 +301,7 @@ int main(int argc, char **argv) {
         run_linear(128, 256, 10);
         run_linear(big, big, big);
     }
+    if (do_gemm) run_gemm_bf16(quick ? 1024 : 8192);
     if (do_copy) run_copy(quick);
     fflush(stdout);
     CK(cudaFree(ws));

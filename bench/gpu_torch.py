@@ -9,6 +9,15 @@ The same workloads, shapes and timing as bench/gpu_step.c, in PyTorch eager mode
                forward, F.cross_entropy (mean), backward, torch.optim.Adam (defaults: lr 1e-3,
                betas 0.9/0.999, eps 1e-8; PyTorch picks its foreach implementation on CUDA),
                zero_grad(set_to_none=True)
+  cnn          bench/gpu_step.c's CNN (Conv2d 1->32 3x3 pad 1, ReLU, MaxPool2d 2, Conv2d 32->64,
+               ReLU, MaxPool2d 2, Flatten, Linear 3136->128, ReLU, Linear 128->10), batch 64 of
+               1x28x28, the same step with Adam (cuDNN's default choices: benchmark off,
+               convolutions in TF32 as PyTorch's default allows, unless --no-tf32)
+  mlp_sgd, cnn_sgd   the same steps with torch.optim.SGD(lr=0.01, momentum=0.9)
+  mlp_graph, cnn_graph   the SGD steps captured into one torch.cuda.CUDAGraph (the documented
+               whole-network capture: 3 warm-up steps on a side stream, then capture of
+               zero_grad + forward + backward + step) and replayed (CUDA only)
+  gemm_bf16    torch.matmul of two bf16 (8192, 8192) tensors (1024 with --quick)
   linear_MxKxN F.linear forward and backward (x, weight and bias require grad; backward with a
                fixed grad_out), grads set to None after each call
   add          a + b of two contiguous f32 tensors of 256M elements (3 GiB moved)
@@ -50,6 +59,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-tf32", action="store_true",
+                    help="cuDNN convolutions in full f32 (Ember's default) instead of PyTorch's TF32")
     a = ap.parse_args()
     global QUICK
     QUICK = a.quick
@@ -58,6 +69,8 @@ def main():
         sys.exit("gpu_torch: torch.cuda.is_available() is False")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.backends.cuda.matmul.allow_tf32 = False
+    if a.no_tf32:
+        torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     reps = 3 if a.quick else 7
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
@@ -79,6 +92,63 @@ def main():
         opt.zero_grad(set_to_none=True)
 
     print(f"torch mlp ms={timed(mlp_step, 20, 100, reps, sync):.6f}", flush=True)
+
+    # cnn, and the SGD steps eager and from a CUDA graph
+    def net(cnn):
+        torch.manual_seed(0)
+        if cnn:
+            m = torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                    torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                    torch.nn.Flatten(), torch.nn.Linear(3136, 128), torch.nn.ReLU(),
+                                    torch.nn.Linear(128, 10)).to(dev)
+            xx = torch.rand(64, 1, 28, 28, device=dev)
+            yy = (torch.rand(64, device=dev) * 10).long()
+        else:
+            m = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                                    torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(dev)
+            xx = torch.rand(128, 784, device=dev)
+            yy = (torch.rand(128, device=dev) * 10).long()
+        return m, xx, yy
+
+    def stepper(m, o, xx, yy):
+        def step():
+            o.zero_grad(set_to_none=True)
+            F.cross_entropy(m(xx), yy).backward()
+            o.step()
+        return step
+
+    for cnn in (False, True):
+        warm, calls = (5, 20) if cnn else (20, 100)
+        kind = "cnn" if cnn else "mlp"
+        if cnn:
+            m, xx, yy = net(True)
+            print(f"torch cnn ms={timed(stepper(m, torch.optim.Adam(m.parameters()), xx, yy), warm, calls, reps, sync):.6f}",
+                  flush=True)
+        m, xx, yy = net(cnn)
+        step = stepper(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), xx, yy)
+        print(f"torch {kind}_sgd ms={timed(step, warm, calls, reps, sync):.6f}", flush=True)
+        if dev.type == "cuda":
+            m, xx, yy = net(cnn)
+            step = stepper(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), xx, yy)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            print(f"torch {kind}_graph ms={timed(graph.replay, warm, calls, reps, sync):.6f}", flush=True)
+            del graph
+
+    # bf16 GEMM
+    nn_ = 1024 if a.quick else 8192
+    ga = (torch.rand(nn_, nn_, device=dev) * 2 - 1).bfloat16()
+    gb = (torch.rand(nn_, nn_, device=dev) * 2 - 1).bfloat16()
+    ms = timed(lambda: torch.matmul(ga, gb), 3, 20, reps, sync)
+    print(f"torch gemm_bf16_{nn_} ms={ms:.6f} TFLOPs={2.0 * nn_ ** 3 / (ms * 1e-3) / 1e12:.2f}", flush=True)
+    del ga, gb
 
     # linear
     big = 1024 if a.quick else 8192

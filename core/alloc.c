@@ -33,6 +33,17 @@
  *       stream's, and the waiting blocks once their events are synchronized) is handed back
  *       to the device and the alloc retried once; then EM_ERR_NOMEM names the device, the
  *       request and the bytes in use by category.
+ *   Graph capture (em_graph_capture_begin, ember/device.h) — the capture-safe path: while a
+ *       stream records, allocations whose current stream is that one come from a pool made
+ *       for the capture (a graph pool: it belongs to the graph, not to the stream), which
+ *       reuses the blocks freed during the capture (a replay runs them in the same order).
+ *       After the capture the graph pool only takes blocks back: it never serves another
+ *       allocation, and emptying the cache leaves it alone, because the graph's replays
+ *       write into its blocks. While any stream of the device records, nothing is handed
+ *       back to the device (freeing device memory would break the capture) and the waiting
+ *       blocks are not polled (querying events during a capture is not allowed). When the
+ *       graph is freed its pool is dead like a freed stream's: its cached blocks go to the
+ *       default stream's cache, the rest as they are released.
  *   Locking: one mutex per allocator; the device alloc/free and event calls run under it.
  */
 #include <inttypes.h>
@@ -182,6 +193,8 @@ static const char *size_str(size_t n, char *buf, size_t cap) {
 typedef struct em__pool {
     em_stream *stream;                 /* NULL: the default stream */
     bool dead;                         /* its stream was freed: nothing allocates here now */
+    bool graph;                        /* a graph's pool (see "Graph capture" above) */
+    bool capturing;                    /* a graph pool whose stream is recording now */
     size_t refs;                       /* blocks that return here: in use, waiting or cached */
     size_t ncached;
     em__block *small[N_SMALL_BUCKETS]; /* cached blocks of size (i + 1) * 512 */
@@ -213,6 +226,7 @@ struct em__allocator {
     em__block *waiting; /* released blocks whose events have not all completed */
     em_event **spare;   /* completed events, for reuse */
     size_t nspare, spare_cap;
+    int capturing;      /* streams of the device recording a graph now */
 };
 
 static const char *const g_cat_names[EM_MEM_CATEGORY_COUNT] = {
@@ -465,9 +479,9 @@ static void waiting_settle(em__allocator *a, bool wait) {
 /* The pool of stream s (NULL: the default stream's), made on first use. On the way, polls
  * the waiting blocks and hands freed streams' cached blocks to the default pool. */
 static em_status pool_of(em__allocator *a, em_stream *s, em__pool **out) {
-    if (a->waiting)
+    if (a->waiting && !a->capturing)
         waiting_settle(a, false);
-    em__pool *found = s ? NULL : &a->def, *recycle = NULL;
+    em__pool *found = s ? NULL : &a->def, *recycle = NULL, *capture = NULL;
     for (size_t i = 0; i < a->npools; i++) {
         em__pool *p = a->pools[i];
         if (p->dead) {
@@ -475,12 +489,19 @@ static em_status pool_of(em__allocator *a, em_stream *s, em__pool **out) {
                 pool_sweep(a, p);
             if (!p->refs && !recycle)
                 recycle = p;
+        } else if (p->graph) {
+            if (p->capturing && p->stream == s)
+                capture = p;
         } else if (!found && p->stream == s) {
             found = p;
         }
     }
+    if (capture) {
+        *out = capture;
+        return EM_OK;
+    }
     if (!found && recycle) {
-        recycle->dead = false;
+        recycle->dead = recycle->graph = recycle->capturing = false;
         recycle->stream = s;
         found = recycle;
     }
@@ -501,15 +522,19 @@ static em_status pool_of(em__allocator *a, em_stream *s, em__pool **out) {
     return EM_OK;
 }
 
-/* Called with the lock held. */
+/* Called with the lock held. Nothing while a stream of the device records a graph; never a
+ * live graph's pool. */
 static void empty_cache_locked(em__allocator *a) {
+    if (a->capturing)
+        return;
     waiting_settle(a, true);
     em__block *b;
     while ((b = pool_pop_any(&a->def)))
         drop_cached(a, b);
     for (size_t i = 0; i < a->npools; i++)
-        while ((b = pool_pop_any(a->pools[i])))
-            drop_cached(a, b);
+        if (!a->pools[i]->graph || a->pools[i]->dead)
+            while ((b = pool_pop_any(a->pools[i])))
+                drop_cached(a, b);
 }
 
 void em__allocator_free(em__allocator *a) {
@@ -588,6 +613,15 @@ static em_status device_alloc(em__allocator *a, size_t size, void **ptr) {
         st = a->ops->alloc(a->dev.index, size, ptr);
         if (st == EM_OK && !*ptr)
             st = EM_ERR_NOMEM;
+        if (st == EM_ERR_NOMEM && a->capturing) {
+            char dev[32], req[32];
+            return em_set_error(EM_ERR_NOMEM, "out of memory on %s during graph capture: tried "
+                                "to allocate %s (%zu bytes); the cache cannot be handed back "
+                                "to the device while a stream records a graph. Capture with "
+                                "a smaller batch, or call em_empty_cache() before the capture",
+                                em_device_str(a->dev, dev, sizeof dev),
+                                size_str(size, req, sizeof req), size);
+        }
         if (st == EM_ERR_NOMEM)
             return oom_error(a, size, cached_before);
     }
@@ -699,7 +733,7 @@ void em__allocator_stream_gone(em__allocator *a, em_stream *s) {
     pthread_mutex_lock(&a->lock);
     for (size_t i = 0; i < a->npools; i++) {
         em__pool *p = a->pools[i];
-        if (!p->dead && p->stream == s) {
+        if (!p->dead && !p->graph && p->stream == s) {
             p->dead = true;
             p->stream = NULL;
             pool_sweep(a, p);
@@ -718,6 +752,59 @@ void em__allocator_stream_gone(em__allocator *a, em_stream *s) {
             em__free(u);
         }
     }
+    pthread_mutex_unlock(&a->lock);
+}
+
+em_status em__allocator_capture_begin(em__allocator *a, em_stream *s, em__pool **out) {
+    *out = NULL;
+    if (!a->streams || !s)
+        return em_set_error(EM_ERR_INVALID, "graph capture needs a stream other than the "
+                            "default one");
+    pthread_mutex_lock(&a->lock);
+    em__pool *p = NULL;
+    for (size_t i = 0; i < a->npools && !p; i++)
+        if (a->pools[i]->dead && !a->pools[i]->refs && !a->pools[i]->ncached)
+            p = a->pools[i];
+    if (!p) {
+        p = em__calloc(1, sizeof *p, "a graph's block cache");
+        em__pool **v = p ? em__realloc(a->pools, a->npools * sizeof *v,
+                                       (a->npools + 1) * sizeof *v, "the stream caches") : NULL;
+        if (!v) {
+            em__free(p);
+            pthread_mutex_unlock(&a->lock);
+            return EM_ERR_NOMEM;
+        }
+        v[a->npools++] = p;
+        a->pools = v;
+    }
+    p->dead = false;
+    p->graph = p->capturing = true;
+    p->stream = s;
+    a->capturing++;
+    pthread_mutex_unlock(&a->lock);
+    *out = p;
+    return EM_OK;
+}
+
+void em__allocator_capture_end(em__allocator *a, em__pool *p) {
+    pthread_mutex_lock(&a->lock);
+    if (p->capturing) {
+        p->capturing = false;
+        a->capturing--;
+    }
+    pthread_mutex_unlock(&a->lock);
+}
+
+void em__allocator_graph_gone(em__allocator *a, em__pool *p) {
+    pthread_mutex_lock(&a->lock);
+    if (p->capturing) {
+        p->capturing = false;
+        a->capturing--;
+    }
+    p->dead = true;
+    p->graph = false;
+    p->stream = NULL;
+    pool_sweep(a, p);
     pthread_mutex_unlock(&a->lock);
 }
 

@@ -386,3 +386,134 @@ em_status em_event_synchronize(em_device dev, em_event *e) {
     STREAM_OP("event_synchronize", event_synchronize, o_->event_synchronize(dev.index, e),
               (void)0);
 }
+
+/* ---- graph capture (ember/device.h): forwarded to the backend's graph slots; the allocator's
+ * capture-safe pool (alloc.c) serves the recording stream ---------------------------------- */
+
+struct em_graph {
+    em_device dev;
+    em_stream *s;
+    void *exec;            /* the backend's recorded graph */
+    struct em__pool *pool; /* the allocator's pool for the graph's blocks */
+};
+
+/* This thread's capture in progress (one at a time). */
+static _Thread_local struct {
+    bool active;
+    em_device dev;
+    em_stream *s, *prev;
+    struct em__pool *pool;
+} tls_capture;
+
+static bool graph_slots(const em_device_ops *o) {
+    return o->graph_begin && o->graph_end && o->graph_replay && o->graph_destroy;
+}
+
+bool em_graph_capture_supported(em_device dev) {
+    if (dev.type < 0 || dev.type >= EM_MAX_DEVICE_TYPES || !em__device_types[dev.type].used)
+        return false;
+    return graph_slots(em__device_ops(dev));
+}
+
+static em_status no_graphs(em_device dev, const char *who) {
+    char buf[48];
+    return em_set_error(EM_ERR_DEVICE, "%s: device %s cannot capture graphs (its backend "
+                        "registers no graph capture slots); run the work eagerly", who,
+                        em_device_str(dev, buf, sizeof buf));
+}
+
+em_status em_graph_capture_begin(em_device dev, em_stream *s) {
+    em_status st = em__device_check(dev, "graph_capture_begin");
+    if (st != EM_OK) return st;
+    if (!graph_slots(em__device_ops(dev))) return no_graphs(dev, "graph_capture_begin");
+    char buf[48];
+    if (!s)
+        return em_set_error(EM_ERR_INVALID, "graph_capture_begin: %s: the default stream cannot "
+                            "be captured; create a stream (em_stream_create) and capture that",
+                            em_device_str(dev, buf, sizeof buf));
+    if (tls_capture.active)
+        return em_set_error(EM_ERR_STATE, "graph_capture_begin: this thread is already "
+                            "capturing on %s; end that capture first",
+                            em_device_str(tls_capture.dev, buf, sizeof buf));
+    em__allocator *a = em__device_allocator(dev);
+    if (!a) return em_last_status();
+    /* The stream's execution context (library handles, their workspace) is made now: making
+     * it allocates device memory, which a capture cannot record. */
+    if (!em__exec_make(dev, s)) return em_last_status();
+    em_stream *prev = em__stream_current(dev);
+    if ((st = em_stream_set_current(dev, s)) != EM_OK) return st;
+    struct em__pool *pool;
+    if ((st = em__allocator_capture_begin(a, s, &pool)) != EM_OK) {
+        em_stream_set_current(dev, prev);
+        return st;
+    }
+    if ((st = em__device_ops(dev)->graph_begin(dev.index, s)) != EM_OK) {
+        em__allocator_graph_gone(a, pool);
+        em_stream_set_current(dev, prev);
+        return st;
+    }
+    tls_capture.active = true;
+    tls_capture.dev = dev;
+    tls_capture.s = s;
+    tls_capture.prev = prev;
+    tls_capture.pool = pool;
+    return EM_OK;
+}
+
+em_status em_graph_capture_end(em_device dev, em_graph **out) {
+    if (!out) return em_set_error(EM_ERR_INVALID, "graph_capture_end: NULL out");
+    *out = NULL;
+    em_status st = em__device_check(dev, "graph_capture_end");
+    if (st != EM_OK) return st;
+    if (!graph_slots(em__device_ops(dev))) return no_graphs(dev, "graph_capture_end");
+    char buf[48];
+    if (!tls_capture.active || !em_device_equal(tls_capture.dev, dev))
+        return em_set_error(EM_ERR_STATE, "graph_capture_end: this thread is not capturing on "
+                            "%s (em_graph_capture_begin first)",
+                            em_device_str(dev, buf, sizeof buf));
+    tls_capture.active = false;
+    em__allocator *a = em__device_allocator(dev);
+    em_graph *g = em__calloc(1, sizeof *g, "a captured graph");
+    void *exec = NULL;
+    /* The backend ends the capture even when g could not be allocated. */
+    st = em__device_ops(dev)->graph_end(dev.index, tls_capture.s, &exec);
+    em_stream_set_current(dev, tls_capture.prev);
+    if (st == EM_OK && !g) {
+        em__device_ops(dev)->graph_destroy(dev.index, exec);
+        st = EM_ERR_NOMEM;
+    }
+    if (st != EM_OK) {
+        em__free(g);
+        if (a) em__allocator_graph_gone(a, tls_capture.pool);
+        return st;
+    }
+    if (a) em__allocator_capture_end(a, tls_capture.pool);
+    *g = (em_graph){.dev = dev, .s = tls_capture.s, .exec = exec, .pool = tls_capture.pool};
+    *out = g;
+    return EM_OK;
+}
+
+em_status em_graph_replay(em_graph *g) {
+    if (!g) return em_set_error(EM_ERR_INVALID, "graph_replay: NULL graph");
+    em_status st = em__device_check(g->dev, "graph_replay");
+    if (st != EM_OK) return st;
+    if (tls_capture.active)
+        return em_set_error(EM_ERR_STATE, "graph_replay: this thread is capturing a graph; a "
+                            "graph is replayed outside a capture");
+    return em__device_ops(g->dev)->graph_replay(g->dev.index, g->exec, g->s);
+}
+
+em_stream *em_graph_stream(const em_graph *g) { return g ? g->s : NULL; }
+
+void em_graph_free(em_graph *g) {
+    if (!g) return;
+    if (em__device_check(g->dev, "graph_free") == EM_OK) {
+        const em_device_ops *o = em__device_ops(g->dev);
+        /* its pool's blocks are about to serve the default stream: the replays must be done */
+        if (o->stream_synchronize) o->stream_synchronize(g->dev.index, g->s);
+        o->graph_destroy(g->dev.index, g->exec);
+        em__allocator *a = em__device_allocator_existing(g->dev);
+        if (a) em__allocator_graph_gone(a, g->pool);
+    }
+    em__free(g);
+}

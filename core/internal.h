@@ -103,6 +103,13 @@ em_status em__allocator_record_stream(em__allocator *a, em__block *b, em_stream 
 /* Stream s is being freed and its work is done: its cached blocks serve every stream, and the
  * blocks that recorded it no longer wait for it. */
 void em__allocator_stream_gone(em__allocator *a, em_stream *s);
+/* Graph capture's pool (alloc.c, "Graph capture"): from capture_begin until capture_end the
+ * allocations of stream s come from *pool; graph_gone (the graph was freed, its replays are
+ * done, or the capture failed) hands the pool's blocks to the default stream's cache. */
+struct em__pool;
+em_status em__allocator_capture_begin(em__allocator *a, em_stream *s, struct em__pool **pool);
+void em__allocator_capture_end(em__allocator *a, struct em__pool *pool);
+void em__allocator_graph_gone(em__allocator *a, struct em__pool *pool);
 void em__allocator_set_category(em__allocator *a, em__block *b, em_mem_category cat);
 void em__allocator_stats(em__allocator *a, em_memory_stats *out);
 void em__allocator_reset_peak(em__allocator *a);

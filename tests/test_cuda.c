@@ -93,6 +93,27 @@ Test(cuda, plugin_loads_with_no_device_and_the_drivers_reason) {
     }
 }
 
+/* The cuda type registers the graph capture slots (ember/device.h); without a device a capture
+ * fails with the driver's reason, like every other use of cuda:0. */
+Test(cuda, graph_capture_is_offered_and_refused_with_the_reason_without_a_device) {
+    int n_rt;
+    const char *why_rt = runtime_reason(&n_rt);
+    cr_assert(why_rt);
+    em_device d = {.type = -1};
+    for (int t = 1; t < EM_MAX_DEVICE_TYPES && d.type < 0; t++) {
+        char b[48];
+        if (!strcmp(em_device_str((em_device){.type = (int16_t)t}, b, sizeof b), "cuda:0"))
+            d.type = (int16_t)t;
+    }
+    cr_assert_geq(d.type, 1, "the cuda device type is not registered");
+    cr_assert(em_graph_capture_supported(d), "the cuda backend registers the graph slots");
+    cr_assert(!em_graph_capture_supported(em_cpu()));
+    cr_assert_eq(em_graph_capture_begin(d, NULL), EM_ERR_DEVICE);
+    cr_assert(strstr(em_last_error(), "graph_capture_begin") &&
+              strstr(em_last_error(), "no cuda device is present: ") &&
+              strstr(em_last_error(), why_rt), "%s", em_last_error());
+}
+
 Test(cuda, ember_info_reports_0_devices_with_the_reason_and_the_versions) {
     int n_rt, code;
     const char *why_rt = runtime_reason(&n_rt);

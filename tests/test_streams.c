@@ -538,3 +538,111 @@ Test(streams, the_trace_times_device_ops_by_their_events) {
     em_profiler_free(p);
     em_scope_end();
 }
+
+/* ---- graph capture (ember/device.h) on testdev, which records and replays as CUDA graphs
+ * do; and the devices that cannot capture ------------------------------------------------ */
+
+static em_graph *capture_end_ok(em_device d) {
+    em_graph *g = NULL;
+    cr_assert_eq(em_graph_capture_end(d, &g), EM_OK, "%s", em_last_error());
+    cr_assert(g);
+    return g;
+}
+
+Test(streams, a_captured_graph_replays_its_work_on_new_inputs) {
+    em_stream *s = stream_new(D0);
+    em_tensor *x = full(D0, 1.0), *b = full(D0, 2.0), *v10 = full(D0, 10.0),
+              *v20 = full(D0, 20.0);
+    cr_assert_eq(em_graph_capture_begin(D0, s), EM_OK, "%s", em_last_error());
+    cr_assert(em_stream_current(D0) == s, "the capture's stream is the current one");
+    em_tensor *t = em_add(x, b); /* a temporary of the capture */
+    cr_assert(t, "%s", em_last_error());
+    em_tensor *y = em_add(t, b);
+    cr_assert(y, "%s", em_last_error());
+    void *tp = em_tensor_data(t);
+    em_tensor_release(t);
+    em_tensor *z = em_add(y, b); /* reuses t's block: the replay runs in the same order */
+    cr_assert(z, "%s", em_last_error());
+    cr_assert(em_tensor_data(z) == tp, "a block freed in the capture serves the capture");
+    cr_assert_eq(td_pending(0, s), 0, "a capture records; nothing was queued");
+    em_graph *g = capture_end_ok(D0);
+    cr_assert(em_stream_current(D0) == NULL, "the previous current stream is back");
+    cr_assert(em_graph_stream(g) == s);
+    /* the graph's blocks are its own: an allocation of the same size elsewhere gets another */
+    em_tensor_release(y);
+    void *yp = em_tensor_data(z); /* still held */
+    set_current(D0, s);
+    em_tensor *other = full(D0, 0.0);
+    cr_assert(em_tensor_data(other) != yp && em_tensor_data(other) != tp,
+              "a graph's block was handed out after the capture");
+    set_current(D0, NULL);
+    em_empty_cache(); /* leaves the graph's cached block alone: its replays write there */
+    em_memory_stats m;
+    cr_assert_eq(em_memory_stats_get(D0, &m), EM_OK);
+    cr_assert_eq(m.current[EM_MEM_CACHED], 1024, "y's block stays cached for the graph");
+    for (int round = 0; round < 2; round++) {
+        cr_assert_eq(em_copy_(x, round ? v20 : v10), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_graph_replay(g), EM_OK, "%s", em_last_error());
+        cr_assert_gt(td_pending(0, s), 0, "the replay is queued on the capture's stream");
+        cr_assert_eq(em_stream_synchronize(D0, s), EM_OK);
+        assert_all(z, round ? 26.0f : 16.0f, "z = (x + 2) + 2 + 2 after the replay");
+    }
+    em_graph_free(g);
+    em_tensor_release(z);
+    em_tensor_release(other);
+    em_tensor_release(x);
+    em_tensor_release(b);
+    em_tensor_release(v10);
+    em_tensor_release(v20);
+    em_stream_free(D0, s);
+    em_empty_cache();
+    cr_assert_eq(em_memory_stats_get(D0, &m), EM_OK);
+    cr_assert_eq(m.reserved, 0, "the graph's blocks went back to the device once it and its "
+                 "tensors were freed (%zu bytes still reserved)", m.reserved);
+}
+
+Test(streams, what_a_capture_cannot_record_breaks_it_with_a_clear_error) {
+    em_stream *s = stream_new(D0);
+    em_tensor *x = full(D0, 1.0);
+    cr_assert_eq(em_graph_capture_begin(D0, s), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_graph_capture_begin(D0, s), EM_ERR_STATE, "a second capture on one thread");
+    cr_assert(strstr(em_last_error(), "already capturing"), "%s", em_last_error());
+    cr_assert_eq(em_graph_replay(NULL), EM_ERR_INVALID);
+    float buf[N];
+    cr_assert_neq(em_tensor_to_host(x, buf, sizeof buf), EM_OK, "a read on the host in a capture");
+    em_graph *g = (em_graph *)&buf; /* must be overwritten with NULL */
+    cr_assert_eq(em_graph_capture_end(D0, &g), EM_ERR_DEVICE);
+    cr_assert(!g);
+    cr_assert(strstr(em_last_error(), "host memory"), "the end names what broke it: %s",
+              em_last_error());
+    cr_assert(em_stream_current(D0) == NULL, "the current stream is restored after a failure");
+    cr_assert_eq(em_graph_capture_end(D0, &g), EM_ERR_STATE, "no capture in progress");
+    cr_assert(strstr(em_last_error(), "not capturing"), "%s", em_last_error());
+    cr_assert_eq(em_graph_capture_begin(D0, NULL), EM_ERR_INVALID);
+    cr_assert(strstr(em_last_error(), "default stream"), "%s", em_last_error());
+    /* after a broken capture, capturing again works */
+    cr_assert_eq(em_graph_capture_begin(D0, s), EM_OK, "%s", em_last_error());
+    em_tensor *y = em_add(x, x);
+    cr_assert(y, "%s", em_last_error());
+    g = capture_end_ok(D0);
+    cr_assert_eq(em_graph_replay(g), EM_OK, "%s", em_last_error());
+    assert_all(y, 2.0f, "y = x + x after the replay");
+    em_graph_free(g);
+    em_tensor_release(x);
+    em_tensor_release(y);
+    em_stream_free(D0, s);
+}
+
+Test(streams, the_cpu_cannot_capture_and_says_so) {
+    em_device cpu = em_cpu();
+    cr_assert(!em_graph_capture_supported(cpu));
+    cr_assert(em_graph_capture_supported(D0));
+    cr_assert_eq(em_graph_capture_begin(cpu, NULL), EM_ERR_DEVICE);
+    cr_assert(strstr(em_last_error(), "device cpu cannot capture graphs"), "%s",
+              em_last_error());
+    em_graph *g = NULL;
+    cr_assert_eq(em_graph_capture_end(cpu, &g), EM_ERR_DEVICE);
+    cr_assert(strstr(em_last_error(), "cannot capture graphs"), "%s", em_last_error());
+    cr_assert_eq(em_graph_capture_end(cpu, NULL), EM_ERR_INVALID);
+    em_graph_free(NULL);
+}

@@ -238,6 +238,10 @@ static const em_device_ops cuda_device = {
     .event_create_timed = cuda_event_create_timed,
     .event_elapsed_ns = cuda_event_elapsed_ns,
     .count_reason = cuda_count_reason,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_replay = cuda_graph_replay,
+    .graph_destroy = cuda_graph_destroy,
 };
 
 /* ---- registration -------------------------------------------------------------------------------- */

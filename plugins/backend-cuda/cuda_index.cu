@@ -47,7 +47,7 @@ em_status ck_index_check(const em_kernel_ctx *k, const em_ktensor *idx, int64_t 
                          int64_t *bad) {
     *ok = true;
     *bad = 0;
-    if (idx->numel == 0) return EM_OK;
+    if (idx->numel == 0 || ck_capturing(k)) return EM_OK;
     unsigned long long *flag = (unsigned long long *)ck_scratch(k, sizeof *flag);
     if (!flag) return em_last_status();
     cudaStream_t s = cuda_stream_of(k);

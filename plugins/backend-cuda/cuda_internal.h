@@ -190,6 +190,13 @@ em_status cuda_event_synchronize(int index, em_event *e);
 em_status cuda_event_query(int index, em_event *e, bool *done);
 em_status cuda_event_create_timed(int index, em_event **out);
 em_status cuda_event_elapsed_ns(int index, em_event *start, em_event *end, uint64_t *ns);
+/* Graph capture (cuda_stream.c); cuda_captures counts the captures in progress, during which
+ * cuda_dev_alloc calls cudaMalloc in the relaxed capture mode. */
+extern int cuda_captures; /* read and written with __atomic builtins */
+em_status cuda_graph_begin(int index, em_stream *s);
+em_status cuda_graph_end(int index, em_stream *s, void **graph);
+em_status cuda_graph_replay(int index, void *graph, em_stream *s);
+void cuda_graph_destroy(int index, void *graph);
 
 /* ---- kernels ------------------------------------------------------------------------------ */
 

@@ -222,6 +222,16 @@ static inline void *ck_scratch(const em_kernel_ctx *k, size_t nbytes) {
     return em_kernel_workspace(k, nbytes, &p) == EM_OK ? p : NULL;
 }
 
+/* Whether the call's stream is recording a graph (em_graph_capture_begin): nothing runs then,
+ * so a flag cannot be read back; the checks that read one are skipped in a capture (what a
+ * replay of the graph does with a bad index is CUDA's: docs/cuda.md, graph capture). */
+static inline bool ck_capturing(const em_kernel_ctx *k) {
+    if (!__atomic_load_n(&cuda_captures, __ATOMIC_RELAXED)) return false;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(cuda_stream_of(k), &cs) == cudaSuccess &&
+           cs != cudaStreamCaptureStatusNone;
+}
+
 /* Copy n bytes of device memory back to the host and wait for it (a flag a kernel set). */
 static inline em_status ck_readback(const em_kernel_ctx *k, void *dst, const void *src, size_t n) {
     cudaStream_t s = cuda_stream_of(k);

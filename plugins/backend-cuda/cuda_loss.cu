@@ -288,7 +288,7 @@ static em_status cls_prep(const em_kernel_ctx *k, cls_job &j, em_dtype dt, cls_i
 #undef GO
     if ((st = CK_CHECK(k, em_op_name(k->op))) != EM_OK) return st;
     *out = info;
-    if (j.mode == MODE_PROBS) return EM_OK;
+    if (j.mode == MODE_PROBS || ck_capturing(k)) return EM_OK;
     cls_info h;
     if ((st = ck_readback(k, &h, info, sizeof h)) != EM_OK) return st;
     if (h.bad == ~0ull) return EM_OK;

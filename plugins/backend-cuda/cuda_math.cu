@@ -404,7 +404,7 @@ static em_status k_div_mode(const em_kernel_ctx *k) {
     default: return ck_no_dtype(k, dt);
     }
     int h = 0;
-    if (st == EM_OK) st = ck_readback(k, &h, zero, sizeof h);
+    if (st == EM_OK && !ck_capturing(k)) st = ck_readback(k, &h, zero, sizeof h);
     if (st == EM_OK && h) return em_set_error(EM_ERR_INVALID, "div_mode: integer division by zero");
     return st;
 }

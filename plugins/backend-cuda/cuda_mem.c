@@ -11,7 +11,17 @@ em_status cuda_dev_alloc(int index, size_t nbytes, void **out) {
     *out = NULL;
     em_status st = cuda_set_device(index);
     if (st != EM_OK) return st;
-    cudaError_t e = cudaMalloc(out, nbytes);
+    cudaError_t e;
+    if (__atomic_load_n(&cuda_captures, __ATOMIC_RELAXED)) {
+        /* a graph capture may be recording on this thread: cudaMalloc is allowed in the
+         * relaxed mode only (cuda_stream.c, graph capture) */
+        enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+        (void)cudaThreadExchangeStreamCaptureMode(&m);
+        e = cudaMalloc(out, nbytes);
+        (void)cudaThreadExchangeStreamCaptureMode(&m);
+    } else {
+        e = cudaMalloc(out, nbytes);
+    }
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError(); /* not sticky: clear it; the core empties its cache, retries
                                      and then reports what holds the memory */

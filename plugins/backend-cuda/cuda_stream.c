@@ -136,3 +136,67 @@ em_status cuda_event_elapsed_ns(int index, em_event *start, em_event *end, uint6
     if (st == EM_OK) *ns = ms > 0 ? (uint64_t)((double)ms * 1e6 + 0.5) : 0;
     return st;
 }
+
+/* ---- graph capture (em_device_ops.graph_*): CUDA graphs --------------------------------------
+ * A capture is cudaStreamBeginCapture in thread-local mode (PyTorch's "thread_local": calls
+ * that are unsafe during a capture fail when this thread makes them, other threads go on), and
+ * its end instantiates the graph. cudaMalloc is such an unsafe call, yet the core's caching
+ * allocator may need a new block while recording: cuda_dev_alloc switches this thread to the
+ * relaxed mode around it (what PyTorch's allocator does; a cudaMalloc is not recorded, and the
+ * block stays the graph's until the graph is freed). */
+
+int cuda_captures;
+
+em_status cuda_graph_begin(int index, em_stream *s) {
+    if (cuda_sync_mode)
+        return em_set_error(EM_ERR_STATE, "cuda: graph capture is not possible under "
+                            "EMBER_CUDA_SYNC=1 (every op synchronises, which a capture cannot "
+                            "record); unset it to capture");
+    em_status st = cuda_set_device(index);
+    if (st != EM_OK) return st;
+    st = cuda_check(cudaStreamBeginCapture(raw(s), cudaStreamCaptureModeThreadLocal),
+                    "graph_capture_begin", "cudaStreamBeginCapture", index);
+    if (st == EM_OK) __atomic_fetch_add(&cuda_captures, 1, __ATOMIC_RELAXED);
+    return st;
+}
+
+em_status cuda_graph_end(int index, em_stream *s, void **out) {
+    *out = NULL;
+    em_status st = cuda_set_device(index);
+    if (st != EM_OK) return st;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(raw(s), &g);
+    __atomic_fetch_sub(&cuda_captures, 1, __ATOMIC_RELAXED);
+    if (e == cudaErrorStreamCaptureInvalidated)
+        return cuda_check(e, "graph_capture_end (a call made during the capture broke it: "
+                          "the first error after em_graph_capture_begin names it)",
+                          "cudaStreamEndCapture", index);
+    if ((st = cuda_check(e, "graph_capture_end", "cudaStreamEndCapture", index)) != EM_OK) {
+        if (g) (void)cudaGraphDestroy(g);
+        return st;
+    }
+    cudaGraphExec_t x = NULL;
+    st = cuda_check(cudaGraphInstantiate(&x, g, 0), "graph_capture_end",
+                    "cudaGraphInstantiate", index);
+    (void)cudaGraphDestroy(g); /* the executable graph keeps what it needs */
+    if (st == EM_OK) *out = x;
+    return st;
+}
+
+em_status cuda_graph_replay(int index, void *graph, em_stream *s) {
+    em_status st = cuda_set_device(index);
+    if (st != EM_OK) return st;
+    st = cuda_check(cudaGraphLaunch((cudaGraphExec_t)graph, raw(s)), "graph_replay",
+                    "cudaGraphLaunch", index);
+    if (st == EM_OK && cuda_sync_mode)
+        st = cuda_check(cudaStreamSynchronize(raw(s)), "graph_replay", "cudaStreamSynchronize",
+                        index);
+    return st;
+}
+
+void cuda_graph_destroy(int index, void *graph) {
+    if (!graph || cuda_set_device(index) != EM_OK) return;
+    if (cuda_check(cudaGraphExecDestroy((cudaGraphExec_t)graph), "graph_free",
+                   "cudaGraphExecDestroy", index) != EM_OK)
+        em_log_write(EM_LOG_ERROR, "%s", em_last_error());
+}

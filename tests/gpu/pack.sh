@@ -13,7 +13,7 @@
 #                                   never glibc, libstdc++/libgcc_s or the CUDA libraries,
 #                                   which the GPU machine's OS and its Python packages provide
 #   harness/                        the harness's programs (train_ref, memory, versions,
-#                                   gpu_step, nccl, gpu_cublas when CUDA is there)
+#                                   gpu_step, nccl, gpu_cublas and gpu_cudnn when CUDA is there)
 #   data/fashion-mnist/             the first FM_TRAIN training and FM_TEST test images
 #   BUILD-INFO                      commit, configure line, the CUDA versions built against
 # It then prints the size of everything that travels (the work tree without .git and ignored
@@ -128,6 +128,12 @@ if [ $want_cuda = yes ]; then
     [ -f "$bundle/lib/ember/plugins/ember-nccl.so" ] || die "the build made no ember-nccl.so (configure's NCCL plugin line, $build/config.log)"
     nccl_h=$(sed -n 's/^NCCL_CPPFLAGS = -isystem //p' "$build/Makefile")/nccl.h
     [ -f "$nccl_h" ] && nccl_v=$(hdr NCCL_MAJOR "$nccl_h").$(hdr NCCL_MINOR "$nccl_h").$(hdr NCCL_PATCH "$nccl_h")
+    if [ -f "$cuda/include/cudnn.h" ]; then
+        step "bench/gpu_cudnn (cuDNN and cudart alone)"
+        cc -O2 -std=c11 -Wall -Wextra -Werror -I"$cuda/include" -o "$bundle/harness/gpu_cudnn" \
+            "$src/bench/gpu_cudnn.c" -L"$cuda/lib64" -lcudnn -lcudart -lm
+        strip --strip-unneeded "$bundle/harness/gpu_cudnn"
+    fi
     # cuDNN counts only when the plugin refers to it (linked or named for dlopen).
     if grep -aq 'libcudnn' "$bundle/lib/ember/plugins/ember-cuda.so"; then uses_cudnn=yes; fi
     # Which GPU code the plugin carries: sm_90 machine code alone is what was asked for (and

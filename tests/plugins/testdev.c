@@ -31,6 +31,13 @@
  *     find it with dlsym) so pin_memory can be checked;
  *   - kernels exist only for copy and fill (every dtype) and add (float32), so every other op
  *     exercises the fallback policy;
+ *   - graph capture (the graph_* slots, em_graph_capture_begin) as CUDA graphs behave: while
+ *     a stream records, the kernels and device-to-device copies queued on it are recorded, not
+ *     run, with the addresses and arguments they had; a replay queues copies of them on the
+ *     stream. What CUDA refuses during a capture breaks it here too and the capture's end fails
+ *     with the first such error: a copy to or from host memory on the recording stream, waiting
+ *     for it or the device, events on it, and any work on the device's default stream (CUDA's
+ *     legacy stream rule); one capture per device at a time;
  *   - timed events (event_create_timed, event_elapsed_ns) read a device clock that advances
  *     by exactly TD_KERNEL_NS for each kernel a device runs, and by nothing else: the time
  *     between two such events is a known number, which no host clock would give, so a test
@@ -95,6 +102,7 @@ static struct {
     int type; /* our device-type index, learned at registration */
     size_t pinned_blocks, pinned_bytes; /* live host_alloc blocks */
     uint64_t clock[TD_COUNT];   /* each device's clock (timed events): TD_KERNEL_NS per kernel */
+    struct td_graph *cap[TD_COUNT]; /* the capture in progress on each device, if any */
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .type = -1};
 
 static void *td_tag(void *host, int index) {
@@ -260,11 +268,33 @@ struct td_queue {
     td_queue *next;          /* G.queues[index] */
 };
 
+/* A recorded graph: the items a capture recorded, in order; broken: the capture's first error
+ * (the capture is then invalid, as CUDA's). */
+typedef struct td_graph {
+    int index;
+    td_item *head, *tail;
+    size_t n;
+    bool broken;
+    char why[320];
+} td_graph;
+
 struct em_stream {
     uint64_t magic;
     int index;
     td_queue *q;
+    td_graph *cap; /* recording into this graph; NULL: not capturing */
 };
+
+/* The capture of testdev:index in progress breaks with error `why` (CUDA invalidates it too):
+ * its end fails with the first such message. Returns the error for the call that broke it. */
+static em_status td_capture_break(int index, const char *why) {
+    td_graph *g = G.cap[index];
+    if (g && !g->broken) {
+        g->broken = true;
+        snprintf(g->why, sizeof g->why, "%s", why);
+    }
+    return em_set_error(EM_ERR_DEVICE, "testdev: %s", why);
+}
 
 struct em_event {
     uint64_t magic;
@@ -391,6 +421,24 @@ static bool dep_add(td_dep *deps, int *n, td_queue *q, uint64_t upto) {
 static em_status td_enqueue(int index, em_stream *s, td_item *it, const td_dep *extra,
                             uint64_t *seq) {
     pthread_mutex_lock(&G.lock);
+    if (s && s->cap) { /* recorded, not run: a replay queues a copy */
+        it->next = NULL;
+        if (s->cap->tail) s->cap->tail->next = it;
+        else s->cap->head = it;
+        s->cap->tail = it;
+        s->cap->n++;
+        if (seq) *seq = 0;
+        pthread_mutex_unlock(&G.lock);
+        return EM_OK;
+    }
+    if (!s && G.cap[index]) {
+        em_status e = td_capture_break(index, "work queued on the default stream while a "
+                                       "stream records a graph (CUDA's legacy default stream "
+                                       "rule)");
+        pthread_mutex_unlock(&G.lock);
+        free(it);
+        return e;
+    }
     td_queue *q = s ? s->q : NULL;
     em_status st = q ? EM_OK : q_default(index, &q);
     int cap = 2;
@@ -500,6 +548,12 @@ static em_status td_synchronize(int index) {
     if (!td_index_ok(index))
         return em_set_error(EM_ERR_DEVICE, "testdev: synchronize on testdev:%d", index);
     pthread_mutex_lock(&G.lock);
+    if (G.cap[index]) {
+        em_status st = td_capture_break(index, "device synchronize while a stream records a "
+                                        "graph");
+        pthread_mutex_unlock(&G.lock);
+        return st;
+    }
     td_drain_device(index);
     pthread_mutex_unlock(&G.lock);
     return EM_OK;
@@ -510,6 +564,11 @@ static em_status td_stream_synchronize(int index, em_stream *s) {
     em_status st = td_check_stream("stream_synchronize", index, s);
     if (st != EM_OK || !s) return st != EM_OK ? st : td_synchronize(index);
     pthread_mutex_lock(&G.lock);
+    if (s->cap) {
+        st = td_capture_break(index, "stream synchronize of a stream that records a graph");
+        pthread_mutex_unlock(&G.lock);
+        return st;
+    }
     q_wait(s->q, s->q->enqueued);
     pthread_mutex_unlock(&G.lock);
     return EM_OK;
@@ -543,6 +602,13 @@ static em_status td_event_record(int index, em_event *e, em_stream *s) {
     em_status st = td_check_event("event_record", index, e);
     if (st == EM_OK) st = td_check_stream("event_record", index, s);
     if (st != EM_OK) return st;
+    if (s && s->cap) {
+        pthread_mutex_lock(&G.lock);
+        st = td_capture_break(index, "event_record on a stream that records a graph (testdev "
+                              "records kernels and device copies only)");
+        pthread_mutex_unlock(&G.lock);
+        return st;
+    }
     uint64_t value = 0;
     if (!s || e->stamp) { /* a timed event's mark is an item on any stream: it reads the clock */
         td_item *it = td_item_new(e->stamp ? TD_STAMP : TD_NOP);
@@ -579,6 +645,12 @@ static em_status td_event_wait(int index, em_stream *s, em_event *e) {
     if (st == EM_OK) st = td_check_stream("event_wait", index, s);
     if (st != EM_OK) return st;
     pthread_mutex_lock(&G.lock);
+    if (s && s->cap) {
+        st = td_capture_break(index, "event_wait on a stream that records a graph (testdev "
+                              "records kernels and device copies only)");
+        pthread_mutex_unlock(&G.lock);
+        return st;
+    }
     td_dep dep = {e->q, e->value};
     pthread_mutex_unlock(&G.lock);
     if (!dep.q)
@@ -723,6 +795,13 @@ static em_status td_copy(em_device dd, void *dst, em_device sd, const void *src,
                             em_device_str(sd, a, sizeof a), em_device_str(dd, b, sizeof b));
     int index = td_is_ours(dd) ? dd.index : sd.index;
     em_status st = td_check_stream("copy", index, s);
+    if (st == EM_OK && s && s->cap && (td_is_cpu(dd) || td_is_cpu(sd))) {
+        pthread_mutex_lock(&G.lock);
+        st = td_capture_break(index, "a copy to or from host memory on a stream that records "
+                              "a graph (nothing runs during a capture)");
+        pthread_mutex_unlock(&G.lock);
+        return st;
+    }
     char *hd = dst, *hs = (char *)src;
     td_block *bd = NULL, *bs = NULL;
     if (st == EM_OK && td_is_ours(dd))
@@ -741,6 +820,90 @@ static em_status td_copy(em_device dd, void *dst, em_device sd, const void *src,
     st = td_enqueue(index, s, it, NULL, &seq);
     if (st == EM_OK && !s) td_wait_item(index, NULL, seq);
     return st;
+}
+
+/* ---- graph capture ------------------------------------------------------------------------ */
+
+static void td_graph_items_free(td_graph *g) {
+    for (td_item *it = g->head, *next; it; it = next) {
+        next = it->next;
+        free(it->deps);
+        free(it);
+    }
+    g->head = g->tail = NULL;
+    g->n = 0;
+}
+
+static em_status td_graph_begin(int index, em_stream *s) {
+    em_status st = td_check_stream("graph_begin", index, s);
+    if (st != EM_OK) return st;
+    if (!s) return em_set_error(EM_ERR_INVALID, "testdev: graph_begin on the default stream");
+    td_graph *g = calloc(1, sizeof *g);
+    if (!g) return em_set_error(EM_ERR_NOMEM, "testdev: graph_begin: out of memory");
+    g->index = index;
+    pthread_mutex_lock(&G.lock);
+    if (G.cap[index]) {
+        pthread_mutex_unlock(&G.lock);
+        free(g);
+        return em_set_error(EM_ERR_STATE, "testdev: testdev:%d already records a graph on "
+                            "another stream (testdev captures one stream at a time)", index);
+    }
+    G.cap[index] = g;
+    s->cap = g;
+    pthread_mutex_unlock(&G.lock);
+    return EM_OK;
+}
+
+static em_status td_graph_end(int index, em_stream *s, void **out) {
+    *out = NULL;
+    em_status st = td_check_stream("graph_end", index, s);
+    if (st != EM_OK) return st;
+    pthread_mutex_lock(&G.lock);
+    td_graph *g = s ? s->cap : NULL;
+    if (!g) {
+        pthread_mutex_unlock(&G.lock);
+        return em_set_error(EM_ERR_STATE, "testdev: graph_end: the stream is not recording");
+    }
+    s->cap = NULL;
+    G.cap[index] = NULL;
+    pthread_mutex_unlock(&G.lock);
+    if (g->broken) {
+        st = em_set_error(EM_ERR_DEVICE, "testdev: graph_end: the capture was broken by %s",
+                          g->why);
+        td_graph_items_free(g);
+        free(g);
+        return st;
+    }
+    *out = g;
+    return EM_OK;
+}
+
+/* Queue a copy of every recorded item on s, in order. */
+static em_status td_graph_replay(int index, void *graph, em_stream *s) {
+    td_graph *g = graph;
+    em_status st = td_check_stream("graph_replay", index, s);
+    if (st != EM_OK) return st;
+    if (!g || g->index != index)
+        return em_set_error(EM_ERR_DEVICE, "testdev: graph_replay: not a graph of testdev:%d",
+                            index);
+    for (const td_item *r = g->head; r && st == EM_OK; r = r->next) {
+        td_item *it = td_item_new(r->kind);
+        if (!it) return EM_ERR_NOMEM;
+        *it = *r;
+        it->next = NULL;
+        it->deps = NULL;
+        it->ndeps = 0;
+        st = td_enqueue(index, s, it, NULL, NULL);
+    }
+    return st;
+}
+
+static void td_graph_destroy(int index, void *graph) {
+    td_graph *g = graph;
+    if (!g) return;
+    if (g->index != index) td_fatal("graph_destroy of a foreign graph", g, index);
+    td_graph_items_free(g);
+    free(g);
 }
 
 static const em_device_ops td_device = {
@@ -765,6 +928,10 @@ static const em_device_ops td_device = {
     .event_query = td_event_query,
     .event_create_timed = td_event_create_timed,
     .event_elapsed_ns = td_event_elapsed_ns,
+    .graph_begin = td_graph_begin,
+    .graph_end = td_graph_end,
+    .graph_replay = td_graph_replay,
+    .graph_destroy = td_graph_destroy,
 };
 
 /* ---- kernels ------------------------------------------------------------------------------ */

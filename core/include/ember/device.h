@@ -223,6 +223,20 @@ typedef struct em_device_ops {
      * `start` to timed event `end`, both recorded (cudaEventElapsedTime), waiting for `end`
      * to complete. An error status for an event not recorded or not timed. */
     em_status (*event_elapsed_ns)(int index, em_event *start, em_event *end, uint64_t *ns);
+    /* (optional, all four or none) Graph capture (em_graph_capture_begin below; CUDA graphs):
+     * graph_begin starts recording the work queued on stream s (never the default stream)
+     * instead of running it; graph_end stops recording and returns the recorded work made
+     * ready to run (cudaStreamEndCapture + cudaGraphInstantiate) as *graph, or an error that
+     * names the call that broke the capture; graph_replay queues a whole recorded graph on s;
+     * graph_destroy frees one (its last replay has completed: the core waited for it). While
+     * s records, the core's allocator gives s's allocations from a pool of the graph's own and
+     * never frees device memory (see "Graph capture" below): alloc may still be called and
+     * must be safe to call while capturing. NULL: the device cannot capture; the core's
+     * em_graph_* functions then fail with EM_ERR_DEVICE naming the device. */
+    em_status (*graph_begin)(int index, em_stream *s);
+    em_status (*graph_end)(int index, em_stream *s, void **graph /* out */);
+    em_status (*graph_replay)(int index, void *graph, em_stream *s);
+    void (*graph_destroy)(int index, void *graph);
 } em_device_ops;
 
 /* Any function pointer, as em_backend_proc returns it: cast it to the signature its entry
@@ -300,6 +314,73 @@ EM_API em_status em_event_synchronize(em_device dev, em_event *e);
  * frees the execution context the core made for that stream (ember/dispatch.h). */
 EM_API em_status em_stream_set_current(em_device dev, em_stream *s);
 EM_API em_stream *em_stream_current(em_device dev);
+
+/* ---- graph capture ---------------------------------------------------------------------- */
+
+/*
+ * Graph capture (CUDA graphs; PyTorch's torch.cuda.graph): record the work a piece of code
+ * queues on a device stream once, then replay all of it with one call, without the host-side
+ * cost of each op (dispatch, autograd, launches). For steps whose shapes repeat, such as a
+ * training step after its first steps.
+ *
+ *     em_stream *s;
+ *     em_stream_create(dev, &s);
+ *     ... run the step a few times eagerly (optimizer state, cuBLAS handles, cached blocks) ...
+ *     em_graph *g;
+ *     em_graph_capture_begin(dev, s);     // s becomes this thread's current stream on dev
+ *     step(x_static, y_static);           // recorded on s, not run; tensors keep addresses
+ *     em_graph_capture_end(dev, &g);      // the previous current stream is restored
+ *     for (...) {
+ *         em_copy_(x_static, next_x);     // new data into the same storage
+ *         em_graph_replay(g);             // the whole step, queued on s
+ *     }
+ *     em_graph_free(g);                   // waits for its last replay
+ *
+ * Rules (those of CUDA graphs):
+ *   - What a graph replays is the device work only, with the addresses, shapes and scalar
+ *     arguments of the capture: host code (Python-like loops, em_item, a scheduler's new
+ *     learning rate, an optimizer's step count passed as an argument) does not run again.
+ *     Inputs change only through the contents of the storages the capture read; outputs
+ *     land in the storages the capture wrote. Keep those tensors, and the stream, alive
+ *     while the graph is.
+ *     When a shape, a storage or a scalar argument changes, free the graph and capture again.
+ *   - During capture nothing runs: reading a value on the host (em_item, a copy to the CPU),
+ *     synchronising, or a copy from host memory breaks the capture; em_graph_capture_end then
+ *     fails naming the call (the backend's message) and the capture is discarded.
+ *   - Memory (the capture-safe path of the caching allocator): while s records, the
+ *     allocations of threads whose current stream on dev is s come from a pool owned by the
+ *     graph. Blocks freed during the capture are reused within it (replays run in the same
+ *     order); blocks of the pool freed after the capture stay in the pool, so nothing else can
+ *     take memory a replay writes. The cache is not emptied while any stream of the device
+ *     records (em_empty_cache skips that device; an out-of-memory error says so). The pool's
+ *     cached blocks go back to the device's default cache at em_graph_free; blocks still held
+ *     by live tensors follow when those are released.
+ *   - One capture at a time per thread; the capturing thread must not change its current
+ *     stream on dev until em_graph_capture_end.
+ * Devices without graph capture (the CPU: its table has no graph slots) fail every call with
+ * EM_ERR_DEVICE, "device cpu cannot capture graphs"; em_graph_capture_supported says so up
+ * front. New in EMBER_1.1.
+ */
+typedef struct em_graph em_graph;
+
+/* Whether dev's backend has the graph capture slots (false for an unknown device). */
+EM_API bool em_graph_capture_supported(em_device dev);
+/* Start recording the work queued on stream s of dev (s must not be NULL, the default
+ * stream) and make s this thread's current stream on dev. EM_ERR_DEVICE when dev cannot
+ * capture; EM_ERR_INVALID for the default stream; EM_ERR_STATE when this thread is already
+ * capturing. */
+EM_API em_status em_graph_capture_begin(em_device dev, em_stream *s);
+/* Stop the capture this thread began on dev, restore its previous current stream, and give
+ * the recorded graph in *out (NULL on error: the capture is discarded, its pool's blocks
+ * return to the cache as they are released). EM_ERR_STATE when this thread is not capturing
+ * on dev. */
+EM_API em_status em_graph_capture_end(em_device dev, em_graph **out /* out */);
+/* Queue the whole graph on the stream it was captured on; asynchronous like any op. */
+EM_API em_status em_graph_replay(em_graph *g);
+/* The stream a graph replays on (the one it was captured on). */
+EM_API em_stream *em_graph_stream(const em_graph *g);
+/* Wait for the graph's last replay, free it and hand its pool to the device's cache. */
+EM_API void em_graph_free(em_graph *g);
 
 /* ---- host memory, injectable ----------------------------------------------------------- */
 
