@@ -89,15 +89,16 @@ em_status cpu_register_math(em_registry *r);
 em_status cpu_register_nn(em_registry *r);
 em_status cpu_register_attention(em_registry *r); /* cpu_attention.c */
 em_status cpu_register_rnn(em_registry *r);       /* cpu_rnn.c */
-/* The AVX-512 f32 cells of one batch row of one RNN step (cpu_rnn_simd.c; with libmvec,
- * EM_HAVE_LIBMVEC from config.h): call them only when cpu_nn_has_avx512(). Same arguments and
- * results as the scalar loops of cpu_rnn_loops.h (gr the row's workspace, activations out;
- * xr/hr/bias the parts of the LSTM's pre-activations, the GRU's gr its input side and hr
- * its hidden side; c/h/y the row's state and output (H)); the backward takes gy (H) or
- * NULL, updates dh/dc (H) and writes the pre-activation gradients d (4H). */
+/* The vector f32 cells of one batch row of one RNN step (cpu_rnn_simd.c; with libmvec,
+ * EM_HAVE_LIBMVEC from config.h; AVX-512 or AVX2+FMA): call them only when cpu_rnn_simd_ok().
+ * Same arguments and results as the scalar loops of cpu_rnn_loops.h (gr the row's workspace,
+ * activations out; xr/hr/bias the parts of the LSTM's pre-activations, the GRU's gr its input
+ * side and hr its hidden side; c/h/y the row's state and output (H)); the backward takes gy
+ * (H) or NULL, updates dh/dc (H) and writes the pre-activation gradients d (4H). */
 #if defined(EM_HAVE_LIBMVEC) && defined(__x86_64__)
 #define CPU_RNN_SIMD 1
 bool cpu_nn_has_avx512(void); /* cpu_nn_simd.c (also in cpu_nn.h) */
+bool cpu_rnn_simd_ok(void);   /* this CPU has AVX-512, or AVX2 and FMA */
 void cpu_rnn_lstm_cell_f32(float *gr, const float *xr, const float *hr, const float *bias,
                            float *c, float *h, float *y, int64_t H);
 void cpu_rnn_lstm_cell_bwd_f32(const float *gr, const float *gy, float *dh, float *dc,

@@ -6,9 +6,9 @@
  * once (x (T N, I) times W_ih^T; the LSTM into a dense buffer, the GRU into the gate columns
  * of the workspace through cpu_gemm); then each step computes its hidden product h (N, H)
  * W_hh^T with one GEMM and runs the gate nonlinearities and the state update in one pass per
- * batch row (the cells, which add the parts of the pre-activations; AVX-512 with libmvec's
- * vector exp/tanh for f32, cpu_rnn_simd.c). oneDNN runs its fast brgemm kernels only on
- * dense destinations, hence the LSTM's dense buffers.
+ * batch row (the cells, which add the parts of the pre-activations; AVX-512 or AVX2 with
+ * libmvec's vector exp/tanh for f32, cpu_rnn_simd.c). oneDNN runs its fast brgemm kernels
+ * only on dense destinations, hence the LSTM's dense buffers.
  * Backward walks the steps the other way: the cell gives the pre-activation gradients of the
  * step, and one GEMM dG W_hh carries the gradient to the previous hidden state; the weight
  * and input gradients are single GEMMs over all steps, composed by the core's derivative.

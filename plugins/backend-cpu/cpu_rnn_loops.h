@@ -6,7 +6,7 @@
 
 static inline T S(sig)(T v) { return (T)1 / ((T)1 + EXP(-v)); }
 
-/* One batch row of one step (the cells; SIMD_CELLS: the AVX-512 f32 ones of cpu_rnn_simd.c
+/* One batch row of one step (the cells; SIMD_CELLS: the vector f32 ones of cpu_rnn_simd.c
  * when simd). LSTM forward: the pre-activations i, f, g, o are xr + hr + bias (4H each: the
  * input projection x W_ih^T, the hidden product h W_hh^T, the bias or NULL); gr (6H) gets
  * [i, f, g, o (activated), c_prev, h_prev]; c, h (H) the state, updated; y (H) the output. */
@@ -145,7 +145,7 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
                  x, (int)Ki, w, (int)ldw, 0, gx, (int)(4 * H));
     }
 #if SIMD_CELLS
-    bool simd = cpu_nn_has_avx512();
+    bool simd = cpu_rnn_simd_ok();
 #else
     bool simd = false;
 #endif
@@ -192,7 +192,7 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     else memset(dc, 0, state);
     if (Tn == 0 || N == 0) return EM_OK;
 #if SIMD_CELLS
-    bool simd = cpu_nn_has_avx512();
+    bool simd = cpu_rnn_simd_ok();
 #else
     bool simd = false;
 #endif
@@ -247,7 +247,7 @@ static em_status S(gru_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     bool packed = rnn_mm_init(&mm, k, N, H, 3 * H, w + Ki, 1, ldw, 3 * H, true);
 #endif
 #if SIMD_CELLS
-    bool simd = cpu_nn_has_avx512();
+    bool simd = cpu_rnn_simd_ok();
 #else
     bool simd = false;
 #endif
