@@ -124,40 +124,22 @@ static uint64_t cpu_ops(void) {
         cr_assert_eq(em_last_status(), EM_OK, "%s left an error: %s", what, em_last_error());  \
     } while (0)
 
-/* Whether oneDNN has bf16 kernels here: oneDNN 2.6 has them on AVX-512 CPUs (avx512_core:
- * F, BW, VL, DQ) and only reference ones elsewhere (an AVX2 CPU), which the CPU plugin
- * declines. */
-static bool dnnl_bf16(void) {
+/* A call oneDNN's bf16 kernel runs natively; built without oneDNN (no bf16 kernel but max
+ * pooling's) it must take the core's f32 path instead: more than one kernel run, no error. */
 #ifdef EM_HAVE_DNNL
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#define ONEDNN_NATIVE(what, expr) NATIVE(what, expr)
 #else
-    return false;
-#endif
-}
-
-/* A call the core's f32 path serves: more than one kernel run, no error. */
-#define F32_PATH(what, expr)                                                                    \
+#define ONEDNN_NATIVE(what, expr)                                                               \
     do {                                                                                        \
         em_clear_error();                                                                       \
         em_placement_reset();                                                                   \
         expr;                                                                                   \
-        cr_assert_gt(cpu_ops(), 1, "%s: %llu kernel run(s) without oneDNN's bf16 kernels; the " \
-                     "f32 path converts", what, (unsigned long long)cpu_ops());                 \
+        cr_assert_gt(cpu_ops(), 1, "%s: %llu kernel run(s) without oneDNN; the f32 path "      \
+                     "converts", what, (unsigned long long)cpu_ops());                          \
         cr_assert_eq(em_last_status(), EM_OK, "%s left an error: %s", what, em_last_error());  \
     } while (0)
+#endif
 
-/* A call oneDNN's bf16 kernel runs natively; built without oneDNN (no bf16 kernel but max
- * pooling's), or on a CPU where oneDNN has no bf16 kernels, it must take the core's f32 path
- * instead. */
-#define ONEDNN_NATIVE(what, expr)                                                               \
-    do {                                                                                        \
-        if (dnnl_bf16())                                                                        \
-            NATIVE(what, expr);                                                                 \
-        else                                                                                    \
-            F32_PATH(what, expr);                                                               \
-    } while (0)
 
 /* ---- convolution ------------------------------------------------------------------------------- */
 
@@ -619,17 +601,16 @@ Test(bf16, op_contract_errors) {
                      {.type = EM_ATTR_INT, .v.i = 1}};
     em_tensor *y;
     em_placement_reset();
-    if (dnnl_bf16()) {
-        cr_assert_eq(em_op_call_kernel(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK,
-                     "%s", em_last_error());
-        cr_assert_eq(cpu_ops(), 1);
-        check_bf16(y, em_conv2d(f32(x), f32(w), f32(b), NULL, NULL, NULL, 1),
-                   "conv2d via em_op_call");
-    } else {
-        /* no bf16 conv kernel without oneDNN's: the dispatcher says so (em_conv2d converts) */
-        cr_assert_neq(em_op_call_kernel(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK);
-        em_assert_error(EM_ERR_NOKERNEL, "conv2d: no kernel for device 'cpu' and dtype bfloat16");
-        cr_assert_eq(cpu_ops(), 0);
-    }
+#ifdef EM_HAVE_DNNL
+    cr_assert_eq(em_op_call_kernel(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK, "%s",
+                 em_last_error());
+    cr_assert_eq(cpu_ops(), 1);
+    check_bf16(y, em_conv2d(f32(x), f32(w), f32(b), NULL, NULL, NULL, 1), "conv2d via em_op_call");
+#else
+    /* no bf16 conv kernel without oneDNN: the dispatcher says so (em_conv2d converts) */
+    cr_assert_neq(em_op_call_kernel(conv, (const em_tensor *[]){x, w, b}, 3, ca, &y), EM_OK);
+    em_assert_error(EM_ERR_NOKERNEL, "conv2d: no kernel for device 'cpu' and dtype bfloat16");
+    cr_assert_eq(cpu_ops(), 0);
+#endif
     em_scope_end();
 }
