@@ -15,7 +15,9 @@ bench/steps.sh is this script over the training steps only (the before/after tab
                 PyTorch's worker on time.process_time() (the same clock), per step; on a
                 machine whose cores other jobs keep busy a step's wall time is mostly the wait
                 for a core, its CPU time the work it did. Training workloads only (default:
-                every one); no FMA ceiling or floor (they are wall-time figures). In the first
+                every one); no FMA ceiling (a wall-time figure), and the floor is
+                bench/step_floor --cpu-time's (each GEMM's and convolution's CPU time alone,
+                the same clock), so /floor is the step's CPU time over its floor's. In the first
                 repetition each worker's CPU time per batch is checked against the sum over its
                 threads in /proc/PID/task/*/schedstat: a --baseline build older than
                 train_step's --cpu-time (which would time wall clock) is refused
@@ -322,8 +324,8 @@ def main():
             workers["ember-base"] = Worker("ember-base",
                                            [find_program("train_step", baseline)] + flags,
                                            passive)
-    if steps and not cpu_time:  # the ceiling and the floors are wall-time figures
-        fma = find_program("fma_peak")
+    if steps:  # the ceiling is a wall-time figure; the floor is timed on the steps' clock
+        fma = None if cpu_time else find_program("fma_peak")
         here = os.path.dirname(os.path.abspath(__file__))
         floor = next((c for c in ("bench/step_floor", os.path.join(here, "step_floor"))
                       if os.access(c, os.X_OK)), None)
@@ -432,7 +434,8 @@ def main():
     if steps and floor:
         env = dict(passive, OMP_NUM_THREADS=nthreads)
         known = subprocess.run([floor, "--list"], capture_output=True, text=True).stdout.split()
-        r = subprocess.run([floor] + [n for n in steps if n in known], env=env,
+        r = subprocess.run([floor] + (["--cpu-time"] if cpu_time else []) +
+                           [n for n in steps if n in known], env=env,
                            capture_output=True, text=True)
         floor_text = r.stdout
         for line in r.stdout.splitlines():
@@ -441,7 +444,7 @@ def main():
                 floors[f[1]] = (float(f[2]), float(f[3]))
         if r.returncode != 0:
             print("(bench/step_floor failed: %s)" % r.stderr.strip())
-    elif steps and not cpu_time:
+    elif steps:
         print("(bench/step_floor is not built here (no oneDNN): no floors)")
 
     nan = float("nan")
@@ -482,9 +485,10 @@ def main():
                 for tag, _ in torches for c in configs))
 
     if steps and cpu_time:
-        print("\ntraining steps, CPU ms per step; mean/med = mean single step over the median "
-              "single step")
-        hdr = "%-22s %9s %8s" % ("name", "ember_ms", "mean/med")
+        print("\ntraining steps, CPU ms per step; floor = bench/step_floor --cpu-time's sum of "
+              "the step's GEMMs and convolutions, each timed alone in CPU ms;\nmean/med = mean "
+              "single step over the median single step")
+        hdr = "%-22s %9s %9s %7s %8s" % ("name", "floor_ms", "ember_ms", "/floor", "mean/med")
         if baseline:
             hdr += " %9s %6s" % ("base_ms", "/base")
         for tag, _ in torches:
@@ -493,8 +497,9 @@ def main():
         for n in steps:
             e = med("ember", n)
             s = single.get(("ember", n), [])
-            row = "%-22s %9.3f %8.2f" % (
-                n, e, statistics.fmean(s) / statistics.median(s) if s else nan)
+            fl = floors.get(n, (nan, nan))[0]
+            row = "%-22s %9.3f %9.3f %7.2f %8.2f" % (
+                n, fl, e, e / fl, statistics.fmean(s) / statistics.median(s) if s else nan)
             if baseline:
                 b = med("ember-base", n)
                 row += " %9.3f %6.2f" % (b, e / b)
@@ -571,7 +576,8 @@ def main():
                 print("%s: %s single steps (%d): median %.4f ms, mean %.4f ms = %.2fx the "
                       "median, slowest %.4f ms" % (n, label, len(s), md, m, m / md, max(s)))
     if floor_text:
-        print("\nbench/step_floor (after the repetitions, OMP_WAIT_POLICY=passive):")
+        print("\nbench/step_floor%s (after the repetitions, OMP_WAIT_POLICY=passive):"
+              % (" --cpu-time" if cpu_time else ""))
         print(floor_text.rstrip())
     if "add_1elem" in names:  # the ms column rounds it away
         print("tiny op (1-element em_add + release): %.3f us; %s" % (

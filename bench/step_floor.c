@@ -5,7 +5,12 @@
  * for its shape. bench/compare-pytorch.py runs it in the same run as the steps and reports each
  * step's median over its floor.
  *
- *   bench/step_floor [workload...]     default: every workload below; --list names them
+ *   bench/step_floor [--cpu-time] [workload...]   default: every workload below; --list names them
+ *
+ * --cpu-time times each call in CPU time of the whole process (CLOCK_PROCESS_CPUTIME_ID, every
+ * thread's) instead of wall time: on a machine shared with other jobs, what a call costs
+ * rather than how long it waited for a core (set beside bench/train_step --calls's CPU
+ * column).
  *
  * Workloads are bench/train_step's (and PyTorch's in compare-pytorch.py):
  *   train_mlp_b128        fc1..fc3 forward, fc3/fc2 input grads, fc3/fc2/fc1 weight grads (the
@@ -163,6 +168,14 @@ static double now_ms(void) {
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
+static clockid_t call_clock = CLOCK_MONOTONIC; /* --cpu-time: CLOCK_PROCESS_CPUTIME_ID */
+
+static double call_ms(void) {
+    struct timespec t;
+    clock_gettime(call_clock, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
 static void fail(const char *what, dnnl_status_t s) {
     fprintf(stderr, "step_floor: %s: oneDNN status %d\n", what, (int)s);
     exit(1);
@@ -212,9 +225,9 @@ static double time_median(void (*fn)(void *), void *ctx) {
     int n = 0;
     double start = now_ms();
     while (n < MAX_CALLS && (n < 5 || now_ms() - start < 25.0)) {
-        double t0 = now_ms();
+        double t0 = call_ms();
         fn(ctx);
-        t[n++] = now_ms() - t0;
+        t[n++] = call_ms() - t0;
     }
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
@@ -518,6 +531,10 @@ int main(int argc, char **argv) {
         for (int i = 0; i < N_WL; i++) printf("%s\n", WL[i].name);
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--cpu-time") == 0) {
+        call_clock = CLOCK_PROCESS_CPUTIME_ID;
+        argv++, argc--;
+    }
     for (int a = 1; a < argc; a++) {
         bool known = false;
         for (int i = 0; i < N_WL; i++) known |= strcmp(argv[a], WL[i].name) == 0;
@@ -533,8 +550,10 @@ int main(int argc, char **argv) {
     CK(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "stream");
     const dnnl_version_t *v = dnnl_version();
     const char *wait = getenv("OMP_WAIT_POLICY");
-    printf("step_floor: oneDNN %d.%d.%d, OpenBLAS %s; N = %d OpenMP threads, OMP_WAIT_POLICY=%s\n",
-           v->major, v->minor, v->patch, openblas_get_corename(), nt, wait ? wait : "(unset)");
+    printf("step_floor: oneDNN %d.%d.%d, OpenBLAS %s; N = %d OpenMP threads, "
+           "OMP_WAIT_POLICY=%s%s\n", v->major, v->minor, v->patch, openblas_get_corename(), nt,
+           wait ? wait : "(unset)",
+           call_clock == CLOCK_MONOTONIC ? "" : "; CPU ms of the process per call");
     for (int i = 0; i < N_WL; i++) {
         bool chosen = argc == 1;
         for (int a = 1; a < argc; a++) chosen |= strcmp(argv[a], WL[i].name) == 0;

@@ -12,7 +12,8 @@
 # Run it from the build tree after `make`. --baseline runs another build tree's
 # bench/train_step interleaved in the same run (the "before" build: the table gains its
 # medians and this build's over them). --cpu-time and --threads are compare-pytorch.py's:
-# CPU time per step instead of wall time (no ceiling or floor then), both sides' threads. PYTHON=none leaves PyTorch out (faster); PYTHON=...
+# CPU time per step instead of wall time (no FMA ceiling then; the floor in CPU time too),
+# both sides' threads. PYTHON=none leaves PyTorch out (faster); PYTHON=...
 # picks the interpreters (colon-separated; default /usr/bin/python3 and
 # ~/torchenv/bin/python). Results and commands: bench/README.md, "Training steps against the
 # machine's limit".

@@ -45,6 +45,15 @@
  * op's calls, total and self time over those steps) and the mean step (issue 27: where a step
  * spends its time beyond its GEMM floor).
  *
+ * `bench/train_step --calls NAME [steps]` runs one untimed step, then `steps` (default 50)
+ * with an op observer on the calling thread that times every call running a kernel (not the
+ * composites around them, not views) and prints, per call site of the step (the op and its
+ * inputs' shapes and strides, in the order the step first runs them), the calls per step, the
+ * median and mean wall ms per call and the median CPU ms of the process per call (every
+ * thread's; a call nested in another, such as an op's dtype casts, has its own row and is also
+ * inside its caller's time), then the CPU plugin's GEMM decisions (em_plugin_describe): each
+ * GEMM inside the step, to set beside bench/step_floor's (--cpu-time) row of the same shape
+ * timed alone, and what the rest of the step costs (issue 27).
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
  * one step from the allocator's statistics (em_memory_stats: category activation): what the
  * forward and loss hold when backward starts (the tensors autograd saved, and the outputs), and
@@ -59,6 +68,7 @@
  * [0, 1), labels uniform in [0, 10). The first request of a workload builds it and runs one
  * untimed step (oneDNN primitive creation, allocator cache, page faults).
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +263,97 @@ static void step(workload *w) {
     }
 }
 
+
+/* --calls: every kernel call's wall and CPU time, per call site (op and operand layouts). */
+enum { SITES = 64, SITE_CALLS = 4096, DEPTHS = 16 };
+static struct call_site {
+    char key[192];
+    int n;
+    double ms[SITE_CALLS], cpu[SITE_CALLS];
+} sites[SITES];
+static int n_sites;
+static double call_t0[DEPTHS], call_c0[DEPTHS];
+
+static double clock_ms(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+/* A call that runs a kernel (not a composite, whose sub-ops are reported, nor a view). */
+static bool is_kernel_call(const em_op_event *ev) {
+    return ev->kind != EM_OP_EVENT_COMPOSITE && ev->kind != EM_OP_EVENT_VIEW &&
+           ev->depth < DEPTHS;
+}
+
+static void call_begin(void *user, const em_op_event *ev) {
+    (void)user;
+    if (!is_kernel_call(ev)) return;
+    call_c0[ev->depth] = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
+    call_t0[ev->depth] = clock_ms(CLOCK_MONOTONIC);
+}
+
+static void call_end(void *user, const em_op_event *ev) {
+    (void)user;
+    if (!is_kernel_call(ev)) return;
+    double ms = clock_ms(CLOCK_MONOTONIC) - call_t0[ev->depth];
+    double cpu = clock_ms(CLOCK_PROCESS_CPUTIME_ID) - call_c0[ev->depth];
+    char key[192];
+    int len = snprintf(key, sizeof key, "%s", ev->name);
+    bool list = ev->kind == EM_OP_EVENT_LIST; /* fused optimizer steps: name and list length */
+    if (list) len += snprintf(key + len, sizeof key - (size_t)len, " (%d tensors)", ev->n_in);
+    for (int i = 0; !list && i < ev->n_in && len < (int)sizeof key; i++) {
+        const em_tensor *t = ev->in[i];
+        if (!t) continue;
+        int nd = em_tensor_ndim(t);
+        const int64_t *sh = em_tensor_shape(t), *st = em_tensor_strides(t);
+        len += snprintf(key + len, sizeof key - (size_t)len, " ");
+        for (int d = 0; d < nd && len < (int)sizeof key; d++)
+            len += snprintf(key + len, sizeof key - (size_t)len, "%s%" PRId64, d ? "x" : "",
+                            sh[d]);
+        for (int d = 0; d < nd && len < (int)sizeof key; d++)
+            len += snprintf(key + len, sizeof key - (size_t)len, "%s%" PRId64, d ? "," : "(",
+                            st[d]);
+        if (nd > 0 && len < (int)sizeof key)
+            len += snprintf(key + len, sizeof key - (size_t)len, ")");
+    }
+    int s = 0;
+    while (s < n_sites && strcmp(sites[s].key, key) != 0) s++;
+    if (s == n_sites) {
+        if (n_sites == SITES) return;
+        snprintf(sites[n_sites++].key, sizeof sites[0].key, "%s", key);
+    }
+    if (sites[s].n < SITE_CALLS) sites[s].cpu[sites[s].n] = cpu, sites[s].ms[sites[s].n++] = ms;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void report_calls(const workload *w, int steps, double step_wall, double step_cpu) {
+    double wall = 0, cpu = 0;
+    printf("%s: %d steps, %.4f ms wall and %.4f ms CPU (all threads) per step; each kernel call "
+           "site (inputs: shape(strides)), ms per call:\n", w->name, steps, step_wall, step_cpu);
+    printf("  %-76s %5s %9s %9s %9s\n", "call site", "/step", "wall med", "wall mean", "cpu med");
+    for (int s = 0; s < n_sites; s++) {
+        struct call_site *g = &sites[s];
+        double sum = 0, csum = 0;
+        for (int i = 0; i < g->n; i++) sum += g->ms[i], csum += g->cpu[i];
+        qsort(g->ms, (size_t)g->n, sizeof g->ms[0], cmp_double);
+        qsort(g->cpu, (size_t)g->n, sizeof g->cpu[0], cmp_double);
+        printf("  %-76s %5.2f %9.4f %9.4f %9.4f\n", g->key, (double)g->n / steps,
+               g->ms[g->n / 2], sum / g->n, g->cpu[g->n / 2]);
+        wall += sum, cpu += csum;
+    }
+    printf("  all kernel calls: %.4f ms wall, %.4f ms CPU per step (means)\n", wall / steps,
+           cpu / steps);
+    em_plugin_info info;
+    for (size_t i = 0; em_plugin_get(i, &info) == EM_OK; i++)
+        if (info.name && strcmp(info.name, "ember-cpu") == 0 && em_plugin_describe(i))
+            printf("ember-cpu: %s\n", em_plugin_describe(i));
+}
+
 static workload W[] = {
     {.name = "train_mlp_b128", .iters = 10, .cnn = false, .batch = 128},
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
@@ -295,6 +396,33 @@ int main(int argc, char **argv) {
             held_at_loss = NULL;
             printf("%-22s %18zu %18zu\n", w->name, held - base, activation_bytes(true) - base);
         }
+        return 0;
+    }
+    if (argc > 2 && strcmp(argv[1], "--calls") == 0) {
+        workload *w = NULL;
+        for (int i = 0; i < N_WORKLOADS; i++)
+            if (strcmp(W[i].name, argv[2]) == 0) w = &W[i];
+        int n = argc > 3 ? atoi(argv[3]) : 50;
+        if (!w || n < 1 || n > SITE_CALLS) {
+            fprintf(stderr, "train_step: --calls NAME [steps 1..%d]: no workload '%s' (--list)\n",
+                    SITE_CALLS, argv[2]);
+            return 2;
+        }
+        setup(w);
+        step(w); /* warm-up: primitive creation, the GEMM autotuner, the allocator's cache */
+        em_observer obs = {.struct_size = sizeof obs, .begin = call_begin, .end = call_end};
+        if (em_observer_push(&obs) != EM_OK) die("observer_push");
+        double t0 = clock_ms(CLOCK_MONOTONIC), c0 = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
+        for (int i = 0; i < n; i++) step(w);
+        double wall = (clock_ms(CLOCK_MONOTONIC) - t0) / n;
+        double cpu = (clock_ms(CLOCK_PROCESS_CPUTIME_ID) - c0) / n;
+        if (em_observer_pop(&obs) != EM_OK) die("observer_pop");
+        report_calls(w, n, wall, cpu);
+        em_optimizer_free(w->opt);
+        em_module_free(w->model);
+        for (int k = 0; k < w->np; k++) em_tensor_release(w->p[k]);
+        em_tensor_release(w->x), em_tensor_release(w->y);
+        em_shutdown();
         return 0;
     }
     if (argc > 2 && strcmp(argv[1], "--profile") == 0) {

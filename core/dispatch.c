@@ -462,9 +462,20 @@ static em_status no_kernel_error(const struct em_op *op, int devtype, em_dtype d
         }
         if (!first) append(list, sizeof list, &n, ")");
     }
-    return em_set_error(EM_ERR_NOKERNEL, "%s: no kernel for device '%s' and dtype %s; "
-                        "registered: %s%s", op->schema.name, em__device_types[devtype].name,
-                        em_dtype_name(dt), n ? list : "none",
+    /* Kernels registered for this device and dtype that all declined the call (their
+     * supports() said no: oneDNN's bf16 kernels on a CPU below AVX-512, operands a kernel
+     * does not take) are named, so the message does not read as "none registered". */
+    char declined[256] = "";
+    size_t nd = 0;
+    for (const em_kernel *k = op->top[devtype][dt]; k; k = k->below) {
+        append(declined, sizeof declined, &nd, nd ? ", " : " (registered but declining these operands: ");
+        append(declined, sizeof declined, &nd, k->def.name ? k->def.name : "unnamed");
+    }
+    if (nd) append(declined, sizeof declined, &nd, ")");
+    return em_set_error(EM_ERR_NOKERNEL, "%s: no kernel for device '%s' and dtype %s takes "
+                        "this call%s; registered: %s%s", op->schema.name,
+                        em__device_types[devtype].name, em_dtype_name(dt), declined,
+                        n ? list : "none",
                         devtype != EM_DEVICE_CPU_TYPE && op->top[EM_DEVICE_CPU_TYPE][dt]
                             ? ". EMBER_FALLBACK=allow (or em_fallback_set) runs it on the CPU "
                               "with the data copied over"
