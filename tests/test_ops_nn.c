@@ -1065,7 +1065,7 @@ Test(dnnl, concurrent_calls_on_one_primitive) {
     em_scope_end();
 }
 
-/* ---- max_pool2d's 2x2 stride-2 path (AVX-512 where the CPU has it) ------------------------------ */
+/* ---- max_pool2d's 2x2 stride-2 path (AVX-512 or AVX2 where the CPU has it) ------------------- */
 
 /* PyTorch's rule in a plain loop: window scanned row-major, a greater value or a NaN takes
  * over. x (planes, H, W) -> y, idx (planes, OH, OW), 2x2 window, stride 2, no padding. */

@@ -3,8 +3,8 @@
  * softmax and their backward helpers; contracts in core/ops_nn.c).
  *
  * Two layers: plain loops for f32 and f64 (cpu_nn_loops.h, instantiated here per type; conv
- * is im2col + OpenBLAS GEMM; max_pool2d's f32 2x2 / stride 2 case has an AVX-512 path in
- * cpu_nn_simd.c), registered at priority 0; and oneDNN primitives for f32 and bf16
+ * is im2col + OpenBLAS GEMM; max_pool2d's f32 2x2 / stride 2 case has AVX-512 and AVX2 paths
+ * in cpu_nn_simd.c), registered at priority 0; and oneDNN primitives for f32 and bf16
  * (cpu_nn_dnnl.c) at priority 10, which decline (supports()) what oneDNN cannot do exactly as
  * PyTorch, falling through to the loops. EMBER_CPU_DISABLE_DNNL=1 in the environment when
  * the plugin registers (em_init) leaves the loops alone, so tests can compare both paths.
@@ -13,7 +13,8 @@
  *
  * bf16: max_pool2d and its backward are ours (oneDNN's max pooling lacks PyTorch's indices),
  * compared in f32: the 2x2 / stride 2 case by the AVX-512 kernel with bf16 loads widened in
- * registers, others by widening the plane to f32 for the f32 loop; the maxima are stored
+ * registers, others by widening the plane to f32 for the f32 code (the AVX2 2x2 kernel or the
+ * loop); the maxima are stored
  * exactly (each is an input value). The backward accumulates a plane in f32 and rounds each
  * element once (AVX-512 rounding, same bits as em_f32_to_bf16); a 2x2 / stride 2 plane whose
  * indices stay in their windows needs no sum and is written in bf16 directly (the same bits,
@@ -105,19 +106,28 @@ NN_KERNEL(layer_norm_bwd)
 NN_KERNEL(softmax_any)
 #undef NN_KERNEL
 
-/* max_pool2d: the AVX-512 path for the common 2x2 / stride 2 / no padding f32 pooling. */
+/* max_pool2d: the AVX-512 or AVX2 path for the common 2x2 / stride 2 / no padding f32
+ * pooling (the same maxima and indices as the loops). */
+static void max_pool2x2_plane(const float *x, const nn_pool *p, float *y, int64_t *idx) {
+    if (cpu_nn_has_avx512())
+        cpu_nn_max_pool2x2_f32(x, p->H, p->W, y, idx, p->OH, p->OW);
+    else
+        cpu_nn_max_pool2x2_f32_avx2(x, p->H, p->W, y, idx, p->OH, p->OW);
+}
+
 static void max_pool2x2_planes(void *ctx, int64_t lo, int64_t hi) {
     const em_kernel_ctx *k = ctx;
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     for (int64_t pl = lo; pl < hi; pl++)
-        cpu_nn_max_pool2x2_f32((const float *)k->in[0].data + pl * p.H * p.W, p.H, p.W,
-                               (float *)k->out[0].data + pl * p.OH * p.OW,
-                               (int64_t *)k->out[1].data + pl * p.OH * p.OW, p.OH, p.OW);
+        max_pool2x2_plane((const float *)k->in[0].data + pl * p.H * p.W, &p,
+                          (float *)k->out[0].data + pl * p.OH * p.OW,
+                          (int64_t *)k->out[1].data + pl * p.OH * p.OW);
 }
 
+/* The 2x2 / stride 2 geometry, on a CPU with one of its vector paths. */
 static bool is_pool2x2(const nn_pool *p) {
     return p->kh == 2 && p->kw == 2 && p->sh == 2 && p->sw == 2 && p->ph == 0 && p->pw == 0 &&
-           p->dh == 1 && p->dw == 1 && cpu_nn_has_avx512();
+           p->dh == 1 && p->dw == 1 && p->W < INT32_MAX && (cpu_nn_has_avx512() || cpu_nn_has_avx2());
 }
 
 /* bf16 max_pool2d over planes [lo, hi): each plane widened to f32 and pooled by the f32 code;
@@ -153,7 +163,10 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
         uint16_t *yb = (uint16_t *)k->out[0].data + pl * P;
         int64_t *idx = (int64_t *)k->out[1].data + pl * P;
         for (int64_t i = 0; i < HW; i++) x[i] = cpu_b2f(xb[i]);
-        max_pool_rows_f32(&p, x, y, idx, 0, p.OH);
+        if (is_pool2x2(&p))
+            max_pool2x2_plane(x, &p, y, idx);
+        else
+            max_pool_rows_f32(&p, x, y, idx, 0, p.OH);
         for (int64_t i = 0; i < P; i++) yb[i] = xb[idx[i]]; /* the winner's own bits (NaN too) */
     }
 }

@@ -83,6 +83,11 @@ bool cpu_nn_has_avx512(void);
  * dilation 1 (OH, OW as ceil_mode or not made them). */
 void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
                             int64_t OH, int64_t OW);
+/* The same on AVX2 (8 windows a step; same maxima and indices); call only when
+ * cpu_nn_has_avx2(). */
+bool cpu_nn_has_avx2(void);
+void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
+                                 int64_t OH, int64_t OW);
 /* The same for a bf16 plane (maxima stored exactly); call only when cpu_nn_has_avx512bw(). */
 bool cpu_nn_has_avx512bw(void);
 void cpu_nn_max_pool2x2_bf16(const uint16_t *x, int64_t H, int64_t W, uint16_t *y,

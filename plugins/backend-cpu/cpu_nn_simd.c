@@ -29,6 +29,15 @@ bool cpu_nn_has_avx512(void) {
     return has == 1;
 }
 
+bool cpu_nn_has_avx2(void) {
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return has == 1;
+}
+
 bool cpu_nn_has_avx512bw(void) {
     static int has = -1;
     if (has < 0) {
@@ -125,6 +134,87 @@ __attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, i
                 _mm512_mask_storeu_ps(yr + ow, mo, m);
                 _mm512_mask_storeu_epi64(ir + ow, (__mmask8)mo, lo);
                 _mm512_mask_storeu_epi64(ir + ow + 8, (__mmask8)(mo >> 8), hi);
+            }
+            ow = owf;
+        }
+        for (; ow < OW; ow++) pool2_scalar(x, H, W, oh, ow, yr + ow, ir + ow);
+    }
+}
+
+/* AVX2: the maxima of 8 2x2 windows whose rows are a0:a1 (row h0) and b0:b1 (row h0 + 1), 16
+ * consecutive values each, and their flat indices (lo: windows 0-3, hi: 4-7; base: the index
+ * of the first value of a0). The same comparisons as pool2_windows, in the same order. */
+__attribute__((target("avx2"))) static inline __m256 pool2_windows8(__m256 a0, __m256 a1,
+                                                                   __m256 b0, __m256 b1,
+                                                                   int64_t base, int64_t W,
+                                                                   __m256i *lo_out,
+                                                                   __m256i *hi_out) {
+    /* even and odd columns: shuffle within 128-bit lanes, then put the lanes in order */
+#define EVEN8(u, v) _mm256_castpd_ps(_mm256_permute4x64_pd( \
+        _mm256_castps_pd(_mm256_shuffle_ps(u, v, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0)))
+#define ODD8(u, v) _mm256_castpd_ps(_mm256_permute4x64_pd( \
+        _mm256_castps_pd(_mm256_shuffle_ps(u, v, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0)))
+    __m256 cand[3] = {ODD8(a0, a1), EVEN8(b0, b1), ODD8(b0, b1)};
+    __m256 m = EVEN8(a0, a1);
+#undef EVEN8
+#undef ODD8
+    const __m256i off[3] = {_mm256_set1_epi32(1), _mm256_set1_epi32((int)W),
+                            _mm256_set1_epi32((int)W + 1)};
+    __m256i o = _mm256_setzero_si256(); /* the winner's offset in its window */
+    for (int c = 0; c < 3; c++) {
+        __m256 t = _mm256_or_ps(_mm256_cmp_ps(cand[c], m, _CMP_GT_OQ),
+                                _mm256_cmp_ps(cand[c], cand[c], _CMP_UNORD_Q));
+        m = _mm256_blendv_ps(m, cand[c], t);
+        o = _mm256_blendv_epi8(o, off[c], _mm256_castps_si256(t));
+    }
+    const __m256i lane2 = _mm256_setr_epi64x(0, 2, 4, 6);
+    __m256i lo = _mm256_add_epi64(_mm256_set1_epi64x(base), lane2);
+    __m256i hi = _mm256_add_epi64(lo, _mm256_set1_epi64x(8)); /* windows 4.. start 8 later */
+    *lo_out = _mm256_add_epi64(lo, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(o)));
+    *hi_out = _mm256_add_epi64(hi, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(o, 1)));
+    return m;
+}
+
+/* A mask of the first n (0..8) 32-bit lanes, and of the first n (0..4) 64-bit lanes. */
+__attribute__((target("avx2"))) static inline __m256i mask32(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+__attribute__((target("avx2"))) static inline __m256i mask64(int64_t n) {
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+
+__attribute__((target("avx2"))) void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H,
+                                                                 int64_t W, float *y,
+                                                                 int64_t *idx, int64_t OH,
+                                                                 int64_t OW) {
+    int64_t owf = W / 2 < OW ? W / 2 : OW;
+    for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t h0 = 2 * oh;
+        float *yr = y + oh * OW;
+        int64_t *ir = idx + oh * OW, ow = 0;
+        if (h0 + 1 < H) {
+            const float *r0 = x + h0 * W, *r1 = r0 + W;
+            for (; ow + 8 <= owf; ow += 8) { /* whole blocks: plain loads and stores */
+                const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
+                __m256i lo, hi;
+                __m256 m = pool2_windows8(_mm256_loadu_ps(p0), _mm256_loadu_ps(p0 + 8),
+                                          _mm256_loadu_ps(p1), _mm256_loadu_ps(p1 + 8),
+                                          h0 * W + 2 * ow, W, &lo, &hi);
+                _mm256_storeu_ps(yr + ow, m);
+                _mm256_storeu_si256((__m256i *)(ir + ow), lo);
+                _mm256_storeu_si256((__m256i *)(ir + ow + 4), hi);
+            }
+            if (ow < owf) { /* the row's last n < 8 windows: 2n inputs a row, masked */
+                int64_t n = owf - ow;
+                __m256i m0 = mask32(2 * n), m1 = mask32(2 * n - 8);
+                const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
+                __m256i lo, hi;
+                __m256 m = pool2_windows8(_mm256_maskload_ps(p0, m0), _mm256_maskload_ps(p0 + 8, m1),
+                                          _mm256_maskload_ps(p1, m0), _mm256_maskload_ps(p1 + 8, m1),
+                                          h0 * W + 2 * ow, W, &lo, &hi);
+                _mm256_maskstore_ps(yr + ow, mask32(n), m);
+                _mm256_maskstore_epi64((long long *)(ir + ow), mask64(n), lo);
+                _mm256_maskstore_epi64((long long *)(ir + ow + 4), mask64(n - 4), hi);
             }
             ow = owf;
         }
