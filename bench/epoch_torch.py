@@ -151,8 +151,8 @@ def read_config(path):
 
     with open(path) as f:
         cfg = yaml.safe_load(f)
-    top = take(cfg, path, {"model": REQUIRED, "data": REQUIRED, "optimizer": REQUIRED,
-                           "loss": "CrossEntropyLoss", "loop": {}})
+    top = take(cfg, "top level", {"model": REQUIRED, "data": REQUIRED, "optimizer": REQUIRED,
+                                  "loss": "CrossEntropyLoss", "loop": {}})
     if top["loss"] not in ("CrossEntropyLoss", {"class": "CrossEntropyLoss"}):
         raise ConfigError(f"loss {top['loss']}: only CrossEntropyLoss without options is "
                           "mirrored")
