@@ -33,7 +33,8 @@ PyTorch: every interpreter in PYTHON (colon-separated; default /usr/bin/python3,
 1.13, and ~/torchenv/bin/python, the newest from PyPI, where it exists) that imports torch,
 each in three configurations, all interleaved with Ember:
   as-is      the environment as it is, torch's default thread count
-  passive    OMP_WAIT_POLICY=passive, OPENBLAS_CORETYPE=SkylakeX, torch.set_num_threads(N)
+  passive    OMP_WAIT_POLICY=passive, OPENBLAS_CORETYPE=SkylakeX (on a CPU with AVX-512;
+             elsewhere those kernels are illegal instructions), torch.set_num_threads(N)
   threads    the environment as it is (libgomp spins), torch.set_num_threads(N)
 (N = --threads, else EMBER_NUM_THREADS, default 2). For each PyTorch and each workload the
 configuration with the lowest median is the denominator of the ratios, and its name is printed
@@ -44,6 +45,7 @@ Workers stay alive and are driven line by line, so every repetition runs each wo
 in each, back to back:
   ember        bench/compare (EMBER_NUM_THREADS=N)
   ember-sx     bench/compare with OPENBLAS_CORETYPE=SkylakeX, for raw OpenBLAS's best kernels
+               (on a CPU with AVX-512; elsewhere OpenBLAS's own choice)
   ember-train  bench/train_step (EMBER_NUM_THREADS=N, OMP_WAIT_POLICY=passive, Ember's own
                default): issue 3's training steps, forward + backward + Adam update of an MLP
                784-512-256-10 (batch 128) and the CNN (batch 64), and issue 25's LSTM step
@@ -87,6 +89,10 @@ ALL_TRAIN = TRAIN + EXTRA_TRAIN
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
+# OpenBLAS's SkylakeX kernels, where the CPU has AVX-512 (elsewhere they raise SIGILL)
+SKYLAKEX = ({"OPENBLAS_CORETYPE": "SkylakeX"}
+            if any(l.startswith("flags") and " avx512f" in l for l in open("/proc/cpuinfo"))
+            else {})
 
 TORCH_WORKER = r'''
 import sys, time, os
@@ -313,7 +319,7 @@ def main():
         print(describe.stdout.strip())
         workers["ember"] = Worker("ember", [compare], base)
         workers["ember-sx"] = Worker("ember-sx", [compare],
-                                     dict(base, OPENBLAS_CORETYPE="SkylakeX"))
+                                     dict(base, **SKYLAKEX))
     fma = floor = None
     if steps:
         flags = ["--cpu-time"] if cpu_time else []
@@ -348,7 +354,7 @@ def main():
         torches.append((tag, python))
         env = dict(os.environ, EMBER_BENCH_CPU_TIME="1") if cpu_time else dict(os.environ)
         envs = {"as-is": env,
-                "passive": dict(env, OPENBLAS_CORETYPE="SkylakeX",
+                "passive": dict(env, **SKYLAKEX,
                                 OMP_WAIT_POLICY="passive",
                                 EMBER_BENCH_TORCH_THREADS=nthreads),
                 "threads": dict(env, EMBER_BENCH_TORCH_THREADS=nthreads)}
@@ -587,9 +593,10 @@ def main():
     if not all(n in names for n in WORKLOADS):
         return
     print("\nraw libraries, 1024^3 f32 (medians): oneDNN %.3f ms, OpenBLAS default %.3f ms, "
-          "OpenBLAS SkylakeX %.3f ms" % (med("ember", "raw_onednn_1024"),
-                                         med("ember", "raw_openblas_1024"),
-                                         med("ember-sx", "raw_openblas_1024")))
+          "OpenBLAS %s %.3f ms" % (med("ember", "raw_onednn_1024"),
+                                   med("ember", "raw_openblas_1024"),
+                                   "SkylakeX" if SKYLAKEX else "again (no AVX-512)",
+                                   med("ember-sx", "raw_openblas_1024")))
     gf = lambda n, ms: 2.0 * n ** 3 / (ms * 1e-3) / 1e9
     e1024 = gf(1024, med("ember", "sgemm_1024"))
     best_raw = max(gf(1024, med("ember", "raw_onednn_1024")),

@@ -8,12 +8,16 @@
                                          (the check must refuse its picture)
   plot_check.py decode PNG WxH           the PNG decodes at WxH, is not blank, and has the
                                          train-loss colour (a real run's picture)
-  plot_check.py check PNG WxH [TURN]     the PNG decodes at WxH and, inside the top panel's
+  plot_check.py check PNG WxH [TURN [START]]
+                                         the PNG decodes at WxH and, inside the top panel's
                                          plot area, the train-loss colour is in most columns
                                          with its mean row moving down from left to right,
                                          and the validation-loss colour goes down, then up,
                                          its lowest point at x fraction TURN (+-0.08) of the
-                                         plot area when given; exit 1 saying what failed
+                                         plot area when given, and the train loss's first
+                                         column at x fraction START (+-0.03) when given (where
+                                         the first row sits on an axis from 0); exit 1 saying
+                                         what failed
   plot_check.py blank PNG WxH            write a white PNG (the checker must refuse it)
   plot_check.py svg SVG WxH              the SVG parses as XML with an <svg> root of that size
 
@@ -114,7 +118,7 @@ def decode(path, size):
     return w, h, px
 
 
-def check(path, size, turn):
+def check(path, size, turn, start=None):
     w, h, px = decode(path, size)
     # The plot area: the frames' left and right edges are the columns that are dark over half
     # the image's height; the panels' top and bottom edges the rows dark across that width.
@@ -155,6 +159,10 @@ def check(path, size, turn):
     means = [sum(tr[x] for x in t) / len(t) for t in thirds]
     if not (means[0] + 0.03 * height < means[1] and means[1] + 0.03 * height < means[2]):
         fail(f"{path}: the train loss's mean row by thirds, {means}, does not move down")
+    first_x = (min(tr) - x0) / span
+    if start is not None and abs(first_x - start) > 0.03:
+        fail(f"{path}: the train loss starts at {first_x:.3f} of the x axis, expected {start} "
+             "(the axis starts at 0)")
     if len(va) < 0.6 * inner:
         fail(f"{path}: the validation-loss colour is in {len(va)} of {inner} columns")
     vx = sorted(va)
@@ -174,7 +182,7 @@ def check(path, size, turn):
         fail(f"{path}: the validation loss turns at {at:.2f} of the x axis, expected {turn}")
     print(f"plot_check: {path}: {w}x{h}, plot area x {x0}..{x1}, top panel rows {top}..{bottom}; "
           f"train loss in {len(tr)}/{inner} columns, mean rows {[round(m) for m in means]}; "
-          f"validation turns at {at:.2f}")
+          f"validation turns at {at:.2f}, the train loss starts at {first_x:.3f}")
 
 
 def metrics(path, turning=True):
@@ -221,8 +229,9 @@ if __name__ == "__main__":
     elif a[:1] == ["decode"] and len(a) == 3:
         decode(a[1], a[2])
         print(f"plot_check: {a[1]}: decodes at {a[2]}")
-    elif a[:1] == ["check"] and len(a) in (3, 4):
-        check(a[1], a[2], float(a[3]) if len(a) == 4 else None)
+    elif a[:1] == ["check"] and len(a) in (3, 4, 5):
+        check(a[1], a[2], float(a[3]) if len(a) >= 4 else None,
+              float(a[4]) if len(a) == 5 else None)
     elif a[:1] == ["blank"] and len(a) == 3:
         blank(a[1], a[2])
     elif a[:1] == ["svg"] and len(a) == 3:

@@ -334,6 +334,9 @@ bool plot_render(const plot_data *d, const plot_spec *spec, char *err, size_t ca
         free(buf);
         return fail(err, cap, "nothing to plot: no row has a step or an epoch");
     }
+    /* The axis starts at 0, before the first step: the first epoch (or the steps up to the
+     * first row) is drawn as the span it took, not squeezed into the left edge. */
+    if (xmin > 0) xmin = 0;
     if (xmax - xmin < 1e-9) xmin -= 0.5, xmax += 0.5;
     /* Draw into a temporary file beside the target and rename it: a viewer of a running
      * job never reads a half-written picture. Opening it here first turns an unwritable

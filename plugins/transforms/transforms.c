@@ -52,8 +52,11 @@ static const em_option_spec to_float_opts[] = {
 };
 
 typedef struct to_float_state {
-    bool div255;
     float scale;
+    /* uint8 items: the 256 results, each computed as the loop would (x / 255 or x * scale):
+     * a load per byte instead of a conversion and a division (the division was most of an
+     * MNIST epoch's loader time), the same bits */
+    float u8[256];
 } to_float_state;
 
 static em_status to_float_layout(const em_options *o, const char *field,
@@ -66,12 +69,13 @@ static em_status to_float_layout(const em_options *o, const char *field,
 
 static em_status to_float_init(const em_options *o, const em_transform_layout *in,
                                const em_transform_layout *out, void **state) {
-    (void)out;
+    (void)in, (void)out;
     to_float_state *s = malloc(sizeof *s);
     if (!s) return em_set_error(EM_ERR_NOMEM, "transform 'to_float': out of memory");
     double scale = em_options_float(o, "scale");
-    s->div255 = scale == 0 && in->dtype == EM_U8;
     s->scale = scale == 0 ? 1.0f : (float)scale;
+    for (int v = 0; v < 256; v++)
+        s->u8[v] = scale == 0 ? (float)v / 255.0f : (float)v * s->scale;
     *state = s;
     return EM_OK;
 }
@@ -85,10 +89,7 @@ static em_status to_float_apply(void *state, const em_transform_layout *in, cons
     float *o = dst;
     if (in->dtype == EM_U8) {
         const uint8_t *r = src;
-        if (s->div255)
-            for (int64_t i = 0; i < n; i++) o[i] = (float)r[i] / 255.0f;
-        else
-            for (int64_t i = 0; i < n; i++) o[i] = (float)r[i] * s->scale;
+        for (int64_t i = 0; i < n; i++) o[i] = s->u8[r[i]];
     } else if (in->dtype == EM_F32) {
         const float *r = src;
         for (int64_t i = 0; i < n; i++) o[i] = r[i] * s->scale;
