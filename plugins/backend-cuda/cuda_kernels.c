@@ -26,6 +26,7 @@ em_status cuda_register_kernels(em_registry *r) {
         cuda_register_reduce,  cuda_register_loss,        cuda_register_softmax,
         cuda_register_index,   cuda_register_optim,       cuda_register_random,
         cuda_register_matmul,
+        cuda_register_nn,      cuda_register_conv, /* the direct kernels first: cuDNN's go above */
     };
     em_status st = EM_OK;
     for (size_t i = 0; i < sizeof families / sizeof *families && st == EM_OK; i++)
