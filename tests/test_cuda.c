@@ -3,10 +3,12 @@
  * the "cuda" device type with 0 devices and the driver's reason, which every consumer shows
  * (em_device_parse, ember-info and its --json, ember-train --device cuda, which exits 2 and
  * trains nothing); and a plugin whose cuBLAS cannot be loaded is refused with the loader's
- * full message. EMBER_CUDA_LOAD_LIBRARIES=1 makes the plugin load cuBLAS/cuBLASLt without a
- * device (what it does when cudaGetDeviceCount finds one), so that path runs here: once with
- * the real libraries, once with a copy of the plugin whose dlopen() target is renamed to a
- * soname that exists nowhere.
+ * full message. EMBER_CUDA_LOAD_LIBRARIES=1 makes the plugin load cuBLAS/cuBLASLt and cuDNN
+ * without a device (what it does when cudaGetDeviceCount finds one), so that path runs here:
+ * once with the real libraries, once for each library with a copy of the plugin whose dlopen()
+ * target is renamed to a soname that exists nowhere. The CNN kernels (cuDNN convolutions over
+ * the plugin's direct ones, pooling, batch norm) are registered without a device, and the
+ * cuDNN ones decline every call while cuDNN is not loaded.
  *
  * The reference for the driver's reason is the CUDA runtime itself, asked independently:
  * the shared libcudart of the same toolkit, dlopen()ed here.
@@ -20,6 +22,7 @@
 
 #include <cublas_api.h>       /* CUBLAS_VER_MAJOR/MINOR/PATCH: what the plugin must report */
 #include <cuda_runtime_api.h> /* CUDART_VERSION: the runtime the plugin links */
+#include <cudnn_version.h>    /* CUDNN_MAJOR/MINOR/PATCHLEVEL */
 
 #include "common.h"
 
@@ -81,9 +84,11 @@ Test(cuda, plugin_loads_with_no_device_and_the_drivers_reason) {
     /* the kernels are registered all the same (ember-info lists them, opcheck covers them) */
     size_t nk = em_registry_kernel_count(info.registry);
     cr_assert_geq(nk, 16, "copy and fill for the 8 dtypes: %zu kernels", nk);
-    /* cuBLAS was not loaded: there is no device */
+    /* cuBLAS and cuDNN were not loaded: there is no device */
     cr_assert_null(dlopen("libcublas.so." EM_TEST_STR(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_NOLOAD),
                    "cuBLAS was loaded without a device");
+    cr_assert_null(dlopen("libcudnn.so." EM_TEST_STR(CUDNN_MAJOR), RTLD_NOW | RTLD_NOLOAD),
+                   "cuDNN was loaded without a device");
     em_device d;
     for (int k = 0; k < 2; k++) {
         em_clear_error();
@@ -129,7 +134,7 @@ Test(cuda, ember_info_reports_0_devices_with_the_reason_and_the_versions) {
     snprintf(rt, sizeof rt, "CUDA runtime %d.%d (linked statically), driver none",
              CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
     cr_assert(strstr(out, rt), "no '%s' in:\n%s", rt, out);
-    cr_assert(strstr(out, "cuBLAS/cuBLASLt not loaded (no device"), "%s", out);
+    cr_assert(strstr(out, "cuBLAS/cuBLASLt/cuDNN not loaded (no device"), "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "'%s/ember-info' --json", tools());
     out = run(cmd, &code);
@@ -162,10 +167,12 @@ static size_t patch(char *b, size_t n, const char *from, const char *to) {
     return hits;
 }
 
-/* Copy the plugin, with its dlopen() target "libcublas.so.N" renamed "libcublaX.so.N" and its
- * descriptor name "ember-cuda" renamed "ember-cudx" (so the build tree's own plugin does not
- * refuse it as a duplicate first); same lengths: the file stays a valid shared object. */
-static void copy_with_missing_soname(const char *from, const char *to) {
+/* Copy the plugin, with its dlopen() target `soname` ("libcublas.so.N") renamed `missing`
+ * ("libcublaX.so.N") and its descriptor name "ember-cuda" renamed "ember-cudx" (so the build
+ * tree's own plugin does not refuse it as a duplicate first); same lengths: the file stays a
+ * valid shared object. */
+static void copy_with_missing_soname(const char *from, const char *to, const char *soname,
+                                     const char *missing) {
     FILE *f = fopen(from, "rb");
     cr_assert(f, "%s", from);
     fseek(f, 0, SEEK_END);
@@ -174,8 +181,7 @@ static void copy_with_missing_soname(const char *from, const char *to) {
     char *b = malloc((size_t)n);
     cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
     fclose(f);
-    cr_assert_eq(patch(b, (size_t)n, "libcublas.so." EM_TEST_STR(CUBLAS_VER_MAJOR),
-                       "libcublaX.so." EM_TEST_STR(CUBLAS_VER_MAJOR)), 1);
+    cr_assert_eq(patch(b, (size_t)n, soname, missing), 1);
     cr_assert_eq(patch(b, (size_t)n, "ember-cuda", "ember-cudx"), 1);
     f = fopen(to, "wb");
     cr_assert(f, "%s", to);
@@ -184,33 +190,101 @@ static void copy_with_missing_soname(const char *from, const char *to) {
     free(b);
 }
 
-Test(cuda, missing_cublas_refuses_the_plugin_with_the_loaders_message) {
+/* A copy of the plugin whose dlopen() target `soname` is renamed `missing` is refused with the
+ * loader's message; then the build tree's plugin loads every real library. */
+static void refused_without(const char *soname, const char *missing) {
     char dir[] = "/tmp/ember-cuda-test-XXXXXX", so[512], cmd[8192];
     cr_assert(mkdtemp(dir));
     snprintf(so, sizeof so, "%s/ember-cuda.so", dir);
-    copy_with_missing_soname(EM_TEST_CUDA_PLUGIN, so);
+    copy_with_missing_soname(EM_TEST_CUDA_PLUGIN, so, soname, missing);
     /* The copy comes first (EMBER_PLUGIN_PATH) and is refused; then the build tree's plugin
      * loads the real libraries. */
     snprintf(cmd, sizeof cmd, "EMBER_CUDA_LOAD_LIBRARIES=1 EMBER_PLUGIN_PATH='%s' '%s/ember-info'",
              so, tools());
     int code;
     char *out = run(cmd, &code);
-    const char *bad = "libcublaX.so." EM_TEST_STR(CUBLAS_VER_MAJOR);
     char want[512];
     snprintf(want, sizeof want, "ember-cuda: EMBER_CUDA_LOAD_LIBRARIES=1 is set, but %s cannot "
-             "be loaded: %s: cannot open shared object file: No such file or directory", bad, bad);
+             "be loaded: %s: cannot open shared object file: No such file or directory", missing,
+             missing);
     char line[600];
     snprintf(line, sizeof line, "refused   ember-cudx %s  %s", EM_VERSION_STRING, so);
     cr_assert(strstr(out, line), "the copy was not refused:\n%s", out);
     cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
-    char ver[64];
-    snprintf(ver, sizeof ver, "cuBLAS %d.%d.%d and cuBLASLt", CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+    char ver[128];
+    snprintf(ver, sizeof ver, "cuBLAS %d.%d.%d, cuBLASLt ", CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
              CUBLAS_VER_PATCH);
+    cr_assert(strstr(out, ver), "the real plugin did not report '%s':\n%s", ver, out);
+    snprintf(ver, sizeof ver, " and cuDNN %d.%d.%d loaded", CUDNN_MAJOR, CUDNN_MINOR,
+             CUDNN_PATCHLEVEL);
     cr_assert(strstr(out, ver), "the real plugin did not report '%s':\n%s", ver, out);
     cr_assert(strstr(out, "\n  cuda: 0 devices ("), "%s", out);
     free(out);
     unlink(so);
     rmdir(dir);
+}
+
+Test(cuda, missing_cublas_refuses_the_plugin_with_the_loaders_message) {
+    refused_without("libcublas.so." EM_TEST_STR(CUBLAS_VER_MAJOR),
+                    "libcublaX.so." EM_TEST_STR(CUBLAS_VER_MAJOR));
+}
+
+Test(cuda, missing_cudnn_refuses_the_plugin_with_the_loaders_message) {
+    refused_without("libcudnn.so." EM_TEST_STR(CUDNN_MAJOR),
+                    "libcudnX.so." EM_TEST_STR(CUDNN_MAJOR));
+}
+
+/* The "cuda" device type's device 0 (there need be no such device: kernel stacks are kept by
+ * type). */
+static em_device cuda_type(void) {
+    em_device d = {0, 0};
+    for (int i = 1; i < EM_MAX_DEVICE_TYPES; i++) {
+        char name[48];
+        d.type = (int16_t)i;
+        if (strcmp(em_device_str(d, name, sizeof name), "cuda:0") == 0) return d;
+    }
+    cr_assert_fail("no cuda device type");
+    return d;
+}
+
+/* The CNN ops' kernels: every floating dtype has the plugin's own kernel; conv2d and its
+ * backward ops have cuDNN's above it for f32, f16 and bf16 (f64: the direct kernel alone), and
+ * without a device (cuDNN not loaded) the cuDNN kernel declines, so a call would reach the
+ * direct one. */
+Test(cuda, cnn_kernels_are_registered_and_cudnn_declines_without_cudnn) {
+    em_device d = cuda_type();
+    static const char *const nn[] = {"conv2d", "conv2d_backward_data", "conv2d_backward_weight",
+                                     "max_pool2d", "max_pool2d_backward", "avg_pool2d",
+                                     "avg_pool2d_backward", "adaptive_avg_pool2d",
+                                     "adaptive_avg_pool2d_backward", "batch_norm",
+                                     "batch_norm_backward"};
+    static const em_dtype dts[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    for (size_t i = 0; i < sizeof nn / sizeof *nn; i++)
+        for (size_t j = 0; j < 4; j++) {
+            const em_op *op = em_op_find(nn[i]);
+            cr_assert(op, "%s", nn[i]);
+            bool conv = i < 3, cudnn = conv && dts[j] != EM_F64;
+            size_t n = em_op_kernel_count(op, d, dts[j]);
+            cr_assert_eq(n, cudnn ? 2u : 1u, "%s %s: %zu kernels", nn[i], em_dtype_name(dts[j]), n);
+            const em_kernel_def *top = em_kernel_def_of(em_op_kernel_get(op, d, dts[j], 0));
+            const em_kernel_def *low = em_kernel_def_of(em_op_kernel_get(op, d, dts[j], n - 1));
+            char want[96];
+            snprintf(want, sizeof want, "cuda_%s%s_%s", nn[i], conv ? "_direct" : "",
+                     em_dtype_name(dts[j]));
+            cr_assert_str_eq(low->name, want);
+            cr_assert_eq(low->priority, 0);
+            if (!cudnn) continue;
+            snprintf(want, sizeof want, "cuda_%s_cudnn_%s", nn[i], em_dtype_name(dts[j]));
+            cr_assert_str_eq(top->name, want);
+            cr_assert_gt(top->priority, low->priority);
+            cr_assert(top->supports, "%s", want);
+            em_kernel_ctx k = {.struct_size = sizeof k, .op = op, .device = d};
+            cr_assert_not(top->supports(&k), "%s accepts a call without cuDNN", want);
+        }
+    /* no convolution plan was built */
+    const char *(*plans)(void) = (const char *(*)(void))em_backend_proc("cuda", "conv_plans");
+    cr_assert(plans, "%s", em_last_error());
+    cr_assert_str_eq(plans(), "0 on cuDNN engines, 0 on the direct kernels");
 }
 
 Test(cuda, settings_read_at_load_are_checked_and_shown) {
@@ -268,10 +342,6 @@ static bool has_kernel(const em_registry *r, const char *op, const char *devtype
 }
 
 Test(cuda, every_op_the_cpu_has_a_kernel_for_has_a_cuda_kernel) {
-    static const char *const cudnn_part[] = {
-        "conv2d", "conv2d_backward_data", "conv2d_backward_weight", "max_pool2d",
-        "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward", "adaptive_avg_pool2d",
-        "adaptive_avg_pool2d_backward", "batch_norm", "batch_norm_backward"};
     const em_registry *cpu = plugin_registry("ember-cpu"), *cuda = plugin_registry("ember-cuda");
     char missing[4096] = "";
     size_t used = 0, checked = 0;
@@ -279,10 +349,6 @@ Test(cuda, every_op_the_cpu_has_a_kernel_for_has_a_cuda_kernel) {
         em_kernel_info ki;
         cr_assert_eq(em_registry_kernel_get(cpu, i, &ki), EM_OK);
         if (strcmp(ki.device_type, "cpu") != 0) continue;
-        bool excluded = false;
-        for (size_t j = 0; j < sizeof cudnn_part / sizeof *cudnn_part; j++)
-            excluded |= strcmp(ki.op, cudnn_part[j]) == 0;
-        if (excluded) continue;
         checked++;
         if (!has_kernel(cuda, ki.op, "cuda", ki.dtype) && used + 64 < sizeof missing)
             used += (size_t)snprintf(missing + used, sizeof missing - used, " %s/%s", ki.op,

@@ -1,13 +1,13 @@
 /*
  * cuda.c — the CUDA backend plugin ("ember-cuda"): the "cuda" device (count, properties,
  * ordinals as the CUDA runtime numbers them, so CUDA_VISIBLE_DEVICES applies), its execution
- * contexts (a cuBLAS and a cuBLASLt handle bound to the stream, with a workspace), checked CUDA
- * calls, the backend's settings, and the entry point.
+ * contexts (a cuBLAS and a cuBLASLt handle bound to the stream, with a workspace; a cuDNN handle
+ * made on first use), checked CUDA calls, the backend's settings, and the entry point.
  *
  * Cheap where there is no GPU: the plugin links only the CUDA runtime (statically, so it loads
  * without libcudart, libcuda or a driver); at registration it asks cudaGetDeviceCount, and
- * only when that finds a device (or EMBER_CUDA_LOAD_LIBRARIES=1) does it dlopen() cuBLAS and
- * cuBLASLt, refusing the plugin with the loader's message when they are missing. Without a
+ * only when that finds a device (or EMBER_CUDA_LOAD_LIBRARIES=1) does it dlopen() cuBLAS,
+ * cuBLASLt and cuDNN, refusing the plugin with the loader's message when one is missing. Without a
  * device it registers the device type with 0 devices and the driver's reason.
  */
 #include <pthread.h>
@@ -123,6 +123,7 @@ static em_status cuda_properties(int index, em_device_props *p) {
 /* ---- execution contexts ---------------------------------------------------------------------- */
 
 static void exec_free(cuda_exec *x) {
+    cuda_dnn_ctx_free(x->dnn);
     const cuda_blas_table *b = cuda_blas();
     if (b && x->lt) b->cublasLtDestroy(x->lt);
     if (b && x->blas) b->cublasDestroy_v2(x->blas);
@@ -185,6 +186,15 @@ static const char *cuda_float32_matmul_precision(void) {
     return cuda_allow_tf32() ? "high" : "highest";
 }
 
+/* "E on cuDNN engines, D on the direct kernels": the convolution plans built so far. */
+static const char *cuda_conv_plans(void) {
+    static __thread char buf[96];
+    int e = 0, d = 0;
+    cuda_conv_plan_counts(&e, &d);
+    snprintf(buf, sizeof buf, "%d on cuDNN engines, %d on the direct kernels", e, d);
+    return buf;
+}
+
 static int cuda_driver_version(void) { return G.driver; }
 static int cuda_runtime_version(void) { return G.runtime; }
 
@@ -199,7 +209,8 @@ static void *cuda_stream_handle(em_stream *s) {
 static const em_backend_fn_def cuda_functions[] = {
     {"set_float32_matmul_precision", (em_proc_fn)cuda_set_float32_matmul_precision,
      "em_status (const char *precision)",
-     "'highest' (default: f32 matmuls in f32) or 'high' (TF32 allowed), as in PyTorch"},
+     "'highest' (default: f32 matmuls and convolutions in f32) or 'high' (TF32 allowed), "
+     "as in PyTorch"},
     {"float32_matmul_precision", (em_proc_fn)cuda_float32_matmul_precision,
      "const char *(void)", "the f32 matmul precision now: 'highest' or 'high'"},
     {"driver_version", (em_proc_fn)cuda_driver_version, "int (void)",
@@ -209,6 +220,9 @@ static const em_backend_fn_def cuda_functions[] = {
     {"stream_handle", (em_proc_fn)cuda_stream_handle, "void *(em_stream *stream)",
      "the cudaStream_t of a stream of a cuda device (NULL: cudaStreamLegacy), for CUDA work "
      "queued outside Ember"},
+    {"conv_plans", (em_proc_fn)cuda_conv_plans, "const char *(void)",
+     "the convolution plans built so far: how many on cuDNN engines, how many on the direct "
+     "kernels (no engine took the shape); the string is the calling thread's"},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -262,12 +276,14 @@ static void describe_build(void) {
     version_str(G.driver, drv, sizeof drv);
     version_str(G.runtime, rt, sizeof rt);
     const cuda_blas_table *b = cuda_blas();
-    if (b)
-        snprintf(libs, sizeof libs, "cuBLAS %d.%d.%d and cuBLASLt %zu loaded",
+    const cuda_dnn_table *dn = cuda_dnn();
+    if (b && dn)
+        snprintf(libs, sizeof libs, "cuBLAS %d.%d.%d, cuBLASLt %zu and cuDNN %zu.%zu.%zu loaded",
                  b->cublas_version / 10000, b->cublas_version / 100 % 100,
-                 b->cublas_version % 100, b->cublaslt_version);
+                 b->cublas_version % 100, b->cublaslt_version, dn->version / 10000,
+                 dn->version / 100 % 100, dn->version % 100);
     else
-        snprintf(libs, sizeof libs, "cuBLAS/cuBLASLt not loaded (no device; "
+        snprintf(libs, sizeof libs, "cuBLAS/cuBLASLt/cuDNN not loaded (no device; "
                  "EMBER_CUDA_LOAD_LIBRARIES=1 loads them anyway)");
     char devs[400];
     if (G.count) snprintf(devs, sizeof devs, "%d device%s", G.count, G.count == 1 ? "" : "s");
@@ -329,6 +345,7 @@ static em_status cuda_register(em_registry *r) {
         else
             snprintf(why, sizeof why, "EMBER_CUDA_LOAD_LIBRARIES=1 is set");
         st = cuda_blas_load(why);
+        if (st == EM_OK) st = cuda_dnn_load(why);
         if (st != EM_OK) return st;
     }
     describe_build();
@@ -352,8 +369,8 @@ static const em_plugin_descriptor cuda_plugin = {
     .abi_major = EM_PLUGIN_ABI_MAJOR,
     .name = "ember-cuda",
     .version = EM_VERSION_STRING,
-    .description = "CUDA device and kernels (CUDA runtime, cuBLAS/cuBLASLt loaded when a GPU "
-                   "is present)",
+    .description = "CUDA device and kernels (CUDA runtime; cuBLAS/cuBLASLt and cuDNN loaded "
+                   "when a GPU is present)",
     .register_fn = cuda_register,
     .shutdown_fn = cuda_shutdown,
     .describe = cuda_describe,

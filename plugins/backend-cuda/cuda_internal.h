@@ -1,8 +1,8 @@
 /*
  * cuda_internal.h — what the CUDA backend's files share (C and CUDA C++ alike): the
  * per-(device, stream) execution context behind em_kernel_ctx.exec->backend, the stream a
- * kernel runs on, checked CUDA calls and launches, the dlopen()ed cuBLAS/cuBLASLt function
- * table, and the kernel families' registration hook.
+ * kernel runs on, checked CUDA calls and launches, the dlopen()ed cuBLAS/cuBLASLt and cuDNN
+ * function tables, and the kernel families' registration hook.
  *
  * A kernel file (.cu) looks like
  *
@@ -25,6 +25,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn_graph.h>
 
 #include "ember/device.h"
 #include "ember/dispatch.h"
@@ -58,6 +59,9 @@ typedef struct cuda_exec {
                                    matmuls on this stream (pass it to cublasLtMatmul) */
     size_t workspace_size;      /* bytes (EMBER_CUDA_WORKSPACE_MB, default 32) */
     void *ext;                  /* reserved; NULL */
+    struct cuda_dnn_ctx *dnn;   /* the cuDNN handle bound to `stream` and the convolution plans
+                                   built with it (cuda_conv.c); made on first use, freed with
+                                   the context (cuda_dnn_ctx_free) */
 } cuda_exec;
 
 /* The calling thread's current CUDA device, as cuda_set_device left it (-1: not yet set). */
@@ -160,9 +164,50 @@ typedef struct cuda_blas_table {
  * EMBER_CUDA_LOAD_LIBRARIES=1); NULL otherwise. */
 const cuda_blas_table *cuda_blas(void);
 
-/* Whether kernels may use TF32 for f32 matmuls (the "set_float32_matmul_precision" setting;
- * off by default, as PyTorch's matmul). */
+/* Whether kernels may use TF32 for f32 matmuls and convolutions (the one
+ * "set_float32_matmul_precision" setting; off by default, as PyTorch's matmul — PyTorch's
+ * cuDNN convolutions default to TF32 on, Ember's do not). */
 bool cuda_allow_tf32(void);
+
+/* ---- cuDNN, dlopen()ed (cuda_dnn.c) ------------------------------------------------------- */
+
+/* The functions taken from libcudnn.so.<CUDNN_MAJOR>: the handle and the graph (backend) API
+ * only — the legacy convolution, pooling and normalisation calls are deprecated in cuDNN 9
+ * and not used. X(name). Grow only at the end. */
+#define CUDA_DNN_FUNCTIONS(X) \
+    X(cudnnGetVersion) \
+    X(cudnnGetErrorString) \
+    X(cudnnGetLastErrorString) \
+    X(cudnnCreate) \
+    X(cudnnDestroy) \
+    X(cudnnSetStream) \
+    X(cudnnBackendCreateDescriptor) \
+    X(cudnnBackendDestroyDescriptor) \
+    X(cudnnBackendFinalize) \
+    X(cudnnBackendSetAttribute) \
+    X(cudnnBackendGetAttribute) \
+    X(cudnnBackendExecute)
+
+#define CUDA_DNN_FIELD(name) CUDA_FN(name) name;
+typedef struct cuda_dnn_table {
+    CUDA_DNN_FUNCTIONS(CUDA_DNN_FIELD)
+    size_t version; /* cudnnGetVersion: major * 10000 + minor * 100 + patch */
+} cuda_dnn_table;
+#undef CUDA_DNN_FIELD
+
+/* Load cuDNN now, like cuda_blas_load (`why` starts the refusal message); EM_ERR_PLUGIN with
+ * the loader's full message when it cannot be loaded or lacks a function. */
+em_status cuda_dnn_load(const char *why);
+/* The table once loaded; NULL otherwise (no device and no EMBER_CUDA_LOAD_LIBRARIES=1). */
+const cuda_dnn_table *cuda_dnn(void);
+/* Check a cuDNN status: EM_OK, or EM_ERR_DEVICE (EM_ERR_NOMEM for an allocation failure)
+ * naming k's op and device (k may be NULL), the call and cuDNN's message. */
+em_status cuda_check_dnn(const em_kernel_ctx *k, cudnnStatus_t st, const char *call);
+/* Free a context's cuDNN state (its plans, then its handle); NULL is a no-op. */
+void cuda_dnn_ctx_free(struct cuda_dnn_ctx *d);
+/* How many convolution plans were built in this process: on a cuDNN engine, and without one
+ * (those calls run the direct kernels). cuda_conv.c. */
+void cuda_conv_plan_counts(int *engine /* out */, int *direct /* out */);
 
 /* ---- the device's own files (cuda.c, cuda_mem.c, cuda_stream.c, cuda_blas.c) -------------- */
 
@@ -224,6 +269,20 @@ em_status cuda_register_layernorm(em_registry *reg);   /* layer_norm + backward 
 em_status cuda_register_attention(em_registry *reg);   /* scaled_dot_product_attention + backward (cuda_attention.cu) */
 em_status cuda_register_rnn(em_registry *reg);         /* lstm, gru + backward (cuda_rnn.cu) */
 em_status cuda_register_amp(em_registry *reg);         /* amp_unscale_ (cuda_amp.cu) */
+/* The CNN ops: conv2d and its backward ops through cuDNN's graph API (cuda_conv.c) over the
+ * plugin's own direct kernels; pooling and batch_norm as the plugin's kernels (cuda_nn.cu). */
+em_status cuda_register_conv(em_registry *reg);        /* conv2d* on cuDNN (cuda_conv.c) */
+em_status cuda_register_nn(em_registry *reg);          /* conv2d* direct, pooling, batch_norm */
+/* cuda_nn.cu's direct convolution (each output a double sum in a fixed order), for the op k
+ * runs (conv2d, conv2d_backward_data or conv2d_backward_weight, the bias and its grad
+ * included): the f64 kernels, and what the cuDNN kernels run for a call no cuDNN engine
+ * takes. */
+em_status cuda_conv2d_direct(const em_kernel_ctx *k);
+/* conv2d: y = out[0] (N, O, OH, OW) += bias in[2] (O), in the output dtype. */
+em_status cuda_conv2d_add_bias(const em_kernel_ctx *k);
+/* conv2d_backward_weight: gb = out[1] (O) = the sums of gy = in[1] (N, O, OH, OW) over N, OH
+ * and OW, in double, combined in a fixed order. */
+em_status cuda_conv2d_bias_grad(const em_kernel_ctx *k);
 
 #ifdef __cplusplus
 }

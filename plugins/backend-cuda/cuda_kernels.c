@@ -29,6 +29,7 @@ em_status cuda_register_kernels(em_registry *r) {
         /* the fused ops: layer norm, attention, the recurrent cells, the scaler */
         cuda_register_layernorm, cuda_register_attention,   cuda_register_rnn,
         cuda_register_amp,
+        cuda_register_nn,      cuda_register_conv, /* the direct kernels first: cuDNN's go above */
     };
     em_status st = EM_OK;
     for (size_t i = 0; i < sizeof families / sizeof *families && st == EM_OK; i++)

@@ -489,8 +489,9 @@ EM_API em_status em_placement_get(const char *device_type, em_placement_stats *o
  * give (repeatable at a fixed thread count, not across thread counts: the CPU backend splits
  * conv2d's weight gradient over the batch, one chunk per thread, and adds the chunks' sums in
  * chunk order), and under deterministic mode the CPU backend does not use the per-shape
- * library choices it measured (EMBER_GEMM_AUTOTUNE), which vary between processes. Off by
- * default. */
+ * library choices it measured (EMBER_GEMM_AUTOTUNE), which vary between processes. On CUDA,
+ * the convolutions then take only cuDNN engines without the non-deterministic note (docs/cuda.md).
+ * Off by default. */
 EM_API void em_set_deterministic(bool on);
 EM_API bool em_deterministic(void);
 
