@@ -189,11 +189,14 @@ static em_status launch_ready(em_ddp *d, bool all) {
     while (d->next_launch < d->n_buckets) {
         bucket *b = &d->buckets[d->next_launch];
         if (!all && b->n_ready < b->n) break;
+        /* Stamped before the call: the communicator's progress thread may complete (and
+         * stamp) a small bucket before em_comm_allreduce returns. */
+        double t_launch = now_s() - d->t0;
         b->work = em_comm_allreduce(d->c, b->flat, EM_REDUCE_AVG);
         if (!b->work) return em_last_status();
         b->launched = true;
         b->done = false;
-        b->t_launch = now_s() - d->t0;
+        b->t_launch = t_launch;
         b->t_done = -1;
         d->next_launch++;
     }
