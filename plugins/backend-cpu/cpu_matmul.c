@@ -21,10 +21,12 @@
  * multiply-adds): the first call of a shape/layout/alpha/beta/bias times two ways of running
  * it on the caller's operands (into a scratch output) — oneDNN on the call's threads and
  * oneDNN on the calling thread alone — and every later call of that key runs the faster (like
- * cuDNN's benchmark mode). Both give the same bits (oneDNN splits rows and columns among its
- * threads, not the sum; tests/test_ops_linalg.c checks it), so a decision that depends on
- * timing does not make two runs differ: a run resumed in another process still ends
- * bit-identical. OpenBLAS is not a candidate for that reason (its sums round differently; on
+ * cuDNN's benchmark mode). Both give the same bits where oneDNN splits rows and columns among
+ * its threads, not the sum (its AVX-512 kernels; tests/test_ops_linalg.c checks it), so a
+ * decision that depends on timing does not make two runs differ: a run resumed in another
+ * process still ends bit-identical. Where the two ways give other bits for a key (oneDNN's
+ * AVX2 gemm:jit on a CPU without AVX-512 does, for some shapes), checked once on synthetic
+ * operands when 1 thread wins (same_bits), the key stays on all threads. OpenBLAS is not a candidate for that reason (its sums round differently; on
  * the MLP's small products it was 1-2 us faster than oneDNN on one thread). What it buys depends on
  * how long a sleeping OpenMP worker takes to wake, which the machine and OMP_WAIT_POLICY /
  * GOMP_SPINCOUNT decide: on this VM with passive workers a parallel region costs ~40-80 us of
@@ -718,6 +720,41 @@ static void key_text(const mm_entry *e, const mat3 *a, const mat3 *b, char *buf,
              e->key.alpha != 1 ? ", alpha" : "");
 }
 
+/* The elements a strided operand spans, from its first to its last. */
+static int64_t span_of(const mat3 *m) {
+    return (m->B - 1) * m->s0 + (m->R - 1) * m->rs + (m->C - 1) * m->cs + 1;
+}
+
+/* Whether oneDNN on all threads and on 1 thread give the same bits for this key: both run on
+ * operands of the key's layouts filled with fixed pseudo-random values in [-1, 1) (not the
+ * call's, which may be all zeros), into zeroed outputs. y's data is scratch the caller owns. */
+static bool same_bits(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const mat3 *b,
+                      const mat3 *y, double alpha, double beta, const row_bias *rb, void *pad) {
+    int64_t na = span_of(a), nb = span_of(b), ny = span_of(y);
+    float *fa = cpu_scratch(kc, (size_t)na * 4), *fb = cpu_scratch(kc, (size_t)nb * 4);
+    char *y2 = cpu_scratch(kc, (size_t)ny * 4);
+    if (!fa || !fb || !y2) { /* cannot check: keep all threads */
+        em_clear_error();
+        return false;
+    }
+    uint32_t r = 12345u; /* a linear congruential stream; 24 bits of each step */
+    for (int64_t i = 0; i < na + nb; i++) {
+        r = r * 1664525u + 1013904223u;
+        (i < na ? fa + i : fb + (i - na))[0] = (float)(r >> 8) * 0x1p-23f - 1;
+    }
+    mat3 ta = *a, tb = *b, y1 = *y, ty2 = *y;
+    ta.data = (char *)fa;
+    tb.data = (char *)fb;
+    ty2.data = y2;
+    memset(y1.data, 0, (size_t)ny * 4);
+    memset(y2, 0, (size_t)ny * 4);
+    bool ok = run_path(kc, PATH_DNNL, e, &ta, &tb, &y1, alpha, beta, rb, pad) == RUN_DONE &&
+              run_path(kc, PATH_DNNL_1, e, &ta, &tb, &ty2, alpha, beta, rb, pad) == RUN_DONE &&
+              memcmp(y1.data, y2, (size_t)ny * 4) == 0;
+    em_clear_error();
+    return ok;
+}
+
 /* Time each way of running this key on these operands, into a scratch output, and keep the
  * fastest in e->choice (the median of TUNE_ROUNDS calls each, interleaved; oneDNN on all
  * threads unless a 1-thread way is clearly faster). Returns the choice. */
@@ -780,9 +817,16 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
     }
     for (int c = 1; c < nc; c++)
         if (med[c] < TUNE_MARGIN * med[0] && (best == 0 || med[c] < med[best])) best = c;
+    /* A timing-dependent choice is safe only between ways that give the same bits (see the
+     * top). Where oneDNN's matmul splits a product's sum by thread count (its AVX2 gemm:jit
+     * on a CPU without AVX-512 did: two runs of one program then predicted different logits),
+     * 1 thread is not chosen. */
+    bool other_bits = best != 0 && !same_bits(kc, e, a, b, &ys, alpha, beta, rb, pad);
+    if (other_bits) best = 0;
     char what[160], line[512];
     key_text(e, a, b, what, sizeof what);
-    int n = snprintf(line, sizeof line, "%s: %s (", what, path_name(cand[best]));
+    int n = snprintf(line, sizeof line, "%s: %s%s (", what, path_name(cand[best]),
+                     other_bits ? ", as 1 thread gives other bits here" : "");
     for (int c = 0; c < nc && n > 0 && (size_t)n < sizeof line; c++)
         n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.1f us", c ? ", " : "",
                       cand[c] == PATH_DNNL ? "oneDNN" : cand[c] == PATH_DNNL_1 ? "oneDNN 1t"
