@@ -98,6 +98,7 @@ em_status cpu_register_rnn(em_registry *r);       /* cpu_rnn.c */
 #if defined(EM_HAVE_LIBMVEC) && defined(__x86_64__)
 #define CPU_RNN_SIMD 1
 bool cpu_nn_has_avx512(void); /* cpu_nn_simd.c (also in cpu_nn.h) */
+bool cpu_nn_has_avx2(void);   /* AVX2 and FMA; cpu_nn_simd.c (also in cpu_nn.h) */
 bool cpu_rnn_simd_ok(void);   /* this CPU has AVX-512, or AVX2 and FMA */
 void cpu_rnn_lstm_cell_f32(float *gr, const float *xr, const float *hr, const float *bias,
                            float *c, float *h, float *y, int64_t H);

@@ -84,7 +84,7 @@ bool cpu_nn_has_avx512(void);
 void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
                             int64_t OH, int64_t OW);
 /* The same on AVX2 (8 windows a step; same maxima and indices); call only when
- * cpu_nn_has_avx2(). */
+ * cpu_nn_has_avx2() (AVX2 and FMA). */
 bool cpu_nn_has_avx2(void);
 void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
                                  int64_t OH, int64_t OW);

@@ -33,7 +33,7 @@ bool cpu_nn_has_avx2(void) {
     static int has = -1;
     if (has < 0) {
         __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") ? 1 : 0;
+        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
     }
     return has == 1;
 }

@@ -32,14 +32,7 @@ __m256 _ZGVdN8v_tanhf(__m256 x);
 
 /* 2: AVX-512, 1: AVX2 and FMA, 0: neither (the scalar loops). */
 static int simd_level(void) {
-    static int level = -1;
-    if (level < 0) {
-        __builtin_cpu_init();
-        level = cpu_nn_has_avx512()                                                   ? 2
-                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1
-                                                                                  : 0;
-    }
-    return level;
+    return cpu_nn_has_avx512() ? 2 : cpu_nn_has_avx2() ? 1 : 0;
 }
 
 bool cpu_rnn_simd_ok(void) { return simd_level() > 0; }
@@ -64,24 +57,6 @@ bool cpu_rnn_simd_ok(void) { return simd_level() > 0; }
 #define VEXP _ZGVeN16v_expf
 #define VTANH _ZGVeN16v_tanhf
 #include "cpu_rnn_simd_loops.h"
-#undef V
-#undef M
-#undef W
-#undef FN
-#undef ATTR
-#undef MASK
-#undef LDF
-#undef STF
-#undef LDM
-#undef STM
-#undef ADD
-#undef SUB
-#undef MUL
-#undef DIV
-#undef SET1
-#undef ZERO
-#undef VEXP
-#undef VTANH
 
 /* ---- AVX2 (masks are vectors of 0 / -1 lanes) ---- */
 #define V __m256
@@ -104,24 +79,6 @@ bool cpu_rnn_simd_ok(void) { return simd_level() > 0; }
 #define VEXP _ZGVdN8v_expf
 #define VTANH _ZGVdN8v_tanhf
 #include "cpu_rnn_simd_loops.h"
-#undef V
-#undef M
-#undef W
-#undef FN
-#undef ATTR
-#undef MASK
-#undef LDF
-#undef STF
-#undef LDM
-#undef STM
-#undef ADD
-#undef SUB
-#undef MUL
-#undef DIV
-#undef SET1
-#undef ZERO
-#undef VEXP
-#undef VTANH
 
 void cpu_rnn_lstm_cell_f32(float *gr, const float *xr, const float *hr, const float *bias,
                            float *c, float *h, float *y, int64_t H) {

@@ -4,7 +4,7 @@
  * mask type), W (lanes), FN(name) (the name with its ISA suffix), ATTR (the function target
  * attribute), MASK(left) (the first min(left, W) lanes), LDF/STF (full loads and stores),
  * LDM/STM (masked: LDM(p, m), STM(p, m, v)), ADD, SUB, MUL, DIV, SET1, ZERO, VEXP, VTANH
- * (libmvec's vector expf/tanhf of that width).
+ * (libmvec's vector expf/tanhf of that width); it undefines them at its end.
  *
  * Each row is walked in chunks of W lanes by one inlined chunk function called with full
  * (plain loads and stores) for every whole chunk and once masked for the row's tail, so the
@@ -88,3 +88,22 @@ ATTR static void FN(gru_cell)(float *gr, const float *hr, float *h, float *y, in
 
 #undef LD
 #undef ST
+/* the includer's parameters, so that the next variant can define its own */
+#undef V
+#undef M
+#undef W
+#undef FN
+#undef ATTR
+#undef MASK
+#undef LDF
+#undef STF
+#undef LDM
+#undef STM
+#undef ADD
+#undef SUB
+#undef MUL
+#undef DIV
+#undef SET1
+#undef ZERO
+#undef VEXP
+#undef VTANH
