@@ -40,6 +40,8 @@ import os
 import sys
 import time
 
+from ember_config import REQUIRED, ConfigError, take  # bench/ember_config.py
+
 import torch
 import torch.nn as nn
 
@@ -127,24 +129,8 @@ def build(args, V):
 # ---- an Ember config, read layer by layer ---------------------------------------------------
 
 
-class ConfigError(Exception):
-    pass
 
 
-def take(opts, where, allowed):
-    """opts (a map, or None) as a dict, refusing keys outside allowed ({key: default})."""
-    opts = dict(opts or {})
-    extra = sorted(set(opts) - set(allowed))
-    if extra:
-        raise ConfigError(f"{where}: {', '.join(extra)}: not mirrored by this script "
-                          f"(it mirrors {', '.join(sorted(allowed)) or 'no options'})")
-    missing = [k for k, v in allowed.items() if v is REQUIRED and k not in opts]
-    if missing:
-        raise ConfigError(f"{where}: {', '.join(missing)} missing")
-    return {k: opts.get(k, v) for k, v in allowed.items()}
-
-
-REQUIRED = object()
 
 
 class LstmOutput(nn.Module):

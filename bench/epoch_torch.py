@@ -43,32 +43,16 @@ import os
 import sys
 import time
 
+from ember_config import REQUIRED, ConfigError, take  # bench/ember_config.py
+
 T_START = time.perf_counter()
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 
-class ConfigError(Exception):
-    pass
 
 
-REQUIRED = object()
-
-
-def take(opts, where, allowed):
-    """opts (a map, or None) as a dict, refusing keys outside allowed ({key: default})."""
-    if opts is not None and not isinstance(opts, dict):
-        raise ConfigError(f"{where}: expected a map")
-    opts = dict(opts or {})
-    extra = sorted(set(opts) - set(allowed))
-    if extra:
-        raise ConfigError(f"{where}: {', '.join(extra)}: not mirrored by this script "
-                          f"(it mirrors {', '.join(sorted(allowed)) or 'no options'})")
-    missing = [k for k, v in allowed.items() if v is REQUIRED and k not in opts]
-    if missing:
-        raise ConfigError(f"{where}: {', '.join(missing)} missing")
-    return {k: opts.get(k, v) for k, v in allowed.items()}
 
 
 # ---- the IDX files, as Ember's mnist class reads them ------------------------------------------
