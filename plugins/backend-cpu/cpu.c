@@ -75,14 +75,14 @@ static em_status cpu_properties(int index, em_device_props *p) {
 
 static struct {
     pthread_mutex_t lock;
-    int enabled; /* -1: not yet read from the environment */
+    bool enabled; /* read once, when the plugin registers (hp_init) */
     int cur;     /* the chunk new small blocks are carved from; -1: none */
     struct hp_chunk {
         char *base; /* NULL: a free slot */
         size_t used;
         int live;
     } chunk[HP_CHUNKS];
-} HP = {PTHREAD_MUTEX_INITIALIZER, -1, -1, {{NULL, 0, 0}}};
+} HP = {PTHREAD_MUTEX_INITIALIZER, false, -1, {{NULL, 0, 0}}};
 
 static void hp_advise(void *p, size_t n) {
 #ifdef MADV_HUGEPAGE
@@ -92,12 +92,9 @@ static void hp_advise(void *p, size_t n) {
 #endif
 }
 
-static bool hp_enabled(void) {
-    if (HP.enabled < 0) {
-        const char *v = getenv("EMBER_CPU_HUGEPAGES");
-        HP.enabled = !(v && strcmp(v, "0") == 0);
-    }
-    return HP.enabled;
+static void hp_init(void) {
+    const char *v = getenv("EMBER_CPU_HUGEPAGES");
+    HP.enabled = !(v && strcmp(v, "0") == 0);
 }
 
 /* A block of n (HP_MIN..HP_SMALL_MAX) bytes from a chunk, or NULL with nothing changed when no
@@ -155,7 +152,7 @@ static bool hp_small_free(void *ptr) {
 static em_status cpu_alloc(int index, size_t nbytes, void **out) {
     (void)index;
     *out = NULL;
-    if (nbytes >= HP_MIN && hp_enabled()) {
+    if (nbytes >= HP_MIN && HP.enabled) {
         if (nbytes <= HP_SMALL_MAX) {
             *out = hp_small(nbytes);
         } else {
@@ -171,7 +168,7 @@ static em_status cpu_alloc(int index, size_t nbytes, void **out) {
 static void cpu_free(int index, void *ptr) {
     (void)index;
     if (!ptr) return;
-    if (HP.enabled > 0 && hp_small_free(ptr)) return;
+    if (HP.enabled && hp_small_free(ptr)) return;
     em_host_free(ptr);
 }
 
@@ -381,6 +378,7 @@ em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *d
 
 static em_status cpu_register(em_registry *r) {
     threads_init();
+    hp_init();
     em_status st = em_device_type_register(r, &cpu_device);
     if (st == EM_OK) st = cpu_register_elementwise(r);
     if (st == EM_OK) st = cpu_register_reduce(r);
