@@ -64,8 +64,8 @@ static em_status cpu_properties(int index, em_device_props *p) {
  * from 2 MiB chunks, each chunk freed when its last block is. Every chunk and block still comes
  * from the injectable host allocator (em_host_alloc), so out-of-memory tests see its failures;
  * a host allocator that does not honour the 2 MiB alignment gets plain blocks. The caching
- * allocator hands blocks back only when its cache is emptied, so a chunk kept alive by one
- * block costs at most 2 MiB of address space until then. Where the kernel has no transparent
+ * allocator hands blocks back only when its cache is emptied (or to retry after running out),
+ * so a chunk kept alive by one block holds at most 2 MiB more than that block until then. Where the kernel has no transparent
  * huge pages for this process (`never`, or no MADV_HUGEPAGE) the advice is ignored and the
  * memory is what it was. EMBER_CPU_HUGEPAGES=0 turns this off (plain 64-byte-aligned blocks). */
 #define HP_SIZE ((size_t)2 << 20)
