@@ -594,3 +594,96 @@ Test(alloc_budget, device_oom_empties_the_cache_retries_and_then_names_the_holde
     cr_assert_eq(g_budget.live, 0u, "%zu host bytes still allocated after em_shutdown",
                  g_budget.live);
 }
+
+/* ---- CPU blocks on huge-page chunks (plugins/backend-cpu/cpu.c, "Tensor memory on
+ * transparent huge pages") --------------------------------------------------------------- */
+
+/* A host allocator that counts what it holds, honouring the alignment (align_ok) or not. */
+static struct {
+    pthread_mutex_t lock;
+    long live;
+    bool align_ok;
+} g_hp = {PTHREAD_MUTEX_INITIALIZER, 0, true};
+
+static void *hp_alloc(size_t n, size_t align, void *user) {
+    (void)user;
+    void *p = NULL;
+    if (g_hp.align_ok) {
+        if (posix_memalign(&p, align, n) != 0) return NULL;
+    } else {
+        /* 64-byte aligned, never on a 2 MiB boundary, whatever was asked */
+        char *q = NULL;
+        if (posix_memalign((void **)&q, 64, n + 128) != 0) return NULL;
+        p = q + ((uintptr_t)(q + 64) % (2 * MiB) ? 64 : 128);
+        ((void **)p)[-1] = q;
+    }
+    pthread_mutex_lock(&g_hp.lock);
+    g_hp.live++;
+    pthread_mutex_unlock(&g_hp.lock);
+    return p;
+}
+
+static void hp_free(void *p, void *user) {
+    (void)user;
+    if (!p) return;
+    pthread_mutex_lock(&g_hp.lock);
+    g_hp.live--;
+    pthread_mutex_unlock(&g_hp.lock);
+    free(g_hp.align_ok ? p : ((void **)p)[-1]);
+}
+
+/* Tensors on both sides of the 64 KiB and 1 MiB thresholds, each filled with its own index:
+ * none overlaps another, each is 64-byte aligned, a block of 64 KiB..1 MiB never crosses a
+ * 2 MiB boundary and a larger one starts on one (when the host allocator aligns), and once
+ * they are released and the cache emptied the host allocator holds nothing more than before. */
+static void hp_blocks_check(bool align_ok) {
+    g_hp.align_ok = align_ok;
+    g_hp.live = 0;
+    em_host_allocator_set(&(em_host_allocator){hp_alloc, hp_free, NULL});
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    int64_t one = 1; /* the first tensor makes what the library keeps for itself */
+    em_tensor_release(em_empty(1, &one, EM_F32, em_cpu()));
+    em_empty_cache();
+    long live0 = g_hp.live;
+    static const int64_t sizes[] = {60 * 256, 64 * 256, 300 * 256, 300 * 256, 700 * 256,
+                                    256 * 1024, 256 * 1024 + 1, 3 * 256 * 1024, 40 * 256};
+    enum { NS = sizeof sizes / sizeof sizes[0], REP = 7 };
+    em_tensor *t[NS * REP];
+    for (int i = 0; i < NS * REP; i++) {
+        int64_t n = sizes[i % NS];
+        t[i] = em_empty(1, &n, EM_F32, em_cpu());
+        cr_assert_not_null(t[i], "%s", em_last_error());
+        float *d = em_tensor_data(t[i]);
+        cr_assert_eq((uintptr_t)d % 64, 0, "tensor %d of %lld floats at %p", i, (long long)n,
+                     (void *)d);
+        size_t bytes = (size_t)n * 4;
+        if (align_ok && bytes >= 64 * KiB && bytes <= MiB)
+            cr_assert_eq((uintptr_t)d / (2 * MiB), ((uintptr_t)d + bytes - 1) / (2 * MiB),
+                         "a %zu-byte block crosses a 2 MiB boundary", bytes);
+        if (align_ok && bytes > MiB)
+            cr_assert_eq((uintptr_t)d % (2 * MiB), 0, "a %zu-byte block at %p", bytes, (void *)d);
+        for (int64_t j = 0; j < n; j++) d[j] = (float)i;
+    }
+    for (int i = 0; i < NS * REP; i++) {
+        const float *d = em_tensor_data(t[i]);
+        for (int64_t j = 0; j < sizes[i % NS]; j++)
+            if (d[j] != (float)i)
+                cr_assert_fail("tensor %d element %lld holds %g: blocks overlap", i,
+                               (long long)j, (double)d[j]);
+    }
+    /* every other one first, then the rest: chunks empty in another order than they filled */
+    for (int i = 0; i < NS * REP; i += 2) em_tensor_release(t[i]);
+    em_empty_cache();
+    for (int i = 1; i < NS * REP; i += 2) em_tensor_release(t[i]);
+    em_empty_cache();
+    cr_assert_eq(g_hp.live, live0, "host blocks held: %ld after, %ld before", g_hp.live, live0);
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(g_hp.live, 0, "%ld host blocks leaked", g_hp.live);
+    em_host_allocator_set(NULL);
+}
+
+Test(alloc_hugepages, cpu_blocks_do_not_overlap_and_chunks_are_returned) { hp_blocks_check(true); }
+
+Test(alloc_hugepages, an_allocator_ignoring_the_alignment_gets_plain_blocks) {
+    hp_blocks_check(false);
+}

@@ -7,9 +7,13 @@
 #include "config.h" /* EM_HAVE_DNNL */
 
 #include <omp.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "ember/device.h"
@@ -47,14 +51,124 @@ static em_status cpu_properties(int index, em_device_props *p) {
     return EM_OK;
 }
 
+/* Tensor memory on transparent huge pages. oneDNN's AVX2 sgemm runs the MLP's products (every
+ * M, N below ~500) through its no-copy kernels, which read the operands in place, a column
+ * panel of B at a time across all K rows: with B's rows 2 KiB apart that is a page per two rows,
+ * more pages than the first-level TLB holds, at every panel. On 4 KiB pages the same call then
+ * ran 1.45-1.8 ms or 0.93 ms depending only on where the operand's pages sat in the address
+ * space (the same physical pages moved with mremap: fast at one address, slow back at the
+ * first; docs/performance.md, "fc2's weight gradient"); on a 2 MiB page it ran 0.92-0.99 ms
+ * every time. So blocks of at least HP_MIN bytes live on 2 MiB-aligned memory advised
+ * MADV_HUGEPAGE: blocks of more than HP_SMALL_MAX bytes each on their own (the caching
+ * allocator's large blocks are whole multiples of 2 MiB), smaller ones carved in address order
+ * from 2 MiB chunks, each chunk freed when its last block is. Every chunk and block still comes
+ * from the injectable host allocator (em_host_alloc), so out-of-memory tests see its failures;
+ * a host allocator that does not honour the 2 MiB alignment gets plain blocks. The caching
+ * allocator hands blocks back only when its cache is emptied (or to retry after running out),
+ * so a chunk kept alive by one block holds at most 2 MiB more than that block until then. Where the kernel has no transparent
+ * huge pages for this process (`never`, or no MADV_HUGEPAGE) the advice is ignored and the
+ * memory is what it was. EMBER_CPU_HUGEPAGES=0 turns this off (plain 64-byte-aligned blocks). */
+#define HP_SIZE ((size_t)2 << 20)
+#define HP_MIN ((size_t)64 << 10)
+#define HP_SMALL_MAX ((size_t)1 << 20)
+#define HP_CHUNKS 1024 /* chunks at once (2 GiB of small blocks); beyond that, plain blocks */
+
+static struct {
+    pthread_mutex_t lock;
+    bool enabled; /* read once, when the plugin registers (hp_init) */
+    int cur;     /* the chunk new small blocks are carved from; -1: none */
+    struct hp_chunk {
+        char *base; /* NULL: a free slot */
+        size_t used;
+        int live;
+    } chunk[HP_CHUNKS];
+} HP = {PTHREAD_MUTEX_INITIALIZER, false, -1, {{NULL, 0, 0}}};
+
+static void hp_advise(void *p, size_t n) {
+#ifdef MADV_HUGEPAGE
+    if (n >= HP_SIZE) (void)madvise(p, n & ~(HP_SIZE - 1), MADV_HUGEPAGE);
+#else
+    (void)p, (void)n;
+#endif
+}
+
+static void hp_init(void) {
+    const char *v = getenv("EMBER_CPU_HUGEPAGES");
+    HP.enabled = !(v && strcmp(v, "0") == 0);
+}
+
+/* A block of n (HP_MIN..HP_SMALL_MAX) bytes from a chunk, or NULL with nothing changed when no
+ * chunk can be had (the caller then takes a plain block, which sets the error if that fails). */
+static void *hp_small(size_t n) {
+    n = (n + 63) & ~(size_t)63;
+    void *p = NULL;
+    pthread_mutex_lock(&HP.lock);
+    struct hp_chunk *c = HP.cur >= 0 ? &HP.chunk[HP.cur] : NULL;
+    if (!c || c->used + n > HP_SIZE) {
+        int slot = -1;
+        for (int i = 0; i < HP_CHUNKS && slot < 0; i++)
+            if (!HP.chunk[i].base) slot = i;
+        char *base = slot >= 0 ? em_host_alloc(HP_SIZE, HP_SIZE) : NULL;
+        if (base && ((uintptr_t)base & (HP_SIZE - 1)) != 0) {
+            em_host_free(base); /* the installed host allocator ignores the alignment */
+            base = NULL;
+        }
+        c = NULL;
+        if (base) {
+            hp_advise(base, HP_SIZE);
+            HP.chunk[slot] = (struct hp_chunk){base, 0, 0};
+            HP.cur = slot;
+            c = &HP.chunk[slot];
+        }
+    }
+    if (c) {
+        p = c->base + c->used;
+        c->used += n;
+        c->live++;
+    }
+    pthread_mutex_unlock(&HP.lock);
+    return p;
+}
+
+/* True when ptr was a chunk's block (and is now given back). */
+static bool hp_small_free(void *ptr) {
+    char *base = (char *)((uintptr_t)ptr & ~(uintptr_t)(HP_SIZE - 1));
+    bool found = false;
+    pthread_mutex_lock(&HP.lock);
+    for (int i = 0; i < HP_CHUNKS && !found; i++) {
+        struct hp_chunk *c = &HP.chunk[i];
+        if (c->base != base) continue;
+        found = true;
+        if (--c->live == 0) {
+            em_host_free(c->base);
+            *c = (struct hp_chunk){NULL, 0, 0};
+            if (HP.cur == i) HP.cur = -1;
+        }
+    }
+    pthread_mutex_unlock(&HP.lock);
+    return found;
+}
+
 static em_status cpu_alloc(int index, size_t nbytes, void **out) {
     (void)index;
-    *out = em_host_alloc(nbytes, 64);
+    *out = NULL;
+    if (nbytes >= HP_MIN && HP.enabled) {
+        if (nbytes <= HP_SMALL_MAX) {
+            *out = hp_small(nbytes);
+        } else {
+            *out = em_host_alloc(nbytes, HP_SIZE);
+            if (!*out) return EM_ERR_NOMEM;
+            if (((uintptr_t)*out & (HP_SIZE - 1)) == 0) hp_advise(*out, nbytes);
+        }
+    }
+    if (!*out) *out = em_host_alloc(nbytes, 64);
     return *out ? EM_OK : EM_ERR_NOMEM;
 }
 
 static void cpu_free(int index, void *ptr) {
     (void)index;
+    if (!ptr) return;
+    if (HP.enabled && hp_small_free(ptr)) return;
     em_host_free(ptr);
 }
 
@@ -264,6 +378,7 @@ em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *d
 
 static em_status cpu_register(em_registry *r) {
     threads_init();
+    hp_init();
     em_status st = em_device_type_register(r, &cpu_device);
     if (st == EM_OK) st = cpu_register_elementwise(r);
     if (st == EM_OK) st = cpu_register_reduce(r);
