@@ -31,6 +31,22 @@ static inline nn_conv nn_conv_geom(const em_ktensor *x, const em_ktensor *w, con
 /* A pooling's geometry from x (N, C, H, W) and y (N, C, OH, OW); max pooling's attributes
  * are kernel, stride, padding, dilation, ceil_mode; average pooling's kernel, stride,
  * padding, ceil_mode, count_include_pad. */
+/* Whether a 4-dim tensor's bytes are dense in the order N, H, W, C (size-1 dims ignored):
+ * channels-last (a dnnl_nhwc descriptor reads it). A one-channel row-major tensor is both. */
+static inline bool nn_dense_nhwc(const em_ktensor *t) {
+    if (t->ndim != 4) return false;
+    int64_t expect = 1;
+    static const int order[4] = {1, 3, 2, 0}; /* innermost first: C, W, H, N */
+    for (int i = 0; i < 4; i++) {
+        int d = order[i];
+        if (t->shape[d] == 0) return true;
+        if (t->shape[d] == 1) continue;
+        if (t->strides[d] != expect) return false;
+        expect *= t->shape[d];
+    }
+    return true;
+}
+
 typedef struct nn_pool {
     int64_t N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw;
     bool cip;
