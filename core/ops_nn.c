@@ -4,7 +4,14 @@
  * derivatives (through the backward helpers) and the typed public functions of ember/ops.h.
  *
  * The public functions make every input contiguous, so the kernels see dense row-major
- * (NCHW) tensors. f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
+ * (NCHW) tensors — except channels-last activations on the CPU (em_tensor_is_channels_last):
+ * conv2d's input, conv2d_backward_data's grad_output, conv2d_backward_weight's input and
+ * grad_output, max_pool2d's input and max_pool2d_backward's grad_output and indices are then
+ * passed as they are, and conv2d, conv2d_backward_data, max_pool2d and its backward
+ * (EM_OP_CHANNELS_LAST) give their outputs that layout; a kernel that does not read it
+ * declines the call in supports() and the call is made again on contiguous copies
+ * (docs/performance.md, design (b)). max_pool2d_backward's grad_output is first made
+ * channels-last when its indices are (the grad a flatten's backward gives is row-major). f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
  * when the device's backend registers a kernel of the op for that dtype and the kernel
  * accepts the call; otherwise — no kernel for the dtype, or every kernel's supports()
  * declined (the dispatcher reports that as EM_ERR_NOKERNEL before it runs or records

@@ -102,6 +102,11 @@ void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int6
 /* The same on AVX2 (8 windows a step; same maxima and indices); call only when
  * cpu_nn_has_avx2() (AVX2 and FMA). */
 bool cpu_nn_has_avx2(void);
+/* One channels-last 2x2 window (all four positions inside the input): the C-vectors at p00,
+ * p00 + C, p00 + WC, p00 + WC + C; maxima into y[0..C), plane indices (base + 0, 1, W or
+ * W + 1) into idx. Call only when cpu_nn_has_avx2(). */
+void cpu_nn_max_pool2x2_nhwc_f32_avx2(const float *p00, int64_t WC, int64_t C, int64_t base,
+                                      int64_t W, float *y, int64_t *idx);
 void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
                                  int64_t OH, int64_t OW);
 /* The same for a bf16 plane (maxima stored exactly); call only when cpu_nn_has_avx512bw(). */

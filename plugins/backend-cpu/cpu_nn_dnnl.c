@@ -304,8 +304,9 @@ static dnnl_status_t build_conv(dn_prim *p) {
     /* Backward data into fewer than 16 channels per group: the blocked diff_src would be
      * mostly padding; oneDNN's gemm kernel on plain layouts was 8x faster here (C = 1), and
      * in bf16 3.7x (0.64 vs 2.4 ms CPU, bench/nn's conv1). */
-    dnnl_format_tag_t any = p->key.kind == DN_CONV_BWD_DATA && C / g < 16 ? dnnl_format_tag_undef
-                                                                         : dnnl_format_tag_any;
+    dnnl_format_tag_t any = p->key.kind == DN_CONV_BWD_DATA && C / g < 16 && !nhwc
+                                ? dnnl_format_tag_undef
+                                : dnnl_format_tag_any;
     if (any == dnnl_format_tag_undef) {
         asrc = src, adst = dst, aw = w;
     } else {

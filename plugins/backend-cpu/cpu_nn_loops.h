@@ -175,6 +175,9 @@ static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     const int64_t C = p.C;
     const T *x = (const T *)k->in[0].data;
+    /* The 2x2 / stride 2 / dilation 1 windows of f32 in AVX2 (the same comparisons). */
+    const bool fast = p.kh == 2 && p.kw == 2 && p.sh == 2 && p.sw == 2 && p.dh == 1 && p.dw == 1 &&
+                      cpu_nn_has_avx2();
     for (int64_t r = lo; r < hi; r++) {
         int64_t n = r / p.OH, oh = r % p.OH;
         int64_t hs = oh * p.sh - p.ph, he = EM_CPU_MIN(hs + (p.kh - 1) * p.dh + 1, p.H);
@@ -185,6 +188,11 @@ static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
             int64_t o = (r * p.OW + ow) * C;
             T *y = (T *)k->out[0].data + o;
             int64_t *idx = (int64_t *)k->out[1].data + o;
+            if (sizeof(T) == 4 && fast && we - ws == 2 && he - hs == 2) {
+                cpu_nn_max_pool2x2_nhwc_f32_avx2((const float *)(x + ((n * p.H + hs) * p.W + ws) * C),
+                                                 p.W * C, C, hs * p.W + ws, p.W, (float *)y, idx);
+                continue;
+            }
             for (int64_t c = 0; c < C; c++) y[c] = -INFINITY, idx[c] = hs * p.W + ws;
             for (int64_t h = hs; h < he; h += p.dh)
                 for (int64_t w = ws; w < we; w += p.dw) {
