@@ -8,7 +8,9 @@
  *   train_mlp_b128  MLP 784-512-256-10 (linear, ReLU, linear, ReLU, linear), batch 128
  *   train_cnn_b64   conv(1->32, 3x3, pad 1), ReLU, max_pool 2, conv(32->64, 3x3, pad 1), ReLU,
  *                   max_pool 2, flatten, linear(3136->128), ReLU, linear(128->10); batch 64
- *                   of 1x28x28
+ *                   of 1x28x28; the activations channels-last up to the flatten (the input
+ *                   made so each step, as a Conv2d with memory_format: channels_last does;
+ *                   PyTorch's side stays NCHW: the same model and values)
  *   train_cnn_b64_traced  the same CNN step recorded by the forward-graph tracer: each step
  *                   between em_trace_begin and em_trace_end (then em_trace_free), for the
  *                   tracer's overhead against train_cnn_b64 in the same process
