@@ -9,7 +9,8 @@
  *
  * Every primitive is built first, then all are timed round-robin (2 warm-up calls each, then
  * ROUNDS rounds of one call each), so a loaded machine's slow minutes fall on every layout
- * alike; the best and the median wall time per call are printed, in ms. A layout for which
+ * alike; the best and the median wall time per call are printed, in ms, and the median CPU
+ * time of the process per call (what a loaded machine's comparisons read). A layout for which
  * oneDNN has only a reference kernel (ref:any), or no kernel, is named and not timed.
  *
  *     bench/conv_layouts [ROUNDS]        # default 40; OMP_NUM_THREADS sets N
@@ -31,7 +32,7 @@ typedef struct {
     int nargs, nt;
     dnnl_exec_arg_t args[4];
     char name[128];
-    double *t; /* (rounds) */
+    double *t, *c; /* (rounds) wall and CPU ms per call */
 } job;
 
 static dnnl_engine_t engine;
@@ -40,6 +41,12 @@ static dnnl_stream_t stream;
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static double cpu_ms(void) { /* the process's CPU time: every thread's, OpenMP workers too */
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
@@ -182,7 +189,8 @@ int main(int argc, char **argv) {
                         snprintf(j->name, sizeof j->name, "%s", name);
                         j->nt = nts[t];
                         j->t = malloc(sizeof(double) * (size_t)rounds);
-                        if (!j->t) {
+                        j->c = malloc(sizeof(double) * (size_t)rounds);
+                        if (!j->t || !j->c) {
                             fprintf(stderr, "conv_layouts: out of memory\n");
                             return 1;
                         }
@@ -198,17 +206,21 @@ timing:
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < njobs; i++) {
             omp_set_num_threads(jobs[i].nt);
-            double t0 = now_ms();
+            double t0 = now_ms(), c0 = cpu_ms();
             dnnl_primitive_execute(jobs[i].prim, stream, jobs[i].nargs, jobs[i].args);
             dnnl_stream_wait(stream);
             jobs[i].t[r] = now_ms() - t0;
+            jobs[i].c[r] = cpu_ms() - c0;
         }
-    printf("%-62s %9s %9s\n", "dtype threads conv kind layout implementation", "best ms",
-           "median ms");
+    printf("%-62s %9s %9s %9s\n", "dtype threads conv kind layout implementation", "best ms",
+           "median ms", "cpu med");
     for (int i = 0; i < njobs; i++) {
         qsort(jobs[i].t, (size_t)rounds, sizeof(double), cmp);
-        printf("%-62s %9.3f %9.3f\n", jobs[i].name, jobs[i].t[0], jobs[i].t[rounds / 2]);
+        qsort(jobs[i].c, (size_t)rounds, sizeof(double), cmp);
+        printf("%-62s %9.3f %9.3f %9.3f\n", jobs[i].name, jobs[i].t[0], jobs[i].t[rounds / 2],
+               jobs[i].c[rounds / 2]);
         free(jobs[i].t);
+        free(jobs[i].c);
         dnnl_primitive_destroy(jobs[i].prim);
         for (int a = 0; a < jobs[i].nargs; a++) dnnl_memory_destroy(jobs[i].args[a].memory);
     }

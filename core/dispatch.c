@@ -1027,11 +1027,15 @@ op_run_n_impl(const struct em_op *op, const em_tensor *const *in, int n_in,
             if (!(bcast[i] = em__expand(args[i], meta[0].ndim, meta[0].shape))) st = em_last_status();
             args[i] = bcast[i];
         }
+    const bool cl = (op->schema.flags & EM_OP_CHANNELS_LAST) &&
+                    em__is_channels_last(args[0]->ndim, args[0]->shape, args[0]->strides);
     for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++) {
         if (given && given[i]) {
             if ((st = given_output(op, given[i], i, &meta[i], dev)) == EM_OK)
                 res[i] = em_tensor_retain(given[i]);
-        } else if (!(res[i] = em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev))) {
+        } else if (!(res[i] = cl && meta[i].ndim == 4
+                                  ? em__empty_channels_last(meta[i].shape, meta[i].dtype, dev)
+                                  : em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev))) {
             st = em_last_status();
         }
         if (st == EM_OK && forced && forced->poison) st = poison(res[i]);

@@ -333,6 +333,11 @@ bool em__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
  * matmul backward then produces the grad in that layout, so a weight used through a transposed
  * view (linear) gets a contiguous grad the engine can keep without a copy. */
 bool em__is_transposed_dense(const em_tensor *t);
+/* em_tensor_is_channels_last on a geometry; a new uninitialised channels-last tensor of a
+ * 4-dim shape; em_channels_last's internal form. */
+bool em__is_channels_last(int ndim, const int64_t *shape, const int64_t *strides);
+em_tensor *em__empty_channels_last(const int64_t *shape, em_dtype dt, em_device dev);
+em_tensor *em__channels_last(const em_tensor *t);
 /* The first dim of size > 1 with stride 0 (several elements on one memory location: an
  * expanded view), or -1. */
 int em__expanded_dim(const em_tensor *t);

@@ -367,6 +367,11 @@ static em_status t_linspace(const em_tensor *const *in, const em_attr *a, em_ten
     {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
      .dtypes = dts, .expect = st,                                                               \
      .differentiable = diff, .n_in = nin, .in = INS, .attrs = {__VA_ARGS__}}
+/* A row whose strided layout runs another kernel (EM_CASE_LAYOUT_TOL). */
+#define LROW(name, var, fn, dts, st, diff, nin, INS, ...)                                       \
+    {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
+     .dtypes = dts, .expect = st, .differentiable = diff, .n_in = nin, .in = INS,               \
+     .attrs = {__VA_ARGS__}, .flags = EM_CASE_LAYOUT_TOL}
 /* A row with inputs that get no gradient by definition (bit i: input i). */
 #define ROWNG(mask, name, var, fn, dts, st, diff, nin, INS, ...)                                \
     {.struct_size = sizeof(em_op_case), .op = name, .variant = var, .typed = fn,                \
@@ -727,7 +732,8 @@ static const em_op_case std_cases[] = {
     ROW("conv1d", "bias, stride 2, padding 1, dilation 2", t_conv1d, D_F, OK, true, 3,
         INS(I(3, CONTIG, RANDN, 2, 3, 9), I(3, CONTIG, RANDN, 4, 3, 3), I(1, CONTIG, RANDN, 4)),
         N(2), N(1), N(2), N(1)),
-    ROW("conv1d", "no bias, groups 2, transposed input", t_conv1d, D_F32_64, OK, true, 3,
+    /* the transposed (N, C, L) input is channels-last once unsqueezed: conv2d's nhwc kernel */
+    LROW("conv1d", "no bias, groups 2, transposed input", t_conv1d, D_F32_64, OK, true, 3,
         INS(I(3, TRANSPOSED, RANDN, 1, 4, 6), I(3, CONTIG, RANDN, 2, 2, 3), NONE_IN), N(1), N(0),
         N(1), N(2)),
     ROW("conv1d", "channels mismatch", t_conv1d, D_F32_64, ESH, true, 3,
@@ -1077,6 +1083,37 @@ static const em_op_case std_cases[] = {
         INS(I(4, CONTIG, RANDN, 2, 3, 4, 4), I(4, CONTIG, RANDN, 2, 3, 4, 4), I(1, CONTIG, POS, 3),
             I(1, CONTIG, RANDN, 3), I(1, CONTIG, POS, 3)),
         B(false)),
+    /* Channels-last activations (docs/performance.md): the convolutions run oneDNN's nhwc
+     * kernels on them (another summation order: compared within the tolerance); ReLU and
+     * the poolings give the bits of the contiguous call. At the end of the table, so the rows
+     * above keep their indices (ember-opcheck seeds each row's inputs by it). */
+    LROW("conv2d", "channels-last input, bias, padding 1", t_conv2d, D_F, OK, true, 3,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 7, 6), I(4, CONTIG, RANDN, 4, 3, 3, 3),
+            I(1, CONTIG, RANDN, 4)),
+        INTS(2, 1, 1), INTS(2, 1, 1), INTS(2, 1, 1), N(1)),
+    LROW("conv2d", "channels-last input, one channel", t_conv2d, D_F, OK, true, 3,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 1, 6, 6), I(4, CONTIG, RANDN, 8, 1, 3, 3), NONE_IN),
+        INTS(2, 1, 1), INTS(2, 1, 1), INTS(2, 1, 1), N(1)),
+    LROW("conv2d_backward_data", "channels-last grad, padding 1", t_conv2d_bwd_data, D_F32_64,
+        OK, true, 2, INS(I(4, CHANNELS_LAST, RANDN, 2, 16, 5, 5), I(4, CONTIG, RANDN, 16, 16, 3, 3)),
+        INTS(2, 1, 1), INTS(2, 1, 1), INTS(2, 1, 1), N(1), INTS(2, 5, 5)),
+    LROW("conv2d_backward_weight", "channels-last input and grad", t_conv2d_bwd_weight,
+        D_F32_64, OK, false, 2,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 5, 5), I(4, CHANNELS_LAST, RANDN, 2, 8, 5, 5)),
+        INTS(2, 1, 1), INTS(2, 1, 1), INTS(2, 1, 1), N(1), INTS(2, 3, 3)),
+    ROW("max_pool2d", "2x2, channels-last", t_max_pool2d, D_F, OK, true, 1,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 6, 5)), INTS(2, 2, 2), NA, NA, NA, B(false)),
+    ROW("max_pool2d", "3x3 stride 2 padding 1 ceil, channels-last", t_max_pool2d, D_F32_64, OK,
+        true, 1, INS(I(4, CHANNELS_LAST, RANDN, 1, 2, 7, 7)), INTS(2, 3, 3), INTS(2, 2, 2),
+        INTS(2, 1, 1), NA, B(true)),
+    ROW("max_pool2d_backward", "2x2, channels-last", t_max_pool2d_bwd, D_F32_64, OK, false, 2,
+        INS(I(4, CHANNELS_LAST, RANDN, 1, 2, 2, 2),
+            {.ndim = 4, .layout = EM_CASE_CHANNELS_LAST, .values = EM_CASE_INDEX, .dtype = EM_I64,
+             .bound = 16, .shape = {1, 2, 2, 2}}),
+        INTS(2, 4, 4)),
+    ROW("relu", "channels-last", t_relu, D_F, OK, true, 1, INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 4, 5))),
+    ROW("relu_backward", "channels-last grad and output", NULL, D_F32_64, OK, false, 2,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 4, 5), I(4, CHANNELS_LAST, RANDN, 2, 3, 4, 5))),
 };
 
 const em_op_case *em__op_cases_standard(size_t *n) {

@@ -172,6 +172,7 @@ em_tensor *em_case_make(const em_case_input *spec, em_dtype row_dtype, uint64_t 
     em_case_layout lay = spec->layout;
     if (lay == EM_CASE_TRANSPOSED && nd < 2) lay = EM_CASE_CONTIG;
     if ((lay == EM_CASE_SLICED || lay == EM_CASE_EXPANDED) && nd < 1) lay = EM_CASE_CONTIG;
+    if (lay == EM_CASE_CHANNELS_LAST && nd != 4) lay = EM_CASE_CONTIG;
     if (lay == EM_CASE_TRANSPOSED) base[nd - 2] = spec->shape[nd - 1], base[nd - 1] = spec->shape[nd - 2];
     if (lay == EM_CASE_SLICED) base[nd - 1] = spec->shape[nd - 1] + 2;
     if (lay == EM_CASE_EXPANDED) base[0] = 1;
@@ -204,6 +205,7 @@ em_tensor *em_case_make(const em_case_input *spec, em_dtype row_dtype, uint64_t 
     case EM_CASE_TRANSPOSED: return em_transpose(t, nd - 2, nd - 1);
     case EM_CASE_SLICED: return em_narrow(t, nd - 1, 1, spec->shape[nd - 1]);
     case EM_CASE_EXPANDED: return em_expand(t, nd, spec->shape);
+    case EM_CASE_CHANNELS_LAST: return em_channels_last(t);
     default: return t;
     }
 }

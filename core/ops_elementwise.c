@@ -106,9 +106,12 @@ em_status em__ops_declare_elementwise(em_registry *core) {
                          .infer = infer_same, .backward = d_neg, .prepare = prep_neg});
     DECLA(EM_AUTOCAST_FLOAT32, op_exp, "exp", 1, fr, infer_same, d_exp, out0);
     DECLA(EM_AUTOCAST_FLOAT32, op_log, "log", 1, fr, infer_same, d_log, in0);
-    DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, 0, infer_same, d_relu, out0);
+    /* relu and its backward keep a channels-last activation's layout (EM_OP_CHANNELS_LAST:
+     * the CPU loop runs over it as one flat array). */
+    const unsigned cl = EM_OP_CHANNELS_LAST;
+    DECL(op_relu, "relu", 1, 0, NULL, NULL, 0, cl, infer_same, d_relu, out0);
     /* relu_backward(grad, y) = grad where y > 0, else 0 (its own derivative is not needed). */
-    DECL(op_relu_backward, "relu_backward", 2, 0, NULL, NULL, 0, nd, infer_same, NULL, 0);
+    DECL(op_relu_backward, "relu_backward", 2, 0, NULL, NULL, 0, nd | cl, infer_same, NULL, 0);
 #undef DECL
 #undef DECLA
     return st;

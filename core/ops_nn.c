@@ -4,7 +4,14 @@
  * derivatives (through the backward helpers) and the typed public functions of ember/ops.h.
  *
  * The public functions make every input contiguous, so the kernels see dense row-major
- * (NCHW) tensors. f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
+ * (NCHW) tensors — except channels-last activations on the CPU (em_tensor_is_channels_last):
+ * conv2d's input, conv2d_backward_data's grad_output, conv2d_backward_weight's input and
+ * grad_output, max_pool2d's input and max_pool2d_backward's grad_output and indices are then
+ * passed as they are, and conv2d, conv2d_backward_data, max_pool2d and its backward
+ * (EM_OP_CHANNELS_LAST) give their outputs that layout; a kernel that does not read it
+ * declines the call in supports() and the call is made again on contiguous copies
+ * (docs/performance.md, design (b)). max_pool2d_backward's grad_output is first made
+ * channels-last when its indices are (the grad a flatten's backward gives is row-major). f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
  * when the device's backend registers a kernel of the op for that dtype and the kernel
  * accepts the call; otherwise — no kernel for the dtype, or every kernel's supports()
  * declined (the dispatcher reports that as EM_ERR_NOKERNEL before it runs or records
@@ -566,6 +573,16 @@ EM__COMPOSITE(c_conv1d);
 EM__COMPOSITE(c_conv_transpose2d);
 EM__COMPOSITE(c_group_norm);
 
+/* The kernel ops whose output keeps a channels-last input's layout (conv2d_backward_weight's
+ * outputs are the weight's and the bias's: always plain). */
+static unsigned layout_flags(const char *name) {
+    static const char *const cl[] = {"conv2d", "conv2d_backward_data", "max_pool2d",
+                                     "max_pool2d_backward"};
+    for (size_t i = 0; i < sizeof cl / sizeof cl[0]; i++)
+        if (strcmp(name, cl[i]) == 0) return EM_OP_CHANNELS_LAST;
+    return 0;
+}
+
 static em_status declare(em_registry *core, const em_op **out, int autocast, const char *name,
                          int n_in, const char *const *in_names, int n_out, int n_attrs,
                          const char *const *attr_names, const em_attr_type *types,
@@ -574,7 +591,8 @@ static em_status declare(em_registry *core, const em_op **out, int autocast, con
     return em__declare(core, out, (em_op_schema){.name = name, .n_inputs = n_in,
                        .input_names = in_names, .n_outputs = n_out, .n_attrs = n_attrs,
                        .attr_names = attr_names, .attr_types = types, .dispatch_arg = 0,
-                       .flags = backward ? 0 : EM_OP_NONDIFF, .infer = infer,
+                       .flags = (backward ? 0 : EM_OP_NONDIFF) | layout_flags(name),
+                       .infer = infer,
                        .backward = backward, .saves = saves, .composite = composite,
                        .optional_inputs = optional, .category = "nn", .autocast = autocast});
 }
@@ -832,12 +850,27 @@ static bool check_float(const char *who, const char *name, const em_tensor *t) {
     return false;
 }
 
-/* An owned, contiguous reference to t in dtype dt; a 0-element "none" tensor for NULL t. */
-static em_tensor *prep(const em_tensor *t, em_dtype dt, em_device dev) {
+/* An owned, contiguous reference to t in dtype dt; a 0-element "none" tensor for NULL t.
+ * keep_cl: a channels-last t already in dt on the CPU is passed as it is (the CPU kernels of
+ * the convolutions and max pooling read that layout; docs/performance.md). */
+static em_tensor *prep(const em_tensor *t, em_dtype dt, em_device dev, bool keep_cl) {
     if (!t) return em__empty(1, (const int64_t[]){0}, dt, dev);
+    if (keep_cl && t->dtype == dt && em__is_channels_last(t->ndim, t->shape, t->strides))
+        return em_tensor_retain((em_tensor *)t);
     em_tensor *c = em__to_dtype(t, dt);
     em_tensor *r = c ? em__contiguous(c) : NULL;
     em_tensor_release(c);
+    if (r && em__is_channels_last(r->ndim, r->shape, r->strides)) {
+        /* One channel, channels-last strides: contiguous bytes, but the kernel op would give
+         * its outputs that layout; a row-major copy. */
+        em_tensor *p = em__empty(r->ndim, r->shape, r->dtype, dev);
+        if (p && em_copy_(p, r) != EM_OK) {
+            em_tensor_release(p);
+            p = NULL;
+        }
+        em_tensor_release(r);
+        r = p;
+    }
     return r;
 }
 
@@ -874,8 +907,11 @@ static em_status run(const em_op *op, em_tensor **in, int n, const em_attr *attr
 
 /* How call() prepares an input: in the kernel dtype (activations, their grads, conv weights),
  * in the statistics dtype S (the norms' per-channel and per-row tensors), or as it is
- * (max_pool2d's indices). */
-enum { AS_X = 'x', AS_S = 's', AS_IS = 'i' };
+ * (max_pool2d's indices); AS_XL and AS_ISL as AS_X and AS_IS, except that a channels-last
+ * input on the CPU stays channels-last (the activations of conv2d, its backwards and max
+ * pooling). A kernel that does not read that layout declines it (supports()); the call is
+ * then made again on contiguous copies. */
+enum { AS_X = 'x', AS_S = 's', AS_IS = 'i', AS_XL = 'l', AS_ISL = 'j' };
 
 /* Runs op on the caller's inputs t[0..n) (NULL: an absent optional input, passed as "none"),
  * each prepared as roles[i] says; n_out results into res (owned). dt is the call's dtype
@@ -888,14 +924,27 @@ static em_status call(const em_op *op, em_dtype dt, const em_tensor *const *t, c
     em_device dev = t[0]->storage->device;
     em_dtype cd = compute_dtype(dt);
     bool native = dt != cd && em__op_has_kernel(op, dev.type, dt);
+    bool keep_cl = dev.type == EM_DEVICE_CPU_TYPE;
     for (;;) {
         em_dtype kd = native ? dt : cd;
         em_tensor *in[8];
-        for (int i = 0; i < n; i++)
-            in[i] = prep(t[i], roles[i] == AS_X ? kd : roles[i] == AS_S || !t[i] ? cd : t[i]->dtype,
-                         dev);
+        bool kept = false;
+        for (int i = 0; i < n; i++) {
+            char r = roles[i];
+            bool x = r == AS_X || r == AS_XL, l = keep_cl && (r == AS_XL || r == AS_ISL);
+            em_dtype want = x ? kd : r == AS_S || !t[i] ? cd : t[i]->dtype;
+            in[i] = prep(t[i], want, dev, l);
+            kept |= l && in[i] && in[i] == t[i] &&
+                    em__is_channels_last(t[i]->ndim, t[i]->shape, t[i]->strides);
+        }
         em_status st = run(op, in, n, attrs, res);
-        if (st != EM_ERR_NOKERNEL || !native) return st;
+        if (st != EM_ERR_NOKERNEL) return st;
+        if (kept) { /* no kernel reads channels-last here: the same call on contiguous copies */
+            em_clear_error();
+            keep_cl = false;
+            continue;
+        }
+        if (!native) return st;
         em_clear_error();
         native = false;
     }
@@ -950,7 +999,7 @@ EM__COMPOSITE(c_conv2d) {
     em_attr a[4] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
                     pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1))};
     em_tensor *y = NULL;
-    if (call(op_conv2d, input->dtype, in, "xxx", 3, a, &y) != EM_OK) return em_last_status();
+    if (call(op_conv2d, input->dtype, in, "lxx", 3, a, &y) != EM_OK) return em_last_status();
     *n_out = (out[0] = finish(y, input->dtype)) != NULL;
     return *n_out ? EM_OK : em_last_status();
 }
@@ -967,7 +1016,7 @@ EM__COMPOSITE(c_conv2d_bwd_data) {
     em_attr a[5] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
                     pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1)), attrs[4]};
     em_tensor *gx = NULL;
-    if (call(op_conv2d_bwd_data, gy->dtype, in, "xx", 2, a, &gx) != EM_OK)
+    if (call(op_conv2d_bwd_data, gy->dtype, in, "lx", 2, a, &gx) != EM_OK)
         return em_last_status();
     *n_out = (out[0] = finish(gx, gy->dtype)) != NULL;
     return *n_out ? EM_OK : em_last_status();
@@ -985,7 +1034,7 @@ EM__COMPOSITE(c_conv2d_bwd_weight) {
     em_attr a[5] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
                     pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1)), attrs[4]};
     em_tensor *res[2] = {NULL, NULL};
-    em_status st = call(op_conv2d_bwd_weight, input->dtype, in, "xx", 2, a, res);
+    em_status st = call(op_conv2d_bwd_weight, input->dtype, in, "ll", 2, a, res);
     for (int i = 0; i < 2 && st == EM_OK; i++)
         if (!(res[i] = finish(res[i], input->dtype))) st = em_last_status();
     return outputs(st, res, 2, out, n_out);
@@ -1002,7 +1051,7 @@ EM__COMPOSITE(c_max_pool2d) {
     em_attr a[5] = {attrs[0], pair_or(attrs, 1, &attrs[0], 1), pair_or(attrs, 2, NULL, 0),
                     pair_or(attrs, 3, NULL, 1), abool(em__attr_bool_or(attrs, 4, false))};
     em_tensor *res[2] = {NULL, NULL};
-    em_status st = call(op_max_pool2d, input->dtype, &input, "x", 1, a, res);
+    em_status st = call(op_max_pool2d, input->dtype, &input, "l", 1, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
     return outputs(st, res, 2, out, n_out);
 }
@@ -1013,9 +1062,19 @@ EM__COMPOSITE(c_max_pool2d_bwd) {
     if (!check_float("max_pool2d_backward", "grad_output", in[0])) return em_last_status();
     if (!has_pair(attrs, 0))
         return em_set_error(EM_ERR_INVALID, "max_pool2d_backward: input_size is required");
-    em_tensor *gx = NULL;
-    if (call(op_max_pool2d_bwd, in[0]->dtype, in, "xi", 2, attrs, &gx) != EM_OK)
-        return em_last_status();
+    /* Indices from a channels-last forward: grad_output in their layout too (the gradient
+     * arriving through a flatten's reshape is row-major), so the kernel reads one layout. */
+    const em_tensor *args[2] = {in[0], in[1]};
+    em_tensor *gyl = NULL, *gx = NULL;
+    if (in[0]->storage->device.type == EM_DEVICE_CPU_TYPE &&
+        em__is_channels_last(in[1]->ndim, in[1]->shape, in[1]->strides) &&
+        !em__is_channels_last(in[0]->ndim, in[0]->shape, in[0]->strides) && in[0]->ndim == 4) {
+        if (!(gyl = em__channels_last(in[0]))) return em_last_status();
+        args[0] = gyl;
+    }
+    em_status st = call(op_max_pool2d_bwd, in[0]->dtype, args, "lj", 2, attrs, &gx);
+    em_tensor_release(gyl);
+    if (st != EM_OK) return em_last_status();
     *n_out = (out[0] = finish(gx, in[0]->dtype)) != NULL;
     return *n_out ? EM_OK : em_last_status();
 }
@@ -1082,7 +1141,8 @@ EM__COMPOSITE(c_batch_norm) {
     em_device dev = input->storage->device;
     /* The running stats the kernel updates: the caller's own when usable as they are (S,
      * contiguous), otherwise copies written back afterwards. */
-    em_tensor *rs[2] = {prep(running_mean, cd, dev), prep(running_var, cd, dev)},
+    em_tensor *rs[2] = {prep(running_mean, cd, dev, false),
+                        prep(running_var, cd, dev, false)},
               *user[2] = {running_mean, running_var};
     em_attr a[3] = {abool(training), afloat(em__attr_float_or(attrs, 1, 0.1)),
                     afloat(em__attr_float_or(attrs, 2, 1e-5))};

@@ -567,6 +567,31 @@ size_t em_tensor_nbytes(const em_tensor *t) { return (size_t)t->numel * em__dtyp
 bool em_tensor_is_contiguous(const em_tensor *t) {
     return em__is_contiguous(t->ndim, t->shape, t->strides);
 }
+
+/* Channels-last (docs/performance.md, design (b)): 4 dims (N, C, H, W), dense in the order
+ * N, H, W, C (size-1 dims ignored, as em__is_contiguous does) and C's stride 1. A tensor
+ * that is also C-contiguous with C > 1 (H = W = 1) is not: row-major wins the tie. C = 1
+ * tensors are row-major unless C's stride says channels-last (what em__empty_channels_last
+ * makes), so the layout of a one-channel activation is known. */
+bool em__is_channels_last(int ndim, const int64_t *shape, const int64_t *strides) {
+    if (ndim != 4 || strides[1] != 1) return false;
+    const int64_t sh[4] = {shape[0], shape[2], shape[3], shape[1]},
+                  st[4] = {strides[0], strides[2], strides[3], strides[1]};
+    if (!em__is_contiguous(4, sh, st)) return false;
+    return shape[1] == 1 || !em__is_contiguous(4, shape, strides);
+}
+
+bool em_tensor_is_channels_last(const em_tensor *t) {
+    return t && em__is_channels_last(t->ndim, t->shape, t->strides);
+}
+
+em_tensor *em__empty_channels_last(const int64_t *shape, em_dtype dt, em_device dev) {
+    em_tensor *t = em__empty(4, shape, dt, dev);
+    if (!t) return NULL;
+    const int64_t C = shape[1], W = shape[3], H = shape[2];
+    t->strides[0] = H * W * C, t->strides[1] = 1, t->strides[2] = W * C, t->strides[3] = C;
+    return t;
+}
 void *em_tensor_data(const em_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
 }
@@ -1162,6 +1187,23 @@ static em_tensor *clone_impl(const em_tensor *t) {
     return copy_as(t, t->dtype, t->storage->device);
 }
 
+static em_tensor *channels_last_impl(const em_tensor *t) {
+    if (!em__check_inputs("channels_last", &t, 1)) return NULL;
+    if (t->ndim != 4) {
+        char b[160];
+        em_set_error(EM_ERR_SHAPE, "channels_last: expected a 4-dim (N, C, H, W) tensor, got %s",
+                     em__shape_str(t->ndim, t->shape, b, sizeof b));
+        return NULL;
+    }
+    if (em__is_channels_last(t->ndim, t->shape, t->strides)) return em_tensor_retain((em_tensor *)t);
+    em_tensor *c = em__empty_channels_last(t->shape, t->dtype, t->storage->device);
+    if (c && em_copy_(c, t) != EM_OK) {
+        em_tensor_release(c);
+        return NULL;
+    }
+    return c;
+}
+
 static em_tensor *contiguous_impl(const em_tensor *t) {
     if (!em__check_inputs("contiguous", &t, 1)) return NULL;
     if (em_tensor_is_contiguous(t)) return em_tensor_retain((em_tensor *)t);
@@ -1208,6 +1250,12 @@ em_tensor *em__clone(const em_tensor *t) {
     obs_begin1(&f, EM_OP_EVENT_COPY, "clone", t, 0, NULL);
     return em__obs_end1(&f, clone_impl(t));
 }
+em_tensor *em__channels_last(const em_tensor *t) {
+    if (!em__observing()) return channels_last_impl(t);
+    em__obs_frame f;
+    obs_begin1(&f, EM_OP_EVENT_COPY, "channels_last", t, 0, NULL);
+    return em__obs_end1(&f, channels_last_impl(t));
+}
 em_tensor *em__contiguous(const em_tensor *t) {
     if (!em__observing()) return contiguous_impl(t);
     em__obs_frame f;
@@ -1232,6 +1280,7 @@ em_tensor *em__to_dtype(const em_tensor *t, em_dtype dt) {
 
 em_tensor *em_clone(const em_tensor *t) { return em__scope_track(em__clone(t)); }
 em_tensor *em_contiguous(const em_tensor *t) { return em__scope_track(em__contiguous(t)); }
+em_tensor *em_channels_last(const em_tensor *t) { return em__scope_track(em__channels_last(t)); }
 em_tensor *em_to_device(const em_tensor *t, em_device dev) {
     return em__scope_track(em__to_device(t, dev));
 }

@@ -187,6 +187,23 @@ Test(layers, conv2d_against_the_op) {
     assert_close(y, ref, 1e-5);
     em_module_free(c);
 
+    /* memory_format: channels_last gives the same values with channels-last strides, from a
+     * row-major input and from a channels-last one (the previous layer's output) */
+    c = must(MAKE("Conv2d", "in_channels", "4", "out_channels", "6", "kernel_size", "3",
+                  "padding", "1", "memory_format", "channels_last"));
+    ref = em_conv2d(x, em_module_parameter(c, "weight"), em_module_parameter(c, "bias"), NULL,
+                    (int64_t[]){1, 1}, NULL, 1);
+    y = run(c, x);
+    cr_assert(em_tensor_is_channels_last(y) && !em_tensor_is_channels_last(ref));
+    assert_close(y, ref, 1e-5);
+    y = run(c, em_channels_last(x));
+    cr_assert(em_tensor_is_channels_last(y));
+    assert_close(y, ref, 1e-5);
+    em_module_free(c);
+    cr_assert_null(MAKE("Conv2d", "in_channels", "3", "out_channels", "8", "kernel_size", "3",
+                        "memory_format", "nhwc"));
+    cr_assert(strstr(em_last_error(), "memory_format"), "%s", em_last_error());
+
     /* a channel mismatch names the layer */
     c = must(MAKE("Conv2d", "in_channels", "3", "out_channels", "3", "kernel_size", "1"));
     cr_assert_null(em_module_forward(c, x));

@@ -32,6 +32,7 @@ TestSuite(pool, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(norm, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(softmax, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(dnnl, .init = em_test_setup, .fini = em_test_teardown);
+TestSuite(layout, .init = em_test_setup, .fini = em_test_teardown);
 
 /* ---- fixtures --------------------------------------------------------------------------------- */
 
@@ -1130,4 +1131,123 @@ Test(pool, max_pool2x2_fast_path) {
         free(v), free(wy), free(wi), free(ri), free(g), free(wg);
         em_scope_end();
     }
+}
+
+/* ---- channels-last activations (docs/performance.md, design (b)) -------------------------------- */
+
+/* Max pooling on a channels-last input against the plain-loop reference: the same maxima,
+ * the same plane indices (h*W + w) and the same backward sums, bit for bit, with the outputs
+ * channels-last; generic windows too (3x3, stride 2, padding 1, ceil). */
+Test(layout, max_pool2d_channels_last) {
+    for (int dt = 0; dt < 2; dt++) {
+        em_dtype d = dt ? EM_F64 : EM_F32;
+        em_scope_begin();
+        int64_t xs[4] = {2, 5, 9, 8}, nx = 2 * 5 * 9 * 8;
+        double *v = malloc(sizeof(double) * (size_t)nx);
+        em_test_fill_random(v, nx, 91);
+        for (int64_t j = 0; j < nx; j++) {
+            v[j] = floor(v[j] * 2); /* ties */
+            if (j % 31 == 4) v[j] = NAN;
+        }
+        em_tensor *x = make(d, 4, xs, v, CONTIG), *xl = em_channels_last(x);
+        cr_assert(em_tensor_is_channels_last(xl) && !em_tensor_is_channels_last(x));
+        const int64_t ks[2][2] = {{2, 2}, {3, 3}}, ss[2][2] = {{2, 2}, {2, 2}}, ps[2][2] = {{0, 0}, {1, 1}};
+        for (int c = 0; c < 2; c++) {
+            em_tensor *y, *idx, *yl, *idxl;
+            cr_assert_eq(em_max_pool2d(x, ks[c], ss[c], ps[c], NULL, c == 1, &y, &idx), EM_OK, "%s",
+                         em_last_error());
+            cr_assert_eq(em_max_pool2d(xl, ks[c], ss[c], ps[c], NULL, c == 1, &yl, &idxl), EM_OK,
+                         "%s", em_last_error());
+            cr_assert(em_tensor_is_channels_last(yl) && em_tensor_is_channels_last(idxl),
+                      "max_pool2d keeps channels-last");
+            int64_t ny = em_tensor_numel(y);
+            double *wy = malloc(sizeof(double) * (size_t)ny), *wi = malloc(sizeof(double) * (size_t)ny);
+            em_tensor *y64 = em_to_dtype(y, EM_F64), *i64 = em_to_dtype(idx, EM_F64);
+            cr_assert_eq(em_tensor_to_host(y64, wy, sizeof(double) * (size_t)ny), EM_OK);
+            cr_assert_eq(em_tensor_to_host(i64, wi, sizeof(double) * (size_t)ny), EM_OK);
+            check_close(yl, wy, ny, 0, 0, "channels-last max_pool2d output");
+            check_close(idxl, wi, ny, 0, 0, "channels-last max_pool2d indices");
+            if (c == 0) { /* the 2x2 plain path against ref_pool2 as well */
+                int64_t *ri = malloc(sizeof(int64_t) * (size_t)ny);
+                double *ry = malloc(sizeof(double) * (size_t)ny), *rw = malloc(sizeof(double) * (size_t)ny);
+                ref_pool2(v, 10, 9, 8, 4, 4, ry, ri);
+                for (int64_t j = 0; j < ny; j++) rw[j] = (double)ri[j];
+                if (d == EM_F64) check_close(yl, ry, ny, 0, 0, "channels-last 2x2 against the loop");
+                check_close(idxl, rw, ny, 0, 0, "channels-last 2x2 indices against the loop");
+                free(ri), free(ry), free(rw);
+            }
+            /* Backward: a row-major grad (what a flatten's backward gives) and a channels-last one. */
+            double *g = malloc(sizeof(double) * (size_t)ny), *wg = malloc(sizeof(double) * (size_t)nx);
+            em_test_fill_random(g, ny, 92);
+            em_tensor *gy = make(d, 4, em_tensor_shape(y), g, CONTIG);
+            em_tensor *gx = em_max_pool2d_backward(gy, idx, xs + 2);
+            cr_assert(gx, "%s", em_last_error());
+            cr_assert_eq(em_tensor_to_host(em_to_dtype(gx, EM_F64), wg, sizeof(double) * (size_t)nx), EM_OK);
+            em_tensor *gxl = em_max_pool2d_backward(gy, idxl, xs + 2);
+            em_tensor *gxl2 = em_max_pool2d_backward(em_channels_last(gy), idxl, xs + 2);
+            cr_assert(gxl && gxl2, "%s", em_last_error());
+            cr_assert(em_tensor_is_channels_last(gxl) && em_tensor_is_channels_last(gxl2));
+            check_close(gxl, wg, nx, 0, 0, "channels-last max_pool2d_backward (row-major grad)");
+            check_close(gxl2, wg, nx, 0, 0, "channels-last max_pool2d_backward");
+            free(wy), free(wi), free(g), free(wg);
+        }
+        free(v);
+        em_scope_end();
+    }
+}
+
+/* The CNN of bench/train_step (conv, ReLU, pool twice, flatten, linear) on a one-channel
+ * input made channels-last against the same network on row-major tensors: every activation
+ * stays channels-last up to the flatten, the forward and every parameter's gradient agree
+ * within f32 rounding (the convolutions run other oneDNN kernels), and the loss is finite. */
+Test(layout, channels_last_cnn) {
+    em_scope_begin();
+    int64_t xs[4] = {4, 1, 12, 12}, w1s[4] = {8, 1, 3, 3}, w2s[4] = {16, 8, 3, 3}, fs[2] = {3, 16 * 3 * 3};
+    int64_t n1 = 8 * 9, n2 = 16 * 8 * 9, nf = 3 * 144, nx = 4 * 144;
+    double *v = malloc(sizeof(double) * (size_t)(nx + n1 + n2 + nf + 24));
+    em_test_fill_random(v, nx + n1 + n2 + nf + 24, 93);
+    em_tensor *grads[2][5];
+    double loss[2];
+    for (int cl = 0; cl < 2; cl++) {
+        em_tensor *p[5] = {make(EM_F32, 4, w1s, v + nx, CONTIG), make(EM_F32, 1, w1s, v + nx + n1, CONTIG),
+                           make(EM_F32, 4, w2s, v + nx + n1, CONTIG),
+                           make(EM_F32, 1, w2s, v + nx + n1 + n2, CONTIG),
+                           make(EM_F32, 2, fs, v + nx + n1 + n2, CONTIG)};
+        for (int i = 0; i < 5; i++) em_requires_grad_(p[i], true);
+        em_tensor *x = make(EM_F32, 4, xs, v, CONTIG);
+        if (cl) x = em_channels_last(x);
+        const int64_t pad[2] = {1, 1}, k2[2] = {2, 2};
+        em_tensor *a = em_relu(em_conv2d(x, p[0], p[1], NULL, pad, NULL, 1));
+        cr_assert(a && (!cl || em_tensor_is_channels_last(a)), "conv1 + relu: %s", em_last_error());
+        cr_assert_eq(em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL), EM_OK);
+        cr_assert(!cl || em_tensor_is_channels_last(a), "pool1");
+        a = em_relu(em_conv2d(a, p[2], p[3], NULL, pad, NULL, 1));
+        cr_assert(a && (!cl || em_tensor_is_channels_last(a)), "conv2 + relu: %s", em_last_error());
+        cr_assert_eq(em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL), EM_OK);
+        cr_assert(!cl || em_tensor_is_channels_last(a), "pool2");
+        em_tensor *h = em_linear(em_flatten(a, 1, 3), p[4], NULL);
+        em_tensor *l = em_sum(em_mul(h, h), 0, NULL, false);
+        cr_assert(l, "%s", em_last_error());
+        loss[cl] = em_item(l);
+        cr_assert_eq(em_backward(l), EM_OK, "%s", em_last_error());
+        for (int i = 0; i < 5; i++) {
+            grads[cl][i] = em_tensor_grad(p[i]);
+            cr_assert(grads[cl][i] && em_tensor_is_contiguous(grads[cl][i]), "grad %d plain", i);
+        }
+    }
+    cr_assert(isfinite(loss[0]) && fabs(loss[1] - loss[0]) <= 1e-4 * fabs(loss[0]), "loss %g vs %g",
+              loss[1], loss[0]);
+    for (int i = 0; i < 5; i++) {
+        int64_t n = em_tensor_numel(grads[0][i]);
+        double *want = malloc(sizeof(double) * (size_t)n);
+        cr_assert_eq(em_tensor_to_host(em_to_dtype(grads[0][i], EM_F64), want, sizeof(double) * (size_t)n), EM_OK);
+        double scale = 0;
+        for (int64_t j = 0; j < n; j++) scale = fmax(scale, fabs(want[j]));
+        char what[64];
+        snprintf(what, sizeof what, "channels-last CNN: parameter %d's gradient", i);
+        check_close(grads[1][i], want, n, 1e-4, 1e-5 * scale, what);
+        free(want);
+    }
+    free(v);
+    em_scope_end();
 }

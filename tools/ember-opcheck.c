@@ -12,8 +12,10 @@
  *   eval     on the CPU: every kernel of the op's priority stack against the one below it, on
  *            outputs poisoned first (NaN, or a sentinel for integers and bools, so every element
  *            must be written); every float32/float16/bfloat16 result against the same case in
- *            float64 within the dtype's tolerance; layout invariance (a transposed, sliced or
- *            expanded input gives the bits of its contiguous copy). On another device: every
+ *            float64 within the dtype's tolerance; layout invariance (a transposed, sliced,
+ *            expanded or channels-last input gives the bits of its contiguous copy; rows
+ *            flagged EM_CASE_LAYOUT_TOL, the convolutions on channels-last operands, within
+ *            the dtype's tolerance). On another device: every
  *            kernel it registers against the CPU; ops it runs through the fallback policy are
  *            reported as "fallback", never as passed.
  *   grad     the backward of every differentiable row against central finite differences in
@@ -308,7 +310,8 @@ typedef struct row {
 } row;
 
 static const char *layout_name(const em_op_case *c) {
-    static const char *names[] = {"contiguous", "transposed", "sliced", "expanded"};
+    static const char *names[] = {"contiguous", "transposed", "sliced", "expanded",
+                                  "channels-last"};
     int worst = 0;
     for (int i = 0; i < c->n_in; i++)
         if (!c->in[i].absent && (int)c->in[i].layout > worst) worst = (int)c->in[i].layout;
@@ -654,8 +657,10 @@ static void eval_row(unit *u, const em_op *op, const row *r, em_dtype dt, em_dev
                 unit_fail(u, "%s: on contiguous copies of the inputs: %s", rs, em_last_error());
                 em_clear_error();
             } else {
+                /* Bit for bit, unless the row says the layout runs another kernel. */
+                double lt = (c->flags & EM_CASE_LAYOUT_TOL) ? sc : -1;
                 for (int j = 0; j < n_ref && j < nd; j++)
-                    if (!compare(ref[j], rd[j], -1, why, sizeof why))
+                    if (!compare(ref[j], rd[j], lt, why, sizeof why))
                         unit_fail(u, "%s: output %d differs from the result on contiguous copies "
                                   "of the inputs: %s", rs, j, why);
             }

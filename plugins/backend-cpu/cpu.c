@@ -299,10 +299,53 @@ static inline void foreach_row(int nops, const em_ktensor *const *ts, int nd, co
     fn(p, istride, inner, ctx);
 }
 
+/* Whether t's elements fill numel consecutive slots from its data in some order of its dims
+ * (a dense permutation: channels-last, a transposed matrix; size-1 dims ignored). */
+static bool dense_permuted(const em_ktensor *t) {
+    int64_t st[EM_MAX_DIMS], sh[EM_MAX_DIMS];
+    int n = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 1) continue;
+        int i = n++; /* insertion by decreasing stride */
+        while (i > 0 && st[i - 1] < t->strides[d]) st[i] = st[i - 1], sh[i] = sh[i - 1], i--;
+        st[i] = t->strides[d], sh[i] = t->shape[d];
+    }
+    int64_t expect = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        if (st[i] != expect) return false;
+        expect *= sh[i];
+    }
+    return true;
+}
+
 void cpu_foreach(const em_kernel_ctx *kc, int nops, const em_ktensor *const *ts, cpu_loop_fn fn,
                  void *ctx, int64_t grain) {
     const em_ktensor *t0 = ts[0];
     if (t0->numel == 0) return;
+    /* Operands that share one dense non-row-major layout (channels-last activations through
+     * relu and its backward): element i of each is at the same place, so the loop runs over
+     * them as flat arrays. */
+    if (!t0->contiguous && dense_permuted(t0)) {
+        bool same = true;
+        for (int k = 1; k < nops && same; k++) {
+            same = ts[k]->ndim == t0->ndim && ts[k]->numel == t0->numel;
+            for (int d = 0; d < t0->ndim && same; d++)
+                same = ts[k]->shape[d] == t0->shape[d] &&
+                       (t0->shape[d] == 1 || ts[k]->strides[d] == t0->strides[d]);
+        }
+        if (same) {
+            em_ktensor flat[CPU_MAX_OPS];
+            const em_ktensor *fts[CPU_MAX_OPS];
+            for (int k = 0; k < nops; k++) {
+                flat[k] = *ts[k];
+                flat[k].ndim = 1, flat[k].shape[0] = t0->numel, flat[k].strides[0] = 1;
+                flat[k].contiguous = true;
+                fts[k] = &flat[k];
+            }
+            cpu_foreach(kc, nops, fts, fn, ctx, grain);
+            return;
+        }
+    }
     /* Byte strides, size-1 dims dropped, then adjacent dims merged where every operand is
      * contiguous across them. */
     int64_t shape[EM_MAX_DIMS], st[CPU_MAX_OPS][EM_MAX_DIMS];

@@ -28,6 +28,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,7 +172,35 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
+/* Every operand channels-last (x, y and idx, or gy, idx and gx) with at least one not
+ * also row-major: the f32/f64 channels-last loops. */
+static bool pool_nhwc(const em_kernel_ctx *k) {
+    bool all_plain = true;
+    for (int i = 0; i < k->n_in + k->n_out; i++) {
+        const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
+        if (!nn_dense_nhwc(t)) return false;
+        all_plain &= t->contiguous;
+    }
+    return !all_plain;
+}
+
+static bool all_contiguous(const em_kernel_ctx *k) {
+    for (int i = 0; i < k->n_in + k->n_out; i++)
+        if (!(i < k->n_in ? &k->in[i] : &k->out[i - k->n_in])->contiguous) return false;
+    return true;
+}
+
+/* The loops' supports(): contiguous operands (a channels-last call the kernels above did not
+ * take goes back to the core, which repeats it on contiguous copies); max pooling also takes
+ * channels-last f32 and f64. */
+static bool supports_dense(const em_kernel_ctx *k) { return all_contiguous(k); }
+static bool supports_pool(const em_kernel_ctx *k) {
+    return all_contiguous(k) || (k->out[0].dtype != EM_BF16 && pool_nhwc(k));
+}
+
 static em_status k_max_pool2d(const em_kernel_ctx *k) {
+    if (k->out[0].dtype != EM_BF16 && pool_nhwc(k))
+        return k->out[0].dtype == EM_F64 ? max_pool2d_nhwc_f64(k) : max_pool2d_nhwc_f32(k);
     em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     if (k->out[0].dtype == EM_F64) return max_pool2d_f64(k);
@@ -236,6 +265,8 @@ static void max_pool_bwd_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
 }
 
 static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
+    if (k->out[0].dtype != EM_BF16 && pool_nhwc(k))
+        return k->out[0].dtype == EM_F64 ? max_pool2d_bwd_f64(k) : max_pool2d_bwd_f32(k);
     em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     if (k->out[0].dtype == EM_F64) return max_pool2d_bwd_f64(k);
@@ -264,6 +295,20 @@ static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
 
 /* ---- registration ------------------------------------------------------------------------------ */
 
+/* cpu_register_kernels with a supports() predicate. */
+static em_status register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
+                                  em_kernel_fn fn, const char *name, em_kernel_supports_fn sup) {
+    for (int i = 0; i < n; i++) {
+        char kname[96];
+        snprintf(kname, sizeof kname, "%s_%s", name, em_dtype_name(dts[i]));
+        em_kernel_def def = {.struct_size = sizeof def, .op = op, .device_type = "cpu",
+                             .dtype = dts[i], .fn = fn, .supports = sup, .name = kname};
+        em_status st = em_kernel_register(r, &def, NULL);
+        if (st != EM_OK) return st;
+    }
+    return EM_OK;
+}
+
 em_status cpu_register_nn(em_registry *r) {
     static const em_dtype dts[] = {EM_F32, EM_F64};
     static const struct {
@@ -290,15 +335,23 @@ em_status cpu_register_nn(em_registry *r) {
         {"log_softmax_backward", k_softmax_any, "cpu_log_softmax_backward"},
     };
     em_status st = EM_OK;
-    for (size_t i = 0; i < sizeof loops / sizeof loops[0] && st == EM_OK; i++)
-        st = cpu_register_kernels(r, loops[i].op, dts, 2, loops[i].fn, loops[i].name);
+    /* The ops that may be called with channels-last operands (EM_OP_CHANNELS_LAST, core/
+     * ops_nn.c): their loops say what they take; the others keep the error of
+     * cpu_check_dense for a strided call. */
+    for (size_t i = 0; i < sizeof loops / sizeof loops[0] && st == EM_OK; i++) {
+        bool pool = strncmp(loops[i].op, "max_pool2d", 10) == 0;
+        bool conv = strncmp(loops[i].op, "conv2d", 6) == 0;
+        st = register_kernels(r, loops[i].op, dts, 2, loops[i].fn, loops[i].name,
+                              pool ? supports_pool : conv ? supports_dense : NULL);
+    }
     /* bf16 max pooling: ours (the other bf16 nn kernels are oneDNN's). */
     static const em_dtype bf16[] = {EM_BF16};
     if (st == EM_OK)
-        st = cpu_register_kernels(r, "max_pool2d", bf16, 1, k_max_pool2d, "cpu_max_pool2d");
+        st = register_kernels(r, "max_pool2d", bf16, 1, k_max_pool2d, "cpu_max_pool2d",
+                              supports_pool);
     if (st == EM_OK)
-        st = cpu_register_kernels(r, "max_pool2d_backward", bf16, 1, k_max_pool2d_bwd,
-                                  "cpu_max_pool2d_backward");
+        st = register_kernels(r, "max_pool2d_backward", bf16, 1, k_max_pool2d_bwd,
+                              "cpu_max_pool2d_backward", supports_pool);
 #ifdef EM_HAVE_DNNL
     const char *off = getenv("EMBER_CPU_DISABLE_DNNL");
     if (st == EM_OK && !(off && strcmp(off, "1") == 0)) st = cpu_nn_dnnl_register(r);

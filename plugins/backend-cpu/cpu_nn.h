@@ -31,6 +31,22 @@ static inline nn_conv nn_conv_geom(const em_ktensor *x, const em_ktensor *w, con
 /* A pooling's geometry from x (N, C, H, W) and y (N, C, OH, OW); max pooling's attributes
  * are kernel, stride, padding, dilation, ceil_mode; average pooling's kernel, stride,
  * padding, ceil_mode, count_include_pad. */
+/* Whether a 4-dim tensor's bytes are dense in the order N, H, W, C (size-1 dims ignored):
+ * channels-last (a dnnl_nhwc descriptor reads it). A one-channel row-major tensor is both. */
+static inline bool nn_dense_nhwc(const em_ktensor *t) {
+    if (t->ndim != 4) return false;
+    int64_t expect = 1;
+    static const int order[4] = {1, 3, 2, 0}; /* innermost first: C, W, H, N */
+    for (int i = 0; i < 4; i++) {
+        int d = order[i];
+        if (t->shape[d] == 0) return true;
+        if (t->shape[d] == 1) continue;
+        if (t->strides[d] != expect) return false;
+        expect *= t->shape[d];
+    }
+    return true;
+}
+
 typedef struct nn_pool {
     int64_t N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw;
     bool cip;
@@ -86,6 +102,11 @@ void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int6
 /* The same on AVX2 (8 windows a step; same maxima and indices); call only when
  * cpu_nn_has_avx2() (AVX2 and FMA). */
 bool cpu_nn_has_avx2(void);
+/* One channels-last 2x2 window (all four positions inside the input): the C-vectors at p00,
+ * p00 + C, p00 + WC, p00 + WC + C; maxima into y[0..C), plane indices (base + 0, 1, W or
+ * W + 1) into idx. Call only when cpu_nn_has_avx2(). */
+void cpu_nn_max_pool2x2_nhwc_f32_avx2(const float *p00, int64_t WC, int64_t C, int64_t base,
+                                      int64_t W, float *y, int64_t *idx);
 void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
                                  int64_t OH, int64_t OW);
 /* The same for a bf16 plane (maxima stored exactly); call only when cpu_nn_has_avx512bw(). */

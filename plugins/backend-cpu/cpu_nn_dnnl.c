@@ -283,8 +283,14 @@ static dnnl_status_t build_conv(dn_prim *p) {
     dnnl_dims_t sd = {N, C, H, W}, dd = {N, O, OH, OW}, bd = {O};
     dnnl_dims_t wd5 = {g, O / g, C / g, kh, kw}, wd4 = {O, C, kh, kw};
     dnnl_dims_t strides = {v[9], v[10]}, pl = {v[11], v[12]}, dil = {v[13] - 1, v[14] - 1};
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, dnnl_nchw);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, dnnl_nchw);
+    /* nhwc (v[18]): channels-last activations, passed as they are with the primitive fixed
+     * to that layout, so no reorder is made (docs/performance.md: on AVX2 every jit:avx2
+     * kernel nChw8c has exists for nhwc, as fast forward and backward-data, faster
+     * backward-weight). */
+    const bool nhwc = v[18] == 1;
+    const dnnl_format_tag_t act = nhwc ? dnnl_nhwc : dnnl_nchw;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, act);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, act);
     if (s == dnnl_success)
         s = g > 1 ? dnnl_memory_desc_init_by_tag(&w, 5, wd5, dt, dnnl_goihw)
                   : dnnl_memory_desc_init_by_tag(&w, 4, wd4, dt, dnnl_oihw);
@@ -298,13 +304,16 @@ static dnnl_status_t build_conv(dn_prim *p) {
     /* Backward data into fewer than 16 channels per group: the blocked diff_src would be
      * mostly padding; oneDNN's gemm kernel on plain layouts was 8x faster here (C = 1), and
      * in bf16 3.7x (0.64 vs 2.4 ms CPU, bench/nn's conv1). */
-    dnnl_format_tag_t any = p->key.kind == DN_CONV_BWD_DATA && C / g < 16 ? dnnl_format_tag_undef
-                                                                         : dnnl_format_tag_any;
+    dnnl_format_tag_t any = p->key.kind == DN_CONV_BWD_DATA && C / g < 16 && !nhwc
+                                ? dnnl_format_tag_undef
+                                : dnnl_format_tag_any;
     if (any == dnnl_format_tag_undef) {
         asrc = src, adst = dst, aw = w;
     } else {
-        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dt, any);
-        if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&adst, 4, dd, dt, any);
+        if (s == dnnl_success) s = nhwc ? (asrc = src, dnnl_success)
+                                        : dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dt, any);
+        if (s == dnnl_success) s = nhwc ? (adst = dst, dnnl_success)
+                                        : dnnl_memory_desc_init_by_tag(&adst, 4, dd, dt, any);
         if (s == dnnl_success)
             s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dt, any)
                       : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dt, any);
@@ -851,13 +860,32 @@ static unsigned stat_operands(int kind) {
 /* The activations f32 or bf16 (input 0's dtype, into *dt), the statistics f32, every
  * operand contiguous; the first input and the first output not empty (oneDNN has no
  * zero-size primitives; the loops, or the core's f32 path, handle those). */
+/* A convolution's activations (x and y, or their grads: operands 0 and the output, or 0 and
+ * 1 for backward-weight; the weight and bias are always plain): 0 all plain nchw, 1 all
+ * nhwc (at least one of them not also plain), -1 a mixture oneDNN is not asked about. */
+static int conv_layout(const em_kernel_ctx *k, int kind) {
+    const em_ktensor *a[2] = {&k->in[0], kind == DN_CONV_BWD_WEIGHT ? &k->in[1] : &k->out[0]};
+    bool plain = a[0]->contiguous && a[1]->contiguous;
+    if (plain) return 0;
+    if (!nn_dense_nhwc(a[0]) || !nn_dense_nhwc(a[1])) return -1;
+    const em_ktensor *w = kind == DN_CONV_BWD_WEIGHT ? &k->out[0] : &k->in[1];
+    if (!w->contiguous) return -1;
+    for (int i = 2; i < k->n_in; i++)
+        if (!k->in[i].contiguous) return -1;
+    for (int i = kind == DN_CONV_BWD_WEIGHT ? 0 : 1; i < k->n_out; i++)
+        if (!k->out[i].contiguous) return -1;
+    return 1;
+}
+
 static bool operands_ok(const em_kernel_ctx *k, int kind, dnnl_data_type_t *dt) {
     em_dtype x = k->in[0].dtype;
     if (x != EM_F32 && x != EM_BF16) return false;
     unsigned stats = stat_operands(kind);
+    bool conv = kind == DN_CONV_FWD || kind == DN_CONV_BWD_DATA || kind == DN_CONV_BWD_WEIGHT;
+    if (conv && conv_layout(k, kind) < 0) return false;
     for (int i = 0; i < k->n_in + k->n_out; i++) {
         const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
-        if (t->dtype != ((stats >> i) & 1 ? EM_F32 : x) || !t->contiguous) return false;
+        if (t->dtype != ((stats >> i) & 1 ? EM_F32 : x) || (!conv && !t->contiguous)) return false;
     }
     *dt = x == EM_BF16 ? dnnl_bf16 : dnnl_f32;
     return k->in[0].numel > 0 && k->out[0].numel > 0;
@@ -884,6 +912,7 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
                               g.OW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.g};
         memcpy(v, gv, sizeof gv);
         v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
+        v[18] = conv_layout(k, kind); /* 1: the activations are nhwc */
         return true;
     }
     case DN_AVG_FWD:

@@ -167,6 +167,54 @@ static em_status S(max_pool2d)(const em_kernel_ctx *k) {
     return EM_OK;
 }
 
+/* Channels-last max pooling (x, y, idx dense N, H, W, C): per output position the window's
+ * C-vectors in the plane loop's order (h, then w), so each channel gets the same maximum and
+ * index (the plane index h*W + w) as S(max_pool_rows); parallel over the N*OH output rows. */
+static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
+    const int64_t C = p.C;
+    const T *x = (const T *)k->in[0].data;
+    /* The 2x2 / stride 2 / dilation 1 windows of f32 in AVX2 (the same comparisons). */
+    const bool fast = p.kh == 2 && p.kw == 2 && p.sh == 2 && p.sw == 2 && p.dh == 1 && p.dw == 1 &&
+                      cpu_nn_has_avx2();
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t n = r / p.OH, oh = r % p.OH;
+        int64_t hs = oh * p.sh - p.ph, he = EM_CPU_MIN(hs + (p.kh - 1) * p.dh + 1, p.H);
+        if (hs < 0) hs += (-hs + p.dh - 1) / p.dh * p.dh;
+        for (int64_t ow = 0; ow < p.OW; ow++) {
+            int64_t ws = ow * p.sw - p.pw, we = EM_CPU_MIN(ws + (p.kw - 1) * p.dw + 1, p.W);
+            if (ws < 0) ws += (-ws + p.dw - 1) / p.dw * p.dw;
+            int64_t o = (r * p.OW + ow) * C;
+            T *y = (T *)k->out[0].data + o;
+            int64_t *idx = (int64_t *)k->out[1].data + o;
+            if (sizeof(T) == 4 && fast && we - ws == 2 && he - hs == 2) {
+                cpu_nn_max_pool2x2_nhwc_f32_avx2((const float *)(x + ((n * p.H + hs) * p.W + ws) * C),
+                                                 p.W * C, C, hs * p.W + ws, p.W, (float *)y, idx);
+                continue;
+            }
+            for (int64_t c = 0; c < C; c++) y[c] = -INFINITY, idx[c] = hs * p.W + ws;
+            for (int64_t h = hs; h < he; h += p.dh)
+                for (int64_t w = ws; w < we; w += p.dw) {
+                    const T *xv = x + ((n * p.H + h) * p.W + w) * C;
+                    const int64_t at = h * p.W + w;
+                    for (int64_t c = 0; c < C; c++) {
+                        T v = xv[c], m = y[c];
+                        bool take = (v > m) | (v != v);
+                        y[c] = take ? v : m;
+                        idx[c] = take ? at : idx[c];
+                    }
+                }
+        }
+    }
+}
+
+static em_status S(max_pool2d_nhwc)(const em_kernel_ctx *k) {
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
+    nn_parallel(k, p.N * p.OH, p.OW * p.C * p.kh * p.kw, S(max_pool_nhwc_rows), (void *)k);
+    return EM_OK;
+}
+
 /* The input plane size (H*W) is the bound of every index; a bad one fails the call. */
 typedef struct S(scatter_ctx) {
     const em_kernel_ctx *k;
@@ -191,12 +239,38 @@ static void S(max_pool_bwd_planes)(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
+/* Channels-last backward (gy, idx, gx dense N, H, W, C), parallel over the batch: each gx
+ * element receives its gy values in the plane loop's order (output positions in order), so
+ * the sums are the same. */
+static void S(max_pool_bwd_nhwc)(void *ctx, int64_t lo, int64_t hi) {
+    S(scatter_ctx) *c = ctx;
+    const int64_t C = c->k->out[0].shape[1];
+    for (int64_t n = lo; n < hi; n++) {
+        const T *gy = (const T *)c->k->in[0].data + n * c->P * C;
+        const int64_t *idx = (const int64_t *)c->k->in[1].data + n * c->P * C;
+        T *gx = (T *)c->k->out[0].data + n * c->HW * C;
+        for (int64_t i = 0; i < c->HW * C; i++) gx[i] = 0;
+        for (int64_t i = 0; i < c->P; i++)
+            for (int64_t ch = 0; ch < C; ch++) {
+                int64_t at = idx[i * C + ch];
+                if (at < 0 || at >= c->HW) {
+                    atomic_store(&c->bad, 1);
+                    continue;
+                }
+                gx[at * C + ch] += gy[i * C + ch];
+            }
+    }
+}
+
 static em_status S(max_pool2d_bwd)(const em_kernel_ctx *k) {
     const em_ktensor *gx = &k->out[0], *gy = &k->in[0];
     S(scatter_ctx) c = {.k = k, .HW = gx->shape[2] * gx->shape[3],
                         .P = gy->shape[2] * gy->shape[3]};
     atomic_init(&c.bad, 0);
-    nn_parallel(k, gx->shape[0] * gx->shape[1], c.HW + c.P, S(max_pool_bwd_planes), &c);
+    if (gx->contiguous && gy->contiguous && k->in[1].contiguous)
+        nn_parallel(k, gx->shape[0] * gx->shape[1], c.HW + c.P, S(max_pool_bwd_planes), &c);
+    else /* channels-last (the kernel's supports() admitted nothing else) */
+        nn_parallel(k, gx->shape[0], (c.HW + c.P) * gx->shape[1], S(max_pool_bwd_nhwc), &c);
     if (atomic_load(&c.bad))
         return em_set_error(EM_ERR_RANGE, "max_pool2d_backward: an index is outside the input "
                             "plane of %lld x %lld", (long long)gx->shape[2],

@@ -222,6 +222,42 @@ __attribute__((target("avx2"))) void cpu_nn_max_pool2x2_f32_avx2(const float *x,
     }
 }
 
+/* Channels-last 2x2 window at one output position: the C-vectors p00 (row h0, column w0),
+ * p00 + C, p00 + WC and p00 + WC + C, in the plane kernels' order of comparisons (the same
+ * maxima and indices per channel); base = h0 * W + w0. */
+__attribute__((target("avx2"))) void cpu_nn_max_pool2x2_nhwc_f32_avx2(const float *p00,
+                                                                      int64_t WC, int64_t C,
+                                                                      int64_t base, int64_t W,
+                                                                      float *y, int64_t *idx) {
+    const float *q[3] = {p00 + C, p00 + WC, p00 + WC + C};
+    const __m256i off[3] = {_mm256_set1_epi32(1), _mm256_set1_epi32((int)W),
+                            _mm256_set1_epi32((int)W + 1)};
+    const __m256i b64 = _mm256_set1_epi64x(base);
+    for (int64_t c = 0; c < C; c += 8) {
+        int64_t n = C - c < 8 ? C - c : 8;
+        __m256i mk = mask32(n);
+        __m256 m = n == 8 ? _mm256_loadu_ps(p00 + c) : _mm256_maskload_ps(p00 + c, mk);
+        __m256i o = _mm256_setzero_si256();
+        for (int j = 0; j < 3; j++) {
+            __m256 v = n == 8 ? _mm256_loadu_ps(q[j] + c) : _mm256_maskload_ps(q[j] + c, mk);
+            __m256 t = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            m = _mm256_blendv_ps(m, v, t);
+            o = _mm256_blendv_epi8(o, off[j], _mm256_castps_si256(t));
+        }
+        __m256i lo = _mm256_add_epi64(b64, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(o)));
+        __m256i hi = _mm256_add_epi64(b64, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(o, 1)));
+        if (n == 8) {
+            _mm256_storeu_ps(y + c, m);
+            _mm256_storeu_si256((__m256i *)(idx + c), lo);
+            _mm256_storeu_si256((__m256i *)(idx + c + 4), hi);
+        } else {
+            _mm256_maskstore_ps(y + c, mk, m);
+            _mm256_maskstore_epi64((long long *)(idx + c), mask64(n), lo);
+            _mm256_maskstore_epi64((long long *)(idx + c + 4), mask64(n - 4), hi);
+        }
+    }
+}
+
 /* 16 bf16 values (masked) widened to f32. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512
 ld_bf16(__mmask16 m, const uint16_t *p) {

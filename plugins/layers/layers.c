@@ -131,6 +131,7 @@ static const em_module_class linear_class = {
 
 static const char *const pad_modes[] = {"same", "valid", NULL};
 static const char *const zeros_only[] = {"zeros", NULL};
+static const char *const mem_formats[] = {"contiguous", "channels_last", NULL};
 
 static const em_option_spec conv_opts[] = {
     OPT_INT_REQ("in_channels", 1, 1e9, "channels of the input"),
@@ -144,11 +145,16 @@ static const em_option_spec conv_opts[] = {
     OPT_INT("groups", 1, 1, 1e9, "blocked connections from input to output channels"),
     OPT_BOOL("bias", true, "learn an additive bias"),
     OPT_CHOICE("padding_mode", "zeros", zeros_only, "padding values (only zeros)"),
+    OPT_CHOICE("memory_format", "contiguous", mem_formats,
+               "the activation layout: channels_last runs the convolution on an (N, C, H, W) "
+               "input with NHWC strides and gives its output so (on the CPU; ReLU and max "
+               "pooling keep it)"),
 };
 
 typedef struct conv_state {
     int64_t stride[2], padding[2], dilation[2], groups;
     int64_t extra[2]; /* 'same' with an odd total padding: one more row/column at the end */
+    bool channels_last; /* memory_format: channels_last */
 } conv_state;
 
 static em_status conv_init(em_module *m, const em_options *o) {
@@ -161,6 +167,7 @@ static em_status conv_init(em_module *m, const em_options *o) {
         (st = layers_pair("Conv2d", o, "dilation", NULL, s->dilation)) != EM_OK)
         return st;
     s->groups = em_options_int(o, "groups");
+    s->channels_last = strcmp(em_options_string(o, "memory_format"), "channels_last") == 0;
     if (cin % s->groups || cout % s->groups)
         return em_set_error(EM_ERR_INVALID, "Conv2d: groups=%lld must divide in_channels=%lld "
                             "and out_channels=%lld", (long long)s->groups, (long long)cin,
@@ -196,6 +203,10 @@ static em_tensor *conv_forward(em_module *m, em_tensor *const *in, int n) {
     if (layers_check_float_input(x, em_module_parameter(m, "weight")) != EM_OK) return NULL;
     if (s->extra[0] || s->extra[1]) /* PyTorch pads the extra element at the end */
         x = em_pad(x, 4, (int64_t[]){0, s->extra[1], 0, s->extra[0]}, 0.0);
+    /* channels_last: the input in that layout (itself when it already is: a previous
+     * layer's output; a copy otherwise, e.g. the network's input), so conv2d's output is. */
+    if (s->channels_last && x && em_tensor_ndim(x) == 4 && !(x = em_channels_last(x)))
+        return NULL;
     return em_conv2d(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"),
                      s->stride, s->padding, s->dilation, s->groups);
 }

@@ -140,6 +140,13 @@ enum {
      * per-tensor result (amp_unscale_'s found-inf flags), instead of tensors of output list
      * 0's shapes. New in 1.1. */
     EM_OP_LISTS_SCALAR_OUT = 1u << 9,
+    /* Layout policy: when input 0 is channels-last (em_tensor_is_channels_last), every
+     * output with 4 dims is allocated channels-last too (dense, strides H*W*C, 1, W*C, C)
+     * instead of C-contiguous; the kernels then see those strides (em_ktensor.strides,
+     * contiguous false unless C = 1). Ops whose kernels keep an activation's layout: relu,
+     * relu_backward, conv2d, conv2d_backward_data, max_pool2d and its backward
+     * (docs/performance.md). New in 1.1. */
+    EM_OP_CHANNELS_LAST = 1u << 10,
 };
 
 /* What a backward function receives: the saved tensors (see em_op_schema.saves), the

@@ -61,6 +61,8 @@ typedef enum em_case_layout {
     EM_CASE_TRANSPOSED, /* a transposed view of the last two dims (ndim >= 2) */
     EM_CASE_SLICED,     /* a view narrowed out of a wider last dim (offset 1) */
     EM_CASE_EXPANDED,   /* dim 0 expanded from size 1 (stride 0) */
+    /* 4 dims (N, C, H, W) with channels-last strides (em_channels_last); new in 1.1 */
+    EM_CASE_CHANNELS_LAST,
 } em_case_layout;
 
 typedef enum em_case_values {
@@ -110,6 +112,10 @@ typedef struct em_op_case {
 /* em_op_case.flags: the op draws from a generator (uniform, dropout): each dtype is its own
  * draw, so a result is not compared with float64; kernels and devices must still agree. */
 #define EM_CASE_DRAWS (1u << 0)
+/* A strided input (the row's layout) runs another kernel than its contiguous copy does (a
+ * convolution on channels-last operands, which may sum in another order): the layout check
+ * compares the two results at the dtype's tolerance instead of bit for bit. New in 1.1. */
+#define EM_CASE_LAYOUT_TOL (1u << 1)
 
 /* Attach n rows to declared ops, owned by reg (removed with it). The rows are referenced, not
  * copied (keep them static const) unless their struct_size is older than this header's, when

@@ -111,6 +111,11 @@ EM_API int64_t em_tensor_numel(const em_tensor *t);
 EM_API size_t em_tensor_nbytes(const em_tensor *t);
 /* True when the elements are laid out in C order without gaps (size-1 dims ignored). */
 EM_API bool em_tensor_is_contiguous(const em_tensor *t);
+/* True when t is channels-last: 4 dims (N, C, H, W) laid out densely in the order N, H, W, C
+ * (strides H*W*C, 1, W*C, C; size-1 dims ignored except C's, whose stride must be 1), and not
+ * also C-contiguous with C > 1. The convolutions, ReLU and max pooling keep this layout from
+ * input to output on the CPU (docs/performance.md). New in 1.1. */
+EM_API bool em_tensor_is_channels_last(const em_tensor *t);
 /* Address of the first element, in the tensor's device memory (host memory for the CPU). */
 EM_API void *em_tensor_data(const em_tensor *t);
 /* The storage's version counter: bumped by every in-place write through any view. */
@@ -174,6 +179,9 @@ EM_API em_tensor *em_flatten(const em_tensor *t, int start_dim, int end_dim);
 
 /* t itself (a new reference) when contiguous, otherwise a contiguous copy. */
 EM_API em_tensor *em_contiguous(const em_tensor *t);
+/* t itself when channels-last (em_tensor_is_channels_last), otherwise a channels-last copy
+ * (differentiable, like em_contiguous); EM_ERR_SHAPE unless t has 4 dims. New in 1.1. */
+EM_API em_tensor *em_channels_last(const em_tensor *t);
 /* Always a new contiguous copy on the same device. */
 EM_API em_tensor *em_clone(const em_tensor *t);
 /* A copy on dev (t itself when already there). */
