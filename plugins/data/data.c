@@ -79,8 +79,10 @@ int dt_open_input(const char *who, const char *path) {
  * its own error messages, so the result and every error are the stream's. */
 static bool whole_gzip(dt_file *f, int fd) {
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 18 || (uint64_t)sb.st_size > SIZE_MAX / 2)
-        return false; /* 18: a gzip header and trailer around an empty stream */
+    /* 18: a gzip header and trailer around an empty stream; from 4 GiB of compressed bytes
+     * on, the inflated size is past what the trailer's 32 bits can say */
+    if (fstat(fd, &sb) != 0 || sb.st_size < 18 || (uint64_t)sb.st_size >= (1ull << 32))
+        return false;
     size_t n = (size_t)sb.st_size;
     unsigned char magic[2];
     if (pread(fd, magic, 2, 0) != 2 || magic[0] != 0x1f || magic[1] != 0x8b) return false;
