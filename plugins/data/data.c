@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <libdeflate.h>
@@ -86,8 +85,16 @@ static bool whole_gzip(dt_file *f, int fd) {
     size_t n = (size_t)sb.st_size;
     unsigned char magic[2];
     if (pread(fd, magic, 2, 0) != 2 || magic[0] != 0x1f || magic[1] != 0x8b) return false;
-    unsigned char *in = mmap(NULL, n, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-    if (in == MAP_FAILED) return false;
+    /* read, not mapped: a mapping of a file that another process truncates meanwhile faults
+     * (SIGBUS), where a read returns short */
+    unsigned char *in = malloc(n);
+    size_t have = 0;
+    for (ssize_t k = 1; in && have < n && k > 0; have += k > 0 ? (size_t)k : 0)
+        k = pread(fd, in + have, n - have, (off_t)have);
+    if (!in || have != n) {
+        free(in);
+        return false;
+    }
     bool ok = false;
     size_t isize = (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 |
                    (size_t)in[n - 1] << 24;
@@ -100,7 +107,7 @@ static bool whole_gzip(dt_file *f, int fd) {
                  LIBDEFLATE_SUCCESS && used == n && got == isize;
     }
     libdeflate_free_decompressor(d);
-    munmap(in, n);
+    free(in);
     if (!ok) {
         free(out);
         return false;
