@@ -2,7 +2,7 @@
 # Sourced, not run.
 
 EMBER_PACKAGES="build-essential g++ autoconf automake libtool pkg-config libopenblas-dev \
-libdnnl-dev libcriterion-dev zlib1g-dev libjansson-dev libcsv-dev libyaml-dev valgrind \
+libdnnl-dev libcriterion-dev zlib1g-dev libdeflate-dev libjansson-dev libcsv-dev libyaml-dev valgrind \
 libopenmpi-dev openmpi-bin libprotobuf-c-dev protobuf-c-compiler libonnx-dev python3-onnx \
 libplplot-dev plplot-driver-cairo jargon-text python3-venv"
 

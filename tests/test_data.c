@@ -370,6 +370,124 @@ Test(data, mnist_raw_and_gzip_and_splits) {
     cleanup();
 }
 
+/* The bytes of an IDX images file of n items (h, w) as write_idx writes them (caller frees). */
+static uint8_t *idx_images(uint32_t n, uint32_t h, uint32_t w, size_t *size) {
+    *size = 16 + (size_t)n * h * w;
+    uint8_t *img = malloc(*size);
+    cr_assert(img);
+    put32(img, 0x803);
+    put32(img + 4, n);
+    put32(img + 8, h);
+    put32(img + 12, w);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < (size_t)h * w; k++) img[16 + i * h * w + k] = (uint8_t)((i * 7 + k) % 256);
+    return img;
+}
+
+/* data as a gzip file of two members (the first `split` bytes, then the rest), which the data
+ * plugin reads through zlib's stream, not inflated whole at open. */
+static void write_gz_two_members(const char *path, const uint8_t *data, size_t n, size_t split) {
+    gzFile f = gzopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(gzwrite(f, data, (unsigned)split), (int)split);
+    cr_assert_eq(gzclose(f), Z_OK);
+    cr_assert(f = gzopen(path, "ab")); /* append: a second member */
+    cr_assert_eq(gzwrite(f, data + split, (unsigned)(n - split)), (int)(n - split));
+    cr_assert_eq(gzclose(f), Z_OK);
+}
+
+/* The file's bytes (caller frees). */
+static uint8_t *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    static uint8_t tmp[1 << 16];
+    *n = fread(tmp, 1, sizeof tmp, f);
+    fclose(f);
+    cr_assert_lt(*n, sizeof tmp);
+    uint8_t *b = malloc(*n);
+    cr_assert(b);
+    memcpy(b, tmp, *n);
+    return b;
+}
+
+/* A gzip file of one member is inflated whole at open (libdeflate); several members, bytes
+ * after the member or a damaged trailer go through zlib's stream. The items and every error
+ * message must be the same either way: the stream (the reader before the whole-file path) is
+ * the reference. */
+Test(data, mnist_gzip_whole_and_streamed) {
+    const char *dir = fresh_dir();
+    write_idx(dir, "train", 40, 5, 6, true); /* the labels, and a one-member images file */
+    char ip[512]; /* path_in's buffers are reused */
+    snprintf(ip, sizeof ip, "%s", path_in(dir, "train-images-idx3-ubyte.gz"));
+    size_t isz;
+    uint8_t *img = idx_images(40, 5, 6, &isz);
+    em_dataset *ds = open_mnist(dir, "train");
+    check_idx(ds, 40, 5, 6);
+    em_dataset_free(ds);
+    /* two members, the split inside the header and inside the pixels */
+    size_t splits[2] = {7, 500};
+    for (int i = 0; i < 2; i++) {
+        write_gz_two_members(ip, img, isz, splits[i]);
+        ds = open_mnist(dir, "train");
+        check_idx(ds, 40, 5, 6);
+        em_dataset_free(ds);
+    }
+    /* the member followed by other bytes (zlib's stream ends at the member) */
+    write_file(ip, img, isz, true);
+    size_t gn;
+    uint8_t *gz = slurp(ip, &gn), *longer = calloc(gn + 7, 1);
+    memcpy(longer, gz, gn);
+    write_file(ip, longer, gn + 7, false);
+    ds = open_mnist(dir, "train");
+    check_idx(ds, 40, 5, 6);
+    em_dataset_free(ds);
+
+    /* a header claiming more or fewer items than the pixels hold: the same message from a file
+     * inflated whole and from the stream */
+    uint32_t claims[2] = {41, 39};
+    for (int c = 0; c < 2; c++) {
+        write_idx(dir, "train", claims[c], 5, 6, true); /* labels for as many items */
+        put32(img + 4, claims[c]);
+        char whole[1024], streamed[1024];
+        write_file(ip, img, isz, true);
+        cr_assert_null(open_mnist(dir, "train"));
+        cr_assert_eq(em_last_status(), EM_ERR_FORMAT);
+        snprintf(whole, sizeof whole, "%s", em_last_error());
+        write_gz_two_members(ip, img, isz, 300);
+        cr_assert_null(open_mnist(dir, "train"));
+        cr_assert_eq(em_last_status(), EM_ERR_FORMAT);
+        snprintf(streamed, sizeof streamed, "%s", em_last_error());
+        cr_assert_str_eq(whole, streamed);
+        cr_assert(strstr(whole, ip), "%s", whole);
+        cr_assert(strstr(whole, c == 0 ? "truncated: 41 images of 5 x 6 needs 30 more bytes"
+                                       : "unexpected bytes after the 1186"), "%s", whole);
+    }
+    write_idx(dir, "train", 40, 5, 6, true);
+    put32(img + 4, 40);
+
+    /* a damaged trailer: the checksum, the length (one more, and past DEFLATE's 1032:1) */
+    for (int d = 0; d < 3; d++) {
+        uint8_t *bad = malloc(gn);
+        memcpy(bad, gz, gn);
+        if (d == 0) bad[gn - 8] ^= 1;          /* CRC-32 */
+        else if (d == 1) bad[gn - 4] += 1;     /* ISIZE + 1 */
+        else bad[gn - 1] = 0xff;               /* ISIZE about 4 GiB */
+        write_file(ip, bad, gn, false);
+        cr_assert_null(open_mnist(dir, "train"));
+        /* zlib's stream: a failed check in the first read is its read error (EM_ERR_IO) */
+        cr_assert(em_last_status() == EM_ERR_FORMAT || em_last_status() == EM_ERR_IO, "%s",
+                  em_last_error());
+        cr_assert(strstr(em_last_error(), ip), "%s", em_last_error());
+        cr_assert(strstr(em_last_error(), d == 0 ? "incorrect data check" : "incorrect length check"),
+                  "%s", em_last_error());
+        free(bad);
+    }
+    free(longer);
+    free(gz);
+    free(img);
+    cleanup();
+}
+
 Test(data, bundled_digits) {
     em_dataset *tr = open_mnist(EM_TEST_SRCDIR "/data/digits", "train");
     em_dataset *te = open_mnist(EM_TEST_SRCDIR "/data/digits", "test");

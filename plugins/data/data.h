@@ -15,7 +15,9 @@
 #include "ember/dtype.h"
 #include "ember/error.h"
 
-/* An open file read through zlib (gzip or plain, told apart by zlib). */
+/* An open file: a gzip file of one member inflated whole at open (libdeflate), anything else
+ * (plain, several members, damaged) read through zlib's stream, which tells gzip and plain
+ * apart by content; the bytes and the errors are the stream's either way. */
 typedef struct dt_file dt_file;
 
 /* Open path for reading as a dataset file: anything but a regular file (a FIFO, /dev/zero or
@@ -25,14 +27,17 @@ typedef struct dt_file dt_file;
  * FIFO (named pipe), not a regular file ...". The plugin's one way to open a file (the core's
  * readers have the same check in em__input_open, which a plugin cannot call). */
 int dt_open_input(const char *who, const char *path);
-/* Open path (dt_open_input) for reading through zlib; NULL and its error. */
+/* Open path (dt_open_input) for reading (inflating a single-member gzip file at once: memory
+ * of the size its trailer gives, believed only up to DEFLATE's 1032:1 to the file's size and
+ * freed when the inflation does not deliver it); NULL and its error. */
 dt_file *dt_open(const char *who, const char *path);
 /* Read exactly n bytes. EM_ERR_FORMAT "truncated" (naming the file, `what`, and how many
  * bytes were missing) when the file ends early; EM_ERR_IO for a read or gzip error. */
 em_status dt_read(dt_file *f, void *buf, size_t n, const char *what);
 /* Read exactly n bytes into a new buffer (*out, free()): memory grows geometrically with what
  * the file (or its decompression) actually delivers, so a header that claims more than the
- * file holds costs at most twice what is there, never the claim. dt_read's errors. */
+ * file holds costs at most twice what is there, never the claim; the rest of a file inflated
+ * at open is that buffer itself, handed over. dt_read's errors. */
 em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out /* out */);
 /* Read up to n bytes (fewer only at the clean end of the file); *got says how many. A gzip
  * stream that ends without its end marker (a cut file) is EM_ERR_FORMAT "truncated", corrupt

@@ -58,7 +58,7 @@ idx|csv)
     echo "run.sh: building $OUT/ember-data.so"
     $CC -g -O1 -fPIC -shared $SAN -fsanitize=fuzzer-no-link -fvisibility=hidden -std=gnu11 \
         -I"$SRC/core/include" "$SRC"/plugins/data/*.c -o "$OUT/ember-data.so" \
-        "$OUT/libember.so.1" -lz -lcsv -lm
+        "$OUT/libember.so.1" -ldeflate -lz -lcsv -lm
     PLUGINS=$OUT/ember-data.so ;;
 checkpoint)
     PLUGINS=$BUILD/plugins/layers/.libs/ember-layers.so:$BUILD/plugins/optim/.libs/ember-optim.so ;;
