@@ -420,35 +420,50 @@ static double pw_lanes_sum(const double *l) {
         (void)beta, (void)hp, (void)wa, (void)pa;                                              \
         if (r->contig) {                                                                       \
             const CT w = 1, pw = 1;                                                            \
+            double acc[PW_LANES] = {0}; /* not lane: its indexing below keeps it in memory */  \
             (void)w, (void)pw;                                                                 \
             int64_t i = lo;                                                                    \
             for (; i + PW_LANES <= hi; i += PW_LANES)                                          \
                 for (int j = 0; j < PW_LANES; j++) {                                           \
                     CT x = LD(xa[i + j]), y = LD(ya[i + j]);                                   \
-                    lane[j] += (double)(CT)(FWD);                                              \
+                    acc[j] += (double)(CT)(FWD);                                               \
                 }                                                                              \
-            for (; i < hi; i++) {                                                              \
-                CT x = LD(xa[i]), y = LD(ya[i]);                                               \
-                lane[i % PW_LANES] += (double)(CT)(FWD);                                       \
+            if (i < hi) {                                                                      \
+                /* the last, partial group adds +0.0 to the lanes it does not reach: exact,    \
+                 * as a lane that starts at +0.0 is never -0.0 */                              \
+                double v[PW_LANES] = {0};                                                      \
+                for (int j = 0; j < hi - i; j++) {                                             \
+                    CT x = LD(xa[i + j]), y = LD(ya[i + j]);                                   \
+                    v[j] = (double)(CT)(FWD);                                                  \
+                }                                                                              \
+                for (int j = 0; j < PW_LANES; j++) acc[j] += v[j];                             \
             }                                                                                  \
-            return pw_lanes_sum(lane);                                                         \
+            return pw_lanes_sum(acc);                                                          \
         }                                                                                      \
+        const int in = r->nd - 1;                                                              \
         int64_t idx[EM_MAX_DIMS], off[4] = {0}, rem = lo;                                      \
-        for (int d = r->nd - 1; d >= 0; d--) {                                                 \
+        for (int d = in; d >= 0; d--) {                                                        \
             idx[d] = rem % r->shape[d];                                                        \
             rem /= r->shape[d];                                                                \
             for (int q = 0; q < 4; q++) off[q] += idx[d] * r->st[q][d];                        \
         }                                                                                      \
-        for (int64_t i = lo; i < hi; i++) {                                                    \
-            CT x = LD(xa[off[0]]), y = LD(ya[off[1]]);                                         \
-            CT w = c->has_w ? LD(wa[off[2]]) : (CT)1, pw = hp ? LD(pa[off[3]]) : (CT)1;        \
-            (void)w, (void)pw;                                                                 \
-            lane[i % PW_LANES] += (double)(CT)(FWD);                                           \
-            for (int d = r->nd - 1; d >= 0; d--) { /* the next index, C order */               \
-                for (int q = 0; q < 4; q++) off[q] += r->st[q][d];                             \
-                if (++idx[d] < r->shape[d]) break;                                             \
-                for (int q = 0; q < 4; q++) off[q] -= r->st[q][d] * r->shape[d];               \
+        const int64_t s0 = r->st[0][in], s1 = r->st[1][in], s2 = r->st[2][in], s3 = r->st[3][in]; \
+        for (int64_t i = lo; i < hi;) { /* a run along the innermost dim */                    \
+            int64_t len = cpu_min_i64(r->shape[in] - idx[in], hi - i);                         \
+            const T *xp = xa + off[0], *yp = ya + off[1], *wp = wa + off[2], *pp = pa + off[3]; \
+            (void)wp, (void)pp, (void)s2, (void)s3;                                            \
+            for (int64_t j = 0; j < len; j++, i++) {                                           \
+                CT x = LD(xp[j * s0]), y = LD(yp[j * s1]);                                     \
+                CT w = c->has_w ? LD(wp[j * s2]) : (CT)1, pw = hp ? LD(pp[j * s3]) : (CT)1;    \
+                (void)w, (void)pw;                                                             \
+                lane[i & (PW_LANES - 1)] += (double)(CT)(FWD);                                 \
+            }                                                                                  \
+            for (int q = 0; q < 4; q++) off[q] += len * r->st[q][in];                          \
+            idx[in] += len;                                                                    \
+            for (int d = in; d > 0 && idx[d] == r->shape[d]; d--) { /* carry, C order */       \
+                for (int q = 0; q < 4; q++) off[q] += r->st[q][d - 1] - r->shape[d] * r->st[q][d]; \
                 idx[d] = 0;                                                                    \
+                idx[d - 1]++;                                                                  \
             }                                                                                  \
         }                                                                                      \
         return pw_lanes_sum(lane);                                                             \
@@ -530,7 +545,7 @@ static void pw_setup(pw_ctx *c, const em_kernel_ctx *k, int kind, int first_in) 
 static em_status pw_reduce(const em_kernel_ctx *k, const pw_ctx *c, pw_red_fn fn,
                            const em_ktensor *const *ts, double *sum /* out */) {
     const em_ktensor *x = ts[0];
-    pw_red r = {.nd = x->ndim};
+    pw_red r = {.nd = x->ndim ? x->ndim : 1, .shape = {1}}; /* 0-dim: one element */
     for (int d = 0; d < x->ndim; d++) {
         r.shape[d] = x->shape[d];
         for (int q = 0; q < 4; q++) r.st[q][d] = ts[q]->strides[d];
