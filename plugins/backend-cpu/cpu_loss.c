@@ -424,7 +424,7 @@ static double pw_lanes_sum(const double *l) {
             (void)w, (void)pw;                                                                 \
             int64_t i = lo;                                                                    \
             for (; i + PW_LANES <= hi; i += PW_LANES)                                          \
-                for (int j = 0; j < PW_LANES; j++) {                                           \
+                _Pragma("GCC unroll 8") for (int j = 0; j < PW_LANES; j++) {                                           \
                     CT x = LD(xa[i + j]), y = LD(ya[i + j]);                                   \
                     acc[j] += (double)(CT)(FWD);                                               \
                 }                                                                              \
