@@ -18,6 +18,7 @@
  *   4 FLT_EPSILON max(1, max|x|) for the f32 arithmetic on inputs as large as x.
  *   The reference against PyTorch: f32 cases rtol 1e-5 / atol 1e-6, f64 1e-10.
  *   Large f32 inputs against the reference: rtol 1e-5, atol 1e-6.
+ *   Reduced pointwise losses on strided operands against their contiguous copies: bitwise.
  */
 #include <float.h>
 #include <math.h>
@@ -594,6 +595,64 @@ Test(loss, deterministic_across_thread_counts) {
     free(xv);
     free(yv);
     free(tv);
+}
+
+/* A reduced pointwise loss (mse, l1, smooth_l1, bce_with_logits with and without weights)
+ * gives the same bits on strided operands — every other column of a wider tensor, a
+ * transposed view — as on their contiguous copies: the CPU kernel sums in an order fixed by
+ * the elements' indices, not by their strides. Small (one thread, a tail shorter than the
+ * kernel's lanes) and large (two threads) inputs, f32 and f64, sum and mean. */
+static double pw_reduced(int k, const em_tensor *x, const em_tensor *y, const em_tensor *w,
+                         const em_tensor *pw, em_reduction red) {
+    switch (k) {
+    case 0: return item_of(em_mse_loss(x, y, red));
+    case 1: return item_of(em_l1_loss(x, y, red));
+    case 2: return item_of(em_smooth_l1_loss(x, y, red, 0.5));
+    default: return item_of(em_binary_cross_entropy_with_logits(x, y, w, pw, red));
+    }
+}
+
+Test(loss, pointwise_sum_layout_independent) {
+    em_set_num_threads(2);
+    const char *names[5] = {"mse_loss", "l1_loss", "smooth_l1_loss", "bce_with_logits",
+                            "bce_with_logits (weight, pos_weight)"};
+    const int64_t sizes[2][2] = {{5, 7}, {300, 131}}; /* 39300 >= CPU_GRAIN: two threads */
+    const em_dtype dts[2] = {EM_F32, EM_F64};
+    for (int sz = 0; sz < 2; sz++)
+        for (int d = 0; d < 2; d++) {
+            const int64_t R = sizes[sz][0], C = sizes[sz][1];
+            cr_assert_eq(em_scope_begin(), EM_OK);
+            double *xv = pattern(R * 2 * C, 7, 6), *yv = pattern(R * C, 8, 1);
+            double *wv = pattern(R, 9, 1), *pv = pattern(C, 10, 1);
+            for (int64_t i = 0; i < R; i++) wv[i] = fabs(wv[i]) + 0.25;
+            for (int64_t i = 0; i < C; i++) pv[i] = fabs(pv[i]) + 0.5;
+            int64_t wide[2] = {R, 2 * C}, rc[2] = {R, C}, cr[2] = {C, R}, r1[2] = {R, 1},
+                    c1[1] = {C};
+            /* x: every other column of (R, 2C); y: the transpose of a contiguous (C, R) */
+            em_tensor *xs = em_slice(em_test_tensor(dts[d], 2, wide, xv), 1, 0, 2 * C, 2);
+            em_tensor *ys = em_transpose(em_test_tensor(dts[d], 2, cr, yv), 0, 1);
+            em_tensor *xc = em_contiguous(xs), *yc = em_contiguous(ys);
+            em_tensor *w = em_test_tensor(dts[d], 2, r1, wv), *pw = em_test_tensor(dts[d], 1, c1, pv);
+            cr_assert(xs && ys && xc && yc && w && pw, "%s", em_last_error());
+            cr_assert(!em_tensor_is_contiguous(xs) && !em_tensor_is_contiguous(ys));
+            cr_assert_eq(em_tensor_shape(ys)[0], rc[0]);
+            for (int k = 0; k < 5; k++)
+                for (int red = 1; red <= 2; red++) {
+                    const em_tensor *kw = k == 4 ? w : NULL, *kp = k == 4 ? pw : NULL;
+                    double strided = pw_reduced(k, xs, ys, kw, kp, (em_reduction)red);
+                    double contig = pw_reduced(k, xc, yc, kw, kp, (em_reduction)red);
+                    double mixed = pw_reduced(k, xs, yc, kw, kp, (em_reduction)red);
+                    cr_expect(memcmp(&strided, &contig, sizeof strided) == 0 &&
+                                  memcmp(&mixed, &contig, sizeof mixed) == 0,
+                              "%s %s, reduction %s, (%lld, %lld): strided operands give "
+                              "%.17g, contiguous copies %.17g, a strided input with a "
+                              "contiguous target %.17g",
+                              names[k], em_dtype_name(dts[d]), red == 1 ? "mean" : "sum",
+                              (long long)R, (long long)C, strided, contig, mixed);
+                }
+            free(xv), free(yv), free(wv), free(pv);
+            cr_assert_eq(em_scope_end(), EM_OK);
+        }
 }
 
 /* The ops called directly with absent attributes take PyTorch's defaults (mean, -100, 0, 1). */

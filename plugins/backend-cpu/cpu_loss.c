@@ -357,14 +357,33 @@ static em_status k_nll_bwd(const em_kernel_ctx *k) { return class_bwd(k, true); 
 typedef struct pw_ctx {
     bool red, has_w, has_pw;
     double beta, scale;
-    double *part; /* forward, reduced: per-thread sums */
 } pw_ctx;
+
+/* A reduced pointwise loss sums its elements in an order fixed by their C-order index over
+ * the (broadcast) shape alone, never by their strides, so that a sliced or transposed input
+ * gives the bits of its contiguous copy: element i adds into lane i % PW_LANES (in index
+ * order), the lanes add up pairwise at the end, and threads take runs of indices that start
+ * at multiples of PW_LANES. The contiguous loop vectorises over the lanes (no reassociation:
+ * each lane's sum is in index order either way). */
+#define PW_LANES 8
+typedef struct pw_red {
+    int nd;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t st[4][EM_MAX_DIMS]; /* element strides of x, y, w, pw (0 on broadcast dims) */
+    const void *p[4];           /* x, y, w, pw (x when w or pw is absent) */
+    bool contig;                /* x and y contiguous, no w or pw: the vector loop */
+} pw_red;
+
+static double pw_lanes_sum(const double *l) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
 
 /* Forward and backward loops of one loss for one dtype. FWD and BWD are expressions in x, y
  * (target), w, pw (weights, 1 when absent), hp (pos_weight given) and beta, of type CT (a
  * typedef inside each generated function, so that the expressions can name it); the
- * backward value is multiplied by the incoming grad. Operands: forward {out or x, x, y, w, pw},
- * backward {grad_x, grad, x, y, w, pw}. */
+ * backward value is multiplied by the incoming grad. Operands: forward {out, x, y, w, pw}
+ * (unreduced; name##_red_##sfx sums elements [lo, hi) of a reduced one, see pw_red), backward
+ * {grad_x, grad, x, y, w, pw}. */
 #define DEF_PW(sfx, T, CTY, LD, ST, name, FWD, BWD)                                            \
     static void name##_fwd_##sfx(char **p, const int64_t *s, int64_t n, void *vc) {            \
         typedef CTY CT;                                                                        \
@@ -372,24 +391,15 @@ typedef struct pw_ctx {
         const int64_t e = (int64_t)sizeof(T);                                                  \
         const CT beta = (CT)c->beta;                                                           \
         const bool hp = c->has_pw;                                                             \
-        double acc = 0;                                                                        \
         (void)beta, (void)hp;                                                                  \
-        if (!c->has_w && !hp && s[1] == e && s[2] == e && (c->red || s[0] == e)) {            \
+        if (!c->has_w && !hp && s[0] == e && s[1] == e && s[2] == e) {                         \
             const T *xa = (const T *)p[1], *ya = (const T *)p[2];                              \
             const CT w = 1, pw = 1;                                                            \
             (void)w, (void)pw;                                                                 \
-            if (c->red) {                                                                      \
-                _Pragma("omp simd reduction(+ : acc)")                                        \
-                for (int64_t i = 0; i < n; i++) {                                              \
-                    CT x = LD(xa[i]), y = LD(ya[i]);                                           \
-                    acc += (double)(FWD);                                                      \
-                }                                                                              \
-            } else {                                                                           \
-                T *o = (T *)p[0];                                                              \
-                for (int64_t i = 0; i < n; i++) {                                              \
-                    CT x = LD(xa[i]), y = LD(ya[i]);                                           \
-                    o[i] = ST((CT)(FWD));                                                      \
-                }                                                                              \
+            T *o = (T *)p[0];                                                                  \
+            for (int64_t i = 0; i < n; i++) {                                                  \
+                CT x = LD(xa[i]), y = LD(ya[i]);                                               \
+                o[i] = ST((CT)(FWD));                                                          \
             }                                                                                  \
         } else {                                                                               \
             for (int64_t i = 0; i < n; i++) {                                                  \
@@ -397,12 +407,66 @@ typedef struct pw_ctx {
                 CT w = c->has_w ? LD(*(const T *)(p[3] + i * s[3])) : (CT)1;                  \
                 CT pw = hp ? LD(*(const T *)(p[4] + i * s[4])) : (CT)1;                        \
                 (void)w, (void)pw;                                                             \
-                CT v = (CT)(FWD);                                                              \
-                if (c->red) acc += (double)v;                                                  \
-                else *(T *)(p[0] + i * s[0]) = ST(v);                                          \
+                *(T *)(p[0] + i * s[0]) = ST((CT)(FWD));                                       \
             }                                                                                  \
         }                                                                                      \
-        if (c->red) c->part[8 * omp_get_thread_num()] += acc;                                  \
+    }                                                                                          \
+    static double name##_red_##sfx(const pw_ctx *c, const pw_red *r, int64_t lo, int64_t hi) { \
+        typedef CTY CT;                                                                        \
+        const CT beta = (CT)c->beta;                                                           \
+        const bool hp = c->has_pw;                                                             \
+        const T *xa = r->p[0], *ya = r->p[1], *wa = r->p[2], *pa = r->p[3];                    \
+        double lane[PW_LANES] = {0};                                                           \
+        (void)beta, (void)hp, (void)wa, (void)pa;                                              \
+        if (r->contig) {                                                                       \
+            const CT w = 1, pw = 1;                                                            \
+            double acc[PW_LANES] = {0}; /* not lane: its indexing below keeps it in memory */  \
+            (void)w, (void)pw;                                                                 \
+            int64_t i = lo;                                                                    \
+            for (; i + PW_LANES <= hi; i += PW_LANES)                                          \
+                _Pragma("GCC unroll 8") for (int j = 0; j < PW_LANES; j++) {                                           \
+                    CT x = LD(xa[i + j]), y = LD(ya[i + j]);                                   \
+                    acc[j] += (double)(CT)(FWD);                                               \
+                }                                                                              \
+            if (i < hi) {                                                                      \
+                /* the last, partial group adds +0.0 to the lanes it does not reach: exact,    \
+                 * as a lane that starts at +0.0 is never -0.0 */                              \
+                double v[PW_LANES] = {0};                                                      \
+                for (int j = 0; j < hi - i; j++) {                                             \
+                    CT x = LD(xa[i + j]), y = LD(ya[i + j]);                                   \
+                    v[j] = (double)(CT)(FWD);                                                  \
+                }                                                                              \
+                for (int j = 0; j < PW_LANES; j++) acc[j] += v[j];                             \
+            }                                                                                  \
+            return pw_lanes_sum(acc);                                                          \
+        }                                                                                      \
+        const int in = r->nd - 1;                                                              \
+        int64_t idx[EM_MAX_DIMS], off[4] = {0}, rem = lo;                                      \
+        for (int d = in; d >= 0; d--) {                                                        \
+            idx[d] = rem % r->shape[d];                                                        \
+            rem /= r->shape[d];                                                                \
+            for (int q = 0; q < 4; q++) off[q] += idx[d] * r->st[q][d];                        \
+        }                                                                                      \
+        const int64_t s0 = r->st[0][in], s1 = r->st[1][in], s2 = r->st[2][in], s3 = r->st[3][in]; \
+        for (int64_t i = lo; i < hi;) { /* a run along the innermost dim */                    \
+            int64_t len = cpu_min_i64(r->shape[in] - idx[in], hi - i);                         \
+            const T *xp = xa + off[0], *yp = ya + off[1], *wp = wa + off[2], *pp = pa + off[3]; \
+            (void)wp, (void)pp, (void)s2, (void)s3;                                            \
+            for (int64_t j = 0; j < len; j++, i++) {                                           \
+                CT x = LD(xp[j * s0]), y = LD(yp[j * s1]);                                     \
+                CT w = c->has_w ? LD(wp[j * s2]) : (CT)1, pw = hp ? LD(pp[j * s3]) : (CT)1;    \
+                (void)w, (void)pw;                                                             \
+                lane[i & (PW_LANES - 1)] += (double)(CT)(FWD);                                 \
+            }                                                                                  \
+            for (int q = 0; q < 4; q++) off[q] += len * r->st[q][in];                          \
+            idx[in] += len;                                                                    \
+            for (int d = in; d > 0 && idx[d] == r->shape[d]; d--) { /* carry, C order */       \
+                for (int q = 0; q < 4; q++) off[q] += r->st[q][d - 1] - r->shape[d] * r->st[q][d]; \
+                idx[d] = 0;                                                                    \
+                idx[d - 1]++;                                                                  \
+            }                                                                                  \
+        }                                                                                      \
+        return pw_lanes_sum(lane);                                                             \
     }                                                                                          \
     static void name##_bwd_##sfx(char **p, const int64_t *s, int64_t n, void *vc) {            \
         typedef CTY CT;                                                                        \
@@ -462,7 +526,9 @@ enum { PW_MSE, PW_L1, PW_SL1, PW_BCE, PW_COUNT };
         {[EM_F32] = bce_##dir##_f32, [EM_F64] = bce_##dir##_f64, [EM_F16] = bce_##dir##_f16,   \
          [EM_BF16] = bce_##dir##_bf16},                                                        \
     }
+typedef double (*pw_red_fn)(const pw_ctx *c, const pw_red *r, int64_t lo, int64_t hi);
 static const cpu_loop_fn pw_fwd[PW_COUNT][EM_DTYPE_COUNT] = PW_TABLE(fwd);
+static const pw_red_fn pw_red_loop[PW_COUNT][EM_DTYPE_COUNT] = PW_TABLE(red);
 static const cpu_loop_fn pw_bwd[PW_COUNT][EM_DTYPE_COUNT] = PW_TABLE(bwd);
 
 static void pw_setup(pw_ctx *c, const em_kernel_ctx *k, int kind, int first_in) {
@@ -475,24 +541,53 @@ static void pw_setup(pw_ctx *c, const em_kernel_ctx *k, int kind, int first_in) 
                   .has_pw = kind == PW_BCE && k->in[first_in + 3].numel > 0};
 }
 
+/* The sum of a reduced loss over x's elements (operands ts: x, y, w, pw), see pw_red. */
+static em_status pw_reduce(const em_kernel_ctx *k, const pw_ctx *c, pw_red_fn fn,
+                           const em_ktensor *const *ts, double *sum /* out */) {
+    const em_ktensor *x = ts[0];
+    pw_red r = {.nd = x->ndim ? x->ndim : 1, .shape = {1}}; /* 0-dim: one element */
+    for (int d = 0; d < x->ndim; d++) {
+        r.shape[d] = x->shape[d];
+        for (int q = 0; q < 4; q++) r.st[q][d] = ts[q]->strides[d];
+    }
+    for (int q = 0; q < 4; q++) r.p[q] = ts[q]->data;
+    r.contig = !c->has_w && !c->has_pw && ts[0]->contiguous && ts[1]->contiguous;
+    int64_t n = x->numel;
+    if (n < CPU_GRAIN || em_deterministic() || cpu_threads(k) == 1) {
+        *sum = fn(c, &r, 0, n); /* no OpenMP region for small work */
+        return EM_OK;
+    }
+    partials p = {0};
+    if (partials_init(k, &p, em_op_name(k->op)) != EM_OK) return em_last_status();
+    int nt = p.n;
+    int64_t per = ((n + nt - 1) / nt + PW_LANES - 1) / PW_LANES * PW_LANES;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < nt; t++) {
+        int64_t lo = t * per, hi = cpu_min_i64(lo + per, n);
+        if (lo < hi) p.v[8 * t] = fn(c, &r, lo, hi);
+    }
+    *sum = partials_sum(&p);
+    return EM_OK;
+}
+
 static em_status pw_forward(const em_kernel_ctx *k, int kind) {
     const em_ktensor *x = &k->in[0], *o = &k->out[0];
     pw_ctx c;
     pw_setup(&c, k, kind, 0);
-    partials p = {0};
-    if (c.red) {
-        if (partials_init(k, &p, em_op_name(k->op)) != EM_OK) return em_last_status();
-        c.part = p.v;
-    }
-    const em_ktensor *ts[5] = {c.red ? x : o, x, &k->in[1], c.has_w ? &k->in[2] : x,
-                               c.has_pw ? &k->in[3] : x};
     int loop = kind == PW_SL1 && c.beta == 0 ? PW_L1 : kind;
-    cpu_foreach(k, 5, ts, pw_fwd[loop][x->dtype], &c, c.red && em_deterministic() ? 0 : CPU_GRAIN);
     if (c.red) {
-        double s = partials_sum(&p);
+        const em_ktensor *ts[4] = {x, &k->in[1], c.has_w ? &k->in[2] : x,
+                                   c.has_pw ? &k->in[3] : x};
+        double s = 0;
+        if (x->numel && pw_reduce(k, &c, pw_red_loop[loop][x->dtype], ts, &s) != EM_OK)
+            return em_last_status();
         int64_t red = attr_i(k, 0, RED_MEAN);
         store_scalar(o, red == RED_MEAN ? (x->numel ? s / (double)x->numel : NAN) : s);
+        return EM_OK;
     }
+    const em_ktensor *ts[5] = {o, x, &k->in[1], c.has_w ? &k->in[2] : x,
+                               c.has_pw ? &k->in[3] : x};
+    cpu_foreach(k, 5, ts, pw_fwd[loop][x->dtype], &c, CPU_GRAIN);
     return EM_OK;
 }
 
