@@ -1510,8 +1510,9 @@ int train_loop(run *r) {
                 if (gs.g && !graph_lr_same(r, &gs)) graph_drop(&gs); /* a new epoch's lr */
                 em_status gst = gs.g ? EM_OK : graph_capture(r, &gs, xs, y, mask, k.epochs);
                 if (gst == EM_OK) gst = graph_replay(r, &gs, xs, y, mask, &lv, &mv);
-                if (gst != EM_OK) {
-                    report_error("--graph-capture");
+                if (gst != EM_OK) { /* the capture's messages name the option already */
+                    report_error(strncmp(em_last_error(), "--graph-capture", 15)
+                                     ? "--graph-capture" : NULL);
                     rc = EXIT_TRAIN;
                 } else if (!isfinite(lv)) {
                     nan_hint(r, lv);
