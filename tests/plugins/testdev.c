@@ -103,6 +103,7 @@ static struct {
     size_t pinned_blocks, pinned_bytes; /* live host_alloc blocks */
     uint64_t clock[TD_COUNT];   /* each device's clock (timed events): TD_KERNEL_NS per kernel */
     struct td_graph *cap[TD_COUNT]; /* the capture in progress on each device, if any */
+    uint64_t host_reads[TD_COUNT]; /* copies from the device to host memory */
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .type = -1};
 
 static void *td_tag(void *host, int index) {
@@ -235,13 +236,14 @@ typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KBINARY, TD_KSUM, TD_ST
  * behind the device addresses, on the stream's worker (so it is queued, ordered and recorded
  * in graphs like any testdev kernel). Shared, reference-counted, between a graph's recorded
  * item and the copies its replays queue. */
-#define TD_HOST_MAX 12 /* operands: the dispatcher's fallback limit of 8 inputs, 4 outputs */
+#define TD_HOST_MAX 64 /* operands (of a list op: every tensor of every list) */
 typedef struct td_host {
     int refs; /* atomic */
     const em_op *op;
     int n_in, n_out, n_attrs;
+    int count;                  /* a list op's tensors per list; 0: not a list op */
     em_ktensor kt[TD_HOST_MAX]; /* inputs, then outputs; host addresses */
-    bool absent[TD_HOST_MAX];   /* a NULL input */
+    bool absent[TD_HOST_MAX];   /* a NULL input (or a list's NULL entry) */
     em_attr *attrs;             /* copies, strings and lists owned */
 } td_host;
 
@@ -767,6 +769,13 @@ EM_PLUGIN_EXPORT size_t ember_testdev_pending(int index, const em_stream *s) {
     return n;
 }
 
+/* Copies from testdev:index to host memory so far (each a host read of device data, a sync
+ * point on a real device): tests find it with dlsym. */
+EM_PLUGIN_EXPORT uint64_t ember_testdev_host_reads(int index);
+EM_PLUGIN_EXPORT uint64_t ember_testdev_host_reads(int index) {
+    return td_index_ok(index) ? __atomic_load_n(&G.host_reads[index], __ATOMIC_RELAXED) : 0;
+}
+
 /* ---- page-locked host memory ------------------------------------------------------------ */
 
 #define TD_PINNED_MAGIC 0x70696e6e65643031ull /* "pinned01" */
@@ -843,6 +852,7 @@ static em_status td_copy(em_device dd, void *dst, em_device sd, const void *src,
     if (st != EM_OK) return st;
     td_item *it = td_item_new(TD_MEMCPY);
     if (!it) return EM_ERR_NOMEM;
+    if (td_is_cpu(dd)) __atomic_add_fetch(&G.host_reads[index], 1, __ATOMIC_RELAXED);
     it->u.mc.dst = hd;
     it->u.mc.src = hs;
     it->u.mc.n = n;
@@ -1093,7 +1103,10 @@ static void td_run_host(const td_host *h) {
                         : em_empty(k->ndim, k->shape, k->dtype, em_cpu());
         if (!t[i]) st = em_last_status();
     }
-    if (st == EM_OK)
+    if (st == EM_OK && h->count)
+        st = em_op_call_lists(h->op, h->count, h->n_in ? (const em_tensor *const *)t : NULL,
+                              h->attrs, t + h->n_in);
+    else if (st == EM_OK)
         st = em_op_call_out(h->op, (const em_tensor *const *)t, h->n_in, h->attrs, t + h->n_in,
                             h->n_out);
     if (st != EM_OK) {
@@ -1166,8 +1179,10 @@ static em_status td_k_host(const em_kernel_ctx *ctx) {
         return em_set_error(EM_ERR_NOMEM, "testdev: %s: out of memory queueing work",
                             em_op_name(ctx->op));
     }
+    bool lists = (sc->flags & EM_OP_LISTS) != 0;
     *h = (td_host){.refs = 1, .op = ctx->op, .n_in = ctx->n_in, .n_out = ctx->n_out,
-                   .n_attrs = sc->n_attrs, .attrs = attrs};
+                   .n_attrs = sc->n_attrs, .attrs = attrs,
+                   .count = lists && sc->n_outputs ? ctx->n_out / sc->n_outputs : 0};
     it->u.host = h;
     bool oom = false;
     for (int i = 0; i < sc->n_attrs; i++) {
@@ -1195,9 +1210,11 @@ static em_status td_k_host(const em_kernel_ctx *ctx) {
     int m = 0;
     for (int i = 0; i < n; i++) {
         const em_ktensor *k = i < ctx->n_in ? &ctx->in[i] : &ctx->out[i - ctx->n_in];
-        /* a missing input: no data, and no storage where the core says so */
-        if (i < ctx->n_in && !k->data &&
-            (!EM_KCTX_HAS_IDS(ctx) || !ctx->storage_ids || ctx->storage_ids[i] == 0)) {
+        /* a missing input: no data, and no storage where the core says so; a list's NULL
+         * entry (inputs or outputs): a zeroed view */
+        if ((i < ctx->n_in && !k->data && !lists &&
+             (!EM_KCTX_HAS_IDS(ctx) || !ctx->storage_ids || ctx->storage_ids[i] == 0)) ||
+            (lists && !k->data && k->numel == 0 && k->ndim == 0)) {
             h->absent[i] = true;
             continue;
         }
@@ -1261,9 +1278,10 @@ static const em_op_case twice_cases[] = {
 static const char *const td_host_ops[] = {
     "addmm", "argmax", "bernoulli", "bmm", "cross_entropy", "cross_entropy_backward",
     "div_scalar", "dropout", "eq", "linear", "matmul", "mul", "mul_scalar", "mul_scalar_",
-    "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal"};
+    "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal", "amp_unscale_"};
 /* Not tanh: tests/test_graph_capture.sh needs an op whose CPU fallback breaks a capture. Not
- * the fused optimizer steps: list ops (em_op_call_lists); SGD then steps op by op. */
+ * fused_sgd: SGD steps op by op there, as on a device without the fused kernel. amp_unscale_
+ * (a list op) for the gradient scaler's test of its host reads (tests/test_grad_scaler.c). */
 #endif
 
 static em_status td_kernel(em_registry *r, const char *op, em_dtype dt, em_kernel_fn fn) {
