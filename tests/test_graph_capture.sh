@@ -76,6 +76,9 @@ run seed1 --graph-capture --seed 1 || bad "the --seed 1 run"
 cmp -s "$tmp/seed1.safetensors" "$tmp/graph.safetensors" &&
     bad "another seed gave the same weights: the comparison cannot fail"
 
+"$train" --help 2>&1 | grep -q -- "--graph-capture          (loop.graph_capture)" ||
+    bad "--help does not describe --graph-capture"
+
 # refusals: exit 2 before training, naming the option and why
 expect() { # expect RC NEEDLE CMD...
     want=$1 needle=$2
