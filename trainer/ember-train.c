@@ -335,7 +335,7 @@ static void usage(FILE *f) {
 "                           get wrong: an optimizer other than SGD, a per-step schedule, --amp\n"
 "                           fp16, --clip-grad-norm, --accum-steps > 1, data parallelism, random\n"
 "                           numbers in the step (dropout) or an op that cannot be captured.\n"
-"                           Step rows then have no grad_norm (docs/cuda.md)\n"
+"                           Replayed steps' rows have no grad_norm (docs/cuda.md)\n"
 "  --workers N              data loader threads\n"
 "  --no-shuffle             keep the training set in order\n"
 "  --init-weights FILE      start from a safetensors state dict (strict: every key and shape)\n"
