@@ -30,7 +30,7 @@
  *     pinned blocks and bytes are counted, and ember_testdev_pinned() reports them (tests
  *     find it with dlsym) so pin_memory can be checked;
  *   - kernels exist only for copy and fill (every dtype) and add (float32), so every other op
- *     exercises the fallback policy;
+ *     exercises the fallback policy (the TD_HOST build below adds more);
  *   - graph capture (the graph_* slots, em_graph_capture_begin) as CUDA graphs behave: while
  *     a stream records, the kernels and device-to-device copies queued on it are recorded, not
  *     run, with the addresses and arguments they had; a replay queues copies of them on the
@@ -52,6 +52,15 @@
  * (y = x + x: kernels on testdev and the CPU, case rows) whose backward is deliberately wrong
  * (3 * grad instead of 2 * grad, written with add, so it runs on testdev): the CPU's backward
  * agrees with it, only finite differences catch it.
+ *
+ * Built a third time with TD_HOST defined, as "ember-testdev-host" (tests/plugins/host/), with
+ * host kernels for the ops in td_host_ops (a small MLP's training step and evaluation, and the
+ * gradient scaler's amp_unscale_): each is queued on the stream like any testdev kernel and
+ * run by the worker as the CPU backend's kernel over the host memory behind the device
+ * addresses (em_op_call_out / em_op_call_lists on wrapped tensors), so a whole step runs on the
+ * device, in stream order, and is recorded in a graph and replayed (ember-train
+ * --graph-capture: tests/test_graph_capture.sh). Every build counts its copies to host memory
+ * (ember_testdev_host_reads(), found with dlsym): the host reads a real device would sync on.
  */
 #include <assert.h>
 #include <pthread.h>
