@@ -105,30 +105,36 @@ static per_optim *per_of(em_grad_scaler *s, const em_optimizer *o, bool make) {
     return p;
 }
 
-/* One fused check-and-unscale call over the grads of one (device, dtype). */
+/* One fused check-and-unscale call over the grads of one (device, dtype). The per-tensor
+ * found_inf flags the op writes are the elements of one (n,) tensor, read back with one copy:
+ * one host read per group and step (PyTorch reads its found_inf once per device, in step()),
+ * not one per gradient. */
 static em_status unscale_group(em_tensor **grads, const char **names, int n, double inv,
                                per_optim *p) {
     static const em_op *op;
     if (!op && !(op = em_op_find("amp_unscale_"))) return em_last_status();
     em_tensor **lists = em__calloc(2 * (size_t)n, sizeof *lists, "grad scaler lists");
-    if (!lists) return EM_ERR_NOMEM;
-    em_status st = EM_OK;
-    for (int j = 0; j < n; j++) lists[j] = grads[j];
-    for (int j = 0; j < n && st == EM_OK; j++) {
-        lists[n + j] = em__empty(0, NULL, EM_F32, em_tensor_device(grads[0]));
-        if (!lists[n + j]) st = em_last_status();
+    float *flag = em__calloc((size_t)n, sizeof *flag, "grad scaler flags");
+    em_tensor *flags = em__empty(1, (int64_t[]){n}, EM_F32, em_tensor_device(grads[0]));
+    em_status st = lists && flag && flags ? EM_OK : em_last_status();
+    if (st == EM_OK) st = em_scope_begin();
+    if (st == EM_OK) {
+        for (int j = 0; j < n; j++) lists[j] = grads[j];
+        for (int j = 0; j < n && st == EM_OK; j++) /* 0-dim views: element j */
+            if (!(lists[n + j] = em_select(flags, 0, j))) st = em_last_status();
+        em_attr attrs[1] = {{.type = EM_ATTR_FLOAT, .v.f = inv}};
+        if (st == EM_OK) st = em_op_call_lists(op, n, NULL, attrs, lists);
+        em_status se = em_scope_end();
+        if (st == EM_OK) st = se;
     }
-    em_attr attrs[1] = {{.type = EM_ATTR_FLOAT, .v.f = inv}};
-    if (st == EM_OK) st = em_op_call_lists(op, n, NULL, attrs, lists);
-    for (int j = 0; j < n && st == EM_OK; j++) {
-        float flag = 0;
-        st = em_tensor_to_host(lists[n + j], &flag, sizeof flag);
-        if (st == EM_OK && flag != 0 && !p->found_inf) {
+    if (st == EM_OK) st = em_tensor_to_host(flags, flag, (size_t)n * sizeof *flag);
+    for (int j = 0; j < n && st == EM_OK; j++)
+        if (flag[j] != 0 && !p->found_inf) {
             p->found_inf = true;
             snprintf(p->first_bad, sizeof p->first_bad, "%s", names[j] ? names[j] : "?");
         }
-    }
-    for (int j = 0; j < n; j++) em_tensor_release(lists[n + j]);
+    em_tensor_release(flags);
+    em__free(flag);
     em__free(lists);
     return st;
 }

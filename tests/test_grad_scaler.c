@@ -12,9 +12,14 @@
  *   - the floor: backoffs stop at min_scale and skipping at the floor max_floor_skips times
  *     stops with the NaN advice naming the parameter; the state dict round trip and its
  *     errors; the disabled scaler; the call-order errors; the fused op's kernel against a
- *     plain loop in every floating dtype.
+ *     plain loop in every floating dtype;
+ *   - on the test device with host kernels (tests/plugins/host/, which counts its copies to
+ *     host memory), unscale_ of 6 gradients reads the found_inf flags back once, not once per
+ *     gradient, and still unscales each gradient exactly and finds the one inf.
  */
+#include <dlfcn.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,5 +361,76 @@ Test(grad_scaler, fused_unscale_matches_a_plain_loop) {
             cr_expect_eq(v[i], a[i] / 64, "%s[%d]: %g", em_dtype_name(dts[d]), i, v[i]);
         cr_assert_eq(em_scope_end(), EM_OK);
     }
+    em_test_assert_clean_shutdown();
+}
+
+/* PyTorch reads its found_inf once per device (in step()); the scaler's flags are one buffer,
+ * read with one copy per (device, dtype) and unscale_. */
+Test(grad_scaler, unscale_reads_the_device_once_for_all_gradients) {
+    const char *dir = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(dir, "EMBER_TEST_PLUGIN_DIR is not set (run through make check)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/../host/.libs/testdev_host.so", dir);
+    cr_assert_eq(em_plugin_load(path), EM_OK, "%s", em_last_error());
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    cr_assert(h, "testdev_host is not loaded: %s", dlerror());
+    uint64_t (*reads)(int) = (uint64_t (*)(int))dlsym(h, "ember_testdev_host_reads");
+    cr_assert(reads, "ember_testdev_host_reads: %s", dlerror());
+    dlclose(h); /* the library still holds it */
+    em_device td;
+    cr_assert_eq(em_device_parse("testdev:0", &td), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    enum { NP = 6, NE = 4 };
+    em_tensor *p[NP];
+    em_dict *d = em_dict_new();
+    for (int i = 0; i < NP; i++) {
+        double v[NE] = {i + 1, -(i + 2), 0.5 * i, 3};
+        p[i] = em_to_device(em_test_tensor(EM_F32, 1, (int64_t[]){NE}, v), td);
+        cr_assert(p[i], "%s", em_last_error());
+        cr_assert_eq(em_requires_grad_(p[i], true), EM_OK);
+        char name[8];
+        snprintf(name, sizeof name, "p%d", i);
+        cr_assert_eq(em_dict_set(d, name, p[i]), EM_OK);
+    }
+    em_options *oo = em_options_new();
+    em_options_set_float(oo, "lr", 0.1);
+    em_optimizer *o = em_optimizer_new("SGD", d, oo);
+    cr_assert(o, "%s", em_last_error());
+    em_options_free(oo);
+    em_dict_free(d);
+    em_grad_scaler *sc = em_grad_scaler_new(NULL);
+    cr_assert(sc, "%s", em_last_error());
+    for (int round = 0; round < 2; round++) { /* round 1: an inf in p4's gradient */
+        double scale = em_grad_scaler_get_scale(sc);
+        for (int i = 0; i < NP; i++) {
+            double g[NE];
+            for (int k = 0; k < NE; k++) g[k] = (double)((k + 1) * (i + 1)) * scale;
+            if (round == 1 && i == 4) g[2] = INFINITY;
+            em_tensor *gd = em_to_device(em_test_tensor(EM_F32, 1, (int64_t[]){NE}, g), td);
+            cr_assert(gd, "%s", em_last_error());
+            cr_assert_eq(em_tensor_set_grad(p[i], gd), EM_OK, "%s", em_last_error());
+        }
+        uint64_t r0 = reads(0);
+        cr_assert_eq(em_grad_scaler_unscale_(sc, o), EM_OK, "%s", em_last_error());
+        cr_expect_eq(reads(0) - r0, 1, "round %d: %llu reads of testdev:0 for %d gradients",
+                     round, (unsigned long long)(reads(0) - r0), NP);
+        for (int i = 0; i < NP; i++) { /* the scale is a power of two: exact */
+            float g[NE];
+            cr_assert_eq(em_tensor_to_host(em_tensor_grad(p[i]), g, sizeof g), EM_OK);
+            for (int k = 0; k < NE; k++) {
+                float want = round == 1 && i == 4 && k == 2 ? INFINITY : (float)((k + 1) * (i + 1));
+                cr_expect_eq(g[k], want, "round %d: grad %d[%d] %g, not %g", round, i, k,
+                             (double)g[k], (double)want);
+            }
+        }
+        bool stepped = !round;
+        cr_assert_eq(em_grad_scaler_step(sc, o, &stepped), EM_OK, "%s", em_last_error());
+        cr_expect_eq(stepped, round == 0, "round %d: stepped %d", round, stepped);
+        cr_assert_eq(em_grad_scaler_update(sc), EM_OK, "%s", em_last_error());
+    }
+    cr_expect_eq(em_grad_scaler_skipped_steps(sc), 1);
+    em_grad_scaler_free(sc);
+    em_optimizer_free(o);
+    cr_assert_eq(em_scope_end(), EM_OK);
     em_test_assert_clean_shutdown();
 }

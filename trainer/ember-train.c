@@ -326,6 +326,16 @@ static void usage(FILE *f) {
 "                           float32 (the default), also over a config's loop.amp\n"
 "  --seed N                 seed of initialisation, shuffling, splits and dropout\n"
 "  --deterministic          deterministic kernels only\n"
+"  --graph-capture          (loop.graph_capture) on a device that captures graphs (CUDA), record\n"
+"                           a full-size batch's training step (forward, loss, backward, SGD\n"
+"                           step) once as a graph and replay it for the batches of that size;\n"
+"                           the epoch's last short batch and evaluation run as usual, and the\n"
+"                           step is captured again when a per-epoch schedule changes the lr.\n"
+"                           Refused, with the reason, on the CPU and for steps a replay would\n"
+"                           get wrong: an optimizer other than SGD, a per-step schedule, --amp\n"
+"                           fp16, --clip-grad-norm, --accum-steps > 1, data parallelism, random\n"
+"                           numbers in the step (dropout) or an op that cannot be captured.\n"
+"                           Replayed steps' rows have no grad_norm (docs/cuda.md)\n"
 "  --workers N              data loader threads\n"
 "  --no-shuffle             keep the training set in order\n"
 "  --init-weights FILE      start from a safetensors state dict (strict: every key and shape)\n"
@@ -648,7 +658,7 @@ static int read_loop(run *r, const em_config_node *loop) {
     static const char *const keys[] = {"epochs", "max_steps", "batch_size", "accum_steps",
         "clip_grad_norm", "seed", "deterministic", "workers", "shuffle", "device",
         "limit_batches", "overfit_batches", "early_stop", "eval_batch_size",
-        "tensorboard_histograms", "amp", NULL};
+        "tensorboard_histograms", "amp", "graph_capture", NULL};
     if (!loop) return 0;
     if (em_config_check_keys(loop, keys) != EM_OK) {
         report_error(NULL);
@@ -677,6 +687,9 @@ static int read_loop(run *r, const em_config_node *loop) {
             rc = cfg_num(N_CLIP, v, &iv, &r->s.clip_grad_norm);
         } else if (!strcmp(k, "deterministic")) {
             if (!parse_bool(t, &r->s.deterministic)) rc = cfg_error(v, "expected true or false, found '%s'", t);
+        } else if (!strcmp(k, "graph_capture")) {
+            if (!parse_bool(t, &r->s.graph_capture))
+                rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "shuffle")) {
             if (!parse_bool(t, &r->s.shuffle)) rc = cfg_error(v, "expected true or false, found '%s'", t);
         } else if (!strcmp(k, "tensorboard_histograms")) { /* taken with --tensorboard only */
@@ -1683,7 +1696,7 @@ int main(int argc, char **argv) {
            O_VERSION, O_WARMUP, O_EARLY, O_PLUGIN, O_QUIET, O_LOG_EVERY, O_METRICS_STEPS,
            O_SAVE_BEST, O_PREDICT_SCORES, O_EVAL_BATCH, O_TENSORBOARD, O_TB_HIST, O_GENERATE,
            O_PROMPT, O_TEMPERATURE, O_TOP_K, O_TRACE, O_PLOT, O_AMP, O_EXPORT_ONNX, O_INIT_ONNX,
-           O_BUCKET, O_SYNC_BN };
+           O_BUCKET, O_SYNC_BN, O_GRAPH };
     static const struct option longopts[] = {
         {"data", 1, 0, O_DATA}, {"device", 1, 0, O_DEVICE}, {"epochs", 1, 0, O_EPOCHS},
         {"max-steps", 1, 0, O_MAX_STEPS}, {"batch-size", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR},
@@ -1709,7 +1722,7 @@ int main(int argc, char **argv) {
         {"trace", 1, 0, O_TRACE}, {"plot", 1, 0, O_PLOT},
         {"amp", 1, 0, O_AMP}, {"export-onnx", 1, 0, O_EXPORT_ONNX},
         {"init-onnx", 1, 0, O_INIT_ONNX}, {"ddp-bucket-mib", 1, 0, O_BUCKET},
-        {"sync-batchnorm", 0, 0, O_SYNC_BN}, {0, 0, 0, 0}};
+        {"sync-batchnorm", 0, 0, O_SYNC_BN}, {"graph-capture", 0, 0, O_GRAPH}, {0, 0, 0, 0}};
     const char *plugins[64];
     int n_plugins = 0;
     /* -1: not given on the command line (the config or the default decides). */
@@ -1717,7 +1730,7 @@ int main(int argc, char **argv) {
             c_overfit = -1, c_seed = -1, c_keep = -1, c_early = -1, c_eval_batch = -1;
     double c_clip = -1;
     const char *c_amp = NULL; /* --amp */
-    bool c_determ = false, c_noshuf = false, c_tb_hist = false, list = false;
+    bool c_graph = false, c_determ = false, c_noshuf = false, c_tb_hist = false, list = false;
     run r;
     memset(&r, 0, sizeof r);
     r.s.epochs = 10;
@@ -1760,6 +1773,7 @@ int main(int argc, char **argv) {
         case O_CLIP: ok = cli_num(N_CLIP, optarg, &iv, &c_clip); break;
         case O_SEED: ok = cli_num(N_SEED, optarg, &c_seed, &fv); break;
         case O_DETERM: c_determ = true; break;
+        case O_GRAPH: c_graph = true; break;
         case O_WORKERS: ok = cli_num(N_WORKERS, optarg, &c_workers, &fv); break;
         case O_NOSHUF: c_noshuf = true; break;
         case O_INIT: r.s.init_weights = optarg; break;
@@ -1927,6 +1941,7 @@ int main(int argc, char **argv) {
     if (c_eval_batch >= 0) r.s.eval_batch_size = c_eval_batch;
     if (!r.s.eval_batch_size) r.s.eval_batch_size = r.s.batch_size;
     if (c_determ) r.s.deterministic = true;
+    if (c_graph) r.s.graph_capture = true;
     if (c_noshuf) r.s.shuffle = false;
     if (c_tb_hist) r.s.tensorboard_histograms = true;
     if (c_amp) snprintf(r.s.amp, sizeof r.s.amp, "%s", strcmp(c_amp, "off") ? c_amp : "");

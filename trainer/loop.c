@@ -908,6 +908,190 @@ static em_tensor *scaled(const run *r, em_tensor *loss) {
     return r->scaler ? em_grad_scaler_scale(r->scaler, loss) : loss;
 }
 
+/* ---- --graph-capture ----------------------------------------------------------------------------
+ *
+ * A full-size batch's step (forward, loss, the batch metric, backward, SGD step) recorded once
+ * as a graph (em_graph_capture_begin, ember/device.h) on a stream of the run's own, which is the
+ * loop's current stream from start to end so that the loader's copies, the eager steps,
+ * evaluation and the replays run in order; later full-size batches are copied into the
+ * captured batch's storages and the graph replayed, and the loss and metric are read from the
+ * captured outputs. What a replay cannot see is refused up front (graph_refusal) or caught at
+ * the capture (random numbers drawn, an op that reads the host); a per-epoch schedule's new
+ * lr makes a new capture. */
+
+enum { GRAPH_WARMUP = 3 }; /* full-size steps run eagerly first: optimizer state, caches */
+
+typedef struct gstep {
+    bool on;
+    em_stream *s;
+    em_stream *prev;               /* the loop's current stream before */
+    em_graph *g;                   /* NULL: not captured (yet, or since the lr changed) */
+    em_tensor *x[IN_MAX], *y, *mask; /* the captured batch: replays read these storages */
+    em_tensor *loss, *metric;      /* its outputs (0-dim; metric NULL without epoch rows) */
+    double *lr;                    /* (groups) the lrs the capture used */
+    int64_t warm, captures, replays;
+} gstep;
+
+/* Why this run's step cannot be replayed as a graph; NULL: it can. */
+static const char *graph_refusal(const run *r, char *buf, size_t cap) {
+    char d[48];
+    if (!em_graph_capture_supported(r->dev)) {
+        snprintf(buf, cap, "device %s cannot capture graphs (a CUDA device can)",
+                 em_device_str(r->dev, d, sizeof d));
+        return buf;
+    }
+    const char *cls = em_optimizer_class(r->opt)->name;
+    if (strcmp(cls, "SGD")) {
+        snprintf(buf, cap, "the %s optimizer's step uses values the host changes every step "
+                 "(%s), which a replay would repeat: only SGD steps replay as captured", cls,
+                 !strcmp(cls, "Adam") || !strcmp(cls, "AdamW")
+                     ? "the step count of its bias corrections" : "its step count");
+        return buf;
+    }
+    if (r->sched && r->sched_per_step)
+        return "a per-step schedule (scheduler interval: step) sets a new lr every step, which "
+               "a replay would not see (per-epoch schedules are captured again each epoch)";
+    if (r->scaler)
+        return "--amp fp16's gradient scaler keeps its scale on the host and skips steps there";
+    if (r->s.clip_grad_norm > 0)
+        return "--clip-grad-norm (loop.clip_grad_norm) reads the gradient norm on the host";
+    if (r->s.accum_steps > 1)
+        return "--accum-steps (loop.accum_steps) > 1: a step of several micro-batches";
+    if (r->d.comm) return "data parallelism: the gradients' all-reduce runs on the host";
+    return NULL;
+}
+
+static void graph_drop(gstep *g) {
+    em_graph_free(g->g);
+    g->g = NULL;
+    for (int i = 0; i < IN_MAX; i++) em_tensor_release(g->x[i]), g->x[i] = NULL;
+    em_tensor_release(g->y);
+    em_tensor_release(g->mask);
+    em_tensor_release(g->loss);
+    em_tensor_release(g->metric);
+    g->y = g->mask = g->loss = g->metric = NULL;
+}
+
+/* The stream the whole loop runs on (made current), or a message naming the option. */
+static em_status graph_open(run *r, gstep *g) {
+    *g = (gstep){.on = r->s.graph_capture};
+    if (!g->on) return EM_OK;
+    char why[256];
+    const char *no = graph_refusal(r, why, sizeof why);
+    if (no) return em_set_error(EM_ERR_INVALID, "--graph-capture (loop.graph_capture): %s", no);
+    int ng = em_optimizer_group_count(r->opt);
+    if (!(g->lr = calloc((size_t)(ng ? ng : 1), sizeof *g->lr)))
+        return em_set_error(EM_ERR_NOMEM, "--graph-capture: out of memory");
+    g->prev = em_stream_current(r->dev);
+    em_status st = em_stream_create(r->dev, &g->s);
+    if (st == EM_OK && (st = em_stream_set_current(r->dev, g->s)) != EM_OK) {
+        em_stream_free(r->dev, g->s);
+        g->s = NULL;
+    }
+    return st;
+}
+
+static void graph_close(run *r, gstep *g) {
+    if (!g->on) return;
+    graph_drop(g);
+    if (g->s) {
+        em_stream_synchronize(r->dev, g->s);
+        em_stream_set_current(r->dev, g->prev);
+        em_stream_free(r->dev, g->s);
+    }
+    free(g->lr);
+    g->s = NULL;
+    g->lr = NULL;
+}
+
+/* Whether the graph's lrs are the optimizer's now (a per-epoch schedule changes them). */
+static bool graph_lr_same(const run *r, const gstep *g) {
+    for (int i = 0; i < em_optimizer_group_count(r->opt); i++)
+        if (em_optimizer_lr(r->opt, i) != g->lr[i]) return false;
+    return true;
+}
+
+/* Record the step on a copy of this batch (nothing runs: the replay that follows runs it). */
+static em_status graph_capture(run *r, gstep *g, em_tensor *const *xs, em_tensor *y,
+                               em_tensor *mask, bool metric) {
+    char d[48];
+    em_device_str(r->dev, d, sizeof d);
+    em_status st = EM_OK;
+    em_scope_begin();
+    for (int i = 0; i < r->n_in && st == EM_OK; i++)
+        if (!(g->x[i] = em_keep(em_clone(xs[i])))) st = em_last_status();
+    if (st == EM_OK && !(g->y = em_keep(em_clone(y)))) st = em_last_status();
+    if (st == EM_OK && mask && !(g->mask = em_keep(em_clone(mask)))) st = em_last_status();
+    em_scope_end();
+    if (st != EM_OK) {
+        graph_drop(g);
+        return st;
+    }
+    /* the captured backward makes the gradients, in the graph's memory */
+    em_optimizer_zero_grad(r->opt);
+    em_rng_state before = em_generator_get_state(em_default_generator());
+    if ((st = em_graph_capture_begin(r->dev, g->s)) != EM_OK) {
+        graph_drop(g);
+        return st;
+    }
+    em_scope_begin();
+    em_tensor *loss = NULL, *m = NULL;
+    em_status as = amp_begin(r);
+    em_tensor *out = as == EM_OK ? model_forward(r, g->x, g->mask) : NULL;
+    if (out) loss = loss_forward(r, out, g->y);
+    if (as == EM_OK) amp_end(r);
+    if (loss && metric) {
+        em_grad_mode_push(EM_GRAD_DISABLED);
+        m = batch_metric(r, out, g->y, em_tensor_shape(g->x[0])[0], NULL);
+        em_grad_mode_pop();
+    }
+    if (loss && (!metric || m) && em_backward(loss) == EM_OK &&
+        em_optimizer_step(r->opt) == EM_OK) {
+        g->loss = em_keep(loss);
+        g->metric = m ? em_keep(m) : NULL;
+    }
+    char why[768] = "";
+    if (!g->loss) snprintf(why, sizeof why, "%s", em_last_error());
+    em_scope_end();
+    st = em_graph_capture_end(r->dev, &g->g);
+    if (st == EM_OK && !g->loss) st = EM_ERR_DEVICE; /* an op failed, and the capture held */
+    if (st != EM_OK) {
+        if (!why[0]) snprintf(why, sizeof why, "%s", em_last_error());
+        graph_drop(g);
+        em_optimizer_zero_grad(r->opt); /* gradients that were only recorded */
+        return em_set_error(EM_ERR_DEVICE, "--graph-capture (loop.graph_capture): the training "
+                            "step cannot be captured on %s: %s", d, why);
+    }
+    em_rng_state after = em_generator_get_state(em_default_generator());
+    if (memcmp(&before, &after, sizeof before)) {
+        em_generator_set_state(em_default_generator(), before);
+        graph_drop(g);
+        em_optimizer_zero_grad(r->opt);
+        return em_set_error(EM_ERR_INVALID, "--graph-capture (loop.graph_capture): the training "
+                            "step draws random numbers (dropout?), and every replay would draw "
+                            "the same ones; train without --graph-capture");
+    }
+    for (int i = 0; i < em_optimizer_group_count(r->opt); i++)
+        g->lr[i] = em_optimizer_lr(r->opt, i);
+    g->captures++;
+    return EM_OK;
+}
+
+/* This batch into the captured batch's storages, then the step: the replay runs forward,
+ * backward and the update; the loss and metric (NAN without) are read from its outputs. */
+static em_status graph_replay(run *r, gstep *g, em_tensor *const *xs, em_tensor *y,
+                              em_tensor *mask, double *lv, double *mv) {
+    em_status st = EM_OK;
+    for (int i = 0; i < r->n_in && st == EM_OK; i++) st = em_copy_(g->x[i], xs[i]);
+    if (st == EM_OK) st = em_copy_(g->y, y);
+    if (st == EM_OK && g->mask) st = em_copy_(g->mask, mask);
+    if (st == EM_OK) st = em_graph_replay(g->g);
+    if (st == EM_OK) st = em_tensor_item(g->loss, lv);
+    if (st == EM_OK && g->metric) st = em_tensor_item(g->metric, mv);
+    if (st == EM_OK) g->replays++;
+    return st;
+}
+
 static void nan_hint(const run *r, double loss) {
     fprintf(stderr, "ember-train: the loss is %s at epoch %" PRId64 ", step %" PRId64 " (batch %"
             PRId64 "): training stopped.\n  Try a lower learning rate (--lr), gradient clipping "
@@ -1273,6 +1457,12 @@ int train_loop(run *r) {
     double win_loss = 0, win_t0 = now_s();
     int64_t win_samples = 0;
     uint64_t win_wait_ns = 0;
+    gstep gs;
+    if (graph_open(r, &gs) != EM_OK) {
+        report_error(NULL);
+        rc = EXIT_USAGE;
+        stop_run = true;
+    }
     em_module_train(r->model, true);
     for (; r->epoch < r->s.epochs && !stop_run; r->epoch++) {
         if (!loader_aligned) em_loader_set_state(l, (em_loader_state){r->s.seed, r->epoch, r->batch});
@@ -1313,31 +1503,50 @@ int train_loop(run *r) {
                 stop_run = true;
                 break;
             }
-            em_scope_begin();
-            em_status as = amp_begin(r);
-            em_tensor *out = as == EM_OK ? model_forward(r, xs, mask) : NULL;
-            em_tensor *loss = loss_forward(r, out, y);
-            if (as == EM_OK) amp_end(r);
-            double lv = loss ? em_item(loss) : NAN, mv = 0;
-            if (loss && k.epochs) { /* the epoch's train metric, as the batch was trained on */
-                em_grad_mode_push(EM_GRAD_DISABLED);
-                em_tensor *m = batch_metric(r, out, y, bs, NULL);
-                em_grad_mode_pop();
-                if (!m) loss = NULL;
-                else mv = em_item(m);
+            /* --graph-capture: full-size batches replay the captured step once warm */
+            bool graphed = gs.on && bs == B && gs.warm >= GRAPH_WARMUP;
+            double lv = NAN, mv = 0;
+            if (graphed) {
+                if (gs.g && !graph_lr_same(r, &gs)) graph_drop(&gs); /* a new epoch's lr */
+                em_status gst = gs.g ? EM_OK : graph_capture(r, &gs, xs, y, mask, k.epochs);
+                if (gst == EM_OK) gst = graph_replay(r, &gs, xs, y, mask, &lv, &mv);
+                if (gst != EM_OK) { /* the capture's messages name the option already */
+                    report_error(strncmp(em_last_error(), "--graph-capture", 15)
+                                     ? "--graph-capture" : NULL);
+                    rc = EXIT_TRAIN;
+                } else if (!isfinite(lv)) {
+                    nan_hint(r, lv);
+                    rc = EXIT_TRAIN;
+                }
+            } else {
+                gs.warm += gs.on && bs == B;
+                em_scope_begin();
+                em_status as = amp_begin(r);
+                em_tensor *out = as == EM_OK ? model_forward(r, xs, mask) : NULL;
+                em_tensor *loss = loss_forward(r, out, y);
+                if (as == EM_OK) amp_end(r);
+                lv = loss ? em_item(loss) : NAN;
+                if (loss && k.epochs) { /* the epoch's train metric, as the batch was trained on */
+                    em_grad_mode_push(EM_GRAD_DISABLED);
+                    em_tensor *m = batch_metric(r, out, y, bs, NULL);
+                    em_grad_mode_pop();
+                    if (!m) loss = NULL;
+                    else mv = em_item(m);
+                }
+                if (!loss) {
+                    report_error("forward");
+                    rc = em_last_status() == EM_ERR_SHAPE ? EXIT_USAGE : EXIT_TRAIN;
+                } else if (!isfinite(lv) && !r->d.comm) {
+                    nan_hint(r, lv);
+                    rc = EXIT_TRAIN;
+                } else if (em_backward(scaled(r, group_len > 1
+                                                     ? em_div_scalar(loss, (double)group_len)
+                                                     : loss)) != EM_OK) {
+                    report_error("backward");
+                    rc = EXIT_TRAIN;
+                }
+                em_scope_end();
             }
-            if (!loss) {
-                report_error("forward");
-                rc = em_last_status() == EM_ERR_SHAPE ? EXIT_USAGE : EXIT_TRAIN;
-            } else if (!isfinite(lv) && !r->d.comm) {
-                nan_hint(r, lv);
-                rc = EXIT_TRAIN;
-            } else if (em_backward(scaled(r, group_len > 1 ? em_div_scalar(loss, (double)group_len)
-                                                           : loss)) != EM_OK) {
-                report_error("backward");
-                rc = EXIT_TRAIN;
-            }
-            em_scope_end();
             if (local && !rc && em_ddp_no_sync_end(r->d.ddp) != EM_OK) {
                 report_error("no_sync");
                 rc = EXIT_TRAIN;
@@ -1384,14 +1593,14 @@ int train_loop(run *r) {
             }
             double gn = NAN;
             /* --amp fp16: the norm and the clipping see the unscaled gradients */
-            if (r->scaler && (r->s.clip_grad_norm > 0 || k.n) &&
+            if (!graphed && r->scaler && (r->s.clip_grad_norm > 0 || k.n) &&
                 em_grad_scaler_unscale_(r->scaler, r->opt) != EM_OK) {
                 report_error("amp unscale");
                 rc = EXIT_TRAIN;
                 stop_run = true;
                 break;
             }
-            if (r->s.clip_grad_norm > 0 || k.n) {
+            if (!graphed && (r->s.clip_grad_norm > 0 || k.n)) { /* a replay stepped already */
                 double maxn = r->s.clip_grad_norm > 0 ? r->s.clip_grad_norm : INFINITY;
                 if (em_clip_grad_norm_(r->params, maxn, 2.0, false, &gn) != EM_OK) {
                     report_error("clip_grad_norm");
@@ -1401,8 +1610,8 @@ int train_loop(run *r) {
                 }
                 if (isfinite(gn)) r->part.grad_norm += gn, r->part.grad_norms++;
             }
-            if ((r->scaler ? em_grad_scaler_step(r->scaler, r->opt, NULL)
-                           : em_optimizer_step(r->opt)) != EM_OK) {
+            if (!graphed && (r->scaler ? em_grad_scaler_step(r->scaler, r->opt, NULL)
+                                       : em_optimizer_step(r->opt)) != EM_OK) {
                 report_error("optimizer step");
                 rc = EXIT_TRAIN;
                 stop_run = true;
@@ -1646,6 +1855,10 @@ int train_loop(run *r) {
             fprintf(stderr, "\n");
         }
         if (sw.cap) print_step_waits(r, &sw);
+        if (gs.on)
+            fprintf(stderr, "  --graph-capture: %" PRId64 " step%s replayed from %" PRId64
+                    " capture%s\n", gs.replays, gs.replays == 1 ? "" : "s", gs.captures,
+                    gs.captures == 1 ? "" : "s");
     }
     if (r->s.memory_summary && primary(r)) {
         fprintf(stderr, "ember-train: memory at the end:\n");
@@ -1661,6 +1874,7 @@ int train_loop(run *r) {
     }
     bool reported = k.failed != NULL; /* a row that failed was reported when it failed */
     if (!sinks_close(&k) && !reported && (rc == EXIT_OK || rc == EXIT_INTERRUPTED)) rc = EXIT_TRAIN;
+    graph_close(r, &gs);
     em_loader_free(l);
     free(subset);
     free(sw.wait);

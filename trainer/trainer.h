@@ -50,6 +50,7 @@ typedef struct settings {
     uint64_t seed;
     double clip_grad_norm;
     bool deterministic, shuffle;
+    bool graph_capture;            /* --graph-capture / loop.graph_capture (loop.c) */
     const char *init_weights, *save_weights, *checkpoint, *resume, *metrics, *predict;
     const char *export_onnx;       /* --export-onnx FILE (docs/onnx.md) */
     const char *init_onnx;         /* --init-onnx FILE: the model, imported */

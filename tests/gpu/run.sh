@@ -160,6 +160,19 @@ suite_bench() {
             echo "ember $w error=$(tail -n 1 "$WORK/one.txt" | tr -s ' \t' '_' | cut -c1-160)" >> "$WORK/one.txt"
         cat "$WORK/one.txt" >> "$WORK/ember.txt"
     done >> "$WORK/ember.txt"
+    # ember-train's own step, eager and with --graph-capture (docs/cuda.md): the median step
+    # time of its summary, over one epoch of the bundled Fashion-MNIST subset (SGD, batch 128)
+    local g
+    for g in eager graph; do
+        local gopt=()
+        [ $g = graph ] && gopt=(--graph-capture)
+        if "$B/bin/ember-train" "$src/examples/fashion-mnist-mlp.yaml" --device "$DEV" \
+            --data "$B/data/fashion-mnist" --epochs 1 --quiet "${gopt[@]}" > "$WORK/train_$g.txt" 2>&1; then
+            echo "ember train_$g ms=$(sed -n 's/.*of the median step time (\([0-9.]*\) ms).*/\1/p' "$WORK/train_$g.txt")"
+        else
+            echo "ember train_$g error=$(tail -n 1 "$WORK/train_$g.txt" | tr -s ' \t' '_' | cut -c1-160)"
+        fi
+    done >> "$WORK/ember.txt"
     cat "$WORK/ember.txt" >> "$OUT/bench.txt"
     if [ "$DEV" != cpu ]; then
         if [ -x "$B/harness/gpu_cublas" ]; then
@@ -214,6 +227,8 @@ suite_bench() {
             t=$(val "$WORK/torch.txt" ${w}_sgd ms); r=$(ratio "$e" "$t")
             row "$w sgd graph replay (ms)" "$e" "$c" "$t" "$r" "ember graph/torch eager; baseline: torch CUDA graph; replay = eager bitwise:" "$(val "$WORK/ember.txt" ${w}_graph match)"
         done
+        e=$(val "$WORK/ember.txt" train_graph ms); c=$(val "$WORK/ember.txt" train_eager ms); r=$(ratio "$e" "$c")
+        row "ember-train graph (ms)" "$e" "$c" "" "$r" "ember-train --graph-capture/eager step, fashion-mnist-mlp (no target)" ""
         e=$(val "$WORK/ember.txt" gemm_bf16_$big ms); c=$(val "$WORK/cublas.txt" gemm_bf16_$big ms)
         t=$(val "$WORK/torch.txt" gemm_bf16_$big ms); r=$(ratio "$e" "$c")
         row "gemm bf16 ${big}^3 (ms)" "$e" "$c" "$t" "$r" "ember/cuBLASLt <= 1.05:" "$(meets "$r" le 1.05)"

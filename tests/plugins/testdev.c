@@ -30,7 +30,7 @@
  *     pinned blocks and bytes are counted, and ember_testdev_pinned() reports them (tests
  *     find it with dlsym) so pin_memory can be checked;
  *   - kernels exist only for copy and fill (every dtype) and add (float32), so every other op
- *     exercises the fallback policy;
+ *     exercises the fallback policy (the TD_HOST build below adds more);
  *   - graph capture (the graph_* slots, em_graph_capture_begin) as CUDA graphs behave: while
  *     a stream records, the kernels and device-to-device copies queued on it are recorded, not
  *     run, with the addresses and arguments they had; a replay queues copies of them on the
@@ -52,6 +52,15 @@
  * (y = x + x: kernels on testdev and the CPU, case rows) whose backward is deliberately wrong
  * (3 * grad instead of 2 * grad, written with add, so it runs on testdev): the CPU's backward
  * agrees with it, only finite differences catch it.
+ *
+ * Built a third time with TD_HOST defined, as "ember-testdev-host" (tests/plugins/host/), with
+ * host kernels for the ops in td_host_ops (a small MLP's training step and evaluation, and the
+ * gradient scaler's amp_unscale_): each is queued on the stream like any testdev kernel and
+ * run by the worker as the CPU backend's kernel over the host memory behind the device
+ * addresses (em_op_call_out / em_op_call_lists on wrapped tensors), so a whole step runs on the
+ * device, in stream order, and is recorded in a graph and replayed (ember-train
+ * --graph-capture: tests/test_graph_capture.sh). Every build counts its copies to host memory
+ * (ember_testdev_host_reads(), found with dlsym): the host reads a real device would sync on.
  */
 #include <assert.h>
 #include <pthread.h>
@@ -103,6 +112,7 @@ static struct {
     size_t pinned_blocks, pinned_bytes; /* live host_alloc blocks */
     uint64_t clock[TD_COUNT];   /* each device's clock (timed events): TD_KERNEL_NS per kernel */
     struct td_graph *cap[TD_COUNT]; /* the capture in progress on each device, if any */
+    uint64_t host_reads[TD_COUNT]; /* copies from the device to host memory */
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .type = -1};
 
 static void *td_tag(void *host, int index) {
@@ -228,7 +238,23 @@ typedef struct td_dep {
     uint64_t n;
 } td_dep;
 
-typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KBINARY, TD_KSUM, TD_STAMP } td_kind;
+typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KBINARY, TD_KSUM, TD_STAMP,
+               TD_KHOST } td_kind;
+
+/* TD_HOST builds: an op of the list in td_host_ops run by the CPU backend on the host memory
+ * behind the device addresses, on the stream's worker (so it is queued, ordered and recorded
+ * in graphs like any testdev kernel). Shared, reference-counted, between a graph's recorded
+ * item and the copies its replays queue. */
+#define TD_HOST_MAX 64 /* operands (of a list op: every tensor of every list) */
+typedef struct td_host {
+    int refs; /* atomic */
+    const em_op *op;
+    int n_in, n_out, n_attrs;
+    int count;                  /* a list op's tensors per list; 0: not a list op */
+    em_ktensor kt[TD_HOST_MAX]; /* inputs, then outputs; host addresses */
+    bool absent[TD_HOST_MAX];   /* a NULL input (or a list's NULL entry) */
+    em_attr *attrs;             /* copies, strings and lists owned */
+} td_host;
 
 /* What a timed event reads: the device clock when its record item ran (under the lock). */
 typedef struct td_stamp {
@@ -245,13 +271,14 @@ typedef struct td_item {
     int ndeps;
     td_dep *deps;
     int nblocks;
-    td_block *blocks[3]; /* the allocations it touches: freeing one waits for the item */
+    td_block *blocks[TD_HOST_MAX]; /* the allocations it touches: freeing one waits for it */
     union {
         struct { char *dst; const char *src; size_t n; } mc;
         struct { em_ktensor x, y; } copy;
         struct { em_ktensor y; double v; } fill;
         struct { em_ktensor a, b, y; char op; } bin; /* op: '+' or '*' */
         struct { em_ktensor x, y; } sum;
+        td_host *host;
         td_stamp *stamp;
     } u;
 } td_item;
@@ -306,6 +333,23 @@ struct em_event {
 
 static void td_run(const td_item *it);
 
+static void td_host_unref(td_host *h) {
+    if (!h || __atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    for (int i = 0; i < h->n_attrs; i++) {
+        if (h->attrs[i].type == EM_ATTR_STRING) free((char *)h->attrs[i].v.s);
+        if (h->attrs[i].type == EM_ATTR_INT_LIST) free((int64_t *)h->attrs[i].v.list);
+    }
+    free(h->attrs);
+    free(h);
+}
+
+/* Free an item that will not run (or has run) with what it owns. */
+static void td_item_free(td_item *it) {
+    if (it->kind == TD_KHOST) td_host_unref(it->u.host);
+    free(it->deps);
+    free(it);
+}
+
 /* ---- queue primitives: all with G.lock held ---- */
 
 static void q_unref(td_queue *q) {
@@ -338,7 +382,7 @@ static void *td_worker(void *arg) {
         td_run(it);
         pthread_mutex_lock(&G.lock);
         if (it->kind == TD_KCOPY || it->kind == TD_KFILL || it->kind == TD_KBINARY ||
-            it->kind == TD_KSUM)
+            it->kind == TD_KSUM || it->kind == TD_KHOST)
             G.clock[q->index] += TD_KERNEL_NS;
         if (it->kind == TD_STAMP) {
             it->u.stamp->ns = G.clock[q->index];
@@ -351,8 +395,7 @@ static void *td_worker(void *arg) {
         for (int i = 0; i < it->nblocks; i++) it->blocks[i]->pending--;
         for (int i = 0; i < it->ndeps; i++) q_unref(it->deps[i].q);
         pthread_cond_broadcast(&G.cv);
-        free(it->deps);
-        free(it);
+        td_item_free(it);
     }
     pthread_mutex_unlock(&G.lock);
     return NULL;
@@ -436,7 +479,7 @@ static em_status td_enqueue(int index, em_stream *s, td_item *it, const td_dep *
                                        "stream records a graph (CUDA's legacy default stream "
                                        "rule)");
         pthread_mutex_unlock(&G.lock);
-        free(it);
+        td_item_free(it);
         return e;
     }
     td_queue *q = s ? s->q : NULL;
@@ -449,7 +492,7 @@ static em_status td_enqueue(int index, em_stream *s, td_item *it, const td_dep *
         st = em_set_error(EM_ERR_NOMEM, "testdev: out of memory queueing work");
     if (st != EM_OK) {
         pthread_mutex_unlock(&G.lock);
-        free(it);
+        td_item_free(it);
         return st;
     }
     /* CUDA's legacy default stream: it waits for every other stream, and they wait for it. */
@@ -735,6 +778,13 @@ EM_PLUGIN_EXPORT size_t ember_testdev_pending(int index, const em_stream *s) {
     return n;
 }
 
+/* Copies from testdev:index to host memory so far (each a host read of device data, a sync
+ * point on a real device): tests find it with dlsym. */
+EM_PLUGIN_EXPORT uint64_t ember_testdev_host_reads(int index);
+EM_PLUGIN_EXPORT uint64_t ember_testdev_host_reads(int index) {
+    return td_index_ok(index) ? __atomic_load_n(&G.host_reads[index], __ATOMIC_RELAXED) : 0;
+}
+
 /* ---- page-locked host memory ------------------------------------------------------------ */
 
 #define TD_PINNED_MAGIC 0x70696e6e65643031ull /* "pinned01" */
@@ -811,6 +861,7 @@ static em_status td_copy(em_device dd, void *dst, em_device sd, const void *src,
     if (st != EM_OK) return st;
     td_item *it = td_item_new(TD_MEMCPY);
     if (!it) return EM_ERR_NOMEM;
+    if (td_is_cpu(dd)) __atomic_add_fetch(&G.host_reads[index], 1, __ATOMIC_RELAXED);
     it->u.mc.dst = hd;
     it->u.mc.src = hs;
     it->u.mc.n = n;
@@ -827,8 +878,7 @@ static em_status td_copy(em_device dd, void *dst, em_device sd, const void *src,
 static void td_graph_items_free(td_graph *g) {
     for (td_item *it = g->head, *next; it; it = next) {
         next = it->next;
-        free(it->deps);
-        free(it);
+        td_item_free(it);
     }
     g->head = g->tail = NULL;
     g->n = 0;
@@ -890,6 +940,7 @@ static em_status td_graph_replay(int index, void *graph, em_stream *s) {
         td_item *it = td_item_new(r->kind);
         if (!it) return EM_ERR_NOMEM;
         *it = *r;
+        if (it->kind == TD_KHOST) __atomic_add_fetch(&it->u.host->refs, 1, __ATOMIC_RELAXED);
         it->next = NULL;
         it->deps = NULL;
         it->ndeps = 0;
@@ -982,7 +1033,7 @@ static em_status td_kernel_queue(const em_kernel_ctx *ctx, td_item *it, em_ktens
         if (st == EM_OK && !seen) it->blocks[it->nblocks++] = b;
     }
     if (st != EM_OK) {
-        free(it);
+        td_item_free(it);
         return st;
     }
     return td_enqueue(ctx->device.index, s, it, NULL, NULL);
@@ -1046,6 +1097,36 @@ static void td_run_sum(const em_ktensor *x, const em_ktensor *y) {
     free(acc);
 }
 
+/* TD_KHOST: the op on the CPU over the host memory, on the worker thread (which has no
+ * autograd to record into). A failure cannot be reported from here: a test device stops. */
+static void td_run_host(const td_host *h) {
+    em_tensor *t[TD_HOST_MAX] = {0};
+    em_status st = EM_OK;
+    int n = h->n_in + h->n_out;
+    em_grad_mode_push(EM_GRAD_DISABLED);
+    for (int i = 0; i < n && st == EM_OK; i++) {
+        const em_ktensor *k = &h->kt[i];
+        if (h->absent[i]) continue;
+        t[i] = k->numel ? em_tensor_wrap(k->data, k->ndim, k->shape, k->strides, k->dtype,
+                                         em_cpu(), NULL, NULL)
+                        : em_empty(k->ndim, k->shape, k->dtype, em_cpu());
+        if (!t[i]) st = em_last_status();
+    }
+    if (st == EM_OK && h->count)
+        st = em_op_call_lists(h->op, h->count, h->n_in ? (const em_tensor *const *)t : NULL,
+                              h->attrs, t + h->n_in);
+    else if (st == EM_OK)
+        st = em_op_call_out(h->op, (const em_tensor *const *)t, h->n_in, h->attrs, t + h->n_in,
+                            h->n_out);
+    if (st != EM_OK) {
+        fprintf(stderr, "testdev: the host kernel of %s failed on a worker: %s\n",
+                em_op_name(h->op), em_last_error());
+        abort();
+    }
+    for (int i = 0; i < n; i++) em_tensor_release(t[i]);
+    em_grad_mode_pop();
+}
+
 /* On a worker thread, without the lock. */
 static void td_run(const td_item *it) {
     switch (it->kind) {
@@ -1056,6 +1137,7 @@ static void td_run(const td_item *it) {
     case TD_KBINARY: td_run_binary(&it->u.bin.a, &it->u.bin.b, &it->u.bin.y, it->u.bin.op); break;
     case TD_KSUM: td_run_sum(&it->u.sum.x, &it->u.sum.y); break;
     case TD_STAMP: break; /* the worker reads the clock, under the lock */
+    case TD_KHOST: td_run_host(it->u.host); break;
     }
 }
 
@@ -1088,6 +1170,70 @@ static em_status td_binary(const em_kernel_ctx *ctx, char op, bool a2) {
 }
 
 static em_status td_k_add(const em_kernel_ctx *ctx) { return td_binary(ctx, '+', false); }
+
+#ifdef TD_HOST
+/* An op of td_host_ops: its operands and attributes copied into a td_host item that runs
+ * the CPU backend's kernel on the worker (td_run_host). */
+static em_status td_k_host(const em_kernel_ctx *ctx) {
+    int n = ctx->n_in + ctx->n_out;
+    if (n > TD_HOST_MAX)
+        return em_set_error(EM_ERR_INVALID, "testdev: %s: %d operands; the host kernels take "
+                            "at most %d", em_op_name(ctx->op), n, TD_HOST_MAX);
+    const em_op_schema *sc = em_op_schema_of(ctx->op);
+    td_item *it = td_item_new(TD_KHOST);
+    td_host *h = calloc(1, sizeof *h);
+    em_attr *attrs = sc->n_attrs ? calloc((size_t)sc->n_attrs, sizeof *attrs) : NULL;
+    if (!it || !h || (sc->n_attrs && !attrs)) {
+        free(it), free(h), free(attrs);
+        return em_set_error(EM_ERR_NOMEM, "testdev: %s: out of memory queueing work",
+                            em_op_name(ctx->op));
+    }
+    bool lists = (sc->flags & EM_OP_LISTS) != 0;
+    *h = (td_host){.refs = 1, .op = ctx->op, .n_in = ctx->n_in, .n_out = ctx->n_out,
+                   .n_attrs = sc->n_attrs, .attrs = attrs,
+                   .count = lists && sc->n_outputs ? ctx->n_out / sc->n_outputs : 0};
+    it->u.host = h;
+    bool oom = false;
+    for (int i = 0; i < sc->n_attrs; i++) {
+        attrs[i] = ctx->attrs[i];
+        if (attrs[i].type == EM_ATTR_STRING && attrs[i].v.s) {
+            char *c = strdup(attrs[i].v.s);
+            attrs[i].v.s = c;
+            oom |= !c;
+        } else if (attrs[i].type == EM_ATTR_INT_LIST && attrs[i].n > 0) {
+            int64_t *c = malloc((size_t)attrs[i].n * sizeof *c);
+            if (c) memcpy(c, attrs[i].v.list, (size_t)attrs[i].n * sizeof *c);
+            attrs[i].v.list = c;
+            oom |= !c;
+        } else if (attrs[i].type == EM_ATTR_INT_LIST) {
+            attrs[i].v.list = NULL;
+        }
+    }
+    if (oom) {
+        td_item_free(it);
+        return em_set_error(EM_ERR_NOMEM, "testdev: %s: out of memory queueing work",
+                            em_op_name(ctx->op));
+    }
+    em_ktensor *ops[TD_HOST_MAX];
+    const em_ktensor *src[TD_HOST_MAX];
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const em_ktensor *k = i < ctx->n_in ? &ctx->in[i] : &ctx->out[i - ctx->n_in];
+        /* a missing input: no data, and no storage where the core says so; a list's NULL
+         * entry (inputs or outputs): a zeroed view */
+        if ((i < ctx->n_in && !k->data && !lists &&
+             (!EM_KCTX_HAS_IDS(ctx) || !ctx->storage_ids || ctx->storage_ids[i] == 0)) ||
+            (lists && !k->data && k->numel == 0 && k->ndim == 0)) {
+            h->absent[i] = true;
+            continue;
+        }
+        ops[m] = &h->kt[i];
+        src[m++] = k;
+    }
+    return td_kernel_queue(ctx, it, ops, src, m);
+}
+
+#endif
 
 #ifdef TD_MATH
 static em_status td_k_mul(const em_kernel_ctx *ctx) { return td_binary(ctx, '*', false); }
@@ -1134,6 +1280,19 @@ static const em_op_case twice_cases[] = {
 
 /* ---- registration ------------------------------------------------------------------------- */
 
+#ifdef TD_HOST
+/* The ops a small MLP's training step (linear, relu, cross entropy, SGD) and its evaluation
+ * call, given host kernels on testdev (TD_KHOST) so that a whole step runs, and is captured,
+ * on the device: tests/test_graph_capture.sh. */
+static const char *const td_host_ops[] = {
+    "addmm", "argmax", "bernoulli", "bmm", "cross_entropy", "cross_entropy_backward",
+    "div_scalar", "dropout", "eq", "linear", "matmul", "mul", "mul_scalar", "mul_scalar_",
+    "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal", "amp_unscale_"};
+/* Not tanh: tests/test_graph_capture.sh needs an op whose CPU fallback breaks a capture. Not
+ * fused_sgd: SGD steps op by op there, as on a device without the fused kernel. amp_unscale_
+ * (a list op) for the gradient scaler's test of its host reads (tests/test_grad_scaler.c). */
+#endif
+
 static em_status td_kernel(em_registry *r, const char *op, em_dtype dt, em_kernel_fn fn) {
     char name[64];
     snprintf(name, sizeof name, "testdev_%s_%s", op, em_dtype_name(dt));
@@ -1168,6 +1327,17 @@ static em_status td_register(em_registry *r) {
                              .device_type = "cpu", .dtype = dt, .fn = cpu_twice,
                              .name = t ? "cpu_twice_badgrad_float64" : "cpu_twice_badgrad_float32"};
         if (st == EM_OK) st = em_kernel_register(r, &def, NULL);
+    }
+#endif
+#ifdef TD_HOST
+    /* every dtype the CPU backend (loaded first: plugins load in name order, and "ember-cpu"
+     * sorts before "ember-testdev-host") has a kernel for */
+    for (size_t i = 0; i < sizeof td_host_ops / sizeof *td_host_ops && st == EM_OK; i++) {
+        const em_op *op = em_op_find(td_host_ops[i]);
+        if (!op) continue; /* not declared by this build (a plugin not loaded) */
+        for (int t = 0; t < EM_DTYPE_COUNT && st == EM_OK; t++)
+            if (em_op_kernel_count(op, em_cpu(), (em_dtype)t) > 0)
+                st = td_kernel(r, td_host_ops[i], (em_dtype)t, td_k_host);
     }
 #endif
     return st;
@@ -1209,6 +1379,8 @@ static const em_plugin_descriptor td_plugin = {
     .abi_major = EM_PLUGIN_ABI_MAJOR,
 #ifdef TD_MATH
     .name = "ember-testdev-math",
+#elif defined TD_HOST
+    .name = "ember-testdev-host",
 #else
     .name = "ember-testdev",
 #endif
@@ -1216,6 +1388,10 @@ static const em_plugin_descriptor td_plugin = {
 #ifdef TD_MATH
     .description = "test-only device 'testdev' (2 asynchronous devices in host memory; copy, "
                    "fill, add f32, mul and sum f32/f64; testdev.twice_badgrad)",
+#elif defined TD_HOST
+    .description = "test-only device 'testdev' (2 asynchronous devices in host memory; copy, "
+                   "fill, add f32, and the CPU's kernels of a small MLP's training step run "
+                   "on the device's queues)",
 #else
     .description = "test-only device 'testdev' (2 asynchronous devices in host memory; copy, "
                    "fill, add f32)",

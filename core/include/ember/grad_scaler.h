@@ -28,7 +28,10 @@
  * scale * backoff_factor and the growth tracker 0; otherwise the tracker counts up and at
  * growth_interval the scale becomes scale * growth_factor (when that is finite) and the
  * tracker 0. The check and the unscaling are one fused list op per (device, dtype) of the
- * gradients, amp_unscale_ (core/ops_optim.c), with a kernel per device.
+ * gradients, amp_unscale_ (core/ops_optim.c), with a kernel per device; its per-gradient
+ * inf/NaN flags are the elements of one buffer, read back with one copy per (device, dtype):
+ * one host synchronisation per step on a device with one dtype of gradients (PyTorch reads
+ * its found_inf once per device), not one per gradient.
  *
  * Beyond PyTorch: a floor on the scale (min_scale, default 1). A backoff never takes the scale
  * below it, and when max_floor_skips steps in a row (default 10) are skipped at the floor,
