@@ -12,8 +12,9 @@
  * Backward walks the steps the other way: the cell gives the pre-activation gradients of the
  * step, and one GEMM dG W_hh carries the gradient to the previous hidden state; the weight
  * and input gradients are single GEMMs over all steps, composed by the core's derivative.
- * For f32 with oneDNN the per-step product runs on W_hh packed once per call (rnn_mm);
- * otherwise it is OpenBLAS's. Untaken steps (t >= lengths[b]) leave their rows of the state
+ * For f32 with oneDNN the per-step product runs on W_hh packed once per call (rnn_mm: a
+ * matmul on its blocked weights, or a 1x1 convolution where the matmul has only its gemm, as
+ * below AVX-512); otherwise it is OpenBLAS's. Untaken steps (t >= lengths[b]) leave their rows of the state
  * alone, and write zeros.
  */
 #include "config.h" /* EM_HAVE_LIBMVEC */
