@@ -705,3 +705,31 @@ Test(gemm_paths, deterministic_mode_ignores_the_tuned_choice) {
     for (int64_t i = 0; i < n; i++) differ += forced[i] != off[i];
     cr_assert_gt(differ, 0, "OpenBLAS and oneDNN gave bitwise identical results");
 }
+
+/* A transposed f32 A operand of a product above the tuning range with more than 512 rows (a
+ * weight gradient g^T x) is copied row-major before oneDNN multiplies (a fixed rule by layout
+ * and size, no timing): so a^T b gives the bits of the same product on a contiguous copy of
+ * a^T, in every process, and is right against the double reference. */
+Test(gemm_paths, transposed_a_of_a_large_product_is_copied_first) {
+    em_test_needs_onednn();
+    enum { M = 600, N = 256, K = 1024 }; /* 157M multiply-adds > 512^3 */
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    int64_t km[2] = {K, M}, kn[2] = {K, N}, mn[2] = {M, N};
+    em_tensor *at = em_transpose(rnd(EM_F32, 2, km, 80), 0, 1), *b = rnd(EM_F32, 2, kn, 81);
+    em_tensor *y = em_matmul(at, b), *yc = em_matmul(em_contiguous(at), b);
+    cr_assert(y && yc, "%s", em_last_error());
+    static uint32_t got[M * N], want[M * N];
+    cr_assert_eq(em_tensor_to_host(y, got, sizeof got), EM_OK);
+    cr_assert_eq(em_tensor_to_host(yc, want, sizeof want), EM_OK);
+    for (int64_t i = 0; i < M * N; i++)
+        cr_assert_eq(got[i], want[i], "element %lld: 0x%08x for a^T b, 0x%08x on a copy of a^T",
+                     (long long)i, got[i], want[i]);
+    double *av = values(at), *bv = values(b);
+    double *ref = malloc(sizeof(double) * M * N), *bound = malloc(sizeof(double) * M * N);
+    ref_addmm(M, K, N, NULL, av, bv, 0.0, 1.0, ref, bound);
+    check_close("a^T b, a transposed, large", EM_F32, y, 2, mn, ref, bound);
+    free(av), free(bv), free(ref), free(bound);
+    cr_assert_eq(em_scope_end(), EM_OK);
+    em_test_assert_clean_shutdown();
+}

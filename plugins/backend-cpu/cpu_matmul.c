@@ -36,6 +36,9 @@
  * records them. EMBER_GEMM_AUTOTUNE=0 turns it off, and so do EMBER_GEMM and em_deterministic()
  * mode: then every such product runs on oneDNN with all threads.
  *
+ * A transposed A of more than 512 rows in a product above TUNE_MAX_WORK is copied row-major
+ * before oneDNN runs it (transpose_a(): a fixed rule, oneDNN's TN kernel is slower there).
+ *
  * addmm with a bias broadcast along rows (linear's), alpha 1 and beta 1 passes the bias to
  * oneDNN's matmul as its bias argument (added to the accumulator; the output is not read)
  * instead of copying it into the output and accumulating onto it.
@@ -852,6 +855,60 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
 
 #endif /* EM_HAVE_DNNL: autotuning */
 
+#ifdef EM_HAVE_DNNL
+/* A transposed f32 A operand (unit row stride: a weight gradient's g^T) with more than 512
+ * rows, of a product of more than TUNE_MAX_WORK multiply-adds, is copied row-major first (a
+ * oneDNN reorder): oneDNN 2.6's AVX2 gemm:jit multiplies a transposed A that tall slower than
+ * a row-major one, and the copy costs less than it saves (1024x256x4096: ~79 -> ~70 CPU ms,
+ * the copy included; with 256 rows there was nothing to gain; bench/README.md, "The
+ * Transformer step on an AVX2-only CPU"). A fixed rule by layout and size, not by timing, so
+ * every run of a shape takes the same path and gives the same bits; one batch (or a
+ * batch-broadcast A) only. */
+static bool transpose_a(const mat3 *a, double work) {
+    return work > TUNE_MAX_WORK && a->cs != 1 && a->rs == 1 && (a->B == 1 || a->s0 == 0) &&
+           a->R > 512 && a->C > 1;
+}
+
+/* at = a (R, C, unit row stride) as a dense row-major (R, C), in kc's workspace, by a oneDNN
+ * reorder on the call's threads (oneDNN's primitive cache keeps the primitive per shape).
+ * RUN_NO: oneDNN could not do it (the product then takes a as it is). */
+static run_result transposed_copy_f32(const em_kernel_ctx *kc, const mat3 *a, mat3 *at) {
+    int64_t R = a->R, C = a->C;
+    float *d = cpu_scratch(kc, (size_t)(R * C) * sizeof(float));
+    if (!d) return RUN_FAILED;
+    dnnl_dims_t dims = {R, C}, s_src = {1, a->cs}, s_dst = {C, 1};
+    dnnl_memory_desc_t ms, md;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t p = NULL;
+    dnnl_memory_t m_src = NULL, m_dst = NULL;
+    cpu_ctx *c = cpu_ctx_of(kc);
+    dnnl_stream_t s = stream_take(c);
+    bool done = s && dnnl_memory_desc_init_by_strides(&ms, 2, dims, dnnl_f32, s_src) == dnnl_success &&
+                dnnl_memory_desc_init_by_strides(&md, 2, dims, dnnl_f32, s_dst) == dnnl_success &&
+                dnnl_reorder_primitive_desc_create(&pd, &ms, G.engine, &md, G.engine, NULL) ==
+                    dnnl_success &&
+                dnnl_primitive_create(&p, pd) == dnnl_success &&
+                dnnl_memory_create(&m_src, &ms, G.engine, a->data) == dnnl_success &&
+                dnnl_memory_create(&m_dst, &md, G.engine, d) == dnnl_success;
+    if (done) {
+        int prev = omp_get_max_threads(), nt = cpu_threads(kc);
+        if (prev != nt) omp_set_num_threads(nt);
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, m_src}, {DNNL_ARG_TO, m_dst}};
+        done = dnnl_primitive_execute(p, s, 2, args) == dnnl_success &&
+               dnnl_stream_wait(s) == dnnl_success;
+        if (prev != nt) omp_set_num_threads(prev);
+    }
+    if (m_src) dnnl_memory_destroy(m_src);
+    if (m_dst) dnnl_memory_destroy(m_dst);
+    if (p) dnnl_primitive_destroy(p);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (s) stream_put(c, s);
+    if (!done) return RUN_NO;
+    *at = (mat3){.data = (char *)d, .B = a->B, .R = R, .C = C, .s0 = 0, .rs = C, .cs = 1};
+    return RUN_DONE;
+}
+#endif
+
 /* ---- the engine -------------------------------------------------------------------------------- */
 
 static em_status gemm_f32_path(const em_kernel_ctx *kc, em_dtype dt, const mat3 *a,
@@ -899,6 +956,12 @@ static em_status gemm_mat3(const em_kernel_ctx *kc, em_dtype dt, const mat3 *a, 
         return gemm_f32_path(kc, dt, a, b, y, alpha, beta);
     }
     if (dt == EM_F32 && G.f32 == LIB_ONEDNN && work > SMALL_GEMM) {
+        mat3 at;
+        if (transpose_a(a, work)) {
+            run_result t = transposed_copy_f32(kc, a, &at);
+            if (t == RUN_FAILED) return em_last_status();
+            if (t == RUN_DONE) a = &at;
+        }
         run_result r = gemm_f32_onednn(kc, a, b, y, alpha, beta, rb, work);
         if (r != RUN_NO) return r == RUN_DONE ? EM_OK : em_last_status();
     }
