@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "tests/common.h"
+#include "tests/onednn_isa.h"
 
 TestSuite(addmm, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(linear, .init = em_test_setup, .fini = em_test_teardown);
@@ -722,9 +723,12 @@ Test(gemm_paths, transposed_a_of_a_large_product_is_copied_first) {
     static uint32_t got[M * N], want[M * N];
     cr_assert_eq(em_tensor_to_host(y, got, sizeof got), EM_OK);
     cr_assert_eq(em_tensor_to_host(yc, want, sizeof want), EM_OK);
-    for (int64_t i = 0; i < M * N; i++)
-        cr_assert_eq(got[i], want[i], "element %lld: 0x%08x for a^T b, 0x%08x on a copy of a^T",
-                     (long long)i, got[i], want[i]);
+    /* The copy is made where oneDNN's matmul is gemm:jit (below avx512_core); elsewhere a^T b
+     * runs as it is, and only the f64 bound below holds. */
+    if (!onednn_has_avx512_core())
+        for (int64_t i = 0; i < M * N; i++)
+            cr_assert_eq(got[i], want[i], "element %lld: 0x%08x for a^T b, 0x%08x on a copy of a^T",
+                         (long long)i, got[i], want[i]);
     double *av = values(at), *bv = values(b);
     double *ref = malloc(sizeof(double) * M * N), *bound = malloc(sizeof(double) * M * N);
     ref_addmm(M, K, N, NULL, av, bv, 0.0, 1.0, ref, bound);

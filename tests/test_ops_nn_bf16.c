@@ -27,9 +27,7 @@
 #include <string.h>
 
 #include "tests/common.h"
-#ifdef EM_HAVE_DNNL
-#include <dnnl.h>
-#endif
+#include "tests/onednn_isa.h"
 
 TestSuite(bf16, .init = em_test_setup, .fini = em_test_teardown);
 
@@ -127,19 +125,10 @@ static uint64_t cpu_ops(void) {
         cr_assert_eq(em_last_status(), EM_OK, "%s left an error: %s", what, em_last_error());  \
     } while (0)
 
-/* Whether oneDNN has bf16 kernels (not reference ones) on this CPU: it has them from
- * AVX-512 (avx512_core: F, BW, VL, DQ) up; below that (AVX2) its bf16 primitives are
- * reference implementations, which the CPU plugin declines (cpu_nn_dnnl.c), so bf16 takes
- * the core's f32 path, as it does in a build without oneDNN. */
-static bool onednn_has_bf16(void) {
-#ifdef EM_HAVE_DNNL
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    return ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core) ==
-           (unsigned)dnnl_cpu_isa_avx512_core;
-#else
-    return false;
-#endif
-}
+/* Whether oneDNN has bf16 kernels (not reference ones) on this CPU: from avx512_core up
+ * (tests/onednn_isa.h); below that bf16 takes the core's f32 path, as it does in a build
+ * without oneDNN. */
+#define onednn_has_bf16 onednn_has_avx512_core
 
 /* A call oneDNN's bf16 kernel runs natively where it has one (onednn_has_bf16); elsewhere (an
  * AVX2 CPU, or a build without oneDNN: no bf16 kernel but max pooling's) it must take the

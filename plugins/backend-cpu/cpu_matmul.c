@@ -170,6 +170,7 @@ static struct {
     int blas_threads;
 #ifdef EM_HAVE_DNNL
     bool autotune;
+    bool tn_copy; /* transpose_a() applies: oneDNN's matmul is gemm:jit (no avx512_core) */
     gemm_path forced_path; /* EMBER_GEMM_AUTOTUNE=<path>: run every tunable product that way */
     int n_tuned, n_unlisted;
     dnnl_engine_t engine;
@@ -216,6 +217,7 @@ em_status cpu_gemm_init(void) {
     G.bf16_native = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
                     (unsigned)dnnl_cpu_isa_avx512_core_bf16;
     G.f32 = dnnl_avx2 ? LIB_ONEDNN : LIB_OPENBLAS;
+    G.tn_copy = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core) != (unsigned)dnnl_cpu_isa_avx512_core;
     const char *how = dnnl_avx2 ? "oneDNN's JIT has AVX2 or better here (OpenBLAS's kernels "
                                   "depend on whether it knows this CPU)"
                                 : "oneDNN's JIT lacks AVX2 here";
@@ -863,9 +865,10 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
  * the copy included; with 256 rows there was nothing to gain; bench/README.md, "The
  * Transformer step on an AVX2-only CPU"). A fixed rule by layout and size, not by timing, so
  * every run of a shape takes the same path and gives the same bits; one batch (or a
- * batch-broadcast A) only. */
+ * batch-broadcast A) only. Only where oneDNN's ISA is below avx512_core (G.tn_copy): there its
+ * matmul is gemm:jit; with AVX-512 it has brgemm kernels, for which the copy is not measured. */
 static bool transpose_a(const mat3 *a, double work) {
-    return work > TUNE_MAX_WORK && a->cs != 1 && a->rs == 1 && (a->B == 1 || a->s0 == 0) &&
+    return G.tn_copy && work > TUNE_MAX_WORK && a->cs != 1 && a->rs == 1 && (a->B == 1 || a->s0 == 0) &&
            a->R > 512 && a->C > 1;
 }
 
