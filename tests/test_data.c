@@ -62,17 +62,26 @@ static void put32(uint8_t *p, uint32_t v) {
     p[3] = (uint8_t)v;
 }
 
-/* IDX images (n, h, w) with pixel (i, k) = (i * 7 + k) % 256, and labels i % 10. */
-static void write_idx(const char *dir, const char *prefix, uint32_t n, uint32_t h, uint32_t w,
-                      bool gz) {
-    size_t isz = 16 + (size_t)n * h * w;
-    uint8_t *img = malloc(isz), *lab = malloc(8 + n);
+/* The bytes of an IDX images file of n items (h, w) with pixel (i, k) = (i * 7 + k) %
+ * 256 (caller frees). */
+static uint8_t *idx_images(uint32_t n, uint32_t h, uint32_t w, size_t *size) {
+    *size = 16 + (size_t)n * h * w;
+    uint8_t *img = malloc(*size);
+    cr_assert(img);
     put32(img, 0x803);
     put32(img + 4, n);
     put32(img + 8, h);
     put32(img + 12, w);
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < (size_t)h * w; k++) img[16 + i * h * w + k] = (uint8_t)((i * 7 + k) % 256);
+    return img;
+}
+
+/* IDX images (n, h, w) as idx_images makes them, and labels i % 10. */
+static void write_idx(const char *dir, const char *prefix, uint32_t n, uint32_t h, uint32_t w,
+                      bool gz) {
+    size_t isz;
+    uint8_t *img = idx_images(n, h, w, &isz), *lab = malloc(8 + n);
     put32(lab, 0x801);
     put32(lab + 4, n);
     for (uint32_t i = 0; i < n; i++) lab[8 + i] = (uint8_t)(i % 10);
@@ -368,20 +377,6 @@ Test(data, mnist_raw_and_gzip_and_splits) {
     check_idx(tr, 50, 5, 6);
     em_dataset_free(tr);
     cleanup();
-}
-
-/* The bytes of an IDX images file of n items (h, w) as write_idx writes them (caller frees). */
-static uint8_t *idx_images(uint32_t n, uint32_t h, uint32_t w, size_t *size) {
-    *size = 16 + (size_t)n * h * w;
-    uint8_t *img = malloc(*size);
-    cr_assert(img);
-    put32(img, 0x803);
-    put32(img + 4, n);
-    put32(img + 8, h);
-    put32(img + 12, w);
-    for (size_t i = 0; i < n; i++)
-        for (size_t k = 0; k < (size_t)h * w; k++) img[16 + i * h * w + k] = (uint8_t)((i * 7 + k) % 256);
-    return img;
 }
 
 /* data as a gzip file of two members (the first `split` bytes, then the rest), which the data
