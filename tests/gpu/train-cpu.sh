@@ -15,6 +15,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 update=no
 if [ "${1:-}" = --update ]; then update=yes; shift; fi
 build=${1:?usage: train-cpu.sh [--update] BUILD_DIR}
+[ -d "$build" ] || { echo "train-cpu.sh: no build directory $build" >&2; exit 2; }
+build=$(cd "$build" && pwd) # the comparisons run in $out
 tr=$build/tests/gpu/train_ref
 [ -x "$tr" ] || { echo "train-cpu.sh: $tr is not built (make tests/gpu/train_ref)" >&2; exit 2; }
 fm_src=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
