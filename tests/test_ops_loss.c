@@ -404,6 +404,37 @@ Test(loss, large_inputs_threaded) {
     free(x), free(probs), free(w), free(t), free(gy);
 }
 
+/* float32 rows of contiguous classes (the vector exp path on AVX2 / AVX-512: whole vectors
+ * and a tail, C = 37 and 16), with and without weights and label smoothing, ignored targets,
+ * one row of logits that overflow expf unless shifted by the max, on one thread and two. */
+Test(loss, ce_rows_f32_vector) {
+    const int64_t Cs[2] = {37, 16};
+    for (int nt = 1; nt <= 2; nt++) {
+        em_set_num_threads(nt);
+        for (int ci = 0; ci < 2; ci++) {
+            const int64_t N = 300, C = Cs[ci];
+            double *x = pattern(N * C, 5 + ci, 12), *w = pattern(C, 6, 1), *gy = pattern(N, 7, 2);
+            double *t = malloc(sizeof(double) * (size_t)N);
+            for (int64_t c = 0; c < C; c++) x[3 * C + c] = c % 3 == 0 ? 100 : -100;
+            for (int64_t i = 0; i < N; i++) t[i] = i % 11 == 0 ? -100 : (double)((i * 7) % C);
+            for (int64_t c = 0; c < C; c++) w[c] = fabs(w[c]) + 0.1;
+            for (int red = 0; red < 3; red++)
+                for (int k = 0; k < 4; k++) {
+                    loss_fixture ce = {.name = "ce rows f32", .op = "cross_entropy",
+                                       .dtype = EM_F32, .reduction = red, .ignore_index = -100,
+                                       .label_smoothing = k & 1 ? 0.1 : 0.0,
+                                       .x_ndim = 2, .x_shape = {N, C}, .x = x,
+                                       .t_ndim = 1, .t_shape = {N}, .t_int = 1, .t = t,
+                                       .w_ndim = k & 2 ? 1 : -1, .w_shape = {C},
+                                       .w = k & 2 ? w : NULL, .pw_ndim = -1,
+                                       .y_ndim = red ? 0 : 1, .y_shape = {N}, .gy = gy};
+                    check_case(&ce, CONTIG, 1e-5, 1e-6);
+                }
+            free(x), free(w), free(t), free(gy);
+        }
+    }
+}
+
 /* Broadcast (stride-0) and strided views: an expanded input row, an expanded target, a
  * weight that is every other element of a longer tensor. */
 Test(loss, broadcast_operands) {

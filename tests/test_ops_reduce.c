@@ -665,22 +665,27 @@ Test(reduce_big, every_op_threads_and_blocks) {
     check_big(LSE, EM_F16, 300, 200, 0, none);
 }
 
-/* The bias-gradient shape: sum over dim 0 of (4096, 1024) float32 is accurate. */
+/* The bias-gradient shape: sum over dim 0 of (4096, 1024) float32 is accurate; so is
+ * (1027, 1300): rows past the last group of four, a second block of columns. */
 Test(reduce_big, sum_dim0_columns_is_accurate) {
-    double *h;
-    em_tensor *x = random_tensor(EM_F32, 2, (const int64_t[]){4096, 1024}, 5, &h);
-    em_tensor *s = em_sum(x, 1, (const int[]){0}, false);
-    cr_assert(s, "%s", em_last_error());
-    double *g = em_test_values(s);
-    for (int64_t c = 0; c < 1024; c++) {
-        double w = 0;
-        for (int64_t r = 0; r < 4096; r++) w += h[r * 1024 + c];
-        cr_expect(fabs(g[c] - w) <= 1e-6 * fabs(w) + 1e-6, "column %lld: %.9g, want %.9g",
-                  (long long)c, g[c], w);
+    const int64_t shapes[2][2] = {{4096, 1024}, {1027, 1300}};
+    for (int k = 0; k < 2; k++) {
+        const int64_t R = shapes[k][0], C = shapes[k][1];
+        double *h;
+        em_tensor *x = random_tensor(EM_F32, 2, (const int64_t[]){R, C}, 5, &h);
+        em_tensor *s = em_sum(x, 1, (const int[]){0}, false);
+        cr_assert(s, "%s", em_last_error());
+        double *g = em_test_values(s);
+        for (int64_t c = 0; c < C; c++) {
+            double w = 0;
+            for (int64_t r = 0; r < R; r++) w += h[r * C + c];
+            cr_expect(fabs(g[c] - w) <= 1e-6 * fabs(w) + 1e-6,
+                      "(%lld, %lld) column %lld: %.9g, want %.9g", (long long)R, (long long)C, (long long)c, g[c], w);
+        }
+        free(g);
+        free(h);
+        RELEASE(s, x);
     }
-    free(g);
-    free(h);
-    RELEASE(s, x);
 }
 
 /* argmax of a long run: ties and the maximum in later blocks (16384-element blocks). */

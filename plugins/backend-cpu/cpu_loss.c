@@ -9,6 +9,8 @@
  * logits of +-1e4 stay finite. Reductions sum per-thread partials in thread order (the same
  * result for the same thread count); in deterministic mode they run on one thread.
  */
+#include "config.h"
+
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -97,6 +99,7 @@ typedef struct cls_job {
     double ls, wall;   /* label smoothing; sum of the class weights (C when none) */
     double gscale;     /* backward, reduced: the grad times 1/W, 1/npos or 1 */
     bool has_w;
+    int vec;           /* f32 with xc == 1 (and oc == 1 for the backward): cls_simd_level() */
     const void *x, *t, *w, *g;
     void *out;         /* forward: the unreduced loss; backward: grad_x */
 } cls_job;
@@ -127,6 +130,106 @@ static inline void pos_offsets(const cls_job *j, int64_t p, int64_t *xo, int64_t
         (lse) = (CT)(m_ + (CT)LOG((CT)s_));                                                    \
     } while (0)
 
+/* f32 cross_entropy rows with contiguous classes (xc == 1) through libmvec's vector expf
+ * (_ZGVeN16v_expf on AVX-512, _ZGVdN8v_expf on AVX2 with FMA; a few ULP like libm's
+ * expf, and the same result on every run of a machine), chosen at run time: the scalar
+ * expf, once per logit in the forward and twice in the backward, was most of the loss's
+ * time in the LSTM step. The row's sum of exp(x - max) still accumulates in double (each
+ * lane converted), in lane order then across lanes; logf and the loss stay scalar. */
+#if defined(EM_HAVE_LIBMVEC) && defined(__x86_64__)
+#define CLS_SIMD 1
+#include <immintrin.h>
+__m512 _ZGVeN16v_expf(__m512 x);
+__m256 _ZGVdN8v_expf(__m256 x);
+
+__attribute__((target("avx512f"))) static float row_lse_512(const float *x, int64_t C) {
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int64_t c = 0;
+    for (; c + 16 <= C; c += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + c));
+    float m = _mm512_reduce_max_ps(mv);
+    for (int64_t i = c; i < C; i++) m = x[i] > m ? x[i] : m;
+    __m512 m16 = _mm512_set1_ps(m);
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (c = 0; c + 16 <= C; c += 16) {
+        __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_loadu_ps(x + c), m16));
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(
+                                   _mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    for (; c < C; c++) s += (double)expf(x[c] - m);
+    return m + logf((float)s);
+}
+
+__attribute__((target("avx512f"))) static void row_exp_scale_512(float *g, const float *x,
+                                                                 int64_t C, float lse, float a) {
+    __m512 l16 = _mm512_set1_ps(lse), a16 = _mm512_set1_ps(a);
+    int64_t c = 0;
+    for (; c + 16 <= C; c += 16)
+        _mm512_storeu_ps(g + c, _mm512_mul_ps(_ZGVeN16v_expf(_mm512_sub_ps(_mm512_loadu_ps(x + c),
+                                                                            l16)), a16));
+    for (; c < C; c++) g[c] = expf(x[c] - lse) * a;
+}
+
+__attribute__((target("avx2,fma"))) static float row_lse_256(const float *x, int64_t C) {
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + c));
+    float l[8];
+    _mm256_storeu_ps(l, mv);
+    float m = l[0];
+    for (int i = 1; i < 8; i++) m = l[i] > m ? l[i] : m;
+    for (int64_t i = c; i < C; i++) m = x[i] > m ? x[i] : m;
+    __m256 m8 = _mm256_set1_ps(m);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (c = 0; c + 8 <= C; c += 8) {
+        __m256 e = _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + c), m8));
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double d[4];
+    _mm256_storeu_pd(d, _mm256_add_pd(s0, s1));
+    double s = (d[0] + d[1]) + (d[2] + d[3]);
+    for (; c < C; c++) s += (double)expf(x[c] - m);
+    return m + logf((float)s);
+}
+
+__attribute__((target("avx2,fma"))) static void row_exp_scale_256(float *g, const float *x,
+                                                                  int64_t C, float lse, float a) {
+    __m256 l8 = _mm256_set1_ps(lse), a8 = _mm256_set1_ps(a);
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8)
+        _mm256_storeu_ps(g + c, _mm256_mul_ps(_ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + c),
+                                                                           l8)), a8));
+    for (; c < C; c++) g[c] = expf(x[c] - lse) * a;
+}
+
+/* 2: AVX-512, 1: AVX2 and FMA, 0: neither (the scalar loops). */
+static int cls_simd_level(void) {
+    return cpu_nn_has_avx512() ? 2 : cpu_nn_has_avx2() ? 1 : 0;
+}
+#endif
+
+/* ROW_LSE, through the vector row when j->vec (f32 only: the casts are dead otherwise). */
+#ifdef CLS_SIMD
+#define CLS_LSE(CT, LD, xr, C, xc, lse)                                                        \
+    do {                                                                                       \
+        if (j->vec == 2) (lse) = (CT)row_lse_512((const float *)(xr), (C));                    \
+        else if (j->vec == 1) (lse) = (CT)row_lse_256((const float *)(xr), (C));               \
+        else ROW_LSE(CT, LD, xr, C, xc, lse);                                                  \
+    } while (0)
+/* gr[c] = exp(x[c] - lse) * AB over the row when the vector path applies (then true). */
+#define CLS_VEC_BWD(j, gr, xr, C, lse, AB)                                                     \
+    ((j)->vec == 2   ? (row_exp_scale_512((float *)(gr), (const float *)(xr), (C), (float)(lse), \
+                                          (float)(AB)), true)                                  \
+     : (j)->vec == 1 ? (row_exp_scale_256((float *)(gr), (const float *)(xr), (C), (float)(lse), \
+                                          (float)(AB)), true)                                  \
+                     : false)
+#else
+#define CLS_LSE ROW_LSE
+#define CLS_VEC_BWD(j, gr, xr, C, lse, AB) false
+#endif
+
 #define DEF_CLASS(sfx, T, CT, LD, ST, unused)                                                  \
     static void cls_fwd_##sfx(const cls_job *j, int64_t lo, int64_t hi, double *acc) {        \
         const T *x = j->x, *w = j->w;                                                          \
@@ -156,7 +259,7 @@ static inline void pos_offsets(const cls_job *j, int64_t p, int64_t *xo, int64_t
                     if (j->mode == MODE_NLL) {                                                 \
                         loss = -wt * LD(xr[t * xc]);                                           \
                     } else {                                                                   \
-                        ROW_LSE(CT, LD, xr, C, xc, lse);                                       \
+                        CLS_LSE(CT, LD, xr, C, xc, lse);                                       \
                         loss = -(1 - ls) * wt * (LD(xr[t * xc]) - lse);                        \
                         if (ls > 0) {                                                          \
                             double s = 0;                                                      \
@@ -212,9 +315,16 @@ static inline void pos_offsets(const cls_job *j, int64_t p, int64_t *xo, int64_t
                 continue;                                                                      \
             }                                                                                  \
             /* d/dx_c = p_c (A + B W) - B w_c - [c == t] A, A = g (1 - ls) w_t, B = g ls / C */ \
-            ROW_LSE(CT, LD, xr, C, xc, lse);                                                   \
+            CLS_LSE(CT, LD, xr, C, xc, lse);                                                   \
             CT A = g * (1 - ls) * wt, B = ls > 0 ? g * lsC : (CT)0;                            \
             CT AB = ls > 0 ? A + B * (CT)j->wall : A;                                          \
+            if (CLS_VEC_BWD(j, gr, xr, C, lse, AB)) {                                          \
+                if (ls > 0)                                                                    \
+                    for (int64_t c = 0; c < C; c++)                                            \
+                        gr[c] = ST(LD(gr[c]) - B * (j->has_w ? LD(w[c * ws]) : (CT)1));        \
+                gr[t] = ST(LD(gr[t]) - A);                                                     \
+                continue;                                                                      \
+            }                                                                                  \
             for (int64_t c = 0; c < C; c++) {                                                  \
                 CT pc = EXP((CT)(LD(xr[c * xc]) - lse));                                       \
                 CT v = pc * AB;                                                                \
@@ -292,6 +402,10 @@ static void cls_setup(cls_job *j, const em_kernel_ctx *k, bool nll, const em_kte
     j->red = attr_i(k, 0, RED_MEAN);
     j->ignore = attr_i(k, 1, -100);
     j->ls = j->mode == MODE_NLL ? 0 : attr_f(k, 2, 0.0);
+    j->vec = 0;
+#ifdef CLS_SIMD
+    if (x->dtype == EM_F32 && j->xc == 1 && (!gx || j->oc == 1)) j->vec = cls_simd_level();
+#endif
     j->x = x->data;
     j->t = t->data;
     j->w = w->data;

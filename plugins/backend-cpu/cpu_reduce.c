@@ -13,9 +13,10 @@
  *     dim (sum over dim 1 of (N, C), or over (0, 2, 3) of (N, C, H, W)); outputs are split
  *     across threads.
  *   - columns ("vector" path): when x's last dim is kept and contiguous (sum over dim 0 of
- *     (N, C): the bias gradient), a block of up to 256 neighbouring outputs is updated row
- *     after row from contiguous memory, instead of striding by C for every element; blocks
- *     of columns are split across threads.
+ *     (N, C): the bias gradient), a block of up to 256 neighbouring outputs (1024 for the
+ *     float32 sum, four rows per pass over its accumulators) is updated row after row from
+ *     contiguous memory, instead of striding by C for every element; blocks of columns are
+ *     split across threads.
  * A single output over many elements (a full reduction) is cut into fixed 16384-element
  * blocks reduced in parallel and combined in block order. Every output is thus computed in
  * an order fixed by the shapes alone: results never depend on the thread count. (sum over
@@ -501,9 +502,10 @@ static void reduce_rows(const rplan *P) {
 
 /* Columns: K (<= CH) neighbouring outputs along x's contiguous last dim, updated from one
  * reduced position r at a time (p: that position's first column). */
+#define CH_SUM 1024 /* ... the float32 sum's (cols_sum_f32) */
 typedef struct cols {
-    double a[CH], b[CH], c[CH];
-    int64_t i[CH], j[CH];
+    double a[CH_SUM], b[CH_SUM], c[CH_SUM];
+    int64_t i[CH_SUM], j[CH_SUM];
 } cols;
 
 /* The bias-gradient loop: a row of float32 added into K double accumulators. Cloned for
@@ -514,6 +516,25 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 static void cols_sum_f32(double *restrict a, const float *restrict x, int64_t K) {
 #pragma omp simd
     for (int64_t k = 0; k < K; k++) a[k] += x[k];
+}
+
+/* The same for four rows x, x + st, x + 2 st, x + 3 st (st in elements), added in that order
+ * (the sums are those of four cols_sum_f32 calls) with each accumulator loaded and stored
+ * once. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void cols_sum4_f32(double *restrict a, const float *restrict x, int64_t st, int64_t K) {
+    const float *restrict x1 = x + st, *restrict x2 = x + 2 * st, *restrict x3 = x + 3 * st;
+#pragma omp simd
+    for (int64_t k = 0; k < K; k++) {
+        double v = a[k];
+        v += x[k];
+        v += x1[k];
+        v += x2[k];
+        v += x3[k];
+        a[k] = v;
+    }
 }
 
 static void cols_update(const rplan *P, cols *S, const char *p, int64_t K, int64_t r) {
@@ -591,7 +612,8 @@ static void reduce_cols(const rplan *P) {
     int64_t C = x->shape[last], groups = P->y->numel / C, nt = cpu_threads(P->k);
     /* Column blocks: at most CH wide, enough of them to share among the threads (the split
      * never changes a result: columns are independent). */
-    int64_t kb = cpu_min_i64(CH, ((C + nt - 1) / nt + 15) & ~(int64_t)15);
+    bool f32sum = P->kind == K_SUM && P->map == M_NONE && P->dt == EM_F32;
+    int64_t kb = cpu_min_i64(f32sum ? CH_SUM : CH, ((C + nt - 1) / nt + 15) & ~(int64_t)15);
     int64_t nblk = (C + kb - 1) / kb, items = groups * nblk;
     int64_t ysv = P->yv ? P->yv->strides[last] * (int64_t)em_dtype_size(P->yv->dtype) : 0;
     int64_t ysi = P->yi ? P->yi->strides[last] * 8 : 0;
@@ -618,7 +640,11 @@ static void reduce_cols(const rplan *P) {
         int64_t st = P->rstride[P->nr - 1];
         for (int64_t ro = 0, r = 0; ro < P->runs && P->run > 0; ro++) {
             const char *p = base + run_offset(P, ro);
-            for (int64_t q = 0; q < P->run; q++, r++) cols_update(P, S, p + q * st, K, r);
+            int64_t q = 0;
+            if (f32sum && st % 4 == 0)
+                for (; q + 4 <= P->run; q += 4, r += 4)
+                    cols_sum4_f32(S->a, (const float *)(p + q * st), st / 4, K);
+            for (; q < P->run; q++, r++) cols_update(P, S, p + q * st, K, r);
         }
         for (int64_t k = 0; k < K; k++) {
             acc s = {S->a[k], S->b[k], S->c[k], S->i[k], S->j[k]};
