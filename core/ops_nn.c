@@ -9,8 +9,9 @@
  * grad_output, max_pool2d's input and max_pool2d_backward's grad_output and indices are then
  * passed as they are, and conv2d, conv2d_backward_data, max_pool2d and its backward
  * (EM_OP_CHANNELS_LAST) give their outputs that layout; a kernel that does not read it
- * declines the call in supports() and the call is made again on contiguous copies
- * (docs/performance.md, design (b)). max_pool2d_backward's grad_output is first made
+ * declines the call in supports() and the call is made again on contiguous copies, whose
+ * 4-dim results are then made channels-last (keep_layout: the layout does not depend on
+ * which kernel ran; docs/performance.md, design (b)). max_pool2d_backward's grad_output is first made
  * channels-last when its indices are (the grad a flatten's backward gives is row-major). f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
  * when the device's backend registers a kernel of the op for that dtype and the kernel
  * accepts the call; otherwise — no kernel for the dtype, or every kernel's supports()
@@ -874,10 +875,17 @@ static em_tensor *prep(const em_tensor *t, em_dtype dt, em_device dev, bool keep
     return r;
 }
 
-/* Converts an owned result to dtype dt (releasing the original). */
+/* Converts an owned result to dtype dt (releasing the original), keeping a channels-last
+ * result channels-last (keep_layout). */
 static em_tensor *finish(em_tensor *r, em_dtype dt) {
     if (!r || r->dtype == dt) return r;
     em_tensor *c = em__to_dtype(r, dt);
+    if (c && em__is_channels_last(r->ndim, r->shape, r->strides) &&
+        !em__is_channels_last(c->ndim, c->shape, c->strides)) {
+        em_tensor *l = em__channels_last(c);
+        em_tensor_release(c);
+        c = l;
+    }
     em_tensor_release(r);
     return c;
 }
@@ -913,6 +921,31 @@ static em_status run(const em_op *op, em_tensor **in, int n, const em_attr *attr
  * then made again on contiguous copies. */
 enum { AS_X = 'x', AS_S = 's', AS_IS = 'i', AS_XL = 'l', AS_ISL = 'j' };
 
+/* An op that keeps channels-last activations (EM_OP_CHANNELS_LAST) gives them whichever
+ * kernel ran: when input x is channels-last and a kernel that does not read that layout ran
+ * on contiguous copies (or another device's kernel did), its 4-dim results are made
+ * channels-last here, as the dispatcher allocates them for a kernel that does (one copy each,
+ * on those paths only). On failure every result is released. */
+static em_status keep_layout(const em_op *op, const em_tensor *x, em_tensor **res) {
+    const em_op_schema *s = em_op_schema_of(op);
+    if (!(s->flags & EM_OP_CHANNELS_LAST) || !em__is_channels_last(x->ndim, x->shape, x->strides))
+        return EM_OK;
+    em_status st = EM_OK;
+    for (int i = 0; i < s->n_outputs; i++) {
+        em_tensor *r = res[i];
+        if (st != EM_OK || r->ndim != 4 || em__is_channels_last(r->ndim, r->shape, r->strides))
+            continue;
+        if (!(res[i] = em__channels_last(r))) st = em_last_status();
+        em_tensor_release(r);
+    }
+    if (st != EM_OK)
+        for (int i = 0; i < s->n_outputs; i++) {
+            em_tensor_release(res[i]);
+            res[i] = NULL;
+        }
+    return st;
+}
+
 /* Runs op on the caller's inputs t[0..n) (NULL: an absent optional input, passed as "none"),
  * each prepared as roles[i] says; n_out results into res (owned). dt is the call's dtype
  * (input 0's, usually): an f16/bf16 call first runs in dt when the device's backend
@@ -938,6 +971,7 @@ static em_status call(const em_op *op, em_dtype dt, const em_tensor *const *t, c
                     em__is_channels_last(t[i]->ndim, t[i]->shape, t[i]->strides);
         }
         em_status st = run(op, in, n, attrs, res);
+        if (st == EM_OK) st = keep_layout(op, t[0], res);
         if (st != EM_ERR_NOKERNEL) return st;
         if (kept) { /* no kernel reads channels-last here: the same call on contiguous copies */
             em_clear_error();

@@ -1135,6 +1135,34 @@ Test(pool, max_pool2x2_fast_path) {
 
 /* ---- channels-last activations (docs/performance.md, design (b)) -------------------------------- */
 
+/* The layout does not depend on which kernel ran: f64 and f16 convolutions have no kernel that
+ * reads channels-last (they run on contiguous copies, f16 through f32), yet a channels-last
+ * input still gives a channels-last output, equal to the row-major call's. */
+Test(layout, conv2d_fallback_keeps_channels_last) {
+    const em_dtype dts[2] = {EM_F64, EM_F16};
+    for (int k = 0; k < 2; k++) {
+        em_scope_begin();
+        int64_t xs[4] = {2, 3, 6, 5}, ws[4] = {4, 3, 3, 3}, nx = 2 * 3 * 6 * 5, nw = 4 * 3 * 3 * 3;
+        double *v = malloc(sizeof(double) * (size_t)nx), *w = malloc(sizeof(double) * (size_t)nw);
+        em_test_fill_random(v, nx, 95);
+        em_test_fill_random(w, nw, 96);
+        em_tensor *x = make(dts[k], 4, xs, v, CONTIG), *wt = make(dts[k], 4, ws, w, CONTIG);
+        em_tensor *y = em_conv2d(x, wt, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+        em_tensor *yl = em_conv2d(em_channels_last(x), wt, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+        cr_assert(y && yl, "%s", em_last_error());
+        cr_assert(em_tensor_is_channels_last(yl) && !em_tensor_is_channels_last(y), "%s",
+                  em_dtype_name(dts[k]));
+        int64_t ny, nyl;
+        double *a = host(y, &ny), *b = host(em_contiguous(yl), &nyl);
+        cr_assert_eq(ny, nyl);
+        for (int64_t j = 0; j < ny; j++)
+            cr_assert_eq(a[j], b[j], "%s element %lld: %g row-major, %g channels-last",
+                         em_dtype_name(dts[k]), (long long)j, a[j], b[j]);
+        free(v), free(w), free(a), free(b);
+        em_scope_end();
+    }
+}
+
 /* Max pooling on a channels-last input against the plain-loop reference: the same maxima,
  * the same plane indices (h*W + w) and the same backward sums, bit for bit, with the outputs
  * channels-last; generic windows too (3x3, stride 2, padding 1, ceil). */
