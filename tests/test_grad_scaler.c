@@ -388,7 +388,7 @@ Test(grad_scaler, unscale_reads_the_device_once_for_all_gradients) {
         p[i] = em_to_device(em_test_tensor(EM_F32, 1, (int64_t[]){NE}, v), td);
         cr_assert(p[i], "%s", em_last_error());
         cr_assert_eq(em_requires_grad_(p[i], true), EM_OK);
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "p%d", i);
         cr_assert_eq(em_dict_set(d, name, p[i]), EM_OK);
     }
