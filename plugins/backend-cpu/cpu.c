@@ -77,12 +77,13 @@ static struct {
     pthread_mutex_t lock;
     bool enabled; /* read once, when the plugin registers (hp_init) */
     int cur;     /* the chunk new small blocks are carved from; -1: none */
+    int top;     /* one past the highest slot ever used: what a free scans */
     struct hp_chunk {
         char *base; /* NULL: a free slot */
         size_t used;
         int live;
     } chunk[HP_CHUNKS];
-} HP = {PTHREAD_MUTEX_INITIALIZER, false, -1, {{NULL, 0, 0}}};
+} HP = {PTHREAD_MUTEX_INITIALIZER, false, -1, 0, {{NULL, 0, 0}}};
 
 static void hp_advise(void *p, size_t n) {
 #ifdef MADV_HUGEPAGE
@@ -118,6 +119,7 @@ static void *hp_small(size_t n) {
             hp_advise(base, HP_SIZE);
             HP.chunk[slot] = (struct hp_chunk){base, 0, 0};
             HP.cur = slot;
+            if (slot >= HP.top) HP.top = slot + 1;
             c = &HP.chunk[slot];
         }
     }
@@ -135,7 +137,7 @@ static bool hp_small_free(void *ptr) {
     char *base = (char *)((uintptr_t)ptr & ~(uintptr_t)(HP_SIZE - 1));
     bool found = false;
     pthread_mutex_lock(&HP.lock);
-    for (int i = 0; i < HP_CHUNKS && !found; i++) {
+    for (int i = 0; i < HP.top && !found; i++) {
         struct hp_chunk *c = &HP.chunk[i];
         if (c->base != base) continue;
         found = true;
