@@ -1224,6 +1224,63 @@ Test(layout, max_pool2d_channels_last) {
     }
 }
 
+/* The channels-last backward of a 2x2 tiling (gx is 2OH x 2OW, as in the bench CNN) writes each
+ * gx element directly when every index lies in its own output's tile: the same values and
+ * bits as the row-major scatter (a -0 grad gives +0 there, as 0 + -0 does), from a row-major
+ * or a channels-last grad; indices that point into another tile (a caller's own, in range)
+ * get the scatter's sums. */
+Test(layout, max_pool2d_backward_tiles) {
+    for (int dt = 0; dt < 2; dt++) {
+        em_dtype d = dt ? EM_F64 : EM_F32;
+        em_scope_begin();
+        const int64_t xs[4] = {2, 5, 8, 6}, ys[4] = {2, 5, 4, 3}, HW = 8 * 6, P = 4 * 3;
+        const int64_t nx = 2 * 5 * HW, ny = 2 * 5 * P;
+        double *v = malloc(sizeof(double) * (size_t)nx), *g = malloc(sizeof(double) * (size_t)ny);
+        em_test_fill_random(v, nx, 97);
+        em_test_fill_random(g, ny, 98);
+        for (int64_t j = 0; j < ny; j++)
+            if (j % 7 == 3) g[j] = -0.0;
+        em_tensor *y, *idx;
+        cr_assert_eq(em_max_pool2d(em_channels_last(make(d, 4, xs, v, CONTIG)), (int64_t[]){2, 2},
+                                   NULL, NULL, NULL, false, &y, &idx), EM_OK, "%s", em_last_error());
+        int64_t n;
+        double *iv = host(idx, &n);
+        for (int other = 0; other < 2; other++) {
+            if (other) { /* some indices in another tile of their plane, or on another's winner */
+                iv[3 * P + 4] = 0;
+                iv[7 * P + 11] = HW - 1;
+                iv[8 * P + 5] = iv[8 * P + 6];
+            }
+            em_tensor *il = em_channels_last(make(EM_I64, 4, ys, iv, CONTIG));
+            cr_assert(il && em_tensor_is_channels_last(il), "%s", em_last_error());
+            double *want = calloc((size_t)nx, sizeof(double));
+            for (int64_t j = 0; j < ny; j++)
+                want[j / P * HW + (int64_t)iv[j]] += d == EM_F32 ? (double)(float)g[j] : g[j];
+            em_tensor *gy = make(d, 4, ys, g, CONTIG);
+            em_tensor *plain = em_max_pool2d_backward(gy, em_contiguous(il), xs + 2);
+            em_tensor *gxs[2] = {em_max_pool2d_backward(gy, il, xs + 2),
+                                 em_max_pool2d_backward(em_channels_last(gy), il, xs + 2)};
+            int64_t np;
+            double *pv = host(plain, &np);
+            for (int k = 0; k < 2; k++) {
+                cr_assert(gxs[k] && em_tensor_is_channels_last(gxs[k]), "%s", em_last_error());
+                check_close(gxs[k], want, nx, 1e-6, 0, "channels-last 2x2 max_pool2d_backward");
+                double *gv = host(gxs[k], &n);
+                for (int64_t j = 0; j < nx; j++)
+                    cr_assert(memcmp(&gv[j], &pv[j], sizeof(double)) == 0,
+                              "%s, %s grad, indices %s: element %lld is %g, the row-major "
+                              "scatter's %g", em_dtype_name(d), k ? "channels-last" : "row-major",
+                              other ? "in other tiles" : "from the forward", (long long)j, gv[j],
+                              pv[j]);
+                free(gv);
+            }
+            free(pv), free(want);
+        }
+        free(v), free(g), free(iv);
+        em_scope_end();
+    }
+}
+
 /* The CNN of bench/train_step (conv, ReLU, pool twice, flatten, linear) on a one-channel
  * input made channels-last against the same network on row-major tensors: every activation
  * stays channels-last up to the flatten, the forward and every parameter's gradient agree

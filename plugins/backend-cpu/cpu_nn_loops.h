@@ -239,16 +239,50 @@ static void S(max_pool_bwd_planes)(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
+/* One channels-last image of the backward of a 2x2 / stride 2 tiling (gx is 2OH x 2OW): when
+ * every index lies in its own output's 2x2 tile (what that pooling's forward gives), each gx
+ * element receives at most one gy, so it is written directly — 0 + gy at the winner (the
+ * scatter's sum: -0 becomes +0 as there), 0 elsewhere — in one vectorised pass over the four
+ * C-vectors of each tile, with no zeroing pass and no scatter. false (gx partly written) when
+ * an index lies elsewhere: the caller then runs the scatter, which rewrites the whole image. */
+SIMD_CLONES static bool S(pool2x2_bwd_nhwc_image)(const T *restrict gy,
+                                                  const int64_t *restrict idx, int64_t OH,
+                                                  int64_t OW, int64_t C, T *restrict gx) {
+    const int64_t W = 2 * OW;
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t i = oh * OW + ow, a = 2 * oh * W + 2 * ow;
+            const int64_t *id = idx + i * C;
+            const T *g = gy + i * C;
+            T *x00 = gx + a * C, *x01 = x00 + C, *x10 = x00 + W * C, *x11 = x10 + C;
+            int64_t bad = 0;
+            _Pragma("omp simd reduction(|:bad)") for (int64_t ch = 0; ch < C; ch++) {
+                const int64_t at = id[ch];
+                const T v = (T)0 + g[ch], z = 0;
+                x00[ch] = at == a ? v : z;
+                x01[ch] = at == a + 1 ? v : z;
+                x10[ch] = at == a + W ? v : z;
+                x11[ch] = at == a + W + 1 ? v : z;
+                bad |= (at != a) & (at != a + 1) & (at != a + W) & (at != a + W + 1);
+            }
+            if (bad) return false;
+        }
+    return true;
+}
+
 /* Channels-last backward (gy, idx, gx dense N, H, W, C), parallel over the batch: each gx
  * element receives its gy values in the plane loop's order (output positions in order), so
  * the sums are the same. */
 static void S(max_pool_bwd_nhwc)(void *ctx, int64_t lo, int64_t hi) {
     S(scatter_ctx) *c = ctx;
-    const int64_t C = c->k->out[0].shape[1];
+    const int64_t C = c->k->out[0].shape[1], OH = c->k->in[0].shape[2],
+                  OW = c->k->in[0].shape[3];
+    const bool tiles = c->k->out[0].shape[2] == 2 * OH && c->k->out[0].shape[3] == 2 * OW;
     for (int64_t n = lo; n < hi; n++) {
         const T *gy = (const T *)c->k->in[0].data + n * c->P * C;
         const int64_t *idx = (const int64_t *)c->k->in[1].data + n * c->P * C;
         T *gx = (T *)c->k->out[0].data + n * c->HW * C;
+        if (tiles && S(pool2x2_bwd_nhwc_image)(gy, idx, OH, OW, C, gx)) continue;
         for (int64_t i = 0; i < c->HW * C; i++) gx[i] = 0;
         for (int64_t i = 0; i < c->P; i++)
             for (int64_t ch = 0; ch < C; ch++) {
