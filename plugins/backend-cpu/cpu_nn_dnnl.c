@@ -289,6 +289,13 @@ static dnnl_status_t build_conv(dn_prim *p) {
      * backward-weight). */
     const bool nhwc = v[18] == 1;
     const dnnl_format_tag_t act = nhwc ? dnnl_nhwc : dnnl_nchw;
+    /* Except an f32 backward (data or weight) with at least 16 channels per group on both
+     * sides on an AVX-512 CPU: there oneDNN's nChw16c kernels beat its nhwc ones by more than
+     * the reorders of gy (made once, shared by backward-data and backward-weight), x and gx
+     * cost (docs/performance.md, "Zen 4"), so the primitive takes its own layouts (any) and
+     * the cached reorders convert from and to the nhwc tensors. */
+    const bool fixed = nhwc && !(p->key.kind != DN_CONV_FWD && dt == dnnl_f32 &&
+                                 C / g >= 16 && O / g >= 16 && cpu_nn_has_avx512());
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, act);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, act);
     if (s == dnnl_success)
@@ -310,10 +317,10 @@ static dnnl_status_t build_conv(dn_prim *p) {
     if (any == dnnl_format_tag_undef) {
         asrc = src, adst = dst, aw = w;
     } else {
-        if (s == dnnl_success) s = nhwc ? (asrc = src, dnnl_success)
-                                        : dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dt, any);
-        if (s == dnnl_success) s = nhwc ? (adst = dst, dnnl_success)
-                                        : dnnl_memory_desc_init_by_tag(&adst, 4, dd, dt, any);
+        if (s == dnnl_success) s = fixed ? (asrc = src, dnnl_success)
+                                         : dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dt, any);
+        if (s == dnnl_success) s = fixed ? (adst = dst, dnnl_success)
+                                         : dnnl_memory_desc_init_by_tag(&adst, 4, dd, dt, any);
         if (s == dnnl_success)
             s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dt, any)
                       : dnnl_memory_desc_init_by_tag(&aw, 4, wd4, dt, any);
