@@ -292,8 +292,8 @@ static dnnl_status_t build_conv(dn_prim *p) {
     /* Except an f32 backward (data or weight) with at least 16 channels per group on both
      * sides on an AVX-512 CPU: there oneDNN's nChw16c kernels beat its nhwc ones by more than
      * the reorders of gy (made once, shared by backward-data and backward-weight), x and gx
-     * cost (docs/performance.md, "Zen 4"), so the primitive takes its own layouts (any) and
-     * the cached reorders convert from and to the nhwc tensors. */
+     * cost (docs/performance.md, "Zen 4 AVX-512"), so the primitive takes its own layouts
+     * (any) and the cached reorders convert from and to the nhwc tensors. */
     const bool fixed = nhwc && !(p->key.kind != DN_CONV_FWD && dt == dnnl_f32 &&
                                  C / g >= 16 && O / g >= 16 && cpu_nn_has_avx512());
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, act);
