@@ -223,6 +223,26 @@ Test(rnn_ops, fused_ops_match_on_a_threaded_size) {
     for (size_t i = 0; i < 2; i++) check_case(&big[i], EM_F32, 1e-4);
 }
 
+/* A hidden size that is a multiple of the vector width (16 and 8 lanes), so the f32 vector
+ * cells write the workspace with non-temporal stores (cpu_rnn_simd_loops.h), over enough
+ * steps and batch rows to leave the caches; both directions, with lengths (some rows ending
+ * early, one empty, one full), in f32 and f64. */
+Test(rnn_ops, lstm_matches_on_a_vector_multiple_hidden_size) {
+    static int64_t len64[64];
+    for (int b = 0; b < 64; b++) len64[b] = (b * 7) % 12; /* 0 to 11 */
+    static const rnn_case chunked[] = {
+        {"lstm 11 steps x 64 x 64", false, 11, 64, 5, 64, false, true, true, NULL},
+        {"lstm 11 steps x 64 x 64 reverse", false, 11, 64, 5, 64, true, false, true, NULL},
+        {"lstm 11 steps x 64 x 64, lengths", false, 11, 64, 5, 64, false, true, true, len64},
+        {"lstm 11 steps x 64 x 64 reverse, lengths", false, 11, 64, 5, 64, true, true, false,
+         len64},
+    };
+    for (size_t i = 0; i < 4; i++) {
+        check_case(&chunked[i], EM_F32, 1e-4);
+        check_case(&chunked[i], EM_F64, 1e-10);
+    }
+}
+
 typedef struct gc_user {
     const rnn_case *c;
     const em_tensor *len;

@@ -56,6 +56,8 @@ bool cpu_rnn_simd_ok(void) { return simd_level() > 0; }
 #define ZERO _mm512_setzero_ps
 #define VEXP _ZGVeN16v_expf
 #define VTANH _ZGVeN16v_tanhf
+#define STNT(p, v) _mm512_stream_ps((p), (v))
+#define FENCE _mm_sfence
 #include "cpu_rnn_simd_loops.h"
 
 /* ---- AVX2 (masks are vectors of 0 / -1 lanes) ---- */
@@ -78,6 +80,8 @@ bool cpu_rnn_simd_ok(void) { return simd_level() > 0; }
 #define ZERO _mm256_setzero_ps
 #define VEXP _ZGVdN8v_expf
 #define VTANH _ZGVdN8v_tanhf
+#define STNT(p, v) _mm256_stream_ps((p), (v))
+#define FENCE _mm_sfence
 #include "cpu_rnn_simd_loops.h"
 
 void cpu_rnn_lstm_cell_f32(float *gr, const float *xr, const float *hr, const float *bias,

@@ -4,7 +4,9 @@
  * mask type), W (lanes), FN(name) (the name with its ISA suffix), ATTR (the function target
  * attribute), MASK(left) (the first min(left, W) lanes), LDF/STF (full loads and stores),
  * LDM/STM (masked: LDM(p, m), STM(p, m, v)), ADD, SUB, MUL, DIV, SET1, ZERO, VEXP, VTANH
- * (libmvec's vector expf/tanhf of that width); it undefines them at its end.
+ * (libmvec's vector expf/tanhf of that width), STNT(p, v) (a non-temporal store to an
+ * address aligned to the vector's size), FENCE() (the store fence after them); it undefines
+ * them at its end.
  *
  * Each row is walked in chunks of W lanes by one inlined chunk function called with full
  * (plain loads and stores) for every whole chunk and once masked for the row's tail, so the
@@ -22,7 +24,7 @@ ATTR static inline V FN(sig)(V v) {
 
 ATTR static inline void FN(lstm_chunk)(float *gr, const float *xr, const float *hr,
                                        const float *bias, float *c, float *h, float *y,
-                                       int64_t H, int64_t j, M m, bool full) {
+                                       int64_t H, int64_t j, M m, bool full, bool stream) {
 #define PRE(q) \
     ADD(ADD(LD(xr + (q) * H + j), LD(hr + (q) * H + j)), bias ? LD(bias + (q) * H + j) : ZERO())
     V ig = FN(sig)(PRE(0)), fg = FN(sig)(PRE(1)), gg = VTANH(PRE(2)), og = FN(sig)(PRE(3));
@@ -30,16 +32,28 @@ ATTR static inline void FN(lstm_chunk)(float *gr, const float *xr, const float *
     V cp = LD(c + j), hp = LD(h + j);
     V cn = ADD(MUL(fg, cp), MUL(ig, gg));
     V hn = MUL(og, VTANH(cn));
-    ST(gr + j, ig), ST(gr + H + j, fg), ST(gr + 2 * H + j, gg), ST(gr + 3 * H + j, og);
-    ST(gr + 4 * H + j, cp), ST(gr + 5 * H + j, hp);
+    if (stream) {
+        STNT(gr + j, ig), STNT(gr + H + j, fg), STNT(gr + 2 * H + j, gg);
+        STNT(gr + 3 * H + j, og), STNT(gr + 4 * H + j, cp), STNT(gr + 5 * H + j, hp);
+    } else {
+        ST(gr + j, ig), ST(gr + H + j, fg), ST(gr + 2 * H + j, gg), ST(gr + 3 * H + j, og);
+        ST(gr + 4 * H + j, cp), ST(gr + 5 * H + j, hp);
+    }
     ST(c + j, cn), ST(h + j, hn), ST(y + j, hn);
 }
 
+/* The workspace row gr is next read by the backward, after the rest of the forward (8 MiB
+ * and more of it in train_lstm_h256, 6H floats a row): non-temporal stores skip reading its
+ * lines into the cache first and evicting what the steps use, where the row is aligned to the
+ * vector and H a multiple of it (so every chunk is). */
 ATTR static void FN(lstm_cell)(float *gr, const float *xr, const float *hr, const float *bias,
                                float *c, float *h, float *y, int64_t H) {
     int64_t j = 0;
-    for (; j + W <= H; j += W) FN(lstm_chunk)(gr, xr, hr, bias, c, h, y, H, j, MASK(W), true);
-    if (j < H) FN(lstm_chunk)(gr, xr, hr, bias, c, h, y, H, j, MASK(H - j), false);
+    bool stream = H % W == 0 && (uintptr_t)gr % (W * sizeof(float)) == 0;
+    for (; j + W <= H; j += W)
+        FN(lstm_chunk)(gr, xr, hr, bias, c, h, y, H, j, MASK(W), true, stream);
+    if (j < H) FN(lstm_chunk)(gr, xr, hr, bias, c, h, y, H, j, MASK(H - j), false, false);
+    if (stream) FENCE(); /* before another thread or kernel reads the row */
 }
 
 ATTR static inline void FN(lstm_bwd_chunk)(const float *gr, const float *gy, float *dh,
@@ -107,3 +121,5 @@ ATTR static void FN(gru_cell)(float *gr, const float *hr, float *h, float *y, in
 #undef ZERO
 #undef VEXP
 #undef VTANH
+#undef STNT
+#undef FENCE
