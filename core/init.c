@@ -87,7 +87,7 @@ em_status em_init(void) {
      * 1.91-2.07, active 1.89), but with other work on the cores a sleeping worker is woken
      * ahead of the others while a spinning one burns its share, and 10000 spins made the same
      * step 1.2-4.4x slower, the CNN step 1.5-2.2x and a Fashion-MNIST epoch 1.05-1.7x; 1000
-     * spins (25 us) gained at most 9% idle, was mixed loaded and cost 3-20% more CPU
+     * spins (25 us) gained at most 9% idle, was mixed loaded and cost up to 20% more CPU
      * (bench/README.md, "The OpenMP wait policy"). */
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
         /* ...but only when libgomp is not loaded yet: a program that uses OpenMP itself (or
