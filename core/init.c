@@ -80,7 +80,15 @@ em_status em_init(void) {
     /* Backends compute on OpenMP (libgomp, loaded with the CPU plugin, reads this once, when
      * it loads). Its default spin-waiting workers fight data-loader threads and other
      * processes for the cores: measured 11-27x slower training steps on a busy 2-core machine.
-     * Passive waiting is the default unless the user chose otherwise. */
+     * Passive waiting is the default unless the user chose otherwise (OMP_WAIT_POLICY or
+     * GOMP_SPINCOUNT: either leaves libgomp's environment to the user). A bounded spin
+     * (GOMP_SPINCOUNT, ~25 ns a spin on a Zen 4 core) was measured as the default and not
+     * kept: on an idle 2-vCPU VM it shortens the MLP step (passive 2.33 ms, 10000 spins
+     * 1.91-2.07, active 1.89), but with other work on the cores a sleeping worker is woken
+     * ahead of the others while a spinning one burns its share, and 10000 spins made the same
+     * step 1.2-4.4x slower, the CNN step 1.5-2.2x and a Fashion-MNIST epoch 1.05-1.7x; 1000
+     * spins (25 us) gained at most 9% idle, was mixed loaded and cost up to 20% more CPU
+     * (bench/README.md, "The OpenMP wait policy"). */
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
         /* ...but only when libgomp is not loaded yet: a program that uses OpenMP itself (or
          * preloads it) has libgomp read its environment already, and setting it now would
@@ -90,15 +98,15 @@ em_status em_init(void) {
         if (gomp && !told) {
             told = true;
             em_log_write(EM_LOG_WARN, "OpenMP (libgomp) was loaded before em_init, so its "
-                         "worker threads keep their default of spinning ~3 ms after each "
-                         "parallel region instead of waiting passively; that slows training "
+                         "worker threads keep their default of spinning for milliseconds after "
+                         "each parallel region instead of waiting passively; that slows training "
                          "when other threads or processes share the cores. Set "
                          "OMP_WAIT_POLICY=PASSIVE in the environment before the program starts "
                          "(or OMP_WAIT_POLICY=ACTIVE to keep spinning and silence this)");
         }
         if (gomp) dlclose(gomp);
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     }
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     if (em__plugins_load_all() == EM_ERR_NOMEM) {
         snprintf(init_message, sizeof init_message, "%s", em_last_error());
         teardown();

@@ -166,14 +166,24 @@ Test(init, plugins_describe_their_choices, .init = setup, .fini = teardown) {
 
 Test(init, openmp_waits_passively_unless_the_user_chose) {
     unsetenv("OMP_WAIT_POLICY");
+    unsetenv("GOMP_SPINCOUNT");
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_str_eq(getenv("OMP_WAIT_POLICY"), "PASSIVE");
+    cr_assert_null(getenv("GOMP_SPINCOUNT"), "no spin count is made up");
     cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
     setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
     cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
     cr_assert_str_eq(getenv("OMP_WAIT_POLICY"), "ACTIVE", "the user's choice stands");
     cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
+    /* A spin count alone is a choice too: libgomp's policy stays the user's (unset), so the
+     * count is libgomp's whole wait, not a passive policy's with the count on top. */
     unsetenv("OMP_WAIT_POLICY");
+    setenv("GOMP_SPINCOUNT", "1000", 1);
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_null(getenv("OMP_WAIT_POLICY"), "GOMP_SPINCOUNT=1000 alone: the policy stays unset");
+    cr_assert_str_eq(getenv("GOMP_SPINCOUNT"), "1000");
+    cr_assert_eq(em_shutdown_checked(), EM_OK, "%s", em_last_error());
+    unsetenv("GOMP_SPINCOUNT");
 }
 
 /* A program that loaded libgomp before em_init (it uses OpenMP itself) cannot get passive
