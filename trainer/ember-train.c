@@ -1468,9 +1468,9 @@ static int check_fit(run *r) {
      * does not autotune its products (the choice changes no bits, only the time): the batches
      * seldom have this shape, and as the process's first tuned product it also ran the
      * tuner's warm-up, all threads against 1 thread in turn until all threads win, which on a
-     * 2-row product they never do: its whole 100 ms, on the shape that needs it least. The
-     * warm-up now runs at the first training product (bench/README.md, "A whole training
-     * process"). */
+     * 2-row product they seldom do: up to its 100 ms on the shape that needs it least, and
+     * the training shapes were then tuned without it. The warm-up now runs at the first
+     * training product (bench/README.md, "A whole training process"). */
     const bool det = em_deterministic();
     em_set_deterministic(true);
     em_tensor *out = x ? em_module_forward_masked(r->model, xs, r->n_in, mask) : NULL;
