@@ -514,6 +514,45 @@ Test(trainer, config_errors_exit_2_naming_the_problem) {
                        (const char *[]){"selects no parameter", "1.bias", NULL});
 }
 
+/* Where several sets cannot be opened, the error is the first set's in the order training,
+ * validation, test, naming its section, and the later sets' are not printed. */
+Test(trainer, dataset_errors_in_the_sets_order) {
+    /* both fail: the training set's error */
+    expect_usage_error("model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+                       "data:\n  class: mnist\n  options: {path: /nonexistent/digits}\n"
+                       "  test: {split: test}\n",
+                       (const char *[]){"bad.yaml:3:3: data: mnist: cannot open directory "
+                                        "/nonexistent/digits", NULL});
+    char *out;
+    cr_assert_eq(train(&out, (const char *[]){path("bad.yaml"), "--epochs", "1", NULL}), 2);
+    cr_assert(!strstr(out, "data.test"), "the test set's error as well:\n%s", out);
+    free(out);
+    /* a directory of the training files only: the test set's error, at its line */
+    cr_assert_eq(mkdir(path("train-only"), 0755), 0);
+    const char *const files[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"};
+    for (int i = 0; i < 2; i++) {
+        char from[512], to[64];
+        snprintf(from, sizeof from, "%s/data/digits/%s", EM_TEST_SRCDIR, files[i]);
+        snprintf(to, sizeof to, "train-only/%s", files[i]);
+        cr_assert_eq(symlink(from, path(to)), 0);
+    }
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data:\n  class: mnist\n  options: {path: %s}\n  validation: 0.1\n"
+             "  test: {split: test}\n", path("train-only"));
+    expect_usage_error(yaml, (const char *[]){"bad.yaml:6:9: data.test: mnist: no t10k-images* "
+                                              "file in", NULL});
+    /* a validation error before the test set's: the validation one alone */
+    snprintf(yaml, sizeof yaml, "model: [Flatten, {Linear: {in_features: 64, out_features: 10}}]\n"
+             "data:\n  class: mnist\n  options: {path: %s}\n  validation: 7.5\n"
+             "  test: {split: test}\n", path("train-only"));
+    expect_usage_error(yaml, (const char *[]){"bad.yaml:5:15: data.validation: expected a "
+                                              "fraction", NULL});
+    cr_assert_eq(train(&out, (const char *[]){path("bad.yaml"), "--epochs", "1", NULL}), 2);
+    cr_assert(!strstr(out, "t10k"), "the test set's error as well:\n%s", out);
+    free(out);
+}
+
 Test(trainer, command_line) {
     char *out;
     int rc = train(&out, (const char *[]){"--help", NULL});

@@ -1464,6 +1464,15 @@ static int check_fit(run *r) {
         for (int i = 0; i < in->target_ndim; i++) ts[i + 1] = in->target_shape[i];
         y = em_zeros(in->target_ndim + 1, ts, in->target_dtype, r->dev);
     }
+    /* A forward of two throwaway items, run in deterministic mode so that the CPU backend
+     * does not autotune its products (the choice changes no bits, only the time): the batches
+     * seldom have this shape, and as the process's first tuned product it also ran the
+     * tuner's warm-up, all threads against 1 thread in turn until all threads win, which on a
+     * 2-row product they seldom do: up to its 100 ms on the shape that needs it least, and
+     * the training shapes were then tuned without it. The warm-up now runs at the first
+     * training product (bench/README.md, "A whole training process"). */
+    const bool det = em_deterministic();
+    em_set_deterministic(true);
     em_tensor *out = x ? em_module_forward_masked(r->model, xs, r->n_in, mask) : NULL;
     char xsh[128];
     em_shape_str(item.ndim + 1, shape, xsh, sizeof xsh);
@@ -1500,6 +1509,7 @@ static int check_fit(run *r) {
             rc = EXIT_USAGE;
         }
     }
+    em_set_deterministic(det);
     em_module_train(r->model, true);
     em_grad_mode_pop();
     em_scope_end();

@@ -222,13 +222,14 @@ em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got) {
     return EM_OK;
 }
 
-em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out) {
-    *out = NULL;
+em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out, void **block) {
+    *out = *block = NULL;
     if (f->whole && n == f->len - f->pos && n) {
-        /* the rest of the file: the decompressed buffer itself, its first bytes (a header
-         * read already) moved out, instead of a second buffer of this size and a copy */
-        memmove(f->mem, f->mem + f->pos, n);
-        *out = f->mem;
+        /* the rest of the file: the decompressed buffer itself, the bytes after the ones
+         * read already (a header), instead of a second buffer of this size and a copy (or
+         * a memmove of all of it: ~6 ms for 47 MB of images) */
+        *out = f->mem + f->pos;
+        *block = f->mem;
         f->mem = NULL;
         f->pos = f->len = 0;
         f->off += (uint64_t)n;
@@ -269,7 +270,7 @@ em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out) {
         }
         got += k;
     }
-    *out = buf;
+    *out = *block = buf;
     return EM_OK;
 }
 
@@ -343,8 +344,7 @@ em_status dt_table_read(void *state, const int64_t *idx, int64_t n, void *const 
 void dt_table_close(void *state) {
     dt_table *t = state;
     if (!t) return;
-    free(t->col[0]);
-    free(t->col[1]);
+    for (int k = 0; k < 2; k++) free(t->block[k] ? t->block[k] : t->col[k]);
     free(t);
 }
 

@@ -34,11 +34,14 @@ dt_file *dt_open(const char *who, const char *path);
 /* Read exactly n bytes. EM_ERR_FORMAT "truncated" (naming the file, `what`, and how many
  * bytes were missing) when the file ends early; EM_ERR_IO for a read or gzip error. */
 em_status dt_read(dt_file *f, void *buf, size_t n, const char *what);
-/* Read exactly n bytes into a new buffer (*out, free()): memory grows geometrically with what
- * the file (or its decompression) actually delivers, so a header that claims more than the
- * file holds costs at most twice what is there, never the claim; the rest of a file inflated
- * at open is that buffer itself, handed over. dt_read's errors. */
-em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out /* out */);
+/* Read exactly n bytes into new memory: the bytes at *out, in the allocation *block (what
+ * to free(); *out may lie inside it). Memory grows geometrically with what the file (or its
+ * decompression) actually delivers, so a header that claims more than the file holds costs
+ * at most twice what is there, never the claim; the rest of a file inflated at open is that
+ * buffer itself, handed over (*out then starts after the bytes read before). dt_read's
+ * errors, and both NULL. */
+em_status dt_read_alloc(dt_file *f, size_t n, const char *what, void **out /* out */,
+                        void **block /* out */);
 /* Read up to n bytes (fewer only at the clean end of the file); *got says how many. A gzip
  * stream that ends without its end marker (a cut file) is EM_ERR_FORMAT "truncated", corrupt
  * gzip data EM_ERR_FORMAT, a read error EM_ERR_IO. */
@@ -64,6 +67,7 @@ void dt_declare_io(em_dataset_layout *lay, em_field f[2], int64_t length, em_dty
 typedef struct dt_table {
     em_field fields[2]; /* "input", "target" */
     void *col[2];
+    void *block[2];     /* the allocation col[k] lies in, where it does not start it; or NULL */
     size_t bytes[2];    /* one item's bytes of each field */
     int64_t n;
 } dt_table;
@@ -73,7 +77,8 @@ dt_table *dt_table_new(const char *who);
 /* dt_declare_io over the table's fields and n; sets bytes from them. */
 void dt_table_declare(dt_table *t, em_dataset_layout *lay, em_dtype dtype, int ndim,
                       const int64_t *shape, int64_t classes, int64_t values);
-/* The read_fields and close of a table (close frees both columns; NULL is a no-op). */
+/* The read_fields and close of a table (close frees both columns, block[k] for col[k] where
+ * set; NULL is a no-op). */
 em_status dt_table_read(void *state, const int64_t *indices, int64_t n, void *const *data,
                         int64_t *const *lengths);
 void dt_table_close(void *state);

@@ -94,6 +94,7 @@ static em_status idx_open(const em_options *o, em_dataset_layout *lay, void **ou
 
     dt_table *s = dt_table_new("mnist"); /* col[0]: N * H * W images, col[1]: N labels */
     uint8_t *lab = NULL;
+    void *lab_block = NULL; /* the allocation lab lies in */
     int64_t *labels = NULL;
     dt_file *fi = NULL, *fl = NULL;
     if (!s) return EM_ERR_NOMEM;
@@ -117,11 +118,12 @@ static em_status idx_open(const em_options *o, em_dataset_layout *lay, void **ou
     /* The header's counts are claims: memory grows with the bytes the files deliver. */
     char what[96];
     snprintf(what, sizeof what, "%u images of %u x %u", idims[0], idims[1], idims[2]);
-    void *buf;
-    if (dt_read_alloc(fi, nbytes, what, &buf) != EM_OK) goto fail;
+    void *buf, *block;
+    if (dt_read_alloc(fi, nbytes, what, &buf, &block) != EM_OK) goto fail;
     s->col[0] = buf;
+    s->block[0] = block;
     snprintf(what, sizeof what, "%u labels", ldims[0]);
-    if (dt_read_alloc(fl, (size_t)s->n, what, &buf) != EM_OK) goto fail;
+    if (dt_read_alloc(fl, (size_t)s->n, what, &buf, &lab_block) != EM_OK) goto fail;
     lab = buf;
     if (!(s->col[1] = labels = malloc(sizeof(int64_t) * (size_t)(s->n ? s->n : 1)))) {
         em_set_error(EM_ERR_NOMEM, "mnist: out of memory for %lld labels", (long long)s->n);
@@ -137,7 +139,7 @@ static em_status idx_open(const em_options *o, em_dataset_layout *lay, void **ou
         }
         labels[i] = lab[i];
     }
-    free(lab);
+    free(lab_block);
     dt_close(fi);
     dt_close(fl);
     dt_table_declare(s, lay, EM_U8, 3, (const int64_t[]){1, idims[1], idims[2]}, classes, 0);
@@ -147,7 +149,7 @@ fail:
     st = em_last_status() != EM_OK ? em_last_status() : EM_ERR_FORMAT;
     dt_close(fi);
     dt_close(fl);
-    free(lab);
+    free(lab_block);
     dt_table_close(s);
     return st;
 }
