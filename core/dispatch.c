@@ -189,6 +189,11 @@ em_status em_op_declare(em_registry *reg, const em_op_schema *s_in, const em_op 
         return em_set_error(EM_ERR_INVALID, "op_declare: '%s' declares autocast class %d; the "
                             "classes are EM_AUTOCAST_NONE, _LOWER, _FLOAT32 and _PROMOTE (0..3)",
                             s->name, s->autocast);
+    if (EM_SCHEMA_HAS(s, layout_arg) && s->layout_arg != 0 &&
+        (s->layout_arg < 0 || s->layout_arg >= s->n_inputs))
+        return em_set_error(EM_ERR_INVALID, "op_declare: '%s' takes its outputs' layout from "
+                            "input %d (layout_arg) but has %d inputs", s->name, s->layout_arg,
+                            s->n_inputs);
     bool composite = EM_SCHEMA_HAS(s, composite) && s->composite;
     if ((s->flags & EM_OP_VARIADIC) && !composite && !(s->flags & EM_OP_NONDIFF))
         return em_set_error(EM_ERR_INVALID, "op_declare: '%s' is variadic with a kernel of its "
@@ -1027,8 +1032,10 @@ op_run_n_impl(const struct em_op *op, const em_tensor *const *in, int n_in,
             if (!(bcast[i] = em__expand(args[i], meta[0].ndim, meta[0].shape))) st = em_last_status();
             args[i] = bcast[i];
         }
-    const bool cl = (op->schema.flags & EM_OP_CHANNELS_LAST) &&
-                    em__is_channels_last(args[0]->ndim, args[0]->shape, args[0]->strides);
+    /* EM_OP_CHANNELS_LAST: the outputs take the layout of input layout_arg */
+    const em_tensor *lay = (op->schema.flags & EM_OP_CHANNELS_LAST) ? args[op->schema.layout_arg]
+                                                                   : NULL;
+    const bool cl = lay && em__is_channels_last(lay->ndim, lay->shape, lay->strides);
     for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++) {
         if (given && given[i]) {
             if ((st = given_output(op, given[i], i, &meta[i], dev)) == EM_OK)

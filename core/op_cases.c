@@ -1114,6 +1114,14 @@ static const em_op_case std_cases[] = {
     ROW("relu", "channels-last", t_relu, D_F, OK, true, 1, INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 4, 5))),
     ROW("relu_backward", "channels-last grad and output", NULL, D_F32_64, OK, false, 2,
         INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 4, 5), I(4, CHANNELS_LAST, RANDN, 2, 3, 4, 5))),
+    /* gx takes the indices' layout (the schema's layout_arg); the grad, row-major as a
+     * flatten's backward gives it, is read in place */
+    ROW("max_pool2d_backward", "2x2, row-major grad, channels-last indices", t_max_pool2d_bwd,
+        D_F32_64, OK, false, 2,
+        INS(I(4, CONTIG, RANDN, 2, 3, 2, 2),
+            {.ndim = 4, .layout = EM_CASE_CHANNELS_LAST, .values = EM_CASE_INDEX, .dtype = EM_I64,
+             .bound = 16, .shape = {2, 3, 2, 2}}),
+        INTS(2, 4, 4)),
 };
 
 const em_op_case *em__op_cases_standard(size_t *n) {

@@ -11,8 +11,9 @@
  * (EM_OP_CHANNELS_LAST) give their outputs that layout; a kernel that does not read it
  * declines the call in supports() and the call is made again on contiguous copies, whose
  * 4-dim results are then made channels-last (keep_layout: the layout does not depend on
- * which kernel ran; docs/performance.md, design (b)). max_pool2d_backward's grad_output is first made
- * channels-last when its indices are (the grad a flatten's backward gives is row-major). f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
+ * which kernel ran; docs/performance.md, design (b)). max_pool2d_backward's outputs take its
+ * indices' layout (the schema's layout_arg): the grad a flatten's backward gives is row-major
+ * and the CPU kernel reads it in place beside channels-last indices. f32 and f64 run in their own dtype. f16 and bf16 run in their own dtype
  * when the device's backend registers a kernel of the op for that dtype and the kernel
  * accepts the call; otherwise — no kernel for the dtype, or every kernel's supports()
  * declined (the dispatcher reports that as EM_ERR_NOKERNEL before it runs or records
@@ -584,6 +585,11 @@ static unsigned layout_flags(const char *name) {
     return 0;
 }
 
+/* The input whose layout those outputs take (EM_OP_CHANNELS_LAST): max_pool2d_backward's
+ * indices, which come from the forward in the activation's layout, while its grad may arrive
+ * row-major (through a flatten's backward); input 0 elsewhere. */
+static int layout_arg(const char *name) { return strcmp(name, "max_pool2d_backward") == 0; }
+
 static em_status declare(em_registry *core, const em_op **out, int autocast, const char *name,
                          int n_in, const char *const *in_names, int n_out, int n_attrs,
                          const char *const *attr_names, const em_attr_type *types,
@@ -595,7 +601,8 @@ static em_status declare(em_registry *core, const em_op **out, int autocast, con
                        .flags = (backward ? 0 : EM_OP_NONDIFF) | layout_flags(name),
                        .infer = infer,
                        .backward = backward, .saves = saves, .composite = composite,
-                       .optional_inputs = optional, .category = "nn", .autocast = autocast});
+                       .optional_inputs = optional, .category = "nn", .autocast = autocast,
+                       .layout_arg = layout_arg(name)});
 }
 
 /* ---- derivatives ------------------------------------------------------------------------------
@@ -922,14 +929,15 @@ static em_status run(const em_op *op, em_tensor **in, int n, const em_attr *attr
 enum { AS_X = 'x', AS_S = 's', AS_IS = 'i', AS_XL = 'l', AS_ISL = 'j' };
 
 /* An op that keeps channels-last activations (EM_OP_CHANNELS_LAST) gives them whichever
- * kernel ran: when input x is channels-last and a kernel that does not read that layout ran
+ * kernel ran: when input x (t[layout_arg]) is channels-last and a kernel that does not read that layout ran
  * on contiguous copies (or another device's kernel did), its 4-dim results are made
  * channels-last here, as the dispatcher allocates them for a kernel that does (one copy each,
  * on those paths only). On failure every result is released. */
-static em_status keep_layout(const em_op *op, const em_tensor *x, em_tensor **res) {
+static em_status keep_layout(const em_op *op, const em_tensor *const *t, em_tensor **res) {
     const em_op_schema *s = em_op_schema_of(op);
-    if (!(s->flags & EM_OP_CHANNELS_LAST) || !em__is_channels_last(x->ndim, x->shape, x->strides))
-        return EM_OK;
+    if (!(s->flags & EM_OP_CHANNELS_LAST)) return EM_OK;
+    const em_tensor *x = t[s->layout_arg];
+    if (!em__is_channels_last(x->ndim, x->shape, x->strides)) return EM_OK;
     em_status st = EM_OK;
     for (int i = 0; i < s->n_outputs; i++) {
         em_tensor *r = res[i];
@@ -971,7 +979,7 @@ static em_status call(const em_op *op, em_dtype dt, const em_tensor *const *t, c
                     em__is_channels_last(t[i]->ndim, t[i]->shape, t[i]->strides);
         }
         em_status st = run(op, in, n, attrs, res);
-        if (st == EM_OK) st = keep_layout(op, t[0], res);
+        if (st == EM_OK) st = keep_layout(op, t, res);
         if (st != EM_ERR_NOKERNEL) return st;
         if (kept) { /* no kernel reads channels-last here: the same call on contiguous copies */
             em_clear_error();
@@ -1096,18 +1104,12 @@ EM__COMPOSITE(c_max_pool2d_bwd) {
     if (!check_float("max_pool2d_backward", "grad_output", in[0])) return em_last_status();
     if (!has_pair(attrs, 0))
         return em_set_error(EM_ERR_INVALID, "max_pool2d_backward: input_size is required");
-    /* Indices from a channels-last forward: grad_output in their layout too (the gradient
-     * arriving through a flatten's reshape is row-major), so the kernel reads one layout. */
-    const em_tensor *args[2] = {in[0], in[1]};
-    em_tensor *gyl = NULL, *gx = NULL;
-    if (in[0]->storage->device.type == EM_DEVICE_CPU_TYPE &&
-        em__is_channels_last(in[1]->ndim, in[1]->shape, in[1]->strides) &&
-        !em__is_channels_last(in[0]->ndim, in[0]->shape, in[0]->strides) && in[0]->ndim == 4) {
-        if (!(gyl = em__channels_last(in[0]))) return em_last_status();
-        args[0] = gyl;
-    }
-    em_status st = call(op_max_pool2d_bwd, in[0]->dtype, args, "lj", 2, attrs, &gx);
-    em_tensor_release(gyl);
+    /* gx takes the indices' layout (layout_arg): from a channels-last forward it is
+     * channels-last whether the grad is too or arrives row-major through a flatten's
+     * backward; the CPU kernel reads either grad in place (another kernel declines the mix
+     * and runs on contiguous copies, keep_layout then making gx channels-last). */
+    em_tensor *gx = NULL;
+    em_status st = call(op_max_pool2d_bwd, in[0]->dtype, in, "lj", 2, attrs, &gx);
     if (st != EM_OK) return em_last_status();
     *n_out = (out[0] = finish(gx, in[0]->dtype)) != NULL;
     return *n_out ? EM_OK : em_last_status();

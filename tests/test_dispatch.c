@@ -264,6 +264,58 @@ Test(dispatch, an_old_size_schema_still_works) {
     em_scope_end();
 }
 
+/* EM_OP_CHANNELS_LAST with layout_arg: the outputs take the layout of the input the schema
+ * names (max_pool2d_backward's indices), not input 0's; a layout_arg that names no input is
+ * refused, and a schema shorter than the field follows input 0. The kernel fills its dense
+ * output (any order) with 1. */
+static em_status fill_one_kernel(const em_kernel_ctx *k) {
+    float *y = k->out[0].data;
+    for (int64_t i = 0; i < k->out[0].numel; i++) y[i] = 1;
+    return EM_OK;
+}
+
+static const em_op *declare_follow(const char *name, int layout_arg, size_t size) {
+    em_op_schema s = {.struct_size = size, .name = name, .n_inputs = 2, .n_outputs = 1,
+                      .dispatch_arg = 0, .flags = EM_OP_NONDIFF | EM_OP_CHANNELS_LAST,
+                      .infer = infer_first, .layout_arg = layout_arg};
+    const em_op *op = NULL;
+    if (em_op_declare(em_registry_program(), &s, &op) != EM_OK) return NULL;
+    em_kernel_def k = {.struct_size = sizeof k, .op = name, .device_type = "cpu",
+                       .dtype = EM_F32, .fn = fill_one_kernel, .name = name};
+    cr_assert_eq(em_kernel_register(em_registry_program(), &k, NULL), EM_OK, "%s",
+                 em_last_error());
+    return op;
+}
+
+Test(dispatch, channels_last_outputs_follow_the_schemas_layout_arg) {
+    cr_assert_null(declare_follow("test.follow_bad", 2, sizeof(em_op_schema)));
+    em_assert_error(EM_ERR_INVALID, "layout_arg");
+    cr_assert(strstr(em_last_error(), "test.follow_bad"), "%s", em_last_error());
+    cr_assert_null(declare_follow("test.follow_neg", -1, sizeof(em_op_schema)));
+    em_assert_error(EM_ERR_INVALID, "layout_arg");
+    const em_op *f1 = declare_follow("test.follow1", 1, sizeof(em_op_schema));
+    const em_op *f0 = declare_follow("test.follow0", 1, offsetof(em_op_schema, layout_arg));
+    cr_assert(f1 && f0, "%s", em_last_error());
+    cr_expect_eq(em_op_schema_of(f1)->layout_arg, 1);
+    cr_expect_eq(em_op_schema_of(f0)->layout_arg, 0, "a shorter schema follows input 0");
+    em_scope_begin();
+    const int64_t sh[4] = {2, 3, 4, 5};
+    em_tensor *plain = em_zeros(4, sh, EM_F32, em_cpu()), *cl = em_channels_last(plain);
+    cr_assert(cl && em_tensor_is_channels_last(cl), "%s", em_last_error());
+    const struct { const em_op *op; em_tensor *a, *b; bool want; } cs[] = {
+        {f1, plain, cl, true}, {f1, cl, plain, false}, {f0, cl, plain, true},
+        {f0, plain, cl, false}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        em_tensor *y = NULL;
+        cr_assert_eq(em_op_call(cs[i].op, (const em_tensor *const[]){cs[i].a, cs[i].b}, 2, NULL,
+                                &y), EM_OK, "%s", em_last_error());
+        cr_expect_eq(em_tensor_is_channels_last(y), cs[i].want, "case %zu", i);
+        cr_expect_eq(em_tensor_is_contiguous(y), !cs[i].want, "case %zu", i);
+        cr_expect_eq(em_item(em_sum(y, 0, NULL, false)), 120, "case %zu", i);
+    }
+    em_scope_end();
+}
+
 /* A program-declared composite with variadic outputs, run by name with em_op_call_n: written
  * with the public ops in a scope of its own, it retains what it returns (the contract of
  * em_composite_fn). */

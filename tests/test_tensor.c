@@ -797,6 +797,86 @@ Test(copy, index_select_copies) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_tensor_release(all[i]);
 }
 
+/* Element i (C order) of view v of base, read from base's own bytes through v's strides and
+ * offset: the plain-loop reference for copies between layouts. */
+static void strided_ref(const em_tensor *v, const unsigned char *base, size_t e, unsigned char *out) {
+    int nd = em_tensor_ndim(v);
+    const int64_t *sh = em_tensor_shape(v), *st = em_tensor_strides(v);
+    int64_t n = em_tensor_numel(v);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rem = i, off = em_tensor_offset(v);
+        for (int d = nd - 1; d >= 0; d--) {
+            off += rem % sh[d] * st[d];
+            rem /= sh[d];
+        }
+        memcpy(out + (size_t)i * e, base + (size_t)off * e, e);
+    }
+}
+
+/* Copies between dense layouts that transpose two dims (a channels-last activation made
+ * row-major for a flatten, and back; permuted, transposed and sliced views; a copy into a
+ * transposed destination) move every element's bits, against the plain strided loop, for
+ * every element size, odd sizes and tails of the CPU kernel's tiles included; random bit
+ * patterns (NaN payloads, subnormals) too. */
+Test(copy, transposing_copies_move_the_bits) {
+    static const em_dtype dts[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I64, EM_U8};
+    static const int64_t shapes[][4] = {{2, 64, 7, 7}, {3, 17, 5, 9}, {1, 33, 31, 3},
+                                        {2, 16, 16, 16}, {4, 3, 40, 40}, {1, 100, 1, 70},
+                                        {2, 1, 9, 9}};
+    uint64_t seed = 12345;
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            cr_assert_eq(em_scope_begin(), EM_OK);
+            const em_dtype dt = dts[k];
+            const int64_t *sh = shapes[s], n = sh[0] * sh[1] * sh[2] * sh[3];
+            const size_t e = em_dtype_size(dt), nb = (size_t)n * e;
+            unsigned char *bits = malloc(nb), *want = malloc(nb), *got = malloc(nb);
+            for (size_t i = 0; i < nb; i++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                bits[i] = (unsigned char)(seed >> 56);
+            }
+            em_tensor *x = em_from_data(bits, 4, sh, dt, em_cpu());
+            cr_assert(x, "%s", em_last_error());
+            const unsigned char *xb = em_tensor_data(x);
+            char what[96];
+            snprintf(what, sizeof what, "%s [%lld, %lld, %lld, %lld]", em_dtype_name(dt),
+                     (long long)sh[0], (long long)sh[1], (long long)sh[2], (long long)sh[3]);
+            /* channels-last: its storage holds x's elements in (N, H, W, C) order */
+            em_tensor *xl = em_channels_last(x);
+            cr_assert(xl, "%s", em_last_error());
+            strided_ref(em_permute(x, 4, (const int[]){0, 2, 3, 1}), xb, e, want);
+            cr_assert(memcmp(em_tensor_data(xl), want, nb) == 0, "%s: channels-last copy", what);
+            /* and back: the flatten's row-major copy */
+            em_tensor *back = em_contiguous(xl);
+            cr_assert(back && em_tensor_is_contiguous(back), "%s", em_last_error());
+            cr_assert(memcmp(em_tensor_data(back), xb, nb) == 0, "%s: row-major copy", what);
+            /* views with other dims outside the transposed pair, and strides that skip */
+            em_tensor *views[] = {em_transpose(x, 1, 3), em_permute(x, 4, (const int[]){2, 0, 3, 1}),
+                                  em_slice(em_transpose(x, 1, 2), 0, 0, sh[0], 1),
+                                  em_slice(em_transpose(x, 2, 3), 1, 1, sh[1], 2),
+                                  em_transpose(em_reshape(x, 2, (const int64_t[]){sh[0] * sh[1],
+                                                                                  sh[2] * sh[3]}), 0, 1)};
+            for (size_t v = 0; v < sizeof views / sizeof views[0]; v++) {
+                cr_assert(views[v], "%s", em_last_error());
+                em_tensor *c = em_contiguous(views[v]);
+                cr_assert(c && em_tensor_is_contiguous(c), "%s", em_last_error());
+                size_t vb = (size_t)em_tensor_numel(c) * e;
+                strided_ref(views[v], xb, e, want);
+                cr_assert(memcmp(em_tensor_data(c), want, vb) == 0, "%s: view %zu", what, v);
+            }
+            /* into a transposed destination: dst^T = x^T (2-D) */
+            int64_t r = sh[0] * sh[1], cdim = sh[2] * sh[3];
+            em_tensor *dbase = em_empty(2, (const int64_t[]){cdim, r}, dt, em_cpu());
+            em_tensor *src = em_reshape(x, 2, (const int64_t[]){r, cdim});
+            cr_assert_eq(em_copy_(em_transpose(dbase, 0, 1), src), EM_OK, "%s", em_last_error());
+            memcpy(got, em_tensor_data(dbase), nb);
+            strided_ref(em_transpose(src, 0, 1), xb, e, want);
+            cr_assert(memcmp(got, want, nb) == 0, "%s: copy into a transposed destination", what);
+            free(bits), free(want), free(got);
+            cr_assert_eq(em_scope_end(), EM_OK); /* drops the tensors made above */
+        }
+}
+
 Test(copy, null_inputs_chain_and_keep_the_first_error) {
     em_tensor *x = em_ones(2, (const int64_t[]){2, 3}, EM_F32, em_cpu());
     em_tensor *w = em_ones(2, (const int64_t[]){4, 5}, EM_F32, em_cpu());

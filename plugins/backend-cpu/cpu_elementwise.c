@@ -267,8 +267,107 @@ static cpu_loop_fn typed_convert(em_dtype to, em_dtype from) {
     return NULL;
 }
 
+/* A same-dtype copy whose two operands are dense along different dims (a channels-last
+ * (N, C, H, W) activation copied to row-major for a flatten: per image a C x HW transpose;
+ * the channels-last copy of a row-major tensor: the reverse). The iteration engine's runs go
+ * along the destination's unit-stride dim, reading the source at a stride of whole rows, one
+ * element per call (~3 GB/s); here the two unit-stride dims a (the destination's) and b (the
+ * source's) are walked in square tiles that stay in L1 (each source line read once per tile
+ * row), the other dims outside, typed by element size: the same bits as the element loop. */
+#define COPY_TILE 32
+typedef struct transpose_geom {
+    int nd;                          /* dims other than a and b */
+    int64_t shape[EM_MAX_DIMS], os[EM_MAX_DIMS], is[EM_MAX_DIMS]; /* element strides */
+    int64_t na, nb, os_b, is_a;      /* a: unit stride in the output; b: in the input */
+} transpose_geom;
+
+#define DEF_TRANSPOSE_TILE(name, T)                                                            \
+    SIMD_CLONES static void name(char *dst, const char *src, int64_t a0, int64_t ae,          \
+                                 int64_t b0, int64_t be, int64_t os_b, int64_t is_a) {         \
+        T *restrict o = (T *)dst;                                                              \
+        const T *restrict s = (const T *)src;                                                  \
+        for (int64_t b = b0; b < be; b++) {                                                    \
+            T *ob = o + b * os_b;                                                              \
+            const T *sb = s + b;                                                               \
+            _Pragma("omp simd") for (int64_t a = a0; a < ae; a++) ob[a] = sb[a * is_a];        \
+        }                                                                                      \
+    }
+DEF_TRANSPOSE_TILE(transpose_tile_16, uint16_t)
+DEF_TRANSPOSE_TILE(transpose_tile_32, uint32_t)
+DEF_TRANSPOSE_TILE(transpose_tile_64, uint64_t)
+
+/* The geometry of a transposing copy y <- x, or false (the element loop's case: a
+ * destination run that is contiguous in both, a broadcast or overlapping source, too few
+ * elements for tiles to pay). Size-1 dims dropped, adjacent dims merged where both operands
+ * are contiguous across them (as the engine does). */
+static bool transpose_geometry(const em_ktensor *y, const em_ktensor *x, transpose_geom *g) {
+    if (y->numel < 4 * COPY_TILE * COPY_TILE) return false;
+    int64_t sh[EM_MAX_DIMS], os[EM_MAX_DIMS], is[EM_MAX_DIMS];
+    int nd = 0;
+    for (int d = 0; d < y->ndim; d++) {
+        if (y->shape[d] == 1) continue;
+        if (nd > 0 && os[nd - 1] == y->strides[d] * y->shape[d] &&
+            is[nd - 1] == x->strides[d] * y->shape[d]) {
+            sh[nd - 1] *= y->shape[d];
+            os[nd - 1] = y->strides[d], is[nd - 1] = x->strides[d];
+            continue;
+        }
+        sh[nd] = y->shape[d], os[nd] = y->strides[d], is[nd] = x->strides[d];
+        nd++;
+    }
+    int a = -1, b = -1;
+    for (int d = 0; d < nd; d++) {
+        if (os[d] == 1 && a < 0) a = d;
+        if (is[d] == 1 && b < 0) b = d;
+    }
+    if (a < 0 || b < 0 || a == b || sh[a] < COPY_TILE / 2 || sh[b] < COPY_TILE / 2) return false;
+    g->na = sh[a], g->nb = sh[b], g->os_b = os[b], g->is_a = is[a];
+    if (g->os_b <= 0 || g->is_a <= 0) return false;
+    g->nd = 0;
+    for (int d = 0; d < nd; d++) {
+        if (d == a || d == b) continue;
+        if (os[d] <= 0 || is[d] <= 0) return false; /* broadcast or reversed: the engine's */
+        g->shape[g->nd] = sh[d], g->os[g->nd] = os[d], g->is[g->nd] = is[d];
+        g->nd++;
+    }
+    return true;
+}
+
+static bool copy_transposed(const em_kernel_ctx *k) {
+    const em_ktensor *y = &k->out[0], *x = &k->in[0];
+    size_t e = em_dtype_size(y->dtype);
+    if (x->dtype != y->dtype || (e != 2 && e != 4 && e != 8) || x->ndim != y->ndim) return false;
+    for (int d = 0; d < y->ndim; d++)
+        if (x->shape[d] != y->shape[d]) return false;
+    transpose_geom g;
+    if (!transpose_geometry(y, x, &g)) return false;
+    void (*tile)(char *, const char *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) =
+        e == 2 ? transpose_tile_16 : e == 4 ? transpose_tile_32 : transpose_tile_64;
+    int64_t outer = 1;
+    for (int d = 0; d < g.nd; d++) outer *= g.shape[d];
+    const int64_t tb = (g.nb + COPY_TILE - 1) / COPY_TILE, items = outer * tb;
+    const int nt = cpu_threads(k);
+    const bool par = nt > 1 && y->numel >= CPU_GRAIN;
+#pragma omp parallel for num_threads(nt) if (par) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t o = it / tb, b0 = (it % tb) * COPY_TILE, oo = 0, io = 0;
+        for (int d = g.nd - 1; d >= 0; d--) {
+            int64_t i = o % g.shape[d];
+            o /= g.shape[d];
+            oo += i * g.os[d], io += i * g.is[d];
+        }
+        char *dst = (char *)y->data + oo * (int64_t)e;
+        const char *src = (const char *)x->data + io * (int64_t)e;
+        const int64_t be = cpu_min_i64(b0 + COPY_TILE, g.nb);
+        for (int64_t a0 = 0; a0 < g.na; a0 += COPY_TILE)
+            tile(dst, src, a0, cpu_min_i64(a0 + COPY_TILE, g.na), b0, be, g.os_b, g.is_a);
+    }
+    return true;
+}
+
 static em_status k_copy(const em_kernel_ctx *k) {
     copy_ctx c = {k->out[0].dtype, k->in[0].dtype};
+    if (c.to == c.from && copy_transposed(k)) return EM_OK;
     const em_ktensor *ts[2] = {&k->out[0], &k->in[0]};
     cpu_loop_fn typed = typed_convert(c.to, c.from);
     cpu_foreach(k, 2, ts, c.to == c.from ? copy_same : typed ? typed : copy_convert, &c, CPU_GRAIN);

@@ -173,12 +173,13 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
 }
 
 /* Every operand channels-last (x, y and idx, or gy, idx and gx) with at least one not
- * also row-major: the f32/f64 channels-last loops. */
+ * also row-major: the f32/f64 channels-last loops. The backward also reads a row-major gy
+ * (NCHW, what a flatten's backward gives) beside channels-last idx and gx, in place. */
 static bool pool_nhwc(const em_kernel_ctx *k) {
-    bool all_plain = true;
+    bool all_plain = true, bwd = k->n_in == 2;
     for (int i = 0; i < k->n_in + k->n_out; i++) {
         const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
-        if (!nn_dense_nhwc(t)) return false;
+        if (!nn_dense_nhwc(t) && !(bwd && i == 0 && t->contiguous)) return false;
         all_plain &= t->contiguous;
     }
     return !all_plain;

@@ -219,6 +219,7 @@ static em_status S(max_pool2d_nhwc)(const em_kernel_ctx *k) {
 typedef struct S(scatter_ctx) {
     const em_kernel_ctx *k;
     int64_t HW, P;
+    bool gy_rm; /* channels-last backward: gy row-major (NCHW) beside channels-last idx, gx */
     atomic_int bad;
 } S(scatter_ctx);
 
@@ -244,21 +245,23 @@ static void S(max_pool_bwd_planes)(void *ctx, int64_t lo, int64_t hi) {
  * element receives at most one gy, so it is written directly — 0 + gy at the winner (the
  * scatter's sum: -0 becomes +0 as there), 0 elsewhere — in one vectorised pass over the four
  * C-vectors of each tile, with no zeroing pass and no scatter. false (gx partly written) when
- * an index lies elsewhere: the caller then runs the scatter, which rewrites the whole image. */
-SIMD_CLONES static bool S(pool2x2_bwd_nhwc_image)(const T *restrict gy,
-                                                  const int64_t *restrict idx, int64_t OH,
-                                                  int64_t OW, int64_t C, T *restrict gx) {
+ * an index lies elsewhere: the caller then runs the scatter, which rewrites the whole image.
+ * gy's element (c, i) (i = oh OW + ow) is at c gc + i gi: channels-last (gc 1, gi C) or the
+ * row-major grad a flatten's backward gives (gc OH OW, gi 1), read in place. */
+static inline __attribute__((always_inline)) bool
+S(pool2x2_bwd_image)(const T *restrict gy, int64_t gc, int64_t gi, const int64_t *restrict idx,
+                     int64_t OH, int64_t OW, int64_t C, T *restrict gx) {
     const int64_t W = 2 * OW;
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow++) {
             const int64_t i = oh * OW + ow, a = 2 * oh * W + 2 * ow;
             const int64_t *id = idx + i * C;
-            const T *g = gy + i * C;
+            const T *g = gy + i * gi;
             T *x00 = gx + a * C, *x01 = x00 + C, *x10 = x00 + W * C, *x11 = x10 + C;
             int64_t bad = 0;
             _Pragma("omp simd reduction(|:bad)") for (int64_t ch = 0; ch < C; ch++) {
                 const int64_t at = id[ch];
-                const T v = (T)0 + g[ch], z = 0;
+                const T v = (T)0 + g[ch * gc], z = 0;
                 x00[ch] = at == a ? v : z;
                 x01[ch] = at == a + 1 ? v : z;
                 x10[ch] = at == a + W ? v : z;
@@ -269,20 +272,33 @@ SIMD_CLONES static bool S(pool2x2_bwd_nhwc_image)(const T *restrict gy,
         }
     return true;
 }
+SIMD_CLONES static bool S(pool2x2_bwd_nhwc_image)(const T *restrict gy,
+                                                  const int64_t *restrict idx, int64_t OH,
+                                                  int64_t OW, int64_t C, T *restrict gx) {
+    return S(pool2x2_bwd_image)(gy, 1, C, idx, OH, OW, C, gx);
+}
+SIMD_CLONES static bool S(pool2x2_bwd_nchw_gy_image)(const T *restrict gy,
+                                                     const int64_t *restrict idx, int64_t OH,
+                                                     int64_t OW, int64_t C, T *restrict gx) {
+    return S(pool2x2_bwd_image)(gy, OH * OW, 1, idx, OH, OW, C, gx);
+}
 
-/* Channels-last backward (gy, idx, gx dense N, H, W, C), parallel over the batch: each gx
- * element receives its gy values in the plane loop's order (output positions in order), so
- * the sums are the same. */
+/* Channels-last backward (idx, gx dense N, H, W, C; gy so too, or row-major: c->gy_rm),
+ * parallel over the batch: each gx element receives its gy values in the plane loop's order
+ * (output positions in order), so the sums are the same. */
 static void S(max_pool_bwd_nhwc)(void *ctx, int64_t lo, int64_t hi) {
     S(scatter_ctx) *c = ctx;
     const int64_t C = c->k->out[0].shape[1], OH = c->k->in[0].shape[2],
                   OW = c->k->in[0].shape[3];
     const bool tiles = c->k->out[0].shape[2] == 2 * OH && c->k->out[0].shape[3] == 2 * OW;
+    const int64_t gc = c->gy_rm ? c->P : 1, gi = c->gy_rm ? 1 : C;
     for (int64_t n = lo; n < hi; n++) {
         const T *gy = (const T *)c->k->in[0].data + n * c->P * C;
         const int64_t *idx = (const int64_t *)c->k->in[1].data + n * c->P * C;
         T *gx = (T *)c->k->out[0].data + n * c->HW * C;
-        if (tiles && S(pool2x2_bwd_nhwc_image)(gy, idx, OH, OW, C, gx)) continue;
+        if (tiles && (c->gy_rm ? S(pool2x2_bwd_nchw_gy_image)(gy, idx, OH, OW, C, gx)
+                               : S(pool2x2_bwd_nhwc_image)(gy, idx, OH, OW, C, gx)))
+            continue;
         for (int64_t i = 0; i < c->HW * C; i++) gx[i] = 0;
         for (int64_t i = 0; i < c->P; i++)
             for (int64_t ch = 0; ch < C; ch++) {
@@ -291,7 +307,7 @@ static void S(max_pool_bwd_nhwc)(void *ctx, int64_t lo, int64_t hi) {
                     atomic_store(&c->bad, 1);
                     continue;
                 }
-                gx[at * C + ch] += gy[i * C + ch];
+                gx[at * C + ch] += gy[i * gi + ch * gc];
             }
     }
 }
@@ -301,10 +317,12 @@ static em_status S(max_pool2d_bwd)(const em_kernel_ctx *k) {
     S(scatter_ctx) c = {.k = k, .HW = gx->shape[2] * gx->shape[3],
                         .P = gy->shape[2] * gy->shape[3]};
     atomic_init(&c.bad, 0);
-    if (gx->contiguous && gy->contiguous && k->in[1].contiguous)
+    if (gx->contiguous && gy->contiguous && k->in[1].contiguous) {
         nn_parallel(k, gx->shape[0] * gx->shape[1], c.HW + c.P, S(max_pool_bwd_planes), &c);
-    else /* channels-last (the kernel's supports() admitted nothing else) */
+    } else { /* channels-last idx and gx (the kernel's supports() admitted nothing else) */
+        c.gy_rm = !nn_dense_nhwc(gy);
         nn_parallel(k, gx->shape[0], (c.HW + c.P) * gx->shape[1], S(max_pool_bwd_nhwc), &c);
+    }
     if (atomic_load(&c.bad))
         return em_set_error(EM_ERR_RANGE, "max_pool2d_backward: an index is outside the input "
                             "plane of %lld x %lld", (long long)gx->shape[2],

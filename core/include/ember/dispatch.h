@@ -140,11 +140,14 @@ enum {
      * per-tensor result (amp_unscale_'s found-inf flags), instead of tensors of output list
      * 0's shapes. New in 1.1. */
     EM_OP_LISTS_SCALAR_OUT = 1u << 9,
-    /* Layout policy: when input 0 is channels-last (em_tensor_is_channels_last), every
-     * output with 4 dims is allocated channels-last too (dense, strides H*W*C, 1, W*C, C)
-     * instead of C-contiguous; the kernels then see those strides (em_ktensor.strides,
-     * contiguous false unless C = 1). Ops whose kernels keep an activation's layout: relu,
-     * relu_backward, conv2d, conv2d_backward_data, max_pool2d and its backward
+    /* Layout policy: when input layout_arg (input 0 unless the schema names another) is
+     * channels-last (em_tensor_is_channels_last), every output with 4 dims is allocated
+     * channels-last too (dense, strides H*W*C, 1, W*C, C) instead of C-contiguous; the
+     * kernels then see those strides (em_ktensor.strides, contiguous false unless C = 1).
+     * The other inputs come as they are: a kernel that does not read their layout declines
+     * the call in supports(). Ops whose kernels keep an activation's layout: relu,
+     * relu_backward, conv2d, conv2d_backward_data, max_pool2d and max_pool2d_backward (whose
+     * outputs follow its indices, input 1: the grad may arrive row-major through a flatten)
      * (docs/performance.md). New in 1.1. */
     EM_OP_CHANNELS_LAST = 1u << 10,
 };
@@ -237,6 +240,9 @@ typedef struct em_op_schema {
     /* What an autocast region (ember/autocast.h) does to the op's floating inputs: an
      * em_autocast_class. A plugin's op declares its own; 0 (NONE) leaves it alone. */
     int autocast;
+    /* With EM_OP_CHANNELS_LAST: the input whose layout the outputs take (0..n_inputs-1; a
+     * schema shorter than this: input 0). */
+    int layout_arg;
 } em_op_schema;
 
 /* em_op_schema.autocast: the op's class under an autocast region (the lists are in
