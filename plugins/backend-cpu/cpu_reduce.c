@@ -50,6 +50,20 @@
 
 #define DET_BLOCK 16384
 
+/* One dtype's loop: contiguous elements (byte stride sz) eight at a time from the first
+ * element of lane 0 on, so the lanes are plain array indices there (vectorised). */
+#define LANES_ADD(T, CONV, sz)                                                                 \
+    do {                                                                                       \
+        if (s == (sz)) {                                                                       \
+            const T *x_ = (const T *)p;                                                        \
+            for (; i < n && ((i0 + i) & 7); i++) acc[(i0 + i) & 7] += CONV(x_[i]);             \
+            for (; i + 8 <= n; i += 8) /* lane j is element i + j here */                      \
+                for (int j = 0; j < 8; j++) acc[j] += CONV(x_[i + j]);                         \
+        }                                                                                      \
+        for (; i < n; i++) acc[(i0 + i) & 7] += CONV(*(const T *)(p + i * s));                 \
+    } while (0)
+#define AS_DOUBLE(v) ((double)(v))
+
 /* Add n elements of dtype dt at p (byte stride s) into eight lanes: the element of index
  * i0 + i goes to lane (i0 + i) & 7, so a sum split into pieces (the runs of a strided input)
  * fills the lanes exactly as one contiguous pass over the same elements does. */
@@ -57,28 +71,15 @@ static void lanes_add(em_dtype dt, double acc[8], const char *p, int64_t s, int6
                       int64_t i0) {
     int64_t i = 0;
     switch (dt) {
-    case EM_F32:
-        if (s == 4) {
-            const float *x = (const float *)p;
-            for (; i < n && ((i0 + i) & 7); i++) acc[(i0 + i) & 7] += x[i];
-            for (; i + 8 <= n; i += 8) /* lane j is element i + j here */
-                for (int j = 0; j < 8; j++) acc[j] += x[i + j];
-        }
-        for (; i < n; i++) acc[(i0 + i) & 7] += *(const float *)(p + i * s);
-        break;
-    case EM_F64:
-        for (; i < n; i++) acc[(i0 + i) & 7] += *(const double *)(p + i * s);
-        break;
-    case EM_F16:
-        for (; i < n; i++) acc[(i0 + i) & 7] += cpu_h2f(*(const uint16_t *)(p + i * s));
-        break;
-    case EM_BF16:
-        for (; i < n; i++) acc[(i0 + i) & 7] += cpu_b2f(*(const uint16_t *)(p + i * s));
-        break;
-    default:
-        break;
+    case EM_F32: LANES_ADD(float, AS_DOUBLE, 4); break;
+    case EM_F64: LANES_ADD(double, AS_DOUBLE, 8); break;
+    case EM_F16: LANES_ADD(uint16_t, cpu_h2f, 2); break;
+    case EM_BF16: LANES_ADD(uint16_t, cpu_b2f, 2); break;
+    default: break;
     }
 }
+#undef LANES_ADD
+#undef AS_DOUBLE
 
 static double lanes_total(const double acc[8]) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
@@ -130,13 +131,14 @@ static void full_sum(const em_kernel_ctx *k, em_dtype dt, const char *p, int64_t
                   dt == EM_I64 ? run_sum_i(p, s, n) : 0);
         return;
     }
-    double *part = cpu_scratch(k, sizeof(double) * (size_t)nblocks);
+    /* below the parallel size, or without scratch: the same blocks one after another */
+    bool serial = n < 2 * CPU_GRAIN;
+    double *part = serial ? NULL : cpu_scratch(k, sizeof(double) * (size_t)nblocks);
     uint64_t *ipart = part ? cpu_scratch(k, sizeof(uint64_t) * (size_t)nblocks) : NULL;
-    bool serial = !part || !ipart; /* no scratch: the same blocks one after another */
-    if (serial) em_clear_error();
+    if (!serial && (!part || !ipart)) serial = true, em_clear_error();
     double v = 0;
     uint64_t iv = 0;
-#pragma omp parallel for num_threads(nt) if (!serial && n >= 2 * CPU_GRAIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (!serial) schedule(static) /* serial: one thread adds */
     for (int64_t b = 0; b < nblocks; b++) {
         int64_t lo = b * per, len = cpu_min_i64(per, n - lo);
         double pv = len > 0 && dt != EM_I64 ? run_sum_f(dt, p + lo * s, s, len) : 0;
