@@ -37,15 +37,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#define CK(call)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "gpu_cublas: %s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), \
-                    __LINE__);                                                                   \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#define GPU_BENCH_NAME "gpu_cublas"
+#include "gpu_bench.h"
+
 #define CKB(call)                                                                                \
     do {                                                                                         \
         cublasStatus_t s_ = (call);                                                              \
@@ -56,53 +50,9 @@
         }                                                                                        \
     } while (0)
 
-static int reps = 7;
 static cublasLtHandle_t lt;
 static void *ws;
 static const size_t ws_size = 32u << 20;
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double time_it(void (*fn)(void *), void *arg, int warm, int n) {
-    for (int i = 0; i < warm; i++) fn(arg);
-    CK(cudaDeviceSynchronize());
-    double t[16];
-    for (int r = 0; r < reps; r++) {
-        double t0 = now_ms();
-        for (int i = 0; i < n; i++) fn(arg);
-        CK(cudaDeviceSynchronize());
-        t[r] = (now_ms() - t0) / n;
-    }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    return t[reps / 2];
-}
-
-/* A device buffer of n floats, uniform on [lo, hi) from a fixed LCG. */
-static float *rand_dev(size_t n, float lo, float hi, uint32_t seed) {
-    float *h = malloc(n * sizeof *h), *d;
-    if (!h) {
-        fprintf(stderr, "gpu_cublas: out of host memory (%zu floats)\n", n);
-        exit(1);
-    }
-    uint32_t s = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        h[i] = lo + (hi - lo) * (float)(s >> 8) * (1.0f / 16777216.0f);
-    }
-    CK(cudaMalloc((void **)&d, n * sizeof *d));
-    CK(cudaMemcpy(d, h, n * sizeof *d, cudaMemcpyHostToDevice));
-    free(h);
-    return d;
-}
 
 /* One column-major GEMM D (m, n) = op(A) op(B) [+ epilogue], planned once. */
 typedef struct gemm {

@@ -32,15 +32,9 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
-#define CK(call)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "gpu_cudnn: %s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), \
-                    __LINE__);                                                                   \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#define GPU_BENCH_NAME "gpu_cudnn"
+#include "gpu_bench.h"
+
 #define CKD(call)                                                                                \
     do {                                                                                         \
         cudnnStatus_t s_ = (call);                                                               \
@@ -55,19 +49,7 @@
 #define MAX_CFGS 16
 enum { FWD, BWD_DATA, BWD_FILTER };
 
-static int reps = 7;
 static cudnnHandle_t h;
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static cudnnBackendDescriptor_t bd(cudnnBackendDescriptorType_t type) {
     cudnnBackendDescriptor_t d;
@@ -211,29 +193,23 @@ static call plan(int kind, const int64_t x[4], const int64_t w[4], const int64_t
     return c;
 }
 
-static void *rand_dev(size_t n, uint32_t seed) {
-    float *hst = malloc(n * sizeof *hst);
-    void *d;
-    if (!hst) {
-        fprintf(stderr, "gpu_cudnn: out of host memory\n");
-        exit(1);
-    }
-    uint32_t s = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        hst[i] = -1.0f + 2.0f * (float)(s >> 8) * (1.0f / 16777216.0f);
-    }
-    CK(cudaMalloc(&d, n * sizeof *hst));
-    CK(cudaMemcpy(d, hst, n * sizeof *hst, cudaMemcpyHostToDevice));
-    free(hst);
-    return d;
+/* The planned calls of one row, run in order: time_it's step. */
+typedef struct calls {
+    const call *c;
+    int n;
+} calls;
+
+static void run_calls(void *arg) {
+    const calls *cs = arg;
+    for (int k = 0; k < cs->n; k++) CKD(cudnnBackendExecute(h, cs->c[k].plan, cs->c[k].pack));
 }
 
 static size_t numel(const int64_t d[4]) { return (size_t)(d[0] * d[1] * d[2] * d[3]); }
 
 static void run(const char *name, const int64_t x[4], const int64_t w[4], bool bwd_data, bool quick) {
     int64_t y[4] = {x[0], w[0], x[2], x[3]}; /* 3x3, stride 1, padding 1 */
-    void *px = rand_dev(numel(x), 1), *pw = rand_dev(numel(w), 2), *pdy = rand_dev(numel(y), 3);
+    void *px = rand_dev(numel(x), -1, 1, 1), *pw = rand_dev(numel(w), -1, 1, 2),
+         *pdy = rand_dev(numel(y), -1, 1, 3);
     void *py, *pdx, *pdw;
     CK(cudaMalloc(&py, numel(y) * sizeof(float)));
     CK(cudaMalloc(&pdx, numel(x) * sizeof(float)));
@@ -243,17 +219,9 @@ static void run(const char *name, const int64_t x[4], const int64_t w[4], bool b
     c[nc++] = plan(FWD, x, w, y, px, pw, py);
     if (bwd_data) c[nc++] = plan(BWD_DATA, x, w, y, pdx, pw, pdy);
     c[nc++] = plan(BWD_FILTER, x, w, y, px, pdw, pdy);
-    int warm = quick ? 2 : 10, n = quick ? 5 : 50;
-    double t[16];
-    for (int r = -1; r < reps; r++) {
-        double t0 = now_ms();
-        for (int i = 0; i < (r < 0 ? warm : n); i++)
-            for (int k = 0; k < nc; k++) CKD(cudnnBackendExecute(h, c[k].plan, c[k].pack));
-        CK(cudaDeviceSynchronize());
-        if (r >= 0) t[r] = (now_ms() - t0) / n;
-    }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    printf("cudnn %s ms=%.6f\n", name, t[reps / 2]);
+    calls cs = {c, nc};
+    double ms = time_it(run_calls, &cs, quick ? 2 : 10, quick ? 5 : 50);
+    printf("cudnn %s ms=%.6f\n", name, ms);
     for (int k = 0; k < nc; k++) {
         cudnnBackendDestroyDescriptor(c[k].pack);
         cudnnBackendDestroyDescriptor(c[k].plan);

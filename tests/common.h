@@ -172,6 +172,16 @@ static inline void em_test_expect_shape(const em_tensor *t, int nd, const int64_
                      (long long)em_tensor_shape(t)[d], (long long)shape[d]);
 }
 
+/* Release every tensor listed (NULL entries are fine): RELEASE(y, x). */
+static inline void em_test_release_n(em_tensor **ts, size_t n) {
+    for (size_t i = 0; i < n; i++) em_tensor_release(ts[i]);
+}
+#define RELEASE(...)                                                                           \
+    do {                                                                                       \
+        em_tensor *rel_[] = {__VA_ARGS__};                                                     \
+        em_test_release_n(rel_, sizeof rel_ / sizeof rel_[0]);                                 \
+    } while (0)
+
 /* The last error contains `needle`. */
 #define em_assert_error(status, needle)                                                        \
     do {                                                                                       \

@@ -202,6 +202,38 @@ static bool fx_close_all(const char *what, const double *got, const double *want
     return false;
 }
 
+/* got (NULL fails with the last error) against the fixture tensor `name`: the same dims and
+ * allclose(rtol, atol) (fx_close_all). */
+static inline void fx_expect_close(fixtures *fx, const char *name, const em_tensor *got,
+                                   double rtol, double atol) {
+    cr_assert(got, "%s: no tensor (%s)", name, em_last_error());
+    em_scope_begin();
+    em_tensor *want = fx_tensor(fx, name);
+    cr_assert_eq(em_tensor_ndim(got), em_tensor_ndim(want), "%s: %d dims, PyTorch %d", name,
+                 em_tensor_ndim(got), em_tensor_ndim(want));
+    for (int i = 0; i < em_tensor_ndim(want); i++)
+        cr_assert_eq(em_tensor_size(got, i), em_tensor_size(want, i), "%s: dim %d", name, i);
+    double *g = fx_host_f64(got), *w = fx_host_f64(want);
+    char msg[512];
+    bool ok = fx_close_all(name, g, w, em_tensor_numel(want), rtol, atol, msg, sizeof msg, NULL);
+    free(g), free(w);
+    cr_assert(ok, "%s", msg);
+    em_scope_end();
+}
+
+/* The entry of state dict `back` under PyTorch's key k, whose tensor in PyTorch's state dict
+ * is b: it must be there with b's dtype and shape (`what` names the case). Borrowed. */
+static inline em_tensor *fx_state_entry(em_dict *back, const char *k, const em_tensor *b,
+                                        const char *what) {
+    em_tensor *a = em_dict_get(back, k);
+    cr_assert(a, "%s: Ember's state dict lacks PyTorch's key %s", what, k);
+    cr_assert_eq(em_tensor_dtype(a), em_tensor_dtype(b), "%s: %s dtype", what, k);
+    cr_assert_eq(em_tensor_ndim(a), em_tensor_ndim(b), "%s: %s ndim", what, k);
+    for (int d = 0; d < em_tensor_ndim(b); d++)
+        cr_assert_eq(em_tensor_size(a, d), em_tensor_size(b, d), "%s: %s dim %d", what, k, d);
+    return a;
+}
+
 /* A module's state dict written to a safetensors file and read back (*back: what a user's
  * --save-weights file holds) and PyTorch's from torch_path (*torch); both must load and have
  * as many keys (`what` names the case). The caller frees both. */

@@ -6,6 +6,7 @@
  * CIFAR batches), in-memory datasets, subsets and random_split; and the items of every source
  * (the four formats, tensors, a callback) as the named fields "input" and "target".
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -493,17 +494,81 @@ Test(data, mnist_gzip_whole_and_streamed) {
         else bad[gn - 1] = 0xff;               /* ISIZE about 4 GiB */
         write_file(ip, bad, gn, false);
         cr_assert_null(open_mnist(dir, "train"));
-        /* zlib's stream: a failed check in the first read is its read error (EM_ERR_IO) */
-        cr_assert(em_last_status() == EM_ERR_FORMAT || em_last_status() == EM_ERR_IO, "%s",
-                  em_last_error());
+        /* zlib's stream fails the check in its first read: a corrupt file, not an I/O error */
+        cr_assert_eq(em_last_status(), EM_ERR_FORMAT, "%s", em_last_error());
         cr_assert(strstr(em_last_error(), ip), "%s", em_last_error());
-        cr_assert(strstr(em_last_error(), d == 0 ? "incorrect data check" : "incorrect length check"),
+        cr_assert(strstr(em_last_error(), d == 0 ? "corrupt gzip file: CRC-32 mismatch"
+                                                 : "corrupt gzip file: length mismatch"),
                   "%s", em_last_error());
         free(bad);
     }
     free(longer);
     free(gz);
     free(img);
+    cleanup();
+}
+
+/* A damaged gzip file is reported as corrupt, naming the file and the check that failed,
+ * never as an I/O error; an operating-system read error stays EM_ERR_IO. Each damaged file is
+ * made here from a good one (zlib's gzip of an IDX images file): the trailer's CRC-32 or
+ * length, the file cut inside the compressed data or inside the trailer, a header whose
+ * compression method is not deflate, a deflate block of the reserved type. */
+Test(data, gzip_corrupt_is_not_an_io_error) {
+    const char *dir = fresh_dir();
+    write_idx(dir, "train", 40, 5, 6, true);
+    char ip[512];
+    snprintf(ip, sizeof ip, "%s", path_in(dir, "train-images-idx3-ubyte.gz"));
+    size_t gn;
+    uint8_t *gz = slurp(ip, &gn);
+    cr_assert(gn > 30 && gz[0] == 0x1f && gz[1] == 0x8b && gz[2] == 8, "zlib's gzip: %zu bytes", gn);
+    uint8_t *bad = malloc(gn);
+    static const struct {
+        const char *what, *expect;
+    } cases[] = {
+        {"CRC-32 changed", "corrupt gzip file: CRC-32 mismatch"},
+        {"ISIZE changed", "corrupt gzip file: length mismatch"},
+        {"cut inside the compressed data", "corrupt gzip file: truncated: the compressed data ends"},
+        {"cut inside the trailer", "corrupt gzip file: truncated: the compressed data ends"},
+        {"compression method 7", "corrupt gzip file: not gzip: it starts with the gzip magic"},
+        {"a reserved block type", "corrupt gzip file: the compressed data is damaged"},
+    };
+    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        memcpy(bad, gz, gn);
+        size_t n = gn;
+        switch (c) {
+        case 0: bad[gn - 8] ^= 0x10; break;
+        case 1: bad[gn - 3] ^= 1; break;
+        case 2: n = gn / 2; break;
+        case 3: n = gn - 3; break;
+        case 4: bad[2] = 7; break;
+        case 5: bad[10] |= 6; break; /* the first block's BTYPE (bits 1-2) = 11 */
+        }
+        write_file(ip, bad, n, false);
+        cr_assert_null(open_mnist(dir, "train"), "%s: opened", cases[c].what);
+        cr_assert_eq(em_last_status(), EM_ERR_FORMAT, "%s: %s", cases[c].what, em_last_error());
+        cr_assert(strstr(em_last_error(), ip), "%s: the file is not named: %s", cases[c].what,
+                  em_last_error());
+        cr_assert(strstr(em_last_error(), cases[c].expect), "%s: %s", cases[c].what,
+                  em_last_error());
+        cr_assert_null(strstr(em_last_error(), "read error"), "%s: %s", cases[c].what,
+                       em_last_error());
+    }
+    /* the good file still opens */
+    write_file(ip, gz, gn, false);
+    em_dataset *ds = open_mnist(dir, "train");
+    check_idx(ds, 40, 5, 6);
+    em_dataset_free(ds);
+    /* An operating-system read error: /proc/self/mem is a regular file whose read at offset 0
+     * (an unmapped address) fails with EIO. The plain name wins over the .gz one. */
+    char mp[512];
+    snprintf(mp, sizeof mp, "%s", path_in(dir, "train-images-idx3-ubyte"));
+    cr_assert_eq(symlink("/proc/self/mem", mp), 0, "symlink: %s", strerror(errno));
+    cr_assert_null(open_mnist(dir, "train"));
+    cr_assert_eq(em_last_status(), EM_ERR_IO, "%s", em_last_error());
+    cr_assert(strstr(em_last_error(), mp), "%s", em_last_error());
+    cr_assert_null(strstr(em_last_error(), "corrupt"), "%s", em_last_error());
+    free(bad);
+    free(gz);
     cleanup();
 }
 

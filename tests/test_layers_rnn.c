@@ -61,19 +61,7 @@ static em_module *make(const rnn_layer_case *c, const char *output) {
 }
 
 static void expect_close(fixtures *fx, const char *name, const em_tensor *got) {
-    cr_assert(got, "%s: no tensor (%s)", name, em_last_error());
-    em_scope_begin();
-    em_tensor *want = fx_tensor(fx, name);
-    cr_assert_eq(em_tensor_ndim(got), em_tensor_ndim(want), "%s: %d dims, PyTorch %d", name,
-                 em_tensor_ndim(got), em_tensor_ndim(want));
-    for (int i = 0; i < em_tensor_ndim(want); i++)
-        cr_assert_eq(em_tensor_size(got, i), em_tensor_size(want, i), "%s: dim %d", name, i);
-    double *g = fx_host_f64(got), *w = fx_host_f64(want);
-    char msg[512];
-    bool ok = fx_close_all(name, g, w, em_tensor_numel(want), RTOL, ATOL, msg, sizeof msg, NULL);
-    free(g), free(w);
-    cr_assert(ok, "%s", msg);
-    em_scope_end();
+    fx_expect_close(fx, name, got, RTOL, ATOL);
 }
 
 static void state_path(const char *name, char *buf, size_t cap) {
@@ -179,13 +167,7 @@ Test(rnn_layers, state_dicts_have_pytorchs_keys_and_initialisation) {
         double bound = 1 / sqrt((double)c->H);
         for (size_t i = 0; i < em_dict_len(torch); i++) {
             const char *k = em_dict_key(torch, i);
-            em_tensor *a = em_dict_get(back, k), *b = em_dict_value(torch, i);
-            cr_assert(a, "%s: Ember's state dict lacks PyTorch's key %s", c->name, k);
-            cr_assert_eq(em_tensor_dtype(a), em_tensor_dtype(b), "%s: %s dtype", c->name, k);
-            cr_assert_eq(em_tensor_ndim(a), em_tensor_ndim(b), "%s: %s ndim", c->name, k);
-            for (int d = 0; d < em_tensor_ndim(b); d++)
-                cr_assert_eq(em_tensor_size(a, d), em_tensor_size(b, d), "%s: %s dim %d", c->name,
-                             k, d);
+            em_tensor *b = em_dict_value(torch, i), *a = fx_state_entry(back, k, b, c->name);
             double *v = fx_host_f64(a), mx = 0;
             for (int64_t j = 0; j < em_tensor_numel(a); j++) mx = fmax(mx, fabs(v[j]));
             free(v);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "tests/common.h"
+#include "tests/layouts.h"
 
 TestSuite(binary, .init = em_test_setup, .fini = em_test_teardown);
 TestSuite(unary, .init = em_test_setup, .fini = em_test_teardown);
@@ -59,67 +60,6 @@ static void expect_values(const em_tensor *got, const double *want, int64_t n, d
         cr_expect(ok, "%s: element %lld is %.9g, want %.9g", what, (long long)i, g[i], want[i]);
     }
     free(g);
-}
-
-static void expect_shape(const em_tensor *t, int ndim, const int64_t *shape, const char *what) {
-    cr_assert(t, "%s: %s", what, em_last_error());
-    cr_assert_eq(em_tensor_ndim(t), ndim, "%s: %d dims, want %d", what, em_tensor_ndim(t), ndim);
-    for (int d = 0; d < ndim; d++)
-        cr_expect_eq(em_tensor_shape(t)[d], shape[d], "%s: dim %d is %lld, want %lld", what, d,
-                     (long long)em_tensor_shape(t)[d], (long long)shape[d]);
-}
-
-static void release_all(em_tensor **ts, size_t n) {
-    for (size_t i = 0; i < n; i++) em_tensor_release(ts[i]);
-}
-#define RELEASE(...)                                                                           \
-    do {                                                                                       \
-        em_tensor *rel_[] = {__VA_ARGS__};                                                     \
-        release_all(rel_, sizeof rel_ / sizeof rel_[0]);                                       \
-    } while (0)
-
-/* ---- layouts: the same logical (rows, cols) values in different memory ----------------------- */
-
-typedef enum layout { CONTIG, TRANSPOSED, SLICED, EXPANDED, N_LAYOUTS } layout;
-static const char *const layout_names[] = {"contiguous", "transposed", "sliced", "expanded"};
-
-/* A (rows, cols) tensor of dtype dt holding L (C order) laid out as `how`: contiguous; the
- * transpose of a (cols, rows) tensor; every other column of a (rows, 2 cols) tensor; or a
- * (1, cols) row expanded with stride 0 (then L's rows must all equal its first row). */
-static em_tensor *logical(em_dtype dt, layout how, int64_t rows, int64_t cols, const double *L) {
-    int64_t n = rows * cols;
-    double *p = malloc(sizeof(double) * (size_t)(2 * n + cols + 1));
-    em_tensor *phys = NULL, *t = NULL;
-    switch (how) {
-    case CONTIG:
-        t = em_test_tensor(dt, 2, (const int64_t[]){rows, cols}, L);
-        break;
-    case TRANSPOSED:
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) p[j * rows + i] = L[i * cols + j];
-        phys = em_test_tensor(dt, 2, (const int64_t[]){cols, rows}, p);
-        t = em_transpose(phys, 0, 1);
-        break;
-    case SLICED:
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) {
-                p[i * 2 * cols + 2 * j] = L[i * cols + j];
-                p[i * 2 * cols + 2 * j + 1] = 99; /* must never be read */
-            }
-        phys = em_test_tensor(dt, 2, (const int64_t[]){rows, 2 * cols}, p);
-        t = em_slice(phys, 1, 0, 2 * cols, 2);
-        break;
-    case EXPANDED:
-        phys = em_test_tensor(dt, 2, (const int64_t[]){1, cols}, L);
-        t = em_expand(phys, 2, (const int64_t[]){rows, cols});
-        break;
-    default:
-        cr_assert_fail("bad layout");
-    }
-    free(p);
-    em_tensor_release(phys);
-    cr_assert(t, "layout %s: %s", layout_names[how], em_last_error());
-    return t;
 }
 
 /* ---- binary ops ------------------------------------------------------------------------------ */
@@ -178,7 +118,7 @@ static void check_binop_layouts(binop op, em_dtype dt, layout la, layout lb) {
     char what[96];
     snprintf(what, sizeof what, "%s %s: %s x %s", binop_names[op], em_dtype_name(dt),
              layout_names[la], layout_names[lb]);
-    expect_shape(y, 2, (const int64_t[]){R, C}, what);
+    em_test_expect_shape(y, 2, (const int64_t[]){R, C}, what);
     cr_expect_eq(em_tensor_dtype(y), rt, "%s: result dtype %s", what,
                  em_dtype_name(em_tensor_dtype(y)));
     cr_expect(em_tensor_is_contiguous(y), "%s: results are contiguous", what);
@@ -222,9 +162,9 @@ Test(binary, zero_size) {
         em_tensor *c = em_ones(2, (const int64_t[]){3, 1}, dt, em_cpu());
         em_tensor *d = em_ones(2, (const int64_t[]){3, 0}, dt, em_cpu());
         em_tensor *ab = em_add(a, b), *aa = em_mul(a, a), *cd = em_add(c, d);
-        expect_shape(ab, 2, (const int64_t[]){0, 5}, "[0, 5] + [5]");
-        expect_shape(aa, 2, (const int64_t[]){0, 5}, "[0, 5] * [0, 5]");
-        expect_shape(cd, 2, (const int64_t[]){3, 0}, "[3, 1] + [3, 0]");
+        em_test_expect_shape(ab, 2, (const int64_t[]){0, 5}, "[0, 5] + [5]");
+        em_test_expect_shape(aa, 2, (const int64_t[]){0, 5}, "[0, 5] * [0, 5]");
+        em_test_expect_shape(cd, 2, (const int64_t[]){3, 0}, "[3, 1] + [3, 0]");
         cr_expect_eq(em_tensor_numel(cd), 0);
         cr_expect_eq(em_add_(a, b), EM_OK, "%s", em_last_error());
         RELEASE(cd, aa, ab, d, c, b, a);
@@ -243,7 +183,7 @@ Test(binary, broadcasting_2d) {
             want[i * 4 + j] = A[i] + Bv[j];
             wz[i * 4 + j] = Bv[j] - A[i];
         }
-    expect_shape(y, 2, (const int64_t[]){3, 4}, "[3, 1] + [1, 4]");
+    em_test_expect_shape(y, 2, (const int64_t[]){3, 4}, "[3, 1] + [1, 4]");
     expect_values(y, want, 12, 0, "[3, 1] + [1, 4]");
     expect_values(z, wz, 12, 0, "[1, 4] - [3, 1]");
     RELEASE(z, y, b, a);
@@ -259,9 +199,9 @@ Test(binary, broadcasting_3d_with_1d) {
         want[i] = A[i] * Bv[i % 4];
         wr[i] = Bv[i % 4] / A[i]; /* 1/0 = inf where A is 0 */
     }
-    expect_shape(y, 3, (const int64_t[]){2, 3, 4}, "[2, 3, 4] * [4]");
+    em_test_expect_shape(y, 3, (const int64_t[]){2, 3, 4}, "[2, 3, 4] * [4]");
     expect_values(y, want, 24, 0, "[2, 3, 4] * [4]");
-    expect_shape(r, 3, (const int64_t[]){2, 3, 4}, "[4] / [2, 3, 4]");
+    em_test_expect_shape(r, 3, (const int64_t[]){2, 3, 4}, "[4] / [2, 3, 4]");
     expect_values(r, wr, 24, 0, "[4] / [2, 3, 4]");
     RELEASE(r, y, b, a);
 }
@@ -562,7 +502,7 @@ static void check_unop(unop op, em_dtype dt, layout la) {
     em_tensor *a = logical(dt, la, R, C, A), *y = call_unop(op, a);
     char what[96];
     snprintf(what, sizeof what, "%s %s %s", unop_names[op], em_dtype_name(dt), layout_names[la]);
-    expect_shape(y, 2, (const int64_t[]){R, C}, what);
+    em_test_expect_shape(y, 2, (const int64_t[]){R, C}, what);
     cr_expect_eq(em_tensor_dtype(y), rt, "%s: dtype %s", what, em_dtype_name(em_tensor_dtype(y)));
     expect_values(y, want, R * C, op == EXP || op == LOG ? ulp_tol(rt) : 0, what);
     RELEASE(y, a);
@@ -659,7 +599,7 @@ Test(unary, zero_size_and_errors) {
     em_tensor *z = em_zeros(2, (const int64_t[]){0, 3}, EM_I32, em_cpu());
     for (unop op = NEG; op <= RELU; op++) {
         em_tensor *y = call_unop(op, z);
-        expect_shape(y, 2, (const int64_t[]){0, 3}, unop_names[op]);
+        em_test_expect_shape(y, 2, (const int64_t[]){0, 3}, unop_names[op]);
         cr_expect_eq(em_tensor_dtype(y), unop_dtype(op, EM_I32));
         em_tensor_release(y);
     }
@@ -747,7 +687,7 @@ static void check_sum(em_dtype dt, layout la, const sum_case *c, bool keepdim, b
              c->dims[1], c->dims[2], keepdim);
     int64_t shape[3];
     int nd = sum_shape(c, keepdim, shape);
-    expect_shape(y, nd, shape, what);
+    em_test_expect_shape(y, nd, shape, what);
     cr_expect_eq(em_tensor_dtype(y), rt, "%s: dtype %s", what, em_dtype_name(em_tensor_dtype(y)));
     expect_values(y, want, n, mean ? ulp_tol(rt) : (rt == EM_F32 ? 1e-6 : 0), what);
     RELEASE(y, a);
@@ -790,7 +730,7 @@ Test(reduce, half_mean_does_not_overflow) {
     cr_assert(m && m1, "%s", em_last_error());
     cr_expect_eq(em_tensor_dtype(m), EM_F16);
     expect_values(m, (const double[]){1}, 1, 0, "mean of 2e5 float16 ones");
-    expect_shape(m1, 2, (const int64_t[]){2, 1}, "mean keepdim");
+    em_test_expect_shape(m1, 2, (const int64_t[]){2, 1}, "mean keepdim");
     expect_values(m1, (const double[]){1, 1}, 2, 0, "row means of float16 ones");
     em_tensor *s = em_sum(h, 0, NULL, false); /* the sum itself is float16: inf, as in PyTorch */
     expect_values(s, (const double[]){INFINITY}, 1, 0, "sum of 2e5 float16 ones");
@@ -807,12 +747,12 @@ Test(reduce, empty_and_errors) {
     em_tensor *s = em_sum(z, 0, NULL, false), *s0 = em_sum(z, 1, (const int[]){0}, false);
     em_tensor *m = em_mean(z, 0, NULL, false), *m1 = em_mean(z, 1, (const int[]){0}, true);
     em_tensor *s1 = em_sum(z, 1, (const int[]){1}, false);
-    expect_shape(s, 0, NULL, "sum of empty");
+    em_test_expect_shape(s, 0, NULL, "sum of empty");
     expect_values(s, (const double[]){0}, 1, 0, "sum of empty");
     expect_values(s0, (const double[]){0, 0, 0}, 3, 0, "sum over an empty dim");
-    expect_shape(s1, 1, (const int64_t[]){0}, "sum over a non-empty dim of an empty tensor");
+    em_test_expect_shape(s1, 1, (const int64_t[]){0}, "sum over a non-empty dim of an empty tensor");
     expect_values(m, (const double[]){NAN}, 1, 0, "mean of empty is NaN");
-    expect_shape(m1, 2, (const int64_t[]){1, 3}, "mean keepdim");
+    em_test_expect_shape(m1, 2, (const int64_t[]){1, 3}, "mean keepdim");
     expect_values(m1, (const double[]){NAN, NAN, NAN}, 3, 0, "mean over an empty dim is NaN");
     em_tensor *i = em_ones(2, (const int64_t[]){2, 3}, EM_I32, em_cpu());
     em_tensor *b = em_ones(1, (const int64_t[]){2}, EM_BOOL, em_cpu());
@@ -912,7 +852,7 @@ static void check_mm_layouts(em_dtype dt, layout la, layout lb) {
     char what[96];
     snprintf(what, sizeof what, "matmul %s %s x %s", em_dtype_name(dt), layout_names[la],
              layout_names[lb]);
-    expect_shape(y, 2, (const int64_t[]){M, N}, what);
+    em_test_expect_shape(y, 2, (const int64_t[]){M, N}, what);
     cr_expect_eq(em_tensor_dtype(y), dt);
     expect_values(y, want, M * N, 0, what);
     RELEASE(y, b, a);
@@ -938,13 +878,13 @@ Test(matmul, one_d_operands) {
     em_tensor *dot = em_matmul(v, v), *vm = em_matmul(v, m), *mv = em_matmul(ma, v);
     double d = 0;
     for (int k = 0; k < 4; k++) d += a[k] * a[k];
-    expect_shape(dot, 0, NULL, "1-D x 1-D");
+    em_test_expect_shape(dot, 0, NULL, "1-D x 1-D");
     expect_values(dot, &d, 1, 0, "1-D x 1-D");
     ref_mm(a, B2, 1, 4, 5, w);
-    expect_shape(vm, 1, (const int64_t[]){5}, "1-D x 2-D");
+    em_test_expect_shape(vm, 1, (const int64_t[]){5}, "1-D x 2-D");
     expect_values(vm, w, 5, 0, "1-D x 2-D");
     ref_mm(A2, a, 3, 4, 1, w);
-    expect_shape(mv, 1, (const int64_t[]){3}, "2-D x 1-D");
+    em_test_expect_shape(mv, 1, (const int64_t[]){3}, "2-D x 1-D");
     expect_values(mv, w, 3, 0, "2-D x 1-D");
     RELEASE(mv, vm, dot, ma, m, v);
 }
@@ -959,13 +899,13 @@ Test(matmul, batched_with_broadcasting) {
     em_tensor *a = em_test_tensor(EM_F64, 4, (const int64_t[]){2, 1, 3, 4}, A);
     em_tensor *b = em_test_tensor(EM_F64, 3, (const int64_t[]){5, 4, 2}, Bv);
     em_tensor *y = em_matmul(a, b);
-    expect_shape(y, 4, (const int64_t[]){2, 5, 3, 2}, "batched");
+    em_test_expect_shape(y, 4, (const int64_t[]){2, 5, 3, 2}, "batched");
     expect_values(y, want, 60, 0, "batched");
     /* a 1-D vector against the batch: (4) x (5, 4, 2) -> (5, 2) */
     em_tensor *v = em_test_tensor(EM_F64, 1, (const int64_t[]){4}, A);
     em_tensor *vy = em_matmul(v, b);
     for (int q = 0; q < 5; q++) ref_mm(A, Bv + q * 8, 1, 4, 2, want + q * 2);
-    expect_shape(vy, 2, (const int64_t[]){5, 2}, "1-D x batch");
+    em_test_expect_shape(vy, 2, (const int64_t[]){5, 2}, "1-D x batch");
     expect_values(vy, want, 10, 0, "1-D x batch");
     RELEASE(vy, v, y, b, a);
 }
@@ -1007,17 +947,17 @@ Test(matmul, one_d_and_empty_half_dtypes) {
         em_tensor *dot = em_matmul(v, v), *vm = em_matmul(v, m);
         double dd = 0;
         for (int k = 0; k < 4; k++) dd += a[k] * a[k];
-        expect_shape(dot, 0, NULL, em_dtype_name(dt));
+        em_test_expect_shape(dot, 0, NULL, em_dtype_name(dt));
         cr_expect_eq(em_tensor_dtype(dot), dt);
         expect_values(dot, &dd, 1, 0, "half 1-D x 1-D");
         ref_mm(a, B2, 1, 4, 5, w);
-        expect_shape(vm, 1, (const int64_t[]){5}, "half 1-D x transposed 2-D");
+        em_test_expect_shape(vm, 1, (const int64_t[]){5}, "half 1-D x transposed 2-D");
         expect_values(vm, w, 5, 0, "half 1-D x transposed 2-D");
         em_tensor *e0 = em_ones(2, (const int64_t[]){3, 0}, dt, em_cpu());
         em_tensor *e1 = em_ones(2, (const int64_t[]){0, 5}, dt, em_cpu());
         em_tensor *y = em_matmul(e0, e1);
         double zeros[15] = {0};
-        expect_shape(y, 2, (const int64_t[]){3, 5}, "half K = 0");
+        em_test_expect_shape(y, 2, (const int64_t[]){3, 5}, "half K = 0");
         expect_values(y, zeros, 15, 0, "half K = 0");
         em_tensor *ym = em_matmul(e1, m);
         cr_assert_null(ym, "[0, 5] x [4, 5] must not multiply");
@@ -1025,7 +965,7 @@ Test(matmul, one_d_and_empty_half_dtypes) {
         em_tensor *e1t = em_transpose(e1, 0, 1);
         em_tensor *e2 = em_ones(2, (const int64_t[]){0, 2}, dt, em_cpu());
         em_tensor *m0 = em_matmul(e1t, e2);
-        expect_shape(m0, 2, (const int64_t[]){5, 2}, "half transposed K = 0");
+        em_test_expect_shape(m0, 2, (const int64_t[]){5, 2}, "half transposed K = 0");
         double z10[10] = {0};
         expect_values(m0, z10, 10, 0, "half transposed K = 0");
         RELEASE(m0, e2, e1t, y, e1, e0, vm, dot, m, v);
@@ -1037,12 +977,12 @@ Test(matmul, empty_inner_dim_gives_zeros) {
     em_tensor *b = em_ones(2, (const int64_t[]){0, 5}, EM_F32, em_cpu());
     em_tensor *y = em_matmul(a, b);
     double want[15] = {0};
-    expect_shape(y, 2, (const int64_t[]){3, 5}, "K = 0");
+    em_test_expect_shape(y, 2, (const int64_t[]){3, 5}, "K = 0");
     expect_values(y, want, 15, 0, "K = 0");
     em_tensor *e = em_ones(2, (const int64_t[]){0, 3}, EM_F64, em_cpu());
     em_tensor *f = em_ones(2, (const int64_t[]){3, 2}, EM_F64, em_cpu());
     em_tensor *ef = em_matmul(e, f);
-    expect_shape(ef, 2, (const int64_t[]){0, 2}, "M = 0");
+    em_test_expect_shape(ef, 2, (const int64_t[]){0, 2}, "M = 0");
     RELEASE(ef, f, e, y, b, a);
 }
 
@@ -1171,7 +1111,7 @@ static void check_arange(double start, double end, double step, em_dtype dt) {
     double want[64];
     cr_assert_leq(n, 64);
     for (int64_t i = 0; i < n; i++) want[i] = em_test_round_to(dt, start + (double)i * step);
-    expect_shape(t, 1, &n, what);
+    em_test_expect_shape(t, 1, &n, what);
     cr_expect_eq(em_tensor_dtype(t), dt);
     expect_values(t, want, n, 0, what);
     em_tensor_release(t);

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "tests/common.h"
+#include "tests/layouts.h"
 #include "tests/op_cases.h"
 
 TestSuite(math_unary, .init = em_test_setup, .fini = em_test_teardown);
@@ -68,69 +69,8 @@ static void expect_dtype(const em_tensor *t, em_dtype dt, const char *what) {
                  em_dtype_name(em_tensor_dtype(t)), em_dtype_name(dt));
 }
 
-static void expect_shape(const em_tensor *t, int ndim, const int64_t *shape, const char *what) {
-    cr_assert(t, "%s: %s", what, em_last_error());
-    cr_assert_eq(em_tensor_ndim(t), ndim, "%s: %d dims, want %d", what, em_tensor_ndim(t), ndim);
-    for (int d = 0; d < ndim; d++)
-        cr_expect_eq(em_tensor_shape(t)[d], shape[d], "%s: dim %d is %lld, want %lld", what, d,
-                     (long long)em_tensor_shape(t)[d], (long long)shape[d]);
-}
-
-static void release_all(em_tensor **ts, size_t n) {
-    for (size_t i = 0; i < n; i++) em_tensor_release(ts[i]);
-}
-#define RELEASE(...)                                                                           \
-    do {                                                                                       \
-        em_tensor *rel_[] = {__VA_ARGS__};                                                     \
-        release_all(rel_, sizeof rel_ / sizeof rel_[0]);                                       \
-    } while (0)
-
 static em_tensor *vec(em_dtype dt, int64_t n, const double *v) {
     return em_test_tensor(dt, 1, (const int64_t[]){n}, v);
-}
-
-/* ---- layouts ------------------------------------------------------------------------------------ */
-
-typedef enum layout { CONTIG, TRANSPOSED, SLICED, EXPANDED, N_LAYOUTS } layout;
-static const char *const layout_names[] = {"contiguous", "transposed", "sliced", "expanded"};
-
-/* A (rows, cols) tensor holding L (C order): contiguous; the transpose of a (cols, rows)
- * tensor; every other column of a (rows, 2 cols) tensor; or a (1, cols) row expanded (L's
- * rows must then equal its first). */
-static em_tensor *logical(em_dtype dt, layout how, int64_t rows, int64_t cols, const double *L) {
-    int64_t n = rows * cols;
-    double *p = malloc(sizeof(double) * (size_t)(2 * n + cols + 1));
-    em_tensor *phys = NULL, *t = NULL;
-    switch (how) {
-    case CONTIG:
-        t = em_test_tensor(dt, 2, (const int64_t[]){rows, cols}, L);
-        break;
-    case TRANSPOSED:
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) p[j * rows + i] = L[i * cols + j];
-        phys = em_test_tensor(dt, 2, (const int64_t[]){cols, rows}, p);
-        t = em_transpose(phys, 0, 1);
-        break;
-    case SLICED:
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) {
-                p[i * 2 * cols + 2 * j] = L[i * cols + j];
-                p[i * 2 * cols + 2 * j + 1] = 99; /* must never be read */
-            }
-        phys = em_test_tensor(dt, 2, (const int64_t[]){rows, 2 * cols}, p);
-        t = em_slice(phys, 1, 0, 2 * cols, 2);
-        break;
-    case EXPANDED:
-        phys = em_test_tensor(dt, 2, (const int64_t[]){1, cols}, L);
-        t = em_expand(phys, 2, (const int64_t[]){rows, cols});
-        break;
-    default:
-        cr_assert_fail("bad layout");
-    }
-    free(p);
-    em_tensor_release(phys);
-    cr_assert(t, "layout %s: %s", layout_names[how], em_last_error());
-    return t;
 }
 
 /* Value i of a spread over [lo, hi] (101 distinct points, shuffled). */
@@ -193,7 +133,7 @@ static void check_unary(const unary_case *c, em_dtype dt, layout how) {
     em_tensor *y = c->fn(x);
     char what[96];
     snprintf(what, sizeof what, "%s %s %s", c->name, em_dtype_name(dt), layout_names[how]);
-    expect_shape(y, 2, (const int64_t[]){R, C}, what);
+    em_test_expect_shape(y, 2, (const int64_t[]){R, C}, what);
     expect_dtype(y, dt, what);
     expect_values(y, want, R * C, tol_of(dt), what);
     RELEASE(y, x);
@@ -314,7 +254,7 @@ Test(math_unary, zero_size) {
         em_tensor *x = em_zeros(2, (const int64_t[]){0, 3}, float_dtypes[d], em_cpu());
         for (int k = 0; k < LEN(unary_cases); k++) {
             em_tensor *y = unary_cases[k].fn(x);
-            expect_shape(y, 2, (const int64_t[]){0, 3}, unary_cases[k].name);
+            em_test_expect_shape(y, 2, (const int64_t[]){0, 3}, unary_cases[k].name);
             em_tensor_release(y);
         }
         cr_expect_eq(em_sigmoid_(x), EM_OK, "%s", em_last_error());
@@ -650,7 +590,7 @@ Test(math_binary, nan_broadcasting_promotion_and_errors) {
             wmn[i * 4 + j] = ref_bop(BMIN, EM_F32, B[j], A[i]);
             wpw[i * 4 + j] = (float)pow(B[j], A[i]);
         }
-    expect_shape(mx, 2, (const int64_t[]){3, 4}, "maximum [3, 1] [4]");
+    em_test_expect_shape(mx, 2, (const int64_t[]){3, 4}, "maximum [3, 1] [4]");
     expect_dtype(mx, EM_F32, "maximum float32, int64");
     expect_values(mx, wmx, 12, exact, "maximum with NaN and broadcasting");
     expect_values(mn, wmn, 12, exact, "minimum with NaN and broadcasting");
@@ -662,7 +602,7 @@ Test(math_binary, nan_broadcasting_promotion_and_errors) {
     cr_expect_null(em_pow(t, t));
     em_assert_error(EM_ERR_DTYPE, "pow: not supported for two bool tensors");
     em_tensor *e = em_zeros(2, (const int64_t[]){0, 4}, EM_F64, em_cpu()), *pe = em_pow(e, b);
-    expect_shape(pe, 2, (const int64_t[]){0, 4}, "pow of [0, 4] and [4]");
+    em_test_expect_shape(pe, 2, (const int64_t[]){0, 4}, "pow of [0, 4] and [4]");
     RELEASE(pe, e, t, c, pw, mn, mx, b, a);
 }
 
@@ -783,7 +723,7 @@ Test(math_logic, where_every_dtype_broadcast_and_errors) {
             char what[96];
             snprintf(what, sizeof what, "where %s %s / %s", em_dtype_name(dt),
                      layout_names[pairs[p][0]], layout_names[pairs[p][1]]);
-            expect_shape(y, 2, (const int64_t[]){R, C}, what);
+            em_test_expect_shape(y, 2, (const int64_t[]){R, C}, what);
             expect_dtype(y, dt, what);
             expect_values(y, want, R * C, exact, what);
             RELEASE(y, b, a, c);
@@ -804,7 +744,7 @@ Test(math_logic, where_every_dtype_broadcast_and_errors) {
     cr_expect_null(ye);
     em_tensor *c0 = em_zeros(2, (const int64_t[]){0, 1}, EM_BOOL, em_cpu());
     em_tensor *ye0 = em_where(c0, e, i);
-    expect_shape(ye0, 2, (const int64_t[]){0, 3}, "where of zero-size");
+    em_test_expect_shape(ye0, 2, (const int64_t[]){0, 3}, "where of zero-size");
     RELEASE(ye0, c0, e, z, u, y, f, i, c);
 }
 

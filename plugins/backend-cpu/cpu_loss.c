@@ -135,74 +135,70 @@ static inline void pos_offsets(const cls_job *j, int64_t p, int64_t *xo, int64_t
  * expf, and the same result on every run of a machine), chosen at run time: the scalar
  * expf, once per logit in the forward and twice in the backward, was most of the loss's
  * time in the LSTM step. The row's sum of exp(x - max) still accumulates in double (each
- * lane converted), in lane order then across lanes; logf and the loss stay scalar. */
+ * lane converted), in lane order then across lanes; logf and the loss stay scalar. The loops
+ * are written once, in cpu_loss_simd_loops.h, and compiled per instruction set below. */
 #if defined(EM_HAVE_LIBMVEC) && defined(__x86_64__)
 #define CLS_SIMD 1
 #include <immintrin.h>
 __m512 _ZGVeN16v_expf(__m512 x);
 __m256 _ZGVdN8v_expf(__m256 x);
 
-__attribute__((target("avx512f"))) static float row_lse_512(const float *x, int64_t C) {
-    __m512 mv = _mm512_set1_ps(-INFINITY);
-    int64_t c = 0;
-    for (; c + 16 <= C; c += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + c));
-    float m = _mm512_reduce_max_ps(mv);
-    for (int64_t i = c; i < C; i++) m = x[i] > m ? x[i] : m;
-    __m512 m16 = _mm512_set1_ps(m);
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    for (c = 0; c + 16 <= C; c += 16) {
-        __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_loadu_ps(x + c), m16));
-        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(
-                                   _mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-    }
-    double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-    for (; c < C; c++) s += (double)expf(x[c] - m);
-    return m + logf((float)s);
-}
-
-__attribute__((target("avx512f"))) static void row_exp_scale_512(float *g, const float *x,
-                                                                 int64_t C, float lse, float a) {
-    __m512 l16 = _mm512_set1_ps(lse), a16 = _mm512_set1_ps(a);
-    int64_t c = 0;
-    for (; c + 16 <= C; c += 16)
-        _mm512_storeu_ps(g + c, _mm512_mul_ps(_ZGVeN16v_expf(_mm512_sub_ps(_mm512_loadu_ps(x + c),
-                                                                            l16)), a16));
-    for (; c < C; c++) g[c] = expf(x[c] - lse) * a;
-}
-
-__attribute__((target("avx2,fma"))) static float row_lse_256(const float *x, int64_t C) {
-    __m256 mv = _mm256_set1_ps(-INFINITY);
-    int64_t c = 0;
-    for (; c + 8 <= C; c += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + c));
+/* AVX2's horizontal max and double sum, in the order the loops always used. */
+__attribute__((target("avx2,fma"))) static inline float hmax_256(__m256 v) {
     float l[8];
-    _mm256_storeu_ps(l, mv);
+    _mm256_storeu_ps(l, v);
     float m = l[0];
     for (int i = 1; i < 8; i++) m = l[i] > m ? l[i] : m;
-    for (int64_t i = c; i < C; i++) m = x[i] > m ? x[i] : m;
-    __m256 m8 = _mm256_set1_ps(m);
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-    for (c = 0; c + 8 <= C; c += 8) {
-        __m256 e = _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + c), m8));
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    double d[4];
-    _mm256_storeu_pd(d, _mm256_add_pd(s0, s1));
-    double s = (d[0] + d[1]) + (d[2] + d[3]);
-    for (; c < C; c++) s += (double)expf(x[c] - m);
-    return m + logf((float)s);
+    return m;
 }
 
-__attribute__((target("avx2,fma"))) static void row_exp_scale_256(float *g, const float *x,
-                                                                  int64_t C, float lse, float a) {
-    __m256 l8 = _mm256_set1_ps(lse), a8 = _mm256_set1_ps(a);
-    int64_t c = 0;
-    for (; c + 8 <= C; c += 8)
-        _mm256_storeu_ps(g + c, _mm256_mul_ps(_ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + c),
-                                                                           l8)), a8));
-    for (; c < C; c++) g[c] = expf(x[c] - lse) * a;
+__attribute__((target("avx2,fma"))) static inline double hsum_256d(__m256d v) {
+    double d[4];
+    _mm256_storeu_pd(d, v);
+    return (d[0] + d[1]) + (d[2] + d[3]);
 }
+
+/* ---- AVX-512: row_lse_512, row_exp_scale_512 ---- */
+#define V __m512
+#define VD __m512d
+#define W 16
+#define FN(name) name##_512
+#define ATTR __attribute__((target("avx512f")))
+#define LDU(p) _mm512_loadu_ps(p)
+#define STU(p, v) _mm512_storeu_ps((p), (v))
+#define SET1 _mm512_set1_ps
+#define SUB _mm512_sub_ps
+#define MUL _mm512_mul_ps
+#define MAX _mm512_max_ps
+#define ZEROD _mm512_setzero_pd
+#define ADDD _mm512_add_pd
+#define CVT_LO(e) _mm512_cvtps_pd(_mm512_castps512_ps256(e))
+#define CVT_HI(e) _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)))
+#define HMAX _mm512_reduce_max_ps
+#define HSUM_D _mm512_reduce_add_pd
+#define VEXP _ZGVeN16v_expf
+#include "cpu_loss_simd_loops.h"
+
+/* ---- AVX2 with FMA: row_lse_256, row_exp_scale_256 ---- */
+#define V __m256
+#define VD __m256d
+#define W 8
+#define FN(name) name##_256
+#define ATTR __attribute__((target("avx2,fma")))
+#define LDU(p) _mm256_loadu_ps(p)
+#define STU(p, v) _mm256_storeu_ps((p), (v))
+#define SET1 _mm256_set1_ps
+#define SUB _mm256_sub_ps
+#define MUL _mm256_mul_ps
+#define MAX _mm256_max_ps
+#define ZEROD _mm256_setzero_pd
+#define ADDD _mm256_add_pd
+#define CVT_LO(e) _mm256_cvtps_pd(_mm256_castps256_ps128(e))
+#define CVT_HI(e) _mm256_cvtps_pd(_mm256_extractf128_ps((e), 1))
+#define HMAX hmax_256
+#define HSUM_D hsum_256d
+#define VEXP _ZGVdN8v_expf
+#include "cpu_loss_simd_loops.h"
 
 /* 2: AVX-512, 1: AVX2 and FMA, 0: neither (the scalar loops). */
 static int cls_simd_level(void) {

@@ -22,10 +22,18 @@
  * an order fixed by the shapes alone: results never depend on the thread count. (sum over
  * one contiguous run keeps its own path, full_sum, described below.)
  *
+ * Layouts: on the rows path the order is that of the logical elements, not of the runs the
+ * strides cut them into: a sum's eight lanes and a chunk's boundaries are counted from the
+ * output's first element across runs, so a transposed, sliced or expanded input gives the
+ * bits of its contiguous copy (ember-opcheck checks this bit for bit). The columns path adds
+ * each column's elements one after another, so a layout that moves a call between the two
+ * paths (x's kept last dim contiguous in one, strided in the other) agrees to rounding only.
+ *
  * sum: a full reduction of one long run is split into blocks summed in parallel and
- * combined in block order. Normally there is one block per thread; in deterministic mode
- * (em_set_deterministic) the blocks have a fixed size, so the result is bitwise identical
- * whatever the thread count.
+ * combined in block order. Normally, from 2 * CPU_GRAIN elements on, there is one block per
+ * thread; in deterministic mode (em_set_deterministic) and below that size the blocks are
+ * the engine's fixed BLOCK, so the result is bitwise identical whatever the thread count and
+ * equal to that of a strided input of the same elements.
  */
 #include <math.h>
 #include <string.h>
@@ -42,36 +50,55 @@
 
 #define DET_BLOCK 16384
 
-/* Sum of n elements of dtype dt at p with byte stride s, as double. */
-static double run_sum_f(em_dtype dt, const char *p, int64_t s, int64_t n) {
-    double acc[8] = {0};
+/* One dtype's loop: contiguous elements (byte stride sz) eight at a time from the first
+ * element of lane 0 on, so the lanes are plain array indices there (vectorised). */
+#define LANES_ADD(T, CONV, sz)                                                                 \
+    do {                                                                                       \
+        if (s == (sz)) {                                                                       \
+            const T *x_ = (const T *)p;                                                        \
+            for (; i < n && ((i0 + i) & 7); i++) acc[(i0 + i) & 7] += CONV(x_[i]);             \
+            for (; i + 8 <= n; i += 8) /* lane j is element i + j here */                      \
+                for (int j = 0; j < 8; j++) acc[j] += CONV(x_[i + j]);                         \
+        }                                                                                      \
+        for (; i < n; i++) acc[(i0 + i) & 7] += CONV(*(const T *)(p + i * s));                 \
+    } while (0)
+#define AS_DOUBLE(v) ((double)(v))
+
+/* Add n elements of dtype dt at p (byte stride s) into eight lanes: the element of index
+ * i0 + i goes to lane (i0 + i) & 7, so a sum split into pieces (the runs of a strided input)
+ * fills the lanes exactly as one contiguous pass over the same elements does. */
+static void lanes_add(em_dtype dt, double acc[8], const char *p, int64_t s, int64_t n,
+                      int64_t i0) {
     int64_t i = 0;
     switch (dt) {
-    case EM_F32:
-        if (s == 4) {
-            const float *x = (const float *)p;
-            for (; i + 8 <= n; i += 8)
-                for (int j = 0; j < 8; j++) acc[j] += x[i + j];
-        }
-        for (; i < n; i++) acc[i & 7] += *(const float *)(p + i * s);
-        break;
-    case EM_F64:
-        if (n > 1024 && s == 8) { /* pairwise: halves summed separately */
-            int64_t h = (n / 2) & ~(int64_t)7;
-            return run_sum_f(dt, p, s, h) + run_sum_f(dt, p + h * s, s, n - h);
-        }
-        for (; i < n; i++) acc[i & 7] += *(const double *)(p + i * s);
-        break;
-    case EM_F16:
-        for (; i < n; i++) acc[i & 7] += cpu_h2f(*(const uint16_t *)(p + i * s));
-        break;
-    case EM_BF16:
-        for (; i < n; i++) acc[i & 7] += cpu_b2f(*(const uint16_t *)(p + i * s));
-        break;
-    default:
-        break;
+    case EM_F32: LANES_ADD(float, AS_DOUBLE, 4); break;
+    case EM_F64: LANES_ADD(double, AS_DOUBLE, 8); break;
+    case EM_F16: LANES_ADD(uint16_t, cpu_h2f, 2); break;
+    case EM_BF16: LANES_ADD(uint16_t, cpu_b2f, 2); break;
+    default: break;
     }
+}
+#undef LANES_ADD
+#undef AS_DOUBLE
+
+static double lanes_total(const double acc[8]) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* Pairwise split of a float64 sum of n elements: halves of (n / 2) & ~7 and the rest, until
+ * n <= 1024. Whatever the stride, so a strided run sums like its contiguous copy. */
+#define PAIRWISE_F64(dt, n) ((dt) == EM_F64 && (n) > 1024)
+#define PAIRWISE_HALF(n) (((n) / 2) & ~(int64_t)7)
+
+/* Sum of n elements of dtype dt at p with byte stride s, as double. */
+static double run_sum_f(em_dtype dt, const char *p, int64_t s, int64_t n) {
+    if (PAIRWISE_F64(dt, n)) {
+        int64_t h = PAIRWISE_HALF(n);
+        return run_sum_f(dt, p, s, h) + run_sum_f(dt, p + h * s, s, n - h);
+    }
+    double acc[8] = {0};
+    lanes_add(dt, acc, p, s, n, 0);
+    return lanes_total(acc);
 }
 
 static uint64_t run_sum_i(const char *p, int64_t s, int64_t n) {
@@ -90,38 +117,37 @@ static void store_sum(em_dtype dt, char *dst, double v, uint64_t iv) {
     }
 }
 
-/* One long run reduced to one value, split into blocks across threads. */
+/* One long run reduced to one value, split into blocks summed in parallel and added in block
+ * order. The blocks are DET_BLOCK elements (the engine's BLOCK, so a strided input that
+ * reduce_full cuts into the same blocks gives the same bits) in deterministic mode and below
+ * the parallel size; above it, in the default mode, one block per thread. */
 static void full_sum(const em_kernel_ctx *k, em_dtype dt, const char *p, int64_t s, int64_t n,
                      char *dst) {
     int nt = cpu_threads(k);
-    int64_t nblocks = em_deterministic() ? (n + DET_BLOCK - 1) / DET_BLOCK
-                                         : (n >= 2 * CPU_GRAIN ? nt : 1);
+    int64_t per = em_deterministic() || n < 2 * CPU_GRAIN ? DET_BLOCK : (n + nt - 1) / nt;
+    int64_t nblocks = (n + per - 1) / per;
     if (nblocks <= 1) {
         store_sum(dt, dst, dt == EM_I64 ? 0 : run_sum_f(dt, p, s, n),
                   dt == EM_I64 ? run_sum_i(p, s, n) : 0);
         return;
     }
-    int64_t per = (n + nblocks - 1) / nblocks;
-    double *part = cpu_scratch(k, sizeof(double) * (size_t)nblocks);
+    /* below the parallel size, or without scratch: the same blocks one after another */
+    bool serial = n < 2 * CPU_GRAIN;
+    double *part = serial ? NULL : cpu_scratch(k, sizeof(double) * (size_t)nblocks);
     uint64_t *ipart = part ? cpu_scratch(k, sizeof(uint64_t) * (size_t)nblocks) : NULL;
-    if (!part || !ipart) { /* no scratch: sum in one pass (same value in non-deterministic mode) */
-        em_clear_error();
-        store_sum(dt, dst, dt == EM_I64 ? 0 : run_sum_f(dt, p, s, n),
-                  dt == EM_I64 ? run_sum_i(p, s, n) : 0);
-        return;
-    }
-#pragma omp parallel for num_threads(nt) if (n >= 2 * CPU_GRAIN) schedule(static)
-    for (int64_t b = 0; b < nblocks; b++) {
-        int64_t lo = b * per, len = cpu_min_i64(per, n - lo);
-        part[b] = 0;
-        ipart[b] = 0;
-        if (len <= 0) continue;
-        if (dt == EM_I64) ipart[b] = run_sum_i(p + lo * s, s, len);
-        else part[b] = run_sum_f(dt, p + lo * s, s, len);
-    }
+    if (!serial && (!part || !ipart)) serial = true, em_clear_error();
     double v = 0;
     uint64_t iv = 0;
-    for (int64_t b = 0; b < nblocks; b++) v += part[b], iv += ipart[b];
+#pragma omp parallel for num_threads(nt) if (!serial) schedule(static) /* serial: one thread adds */
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t lo = b * per, len = cpu_min_i64(per, n - lo);
+        double pv = len > 0 && dt != EM_I64 ? run_sum_f(dt, p + lo * s, s, len) : 0;
+        uint64_t piv = len > 0 && dt == EM_I64 ? run_sum_i(p + lo * s, s, len) : 0;
+        if (serial) v += pv, iv += piv;
+        else part[b] = pv, ipart[b] = piv;
+    }
+    if (!serial)
+        for (int64_t b = 0; b < nblocks; b++) v += part[b], iv += ipart[b];
     store_sum(dt, dst, v, iv); /* part, ipart: workspace */
 }
 
@@ -129,7 +155,7 @@ static void full_sum(const em_kernel_ctx *k, em_dtype dt, const char *p, int64_t
 /* ---- the reduction engine -------------------------------------------------------------------- */
 
 #define CH 256        /* elements loaded (converted to double or int64) at a time */
-#define BLOCK 16384   /* elements per block of a full reduction */
+#define BLOCK DET_BLOCK /* elements per block of a full reduction (full_sum's too) */
 
 typedef enum rkind {
     K_SUM, K_PROD, K_MAX, K_MIN, K_ARGMAX, K_ARGMIN, K_VAR, K_LSE, K_ALL, K_ANY
@@ -327,29 +353,6 @@ static void chunk_i(const rplan *P, acc *s, const int64_t *x, int64_t n, int64_t
     }
 }
 
-/* Reduce n elements at p (byte stride st) into s; idx0 is the first one's index. */
-static void reduce_run(const rplan *P, acc *s, const char *p, int64_t st, int64_t n,
-                       int64_t idx0) {
-    if (P->kind == K_SUM && P->map == M_NONE) { /* sum's own accurate loops */
-        if (P->ints) s->i = (int64_t)((uint64_t)s->i + run_sum_i(p, st, n));
-        else s->a += run_sum_f(P->dt, p, st, n);
-        return;
-    }
-    double xd[CH];
-    int64_t xi[CH];
-    for (int64_t o = 0; o < n; o += CH) {
-        int64_t m = cpu_min_i64(CH, n - o);
-        if (P->ints) {
-            load_i(P->dt, p + o * st, st, m, xi);
-            chunk_i(P, s, xi, m, idx0 + o);
-        } else {
-            load_d(P->dt, p + o * st, st, m, xd);
-            apply_map(P, xd, m);
-            chunk_f(P, s, xd, m, idx0 + o);
-        }
-    }
-}
-
 /* Byte offset of the reduced-space run number ro (over rshape[0..nr-2]). */
 static int64_t run_offset(const rplan *P, int64_t ro) {
     int64_t off = 0;
@@ -360,17 +363,67 @@ static int64_t run_offset(const rplan *P, int64_t ro) {
     return off;
 }
 
+/* The floating sum of the elements [lo, hi) (C order over the reduced dims) of the output
+ * based at x byte address base: run_sum_f's order over those elements as if they were one
+ * contiguous run (its lanes counted from lo, its float64 halves), whatever runs the strides
+ * cut them into. */
+static double range_sum_f(const rplan *P, const char *base, int64_t lo, int64_t hi) {
+    if (PAIRWISE_F64(P->dt, hi - lo)) {
+        int64_t h = PAIRWISE_HALF(hi - lo);
+        return range_sum_f(P, base, lo, lo + h) + range_sum_f(P, base, lo + h, hi);
+    }
+    double lanes[8] = {0};
+    int64_t ro = lo / P->run, e = lo % P->run, st = P->rstride[P->nr - 1];
+    for (int64_t i = 0; i < hi - lo;) {
+        int64_t n = cpu_min_i64(P->run - e, hi - lo - i);
+        lanes_add(P->dt, lanes, base + run_offset(P, ro) + e * st, st, n, i);
+        i += n, ro++, e = 0;
+    }
+    return lanes_total(lanes);
+}
+
+/* Update s with the m loaded elements of a chunk; idx0 is the first one's index. */
+static void chunk_flush(const rplan *P, acc *s, double *xd, const int64_t *xi, int64_t m,
+                        int64_t idx0) {
+    if (P->ints) {
+        chunk_i(P, s, xi, m, idx0);
+    } else {
+        apply_map(P, xd, m);
+        chunk_f(P, s, xd, m, idx0);
+    }
+}
+
 /* Reduce the elements [lo, hi) (C order over the reduced dims) of the output based at x
- * byte address base into s. */
+ * byte address base into s. The chunks chunk_f sees (a var's two-pass means, a norm's
+ * lanes) are CH elements counted from lo across the runs, so where the strides end a run
+ * changes no result: a strided input gives the bits of its contiguous copy. */
 static void reduce_range(const rplan *P, acc *s, const char *base, int64_t lo, int64_t hi) {
     if (P->run == 0) return;
+    if (P->kind == K_SUM && P->map == M_NONE && !P->ints) { /* sum's own accurate loops */
+        s->a += range_sum_f(P, base, lo, hi);
+        return;
+    }
     int64_t ro = lo / P->run, e = lo % P->run;
     int64_t st = P->rstride[P->nr - 1];
+    double xd[CH];
+    int64_t xi[CH], m = 0, idx0 = lo;
     while (lo < hi) {
         int64_t n = cpu_min_i64(P->run - e, hi - lo);
-        reduce_run(P, s, base + run_offset(P, ro) + e * st, st, n, lo);
+        const char *p = base + run_offset(P, ro) + e * st;
+        if (P->kind == K_SUM && P->map == M_NONE) { /* integers: wrapping, any order */
+            s->i = (int64_t)((uint64_t)s->i + run_sum_i(p, st, n));
+        } else {
+            for (int64_t o = 0; o < n;) {
+                int64_t k = cpu_min_i64(CH - m, n - o);
+                if (P->ints) load_i(P->dt, p + o * st, st, k, xi + m);
+                else load_d(P->dt, p + o * st, st, k, xd + m);
+                m += k, o += k;
+                if (m == CH) chunk_flush(P, s, xd, xi, m, idx0), idx0 += m, m = 0;
+            }
+        }
         lo += n, ro++, e = 0;
     }
+    if (m) chunk_flush(P, s, xd, xi, m, idx0);
 }
 
 /* The result of a state, for floating outputs. */

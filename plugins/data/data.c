@@ -156,6 +156,60 @@ static size_t whole_take(dt_file *f, void *buf, size_t n) {
     return k;
 }
 
+/* zlib's message for f's stream without the "<fd:N>: " it puts first for a gzdopen()ed file
+ * (the path is in our message already); *err: its code. */
+static const char *gz_message(const dt_file *f, int *err) {
+    const char *m = gzerror(f->gz, err);
+    if (!m) return "";
+    const char *c = strncmp(m, "<fd:", 4) == 0 ? strstr(m, ">: ") : NULL;
+    return c ? c + 3 : m;
+}
+
+/* The error of a gzread that failed (k < 0) or gave nothing (k == 0) after f->off inflated
+ * bytes, while reading `what` (NULL: a read of whatever is left). A failed check or a cut or
+ * damaged gzip stream is the file's fault: EM_ERR_FORMAT, "corrupt gzip file: " and the check
+ * that failed. Only a failed read(2) is EM_ERR_IO. EM_OK when the stream simply ended (k == 0:
+ * the caller says what was missing). zlib inflates ahead of what was asked (its buffer), so a
+ * checksum or a damaged block is the file's, not that of the field being read: only a read
+ * error names `what`. */
+static em_status gz_failure(const dt_file *f, int k, const char *what) {
+    int err;
+    const char *msg = gz_message(f, &err);
+    switch (err) {
+    case Z_OK:
+        if (k == 0) return EM_OK;
+        break;
+    case Z_BUF_ERROR: /* zlib's "unexpected end of file": the member's end never came */
+        return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip file: truncated: the compressed "
+                            "data ends after %llu inflated bytes, without its end marker and "
+                            "checksum", f->who, f->path, (unsigned long long)f->off);
+    case Z_DATA_ERROR:
+        if (strstr(msg, "incorrect data check"))
+            return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip file: CRC-32 mismatch (the "
+                                "checksum in its trailer is not that of the data inflated)",
+                                f->who, f->path);
+        if (strstr(msg, "incorrect length check"))
+            return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip file: length mismatch (the "
+                                "size in its trailer is not that of the data inflated)", f->who,
+                                f->path);
+        if (strstr(msg, "unknown compression method") || strstr(msg, "unknown header flags") ||
+            strstr(msg, "header crc mismatch"))
+            return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip file: not gzip: it starts "
+                                "with the gzip magic bytes but its header is invalid (%s)", f->who,
+                                f->path, msg);
+        return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip file: the compressed data is "
+                            "damaged (%s)", f->who, f->path, msg);
+    case Z_MEM_ERROR:
+        return em_set_error(EM_ERR_NOMEM, "%s: %s: out of memory inflating the gzip data",
+                            f->who, f->path);
+    default: /* Z_ERRNO: the operating system's read failed */
+        break;
+    }
+    return em_set_error(EM_ERR_IO, "%s: %s: read error at byte %llu%s%s%s: %s", f->who, f->path,
+                        (unsigned long long)f->off, what ? " (" : "", what ? what : "",
+                        what ? ")" : "", *msg ? msg : "zlib gave no reason");
+}
+
 em_status dt_read(dt_file *f, void *buf, size_t n, const char *what) {
     char *p = buf;
     size_t left = n;
@@ -166,19 +220,9 @@ em_status dt_read(dt_file *f, void *buf, size_t n, const char *what) {
     while (left > 0) {
         unsigned chunk = left > (1u << 30) ? (1u << 30) : (unsigned)left;
         int got = gzread(f->gz, p, chunk);
-        if (got < 0) {
-            int err;
-            const char *msg = gzerror(f->gz, &err);
-            return em_set_error(EM_ERR_IO, "%s: %s: read error at byte %llu (%s): %s", f->who,
-                                f->path, (unsigned long long)f->off, what, msg);
-        }
-        if (got == 0) {
-            int err;
-            const char *msg = gzerror(f->gz, &err);
-            if (err != Z_OK && err != Z_BUF_ERROR)
-                return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip data at byte %llu "
-                                    "(%s): %s", f->who, f->path, (unsigned long long)f->off,
-                                    what, msg);
+        if (got <= 0) {
+            em_status st = gz_failure(f, got, what);
+            if (st != EM_OK) return st;
             return em_set_error(EM_ERR_FORMAT, "%s: %s: truncated: %s needs %zu more bytes "
                                 "but the file ends at byte %llu", f->who, f->path, what, left,
                                 (unsigned long long)f->off);
@@ -199,21 +243,9 @@ em_status dt_read_upto(dt_file *f, void *buf, size_t n, size_t *got) {
     while (*got < n) {
         unsigned chunk = n - *got > (1u << 30) ? (1u << 30) : (unsigned)(n - *got);
         int k = gzread(f->gz, (char *)buf + *got, chunk);
-        if (k < 0) {
-            int err;
-            return em_set_error(EM_ERR_IO, "%s: %s: read error at byte %llu: %s", f->who,
-                                f->path, (unsigned long long)f->off, gzerror(f->gz, &err));
-        }
-        if (k == 0) {
-            int err;
-            const char *msg = gzerror(f->gz, &err);
-            if (err == Z_BUF_ERROR) /* zlib's "unexpected end of file": no end marker */
-                return em_set_error(EM_ERR_FORMAT, "%s: %s: truncated: the gzip data ends after "
-                                    "%llu bytes without its end marker and checksum", f->who,
-                                    f->path, (unsigned long long)f->off);
-            if (err != Z_OK)
-                return em_set_error(EM_ERR_FORMAT, "%s: %s: corrupt gzip data at byte %llu: %s",
-                                    f->who, f->path, (unsigned long long)f->off, msg);
+        if (k <= 0) {
+            em_status st = gz_failure(f, k, NULL);
+            if (st != EM_OK) return st;
             break;
         }
         *got += (size_t)k;
