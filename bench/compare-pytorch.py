@@ -44,8 +44,17 @@ configuration with the lowest median is the denominator of the ratios, and its n
 beside it.
 EMBER_BENCH_TORCH_CONFIGS=as-is,passive picks fewer. PYTHON=none runs Ember alone.
 
-Workers stay alive and are driven line by line, so every repetition runs each workload once
-in each, back to back:
+Workers stay alive and are driven line by line, in turns: every repetition runs each workload
+once in each. A worker's turn is a pause (EMBER_BENCH_SETTLE_S, 0.2 s), untimed batches of the
+workload for at least EMBER_BENCH_WARM_S (0.3 s), the last of them sent together with the timed
+one so that the worker runs that straight after. Every other worker is stopped (SIGSTOP) for the
+whole turn (fma_peak runs with all of them stopped, step_floor after they exited), so nothing a
+worker left running (spinning OpenMP or OpenBLAS threads) can take a core from the timed one;
+EMBER_BENCH_STOP_OTHERS=0 leaves them running, idle. After the tables a section gives, for each
+worker and workload, what else ran while its timed batch did (medians over the repetitions): the
+worker's CPU time and its threads' time runnable but waiting for a CPU (/proc/PID/task/*/
+schedstat), the other workers' CPU time (during the batch, its maximum, and earlier in the turn),
+every other process's (/proc/stat), the hypervisor's steal; and the load average. The workers:
   ember        bench/compare (EMBER_NUM_THREADS=N)
   ember-sx     bench/compare with OPENBLAS_CORETYPE=SkylakeX, for raw OpenBLAS's best kernels
                (on a CPU with AVX-512; elsewhere OpenBLAS's own choice)
@@ -66,10 +75,12 @@ in each, back to back:
                ember-train (a developer's "before" build: the table gets its medians and
                this build's over them, from the same run)
   fma_peak     bench/fma_peak, once per repetition in its turn and once before the floor:
-               the measured f32 FMA ceiling of the run is the best of its runs (issue 27)
+               the measured f32 FMA ceiling of the run is the best of its runs (issue 27; on
+               an AVX-512 CPU the better of its zmm and ymm runs)
 After the repetitions bench/step_floor (OMP_WAIT_POLICY=passive) times each chosen training
-step's GEMMs and convolutions alone at the best library choice for each shape and prints its
-table; the training table then gives each step's GEMM+convolution GFLOP, its floor, Ember's
+step's GEMMs and convolutions alone at the best library choice for each shape (for a
+convolution, activations in oneDNN's preferred layout or in nhwc) and prints its table; the
+training table then gives each step's GEMM+convolution GFLOP, its floor, Ember's
 median step over the floor, and the fractions of the FMA ceiling for Ember and each PyTorch.
 Prints `name ember_ms torch_ms ratio` (medians, ratio = ember / torch) per PyTorch, then the
 means, then derived figures (GFLOP/s, bandwidth). For the training steps every single step is
@@ -79,6 +90,7 @@ repetition.
 """
 import glob
 import os
+import signal
 import statistics
 import time
 import subprocess
@@ -91,6 +103,10 @@ EXTRA_TRAIN = ["train_gru_h256"]  # run only when named
 ALL_TRAIN = TRAIN + EXTRA_TRAIN
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
+# Every worker but the one whose turn it is stays stopped (SIGSTOP) so that nothing another
+# worker left running (spinning OpenMP or OpenBLAS threads, a garbage collection) can take a
+# core from the timed one; EMBER_BENCH_STOP_OTHERS=0 leaves them running (idle).
+STOP_OTHERS = os.environ.get("EMBER_BENCH_STOP_OTHERS", "1") != "0"
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
 # OpenBLAS's SkylakeX kernels, where the CPU has AVX-512 (elsewhere they raise SIGILL)
 SKYLAKEX = ({"OPENBLAS_CORETYPE": "SkylakeX"}
@@ -200,6 +216,7 @@ class Worker:
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   env=env, text=True, bufsize=1)
         self.banner = None
+        self.stopped = False
 
     def ask(self, name):
         """ms per op (or step), and the single steps' times when the worker gives them."""
@@ -217,7 +234,19 @@ class Worker:
             return None, []
         return float(out[1]), [float(x) for x in out[2:]]
 
+    def stop(self):
+        """Freeze every thread of the worker (SIGSTOP) until cont()."""
+        if not self.stopped and self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def cont(self):
+        if self.stopped:
+            os.kill(self.p.pid, signal.SIGCONT)
+            self.stopped = False
+
     def close(self):
+        self.cont()
         self.p.stdin.close()
         self.p.wait()
 
@@ -404,92 +433,109 @@ def main():
     peaks = []  # best GFLOP/s of each repetition's fma_peak
     order = list(workers.items()) + ([("fma_peak", None)] if fma else [])
     started = time.perf_counter()
-    for rep in range(reps):
-        if rep:
-            print("(repetition %d of %d, %.0f s so far)" % (rep + 1, reps,
-                                                          time.perf_counter() - started),
-                  file=sys.stderr, flush=True)
-        # Each repetition starts with the next worker: a worker that runs right after another
-        # can pay for what that one left behind (threads still winding down, caches), and a
-        # fixed order would always charge it to the same one.
-        turn = order[rep % len(order):] + order[:rep % len(order)]
-        for label, w in turn:
-            if w is None:  # the FMA ceiling, once per repetition, in its turn
-                time.sleep(SETTLE_S)
-                p = run_fma_peak(fma)
-                if p:
-                    peaks.append(p)
-        for name in names + raw:
+    loads = [os.getloadavg()[0]]  # the 1-minute load average at each repetition's start, the end
+    if STOP_OTHERS:
+        for w in workers.values():
+            w.stop()
+    try:
+        for rep in range(reps):
+            if rep:
+                print("(repetition %d of %d, %.0f s so far)" % (rep + 1, reps,
+                                                              time.perf_counter() - started),
+                      file=sys.stderr, flush=True)
+            # Each repetition starts with the next worker: a worker that runs right after another
+            # can pay for what that one left behind (threads still winding down, caches), and a
+            # fixed order would always charge it to the same one.
+            turn = order[rep % len(order):] + order[:rep % len(order)]
+            if rep:
+                loads.append(os.getloadavg()[0])
             for label, w in turn:
-                if w is None:
-                    continue
-                if name in RAW and not label.startswith("ember"):
-                    continue
-                if label == "ember-sx" and name != "raw_openblas_1024":
-                    continue
-                if label.endswith("/channels-last") and name not in CNN:
-                    continue  # the threads configuration for every other workload
-                is_train_worker = label.startswith("ember-train") or label == "ember-base"
-                if label.startswith("ember") and is_train_worker != (name in ALL_TRAIN):
-                    continue
-                # Let the previous worker's threads go quiet first: PyTorch's OpenBLAS workers
-                # spin ~0.1 s after a call and libgomp's default ~3 ms after a region, and on 2
-                # cores they would take the next worker's turn.
-                time.sleep(SETTLE_S)
-                # Then untimed batches of the same workload for at least WARM_S (one at least):
-                # on this VM a core that was idle runs slow for the next 50-100 ms, and a fixed
-                # number of untimed batches would leave more of that in the faster worker's
-                # timed batch than in the slower one's.
-                # The timed request goes out with the last untimed one (the one that will end
-                # past WARM_S, judged by the previous one's length), so that the worker runs it
-                # straight after, with no pause for the driver in between.
-                others = [x.p.pid for x in workers.values() if x is not w]
+                if w is None:  # the FMA ceiling, once per repetition, in its turn
+                    time.sleep(SETTLE_S)
+                    p = run_fma_peak(fma)
+                    if p:
+                        peaks.append(p)
+            for name in names + raw:
+                for label, w in turn:
+                    if w is None:
+                        continue
+                    if name in RAW and not label.startswith("ember"):
+                        continue
+                    if label == "ember-sx" and name != "raw_openblas_1024":
+                        continue
+                    if label.endswith("/channels-last") and name not in CNN:
+                        continue  # the threads configuration for every other workload
+                    is_train_worker = label.startswith("ember-train") or label == "ember-base"
+                    if label.startswith("ember") and is_train_worker != (name in ALL_TRAIN):
+                        continue
+                    # This worker's turn: it alone runs (the others stopped), after a pause in
+                    # which what it left running at the end of its last turn winds down (OpenBLAS
+                    # threads spin ~0.1 s after a call, libgomp's ~3 ms after a region) and, with
+                    # EMBER_BENCH_STOP_OTHERS=0, the previous worker's.
+                    w.cont()
+                    others = [x.p.pid for x in workers.values() if x is not w]
+                    turn0 = sum(proc_sched_ms(p)[0] for p in others)
+                    time.sleep(SETTLE_S)
+                    # Then untimed batches of the same workload for at least WARM_S (one at least):
+                    # on this VM a core that was idle runs slow for the next 50-100 ms, and a fixed
+                    # number of untimed batches would leave more of that in the faster worker's
+                    # timed batch than in the slower one's.
+                    # The timed request goes out with the last untimed one (the one that will end
+                    # past WARM_S, judged by the previous one's length), so that the worker runs it
+                    # straight after, with no pause for the driver in between.
 
-                def snapshot():  # read while the worker waits for its next request
-                    return (proc_sched_ms(w.p.pid), sum(proc_sched_ms(p)[0] for p in others),
-                            machine_ms(), time.process_time() * 1e3, time.perf_counter())
-                # (not in --cpu-time's first repetition: its check below needs the timed
-                # batch's CPU time alone)
-                check = cpu_time and rep == 0
-                t0, last = time.perf_counter(), 0.0
-                while True:
-                    t1 = time.perf_counter()
-                    if t1 - t0 >= WARM_S:  # the previous batch ended past it: timed next
-                        s0 = snapshot()
-                        w.send(name)
-                        break
-                    if t1 - t0 + last >= WARM_S and not check:  # the last untimed batch
-                        s0 = snapshot()
-                        w.send(name), w.send(name)
-                        w.answer()
-                        break
-                    w.ask(name)
-                    last = time.perf_counter() - t1
-                t, each = w.answer()
-                s1 = snapshot()
-                # From s0 to s1 (the timed batch, and the untimed one sent with it): the
-                # worker's CPU ms and its threads' ms waiting for a CPU, the other workers' CPU
-                # ms, every other process's (/proc/stat's 10 ms ticks, less the driver's own),
-                # the hypervisor's steal, the wall ms.
-                cpu_w, wait_w = s1[0][0] - s0[0][0], s1[0][1] - s0[0][1]
-                oth = s1[1] - s0[1]
-                outside = max(0.0, (s1[2][0] - s0[2][0]) - cpu_w - oth - (s1[3] - s0[3]))
-                interference.setdefault((label, name), []).append(
-                    (cpu_w, wait_w, oth, outside, s1[2][1] - s0[2][1], (s1[4] - s0[4]) * 1e3))
-                c0 = s0[0][0] if check else None
-                if t is not None and c0 is not None:
-                    # what the worker reports against its threads' CPU time from outside
-                    # (which also holds the request's reading and printing: ~0)
-                    told, seen = t * max(len(each), 1), s1[0][0] - c0
-                    if abs(told - seen) > 0.25 * seen + 2.0:
-                        sys.exit("compare-pytorch: --cpu-time: %s (%s) reported %.1f ms for a "
-                                 "batch of %s whose threads ran %.1f ms (/proc): it does not "
-                                 "time CPU (a bench/train_step older than its --cpu-time?)"
-                                 % (label, " ".join(w.p.args[:1]), told, name, seen))
-                if t is not None:
-                    key = "ember" if label == "ember-train" else label
-                    times.setdefault((key, name), []).append(t)
-                    single.setdefault((key, name), []).extend(each)
+                    def snapshot():  # read while the worker waits for its next request
+                        return (proc_sched_ms(w.p.pid), sum(proc_sched_ms(p)[0] for p in others),
+                                machine_ms(), time.process_time() * 1e3, time.perf_counter())
+                    # (not in --cpu-time's first repetition: its check below needs the timed
+                    # batch's CPU time alone)
+                    check = cpu_time and rep == 0
+                    t0, last = time.perf_counter(), 0.0
+                    while True:
+                        t1 = time.perf_counter()
+                        if t1 - t0 >= WARM_S:  # the previous batch ended past it: timed next
+                            s0 = snapshot()
+                            w.send(name)
+                            break
+                        if t1 - t0 + last >= WARM_S and not check:  # the last untimed batch
+                            s0 = snapshot()
+                            w.send(name), w.send(name)
+                            w.answer()
+                            break
+                        w.ask(name)
+                        last = time.perf_counter() - t1
+                    t, each = w.answer()
+                    s1 = snapshot()
+                    if STOP_OTHERS:
+                        w.stop()
+                    # From s0 to s1 (the timed batch, and the untimed one sent with it): the
+                    # worker's CPU ms and its threads' ms waiting for a CPU, the other workers' CPU
+                    # ms, every other process's (/proc/stat's 10 ms ticks, less the driver's own),
+                    # the hypervisor's steal, the wall ms.
+                    cpu_w, wait_w = s1[0][0] - s0[0][0], s1[0][1] - s0[0][1]
+                    oth = s1[1] - s0[1]
+                    outside = max(0.0, (s1[2][0] - s0[2][0]) - cpu_w - oth - (s1[3] - s0[3]))
+                    interference.setdefault((label, name), []).append(
+                        (cpu_w, wait_w, oth, outside, s1[2][1] - s0[2][1], (s1[4] - s0[4]) * 1e3,
+                         s0[1] - turn0))
+                    c0 = s0[0][0] if check else None
+                    if t is not None and c0 is not None:
+                        # what the worker reports against its threads' CPU time from outside
+                        # (which also holds the request's reading and printing: ~0)
+                        told, seen = t * max(len(each), 1), s1[0][0] - c0
+                        if abs(told - seen) > 0.25 * seen + 2.0:
+                            sys.exit("compare-pytorch: --cpu-time: %s (%s) reported %.1f ms for a "
+                                     "batch of %s whose threads ran %.1f ms (/proc): it does not "
+                                     "time CPU (a bench/train_step older than its --cpu-time?)"
+                                     % (label, " ".join(w.p.args[:1]), told, name, seen))
+                    if t is not None:
+                        key = "ember" if label == "ember-train" else label
+                        times.setdefault((key, name), []).append(t)
+                        single.setdefault((key, name), []).extend(each)
+    finally:
+        for w in workers.values():
+            w.cont()
+    loads.append(os.getloadavg()[0])
     for w in workers.values():
         w.close()
 
@@ -650,17 +696,25 @@ def main():
         print("\nwhile each worker ran its timed batch (and the untimed one sent with it), per "
               "repetition, medians (ms):\n  cpu = its threads' CPU time, wait = their time "
               "runnable but waiting for a CPU, workers = the other workers' CPU time (idle ones "
-              "should be ~0), outside = every other process (/proc/stat's %.0f ms ticks), steal "
-              "= the hypervisor's" % TICK_MS)
-        print("  %-22s %-24s %8s %8s %8s %8s %8s %8s" % ("name", "worker", "wall", "cpu", "wait",
-                                                        "workers", "outside", "steal"))
+              "should be ~0; max: the most in one repetition), outside = every other process "
+              "(/proc/stat's %.0f ms ticks), steal = the hypervisor's;\n  before = the other "
+              "workers' CPU time earlier in the turn (the pause and the untimed batches before)"
+              % TICK_MS)
+        print("  (other workers %s during each turn; 1-minute load average %s at the "
+              "repetitions' starts and the end)" % (
+                  "stopped (SIGSTOP)" if STOP_OTHERS else "idle, not stopped",
+                  " ".join("%.1f" % x for x in loads)))
+        print("  %-22s %-28s %8s %8s %8s %8s %8s %8s %8s %8s" % (
+            "name", "worker", "wall", "cpu", "wait", "workers", "(max)", "outside", "steal",
+            "before"))
         for n in names + raw:
             for label in workers:
                 v = interference.get((label, n))
                 if v:
-                    m = [statistics.median(x[i] for x in v) for i in range(6)]
-                    print("  %-22s %-24s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f"
-                          % (n, label, m[5], m[0], m[1], m[2], m[3], m[4]))
+                    m = [statistics.median(x[i] for x in v) for i in range(7)]
+                    print("  %-22s %-28s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f"
+                          % (n, label, m[5], m[0], m[1], m[2], max(x[2] for x in v), m[3],
+                             m[4], m[6]))
     if floor_text:
         print("\nbench/step_floor%s (after the repetitions, OMP_WAIT_POLICY=passive):"
               % (" --cpu-time" if cpu_time else ""))

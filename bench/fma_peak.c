@@ -3,18 +3,24 @@
  * bench/compare-pytorch.py divides each training step's GEMM and convolution FLOPs by, measured
  * in the same run instead of taken from a datasheet.
  *
- *   bench/fma_peak [runs [iterations]]      default 40 runs of 500,000 iterations
+ *   bench/fma_peak [runs [iterations]]      default 40 runs (per width) of 500,000 iterations
  *
  * One thread per CPU of the process's affinity mask, each pinned to its CPU
- * (pthread_setaffinity_np), runs 16 independent chains of vfmadd (AVX-512: 16 zmm
- * accumulators, 16 f32 lanes each; AVX2 + FMA where the CPU lacks AVX-512: 16 ymm, 8 lanes):
- * enough independent chains to cover the FMA latency on every FMA port, so the loop runs at
+ * (pthread_setaffinity_np), runs independent chains of vfmadd: on an AVX-512 CPU, runs of 16
+ * zmm chains (16 f32 lanes each) and runs of 16 ymm chains (8 lanes, AVX-512VL's 32 registers)
+ * alternate, and the ceiling is the better width's best (AMD Zen 4 executes a zmm FMA as two
+ * 256-bit halves: either width may reach it; measured there, both ~235 GFLOP/s on 2 cores);
+ * with AVX2 + FMA only, 12 ymm chains (16 registers hold 12 accumulators and the 2 constants).
+ * Enough independent chains to cover the FMA latency on every FMA port, so the loop runs at
  * the ports' throughput. A run starts all threads at a barrier and lasts from the first
  * thread's start to the last one's end (each thread reads the clock itself); its rate is all
  * threads' FLOPs (2 per lane per FMA) over that time. Prints each
  * run, then the machine-readable line
  *
  *   fma_peak <best GFLOP/s> <median GFLOP/s> <threads> <isa>
+ *
+ * (isa: avx512-zmm or avx512-ymm, the width whose best run is the ceiling, or avx2; the median
+ * is that width's), preceded on AVX-512 by a line with both widths' best and median.
  *
  * The best run is the ceiling: on a shared machine the other runs lose time to other
  * processes, which a ceiling must not count. Runs are short (500,000 iterations: ~2.5 ms at
