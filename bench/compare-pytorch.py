@@ -36,13 +36,25 @@ each in three configurations, all interleaved with Ember:
   passive    OMP_WAIT_POLICY=passive, OPENBLAS_CORETYPE=SkylakeX (on a CPU with AVX-512;
              elsewhere those kernels are illegal instructions), torch.set_num_threads(N)
   threads    the environment as it is (libgomp spins), torch.set_num_threads(N)
+  channels-last  threads, with the CNN's model and input in channels_last
+             (.to(memory_format=torch.channels_last), the layout Ember's CNN runs in); CNN
+             steps only
 (N = --threads, else EMBER_NUM_THREADS, default 2). For each PyTorch and each workload the
 configuration with the lowest median is the denominator of the ratios, and its name is printed
 beside it.
 EMBER_BENCH_TORCH_CONFIGS=as-is,passive picks fewer. PYTHON=none runs Ember alone.
 
-Workers stay alive and are driven line by line, so every repetition runs each workload once
-in each, back to back:
+Workers stay alive and are driven line by line, in turns: every repetition runs each workload
+once in each. A worker's turn is a pause (EMBER_BENCH_SETTLE_S, 0.2 s), untimed batches of the
+workload for at least EMBER_BENCH_WARM_S (0.3 s), the last of them sent together with the timed
+one so that the worker runs that straight after. Every other worker is stopped (SIGSTOP) for the
+whole turn (fma_peak runs with all of them stopped, step_floor after they exited), so nothing a
+worker left running (spinning OpenMP or OpenBLAS threads) can take a core from the timed one;
+EMBER_BENCH_STOP_OTHERS=0 leaves them running, idle. After the tables a section gives, for each
+worker and workload, what else ran while its timed batch did (medians over the repetitions): the
+worker's CPU time and its threads' time runnable but waiting for a CPU (/proc/PID/task/*/
+schedstat), the other workers' CPU time (during the batch, its maximum, and earlier in the turn),
+every other process's (/proc/stat), the hypervisor's steal; and the load average. The workers:
   ember        bench/compare (EMBER_NUM_THREADS=N)
   ember-sx     bench/compare with OPENBLAS_CORETYPE=SkylakeX, for raw OpenBLAS's best kernels
                (on a CPU with AVX-512; elsewhere OpenBLAS's own choice)
@@ -63,10 +75,12 @@ in each, back to back:
                ember-train (a developer's "before" build: the table gets its medians and
                this build's over them, from the same run)
   fma_peak     bench/fma_peak, once per repetition in its turn and once before the floor:
-               the measured f32 FMA ceiling of the run is the best of its runs (issue 27)
+               the measured f32 FMA ceiling of the run is the best of its runs (issue 27; on
+               an AVX-512 CPU the better of its zmm and ymm runs)
 After the repetitions bench/step_floor (OMP_WAIT_POLICY=passive) times each chosen training
-step's GEMMs and convolutions alone at the best library choice for each shape and prints its
-table; the training table then gives each step's GEMM+convolution GFLOP, its floor, Ember's
+step's GEMMs and convolutions alone at the best library choice for each shape (for a
+convolution, activations in oneDNN's preferred layout or in nhwc) and prints its table; the
+training table then gives each step's GEMM+convolution GFLOP, its floor, Ember's
 median step over the floor, and the fractions of the FMA ceiling for Ember and each PyTorch.
 Prints `name ember_ms torch_ms ratio` (medians, ratio = ember / torch) per PyTorch, then the
 means, then derived figures (GFLOP/s, bandwidth). For the training steps every single step is
@@ -76,6 +90,7 @@ repetition.
 """
 import glob
 import os
+import signal
 import statistics
 import time
 import subprocess
@@ -88,6 +103,10 @@ EXTRA_TRAIN = ["train_gru_h256"]  # run only when named
 ALL_TRAIN = TRAIN + EXTRA_TRAIN
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch
 WARM_S = float(os.environ.get("EMBER_BENCH_WARM_S", "0.3"))  # untimed work after the pause
+# Every worker but the one whose turn it is stays stopped (SIGSTOP) so that nothing another
+# worker left running (spinning OpenMP or OpenBLAS threads, a garbage collection) can take a
+# core from the timed one; EMBER_BENCH_STOP_OTHERS=0 leaves them running (idle).
+STOP_OTHERS = os.environ.get("EMBER_BENCH_STOP_OTHERS", "1") != "0"
 RAW = ["raw_onednn_1024", "raw_openblas_1024"]
 # OpenBLAS's SkylakeX kernels, where the CPU has AVX-512 (elsewhere they raise SIGILL)
 SKYLAKEX = ({"OPENBLAS_CORETYPE": "SkylakeX"}
@@ -119,6 +138,9 @@ def train(cnn, batch, amp=False):
                             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                             nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
         x = torch.rand(batch, 1, 28, 28)
+        if os.environ.get("EMBER_BENCH_TORCH_CHANNELS_LAST"):  # the channels-last config
+            net = net.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
     else:
         net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
                             nn.Linear(256, 10))
@@ -194,17 +216,37 @@ class Worker:
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   env=env, text=True, bufsize=1)
         self.banner = None
+        self.stopped = False
 
     def ask(self, name):
         """ms per op (or step), and the single steps' times when the worker gives them."""
+        self.send(name)
+        return self.answer()
+
+    def send(self, name):
         self.p.stdin.write(name + "\n")
         self.p.stdin.flush()
+
+    def answer(self):
+        """The reply to the oldest request sent and not yet answered."""
         out = self.p.stdout.readline().split()
         if len(out) < 2 or out[1] == "unknown":
             return None, []
         return float(out[1]), [float(x) for x in out[2:]]
 
+    def stop(self):
+        """Freeze every thread of the worker (SIGSTOP) until cont()."""
+        if not self.stopped and self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def cont(self):
+        if self.stopped:
+            os.kill(self.p.pid, signal.SIGCONT)
+            self.stopped = False
+
     def close(self):
+        self.cont()
         self.p.stdin.close()
         self.p.wait()
 
@@ -220,7 +262,8 @@ def find_program(name, build=None):
              % (places[0] if build else "bench/" + name))
 
 
-TORCH_CONFIGS = ("as-is", "passive", "threads")
+TORCH_CONFIGS = ("as-is", "passive", "threads", "channels-last")
+CNN = ("train_cnn_b64", "train_cnn_b64_bf16")  # the channels-last configuration's workloads
 
 
 def torch_pythons():
@@ -245,16 +288,29 @@ def run_fma_peak(fma):
     return None
 
 
-def proc_cpu_ms(pid):
-    """CPU time so far of every thread of process pid (/proc/PID/task/*/schedstat), in ms."""
-    total = 0
+def proc_sched_ms(pid):
+    """(CPU ms, ms waiting on a run queue) so far, summed over every thread of process pid
+    (/proc/PID/task/*/schedstat: time on a CPU, time runnable but waiting for one)."""
+    cpu = wait = 0
     for f in glob.glob("/proc/%d/task/*/schedstat" % pid):
         try:
             with open(f) as fh:
-                total += int(fh.read().split()[0])
+                v = fh.read().split()
+            cpu, wait = cpu + int(v[0]), wait + int(v[1])
         except (OSError, ValueError, IndexError):
             pass  # a thread that ended meanwhile
-    return total / 1e6
+    return cpu / 1e6, wait / 1e6
+
+
+TICK_MS = 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ms():
+    """(busy, steal): CPU time of all CPUs so far in user, nice, system, irq and softirq, and
+    the time the hypervisor gave them to another guest (/proc/stat), in ms."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    return (f[0] + f[1] + f[2] + f[5] + f[6]) * TICK_MS, f[7] * TICK_MS
 
 
 def parse_args(args):
@@ -357,7 +413,9 @@ def main():
                 "passive": dict(env, **SKYLAKEX,
                                 OMP_WAIT_POLICY="passive",
                                 EMBER_BENCH_TORCH_THREADS=nthreads),
-                "threads": dict(env, EMBER_BENCH_TORCH_THREADS=nthreads)}
+                "threads": dict(env, EMBER_BENCH_TORCH_THREADS=nthreads),
+                "channels-last": dict(env, EMBER_BENCH_TORCH_THREADS=nthreads,
+                                      EMBER_BENCH_TORCH_CHANNELS_LAST="1")}
         for c in configs:
             label = "%s/%s" % (tag, c)
             w = Worker(label, [python, "-c", TORCH_WORKER], envs[c])
@@ -369,63 +427,115 @@ def main():
 
     times = {}  # (worker, workload) -> [ms]; the training worker's figures count as ember's
     single = {}  # (worker, workload) -> [ms of each single training step]
+    # (worker, workload) -> [(its CPU ms, its threads' ms waiting for a CPU, the other workers'
+    # CPU ms, other processes' CPU ms, steal ms) during each timed batch]
+    interference = {}
     peaks = []  # best GFLOP/s of each repetition's fma_peak
     order = list(workers.items()) + ([("fma_peak", None)] if fma else [])
     started = time.perf_counter()
-    for rep in range(reps):
-        if rep:
-            print("(repetition %d of %d, %.0f s so far)" % (rep + 1, reps,
-                                                          time.perf_counter() - started),
-                  file=sys.stderr, flush=True)
-        # Each repetition starts with the next worker: a worker that runs right after another
-        # can pay for what that one left behind (threads still winding down, caches), and a
-        # fixed order would always charge it to the same one.
-        turn = order[rep % len(order):] + order[:rep % len(order)]
-        for label, w in turn:
-            if w is None:  # the FMA ceiling, once per repetition, in its turn
-                time.sleep(SETTLE_S)
-                p = run_fma_peak(fma)
-                if p:
-                    peaks.append(p)
-        for name in names + raw:
+    loads = [os.getloadavg()[0]]  # the 1-minute load average at each repetition's start, the end
+    if STOP_OTHERS:
+        for w in workers.values():
+            w.stop()
+    try:
+        for rep in range(reps):
+            if rep:
+                print("(repetition %d of %d, %.0f s so far)" % (rep + 1, reps,
+                                                              time.perf_counter() - started),
+                      file=sys.stderr, flush=True)
+            # Each repetition starts with the next worker: a worker that runs right after another
+            # can pay for what that one left behind (threads still winding down, caches), and a
+            # fixed order would always charge it to the same one.
+            turn = order[rep % len(order):] + order[:rep % len(order)]
+            if rep:
+                loads.append(os.getloadavg()[0])
             for label, w in turn:
-                if w is None:
-                    continue
-                if name in RAW and not label.startswith("ember"):
-                    continue
-                if label == "ember-sx" and name != "raw_openblas_1024":
-                    continue
-                is_train_worker = label.startswith("ember-train") or label == "ember-base"
-                if label.startswith("ember") and is_train_worker != (name in ALL_TRAIN):
-                    continue
-                # Let the previous worker's threads go quiet first: PyTorch's OpenBLAS workers
-                # spin ~0.1 s after a call and libgomp's default ~3 ms after a region, and on 2
-                # cores they would take the next worker's turn.
-                time.sleep(SETTLE_S)
-                # Then untimed batches of the same workload for at least WARM_S (one at least):
-                # on this VM a core that was idle runs slow for the next 50-100 ms, and a fixed
-                # number of untimed batches would leave more of that in the faster worker's
-                # timed batch than in the slower one's.
-                t0 = time.perf_counter()
-                while True:
-                    w.ask(name)
-                    if time.perf_counter() - t0 >= WARM_S:
-                        break
-                c0 = proc_cpu_ms(w.p.pid) if cpu_time and rep == 0 else None
-                t, each = w.ask(name)
-                if t is not None and c0 is not None:
-                    # what the worker reports against its threads' CPU time from outside
-                    # (which also holds the request's reading and printing: ~0)
-                    told, seen = t * max(len(each), 1), proc_cpu_ms(w.p.pid) - c0
-                    if abs(told - seen) > 0.25 * seen + 2.0:
-                        sys.exit("compare-pytorch: --cpu-time: %s (%s) reported %.1f ms for a "
-                                 "batch of %s whose threads ran %.1f ms (/proc): it does not "
-                                 "time CPU (a bench/train_step older than its --cpu-time?)"
-                                 % (label, " ".join(w.p.args[:1]), told, name, seen))
-                if t is not None:
-                    key = "ember" if label == "ember-train" else label
-                    times.setdefault((key, name), []).append(t)
-                    single.setdefault((key, name), []).extend(each)
+                if w is None:  # the FMA ceiling, once per repetition, in its turn
+                    time.sleep(SETTLE_S)
+                    p = run_fma_peak(fma)
+                    if p:
+                        peaks.append(p)
+            for name in names + raw:
+                for label, w in turn:
+                    if w is None:
+                        continue
+                    if name in RAW and not label.startswith("ember"):
+                        continue
+                    if label == "ember-sx" and name != "raw_openblas_1024":
+                        continue
+                    if label.endswith("/channels-last") and name not in CNN:
+                        continue  # the threads configuration for every other workload
+                    is_train_worker = label.startswith("ember-train") or label == "ember-base"
+                    if label.startswith("ember") and is_train_worker != (name in ALL_TRAIN):
+                        continue
+                    # This worker's turn: it alone runs (the others stopped), after a pause in
+                    # which what it left running at the end of its last turn winds down (OpenBLAS
+                    # threads spin ~0.1 s after a call, libgomp's ~3 ms after a region) and, with
+                    # EMBER_BENCH_STOP_OTHERS=0, the previous worker's.
+                    w.cont()
+                    others = [x.p.pid for x in workers.values() if x is not w]
+                    turn0 = sum(proc_sched_ms(p)[0] for p in others)
+                    time.sleep(SETTLE_S)
+                    # Then untimed batches of the same workload for at least WARM_S (one at least):
+                    # on this VM a core that was idle runs slow for the next 50-100 ms, and a fixed
+                    # number of untimed batches would leave more of that in the faster worker's
+                    # timed batch than in the slower one's.
+                    # The timed request goes out with the last untimed one (the one that will end
+                    # past WARM_S, judged by the previous one's length), so that the worker runs it
+                    # straight after, with no pause for the driver in between.
+
+                    def snapshot():  # read while the worker waits for its next request
+                        return (proc_sched_ms(w.p.pid), sum(proc_sched_ms(p)[0] for p in others),
+                                machine_ms(), time.process_time() * 1e3, time.perf_counter())
+                    # (not in --cpu-time's first repetition: its check below needs the timed
+                    # batch's CPU time alone)
+                    check = cpu_time and rep == 0
+                    t0, last = time.perf_counter(), 0.0
+                    while True:
+                        t1 = time.perf_counter()
+                        if t1 - t0 >= WARM_S:  # the previous batch ended past it: timed next
+                            s0 = snapshot()
+                            w.send(name)
+                            break
+                        if t1 - t0 + last >= WARM_S and not check:  # the last untimed batch
+                            s0 = snapshot()
+                            w.send(name), w.send(name)
+                            w.answer()
+                            break
+                        w.ask(name)
+                        last = time.perf_counter() - t1
+                    t, each = w.answer()
+                    s1 = snapshot()
+                    if STOP_OTHERS:
+                        w.stop()
+                    # From s0 to s1 (the timed batch, and the untimed one sent with it): the
+                    # worker's CPU ms and its threads' ms waiting for a CPU, the other workers' CPU
+                    # ms, every other process's (/proc/stat's 10 ms ticks, less the driver's own),
+                    # the hypervisor's steal, the wall ms.
+                    cpu_w, wait_w = s1[0][0] - s0[0][0], s1[0][1] - s0[0][1]
+                    oth = s1[1] - s0[1]
+                    outside = max(0.0, (s1[2][0] - s0[2][0]) - cpu_w - oth - (s1[3] - s0[3]))
+                    interference.setdefault((label, name), []).append(
+                        (cpu_w, wait_w, oth, outside, s1[2][1] - s0[2][1], (s1[4] - s0[4]) * 1e3,
+                         s0[1] - turn0))
+                    c0 = s0[0][0] if check else None
+                    if t is not None and c0 is not None:
+                        # what the worker reports against its threads' CPU time from outside
+                        # (which also holds the request's reading and printing: ~0)
+                        told, seen = t * max(len(each), 1), s1[0][0] - c0
+                        if abs(told - seen) > 0.25 * seen + 2.0:
+                            sys.exit("compare-pytorch: --cpu-time: %s (%s) reported %.1f ms for a "
+                                     "batch of %s whose threads ran %.1f ms (/proc): it does not "
+                                     "time CPU (a bench/train_step older than its --cpu-time?)"
+                                     % (label, " ".join(w.p.args[:1]), told, name, seen))
+                    if t is not None:
+                        key = "ember" if label == "ember-train" else label
+                        times.setdefault((key, name), []).append(t)
+                        single.setdefault((key, name), []).extend(each)
+    finally:
+        for w in workers.values():
+            w.cont()
+    loads.append(os.getloadavg()[0])
     for w in workers.values():
         w.close()
 
@@ -474,21 +584,22 @@ def main():
               "PyTorch in its fastest configuration for that workload (named)" % reps)
     hdr = "%-22s %10s %10s" % ("name", "ember_ms", "ember_mean")
     for tag, _ in torches:
-        hdr += "   %10s %-8s %6s" % (tag, "config", "ratio")
+        hdr += "   %10s %-13s %6s" % (tag, "config", "ratio")
     print(hdr)
     for n in names:
         row = "%-22s %10.4f %10.4f" % (n, med("ember", n), mean("ember", n))
         for tag, _ in torches:
             label, c = best(tag, n)
             t = med(label, n) if label else nan
-            row += "   %10.4f %-8s %6.2f" % (t, c or "-", med("ember", n) / t)
+            row += "   %10.4f %-13s %6.2f" % (t, c or "-", med("ember", n) / t)
         print(row)
     if torches:
         print("every configuration's median (ms):")
         for n in names:
             print("  %-22s " % n + "  ".join(
                 "%s/%s %.4f" % (tag, c, med("%s/%s" % (tag, c), n))
-                for tag, _ in torches for c in configs))
+                for tag, _ in torches for c in configs
+                if ("%s/%s" % (tag, c), n) in times))
 
     if steps and cpu_time:
         print("\ntraining steps, CPU ms per step; floor = bench/step_floor --cpu-time's sum of "
@@ -498,7 +609,7 @@ def main():
         if baseline:
             hdr += " %9s %6s" % ("base_ms", "/base")
         for tag, _ in torches:
-            hdr += "  %10s %-8s %6s %8s" % (tag, "config", "ratio", "mean/med")
+            hdr += "  %10s %-13s %6s %8s" % (tag, "config", "ratio", "mean/med")
         print(hdr)
         for n in steps:
             e = med("ember", n)
@@ -514,7 +625,7 @@ def main():
                 t = med(label, n) if label else nan
                 ts = single.get((label, n), [])
                 tmm = statistics.fmean(ts) / statistics.median(ts) if ts else nan
-                row += "  %10.3f %-8s %6.2f %8.2f" % (t, c or "-", e / t, tmm)
+                row += "  %10.3f %-13s %6.2f %8.2f" % (t, c or "-", e / t, tmm)
             print(row)
         print()
     elif steps:
@@ -529,7 +640,7 @@ def main():
         if baseline:
             hdr += " %9s %6s" % ("base_ms", "/base")
         for tag, _ in torches:
-            hdr += "  %10s %-8s %6s %6s %8s" % (tag, "config", "ratio", "%FMA", "mean/med")
+            hdr += "  %10s %-13s %6s %6s %8s" % (tag, "config", "ratio", "%FMA", "mean/med")
         print(hdr)
         for n in steps:
             fl, g = floors.get(n, (nan, nan))
@@ -547,7 +658,7 @@ def main():
                 t = med(label, n) if label else nan
                 ts = single.get((label, n), [])
                 tmm = statistics.fmean(ts) / statistics.median(ts) if ts else nan
-                row += "  %10.3f %-8s %6.2f %6.1f %8.2f" % (t, c or "-", e / t, frac(t), tmm)
+                row += "  %10.3f %-13s %6.2f %6.1f %8.2f" % (t, c or "-", e / t, frac(t), tmm)
             print(row)
         if any(n.endswith("_bf16") for n in steps):
             print("(the bf16 rows' %FMA is against the f32 FMA ceiling: bf16 products run on "
@@ -581,6 +692,29 @@ def main():
                 m, md = statistics.fmean(s), statistics.median(s)
                 print("%s: %s single steps (%d): median %.4f ms, mean %.4f ms = %.2fx the "
                       "median, slowest %.4f ms" % (n, label, len(s), md, m, m / md, max(s)))
+    if interference:
+        print("\nwhile each worker ran its timed batch (and the untimed one sent with it), per "
+              "repetition, medians (ms):\n  cpu = its threads' CPU time, wait = their time "
+              "runnable but waiting for a CPU, workers = the other workers' CPU time (idle ones "
+              "should be ~0; max: the most in one repetition), outside = every other process "
+              "(/proc/stat's %.0f ms ticks), steal = the hypervisor's;\n  before = the other "
+              "workers' CPU time earlier in the turn (the pause and the untimed batches before)"
+              % TICK_MS)
+        print("  (other workers %s during each turn; 1-minute load average %s at the "
+              "repetitions' starts and the end)" % (
+                  "stopped (SIGSTOP)" if STOP_OTHERS else "idle, not stopped",
+                  " ".join("%.1f" % x for x in loads)))
+        print("  %-22s %-28s %8s %8s %8s %8s %8s %8s %8s %8s" % (
+            "name", "worker", "wall", "cpu", "wait", "workers", "(max)", "outside", "steal",
+            "before"))
+        for n in names + raw:
+            for label in workers:
+                v = interference.get((label, n))
+                if v:
+                    m = [statistics.median(x[i] for x in v) for i in range(7)]
+                    print("  %-22s %-28s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f"
+                          % (n, label, m[5], m[0], m[1], m[2], max(x[2] for x in v), m[3],
+                             m[4], m[6]))
     if floor_text:
         print("\nbench/step_floor%s (after the repetitions, OMP_WAIT_POLICY=passive):"
               % (" --cpu-time" if cpu_time else ""))

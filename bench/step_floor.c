@@ -31,11 +31,18 @@
  *   dnnl-Nt   oneDNN's matmul primitive (or convolution primitive, activations and weights in
  *             the layouts it prefers, reorders not counted) on N = omp_get_max_threads()
  *   dnnl-1t   the same primitive made for 1 OpenMP thread
+ *   nhwc-Nt   convolutions only: the convolution primitive with its activations (source,
+ *             destination and their gradients) fixed to nhwc, the channels-last layout Ember's
+ *             CNN activations are stored in and its CPU backend hands oneDNN as they are
+ *             (weights still as oneDNN prefers, their reorder not counted), on N threads
+ *   nhwc-1t   the same made for 1 OpenMP thread
  *   blas-1t   OpenBLAS cblas_sgemm on 1 thread, a loop over the batch (f32 only: Debian's
  *             OpenBLAS 0.3.21 is built without cblas_sbgemm)
  *   blas-Nt   the same on N OpenBLAS threads (its pthread pool; stopped again afterwards)
  * A candidate's time is the median of at least 5 calls and 25 ms after 2 untimed calls; the
- * best candidate's median times the count is the item's floor, and the step's floor is the sum.
+ * best candidate's median times the count is the item's floor (marked *; for a convolution the
+ * better of the preferred layouts and nhwc, whichever wins), and the step's floor is the sum.
+ * For the CNN the convolutions' sum in either layout is printed too.
  * The OpenMP wait policy is the environment's: compare-pytorch.py gives this program
  * OMP_WAIT_POLICY=passive, like Ember's training worker. Prints a table per workload, then
  *
@@ -277,8 +284,8 @@ static void free_job(dnnl_job *j) {
 
 /* The primitive for `it` made while OpenMP's thread count is `threads` (oneDNN fixes its work
  * split then); returns false where oneDNN has only its reference kernel (not a candidate). */
-static bool make_dnnl(const item *it, bool bf16, int threads, dnnl_job *j, char *impl_out,
-                      size_t impl_len) {
+static bool make_dnnl(const item *it, bool bf16, bool nhwc, int threads, dnnl_job *j,
+                      char *impl_out, size_t impl_len) {
     dnnl_data_type_t dt = bf16 ? dnnl_bf16 : dnnl_f32;
     omp_set_num_threads(threads);
     memset(j, 0, sizeof *j);
@@ -306,8 +313,11 @@ static bool make_dnnl(const item *it, bool bf16, int threads, dnnl_job *j, char 
                     wd = {it->O, it->C, it->ks, it->ks}, bd = {it->O};
         dnnl_dims_t st = {1, 1}, pl = {it->pad, it->pad}, dil = {0, 0};
         dnnl_memory_desc_t src, dst, w, b;
-        CK(dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, dnnl_format_tag_any), "md src");
-        CK(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, dnnl_format_tag_any), "md dst");
+        /* nhwc: the activations channels-last (Ember's CPU backend passes a channels-last
+         * tensor so, plugins/backend-cpu/cpu_nn_dnnl.c), the weights still as preferred */
+        dnnl_format_tag_t act = nhwc ? dnnl_nhwc : dnnl_format_tag_any;
+        CK(dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, act), "md src");
+        CK(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, act), "md dst");
         CK(dnnl_memory_desc_init_by_tag(&w, 4, wd, dt, dnnl_format_tag_any), "md w");
         CK(dnnl_memory_desc_init_by_tag(&b, 1, bd, dt, dnnl_x), "md bias");
         dnnl_convolution_desc_t fd, bdsc;
@@ -461,14 +471,20 @@ static void run_reorders(bool bf16) {
     printf("reorders %s %.6f\n", bf16 ? "train_cnn_b64_bf16" : "train_cnn_b64", total);
 }
 
-/* Time `it` with every candidate and print its row; returns its floor (best x count). */
-static double time_item(const char *wname, const item *it, bool bf16) {
-    double t[4] = {-1, -1, -1, -1};
+enum { N_CAND = 6 }; /* dnnl-Nt, dnnl-1t, nhwc-Nt, nhwc-1t, blas-1t, blas-Nt */
+
+/* Time `it` with every candidate and print its row; returns its floor (best x count). For a
+ * convolution, *pref and *cl (when not NULL) gain its best time x count with the activations
+ * in the layouts oneDNN prefers and in nhwc. */
+static double time_item(const char *wname, const item *it, bool bf16, double *pref, double *cl) {
+    double t[N_CAND] = {-1, -1, -1, -1, -1, -1};
     char impl[4][128] = {"", "", "", ""};
-    for (int c = 0; c < 2; c++) {
-        if (c == 1 && nt == 1) break;
+    for (int c = 0; c < 4; c++) {
+        if (c % 2 == 1 && nt == 1) continue;
+        if (c >= 2 && it->kind == GEMM) break;
         dnnl_job j;
-        if (!make_dnnl(it, bf16, c == 0 ? nt : 1, &j, impl[c], sizeof impl[c])) continue;
+        if (!make_dnnl(it, bf16, c >= 2, c % 2 == 0 ? nt : 1, &j, impl[c], sizeof impl[c]))
+            continue;
         t[c] = time_median(run_dnnl, &j);
         free_job(&j);
     }
@@ -479,31 +495,40 @@ static double time_item(const char *wname, const item *it, bool bf16) {
         bj.a = xmalloc(na * 4), bj.b = xmalloc(nb * 4), bj.c = xmalloc(nc * 4);
         fill(bj.a, na, false), fill(bj.b, nb, false);
         openblas_set_num_threads(1);
-        t[2] = time_median(run_blas, &bj);
+        t[4] = time_median(run_blas, &bj);
         if (nt > 1) {
             openblas_set_num_threads(nt);
-            t[3] = time_median(run_blas, &bj);
+            t[5] = time_median(run_blas, &bj);
             openblas_set_num_threads(1);
             blas_thread_shutdown_(); /* its workers would spin into the next timing */
         }
         free(bj.a), free(bj.b), free(bj.c);
     }
     int best = -1;
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < N_CAND; c++)
         if (t[c] >= 0 && (best < 0 || t[c] < t[best])) best = c;
     if (best < 0) {
         fprintf(stderr, "step_floor: %s %s: no candidate ran\n", wname, it->what);
         exit(1);
     }
+    if (it->kind != GEMM) {
+        double p = -1, q = -1;
+        for (int c = 0; c < 2; c++)
+            if (t[c] >= 0 && (p < 0 || t[c] < p)) p = t[c];
+        for (int c = 2; c < 4; c++)
+            if (t[c] >= 0 && (q < 0 || t[c] < q)) q = t[c];
+        if (pref && p >= 0) *pref += p * it->count;
+        if (cl && q >= 0) *cl += q * it->count;
+    }
     char shape[96];
     shape_text(it, shape, sizeof shape);
     double f = t[best] * it->count;
     printf("  %-32s %-28s %5d %8.4f", it->what, shape, it->count, item_gflop(it));
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < N_CAND; c++) {
         if (t[c] < 0) printf(" %9s", "-");
         else printf(" %8.4f%c", t[c], c == best ? '*' : ' ');
     }
-    printf(" %9.4f  %s\n", f, best < 2 ? impl[best] : "");
+    printf(" %9.4f  %s\n", f, best < 4 ? impl[best] : "");
     return f;
 }
 
@@ -526,20 +551,25 @@ static void run_workload(const workload *w) {
     }
     printf("\n%s%s (ms per call; best candidate marked *)\n", w->name,
            w->bf16 ? ": bf16" : "");
-    printf("  %-32s %-28s %5s %8s %9s %9s %9s %9s %9s\n", "what", "shape", "count", "GFLOP",
-           "dnnl-Nt", "dnnl-1t", "blas-1t", "blas-Nt", "floor ms");
-    double total = 0, gflop = 0;
+    printf("  %-32s %-28s %5s %8s %9s %9s %9s %9s %9s %9s %9s\n", "what", "shape", "count",
+           "GFLOP", "dnnl-Nt", "dnnl-1t", "nhwc-Nt", "nhwc-1t", "blas-1t", "blas-Nt",
+           "floor ms");
+    double total = 0, gflop = 0, pref = 0, cl = 0;
     for (const item *it = w->it; it->what; it++) {
-        total += time_item(w->name, it, w->bf16);
+        total += time_item(w->name, it, w->bf16, &pref, &cl);
         gflop += item_gflop(it);
     }
+    if (pref > 0 || cl > 0)
+        printf("  the convolutions: %.4f ms with the activations as oneDNN prefers, %.4f ms in "
+               "nhwc (each the better thread count); the floor takes the better per item\n",
+               pref, cl);
     if (strncmp(w->name, "train_cnn", 9) == 0) {
         run_reorders(w->bf16);
         printf("  conv2 lowered to GEMMs (the im2col/col2im copies not timed; not in the "
                "floor):\n");
         double lowered = 0;
         for (const item *it = CNN_LOWERED; it->what; it++)
-            lowered += time_item(w->name, it, w->bf16);
+            lowered += time_item(w->name, it, w->bf16, NULL, NULL);
         printf("  conv2 as GEMMs %.4f ms\n", lowered);
     }
     printf("  floor %.4f ms for %.4f GFLOP (%.1f GFLOP/s)\n", total, gflop, gflop / total * 1e3);
