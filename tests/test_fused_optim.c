@@ -16,6 +16,9 @@
  *     f32, and a parameter changed outside the optimizer is taken as it is.
  *   - Errors of em_op_call_lists: shapes, dtypes, devices of the lists, missing lists, list
  *     ops through em_op_call and the reverse, each naming the op, list and tensor.
+ *   - The capturable forms (option capturable: fused_*_capturable read the lr and Adam's step
+ *     count from device memory) against the plain ones, on the CPU and captured and replayed
+ *     on the test device with host kernels (the section at the end says how).
  */
 #include <math.h>
 #include <stdlib.h>
