@@ -819,8 +819,9 @@ static em_status call_lists(const em_op *cop, int count, const em_tensor *const 
     for (int l = 0; l < n_lists; l++) {
         const em_tensor *const *ts = l < n_in ? in + (size_t)l * (size_t)count
                                               : ref + (size_t)(l - n_in) * (size_t)count;
-        bool scalar = (op->schema.flags & EM_OP_LISTS_SCALAR_OUT) && l == n_lists - 1 &&
-                      n_out > 1;
+        bool scalar = ((op->schema.flags & EM_OP_LISTS_SCALAR_OUT) && l == n_lists - 1 &&
+                       n_out > 1) ||
+                      ((op->schema.flags & EM_OP_LISTS_SCALAR_IN) && l == n_in - 1 && n_in > 1);
         if (check_list(op, l, ts, ref, count, dev, l == key_list, scalar) != EM_OK)
             return em_last_status();
     }

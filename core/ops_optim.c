@@ -33,6 +33,27 @@
  *         w = w + (m / denom) * -(lr / (1 - beta1^step))
  *       max_exp_avg_sq is NULL unless amsgrad.
  *
+ *   fused_sgd_capturable(grads, lr) -> params, momentum_buffers, master
+ *   fused_adam_capturable(grads, lr) -> params, exp_avg, exp_avg_sq, steps
+ *   fused_adamw_capturable(...)         the same with decoupled weight decay
+ *       The forms of fused_sgd / fused_adam / fused_adamw whose scalars that change between
+ *       steps are device memory the kernel reads, not attributes, so that a step captured in
+ *       a graph (em_graph_capture_begin) and replayed computes what an uncaptured step would
+ *       (PyTorch's capturable=True): lr (EM_OP_LISTS_SCALAR_IN) holds one 0-dim float64
+ *       tensor per entry, on the params' device: the learning rate of tensor j (the
+ *       optimizers pass their group's em_optimizer_lr_tensor); steps (EM_OP_LISTS_SCALAR_OUT)
+ *       one 0-dim float64 tensor per entry: tensor j's step count before this update, which
+ *       the kernel increments, using the new count as fused_adam uses its step attribute.
+ *       The other attributes are those of the plain forms less lr and step (SGD: momentum,
+ *       dampening, weight_decay, nesterov, maximize, fresh_buffers; Adam: beta1, beta2, eps,
+ *       weight_decay, maximize). Per tensor the kernel forms the scalars from lr and the count
+ *       as the plain forms' kernels do from the attributes (in double, then rounded to the
+ *       compute type): the same bits where pow is the host's (the CPU kernels; a CUDA
+ *       device's double pow may differ from glibc's in the last bit, which the rounding to
+ *       float almost always hides). lr and steps are required. The Adam forms take f32 and
+ *       f64 params without amsgrad (a list call holds 6 lists at most in the op-case table:
+ *       there is no room for max_exp_avg_sq and master weights).
+ *
  *   amp_unscale_() -> grads, found_inf
  *       attrs: inv_scale (float; the gradient scaler's 1/scale rounded to float32).
  *       The gradient scaler's fused check-and-unscale (PyTorch's
@@ -85,10 +106,32 @@ em_status em__ops_declare_optim(em_registry *core) {
                             .n_inputs = 0, .n_outputs = 2, .n_attrs = 1,
                             .attr_names = unscale_attrs, .attr_types = unscale_types,
                             .dispatch_arg = -1, .flags = flags | EM_OP_LISTS_SCALAR_OUT};
+    static const char *const grads_lr[] = {"grads", "lr"};
+    static const char *const csgd_attrs[] = {"momentum", "dampening", "weight_decay",
+                                             "nesterov", "maximize", "fresh_buffers"};
+    static const em_attr_type csgd_types[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT, EM_ATTR_FLOAT,
+                                              EM_ATTR_BOOL,  EM_ATTR_BOOL,  EM_ATTR_BOOL};
+    static const char *const cadam_attrs[] = {"beta1", "beta2", "eps", "weight_decay",
+                                              "maximize"};
+    static const em_attr_type cadam_types[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT, EM_ATTR_FLOAT,
+                                               EM_ATTR_FLOAT, EM_ATTR_BOOL};
+    em_op_schema csgd = {.struct_size = sizeof csgd, .name = "fused_sgd_capturable",
+                         .n_inputs = 2, .input_names = grads_lr, .n_outputs = 3, .n_attrs = 6,
+                         .attr_names = csgd_attrs, .attr_types = csgd_types,
+                         .dispatch_arg = -1, .flags = flags | EM_OP_LISTS_SCALAR_IN};
+    em_op_schema cadam = {.struct_size = sizeof cadam, .name = "fused_adam_capturable",
+                          .n_inputs = 2, .input_names = grads_lr, .n_outputs = 4, .n_attrs = 5,
+                          .attr_names = cadam_attrs, .attr_types = cadam_types,
+                          .dispatch_arg = -1,
+                          .flags = flags | EM_OP_LISTS_SCALAR_IN | EM_OP_LISTS_SCALAR_OUT};
     em_status st = em_op_declare(core, &sgd, NULL);
     if (st == EM_OK) st = em_op_declare(core, &unscale, NULL);
     if (st == EM_OK) st = em_op_declare(core, &adam, NULL);
     adam.name = "fused_adamw";
     if (st == EM_OK) st = em_op_declare(core, &adam, NULL);
+    if (st == EM_OK) st = em_op_declare(core, &csgd, NULL);
+    if (st == EM_OK) st = em_op_declare(core, &cadam, NULL);
+    cadam.name = "fused_adamw_capturable";
+    if (st == EM_OK) st = em_op_declare(core, &cadam, NULL);
     return st;
 }

@@ -237,6 +237,8 @@ typedef struct opt_group {
     int first, n;     /* global indices first..first+n-1 */
     bool has_initial_lr;
     double initial_lr;
+    em_tensor *lr_t;   /* em_optimizer_lr_tensor's (one reference), or NULL */
+    double lr_t_value; /* the value last written into it */
 } opt_group;
 
 struct em_optimizer {
@@ -261,7 +263,10 @@ static void state_clear(param_state *ps) {
 
 void em_optimizer_free(em_optimizer *o) {
     if (!o) return;
-    for (int g = 0; g < o->n_groups; g++) em_options_free(o->groups[g].opts);
+    for (int g = 0; g < o->n_groups; g++) {
+        em_options_free(o->groups[g].opts);
+        em_tensor_release(o->groups[g].lr_t);
+    }
     em__free(o->groups);
     for (int i = 0; i < o->n_params; i++) {
         em_tensor_release(o->params[i]);
@@ -404,6 +409,16 @@ int em_optimizer_group_count(const em_optimizer *o) { return o ? o->n_groups : 0
 int em_optimizer_param_total(const em_optimizer *o) { return o ? o->n_params : 0; }
 int64_t em_optimizer_steps(const em_optimizer *o) { return o ? o->steps : 0; }
 
+em_status em_optimizer_count_replayed(em_optimizer *o, int64_t n) {
+    if (!o) return em_set_error(EM_ERR_INVALID, "optimizer_count_replayed: NULL optimizer");
+    if (n < 0 || n > EM_STEP_MAX - o->steps)
+        return em_set_error(EM_ERR_RANGE, "optimizer_count_replayed: %lld more steps after %lld "
+                            "(at most %lld in all)", (long long)n, (long long)o->steps,
+                            (long long)EM_STEP_MAX);
+    o->steps += n;
+    return EM_OK;
+}
+
 static bool group_ok(const em_optimizer *o, int g, const char *who) {
     if (o && g >= 0 && g < o->n_groups) return true;
     em_set_error(EM_ERR_RANGE, "%s: param group %d is out of range (%d groups)", who, g,
@@ -423,7 +438,34 @@ em_status em_optimizer_set_lr(em_optimizer *o, int g, double lr) {
     if (isnan(lr))
         return em_set_error(EM_ERR_INVALID, "optimizer_set_lr: %s group %d: the learning rate "
                             "is NaN", o->cls->name, g);
-    return em_options_set_float(o->groups[g].opts, "lr", lr);
+    em_status st = em_options_set_float(o->groups[g].opts, "lr", lr);
+    opt_group *G = &o->groups[g];
+    if (st == EM_OK && G->lr_t && G->lr_t_value != lr) {
+        if ((st = em_fill_(G->lr_t, lr)) == EM_OK) G->lr_t_value = lr;
+    }
+    return st;
+}
+
+em_tensor *em_optimizer_lr_tensor(em_optimizer *o, int g, em_device dev) {
+    if (!group_ok(o, g, "optimizer_lr_tensor")) return NULL;
+    opt_group *G = &o->groups[g];
+    double lr = em_options_float(G->opts, "lr");
+    if (G->lr_t && !em_device_equal(em_tensor_device(G->lr_t), dev)) {
+        em_tensor_release(G->lr_t);
+        G->lr_t = NULL;
+    }
+    if (!G->lr_t) {
+        em_scope_begin(); /* a reference of the group's own, whatever scope the caller has */
+        em_tensor *t = em_empty(0, NULL, EM_F64, dev);
+        if (t && em_fill_(t, lr) == EM_OK) G->lr_t = em_tensor_retain(t);
+        em_scope_end();
+        if (!G->lr_t) return NULL;
+        G->lr_t_value = lr;
+    } else if (G->lr_t_value != lr) { /* the options were changed directly */
+        if (em_fill_(G->lr_t, lr) != EM_OK) return NULL;
+        G->lr_t_value = lr;
+    }
+    return G->lr_t;
 }
 
 double em_optimizer_lr(const em_optimizer *o, int g) {

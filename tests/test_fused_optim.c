@@ -16,6 +16,9 @@
  *     f32, and a parameter changed outside the optimizer is taken as it is.
  *   - Errors of em_op_call_lists: shapes, dtypes, devices of the lists, missing lists, list
  *     ops through em_op_call and the reverse, each naming the op, list and tensor.
+ *   - The capturable forms (option capturable: fused_*_capturable read the lr and Adam's step
+ *     count from device memory) against the plain ones, on the CPU and captured and replayed
+ *     on the test device with host kernels (the section at the end says how).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -536,5 +539,284 @@ Test(fused_errors, list_calls_name_the_op_list_and_tensor) {
     em_assert_error(EM_ERR_INVALID, "fused_adam: step must be at least 1");
     cr_assert(em_op_has_kernel(adam, em_cpu(), EM_BF16));
     cr_assert(!em_op_has_kernel(adam, em_cpu(), EM_I32));
+    em_scope_end();
+}
+
+/* ---- the capturable forms (option capturable; fused_*_capturable) ------------------------------ *
+ *
+ *   - on the CPU, SGD, Adam and AdamW with capturable equal the plain optimizers bit for bit
+ *     (params, states, step counts), f32 and f64, with the lr changed before every step;
+ *   - on the test device with host kernels (tests/plugins/host/, which records and replays as
+ *     CUDA graphs do), one captured step replayed with new gradients and a new lr each time
+ *     equals the plain optimizer's steps on the CPU bit for bit, and its step count moves on
+ *     the device; the plain optimizer captured the same way does not (it repeats the step
+ *     count and lr of its capture: the comparison can fail);
+ *   - the refusals: capturable with amsgrad, a dtype without the kernel, bad lr/steps lists. */
+
+/* NP params like init_param / grad_for, in dtype dt on dev. */
+static em_tensor *param_as(int j, em_dtype dt, em_device dev) {
+    em_scope_begin();
+    em_tensor *t = em_keep(em_to_device(em_to_dtype(init_param(j), dt), dev));
+    em_scope_end();
+    return t;
+}
+
+static em_optimizer *opt_for(const char *cls, const char *opts_text, em_tensor *const *p,
+                             bool capturable) {
+    em_dict *d = em_dict_new();
+    for (int j = 0; j < NP; j++) {
+        char name[16];
+        snprintf(name, sizeof name, "p%d", j);
+        em_dict_set(d, name, p[j]);
+    }
+    em_options *o = em_options_new();
+    char *copy = strdup(opts_text), *save = NULL;
+    for (char *kv = strtok_r(copy, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        *eq = '\0';
+        cr_assert_eq(em_options_set_text(o, kv, eq + 1, "test"), EM_OK, "%s", em_last_error());
+    }
+    free(copy);
+    if (capturable) em_options_set_bool(o, "capturable", true);
+    em_optimizer *opt = em_optimizer_new(cls, d, o);
+    cr_assert(opt, "%s (%s): %s", cls, opts_text, em_last_error());
+    em_options_free(o);
+    em_dict_free(d);
+    return opt;
+}
+
+/* a and b (any devices) hold the same values, bit for bit (compared as doubles: exact for
+ * f32 and f64). */
+static void expect_same(const char *what, const em_tensor *a, const em_tensor *b) {
+    cr_assert(a && b, "%s: missing (%s)", what, a ? "second" : "first");
+    cr_assert_eq(em_tensor_numel(a), em_tensor_numel(b), "%s: sizes", what);
+    double *x = em_test_values(a), *y = em_test_values(b);
+    for (int64_t i = 0; i < em_tensor_numel(a); i++)
+        cr_assert(x[i] == y[i] || (isnan(x[i]) && isnan(y[i])),
+                  "%s, element %lld: %.17g against %.17g", what, (long long)i, x[i], y[i]);
+    free(x), free(y);
+}
+
+static const char *const state_names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"};
+
+/* Every state of ref's parameters is in got, equal; got's step counts are on dev. */
+static void expect_states(const char *what, em_optimizer *ref, em_optimizer *got, em_device dev) {
+    char w[256];
+    for (int j = 0; j < NP; j++)
+        for (int k = 0; k < 4; k++) {
+            em_tensor *a = em_optimizer_state(ref, j, state_names[k]);
+            if (!a) continue;
+            em_tensor *b = em_optimizer_state(got, j, state_names[k]);
+            snprintf(w, sizeof w, "%s: param %d's %s", what, j, state_names[k]);
+            expect_same(w, a, b);
+            if (k == 3)
+                cr_assert(em_device_equal(em_tensor_device(b), dev) &&
+                              em_tensor_dtype(b) == EM_F64 && em_tensor_ndim(b) == 0,
+                          "%s: a 0-dim float64 count on the parameter's device", w);
+        }
+}
+
+static const struct {
+    const char *cls, *opts;
+} cap_cases[] = {
+    {"SGD", "lr=0.1;momentum=0.9;dampening=0.1;weight_decay=0.01;maximize=true"},
+    {"SGD", "lr=0.1;momentum=0.5;nesterov=true"},
+    {"SGD", "lr=0.1"},
+    {"Adam", "lr=0.01;betas=[0.8,0.99];eps=1e-6;weight_decay=0.1"},
+    {"Adam", "lr=1e-3;maximize=true"},
+    {"AdamW", "lr=0.01;weight_decay=0.05"},
+};
+
+Test(fused, capturable_steps_equal_the_plain_ones_with_a_new_lr_every_step) {
+    for (size_t c = 0; c < sizeof cap_cases / sizeof *cap_cases; c++)
+        for (int f64 = 0; f64 < 2; f64++) {
+            em_dtype dt = f64 ? EM_F64 : EM_F32;
+            em_tensor *p[NP], *q[NP];
+            for (int j = 0; j < NP; j++) {
+                p[j] = param_as(j, dt, em_cpu());
+                q[j] = param_as(j, dt, em_cpu());
+                cr_assert_eq(em_requires_grad_(p[j], true), EM_OK);
+                cr_assert_eq(em_requires_grad_(q[j], true), EM_OK);
+            }
+            em_optimizer *ref = opt_for(cap_cases[c].cls, cap_cases[c].opts, p, false);
+            em_optimizer *cap = opt_for(cap_cases[c].cls, cap_cases[c].opts, q, true);
+            char what[256];
+            for (int step = 1; step <= 5; step++) {
+                em_scope_begin();
+                double lr = em_optimizer_lr(ref, 0) * 0.8;
+                cr_assert_eq(em_optimizer_set_lr(ref, 0, lr), EM_OK);
+                cr_assert_eq(em_optimizer_set_lr(cap, 0, lr), EM_OK);
+                for (int j = 0; j < NP; j++) {
+                    em_tensor *g = em_to_dtype(grad_for(j, step), dt);
+                    em_tensor_set_grad(p[j], g);
+                    em_tensor_set_grad(q[j], em_clone(g));
+                }
+                cr_assert_eq(em_optimizer_step(ref), EM_OK, "%s", em_last_error());
+                cr_assert_eq(em_optimizer_step(cap), EM_OK, "%s", em_last_error());
+                snprintf(what, sizeof what, "%s (%s) %s, step %d", cap_cases[c].cls,
+                         cap_cases[c].opts, em_dtype_name(dt), step);
+                for (int j = 0; j < NP; j++) expect_same(what, p[j], q[j]);
+                expect_states(what, ref, cap, em_cpu());
+                double lv = NAN;
+                cr_assert_eq(em_tensor_item(em_optimizer_lr_tensor(cap, 0, em_cpu()), &lv), EM_OK);
+                cr_assert_eq(lv, lr, "%s: the lr tensor holds %.17g, not %.17g", what, lv, lr);
+                em_scope_end();
+            }
+            em_optimizer_free(ref);
+            em_optimizer_free(cap);
+            for (int j = 0; j < NP; j++) em_tensor_release(p[j]), em_tensor_release(q[j]);
+        }
+}
+
+/* cls with opts on testdev:0: step 1 eager, step 2 captured, steps 2..N replays with new
+ * grads copied into the captured ones and a new lr each; against the plain class on the CPU.
+ * Returns whether every step's params equalled the CPU's bit for bit (checks the states too
+ * when `capturable`). */
+static bool replayed_equal(const char *cls, const char *opts, bool capturable, em_device td) {
+    enum { N = 6 };
+    em_tensor *p[NP], *q[NP], *gq[NP] = {0};
+    for (int j = 0; j < NP; j++) {
+        p[j] = param_as(j, EM_F32, em_cpu());
+        q[j] = param_as(j, EM_F32, td);
+        cr_assert(q[j], "%s", em_last_error());
+        cr_assert_eq(em_requires_grad_(p[j], true), EM_OK);
+        cr_assert_eq(em_requires_grad_(q[j], true), EM_OK);
+    }
+    em_optimizer *ref = opt_for(cls, opts, p, false);
+    em_optimizer *dev = opt_for(cls, opts, q, capturable);
+    em_stream *s = NULL, *prev = em_stream_current(td);
+    cr_assert_eq(em_stream_create(td, &s), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_stream_set_current(td, s), EM_OK, "%s", em_last_error());
+    em_graph *g = NULL;
+    bool equal = true;
+    char what[256];
+    for (int step = 1; step <= N; step++) {
+        em_scope_begin();
+        double lr = em_optimizer_lr(ref, 0) * 0.7;
+        cr_assert_eq(em_optimizer_set_lr(ref, 0, lr), EM_OK);
+        cr_assert_eq(em_optimizer_set_lr(dev, 0, lr), EM_OK, "%s", em_last_error());
+        for (int j = 0; j < NP; j++) {
+            em_tensor *gr = grad_for(j, step);
+            em_tensor_set_grad(p[j], gr);
+            if (!gq[j]) {
+                gq[j] = em_tensor_retain(em_to_device(gr, td));
+                cr_assert_eq(em_tensor_set_grad(q[j], gq[j]), EM_OK, "%s", em_last_error());
+            } else {
+                cr_assert_eq(em_copy_(gq[j], gr), EM_OK, "%s", em_last_error());
+            }
+        }
+        cr_assert_eq(em_optimizer_step(ref), EM_OK, "%s", em_last_error());
+        if (step == 1) {
+            cr_assert_eq(em_optimizer_step(dev), EM_OK, "%s", em_last_error());
+        } else {
+            if (!g) {
+                cr_assert_eq(em_graph_capture_begin(td, s), EM_OK, "%s", em_last_error());
+                em_status st = em_optimizer_step(dev);
+                cr_assert_eq(st, EM_OK, "the captured step: %s", em_last_error());
+                cr_assert_eq(em_graph_capture_end(td, &g), EM_OK, "%s", em_last_error());
+            }
+            cr_assert_eq(em_graph_replay(g), EM_OK, "%s", em_last_error());
+        }
+        snprintf(what, sizeof what, "%s (%s) on testdev, step %d (%s)", cls, opts, step,
+                 step == 1 ? "eager" : "replayed");
+        for (int j = 0; j < NP; j++) {
+            double *a = em_test_values(p[j]), *b = em_test_values(q[j]);
+            for (int64_t i = 0; i < em_tensor_numel(p[j]); i++) equal &= a[i] == b[i];
+            free(a), free(b);
+        }
+        if (capturable) {
+            for (int j = 0; j < NP; j++) expect_same(what, p[j], q[j]);
+            expect_states(what, ref, dev, td);
+        }
+        em_scope_end();
+    }
+    em_graph_free(g);
+    em_stream_set_current(td, prev);
+    em_stream_free(td, s);
+    em_optimizer_free(ref);
+    em_optimizer_free(dev);
+    for (int j = 0; j < NP; j++)
+        em_tensor_release(p[j]), em_tensor_release(q[j]), em_tensor_release(gq[j]);
+    return equal;
+}
+
+Test(fused, capturable_step_captured_on_the_test_device_replays_every_lr_and_count) {
+    const char *dir = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(dir, "EMBER_TEST_PLUGIN_DIR is not set (run through make check)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/../host/.libs/testdev_host.so", dir);
+    cr_assert_eq(em_plugin_load(path), EM_OK, "%s", em_last_error());
+    em_device td;
+    cr_assert_eq(em_device_parse("testdev:0", &td), EM_OK, "%s", em_last_error());
+    cr_assert(em_graph_capture_supported(td));
+    static const int pick[] = {0, 1, 3, 5}; /* SGD x2, Adam, AdamW (f32: testdev's kernels) */
+    for (size_t c = 0; c < sizeof pick / sizeof *pick; c++)
+        cr_assert(replayed_equal(cap_cases[pick[c]].cls, cap_cases[pick[c]].opts, true, td));
+    /* the plain classes, captured the same way, repeat their capture's lr and step count */
+    cr_assert(!replayed_equal("Adam", "lr=0.01;betas=[0.8,0.99];eps=1e-6;weight_decay=0.1",
+                              false, td),
+              "the plain Adam's replays equalled the CPU's steps: the comparison cannot fail");
+}
+
+Test(fused_errors, capturable_refusals_name_the_option_op_and_list) {
+    em_scope_begin();
+    em_tensor *p[NP];
+    for (int j = 0; j < NP; j++) {
+        p[j] = em_keep(param_as(j, EM_F32, em_cpu()));
+        cr_assert_eq(em_requires_grad_(p[j], true), EM_OK);
+    }
+    em_dict *d = em_dict_new();
+    em_dict_set(d, "p0", p[0]);
+    em_options *o = em_options_new();
+    em_options_set_bool(o, "capturable", true);
+    em_options_set_bool(o, "amsgrad", true);
+    cr_assert_null(em_optimizer_new("Adam", d, o));
+    em_assert_error(EM_ERR_INVALID, "options 'capturable' and 'amsgrad' together");
+    em_options_free(o);
+    em_dict_free(d);
+    /* a bf16 parameter: no capturable Adam kernel (no master weights) */
+    em_tensor *b = em_keep(param_as(1, EM_BF16, em_cpu()));
+    cr_assert_eq(em_requires_grad_(b, true), EM_OK);
+    d = em_dict_new();
+    em_dict_set(d, "b", b);
+    o = em_options_new();
+    em_options_set_bool(o, "capturable", true);
+    em_optimizer *opt = em_optimizer_new("Adam", d, o);
+    cr_assert(opt, "%s", em_last_error());
+    em_tensor_set_grad(b, em_zeros_like(b));
+    cr_assert_eq(em_optimizer_step(opt), EM_ERR_NOKERNEL);
+    em_assert_error(EM_ERR_NOKERNEL, "Adam: capturable: parameter 0 (bfloat16 on cpu) cannot take "
+                    "fused_adam_capturable");
+    em_optimizer_free(opt);
+    em_options_free(o);
+    em_dict_free(d);
+    /* the lists */
+    const em_op *op = em_op_find("fused_adam_capturable");
+    cr_assert(op);
+    em_attr at[5] = {{.type = EM_ATTR_FLOAT, .v.f = 0.9}, {.type = EM_ATTR_FLOAT, .v.f = 0.999},
+                     {.type = EM_ATTR_FLOAT, .v.f = 1e-8}, {.type = EM_ATTR_FLOAT},
+                     {.type = EM_ATTR_BOOL}};
+    em_tensor *g = em_zeros_like(p[0]);
+    em_tensor *lr32 = em_zeros(0, NULL, EM_F32, em_cpu()), *lr1 = em_zeros(1, (int64_t[]){1}, EM_F64, em_cpu());
+    em_tensor *lr = em_zeros(0, NULL, EM_F64, em_cpu()), *steps = em_zeros(0, NULL, EM_F64, em_cpu());
+    em_tensor *out[4] = {p[0], em_zeros_like(p[0]), em_zeros_like(p[0]), steps};
+    const em_tensor *in_bad[2] = {g, lr32}, *in_1d[2] = {g, lr1}, *in_ok[2] = {g, lr};
+    cr_assert_eq(em_op_call_lists(op, 1, in_bad, at, out), EM_ERR_DTYPE);
+    em_assert_error(EM_ERR_DTYPE, "fused_adam_capturable: lr 0 is float32");
+    cr_assert_eq(em_op_call_lists(op, 1, in_1d, at, out), EM_ERR_SHAPE);
+    em_assert_error(EM_ERR_SHAPE, "fused_adam_capturable: tensor 0 of input list 'lr' has shape");
+    em_tensor *out_nostep[4] = {p[0], out[1], out[2], NULL};
+    cr_assert_eq(em_op_call_lists(op, 1, in_ok, at, out_nostep), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "fused_adam_capturable: the steps list is required");
+    cr_assert_eq(em_fill_(steps, -1), EM_OK);
+    cr_assert_eq(em_op_call_lists(op, 1, in_ok, at, out), EM_ERR_INVALID);
+    em_assert_error(EM_ERR_INVALID, "fused_adam_capturable: steps 0 is -1");
+    cr_assert_eq(em_fill_(steps, 4), EM_OK);
+    cr_assert_eq(em_op_call_lists(op, 1, in_ok, at, out), EM_OK, "%s", em_last_error());
+    double sv = 0;
+    cr_assert_eq(em_tensor_item(steps, &sv), EM_OK);
+    cr_assert_eq(sv, 5, "the kernel counts the step: %g", sv);
+    for (int j = 0; j < NP; j++) em_tensor_release(p[j]);
+    em_tensor_release(b);
     em_scope_end();
 }

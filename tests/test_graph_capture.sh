@@ -5,13 +5,21 @@
 # replays graphs as CUDA does (a host read or copy during a capture breaks it):
 #   - an MLP (Linear, ReLU, Linear, cross entropy) trained 3 epochs with SGD, momentum, weight
 #     decay and a per-epoch StepLR, with --graph-capture and without, ends with the same weights
-#     bit for bit and the same per-epoch train loss and accuracy in --metrics; the run with it
-#     says it replayed steps from 3 captures (one per epoch's lr) and the epochs' last, shorter
-#     batches ran as usual; a run with another seed ends elsewhere (the comparison can fail);
-#   - the refusals, each naming the option and the reason: the CPU, Adam, a per-step schedule,
-#     --clip-grad-norm, --accum-steps 2, amp fp16, a config's bad loop.graph_capture value, a step
-#     that draws random numbers (dropout, caught at the capture), and an op without a kernel on
-#     the device (its CPU fallback copies to the host, which breaks the capture).
+#     bit for bit, the same checkpoint tensors (the model and the optimizer's state) and
+#     scheduler state, the same optimizer groups (lr included; less the option capturable,
+#     which --graph-capture sets) and the same per-epoch train loss, accuracy and lr in
+#     --metrics; the run with it says it replayed steps from 1 capture (the lr is read on the
+#     device: a new epoch's lr needs no new capture) and the epochs' last, shorter batches ran
+#     as usual; a run with another seed ends elsewhere (the comparison can fail);
+#   - the same comparisons, 2 epochs each, for the steps whose scalars change every step, now
+#     device tensors their capturable kernels read (plugins/optim/optimizers.c): Adam with a
+#     per-step StepLR (its step count and bias corrections, and the lr), AdamW with weight
+#     decay and a per-step CosineAnnealingLR, SGD with a per-step LinearLR;
+#   - the refusals, each naming the option and the reason: the CPU, RMSprop (its host step
+#     count), Adam's amsgrad, a per-step OneCycleLR that cycles the momentum, --clip-grad-norm,
+#     --accum-steps 2, amp fp16, a config's bad loop.graph_capture value, a step that draws
+#     random numbers (dropout, caught at the capture), and an op without a kernel on the device
+#     (its CPU fallback copies to the host, which breaks the capture).
 # Run from the build directory (make check does).
 set -u
 srcdir=${srcdir:-.}
@@ -47,34 +55,75 @@ sgd='{class: SGD, lr: 0.05, momentum: 0.9, weight_decay: 1.0e-4}'
 step='{class: StepLR, interval: epoch, step_size: 1, gamma: 0.5}'
 cfg mlp "$mlp" "$sgd" "$step"
 # 1350 training samples in batches of 64: 21 full ones and one of 6 per epoch
-run() { # run NAME EXTRA...: 3 epochs on testdev:0
-    name=$1
-    shift
-    "$train" "$tmp/mlp.yaml" --plugin "$host" --device testdev:0 --epochs 3 --batch-size 64 \
-        --quiet --save-weights "$tmp/$name.safetensors" --metrics "$tmp/$name.csv" "$@" \
-        > "$tmp/$name.out" 2>&1
+run() { # run CONFIG NAME EPOCHS EXTRA...: on testdev:0
+    conf=$1 name=$2 ep=$3
+    shift 3
+    "$train" "$tmp/$conf.yaml" --plugin "$host" --device testdev:0 --epochs "$ep" --batch-size 64 \
+        --quiet --save-weights "$tmp/$name.safetensors" --metrics "$tmp/$name.csv" \
+        --checkpoint "$tmp/$name.ckpt" "$@" > "$tmp/$name.out" 2>&1
 }
-run eager || { bad "the eager run on testdev"; cat "$tmp/eager.out"; }
-run graph --graph-capture || { bad "the --graph-capture run"; cat "$tmp/graph.out"; }
-cmp -s "$tmp/eager.safetensors" "$tmp/graph.safetensors" ||
-    bad "--graph-capture changed the weights after 3 epochs"
-# the epoch rows' train loss and accuracy (the columns before the times)
+# A safetensors file's JSON header (its first 8 bytes are the header's length) and its data.
+hlen() { od -An -t u8 -N 8 "$1" | tr -d ' '; }
+header() { head -c $((8 + $(hlen "$1"))) "$1" | tail -c +9; }
+data() { tail -c +$((9 + $(hlen "$1"))) "$1"; }
+# A metadata value of a checkpoint's header (a JSON string, escapes kept).
+meta() { header "$1" | grep -o -E "\"$2\":\"([^\"\\\\]|\\\\.)*\"" ; }
+# the epoch rows' train loss, accuracy and lr (the columns before the times)
 cols() { head -1 "$1" | tr ',' '\n' | grep -n -x -e train_loss -e train_accuracy -e lr |
          cut -d: -f1 | paste -sd, -; }
-c=$(cols "$tmp/eager.csv")
-[ -n "$c" ] && [ "$c" = "$(cols "$tmp/graph.csv")" ] || bad "the metrics files' columns ($c)"
-cut -d, -f"$c" "$tmp/eager.csv" > "$tmp/eager.cols"
-cut -d, -f"$c" "$tmp/graph.csv" > "$tmp/graph.cols"
-[ "$(wc -l < "$tmp/eager.cols")" -eq 4 ] || bad "3 epoch rows in the eager metrics"
-cmp -s "$tmp/eager.cols" "$tmp/graph.cols" ||
-    { bad "the epochs' train loss or accuracy differ with --graph-capture"; diff "$tmp/eager.cols" "$tmp/graph.cols"; }
-# 3 epochs x 21 full batches, less the first 3 (eager warm-up); a capture per epoch's lr
-grep -q -- "--graph-capture: 60 steps replayed from 3 captures" "$tmp/graph.out" ||
-    { bad "the summary's replay count"; cat "$tmp/graph.out"; }
-grep -q -- "--graph-capture" "$tmp/eager.out" && bad "the eager run mentions --graph-capture"
-run seed1 --graph-capture --seed 1 || bad "the --seed 1 run"
-cmp -s "$tmp/seed1.safetensors" "$tmp/graph.safetensors" &&
+# same CONFIG EPOCHS REPLAYS: the eager and the --graph-capture run agree bit for bit
+same() {
+    conf=$1 ep=$2 replays=$3
+    run "$conf" "$conf-eager" "$ep" || { bad "$conf: the eager run on testdev"; cat "$tmp/$conf-eager.out"; }
+    run "$conf" "$conf-graph" "$ep" --graph-capture ||
+        { bad "$conf: the --graph-capture run"; cat "$tmp/$conf-graph.out"; }
+    e=$tmp/$conf-eager g=$tmp/$conf-graph
+    cmp -s "$e.safetensors" "$g.safetensors" ||
+        bad "$conf: --graph-capture changed the weights after $ep epochs"
+    # the checkpoints' tensors (model.*, optim.*: the states and step counts), byte for byte
+    [ -s "$e.ckpt" ] && [ -s "$g.ckpt" ] || bad "$conf: no checkpoints"
+    header "$e.ckpt" | grep -q '"optim\.' || bad "$conf: no optimizer tensors in the checkpoint"
+    data "$e.ckpt" > "$e.data"
+    data "$g.ckpt" > "$g.data"
+    [ -s "$e.data" ] && cmp -s "$e.data" "$g.data" ||
+        bad "$conf: the checkpoint's tensors (model and optimizer state) differ with --graph-capture"
+    # every tensor's name, dtype, shape and offsets (not the metadata)
+    [ "$(header "$e.ckpt" | grep -o -E '"(model|optim)\.[^"]*":\{[^}]*\}')" = \
+      "$(header "$g.ckpt" | grep -o -E '"(model|optim)\.[^"]*":\{[^}]*\}')" ] ||
+        bad "$conf: the checkpoints' tensor entries differ"
+    [ -n "$(meta "$e.ckpt" sched.state)" ] && [ "$(meta "$e.ckpt" sched.state)" = "$(meta "$g.ckpt" sched.state)" ] ||
+        bad "$conf: the scheduler state differs: $(meta "$e.ckpt" sched.state) / $(meta "$g.ckpt" sched.state)"
+    pg() { meta "$1" optim.param_groups | sed -e 's/\\"capturable\\":\(true\|false\),\{0,1\}//g'; }
+    case $(meta "$g.ckpt" optim.param_groups) in
+    *'\"capturable\":true'*) ;;
+    *) bad "$conf: the --graph-capture run's optimizer is not capturable: $(meta "$g.ckpt" optim.param_groups)" ;;
+    esac
+    [ -n "$(pg "$e.ckpt")" ] && [ "$(pg "$e.ckpt")" = "$(pg "$g.ckpt")" ] ||
+        bad "$conf: the optimizer's groups (lr) differ: $(pg "$e.ckpt") / $(pg "$g.ckpt")"
+    c=$(cols "$e.csv")
+    [ -n "$c" ] && [ "$c" = "$(cols "$g.csv")" ] || bad "$conf: the metrics files' columns ($c)"
+    cut -d, -f"$c" "$e.csv" > "$e.cols"
+    cut -d, -f"$c" "$g.csv" > "$g.cols"
+    [ "$(wc -l < "$e.cols")" -eq $((ep + 1)) ] || bad "$conf: $ep epoch rows in the eager metrics"
+    cmp -s "$e.cols" "$g.cols" ||
+        { bad "$conf: the epochs' train loss, accuracy or lr differ with --graph-capture"; diff "$e.cols" "$g.cols"; }
+    grep -q -- "--graph-capture: $replays steps replayed from 1 capture\$" "$g.out" ||
+        { bad "$conf: the summary's replay count ($replays from 1 capture)"; cat "$g.out"; }
+    grep -q -- "--graph-capture" "$e.out" && bad "$conf: the eager run mentions --graph-capture"
+}
+# 3 epochs x 21 full batches, less the first 3 (eager warm-up); one capture for every lr
+same mlp 3 60
+run mlp seed1 3 --graph-capture --seed 1 || bad "the --seed 1 run"
+cmp -s "$tmp/seed1.safetensors" "$tmp/mlp-graph.safetensors" &&
     bad "another seed gave the same weights: the comparison cannot fail"
+# per-step schedules and Adam's step count: 2 epochs x 21 full batches, less 3
+cfg adam "$mlp" '{class: Adam, lr: 0.002}' '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
+same adam 2 39
+cfg adamw "$mlp" '{class: AdamW, lr: 0.003, weight_decay: 0.05}' \
+    '{class: CosineAnnealingLR, interval: step, T_max: 30, eta_min: 1.0e-4}'
+same adamw 2 39
+cfg sgdstep "$mlp" "$sgd" '{class: LinearLR, interval: step, start_factor: 0.2, total_iters: 30}'
+same sgdstep 2 39
 
 "$train" --help 2>&1 | grep -q -- "--graph-capture          (loop.graph_capture)" ||
     bad "--help does not describe --graph-capture"
@@ -94,12 +143,15 @@ expect() { # expect RC NEEDLE CMD...
 opt="--graph-capture (loop.graph_capture)"
 expect 2 "$opt: device cpu cannot capture graphs (a CUDA device can)" \
     "$train" "$tmp/mlp.yaml" --device cpu --epochs 1 --graph-capture
-cfg adam "$mlp" '{class: Adam, lr: 0.001}' "$step"
-expect 2 "$opt: the Adam optimizer's step uses values the host changes every step (the step count of its bias corrections)" \
-    "$train" "$tmp/adam.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
-cfg perstep "$mlp" "$sgd" '{class: StepLR, interval: step, step_size: 5, gamma: 0.5}'
-expect 2 "$opt: a per-step schedule (scheduler interval: step)" \
-    "$train" "$tmp/perstep.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
+cfg rms "$mlp" '{class: RMSprop, lr: 0.001}' "$step"
+expect 2 "$opt: the RMSprop optimizer's step uses its step count, which the host changes every step" \
+    "$train" "$tmp/rms.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
+cfg ams "$mlp" '{class: Adam, lr: 0.001, amsgrad: true}' "$step"
+expect 2 "$opt: the Adam optimizer's amsgrad: the capturable kernels" \
+    "$train" "$tmp/ams.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
+cfg cycle "$mlp" "$sgd" '{class: OneCycleLR, interval: step, max_lr: 0.1, total_steps: 100}'
+expect 2 "$opt: a per-step OneCycleLR with cycle_momentum sets a new momentum (beta1) every step" \
+    "$train" "$tmp/cycle.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
 expect 2 "$opt: --clip-grad-norm (loop.clip_grad_norm) reads the gradient norm on the host" \
     "$train" "$tmp/mlp.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture \
     --clip-grad-norm 1

@@ -566,7 +566,9 @@ static void check_lists(unit *u, const em_op *op, const row *r, em_dtype dt, dou
     row_str(r, rs, sizeof rs);
     if (build(r, dt, in) != EM_OK) return unit_fail(u, "%s: inputs: %s", rs, em_last_error());
     for (int i = 0; i < r->c->n_in; i++)
-        in64[i] = in[i] && r->c->in[i].dtype < 0 ? em_to_dtype(in[i], EM_F64) : in[i];
+        in64[i] = in[i] && r->c->in[i].dtype < 0 ? em_to_dtype(in[i], EM_F64)
+                  : in[i] && i >= s->n_inputs ? em_clone(in[i]) /* updated: each call its own */
+                                              : in[i];
     em_status st = em_op_call_lists(op, 1, (const em_tensor *const *)in, r->c->attrs,
                                     in + s->n_inputs);
     if (st == EM_OK && em_dtype_is_floating(dt) && dt != EM_F64)

@@ -910,14 +910,18 @@ static em_tensor *scaled(const run *r, em_tensor *loss) {
 
 /* ---- --graph-capture ----------------------------------------------------------------------------
  *
- * A full-size batch's step (forward, loss, the batch metric, backward, SGD step) recorded once
- * as a graph (em_graph_capture_begin, ember/device.h) on a stream of the run's own, which is the
- * loop's current stream from start to end so that the loader's copies, the eager steps,
+ * A full-size batch's step (forward, loss, the batch metric, backward, optimizer step) recorded
+ * once as a graph (em_graph_capture_begin, ember/device.h) on a stream of the run's own, which
+ * is the loop's current stream from start to end so that the loader's copies, the eager steps,
  * evaluation and the replays run in order; later full-size batches are copied into the
  * captured batch's storages and the graph replayed, and the loss and metric are read from the
- * captured outputs. What a replay cannot see is refused up front (graph_refusal) or caught at
- * the capture (random numbers drawn, an op that reads the host); a per-epoch schedule's new
- * lr makes a new capture. */
+ * captured outputs. The optimizer runs with its option capturable (SGD, Adam, AdamW: the lr
+ * and Adam's step count are device tensors its kernels read, plugins/optim/optimizers.c), so
+ * a replay sees the lr a schedule set since (per step or per epoch: em_optimizer_set_lr fills
+ * the group's lr tensor outside the graph) and Adam's count moves on the device. What a replay
+ * cannot see is refused up front (graph_refusal) or caught at the capture (random numbers
+ * drawn, an op that reads the host); a change of another scalar of the captured step (a
+ * momentum or beta1 a schedule cycles) makes a new capture. */
 
 enum { GRAPH_WARMUP = 3 }; /* full-size steps run eagerly first: optimizer state, caches */
 
@@ -928,8 +932,9 @@ typedef struct gstep {
     em_graph *g;                   /* NULL: not captured (yet, or since the lr changed) */
     em_tensor *x[IN_MAX], *y, *mask; /* the captured batch: replays read these storages */
     em_tensor *loss, *metric;      /* its outputs (0-dim; metric NULL without epoch rows) */
-    double *lr;                    /* (groups) the lrs the capture used */
+    double *hp;                    /* (groups) the momentum / beta1 the capture used */
     int64_t warm, captures, replays;
+    bool fresh; /* captured, not replayed yet */
 } gstep;
 
 /* Why this run's step cannot be replayed as a graph; NULL: it can. */
@@ -941,16 +946,26 @@ static const char *graph_refusal(const run *r, char *buf, size_t cap) {
         return buf;
     }
     const char *cls = em_optimizer_class(r->opt)->name;
-    if (strcmp(cls, "SGD")) {
-        snprintf(buf, cap, "the %s optimizer's step uses values the host changes every step "
-                 "(%s), which a replay would repeat: only SGD steps replay as captured", cls,
-                 !strcmp(cls, "Adam") || !strcmp(cls, "AdamW")
-                     ? "the step count of its bias corrections" : "its step count");
+    bool adam = !strcmp(cls, "Adam") || !strcmp(cls, "AdamW");
+    if (strcmp(cls, "SGD") && !adam) {
+        snprintf(buf, cap, "the %s optimizer's step uses its step count, which the host "
+                 "changes every step and a replay would repeat: SGD, Adam and AdamW steps "
+                 "replay as captured (their capturable kernels read the lr and the count on the "
+                 "device)", cls);
         return buf;
     }
-    if (r->sched && r->sched_per_step)
-        return "a per-step schedule (scheduler interval: step) sets a new lr every step, which "
-               "a replay would not see (per-epoch schedules are captured again each epoch)";
+    for (int g = 0; adam && g < em_optimizer_group_count(r->opt); g++)
+        if (em_options_bool(em_optimizer_group_options(r->opt, g), "amsgrad")) {
+            snprintf(buf, cap, "the %s optimizer's amsgrad: the capturable kernels (which read "
+                     "the step count and the lr on the device) have no AMSGrad maximum", cls);
+            return buf;
+        }
+    if (r->sched && r->sched_per_step &&
+        !strcmp(em_scheduler_class(r->sched)->name, "OneCycleLR") &&
+        em_options_bool(em_scheduler_options(r->sched), "cycle_momentum"))
+        return "a per-step OneCycleLR with cycle_momentum sets a new momentum (beta1) every "
+               "step, a scalar of the captured step a replay would repeat (cycle_momentum: "
+               "false keeps it; the lr is read on the device)";
     if (r->scaler)
         return "--amp fp16's gradient scaler keeps its scale on the host and skips steps there";
     if (r->s.clip_grad_norm > 0)
@@ -980,8 +995,14 @@ static em_status graph_open(run *r, gstep *g) {
     const char *no = graph_refusal(r, why, sizeof why);
     if (no) return em_set_error(EM_ERR_INVALID, "--graph-capture (loop.graph_capture): %s", no);
     int ng = em_optimizer_group_count(r->opt);
-    if (!(g->lr = calloc((size_t)(ng ? ng : 1), sizeof *g->lr)))
+    if (!(g->hp = calloc((size_t)(ng ? ng : 1), sizeof *g->hp)))
         return em_set_error(EM_ERR_NOMEM, "--graph-capture: out of memory");
+    /* the optimizer's capturable form: the lr and Adam's step count on the device */
+    for (int i = 0; i < ng; i++) {
+        em_status st = em_options_set_bool(em_optimizer_group_options_mutable(r->opt, i),
+                                           "capturable", true);
+        if (st != EM_OK) return st;
+    }
     g->prev = em_stream_current(r->dev);
     em_status st = em_stream_create(r->dev, &g->s);
     if (st == EM_OK && (st = em_stream_set_current(r->dev, g->s)) != EM_OK) {
@@ -999,15 +1020,25 @@ static void graph_close(run *r, gstep *g) {
         em_stream_set_current(r->dev, g->prev);
         em_stream_free(r->dev, g->s);
     }
-    free(g->lr);
+    free(g->hp);
     g->s = NULL;
-    g->lr = NULL;
+    g->hp = NULL;
 }
 
-/* Whether the graph's lrs are the optimizer's now (a per-epoch schedule changes them). */
-static bool graph_lr_same(const run *r, const gstep *g) {
+/* The group's scalar of the step that a schedule may cycle (SGD's momentum, Adam's beta1):
+ * an attribute of the captured kernels (the lr is read on the device). */
+static double group_hp(const run *r, int i) {
+    const em_options *o = em_optimizer_group_options(r->opt, i);
+    if (em_options_has(o, "momentum")) return em_options_float(o, "momentum");
+    double b[EM_OPT_MAX_LIST] = {0};
+    em_options_floats(o, "betas", b, EM_OPT_MAX_LIST);
+    return b[0];
+}
+
+/* Whether the graph's momentum / beta1 are the optimizer's now. */
+static bool graph_hp_same(const run *r, const gstep *g) {
     for (int i = 0; i < em_optimizer_group_count(r->opt); i++)
-        if (em_optimizer_lr(r->opt, i) != g->lr[i]) return false;
+        if (group_hp(r, i) != g->hp[i]) return false;
     return true;
 }
 
@@ -1071,9 +1102,9 @@ static em_status graph_capture(run *r, gstep *g, em_tensor *const *xs, em_tensor
                             "step draws random numbers (dropout?), and every replay would draw "
                             "the same ones; train without --graph-capture");
     }
-    for (int i = 0; i < em_optimizer_group_count(r->opt); i++)
-        g->lr[i] = em_optimizer_lr(r->opt, i);
+    for (int i = 0; i < em_optimizer_group_count(r->opt); i++) g->hp[i] = group_hp(r, i);
     g->captures++;
+    g->fresh = true;
     return EM_OK;
 }
 
@@ -1086,6 +1117,9 @@ static em_status graph_replay(run *r, gstep *g, em_tensor *const *xs, em_tensor 
     if (st == EM_OK) st = em_copy_(g->y, y);
     if (st == EM_OK && g->mask) st = em_copy_(g->mask, mask);
     if (st == EM_OK) st = em_graph_replay(g->g);
+    /* em_optimizer_steps: the capture's em_optimizer_step counted the first replay's step */
+    if (st == EM_OK && !g->fresh) st = em_optimizer_count_replayed(r->opt, 1);
+    if (st == EM_OK) g->fresh = false;
     if (st == EM_OK) st = em_tensor_item(g->loss, lv);
     if (st == EM_OK && g->metric) st = em_tensor_item(g->metric, mv);
     if (st == EM_OK) g->replays++;
@@ -1507,7 +1541,7 @@ int train_loop(run *r) {
             bool graphed = gs.on && bs == B && gs.warm >= GRAPH_WARMUP;
             double lv = NAN, mv = 0;
             if (graphed) {
-                if (gs.g && !graph_lr_same(r, &gs)) graph_drop(&gs); /* a new epoch's lr */
+                if (gs.g && !graph_hp_same(r, &gs)) graph_drop(&gs); /* a new momentum */
                 em_status gst = gs.g ? EM_OK : graph_capture(r, &gs, xs, y, mask, k.epochs);
                 if (gst == EM_OK) gst = graph_replay(r, &gs, xs, y, mask, &lv, &mv);
                 if (gst != EM_OK) { /* the capture's messages name the option already */

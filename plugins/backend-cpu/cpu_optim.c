@@ -153,7 +153,16 @@ typedef struct item {
     const em_ktensor *op[MAX_OPERANDS];
     const em_ktensor *param;
     int nops;
+    const void *scalars; /* the capturable forms: this tensor's own; NULL: the call's */
 } item;
+
+/* A capturable call's scalars of one tensor (its lr and step count are its own). */
+typedef union item_scalars {
+    sgd_f32 s32;
+    sgd_f64 s64;
+    adam_f32 a32;
+    adam_f64 a64;
+} item_scalars;
 
 typedef struct step_call {
     bool f64;            /* compute type: double (f64 params) or float */
@@ -191,15 +200,16 @@ static int adam_variant(bool amsgrad, bool decoupled, bool wd) {
 
 /* Run the call's loop on n elements given as compute-type pointers (p[0] the weight, p[1] the
  * grad, p[2..] the states; absent states NULL). */
-static void run_loop(const step_call *c, void **p, int64_t n) {
+static void run_loop(const step_call *c, const item *it, void **p, int64_t n) {
+    const void *s = it->scalars ? it->scalars : c->scalars;
     if (c->adam && c->f64)
-        adam64[c->variant](p[0], p[1], p[2], p[3], p[4], n, c->scalars);
+        adam64[c->variant](p[0], p[1], p[2], p[3], p[4], n, s);
     else if (c->adam)
-        adam32[c->variant](p[0], p[1], p[2], p[3], p[4], n, c->scalars);
+        adam32[c->variant](p[0], p[1], p[2], p[3], p[4], n, s);
     else if (c->f64)
-        sgd64[c->variant](p[0], p[1], p[2], n, c->scalars);
+        sgd64[c->variant](p[0], p[1], p[2], n, s);
     else
-        sgd32[c->variant](p[0], p[1], p[2], n, c->scalars);
+        sgd32[c->variant](p[0], p[1], p[2], n, s);
 }
 
 /* Element i of t (linear index in C order) as a byte pointer. */
@@ -252,7 +262,7 @@ static void run_range(const step_call *c, const item *it, int64_t lo, int64_t hi
         void *p[MAX_OPERANDS] = {0};
         for (int k = 0; k < it->nops; k++)
             if (it->op[k]) p[k] = (char *)it->op[k]->data + lo * (int64_t)e;
-        run_loop(c, p, hi - lo);
+        run_loop(c, it, p, hi - lo);
         return;
     }
     /* Gather, update, write back; operands already in the compute type and contiguous are
@@ -277,7 +287,7 @@ static void run_range(const step_call *c, const item *it, int64_t lo, int64_t hi
                 for (int64_t i = 0; i < n; i++) ((float *)buf[k])[i] = (float)load_elem(t, b + i);
         }
         if (it->param) sync_master(it->param, b, n, p[0]);
-        run_loop(c, p, n);
+        run_loop(c, it, p, n);
         for (int k = 0; k < it->nops; k++) {
             if (!copied[k] || k == 1) continue; /* the grad is read-only */
             for (int64_t i = 0; i < n; i++)
@@ -319,15 +329,22 @@ static void run_call(const em_kernel_ctx *k, const step_call *c) {
 
 /* ---- checks and kernels -------------------------------------------------------------------------- */
 
-/* Check the lists' dtypes and presence and fill the items. lists[l] points at list l's count
- * ktensors (0: params, 1: grads, 2..: states, then master); required[l] says whether a
- * state list must be there. */
+/* The tensors per list of the call. */
+static int list_count(const em_kernel_ctx *k) {
+    return k->n_out / em_op_schema_of(k->op)->n_outputs;
+}
+
+/* Check the lists' dtypes and presence and fill the items. The output lists: 0 the params,
+ * 1.. the states, then master (when has_master; the capturable Adam forms have none); the
+ * grads are input list 0; required[s] says whether a state list must be there. */
 static em_status build_items(const em_kernel_ctx *k, int n_states, const char *const *names,
-                             const bool *required, item *items) {
+                             const bool *required, bool has_master, item *items) {
     const char *op = em_op_name(k->op);
-    int count = k->n_in;
+    int count = list_count(k);
+    static const em_ktensor none = {0};
     const em_ktensor *params = k->out, *grads = k->in;
-    const em_ktensor *master = k->out + (size_t)(1 + n_states) * (size_t)count;
+    const em_ktensor *master = has_master ? k->out + (size_t)(1 + n_states) * (size_t)count
+                                          : &none;
     em_dtype pdt = params[0].dtype;
     bool low = pdt == EM_F16 || pdt == EM_BF16;
     if (master[0].data && !low)
@@ -381,13 +398,15 @@ static bool battr(const em_kernel_ctx *k, int i) {
 /* Items on the stack for calls up to this many tensors. */
 #define STACK_ITEMS 32
 
-static em_status run_fused(const em_kernel_ctx *k, step_call *c, int n_states,
-                           const char *const *names, const bool *required) {
-    int count = k->n_in;
+static em_status run_fused_with(const em_kernel_ctx *k, step_call *c, int n_states,
+                                const char *const *names, const bool *required, bool has_master,
+                                const item_scalars *own) {
+    int count = list_count(k);
     item stack[STACK_ITEMS], *items = stack;
     if (count > STACK_ITEMS && !(items = cpu_scratch(k, (size_t)count * sizeof *items)))
         return em_last_status(); /* "<op>: out of memory for ... kernel workspace" */
-    em_status st = build_items(k, n_states, names, required, items);
+    em_status st = build_items(k, n_states, names, required, has_master, items);
+    for (int j = 0; st == EM_OK && own && j < count; j++) items[j].scalars = &own[j];
     if (st == EM_OK) {
         c->items = items;
         c->count = count;
@@ -395,6 +414,11 @@ static em_status run_fused(const em_kernel_ctx *k, step_call *c, int n_states,
         run_call(k, c);
     }
     return st; /* items: the stack or workspace */
+}
+
+static em_status run_fused(const em_kernel_ctx *k, step_call *c, int n_states,
+                           const char *const *names, const bool *required) {
+    return run_fused_with(k, c, n_states, names, required, true, NULL);
 }
 
 static em_status k_fused_sgd(const em_kernel_ctx *k) {
@@ -432,6 +456,95 @@ static em_status fused_adam(const em_kernel_ctx *k, bool decoupled) {
 }
 static em_status k_fused_adam(const em_kernel_ctx *k) { return fused_adam(k, false); }
 static em_status k_fused_adamw(const em_kernel_ctx *k) { return fused_adam(k, true); }
+
+/* ---- the capturable forms: lr and Adam's step count read from (device) memory -------------- */
+
+/* Tensor j of a scalar list (lr or steps): a 0-dim float64 tensor. */
+static em_status scalar_of(const em_kernel_ctx *k, const em_ktensor *t, const char *list, int j,
+                           double *v) {
+    if (!t->data)
+        return em_set_error(EM_ERR_INVALID, "%s: the %s list is required", em_op_name(k->op),
+                            list);
+    if (t->dtype != EM_F64 || t->ndim != 0)
+        return em_set_error(EM_ERR_DTYPE, "%s: %s %d is %s with %d dims; it must be a 0-dim "
+                            "float64 tensor", em_op_name(k->op), list, j,
+                            em_dtype_name(t->dtype), t->ndim);
+    *v = *(const double *)t->data;
+    return EM_OK;
+}
+
+/* Per-tensor scalars on the stack for calls up to this many tensors. */
+static item_scalars *own_scalars(const em_kernel_ctx *k, item_scalars *stack, int count) {
+    return count <= STACK_ITEMS ? stack : cpu_scratch(k, (size_t)count * sizeof *stack);
+}
+
+static em_status k_fused_sgd_capturable(const em_kernel_ctx *k) {
+    double mom = fattr(k, 0), damp = fattr(k, 1), wd = fattr(k, 2);
+    bool nesterov = battr(k, 3), maximize = battr(k, 4), fresh = battr(k, 5);
+    double sign = maximize ? -1 : 1;
+    int count = list_count(k);
+    bool f64 = k->out[0].dtype == EM_F64;
+    item_scalars stack[STACK_ITEMS], *own = own_scalars(k, stack, count);
+    if (!own) return em_last_status();
+    for (int j = 0; j < count; j++) {
+        double lr;
+        em_status st = scalar_of(k, &k->in[count + j], "lr", j, &lr);
+        if (st != EM_OK) return st;
+        if (f64) own[j].s64 = (sgd_f64){-lr, mom, 1 - damp, wd, sign};
+        else own[j].s32 = (sgd_f32){(float)-lr, (float)mom, (float)(1 - damp), (float)wd,
+                                    (float)sign};
+    }
+    step_call c = {.variant = sgd_variant(mom != 0, fresh, nesterov, wd != 0), .adam = false};
+    static const char *const names[] = {"momentum_buffer"};
+    const bool required[] = {mom != 0};
+    return run_fused_with(k, &c, 1, names, required, true, own);
+}
+
+static em_status fused_adam_capturable(const em_kernel_ctx *k, bool decoupled) {
+    double b1 = fattr(k, 0), b2 = fattr(k, 1), eps = fattr(k, 2), wd = fattr(k, 3);
+    bool maximize = battr(k, 4);
+    int count = list_count(k);
+    const em_ktensor *steps = k->out + (size_t)3 * (size_t)count;
+    if (k->out[0].dtype != EM_F32 && k->out[0].dtype != EM_F64)
+        return em_set_error(EM_ERR_DTYPE, "%s: the params are %s; the capturable form takes "
+                            "float32 and float64 params (no master weights)", em_op_name(k->op),
+                            em_dtype_name(k->out[0].dtype));
+    bool f64 = k->out[0].dtype == EM_F64;
+    item_scalars stack[STACK_ITEMS], *own = own_scalars(k, stack, count);
+    if (!own) return em_last_status();
+    for (int j = 0; j < count; j++) {
+        double lr, step;
+        em_status st = scalar_of(k, &k->in[count + j], "lr", j, &lr);
+        if (st == EM_OK) st = scalar_of(k, &steps[j], "steps", j, &step);
+        if (st != EM_OK) return st;
+        if (!(step >= 0))
+            return em_set_error(EM_ERR_INVALID, "%s: steps %d is %g; a step count is at least "
+                                "0", em_op_name(k->op), j, step);
+        step += 1; /* the count after this update, as fused_adam's attribute */
+        /* fused_adam's scalars, from this tensor's lr and count */
+        double bc1 = 1 - pow(b1, step), bc2_sqrt = sqrt(1 - pow(b2, step)), step_size = lr / bc1;
+        double decay = 1 - lr * wd;
+        if (f64)
+            own[j].a64 = (adam_f64){b1, 1 - b1, b2, 1 - b2, eps, wd, decay, bc2_sqrt, -step_size,
+                                    maximize ? -1.0 : 1.0};
+        else
+            own[j].a32 = (adam_f32){(float)b1, (float)(1 - b1), (float)b2, (float)(1 - b2),
+                                    (float)eps, (float)wd, (float)decay, (float)bc2_sqrt,
+                                    (float)-step_size, maximize ? -1.0f : 1.0f};
+    }
+    step_call c = {.variant = adam_variant(false, decoupled, wd != 0), .adam = true};
+    static const char *const names[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    const bool required[] = {true, true, false};
+    em_status st = run_fused_with(k, &c, 2, names, required, false, own);
+    for (int j = 0; st == EM_OK && j < count; j++) *(double *)steps[j].data += 1;
+    return st;
+}
+static em_status k_fused_adam_capturable(const em_kernel_ctx *k) {
+    return fused_adam_capturable(k, false);
+}
+static em_status k_fused_adamw_capturable(const em_kernel_ctx *k) {
+    return fused_adam_capturable(k, true);
+}
 
 /* ---- amp_unscale_: the gradient scaler's check-and-unscale ----------------------------------- */
 
@@ -511,5 +624,14 @@ em_status cpu_register_optim(em_registry *r) {
         st = cpu_register_kernels(r, "fused_adamw", flt, n, k_fused_adamw, "cpu_fused_adamw");
     if (st == EM_OK)
         st = cpu_register_kernels(r, "amp_unscale_", flt, n, k_amp_unscale, "cpu_amp_unscale");
+    if (st == EM_OK)
+        st = cpu_register_kernels(r, "fused_sgd_capturable", flt, n, k_fused_sgd_capturable,
+                                  "cpu_fused_sgd_capturable");
+    if (st == EM_OK)
+        st = cpu_register_kernels(r, "fused_adam_capturable", flt, 2, k_fused_adam_capturable,
+                                  "cpu_fused_adam_capturable");
+    if (st == EM_OK)
+        st = cpu_register_kernels(r, "fused_adamw_capturable", flt, 2, k_fused_adamw_capturable,
+                                  "cpu_fused_adamw_capturable");
     return st;
 }

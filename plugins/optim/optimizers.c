@@ -95,6 +95,9 @@ static em_status check_betas(const em_options *opts, const char *where) {
     if (n != 2)
         return em_set_error(EM_ERR_INVALID, "%s: option 'betas' needs 2 values (beta1, beta2), "
                             "got %d", where, n);
+    if (em_options_bool(opts, "capturable") && em_options_bool(opts, "amsgrad"))
+        return em_set_error(EM_ERR_INVALID, "%s: options 'capturable' and 'amsgrad' together: "
+                            "the capturable kernels have no AMSGrad maximum", where);
     return EM_OK;
 }
 
@@ -151,6 +154,7 @@ typedef struct pending {
     em_tensor *p;
     const em_tensor *grad;
     em_tensor *outs[4];
+    em_tensor *lr; /* the capturable forms: the group's lr on the device (input list 1) */
     double key;
     bool taken;
 } pending;
@@ -162,25 +166,31 @@ static bool same_bucket(const pending *a, const pending *b) {
 
 static em_status fused_call(const em_op *op, pending *const *batch, int n, int n_outs,
                             const em_attr *attrs) {
-    const em_tensor *grads[FUSED_MAX];
+    const em_tensor *in[2 * FUSED_MAX];
     em_tensor *out[5 * FUSED_MAX];
     for (int j = 0; j < n; j++) {
-        grads[j] = batch[j]->grad;
+        in[j] = batch[j]->grad;
+        in[n + j] = batch[j]->lr; /* read by the capturable forms only (2 input lists) */
         out[j] = batch[j]->p;
         for (int l = 1; l < n_outs; l++) out[l * n + j] = batch[j]->outs[l - 1];
     }
-    return em_op_call_lists(op, n, grads, attrs, out);
+    return em_op_call_lists(op, n, in, attrs, out);
 }
 
 /* Run op over the pending parameters, one call per bucket (at most FUSED_MAX each); the
- * bucket's key goes into attribute key_attr (a bool for SGD, a float for Adam). */
+ * bucket's key goes into attribute key_attr (a bool for SGD, a float for Adam; -1: none, the
+ * capturable Adam forms). */
 static em_status fused_run(const em_op *op, pending *pend, int np, int n_outs, em_attr *attrs,
                            int key_attr) {
     pending *batch[FUSED_MAX];
     for (int i = 0; i < np; i++) {
         if (pend[i].taken) continue;
-        if (attrs[key_attr].type == EM_ATTR_BOOL) attrs[key_attr].v.b = pend[i].key != 0;
-        else attrs[key_attr].v.f = pend[i].key;
+        if (key_attr < 0) {
+        } else if (attrs[key_attr].type == EM_ATTR_BOOL) {
+            attrs[key_attr].v.b = pend[i].key != 0;
+        } else {
+            attrs[key_attr].v.f = pend[i].key;
+        }
         int n = 0;
         for (int j = i; j < np; j++) {
             if (pend[j].taken || !same_bucket(&pend[i], &pend[j])) continue;
@@ -194,6 +204,60 @@ static em_status fused_run(const em_op *op, pending *pend, int np, int n_outs, e
         if (st != EM_OK) return st;
     }
     return EM_OK;
+}
+
+/* ---- capturable steps ---------------------------------------------------------------------- *
+ *
+ * With the option capturable (SGD, Adam, AdamW; PyTorch's Adam has it), every parameter takes
+ * the capturable fused form (fused_sgd_capturable, fused_adam_capturable,
+ * fused_adamw_capturable: core/ops_optim.c), whose kernel reads the group's learning rate
+ * from a tensor on the parameters' device (em_optimizer_lr_tensor) and Adam's step count from
+ * its "step" state, kept there (a 0-dim float64 tensor on the parameter's device, incremented
+ * by the kernel): nothing of the step is read or written on the host, so a step captured in a
+ * graph replays as it would run. The arithmetic is the plain fused form's. A parameter that
+ * cannot take it (no such kernel for its device and dtype) is an error naming it. */
+
+/* The capturable form's refusal of p: why, naming the option. */
+static em_status capturable_refused(em_optimizer *o, int idx, const em_tensor *p,
+                                    const em_tensor *grad, const char *op_name) {
+    char d[48];
+    const char *why = !em_device_equal(em_tensor_device(grad), em_tensor_device(p))
+                          ? "its grad is on another device"
+                      : em_tensor_dtype(grad) != em_tensor_dtype(p)
+                          ? "its grad has another dtype"
+                          : "the device has no kernel of it for that dtype";
+    return em_set_error(EM_ERR_NOKERNEL, "%s: capturable: parameter %d (%s on %s) cannot take "
+                        "%s (%s); capturable steps run only that fused form",
+                        em_optimizer_class(o)->name, idx, em_dtype_name(em_tensor_dtype(p)),
+                        em_device_str(em_tensor_device(p), d, sizeof d), op_name, why);
+}
+
+/* The group's lr tensor on p's device; one device per group. Borrowed. */
+static em_tensor *capturable_lr(em_optimizer *o, int g, int idx, const em_tensor *p,
+                                em_tensor *have) {
+    char a[48], b[48];
+    if (have && !em_device_equal(em_tensor_device(have), em_tensor_device(p)))
+        return em_set_error(EM_ERR_DEVICE, "%s: capturable: parameter %d is on %s but another "
+                            "of group %d on %s; a capturable group's parameters share one "
+                            "device (its lr tensor)", em_optimizer_class(o)->name, idx,
+                            em_device_str(em_tensor_device(p), a, sizeof a), g,
+                            em_device_str(em_tensor_device(have), b, sizeof b)),
+               NULL;
+    return have ? have : em_optimizer_lr_tensor(o, g, em_tensor_device(p));
+}
+
+/* Adam's "step" state as a 0-dim float64 tensor on p's device (moved there once, e.g. after a
+ * state dict load; zero when absent). Borrowed. */
+static em_tensor *device_step(em_optimizer *o, int idx, const em_tensor *p) {
+    em_tensor *t = em_optimizer_state(o, idx, "step");
+    if (t && em_device_equal(em_tensor_device(t), em_tensor_device(p)) &&
+        em_tensor_dtype(t) == EM_F64 && em_tensor_ndim(t) == 0)
+        return t;
+    em_tensor *u = t ? em_to_dtype(em_to_device(t, em_tensor_device(p)), EM_F64)
+                     : em_zeros(0, NULL, EM_F64, em_tensor_device(p));
+    if (u && em_tensor_ndim(u) != 0) u = em_reshape(u, 0, NULL);
+    if (!u || em_optimizer_set_state(o, idx, "step", u) != EM_OK) return NULL;
+    return u;
 }
 
 #define F(x) {.type = EM_ATTR_FLOAT, .v.f = (x)}
@@ -232,6 +296,9 @@ static em_status sgd_group(em_optimizer *o, int g, const em_op *op, pending *pen
     sgd_hp h = {em_options_float(opts, "lr"), em_options_float(opts, "momentum"),
                 em_options_float(opts, "dampening"), em_options_float(opts, "weight_decay"),
                 em_options_bool(opts, "nesterov"), em_options_bool(opts, "maximize")};
+    bool cap = em_options_bool(opts, "capturable");
+    if (cap && !(op = em_op_find("fused_sgd_capturable"))) return em_last_status();
+    em_tensor *lr_t = NULL;
     int np = 0;
     em_status st = EM_OK;
     for (int i = 0; i < em_optimizer_param_count(o, g) && st == EM_OK; i++) {
@@ -239,12 +306,14 @@ static em_status sgd_group(em_optimizer *o, int g, const em_op *op, pending *pen
         em_tensor *p = em_optimizer_param(o, g, i, &idx, NULL);
         const em_tensor *grad = em_tensor_grad(p);
         if (!grad) continue;
+        if (cap && !fusable(op, p, grad)) return capturable_refused(o, idx, p, grad, em_op_name(op));
+        if (cap && !(lr_t = capturable_lr(o, g, idx, p, lr_t))) return em_last_status();
         if (!fusable(op, p, grad)) {
             st = sgd_one(o, idx, p, grad, &h);
             continue;
         }
         pending *q = &pend[np++];
-        *q = (pending){.p = p, .grad = grad};
+        *q = (pending){.p = p, .grad = grad, .lr = lr_t};
         bool fresh = false;
         if (h.momentum != 0 &&
             !(q->outs[0] = fused_state(o, idx, "momentum_buffer", p, &fresh)))
@@ -255,6 +324,7 @@ static em_status sgd_group(em_optimizer *o, int g, const em_op *op, pending *pen
     }
     em_attr attrs[7] = {F(h.lr), F(h.momentum), F(h.dampening), F(h.wd), B(h.nesterov),
                         B(h.maximize), B(false)};
+    if (st == EM_OK && cap) return fused_run(op, pend, np, 3, attrs + 1, 5); /* less lr */
     return st == EM_OK ? fused_run(op, pend, np, 3, attrs, 6) : st;
 }
 
@@ -293,6 +363,9 @@ static const em_option_spec sgd_options[] = {
      .help = "Nesterov momentum (needs momentum > 0 and dampening 0)"},
     {.name = "maximize", .types = EM_OPT_BOOL, .def = {.b = false},
      .help = "maximize the objective instead of minimizing it"},
+    {.name = "capturable", .types = EM_OPT_BOOL, .def = {.b = false},
+     .help = "read the lr on the parameters' device (the fused_sgd_capturable kernel), so the "
+             "step can be captured in a graph and replayed"},
 };
 
 /* ---- Adam and AdamW --------------------------------------------------------------------------- */
@@ -346,6 +419,31 @@ done:
     return st;
 }
 
+/* A capturable group: every parameter through fused_adam(w)_capturable, the step counts and
+ * the lr on the device. */
+static em_status adam_capturable_group(em_optimizer *o, int g, pending *pend, const adam_hp *h) {
+    const em_op *op = em_op_find(h->decoupled ? "fused_adamw_capturable" : "fused_adam_capturable");
+    if (!op) return em_last_status();
+    em_tensor *lr_t = NULL;
+    int np = 0;
+    for (int i = 0; i < em_optimizer_param_count(o, g); i++) {
+        int idx;
+        em_tensor *p = em_optimizer_param(o, g, i, &idx, NULL);
+        const em_tensor *grad = em_tensor_grad(p);
+        if (!grad) continue;
+        if (!fusable(op, p, grad)) return capturable_refused(o, idx, p, grad, em_op_name(op));
+        if (!(lr_t = capturable_lr(o, g, idx, p, lr_t))) return em_last_status();
+        pending *q = &pend[np++];
+        *q = (pending){.p = p, .grad = grad, .lr = lr_t};
+        if (!(q->outs[0] = fused_state(o, idx, "exp_avg", p, NULL)) ||
+            !(q->outs[1] = fused_state(o, idx, "exp_avg_sq", p, NULL)) ||
+            !(q->outs[2] = device_step(o, idx, p)))
+            return em_last_status();
+    }
+    em_attr attrs[5] = {F(h->b1), F(h->b2), F(h->eps), F(h->wd), B(h->maximize)};
+    return fused_run(op, pend, np, 4, attrs, -1);
+}
+
 static em_status adam_like_group(em_optimizer *o, int g, const em_op *op, pending *pend,
                                  bool decoupled) {
     const em_options *opts = em_optimizer_group_options(o, g);
@@ -354,6 +452,8 @@ static em_status adam_like_group(em_optimizer *o, int g, const em_op *op, pendin
     adam_hp h = {em_options_float(opts, "lr"), betas[0], betas[1], em_options_float(opts, "eps"),
                  em_options_float(opts, "weight_decay"), em_options_bool(opts, "amsgrad"),
                  em_options_bool(opts, "maximize"), decoupled};
+    if (em_options_bool(opts, "capturable"))
+        return adam_capturable_group(o, g, pend, &h);
     int np = 0;
     em_status st = EM_OK;
     for (int i = 0; i < em_optimizer_param_count(o, g) && st == EM_OK; i++) {
@@ -407,7 +507,11 @@ static em_status adamw_step(em_optimizer *o) {
     {.name = "amsgrad", .types = EM_OPT_BOOL, .def = {.b = false},                               \
      .help = "use the AMSGrad variant (the maximum of past squared-gradient averages)"},        \
     {.name = "maximize", .types = EM_OPT_BOOL, .def = {.b = false},                              \
-     .help = "maximize the objective instead of minimizing it"}
+     .help = "maximize the objective instead of minimizing it"},                                \
+    {.name = "capturable", .types = EM_OPT_BOOL, .def = {.b = false},                            \
+     .help = "keep the step count and read the lr on the parameters' device (the "              \
+             "fused_adam(w)_capturable kernels: float32/float64 parameters, no amsgrad), so "   \
+             "the step can be captured in a graph and replayed"}
 
 static const em_option_spec adam_options[] = {ADAM_OPTIONS(0)};
 static const em_option_spec adamw_options[] = {ADAM_OPTIONS(1e-2)};

@@ -20,3 +20,4 @@ EMBER_CUDA_ARCH_ARGS=(CUDA_ARCHS=90)
 # bundle carries in harness/.
 EMBER_GPU_HARNESS_PROGRAMS=(tests/gpu/train_ref tests/gpu/memory tests/gpu/versions bench/gpu_step tests/gpu/nccl)
 EMBER_GPU_HARNESS_PROGRAMS+=(tests/gpu/amp) # run.sh amp
+EMBER_GPU_HARNESS_PROGRAMS+=(tests/gpu/capture) # run.sh capture

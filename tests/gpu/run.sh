@@ -3,7 +3,7 @@
 # work tree that the device tool copied there, with gpu-bundle/ (tests/gpu/pack.sh) carried:
 #
 #   tests/gpu/run.sh [--device DEV] [SUITE...]
-#       SUITE: ops train determinism memory nccl bench amp (default: all)
+#       SUITE: ops train determinism memory nccl bench amp capture (default: all)
 #
 # It unpacks gpu-bundle/ember-gpu.tar.xz to /tmp/ember-gpu (the prefix it was built for, see
 # config.sh; EMBER_GPU_DIR elsewhere, then EMBER_PLUGIN_PATH names its plugins), points
@@ -23,6 +23,8 @@
 #   $OUT/memory.txt   memory summary of an MLP step (tests/gpu/memory, ember-train), OOM messages
 #   $OUT/bench.txt    issue 20 item 8: Ember against PyTorch eager and cuBLASLt/cudart alone
 #   $OUT/amp.txt      bf16 and f16 autocast MLP training on DEV against the CPU's, the scaler's skip
+#   $OUT/capture.txt  SGD, Adam and AdamW with capturable steps captured and replayed on DEV
+#                     (a new lr every step) against the CPU's plain steps (tests/gpu/capture)
 #   $OUT/tables.txt   the tables above, in suite order, each after a "==== SUITE.txt" line
 #   $OUT/summary.txt  one line per suite: PASS/FAIL/TIMEOUT and seconds
 #   $OUT/log.txt      everything printed
@@ -30,7 +32,7 @@
 # --device cpu rehearses the suites here on the CPU (no CUDA needed, bench reduced: --quick,
 # no cuBLAS row); OUT defaults to gpu-out/ when unset.
 # Time limits per suite (seconds): EMBER_GPU_T_OPS=180 _TRAIN=90 _DETERMINISM=60 _MEMORY=60
-# _NCCL=30 _BENCH=180 _AMP=60; with --device cpu (the rehearsal: the CNN trains on the CPU) three
+# _NCCL=30 _BENCH=180 _AMP=60 _CAPTURE=30; with --device cpu (the rehearsal: the CNN trains on the CPU) three
 # times the default for train and determinism.
 set -euo pipefail
 
@@ -259,6 +261,17 @@ suite_amp() {
     return $rc
 }
 
+suite_capture() {
+    # tests/gpu/capture: the capturable optimizer steps (fused_*_capturable: the lr and Adam's
+    # step count read from device memory), 1 eager step then replays of one captured step
+    # with a new lr before each, against the plain steps on this machine's CPU; its rows say
+    # what is compared and within which tolerance.
+    local rc=0
+    "$B/harness/capture" --device "$DEV" > "$OUT/capture.txt" 2>&1 || rc=$?
+    cat "$OUT/capture.txt"
+    return $rc
+}
+
 if [ "${1:-}" = __suite ]; then
     "suite_$2"
     exit
@@ -271,12 +284,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --device) DEV=${2:?--device needs a device}; shift ;;
         -h|--help) sed -n '2,34p' "$self"; exit 0 ;;
-        ops|train|determinism|memory|nccl|bench|amp) suites+=("$1") ;;
-        *) echo "run.sh: unknown argument '$1' (suites: ops train determinism memory nccl bench amp; --device DEV)" >&2; exit 2 ;;
+        ops|train|determinism|memory|nccl|bench|amp|capture) suites+=("$1") ;;
+        *) echo "run.sh: unknown argument '$1' (suites: ops train determinism memory nccl bench amp capture; --device DEV)" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#suites[@]} -gt 0 ] || suites=(ops train determinism memory nccl bench amp)
+[ ${#suites[@]} -gt 0 ] || suites=(ops train determinism memory nccl bench amp capture)
 
 OUT=${OUT:-$src/gpu-out}
 mkdir -p "$OUT"
@@ -425,6 +438,7 @@ for s in "${suites[@]}"; do
         nccl) lim=${EMBER_GPU_T_NCCL:-30} ;;
         bench) lim=${EMBER_GPU_T_BENCH:-180} ;;
         amp) lim=${EMBER_GPU_T_AMP:-60} ;;
+        capture) lim=${EMBER_GPU_T_CAPTURE:-30} ;;
     esac
     echo
     echo "== suite $s (limit $lim s)"

@@ -54,12 +54,13 @@
  * agrees with it, only finite differences catch it.
  *
  * Built a third time with TD_HOST defined, as "ember-testdev-host" (tests/plugins/host/), with
- * host kernels for the ops in td_host_ops (a small MLP's training step and evaluation, and the
- * gradient scaler's amp_unscale_): each is queued on the stream like any testdev kernel and
- * run by the worker as the CPU backend's kernel over the host memory behind the device
- * addresses (em_op_call_out / em_op_call_lists on wrapped tensors), so a whole step runs on the
- * device, in stream order, and is recorded in a graph and replayed (ember-train
- * --graph-capture: tests/test_graph_capture.sh). Every build counts its copies to host memory
+ * host kernels for the ops in td_host_ops (a small MLP's training step and evaluation, the
+ * fused Adam steps and the capturable optimizer steps, and the gradient scaler's
+ * amp_unscale_): each is queued on the stream like any testdev kernel and run by the worker
+ * as the CPU backend's kernel over the host memory behind the device addresses
+ * (em_op_call_out / em_op_call_lists on wrapped tensors), so a whole step runs on the device,
+ * in stream order, and is recorded in a graph and replayed (ember-train --graph-capture:
+ * tests/test_graph_capture.sh). Every build counts its copies to host memory
  * (ember_testdev_host_reads(), found with dlsym): the host reads a real device would sync on.
  */
 #include <assert.h>
@@ -1287,10 +1288,15 @@ static const em_op_case twice_cases[] = {
 static const char *const td_host_ops[] = {
     "addmm", "argmax", "bernoulli", "bmm", "cross_entropy", "cross_entropy_backward",
     "div_scalar", "dropout", "eq", "linear", "matmul", "mul", "mul_scalar", "mul_scalar_",
-    "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal", "amp_unscale_"};
+    "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal", "amp_unscale_",
+    "fused_adam", "fused_adamw", "fused_sgd_capturable", "fused_adam_capturable",
+    "fused_adamw_capturable"};
 /* Not tanh: tests/test_graph_capture.sh needs an op whose CPU fallback breaks a capture. Not
- * fused_sgd: SGD steps op by op there, as on a device without the fused kernel. amp_unscale_
- * (a list op) for the gradient scaler's test of its host reads (tests/test_grad_scaler.c). */
+ * fused_sgd: SGD steps op by op there, as on a device without the fused kernel (with
+ * --graph-capture it takes fused_sgd_capturable, whose lr is device memory). amp_unscale_
+ * (a list op) for the gradient scaler's test of its host reads (tests/test_grad_scaler.c);
+ * the fused Adam forms and the capturable ones for --graph-capture's Adam, AdamW and
+ * per-step schedules (tests/test_graph_capture.sh, against the plain forms). */
 #endif
 
 static em_status td_kernel(em_registry *r, const char *op, em_dtype dt, em_kernel_fn fn) {

@@ -140,6 +140,11 @@ enum {
      * per-tensor result (amp_unscale_'s found-inf flags), instead of tensors of output list
      * 0's shapes. New in 1.1. */
     EM_OP_LISTS_SCALAR_OUT = 1u << 9,
+    /* A list op (EM_OP_LISTS) with two or more input lists whose last input list holds one
+     * 0-dim tensor per entry, a per-tensor scalar operand the kernel reads on the device
+     * (the capturable optimizer steps' learning rates), instead of tensors of output list 0's
+     * shapes. New in 1.1. */
+    EM_OP_LISTS_SCALAR_IN = 1u << 11,
     /* Layout policy: when input layout_arg (input 0 unless the schema names another) is
      * channels-last (em_tensor_is_channels_last), every output with 4 dims is allocated
      * channels-last too (dense, strides H*W*C, 1, W*C, C) instead of C-contiguous; the

@@ -142,6 +142,16 @@ EM_API const em_options *em_optimizer_group_options(const em_optimizer *o, int g
 EM_API em_options *em_optimizer_group_options_mutable(em_optimizer *o, int group);
 EM_API em_status em_optimizer_set_lr(em_optimizer *o, int group, double lr);
 EM_API double em_optimizer_lr(const em_optimizer *o, int group);
+/* The group's learning rate as a 0-dim float64 tensor on dev (borrowed; NULL with the error
+ * set), which the capturable optimizer steps' kernels read (fused_sgd_capturable and the
+ * Adam forms, core/ops_optim.c) so that a step captured in a graph sees the lr of each
+ * replay. Made on the first call (a fill on dev's current stream), refilled by this call
+ * when the group's lr has changed since, and by em_optimizer_set_lr. A capture records such
+ * fills with their values: call it once before a capture (an eager step does), and change
+ * the lr between replays with em_optimizer_set_lr outside the captured region, as the
+ * schedulers do. One device per group: a call for another device replaces the tensor. New
+ * in EMBER_1.1. */
+EM_API em_tensor *em_optimizer_lr_tensor(em_optimizer *o, int group, em_device dev);
 /* Parameters of a group: count, and the i-th (borrowed) with its global index and name. */
 EM_API int em_optimizer_param_count(const em_optimizer *o, int group);
 EM_API em_tensor *em_optimizer_param(const em_optimizer *o, int group, int i, int *index,
@@ -157,6 +167,10 @@ EM_API em_status em_optimizer_set_state(em_optimizer *o, int index, const char *
                                         em_tensor *t);
 /* The number of steps taken (saved in the state dict). */
 EM_API int64_t em_optimizer_steps(const em_optimizer *o);
+/* Count n steps taken without em_optimizer_step: replays of a step captured in a graph
+ * (em_graph_replay runs the captured kernels, not this counter's increment). EM_ERR_RANGE
+ * past EM_STEP_MAX in all. New in EMBER_1.1. */
+EM_API em_status em_optimizer_count_replayed(em_optimizer *o, int64_t n);
 
 /* State dict: tensors into *tensors (a new dict, keys "state.<index>.<name>") and the groups'
  * hyper-parameters, the step count and each group's parameter indices as JSON into *groups_json
