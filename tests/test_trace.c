@@ -1251,7 +1251,7 @@ Test(trace, loader_name_checked) {
 
 /* Threads run ops (in bursts) while sessions begin and end: each session has what the
  * threads did in it, and nothing is torn (ASan, UBSan). */
-static atomic_int ops_stop;
+static atomic_int ops_stop, ops_started;
 
 static void *ops_forever(void *user) {
     (void)user;
@@ -1260,6 +1260,7 @@ static void *ops_forever(void *user) {
     while (!atomic_load(&ops_stop) && x) {
         em_tensor *y = em_exp(x);
         em_tensor_release(y);
+        if (n == 0) atomic_fetch_add(&ops_started, 1);
         if (++n % 16 == 0) nanosleep(&(struct timespec){0, 50000}, NULL); /* leave a core */
     }
     em_tensor_release(x);
@@ -1270,8 +1271,15 @@ Test(trace, sessions_begin_and_end_while_threads_run_ops) {
     enum { THREADS = 3, SESSIONS = 12 };
     pthread_t th[THREADS];
     atomic_store(&ops_stop, 0);
+    atomic_store(&ops_started, 0);
     for (int i = 0; i < THREADS; i++)
         cr_assert_eq(pthread_create(&th[i], NULL, ops_forever, NULL), 0);
+    /* Every thread has run an op before the first session: on a busy machine (the ASan
+     * stage of a fresh-clone CI run) a thread could otherwise get its first slice only after
+     * the sessions, and the per-thread count below read 0. */
+    for (int w = 0; atomic_load(&ops_started) < THREADS && w < 10000; w++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    cr_assert_eq(atomic_load(&ops_started), THREADS, "every thread ran an op within 10 s");
     int with_others = 0;
     for (int s = 0; s < SESSIONS; s++) {
         em_profiler_options po = {.struct_size = sizeof po, .trace = s % 2 == 0};
