@@ -1238,7 +1238,9 @@ Test(serialize, metadata_parse_cost_grows_linearly) {
         free(b);
     }
     double r = (double)k[1] / (double)(k[0] ? k[0] : 1);
-    cr_assert(r < 4.5, "key comparisons: %llu for %d entries, %llu for %d (x%.2f; linear is x4)",
+    /* Hash-probe counts depend on the per-process random hash seed (core/strindex.c): 4n keys
+     * have read up to x4.58 of n's in a CI run. The bound is far from a scan per key (x16). */
+    cr_assert(r < 6.0, "key comparisons: %llu for %d entries, %llu for %d (x%.2f; linear is x4)",
               (unsigned long long)k[0], n, (unsigned long long)k[1], 4 * n, r);
     /* replacing keeps the position and the count of entries */
     em_metadata *m = em_metadata_new();

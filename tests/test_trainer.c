@@ -1608,7 +1608,9 @@ Test(config_parse, cost_grows_linearly) {
     cr_assert(k1 >= (uint64_t)n, "%llu comparisons for %d keys: the count is not counting",
               (unsigned long long)k1, n);
     cr_assert(rb < 4.5, "bytes: %zu for n = %d, %zu for 4n (x%.2f; linear is x4)", b1, n, b4, rb);
-    cr_assert(rk < 4.5, "key comparisons: %llu for n = %d, %llu for 4n (x%.2f; linear is x4)",
+    /* Hash-probe counts depend on the per-process random hash seed (core/strindex.c): 4n keys
+     * have read up to x4.58 of n's in a CI run. The bound is far from a scan per key (x16). */
+    cr_assert(rk < 6.0, "key comparisons: %llu for n = %d, %llu for 4n (x%.2f; linear is x4)",
               (unsigned long long)k1, n, (unsigned long long)k4, rk);
     em_config_free(c1);
     em_config_free(c4);
@@ -1642,7 +1644,9 @@ Test(config_parse, options_from_a_large_map_cost_linearly) {
     double r = (double)k[1] / (double)(k[0] ? k[0] : 1);
     cr_assert(k[0] >= (uint64_t)n / 2, "%llu comparisons for %d options: not counting",
               (unsigned long long)k[0], n);
-    cr_assert(r < 4.5, "option names compared: %llu for %d, %llu for %d (x%.2f; linear is x4)",
+    /* Hash-probe counts depend on the per-process random hash seed (core/strindex.c): 4n keys
+     * have read up to x4.58 of n's in a CI run. The bound is far from a scan per key (x16). */
+    cr_assert(r < 6.0, "option names compared: %llu for %d, %llu for %d (x%.2f; linear is x4)",
               (unsigned long long)k[0], n, (unsigned long long)k[1], 4 * n, r);
 }
 
