@@ -53,7 +53,10 @@
  * inputs' shapes and strides, in the order the step first runs them), the calls per step, the
  * median and mean wall ms per call and the median CPU ms of the process per call (every
  * thread's; a call nested in another, such as an op's dtype casts, has its own row and is also
- * inside its caller's time), then the CPU plugin's GEMM decisions (em_plugin_describe): each
+ * inside its caller's time), how many threads ran during the call (median; a thread ran when
+ * its CPU time grew by 2 us or more), the calling thread's CPU and the other threads' CPU per
+ * call (medians; every other thread of the process, listed after the warm-up step: OpenMP's
+ * workers, OpenBLAS's pool), then the CPU plugin's GEMM decisions (em_plugin_describe): each
  * GEMM inside the step, to set beside bench/step_floor's (--cpu-time) row of the same shape
  * timed alone, and what the rest of the step costs (issue 27).
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
@@ -70,6 +73,7 @@
  * [0, 1), labels uniform in [0, 10). The first request of a workload builds it and runs one
  * untimed step (oneDNN primitive creation, allocator cache, page faults).
  */
+#include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -270,14 +274,43 @@ static void step(workload *w) {
 
 
 /* --calls: every kernel call's wall and CPU time, per call site (op and operand layouts). */
-enum { SITES = 64, SITE_CALLS = 4096, DEPTHS = 16 };
+enum { SITES = 64, SITE_CALLS = 4096, DEPTHS = 16, TASKS = 32 };
 static struct call_site {
     char key[192];
     int n;
     double ms[SITE_CALLS], cpu[SITE_CALLS];
+    double own[SITE_CALLS], others[SITE_CALLS]; /* the calling thread's CPU, the rest's */
+    double used[SITE_CALLS];                    /* threads that ran during the call */
 } sites[SITES];
 static int n_sites;
 static double call_t0[DEPTHS], call_c0[DEPTHS];
+/* Every thread of the process but the caller (OpenMP's workers, OpenBLAS's pool, ...), listed
+ * from /proc/self/task after the warm-up step, each read through its CPU clock (Linux encodes
+ * a thread's CPU-time clock as (~tid << 3) | 6: CPUCLOCK_SCHED, per thread). */
+static clockid_t task_clock[TASKS];
+static int n_tasks;
+static double task_c0[DEPTHS][TASKS], own_c0[DEPTHS];
+enum { USED_US = 2 }; /* a thread ran in a call when its CPU time grew by 2 us or more */
+
+static void list_tasks(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return; /* not Linux: only the calling thread's column is meaningful */
+    struct dirent *de;
+    long me = 0;
+    {
+        FILE *f = fopen("/proc/thread-self/stat", "r");
+        if (f) {
+            if (fscanf(f, "%ld", &me) != 1) me = 0;
+            fclose(f);
+        }
+    }
+    while ((de = readdir(d)) != NULL && n_tasks < TASKS) {
+        long tid = atol(de->d_name);
+        if (tid <= 0 || tid == me) continue;
+        task_clock[n_tasks++] = (clockid_t)((~(unsigned long)tid << 3) | 6);
+    }
+    closedir(d);
+}
 
 static double clock_ms(clockid_t c) {
     struct timespec t;
@@ -294,7 +327,9 @@ static bool is_kernel_call(const em_op_event *ev) {
 static void call_begin(void *user, const em_op_event *ev) {
     (void)user;
     if (!is_kernel_call(ev)) return;
+    for (int t = 0; t < n_tasks; t++) task_c0[ev->depth][t] = clock_ms(task_clock[t]);
     call_c0[ev->depth] = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
+    own_c0[ev->depth] = clock_ms(CLOCK_THREAD_CPUTIME_ID);
     call_t0[ev->depth] = clock_ms(CLOCK_MONOTONIC);
 }
 
@@ -302,7 +337,14 @@ static void call_end(void *user, const em_op_event *ev) {
     (void)user;
     if (!is_kernel_call(ev)) return;
     double ms = clock_ms(CLOCK_MONOTONIC) - call_t0[ev->depth];
+    double own = clock_ms(CLOCK_THREAD_CPUTIME_ID) - own_c0[ev->depth], others = 0;
     double cpu = clock_ms(CLOCK_PROCESS_CPUTIME_ID) - call_c0[ev->depth];
+    int used = own * 1e3 >= USED_US;
+    for (int t = 0; t < n_tasks; t++) {
+        double d = clock_ms(task_clock[t]) - task_c0[ev->depth][t];
+        if (d > 0) others += d; /* a thread that exited meanwhile reads as an error: skipped */
+        used += d * 1e3 >= USED_US;
+    }
     char key[192];
     int len = snprintf(key, sizeof key, "%s", ev->name);
     bool list = ev->kind == EM_OP_EVENT_LIST; /* fused optimizer steps: name and list length */
@@ -328,7 +370,11 @@ static void call_end(void *user, const em_op_event *ev) {
         if (n_sites == SITES) return;
         snprintf(sites[n_sites++].key, sizeof sites[0].key, "%s", key);
     }
-    if (sites[s].n < SITE_CALLS) sites[s].cpu[sites[s].n] = cpu, sites[s].ms[sites[s].n++] = ms;
+    struct call_site *g = &sites[s];
+    if (g->n < SITE_CALLS) {
+        g->cpu[g->n] = cpu, g->own[g->n] = own, g->others[g->n] = others, g->used[g->n] = used;
+        g->ms[g->n++] = ms;
+    }
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -340,15 +386,18 @@ static void report_calls(const workload *w, int steps, double step_wall, double 
     double wall = 0, cpu = 0;
     printf("%s: %d steps, %.4f ms wall and %.4f ms CPU (all threads) per step; each kernel call "
            "site (inputs: shape(strides)), ms per call:\n", w->name, steps, step_wall, step_cpu);
-    printf("  %-76s %5s %9s %9s %9s\n", "call site", "/step", "wall med", "wall mean", "cpu med");
+    printf("  %-76s %5s %9s %9s %9s %7s %9s %9s\n", "call site", "/step", "wall med",
+           "wall mean", "cpu med", "threads", "caller", "others");
     for (int s = 0; s < n_sites; s++) {
         struct call_site *g = &sites[s];
         double sum = 0, csum = 0;
         for (int i = 0; i < g->n; i++) sum += g->ms[i], csum += g->cpu[i];
-        qsort(g->ms, (size_t)g->n, sizeof g->ms[0], cmp_double);
-        qsort(g->cpu, (size_t)g->n, sizeof g->cpu[0], cmp_double);
-        printf("  %-76s %5.2f %9.4f %9.4f %9.4f\n", g->key, (double)g->n / steps,
-               g->ms[g->n / 2], sum / g->n, g->cpu[g->n / 2]);
+        double *cols[] = {g->ms, g->cpu, g->own, g->others, g->used};
+        for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++)
+            qsort(cols[c], (size_t)g->n, sizeof g->ms[0], cmp_double);
+        printf("  %-76s %5.2f %9.4f %9.4f %9.4f %7.0f %9.4f %9.4f\n", g->key,
+               (double)g->n / steps, g->ms[g->n / 2], sum / g->n, g->cpu[g->n / 2],
+               g->used[g->n / 2], g->own[g->n / 2], g->others[g->n / 2]);
         wall += sum, cpu += csum;
     }
     printf("  all kernel calls: %.4f ms wall, %.4f ms CPU per step (means)\n", wall / steps,
@@ -415,6 +464,7 @@ int main(int argc, char **argv) {
         }
         setup(w);
         step(w); /* warm-up: primitive creation, the GEMM autotuner, the allocator's cache */
+        list_tasks();
         em_observer obs = {.struct_size = sizeof obs, .begin = call_begin, .end = call_end};
         if (em_observer_push(&obs) != EM_OK) die("observer_push");
         double t0 = clock_ms(CLOCK_MONOTONIC), c0 = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
