@@ -2,7 +2,8 @@
 """step_profile.py — a training step op by op and thread by thread, each GEMM beside itself
 timed alone (issue 27).
 
-    cd build && ../bench/step_profile.py [--steps N] [--rounds R] [workload]   (default train_mlp_b128, 200, 1)
+    cd build && ../bench/step_profile.py [--cpu-time] [--steps N] [--rounds R] [workload]
+                                                        (default train_mlp_b128, 200, 1)
 
 Runs `bench/train_step --calls WORKLOAD N` (every kernel call of the step per call site: wall
 and CPU per call, how many threads ran during it, the calling thread's CPU and the other
@@ -13,6 +14,9 @@ over the rounds: for a GEMM the library and thread count the CPU plugin's autotu
 it in that process (em_plugin_describe's text), the floor row's candidate of that same choice
 timed alone (dnnl-Nt, dnnl-1t, or blas-1t for products up to 64^3), the ratio in-step / alone,
 and the best candidate alone. Wall times: the machine should be idle; the load is printed.
+--cpu-time sets each call's CPU time of the process (every thread's: the --calls "cpu med"
+column) beside `bench/step_floor --cpu-time`'s row instead: what a call costs on a machine
+shared with other jobs rather than how long it waited for a core.
 """
 import os
 import re
@@ -99,8 +103,12 @@ def choice(describe, shape):
 
 def main():
     args = sys.argv[1:]
-    steps, rounds = 200, 1
+    steps, rounds, cpu = 200, 1, False
     while args and args[0].startswith("--"):
+        if args[0] == "--cpu-time":
+            cpu = True
+            args = args[1:]
+            continue
         if args[0] == "--steps":
             steps = int(args[1])
         elif args[0] == "--rounds":
@@ -114,20 +122,23 @@ def main():
     for _ in range(rounds):
         step, rows, describe = parse_calls(run(["bench/train_step", "--calls", w, str(steps)]))
         calls.append(rows), steps_seen.append(step), describes.append(describe)
-        floors.append(parse_floor(run(["bench/step_floor", w])))
+        floors.append(parse_floor(run(["bench/step_floor"] + (["--cpu-time"] if cpu else []) + [w])))
     load1 = os.getloadavg()[0]
     med = statistics.median
     print(f"{w}: {rounds} round(s) of bench/train_step --calls {w} {steps} and bench/step_floor "
-          f"{w} (OMP_WAIT_POLICY=passive), load average {load0:.2f} -> {load1:.2f}")
+          f"{w}{' (both --cpu-time)' if cpu else ''} (OMP_WAIT_POLICY=passive), load average "
+          f"{load0:.2f} -> {load1:.2f}")
     print(f"step (observer on): {med(s[0] for s in steps_seen):.4f} ms wall, "
-          f"{med(s[1] for s in steps_seen):.4f} ms CPU; medians over rounds, ms per call")
-    hdr = (f"  {'call site':<60} {'/step':>5} {'wall':>8} {'thr':>3} {'caller':>8} {'others':>8}"
+          f"{med(s[1] for s in steps_seen):.4f} ms CPU; medians over rounds, ms per call "
+          f"({'CPU of the process' if cpu else 'wall'})")
+    hdr = (f"  {'call site':<60} {'/step':>5} {'cpu' if cpu else 'wall':>8} {'thr':>3} {'caller':>8} {'others':>8}"
            f"  {'path':<8} {'alone':>8} {'ratio':>6} {'best alone':>17}")
     print(hdr)
     sum_step = sum_alone = sum_best = 0.0
     for site in calls[0]:
         vals = [r[site] for r in calls if site in r]
-        per, wall, thr = med(v[0] for v in vals), med(v[1] for v in vals), med(v[4] for v in vals)
+        per, thr = med(v[0] for v in vals), med(v[4] for v in vals)
+        wall = med(v[3 if cpu else 1] for v in vals)
         own, others = med(v[5] for v in vals), med(v[6] for v in vals)
         line = f"  {site[:60]:<60} {per:5.2f} {wall:8.4f} {thr:3.0f} {own:8.4f} {others:8.4f}"
         g = gemm_of(site)
