@@ -627,7 +627,7 @@ static em_dict *typed_grads(em_tensor **p, int n, const em_dtype *dts, const int
         free(v);
         cr_assert_eq(em_requires_grad_(p[i], true), EM_OK);
         cr_assert_eq(em_tensor_set_grad(p[i], g), EM_OK, "%s", em_last_error());
-        char name[8];
+        char name[16]; /* room for any int: -Wformat-truncation at -O1 */
         snprintf(name, sizeof name, "p%d", i);
         cr_assert_eq(em_dict_set(d, name, p[i]), EM_OK);
     }
