@@ -1,7 +1,7 @@
 /*
  * gpu_step.c — Ember's side of issue 20's speed rows (tests/gpu/run.sh bench), on any device:
  *
- *   bench/gpu_step --device DEV [--quick] [WORKLOAD...]
+ *   bench/gpu_step --device DEV [--quick] [--plugin PATH] [WORKLOAD...]
  *
  *   mlp          the training step of the MLP 784-512-256-10 (linear, ReLU, linear, ReLU,
  *                linear), batch 128: forward, cross_entropy (mean), em_backward, Adam step
@@ -15,10 +15,15 @@
  *                ember/device.h; CUDA graphs) and replayed: 3 eager steps on a side stream,
  *                one capture, then em_graph_replay per step. SGD, because its scalar
  *                arguments repeat from the second step on, so a replay is the eager step;
- *                Adam passes its step count to each step as an argument, which a replay
- *                would repeat. Before timing, the check: from the same initial weights and
+ *                plain Adam passes its step count to each step as an argument, which a
+ *                replay would repeat (the *_adam_graph rows below use its capturable form). Before timing, the check: from the same initial weights and
  *                data, 3 eager steps + 5 replays against 8 eager steps, the weights compared
  *                bitwise (printed as match=yes|no and the largest difference)
+ *   mlp_adam_graph, cnn_adam_graph   the Adam steps (PyTorch's defaults) captured and replayed
+ *                the same way, with Adam's option capturable (fused_adam_capturable: the lr
+ *                and the step count read from device memory, the count incremented by a
+ *                kernel, so a replay is the next step; PyTorch's Adam(capturable=True)); the
+ *                check's eager steps are the capturable optimizer's too
  *   conv         em_conv2d (3x3, stride 1, padding 1, no bias) forward and backward
  *                (em_backward_with a fixed grad) at the CNN's two convolutions:
  *                conv1_64x1x28x28 (weight 32x1x3x3; gradient of the weight only, as in the
@@ -36,7 +41,9 @@
  * clock times the batch. Output, one line per workload, for run.sh's table:
  *   ember WORKLOAD ms=<per call> [GBps=<bytes moved / time>]
  * --quick: a smaller add (16M elements), 8192 replaced by 1024 and a tenth of the calls, for a
- * rehearsal on the CPU.
+ * rehearsal on the CPU. --plugin PATH: load a plugin after em_init (em_plugin_load) before DEV
+ * is parsed: the test device with host kernels (tests/plugins/host/testdev_host.so), which
+ * captures and replays graphs, rehearses the *graph rows of the MLP without a GPU.
  * Inputs are uniform random (never zeros), parameters as PyTorch initialises them.
  */
 #include <math.h>
@@ -133,9 +140,12 @@ static void net_step(void *arg) {
     if (em_scope_end() != EM_OK) die("scope");
 }
 
+typedef enum opt_kind { ADAM, SGD, ADAM_CAPTURABLE } opt_kind;
+
 /* The network with its parameters, data and optimizer, from seed 0 (the same numbers each
- * time): Adam with PyTorch's defaults, or SGD lr 0.01 momentum 0.9. */
-static net net_new(bool cnn, bool sgd) {
+ * time): Adam with PyTorch's defaults (capturable or not), or SGD lr 0.01 momentum 0.9. */
+static net net_new(bool cnn, opt_kind kind) {
+    const bool sgd = kind == SGD;
     static const int64_t mlp_sh[6][2] = {{512, 784}, {512, 0}, {256, 512}, {256, 0}, {10, 256}, {10, 0}};
     static const int64_t mlp_fan[6] = {784, 784, 512, 512, 256, 256};
     static const int64_t cnn_sh[8][4] = {{32, 1, 3, 3}, {32}, {64, 32, 3, 3}, {64}, {128, 3136}, {128},
@@ -152,10 +162,12 @@ static net net_new(bool cnn, bool sgd) {
         snprintf(name, sizeof name, "%d", i);
         if (!params || em_dict_set(params, name, m.p[i]) != EM_OK) die("parameters");
     }
-    em_options *o = sgd ? em_options_new() : NULL;
+    em_options *o = kind != ADAM ? em_options_new() : NULL;
     if (sgd && (!o || em_options_set_float(o, "lr", 0.01) != EM_OK ||
                 em_options_set_float(o, "momentum", 0.9) != EM_OK))
         die("SGD options");
+    if (kind == ADAM_CAPTURABLE && (!o || em_options_set_bool(o, "capturable", true) != EM_OK))
+        die("Adam options");
     m.opt = em_optimizer_new(sgd ? "SGD" : "Adam", params, o);
     em_options_free(o);
     em_dict_free(params);
@@ -177,7 +189,7 @@ static void net_free(net *m) {
 }
 
 static void run_net(const char *name, bool cnn, bool sgd, int reps) {
-    net m = net_new(cnn, sgd);
+    net m = net_new(cnn, sgd ? SGD : ADAM);
     double ms = cnn ? time_it(net_step, &m, 5, 20, reps) : time_it(net_step, &m, 20, 100, reps);
     printf("ember %s ms=%.6f\n", name, ms);
     net_free(&m);
@@ -206,7 +218,7 @@ static double params_diff(const net *a, const net *b, bool *equal) {
     return worst;
 }
 
-static void run_graph(const char *name, bool cnn, int reps) {
+static void run_graph(const char *name, bool cnn, opt_kind kind, int reps) {
     if (!em_graph_capture_supported(dev)) {
         char b[48];
         fprintf(stderr, "gpu_step: %s: device %s cannot capture graphs\n", name,
@@ -216,7 +228,7 @@ static void run_graph(const char *name, bool cnn, int reps) {
     enum { WARM = 3, REPLAYS = 5 };
     em_stream *s;
     if (em_stream_create(dev, &s) != EM_OK) die("stream");
-    net eager = net_new(cnn, true), g = net_new(cnn, true);
+    net eager = net_new(cnn, kind), g = net_new(cnn, kind);
     for (int i = 0; i < WARM + REPLAYS; i++) net_step(&eager);
     if (em_stream_set_current(dev, s) != EM_OK) die("current stream");
     for (int i = 0; i < WARM; i++) net_step(&g);
@@ -347,19 +359,21 @@ static void run_add(int reps) {
 
 int main(int argc, char **argv) {
     const char *dev_name = NULL;
-    const char *which[16];
+    const char *which[16], *plugin = NULL;
     int nw = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) dev_name = argv[++i];
+        else if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (nw < 16) which[nw++] = argv[i];
     }
     if (!dev_name) {
-        fprintf(stderr, "usage: gpu_step --device DEV [--quick] [mlp|cnn|mlp_sgd|cnn_sgd|mlp_graph|"
-                "cnn_graph|conv|gemm_bf16|linear|add ...]\n");
+        fprintf(stderr, "usage: gpu_step --device DEV [--quick] [--plugin PATH] [mlp|cnn|mlp_sgd|cnn_sgd|mlp_graph|"
+                "cnn_graph|mlp_adam_graph|cnn_adam_graph|conv|gemm_bf16|linear|add ...]\n");
         return 2;
     }
     if (em_init() != EM_OK) die("em_init");
+    if (plugin && em_plugin_load(plugin) != EM_OK) die("--plugin");
     if (em_device_parse(dev_name, &dev) != EM_OK) die("--device");
     em_seed(0);
     int reps = quick ? 3 : 7;
@@ -376,9 +390,13 @@ int main(int argc, char **argv) {
         } else if (!strcmp(w, "cnn_sgd")) {
             run_net("cnn_sgd", true, true, reps);
         } else if (!strcmp(w, "mlp_graph")) {
-            run_graph("mlp_graph", false, reps);
+            run_graph("mlp_graph", false, SGD, reps);
         } else if (!strcmp(w, "cnn_graph")) {
-            run_graph("cnn_graph", true, reps);
+            run_graph("cnn_graph", true, SGD, reps);
+        } else if (!strcmp(w, "mlp_adam_graph")) {
+            run_graph("mlp_adam_graph", false, ADAM_CAPTURABLE, reps);
+        } else if (!strcmp(w, "cnn_adam_graph")) {
+            run_graph("cnn_adam_graph", true, ADAM_CAPTURABLE, reps);
         } else if (!strcmp(w, "conv")) {
             run_conv("conv1_64x1x28x28", (const int64_t[]){64, 1, 28, 28}, (const int64_t[]){32, 1, 3, 3},
                      false, reps);
@@ -395,7 +413,8 @@ int main(int argc, char **argv) {
             run_add(reps);
         } else {
             fprintf(stderr, "gpu_step: unknown workload '%s' (mlp, cnn, mlp_sgd, cnn_sgd, "
-                    "mlp_graph, cnn_graph, conv, gemm_bf16, linear, add)\n", w);
+                    "mlp_graph, cnn_graph, mlp_adam_graph, cnn_adam_graph, conv, gemm_bf16, "
+                    "linear, add)\n", w);
             em_shutdown();
             return 2;
         }

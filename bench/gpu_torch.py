@@ -17,6 +17,8 @@ The same workloads, shapes and timing as bench/gpu_step.c, in PyTorch eager mode
   mlp_graph, cnn_graph   the SGD steps captured into one torch.cuda.CUDAGraph (the documented
                whole-network capture: 3 warm-up steps on a side stream, then capture of
                zero_grad + forward + backward + step) and replayed (CUDA only)
+  mlp_adam_graph, cnn_adam_graph   the Adam steps (defaults) captured and replayed the same
+               way, with torch.optim.Adam(capturable=True) (CUDA only)
   gemm_bf16    torch.matmul of two bf16 (8192, 8192) tensors (1024 with --quick)
   linear_MxKxN F.linear forward and backward (x, weight and bias require grad; backward with a
                fixed grad_out), grads set to None after each call
@@ -127,9 +129,11 @@ def main():
         m, xx, yy = net(cnn)
         step = stepper(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), xx, yy)
         print(f"torch {kind}_sgd ms={timed(step, warm, calls, reps, sync):.6f}", flush=True)
-        if dev.type == "cuda":
+        for adam in (False, True) if dev.type == "cuda" else ():
             m, xx, yy = net(cnn)
-            step = stepper(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), xx, yy)
+            o = (torch.optim.Adam(m.parameters(), capturable=True) if adam
+                 else torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9))
+            step = stepper(m, o, xx, yy)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -139,7 +143,8 @@ def main():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 step()
-            print(f"torch {kind}_graph ms={timed(graph.replay, warm, calls, reps, sync):.6f}", flush=True)
+            name = f"{kind}_adam_graph" if adam else f"{kind}_graph"
+            print(f"torch {name} ms={timed(graph.replay, warm, calls, reps, sync):.6f}", flush=True)
             del graph
 
     # bf16 GEMM

@@ -6,6 +6,10 @@
  * single steps). `bench/train_step --list` prints the workloads.
  *
  *   train_mlp_b128  MLP 784-512-256-10 (linear, ReLU, linear, ReLU, linear), batch 128
+ *   train_mlp_b128_clip  the same step with em_clip_grad_norm_(params, 1.0, 2, false) between
+ *                   backward and the optimizer step (its norm read on the host, as
+ *                   torch.nn.utils.clip_grad_norm_ returns it); not a row of
+ *                   compare-pytorch.py's default set, run when named
  *   train_cnn_b64   conv(1->32, 3x3, pad 1), ReLU, max_pool 2, conv(32->64, 3x3, pad 1), ReLU,
  *                   max_pool 2, flatten, linear(3136->128), ReLU, linear(128->10); batch 64
  *                   of 1x28x28; the activations channels-last up to the flatten (the input
@@ -108,11 +112,12 @@ static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
 typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
-    bool cnn, traced, transformer, lstm, gru, amp;
+    bool cnn, traced, transformer, lstm, gru, amp, clip;
     int profiled; /* 1: the op profiler; 2: with its trace, written out */
     int64_t batch;
     int np;
     em_tensor *p[8], *x, *y;
+    em_dict *opt_params; /* clip: the parameters by name */
     em_module *model; /* transformer */
     em_optimizer *opt;
     bool ready;
@@ -195,7 +200,8 @@ static void setup(workload *w) {
     }
     w->opt = em_optimizer_new("Adam", params, NULL); /* torch.optim.Adam's defaults */
     if (!w->opt) die("optimizer");
-    em_dict_free(params);
+    if (w->clip) w->opt_params = params;
+    else em_dict_free(params);
 }
 
 /* --memory: the activation bytes held when backward starts (set by step when not NULL). */
@@ -253,6 +259,9 @@ static void step(workload *w) {
     if (w->amp && em_autocast_end() != EM_OK) die("autocast_end");
     if (held_at_loss) *held_at_loss = activation_bytes(false);
     if (em_backward(loss) != EM_OK) die("backward");
+    double norm = 0;
+    if (w->clip && em_clip_grad_norm_(w->opt_params, 1.0, 2.0, false, &norm) != EM_OK)
+        die("clip_grad_norm_");
     if (em_optimizer_step(w->opt) != EM_OK) die("optimizer step");
     em_optimizer_zero_grad(w->opt);
     if (em_scope_end() != EM_OK) die("scope");
@@ -410,6 +419,7 @@ static void report_calls(const workload *w, int steps, double step_wall, double 
 
 static workload W[] = {
     {.name = "train_mlp_b128", .iters = 10, .cnn = false, .batch = 128},
+    {.name = "train_mlp_b128_clip", .iters = 10, .cnn = false, .clip = true, .batch = 128},
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
     {.name = "train_cnn_b64_traced", .iters = 3, .cnn = true, .traced = true, .batch = 64},
     {.name = "train_transformer_b32", .iters = 2, .transformer = true, .batch = 32},
@@ -475,6 +485,7 @@ int main(int argc, char **argv) {
         report_calls(w, n, wall, cpu);
         em_optimizer_free(w->opt);
         em_module_free(w->model);
+        em_dict_free(w->opt_params);
         for (int k = 0; k < w->np; k++) em_tensor_release(w->p[k]);
         em_tensor_release(w->x), em_tensor_release(w->y);
         em_shutdown();
@@ -504,6 +515,7 @@ int main(int argc, char **argv) {
         em_profiler_free(prof);
         em_optimizer_free(w->opt);
         em_module_free(w->model);
+        em_dict_free(w->opt_params);
         for (int k = 0; k < w->np; k++) em_tensor_release(w->p[k]);
         em_tensor_release(w->x), em_tensor_release(w->y);
         em_shutdown();
@@ -540,6 +552,7 @@ int main(int argc, char **argv) {
         if (!W[i].ready) continue;
         em_optimizer_free(W[i].opt);
         em_module_free(W[i].model);
+        em_dict_free(W[i].opt_params);
         for (int k = 0; k < W[i].np; k++) em_tensor_release(W[i].p[k]);
         em_tensor_release(W[i].x), em_tensor_release(W[i].y);
     }

@@ -52,7 +52,8 @@
  *       device's double pow may differ from glibc's in the last bit, which the rounding to
  *       float almost always hides). lr and steps are required. The Adam forms take f32 and
  *       f64 params without amsgrad (a list call holds 6 lists at most in the op-case table:
- *       there is no room for max_exp_avg_sq and master weights).
+ *       there is no room for max_exp_avg_sq and master weights; capturable AMSGrad
+ *       steps op by op, plugins/optim/optimizers.c).
  *
  *   amp_unscale_() -> grads, found_inf
  *       attrs: inv_scale (float; the gradient scaler's 1/scale rounded to float32).

@@ -817,9 +817,21 @@ em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *tensors,
 
 /* ---- gradient clipping ------------------------------------------------------------------------ */
 
-em_status em_clip_grad_norm_(const em_dict *params, double max_norm, double norm_type,
-                             bool error_if_nonfinite, double *total_norm) {
+/* The whole clipping runs as ops on the grads' device, with no host read unless the caller
+ * asks for the norm as a number (or error_if_nonfinite checks it), so it can be recorded in a
+ * graph (em_graph_capture_begin) and replayed: the total norm and the clip coefficient are
+ * 0-dim device tensors (PyTorch's clip_grad_norm_ with foreach). The arithmetic is fixed, the
+ * same on every device and in a replay: each grad's norm in its dtype (as torch.norm),
+ * rounded to float32, then combined in float64 in the params' order (p = 2: the sum of
+ * squares, each exact for float32 values, then sqrt; 1: the sum; inf: the NaN-propagating
+ * maximum; other p: the sum of pow(|n|, p), then pow(sum, 1/p), with pow itself, not
+ * pow_scalar's products for some exponents) and rounded to float32; the coefficient
+ * float32(max_norm) / (total + 1e-6) clamped to at most 1 (a NaN stays NaN) in float32, and
+ * each grad multiplied by it (float16 / bfloat16 grads in float32, rounded once). */
+static em_status clip_norm(const em_dict *params, double max_norm, double norm_type,
+                           bool error_if_nonfinite, double *total_norm, em_tensor **total_t) {
     if (total_norm) *total_norm = 0;
+    if (total_t) *total_t = NULL;
     if (!params) return em_set_error(EM_ERR_INVALID, "clip_grad_norm_: NULL params");
     if (isnan(max_norm))
         return em_set_error(EM_ERR_INVALID, "clip_grad_norm_: max_norm is NaN");
@@ -828,55 +840,81 @@ em_status em_clip_grad_norm_(const em_dict *params, double max_norm, double norm
                             "2, 1, any p > 0, or INFINITY)", norm_type);
     em_status st = em_grad_mode_push(EM_GRAD_DISABLED);
     if (st != EM_OK) return st;
-    double acc = 0;
-    float total = 0;
+    em_scope_begin();
+    em_tensor *acc = NULL, *total = NULL;
+    em_device dev = em_cpu();
     size_t n_grads = 0;
-    /* Per-grad norms in the grad's dtype (as torch.norm), combined like torch.norm of their
-     * stack in float32. */
-    for (size_t i = 0; i < em_dict_len(params); i++) {
+    for (size_t i = 0; i < em_dict_len(params) && st == EM_OK; i++) {
         em_tensor *g = em_tensor_grad(em_dict_value(params, i));
         if (!g) continue;
-        n_grads++;
-        em_scope_begin();
-        double v = NAN;
-        em_status s2 = em_tensor_item(em_norm(g, norm_type, 0, NULL, false), &v);
-        em_scope_end();
-        if (s2 != EM_OK) {
-            em_grad_mode_pop();
-            return em_set_error(s2, "clip_grad_norm_: the norm of the grad of '%s' failed: %s",
-                                em_dict_key(params, i), em_last_error());
-        }
-        float fv = (float)v;
-        if (isinf(norm_type)) acc = n_grads == 1 ? fv : (fv > acc || isnan(fv) ? fv : acc);
-        else if (norm_type == 2) acc += (double)fv * fv;
-        else if (norm_type == 1) acc += fv;
-        else acc += pow(fabs(fv), norm_type);
+        if (!n_grads++) dev = em_tensor_device(g);
+        em_tensor *v = em_norm(g, norm_type, 0, NULL, false);
+        if (v && em_tensor_dtype(v) != EM_F32) v = em_to_dtype(v, EM_F32);
+        if (v && !em_device_equal(em_tensor_device(v), dev)) v = em_to_device(v, dev);
+        if (v) v = em_to_dtype(v, EM_F64);
+        if (v && norm_type == 2) v = em_mul(v, v);
+        else if (v && norm_type != 1 && !isinf(norm_type)) /* pow itself, as the host's */
+            v = em_pow(em_abs(v), em_full(0, NULL, norm_type, EM_F64, dev));
+        if (v) acc = !acc ? v : isinf(norm_type) ? em_maximum(acc, v) : em_add(acc, v);
+        if (!v || !acc)
+            st = em_set_error(em_last_status(), "clip_grad_norm_: the norm of the grad of '%s' "
+                              "failed: %s", em_dict_key(params, i), em_last_error());
     }
-    if (n_grads == 0) {
-        em_grad_mode_pop();
-        return EM_OK;
+    if (st == EM_OK && acc) {
+        total = norm_type == 2 ? em_sqrt(acc)
+                : norm_type == 1 || isinf(norm_type) ? acc
+                : em_pow(acc, em_full(0, NULL, 1.0 / norm_type, EM_F64, dev));
+        if (total) total = em_to_dtype(total, EM_F32);
+        if (!total) st = em_last_status();
     }
-    if (isinf(norm_type)) total = (float)acc;
-    else if (norm_type == 2) total = (float)sqrt(acc);
-    else if (norm_type == 1) total = (float)acc;
-    else total = (float)pow(acc, 1.0 / norm_type);
-    if (total_norm) *total_norm = total;
-    if (error_if_nonfinite && !isfinite(total)) {
-        em_grad_mode_pop();
-        return em_set_error(EM_ERR_RANGE, "clip_grad_norm_: the total norm of order %g for "
-                            "gradients is non-finite (%g), so it cannot be clipped; to scale the "
-                            "gradients by the non-finite norm anyway, pass error_if_nonfinite = "
-                            "false", norm_type, (double)total);
+    double host = NAN;
+    if (st == EM_OK && total && (total_norm || error_if_nonfinite))
+        st = em_tensor_item(total, &host); /* a host read: never under a capture */
+    if (st == EM_OK && total && total_norm) *total_norm = host;
+    if (st == EM_OK && total && error_if_nonfinite && !isfinite(host))
+        st = em_set_error(EM_ERR_RANGE, "clip_grad_norm_: the total norm of order %g for "
+                          "gradients is non-finite (%g), so it cannot be clipped; to scale the "
+                          "gradients by the non-finite norm anyway, pass error_if_nonfinite = "
+                          "false", norm_type, host);
+    em_tensor *coef = NULL;
+    if (st == EM_OK && total) {
+        double one = 1.0;
+        em_tensor *m = em_full(0, NULL, max_norm, EM_F32, dev);
+        em_tensor *den = em_add_scalar(total, 1e-6);
+        coef = m && den ? em_clamp(em_div(m, den), NULL, &one) : NULL;
+        if (!coef) st = em_last_status();
     }
-    /* clip_coef = max_norm / (total + 1e-6), clamped to 1, in float32 as PyTorch computes. */
-    float coef = (float)max_norm / (total + 1e-6f);
-    if (coef > 1.0f) coef = 1.0f;
-    for (size_t i = 0; i < em_dict_len(params); i++) {
+    for (size_t i = 0; coef && i < em_dict_len(params) && st == EM_OK; i++) {
         em_tensor *g = em_tensor_grad(em_dict_value(params, i));
-        if (g && (st = em_mul_scalar_(g, (double)coef)) != EM_OK) break;
+        if (!g) continue;
+        em_dtype dt = em_tensor_dtype(g);
+        em_tensor *c = em_device_equal(em_tensor_device(g), dev) ? coef
+                                                                 : em_to_device(coef, em_tensor_device(g));
+        if (c && (dt == EM_F16 || dt == EM_BF16)) {
+            em_tensor *w = em_mul(em_to_dtype(g, EM_F32), c);
+            st = w ? em_copy_(g, w) : em_last_status();
+        } else if (c) {
+            if (dt != EM_F32) c = em_to_dtype(c, dt);
+            st = c ? em_mul_(g, c) : em_last_status();
+        } else {
+            st = em_last_status();
+        }
     }
+    if (st == EM_OK && total && total_t) *total_t = em_tensor_retain(total);
+    em_scope_end();
     em_grad_mode_pop();
     return st;
+}
+
+em_status em_clip_grad_norm_(const em_dict *params, double max_norm, double norm_type,
+                             bool error_if_nonfinite, double *total_norm) {
+    return clip_norm(params, max_norm, norm_type, error_if_nonfinite, total_norm, NULL);
+}
+
+em_status em_clip_grad_norm_device_(const em_dict *params, double max_norm, double norm_type,
+                                    em_tensor **total_norm) {
+    if (!total_norm) return em_set_error(EM_ERR_INVALID, "clip_grad_norm_device_: NULL total_norm");
+    return clip_norm(params, max_norm, norm_type, false, NULL, total_norm);
 }
 
 em_status em_clip_grad_value_(const em_dict *params, double clip) {

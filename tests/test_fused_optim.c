@@ -545,13 +545,15 @@ Test(fused_errors, list_calls_name_the_op_list_and_tensor) {
 /* ---- the capturable forms (option capturable; fused_*_capturable) ------------------------------ *
  *
  *   - on the CPU, SGD, Adam and AdamW with capturable equal the plain optimizers bit for bit
- *     (params, states, step counts), f32 and f64, with the lr changed before every step;
+ *     (params, states, step counts), f32 and f64, with the lr changed before every step; with
+ *     amsgrad too (capturable: op by op with the count and lr on the device; plain: the fused
+ *     kernel), the maxima included;
  *   - on the test device with host kernels (tests/plugins/host/, which records and replays as
  *     CUDA graphs do), one captured step replayed with new gradients and a new lr each time
  *     equals the plain optimizer's steps on the CPU bit for bit, and its step count moves on
  *     the device; the plain optimizer captured the same way does not (it repeats the step
  *     count and lr of its capture: the comparison can fail);
- *   - the refusals: capturable with amsgrad, a dtype without the kernel, bad lr/steps lists. */
+ *   - the refusals: a dtype without the kernel (with amsgrad too), bad lr/steps lists. */
 
 /* NP params like init_param / grad_for, in dtype dt on dev. */
 static em_tensor *param_as(int j, em_dtype dt, em_device dev) {
@@ -597,13 +599,14 @@ static void expect_same(const char *what, const em_tensor *a, const em_tensor *b
     free(x), free(y);
 }
 
-static const char *const state_names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"};
+static const char *const state_names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "step",
+                                          "max_exp_avg_sq"};
 
 /* Every state of ref's parameters is in got, equal; got's step counts are on dev. */
 static void expect_states(const char *what, em_optimizer *ref, em_optimizer *got, em_device dev) {
     char w[256];
     for (int j = 0; j < NP; j++)
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             em_tensor *a = em_optimizer_state(ref, j, state_names[k]);
             if (!a) continue;
             em_tensor *b = em_optimizer_state(got, j, state_names[k]);
@@ -625,6 +628,8 @@ static const struct {
     {"Adam", "lr=0.01;betas=[0.8,0.99];eps=1e-6;weight_decay=0.1"},
     {"Adam", "lr=1e-3;maximize=true"},
     {"AdamW", "lr=0.01;weight_decay=0.05"},
+    {"Adam", "lr=0.01;betas=[0.8,0.99];eps=1e-6;weight_decay=0.1;amsgrad=true"},
+    {"AdamW", "lr=0.01;weight_decay=0.05;amsgrad=true;maximize=true"},
 };
 
 Test(fused, capturable_steps_equal_the_plain_ones_with_a_new_lr_every_step) {
@@ -749,7 +754,8 @@ Test(fused, capturable_step_captured_on_the_test_device_replays_every_lr_and_cou
     em_device td;
     cr_assert_eq(em_device_parse("testdev:0", &td), EM_OK, "%s", em_last_error());
     cr_assert(em_graph_capture_supported(td));
-    static const int pick[] = {0, 1, 3, 5}; /* SGD x2, Adam, AdamW (f32: testdev's kernels) */
+    /* SGD x2, Adam, AdamW, Adam and AdamW with amsgrad (f32: testdev's kernels) */
+    static const int pick[] = {0, 1, 3, 5, 6, 7};
     for (size_t c = 0; c < sizeof pick / sizeof *pick; c++)
         cr_assert(replayed_equal(cap_cases[pick[c]].cls, cap_cases[pick[c]].opts, true, td));
     /* the plain classes, captured the same way, repeat their capture's lr and step count */
@@ -767,29 +773,32 @@ Test(fused_errors, capturable_refusals_name_the_option_op_and_list) {
     }
     em_dict *d = em_dict_new();
     em_dict_set(d, "p0", p[0]);
-    em_options *o = em_options_new();
-    em_options_set_bool(o, "capturable", true);
-    em_options_set_bool(o, "amsgrad", true);
-    cr_assert_null(em_optimizer_new("Adam", d, o));
-    em_assert_error(EM_ERR_INVALID, "options 'capturable' and 'amsgrad' together");
-    em_options_free(o);
     em_dict_free(d);
-    /* a bf16 parameter: no capturable Adam kernel (no master weights) */
+    /* a bf16 parameter: no capturable Adam kernel (no master weights), nor AMSGrad form */
     em_tensor *b = em_keep(param_as(1, EM_BF16, em_cpu()));
     cr_assert_eq(em_requires_grad_(b, true), EM_OK);
-    d = em_dict_new();
-    em_dict_set(d, "b", b);
-    o = em_options_new();
-    em_options_set_bool(o, "capturable", true);
-    em_optimizer *opt = em_optimizer_new("Adam", d, o);
-    cr_assert(opt, "%s", em_last_error());
-    em_tensor_set_grad(b, em_zeros_like(b));
-    cr_assert_eq(em_optimizer_step(opt), EM_ERR_NOKERNEL);
-    em_assert_error(EM_ERR_NOKERNEL, "Adam: capturable: parameter 0 (bfloat16 on cpu) cannot take "
-                    "fused_adam_capturable");
-    em_optimizer_free(opt);
-    em_options_free(o);
-    em_dict_free(d);
+    for (int ams = 0; ams < 2; ams++) {
+        d = em_dict_new();
+        em_dict_set(d, "b", b);
+        em_options *o = em_options_new();
+        em_options_set_bool(o, "capturable", true);
+        em_options_set_bool(o, "amsgrad", ams);
+        em_optimizer *opt = em_optimizer_new("Adam", d, o);
+        cr_assert(opt, "%s", em_last_error());
+        em_tensor_set_grad(b, em_zeros_like(b));
+        if (ams) {
+            cr_assert_eq(em_optimizer_step(opt), EM_ERR_DTYPE);
+            em_assert_error(EM_ERR_DTYPE, "Adam: capturable with amsgrad: parameter 0 (bfloat16 "
+                            "on cpu) is not float32 or float64");
+        } else {
+            cr_assert_eq(em_optimizer_step(opt), EM_ERR_NOKERNEL);
+            em_assert_error(EM_ERR_NOKERNEL, "Adam: capturable: parameter 0 (bfloat16 on cpu) "
+                            "cannot take fused_adam_capturable");
+        }
+        em_optimizer_free(opt);
+        em_options_free(o);
+        em_dict_free(d);
+    }
     /* the lists */
     const em_op *op = em_op_find("fused_adam_capturable");
     cr_assert(op);

@@ -15,11 +15,27 @@
 #     device tensors their capturable kernels read (plugins/optim/optimizers.c): Adam with a
 #     per-step StepLR (its step count and bias corrections, and the lr), AdamW with weight
 #     decay and a per-step CosineAnnealingLR, SGD with a per-step LinearLR;
+#   - --clip-grad-norm 0.5 (em_clip_grad_norm_device_ in the captured step: the norm and the
+#     clip coefficient stay device tensors), 3 epochs of the SGD run: the same comparisons
+#     (weights, checkpoint, losses, and the epochs' mean gradient norm, now measured for the
+#     replayed steps too), the norm above 0.5 in some epoch (clipping happened) and weights
+#     other than the run without clipping's (the comparison can fail); every run's epoch
+#     rows compare the mean gradient norm too (--metrics makes every step measure it);
+#   - Adam with amsgrad (capturable: op by op with the step count, the bias corrections and
+#     the lr on the device) and a per-step StepLR, 2 epochs: the same comparisons (the plain
+#     run takes the fused amsgrad kernel), and weights other than plain Adam's;
 #   - the refusals, each naming the option and the reason: the CPU, RMSprop (its host step
-#     count), Adam's amsgrad, a per-step OneCycleLR that cycles the momentum, --clip-grad-norm,
-#     --accum-steps 2, amp fp16, a config's bad loop.graph_capture value, a step that draws
+#     count), a per-step OneCycleLR that cycles the momentum, --accum-steps 2, amp fp16, a config's bad loop.graph_capture value, a step that draws
 #     random numbers (dropout, caught at the capture), and an op without a kernel on the device
-#     (its CPU fallback copies to the host, which breaks the capture).
+#     (its CPU fallback copies to the host, which breaks the capture);
+#   - tests/gpu/capture (tests/gpu/run.sh capture) rehearsed on the test device (--plugin):
+#     its 10 rows (SGD, Adam, AdamW, Adam+clip, Adam+ams; float32 and float64), each a
+#     captured step replayed 19 times against the CPU's plain steps, all PASS and bitwise
+#     (the test device runs the CPU's kernels: no GPU rounding);
+#   - bench/gpu_step's graph rows of the MLP (tests/gpu/run.sh bench) rehearsed on the test
+#     device (--plugin): mlp_graph (SGD) and mlp_adam_graph (Adam capturable), whose 3 eager
+#     steps + 5 replays must equal 8 eager steps bitwise (match=yes; plain Adam captured the
+#     same way says match=no: its step count is a captured argument).
 # Run from the build directory (make check does).
 set -u
 srcdir=${srcdir:-.}
@@ -68,14 +84,15 @@ header() { head -c $((8 + $(hlen "$1"))) "$1" | tail -c +9; }
 data() { tail -c +$((9 + $(hlen "$1"))) "$1"; }
 # A metadata value of a checkpoint's header (a JSON string, escapes kept).
 meta() { header "$1" | grep -o -E "\"$2\":\"([^\"\\\\]|\\\\.)*\"" ; }
-# the epoch rows' train loss, accuracy and lr (the columns before the times)
-cols() { head -1 "$1" | tr ',' '\n' | grep -n -x -e train_loss -e train_accuracy -e lr |
+# the epoch rows' train loss, accuracy, lr and mean gradient norm (the columns before the times)
+cols() { head -1 "$1" | tr ',' '\n' | grep -n -x -e train_loss -e train_accuracy -e lr -e grad_norm |
          cut -d: -f1 | paste -sd, -; }
-# same CONFIG EPOCHS REPLAYS: the eager and the --graph-capture run agree bit for bit
+# same CONFIG EPOCHS REPLAYS [OPTION...]: the eager and the --graph-capture run agree bit for bit
 same() {
     conf=$1 ep=$2 replays=$3
-    run "$conf" "$conf-eager" "$ep" || { bad "$conf: the eager run on testdev"; cat "$tmp/$conf-eager.out"; }
-    run "$conf" "$conf-graph" "$ep" --graph-capture ||
+    shift 3
+    run "$conf" "$conf-eager" "$ep" "$@" || { bad "$conf: the eager run on testdev"; cat "$tmp/$conf-eager.out"; }
+    run "$conf" "$conf-graph" "$ep" --graph-capture "$@" ||
         { bad "$conf: the --graph-capture run"; cat "$tmp/$conf-graph.out"; }
     e=$tmp/$conf-eager g=$tmp/$conf-graph
     cmp -s "$e.safetensors" "$g.safetensors" ||
@@ -106,7 +123,7 @@ same() {
     cut -d, -f"$c" "$g.csv" > "$g.cols"
     [ "$(wc -l < "$e.cols")" -eq $((ep + 1)) ] || bad "$conf: $ep epoch rows in the eager metrics"
     cmp -s "$e.cols" "$g.cols" ||
-        { bad "$conf: the epochs' train loss, accuracy or lr differ with --graph-capture"; diff "$e.cols" "$g.cols"; }
+        { bad "$conf: the epochs' train loss, accuracy, lr or gradient norm differ with --graph-capture"; diff "$e.cols" "$g.cols"; }
     grep -q -- "--graph-capture: $replays steps replayed from 1 capture\$" "$g.out" ||
         { bad "$conf: the summary's replay count ($replays from 1 capture)"; cat "$g.out"; }
     grep -q -- "--graph-capture" "$e.out" && bad "$conf: the eager run mentions --graph-capture"
@@ -116,9 +133,23 @@ same mlp 3 60
 run mlp seed1 3 --graph-capture --seed 1 || bad "the --seed 1 run"
 cmp -s "$tmp/seed1.safetensors" "$tmp/mlp-graph.safetensors" &&
     bad "another seed gave the same weights: the comparison cannot fail"
+# clipping in the captured step: the norm and the coefficient are device tensors
+cfg clip "$mlp" "$sgd" "$step"
+same clip 3 60 --clip-grad-norm 0.5
+cmp -s "$tmp/clip-graph.safetensors" "$tmp/mlp-graph.safetensors" &&
+    bad "--clip-grad-norm 0.5 gave the weights of the run without it: the comparison cannot fail"
+gcol=$(head -1 "$tmp/clip-graph.csv" | tr ',' '\n' | grep -n -x grad_norm | cut -d: -f1)
+[ -n "$gcol" ] && tail -n +2 "$tmp/clip-graph.csv" | cut -d, -f"$gcol" |
+    awk '$1 > 0.5 { n++ } END { exit !n }' ||
+    bad "--clip-grad-norm 0.5: no epoch's mean gradient norm is above 0.5 (nothing was clipped)"
 # per-step schedules and Adam's step count: 2 epochs x 21 full batches, less 3
 cfg adam "$mlp" '{class: Adam, lr: 0.002}' '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
 same adam 2 39
+cfg ams "$mlp" '{class: Adam, lr: 0.002, amsgrad: true}' \
+    '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
+same ams 2 39
+cmp -s "$tmp/ams-graph.safetensors" "$tmp/adam-graph.safetensors" &&
+    bad "amsgrad gave plain Adam's weights: the comparison cannot fail"
 cfg adamw "$mlp" '{class: AdamW, lr: 0.003, weight_decay: 0.05}' \
     '{class: CosineAnnealingLR, interval: step, T_max: 30, eta_min: 1.0e-4}'
 same adamw 2 39
@@ -146,15 +177,9 @@ expect 2 "$opt: device cpu cannot capture graphs (a CUDA device can)" \
 cfg rms "$mlp" '{class: RMSprop, lr: 0.001}' "$step"
 expect 2 "$opt: the RMSprop optimizer's step uses its step count, which the host changes every step" \
     "$train" "$tmp/rms.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
-cfg ams "$mlp" '{class: Adam, lr: 0.001, amsgrad: true}' "$step"
-expect 2 "$opt: the Adam optimizer's amsgrad: the capturable kernels" \
-    "$train" "$tmp/ams.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
 cfg cycle "$mlp" "$sgd" '{class: OneCycleLR, interval: step, max_lr: 0.1, total_steps: 100}'
 expect 2 "$opt: a per-step OneCycleLR with cycle_momentum sets a new momentum (beta1) every step" \
     "$train" "$tmp/cycle.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
-expect 2 "$opt: --clip-grad-norm (loop.clip_grad_norm) reads the gradient norm on the host" \
-    "$train" "$tmp/mlp.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture \
-    --clip-grad-norm 1
 expect 2 "$opt: --accum-steps (loop.accum_steps) > 1" \
     "$train" "$tmp/mlp.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture \
     --accum-steps 2
@@ -181,4 +206,16 @@ EMBER_FALLBACK=allow expect 1 "$opt: the training step cannot be captured on tes
     "$train" "$tmp/tanh.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
 EMBER_FALLBACK=allow expect 1 "layer 2 (Tanh): $tmp/tanh.yaml:4:5: Tanh: testdev: a copy to or from host memory on a stream that records a graph" \
     "$train" "$tmp/tanh.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
+# tests/gpu/capture on the test device: every row replayed from a capture, PASS, bitwise
+out=$(./tests/gpu/capture --device testdev:0 --plugin "$host" 2>&1) || bad "tests/gpu/capture on testdev:0: $out"
+[ "$(echo "$out" | grep -c '(1 eager, then replays of 1 capture): params and states bitwise .*: PASS$')" -eq 10 ] ||
+    bad "tests/gpu/capture on testdev:0: not 10 bitwise PASS rows: $out"
+echo "$out" | grep -q 'clip norms bitwise' || bad "tests/gpu/capture: no clip rows: $out"
+# bench/gpu_step's graph rows on the test device (no times checked: only the replays' match)
+out=$(./bench/gpu_step --device testdev:0 --quick --plugin "$host" mlp_graph mlp_adam_graph 2>&1) ||
+    bad "bench/gpu_step on testdev:0: $out"
+for w in mlp_graph mlp_adam_graph; do
+    echo "$out" | grep -q "^ember $w ms=[0-9.]* match=yes maxdiff=0\$" ||
+        bad "bench/gpu_step $w: the replays do not match the eager steps bitwise: $out"
+done
 exit $fail

@@ -575,6 +575,146 @@ Test(clip, nonfinite_norm) {
     em_scope_end();
 }
 
+/* The clipping arithmetic as the host computed it before it moved to device ops (and as
+ * torch.nn.utils.clip_grad_norm_ does): each grad's norm (em_norm, read on the host) rounded
+ * to float32, combined in double in the params' order, the total rounded to float32, the
+ * coefficient float32(max_norm) / (total + 1e-6f) clamped to 1 in float, each element times
+ * it (float32 and narrower in float, rounded once to the grad's dtype; float64 in double).
+ * Plain C past the per-grad norms; want[i] gets grad i's expected values (malloc'ed). */
+static float host_clip_ref(em_tensor **p, int n, double max_norm, double norm_type,
+                           double **want) {
+    double acc = 0;
+    int seen = 0;
+    for (int i = 0; i < n; i++) {
+        em_scope_begin();
+        double v = NAN;
+        cr_assert_eq(em_tensor_item(em_norm(em_tensor_grad(p[i]), norm_type, 0, NULL, false),
+                                    &v), EM_OK, "%s", em_last_error());
+        em_scope_end();
+        float fv = (float)v;
+        if (isinf(norm_type)) acc = !seen ? fv : (fv > acc || isnan(fv) ? fv : acc);
+        else if (norm_type == 2) acc += (double)fv * fv;
+        else if (norm_type == 1) acc += fv;
+        else acc += pow(fabs(fv), norm_type);
+        seen++;
+    }
+    float total = isinf(norm_type) || norm_type == 1 ? (float)acc
+                  : norm_type == 2 ? (float)sqrt(acc) : (float)pow(acc, 1.0 / norm_type);
+    float coef = (float)max_norm / (total + 1e-6f);
+    if (coef > 1.0f) coef = 1.0f;
+    for (int i = 0; i < n; i++) {
+        const em_tensor *g = em_tensor_grad(p[i]);
+        em_dtype dt = em_tensor_dtype(g);
+        want[i] = em_test_values(g);
+        for (int64_t k = 0; k < em_tensor_numel(g); k++)
+            want[i][k] = dt == EM_F64 ? want[i][k] * (double)coef
+                                      : em_test_round_to(dt, (float)want[i][k] * coef);
+    }
+    return total;
+}
+
+/* Params of the given dtypes and numels with roughly N(0, 1.7) grads (seeded), owned by the
+ * caller's scope; NaN at grad nan_at's element 3 when nan_at >= 0. */
+static em_dict *typed_grads(em_tensor **p, int n, const em_dtype *dts, const int64_t *numel,
+                            uint64_t seed, int nan_at) {
+    em_dict *d = em_dict_new();
+    for (int i = 0; i < n; i++) {
+        double *v = malloc(sizeof(double) * (size_t)numel[i]);
+        em_test_fill_random(v, numel[i], seed + (uint64_t)i);
+        if (i == nan_at) v[3] = NAN;
+        p[i] = em_test_tensor(dts[i], 1, &numel[i], v);
+        em_tensor *g = em_test_tensor(dts[i], 1, &numel[i], v);
+        free(v);
+        cr_assert_eq(em_requires_grad_(p[i], true), EM_OK);
+        cr_assert_eq(em_tensor_set_grad(p[i], g), EM_OK, "%s", em_last_error());
+        char name[16]; /* room for any int: -Wformat-truncation at -O1 */
+        snprintf(name, sizeof name, "p%d", i);
+        cr_assert_eq(em_dict_set(d, name, p[i]), EM_OK);
+    }
+    return d;
+}
+
+/* Bit for bit: both NaN, or the same value (a zero's sign included). */
+static bool same_bits(double a, double b) {
+    return (isnan(a) && isnan(b)) || (a == b && signbit(a) == signbit(b));
+}
+
+/* em_clip_grad_norm_ and em_clip_grad_norm_device_ (device ops, no host read) give the host
+ * arithmetic's norm and grads bit for bit: every norm type, float32/64, float16 and bfloat16
+ * grads and a mix of them, clipping or not, max_norm infinite, and a NaN grad. */
+Test(clip, device_ops_equal_the_host_arithmetic_bit_for_bit) {
+    const double norms[] = {2, 1, INFINITY, 3, 0.5, 3.5};
+    const em_dtype sets[][3] = {{EM_F32, EM_F32, EM_F32}, {EM_F64, EM_F64, EM_F64},
+                                {EM_F16, EM_F16, EM_F16}, {EM_BF16, EM_BF16, EM_BF16},
+                                {EM_F32, EM_F16, EM_F64}};
+    const int64_t numel[3] = {300, 35, 1};
+    int clipped_cases = 0;
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++)
+        for (size_t ni = 0; ni < sizeof norms / sizeof norms[0]; ni++)
+            for (int mode = 0; mode < 4; mode++) /* clip, no clip, max_norm inf, a NaN grad */
+                for (int dev = 0; dev < 2; dev++) {
+                    em_scope_begin();
+                    em_tensor *p[3];
+                    em_dict *d = typed_grads(p, 3, sets[si], numel, 7 + si * 10 + ni,
+                                             mode == 3 ? 1 : -1);
+                    double *want[3];
+                    /* the reference's norm first, for max_norm */
+                    double ref_total = host_clip_ref(p, 3, INFINITY, norms[ni], want);
+                    for (int i = 0; i < 3; i++) free(want[i]);
+                    double max_norm = mode == 0 ? ref_total / 4
+                                      : mode == 1 ? ref_total * 2 : mode == 2 ? INFINITY : 1.0;
+                    float want_total = host_clip_ref(p, 3, max_norm, norms[ni], want);
+                    clipped_cases += mode == 0 && (float)max_norm / (want_total + 1e-6f) < 1;
+                    double total = -1;
+                    if (dev) {
+                        em_tensor *t = NULL;
+                        cr_assert_eq(em_clip_grad_norm_device_(d, max_norm, norms[ni], &t), EM_OK,
+                                     "%s", em_last_error());
+                        cr_assert(t && em_tensor_ndim(t) == 0 && em_tensor_dtype(t) == EM_F32 &&
+                                  em_device_equal(em_tensor_device(t), em_cpu()));
+                        total = em_test_at(t, 0);
+                        em_tensor_release(t);
+                    } else {
+                        cr_assert_eq(em_clip_grad_norm_(d, max_norm, norms[ni], false, &total),
+                                     EM_OK, "%s", em_last_error());
+                    }
+                    cr_assert(same_bits(total, want_total), "set %zu p=%g mode %d dev %d: norm "
+                              "%.9g, the host arithmetic's %.9g", si, norms[ni], mode, dev, total,
+                              (double)want_total);
+                    for (int i = 0; i < 3; i++) {
+                        double *got = em_test_values(em_tensor_grad(p[i]));
+                        for (int64_t k = 0; k < numel[i]; k++)
+                            cr_assert(same_bits(got[k], want[i][k]), "set %zu p=%g mode %d dev "
+                                      "%d: grad %d[%lld] %.17g, the host arithmetic's %.17g", si,
+                                      norms[ni], mode, dev, i, (long long)k, got[k], want[i][k]);
+                        free(got);
+                        free(want[i]);
+                    }
+                    em_dict_free(d);
+                    em_scope_end();
+                }
+    cr_assert_gt(clipped_cases, 0, "no case clipped");
+}
+
+Test(clip, device_norm_without_grads_and_errors) {
+    em_scope_begin();
+    em_tensor *p[OPT_N_PARAMS];
+    em_dict *d = grads_dict(p, 5);
+    for (int i = 0; i < OPT_N_PARAMS; i++) em_tensor_set_grad(p[i], NULL);
+    em_tensor *t = (em_tensor *)1;
+    cr_assert_eq(em_clip_grad_norm_device_(d, 1.0, 2, &t), EM_OK, "%s", em_last_error());
+    cr_assert_null(t, "no grads: no norm tensor");
+    cr_assert_neq(em_clip_grad_norm_device_(d, 1.0, 2, NULL), EM_OK);
+    em_assert_error(EM_ERR_INVALID, "clip_grad_norm_device_: NULL total_norm");
+    cr_assert_neq(em_clip_grad_norm_device_(NULL, 1.0, 2, &t), EM_OK);
+    em_assert_error(EM_ERR_INVALID, "NULL params");
+    cr_assert_neq(em_clip_grad_norm_device_(d, 1.0, -1, &t), EM_OK);
+    em_assert_error(EM_ERR_INVALID, "norm_type -1 is not supported");
+    cr_assert_null(t);
+    em_dict_free(d);
+    em_scope_end();
+}
+
 Test(clip, grad_value) {
     em_scope_begin();
     em_tensor *p[OPT_N_PARAMS];

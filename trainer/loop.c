@@ -932,6 +932,7 @@ typedef struct gstep {
     em_graph *g;                   /* NULL: not captured (yet, or since the lr changed) */
     em_tensor *x[IN_MAX], *y, *mask; /* the captured batch: replays read these storages */
     em_tensor *loss, *metric;      /* its outputs (0-dim; metric NULL without epoch rows) */
+    em_tensor *gnorm;              /* the gradient norm before clipping (0-dim; NULL: none) */
     double *hp;                    /* (groups) the momentum / beta1 the capture used */
     int64_t warm, captures, replays;
     bool fresh; /* captured, not replayed yet */
@@ -954,12 +955,6 @@ static const char *graph_refusal(const run *r, char *buf, size_t cap) {
                  "device)", cls);
         return buf;
     }
-    for (int g = 0; adam && g < em_optimizer_group_count(r->opt); g++)
-        if (em_options_bool(em_optimizer_group_options(r->opt, g), "amsgrad")) {
-            snprintf(buf, cap, "the %s optimizer's amsgrad: the capturable kernels (which read "
-                     "the step count and the lr on the device) have no AMSGrad maximum", cls);
-            return buf;
-        }
     if (r->sched && r->sched_per_step &&
         !strcmp(em_scheduler_class(r->sched)->name, "OneCycleLR") &&
         em_options_bool(em_scheduler_options(r->sched), "cycle_momentum"))
@@ -968,8 +963,6 @@ static const char *graph_refusal(const run *r, char *buf, size_t cap) {
                "false keeps it; the lr is read on the device)";
     if (r->scaler)
         return "--amp fp16's gradient scaler keeps its scale on the host and skips steps there";
-    if (r->s.clip_grad_norm > 0)
-        return "--clip-grad-norm (loop.clip_grad_norm) reads the gradient norm on the host";
     if (r->s.accum_steps > 1)
         return "--accum-steps (loop.accum_steps) > 1: a step of several micro-batches";
     if (r->d.comm) return "data parallelism: the gradients' all-reduce runs on the host";
@@ -984,7 +977,8 @@ static void graph_drop(gstep *g) {
     em_tensor_release(g->mask);
     em_tensor_release(g->loss);
     em_tensor_release(g->metric);
-    g->y = g->mask = g->loss = g->metric = NULL;
+    em_tensor_release(g->gnorm);
+    g->y = g->mask = g->loss = g->metric = g->gnorm = NULL;
 }
 
 /* The stream the whole loop runs on (made current), or a message naming the option. */
@@ -1042,9 +1036,10 @@ static bool graph_hp_same(const run *r, const gstep *g) {
     return true;
 }
 
-/* Record the step on a copy of this batch (nothing runs: the replay that follows runs it). */
+/* Record the step on a copy of this batch (nothing runs: the replay that follows runs it);
+ * norm: the gradients' norm and clipping too, as em_clip_grad_norm_device_ (no host read). */
 static em_status graph_capture(run *r, gstep *g, em_tensor *const *xs, em_tensor *y,
-                               em_tensor *mask, bool metric) {
+                               em_tensor *mask, bool metric, bool norm) {
     char d[48];
     em_device_str(r->dev, d, sizeof d);
     em_status st = EM_OK;
@@ -1076,11 +1071,17 @@ static em_status graph_capture(run *r, gstep *g, em_tensor *const *xs, em_tensor
         m = batch_metric(r, out, g->y, em_tensor_shape(g->x[0])[0], NULL);
         em_grad_mode_pop();
     }
+    double maxn = r->s.clip_grad_norm > 0 ? r->s.clip_grad_norm : INFINITY;
+    em_tensor *gn = NULL;
     if (loss && (!metric || m) && em_backward(loss) == EM_OK &&
+        (!norm || em_clip_grad_norm_device_(r->params, maxn, 2.0, &gn) == EM_OK) &&
         em_optimizer_step(r->opt) == EM_OK) {
         g->loss = em_keep(loss);
         g->metric = m ? em_keep(m) : NULL;
+        g->gnorm = gn;
+        gn = NULL;
     }
+    em_tensor_release(gn);
     char why[768] = "";
     if (!g->loss) snprintf(why, sizeof why, "%s", em_last_error());
     em_scope_end();
@@ -1109,9 +1110,10 @@ static em_status graph_capture(run *r, gstep *g, em_tensor *const *xs, em_tensor
 }
 
 /* This batch into the captured batch's storages, then the step: the replay runs forward,
- * backward and the update; the loss and metric (NAN without) are read from its outputs. */
+ * backward, the clipping and the update; the loss, metric and gradient norm (NAN without)
+ * are read from its outputs. */
 static em_status graph_replay(run *r, gstep *g, em_tensor *const *xs, em_tensor *y,
-                              em_tensor *mask, double *lv, double *mv) {
+                              em_tensor *mask, double *lv, double *mv, double *gv) {
     em_status st = EM_OK;
     for (int i = 0; i < r->n_in && st == EM_OK; i++) st = em_copy_(g->x[i], xs[i]);
     if (st == EM_OK) st = em_copy_(g->y, y);
@@ -1122,6 +1124,7 @@ static em_status graph_replay(run *r, gstep *g, em_tensor *const *xs, em_tensor 
     if (st == EM_OK) g->fresh = false;
     if (st == EM_OK) st = em_tensor_item(g->loss, lv);
     if (st == EM_OK && g->metric) st = em_tensor_item(g->metric, mv);
+    if (st == EM_OK && g->gnorm) st = em_tensor_item(g->gnorm, gv);
     if (st == EM_OK) g->replays++;
     return st;
 }
@@ -1539,11 +1542,13 @@ int train_loop(run *r) {
             }
             /* --graph-capture: full-size batches replay the captured step once warm */
             bool graphed = gs.on && bs == B && gs.warm >= GRAPH_WARMUP;
-            double lv = NAN, mv = 0;
+            double lv = NAN, mv = 0, gn = NAN;
+            const bool want_norm = r->s.clip_grad_norm > 0 || k.n;
             if (graphed) {
                 if (gs.g && !graph_hp_same(r, &gs)) graph_drop(&gs); /* a new momentum */
-                em_status gst = gs.g ? EM_OK : graph_capture(r, &gs, xs, y, mask, k.epochs);
-                if (gst == EM_OK) gst = graph_replay(r, &gs, xs, y, mask, &lv, &mv);
+                em_status gst = gs.g ? EM_OK
+                                     : graph_capture(r, &gs, xs, y, mask, k.epochs, want_norm);
+                if (gst == EM_OK) gst = graph_replay(r, &gs, xs, y, mask, &lv, &mv, &gn);
                 if (gst != EM_OK) { /* the capture's messages name the option already */
                     report_error(strncmp(em_last_error(), "--graph-capture", 15)
                                      ? "--graph-capture" : NULL);
@@ -1625,16 +1630,15 @@ int train_loop(run *r) {
                 row.n_groups = ng < METRIC_GROUPS_MAX ? ng : METRIC_GROUPS_MAX;
                 for (int g = 0; g < row.n_groups; g++) row.lr[g] = em_optimizer_lr(r->opt, g);
             }
-            double gn = NAN;
             /* --amp fp16: the norm and the clipping see the unscaled gradients */
-            if (!graphed && r->scaler && (r->s.clip_grad_norm > 0 || k.n) &&
+            if (!graphed && r->scaler && want_norm &&
                 em_grad_scaler_unscale_(r->scaler, r->opt) != EM_OK) {
                 report_error("amp unscale");
                 rc = EXIT_TRAIN;
                 stop_run = true;
                 break;
             }
-            if (!graphed && (r->s.clip_grad_norm > 0 || k.n)) { /* a replay stepped already */
+            if (!graphed && want_norm) { /* a replay clipped and stepped already */
                 double maxn = r->s.clip_grad_norm > 0 ? r->s.clip_grad_norm : INFINITY;
                 if (em_clip_grad_norm_(r->params, maxn, 2.0, false, &gn) != EM_OK) {
                     report_error("clip_grad_norm");
@@ -1642,8 +1646,8 @@ int train_loop(run *r) {
                     stop_run = true;
                     break;
                 }
-                if (isfinite(gn)) r->part.grad_norm += gn, r->part.grad_norms++;
             }
+            if (want_norm && isfinite(gn)) r->part.grad_norm += gn, r->part.grad_norms++;
             if (!graphed && (r->scaler ? em_grad_scaler_step(r->scaler, r->opt, NULL)
                                        : em_optimizer_step(r->opt)) != EM_OK) {
                 report_error("optimizer step");

@@ -95,9 +95,6 @@ static em_status check_betas(const em_options *opts, const char *where) {
     if (n != 2)
         return em_set_error(EM_ERR_INVALID, "%s: option 'betas' needs 2 values (beta1, beta2), "
                             "got %d", where, n);
-    if (em_options_bool(opts, "capturable") && em_options_bool(opts, "amsgrad"))
-        return em_set_error(EM_ERR_INVALID, "%s: options 'capturable' and 'amsgrad' together: "
-                            "the capturable kernels have no AMSGrad maximum", where);
     return EM_OK;
 }
 
@@ -419,8 +416,88 @@ done:
     return st;
 }
 
+/* x rounded to dtype dt (a 0-dim device scalar; x itself when it has dt). */
+static em_tensor *as_dtype(em_tensor *x, em_dtype dt) {
+    return x && em_tensor_dtype(x) != dt ? em_to_dtype(x, dt) : x;
+}
+
+/* 1 - x, bit for bit the host's 1 - x (1 + (-x) is the same IEEE operation). */
+static em_tensor *one_minus(em_tensor *x) { return em_add_scalar(em_neg(x), 1.0); }
+
+/* One parameter of a capturable AMSGrad group, op by op: adam_one's ops in adam_one's order,
+ * with the scalars that change between steps formed on the device as 0-dim float64 tensors
+ * (the step count, the "step" state, incremented by an op; the bias corrections from
+ * pow(beta, step); the lr, the group's lr tensor) and rounded to the parameter's dtype where
+ * adam_one's scalar ops round theirs: the same bits as adam_one (and the fused kernel) where
+ * the device's pow is the host's, and nothing read or written on the host, so the step can be
+ * captured and replayed. The fused capturable kernels have no AMSGrad maximum (a list call of
+ * the op-case table holds 6 lists: there is no room for max_exp_avg_sq). float32 and float64
+ * parameters, as the capturable kernels. */
+static em_status adam_one_capturable(em_optimizer *o, int idx, em_tensor *p,
+                                     const em_tensor *grad, const adam_hp *h, em_tensor *lr) {
+    em_dtype dt = em_tensor_dtype(p);
+    char d[48];
+    if ((dt != EM_F32 && dt != EM_F64) || em_tensor_dtype(grad) != dt ||
+        !em_device_equal(em_tensor_device(grad), em_tensor_device(p)))
+        return em_set_error(EM_ERR_DTYPE, "%s: capturable with amsgrad: parameter %d (%s on %s) "
+                            "%s; capturable AMSGrad steps take float32 and float64 parameters "
+                            "whose grads have their dtype and device",
+                            em_optimizer_class(o)->name, idx, em_dtype_name(dt),
+                            em_device_str(em_tensor_device(p), d, sizeof d),
+                            dt != EM_F32 && dt != EM_F64 ? "is not float32 or float64"
+                            : em_tensor_dtype(grad) != dt ? "has a grad of another dtype"
+                                                          : "has a grad on another device");
+    em_scope_begin();
+    em_status st = EM_OK;
+    double eps = h->eps, wd = h->wd, b1 = h->b1, b2 = h->b2;
+    em_device dev = em_tensor_device(p);
+    em_tensor *exp_avg = state_like(o, idx, "exp_avg", p, 0);
+    em_tensor *exp_avg_sq = state_like(o, idx, "exp_avg_sq", p, 0);
+    em_tensor *max_sq = state_like(o, idx, "max_exp_avg_sq", p, 0);
+    em_tensor *step = device_step(o, idx, p);
+    const em_tensor *gr;
+    if (!exp_avg || !exp_avg_sq || !max_sq || !step || (st = em_add_scalar_(step, 1)) != EM_OK) {
+        st = st != EM_OK ? st : em_last_status();
+        goto done;
+    }
+    if (h->decoupled) {
+        gr = h->maximize ? em_neg(grad) : grad;
+        em_tensor *f = as_dtype(one_minus(em_mul_scalar(lr, wd)), dt); /* 1 - lr * wd */
+        if ((st = f ? em_mul_(p, f) : em_last_status()) != EM_OK) goto done;
+    } else {
+        gr = effective_grad(p, grad, h->maximize, wd);
+    }
+    if (!gr || (st = em_mul_scalar_(exp_avg, b1)) != EM_OK ||
+        (st = add_scaled_(exp_avg, gr, 1 - b1)) != EM_OK ||
+        (st = em_mul_scalar_(exp_avg_sq, b2)) != EM_OK ||
+        (st = add_scaled_(exp_avg_sq, em_mul(gr, gr), 1 - b2)) != EM_OK) {
+        st = st != EM_OK ? st : em_last_status();
+        goto done;
+    }
+    em_tensor *bc1 = one_minus(em_pow(em_full(0, NULL, b1, EM_F64, dev), step));
+    em_tensor *bc2 = one_minus(em_pow(em_full(0, NULL, b2, EM_F64, dev), step));
+    em_tensor *neg_step_size = as_dtype(em_neg(em_div(lr, bc1)), dt); /* -(lr / bc1) */
+    em_tensor *bc2_sqrt = as_dtype(em_sqrt(bc2), dt);
+    if (!neg_step_size || !bc2_sqrt ||
+        (st = em_copy_(max_sq, em_maximum(max_sq, exp_avg_sq))) != EM_OK) {
+        st = st != EM_OK ? st : em_last_status();
+        goto done;
+    }
+    em_tensor *denom = em_div(em_sqrt(max_sq), bc2_sqrt);
+    if (!denom || (st = em_add_scalar_(denom, eps)) != EM_OK) {
+        st = st != EM_OK ? st : em_last_status();
+        goto done;
+    }
+    em_tensor *upd = em_mul(em_div(exp_avg, denom), neg_step_size);
+    st = upd ? em_add_(p, upd) : em_last_status();
+done:
+    em_scope_end();
+    return st;
+}
+
 /* A capturable group: every parameter through fused_adam(w)_capturable, the step counts and
- * the lr on the device. */
+ * the lr on the device; with amsgrad, op by op with those on the device
+ * (adam_one_capturable). */
 static em_status adam_capturable_group(em_optimizer *o, int g, pending *pend, const adam_hp *h) {
     const em_op *op = em_op_find(h->decoupled ? "fused_adamw_capturable" : "fused_adam_capturable");
     if (!op) return em_last_status();
@@ -431,6 +508,13 @@ static em_status adam_capturable_group(em_optimizer *o, int g, pending *pend, co
         em_tensor *p = em_optimizer_param(o, g, i, &idx, NULL);
         const em_tensor *grad = em_tensor_grad(p);
         if (!grad) continue;
+        if (h->amsgrad) {
+            em_status st = (lr_t = capturable_lr(o, g, idx, p, lr_t))
+                               ? adam_one_capturable(o, idx, p, grad, h, lr_t)
+                               : em_last_status();
+            if (st != EM_OK) return st;
+            continue;
+        }
         if (!fusable(op, p, grad)) return capturable_refused(o, idx, p, grad, em_op_name(op));
         if (!(lr_t = capturable_lr(o, g, idx, p, lr_t))) return em_last_status();
         pending *q = &pend[np++];
@@ -510,8 +594,9 @@ static em_status adamw_step(em_optimizer *o) {
      .help = "maximize the objective instead of minimizing it"},                                \
     {.name = "capturable", .types = EM_OPT_BOOL, .def = {.b = false},                            \
      .help = "keep the step count and read the lr on the parameters' device (the "              \
-             "fused_adam(w)_capturable kernels: float32/float64 parameters, no amsgrad), so "   \
-             "the step can be captured in a graph and replayed"}
+             "fused_adam(w)_capturable kernels; with amsgrad, op by op with those on the "      \
+             "device: float32/float64 parameters), so the step can be captured in a graph and " \
+             "replayed"}
 
 static const em_option_spec adam_options[] = {ADAM_OPTIONS(0)};
 static const em_option_spec adamw_options[] = {ADAM_OPTIONS(1e-2)};

@@ -2,7 +2,7 @@
  * capture.c — the GPU harness's check of the capturable optimizer steps (tests/gpu/run.sh
  * capture), device-agnostic:
  *
- *   capture --device DEV [--steps N]
+ *   capture --device DEV [--steps N] [--plugin PATH]
  *
  * For SGD (momentum 0.9, weight decay 1e-2, Nesterov), Adam (weight decay 1e-2) and AdamW
  * (weight decay 1e-2), in float32 and float64: three parameters (64 x 32, 32, 7 x 5; values
@@ -14,7 +14,23 @@
  * device memory); step 0 runs eagerly, step 1 is captured in a graph (em_graph_capture_begin)
  * on a stream of its own and every later step is a replay of it, the step's gradients copied
  * into the captured gradients' storages and the lr set between replays. A device that cannot
- * capture (the CPU: --device cpu, the rehearsal) runs every step eagerly.
+ * capture (the CPU: --device cpu, the rehearsal) runs every step eagerly. --plugin PATH loads
+ * a plugin before DEV is parsed (em_plugin_load): the test device with host kernels
+ * (tests/plugins/host/testdev_host.so) captures and replays as CUDA does, without a GPU.
+ *
+ * Adam+ams (float32, float64): Adam with amsgrad, capturable on DEV (op by op with the step
+ * count, the bias corrections and the lr on the device) against the plain fused AMSGrad
+ * kernel on the CPU, the max_exp_avg_sq states compared too, within the Adam rows' bounds.
+ *
+ * Adam+clip (float32, float64): the same Adam steps with the gradients' 2-norm clipped to
+ * CLIP_MAX before each (the grads' norm is about 26 at first: every step clips): the
+ * reference em_clip_grad_norm_ on the CPU (the norm read on the host); on DEV
+ * em_clip_grad_norm_device_ (no host read: the norm and the coefficient stay device tensors)
+ * in the eager step and in the captured one, whose norm tensor each replay refills. Checked
+ * besides: each step's norm (read after the step) against the CPU's, within 4 float32 ulp
+ * (the device's own reduction order); the parameters and states within 64 ulp on a device
+ * other than the CPU (the norms' last bits move the coefficient; a first bound, not yet run on
+ * a GPU), bitwise on the CPU (the same arithmetic).
  *
  * Checks, one row per optimizer and dtype: the parameters and the states (momentum_buffer;
  * exp_avg, exp_avg_sq) after N steps against the CPU's, the step count (Adam: N) and the
@@ -33,6 +49,7 @@
 
 #define NP 3
 #define MAXN 2048
+#define CLIP_MAX 5.0
 
 static const int64_t shapes[NP][2] = {{64, 32}, {32, 0}, {7, 5}};
 static const int ndims[NP] = {2, 1, 2};
@@ -64,7 +81,8 @@ typedef struct opt_run {
     em_tensor *p[NP], *g[NP]; /* the params and their grads (the grads' storages are kept) */
 } opt_run;
 
-static em_optimizer *make_opt(const char *cls, em_tensor *const *p, bool capturable) {
+static em_optimizer *make_opt(const char *cls, em_tensor *const *p, bool capturable,
+                              bool amsgrad) {
     em_dict *d = em_dict_new();
     em_options *o = em_options_new();
     char name[16];
@@ -79,6 +97,7 @@ static em_optimizer *make_opt(const char *cls, em_tensor *const *p, bool captura
         em_options_set_bool(o, "nesterov", true);
     }
     if (capturable) em_options_set_bool(o, "capturable", true);
+    if (amsgrad) em_options_set_bool(o, "amsgrad", true);
     em_optimizer *opt = em_optimizer_new(cls, d, o);
     em_options_free(o);
     em_dict_free(d);
@@ -110,8 +129,19 @@ static double max_ulps(const em_tensor *a, const em_tensor *b, int64_t n, em_dty
     return m;
 }
 
-/* One optimizer and dtype: 0 when it holds, 1 when not, 2 on an error. */
-static int check(const char *cls, em_dtype dt, em_device dev, int steps) {
+static em_dict *params_dict(em_tensor *const *p) {
+    em_dict *d = em_dict_new();
+    char name[16];
+    for (int i = 0; d && i < NP; i++) {
+        snprintf(name, sizeof name, "p%d", i);
+        em_dict_set(d, name, p[i]);
+    }
+    return d;
+}
+
+/* One optimizer and dtype (clip: the grads clipped before each step; ams: Adam's amsgrad): 0
+ * when it holds, 1 when not, 2 on an error. */
+static int check(const char *cls, em_dtype dt, em_device dev, int steps, bool clip, bool ams) {
     em_scope_begin();
     opt_run ref = {0}, run = {0};
     for (int i = 0; i < NP; i++) {
@@ -121,9 +151,13 @@ static int check(const char *cls, em_dtype dt, em_device dev, int steps) {
         em_requires_grad_(ref.p[i], true);
         em_requires_grad_(run.p[i], true);
     }
-    ref.o = make_opt(cls, ref.p, false);
-    run.o = make_opt(cls, run.p, true);
+    ref.o = make_opt(cls, ref.p, false, ams);
+    run.o = make_opt(cls, run.p, true, ams);
     if (!ref.o || !run.o) return fail("optimizer");
+    em_dict *ref_d = clip ? params_dict(ref.p) : NULL, *run_d = clip ? params_dict(run.p) : NULL;
+    if (clip && (!ref_d || !run_d)) return fail("params dict");
+    em_tensor *norm_t = NULL; /* the captured step's norm (clip) */
+    double norm_ulps = 0;     /* the most float32 ulps between a step's norms */
     bool can = em_graph_capture_supported(dev);
     em_stream *s = NULL, *prev = em_stream_current(dev);
     em_graph *graph = NULL;
@@ -145,26 +179,44 @@ static int check(const char *cls, em_dtype dt, em_device dev, int steps) {
                 return fail("grad copy");
             }
         }
+        double ref_norm = NAN, got_norm = NAN;
+        if (clip && em_clip_grad_norm_(ref_d, CLIP_MAX, 2.0, false, &ref_norm) != EM_OK)
+            return fail("the CPU's clipping");
         if (em_optimizer_step(ref.o) != EM_OK) return fail("the CPU's step");
         if (!can || k == 0) {
+            em_tensor *t = NULL;
+            if (clip && em_clip_grad_norm_device_(run_d, CLIP_MAX, 2.0, &t) != EM_OK)
+                return fail("the eager clipping");
             if (em_optimizer_step(run.o) != EM_OK) return fail("the eager step");
-            continue;
+            if (clip && (!t || em_tensor_item(t, &got_norm) != EM_OK)) return fail("the norm");
+            em_tensor_release(t);
+        } else {
+            if (!graph) {
+                if (em_graph_capture_begin(dev, s) != EM_OK) return fail("capture begin");
+                em_status st = clip ? em_clip_grad_norm_device_(run_d, CLIP_MAX, 2.0, &norm_t)
+                                    : EM_OK;
+                if (st == EM_OK) st = em_optimizer_step(run.o);
+                em_status se = em_graph_capture_end(dev, &graph);
+                if (st != EM_OK || se != EM_OK) return fail("the captured step");
+                em_stream_set_current(dev, s); /* the lr fills and copies in the replays' order */
+            }
+            if (em_graph_replay(graph) != EM_OK) return fail("replay");
+            if (clip && (!norm_t || em_tensor_item(norm_t, &got_norm) != EM_OK))
+                return fail("the replay's norm");
         }
-        if (!graph) {
-            if (em_graph_capture_begin(dev, s) != EM_OK) return fail("capture begin");
-            em_status st = em_optimizer_step(run.o);
-            em_status se = em_graph_capture_end(dev, &graph);
-            if (st != EM_OK || se != EM_OK) return fail("the captured step");
-            em_stream_set_current(dev, s); /* the lr fills and copies in the replays' order */
+        if (clip) {
+            double u = ulps(ref_norm, got_norm, EM_F32);
+            if (u > norm_ulps || u != u) norm_ulps = u;
         }
-        if (em_graph_replay(graph) != EM_OK) return fail("replay");
     }
     if (s) em_stream_synchronize(dev, s);
     /* the parameters and the states */
     static const char *const sgd_states[] = {"momentum_buffer", NULL};
     static const char *const adam_states[] = {"exp_avg", "exp_avg_sq", NULL};
-    const char *const *names = strcmp(cls, "SGD") ? adam_states : sgd_states;
+    static const char *const ams_states[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", NULL};
+    const char *const *names = ams ? ams_states : strcmp(cls, "SGD") ? adam_states : sgd_states;
     double tol = dt == EM_F64 && strcmp(cls, "SGD") ? 4 : 0, worst = 0;
+    if (clip && !em_device_equal(dev, em_cpu())) tol = 64;
     char what[160] = "";
     for (int i = 0; i < NP; i++) {
         double u = max_ulps(ref.p[i], run.p[i], numel(i), dt);
@@ -183,16 +235,26 @@ static int check(const char *cls, em_dtype dt, em_device dev, int steps) {
     }
     em_tensor *lt = em_optimizer_lr_tensor(run.o, 0, dev);
     if (!lt || em_tensor_item(lt, &lrv) != EM_OK) lrv = NAN;
+    double norm_tol = em_device_equal(dev, em_cpu()) ? 0 : 4;
     bool ok = worst <= tol && lrv == em_optimizer_lr(ref.o, 0) &&
-              (!strcmp(cls, "SGD") || stp == want);
-    printf("capture %-5s %-7s %d steps (%s): params and states %s (most %.0f ulp%s%s; "
-           "allowed %.0f), step count %s, lr tensor %s: %s\n", cls, em_dtype_name(dt), steps,
+              (!strcmp(cls, "SGD") || stp == want) && (!clip || norm_ulps <= norm_tol);
+    char norms[96] = "";
+    if (clip)
+        snprintf(norms, sizeof norms, ", clip norms %s (most %.0f ulp; allowed %.0f)",
+                 norm_ulps == 0 ? "bitwise" : "differ", norm_ulps, norm_tol);
+    char label[16];
+    snprintf(label, sizeof label, "%s%s", cls, clip ? "+clip" : ams ? "+ams" : "");
+    printf("capture %-9s %-7s %d steps (%s): params and states %s (most %.0f ulp%s%s; "
+           "allowed %.0f)%s, step count %s, lr tensor %s: %s\n", label, em_dtype_name(dt), steps,
            can ? "1 eager, then replays of 1 capture" : "eager: the device cannot capture",
-           worst == 0 ? "bitwise" : "differ", worst, what[0] ? ", at " : "", what, tol,
+           worst == 0 ? "bitwise" : "differ", worst, what[0] ? ", at " : "", what, tol, norms,
            strcmp(cls, "SGD") ? (stp == want ? "right" : "WRONG") : "n/a",
            lrv == em_optimizer_lr(ref.o, 0) ? "right" : "WRONG", ok ? "PASS" : "FAIL");
     if (!ok) rc = 1;
     em_graph_free(graph);
+    em_tensor_release(norm_t);
+    em_dict_free(ref_d);
+    em_dict_free(run_d);
     if (s) {
         em_stream_set_current(dev, prev);
         em_stream_free(dev, s);
@@ -204,13 +266,14 @@ static int check(const char *cls, em_dtype dt, em_device dev, int steps) {
 }
 
 int main(int argc, char **argv) {
-    const char *dev_name = NULL;
+    const char *dev_name = NULL, *plugin = NULL;
     int steps = 20;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) dev_name = argv[++i];
+        else if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: capture --device DEV [--steps N]\n");
+            fprintf(stderr, "usage: capture --device DEV [--steps N] [--plugin PATH]\n");
             return 2;
         }
     }
@@ -219,13 +282,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (em_init() != EM_OK) return fail("em_init");
+    if (plugin && em_plugin_load(plugin) != EM_OK) return fail("--plugin");
     em_device dev;
     if (em_device_parse(dev_name, &dev) != EM_OK) return fail("--device");
     int rc = 0;
     static const char *const classes[] = {"SGD", "Adam", "AdamW"};
-    for (int c = 0; c < 3; c++)
+    for (int c = 0; c < 5; c++) /* 3: Adam+clip, 4: Adam+ams */
         for (int d = 0; d < 2; d++) {
-            int r = check(classes[c], d ? EM_F64 : EM_F32, dev, steps);
+            int r = check(classes[c < 3 ? c : 1], d ? EM_F64 : EM_F32, dev, steps, c == 3, c == 4);
             if (r > rc) rc = r;
         }
     em_shutdown();

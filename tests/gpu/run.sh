@@ -24,7 +24,9 @@
 #   $OUT/bench.txt    issue 20 item 8: Ember against PyTorch eager and cuBLASLt/cudart alone
 #   $OUT/amp.txt      bf16 and f16 autocast MLP training on DEV against the CPU's, the scaler's skip
 #   $OUT/capture.txt  SGD, Adam and AdamW with capturable steps captured and replayed on DEV
-#                     (a new lr every step) against the CPU's plain steps (tests/gpu/capture)
+#                     (a new lr every step) against the CPU's plain steps, and Adam with the
+#                     grads clipped in the captured step (em_clip_grad_norm_device_) against
+#                     the CPU's host clipping (tests/gpu/capture)
 #   $OUT/tables.txt   the tables above, in suite order, each after a "==== SUITE.txt" line
 #   $OUT/summary.txt  one line per suite: PASS/FAIL/TIMEOUT and seconds
 #   $OUT/log.txt      everything printed
@@ -157,7 +159,7 @@ suite_bench() {
     # convolutions before cuDNN's kernels; a device that cannot capture graphs) leaves its
     # error in the table and the others their rows; it does not fail the suite
     local w
-    for w in cnn mlp_sgd mlp_graph cnn_sgd cnn_graph conv gemm_bf16; do
+    for w in cnn mlp_sgd mlp_graph cnn_sgd cnn_graph mlp_adam_graph cnn_adam_graph conv gemm_bf16; do
         "$B/harness/gpu_step" --device "$DEV" "${quick[@]}" "$w" > "$WORK/one.txt" 2>&1 ||
             echo "ember $w error=$(tail -n 1 "$WORK/one.txt" | tr -s ' \t' '_' | cut -c1-160)" >> "$WORK/one.txt"
         cat "$WORK/one.txt" >> "$WORK/ember.txt"
@@ -228,6 +230,11 @@ suite_bench() {
             e=$(val "$WORK/ember.txt" ${w}_graph ms); c=$(val "$WORK/torch.txt" ${w}_graph ms)
             t=$(val "$WORK/torch.txt" ${w}_sgd ms); r=$(ratio "$e" "$t")
             row "$w sgd graph replay (ms)" "$e" "$c" "$t" "$r" "ember graph/torch eager; baseline: torch CUDA graph; replay = eager bitwise:" "$(val "$WORK/ember.txt" ${w}_graph match)"
+            # Adam capturable (fused_adam_capturable; torch: Adam(capturable=True)) against
+            # torch's eager Adam step (the mlp / cnn rows)
+            e=$(val "$WORK/ember.txt" ${w}_adam_graph ms); c=$(val "$WORK/torch.txt" ${w}_adam_graph ms)
+            t=$(val "$WORK/torch.txt" $w ms); r=$(ratio "$e" "$t")
+            row "$w adam graph replay (ms)" "$e" "$c" "$t" "$r" "ember graph/torch eager Adam; baseline: torch CUDA graph, Adam(capturable=True); replay = eager bitwise:" "$(val "$WORK/ember.txt" ${w}_adam_graph match)"
         done
         e=$(val "$WORK/ember.txt" train_graph ms); c=$(val "$WORK/ember.txt" train_eager ms); r=$(ratio "$e" "$c")
         row "ember-train graph (ms)" "$e" "$c" "" "$r" "ember-train --graph-capture/eager step, fashion-mnist-mlp (no target)" ""

@@ -1290,13 +1290,18 @@ static const char *const td_host_ops[] = {
     "div_scalar", "dropout", "eq", "linear", "matmul", "mul", "mul_scalar", "mul_scalar_",
     "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal", "amp_unscale_",
     "fused_adam", "fused_adamw", "fused_sgd_capturable", "fused_adam_capturable",
-    "fused_adamw_capturable"};
+    "fused_adamw_capturable", "add", "abs", "add_scalar", "clamp", "div", "maximum", "neg",
+    "pow", "sqrt"};
 /* Not tanh: tests/test_graph_capture.sh needs an op whose CPU fallback breaks a capture. Not
  * fused_sgd: SGD steps op by op there, as on a device without the fused kernel (with
  * --graph-capture it takes fused_sgd_capturable, whose lr is device memory). amp_unscale_
  * (a list op) for the gradient scaler's test of its host reads (tests/test_grad_scaler.c);
  * the fused Adam forms and the capturable ones for --graph-capture's Adam, AdamW and
- * per-step schedules (tests/test_graph_capture.sh, against the plain forms). */
+ * per-step schedules (tests/test_graph_capture.sh, against the plain forms); add (but float32,
+ * testdev's own kernel), abs, add_scalar, clamp, div, maximum, neg, pow and sqrt for the
+ * gradient clipping's device arithmetic (em_clip_grad_norm_device_: --graph-capture with
+ * --clip-grad-norm) and capturable AMSGrad's op-by-op step (plugins/optim/optimizers.c,
+ * adam_one_capturable: tests/test_fused_optim.c, tests/test_graph_capture.sh). */
 #endif
 
 static em_status td_kernel(em_registry *r, const char *op, em_dtype dt, em_kernel_fn fn) {
@@ -1342,7 +1347,8 @@ static em_status td_register(em_registry *r) {
         const em_op *op = em_op_find(td_host_ops[i]);
         if (!op) continue; /* not declared by this build (a plugin not loaded) */
         for (int t = 0; t < EM_DTYPE_COUNT && st == EM_OK; t++)
-            if (em_op_kernel_count(op, em_cpu(), (em_dtype)t) > 0)
+            if (em_op_kernel_count(op, em_cpu(), (em_dtype)t) > 0 &&
+                !(t == EM_F32 && !strcmp(td_host_ops[i], "add")))
                 st = td_kernel(r, td_host_ops[i], (em_dtype)t, td_k_host);
     }
 #endif

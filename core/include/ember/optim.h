@@ -187,9 +187,22 @@ EM_API em_status em_optimizer_load_state_dict(em_optimizer *o, const em_dict *te
 
 /* torch.nn.utils.clip_grad_norm_: scale all grads so their total norm (p = 2 or inf; others
  * allowed) is at most max_norm; *total_norm (may be NULL) receives the norm before clipping.
- * error_if_nonfinite: a NaN/Inf norm is EM_ERR_RANGE instead of clipping. */
+ * error_if_nonfinite: a NaN/Inf norm is EM_ERR_RANGE instead of clipping. Runs as ops on the
+ * grads' device; only the norm asked for (or checked) is read on the host. */
 EM_API em_status em_clip_grad_norm_(const em_dict *params, double max_norm, double norm_type,
                                     bool error_if_nonfinite, double *total_norm);
+/* The same clipping with no host read, so it can run under a graph capture
+ * (em_graph_capture_begin) and be replayed: *total_norm receives the norm before clipping as a
+ * new reference (em_tensor_release it) to a 0-dim float32 tensor on the first grad's device
+ * (NULL when no param has a grad), and the clip coefficient stays a device tensor too
+ * (PyTorch's clip_grad_norm_ with foreach and error_if_nonfinite = false). Both functions
+ * compute on the grads' device with one fixed arithmetic, so they clip bit for bit alike:
+ * each grad's norm in its dtype rounded to float32, combined in float64 in the params'
+ * order (p = 2: squares summed, then sqrt; other p: pow), rounded to float32; the
+ * coefficient float32(max_norm) / (total + 1e-6), clamped to at most 1, in float32; each grad
+ * times it (float16 / bfloat16 in float32, rounded once). New in EMBER_1.1. */
+EM_API em_status em_clip_grad_norm_device_(const em_dict *params, double max_norm,
+                                           double norm_type, em_tensor **total_norm);
 /* Clamp every grad element to [-clip, clip]. */
 EM_API em_status em_clip_grad_value_(const em_dict *params, double clip);
 
