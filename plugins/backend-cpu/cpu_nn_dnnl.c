@@ -1,5 +1,6 @@
 /*
- * cpu_nn_dnnl.c — the f32 and bf16 kernels of the nn family through oneDNN primitives: conv2d (forward,
+ * cpu_nn_dnnl.c — the f32 and bf16 kernels of the nn family through oneDNN primitives: conv2d (forward
+ * and conv2d_relu's, the forward with ReLU post-ops,
  * backward data, backward weight), avg_pool2d and adaptive_avg_pool2d (forward, backward;
  * the adaptive op when its windows are a plain pooling), batch_norm and layer_norm (forward,
  * backward), softmax and log_softmax (forward, backward). Registered at priority 10 above the
@@ -87,6 +88,8 @@ enum {
     DN_SOFTMAX_BWD,
     DN_LOG_SOFTMAX_BWD,
 };
+/* With DN_CONV_FWD in a kernel's user pointer: conv2d_relu (the ReLU post-ops). */
+#define DN_RELU 0x100
 
 /* The identity of a primitive: its kind, the activations' data type (dnnl_f32 or dnnl_bf16)
  * and DN_KEY_N numbers (zero-filled), compared bytewise. */
@@ -225,14 +228,37 @@ static dnnl_primitive_attr_t attr_user_scratch(void) {
     return attr;
 }
 
-/* Creates a primitive descriptor (fwd_hint may be NULL) with a user scratchpad. */
-static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
-                               const_dnnl_primitive_desc_t hint) {
+/* conv2d_relu's ReLU as post-ops on the accumulator, before the one rounding to the output
+ * dtype, keeping Ember's relu (x <= 0 ? +0 : x) bit for bit on every finite value and NaN:
+ * oneDNN's relu with alpha 0 is max(x, 0), which turns NaN into 0 (and would hide a
+ * diverged model), so instead relu with alpha 2^-149 twice (x > 0 kept; a finite x <= 0
+ * becomes at most 2^-21 in size, then -0; NaN stays NaN) and x * 1 + 0 (-0 to +0). The one
+ * difference left: -inf gives -inf where relu gives 0 (an overflowed or infinite input). */
+static dnnl_status_t attr_relu(dnnl_primitive_attr_t attr) {
+    dnnl_post_ops_t po = NULL;
+    dnnl_status_t s = dnnl_post_ops_create(&po);
+    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0x1p-149f, 0.f);
+    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0x1p-149f, 0.f);
+    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_linear, 1.f, 0.f);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (po) dnnl_post_ops_destroy(po);
+    return s;
+}
+
+/* Creates a primitive descriptor (fwd_hint may be NULL) with a user scratchpad; relu: with
+ * conv2d_relu's post-ops. */
+static dnnl_status_t pd_create_ops(dnnl_primitive_desc_t *pd, const void *desc,
+                                   const_dnnl_primitive_desc_t hint, bool relu) {
     dnnl_primitive_attr_t attr = attr_user_scratch();
     if (!attr) return dnnl_out_of_memory;
-    dnnl_status_t s = dnnl_primitive_desc_create(pd, desc, attr, dn_engine, hint);
+    dnnl_status_t s = relu ? attr_relu(attr) : dnnl_success;
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, desc, attr, dn_engine, hint);
     dnnl_primitive_attr_destroy(attr);
     return s;
+}
+static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
+                               const_dnnl_primitive_desc_t hint) {
+    return pd_create_ops(pd, desc, hint, false);
 }
 
 /* Backward-weight's descriptor: x and gy in the layouts the forward fpd chose for x and y,
@@ -269,7 +295,8 @@ static dnnl_status_t bwd_weights_pd(dnnl_primitive_desc_t *pd, const_dnnl_primit
 }
 
 /* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias,
- * chunk. Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
+ * chunk, nhwc, relu (v[19]: conv2d_relu's forward, the same primitive with the ReLU
+ * post-ops). Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
  * a backward-weight over one batch chunk of conv_bwd_weight_split, made for one thread, its
  * diff_weights and diff_bias in f32 (the partial sums), x and gy read from the caller's
  * tensors (no shared copies: those hold the whole batch). */
@@ -336,7 +363,7 @@ static dnnl_status_t build_conv(dn_prim *p) {
                                                    bias ? &b : NULL, &adst, strides, dil, pl, pl);
     if (s != dnnl_success) return s;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
-    s = pd_create(&fpd, &fd, NULL);
+    s = pd_create_ops(&fpd, &fd, NULL, p->key.kind == DN_CONV_FWD && v[19]);
     if (s == dnnl_success) {
         switch (p->key.kind) {
         case DN_CONV_FWD: /* src, weights, dst, bias */
@@ -920,6 +947,7 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
         memcpy(v, gv, sizeof gv);
         v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
         v[18] = conv_layout(k, kind); /* 1: the activations are nhwc */
+        v[19] = ((intptr_t)k->user & DN_RELU) != 0; /* conv2d_relu */
         return true;
     }
     case DN_AVG_FWD:
@@ -1203,7 +1231,7 @@ static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key
 }
 
 static em_status k_dnnl(const em_kernel_ctx *k) {
-    int kind = (int)(intptr_t)k->user;
+    int kind = (int)((intptr_t)k->user & ~(intptr_t)DN_RELU);
     const char *who = em_op_name(k->op);
     dn_key key;
     bool owned;
@@ -1285,6 +1313,7 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
         em_kernel_supports_fn supports;
     } ks[] = {
         {"conv2d", "cpu_conv2d", DN_CONV_FWD, supports_CONV_FWD},
+        {"conv2d_relu", "cpu_conv2d_relu", DN_CONV_FWD | DN_RELU, supports_CONV_FWD},
         {"conv2d_backward_data", "cpu_conv2d_backward_data",
          DN_CONV_BWD_DATA, supports_CONV_BWD_DATA},
         {"conv2d_backward_weight", "cpu_conv2d_backward_weight",
