@@ -40,8 +40,8 @@
  *       / sH + 1. Zero padding, cross-correlation (PyTorch's conv2d).
  *   conv2d_relu(x, w, b) -> y    relu(conv2d(x, w, b)), attrs and checks as conv2d's: the fused
  *       op (docs/performance.md, "Design: fused ops"). Its composite runs the op's own kernel
- *       where the device registers one that accepts the call and otherwise composes conv2d
- *       and relu, so a backend without the kernel runs it unchanged. Derivative: relu's mask
+ *       where the device registers one for the call's dtype that accepts the call (no f32
+ *       conversion of an f16/bf16 call) and otherwise composes conv2d and relu, so a backend without the kernel runs it unchanged. Derivative: relu's mask
  *       on the saved output (relu_backward(gy, y)), then conv2d's.
  *   conv2d_backward_data(gy (N,O,OH,OW), w (O,C/g,kH,kW)) -> gx (N,C,H,W)
  *       attrs: stride, padding, dilation, groups, input_size (ints: H, W).
@@ -1066,10 +1066,11 @@ EM__COMPOSITE(c_conv2d) {
     return *n_out ? EM_OK : em_last_status();
 }
 
-/* conv2d_relu(input, weight, bias?; as conv2d): the op's own kernel (in the call's dtype, or
- * f32 for f16/bf16 as every nn op) where the device has one that accepts the call; otherwise
- * — none registered (f64 and f16 on the CPU, the CUDA backend, a third-party backend) or
- * every one declined (EM_ERR_NOKERNEL, nothing run or recorded) — relu(conv2d(...)), which
+/* conv2d_relu(input, weight, bias?; as conv2d): the op's own kernel where the device has one
+ * for the call's dtype that accepts the call; otherwise — none registered (f64, f16 and bf16
+ * on the CPU, where conv2d's own bf16 kernel beats converting to f32 for the fused one; the
+ * CUDA backend; a third-party backend) or every one declined (EM_ERR_NOKERNEL, nothing run
+ * or recorded) — relu(conv2d(...)), which
  * has the same meaning and, on the CPU, the same bits. The shapes are checked first by the
  * op's own inference on either path, so its errors name conv2d_relu. A device without the
  * kernel composes on the device (never the CPU fallback a kernel op would take). */
@@ -1091,8 +1092,7 @@ EM__COMPOSITE(c_conv2d_relu) {
                     pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1))};
     em_device dev = input->storage->device;
     em_status st;
-    if (em__op_has_kernel(op_conv2d_relu, dev.type, input->dtype) ||
-        em__op_has_kernel(op_conv2d_relu, dev.type, compute_dtype(input->dtype))) {
+    if (em__op_has_kernel(op_conv2d_relu, dev.type, input->dtype)) {
         em_tensor *y = NULL;
         st = call(op_conv2d_relu, input->dtype, in, "lxx", 3, a, &y);
         if (st == EM_OK) {

@@ -1367,8 +1367,8 @@ typedef struct {
 /* The CNN's two convolutions (one input channel; 32 to 64 channels, fewer images), a
  * strided, grouped one with bias, on random normal inputs (and one NaN): the fused op's
  * output and its grads (x, weight, bias) have the bits of conv2d then relu, in every floating
- * dtype (f32 and bf16 run oneDNN's kernel with the ReLU post-ops where it takes the call;
- * f64 and f16 the composite), row-major and channels-last, and the output keeps a
+ * dtype (f32 runs oneDNN's kernel with the ReLU post-ops where it takes the call; f64, f16
+ * and bf16 the composite), row-major and channels-last, and the output keeps a
  * channels-last input's layout. */
 Test(fused, conv2d_relu_bits_equal_conv2d_then_relu) {
     const fused_geom gs[] = {{{4, 1, 12, 12}, {32, 1, 3, 3}, 1, 1, 1, true},
