@@ -1047,17 +1047,24 @@ static bool has_pair(const em_attr *attrs, int i) { return attrs && attrs[i].typ
 
 /* conv2d(input, weight, bias?; stride, padding, dilation, groups): absent stride and
  * dilation are 1, padding 0, groups 1. */
+/* conv2d's and conv2d_relu's operand checks (floating, one dtype), naming the op. */
+static em_status conv_operands_ok(const char *op, const em_tensor *input,
+                                  const em_tensor *weight, const em_tensor *bias) {
+    if (!check_float(op, "input", input) || !check_float(op, "weight", weight) ||
+        (bias && !check_float(op, "bias", bias)))
+        return em_last_status();
+    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
+        return em_set_error(EM_ERR_DTYPE, "%s: input (%s), weight (%s) and bias (%s) must "
+                            "have the same dtype", op, em_dtype_name(input->dtype),
+                            em_dtype_name(weight->dtype),
+                            bias ? em_dtype_name(bias->dtype) : "none");
+    return EM_OK;
+}
+
 EM__COMPOSITE(c_conv2d) {
     UNUSED;
     const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
-    if (!check_float("conv2d", "input", input) || !check_float("conv2d", "weight", weight) ||
-        (bias && !check_float("conv2d", "bias", bias)))
-        return em_last_status();
-    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
-        return em_set_error(EM_ERR_DTYPE, "conv2d: input (%s), weight (%s) and bias (%s) must "
-                            "have the same dtype", em_dtype_name(input->dtype),
-                            em_dtype_name(weight->dtype),
-                            bias ? em_dtype_name(bias->dtype) : "none");
+    if (conv_operands_ok("conv2d", input, weight, bias) != EM_OK) return em_last_status();
     em_attr a[4] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
                     pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1))};
     em_tensor *y = NULL;
@@ -1079,15 +1086,7 @@ static em_status scoped_result(em_tensor *y, em_tensor **out, int *n_out);
 EM__COMPOSITE(c_conv2d_relu) {
     UNUSED;
     const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
-    if (!check_float("conv2d_relu", "input", input) ||
-        !check_float("conv2d_relu", "weight", weight) ||
-        (bias && !check_float("conv2d_relu", "bias", bias)))
-        return em_last_status();
-    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
-        return em_set_error(EM_ERR_DTYPE, "conv2d_relu: input (%s), weight (%s) and bias (%s) "
-                            "must have the same dtype", em_dtype_name(input->dtype),
-                            em_dtype_name(weight->dtype),
-                            bias ? em_dtype_name(bias->dtype) : "none");
+    if (conv_operands_ok("conv2d_relu", input, weight, bias) != EM_OK) return em_last_status();
     em_attr a[4] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
                     pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1))};
     em_device dev = input->storage->device;

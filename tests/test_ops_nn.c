@@ -1417,9 +1417,13 @@ Test(fused, conv2d_relu_bits_equal_conv2d_then_relu) {
                         for (int k = 0; k < 2; k++)
                             cr_assert_eq(em_backward(em_sum(em_mul(y[k], r), 0, NULL, false)), EM_OK, "%s: %s",
                                          what, em_last_error());
-                        same_bits(em_tensor_grad(xd[0]), em_tensor_grad(xd[1]), what);
-                        same_bits(em_tensor_grad(wd[0]), em_tensor_grad(wd[1]), what);
-                        if (b) same_bits(em_tensor_grad(bd[0]), em_tensor_grad(bd[1]), what);
+                        char gw[160];
+                        snprintf(gw, sizeof gw, "%s, input grad", what);
+                        same_bits(em_tensor_grad(xd[0]), em_tensor_grad(xd[1]), gw);
+                        snprintf(gw, sizeof gw, "%s, weight grad", what);
+                        same_bits(em_tensor_grad(wd[0]), em_tensor_grad(wd[1]), gw);
+                        snprintf(gw, sizeof gw, "%s, bias grad", what);
+                        if (b) same_bits(em_tensor_grad(bd[0]), em_tensor_grad(bd[1]), gw);
                     }
                     em_scope_end();
                 }
