@@ -261,6 +261,41 @@ static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
     return pd_create_ops(pd, desc, hint, false);
 }
 
+/* A forward on fixed nhwc f32 activations with one input channel per group (fewer than
+ * FWD_BRG_MIN_C): oneDNN 2.6 lists brgconv first there, which for the CNN's first convolution
+ * took 1.2x the CPU time of its jit:avx512_core kernel on the same nhwc tensors with cold
+ * caches (medians 0.75 against 0.62 ms) and 1.3-1.6x with warm ones (bench/README.md,
+ * "conv1's primitive", bench/conv_impls); from 2 channels on neither wins on every shape. *fpd is replaced by the first
+ * implementation after it that is neither brgconv nor a reference one, with the same
+ * attributes (relu: conv2d_relu's post-ops); none, *fpd is kept. conv2d and conv2d_relu take
+ * the same choice, so their bits agree. */
+#define FWD_BRG_MIN_C 2
+static dnnl_status_t fwd_skip_brgconv(dnnl_primitive_desc_t *fpd, const void *desc, bool relu) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(*fpd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+        !impl || strncmp(impl, "brgconv", 7) != 0)
+        return dnnl_success;
+    dnnl_primitive_attr_t attr = attr_user_scratch();
+    if (!attr) return dnnl_out_of_memory;
+    dnnl_primitive_desc_iterator_t it = NULL;
+    dnnl_status_t s = relu ? attr_relu(attr) : dnnl_success;
+    if (s == dnnl_success) s = dnnl_primitive_desc_iterator_create(&it, desc, attr, dn_engine, NULL);
+    while (s == dnnl_success && dnnl_primitive_desc_iterator_next(it) == dnnl_success) {
+        dnnl_primitive_desc_t pd = dnnl_primitive_desc_iterator_fetch(it);
+        if (!pd) break;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+            impl && strncmp(impl, "ref", 3) != 0 && strncmp(impl, "brgconv", 7) != 0) {
+            dnnl_primitive_desc_destroy(*fpd);
+            *fpd = pd;
+            break;
+        }
+        dnnl_primitive_desc_destroy(pd);
+    }
+    if (it) dnnl_primitive_desc_iterator_destroy(it);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
 /* Backward-weight's descriptor: x and gy in the layouts the forward fpd chose for x and y,
  * when oneDNN has a kernel for that (not a reference one), else in the layouts it prefers
  * (asrc, adst: format any). Left to choose, oneDNN 2.6 gave a bf16 first convolution (C = 1:
@@ -320,9 +355,14 @@ static dnnl_status_t build_conv(dn_prim *p) {
      * sides on an AVX-512 CPU: there oneDNN's nChw16c kernels beat its nhwc ones by more than
      * the reorders of gy (made once, shared by backward-data and backward-weight), x and gx
      * cost (docs/performance.md, "Zen 4 AVX-512"), so the primitive takes its own layouts
-     * (any) and the cached reorders convert from and to the nhwc tensors. */
-    const bool fixed = nhwc && !(p->key.kind != DN_CONV_FWD && dt == dnnl_f32 &&
-                                 C / g >= 16 && O / g >= 16 && cpu_nn_has_avx512());
+     * (any) and the cached reorders convert from and to the nhwc tensors. The same for an f32
+     * backward-weight from one input channel per group into at least 16: its nChw16c kernel
+     * on gy is 2.5x the nhwc one, more than gy's reorder costs (bench/README.md, "conv1's
+     * primitive"), and x (one channel) is the same memory in either layout. */
+    const bool blocked_bwd =
+        p->key.kind != DN_CONV_FWD && dt == dnnl_f32 && O / g >= 16 && cpu_nn_has_avx512() &&
+        (C / g >= 16 || (p->key.kind == DN_CONV_BWD_WEIGHT && C / g == 1));
+    const bool fixed = nhwc && !blocked_bwd;
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, act);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, act);
     if (s == dnnl_success)
@@ -364,6 +404,9 @@ static dnnl_status_t build_conv(dn_prim *p) {
     if (s != dnnl_success) return s;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     s = pd_create_ops(&fpd, &fd, NULL, p->key.kind == DN_CONV_FWD && v[19]);
+    if (s == dnnl_success && p->key.kind == DN_CONV_FWD && fixed && dt == dnnl_f32 &&
+        C / g < FWD_BRG_MIN_C)
+        s = fwd_skip_brgconv(&fpd, &fd, v[19]);
     if (s == dnnl_success) {
         switch (p->key.kind) {
         case DN_CONV_FWD: /* src, weights, dst, bias */
@@ -947,7 +990,14 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
         memcpy(v, gv, sizeof gv);
         v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
         v[18] = conv_layout(k, kind); /* 1: the activations are nhwc */
-        v[19] = ((intptr_t)k->user & DN_RELU) != 0; /* conv2d_relu */
+        /* conv2d_relu: the ReLU post-ops, except on nhwc activations with one input channel
+         * per group (FWD_BRG_MIN_C). There the forward is a jit kernel (fwd_skip_brgconv;
+         * jit:avx2 on AVX2) that the three post-ops slow by more than relu's own pass costs
+         * (the CNN's first convolution, cold caches: medians 0.62 -> 1.03 ms CPU;
+         * bench/README.md, "conv1's primitive"): the kernel runs conv2d's primitive and then
+         * relu over its output in place (relu_f32_inplace), which also left the max pooling
+         * after it 0.3 ms faster than after the post-ops in the step. */
+        v[19] = ((intptr_t)k->user & DN_RELU) != 0 && !(v[18] == 1 && g.C / g.g < FWD_BRG_MIN_C);
         return true;
     }
     case DN_AVG_FWD:
@@ -1230,6 +1280,13 @@ static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key
     return st;
 }
 
+/* relu over n f32 values in place, Ember's relu bit for bit (x <= 0 ? +0 : x; NaN kept). */
+static void relu_f32_inplace(const em_kernel_ctx *k, float *y, int64_t n) {
+    int nt = n >= CPU_GRAIN_MEM && !omp_in_parallel() ? cpu_threads(k) : 1;
+#pragma omp parallel for simd num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] <= 0 ? 0 : y[i];
+}
+
 static em_status k_dnnl(const em_kernel_ctx *k) {
     int kind = (int)((intptr_t)k->user & ~(intptr_t)DN_RELU);
     const char *who = em_op_name(k->op);
@@ -1247,6 +1304,9 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
         st = dn_exec_shared(k, p,
                             (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
                             (const dn_name *[]){&n0, NULL, NULL, NULL}, who);
+        /* conv2d_relu without its post-ops (key_of): relu after (y dense: nhwc) */
+        if (st == EM_OK && ((intptr_t)k->user & DN_RELU) && !key.v[19])
+            relu_f32_inplace(k, (float *)k->out[0].data, k->out[0].numel);
         break;
     case DN_CONV_BWD_WEIGHT: { /* src, diff_dst, diff_weights, diff_bias */
         bool done;
