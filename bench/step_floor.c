@@ -5,12 +5,20 @@
  * for its shape. bench/compare-pytorch.py runs it in the same run as the steps and reports each
  * step's median over its floor.
  *
- *   bench/step_floor [--cpu-time] [workload...]   default: every workload below; --list names them
+ *   bench/step_floor [--cpu-time] [--cold] [workload...]   default: every workload below;
+ *                                                          --list names them
  *
  * --cpu-time times each call in CPU time of the whole process (CLOCK_PROCESS_CPUTIME_ID, every
  * thread's) instead of wall time: on a machine shared with other jobs, what a call costs
  * rather than how long it waited for a core (set beside bench/train_step --calls's CPU
  * column).
+ *
+ * --cold writes over a 64 MiB buffer before every call, timed or not (the writing is not
+ * timed), so each call starts with its operands out of the caches, as in a training step,
+ * where the ops between two calls of a convolution stream far more than the last-level
+ * cache holds; without it the same buffers are called back to back and a 6.4 MB output
+ * (the CNN's conv1) stays in the cache. The step's calls compare with the cold figures
+ * (bench/README.md, "conv1's primitive").
  *
  * Workloads are bench/train_step's (and PyTorch's in compare-pytorch.py):
  *   train_mlp_b128        fc1..fc3 forward, fc3/fc2 input grads, fc3/fc2/fc1 weight grads (the
@@ -178,6 +186,14 @@ static double now_ms(void) {
 
 static clockid_t call_clock = CLOCK_MONOTONIC; /* --cpu-time: CLOCK_PROCESS_CPUTIME_ID */
 
+/* --cold: evicts the caches before each call (time_median) */
+static volatile unsigned char *cold_buf;
+enum { COLD_BYTES = 64 << 20 };
+static void evict(void) {
+    if (!cold_buf) return;
+    for (size_t i = 0; i < COLD_BYTES; i += 64) cold_buf[i] = (unsigned char)(cold_buf[i] + 1);
+}
+
 static double call_ms(void) {
     struct timespec t;
     clock_gettime(call_clock, &t);
@@ -236,10 +252,13 @@ static int cmp_double(const void *a, const void *b) {
 static double time_median(void (*fn)(void *), void *ctx) {
     enum { MAX_CALLS = 400 };
     static double t[MAX_CALLS];
-    fn(ctx), fn(ctx);
+    evict(), fn(ctx), evict(), fn(ctx);
     int n = 0;
-    double start = now_ms();
-    while (n < MAX_CALLS && (n < 5 || now_ms() - start < 25.0)) {
+    double start = now_ms(), evicting = 0;
+    while (n < MAX_CALLS && (n < 5 || now_ms() - start - evicting < 25.0)) {
+        double e0 = now_ms();
+        evict();
+        evicting += now_ms() - e0;
         double t0 = call_ms();
         fn(ctx);
         t[n++] = call_ms() - t0;
@@ -582,8 +601,15 @@ int main(int argc, char **argv) {
         for (int i = 0; i < N_WL; i++) printf("%s\n", WL[i].name);
         return 0;
     }
-    if (argc > 1 && strcmp(argv[1], "--cpu-time") == 0) {
-        call_clock = CLOCK_PROCESS_CPUTIME_ID;
+    for (;;) {
+        if (argc > 1 && strcmp(argv[1], "--cpu-time") == 0) {
+            call_clock = CLOCK_PROCESS_CPUTIME_ID;
+        } else if (argc > 1 && strcmp(argv[1], "--cold") == 0) {
+            cold_buf = xmalloc(COLD_BYTES);
+            memset((void *)cold_buf, 0, COLD_BYTES);
+        } else {
+            break;
+        }
         argv++, argc--;
     }
     for (int a = 1; a < argc; a++) {
@@ -602,9 +628,10 @@ int main(int argc, char **argv) {
     const dnnl_version_t *v = dnnl_version();
     const char *wait = getenv("OMP_WAIT_POLICY");
     printf("step_floor: oneDNN %d.%d.%d, OpenBLAS %s; N = %d OpenMP threads, "
-           "OMP_WAIT_POLICY=%s%s\n", v->major, v->minor, v->patch, openblas_get_corename(), nt,
+           "OMP_WAIT_POLICY=%s%s%s\n", v->major, v->minor, v->patch, openblas_get_corename(), nt,
            wait ? wait : "(unset)",
-           call_clock == CLOCK_MONOTONIC ? "" : "; CPU ms of the process per call");
+           call_clock == CLOCK_MONOTONIC ? "" : "; CPU ms of the process per call",
+           cold_buf ? "; cold caches (64 MiB written before each call)" : "");
     for (int i = 0; i < N_WL; i++) {
         bool chosen = argc == 1;
         for (int a = 1; a < argc; a++) chosen |= strcmp(argv[a], WL[i].name) == 0;

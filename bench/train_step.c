@@ -13,8 +13,10 @@
  *   train_cnn_b64   conv(1->32, 3x3, pad 1), ReLU, max_pool 2, conv(32->64, 3x3, pad 1), ReLU,
  *                   max_pool 2, flatten, linear(3136->128), ReLU, linear(128->10); batch 64
  *                   of 1x28x28; the activations channels-last up to the flatten (the input
- *                   made so each step, as a Conv2d with memory_format: channels_last does;
- *                   PyTorch's side stays NCHW: the same model and values)
+ *                   made so each step, as a Conv2d with memory_format: channels_last does);
+ *                   each conv and its ReLU one conv2d_relu (the fused op a Conv2d with
+ *                   activation: relu calls). PyTorch's side stays NCHW Conv2d then ReLU:
+ *                   the same model and values
  *   train_cnn_b64_traced  the same CNN step recorded by the forward-graph tracer: each step
  *                   between em_trace_begin and em_trace_end (then em_trace_free), for the
  *                   tracer's overhead against train_cnn_b64 in the same process
@@ -244,10 +246,11 @@ static void step(workload *w) {
         const int64_t pad[2] = {1, 1}, k2[2] = {2, 2};
         /* Channels-last activations (as a Conv2d layer with memory_format: channels_last
          * runs): the input's copy in that layout each step, then conv, ReLU and pooling keep
-         * it up to the flatten, which makes the one row-major copy fc1 reads. */
-        em_tensor *a = em_relu(em_conv2d(em_channels_last(w->x), p[0], p[1], NULL, pad, NULL, 1));
+         * it up to the flatten, which makes the one row-major copy fc1 reads. Each conv and
+         * its ReLU are one conv2d_relu (a Conv2d layer with activation: relu). */
+        em_tensor *a = em_conv2d_relu(em_channels_last(w->x), p[0], p[1], NULL, pad, NULL, 1);
         if (!a || em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL) != EM_OK) die("pool1");
-        a = em_relu(em_conv2d(a, p[2], p[3], NULL, pad, NULL, 1));
+        a = em_conv2d_relu(a, p[2], p[3], NULL, pad, NULL, 1);
         if (!a || em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL) != EM_OK) die("pool2");
         h = em_linear(em_relu(em_linear(em_flatten(a, 1, 3), p[4], p[5])), p[6], p[7]);
     } else {

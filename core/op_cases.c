@@ -138,6 +138,7 @@ T1(prod, em_prod(X0, DIMS(0), AB(1)))
 T1(all, em_all(X0, DIMS(0), AB(1)))
 T1(any, em_any(X0, DIMS(0), AB(1)))
 T1(conv2d, em_conv2d(X0, X1, X2, PAIR(0), PAIR(1), PAIR(2), AI(3)))
+T1(conv2d_relu, em_conv2d_relu(X0, X1, X2, PAIR(0), PAIR(1), PAIR(2), AI(3)))
 T1(conv2d_bwd_data, em_conv2d_backward_data(X0, X1, PAIR(4), PAIR(0), PAIR(1), PAIR(2), AI(3)))
 TS(conv2d_bwd_weight, 2, em_conv2d_backward_weight(X0, X1, PAIR(4), PAIR(0), PAIR(1), PAIR(2),
                                                    AI(3), &o0, &o1))
@@ -1139,6 +1140,30 @@ static const em_op_case std_cases[] = {
             {.ndim = 4, .layout = EM_CASE_CHANNELS_LAST, .values = EM_CASE_INDEX, .dtype = EM_I64,
              .bound = 16, .shape = {2, 3, 2, 2}}),
         INTS(2, 4, 4)),
+    /* conv2d_relu (the fused op, docs/performance.md "Design: fused ops"): conv2d's layouts
+     * and geometries; its CPU kernel (oneDNN with the ReLU post-ops) is checked against the
+     * composite path below it, conv2d then relu. Random normal inputs keep the outputs away
+     * from the kink at 0 for the finite differences. */
+    ROW("conv2d_relu", "bias, stride 2, padding 1", t_conv2d_relu, D_F, OK, true, 3,
+        INS(I(4, CONTIG, RANDN, 2, 3, 7, 6), I(4, CONTIG, RANDN, 4, 3, 3, 3), I(1, CONTIG, RANDN, 4)),
+        INTS(2, 2, 2), INTS(2, 1, 1), INTS(2, 1, 1), N(1)),
+    ROW("conv2d_relu", "no bias, defaults, groups 2", t_conv2d_relu, D_F, OK, true, 3,
+        INS(I(4, CONTIG, RANDN, 1, 4, 5, 5), I(4, CONTIG, RANDN, 2, 2, 3, 3), NONE_IN), NA, NA, NA,
+        N(2)),
+    ROW("conv2d_relu", "stride (2, 1), padding (1, 2), dilation 2, groups 2, bias",
+        t_conv2d_relu, D_F, OK, true, 3,
+        INS(I(4, CONTIG, RANDN, 2, 4, 9, 8), I(4, CONTIG, RANDN, 6, 2, 3, 2), I(1, CONTIG, RANDN, 6)),
+        INTS(2, 2, 1), INTS(2, 1, 2), INTS(2, 2, 2), N(2)),
+    ROW("conv2d_relu", "channels mismatch", t_conv2d_relu, D_F32_64, ESH, true, 3,
+        INS(I(4, CONTIG, RANDN, 1, 3, 5, 5), I(4, CONTIG, RANDN, 2, 2, 3, 3), NONE_IN), NA, NA, NA,
+        N(1)),
+    LROW("conv2d_relu", "channels-last input, bias, padding 1", t_conv2d_relu, D_F, OK, true, 3,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 7, 6), I(4, CONTIG, RANDN, 4, 3, 3, 3),
+            I(1, CONTIG, RANDN, 4)),
+        INTS(2, 1, 1), INTS(2, 1, 1), INTS(2, 1, 1), N(1)),
+    LROW("conv2d_relu", "channels-last input, one channel", t_conv2d_relu, D_F, OK, true, 3,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 1, 6, 6), I(4, CONTIG, RANDN, 8, 1, 3, 3), NONE_IN),
+        INTS(2, 1, 1), INTS(2, 1, 1), INTS(2, 1, 1), N(1)),
 };
 
 const em_op_case *em__op_cases_standard(size_t *n) {

@@ -38,6 +38,11 @@
  *   conv2d(x (N,C,H,W), w (O,C/g,kH,kW), b (O) or (0)) -> y (N,O,OH,OW)
  *       attrs: stride, padding, dilation (ints), groups (int). OH = (H + 2pH - dH(kH-1) - 1)
  *       / sH + 1. Zero padding, cross-correlation (PyTorch's conv2d).
+ *   conv2d_relu(x, w, b) -> y    relu(conv2d(x, w, b)), attrs and checks as conv2d's: the fused
+ *       op (docs/performance.md, "Design: fused ops"). Its composite runs the op's own kernel
+ *       where the device registers one for the call's dtype that accepts the call (no f32
+ *       conversion of an f16/bf16 call) and otherwise composes conv2d and relu, so a backend without the kernel runs it unchanged. Derivative: relu's mask
+ *       on the saved output (relu_backward(gy, y)), then conv2d's.
  *   conv2d_backward_data(gy (N,O,OH,OW), w (O,C/g,kH,kW)) -> gx (N,C,H,W)
  *       attrs: stride, padding, dilation, groups, input_size (ints: H, W).
  *   conv2d_backward_weight(x (N,C,H,W), gy (N,O,OH,OW)) -> gw (O,C/g,kH,kW), gb (O)
@@ -89,7 +94,7 @@ static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_m
     *op_adaptive_avg_pool2d_bwd, *op_batch_norm, *op_batch_norm_bwd, *op_layer_norm,
     *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd,
     *op_dropout, *op_bernoulli, *op_mul, *op_div_scalar, *op_conv1d, *op_conv_transpose2d,
-    *op_group_norm;
+    *op_group_norm, *op_conv2d_relu, *op_relu_bwd;
 
 /* ---- shared checks ---------------------------------------------------------------------------- */
 
@@ -559,6 +564,7 @@ static em_status infer_softmax(const em_op *op, const em_tensor *const *in, cons
  * inputs become the kernel's 0-element "none" tensors, attributes take their defaults, and
  * f16/bf16 calls run in f32 where the device has no native kernel. */
 EM__COMPOSITE(c_conv2d);
+EM__COMPOSITE(c_conv2d_relu);
 EM__COMPOSITE(c_conv2d_bwd_data);
 EM__COMPOSITE(c_conv2d_bwd_weight);
 EM__COMPOSITE(c_max_pool2d);
@@ -578,8 +584,8 @@ EM__COMPOSITE(c_group_norm);
 /* The kernel ops whose output keeps a channels-last input's layout (conv2d_backward_weight's
  * outputs are the weight's and the bias's: always plain). */
 static unsigned layout_flags(const char *name) {
-    static const char *const cl[] = {"conv2d", "conv2d_backward_data", "max_pool2d",
-                                     "max_pool2d_backward"};
+    static const char *const cl[] = {"conv2d", "conv2d_relu", "conv2d_backward_data",
+                                     "max_pool2d", "max_pool2d_backward"};
     for (size_t i = 0; i < sizeof cl / sizeof cl[0]; i++)
         if (strcmp(name, cl[i]) == 0) return EM_OP_CHANNELS_LAST;
     return 0;
@@ -632,20 +638,31 @@ static em_status stats_have_no_grad(const em_backward_ctx *c) {
     return EM_OK;
 }
 
-static em_status d_conv2d(const em_backward_ctx *c, em_tensor **gi) {
+/* conv2d's grads for the output grad g (conv2d's and conv2d_relu's derivatives). */
+static em_status conv2d_grads(const em_backward_ctx *c, const em_tensor *g, em_tensor **gi) {
     const em_attr *a = c->attrs; /* stride, padding, dilation, groups */
     const int64_t *xs = c->in_meta[0].shape, *ws = c->in_meta[1].shape;
-    if (NEED(0) && !(gi[0] = em_conv2d_backward_data(G, c->in[1], xs + 2, a[0].ints, a[1].ints,
+    if (NEED(0) && !(gi[0] = em_conv2d_backward_data(g, c->in[1], xs + 2, a[0].ints, a[1].ints,
                                                      a[2].ints, a[3].v.i)))
         return em_last_status();
     if (!NEED(1) && !NEED(2)) return EM_OK;
     em_tensor *gw = NULL, *gb = NULL;
-    em_status st = em_conv2d_backward_weight(c->in[0], G, ws + 2, a[0].ints, a[1].ints,
+    em_status st = em_conv2d_backward_weight(c->in[0], g, ws + 2, a[0].ints, a[1].ints,
                                              a[2].ints, a[3].v.i, &gw, &gb);
     if (st != EM_OK) return st;
     if (NEED(1)) gi[1] = gw;
     if (NEED(2)) gi[2] = gb;
     return EM_OK;
+}
+
+static em_status d_conv2d(const em_backward_ctx *c, em_tensor **gi) { return conv2d_grads(c, G, gi); }
+
+/* conv2d_relu: relu's mask on the saved output y (y > 0, as relu's own derivative), then
+ * conv2d's grads. */
+static em_status d_conv2d_relu(const em_backward_ctx *c, em_tensor **gi) {
+    const em_tensor *in[2] = {G, c->out[0]};
+    em_tensor *g = em__scope_track(em__op1(op_relu_bwd, in, 2, NULL));
+    return g ? conv2d_grads(c, g, gi) : em_last_status();
 }
 
 /* conv2d_backward_data is linear in grad_output and in weight: its derivative is conv2d
@@ -766,6 +783,8 @@ em_status em__ops_declare_nn(em_registry *core) {
                    stats = EM_SAVE_OUTPUT(1) | EM_SAVE_OUTPUT(2);
     DECLA(EM_AUTOCAST_LOWER, op_conv2d, "conv2d", 3, conv_i, 1, 4, conv_a, conv_t, infer_conv2d, d_conv2d, in01,
          c_conv2d, 1u << 2);
+    DECLA(EM_AUTOCAST_LOWER, op_conv2d_relu, "conv2d_relu", 3, conv_i, 1, 4, conv_a, conv_t,
+          infer_conv2d, d_conv2d_relu, in01 | out0, c_conv2d_relu, 1u << 2);
     DECL(op_conv2d_bwd_data, "conv2d_backward_data", 2, convd_i, 1, 5, conv_a, conv_t,
          infer_conv2d_bwd_data, d_conv2d_bwd_data, in01, c_conv2d_bwd_data, 0);
     DECL(op_conv2d_bwd_weight, "conv2d_backward_weight", 2, convw_i, 2, 5, convw_a, conv_t,
@@ -844,7 +863,8 @@ em_status em__ops_declare_nn(em_registry *core) {
     /* dropout's parts, declared before this family (ops.c, ops_math.c). */
     if (st == EM_OK &&
         (!(op_bernoulli = em_op_find("bernoulli")) || !(op_mul = em_op_find("mul")) ||
-         !(op_div_scalar = em_op_find("div_scalar"))))
+         !(op_div_scalar = em_op_find("div_scalar")) ||
+         !(op_relu_bwd = em_op_find("relu_backward"))))
         st = em_last_status();
     return st;
 }
@@ -1027,23 +1047,72 @@ static bool has_pair(const em_attr *attrs, int i) { return attrs && attrs[i].typ
 
 /* conv2d(input, weight, bias?; stride, padding, dilation, groups): absent stride and
  * dilation are 1, padding 0, groups 1. */
+/* conv2d's and conv2d_relu's operand checks (floating, one dtype), naming the op. */
+static em_status conv_operands_ok(const char *op, const em_tensor *input,
+                                  const em_tensor *weight, const em_tensor *bias) {
+    if (!check_float(op, "input", input) || !check_float(op, "weight", weight) ||
+        (bias && !check_float(op, "bias", bias)))
+        return em_last_status();
+    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
+        return em_set_error(EM_ERR_DTYPE, "%s: input (%s), weight (%s) and bias (%s) must "
+                            "have the same dtype", op, em_dtype_name(input->dtype),
+                            em_dtype_name(weight->dtype),
+                            bias ? em_dtype_name(bias->dtype) : "none");
+    return EM_OK;
+}
+
 EM__COMPOSITE(c_conv2d) {
     UNUSED;
     const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
-    if (!check_float("conv2d", "input", input) || !check_float("conv2d", "weight", weight) ||
-        (bias && !check_float("conv2d", "bias", bias)))
-        return em_last_status();
-    if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
-        return em_set_error(EM_ERR_DTYPE, "conv2d: input (%s), weight (%s) and bias (%s) must "
-                            "have the same dtype", em_dtype_name(input->dtype),
-                            em_dtype_name(weight->dtype),
-                            bias ? em_dtype_name(bias->dtype) : "none");
+    if (conv_operands_ok("conv2d", input, weight, bias) != EM_OK) return em_last_status();
     em_attr a[4] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
                     pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1))};
     em_tensor *y = NULL;
     if (call(op_conv2d, input->dtype, in, "lxx", 3, a, &y) != EM_OK) return em_last_status();
     *n_out = (out[0] = finish(y, input->dtype)) != NULL;
     return *n_out ? EM_OK : em_last_status();
+}
+
+/* conv2d_relu(input, weight, bias?; as conv2d): the op's own kernel where the device has one
+ * for the call's dtype that accepts the call; otherwise — none registered (f64, f16 and bf16
+ * on the CPU, where conv2d's own bf16 kernel beats converting to f32 for the fused one; the
+ * CUDA backend; a third-party backend) or every one declined (EM_ERR_NOKERNEL, nothing run
+ * or recorded) — relu(conv2d(...)), which
+ * has the same meaning and, on the CPU, the same bits. The shapes are checked first by the
+ * op's own inference on either path, so its errors name conv2d_relu. A device without the
+ * kernel composes on the device (never the CPU fallback a kernel op would take). */
+static em_status scoped_result(em_tensor *y, em_tensor **out, int *n_out);
+
+EM__COMPOSITE(c_conv2d_relu) {
+    UNUSED;
+    const em_tensor *input = in[0], *weight = in[1], *bias = in[2];
+    if (conv_operands_ok("conv2d_relu", input, weight, bias) != EM_OK) return em_last_status();
+    em_attr a[4] = {pair_or(attrs, 0, NULL, 1), pair_or(attrs, 1, NULL, 0),
+                    pair_or(attrs, 2, NULL, 1), aint(em__attr_int_or(attrs, 3, 1))};
+    em_device dev = input->storage->device;
+    em_status st;
+    if (em__op_has_kernel(op_conv2d_relu, dev.type, input->dtype)) {
+        em_tensor *y = NULL;
+        st = call(op_conv2d_relu, input->dtype, in, "lxx", 3, a, &y);
+        if (st == EM_OK) {
+            *n_out = (out[0] = finish(y, input->dtype)) != NULL;
+            return *n_out ? EM_OK : em_last_status();
+        }
+        if (st != EM_ERR_NOKERNEL) return st;
+        em_clear_error();
+    } else { /* no kernel here (not even through the CPU fallback): the op's own checks */
+        em_tensor *none = bias ? NULL : em__empty(1, (const int64_t[]){0}, input->dtype, dev);
+        em_tensor_meta m = {0};
+        if (!bias && !none) return em_last_status();
+        st = infer_conv2d(op_conv2d_relu, (const em_tensor *[]){input, weight, bias ? bias : none},
+                          a, &m);
+        em_tensor_release(none);
+        if (st != EM_OK) return st;
+    }
+    if (em_scope_begin() != EM_OK) return em_last_status();
+    return scoped_result(em_relu(em_conv2d(input, weight, bias, a[0].ints, a[1].ints, a[2].ints,
+                                           a[3].v.i)),
+                         out, n_out);
 }
 
 /* conv2d_backward_data(grad_output, weight; stride, padding, dilation, groups, input_size). */
@@ -1485,6 +1554,12 @@ em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight, const em_t
                      const int64_t stride[2], const int64_t padding[2],
                      const int64_t dilation[2], int64_t groups) {
     return em__call1(op_conv2d, 3, EM__IN(input, weight, bias),
+                     EM__ATTRS(P2(stride), P2(padding), P2(dilation), aint(groups)));
+}
+em_tensor *em_conv2d_relu(const em_tensor *input, const em_tensor *weight, const em_tensor *bias,
+                          const int64_t stride[2], const int64_t padding[2],
+                          const int64_t dilation[2], int64_t groups) {
+    return em__call1(op_conv2d_relu, 3, EM__IN(input, weight, bias),
                      EM__ATTRS(P2(stride), P2(padding), P2(dilation), aint(groups)));
 }
 em_tensor *em_conv2d_backward_data(const em_tensor *grad_output, const em_tensor *weight,

@@ -103,6 +103,15 @@ static em_module *cnn(void) {
                layer("Linear", "in_features=6;out_features=4"));
 }
 
+/* Conv2d with activation relu (the fused conv2d_relu): exported as Conv then Relu, which the
+ * importer runs as em_conv2d and em_relu, the same bits. */
+static em_module *cnn_fused(void) {
+    return SEQ(layer("Conv2d", "in_channels=3;out_channels=8;kernel_size=3;padding=1;activation=relu"),
+               layer("MaxPool2d", "kernel_size=2"),
+               layer("Conv2d", "in_channels=8;out_channels=6;kernel_size=3;activation=relu"),
+               layer("Flatten", NULL), layer("Linear", "in_features=96;out_features=4"));
+}
+
 static em_module *bn_dropout(void) {
     return SEQ(layer("Conv2d", "in_channels=3;out_channels=4;kernel_size=3"),
                layer("BatchNorm2d", "num_features=4"), layer("ReLU", NULL),
@@ -630,6 +639,7 @@ int main(int argc, char **argv) {
     static const spec specs[] = {
         {"mlp", mlp, 3, {1, 8, 8}, EM_F32, true, true, NULL},
         {"cnn", cnn, 3, {3, 12, 12}, EM_F32, false, false, NULL},
+        {"cnn_fused", cnn_fused, 3, {3, 12, 12}, EM_F32, false, true, NULL},
         {"bn_dropout", bn_dropout, 3, {3, 8, 8}, EM_F32, false, false, NULL},
         {"residual", residual, 1, {12}, EM_F32, false, true, NULL},
         {"embed", embed, 1, {5}, EM_I64, false, false, NULL},

@@ -212,6 +212,57 @@ Test(layers, conv2d_against_the_op) {
     em_scope_end();
 }
 
+/* activation: relu (the fused conv2d_relu) is a Conv2d then a ReLU: the same state-dict keys
+ * (a Sequential of the two loads into a Sequential of the one, strictly), the same output and
+ * grads bit for bit, row-major and channels-last; another activation is refused naming the
+ * option. */
+static void assert_same(const em_tensor *a, const em_tensor *b, const char *what) {
+    cr_assert(a && b, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_numel(a), em_tensor_numel(b), "%s", what);
+    for (int64_t i = 0; i < em_tensor_numel(a); i++) {
+        double u = em_test_at(a, i), v = em_test_at(b, i);
+        cr_assert(u == v, "%s: element %lld: %.9g fused, %.9g unfused", what, (long long)i, u, v);
+    }
+}
+
+Test(layers, conv2d_activation_relu_is_conv2d_then_relu) {
+    static const char *const fmts[] = {"contiguous", "channels_last"};
+    for (int f = 0; f < 2; f++) {
+        em_scope_begin();
+        em_module *fused = must(em_module_new("Sequential", NULL)),
+                  *plain = must(em_module_new("Sequential", NULL));
+        cr_assert_eq(em_module_append_child(fused, must(MAKE("Conv2d", "in_channels", "4",
+                     "out_channels", "16", "kernel_size", "3", "padding", "1", "memory_format",
+                     fmts[f], "activation", "relu"))), EM_OK);
+        cr_assert_eq(em_module_append_child(plain, must(MAKE("Conv2d", "in_channels", "4",
+                     "out_channels", "16", "kernel_size", "3", "padding", "1", "memory_format",
+                     fmts[f]))), EM_OK);
+        cr_assert_eq(em_module_append_child(plain, must(MAKE("ReLU"))), EM_OK);
+        em_dict *sd = em_module_state_dict(plain), *sf = em_module_state_dict(fused);
+        cr_assert_eq(em_dict_len(sf), 2);
+        cr_assert_str_eq(em_dict_key(sf, 0), "0.weight");
+        cr_assert_str_eq(em_dict_key(sf, 1), "0.bias");
+        cr_assert_eq(em_module_load_state_dict(fused, sd, true, NULL), EM_OK, "%s", em_last_error());
+        em_tensor *x = randn(4, (int64_t[]){3, 4, 9, 8});
+        em_tensor *yf = run(fused, x), *yp = run(plain, x);
+        cr_assert_eq(em_tensor_is_channels_last(yf), f == 1);
+        assert_same(yf, yp, fmts[f]);
+        em_tensor *r = randn(4, (int64_t[]){3, 16, 9, 8});
+        cr_assert_eq(em_backward(em_sum(em_mul(yf, r), 0, NULL, false)), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_backward(em_sum(em_mul(yp, r), 0, NULL, false)), EM_OK, "%s", em_last_error());
+        em_dict *gf = em_module_state_dict(fused);
+        for (int i = 0; i < 2; i++)
+            assert_same(em_tensor_grad(em_dict_get(gf, em_dict_key(gf, i))),
+                        em_tensor_grad(em_dict_get(sd, em_dict_key(gf, i))), em_dict_key(gf, i));
+        em_dict_free(gf), em_dict_free(sd), em_dict_free(sf);
+        em_module_free(fused), em_module_free(plain);
+        em_scope_end();
+    }
+    cr_assert_null(MAKE("Conv2d", "in_channels", "3", "out_channels", "8", "kernel_size", "3",
+                        "activation", "gelu"));
+    em_assert_error(EM_ERR_INVALID, "Conv2d: option 'activation' = 'gelu': not one of the choices");
+}
+
 Test(layers, pooling_by_plain_loops) {
     em_scope_begin();
     int64_t shape[4] = {1, 2, 4, 6};

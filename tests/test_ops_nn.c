@@ -1336,3 +1336,143 @@ Test(layout, channels_last_cnn) {
     free(v);
     em_scope_end();
 }
+
+/* ---- conv2d_relu, the fused op (docs/performance.md, "Design: fused ops") -------------------- */
+
+TestSuite(fused, .init = em_test_setup, .fini = em_test_teardown);
+
+/* a and b hold the same bits (same shape and dtype; any layout). */
+static void same_bits(const em_tensor *a, const em_tensor *b, const char *what) {
+    cr_assert(a && b, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_dtype(a), em_tensor_dtype(b), "%s", what);
+    int64_t n = em_tensor_numel(a);
+    cr_assert_eq(n, em_tensor_numel(b), "%s", what);
+    size_t bytes = (size_t)n * em_dtype_size(em_tensor_dtype(a));
+    unsigned char *u = malloc(bytes ? bytes : 1), *v = malloc(bytes ? bytes : 1);
+    cr_assert_eq(em_tensor_to_host(em_contiguous(a), u, bytes), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_tensor_to_host(em_contiguous(b), v, bytes), EM_OK, "%s", em_last_error());
+    size_t es = em_dtype_size(em_tensor_dtype(a));
+    for (size_t i = 0; i < bytes; i += es)
+        cr_assert(memcmp(u + i, v + i, es) == 0, "%s: element %zu differs (fused %g, conv2d "
+                  "then relu %g)", what, i / es, em_test_at(a, (int64_t)(i / es)),
+                  em_test_at(b, (int64_t)(i / es)));
+    free(u), free(v);
+}
+
+typedef struct {
+    int64_t xs[4], ws[4], s, p, g;
+    bool bias;
+} fused_geom;
+
+/* The CNN's two convolutions (one input channel; 32 to 64 channels, fewer images), a
+ * strided, grouped one with bias, on random normal inputs (and one NaN): the fused op's
+ * output and its grads (x, weight, bias) have the bits of conv2d then relu, in every floating
+ * dtype (f32 runs oneDNN's kernel with the ReLU post-ops where it takes the call; f64, f16
+ * and bf16 the composite), row-major and channels-last, and the output keeps a
+ * channels-last input's layout. */
+Test(fused, conv2d_relu_bits_equal_conv2d_then_relu) {
+    const fused_geom gs[] = {{{4, 1, 12, 12}, {32, 1, 3, 3}, 1, 1, 1, true},
+                             {{2, 32, 7, 7}, {64, 32, 3, 3}, 1, 1, 1, true},
+                             {{2, 4, 9, 8}, {6, 2, 3, 3}, 2, 1, 2, false}};
+    const em_dtype dts[] = {EM_F32, EM_BF16, EM_F64, EM_F16};
+    for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
+            for (int cl = 0; cl < 2; cl++)
+                for (int nan = 0; nan < 2; nan++) {
+                    const fused_geom *g = &gs[gi];
+                    em_dtype dt = dts[di];
+                    char what[128];
+                    snprintf(what, sizeof what, "geometry %zu, %s, %s%s", gi, em_dtype_name(dt),
+                             cl ? "channels-last" : "row-major", nan ? ", a NaN input" : "");
+                    em_scope_begin();
+                    em_tensor *x = rnd(dt, 4, g->xs, 300 + gi), *w = rnd(dt, 4, g->ws, 310 + gi);
+                    em_tensor *b = g->bias ? rnd(dt, 1, g->ws, 320 + gi) : NULL;
+                    if (nan) {
+                        em_tensor *x0 = em_slice(em_slice(x, 2, 3, 4, 1), 3, 2, 3, 1);
+                        cr_assert_eq(em_fill_(x0, NAN), EM_OK, "%s", em_last_error());
+                    }
+                    if (cl) x = em_channels_last(x);
+                    em_tensor *xd[2], *wd[2], *bd[2] = {NULL, NULL}, *y[2];
+                    const int64_t st[2] = {g->s, g->s}, pd[2] = {g->p, g->p};
+                    for (int k = 0; k < 2; k++) {
+                        xd[k] = em_detach(x), wd[k] = em_detach(w);
+                        cr_assert_eq(em_requires_grad_(xd[k], true), EM_OK);
+                        cr_assert_eq(em_requires_grad_(wd[k], true), EM_OK);
+                        if (b) {
+                            bd[k] = em_detach(b);
+                            cr_assert_eq(em_requires_grad_(bd[k], true), EM_OK);
+                        }
+                        y[k] = k ? em_relu(em_conv2d(xd[k], wd[k], bd[k], st, pd, NULL, g->g))
+                                 : em_conv2d_relu(xd[k], wd[k], bd[k], st, pd, NULL, g->g);
+                        cr_assert(y[k], "%s: %s", what, em_last_error());
+                    }
+                    same_bits(y[0], y[1], what);
+                    cr_assert_eq(em_tensor_is_channels_last(y[0]), (bool)cl, "%s", what);
+                    if (nan) {
+                        cr_assert(isnan(em_test_at(em_contiguous(y[0]), 3 * g->xs[3] + 2)) ||
+                                  g->s != 1, "%s: the NaN did not reach the output", what);
+                    } else {
+                        /* grads through a weighting of the outputs (sum(y * r)) */
+                        em_tensor *r = rnd(dt, 4, em_tensor_shape(y[0]), 330 + gi);
+                        for (int k = 0; k < 2; k++)
+                            cr_assert_eq(em_backward(em_sum(em_mul(y[k], r), 0, NULL, false)), EM_OK, "%s: %s",
+                                         what, em_last_error());
+                        char gw[160];
+                        snprintf(gw, sizeof gw, "%s, input grad", what);
+                        same_bits(em_tensor_grad(xd[0]), em_tensor_grad(xd[1]), gw);
+                        snprintf(gw, sizeof gw, "%s, weight grad", what);
+                        same_bits(em_tensor_grad(wd[0]), em_tensor_grad(wd[1]), gw);
+                        snprintf(gw, sizeof gw, "%s, bias grad", what);
+                        if (b) same_bits(em_tensor_grad(bd[0]), em_tensor_grad(bd[1]), gw);
+                    }
+                    em_scope_end();
+                }
+}
+
+/* Where the CPU plugin registers it, the fused kernel itself takes the CNN's f32 calls
+ * (em_op_call_kernel: no composite around it), row-major and channels-last, and gives the
+ * bits of conv2d's kernel then relu. */
+Test(fused, conv2d_relu_kernel_is_conv2d_then_relu) {
+    if (!kernel_registered("cpu_conv2d_relu_dnnl_f32")) em_test_needs_onednn();
+    cr_assert(kernel_registered("cpu_conv2d_relu_dnnl_f32"));
+    const em_op *op = em_op_find("conv2d_relu"), *conv = em_op_find("conv2d");
+    cr_assert(op && conv);
+    em_attr a[4] = {{.type = EM_ATTR_INTS, .n = 2, .ints = {1, 1}},
+                    {.type = EM_ATTR_INTS, .n = 2, .ints = {1, 1}},
+                    {.type = EM_ATTR_INTS, .n = 2, .ints = {1, 1}},
+                    {.type = EM_ATTR_INT, .v.i = 1}};
+    for (int cl = 0; cl < 2; cl++) {
+        em_scope_begin();
+        em_tensor *x = rnd(EM_F32, 4, (int64_t[]){3, 16, 8, 8}, 340), *w =
+            rnd(EM_F32, 4, (int64_t[]){32, 16, 3, 3}, 341), *b = rnd(EM_F32, 1, (int64_t[]){32}, 342);
+        if (cl) x = em_channels_last(x);
+        em_tensor *yf, *yc;
+        cr_assert_eq(em_op_call_kernel(op, (const em_tensor *[]){x, w, b}, 3, a, &yf), EM_OK, "%s",
+                     em_last_error());
+        cr_assert_eq(em_op_call_kernel(conv, (const em_tensor *[]){x, w, b}, 3, a, &yc), EM_OK, "%s",
+                     em_last_error());
+        same_bits(yf, em_relu(yc), cl ? "channels-last" : "row-major");
+        cr_assert_eq(em_tensor_is_channels_last(yf), (bool)cl);
+        em_scope_end();
+    }
+}
+
+/* Errors as conv2d's, naming conv2d_relu, on the kernel's path (f32) and the composite's
+ * (f64: no kernel). */
+Test(fused, conv2d_relu_errors_name_the_op) {
+    const em_dtype dts[] = {EM_F32, EM_F64};
+    for (int i = 0; i < 2; i++) {
+        em_scope_begin();
+        em_tensor *x = rnd(dts[i], 4, (int64_t[]){1, 3, 5, 5}, 1),
+                  *w = rnd(dts[i], 4, (int64_t[]){2, 2, 3, 3}, 2);
+        cr_assert_null(em_conv2d_relu(x, w, NULL, NULL, NULL, NULL, 1));
+        em_assert_error(EM_ERR_SHAPE, "conv2d_relu: input [1, 3, 5, 5] has 3 channels but weight "
+                        "[2, 2, 3, 3]");
+        em_tensor *w3 = rnd(dts[i], 4, (int64_t[]){2, 3, 7, 7}, 3);
+        cr_assert_null(em_conv2d_relu(x, w3, NULL, NULL, NULL, NULL, 1));
+        em_assert_error(EM_ERR_SHAPE, "conv2d_relu: the kernel");
+        cr_assert_null(em_conv2d_relu(x, em_to_dtype(w, dts[1 - i]), NULL, NULL, NULL, NULL, 1));
+        em_assert_error(EM_ERR_DTYPE, "conv2d_relu: input");
+        em_scope_end();
+    }
+}

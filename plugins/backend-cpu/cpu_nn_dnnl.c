@@ -1,5 +1,6 @@
 /*
- * cpu_nn_dnnl.c — the f32 and bf16 kernels of the nn family through oneDNN primitives: conv2d (forward,
+ * cpu_nn_dnnl.c — the f32 and bf16 kernels of the nn family through oneDNN primitives: conv2d (forward
+ * and conv2d_relu's, the forward with ReLU post-ops, f32 only,
  * backward data, backward weight), avg_pool2d and adaptive_avg_pool2d (forward, backward;
  * the adaptive op when its windows are a plain pooling), batch_norm and layer_norm (forward,
  * backward), softmax and log_softmax (forward, backward). Registered at priority 10 above the
@@ -87,6 +88,8 @@ enum {
     DN_SOFTMAX_BWD,
     DN_LOG_SOFTMAX_BWD,
 };
+/* With DN_CONV_FWD in a kernel's user pointer: conv2d_relu (the ReLU post-ops). */
+#define DN_RELU 0x100
 
 /* The identity of a primitive: its kind, the activations' data type (dnnl_f32 or dnnl_bf16)
  * and DN_KEY_N numbers (zero-filled), compared bytewise. */
@@ -225,12 +228,70 @@ static dnnl_primitive_attr_t attr_user_scratch(void) {
     return attr;
 }
 
-/* Creates a primitive descriptor (fwd_hint may be NULL) with a user scratchpad. */
-static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
-                               const_dnnl_primitive_desc_t hint) {
+/* conv2d_relu's ReLU as post-ops on the accumulator, before the one rounding to the output
+ * dtype, keeping Ember's relu (x <= 0 ? +0 : x) bit for bit on every finite value and NaN:
+ * oneDNN's relu with alpha 0 is max(x, 0), which turns NaN into 0 (and would hide a
+ * diverged model), so instead relu with alpha 2^-149 twice (x > 0 kept; a finite x <= 0
+ * becomes at most 2^-21 in size, then -0; NaN stays NaN) and x * 1 + 0 (-0 to +0). The one
+ * difference left: -inf gives -inf where relu gives 0 (an overflowed or infinite input). */
+static dnnl_status_t attr_relu(dnnl_primitive_attr_t attr) {
+    dnnl_post_ops_t po = NULL;
+    dnnl_status_t s = dnnl_post_ops_create(&po);
+    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0x1p-149f, 0.f);
+    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0x1p-149f, 0.f);
+    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_linear, 1.f, 0.f);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (po) dnnl_post_ops_destroy(po);
+    return s;
+}
+
+/* Creates a primitive descriptor (fwd_hint may be NULL) with a user scratchpad; relu: with
+ * conv2d_relu's post-ops. */
+static dnnl_status_t pd_create_ops(dnnl_primitive_desc_t *pd, const void *desc,
+                                   const_dnnl_primitive_desc_t hint, bool relu) {
     dnnl_primitive_attr_t attr = attr_user_scratch();
     if (!attr) return dnnl_out_of_memory;
-    dnnl_status_t s = dnnl_primitive_desc_create(pd, desc, attr, dn_engine, hint);
+    dnnl_status_t s = relu ? attr_relu(attr) : dnnl_success;
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, desc, attr, dn_engine, hint);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
+                               const_dnnl_primitive_desc_t hint) {
+    return pd_create_ops(pd, desc, hint, false);
+}
+
+/* A forward on fixed nhwc f32 activations with one input channel per group (fewer than
+ * FWD_BRG_MIN_C): oneDNN 2.6 lists brgconv first there, which for the CNN's first convolution
+ * took 1.2x the CPU time of its jit:avx512_core kernel on the same nhwc tensors with cold
+ * caches (medians 0.75 against 0.62 ms) and 1.3-1.6x with warm ones (bench/README.md,
+ * "conv1's primitive", bench/conv_impls); from 2 channels on neither wins on every shape. *fpd is replaced by the first
+ * implementation after it that is neither brgconv nor a reference one, with the same
+ * attributes (relu: conv2d_relu's post-ops); none, *fpd is kept. conv2d and conv2d_relu take
+ * the same choice, so their bits agree. */
+#define FWD_BRG_MIN_C 2
+static dnnl_status_t fwd_skip_brgconv(dnnl_primitive_desc_t *fpd, const void *desc, bool relu) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(*fpd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+        !impl || strncmp(impl, "brgconv", 7) != 0)
+        return dnnl_success;
+    dnnl_primitive_attr_t attr = attr_user_scratch();
+    if (!attr) return dnnl_out_of_memory;
+    dnnl_primitive_desc_iterator_t it = NULL;
+    dnnl_status_t s = relu ? attr_relu(attr) : dnnl_success;
+    if (s == dnnl_success) s = dnnl_primitive_desc_iterator_create(&it, desc, attr, dn_engine, NULL);
+    while (s == dnnl_success && dnnl_primitive_desc_iterator_next(it) == dnnl_success) {
+        dnnl_primitive_desc_t pd = dnnl_primitive_desc_iterator_fetch(it);
+        if (!pd) break;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+            impl && strncmp(impl, "ref", 3) != 0 && strncmp(impl, "brgconv", 7) != 0) {
+            dnnl_primitive_desc_destroy(*fpd);
+            *fpd = pd;
+            break;
+        }
+        dnnl_primitive_desc_destroy(pd);
+    }
+    if (it) dnnl_primitive_desc_iterator_destroy(it);
     dnnl_primitive_attr_destroy(attr);
     return s;
 }
@@ -269,7 +330,8 @@ static dnnl_status_t bwd_weights_pd(dnnl_primitive_desc_t *pd, const_dnnl_primit
 }
 
 /* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias,
- * chunk. Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
+ * chunk, nhwc, relu (v[19]: conv2d_relu's forward, the same primitive with the ReLU
+ * post-ops). Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
  * a backward-weight over one batch chunk of conv_bwd_weight_split, made for one thread, its
  * diff_weights and diff_bias in f32 (the partial sums), x and gy read from the caller's
  * tensors (no shared copies: those hold the whole batch). */
@@ -293,9 +355,14 @@ static dnnl_status_t build_conv(dn_prim *p) {
      * sides on an AVX-512 CPU: there oneDNN's nChw16c kernels beat its nhwc ones by more than
      * the reorders of gy (made once, shared by backward-data and backward-weight), x and gx
      * cost (docs/performance.md, "Zen 4 AVX-512"), so the primitive takes its own layouts
-     * (any) and the cached reorders convert from and to the nhwc tensors. */
-    const bool fixed = nhwc && !(p->key.kind != DN_CONV_FWD && dt == dnnl_f32 &&
-                                 C / g >= 16 && O / g >= 16 && cpu_nn_has_avx512());
+     * (any) and the cached reorders convert from and to the nhwc tensors. The same for an f32
+     * backward-weight from one input channel per group into at least 16: its nChw16c kernel
+     * on gy is 2.5x the nhwc one, more than gy's reorder costs (bench/README.md, "conv1's
+     * primitive"), and x (one channel) is the same memory in either layout. */
+    const bool blocked_bwd =
+        p->key.kind != DN_CONV_FWD && dt == dnnl_f32 && O / g >= 16 && cpu_nn_has_avx512() &&
+        (C / g >= 16 || (p->key.kind == DN_CONV_BWD_WEIGHT && C / g == 1));
+    const bool fixed = nhwc && !blocked_bwd;
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, act);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, act);
     if (s == dnnl_success)
@@ -336,7 +403,10 @@ static dnnl_status_t build_conv(dn_prim *p) {
                                                    bias ? &b : NULL, &adst, strides, dil, pl, pl);
     if (s != dnnl_success) return s;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
-    s = pd_create(&fpd, &fd, NULL);
+    s = pd_create_ops(&fpd, &fd, NULL, p->key.kind == DN_CONV_FWD && v[19]);
+    if (s == dnnl_success && p->key.kind == DN_CONV_FWD && fixed && dt == dnnl_f32 &&
+        C / g < FWD_BRG_MIN_C)
+        s = fwd_skip_brgconv(&fpd, &fd, v[19]);
     if (s == dnnl_success) {
         switch (p->key.kind) {
         case DN_CONV_FWD: /* src, weights, dst, bias */
@@ -920,6 +990,14 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
         memcpy(v, gv, sizeof gv);
         v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
         v[18] = conv_layout(k, kind); /* 1: the activations are nhwc */
+        /* conv2d_relu: the ReLU post-ops, except on nhwc activations with one input channel
+         * per group (FWD_BRG_MIN_C). There the forward is a jit kernel (fwd_skip_brgconv;
+         * jit:avx2 on AVX2) that the three post-ops slow by more than relu's own pass costs
+         * (the CNN's first convolution, cold caches: medians 0.62 -> 1.03 ms CPU;
+         * bench/README.md, "conv1's primitive"): the kernel runs conv2d's primitive and then
+         * relu over its output in place (relu_f32_inplace), which also left the max pooling
+         * after it 0.3 ms faster than after the post-ops in the step. */
+        v[19] = ((intptr_t)k->user & DN_RELU) != 0 && !(v[18] == 1 && g.C / g.g < FWD_BRG_MIN_C);
         return true;
     }
     case DN_AVG_FWD:
@@ -1202,8 +1280,15 @@ static em_status conv_bwd_weight_split(const em_kernel_ctx *k, const dn_key *key
     return st;
 }
 
+/* relu over n f32 values in place, Ember's relu bit for bit (x <= 0 ? +0 : x; NaN kept). */
+static void relu_f32_inplace(const em_kernel_ctx *k, float *y, int64_t n) {
+    int nt = n >= CPU_GRAIN_MEM && !omp_in_parallel() ? cpu_threads(k) : 1;
+#pragma omp parallel for simd num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] <= 0 ? 0 : y[i];
+}
+
 static em_status k_dnnl(const em_kernel_ctx *k) {
-    int kind = (int)(intptr_t)k->user;
+    int kind = (int)((intptr_t)k->user & ~(intptr_t)DN_RELU);
     const char *who = em_op_name(k->op);
     dn_key key;
     bool owned;
@@ -1219,6 +1304,9 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
         st = dn_exec_shared(k, p,
                             (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
                             (const dn_name *[]){&n0, NULL, NULL, NULL}, who);
+        /* conv2d_relu without its post-ops (key_of): relu after (y dense: nhwc) */
+        if (st == EM_OK && ((intptr_t)k->user & DN_RELU) && !key.v[19])
+            relu_f32_inplace(k, (float *)k->out[0].data, k->out[0].numel);
         break;
     case DN_CONV_BWD_WEIGHT: { /* src, diff_dst, diff_weights, diff_bias */
         bool done;
@@ -1285,6 +1373,7 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
         em_kernel_supports_fn supports;
     } ks[] = {
         {"conv2d", "cpu_conv2d", DN_CONV_FWD, supports_CONV_FWD},
+        {"conv2d_relu", "cpu_conv2d_relu", DN_CONV_FWD | DN_RELU, supports_CONV_FWD},
         {"conv2d_backward_data", "cpu_conv2d_backward_data",
          DN_CONV_BWD_DATA, supports_CONV_BWD_DATA},
         {"conv2d_backward_weight", "cpu_conv2d_backward_weight",
@@ -1307,6 +1396,10 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
     };
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         for (int b = 0; b < 2; b++) {
+            /* conv2d_relu: f32 only. In bf16 (jit_bf16 kernels, half the bytes for relu to
+             * stream) the post-ops cost more than the relu pass they save (bench/README.md,
+             * "conv2d_relu"); bf16 calls compose conv2d's bf16 kernel and relu. */
+            if (b && ks[i].kind == (DN_CONV_FWD | DN_RELU)) continue;
             /* "cpu_<op>_dnnl_f32" and "cpu_<op>_dnnl_bf16" */
             char name[96];
             snprintf(name, sizeof name, "%s_dnnl_%s", ks[i].name, b ? "bf16" : "f32");

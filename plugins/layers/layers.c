@@ -132,6 +132,7 @@ static const em_module_class linear_class = {
 static const char *const pad_modes[] = {"same", "valid", NULL};
 static const char *const zeros_only[] = {"zeros", NULL};
 static const char *const mem_formats[] = {"contiguous", "channels_last", NULL};
+static const char *const activations[] = {"none", "relu", NULL};
 
 static const em_option_spec conv_opts[] = {
     OPT_INT_REQ("in_channels", 1, 1e9, "channels of the input"),
@@ -149,12 +150,16 @@ static const em_option_spec conv_opts[] = {
                "the activation layout: channels_last runs the convolution on an (N, C, H, W) "
                "input with NHWC strides and gives its output so (on the CPU; ReLU and max "
                "pooling keep it)"),
+    OPT_CHOICE("activation", "none", activations,
+               "applied to the output: relu runs the fused op conv2d_relu, the same as a ReLU "
+               "layer after the convolution (the parameters and state-dict keys are the same)"),
 };
 
 typedef struct conv_state {
     int64_t stride[2], padding[2], dilation[2], groups;
     int64_t extra[2]; /* 'same' with an odd total padding: one more row/column at the end */
     bool channels_last; /* memory_format: channels_last */
+    bool relu;          /* activation: relu */
 } conv_state;
 
 static em_status conv_init(em_module *m, const em_options *o) {
@@ -168,6 +173,7 @@ static em_status conv_init(em_module *m, const em_options *o) {
         return st;
     s->groups = em_options_int(o, "groups");
     s->channels_last = strcmp(em_options_string(o, "memory_format"), "channels_last") == 0;
+    s->relu = strcmp(em_options_string(o, "activation"), "relu") == 0;
     if (cin % s->groups || cout % s->groups)
         return em_set_error(EM_ERR_INVALID, "Conv2d: groups=%lld must divide in_channels=%lld "
                             "and out_channels=%lld", (long long)s->groups, (long long)cin,
@@ -207,8 +213,9 @@ static em_tensor *conv_forward(em_module *m, em_tensor *const *in, int n) {
      * layer's output; a copy otherwise, e.g. the network's input), so conv2d's output is. */
     if (s->channels_last && x && em_tensor_ndim(x) == 4 && !(x = em_channels_last(x)))
         return NULL;
-    return em_conv2d(x, em_module_parameter(m, "weight"), em_module_parameter(m, "bias"),
-                     s->stride, s->padding, s->dilation, s->groups);
+    return (s->relu ? em_conv2d_relu : em_conv2d)(x, em_module_parameter(m, "weight"),
+                                                  em_module_parameter(m, "bias"), s->stride,
+                                                  s->padding, s->dilation, s->groups);
 }
 
 static const em_module_class conv_class = {

@@ -6,7 +6,8 @@
  * statistics.
  *
  *   Linear             Gemm (transB = 1) on 2-D inputs; MatMul(x, Transpose(W)) + Add above
- *   Conv2d             Conv (pads [top, left, bottom, right]: 'same' puts an odd extra at the end)
+ *   Conv2d             Conv (pads [top, left, bottom, right]: 'same' puts an odd extra at the end);
+ *                      activation relu (the fused conv2d_relu): Conv, Relu
  *   MaxPool2d          MaxPool;  AvgPool2d: AveragePool
  *   AdaptiveAvgPool2d  GlobalAveragePool for 1x1, else AveragePool where the size divides
  *   BatchNorm1d/2d     BatchNormalization (running statistics)
@@ -130,7 +131,13 @@ static em_status conv_x(em_onnx_builder *b, em_module *m, const char *in, const 
     em_onnx_attr a[] = {OX_INTS("dilations", 2, d), OX_INT("group", em_options_int(o, "groups")),
                         OX_INTS("kernel_shape", 2, k), OX_INTS("pads", 4, pads),
                         OX_INTS("strides", 2, s)};
-    return b->node(b, "Conv", bias ? 3 : 2, (const char *[]){in, wn, bn}, 5, a, out);
+    /* activation relu (the fused conv2d_relu): its decomposition, Conv then Relu */
+    bool relu = strcmp(em_options_string(o, "activation"), "relu") == 0;
+    char y[N];
+    if ((st = b->node(b, "Conv", bias ? 3 : 2, (const char *[]){in, wn, bn}, 5, a,
+                      relu ? y : out)) != EM_OK || !relu)
+        return st;
+    return unary(b, "Relu", y, out);
 }
 
 /* ---- pooling ------------------------------------------------------------------------------ */
@@ -948,7 +955,7 @@ static em_status par_x(em_onnx_builder *b, em_module *m, const char *in, const e
                                             .name = cls, .description = desc,                  \
                                             .export_layer = fn};
 LAYER(x_linear, "Linear", linear_x, "Gemm (2-D input), else MatMul(x, Transpose(W)) + Add")
-LAYER(x_conv, "Conv2d", conv_x, "Conv")
+LAYER(x_conv, "Conv2d", conv_x, "Conv (then Relu with activation relu)")
 LAYER(x_conv1d, "Conv1d", conv1d_x, "Conv (1-D)")
 LAYER(x_convt, "ConvTranspose2d", convt_x, "ConvTranspose")
 LAYER(x_gn, "GroupNorm", gn_x, "Reshape, ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div, "

@@ -49,11 +49,13 @@
  * PyTorch keeps in float32 on CUDA but runs in bfloat16 on the CPU (Ember keeps them in
  * float32 on every device, as the seeds advise); the promote ones promote by their own dtype
  * rule in PyTorch (and in Ember, EM_OP_PROMOTE), and the class makes that explicit
- * (scatter_add is in PyTorch's CUDA promote list). An op not listed is NONE.
+ * (scatter_add is in PyTorch's CUDA promote list); the lower one, conv2d_relu, is Ember's fused
+ * op, conv2d then relu, which PyTorch runs with conv2d lower. An op not listed is NONE.
  * tests/test_autocast reads these lists from this header.
  *
  * <autocast-lists>
- * lower: conv1d conv2d conv_transpose2d bmm addmm matmul linear scaled_dot_product_attention
+ * lower: conv1d conv2d conv2d_relu[+] conv_transpose2d bmm addmm matmul linear
+ *   scaled_dot_product_attention
  * float32: cross_entropy nll_loss mse_loss l1_loss smooth_l1_loss
  *   binary_cross_entropy_with_logits prod softmax[+] log_softmax[+] layer_norm[+]
  *   group_norm[+] batch_norm[+] exp[+] log[+] log1p[+] expm1[+] pow[+] pow_scalar[+]

@@ -345,6 +345,16 @@ EM_API em_tensor *em_any(const em_tensor *a, int ndims, const int *dims, bool ke
 EM_API em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight,
                             const em_tensor *bias, const int64_t stride[2],
                             const int64_t padding[2], const int64_t dilation[2], int64_t groups);
+/* relu(conv2d(input, weight, bias, ...)) as one op, conv2d_relu: arguments, defaults and
+ * errors as em_conv2d's (naming conv2d_relu). The fused op a Conv2d layer with activation
+ * relu calls: on the CPU, f32 runs oneDNN's convolution with the ReLU applied as it writes
+ * the output (the bits of em_conv2d then em_relu, NaN included); other dtypes and devices run
+ * conv2d then relu.
+ * Its gradient masks the output grad with the output (y > 0), then is conv2d's. */
+EM_API em_tensor *em_conv2d_relu(const em_tensor *input, const em_tensor *weight,
+                                 const em_tensor *bias, const int64_t stride[2],
+                                 const int64_t padding[2], const int64_t dilation[2],
+                                 int64_t groups);
 /* Gradient of conv2d with respect to its input: grad_output (N, O, OH, OW), weight
  * (O, C/groups, kH, kW), input_size (H, W) of the forward's input (required: with stride > 1
  * several sizes give the same output). Result (N, C, H, W). */
