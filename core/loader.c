@@ -255,6 +255,8 @@ static void pad_field(const em_loader *l, int k, const void *raw, slot *s, int64
  * written in place: the whole process 0.82x the wall time (bench/README.md, "A whole
  * training process"). The caller fences (_mm_sfence) before the batch is handed over: the
  * stores are weakly ordered. */
+#define LOADER_STREAM_ITEM_MAX ((size_t)256 << 10)
+
 static void stream_copy(void *dst, const void *src, size_t n) {
 #ifdef LOADER_STREAM
     char *d = dst;
@@ -729,8 +731,10 @@ static em_loader *loader_create(em_dataset *ds, const em_loader_options_v2 *opts
         if (l->scratch_bytes &&
             !(l->w[i].scratch = em__malloc(l->scratch_bytes, "loader transform scratch")))
             goto fail;
-        /* the consumer is another thread: transformed items go into the slots streamed */
-        if (l->nw > 0 && l->item_bytes &&
+        /* the consumer is another thread: transformed items go into the slots streamed,
+         * through a buffer a core's L2 keeps (larger items are written in place: the extra
+         * copy would come from memory, and that case was not measured) */
+        if (l->nw > 0 && l->item_bytes && l->item_bytes <= LOADER_STREAM_ITEM_MAX &&
             !(l->w[i].item = em__malloc(l->item_bytes, "loader item buffer")))
             goto fail;
         for (int f = 0; f < l->nf; f++)
