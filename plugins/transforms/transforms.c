@@ -75,10 +75,10 @@ typedef struct to_float_state {
  * 0..255) and divided by 255 (or multiplied by the scale) in float32, a correctly rounded
  * division or product like the scalar one, so the bits are the table's (tests/
  * test_transforms.c checks every byte value in every lane and in the tail). The table's
- * loop, a load and a store per byte, was 9.6-10.0% of a Fashion-MNIST epoch's CPU samples
- * on Zen 4 (`perf record` of ember-train, the loader thread); this is 8.1-8.3% written in
- * place, the rest being the stores (what the loader streams now: core/loader.c,
- * stream_copy). The elements past the last full vector are the caller's. */
+ * loop, a load and a store per byte, was 8.0-10.0% of a Fashion-MNIST epoch's CPU samples on
+ * Zen 4 (`perf record` of ember-train, the loader thread, four runs); this is 7.1-8.3%
+ * written in place, bound by the stores, and 1.3-1.9% where the loader streams the items
+ * (core/loader.c, stream_copy). The elements past the last full vector are the caller's. */
 #ifdef TO_FLOAT_SIMD
 __attribute__((target("avx512f"))) static void u8_avx512(const uint8_t *r, float *o, int64_t n,
                                                          float scale, bool div255) {
