@@ -404,6 +404,59 @@ Test(data, mnist_gzip_of_several_mib) {
     cleanup();
 }
 
+/* Past 4 MiB (compressed and inflated together) a second thread faults in the buffers' pages
+ * while the file is read and inflated (plugins/data/data.c, prefault_start): the items must
+ * be the file's, every byte. Pixels from a 64-bit mix of their position, so that the gzip file
+ * is about as large as the images (both buffers big enough to be faulted ahead). */
+static uint8_t mixed_pixel(uint64_t at) {
+    at = (at + 1) * 0x9E3779B97F4A7C15ull;
+    at ^= at >> 29;
+    at *= 0xBF58476D1CE4E5B9ull;
+    return (uint8_t)(at >> 56);
+}
+
+Test(data, mnist_gzip_faulted_ahead) {
+    const char *dir = fresh_dir();
+    const uint32_t n = 7001, h = 28, w = 28; /* 5.5 MB of images, 5.5 MB gzip */
+    size_t isz = 16 + (size_t)n * h * w;
+    uint8_t *img = malloc(isz), *lab = malloc(8 + n);
+    cr_assert(img && lab);
+    put32(img, 0x803);
+    put32(img + 4, n);
+    put32(img + 8, h);
+    put32(img + 12, w);
+    for (size_t k = 16; k < isz; k++) img[k] = mixed_pixel(k);
+    put32(lab, 0x801);
+    put32(lab + 4, n);
+    for (uint32_t i = 0; i < n; i++) lab[8 + i] = (uint8_t)(i % 10);
+    write_file(path_in(dir, "train-images-idx3-ubyte.gz"), img, isz, true);
+    write_file(path_in(dir, "train-labels-idx1-ubyte.gz"), lab, 8 + n, true);
+    struct stat sb;
+    cr_assert_eq(stat(path_in(dir, "train-images-idx3-ubyte.gz"), &sb), 0);
+    cr_assert_gt(sb.st_size, 4 << 20, "the gzip file is only %lld bytes", (long long)sb.st_size);
+    em_dataset *tr = open_mnist(dir, "train");
+    cr_assert(tr, "%s", em_last_error());
+    cr_assert_eq(em_dataset_length(tr), n);
+    int64_t *all = malloc(sizeof *all * n);
+    cr_assert(all);
+    for (uint32_t i = 0; i < n; i++) all[i] = n - 1 - i; /* last to first */
+    void *in, *tg;
+    read_items(tr, all, n, &in, &tg);
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = n - 1 - j;
+        cr_assert_eq(((int64_t *)tg)[j], i % 10);
+        cr_assert(memcmp((uint8_t *)in + (size_t)j * h * w, img + 16 + (size_t)i * h * w,
+                         (size_t)h * w) == 0, "image %u differs from the file's", i);
+    }
+    free(in);
+    free(tg);
+    free(all);
+    free(img);
+    free(lab);
+    em_dataset_free(tr);
+    cleanup();
+}
+
 /* data as a gzip file of two members (the first `split` bytes, then the rest), which the data
  * plugin reads through zlib's stream, not inflated whole at open. */
 static void write_gz_two_members(const char *path, const uint8_t *data, size_t n, size_t split) {

@@ -86,6 +86,52 @@ Test(transforms, to_float_is_x_over_255_for_every_byte) {
     em_dataset_free(ds);
 }
 
+/* Items of 37 bytes (two AVX-512 vectors, or four AVX2 ones, and a tail the scalar loop
+ * converts): item i holds bytes (i + 5 k) % 256, so over 256 items every byte value sits at
+ * every position, in a vector lane and in the tail. x / 255 against the correctly rounded
+ * reference, and an explicit scale (1/3: inexact products) against float32 products; made in
+ * the caller's thread and by two workers (which stream each 148-byte item into the batch:
+ * core/loader.c, stream_copy, with its unaligned starts and ends). */
+static em_status odd_item(void *user, int64_t i, void *input, void *target) {
+    (void)user;
+    for (int k = 0; k < 37; k++) ((uint8_t *)input)[k] = (uint8_t)((i + 5 * k) % 256);
+    *(int64_t *)target = 0;
+    return EM_OK;
+}
+
+Test(transforms, to_float_items_of_odd_length) {
+    em_dataset_info info = {.struct_size = sizeof info, .length = 256, .input_ndim = 1,
+                            .input_shape = {37}, .input_dtype = EM_U8, .target_dtype = EM_I64,
+                            .num_classes = 1};
+    em_dataset *ds = em_dataset_from_callback(&info, odd_item, NULL);
+    cr_assert(ds, "%s", em_last_error());
+    em_options *o = em_options_new();
+    em_options_set_float(o, "scale", 1.0 / 3.0);
+    for (int c = 0; c < 4; c++) {
+        int k = c % 2;
+        const em_transform_spec spec = {.struct_size = sizeof spec, .name = "to_float",
+                                        .options = k ? o : NULL};
+        em_loader_options lo = {.struct_size = sizeof lo, .batch_size = 256,
+                                .num_workers = c / 2 * 2, .transform_specs = &spec,
+                                .n_transform_specs = 1};
+        float *got = malloc(sizeof(float) * 256 * 37);
+        cr_assert(got);
+        first_batch(ds, &lo, got, 256 * 37);
+        for (int i = 0; i < 256; i++)
+            for (int j = 0; j < 37; j++) {
+                int v = (i + 5 * j) % 256;
+                float want = k ? (float)v * (float)(1.0 / 3.0) : div255_ref(v);
+                cr_assert(memcmp(&got[i * 37 + j], &want, 4) == 0,
+                          "%s, %d workers: item %d element %d (byte %d) -> %.9g, want %.9g",
+                          k ? "scale 1/3" : "x / 255", c / 2 * 2, i, j, v, got[i * 37 + j],
+                          want);
+            }
+        free(got);
+    }
+    em_options_free(o);
+    em_dataset_free(ds);
+}
+
 /* 40 images (3, 4, 4) u8 with distinct pixels; the label is the item index. */
 static em_status image_item(void *user, int64_t i, void *input, void *target) {
     (void)user;
