@@ -29,8 +29,9 @@
 #     steps overflow and the scale grows in replayed steps: Adam with a per-step StepLR, and
 #     SGD with a per-step LinearLR and --clip-grad-norm 0.5, 2 epochs each: the same
 #     comparisons, and every step's loss, lr, gradient norm, skipped-step count and scale
-#     (--metrics-steps) and the summary's amp line; a run with the default scale (no skips)
-#     ends elsewhere; loop.amp_init_scale's range;
+#     (--metrics-steps) and the summary's amp line; a resume from step 20 ends with the same
+#     weights; a run with the default scale (no skips) ends elsewhere; loop.amp_init_scale's
+#     range;
 #   - the refusals, each naming the option and the reason: the CPU, RMSprop (its host step
 #     count), a per-step OneCycleLR that cycles the momentum, --accum-steps 2, a config's bad loop.graph_capture value, a step that draws
 #     random numbers (dropout, caught at the capture), and an op without a kernel on the device
@@ -195,6 +196,12 @@ ampcfg='loop: {amp: fp16, amp_init_scale: 16777216, amp_growth_interval: 3}'
 cfg ampadam "$mlp" '{class: Adam, lr: 0.002}' '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
 echo "$ampcfg" >> "$tmp/ampadam.yaml"
 amp_same ampadam 2 33
+# a checkpoint after 20 steps resumed with --graph-capture (the scaler's state back on the
+# device) ends where the uninterrupted run did
+run ampadam ampres1 2 --graph-capture --max-steps 20 || bad "the --amp fp16 run to step 20"
+run ampadam ampres2 2 --graph-capture --resume "$tmp/ampres1.ckpt" || bad "the --amp fp16 resume"
+cmp -s "$tmp/ampres2.safetensors" "$tmp/ampadam-graph.safetensors" ||
+    bad "--amp fp16 --graph-capture resumed from step 20 ended elsewhere"
 cfg ampsgd "$mlp" "$sgd" '{class: LinearLR, interval: step, start_factor: 0.2, total_iters: 30}'
 echo "$ampcfg" >> "$tmp/ampsgd.yaml"
 amp_same ampsgd 2 33 --clip-grad-norm 0.5

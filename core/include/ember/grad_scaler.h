@@ -112,7 +112,8 @@ EM_API bool em_grad_scaler_is_enabled(const em_grad_scaler *s);
  * gradients are checked by amp_unscale_ (its inv_scale 1, the flags left on the device) and
  * multiplied by 1/scale formed on the device (the host's arithmetic: the same bits); step saves
  * every parameter and optimizer state, steps, and puts the saved values back where an inf/NaN
- * was found (the step a no-op bit for bit, Adam's step count included); update is
+ * was found (the step a no-op bit for bit, Adam's step count included; what an optimizer class
+ * keeps outside its parameters and state tensors is not saved); update is
  * _amp_update_scale_ as device ops (the host's arithmetic, floor included). Until the
  * optimizer has stepped once (its states exist), step reads the verdict on the host as the
  * plain scaler does: run such first steps eagerly. Call when no capture is recording; dev
