@@ -70,6 +70,14 @@ em_status em__optimizer_load_prepare(const em_optimizer *o, const em_dict *tenso
                                      const char *groups_json, em__optim_load **out);
 void em__optimizer_load_commit(em_optimizer *o, em__optim_load *p);
 void em__optimizer_load_discard(const em_optimizer *o, em__optim_load *p);
+/* The gradient scaler's step skipped on the device (grad_scaler.c, capturable): every tensor
+ * a step may change (each parameter, then each of its states, in parameter order) into out
+ * (cap entries; borrowed); the count, or -1 (error set) past cap. */
+int em__optimizer_step_tensors(const em_optimizer *o, em_tensor **out, int cap);
+/* The tensor count em__optimizer_step_tensors gives. */
+int em__optimizer_step_tensor_count(const em_optimizer *o);
+/* Take back the count of a step em_optimizer_step took that the device then undid. */
+void em__optimizer_uncount(em_optimizer *o);
 typedef struct em__sched_load em__sched_load;
 em_status em__scheduler_load_prepare(em_scheduler *s, const char *json, em__sched_load **out);
 void em__scheduler_load_commit(em_scheduler *s, em__sched_load *p);

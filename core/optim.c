@@ -409,6 +409,30 @@ int em_optimizer_group_count(const em_optimizer *o) { return o ? o->n_groups : 0
 int em_optimizer_param_total(const em_optimizer *o) { return o ? o->n_params : 0; }
 int64_t em_optimizer_steps(const em_optimizer *o) { return o ? o->steps : 0; }
 
+int em__optimizer_step_tensor_count(const em_optimizer *o) {
+    int n = 0;
+    for (int i = 0; o && i < o->n_params; i++) n += 1 + o->state[i].n;
+    return n;
+}
+
+int em__optimizer_step_tensors(const em_optimizer *o, em_tensor **out, int cap) {
+    int n = 0;
+    for (int i = 0; i < o->n_params; i++)
+        for (int k = -1; k < o->state[i].n; k++) {
+            if (n == cap) {
+                em_set_error(EM_ERR_STATE, "optimizer: more step tensors than the %d expected",
+                             cap);
+                return -1;
+            }
+            out[n++] = k < 0 ? o->params[i] : o->state[i].e[k].t;
+        }
+    return n;
+}
+
+void em__optimizer_uncount(em_optimizer *o) {
+    if (o && o->steps > 0) o->steps--;
+}
+
 em_status em_optimizer_count_replayed(em_optimizer *o, int64_t n) {
     if (!o) return em_set_error(EM_ERR_INVALID, "optimizer_count_replayed: NULL optimizer");
     if (n < 0 || n > EM_STEP_MAX - o->steps)

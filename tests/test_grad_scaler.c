@@ -239,7 +239,103 @@ Test(grad_scaler, checkpoint_resume_is_bitwise) {
     em_test_assert_clean_shutdown();
 }
 
-Test(grad_scaler, overflowing_at_the_floor_stops_with_advice) {
+static em_optimizer *opt_of(em_tensor **p, const char *cls) {
+    if (!strcmp(cls, "SGD")) return sgd(p);
+    em_dict *d = em_dict_new();
+    em_dict_set(d, "w", p[0]);
+    em_dict_set(d, "b", p[1]);
+    em_options *o = em_options_new();
+    em_options_set_float(o, "lr", 0.01);
+    em_optimizer *opt = em_optimizer_new(cls, d, o);
+    cr_assert(opt, "%s", em_last_error());
+    em_options_free(o);
+    em_dict_free(d);
+    return opt;
+}
+
+/* The capturable scaler (em_grad_scaler_set_capturable: the state, the update and the
+ * found-inf verdict on the device; a skipped step undone there), here on the CPU device, next
+ * to the plain one over PyTorch's script: the scales, trackers and skipped steps are
+ * PyTorch's, and the parameters, every optimizer state (Adam's step count too) and the step
+ * counts are the plain scaler's bit for bit after every step. */
+static void check_capturable(run_cfg c, const char *cls) {
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *p[2][2];
+    em_optimizer *o[2];
+    em_grad_scaler *sc[2];
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < 2; i++) {
+            p[r][i] = tensor(c.p[i], i);
+            cr_assert_eq(em_requires_grad_(p[r][i], true), EM_OK);
+        }
+        o[r] = opt_of(p[r], cls);
+        sc[r] = scaler_for(&c);
+    }
+    cr_assert_eq(em_grad_scaler_set_capturable(sc[1], em_cpu()), EM_OK, "%s", em_last_error());
+    const char *states[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"};
+    int skipped = 0;
+    for (int s = 0; s < SCALER_STEPS; s++) {
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        bool stepped[2] = {true, true}, skip = false;
+        for (int r = 0; r < 2; r++) {
+            set_grads(&c, p[r], s, em_grad_scaler_get_scale(sc[r]));
+            cr_assert_eq(em_grad_scaler_step(sc[r], o[r], &stepped[r]), EM_OK, "%s",
+                         em_last_error());
+            cr_assert_eq(em_grad_scaler_update(sc[r]), EM_OK, "%s", em_last_error());
+        }
+        cr_assert_eq(em_grad_scaler_read_step(sc[1], o[1], &skip), EM_OK, "%s", em_last_error());
+        skipped += skip;
+        cr_expect_eq(!skip, c.stepped[s] != 0, "%s step %d: skipped %d, PyTorch stepped %d",
+                     cls, s, skip, c.stepped[s]);
+        cr_expect_eq(stepped[0], c.stepped[s] != 0);
+        cr_expect_eq(em_grad_scaler_get_scale(sc[1]), c.scales[s], "%s step %d: scale %g, "
+                     "PyTorch %g", cls, s, em_grad_scaler_get_scale(sc[1]), c.scales[s]);
+        cr_expect_eq(em_grad_scaler_growth_tracker(sc[1]), c.trackers[s]);
+        cr_expect_eq(em_grad_scaler_skipped_steps(sc[1]), skipped);
+        cr_expect_eq(em_optimizer_steps(o[1]), em_optimizer_steps(o[0]), "%s step %d: %lld "
+                     "steps counted, the plain scaler's %lld", cls, s,
+                     (long long)em_optimizer_steps(o[1]), (long long)em_optimizer_steps(o[0]));
+        for (int i = 0; i < 2; i++) {
+            cr_expect(same_bits(p[1][i], p[0][i]), "%s step %d: param %d differs", cls, s, i);
+            for (size_t k = 0; k < sizeof states / sizeof *states; k++) {
+                em_tensor *a = em_optimizer_state(o[0], i, states[k]);
+                em_tensor *b = em_optimizer_state(o[1], i, states[k]);
+                cr_expect(!a == !b, "%s step %d: state %s of param %d", cls, s, states[k], i);
+                if (a && b)
+                    cr_expect(same_bits(a, b), "%s step %d: state %s of param %d differs", cls, s,
+                              states[k], i);
+            }
+        }
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
+    cr_expect(skipped > 0 && skipped < SCALER_STEPS, "%d skipped: the script must skip some", skipped);
+    /* the state dict of the device state: the plain scaler's */
+    char *j[2];
+    for (int r = 0; r < 2; r++) cr_assert_eq(em_grad_scaler_state_dict(sc[r], &j[r]), EM_OK);
+    cr_expect_str_eq(j[1], j[0]);
+    for (int r = 0; r < 2; r++) {
+        em_host_free(j[r]);
+        em_grad_scaler_free(sc[r]);
+        em_optimizer_free(o[r]);
+    }
+    cr_assert_eq(em_scope_end(), EM_OK);
+    em_test_assert_clean_shutdown();
+}
+
+Test(grad_scaler, capturable_sgd_matches_pytorch_and_the_host_scaler) {
+    check_capturable(small_cfg(), "SGD");
+}
+Test(grad_scaler, capturable_adam_matches_pytorch_and_the_host_scaler) {
+    check_capturable(small_cfg(), "Adam");
+}
+Test(grad_scaler, capturable_adamw_defaults_match_pytorch_and_the_host_scaler) {
+    check_capturable(dflt_cfg(), "AdamW");
+}
+
+/* max_floor_skips skips in a row at the floor stop training with the advice: from update for
+ * the plain scaler (naming the first parameter with an inf/NaN), from read_step for the
+ * capturable one (the steps undone on the device, none counted). */
+static void check_floor(bool capturable) {
     cr_assert_eq(em_scope_begin(), EM_OK);
     run_cfg c = small_cfg();
     em_tensor *p[2] = {tensor(c.p[0], 0), tensor(c.p[1], 1)};
@@ -251,6 +347,8 @@ Test(grad_scaler, overflowing_at_the_floor_stops_with_advice) {
     so.max_floor_skips = 3;
     em_grad_scaler *sc = em_grad_scaler_new(&so);
     cr_assert(sc);
+    if (capturable)
+        cr_assert_eq(em_grad_scaler_set_capturable(sc, em_cpu()), EM_OK, "%s", em_last_error());
     const double want[] = {8, 4, 4, 4, 4};
     em_status last = EM_OK;
     int s = 0;
@@ -258,23 +356,34 @@ Test(grad_scaler, overflowing_at_the_floor_stops_with_advice) {
         double v[5] = {1, NAN, 1, 1, 1};
         cr_assert_eq(em_tensor_set_grad(p[1], tensor(v, 1)), EM_OK);
         cr_assert_eq(em_tensor_set_grad(p[0], NULL), EM_OK);
-        cr_assert_eq(em_grad_scaler_step(sc, o, NULL), EM_OK);
+        cr_assert_eq(em_grad_scaler_step(sc, o, NULL), EM_OK, "%s", em_last_error());
         last = em_grad_scaler_update(sc);
+        if (capturable) {
+            cr_assert_eq(last, EM_OK, "%s", em_last_error());
+            bool skip = false;
+            last = em_grad_scaler_read_step(sc, o, &skip);
+            cr_expect(skip, "update %d: not skipped", s);
+        }
         cr_expect_eq(em_grad_scaler_get_scale(sc), want[s], "update %d: scale %g", s,
                      em_grad_scaler_get_scale(sc));
     }
     /* 16 -> 8 -> 4 (reaching the floor is not a skip at it), then 3 skips at the floor */
     cr_expect_eq(s, 5, "stopped after %d updates", s);
     cr_expect_eq(last, EM_ERR_RANGE);
-    cr_expect(strstr(em_last_error(), "'b'") || strstr(em_last_error(), "b)"), "%s",
-              em_last_error());
+    if (!capturable)
+        cr_expect(strstr(em_last_error(), "'b'") || strstr(em_last_error(), "b)"), "%s",
+                  em_last_error());
     cr_expect(strstr(em_last_error(), "lower learning rate"), "%s", em_last_error());
     cr_expect(strstr(em_last_error(), "floor 4"), "%s", em_last_error());
+    cr_expect_eq(em_optimizer_steps(o), 0);
     em_grad_scaler_free(sc);
     em_optimizer_free(o);
     cr_assert_eq(em_scope_end(), EM_OK);
     em_test_assert_clean_shutdown();
 }
+
+Test(grad_scaler, overflowing_at_the_floor_stops_with_advice) { check_floor(false); }
+Test(grad_scaler, capturable_overflowing_at_the_floor_stops) { check_floor(true); }
 
 Test(grad_scaler, state_dict_options_and_call_order) {
     cr_assert_eq(em_scope_begin(), EM_OK);

@@ -24,8 +24,16 @@
 #   - Adam with amsgrad (capturable: op by op with the step count, the bias corrections and
 #     the lr on the device) and a per-step StepLR, 2 epochs: the same comparisons (the plain
 #     run takes the fused amsgrad kernel), and weights other than plain Adam's;
+#   - --amp fp16 (the capturable gradient scaler: the scale, its update and the skipping of
+#     a step on the device), with an init scale of 2^24 and a growth interval of 3 so that
+#     steps overflow and the scale grows in replayed steps: Adam with a per-step StepLR, and
+#     SGD with a per-step LinearLR and --clip-grad-norm 0.5, 2 epochs each: the same
+#     comparisons, and every step's loss, lr, gradient norm, skipped-step count and scale
+#     (--metrics-steps) and the summary's amp line; a resume from step 20 ends with the same
+#     weights; a run with the default scale (no skips) ends elsewhere; loop.amp_init_scale's
+#     range;
 #   - the refusals, each naming the option and the reason: the CPU, RMSprop (its host step
-#     count), a per-step OneCycleLR that cycles the momentum, --accum-steps 2, amp fp16, a config's bad loop.graph_capture value, a step that draws
+#     count), a per-step OneCycleLR that cycles the momentum, --accum-steps 2, a config's bad loop.graph_capture value, a step that draws
 #     random numbers (dropout, caught at the capture), and an op without a kernel on the device
 #     (its CPU fallback copies to the host, which breaks the capture);
 #   - tests/gpu/capture (tests/gpu/run.sh capture) rehearsed on the test device (--plugin):
@@ -76,6 +84,7 @@ run() { # run CONFIG NAME EPOCHS EXTRA...: on testdev:0
     shift 3
     "$train" "$tmp/$conf.yaml" --plugin "$host" --device testdev:0 --epochs "$ep" --batch-size 64 \
         --quiet --save-weights "$tmp/$name.safetensors" --metrics "$tmp/$name.csv" \
+        ${steps:+--metrics-steps "$tmp/$name.steps.csv" --log-every 1} \
         --checkpoint "$tmp/$name.ckpt" "$@" > "$tmp/$name.out" 2>&1
 }
 # A safetensors file's JSON header (its first 8 bytes are the header's length) and its data.
@@ -156,6 +165,54 @@ same adamw 2 39
 cfg sgdstep "$mlp" "$sgd" '{class: LinearLR, interval: step, start_factor: 0.2, total_iters: 30}'
 same sgdstep 2 39
 
+# --amp fp16: the capturable gradient scaler (the scale, its update and the found-inf verdict
+# on the device; a skipped step undone there). An init scale of 2^24 overflows the float16
+# gradients of the first steps, and a growth interval of 3 grows the scale into overflow
+# again and again, in replayed steps too: every step's loss, lr, skipped-step count and scale
+# (--metrics-steps) and the summary's amp line are the eager run's
+# amp_same CONFIG EPOCHS REPLAYS [OPTION...]
+amp_same() {
+    conf=$1
+    steps=1 same "$@"
+    e=$tmp/$conf-eager.steps.csv g=$tmp/$conf-graph.steps.csv
+    sc=$(head -1 "$e" | tr ',' '\n' | grep -n -x -e step -e loss -e lr -e grad_norm \
+         -e skipped_steps -e loss_scale | cut -d: -f1 | paste -sd, -)
+    [ "$(echo "$sc" | tr ',' '\n' | wc -l)" -eq 6 ] || bad "$conf: the step rows' columns ($sc)"
+    cut -d, -f"$sc" "$e" > "$e.cols"
+    cut -d, -f"$sc" "$g" > "$g.cols"
+    [ "$(wc -l < "$e.cols")" -gt 40 ] && cmp -s "$e.cols" "$g.cols" ||
+        { bad "$conf: the steps' loss, lr, gradient norm, skipped steps or scale differ"; diff "$e.cols" "$g.cols" | head; }
+    ae=$(grep -o 'amp fp16: [^;]*' "$tmp/$conf-eager.out") ag=$(grep -o 'amp fp16: [^;]*' "$tmp/$conf-graph.out")
+    [ -n "$ae" ] && [ "$ae" = "$ag" ] || bad "$conf: the amp summaries differ: $ae / $ag"
+    # skips and growths after the warm-up and the capture (step 10 and on are replays or the
+    # epochs' last batches): the scale backed off, and grew, in replayed steps
+    kc=$(head -1 "$e" | tr ',' '\n' | grep -n -x skipped_steps | cut -d: -f1)
+    lc=$(head -1 "$e" | tr ',' '\n' | grep -n -x loss_scale | cut -d: -f1)
+    tail -n +2 "$g" | awk -F, -v k="$kc" -v l="$lc" 'NR > 11 && $k > pk { s++ } NR > 11 && $l > pl { up++ }
+        { pk = $k; pl = $l } END { exit !(s >= 2 && up >= 2) }' ||
+        bad "$conf: no skipped step and growth of the scale among the replayed steps"
+}
+ampcfg='loop: {amp: fp16, amp_init_scale: 16777216, amp_growth_interval: 3}'
+cfg ampadam "$mlp" '{class: Adam, lr: 0.002}' '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
+echo "$ampcfg" >> "$tmp/ampadam.yaml"
+amp_same ampadam 2 33
+# a checkpoint after 20 steps resumed with --graph-capture (the scaler's state back on the
+# device) ends where the uninterrupted run did
+run ampadam ampres1 2 --graph-capture --max-steps 20 || bad "the --amp fp16 run to step 20"
+run ampadam ampres2 2 --graph-capture --resume "$tmp/ampres1.ckpt" || bad "the --amp fp16 resume"
+cmp -s "$tmp/ampres2.safetensors" "$tmp/ampadam-graph.safetensors" ||
+    bad "--amp fp16 --graph-capture resumed from step 20 ended elsewhere"
+cfg ampsgd "$mlp" "$sgd" '{class: LinearLR, interval: step, start_factor: 0.2, total_iters: 30}'
+echo "$ampcfg" >> "$tmp/ampsgd.yaml"
+amp_same ampsgd 2 33 --clip-grad-norm 0.5
+# the skipped steps changed the training: the default scale (no overflow) ends elsewhere
+cfg ampnone "$mlp" '{class: Adam, lr: 0.002}' '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
+echo 'loop: {amp: fp16}' >> "$tmp/ampnone.yaml"
+run ampnone ampnone 2 --graph-capture || bad "the --amp fp16 run with the default scale"
+grep -q "amp fp16: 0 skipped steps" "$tmp/ampnone.out" || bad "the default scale skipped steps: $(cat "$tmp/ampnone.out")"
+cmp -s "$tmp/ampnone.safetensors" "$tmp/ampadam-graph.safetensors" &&
+    bad "the skipped steps left the weights of a run without them: the comparison cannot fail"
+
 "$train" --help 2>&1 | grep -q -- "--graph-capture          (loop.graph_capture)" ||
     bad "--help does not describe --graph-capture"
 
@@ -183,9 +240,9 @@ expect 2 "$opt: a per-step OneCycleLR with cycle_momentum sets a new momentum (b
 expect 2 "$opt: --accum-steps (loop.accum_steps) > 1" \
     "$train" "$tmp/mlp.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture \
     --accum-steps 2
-expect 2 "$opt: --amp fp16's gradient scaler" \
-    "$train" "$tmp/mlp.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture \
-    --amp fp16
+cp "$tmp/mlp.yaml" "$tmp/ampkey.yaml"
+printf 'loop: {amp: fp16, amp_init_scale: 0.5}\n' >> "$tmp/ampkey.yaml"
+expect 2 "loop.amp_init_scale: '0.5' is not" "$train" "$tmp/ampkey.yaml" --epochs 1
 cp "$tmp/mlp.yaml" "$tmp/key.yaml"
 printf 'loop: {graph_capture: yes please}\n' >> "$tmp/key.yaml"
 expect 2 "expected true or false, found 'yes please'" \

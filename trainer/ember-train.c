@@ -321,7 +321,9 @@ static void usage(FILE *f) {
 "                           float32), also for validation, --eval-only and --predict. On the\n"
 "                           CPU use bf16 (AVX512_BF16: about twice the f32 matmul rate); fp16\n"
 "                           adds a gradient scaler (checkpointed; skipped steps and the final\n"
-"                           scale are in the summary and metrics) and on the CPU works, through\n"
+"                           scale are in the summary and metrics; loop.amp_init_scale and\n"
+"                           loop.amp_growth_interval set its initial scale, default 65536, and\n"
+"                           its growth interval, default 2000) and on the CPU works, through\n"
 "                           f32 compute where there is no f16 kernel, but is slow there; off:\n"
 "                           float32 (the default), also over a config's loop.amp\n"
 "  --seed N                 seed of initialisation, shuffling, splits and dropout\n"
@@ -333,10 +335,11 @@ static void usage(FILE *f) {
 "                           batch and evaluation run as usual. SGD, Adam and AdamW run\n"
 "                           capturable: the lr (per-step and per-epoch schedules) and Adam's\n"
 "                           step count are device tensors the replays read, as are the\n"
-"                           gradient norm and the clip coefficient (amsgrad: op by op).\n"
+"                           gradient norm and the clip coefficient (amsgrad: op by op), and\n"
+"                           --amp fp16's loss scale, its update and the skipping of a step.\n"
 "                           Refused, with the reason, on the CPU and for steps a replay would\n"
 "                           get wrong: another optimizer, a per-step OneCycleLR cycling the\n"
-"                           momentum, --amp fp16, --accum-steps > 1, data parallelism, random\n"
+"                           momentum, --accum-steps > 1, data parallelism, random\n"
 "                           numbers in the step (dropout) or an op that cannot be captured\n"
 "                           (docs/cuda.md)\n"
 "  --workers N              data loader threads\n"
@@ -531,7 +534,7 @@ static int cfg_error(const em_config_node *n, const char *fmt, const char *a) {
 typedef enum num_id {
     N_EPOCHS, N_MAX_STEPS, N_BATCH, N_ACCUM, N_WORKERS, N_LIMIT, N_OVERFIT, N_EARLY, N_SEED,
     N_KEEP, N_WARMUP, N_CROP, N_CLIP, N_LR, N_MOMENTUM, N_WD, N_SCALE, N_EVAL_BATCH, N_GENERATE,
-    N_TOP_K, N_BUCKET, N_COUNT
+    N_TOP_K, N_BUCKET, N_AMP_SCALE, N_AMP_GROWTH, N_COUNT
 } num_id;
 
 typedef struct num_range {
@@ -568,6 +571,10 @@ static const num_range ranges[N_COUNT] = {
     [N_GENERATE] = INT_RANGE(NULL, "--generate", 1, 100000000),
     [N_TOP_K] = INT_RANGE(NULL, "--top-k", 1, INT32_MAX),
     [N_BUCKET] = REAL_RANGE(NULL, "--ddp-bucket-mib", 1.0 / 1024, 1048576), /* 1 KiB .. 1 TiB */
+    /* --amp fp16's gradient scaler: its init_scale (at least its floor, 1) and
+     * growth_interval (ember/grad_scaler.h) */
+    [N_AMP_SCALE] = REAL_RANGE("loop.amp_init_scale", NULL, 1, FLT_MAX),
+    [N_AMP_GROWTH] = INT_RANGE("loop.amp_growth_interval", NULL, 1, INT64_MAX),
 };
 
 /* "an integer in [0, 2147483647]", "a finite number >= 0" */
@@ -661,7 +668,8 @@ static int read_loop(run *r, const em_config_node *loop) {
     static const char *const keys[] = {"epochs", "max_steps", "batch_size", "accum_steps",
         "clip_grad_norm", "seed", "deterministic", "workers", "shuffle", "device",
         "limit_batches", "overfit_batches", "early_stop", "eval_batch_size",
-        "tensorboard_histograms", "amp", "graph_capture", NULL};
+        "tensorboard_histograms", "amp", "graph_capture", "amp_init_scale",
+        "amp_growth_interval", NULL};
     if (!loop) return 0;
     if (em_config_check_keys(loop, keys) != EM_OK) {
         report_error(NULL);
@@ -684,6 +692,9 @@ static int read_loop(run *r, const em_config_node *loop) {
         else if (!strcmp(k, "overfit_batches")) rc = cfg_num(N_OVERFIT, v, &r->s.overfit_batches, &fv);
         else if (!strcmp(k, "early_stop")) rc = cfg_num(N_EARLY, v, &r->s.early_stop, &fv);
         else if (!strcmp(k, "eval_batch_size")) rc = cfg_num(N_EVAL_BATCH, v, &r->s.eval_batch_size, &fv);
+        else if (!strcmp(k, "amp_init_scale")) rc = cfg_num(N_AMP_SCALE, v, &iv, &r->s.amp_init_scale);
+        else if (!strcmp(k, "amp_growth_interval"))
+            rc = cfg_num(N_AMP_GROWTH, v, &r->s.amp_growth_interval, &fv);
         else if (!strcmp(k, "seed")) {
             if (!(rc = cfg_num(N_SEED, v, &iv, &fv))) r->s.seed = (uint64_t)iv;
         } else if (!strcmp(k, "clip_grad_norm")) {
@@ -1958,7 +1969,10 @@ int main(int argc, char **argv) {
     if (c_noshuf) r.s.shuffle = false;
     if (c_tb_hist) r.s.tensorboard_histograms = true;
     if (c_amp) snprintf(r.s.amp, sizeof r.s.amp, "%s", strcmp(c_amp, "off") ? c_amp : "");
-    if (!strcmp(r.s.amp, "fp16") && !(r.scaler = em_grad_scaler_new(NULL))) {
+    em_grad_scaler_options so = EM_GRAD_SCALER_OPTIONS_INIT;
+    if (r.s.amp_init_scale > 0) so.init_scale = r.s.amp_init_scale;
+    if (r.s.amp_growth_interval > 0) so.growth_interval = r.s.amp_growth_interval;
+    if (!strcmp(r.s.amp, "fp16") && !(r.scaler = em_grad_scaler_new(&so))) {
         report_error("--amp fp16");
         rc = EXIT_USAGE;
         goto done;

@@ -918,7 +918,10 @@ static em_tensor *scaled(const run *r, em_tensor *loss) {
  * captured outputs. The optimizer runs with its option capturable (SGD, Adam, AdamW: the lr
  * and Adam's step count are device tensors its kernels read, plugins/optim/optimizers.c), so
  * a replay sees the lr a schedule set since (per step or per epoch: em_optimizer_set_lr fills
- * the group's lr tensor outside the graph) and Adam's count moves on the device. What a replay
+ * the group's lr tensor outside the graph) and Adam's count moves on the device. --amp fp16's
+ * gradient scaler runs capturable (core/grad_scaler.c: the scale, its update and the undoing
+ * of a skipped step on the device; em_grad_scaler_read_step after each step and replay brings
+ * the verdict and the scale to the host, as the loss is read). What a replay
  * cannot see is refused up front (graph_refusal) or caught at the capture (random numbers
  * drawn, an op that reads the host); a change of another scalar of the captured step (a
  * momentum or beta1 a schedule cycles) makes a new capture. */
@@ -961,8 +964,6 @@ static const char *graph_refusal(const run *r, char *buf, size_t cap) {
         return "a per-step OneCycleLR with cycle_momentum sets a new momentum (beta1) every "
                "step, a scalar of the captured step a replay would repeat (cycle_momentum: "
                "false keeps it; the lr is read on the device)";
-    if (r->scaler)
-        return "--amp fp16's gradient scaler keeps its scale on the host and skips steps there";
     if (r->s.accum_steps > 1)
         return "--accum-steps (loop.accum_steps) > 1: a step of several micro-batches";
     if (r->d.comm) return "data parallelism: the gradients' all-reduce runs on the host";
@@ -1003,6 +1004,8 @@ static em_status graph_open(run *r, gstep *g) {
         em_stream_free(r->dev, g->s);
         g->s = NULL;
     }
+    /* --amp fp16: the scale, its update and the skipped steps on the device */
+    if (st == EM_OK && r->scaler) st = em_grad_scaler_set_capturable(r->scaler, r->dev);
     return st;
 }
 
@@ -1073,9 +1076,12 @@ static em_status graph_capture(run *r, gstep *g, em_tensor *const *xs, em_tensor
     }
     double maxn = r->s.clip_grad_norm > 0 ? r->s.clip_grad_norm : INFINITY;
     em_tensor *gn = NULL;
-    if (loss && (!metric || m) && em_backward(loss) == EM_OK &&
+    if (loss && (!metric || m) && em_backward(scaled(r, loss)) == EM_OK &&
+        (!norm || !r->scaler || em_grad_scaler_unscale_(r->scaler, r->opt) == EM_OK) &&
         (!norm || em_clip_grad_norm_device_(r->params, maxn, 2.0, &gn) == EM_OK) &&
-        em_optimizer_step(r->opt) == EM_OK) {
+        (r->scaler ? em_grad_scaler_step(r->scaler, r->opt, NULL) == EM_OK &&
+                         em_grad_scaler_update(r->scaler) == EM_OK
+                   : em_optimizer_step(r->opt) == EM_OK)) {
         g->loss = em_keep(loss);
         g->metric = m ? em_keep(m) : NULL;
         g->gnorm = gn;
@@ -1558,7 +1564,9 @@ int train_loop(run *r) {
                     rc = EXIT_TRAIN;
                 }
             } else {
-                gs.warm += gs.on && bs == B;
+                /* --amp fp16: warm-up steps once the optimizer has stepped (its states
+                 * exist: the scaler saves them to undo a skipped step on the device) */
+                gs.warm += gs.on && bs == B && (!r->scaler || em_optimizer_steps(r->opt) > 0);
                 em_scope_begin();
                 em_status as = amp_begin(r);
                 em_tensor *out = as == EM_OK ? model_forward(r, xs, mask) : NULL;
@@ -1655,7 +1663,9 @@ int train_loop(run *r) {
                 stop_run = true;
                 break;
             }
-            if (r->scaler && em_grad_scaler_update(r->scaler) != EM_OK) {
+            if (r->scaler && ((!graphed && em_grad_scaler_update(r->scaler) != EM_OK) ||
+                              (gs.on && em_grad_scaler_read_step(r->scaler, r->opt, NULL) !=
+                                            EM_OK))) {
                 /* overflowing at the scale's floor: the NaN advice */
                 fprintf(stderr, "ember-train: at step %" PRId64 ": %s\n", r->step + 1,
                         em_last_error());

@@ -67,6 +67,8 @@ typedef struct settings {
     const char *tensorboard;       /* --tensorboard DIR */
     bool tensorboard_histograms;   /* --tensorboard-histograms / loop.tensorboard_histograms */
     char amp[8];                   /* --amp / loop.amp: "bf16", "fp16" or "" (off) */
+    double amp_init_scale;         /* loop.amp_init_scale: the scaler's init_scale (0: 65536) */
+    int64_t amp_growth_interval;   /* loop.amp_growth_interval (0: 2000) */
     /* --generate N (0: no generation) from --prompt TEXT, --temperature T (> 0; 1), --top-k K
      * (0: every token) */
     int64_t generate, top_k;

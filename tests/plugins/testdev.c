@@ -1291,7 +1291,7 @@ static const char *const td_host_ops[] = {
     "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal", "amp_unscale_",
     "fused_adam", "fused_adamw", "fused_sgd_capturable", "fused_adam_capturable",
     "fused_adamw_capturable", "add", "abs", "add_scalar", "clamp", "div", "maximum", "neg",
-    "pow", "sqrt"};
+    "pow", "sqrt", "ne", "lt", "le", "where", "logical_and", "reciprocal"};
 /* Not tanh: tests/test_graph_capture.sh needs an op whose CPU fallback breaks a capture. Not
  * fused_sgd: SGD steps op by op there, as on a device without the fused kernel (with
  * --graph-capture it takes fused_sgd_capturable, whose lr is device memory). amp_unscale_
@@ -1301,7 +1301,9 @@ static const char *const td_host_ops[] = {
  * testdev's own kernel), abs, add_scalar, clamp, div, maximum, neg, pow and sqrt for the
  * gradient clipping's device arithmetic (em_clip_grad_norm_device_: --graph-capture with
  * --clip-grad-norm) and capturable AMSGrad's op-by-op step (plugins/optim/optimizers.c,
- * adam_one_capturable: tests/test_fused_optim.c, tests/test_graph_capture.sh). */
+ * adam_one_capturable: tests/test_fused_optim.c, tests/test_graph_capture.sh); ne, lt, le,
+ * where, logical_and and reciprocal for the capturable gradient scaler's device update and
+ * its undoing of a skipped step (core/grad_scaler.c: --graph-capture with --amp fp16). */
 #endif
 
 static em_status td_kernel(em_registry *r, const char *op, em_dtype dt, em_kernel_fn fn) {

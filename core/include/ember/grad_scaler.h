@@ -31,7 +31,9 @@
  * gradients, amp_unscale_ (core/ops_optim.c), with a kernel per device; its per-gradient
  * inf/NaN flags are the elements of one buffer, read back with one copy per (device, dtype):
  * one host synchronisation per step on a device with one dtype of gradients (PyTorch reads
- * its found_inf once per device), not one per gradient.
+ * its found_inf once per device), not one per gradient. em_grad_scaler_set_capturable (below)
+ * keeps the whole state on the device instead, with no host read in the step, for a step
+ * captured in a graph.
  *
  * Beyond PyTorch: a floor on the scale (min_scale, default 1). A backoff never takes the scale
  * below it, and when max_floor_skips steps in a row (default 10) are skipped at the floor,
@@ -101,6 +103,30 @@ EM_API double em_grad_scaler_get_scale(const em_grad_scaler *s);   /* 1 when dis
 EM_API int64_t em_grad_scaler_growth_tracker(const em_grad_scaler *s);
 EM_API int64_t em_grad_scaler_skipped_steps(const em_grad_scaler *s); /* since creation/load */
 EM_API bool em_grad_scaler_is_enabled(const em_grad_scaler *s);
+
+/* Capturable (PyTorch's GradScaler with a capturable optimizer): from now on the scale, the
+ * growth tracker, the skipped-step and floor-skip counts and the step's found-inf verdict are
+ * 0-dim tensors on dev, and scale, unscale_, step and update queue device work only, with no
+ * host read, so a training step with them can be captured in a graph and replayed
+ * (em_graph_capture_begin, ember/device.h): the loss is multiplied by the scale tensor; the
+ * gradients are checked by amp_unscale_ (its inv_scale 1, the flags left on the device) and
+ * multiplied by 1/scale formed on the device (the host's arithmetic: the same bits); step saves
+ * every parameter and optimizer state, steps, and puts the saved values back where an inf/NaN
+ * was found (the step a no-op bit for bit, Adam's step count included; what an optimizer class
+ * keeps outside its parameters and state tensors is not saved); update is
+ * _amp_update_scale_ as device ops (the host's arithmetic, floor included). Until the
+ * optimizer has stepped once (its states exist), step reads the verdict on the host as the
+ * plain scaler does: run such first steps eagerly. Call when no capture is recording; dev
+ * holds the optimizer's gradients. New in EMBER_1.1. */
+EM_API em_status em_grad_scaler_set_capturable(em_grad_scaler *s, em_device dev);
+/* After each step (after update, or after a replay of a captured step), outside a capture:
+ * refreshes the host copies (get_scale, growth_tracker, skipped_steps, state_dict) from the
+ * device with host reads, takes a step that was skipped on the device off o's count
+ * (em_optimizer_steps; o may be NULL), says in *skipped (may be NULL) whether it was skipped,
+ * and fails as update does (EM_ERR_RANGE) after max_floor_skips skips in a row at the floor.
+ * Without set_capturable: *skipped for the last update, EM_OK. New in EMBER_1.1. */
+EM_API em_status em_grad_scaler_read_step(em_grad_scaler *s, em_optimizer *o,
+                                          bool *skipped /* out, may be NULL */);
 
 /* The state as JSON (a new string, free with em_host_free). */
 EM_API em_status em_grad_scaler_state_dict(const em_grad_scaler *s, char **json /* out */);
