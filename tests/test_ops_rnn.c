@@ -351,7 +351,7 @@ static double *lstm_run(const rnn_case *c, int nt, int64_t *n_out, int64_t *cnt)
 /* The f32 LSTM on AVX-512 runs its steps in one parallel region, each thread owning a fixed
  * share of the hidden units in chunks of 16 (cpu_rnn_loops.h, lstm_fwd_par): a step's product
  * big enough (N 4H H at least 2^20 multiply-adds) takes both threads. What the lstm and
- * lstm_backward kernels compute (lstm_run) is the same bits on 1 and 2 threads, on any CPU
+ * lstm_backward kernels compute (lstm_run) is the same bits on 1, 2 and 3 threads, on any CPU
  * (without AVX-512 the per-step loop runs, whose products and cells split no sum either), and
  * the op's outputs and gradients match the composed recurrence within 1e-4 on 2 threads; for
  * hidden sizes that are not multiples of 16 (a share's last chunk masked), fewer chunks than
@@ -373,17 +373,23 @@ Test(rnn_ops, lstm_bits_do_not_depend_on_the_thread_count) {
     for (size_t i = 0; i < sizeof par / sizeof par[0]; i++) {
         static const char *const what[7] = {"output", "h_n", "c_n", "workspace",
                                             "grad_gates", "grad_hx", "grad_cx"};
-        int64_t n1, n2, c1[7], c2[7];
-        double *a = lstm_run(&par[i], 1, &n1, c1), *b = lstm_run(&par[i], 2, &n2, c2);
-        cr_assert_eq(n1, n2);
-        for (int64_t o = 0, e = 0; o < 7; e += c1[o++]) {
-            int64_t diff = 0;
-            for (int64_t q = e; q < e + c1[o]; q++)
-                diff += memcmp(&a[q], &b[q], sizeof(double)) != 0;
-            cr_expect_eq(diff, 0, "%s: %s: %lld of %lld values differ between 1 and 2 threads",
-                         par[i].name, what[o], (long long)diff, (long long)c1[o]);
+        int64_t n1, c1[7];
+        double *a = lstm_run(&par[i], 1, &n1, c1);
+        for (int nt = 2; nt <= 3; nt++) { /* 3: shares of unequal sizes (7 chunks at H 100) */
+            int64_t n2, c2[7];
+            double *b = lstm_run(&par[i], nt, &n2, c2);
+            cr_assert_eq(n1, n2);
+            for (int64_t o = 0, e = 0; o < 7; e += c1[o++]) {
+                int64_t diff = 0;
+                for (int64_t q = e; q < e + c1[o]; q++)
+                    diff += memcmp(&a[q], &b[q], sizeof(double)) != 0;
+                cr_expect_eq(diff, 0, "%s: %s: %lld of %lld values differ between 1 and %d "
+                             "threads", par[i].name, what[o], (long long)diff,
+                             (long long)c1[o], nt);
+            }
+            free(b);
         }
-        free(a), free(b);
+        free(a);
         em_set_num_threads(2);
         check_case(&par[i], EM_F32, 1e-4);
     }
