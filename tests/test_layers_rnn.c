@@ -408,3 +408,79 @@ Test(rnn_layers, ember_train_trains_the_digits_lstm_example) {
     cr_expect(acc >= 70, "test accuracy %.2f%% after 4 epochs:\n%s", acc, out);
     free(out);
 }
+
+/* The sequence output and the gradients of x, h0 and c0 for sum(y r), in dtype dt, on nt
+ * threads, as doubles one after another (the module's parameter gradients cleared first). */
+static double *lstm_layer_run(em_module *m, em_dtype dt, int nt, const rnn_layer_case *c,
+                              int64_t *n_out) {
+    em_set_num_threads(nt);
+    em_scope_begin();
+    em_dict *params = em_module_named_parameters(m, false);
+    for (size_t p = 0; p < em_dict_len(params); p++)
+        cr_assert_eq(em_tensor_set_grad(em_dict_value(params, p), NULL), EM_OK);
+    em_dict_free(params);
+    int64_t L2 = c->L * (c->bidir ? 2 : 1), xn = c->T * c->N * c->I, hn = L2 * c->N * c->H;
+    double *v = malloc(sizeof(double) * (size_t)(xn + 2 * hn + c->T * c->N * 2 * c->H));
+    em_test_fill_random(v, xn + 2 * hn + c->T * c->N * 2 * c->H, 11);
+    em_tensor *in[3] = {em_test_tensor(dt, 3, (int64_t[]){c->T, c->N, c->I}, v),
+                        em_test_tensor(dt, 3, (int64_t[]){L2, c->N, c->H}, v + xn),
+                        em_test_tensor(dt, 3, (int64_t[]){L2, c->N, c->H}, v + xn + hn)};
+    em_tensor *r = em_test_tensor(dt, 3, (int64_t[]){c->T, c->N, (c->bidir ? 2 : 1) * c->H},
+                                  v + xn + 2 * hn);
+    free(v);
+    for (int i = 0; i < 3; i++) cr_assert_eq(em_requires_grad_(in[i], true), EM_OK);
+    em_tensor *y = em_module_forward_masked(m, in, 3, mask_of(c));
+    cr_assert(y, "%s: %s", c->name, em_last_error());
+    cr_assert_eq(em_backward(em_sum(em_mul(y, r), 0, NULL, false)), EM_OK, "%s: %s", c->name,
+                 em_last_error());
+    const em_tensor *outs[4] = {y, em_tensor_grad(in[0]), em_tensor_grad(in[1]),
+                                em_tensor_grad(in[2])};
+    int64_t n = 0;
+    for (int i = 0; i < 4; i++) {
+        cr_assert(outs[i], "%s: output %d missing", c->name, i);
+        n += em_tensor_numel(outs[i]);
+    }
+    double *all = malloc(sizeof(double) * (size_t)n), *at = all;
+    for (int i = 0; i < 4; i++) {
+        double *g = em_test_values(outs[i]);
+        memcpy(at, g, sizeof(double) * (size_t)em_tensor_numel(outs[i]));
+        at += em_tensor_numel(outs[i]);
+        free(g);
+    }
+    em_scope_end();
+    *n_out = n;
+    return all;
+}
+
+/* 2 layers, both directions, initial states, lengths, a hidden size not a multiple of 16 and
+ * a step big enough for the f32 LSTM's parallel time loop on AVX-512 (cpu_rnn_loops.h): on 1
+ * thread (the loop without a parallel region) and on 2 (each thread its share of the hidden
+ * units) the output and the input and state gradients are within 1e-4 of the same module
+ * converted to f64 (the op's scalar f64 kernels). (The bits of the kernels alone are compared
+ * across thread counts in test_ops_rnn: through the layers they also pass the GEMMs of the
+ * input and weight gradients, which may split their sums by the thread count.) */
+Test(rnn_layers, lstm_matches_the_f64_module_on_1_and_2_threads) {
+    static int64_t len32[32];
+    for (int b = 0; b < 32; b++) len32[b] = 5 - (b % 3 == 1 ? 2 : 0) - (b % 7 == 3); /* 2..5 */
+    static const rnn_layer_case c0 = {"lstm 2 layers bidirectional H 100", "LSTM", 24, 100, 2,
+                                      true, false, true, len32, 32, 5};
+    const rnn_layer_case *c = &c0;
+    int nt0 = em_num_threads();
+    em_module *m = make(c, "sequence");
+    int64_t n[2], nr;
+    double *got[2] = {lstm_layer_run(m, EM_F32, 1, c, &n[0]), lstm_layer_run(m, EM_F32, 2, c, &n[1])};
+    cr_assert_eq(em_module_to_dtype(m, EM_F64), EM_OK, "%s", em_last_error());
+    double *ref = lstm_layer_run(m, EM_F64, 2, c, &nr);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(n[i], nr);
+        int64_t bad = 0;
+        for (int64_t e = 0; e < nr; e++)
+            bad += !(fabs(got[i][e] - ref[e]) <= 1e-4 + 1e-4 * fabs(ref[e]));
+        cr_expect_eq(bad, 0, "%s, %d thread(s): %lld of %lld values off the f64 module's by "
+                     "more than 1e-4", c->name, i + 1, (long long)bad, (long long)nr);
+        free(got[i]);
+    }
+    free(ref);
+    em_module_free(m);
+    em_set_num_threads(nt0);
+}

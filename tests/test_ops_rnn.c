@@ -311,3 +311,87 @@ Test(rnn_ops, errors_name_the_operand) {
     cr_assert(strstr(em_last_error(), "workspace"), "%s", em_last_error());
     cr_assert_eq(em_scope_end(), EM_OK);
 }
+
+/* What the two LSTM kernels compute, as doubles, on nt threads: the lstm op's output, final
+ * states and workspace, then lstm_backward's gate, hx and cx gradients from random gradients
+ * of the output and both final states (cnt: the numel of each of the 7). The input and weight
+ * gradients are GEMMs of the core's derivative, not the kernels': a library's GEMM may split
+ * its sums by the thread count (em_set_deterministic says so). */
+static double *lstm_run(const rnn_case *c, int nt, int64_t *n_out, int64_t *cnt) {
+    em_set_num_threads(nt);
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    rnn_in r = make_in(c, EM_F32);
+    em_tensor *hn = NULL, *cn = NULL, *ws = NULL;
+    em_tensor *y = em_lstm(r.x, r.hx, r.cx, r.w, r.bih, r.len, c->reverse, &hn, &cn, &ws);
+    cr_assert(y && hn && cn && ws, "%s: %s", c->name, em_last_error());
+    em_tensor *gy = rnd(EM_F32, 3, (int64_t[]){c->T, c->N, c->H}, 7, 1),
+              *ghn = rnd(EM_F32, 2, (int64_t[]){c->N, c->H}, 8, 1),
+              *gcn = rnd(EM_F32, 2, (int64_t[]){c->N, c->H}, 9, 1);
+    em_tensor *dg = NULL, *dhx = NULL, *dcx = NULL;
+    cr_assert_eq(em_lstm_backward(gy, ghn, gcn, r.w, ws, r.len, c->reverse, &dg, &dhx, &dcx),
+                 EM_OK, "%s: %s", c->name, em_last_error());
+    const em_tensor *outs[7] = {y, hn, cn, ws, dg, dhx, dcx};
+    int64_t n = 0;
+    for (int i = 0; i < 7; i++) {
+        cr_assert(outs[i], "%s: output %d missing", c->name, i);
+        n += cnt[i] = em_tensor_numel(outs[i]);
+    }
+    double *all = malloc(sizeof(double) * (size_t)n), *at = all;
+    for (int i = 0; i < 7; i++) {
+        double *v = em_test_values(outs[i]);
+        memcpy(at, v, sizeof(double) * (size_t)cnt[i]);
+        at += cnt[i];
+        free(v);
+    }
+    cr_assert_eq(em_scope_end(), EM_OK);
+    *n_out = n;
+    return all;
+}
+
+/* The f32 LSTM on AVX-512 runs its steps in one parallel region, each thread owning a fixed
+ * share of the hidden units in chunks of 16 (cpu_rnn_loops.h, lstm_fwd_par): a step's product
+ * big enough (N 4H H at least 2^20 multiply-adds) takes both threads. What the lstm and
+ * lstm_backward kernels compute (lstm_run) is the same bits on 1, 2 and 3 threads, on any CPU
+ * (without AVX-512 the per-step loop runs, whose products and cells split no sum either), and
+ * the op's outputs and gradients match the composed recurrence within 1e-4 on 2 threads; for
+ * hidden sizes that are not multiples of 16 (a share's last chunk masked), fewer chunks than
+ * threads, both directions, initial states, lengths. */
+Test(rnn_ops, lstm_bits_do_not_depend_on_the_thread_count) {
+    static int64_t len40[40];
+    for (int b = 0; b < 40; b++) len40[b] = (b * 5) % 7; /* 0 to 6 */
+    static const rnn_case par[] = {
+        {"lstm 6 steps x 40 x 100, lengths", false, 6, 40, 9, 100, false, true, true, len40},
+        {"lstm 6 steps x 40 x 100 reverse, lengths", false, 6, 40, 9, 100, true, true, false,
+         len40},
+        {"lstm 4 steps x 16 x 129 reverse, no states", false, 4, 16, 5, 129, true, false, true,
+         NULL},
+        {"lstm 3 steps x 11000 x 5 (one chunk)", false, 3, 11000, 3, 5, false, true, true, NULL},
+        {"lstm 5 steps x 32 x 160", false, 5, 32, 16, 160, false, true, true, NULL},
+        {"lstm 2 steps x 8 x 600 reverse", false, 2, 8, 7, 600, true, true, true, NULL},
+    };
+    int nt0 = em_num_threads();
+    for (size_t i = 0; i < sizeof par / sizeof par[0]; i++) {
+        static const char *const what[7] = {"output", "h_n", "c_n", "workspace",
+                                            "grad_gates", "grad_hx", "grad_cx"};
+        int64_t n1, c1[7];
+        double *a = lstm_run(&par[i], 1, &n1, c1);
+        for (int nt = 2; nt <= 3; nt++) { /* 3: shares of unequal sizes (7 chunks at H 100) */
+            int64_t n2, c2[7];
+            double *b = lstm_run(&par[i], nt, &n2, c2);
+            cr_assert_eq(n1, n2);
+            for (int64_t o = 0, e = 0; o < 7; e += c1[o++]) {
+                int64_t diff = 0;
+                for (int64_t q = e; q < e + c1[o]; q++)
+                    diff += memcmp(&a[q], &b[q], sizeof(double)) != 0;
+                cr_expect_eq(diff, 0, "%s: %s: %lld of %lld values differ between 1 and %d "
+                             "threads", par[i].name, what[o], (long long)diff,
+                             (long long)c1[o], nt);
+            }
+            free(b);
+        }
+        free(a);
+        em_set_num_threads(2);
+        check_case(&par[i], EM_F32, 1e-4);
+    }
+    em_set_num_threads(nt0);
+}

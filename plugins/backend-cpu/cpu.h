@@ -105,6 +105,26 @@ void cpu_rnn_lstm_cell_f32(float *gr, const float *xr, const float *hr, const fl
 void cpu_rnn_lstm_cell_bwd_f32(const float *gr, const float *gy, float *dh, float *dc,
                                float *d, int64_t H);
 void cpu_rnn_gru_cell_f32(float *gr, const float *hr, float *h, float *y, int64_t H);
+/* The same cells on the hidden units [j0, j1) of the row alone (j0 a multiple of 16), the
+ * forward reading the previous hidden state from hin and writing the new one to hout. */
+void cpu_rnn_lstm_cell_part_f32(float *gr, const float *xr, const float *hr, const float *bias,
+                                float *c, const float *hin, float *hout, float *y, int64_t H,
+                                int64_t j0, int64_t j1);
+void cpu_rnn_lstm_cell_bwd_part_f32(const float *gr, const float *gy, float *dh, float *dc,
+                                    float *d, int64_t H, int64_t j0, int64_t j1);
+/* The one-thread recurrent product of the LSTM's parallel time loop (cpu_rnn_simd.c):
+ * cpu_rnn_panel_width is 16 where the CPU has AVX-512 (0: no such kernel). cpu_rnn_pack_f32
+ * packs the n columns of b (K, n; element (k, j) at b[k bs0 + j bs1]) into ceil(n / 16)
+ * panels of K x 16 floats at p. cpu_rnn_mm_f32: for each of `groups` groups of such panels
+ * (one after another at p, each of n columns), c[m, g gstride + j] = (c[...] +) sum over k of
+ * a[m lda + k] times column j of the group, m < M, j < n; each element summed in one fixed
+ * order (chunks of 512 of k, each an FMA chain), the same bits however the columns are
+ * split. */
+int cpu_rnn_panel_width(void);
+void cpu_rnn_pack_f32(float *p, const float *b, int64_t K, int64_t bs0, int64_t bs1, int64_t n);
+void cpu_rnn_mm_f32(const float *a, int64_t lda, int64_t M, int64_t K, const float *p,
+                    int64_t groups, int64_t n, int64_t gstride, float *c, int64_t ldc,
+                    bool accumulate);
 #else
 #define CPU_RNN_SIMD 0
 #endif

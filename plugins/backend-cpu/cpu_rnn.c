@@ -16,6 +16,12 @@
  * matmul on its blocked weights, or a 1x1 convolution where the matmul has only its gemm, as
  * below AVX-512); otherwise it is OpenBLAS's. Untaken steps (t >= lengths[b]) leave their rows of the state
  * alone, and write zeros.
+ * The f32 LSTM on AVX-512 runs its steps (forward and backward) in one parallel region
+ * instead, each thread owning a fixed share of the hidden units, with its own one-thread
+ * product (cpu_rnn_mm_f32 on its columns of W_hh packed for it) and its cells, and one
+ * barrier a step (lstm_fwd_par and lstm_bwd_par in cpu_rnn_loops.h, rnn_bar_wait below):
+ * a fork-join of the OpenMP worker for every step's product and cells was a futex wake-up
+ * each, 256 a train_lstm_h256 training step.
  */
 #include "config.h" /* EM_HAVE_LIBMVEC */
 
@@ -24,6 +30,7 @@
 #include <dnnl.h>
 #endif
 #include <math.h>
+#include <stdatomic.h>
 #include <omp.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -230,6 +237,77 @@ static bool rnn_mm_run(rnn_mm *r, const float *a, float *c) {
 #define RNN_MM_F32 1
 #else
 #define RNN_MM_F32 0
+#endif
+
+/* ---- the barrier of the parallel time loop (f32, AVX-512) ---------------------------------
+ *
+ * One per step among the threads of one parallel region. libgomp's barrier under the passive
+ * wait policy (em_init's default) puts an early thread to sleep at once, and waking it costs
+ * a vCPU's halt and wake-up (50-70 us on the Zen 4 VM) where the work between two barriers
+ * is about 0.1 ms a thread. So a waiter spins, bounded, then sleeps on a condition variable;
+ * the last thread in wakes the sleepers: never spins for good, works under any wait policy.
+ * The bound adapts per thread (*spin pauses of about 25 ns): halved each time the spin ran
+ * out (the other thread was descheduled: on a loaded machine spinning only burns the CPU it
+ * waits for), doubled each time it did not, between RNN_SPIN_MIN and RNN_SPIN_MAX. */
+#if CPU_RNN_SIMD
+#include <immintrin.h>
+#include <pthread.h>
+
+#define RNN_SPIN_MIN 32
+#define RNN_SPIN_MAX 4096
+
+typedef struct rnn_bar {
+    _Atomic int in;        /* threads arrived in this generation */
+    _Atomic unsigned gen;  /* generation: bumped by the last one in */
+    _Atomic int sleepers;  /* threads on the condition variable */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+} rnn_bar;
+
+static void rnn_bar_init(rnn_bar *b) {
+    atomic_init(&b->in, 0), atomic_init(&b->gen, 0), atomic_init(&b->sleepers, 0);
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->cond, NULL);
+}
+
+static void rnn_bar_destroy(rnn_bar *b) {
+    pthread_cond_destroy(&b->cond);
+    pthread_mutex_destroy(&b->lock);
+}
+
+/* Every one of the n threads calls it once per generation; *spin is the caller's bound (start
+ * it at RNN_SPIN_MAX). */
+static void rnn_bar_wait(rnn_bar *b, int n, int *spin) {
+    if (n <= 1) return;
+    unsigned g = atomic_load(&b->gen);
+    if (atomic_fetch_add(&b->in, 1) == n - 1) {
+        atomic_store(&b->in, 0);
+        pthread_mutex_lock(&b->lock);
+        atomic_store(&b->gen, g + 1);
+        if (atomic_load(&b->sleepers)) pthread_cond_broadcast(&b->cond);
+        pthread_mutex_unlock(&b->lock);
+        return;
+    }
+    for (int i = 0; i < *spin; i++) {
+        if (atomic_load_explicit(&b->gen, memory_order_acquire) != g) {
+            if (*spin < RNN_SPIN_MAX) *spin *= 2;
+            return;
+        }
+        _mm_pause();
+    }
+    if (*spin > RNN_SPIN_MIN) *spin /= 2;
+    pthread_mutex_lock(&b->lock);
+    atomic_fetch_add(&b->sleepers, 1);
+    while (atomic_load(&b->gen) == g) pthread_cond_wait(&b->cond, &b->lock);
+    atomic_fetch_sub(&b->sleepers, 1);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* Whether the LSTM's steps take the parallel time loop (cpu_rnn_loops.h): AVX-512 here. */
+static bool rnn_par_ok(void) { return cpu_rnn_panel_width() == 16; }
+/* A step's product of at least this many multiply-adds (N G H H) runs on the kernel's
+ * threads. */
+#define RNN_PAR_GRAIN (1 << 20)
 #endif
 
 #define T float

@@ -113,6 +113,131 @@ static em_status S(in_proj)(const em_kernel_ctx *k, const T *x, const T *w, cons
     return cpu_gemm_addmm(k, &bt, &a, &b, &y, 1.0, 1.0);
 }
 
+#if SIMD_CELLS
+/* ---- the parallel time loop (f32, AVX-512: cpu_rnn_panel_width) ----------------------------
+ *
+ * One parallel region around all the steps instead of a fork-join of the worker for each
+ * step's product and cells (about 256 futex wake-ups a train_lstm_h256 step). Each thread
+ * owns a fixed share of the hidden units, in whole chunks of 16 (rnn_share): forward, the
+ * rows of W_hh for its units' i, f, g, o gates, packed once per call for it, its columns of
+ * each step's product h W_hh^T (cpu_rnn_mm_f32, one thread), its units' cells; then one
+ * barrier (rnn_bar_wait), since the next step's product reads the whole new h. h is kept in
+ * two buffers, the step reading one and writing the other. Backward, its units' cells (their
+ * columns of dG) then the barrier, then its units of dh += dG W_hh (its columns of W_hh
+ * packed for it); the next step's cells read only its own units of dh. Every output element
+ * is computed by one thread in a fixed order (the product's sums in cpu_rnn_mm_f32's order,
+ * the cells' lanes), so the bits do not depend on the thread count or the timing; one thread
+ * (EMBER_NUM_THREADS=1, or a step below RNN_PAR_GRAIN) runs the same loop without a region.
+ * The product replaces oneDNN's brgemm here: the same CPU time on one thread (bench/README.md,
+ * "The LSTM's time loop in one parallel region") and, at train_lstm_h256's sizes, the same
+ * bits. */
+/* The calling thread's units [*j0, *j1) in the current team; returns the team's size. */
+static inline int S(rnn_share)(int64_t H, int64_t *j0, int64_t *j1) {
+    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    int64_t nch = (H + 15) / 16, c0 = nch * tid / nth, c1 = nch * (tid + 1) / nth;
+    *j0 = c0 * 16, *j1 = c1 * 16 < H ? c1 * 16 : H;
+    return nth;
+}
+
+/* Threads for the loop: the kernel's when a step's product (N 4H H) is big enough, at most
+ * one per chunk of units; and its barrier, initialised (rnn_bar_destroy after the region). */
+static int S(rnn_par_threads)(const em_kernel_ctx *k, int64_t N, int64_t H, rnn_bar *bar) {
+    int nt = cpu_threads(k);
+    int64_t nch = (H + 15) / 16;
+    if (N * 4 * H * H < RNN_PAR_GRAIN) nt = 1;
+    rnn_bar_init(bar);
+    return nt > nch ? (int)nch : nt < 1 ? 1 : nt;
+}
+
+static em_status S(lstm_fwd_par)(const em_kernel_ctx *k, const rnn_geom *g, const T *gx,
+                                 T *gh) {
+    const T *w = k->in[3].data, *bias = k->in[4].numel ? k->in[4].data : NULL;
+    T *y = k->out[0].data, *hn = k->out[1].data, *cn = k->out[2].data, *ws = k->out[3].data;
+    const int64_t Tn = g->L, N = g->N, Ki = g->Ki, H = g->H, WS = 6 * H, ldw = Ki + H;
+    const int64_t *len = g->len, nch = (H + 15) / 16;
+    /* the packed W_hh^T (4 gates x 16 nch columns x H) and the second h buffer */
+    T *pk = cpu_scratch(k, sizeof(T) * (size_t)(4 * nch * 16 * H + N * H));
+    if (!pk) return em_last_status();
+    T *hb[2];
+    hb[Tn % 2] = hn, hb[(Tn + 1) % 2] = pk + 4 * nch * 16 * H; /* the last step writes hn */
+    if (hb[0] != hn) memcpy(hb[0], hn, sizeof(T) * (size_t)(N * H));
+    rnn_bar bar;
+    int nt = S(rnn_par_threads)(k, N, H, &bar);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int64_t j0, j1;
+        int nth = S(rnn_share)(H, &j0, &j1), spin = RNN_SPIN_MAX;
+        int64_t nj = j1 - j0, np = (nj + 15) / 16;
+        T *p = pk + 4 * (j0 / 16) * 16 * H; /* gate q's panels at p + q np 16 H */
+        for (int64_t q = 0; q < 4 && nj > 0; q++) /* b (k, j) = W_hh[q H + j0 + j, k] */
+            cpu_rnn_pack_f32(p + q * np * 16 * H, w + (q * H + j0) * ldw + Ki, H, 1, ldw, nj);
+        for (int64_t s = 0; s < Tn; s++) {
+            int64_t t = g->reverse ? Tn - 1 - s : s;
+            const T *hin = hb[s % 2];
+            T *hout = hb[(s + 1) % 2], *gt = ws + t * N * WS, *yt = y + t * N * H;
+            if (nj > 0) {
+                cpu_rnn_mm_f32(hin, H, N, H, p, 4, nj, H, gh + j0, 4 * H, false);
+                for (int64_t b = 0; b < N; b++) {
+                    T *gr = gt + b * WS, *yr = yt + b * H;
+                    if (len && t >= len[b]) { /* the state stays; zeros out */
+                        for (int64_t q = 0; q < 6; q++)
+                            memset(gr + q * H + j0, 0, sizeof(T) * (size_t)nj);
+                        memset(yr + j0, 0, sizeof(T) * (size_t)nj);
+                        memcpy(hout + b * H + j0, hin + b * H + j0, sizeof(T) * (size_t)nj);
+                        continue;
+                    }
+                    cpu_rnn_lstm_cell_part_f32(gr, gx + (t * N + b) * 4 * H, gh + b * 4 * H,
+                                               bias, cn + b * H, hin + b * H, hout + b * H, yr,
+                                               H, j0, j1);
+                }
+            }
+            rnn_bar_wait(&bar, nth, &spin);
+        }
+    }
+    rnn_bar_destroy(&bar);
+    return EM_OK;
+}
+
+static em_status S(lstm_bwd_par)(const em_kernel_ctx *k, const rnn_geom *g) {
+    const T *gy = k->in[0].numel ? k->in[0].data : NULL, *w = k->in[3].data,
+            *ws = k->in[4].data;
+    T *dG = k->out[0].data, *dh = k->out[1].data, *dc = k->out[2].data;
+    const int64_t Tn = g->L, N = g->N, Ki = g->Ki, H = g->H, WS = 6 * H, ldw = Ki + H;
+    const int64_t *len = g->len, nch = (H + 15) / 16;
+    T *pk = cpu_scratch(k, sizeof(T) * (size_t)(nch * 16 * 4 * H)); /* W_hh, 4H x 16 nch */
+    if (!pk) return em_last_status();
+    rnn_bar bar;
+    int nt = S(rnn_par_threads)(k, N, H, &bar);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int64_t j0, j1;
+        int nth = S(rnn_share)(H, &j0, &j1), spin = RNN_SPIN_MAX;
+        int64_t nj = j1 - j0;
+        T *p = pk + (j0 / 16) * 16 * 4 * H;
+        if (nj > 0) cpu_rnn_pack_f32(p, w + Ki + j0, 4 * H, ldw, 1, nj); /* b (k, j) = W_hh */
+        for (int64_t s = Tn - 1; s >= 0; s--) {
+            int64_t t = g->reverse ? Tn - 1 - s : s;
+            const T *gt = ws + t * N * WS, *gyt = gy ? gy + t * N * H : NULL;
+            T *dgt = dG + t * N * 4 * H;
+            for (int64_t b = 0; b < N && nj > 0; b++) {
+                T *d = dgt + b * 4 * H;
+                if (len && t >= len[b]) {
+                    for (int64_t q = 0; q < 4; q++)
+                        memset(d + q * H + j0, 0, sizeof(T) * (size_t)nj);
+                    continue;
+                }
+                cpu_rnn_lstm_cell_bwd_part_f32(gt + b * WS, gyt ? gyt + b * H : NULL,
+                                               dh + b * H, dc + b * H, d, H, j0, j1);
+            }
+            rnn_bar_wait(&bar, nth, &spin); /* the product reads every thread's columns of dG */
+            if (nj > 0) cpu_rnn_mm_f32(dgt, 4 * H, N, 4 * H, p, 1, nj, 0, dh + j0, H, true);
+        }
+    }
+    rnn_bar_destroy(&bar);
+    return EM_OK;
+}
+#endif
+
 static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     const T *x = k->in[0].data, *hx = k->in[1].data, *cx = k->in[2].data, *w = k->in[3].data,
             *bias = k->in[4].numel ? k->in[4].data : NULL;
@@ -146,6 +271,7 @@ static em_status S(lstm_fwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     }
 #if SIMD_CELLS
     bool simd = cpu_rnn_simd_ok();
+    if (simd && H > 0 && rnn_par_ok()) return S(lstm_fwd_par)(k, g, gx, gh);
 #else
     bool simd = false;
 #endif
@@ -193,6 +319,7 @@ static em_status S(lstm_bwd)(const em_kernel_ctx *k, const rnn_geom *g) {
     if (Tn == 0 || N == 0) return EM_OK;
 #if SIMD_CELLS
     bool simd = cpu_rnn_simd_ok();
+    if (simd && H > 0 && rnn_par_ok()) return S(lstm_bwd_par)(k, g);
 #else
     bool simd = false;
 #endif

@@ -23,13 +23,14 @@ ATTR static inline V FN(sig)(V v) {
 }
 
 ATTR static inline void FN(lstm_chunk)(float *gr, const float *xr, const float *hr,
-                                       const float *bias, float *c, float *h, float *y,
-                                       int64_t H, int64_t j, M m, bool full, bool stream) {
+                                       const float *bias, float *c, const float *hin,
+                                       float *hout, float *y, int64_t H, int64_t j, M m,
+                                       bool full, bool stream) {
 #define PRE(q) \
     ADD(ADD(LD(xr + (q) * H + j), LD(hr + (q) * H + j)), bias ? LD(bias + (q) * H + j) : ZERO())
     V ig = FN(sig)(PRE(0)), fg = FN(sig)(PRE(1)), gg = VTANH(PRE(2)), og = FN(sig)(PRE(3));
 #undef PRE
-    V cp = LD(c + j), hp = LD(h + j);
+    V cp = LD(c + j), hp = LD(hin + j);
     V cn = ADD(MUL(fg, cp), MUL(ig, gg));
     V hn = MUL(og, VTANH(cn));
     if (stream) {
@@ -39,20 +40,25 @@ ATTR static inline void FN(lstm_chunk)(float *gr, const float *xr, const float *
         ST(gr + j, ig), ST(gr + H + j, fg), ST(gr + 2 * H + j, gg), ST(gr + 3 * H + j, og);
         ST(gr + 4 * H + j, cp), ST(gr + 5 * H + j, hp);
     }
-    ST(c + j, cn), ST(h + j, hn), ST(y + j, hn);
+    ST(c + j, cn), ST(hout + j, hn), ST(y + j, hn);
 }
 
-/* The workspace row gr is next read by the backward, after the rest of the forward (8 MiB
+/* The hidden units [j0, j1) of the row (j0 a multiple of W; the whole row is 0, H): the
+ * previous hidden state is read from hin and the new one written to hout (the same row, or
+ * the other of two buffers when other threads still read the previous state).
+ * The workspace row gr is next read by the backward, after the rest of the forward (8 MiB
  * and more of it in train_lstm_h256, 6H floats a row): non-temporal stores skip reading its
  * lines into the cache first and evicting what the steps use, where the row is aligned to the
  * vector and H a multiple of it (so every chunk is). */
 ATTR static void FN(lstm_cell)(float *gr, const float *xr, const float *hr, const float *bias,
-                               float *c, float *h, float *y, int64_t H) {
-    int64_t j = 0;
+                               float *c, const float *hin, float *hout, float *y, int64_t H,
+                               int64_t j0, int64_t j1) {
+    int64_t j = j0;
     bool stream = H % W == 0 && (uintptr_t)gr % (W * sizeof(float)) == 0;
-    for (; j + W <= H; j += W)
-        FN(lstm_chunk)(gr, xr, hr, bias, c, h, y, H, j, MASK(W), true, stream);
-    if (j < H) FN(lstm_chunk)(gr, xr, hr, bias, c, h, y, H, j, MASK(H - j), false, false);
+    for (; j + W <= j1; j += W)
+        FN(lstm_chunk)(gr, xr, hr, bias, c, hin, hout, y, H, j, MASK(W), true, stream);
+    if (j < j1)
+        FN(lstm_chunk)(gr, xr, hr, bias, c, hin, hout, y, H, j, MASK(j1 - j), false, false);
     if (stream) FENCE(); /* before another thread or kernel reads the row */
 }
 
@@ -74,11 +80,12 @@ ATTR static inline void FN(lstm_bwd_chunk)(const float *gr, const float *gy, flo
     ST(dh + j, ZERO());
 }
 
+/* The hidden units [j0, j1) of the row (j0 a multiple of W). */
 ATTR static void FN(lstm_cell_bwd)(const float *gr, const float *gy, float *dh, float *dc,
-                                   float *d, int64_t H) {
-    int64_t j = 0;
-    for (; j + W <= H; j += W) FN(lstm_bwd_chunk)(gr, gy, dh, dc, d, H, j, MASK(W), true);
-    if (j < H) FN(lstm_bwd_chunk)(gr, gy, dh, dc, d, H, j, MASK(H - j), false);
+                                   float *d, int64_t H, int64_t j0, int64_t j1) {
+    int64_t j = j0;
+    for (; j + W <= j1; j += W) FN(lstm_bwd_chunk)(gr, gy, dh, dc, d, H, j, MASK(W), true);
+    if (j < j1) FN(lstm_bwd_chunk)(gr, gy, dh, dc, d, H, j, MASK(j1 - j), false);
 }
 
 ATTR static inline void FN(gru_chunk)(float *gr, const float *hr, float *h, float *y,
