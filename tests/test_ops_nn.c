@@ -1457,6 +1457,34 @@ Test(fused, conv2d_relu_kernel_is_conv2d_then_relu) {
     }
 }
 
+/* An output of -inf (an infinite input under positive weights) on channels-last f32
+ * activations, for one and for many input channels (the CNN's two convolutions): conv2d_relu
+ * gives relu's +0 there, the bits of conv2d then relu (the ReLU post-ops, which channels-last
+ * calls do not take, would leave -inf). */
+Test(fused, conv2d_relu_channels_last_minus_inf_is_zero) {
+    const int64_t xs[2][4] = {{2, 1, 6, 6}, {2, 32, 6, 6}}, ws[2][4] = {{8, 1, 3, 3}, {64, 32, 3, 3}};
+    const int64_t pd[2] = {1, 1};
+    for (int gi = 0; gi < 2; gi++) {
+        em_scope_begin();
+        em_tensor *x = rnd(EM_F32, 4, xs[gi], 350 + gi);
+        em_tensor *w = em_add_scalar(em_abs(rnd(EM_F32, 4, ws[gi], 352 + gi)), 0.125);
+        em_tensor *x0 = em_slice(em_slice(em_slice(x, 1, 0, 1, 1), 2, 2, 3, 1), 3, 3, 4, 1);
+        cr_assert(w && x0, "%s", em_last_error());
+        cr_assert_eq(em_fill_(x0, -INFINITY), EM_OK, "%s", em_last_error());
+        x = em_channels_last(x);
+        em_tensor *yf = em_conv2d_relu(x, w, NULL, NULL, pd, NULL, 1);
+        em_tensor *yc = em_conv2d(x, w, NULL, NULL, pd, NULL, 1);
+        cr_assert(yf && yc, "%s", em_last_error());
+        /* image 0, channel 0 at (2, 3): its window holds the -inf */
+        int64_t at = 2 * em_tensor_shape(yc)[3] + 3;
+        cr_assert(isinf(em_test_at(em_contiguous(yc), at)) && em_test_at(em_contiguous(yc), at) < 0,
+                  "geometry %d: conv2d gave %g, not -inf", gi, em_test_at(em_contiguous(yc), at));
+        cr_assert_eq(em_test_at(em_contiguous(yf), at), 0.0, "geometry %d", gi);
+        same_bits(yf, em_relu(yc), gi ? "32 input channels" : "one input channel");
+        em_scope_end();
+    }
+}
+
 /* Errors as conv2d's, naming conv2d_relu, on the kernel's path (f32) and the composite's
  * (f64: no kernel). */
 Test(fused, conv2d_relu_errors_name_the_op) {

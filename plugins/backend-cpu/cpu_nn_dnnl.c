@@ -1,6 +1,7 @@
 /*
  * cpu_nn_dnnl.c — the f32 and bf16 kernels of the nn family through oneDNN primitives: conv2d (forward
- * and conv2d_relu's, the forward with ReLU post-ops, f32 only,
+ * and conv2d_relu's, f32 only: ReLU post-ops on row-major activations, conv2d's forward then
+ * relu in place on channels-last ones,
  * backward data, backward weight), avg_pool2d and adaptive_avg_pool2d (forward, backward;
  * the adaptive op when its windows are a plain pooling), batch_norm and layer_norm (forward,
  * backward), softmax and log_softmax (forward, backward). Registered at priority 10 above the
@@ -88,7 +89,8 @@ enum {
     DN_SOFTMAX_BWD,
     DN_LOG_SOFTMAX_BWD,
 };
-/* With DN_CONV_FWD in a kernel's user pointer: conv2d_relu (the ReLU post-ops). */
+/* With DN_CONV_FWD in a kernel's user pointer: conv2d_relu (the ReLU post-ops or, on nhwc
+ * activations, relu in place after the forward: key_of's v[19]). */
 #define DN_RELU 0x100
 
 /* The identity of a primitive: its kind, the activations' data type (dnnl_f32 or dnnl_bf16)
@@ -233,7 +235,8 @@ static dnnl_primitive_attr_t attr_user_scratch(void) {
  * oneDNN's relu with alpha 0 is max(x, 0), which turns NaN into 0 (and would hide a
  * diverged model), so instead relu with alpha 2^-149 twice (x > 0 kept; a finite x <= 0
  * becomes at most 2^-21 in size, then -0; NaN stays NaN) and x * 1 + 0 (-0 to +0). The one
- * difference left: -inf gives -inf where relu gives 0 (an overflowed or infinite input). */
+ * difference left: -inf gives -inf where relu gives 0 (an overflowed or infinite input; on
+ * row-major activations only, the ones that take the post-ops). */
 static dnnl_status_t attr_relu(dnnl_primitive_attr_t attr) {
     dnnl_post_ops_t po = NULL;
     dnnl_status_t s = dnnl_post_ops_create(&po);
@@ -990,14 +993,19 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
         memcpy(v, gv, sizeof gv);
         v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
         v[18] = conv_layout(k, kind); /* 1: the activations are nhwc */
-        /* conv2d_relu: the ReLU post-ops, except on nhwc activations with one input channel
-         * per group (FWD_BRG_MIN_C). There the forward is a jit kernel (fwd_skip_brgconv;
-         * jit:avx2 on AVX2) that the three post-ops slow by more than relu's own pass costs
-         * (the CNN's first convolution, cold caches: medians 0.62 -> 1.03 ms CPU;
-         * bench/README.md, "conv1's primitive"): the kernel runs conv2d's primitive and then
-         * relu over its output in place (relu_f32_inplace), which also left the max pooling
-         * after it 0.3 ms faster than after the post-ops in the step. */
-        v[19] = ((intptr_t)k->user & DN_RELU) != 0 && !(v[18] == 1 && g.C / g.g < FWD_BRG_MIN_C);
+        /* conv2d_relu: the ReLU post-ops on row-major activations (the primitive in
+         * oneDNN's own layouts, its output reordered after them); on nhwc activations
+         * conv2d's primitive, then relu over its output in place (relu_f32_inplace, the same
+         * bits as conv2d then relu). With one input channel per group the
+         * forward is a jit kernel (fwd_skip_brgconv; jit:avx2 on AVX2) that the three
+         * post-ops slow by more than relu's own pass costs (the CNN's first convolution,
+         * cold caches: medians 0.62 -> 1.03 ms CPU; bench/README.md, "conv1's primitive").
+         * On brgconv (the CNN's second convolution) the post-ops cost about what the pass
+         * does, but under load the max pooling that reads the output next pays more for
+         * its cache misses than the pass does (0.40 against 0.15 ms CPU after the pass,
+         * which adds about what the post-ops cost; bench/README.md, "The max pooling after
+         * conv2d_relu"). */
+        v[19] = ((intptr_t)k->user & DN_RELU) != 0 && v[18] != 1;
         return true;
     }
     case DN_AVG_FWD:
