@@ -1141,7 +1141,7 @@ static const em_op_case std_cases[] = {
              .bound = 16, .shape = {2, 3, 2, 2}}),
         INTS(2, 4, 4)),
     /* conv2d_relu (the fused op, docs/performance.md "Design: fused ops"): conv2d's layouts
-     * and geometries; its CPU kernel (oneDNN with the ReLU post-ops) is checked against the
+     * and geometries; its CPU kernel (conv2d's oneDNN primitive, then relu in place) is checked against the
      * composite path below it, conv2d then relu. Random normal inputs keep the outputs away
      * from the kink at 0 for the finite differences. */
     ROW("conv2d_relu", "bias, stride 2, padding 1", t_conv2d_relu, D_F, OK, true, 3,

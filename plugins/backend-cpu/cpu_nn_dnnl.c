@@ -1,7 +1,6 @@
 /*
  * cpu_nn_dnnl.c — the f32 and bf16 kernels of the nn family through oneDNN primitives: conv2d (forward
- * and conv2d_relu's, f32 only: ReLU post-ops on row-major activations, conv2d's forward then
- * relu in place on channels-last ones,
+ * and conv2d_relu's, f32 only: conv2d's forward, then relu in place over its output,
  * backward data, backward weight), avg_pool2d and adaptive_avg_pool2d (forward, backward;
  * the adaptive op when its windows are a plain pooling), batch_norm and layer_norm (forward,
  * backward), softmax and log_softmax (forward, backward). Registered at priority 10 above the
@@ -89,8 +88,8 @@ enum {
     DN_SOFTMAX_BWD,
     DN_LOG_SOFTMAX_BWD,
 };
-/* With DN_CONV_FWD in a kernel's user pointer: conv2d_relu (the ReLU post-ops or, on nhwc
- * activations, relu in place after the forward: key_of's v[19]). */
+/* With DN_CONV_FWD in a kernel's user pointer: conv2d_relu (conv2d's primitive, then relu in
+ * place over its output). */
 #define DN_RELU 0x100
 
 /* The identity of a primitive: its kind, the activations' data type (dnnl_f32 or dnnl_bf16)
@@ -230,38 +229,14 @@ static dnnl_primitive_attr_t attr_user_scratch(void) {
     return attr;
 }
 
-/* conv2d_relu's ReLU as post-ops on the accumulator, before the one rounding to the output
- * dtype, keeping Ember's relu (x <= 0 ? +0 : x) bit for bit on every finite value and NaN:
- * oneDNN's relu with alpha 0 is max(x, 0), which turns NaN into 0 (and would hide a
- * diverged model), so instead relu with alpha 2^-149 twice (x > 0 kept; a finite x <= 0
- * becomes at most 2^-21 in size, then -0; NaN stays NaN) and x * 1 + 0 (-0 to +0). The one
- * difference left: -inf gives -inf where relu gives 0 (an overflowed or infinite input; on
- * row-major activations only, the ones that take the post-ops). */
-static dnnl_status_t attr_relu(dnnl_primitive_attr_t attr) {
-    dnnl_post_ops_t po = NULL;
-    dnnl_status_t s = dnnl_post_ops_create(&po);
-    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0x1p-149f, 0.f);
-    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0x1p-149f, 0.f);
-    if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_linear, 1.f, 0.f);
-    if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
-    if (po) dnnl_post_ops_destroy(po);
-    return s;
-}
-
-/* Creates a primitive descriptor (fwd_hint may be NULL) with a user scratchpad; relu: with
- * conv2d_relu's post-ops. */
-static dnnl_status_t pd_create_ops(dnnl_primitive_desc_t *pd, const void *desc,
-                                   const_dnnl_primitive_desc_t hint, bool relu) {
-    dnnl_primitive_attr_t attr = attr_user_scratch();
-    if (!attr) return dnnl_out_of_memory;
-    dnnl_status_t s = relu ? attr_relu(attr) : dnnl_success;
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, desc, attr, dn_engine, hint);
-    dnnl_primitive_attr_destroy(attr);
-    return s;
-}
+/* Creates a primitive descriptor (fwd_hint may be NULL) with a user scratchpad. */
 static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
                                const_dnnl_primitive_desc_t hint) {
-    return pd_create_ops(pd, desc, hint, false);
+    dnnl_primitive_attr_t attr = attr_user_scratch();
+    if (!attr) return dnnl_out_of_memory;
+    dnnl_status_t s = dnnl_primitive_desc_create(pd, desc, attr, dn_engine, hint);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
 }
 
 /* A forward on fixed nhwc f32 activations with one input channel per group (fewer than
@@ -270,10 +245,10 @@ static dnnl_status_t pd_create(dnnl_primitive_desc_t *pd, const void *desc,
  * caches (medians 0.75 against 0.62 ms) and 1.3-1.6x with warm ones (bench/README.md,
  * "conv1's primitive", bench/conv_impls); from 2 channels on neither wins on every shape. *fpd is replaced by the first
  * implementation after it that is neither brgconv nor a reference one, with the same
- * attributes (relu: conv2d_relu's post-ops); none, *fpd is kept. conv2d and conv2d_relu take
+ * attributes; none, *fpd is kept. conv2d and conv2d_relu take
  * the same choice, so their bits agree. */
 #define FWD_BRG_MIN_C 2
-static dnnl_status_t fwd_skip_brgconv(dnnl_primitive_desc_t *fpd, const void *desc, bool relu) {
+static dnnl_status_t fwd_skip_brgconv(dnnl_primitive_desc_t *fpd, const void *desc) {
     const char *impl = NULL;
     if (dnnl_primitive_desc_query(*fpd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
         !impl || strncmp(impl, "brgconv", 7) != 0)
@@ -281,8 +256,7 @@ static dnnl_status_t fwd_skip_brgconv(dnnl_primitive_desc_t *fpd, const void *de
     dnnl_primitive_attr_t attr = attr_user_scratch();
     if (!attr) return dnnl_out_of_memory;
     dnnl_primitive_desc_iterator_t it = NULL;
-    dnnl_status_t s = relu ? attr_relu(attr) : dnnl_success;
-    if (s == dnnl_success) s = dnnl_primitive_desc_iterator_create(&it, desc, attr, dn_engine, NULL);
+    dnnl_status_t s = dnnl_primitive_desc_iterator_create(&it, desc, attr, dn_engine, NULL);
     while (s == dnnl_success && dnnl_primitive_desc_iterator_next(it) == dnnl_success) {
         dnnl_primitive_desc_t pd = dnnl_primitive_desc_iterator_fetch(it);
         if (!pd) break;
@@ -333,8 +307,7 @@ static dnnl_status_t bwd_weights_pd(dnnl_primitive_desc_t *pd, const_dnnl_primit
 }
 
 /* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias,
- * chunk, nhwc, relu (v[19]: conv2d_relu's forward, the same primitive with the ReLU
- * post-ops). Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
+ * chunk, nhwc (conv2d_relu's forward is conv2d's primitive: the same key). Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
  * a backward-weight over one batch chunk of conv_bwd_weight_split, made for one thread, its
  * diff_weights and diff_bias in f32 (the partial sums), x and gy read from the caller's
  * tensors (no shared copies: those hold the whole batch). */
@@ -406,10 +379,10 @@ static dnnl_status_t build_conv(dn_prim *p) {
                                                    bias ? &b : NULL, &adst, strides, dil, pl, pl);
     if (s != dnnl_success) return s;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
-    s = pd_create_ops(&fpd, &fd, NULL, p->key.kind == DN_CONV_FWD && v[19]);
+    s = pd_create(&fpd, &fd, NULL);
     if (s == dnnl_success && p->key.kind == DN_CONV_FWD && fixed && dt == dnnl_f32 &&
         C / g < FWD_BRG_MIN_C)
-        s = fwd_skip_brgconv(&fpd, &fd, v[19]);
+        s = fwd_skip_brgconv(&fpd, &fd);
     if (s == dnnl_success) {
         switch (p->key.kind) {
         case DN_CONV_FWD: /* src, weights, dst, bias */
@@ -993,19 +966,15 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
         memcpy(v, gv, sizeof gv);
         v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
         v[18] = conv_layout(k, kind); /* 1: the activations are nhwc */
-        /* conv2d_relu: the ReLU post-ops on row-major activations (the primitive in
-         * oneDNN's own layouts, its output reordered after them); on nhwc activations
-         * conv2d's primitive, then relu over its output in place (relu_f32_inplace, the same
-         * bits as conv2d then relu). With one input channel per group the
-         * forward is a jit kernel (fwd_skip_brgconv; jit:avx2 on AVX2) that the three
-         * post-ops slow by more than relu's own pass costs (the CNN's first convolution,
-         * cold caches: medians 0.62 -> 1.03 ms CPU; bench/README.md, "conv1's primitive").
-         * On brgconv (the CNN's second convolution) the post-ops cost about what the pass
-         * does, but under load the max pooling that reads the output next pays more for
-         * its cache misses than the pass does (0.40 against 0.15 ms CPU after the pass,
-         * which adds about what the post-ops cost; bench/README.md, "The max pooling after
-         * conv2d_relu"). */
-        v[19] = ((intptr_t)k->user & DN_RELU) != 0 && v[18] != 1;
+        /* conv2d_relu has conv2d's key: its kernel runs conv2d's primitive, then relu in
+         * place over the output (relu_f32_inplace, the bits of conv2d then relu, -inf and
+         * NaN included). oneDNN's ReLU post-ops were measured and dropped: a post-op relu
+         * with alpha 0 is max(x, 0), which turns NaN into 0; the NaN-keeping chain of three
+         * post-ops still left -inf as -inf, slowed the CNN's first convolution's jit kernel
+         * by more than relu's own pass costs (cold caches: medians 0.62 -> 1.03 ms CPU;
+         * bench/README.md, "conv1's primitive"), and left the output cold for the max
+         * pooling that reads it next (0.40 against 0.15 ms CPU after the pass under load;
+         * bench/README.md, "The max pooling after conv2d_relu"). */
         return true;
     }
     case DN_AVG_FWD:
@@ -1312,8 +1281,8 @@ static em_status k_dnnl(const em_kernel_ctx *k) {
         st = dn_exec_shared(k, p,
                             (void *[]){k->in[0].data, k->in[1].data, k->out[0].data, k->in[2].data},
                             (const dn_name *[]){&n0, NULL, NULL, NULL}, who);
-        /* conv2d_relu without its post-ops (key_of): relu after (y dense: nhwc) */
-        if (st == EM_OK && ((intptr_t)k->user & DN_RELU) && !key.v[19])
+        /* conv2d_relu: relu over the (dense) output in place */
+        if (st == EM_OK && ((intptr_t)k->user & DN_RELU))
             relu_f32_inplace(k, (float *)k->out[0].data, k->out[0].numel);
         break;
     case DN_CONV_BWD_WEIGHT: { /* src, diff_dst, diff_weights, diff_bias */
@@ -1404,9 +1373,8 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
     };
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         for (int b = 0; b < 2; b++) {
-            /* conv2d_relu: f32 only. In bf16 (jit_bf16 kernels, half the bytes for relu to
-             * stream) the post-ops cost more than the relu pass they save (bench/README.md,
-             * "conv2d_relu"); bf16 calls compose conv2d's bf16 kernel and relu. */
+            /* conv2d_relu: f32 only (its relu pass is f32); bf16 calls compose conv2d's
+             * bf16 kernel and relu. */
             if (b && ks[i].kind == (DN_CONV_FWD | DN_RELU)) continue;
             /* "cpu_<op>_dnnl_f32" and "cpu_<op>_dnnl_bf16" */
             char name[96];

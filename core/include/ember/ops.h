@@ -347,9 +347,8 @@ EM_API em_tensor *em_conv2d(const em_tensor *input, const em_tensor *weight,
                             const int64_t padding[2], const int64_t dilation[2], int64_t groups);
 /* relu(conv2d(input, weight, bias, ...)) as one op, conv2d_relu: arguments, defaults and
  * errors as em_conv2d's (naming conv2d_relu). The fused op a Conv2d layer with activation
- * relu calls: on the CPU, f32 runs oneDNN's convolution with the ReLU applied as it writes
- * the output on a row-major input, and relu in place over the convolution's output on a
- * channels-last one (either way the bits of em_conv2d then em_relu, NaN included); other
+ * relu calls: on the CPU, f32 runs oneDNN's convolution, then relu in place over its output
+ * (the bits of em_conv2d then em_relu, NaN and -inf included) with no second tensor; other
  * dtypes and devices run conv2d then relu.
  * Its gradient masks the output grad with the output (y > 0), then is conv2d's. */
 EM_API em_tensor *em_conv2d_relu(const em_tensor *input, const em_tensor *weight,
