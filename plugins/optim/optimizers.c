@@ -373,6 +373,19 @@ typedef struct adam_hp {
 } adam_hp;
 
 /* One parameter, op by op (devices or dtypes without a fused kernel). */
+/* Adam's moments: exp_avg = b1 exp_avg + (1 - b1) gr, exp_avg_sq = b2 exp_avg_sq + (1 - b2) gr^2
+ * (adam_one's and adam_one_capturable's, in this order). */
+static em_status adam_moments_(em_tensor *exp_avg, em_tensor *exp_avg_sq, const em_tensor *gr,
+                               double b1, double b2) {
+    em_status st;
+    if (!gr) return em_last_status();
+    if ((st = em_mul_scalar_(exp_avg, b1)) != EM_OK ||
+        (st = add_scaled_(exp_avg, gr, 1 - b1)) != EM_OK ||
+        (st = em_mul_scalar_(exp_avg_sq, b2)) != EM_OK)
+        return st;
+    return add_scaled_(exp_avg_sq, em_mul(gr, gr), 1 - b2);
+}
+
 static em_status adam_one(em_optimizer *o, int idx, em_tensor *p, const em_tensor *grad,
                           const adam_hp *h) {
     em_scope_begin();
@@ -393,11 +406,7 @@ static em_status adam_one(em_optimizer *o, int idx, em_tensor *p, const em_tenso
     } else {
         gr = effective_grad(p, grad, h->maximize, wd);
     }
-    if ((st = em_mul_scalar_(exp_avg, b1)) != EM_OK ||
-        (st = add_scaled_(exp_avg, gr, 1 - b1)) != EM_OK ||
-        (st = em_mul_scalar_(exp_avg_sq, b2)) != EM_OK ||
-        (st = add_scaled_(exp_avg_sq, em_mul(gr, gr), 1 - b2)) != EM_OK)
-        goto done;
+    if ((st = adam_moments_(exp_avg, exp_avg_sq, gr, b1, b2)) != EM_OK) goto done;
     double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
     double step_size = lr / bc1, bc2_sqrt = sqrt(bc2);
     const em_tensor *sq = exp_avg_sq;
@@ -467,13 +476,7 @@ static em_status adam_one_capturable(em_optimizer *o, int idx, em_tensor *p,
     } else {
         gr = effective_grad(p, grad, h->maximize, wd);
     }
-    if (!gr || (st = em_mul_scalar_(exp_avg, b1)) != EM_OK ||
-        (st = add_scaled_(exp_avg, gr, 1 - b1)) != EM_OK ||
-        (st = em_mul_scalar_(exp_avg_sq, b2)) != EM_OK ||
-        (st = add_scaled_(exp_avg_sq, em_mul(gr, gr), 1 - b2)) != EM_OK) {
-        st = st != EM_OK ? st : em_last_status();
-        goto done;
-    }
+    if ((st = adam_moments_(exp_avg, exp_avg_sq, gr, b1, b2)) != EM_OK) goto done;
     em_tensor *bc1 = one_minus(em_pow(em_full(0, NULL, b1, EM_F64, dev), step));
     em_tensor *bc2 = one_minus(em_pow(em_full(0, NULL, b2, EM_F64, dev), step));
     em_tensor *neg_step_size = as_dtype(em_neg(em_div(lr, bc1)), dt); /* -(lr / bc1) */
