@@ -1,9 +1,9 @@
 /*
  * bench/conv_chain.c — the CNN step's convolution chain (bench/train_step's train_cnn_b64:
  * conv1 1->32 3x3 pad 1 on 28x28, relu, 2x2 max pooling, conv2 32->64 3x3 pad 1 on 14x14,
- * relu, 2x2 max pooling; batch 64, f32), forward and backward, in three variants run
- * round-robin in one process (issue 27, design (a) of docs/performance.md's "Design:
- * activation layouts for the convolutions"):
+ * relu, 2x2 max pooling; batch 64, f32), forward and backward, in three variants (five with
+ * --conv2-nhwc) run round-robin in one process (issue 27, design (a) of docs/performance.md's
+ * "Design: activation layouts for the convolutions"):
  *
  *   nhwc     Ember's own ops on channels-last tensors through the public API, the calls
  *            autograd makes in the step, in its order: channels_last(x), conv2d_relu,
@@ -508,6 +508,33 @@ static struct blk {
     em_tensor *ta1, *ta2, *tb2[3], *tb1[3]; /* blk-loop: a1, a2; (g, y, gx) of the backwards */
 } B;
 
+/* A blocked forward convolution (3x3, padding 1) with its memories: the weights on Ember's
+ * oihw tensor W and in the primitive's layout with the reorder between, the bias on Bt, the
+ * output. Returns the primitive descriptor (the backward's hint). */
+static dnnl_primitive_desc_t conv_fwd_make(const char *name, const dnnl_memory_desc_t *src,
+                                           const dnnl_memory_desc_t *wa,
+                                           const dnnl_memory_desc_t *wu,
+                                           const dnnl_memory_desc_t *bias,
+                                           const dnnl_memory_desc_t *dst, em_tensor *W,
+                                           em_tensor *Bt, dnnl_primitive_t *conv,
+                                           dnnl_memory_t *wum, dnnl_memory_t *w,
+                                           dnnl_primitive_t *wr, dnnl_memory_t *bm,
+                                           dnnl_memory_t *out) {
+    dnnl_dims_t s1 = {1, 1}, p1 = {1, 1};
+    dnnl_convolution_desc_t cd;
+    CK(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, src,
+                                          wa, bias, dst, s1, p1, p1));
+    dnnl_primitive_desc_t pd = pd_of(&cd, NULL);
+    printf("  %-8s %-18s %s\n", "blk", name, impl_of(pd));
+    *conv = prim(pd);
+    *wum = mem(wu, em_tensor_data(W));
+    *w = mem(q(pd, dnnl_query_weights_md), NULL);
+    *wr = reorder(wu, q(pd, dnnl_query_weights_md));
+    *bm = mem(bias, em_tensor_data(Bt));
+    *out = mem(dst, NULL);
+    return pd;
+}
+
 static void blk_setup(void) {
     dnnl_memory_desc_t x = md4(MB, 1, H1, H1, dnnl_nchw), a1 = md4(MB, C1, H1, H1, dnnl_nChw16c),
                        p1 = md4(MB, C1, H2, H2, dnnl_nChw16c),
@@ -517,19 +544,9 @@ static void blk_setup(void) {
                        w2u = md4(C2, C1, 3, 3, dnnl_oihw), w1a = md4(C1, 1, 3, 3, dnnl_format_tag_any),
                        w2a = md4(C2, C1, 3, 3, dnnl_format_tag_any), b1 = md1(C1), b2 = md1(C2);
     dnnl_dims_t s1 = {1, 1}, pd1 = {1, 1}, s2 = {2, 2}, k2 = {2, 2}, z = {0, 0};
-    /* conv1 forward */
-    dnnl_convolution_desc_t cd;
-    CK(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &x,
-                                          &w1a, &b1, &a1, s1, pd1, pd1));
-    dnnl_primitive_desc_t c1pd = pd_of(&cd, NULL);
-    printf("  %-8s %-18s %s\n", "blk", "conv1 fwd", impl_of(c1pd));
-    B.c1 = prim(c1pd);
+    dnnl_primitive_desc_t c1pd = conv_fwd_make("conv1 fwd", &x, &w1a, &w1u, &b1, &a1, W1, B1,
+                                               &B.c1, &B.w1u, &B.w1, &B.w1r, &B.b1, &B.a1);
     B.x = mem(&x, em_tensor_data(X));
-    B.w1u = mem(&w1u, em_tensor_data(W1));
-    B.w1 = mem(q(c1pd, dnnl_query_weights_md), NULL);
-    B.w1r = reorder(&w1u, q(c1pd, dnnl_query_weights_md));
-    B.b1 = mem(&b1, em_tensor_data(B1));
-    B.a1 = mem(&a1, NULL);
     /* relu (use_dst_for_bwd: the backward reads the output, as Ember's relu_backward) */
     dnnl_eltwise_desc_t ed;
     CK(dnnl_eltwise_forward_desc_init(&ed, dnnl_forward_training, dnnl_eltwise_relu_use_dst_for_bwd,
@@ -546,17 +563,9 @@ static void blk_setup(void) {
     B.p1 = prim(p1pd);
     B.p1o = mem(&p1, NULL);
     B.ws1 = mem(q(p1pd, dnnl_query_workspace_md), NULL);
-    /* conv2 forward */
-    CK(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &p1,
-                                          &w2a, &b2, &a2, s1, pd1, pd1));
-    dnnl_primitive_desc_t c2pd = pd_of(&cd, NULL);
-    printf("  %-8s %-18s %s\n", "blk", "conv2 fwd", impl_of(c2pd));
-    B.c2 = prim(c2pd);
-    B.w2u = mem(&w2u, em_tensor_data(W2));
-    B.w2 = mem(q(c2pd, dnnl_query_weights_md), NULL);
-    B.w2r = reorder(&w2u, q(c2pd, dnnl_query_weights_md));
-    B.b2 = mem(&b2, em_tensor_data(B2));
-    B.a2 = mem(&a2, NULL);
+    dnnl_primitive_desc_t c2pd = conv_fwd_make("conv2 fwd", &p1, &w2a, &w2u, &b2, &a2, W2, B2,
+                                               &B.c2, &B.w2u, &B.w2, &B.w2r, &B.b2, &B.a2);
+    dnnl_convolution_desc_t cd;
     CK(dnnl_eltwise_forward_desc_init(&ed, dnnl_forward_training, dnnl_eltwise_relu_use_dst_for_bwd,
                                       &a2, 0.f, 0.f));
     dnnl_primitive_desc_t r2pd = pd_of(&ed, NULL);
@@ -670,32 +679,44 @@ static float *copy_of(dnnl_memory_t m, size_t n) {
     return f;
 }
 
+/* One forward layer of the blocked chain: the weights' reorder, conv, relu, pooling; s_conv
+ * is its conv's stage (relu's and the pooling's follow it). */
+static void blk_layer(bool loop, int s_conv, dnnl_primitive_t wr, dnnl_memory_t wu,
+                      dnnl_memory_t w, dnnl_primitive_t conv, dnnl_memory_t src, dnnl_memory_t b,
+                      dnnl_memory_t a, dnnl_primitive_t relu, em_tensor *ta, dnnl_primitive_t pool,
+                      dnnl_memory_t po, dnnl_memory_t ws) {
+    stage_begin();
+    run_reorder(wr, wu, w);
+    stage_end(S_W);
+    stage_begin();
+    conv_fwd(conv, src, w, b, a);
+    stage_end(s_conv);
+    stage_begin();
+    relu_fwd(loop, relu, a, ta);
+    stage_end(s_conv + 1);
+    stage_begin();
+    pool_fwd(pool, a, po, ws);
+    stage_end(s_conv + 2);
+}
+
+/* The pooling and relu backwards of one layer (stages s_pool and s_pool + 1). */
+static void blk_unlayer(bool loop, int s_pool, dnnl_primitive_t pool, dnnl_memory_t g,
+                        dnnl_memory_t ws, dnnl_memory_t ga, dnnl_primitive_t relu, dnnl_memory_t y,
+                        dnnl_memory_t gz, em_tensor *const t[3]) {
+    stage_begin();
+    pool_bwd(pool, g, ws, ga);
+    stage_end(s_pool);
+    stage_begin();
+    relu_bwd(loop, relu, ga, y, gz, t);
+    stage_end(s_pool + 1);
+}
+
 static void chain_blk(bool loop, results *r) {
     span_begin();
-    stage_begin();
-    run_reorder(B.w1r, B.w1u, B.w1);
-    stage_end(S_W);
-    stage_begin();
-    conv_fwd(B.c1, B.x, B.w1, B.b1, B.a1);
-    stage_end(S_C1);
-    stage_begin();
-    relu_fwd(loop, B.r1, B.a1, B.ta1);
-    stage_end(S_R1);
-    stage_begin();
-    pool_fwd(B.p1, B.a1, B.p1o, B.ws1);
-    stage_end(S_P1);
-    stage_begin();
-    run_reorder(B.w2r, B.w2u, B.w2);
-    stage_end(S_W);
-    stage_begin();
-    conv_fwd(B.c2, B.p1o, B.w2, B.b2, B.a2);
-    stage_end(S_C2);
-    stage_begin();
-    relu_fwd(loop, B.r2, B.a2, B.ta2);
-    stage_end(S_R2);
-    stage_begin();
-    pool_fwd(B.p2, B.a2, B.p2o, B.ws2);
-    stage_end(S_P2);
+    blk_layer(loop, S_C1, B.w1r, B.w1u, B.w1, B.c1, B.x, B.b1, B.a1, B.r1, B.ta1, B.p1, B.p1o,
+              B.ws1);
+    blk_layer(loop, S_C2, B.w2r, B.w2u, B.w2, B.c2, B.p1o, B.b2, B.a2, B.r2, B.ta2, B.p2, B.p2o,
+              B.ws2);
     stage_begin();
     run_reorder(B.fl, B.p2o, B.flat);
     stage_end(S_FL);
@@ -704,12 +725,7 @@ static void chain_blk(bool loop, results *r) {
     stage_begin();
     run_reorder(B.g_in, B.gu, B.gp2);
     stage_end(S_G);
-    stage_begin();
-    pool_bwd(B.p2b, B.gp2, B.ws2, B.ga2);
-    stage_end(S_P2B);
-    stage_begin();
-    relu_bwd(loop, B.r2b, B.ga2, B.a2, B.gz2, B.tb2);
-    stage_end(S_R2B);
+    blk_unlayer(loop, S_P2B, B.p2b, B.gp2, B.ws2, B.ga2, B.r2b, B.a2, B.gz2, B.tb2);
     stage_begin();
     run_reorder(B.w2rb, B.w2u, B.w2b);
     stage_end(S_W);
@@ -721,12 +737,7 @@ static void chain_blk(bool loop, results *r) {
     stage_begin();
     bwdw_run(&B.c2w);
     stage_end(S_C2W);
-    stage_begin();
-    pool_bwd(B.p1b, B.gp1, B.ws1, B.ga1);
-    stage_end(S_P1B);
-    stage_begin();
-    relu_bwd(loop, B.r1b, B.ga1, B.a1, B.gz1, B.tb1);
-    stage_end(S_R1B);
+    blk_unlayer(loop, S_P1B, B.p1b, B.gp1, B.ws1, B.ga1, B.r1b, B.a1, B.gz1, B.tb1);
     stage_begin();
     bwdw_run(&B.c1w);
     stage_end(S_C1W);
