@@ -62,7 +62,8 @@
  * inside its caller's time), how many threads ran during the call (median; a thread ran when
  * its CPU time grew by 2 us or more), the calling thread's CPU and the other threads' CPU per
  * call (medians; every other thread of the process, listed after the warm-up step: OpenMP's
- * workers, OpenBLAS's pool), then the CPU plugin's GEMM decisions (em_plugin_describe): each
+ * workers, OpenBLAS's pool; the caller's interval holds the reads of the process's clock, so
+ * it can exceed the process's CPU for a short call), then the CPU plugin's GEMM decisions (em_plugin_describe): each
  * GEMM inside the step, to set beside bench/step_floor's (--cpu-time) row of the same shape
  * timed alone, and what the rest of the step costs (issue 27).
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
