@@ -63,9 +63,10 @@
  * its CPU time grew by 2 us or more), the calling thread's CPU and the other threads' CPU per
  * call (medians; every other thread of the process, listed after the warm-up step: OpenMP's
  * workers, OpenBLAS's pool; the caller's interval holds the reads of the process's clock, so
- * it can exceed the process's CPU for a short call), then the CPU plugin's GEMM decisions (em_plugin_describe): each
- * GEMM inside the step, to set beside bench/step_floor's (--cpu-time) row of the same shape
- * timed alone, and what the rest of the step costs (issue 27).
+ * it can exceed the process's CPU for a short call), then the CPU plugin's GEMM decisions
+ * (em_plugin_describe): each GEMM inside the step, to set beside bench/step_floor's
+ * (--cpu-time) row of the same shape timed alone, and what the rest of the step costs (issue
+ * 27).
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
  * one step from the allocator's statistics (em_memory_stats: category activation): what the
  * forward and loss hold when backward starts (the tensors autograd saved, and the outputs), and

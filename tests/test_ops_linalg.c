@@ -775,7 +775,8 @@ Test(gemm_paths, concurrent_calls_of_one_key_use_their_own_operands) {
                         .b = rnd(EM_F32, 1, bs, 202 + 3 * t),
                         .y = malloc(sizeof(double) * CK_ROUNDS * CK_M * CK_N)};
         cr_assert(a[t].x && a[t].w && a[t].b && a[t].y, "%s", em_last_error());
-        double *xv = values(a[t].x), *wv = values(a[t].w), *wt = malloc(sizeof(double) * CK_K * CK_N);
+        double *xv = values(a[t].x), *wv = values(a[t].w);
+        double *wt = malloc(sizeof(double) * CK_K * CK_N);
         for (int k = 0; k < CK_K; k++)
             for (int n = 0; n < CK_N; n++) wt[k * CK_N + n] = wv[n * CK_K + k];
         double *bn = broadcast_mn(a[t].b, CK_M, CK_N);
@@ -785,7 +786,8 @@ Test(gemm_paths, concurrent_calls_of_one_key_use_their_own_operands) {
         free(xv), free(wv), free(wt), free(bn);
     }
     pthread_t th[CK_THREADS];
-    for (int t = 0; t < CK_THREADS; t++) cr_assert_eq(pthread_create(&th[t], NULL, ck_linear, &a[t]), 0);
+    for (int t = 0; t < CK_THREADS; t++)
+        cr_assert_eq(pthread_create(&th[t], NULL, ck_linear, &a[t]), 0);
     for (int t = 0; t < CK_THREADS; t++) pthread_join(th[t], NULL);
     double rtol, atol;
     tol_of(EM_F32, &rtol, &atol);

@@ -23,8 +23,8 @@
  * oneDNN on the calling thread alone — and every later call of that key runs the faster (like
  * cuDNN's benchmark mode), where all threads must be faster than 1 by 20%, and for products
  * they run in under 40 us by TUNE_WAKE_US (10 us) a call too (a worker's wake-up is not worth
- * less). Both give the same bits where oneDNN splits rows and columns among
- * its threads, not the sum (its AVX-512 kernels; tests/test_ops_linalg.c checks it), so a
+ * less). Both give the same bits where oneDNN splits rows and columns among its threads, not
+ * the sum (its AVX-512 kernels; tests/test_ops_linalg.c checks it), so a
  * decision that depends on timing does not make two runs differ: a run resumed in another
  * process still ends bit-identical. Where the two ways give other bits for a key (oneDNN's
  * AVX2 gemm:jit on a CPU without AVX-512 does, for some shapes), checked once on synthetic
@@ -54,8 +54,9 @@
  * the injectable host allocator, category workspace). Each cached primitive keeps its memory
  * objects too, and a call only sets their data handles (making and destroying them was ~0.7 us
  * of a small product's call); the cache is looked up without the lock once an entry exists.
- * The primitives are freed by cpu_gemm_shutdown() when the plugin unloads. Thread counts ("the call's threads") are the
- * execution context's (cpu_threads). Scratch copies of operands are kernel workspace too.
+ * The primitives are freed by cpu_gemm_shutdown() when the plugin unloads. Thread counts ("the
+ * call's threads") are the execution context's (cpu_threads). Scratch copies of operands are
+ * kernel workspace too.
  *
  * Built with configure --without-onednn (EM_HAVE_DNNL undefined) only OpenBLAS exists: f32
  * and f64 GEMMs run in OpenBLAS (f32 products up to 64^3 on the calling thread, the rest on
@@ -148,9 +149,10 @@ typedef struct mm_entry {
 #endif /* EM_HAVE_DNNL: key, paths, cache entries */
 
 /* Up to this many multiply-adds (B M N K) an f32 GEMM goes to OpenBLAS whatever the choice:
- * oneDNN's fixed cost per call (~2 us when measured: memory objects, stream, an OpenMP region;
- * the memory objects are now kept with the primitive) is more than the work, and below this size OpenBLAS 0.3.21 computes on the calling thread alone (its
- * multithreading threshold is 65536 * 4), so its thread pool never wakes. Measured here:
+ * oneDNN's fixed cost per call (~2 us when this was measured: memory objects, stream, an OpenMP
+ * region; the memory objects are kept with the primitive since) is more than the work, and
+ * below this size OpenBLAS 0.3.21 computes on the calling thread alone (its multithreading
+ * threshold is 65536 * 4), so its thread pool never wakes. Measured here:
  * 64^3 takes 6.8 us in OpenBLAS, 12 us in oneDNN; 96^3 takes 41 us in oneDNN, 60-85 in
  * OpenBLAS. */
 #define SMALL_GEMM (64.0 * 64.0 * 64.0)
@@ -164,9 +166,10 @@ typedef struct mm_entry {
 #define TUNE_WARMUP_US 100000.0 /* see tune() */
 #define TUNE_MARGIN 0.8 /* a way on 1 thread is chosen when it takes < 0.8x all threads' time */
 /* ... or, for a product all threads run in less than 4x this, when they save less than this
- * per call: each all-thread call wakes the sleeping OpenMP worker (OMP_WAIT_POLICY=passive), which costs the worker's CPU besides the product
- * and, on idle cores here, 40-80 us of wall time the back-to-back timed calls do not all see;
- * and a difference this small is within what one measurement on a loaded machine can tell
+ * per call: each all-thread call wakes the sleeping OpenMP worker (OMP_WAIT_POLICY=passive),
+ * which costs the worker's CPU besides the product and, on idle cores here, 40-80 us of wall
+ * time the back-to-back timed calls do not all see; and a difference this small is within
+ * what one measurement on a loaded machine can tell
  * (the MLP step's fc3, 128x10x256, was once tuned to all threads at 14.2 against 14.9 us).
  * Not for bigger products: a machine busy while this measures can make all threads look no
  * faster than one (measured once here for all eight MLP products, 128x512x784 at 939.6 us
@@ -533,7 +536,8 @@ static run_result dnnl_exec(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a,
         const dnnl_memory_desc_t *md = i == 4 ? &e->md_scratch : &e->md[i];
         dnnl_memory_t made = NULL;
         if (m[i]) ok = dnnl_memory_set_data_handle(m[i], ptrs[i]) == dnnl_success;
-        else if ((ok = dnnl_memory_create(&made, md, G.engine, ptrs[i]) == dnnl_success)) m[i] = made;
+        else if ((ok = dnnl_memory_create(&made, md, G.engine, ptrs[i]) == dnnl_success))
+            m[i] = made;
     }
     if (ok) {
         int prev = omp_get_max_threads();
@@ -859,10 +863,10 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
             if (r >= 0) t[c][r] = now_us() - t0;
         }
     em_clear_error(); /* a way that failed here is only not chosen */
-    /* A 1-thread way must beat all threads by TUNE_MARGIN, or come within TUNE_WAKE_US of
-     * them: a machine busy while this measures makes all threads look no better than one, and
-     * the choice lasts the whole process, but all threads gaining a few microseconds do not pay
-     * for the worker's wake-up. */
+    /* A 1-thread way must beat all threads by TUNE_MARGIN, or, where all threads take under
+     * 4 TUNE_WAKE_US, come within TUNE_WAKE_US of them: a machine busy while this measures
+     * makes all threads look no better than one, and the choice lasts the whole process, but
+     * all threads gaining a few microseconds do not pay for the worker's wake-up. */
     int best = 0;
     for (int c = 0; c < nc; c++) {
         qsort(t[c], TUNE_ROUNDS, sizeof t[c][0], cmp_double);
