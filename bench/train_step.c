@@ -62,9 +62,11 @@
  * inside its caller's time), how many threads ran during the call (median; a thread ran when
  * its CPU time grew by 2 us or more), the calling thread's CPU and the other threads' CPU per
  * call (medians; every other thread of the process, listed after the warm-up step: OpenMP's
- * workers, OpenBLAS's pool), then the CPU plugin's GEMM decisions (em_plugin_describe): each
- * GEMM inside the step, to set beside bench/step_floor's (--cpu-time) row of the same shape
- * timed alone, and what the rest of the step costs (issue 27).
+ * workers, OpenBLAS's pool; the caller's interval holds the reads of the process's clock, so
+ * it can exceed the process's CPU for a short call), then the CPU plugin's GEMM decisions
+ * (em_plugin_describe): each GEMM inside the step, to set beside bench/step_floor's
+ * (--cpu-time) row of the same shape timed alone, and what the rest of the step costs (issue
+ * 27).
  * `bench/train_step --memory NAME...` instead prints, per workload, the activation bytes of
  * one step from the allocator's statistics (em_memory_stats: category activation): what the
  * forward and loss hold when backward starts (the tensors autograd saved, and the outputs), and
@@ -339,9 +341,14 @@ static bool is_kernel_call(const em_op_event *ev) {
 static void call_begin(void *user, const em_op_event *ev) {
     (void)user;
     if (!is_kernel_call(ev)) return;
+    /* Nested: the other threads' clocks outermost, the process's CPU clock (the column
+     * step_profile.py --cpu-time sets beside step_floor's) next to the wall clock innermost, so
+     * that its interval holds as few of the observer's own clock reads as step_floor's does
+     * (each CPU-time clock read is a system call, ~0.5 us here; with the thread's clock read
+     * inside it, every call's figure carried ~1 us of them). */
     for (int t = 0; t < n_tasks; t++) task_c0[ev->depth][t] = clock_ms(task_clock[t]);
-    call_c0[ev->depth] = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
     own_c0[ev->depth] = clock_ms(CLOCK_THREAD_CPUTIME_ID);
+    call_c0[ev->depth] = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
     call_t0[ev->depth] = clock_ms(CLOCK_MONOTONIC);
 }
 
@@ -349,8 +356,8 @@ static void call_end(void *user, const em_op_event *ev) {
     (void)user;
     if (!is_kernel_call(ev)) return;
     double ms = clock_ms(CLOCK_MONOTONIC) - call_t0[ev->depth];
-    double own = clock_ms(CLOCK_THREAD_CPUTIME_ID) - own_c0[ev->depth], others = 0;
     double cpu = clock_ms(CLOCK_PROCESS_CPUTIME_ID) - call_c0[ev->depth];
+    double own = clock_ms(CLOCK_THREAD_CPUTIME_ID) - own_c0[ev->depth], others = 0;
     int used = own * 1e3 >= USED_US;
     for (int t = 0; t < n_tasks; t++) {
         double d = clock_ms(task_clock[t]) - task_c0[ev->depth][t];

@@ -13,6 +13,7 @@
  * The two f32 libraries agree within rtol 1e-5 of S_ij.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -734,6 +735,72 @@ Test(gemm_paths, transposed_a_of_a_large_product_is_copied_first) {
     ref_addmm(M, K, N, NULL, av, bv, 0.0, 1.0, ref, bound);
     check_close("a^T b, a transposed, large", EM_F32, y, 2, mn, ref, bound);
     free(av), free(bv), free(ref), free(bound);
+    cr_assert_eq(em_scope_end(), EM_OK);
+    em_test_assert_clean_shutdown();
+}
+
+/* A cached oneDNN primitive keeps its memory objects and a call sets their data handles, one
+ * call at a time; a call of the same key while another holds them makes its own. Four threads
+ * run linear of one tunable shape (70x130 -> 96, bias argument) on operands of their own, each
+ * call against that thread's double reference: a handle left pointing at another call's
+ * operands or output would show as a wrong element. */
+enum { CK_THREADS = 4, CK_ROUNDS = 200, CK_M = 70, CK_K = 130, CK_N = 96 };
+typedef struct ck_arg {
+    em_tensor *x, *w, *b;
+    double *y; /* CK_ROUNDS results of CK_M * CK_N, NaN where a call failed */
+} ck_arg;
+
+static void *ck_linear(void *p) {
+    ck_arg *a = p;
+    for (int r = 0; r < CK_ROUNDS; r++) {
+        double *dst = a->y + (size_t)r * CK_M * CK_N;
+        em_scope_begin();
+        em_tensor *y = em_linear(a->x, a->w, a->b);
+        if (!y || em_tensor_to_host(em_to_dtype(y, EM_F64), dst,
+                                    sizeof(double) * CK_M * CK_N) != EM_OK)
+            dst[0] = NAN;
+        em_scope_end();
+    }
+    return NULL;
+}
+
+Test(gemm_paths, concurrent_calls_of_one_key_use_their_own_operands) {
+    cr_assert_eq(em_init(), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    int64_t xs[2] = {CK_M, CK_K}, ws[2] = {CK_N, CK_K}, bs[1] = {CK_N};
+    ck_arg a[CK_THREADS];
+    double *ref[CK_THREADS], *bound[CK_THREADS];
+    for (int t = 0; t < CK_THREADS; t++) {
+        a[t] = (ck_arg){.x = rnd(EM_F32, 2, xs, 200 + 3 * t), .w = rnd(EM_F32, 2, ws, 201 + 3 * t),
+                        .b = rnd(EM_F32, 1, bs, 202 + 3 * t),
+                        .y = malloc(sizeof(double) * CK_ROUNDS * CK_M * CK_N)};
+        cr_assert(a[t].x && a[t].w && a[t].b && a[t].y, "%s", em_last_error());
+        double *xv = values(a[t].x), *wv = values(a[t].w);
+        double *wt = malloc(sizeof(double) * CK_K * CK_N);
+        for (int k = 0; k < CK_K; k++)
+            for (int n = 0; n < CK_N; n++) wt[k * CK_N + n] = wv[n * CK_K + k];
+        double *bn = broadcast_mn(a[t].b, CK_M, CK_N);
+        ref[t] = malloc(sizeof(double) * CK_M * CK_N);
+        bound[t] = malloc(sizeof(double) * CK_M * CK_N);
+        ref_addmm(CK_M, CK_K, CK_N, bn, xv, wt, 1.0, 1.0, ref[t], bound[t]);
+        free(xv), free(wv), free(wt), free(bn);
+    }
+    pthread_t th[CK_THREADS];
+    for (int t = 0; t < CK_THREADS; t++)
+        cr_assert_eq(pthread_create(&th[t], NULL, ck_linear, &a[t]), 0);
+    for (int t = 0; t < CK_THREADS; t++) pthread_join(th[t], NULL);
+    double rtol, atol;
+    tol_of(EM_F32, &rtol, &atol);
+    for (int t = 0; t < CK_THREADS; t++) {
+        for (int r = 0; r < CK_ROUNDS; r++)
+            for (int i = 0; i < CK_M * CK_N; i++) {
+                double got = a[t].y[(size_t)r * CK_M * CK_N + (size_t)i];
+                cr_assert(fabs(got - ref[t][i]) <= rtol * bound[t][i] + atol,
+                          "thread %d, call %d, element %d: %.9g, expected %.9g", t, r, i, got,
+                          ref[t][i]);
+            }
+        free(a[t].y), free(ref[t]), free(bound[t]);
+    }
     cr_assert_eq(em_scope_end(), EM_OK);
     em_test_assert_clean_shutdown();
 }

@@ -21,8 +21,10 @@
  * multiply-adds): the first call of a shape/layout/alpha/beta/bias times two ways of running
  * it on the caller's operands (into a scratch output) — oneDNN on the call's threads and
  * oneDNN on the calling thread alone — and every later call of that key runs the faster (like
- * cuDNN's benchmark mode). Both give the same bits where oneDNN splits rows and columns among
- * its threads, not the sum (its AVX-512 kernels; tests/test_ops_linalg.c checks it), so a
+ * cuDNN's benchmark mode), where all threads must be faster than 1 by 20%, and for products
+ * they run in under 40 us by TUNE_WAKE_US (10 us) a call too (a worker's wake-up is not worth
+ * less). Both give the same bits where oneDNN splits rows and columns among its threads, not
+ * the sum (its AVX-512 kernels; tests/test_ops_linalg.c checks it), so a
  * decision that depends on timing does not make two runs differ: a run resumed in another
  * process still ends bit-identical. Where the two ways give other bits for a key (oneDNN's
  * AVX2 gemm:jit on a CPU without AVX-512 does, for some shapes), checked once on synthetic
@@ -49,9 +51,12 @@
  * a mutex. A call executes on a oneDNN stream of its execution context (cpu_ctx: idle streams
  * are kept there, one per concurrent call, and freed with the context), and passes the
  * primitive's scratchpad from kernel workspace (em_kernel_workspace: the caching allocator,
- * the injectable host allocator, category workspace). The primitives are freed by
- * cpu_gemm_shutdown() when the plugin unloads. Thread counts ("the call's threads") are the
- * execution context's (cpu_threads). Scratch copies of operands are kernel workspace too.
+ * the injectable host allocator, category workspace). Each cached primitive keeps its memory
+ * objects too, and a call only sets their data handles (making and destroying them was ~0.7 us
+ * of a small product's call); the cache is looked up without the lock once an entry exists.
+ * The primitives are freed by cpu_gemm_shutdown() when the plugin unloads. Thread counts ("the
+ * call's threads") are the execution context's (cpu_threads). Scratch copies of operands are
+ * kernel workspace too.
  *
  * Built with configure --without-onednn (EM_HAVE_DNNL undefined) only OpenBLAS exists: f32
  * and f64 GEMMs run in OpenBLAS (f32 products up to 64^3 on the calling thread, the rest on
@@ -133,15 +138,21 @@ typedef struct mm_entry {
     int choice;               /* gemm_path; read and written atomically */
     int tuning;               /* 1 while a thread measures this key */
     struct mm_entry *one;     /* the same key made for 1 thread (PATH_DNNL_1), once looked up */
+    /* src, weights, dst, bias, scratchpad memory objects over the last call's pointers, made
+     * at the first call and kept (a call sets their data handles: dnnl_exec); mem_busy is 1
+     * while a call uses them (a concurrent call of the same key makes its own). */
+    dnnl_memory_t mem[5];
+    int mem_busy;
     struct mm_entry *next;
 } mm_entry;
 
 #endif /* EM_HAVE_DNNL: key, paths, cache entries */
 
 /* Up to this many multiply-adds (B M N K) an f32 GEMM goes to OpenBLAS whatever the choice:
- * oneDNN's fixed cost per call (~2 us: memory objects, stream, an OpenMP region) is more than
- * the work, and below this size OpenBLAS 0.3.21 computes on the calling thread alone (its
- * multithreading threshold is 65536 * 4), so its thread pool never wakes. Measured here:
+ * oneDNN's fixed cost per call (~2 us when this was measured: memory objects, stream, an OpenMP
+ * region; the memory objects are kept with the primitive since) is more than the work, and
+ * below this size OpenBLAS 0.3.21 computes on the calling thread alone (its multithreading
+ * threshold is 65536 * 4), so its thread pool never wakes. Measured here:
  * 64^3 takes 6.8 us in OpenBLAS, 12 us in oneDNN; 96^3 takes 41 us in oneDNN, 60-85 in
  * OpenBLAS. */
 #define SMALL_GEMM (64.0 * 64.0 * 64.0)
@@ -154,6 +165,16 @@ typedef struct mm_entry {
 #define TUNE_ROUNDS 5 /* timed calls per candidate (after one untimed), interleaved */
 #define TUNE_WARMUP_US 100000.0 /* see tune() */
 #define TUNE_MARGIN 0.8 /* a way on 1 thread is chosen when it takes < 0.8x all threads' time */
+/* ... or, for a product all threads run in less than 4x this, when they save less than this
+ * per call: each all-thread call wakes the sleeping OpenMP worker (OMP_WAIT_POLICY=passive),
+ * which costs the worker's CPU besides the product and, on idle cores here, 40-80 us of wall
+ * time the back-to-back timed calls do not all see; and a difference this small is within
+ * what one measurement on a loaded machine can tell
+ * (the MLP step's fc3, 128x10x256, was once tuned to all threads at 14.2 against 14.9 us).
+ * Not for bigger products: a machine busy while this measures can make all threads look no
+ * faster than one (measured once here for all eight MLP products, 128x512x784 at 939.6 us
+ * both ways, where an idle run has 520 against 940). */
+#define TUNE_WAKE_US 10.0
 
 #define MM_BUCKETS 256
 #define MM_MAX_ENTRIES 4096
@@ -183,6 +204,7 @@ static void blas_threads(int nt);
 
 #ifdef EM_HAVE_DNNL
 static const char *path_name(gemm_path p);
+static void entry_free(mm_entry *e);
 
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
@@ -245,8 +267,9 @@ em_status cpu_gemm_init(void) {
              path_name(G.forced_path), tune_env ? tune_env : "");
     const char *tune = G.autotune && G.forced_path != PATH_UNDECIDED ? forced_text
         : G.autotune
-        ? "; per shape from 64^3 to 512^3 multiply-adds the faster of oneDNN on all threads "
-          "and oneDNN on 1 thread (the same bits), measured at its first call "
+        ? "; per shape from 64^3 to 512^3 multiply-adds oneDNN on all threads unless oneDNN "
+          "on 1 thread (the same bits) is 20% faster (or, where all threads take under 40 us, "
+          "less than 10 us slower), measured at its first call "
           "(EMBER_GEMM_AUTOTUNE=0 turns this off; deterministic mode does not use it)"
         : tune_off ? "; per-shape autotuning off (EMBER_GEMM_AUTOTUNE=0)"
         : forced   ? "; no per-shape autotuning (EMBER_GEMM is set)" : "";
@@ -306,8 +329,7 @@ void cpu_gemm_shutdown(void) {
     for (int i = 0; i < MM_BUCKETS; i++) {
         for (mm_entry *e = G.buckets[i], *nx; e; e = nx) {
             nx = e->next;
-            if (e->prim) dnnl_primitive_destroy(e->prim);
-            em_host_free(e);
+            entry_free(e);
         }
         G.buckets[i] = NULL;
     }
@@ -359,11 +381,16 @@ void cpu_ctx_release_handles(cpu_ctx *c) {
     c->n_idle = 0;
 }
 
+/* FNV-1a over the key's 64-bit words (the key is zero-padded to whole words; a byte at a time
+ * took ~0.25 us of every GEMM call), folded so that the high bits reach the bucket index. */
 static uint64_t key_hash(const mm_key *k) {
-    const unsigned char *p = (const unsigned char *)k;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
+    _Static_assert(sizeof(mm_key) % sizeof(uint64_t) == 0, "mm_key is hashed in whole words");
+    uint64_t h = 1469598103934665603ull, w;
+    for (size_t i = 0; i < sizeof *k; i += sizeof w) {
+        memcpy(&w, (const char *)k + i, sizeof w);
+        h = (h ^ w) * 1099511628211ull;
+    }
+    return h ^ (h >> 29) ^ (h >> 47);
 }
 
 static void md_of(const mat3 *m, int64_t *dims, int64_t *strides) {
@@ -427,21 +454,30 @@ static void entry_create(mm_entry *e, dnnl_data_type_t dt) {
     if (attr) dnnl_primitive_attr_destroy(attr);
 }
 
+/* The entry of key k in bucket h's list, or NULL. Entries are pushed at a list's head (with
+ * release, under the lock) and freed only at shutdown, so a reader walks without the lock. */
+static mm_entry *entry_find(uint64_t h, const mm_key *k) {
+    mm_entry *e = __atomic_load_n(&G.buckets[h], __ATOMIC_ACQUIRE);
+    while (e && memcmp(&e->key, k, sizeof *k) != 0) e = e->next;
+    return e;
+}
+
 /* The cache entry of key k, made on first use. *owned: a one-off entry (the cache is full)
  * that the caller frees with entry_free_owned. NULL: out of memory. */
 static mm_entry *entry_get(const mm_key *k, bool *owned) {
     uint64_t h = key_hash(k) % MM_BUCKETS;
     *owned = false;
+    mm_entry *e = entry_find(h, k);
+    if (e) return e;
     pthread_mutex_lock(&G.lock);
-    mm_entry *e = G.buckets[h];
-    while (e && memcmp(&e->key, k, sizeof *k) != 0) e = e->next;
+    e = entry_find(h, k);
     if (!e && (e = em_host_alloc(sizeof *e, 64)) != NULL) {
         memset(e, 0, sizeof *e);
         e->key = *k;
         entry_create(e, (dnnl_data_type_t)k->dt);
         if (G.n_entries < MM_MAX_ENTRIES) {
             e->next = G.buckets[h];
-            G.buckets[h] = e;
+            __atomic_store_n(&G.buckets[h], e, __ATOMIC_RELEASE);
             G.n_entries++;
         } else {
             *owned = true;
@@ -451,10 +487,14 @@ static mm_entry *entry_get(const mm_key *k, bool *owned) {
     return e;
 }
 
-static void entry_free_owned(mm_entry *e) {
+static void entry_free(mm_entry *e) {
+    for (int i = 0; i < 5; i++)
+        if (e->mem[i]) dnnl_memory_destroy(e->mem[i]);
     if (e->prim) dnnl_primitive_destroy(e->prim);
     em_host_free(e);
 }
+
+static void entry_free_owned(mm_entry *e) { entry_free(e); }
 
 /* The key of y = alpha a b + beta y (bias: y = a b + bias) on nt threads. */
 static mm_key make_key(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const mat3 *y,
@@ -475,7 +515,7 @@ static mm_key make_key(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const 
  * with a bias), on a oneDNN stream of kc's context, its scratchpad `pad` (at least e->scratch
  * bytes; NULL: taken from kc's workspace now). RUN_NO when it could not run (nothing was
  * written), RUN_FAILED (error set) when the workspace could not be had. */
-static run_result dnnl_exec(const em_kernel_ctx *kc, const mm_entry *e, const mat3 *a,
+static run_result dnnl_exec(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a,
                             const mat3 *b, const mat3 *y, const void *bias, void *pad) {
     if (!e->prim) return RUN_NO;
     if (!e->scratch) pad = NULL;
@@ -483,13 +523,22 @@ static run_result dnnl_exec(const em_kernel_ctx *kc, const mm_entry *e, const ma
     cpu_ctx *c = cpu_ctx_of(kc);
     dnnl_stream_t s = stream_take(c);
     if (!s) return RUN_NO;
-    dnnl_memory_t m[5] = {NULL, NULL, NULL, NULL, NULL};
-    void *ptrs[4] = {a->data, b->data, y->data, (void *)bias};
+    /* The entry's memory objects, their handles set to this call's pointers (making and
+     * destroying one took ~0.16 us hot, setting a handle 8 ns); while another call of this key
+     * holds them, objects of this call's own. */
+    bool kept = __atomic_exchange_n(&e->mem_busy, 1, __ATOMIC_ACQUIRE) == 0;
+    dnnl_memory_t own[5] = {NULL, NULL, NULL, NULL, NULL}, *m = kept ? e->mem : own;
+    void *ptrs[5] = {a->data, b->data, y->data, (void *)bias, pad};
     int n = e->key.bias ? 4 : 3;
     bool ok = true, done = false;
-    for (int i = 0; i < n && ok; i++)
-        ok = dnnl_memory_create(&m[i], &e->md[i], G.engine, ptrs[i]) == dnnl_success;
-    if (ok && pad) ok = dnnl_memory_create(&m[4], &e->md_scratch, G.engine, pad) == dnnl_success;
+    for (int i = 0; i < 5 && ok; i++) {
+        if (i >= n && (i < 4 || !pad)) continue;
+        const dnnl_memory_desc_t *md = i == 4 ? &e->md_scratch : &e->md[i];
+        dnnl_memory_t made = NULL;
+        if (m[i]) ok = dnnl_memory_set_data_handle(m[i], ptrs[i]) == dnnl_success;
+        else if ((ok = dnnl_memory_create(&made, md, G.engine, ptrs[i]) == dnnl_success))
+            m[i] = made;
+    }
     if (ok) {
         int prev = omp_get_max_threads();
         if (prev != e->key.nt) omp_set_num_threads(e->key.nt);
@@ -501,8 +550,9 @@ static run_result dnnl_exec(const em_kernel_ctx *kc, const mm_entry *e, const ma
                dnnl_stream_wait(s) == dnnl_success;
         if (prev != e->key.nt) omp_set_num_threads(prev);
     }
+    if (kept) __atomic_store_n(&e->mem_busy, 0, __ATOMIC_RELEASE);
     for (int i = 0; i < 5; i++)
-        if (m[i]) dnnl_memory_destroy(m[i]);
+        if (own[i]) dnnl_memory_destroy(own[i]);
     stream_put(c, s);
     return done ? RUN_DONE : RUN_NO;
 }
@@ -813,15 +863,20 @@ static gemm_path tune(const em_kernel_ctx *kc, mm_entry *e, const mat3 *a, const
             if (r >= 0) t[c][r] = now_us() - t0;
         }
     em_clear_error(); /* a way that failed here is only not chosen */
-    /* A 1-thread way must beat all threads by TUNE_MARGIN: a machine busy while this measures
-     * makes all threads look no better than one, and the choice lasts the whole process. */
+    /* A 1-thread way must beat all threads by TUNE_MARGIN, or, where all threads take under
+     * 4 TUNE_WAKE_US, come within TUNE_WAKE_US of them: a machine busy while this measures
+     * makes all threads look no better than one, and the choice lasts the whole process, but
+     * all threads gaining a few microseconds do not pay for the worker's wake-up. */
     int best = 0;
     for (int c = 0; c < nc; c++) {
         qsort(t[c], TUNE_ROUNDS, sizeof t[c][0], cmp_double);
         med[c] = failed[c] ? 1e300 : t[c][TUNE_ROUNDS / 2];
     }
     for (int c = 1; c < nc; c++)
-        if (med[c] < TUNE_MARGIN * med[0] && (best == 0 || med[c] < med[best])) best = c;
+        if ((med[c] < TUNE_MARGIN * med[0] ||
+             (med[0] < 4 * TUNE_WAKE_US && med[c] < med[0] + TUNE_WAKE_US)) &&
+            (best == 0 || med[c] < med[best]))
+            best = c;
     /* A timing-dependent choice is safe only between ways that give the same bits (see the
      * top). Where oneDNN's matmul splits a product's sum by thread count (its AVX2 gemm:jit
      * on a CPU without AVX-512 did: two runs of one program then predicted different logits),
