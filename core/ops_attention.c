@@ -16,7 +16,9 @@
  *                                mask (..., L, S)-broadcastable | (0))
  *       -> out (..., L, Ev) T, logsumexp (..., L) S
  *       attrs: dropout_p (float in [0, 1]), is_causal (bool), scale (float), seed, offset
- *       (ints). The mask has q's ndim; each of its dims is 1 or the matching size (batch
+ *       (ints), graph_rng (bool: the call is recorded in a graph capture; seed unused, the
+ *       stream starts at base + offset with (seed, base) read when the work runs from
+ *       em_kernel_generator_state, ember/dispatch.h). The mask has q's ndim; each of its dims is 1 or the matching size (batch
  *       dims, L, S). bool: false masks the score out; T: added to the scaled score. Causal:
  *       j > i masked. logsumexp_i = log sum_j exp(s_ij) over unmasked j (-inf: none; such a
  *       row's out is 0). Dropout: keep (b, i, j) when em_philox_uniform_f32(seed, offset,
@@ -44,7 +46,7 @@ static const em_op *op_sdpa, *op_sdpa_bwd;
 
 #define SHAPE(t, buf) em__shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
 
-enum { A_DROPOUT, A_CAUSAL, A_SCALE, A_SEED, A_OFFSET, N_ATTRS };
+enum { A_DROPOUT, A_CAUSAL, A_SCALE, A_SEED, A_OFFSET, A_GRAPH, N_ATTRS };
 
 /* ---- inference ------------------------------------------------------------------------------- */
 
@@ -102,7 +104,7 @@ static em_status check_dtypes(const em_op *op, const em_tensor *const *t,
 
 static em_status check_attrs(const em_op *op, const em_attr *a) {
     static const em_attr_type types[N_ATTRS] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_FLOAT,
-                                                EM_ATTR_INT, EM_ATTR_INT};
+                                                EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_BOOL};
     for (int i = 0; i < N_ATTRS; i++)
         if (!a || a[i].type != types[i])
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' is required",
@@ -181,6 +183,7 @@ static em_status kernel_attrs(const char *who, const em_attr *attrs, int64_t E, 
     a[A_SCALE] = afloat(em__attr_float_or(attrs, A_SCALE, E > 0 ? 1.0 / sqrt((double)E) : 1.0));
     a[A_SEED] = aint(random ? attrs[A_SEED].v.i : 0);
     a[A_OFFSET] = aint(random ? attrs[A_OFFSET].v.i : 0);
+    a[A_GRAPH] = abool(random && em__attr_bool_or(attrs, A_GRAPH, false));
     return EM_OK;
 }
 
@@ -292,11 +295,14 @@ static em_status d_sdpa(const em_backward_ctx *c, em_tensor **gi) {
     if (!c->grad_out[0]) return EM_OK;
     const em_attr *a = c->attrs;
     double scale = a[A_SCALE].v.f;
-    em_rng_state rs = {.seed = (uint64_t)a[A_SEED].v.i, .offset = (uint64_t)a[A_OFFSET].v.i};
+    /* the forward's attributes, graph_rng with them: a captured forward's mask is recomputed
+     * from the capture's generator state */
     em_tensor *gq = NULL, *gk = NULL, *gv = NULL;
-    em_status st = em_scaled_dot_product_attention_backward(
-        c->grad_out[0], c->in[0], c->in[1], c->in[2], has_mask ? mask : NULL, c->out[1],
-        a[A_DROPOUT].v.f, a[A_CAUSAL].v.b, &scale, rs, &gq, &gk, &gv);
+    em_status st = em__callv(op_sdpa_bwd, 6, EM__IN(c->grad_out[0], c->in[0], c->in[1],
+                                                    c->in[2], has_mask ? mask : NULL, c->out[1]),
+                             EM__ATTRS(a[A_DROPOUT], a[A_CAUSAL], afloat(scale), a[A_SEED],
+                                       a[A_OFFSET], a[A_GRAPH]),
+                             (em_tensor **const[]){&gq, &gk, &gv}, 3);
     if (st != EM_OK) return st;
     if (c->needs_grad[0]) gi[0] = gq;
     if (c->needs_grad[1]) gi[1] = gk;
@@ -311,9 +317,9 @@ em_status em__ops_declare_attention(em_registry *core) {
                              *const bwd_i[] = {"grad_output", "query", "key", "value",
                                                "attn_mask", "logsumexp"},
                              *const attr_n[] = {"dropout_p", "is_causal", "scale", "seed",
-                                                "offset"};
+                                                "offset", "graph_rng"};
     static const em_attr_type attr_t[] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_FLOAT,
-                                          EM_ATTR_INT, EM_ATTR_INT};
+                                          EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_BOOL};
     em_status st = em__declare(core, &op_sdpa, (em_op_schema){
         .name = "scaled_dot_product_attention", .n_inputs = 4, .input_names = fwd_i,
         .n_outputs = 2, .n_attrs = N_ATTRS, .attr_names = attr_n, .attr_types = attr_t,
@@ -336,7 +342,8 @@ em_status em__ops_declare_attention(em_registry *core) {
 #define SCALE(p) ((p) ? afloat(*(p)) : (em_attr){.type = EM_ATTR_NONE})
 
 /* The generator's blocks for the (B, L, S) dropout mask (4 draws a block, as em_dropout)
- * become the op's seed and offset; nothing is drawn without dropout. */
+ * become the op's seed and offset (relative ones, graph_rng set, in a graph capture on the
+ * query's device); nothing is drawn without dropout. */
 em_tensor *em_scaled_dot_product_attention(const em_tensor *query, const em_tensor *key,
                                            const em_tensor *value, const em_tensor *attn_mask,
                                            double dropout_p, bool is_causal,
@@ -345,13 +352,17 @@ em_tensor *em_scaled_dot_product_attention(const em_tensor *query, const em_tens
     int64_t n = query && key && query->ndim >= 2 && key->ndim >= 2
                     ? em__numel(query->ndim - 1, query->shape) * key->shape[key->ndim - 2]
                     : 0;
-    em_rng_state s = dropout_p > 0 && dropout_p < 1 && n > 0
-                         ? em_generator_reserve(gen, ((uint64_t)n + 3) / 4)
-                         : (em_rng_state){0};
+    em_rng_state s = {0};
+    bool graph = false;
+    if (dropout_p > 0 && dropout_p < 1 && n > 0 &&
+        em__rng_draw(gen, ((uint64_t)n + 3) / 4, query->storage->device,
+                     "scaled_dot_product_attention", true, &s, &graph) != EM_OK)
+        return NULL;
     em_tensor *y = NULL;
     em_status st = em__callv(op_sdpa, 4, EM__IN(query, key, value, attn_mask),
                              EM__ATTRS(afloat(dropout_p), abool(is_causal), SCALE(scale),
-                                       aint((int64_t)s.seed), aint((int64_t)s.offset)),
+                                       aint((int64_t)s.seed), aint((int64_t)s.offset),
+                                       abool(graph)),
                              (em_tensor **const[]){&y, logsumexp}, 2);
     return st == EM_OK ? y : NULL;
 }
@@ -365,7 +376,7 @@ em_status em_scaled_dot_product_attention_backward(
     return em__callv(op_sdpa_bwd, 6, EM__IN(grad_output, query, key, value, attn_mask, logsumexp),
                      EM__ATTRS(afloat(dropout_p), abool(is_causal), SCALE(scale),
                                aint((int64_t)dropout_state.seed),
-                               aint((int64_t)dropout_state.offset)),
+                               aint((int64_t)dropout_state.offset), abool(false)),
                      (em_tensor **const[]){grad_query, grad_key, grad_value}, 3);
 }
 #undef SCALE

@@ -819,14 +819,17 @@ em_status em__ops_declare_nn(em_registry *core) {
          infer_softmax, NULL, 0, c_softmax, 0);
 #undef DECL
 #undef DECLA
-    /* dropout(x; p, training, seed, offset) -> (y, mask): the mask is bernoulli(1 - p) from the
-     * Philox stream at (seed, offset) (em_dropout draws them from a generator). */
-    static const char *const drop_a[] = {"p", "training", "seed", "offset"},
+    /* dropout(x; p, training, seed, offset, graph_rng) -> (y, mask): the mask is
+     * bernoulli(1 - p) from the Philox stream at (seed, offset) (em_dropout draws them from a
+     * generator); graph_rng true: offset relative to a graph capture's generator state, as
+     * bernoulli's (ops_fill.c). */
+    static const char *const drop_a[] = {"p", "training", "seed", "offset", "graph_rng"},
                              *const drop_o[] = {"input"};
-    static const em_attr_type drop_t[] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_INT, EM_ATTR_INT};
+    static const em_attr_type drop_t[] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_INT, EM_ATTR_INT,
+                                          EM_ATTR_BOOL};
     if (st == EM_OK)
         st = em__declare(core, &op_dropout, (em_op_schema){.name = "dropout", .n_inputs = 1,
-                         .input_names = drop_o, .n_outputs = 2, .n_attrs = 4,
+                         .input_names = drop_o, .n_outputs = 2, .n_attrs = 5,
                          .attr_names = drop_a, .attr_types = drop_t, .composite = c_dropout,
                          .category = "nn"});
     /* conv1d, conv_transpose2d and group_norm: composites of conv2d, conv2d_backward_data and
@@ -1379,7 +1382,8 @@ EM__COMPOSITE(c_dropout) {
                           "in training (em_dropout draws them from a generator)");
     } else {
         mask = em__empty(x->ndim, x->shape, EM_BOOL, dev);
-        em_attr ba[3] = {attrs[2], attrs[3], afloat(1 - p)};
+        /* graph_rng (attribute 4) passes to the mask's draw: relative to a capture's state */
+        em_attr ba[4] = {attrs[2], attrs[3], afloat(1 - p), attrs[4]};
         st = mask ? em_op_call_out(op_bernoulli, NULL, 0, ba, &mask, 1) : em_last_status();
         em_tensor *m = st == EM_OK ? em__to_dtype(mask, x->dtype) : NULL;
         em_attr k = afloat(1 - p);
@@ -1686,16 +1690,21 @@ em_tensor *em_group_norm(const em_tensor *input, int64_t num_groups, const em_te
 #undef P2
 
 /* The generator's blocks for the mask (4 draws a block, as em_bernoulli_) become the op's seed
- * and offset; nothing is drawn when the mask is not random. */
+ * and offset (relative ones, graph_rng set, in a graph capture on x's device); nothing is
+ * drawn when the mask is not random. */
 em_tensor *em_dropout(const em_tensor *x, double p, bool training, em_generator *gen,
                       em_tensor **mask) {
-    bool draws = x && training && p > 0 && p < 1;
-    em_rng_state s = draws ? em_generator_reserve(gen, ((uint64_t)x->numel + 3) / 4)
-                           : (em_rng_state){0};
+    bool draws = x && training && p > 0 && p < 1, graph = false;
+    em_rng_state s = {0};
+    if (draws && em__rng_draw(gen, ((uint64_t)x->numel + 3) / 4, x->storage->device,
+                              "dropout", true, &s, &graph) != EM_OK)
+        return NULL;
     em_tensor *y = NULL;
     em_status st = em__callv(op_dropout, 1, &x, EM__ATTRS(afloat(p), abool(training),
                                                           aint((int64_t)s.seed),
-                                                          aint((int64_t)s.offset)),
+                                                          aint((int64_t)s.offset),
+                                                          graph ? abool(true)
+                                                                : (em_attr){.type = EM_ATTR_NONE}),
                              (em_tensor **const[]){&y, mask}, 2);
     return st == EM_OK ? y : NULL;
 }
