@@ -454,9 +454,9 @@ const uint64_t *em_kernel_generator_state(const em_kernel_ctx *k) {
     }
     if (!tls_capture.active || !em_device_equal(tls_capture.dev, k->device) ||
         tls_capture.s != k->stream || !tls_capture.rng.state) {
-        em_set_error(EM_ERR_STATE, "%s: attribute 'graph_rng' is set, but no graph capture on "
-                     "%s has a generator state for this call's stream (graph_rng marks the "
-                     "draws of a capture; em_generator_reserve's states are absolute)",
+        em_set_error(EM_ERR_STATE, "%s: attribute 'seed' is absent with an 'offset', but no "
+                     "graph capture on %s has a generator state for this call's stream (an "
+                     "offset without a seed is a capture's relative one; pass both)",
                      em_op_name(k->op), em_device_str(k->device, buf, sizeof buf));
         return NULL;
     }

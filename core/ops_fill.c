@@ -9,9 +9,8 @@
  *   arange() -> y         attrs: start, step, end (floats; end absent: any length);
  *                         y[i] = start + i * step.
  *   uniform/normal/bernoulli() -> y   see ember/random.h for the attributes and streams;
- *                                     the last attribute, graph_rng (bool, absent: false),
- *                                     marks a call recorded in a graph capture: the seed
- *                                     attribute is unused and the stream starts at block
+ *                                     seed absent with offset given marks a call recorded in
+ *                                     a graph capture: the stream starts at block
  *                                     base + offset, with (seed, base) read when the work runs
  *                                     from em_kernel_generator_state (ember/dispatch.h).
  *   randperm() -> y                   attrs: seed, offset. y (n) i64 or i32, any strides: the
@@ -102,15 +101,14 @@ static em_status op_check_fill(const em_op *op, em_tensor *const *t, int n, cons
 
 em_status em__ops_declare_fill(em_registry *core) {
     static const char *const value[] = {"value"}, *const arange[] = {"start", "step", "end"},
-                             *const uniform[] = {"seed", "offset", "lo", "hi", "graph_rng"},
-                             *const normal[] = {"seed", "offset", "mean", "std", "graph_rng"},
-                             *const bernoulli[] = {"seed", "offset", "p", "graph_rng"},
+                             *const uniform[] = {"seed", "offset", "lo", "hi"},
+                             *const normal[] = {"seed", "offset", "mean", "std"},
+                             *const bernoulli[] = {"seed", "offset", "p"},
                              *const randperm[] = {"seed", "offset"};
     static const em_attr_type tf[] = {EM_ATTR_FLOAT},
                               tfff[] = {EM_ATTR_FLOAT, EM_ATTR_FLOAT, EM_ATTR_FLOAT},
-                              tiiffb[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT,
-                                          EM_ATTR_FLOAT, EM_ATTR_BOOL},
-                              tiifb[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT, EM_ATTR_BOOL},
+                              tiiff[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT, EM_ATTR_FLOAT},
+                              tiif[] = {EM_ATTR_INT, EM_ATTR_INT, EM_ATTR_FLOAT},
                               tii[] = {EM_ATTR_INT, EM_ATTR_INT};
     const unsigned nd = EM_OP_NONDIFF;
     em_status st = EM_OK;
@@ -122,12 +120,12 @@ em_status em__ops_declare_fill(em_registry *core) {
           .prepare = prep_fill);
     DECLS(op_arange, .name = "arange", .n_attrs = 3, .attr_names = arange, .attr_types = tfff,
           .prepare = prep_fill);
-    DECLS(op_uniform, .name = "uniform", .n_attrs = 5, .attr_names = uniform,
-          .attr_types = tiiffb, .prepare = prep_fill);
-    DECLS(op_normal, .name = "normal", .n_attrs = 5, .attr_names = normal, .attr_types = tiiffb,
+    DECLS(op_uniform, .name = "uniform", .n_attrs = 4, .attr_names = uniform,
+          .attr_types = tiiff, .prepare = prep_fill);
+    DECLS(op_normal, .name = "normal", .n_attrs = 4, .attr_names = normal, .attr_types = tiiff,
           .prepare = prep_fill);
-    DECLS(op_bernoulli, .name = "bernoulli", .n_attrs = 4, .attr_names = bernoulli,
-          .attr_types = tiifb, .prepare = prep_fill);
+    DECLS(op_bernoulli, .name = "bernoulli", .n_attrs = 3, .attr_names = bernoulli,
+          .attr_types = tiif, .prepare = prep_fill);
     DECLS(op_randperm, .name = "randperm", .n_attrs = 2, .attr_names = randperm,
           .attr_types = tii, .prepare = prep_fill);
 #undef DECLS
@@ -152,13 +150,12 @@ em_tensor *em_arange(double start, double end, double step, em_dtype dt, em_devi
     return em__scope_track(t);
 }
 
-/* A fill op's attributes from gen: seed and offset of the blocks reserved for t (relative to
- * the capture's generator state, graph_rng set, while this thread captures on t's device). */
+/* A fill op's attributes from gen: seed and offset of the blocks reserved for t (while this
+ * thread captures on t's device: no seed, the offset relative to the capture's state). */
 static em_status random_fill(const em_op *op, em_tensor *t, em_generator *gen, int per_block,
                              double p0, double p1) {
     if (!em__check_inputs(em_op_name(op), (const em_tensor *const *)&t, 1)) return em_last_status();
-    int n_p = op == op_bernoulli ? 1 : 2; /* the op's float attributes; graph_rng follows */
-    em_attr attrs[5] = {{0}, {0}, EM__A_FLOAT(p0), EM__A_FLOAT(p1), {0}};
+    em_attr attrs[4] = {{0}, {0}, EM__A_FLOAT(p0), EM__A_FLOAT(p1)};
     /* Checked before the generator advances: a refused call draws nothing. */
     if (op_check_fill(op, &t, 1, attrs) != EM_OK) return em_last_status();
     uint64_t blocks = ((uint64_t)t->numel + (uint64_t)per_block - 1) / (uint64_t)per_block;
@@ -167,9 +164,8 @@ static em_status random_fill(const em_op *op, em_tensor *t, em_generator *gen, i
     em_status st = em__rng_draw(gen, blocks, t->storage->device, em_op_name(op), true, &s,
                                 &graph);
     if (st != EM_OK) return st;
-    attrs[0] = EM__A_INT((int64_t)s.seed);
+    attrs[0] = graph ? (em_attr){.type = EM_ATTR_NONE} : EM__A_INT((int64_t)s.seed);
     attrs[1] = EM__A_INT((int64_t)s.offset);
-    attrs[2 + n_p] = graph ? EM__A_BOOL(true) : (em_attr){.type = EM_ATTR_NONE};
     return em_op_call_out(op, NULL, 0, attrs, &t, 1);
 }
 

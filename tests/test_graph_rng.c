@@ -10,8 +10,8 @@
  *   - scaled_dot_product_attention with dropout, forward and backward captured: each replay
  *     gives the eager output and gradients bit for bit at its generator state, and replays
  *     differ;
- *   - the refusals: randperm and a second generator in a capture name the op; graph_rng set
- *     outside a capture (the CPU kernel) is an error naming the op; eager calls never set it.
+ *   - the refusals: randperm and a second generator in a capture name the op; an offset without
+ *     a seed outside a capture (the CPU kernel) is an error naming the op.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -238,7 +238,7 @@ Test(graph_rng, captured_attention_dropout_replays_the_eager_forward_and_backwar
     em_stream_free(td, s);
 }
 
-Test(graph_rng, uncovered_draws_and_stray_graph_rng_are_refused_naming_the_op) {
+Test(graph_rng, uncovered_draws_and_a_stray_relative_offset_are_refused_naming_the_op) {
     em_device td = host_testdev();
     em_stream *s = NULL;
     cr_assert_eq(em_stream_create(td, &s), EM_OK, "%s", em_last_error());
@@ -254,6 +254,11 @@ Test(graph_rng, uncovered_draws_and_stray_graph_rng_are_refused_naming_the_op) {
     cr_assert_eq(em_bernoulli_(a, 0.5, NULL), EM_OK, "%s", em_last_error());
     cr_assert_eq(em_uniform_(a, 0, 1, other), EM_ERR_STATE);
     em_assert_error(EM_ERR_STATE, "uniform: draws from a second generator in one graph capture");
+    /* both attributes by name in the capture: an eager draw's, replayed as recorded */
+    em_attr ab[3] = {{.type = EM_ATTR_INT, .v.i = 3}, {.type = EM_ATTR_INT, .v.i = 0},
+                     {.type = EM_ATTR_FLOAT, .v.f = 0.5}};
+    cr_assert_eq(em_op_call_out(em_op_find("bernoulli"), NULL, 0, ab, &a, 1), EM_OK, "%s",
+                 em_last_error());
     /* a CPU op in the capture draws eagerly: the capture is testdev's */
     em_rng_state before = em_generator_get_state(NULL);
     cr_assert(em_randperm(10, EM_I64, em_cpu(), NULL), "%s", em_last_error());
@@ -261,13 +266,14 @@ Test(graph_rng, uncovered_draws_and_stray_graph_rng_are_refused_naming_the_op) {
     em_scope_end();
     cr_assert_eq(em_graph_capture_end(td, &g), EM_OK, "%s", em_last_error());
     em_graph_free(g);
-    /* graph_rng by name outside a capture: the kernel's error names the op */
+    /* an offset without a seed by name outside a capture: the kernel's error names the op */
     em_scope_begin();
     em_tensor *c = em_zeros(1, (const int64_t[]){8}, EM_F32, em_cpu());
-    em_attr at[4] = {{.type = EM_ATTR_INT, .v.i = 1}, {.type = EM_ATTR_INT, .v.i = 0},
-                     {.type = EM_ATTR_FLOAT, .v.f = 0.5}, {.type = EM_ATTR_BOOL, .v.b = true}};
+    em_attr at[3] = {{.type = EM_ATTR_NONE}, {.type = EM_ATTR_INT, .v.i = 0},
+                     {.type = EM_ATTR_FLOAT, .v.f = 0.5}};
     cr_assert_eq(em_op_call_out(em_op_find("bernoulli"), NULL, 0, at, &c, 1), EM_ERR_STATE);
-    em_assert_error(EM_ERR_STATE, "bernoulli: attribute 'graph_rng' is set, but no graph capture");
+    em_assert_error(EM_ERR_STATE, "bernoulli: attribute 'seed' is absent with an 'offset', but "
+                    "no graph capture");
     em_scope_end();
     em_generator_free(other);
     em_tensor_release(a);

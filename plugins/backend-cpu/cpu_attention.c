@@ -118,13 +118,13 @@ static at_geom at_geom_of(const em_kernel_ctx *k, int iq, int im) {
             st *= mk->shape[d];
         }
     }
-    const em_attr *a = k->attrs; /* dropout_p, is_causal, scale, seed, offset, graph_rng */
+    const em_attr *a = k->attrs; /* dropout_p, is_causal, scale, seed, offset */
     double p = a[0].v.f;
     g.causal = a[1].v.b;
     /* causal: half the blocks, each stopping at its last row's key, skip more of the scores */
     if (g.causal && g.br > 32) g.br /= 2;
     g.scale = a[2].v.f;
-    g.seed = (uint64_t)a[3].v.i, g.offset = (uint64_t)a[4].v.i; /* see at_origin */
+    g.seed = 0, g.offset = 0; /* at_origin */
     g.dropping = p > 0;
     g.keep_p = 1 - p;
     g.rinv = p < 1 ? 1 / (1 - p) : 0;
@@ -180,9 +180,9 @@ static em_status at_thread_error(const em_kernel_ctx *k) {
 #undef EXP
 #undef GEMM
 
-/* The dropout stream's origin: the attributes', or a graph capture's (graph_rng). */
+/* The dropout stream's origin: the attributes', or a graph capture's (no seed). */
 static em_status at_origin(const em_kernel_ctx *k, at_geom *g) {
-    return g->dropping ? cpu_rng_origin(k, 3, 5, &g->seed, &g->offset) : EM_OK;
+    return g->dropping ? cpu_rng_origin(k, 3, &g->seed, &g->offset) : EM_OK;
 }
 
 static em_status k_sdpa(const em_kernel_ctx *k) {

@@ -3,10 +3,11 @@
  * of randperm.
  *
  * Each op has no inputs and one output, the tensor to fill (any strides), and the attributes
- *     uniform:   seed (int), offset (int), lo (float), hi (float), graph_rng (bool)
- *     normal:    seed (int), offset (int), mean (float), std (float), graph_rng (bool)
- *     bernoulli: seed (int), offset (int), p (float), graph_rng (bool)
- * (graph_rng: the origin comes from a graph capture's generator state, cpu_rng_origin.)
+ *     uniform:   seed (int), offset (int), lo (float), hi (float)
+ *     normal:    seed (int), offset (int), mean (float), std (float)
+ *     bernoulli: seed (int), offset (int), p (float)
+ * (seed absent, offset given: the origin comes from a graph capture's generator state,
+ * cpu_rng_origin.)
  * Element i (C order over the output's shape) takes exactly the value that ember/random.h
  * defines for index i of the stream starting at block `offset`. The kernels loop over Philox
  * blocks, computing each block once for the 4 (or 2) elements it feeds, so the split across
@@ -54,14 +55,13 @@ static double attr_float(const em_kernel_ctx *ctx, int k, double def) {
     return ctx->attrs[k].type == EM_ATTR_FLOAT ? ctx->attrs[k].v.f : def;
 }
 
-/* graph_rng follows the float attributes: index 4 (uniform, normal) or 3 (bernoulli). */
 static em_status read_params(const em_kernel_ctx *ctx, double def_a, double def_b, bool has_b,
                              rng_params *p /* out */) {
     *p = (rng_params){
         .a = attr_float(ctx, 2, def_a),
         .b = has_b ? attr_float(ctx, 3, def_b) : 0.0,
     };
-    return cpu_rng_origin(ctx, 0, has_b ? 4 : 3, &p->seed, &p->offset);
+    return cpu_rng_origin(ctx, 0, &p->seed, &p->offset);
 }
 
 /* ---- the streams (must match ember/random.h bit for bit) ---------------------------------- */

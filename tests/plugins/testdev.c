@@ -255,11 +255,11 @@ typedef struct td_host {
     em_ktensor kt[TD_HOST_MAX]; /* inputs, then outputs; host addresses */
     bool absent[TD_HOST_MAX];   /* a NULL input (or a list's NULL entry) */
     em_attr *attrs;             /* copies, strings and lists owned */
-    /* A drawing op recorded in a graph capture (its graph_rng attribute true): the capture's
-     * generator state (2) uint64 {seed, base}, read when the item runs, as a GPU kernel reads
-     * it; the seed and offset attributes' indices. graph_attr -1: none. */
+    /* A drawing op recorded in a graph capture (its seed attribute absent, its offset given):
+     * the capture's generator state (2) uint64 {seed, base}, read when the item runs, as a GPU
+     * kernel reads it; seed_attr: the seed attribute's index (-1: none such call). */
     em_ktensor rng;
-    int graph_attr, seed_attr;
+    int seed_attr;
 } td_host;
 
 /* What a timed event reads: the device clock when its record item ran (under the lock). */
@@ -1111,12 +1111,11 @@ static void td_run_host(const td_host *h) {
     int n = h->n_in + h->n_out;
     em_attr ga[EM_CASE_MAX_ATTRS * 2];
     const em_attr *attrs = h->attrs;
-    if (h->graph_attr >= 0) { /* the state now (a replay's), as absolute attributes */
+    if (h->seed_attr >= 0) { /* the state now (a replay's), as absolute attributes */
         const uint64_t *rs = h->rng.data;
         memcpy(ga, h->attrs, (size_t)h->n_attrs * sizeof *ga);
-        ga[h->seed_attr].v.i = (int64_t)rs[0];
+        ga[h->seed_attr] = (em_attr){.type = EM_ATTR_INT, .v.i = (int64_t)rs[0]};
         ga[h->seed_attr + 1].v.i = (int64_t)((uint64_t)ga[h->seed_attr + 1].v.i + rs[1]);
-        ga[h->graph_attr] = (em_attr){.type = EM_ATTR_NONE};
         attrs = ga;
     }
     em_grad_mode_push(EM_GRAD_DISABLED);
@@ -1193,18 +1192,13 @@ static em_status td_k_add(const em_kernel_ctx *ctx) { return td_binary(ctx, '+',
 static em_status td_k_host(const em_kernel_ctx *ctx) {
     int n = ctx->n_in + ctx->n_out;
     const em_op_schema *sc = em_op_schema_of(ctx->op);
-    int graph_attr = -1, seed_attr = -1;
-    for (int i = 0; i < sc->n_attrs; i++) {
-        if (!strcmp(sc->attr_names[i], "graph_rng") && ctx->attrs[i].type == EM_ATTR_BOOL &&
-            ctx->attrs[i].v.b)
-            graph_attr = i;
-        if (!strcmp(sc->attr_names[i], "seed")) seed_attr = i;
-    }
+    int seed_attr = -1;
+    for (int i = 0; i + 1 < sc->n_attrs && i + 1 < EM_CASE_MAX_ATTRS * 2; i++)
+        if (!strcmp(sc->attr_names[i], "seed") && !strcmp(sc->attr_names[i + 1], "offset") &&
+            ctx->attrs[i].type == EM_ATTR_NONE && ctx->attrs[i + 1].type == EM_ATTR_INT)
+            seed_attr = i;
     const uint64_t *rng = NULL;
-    if (graph_attr >= 0 && (seed_attr < 0 || sc->n_attrs > EM_CASE_MAX_ATTRS * 2))
-        return em_set_error(EM_ERR_INVALID, "testdev: %s: graph_rng without a seed attribute",
-                            em_op_name(ctx->op));
-    if (graph_attr >= 0 && !(rng = em_kernel_generator_state(ctx))) return em_last_status();
+    if (seed_attr >= 0 && !(rng = em_kernel_generator_state(ctx))) return em_last_status();
     if (n + (rng != NULL) > TD_HOST_MAX)
         return em_set_error(EM_ERR_INVALID, "testdev: %s: %d operands; the host kernels take "
                             "at most %d", em_op_name(ctx->op), n, TD_HOST_MAX);
@@ -1220,7 +1214,7 @@ static em_status td_k_host(const em_kernel_ctx *ctx) {
     *h = (td_host){.refs = 1, .op = ctx->op, .n_in = ctx->n_in, .n_out = ctx->n_out,
                    .n_attrs = sc->n_attrs, .attrs = attrs,
                    .count = lists && sc->n_outputs ? ctx->n_out / sc->n_outputs : 0,
-                   .graph_attr = graph_attr, .seed_attr = seed_attr};
+                   .seed_attr = seed_attr};
     it->u.host = h;
     bool oom = false;
     for (int i = 0; i < sc->n_attrs; i++) {

@@ -352,9 +352,9 @@ typedef struct em_kernel_ctx {
 EM_API em_status em_kernel_workspace(const em_kernel_ctx *k, size_t nbytes, void **out /* out */);
 
 /* For the kernels of the ops that draw random numbers (uniform, normal, bernoulli,
- * scaled_dot_product_attention and its backward): when the call's attribute "graph_rng" is
- * true, the call is recorded in a graph capture and its seed attribute is unused: the work
- * reads the seed and a base offset, two uint64 {seed, base}, from the device memory this
+ * scaled_dot_product_attention with dropout and its backward): when the call's "seed"
+ * attribute is absent and its "offset" given, the call is recorded in a graph capture: the
+ * work reads the seed and a base offset, two uint64 {seed, base}, from the device memory this
  * returns when it runs (a replay's values, which em_graph_replay writes first), and draws
  * from Philox block base + offset (ember/random.h, "Graph capture"). Call it from the kernel
  * function on the thread that queues the work. NULL with EM_ERR_STATE (naming the op and
