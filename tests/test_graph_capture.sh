@@ -41,9 +41,10 @@
 #     comparisons as above; weights other than the MLP's without dropout; a resume from a
 #     checkpoint at step 30 ends with the uninterrupted run's weights;
 #   - tests/gpu/capture (tests/gpu/run.sh capture) rehearsed on the test device (--plugin):
-#     its 10 rows (SGD, Adam, AdamW, Adam+clip, Adam+ams; float32 and float64), each a
-#     captured step replayed 19 times against the CPU's plain steps, all PASS and bitwise
-#     (the test device runs the CPU's kernels: no GPU rounding);
+#     its 10 optimizer rows (SGD, Adam, AdamW, Adam+clip, Adam+ams; float32 and float64), each
+#     a captured step replayed 19 times against the CPU's plain steps, all PASS and bitwise
+#     (the test device runs the CPU's kernels: no GPU rounding), and its Dropout row (19
+#     replays of captured draws against the CPU's eager draws, bitwise, no mask repeated);
 #   - bench/gpu_step's graph rows of the MLP (tests/gpu/run.sh bench) rehearsed on the test
 #     device (--plugin): mlp_graph (SGD) and mlp_adam_graph (Adam capturable), whose 3 eager
 #     steps + 5 replays must equal 8 eager steps bitwise (match=yes; plain Adam captured the
@@ -290,6 +291,8 @@ out=$(./tests/gpu/capture --device testdev:0 --plugin "$host" 2>&1) || bad "test
 [ "$(echo "$out" | grep -c '(1 eager, then replays of 1 capture): params and states bitwise .*: PASS$')" -eq 10 ] ||
     bad "tests/gpu/capture on testdev:0: not 10 bitwise PASS rows: $out"
 echo "$out" | grep -q 'clip norms bitwise' || bad "tests/gpu/capture: no clip rows: $out"
+echo "$out" | grep -q '^capture Dropout .*(1 eager, then replays of 1 capture): masks, outputs and fills bitwise, 0 replay(s) repeating the previous mask, generator where the CPU.s ops leave it: PASS$' ||
+    bad "tests/gpu/capture on testdev:0: no passing Dropout row: $out"
 # bench/gpu_step's graph rows on the test device (no times checked: only the replays' match)
 out=$(./bench/gpu_step --device testdev:0 --quick --plugin "$host" mlp_graph mlp_adam_graph 2>&1) ||
     bad "bench/gpu_step on testdev:0: $out"
