@@ -24,18 +24,6 @@
 
 TestSuite(graph_rng, .init = em_test_setup, .fini = em_test_teardown, .timeout = 120);
 
-static em_device host_testdev(void) {
-    const char *dir = getenv("EMBER_TEST_PLUGIN_DIR");
-    cr_assert(dir, "EMBER_TEST_PLUGIN_DIR is not set (run through make check)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/../host/.libs/testdev_host.so", dir);
-    cr_assert_eq(em_plugin_load(path), EM_OK, "%s", em_last_error());
-    em_device td;
-    cr_assert_eq(em_device_parse("testdev:0", &td), EM_OK, "%s", em_last_error());
-    cr_assert(em_graph_capture_supported(td));
-    return td;
-}
-
 /* a and b hold the same bits (as doubles: every value here is exact in double). */
 static bool same(const em_tensor *a, const em_tensor *b) {
     double *x = em_test_values(a), *y = em_test_values(b);
@@ -83,7 +71,7 @@ static void expect_values(const em_tensor *t, const double *want, const char *wh
 }
 
 Test(graph_rng, captured_draws_replay_fresh_numbers_the_eager_ops_draw) {
-    em_device td = host_testdev();
+    em_device td = em_test_host_testdev();
     em_seed(1234);
     em_generator_reserve(NULL, 77); /* not at offset 0 */
     em_stream *s = NULL;
@@ -184,7 +172,7 @@ static void sdpa_step(em_tensor *q, em_tensor *k, em_tensor *v, const em_tensor 
 }
 
 Test(graph_rng, captured_attention_dropout_replays_the_eager_forward_and_backward) {
-    em_device td = host_testdev();
+    em_device td = em_test_host_testdev();
     em_seed(7);
     em_stream *s = NULL;
     cr_assert_eq(em_stream_create(td, &s), EM_OK, "%s", em_last_error());
@@ -239,7 +227,7 @@ Test(graph_rng, captured_attention_dropout_replays_the_eager_forward_and_backwar
 }
 
 Test(graph_rng, uncovered_draws_and_a_stray_relative_offset_are_refused_naming_the_op) {
-    em_device td = host_testdev();
+    em_device td = em_test_host_testdev();
     em_stream *s = NULL;
     cr_assert_eq(em_stream_create(td, &s), EM_OK, "%s", em_last_error());
     em_scope_begin();
