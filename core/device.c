@@ -416,10 +416,16 @@ static _Thread_local struct {
     graph_rng rng;
 } tls_capture;
 
+/* Captures in progress on every thread: eager draws, while there is none, skip the
+ * thread-local lookup (a __tls_get_addr call in a shared library) on their way to the
+ * generator. */
+static atomic_int captures_active;
+
 em_status em__rng_draw(em_generator *gen, uint64_t blocks, em_device dev, const char *who,
                        bool covered, em_rng_state *out, bool *graph) {
     *graph = false;
-    if (!tls_capture.active || !em_device_equal(tls_capture.dev, dev)) {
+    if (atomic_load_explicit(&captures_active, memory_order_relaxed) == 0 ||
+        !tls_capture.active || !em_device_equal(tls_capture.dev, dev)) {
         *out = em_generator_reserve(gen, blocks);
         return EM_OK;
     }
@@ -516,6 +522,7 @@ em_status em_graph_capture_begin(em_device dev, em_stream *s) {
     tls_capture.prev = prev;
     tls_capture.pool = pool;
     tls_capture.rng = (graph_rng){0};
+    atomic_fetch_add_explicit(&captures_active, 1, memory_order_relaxed);
     return EM_OK;
 }
 
@@ -531,6 +538,7 @@ em_status em_graph_capture_end(em_device dev, em_graph **out) {
                             "%s (em_graph_capture_begin first)",
                             em_device_str(dev, buf, sizeof buf));
     tls_capture.active = false;
+    atomic_fetch_sub_explicit(&captures_active, 1, memory_order_relaxed);
     em__allocator *a = em__device_allocator(dev);
     em_graph *g = em__calloc(1, sizeof *g, "a captured graph");
     void *exec = NULL;
