@@ -162,6 +162,20 @@ static em_tensor *to_device_async(const em_tensor *t, em_device dev, em_stream *
     return out;
 }
 
+em_status em__host_to_device_async(em_tensor *dst, const void *src, size_t n, em_stream *s) {
+    em_device dev = dst->storage->device;
+    em__async_copies_poll();
+    int64_t len = (int64_t)n;
+    em_tensor *h = em__empty(1, &len, EM_U8, em_cpu());
+    if (!h) return em_last_status();
+    memcpy(em_tensor_data(h), src, n);
+    em_status st = em__device_ops(dev)->copy(dev, em_tensor_data(dst), em_cpu(),
+                                             em_tensor_data(h), n, s);
+    if (st == EM_OK && s) st = pending_add(h, dev, s);
+    em_tensor_release(h);
+    return st;
+}
+
 em_tensor *em_to_device_async(const em_tensor *t, em_device dev, em_stream *stream) {
     return em__scope_track(to_device_async(t, dev, stream));
 }

@@ -390,11 +390,21 @@ em_status em_event_synchronize(em_device dev, em_event *e) {
 /* ---- graph capture (ember/device.h): forwarded to the backend's graph slots; the allocator's
  * capture-safe pool (alloc.c) serves the recording stream ---------------------------------- */
 
+/* A capture's generator state (ember/random.h, "Graph capture"): the generator its drawing
+ * ops drew from, the Philox blocks they took (their offsets count from 0), and the device
+ * tensor (2) uint64 {seed, base offset} their kernels read, which each replay fills first. */
+typedef struct graph_rng {
+    em_generator *gen;
+    uint64_t blocks;
+    em_tensor *state; /* (2) int64 on the graph's device; NULL: nothing drew */
+} graph_rng;
+
 struct em_graph {
     em_device dev;
     em_stream *s;
     void *exec;            /* the backend's recorded graph */
     struct em__pool *pool; /* the allocator's pool for the graph's blocks */
+    graph_rng rng;
 };
 
 /* This thread's capture in progress (one at a time). */
@@ -403,7 +413,61 @@ static _Thread_local struct {
     em_device dev;
     em_stream *s, *prev;
     struct em__pool *pool;
+    graph_rng rng;
 } tls_capture;
+
+/* Captures in progress on every thread: eager draws, while there is none, skip the
+ * thread-local lookup (a __tls_get_addr call in a shared library) on their way to the
+ * generator. */
+static atomic_int captures_active;
+
+em_status em__rng_draw(em_generator *gen, uint64_t blocks, em_device dev, const char *who,
+                       bool covered, em_rng_state *out, bool *graph) {
+    *graph = false;
+    if (atomic_load_explicit(&captures_active, memory_order_relaxed) == 0 ||
+        !tls_capture.active || !em_device_equal(tls_capture.dev, dev)) {
+        *out = em_generator_reserve(gen, blocks);
+        return EM_OK;
+    }
+    char buf[48];
+    if (!covered)
+        return em_set_error(EM_ERR_STATE, "%s: draws random numbers while a graph is captured "
+                            "on %s, and its kernels take the generator's offset as an argument "
+                            "that every replay would repeat; run it outside the capture", who,
+                            em_device_str(dev, buf, sizeof buf));
+    em_generator *g = gen ? gen : em_default_generator();
+    graph_rng *r = &tls_capture.rng;
+    if (r->gen && r->gen != g)
+        return em_set_error(EM_ERR_STATE, "%s: draws from a second generator in one graph "
+                            "capture on %s; a captured graph draws from one generator (the "
+                            "first draw's)", who, em_device_str(dev, buf, sizeof buf));
+    if (!r->state) {
+        /* on the capturing stream: a block of the graph's pool */
+        if (!(r->state = em__empty(1, (const int64_t[]){2}, EM_I64, dev))) return em_last_status();
+    }
+    r->gen = g;
+    *out = (em_rng_state){.seed = 0, .offset = r->blocks};
+    r->blocks += blocks;
+    *graph = true;
+    return EM_OK;
+}
+
+const uint64_t *em_kernel_generator_state(const em_kernel_ctx *k) {
+    char buf[48];
+    if (!k) {
+        em_set_error(EM_ERR_INVALID, "kernel_generator_state: NULL kernel context");
+        return NULL;
+    }
+    if (!tls_capture.active || !em_device_equal(tls_capture.dev, k->device) ||
+        tls_capture.s != k->stream || !tls_capture.rng.state) {
+        em_set_error(EM_ERR_STATE, "%s: attribute 'seed' is absent with an 'offset', but no "
+                     "graph capture on %s has a generator state for this call's stream (an "
+                     "offset without a seed is a capture's relative one; pass both)",
+                     em_op_name(k->op), em_device_str(k->device, buf, sizeof buf));
+        return NULL;
+    }
+    return em_tensor_data(tls_capture.rng.state);
+}
 
 static bool graph_slots(const em_device_ops *o) {
     return o->graph_begin && o->graph_end && o->graph_replay && o->graph_destroy;
@@ -457,6 +521,8 @@ em_status em_graph_capture_begin(em_device dev, em_stream *s) {
     tls_capture.s = s;
     tls_capture.prev = prev;
     tls_capture.pool = pool;
+    tls_capture.rng = (graph_rng){0};
+    atomic_fetch_add_explicit(&captures_active, 1, memory_order_relaxed);
     return EM_OK;
 }
 
@@ -472,6 +538,7 @@ em_status em_graph_capture_end(em_device dev, em_graph **out) {
                             "%s (em_graph_capture_begin first)",
                             em_device_str(dev, buf, sizeof buf));
     tls_capture.active = false;
+    atomic_fetch_sub_explicit(&captures_active, 1, memory_order_relaxed);
     em__allocator *a = em__device_allocator(dev);
     em_graph *g = em__calloc(1, sizeof *g, "a captured graph");
     void *exec = NULL;
@@ -484,11 +551,15 @@ em_status em_graph_capture_end(em_device dev, em_graph **out) {
     }
     if (st != EM_OK) {
         em__free(g);
+        em_tensor_release(tls_capture.rng.state);
+        tls_capture.rng = (graph_rng){0};
         if (a) em__allocator_graph_gone(a, tls_capture.pool);
         return st;
     }
     if (a) em__allocator_capture_end(a, tls_capture.pool);
-    *g = (em_graph){.dev = dev, .s = tls_capture.s, .exec = exec, .pool = tls_capture.pool};
+    *g = (em_graph){.dev = dev, .s = tls_capture.s, .exec = exec, .pool = tls_capture.pool,
+                    .rng = tls_capture.rng};
+    tls_capture.rng = (graph_rng){0};
     *out = g;
     return EM_OK;
 }
@@ -500,7 +571,27 @@ em_status em_graph_replay(em_graph *g) {
     if (tls_capture.active)
         return em_set_error(EM_ERR_STATE, "graph_replay: this thread is capturing a graph; a "
                             "graph is replayed outside a capture");
+    if (g->rng.state) {
+        /* PyTorch's replay prologue: the generator's state now goes into the device memory the
+         * drawing kernels read, ahead of the graph on its stream, and the generator moves past
+         * the blocks the graph takes, as the same ops run eagerly would move it. */
+        em_rng_state rs = em_generator_reserve(g->rng.gen, g->rng.blocks);
+        uint64_t words[2] = {rs.seed, rs.offset};
+        st = em__host_to_device_async(g->rng.state, words, sizeof words, g->s);
+        if (st != EM_OK) {
+            em_generator_set_state(g->rng.gen, rs);
+            return st;
+        }
+    }
     return em__device_ops(g->dev)->graph_replay(g->dev.index, g->exec, g->s);
+}
+
+em_status em_graph_generator(const em_graph *g, em_generator **gen, uint64_t *blocks) {
+    if (!g || !gen || !blocks)
+        return em_set_error(EM_ERR_INVALID, "graph_generator: NULL argument");
+    *gen = g->rng.state ? g->rng.gen : NULL;
+    *blocks = g->rng.state ? g->rng.blocks : 0;
+    return EM_OK;
 }
 
 em_stream *em_graph_stream(const em_graph *g) { return g ? g->s : NULL; }
@@ -512,6 +603,7 @@ void em_graph_free(em_graph *g) {
         /* its pool's blocks are about to serve the default stream: the replays must be done */
         if (o->stream_synchronize) o->stream_synchronize(g->dev.index, g->s);
         o->graph_destroy(g->dev.index, g->exec);
+        em_tensor_release(g->rng.state);
         em__allocator *a = em__device_allocator_existing(g->dev);
         if (a) em__allocator_graph_gone(a, g->pool);
     }

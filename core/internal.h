@@ -15,6 +15,7 @@
 #include "ember/dispatch.h"
 #include "ember/dtype.h"
 #include "ember/error.h"
+#include "ember/random.h"
 #include "ember/tensor.h"
 
 /* Types this header's prototypes take by pointer only: declared, not included, so that
@@ -153,6 +154,19 @@ void em__devices_shutdown(void);
 void em__async_copies_wait(em_device dev);
 void em__async_copies_poll(void);
 void em__async_copies_shutdown(void);
+/* Copy n bytes from host memory src into device tensor dst's data on stream s of dst's
+ * device, without waiting: src is copied first into a host tensor kept alive until the copy
+ * has run (as em_to_device_async keeps its sources). */
+em_status em__host_to_device_async(em_tensor *dst, const void *src, size_t n, em_stream *s);
+/* The (seed, offset) an op on `dev` draws `blocks` Philox blocks at, from gen (NULL: the
+ * default generator). Eagerly: em_generator_reserve's, *graph false. While this thread
+ * captures a graph on dev: relative to the capture's generator state (ember/random.h, "Graph
+ * capture"): out->offset is the capture's blocks so far, out->seed 0, *graph true, and the
+ * generator does not move (each replay takes the blocks). `covered` false (an op whose
+ * kernels do not read the state) or a second generator in one capture: EM_ERR_STATE naming
+ * `who`. */
+em_status em__rng_draw(em_generator *gen, uint64_t blocks, em_device dev, const char *who,
+                       bool covered, em_rng_state *out /* out */, bool *graph /* out */);
 void em__device_types_remove_owner(em_registry *owner);
 int em__device_type_find(const char *name); /* index or -1 */
 /* The calling thread's current stream on dev (em_stream_current without the checks): inline

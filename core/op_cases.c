@@ -389,6 +389,11 @@ static em_status t_linspace(const em_tensor *const *in, const em_attr *a, em_ten
 #define EINV EM_ERR_INVALID
 #define ESH EM_ERR_SHAPE
 #define ERNG EM_ERR_RANGE
+/* An offset without a seed marks a graph capture's relative draw (ember/random.h, "Graph
+ * capture"); outside a capture every kernel refuses it (em_kernel_generator_state). By name
+ * only: the typed functions draw from generators. */
+#define ESTATE EM_ERR_STATE
+#define NOSEED "offset without a seed, outside a graph capture"
 
 static const int64_t pad_2d[4] = {1, 2, 0, 1}, pad_odd[3] = {1, 1, 1},
                      sizes_ok[3] = {1, 2, 1}, sizes_bad[2] = {1, 1},
@@ -471,16 +476,22 @@ static const em_op_case std_cases[] = {
         F(0), F(0), F(5)),
     ROWD("uniform", "[-1, 2)", t_uniform, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
         N(7), N(3), F(-1), F(2)),
+    ROW("uniform", NOSEED, NULL, D_F32_64, ESTATE, false, 0, INS(I(1, CONTIG, RANDN, 3)),
+        NA, N(0), F(0), F(1)),
     ROW("uniform", "lo > hi", t_uniform, D_F32_64, EINV, false, 0, INS(I(1, CONTIG, RANDN, 3)),
         N(7), N(0), F(2), F(1)),
     ROW("uniform", "integer tensor", t_uniform, D_I64, EDT, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(7), N(0), F(0), F(1)),
     ROWD("normal", "mean 1, std 2", t_normal, D_F, OK, false, 0, INS(I(2, CONTIG, RANDN, 3, 5)),
         N(9), N(1), F(1), F(2)),
+    ROW("normal", NOSEED, NULL, D_F32_64, ESTATE, false, 0, INS(I(1, CONTIG, RANDN, 3)),
+        NA, N(0), F(0), F(1)),
     ROW("normal", "negative std", t_normal, D_F32_64, EINV, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(9), N(0), F(0), F(-1)),
     ROWD("bernoulli", "p 0.3", t_bernoulli, D_ALL, OK, false, 0, INS(I(1, CONTIG, RANDN, 17)),
         N(5), N(2), F(0.3), NA),
+    ROW("bernoulli", NOSEED, NULL, D_F32_64, ESTATE, false, 0, INS(I(1, CONTIG, RANDN, 3)),
+        NA, N(0), F(0.5), NA),
     ROW("bernoulli", "p 1.5", t_bernoulli, D_F32_64, EINV, false, 0,
         INS(I(1, CONTIG, RANDN, 3)), N(5), N(0), F(1.5), NA),
     ROW("randperm", "n 11", t_randperm, D_I64 | EM_CASE_DT(EM_I32), OK, false, 0,
@@ -711,6 +722,8 @@ static const em_op_case std_cases[] = {
         F(0.5), B(false), N(0), N(0)),
     ROW("dropout", "p 1", t_dropout, D_F32_64, OK, true, 1, INS(I(1, CONTIG, RANDN, 6)), F(1),
         B(true), N(0), N(0)),
+    ROW("dropout", NOSEED, NULL, D_F32_64, ESTATE, true, 1, INS(I(1, CONTIG, RANDN, 6)),
+        F(0.3), B(true), NA, N(0)),
     ROW("dropout", "p 1.5", t_dropout, D_F32_64, EINV, true, 1, INS(I(1, CONTIG, RANDN, 6)),
         F(1.5), B(true), N(0), N(0)),
     ROW("dropout", "integers", t_dropout, D_INT, EDT, true, 1, INS(I(1, CONTIG, RANDN, 6)),
@@ -789,6 +802,10 @@ static const em_op_case std_cases[] = {
         INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 2, 5, 3),
             I(3, CONTIG, RANDN, 2, 5, 2), IB(2, 4, 4)),
         F(0), B(false), NA, N(0), N(0)),
+    ROW("scaled_dot_product_attention", NOSEED, NULL, D_F32_64, ESTATE, true, 4,
+        INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 2, 5, 3),
+            I(3, CONTIG, RANDN, 2, 5, 2), NONE_IN),
+        F(0.3), B(false), NA, NA, N(2)),
     ROW("scaled_dot_product_attention", "dropout_p 1.5", t_sdpa, D_F32_64, EINV, true, 4,
         INS(I(3, CONTIG, RANDN, 2, 4, 3), I(3, CONTIG, RANDN, 2, 5, 3),
             I(3, CONTIG, RANDN, 2, 5, 2), NONE_IN),

@@ -16,7 +16,9 @@
  *                                mask (..., L, S)-broadcastable | (0))
  *       -> out (..., L, Ev) T, logsumexp (..., L) S
  *       attrs: dropout_p (float in [0, 1]), is_causal (bool), scale (float), seed, offset
- *       (ints). The mask has q's ndim; each of its dims is 1 or the matching size (batch
+ *       (ints; the seed absent with dropout: the call is recorded in a graph capture, the
+ *       stream starts at base + offset with (seed, base) read when the work runs from
+ *       em_kernel_generator_state, ember/dispatch.h). The mask has q's ndim; each of its dims is 1 or the matching size (batch
  *       dims, L, S). bool: false masks the score out; T: added to the scaled score. Causal:
  *       j > i masked. logsumexp_i = log sum_j exp(s_ij) over unmasked j (-inf: none; such a
  *       row's out is 0). Dropout: keep (b, i, j) when em_philox_uniform_f32(seed, offset,
@@ -103,8 +105,8 @@ static em_status check_dtypes(const em_op *op, const em_tensor *const *t,
 static em_status check_attrs(const em_op *op, const em_attr *a) {
     static const em_attr_type types[N_ATTRS] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_FLOAT,
                                                 EM_ATTR_INT, EM_ATTR_INT};
-    for (int i = 0; i < N_ATTRS; i++)
-        if (!a || a[i].type != types[i])
+    for (int i = 0; i < N_ATTRS; i++) /* the seed absent: a graph capture's (see above) */
+        if (!a || (a[i].type != types[i] && !(i == A_SEED && a[i].type == EM_ATTR_NONE)))
             return em_set_error(EM_ERR_INVALID, "%s: attribute '%s' is required",
                                 em_op_name(op), em_op_schema_of(op)->attr_names[i]);
     if (!(a[A_DROPOUT].v.f >= 0 && a[A_DROPOUT].v.f <= 1))
@@ -172,7 +174,8 @@ static em_status kernel_attrs(const char *who, const em_attr *attrs, int64_t E, 
     if (!(p >= 0 && p <= 1))
         return em_set_error(EM_ERR_INVALID, "%s: dropout_p must be in [0, 1], got %g", who, p);
     bool random = p > 0 && p < 1;
-    if (random && (!attrs || attrs[A_SEED].type != EM_ATTR_INT || attrs[A_OFFSET].type != EM_ATTR_INT))
+    if (random && (!attrs || attrs[A_OFFSET].type != EM_ATTR_INT ||
+                   (attrs[A_SEED].type != EM_ATTR_INT && attrs[A_SEED].type != EM_ATTR_NONE)))
         return em_set_error(EM_ERR_INVALID, "%s: attributes 'seed' and 'offset' are required "
                             "when dropout_p > 0 (em_scaled_dot_product_attention draws them from "
                             "a generator)", who);
@@ -181,6 +184,7 @@ static em_status kernel_attrs(const char *who, const em_attr *attrs, int64_t E, 
     a[A_SCALE] = afloat(em__attr_float_or(attrs, A_SCALE, E > 0 ? 1.0 / sqrt((double)E) : 1.0));
     a[A_SEED] = aint(random ? attrs[A_SEED].v.i : 0);
     a[A_OFFSET] = aint(random ? attrs[A_OFFSET].v.i : 0);
+    if (random && attrs[A_SEED].type == EM_ATTR_NONE) a[A_SEED] = attrs[A_SEED];
     return EM_OK;
 }
 
@@ -292,11 +296,14 @@ static em_status d_sdpa(const em_backward_ctx *c, em_tensor **gi) {
     if (!c->grad_out[0]) return EM_OK;
     const em_attr *a = c->attrs;
     double scale = a[A_SCALE].v.f;
-    em_rng_state rs = {.seed = (uint64_t)a[A_SEED].v.i, .offset = (uint64_t)a[A_OFFSET].v.i};
+    /* the forward's attributes (a captured forward's, without a seed: its mask is recomputed
+     * from the capture's generator state) */
     em_tensor *gq = NULL, *gk = NULL, *gv = NULL;
-    em_status st = em_scaled_dot_product_attention_backward(
-        c->grad_out[0], c->in[0], c->in[1], c->in[2], has_mask ? mask : NULL, c->out[1],
-        a[A_DROPOUT].v.f, a[A_CAUSAL].v.b, &scale, rs, &gq, &gk, &gv);
+    em_status st = em__callv(op_sdpa_bwd, 6, EM__IN(c->grad_out[0], c->in[0], c->in[1],
+                                                    c->in[2], has_mask ? mask : NULL, c->out[1]),
+                             EM__ATTRS(a[A_DROPOUT], a[A_CAUSAL], afloat(scale), a[A_SEED],
+                                       a[A_OFFSET]),
+                             (em_tensor **const[]){&gq, &gk, &gv}, 3);
     if (st != EM_OK) return st;
     if (c->needs_grad[0]) gi[0] = gq;
     if (c->needs_grad[1]) gi[1] = gk;
@@ -336,7 +343,8 @@ em_status em__ops_declare_attention(em_registry *core) {
 #define SCALE(p) ((p) ? afloat(*(p)) : (em_attr){.type = EM_ATTR_NONE})
 
 /* The generator's blocks for the (B, L, S) dropout mask (4 draws a block, as em_dropout)
- * become the op's seed and offset; nothing is drawn without dropout. */
+ * become the op's seed and offset (in a graph capture on the query's device: no seed, the
+ * offset relative to the capture's generator state); nothing is drawn without dropout. */
 em_tensor *em_scaled_dot_product_attention(const em_tensor *query, const em_tensor *key,
                                            const em_tensor *value, const em_tensor *attn_mask,
                                            double dropout_p, bool is_causal,
@@ -345,13 +353,18 @@ em_tensor *em_scaled_dot_product_attention(const em_tensor *query, const em_tens
     int64_t n = query && key && query->ndim >= 2 && key->ndim >= 2
                     ? em__numel(query->ndim - 1, query->shape) * key->shape[key->ndim - 2]
                     : 0;
-    em_rng_state s = dropout_p > 0 && dropout_p < 1 && n > 0
-                         ? em_generator_reserve(gen, ((uint64_t)n + 3) / 4)
-                         : (em_rng_state){0};
+    em_rng_state s = {0};
+    bool graph = false;
+    if (dropout_p > 0 && dropout_p < 1 && n > 0 &&
+        em__rng_draw(gen, ((uint64_t)n + 3) / 4, query->storage->device,
+                     "scaled_dot_product_attention", true, &s, &graph) != EM_OK)
+        return NULL;
     em_tensor *y = NULL;
     em_status st = em__callv(op_sdpa, 4, EM__IN(query, key, value, attn_mask),
                              EM__ATTRS(afloat(dropout_p), abool(is_causal), SCALE(scale),
-                                       aint((int64_t)s.seed), aint((int64_t)s.offset)),
+                                       graph ? (em_attr){.type = EM_ATTR_NONE}
+                                             : aint((int64_t)s.seed),
+                                       aint((int64_t)s.offset)),
                              (em_tensor **const[]){&y, logsumexp}, 2);
     return st == EM_OK ? y : NULL;
 }

@@ -8,7 +8,11 @@
  *   fill() -> y           attrs: value (float). In place on y.
  *   arange() -> y         attrs: start, step, end (floats; end absent: any length);
  *                         y[i] = start + i * step.
- *   uniform/normal/bernoulli() -> y   see ember/random.h for the attributes and streams.
+ *   uniform/normal/bernoulli() -> y   see ember/random.h for the attributes and streams;
+ *                                     seed absent with offset given marks a call recorded in
+ *                                     a graph capture: the stream starts at block
+ *                                     base + offset, with (seed, base) read when the work runs
+ *                                     from em_kernel_generator_state (ember/dispatch.h).
  *   randperm() -> y                   attrs: seed, offset. y (n) i64 or i32, any strides: the
  *                                     permutation ember/random.h defines.
  */
@@ -146,7 +150,8 @@ em_tensor *em_arange(double start, double end, double step, em_dtype dt, em_devi
     return em__scope_track(t);
 }
 
-/* A fill op's attributes from gen: seed and offset of the blocks reserved for t. */
+/* A fill op's attributes from gen: seed and offset of the blocks reserved for t (while this
+ * thread captures on t's device: no seed, the offset relative to the capture's state). */
 static em_status random_fill(const em_op *op, em_tensor *t, em_generator *gen, int per_block,
                              double p0, double p1) {
     if (!em__check_inputs(em_op_name(op), (const em_tensor *const *)&t, 1)) return em_last_status();
@@ -154,8 +159,12 @@ static em_status random_fill(const em_op *op, em_tensor *t, em_generator *gen, i
     /* Checked before the generator advances: a refused call draws nothing. */
     if (op_check_fill(op, &t, 1, attrs) != EM_OK) return em_last_status();
     uint64_t blocks = ((uint64_t)t->numel + (uint64_t)per_block - 1) / (uint64_t)per_block;
-    em_rng_state s = em_generator_reserve(gen, blocks);
-    attrs[0] = EM__A_INT((int64_t)s.seed);
+    em_rng_state s;
+    bool graph;
+    em_status st = em__rng_draw(gen, blocks, t->storage->device, em_op_name(op), true, &s,
+                                &graph);
+    if (st != EM_OK) return st;
+    attrs[0] = graph ? (em_attr){.type = EM_ATTR_NONE} : EM__A_INT((int64_t)s.seed);
     attrs[1] = EM__A_INT((int64_t)s.offset);
     return em_op_call_out(op, NULL, 0, attrs, &t, 1);
 }
@@ -174,9 +183,13 @@ em_tensor *em_randperm(int64_t n, em_dtype dt, em_device dev, em_generator *gen)
     if (randperm_check(n, dt) != EM_OK) return NULL;
     em_tensor *t = em__empty(1, &n, dt, dev);
     if (!t) return NULL;
-    /* k = 0 .. n-2 draws word k: ceil((n - 1) / 4) blocks (ember/random.h). */
-    em_rng_state s = em_generator_reserve(gen, n > 1 ? ((uint64_t)n + 2) / 4 : 0);
-    if (em_op_call_out(op_randperm, NULL, 0, EM__ATTRS(EM__A_INT((int64_t)s.seed),
+    /* k = 0 .. n-2 draws word k: ceil((n - 1) / 4) blocks (ember/random.h). Not in a graph
+     * capture: its kernels take the offset as an argument (em__rng_draw refuses). */
+    em_rng_state s;
+    bool graph;
+    if (em__rng_draw(gen, n > 1 ? ((uint64_t)n + 2) / 4 : 0, dev, "randperm", false, &s,
+                     &graph) != EM_OK ||
+        em_op_call_out(op_randperm, NULL, 0, EM__ATTRS(EM__A_INT((int64_t)s.seed),
                                                        EM__A_INT((int64_t)s.offset)),
                        &t, 1) != EM_OK) {
         em_tensor_release(t);

@@ -820,7 +820,8 @@ em_status em__ops_declare_nn(em_registry *core) {
 #undef DECL
 #undef DECLA
     /* dropout(x; p, training, seed, offset) -> (y, mask): the mask is bernoulli(1 - p) from the
-     * Philox stream at (seed, offset) (em_dropout draws them from a generator). */
+     * Philox stream at (seed, offset) (em_dropout draws them from a generator); seed absent:
+     * offset relative to a graph capture's generator state, as bernoulli's (ops_fill.c). */
     static const char *const drop_a[] = {"p", "training", "seed", "offset"},
                              *const drop_o[] = {"input"};
     static const em_attr_type drop_t[] = {EM_ATTR_FLOAT, EM_ATTR_BOOL, EM_ATTR_INT, EM_ATTR_INT};
@@ -1374,11 +1375,13 @@ EM__COMPOSITE(c_dropout) {
                    : NULL;
         em_tensor_release(zero);
         if (!y) st = em_last_status();
-    } else if (!attrs || attrs[2].type != EM_ATTR_INT || attrs[3].type != EM_ATTR_INT) {
+    } else if (!attrs || attrs[3].type != EM_ATTR_INT ||
+               (attrs[2].type != EM_ATTR_INT && attrs[2].type != EM_ATTR_NONE)) {
         st = em_set_error(EM_ERR_INVALID, "dropout: attributes 'seed' and 'offset' are required "
                           "in training (em_dropout draws them from a generator)");
     } else {
         mask = em__empty(x->ndim, x->shape, EM_BOOL, dev);
+        /* seed absent (a graph capture's relative offset) passes to the mask's draw as is */
         em_attr ba[3] = {attrs[2], attrs[3], afloat(1 - p)};
         st = mask ? em_op_call_out(op_bernoulli, NULL, 0, ba, &mask, 1) : em_last_status();
         em_tensor *m = st == EM_OK ? em__to_dtype(mask, x->dtype) : NULL;
@@ -1686,15 +1689,19 @@ em_tensor *em_group_norm(const em_tensor *input, int64_t num_groups, const em_te
 #undef P2
 
 /* The generator's blocks for the mask (4 draws a block, as em_bernoulli_) become the op's seed
- * and offset; nothing is drawn when the mask is not random. */
+ * and offset (in a graph capture on x's device: no seed, the offset relative to the capture's
+ * generator state); nothing is drawn when the mask is not random. */
 em_tensor *em_dropout(const em_tensor *x, double p, bool training, em_generator *gen,
                       em_tensor **mask) {
-    bool draws = x && training && p > 0 && p < 1;
-    em_rng_state s = draws ? em_generator_reserve(gen, ((uint64_t)x->numel + 3) / 4)
-                           : (em_rng_state){0};
+    bool draws = x && training && p > 0 && p < 1, graph = false;
+    em_rng_state s = {0};
+    if (draws && em__rng_draw(gen, ((uint64_t)x->numel + 3) / 4, x->storage->device,
+                              "dropout", true, &s, &graph) != EM_OK)
+        return NULL;
     em_tensor *y = NULL;
     em_status st = em__callv(op_dropout, 1, &x, EM__ATTRS(afloat(p), abool(training),
-                                                          aint((int64_t)s.seed),
+                                                          graph ? (em_attr){.type = EM_ATTR_NONE}
+                                                                : aint((int64_t)s.seed),
                                                           aint((int64_t)s.offset)),
                              (em_tensor **const[]){&y, mask}, 2);
     return st == EM_OK ? y : NULL;

@@ -214,4 +214,18 @@ static inline bool kernel_registered(const char *name) {
     return false;
 }
 
+/* Load the test device with host kernels (tests/plugins/host/testdev_host.so: it records and
+ * replays graphs as CUDA does) and return testdev:0, which captures graphs. */
+static inline em_device em_test_host_testdev(void) {
+    const char *dir = getenv("EMBER_TEST_PLUGIN_DIR");
+    cr_assert(dir, "EMBER_TEST_PLUGIN_DIR is not set (run through make check)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/../host/.libs/testdev_host.so", dir);
+    cr_assert_eq(em_plugin_load(path), EM_OK, "%s", em_last_error());
+    em_device td;
+    cr_assert_eq(em_device_parse("testdev:0", &td), EM_OK, "%s", em_last_error());
+    cr_assert(em_graph_capture_supported(td));
+    return td;
+}
+
 #endif /* EMBER_TESTS_COMMON_H */

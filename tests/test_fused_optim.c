@@ -746,14 +746,7 @@ static bool replayed_equal(const char *cls, const char *opts, bool capturable, e
 }
 
 Test(fused, capturable_step_captured_on_the_test_device_replays_every_lr_and_count) {
-    const char *dir = getenv("EMBER_TEST_PLUGIN_DIR");
-    cr_assert(dir, "EMBER_TEST_PLUGIN_DIR is not set (run through make check)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/../host/.libs/testdev_host.so", dir);
-    cr_assert_eq(em_plugin_load(path), EM_OK, "%s", em_last_error());
-    em_device td;
-    cr_assert_eq(em_device_parse("testdev:0", &td), EM_OK, "%s", em_last_error());
-    cr_assert(em_graph_capture_supported(td));
+    em_device td = em_test_host_testdev();
     /* SGD x2, Adam, AdamW, Adam and AdamW with amsgrad (f32: testdev's kernels) */
     static const int pick[] = {0, 1, 3, 5, 6, 7};
     for (size_t c = 0; c < sizeof pick / sizeof *pick; c++)

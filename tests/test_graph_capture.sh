@@ -33,13 +33,18 @@
 #     weights; a run with the default scale (no skips) ends elsewhere; loop.amp_init_scale's
 #     range;
 #   - the refusals, each naming the option and the reason: the CPU, RMSprop (its host step
-#     count), a per-step OneCycleLR that cycles the momentum, --accum-steps 2, a config's bad loop.graph_capture value, a step that draws
-#     random numbers (dropout, caught at the capture), and an op without a kernel on the device
-#     (its CPU fallback copies to the host, which breaks the capture);
+#     count), a per-step OneCycleLR that cycles the momentum, --accum-steps 2, a config's bad
+#     loop.graph_capture value, and an op without a kernel on the device (its CPU fallback
+#     copies to the host, which breaks the capture);
+#   - Dropout (the masks drawn in the captured step from the generator's state each replay
+#     writes on the device): SGD 3 epochs and Adam with two Dropout layers 2 epochs, the same
+#     comparisons as above; weights other than the MLP's without dropout; a resume from a
+#     checkpoint at step 30 ends with the uninterrupted run's weights;
 #   - tests/gpu/capture (tests/gpu/run.sh capture) rehearsed on the test device (--plugin):
-#     its 10 rows (SGD, Adam, AdamW, Adam+clip, Adam+ams; float32 and float64), each a
-#     captured step replayed 19 times against the CPU's plain steps, all PASS and bitwise
-#     (the test device runs the CPU's kernels: no GPU rounding);
+#     its 10 optimizer rows (SGD, Adam, AdamW, Adam+clip, Adam+ams; float32 and float64), each
+#     a captured step replayed 19 times against the CPU's plain steps, all PASS and bitwise
+#     (the test device runs the CPU's kernels: no GPU rounding), and its Dropout row (19
+#     replays of captured draws against the CPU's eager draws, bitwise, no mask repeated);
 #   - bench/gpu_step's graph rows of the MLP (tests/gpu/run.sh bench) rehearsed on the test
 #     device (--plugin): mlp_graph (SGD) and mlp_adam_graph (Adam capturable), whose 3 eager
 #     steps + 5 replays must equal 8 eager steps bitwise (match=yes; plain Adam captured the
@@ -164,6 +169,30 @@ cfg adamw "$mlp" '{class: AdamW, lr: 0.003, weight_decay: 0.05}' \
 same adamw 2 39
 cfg sgdstep "$mlp" "$sgd" '{class: LinearLR, interval: step, start_factor: 0.2, total_iters: 30}'
 same sgdstep 2 39
+# dropout: each replay draws its masks from the generator's state, written on the device
+# before the replay (ember/random.h, "Graph capture"), as the eager steps draw them
+cfg drop '  - Linear: {in_features: 64, out_features: 32}
+  - ReLU
+  - Dropout: {p: 0.2}
+  - Linear: {in_features: 32, out_features: 10}' "$sgd" "$step"
+same drop 3 60
+cmp -s "$tmp/drop-graph.safetensors" "$tmp/mlp-graph.safetensors" &&
+    bad "Dropout gave the weights of the run without it: the comparison cannot fail"
+# a checkpoint after 30 steps (mid-epoch 2: the generator's state in it) resumed with
+# --graph-capture ends where the uninterrupted run did
+run drop dropres1 3 --graph-capture --max-steps 30 || bad "the dropout run to step 30"
+run drop dropres2 3 --graph-capture --resume "$tmp/dropres1.ckpt" || bad "the dropout resume"
+cmp -s "$tmp/dropres2.safetensors" "$tmp/drop-graph.safetensors" ||
+    bad "Dropout --graph-capture resumed from step 30 ended elsewhere"
+# Adam with dropout after a second Dropout: one generator, two draws a step
+cfg drop2 '  - Linear: {in_features: 64, out_features: 32}
+  - Dropout: {p: 0.3}
+  - ReLU
+  - Linear: {in_features: 32, out_features: 32}
+  - Dropout: {p: 0.1}
+  - Linear: {in_features: 32, out_features: 10}' '{class: Adam, lr: 0.002}' \
+    '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
+same drop2 2 39
 
 # --amp fp16: the capturable gradient scaler (the scale, its update and the found-inf verdict
 # on the device; a skipped step undone there). An init scale of 2^24 overflows the float16
@@ -250,12 +279,6 @@ expect 2 "expected true or false, found 'yes please'" \
 printf 'loop: {graph_capture: true}\n' >> "$tmp/mlp.yaml"
 expect 2 "$opt: device cpu cannot capture graphs" "$train" "$tmp/mlp.yaml" --device cpu --epochs 1
 # at the capture (after the warm-up steps): exit 1 with the reason
-cfg drop '  - Linear: {in_features: 64, out_features: 32}
-  - ReLU
-  - Dropout: {p: 0.1}
-  - Linear: {in_features: 32, out_features: 10}' "$sgd" "$step"
-expect 1 "$opt: the training step draws random numbers (dropout?)" \
-    "$train" "$tmp/drop.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
 cfg tanh '  - Linear: {in_features: 64, out_features: 32}
   - Tanh
   - Linear: {in_features: 32, out_features: 10}' "$sgd" "$step"
@@ -268,6 +291,8 @@ out=$(./tests/gpu/capture --device testdev:0 --plugin "$host" 2>&1) || bad "test
 [ "$(echo "$out" | grep -c '(1 eager, then replays of 1 capture): params and states bitwise .*: PASS$')" -eq 10 ] ||
     bad "tests/gpu/capture on testdev:0: not 10 bitwise PASS rows: $out"
 echo "$out" | grep -q 'clip norms bitwise' || bad "tests/gpu/capture: no clip rows: $out"
+echo "$out" | grep -q '^capture Dropout .*(1 eager, then replays of 1 capture): masks, outputs and fills bitwise, 0 replay(s) repeating the previous mask, generator where the CPU.s ops leave it: PASS$' ||
+    bad "tests/gpu/capture on testdev:0: no passing Dropout row: $out"
 # bench/gpu_step's graph rows on the test device (no times checked: only the replays' match)
 out=$(./bench/gpu_step --device testdev:0 --quick --plugin "$host" mlp_graph mlp_adam_graph 2>&1) ||
     bad "bench/gpu_step on testdev:0: $out"

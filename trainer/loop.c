@@ -1105,8 +1105,13 @@ static em_status graph_capture(run *r, gstep *g, em_tensor *const *xs, em_tensor
         em_generator_set_state(em_default_generator(), before);
         graph_drop(g);
         em_optimizer_zero_grad(r->opt);
+        /* the standard drawing ops draw relative to the graph's generator state without
+         * moving the generator (ember/random.h, "Graph capture"); this is code that reserved
+         * blocks itself (em_generator_reserve), whose numbers every replay would repeat */
         return em_set_error(EM_ERR_INVALID, "--graph-capture (loop.graph_capture): the training "
-                            "step draws random numbers (dropout?), and every replay would draw "
+                            "step moved the random generator during the capture (an op that "
+                            "reserves its numbers with em_generator_reserve, not one of the "
+                            "capture-aware draws of ember/random.h), and every replay would draw "
                             "the same ones; train without --graph-capture");
     }
     for (int i = 0; i < em_optimizer_group_count(r->opt); i++) g->hp[i] = group_hp(r, i);

@@ -185,6 +185,24 @@ void cpu_foreach(const em_kernel_ctx *k, int nops, const em_ktensor *const *ts, 
 
 static inline int64_t cpu_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* A drawing op's Philox origin: its attributes seed (index is) and offset (is + 1), or, when
+ * the seed is absent and the offset given (the call recorded in a graph capture), the seed
+ * and base offset the capture's generator state holds, plus the offset attribute
+ * (em_kernel_generator_state, ember/dispatch.h: host memory on a host device; the CPU records
+ * no graph, so there it is that function's error). */
+static inline em_status cpu_rng_origin(const em_kernel_ctx *k, int is, uint64_t *seed /* out */,
+                                       uint64_t *offset /* out */) {
+    const em_attr *a = k->attrs;
+    *seed = a[is].type == EM_ATTR_INT ? (uint64_t)a[is].v.i : 0;
+    *offset = a[is + 1].type == EM_ATTR_INT ? (uint64_t)a[is + 1].v.i : 0;
+    if (a[is].type != EM_ATTR_NONE || a[is + 1].type != EM_ATTR_INT) return EM_OK;
+    const uint64_t *st = em_kernel_generator_state(k);
+    if (!st) return em_last_status();
+    *seed = st[0];
+    *offset += st[1];
+    return EM_OK;
+}
+
 /* Elements below which an elementwise op stays on one thread. */
 #define CPU_GRAIN 32768
 /* The same for the cheapest, memory-bound loops (a load or two and a store per element: add,

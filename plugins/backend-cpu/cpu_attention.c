@@ -124,7 +124,7 @@ static at_geom at_geom_of(const em_kernel_ctx *k, int iq, int im) {
     /* causal: half the blocks, each stopping at its last row's key, skip more of the scores */
     if (g.causal && g.br > 32) g.br /= 2;
     g.scale = a[2].v.f;
-    g.seed = (uint64_t)a[3].v.i, g.offset = (uint64_t)a[4].v.i;
+    g.seed = 0, g.offset = 0; /* at_origin */
     g.dropping = p > 0;
     g.keep_p = 1 - p;
     g.rinv = p < 1 ? 1 / (1 - p) : 0;
@@ -180,10 +180,16 @@ static em_status at_thread_error(const em_kernel_ctx *k) {
 #undef EXP
 #undef GEMM
 
+/* The dropout stream's origin: the attributes', or a graph capture's (no seed). */
+static em_status at_origin(const em_kernel_ctx *k, at_geom *g) {
+    return g->dropping ? cpu_rng_origin(k, 3, &g->seed, &g->offset) : EM_OK;
+}
+
 static em_status k_sdpa(const em_kernel_ctx *k) {
     em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     at_geom g = at_geom_of(k, 0, 3);
+    if ((st = at_origin(k, &g)) != EM_OK) return st;
     return k->out[0].dtype == EM_F64 ? at_forward_f64(k, &g) : at_forward_f32(k, &g);
 }
 
@@ -191,6 +197,7 @@ static em_status k_sdpa_bwd(const em_kernel_ctx *k) {
     em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
     at_geom g = at_geom_of(k, 1, 4);
+    if ((st = at_origin(k, &g)) != EM_OK) return st;
     return k->out[0].dtype == EM_F64 ? at_backward_f64(k, &g) : at_backward_f32(k, &g);
 }
 

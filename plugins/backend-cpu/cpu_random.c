@@ -6,6 +6,8 @@
  *     uniform:   seed (int), offset (int), lo (float), hi (float)
  *     normal:    seed (int), offset (int), mean (float), std (float)
  *     bernoulli: seed (int), offset (int), p (float)
+ * (seed absent, offset given: the origin comes from a graph capture's generator state,
+ * cpu_rng_origin.)
  * Element i (C order over the output's shape) takes exactly the value that ember/random.h
  * defines for index i of the stream starting at block `offset`. The kernels loop over Philox
  * blocks, computing each block once for the 4 (or 2) elements it feeds, so the split across
@@ -53,15 +55,13 @@ static double attr_float(const em_kernel_ctx *ctx, int k, double def) {
     return ctx->attrs[k].type == EM_ATTR_FLOAT ? ctx->attrs[k].v.f : def;
 }
 
-static rng_params read_params(const em_kernel_ctx *ctx, double def_a, double def_b,
-                              bool has_b) {
-    rng_params p = {
-        .seed = (uint64_t)attr_int(ctx, 0, 0),
-        .offset = (uint64_t)attr_int(ctx, 1, 0),
+static em_status read_params(const em_kernel_ctx *ctx, double def_a, double def_b, bool has_b,
+                             rng_params *p /* out */) {
+    *p = (rng_params){
         .a = attr_float(ctx, 2, def_a),
         .b = has_b ? attr_float(ctx, 3, def_b) : 0.0,
     };
-    return p;
+    return cpu_rng_origin(ctx, 0, &p->seed, &p->offset);
 }
 
 /* ---- the streams (must match ember/random.h bit for bit) ---------------------------------- */
@@ -144,7 +144,8 @@ static void uniform2(const em_ktensor *t, rng_params p) {
 
 static em_status cpu_uniform(const em_kernel_ctx *ctx) {
     const em_ktensor *t = &ctx->out[0];
-    rng_params p = read_params(ctx, 0.0, 1.0, true);
+    rng_params p;
+    if (read_params(ctx, 0.0, 1.0, true, &p) != EM_OK) return em_last_status();
     if (!(p.a <= p.b) || !isfinite(p.a) || !isfinite(p.b))
         return em_set_error(EM_ERR_INVALID,
                             "uniform: expects finite lo <= hi, got lo=%g, hi=%g", p.a, p.b);
@@ -159,7 +160,8 @@ static em_status cpu_uniform(const em_kernel_ctx *ctx) {
 
 static em_status cpu_normal(const em_kernel_ctx *ctx) {
     const em_ktensor *t = &ctx->out[0];
-    rng_params p = read_params(ctx, 0.0, 1.0, true);
+    rng_params p;
+    if (read_params(ctx, 0.0, 1.0, true, &p) != EM_OK) return em_last_status();
     if (!(p.b >= 0.0) || !isfinite(p.a) || !isfinite(p.b))
         return em_set_error(EM_ERR_INVALID,
                             "normal: expects a finite mean and std >= 0, got mean=%g, std=%g",
@@ -332,7 +334,8 @@ void cpu_philox_keep(uint64_t seed, uint64_t offset, uint64_t e0, int64_t n, uin
 /* Every dtype reads the 4-per-block f32 stream: element i is 1 when u_i < p. */
 static em_status cpu_bernoulli(const em_kernel_ctx *ctx) {
     const em_ktensor *t = &ctx->out[0];
-    rng_params p = read_params(ctx, 0.5, 0.0, false);
+    rng_params p;
+    if (read_params(ctx, 0.5, 0.0, false, &p) != EM_OK) return em_last_status();
     if (!(p.a >= 0.0 && p.a <= 1.0))
         return em_set_error(EM_ERR_INVALID, "bernoulli: expects 0 <= p <= 1, got p=%g", p.a);
     int64_t n = t->numel, nb = (n + 3) / 4;

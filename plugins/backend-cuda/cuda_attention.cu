@@ -37,7 +37,7 @@ struct at_geom {
     bool causal, dropping;
     double scale, rinv;
     uint32_t thresh; /* keep when (w >> 8) < thresh */
-    uint64_t seed, offset;
+    ck_rng rng;      /* the dropout stream's origin (a graph capture's: read on the device) */
 };
 
 __device__ __forceinline__ int64_t at_mask_offset(const at_geom &g, int64_t b) {
@@ -53,7 +53,7 @@ __device__ __forceinline__ int64_t at_mask_offset(const at_geom &g, int64_t b) {
 __device__ __forceinline__ bool at_keep(const at_geom &g, int64_t b, int64_t i, int64_t j) {
     uint64_t e = ((uint64_t)b * (uint64_t)g.L + (uint64_t)i) * (uint64_t)g.S + (uint64_t)j;
     uint32_t w[4];
-    ck_philox_block(g.seed, g.offset + e / 4, w);
+    ck_philox_block(ck_rng_seed(g.rng), ck_rng_offset(g.rng) + e / 4, w);
     return (w[e % 4] >> 8) < g.thresh;
 }
 
@@ -194,7 +194,7 @@ static at_geom at_geom_of(const em_kernel_ctx *k, int iq, int im) {
     double p = a[0].v.f, keep = 1 - p;
     g.causal = a[1].v.b;
     g.scale = a[2].v.f;
-    g.seed = (uint64_t)a[3].v.i, g.offset = (uint64_t)a[4].v.i;
+    g.rng = ck_rng{0, 0, NULL}; /* at_origin */
     g.dropping = p > 0;
     g.rinv = p < 1 ? 1 / (1 - p) : 0;
     g.thresh = keep >= 1 ? 1u << 24 : keep > 0 ? (uint32_t)ceil(keep * 16777216.0) : 0;
@@ -276,10 +276,16 @@ static em_status at_backward(const em_kernel_ctx *k, const at_geom &g) {
     return EM_OK;
 }
 
+/* The dropout stream's origin: the attributes', or a graph capture's (no seed). */
+static em_status at_origin(const em_kernel_ctx *k, at_geom &g) {
+    return g.dropping ? ck_rng_of(k, 3, &g.rng) : EM_OK;
+}
+
 static em_status k_sdpa(const em_kernel_ctx *k) {
     em_status st = cg_check_dense(k);
     if (st != EM_OK) return st;
     at_geom g = at_geom_of(k, 0, 3);
+    if ((st = at_origin(k, g)) != EM_OK) return st;
     return k->out[0].dtype == EM_F64 ? at_forward<double, double>(k, g) : at_forward<float, float>(k, g);
 }
 
@@ -287,6 +293,7 @@ static em_status k_sdpa_bwd(const em_kernel_ctx *k) {
     em_status st = cg_check_dense(k);
     if (st != EM_OK) return st;
     at_geom g = at_geom_of(k, 1, 4);
+    if ((st = at_origin(k, g)) != EM_OK) return st;
     return k->out[0].dtype == EM_F64 ? at_backward<double, double>(k, g)
                                      : at_backward<float, float>(k, g);
 }

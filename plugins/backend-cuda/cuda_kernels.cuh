@@ -492,6 +492,31 @@ static inline bool ck_attr_b(const em_kernel_ctx *k, int i, bool d) {
     return k->attrs && k->attrs[i].type == EM_ATTR_BOOL ? k->attrs[i].v.b : d;
 }
 
+/* A drawing op's Philox origin: the seed and offset attributes (indices is, is + 1), and, when
+ * the seed is absent and the offset given (the call recorded in a graph capture), the
+ * device address of the capture's generator state {seed, base} (em_kernel_generator_state,
+ * ember/dispatch.h), which the kernel reads when it runs: every replay's own state, written
+ * ahead of the graph. ck_rng_seed / ck_rng_offset give the origin on the device. */
+struct ck_rng {
+    uint64_t seed, offset;
+    const uint64_t *state; /* NULL: the attributes are absolute */
+};
+static inline em_status ck_rng_of(const em_kernel_ctx *k, int is, ck_rng *r) {
+    r->seed = (uint64_t)ck_attr_i(k, is, 0);
+    r->offset = (uint64_t)ck_attr_i(k, is + 1, 0);
+    r->state = NULL;
+    if (k->attrs && k->attrs[is].type == EM_ATTR_NONE && k->attrs[is + 1].type == EM_ATTR_INT &&
+        !(r->state = em_kernel_generator_state(k)))
+        return em_last_status();
+    return EM_OK;
+}
+__device__ __forceinline__ uint64_t ck_rng_seed(const ck_rng &r) {
+    return r.state ? r.state[0] : r.seed;
+}
+__device__ __forceinline__ uint64_t ck_rng_offset(const ck_rng &r) {
+    return r.state ? r.state[1] + r.offset : r.offset;
+}
+
 /* ---- index validation ------------------------------------------------------------------------------ */
 
 /* Every value of the int64 tensor idx in [0, size)? On failure *bad is the first bad value in

@@ -1,7 +1,8 @@
 /*
  * cuda_random.cu — the in-place random fills (uniform, normal, bernoulli) and randperm on
  * CUDA, element for element the streams of ember/random.h (attributes as the CPU's,
- * plugins/backend-cpu/cpu_random.c: seed, offset, then lo/hi, mean/std or p).
+ * plugins/backend-cpu/cpu_random.c: seed, offset, then lo/hi, mean/std or p; without a seed,
+ * in a graph capture, the origin is read on the device, ck_rng_of).
  *
  * One thread per Philox block computes the block once and writes the 4 (or 2) elements it
  * feeds, at their C-order positions in the output (any strides). The words, the uniforms and
@@ -18,7 +19,7 @@ enum { R_UNIFORM4, R_UNIFORM2, R_NORMAL, R_BERNOULLI };
 
 struct rfill {
     int kind;
-    uint64_t seed, offset;
+    ck_rng rng;
     double a, b; /* lo, span / mean, std / p */
     int nd;
     int64_t shape[EM_MAX_DIMS], strides[EM_MAX_DIMS];
@@ -46,9 +47,10 @@ template <class T>
 __global__ void fill_kernel(rfill F) {
     int per = F.kind == R_UNIFORM4 || F.kind == R_BERNOULLI ? 4 : 2;
     int64_t nb = (F.n + per - 1) / per;
+    uint64_t seed = ck_rng_seed(F.rng), offset = ck_rng_offset(F.rng);
     for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nb; b += (int64_t)gridDim.x * blockDim.x) {
         uint32_t w[4];
-        ck_philox_block(F.seed, F.offset + (uint64_t)b, w);
+        ck_philox_block(seed, offset + (uint64_t)b, w);
         int64_t i0 = b * per, m = F.n - i0 < per ? F.n - i0 : per;
         for (int64_t j = 0; j < m; j++) {
             double v;
@@ -80,18 +82,17 @@ static em_status launch(const em_kernel_ctx *k, rfill &F, const char *what) {
     return CK_CHECK(k, what);
 }
 
-static rfill params(const em_kernel_ctx *k, double def_a, double def_b, bool has_b) {
-    rfill F;
-    memset(&F, 0, sizeof F);
-    F.seed = (uint64_t)ck_attr_i(k, 0, 0);
-    F.offset = (uint64_t)ck_attr_i(k, 1, 0);
-    F.a = ck_attr_f(k, 2, def_a);
-    F.b = has_b ? ck_attr_f(k, 3, def_b) : 0.0;
-    return F;
+static em_status params(const em_kernel_ctx *k, double def_a, double def_b, bool has_b,
+                        rfill *F) {
+    memset(F, 0, sizeof *F);
+    F->a = ck_attr_f(k, 2, def_a);
+    F->b = has_b ? ck_attr_f(k, 3, def_b) : 0.0;
+    return ck_rng_of(k, 0, &F->rng);
 }
 
 static em_status k_uniform(const em_kernel_ctx *k) {
-    rfill F = params(k, 0.0, 1.0, true);
+    rfill F;
+    if (params(k, 0.0, 1.0, true, &F) != EM_OK) return em_last_status();
     if (!(F.a <= F.b) || !isfinite(F.a) || !isfinite(F.b))
         return em_set_error(EM_ERR_INVALID, "uniform: expects finite lo <= hi, got lo=%g, hi=%g",
                             F.a, F.b);
@@ -101,7 +102,8 @@ static em_status k_uniform(const em_kernel_ctx *k) {
 }
 
 static em_status k_normal(const em_kernel_ctx *k) {
-    rfill F = params(k, 0.0, 1.0, true);
+    rfill F;
+    if (params(k, 0.0, 1.0, true, &F) != EM_OK) return em_last_status();
     if (!(F.b >= 0.0) || !isfinite(F.a) || !isfinite(F.b))
         return em_set_error(EM_ERR_INVALID,
                             "normal: expects a finite mean and std >= 0, got mean=%g, std=%g", F.a, F.b);
@@ -110,7 +112,8 @@ static em_status k_normal(const em_kernel_ctx *k) {
 }
 
 static em_status k_bernoulli(const em_kernel_ctx *k) {
-    rfill F = params(k, 0.5, 0.0, false);
+    rfill F;
+    if (params(k, 0.5, 0.0, false, &F) != EM_OK) return em_last_status();
     if (!(F.a >= 0.0 && F.a <= 1.0))
         return em_set_error(EM_ERR_INVALID, "bernoulli: expects 0 <= p <= 1, got p=%g", F.a);
     F.kind = R_BERNOULLI;

@@ -32,6 +32,15 @@
  * other than the CPU (the norms' last bits move the coefficient; a first bound, not yet run on
  * a GPU), bitwise on the CPU (the same arithmetic).
  *
+ * Dropout (float32): the random draws of a training step (ember/random.h, "Graph capture"):
+ * dropout (p 0.3) of a (64, 32) input, bernoulli_ (p 0.6) and uniform_ (-1, 2) fills, captured
+ * on DEV after one eager step and replayed N - 1 times; before each replay the same ops run
+ * eagerly on the CPU from the generator's state then, and after it the generator stands where
+ * the CPU's ops left it. Checked: every replay's mask, output and fills equal the CPU's
+ * bitwise (the uniform and bernoulli streams are integer and power-of-two arithmetic on both;
+ * the output's scaling is IEEE division and a product), and each replay's mask differs from
+ * the previous one's.
+ *
  * Checks, one row per optimizer and dtype: the parameters and the states (momentum_buffer;
  * exp_avg, exp_avg_sq) after N steps against the CPU's, the step count (Adam: N) and the
  * device's lr tensor (the last lr). float32: bitwise (the scalars are formed in double and
@@ -265,6 +274,104 @@ static int check(const char *cls, em_dtype dt, em_device dev, int steps, bool cl
     return rc;
 }
 
+/* The dropout row: see the header. 0 when it holds, 1 when not, 2 on a setup error. */
+static int check_dropout(em_device dev, int steps) {
+    const int64_t sh[2] = {64, 32};
+    const int64_t n = sh[0] * sh[1];
+    int rc = 0, bad = 0, same_mask = 0, gen_off = 0;
+    em_scope_begin();
+    em_tensor *xc = em_keep(make(0, EM_F32, 7, em_cpu()));
+    em_tensor *x = em_keep(em_to_device(xc, dev));
+    em_tensor *b = em_keep(em_zeros(2, sh, EM_F32, dev)), *u = em_keep(em_zeros(2, sh, EM_F32, dev));
+    em_tensor *bc = em_keep(em_zeros(2, sh, EM_F32, em_cpu()));
+    em_tensor *uc = em_keep(em_zeros(2, sh, EM_F32, em_cpu()));
+    if (!xc || !x || !b || !u || !bc || !uc) rc = fail("dropout inputs");
+    bool cap = em_graph_capture_supported(dev);
+    em_stream *s = NULL, *prev = em_stream_current(dev);
+    if (!rc && cap && (em_stream_create(dev, &s) != EM_OK || em_stream_set_current(dev, s) != EM_OK))
+        rc = fail("stream");
+    em_graph *g = NULL;
+    em_tensor *y = NULL, *mask = NULL;
+    float *prev_mask = calloc((size_t)n, sizeof(float)), *got = malloc((size_t)n * sizeof(float)),
+          *want = malloc((size_t)n * sizeof(float));
+    for (int k = 0; k < steps && !rc; k++) {
+        em_rng_state at = em_generator_get_state(NULL);
+        /* the CPU's ops from this state: the reference */
+        em_tensor *mc = NULL;
+        em_tensor *yc = em_dropout(xc, 0.3, true, NULL, &mc);
+        if (!yc || em_bernoulli_(bc, 0.6, NULL) != EM_OK || em_uniform_(uc, -1, 2, NULL) != EM_OK) {
+            rc = fail("the CPU's draws");
+            break;
+        }
+        em_rng_state cpu_after = em_generator_get_state(NULL);
+        em_generator_set_state(NULL, at);
+        if (k == 0 || !cap) { /* eager on DEV (every step where DEV cannot capture) */
+            em_tensor_release(y), em_tensor_release(mask);
+            y = em_tensor_retain(em_dropout(x, 0.3, true, NULL, &mask));
+            em_tensor_retain(mask);
+            if (!y || em_bernoulli_(b, 0.6, NULL) != EM_OK || em_uniform_(u, -1, 2, NULL) != EM_OK) {
+                rc = fail("the eager draws on DEV");
+                break;
+            }
+        } else {
+            if (!g) {
+                em_tensor_release(y), em_tensor_release(mask);
+                y = mask = NULL;
+                if (em_graph_capture_begin(dev, s) != EM_OK) { rc = fail("capture begin"); break; }
+                y = em_tensor_retain(em_dropout(x, 0.3, true, NULL, &mask));
+                em_tensor_retain(mask);
+                em_status st = y ? em_bernoulli_(b, 0.6, NULL) : em_last_status();
+                if (st == EM_OK) st = em_uniform_(u, -1, 2, NULL);
+                if (em_graph_capture_end(dev, &g) != EM_OK || st != EM_OK) {
+                    rc = fail("the captured draws");
+                    break;
+                }
+            }
+            if (em_graph_replay(g) != EM_OK) { rc = fail("replay"); break; }
+        }
+        if (em_device_synchronize(dev) != EM_OK) { rc = fail("synchronize"); break; }
+        em_rng_state after = em_generator_get_state(NULL);
+        gen_off += after.offset != cpu_after.offset || after.seed != cpu_after.seed;
+        em_generator_set_state(NULL, cpu_after);
+        const em_tensor *pairs[4][2] = {{mask, mc}, {y, yc}, {b, bc}, {u, uc}};
+        for (int p = 0; p < 4; p++) {
+            em_scope_begin();
+            em_tensor *gd = em_to_dtype(em_to_device(pairs[p][0], em_cpu()), EM_F32);
+            em_tensor *wd = em_to_dtype(pairs[p][1], EM_F32);
+            if (!gd || !wd || em_tensor_to_host(gd, got, (size_t)n * sizeof(float)) != EM_OK ||
+                em_tensor_to_host(wd, want, (size_t)n * sizeof(float)) != EM_OK) {
+                em_scope_end();
+                rc = fail("reading the draws");
+                break;
+            }
+            bad += memcmp(got, want, (size_t)n * sizeof(float)) != 0;
+            if (p == 0) {
+                if (k > 0 && !memcmp(got, prev_mask, (size_t)n * sizeof(float))) same_mask++;
+                memcpy(prev_mask, got, (size_t)n * sizeof(float));
+            }
+            em_scope_end();
+        }
+    }
+    bool ok = !rc && !bad && !same_mask && !gen_off;
+    if (!rc)
+        printf("capture %-9s %-7s %d steps (%s): masks, outputs and fills %s, %d replay(s) "
+               "repeating the previous mask, generator %s: %s\n", "Dropout", "float32", steps,
+               cap ? "1 eager, then replays of 1 capture" : "eager", bad ? "DIFFER" : "bitwise",
+               same_mask, gen_off ? "ELSEWHERE" : "where the CPU's ops leave it",
+               ok ? "PASS" : "FAIL");
+    free(prev_mask), free(got), free(want);
+    em_graph_free(g);
+    if (s) {
+        em_stream_set_current(dev, prev);
+        em_stream_free(dev, s);
+    }
+    em_tensor_release(y), em_tensor_release(mask);
+    em_tensor_release(xc), em_tensor_release(x), em_tensor_release(b), em_tensor_release(u);
+    em_tensor_release(bc), em_tensor_release(uc);
+    em_scope_end();
+    return rc ? rc : ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     const char *dev_name = NULL, *plugin = NULL;
     int steps = 20;
@@ -292,6 +399,8 @@ int main(int argc, char **argv) {
             int r = check(classes[c < 3 ? c : 1], d ? EM_F64 : EM_F32, dev, steps, c == 3, c == 4);
             if (r > rc) rc = r;
         }
+    int r = check_dropout(dev, steps);
+    if (r > rc) rc = r;
     em_shutdown();
     return rc;
 }

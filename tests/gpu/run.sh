@@ -26,7 +26,9 @@
 #   $OUT/capture.txt  SGD, Adam and AdamW with capturable steps captured and replayed on DEV
 #                     (a new lr every step) against the CPU's plain steps, and Adam with the
 #                     grads clipped in the captured step (em_clip_grad_norm_device_) against
-#                     the CPU's host clipping (tests/gpu/capture)
+#                     the CPU's host clipping, and a captured step of dropout, bernoulli_
+#                     and uniform_ whose replays draw the CPU's numbers at each replay's
+#                     generator state (tests/gpu/capture)
 #   $OUT/tables.txt   the tables above, in suite order, each after a "==== SUITE.txt" line
 #   $OUT/summary.txt  one line per suite: PASS/FAIL/TIMEOUT and seconds
 #   $OUT/log.txt      everything printed

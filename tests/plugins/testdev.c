@@ -255,6 +255,11 @@ typedef struct td_host {
     em_ktensor kt[TD_HOST_MAX]; /* inputs, then outputs; host addresses */
     bool absent[TD_HOST_MAX];   /* a NULL input (or a list's NULL entry) */
     em_attr *attrs;             /* copies, strings and lists owned */
+    /* A drawing op recorded in a graph capture (its seed attribute absent, its offset given):
+     * the capture's generator state (2) uint64 {seed, base}, read when the item runs, as a GPU
+     * kernel reads it; seed_attr: the seed attribute's index (-1: none such call). */
+    em_ktensor rng;
+    int seed_attr;
 } td_host;
 
 /* What a timed event reads: the device clock when its record item ran (under the lock). */
@@ -1104,6 +1109,15 @@ static void td_run_host(const td_host *h) {
     em_tensor *t[TD_HOST_MAX] = {0};
     em_status st = EM_OK;
     int n = h->n_in + h->n_out;
+    em_attr ga[EM_CASE_MAX_ATTRS * 2];
+    const em_attr *attrs = h->attrs;
+    if (h->seed_attr >= 0) { /* the state now (a replay's), as absolute attributes */
+        const uint64_t *rs = h->rng.data;
+        memcpy(ga, h->attrs, (size_t)h->n_attrs * sizeof *ga);
+        ga[h->seed_attr] = (em_attr){.type = EM_ATTR_INT, .v.i = (int64_t)rs[0]};
+        ga[h->seed_attr + 1].v.i = (int64_t)((uint64_t)ga[h->seed_attr + 1].v.i + rs[1]);
+        attrs = ga;
+    }
     em_grad_mode_push(EM_GRAD_DISABLED);
     for (int i = 0; i < n && st == EM_OK; i++) {
         const em_ktensor *k = &h->kt[i];
@@ -1115,9 +1129,9 @@ static void td_run_host(const td_host *h) {
     }
     if (st == EM_OK && h->count)
         st = em_op_call_lists(h->op, h->count, h->n_in ? (const em_tensor *const *)t : NULL,
-                              h->attrs, t + h->n_in);
+                              attrs, t + h->n_in);
     else if (st == EM_OK)
-        st = em_op_call_out(h->op, (const em_tensor *const *)t, h->n_in, h->attrs, t + h->n_in,
+        st = em_op_call_out(h->op, (const em_tensor *const *)t, h->n_in, attrs, t + h->n_in,
                             h->n_out);
     if (st != EM_OK) {
         fprintf(stderr, "testdev: the host kernel of %s failed on a worker: %s\n",
@@ -1177,10 +1191,17 @@ static em_status td_k_add(const em_kernel_ctx *ctx) { return td_binary(ctx, '+',
  * the CPU backend's kernel on the worker (td_run_host). */
 static em_status td_k_host(const em_kernel_ctx *ctx) {
     int n = ctx->n_in + ctx->n_out;
-    if (n > TD_HOST_MAX)
+    const em_op_schema *sc = em_op_schema_of(ctx->op);
+    int seed_attr = -1;
+    for (int i = 0; i + 1 < sc->n_attrs && i + 1 < EM_CASE_MAX_ATTRS * 2; i++)
+        if (!strcmp(sc->attr_names[i], "seed") && !strcmp(sc->attr_names[i + 1], "offset") &&
+            ctx->attrs[i].type == EM_ATTR_NONE && ctx->attrs[i + 1].type == EM_ATTR_INT)
+            seed_attr = i;
+    const uint64_t *rng = NULL;
+    if (seed_attr >= 0 && !(rng = em_kernel_generator_state(ctx))) return em_last_status();
+    if (n + (rng != NULL) > TD_HOST_MAX)
         return em_set_error(EM_ERR_INVALID, "testdev: %s: %d operands; the host kernels take "
                             "at most %d", em_op_name(ctx->op), n, TD_HOST_MAX);
-    const em_op_schema *sc = em_op_schema_of(ctx->op);
     td_item *it = td_item_new(TD_KHOST);
     td_host *h = calloc(1, sizeof *h);
     em_attr *attrs = sc->n_attrs ? calloc((size_t)sc->n_attrs, sizeof *attrs) : NULL;
@@ -1192,7 +1213,8 @@ static em_status td_k_host(const em_kernel_ctx *ctx) {
     bool lists = (sc->flags & EM_OP_LISTS) != 0;
     *h = (td_host){.refs = 1, .op = ctx->op, .n_in = ctx->n_in, .n_out = ctx->n_out,
                    .n_attrs = sc->n_attrs, .attrs = attrs,
-                   .count = lists && sc->n_outputs ? ctx->n_out / sc->n_outputs : 0};
+                   .count = lists && sc->n_outputs ? ctx->n_out / sc->n_outputs : 0,
+                   .seed_attr = seed_attr};
     it->u.host = h;
     bool oom = false;
     for (int i = 0; i < sc->n_attrs; i++) {
@@ -1230,6 +1252,13 @@ static em_status td_k_host(const em_kernel_ctx *ctx) {
         }
         ops[m] = &h->kt[i];
         src[m++] = k;
+    }
+    /* the generator state: an operand like the others (its block resolved, waited for) */
+    em_ktensor rk = {.data = (void *)rng, .dtype = EM_I64, .ndim = 1, .shape = {2},
+                     .strides = {1}, .numel = 2, .contiguous = true};
+    if (rng) {
+        ops[m] = &h->rng;
+        src[m++] = &rk;
     }
     return td_kernel_queue(ctx, it, ops, src, m);
 }
@@ -1291,7 +1320,8 @@ static const char *const td_host_ops[] = {
     "norm", "relu", "relu_backward", "sum", "to_dtype", "uniform", "normal", "amp_unscale_",
     "fused_adam", "fused_adamw", "fused_sgd_capturable", "fused_adam_capturable",
     "fused_adamw_capturable", "add", "abs", "add_scalar", "clamp", "div", "maximum", "neg",
-    "pow", "sqrt", "ne", "lt", "le", "where", "logical_and", "reciprocal"};
+    "pow", "sqrt", "ne", "lt", "le", "where", "logical_and", "reciprocal",
+    "scaled_dot_product_attention", "scaled_dot_product_attention_backward"};
 /* Not tanh: tests/test_graph_capture.sh needs an op whose CPU fallback breaks a capture. Not
  * fused_sgd: SGD steps op by op there, as on a device without the fused kernel (with
  * --graph-capture it takes fused_sgd_capturable, whose lr is device memory). amp_unscale_
@@ -1303,7 +1333,9 @@ static const char *const td_host_ops[] = {
  * --clip-grad-norm) and capturable AMSGrad's op-by-op step (plugins/optim/optimizers.c,
  * adam_one_capturable: tests/test_fused_optim.c, tests/test_graph_capture.sh); ne, lt, le,
  * where, logical_and and reciprocal for the capturable gradient scaler's device update and
- * its undoing of a skipped step (core/grad_scaler.c: --graph-capture with --amp fp16). */
+ * its undoing of a skipped step (core/grad_scaler.c: --graph-capture with --amp fp16);
+ * scaled_dot_product_attention and its backward for captured attention dropout (the
+ * generator state read when the item runs: td_run_host; tests/test_graph_rng.c). */
 #endif
 
 static em_status td_kernel(em_registry *r, const char *op, em_dtype dt, em_kernel_fn fn) {

@@ -71,6 +71,7 @@
 
 #include "ember/error.h"
 #include "ember/export.h"
+#include "ember/random.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -344,6 +345,11 @@ EM_API em_stream *em_stream_current(em_device dev);
  *     land in the storages the capture wrote. Keep those tensors, and the stream, alive
  *     while the graph is.
  *     When a shape, a storage or a scalar argument changes, free the graph and capture again.
+ *     Random numbers are the exception PyTorch makes too: the drawing ops (uniform_, normal_,
+ *     bernoulli_, dropout, scaled_dot_product_attention's dropout) read their generator's
+ *     state from device memory that each replay refills, so replays draw fresh numbers
+ *     (ember/random.h, "Graph capture"); an op that draws otherwise (randperm) fails in a
+ *     capture, naming itself.
  *   - During capture nothing runs: reading a value on the host (em_item, a copy to the CPU),
  *     synchronising, or a copy from host memory breaks the capture; em_graph_capture_end then
  *     fails naming the call (the backend's message) and the capture is discarded.
@@ -375,8 +381,17 @@ EM_API em_status em_graph_capture_begin(em_device dev, em_stream *s);
  * return to the cache as they are released). EM_ERR_STATE when this thread is not capturing
  * on dev. */
 EM_API em_status em_graph_capture_end(em_device dev, em_graph **out /* out */);
-/* Queue the whole graph on the stream it was captured on; asynchronous like any op. */
+/* Queue the whole graph on the stream it was captured on; asynchronous like any op. A graph
+ * whose ops draw random numbers first takes its blocks from its generator and writes the
+ * generator's (seed, offset) into the device memory they read, on the same stream, so each
+ * replay draws the numbers the same ops run eagerly would draw now (ember/random.h). */
 EM_API em_status em_graph_replay(em_graph *g);
+/* The generator the graph's drawing ops draw from (ember/random.h, "Graph capture") and the
+ * Philox blocks each replay takes from it: *gen NULL and *blocks 0 when nothing in the graph
+ * draws. The generator is borrowed: keep it alive while the graph is. EM_ERR_INVALID for a
+ * NULL argument. New in EMBER_1.1. */
+EM_API em_status em_graph_generator(const em_graph *g, em_generator **gen /* out */,
+                                    uint64_t *blocks /* out */);
 /* The stream a graph replays on (the one it was captured on). */
 EM_API em_stream *em_graph_stream(const em_graph *g);
 /* Wait for the graph's last replay, free it and hand its pool to the device's cache. */

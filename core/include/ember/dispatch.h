@@ -351,6 +351,17 @@ typedef struct em_kernel_ctx {
  * without workspace (not EM_KCTX_HAS_EXEC). *out is NULL on error. */
 EM_API em_status em_kernel_workspace(const em_kernel_ctx *k, size_t nbytes, void **out /* out */);
 
+/* For the kernels of the ops that draw random numbers (uniform, normal, bernoulli,
+ * scaled_dot_product_attention with dropout and its backward): when the call's "seed"
+ * attribute is absent and its "offset" given, the call is recorded in a graph capture: the
+ * work reads the seed and a base offset, two uint64 {seed, base}, from the device memory this
+ * returns when it runs (a replay's values, which em_graph_replay writes first), and draws
+ * from Philox block base + offset (ember/random.h, "Graph capture"). Call it from the kernel
+ * function on the thread that queues the work. NULL with EM_ERR_STATE (naming the op and
+ * device) when no capture on the call's device and stream has a generator state. New in
+ * EMBER_1.1. */
+EM_API const uint64_t *em_kernel_generator_state(const em_kernel_ctx *k);
+
 typedef em_status (*em_kernel_fn)(const em_kernel_ctx *ctx);
 /* (optional) Return false to pass the call to the next kernel down the stack. */
 typedef bool (*em_kernel_supports_fn)(const em_kernel_ctx *ctx);

@@ -43,6 +43,23 @@
  * 1 ulp of glibc's (sqrt exactly): each value is within 2 ulp of double of the CPU's before
  * it is rounded to the output dtype, so f32, f16 and bf16 normal fills almost always agree
  * bitwise and otherwise differ by one unit in their last place.
+ *
+ * Graph capture (ember/device.h; PyTorch's "seed_extragraph"/"offset_extragraph"). A graph
+ * replays its kernels' arguments, so a draw whose offset were an argument would repeat its
+ * numbers in every replay. While a thread captures on a device, the drawing ops it runs there
+ * (em_uniform_, em_normal_, em_bernoulli_, em_dropout, em_scaled_dot_product_attention with
+ * dropout, and that op's backward) do not move their generator: each takes its blocks from a
+ * count of the capture's own, starting at 0, and passes that relative offset as its offset
+ * attribute with the seed attribute absent; their kernels then read the seed and a base
+ * offset from a (2) uint64 device tensor of the graph (em_kernel_generator_state,
+ * ember/dispatch.h) and draw from block base + offset (the schemas keep their attributes, so
+ * a call by name with both attributes is an eager draw, in a capture too). The graph remembers the generator (one per capture: a second one is
+ * an error naming the op) and the blocks it takes (em_graph_generator). Each em_graph_replay
+ * reserves those blocks from the generator and writes its (seed, offset) into the device
+ * tensor on the replay stream ahead of the graph: a replay draws exactly the numbers the same
+ * ops run eagerly at the generator's state would draw, and leaves the generator where they
+ * would. Ops that draw otherwise (em_randperm) fail during a capture, naming the op; eager
+ * calls are unchanged (seed and offset given).
  */
 #ifndef EMBER_RANDOM_H
 #define EMBER_RANDOM_H
