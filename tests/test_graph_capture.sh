@@ -40,6 +40,14 @@
 #     writes on the device): SGD 3 epochs and Adam with two Dropout layers 2 epochs, the same
 #     comparisons as above; weights other than the MLP's without dropout; a resume from a
 #     checkpoint at step 30 ends with the uninterrupted run's weights;
+#   - attention dropout (scaled_dot_product_attention's draws, forward and backward, in the
+#     captured step): a causal byte-level MultiheadAttention (its only dropout the attention's)
+#     and a pre-norm TransformerEncoder (attention, feed-forward and residual dropout) over a
+#     text made here, Adam with a per-step StepLR, 2 epochs: the same comparisons, and weights
+#     other than dropout 0's;
+#   - a plugin layer that reserves its numbers itself (testplug.ReservedDropout,
+#     tests/plugins/layer_plugin.c: em_generator_reserve, then the dropout op with seed and
+#     offset) trains eagerly and is refused at the capture: the generator moved (trainer/loop.c);
 #   - tests/gpu/capture (tests/gpu/run.sh capture) rehearsed on the test device (--plugin):
 #     its 10 optimizer rows (SGD, Adam, AdamW, Adam+clip, Adam+ams; float32 and float64), each
 #     a captured step replayed 19 times against the CPU's plain steps, all PASS and bitwise
@@ -54,7 +62,8 @@ set -u
 srcdir=${srcdir:-.}
 train=./trainer/ember-train
 host=./tests/plugins/host/.libs/testdev_host.so
-[ -x "$train" ] && [ -f "$host" ] || { echo "ember-train or $host not built"; exit 99; }
+[ -x "$train" ] && [ -f "$host" ] && [ -f ./tests/plugins/.libs/layer_plugin.so ] ||
+    { echo "ember-train, $host or the layer plugin not built"; exit 99; }
 data=$(cd "$srcdir/data/digits" && pwd) || exit 99
 tmp=$(mktemp -d) || exit 99
 trap 'rm -rf "$tmp"' EXIT
@@ -193,6 +202,46 @@ cfg drop2 '  - Linear: {in_features: 64, out_features: 32}
   - Linear: {in_features: 32, out_features: 10}' '{class: Adam, lr: 0.002}' \
     '{class: StepLR, interval: step, step_size: 5, gamma: 0.8}'
 same drop2 2 39
+# attention dropout (em_scaled_dot_product_attention's draw and its backward's, captured) in
+# a small causal char-level Transformer over bytes (256 ids: any text fits) of a text made
+# here (9551 bytes, 8596 of them training ones): windows of 16, 8 full batches of 64 an epoch.
+# A MultiheadAttention whose only dropout is the attention's, and a pre-norm
+# TransformerEncoder (attention, feed-forward and residual dropouts), with Adam and a per-step
+# StepLR, 2 epochs each: the same comparisons, and weights other than dropout 0's
+awk 'BEGIN { split("the graph capture replays dropout masks of attention", w, " ")
+             for (i = 0; i < 1500; i++) printf "%s%s", w[1 + (i * 5 + int(i / 7)) % 8], i % 12 == 11 ? ".\n" : " " }' \
+    > "$tmp/text.txt"
+[ "$(wc -c < "$tmp/text.txt")" -eq 9551 ] || bad "the text is not 9551 bytes"
+lm() { # lm NAME LAYERS: a config over the text
+    cat > "$tmp/$1.yaml" <<EOF
+model:
+  - Embedding: {num_embeddings: 256, embedding_dim: 16}
+$2
+  - Linear: {in_features: 16, out_features: 256}
+data:
+  class: text
+  options: {path: $tmp/text.txt, seq_len: 16, level: byte}
+  validation: {split: validation}
+optimizer: {class: Adam, lr: 0.002}
+scheduler: {class: StepLR, interval: step, step_size: 5, gamma: 0.8}
+EOF
+}
+mha() { echo "  - MultiheadAttention: {embed_dim: 16, num_heads: 2, dropout: $1, batch_first: true, causal: true}"; }
+lm mha "$(mha 0.3)"
+same mha 2 13
+lm mha0 "$(mha 0.0)"
+run mha0 mha0 2 --graph-capture || bad "the MultiheadAttention run without dropout"
+cmp -s "$tmp/mha0.safetensors" "$tmp/mha-graph.safetensors" &&
+    bad "attention dropout gave the weights of the run without it: the comparison cannot fail"
+tfl() { echo "  - LearnedPositionalEncoding: {d_model: 16, max_len: 16, batch_first: true}
+  - TransformerEncoder: {d_model: 16, nhead: 2, dim_feedforward: 32, dropout: $1, num_layers: 1,
+                         batch_first: true, norm_first: true, causal: true}"; }
+lm tf "$(tfl 0.2)"
+same tf 2 13
+lm tf0 "$(tfl 0.0)"
+run tf0 tf0 2 --graph-capture || bad "the TransformerEncoder run without dropout"
+cmp -s "$tmp/tf0.safetensors" "$tmp/tf-graph.safetensors" &&
+    bad "the Transformer's dropout gave the weights of the run without it: the comparison cannot fail"
 
 # --amp fp16: the capturable gradient scaler (the scale, its update and the found-inf verdict
 # on the device; a skipped step undone there). An init scale of 2^24 overflows the float16
@@ -286,6 +335,17 @@ EMBER_FALLBACK=allow expect 1 "$opt: the training step cannot be captured on tes
     "$train" "$tmp/tanh.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
 EMBER_FALLBACK=allow expect 1 "layer 2 (Tanh): $tmp/tanh.yaml:4:5: Tanh: testdev: a copy to or from host memory on a stream that records a graph" \
     "$train" "$tmp/tanh.yaml" --plugin "$host" --device testdev:0 --epochs 1 --graph-capture
+# a layer that reserves its numbers itself (em_generator_reserve: tests/plugins/layer_plugin.c,
+# testplug.ReservedDropout) moves the generator during the capture: every replay would draw
+# the same mask. Exit 1 naming why; the same run without --graph-capture trains
+cfg resdrop '  - Linear: {in_features: 64, out_features: 32}
+  - ReLU
+  - testplug.ReservedDropout
+  - Linear: {in_features: 32, out_features: 10}' "$sgd" "$step"
+layers=./tests/plugins/.libs/layer_plugin.so
+run resdrop resdrop 1 --plugin "$layers" || { bad "testplug.ReservedDropout eagerly"; cat "$tmp/resdrop.out"; }
+expect 1 "$opt: the training step moved the random generator during the capture (an op that reserves its numbers with em_generator_reserve" \
+    "$train" "$tmp/resdrop.yaml" --plugin "$host" --plugin "$layers" --device testdev:0 --epochs 1 --graph-capture
 # tests/gpu/capture on the test device: every row replayed from a capture, PASS, bitwise
 out=$(./tests/gpu/capture --device testdev:0 --plugin "$host" 2>&1) || bad "tests/gpu/capture on testdev:0: $out"
 [ "$(echo "$out" | grep -c '(1 eager, then replays of 1 capture): params and states bitwise .*: PASS$')" -eq 10 ] ||

@@ -700,12 +700,14 @@ Test(layer_plugin, usable_by_name_in_a_sequential) {
         em_plugin_get(i, &info);
         if (info.name && strcmp(info.name, "ember-test-layers") == 0) {
             cr_assert_eq(info.status, EM_PLUGIN_LOADED, "%s", info.reason);
-            cr_assert_eq(em_registry_module_class_count(info.registry), 3);
+            cr_assert_eq(em_registry_module_class_count(info.registry), 4);
             cr_assert_str_eq(em_registry_module_class_name(info.registry, 0), "testplug.Affine");
             cr_assert_str_eq(em_registry_module_class_name(info.registry, 1),
                              "testplug.GradModeProbe");
             cr_assert_str_eq(em_registry_module_class_name(info.registry, 2),
                              "testplug.NoDerivative");
+            cr_assert_str_eq(em_registry_module_class_name(info.registry, 3),
+                             "testplug.ReservedDropout");
             found = true;
         }
     }

@@ -7,7 +7,12 @@
  * gradients off, or evaluating with them on): test_trainer.c puts it in a model to check that
  * ember-train validates, tests and predicts under no_grad. And "testplug.NoDerivative", the
  * identity through the plugin's own op "testplug.copy", which declares no derivative: training
- * a model with it stops at backward with the error a plugin author must see.
+ * a model with it stops at backward with the error a plugin author must see. And
+ * "testplug.ReservedDropout", dropout (p 0.2) whose mask's numbers the layer reserves itself
+ * (em_generator_reserve) and passes to the dropout op by name, seed and offset given: an eager
+ * draw even inside a graph capture, the code ember-train --graph-capture's check that the
+ * generator did not move during the capture (trainer/loop.c) is for:
+ * tests/test_graph_capture.sh.
  */
 #include <ember/ember.h>
 #include <ember/op_helpers.h>
@@ -82,6 +87,25 @@ static const em_module_class noderiv_class = {
     .n_inputs = 1,
 };
 
+static em_tensor *resdrop_forward(em_module *m, em_tensor *const *in, int n) {
+    (void)n;
+    const em_tensor *x = in[0];
+    if (!em_module_training(m)) return em_tensor_retain(in[0]);
+    /* 4 draws a block, as em_dropout */
+    em_rng_state s = em_generator_reserve(NULL, ((uint64_t)em_tensor_numel(x) + 3) / 4);
+    em_attr a[4] = {{.type = EM_ATTR_FLOAT, .v.f = 0.2}, {.type = EM_ATTR_BOOL, .v.b = true},
+                    {.type = EM_ATTR_INT, .v.i = (int64_t)s.seed},
+                    {.type = EM_ATTR_INT, .v.i = (int64_t)s.offset}};
+    em_tensor *out[2] = {NULL, NULL}; /* the output and the mask, in the thread's scope */
+    return em_op_call(em_op_find("dropout"), &x, 1, a, out) == EM_OK ? out[0] : NULL;
+}
+
+static const em_module_class resdrop_class = {
+    .struct_size = sizeof(em_module_class), .name = "testplug.ReservedDropout",
+    .description = "dropout p 0.2 from blocks the layer reserves with em_generator_reserve",
+    .forward = resdrop_forward, .n_inputs = 1,
+};
+
 static em_status reg(em_registry *r) {
     em_status st = em_module_class_register(r, &affine_class);
     if (st == EM_OK) st = em_module_class_register(r, &probe_class);
@@ -89,7 +113,8 @@ static em_status reg(em_registry *r) {
     em_kernel_def k = {.struct_size = sizeof k, .op = "testplug.copy", .device_type = "cpu",
                        .dtype = EM_F32, .fn = copy_f32, .name = "testplug_copy_cpu_f32"};
     if (st == EM_OK) st = em_kernel_register(r, &k, NULL);
-    return st == EM_OK ? em_module_class_register(r, &noderiv_class) : st;
+    if (st == EM_OK) st = em_module_class_register(r, &noderiv_class);
+    return st == EM_OK ? em_module_class_register(r, &resdrop_class) : st;
 }
 
 static const em_plugin_descriptor desc = {

@@ -246,7 +246,8 @@ typedef enum { TD_NOP, TD_MEMCPY, TD_KCOPY, TD_KFILL, TD_KBINARY, TD_KSUM, TD_ST
  * behind the device addresses, on the stream's worker (so it is queued, ordered and recorded
  * in graphs like any testdev kernel). Shared, reference-counted, between a graph's recorded
  * item and the copies its replays queue. */
-#define TD_HOST_MAX 64 /* operands (of a list op: every tensor of every list) */
+#define TD_HOST_MAX 128 /* operands (of a list op: every tensor of every list: a small
+                         * Transformer's 16 parameters in fused_adam_capturable take 96) */
 typedef struct td_host {
     int refs; /* atomic */
     const em_op *op;
@@ -1321,7 +1322,8 @@ static const char *const td_host_ops[] = {
     "fused_adam", "fused_adamw", "fused_sgd_capturable", "fused_adam_capturable",
     "fused_adamw_capturable", "add", "abs", "add_scalar", "clamp", "div", "maximum", "neg",
     "pow", "sqrt", "ne", "lt", "le", "where", "logical_and", "reciprocal",
-    "scaled_dot_product_attention", "scaled_dot_product_attention_backward"};
+    "scaled_dot_product_attention", "scaled_dot_product_attention_backward", "embedding",
+    "embedding_backward", "layer_norm", "layer_norm_backward"};
 /* Not tanh: tests/test_graph_capture.sh needs an op whose CPU fallback breaks a capture. Not
  * fused_sgd: SGD steps op by op there, as on a device without the fused kernel (with
  * --graph-capture it takes fused_sgd_capturable, whose lr is device memory). amp_unscale_
@@ -1335,7 +1337,9 @@ static const char *const td_host_ops[] = {
  * where, logical_and and reciprocal for the capturable gradient scaler's device update and
  * its undoing of a skipped step (core/grad_scaler.c: --graph-capture with --amp fp16);
  * scaled_dot_product_attention and its backward for captured attention dropout (the
- * generator state read when the item runs: td_run_host; tests/test_graph_rng.c). */
+ * generator state read when the item runs: td_run_host; tests/test_graph_rng.c); embedding,
+ * layer_norm and their backwards for the rest of a small Transformer's step (a char-level
+ * TransformerEncoder with attention dropout under --graph-capture: tests/test_graph_capture.sh). */
 #endif
 
 static em_status td_kernel(em_registry *r, const char *op, em_dtype dt, em_kernel_fn fn) {
