@@ -302,6 +302,11 @@ em_status em__op_inplace(const em_op *op, em_tensor *self, const em_tensor *cons
 #define EM__IN(...) ((const em_tensor *const[]){__VA_ARGS__})
 #define EM__ATTRS(...) ((const em_attr[]){__VA_ARGS__})
 #define EM__A_INT(x) ((em_attr){.type = EM_ATTR_INT, .v.i = (x)})
+/* The seed attribute of a draw em__rng_draw made: absent for a graph capture's relative offset
+ * (graph true), else the generator's seed. */
+static inline em_attr em__rng_seed_attr(em_rng_state s, bool graph) {
+    return graph ? (em_attr){.type = EM_ATTR_NONE} : EM__A_INT((int64_t)s.seed);
+}
 #define EM__A_FLOAT(x) ((em_attr){.type = EM_ATTR_FLOAT, .v.f = (x)})
 #define EM__A_BOOL(x) ((em_attr){.type = EM_ATTR_BOOL, .v.b = (x)})
 /* A string attribute, absent for NULL. */

@@ -362,8 +362,7 @@ em_tensor *em_scaled_dot_product_attention(const em_tensor *query, const em_tens
     em_tensor *y = NULL;
     em_status st = em__callv(op_sdpa, 4, EM__IN(query, key, value, attn_mask),
                              EM__ATTRS(afloat(dropout_p), abool(is_causal), SCALE(scale),
-                                       graph ? (em_attr){.type = EM_ATTR_NONE}
-                                             : aint((int64_t)s.seed),
+                                       em__rng_seed_attr(s, graph),
                                        aint((int64_t)s.offset)),
                              (em_tensor **const[]){&y, logsumexp}, 2);
     return st == EM_OK ? y : NULL;

@@ -164,7 +164,7 @@ static em_status random_fill(const em_op *op, em_tensor *t, em_generator *gen, i
     em_status st = em__rng_draw(gen, blocks, t->storage->device, em_op_name(op), true, &s,
                                 &graph);
     if (st != EM_OK) return st;
-    attrs[0] = graph ? (em_attr){.type = EM_ATTR_NONE} : EM__A_INT((int64_t)s.seed);
+    attrs[0] = em__rng_seed_attr(s, graph);
     attrs[1] = EM__A_INT((int64_t)s.offset);
     return em_op_call_out(op, NULL, 0, attrs, &t, 1);
 }

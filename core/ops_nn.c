@@ -1700,8 +1700,7 @@ em_tensor *em_dropout(const em_tensor *x, double p, bool training, em_generator 
         return NULL;
     em_tensor *y = NULL;
     em_status st = em__callv(op_dropout, 1, &x, EM__ATTRS(afloat(p), abool(training),
-                                                          graph ? (em_attr){.type = EM_ATTR_NONE}
-                                                                : aint((int64_t)s.seed),
+                                                          em__rng_seed_attr(s, graph),
                                                           aint((int64_t)s.offset)),
                              (em_tensor **const[]){&y, mask}, 2);
     return st == EM_OK ? y : NULL;
