@@ -1194,7 +1194,8 @@ static em_status td_k_host(const em_kernel_ctx *ctx) {
     int n = ctx->n_in + ctx->n_out;
     const em_op_schema *sc = em_op_schema_of(ctx->op);
     int seed_attr = -1;
-    for (int i = 0; i + 1 < sc->n_attrs && i + 1 < EM_CASE_MAX_ATTRS * 2; i++)
+    /* (td_run_host rewrites the attributes in an array of EM_CASE_MAX_ATTRS * 2) */
+    for (int i = 0; sc->n_attrs <= EM_CASE_MAX_ATTRS * 2 && i + 1 < sc->n_attrs; i++)
         if (!strcmp(sc->attr_names[i], "seed") && !strcmp(sc->attr_names[i + 1], "offset") &&
             ctx->attrs[i].type == EM_ATTR_NONE && ctx->attrs[i + 1].type == EM_ATTR_INT)
             seed_attr = i;
