@@ -463,7 +463,7 @@ static mm_entry *entry_find(uint64_t h, const mm_key *k) {
 }
 
 /* The cache entry of key k, made on first use. *owned: a one-off entry (the cache is full)
- * that the caller frees with entry_free_owned. NULL: out of memory. */
+ * that the caller frees with entry_free. NULL: out of memory. */
 static mm_entry *entry_get(const mm_key *k, bool *owned) {
     uint64_t h = key_hash(k) % MM_BUCKETS;
     *owned = false;
@@ -493,8 +493,6 @@ static void entry_free(mm_entry *e) {
     if (e->prim) dnnl_primitive_destroy(e->prim);
     em_host_free(e);
 }
-
-static void entry_free_owned(mm_entry *e) { entry_free(e); }
 
 /* The key of y = alpha a b + beta y (bias: y = a b + bias) on nt threads. */
 static mm_key make_key(dnnl_data_type_t dt, const mat3 *a, const mat3 *b, const mat3 *y,
@@ -567,7 +565,7 @@ static run_result onednn_gemm(const em_kernel_ctx *kc, dnnl_data_type_t dt, cons
     mm_entry *e = entry_get(&k, &owned);
     if (!e) return RUN_NO;
     run_result done = dnnl_exec(kc, e, a, b, y, bias, NULL);
-    if (owned) entry_free_owned(e);
+    if (owned) entry_free(e);
     return done;
 }
 
@@ -728,7 +726,7 @@ static mm_entry *entry_one(mm_entry *e) {
     bool owned;
     one = entry_get(&k, &owned);
     if (one && owned) { /* the cache is full: no 1-thread path for this key */
-        entry_free_owned(one);
+        entry_free(one);
         return NULL;
     }
     if (one) __atomic_store_n(&e->one, one, __ATOMIC_RELEASE);
@@ -991,7 +989,7 @@ static run_result gemm_f32_onednn(const em_kernel_ctx *kc, const mat3 *a, const 
                        : PATH_DNNL; /* another thread is measuring this key */
     }
     run_result done = run_path(kc, path, e, a, b, y, alpha, beta, rb, NULL);
-    if (owned) entry_free_owned(e);
+    if (owned) entry_free(e);
     return done;
 }
 
