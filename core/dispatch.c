@@ -642,16 +642,29 @@ static em_status call_out(const em_op *cop, const em_tensor *const *in, int n_in
     return call_out_impl(cop, in, n_in, attrs, out, n_out, NULL);
 }
 
+/* Convert every tensor of a call to the plain layout (in place: values, versions and data
+ * pointers stay), for a kernel that does not read the layouts its storages are in. */
+static em_status plain_all(const em_tensor *const *in, int n_in, em_tensor *const *out,
+                           int n_out) {
+    for (int i = 0; i < n_in + n_out; i++) {
+        const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
+        if (t && em__to_plain(t) != EM_OK) return em_last_status();
+    }
+    return EM_OK;
+}
+
 /* em_op_call_out past its checks: kernel views, the kernel stack, autograd. */
 static inline __attribute__((always_inline)) em_status
 dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *attrs,
          em_tensor *const *out, int n_out, em_device dev, em_dtype key, em_ktensor *kin,
          em_ktensor *kout, uint64_t *ids, uint64_t *vers, em__forced *forced) {
+    unsigned layouts = 0; /* bit per storage layout among the call's tensors */
     for (int i = 0; i < n_in + n_out; i++) {
         const em_tensor *t = i < n_in ? in[i] : out[i - n_in];
         em__ktensor_fill(i < n_in ? &kin[i] : &kout[i - n_in], t);
         ids[i] = em__storage_id(t);
         vers[i] = atomic_load_explicit(&t->storage->version, memory_order_acquire);
+        layouts |= 1u << em__layout_of(t);
     }
     em_stream *s = em__stream_current(dev);
     em_exec_ctx *x = em__exec_get(dev, s);
@@ -659,7 +672,21 @@ dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *
     em_kernel_ctx ctx = {.struct_size = sizeof ctx, .op = op, .device = dev, .n_in = n_in,
                          .storage_ids = ids, .versions = vers, .stream = s, .exec = x,
                          .n_out = n_out, .in = kin, .out = kout, .attrs = attrs};
-    em_kernel *k = op->top[dev.type][key];
+    /* Storage layouts (em_layout): the kernel chosen must declare every one among the call's
+     * tensors, or they are all converted to plain and the choice made again. */
+    unsigned need = layouts & ~1u;
+    uint8_t lays[16];
+    if (need && n_in + n_out <= 16) {
+        for (int i = 0; i < n_in + n_out; i++)
+            lays[i] = (uint8_t)em__layout_of(i < n_in ? in[i] : out[i - n_in]);
+        ctx.layouts = lays;
+    } else if (need) {
+        if (plain_all(in, n_in, out, n_out) != EM_OK) return em_last_status();
+        need = 0;
+    }
+    em_kernel *k;
+choose:
+    k = op->top[dev.type][key];
     if (forced) {
         /* em_op_call_at: the kernel `depth` below the top of this call's stack. */
         size_t d = forced->depth, have = 0;
@@ -678,6 +705,12 @@ dispatch(struct em_op *op, const em_tensor *const *in, int n_in, const em_attr *
     /* supports() sees the kernel's own user pointer, as its fn does. */
     while (!forced && k && k->def.supports && !(ctx.user = k->def.user, k->def.supports(&ctx)))
         k = k->below;
+    if (need && (!k || (k->def.accepts_layouts & need) != need)) {
+        if (plain_all(in, n_in, out, n_out) != EM_OK) return em_last_status();
+        need = 0;
+        ctx.layouts = NULL;
+        goto choose;
+    }
     if (!k && (dev.type == EM_DEVICE_CPU_TYPE || cfg.fallback == EM_FALLBACK_ERROR ||
                !op->top[EM_DEVICE_CPU_TYPE][key] || n_in > 8))
         return no_kernel_error(op, dev.type, key);
@@ -834,6 +867,11 @@ static em_status call_lists(const em_op *cop, int count, const em_tensor *const 
     for (size_t i = 0; i < nk; i++) {
         size_t n_in_all = (size_t)n_in * (size_t)count;
         const em_tensor *t = i < n_in_all ? in[i] : out[i - n_in_all];
+        /* No list kernel reads a storage layout (em_layout): those tensors go plain. */
+        if (t && em__layout_of(t) && em__to_plain(t) != EM_OK) {
+            if (kt != stack) em__free(kt);
+            return em_last_status();
+        }
         if (t) em__ktensor_fill(&kt[i], t);
         else memset(&kt[i], 0, sizeof kt[i]);
     }
@@ -1037,14 +1075,27 @@ op_run_n_impl(const struct em_op *op, const em_tensor *const *in, int n_in,
     const em_tensor *lay = (op->schema.flags & EM_OP_CHANNELS_LAST) ? args[op->schema.layout_arg]
                                                                    : NULL;
     const bool cl = lay && em__is_channels_last(lay->ndim, lay->shape, lay->strides);
+    /* ... and its storage layout, or the thread's preferred one for a plain input, when the
+     * top kernel for the call declares it (a kernel below it that does not gets them
+     * converted: dispatch). */
+    int want = 0;
+    if (lay && st == EM_OK && ((want = em__layout_of(lay)) || (want = em__layout_preferred()))) {
+        em_dtype kd = op->schema.dispatch_arg >= 0 ? args[op->schema.dispatch_arg]->dtype
+                                                   : meta[0].dtype;
+        const em_kernel *top = op->top[dev.type][kd];
+        if (!top || !(top->def.accepts_layouts >> want & 1u)) want = 0;
+    }
     for (int i = 0; i < op->schema.n_outputs && st == EM_OK; i++) {
+        bool blk = want && em__layout_fits(meta[i].ndim, meta[i].shape, dev, (em_layout)want);
         if (given && given[i]) {
             if ((st = given_output(op, given[i], i, &meta[i], dev)) == EM_OK)
                 res[i] = em_tensor_retain(given[i]);
-        } else if (!(res[i] = cl && meta[i].ndim == 4
+        } else if (!(res[i] = cl && meta[i].ndim == 4 && !blk
                                   ? em__empty_channels_last(meta[i].shape, meta[i].dtype, dev)
                                   : em__empty(meta[i].ndim, meta[i].shape, meta[i].dtype, dev))) {
             st = em_last_status();
+        } else if (blk) {
+            em__set_layout(res[i], (em_layout)want);
         }
         if (st == EM_OK && forced && forced->poison) st = poison(res[i]);
     }

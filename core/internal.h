@@ -215,6 +215,7 @@ typedef struct em__storage {
     em_release_fn release;     /* wrapped memory */
     void *release_user;
     atomic_uint_fast64_t id;   /* em_ktensor.storage_id: 0 until a kernel first sees it */
+    atomic_int layout;         /* em_layout; non-plain only for one dense 4-dim tensor */
 } em__storage;
 
 typedef struct em__node em__node;
@@ -365,6 +366,7 @@ bool em__is_transposed_dense(const em_tensor *t);
 bool em__is_channels_last(int ndim, const int64_t *shape, const int64_t *strides);
 em_tensor *em__empty_channels_last(const int64_t *shape, em_dtype dt, em_device dev);
 em_tensor *em__channels_last(const em_tensor *t);
+em_tensor *em__to_layout(const em_tensor *t, em_layout l);
 /* The first dim of size > 1 with stride 0 (several elements on one memory location: an
  * expanded view), or -1. */
 int em__expanded_dim(const em_tensor *t);
@@ -374,6 +376,19 @@ int64_t em__numel(int ndim, const int64_t *shape);
 void em__ktensor_fill(em_ktensor *k, const em_tensor *t);
 /* t's storage's identity for em_kernel_ctx.storage_ids (taken at first use, never reused). */
 uint64_t em__storage_id(const em_tensor *t);
+/* Storage layouts (ember/tensor.h, em_layout). em__layout_of: t's storage layout (an atomic
+ * load; 0 for almost every tensor). em__to_plain: convert t's storage to plain in place when
+ * it is not (values and version unchanged; EM_ERR_NOMEM when no scratch memory). em__set_layout:
+ * mark a fresh tensor's storage as holding layout l without converting anything (its bytes are
+ * not yet written). em__layout_fits: whether a tensor of this shape and device can be held in
+ * l. em__layout_preferred: the calling thread's em_layout_prefer. */
+static inline int em__layout_of(const em_tensor *t) {
+    return atomic_load_explicit(&t->storage->layout, memory_order_acquire);
+}
+em_status em__to_plain(const em_tensor *t);
+void em__set_layout(em_tensor *t, em_layout l);
+bool em__layout_fits(int ndim, const int64_t *shape, em_device dev, em_layout l);
+em_layout em__layout_preferred(void);
 /* Count of live tensor objects (for the shutdown leak warning and tests). */
 int64_t em__live_tensors(void);
 /* Describe up to `few` live tensors ("[2, 3] float32, ...") into buf; returns how many are

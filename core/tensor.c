@@ -350,6 +350,13 @@ em_tensor *em__tensor_new(int ndim, const int64_t *shape, em_dtype dt, em_device
 
 em_tensor *em__tensor_view(const em_tensor *t, int ndim, const int64_t *shape,
                            const int64_t *strides, int64_t offset) {
+    /* A view of a storage in a kernel-private layout reads it plain, except an alias with the
+     * same geometry (detach, autograd's saved copies), which is the same tensor. */
+    if (em__layout_of(t) && !(ndim == t->ndim && offset == t->offset &&
+                              memcmp(shape, t->shape, sizeof *shape * (size_t)ndim) == 0 &&
+                              memcmp(strides, t->strides, sizeof *strides * (size_t)ndim) == 0) &&
+        em__to_plain(t) != EM_OK)
+        return NULL;
     atomic_fetch_add(&t->storage->refcount, 1);
     em_tensor *v = tensor_object(t->storage, t->dtype, ndim, shape, strides, offset);
     if (!v) storage_release(t->storage);
@@ -593,6 +600,7 @@ em_tensor *em__empty_channels_last(const int64_t *shape, em_dtype dt, em_device 
     return t;
 }
 void *em_tensor_data(const em_tensor *t) {
+    if (em__layout_of(t) && em__to_plain(t) != EM_OK) return NULL;
     return (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
 }
 uint64_t em_tensor_version(const em_tensor *t) { return atomic_load(&t->storage->version); }
@@ -649,6 +657,122 @@ em_status em_tensor_record_stream(em_tensor *t, em_stream *s) {
                             em_device_str(t->storage->device, d, sizeof d));
     }
     return em__allocator_record_stream(a, t->storage->block, s);
+}
+
+/* ---- storage layouts (ember/tensor.h, em_layout) ------------------------------------------- */
+
+static pthread_mutex_t layout_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local em_layout layout_pref;
+
+em_layout em__layout_preferred(void) { return layout_pref; }
+em_layout em_layout_prefer(em_layout l) {
+    em_layout old = layout_pref;
+    if ((unsigned)l < EM_LAYOUT_COUNT) layout_pref = l;
+    return old;
+}
+
+bool em__layout_fits(int ndim, const int64_t *shape, em_device dev, em_layout l) {
+    if (l != EM_LAYOUT_NCHW16C) return l == EM_LAYOUT_PLAIN;
+    /* Converted by the core's loops below: host memory only. */
+    return dev.type == EM_DEVICE_CPU_TYPE && ndim == 4 && shape[1] > 0 && shape[1] % 16 == 0 &&
+           shape[0] > 0 && shape[2] > 0 && shape[3] > 0;
+}
+
+/* nChw16c <-> NCHW over one dense tensor of element size ES (no padding: C % 16 == 0). The
+ * plain side is read or written along H*W, the blocked side 16 elements apart. */
+#define DEF_REORDER(ES, T)                                                                     \
+    static void reorder_##ES(const void *src, void *dst, const int64_t *sh, bool to_blocked) { \
+        const int64_t N = sh[0], CB = sh[1] / 16, HW = sh[2] * sh[3];                           \
+        const T *s = src;                                                                       \
+        T *d = dst;                                                                             \
+        for (int64_t n = 0; n < N; n++)                                                         \
+            for (int64_t cb = 0; cb < CB; cb++) {                                               \
+                const int64_t blk = (n * CB + cb) * HW * 16;                                    \
+                for (int64_t c = 0; c < 16; c++) {                                              \
+                    const int64_t pl = (n * CB * 16 + cb * 16 + c) * HW;                        \
+                    if (to_blocked)                                                             \
+                        for (int64_t i = 0; i < HW; i++) d[blk + i * 16 + c] = s[pl + i];       \
+                    else                                                                        \
+                        for (int64_t i = 0; i < HW; i++) d[pl + i] = s[blk + i * 16 + c];       \
+                }                                                                               \
+            }                                                                                   \
+    }
+DEF_REORDER(1, uint8_t)
+DEF_REORDER(2, uint16_t)
+DEF_REORDER(4, uint32_t)
+DEF_REORDER(8, uint64_t)
+#undef DEF_REORDER
+
+/* Reorder t's storage in place (through scratch) between plain and l, under layout_lock. */
+static em_status relayout(const em_tensor *t, em_layout to) {
+    em__storage *s = t->storage;
+    pthread_mutex_lock(&layout_lock);
+    int from = atomic_load_explicit(&s->layout, memory_order_relaxed);
+    em_status st = EM_OK;
+    if (from != (int)to) {
+        size_t es = em__dtype_size(t->dtype), n = (size_t)t->numel * es;
+        void *tmp = em__malloc(n, "layout conversion");
+        if (!tmp) {
+            st = em_last_status();
+        } else {
+            void *data = (char *)s->data + t->offset * (int64_t)es;
+            bool to_blocked = to != EM_LAYOUT_PLAIN;
+            switch (es) {
+            case 1: reorder_1(data, tmp, t->shape, to_blocked); break;
+            case 2: reorder_2(data, tmp, t->shape, to_blocked); break;
+            case 4: reorder_4(data, tmp, t->shape, to_blocked); break;
+            default: reorder_8(data, tmp, t->shape, to_blocked); break;
+            }
+            memcpy(data, tmp, n);
+            em__free(tmp);
+            atomic_store_explicit(&s->layout, (int)to, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&layout_lock);
+    return st;
+}
+
+em_status em__to_plain(const em_tensor *t) {
+    return em__layout_of(t) ? relayout(t, EM_LAYOUT_PLAIN) : EM_OK;
+}
+
+void em__set_layout(em_tensor *t, em_layout l) {
+    atomic_store_explicit(&t->storage->layout, (int)l, memory_order_release);
+}
+
+em_layout em_tensor_layout(const em_tensor *t) {
+    return t && t->magic == EM__TENSOR_LIVE ? (em_layout)em__layout_of(t) : EM_LAYOUT_PLAIN;
+}
+
+em_tensor *em__to_layout(const em_tensor *t, em_layout l) {
+    if (!em__check_inputs("to_layout", &t, 1)) return NULL;
+    if ((unsigned)l >= EM_LAYOUT_COUNT) {
+        em_set_error(EM_ERR_INVALID, "to_layout: %d is not a layout", (int)l);
+        return NULL;
+    }
+    if (em__layout_of(t) == (int)l) return em_tensor_retain((em_tensor *)t);
+    if (l == EM_LAYOUT_PLAIN) /* the values as they are, in place */
+        return em__to_plain(t) == EM_OK ? em_tensor_retain((em_tensor *)t) : NULL;
+    if (!em__layout_fits(t->ndim, t->shape, t->storage->device, l)) {
+        char b[160], d[48];
+        em_set_error(t->storage->device.type != EM_DEVICE_CPU_TYPE ? EM_ERR_DEVICE : EM_ERR_SHAPE,
+                     "to_layout: the nChw16c layout holds a CPU tensor of 4 dims (N, C, H, W) "
+                     "with C a positive multiple of 16; got %s on %s",
+                     em__shape_str(t->ndim, t->shape, b, sizeof b),
+                     em_device_str(t->storage->device, d, sizeof d));
+        return NULL;
+    }
+    /* A fresh contiguous copy (recorded by autograd as a clone), then reordered in place: no
+     * one else holds its storage yet. */
+    em_tensor *c = em__clone(t);
+    if (c && relayout(c, l) != EM_OK) {
+        em_tensor_release(c);
+        return NULL;
+    }
+    return c;
+}
+em_tensor *em_to_layout(const em_tensor *t, em_layout l) {
+    return em__scope_track(em__to_layout(t, l));
 }
 
 void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {

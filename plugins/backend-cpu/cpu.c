@@ -408,17 +408,30 @@ void cpu_foreach(const em_kernel_ctx *kc, int nops, const em_ktensor *const *ts,
 
 /* ---- registration ------------------------------------------------------------------------------------ */
 
-em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
-                               em_kernel_fn fn, const char *name) {
+em_status cpu_register_kernels_ex(em_registry *r, const char *op, const em_dtype *dts, int n,
+                                  em_kernel_fn fn, const char *name, em_kernel_supports_fn sup,
+                                  unsigned accepts) {
     for (int i = 0; i < n; i++) {
         char kname[96];
         snprintf(kname, sizeof kname, "%s_%s", name, em_dtype_name(dts[i]));
         em_kernel_def def = {.struct_size = sizeof def, .op = op, .device_type = "cpu",
-                             .dtype = dts[i], .fn = fn, .name = kname};
+                             .dtype = dts[i], .fn = fn, .supports = sup, .name = kname,
+                             .accepts_layouts = accepts};
         em_status st = em_kernel_register(r, &def, NULL);
         if (st != EM_OK) return st;
     }
     return EM_OK;
+}
+
+em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
+                               em_kernel_fn fn, const char *name) {
+    return cpu_register_kernels_ex(r, op, dts, n, fn, name, NULL, 0);
+}
+
+bool cpu_same_layouts(const em_kernel_ctx *k) {
+    for (int i = 1; i < k->n_in + k->n_out; i++)
+        if (EM_KCTX_LAYOUT(k, i) != EM_KCTX_LAYOUT(k, 0)) return false;
+    return true;
 }
 
 static em_status cpu_register(em_registry *r) {

@@ -164,9 +164,19 @@ void cpu_blas_one_thread(void);
 em_status cpu_gemm_init(void);
 void cpu_gemm_shutdown(void); /* frees the oneDNN primitive cache (plugin shutdown) */
 
-/* Register `fn` for op on the CPU for each dtype in dts (n of them). */
+/* Register `fn` for op on the CPU for each dtype in dts (n of them), named name_<dtype>. */
 em_status cpu_register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
                                em_kernel_fn fn, const char *name);
+/* The same with a supports() (NULL: none) and the storage layouts fn reads and writes
+ * (em_kernel_def.accepts_layouts; 0: plain only). */
+em_status cpu_register_kernels_ex(em_registry *r, const char *op, const em_dtype *dts, int n,
+                                  em_kernel_fn fn, const char *name, em_kernel_supports_fn sup,
+                                  unsigned accepts);
+/* A supports() for kernels that run one loop over the bytes of every operand (elementwise,
+ * equal shapes): every tensor of the call in the same storage layout. */
+bool cpu_same_layouts(const em_kernel_ctx *k);
+/* The bit of the nChw16c storage layout in accepts_layouts. */
+#define CPU_NCHW16C (1u << EM_LAYOUT_NCHW16C)
 
 /* Element offset of linear index `lin` (C order over shape) given strides. */
 static inline int64_t cpu_offset(int ndim, const int64_t *shape, const int64_t *strides,

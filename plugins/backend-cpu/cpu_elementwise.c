@@ -465,8 +465,14 @@ em_status cpu_register_elementwise(em_registry *r) {
     REG("neg", num, k_neg);
     REG("exp", flt, k_exp);
     REG("log", flt, k_log);
-    REG("relu", num, k_relu);
-    REG("relu_backward", flt, k_relu_bw);
+    /* relu and its backward run over the bytes: any storage layout, the same for all. */
+    if (st == EM_OK)
+        st = cpu_register_kernels_ex(r, "relu", num, (int)(sizeof num / sizeof *num), k_relu,
+                                     "cpu_relu", cpu_same_layouts, CPU_NCHW16C);
+    if (st == EM_OK)
+        st = cpu_register_kernels_ex(r, "relu_backward", flt, (int)(sizeof flt / sizeof *flt),
+                                     k_relu_bw, "cpu_relu_backward", cpu_same_layouts,
+                                     CPU_NCHW16C);
     REG("index_select", all, k_index_select);
 #undef REG
     return st;

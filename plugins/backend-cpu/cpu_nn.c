@@ -299,15 +299,7 @@ static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
 /* cpu_register_kernels with a supports() predicate. */
 static em_status register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
                                   em_kernel_fn fn, const char *name, em_kernel_supports_fn sup) {
-    for (int i = 0; i < n; i++) {
-        char kname[96];
-        snprintf(kname, sizeof kname, "%s_%s", name, em_dtype_name(dts[i]));
-        em_kernel_def def = {.struct_size = sizeof def, .op = op, .device_type = "cpu",
-                             .dtype = dts[i], .fn = fn, .supports = sup, .name = kname};
-        em_status st = em_kernel_register(r, &def, NULL);
-        if (st != EM_OK) return st;
-    }
-    return EM_OK;
+    return cpu_register_kernels_ex(r, op, dts, n, fn, name, sup, 0);
 }
 
 em_status cpu_register_nn(em_registry *r) {

@@ -153,7 +153,10 @@ enum {
      * the call in supports(). Ops whose kernels keep an activation's layout: relu,
      * relu_backward, conv2d, conv2d_backward_data, max_pool2d and max_pool2d_backward (whose
      * outputs follow its indices, input 1: the grad may arrive row-major through a flatten)
-     * (docs/performance.md). New in 1.1. */
+     * (docs/performance.md). The same ops keep a storage layout (em_layout, ember/tensor.h):
+     * when input layout_arg's storage is in one, or the thread prefers one
+     * (em_layout_prefer), and the top kernel for the call declares it (accepts_layouts),
+     * every 4-dim output whose C is a multiple of 16 is allocated in it. New in 1.1. */
     EM_OP_CHANNELS_LAST = 1u << 10,
 };
 
@@ -326,7 +329,20 @@ typedef struct em_kernel_ctx {
     const em_exec_ctx *exec;
     /* The core's: the workspace this call holds (em_kernel_workspace). Do not touch. */
     void *workspace;
+    /* ---- added in 1.1: read only when struct_size covers it (EM_KCTX_LAYOUT) ---- */
+    /* Per tensor, the inputs then the outputs, its storage layout (em_layout, ember/tensor.h),
+     * or NULL when every tensor of the call is plain. Only a kernel whose def declares a
+     * layout in accepts_layouts is ever called with a tensor in it; its em_ktensor then has
+     * the logical shape and the plain row-major strides, and data at the storage's start. */
+    const uint8_t *layouts;
 } em_kernel_ctx;
+
+/* The layout of tensor i of the call (inputs first, then outputs): EM_LAYOUT_PLAIN when the
+ * core is older than the plugin's headers or every tensor is plain. */
+#define EM_KCTX_LAYOUT(ctx, i)                                                                  \
+    ((ctx)->struct_size >= offsetof(em_kernel_ctx, layouts) + sizeof(void *) && (ctx)->layouts \
+         ? (int)(ctx)->layouts[(i)]                                                             \
+         : 0)
 
 /* Whether ctx carries storage ids and versions (a core older than the plugin's headers does
  * not). */
@@ -378,6 +394,13 @@ typedef struct em_kernel_def {
     const char *name;        /* for reports: "cpu_add_f32_avx512" */
     void *user;              /* passed to fn as ctx->user */
     void *ext;               /* reserved; NULL */
+    /* ---- added in 1.1 (a shorter def reads as 0) ---- */
+    /* Bit (1u << l) per storage layout l beyond plain (em_layout, ember/tensor.h) that fn and
+     * supports read and write (EM_KCTX_LAYOUT). Before a kernel without the bit runs, the
+     * core converts every tensor of the call to plain; layout-keeping ops
+     * (EM_OP_CHANNELS_LAST) allocate their outputs in a layout only when the top kernel for
+     * the call declares it. 0: plain tensors only. */
+    unsigned accepts_layouts;
 } em_kernel_def;
 
 typedef struct em_kernel em_kernel;

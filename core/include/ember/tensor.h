@@ -116,7 +116,31 @@ EM_API bool em_tensor_is_contiguous(const em_tensor *t);
  * also C-contiguous with C > 1. The convolutions, ReLU and max pooling keep this layout from
  * input to output on the CPU (docs/performance.md). New in 1.1. */
 EM_API bool em_tensor_is_channels_last(const em_tensor *t);
-/* Address of the first element, in the tensor's device memory (host memory for the CPU). */
+/* Storage layouts (docs/performance.md, "Design (a)"). A tensor's shape and strides are
+ * always its logical ones; its storage may hold the bytes in a kernel-private order that only
+ * kernels declaring it (em_kernel_def.accepts_layouts, ember/dispatch.h) ever see.
+ * EM_LAYOUT_NCHW16C is oneDNN's nChw16c: a dense 4-dim (N, C, H, W) tensor with C a multiple
+ * of 16, stored as (N, C/16, H, W, 16), no padding (the same number of bytes as plain). Every
+ * other access converts the storage back to plain first, in place and once: em_tensor_data,
+ * the views (but an alias with the same geometry), copies, serialization, printing, and any
+ * kernel that does not declare the layout. New in 1.1. */
+typedef enum em_layout { EM_LAYOUT_PLAIN = 0, EM_LAYOUT_NCHW16C = 1, EM_LAYOUT_COUNT } em_layout;
+/* The layout of t's storage (EM_LAYOUT_PLAIN for almost every tensor). New in 1.1. */
+EM_API em_layout em_tensor_layout(const em_tensor *t);
+/* t's values in layout l: t itself (a new reference) when its storage has it, otherwise a new
+ * tensor (a differentiable copy, like em_contiguous). EM_LAYOUT_NCHW16C needs a CPU tensor of
+ * 4 dims with C a multiple of 16 (EM_ERR_SHAPE, EM_ERR_DEVICE otherwise). New in 1.1. */
+EM_API em_tensor *em_to_layout(const em_tensor *t, em_layout l);
+/* The calling thread's preferred layout for the 4-dim activations that layout-keeping ops
+ * (the convolutions, ReLU, max pooling) make from plain inputs, when the device's kernel for
+ * the call declares it and the shape allows it; returns the previous preference (start:
+ * EM_LAYOUT_PLAIN). Outputs of such ops on an input already in a layout take that layout
+ * regardless. Layers set it around their forward (Conv2d's memory_format: blocked). New in
+ * 1.1. */
+EM_API em_layout em_layout_prefer(em_layout l);
+/* Address of the first element, in the tensor's device memory (host memory for the CPU). A
+ * storage in a kernel-private layout is first converted to plain in place (NULL with the
+ * error set when the scratch memory for that cannot be had). */
 EM_API void *em_tensor_data(const em_tensor *t);
 /* The storage's version counter: bumped by every in-place write through any view. */
 EM_API uint64_t em_tensor_version(const em_tensor *t);
