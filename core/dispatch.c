@@ -975,8 +975,9 @@ static em_status poison(em_tensor *t) {
     if (em_dtype_is_floating(t->dtype))
         for (size_t i = 0; i < n; i++) em_dtype_store(t->dtype, b, (int64_t)i, NAN);
     em_status st = EM_OK;
-    if (em_tensor_is_contiguous(t)) {
-        st = em__device_copy(t->storage->device, em_tensor_data(t), em_cpu(), b, n * es);
+    /* Every element gets the same bytes: a storage layout needs no conversion first. */
+    if (em__layout_of(t) || em_tensor_is_contiguous(t)) {
+        st = em__device_copy(t->storage->device, em__tensor_bytes(t), em_cpu(), b, n * es);
     } else {
         em_tensor *src = em__empty(t->ndim, t->shape, t->dtype, t->storage->device);
         st = src ? em__device_copy(t->storage->device, em_tensor_data(src), em_cpu(), b, n * es)

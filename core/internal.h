@@ -386,6 +386,8 @@ static inline int em__layout_of(const em_tensor *t) {
     return atomic_load_explicit(&t->storage->layout, memory_order_acquire);
 }
 em_status em__to_plain(const em_tensor *t);
+/* t's first element in its storage, in whatever layout the storage is (no conversion). */
+void *em__tensor_bytes(const em_tensor *t);
 void em__set_layout(em_tensor *t, em_layout l);
 bool em__layout_fits(int ndim, const int64_t *shape, em_device dev, em_layout l);
 em_layout em__layout_preferred(void);

@@ -173,6 +173,8 @@ em_tensor *em_case_make(const em_case_input *spec, em_dtype row_dtype, uint64_t 
     if (lay == EM_CASE_TRANSPOSED && nd < 2) lay = EM_CASE_CONTIG;
     if ((lay == EM_CASE_SLICED || lay == EM_CASE_EXPANDED) && nd < 1) lay = EM_CASE_CONTIG;
     if (lay == EM_CASE_CHANNELS_LAST && nd != 4) lay = EM_CASE_CONTIG;
+    if (lay == EM_CASE_BLOCKED && !(nd == 4 && spec->shape[1] > 0 && spec->shape[1] % 16 == 0))
+        lay = EM_CASE_CONTIG;
     if (lay == EM_CASE_TRANSPOSED) base[nd - 2] = spec->shape[nd - 1], base[nd - 1] = spec->shape[nd - 2];
     if (lay == EM_CASE_SLICED) base[nd - 1] = spec->shape[nd - 1] + 2;
     if (lay == EM_CASE_EXPANDED) base[0] = 1;
@@ -206,6 +208,7 @@ em_tensor *em_case_make(const em_case_input *spec, em_dtype row_dtype, uint64_t 
     case EM_CASE_SLICED: return em_narrow(t, nd - 1, 1, spec->shape[nd - 1]);
     case EM_CASE_EXPANDED: return em_expand(t, nd, spec->shape);
     case EM_CASE_CHANNELS_LAST: return em_channels_last(t);
+    case EM_CASE_BLOCKED: return em_to_layout(t, EM_LAYOUT_NCHW16C);
     default: return t;
     }
 }

@@ -599,9 +599,12 @@ em_tensor *em__empty_channels_last(const int64_t *shape, em_dtype dt, em_device 
     t->strides[0] = H * W * C, t->strides[1] = 1, t->strides[2] = W * C, t->strides[3] = C;
     return t;
 }
+void *em__tensor_bytes(const em_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
+}
 void *em_tensor_data(const em_tensor *t) {
     if (em__layout_of(t) && em__to_plain(t) != EM_OK) return NULL;
-    return (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
+    return em__tensor_bytes(t);
 }
 uint64_t em_tensor_version(const em_tensor *t) { return atomic_load(&t->storage->version); }
 void em_tensor_bump_version(em_tensor *t) {
@@ -776,7 +779,7 @@ em_tensor *em_to_layout(const em_tensor *t, em_layout l) {
 }
 
 void em__ktensor_fill(em_ktensor *k, const em_tensor *t) {
-    k->data = (char *)t->storage->data + t->offset * (int64_t)em__dtype_size(t->dtype);
+    k->data = em__tensor_bytes(t);
     k->dtype = t->dtype;
     k->ndim = t->ndim;
     k->numel = t->numel;

@@ -311,7 +311,7 @@ typedef struct row {
 
 static const char *layout_name(const em_op_case *c) {
     static const char *names[] = {"contiguous", "transposed", "sliced", "expanded",
-                                  "channels-last"};
+                                  "channels-last", "nchw16c"};
     int worst = 0;
     for (int i = 0; i < c->n_in; i++)
         if (!c->in[i].absent && (int)c->in[i].layout > worst) worst = (int)c->in[i].layout;
@@ -604,9 +604,18 @@ static void eval_row(unit *u, const em_op *op, const row *r, em_dtype dt, em_dev
         else unit_note(u, "list ops are checked on the CPU");
         return;
     }
-    em_tensor *in[EM_CASE_MAX_IN] = {0}, *ref[16] = {0};
+    em_tensor *in[EM_CASE_MAX_IN] = {0}, *ref[16] = {0}, *plain[EM_CASE_MAX_IN] = {0};
     int n_in = c->n_in, n_ref = 0;
     if (build(r, dt, in) != EM_OK) return unit_fail(u, "%s: inputs: %s", rs, em_last_error());
+    /* A storage-layout input (EM_CASE_BLOCKED): its plain copy for the layout invariance below,
+     * taken now (any copy converts the storage to plain in place, so the input is made again
+     * in its layout). */
+    for (int i = 0; i < n_in; i++) {
+        if (!in[i] || em_tensor_layout(in[i]) == EM_LAYOUT_PLAIN) continue;
+        em_layout l = em_tensor_layout(in[i]);
+        if (!(plain[i] = em_clone(in[i])) || !(in[i] = em_to_layout(in[i], l)))
+            return unit_fail(u, "%s: input %d's plain copy: %s", rs, i, em_last_error());
+    }
     em_status st = call(op, c, in, ref, &n_ref, NULL);
     if (st != EM_OK) {
         if (r->generic) { /* the op's own rules refused the schema's generic inputs */
@@ -647,7 +656,10 @@ static void eval_row(unit *u, const em_op *op, const row *r, em_dtype dt, em_dev
         em_tensor *dense[EM_CASE_MAX_IN] = {0};
         for (int i = 0; i < n_in; i++) {
             dense[i] = in[i];
-            if (in[i] && !em_tensor_is_contiguous(in[i])) {
+            if (plain[i]) {
+                strided = true;
+                dense[i] = plain[i];
+            } else if (in[i] && !em_tensor_is_contiguous(in[i])) {
                 strided = true;
                 dense[i] = em_contiguous(in[i]);
             }

@@ -63,6 +63,9 @@ typedef enum em_case_layout {
     EM_CASE_EXPANDED,   /* dim 0 expanded from size 1 (stride 0) */
     /* 4 dims (N, C, H, W) with channels-last strides (em_channels_last); new in 1.1 */
     EM_CASE_CHANNELS_LAST,
+    /* 4 dims (N, C, H, W), C a multiple of 16, in the nChw16c storage layout (em_to_layout,
+     * ember/tensor.h; contiguous where the shape cannot hold it); new in 1.1 */
+    EM_CASE_BLOCKED,
 } em_case_layout;
 
 typedef enum em_case_values {
