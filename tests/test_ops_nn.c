@@ -1507,3 +1507,277 @@ Test(fused, conv2d_relu_errors_name_the_op) {
         em_scope_end();
     }
 }
+
+/* ---- nChw16c activations (docs/performance.md, "Design (a)") ------------------------------- */
+
+/*
+ * The oneDNN f32 convolutions read and write activations whose storage is nChw16c
+ * (EM_LAYOUT_NCHW16C) as they are. Each call on blocked tensors is compared with the same call
+ * on plain tensors holding the same values and with the f64 loops, at rtol = atol = 1e-4: the
+ * tolerance of the oneDNN convolutions against the loops above. The blocked and the plain call
+ * may run different oneDNN implementations (and the f64 loops another order again), which add
+ * the same products in different orders; the sums here have up to 32 * 25 = 800 products of
+ * N(0, 1) values (the f64 loops' inputs not rounded to f32), and differ from f64 by up to
+ * 2.5e-5 on this machine. That the kernel read the blocked tensors, rather than declining the
+ * call and the core converting every tensor to plain and running it again, shows in the
+ * layouts after the call: a declined call leaves every tensor of it plain.
+ */
+TestSuite(nchw16c, .init = em_test_setup, .fini = em_test_teardown);
+
+#define BLK_TOL 1e-4
+
+/* t's values in nChw16c storage (a new tensor, in the caller's scope). */
+static em_tensor *blk(const em_tensor *t) {
+    em_tensor *b = em_to_layout(t, EM_LAYOUT_NCHW16C);
+    cr_assert(b && em_tensor_layout(b) == EM_LAYOUT_NCHW16C, "%s", em_last_error());
+    return b;
+}
+
+/* got (any layout) against the plain f32 call's result and the f64 loops'. Reading got's
+ * values converts its storage to plain: check its layout before. */
+static void blk_check(const em_tensor *got, const em_tensor *plain, const em_tensor *f64,
+                      const char *what, const char *part) {
+    char w[240];
+    cr_assert(got && plain && f64, "%s %s: %s", what, part, em_last_error());
+    cr_assert_eq(em_tensor_layout(plain), EM_LAYOUT_PLAIN, "%s %s", what, part);
+    double *p = em_test_values(plain), *r = em_test_values(f64);
+    int64_t n = em_tensor_numel(plain);
+    snprintf(w, sizeof w, "%s %s: against the plain call", what, part);
+    em_test_expect_close(got, p, n, BLK_TOL, BLK_TOL, w);
+    snprintf(w, sizeof w, "%s %s: against the f64 loops", what, part);
+    em_test_expect_close(got, r, n, BLK_TOL, BLK_TOL, w);
+    free(p), free(r);
+}
+
+static void expect_layout(const em_tensor *t, em_layout l, const char *what, const char *part) {
+    cr_assert(t, "%s %s: %s", what, part, em_last_error());
+    cr_assert_eq(em_tensor_layout(t), l, "%s %s: layout %d, want %d", what, part,
+                 (int)em_tensor_layout(t), (int)l);
+}
+
+/* One geometry (2 images of 9x8, C -> O channels, k x k, stride s, padding p), every direction:
+ * the forward and conv2d_relu from x blocked (C a multiple of 16), and from x plain (row-major,
+ * and channels-last where C > 1) under em_layout_prefer(nChw16c), giving y blocked; backward
+ * data from gy blocked (gx blocked, or plain for one channel); backward weight from gy
+ * blocked with x blocked or plain, and from x blocked with gy plain, on one thread and on two
+ * (one batch chunk per thread: the chunks read their images of the blocked tensors in place). */
+static void blk_conv_case(int64_t C, int64_t O, int64_t k, int64_t s, int64_t p, int64_t g,
+                          int64_t d) {
+    const int64_t N = 2, H = 9, W = 8, ek = d * (k - 1) + 1;
+    const int64_t OH = (H + 2 * p - ek) / s + 1, OW = (W + 2 * p - ek) / s + 1;
+    const int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C / g, k, k}, ys[4] = {N, O, OH, OW};
+    const int64_t st[2] = {s, s}, pd[2] = {p, p}, dl[2] = {d, d}, hw[2] = {H, W}, ks[2] = {k, k};
+    const bool one = C % 16 != 0;
+    char what[160];
+    snprintf(what, sizeof what, "C %lld -> %lld, %lldx%lld, stride %lld, padding %lld, groups "
+             "%lld, dilation %lld", (long long)C, (long long)O, (long long)k, (long long)k,
+             (long long)s, (long long)p, (long long)g, (long long)d);
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    em_tensor *x[2], *w[2], *b[2], *gy[2]; /* f32, f64 */
+    for (int di = 0; di < 2; di++) {
+        em_dtype dt = di ? EM_F64 : EM_F32;
+        x[di] = rnd(dt, 4, xs, 400), w[di] = rnd(dt, 4, ws, 401), b[di] = rnd(dt, 1, ws, 402);
+        gy[di] = rnd(dt, 4, ys, 403);
+    }
+    /* the references: plain f32 (oneDNN on nchw) and the f64 loops */
+    em_tensor *yp = em_conv2d(x[0], w[0], b[0], st, pd, dl, g),
+              *y64 = em_conv2d(x[1], w[1], b[1], st, pd, dl, g),
+              *yrp = em_conv2d_relu(x[0], w[0], b[0], st, pd, dl, g), *yr64 = em_relu(y64),
+              *gxp = em_conv2d_backward_data(gy[0], w[0], hw, st, pd, dl, g),
+              *gx64 = em_conv2d_backward_data(gy[1], w[1], hw, st, pd, dl, g), *gwp, *gbp,
+              *gw64, *gb64;
+    cr_assert_eq(em_conv2d_backward_weight(x[0], gy[0], ks, st, pd, dl, g, &gwp, &gbp), EM_OK,
+                 "%s: %s", what, em_last_error());
+    cr_assert_eq(em_conv2d_backward_weight(x[1], gy[1], ks, st, pd, dl, g, &gw64, &gb64), EM_OK,
+                 "%s: %s", what, em_last_error());
+    expect_layout(yp, EM_LAYOUT_PLAIN, what, "the plain forward");
+    /* forward: x blocked (C % 16 == 0), x row-major and x channels-last under the preference */
+    for (int v = one ? 1 : 0; v < (one ? 2 : 3); v++) {
+        static const char *const vn[3] = {"x blocked", "x row-major, y preferred blocked",
+                                          "x channels-last, y preferred blocked"};
+        em_tensor *xv = v == 0 ? blk(x[0]) : v == 1 ? x[0] : em_channels_last(x[0]);
+        em_layout old = em_layout_prefer(v ? EM_LAYOUT_NCHW16C : EM_LAYOUT_PLAIN);
+        em_tensor *y, *yr;
+        if (v < 2) {
+            y = em_conv2d(xv, w[0], b[0], st, pd, dl, g);
+            yr = em_conv2d_relu(xv, w[0], b[0], st, pd, dl, g);
+        } else {
+            /* em_conv2d makes a channels-last input's results channels-last after the kernel
+             * (core/ops_nn.c, keep_layout): the kernel's contract is called directly */
+            em_attr a[4] = {{.type = EM_ATTR_INTS, .n = 2, .ints = {s, s}},
+                            {.type = EM_ATTR_INTS, .n = 2, .ints = {p, p}},
+                            {.type = EM_ATTR_INTS, .n = 2, .ints = {d, d}},
+                            {.type = EM_ATTR_INT, .v.i = g}};
+            const em_tensor *in[3] = {xv, w[0], b[0]};
+            cr_assert_eq(em_op_call_kernel(em_op_find("conv2d"), in, 3, a, &y), EM_OK, "%s: %s",
+                         what, em_last_error());
+            cr_assert_eq(em_op_call_kernel(em_op_find("conv2d_relu"), in, 3, a, &yr), EM_OK,
+                         "%s: %s", what, em_last_error());
+        }
+        cr_assert_eq(em_layout_prefer(old), v ? EM_LAYOUT_NCHW16C : EM_LAYOUT_PLAIN);
+        char part[96];
+        snprintf(part, sizeof part, "forward (%s)", vn[v]);
+        expect_layout(y, EM_LAYOUT_NCHW16C, what, part);
+        expect_layout(yr, EM_LAYOUT_NCHW16C, what, part);
+        expect_layout(xv, v ? EM_LAYOUT_PLAIN : EM_LAYOUT_NCHW16C, what, part);
+        /* conv2d_relu runs conv2d's primitive, then relu over y's bytes: the same bits */
+        em_tensor *ry = em_relu(y);
+        expect_layout(ry, EM_LAYOUT_NCHW16C, what, part);
+        same_bits(yr, ry, what);
+        blk_check(y, yp, y64, what, part);
+        snprintf(part, sizeof part, "conv2d_relu (%s)", vn[v]);
+        blk_check(yr, yrp, yr64, what, part);
+    }
+    /* backward data: gy blocked -> gx blocked (plain for one channel) */
+    em_tensor *gyb = blk(gy[0]);
+    em_tensor *gx = em_conv2d_backward_data(gyb, w[0], hw, st, pd, dl, g);
+    expect_layout(gx, one ? EM_LAYOUT_PLAIN : EM_LAYOUT_NCHW16C, what, "backward_data");
+    expect_layout(gyb, EM_LAYOUT_NCHW16C, what, "backward_data's gy");
+    blk_check(gx, gxp, gx64, what, "backward_data");
+    /* backward weight on 1 and 2 threads: (x, gy) blocked and blocked, plain and blocked,
+     * blocked and plain; gw and gb plain */
+    int nt0 = em_num_threads();
+    for (int t = 1; t <= 2; t++)
+        for (int v = one ? 1 : 0; v < (one ? 2 : 3); v++) {
+            static const char *const vn[3] = {"x and gy blocked", "x plain, gy blocked",
+                                              "x blocked, gy plain"};
+            em_set_num_threads(t);
+            em_tensor *xv = v == 1 ? x[0] : blk(x[0]), *gv = v == 2 ? gy[0] : blk(gy[0]), *gw, *gb;
+            char part[96];
+            snprintf(part, sizeof part, "backward_weight (%s, %d thread%s)", vn[v], t,
+                     t > 1 ? "s" : "");
+            cr_assert_eq(em_conv2d_backward_weight(xv, gv, ks, st, pd, dl, g, &gw, &gb), EM_OK,
+                         "%s %s: %s", what, part, em_last_error());
+            expect_layout(xv, v == 1 ? EM_LAYOUT_PLAIN : EM_LAYOUT_NCHW16C, what, part);
+            expect_layout(gv, v == 2 ? EM_LAYOUT_PLAIN : EM_LAYOUT_NCHW16C, what, part);
+            expect_layout(gw, EM_LAYOUT_PLAIN, what, part);
+            expect_layout(gb, EM_LAYOUT_PLAIN, what, part);
+            cr_assert(em_tensor_is_contiguous(gw), "%s %s", what, part);
+            blk_check(gw, gwp, gw64, what, part);
+            blk_check(gb, gbp, gb64, what, part);
+        }
+    em_set_num_threads(nt0);
+    cr_assert_eq(em_scope_end(), EM_OK);
+}
+
+/* Every geometry of the table for C input channels: 16 and 32 output channels, 3x3 and 5x5,
+ * stride 1 and 2, padding 0, 1 and 2. */
+static void blk_conv_cases(int64_t C) {
+    em_test_needs_onednn();
+    cr_assert(kernel_registered("cpu_conv2d_dnnl_f32"), "the oneDNN kernel is not registered");
+    for (int64_t O = 16; O <= 32; O += 16)
+        for (int64_t k = 3; k <= 5; k += 2)
+            for (int64_t s = 1; s <= 2; s++)
+                for (int64_t p = 0; p <= 2; p++) blk_conv_case(C, O, k, s, p, 1, 1);
+}
+
+/* The CNN's first convolution: a one-channel image read as it is, y written blocked. */
+Test(nchw16c, conv2d_from_one_channel) { blk_conv_cases(1); }
+Test(nchw16c, conv2d_16_channels) { blk_conv_cases(16); }
+Test(nchw16c, conv2d_32_channels) { blk_conv_cases(32); }
+
+/* Groups (16 and 8 channels a group, and depthwise) and dilation: the blocked activations
+ * where the primitive may prefer other layouts (the cached reorders then convert them). */
+Test(nchw16c, conv2d_groups_and_dilation) {
+    em_test_needs_onednn();
+    blk_conv_case(32, 32, 3, 1, 1, 2, 1);
+    blk_conv_case(32, 32, 3, 2, 1, 4, 1);
+    blk_conv_case(32, 32, 3, 1, 1, 32, 1);
+    blk_conv_case(16, 32, 3, 1, 2, 1, 2);
+}
+
+/* conv2d_relu on blocked outputs keeps relu's rules: a NaN input stays NaN, an output of -inf
+ * (an infinite input under positive weights) becomes +0, and the bits are conv2d's then
+ * relu's; from one channel (under the preference) and from 32 (blocked). */
+Test(nchw16c, conv2d_relu_nan_and_minus_inf) {
+    em_test_needs_onednn();
+    const int64_t pd[2] = {1, 1};
+    for (int gi = 0; gi < 2; gi++) {
+        const int64_t C = gi ? 32 : 1, xs[4] = {2, C, 10, 10}, ws[4] = {32, C, 3, 3};
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        em_tensor *x = rnd(EM_F32, 4, xs, 410 + gi);
+        em_tensor *w = em_add_scalar(em_abs(rnd(EM_F32, 4, ws, 412 + gi)), 0.125);
+        /* image 0, channel 0: NaN at (2, 2); image 1, channel 0: -inf at (6, 7) */
+        em_tensor *x0 = em_slice(em_slice(em_slice(em_select(x, 0, 0), 0, 0, 1, 1), 1, 2, 3, 1), 2, 2, 3, 1);
+        em_tensor *x1 = em_slice(em_slice(em_slice(em_select(x, 0, 1), 0, 0, 1, 1), 1, 6, 7, 1), 2, 7, 8, 1);
+        cr_assert(w && x0 && x1, "%s", em_last_error());
+        cr_assert_eq(em_fill_(x0, NAN), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_fill_(x1, -INFINITY), EM_OK, "%s", em_last_error());
+        em_tensor *xv = gi ? blk(x) : x;
+        em_layout old = em_layout_prefer(EM_LAYOUT_NCHW16C);
+        em_tensor *yf = em_conv2d_relu(xv, w, NULL, NULL, pd, NULL, 1);
+        em_tensor *yc = em_conv2d(xv, w, NULL, NULL, pd, NULL, 1);
+        em_layout_prefer(old);
+        const char *what = gi ? "32 channels, x blocked" : "one channel, y preferred blocked";
+        expect_layout(yf, EM_LAYOUT_NCHW16C, what, "conv2d_relu");
+        expect_layout(yc, EM_LAYOUT_NCHW16C, what, "conv2d");
+        em_tensor *ry = em_relu(yc);
+        expect_layout(ry, EM_LAYOUT_NCHW16C, what, "relu");
+        same_bits(yf, ry, what);
+        /* every output channel at those positions (all weights positive) */
+        em_tensor *yfp = em_contiguous(yf), *ycp = em_contiguous(yc);
+        for (int64_t o = 0; o < 32; o++) {
+            int64_t nan_at = o * 100 + 2 * 10 + 2, inf_at = (32 + o) * 100 + 6 * 10 + 7;
+            cr_assert(isnan(em_test_at(yfp, nan_at)) && isnan(em_test_at(ycp, nan_at)),
+                      "%s, channel %lld: the NaN did not reach the output", what, (long long)o);
+            cr_assert(isinf(em_test_at(ycp, inf_at)) && em_test_at(ycp, inf_at) < 0,
+                      "%s, channel %lld: conv2d gave %g, not -inf", what, (long long)o,
+                      em_test_at(ycp, inf_at));
+            cr_assert_eq(em_test_at(yfp, inf_at), 0.0, "%s, channel %lld", what, (long long)o);
+        }
+        /* and the values of the plain call, NaN and 0 included */
+        em_tensor *yp = em_conv2d_relu(x, w, NULL, NULL, pd, NULL, 1);
+        double *want = em_test_values(yp);
+        em_test_expect_close(yfp, want, em_tensor_numel(yp), BLK_TOL, BLK_TOL, what);
+        free(want);
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
+}
+
+/* Autograd through blocked activations: a plain one-channel image through conv2d_relu (1 ->
+ * 16) and conv2d (16 -> 32), forward and backward under em_layout_prefer(nChw16c): the
+ * activations are blocked (conv1 writes nChw16c from the plain image), and the gradients of
+ * the image, weights and biases are those of the same network on plain tensors, within the
+ * convolutions' tolerance (other oneDNN implementations and orders of addition run). */
+Test(nchw16c, two_convolutions_backward_from_a_plain_image) {
+    em_test_needs_onednn();
+    const int64_t xs[4] = {2, 1, 12, 12}, w1s[4] = {16, 1, 3, 3}, w2s[4] = {32, 16, 3, 3},
+                  rs[4] = {2, 32, 12, 12}, pd[2] = {1, 1};
+    em_tensor *grads[2][5];
+    double loss[2];
+    cr_assert_eq(em_scope_begin(), EM_OK);
+    for (int bl = 0; bl < 2; bl++) {
+        em_tensor *p[5] = {rnd(EM_F32, 4, xs, 420), rnd(EM_F32, 4, w1s, 421),
+                           rnd(EM_F32, 1, w1s, 422), rnd(EM_F32, 4, w2s, 423),
+                           rnd(EM_F32, 1, w2s, 424)};
+        for (int i = 0; i < 5; i++) cr_assert_eq(em_requires_grad_(p[i], true), EM_OK);
+        em_tensor *r = rnd(EM_F32, 4, rs, 425);
+        em_layout old = em_layout_prefer(bl ? EM_LAYOUT_NCHW16C : EM_LAYOUT_PLAIN);
+        em_tensor *a1 = em_conv2d_relu(p[0], p[1], p[2], NULL, pd, NULL, 1);
+        em_tensor *y2 = em_conv2d(a1, p[3], p[4], NULL, pd, NULL, 1);
+        em_layout want = bl ? EM_LAYOUT_NCHW16C : EM_LAYOUT_PLAIN;
+        expect_layout(a1, want, "conv1", "conv2d_relu");
+        expect_layout(y2, want, "conv2", "conv2d");
+        em_tensor *l = em_sum(em_mul(y2, r), 0, NULL, false);
+        cr_assert(l, "%s", em_last_error());
+        loss[bl] = em_item(l);
+        cr_assert_eq(em_backward(l), EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_layout_prefer(old), want);
+        for (int i = 0; i < 5; i++) {
+            grads[bl][i] = em_tensor_grad(p[i]);
+            cr_assert(grads[bl][i], "grad %d", i);
+            expect_layout(grads[bl][i], EM_LAYOUT_PLAIN, "parameter", "grad");
+        }
+    }
+    cr_assert(isfinite(loss[0]) && fabs(loss[1] - loss[0]) <= BLK_TOL * fabs(loss[0]),
+              "loss %g blocked, %g plain", loss[1], loss[0]);
+    static const char *const names[5] = {"image", "conv1 weight", "conv1 bias", "conv2 weight",
+                                         "conv2 bias"};
+    for (int i = 0; i < 5; i++) {
+        double *want = em_test_values(grads[0][i]);
+        em_test_expect_close(grads[1][i], want, em_tensor_numel(grads[0][i]), BLK_TOL, BLK_TOL,
+                             names[i]);
+        free(want);
+    }
+    cr_assert_eq(em_scope_end(), EM_OK);
+}

@@ -20,10 +20,20 @@
  * registered: oneDNN 2.6 has no f16 convolution, pooling, normalisation or softmax on CPUs
  * without AVX512-FP16 (it refuses the descriptors), so f16 takes the core's f32 path.
  *
+ * Storage layouts (em_layout; docs/performance.md, "Design (a)"): the f32 convolutions
+ * declare nChw16c (accepts_layouts) and pass a blocked activation (x, y, gy, gx) to oneDNN as
+ * it is, with a dnnl_nChw16c descriptor, in any mix with plain (nchw or nhwc) ones; weights
+ * and biases are always plain (conv_layouts). oneDNN's f32 kernels on AVX-512 take nChw16c
+ * when left to choose (format any), so a blocked activation is not reordered; conv1's
+ * forward reads its one-channel image as nchw and writes nChw16c. conv2d_relu's relu runs
+ * over the output's bytes in any layout. bf16 and the other ops see plain tensors only (the
+ * core converts for them).
+ *
  * The primitive cache maps a key (kind, every size, stride, padding, flag and epsilon of the
- * call) to an entry: the primitive, for each argument the layout the kernel passes (plain
- * nchw / row-major) and the layout the primitive prefers, with a cached reorder between them
- * when they differ (convolutions use oneDNN's blocked layouts: its direct JIT kernels were
+ * call, the activations' layouts) to an entry: the primitive, for each argument the layout
+ * the kernel passes (nchw / row-major, nhwc or nChw16c) and the layout the primitive
+ * prefers, with a cached reorder between them when they differ (convolutions use oneDNN's
+ * blocked layouts: its direct JIT kernels were
  * 1.4-4 times faster here than the gemm ones it picks for nchw, one thread, reorders
  * included; backward data into fewer than 16 channels stays plain), and one execution state:
  * memory objects (re-pointed at each call's tensors with dnnl_memory_set_data_handle) and one
@@ -92,6 +102,10 @@ enum {
  * place over its output). */
 #define DN_RELU 0x100
 
+/* A convolution activation's user layout (key v[18] and v[19], dn_arg.user): what the kernel
+ * passes to oneDNN as it is. */
+enum { DN_NCHW, DN_NHWC, DN_NCHW16C };
+
 /* The identity of a primitive: its kind, the activations' data type (dnnl_f32 or dnnl_bf16)
  * and DN_KEY_N numbers (zero-filled), compared bytewise. */
 typedef struct dn_key {
@@ -115,19 +129,21 @@ typedef struct dn_arg {
  * forward and again by backward-weight, and its grad gy by backward-data and again by
  * backward-weight, the same layouts each time. The first call (DN_SHARE_PUT) reorders into a
  * dn_copy named by the tensor's contents — storage id (never reused), storage version (every
- * write bumps it), data pointer and the blocked descriptor — and backward-weight
- * (DN_SHARE_TAKE) uses a copy with the same name instead of reordering, then drops it. A
- * name that differs in anything (x written in place between the calls, a new storage at the
- * same address) is a miss: the call reorders as before. Only backward-weight takes, so a
- * copy made by a forward is never served to a later forward. */
+ * write bumps it), data pointer, the blocked descriptor and the tensor's own layout (a
+ * storage converted from nChw16c to plain in place keeps its id and version) — and
+ * backward-weight (DN_SHARE_TAKE) uses a copy with the same name instead of reordering,
+ * then drops it. A name that differs in anything (x written in place between the calls, a
+ * new storage at the same address) is a miss: the call reorders as before. Only
+ * backward-weight takes, so a copy made by a forward is never served to a later forward. */
 enum { DN_SHARE_NONE, DN_SHARE_PUT, DN_SHARE_TAKE };
 #define DN_COPY_CAP 8
 #define DN_COPY_BYTES ((size_t)128 << 20)
 typedef struct dn_copy {
     uint64_t id, version; /* 0, 0: empty */
     const void *data;
-    dnnl_memory_desc_t md; /* the blocked layout */
-    dnnl_memory_t mem;     /* md on buf */
+    dnnl_memory_desc_t md;   /* the blocked layout */
+    dnnl_memory_desc_t user; /* the layout it was reordered from (nchw, nhwc, nChw16c) */
+    dnnl_memory_t mem;       /* md on buf */
     void *buf;
     size_t bytes;
     int refs;   /* calls using it (one writer, or readers) */
@@ -307,7 +323,10 @@ static dnnl_status_t bwd_weights_pd(dnnl_primitive_desc_t *pd, const_dnnl_primit
 }
 
 /* Convolutions: key v = N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, g, has_bias,
- * chunk, nhwc (conv2d_relu's forward is conv2d's primitive: the same key). Activations and weights in whatever layout oneDNN prefers (format any). chunk (1):
+ * chunk, the layouts of x (gx) and of y (gy) (DN_NCHW, DN_NHWC, DN_NCHW16C: the user side
+ * of those arguments, so calls on tensors in different layouts never share an entry);
+ * conv2d_relu's forward is conv2d's primitive: the same key. Activations and weights in
+ * whatever layout oneDNN prefers (format any). chunk (1):
  * a backward-weight over one batch chunk of conv_bwd_weight_split, made for one thread, its
  * diff_weights and diff_bias in f32 (the partial sums), x and gy read from the caller's
  * tensors (no shared copies: those hold the whole batch). */
@@ -321,12 +340,22 @@ static dnnl_status_t build_conv(dn_prim *p) {
     dnnl_dims_t sd = {N, C, H, W}, dd = {N, O, OH, OW}, bd = {O};
     dnnl_dims_t wd5 = {g, O / g, C / g, kh, kw}, wd4 = {O, C, kh, kw};
     dnnl_dims_t strides = {v[9], v[10]}, pl = {v[11], v[12]}, dil = {v[13] - 1, v[14] - 1};
-    /* nhwc (v[18]): channels-last activations, passed as they are with the primitive fixed
-     * to that layout, so no reorder is made (docs/performance.md: on AVX2 every jit:avx2
-     * kernel nChw8c has exists for nhwc, as fast forward and backward-data, faster
-     * backward-weight). */
-    const bool nhwc = v[18] == 1;
+    /* nhwc (v[18] and v[19]): channels-last activations, passed as they are with the
+     * primitive fixed to that layout, so no reorder is made (docs/performance.md: on AVX2
+     * every jit:avx2 kernel nChw8c has exists for nhwc, as fast forward and backward-data,
+     * faster backward-weight). */
+    const bool nhwc = v[18] == DN_NHWC && v[19] == DN_NHWC;
     const dnnl_format_tag_t act = nhwc ? dnnl_nhwc : dnnl_nchw;
+    /* The tensors' own layouts (src, dst: the user side of each argument) are v[18] (x or gx)
+     * and v[19] (y or gy): nchw, nhwc, or nChw16c for a storage in that layout
+     * (EM_KCTX_LAYOUT). A blocked activation is passed as it is; the primitive takes format
+     * any for it, as for plain nchw ones: for f32 on AVX-512 oneDNN's jit kernels then take
+     * nChw16c, so there is no reorder (conv1's forward from one channel takes nchw x and
+     * writes nChw16c, its backward-weight reads them so). Where the primitive prefers
+     * another layout (a plain primitive below, another CPU), the cached reorders convert as
+     * for nchw tensors. psrc, pdst: the plain layouts of a primitive fixed to them. */
+    static const dnnl_format_tag_t tags[3] = {dnnl_nchw, dnnl_nhwc, dnnl_nChw16c};
+    dnnl_memory_desc_t psrc, pdst;
     /* Except an f32 backward (data or weight) with at least 16 channels per group on both
      * sides on an AVX-512 CPU: there oneDNN's nChw16c kernels beat its nhwc ones by more than
      * the reorders of gy (made once, shared by backward-data and backward-weight), x and gx
@@ -339,8 +368,10 @@ static dnnl_status_t build_conv(dn_prim *p) {
         p->key.kind != DN_CONV_FWD && dt == dnnl_f32 && O / g >= 16 && cpu_nn_has_avx512() &&
         (C / g >= 16 || (p->key.kind == DN_CONV_BWD_WEIGHT && C / g == 1));
     const bool fixed = nhwc && !blocked_bwd;
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, act);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, act);
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&psrc, 4, sd, dt, act);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&pdst, 4, dd, dt, act);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&src, 4, sd, dt, tags[v[18]]);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dst, 4, dd, dt, tags[v[19]]);
     if (s == dnnl_success)
         s = g > 1 ? dnnl_memory_desc_init_by_tag(&w, 5, wd5, dt, dnnl_goihw)
                   : dnnl_memory_desc_init_by_tag(&w, 4, wd4, dt, dnnl_oihw);
@@ -358,11 +389,11 @@ static dnnl_status_t build_conv(dn_prim *p) {
                                 ? dnnl_format_tag_undef
                                 : dnnl_format_tag_any;
     if (any == dnnl_format_tag_undef) {
-        asrc = src, adst = dst, aw = w;
+        asrc = psrc, adst = pdst, aw = w; /* a blocked gy or gx reordered */
     } else {
-        if (s == dnnl_success) s = fixed ? (asrc = src, dnnl_success)
+        if (s == dnnl_success) s = fixed ? (asrc = psrc, dnnl_success)
                                          : dnnl_memory_desc_init_by_tag(&asrc, 4, sd, dt, any);
-        if (s == dnnl_success) s = fixed ? (adst = dst, dnnl_success)
+        if (s == dnnl_success) s = fixed ? (adst = pdst, dnnl_success)
                                          : dnnl_memory_desc_init_by_tag(&adst, 4, dd, dt, any);
         if (s == dnnl_success)
             s = g > 1 ? dnnl_memory_desc_init_by_tag(&aw, 5, wd5, dt, any)
@@ -740,9 +771,9 @@ static dn_name input_name(const em_kernel_ctx *k, int i) {
     return (dn_name){k->in[i].data, k->storage_ids[i], k->versions[i]};
 }
 
-static bool copy_names(const dn_copy *c, const dn_name *t, const dnnl_memory_desc_t *md) {
+static bool copy_names(const dn_copy *c, const dn_name *t, const dn_arg *a) {
     return c->id == t->id && c->version == t->version && c->data == t->data &&
-           dnnl_memory_desc_equal(&c->md, md);
+           dnnl_memory_desc_equal(&c->md, &a->prim) && dnnl_memory_desc_equal(&c->user, &a->user);
 }
 
 static void copy_clear(dn_copy *c) {
@@ -763,7 +794,7 @@ static dn_copy *copy_acquire(const dn_arg *a, const dn_name *t, bool *filled) {
     pthread_mutex_lock(&dn_lock);
     if (a->share == DN_SHARE_TAKE) {
         for (int i = 0; i < DN_COPY_CAP && !c; i++)
-            if (dn_copies[i].valid && copy_names(&dn_copies[i], t, &a->prim)) c = &dn_copies[i];
+            if (dn_copies[i].valid && copy_names(&dn_copies[i], t, a)) c = &dn_copies[i];
         if (c) c->refs++, *filled = true;
     } else {
         /* A slot no call uses: one of the right size (no new buffer), else an empty one, else
@@ -791,6 +822,7 @@ static dn_copy *copy_acquire(const dn_arg *a, const dn_name *t, bool *filled) {
         }
         if (c) {
             c->id = t->id, c->version = t->version, c->data = t->data, c->md = a->prim;
+            c->user = a->user;
             c->valid = false, c->refs = 1;
         }
     }
@@ -914,20 +946,41 @@ static unsigned stat_operands(int kind) {
  * operand contiguous; the first input and the first output not empty (oneDNN has no
  * zero-size primitives; the loops, or the core's f32 path, handle those). */
 /* A convolution's activations (x and y, or their grads: operands 0 and the output, or 0 and
- * 1 for backward-weight; the weight and bias are always plain): 0 all plain nchw, 1 all
- * nhwc (at least one of them not also plain), -1 a mixture oneDNN is not asked about. */
-static int conv_layout(const em_kernel_ctx *k, int kind) {
-    const em_ktensor *a[2] = {&k->in[0], kind == DN_CONV_BWD_WEIGHT ? &k->in[1] : &k->out[0]};
-    bool plain = a[0]->contiguous && a[1]->contiguous;
-    if (plain) return 0;
-    if (!nn_dense_nhwc(a[0]) || !nn_dense_nhwc(a[1])) return -1;
-    const em_ktensor *w = kind == DN_CONV_BWD_WEIGHT ? &k->out[0] : &k->in[1];
-    if (!w->contiguous) return -1;
-    for (int i = 2; i < k->n_in; i++)
-        if (!k->in[i].contiguous) return -1;
-    for (int i = kind == DN_CONV_BWD_WEIGHT ? 0 : 1; i < k->n_out; i++)
-        if (!k->out[i].contiguous) return -1;
-    return 1;
+ * 1 for backward-weight; the weight and bias are always plain): into lay[0] the layout of the
+ * source side (x, or gx for backward-data), into lay[1] the destination side's (y, or gy).
+ * A tensor whose storage is nChw16c (EM_KCTX_LAYOUT) is DN_NCHW16C; the others are all plain
+ * nchw (DN_NCHW), or all nhwc (DN_NHWC, at least one of them not also plain). False for a
+ * mixture oneDNN is not asked about, or a weight, bias or weight grad in a storage layout. */
+static bool conv_layouts(const em_kernel_ctx *k, int kind, int lay[2]) {
+    const bool bw = kind == DN_CONV_BWD_WEIGHT;
+    const int ia[2] = {0, bw ? 1 : k->n_in}; /* the activations' operand indices */
+    const em_ktensor *a[2] = {&k->in[0], bw ? &k->in[1] : &k->out[0]};
+    int l[2];
+    bool plain = true, nhwc = true, unblocked = false;
+    for (int j = 0; j < 2; j++) {
+        l[j] = EM_KCTX_LAYOUT(k, ia[j]) == EM_LAYOUT_NCHW16C ? DN_NCHW16C : DN_NCHW;
+        if (l[j] == DN_NCHW16C) continue;
+        unblocked = true;
+        plain &= a[j]->contiguous;
+        nhwc &= nn_dense_nhwc(a[j]);
+    }
+    /* the rest plain: never blocked (the core allocates no weight blocked, a caller might) */
+    for (int i = 0; i < k->n_in + k->n_out; i++)
+        if (i != ia[0] && i != ia[1] && EM_KCTX_LAYOUT(k, i) != EM_LAYOUT_PLAIN) return false;
+    bool dn_sd = kind == DN_CONV_BWD_DATA; /* operand 0 is the destination side */
+    if (unblocked && !plain) {
+        if (!nhwc) return false;
+        const em_ktensor *w = bw ? &k->out[0] : &k->in[1];
+        if (!w->contiguous) return false;
+        for (int i = 2; i < k->n_in; i++)
+            if (!k->in[i].contiguous) return false;
+        for (int i = bw ? 0 : 1; i < k->n_out; i++)
+            if (!k->out[i].contiguous) return false;
+        for (int j = 0; j < 2; j++)
+            if (l[j] != DN_NCHW16C) l[j] = DN_NHWC;
+    }
+    lay[0] = l[dn_sd], lay[1] = l[!dn_sd];
+    return true;
 }
 
 static bool operands_ok(const em_kernel_ctx *k, int kind, dnnl_data_type_t *dt) {
@@ -935,7 +988,8 @@ static bool operands_ok(const em_kernel_ctx *k, int kind, dnnl_data_type_t *dt) 
     if (x != EM_F32 && x != EM_BF16) return false;
     unsigned stats = stat_operands(kind);
     bool conv = kind == DN_CONV_FWD || kind == DN_CONV_BWD_DATA || kind == DN_CONV_BWD_WEIGHT;
-    if (conv && conv_layout(k, kind) < 0) return false;
+    int lay[2];
+    if (conv && !conv_layouts(k, kind, lay)) return false;
     for (int i = 0; i < k->n_in + k->n_out; i++) {
         const em_ktensor *t = i < k->n_in ? &k->in[i] : &k->out[i - k->n_in];
         if (t->dtype != ((stats >> i) & 1 ? EM_F32 : x) || (!conv && !t->contiguous)) return false;
@@ -965,7 +1019,9 @@ static bool key_of(const em_kernel_ctx *k, int kind, dn_key *key) {
                               g.OW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.g};
         memcpy(v, gv, sizeof gv);
         v[16] = kind == DN_CONV_FWD && k->in[2].numel > 0;
-        v[18] = conv_layout(k, kind); /* 1: the activations are nhwc */
+        int lay[2];
+        conv_layouts(k, kind, lay); /* operands_ok checked it */
+        v[18] = lay[0], v[19] = lay[1]; /* DN_NCHW, DN_NHWC, DN_NCHW16C: x (gx), y (gy) */
         /* conv2d_relu has conv2d's key: its kernel runs conv2d's primitive, then relu in
          * place over the output (relu_f32_inplace, the bits of conv2d then relu, -inf and
          * NaN included). oneDNN's ReLU post-ops were measured and dropped: a post-op relu
@@ -1382,10 +1438,16 @@ em_status cpu_nn_dnnl_register(em_registry *r) {
             /* "cpu_<op>_dnnl_f32" and "cpu_<op>_dnnl_bf16" */
             char name[96];
             snprintf(name, sizeof name, "%s_dnnl_%s", ks[i].name, b ? "bf16" : "f32");
+            /* The f32 convolutions read and write nChw16c activations (conv_layouts); bf16
+             * stays on nhwc (its kernels time the same in both: docs/performance.md). */
+            int kind = ks[i].kind & ~DN_RELU;
+            bool conv = kind == DN_CONV_FWD || kind == DN_CONV_BWD_DATA ||
+                        kind == DN_CONV_BWD_WEIGHT;
             em_kernel_def def = {.struct_size = sizeof def, .op = ks[i].op, .device_type = "cpu",
                                  .dtype = b ? EM_BF16 : EM_F32, .priority = 10, .fn = k_dnnl,
                                  .supports = ks[i].supports, .name = name,
-                                 .user = (void *)(intptr_t)ks[i].kind};
+                                 .user = (void *)(intptr_t)ks[i].kind,
+                                 .accepts_layouts = conv && !b ? CPU_NCHW16C : 0};
             em_status st = em_kernel_register(r, &def, NULL);
             if (st != EM_OK) return st;
         }
