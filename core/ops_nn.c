@@ -962,7 +962,9 @@ static em_status keep_layout(const em_op *op, const em_tensor *const *t, em_tens
     em_status st = EM_OK;
     for (int i = 0; i < s->n_outputs; i++) {
         em_tensor *r = res[i];
-        if (st != EM_OK || r->ndim != 4 || em__is_channels_last(r->ndim, r->shape, r->strides))
+        /* A result in a storage layout (em_layout) is what the kernel chose to keep. */
+        if (st != EM_OK || r->ndim != 4 || em__layout_of(r) ||
+            em__is_channels_last(r->ndim, r->shape, r->strides))
             continue;
         if (!(res[i] = em__channels_last(r))) st = em_last_status();
         em_tensor_release(r);
