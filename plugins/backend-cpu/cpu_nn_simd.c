@@ -10,6 +10,9 @@
  * vectors of 8 i64; a row's last chunk uses masked loads and stores (CNN planes are 28 or 14
  * wide). Edges (a last column or row cut by ceil_mode) use the same rule in scalar code.
  *
+ * In oneDNN's nChw16c layout (16 channels contiguous per position) a 2x2 window is four
+ * vector loads of 16 channels: cpu_nn_max_pool2x2_nchw16c_f32, the same comparisons per lane.
+ *
  * The bf16 variant is the same kernel with bf16 loads widened to f32 in registers (a shift:
  * exact, NaN stays NaN) and the maxima stored as their upper halves (exact: each is an input
  * value); it needs AVX512BW/VL for masked 16-bit loads. cpu_nn_f32_to_bf16 rounds an f32
@@ -255,6 +258,36 @@ __attribute__((target("avx2"))) void cpu_nn_max_pool2x2_nhwc_f32_avx2(const floa
             _mm256_maskstore_epi64((long long *)(idx + c), mask64(n), lo);
             _mm256_maskstore_epi64((long long *)(idx + c + 4), mask64(n - 4), hi);
         }
+    }
+}
+
+/* nChw16c: the 2x2 windows of outputs [0, n_ow) of row oh of one block x (H, W, 16), each
+ * inside the plane; 16 channels a step, from the four 16-vectors at (2oh, 2ow), (2oh, 2ow + 1),
+ * (2oh + 1, 2ow), (2oh + 1, 2ow + 1), compared in the plane kernels' order (the same maxima and
+ * indices per channel). y and idx: the output row (OW, 16). */
+__attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_nchw16c_f32(const float *x, int64_t W,
+                                                                        int64_t oh, int64_t n_ow,
+                                                                        float *y, int64_t *idx) {
+    const float *r0 = x + 2 * oh * W * 16, *r1 = r0 + W * 16;
+    const int64_t off[3] = {1, W, W + 1};
+    for (int64_t ow = 0; ow < n_ow; ow++) {
+        const float *p0 = r0 + 2 * ow * 16, *p1 = r1 + 2 * ow * 16;
+        const __m512 cand[3] = {_mm512_loadu_ps(p0 + 16), _mm512_loadu_ps(p1),
+                                _mm512_loadu_ps(p1 + 16)};
+        const int64_t a = 2 * oh * W + 2 * ow;
+        __m512 m = _mm512_loadu_ps(p0);
+        __m512i lo = _mm512_set1_epi64(a), hi = lo;
+        for (int c = 0; c < 3; c++) {
+            __mmask16 t = _mm512_cmp_ps_mask(cand[c], m, _CMP_GT_OQ) |
+                          _mm512_cmp_ps_mask(cand[c], cand[c], _CMP_UNORD_Q);
+            const __m512i at = _mm512_set1_epi64(a + off[c]);
+            m = _mm512_mask_blend_ps(t, m, cand[c]);
+            lo = _mm512_mask_blend_epi64((__mmask8)t, lo, at);
+            hi = _mm512_mask_blend_epi64((__mmask8)(t >> 8), hi, at);
+        }
+        _mm512_storeu_ps(y + ow * 16, m);
+        _mm512_storeu_si512(idx + ow * 16, lo);
+        _mm512_storeu_si512(idx + ow * 16 + 8, hi);
     }
 }
 
