@@ -379,15 +379,15 @@ typedef struct blk_scatter_ctx {
     atomic_int bad; /* an index outside the plane */
 } blk_scatter_ctx;
 
-/* One block of the backward of a 2x2 / stride 2 pooling without padding (2 OH <= H, 2 OW <=
- * W): when every index lies in its own output's tile (what that pooling's forward gives), each
- * gx element receives at most one gy, written directly — 0 + gy at the winner (the scatter's
- * sum: -0 becomes +0 as there), 0 elsewhere and in the row and column no tile covers — with no
- * zeroing pass and no scatter. false (gx partly written) when an index lies elsewhere: the
- * caller then runs the scatter, which rewrites the whole block. */
-SIMD_CLONES static bool pool2x2_bwd_blk(const float *restrict gy, int64_t gc, int64_t gi,
-                                        const int64_t *restrict idx, int64_t H, int64_t W,
-                                        int64_t OH, int64_t OW, float *restrict gx) {
+/* The tiles of one block of the backward of a 2x2 / stride 2 pooling without padding (2 OH <=
+ * H, 2 OW <= W): when every index lies in its own output's tile (what that pooling's forward
+ * gives), each gx element receives at most one gy, written directly — 0 + gy at the winner
+ * (the scatter's sum: -0 becomes +0 as there), 0 elsewhere — with no zeroing pass and no
+ * scatter. false (gx partly written) when an index lies elsewhere: the caller then runs the
+ * scatter, which rewrites the whole block. */
+static inline __attribute__((always_inline)) bool
+pool2x2_bwd_blk(const float *restrict gy, int64_t gc, int64_t gi, const int64_t *restrict idx,
+                int64_t W, int64_t OH, int64_t OW, float *restrict gx) {
     for (int64_t oh = 0; oh < OH; oh++) {
         for (int64_t ow = 0; ow < OW; ow++) {
             const int64_t i = oh * OW + ow, a = 2 * oh * W + 2 * ow;
@@ -408,13 +408,37 @@ SIMD_CLONES static bool pool2x2_bwd_blk(const float *restrict gy, int64_t gc, in
             }
             if (bad) return false;
         }
-        /* the column no tile covers (W odd) */
-        for (int64_t w = 2 * OW; w < W; w++)
-            for (int l = 0; l < 16; l++)
-                gx[(2 * oh * W + w) * 16 + l] = 0, gx[((2 * oh + 1) * W + w) * 16 + l] = 0;
     }
-    /* the row no tile covers (H odd) */
-    for (int64_t j = 2 * OH * W * 16; j < H * W * 16; j++) gx[j] = 0;
+    return true;
+}
+
+/* The two grads' instances: gy's 16 channels contiguous (one vector load) or OH OW apart. */
+SIMD_CLONES static bool pool2x2_bwd_blk_gy_blk(const float *restrict gy,
+                                               const int64_t *restrict idx, int64_t W,
+                                               int64_t OH, int64_t OW, float *restrict gx) {
+    return pool2x2_bwd_blk(gy, 1, 16, idx, W, OH, OW, gx);
+}
+SIMD_CLONES static bool pool2x2_bwd_blk_gy_rm(const float *restrict gy,
+                                              const int64_t *restrict idx, int64_t W,
+                                              int64_t OH, int64_t OW, float *restrict gx) {
+    return pool2x2_bwd_blk(gy, OH * OW, 1, idx, W, OH, OW, gx);
+}
+
+/* The tiles of one block (a blocked gy in AVX-512 where the CPU has it: the same values), then
+ * the last column and row no tile covers (W or H odd) set to 0. */
+static bool pool2x2_bwd_blk_tiles(const blk_scatter_ctx *c, const float *gy, const int64_t *idx,
+                                  float *gx) {
+    const int64_t H = c->H, W = c->W, OH = c->OH, OW = c->OW;
+    bool ok = c->gy_blk ? (cpu_nn_has_avx512()
+                               ? cpu_nn_max_pool2x2_bwd_nchw16c_f32(gy, idx, W, OH, OW, gx)
+                               : pool2x2_bwd_blk_gy_blk(gy, idx, W, OH, OW, gx))
+                        : pool2x2_bwd_blk_gy_rm(gy, idx, W, OH, OW, gx);
+    if (!ok) return false;
+    if (W > 2 * OW)
+        for (int64_t h = 0; h < 2 * OH; h++)
+            memset(gx + (h * W + 2 * OW) * 16, 0, sizeof(float) * (size_t)((W - 2 * OW) * 16));
+    if (H > 2 * OH)
+        memset(gx + 2 * OH * W * 16, 0, sizeof(float) * (size_t)((H - 2 * OH) * W * 16));
     return true;
 }
 
@@ -429,7 +453,7 @@ static void max_pool_bwd_blk(void *ctx, int64_t lo, int64_t hi) {
                           (c->gy_blk ? b * P * 16 : (n * c->C + cb * 16) * P);
         const int64_t *idx = (const int64_t *)c->k->in[1].data + b * P * 16;
         float *gx = (float *)c->k->out[0].data + b * HW * 16;
-        if (c->tiles && pool2x2_bwd_blk(gy, gc, gi, idx, c->H, c->W, c->OH, c->OW, gx)) continue;
+        if (c->tiles && pool2x2_bwd_blk_tiles(c, gy, idx, gx)) continue;
         memset(gx, 0, sizeof(float) * (size_t)(HW * 16));
         for (int64_t i = 0; i < P; i++)
             for (int l = 0; l < 16; l++) {
