@@ -349,9 +349,12 @@ static void expect_same_bits(const em_tensor *a, const em_tensor *b, const char 
     cr_assert_eq(em_tensor_dtype(a), em_tensor_dtype(b), "%s: dtypes", what);
     const unsigned char *p = em_tensor_data(a), *q = em_tensor_data(b);
     const size_t es = em_dtype_size(em_tensor_dtype(a));
-    for (int64_t i = 0; i < em_tensor_numel(a); i++)
+    for (int64_t i = 0; i < em_tensor_numel(a); i++) {
+        double u = es == 4 ? ((const float *)p)[i] : es == 8 ? (double)((const int64_t *)p)[i] : 0,
+               v = es == 4 ? ((const float *)q)[i] : es == 8 ? (double)((const int64_t *)q)[i] : 0;
         cr_assert_eq(memcmp(p + (size_t)i * es, q + (size_t)i * es, es), 0,
-                     "%s: element %lld differs", what, (long long)i);
+                     "%s: element %lld differs (%g, want %g)", what, (long long)i, v, u);
+    }
 }
 
 typedef struct pool_case {
@@ -395,10 +398,15 @@ static void blocked_pool_case(const pool_case *pc, uint64_t seed) {
     cr_assert_eq(em_tensor_layout(ib), EM_LAYOUT_NCHW16C, "%s: the indices read as they are", what);
     cr_assert_eq(em_tensor_layout(gxb), EM_LAYOUT_NCHW16C, "%s: gx blocked (blocked grad)", what);
     cr_assert_eq(em_tensor_layout(gxp), EM_LAYOUT_NCHW16C, "%s: gx blocked (row-major grad)", what);
-    expect_same_bits(y, yb, what);
-    expect_same_bits(idx, ib, what);
-    expect_same_bits(gx, gxb, what);
-    expect_same_bits(gx, gxp, what);
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s: values", what);
+    expect_same_bits(y, yb, w2);
+    snprintf(w2, sizeof w2, "%s: indices", what);
+    expect_same_bits(idx, ib, w2);
+    snprintf(w2, sizeof w2, "%s: gx of a blocked grad", what);
+    expect_same_bits(gx, gxb, w2);
+    snprintf(w2, sizeof w2, "%s: gx of a row-major grad", what);
+    expect_same_bits(gx, gxp, w2);
     RELEASE(x, y, idx, xb, yb, ib, gy, gx, gyb, gxb, gxp);
 }
 

@@ -321,8 +321,8 @@ __attribute__((target("avx512f"))) bool cpu_nn_max_pool2x2_bwd_nchw16c_f32(const
             const int64_t at[4] = {a, a + 1, a + W, a + W + 1};
             for (int j = 0; j < 4; j++) {
                 const __m512i t = _mm512_set1_epi64(at[j]);
-                e[j] = (__mmask16)(_mm512_cmpeq_epi64_mask(lo, t) |
-                                   (unsigned)_mm512_cmpeq_epi64_mask(hi, t) << 8);
+                e[j] = _mm512_kunpackb(_mm512_cmpeq_epi64_mask(hi, t),
+                                       _mm512_cmpeq_epi64_mask(lo, t));
             }
             if ((__mmask16)(e[0] | e[1] | e[2] | e[3]) != 0xFFFF) return false;
             const __m512 v = _mm512_add_ps(zero, _mm512_loadu_ps(gy + i * 16));
