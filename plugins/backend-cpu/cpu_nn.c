@@ -502,7 +502,8 @@ static em_status k_max_pool2d_bwd_f32(const em_kernel_ctx *k) {
 
 /* ---- registration ------------------------------------------------------------------------------ */
 
-/* cpu_register_kernels with a supports() predicate. */
+/* cpu_register_kernels with a supports() predicate and the storage layouts fn reads
+ * (accepts_layouts). */
 static em_status register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
                                   em_kernel_fn fn, const char *name, em_kernel_supports_fn sup,
                                   unsigned accepts) {
