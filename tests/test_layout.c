@@ -318,3 +318,202 @@ Test(layout, gradients_flow_through_a_blocked_activation) {
     free(gv);
     RELEASE(x, b, y, w, p, l);
 }
+
+/* ---- max pooling in nChw16c ---------------------------------------------------------------- */
+
+/* An f32 (N, C, H, W) tensor of random values made to tie (whole numbers, +0 beside -0) with
+ * NaNs of distinct payloads (which one wins shows in the bits), seeded by seed. */
+static em_tensor *pool_input(int64_t n, int64_t c, int64_t h, int64_t w, uint64_t seed) {
+    const int64_t m = n * c * h * w;
+    double *v = malloc(sizeof(double) * (size_t)m);
+    em_test_fill_random(v, m, seed);
+    em_tensor *x = em_empty(4, SHAPE(n, c, h, w), EM_F32, em_cpu());
+    cr_assert(x, "%s", em_last_error());
+    float *d = em_tensor_data(x);
+    for (int64_t j = 0; j < m; j++) {
+        d[j] = (float)floor(v[j] * 2);
+        if (j % 37 == 5) d[j] = -0.0f;
+        if (j % 29 == 3) {
+            uint32_t bits = 0x7fc00000u | (uint32_t)(j & 0x3fffff);
+            memcpy(&d[j], &bits, 4);
+        }
+    }
+    em_tensor_bump_version(x);
+    free(v);
+    return x;
+}
+
+/* a and b hold the same bits (a plain, b any layout: em_tensor_data makes it plain). */
+static void expect_same_bits(const em_tensor *a, const em_tensor *b, const char *what) {
+    cr_assert_eq(em_tensor_numel(a), em_tensor_numel(b), "%s: sizes", what);
+    cr_assert_eq(em_tensor_dtype(a), em_tensor_dtype(b), "%s: dtypes", what);
+    const unsigned char *p = em_tensor_data(a), *q = em_tensor_data(b);
+    const size_t es = em_dtype_size(em_tensor_dtype(a));
+    for (int64_t i = 0; i < em_tensor_numel(a); i++) {
+        double u = es == 4 ? ((const float *)p)[i] : es == 8 ? (double)((const int64_t *)p)[i] : 0,
+               v = es == 4 ? ((const float *)q)[i] : es == 8 ? (double)((const int64_t *)q)[i] : 0;
+        cr_assert_eq(memcmp(p + (size_t)i * es, q + (size_t)i * es, es), 0,
+                     "%s: element %lld differs (%g, want %g)", what, (long long)i, v, u);
+    }
+}
+
+typedef struct pool_case {
+    int64_t n, c, h, w, k, s, p, d;
+    bool ceil;
+} pool_case;
+
+static void blocked_pool_case(const pool_case *pc, uint64_t seed) {
+    char what[160];
+    snprintf(what, sizeof what, "[%lld, %lld, %lld, %lld] kernel %lld stride %lld pad %lld "
+             "dilation %lld%s", (long long)pc->n, (long long)pc->c, (long long)pc->h,
+             (long long)pc->w, (long long)pc->k, (long long)pc->s, (long long)pc->p,
+             (long long)pc->d, pc->ceil ? " ceil" : "");
+    const int64_t ks[2] = {pc->k, pc->k}, ss[2] = {pc->s, pc->s}, ps[2] = {pc->p, pc->p},
+                  ds[2] = {pc->d, pc->d}, hw[2] = {pc->h, pc->w};
+    em_tensor *x = pool_input(pc->n, pc->c, pc->h, pc->w, seed), *y, *idx, *yb, *ib;
+    cr_assert_eq(em_max_pool2d(x, ks, ss, ps, ds, pc->ceil, &y, &idx), EM_OK, "%s: %s", what,
+                 em_last_error());
+    em_tensor *xb = em_to_layout(x, EM_LAYOUT_NCHW16C);
+    cr_assert(xb, "%s", em_last_error());
+    cr_assert_eq(em_max_pool2d(xb, ks, ss, ps, ds, pc->ceil, &yb, &ib), EM_OK, "%s: %s", what,
+                 em_last_error());
+    cr_assert_eq(em_tensor_layout(xb), EM_LAYOUT_NCHW16C, "%s: the input read as it is", what);
+    cr_assert_eq(em_tensor_layout(yb), EM_LAYOUT_NCHW16C, "%s: values blocked", what);
+    cr_assert_eq(em_tensor_layout(ib), EM_LAYOUT_NCHW16C, "%s: indices blocked", what);
+    em_test_expect_shape(yb, 4, em_tensor_shape(y), what);
+    /* the backward, from a blocked grad and from a row-major one (a flatten's backward) */
+    const int64_t ny = em_tensor_numel(y);
+    em_tensor *gy = pool_input(pc->n, pc->c, em_tensor_shape(y)[2], em_tensor_shape(y)[3],
+                               seed + 1);
+    float *g = em_tensor_data(gy);
+    for (int64_t j = 0; j < ny; j++) g[j] = isnan(g[j]) ? g[j] : g[j] * 0.375f + 0.0625f * (float)(j % 7);
+    g[ny / 2] = -0.0f;
+    em_tensor_bump_version(gy);
+    em_tensor *gx = em_max_pool2d_backward(gy, idx, hw);
+    cr_assert(gx, "%s: %s", what, em_last_error());
+    em_tensor *gyb = em_to_layout(gy, EM_LAYOUT_NCHW16C);
+    em_tensor *gxb = em_max_pool2d_backward(gyb, ib, hw), *gxp = em_max_pool2d_backward(gy, ib, hw);
+    cr_assert(gxb && gxp, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_layout(gyb), EM_LAYOUT_NCHW16C, "%s: the grad read as it is", what);
+    cr_assert_eq(em_tensor_layout(ib), EM_LAYOUT_NCHW16C, "%s: the indices read as they are", what);
+    cr_assert_eq(em_tensor_layout(gxb), EM_LAYOUT_NCHW16C, "%s: gx blocked (blocked grad)", what);
+    cr_assert_eq(em_tensor_layout(gxp), EM_LAYOUT_NCHW16C, "%s: gx blocked (row-major grad)", what);
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s: values", what);
+    expect_same_bits(y, yb, w2);
+    snprintf(w2, sizeof w2, "%s: indices", what);
+    expect_same_bits(idx, ib, w2);
+    snprintf(w2, sizeof w2, "%s: gx of a blocked grad", what);
+    expect_same_bits(gx, gxb, w2);
+    snprintf(w2, sizeof w2, "%s: gx of a row-major grad", what);
+    expect_same_bits(gx, gxp, w2);
+    RELEASE(x, y, idx, xb, yb, ib, gy, gx, gyb, gxb, gxp);
+}
+
+/* max_pool2d and its backward read and write nChw16c: a blocked input gives blocked values
+ * and indices with the plain call's bits (NaN wins, ties keep the first), and the backward of
+ * blocked indices a blocked gx with the plain scatter's bits, from a blocked or a row-major
+ * grad; on 1 and 2 threads (the last case is large enough to be split). */
+Test(layout, max_pool2d_keeps_nchw16c_and_its_bits) {
+    static const pool_case cases[] = {
+        {2, 16, 8, 8, 2, 2, 0, 1, false},   {2, 32, 7, 9, 2, 2, 0, 1, false},
+        {2, 16, 7, 9, 2, 2, 0, 1, true},    {2, 32, 9, 8, 3, 2, 1, 1, false},
+        {2, 16, 9, 10, 3, 2, 1, 1, true},   {2, 16, 9, 9, 3, 1, 0, 2, false},
+        {2, 32, 10, 11, 3, 2, 1, 2, true},  {2, 16, 6, 6, 3, 3, 0, 1, false},
+        {2, 32, 28, 28, 2, 2, 0, 1, false}, {2, 32, 28, 27, 3, 2, 1, 1, false},
+    };
+    const int nt0 = em_num_threads();
+    for (int t = 1; t <= 2; t++) {
+        em_set_num_threads(t);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            blocked_pool_case(&cases[i], 100 + i);
+    }
+    em_set_num_threads(nt0);
+}
+
+/* The backward of blocked indices that do not lie in their own 2x2 tile (a caller's own, in
+ * range) sums as the plain scatter does; an index outside the plane is an error. Mixed
+ * layouts the kernel declines (grad blocked, indices plain) run plain. */
+Test(layout, max_pool2d_backward_blocked_scatters_any_index) {
+    const int64_t hw[2] = {8, 8};
+    em_tensor *gy = pool_input(2, 16, 4, 4, 7), *idx = em_empty(4, SHAPE(2, 16, 4, 4), EM_I64,
+                                                                em_cpu());
+    float *g = em_tensor_data(gy);
+    int64_t *id = em_tensor_data(idx);
+    for (int64_t j = 0; j < em_tensor_numel(idx); j++) {
+        id[j] = (j * 7 + j / 16) % 64;
+        if (isnan(g[j])) g[j] = 1.5f;
+    }
+    em_tensor_bump_version(gy);
+    em_tensor_bump_version(idx);
+    em_tensor *gx = em_max_pool2d_backward(gy, idx, hw);
+    cr_assert(gx, "%s", em_last_error());
+    em_tensor *ib = em_to_layout(idx, EM_LAYOUT_NCHW16C), *gyb = em_to_layout(gy, EM_LAYOUT_NCHW16C);
+    em_tensor *gxb = em_max_pool2d_backward(gyb, ib, hw), *gxp = em_max_pool2d_backward(gy, ib, hw);
+    cr_assert(gxb && gxp, "%s", em_last_error());
+    cr_assert_eq(em_tensor_layout(gxb), EM_LAYOUT_NCHW16C);
+    cr_assert_eq(em_tensor_layout(gxp), EM_LAYOUT_NCHW16C);
+    expect_same_bits(gx, gxb, "blocked grad, indices outside their tiles");
+    expect_same_bits(gx, gxp, "row-major grad, indices outside their tiles");
+    /* grad blocked, indices plain: gx follows the indices, plain */
+    em_tensor *gyb2 = em_to_layout(gy, EM_LAYOUT_NCHW16C);
+    em_tensor *gxm = em_max_pool2d_backward(gyb2, idx, hw);
+    cr_assert(gxm, "%s", em_last_error());
+    cr_assert_eq(em_tensor_layout(gxm), EM_LAYOUT_PLAIN);
+    expect_same_bits(gx, gxm, "blocked grad, plain indices");
+    /* an index outside the plane */
+    id = em_tensor_data(idx);
+    id[37] = 64;
+    em_tensor_bump_version(idx);
+    em_tensor *ib2 = em_to_layout(idx, EM_LAYOUT_NCHW16C), *gyb3 = em_to_layout(gy, EM_LAYOUT_NCHW16C);
+    cr_assert_null(em_max_pool2d_backward(gyb3, ib2, hw));
+    em_assert_error(EM_ERR_RANGE, "outside the input plane of 8 x 8");
+    RELEASE(gy, idx, gx, ib, gyb, gxb, gxp, gyb2, gxm, ib2, gyb3);
+}
+
+/* f64 and bf16 pooling keep no layout: a blocked input runs plain, with the plain call's
+ * bits. */
+Test(layout, max_pool2d_of_other_dtypes_runs_plain) {
+    static const em_dtype dts[] = {EM_F64, EM_BF16};
+    for (size_t i = 0; i < 2; i++) {
+        em_tensor *x32 = pool_input(2, 16, 6, 6, 31), *x = em_to_dtype(x32, dts[i]), *y, *idx,
+                  *yb, *ib;
+        cr_assert_eq(em_max_pool2d(x, (int64_t[]){2, 2}, NULL, NULL, NULL, false, &y, &idx), EM_OK,
+                     "%s", em_last_error());
+        em_tensor *xb = em_to_layout(x, EM_LAYOUT_NCHW16C);
+        cr_assert_eq(em_max_pool2d(xb, (int64_t[]){2, 2}, NULL, NULL, NULL, false, &yb, &ib),
+                     EM_OK, "%s", em_last_error());
+        cr_assert_eq(em_tensor_layout(yb), EM_LAYOUT_PLAIN, "%s", em_dtype_name(dts[i]));
+        cr_assert_eq(em_tensor_layout(ib), EM_LAYOUT_PLAIN, "%s", em_dtype_name(dts[i]));
+        expect_same_bits(y, yb, em_dtype_name(dts[i]));
+        expect_same_bits(idx, ib, em_dtype_name(dts[i]));
+        RELEASE(x32, x, y, idx, xb, yb, ib);
+    }
+}
+
+/* Autograd through blocked pooling: x (plain) -> to_layout -> max_pool2d -> sum(y * w); the
+ * grad (pooling's backward of a row-major grad beside blocked indices) is the plain run's,
+ * bit for bit. */
+Test(layout, gradients_flow_through_blocked_max_pooling) {
+    const int64_t ks[2] = {3, 3}, ss[2] = {2, 2}, ps[2] = {1, 1};
+    em_tensor *grads[2] = {NULL, NULL}, *xs[2], *keep[8] = {0};
+    for (int b = 0; b < 2; b++) {
+        em_tensor *x = pool_input(2, 32, 9, 8, 55);
+        cr_assert_eq(em_requires_grad_(x, true), EM_OK);
+        em_tensor *in = b ? em_to_layout(x, EM_LAYOUT_NCHW16C) : em_tensor_retain(x);
+        em_tensor *y, *idx;
+        cr_assert_eq(em_max_pool2d(in, ks, ss, ps, NULL, false, &y, &idx), EM_OK, "%s",
+                     em_last_error());
+        if (b) cr_assert_eq(em_tensor_layout(y), EM_LAYOUT_NCHW16C);
+        em_tensor *w = pool_input(2, 32, 5, 4, 56), *p = em_mul(y, w), *l = em_sum(p, 0, NULL, false);
+        cr_assert_eq(em_backward(l), EM_OK, "%s", em_last_error());
+        grads[b] = em_tensor_grad(x);
+        cr_assert(grads[b]);
+        xs[b] = x;
+        keep[4 * b] = in, keep[4 * b + 1] = y, keep[4 * b + 2] = idx, keep[4 * b + 3] = w;
+        RELEASE(p, l);
+    }
+    expect_same_bits(grads[0], grads[1], "x.grad");
+    RELEASE(xs[0], xs[1]);
+    for (int i = 0; i < 8; i++) em_tensor_release(keep[i]);
+}

@@ -21,6 +21,12 @@
  * cpu_nn_simd.c). Every other bf16 op
  * has only the oneDNN kernel: where it declines, the dispatcher finds no bf16 kernel and the
  * core reruns the op in f32 (core/ops_nn.c).
+ *
+ * f32 max_pool2d and its backward also read and write oneDNN's nChw16c storage layout
+ * (EM_LAYOUT_NCHW16C, accepts_layouts), so a CNN's activations stay blocked from conv through
+ * relu and pooling and back: the plane loop with 16 channels a lane, the 2x2 / stride 2 case
+ * in AVX-512 (cpu_nn_simd.c), the same bits as the plain call (docs/performance.md, "Design
+ * (a)"). f64 and bf16 read plain tensors only.
  */
 #include "config.h" /* EM_HAVE_DNNL */
 
@@ -294,12 +300,214 @@ static em_status k_max_pool2d_bwd(const em_kernel_ctx *k) {
     return EM_OK;
 }
 
+/* ---- f32 max pooling in nChw16c (EM_LAYOUT_NCHW16C) ------------------------------------------- */
+
+/* A blocked tensor (N, C, H, W) is stored as (N, C/16, H, W, 16): each (n, c/16) block holds an
+ * (H, W) plane of 16-channel vectors. Pooling a block is the plane loop (S(max_pool_rows))
+ * with every scalar replaced by 16 lanes, the same comparisons in the same window order, so
+ * each channel gets the plain call's maximum and index; the indices are i64 blocked at the
+ * values' positions. The backward sums each gx element's gy values in the plane loop's order
+ * (output positions ascending), so its bits are the plain scatter's. */
+
+/* Whether tensor i of the call is blocked. */
+static bool blk(const em_kernel_ctx *k, int i) {
+    return EM_KCTX_LAYOUT(k, i) == EM_LAYOUT_NCHW16C;
+}
+
+/* Outputs [ow0, OW) of row oh of one block: x the block (H, W, 16), y and idx the output row
+ * (OW, 16). */
+SIMD_CLONES static void max_pool_blk_row(const nn_pool *p, const float *restrict x,
+                                         float *restrict y, int64_t *restrict idx, int64_t oh,
+                                         int64_t ow0) {
+    int64_t hs = oh * p->sh - p->ph, he = EM_CPU_MIN(hs + (p->kh - 1) * p->dh + 1, p->H);
+    if (hs < 0) hs += (-hs + p->dh - 1) / p->dh * p->dh;
+    for (int64_t ow = ow0; ow < p->OW; ow++) {
+        int64_t ws = ow * p->sw - p->pw, we = EM_CPU_MIN(ws + (p->kw - 1) * p->dw + 1, p->W);
+        if (ws < 0) ws += (-ws + p->dw - 1) / p->dw * p->dw;
+        float *restrict m = y + ow * 16;
+        int64_t *restrict b = idx + ow * 16;
+        for (int l = 0; l < 16; l++) m[l] = -INFINITY, b[l] = hs * p->W + ws;
+        for (int64_t h = hs; h < he; h += p->dh)
+            for (int64_t w = ws; w < we; w += p->dw) {
+                const float *restrict v = x + (h * p->W + w) * 16;
+                const int64_t at = h * p->W + w;
+#pragma omp simd
+                for (int l = 0; l < 16; l++) {
+                    bool take = (v[l] > m[l]) | (v[l] != v[l]);
+                    m[l] = take ? v[l] : m[l];
+                    b[l] = take ? at : b[l];
+                }
+            }
+    }
+}
+
+/* Rows [lo, hi) of the N * C/16 * OH output rows (n, cb, oh). The 2x2 / stride 2 windows
+ * that lie inside the plane take the AVX-512 path (the same comparisons), the rest the loop. */
+static void max_pool_blk_rows(void *ctx, int64_t lo, int64_t hi) {
+    const em_kernel_ctx *k = ctx;
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
+    const bool fast = p.kh == 2 && p.kw == 2 && p.sh == 2 && p.sw == 2 && p.ph == 0 &&
+                      p.pw == 0 && p.dh == 1 && p.dw == 1 && cpu_nn_has_avx512();
+    const int64_t owf = EM_CPU_MIN(p.W / 2, p.OW); /* 2x2 windows with both columns */
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t blkno = r / p.OH, oh = r % p.OH;
+        const float *x = (const float *)k->in[0].data + blkno * p.H * p.W * 16;
+        float *y = (float *)k->out[0].data + r * p.OW * 16;
+        int64_t *idx = (int64_t *)k->out[1].data + r * p.OW * 16, ow0 = 0;
+        if (fast && 2 * oh + 1 < p.H) {
+            cpu_nn_max_pool2x2_nchw16c_f32(x, p.W, oh, owf, y, idx);
+            ow0 = owf;
+        }
+        max_pool_blk_row(&p, x, y, idx, oh, ow0);
+    }
+}
+
+static em_status max_pool2d_blk(const em_kernel_ctx *k) {
+    nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
+    nn_parallel(k, p.N * (p.C / 16) * p.OH, p.OW * 16 * p.kh * p.kw, max_pool_blk_rows,
+                (void *)k);
+    return EM_OK;
+}
+
+/* The backward's geometry: gx blocks of (H, W, 16), idx blocks of (OH, OW, 16); gy's element
+ * (lane l, output position i) of block (n, cb) at gy_block + l gc + i gi: blocked (gc 1, gi 16)
+ * or row-major (gc OH OW, gi 1: what a flatten's backward gives), read in place. */
+typedef struct blk_scatter_ctx {
+    const em_kernel_ctx *k;
+    int64_t C, H, W, OH, OW;
+    bool gy_blk, tiles;
+    atomic_int bad; /* an index outside the plane */
+} blk_scatter_ctx;
+
+/* The tiles of one block of the backward of a 2x2 / stride 2 pooling without padding (2 OH <=
+ * H, 2 OW <= W): when every index lies in its own output's tile (what that pooling's forward
+ * gives), each gx element receives at most one gy, written directly — 0 + gy at the winner
+ * (the scatter's sum: -0 becomes +0 as there), 0 elsewhere — with no zeroing pass and no
+ * scatter. false (gx partly written) when an index lies elsewhere: the caller then runs the
+ * scatter, which rewrites the whole block. */
+static inline __attribute__((always_inline)) bool
+pool2x2_bwd_blk(const float *restrict gy, int64_t gc, int64_t gi, const int64_t *restrict idx,
+                int64_t W, int64_t OH, int64_t OW, float *restrict gx) {
+    for (int64_t oh = 0; oh < OH; oh++) {
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t i = oh * OW + ow, a = 2 * oh * W + 2 * ow;
+            const int64_t *restrict id = idx + i * 16;
+            const float *restrict g = gy + i * gi;
+            float *restrict x00 = gx + a * 16, *restrict x01 = x00 + 16,
+                            *restrict x10 = x00 + W * 16, *restrict x11 = x10 + 16;
+            int64_t bad = 0;
+#pragma omp simd reduction(|:bad)
+            for (int l = 0; l < 16; l++) {
+                const int64_t at = id[l];
+                const float v = 0.0f + g[l * gc], z = 0;
+                x00[l] = at == a ? v : z;
+                x01[l] = at == a + 1 ? v : z;
+                x10[l] = at == a + W ? v : z;
+                x11[l] = at == a + W + 1 ? v : z;
+                bad |= (at != a) & (at != a + 1) & (at != a + W) & (at != a + W + 1);
+            }
+            if (bad) return false;
+        }
+    }
+    return true;
+}
+
+/* The two grads' instances: gy's 16 channels contiguous (one vector load) or OH OW apart. */
+SIMD_CLONES static bool pool2x2_bwd_blk_gy_blk(const float *restrict gy,
+                                               const int64_t *restrict idx, int64_t W,
+                                               int64_t OH, int64_t OW, float *restrict gx) {
+    return pool2x2_bwd_blk(gy, 1, 16, idx, W, OH, OW, gx);
+}
+SIMD_CLONES static bool pool2x2_bwd_blk_gy_rm(const float *restrict gy,
+                                              const int64_t *restrict idx, int64_t W,
+                                              int64_t OH, int64_t OW, float *restrict gx) {
+    return pool2x2_bwd_blk(gy, OH * OW, 1, idx, W, OH, OW, gx);
+}
+
+/* The tiles of one block (a blocked gy in AVX-512 where the CPU has it: the same values), then
+ * the last column and row no tile covers (W or H odd) set to 0. */
+static bool pool2x2_bwd_blk_tiles(const blk_scatter_ctx *c, const float *gy, const int64_t *idx,
+                                  float *gx) {
+    const int64_t H = c->H, W = c->W, OH = c->OH, OW = c->OW;
+    bool ok = c->gy_blk ? (cpu_nn_has_avx512()
+                               ? cpu_nn_max_pool2x2_bwd_nchw16c_f32(gy, idx, W, OH, OW, gx)
+                               : pool2x2_bwd_blk_gy_blk(gy, idx, W, OH, OW, gx))
+                        : pool2x2_bwd_blk_gy_rm(gy, idx, W, OH, OW, gx);
+    if (!ok) return false;
+    if (W > 2 * OW)
+        for (int64_t h = 0; h < 2 * OH; h++)
+            memset(gx + (h * W + 2 * OW) * 16, 0, sizeof(float) * (size_t)((W - 2 * OW) * 16));
+    if (H > 2 * OH)
+        memset(gx + 2 * OH * W * 16, 0, sizeof(float) * (size_t)((H - 2 * OH) * W * 16));
+    return true;
+}
+
+/* Blocks [lo, hi) of the N * C/16 blocks of gx. */
+static void max_pool_bwd_blk(void *ctx, int64_t lo, int64_t hi) {
+    blk_scatter_ctx *c = ctx;
+    const int64_t HW = c->H * c->W, P = c->OH * c->OW, CB = c->C / 16;
+    const int64_t gc = c->gy_blk ? 1 : P, gi = c->gy_blk ? 16 : 1;
+    for (int64_t b = lo; b < hi; b++) {
+        const int64_t n = b / CB, cb = b % CB;
+        const float *gy = (const float *)c->k->in[0].data +
+                          (c->gy_blk ? b * P * 16 : (n * c->C + cb * 16) * P);
+        const int64_t *idx = (const int64_t *)c->k->in[1].data + b * P * 16;
+        float *gx = (float *)c->k->out[0].data + b * HW * 16;
+        if (c->tiles && pool2x2_bwd_blk_tiles(c, gy, idx, gx)) continue;
+        memset(gx, 0, sizeof(float) * (size_t)(HW * 16));
+        for (int64_t i = 0; i < P; i++)
+            for (int l = 0; l < 16; l++) {
+                const int64_t at = idx[i * 16 + l];
+                if (at < 0 || at >= HW) {
+                    atomic_store(&c->bad, 1);
+                    continue;
+                }
+                gx[at * 16 + l] += gy[i * gi + l * gc];
+            }
+    }
+}
+
+static em_status max_pool2d_bwd_blk(const em_kernel_ctx *k) {
+    const em_ktensor *gx = &k->out[0], *gy = &k->in[0];
+    blk_scatter_ctx c = {.k = k, .C = gx->shape[1], .H = gx->shape[2], .W = gx->shape[3],
+                         .OH = gy->shape[2], .OW = gy->shape[3], .gy_blk = blk(k, 0)};
+    c.tiles = c.OH > 0 && c.OW > 0 && 2 * c.OH <= c.H && 2 * c.OW <= c.W;
+    atomic_init(&c.bad, 0);
+    nn_parallel(k, gx->shape[0] * (c.C / 16), (c.H * c.W + c.OH * c.OW) * 16, max_pool_bwd_blk,
+                &c);
+    if (atomic_load(&c.bad))
+        return em_set_error(EM_ERR_RANGE, "max_pool2d_backward: an index is outside the input "
+                            "plane of %lld x %lld", (long long)c.H, (long long)c.W);
+    return EM_OK;
+}
+
+/* The f32 kernels' supports(): the plain and channels-last calls as supports_pool; a call
+ * with a blocked tensor only as the blocked loops read it — the forward with x, y and idx
+ * blocked; the backward with idx and gx blocked and gy blocked or row-major. Any other mix is
+ * declined (the core converts the call to plain and runs it again). */
+static bool supports_pool_f32(const em_kernel_ctx *k) {
+    bool any = false;
+    for (int i = 0; i < k->n_in + k->n_out; i++) any |= blk(k, i);
+    if (!any) return supports_pool(k);
+    if (k->n_in == 1) return blk(k, 0) && blk(k, 1) && blk(k, 2);
+    return blk(k, 1) && blk(k, 2) && (blk(k, 0) || k->in[0].contiguous);
+}
+
+static em_status k_max_pool2d_f32(const em_kernel_ctx *k) {
+    return blk(k, 0) ? max_pool2d_blk(k) : k_max_pool2d(k);
+}
+static em_status k_max_pool2d_bwd_f32(const em_kernel_ctx *k) {
+    return blk(k, 1) ? max_pool2d_bwd_blk(k) : k_max_pool2d_bwd(k);
+}
+
 /* ---- registration ------------------------------------------------------------------------------ */
 
-/* cpu_register_kernels with a supports() predicate. */
+/* cpu_register_kernels with a supports() predicate and the storage layouts fn reads
+ * (accepts_layouts). */
 static em_status register_kernels(em_registry *r, const char *op, const em_dtype *dts, int n,
-                                  em_kernel_fn fn, const char *name, em_kernel_supports_fn sup) {
-    return cpu_register_kernels_ex(r, op, dts, n, fn, name, sup, 0);
+                                  em_kernel_fn fn, const char *name, em_kernel_supports_fn sup,
+                                  unsigned accepts) {
+    return cpu_register_kernels_ex(r, op, dts, n, fn, name, sup, accepts);
 }
 
 em_status cpu_register_nn(em_registry *r) {
@@ -334,17 +542,29 @@ em_status cpu_register_nn(em_registry *r) {
     for (size_t i = 0; i < sizeof loops / sizeof loops[0] && st == EM_OK; i++) {
         bool pool = strncmp(loops[i].op, "max_pool2d", 10) == 0;
         bool conv = strncmp(loops[i].op, "conv2d", 6) == 0;
+        if (pool) { /* f64: dts + 1 */
+            st = register_kernels(r, loops[i].op, dts + 1, 1, loops[i].fn, loops[i].name,
+                                  supports_pool, 0);
+            continue;
+        }
         st = register_kernels(r, loops[i].op, dts, 2, loops[i].fn, loops[i].name,
-                              pool ? supports_pool : conv ? supports_dense : NULL);
+                              conv ? supports_dense : NULL, 0);
     }
+    /* f32 max pooling also reads and writes nChw16c (the loops above). */
+    if (st == EM_OK)
+        st = register_kernels(r, "max_pool2d", dts, 1, k_max_pool2d_f32, "cpu_max_pool2d",
+                              supports_pool_f32, CPU_NCHW16C);
+    if (st == EM_OK)
+        st = register_kernels(r, "max_pool2d_backward", dts, 1, k_max_pool2d_bwd_f32,
+                              "cpu_max_pool2d_backward", supports_pool_f32, CPU_NCHW16C);
     /* bf16 max pooling: ours (the other bf16 nn kernels are oneDNN's). */
     static const em_dtype bf16[] = {EM_BF16};
     if (st == EM_OK)
         st = register_kernels(r, "max_pool2d", bf16, 1, k_max_pool2d, "cpu_max_pool2d",
-                              supports_pool);
+                              supports_pool, 0);
     if (st == EM_OK)
         st = register_kernels(r, "max_pool2d_backward", bf16, 1, k_max_pool2d_bwd,
-                              "cpu_max_pool2d_backward", supports_pool);
+                              "cpu_max_pool2d_backward", supports_pool, 0);
 #ifdef EM_HAVE_DNNL
     const char *off = getenv("EMBER_CPU_DISABLE_DNNL");
     if (st == EM_OK && !(off && strcmp(off, "1") == 0)) st = cpu_nn_dnnl_register(r);

@@ -99,6 +99,16 @@ bool cpu_nn_has_avx512(void);
  * dilation 1 (OH, OW as ceil_mode or not made them). */
 void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
                             int64_t OH, int64_t OW);
+/* The same for nChw16c: outputs [0, n_ow) of row oh (all 2x2 windows inside the plane) of one
+ * block x (H, W, 16) of a blocked tensor, into that row's y, idx (OW, 16): 16 channels a step,
+ * the same maxima and plane indices per channel. */
+void cpu_nn_max_pool2x2_nchw16c_f32(const float *x, int64_t W, int64_t oh, int64_t n_ow,
+                                    float *y, int64_t *idx);
+/* Its backward for one block when every index lies in its own 2x2 tile: gx's 2 OH x 2 OW tiles
+ * (rows W wide) from the blocked gy, idx (OH, OW, 16), each gx element 0 + gy or 0 (the
+ * scatter's bits). false (gx partly written) at the first index outside its tile. */
+bool cpu_nn_max_pool2x2_bwd_nchw16c_f32(const float *gy, const int64_t *idx, int64_t W,
+                                        int64_t OH, int64_t OW, float *gx);
 /* The same on AVX2 (8 windows a step; same maxima and indices); call only when
  * cpu_nn_has_avx2() (AVX2 and FMA). */
 bool cpu_nn_has_avx2(void);
