@@ -187,6 +187,7 @@ make = {"sgemm_1024": (lambda: mm(1024, torch.float32), 10),
         "add_1elem": (lambda: add(1), 200000),
         "train_mlp_b128": (lambda: train(False, 128), 10),
         "train_cnn_b64": (lambda: train(True, 64), 3),
+        "train_cnn_b64_blocked": (lambda: train(True, 64), 3),
         "train_cnn_b64_bf16": (lambda: train(True, 64, True), 3),
         "train_lstm_h256": (lambda: train_rnn(nn.LSTM, 32), 3),
         "train_gru_h256": (lambda: train_rnn(nn.GRU, 32), 3),
@@ -263,7 +264,9 @@ def find_program(name, build=None):
 
 
 TORCH_CONFIGS = ("as-is", "passive", "threads", "channels-last")
-CNN = ("train_cnn_b64", "train_cnn_b64_bf16")  # the channels-last configuration's workloads
+CNN = ("train_cnn_b64", "train_cnn_b64_bf16", "train_cnn_b64_blocked")  # the channels-last
+# configuration's workloads (train_cnn_b64_blocked: Ember's nChw16c activations; PyTorch's
+# side is train_cnn_b64's model)
 
 
 def torch_pythons():

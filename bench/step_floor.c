@@ -142,6 +142,7 @@ static workload WL[] = {
       G("fc2 weight grad", 256, 512, 128, true, false, 1, 1),
       G("fc1 weight grad", 512, 784, 128, true, false, 1, 1)}},
     {"train_cnn_b64", false, {CNN_ITEMS}},
+    {"train_cnn_b64_blocked", false, {CNN_ITEMS}}, /* the same convolutions */
     {"train_cnn_b64_bf16", true, {CNN_ITEMS}},
     {"train_lstm_h256", false,
      {G("input projection, 64 steps", 2048, 1024, 256, false, true, 1, 1),

@@ -17,6 +17,10 @@
  *                   each conv and its ReLU one conv2d_relu (the fused op a Conv2d with
  *                   activation: relu calls). PyTorch's side stays NCHW Conv2d then ReLU:
  *                   the same model and values
+ *   train_cnn_b64_blocked  the same CNN step with the activations in the nChw16c storage
+ *                   layout (ember/tensor.h, em_layout) from conv1's output to the flatten, as
+ *                   Conv2d layers with memory_format: blocked run it; not a row of
+ *                   compare-pytorch.py's default set, run when named
  *   train_cnn_b64_traced  the same CNN step recorded by the forward-graph tracer: each step
  *                   between em_trace_begin and em_trace_end (then em_trace_free), for the
  *                   tracer's overhead against train_cnn_b64 in the same process
@@ -116,7 +120,7 @@ static em_tensor *param(int ndim, const int64_t *shape, int64_t fan_in) {
 typedef struct workload {
     const char *name;
     int iters; /* steps per timed batch */
-    bool cnn, traced, transformer, lstm, gru, amp, clip;
+    bool cnn, traced, transformer, lstm, gru, amp, clip, blocked;
     int profiled; /* 1: the op profiler; 2: with its trace, written out */
     int64_t batch;
     int np;
@@ -250,7 +254,12 @@ static void step(workload *w) {
          * runs): the input's copy in that layout each step, then conv, ReLU and pooling keep
          * it up to the flatten, which makes the one row-major copy fc1 reads. Each conv and
          * its ReLU are one conv2d_relu (a Conv2d layer with activation: relu). */
-        em_tensor *a = em_conv2d_relu(em_channels_last(w->x), p[0], p[1], NULL, pad, NULL, 1);
+        /* blocked: the nChw16c storage layout instead (a Conv2d with memory_format: blocked
+         * prefers it for its output: conv1 reads the plain image and writes it). */
+        em_layout was = w->blocked ? em_layout_prefer(EM_LAYOUT_NCHW16C) : EM_LAYOUT_PLAIN;
+        em_tensor *a = em_conv2d_relu(w->blocked ? w->x : em_channels_last(w->x), p[0], p[1],
+                                      NULL, pad, NULL, 1);
+        if (w->blocked) em_layout_prefer(was);
         if (!a || em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL) != EM_OK) die("pool1");
         a = em_conv2d_relu(a, p[2], p[3], NULL, pad, NULL, 1);
         if (!a || em_max_pool2d(a, k2, NULL, NULL, NULL, false, &a, NULL) != EM_OK) die("pool2");
@@ -431,6 +440,7 @@ static workload W[] = {
     {.name = "train_mlp_b128", .iters = 10, .cnn = false, .batch = 128},
     {.name = "train_mlp_b128_clip", .iters = 10, .cnn = false, .clip = true, .batch = 128},
     {.name = "train_cnn_b64", .iters = 3, .cnn = true, .batch = 64},
+    {.name = "train_cnn_b64_blocked", .iters = 3, .cnn = true, .blocked = true, .batch = 64},
     {.name = "train_cnn_b64_traced", .iters = 3, .cnn = true, .traced = true, .batch = 64},
     {.name = "train_transformer_b32", .iters = 2, .transformer = true, .batch = 32},
     {.name = "train_cnn_b64_bf16", .iters = 3, .cnn = true, .amp = true, .batch = 64},

@@ -212,6 +212,72 @@ Test(layers, conv2d_against_the_op) {
     em_scope_end();
 }
 
+/* memory_format: blocked (the nChw16c storage layout, ember/tensor.h em_layout): a Conv2d
+ * with out_channels a multiple of 16 gives its output in it, from a one-channel image as from
+ * a blocked input; ReLU and max pooling keep it, a Flatten converts; the CNN's output and
+ * every parameter grad agree with the contiguous network's within the tolerance of two
+ * oneDNN convolution implementations (other summation orders), and the state dicts are the
+ * same. Other channel counts give a plain output. */
+static em_module *small_cnn(const char *fmt) {
+    em_module *net = must(em_module_new("Sequential", NULL));
+    em_module_append_child(net, must(MAKE("Conv2d", "in_channels", "1", "out_channels", "16",
+                                          "kernel_size", "3", "padding", "1", "memory_format",
+                                          fmt, "activation", "relu")));
+    em_module_append_child(net, must(MAKE("MaxPool2d", "kernel_size", "2")));
+    em_module_append_child(net, must(MAKE("Conv2d", "in_channels", "16", "out_channels", "32",
+                                          "kernel_size", "3", "padding", "1", "memory_format",
+                                          fmt)));
+    em_module_append_child(net, must(MAKE("ReLU")));
+    em_module_append_child(net, must(MAKE("MaxPool2d", "kernel_size", "2")));
+    em_module_append_child(net, must(MAKE("Flatten")));
+    em_module_append_child(net, must(MAKE("Linear", "in_features", "288", "out_features", "10")));
+    return net;
+}
+
+Test(layers, conv2d_memory_format_blocked) {
+    em_scope_begin();
+    em_tensor *x = randn(4, (int64_t[]){4, 1, 12, 12});
+    em_module *c = must(MAKE("Conv2d", "in_channels", "1", "out_channels", "16", "kernel_size",
+                             "3", "memory_format", "blocked"));
+    em_tensor *y = run(c, x);
+    cr_assert_eq(em_tensor_layout(y), EM_LAYOUT_NCHW16C);
+    em_tensor *ref = em_conv2d(x, em_module_parameter(c, "weight"), em_module_parameter(c, "bias"),
+                               NULL, NULL, NULL, 1);
+    cr_assert_eq(em_tensor_layout(ref), EM_LAYOUT_PLAIN, "the preference ends with the layer");
+    assert_close(y, ref, 1e-5);
+    em_module_free(c);
+    c = must(MAKE("Conv2d", "in_channels", "1", "out_channels", "6", "kernel_size", "3",
+                  "memory_format", "blocked"));
+    cr_assert_eq(em_tensor_layout(run(c, x)), EM_LAYOUT_PLAIN, "6 channels do not fit nChw16c");
+    em_module_free(c);
+
+    em_module *nb = small_cnn("blocked"), *np = small_cnn("contiguous");
+    em_dict *sp = em_module_state_dict(np), *sb = em_module_state_dict(nb);
+    cr_assert_eq(em_dict_len(sp), em_dict_len(sb));
+    cr_assert_eq(em_module_load_state_dict(nb, sp, true, NULL), EM_OK, "%s", em_last_error());
+    /* the first block's activations stay blocked through ReLU and pooling */
+    em_tensor *h = run(em_module_child(nb, "1"), run(em_module_child(nb, "0"), x));
+    cr_assert_eq(em_tensor_layout(h), EM_LAYOUT_NCHW16C);
+    em_tensor *yb = run(nb, x), *yp = run(np, x);
+    cr_assert_eq(em_tensor_layout(yb), EM_LAYOUT_PLAIN);
+    assert_close(yb, yp, 1e-4);
+    em_tensor *r = randn(2, (int64_t[]){4, 10});
+    cr_assert_eq(em_backward(em_sum(em_mul(yb, r), 0, NULL, false)), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_backward(em_sum(em_mul(yp, r), 0, NULL, false)), EM_OK, "%s", em_last_error());
+    for (size_t i = 0; i < em_dict_len(sp); i++) {
+        const char *k = em_dict_key(sp, i);
+        em_tensor *gb = em_tensor_grad(em_dict_get(sb, k)), *gp = em_tensor_grad(em_dict_get(sp, k));
+        cr_assert(gb && gp, "%s: no grad", k);
+        cr_assert_eq(em_tensor_layout(gb), EM_LAYOUT_PLAIN, "%s: parameters' grads are plain", k);
+        double scale = 0;
+        for (int64_t j = 0; j < em_tensor_numel(gp); j++) scale = fmax(scale, fabs(em_test_at(gp, j)));
+        assert_close(gb, gp, 1e-4 * fmax(scale, 1));
+    }
+    em_dict_free(sp), em_dict_free(sb);
+    em_module_free(nb), em_module_free(np);
+    em_scope_end();
+}
+
 /* activation: relu (the fused conv2d_relu) is a Conv2d then a ReLU: the same state-dict keys
  * (a Sequential of the two loads into a Sequential of the one, strictly), the same output and
  * grads bit for bit, row-major and channels-last; another activation is refused naming the

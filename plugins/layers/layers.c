@@ -131,7 +131,7 @@ static const em_module_class linear_class = {
 
 static const char *const pad_modes[] = {"same", "valid", NULL};
 static const char *const zeros_only[] = {"zeros", NULL};
-static const char *const mem_formats[] = {"contiguous", "channels_last", NULL};
+static const char *const mem_formats[] = {"contiguous", "channels_last", "blocked", NULL};
 static const char *const activations[] = {"none", "relu", NULL};
 
 static const em_option_spec conv_opts[] = {
@@ -149,7 +149,10 @@ static const em_option_spec conv_opts[] = {
     OPT_CHOICE("memory_format", "contiguous", mem_formats,
                "the activation layout: channels_last runs the convolution on an (N, C, H, W) "
                "input with NHWC strides and gives its output so (on the CPU; ReLU and max "
-               "pooling keep it)"),
+               "pooling keep it); blocked gives the output in oneDNN's nChw16c storage layout "
+               "when out_channels is a multiple of 16 and the device's convolution takes it "
+               "(the CPU's f32 one), kept by ReLU, max pooling and the next blocked Conv2d and "
+               "converted back by anything else (a Flatten), contiguous otherwise"),
     OPT_CHOICE("activation", "none", activations,
                "applied to the output: relu runs the fused op conv2d_relu, the same as a ReLU "
                "layer after the convolution (the parameters and state-dict keys are the same)"),
@@ -159,6 +162,7 @@ typedef struct conv_state {
     int64_t stride[2], padding[2], dilation[2], groups;
     int64_t extra[2]; /* 'same' with an odd total padding: one more row/column at the end */
     bool channels_last; /* memory_format: channels_last */
+    bool blocked;       /* memory_format: blocked */
     bool relu;          /* activation: relu */
 } conv_state;
 
@@ -173,6 +177,7 @@ static em_status conv_init(em_module *m, const em_options *o) {
         return st;
     s->groups = em_options_int(o, "groups");
     s->channels_last = strcmp(em_options_string(o, "memory_format"), "channels_last") == 0;
+    s->blocked = strcmp(em_options_string(o, "memory_format"), "blocked") == 0;
     s->relu = strcmp(em_options_string(o, "activation"), "relu") == 0;
     if (cin % s->groups || cout % s->groups)
         return em_set_error(EM_ERR_INVALID, "Conv2d: groups=%lld must divide in_channels=%lld "
@@ -213,9 +218,16 @@ static em_tensor *conv_forward(em_module *m, em_tensor *const *in, int n) {
      * layer's output; a copy otherwise, e.g. the network's input), so conv2d's output is. */
     if (s->channels_last && x && em_tensor_ndim(x) == 4 && !(x = em_channels_last(x)))
         return NULL;
-    return (s->relu ? em_conv2d_relu : em_conv2d)(x, em_module_parameter(m, "weight"),
-                                                  em_module_parameter(m, "bias"), s->stride,
-                                                  s->padding, s->dilation, s->groups);
+    /* blocked: the thread prefers nChw16c for the convolution's output (a blocked input, a
+     * previous blocked layer's output, keeps it anyway). */
+    em_layout was = s->blocked ? em_layout_prefer(EM_LAYOUT_NCHW16C) : EM_LAYOUT_PLAIN;
+    em_tensor *y = x ? (s->relu ? em_conv2d_relu : em_conv2d)(x, em_module_parameter(m, "weight"),
+                                                        em_module_parameter(m, "bias"),
+                                                        s->stride, s->padding, s->dilation,
+                                                        s->groups)
+                     : NULL;
+    if (s->blocked) em_layout_prefer(was);
+    return y;
 }
 
 static const em_module_class conv_class = {
