@@ -28,6 +28,9 @@ bench/steps.sh is this script over the training steps only (the before/after tab
                 processes aside)
   train_gru_h256  a workload run only when named: train_lstm_h256 with nn.GRU(256, 256)
                 (Ember: the gru op), no floor in bench/step_floor
+  train_cnn_b64_blocked  train_cnn_b64 with Ember's activations in the nChw16c storage
+                layout (Conv2d memory_format: blocked); PyTorch runs train_cnn_b64's model
+                (its faster configuration), the floor is train_cnn_b64's
 
 PyTorch: every interpreter in PYTHON (colon-separated; default /usr/bin/python3, Debian's
 1.13, and ~/torchenv/bin/python, the newest from PyPI, where it exists) that imports torch,
@@ -97,8 +100,8 @@ import subprocess
 import sys
 
 WORKLOADS = ["sgemm_1024", "sgemm_2048", "bf16_mm_2048", "add_16M", "memcpy_64MB", "add_1elem"]
-TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_cnn_b64_bf16", "train_lstm_h256",
-         "train_transformer_b32"]
+TRAIN = ["train_mlp_b128", "train_cnn_b64", "train_cnn_b64_blocked", "train_cnn_b64_bf16",
+         "train_lstm_h256", "train_transformer_b32"]
 EXTRA_TRAIN = ["train_gru_h256"]  # run only when named
 ALL_TRAIN = TRAIN + EXTRA_TRAIN
 SETTLE_S = float(os.environ.get("EMBER_BENCH_SETTLE_S", "0.2"))  # pause before each timed batch

@@ -3,8 +3,10 @@
 # against the same oneDNN primitive timed alone (issue 27: "each convolution within 1.15x of
 # the same oneDNN primitive timed alone"), in CPU ms of the process per call:
 #
-#   ../bench/conv_floor.sh [steps]     default 20; run from the build tree after `make`
-#                                      (its bench/train_step and bench/step_floor)
+#   ../bench/conv_floor.sh [steps [workload]]   default 20 steps of train_cnn_b64 (or
+#                                      train_cnn_b64_blocked: the nChw16c activations); run
+#                                      from the build tree after `make` (its
+#                                      bench/train_step and bench/step_floor)
 #
 # "step" is bench/train_step --calls train_cnn_b64 STEPS's CPU median of the call (conv1's
 # forward is conv2d_relu's call, its ReLU included where the kernel runs it as a pass);
@@ -14,14 +16,15 @@
 # programs run one after the other, so on a loaded machine repeat it and read medians.
 # Results and commands: bench/README.md, "conv1's primitive".
 steps=${1:-20}
+workload=${2:-train_cnn_b64}
 for p in bench/train_step bench/step_floor; do
     if [ ! -x "$p" ]; then
         echo "conv_floor.sh: $p not found; run \`make\` and start from the build tree" >&2
         exit 2
     fi
 done
-calls=$(bench/train_step --calls train_cnn_b64 "$steps") || exit 1
-floor=$(OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} bench/step_floor --cpu-time --cold train_cnn_b64) || exit 1
+calls=$(bench/train_step --calls "$workload" "$steps") || exit 1
+floor=$(OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} bench/step_floor --cpu-time --cold "$workload") || exit 1
 printf '%s\n' "$calls" | head -1
 printf '%s\n' "$floor" | head -1
 {
@@ -31,11 +34,11 @@ printf '%s\n' "$floor" | head -1
 # the call-site rows of bench/train_step --calls: the last column is the CPU median
 $1 == "CALL" {
     name = $2
-    if (name ~ /^conv2d(_relu)?$/ && $3 ~ /^64x1x28x28/) step["conv1 forward"] = $NF
-    else if (name == "conv2d_backward_weight" && $3 ~ /^64x1x28x28/) step["conv1 weight grad"] = $NF
-    else if (name ~ /^conv2d(_relu)?$/ && $3 ~ /^64x32x14x14/) step["conv2 forward"] = $NF
-    else if (name == "conv2d_backward_data") step["conv2 data grad"] = $NF
-    else if (name == "conv2d_backward_weight" && $3 ~ /^64x32x14x14/) step["conv2 weight grad"] = $NF
+    if (name ~ /^conv2d(_relu)?$/ && $3 ~ /^64x1x28x28/) step["conv1 forward"] = $(NF - 3)
+    else if (name == "conv2d_backward_weight" && $3 ~ /^64x1x28x28/) step["conv1 weight grad"] = $(NF - 3)
+    else if (name ~ /^conv2d(_relu)?$/ && $3 ~ /^64x32x14x14/) step["conv2 forward"] = $(NF - 3)
+    else if (name == "conv2d_backward_data") step["conv2 data grad"] = $(NF - 3)
+    else if (name == "conv2d_backward_weight" && $3 ~ /^64x32x14x14/) step["conv2 weight grad"] = $(NF - 3)
     next
 }
 # step_floor rows: what (2 words) + "grad"/"forward", shape (4 fields), count, GFLOP, then

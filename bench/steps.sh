@@ -31,8 +31,8 @@ while :; do
 done
 reps=${1:-5}
 [ $# -gt 0 ] && shift
-[ $# -eq 0 ] && set -- train_mlp_b128 train_cnn_b64 train_cnn_b64_bf16 train_lstm_h256 \
-    train_transformer_b32
+[ $# -eq 0 ] && set -- train_mlp_b128 train_cnn_b64 train_cnn_b64_blocked train_cnn_b64_bf16 \
+    train_lstm_h256 train_transformer_b32
 set -- "$reps" "$@"
 [ -n "$threads" ] && set -- "$threads" "$@"
 [ -n "$cpu" ] && set -- "$cpu" "$@"

@@ -386,7 +386,10 @@ static void call_end(void *user, const em_op_event *ev) {
         for (int d = 0; d < nd && len < (int)sizeof key; d++)
             len += snprintf(key + len, sizeof key - (size_t)len, "%s%" PRId64, d ? "x" : "",
                             sh[d]);
-        for (int d = 0; d < nd && len < (int)sizeof key; d++)
+        /* a storage layout instead of the (plain) strides: "(nChw16c)" */
+        if (em_tensor_layout(t) == EM_LAYOUT_NCHW16C && len < (int)sizeof key)
+            len += snprintf(key + len, sizeof key - (size_t)len, "(nChw16c");
+        for (int d = 0; d < nd && len < (int)sizeof key && !em_tensor_layout(t); d++)
             len += snprintf(key + len, sizeof key - (size_t)len, "%s%" PRId64, d ? "," : "(",
                             st[d]);
         if (nd > 0 && len < (int)sizeof key)
