@@ -144,6 +144,8 @@ TS(conv2d_bwd_weight, 2, em_conv2d_backward_weight(X0, X1, PAIR(4), PAIR(0), PAI
                                                    AI(3), &o0, &o1))
 TS(max_pool2d, 2, em_max_pool2d(X0, PAIR(0), PAIR(1), PAIR(2), PAIR(3), AB(4), &o0, &o1))
 T1(max_pool2d_bwd, em_max_pool2d_backward(X0, X1, PAIR(0)))
+TS(max_pool2d_relu, 2, em_max_pool2d_relu(X0, PAIR(0), PAIR(1), PAIR(2), PAIR(3), AB(4), &o0,
+                                          &o1))
 T1(avg_pool2d, em_avg_pool2d(X0, PAIR(0), PAIR(1), PAIR(2), AB(3), AB(4)))
 T1(avg_pool2d_bwd, em_avg_pool2d_backward(X0, PAIR(5), PAIR(0), PAIR(1), PAIR(2), AB(3), AB(4)))
 T1(adaptive, em_adaptive_avg_pool2d(X0, PAIR(0)))
@@ -1228,6 +1230,28 @@ static const em_op_case std_cases[] = {
         D_F32_64, OK, false, 2,
         INS(I(4, CONTIG, RANDN, 2, 1, 6, 6), I(4, BLOCKED, RANDN, 2, 16, 6, 6)),
         INTS(2, 1, 1), INTS(2, 1, 1), INTS(2, 1, 1), N(1), INTS(2, 3, 3)),
+    /* max_pool2d_relu (the second fused op, max_pool2d of relu): max_pool2d's geometries and
+     * layouts. Random normal inputs leave about one 2x2 window in 16 all negative (+0 at its
+     * first position, grad 0; finite differences agree while no input lies within a step of
+     * the kink at 0); the CPU kernel (max_pool2d's loops with relu on the fly) is checked
+     * against the composite below it, relu then max_pool2d, bit for bit. */
+    ROW("max_pool2d_relu", "2x2", t_max_pool2d_relu, D_F, OK, true, 1,
+        INS(I(4, CONTIG, RANDN, 2, 3, 6, 5)), INTS(2, 2, 2), NA, NA, NA, B(false)),
+    ROW("max_pool2d_relu", "3x3 stride 2 padding 1 ceil", t_max_pool2d_relu, D_F32_64, OK, true,
+        1, INS(I(4, CONTIG, RANDN, 1, 2, 7, 7)), INTS(2, 3, 3), INTS(2, 2, 2), INTS(2, 1, 1), NA,
+        B(true)),
+    ROW("max_pool2d_relu", "no kernel_size", t_max_pool2d_relu, D_F32_64, EINV, true, 1,
+        INS(I(4, CONTIG, RANDN, 1, 2, 4, 4)), NA, NA, NA, NA, B(false)),
+    ROW("max_pool2d_relu", "2x2, channels-last", t_max_pool2d_relu, D_F, OK, true, 1,
+        INS(I(4, CHANNELS_LAST, RANDN, 2, 3, 6, 5)), INTS(2, 2, 2), NA, NA, NA, B(false)),
+    ROW("max_pool2d_relu", "3x3 stride 2 padding 1 ceil, channels-last", t_max_pool2d_relu,
+        D_F32_64, OK, true, 1, INS(I(4, CHANNELS_LAST, RANDN, 1, 2, 7, 7)), INTS(2, 3, 3),
+        INTS(2, 2, 2), INTS(2, 1, 1), NA, B(true)),
+    ROW("max_pool2d_relu", "2x2, nchw16c", t_max_pool2d_relu, D_F, OK, true, 1,
+        INS(I(4, BLOCKED, RANDN, 2, 16, 6, 5)), INTS(2, 2, 2), NA, NA, NA, B(false)),
+    ROW("max_pool2d_relu", "3x3 stride 2 padding 1 ceil, nchw16c", t_max_pool2d_relu, D_F32_64,
+        OK, true, 1, INS(I(4, BLOCKED, RANDN, 1, 32, 7, 7)), INTS(2, 3, 3), INTS(2, 2, 2),
+        INTS(2, 1, 1), NA, B(true)),
 };
 
 const em_op_case *em__op_cases_standard(size_t *n) {

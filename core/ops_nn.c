@@ -50,6 +50,15 @@
  *   max_pool2d(x (N,C,H,W)) -> y (N,C,OH,OW), idx (N,C,OH,OW) int64
  *       attrs: kernel_size, stride, padding, dilation (ints), ceil_mode (bool). idx is
  *       PyTorch's flat h*W+w position in the input plane; NaN wins the max.
+ *   max_pool2d_relu(x (N,C,H,W)) -> y, idx    max_pool2d(relu(x)), attrs and checks as
+ *       max_pool2d's: the second fused op (docs/performance.md, "Design: fused ops"). The
+ *       window's values are relu's (x <= 0 ? +0 : x, NaN kept), evaluated per element inside
+ *       the pooling, so a window whose x are all <= 0 gives +0 at its first position (the tie
+ *       rule), not the argmax of x. Its composite as conv2d_relu's: the op's own kernel where
+ *       the device registers one for the call's dtype, otherwise relu then max_pool2d.
+ *       Derivative: relu's mask on the pooled output (relu_backward(gy, y)), then
+ *       max_pool2d's scatter: at a window's winner relu's output is the pooled value, so this
+ *       is relu's mask on the scattered grad, taken on the pooled quarter of the elements.
  *   max_pool2d_backward(gy (N,C,OH,OW), idx int64) -> gx (N,C,H,W)
  *       attrs: input_size (ints). gx[idx] += gy (zero elsewhere).
  *   avg_pool2d(x) -> y    attrs: kernel_size, stride, padding (ints), ceil_mode,
@@ -94,7 +103,7 @@ static const em_op *op_conv2d, *op_conv2d_bwd_data, *op_conv2d_bwd_weight, *op_m
     *op_adaptive_avg_pool2d_bwd, *op_batch_norm, *op_batch_norm_bwd, *op_layer_norm,
     *op_layer_norm_bwd, *op_softmax, *op_log_softmax, *op_softmax_bwd, *op_log_softmax_bwd,
     *op_dropout, *op_bernoulli, *op_mul, *op_div_scalar, *op_conv1d, *op_conv_transpose2d,
-    *op_group_norm, *op_conv2d_relu, *op_relu_bwd;
+    *op_group_norm, *op_conv2d_relu, *op_relu_bwd, *op_max_pool2d_relu;
 
 /* ---- shared checks ---------------------------------------------------------------------------- */
 
@@ -569,6 +578,7 @@ EM__COMPOSITE(c_conv2d_bwd_data);
 EM__COMPOSITE(c_conv2d_bwd_weight);
 EM__COMPOSITE(c_max_pool2d);
 EM__COMPOSITE(c_max_pool2d_bwd);
+EM__COMPOSITE(c_max_pool2d_relu);
 EM__COMPOSITE(c_avg_pool);
 EM__COMPOSITE(c_adaptive);
 EM__COMPOSITE(c_batch_norm);
@@ -585,7 +595,7 @@ EM__COMPOSITE(c_group_norm);
  * outputs are the weight's and the bias's: always plain). */
 static unsigned layout_flags(const char *name) {
     static const char *const cl[] = {"conv2d", "conv2d_relu", "conv2d_backward_data",
-                                     "max_pool2d", "max_pool2d_backward"};
+                                     "max_pool2d", "max_pool2d_backward", "max_pool2d_relu"};
     for (size_t i = 0; i < sizeof cl / sizeof cl[0]; i++)
         if (strcmp(name, cl[i]) == 0) return EM_OP_CHANNELS_LAST;
     return 0;
@@ -683,6 +693,18 @@ static em_status d_conv2d_bwd_data(const em_backward_ctx *c, em_tensor **gi) {
 static em_status d_max_pool2d(const em_backward_ctx *c, em_tensor **gi) {
     if (!G) return EM_OK; /* only the indices were used */
     return done(em_max_pool2d_backward(G, c->out[1], c->in_meta[0].shape + 2), &gi[0]);
+}
+
+/* max_pool2d_relu: relu's mask on the saved pooled output y (y > 0), then max_pool2d's
+ * scatter to the saved indices. Bitwise relu_backward(max_pool2d_backward(gy, idx), relu(x)):
+ * every grad reaching an input element comes from a window it won, whose pooled value is that
+ * element's relu, so the same terms are kept (gy) or dropped (+0) in the same order. */
+static em_status d_max_pool2d_relu(const em_backward_ctx *c, em_tensor **gi) {
+    if (!G) return EM_OK; /* only the indices were used */
+    const em_tensor *in[2] = {G, c->out[0]};
+    em_tensor *g = em__scope_track(em__op1(op_relu_bwd, in, 2, NULL));
+    return g ? done(em_max_pool2d_backward(g, c->out[1], c->in_meta[0].shape + 2), &gi[0])
+             : em_last_status();
 }
 
 static em_status d_avg_pool2d(const em_backward_ctx *c, em_tensor **gi) {
@@ -793,6 +815,8 @@ em_status em__ops_declare_nn(em_registry *core) {
          d_max_pool2d, out1, c_max_pool2d, 0);
     DECL(op_max_pool2d_bwd, "max_pool2d_backward", 2, maxpb_i, 1, 1, in_size, ints_t,
          infer_max_pool2d_bwd, NULL, 0, c_max_pool2d_bwd, 0);
+    DECL(op_max_pool2d_relu, "max_pool2d_relu", 1, x_i, 2, 5, maxp_a, maxp_t, infer_max_pool2d,
+         d_max_pool2d_relu, out0 | out1, c_max_pool2d_relu, 0);
     DECL(op_avg_pool2d, "avg_pool2d", 1, x_i, 1, 5, avgp_a, avgp_t, infer_avg_pool2d,
          d_avg_pool2d, 0, c_avg_pool, 0);
     DECL(op_avg_pool2d_bwd, "avg_pool2d_backward", 1, gy_i, 1, 6, avgp_a, avgp_t,
@@ -1167,6 +1191,47 @@ EM__COMPOSITE(c_max_pool2d) {
     em_tensor *res[2] = {NULL, NULL};
     em_status st = call(op_max_pool2d, input->dtype, &input, "l", 1, a, res);
     if (st == EM_OK && !(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+    return outputs(st, res, 2, out, n_out);
+}
+
+/* max_pool2d_relu(input; as max_pool2d): the op's own kernel where the device has one for the
+ * call's dtype that accepts the call; otherwise — none registered (bf16 and f16 on the CPU,
+ * the CUDA backend, a third-party backend) or every one declined (EM_ERR_NOKERNEL, nothing
+ * run or recorded) — max_pool2d(relu(x)), which has the same meaning and, on the CPU, the
+ * same bits (values and indices). The op's own inference checks the call first on either
+ * path, so its errors name max_pool2d_relu; a device without the kernel composes on the
+ * device (never through the CPU fallback). */
+EM__COMPOSITE(c_max_pool2d_relu) {
+    UNUSED;
+    const em_tensor *input = in[0];
+    if (!check_float("max_pool2d_relu", "input", input)) return em_last_status();
+    if (!has_pair(attrs, 0))
+        return em_set_error(EM_ERR_INVALID, "max_pool2d_relu: kernel_size is required");
+    em_attr a[5] = {attrs[0], pair_or(attrs, 1, &attrs[0], 1), pair_or(attrs, 2, NULL, 0),
+                    pair_or(attrs, 3, NULL, 1), abool(em__attr_bool_or(attrs, 4, false))};
+    em_device dev = input->storage->device;
+    em_status st;
+    if (em__op_has_kernel(op_max_pool2d_relu, dev.type, input->dtype)) {
+        em_tensor *res[2] = {NULL, NULL};
+        st = call(op_max_pool2d_relu, input->dtype, &input, "l", 1, a, res);
+        if (st == EM_OK) {
+            if (!(res[0] = finish(res[0], input->dtype))) st = em_last_status();
+            return outputs(st, res, 2, out, n_out);
+        }
+        if (st != EM_ERR_NOKERNEL) return st;
+        em_clear_error();
+    } else { /* no kernel here (not even through the CPU fallback): the op's own checks */
+        em_tensor_meta m[2] = {{0}};
+        if ((st = infer_max_pool2d(op_max_pool2d_relu, &input, a, m)) != EM_OK) return st;
+    }
+    if (em_scope_begin() != EM_OK) return em_last_status();
+    em_tensor *res[2] = {NULL, NULL}, *r = em_relu(input);
+    st = r ? em_max_pool2d(r, a[0].ints, a[1].ints, a[2].ints, a[3].ints, a[4].v.b, &res[0],
+                           &res[1])
+           : em_last_status();
+    for (int i = 0; i < 2; i++) /* the results outlive the scope; on failure none is ours */
+        res[i] = st == EM_OK ? em_tensor_retain(res[i]) : NULL;
+    em_scope_end();
     return outputs(st, res, 2, out, n_out);
 }
 
@@ -1590,6 +1655,15 @@ em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size[2],
                         const int64_t dilation[2], bool ceil_mode, em_tensor **out,
                         em_tensor **indices) {
     return em__callv(op_max_pool2d, 1, &input,
+                     EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), P2(dilation),
+                               abool(ceil_mode)),
+                     (em_tensor **const[]){out, indices}, 2);
+}
+em_status em_max_pool2d_relu(const em_tensor *input, const int64_t kernel_size[2],
+                             const int64_t stride[2], const int64_t padding[2],
+                             const int64_t dilation[2], bool ceil_mode, em_tensor **out,
+                             em_tensor **indices) {
+    return em__callv(op_max_pool2d_relu, 1, &input,
                      EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), P2(dilation),
                                abool(ceil_mode)),
                      (em_tensor **const[]){out, indices}, 2);

@@ -112,6 +112,18 @@ static em_module *cnn_fused(void) {
                layer("Flatten", NULL), layer("Linear", "in_features=96;out_features=4"));
 }
 
+/* MaxPool2d with activation relu (the fused max_pool2d_relu) after plain convolutions:
+ * exported as Relu then MaxPool, which the importer runs as em_relu and em_max_pool2d, the
+ * same bits (values and indices); a 2x2 pooling and an overlapping 3x3 stride 2 padding 1
+ * ceil one. */
+static em_module *cnn_pool_fused(void) {
+    return SEQ(layer("Conv2d", "in_channels=3;out_channels=16;kernel_size=3;padding=1"),
+               layer("MaxPool2d", "kernel_size=2;activation=relu"),
+               layer("Conv2d", "in_channels=16;out_channels=8;kernel_size=3;padding=1"),
+               layer("MaxPool2d", "kernel_size=3;stride=2;padding=1;ceil_mode=true;activation=relu"),
+               layer("Flatten", NULL), layer("Linear", "in_features=128;out_features=4"));
+}
+
 static em_module *bn_dropout(void) {
     return SEQ(layer("Conv2d", "in_channels=3;out_channels=4;kernel_size=3"),
                layer("BatchNorm2d", "num_features=4"), layer("ReLU", NULL),
@@ -664,6 +676,7 @@ int main(int argc, char **argv) {
         {"enc_pre", enc_pre, 2, {3, 8}, EM_F32, false, false, NULL},
         {"charlm", charlm, 1, {6}, EM_I64, false, false, NULL},
         {"lpe_t", lpe_t, 2, {3, 4}, EM_F32, false, false, NULL},
+        {"cnn_pool_fused", cnn_pool_fused, 3, {3, 12, 12}, EM_F32, false, true, NULL},
     };
     char path[4096];
     snprintf(path, sizeof path, "%s/models.txt", dir);

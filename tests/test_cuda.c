@@ -347,7 +347,7 @@ static bool has_kernel(const em_registry *r, const char *op, const char *devtype
 static bool composed_on(const em_registry *cuda, const char *op, em_dtype dt) {
     static const struct {
         const char *op, *parts[2];
-    } fused[] = {{"conv2d_relu", {"conv2d", "relu"}}};
+    } fused[] = {{"conv2d_relu", {"conv2d", "relu"}}, {"max_pool2d_relu", {"max_pool2d", "relu"}}};
     for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++)
         if (strcmp(op, fused[i].op) == 0)
             return has_kernel(cuda, fused[i].parts[0], "cuda", dt) &&

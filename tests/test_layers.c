@@ -334,6 +334,86 @@ Test(layers, conv2d_activation_relu_is_conv2d_then_relu) {
     em_assert_error(EM_ERR_INVALID, "Conv2d: option 'activation' = 'gelu': not one of the choices");
 }
 
+/* a and b hold the same bits (same shape and dtype; any layout: read through a plain copy). */
+static void assert_bits(const em_tensor *a, const em_tensor *b, const char *what) {
+    cr_assert(a && b, "%s: %s", what, em_last_error());
+    cr_assert_eq(em_tensor_dtype(a), em_tensor_dtype(b), "%s", what);
+    cr_assert_eq(em_tensor_numel(a), em_tensor_numel(b), "%s", what);
+    size_t es = em_dtype_size(em_tensor_dtype(a)), bytes = (size_t)em_tensor_numel(a) * es;
+    unsigned char *u = malloc(bytes ? bytes : 1), *v = malloc(bytes ? bytes : 1);
+    cr_assert_eq(em_tensor_to_host(em_contiguous(a), u, bytes), EM_OK, "%s", em_last_error());
+    cr_assert_eq(em_tensor_to_host(em_contiguous(b), v, bytes), EM_OK, "%s", em_last_error());
+    for (size_t i = 0; i < bytes; i += es)
+        cr_assert(memcmp(u + i, v + i, es) == 0, "%s: element %zu: %.9g fused, %.9g unfused",
+                  what, i / es, em_test_at(a, (int64_t)(i / es)), em_test_at(b, (int64_t)(i / es)));
+    free(u), free(v);
+}
+
+/* activation: relu on a MaxPool2d (the fused max_pool2d_relu) is a ReLU then a MaxPool2d:
+ * after the same Conv2d (its state dict loads strictly across), the output and the grads of
+ * the input and of the convolution's parameters bit for bit, for a 2x2 and an overlapping
+ * 3x3 stride 2 padding 1 ceil pooling, on row-major, channels-last and blocked (nChw16c)
+ * activations, the output in the same layout; another activation is refused naming the
+ * option. */
+Test(layers, max_pool2d_activation_relu_is_relu_then_max_pool2d) {
+    static const char *const fmts[] = {"contiguous", "channels_last", "blocked"};
+    static const char *const pools[][4] = {{"kernel_size", "2", "stride", "2"},
+                                           {"kernel_size", "3", "stride", "2"}};
+    for (int f = 0; f < 3; f++)
+        for (int pi = 0; pi < 2; pi++) {
+            char what[64];
+            snprintf(what, sizeof what, "%s, pooling %d", fmts[f], pi);
+            em_scope_begin();
+            em_module *fused = must(em_module_new("Sequential", NULL)),
+                      *plain = must(em_module_new("Sequential", NULL));
+            for (int k = 0; k < 2; k++)
+                cr_assert_eq(em_module_append_child(k ? plain : fused, must(MAKE("Conv2d",
+                             "in_channels", "4", "out_channels", "16", "kernel_size", "3",
+                             "padding", "1", "memory_format", fmts[f]))), EM_OK);
+            em_module *mf = pi ? MAKE("MaxPool2d", pools[pi][0], pools[pi][1], pools[pi][2],
+                                      pools[pi][3], "padding", "1", "ceil_mode", "true",
+                                      "activation", "relu")
+                               : MAKE("MaxPool2d", pools[pi][0], pools[pi][1], pools[pi][2],
+                                      pools[pi][3], "activation", "relu");
+            em_module *mp = pi ? MAKE("MaxPool2d", pools[pi][0], pools[pi][1], pools[pi][2],
+                                      pools[pi][3], "padding", "1", "ceil_mode", "true")
+                               : MAKE("MaxPool2d", pools[pi][0], pools[pi][1], pools[pi][2],
+                                      pools[pi][3]);
+            cr_assert_eq(em_module_append_child(fused, must(mf)), EM_OK);
+            cr_assert_eq(em_module_append_child(plain, must(MAKE("ReLU"))), EM_OK);
+            cr_assert_eq(em_module_append_child(plain, must(mp)), EM_OK);
+            em_dict *sd = em_module_state_dict(plain), *sf = em_module_state_dict(fused);
+            cr_assert_eq(em_dict_len(sf), 2);
+            cr_assert_eq(em_module_load_state_dict(fused, sd, true, NULL), EM_OK, "%s",
+                         em_last_error());
+            em_tensor *x = randn(4, (int64_t[]){3, 4, 9, 7}), *xd[2], *y[2];
+            for (int k = 0; k < 2; k++) {
+                xd[k] = em_detach(x);
+                cr_assert_eq(em_requires_grad_(xd[k], true), EM_OK);
+                y[k] = run(k ? plain : fused, xd[k]);
+            }
+            cr_assert_eq(em_tensor_layout(y[0]), em_tensor_layout(y[1]), "%s", what);
+            cr_assert_eq(em_tensor_layout(y[0]),
+                         f == 2 ? EM_LAYOUT_NCHW16C : EM_LAYOUT_PLAIN, "%s", what);
+            cr_assert_eq(em_tensor_is_channels_last(y[0]), f == 1, "%s", what);
+            em_tensor *r = randn(4, em_tensor_shape(y[0]));
+            for (int k = 0; k < 2; k++)
+                cr_assert_eq(em_backward(em_sum(em_mul(y[k], r), 0, NULL, false)), EM_OK, "%s",
+                             em_last_error());
+            assert_bits(y[0], y[1], what);
+            assert_bits(em_tensor_grad(xd[0]), em_tensor_grad(xd[1]), "input grad");
+            em_dict *gf = em_module_state_dict(fused);
+            for (int i = 0; i < 2; i++)
+                assert_bits(em_tensor_grad(em_dict_get(gf, em_dict_key(gf, i))),
+                            em_tensor_grad(em_dict_get(sd, em_dict_key(gf, i))), em_dict_key(gf, i));
+            em_dict_free(gf), em_dict_free(sd), em_dict_free(sf);
+            em_module_free(fused), em_module_free(plain);
+            em_scope_end();
+        }
+    cr_assert_null(MAKE("MaxPool2d", "kernel_size", "2", "activation", "gelu"));
+    em_assert_error(EM_ERR_INVALID, "MaxPool2d: option 'activation' = 'gelu': not one of the choices");
+}
+
 Test(layers, pooling_by_plain_loops) {
     em_scope_begin();
     int64_t shape[4] = {1, 2, 4, 6};

@@ -4,7 +4,9 @@
 # The C half (every stage: plain, without oneDNN, ASan+UBSan):
 #   - tests/onnx_export builds the MLP (raw uint8 input, to_float and normalize as the first
 #     nodes), a CNN, a CNN of Conv2d layers with activation relu (the fused conv2d_relu:
-#     exported as Conv then Relu, imported bit for bit), a BatchNorm/Dropout/LayerNorm net, a
+#     exported as Conv then Relu, imported bit for bit), a CNN of MaxPool2d layers with
+#     activation relu (the fused max_pool2d_relu: exported as Relu then MaxPool, imported bit
+#     for bit), a BatchNorm/Dropout/LayerNorm net, a
 #     Residual/Parallel net, an Embedding net, one with a program-registered layer that brings its own exporter, Conv1d/GroupNorm,
 #     ConvTranspose2d/GroupNorm, LSTM/GRU models (every `output`), LSTMCell/GRUCell,
 #     MultiheadAttention (plain and causal), TransformerEncoderLayer/TransformerEncoder (pre

@@ -1781,3 +1781,187 @@ Test(nchw16c, two_convolutions_backward_from_a_plain_image) {
     }
     cr_assert_eq(em_scope_end(), EM_OK);
 }
+
+/* ---- max_pool2d_relu, the second fused op (docs/performance.md, "Design: fused ops") ------- */
+
+/* The op pools relu's values (x <= 0 ? +0 : x, NaN kept) with max_pool2d's rule, so its
+ * values and indices are those of relu then max_pool2d bit for bit — a window whose inputs are
+ * all <= 0 gives +0 at its first position, not where x is largest — and so is the input grad
+ * its derivative composes (relu's mask on the pooled output, then max_pool2d's scatter). */
+
+typedef struct {
+    int64_t k[2], s[2], p[2], d[2];
+    bool ceil;
+} mpr_geom;
+
+/* 2x2 / stride 2 (the vector paths; ceil_mode adds the windows an odd H and W cut), 3x3 stride
+ * 2 padding 1 ceil (overlapping windows: the scatter sums), and a dilated rectangular one. */
+static const mpr_geom mpr_geoms[] = {{{2, 2}, {2, 2}, {0, 0}, {1, 1}, false},
+                                     {{2, 2}, {2, 2}, {0, 0}, {1, 1}, true},
+                                     {{3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+                                     {{3, 2}, {2, 1}, {1, 1}, {2, 2}, true}};
+
+/* x (N, C, H, W), H >= 4 and W >= 4, random normal in dtype dt (about one 2x2 window in 16 all
+ * negative) and, in every third plane, a first 2x2 window of negatives whose largest is not
+ * its first (-3, -1 / -2, -0.5: relu gives +0 at index 0, the maximum of x is at 1), one of
+ * -0 and negatives (-0, -1 / -0, -2), one of +0, -0 and negatives, a NaN and a -inf. */
+static em_tensor *mpr_input(em_dtype dt, const int64_t *xs, uint64_t seed) {
+    const int64_t n = xs[0] * xs[1] * xs[2] * xs[3], HW = xs[2] * xs[3], W = xs[3];
+    double *v = malloc(sizeof(double) * (size_t)n);
+    em_test_fill_random(v, n, seed);
+    for (int64_t pl = 0; pl < xs[0] * xs[1]; pl += 3) {
+        double *q = v + pl * HW;
+        q[0] = -3, q[1] = -1, q[W] = -2, q[W + 1] = -0.5;
+        q[2] = -0.0, q[3] = -1, q[W + 2] = -0.0, q[W + 3] = -2;
+        q[2 * W] = 0.0, q[2 * W + 1] = -1, q[3 * W] = -0.0, q[3 * W + 1] = -4;
+        q[2 * W + 2] = NAN, q[3 * W + 3] = -INFINITY;
+    }
+    em_tensor *x = make(dt, 4, xs, v, CONTIG);
+    free(v);
+    return x;
+}
+
+static const char *const mpr_layouts[] = {"row-major", "channels-last", "nchw16c"};
+
+/* x in layout lay (0 row-major, 1 channels-last, 2 nChw16c). */
+static em_tensor *mpr_layout(em_tensor *x, int lay) {
+    return lay == 0 ? x : lay == 1 ? em_channels_last(x) : blk(x);
+}
+
+/* Every geometry, dtype and layout (nChw16c where C is a multiple of 16): the fused op's
+ * values, indices and input grad against relu then max_pool2d's, bit for bit, and the outputs
+ * in the same layout (f32 keeps nChw16c: its kernel reads it; channels-last stays so). */
+Test(fused, max_pool2d_relu_bits_equal_relu_then_max_pool2d) {
+    const int64_t shapes[2][4] = {{2, 3, 7, 9}, {2, 32, 8, 10}};
+    const em_dtype dts[] = {EM_F32, EM_F64, EM_BF16, EM_F16};
+    for (size_t gi = 0; gi < sizeof mpr_geoms / sizeof mpr_geoms[0]; gi++)
+        for (int si = 0; si < 2; si++)
+            for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
+                for (int lay = 0; lay < 3; lay++) {
+                    if (lay == 2 && shapes[si][1] % 16) continue;
+                    const mpr_geom *g = &mpr_geoms[gi];
+                    em_dtype dt = dts[di];
+                    char what[160];
+                    snprintf(what, sizeof what, "geometry %zu, C %lld, %s, %s", gi,
+                             (long long)shapes[si][1], em_dtype_name(dt), mpr_layouts[lay]);
+                    cr_assert_eq(em_scope_begin(), EM_OK);
+                    em_tensor *x = mpr_layout(mpr_input(dt, shapes[si], 500 + gi), lay);
+                    em_tensor *xd[2], *y[2], *idx[2];
+                    for (int k = 0; k < 2; k++) {
+                        xd[k] = em_detach(x);
+                        cr_assert_eq(em_requires_grad_(xd[k], true), EM_OK);
+                        em_status st =
+                            k ? em_max_pool2d(em_relu(xd[k]), g->k, g->s, g->p, g->d, g->ceil,
+                                              &y[k], &idx[k])
+                              : em_max_pool2d_relu(xd[k], g->k, g->s, g->p, g->d, g->ceil, &y[k],
+                                                   &idx[k]);
+                        cr_assert_eq(st, EM_OK, "%s: %s", what, em_last_error());
+                    }
+                    /* the layouts first: reading the values converts a blocked storage */
+                    for (int o = 0; o < 2; o++) {
+                        const em_tensor *f = o ? idx[0] : y[0], *u = o ? idx[1] : y[1];
+                        cr_assert_eq(em_tensor_layout(f), em_tensor_layout(u), "%s, output %d",
+                                     what, o);
+                        cr_assert_eq(em_tensor_is_channels_last(f), em_tensor_is_channels_last(u),
+                                     "%s, output %d", what, o);
+                        if (lay == 1)
+                            cr_assert(em_tensor_is_channels_last(f), "%s, output %d", what, o);
+                        if (lay == 2 && dt == EM_F32)
+                            expect_layout(f, EM_LAYOUT_NCHW16C, what, o ? "indices" : "values");
+                    }
+                    em_tensor *r = rnd(dt, 4, em_tensor_shape(y[0]), 510 + gi);
+                    for (int k = 0; k < 2; k++)
+                        cr_assert_eq(em_backward(em_sum(em_mul(y[k], r), 0, NULL, false)), EM_OK,
+                                     "%s: %s", what, em_last_error());
+                    char part[200];
+                    snprintf(part, sizeof part, "%s, values", what);
+                    same_bits(y[0], y[1], part);
+                    snprintf(part, sizeof part, "%s, indices", what);
+                    same_bits(idx[0], idx[1], part);
+                    snprintf(part, sizeof part, "%s, input grad", what);
+                    same_bits(em_tensor_grad(xd[0]), em_tensor_grad(xd[1]), part);
+                    /* plane 0's first window (-3, -1 / -2, -0.5): +0 at its first position */
+                    if (gi < 2) {
+                        em_tensor *yc = em_contiguous(y[0]), *ic = em_contiguous(idx[0]);
+                        double v0 = em_test_at(yc, 0);
+                        cr_assert(v0 == 0 && !signbit(v0) && em_test_at(ic, 0) == 0,
+                                  "%s: window 0 gave %g at %g, not +0 at 0", what, v0,
+                                  em_test_at(ic, 0));
+                        /* (-0, -1 / -0, -2): +0, never -0 */
+                        v0 = em_test_at(yc, 1);
+                        cr_assert(v0 == 0 && !signbit(v0) && em_test_at(ic, 1) == 2,
+                                  "%s: window 1 gave %g at %g, not +0 at 2", what, v0,
+                                  em_test_at(ic, 1));
+                        /* the NaN at (2, 2) wins its window */
+                        cr_assert(isnan(em_test_at(yc, em_tensor_shape(yc)[3] + 1)), "%s", what);
+                    }
+                    cr_assert_eq(em_scope_end(), EM_OK);
+                }
+}
+
+/* The CPU kernel itself (em_op_call_kernel: no composite around it) on f32 row-major,
+ * channels-last and nChw16c inputs and f64 row-major and channels-last ones: the bits of
+ * relu's kernel then max_pool2d's, its outputs in the input's layout (a blocked output shows
+ * the kernel read the blocked input rather than declining it). */
+Test(fused, max_pool2d_relu_kernel_is_relu_then_max_pool2d) {
+    cr_assert(kernel_registered("cpu_max_pool2d_relu_float32"));
+    cr_assert(kernel_registered("cpu_max_pool2d_relu_float64"));
+    const em_op *op = em_op_find("max_pool2d_relu"), *pool = em_op_find("max_pool2d");
+    cr_assert(op && pool);
+    for (size_t gi = 0; gi < sizeof mpr_geoms / sizeof mpr_geoms[0]; gi++)
+        for (int c = 0; c < 5; c++) {
+            const mpr_geom *g = &mpr_geoms[gi];
+            em_dtype dt = c < 3 ? EM_F32 : EM_F64;
+            int lay = c < 3 ? c : c - 3;
+            char what[96];
+            snprintf(what, sizeof what, "geometry %zu, %s, %s", gi, em_dtype_name(dt),
+                     mpr_layouts[lay]);
+            em_attr a[5] = {{.type = EM_ATTR_INTS, .n = 2, .ints = {g->k[0], g->k[1]}},
+                            {.type = EM_ATTR_INTS, .n = 2, .ints = {g->s[0], g->s[1]}},
+                            {.type = EM_ATTR_INTS, .n = 2, .ints = {g->p[0], g->p[1]}},
+                            {.type = EM_ATTR_INTS, .n = 2, .ints = {g->d[0], g->d[1]}},
+                            {.type = EM_ATTR_BOOL, .v.b = g->ceil}};
+            cr_assert_eq(em_scope_begin(), EM_OK);
+            em_tensor *x = mpr_layout(mpr_input(dt, (const int64_t[]){3, 16, 9, 8}, 520 + gi), lay);
+            em_tensor *f[2], *u[2];
+            cr_assert_eq(em_op_call_kernel(op, (const em_tensor *[]){x}, 1, a, f), EM_OK,
+                         "%s: %s", what, em_last_error());
+            em_tensor *rx = em_relu(x);
+            cr_assert(rx, "%s", em_last_error());
+            cr_assert_eq(em_op_call_kernel(pool, (const em_tensor *[]){rx}, 1, a, u), EM_OK,
+                         "%s: %s", what, em_last_error());
+            for (int o = 0; o < 2; o++) {
+                cr_assert_eq(em_tensor_is_channels_last(f[o]), lay == 1, "%s, output %d", what, o);
+                expect_layout(f[o], lay == 2 ? EM_LAYOUT_NCHW16C : EM_LAYOUT_PLAIN, what,
+                              o ? "indices" : "values");
+            }
+            same_bits(f[0], u[0], what);
+            same_bits(f[1], u[1], what);
+            cr_assert_eq(em_scope_end(), EM_OK);
+        }
+}
+
+/* Errors as max_pool2d's, naming max_pool2d_relu, on the kernel's path (f32) and the
+ * composite's (bf16: no kernel). */
+Test(fused, max_pool2d_relu_errors_name_the_op) {
+    const em_dtype dts[] = {EM_F32, EM_BF16};
+    const int64_t k2[2] = {2, 2}, k9[2] = {9, 9}, p2[2] = {2, 2};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(em_scope_begin(), EM_OK);
+        em_tensor *x = rnd(dts[i], 4, (int64_t[]){1, 3, 5, 5}, 1), *o = NULL, *ix = NULL;
+        em_tensor *x3 = rnd(dts[i], 3, (int64_t[]){3, 5, 5}, 2);
+        cr_assert_neq(em_max_pool2d_relu(x, NULL, NULL, NULL, NULL, false, &o, &ix), EM_OK);
+        em_assert_error(EM_ERR_INVALID, "max_pool2d_relu: kernel_size is required");
+        cr_assert_neq(em_max_pool2d_relu(x3, k2, NULL, NULL, NULL, false, &o, &ix), EM_OK);
+        em_assert_error(EM_ERR_SHAPE, "max_pool2d_relu: expected a 4-D (N, C, H, W) input");
+        cr_assert_neq(em_max_pool2d_relu(x, k9, NULL, NULL, NULL, false, &o, &ix), EM_OK);
+        em_assert_error(EM_ERR_SHAPE, "max_pool2d_relu: input [1, 3, 5, 5] is too small");
+        cr_assert_neq(em_max_pool2d_relu(x, k2, NULL, p2, NULL, false, &o, &ix), EM_OK);
+        em_assert_error(EM_ERR_INVALID, "max_pool2d_relu: padding 2 should be at most half");
+        cr_assert_neq(em_max_pool2d_relu(em_to_dtype(x, EM_I32), k2, NULL, NULL, NULL, false, &o,
+                                         &ix), EM_OK);
+        em_assert_error(EM_ERR_DTYPE, "max_pool2d_relu: expected a floating input");
+        cr_assert(!o && !ix);
+        cr_assert_eq(em_scope_end(), EM_OK);
+    }
+}

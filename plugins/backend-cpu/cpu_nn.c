@@ -27,6 +27,12 @@
  * relu and pooling and back: the plane loop with 16 channels a lane, the 2x2 / stride 2 case
  * in AVX-512 (cpu_nn_simd.c), the same bits as the plain call (docs/performance.md, "Design
  * (a)"). f64 and bf16 read plain tensors only.
+ *
+ * max_pool2d_relu (max_pool2d(relu(x)), the fused op of core/ops_nn.c) runs the same f32 and
+ * f64 kernels on every layout with their relu flag (nn_pool_call, the simd kernels' relu
+ * argument): each window value is relu's, computed where it is loaded, so the op reads x once
+ * and writes only the pooled outputs — the bits of relu then max_pool2d. bf16 has no kernel
+ * (its relu quiets NaN): its calls compose relu and max_pool2d in the core.
  */
 #include "config.h" /* EM_HAVE_DNNL */
 
@@ -114,21 +120,23 @@ NN_KERNEL(softmax_any)
 #undef NN_KERNEL
 
 /* max_pool2d: the AVX-512 or AVX2 path for the common 2x2 / stride 2 / no padding f32
- * pooling (the same maxima and indices as the loops). */
-static void max_pool2x2_plane(const float *x, const nn_pool *p, float *y, int64_t *idx) {
+ * pooling (the same maxima and indices as the loops); over relu's values when relu. */
+static void max_pool2x2_plane(const float *x, const nn_pool *p, float *y, int64_t *idx,
+                              bool relu) {
     if (cpu_nn_has_avx512())
-        cpu_nn_max_pool2x2_f32(x, p->H, p->W, y, idx, p->OH, p->OW);
+        cpu_nn_max_pool2x2_f32(x, p->H, p->W, y, idx, p->OH, p->OW, relu);
     else
-        cpu_nn_max_pool2x2_f32_avx2(x, p->H, p->W, y, idx, p->OH, p->OW);
+        cpu_nn_max_pool2x2_f32_avx2(x, p->H, p->W, y, idx, p->OH, p->OW, relu);
 }
 
 static void max_pool2x2_planes(void *ctx, int64_t lo, int64_t hi) {
-    const em_kernel_ctx *k = ctx;
+    const nn_pool_call *c = ctx;
+    const em_kernel_ctx *k = c->k;
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     for (int64_t pl = lo; pl < hi; pl++)
         max_pool2x2_plane((const float *)k->in[0].data + pl * p.H * p.W, &p,
                           (float *)k->out[0].data + pl * p.OH * p.OW,
-                          (int64_t *)k->out[1].data + pl * p.OH * p.OW);
+                          (int64_t *)k->out[1].data + pl * p.OH * p.OW, c->relu);
 }
 
 /* The 2x2 / stride 2 geometry, on a CPU with one of its vector paths. */
@@ -171,9 +179,9 @@ static void max_pool_bf16_planes(void *ctx, int64_t lo, int64_t hi) {
         int64_t *idx = (int64_t *)k->out[1].data + pl * P;
         for (int64_t i = 0; i < HW; i++) x[i] = cpu_b2f(xb[i]);
         if (is_pool2x2(&p))
-            max_pool2x2_plane(x, &p, y, idx);
+            max_pool2x2_plane(x, &p, y, idx, false);
         else
-            max_pool_rows_f32(&p, x, y, idx, 0, p.OH);
+            max_pool_rows_f32(&p, x, y, idx, 0, p.OH, false);
         for (int64_t i = 0; i < P; i++) yb[i] = xb[idx[i]]; /* the winner's own bits (NaN too) */
     }
 }
@@ -205,12 +213,14 @@ static bool supports_pool(const em_kernel_ctx *k) {
     return all_contiguous(k) || (k->out[0].dtype != EM_BF16 && pool_nhwc(k));
 }
 
-static em_status k_max_pool2d(const em_kernel_ctx *k) {
+/* max_pool2d, or max_pool2d_relu when relu (f32 and f64 only: bf16 is max_pool2d's). */
+static em_status max_pool2d_plain(const em_kernel_ctx *k, bool relu) {
     if (k->out[0].dtype != EM_BF16 && pool_nhwc(k))
-        return k->out[0].dtype == EM_F64 ? max_pool2d_nhwc_f64(k) : max_pool2d_nhwc_f32(k);
+        return k->out[0].dtype == EM_F64 ? max_pool2d_nhwc_f64(k, relu)
+                                         : max_pool2d_nhwc_f32(k, relu);
     em_status st = cpu_check_dense(k);
     if (st != EM_OK) return st;
-    if (k->out[0].dtype == EM_F64) return max_pool2d_f64(k);
+    if (k->out[0].dtype == EM_F64) return max_pool2d_f64(k, relu);
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     if (k->out[0].dtype == EM_BF16) {
         bf16_pool_ctx c = {.k = k};
@@ -223,11 +233,14 @@ static em_status k_max_pool2d(const em_kernel_ctx *k) {
                                                   "changed during the call") : EM_OK;
     }
     if (is_pool2x2(&p)) {
-        nn_parallel(k, p.N * p.C, p.OH * p.OW * 4, max_pool2x2_planes, (void *)k);
+        nn_pool_call c = {.k = k, .relu = relu};
+        nn_parallel(k, p.N * p.C, p.OH * p.OW * 4, max_pool2x2_planes, &c);
         return EM_OK;
     }
-    return max_pool2d_f32(k);
+    return max_pool2d_f32(k, relu);
 }
+
+static em_status k_max_pool2d(const em_kernel_ctx *k) { return max_pool2d_plain(k, false); }
 
 /* bf16 max_pool2d_backward: each plane of gx accumulated in f32 (windows may overlap) and
  * rounded once. A gx plane of 2OH x 2OW whose indices each lie in their own 2x2 / stride 2
@@ -315,10 +328,10 @@ static bool blk(const em_kernel_ctx *k, int i) {
 }
 
 /* Outputs [ow0, OW) of row oh of one block: x the block (H, W, 16), y and idx the output row
- * (OW, 16). */
-SIMD_CLONES static void max_pool_blk_row(const nn_pool *p, const float *restrict x,
-                                         float *restrict y, int64_t *restrict idx, int64_t oh,
-                                         int64_t ow0) {
+ * (OW, 16); over relu's values when relu (a constant in each instance below). */
+static inline __attribute__((always_inline)) void
+max_pool_blk_row_at(const nn_pool *p, const float *restrict x, float *restrict y,
+                    int64_t *restrict idx, int64_t oh, int64_t ow0, bool relu) {
     int64_t hs = oh * p->sh - p->ph, he = EM_CPU_MIN(hs + (p->kh - 1) * p->dh + 1, p->H);
     if (hs < 0) hs += (-hs + p->dh - 1) / p->dh * p->dh;
     for (int64_t ow = ow0; ow < p->OW; ow++) {
@@ -333,18 +346,30 @@ SIMD_CLONES static void max_pool_blk_row(const nn_pool *p, const float *restrict
                 const int64_t at = h * p->W + w;
 #pragma omp simd
                 for (int l = 0; l < 16; l++) {
-                    bool take = (v[l] > m[l]) | (v[l] != v[l]);
-                    m[l] = take ? v[l] : m[l];
+                    const float u = relu && v[l] <= 0 ? 0.0f : v[l];
+                    bool take = (u > m[l]) | (u != u);
+                    m[l] = take ? u : m[l];
                     b[l] = take ? at : b[l];
                 }
             }
     }
 }
+SIMD_CLONES static void max_pool_blk_row(const nn_pool *p, const float *restrict x,
+                                         float *restrict y, int64_t *restrict idx, int64_t oh,
+                                         int64_t ow0) {
+    max_pool_blk_row_at(p, x, y, idx, oh, ow0, false);
+}
+SIMD_CLONES static void max_pool_relu_blk_row(const nn_pool *p, const float *restrict x,
+                                              float *restrict y, int64_t *restrict idx,
+                                              int64_t oh, int64_t ow0) {
+    max_pool_blk_row_at(p, x, y, idx, oh, ow0, true);
+}
 
 /* Rows [lo, hi) of the N * C/16 * OH output rows (n, cb, oh). The 2x2 / stride 2 windows
  * that lie inside the plane take the AVX-512 path (the same comparisons), the rest the loop. */
 static void max_pool_blk_rows(void *ctx, int64_t lo, int64_t hi) {
-    const em_kernel_ctx *k = ctx;
+    const nn_pool_call *c = ctx;
+    const em_kernel_ctx *k = c->k;
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     const bool fast = p.kh == 2 && p.kw == 2 && p.sh == 2 && p.sw == 2 && p.ph == 0 &&
                       p.pw == 0 && p.dh == 1 && p.dw == 1 && cpu_nn_has_avx512();
@@ -355,17 +380,17 @@ static void max_pool_blk_rows(void *ctx, int64_t lo, int64_t hi) {
         float *y = (float *)k->out[0].data + r * p.OW * 16;
         int64_t *idx = (int64_t *)k->out[1].data + r * p.OW * 16, ow0 = 0;
         if (fast && 2 * oh + 1 < p.H) {
-            cpu_nn_max_pool2x2_nchw16c_f32(x, p.W, oh, owf, y, idx);
+            cpu_nn_max_pool2x2_nchw16c_f32(x, p.W, oh, owf, y, idx, c->relu);
             ow0 = owf;
         }
-        max_pool_blk_row(&p, x, y, idx, oh, ow0);
+        (c->relu ? max_pool_relu_blk_row : max_pool_blk_row)(&p, x, y, idx, oh, ow0);
     }
 }
 
-static em_status max_pool2d_blk(const em_kernel_ctx *k) {
+static em_status max_pool2d_blk(const em_kernel_ctx *k, bool relu) {
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
-    nn_parallel(k, p.N * (p.C / 16) * p.OH, p.OW * 16 * p.kh * p.kw, max_pool_blk_rows,
-                (void *)k);
+    nn_pool_call c = {.k = k, .relu = relu};
+    nn_parallel(k, p.N * (p.C / 16) * p.OH, p.OW * 16 * p.kh * p.kw, max_pool_blk_rows, &c);
     return EM_OK;
 }
 
@@ -494,8 +519,13 @@ static bool supports_pool_f32(const em_kernel_ctx *k) {
 }
 
 static em_status k_max_pool2d_f32(const em_kernel_ctx *k) {
-    return blk(k, 0) ? max_pool2d_blk(k) : k_max_pool2d(k);
+    return blk(k, 0) ? max_pool2d_blk(k, false) : max_pool2d_plain(k, false);
 }
+/* max_pool2d_relu: max_pool2d's kernels over relu's values, on the same layouts. */
+static em_status k_max_pool2d_relu_f32(const em_kernel_ctx *k) {
+    return blk(k, 0) ? max_pool2d_blk(k, true) : max_pool2d_plain(k, true);
+}
+static em_status k_max_pool2d_relu(const em_kernel_ctx *k) { return max_pool2d_plain(k, true); }
 static em_status k_max_pool2d_bwd_f32(const em_kernel_ctx *k) {
     return blk(k, 1) ? max_pool2d_bwd_blk(k) : k_max_pool2d_bwd(k);
 }
@@ -557,6 +587,14 @@ em_status cpu_register_nn(em_registry *r) {
     if (st == EM_OK)
         st = register_kernels(r, "max_pool2d_backward", dts, 1, k_max_pool2d_bwd_f32,
                               "cpu_max_pool2d_backward", supports_pool_f32, CPU_NCHW16C);
+    /* max_pool2d_relu, the fused op: max_pool2d's loops with relu on the fly, with the same
+     * supports() and layouts (f32: nChw16c too; f64: plain and channels-last). */
+    if (st == EM_OK)
+        st = register_kernels(r, "max_pool2d_relu", dts, 1, k_max_pool2d_relu_f32,
+                              "cpu_max_pool2d_relu", supports_pool_f32, CPU_NCHW16C);
+    if (st == EM_OK)
+        st = register_kernels(r, "max_pool2d_relu", dts + 1, 1, k_max_pool2d_relu,
+                              "cpu_max_pool2d_relu", supports_pool, 0);
     /* bf16 max pooling: ours (the other bf16 nn kernels are oneDNN's). */
     static const em_dtype bf16[] = {EM_BF16};
     if (st == EM_OK)

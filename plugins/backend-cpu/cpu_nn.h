@@ -61,6 +61,13 @@ static inline nn_pool nn_pool_geom(const em_ktensor *x, const em_ktensor *y, con
                      .dw = max ? a[3].ints[1] : 1, .cip = !max && a[4].v.b};
 }
 
+/* A max pooling call for the range functions: the kernel's context, and whether the window's
+ * values are relu's (x <= 0 ? +0 : x, NaN kept): max_pool2d_relu, max_pool2d(relu(x)). */
+typedef struct nn_pool_call {
+    const em_kernel_ctx *k;
+    bool relu;
+} nn_pool_call;
+
 /* Elements per normalised row of layer_norm: the product of the last k dims. */
 static inline int64_t nn_ln_d(const em_ktensor *x, int k) {
     int64_t d = 1;
@@ -96,14 +103,15 @@ static inline nn_sm nn_sm_geom(const em_kernel_ctx *k) {
 /* AVX-512 paths (cpu_nn_simd.c); call them only when cpu_nn_has_avx512(). */
 bool cpu_nn_has_avx512(void);
 /* max_pool2d of one plane x (H, W) -> y, idx (OH, OW) with a 2x2 window, stride 2, no padding,
- * dilation 1 (OH, OW as ceil_mode or not made them). */
+ * dilation 1 (OH, OW as ceil_mode or not made them). relu (here and in the f32 kernels below):
+ * pool relu's values of x instead (max_pool2d_relu), the same comparisons. */
 void cpu_nn_max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
-                            int64_t OH, int64_t OW);
+                            int64_t OH, int64_t OW, bool relu);
 /* The same for nChw16c: outputs [0, n_ow) of row oh (all 2x2 windows inside the plane) of one
  * block x (H, W, 16) of a blocked tensor, into that row's y, idx (OW, 16): 16 channels a step,
  * the same maxima and plane indices per channel. */
 void cpu_nn_max_pool2x2_nchw16c_f32(const float *x, int64_t W, int64_t oh, int64_t n_ow,
-                                    float *y, int64_t *idx);
+                                    float *y, int64_t *idx, bool relu);
 /* Its backward for one block when every index lies in its own 2x2 tile: gx's 2 OH x 2 OW tiles
  * (rows W wide) from the blocked gy, idx (OH, OW, 16), each gx element 0 + gy or 0 (the
  * scatter's bits). false (gx partly written) at the first index outside its tile. */
@@ -116,9 +124,9 @@ bool cpu_nn_has_avx2(void);
  * p00 + C, p00 + WC, p00 + WC + C; maxima into y[0..C), plane indices (base + 0, 1, W or
  * W + 1) into idx. Call only when cpu_nn_has_avx2(). */
 void cpu_nn_max_pool2x2_nhwc_f32_avx2(const float *p00, int64_t WC, int64_t C, int64_t base,
-                                      int64_t W, float *y, int64_t *idx);
+                                      int64_t W, float *y, int64_t *idx, bool relu);
 void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H, int64_t W, float *y, int64_t *idx,
-                                 int64_t OH, int64_t OW);
+                                 int64_t OH, int64_t OW, bool relu);
 /* The same for a bf16 plane (maxima stored exactly); call only when cpu_nn_has_avx512bw(). */
 bool cpu_nn_has_avx512bw(void);
 void cpu_nn_max_pool2x2_bf16(const uint16_t *x, int64_t H, int64_t W, uint16_t *y,

@@ -128,9 +128,13 @@ static em_status S(conv2d_bwd_weight_gemm)(const em_kernel_ctx *k) {
 
 /* One plane's rows [oh0, oh1) of max pooling (x (H, W) -> y, idx (OH, OW)). NaN wins, the
  * later of two NaNs too, as in PyTorch; the updates are selects, not branches (random data
- * would mispredict half of them). */
-static void S(max_pool_rows)(const nn_pool *p, const T *x, T *y, int64_t *idx, int64_t oh0,
-                             int64_t oh1) {
+ * would mispredict half of them). relu (max_pool2d_relu): each value is relu's (x <= 0 ? +0 :
+ * x, NaN kept) before it is compared; the pooling loops below are written once and inlined
+ * with relu constant into each instance. */
+static inline __attribute__((always_inline)) void S(max_pool_rows_at)(const nn_pool *p,
+                                                                    const T *x, T *y,
+                                                                    int64_t *idx, int64_t oh0,
+                                                                    int64_t oh1, bool relu) {
     for (int64_t oh = oh0; oh < oh1; oh++) {
         int64_t hs = oh * p->sh - p->ph, he = EM_CPU_MIN(hs + (p->kh - 1) * p->dh + 1, p->H);
         if (hs < 0) hs += (-hs + p->dh - 1) / p->dh * p->dh;
@@ -142,6 +146,7 @@ static void S(max_pool_rows)(const nn_pool *p, const T *x, T *y, int64_t *idx, i
             for (int64_t h = hs; h < he; h += p->dh)
                 for (int64_t w = ws; w < we; w += p->dw) {
                     T v = x[h * p->W + w];
+                    v = relu && v <= 0 ? 0 : v;
                     bool take = (v > m) | (v != v);
                     m = take ? v : m;
                     best = take ? h * p->W + w : best;
@@ -152,26 +157,34 @@ static void S(max_pool_rows)(const nn_pool *p, const T *x, T *y, int64_t *idx, i
     }
 }
 
+static void S(max_pool_rows)(const nn_pool *p, const T *x, T *y, int64_t *idx, int64_t oh0,
+                             int64_t oh1, bool relu) {
+    if (relu) S(max_pool_rows_at)(p, x, y, idx, oh0, oh1, true);
+    else S(max_pool_rows_at)(p, x, y, idx, oh0, oh1, false);
+}
+
 static void S(max_pool_planes)(void *ctx, int64_t lo, int64_t hi) {
-    const em_kernel_ctx *k = ctx;
+    const nn_pool_call *c = ctx;
+    const em_kernel_ctx *k = c->k;
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     for (int64_t pl = lo; pl < hi; pl++)
         S(max_pool_rows)(&p, (const T *)k->in[0].data + pl * p.H * p.W,
                          (T *)k->out[0].data + pl * p.OH * p.OW,
-                         (int64_t *)k->out[1].data + pl * p.OH * p.OW, 0, p.OH);
+                         (int64_t *)k->out[1].data + pl * p.OH * p.OW, 0, p.OH, c->relu);
 }
 
-static em_status S(max_pool2d)(const em_kernel_ctx *k) {
+static em_status S(max_pool2d)(const em_kernel_ctx *k, bool relu) {
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
-    nn_parallel(k, p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(max_pool_planes), (void *)k);
+    nn_pool_call c = {.k = k, .relu = relu};
+    nn_parallel(k, p.N * p.C, p.OH * p.OW * p.kh * p.kw, S(max_pool_planes), &c);
     return EM_OK;
 }
 
 /* Channels-last max pooling (x, y, idx dense N, H, W, C): per output position the window's
  * C-vectors in the plane loop's order (h, then w), so each channel gets the same maximum and
  * index (the plane index h*W + w) as S(max_pool_rows); parallel over the N*OH output rows. */
-static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
-    const em_kernel_ctx *k = ctx;
+static inline __attribute__((always_inline)) void S(max_pool_nhwc_rows_at)(
+    const em_kernel_ctx *k, int64_t lo, int64_t hi, bool relu) {
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
     const int64_t C = p.C;
     const T *x = (const T *)k->in[0].data;
@@ -190,7 +203,8 @@ static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
             int64_t *idx = (int64_t *)k->out[1].data + o;
             if (sizeof(T) == 4 && fast && we - ws == 2 && he - hs == 2) {
                 cpu_nn_max_pool2x2_nhwc_f32_avx2((const float *)(x + ((n * p.H + hs) * p.W + ws) * C),
-                                                 p.W * C, C, hs * p.W + ws, p.W, (float *)y, idx);
+                                                 p.W * C, C, hs * p.W + ws, p.W, (float *)y, idx,
+                                                 relu);
                 continue;
             }
             for (int64_t c = 0; c < C; c++) y[c] = -INFINITY, idx[c] = hs * p.W + ws;
@@ -200,6 +214,7 @@ static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
                     const int64_t at = h * p.W + w;
                     for (int64_t c = 0; c < C; c++) {
                         T v = xv[c], m = y[c];
+                        v = relu && v <= 0 ? 0 : v;
                         bool take = (v > m) | (v != v);
                         y[c] = take ? v : m;
                         idx[c] = take ? at : idx[c];
@@ -209,9 +224,16 @@ static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
-static em_status S(max_pool2d_nhwc)(const em_kernel_ctx *k) {
+static void S(max_pool_nhwc_rows)(void *ctx, int64_t lo, int64_t hi) {
+    const nn_pool_call *c = ctx;
+    if (c->relu) S(max_pool_nhwc_rows_at)(c->k, lo, hi, true);
+    else S(max_pool_nhwc_rows_at)(c->k, lo, hi, false);
+}
+
+static em_status S(max_pool2d_nhwc)(const em_kernel_ctx *k, bool relu) {
     nn_pool p = nn_pool_geom(&k->in[0], &k->out[0], k->attrs, true);
-    nn_parallel(k, p.N * p.OH, p.OW * p.C * p.kh * p.kw, S(max_pool_nhwc_rows), (void *)k);
+    nn_pool_call c = {.k = k, .relu = relu};
+    nn_parallel(k, p.N * p.OH, p.OW * p.C * p.kh * p.kw, S(max_pool_nhwc_rows), &c);
     return EM_OK;
 }
 

@@ -16,6 +16,12 @@
  * Their two row streams are prefetched a row pair ahead: without it both ran slower than the
  * plane kernels on data from memory (a batch of 128 x 32 x 28 x 28), with it faster.
  *
+ * The f32 kernels also serve max_pool2d_relu (their relu argument): each loaded value is
+ * replaced by relu's (x <= 0 ? +0 : x, NaN kept: one compare that is true for NaN and a masked
+ * move) before the same comparisons, so the maxima and indices are those of pooling relu's
+ * output. Each kernel body is written once, always inlined into its entry point's two
+ * branches, so neither instance tests the flag in its loop.
+ *
  * The bf16 variant is the same kernel with bf16 loads widened to f32 in registers (a shift:
  * exact, NaN stays NaN) and the maxima stored as their upper halves (exact: each is an input
  * value); it needs AVX512BW/VL for masked 16-bit loads. cpu_nn_f32_to_bf16 rounds an f32
@@ -56,16 +62,20 @@ bool cpu_nn_has_avx512bw(void) {
     return has == 1;
 }
 
+/* relu's value (x <= 0 ? +0 : x, NaN kept) when relu, x otherwise. */
+static inline float relu_if(bool relu, float v) { return relu && v <= 0 ? 0.0f : v; }
+
 /* The index of output (oh, ow) of the 2x2 pooling of x (H, W), window clipped to the plane;
- * x is f32, or bf16 when bf. */
-static inline int64_t pool2_best(const void *x, bool bf, int64_t H, int64_t W, int64_t oh,
-                                 int64_t ow) {
+ * x is f32, or bf16 when bf; over relu's values when relu. */
+static inline int64_t pool2_best(const void *x, bool bf, bool relu, int64_t H, int64_t W,
+                                 int64_t oh, int64_t ow) {
     int64_t hs = 2 * oh, ws = 2 * ow, he = hs + 2 < H ? hs + 2 : H, we = ws + 2 < W ? ws + 2 : W;
     float m = -INFINITY;
     int64_t best = hs * W + ws;
     for (int64_t h = hs; h < he; h++)
         for (int64_t w = ws; w < we; w++) {
-            float v = bf ? cpu_b2f(((const uint16_t *)x)[h * W + w]) : ((const float *)x)[h * W + w];
+            float v = relu_if(relu, bf ? cpu_b2f(((const uint16_t *)x)[h * W + w])
+                                       : ((const float *)x)[h * W + w]);
             bool take = (v > m) | (v != v);
             m = take ? v : m;
             best = take ? h * W + w : best;
@@ -73,10 +83,19 @@ static inline int64_t pool2_best(const void *x, bool bf, int64_t H, int64_t W, i
     return best;
 }
 
-static inline void pool2_scalar(const float *x, int64_t H, int64_t W, int64_t oh, int64_t ow,
-                                float *y, int64_t *idx) {
-    *idx = pool2_best(x, false, H, W, oh, ow);
-    *y = x[*idx];
+static inline void pool2_scalar(const float *x, bool relu, int64_t H, int64_t W, int64_t oh,
+                                int64_t ow, float *y, int64_t *idx) {
+    *idx = pool2_best(x, false, relu, H, W, oh, ow);
+    *y = relu_if(relu, x[*idx]);
+}
+
+/* relu's values of 16 (AVX-512) or 8 (AVX2) lanes: kept where not v <= 0 (NaN included),
+ * +0 elsewhere. */
+__attribute__((target("avx512f"))) static inline __m512 relu16(__m512 v) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v);
+}
+__attribute__((target("avx2"))) static inline __m256 relu8(__m256 v) {
+    return _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NLE_UQ));
 }
 
 /* The maxima of 16 2x2 windows whose rows are a0:a1 (row h0) and b0:b1 (row h0 + 1), 32
@@ -115,10 +134,10 @@ static inline void pool2_masks(int64_t n, __mmask16 *mo, __mmask16 *m0, __mmask1
     *m1 = (__mmask16)(n > 8 ? (1u << (2 * n - 16)) - 1 : 0);
 }
 
-__attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, int64_t H,
-                                                                int64_t W, float *y,
-                                                                int64_t *idx, int64_t OH,
-                                                                int64_t OW) {
+__attribute__((target("avx512f"), always_inline)) static inline void
+max_pool2x2_f32(const float *x, int64_t H, int64_t W, float *y, int64_t *idx, int64_t OH,
+                int64_t OW, bool relu) {
+#define LD(m, p) (relu ? relu16(_mm512_maskz_loadu_ps(m, p)) : _mm512_maskz_loadu_ps(m, p))
     /* Outputs whose window has both columns, done 16 at a time (masked at the row's end). */
     int64_t owf = W / 2 < OW ? W / 2 : OW;
     for (int64_t oh = 0; oh < OH; oh++) {
@@ -132,19 +151,25 @@ __attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, i
                 pool2_masks(owf - ow < 16 ? owf - ow : 16, &mo, &m0, &m1);
                 const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
                 __m512i lo, hi;
-                __m512 m = pool2_windows(_mm512_maskz_loadu_ps(m0, p0),
-                                         _mm512_maskz_loadu_ps(m1, p0 + 16),
-                                         _mm512_maskz_loadu_ps(m0, p1),
-                                         _mm512_maskz_loadu_ps(m1, p1 + 16), h0 * W + 2 * ow, W,
-                                         &lo, &hi);
+                __m512 m = pool2_windows(LD(m0, p0), LD(m1, p0 + 16), LD(m0, p1),
+                                         LD(m1, p1 + 16), h0 * W + 2 * ow, W, &lo, &hi);
                 _mm512_mask_storeu_ps(yr + ow, mo, m);
                 _mm512_mask_storeu_epi64(ir + ow, (__mmask8)mo, lo);
                 _mm512_mask_storeu_epi64(ir + ow + 8, (__mmask8)(mo >> 8), hi);
             }
             ow = owf;
         }
-        for (; ow < OW; ow++) pool2_scalar(x, H, W, oh, ow, yr + ow, ir + ow);
+        for (; ow < OW; ow++) pool2_scalar(x, relu, H, W, oh, ow, yr + ow, ir + ow);
     }
+#undef LD
+}
+
+__attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_f32(const float *x, int64_t H,
+                                                                int64_t W, float *y,
+                                                                int64_t *idx, int64_t OH,
+                                                                int64_t OW, bool relu) {
+    if (relu) max_pool2x2_f32(x, H, W, y, idx, OH, OW, true);
+    else max_pool2x2_f32(x, H, W, y, idx, OH, OW, false);
 }
 
 /* AVX2: the maxima of 8 2x2 windows whose rows are a0:a1 (row h0) and b0:b1 (row h0 + 1), 16
@@ -189,10 +214,10 @@ __attribute__((target("avx2"))) static inline __m256i mask64(int64_t n) {
     return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3));
 }
 
-__attribute__((target("avx2"))) void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H,
-                                                                 int64_t W, float *y,
-                                                                 int64_t *idx, int64_t OH,
-                                                                 int64_t OW) {
+__attribute__((target("avx2"), always_inline)) static inline void
+max_pool2x2_f32_avx2(const float *x, int64_t H, int64_t W, float *y, int64_t *idx, int64_t OH,
+                     int64_t OW, bool relu) {
+#define R(v) (relu ? relu8(v) : (v))
     int64_t owf = W / 2 < OW ? W / 2 : OW;
     for (int64_t oh = 0; oh < OH; oh++) {
         int64_t h0 = 2 * oh;
@@ -203,8 +228,8 @@ __attribute__((target("avx2"))) void cpu_nn_max_pool2x2_f32_avx2(const float *x,
             for (; ow + 8 <= owf; ow += 8) { /* whole blocks: plain loads and stores */
                 const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
                 __m256i lo, hi;
-                __m256 m = pool2_windows8(_mm256_loadu_ps(p0), _mm256_loadu_ps(p0 + 8),
-                                          _mm256_loadu_ps(p1), _mm256_loadu_ps(p1 + 8),
+                __m256 m = pool2_windows8(R(_mm256_loadu_ps(p0)), R(_mm256_loadu_ps(p0 + 8)),
+                                          R(_mm256_loadu_ps(p1)), R(_mm256_loadu_ps(p1 + 8)),
                                           h0 * W + 2 * ow, W, &lo, &hi);
                 _mm256_storeu_ps(yr + ow, m);
                 _mm256_storeu_si256((__m256i *)(ir + ow), lo);
@@ -215,26 +240,36 @@ __attribute__((target("avx2"))) void cpu_nn_max_pool2x2_f32_avx2(const float *x,
                 __m256i m0 = mask32(2 * n), m1 = mask32(2 * n - 8);
                 const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
                 __m256i lo, hi;
-                __m256 m = pool2_windows8(_mm256_maskload_ps(p0, m0), _mm256_maskload_ps(p0 + 8, m1),
-                                          _mm256_maskload_ps(p1, m0), _mm256_maskload_ps(p1 + 8, m1),
-                                          h0 * W + 2 * ow, W, &lo, &hi);
+                __m256 m = pool2_windows8(R(_mm256_maskload_ps(p0, m0)),
+                                          R(_mm256_maskload_ps(p0 + 8, m1)),
+                                          R(_mm256_maskload_ps(p1, m0)),
+                                          R(_mm256_maskload_ps(p1 + 8, m1)), h0 * W + 2 * ow, W,
+                                          &lo, &hi);
                 _mm256_maskstore_ps(yr + ow, mask32(n), m);
                 _mm256_maskstore_epi64((long long *)(ir + ow), mask64(n), lo);
                 _mm256_maskstore_epi64((long long *)(ir + ow + 4), mask64(n - 4), hi);
             }
             ow = owf;
         }
-        for (; ow < OW; ow++) pool2_scalar(x, H, W, oh, ow, yr + ow, ir + ow);
+        for (; ow < OW; ow++) pool2_scalar(x, relu, H, W, oh, ow, yr + ow, ir + ow);
     }
+#undef R
+}
+
+__attribute__((target("avx2"))) void cpu_nn_max_pool2x2_f32_avx2(const float *x, int64_t H,
+                                                                 int64_t W, float *y,
+                                                                 int64_t *idx, int64_t OH,
+                                                                 int64_t OW, bool relu) {
+    if (relu) max_pool2x2_f32_avx2(x, H, W, y, idx, OH, OW, true);
+    else max_pool2x2_f32_avx2(x, H, W, y, idx, OH, OW, false);
 }
 
 /* Channels-last 2x2 window at one output position: the C-vectors p00 (row h0, column w0),
  * p00 + C, p00 + WC and p00 + WC + C, in the plane kernels' order of comparisons (the same
  * maxima and indices per channel); base = h0 * W + w0. */
-__attribute__((target("avx2"))) void cpu_nn_max_pool2x2_nhwc_f32_avx2(const float *p00,
-                                                                      int64_t WC, int64_t C,
-                                                                      int64_t base, int64_t W,
-                                                                      float *y, int64_t *idx) {
+__attribute__((target("avx2"), always_inline)) static inline void
+max_pool2x2_nhwc_f32_avx2(const float *p00, int64_t WC, int64_t C, int64_t base, int64_t W,
+                          float *y, int64_t *idx, bool relu) {
     const float *q[3] = {p00 + C, p00 + WC, p00 + WC + C};
     const __m256i off[3] = {_mm256_set1_epi32(1), _mm256_set1_epi32((int)W),
                             _mm256_set1_epi32((int)W + 1)};
@@ -243,9 +278,11 @@ __attribute__((target("avx2"))) void cpu_nn_max_pool2x2_nhwc_f32_avx2(const floa
         int64_t n = C - c < 8 ? C - c : 8;
         __m256i mk = mask32(n);
         __m256 m = n == 8 ? _mm256_loadu_ps(p00 + c) : _mm256_maskload_ps(p00 + c, mk);
+        if (relu) m = relu8(m);
         __m256i o = _mm256_setzero_si256();
         for (int j = 0; j < 3; j++) {
             __m256 v = n == 8 ? _mm256_loadu_ps(q[j] + c) : _mm256_maskload_ps(q[j] + c, mk);
+            if (relu) v = relu8(v);
             __m256 t = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
             m = _mm256_blendv_ps(m, v, t);
             o = _mm256_blendv_epi8(o, off[j], _mm256_castps_si256(t));
@@ -264,6 +301,15 @@ __attribute__((target("avx2"))) void cpu_nn_max_pool2x2_nhwc_f32_avx2(const floa
     }
 }
 
+__attribute__((target("avx2"))) void cpu_nn_max_pool2x2_nhwc_f32_avx2(const float *p00,
+                                                                      int64_t WC, int64_t C,
+                                                                      int64_t base, int64_t W,
+                                                                      float *y, int64_t *idx,
+                                                                      bool relu) {
+    if (relu) max_pool2x2_nhwc_f32_avx2(p00, WC, C, base, W, y, idx, true);
+    else max_pool2x2_nhwc_f32_avx2(p00, WC, C, base, W, y, idx, false);
+}
+
 /* One candidate of a 16-channel window: NaN or a greater value replaces the running maximum
  * m, and its plane index at the running indices lo (channels 0-7) and hi (8-15). */
 __attribute__((target("avx512f"))) static inline void pool16_take(__m512 v, int64_t at, __m512 *m,
@@ -279,9 +325,10 @@ __attribute__((target("avx512f"))) static inline void pool16_take(__m512 v, int6
  * inside the plane; 16 channels a step, from the four 16-vectors at (2oh, 2ow), (2oh, 2ow + 1),
  * (2oh + 1, 2ow), (2oh + 1, 2ow + 1), compared in the plane kernels' order (the same maxima and
  * indices per channel). y and idx: the output row (OW, 16). */
-__attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_nchw16c_f32(const float *x, int64_t W,
-                                                                        int64_t oh, int64_t n_ow,
-                                                                        float *y, int64_t *idx) {
+__attribute__((target("avx512f"), always_inline)) static inline void
+max_pool2x2_nchw16c_f32(const float *x, int64_t W, int64_t oh, int64_t n_ow, float *y,
+                        int64_t *idx, bool relu) {
+#define LD(p) (relu ? relu16(_mm512_loadu_ps(p)) : _mm512_loadu_ps(p))
     const float *r0 = x + 2 * oh * W * 16, *r1 = r0 + W * 16;
     for (int64_t ow = 0; ow < n_ow; ow++) {
         const float *p0 = r0 + 2 * ow * 16, *p1 = r1 + 2 * ow * 16;
@@ -292,15 +339,24 @@ __attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_nchw16c_f32(const flo
         _mm_prefetch((const char *)(p0 + 2 * W * 16 + 16), _MM_HINT_T0);
         _mm_prefetch((const char *)(p1 + 2 * W * 16), _MM_HINT_T0);
         _mm_prefetch((const char *)(p1 + 2 * W * 16 + 16), _MM_HINT_T0);
-        __m512 m = _mm512_loadu_ps(p0);
+        __m512 m = LD(p0);
         __m512i lo = _mm512_set1_epi64(a), hi = lo;
-        pool16_take(_mm512_loadu_ps(p0 + 16), a + 1, &m, &lo, &hi);
-        pool16_take(_mm512_loadu_ps(p1), a + W, &m, &lo, &hi);
-        pool16_take(_mm512_loadu_ps(p1 + 16), a + W + 1, &m, &lo, &hi);
+        pool16_take(LD(p0 + 16), a + 1, &m, &lo, &hi);
+        pool16_take(LD(p1), a + W, &m, &lo, &hi);
+        pool16_take(LD(p1 + 16), a + W + 1, &m, &lo, &hi);
         _mm512_storeu_ps(y + ow * 16, m);
         _mm512_storeu_si512(idx + ow * 16, lo);
         _mm512_storeu_si512(idx + ow * 16 + 8, hi);
     }
+#undef LD
+}
+
+__attribute__((target("avx512f"))) void cpu_nn_max_pool2x2_nchw16c_f32(const float *x, int64_t W,
+                                                                        int64_t oh, int64_t n_ow,
+                                                                        float *y, int64_t *idx,
+                                                                        bool relu) {
+    if (relu) max_pool2x2_nchw16c_f32(x, W, oh, n_ow, y, idx, true);
+    else max_pool2x2_nchw16c_f32(x, W, oh, n_ow, y, idx, false);
 }
 
 /* The backward of that pooling for one block when every index lies in its own output's tile:
@@ -372,7 +428,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void cpu_nn_max_pool2x2_bf1
             ow = owf;
         }
         for (; ow < OW; ow++) {
-            ir[ow] = pool2_best(x, true, H, W, oh, ow);
+            ir[ow] = pool2_best(x, true, false, H, W, oh, ow);
             yr[ow] = x[ir[ow]];
         }
     }

@@ -382,6 +382,11 @@ static const em_option_spec maxpool_opts[] = {
     OPT_PAIR("padding", 0, 0, "implicit padding on both sides (at most half the kernel)"),
     OPT_PAIR("dilation", 1, 1, "spacing between window elements"),
     OPT_BOOL("ceil_mode", false, "round the output size up"),
+    OPT_CHOICE("activation", "none", activations,
+               "applied to the input before the pooling: relu runs the fused op "
+               "max_pool2d_relu, the same values as a ReLU layer before it (the indices are "
+               "those of the pooled ReLU output), with the ReLU and its gradient on the pooled "
+               "elements only"),
 };
 
 static const em_option_spec avgpool_opts[] = {
@@ -396,6 +401,7 @@ static const em_option_spec avgpool_opts[] = {
 typedef struct pool_state {
     int64_t kernel[2], stride[2], padding[2], dilation[2];
     bool ceil_mode, count_include_pad;
+    bool relu; /* MaxPool2d's activation: relu */
 } pool_state;
 
 static em_status pool_init_common(em_module *m, const em_options *o, const char *cls) {
@@ -421,6 +427,8 @@ static em_status pool_init_common(em_module *m, const em_options *o, const char 
 }
 
 static em_status maxpool_init(em_module *m, const em_options *o) {
+    pool_state *s = em_module_state(m);
+    s->relu = strcmp(em_options_string(o, "activation"), "relu") == 0;
     return pool_init_common(m, o, "MaxPool2d");
 }
 static em_status avgpool_init(em_module *m, const em_options *o) {
@@ -431,8 +439,9 @@ static em_tensor *maxpool_forward(em_module *m, em_tensor *const *in, int n) {
     (void)n;
     pool_state *s = em_module_state(m);
     em_tensor *out = NULL;
-    if (em_max_pool2d(in[0], s->kernel, s->stride, s->padding, s->dilation, s->ceil_mode, &out,
-                      NULL) != EM_OK)
+    if ((s->relu ? em_max_pool2d_relu : em_max_pool2d)(in[0], s->kernel, s->stride, s->padding,
+                                                       s->dilation, s->ceil_mode, &out,
+                                                       NULL) != EM_OK)
         return NULL;
     return out;
 }

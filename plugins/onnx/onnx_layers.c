@@ -8,7 +8,8 @@
  *   Linear             Gemm (transB = 1) on 2-D inputs; MatMul(x, Transpose(W)) + Add above
  *   Conv2d             Conv (pads [top, left, bottom, right]: 'same' puts an odd extra at the end);
  *                      activation relu (the fused conv2d_relu): Conv, Relu
- *   MaxPool2d          MaxPool;  AvgPool2d: AveragePool
+ *   MaxPool2d          MaxPool; activation relu (the fused max_pool2d_relu): Relu, MaxPool
+ *   AvgPool2d          AveragePool
  *   AdaptiveAvgPool2d  GlobalAveragePool for 1x1, else AveragePool where the size divides
  *   BatchNorm1d/2d     BatchNormalization (running statistics)
  *   LayerNorm          LayerNormalization (opset 17); below: ReduceMean, Sub, Mul, ReduceMean,
@@ -164,6 +165,12 @@ static em_status maxpool_x(em_onnx_builder *b, em_module *m, const char *in, con
     em_onnx_attr a[] = {OX_INT("ceil_mode", em_options_bool(o, "ceil_mode")),
                         OX_INTS("dilations", 2, d), OX_INTS("kernel_shape", 2, k),
                         OX_INTS("pads", 4, pads), OX_INTS("strides", 2, s)};
+    /* activation relu (the fused max_pool2d_relu): its decomposition, Relu then MaxPool */
+    char r[N];
+    if (strcmp(em_options_string(o, "activation"), "relu") == 0) {
+        if ((st = unary(b, "Relu", in, r)) != EM_OK) return st;
+        in = r;
+    }
     return b->node(b, "MaxPool", 1, (const char *[]){in}, 5, a, out);
 }
 
@@ -974,7 +981,7 @@ LAYER(x_enc_layer, "TransformerEncoderLayer", enc_layer_x, "self_attn, Add, Laye
 LAYER(x_enc, "TransformerEncoder", enc_x, "its layers in order, the final norm")
 LAYER(x_pe, "PositionalEncoding", pe_x, "Shape, Slice of pe, Reshape, Add")
 LAYER(x_lpe, "LearnedPositionalEncoding", lpe_x, "Shape, Slice of weight, Reshape, Add")
-LAYER(x_maxpool, "MaxPool2d", maxpool_x, "MaxPool")
+LAYER(x_maxpool, "MaxPool2d", maxpool_x, "MaxPool (after Relu with activation relu)")
 LAYER(x_avgpool, "AvgPool2d", avgpool_x, "AveragePool")
 LAYER(x_adaptive, "AdaptiveAvgPool2d", adaptive_x, "GlobalAveragePool, or AveragePool")
 LAYER(x_bn1, "BatchNorm1d", bn_x, "BatchNormalization (running statistics)")

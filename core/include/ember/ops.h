@@ -380,6 +380,19 @@ EM_API em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size
                                const int64_t stride[2], const int64_t padding[2],
                                const int64_t dilation[2], bool ceil_mode,
                                em_tensor **out /* out */, em_tensor **indices /* out */);
+/* max_pool2d(relu(input), ...) as one op, max_pool2d_relu: arguments, defaults, outputs and
+ * errors as em_max_pool2d's (naming max_pool2d_relu). The fused op a MaxPool2d layer with
+ * activation relu calls: the window is pooled over relu's values (x <= 0 gives +0, NaN is
+ * kept), so out and indices are bitwise em_relu then em_max_pool2d's — a window whose
+ * inputs are all <= 0 gives +0 at its first position, not at the maximum of the input. On the
+ * CPU f32 and f64 evaluate relu inside the pooling loops (channels-last and nChw16c inputs
+ * too, the outputs keeping the layout); other dtypes and devices run relu then max_pool2d.
+ * Its gradient masks the output grad with out (out > 0), then is max_pool2d's: no pass over
+ * the full-size input in either direction. */
+EM_API em_status em_max_pool2d_relu(const em_tensor *input, const int64_t kernel_size[2],
+                                    const int64_t stride[2], const int64_t padding[2],
+                                    const int64_t dilation[2], bool ceil_mode,
+                                    em_tensor **out /* out */, em_tensor **indices /* out */);
 /* Gradient of max_pool2d: grad_output scattered (summed) to the positions in indices of an
  * input of input_size (H, W); result (N, C, H, W). */
 EM_API em_tensor *em_max_pool2d_backward(const em_tensor *grad_output, const em_tensor *indices,
