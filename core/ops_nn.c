@@ -1650,23 +1650,29 @@ em_status em_conv2d_backward_weight(const em_tensor *input, const em_tensor *gra
                                P2(kernel_size)),
                      (em_tensor **const[]){grad_weight, grad_bias}, 2);
 }
+/* max_pool2d and max_pool2d_relu: the same inputs, attributes and outputs. */
+static em_status max_pool_call(const em_op *op, const em_tensor *input,
+                               const int64_t kernel_size[2], const int64_t stride[2],
+                               const int64_t padding[2], const int64_t dilation[2],
+                               bool ceil_mode, em_tensor **out, em_tensor **indices) {
+    return em__callv(op, 1, &input,
+                     EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), P2(dilation),
+                               abool(ceil_mode)),
+                     (em_tensor **const[]){out, indices}, 2);
+}
 em_status em_max_pool2d(const em_tensor *input, const int64_t kernel_size[2],
                         const int64_t stride[2], const int64_t padding[2],
                         const int64_t dilation[2], bool ceil_mode, em_tensor **out,
                         em_tensor **indices) {
-    return em__callv(op_max_pool2d, 1, &input,
-                     EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), P2(dilation),
-                               abool(ceil_mode)),
-                     (em_tensor **const[]){out, indices}, 2);
+    return max_pool_call(op_max_pool2d, input, kernel_size, stride, padding, dilation,
+                         ceil_mode, out, indices);
 }
 em_status em_max_pool2d_relu(const em_tensor *input, const int64_t kernel_size[2],
                              const int64_t stride[2], const int64_t padding[2],
                              const int64_t dilation[2], bool ceil_mode, em_tensor **out,
                              em_tensor **indices) {
-    return em__callv(op_max_pool2d_relu, 1, &input,
-                     EM__ATTRS(P2(kernel_size), P2(stride), P2(padding), P2(dilation),
-                               abool(ceil_mode)),
-                     (em_tensor **const[]){out, indices}, 2);
+    return max_pool_call(op_max_pool2d_relu, input, kernel_size, stride, padding, dilation,
+                         ceil_mode, out, indices);
 }
 em_tensor *em_max_pool2d_backward(const em_tensor *grad_output, const em_tensor *indices,
                                   const int64_t input_size[2]) {

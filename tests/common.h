@@ -172,6 +172,16 @@ static inline void em_test_expect_shape(const em_tensor *t, int nd, const int64_
                      (long long)em_tensor_shape(t)[d], (long long)shape[d]);
 }
 
+/* An infer function for test ops whose one output has input 0's dtype and shape. */
+static inline em_status em_test_infer_same(const em_op *op, const em_tensor *const *in,
+                                           const em_attr *attrs, em_tensor_meta *out) {
+    (void)op, (void)attrs;
+    out->dtype = em_tensor_dtype(in[0]);
+    out->ndim = em_tensor_ndim(in[0]);
+    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
+    return EM_OK;
+}
+
 /* Release every tensor listed (NULL entries are fine): RELEASE(y, x). */
 static inline void em_test_release_n(em_tensor **ts, size_t n) {
     for (size_t i = 0; i < n; i++) em_tensor_release(ts[i]);

@@ -4,14 +4,6 @@
 
 TestSuite(dispatch, .init = em_test_setup, .fini = em_test_teardown);
 
-static em_status infer_first(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                             em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = em_tensor_dtype(in[0]);
-    out->ndim = em_tensor_ndim(in[0]);
-    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
-    return EM_OK;
-}
 
 /* y = x * scale, for f32 contiguous inputs (declines others through supports()). */
 static em_status scale_kernel(const em_kernel_ctx *k) {
@@ -27,7 +19,7 @@ static const em_op *declare_scale(void) {
     static const em_attr_type types[] = {EM_ATTR_FLOAT};
     em_op_schema s = {.struct_size = sizeof s, .name = "test.scale", .n_inputs = 1,
                       .n_outputs = 1, .n_attrs = 1, .attr_names = names, .attr_types = types,
-                      .dispatch_arg = 0, .infer = infer_first};
+                      .dispatch_arg = 0, .infer = em_test_infer_same};
     const em_op *op = NULL;
     cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
     em_kernel_def k = {.struct_size = sizeof k, .op = "test.scale", .device_type = "cpu",
@@ -91,7 +83,7 @@ Test(dispatch, supports_sees_the_kernels_user_pointer) {
     static const em_attr_type types[] = {EM_ATTR_FLOAT};
     em_op_schema s = {.struct_size = sizeof s, .name = "test.variant", .n_inputs = 1,
                       .n_outputs = 1, .n_attrs = 1, .attr_names = names, .attr_types = types,
-                      .dispatch_arg = 0, .infer = infer_first};
+                      .dispatch_arg = 0, .infer = em_test_infer_same};
     const em_op *op = NULL;
     cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
     em_kernel_def k = {.struct_size = sizeof k, .op = "test.variant", .device_type = "cpu",
@@ -123,7 +115,7 @@ Test(dispatch, arguments_are_checked_against_the_schema) {
     em_assert_error(EM_ERR_INVALID, "attribute 'scale'");
     /* Declaring the same name twice, and malformed schemas, are refused. */
     em_op_schema s = {.struct_size = sizeof s, .name = "test.scale", .n_inputs = 1,
-                      .n_outputs = 1, .dispatch_arg = 0, .infer = infer_first};
+                      .n_outputs = 1, .dispatch_arg = 0, .infer = em_test_infer_same};
     cr_assert_eq(em_op_declare(em_registry_program(), &s, NULL), EM_ERR_EXISTS);
     em_assert_error(EM_ERR_EXISTS, "'test.scale' is already declared");
     s.name = "test.bad";
@@ -208,7 +200,7 @@ static em_status sum_n_kernel(const em_kernel_ctx *k) {
 Test(dispatch, a_variadic_kernel_op_takes_more_than_8_inputs) {
     em_op_schema s = {.struct_size = sizeof s, .name = "test.sum_n", .n_inputs = 1,
                       .n_outputs = 1, .flags = EM_OP_VARIADIC | EM_OP_NONDIFF,
-                      .infer = infer_first};
+                      .infer = em_test_infer_same};
     const em_op *op = NULL;
     cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
     em_kernel_def k = {.struct_size = sizeof k, .op = "test.sum_n", .device_type = "cpu",
@@ -241,7 +233,7 @@ Test(dispatch, an_old_size_schema_still_works) {
     static const char *const names[] = {"scale"};
     static const em_attr_type types[] = {EM_ATTR_FLOAT};
     em_op_schema s = {.name = "test.old_scale", .n_inputs = 1, .n_outputs = 1, .n_attrs = 1,
-                      .attr_names = names, .attr_types = types, .infer = infer_first,
+                      .attr_names = names, .attr_types = types, .infer = em_test_infer_same,
                       /* garbage past the old size must not be read */
                       .prepare = (em_prepare_fn)(uintptr_t)1,
                       .composite = (em_composite_fn)(uintptr_t)1, .category = (const char *)1};
@@ -277,7 +269,7 @@ static em_status fill_one_kernel(const em_kernel_ctx *k) {
 static const em_op *declare_follow(const char *name, int layout_arg, size_t size) {
     em_op_schema s = {.struct_size = size, .name = name, .n_inputs = 2, .n_outputs = 1,
                       .dispatch_arg = 0, .flags = EM_OP_NONDIFF | EM_OP_CHANNELS_LAST,
-                      .infer = infer_first, .layout_arg = layout_arg};
+                      .infer = em_test_infer_same, .layout_arg = layout_arg};
     const em_op *op = NULL;
     if (em_op_declare(em_registry_program(), &s, &op) != EM_OK) return NULL;
     em_kernel_def k = {.struct_size = sizeof k, .op = name, .device_type = "cpu",

@@ -128,20 +128,12 @@ static em_status probe_kernel(const em_kernel_ctx *k) {
     return EM_OK;
 }
 
-static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                            em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = em_tensor_dtype(in[0]);
-    out->ndim = em_tensor_ndim(in[0]);
-    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
-    return EM_OK;
-}
 
 static const em_op *g_probe;
 
 static void declare_probe(void) {
     em_op_schema s = {.struct_size = sizeof s, .name = "test.probe", .n_inputs = 1,
-                      .n_outputs = 1, .dispatch_arg = 0, .infer = infer_same};
+                      .n_outputs = 1, .dispatch_arg = 0, .infer = em_test_infer_same};
     cr_assert_eq(em_op_declare(em_registry_program(), &s, &g_probe), EM_OK, "%s",
                  em_last_error());
     for (int i = 0; i < 2; i++) {

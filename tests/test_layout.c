@@ -247,21 +247,13 @@ static em_status keep_kernel(const em_kernel_ctx *k) {
         y[by ? nchw16c_index(k->out[0].shape, q) : q] = x[bx ? nchw16c_index(k->in[0].shape, q) : q];
     return EM_OK;
 }
-static em_status infer_same(const em_op *op, const em_tensor *const *in, const em_attr *attrs,
-                            em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = em_tensor_dtype(in[0]);
-    out->ndim = em_tensor_ndim(in[0]);
-    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
-    return EM_OK;
-}
 
 /* The thread's preference makes a layout-keeping op's output blocked from a plain input, where
  * the shape allows it and the kernel takes it; relu's kernel reads and writes one layout, so it
  * declines a plain input with a blocked output and the call runs plain. */
 Test(layout, a_preferred_layout_applies_where_it_fits) {
     em_op_schema sc = {.struct_size = sizeof sc, .name = "test.keep", .n_inputs = 1,
-                       .n_outputs = 1, .dispatch_arg = 0, .infer = infer_same,
+                       .n_outputs = 1, .dispatch_arg = 0, .infer = em_test_infer_same,
                        .flags = EM_OP_NONDIFF | EM_OP_CHANNELS_LAST};
     const em_op *keep = NULL;
     cr_assert_eq(em_op_declare(em_registry_program(), &sc, &keep), EM_OK, "%s", em_last_error());
