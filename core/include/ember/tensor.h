@@ -123,7 +123,9 @@ EM_API bool em_tensor_is_channels_last(const em_tensor *t);
  * of 16, stored as (N, C/16, H, W, 16), no padding (the same number of bytes as plain). Every
  * other access converts the storage back to plain first, in place and once: em_tensor_data,
  * the views (but an alias with the same geometry), copies, serialization, printing, and any
- * kernel that does not declare the layout. New in 1.1. */
+ * kernel that does not declare the layout. That conversion rewrites the storage's bytes, as
+ * an in-place op does: a kernel reading the blocked bytes on another thread at that moment
+ * races with it. New in 1.1. */
 typedef enum em_layout { EM_LAYOUT_PLAIN = 0, EM_LAYOUT_NCHW16C = 1, EM_LAYOUT_COUNT } em_layout;
 /* The layout of t's storage (EM_LAYOUT_PLAIN for almost every tensor). New in 1.1. */
 EM_API em_layout em_tensor_layout(const em_tensor *t);
