@@ -465,14 +465,6 @@ Test(autograd, post_accumulate_hooks_run_once_after_every_contribution) {
 }
 
 /* A program's op declared without a derivative (and without EM_OP_NONDIFF): y = 2x, f64. */
-static em_status infer_like_input(const em_op *op, const em_tensor *const *in,
-                                  const em_attr *attrs, em_tensor_meta *out) {
-    (void)op, (void)attrs;
-    out->dtype = em_tensor_dtype(in[0]);
-    out->ndim = em_tensor_ndim(in[0]);
-    memcpy(out->shape, em_tensor_shape(in[0]), sizeof(int64_t) * (size_t)out->ndim);
-    return EM_OK;
-}
 static em_status twice_kernel(const em_kernel_ctx *k) {
     const double *x = k->in[0].data;
     double *y = k->out[0].data;
@@ -483,7 +475,7 @@ static bool twice_supports(const em_kernel_ctx *k) { return k->in[0].contiguous;
 
 Test(autograd, an_op_without_a_derivative_is_a_hard_error) {
     em_op_schema s = {.struct_size = sizeof s, .name = "test.twice", .n_inputs = 1,
-                      .n_outputs = 1, .dispatch_arg = 0, .infer = infer_like_input};
+                      .n_outputs = 1, .dispatch_arg = 0, .infer = em_test_infer_same};
     const em_op *op = NULL;
     cr_assert_eq(em_op_declare(em_registry_program(), &s, &op), EM_OK, "%s", em_last_error());
     em_kernel_def k = {.struct_size = sizeof k, .op = "test.twice", .device_type = "cpu",
